@@ -1,0 +1,790 @@
+"""The Raft consensus core: a plain object, events in, a `Ready` bundle out.
+
+No sockets, files, clocks, threads or randomness of its own: the shell feeds ticks,
+messages, proposals and "persisted up to N" reports, and carries out what `ready()`
+returns (see `raftlog.types` for that contract). Sections cited are from the Raft paper
+(Ongaro & Ousterhout 2014) and Ongaro's thesis.
+
+Implemented: PreVote (thesis §9.6) and randomized election timeouts; check-quorum with
+leader lease (thesis §6.2); pipelined, batched replication with xTerm/xIndex fast backup;
+a NOOP on election and commit counting only current-term entries (§5.4.2); leadership
+transfer by TimeoutNow (thesis §3.10) and a preferred leader; ReadIndex (thesis §6.4);
+single-server membership changes with learners (thesis §4.1-4.2).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from raftlog.progress import Progress
+from raftlog.types import (
+    Entry,
+    EntryType,
+    HardState,
+    LogStore,
+    Membership,
+    Message,
+    MsgType,
+    ReadState,
+    Ready,
+    Role,
+)
+
+__all__ = ["NotLeader", "ProposalDropped", "RaftConfig", "RaftNode", "MUTATIONS"]
+
+#: Deliberately wrong behaviours, switched on only to prove the checkers catch them.
+MUTATIONS = frozenset({"commit-old-term", "no-prevote-term-check"})
+
+_VOTE_RESPONSE = {MsgType.PREVOTE: MsgType.PREVOTE_RESP, MsgType.VOTE: MsgType.VOTE_RESP}
+
+
+class NotLeader(Exception):
+    """This replica cannot serve the request; `leader` is its best guess (or None)."""
+
+    def __init__(self, leader: int | None) -> None:
+        super().__init__(f"not the leader (leader hint: {leader})")
+        self.leader = leader
+
+
+class ProposalDropped(Exception):
+    """The leader refused the proposal for now (transfer or membership change under way)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfig:
+    election_ticks: int = 10
+    heartbeat_ticks: int = 1
+    max_append_bytes: int = 1 << 20
+    max_inflight: int = 64
+    max_apply_bytes: int = 16 << 20
+    check_quorum: bool = True
+    pre_vote: bool = True
+    preferred_leader: int | None = None
+    mutations: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_ticks < 1 or self.election_ticks <= self.heartbeat_ticks:
+            raise ValueError("need 1 <= heartbeat_ticks < election_ticks")
+        unknown = self.mutations - MUTATIONS
+        if unknown:
+            raise ValueError(f"unknown mutations: {sorted(unknown)}")
+
+
+class RaftNode:
+    """One replica of one Raft group."""
+
+    def __init__(
+        self,
+        node_id: int,
+        store: LogStore,
+        hard_state: HardState,
+        config: RaftConfig | None = None,
+        *,
+        rng: random.Random,
+        applied: int = 0,
+    ) -> None:
+        self.id = node_id
+        self.cfg = config or RaftConfig()
+        self._store = store
+        self._rng = rng
+        self.term = hard_state.term
+        self.vote = hard_state.vote
+        last = store.last_index()
+        # Membership records still backed by the log (a crash may have lost the tail).
+        self._configs = [
+            (i, t, m) for i, t, m in hard_state.configs if i == 0 or (i <= last and store.term(i) == t)
+        ]
+        if not self._configs:
+            raise ValueError("hard state holds no membership: bootstrap it first")
+        self._pending: list[Entry] = []  # appended here, not yet handed to the shell
+        self._last_index = last
+        self._last_term = store.term(last)
+        self._persisted = last  # everything in the store is durable at construction
+        self.commit = min(applied, last)  # invariant: applied <= commit <= last_index
+        self.applied = self.commit
+        self.role = Role.FOLLOWER
+        self.leader: int | None = None
+        self._hs_dirty = False
+        self._out: list[Message] = []
+        self._reads_out: list[ReadState] = []
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._timeout = self._random_timeout()
+        self._votes: dict[int, bool] = {}
+        # Leader state.
+        self._progress: dict[int, Progress] = {}
+        self._pending_conf_index = 0
+        self._transferee: int | None = None
+        self._transfer_elapsed = 0
+        self._needs_broadcast = False
+        self._reads_waiting: list[int] = []  # requested before this term committed an entry
+        self._reads_new: list[int] = []
+        self._read_rounds: list[tuple[int, int, list[int], set[int]]] = []  # ctx, index, ids, acks
+        self._read_ctx = 0
+        # Follower state: acknowledge appends only once persisted.
+        self._ack_to: int | None = None
+        self._ack_index = 0
+        self._acked = 0
+        self._step_role: dict[Role, Callable[[Message], None]] = {
+            Role.FOLLOWER: self._step_follower,
+            Role.PRE_CANDIDATE: self._step_candidate,
+            Role.CANDIDATE: self._step_candidate,
+            Role.LEADER: self._step_leader,
+        }
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def membership(self) -> Membership:
+        return self._configs[-1][2]
+
+    @property
+    def last_index(self) -> int:
+        return self._last_index
+
+    @property
+    def persisted_index(self) -> int:
+        return self._persisted
+
+    @property
+    def transferee(self) -> int | None:
+        return self._transferee
+
+    def progress(self) -> dict[int, Progress]:
+        """Leader only: per-follower replication state (read-only use)."""
+        return self._progress
+
+    def term_at(self, index: int) -> int:
+        if index > self._last_index:
+            raise IndexError(f"index {index} beyond last {self._last_index}")
+        p = self._pending
+        if p and index >= p[0].index:
+            return p[index - p[0].index].term
+        return self._store.term(index)
+
+    def _entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        """Entries [lo, hi) from the store and the pending tail, at least one if lo < hi."""
+        p = self._pending
+        split = p[0].index if p else hi
+        out: list[Entry] = []
+        if lo < split:
+            out = self._store.entries(lo, min(hi, split), max_bytes)
+            if not out or out[-1].index < min(hi, split) - 1:
+                return out
+            lo = out[-1].index + 1
+        size = sum(len(e.data) for e in out)
+        while lo < hi:
+            e = p[lo - split]
+            if out and size + len(e.data) > max_bytes:
+                break
+            out.append(e)
+            size += len(e.data)
+            lo += 1
+        return out
+
+    def _up_to_date(self, index: int, term: int) -> bool:
+        """§5.4.1 election restriction: is a log ending at (index, term) at least as new?"""
+        if "no-prevote-term-check" in self.cfg.mutations:
+            return True
+        return term > self._last_term or (term == self._last_term and index >= self._last_index)
+
+    def _matches(self, index: int, term: int) -> bool:
+        return index <= self._last_index and self.term_at(index) == term
+
+    # ------------------------------------------------------------------ events
+
+    def tick(self) -> None:
+        """One unit of logical time; the shell decides how long a tick is."""
+        if self.role == Role.LEADER:
+            self._tick_leader()
+        else:
+            self._election_elapsed += 1
+            if self._election_elapsed >= self._timeout and self._can_campaign():
+                self._campaign(MsgType.PREVOTE if self.cfg.pre_vote else MsgType.VOTE)
+
+    def step(self, m: Message) -> None:
+        """Common checks for every role (term comparison, votes), then the role's handler."""
+        if m.term > self.term:
+            if m.type in (MsgType.PREVOTE, MsgType.VOTE) and not m.context and self._in_lease():
+                return  # thesis §4.2.3: a live leader's followers ignore disruptive candidates
+            if m.type == MsgType.PREVOTE or (m.type == MsgType.PREVOTE_RESP and not m.reject):
+                pass  # pre-votes never change terms
+            else:
+                leader = m.src if m.type in (MsgType.APPEND, MsgType.HEARTBEAT) else None
+                self._become_follower(m.term, leader)
+        elif m.term < self.term:
+            if m.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+                # Tell a stale leader about the newer term so it steps down (it may be
+                # partitioned from everyone else and never see a vote request).
+                self._send(MsgType.APPEND_RESP, m.src, reject=True, log_index=m.log_index)
+            elif m.type == MsgType.PREVOTE:
+                self._send(MsgType.PREVOTE_RESP, m.src, reject=True)
+            return
+        if m.type in _VOTE_RESPONSE:
+            self._handle_vote_request(m)
+        else:
+            self._step_role[self.role](m)
+
+    def propose(self, data: bytes, type: EntryType = EntryType.MESSAGES) -> int:
+        """Append a new entry as leader; returns its index. Commit is reported via `apply`."""
+        if type == EntryType.CONFIG:
+            raise ValueError("use add_learner/promote/remove for membership changes")
+        self._check_can_propose()
+        return self._append_new(type, data)
+
+    def persisted(self, index: int, term: int) -> None:
+        """The store has fsynced everything up to `index`, whose term was `term`."""
+        if index <= self._persisted or index > self._last_index or self.term_at(index) != term:
+            return  # stale: already known, or that entry has since been replaced
+        self._persisted = index
+        if self.role == Role.LEADER:
+            self._progress[self.id].acked(index)
+            self._maybe_commit()
+        else:
+            self._flush_ack()
+
+    def transfer_leadership(self, target: int) -> None:
+        """Hand leadership to `target` once its log is caught up (thesis §3.10)."""
+        if self.role != Role.LEADER:
+            raise NotLeader(self.leader)
+        if target == self.id or self._transferee == target:
+            return
+        if target not in self.membership.voters:
+            raise ValueError(f"node {target} is not a voter")
+        self._transferee = target
+        self._transfer_elapsed = 0
+        if self._progress[target].match == self._last_index:
+            self._send(MsgType.TIMEOUT_NOW, target)
+        else:
+            self._send_append(target)
+
+    def read_index(self, request_id: int) -> None:
+        """Ask for a linearizable read point; answered later as a `ReadState`."""
+        if self.role != Role.LEADER:
+            raise NotLeader(self.leader)
+        if self._committed_in_term():
+            self._reads_new.append(request_id)
+        else:
+            self._reads_waiting.append(request_id)
+
+    def add_learner(self, node: int) -> int:
+        m = self.membership
+        if node in m.members:
+            raise ValueError(f"node {node} is already a member")
+        return self._propose_config(Membership(m.voters, m.learners | {node}))
+
+    def promote(self, node: int) -> int:
+        """Make a caught-up learner a voter (thesis §4.2.1: catch up before voting)."""
+        m = self.membership
+        if node not in m.learners:
+            raise ValueError(f"node {node} is not a learner")
+        if self.role == Role.LEADER and self._progress[node].match < self.commit:
+            raise ProposalDropped(f"learner {node} has not caught up yet")
+        return self._propose_config(Membership(m.voters | {node}, m.learners - {node}))
+
+    def remove(self, node: int) -> int:
+        m = self.membership
+        if node not in m.members:
+            raise ValueError(f"node {node} is not a member")
+        return self._propose_config(Membership(m.voters - {node}, m.learners - {node}))
+
+    def has_ready(self) -> bool:
+        return bool(
+            self._hs_dirty
+            or self._pending
+            or self._out
+            or self._reads_out
+            or self.commit > self.applied
+            or self._needs_broadcast
+            or self._reads_new
+        )
+
+    def ready(self) -> Ready:
+        """Drain everything the shell must now do (order: see `raftlog.types`)."""
+        if self.role == Role.LEADER:
+            if self._reads_new:
+                self._start_read_round()
+            if self._needs_broadcast:
+                self._needs_broadcast = False
+                for peer in self._progress:
+                    if peer != self.id:
+                        self._send_append(peer, fill=True)
+        rd = Ready(entries=self._pending, messages=self._out, reads=self._reads_out)
+        if self._hs_dirty:
+            rd.hard_state = HardState(self.term, self.vote, tuple(self._configs))
+            self._hs_dirty = False
+        if self.commit > self.applied:
+            rd.apply = self._entries(self.applied + 1, self.commit + 1, self.cfg.max_apply_bytes)
+            self.applied = rd.apply[-1].index
+        self._pending = []
+        self._out = []
+        self._reads_out = []
+        return rd
+
+    # ------------------------------------------------------------------ roles
+
+    def _become_follower(self, term: int, leader: int | None) -> None:
+        if term != self.term:
+            self.term = term
+            self.vote = None
+            self._hs_dirty = True
+        if leader != self.leader or self.role != Role.FOLLOWER:
+            self._ack_to = None
+            self._ack_index = self._acked = 0
+        self.role = Role.FOLLOWER
+        self.leader = leader
+        self._reset_timers()
+        self._clear_leader_state()
+
+    def _clear_leader_state(self) -> None:
+        self._progress = {}
+        self._transferee = None
+        self._needs_broadcast = False
+        self._reads_waiting = []
+        self._reads_new = []
+        self._read_rounds = []
+
+    def _can_campaign(self) -> bool:
+        return self.id in self.membership.voters
+
+    def _campaign(self, kind: MsgType, *, transfer: bool = False) -> None:
+        """Start a pre-vote round or a real election (`transfer` skips voters' lease check)."""
+        if kind == MsgType.PREVOTE:
+            self.role = Role.PRE_CANDIDATE
+            self.leader = None
+            term = self.term + 1
+        else:
+            self._become_follower(self.term + 1, None)
+            self.role = Role.CANDIDATE
+            self.vote = self.id
+            self._hs_dirty = True
+            term = self.term
+        self._reset_timers()
+        self._votes = {self.id: True}
+        if self._tally() is True:
+            self._won_election(kind)
+            return
+        for peer in self.membership.voters:
+            if peer != self.id:
+                self._out.append(
+                    Message(
+                        kind,
+                        self.id,
+                        peer,
+                        term,
+                        log_index=self._last_index,
+                        log_term=self._last_term,
+                        context=int(transfer),
+                    )
+                )
+
+    def _tally(self) -> bool | None:
+        """True when a quorum granted, False when a quorum refused, else None."""
+        voters = self.membership.voters
+        granted = sum(1 for v, ok in self._votes.items() if ok and v in voters)
+        refused = sum(1 for v, ok in self._votes.items() if not ok and v in voters)
+        q = self.membership.quorum()
+        if granted >= q:
+            return True
+        if refused >= q:
+            return False
+        return None
+
+    def _won_election(self, kind: MsgType) -> None:
+        if kind == MsgType.PREVOTE:
+            self._campaign(MsgType.VOTE)  # pre-vote won: now the real election
+        else:
+            self._become_leader()
+
+    def _become_leader(self) -> None:
+        self.role = Role.LEADER
+        self.leader = self.id
+        self._reset_timers()
+        self._progress = {p: Progress(self._last_index + 1) for p in self.membership.members}
+        self._progress.setdefault(self.id, Progress(self._last_index + 1))
+        me = self._progress[self.id]
+        me.match = self._persisted
+        me.recent_active = True
+        # Any earlier membership entry may be uncommitted: allow no change until ours commits.
+        self._pending_conf_index = self._last_index + 1
+        self._append_new(EntryType.NOOP, b"")  # §5.4.2: lets this term commit older entries
+
+    def _reset_timers(self) -> None:
+        self._election_elapsed = 0
+        self._heartbeat_elapsed = 0
+        self._timeout = self._random_timeout()
+
+    def _random_timeout(self) -> int:
+        return self.cfg.election_ticks + self._rng.randrange(self.cfg.election_ticks)
+
+    def _in_lease(self) -> bool:
+        return (
+            self.cfg.check_quorum
+            and self.leader is not None
+            and self._election_elapsed < self.cfg.election_ticks
+        )
+
+    # ------------------------------------------------------------------ votes
+
+    def _handle_vote_request(self, m: Message) -> None:
+        pre = m.type == MsgType.PREVOTE
+        can_vote = (
+            self.vote == m.src
+            or (self.vote is None and self.leader is None)
+            or (pre and m.term > self.term)
+        )
+        if can_vote and self._up_to_date(m.log_index, m.log_term):
+            if not pre:
+                self.vote = m.src
+                self._hs_dirty = True
+                self._election_elapsed = 0
+            self._out.append(Message(_VOTE_RESPONSE[m.type], self.id, m.src, m.term))
+        else:
+            self._send(_VOTE_RESPONSE[m.type], m.src, reject=True)
+
+    def _step_candidate(self, m: Message) -> None:
+        t = m.type
+        if t in (MsgType.APPEND, MsgType.HEARTBEAT):
+            self._become_follower(self.term, m.src)
+            self._step_follower(m)
+            return
+        expected = MsgType.PREVOTE_RESP if self.role == Role.PRE_CANDIDATE else MsgType.VOTE_RESP
+        if t != expected:
+            return
+        if t == MsgType.PREVOTE_RESP and not m.reject and m.term != self.term + 1:
+            return  # answers an older pre-vote round
+        self._votes[m.src] = not m.reject
+        result = self._tally()
+        if result is True:
+            self._won_election(MsgType.PREVOTE if t == MsgType.PREVOTE_RESP else MsgType.VOTE)
+        elif result is False:
+            self._become_follower(self.term, None)
+
+    # ------------------------------------------------------------------ follower
+
+    def _step_follower(self, m: Message) -> None:
+        t = m.type
+        if t == MsgType.APPEND:
+            self._heard_from_leader(m.src)
+            self._handle_append(m)
+        elif t == MsgType.HEARTBEAT:
+            self._heard_from_leader(m.src)
+            self._commit_to(min(m.commit, self._last_index))
+            self._send(MsgType.HEARTBEAT_RESP, m.src, context=m.context)
+        elif t == MsgType.TIMEOUT_NOW and self._can_campaign():
+            self._campaign(MsgType.VOTE, transfer=True)
+
+    def _heard_from_leader(self, leader: int) -> None:
+        self._election_elapsed = 0
+        if self.leader != leader:
+            self.leader = leader
+            self._ack_to = None
+            self._ack_index = self._acked = 0
+
+    def _handle_append(self, m: Message) -> None:
+        if m.log_index < self.commit:
+            # Everything up to our commit is known to match; say so and let it resend.
+            self._send(MsgType.APPEND_RESP, m.src, log_index=self.commit)
+            return
+        if not self._matches(m.log_index, m.log_term):
+            self._reject_append(m)
+            return
+        entries = m.entries
+        for k, e in enumerate(entries):
+            if e.index > self._last_index or self.term_at(e.index) != e.term:
+                if e.index <= self.commit:
+                    raise AssertionError(f"{self.id}: conflict at committed index {e.index}")
+                self._append_entries(entries[k:])
+                break
+        last_new = m.log_index + len(entries)
+        self._commit_to(min(m.commit, last_new))
+        self._ack_to = m.src
+        self._ack_index = max(self._ack_index, last_new)
+        self._flush_ack()
+
+    def _reject_append(self, m: Message) -> None:
+        """Reply with the xTerm/xIndex hint so the leader skips a whole term per round trip."""
+        if m.log_index > self._last_index:
+            hint_term, hint_index = 0, self._last_index + 1
+        else:
+            hint_term = self.term_at(m.log_index)
+            hint_index = m.log_index
+            while hint_index - 1 > self.commit and self.term_at(hint_index - 1) == hint_term:
+                hint_index -= 1
+        self._send(
+            MsgType.APPEND_RESP,
+            m.src,
+            reject=True,
+            log_index=m.log_index,
+            hint_term=hint_term,
+            hint_index=hint_index,
+        )
+
+    def _flush_ack(self) -> None:
+        """Acknowledge the longest prefix that both matches the leader and is on disk."""
+        if self._ack_to is None:
+            return
+        match = min(self._persisted, self._ack_index)
+        if match > self._acked:
+            self._acked = match
+            self._send(MsgType.APPEND_RESP, self._ack_to, log_index=match)
+
+    # ------------------------------------------------------------------ leader
+
+    def _tick_leader(self) -> None:
+        self._heartbeat_elapsed += 1
+        self._election_elapsed += 1
+        if self._transferee is not None:
+            self._transfer_elapsed += 1
+            if self._transfer_elapsed >= self.cfg.election_ticks:
+                self._transferee = None  # the target never took over: resume service
+        if self._election_elapsed >= self.cfg.election_ticks:
+            self._election_elapsed = 0
+            if self.cfg.check_quorum and not self._quorum_active():
+                self._become_follower(self.term, None)
+                return
+            self._consider_preferred_leader()
+        if self._heartbeat_elapsed >= self.cfg.heartbeat_ticks:
+            self._heartbeat_elapsed = 0
+            self._broadcast_heartbeat()
+
+    def _quorum_active(self) -> bool:
+        voters = self.membership.voters
+        active = sum(
+            1 for p, pr in self._progress.items() if p in voters and (pr.recent_active or p == self.id)
+        )
+        for pr in self._progress.values():
+            pr.recent_active = False
+        return active >= self.membership.quorum()
+
+    def _consider_preferred_leader(self) -> None:
+        pref = self.cfg.preferred_leader
+        if (
+            pref is not None
+            and pref != self.id
+            and pref in self.membership.voters
+            and self._transferee is None
+            and self._committed_in_term()
+            and self._progress[pref].match == self._last_index
+        ):
+            self.transfer_leadership(pref)
+
+    def _broadcast_heartbeat(self) -> None:
+        ctx = self._read_rounds[-1][0] if self._read_rounds else 0
+        for peer, pr in self._progress.items():
+            if peer != self.id:
+                self._send(MsgType.HEARTBEAT, peer, commit=min(pr.match, self.commit), context=ctx)
+
+    def _check_can_propose(self) -> None:
+        if self.role != Role.LEADER:
+            raise NotLeader(self.leader)
+        if self._transferee is not None:
+            raise ProposalDropped(f"leadership is moving to {self._transferee}")
+
+    def _propose_config(self, new: Membership) -> int:
+        self._check_can_propose()
+        if self._pending_conf_index > self.commit:
+            raise ProposalDropped("a membership change is still in progress")
+        index = self._append_new(EntryType.CONFIG, new.encode())
+        self._pending_conf_index = index
+        return index
+
+    def _append_new(self, type: EntryType, data: bytes) -> int:
+        index = self._last_index + 1
+        self._append_entries((Entry(index, self.term, type, data),))
+        self._needs_broadcast = True
+        return index
+
+    def _step_leader(self, m: Message) -> None:
+        pr = self._progress.get(m.src)
+        if pr is None:
+            return  # not a member (any more)
+        pr.recent_active = True
+        t = m.type
+        if t == MsgType.APPEND_RESP:
+            if m.reject:
+                if pr.rejected(m.log_index, self._next_after_reject(m)):
+                    self._send_append(m.src)
+            else:
+                was_probe = not pr.replicating
+                if pr.acked(m.log_index):
+                    if was_probe:
+                        pr.become_replicate()
+                    self._maybe_commit()
+                    if self._transferee == m.src and pr.match == self._last_index:
+                        self._send(MsgType.TIMEOUT_NOW, m.src)
+                elif was_probe and pr.match == self._last_index:
+                    pr.become_replicate()
+                self._send_append(m.src, fill=True)
+        elif t == MsgType.HEARTBEAT_RESP:
+            pr.paused = False
+            if pr.replicating and len(pr.inflight) >= self.cfg.max_inflight:
+                pr.inflight.popleft()  # an ack may have been lost: let one more through
+            if pr.match < self._last_index:
+                self._send_append(m.src, empty_ok=True)
+            if m.context:
+                self._ack_read_rounds(m.src, m.context)
+
+    def _next_after_reject(self, m: Message) -> int:
+        """Fast backup: skip the follower's whole conflicting term in one round trip."""
+        if m.hint_term == 0:
+            return m.hint_index
+        i = min(m.log_index, self._last_index)
+        while i > 0 and self.term_at(i) > m.hint_term:
+            i -= 1
+        if i > 0 and self.term_at(i) == m.hint_term:
+            return i + 1
+        return m.hint_index
+
+    def _send_append(self, peer: int, *, fill: bool = False, empty_ok: bool = False) -> None:
+        """Send what `peer` lacks: one append in probe, up to the window when replicating."""
+        pr = self._progress[peer]
+        while pr.can_send(self.cfg.max_inflight):
+            lo = pr.next
+            entries: list[Entry] = []
+            if lo <= self._last_index:
+                entries = self._entries(lo, self._last_index + 1, self.cfg.max_append_bytes)
+            elif pr.replicating and not empty_ok:
+                return  # nothing new; heartbeats carry the commit index
+            prev = lo - 1
+            self._out.append(
+                Message(
+                    MsgType.APPEND,
+                    self.id,
+                    peer,
+                    self.term,
+                    log_index=prev,
+                    log_term=self.term_at(prev),
+                    entries=tuple(entries),
+                    commit=self.commit,
+                )
+            )
+            pr.sent(entries[-1].index if entries else prev)
+            if not (fill and pr.replicating and entries):
+                return
+            empty_ok = False
+
+    def _maybe_commit(self) -> None:
+        voters = self.membership.voters
+        matches = sorted((self._progress[v].match for v in voters if v in self._progress), reverse=True)
+        q = self.membership.quorum()
+        if len(matches) < q:
+            return
+        index = matches[q - 1]
+        if index <= self.commit:
+            return
+        if self.term_at(index) != self.term and "commit-old-term" not in self.cfg.mutations:
+            return  # §5.4.2: never commit an older term's entry by counting replicas
+        self._commit_to(index)
+        self._needs_broadcast = True
+        if self._reads_waiting and self._committed_in_term():
+            self._reads_new.extend(self._reads_waiting)
+            self._reads_waiting = []
+        if self.id not in self.membership.voters and self.commit >= self._configs[-1][0]:
+            self._become_follower(self.term, None)  # thesis §4.2.2: removed leader steps down
+
+    def _committed_in_term(self) -> bool:
+        return self.commit > 0 and self.term_at(self.commit) == self.term
+
+    # ------------------------------------------------------------------ ReadIndex
+
+    def _start_read_round(self) -> None:
+        ids, self._reads_new = self._reads_new, []
+        if len(self.membership.voters) == 1:
+            self._reads_out.extend(ReadState(i, self.commit) for i in ids)
+            return
+        self._read_ctx += 1
+        self._read_rounds.append((self._read_ctx, self.commit, ids, {self.id}))
+        for peer, pr in self._progress.items():
+            if peer != self.id:
+                self._send(
+                    MsgType.HEARTBEAT, peer, commit=min(pr.match, self.commit), context=self._read_ctx
+                )
+
+    def _ack_read_rounds(self, peer: int, ctx: int) -> None:
+        voters = self.membership.voters
+        q = self.membership.quorum()
+        confirmed = 0
+        for k, (c, _index, _ids, acks) in enumerate(self._read_rounds):
+            if c > ctx:
+                break
+            if peer in voters:
+                acks.add(peer)
+            if len(acks & voters) >= q:
+                confirmed = k + 1
+        for _c, index, ids, _acks in self._read_rounds[:confirmed]:
+            self._reads_out.extend(ReadState(i, index) for i in ids)
+        del self._read_rounds[:confirmed]
+
+    # ------------------------------------------------------------------ log
+
+    def _append_entries(self, entries: tuple[Entry, ...] | list[Entry]) -> None:
+        """Append (possibly replacing a conflicting suffix from entries[0].index)."""
+        first = entries[0].index
+        if first <= self._last_index:
+            self._truncate_from(first)
+        p = self._pending
+        if p and first != p[-1].index + 1:
+            raise AssertionError("pending entries must stay contiguous")
+        p.extend(entries)
+        last = entries[-1]
+        self._last_index, self._last_term = last.index, last.term
+        for e in entries:
+            if e.type == EntryType.CONFIG:
+                self._add_config(e)
+
+    def _truncate_from(self, index: int) -> None:
+        if index <= self.commit:
+            raise AssertionError(f"{self.id}: truncating committed index {index}")
+        p = self._pending
+        if p and index >= p[0].index:
+            del p[index - p[0].index :]
+        else:
+            # The store holds the suffix: the next Ready's entries start at `index`,
+            # which tells the shell to truncate there first. Keep what's pending below.
+            self._pending = []
+        self._last_index = index - 1
+        self._last_term = self.term_at(index - 1)
+        self._persisted = min(self._persisted, index - 1)
+        self._ack_index = min(self._ack_index, index - 1)
+        if self._configs[-1][0] >= index:
+            self._configs = [c for c in self._configs if c[0] < index]
+            self._hs_dirty = True
+            self._membership_changed()
+
+    def _add_config(self, e: Entry) -> None:
+        self._configs.append((e.index, e.term, Membership.decode(e.data)))
+        self._hs_dirty = True
+        self._membership_changed()
+
+    def _membership_changed(self) -> None:
+        if self.role != Role.LEADER:
+            return
+        members = self.membership.members | {self.id}
+        for p in list(self._progress):
+            if p not in members:
+                del self._progress[p]
+        for p in members - self._progress.keys():
+            self._progress[p] = Progress(self._last_index)
+
+    def _commit_to(self, index: int) -> None:
+        if index <= self.commit:
+            return
+        self.commit = index
+        # Forget membership records superseded by a committed one.
+        settled = [c for c in self._configs if c[0] <= index]
+        if len(settled) > 1:
+            self._configs = [settled[-1], *(c for c in self._configs if c[0] > index)]
+            self._hs_dirty = True
+
+    def _send(self, type: MsgType, to: int, **fields: object) -> None:
+        self._out.append(Message(type, self.id, to, self.term, **fields))  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        return (
+            f"node {self.id} {self.role.name} t{self.term} lead={self.leader} "
+            f"last={self._last_index}@{self._last_term} commit={self.commit} "
+            f"applied={self.applied} persisted={self._persisted}"
+        )

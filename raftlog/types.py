@@ -1,0 +1,210 @@
+"""Values exchanged between the Raft core and the shell that drives it.
+
+Everything here is an immutable value: entries, messages, the hard state the shell
+persists, and the `Ready` bundle the core hands out after each batch of events.
+
+The contract the shell keeps with the core (the etcd `Ready` loop, adapted):
+
+1. Feed events: `tick()`, `step(msg)`, `propose(...)`, `persisted(index, term)`, ...
+2. Call `ready()`. It drains everything the core wants done:
+   a. `hard_state`, when set, is persisted atomically (and fsynced) *before* any message
+      of this Ready is sent: vote grants and term changes depend on it.
+   b. `entries` are appended to the store before the next event is fed. When
+      `entries[0].index <= store.last_index()` the store first truncates its suffix from
+      that index (a conflicting, uncommitted tail). Durability may lag: the shell calls
+      `persisted(index, term)` once an fsync covers `index`. Append acknowledgements and
+      the leader's own vote in the commit count wait for that call, never for the write.
+   c. `messages` may then be sent.
+   d. `apply` entries are committed; hand them to the state machine in order.
+   e. `reads` are ReadIndex answers: serve request `id` once applied >= `index`.
+3. At construction the core assumes everything in the store is durable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Protocol
+
+__all__ = [
+    "Entry",
+    "EntryType",
+    "HardState",
+    "LogStore",
+    "Membership",
+    "Message",
+    "MsgType",
+    "ReadState",
+    "Ready",
+    "Role",
+]
+
+
+class EntryType(IntEnum):
+    NOOP = 0  # appended by every new leader so it can commit entries of older terms
+    MESSAGES = 1  # a producer batch, stored byte-for-byte
+    CONTROL = 2  # broker control records (offsets, transactions, topic config, ...)
+    CONFIG = 3  # a membership change: msgpack of the whole new Membership
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    term: int
+    type: EntryType
+    data: bytes = b""
+
+    def describe(self) -> str:
+        return f"{self.index}@{self.term}:{self.type.name}({len(self.data)}B)"
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """The voters and learners of a group. Learners replicate but neither vote nor count."""
+
+    voters: frozenset[int]
+    learners: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not self.voters:
+            raise ValueError("a membership needs at least one voter")
+        if self.voters & self.learners:
+            raise ValueError("a node cannot be both voter and learner")
+
+    @property
+    def members(self) -> frozenset[int]:
+        return self.voters | self.learners
+
+    def quorum(self) -> int:
+        return len(self.voters) // 2 + 1
+
+    def encode(self) -> bytes:
+        import msgpack
+
+        return msgpack.packb({"v": sorted(self.voters), "l": sorted(self.learners)})
+
+    @classmethod
+    def decode(cls, data: bytes) -> Membership:
+        import msgpack
+
+        d = msgpack.unpackb(data)
+        return cls(frozenset(d["v"]), frozenset(d["l"]))
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What must survive a crash besides the log: term, vote, and membership history.
+
+    `configs` lists (index, term, membership) of CONFIG entries still in the log plus the
+    bootstrap membership at index 0. Membership takes effect when appended (Raft thesis
+    §4.1), so it is persisted here rather than recovered by scanning a large log.
+    """
+
+    term: int = 0
+    vote: int | None = None
+    configs: tuple[tuple[int, int, Membership], ...] = ()
+
+
+class Role(IntEnum):
+    FOLLOWER = 0
+    PRE_CANDIDATE = 1
+    CANDIDATE = 2
+    LEADER = 3
+
+
+class MsgType(IntEnum):
+    PREVOTE = 0
+    PREVOTE_RESP = 1
+    VOTE = 2
+    VOTE_RESP = 3
+    APPEND = 4
+    APPEND_RESP = 5
+    HEARTBEAT = 6
+    HEARTBEAT_RESP = 7
+    TIMEOUT_NOW = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One Raft message. Field meaning depends on `type`:
+
+    - PREVOTE/VOTE: `log_index`/`log_term` = candidate's last entry; `context` = 1 when
+      the election is a leadership transfer (voters skip the leader-lease check).
+    - *_RESP to votes: `reject`.
+    - APPEND: `log_index`/`log_term` = previous entry; `entries`; `commit`.
+    - APPEND_RESP: success → `log_index` is the follower's match; reject → `log_index` is
+      the rejected previous index, `hint_term`/`hint_index` the fast-backup hint (xTerm,
+      xIndex), `commit` unused.
+    - HEARTBEAT: `commit` (never above the follower's match), `context` = ReadIndex round.
+    - HEARTBEAT_RESP: `context` echoed.
+    """
+
+    type: MsgType
+    src: int
+    dst: int
+    term: int
+    log_index: int = 0
+    log_term: int = 0
+    entries: tuple[Entry, ...] = ()
+    commit: int = 0
+    reject: bool = False
+    hint_index: int = 0
+    hint_term: int = 0
+    context: int = 0
+
+    def describe(self) -> str:
+        parts = [f"{self.src}->{self.dst} {self.type.name} t{self.term}"]
+        if self.type in (MsgType.APPEND, MsgType.PREVOTE, MsgType.VOTE):
+            parts.append(f"[{self.log_index}@{self.log_term}]")
+        if self.entries:
+            parts.append(f"+{len(self.entries)}({self.entries[0].index}..{self.entries[-1].index})")
+        if self.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+            parts.append(f"c{self.commit}")
+        if self.type == MsgType.APPEND_RESP:
+            parts.append(
+                f"reject {self.log_index} hint {self.hint_index}@{self.hint_term}"
+                if self.reject
+                else f"match {self.log_index}"
+            )
+        elif self.reject:
+            parts.append("reject")
+        if self.context:
+            parts.append(f"ctx{self.context}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadState:
+    """A confirmed ReadIndex: request `id` may be served once applied >= `index`."""
+
+    id: int
+    index: int
+
+
+@dataclass(slots=True)
+class Ready:
+    hard_state: HardState | None = None
+    entries: list[Entry] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    apply: list[Entry] = field(default_factory=list)
+    reads: list[ReadState] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.hard_state is not None or self.entries or self.messages or self.apply or self.reads
+        )
+
+
+class LogStore(Protocol):
+    """Read-only view of the durable-or-written log that the core consults.
+
+    Index 0 is the sentinel before the first entry: `term(0) == 0`.
+    """
+
+    def last_index(self) -> int: ...
+
+    def term(self, index: int) -> int: ...
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        """Entries [lo, hi); at least one if lo < hi, then as many as fit in max_bytes."""
+        ...

@@ -1,0 +1,1 @@
+"""raftmq: what users import and run — client SDK, CLI and configuration."""

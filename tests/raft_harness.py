@@ -1,0 +1,176 @@
+"""A readable, synchronous harness for scripting Raft scenarios against the real core.
+
+Messages wait in a mailbox until a test delivers, drops or filters them, so a scenario
+reads like the paper's figures: `campaign 1`, `deliver`, `isolate 3`, `stabilize`.
+Storage is in memory; `persist()` models fsync, `crash()` drops what was never fsynced.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+
+from raftlog.core import RaftConfig, RaftNode
+from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role
+
+
+class MemStore:
+    def __init__(self) -> None:
+        self.log: list[Entry] = []
+        self.durable = 0  # entries [0, durable) survive a crash
+        self.hard = HardState()
+
+    def last_index(self) -> int:
+        return len(self.log)
+
+    def term(self, index: int) -> int:
+        return self.log[index - 1].term if index > 0 else 0
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        out, size = [], 0
+        for e in self.log[lo - 1 : hi - 1]:
+            if out and size + len(e.data) > max_bytes:
+                break
+            out.append(e)
+            size += len(e.data)
+        return out
+
+    def append(self, entries: list[Entry]) -> None:
+        first = entries[0].index
+        if first <= len(self.log):
+            del self.log[first - 1 :]
+            self.durable = min(self.durable, first - 1)
+        assert first == len(self.log) + 1
+        self.log.extend(entries)
+
+
+class Cluster:
+    def __init__(
+        self,
+        n: int = 3,
+        *,
+        seed: int = 1,
+        auto_persist: bool = True,
+        config: Callable[[int], RaftConfig] | None = None,
+        voters: Iterable[int] | None = None,
+    ) -> None:
+        self.rng = random.Random(seed)
+        self.config = config or (lambda i: RaftConfig())
+        self.auto_persist = auto_persist
+        self.stores: dict[int, MemStore] = {}
+        self.nodes: dict[int, RaftNode] = {}
+        self.mailbox: list[Message] = []
+        self.applied: dict[int, list[Entry]] = {}
+        self.reads: dict[int, list] = {}
+        self.cut: set[tuple[int, int]] = set()
+        members = Membership(frozenset(voters or range(1, n + 1)))
+        for i in range(1, n + 1):
+            st = MemStore()
+            st.hard = HardState(configs=((0, 0, members),))
+            self.stores[i] = st
+            self.start(i)
+
+    def start(self, i: int) -> None:
+        st = self.stores[i]
+        self.nodes[i] = RaftNode(i, st, st.hard, self.config(i), rng=random.Random(self.rng.random()))
+        self.applied[i] = []
+        self.reads.setdefault(i, [])
+
+    def crash(self, i: int) -> None:
+        st = self.stores[i]
+        del st.log[st.durable :]
+        del self.nodes[i]
+        self.mailbox = [m for m in self.mailbox if m.dst != i and m.src != i]
+
+    def process(self, i: int) -> None:
+        node = self.nodes.get(i)
+        if node is None:
+            return
+        rd = node.ready()
+        st = self.stores[i]
+        if rd.hard_state is not None:
+            st.hard = rd.hard_state
+        if rd.entries:
+            st.append(rd.entries)
+        self.mailbox.extend(rd.messages)
+        self.applied[i].extend(rd.apply)
+        self.reads[i].extend(rd.reads)
+        if self.auto_persist:
+            self.persist(i)
+
+    def persist(self, i: int) -> None:
+        st = self.stores[i]
+        if st.durable < len(st.log):
+            st.durable = len(st.log)
+            self.nodes[i].persisted(st.durable, st.log[-1].term)
+
+    def process_all(self) -> None:
+        for _ in range(3):
+            for i in list(self.nodes):
+                self.process(i)
+
+    def isolate(self, i: int) -> None:
+        for j in self.stores:
+            if j != i:
+                self.cut |= {(i, j), (j, i)}
+
+    def heal(self) -> None:
+        self.cut.clear()
+
+    def deliver(self, keep: Callable[[Message], bool] = lambda m: True) -> int:
+        """Deliver every queued message `keep` accepts (others are dropped). Returns count."""
+        self.process_all()
+        batch, self.mailbox = self.mailbox, []
+        n = 0
+        for m in batch:
+            if (m.src, m.dst) in self.cut or m.dst not in self.nodes or not keep(m):
+                continue
+            self.nodes[m.dst].step(m)
+            self.process(m.dst)
+            n += 1
+        self.process_all()
+        return n
+
+    def stabilize(self, limit: int = 200) -> None:
+        for _ in range(limit):
+            if not self.deliver():
+                return
+        raise AssertionError("cluster did not stabilize")
+
+    def tick(self, times: int = 1, only: Iterable[int] | None = None) -> None:
+        for _ in range(times):
+            for i in list(only or self.nodes):
+                if i in self.nodes:
+                    self.nodes[i].tick()
+            self.stabilize()
+
+    def campaign(self, i: int) -> None:
+        """Make node i time out now (the rest keep their timers)."""
+        node = self.nodes[i]
+        for _ in range(node.cfg.election_ticks * 2):
+            if node.role != Role.FOLLOWER:
+                break
+            node.tick()
+        self.stabilize()
+
+    def leader(self) -> RaftNode:
+        leaders = [n for n in self.nodes.values() if n.role == Role.LEADER]
+        assert len(leaders) == 1, [n.describe() for n in self.nodes.values()]
+        return leaders[0]
+
+    def elect(self) -> RaftNode:
+        for _ in range(100):
+            leaders = [n for n in self.nodes.values() if n.role == Role.LEADER]
+            if len(leaders) == 1 and all(n.leader == leaders[0].id for n in self.nodes.values()):
+                return leaders[0]
+            self.tick()
+        raise AssertionError("no leader elected")
+
+    def propose(self, data: bytes, type: EntryType = EntryType.MESSAGES) -> int:
+        leader = self.leader()
+        index = leader.propose(data, type)
+        self.stabilize()
+        return index
+
+    def payloads(self, i: int) -> list[bytes]:
+        return [e.data for e in self.applied[i] if e.type == EntryType.MESSAGES]
