@@ -147,10 +147,11 @@ class Cluster:
     def campaign(self, i: int) -> None:
         """Make node i time out now (the rest keep their timers)."""
         node = self.nodes[i]
+        term, role = node.term, node.role
         for _ in range(node.cfg.election_ticks * 2):
-            if node.role != Role.FOLLOWER:
-                break
             node.tick()
+            if node.term != term or node.role != role:
+                break
         self.stabilize()
 
     def leader(self) -> RaftNode:
@@ -161,8 +162,11 @@ class Cluster:
     def elect(self) -> RaftNode:
         for _ in range(100):
             leaders = [n for n in self.nodes.values() if n.role == Role.LEADER]
-            if len(leaders) == 1 and all(n.leader == leaders[0].id for n in self.nodes.values()):
-                return leaders[0]
+            if len(leaders) == 1:
+                lead = leaders[0]
+                members = [self.nodes[i] for i in lead.membership.members if i in self.nodes]
+                if all(n.leader == lead.id for n in members):
+                    return lead
             self.tick()
         raise AssertionError("no leader elected")
 

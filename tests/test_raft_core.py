@@ -1,0 +1,258 @@
+"""Scenario tests of the Raft core, named after the sections they check."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftlog.core import NotLeader, ProposalDropped, RaftConfig
+from raftlog.types import EntryType, HardState, Membership, Message, MsgType, Role
+from tests.raft_harness import Cluster
+
+
+def test_5_2_one_leader_is_elected_and_everyone_follows_it():
+    c = Cluster(3)
+    leader = c.elect()
+    assert all(n.leader == leader.id and n.term == leader.term for n in c.nodes.values())
+    # §5.4.2: the new leader's NOOP is committed and applied everywhere.
+    c.tick(2)
+    assert all(n.applied == n.commit == leader.last_index for n in c.nodes.values())
+    assert c.applied[leader.id][0].type == EntryType.NOOP
+
+
+def test_5_3_replication_commits_in_order_on_every_replica():
+    c = Cluster(5)
+    c.elect()
+    for k in range(20):
+        c.propose(b"m%d" % k)
+    c.tick(2)
+    want = [b"m%d" % k for k in range(20)]
+    assert all(c.payloads(i) == want for i in c.nodes)
+
+
+def test_proposals_to_a_follower_are_refused_with_a_leader_hint():
+    c = Cluster(3)
+    leader = c.elect()
+    follower = next(n for n in c.nodes.values() if n is not leader)
+    with pytest.raises(NotLeader) as e:
+        follower.propose(b"x")
+    assert e.value.leader == leader.id
+
+
+def test_commit_waits_for_fsync_on_a_majority():
+    """An ACK means fsynced on a majority: written-but-unsynced copies do not count."""
+    c = Cluster(3)
+    leader = c.elect()
+    c.auto_persist = False
+    index = leader.propose(b"x")
+    c.stabilize()
+    assert leader.commit < index  # written everywhere, fsynced nowhere
+    c.persist(leader.id)
+    c.stabilize()
+    assert leader.commit < index  # leader alone is not a majority
+    follower = next(i for i in c.nodes if i != leader.id)
+    c.persist(follower)
+    c.stabilize()
+    assert leader.commit == index
+
+
+def test_5_4_1_election_restriction_a_stale_log_cannot_win():
+    c = Cluster(3)
+    leader = c.elect()
+    stale = next(i for i in c.nodes if i != leader.id)
+    c.isolate(stale)
+    for k in range(3):
+        c.propose(b"m%d" % k)
+    c.heal()
+    c.crash(leader.id)
+    # The stale node times out first; its log is shorter, so the other replica refuses.
+    c.campaign(stale)
+    assert c.nodes[stale].role != Role.LEADER
+    new = c.elect()
+    assert new.id != stale
+    assert new.last_index >= 4
+
+
+def _old_term_entry_on_a_majority(mutations: frozenset[str] = frozenset()):
+    """Figure 8's crux: a term-1 entry sits on a majority while the term-2 leader's own
+    NOOP does not. Returns (leader, index of the old entry)."""
+    c = Cluster(3, config=lambda i: RaftConfig(pre_vote=False, check_quorum=False, mutations=mutations))
+    leader = c.elect()
+    c.tick(2)
+    old = leader.propose(b"old")  # reaches nobody else
+    c.process(leader.id)
+    c.mailbox.clear()
+    c.crash(leader.id)
+    c.start(leader.id)
+    node = c.nodes[leader.id]
+    while node.role == Role.FOLLOWER:
+        node.tick()
+    votes_only = {MsgType.VOTE, MsgType.VOTE_RESP}
+    while c.deliver(lambda m: m.type in votes_only):
+        pass  # its log is the longest: it wins term 2, but its NOOP goes nowhere
+    assert node.role == Role.LEADER and node.term_at(old) < node.term
+    c.mailbox.clear()
+    follower = next(i for i in c.nodes if i != node.id)
+    # The follower acknowledges the old entry but not yet the NOOP after it.
+    node.step(Message(MsgType.APPEND_RESP, follower, node.id, node.term, log_index=old))
+    return node, old
+
+
+def test_5_4_2_figure_8_an_old_term_entry_is_not_committed_by_counting():
+    leader, old = _old_term_entry_on_a_majority()
+    assert leader.commit < old
+
+
+def test_5_4_2_mutation_commit_old_term_commits_by_counting_replicas():
+    leader, old = _old_term_entry_on_a_majority(frozenset({"commit-old-term"}))
+    assert leader.commit == old
+
+
+def test_prevote_keeps_an_isolated_node_from_inflating_its_term():
+    c = Cluster(3)
+    leader = c.elect()
+    lonely = next(i for i in c.nodes if i != leader.id)
+    term = leader.term
+    c.isolate(lonely)
+    c.tick(60)
+    assert c.nodes[lonely].term == term  # pre-votes never reached a majority
+    c.heal()
+    c.tick(3)
+    assert c.leader() is leader and leader.term == term
+
+
+def test_check_quorum_a_leader_cut_off_from_its_majority_steps_down():
+    c = Cluster(3)
+    leader = c.elect()
+    c.isolate(leader.id)
+    c.tick(leader.cfg.election_ticks * 2 + 1, only=[leader.id])
+    assert leader.role == Role.FOLLOWER
+
+
+def test_fast_backup_skips_a_whole_conflicting_term_per_round_trip():
+    c = Cluster(3, config=lambda i: RaftConfig(check_quorum=False))
+    leader = c.elect()
+    c.tick(2)
+    followers = [i for i in c.nodes if i != leader.id]
+    # The leader, partitioned, accumulates 50 uncommitted entries of its term.
+    for i in followers:
+        c.isolate(i)
+    for k in range(50):
+        leader.propose(b"lost%d" % k)
+    c.stabilize()
+    c.crash(leader.id)
+    c.heal()
+    new = c.elect()
+    for k in range(5):
+        c.propose(b"kept%d" % k)
+    c.start(leader.id)
+    rejects = []
+    for _ in range(10):
+        c.tick()
+        c.deliver(lambda m: (rejects.append(m) if m.type == MsgType.APPEND_RESP and m.reject else None) or True)
+    assert c.payloads(leader.id)[-5:] == [b"kept%d" % k for k in range(5)]
+    assert len(rejects) <= 3  # one per conflicting term, not one per entry
+    assert new.commit == c.nodes[leader.id].commit
+
+
+def test_thesis_3_10_leadership_transfer():
+    c = Cluster(3)
+    leader = c.elect()
+    target = next(i for i in c.nodes if i != leader.id)
+    c.propose(b"x")
+    leader.transfer_leadership(target)
+    with pytest.raises(ProposalDropped):
+        leader.propose(b"refused while transferring")
+    c.stabilize()
+    c.tick(2)
+    assert c.leader().id == target
+    assert c.payloads(target) == [b"x"]
+
+
+def test_preferred_leader_takes_over_once_caught_up():
+    c = Cluster(3, config=lambda i: RaftConfig(preferred_leader=3))
+    # Make node 1 win first.
+    c.campaign(1)
+    assert c.leader().id == 1
+    c.tick(c.nodes[1].cfg.election_ticks * 2)
+    assert c.leader().id == 3
+
+
+def test_thesis_6_4_read_index_is_answered_after_a_quorum_heartbeat():
+    c = Cluster(3)
+    leader = c.elect()
+    c.tick(2)
+    c.propose(b"x")
+    leader.read_index(7)
+    c.stabilize()
+    reads = c.reads[leader.id]
+    assert [r.id for r in reads] == [7] and reads[0].index == leader.commit
+    # A leader that lost its majority cannot confirm reads.
+    c.isolate(leader.id)
+    leader.read_index(8)
+    c.stabilize()
+    assert [r.id for r in c.reads[leader.id]] == [7]
+
+
+def test_thesis_4_membership_learner_catches_up_then_votes_then_removal():
+    c = Cluster(4, voters=[1, 2, 3])
+    leader = c.elect()
+    for k in range(5):
+        c.propose(b"m%d" % k)
+    c.tick(3)
+    assert c.nodes[4].role == Role.FOLLOWER and c.payloads(4) == []  # not a member yet
+    with pytest.raises(ValueError):
+        leader.promote(4)
+    leader.add_learner(4)
+    c.tick(3)
+    assert c.payloads(4) == [b"m%d" % k for k in range(5)]
+    assert 4 in leader.membership.learners
+    leader.promote(4)
+    c.tick(3)
+    assert leader.membership.voters == {1, 2, 3, 4}
+    assert all(n.membership.voters == {1, 2, 3, 4} for n in c.nodes.values())
+    # Removing the leader itself: it steps down once the change commits.
+    leader.remove(leader.id)
+    c.tick(3)
+    assert leader.role == Role.FOLLOWER
+    new = c.elect()
+    assert new.id != leader.id and new.membership.voters == {1, 2, 3, 4} - {leader.id}
+
+
+def test_one_membership_change_at_a_time():
+    c = Cluster(5, voters=[1, 2, 3])
+    leader = c.elect()
+    c.tick(2)
+    c.auto_persist = False
+    leader.add_learner(4)
+    with pytest.raises(ProposalDropped):
+        leader.add_learner(5)
+
+
+def test_restart_recovers_term_vote_and_membership_from_hard_state():
+    c = Cluster(3)
+    leader = c.elect()
+    leader.add_learner(9)
+    c.tick(2)
+    i = leader.id
+    c.crash(i)
+    c.start(i)
+    n = c.nodes[i]
+    assert n.term == leader.term and 9 in n.membership.learners
+
+
+def test_a_crash_that_loses_the_config_entry_also_forgets_the_membership():
+    st_hard = HardState(
+        term=3,
+        vote=1,
+        configs=((0, 0, Membership(frozenset({1, 2, 3}))), (7, 3, Membership(frozenset({1, 2, 3, 4})))),
+    )
+    c = Cluster(1)
+    store = c.stores[1]
+    store.hard = st_hard  # the log is empty: entry 7 never reached the disk
+    c.start(1)
+    assert c.nodes[1].membership.voters == {1, 2, 3}
+
+
+def test_mutation_names_are_checked():
+    with pytest.raises(ValueError):
+        RaftConfig(mutations=frozenset({"no-such-bug"}))
