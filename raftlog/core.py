@@ -613,6 +613,8 @@ class RaftNode:
                     if was_probe:
                         pr.become_replicate()
                     self._maybe_commit()
+                    if self.role != Role.LEADER:
+                        return  # the commit removed us from the group
                     if self._transferee == m.src and pr.match == self._last_index:
                         self._send(MsgType.TIMEOUT_NOW, m.src)
                 elif was_probe and pr.match == self._last_index:
