@@ -1,0 +1,58 @@
+"""The `raftmq` command. Each subcommand lives with the package that owns it; this module
+only routes, so `raftmq --help` is the one map of everything a user can run."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+__all__ = ["main"]
+
+
+def _demo(argv: list[str]) -> int:
+    from raftlog.demo import main as demo_main
+
+    return demo_main(argv)
+
+
+def _sim(argv: list[str]) -> int:
+    from raftlog.sim.__main__ import main as sim_main
+
+    return sim_main(argv)
+
+
+def _chaos(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: raftmq chaos check --model M --format F FILE [--json] [--timeout S]")
+        return 0 if argv else 2
+    if argv[0] != "check":
+        print(f"raftmq chaos: unknown command {argv[0]!r} (known: check)", file=sys.stderr)
+        return 2
+    from chaos.cli import check_main
+
+    return check_main(argv[1:])
+
+
+COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
+    "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
+    "chaos": (_chaos, "linearizability checking of recorded histories: `chaos check`"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: raftmq COMMAND [ARGS]\n\ncommands:")
+        for name, (_, summary) in COMMANDS.items():
+            print(f"  {name:<8} {summary}")
+        return 0 if argv else 2
+    entry = COMMANDS.get(argv[0])
+    if entry is None:
+        print(f"raftmq: unknown command {argv[0]!r}; try `raftmq --help`", file=sys.stderr)
+        return 2
+    return entry[0](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
