@@ -1,0 +1,1322 @@
+"""The on-disk CommitLog: the Raft log of one group, stored the way consumers read it.
+
+Layout of a group directory ``<dir>``::
+
+    <dir>/commitlog/00000000000000000000   segment starting at position 0
+    <dir>/commitlog/00000000001073741801   next segment (starts where the previous ends)
+    <dir>/commitlog/index                  Raft index -> (position, term, size, type)
+
+Positions
+    A *position* is a global byte offset into the concatenation of all segments. It
+    addresses an entry for its whole life (message ids are group + position). Segments
+    are named by the position of their first byte and hold a contiguous run of entries;
+    a segment's data ends at its file size. An entry never spans segments: when the next
+    entry does not fit in what is left of ``segment_size``, a new segment is started at
+    the current end position, so no padding and no end-of-segment marker are needed and
+    the byte stream stays contiguous across files. An entry larger than ``segment_size``
+    gets a segment of its own. Position -> segment is a ``bisect`` over start positions.
+
+Entry format (little-endian, 33-byte header then the body)::
+
+    magic u32 | total size u32 | term u64 | index u64 | type u8 | body crc32c u32 |
+    header crc32c u32 (over the 29 bytes before it)
+
+    The body is stored byte-for-byte; `read_raw` hands out these exact bytes, which
+    followers store unchanged through `append_raw`.
+
+Index file: fixed 32-byte records; record ``i`` lives at ``(i - first_index) * 32``::
+
+    position u64 | term u64 | size u32 | type u8 | 7 zero bytes | crc32c u32
+
+    The record CRC covers the 28 bytes before it and is seeded with the Raft index, so a
+    garbled or misplaced record is detected. `term()` reads only the index (an in-memory
+    tail of recent records, else one ``pread``), never an entry body.
+
+Durability protocol
+    * `append` writes entries to the OS (page cache) with one ``pwritev`` per segment and
+      keeps their index records in memory.
+    * `sync` ``fdatasync``s the segments written since the last sync (one fsync covers
+      everything appended since: group commit). Only fsynced entries get their index
+      records written, so the index on disk never vouches for data that was not fsynced
+      first. Those writes are batched (every 4096 records or 64 MiB of data) and the
+      index is fsynced lazily (every 65536 records, on truncation and on close): the
+      data fsync stays the only fsync on the commit path, and recovery rebuilds any
+      suffix the index misses from the data. Records not yet in the file are served
+      from memory.
+    * `truncate_from` makes the truncation durable (index, then data, then directory)
+      before returning, so stale entries can never reappear under newer ones.
+    * ``fsync="interval"`` is page-cache durability (DLedger's and NATS's default): `sync`
+      reports everything written as persisted and fsyncs at most every
+      ``fsync_interval`` seconds, so a machine crash can lose acknowledged entries.
+      Deployments using it must say so.
+
+Recovery (`open`)
+    1. Validate the index: the longest prefix of records whose CRCs verify and whose
+       positions chain contiguously (``pos[i+1] == pos[i] + size[i]``). A short, garbled
+       or missing index simply yields a shorter prefix; the rest is rebuilt from data.
+    2. Verify the entry of the last vouched record (both CRCs, and that it matches the
+       record). If it is bad and no valid entry follows it, it is a torn tail: drop the
+       record and try the one before.
+    3. Walk forward from there through the remaining data, verifying header and body
+       CRCs of every entry, index contiguity (i+1 after i), non-decreasing terms, and
+       that each segment starts where the previous one ends. The first entry that fails
+       ends the log (torn tail) and everything after it is truncated -- unless the entry
+       has an intact header and the entry after it verifies: that is a corrupt entry in
+       the middle; it is kept, reported in `RecoveryReport.corrupt`, and reads of it
+       raise `CorruptEntry` so the Raft layer refetches it from a peer.
+       When the whole index had to be rebuilt, segments before the last two are walked
+       by headers only (header CRCs and contiguity); their bodies are still checked on
+       every read.
+    4. Truncate data, fsync the segments from the last vouched entry on (earlier ones
+       were fsynced before that entry's index record was written) and the directory,
+       then rewrite the index suffix and fsync it. Everything present after `open` is
+       durable.
+
+    Limits: an entry whose *header* is corrupt cannot be stepped over without its index
+    record, so when the index is lost as well it ends the log there. A torn entry whose
+    successor did reach the disk (out-of-order writeback in a machine crash) looks like
+    middle corruption and is kept as such; the Raft layer may drop it with
+    `truncate_from` when it lies above its commit index. `first_index` is taken from
+    the first entry of the first segment (1 when unreadable) -- enough until retention
+    starts deleting old segments.
+
+Threading: a CommitLog is not thread-safe. The caller serializes all calls; `sync` may
+run in a worker thread (``trio.to_thread.run_sync``) provided nothing else runs on the
+log meanwhile.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import crc32c
+
+from raftlog.types import Entry, EntryType
+
+__all__ = [
+    "HEADER_SIZE",
+    "INDEX_RECORD_SIZE",
+    "MAGIC",
+    "CommitLog",
+    "CommitLogError",
+    "CorruptEntry",
+    "CorruptIndex",
+    "OutOfRange",
+    "RecoveryReport",
+    "decode_entries",
+    "encode_entry",
+]
+
+MAGIC = 0x31514D52  # b"RMQ1" read as a little-endian u32
+_HEAD = struct.Struct("<IIQQBI")  # the part the header CRC covers (29 bytes)
+_HEADER = struct.Struct("<IIQQBII")
+HEADER_SIZE = _HEADER.size  # 33
+_U32 = struct.Struct("<I")
+_MAX_TOTAL = 0xFFFFFFFF
+
+_IREC_HEAD = struct.Struct("<QQIB7x")  # the part the record CRC covers (28 bytes)
+_IREC_TAIL = struct.Struct("<I")
+_IREC = struct.Struct("<QQIB7xI")
+_IREC_CRC_AT = _IREC_HEAD.size
+INDEX_RECORD_SIZE = _IREC.size  # 32
+
+_MAX_TYPE = max(EntryType)
+_SEGMENT_NAME_LEN = 20
+_INDEX_NAME = "index"
+_TAIL_CACHE = 1 << 16  # index records of the newest entries kept in memory (2 MiB)
+_TAIL_WARM = 1024  # records loaded into the tail cache at open
+# Index records of fsynced entries are written in batches: each write dirties a second
+# file, which the next data fsync would also have to flush (ext4 data=ordered). Recovery
+# rescans whatever the index does not cover, so these bound the rescan after a crash.
+_INDEX_WRITE_RECORDS = 4096
+_INDEX_WRITE_BYTES = 64 << 20  # data covered by the pending records
+_INDEX_FSYNC_EVERY = 1 << 16  # records written since the index file's last fsync
+_SCAN_CHUNK = 4 << 20
+_INDEX_CHUNK = 1 << 15  # records per read while validating the index
+_MAX_OPEN_FDS = 32
+_M32 = 0xFFFFFFFF
+
+try:
+    _IOV_MAX = os.sysconf("SC_IOV_MAX")
+except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
+    _IOV_MAX = 1024
+if _IOV_MAX <= 0:  # pragma: no cover
+    _IOV_MAX = 1024
+
+_datasync = getattr(os, "fdatasync", os.fsync)
+
+
+class CommitLogError(Exception):
+    """Any CommitLog failure that is not the caller's fault (I/O, broken files)."""
+
+
+class CorruptEntry(CommitLogError):
+    """A stored entry failed verification; it must be refetched, never served."""
+
+    def __init__(self, path: str, position: int, reason: str, index: int | None = None) -> None:
+        self.path = path
+        self.position = position
+        self.reason = reason
+        self.index = index
+        where = f"{path} at position {position}"
+        what = f"entry {index}" if index is not None else "entry"
+        super().__init__(f"corrupt {what} in {where}: {reason}")
+
+
+class CorruptIndex(CommitLogError):
+    """An index record failed its CRC after open; reopening rebuilds the index."""
+
+
+class OutOfRange(CommitLogError, IndexError):
+    """A Raft index or position outside what the log holds (an IndexError too)."""
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What `CommitLog.open` found and repaired, for logs and metrics."""
+
+    index_records_valid: int = 0  # records the existing index vouched for
+    index_rebuilt: int = 0  # records (re)written from a data scan
+    truncated_from_index: int | None = None  # first Raft index dropped as torn tail
+    truncated_bytes: int = 0
+    segments_removed: list[str] = field(default_factory=list)
+    corrupt: list[int] = field(default_factory=list)  # kept, but unreadable: refetch
+    reason: str = ""  # why the scan stopped
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _header(index: int, term: int, etype: int, body: bytes | memoryview) -> bytes:
+    size = HEADER_SIZE + len(body)
+    if size > _MAX_TOTAL:
+        raise ValueError(f"entry {index} is too large ({size} bytes)")
+    head = _HEAD.pack(MAGIC, size, term, index, etype, crc32c.crc32c(body))
+    return head + _U32.pack(crc32c.crc32c(head))
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """The exact stored bytes of `entry` (header + body): what `read_raw` returns."""
+    return _header(entry.index, entry.term, int(entry.type), entry.data) + entry.data
+
+
+def _check_header(
+    buf: memoryview, off: int
+) -> tuple[str | None, tuple[int, int, int, int, int, int]]:
+    """Parse a header; (error or None, (magic, size, term, index, type, body_crc))."""
+    magic, size, term, index, etype, bcrc, hcrc = _HEADER.unpack_from(buf, off)
+    fields = (magic, size, term, index, etype, bcrc)
+    if magic != MAGIC:
+        return f"bad magic {magic:#010x}", fields
+    if crc32c.crc32c(buf[off : off + _HEAD.size]) != hcrc:
+        return "header CRC mismatch", fields
+    if size < HEADER_SIZE:
+        return f"total size {size} smaller than a header", fields
+    if etype > _MAX_TYPE:
+        return f"unknown entry type {etype}", fields
+    return None, fields
+
+
+def decode_entries(data: bytes | memoryview, *, source: str = "<buffer>") -> list[Entry]:
+    """Entries from stored bytes (e.g. `read_raw` output), verifying both CRCs of each.
+
+    Raises CorruptEntry (position relative to `data`) on the first bad entry.
+    """
+    mv = memoryview(data).cast("B")
+    out: list[Entry] = []
+    off = 0
+    n = len(mv)
+    while off < n:
+        if n - off < HEADER_SIZE:
+            raise CorruptEntry(source, off, "truncated header")
+        err, (_m, size, term, index, etype, bcrc) = _check_header(mv, off)
+        if err:
+            raise CorruptEntry(source, off, err)
+        if off + size > n:
+            raise CorruptEntry(source, off, "truncated body", index)
+        body = mv[off + HEADER_SIZE : off + size]
+        if crc32c.crc32c(body) != bcrc:
+            raise CorruptEntry(source, off, "body CRC mismatch", index)
+        out.append(Entry(index, term, EntryType(etype), bytes(body)))
+        off += size
+    return out
+
+
+def _index_record(index: int, pos: int, term: int, size: int, etype: int) -> bytes:
+    head = _IREC_HEAD.pack(pos, term, size, etype)
+    return head + _IREC_TAIL.pack(crc32c.crc32c(head, index & _M32))
+
+
+def _segment_name(start: int) -> str:
+    return f"{start:0{_SEGMENT_NAME_LEN}d}"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pwritev_all(fd: int, parts: list[bytes | memoryview], offset: int) -> None:
+    """Write all `parts` at `offset` with as few syscalls as possible (no joining copy)."""
+    while parts:
+        chunk = parts[:_IOV_MAX]
+        n = os.pwritev(fd, chunk, offset)
+        if n <= 0:
+            raise CommitLogError(f"pwritev wrote {n} bytes")
+        offset += n
+        i = 0
+        while i < len(chunk) and n >= len(chunk[i]):
+            n -= len(chunk[i])
+            i += 1
+        parts = parts[i:]
+        if n:
+            parts[0] = memoryview(parts[0])[n:]
+
+
+def _pread_exact(fd: int, n: int, offset: int) -> bytes:
+    data = os.pread(fd, n, offset)
+    if len(data) == n or n == 0:
+        return data
+    chunks = [data]
+    got = len(data)
+    while got < n:
+        more = os.pread(fd, n - got, offset + got)
+        if not more:
+            break
+        chunks.append(more)
+        got += len(more)
+    return b"".join(chunks)
+
+
+# --------------------------------------------------------------------------- scanning
+
+
+class _Window:
+    """Sequential reads over one segment with few syscalls (used by recovery)."""
+
+    __slots__ = ("fd", "start", "end", "ws", "buf")
+
+    def __init__(self, fd: int, start: int, size: int) -> None:
+        self.fd = fd
+        self.start = start
+        self.end = start + size
+        self.ws = start
+        self.buf = memoryview(b"")
+
+    def get(self, pos: int, n: int, readahead: int) -> memoryview | None:
+        if pos + n > self.end:
+            return None
+        rel = pos - self.ws
+        if rel >= 0 and rel + n <= len(self.buf):
+            return self.buf[rel : rel + n]
+        want = min(max(n, readahead), self.end - pos)
+        self.buf = memoryview(_pread_exact(self.fd, want, pos - self.start))
+        self.ws = pos
+        if len(self.buf) < n:
+            return None
+        return self.buf[:n]
+
+
+# --------------------------------------------------------------------------- the log
+
+
+class CommitLog:
+    """Segmented, CRC-checked, append-only Raft log; implements `raftlog.types.LogStore`.
+
+    Create with `CommitLog.open`. Not thread-safe: the caller serializes calls (see the
+    module docstring).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        segment_size: int,
+        fsync: Literal["always", "interval"],
+        fsync_interval: float,
+    ) -> None:
+        if fsync not in ("always", "interval"):
+            raise ValueError(f"fsync must be 'always' or 'interval', not {fsync!r}")
+        if segment_size <= HEADER_SIZE:
+            raise ValueError(f"segment_size must exceed {HEADER_SIZE} bytes")
+        self.path = os.fspath(path)
+        self.dir = os.path.join(self.path, "commitlog")
+        self.segment_size = segment_size
+        self.fsync_mode = fsync
+        self.fsync_interval = fsync_interval
+        self.recovery = RecoveryReport()
+        self._closed = False
+        # segments
+        self._starts: list[int] = []
+        self._sizes: list[int] = []
+        self._fds: dict[int, int] = {}  # segment start -> fd (insertion order ~ LRU)
+        self._dirty: set[int] = set()  # segment starts written since the last fsync
+        self._dir_dirty = False
+        # log bounds
+        self._first = 1
+        self._last = 0
+        self._last_term = 0
+        self._end = 0  # position after the last entry
+        # index
+        self._ifd = -1
+        self._written = 0  # records present in the index file: [first, first + written)
+        self._index_unsynced = 0  # records written to the index file since its fsync
+        self._tail = bytearray()  # records [tail_first, last] in memory
+        self._tail_first = 1
+        # durability
+        self._durable = 0
+        self._last_fsync = float("-inf")
+
+    # ------------------------------------------------------------------ open / close
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        segment_size: int = 1 << 30,
+        fsync: Literal["always", "interval"] = "always",
+        fsync_interval: float = 1.0,
+        check_index: bool = True,
+    ) -> CommitLog:
+        """Open (creating if needed) the log of the group at `path`, running recovery.
+
+        `fsync="interval"` gives page-cache durability: `sync()` reports appended
+        entries as persisted but fsyncs at most every `fsync_interval` seconds, so a
+        machine crash can lose acknowledged entries. Label such deployments so.
+        `check_index=False` skips the O(index size) CRC pass and trusts all records but
+        the last; only for very large logs where open latency matters more.
+        """
+        log = cls(
+            os.fspath(path),
+            segment_size=segment_size,
+            fsync=fsync,
+            fsync_interval=fsync_interval,
+        )
+        try:
+            log._recover(check_index)
+        except BaseException:
+            log._close_fds()
+            raise
+        return log
+
+    def close(self) -> None:
+        """Fsync everything and release files; the index is left complete and durable."""
+        if self._closed:
+            return
+        try:
+            self._fsync_data()
+            self._flush_index(force_fsync=True)
+        finally:
+            self._close_fds()
+
+    def __enter__(self) -> CommitLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _close_fds(self) -> None:
+        self._closed = True
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+        if self._ifd >= 0:
+            try:
+                os.close(self._ifd)
+            except OSError:
+                pass
+            self._ifd = -1
+
+    # ------------------------------------------------------------------ LogStore
+
+    def first_index(self) -> int:
+        """Oldest Raft index held (1 until retention removes old segments)."""
+        return self._first
+
+    def last_index(self) -> int:
+        """Newest Raft index written (not necessarily durable: see `durable_index`)."""
+        return self._last
+
+    def durable_index(self) -> int:
+        """Newest Raft index covered by an fsync."""
+        return self._durable
+
+    def end_position(self) -> int:
+        """Position where the next entry will be written."""
+        return self._end
+
+    def term(self, index: int) -> int:
+        """Term of entry `index` from the index alone (0 for the sentinel index 0)."""
+        if index == 0:
+            return 0
+        if index == self._last and index >= self._first:
+            return self._last_term
+        return self._record(index)[1]
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        """Entries [lo, hi): at least one if lo < hi, then as many as fit in `max_bytes`.
+
+        Sizes count stored bytes (header + body). Every entry is CRC-checked; if a corrupt
+        entry is met after some good ones, the good prefix is returned (the next call
+        starting at the corrupt index raises CorruptEntry).
+        """
+        self._check_span(lo, hi)
+        if lo >= hi:
+            return []
+        out: list[Entry] = []
+        self._walk(lo, hi, max_bytes, True, out)
+        return out
+
+    # ------------------------------------------------------------------ writing
+
+    def append(self, entries: Sequence[Entry]) -> list[int]:
+        """Write `entries` (contiguous, after `last_index()`); returns their positions.
+
+        The data reaches the OS only; call `sync` for durability. One ``pwritev`` per
+        segment touched, bodies are not copied. Everything is validated before the first
+        byte is written.
+        """
+        self._check_open()
+        if not entries:
+            return []
+        index = self._last + 1
+        prev_term = self._last_term
+        seg_size = self.segment_size
+        used = self._sizes[-1]
+        pos = self._end
+        parts: list[bytes | memoryview] = []
+        groups: list[tuple[int | None, list[bytes | memoryview]]] = [(None, parts)]
+        positions: list[int] = []
+        records: list[bytes] = []
+        head_pack, u32, crc, rec_pack = _HEAD.pack, _U32.pack, crc32c.crc32c, _IREC_HEAD.pack
+        for e in entries:
+            term = e.term
+            if e.index != index:
+                raise ValueError(
+                    f"append of entry {e.index} but entry {index} expected "
+                    f"(last_index={self._last}); truncate_from() a conflicting suffix first"
+                )
+            if term < prev_term:
+                raise ValueError(f"entry {index} has term {term} below previous {prev_term}")
+            etype = int(e.type)
+            if not 0 <= etype <= _MAX_TYPE:
+                raise ValueError(f"entry {index} has unknown type {etype}")
+            body = e.data
+            size = HEADER_SIZE + len(body)
+            if size > _MAX_TOTAL:
+                raise ValueError(f"entry {index} is too large ({size} bytes)")
+            if used and used + size > seg_size:
+                parts = []
+                groups.append((pos, parts))
+                used = 0
+            head = head_pack(MAGIC, size, term, index, etype, crc(body))
+            parts.append(head + u32(crc(head)))
+            if body:
+                parts.append(body)
+            positions.append(pos)
+            rec = rec_pack(pos, term, size, etype)
+            records.append(rec)
+            records.append(u32(crc(rec, index & _M32)))
+            pos += size
+            used += size
+            index += 1
+            prev_term = term
+        self._write_groups(groups)
+        self._tail += b"".join(records)
+        self._last = index - 1
+        self._last_term = prev_term
+        return positions
+
+    def append_raw(self, data: bytes | memoryview) -> list[int]:
+        """Append stored-format bytes (a peer's `read_raw` output) unchanged.
+
+        Both CRCs and contiguity are verified first; nothing is written if any entry is
+        bad (raises CorruptEntry, positions relative to `data`, or ValueError).
+        """
+        self._check_open()
+        mv = memoryview(data).cast("B")
+        n = len(mv)
+        off = 0
+        index = self._last + 1
+        prev_term = self._last_term
+        seg_size = self.segment_size
+        used = self._sizes[-1]
+        pos = self._end
+        parts: list[bytes | memoryview] = []
+        groups: list[tuple[int | None, list[bytes | memoryview]]] = [(None, parts)]
+        positions: list[int] = []
+        records: list[bytes] = []
+        run_start = 0  # start in `mv` of the bytes not yet added to `parts`
+        while off < n:
+            if n - off < HEADER_SIZE:
+                raise CorruptEntry("<append_raw>", off, "truncated header")
+            err, (_m, size, term, hindex, etype, bcrc) = _check_header(mv, off)
+            if err:
+                raise CorruptEntry("<append_raw>", off, err)
+            if off + size > n:
+                raise CorruptEntry("<append_raw>", off, "truncated body", hindex)
+            if crc32c.crc32c(mv[off + HEADER_SIZE : off + size]) != bcrc:
+                raise CorruptEntry("<append_raw>", off, "body CRC mismatch", hindex)
+            if hindex != index:
+                raise ValueError(f"append_raw of entry {hindex} but entry {index} expected")
+            if term < prev_term:
+                raise ValueError(f"entry {index} has term {term} below previous {prev_term}")
+            if used and used + size > seg_size:
+                if off > run_start:
+                    parts.append(mv[run_start:off])
+                run_start = off
+                parts = []
+                groups.append((pos, parts))
+                used = 0
+            positions.append(pos)
+            records.append(_index_record(index, pos, term, size, etype))
+            pos += size
+            used += size
+            off += size
+            index += 1
+            prev_term = term
+        if n > run_start:
+            parts.append(mv[run_start:n])
+        if not positions:
+            return []
+        self._write_groups(groups)
+        self._tail += b"".join(records)
+        self._last = index - 1
+        self._last_term = prev_term
+        return positions
+
+    def _write_groups(self, groups: list[tuple[int | None, list[bytes | memoryview]]]) -> None:
+        """Write planned runs of bytes: the first continues the active segment, each later
+        one starts a new segment at its position. Undone on failure."""
+        old_end, old_nseg = self._end, len(self._starts)
+        try:
+            for start, parts in groups:
+                if start is not None:
+                    self._roll(start)
+                if parts:
+                    self._write_segment(self._starts[-1], parts, self._end)
+        except BaseException:
+            self._undo_write(old_end, old_nseg)
+            raise
+
+    def _write_segment(self, seg: int, parts: list[bytes | memoryview], pos: int) -> None:
+        fd = self._fd(len(self._starts) - 1)
+        _pwritev_all(fd, parts, pos - seg)
+        written = sum(len(p) for p in parts)
+        self._sizes[-1] = pos - seg + written
+        self._end = pos + written
+        self._dirty.add(seg)
+
+    def _roll(self, pos: int) -> None:
+        """Start a new segment at `pos` (the current end); the old one stays dirty."""
+        name = os.path.join(self.dir, _segment_name(pos))
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._starts.append(pos)
+        self._sizes.append(0)
+        self._fds[pos] = fd
+        self._dirty.add(pos)
+        self._dir_dirty = True
+        self._evict_fds()
+
+    def _undo_write(self, old_end: int, old_nseg: int) -> None:
+        """Best-effort rollback of a failed append so memory and files agree again."""
+        try:
+            while len(self._starts) > old_nseg:
+                start = self._starts.pop()
+                self._sizes.pop()
+                self._drop_fd(start)
+                self._dirty.discard(start)
+                try:
+                    os.unlink(os.path.join(self.dir, _segment_name(start)))
+                except FileNotFoundError:
+                    pass
+            k = len(self._starts) - 1
+            os.ftruncate(self._fd(k), old_end - self._starts[k])
+            self._sizes[k] = old_end - self._starts[k]
+            self._end = old_end
+        except OSError:
+            pass
+
+    def truncate_from(self, index: int) -> None:
+        """Drop entries >= `index` (a conflicting uncommitted suffix), durably.
+
+        Index file first, then data, then the directory are fsynced before returning, so
+        nothing appended afterwards can be confused with the dropped entries.
+        """
+        self._check_open()
+        if index <= 0 or index > self._last + 1 or index < self._first:
+            raise OutOfRange(
+                f"truncate_from({index}) outside [{max(self._first, 1)}, {self._last + 1}]"
+            )
+        if index == self._last + 1:
+            return
+        pos = self._record(index)[0]
+        new_last_term = self._record(index - 1)[1] if index - 1 >= self._first else 0
+        # 1. index: memory, then file (durably)
+        self._drop_records_from(index)
+        # 2. data: delete later segments, cut the one holding `pos`
+        k = bisect.bisect_right(self._starts, pos) - 1
+        if pos == self._starts[k] and k > 0:
+            k -= 1
+        for start in self._starts[k + 1 :]:
+            self._drop_fd(start)
+            self._dirty.discard(start)
+            os.unlink(os.path.join(self.dir, _segment_name(start)))
+            self._dir_dirty = True
+        del self._starts[k + 1 :]
+        del self._sizes[k + 1 :]
+        os.ftruncate(self._fd(k), pos - self._starts[k])
+        self._sizes[k] = pos - self._starts[k]
+        self._dirty.add(self._starts[k])
+        self._end = pos
+        self._last = index - 1
+        self._last_term = new_last_term
+        self._durable = min(self._durable, self._last)
+        self._fsync_data()
+
+    def _drop_records_from(self, index: int) -> None:
+        if index >= self._tail_first:
+            del self._tail[(index - self._tail_first) * INDEX_RECORD_SIZE :]
+        else:
+            self._tail.clear()
+            self._tail_first = index
+        keep = index - self._first
+        if self._written > keep:
+            self._written = keep
+            os.ftruncate(self._ifd, keep * INDEX_RECORD_SIZE)
+            os.fsync(self._ifd)
+            self._index_unsynced = 0
+
+    # ------------------------------------------------------------------ durability
+
+    def sync(self, now: float | None = None) -> int:
+        """Group commit: one fsync per dirty file covers every append since the last.
+
+        Returns the last index the configured policy counts as persisted: with
+        ``fsync="always"`` the fsynced index (`durable_index`); with ``"interval"`` the
+        last written index (page-cache durability) while the fsync itself only happens
+        once `fsync_interval` has passed since the previous one (`now` defaults to
+        ``time.monotonic()``). Safe to run in a worker thread if the caller runs nothing
+        else on this log meanwhile.
+        """
+        self._check_open()
+        if self.fsync_mode == "interval":
+            now = time.monotonic() if now is None else now
+            if now - self._last_fsync >= self.fsync_interval:
+                self._fsync_data(now)
+            return self._last
+        self._fsync_data()
+        return self._durable
+
+    def _fsync_data(self, now: float | None = None) -> None:
+        try:
+            if self._dirty:
+                for start in sorted(self._dirty):
+                    _datasync(self._fds[start])
+                self._dirty.clear()
+            if self._dir_dirty:
+                _fsync_dir(self.dir)
+                self._dir_dirty = False
+        except OSError as exc:
+            # After a failed fsync the kernel may have dropped the dirty pages and marked
+            # them clean, so retrying could "succeed" without the data. Only a reopen,
+            # whose recovery reads what is really on disk, can say what survived.
+            self._close_fds()
+            raise CommitLogError(
+                f"fsync failed in {self.dir}: {exc}; the log is closed, reopen it to recover"
+            ) from exc
+        self._durable = self._last
+        self._last_fsync = time.monotonic() if now is None else now
+        self._flush_index()
+        self._evict_fds()
+
+    def _flush_index(self, force_fsync: bool = False) -> None:
+        """Write index records of fsynced entries in batches; fsync the index now and then."""
+        target = self._durable - self._first + 1  # records the file may hold
+        if target > self._written and not force_fsync:
+            pending = target - self._written
+            lo_pos = self._record(self._first + self._written)[0]
+            hi_pos, _t, hi_size, _y = self._record(self._durable)
+            if pending < _INDEX_WRITE_RECORDS and hi_pos + hi_size - lo_pos < _INDEX_WRITE_BYTES:
+                target = self._written
+        if target > self._written:
+            lo = (self._first + self._written - self._tail_first) * INDEX_RECORD_SIZE
+            hi = (self._first + target - self._tail_first) * INDEX_RECORD_SIZE
+            _pwritev_all(self._ifd, [self._tail[lo:hi]], self._written * INDEX_RECORD_SIZE)
+            self._index_unsynced += target - self._written
+            self._written = target
+        if self._index_unsynced and (force_fsync or self._index_unsynced >= _INDEX_FSYNC_EVERY):
+            os.fsync(self._ifd)
+            self._index_unsynced = 0
+        # keep the in-memory tail bounded (only records already in the file may go)
+        excess = len(self._tail) // INDEX_RECORD_SIZE - _TAIL_CACHE
+        if excess > _TAIL_CACHE:
+            drop = min(excess, self._first + self._written - self._tail_first)
+            if drop > 0:
+                del self._tail[: drop * INDEX_RECORD_SIZE]
+                self._tail_first += drop
+
+    # ------------------------------------------------------------------ reading
+
+    def position_of(self, index: int) -> int:
+        """Position of entry `index`: its message address within the group."""
+        return self._record(index)[0]
+
+    def read_raw(
+        self, lo: int, hi: int, *, max_bytes: int | None = None, verify: bool = True
+    ) -> bytes | memoryview:
+        """Stored bytes (headers + bodies) of entries [lo, hi), read in one ``pread`` per
+        segment and returned without per-entry objects: what peers and consumers get.
+
+        With `max_bytes`, stops after the last whole entry that fits (at least one).
+        With `verify` (default) both CRCs of every entry are checked; a corrupt entry
+        after good ones ends the result early, a corrupt first entry raises CorruptEntry.
+        """
+        self._check_span(lo, hi)
+        if lo >= hi:
+            return b""
+        if max_bytes is None and not verify:
+            chunks = [c for _p, c in self._read_span(self._record(lo)[0], self._end_pos(hi))]
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks, stop = self._walk(lo, hi, max_bytes, verify, None)
+        total = sum(len(c) for c in chunks)
+        if len(chunks) == 1:
+            return chunks[0] if stop == total else memoryview(chunks[0])[:stop]
+        joined = b"".join(chunks)
+        return joined if stop == total else memoryview(joined)[:stop]
+
+    def read_at(self, position: int) -> Entry:
+        """The entry stored at `position` (a message id), with both CRCs verified."""
+        self._check_open()
+        if not (self._starts[0] <= position < self._end):
+            raise OutOfRange(f"position {position} outside [{self._starts[0]}, {self._end})")
+        k = bisect.bisect_right(self._starts, position) - 1
+        fd, path = self._fd(k), self._seg_path(k)
+        seg_end = self._starts[k] + self._sizes[k]
+        rel = position - self._starts[k]
+        hdr = memoryview(_pread_exact(fd, min(HEADER_SIZE, seg_end - position), rel))
+        if len(hdr) < HEADER_SIZE:
+            raise CorruptEntry(path, position, "no entry header at this position")
+        err, (_m, size, term, index, etype, bcrc) = _check_header(hdr, 0)
+        if err:
+            raise CorruptEntry(path, position, f"no valid entry here ({err})")
+        if not (self._first <= index <= self._last) or self._record(index)[0] != position:
+            raise CorruptEntry(path, position, "header does not match the index", index)
+        if position + size > seg_end:
+            raise CorruptEntry(path, position, "entry runs past the segment end", index)
+        body = _pread_exact(fd, size - HEADER_SIZE, rel + HEADER_SIZE)
+        if len(body) != size - HEADER_SIZE or crc32c.crc32c(body) != bcrc:
+            raise CorruptEntry(path, position, "body CRC mismatch", index)
+        return Entry(index, term, EntryType(etype), body)
+
+    def verify(self, lo: int | None = None, hi: int | None = None) -> list[CorruptEntry]:
+        """Check every entry in [lo, hi) against its index record and CRCs.
+
+        Driven by index records, so a corrupt header does not hide the entries after it.
+        Returns the problems found (empty when all is well).
+        """
+        self._check_open()
+        lo = self._first if lo is None else lo
+        hi = self._last + 1 if hi is None else hi
+        self._check_span(lo, hi)
+        bad: list[CorruptEntry] = []
+        i = lo
+        while i < hi:
+            n = min(hi - i, 4096)
+            recs = self._records(i, i + n)
+            # keep reads bounded: stop the batch once it spans _SCAN_CHUNK bytes
+            span_end = recs[0][0]
+            take = 0
+            for pos, _t, size, _ty in recs:
+                if take and pos + size - recs[0][0] > _SCAN_CHUNK:
+                    break
+                span_end = pos + size
+                take += 1
+            recs = recs[:take]
+            base = recs[0][0]
+            buf = bytearray()
+            for _p, chunk in self._read_span(base, span_end, strict=False):
+                buf += chunk
+            mv = memoryview(buf)
+            for j, (pos, term, size, etype) in enumerate(recs):
+                problem = self._check_stored(mv, pos - base, i + j, term, size, etype)
+                if problem:
+                    k = bisect.bisect_right(self._starts, pos) - 1
+                    bad.append(CorruptEntry(self._seg_path(k), pos, problem, i + j))
+            i += take
+        return bad
+
+    @staticmethod
+    def _check_stored(
+        mv: memoryview, off: int, index: int, term: int, size: int, etype: int
+    ) -> str | None:
+        if off + HEADER_SIZE > len(mv):
+            return "missing data"
+        err, (_m, hsize, hterm, hindex, htype, bcrc) = _check_header(mv, off)
+        if err:
+            return err
+        if (hindex, hterm, hsize, htype) != (index, term, size, etype):
+            return "header does not match the index record"
+        if off + size > len(mv):
+            return "missing data"
+        if crc32c.crc32c(mv[off + HEADER_SIZE : off + size]) != bcrc:
+            return "body CRC mismatch"
+        return None
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CommitLogError(f"commit log {self.dir} is closed")
+
+    def _check_span(self, lo: int, hi: int) -> None:
+        self._check_open()
+        if lo < self._first or lo > self._last + 1 or hi > self._last + 1:
+            raise OutOfRange(f"entries [{lo}, {hi}) outside [{self._first}, {self._last + 1})")
+
+    def _seg_path(self, k: int) -> str:
+        return os.path.join(self.dir, _segment_name(self._starts[k]))
+
+    def _fd(self, k: int) -> int:
+        start = self._starts[k]
+        fd = self._fds.get(start)
+        if fd is None:
+            fd = os.open(self._seg_path(k), os.O_RDWR)
+            self._fds[start] = fd
+            self._evict_fds(keep=start)
+        return fd
+
+    def _drop_fd(self, start: int) -> None:
+        fd = self._fds.pop(start, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _evict_fds(self, keep: int = -1) -> None:
+        """Close clean read fds beyond the cap (never the active or a dirty segment)."""
+        if len(self._fds) <= _MAX_OPEN_FDS:
+            return
+        active = self._starts[-1]
+        for start in list(self._fds):
+            if len(self._fds) <= _MAX_OPEN_FDS:
+                break
+            if start != active and start != keep and start not in self._dirty:
+                os.close(self._fds.pop(start))
+
+    def _record(self, index: int) -> tuple[int, int, int, int]:
+        """(position, term, size, type) of `index` from the tail cache or the index file."""
+        self._check_open()
+        if not (self._first <= index <= self._last):
+            raise OutOfRange(f"index {index} outside [{self._first}, {self._last}]")
+        if index >= self._tail_first:
+            pos, term, size, etype, _crc = _IREC.unpack_from(
+                self._tail, (index - self._tail_first) * INDEX_RECORD_SIZE
+            )
+            return pos, term, size, etype
+        raw = os.pread(self._ifd, INDEX_RECORD_SIZE, (index - self._first) * INDEX_RECORD_SIZE)
+        if len(raw) != INDEX_RECORD_SIZE:
+            raise CorruptIndex(f"{self.dir}/index: record {index} missing")
+        pos, term, size, etype, crc = _IREC.unpack(raw)
+        if crc != crc32c.crc32c(raw[: _IREC_HEAD.size], index & _M32):
+            raise CorruptIndex(
+                f"{self.dir}/index: record {index} fails its CRC; reopen to rebuild the index"
+            )
+        return pos, term, size, etype
+
+    def _records(self, lo: int, hi: int) -> list[tuple[int, int, int, int]]:
+        """Records [lo, hi) with one read of the index file for the part not in memory."""
+        out: list[tuple[int, int, int, int]] = []
+        disk_hi = min(hi, self._tail_first)
+        if lo < disk_hi:
+            raw = memoryview(
+                _pread_exact(
+                    self._ifd,
+                    (disk_hi - lo) * INDEX_RECORD_SIZE,
+                    (lo - self._first) * INDEX_RECORD_SIZE,
+                )
+            )
+            if len(raw) != (disk_hi - lo) * INDEX_RECORD_SIZE:
+                raise CorruptIndex(f"{self.dir}/index: records {lo}..{disk_hi - 1} missing")
+            for j, (pos, term, size, etype, crc) in enumerate(_IREC.iter_unpack(raw)):
+                off = j * INDEX_RECORD_SIZE
+                if crc != crc32c.crc32c(raw[off : off + _IREC_CRC_AT], (lo + j) & _M32):
+                    raise CorruptIndex(
+                        f"{self.dir}/index: record {lo + j} fails its CRC; "
+                        "reopen to rebuild the index"
+                    )
+                out.append((pos, term, size, etype))
+        for j in range(max(lo, self._tail_first), hi):
+            pos, term, size, etype, _crc = _IREC.unpack_from(
+                self._tail, (j - self._tail_first) * INDEX_RECORD_SIZE
+            )
+            out.append((pos, term, size, etype))
+        return out
+
+    def _end_pos(self, hi: int) -> int:
+        """Position just after entry hi-1."""
+        if hi > self._last:
+            return self._end
+        return self._record(hi)[0]
+
+    def _read_span(self, start: int, end: int, strict: bool = True) -> Iterator[tuple[int, bytes]]:
+        """Bytes [start, end) as one chunk per segment: (position, bytes)."""
+        k = bisect.bisect_right(self._starts, start) - 1
+        while start < end:
+            seg_end = self._starts[k] + self._sizes[k]
+            n = min(end, seg_end) - start
+            if n <= 0:
+                if k + 1 >= len(self._starts):
+                    if strict:
+                        raise CorruptEntry(
+                            self._seg_path(k), start, "data missing past segment end"
+                        )
+                    return
+                k += 1
+                continue
+            data = _pread_exact(self._fd(k), n, start - self._starts[k])
+            if len(data) != n and strict:
+                raise CorruptEntry(
+                    self._seg_path(k), start + len(data), "segment shorter than expected"
+                )
+            yield start, data
+            if len(data) != n:
+                return
+            start += n
+            k += 1
+
+    def _walk(
+        self,
+        lo: int,
+        hi: int,
+        max_bytes: int | None,
+        verify: bool,
+        out: list[Entry] | None,
+    ) -> tuple[list[bytes], int]:
+        """Read entries [lo, hi) (bounded by max_bytes) segment by segment.
+
+        Fills `out` with Entry objects when given. Returns the chunks read and the byte
+        count of the complete, verified prefix within them.
+        """
+        start, _term, first_size, _t = self._record(lo)
+        end = self._end_pos(hi)
+        if max_bytes is not None:
+            end = min(end, start + max(max_bytes, first_size))
+        chunks: list[bytes] = []
+        stop = 0  # bytes of complete verified entries across chunks
+        expect = lo
+        for cpos, chunk in self._read_span(start, end):
+            chunks.append(chunk)
+            mv = memoryview(chunk)
+            n = len(mv)
+            off = 0
+            while off < n and expect < hi:
+                if n - off < HEADER_SIZE:
+                    break  # cut by max_bytes
+                err, (_m, size, term, index, etype, bcrc) = _check_header(mv, off)
+                if err is None and index != expect:
+                    err = f"holds index {index}, expected {expect}"
+                if err:
+                    self._corrupt(expect, cpos + off, err, stop)
+                    return chunks, stop
+                if off + size > n:
+                    if expect == lo:
+                        self._corrupt(expect, cpos + off, "size disagrees with the index", stop)
+                    break  # cut by max_bytes
+                if verify and crc32c.crc32c(mv[off + HEADER_SIZE : off + size]) != bcrc:
+                    self._corrupt(expect, cpos + off, "body CRC mismatch", stop)
+                    return chunks, stop
+                if out is not None:
+                    out.append(
+                        Entry(
+                            index, term, EntryType(etype), bytes(mv[off + HEADER_SIZE : off + size])
+                        )
+                    )
+                off += size
+                stop += size
+                expect += 1
+            if off < n or expect >= hi:
+                break
+        return chunks, stop
+
+    def _corrupt(self, index: int, pos: int, reason: str, good_bytes: int) -> None:
+        """Raise CorruptEntry unless some good entries precede it (then end the read)."""
+        if good_bytes:
+            return
+        k = bisect.bisect_right(self._starts, pos) - 1
+        raise CorruptEntry(self._seg_path(max(k, 0)), pos, reason, index)
+
+    # ------------------------------------------------------------------ recovery
+
+    def _recover(self, check_index: bool) -> None:
+        rep = self.recovery
+        created = not os.path.isdir(self.dir)
+        os.makedirs(self.dir, exist_ok=True)
+        if created:
+            _fsync_dir(self.path)
+            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        names = sorted(
+            n for n in os.listdir(self.dir) if len(n) == _SEGMENT_NAME_LEN and n.isdigit()
+        )
+        self._starts = [int(n) for n in names]
+        self._sizes = [os.path.getsize(os.path.join(self.dir, n)) for n in names]
+        index_path = os.path.join(self.dir, _INDEX_NAME)
+        self._ifd = os.open(index_path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not self._starts:
+            self._roll(0)
+            os.ftruncate(self._ifd, 0)
+            os.fsync(self._ifd)
+            _fsync_dir(self.dir)
+            self._dir_dirty = False
+            self._dirty.clear()
+            return
+
+        # first index: from the first entry's header (1 for an empty/unreadable start)
+        self._first = 1
+        fd0 = self._fd(0)
+        head = memoryview(_pread_exact(fd0, HEADER_SIZE, 0))
+        if len(head) == HEADER_SIZE:
+            err, fields = _check_header(head, 0)
+            if err is None:
+                self._first = fields[3]
+        data_start = self._starts[0]
+
+        # 1. the index prefix that verifies
+        nrec = os.fstat(self._ifd).st_size // INDEX_RECORD_SIZE
+        valid = self._valid_index_prefix(nrec, data_start, check_index)
+        rep.index_records_valid = valid
+
+        # 2. walk back over a torn tail the index still vouches for
+        scan_pos, expect, prev_term = data_start, self._first, 0
+        while valid > 0:
+            idx = self._first + valid - 1
+            pos, term, size, etype = self._disk_record(idx)
+            problem = self._probe_entry(pos, idx, term, size, etype)
+            if problem is None:
+                scan_pos, expect, prev_term = pos + size, idx + 1, term
+                break
+            if self._follows_valid(pos, size, idx, term):
+                rep.corrupt.append(idx)
+                scan_pos, expect, prev_term = pos + size, idx + 1, term
+                break
+            valid -= 1
+        self._written = valid
+        self._last = expect - 1
+        self._last_term = prev_term
+
+        # 3. walk forward through the data past what the index vouched for
+        verify_from = scan_pos if valid else self._starts[max(0, len(self._starts) - 2)]
+        records = bytearray()
+        cut, k, next_index, reason = self._scan(scan_pos, expect, prev_term, verify_from, records)
+        rep.reason = reason
+        rep.index_rebuilt = len(records) // INDEX_RECORD_SIZE
+
+        # 4. cut the data, make everything durable, then fix the index
+        if self._cut_data(cut, k):
+            rep.truncated_from_index = next_index
+        # segments before the one holding the last vouched entry were fsynced before that
+        # entry's index record was written; the rest may hold page-cache-only data
+        for j in range(max(0, bisect.bisect_right(self._starts, scan_pos) - 2), len(self._starts)):
+            _datasync(self._fd(j))
+        _fsync_dir(self.dir)
+        if os.fstat(self._ifd).st_size != self._written * INDEX_RECORD_SIZE or records:
+            os.ftruncate(self._ifd, self._written * INDEX_RECORD_SIZE)
+            if records:
+                _pwritev_all(self._ifd, [records], self._written * INDEX_RECORD_SIZE)
+            os.fsync(self._ifd)
+        self._written += len(records) // INDEX_RECORD_SIZE
+        self._last = self._first + self._written - 1
+        self._end = cut
+        self._dirty.clear()
+        self._dir_dirty = False
+        self._durable = self._last
+        self._last_term = self._disk_record(self._last)[1] if self._last >= self._first else 0
+        # warm the tail cache with the newest records
+        keep = min(self._written, _TAIL_WARM)
+        self._tail_first = self._last + 1 - keep
+        self._tail = bytearray(
+            _pread_exact(
+                self._ifd, keep * INDEX_RECORD_SIZE, (self._written - keep) * INDEX_RECORD_SIZE
+            )
+        )
+        self._evict_fds()
+
+    def _disk_record(self, index: int) -> tuple[int, int, int, int]:
+        raw = _pread_exact(self._ifd, INDEX_RECORD_SIZE, (index - self._first) * INDEX_RECORD_SIZE)
+        pos, term, size, etype, _crc = _IREC.unpack(raw)
+        return pos, term, size, etype
+
+    def _valid_index_prefix(self, nrec: int, data_start: int, check_all: bool) -> int:
+        """Number of leading index records whose CRC verifies and whose positions chain."""
+        first = self._first
+        if nrec and not check_all:
+            # trust all but the last record, which is checked against its predecessor
+            raw = (
+                _pread_exact(self._ifd, 2 * INDEX_RECORD_SIZE, (nrec - 2) * INDEX_RECORD_SIZE)
+                if nrec > 1
+                else b""
+            )
+            if nrec > 1 and len(raw) == 2 * INDEX_RECORD_SIZE:
+                p0, t0, s0, _y0, c0 = _IREC.unpack_from(raw, 0)
+                p1, t1, _s1, y1, c1 = _IREC.unpack_from(raw, INDEX_RECORD_SIZE)
+                ok0 = c0 == crc32c.crc32c(raw[:_IREC_CRC_AT], (first + nrec - 2) & _M32)
+                ok1 = c1 == crc32c.crc32c(
+                    raw[INDEX_RECORD_SIZE : INDEX_RECORD_SIZE + _IREC_CRC_AT],
+                    (first + nrec - 1) & _M32,
+                )
+                if ok0 and ok1 and p1 == p0 + s0 and t1 >= t0 and y1 <= _MAX_TYPE:
+                    return nrec
+        valid = 0
+        expect_pos = data_start
+        prev_term = 0
+        while valid < nrec:
+            n = min(_INDEX_CHUNK, nrec - valid)
+            buf = memoryview(
+                _pread_exact(self._ifd, n * INDEX_RECORD_SIZE, valid * INDEX_RECORD_SIZE)
+            )
+            i = first + valid
+            off = 0
+            for pos, term, size, etype, crc in _IREC.iter_unpack(buf[: (len(buf) // 32) * 32]):
+                if (
+                    pos != expect_pos
+                    or term < prev_term
+                    or size < HEADER_SIZE
+                    or etype > _MAX_TYPE
+                    or crc != crc32c.crc32c(buf[off : off + _IREC_CRC_AT], i & _M32)
+                ):
+                    return valid
+                expect_pos = pos + size
+                prev_term = term
+                valid += 1
+                i += 1
+                off += INDEX_RECORD_SIZE
+            if len(buf) < n * INDEX_RECORD_SIZE:
+                break
+        return valid
+
+    def _locate(self, pos: int) -> int:
+        """Segment holding the entry starting at `pos` (-1 if none)."""
+        k = bisect.bisect_right(self._starts, pos) - 1
+        while 0 <= k < len(self._starts) and pos >= self._starts[k] + self._sizes[k]:
+            if k + 1 < len(self._starts) and self._starts[k + 1] == pos:
+                k += 1
+            else:
+                return -1
+        return k
+
+    def _probe_entry(self, pos: int, index: int, term: int, size: int, etype: int) -> str | None:
+        """Why the entry an index record points at is not intact (None if it is)."""
+        k = self._locate(pos)
+        if k < 0:
+            return "beyond the data"
+        rel = pos - self._starts[k]
+        if rel + size > self._sizes[k]:
+            return "runs past the segment end"
+        data = memoryview(_pread_exact(self._fd(k), size, rel))
+        return self._check_stored(data, 0, index, term, size, etype)
+
+    def _entry_ok(self, pos: int, index: int, min_term: int) -> bool:
+        """Whether an intact entry `index` (term >= min_term) starts at `pos`."""
+        k = self._locate(pos)
+        if k < 0:
+            return False
+        rel = pos - self._starts[k]
+        head = memoryview(_pread_exact(self._fd(k), HEADER_SIZE, rel))
+        if len(head) < HEADER_SIZE:
+            return False
+        err, (_m, size, term, hindex, _ty, bcrc) = _check_header(head, 0)
+        if err or hindex != index or term < min_term or rel + size > self._sizes[k]:
+            return False
+        body = _pread_exact(self._fd(k), size - HEADER_SIZE, rel + HEADER_SIZE)
+        return crc32c.crc32c(body) == bcrc
+
+    def _follows_valid(self, pos: int, size: int, index: int, term: int) -> bool:
+        """A bad entry is 'in the middle' (kept) iff the next one is intact."""
+        return self._entry_ok(pos + size, index + 1, term)
+
+    def _scan(
+        self, pos: int, expect: int, prev_term: int, verify_from: int, records: bytearray
+    ) -> tuple[int, int, int, str]:
+        """Walk entries from `pos`, appending their index records.
+
+        Returns (cut position, segment holding it, first Raft index not kept, reason).
+        """
+        rep = self.recovery
+        k = max(0, bisect.bisect_right(self._starts, pos) - 1)
+        readahead = _SCAN_CHUNK
+        win: _Window | None = None
+        while True:
+            seg_end = self._starts[k] + self._sizes[k]
+            if pos >= seg_end:
+                if k + 1 >= len(self._starts):
+                    return pos, k, expect, "end of data"
+                if self._starts[k + 1] != pos:
+                    return (
+                        pos,
+                        k,
+                        expect,
+                        f"gap before segment {_segment_name(self._starts[k + 1])}",
+                    )
+                k += 1
+                win = None
+                continue
+            if win is None:
+                win = _Window(self._fd(k), self._starts[k], self._sizes[k])
+            check_body = pos >= verify_from
+            head = win.get(pos, HEADER_SIZE, _SCAN_CHUNK if check_body else readahead)
+            if head is None:
+                return pos, k, expect, f"torn header of entry {expect} at {pos}"
+            err, (_m, size, term, index, etype, bcrc) = _check_header(head, 0)
+            if err is None:
+                if index != expect:
+                    err = f"index {index} where {expect} was expected"
+                elif term < prev_term:
+                    err = f"term {term} below previous {prev_term}"
+                elif pos + size > seg_end:
+                    err = "torn body"
+            if err:
+                return pos, k, expect, f"entry {expect} at {pos}: {err}"
+            if check_body:
+                body = win.get(pos + HEADER_SIZE, size - HEADER_SIZE, _SCAN_CHUNK)
+                if body is None or crc32c.crc32c(body) != bcrc:
+                    if not self._follows_valid(pos, size, index, term):
+                        return pos, k, expect, f"entry {expect} at {pos}: body CRC mismatch"
+                    rep.corrupt.append(index)
+            else:
+                readahead = HEADER_SIZE if size >= _SCAN_CHUNK // 4 else _SCAN_CHUNK
+            records += _index_record(index, pos, term, size, etype)
+            pos += size
+            expect += 1
+            prev_term = term
+
+    def _cut_data(self, cut: int, k: int) -> bool:
+        """Truncate segment `k` at `cut` and delete every later segment; True if any
+        bytes were dropped."""
+        rep = self.recovery
+        removed = 0
+        for j in range(len(self._starts) - 1, k, -1):
+            removed += self._sizes[j]
+            name = _segment_name(self._starts[j])
+            rep.segments_removed.append(name)
+            self._drop_fd(self._starts[j])
+            os.unlink(os.path.join(self.dir, name))
+        del self._starts[k + 1 :]
+        del self._sizes[k + 1 :]
+        keep = cut - self._starts[k]
+        if self._sizes[k] > keep:
+            removed += self._sizes[k] - keep
+            os.ftruncate(self._fd(k), keep)
+            self._sizes[k] = keep
+        rep.truncated_bytes = removed
+        return removed > 0 or bool(rep.segments_removed)
