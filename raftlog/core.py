@@ -485,8 +485,9 @@ class RaftNode:
 
     def _handle_append(self, m: Message) -> None:
         if m.log_index < self.commit:
-            # Everything up to our commit is known to match; say so and let it resend.
-            self._send(MsgType.APPEND_RESP, m.src, log_index=self.commit)
+            # Our committed prefix is known to match; acknowledge as much of it as is
+            # on disk (a follower's commit may run ahead of its fsync) and let it resend.
+            self._send(MsgType.APPEND_RESP, m.src, log_index=min(self.commit, self._persisted))
             return
         if not self._matches(m.log_index, m.log_term):
             self._reject_append(m)
@@ -502,7 +503,7 @@ class RaftNode:
         self._commit_to(min(m.commit, last_new))
         self._ack_to = m.src
         self._ack_index = max(self._ack_index, last_new)
-        self._flush_ack()
+        self._flush_ack(repeat=last_new <= self._persisted)
 
     def _reject_append(self, m: Message) -> None:
         """Reply with the xTerm/xIndex hint so the leader skips a whole term per round trip."""
@@ -522,12 +523,16 @@ class RaftNode:
             hint_index=hint_index,
         )
 
-    def _flush_ack(self) -> None:
-        """Acknowledge the longest prefix that both matches the leader and is on disk."""
+    def _flush_ack(self, *, repeat: bool = False) -> None:
+        """Acknowledge the longest prefix that both matches the leader and is on disk.
+
+        `repeat` answers an append that brought nothing new to persist: the leader is
+        resending because our earlier acknowledgement was lost.
+        """
         if self._ack_to is None:
             return
         match = min(self._persisted, self._ack_index)
-        if match > self._acked:
+        if match > self._acked or (repeat and match > 0):
             self._acked = match
             self._send(MsgType.APPEND_RESP, self._ack_to, log_index=match)
 
@@ -775,10 +780,12 @@ class RaftNode:
         if index <= self.commit:
             return
         self.commit = index
-        # Forget membership records superseded by a committed one.
-        settled = [c for c in self._configs if c[0] <= index]
+        # Forget membership records superseded by a committed one that is also on our
+        # disk: the hard state must still name a membership after a crash loses the tail.
+        settled_at = min(index, self._persisted)
+        settled = [c for c in self._configs if c[0] <= settled_at]
         if len(settled) > 1:
-            self._configs = [settled[-1], *(c for c in self._configs if c[0] > index)]
+            self._configs = [settled[-1], *(c for c in self._configs if c[0] > settled_at)]
             self._hs_dirty = True
 
     def _send(self, type: MsgType, to: int, **fields: object) -> None:
