@@ -1,0 +1,476 @@
+"""A simulated Raft group: cores, their shells, disks, network and the virtual clock.
+
+`SimNode` is the shell around one `RaftNode`: it drives the Ready loop exactly as
+`raftlog.types` prescribes (hard state durable before messages leave, entries written
+before the next event, `persisted()` only once a simulated fsync covers them, committed
+entries applied in order). `Cluster` owns everything else and advances one event per
+`step()`, running every checker after each one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import traceback
+from collections import deque
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from raftlog.sim.disk import SimStore
+from raftlog.sim.events import EventQueue
+from raftlog.sim.invariants import Checker, Ledger, Violation, default_checkers
+from raftlog.sim.knobs import SHELL_MUTATIONS, Knobs
+from raftlog.sim.network import SimNetwork
+from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role
+
+__all__ = ["Cluster", "FaultStats", "SimNode", "load_core"]
+
+
+def load_core() -> ModuleType:
+    """The real core, imported late so the simulator's pieces load without it."""
+    import raftlog.core
+
+    return raftlog.core
+
+
+@dataclass
+class FaultStats:
+    crashes: int = 0
+    torn_writes: int = 0
+    entries_lost: int = 0  # unsynced entries dropped by crashes
+    restarts: int = 0
+    pauses: int = 0
+    partitions: int = 0
+    heals: int = 0
+    transfers: int = 0
+    reconfigs: int = 0
+    reads: int = 0
+    proposals: int = 0
+    leader_changes: int = 0
+
+
+class SimNode:
+    """The shell of one replica: its disk survives crashes, its core does not."""
+
+    __slots__ = (
+        "id",
+        "cluster",
+        "store",
+        "raft",
+        "up",
+        "retired",
+        "paused_until",
+        "incarnation",
+        "applied",
+        "tick_period",
+    )
+
+    def __init__(self, cluster: Cluster, node_id: int, hard_state: HardState) -> None:
+        self.id = node_id
+        self.cluster = cluster
+        self.store = SimStore(hard_state)
+        self.raft: Any = None
+        self.up = False
+        self.retired = False
+        self.paused_until = 0
+        self.incarnation = 0
+        self.applied = 0
+        k = cluster.knobs
+        self.tick_period = int(k.tick_us * (1 + cluster.rng.uniform(-k.tick_skew, k.tick_skew)))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Boot (or reboot) the core from what the disk holds."""
+        c = self.cluster
+        self.raft = c.core.RaftNode(
+            self.id,
+            self.store,
+            self.store.hard_state,
+            c.raft_config,
+            rng=random.Random(c.rng.getrandbits(64)),
+            applied=0,
+        )
+        self.up = True
+        self.paused_until = 0
+        self.incarnation += 1
+        self.applied = 0
+        for chk in c.checkers:
+            chk.on_start(self)
+        if not c.manual:
+            c.schedule_tick(self)
+
+    def crash(self, torn: bool) -> int:
+        """Kill the process: the core's memory and unsynced writes are gone."""
+        self.raft = None
+        self.up = False
+        self.incarnation += 1
+        return self.store.crash(self.cluster.rng if torn else None)
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_until > self.cluster.now
+
+    # ------------------------------------------------------------------ events
+
+    def tick(self) -> None:
+        self.raft.tick()
+        self.drain()
+
+    def deliver(self, msg: Message) -> None:
+        self.raft.step(msg)
+        self.drain()
+
+    def fsync_done(self) -> None:
+        store = self.store
+        durable = store.finish_sync()
+        if durable and not self.cluster.ack_before_fsync:
+            self.raft.persisted(durable, store.term(durable))
+        self.drain()
+
+    def drain(self) -> None:
+        """The Ready loop: run until the core has nothing more for the shell."""
+        raft = self.raft
+        c = self.cluster
+        while raft is self.raft and raft is not None:
+            rd = raft.ready()
+            if not rd:
+                break
+            if rd.hard_state is not None:
+                self.store.save_hard_state(rd.hard_state)
+            if rd.entries:
+                self._write(rd.entries)
+            for m in rd.messages:
+                for chk in c.send_hooks:
+                    chk.on_send(self, m)
+                c.send(m)
+            for e in rd.apply:
+                if e.index != self.applied + 1:
+                    raise Violation(
+                        "apply-order", f"node {self.id} applied {e.index} after {self.applied}"
+                    )
+                self.applied = e.index
+                for chk in c.apply_hooks:
+                    chk.on_apply(self, e)
+                if e.type == EntryType.CONFIG:
+                    c.config_applied(e)
+            for r in rd.reads:
+                for chk in c.read_hooks:
+                    chk.on_read(self, r)
+        if not c.manual and self.up:
+            self._maybe_sync()
+
+    def _write(self, entries: list[Entry]) -> None:
+        c = self.cluster
+        self.store.append(entries)
+        for chk in c.append_hooks:
+            chk.on_append(self, entries)
+        if c.ack_before_fsync:
+            last = entries[-1]
+            self.raft.persisted(last.index, last.term)  # the mutation: ack before fsync
+
+    def _maybe_sync(self) -> None:
+        store = self.store
+        if store.durable_len < len(store.log) and not store.syncing:
+            store.begin_sync()
+            self.cluster.schedule_fsync(self)
+
+    def sync_now(self) -> None:
+        """Scripted runs: complete an fsync immediately."""
+        if self.store.durable_len < len(self.store.log):
+            self.store.begin_sync()
+            self.fsync_done()
+
+    def describe(self) -> str:
+        if self.retired:
+            return f"node {self.id} retired"
+        if not self.up:
+            return (
+                f"node {self.id} down (log {len(self.store.log)}, durable {self.store.durable_len})"
+            )
+        d = self.raft.describe() if hasattr(self.raft, "describe") else f"node {self.id}"
+        return f"{d} durable={self.store.durable_len}" + (" paused" if self.paused else "")
+
+
+class Cluster:
+    """Nodes, network, disks and clock of one simulated group; `step()` advances it."""
+
+    def __init__(
+        self,
+        knobs: Knobs,
+        rng: random.Random,
+        *,
+        core: ModuleType | None = None,
+        manual: bool = False,
+        checkers: list[Checker] | None = None,
+        disable: Collection[str] = (),
+        trace_len: int = 400,
+    ) -> None:
+        self.knobs = knobs
+        self.rng = rng
+        self.core = core or load_core()
+        self.manual = manual
+        self.now = 0
+        self.steps = 0
+        self.events = EventQueue()
+        self.net = SimNetwork(
+            rng,
+            latency_min_us=knobs.latency_min_us,
+            latency_max_us=knobs.latency_max_us,
+            drop_p=knobs.drop_p,
+            dup_p=knobs.dup_p,
+            reorder_p=knobs.reorder_p,
+            hold=manual,
+        )
+        self.ack_before_fsync = knobs.mutation in SHELL_MUTATIONS
+        core_mutations = frozenset({knobs.mutation}) - SHELL_MUTATIONS - {None}
+        self.raft_config = self.core.RaftConfig(
+            election_ticks=knobs.election_ticks,
+            heartbeat_ticks=knobs.heartbeat_ticks,
+            max_append_bytes=knobs.max_append_bytes,
+            max_inflight=knobs.max_inflight,
+            check_quorum=knobs.check_quorum,
+            pre_vote=knobs.pre_vote,
+            preferred_leader=knobs.preferred_leader,
+            mutations=core_mutations,
+        )
+        voters = frozenset(range(1, knobs.nodes + 1))
+        self.bootstrap = Membership(voters)
+        self.committed_members = self.bootstrap
+        self.ledger = Ledger()
+        if checkers is None:
+            checkers = default_checkers(self.ledger, voters, static=not knobs.reconfig)
+        self.checkers = [c for c in checkers if type(c).__name__ not in disable]
+        self.step_hooks = _overriding(self.checkers, "on_step")
+        self.send_hooks = _overriding(self.checkers, "on_send")
+        self.append_hooks = _overriding(self.checkers, "on_append")
+        self.apply_hooks = _overriding(self.checkers, "on_apply")
+        self.crash_hooks = _overriding(self.checkers, "on_crash")
+        self.read_hooks = _overriding(self.checkers, "on_read")
+        self.read_request_hooks = _overriding(self.checkers, "on_read_request")
+        self.trace: deque[tuple[int, str, Any]] = deque(maxlen=trace_len)
+        self.digest = hashlib.blake2b(digest_size=16)
+        self.faults = FaultStats()
+        self.nodes: dict[int, SimNode] = {}
+        self.live: list[SimNode] = []  # up, not retired: what checkers inspect
+        self._roles: dict[int, tuple[int, int]] = {}
+        self.on_new_leader: list[Callable[[SimNode], None]] = []
+        self._config_applied = 0
+        hs = HardState(configs=((0, 0, self.bootstrap),))
+        for i in sorted(voters):
+            self.nodes[i] = SimNode(self, i, hs)
+        for node in self.nodes.values():
+            node.start()
+        self._refresh_live()
+
+    # ------------------------------------------------------------------ stepping
+
+    def step(self) -> None:
+        """Process the next event (a delivery, tick, fsync, client or fault action)."""
+        t_ev = self.events.peek_time()
+        t_net = self.net.next_time()
+        try:
+            if t_net is not None and (t_ev is None or t_net <= t_ev):
+                self.now = t_net
+                self._deliver_next()
+            elif t_ev is not None:
+                at, fn, args = self.events.pop()
+                self.now = at
+                fn(*args)
+            else:
+                raise Violation("liveness", "nothing left to happen: no ticks, no messages")
+        except Violation:
+            raise
+        except Exception as exc:
+            tb = "".join(traceback.format_exception(exc, limit=-4))
+            raise Violation("core-exception", f"{type(exc).__name__}: {exc}\n{tb}") from exc
+        self.steps += 1
+        self.check()
+
+    def check(self) -> None:
+        """Note role changes in the trace, then run every checker."""
+        roles = self._roles
+        for node in self.live:
+            raft = node.raft
+            rt = (raft.role, raft.term)
+            if roles.get(node.id) != rt:
+                roles[node.id] = rt
+                self.note("role", (node.id, raft.role.name, raft.term))
+                if raft.role == Role.LEADER:
+                    self.faults.leader_changes += 1
+                    for fn in self.on_new_leader:
+                        fn(node)
+        for chk in self.step_hooks:
+            chk.on_step(self)
+
+    def run_until(self, until: int) -> None:
+        while self.now < until:
+            nxt = _min_time(self.events.peek_time(), self.net.next_time())
+            if nxt is None or nxt > until:
+                break
+            self.step()
+
+    def note(self, kind: str, what: Any) -> None:
+        self.trace.append((self.now, kind, what))
+
+    # ------------------------------------------------------------------ network
+
+    def send(self, msg: Message) -> None:
+        self.net.send(msg, self.now)
+
+    def _deliver_next(self) -> None:
+        msg = self.net.pop()
+        if msg is None:
+            return
+        node = self.nodes.get(msg.dst)
+        if node is None or not node.up or node.retired:
+            self.net.stats.cut += 1
+            return
+        if node.paused_until > self.now:
+            self.net.defer(msg, node.paused_until)
+            return
+        self.deliver(msg)
+
+    def deliver(self, msg: Message) -> None:
+        """Hand one message to its destination (scripts call this directly)."""
+        self.net.stats.delivered += 1
+        self.digest.update(msg.describe().encode())
+        self.note("deliver", msg)
+        self.nodes[msg.dst].deliver(msg)
+
+    # ------------------------------------------------------------------ timers
+
+    def schedule_tick(self, node: SimNode) -> None:
+        p = node.tick_period
+        self.events.push(
+            self.now + self.rng.randint(p - p // 50, p + p // 50),
+            self._tick,
+            node,
+            node.incarnation,
+        )
+
+    def _tick(self, node: SimNode, incarnation: int) -> None:
+        if node.incarnation != incarnation or not node.up or node.retired:
+            return
+        if node.paused_until > self.now:
+            self.events.push(node.paused_until, self._tick, node, incarnation)
+            return
+        node.tick()
+        self.schedule_tick(node)
+
+    def schedule_fsync(self, node: SimNode) -> None:
+        k = self.knobs
+        at = self.now + self.rng.randint(k.fsync_min_us, k.fsync_max_us)
+        self.events.push(at, self._fsync, node, node.incarnation)
+
+    def _fsync(self, node: SimNode, incarnation: int) -> None:
+        if node.incarnation != incarnation or not node.up or node.retired:
+            return
+        if node.paused_until > self.now:
+            self.events.push(node.paused_until, self._fsync, node, incarnation)
+            return
+        self.note("fsync", (node.id, node.store.durable_len, len(node.store.log)))
+        node.fsync_done()
+
+    # ------------------------------------------------------------------ node control
+
+    def crash(self, node: SimNode, *, torn: bool = False) -> None:
+        if not node.up:
+            return
+        unsynced = node.store.unsynced
+        lost = node.crash(torn)
+        self.faults.crashes += 1
+        self.faults.torn_writes += torn and unsynced > 0
+        self.faults.entries_lost += lost
+        self.note(
+            "crash", (node.id, f"lost {lost} of {unsynced} unsynced" + (" (torn)" if torn else ""))
+        )
+        self._refresh_live()
+        for chk in self.crash_hooks:
+            chk.on_crash(self, node)
+
+    def restart(self, node: SimNode) -> None:
+        if node.up or node.retired:
+            return
+        self.faults.restarts += 1
+        self.note("restart", (node.id, len(node.store.log)))
+        node.start()
+        self._refresh_live()
+
+    def pause(self, node: SimNode, until: int) -> None:
+        if node.up:
+            self.faults.pauses += 1
+            node.paused_until = max(node.paused_until, until)
+            self.note("pause", (node.id, until))
+
+    def add_node(self, node_id: int, membership: Membership) -> SimNode:
+        """A fresh replica joining as a learner, bootstrapped with the membership that
+        names it (its log is empty; the leader replicates everything to it)."""
+        hs = HardState(configs=((0, 0, membership),))
+        node = self.nodes[node_id] = SimNode(self, node_id, hs)
+        self.note("join", node_id)
+        node.start()
+        self._refresh_live()
+        return node
+
+    def config_applied(self, e: Entry) -> None:
+        """A membership change is committed: replicas it removed shut down for good."""
+        if e.index <= self._config_applied:
+            return
+        self._config_applied = e.index
+        new = Membership.decode(e.data)
+        for nid in sorted(self.committed_members.members - new.members):
+            node = self.nodes.get(nid)
+            if node is not None and not node.retired:
+                self.note("retire", nid)
+                node.retired = True
+                node.up = False
+                node.raft = None
+                node.incarnation += 1
+        self.committed_members = new
+        self._refresh_live()
+
+    def _refresh_live(self) -> None:
+        self.live = [n for n in self.nodes.values() if n.up and not n.retired]
+
+    # ------------------------------------------------------------------ client calls
+
+    def call(self, node: SimNode, fn: Callable[[Any], Any]) -> Any:
+        """Run a client call against a node's core, then let the shell act on it."""
+        try:
+            return fn(node.raft)
+        finally:
+            node.drain()
+
+    def read_requested(self, node: SimNode, request_id: int) -> None:
+        for chk in self.read_request_hooks:
+            chk.on_read_request(node, request_id)
+
+    # ------------------------------------------------------------------ views
+
+    def leaders(self) -> list[SimNode]:
+        return [n for n in self.live if n.raft.role == Role.LEADER and not n.paused]
+
+    def describe(self) -> str:
+        return "\n".join(f"  {n.describe()}" for n in self.nodes.values())
+
+    def trace_lines(self, last: int = 80) -> Iterator[str]:
+        items = list(self.trace)[-last:]
+        for at, kind, what in items:
+            text = what.describe() if isinstance(what, Message) else what
+            yield f"  {at / 1000:10.3f}ms {kind:8} {text}"
+
+
+def _overriding(checkers: list[Checker], hook: str) -> list[Checker]:
+    base = getattr(Checker, hook)
+    return [c for c in checkers if getattr(type(c), hook) is not base]
+
+
+def _min_time(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

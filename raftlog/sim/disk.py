@@ -1,0 +1,118 @@
+"""A simulated disk for one node: the Raft log and hard state, and what is durable.
+
+The log is a list of entries with a `durable_len` watermark: writes land above it and
+only a (group-commit) fsync moves it. Truncating a conflicting suffix and saving the hard
+state are durable at once, as the real CommitLog fsyncs both before it answers. A crash
+keeps the durable prefix and, for a torn tail, the intact entries from the start of the
+unsynced region up to the tear: exactly what CRC-checked recovery of a torn tail yields.
+"""
+
+from __future__ import annotations
+
+import random
+
+from raftlog.types import Entry, HardState
+
+__all__ = ["ENTRY_OVERHEAD", "SimStore"]
+
+ENTRY_OVERHEAD = 32  # bytes of header per entry, for append batching limits
+
+
+class SimStore:
+    """Implements `raftlog.types.LogStore` over memory, with explicit durability."""
+
+    __slots__ = ("log", "durable_len", "hard_state", "_sync_target", "writes", "truncations")
+
+    def __init__(self, hard_state: HardState) -> None:
+        self.log: list[Entry] = []
+        self.durable_len = 0
+        self.hard_state = hard_state
+        self._sync_target: int | None = None  # length an in-flight fsync will make durable
+        self.writes = 0
+        self.truncations = 0
+
+    # ------------------------------------------------------------------ LogStore
+
+    def last_index(self) -> int:
+        return len(self.log)
+
+    def term(self, index: int) -> int:
+        if index == 0:
+            return 0
+        if not 0 < index <= len(self.log):
+            raise IndexError(f"term({index}) outside the log [1, {len(self.log)}]")
+        return self.log[index - 1].term
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        if not 0 < lo <= hi <= len(self.log) + 1:
+            raise IndexError(f"entries({lo}, {hi}) outside the log [1, {len(self.log)}]")
+        out: list[Entry] = []
+        size = 0
+        for e in self.log[lo - 1 : hi - 1]:
+            size += len(e.data) + ENTRY_OVERHEAD
+            if out and size > max_bytes:
+                break
+            out.append(e)
+        return out
+
+    # ------------------------------------------------------------------ writes
+
+    def append(self, entries: list[Entry]) -> bool:
+        """Write entries (truncating a conflicting suffix first). Returns whether it truncated."""
+        first = entries[0].index
+        log = self.log
+        truncated = first <= len(log)
+        if truncated:
+            del log[first - 1 :]
+            self.truncations += 1
+            if self.durable_len > first - 1:
+                self.durable_len = first - 1
+            if self._sync_target is not None and self._sync_target > first - 1:
+                self._sync_target = first - 1  # the fsync no longer covers what it started on
+        elif first != len(log) + 1:
+            raise ValueError(f"append at {first} leaves a gap after {len(log)}")
+        log.extend(entries)
+        self.writes += 1
+        return truncated
+
+    def save_hard_state(self, hs: HardState) -> None:
+        self.hard_state = hs  # atomic and durable at once (write temp, fsync, rename)
+
+    # ------------------------------------------------------------------ durability
+
+    @property
+    def unsynced(self) -> int:
+        return len(self.log) - self.durable_len
+
+    @property
+    def syncing(self) -> bool:
+        return self._sync_target is not None
+
+    def begin_sync(self) -> None:
+        """Start a group-commit fsync: it covers everything written before this moment."""
+        self._sync_target = len(self.log)
+
+    def finish_sync(self) -> int:
+        """The fsync completed; returns the new durable length."""
+        if self._sync_target is not None and self._sync_target > self.durable_len:
+            self.durable_len = self._sync_target
+        self._sync_target = None
+        return self.durable_len
+
+    def crash(self, rng: random.Random | None = None) -> int:
+        """Lose unsynced writes; with `rng`, a torn tail keeps a random intact prefix of
+        them. Returns how many entries were lost."""
+        keep = self.durable_len
+        if rng is not None and self.unsynced:
+            keep += rng.randint(0, self.unsynced)
+        lost = len(self.log) - keep
+        del self.log[keep:]
+        self.durable_len = keep
+        self._sync_target = None
+        return lost
+
+    def durable_term(self, index: int) -> int | None:
+        """Term of a durable entry, or None when `index` is not durable."""
+        if 0 < index <= self.durable_len:
+            return self.log[index - 1].term
+        return None

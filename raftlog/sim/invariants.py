@@ -1,0 +1,389 @@
+"""Safety checkers: separate observers of the simulated cluster, run after every step.
+
+Each checker watches one property (Raft paper §5.2-§5.4 and Figure 3, plus the
+durability promise of DESIGN.md) and keeps whatever incremental state makes checking it
+cheap. They only read: a checker never changes the cluster. A broken property raises
+`Violation`, naming the invariant and the evidence.
+
+Hooks (all optional): `on_step(cluster)` after every step; `on_send(node, msg)` as a
+node sends a message; `on_append(node, entries)` when a node writes entries; `on_apply(node, entry)`; `on_start(node)` when a node boots
+or restarts; `on_crash(cluster, node)` after a crash; `on_read_request(node, rid)` and
+`on_read(node, read_state)` for ReadIndex.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from raftlog.types import Entry, Message, MsgType, ReadState, Role
+
+if TYPE_CHECKING:
+    from raftlog.sim.cluster import Cluster, SimNode
+
+__all__ = [
+    "Checker",
+    "CommitLedger",
+    "CommittedSurvivesCrash",
+    "DurableBeforeSend",
+    "ElectionSafety",
+    "LeaderCompleteness",
+    "Ledger",
+    "LogMatching",
+    "NodeBounds",
+    "ReadIndexLinearizable",
+    "StateMachineSafety",
+    "Violation",
+    "default_checkers",
+]
+
+
+class Violation(Exception):
+    """A safety (or liveness) property failed."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        super().__init__(f"{invariant}: {detail}")
+        self.invariant = invariant
+        self.detail = detail
+
+
+class Checker:
+    """Base observer: every hook does nothing unless overridden."""
+
+    def on_step(self, cluster: Cluster) -> None: ...
+
+    def on_send(self, node: SimNode, msg: Message) -> None: ...
+
+    def on_append(self, node: SimNode, entries: list[Entry]) -> None: ...
+
+    def on_apply(self, node: SimNode, entry: Entry) -> None: ...
+
+    def on_start(self, node: SimNode) -> None: ...
+
+    def on_crash(self, cluster: Cluster, node: SimNode) -> None: ...
+
+    def on_read_request(self, node: SimNode, request_id: int) -> None: ...
+
+    def on_read(self, node: SimNode, read: ReadState) -> None: ...
+
+
+class Ledger:
+    """Every entry known committed (the committed prefix is one sequence), and for each
+    term the highest index some node knew committed while in that term."""
+
+    __slots__ = ("entries", "marks", "version")
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.marks: dict[int, int] = {}
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def record(self, entry: Entry, who: str) -> None:
+        i = entry.index
+        known = self.entries
+        if i <= len(known):
+            old = known[i - 1]
+            if old is not entry and old != entry:
+                raise Violation(
+                    "committed-entry-changed",
+                    f"index {i} was committed as {_show(old)} but {who} has {_show(entry)}",
+                )
+        elif i == len(known) + 1:
+            known.append(entry)
+            self.version += 1
+        else:
+            raise Violation("commit-gap", f"{who} committed {i} but only {len(known)} are known")
+
+    def mark(self, term: int, index: int) -> None:
+        if index > self.marks.get(term, 0):
+            self.marks[term] = index
+            self.version += 1
+
+    def committed_before(self, term: int) -> int:
+        """Highest index known committed in a term earlier than `term`."""
+        return max((i for t, i in self.marks.items() if t < term), default=0)
+
+
+class CommitLedger(Checker):
+    """Feeds the ledger from every node's commit index and applied entries, and checks
+    that an index is never committed (or applied) with two different entries."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.seen: dict[int, int] = {}
+
+    def on_start(self, node: SimNode) -> None:
+        self.seen[node.id] = 0
+
+    def on_step(self, cluster: Cluster) -> None:
+        ledger = self.ledger
+        for node in cluster.live:
+            raft = node.raft
+            commit = raft.commit
+            seen = self.seen.get(node.id, 0)
+            if commit > seen:
+                log = node.store.log
+                if commit > len(log):
+                    raise Violation(
+                        "commit-beyond-log", f"node {node.id} commit {commit} > last {len(log)}"
+                    )
+                who = f"node {node.id} (commit {commit}, t{raft.term})"
+                for i in range(seen + 1, commit + 1):
+                    ledger.record(log[i - 1], who)
+                ledger.mark(raft.term, commit)
+                self.seen[node.id] = commit
+
+    def on_apply(self, node: SimNode, entry: Entry) -> None:
+        self.ledger.record(entry, f"node {node.id} (applied)")
+
+
+class ElectionSafety(Checker):
+    """§5.2: at most one leader per term."""
+
+    def __init__(self) -> None:
+        self.leaders: dict[int, int] = {}
+
+    def on_step(self, cluster: Cluster) -> None:
+        for node in cluster.live:
+            raft = node.raft
+            if raft.role == Role.LEADER:
+                prev = self.leaders.setdefault(raft.term, node.id)
+                if prev != node.id:
+                    raise Violation(
+                        "election-safety", f"nodes {prev} and {node.id} both led term {raft.term}"
+                    )
+
+
+class LogMatching(Checker):
+    """§5.3 Log Matching, checked incrementally: an (index, term) pair always names the
+    same entry following the same previous term, in every log, at every moment. By
+    induction two logs sharing (index, term) are then identical up to there."""
+
+    def __init__(self) -> None:
+        self.known: dict[tuple[int, int], tuple[Entry, int]] = {}
+
+    def on_append(self, node: SimNode, entries: list[Entry]) -> None:
+        known = self.known
+        log = node.store.log
+        for e in entries:
+            prev_term = log[e.index - 2].term if e.index > 1 else 0
+            key = (e.index, e.term)
+            seen = known.get(key)
+            if seen is None:
+                known[key] = (e, prev_term)
+            elif (seen[0] is not e and seen[0] != e) or seen[1] != prev_term:
+                raise Violation(
+                    "log-matching",
+                    f"node {node.id} holds {_show(e)} after term {prev_term}; "
+                    f"elsewhere {_show(seen[0])} follows term {seen[1]}",
+                )
+
+
+class LeaderCompleteness(Checker):
+    """§5.4: an entry committed in term T is in the log of every leader of a later term.
+    Checked when a leader appears and again whenever more becomes known committed."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.checked: dict[tuple[int, int], int] = {}  # (term, leader) -> ledger version
+
+    def on_step(self, cluster: Cluster) -> None:
+        ledger = self.ledger
+        for node in cluster.live:
+            raft = node.raft
+            if raft.role != Role.LEADER:
+                continue
+            key = (raft.term, node.id)
+            if self.checked.get(key) == ledger.version:
+                continue
+            self.checked[key] = ledger.version
+            index = ledger.committed_before(raft.term)
+            if not index:
+                continue
+            want = ledger.entries[index - 1]
+            log = node.store.log
+            have = log[index - 1] if index <= len(log) else None
+            if have is None or have.term != want.term:
+                raise Violation(
+                    "leader-completeness",
+                    f"node {node.id} leads term {raft.term} with last {len(log)}"
+                    f"@{log[-1].term if log else 0} but lacks committed {_show(want)}"
+                    f" (has {_show(have) if have else 'nothing'} there)",
+                )
+
+
+class StateMachineSafety(Checker):
+    """§5.4.3: every node applies the same entry at each index, in order, across
+    restarts (a restarted node re-applies from 1: its applied sequence starts over)."""
+
+    def __init__(self) -> None:
+        self.applied: dict[int, int] = {}
+        self.sequence: list[Entry] = []
+
+    def on_start(self, node: SimNode) -> None:
+        self.applied[node.id] = 0
+
+    def on_apply(self, node: SimNode, entry: Entry) -> None:
+        expect = self.applied.get(node.id, 0) + 1
+        if entry.index != expect:
+            raise Violation(
+                "apply-order", f"node {node.id} applied {entry.index}, expected {expect}"
+            )
+        self.applied[node.id] = expect
+        seq = self.sequence
+        if expect <= len(seq):
+            other = seq[expect - 1]
+            if other is not entry and other != entry:
+                raise Violation(
+                    "state-machine-safety",
+                    f"node {node.id} applied {_show(entry)} where another applied {_show(other)}",
+                )
+        else:
+            seq.append(entry)
+
+
+class NodeBounds(Checker):
+    """Figure 3 bookkeeping: applied <= commit <= last; commit never goes backwards on a
+    live node; the term never goes backwards, even across restarts; and the hard state on
+    disk carries the term the node acts in (persisted before any message is sent)."""
+
+    def __init__(self) -> None:
+        self.commit: dict[int, int] = {}
+        self.term: dict[int, int] = {}
+
+    def on_start(self, node: SimNode) -> None:
+        self.commit[node.id] = 0
+
+    def on_step(self, cluster: Cluster) -> None:
+        for node in cluster.live:
+            raft = node.raft
+            nid = node.id
+            commit = raft.commit
+            if commit < self.commit.get(nid, 0):
+                raise Violation(
+                    "commit-regressed", f"node {nid} commit {self.commit[nid]} -> {commit}"
+                )
+            self.commit[nid] = commit
+            last = raft.last_index
+            if not node.applied <= commit <= last:
+                raise Violation(
+                    "bounds", f"node {nid} applied {node.applied} commit {commit} last {last}"
+                )
+            term = raft.term
+            if term < self.term.get(nid, 0):
+                raise Violation("term-regressed", f"node {nid} term {self.term[nid]} -> {term}")
+            self.term[nid] = term
+            if node.store.hard_state.term != term:
+                raise Violation(
+                    "hard-state-not-persisted",
+                    f"node {nid} acts in term {term}, disk says {node.store.hard_state.term}",
+                )
+
+
+class DurableBeforeSend(Checker):
+    """The Ready contract (`raftlog.types`): what a message vouches for is on disk when it
+    leaves. An append acknowledgement never covers entries the sender has not fsynced; a
+    vote is granted only once the vote is persisted; no message carries a term the sender
+    has not persisted (pre-votes excepted: they speak of the next term)."""
+
+    _UNPERSISTED_TERM_OK = frozenset({MsgType.PREVOTE, MsgType.PREVOTE_RESP})
+
+    def on_send(self, node: SimNode, msg: Message) -> None:
+        hs = node.store.hard_state
+        if msg.term > hs.term and msg.type not in self._UNPERSISTED_TERM_OK:
+            raise Violation(
+                "term-not-persisted",
+                f"node {node.id} sent {msg.describe()} with term {hs.term} on disk",
+            )
+        if msg.type == MsgType.APPEND_RESP and not msg.reject:
+            if msg.log_index > node.store.durable_len:
+                raise Violation(
+                    "ack-not-durable",
+                    f"node {node.id} sent {msg.describe()} with only "
+                    f"{node.store.durable_len} of {len(node.store.log)} entries fsynced",
+                )
+        elif msg.type == MsgType.VOTE_RESP and not msg.reject:
+            if (hs.term, hs.vote) != (msg.term, msg.dst):
+                raise Violation(
+                    "vote-not-persisted",
+                    f"node {node.id} sent {msg.describe()} with (term {hs.term}, vote "
+                    f"{hs.vote}) on disk",
+                )
+
+
+class CommittedSurvivesCrash(Checker):
+    """DESIGN.md: an acknowledged (committed) entry is fsynced on a majority, so no crash
+    can leave it on fewer than a majority of the voters' logs. Checked right after each
+    crash, for groups whose membership never changed (with changes, which majority
+    counts depends on which configuration committed it)."""
+
+    def __init__(self, ledger: Ledger, voters: frozenset[int]) -> None:
+        self.ledger = ledger
+        self.voters = voters
+        self.enabled = True
+
+    def on_crash(self, cluster: Cluster, node: SimNode) -> None:
+        if not self.enabled or not self.ledger.entries:
+            return
+        want = self.ledger.entries[-1]
+        i = want.index
+        holders = [
+            n.id
+            for n in cluster.nodes.values()
+            if n.id in self.voters
+            and len(n.store.log) >= i
+            and n.store.log[i - 1].term == want.term
+        ]
+        if len(holders) < len(self.voters) // 2 + 1:
+            raise Violation(
+                "committed-entry-lost",
+                f"after node {node.id} crashed, committed {_show(want)} survives only on "
+                f"{sorted(holders)} of voters {sorted(self.voters)}",
+            )
+
+
+class ReadIndexLinearizable(Checker):
+    """Thesis §6.4: a ReadIndex answer covers every entry committed before the read was
+    asked for, so a read served at that index sees every acknowledged write."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.asked: dict[int, int] = {}
+
+    def on_read_request(self, node: SimNode, request_id: int) -> None:
+        self.asked[request_id] = len(self.ledger)
+
+    def on_read(self, node: SimNode, read: ReadState) -> None:
+        floor = self.asked.pop(read.id, None)
+        if floor is None:
+            raise Violation("read-unknown", f"node {node.id} answered read {read.id} never asked")
+        if read.index < floor:
+            raise Violation(
+                "read-index-stale",
+                f"node {node.id} answered read {read.id} at {read.index}, but {floor} was "
+                "already committed when it was asked",
+            )
+
+
+def default_checkers(ledger: Ledger, voters: frozenset[int], *, static: bool) -> list[Checker]:
+    """The full set, in the order they must run (the ledger first: others read it).
+    `static`: the membership never changes (the crash-durability check needs that)."""
+    survives = CommittedSurvivesCrash(ledger, voters)
+    survives.enabled = static
+    return [
+        CommitLedger(ledger),
+        ElectionSafety(),
+        LogMatching(),
+        LeaderCompleteness(ledger),
+        StateMachineSafety(),
+        NodeBounds(),
+        DurableBeforeSend(),
+        survives,
+        ReadIndexLinearizable(ledger),
+    ]
+
+
+def _show(e: Entry) -> str:
+    return f"{e.index}@{e.term}:{e.type.name}:{e.data[:24]!r}"

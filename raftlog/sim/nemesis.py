@@ -1,0 +1,159 @@
+"""Fault injection: every so often pick a fault by weight and schedule its undoing.
+
+Only faults Raft promises to survive: crashes that lose unsynced writes (optionally
+with a torn tail), process pauses, and network partitions of every shape. Each action
+is a table entry, name → handler; the knobs' weights choose among them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from raftlog.sim import network
+from raftlog.sim.cluster import Cluster, SimNode
+
+__all__ = ["Nemesis"]
+
+
+class Nemesis:
+    def __init__(self, cluster: Cluster, rng: random.Random) -> None:
+        self.c = cluster
+        self.rng = rng
+        self.active = True
+        self._partition_gen = 0
+        self._actions: dict[str, Callable[[], None]] = {
+            "crash": self.crash,
+            "crash_leader": self.crash_leader,
+            "crash_majority": self.crash_majority,
+            "pause": self.pause,
+            "isolate": self.isolate,
+            "isolate_leader": self.isolate_leader,
+            "split": lambda: self._partition("split", network.split(self._ids(), self.rng)),
+            "one_way": lambda: self._partition("one_way", network.one_way(self._ids(), self.rng)),
+            "bridge": lambda: self._partition("bridge", network.bridge(self._ids(), self.rng)),
+            "ring": lambda: self._partition("ring", network.ring(self._ids(), self.rng)),
+            "heal": self.heal,
+        }
+        weights = cluster.knobs.fault_weights
+        unknown = {name for name, _ in weights} - self._actions.keys()
+        if unknown:
+            raise ValueError(f"unknown faults: {sorted(unknown)}")
+        self._names = [name for name, _ in weights]
+        self._weights = [w for _, w in weights]
+
+    def start(self) -> None:
+        self._schedule()
+        if self.c.knobs.flap_p:
+            self.c.on_new_leader.append(self._new_leader)
+
+    def _new_leader(self, node: SimNode) -> None:
+        """Sometimes cut a new leader off before its first entries spread: leaders then
+        change while logs are partly replicated (the shape of the paper's Figure 8)."""
+        if self.active and self.rng.random() < self.c.knobs.flap_p:
+            delay = self.rng.randint(0, 2 * self.c.knobs.latency_max_us)
+            self.c.events.push(self.c.now + delay, self._flap, node)
+
+    def _flap(self, node: SimNode) -> None:
+        """Put the leader in a minority (alone, or with some followers) for a while."""
+        if self.active and node.up and not node.retired:
+            ids = self._ids()
+            others = [i for i in ids if i != node.id]
+            self.rng.shuffle(others)
+            side = [node.id, *others[: self.rng.randint(0, max(0, (len(ids) - 1) // 2 - 1))]]
+            blocked = network.split_between(side, [i for i in ids if i not in side])
+            self._partition("flap", blocked, 2 * self.c.knobs.election_timeout_us)
+
+    def _schedule(self) -> None:
+        mean = self.c.knobs.fault_mean_us
+        self.c.events.push(self.c.now + int(self.rng.expovariate(1 / mean)) + 1, self._act)
+
+    def _act(self) -> None:
+        if not self.active:
+            return
+        name = self.rng.choices(self._names, self._weights)[0]
+        self._actions[name]()
+        self._schedule()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _ids(self) -> list[int]:
+        return [n.id for n in self.c.nodes.values() if not n.retired]
+
+    def _up(self) -> list[SimNode]:
+        return list(self.c.live)
+
+    def _leader(self) -> SimNode | None:
+        leaders = self.c.leaders()
+        return max(leaders, key=lambda n: n.raft.term) if leaders else None
+
+    def _duration(self, mean: int) -> int:
+        return int(self.rng.expovariate(1 / mean)) + 1
+
+    # ------------------------------------------------------------------ processes
+
+    def _crash(self, node: SimNode) -> None:
+        k = self.c.knobs
+        self.c.crash(node, torn=self.rng.random() < k.torn_p)
+        self.c.events.push(self.c.now + self._duration(k.down_mean_us), self._restart, node)
+
+    def _restart(self, node: SimNode) -> None:
+        if self.active:
+            self.c.restart(node)
+
+    def crash(self) -> None:
+        up = self._up()
+        if up:
+            self._crash(self.rng.choice(up))
+
+    def crash_leader(self) -> None:
+        leader = self._leader()
+        if leader is not None:
+            self._crash(leader)
+
+    def crash_majority(self) -> None:
+        """Crash a majority at once (leader included when there is one)."""
+        up = self._up()
+        want = len(self.c.committed_members.voters) // 2 + 1
+        leader = self._leader()
+        victims = [leader] if leader is not None else []
+        others = [n for n in up if n is not leader]
+        self.rng.shuffle(others)
+        victims += others[: max(0, want - len(victims))]
+        for node in victims:
+            self._crash(node)
+
+    def pause(self) -> None:
+        up = self._up()
+        if up:
+            node = self.rng.choice(up)
+            self.c.pause(node, self.c.now + self._duration(self.c.knobs.down_mean_us))
+
+    # ------------------------------------------------------------------ network
+
+    def _partition(self, name: str, blocked: set[tuple[int, int]], mean: int = 0) -> None:
+        self._partition_gen += 1
+        self.c.net.partition(name, blocked)
+        self.c.faults.partitions += 1
+        self.c.note("partition", f"{name} blocks {sorted(blocked)}")
+        heal_at = self.c.now + self._duration(mean or self.c.knobs.partition_mean_us)
+        self.c.events.push(heal_at, self._heal_gen, self._partition_gen)
+
+    def isolate(self) -> None:
+        ids = self._ids()
+        self._partition("isolate", network.isolate(ids, self.rng.choice(ids)))
+
+    def isolate_leader(self) -> None:
+        leader = self._leader()
+        if leader is not None:
+            self._partition("isolate_leader", network.isolate(self._ids(), leader.id))
+
+    def _heal_gen(self, gen: int) -> None:
+        if gen == self._partition_gen and self.active:
+            self.heal()
+
+    def heal(self) -> None:
+        if self.c.net.blocked:
+            self.c.net.heal()
+            self.c.faults.heals += 1
+            self.c.note("heal", "")
