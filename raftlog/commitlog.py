@@ -97,6 +97,7 @@ from typing import Literal
 
 import crc32c
 
+from raftlog.fsutil import fsync_dir
 from raftlog.types import Entry, EntryType
 
 __all__ = [
@@ -255,14 +256,6 @@ def _index_record(index: int, pos: int, term: int, size: int, etype: int) -> byt
 
 def _segment_name(start: int) -> str:
     return f"{start:0{_SEGMENT_NAME_LEN}d}"
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pwritev_all(fd: int, parts: list[bytes | memoryview], offset: int) -> None:
@@ -728,7 +721,7 @@ class CommitLog:
                     _datasync(self._fds[start])
                 self._dirty.clear()
             if self._dir_dirty:
-                _fsync_dir(self.dir)
+                fsync_dir(self.dir)
                 self._dir_dirty = False
         except OSError as exc:
             # After a failed fsync the kernel may have dropped the dirty pages and marked
@@ -1064,8 +1057,8 @@ class CommitLog:
         created = not os.path.isdir(self.dir)
         os.makedirs(self.dir, exist_ok=True)
         if created:
-            _fsync_dir(self.path)
-            _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            fsync_dir(self.path)
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         names = sorted(
             n for n in os.listdir(self.dir) if len(n) == _SEGMENT_NAME_LEN and n.isdigit()
         )
@@ -1077,7 +1070,7 @@ class CommitLog:
             self._roll(0)
             os.ftruncate(self._ifd, 0)
             os.fsync(self._ifd)
-            _fsync_dir(self.dir)
+            fsync_dir(self.dir)
             self._dir_dirty = False
             self._dirty.clear()
             return
@@ -1129,7 +1122,7 @@ class CommitLog:
         # entry's index record was written; the rest may hold page-cache-only data
         for j in range(max(0, bisect.bisect_right(self._starts, scan_pos) - 2), len(self._starts)):
             _datasync(self._fd(j))
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         if os.fstat(self._ifd).st_size != self._written * INDEX_RECORD_SIZE or records:
             os.ftruncate(self._ifd, self._written * INDEX_RECORD_SIZE)
             if records:

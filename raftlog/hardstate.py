@@ -25,6 +25,7 @@ from typing import Any
 import crc32c
 import msgpack
 
+from raftlog.fsutil import fsync_dir
 from raftlog.types import HardState, Membership
 
 __all__ = [
@@ -96,14 +97,6 @@ def decode_hardstate(data: bytes, path: str = "<bytes>") -> HardState:
     return HardState(term=term, vote=vote, configs=configs)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_hardstate(path: str | os.PathLike[str], hs: HardState) -> None:
     """Durably replace the file at `path` with `hs` (temp, fsync, rename, fsync dir)."""
     path = os.fspath(path)
@@ -118,7 +111,7 @@ def save_hardstate(path: str | os.PathLike[str], hs: HardState) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def load_hardstate(path: str | os.PathLike[str]) -> HardState:
