@@ -1,0 +1,450 @@
+"""History parsers: Jepsen etcd logs, EDN key/value logs and raftmq's own JSON-lines histories.
+
+Completions are matched to the pending invoke of the same process. ``fail`` means the
+operation definitely did not happen, so it is dropped; ``info`` means the outcome is unknown,
+so the operation stays pending forever (return time +inf, output ``UNKNOWN``).
+
+JSON lines (``jsonl``), written by the chaos workloads, one object per line::
+
+    {"process": 3, "type": "invoke", "f": "append", "key": "q1", "value": "m-17", "time": 12.5}
+    {"process": 3, "type": "ok",     "f": "append", "key": "q1", "value": {"offset": 4}, "time": 12.6}
+
+- ``process``: int (or a name), the client; one operation at a time per process. An invoke
+  while the previous one is still open leaves that one pending forever, as if ``info``.
+- ``type``: ``invoke`` | ``ok`` | ``fail`` | ``info``.
+- ``time``: float, monotonic seconds (optional; the line number is used when absent).
+- ``f``/``key``/``value`` per model (``value`` of ``invoke`` is the input, of ``ok`` the result;
+  JSON lists used as keys become tuples):
+
+  - ``queue-log``: ``append`` (key = queue, value = message id; ok value = ``{"offset": n}``
+    or ``n``) and ``read`` (key = queue, value = ``{"offset": o, "n": n}``; ok value = list of
+    message ids).
+  - ``consumer-offset``: ``commit`` (key = ``[group, queue]``, value = offset) and ``read``
+    (ok value = committed offset or null).
+  - ``kv``: ``get`` (ok value = the string), ``put`` and ``append`` (value = the string).
+  - ``cas-register``: ``read`` (ok value), ``write`` (value), ``cas`` (value = ``[old, new]``;
+    ok value ``false`` when the comparison failed, anything else when it applied).
+
+Jepsen etcd logs (``jepsen-log``): ``INFO jepsen.util - <process> <:invoke|:ok|:fail|:info>
+<:read|:write|:cas> <value>``; ``:fail :cas`` completes a cas that did not apply and
+``:fail :read :timed-out`` a read with an unknown result.
+
+EDN key/value logs (``edn-kv``): ``{:process P, :type :invoke|:ok|:fail|:info, :f
+:get|:put|:append, :key "k", :value v}``, one map per line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .model import INFINITY, UNKNOWN, Event, EventKind, Operation, events_to_operations
+
+__all__ = [
+    "FORMATS",
+    "HistoryRecord",
+    "Keyword",
+    "load_operations",
+    "parse_edn",
+    "parse_edn_kv",
+    "parse_jepsen_log",
+    "parse_jsonl",
+    "records_to_operations",
+]
+
+FORMATS = ("jepsen-log", "edn-kv", "jsonl")
+
+
+def _lines(source: str | Path | Iterable[str]) -> Iterable[str]:
+    if isinstance(source, (str, Path)):
+        return Path(source).read_text().splitlines()
+    return source
+
+
+class _Pending:
+    """Builds an event history, matching completions to each process's open invoke."""
+
+    def __init__(self) -> None:
+        self.slots: list[tuple[EventKind, int, int, Any]] = []  # kind, id, client, value
+        self.dropped: set[int] = set()
+        self.open: dict[Any, int] = {}
+        self.next_id = 0
+
+    def invoke(self, process: Any, client: int, value: Any) -> None:
+        op_id = self.next_id
+        self.next_id += 1
+        self.open[process] = op_id
+        self.slots.append((EventKind.CALL, op_id, client, value))
+
+    def complete(self, process: Any, client: int, value: Any, where: str) -> None:
+        op_id = self._take(process, where)
+        self.slots.append((EventKind.RETURN, op_id, client, value))
+
+    def drop(self, process: Any, where: str) -> None:
+        self.dropped.add(self._take(process, where))
+
+    def abandon(self, process: Any, where: str) -> None:
+        self._take(process, where)  # stays pending forever: no return event
+
+    def _take(self, process: Any, where: str) -> int:
+        try:
+            return self.open.pop(process)
+        except KeyError:
+            raise ValueError(
+                f"{where}: completion for process {process!r} with no pending invoke"
+            ) from None
+
+    def events(self) -> list[Event]:
+        return [
+            Event(client, kind, value, op_id)
+            for kind, op_id, client, value in self.slots
+            if op_id not in self.dropped
+        ]
+
+
+_JEPSEN = re.compile(
+    r"^INFO\s+jepsen\.util\s+-\s+(\d+)\s+:(invoke|ok|fail|info)\s+:(read|write|cas)\s+(.*?)\s*$"
+)
+
+
+def _jepsen_value(text: str, where: str) -> Any:
+    if text == "nil":
+        return None
+    if text == ":timed-out":
+        return UNKNOWN
+    if text.startswith("["):
+        parts = text.strip("[]").split()
+        if len(parts) != 2:
+            raise ValueError(f"{where}: expected [old new], got {text!r}")
+        return (_jepsen_value(parts[0], where), _jepsen_value(parts[1], where))
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{where}: cannot parse value {text!r}") from None
+
+
+def parse_jepsen_log(source: str | Path | Iterable[str]) -> list[Event]:
+    """Events of a Jepsen etcd CAS-register log; inputs are the CAS model's tuples."""
+    pending = _Pending()
+    kinds: dict[int, str] = {}
+    for number, line in enumerate(_lines(source), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        where = f"line {number}"
+        found = _JEPSEN.match(line)
+        if not found:
+            raise ValueError(f"{where}: not a jepsen.util history line: {line!r}")
+        process = int(found.group(1))
+        kind, f = found.group(2), found.group(3)
+        value = _jepsen_value(found.group(4), where)
+        if kind == "invoke":
+            if f == "read":
+                inp: tuple = ("read",)
+            elif f == "write":
+                inp = ("write", value)
+            else:
+                inp = ("cas", value[0], value[1])
+            kinds[process] = f
+            pending.invoke(process, process, inp)
+        elif kind == "ok":
+            output = value if f == "read" else (True if f == "cas" else None)
+            pending.complete(process, process, output, where)
+        elif kind == "fail":
+            if f == "cas" and value is not UNKNOWN:
+                pending.complete(process, process, False, where)
+            elif f == "read" and value is UNKNOWN:
+                pending.complete(process, process, UNKNOWN, where)
+            else:
+                pending.drop(process, where)
+        else:
+            pending.abandon(process, where)
+    return pending.events()
+
+
+class Keyword(str):
+    """An EDN keyword such as ``:invoke``, held without its colon."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return ":" + str(self)
+
+
+_EDN_TOKEN = re.compile(
+    r"""[\s,]*(?:
+        (?P<open>[\[{(]) | (?P<close>[\]})]) |
+        "(?P<string>(?:[^"\\]|\\.)*)" |
+        :(?P<keyword>[^\s,\[\]{}()"]+) |
+        (?P<atom>[^\s,\[\]{}()"]+)
+    )""",
+    re.VERBOSE,
+)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\"}
+
+
+def parse_edn(text: str) -> Any:
+    """Parse one EDN value: maps, vectors, lists, strings, keywords, numbers, nil, booleans."""
+    tokens = []
+    pos = 0
+    while pos < len(text):
+        if not text[pos:].strip(" \t\r\n,"):
+            break
+        found = _EDN_TOKEN.match(text, pos)
+        if not found:
+            raise ValueError(f"cannot parse EDN near {text[pos : pos + 20]!r}")
+        tokens.append(found)
+        pos = found.end()
+    value, used = _edn_value(tokens, 0)
+    if used != len(tokens):
+        raise ValueError("trailing data after EDN value")
+    return value
+
+
+def _edn_value(tokens: list[re.Match[str]], i: int) -> tuple[Any, int]:
+    if i >= len(tokens):
+        raise ValueError("unexpected end of EDN value")
+    tok = tokens[i]
+    if tok.group("open"):
+        closer = {"[": "]", "{": "}", "(": ")"}[tok.group("open")]
+        items = []
+        i += 1
+        while i < len(tokens) and tokens[i].group("close") is None:
+            item, i = _edn_value(tokens, i)
+            items.append(item)
+        if i >= len(tokens) or tokens[i].group("close") != closer:
+            raise ValueError(f"unbalanced EDN, expected {closer!r}")
+        if closer == "}":
+            if len(items) % 2:
+                raise ValueError("EDN map with an odd number of forms")
+            return {_hashable(items[k]): items[k + 1] for k in range(0, len(items), 2)}, i + 1
+        return (tuple(items) if closer == ")" else items), i + 1
+    if tok.group("close"):
+        raise ValueError(f"unexpected {tok.group('close')!r} in EDN")
+    if tok.group("string") is not None:
+        raw = tok.group("string")
+        return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), raw), i + 1
+    if tok.group("keyword") is not None:
+        return Keyword(tok.group("keyword")), i + 1
+    atom = tok.group("atom")
+    if atom == "nil":
+        return None, i + 1
+    if atom in ("true", "false"):
+        return atom == "true", i + 1
+    for convert in (int, float):
+        try:
+            return convert(atom), i + 1
+        except ValueError:
+            pass
+    return atom, i + 1  # a bare symbol
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
+
+
+def _client_id(process: Any, names: dict[Any, int]) -> int:
+    """Integer client id; named processes (``:nemesis``) get stable negative numbers."""
+    if isinstance(process, int) and not isinstance(process, bool):
+        return process
+    return names.setdefault(process, -1 - len(names))
+
+
+def parse_edn_kv(source: str | Path | Iterable[str]) -> list[Event]:
+    """Events of an EDN get/put/append log; inputs are the key/value model's tuples."""
+    pending = _Pending()
+    names: dict[Any, int] = {}
+    for number, line in enumerate(_lines(source), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        where = f"line {number}"
+        try:
+            entry = parse_edn(line)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected an EDN map")
+        try:
+            process, kind, f = entry["process"], entry["type"], entry["f"]
+        except KeyError as exc:
+            raise ValueError(f"{where}: missing {exc.args[0]}") from None
+        client = _client_id(process, names)
+        key = entry.get("key")
+        value = entry.get("value")
+        if kind == "invoke":
+            inp: tuple = ("get", key) if f == "get" else (str(f), key, value)
+            pending.invoke(process, client, inp)
+        elif kind == "ok":
+            pending.complete(process, client, value if f == "get" else None, where)
+        elif kind == "fail":
+            pending.drop(process, where)
+        elif kind == "info":
+            pending.abandon(process, where)
+        else:
+            raise ValueError(f"{where}: unknown :type {kind!r}")
+    return pending.events()
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRecord:
+    """One operation of a JSON-lines history with its raw completion, before modelling."""
+
+    process: int
+    f: str
+    key: Any
+    value: Any
+    status: str  # "ok" | "fail" | "info" ("info" also for an invoke never completed)
+    result: Any
+    call: float
+    return_: float
+
+
+def _key(value: Any) -> Any:
+    return tuple(_key(v) for v in value) if isinstance(value, list) else value
+
+
+def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
+    """Pair the invoke/ok/fail/info lines of a raftmq chaos history into records."""
+    open_ops: dict[Any, tuple[int, dict[str, Any], float]] = {}
+    names: dict[Any, int] = {}
+    done: list[tuple[int, HistoryRecord]] = []
+    for number, line in enumerate(_lines(source), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        where = f"line {number}"
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: invalid JSON: {exc.msg}") from None
+        try:
+            process, kind = entry["process"], entry["type"]
+        except (KeyError, TypeError):
+            raise ValueError(f"{where}: needs 'process' and 'type'") from None
+        at = float(entry.get("time", number))
+        if kind == "invoke":
+            if "f" not in entry:
+                raise ValueError(f"{where}: invoke without 'f'")
+            if process in open_ops:
+                seq, first, call = open_ops.pop(process)
+                done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names)))
+            open_ops[process] = (number, entry, at)
+            continue
+        if kind not in ("ok", "fail", "info"):
+            raise ValueError(f"{where}: unknown type {kind!r}")
+        if process not in open_ops:
+            raise ValueError(f"{where}: {kind} for process {process!r} with no pending invoke")
+        seq, first, call = open_ops.pop(process)
+        if at < call:
+            raise ValueError(f"{where}: completion time {at} precedes its invoke at {call}")
+        if kind == "info":
+            done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names)))
+        else:
+            done.append((seq, _record(first, kind, entry.get("value"), call, at, names)))
+    for seq, first, call in open_ops.values():
+        done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names)))
+    done.sort(key=lambda item: item[0])
+    return [record for _seq, record in done]
+
+
+def _record(
+    invoke: dict[str, Any], status: str, result: Any, call: float, ret: float, names: dict[Any, int]
+) -> HistoryRecord:
+    return HistoryRecord(
+        process=_client_id(invoke["process"], names),
+        f=str(invoke["f"]),
+        key=_key(invoke.get("key")),
+        value=invoke.get("value"),
+        status=status,
+        result=result,
+        call=call,
+        return_=ret,
+    )
+
+
+_UNBOUNDED = 1 << 62  # a read without "n" returns everything from its offset
+
+
+def _offset(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value.get("offset", UNKNOWN)
+    return value
+
+
+def records_to_operations(records: Iterable[HistoryRecord], model: str) -> list[Operation]:
+    """Operations for ``model`` from JSON-lines records; failed operations are dropped."""
+    ops: list[Operation] = []
+    for r in records:
+        if r.status == "fail":
+            continue
+        known = r.status == "ok"
+        result = r.result if known else UNKNOWN
+        if model == "queue-log":
+            if r.f == "append":
+                inp: tuple = ("append", r.key, _key(r.value))
+                out = _offset(result) if known else UNKNOWN
+            elif r.f == "read":
+                spec = r.value or {}
+                n = spec.get("n")
+                inp = (
+                    "read",
+                    r.key,
+                    int(spec.get("offset", 0)),
+                    int(n) if n is not None else _UNBOUNDED,
+                )
+                out = tuple(_key(m) for m in result) if known else UNKNOWN
+            else:
+                raise ValueError(f"queue-log has no operation {r.f!r}")
+        elif model == "consumer-offset":
+            if r.f == "commit":
+                inp, out = ("commit", r.key, r.value), None
+            elif r.f == "read":
+                inp, out = ("read", r.key), result
+            else:
+                raise ValueError(f"consumer-offset has no operation {r.f!r}")
+        elif model == "kv":
+            if r.f == "get":
+                inp, out = ("get", r.key), result
+            elif r.f in ("put", "append"):
+                inp, out = (r.f, r.key, r.value), None
+            else:
+                raise ValueError(f"kv has no operation {r.f!r}")
+        elif model == "cas-register":
+            if r.f == "read":
+                inp, out = ("read",), result
+            elif r.f == "write":
+                inp, out = ("write", r.value), None
+            elif r.f == "cas":
+                old, new = r.value
+                inp = ("cas", old, new)
+                out = UNKNOWN if not known else result is not False
+            else:
+                raise ValueError(f"cas-register has no operation {r.f!r}")
+        else:
+            raise ValueError(f"no JSON-lines mapping for model {model!r}")
+        ops.append(Operation(r.process, inp, r.call, out, r.return_))
+    return ops
+
+
+def load_operations(path: str | Path, fmt: str, model: str) -> list[Operation]:
+    """Read a history file in ``fmt`` as operations for ``model``."""
+    if fmt == "jepsen-log":
+        if model != "cas-register":
+            raise ValueError("jepsen-log histories are cas-register histories")
+        return events_to_operations(parse_jepsen_log(path))
+    if fmt == "edn-kv":
+        if model != "kv":
+            raise ValueError("edn-kv histories are kv histories")
+        return events_to_operations(parse_edn_kv(path))
+    if fmt == "jsonl":
+        return records_to_operations(parse_jsonl(path), model)
+    raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")

@@ -1,0 +1,398 @@
+"""Sequential models: CAS register, key/value, raftmq's queue log and consumer offsets.
+
+Inputs are plain tuples whose first element names the operation, so the search's inner loop
+does nothing but index tuples. Outputs are plain values; ``UNKNOWN`` (a timed-out call whose
+result was never seen) is accepted by every operation.
+
+Queue log (one partition per queue; state: the immutable sequence of message ids in the log,
+a ``LogState`` that shares prefixes so appends and cache look-ups stay O(1))
+- ``("append", queue, msg) -> offset``: legal iff ``offset == len(log)``; the message is added.
+  A timed-out append (output ``UNKNOWN``, pending forever) may take effect at any point after
+  its call or never.
+- ``("read", queue, offset, n) -> msgs``: legal iff ``msgs == log[offset:offset + n]`` at the
+  linearization point. So a read returning fewer than ``n`` messages is legal only if it
+  stopped at the end of the log, and a read at or past the end must return nothing. Brokers
+  that may return short batches in the middle of the log (size limits) use
+  ``QueueLogModel(short_reads="prefix")``, which only requires ``msgs`` to be the first
+  ``len(msgs)`` messages from ``offset``.
+
+Consumer offsets (one partition per ``(group, queue)``): a plain register, initially ``None``.
+``("commit", key, offset)`` is a write and may move the offset backwards (an operator reset is a
+commit too); ``("read", key) -> offset`` returns the last committed value. Pass
+``monotonic=True`` for a broker that ignores commits below the current offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+from .model import UNKNOWN, Model, Operation
+
+__all__ = [
+    "MODELS",
+    "CasRegisterModel",
+    "ConsumerOffsetModel",
+    "KeyValueModel",
+    "LogState",
+    "QueueLogModel",
+    "make_model",
+]
+
+READ = "read"
+WRITE = "write"
+CAS = "cas"
+GET = "get"
+PUT = "put"
+APPEND = "append"
+COMMIT = "commit"
+
+
+class _Unseen:
+    """Stand-in for a message id that no read in the partition returned."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<unread>"
+
+
+UNSEEN = _Unseen()
+
+
+def _show(value: Any) -> str:
+    if value is UNKNOWN:
+        return "?"
+    if value is None:
+        return "nil"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+class CasRegisterModel(Model[Any, tuple, Any]):
+    """A single register starting at ``None`` (Jepsen's etcd test).
+
+    Inputs ``("read",)``, ``("write", v)``, ``("cas", old, new)``; outputs: the value read,
+    anything for a write, ``True``/``False`` for whether the cas applied.
+    """
+
+    name = "cas-register"
+
+    def init(self) -> Any:
+        return None
+
+    def step(self, state: Any, input: tuple, output: Any) -> tuple[bool, Any]:
+        op = input[0]
+        if op == READ:
+            return (output is UNKNOWN or output == state), state
+        if op == WRITE:
+            return True, input[1]
+        if state == input[1]:
+            return (output is UNKNOWN or output is True), input[2]
+        return (output is UNKNOWN or output is False), state
+
+    def is_read_only(self, input: tuple, output: Any) -> bool:
+        # a cas known to have failed leaves the register as it was
+        return input[0] == READ or (input[0] == CAS and output is False)
+
+    def describe_operation(self, input: tuple, output: Any) -> str:
+        op = input[0]
+        if op == READ:
+            return f"read() -> {_show(output)}"
+        if op == WRITE:
+            return f"write({_show(input[1])})"
+        result = "?" if output is UNKNOWN else ("ok" if output else "fail")
+        return f"cas({_show(input[1])}, {_show(input[2])}) -> {result}"
+
+    def describe_state(self, state: Any) -> str:
+        return _show(state)
+
+    def explain(self, state: Any, input: tuple, output: Any) -> str:
+        return f"the register holds {_show(state)}"
+
+
+class KeyValueModel(Model[Any, tuple, Any]):
+    """Strings per key: ``("get", k)``, ``("put", k, v)``, ``("append", k, v)``; missing is "".
+
+    Partitioned by key by default; ``partitioned=False`` checks the whole map as one state (a
+    sorted tuple of items), which is slower but does not rely on P-compositionality.
+    """
+
+    name = "kv"
+
+    def __init__(self, partitioned: bool = True) -> None:
+        self.partitioned = partitioned
+
+    def init(self) -> Any:
+        return "" if self.partitioned else ()
+
+    def step(self, state: Any, input: tuple, output: Any) -> tuple[bool, Any]:
+        if not self.partitioned:
+            return self._step_map(state, input, output)
+        op = input[0]
+        if op == GET:
+            return (output is UNKNOWN or output == state), state
+        if op == PUT:
+            return True, input[2]
+        return True, state + input[2]
+
+    def _step_map(self, state: tuple, input: tuple, output: Any) -> tuple[bool, tuple]:
+        items = dict(state)
+        op, key = input[0], input[1]
+        current = items.get(key, "")
+        if op == GET:
+            return (output is UNKNOWN or output == current), state
+        items[key] = input[2] if op == PUT else current + input[2]
+        return True, tuple(sorted(items.items()))
+
+    def partition_key(self, input: tuple) -> Hashable:
+        return input[1] if self.partitioned else None
+
+    def is_read_only(self, input: tuple, output: Any) -> bool:
+        return input[0] == GET
+
+    def describe_operation(self, input: tuple, output: Any) -> str:
+        op, key = input[0], input[1]
+        if op == GET:
+            return f"get({key!r}) -> {_show(output)}"
+        return f"{op}({key!r}, {_show(input[2])})"
+
+    def explain(self, state: Any, input: tuple, output: Any) -> str:
+        value = state if self.partitioned else dict(state).get(input[1], "")
+        return f"key {input[1]!r} holds {value!r}"
+
+    def describe_state(self, state: Any) -> str:
+        if self.partitioned:
+            return repr(state)
+        return "{" + ", ".join(f"{k!r}: {v!r}" for k, v in state) + "}"
+
+
+class LogState:
+    """Immutable log of message ids: a persistent list that shares its prefix.
+
+    Reads see it as a sequence (``len``, indexing and slicing give tuples). Appending is O(1)
+    and the hash is computed incrementally, so the search cache holds one small node per
+    state instead of a copy of the whole log, and looks states up in constant time.
+    """
+
+    __slots__ = ("prev", "last", "size", "_hash")
+
+    def __init__(self, prev: LogState | None = None, last: Any = None) -> None:
+        self.prev = prev
+        self.last = last
+        if prev is None:
+            self.size = 0
+            self._hash = hash(())
+        else:
+            self.size = prev.size + 1
+            self._hash = hash((prev._hash, last))
+
+    def append(self, message: Any) -> LogState:
+        return LogState(self, message)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, LogState) or self.size != other.size or self._hash != other._hash:
+            return False
+        a: LogState | None = self
+        b: LogState | None = other
+        while a is not b and a is not None and b is not None:
+            if a.last != b.last:
+                return False
+            a, b = a.prev, b.prev
+        return True
+
+    def window(self, start: int, stop: int) -> tuple:
+        """Messages at offsets ``start <= offset < stop`` (clamped to the log)."""
+        stop = min(stop, self.size)
+        start = max(start, 0)
+        if start >= stop:
+            return ()
+        node: Any = self
+        for _ in range(self.size - stop):
+            node = node.prev
+        out = []
+        for _ in range(stop - start):
+            out.append(node.last)
+            node = node.prev
+        out.reverse()
+        return tuple(out)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            start, stop, stride = index.indices(self.size)
+            if stride != 1:
+                return tuple(self)[index]
+            return self.window(start, stop)
+        if index < 0:
+            index += self.size
+        if not 0 <= index < self.size:
+            raise IndexError("log offset out of range")
+        return self.window(index, index + 1)[0]
+
+    def __iter__(self) -> Any:
+        return iter(self.window(0, self.size))
+
+    def __repr__(self) -> str:
+        return f"LogState({self.window(0, self.size)!r})"
+
+
+EMPTY_LOG = LogState()
+
+
+class QueueLogModel(Model[LogState, tuple, Any]):
+    """Per-queue append-only log; see the module docstring for the exact rules."""
+
+    name = "queue-log"
+
+    def __init__(self, short_reads: str = "end") -> None:
+        if short_reads not in ("end", "prefix"):
+            raise ValueError("short_reads must be 'end' or 'prefix'")
+        self.strict = short_reads == "end"
+
+    def init(self) -> LogState:
+        return EMPTY_LOG
+
+    def step(self, state: LogState, input: tuple, output: Any) -> tuple[bool, LogState]:
+        if input[0] == APPEND:
+            if output is UNKNOWN or output == state.size:
+                return True, LogState(state, input[2])
+            return False, state
+        if output is UNKNOWN:
+            return True, state
+        offset = input[2]
+        if not isinstance(output, tuple) or offset < 0:
+            return False, state
+        k = len(output)
+        if self.strict:
+            # exactly the slice [offset, offset + n): full, or cut short by the end of the log
+            if k != max(0, min(input[3], state.size - offset)):
+                return False, state
+        elif k > input[3]:
+            return False, state
+        return (k == 0 or output == state.window(offset, offset + k)), state
+
+    def doomed(self, state: LogState, input: tuple, output: Any) -> bool:
+        # the log only grows and its prefix never changes
+        size = state.size
+        if output is UNKNOWN:
+            return False
+        if input[0] == APPEND:
+            return not isinstance(output, int) or output < size
+        offset = input[2]
+        if not isinstance(output, tuple) or offset < 0:
+            return True
+        k = len(output)
+        if size >= offset + k:
+            return True  # everything the read returned is already fixed, and it did not fit
+        present = max(0, size - offset)
+        return present > 0 and output[:present] != state.window(offset, size)
+
+    def partition_key(self, input: tuple) -> Hashable:
+        return input[1]
+
+    def prepare(self, history: Sequence[Operation]) -> list[tuple]:
+        """Replace ids of messages no read returned by one placeholder.
+
+        Reads compare message ids, so an id nobody read only matters through the offset it
+        occupies. Erasing it makes logs that differ only in such ids equal in the search
+        cache, and makes timed-out appends of unread messages interchangeable, which keeps
+        the search from trying every order of them.
+        """
+        seen = set()
+        for op in history:
+            if op.input[0] == READ and isinstance(op.output, tuple):
+                seen.update(op.output)
+        return [
+            ("append", op.input[1], UNSEEN)
+            if op.input[0] == APPEND and op.input[2] not in seen
+            else op.input
+            for op in history
+        ]
+
+    def is_read_only(self, input: tuple, output: Any) -> bool:
+        return input[0] == READ
+
+    def describe_operation(self, input: tuple, output: Any) -> str:
+        if input[0] == APPEND:
+            return f"append({_show(input[1])}, {_show(input[2])}) -> {_show(output)}"
+        if isinstance(output, tuple):
+            shown = "[" + ", ".join(_show(m) for m in output) + "]"
+        else:
+            shown = _show(output)
+        return f"read({_show(input[1])}, @{input[2]}, n={input[3]}) -> {shown}"
+
+    def explain(self, state: LogState, input: tuple, output: Any) -> str:
+        size = state.size
+        if input[0] == APPEND:
+            return f"the log holds {size} message(s), so an append now gets offset {size}"
+        offset, n = input[2], input[3]
+        window = ", ".join(_show(m) for m in state.window(offset, offset + n))
+        return f"the log holds {size} message(s); [{offset}, {offset + n}) is [{window}]"
+
+    def describe_state(self, state: LogState) -> str:
+        size = len(state)
+        if size > 12:
+            head = ", ".join(_show(m) for m in state.window(0, 4))
+            tail = ", ".join(_show(m) for m in state.window(size - 4, size))
+            return f"[{head}, ... {size - 8} more ..., {tail}] (len {size})"
+        return "[" + ", ".join(_show(m) for m in state) + "]"
+
+
+class ConsumerOffsetModel(Model[Any, tuple, Any]):
+    """Committed consumer offset per ``(group, queue)``: a register (see module docstring)."""
+
+    name = "consumer-offset"
+
+    def __init__(self, monotonic: bool = False) -> None:
+        self.monotonic = monotonic
+
+    def init(self) -> Any:
+        return None
+
+    def step(self, state: Any, input: tuple, output: Any) -> tuple[bool, Any]:
+        if input[0] == COMMIT:
+            offset = input[2]
+            if self.monotonic and state is not None and offset < state:
+                return True, state
+            return True, offset
+        return (output is UNKNOWN or output == state), state
+
+    def partition_key(self, input: tuple) -> Hashable:
+        return input[1]
+
+    def is_read_only(self, input: tuple, output: Any) -> bool:
+        return input[0] == READ
+
+    def describe_operation(self, input: tuple, output: Any) -> str:
+        if input[0] == COMMIT:
+            return f"commit({_show(input[1])}, {input[2]})"
+        return f"read({_show(input[1])}) -> {_show(output)}"
+
+    def describe_state(self, state: Any) -> str:
+        return _show(state)
+
+    def explain(self, state: Any, input: tuple, output: Any) -> str:
+        return f"the committed offset is {_show(state)}"
+
+
+MODELS: dict[str, Callable[[], Model]] = {
+    "cas-register": CasRegisterModel,
+    "kv": KeyValueModel,
+    "queue-log": QueueLogModel,
+    "consumer-offset": ConsumerOffsetModel,
+}
+
+
+def make_model(name: str) -> Model:
+    """Model by its CLI name."""
+    try:
+        return MODELS[name]()
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None
