@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .accounting import ERROR_KINDS
 from .linearizability import CheckInfo, CheckResult, PartitionResult, jsonable
 from .model import Model, Operation
 
@@ -30,17 +31,36 @@ table{border-collapse:collapse;font-size:13px} td,th{border:1px solid #ddd;paddi
 th{background:#eee} .fail td{background:#fdecea;font-weight:600}
 .box{background:#fff;border:1px solid #ddd;border-radius:6px;padding:12px;margin:8px 0;overflow-x:auto}
 .note{color:#666;font-size:12px} code{font-size:12px}
+#failing-op,.long{display:block;max-height:5.6em;overflow:auto;white-space:pre-wrap;overflow-wrap:anywhere;
+background:#f6f6f6;border-radius:3px;padding:2px 6px}
+dl.why{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:4px 12px;margin:8px 0}
+dl.why dt{color:#666} dl.why dd{margin:0}
+.steps{max-height:260px;overflow:auto;border:1px solid #eee;display:inline-block;max-width:100%}
+.steps th{position:sticky;top:0} .steps td:first-child{text-align:right}
+.steps td:nth-child(-n+2){white-space:nowrap}
+.timeline{display:flex;align-items:flex-start} .lanes{flex:none}
+.scroll{overflow-x:auto;flex:1 1 auto;min-width:0}
 svg text{font:11px system-ui,sans-serif;fill:#333}
-rect.op{stroke:#0003;stroke-width:.5} rect.op:hover{stroke:#000;stroke-width:1.5}
-#detail{min-height:1.4em;font-family:monospace;font-size:12px}
+svg text.halo{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round;font-weight:600}
+rect.op{stroke:#0003;stroke-width:.5;cursor:pointer} rect.op:hover,rect.op.sel{stroke:#000;stroke-width:1.5}
+rect.op.failing{stroke:#7f0000;stroke-width:1.5}
+#detail{min-height:1.4em;font-family:monospace;font-size:12px;margin-top:6px;overflow-wrap:anywhere}
+.acct{display:grid;grid-template-columns:repeat(auto-fill,minmax(170px,1fr));gap:2px 16px;margin-top:8px}
+.acct .bad{color:#c62828;font-weight:600}
 """
 
 _JS = """
 document.querySelectorAll('rect.op').forEach(function(r){
-  r.addEventListener('click',function(){document.getElementById('detail').textContent=r.dataset.d;});
+  r.addEventListener('click',function(){
+    document.querySelectorAll('rect.op.sel').forEach(function(s){s.classList.remove('sel');});
+    r.classList.add('sel');
+    document.getElementById('detail').textContent=r.dataset.d;
+  });
 });
 var mark=document.getElementById('fail-mark');
-if(mark){var box=mark.closest('.box');box.scrollLeft=Math.max(0,mark.x1.baseVal.value-box.clientWidth/2);}
+if(mark){var sc=mark.closest('.scroll');sc.scrollLeft=Math.max(0,mark.x1.baseVal.value-sc.clientWidth/2);}
+var steps=document.querySelector('.steps');
+if(steps){steps.scrollTop=steps.scrollHeight;}
 """
 
 _COLORS = {
@@ -51,6 +71,16 @@ _COLORS = {
     "unknown": "#ffb74d",
 }
 
+_MEANING = {
+    "linearized": "in the longest linearizable prefix",
+    "failing": "cannot take effect after that prefix",
+    "outside": "not in the prefix",
+    "ok": "part of a valid linearization",
+    "unknown": "not decided (time limit, or checking stopped at the first failure)",
+}
+
+_FAULT = "#ab47bc"
+
 
 def _esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
@@ -60,8 +90,51 @@ def _fmt(t: float) -> str:
     return "inf" if math.isinf(t) else f"{t:.6g}"
 
 
-def _tick(t: float) -> str:
-    return f"{t:.4g}"
+def _clip(text: str, limit: int = 160) -> str:
+    """``text`` escaped and shortened in the middle to about ``limit`` characters."""
+    if len(text) <= limit:
+        return _esc(text)
+    head = limit * 2 // 3
+    return f"{_esc(text[:head])} … {_esc(text[-(limit - head) :])}"
+
+
+def _ticks(lo: float, hi: float, count: int) -> list[tuple[float, str]]:
+    """About ``count`` round tick positions in [lo, hi] with their labels."""
+    span = hi - lo
+    if span <= 0 or not math.isfinite(span):
+        return [(lo, f"{lo:.6g}")]
+    raw = span / max(1, count)
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * (1 - 1e-9))
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    first = math.ceil(lo / step - 1e-9) * step
+    out = []
+    k = 0
+    while (t := first + k * step) <= hi + step * 1e-9:
+        t = t + 0.0 if abs(t) > step * 1e-9 else 0.0
+        out.append((t, f"{t:.{decimals}f}" if abs(t) < 1e7 else f"{t:.4g}"))
+        k += 1
+    return out
+
+
+def _fault_rows(
+    spans: Sequence[tuple[float, float, str]], max_rows: int = 3
+) -> tuple[list[tuple[float, float, str, int]], int]:
+    """Give each fault label (x0, x1, name) a row so that labels do not overlap."""
+    ends: list[float] = []
+    placed = []
+    for x0, x1, name in sorted(spans, key=lambda s: s[0]):
+        width = 6.5 * len(name) + 8
+        row = next((r for r, end in enumerate(ends) if end <= x0), None)
+        if row is None:
+            if len(ends) < max_rows:
+                row = len(ends)
+                ends.append(0.0)
+            else:
+                row = min(range(len(ends)), key=ends.__getitem__)
+        ends[row] = max(ends[row], x0 + width)
+        placed.append((x0, x1, name, row))
+    return placed, len(ends)
 
 
 def _focus(info: CheckInfo, max_ops: int) -> tuple[list[tuple[PartitionResult, int]], str]:
@@ -89,7 +162,9 @@ def _timeline(
     info: CheckInfo,
     chosen: list[tuple[PartitionResult, int]],
     faults: Sequence[tuple[float, float, str]],
+    note: str = "",
 ) -> str:
+    """Legend, lane labels (fixed) and the operations (scrolling horizontally) as HTML."""
     ops = [p.operations[i] for p, i in chosen]
     if not ops:
         return "<p class=note>No operations.</p>"
@@ -102,68 +177,116 @@ def _timeline(
     right = hi + span * 0.03
     clients = sorted({op.client_id for op in ops})
     lane = {c: k for k, c in enumerate(clients)}
-    # wide enough for bars to stay apart; the box scrolls horizontally
+    # wide enough for bars to stay apart; the operations scroll horizontally
     width = int(min(12000, max(1100, 3 * len(ops))))
-    left, row = 60, 16
-    height = 24 + row * len(clients) + 20
+    pad, row = 16, 16
 
     def x(t: float) -> float:
         t = right if math.isinf(t) else t
-        return left + (t - lo) / (right - lo) * (width - left - 10)
+        return pad + (t - lo) / (right - lo) * (width - 2 * pad)
+
+    shown = sorted(
+        (x(max(start, lo)), x(min(end, right)), name, start, end)
+        for start, end, name in faults
+        if end >= lo and start <= right
+    )
+    placed, label_rows = _fault_rows([(x0, x1, name) for x0, x1, name, _s, _e in shown])
+    top = 8 + 13 * label_rows if label_rows else 8
+    bottom = top + row * len(clients)
+    height = bottom + 22
 
     parts: list[str] = [
         f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
     ]
-    for start, end, name in faults:
-        if end < lo or start > right:
-            continue
-        x0, x1 = x(max(start, lo)), x(min(end, right))
+    for k in range(1, len(clients), 2):
         parts.append(
-            f'<rect x="{x0:.1f}" y="14" width="{max(x1 - x0, 1):.1f}" height="{height - 34}" '
-            f'fill="#ab47bc" fill-opacity=".13"><title>{_esc(name)} [{_fmt(start)}, {_fmt(end)}]</title></rect>'
-            f'<text x="{x0 + 2:.1f}" y="11" fill="#7b1fa2">{_esc(name)}</text>'
+            f'<rect x="0" y="{top + k * row}" width="{width}" height="{row}" fill="#f5f5f5"/>'
         )
-    for c, k in lane.items():
-        y = 24 + k * row
+    for (x0, x1, name, start, end), (_x0, _x1, _name, r) in zip(shown, placed, strict=True):
         parts.append(
-            f'<text x="4" y="{y + 11}">c{_esc(c)}</text>'
-            f'<line x1="{left}" x2="{width - 10}" y1="{y + row - 1}" y2="{y + row - 1}" stroke="#eee"/>'
+            f'<rect x="{x0:.1f}" y="{top - 3}" width="{max(x1 - x0, 1):.1f}" '
+            f'height="{bottom - top + 3}" fill="{_FAULT}" fill-opacity=".13">'
+            f"<title>{_esc(name)} [{_fmt(start)}, {_fmt(end)}]</title></rect>"
+            f'<line x1="{x0:.1f}" x2="{x0:.1f}" y1="{3 + 13 * r}" y2="{top - 3}" stroke="{_FAULT}" '
+            f'stroke-opacity=".5"/>'
+            f'<text x="{x0 + 3:.1f}" y="{11 + 13 * r}" fill="#7b1fa2">{_esc(name)}'
+            f"<title>{_esc(name)} [{_fmt(start)}, {_fmt(end)}]</title></text>"
         )
     prefixes = {id(p): set(p.linearization) for p, _i in chosen if p.result is CheckResult.ILLEGAL}
-    # operations of unknown outcome first and thin, so that the client's later bars stay visible
-    order = sorted(range(len(ops)), key=lambda k: not ops[k].pending)
+    # operations of unknown outcome first and thin, so that the client's later bars stay
+    # visible; the failing operation last, on top of everything
+    kinds = [_kind(p, i, prefixes.get(id(p), _EMPTY)) for p, i in chosen]
+    order = sorted(range(len(ops)), key=lambda k: (kinds[k] == "failing", not ops[k].pending))
     marker = ""
     for k in order:
-        (p, i), op = chosen[k], ops[k]
-        kind = _kind(p, i, prefixes.get(id(p), _EMPTY))
-        y = 24 + lane[op.client_id] * row + 2
+        (p, i), op, kind = chosen[k], ops[k], kinds[k]
+        y = top + lane[op.client_id] * row + 2
         x0, x1 = x(op.call), x(op.return_)
         text = model.describe_operation(op.input, op.output)
+        where = "" if p.key is None else f"partition {jsonable(p.key)!r} "
         detail = (
-            f"partition {jsonable(p.key)!r} op #{i} client {op.client_id}: {text} "
+            f"{where}op #{i} client {op.client_id}: {text} "
             f"[{_fmt(op.call)}, {_fmt(op.return_)}] {kind}"
         )
         if op.pending:
             shape = f'y="{y + row - 9}" height="3" fill-opacity=".7"'
         else:
             shape = f'y="{y}" height="{row - 5}"'
+        least = 4.0 if kind == "failing" else 1.5
+        at = x0
+        if x1 - x0 < least:
+            x0 = max(0.0, (x0 + x1 - least) / 2)
         parts.append(
-            f'<rect class="op" x="{x0:.1f}" width="{max(x1 - x0, 1.5):.1f}" {shape} '
-            f'fill="{_COLORS[kind]}" data-d="{_esc(detail)}"><title>{_esc(detail)}</title></rect>'
+            f'<rect class="op{" failing" if kind == "failing" else ""}" x="{x0:.1f}" '
+            f'width="{max(x1 - x0, least):.1f}" {shape} '
+            f'fill="{_COLORS[kind]}" data-d="{_esc(detail)}"><title>{_clip(detail, 300)}</title></rect>'
         )
         if kind == "failing":
+            near_end = x0 > width - 90
+            anchor = ' text-anchor="end"' if near_end else ""
+            tx = x0 - 4 if near_end else x0 + max(x1 - x0, least) + 4
             marker = (
-                f'<line id="fail-mark" x1="{x0:.1f}" x2="{x0:.1f}" y1="14" y2="{height - 20}" '
+                f'<line id="fail-mark" x1="{at:.1f}" x2="{at:.1f}" y1="{top - 3}" y2="{bottom}" '
                 f'stroke="#e53935" stroke-dasharray="4,3"/>'
-                f'<text x="{x0 + 3:.1f}" y="{y - 1}" fill="#c62828">fails here</text>'
+                f'<text class="halo" x="{tx:.1f}" y="{y + row - 6}" fill="#c62828"{anchor}>'
+                f"fails here: #{i}</text>"
             )
     parts.append(marker)
-    axis_y = height - 8
-    for k in range(6):
-        t = lo + (right - lo) * k / 5
-        parts.append(f'<text x="{x(t) - 10:.1f}" y="{axis_y}">{_tick(t)}</text>')
+    parts.append(f'<line x1="0" x2="{width}" y1="{bottom}" y2="{bottom}" stroke="#999"/>')
+    for t, label in _ticks(lo, hi, max(4, width // 140)):
+        tx = x(t)
+        anchor = "start" if tx < 30 else "middle"
+        parts.append(
+            f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{bottom}" y2="{bottom + 4}" stroke="#999"/>'
+            f'<text x="{tx:.1f}" y="{bottom + 16}" text-anchor="{anchor}">{label}</text>'
+        )
     parts.append("</svg>")
-    return "".join(parts)
+
+    names = [f"c{c}" for c in clients]
+    lanes_width = max(36, 10 + int(7 * max(len(n) for n in names)))
+    lanes = [
+        f'<svg class="lanes" width="{lanes_width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
+    ]
+    for k, name in enumerate(names):
+        lanes.append(f'<text x="4" y="{top + k * row + 12}">{_esc(name)}</text>')
+    lanes.append(f'<text x="4" y="{bottom + 16}" fill="#666">time</text></svg>')
+
+    used = [k for k in _COLORS if k in kinds]
+    legend = " ".join(
+        f"<span class=badge style='background:{_COLORS[k]};color:#000' title='{_esc(_MEANING[k])}'>"
+        f"{k}</span> <span class=note>{_esc(_MEANING[k])}</span>"
+        for k in used
+    )
+    extra = ""
+    if any(op.pending for op in ops):
+        extra += "Thin bars: outcome unknown (may take effect any time after the call). "
+    if shown:
+        extra += "Purple bands: faults. "
+    return (
+        f"<p>{legend}</p><p class=note>{extra}Click an operation for details. {_esc(note)}</p>"
+        f"<div class=timeline>{''.join(lanes)}<div class=scroll>{''.join(parts)}</div></div>"
+        f"<div id=detail></div>"
+    )
 
 
 _EMPTY: set[int] = set()
@@ -187,7 +310,8 @@ def _derive_load(
         return [], []
     lo = min(op.call for op in done)
     hi = max(op.return_ for op in done)
-    buckets = 60
+    # about ten completions per bucket on average, so that the curves are not just noise
+    buckets = max(4, min(60, len(done) // 10))
     width = (hi - lo) / buckets or 1.0
     counts = [0] * buckets
     lat: list[list[float]] = [[] for _ in range(buckets)]
@@ -198,6 +322,9 @@ def _derive_load(
     throughput = [(lo + (b + 0.5) * width, counts[b] / width) for b in range(buckets)]
     latency = [(lo + (b + 0.5) * width, sorted(v)[len(v) // 2]) for b, v in enumerate(lat) if v]
     return throughput, latency
+
+
+_THROUGHPUT, _LATENCY = "#1e88e5", "#e53935"
 
 
 def _load_plot(
@@ -211,44 +338,69 @@ def _load_plot(
     lo = min(t for s in series for t, _ in s)
     hi = max(t for s in series for t, _ in s)
     span = (hi - lo) or 1.0
-    width, height, left = 1100, 180, 60
+    width, left, right = 1100, 64, 64
 
     def x(t: float) -> float:
-        return left + (t - lo) / span * (width - left - 60)
+        return left + (t - lo) / span * (width - left - right)
+
+    shown = sorted(
+        (x(max(start, lo)), x(min(end, hi)), name, start, end)
+        for start, end, name in faults
+        if end >= lo and start <= hi
+    )
+    placed, label_rows = _fault_rows([(x0, x1, name) for x0, x1, name, _s, _e in shown])
+    ptop = 8 + 13 * label_rows + 6
+    pbottom = ptop + 150
+    height = pbottom + 22
 
     def path(points: Sequence[tuple[float, float]], top: float) -> str:
         top = top or 1.0
         return " ".join(
-            f"{'M' if k == 0 else 'L'}{x(t):.1f},{height - 20 - v / top * (height - 40):.1f}"
+            f"{'M' if k == 0 else 'L'}{x(t):.1f},{pbottom - v / top * (pbottom - ptop):.1f}"
             for k, (t, v) in enumerate(points)
         )
 
     out = [f'<svg width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">']
-    for start, end, name in faults:
-        if end < lo or start > hi:
+    for (x0, x1, name, start, end), (_x0, _x1, _name, r) in zip(shown, placed, strict=True):
+        out.append(
+            f'<rect x="{x0:.1f}" y="{ptop}" width="{max(x1 - x0, 1):.1f}" height="{pbottom - ptop}" '
+            f'fill="{_FAULT}" fill-opacity=".13"><title>{_esc(name)} [{_fmt(start)}, {_fmt(end)}]'
+            f"</title></rect>"
+            f'<text x="{x0 + 3:.1f}" y="{11 + 13 * r}" fill="#7b1fa2">{_esc(name)}</text>'
+        )
+    for frac in (0.0, 0.5, 1.0):
+        gy = pbottom - frac * (pbottom - ptop)
+        out.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{gy:.1f}" y2="{gy:.1f}" '
+            f'stroke="{"#999" if frac == 0 else "#e5e5e5"}"/>'
+        )
+    legend = []
+    for points, colour, side, name in (
+        (throughput, _THROUGHPUT, "left", "throughput (operations per time unit)"),
+        (latency, _LATENCY, "right", "median latency (time units)"),
+    ):
+        if not points:
             continue
-        x0, x1 = x(max(start, lo)), x(min(end, hi))
+        top = max(v for _, v in points)
         out.append(
-            f'<rect x="{x0:.1f}" y="10" width="{max(x1 - x0, 1):.1f}" height="{height - 30}" '
-            f'fill="#ab47bc" fill-opacity=".13"><title>{_esc(name)}</title></rect>'
+            f'<path d="{path(points, top)}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
         )
-    if throughput:
-        top = max(v for _, v in throughput)
+        ax, anchor = (left - 6, "end") if side == "left" else (width - right + 6, "start")
+        for frac in (0.0, 0.5, 1.0):
+            gy = pbottom - frac * (pbottom - ptop)
+            out.append(
+                f'<text x="{ax}" y="{gy + 4:.1f}" text-anchor="{anchor}" fill="{colour}">'
+                f"{top * frac:.3g}</text>"
+            )
+        legend.append(f"<span style='color:{colour}'>━━ {name}, {side} axis (max {top:.4g})</span>")
+    for t, label in _ticks(lo, hi, 8):
+        tx = x(t)
         out.append(
-            f'<path d="{path(throughput, top)}" fill="none" stroke="#1e88e5" stroke-width="1.5"/>'
-            f'<text x="4" y="14" fill="#1e88e5">ops/s (max {top:.4g})</text>'
+            f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{pbottom}" y2="{pbottom + 4}" stroke="#999"/>'
+            f'<text x="{tx:.1f}" y="{pbottom + 16}" text-anchor="middle">{label}</text>'
         )
-    if latency:
-        top = max(v for _, v in latency)
-        out.append(
-            f'<path d="{path(latency, top)}" fill="none" stroke="#e53935" stroke-width="1.5"/>'
-            f'<text x="{width - 200}" y="14" fill="#e53935">latency (max {top:.4g})</text>'
-        )
-    for k in range(6):
-        t = lo + span * k / 5
-        out.append(f'<text x="{x(t) - 10:.1f}" y="{height - 4}">{_tick(t)}</text>')
     out.append("</svg>")
-    return "".join(out)
+    return f"<p class=note>{' &nbsp; '.join(legend)}</p>{''.join(out)}"
 
 
 def _failure_section(model: Model, p: PartitionResult, tail: int = 60) -> str:
@@ -261,34 +413,59 @@ def _failure_section(model: Model, p: PartitionResult, tail: int = 60) -> str:
     for k in range(start, len(p.linearization)):
         i = p.linearization[k]
         op = ops[i]
+        text = model.describe_operation(op.input, op.output)
+        state = model.describe_state(states[k])
         rows.append(
             f"<tr><td>{k + 1}</td><td>c{_esc(op.client_id)} #{i}</td>"
-            f"<td><code>{_esc(model.describe_operation(op.input, op.output))}</code></td>"
-            f"<td><code>{_esc(model.describe_state(states[k]))}</code></td></tr>"
+            f"<td><code title='{_esc(text)}'>{_clip(text)}</code></td>"
+            f"<td><code title='{_esc(state)}'>{_clip(state, 80)}</code></td></tr>"
         )
     failing = ""
     if p.failing is not None:
         op = ops[p.failing]
         before = states[-1] if states else model.init()
+        text = model.describe_operation(op.input, op.output)
         failing = (
             f"<p>Fails at <b>operation #{p.failing}</b> (client {_esc(op.client_id)}, "
-            f"call {_fmt(op.call)}, return {_fmt(op.return_)}): "
-            f"<code id=failing-op>{_esc(model.describe_operation(op.input, op.output))}</code> "
-            f"cannot take effect after the longest linearizable prefix, and no other order "
-            f"gets further: <b>{_esc(model.explain(before, op.input, op.output))}</b>.</p>"
-            f"<p>State there: <code>{_esc(model.describe_state(before))}</code></p>"
+            f"call {_fmt(op.call)}, return {_fmt(op.return_)}, marked in red in the timeline): "
+            f"it cannot take effect after the longest linearizable prefix, and no other order "
+            f"gets further.</p><dl class=why>"
+            f"<dt>operation</dt><dd><code id=failing-op>{_esc(text)}</code></dd>"
+            f"<dt>why</dt><dd><b class=long>{_esc(model.explain(before, op.input, op.output))}</b></dd>"
+            f"<dt>state there</dt><dd><code class=long>{_esc(model.describe_state(before))}</code></dd>"
+            f"</dl>"
         )
         rows.append(
             f"<tr class=fail><td>✗</td><td>c{_esc(op.client_id)} #{p.failing}</td>"
-            f"<td><code>{_esc(model.describe_operation(op.input, op.output))}</code></td>"
+            f"<td><code title='{_esc(text)}'>{_clip(text)}</code></td>"
             f"<td>not linearizable here</td></tr>"
         )
+    where = "" if p.key is None else f" in partition {json.dumps(jsonable(p.key), default=str)}"
     return (
-        f"<h2>Failure in partition {_esc(jsonable(p.key))}</h2><div class=box>{failing}"
-        f"<p>Longest linearizable prefix: {len(p.linearization)} of {len(ops)} operations.</p>"
-        f"<table><tr><th>step</th><th>op</th><th>operation</th><th>state after</th></tr>"
-        f"{''.join(rows)}</table></div>"
+        f"<h2>Failure{_esc(where)}</h2><div class=box>{failing}"
+        f"<p>Longest linearizable prefix: {len(p.linearization)} of {len(ops)} operations "
+        f"(green in the timeline), step by step:</p>"
+        f"<div class=steps><table><tr><th>step</th><th>op</th><th>operation</th>"
+        f"<th>state after</th></tr>{''.join(rows)}</table></div></div>"
     )
+
+
+def _accounting(accounting: dict[str, Any]) -> str:
+    totals = accounting.get("totals")
+    if not isinstance(totals, dict):
+        return f"<pre>{_esc(json.dumps(accounting, indent=1, default=str))}</pre>"
+    valid = accounting.get("valid")
+    head = ""
+    if isinstance(valid, bool):
+        head = (
+            f"<span class='badge {'ok' if valid else 'illegal'}'>{'valid' if valid else 'invalid'}"
+            f"</span> "
+        )
+    items = "".join(
+        f"<div{' class=bad' if k in ERROR_KINDS and v else ''}>{_esc(k)}: {_esc(v)}</div>"
+        for k, v in totals.items()
+    )
+    return f"{head}<span class=note>message accounting over all queues</span><div class=acct>{items}</div>"
 
 
 def render_html(
@@ -317,18 +494,12 @@ def render_html(
         f"<code>{_esc(model.name)}</code>, checked in {info.elapsed:.3f} s"
         f"{' (timed out)' if info.timed_out else ''}."
     )
-    legend = " ".join(
-        f"<span class=badge style='background:{c};color:#000'>{k}</span>"
-        for k, c in _COLORS.items()
-    )
     body = [f"<h1>{_esc(title)}</h1><p>{summary}</p>"]
     failure = info.first_failure
     if failure is not None:
         body.append(_failure_section(model, failure))
     body.append(
-        f"<h2>Timeline</h2><div class=box><p class=note>{legend} Thin bars: outcome unknown (may take effect any time after the call). "
-        f"Purple bands: faults. Click an operation for details. {_esc(note)}</p>"
-        f"{_timeline(model, info, chosen, faults)}<div id=detail></div></div>"
+        f"<h2>Timeline</h2><div class=box>{_timeline(model, info, chosen, faults, note)}</div>"
     )
     if faults:
         rows = "".join(
@@ -341,10 +512,7 @@ def render_html(
         f"<h2>Throughput and latency</h2><div class=box>{_load_plot(throughput or (), latency or (), faults)}</div>"
     )
     if accounting is not None:
-        body.append(
-            "<h2>Accounting</h2><div class=box><pre>"
-            f"{_esc(json.dumps(accounting.get('totals', accounting), indent=1, default=str))}</pre></div>"
-        )
+        body.append(f"<h2>Accounting</h2><div class=box>{_accounting(accounting)}</div>")
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>{''.join(body)}<script>{_JS}</script></body></html>"
