@@ -24,6 +24,7 @@ run: $(VENV)/.base
 
 test: $(VENV)/.test
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 sim: $(VENV)/.base

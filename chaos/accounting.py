@@ -148,7 +148,11 @@ def _account(q: _Queue, sends: dict[tuple[int, Any], list[HistoryRecord]]) -> di
             if offset is not None:
                 acked_offset.setdefault(msg, offset)
 
-    lost, unread, recovered, failed_but_read, mismatches = [], [], [], [], []
+    lost: list = []
+    unread: list = []
+    recovered: list = []
+    failed_but_read: list = []
+    mismatches: list = []
     for msg, state in status.items():
         read_at = q.positions.get(msg)
         if state == "ok":

@@ -305,7 +305,7 @@ class QueueLogModel(Model[LogState, tuple, Any]):
         cache, and makes timed-out appends of unread messages interchangeable, which keeps
         the search from trying every order of them.
         """
-        seen = set()
+        seen: set[object] = set()
         for op in history:
             if op.input[0] == READ and isinstance(op.output, tuple):
                 seen.update(op.output)

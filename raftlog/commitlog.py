@@ -258,8 +258,9 @@ def _segment_name(start: int) -> str:
     return f"{start:0{_SEGMENT_NAME_LEN}d}"
 
 
-def _pwritev_all(fd: int, parts: list[bytes | memoryview], offset: int) -> None:
-    """Write all `parts` at `offset` with as few syscalls as possible (no joining copy)."""
+def _pwritev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], offset: int) -> None:
+    """Write all `buffers` at `offset` with as few syscalls as possible (no joining copy)."""
+    parts = list(buffers)
     while parts:
         chunk = parts[:_IOV_MAX]
         n = os.pwritev(fd, chunk, offset)

@@ -97,6 +97,13 @@ class LocalGroup:
         leaders = [n for n in self.nodes.values() if n.role == Role.LEADER]
         return leaders[0] if len(leaders) == 1 else None
 
+    def elect(self) -> RaftNode:
+        """Run until exactly one leader exists; return it."""
+        self.run_until(lambda: self.leader() is not None)
+        leader = self.leader()
+        assert leader is not None
+        return leader
+
     def run_until(self, done, limit: int = 5000) -> int:
         for k in range(limit):
             if done():
@@ -158,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.data or Path(tempfile.mkdtemp(prefix="raftmq-demo-"))
     group = LocalGroup(root)
     try:
-        group.run_until(lambda: group.leader() is not None)
-        first = group.leader()
+        first = group.elect()
         con.print(f"[bold]elected[/bold] replica {first.id} in term {first.term}; data in {root}")
         secs = group.produce(args.entries, args.size, per_round=256)
         con.print(
@@ -171,16 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         con.print(f"[bold red]crashing the leader[/bold red] (replica {first.id})")
         group.crash(first.id)
         t0 = time.perf_counter()
-        rounds = group.run_until(lambda: group.leader() is not None)
-        second = group.leader()
-        con.print(
-            f"replica {second.id} leads term {second.term} after {rounds} rounds "
-            f"({time.perf_counter() - t0:.3f} s)"
-        )
+        second = group.elect()
+        con.print(f"replica {second.id} leads term {second.term} after {time.perf_counter() - t0:.3f} s")
         group.produce(args.entries, args.size, per_round=256)
         con.print(f"restarting replica {first.id} from its files")
         group.start(first.id)
-        target = group.leader().commit
+        target = group.elect().commit
         group.run_until(lambda: all(group.applied[i] >= target for i in group.ids))
         con.print(_table(group, "after failover and catch-up"))
 

@@ -106,8 +106,8 @@ class Knobs:
             "payload_max": rng.choice((16, 64, 2048)),
             "reconfig": reconfig_supported and rng.random() < 0.3,
         }
-        k["latency_max_us"] = k["latency_min_us"] + rng.randint(1 * MS, 25 * MS)
-        k["fsync_max_us"] = k["fsync_min_us"] + rng.randint(0, 15 * MS)
+        k["latency_max_us"] = int(k["latency_min_us"]) + rng.randint(1 * MS, 25 * MS)  # type: ignore[call-overload]
+        k["fsync_max_us"] = int(k["fsync_min_us"]) + rng.randint(0, 15 * MS)  # type: ignore[call-overload]
         PROFILES[profile](rng, k)
         k.update(overrides)
         return cls(**k)  # type: ignore[arg-type]

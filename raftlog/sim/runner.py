@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from types import ModuleType
+from typing import Any
 
 from raftlog.sim.cluster import Cluster, FaultStats, load_core
 from raftlog.sim.invariants import Violation
@@ -186,7 +187,7 @@ class _Probe:
         for node in self.c.leaders():
             data = b"liveness:%d" % self.attempts
             try:
-                self.c.call(node, lambda raft, data=data: raft.propose(data))
+                self.c.call(node, _proposer(data))
             except (self.c.core.NotLeader, self.c.core.ProposalDropped):
                 continue
             self.attempts += 1
@@ -225,3 +226,7 @@ def _report(result: RunResult, cluster: Cluster, log: Callable[[str], None]) -> 
         f"VIOLATION in the {result.phase} phase at step {result.failed_at_step}: {result.violation}"
     )
     log(f"replay: {result.replay}")
+
+
+def _proposer(data: bytes) -> Callable[[Any], Any]:
+    return lambda raft: raft.propose(data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 from raftlog.sim.cluster import Cluster, SimNode
 
@@ -57,7 +58,7 @@ class Workload:
             node = self.rng.choice(live) if live else None
         return node
 
-    def _on_leader(self, fn: Callable[[object], object]) -> object:
+    def _on_leader(self, fn: Callable[[Any], object]) -> object:
         """Call `fn` on the guessed leader; on NotLeader follow the hint once."""
         core = self.c.core
         for _ in range(2):
