@@ -75,7 +75,9 @@ def test_5_4_1_election_restriction_a_stale_log_cannot_win():
 def _old_term_entry_on_a_majority(mutations: frozenset[str] = frozenset()):
     """Figure 8's crux: a term-1 entry sits on a majority while the term-2 leader's own
     NOOP does not. Returns (leader, index of the old entry)."""
-    c = Cluster(3, config=lambda i: RaftConfig(pre_vote=False, check_quorum=False, mutations=mutations))
+    c = Cluster(
+        3, config=lambda i: RaftConfig(pre_vote=False, check_quorum=False, mutations=mutations)
+    )
     leader = c.elect()
     c.tick(2)
     old = leader.propose(b"old")  # reaches nobody else
@@ -148,7 +150,11 @@ def test_fast_backup_skips_a_whole_conflicting_term_per_round_trip():
     rejects = []
     for _ in range(10):
         c.tick()
-        c.deliver(lambda m: (rejects.append(m) if m.type == MsgType.APPEND_RESP and m.reject else None) or True)
+        c.deliver(
+            lambda m: (
+                (rejects.append(m) if m.type == MsgType.APPEND_RESP and m.reject else None) or True
+            )
+        )
     assert c.payloads(leader.id)[-5:] == [b"kept%d" % k for k in range(5)]
     assert len(rejects) <= 3  # one per conflicting term, not one per entry
     assert new.commit == c.nodes[leader.id].commit
@@ -244,7 +250,10 @@ def test_a_crash_that_loses_the_config_entry_also_forgets_the_membership():
     st_hard = HardState(
         term=3,
         vote=1,
-        configs=((0, 0, Membership(frozenset({1, 2, 3}))), (7, 3, Membership(frozenset({1, 2, 3, 4})))),
+        configs=(
+            (0, 0, Membership(frozenset({1, 2, 3}))),
+            (7, 3, Membership(frozenset({1, 2, 3, 4}))),
+        ),
     )
     c = Cluster(1)
     store = c.stores[1]
@@ -256,3 +265,97 @@ def test_a_crash_that_loses_the_config_entry_also_forgets_the_membership():
 def test_mutation_names_are_checked():
     with pytest.raises(ValueError):
         RaftConfig(mutations=frozenset({"no-such-bug"}))
+
+
+def test_leadership_transfer_to_an_unreachable_target_gives_up_and_service_resumes():
+    c = Cluster(3)
+    leader = c.elect()
+    target = next(i for i in c.nodes if i != leader.id)
+    c.isolate(target)
+    c.propose(b"x")  # the target now lags, so no TimeoutNow goes out at once
+    leader.transfer_leadership(target)
+    with pytest.raises(ProposalDropped):
+        leader.propose(b"refused")
+    c.tick(leader.cfg.election_ticks + 1, only=[leader.id])
+    assert leader.role == Role.LEADER and leader.transferee is None
+    leader.propose(b"accepted again")
+
+
+def test_a_learner_never_campaigns():
+    c = Cluster(4, voters=[1, 2, 3])
+    leader = c.elect()
+    leader.add_learner(4)
+    c.tick(2)
+    c.isolate(4)
+    c.tick(100, only=[4])
+    assert c.nodes[4].role == Role.FOLLOWER and c.nodes[4].term == leader.term
+
+
+def test_thesis_6_4_read_index_waits_for_the_new_leaders_first_commit():
+    c = Cluster(3, auto_persist=False)  # nothing is fsynced: the NOOP cannot commit
+    leader = c.elect()
+    assert leader.commit < leader.last_index
+    leader.read_index(1)
+    c.tick(3)
+    assert c.reads[leader.id] == []  # its commit index may still be stale
+    for i in c.nodes:
+        c.persist(i)
+    c.stabilize()
+    c.tick(1)
+    assert [r.id for r in c.reads[leader.id]] == [1]
+    assert c.reads[leader.id][0].index == leader.last_index  # covers the NOOP
+
+
+def test_a_vote_is_handed_out_with_the_hard_state_that_records_it():
+    """The shell persists `hard_state` before sending anything of the same Ready."""
+    c = Cluster(3)
+    c.elect()
+    c.tick(2)
+    voter = c.nodes[3]
+    msg = Message(
+        MsgType.VOTE,
+        1,
+        3,
+        voter.term + 1,
+        log_index=voter.last_index,
+        log_term=voter.term,
+        context=1,
+    )
+    voter.step(msg)
+    rd = voter.ready()
+    grants = [m for m in rd.messages if m.type == MsgType.VOTE_RESP and not m.reject]
+    assert grants and rd.hard_state is not None
+    assert rd.hard_state.vote == 1 and rd.hard_state.term == msg.term
+
+
+def test_the_core_does_no_io_of_its_own():
+    """Sans-I/O: the core modules import no sockets, files, clocks or threads."""
+    import ast
+    from pathlib import Path
+
+    allowed = {
+        "__future__",
+        "random",
+        "collections",
+        "collections.abc",
+        "dataclasses",
+        "enum",
+        "typing",
+        "msgpack",
+    }
+    root = Path(__file__).resolve().parents[1] / "raftlog"
+    for name in ("core.py", "progress.py", "types.py"):
+        tree = ast.parse((root / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mods = [node.module or ""]
+            else:
+                continue
+            for mod in mods:
+                assert mod in allowed or mod.startswith("raftlog."), f"{name} imports {mod}"
+                assert mod not in ("raftlog.commitlog", "raftlog.hardstate", "raftlog.demo")
+    # Randomness comes only from the Random the shell passes in.
+    src = (root / "core.py").read_text()
+    assert "random.random(" not in src and "random.randrange(" not in src
