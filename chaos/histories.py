@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,10 +59,13 @@ __all__ = [
 FORMATS = ("jepsen-log", "edn-kv", "jsonl")
 
 
-def _lines(source: str | Path | Iterable[str]) -> Iterable[str]:
-    if isinstance(source, (str, Path)):
-        return Path(source).read_text().splitlines()
-    return source
+def _lines(source: str | Path | Iterable[str]) -> Iterator[tuple[int, str, str]]:
+    """Non-blank, stripped lines with their number and a "line N" label for errors."""
+    lines = Path(source).read_text().splitlines() if isinstance(source, (str, Path)) else source
+    for number, line in enumerate(lines, start=1):
+        line = line.strip()
+        if line:
+            yield number, f"line {number}", line
 
 
 class _Pending:
@@ -131,11 +134,7 @@ def parse_jepsen_log(source: str | Path | Iterable[str]) -> list[Event]:
     """Events of a Jepsen etcd CAS-register log; inputs are the CAS model's tuples."""
     pending = _Pending()
     kinds: dict[int, str] = {}
-    for number, line in enumerate(_lines(source), start=1):
-        line = line.strip()
-        if not line:
-            continue
-        where = f"line {number}"
+    for _number, where, line in _lines(source):
         found = _JEPSEN.match(line)
         if not found:
             raise ValueError(f"{where}: not a jepsen.util history line: {line!r}")
@@ -262,11 +261,7 @@ def parse_edn_kv(source: str | Path | Iterable[str]) -> list[Event]:
     """Events of an EDN get/put/append log; inputs are the key/value model's tuples."""
     pending = _Pending()
     names: dict[Any, int] = {}
-    for number, line in enumerate(_lines(source), start=1):
-        line = line.strip()
-        if not line:
-            continue
-        where = f"line {number}"
+    for _number, where, line in _lines(source):
         try:
             entry = parse_edn(line)
         except ValueError as exc:
@@ -317,11 +312,7 @@ def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
     open_ops: dict[Any, tuple[int, dict[str, Any], float]] = {}
     names: dict[Any, int] = {}
     done: list[tuple[int, HistoryRecord]] = []
-    for number, line in enumerate(_lines(source), start=1):
-        line = line.strip()
-        if not line:
-            continue
-        where = f"line {number}"
+    for number, where, line in _lines(source):
         try:
             entry = json.loads(line)
         except json.JSONDecodeError as exc:

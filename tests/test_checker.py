@@ -230,14 +230,19 @@ def _brute_force(model: Model, ops: list[Operation]) -> bool:
     return False
 
 
+def _times(draw: st.DrawFn, *, pending_one_in: int) -> tuple[int, bool, float]:
+    """Call time, whether the operation never returns, and its return time."""
+    call = draw(st.integers(0, 8))
+    pending = draw(st.integers(0, pending_one_in - 1)) == 0
+    return call, pending, INFINITY if pending else call + draw(st.integers(0, 4))
+
+
 @st.composite
 def _register_history(draw: st.DrawFn) -> list[Operation]:
     n = draw(st.integers(1, 5))
     ops = []
     for client in range(n):
-        call = draw(st.integers(0, 8))
-        pending = draw(st.integers(0, 5)) == 0
-        ret = INFINITY if pending else call + draw(st.integers(0, 4))
+        call, pending, ret = _times(draw, pending_one_in=6)
         kind = draw(st.sampled_from(["read", "write", "cas"]))
         value = draw(st.sampled_from([None, 1, 2]))
         if kind == "read":
@@ -263,9 +268,7 @@ def _queue_history(draw: st.DrawFn) -> list[Operation]:
     n = draw(st.integers(1, 5))
     ops = []
     for client in range(n):
-        call = draw(st.integers(0, 8))
-        pending = draw(st.integers(0, 4)) == 0
-        ret = INFINITY if pending else call + draw(st.integers(0, 4))
+        call, pending, ret = _times(draw, pending_one_in=5)
         if draw(st.booleans()):
             out = UNKNOWN if pending else draw(st.integers(0, 3))
             ops.append(_op(client, ("append", "q", f"m{client}"), call, out, ret))
