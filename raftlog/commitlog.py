@@ -528,10 +528,7 @@ class CommitLog:
             used += size
             index += 1
             prev_term = term
-        self._write_groups(groups)
-        self._tail += b"".join(records)
-        self._last = index - 1
-        self._last_term = prev_term
+        self._write_appended(groups, records, index - 1, prev_term)
         return positions
 
     def append_raw(self, data: bytes | memoryview) -> list[int]:
@@ -586,11 +583,21 @@ class CommitLog:
             parts.append(mv[run_start:n])
         if not positions:
             return []
+        self._write_appended(groups, records, index - 1, prev_term)
+        return positions
+
+    def _write_appended(
+        self,
+        groups: list[tuple[int | None, list[bytes | memoryview]]],
+        records: list[bytes],
+        last: int,
+        last_term: int,
+    ) -> None:
+        """Write validated entries and make them part of the log (not yet durable)."""
         self._write_groups(groups)
         self._tail += b"".join(records)
-        self._last = index - 1
-        self._last_term = prev_term
-        return positions
+        self._last = last
+        self._last_term = last_term
 
     def _write_groups(self, groups: list[tuple[int | None, list[bytes | memoryview]]]) -> None:
         """Write planned runs of bytes: the first continues the active segment, each later
