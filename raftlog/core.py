@@ -152,10 +152,6 @@ class RaftNode:
     def transferee(self) -> int | None:
         return self._transferee
 
-    def progress(self) -> dict[int, Progress]:
-        """Leader only: per-follower replication state (read-only use)."""
-        return self._progress
-
     def term_at(self, index: int) -> int:
         if index > self._last_index:
             raise IndexError(f"index {index} beyond last {self._last_index}")
@@ -289,17 +285,6 @@ class RaftNode:
         if node not in m.members:
             raise ValueError(f"node {node} is not a member")
         return self._propose_config(Membership(m.voters - {node}, m.learners - {node}))
-
-    def has_ready(self) -> bool:
-        return bool(
-            self._hs_dirty
-            or self._pending
-            or self._out
-            or self._reads_out
-            or self.commit > self.applied
-            or self._needs_broadcast
-            or self._reads_new
-        )
 
     def ready(self) -> Ready:
         """Drain everything the shell must now do (order: see `raftlog.types`)."""
@@ -780,6 +765,8 @@ class RaftNode:
         if index <= self.commit:
             return
         self.commit = index
+        if len(self._configs) == 1:
+            return
         # Forget membership records superseded by a committed one that is also on our
         # disk: the hard state must still name a membership after a crash loses the tail.
         settled_at = min(index, self._persisted)
