@@ -2,7 +2,8 @@
 
 Messages wait in a mailbox until a test delivers, drops or filters them, so a scenario
 reads like the paper's figures: `campaign 1`, `deliver`, `isolate 3`, `stabilize`.
-Storage is in memory; `persist()` models fsync, `crash()` drops what was never fsynced.
+Storage is the simulator's in-memory disk: `persist()` is an fsync, `crash()` drops what
+was never fsynced.
 """
 
 from __future__ import annotations
@@ -11,37 +12,8 @@ import random
 from collections.abc import Callable, Iterable
 
 from raftlog.core import RaftConfig, RaftNode
+from raftlog.sim.disk import SimStore
 from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role
-
-
-class MemStore:
-    def __init__(self) -> None:
-        self.log: list[Entry] = []
-        self.durable = 0  # entries [0, durable) survive a crash
-        self.hard = HardState()
-
-    def last_index(self) -> int:
-        return len(self.log)
-
-    def term(self, index: int) -> int:
-        return self.log[index - 1].term if index > 0 else 0
-
-    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-        out, size = [], 0
-        for e in self.log[lo - 1 : hi - 1]:
-            if out and size + len(e.data) > max_bytes:
-                break
-            out.append(e)
-            size += len(e.data)
-        return out
-
-    def append(self, entries: list[Entry]) -> None:
-        first = entries[0].index
-        if first <= len(self.log):
-            del self.log[first - 1 :]
-            self.durable = min(self.durable, first - 1)
-        assert first == len(self.log) + 1
-        self.log.extend(entries)
 
 
 class Cluster:
@@ -57,7 +29,7 @@ class Cluster:
         self.rng = random.Random(seed)
         self.config = config or (lambda i: RaftConfig())
         self.auto_persist = auto_persist
-        self.stores: dict[int, MemStore] = {}
+        self.stores: dict[int, SimStore] = {}
         self.nodes: dict[int, RaftNode] = {}
         self.mailbox: list[Message] = []
         self.applied: dict[int, list[Entry]] = {}
@@ -65,20 +37,19 @@ class Cluster:
         self.cut: set[tuple[int, int]] = set()
         members = Membership(frozenset(voters or range(1, n + 1)))
         for i in range(1, n + 1):
-            st = MemStore()
-            st.hard = HardState(configs=((0, 0, members),))
-            self.stores[i] = st
+            self.stores[i] = SimStore(HardState(configs=((0, 0, members),)))
             self.start(i)
 
     def start(self, i: int) -> None:
         st = self.stores[i]
-        self.nodes[i] = RaftNode(i, st, st.hard, self.config(i), rng=random.Random(self.rng.random()))
+        self.nodes[i] = RaftNode(
+            i, st, st.hard_state, self.config(i), rng=random.Random(self.rng.random())
+        )
         self.applied[i] = []
         self.reads.setdefault(i, [])
 
     def crash(self, i: int) -> None:
-        st = self.stores[i]
-        del st.log[st.durable :]
+        self.stores[i].crash()
         del self.nodes[i]
         self.mailbox = [m for m in self.mailbox if m.dst != i and m.src != i]
 
@@ -89,7 +60,7 @@ class Cluster:
         rd = node.ready()
         st = self.stores[i]
         if rd.hard_state is not None:
-            st.hard = rd.hard_state
+            st.save_hard_state(rd.hard_state)
         if rd.entries:
             st.append(rd.entries)
         self.mailbox.extend(rd.messages)
@@ -100,9 +71,10 @@ class Cluster:
 
     def persist(self, i: int) -> None:
         st = self.stores[i]
-        if st.durable < len(st.log):
-            st.durable = len(st.log)
-            self.nodes[i].persisted(st.durable, st.log[-1].term)
+        if st.unsynced:
+            st.begin_sync()
+            durable = st.finish_sync()
+            self.nodes[i].persisted(durable, st.term(durable))
 
     def process_all(self) -> None:
         for _ in range(3):

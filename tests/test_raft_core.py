@@ -257,7 +257,7 @@ def test_a_crash_that_loses_the_config_entry_also_forgets_the_membership():
     )
     c = Cluster(1)
     store = c.stores[1]
-    store.hard = st_hard  # the log is empty: entry 7 never reached the disk
+    store.save_hard_state(st_hard)  # the log is empty: entry 7 never reached the disk
     c.start(1)
     assert c.nodes[1].membership.voters == {1, 2, 3}
 
