@@ -110,6 +110,7 @@ __all__ = [
     "CorruptIndex",
     "OutOfRange",
     "RecoveryReport",
+    "SyncPlan",
     "decode_entries",
     "encode_entry",
 ]
@@ -323,6 +324,38 @@ class _Window:
 # --------------------------------------------------------------------------- the log
 
 
+@dataclass(eq=False)
+class SyncPlan:
+    """The fsyncs one group commit needs, on duplicated descriptors so the log may go on
+    appending, rolling segments or evicting descriptors while they run elsewhere."""
+
+    fds: list[int]
+    sync_dir: str | None
+    last: int  # every entry up to here was written before the plan was made
+    generation: int
+    started: float
+    fsynced: bool = True
+    error: OSError | None = None
+
+    def run(self) -> None:
+        """The blocking part; safe in a worker thread. Errors are kept for `finish_sync`."""
+        try:
+            for fd in self.fds:
+                _datasync(fd)
+            if self.sync_dir is not None:
+                fsync_dir(self.sync_dir)
+        except OSError as exc:
+            self.error = exc
+
+    def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+
 class CommitLog:
     """Segmented, CRC-checked, append-only Raft log; implements `raftlog.types.LogStore`.
 
@@ -369,6 +402,7 @@ class CommitLog:
         # durability
         self._durable = 0
         self._last_fsync = float("-inf")
+        self._generation = 0  # bumped by truncate_from: an fsync begun before it covers nothing after
 
     # ------------------------------------------------------------------ open / close
 
@@ -586,6 +620,15 @@ class CommitLog:
         self._write_appended(groups, records, index - 1, prev_term)
         return positions
 
+    def store(self, entries: Sequence[Entry]) -> None:
+        """Write what a Raft `Ready` hands out: entries that start at or below the last
+        index replace the (uncommitted, conflicting) suffix from that index first."""
+        if not entries:
+            return
+        if entries[0].index <= self._last:
+            self.truncate_from(entries[0].index)
+        self.append(entries)
+
     def _write_appended(
         self,
         groups: list[tuple[int | None, list[bytes | memoryview]]],
@@ -686,6 +729,7 @@ class CommitLog:
         self._last = index - 1
         self._last_term = new_last_term
         self._durable = min(self._durable, self._last)
+        self._generation += 1
         self._fsync_data()
 
     def _drop_records_from(self, index: int) -> None:
@@ -720,6 +764,46 @@ class CommitLog:
                 self._fsync_data(now)
             return self._last
         self._fsync_data()
+        return self._durable
+
+    def begin_sync(self, now: float | None = None, *, fsync: bool = True) -> SyncPlan | None:
+        """Group commit without blocking the caller: the fsyncs are `SyncPlan.run`, which
+        may run in a worker thread while this log keeps taking appends and reads.
+
+        Returns None when nothing new needs persisting. `fsync=False` makes a plan that
+        reports the written entries as persisted without fsyncing them: only for the
+        deliberate `skip-fsync` test mutation.
+        """
+        self._check_open()
+        now = time.monotonic() if now is None else now
+        due = self.fsync_mode == "always" or now - self._last_fsync >= self.fsync_interval
+        if not (self._dirty or self._dir_dirty):
+            return None  # every write is covered by a completed or in-flight fsync
+        if not due or not fsync:
+            return SyncPlan([], None, self._last, self._generation, now, fsynced=False)
+        fds = [os.dup(self._fds[start]) for start in sorted(self._dirty)]
+        self._dirty.clear()
+        sync_dir = self.dir if self._dir_dirty else None
+        self._dir_dirty = False
+        return SyncPlan(fds, sync_dir, self._last, self._generation, now)
+
+    def finish_sync(self, plan: SyncPlan) -> int:
+        """Account for a completed `plan`; returns the index the policy counts as persisted
+        (as `sync` does). A plan that failed closes the log, as a failed `sync` does."""
+        plan.close()
+        if plan.error is not None:
+            self._close_fds()
+            raise CommitLogError(
+                f"fsync failed in {self.dir}: {plan.error}; the log is closed, reopen it to recover"
+            ) from plan.error
+        self._check_open()
+        if plan.generation == self._generation:
+            if plan.fsynced:
+                self._durable = max(self._durable, min(plan.last, self._last))
+                self._last_fsync = plan.started
+                self._flush_index()
+        if self.fsync_mode == "interval" or not plan.fsynced:
+            return self._last
         return self._durable
 
     def _fsync_data(self, now: float | None = None) -> None:
