@@ -1,0 +1,200 @@
+"""Frames over trio streams: one request loop shared by the node and the name server.
+
+`FrameStream` turns a byte stream into frames (`broker.protocol`) and serialises writes,
+so any number of tasks may answer on one connection. `serve_frames` is the server side:
+it reads requests and runs each one in its own task, because a long-polling FETCH must not
+hold up a PRODUCE pipelined behind it on the same connection. A cap on requests in flight
+per connection stops reading when a client outruns us, which pushes back through TCP
+instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from .protocol import (
+    DEFAULT_MAX_FRAME,
+    Code,
+    Frame,
+    FrameDecoder,
+    ProtocolError,
+    RequestError,
+    encode_frame,
+    error_header,
+    parse_address,
+)
+
+__all__ = [
+    "DEFAULT_MAX_INFLIGHT",
+    "FrameStream",
+    "Handler",
+    "Response",
+    "open_frame_stream",
+    "request_id",
+    "serve_frames",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_INFLIGHT = 1024
+_RECEIVE_SIZE = 1 << 16
+_ERROR_SEND_TIMEOUT = 5.0
+
+Response = tuple[dict[str, Any], bytes]
+Handler = Callable[[Frame], Awaitable[Response | None]]
+
+
+class FrameStream:
+    """Frames in both directions over one trio stream.
+
+    `receive()` is meant for a single reader task; `send()` may be called from many tasks
+    at once (a lock keeps frames whole on the wire).
+    """
+
+    def __init__(self, stream: trio.abc.Stream, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.stream = stream
+        self._decoder = FrameDecoder(max_frame)
+        self._send_lock = trio.Lock()
+        self._eof = False
+
+    async def send(self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> None:
+        """Write one frame. Raises trio.BrokenResourceError/ClosedResourceError if the peer
+        is gone."""
+        data = encode_frame(header, body)
+        async with self._send_lock:
+            await self.stream.send_all(data)
+
+    async def receive(self) -> Frame | None:
+        """The next frame, or None at a clean end of stream (or a reset connection).
+
+        Raises `ProtocolError` for a broken stream, including one that ends mid-frame.
+        """
+        while True:
+            frame = self._decoder.next_frame()
+            if frame is not None:
+                return frame
+            if self._eof:
+                return None
+            try:
+                data = await self.stream.receive_some(_RECEIVE_SIZE)
+            except trio.BrokenResourceError:
+                data = b""
+            if not data:
+                self._eof = True
+                if self._decoder.buffered:
+                    raise ProtocolError(
+                        Code.MALFORMED,
+                        f"connection closed inside a frame ({self._decoder.buffered} bytes pending)",
+                    )
+                return None
+            self._decoder.feed(data)
+
+    @property
+    def decoder(self) -> FrameDecoder:
+        """The parser with any bytes already read past the last frame (for hand-over)."""
+        return self._decoder
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    async def __aenter__(self) -> FrameStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def open_frame_stream(addr: str, *, max_frame: int = DEFAULT_MAX_FRAME) -> FrameStream:
+    """Connect to 'host:port' and wrap the TCP stream."""
+    host, port = parse_address(addr)
+    stream = await trio.open_tcp_stream(host, port)
+    return FrameStream(stream, max_frame=max_frame)
+
+
+def request_id(frame: Frame) -> int:
+    """The request id to echo; 0 when the sender did not give a usable one."""
+    rid = frame.header.get("id", 0)
+    return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
+
+
+async def _answer(fs: FrameStream, handler: Handler, frame: Frame, slots: trio.Semaphore) -> None:
+    try:
+        rid = request_id(frame)
+        try:
+            response = await handler(frame)
+        except RequestError as exc:
+            response = (error_header(rid, exc.code, exc.message, **exc.extra), b"")
+        except Exception as exc:  # one buggy request must not take the connection down
+            log.exception("request %r failed", frame.header.get("op"))
+            response = (error_header(rid, Code.INTERNAL, f"internal error: {exc!r}"), b"")
+        if response is None:
+            return
+        header, body = response
+        header.setdefault("id", rid)
+        try:
+            await fs.send(header, body)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the reader notices the dead connection and ends the loop
+    finally:
+        slots.release()
+
+
+async def serve_frames(
+    stream: trio.abc.Stream | FrameStream,
+    handler: Handler,
+    *,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    first: Frame | None = None,
+) -> None:
+    """Answer requests on one connection until the peer leaves or breaks the framing.
+
+    Each frame runs `handler(frame)` in its own task; its `(header, body)` result is sent
+    back (a missing "id" is filled in from the request), None sends nothing (one-way ops).
+    `RequestError` becomes an error response and other exceptions an INTERNAL one; the
+    connection stays open either way. A `ProtocolError` while reading gets one error
+    frame with id 0 and ends the connection, since the byte stream cannot be resynced.
+    When the connection ends, requests still running are cancelled (nobody is left to
+    read their answers) and the stream is closed. `max_frame` applies when a raw
+    stream is given; a `FrameStream` keeps its own limit. `first` is a frame already read
+    from the stream (the node reads one to tell peers from clients).
+    """
+    fs = stream if isinstance(stream, FrameStream) else FrameStream(stream, max_frame=max_frame)
+    slots = trio.Semaphore(max_inflight)
+    try:
+        await _serve(fs, handler, slots, first)
+    except Exception:  # under trio.serve_listeners an escaping error would stop the server
+        log.exception("connection handler failed")
+    finally:
+        with trio.CancelScope(shield=True):
+            await fs.aclose()
+
+
+async def _serve(
+    fs: FrameStream, handler: Handler, slots: trio.Semaphore, first: Frame | None
+) -> None:
+    async with trio.open_nursery() as nursery:
+        if first is not None:  # a frame the caller read to decide who is calling
+            await slots.acquire()
+            nursery.start_soon(_answer, fs, handler, first, slots)
+        try:
+            while True:
+                await slots.acquire()
+                frame = await fs.receive()
+                if frame is None:
+                    break
+                nursery.start_soon(_answer, fs, handler, frame, slots)
+        except ProtocolError as exc:
+            log.info("closing connection: %s", exc)
+            with trio.move_on_after(_ERROR_SEND_TIMEOUT):  # a peer that never reads
+                try:
+                    await fs.send(error_header(0, exc.code, str(exc)))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+        except trio.ClosedResourceError:
+            pass
+        nursery.cancel_scope.cancel()

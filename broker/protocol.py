@@ -1,0 +1,236 @@
+"""The wire protocol every raftmq process speaks: clients, nodes and name servers.
+
+One frame format for everything, so one sans-I/O decoder (in the style of h11) serves
+the client SDK, the node and the name server alike::
+
+    u32 frame_len     bytes after this field, at most the receiver's max_frame
+    u32 header_len
+    header            msgpack map (control fields, small)
+    body              frame_len - 4 - header_len raw bytes (message batches, records)
+
+Bulk data never goes through msgpack: a producer batch travels in the body exactly as the
+client framed it and is stored that way, and a fetch answer's body is the stored records
+concatenated. Only the small header is encoded per request.
+
+Header fields (short keys on purpose, they are on every frame):
+
+    op    request type (`Op`), on requests only
+    id    request id chosen by the sender, echoed in the response
+    code  status (`Code`) on responses; 0 is OK
+    msg   human-readable error text when code != 0
+    leader  on NOT_LEADER: the address of the leader the node believes in (or None)
+
+Requests and their fields are listed on `Op`; a response to request `id` carries the
+same `id` and no `op`. Raft traffic between nodes (`Op.RAFT`) is one-way.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "MAX_MESSAGE_BYTES",
+    "Code",
+    "Frame",
+    "FrameDecoder",
+    "Op",
+    "ProtocolError",
+    "RequestError",
+    "encode_frame",
+    "error_header",
+    "ok_header",
+    "parse_address",
+    "validate_group_name",
+    "validate_topic_name",
+]
+
+MAX_MESSAGE_BYTES = 4 << 20  # RocketMQ's default maximum message body
+DEFAULT_MAX_FRAME = 16 << 20  # a few maximal messages plus headers
+_PREFIX = struct.Struct(">II")
+MAX_HEADER = 1 << 20
+
+
+class Op(IntEnum):
+    """Request types. Fields in parentheses are header keys; "body" is the raw body."""
+
+    HELLO = 1  # peer link opening (node: int, cluster: str); no response
+    RAFT = 2  # (g: group, m: message fields) body: stored entries; one-way
+    PRODUCE = 10  # (g) body: a batch (broker.records) -> (base, n, index, dup)
+    FETCH = 11  # (topic, queue, offset, max, max_bytes, wait_ms) -> (next, min, end, msgs) body
+    COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...]) -> ()
+    QUERY_OFFSET = 13  # (cg, topic, queue) -> (offset: int, -1 when none)
+    CREATE_TOPIC = 20  # (g, topic, queues: total, hosted: [queue ids]) -> ()
+    TOPICS = 21  # () -> (topics: {name: {queues, hosted: {group: [q...]}}})
+    STATUS = 22  # () -> (node, groups: {group: {...}})
+    GET_MESSAGE = 23  # (msg_id) -> (msgs) body
+    QUERY_KEY = 24  # (topic, key, max) -> (msgs) body
+    TRANSFER_LEADER = 25  # (g, to: node id) -> ()
+    HEARTBEAT = 30  # (cg, client, topics: [...]) -> ()
+    CONSUMERS = 31  # (cg) -> (clients: sorted [client ids])
+    REGISTER = 40  # name server: (node, addr, groups: {...}) -> ()
+    ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])
+    CLUSTER = 42  # name server: () -> (nodes: {...}, groups: {...})
+
+
+class Code(IntEnum):
+    OK = 0
+    NOT_LEADER = 1  # retriable: refresh the route, `leader` header is a hint
+    UNKNOWN_TOPIC = 2
+    UNKNOWN_QUEUE = 3
+    INVALID_NAME = 4
+    MESSAGE_TOO_LARGE = 5
+    MALFORMED = 6  # the request could not be decoded or its fields are wrong
+    UNKNOWN_OP = 7
+    OFFSET_TOO_SMALL = 8  # below the earliest retained offset
+    OFFSET_TOO_LARGE = 9  # beyond the end of the queue
+    TIMEOUT = 10  # retriable: outcome unknown
+    TOPIC_EXISTS = 11
+    BUSY = 12  # retriable: back-pressure, the group is behind
+    UNKNOWN_GROUP = 13
+    PROPOSAL_DROPPED = 14  # retriable: leadership moving, nothing was written
+    INTERNAL = 15
+    FRAME_TOO_LARGE = 16
+    NOT_FOUND = 17
+    SEQUENCE_GAP = 18  # idempotent batch arrived before an earlier one: resend in order
+
+    @property
+    def retriable(self) -> bool:
+        return self in _RETRIABLE
+
+
+_RETRIABLE = frozenset({Code.NOT_LEADER, Code.TIMEOUT, Code.BUSY, Code.PROPOSAL_DROPPED,
+                        Code.SEQUENCE_GAP})
+
+
+class ProtocolError(Exception):
+    """The byte stream itself is broken; the connection must be closed."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RequestError(Exception):
+    """One request failed; its connection stays usable."""
+
+    def __init__(self, code: Code, message: str, **extra: Any) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+    @property
+    def retriable(self) -> bool:
+        return self.code.retriable
+
+
+@dataclass(slots=True)
+class Frame:
+    header: dict[str, Any]
+    body: bytes = b""
+    size: int = field(default=0)  # bytes on the wire, for metrics
+
+
+def encode_frame(header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> bytes:
+    h = msgpack.packb(header, use_bin_type=True)
+    return b"".join((_PREFIX.pack(4 + len(h) + len(body), len(h)), h, body))
+
+
+def ok_header(req_id: int, **fields: Any) -> dict[str, Any]:
+    return {"id": req_id, "code": 0, **fields}
+
+
+def error_header(req_id: int, code: Code, message: str, **fields: Any) -> dict[str, Any]:
+    return {"id": req_id, "code": int(code), "msg": message, **fields}
+
+
+class FrameDecoder:
+    """Incremental frame parser: `feed()` bytes, then take frames with `next_frame()`.
+
+    Raises `ProtocolError` for a frame over `max_frame`, a header length that does not fit
+    the frame, or a header that is not a msgpack map. After an error the stream cannot be
+    resynchronised; the caller closes the connection (other connections are unaffected).
+    """
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos and self._pos > len(self._buf) // 2:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def next_frame(self) -> Frame | None:
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < 8:
+            return None
+        frame_len, header_len = _PREFIX.unpack_from(buf, pos)
+        if frame_len > self.max_frame:
+            raise ProtocolError(
+                Code.FRAME_TOO_LARGE, f"frame of {frame_len} bytes exceeds the limit {self.max_frame}"
+            )
+        if header_len > frame_len - 4 or header_len > MAX_HEADER or header_len == 0:
+            raise ProtocolError(
+                Code.MALFORMED, f"header length {header_len} does not fit frame length {frame_len}"
+            )
+        end = pos + 4 + frame_len
+        if len(buf) < end:
+            return None
+        hstart = pos + 8
+        try:
+            header = msgpack.unpackb(
+                bytes(buf[hstart : hstart + header_len]), raw=False, strict_map_key=False
+            )
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise ProtocolError(Code.MALFORMED, f"undecodable frame header: {exc}") from exc
+        if not isinstance(header, dict):
+            raise ProtocolError(Code.MALFORMED, "frame header is not a map")
+        body = bytes(buf[hstart + header_len : end])
+        self._pos = end
+        return Frame(header, body, 4 + frame_len)
+
+
+# ---------------------------------------------------------------------- names
+
+_NAME = re.compile(r"^[A-Za-z0-9_\-%|.]{1,127}$")
+
+
+def validate_topic_name(name: object) -> str:
+    """RocketMQ's rule: 1..127 characters of letters, digits, `_ - % | .`."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise RequestError(
+            Code.INVALID_NAME,
+            f"invalid topic name {name!r}: use 1-127 characters from A-Z a-z 0-9 _ - % | .",
+        )
+    return name
+
+
+def validate_group_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise RequestError(
+            Code.INVALID_NAME,
+            f"invalid group name {name!r}: use 1-127 characters from A-Z a-z 0-9 _ - % | .",
+        )
+    return name
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """'host:port' -> (host, port), with a clear error for anything else."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad address {addr!r}: expected host:port")
+    return host, int(port)

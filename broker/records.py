@@ -1,0 +1,246 @@
+"""The producer batch: the bytes a client frames, the leader stores and consumers read.
+
+A batch is written once, by the client, and never re-encoded: the leader prefixes the
+8-byte store timestamp (`STORED_PREFIX`) and appends it to the CommitLog as one MESSAGES
+entry; the broker only walks record headers to build ConsumeQueue entries; a fetch sends
+stored record bytes back verbatim.
+
+    batch   := "RB" u8 version u8 flags u16 header_len header records
+    header  := msgpack map {topic: str, queue: int, pid: int, seq: int, n: int}
+               pid/seq are 0/-1 for a producer without idempotence
+    record  := u32 size u64 born_ms u16 key_len u16 tags_len u32 props_len u32 body_len
+               key tags props body            (size counts the whole record)
+               props is a msgpack map of str -> str, or empty
+
+All integers are big-endian. `walk_batch` validates every length before anything is
+applied, so a malformed batch is refused whole.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
+
+__all__ = [
+    "RECORD_HEADER",
+    "STORED_PREFIX",
+    "BatchHeader",
+    "Message",
+    "OutgoingMessage",
+    "RecordRef",
+    "decode_record",
+    "encode_batch",
+    "message_id",
+    "parse_message_id",
+    "tag_hash",
+    "walk_batch",
+]
+
+MAGIC = b"RB"
+VERSION = 1
+_BATCH_PREFIX = struct.Struct(">2sBBH")
+RECORD_HEADER = struct.Struct(">IQHHII")  # size, born_ms, key_len, tags_len, props_len, body_len
+STORED_PREFIX = struct.Struct(">Q")  # store timestamp (ms) the leader puts before the batch
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    topic: str
+    queue: int
+    pid: int = 0
+    seq: int = -1
+    n: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """What a producer sends."""
+
+    body: bytes
+    key: str = ""
+    tags: str = ""
+    properties: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRef:
+    """Where one record sits inside a batch, and what the broker indexes of it."""
+
+    start: int  # offset of the record within the batch bytes
+    size: int
+    key: str
+    tag_hash: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """What a consumer receives."""
+
+    topic: str
+    queue: int
+    offset: int
+    body: bytes
+    key: str
+    tags: str
+    properties: dict[str, str]
+    born_ms: int
+    store_ms: int
+    msg_id: str
+
+
+def tag_hash(tags: str) -> int:
+    """32-bit hash kept in the ConsumeQueue so tag filtering needs no CommitLog read."""
+    return zlib.crc32(tags.encode()) if tags else 0
+
+
+def message_id(group: str, index: int, start: int) -> str:
+    """Unique and resolvable: the Raft group, the log index of the batch, and where the
+    record starts in that entry's data."""
+    return f"{group}:{index}:{start}"
+
+
+def parse_message_id(msg_id: str) -> tuple[str, int, int]:
+    try:
+        group, index, start = msg_id.rsplit(":", 2)
+        return group, int(index), int(start)
+    except ValueError:
+        raise RequestError(Code.MALFORMED, f"bad message id {msg_id!r}") from None
+
+
+def encode_batch(
+    topic: str,
+    queue: int,
+    messages: Sequence[OutgoingMessage],
+    *,
+    pid: int = 0,
+    seq: int = -1,
+    born_ms: int = 0,
+) -> bytes:
+    header = msgpack.packb(
+        {"topic": topic, "queue": queue, "pid": pid, "seq": seq, "n": len(messages)},
+        use_bin_type=True,
+    )
+    parts: list[bytes] = [_BATCH_PREFIX.pack(MAGIC, VERSION, 0, len(header)), header]
+    for m in messages:
+        key = m.key.encode()
+        tags = m.tags.encode()
+        props = msgpack.packb(m.properties, use_bin_type=True) if m.properties else b""
+        size = RECORD_HEADER.size + len(key) + len(tags) + len(props) + len(m.body)
+        parts.append(
+            RECORD_HEADER.pack(size, born_ms, len(key), len(tags), len(props), len(m.body))
+        )
+        parts += (key, tags, props, m.body)
+    return b"".join(parts)
+
+
+def _bad(msg: str) -> RequestError:
+    return RequestError(Code.MALFORMED, f"malformed batch: {msg}")
+
+
+def walk_batch(
+    batch: bytes | memoryview, base: int = 0, max_message_bytes: int = MAX_MESSAGE_BYTES
+) -> tuple[BatchHeader, list[RecordRef]]:
+    """Validate a batch starting at `base` in `batch` and locate its records.
+
+    `RecordRef.start` is relative to `batch` (so `base` is included). Raises
+    `RequestError` (MALFORMED or MESSAGE_TOO_LARGE) without side effects.
+    """
+    mv = memoryview(batch)
+    if len(mv) - base < _BATCH_PREFIX.size:
+        raise _bad("shorter than its prefix")
+    magic, version, _flags, hlen = _BATCH_PREFIX.unpack_from(mv, base)
+    if magic != MAGIC or version != VERSION:
+        raise _bad(f"bad magic/version {bytes(magic)!r}/{version}")
+    hstart = base + _BATCH_PREFIX.size
+    if hstart + hlen > len(mv):
+        raise _bad("header runs past the end")
+    try:
+        h = msgpack.unpackb(mv[hstart : hstart + hlen], raw=False)
+    except Exception as exc:
+        raise _bad(f"undecodable header ({exc})") from exc
+    if not isinstance(h, dict):
+        raise _bad("header is not a map")
+    header = _header(h)
+    pos = hstart + hlen
+    refs: list[RecordRef] = []
+    end = len(mv)
+    while pos < end:
+        if end - pos < RECORD_HEADER.size:
+            raise _bad(f"record {len(refs)} header truncated")
+        size, _born, klen, tlen, plen, blen = RECORD_HEADER.unpack_from(mv, pos)
+        if size != RECORD_HEADER.size + klen + tlen + plen + blen or pos + size > end:
+            raise _bad(f"record {len(refs)} lengths are inconsistent")
+        if blen > max_message_bytes:
+            raise RequestError(
+                Code.MESSAGE_TOO_LARGE,
+                f"message body of {blen} bytes exceeds the limit of {max_message_bytes}",
+            )
+        kstart = pos + RECORD_HEADER.size
+        try:
+            key = str(mv[kstart : kstart + klen], "utf-8") if klen else ""
+            tags = str(mv[kstart + klen : kstart + klen + tlen], "utf-8") if tlen else ""
+        except UnicodeDecodeError:
+            raise _bad(f"record {len(refs)} key or tags are not UTF-8") from None
+        refs.append(RecordRef(pos, size, key, tag_hash(tags)))
+        pos += size
+    if len(refs) != header.n or not refs:
+        raise _bad(f"header says {header.n} records, found {len(refs)}")
+    return header, refs
+
+
+def _header(h: dict[str, Any]) -> BatchHeader:
+    topic, queue = h.get("topic"), h.get("queue")
+    pid, seq, n = h.get("pid", 0), h.get("seq", -1), h.get("n")
+    if not isinstance(topic, str) or not topic:
+        raise _bad("topic missing")
+    for name, v in (("queue", queue), ("pid", pid), ("seq", seq), ("n", n)):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise _bad(f"{name} is not an integer")
+    assert isinstance(queue, int) and isinstance(pid, int) and isinstance(seq, int)
+    assert isinstance(n, int)
+    if queue < 0 or n < 1 or pid < 0 or seq < -1:
+        raise _bad("negative queue/pid/seq or empty batch")
+    return BatchHeader(topic, queue, pid, seq, n)
+
+
+def decode_record(
+    data: bytes | memoryview,
+    start: int,
+    *,
+    topic: str,
+    queue: int,
+    offset: int,
+    store_ms: int,
+    msg_id: str,
+) -> tuple[Message, int]:
+    """Decode the record at `start`; returns the message and the offset after it."""
+    size, born, klen, tlen, plen, blen = RECORD_HEADER.unpack_from(data, start)
+    p = start + RECORD_HEADER.size
+    mv = memoryview(data)
+    key = str(mv[p : p + klen], "utf-8")
+    p += klen
+    tags = str(mv[p : p + tlen], "utf-8")
+    p += tlen
+    props = msgpack.unpackb(mv[p : p + plen], raw=False) if plen else {}
+    p += plen
+    body = bytes(mv[p : p + blen])
+    msg = Message(topic, queue, offset, body, key, tags, props, born, store_ms, msg_id)
+    return msg, start + size
+
+
+def iter_records(data: bytes | memoryview) -> Iterator[tuple[int, int]]:
+    """(start, size) of each record in a concatenation of records (a fetch body)."""
+    pos, end = 0, len(data)
+    while pos < end:
+        (size,) = struct.unpack_from(">I", data, pos)
+        if size < RECORD_HEADER.size or pos + size > end:
+            raise _bad("record sizes do not add up")
+        yield pos, size
+        pos += size
