@@ -1,0 +1,187 @@
+"""ConsumeQueue: the per-(topic, queue) offset index into the CommitLog.
+
+Queue offset `o` maps to a fixed-size record locating message `o` in the log::
+
+    u64 raft index   u32 start   u32 size   u32 tag hash   u64 store_ms     (28 bytes)
+
+`start` is the record's position inside the entry's data (after the store prefix is
+counted), so a fetch reads entry `index` and slices `[start, start + size)`. Records live
+packed in one `bytearray` rather than as a Python object per message: a queue holding
+millions of messages costs 28 bytes each. Offsets keep counting across retention; only the
+dropped prefix's storage is released.
+
+Everything here is pure and deterministic: the broker state machine owns the queues and
+snapshots them as `min_offset` plus the raw record bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from broker.protocol import Code, RequestError
+
+__all__ = ["CQ_RECORD", "CQEntry", "ConsumeQueue"]
+
+CQ_RECORD = struct.Struct(">QIIIQ")  # index, start, size, tag hash, store_ms
+_SIZE = CQ_RECORD.size
+_INDEX = struct.Struct(">Q")  # the leading field alone, for binary search
+
+
+@dataclass(frozen=True, slots=True)
+class CQEntry:
+    """One message's place: queue offset, Raft index, slice of the entry data, filter data."""
+
+    offset: int
+    index: int
+    start: int
+    size: int
+    tag_hash: int
+    store_ms: int
+
+
+class ConsumeQueue:
+    """Append-only array of fixed-size records addressed by queue offset."""
+
+    __slots__ = ("_buf", "_min")
+
+    def __init__(self, min_offset: int = 0, records: bytes = b"") -> None:
+        if min_offset < 0 or len(records) % _SIZE:
+            raise ValueError("bad consume queue state: negative offset or partial record")
+        self._min = min_offset
+        self._buf = bytearray(records)
+
+    # ------------------------------------------------------------------ shape
+
+    @property
+    def min_offset(self) -> int:
+        """The earliest offset still readable (advances with retention)."""
+        return self._min
+
+    @property
+    def end_offset(self) -> int:
+        """The offset the next appended message will get."""
+        return self._min + len(self._buf) // _SIZE
+
+    def __len__(self) -> int:
+        return len(self._buf) // _SIZE
+
+    def records(self) -> bytes:
+        """The raw records from `min_offset` on, for snapshots."""
+        return bytes(self._buf)
+
+    # ------------------------------------------------------------------ writes
+
+    def append(self, index: int, start: int, size: int, tag_hash: int, store_ms: int) -> int:
+        """Add one message; returns the offset it was given."""
+        offset = self.end_offset
+        self._buf += CQ_RECORD.pack(index, start, size, tag_hash, store_ms)
+        return offset
+
+    def drop_before(self, offset: int) -> int:
+        """Forget offsets below `offset` (never moves backwards); returns how many went.
+
+        The remaining records are copied into a fresh buffer so the dropped prefix's memory
+        is really returned, not just hidden behind a moved start pointer.
+        """
+        offset = min(offset, self.end_offset)
+        n = offset - self._min
+        if n <= 0:
+            return 0
+        self._buf = self._buf[n * _SIZE :]
+        self._min = offset
+        return n
+
+    # ------------------------------------------------------------------ reads
+
+    def _index_at(self, i: int) -> int:
+        return int(_INDEX.unpack_from(self._buf, i * _SIZE)[0])
+
+    def first_offset_at_or_after_index(self, index: int) -> int:
+        """The first retained offset whose Raft index is >= `index` (`end_offset` if none).
+
+        Raft indexes only grow along a queue, so this is a binary search; retention and
+        message-id resolution both rely on it.
+        """
+        lo, hi = 0, len(self)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._index_at(mid) < index:
+                lo = mid + 1
+            else:
+                hi = mid
+        return self._min + lo
+
+    def _check(self, offset: int) -> None:
+        if offset < self._min:
+            raise RequestError(
+                Code.OFFSET_TOO_SMALL,
+                f"offset {offset} is below the earliest retained offset {self._min}",
+                min=self._min,
+                end=self.end_offset,
+            )
+        if offset > self.end_offset:
+            raise RequestError(
+                Code.OFFSET_TOO_LARGE,
+                f"offset {offset} is beyond the end of the queue {self.end_offset}",
+                min=self._min,
+                end=self.end_offset,
+            )
+
+    def get(self, offset: int) -> CQEntry:
+        """The entry at `offset`; RequestError OFFSET_TOO_SMALL/OFFSET_TOO_LARGE otherwise."""
+        self._check(offset)
+        if offset == self.end_offset:
+            raise RequestError(
+                Code.OFFSET_TOO_LARGE,
+                f"offset {offset} has not been written yet (end {offset})",
+                min=self._min,
+                end=offset,
+            )
+        return CQEntry(offset, *CQ_RECORD.unpack_from(self._buf, (offset - self._min) * _SIZE))
+
+    def read(
+        self,
+        offset: int,
+        max_count: int,
+        max_bytes: int,
+        tag_hashes: Collection[int] | None = None,
+        max_scan: int | None = None,
+    ) -> tuple[list[CQEntry], int]:
+        """Entries from `offset` on and the offset to continue from.
+
+        Stops at `max_count` entries or before the entry that would pass `max_bytes`, but
+        always returns at least one entry if one matches, so an oversized message can
+        still be consumed. With `tag_hashes`, non-matching entries are skipped; at most
+        `max_scan` entries (default max(10 * max_count, 1000)) are looked at so a rare tag
+        cannot make one call walk a whole queue. The returned next offset then lies past
+        everything skipped, even when no entry matched.
+        """
+        if max_count < 1:
+            raise RequestError(Code.MALFORMED, f"max_count must be at least 1, got {max_count}")
+        self._check(offset)
+        end = self.end_offset
+        if tag_hashes is None or not tag_hashes:
+            stop = min(end, offset + max_count)
+        else:
+            scan = max(10 * max_count, 1000) if max_scan is None else max(1, max_scan)
+            stop = min(end, offset + scan)
+        lo = (offset - self._min) * _SIZE
+        hi = (stop - self._min) * _SIZE
+        out: list[CQEntry] = []
+        used = 0
+        nxt = offset
+        # Copy the slice: a live memoryview would pin the bytearray's size.
+        for rec in CQ_RECORD.iter_unpack(self._buf[lo:hi]):
+            if tag_hashes and rec[3] not in tag_hashes:
+                nxt += 1
+                continue
+            if out and used + rec[2] > max_bytes:
+                break
+            out.append(CQEntry(nxt, *rec))
+            used += rec[2]
+            nxt += 1
+            if len(out) >= max_count:
+                break
+        return out, nxt
