@@ -1,0 +1,70 @@
+"""`raftmq namesrv` / `python -m namesrv`: run one name server until SIGINT or SIGTERM.
+
+Prints `ready <host:port>` on stdout once listening, so scripts and the chaos harness can
+start it on port 0 and learn the real address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import trio
+
+from broker.logs import configure_logging
+from broker.protocol import parse_address
+
+from .registry import DEFAULT_EXPIRY
+from .server import run_until_signalled
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="raftmq namesrv",
+        description="Run a name server: nodes register their groups here, clients ask for routes.",
+    )
+    p.add_argument("--listen", default="127.0.0.1:9876", metavar="HOST:PORT",
+                   help="address to listen on; port 0 picks a free one (default %(default)s)")
+    p.add_argument("--expiry", type=float, default=DEFAULT_EXPIRY, metavar="SECONDS",
+                   help="forget a node after this long without a registration (default %(default)s)")
+    p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    return p
+
+
+def _listen_address(addr: str) -> tuple[str, int]:
+    """Like `parse_address`, but port 0 (pick a free port) is allowed for listening."""
+    host, sep, port = addr.rpartition(":")
+    if sep and host and port == "0":
+        return host, 0
+    return parse_address(addr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        host, port = _listen_address(args.listen)
+    except ValueError as exc:
+        print(f"raftmq namesrv: {exc}", file=sys.stderr)
+        return 2
+    if not (args.expiry > 0 and math.isfinite(args.expiry)):
+        print(f"raftmq namesrv: --expiry must be a positive number, got {args.expiry}",
+              file=sys.stderr)
+        return 2
+    configure_logging("namesrv", args.log_level)
+
+    def ready(addr: str) -> None:
+        print(f"ready {addr}", flush=True)
+
+    try:
+        trio.run(run_until_signalled, host, port, args.expiry, ready)
+    except OSError as exc:  # typically the address is in use
+        print(f"raftmq namesrv: cannot listen on {args.listen}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

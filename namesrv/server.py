@@ -1,0 +1,118 @@
+"""The name server's network service: REGISTER, ROUTE and CLUSTER over the frame protocol.
+
+All route logic lives in `namesrv.registry`; this module only adds the clock, the TCP
+listener and a periodic sweep so expired nodes are logged and dropped even when nobody
+asks for routes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from broker.framing import Response, request_id, serve_frames
+from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, ok_header
+
+from .registry import DEFAULT_EXPIRY, Registry, parse_registration
+
+__all__ = ["NameServer", "listener_address", "run_until_signalled"]
+
+log = logging.getLogger(__name__)
+
+# Requests are small; a registration of thousands of topics still fits comfortably.
+NAMESRV_MAX_FRAME = DEFAULT_MAX_FRAME
+
+
+class NameServer:
+    """One independent name server: a registry plus the request handler in front of it."""
+
+    def __init__(
+        self,
+        expiry: float = DEFAULT_EXPIRY,
+        *,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.registry = Registry(expiry)
+        self.clock = clock
+
+    async def handle(self, frame: Frame) -> Response:
+        """Answer one request; `RequestError` becomes an error response in `serve_frames`."""
+        h = frame.header
+        rid = request_id(frame)
+        op = h.get("op")
+        if not isinstance(op, int) or isinstance(op, bool):
+            raise RequestError(Code.MALFORMED, f"request needs an integer op, got {op!r}")
+        now = self.clock()
+        if op == Op.REGISTER:
+            reg = parse_registration(h)
+            if not self.registry.is_live(reg.node, now):
+                log.info("node %d registered from %s with %d groups", reg.node, reg.addr,
+                         len(reg.groups))
+            self.registry.register(reg, now)
+            return ok_header(rid), b""
+        if op == Op.ROUTE:
+            topic = h.get("topic")
+            if not isinstance(topic, str):
+                raise RequestError(Code.MALFORMED, f"ROUTE needs a topic string, got {topic!r}")
+            return ok_header(rid, **self.registry.route(topic, now)), b""
+        if op == Op.CLUSTER:
+            return ok_header(rid, **self.registry.cluster(now)), b""
+        raise RequestError(
+            Code.UNKNOWN_OP,
+            f"unknown op {op}: a name server answers REGISTER ({int(Op.REGISTER)}), "
+            f"ROUTE ({int(Op.ROUTE)}) and CLUSTER ({int(Op.CLUSTER)})",
+        )
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        await serve_frames(stream, self.handle, max_frame=NAMESRV_MAX_FRAME)
+
+    async def _sweep(self) -> None:
+        period = max(0.05, self.registry.expiry / 4)
+        while True:
+            await trio.sleep(period)
+            for node in self.registry.expire(self.clock()):
+                log.info("node %d expired after %.0f s without a registration",
+                         node, self.registry.expiry)
+
+    async def serve(
+        self,
+        listeners: list[trio.SocketListener],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept connections on `listeners` until cancelled; with `nursery.start`, returns
+        once accepting. Open the listeners first (`trio.open_tcp_listeners`) so a busy port
+        fails plainly, outside any nursery."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._sweep)
+            await nursery.start(trio.serve_listeners, self._connection, listeners)
+            task_status.started()
+
+
+def listener_address(listener: trio.SocketListener) -> str:
+    """'host:port' a client can dial, with the real port when 0 was asked for."""
+    sockname: Any = listener.socket.getsockname()
+    return f"{sockname[0]}:{sockname[1]}"
+
+
+async def run_until_signalled(
+    host: str, port: int, expiry: float, on_ready: Callable[[str], None]
+) -> None:
+    """Serve until SIGINT or SIGTERM, then return normally so the process exits with 0."""
+    if not (expiry > 0 and math.isfinite(expiry)):
+        raise ValueError(f"expiry must be a positive number of seconds, got {expiry}")
+    server = NameServer(expiry)
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve, listeners)
+            on_ready(listener_address(listeners[0]))
+            async for signum in signals:
+                log.info("stopping on %s", signal.Signals(signum).name)
+                break
+            nursery.cancel_scope.cancel()
