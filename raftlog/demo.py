@@ -78,10 +78,7 @@ class LocalGroup:
             log = self.logs[i]
             if rd.hard_state is not None:
                 save_hardstate(self._dir(i) / "hardstate", rd.hard_state)
-            if rd.entries:
-                if rd.entries[0].index <= log.last_index():
-                    log.truncate_from(rd.entries[0].index)
-                log.append(rd.entries)
+            log.store(rd.entries)
             self.inbox.extend(rd.messages)
             if rd.apply:
                 self.applied[i] = rd.apply[-1].index

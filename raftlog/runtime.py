@@ -1,0 +1,343 @@
+"""The trio shell around one replica of one Raft group: disk, timers and proposals.
+
+The core (`raftlog.core.RaftNode`) decides; this module only carries out its `Ready`
+bundles, in the order `raftlog.types` prescribes:
+
+* the hard state is saved (fsync + rename) before any message of the same Ready leaves;
+* entries are written to the CommitLog at once (page cache), and a separate sync task
+  runs group commit off the event loop: one `SyncPlan` (fdatasync of every segment
+  written since the last) in a worker thread covers every append made before it began,
+  and only then does the core hear `persisted()` — so acknowledgements and the leader's
+  own commit vote wait for the disk, while appends keep streaming meanwhile;
+* messages go to the node's peer links (non-blocking; Raft tolerates their loss);
+* committed entries are applied to the group's state machine, which resolves the
+  proposals waiting for them.
+
+One ready-loop task per group drains the core, so everything proposed while a loop
+iteration or an fsync was running lands in the next append and the next fsync.
+Back-pressure: proposals wait while the group holds more than `max_uncommitted_bytes`
+of proposed-but-unapplied data (slow followers or a slow disk).
+
+Nothing here knows about topics: the state machine is any object with `apply(entry)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import trio
+
+from raftlog.commitlog import CommitLog
+from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
+from raftlog.hardstate import HardStateFile
+from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role
+
+__all__ = [
+    "GroupOptions",
+    "GroupRuntime",
+    "NotLeader",
+    "ProposalDropped",
+    "ProposalLost",
+    "StateMachine",
+]
+
+log = logging.getLogger("raftmq.raft")
+
+
+class StateMachine(Protocol):
+    def apply(self, entry: Entry) -> Any: ...
+
+
+class ProposalLost(Exception):
+    """Another entry took the proposal's place in the log: it was never committed."""
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    raft: RaftConfig = field(default_factory=RaftConfig)
+    segment_size: int = 1 << 30
+    fsync: Literal["always", "interval"] = "always"
+    fsync_interval: float = 1.0
+    max_uncommitted_bytes: int = 64 << 20
+    skip_fsync: bool = False  # the deliberate `skip-fsync` test mutation
+
+
+class _Waiter:
+    __slots__ = ("term", "size", "event", "result", "error")
+
+    def __init__(self, term: int, size: int) -> None:
+        self.term = term
+        self.size = size
+        self.event = trio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.event.set()
+
+
+class GroupRuntime:
+    """One replica of one group, driven by trio. Open with `open()`, run with `run()`."""
+
+    def __init__(
+        self,
+        group_id: str,
+        node_id: int,
+        path: str | os.PathLike[str],
+        replicas: tuple[int, ...],
+        machine: StateMachine,
+        send: Callable[[str, Message], None],
+        options: GroupOptions | None = None,
+        *,
+        rng: random.Random | None = None,
+        on_change: Callable[[GroupRuntime], None] | None = None,
+        on_fsync: Callable[[float], None] | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self.node_id = node_id
+        self.path = os.fspath(path)
+        self.replicas = replicas
+        self.machine = machine
+        self.options = options or GroupOptions()
+        self._send = send
+        self._rng = rng or random.Random()
+        self._on_change = on_change
+        self._on_fsync = on_fsync
+        self.log: CommitLog | None = None
+        self.core: RaftNode | None = None
+        self._hs: HardStateFile | None = None
+        self._wakeup = trio.Event()
+        self._sync_needed = trio.Event()
+        self._applied_changed = trio.Event()
+        self._space = trio.Event()
+        self._waiters: dict[int, _Waiter] = {}
+        self._uncommitted = 0
+        self._seen: tuple[Role, int | None, int] = (Role.FOLLOWER, None, 0)
+        self.fsyncs = 0
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Recover the CommitLog and hard state from disk (bootstrapping a new group)."""
+        os.makedirs(self.path, exist_ok=True)
+        self.log = CommitLog.open(
+            self.path,
+            segment_size=self.options.segment_size,
+            fsync=self.options.fsync,
+            fsync_interval=self.options.fsync_interval,
+        )
+        self._hs = HardStateFile(os.path.join(self.path, "hardstate"))
+        hs = self._hs.load()
+        if not hs.configs:
+            hs = HardState(hs.term, hs.vote, ((0, 0, Membership(frozenset(self.replicas))),))
+            self._hs.save(hs)
+        self.core = RaftNode(self.node_id, self.log, hs, self.options.raft, rng=self._rng)
+        self._seen = (self.core.role, self.core.leader, self.core.term)
+        log.info("group opened", extra={"fields": {
+            "group": self.group_id, "last_index": self.log.last_index(), "term": hs.term,
+            "recovery": repr(self.log.recovery)}})
+
+    async def run(self) -> None:
+        """Drive the group until cancelled; the CommitLog is closed on the way out."""
+        if self.core is None:
+            self.open()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._ready_loop)
+                nursery.start_soon(self._sync_loop)
+        finally:
+            self.closed = True
+            self._fail_waiters(NotLeader(None))
+            if self.log is not None:
+                try:
+                    self.log.close()
+                except Exception:  # noqa: BLE001 - a failed close must not mask the cause
+                    log.exception("closing the CommitLog failed")
+
+    # ------------------------------------------------------------------ events in
+
+    def tick(self) -> None:
+        assert self.core is not None
+        self.core.tick()
+        self._wakeup.set()
+
+    def step(self, m: Message) -> None:
+        assert self.core is not None
+        self.core.step(m)
+        self._wakeup.set()
+
+    def transfer_leadership(self, target: int) -> None:
+        assert self.core is not None
+        self.core.transfer_leadership(target)
+        self._wakeup.set()
+
+    async def propose(self, data: bytes, type: EntryType = EntryType.MESSAGES) -> Any:
+        """Propose as leader and wait until the entry is applied; returns what the state
+        machine's `apply` returned for it.
+
+        Raises NotLeader (with a hint) or ProposalDropped before anything is written, and
+        NotLeader or ProposalLost when leadership was lost before the entry committed
+        (the outcome is then unknown to the caller, or known to be nothing).
+        """
+        core = self.core
+        assert core is not None
+        while self._uncommitted > self.options.max_uncommitted_bytes:
+            if core.role != Role.LEADER:
+                raise NotLeader(core.leader)
+            space = self._space
+            await space.wait()
+        index = core.propose(data, type)
+        w = _Waiter(core.term, len(data))
+        self._waiters[index] = w
+        self._uncommitted += w.size
+        self._wakeup.set()
+        await w.event.wait()
+        if w.error is not None:
+            raise w.error
+        return w.result
+
+    async def wait_applied_change(self) -> None:
+        """Return after the next apply (or role change): long polls wait on this."""
+        await self._applied_changed.wait()
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def role(self) -> Role:
+        assert self.core is not None
+        return self.core.role
+
+    @property
+    def is_leader(self) -> bool:
+        return self.core is not None and self.core.role == Role.LEADER
+
+    @property
+    def leader(self) -> int | None:
+        assert self.core is not None
+        return self.core.leader
+
+    @property
+    def term(self) -> int:
+        assert self.core is not None
+        return self.core.term
+
+    def status(self) -> dict[str, Any]:
+        core, lg = self.core, self.log
+        assert core is not None and lg is not None
+        return {
+            "role": core.role.name.lower().replace("_", "-"),
+            "term": core.term,
+            "leader": core.leader,
+            "commit": core.commit,
+            "applied": core.applied,
+            "last": lg.last_index(),
+            "durable": lg.durable_index(),
+            "first": lg.first_index(),
+            "voters": sorted(core.membership.voters),
+            "fsyncs": self.fsyncs,
+            "uncommitted_bytes": self._uncommitted,
+        }
+
+    # ------------------------------------------------------------------ loops
+
+    async def _ready_loop(self) -> None:
+        core, lg, hs = self.core, self.log, self._hs
+        assert core is not None and lg is not None and hs is not None
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = trio.Event()
+            while True:
+                rd = core.ready()
+                if not rd:
+                    break
+                if rd.hard_state is not None:
+                    # Rare (terms, votes, membership); kept on the loop so no later
+                    # message can overtake it.
+                    hs.save(rd.hard_state)
+                if rd.entries:
+                    lg.store(rd.entries)
+                    self._sync_needed.set()
+                for m in rd.messages:
+                    self._send(self.group_id, m)
+                if rd.apply:
+                    self._apply(rd.apply)
+            self._notice_changes()
+            await trio.lowlevel.checkpoint()
+
+    async def _sync_loop(self) -> None:
+        core, lg = self.core, self.log
+        assert core is not None and lg is not None
+        fsync = not self.options.skip_fsync
+        while True:
+            await self._sync_needed.wait()
+            self._sync_needed = trio.Event()
+            plan = lg.begin_sync(fsync=fsync)
+            if plan is None:
+                continue
+            t0 = time.perf_counter()
+            try:
+                if plan.fds or plan.sync_dir:
+                    await trio.to_thread.run_sync(plan.run)
+            finally:
+                plan.close()
+            persisted = lg.finish_sync(plan)
+            if plan.fsynced:
+                self.fsyncs += 1
+                if self._on_fsync is not None:
+                    self._on_fsync(time.perf_counter() - t0)
+            if persisted > 0:
+                core.persisted(persisted, lg.term(persisted))
+                self._wakeup.set()
+
+    def _apply(self, entries: list[Entry]) -> None:
+        for e in entries:
+            result = self.machine.apply(e)
+            w = self._waiters.pop(e.index, None)
+            if w is None:
+                continue
+            self._release(w)
+            if w.term == e.term:
+                w.resolve(result)
+            else:
+                w.resolve(error=ProposalLost(f"entry {e.index} was replaced by a newer leader"))
+        self._applied_changed.set()
+        self._applied_changed = trio.Event()
+
+    def _release(self, w: _Waiter) -> None:
+        self._uncommitted -= w.size
+        if self._uncommitted <= self.options.max_uncommitted_bytes:
+            self._space.set()
+            self._space = trio.Event()
+
+    def _fail_waiters(self, error: BaseException) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for w in waiters.values():
+            self._release(w)
+            w.resolve(error=error)
+        self._space.set()
+        self._space = trio.Event()
+
+    def _notice_changes(self) -> None:
+        core = self.core
+        assert core is not None
+        now = (core.role, core.leader, core.term)
+        if now == self._seen:
+            return
+        was_leader = self._seen[0] == Role.LEADER
+        self._seen = now
+        if was_leader and core.role != Role.LEADER:
+            self._fail_waiters(NotLeader(core.leader))
+        self._applied_changed.set()
+        self._applied_changed = trio.Event()
+        log.info("role change", extra={"fields": {"group": self.group_id, "role": core.role.name,
+                 "leader": core.leader, "term": core.term}})
+        if self._on_change is not None:
+            self._on_change(self)
