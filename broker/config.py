@@ -1,0 +1,480 @@
+"""A node's configuration: one TOML file per node process.
+
+Every node of a cluster gets the same `[peers]` table and the same `[[groups]]` list (the
+cluster's layout); a node hosts the groups whose `replicas` name its `node_id`
+(`NodeConfig.hosted_groups`). Keeping the whole layout in each file lets a node reach the
+leader of any group and lets tools check that all files describe one cluster.
+
+Validation is strict on purpose: an unknown key is an error (a typo such as `fsycn` must
+not silently fall back to a default), and every problem names its key. Example::
+
+    node_id = 1
+    listen = "127.0.0.1:7101"
+    metrics = "127.0.0.1:9101"
+    data = "/srv/raftmq/n1"
+    namesrv = ["127.0.0.1:9876"]
+    fsync = "always"
+    [peers]
+    1 = "127.0.0.1:7101"
+    2 = "127.0.0.1:7102"
+    3 = "127.0.0.1:7103"
+    [[groups]]
+    id = "g0"
+    replicas = [1, 2, 3]
+    preferred_leader = 1
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from broker.protocol import MAX_MESSAGE_BYTES, RequestError, parse_address, validate_group_name
+
+__all__ = [
+    "ALLOW_MUTATIONS_ENV",
+    "FSYNC_POLICIES",
+    "KNOWN_MUTATIONS",
+    "METRICS_PORT_OFFSET",
+    "NAMESRV_PORT_OFFSET",
+    "ConfigError",
+    "GroupConfig",
+    "NodeConfig",
+    "cluster_configs",
+    "dump_config",
+    "load_config",
+]
+
+FSYNC_POLICIES = ("always", "interval")
+ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
+# Deliberate misbehaviour a chaos test can switch on to prove the checkers catch it.
+KNOWN_MUTATIONS = frozenset({"ack-before-commit", "skip-fsync"})
+
+# Port layout of `cluster_configs`: node i listens at base+i, serves metrics at
+# base+100+i, and the name server sits at base+76 (7176 for the default base 7100).
+NAMESRV_PORT_OFFSET = 76
+METRICS_PORT_OFFSET = 100
+_MAX_NODES_FOR_LAYOUT = NAMESRV_PORT_OFFSET - 1
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and what is expected."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """One Raft group of the cluster and the nodes holding its replicas."""
+
+    id: str
+    replicas: tuple[int, ...]
+    preferred_leader: int | None = None
+
+
+def _frozen_peers(peers: Mapping[int, str]) -> Mapping[int, str]:
+    return MappingProxyType(dict(sorted(peers.items())))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """Everything one node process needs; build it with `from_dict` or `load_config` so it
+    is validated (the constructor itself does not check values)."""
+
+    node_id: int
+    listen: str
+    data: Path
+    peers: Mapping[int, str] = field(hash=False)
+    groups: tuple[GroupConfig, ...] = ()
+    namesrv: tuple[str, ...] = ()
+    metrics: str | None = None
+    fsync: str = "always"
+    fsync_interval: float = 1.0
+    segment_size: int = 1 << 30
+    tick_ms: int = 100
+    election_ticks: int = 10
+    register_interval: float = 30.0
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    retention_hours: float = 72.0
+    retention_disk_ratio: float = 0.90
+    test_mutations: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # a read-only view, so a "frozen" config cannot be changed through its peers table
+        object.__setattr__(self, "peers", _frozen_peers(self.peers))
+
+    @property
+    def hosted_groups(self) -> tuple[GroupConfig, ...]:
+        """The groups this node holds a replica of."""
+        return tuple(g for g in self.groups if self.node_id in g.replicas)
+
+    @property
+    def address(self) -> str:
+        """The address other nodes and clients dial for this node (its `peers` entry)."""
+        return self.peers[self.node_id]
+
+    def group_dir(self, group: str) -> Path:
+        """Where this node keeps the data of `group`."""
+        return self.data / group
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> NodeConfig:
+        """Validate a parsed TOML document (or an equivalent dict) into a config.
+
+        `env` defaults to `os.environ`; it decides whether `test_mutations` are allowed.
+        Raises `ConfigError` naming the first offending key.
+        """
+        return _parse(d, os.environ if env is None else env)
+
+
+# ------------------------------------------------------------------ parsing
+
+
+_REQUIRED = ("node_id", "listen", "data", "peers")
+_TOP_KEYS = tuple(f.name for f in fields(NodeConfig))
+_GROUP_KEYS = ("id", "replicas", "preferred_leader")
+
+
+def _reject_unknown(d: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    for key in d:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown key {where}{key!r}{hint} (known: {', '.join(known)})")
+
+
+def _int(value: object, key: str, *, minimum: int | None = None) -> int:
+    # bool is an int subclass, but `true` for a port or a size is a mistake
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(value: object, key: str, *, positive: bool = True) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    f = float(value)
+    if not math.isfinite(f) or (positive and f <= 0):
+        raise ConfigError(f"{key} must be a positive finite number, got {value!r}")
+    return f
+
+
+def _str(value: object, key: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _address(value: object, key: str) -> str:
+    s = _str(value, key)
+    try:
+        parse_address(s)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return s
+
+
+def _list(value: object, key: str) -> list[Any]:
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{key} must be a list, got {value!r}")
+    return list(value)
+
+
+def _node_id(value: object, key: str) -> int:
+    if isinstance(value, str):  # TOML table keys are always strings
+        if not value.isdigit():
+            raise ConfigError(f"{key} must be a positive integer node id, got {value!r}")
+        value = int(value)
+    return _int(value, key, minimum=1)
+
+
+def _peers(value: object) -> dict[int, str]:
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigError(f"peers must be a table of node id = \"host:port\", got {value!r}")
+    peers: dict[int, str] = {}
+    seen: dict[str, int] = {}
+    for k, v in value.items():
+        nid = _node_id(k, f"peers key {k!r}")
+        if nid in peers:
+            raise ConfigError(f"peers: node {nid} is listed twice")
+        addr = _address(v, f"peers.{nid}")
+        if addr in seen:
+            raise ConfigError(f"peers: nodes {seen[addr]} and {nid} share the address {addr}")
+        peers[nid] = addr
+        seen[addr] = nid
+    return peers
+
+
+def _group(value: object, index: int, peers: Mapping[int, str]) -> GroupConfig:
+    where = f"groups[{index}]"
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a table, got {value!r}")
+    _reject_unknown(value, _GROUP_KEYS, f"in {where}: ")
+    for key in ("id", "replicas"):
+        if key not in value:
+            raise ConfigError(f"{where} is missing {key!r}")
+    try:
+        gid = validate_group_name(value["id"])
+    except RequestError as exc:
+        raise ConfigError(f"{where}.id: {exc.message}") from None
+    where = f"group {gid!r}"
+    replicas_raw = _list(value["replicas"], f"{where} replicas")
+    if not replicas_raw:
+        raise ConfigError(f"{where} replicas must name at least one node")
+    replicas = tuple(_int(r, f"{where} replica", minimum=1) for r in replicas_raw)
+    if len(set(replicas)) != len(replicas):
+        raise ConfigError(f"{where} replicas {list(replicas)} name a node twice")
+    unknown = [r for r in replicas if r not in peers]
+    if unknown:
+        raise ConfigError(
+            f"{where} replicas {unknown} are not in peers (known nodes: {sorted(peers)})"
+        )
+    preferred = value.get("preferred_leader")
+    if preferred is not None:
+        preferred = _int(preferred, f"{where} preferred_leader", minimum=1)
+        if preferred not in replicas:
+            raise ConfigError(
+                f"{where} preferred_leader {preferred} is not one of its replicas {list(replicas)}"
+            )
+    return GroupConfig(gid, replicas, preferred)
+
+
+def _mutations(value: object, env: Mapping[str, str]) -> tuple[str, ...]:
+    items = tuple(_str(m, "test_mutations entry") for m in _list(value, "test_mutations"))
+    for m in items:
+        if m not in KNOWN_MUTATIONS:
+            raise ConfigError(
+                f"unknown test mutation {m!r} (known: {', '.join(sorted(KNOWN_MUTATIONS))})"
+            )
+    if items and env.get(ALLOW_MUTATIONS_ENV) != "1":
+        raise ConfigError(
+            f"test_mutations {list(items)} make the node deliberately unsafe; they are "
+            f"refused unless the environment has {ALLOW_MUTATIONS_ENV}=1"
+        )
+    return items
+
+
+def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"a node configuration must be a table, got {type(d).__name__}")
+    _reject_unknown(d, _TOP_KEYS, "")
+    missing = [k for k in _REQUIRED if k not in d]
+    if missing:
+        raise ConfigError(f"missing required key(s): {', '.join(missing)}")
+
+    peers = _peers(d["peers"])
+    node_id = _node_id(d["node_id"], "node_id")
+    if node_id not in peers:
+        raise ConfigError(f"node_id {node_id} is not in peers (known nodes: {sorted(peers)})")
+    data = _str(d["data"], "data")
+    if not data:
+        raise ConfigError("data must name a directory")
+
+    groups = tuple(_group(g, i, peers) for i, g in enumerate(_list(d.get("groups", []), "groups")))
+    ids = [g.id for g in groups]
+    dup = sorted({g for g in ids if ids.count(g) > 1})
+    if dup:
+        raise ConfigError(f"group id(s) {dup} are defined more than once")
+
+    metrics = d.get("metrics")
+    fsync = _str(d.get("fsync", "always"), "fsync")
+    if fsync not in FSYNC_POLICIES:
+        raise ConfigError(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, got {fsync!r}")
+    ratio = _float(d.get("retention_disk_ratio", 0.90), "retention_disk_ratio")
+    if ratio > 1:
+        raise ConfigError(f"retention_disk_ratio must be in (0, 1], got {ratio}")
+
+    return NodeConfig(
+        node_id=node_id,
+        listen=_address(d["listen"], "listen"),
+        data=Path(data),
+        peers=peers,
+        groups=groups,
+        namesrv=tuple(
+            _address(a, "namesrv entry") for a in _list(d.get("namesrv", []), "namesrv")
+        ),
+        metrics=None if metrics is None else _address(metrics, "metrics"),
+        fsync=fsync,
+        fsync_interval=_float(d.get("fsync_interval", 1.0), "fsync_interval"),
+        segment_size=_int(d.get("segment_size", 1 << 30), "segment_size", minimum=1024),
+        tick_ms=_int(d.get("tick_ms", 100), "tick_ms", minimum=1),
+        election_ticks=_int(d.get("election_ticks", 10), "election_ticks", minimum=2),
+        register_interval=_float(d.get("register_interval", 30.0), "register_interval"),
+        max_message_bytes=_int(
+            d.get("max_message_bytes", MAX_MESSAGE_BYTES), "max_message_bytes", minimum=1
+        ),
+        retention_hours=_float(d.get("retention_hours", 72.0), "retention_hours"),
+        retention_disk_ratio=ratio,
+        test_mutations=_mutations(d.get("test_mutations", []), env),
+    )
+
+
+def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> NodeConfig:
+    """Read and validate a node's TOML file.
+
+    A relative `data` directory is taken relative to the file's own directory, so a config
+    means the same thing whatever the working directory of the process reading it.
+    """
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    try:
+        cfg = NodeConfig.from_dict(doc, env=env)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+    if not cfg.data.is_absolute():
+        cfg = replace(cfg, data=p.resolve().parent / cfg.data)
+    return cfg
+
+
+# ------------------------------------------------------------------ writing
+
+
+def _toml_str(s: str) -> str:
+    out = ['"']
+    for ch in s:
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch in "\n\t\r":
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v)  # always has '.' or an exponent, so TOML reads a float back
+    if isinstance(v, str | Path):
+        return _toml_str(str(v))
+    if isinstance(v, tuple | list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} as TOML")
+
+
+def dump_config(cfg: NodeConfig) -> str:
+    """The TOML text of `cfg`; `load_config` of it gives back an equal config."""
+    lines = [f"node_id = {cfg.node_id}", f"listen = {_toml_value(cfg.listen)}"]
+    if cfg.metrics is not None:
+        lines.append(f"metrics = {_toml_value(cfg.metrics)}")
+    lines.append(f"data = {_toml_value(cfg.data)}")
+    lines.append(f"namesrv = {_toml_value(cfg.namesrv)}")
+    skip = {"node_id", "listen", "metrics", "data", "namesrv", "peers", "groups"}
+    for name in _TOP_KEYS:
+        if name not in skip:
+            lines.append(f"{name} = {_toml_value(getattr(cfg, name))}")
+    lines.append("")
+    lines.append("[peers]")
+    for nid, addr in sorted(cfg.peers.items()):
+        lines.append(f"{nid} = {_toml_value(addr)}")
+    for g in cfg.groups:
+        lines.append("")
+        lines.append("[[groups]]")
+        lines.append(f"id = {_toml_value(g.id)}")
+        lines.append(f"replicas = {_toml_value(g.replicas)}")
+        if g.preferred_leader is not None:
+            lines.append(f"preferred_leader = {g.preferred_leader}")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ clusters
+
+
+_PER_NODE_KEYS = frozenset({"node_id", "listen", "metrics", "data", "peers", "groups"})
+
+
+def cluster_configs(
+    base_dir: str | os.PathLike[str],
+    *,
+    nodes: int = 3,
+    groups: int = 3,
+    host: str = "127.0.0.1",
+    port_base: int = 7100,
+    namesrv: Sequence[str] | None = None,
+    replication: int = 3,
+    metrics: bool = True,
+    listen_ports: Sequence[int] | None = None,
+    metrics_ports: Sequence[int] | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> list[NodeConfig]:
+    """Configs for a local cluster of `nodes` nodes and `groups` groups `g0..g{groups-1}`.
+
+    Layout: node i (1-based) listens at `port_base+i`, serves metrics at `port_base+100+i`
+    and keeps data in `base_dir/n{i}`; the name server defaults to `host:port_base+76`.
+    `listen_ports`/`metrics_ports` replace the computed ports (e.g. with free ones).
+    Group k is replicated on `replication` consecutive nodes starting at node
+    `k mod nodes + 1` (wrapping around), which is also its preferred leader: preferred
+    leaders go round-robin over the nodes, so 3 nodes x 3 groups give one per node.
+    `overrides` set any other config key (e.g. `fsync="interval"`) on every node.
+    """
+    if nodes < 1:
+        raise ConfigError(f"a cluster needs at least one node, got {nodes}")
+    if listen_ports is None and nodes > _MAX_NODES_FOR_LAYOUT:
+        raise ConfigError(
+            f"the port layout fits at most {_MAX_NODES_FOR_LAYOUT} nodes; pass listen_ports"
+        )
+    if groups < 0:
+        raise ConfigError(f"groups must be >= 0, got {groups}")
+    if not 1 <= replication <= nodes:
+        raise ConfigError(f"replication must be between 1 and nodes ({nodes}), got {replication}")
+    for ports, what in ((listen_ports, "listen_ports"), (metrics_ports, "metrics_ports")):
+        if ports is not None and len(ports) != nodes:
+            raise ConfigError(f"{what} has {len(ports)} ports for {nodes} nodes")
+    bad = sorted(_PER_NODE_KEYS & overrides.keys())
+    if bad:
+        raise ConfigError(f"{', '.join(bad)} differ per node and cannot be overridden here")
+
+    base = Path(base_dir)
+    ids = range(1, nodes + 1)
+    lports = list(listen_ports) if listen_ports is not None else [port_base + i for i in ids]
+    mports = (
+        list(metrics_ports)
+        if metrics_ports is not None
+        else [port_base + METRICS_PORT_OFFSET + i for i in ids]
+    )
+    peers = {i: f"{host}:{lports[i - 1]}" for i in ids}
+    if namesrv is None:
+        namesrv = [f"{host}:{port_base + NAMESRV_PORT_OFFSET}"]
+    group_list = []
+    for k in range(groups):
+        first = k % nodes
+        replicas = sorted((first + j) % nodes + 1 for j in range(replication))
+        group_list.append({"id": f"g{k}", "replicas": replicas, "preferred_leader": first + 1})
+
+    configs = []
+    for i in ids:
+        doc: dict[str, Any] = {
+            "node_id": i,
+            "listen": peers[i],
+            "data": str(base / f"n{i}"),
+            "namesrv": list(namesrv),
+            "peers": peers,
+            "groups": group_list,
+            **overrides,
+        }
+        if metrics:
+            doc["metrics"] = f"{host}:{mports[i - 1]}"
+        configs.append(NodeConfig.from_dict(doc, env=env))
+    return configs
