@@ -33,7 +33,28 @@ def _chaos(argv: list[str]) -> int:
     return check_main(argv[1:])
 
 
+def _node(argv: list[str]) -> int:
+    from broker.node import main as node_main
+
+    return node_main(argv)
+
+
+def _namesrv(argv: list[str]) -> int:
+    from namesrv.__main__ import main as namesrv_main
+
+    return namesrv_main(argv)
+
+
+def _dev(argv: list[str]) -> int:
+    from raftmq.dev import main as dev_main
+
+    return dev_main(argv)
+
+
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "dev": (_dev, "start a name server and three nodes on loopback; prints `ready ADDR`"),
+    "node": (_node, "run one node (replicas of several Raft groups): --config node.toml"),
+    "namesrv": (_namesrv, "run a name server (routes: which group leads which queues)"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
     "chaos": (_chaos, "linearizability checking of recorded histories: `chaos check`"),

@@ -1,0 +1,256 @@
+"""One node process: replicas of several Raft groups behind one address.
+
+A node owns, in one trio nursery:
+
+* a `GroupRuntime` + `BrokerState` per hosted group (Multi-Raft: each group elects on its
+  own; a preferred leader per group spreads leaders across nodes, and the core hands
+  leadership back to it once it has caught up after a restart);
+* `PeerLinks`: one TCP connection per node pair carrying every group's Raft messages;
+* one listener on `listen` for both peers (first frame HELLO) and clients;
+* the ticker driving every group's logical clock;
+* the name-server registrar (every `register_interval`, and at once on a leader change
+  or a topic change);
+* the Prometheus endpoint and the gauges behind it.
+
+Cancelling the nursery (SIGINT/SIGTERM) closes every CommitLog cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import sys
+from typing import Any
+
+import trio
+
+from broker.config import NodeConfig, load_config
+from broker.framing import FrameStream, open_frame_stream, serve_frames
+from broker.metrics import NodeMetrics, serve_metrics
+from broker.protocol import DEFAULT_MAX_FRAME, Op, parse_address
+from broker.service import BrokerService
+from broker.statemachine import BrokerState
+from raftlog.core import RaftConfig
+from raftlog.runtime import GroupOptions, GroupRuntime
+from raftlog.types import Message, Role
+
+__all__ = ["Node", "main"]
+
+log = logging.getLogger("raftmq.node")
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.addr = config.address
+        self.metrics = NodeMetrics(config.node_id)
+        self.max_frame = max(DEFAULT_MAX_FRAME, config.max_message_bytes * 2 + (1 << 20))
+        from broker.peers import PeerLinks
+
+        self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
+                               max_frame=self.max_frame)
+        self.groups: dict[str, GroupRuntime] = {}
+        self.states: dict[str, BrokerState] = {}
+        mutations = set(config.test_mutations)
+        for gc in config.hosted_groups:
+            state = BrokerState(gc.id, max_message_bytes=config.max_message_bytes)
+            options = GroupOptions(
+                raft=RaftConfig(
+                    election_ticks=config.election_ticks,
+                    heartbeat_ticks=1,
+                    preferred_leader=gc.preferred_leader,
+                ),
+                segment_size=config.segment_size,
+                fsync="interval" if config.fsync == "interval" else "always",
+                fsync_interval=config.fsync_interval,
+                skip_fsync="skip-fsync" in mutations,
+            )
+            hist = self.metrics.fsync_seconds.labels(gc.id)
+            self.groups[gc.id] = GroupRuntime(
+                gc.id, config.node_id, config.group_dir(gc.id), gc.replicas, state,
+                self.peers.send, options, rng=random.Random(), on_change=self._on_change,
+                on_fsync=hist.observe,
+            )
+            self.states[gc.id] = state
+        self.service = BrokerService(self)
+        self._register_now = trio.Event()
+        self.ack_before_commit = "ack-before-commit" in mutations
+
+    # ------------------------------------------------------------------ wiring
+
+    def peer_addr(self, node: int | None) -> str | None:
+        return None if node is None else self.config.peers.get(node)
+
+    def _deliver(self, group: str, m: Message) -> None:
+        g = self.groups.get(group)
+        if g is not None and m.dst == self.node_id and g.core is not None:
+            g.step(m)
+
+    def _on_change(self, g: GroupRuntime) -> None:
+        if g.role == Role.LEADER:
+            self.metrics.leader_changes.labels(g.group_id).inc()
+        self._register_now.set()
+
+    def topics_changed(self) -> None:
+        self._register_now.set()
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        for g in self.groups.values():
+            g.open()
+        host, port = parse_address(self.config.listen)
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        async with trio.open_nursery() as nursery:
+            for g in self.groups.values():
+                nursery.start_soon(g.run)
+            nursery.start_soon(self.peers.run)
+            nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
+            nursery.start_soon(self._ticker)
+            nursery.start_soon(self._registrar)
+            nursery.start_soon(self._refresh_metrics)
+            if self.config.metrics:
+                mhost, mport = parse_address(self.config.metrics)
+                mlisteners = await trio.open_tcp_listeners(mport, host=mhost)
+                await nursery.start(serve_metrics, mlisteners, self.metrics)
+            log.info("node ready", extra={"fields": {"addr": self.addr,
+                                                     "groups": sorted(self.groups)}})
+            task_status.started(self.addr)
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        fs = FrameStream(stream, max_frame=self.max_frame)
+        try:
+            first = await fs.receive()
+        except Exception:  # noqa: BLE001 - a broken first frame ends only this connection
+            first = None
+            await serve_frames(fs, self.service.handle)  # answers the protocol error
+            return
+        if first is None:
+            await fs.aclose()
+            return
+        if first.header.get("op") == Op.HELLO and isinstance(first.header.get("node"), int):
+            try:
+                await self.peers.accept(first.header["node"], stream, fs.decoder)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await fs.aclose()
+            return
+        await serve_frames(fs, self.service.handle, first=first)
+
+    async def _ticker(self) -> None:
+        interval = self.config.tick_ms / 1000
+        next_at = trio.current_time()
+        while True:
+            next_at += interval
+            await trio.sleep_until(next_at)
+            for g in self.groups.values():
+                g.tick()
+            now = trio.current_time()
+            if now - next_at > 5 * interval:
+                next_at = now  # the loop was starved; don't burst-tick to catch up
+
+    async def _registrar(self) -> None:
+        while True:
+            with trio.move_on_after(self.config.register_interval):
+                await self._register_now.wait()
+                await trio.sleep(0.02)  # coalesce a burst of changes
+            self._register_now = trio.Event()
+            header = self.registration()
+            for ns in self.config.namesrv:
+                with trio.move_on_after(2.0):
+                    try:
+                        fs = await open_frame_stream(ns)
+                        async with fs:
+                            await fs.send({"op": Op.REGISTER, "id": 1, **header})
+                            await fs.receive()
+                    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                        log.debug("name server unreachable", extra={"fields": {"namesrv": ns}})
+
+    def registration(self) -> dict[str, Any]:
+        groups: dict[str, Any] = {}
+        for gid, g in self.groups.items():
+            st = g.status()
+            state = self.states[gid]
+            groups[gid] = {
+                "role": st["role"],
+                "leader": st["leader"],
+                "term": st["term"],
+                "replicas": {n: self.config.peers[n] for n in g.replicas},
+                "topics": {t: {"queues": c.queues, "hosted": list(c.hosted)}
+                           for t, c in state.topics().items()},
+                "commit": st["commit"],
+                "applied": st["applied"],
+            }
+        return {"node": self.node_id, "addr": self.addr, "metrics": self.config.metrics,
+                "groups": groups}
+
+    def status(self) -> dict[str, Any]:
+        groups: dict[str, Any] = {}
+        for gid, g in self.groups.items():
+            st = g.status()
+            state = self.states[gid]
+            queues: dict[str, dict[int, list[int]]] = {}
+            for name, cfg in state.topics().items():
+                queues[name] = {q: list(state.queue_range(name, q)) for q in cfg.hosted}
+            offsets: dict[str, dict[str, dict[int, int]]] = {}
+            for (cg, topic, q), off in state.consumer_offsets().items():
+                offsets.setdefault(cg, {}).setdefault(topic, {})[q] = off
+            groups[gid] = {**st, "leader_addr": self.peer_addr(st["leader"]), "queues": queues,
+                           "offsets": offsets}
+        return {"node": self.node_id, "addr": self.addr, "groups": groups,
+                "peers_connected": self.peers.connected_peers()}
+
+    async def _refresh_metrics(self) -> None:
+        seen_topics: dict[str, int] = {}
+        while True:
+            for gid, g in self.groups.items():
+                st = g.status()
+                self.metrics.set_raft_state(
+                    gid, role="pre_candidate" if st["role"] == "pre-candidate" else st["role"],
+                    term=st["term"], commit=st["commit"], applied=st["applied"],
+                    last=st["last"], durable=st["durable"])
+                state = self.states[gid]
+                ntopics = len(state.topics())
+                if seen_topics.get(gid, ntopics) != ntopics:
+                    self._register_now.set()
+                seen_topics[gid] = ntopics
+                if g.is_leader:
+                    for (cg, topic, q), off in state.consumer_offsets().items():
+                        try:
+                            end = state.queue_range(topic, q)[1]
+                        except Exception:  # noqa: BLE001 - topic deleted meanwhile
+                            continue
+                        self.metrics.consumer_lag.labels(gid, cg, topic, str(q)).set(end - off)
+            await trio.sleep(1.0)
+
+
+async def _run_until_signalled(node: Node) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            addr = await nursery.start(node.run)
+            print(f"ready {addr}", flush=True)
+            async for _sig in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    from broker.config import ConfigError
+    from broker.logs import configure_logging
+
+    p = argparse.ArgumentParser(prog="raftmq node", description="run one raftmq node")
+    p.add_argument("--config", required=True, help="node TOML file")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"raftmq node: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(f"n{config.node_id}", args.log_level)
+    trio.run(_run_until_signalled, Node(config))
+    return 0

@@ -1,0 +1,161 @@
+"""Raft traffic between nodes: one TCP connection per node pair carries every group.
+
+The node with the lower id dials, the other accepts (its listener hands the stream over
+after the `HELLO` frame), and both directions share that connection. Messages are queued
+per peer and written in batches, so a burst of appends for many groups costs one
+`send_all`. While a link is down its queue is dropped: Raft repeats whatever matters
+(heartbeats, appends after a reject), and old messages would only be stale.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import trio
+
+from broker.protocol import FrameDecoder, Op, ProtocolError, encode_frame, parse_address
+from raftlog.types import Message
+from raftlog.wire import WireError, message_from_wire, message_to_wire
+
+__all__ = ["PeerLinks"]
+
+log = logging.getLogger("raftmq.peers")
+
+_MAX_QUEUED = 64 << 20  # per peer; beyond this new messages are dropped (Raft retries)
+_READ_CHUNK = 1 << 18
+
+
+class _Link:
+    def __init__(self, peer: int, addr: str) -> None:
+        self.peer = peer
+        self.addr = addr
+        self.stream: trio.SocketStream | None = None
+        self.queue: list[bytes] = []
+        self.queued = 0
+        self.has_data = trio.Event()
+        self.connected = trio.Event()
+        self.dropped = 0
+
+    def enqueue(self, frame: bytes) -> None:
+        if self.stream is None or self.queued > _MAX_QUEUED:
+            self.dropped += 1
+            return
+        self.queue.append(frame)
+        self.queued += len(frame)
+        self.has_data.set()
+
+    def attach(self, stream: trio.SocketStream) -> None:
+        old, self.stream = self.stream, stream
+        self.queue, self.queued = [], 0
+        if old is not None:
+            old.socket.close()  # the peer reconnected; the old connection is dead to it
+        self.connected.set()
+
+    def detach(self, stream: trio.SocketStream) -> None:
+        if self.stream is stream:
+            self.stream = None
+            self.queue, self.queued = [], 0
+            self.connected = trio.Event()
+
+
+class PeerLinks:
+    """All of a node's peer connections. `send` never blocks."""
+
+    def __init__(
+        self,
+        node_id: int,
+        peers: dict[int, str],
+        deliver: Callable[[str, Message], None],
+        *,
+        max_frame: int,
+    ) -> None:
+        self.node_id = node_id
+        self._deliver = deliver
+        self._max_frame = max_frame
+        self._links = {p: _Link(p, a) for p, a in peers.items() if p != node_id}
+
+    def send(self, group: str, m: Message) -> None:
+        link = self._links.get(m.dst)
+        if link is None:
+            return
+        fields, body = message_to_wire(m)
+        link.enqueue(encode_frame({"op": Op.RAFT, "g": group, "m": fields}, body))
+
+    def connected_peers(self) -> list[int]:
+        return sorted(p for p, link in self._links.items() if link.stream is not None)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for peer, link in self._links.items():
+                nursery.start_soon(self._writer, link)
+                if self.node_id < peer:
+                    nursery.start_soon(self._dialer, link)
+
+    async def accept(self, peer: int, stream: trio.SocketStream, decoder: FrameDecoder) -> None:
+        """Serve a connection a peer opened (its HELLO already read)."""
+        link = self._links.get(peer)
+        if link is None:
+            log.warning("hello from unknown peer", extra={"fields": {"peer": peer}})
+            return
+        link.attach(stream)
+        await self._reader(link, stream, decoder)
+
+    async def _dialer(self, link: _Link) -> None:
+        host, port = parse_address(link.addr)
+        delay = 0.05
+        while True:
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+            except OSError:
+                await trio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = 0.05
+            try:
+                await stream.send_all(encode_frame({"op": Op.HELLO, "node": self.node_id}))
+                link.attach(stream)
+                await self._reader(link, stream, FrameDecoder(self._max_frame))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+            finally:
+                link.detach(stream)
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+            await trio.sleep(0.05)
+
+    async def _reader(
+        self, link: _Link, stream: trio.SocketStream, decoder: FrameDecoder
+    ) -> None:
+        try:
+            while True:
+                while (frame := decoder.next_frame()) is not None:
+                    h = frame.header
+                    if h.get("op") != Op.RAFT or not isinstance(h.get("g"), str):
+                        raise WireError(f"unexpected frame on a peer link: {h.get('op')!r}")
+                    self._deliver(h["g"], message_from_wire(h.get("m"), frame.body))
+                data = await stream.receive_some(_READ_CHUNK)
+                if not data:
+                    return
+                decoder.feed(data)
+        except (ProtocolError, WireError) as exc:
+            log.warning("peer link reset", extra={"fields": {"peer": link.peer, "error": str(exc)}})
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            link.detach(stream)
+
+    async def _writer(self, link: _Link) -> None:
+        while True:
+            await link.has_data.wait()
+            link.has_data = trio.Event()
+            stream = link.stream
+            if stream is None or not link.queue:
+                continue
+            data = b"".join(link.queue)
+            link.queue, link.queued = [], 0
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                link.detach(stream)
+                stream.socket.close()

@@ -1,0 +1,350 @@
+"""The broker's request handlers: what a node answers to clients.
+
+Every handler validates its request fully before touching a Raft group, so bad input gets
+a precise error and never reaches the log. Writes (produce, topic config, consumer
+offsets) are proposed to the group's leader and answered only once applied, i.e.
+committed — fsynced on a majority. Reads are served by the leader from its applied state
+and its own CommitLog, as the stored bytes, with long polling for consumers at the end of
+a queue.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from broker.protocol import (
+    Code,
+    Frame,
+    Op,
+    RequestError,
+    ok_header,
+    validate_group_name,
+    validate_topic_name,
+)
+from broker.records import STORED_PREFIX, parse_message_id, walk_batch
+from broker.statemachine import (
+    MAX_QUEUES,
+    BrokerState,
+    ControlResult,
+    ErrorResult,
+    ProduceResult,
+    control_create_topic,
+    control_offsets,
+)
+from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
+from raftlog.types import EntryType
+
+if TYPE_CHECKING:
+    from broker.node import Node
+
+__all__ = ["BrokerService"]
+
+Response = tuple[dict[str, Any], bytes]
+
+MAX_FETCH_COUNT = 1024
+MAX_FETCH_BYTES = 8 << 20
+MAX_WAIT_MS = 60_000
+DEFAULT_WAIT_MS = 15_000  # RocketMQ's long-poll hold
+
+
+def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
+    v = h.get(name, default)
+    if v is ...:
+        raise RequestError(Code.MALFORMED, f"missing field {name!r}")
+    if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
+        raise RequestError(Code.MALFORMED, f"field {name!r} must be an integer")
+    if kind is not int and not isinstance(v, kind):
+        raise RequestError(Code.MALFORMED, f"field {name!r} must be {kind.__name__}")
+    return v
+
+
+def _queue_id(h: dict[str, Any]) -> int:
+    q = _field(h, "queue", int)
+    if not 0 <= q < MAX_QUEUES:
+        raise RequestError(Code.UNKNOWN_QUEUE, f"queue {q} is out of range")
+    return q
+
+
+class BrokerService:
+    """Dispatches client requests for one node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._consumers: dict[str, dict[str, float]] = {}  # cg -> client -> expiry
+        self._handlers: dict[int, Callable[[dict[str, Any], bytes], Awaitable[Response]]] = {
+            Op.PRODUCE: self._produce,
+            Op.FETCH: self._fetch,
+            Op.COMMIT_OFFSET: self._commit_offset,
+            Op.QUERY_OFFSET: self._query_offset,
+            Op.CREATE_TOPIC: self._create_topic,
+            Op.TOPICS: self._topics,
+            Op.STATUS: self._status,
+            Op.GET_MESSAGE: self._get_message,
+            Op.QUERY_KEY: self._query_key,
+            Op.TRANSFER_LEADER: self._transfer_leader,
+            Op.HEARTBEAT: self._heartbeat,
+            Op.CONSUMERS: self._consumers_of,
+        }
+
+    async def handle(self, frame: Frame) -> Response | None:
+        h = frame.header
+        op = h.get("op")
+        rid = h.get("id", 0)
+        handler = self._handlers.get(op) if isinstance(op, int) else None
+        if handler is None:
+            raise RequestError(Code.UNKNOWN_OP, f"unknown request type {op!r}")
+        try:
+            header, body = await handler(h, frame.body)
+        except NotLeader as exc:
+            raise RequestError(
+                Code.NOT_LEADER, "this node does not lead that group",
+                leader=self.node.peer_addr(exc.leader),
+            ) from None
+        except (ProposalDropped, ProposalLost) as exc:
+            raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None
+        header["id"] = rid
+        return header, body
+
+    # ------------------------------------------------------------------ helpers
+
+    def _group(self, gid: object) -> GroupRuntime:
+        g = self.node.groups.get(gid) if isinstance(gid, str) else None
+        if g is None:
+            raise RequestError(Code.UNKNOWN_GROUP, f"group {gid!r} is not hosted on this node")
+        return g
+
+    def _leading(self, g: GroupRuntime) -> BrokerState:
+        if not g.is_leader:
+            raise NotLeader(g.leader)
+        return self.node.states[g.group_id]
+
+    def _hosting(self, topic: str, queue: int) -> GroupRuntime:
+        """The group on this node that hosts (topic, queue)."""
+        known = False
+        for gid, state in self.node.states.items():
+            cfg = state.topics().get(topic)
+            if cfg is not None:
+                known = True
+                if queue in cfg.hosted:
+                    return self.node.groups[gid]
+                if queue >= cfg.queues:
+                    raise RequestError(
+                        Code.UNKNOWN_QUEUE, f"topic {topic!r} has {cfg.queues} queues, not {queue + 1}"
+                    )
+        if known:
+            # hosted by a group this node is not a replica of
+            raise RequestError(Code.NOT_LEADER, f"{topic}/{queue} is not hosted on this node",
+                               leader=None)
+        raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+
+    @staticmethod
+    def _result(result: Any) -> Any:
+        if isinstance(result, ErrorResult):
+            raise RequestError(result.code, result.message)
+        return result
+
+    def _read(self, g: GroupRuntime, index: int) -> bytes:
+        assert g.log is not None
+        return g.log.entries(index, index + 1, 1 << 62)[0].data
+
+    # ------------------------------------------------------------------ produce
+
+    async def _produce(self, h: dict[str, Any], body: bytes) -> Response:
+        g = self._group(h.get("g"))
+        state = self._leading(g)
+        header, _refs = walk_batch(body, 0, self.node.config.max_message_bytes)
+        validate_topic_name(header.topic)
+        state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
+        data = STORED_PREFIX.pack(int(time.time() * 1000)) + body
+        t0 = time.perf_counter()
+        result = self._result(await g.propose(data, EntryType.MESSAGES))
+        assert isinstance(result, ProduceResult)
+        m = self.node.metrics
+        m.produce_messages.labels(g.group_id).inc(result.count)
+        m.produce_bytes.labels(g.group_id).inc(len(body))
+        m.produce_latency.labels(g.group_id).observe(time.perf_counter() - t0)
+        return ok_header(0, base=result.base_offset, n=result.count, index=result.index,
+                         dup=result.dup), b""
+
+    # ------------------------------------------------------------------ fetch
+
+    async def _fetch(self, h: dict[str, Any], _body: bytes) -> Response:
+        topic = validate_topic_name(h.get("topic"))
+        queue = _queue_id(h)
+        offset = _field(h, "offset", int)
+        max_count = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
+        max_bytes = min(max(_field(h, "max_bytes", int, 1 << 20), 1), MAX_FETCH_BYTES)
+        wait_ms = min(max(_field(h, "wait_ms", int, DEFAULT_WAIT_MS), 0), MAX_WAIT_MS)
+        tags = _field(h, "tags", list, [])
+        tag_hashes = {_tag_hash(t) for t in tags} if tags else None
+        g = self._hosting(topic, queue)
+        deadline = trio.current_time() + wait_ms / 1000
+        while True:
+            state = self._leading(g)
+            lo, end = state.queue_range(topic, queue)
+            if offset < lo or offset > end:
+                code = Code.OFFSET_TOO_SMALL if offset < lo else Code.OFFSET_TOO_LARGE
+                raise RequestError(code, f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
+                                   min=lo, end=end)
+            if offset < end:
+                found, nxt = state.lookup(topic, queue, offset, max_count, max_bytes, tag_hashes)
+                if found:
+                    return self._answer_fetch(g, found, nxt, lo, end)
+                offset = nxt
+                continue
+            with trio.move_on_at(deadline):
+                await g.wait_applied_change()
+                continue
+            return ok_header(0, g=g.group_id, next=offset, min=lo, end=end, msgs=[]), b""
+
+    def _answer_fetch(self, g: GroupRuntime, found: list, nxt: int, lo: int, end: int) -> Response:
+        parts: list[bytes | memoryview] = []
+        msgs = []
+        cached_index, cached = -1, b""
+        for e in found:
+            if e.index != cached_index:
+                cached_index, cached = e.index, self._read(g, e.index)
+            parts.append(memoryview(cached)[e.start : e.start + e.size])
+            msgs.append([e.offset, e.index, e.start, e.store_ms])
+        body = b"".join(parts)
+        self.node.metrics.fetch_messages.labels(g.group_id).inc(len(msgs))
+        self.node.metrics.fetch_bytes.labels(g.group_id).inc(len(body))
+        return ok_header(0, g=g.group_id, next=nxt, min=lo, end=end, msgs=msgs), body
+
+    # ------------------------------------------------------------------ offsets
+
+    async def _commit_offset(self, h: dict[str, Any], _body: bytes) -> Response:
+        cg = validate_group_name(h.get("cg"))
+        raw = _field(h, "offsets", list)
+        by_group: dict[str, list[tuple[str, int, int]]] = {}
+        for item in raw:
+            if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[1], int)
+                    or not isinstance(item[2], int) or item[2] < 0):
+                raise RequestError(Code.MALFORMED, "offsets must be [[topic, queue, offset>=0], ...]")
+            topic = validate_topic_name(item[0])
+            g = self._hosting(topic, item[1])
+            self._leading(g)
+            by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
+        for gid, offs in by_group.items():
+            self._result(await self.node.groups[gid].propose(control_offsets(cg, offs),
+                                                             EntryType.CONTROL))
+        return ok_header(0), b""
+
+    async def _query_offset(self, h: dict[str, Any], _body: bytes) -> Response:
+        cg = validate_group_name(h.get("cg"))
+        topic = validate_topic_name(h.get("topic"))
+        queue = _queue_id(h)
+        state = self._leading(self._hosting(topic, queue))
+        off = state.consumer_offset(cg, topic, queue)
+        return ok_header(0, offset=-1 if off is None else off), b""
+
+    # ------------------------------------------------------------------ admin
+
+    async def _create_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+        g = self._group(h.get("g"))
+        topic = validate_topic_name(h.get("topic"))
+        queues = _field(h, "queues", int)
+        hosted = _field(h, "hosted", list)
+        if not 1 <= queues <= MAX_QUEUES:
+            raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
+        if not hosted or any(not isinstance(q, int) or not 0 <= q < queues for q in hosted):
+            raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
+        self._leading(g)
+        result = self._result(await g.propose(
+            control_create_topic(topic, queues, sorted(set(hosted))), EntryType.CONTROL))
+        assert isinstance(result, ControlResult)
+        return ok_header(0), b""
+
+    async def _topics(self, h: dict[str, Any], _body: bytes) -> Response:
+        topics: dict[str, dict[str, Any]] = {}
+        for gid, state in self.node.states.items():
+            for name, cfg in state.topics().items():
+                t = topics.setdefault(name, {"queues": cfg.queues, "hosted": {}})
+                t["hosted"][gid] = list(cfg.hosted)
+        return ok_header(0, topics=topics), b""
+
+    async def _status(self, h: dict[str, Any], _body: bytes) -> Response:
+        return ok_header(0, **self.node.status()), b""
+
+    async def _transfer_leader(self, h: dict[str, Any], _body: bytes) -> Response:
+        g = self._group(h.get("g"))
+        to = _field(h, "to", int)
+        try:
+            g.transfer_leadership(to)
+        except ValueError as exc:
+            raise RequestError(Code.MALFORMED, str(exc)) from None
+        return ok_header(0), b""
+
+    # ------------------------------------------------------------------ lookups
+
+    async def _get_message(self, h: dict[str, Any], _body: bytes) -> Response:
+        msg_id = _field(h, "msg_id", str)
+        gid, index, start = parse_message_id(msg_id)
+        g = self._group(gid)
+        state = self._leading(g)
+        assert g.log is not None
+        if not g.log.first_index() <= index <= min(g.log.last_index(), state.applied_index):
+            raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
+        entry = g.log.entries(index, index + 1, 1 << 62)[0]
+        if entry.type != EntryType.MESSAGES:
+            raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
+        header, refs = walk_batch(entry.data, STORED_PREFIX.size)
+        slots = [i for i, r in enumerate(refs) if r.start == start]
+        if not slots:
+            raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
+        offset = state.locate(header.topic, header.queue, index, slots[0])
+        e = state.entry_of(header.topic, header.queue, offset)
+        h2, body = self._answer_fetch(g, [e], offset + 1, *state.queue_range(header.topic,
+                                                                             header.queue))
+        return ok_header(0, topic=header.topic, queue=header.queue, **{
+            k: v for k, v in h2.items() if k in ("g", "msgs")}), body
+
+    async def _query_key(self, h: dict[str, Any], _body: bytes) -> Response:
+        topic = validate_topic_name(h.get("topic"))
+        key = _field(h, "key", str)
+        limit = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
+        parts: list[bytes] = []
+        msgs: list[list[Any]] = []
+        for gid, state in self.node.states.items():
+            if topic not in state.topics():
+                continue
+            g = self.node.groups[gid]
+            self._leading(g)
+            for queue, offset in state.keys(topic, key)[-limit:]:
+                lo, end = state.queue_range(topic, queue)
+                if not lo <= offset < end:
+                    continue
+                e = state.entry_of(topic, queue, offset)
+                hdr, body = self._answer_fetch(g, [e], offset + 1, lo, end)
+                parts.append(body)
+                msgs.append([gid, queue, *hdr["msgs"][0]])
+        return ok_header(0, msgs=msgs), b"".join(parts)
+
+    # ------------------------------------------------------------------ consumer groups
+
+    async def _heartbeat(self, h: dict[str, Any], _body: bytes) -> Response:
+        cg = validate_group_name(h.get("cg"))
+        client = _field(h, "client", str)
+        ttl = min(max(_field(h, "ttl_ms", int, 30_000), 100), 600_000)
+        self._consumers.setdefault(cg, {})[client] = time.monotonic() + ttl / 1000
+        return ok_header(0), b""
+
+    async def _consumers_of(self, h: dict[str, Any], _body: bytes) -> Response:
+        cg = validate_group_name(h.get("cg"))
+        now = time.monotonic()
+        members = self._consumers.get(cg, {})
+        for client in [c for c, exp in members.items() if exp < now]:
+            del members[client]
+        return ok_header(0, clients=sorted(members)), b""
+
+
+def _tag_hash(tag: object) -> int:
+    from broker.records import tag_hash
+
+    if not isinstance(tag, str):
+        raise RequestError(Code.MALFORMED, "tags must be strings")
+    return tag_hash(tag)
