@@ -1,0 +1,501 @@
+"""A raftmq cluster of real processes on loopback, for tests, chaos runs and `raftmq dev`.
+
+`LocalCluster` writes one TOML config per node (`base_dir/n{i}.toml`), starts a name
+server and the nodes as child processes and hands out the faults a nemesis needs: kill
+(any signal, -9 by default) and restart, pause and resume (SIGSTOP/SIGCONT). Each child
+runs in its own session, so a Ctrl-C in the terminal reaches only the harness, which then
+stops its children in order; signals go to the child's whole process group, so nothing a
+node spawns is left behind. Output of each child is appended to `base_dir/logs/<name>.log`.
+
+Readiness is judged from the outside, the way a client sees the cluster: the name
+server's CLUSTER view must show a leader for every group, on a node that is registered
+and whose process is running and not paused.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from broker.blocking_rpc import request
+from broker.config import (
+    NAMESRV_PORT_OFFSET,
+    GroupConfig,
+    NodeConfig,
+    cluster_configs,
+    dump_config,
+)
+from broker.protocol import Op, RequestError
+
+__all__ = ["ClusterError", "LocalCluster", "free_ports"]
+
+NAMESRV = "namesrv"
+_PROJECT_ROOT = Path(__file__).resolve().parents[1]
+_POLL = 0.05
+
+
+class ClusterError(RuntimeError):
+    """A process of the cluster failed to start or exited when nobody stopped it."""
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct TCP ports that were free a moment ago (bound to port 0, then released).
+
+    All sockets stay open until every port is chosen, so the ports are distinct. Another
+    process may still take one before it is used; a fixed `port_base` avoids that race.
+    """
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _node_name(i: int) -> str:
+    return f"n{i}"
+
+
+class LocalCluster:
+    """Name server plus `nodes` node processes hosting `groups` 3-replica groups.
+
+    `port_base=None` picks free ports; with a fixed `port_base` the layout is that of
+    `cluster_configs` (node i at port_base+i, metrics at port_base+100+i, name server at
+    port_base+76). `env` is added to the children's environment. `node_overrides` sets
+    config keys: a str key applies to every node, an int key `i` maps to a dict of keys for
+    node i only (e.g. `{2: {"test_mutations": ["skip-fsync"]}}`).
+
+    Use as a context manager, or call `start()` and `stop()`; `stop()` also runs at
+    interpreter exit for clusters still running.
+    """
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        *,
+        nodes: int = 3,
+        groups: int = 3,
+        port_base: int | None = None,
+        fsync: str = "always",
+        tick_ms: int = 100,
+        env: Mapping[str, str] | None = None,
+        node_overrides: Mapping[str | int, Any] | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.base_dir = Path(base_dir).resolve()
+        self.env = dict(env or {})
+        self.host = host
+        common: dict[str, Any] = {"fsync": fsync, "tick_ms": tick_ms}
+        per_node: dict[int, dict[str, Any]] = {}
+        for key, value in (node_overrides or {}).items():
+            if isinstance(key, int):
+                per_node[key] = dict(value)
+            else:
+                common[key] = value
+        unknown = sorted(set(per_node) - set(range(1, nodes + 1)))
+        if unknown:
+            raise ValueError(f"node_overrides for unknown node(s) {unknown} (nodes 1..{nodes})")
+
+        validation_env = {**os.environ, **self.env}
+        if port_base is None:
+            ports = free_ports(2 * nodes + 1, host)
+            self._namesrv_addr = f"{host}:{ports[0]}"
+            configs = cluster_configs(
+                self.base_dir, nodes=nodes, groups=groups, host=host,
+                namesrv=[self._namesrv_addr], listen_ports=ports[1 : nodes + 1],
+                metrics_ports=ports[nodes + 1 :], env=validation_env, **common,
+            )
+        else:
+            self._namesrv_addr = f"{host}:{port_base + NAMESRV_PORT_OFFSET}"
+            configs = cluster_configs(
+                self.base_dir, nodes=nodes, groups=groups, host=host, port_base=port_base,
+                env=validation_env, **common,
+            )
+        for i, extra in per_node.items():
+            doc = tomllib.loads(dump_config(configs[i - 1]))
+            doc.update(extra)
+            configs[i - 1] = NodeConfig.from_dict(doc, env=validation_env)
+        self.configs: list[NodeConfig] = configs
+
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._down: set[str] = set()  # stopped on purpose: exiting is expected
+        self._paused: set[str] = set()
+
+    # ------------------------------------------------------------ layout
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [c.node_id for c in self.configs]
+
+    @property
+    def groups(self) -> tuple[GroupConfig, ...]:
+        return self.configs[0].groups if self.configs else ()
+
+    @property
+    def namesrv_addr(self) -> str:
+        return self._namesrv_addr
+
+    def node_addr(self, i: int) -> str:
+        return self._config(i).listen
+
+    def config_path(self, i: int) -> Path:
+        return self.base_dir / f"n{i}.toml"
+
+    def log_path(self, name: str) -> Path:
+        """The log of `name` ("namesrv", "n1", ...)."""
+        return self.base_dir / "logs" / f"{name}.log"
+
+    def _config(self, i: int) -> NodeConfig:
+        if not 1 <= i <= len(self.configs):
+            raise ValueError(f"no node {i}: nodes are 1..{len(self.configs)}")
+        return self.configs[i - 1]
+
+    def _name(self, i: int) -> str:
+        return _node_name(self._config(i).node_id)
+
+    # ------------------------------------------------------------ commands
+
+    def namesrv_command(self) -> list[str]:
+        return [sys.executable, "-m", "namesrv", "--listen", self._namesrv_addr]
+
+    def node_command(self, i: int) -> list[str]:
+        return [sys.executable, "-m", "raftmq", "node", "--config", str(self.config_path(i))]
+
+    def child_env(self) -> dict[str, str]:
+        """The children's environment: ours, unbuffered output, this source tree first on
+        the import path (so children run the code the harness was imported from), `env`."""
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        path = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(_PROJECT_ROOT) + (os.pathsep + path if path else "")
+        env.update(self.env)
+        return env
+
+    # ------------------------------------------------------------ lifecycle
+
+    def write_configs(self) -> None:
+        """Write `n{i}.toml` for every node.
+
+        Refuses when the directory already holds configs of a different layout (other
+        node ids or groups), because the data there belongs to that other cluster. Ports
+        may differ: a restarted cluster with free ports is still the same cluster.
+        """
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        self._check_existing_layout()
+        for cfg in self.configs:
+            cfg.data.mkdir(parents=True, exist_ok=True)
+            path = self.config_path(cfg.node_id)
+            tmp = path.with_suffix(".toml.tmp")
+            tmp.write_text(dump_config(cfg))
+            tmp.replace(path)
+
+    def _check_existing_layout(self) -> None:
+        want_nodes = sorted(self.node_ids)
+        want_groups = [(g.id, sorted(g.replicas)) for g in self.groups]
+        for path in sorted(self.base_dir.glob("n*.toml")):
+            try:
+                doc = tomllib.loads(path.read_text())
+                have_nodes = sorted(int(k) for k in doc.get("peers", {}))
+                have_groups = [(g["id"], sorted(g["replicas"])) for g in doc.get("groups", [])]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ClusterError(f"{path}: existing config is unreadable: {exc}") from None
+            if have_nodes != want_nodes or have_groups != want_groups:
+                raise ClusterError(
+                    f"{self.base_dir} holds a different cluster ({path.name}: nodes "
+                    f"{have_nodes}, groups {have_groups}; asked for nodes {want_nodes}, "
+                    f"groups {want_groups}); use another directory"
+                )
+
+    def start(self, *, namesrv_timeout: float = 15.0) -> None:
+        """Write configs, start the name server (waiting for its `ready` line), then every
+        node. On any failure everything already started is stopped before re-raising."""
+        try:
+            self.write_configs()
+            self.start_namesrv(timeout=namesrv_timeout)
+            for i in self.node_ids:
+                self.start_node(i)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_namesrv(self, timeout: float = 15.0) -> str:
+        """Start the name server unless it runs; wait for `ready host:port`, return it."""
+        proc = self._procs.get(NAMESRV)
+        if proc is not None and proc.poll() is None:
+            return self._namesrv_addr
+        log = self.log_path(NAMESRV)
+        offset = log.stat().st_size if log.exists() else 0
+        proc = self._spawn(NAMESRV, self.namesrv_command())
+        line = self._wait_for_line(NAMESRV, proc, offset, "ready ", timeout)
+        self._namesrv_addr = line.split()[1]
+        return self._namesrv_addr
+
+    def start_node(self, i: int) -> None:
+        """Start node i's process (its config must have been written)."""
+        name = self._name(i)
+        proc = self._procs.get(name)
+        if proc is not None and proc.poll() is None:
+            raise ClusterError(f"node {i} is already running (pid {proc.pid})")
+        self._spawn(name, self.node_command(i))
+
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        log = self.log_path(name)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            out.write(f"--- {stamp} starting: {' '.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=self.child_env(), cwd=self.base_dir, start_new_session=True,
+            )
+        self._procs[name] = proc
+        _live_clusters.add(self)
+        self._down.discard(name)
+        self._paused.discard(name)
+        return proc
+
+    def _wait_for_line(
+        self, name: str, proc: subprocess.Popen[bytes], offset: int, prefix: str, timeout: float
+    ) -> str:
+        """The first line starting with `prefix` that `name` logs after `offset`."""
+        deadline = time.monotonic() + timeout
+        log = self.log_path(name)
+        while True:
+            with log.open("rb") as f:
+                f.seek(offset)
+                for raw in f.read().decode(errors="replace").splitlines():
+                    if raw.startswith(prefix):
+                        return raw
+            if proc.poll() is not None:
+                self._down.add(name)
+                raise ClusterError(
+                    f"{name} exited with code {proc.returncode} before saying {prefix!r}:\n"
+                    + self.log_tail(name)
+                )
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"{name} did not say {prefix!r} within {timeout} s:\n" + self.log_tail(name)
+                )
+            time.sleep(_POLL)
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        """The last lines of `name`'s log, for error messages."""
+        try:
+            text = self.log_path(name).read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # ------------------------------------------------------------ faults
+
+    def _signal(self, proc: subprocess.Popen[bytes], sig: int) -> None:
+        # only while unreaped: after wait() the pid (and group id) may belong to a stranger
+        if proc.returncode is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _terminate(self, name: str, sig: int, timeout: float) -> None:
+        proc = self._procs.get(name)
+        self._down.add(name)
+        self._paused.discard(name)
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self._signal(proc, sig)
+            if sig != signal.SIGKILL:
+                self._signal(proc, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._signal(proc, signal.SIGKILL)
+                proc.wait()
+
+    def send_signal(self, i: int, sig: int) -> None:
+        """Deliver `sig` to node i's process group without waiting for anything."""
+        proc = self._procs.get(self._name(i))
+        if proc is not None:
+            self._signal(proc, sig)
+
+    def kill(self, i: int, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+        """Send `sig` to node i and wait until it has exited (SIGKILL after `timeout`)."""
+        self._terminate(self._name(i), sig, timeout)
+
+    def restart(self, i: int) -> None:
+        """Start node i again with the same config and data; kills it first (-9) if it
+        still runs."""
+        if self.is_running(i):
+            self.kill(i)
+        self.start_node(i)
+
+    def pause(self, i: int) -> None:
+        """SIGSTOP node i: it keeps its sockets but answers nothing, like a long GC pause."""
+        name = self._name(i)
+        proc = self._procs.get(name)
+        if proc is None or proc.poll() is not None:
+            raise ClusterError(f"node {i} is not running")
+        self._signal(proc, signal.SIGSTOP)
+        self._paused.add(name)
+
+    def resume(self, i: int) -> None:
+        """SIGCONT node i after `pause`."""
+        name = self._name(i)
+        proc = self._procs.get(name)
+        if proc is not None:
+            self._signal(proc, signal.SIGCONT)
+        self._paused.discard(name)
+
+    def is_running(self, i: int) -> bool:
+        """Whether node i's process exists (paused counts as running)."""
+        proc = self._procs.get(self._name(i))
+        return proc is not None and proc.poll() is None
+
+    def is_paused(self, i: int) -> bool:
+        return self._name(i) in self._paused and self.is_running(i)
+
+    def pid(self, i: int) -> int | None:
+        proc = self._procs.get(self._name(i))
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def pids(self) -> dict[str, int]:
+        """Every child process still running, by name."""
+        return {n: p.pid for n, p in self._procs.items() if p.poll() is None}
+
+    def unexpected_exits(self) -> dict[str, int]:
+        """Children that exited although nobody stopped them: name -> exit code.
+
+        Each is reported once (it then counts as stopped)."""
+        gone = {}
+        for name, proc in self._procs.items():
+            if name not in self._down and proc.poll() is not None:
+                gone[name] = proc.returncode
+                self._down.add(name)
+                self._paused.discard(name)
+        return gone
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every child: SIGTERM (with SIGCONT, for paused ones), wait up to `timeout`
+        in total, then SIGKILL. Nodes go first so their last words reach a live name
+        server. Safe to call more than once."""
+        deadline = time.monotonic() + timeout
+        nodes = [n for n in self._procs if n != NAMESRV]
+        for batch in (nodes, [NAMESRV] if NAMESRV in self._procs else []):
+            for name in batch:
+                self._down.add(name)
+                proc = self._procs[name]
+                if proc.poll() is None:
+                    self._signal(proc, signal.SIGTERM)
+                    self._signal(proc, signal.SIGCONT)
+            for name in batch:
+                proc = self._procs[name]
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    self._signal(proc, signal.SIGKILL)
+                    proc.wait()
+        self._paused.clear()
+        _live_clusters.discard(self)
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ cluster view
+
+    def cluster_info(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The name server's CLUSTER answer: `{"nodes": {id: {...}}, "groups": {gid: {...}}}`."""
+        header, _ = request(self._namesrv_addr, {"op": int(Op.CLUSTER)}, timeout=timeout)
+        return {k: v for k, v in header.items() if k not in ("id", "code")}
+
+    def leaders(self, timeout: float = 5.0) -> dict[str, int | None]:
+        """Group -> leader node id according to the name server (None: no leader known)."""
+        return _leaders(self.cluster_info(timeout), self.groups)
+
+    def _is_alive(self, node: object) -> bool:
+        return (
+            isinstance(node, int)
+            and node in self.node_ids
+            and self.is_running(node)
+            and not self.is_paused(node)
+        )
+
+    def _readiness_problem(self, info: Mapping[str, Any]) -> str | None:
+        registered = {_as_int(n) for n in (info.get("nodes") or {})}
+        for gid, leader in _leaders(info, self.groups).items():
+            if leader is None:
+                return f"group {gid} has no leader"
+            if not self._is_alive(leader):
+                return f"group {gid} names leader {leader}, which is not running"
+            if leader not in registered:
+                return f"group {gid} names leader {leader}, which is not registered"
+        return None
+
+    def wait_ready(self, timeout: float = 30.0) -> dict[str, int]:
+        """Block until every group has a leader that is registered, running and not paused;
+        returns the leaders. Raises `ClusterError` at once when a child exits unexpectedly
+        and `TimeoutError` (saying what is missing) after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        problem = "no answer from the name server yet"
+        while True:
+            gone = self.unexpected_exits()
+            if gone:
+                name, code = next(iter(gone.items()))
+                raise ClusterError(f"{name} exited with code {code}:\n" + self.log_tail(name))
+            left = deadline - time.monotonic()
+            try:
+                info = self.cluster_info(timeout=max(0.1, min(2.0, left)))
+            except (OSError, RequestError) as exc:
+                problem = f"name server {self._namesrv_addr}: {exc}"
+            else:
+                found = self._readiness_problem(info)
+                if found is None:
+                    return {g: n for g, n in _leaders(info, self.groups).items() if n is not None}
+                problem = found
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"cluster not ready after {timeout} s: {problem}")
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def _as_int(v: object) -> object:
+    if isinstance(v, str) and v.isdigit():
+        return int(v)
+    return v
+
+
+def _leaders(info: Mapping[str, Any], groups: Sequence[GroupConfig]) -> dict[str, int | None]:
+    """Group -> leader node id from a CLUSTER answer, covering the configured groups too."""
+    out: dict[str, int | None] = {g.id: None for g in groups}
+    for gid, g in (info.get("groups") or {}).items():
+        leader = _as_int(g.get("leader")) if isinstance(g, Mapping) else None
+        out[gid] = leader if isinstance(leader, int) and not isinstance(leader, bool) else None
+    return out
+
+
+# Clusters with children are kept here (strongly: a forgotten cluster must not take its
+# processes' handles with it) and stopped at interpreter exit, so a test that dies
+# half-way does not leave nodes holding ports for the next run.
+_live_clusters: set[LocalCluster] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for cluster in list(_live_clusters):
+        cluster.stop(timeout=5.0)

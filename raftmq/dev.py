@@ -1,0 +1,140 @@
+"""`raftmq dev`: a whole cluster on this machine with one command, for trying things out.
+
+Starts a name server and the nodes as child processes (see `chaos.cluster.LocalCluster`),
+waits until every group has a leader, prints exactly one line `ready <namesrv host:port>`
+on stdout (for scripts), a summary table on stderr (for people), and runs until SIGINT or
+SIGTERM, then stops every child and exits 0.
+
+Ports, for `--port-base B` (default 7100): node i listens at B+i, serves Prometheus
+metrics at B+100+i, and the name server listens at B+76 (7176 by default). Data and logs
+live under `--data`; running again with the same directory restarts the same cluster with
+its data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from broker.config import ConfigError
+
+if TYPE_CHECKING:
+    from chaos.cluster import LocalCluster
+
+__all__ = ["main"]
+
+
+class _Interrupted(Exception):
+    """Raised in the main thread by the first SIGINT/SIGTERM."""
+
+
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Turn the first SIGINT/SIGTERM into `_Interrupted`; later ones are ignored so the
+    shutdown they asked for is not itself interrupted half-way."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise _Interrupted(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="raftmq dev",
+        description="Run a local raftmq cluster (name server + nodes) until Ctrl-C.",
+    )
+    p.add_argument("--data", default="./raftmq-dev", metavar="DIR",
+                   help="configs, data and logs (default %(default)s); reused on the next run")
+    p.add_argument("--port-base", type=int, default=7100, metavar="N",
+                   help="node i at N+i, metrics at N+100+i, name server at N+76 "
+                        "(default %(default)s)")
+    p.add_argument("--nodes", type=int, default=3, help="node processes (default %(default)s)")
+    p.add_argument("--groups", type=int, default=3,
+                   help="Raft groups, 3 replicas each (default %(default)s)")
+    p.add_argument("--fsync", choices=("always", "interval"), default="always",
+                   help="'interval' acknowledges before data reaches the disk "
+                        "(page-cache durability; default %(default)s)")
+    p.add_argument("--ready-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="give up if the cluster has no leaders by then (default %(default)s)")
+    return p
+
+
+def _summary(cluster: LocalCluster, leaders: dict[str, int]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True)
+    nodes = Table(title=f"raftmq dev: name server {cluster.namesrv_addr}", title_justify="left")
+    for col in ("node", "address", "metrics", "pid", "leads"):
+        nodes.add_column(col)
+    for i in cluster.node_ids:
+        cfg = cluster.configs[i - 1]
+        led = sorted(g for g, n in leaders.items() if n == i)
+        nodes.add_row(str(i), cfg.listen, cfg.metrics or "-", str(cluster.pid(i) or "-"),
+                      ", ".join(led) or "-")
+    groups = Table()
+    for col in ("group", "replicas", "preferred", "leader"):
+        groups.add_column(col)
+    for g in cluster.groups:
+        groups.add_row(g.id, ", ".join(map(str, g.replicas)), str(g.preferred_leader or "-"),
+                       str(leaders.get(g.id, "-")))
+    console.print(nodes)
+    console.print(groups)
+    fsync = cluster.configs[0].fsync
+    note = " (page-cache durability: acks before fsync)" if fsync == "interval" else ""
+    console.print(f"data: {cluster.base_dir}   logs: {cluster.log_path('namesrv').parent}")
+    console.print(f"fsync: {fsync}{note}   Ctrl-C stops everything")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the dev cluster; 0 after a clean stop on SIGINT/SIGTERM, 1 if it cannot start."""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    # imported here: the harness pulls in subprocess management the SDK does not need
+    from chaos.cluster import ClusterError, LocalCluster
+
+    try:
+        cluster = LocalCluster(args.data, nodes=args.nodes, groups=args.groups,
+                               port_base=args.port_base, fsync=args.fsync)
+    except (ConfigError, ValueError) as exc:
+        print(f"raftmq dev: {exc}", file=sys.stderr)
+        return 2
+    with _signals_interrupt():
+        try:
+            try:
+                cluster.start()
+                leaders = cluster.wait_ready(timeout=args.ready_timeout)
+            except (ClusterError, TimeoutError, OSError) as exc:
+                print(f"raftmq dev: the cluster did not start: {exc}", file=sys.stderr)
+                print(f"raftmq dev: logs are in {cluster.base_dir / 'logs'}", file=sys.stderr)
+                return 1
+            print(f"ready {cluster.namesrv_addr}", flush=True)
+            _summary(cluster, leaders)
+            while True:
+                time.sleep(0.5)
+                for name, code in cluster.unexpected_exits().items():
+                    print(f"raftmq dev: {name} exited with code {code}; see "
+                          f"{cluster.log_path(name)}", file=sys.stderr, flush=True)
+        except _Interrupted:
+            return 0
+        finally:
+            cluster.stop()

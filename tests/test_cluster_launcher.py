@@ -1,0 +1,347 @@
+"""The process harness: blocking RPC, configs on disk, name server and node processes.
+
+Most tests run the real name server with stand-in nodes (a short script that registers the
+groups it prefers to lead and then sleeps), so readiness, kill/restart, pause/resume and
+clean shutdown are checked in well under a second each without Raft. The last test runs
+real nodes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.blocking_rpc import Connection, request
+from broker.config import load_config
+from broker.protocol import Code, FrameDecoder, RequestError, encode_frame
+from chaos.cluster import ClusterError, LocalCluster, free_ports
+
+needs_namesrv = pytest.mark.skipif(
+    importlib.util.find_spec("namesrv.__main__") is None, reason="name server not built yet"
+)
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# ------------------------------------------------------------------ blocking RPC
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    """Answers each frame by its `op`: 1 echoes, 2 fails NOT_LEADER, 3 stays silent,
+    4 answers a stale id first, 5 hangs up."""
+
+    def handle(self) -> None:
+        dec = FrameDecoder()
+        while data := self.request.recv(65536):
+            dec.feed(data)
+            while (f := dec.next_frame()) is not None:
+                rid, op = f.header["id"], f.header.get("op")
+                if op == 1:
+                    self.request.sendall(encode_frame({"id": rid, "code": 0, "x": 1}, f.body))
+                elif op == 2:
+                    self.request.sendall(encode_frame(
+                        {"id": rid, "code": int(Code.NOT_LEADER), "msg": "ask 2",
+                         "leader": "127.0.0.1:7102"}))
+                elif op == 4:
+                    self.request.sendall(encode_frame({"id": -5, "code": 0}, b"stale")
+                                         + encode_frame({"id": rid, "code": 0}, b"fresh"))
+                elif op == 5:
+                    return
+
+
+@pytest.fixture
+def echo_server() -> Iterator[str]:
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_request_returns_header_and_body(echo_server: str) -> None:
+    header, body = request(echo_server, {"op": 1}, b"payload")
+    assert header["x"] == 1 and header["code"] == 0 and body == b"payload"
+    with Connection(echo_server) as conn:
+        assert conn.request({"op": 1}, b"a")[1] == b"a"
+        assert conn.request({"op": 4})[1] == b"fresh"  # answers to other ids are skipped
+        assert conn.request({"op": 1, "id": 77})[0]["id"] == 77
+
+
+def test_request_raises_request_error_with_extra_fields(echo_server: str) -> None:
+    with pytest.raises(RequestError) as info:
+        request(echo_server, {"op": 2})
+    assert info.value.code is Code.NOT_LEADER and info.value.retriable
+    assert info.value.message == "ask 2"
+    assert info.value.extra["leader"] == "127.0.0.1:7102"
+
+
+def test_request_raises_os_errors_for_connection_trouble(echo_server: str) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        request(echo_server, {"op": 3}, timeout=0.2)
+    assert time.monotonic() - t0 < 2
+    with pytest.raises(ConnectionError):
+        request(echo_server, {"op": 5})
+    (port,) = free_ports(1)
+    with pytest.raises(OSError):
+        request(f"127.0.0.1:{port}", {"op": 1}, timeout=1)
+
+
+def test_free_ports_are_distinct_and_bindable() -> None:
+    ports = free_ports(7)
+    assert len(set(ports)) == 7
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+
+
+# ------------------------------------------------------------------ configs on disk
+
+
+def test_configs_are_written_and_readable(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path / "c", port_base=30000, fsync="interval",
+                     node_overrides={"segment_size": 1 << 20, 2: {"tick_ms": 7}})
+    c.write_configs()
+    assert c.namesrv_addr == "127.0.0.1:30076"
+    assert [c.node_addr(i) for i in (1, 2, 3)] == [f"127.0.0.1:{30000 + i}" for i in (1, 2, 3)]
+    for i in (1, 2, 3):
+        cfg = load_config(c.config_path(i))
+        assert cfg == c.configs[i - 1]
+        assert cfg.data.is_dir() and cfg.namesrv == ("127.0.0.1:30076",)
+        assert cfg.fsync == "interval" and cfg.segment_size == 1 << 20
+        assert cfg.tick_ms == (7 if i == 2 else 100)
+    with pytest.raises(ValueError, match="unknown node"):
+        LocalCluster(tmp_path / "d", node_overrides={4: {}})
+
+
+def test_a_directory_of_another_layout_is_refused(tmp_path: Path) -> None:
+    LocalCluster(tmp_path, groups=2).write_configs()
+    LocalCluster(tmp_path, groups=2).write_configs()  # new free ports, same cluster: fine
+    with pytest.raises(ClusterError, match="holds a different cluster"):
+        LocalCluster(tmp_path, groups=3).write_configs()
+
+
+def test_free_ports_layout_uses_distinct_ports(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path)
+    addrs = [c.namesrv_addr] + [x for cfg in c.configs for x in (cfg.listen, cfg.metrics)]
+    assert len(set(addrs)) == 7
+
+
+# ------------------------------------------------------------------ processes
+
+FAKE_NODE = """
+import signal, sys, time, tomllib
+from broker.blocking_rpc import request
+from broker.protocol import Op
+
+cfg = tomllib.load(open(sys.argv[1], "rb"))
+if "--crash" in sys.argv:
+    print("stand-in node giving up on purpose", flush=True)
+    sys.exit(3)
+nid = cfg["node_id"]
+peers = {int(n): a for n, a in cfg["peers"].items()}
+groups = {
+    g["id"]: {"role": "leader" if g["preferred_leader"] == nid else "follower",
+              "leader": g["preferred_leader"], "term": 1, "topics": {},
+              "replicas": {n: peers[n] for n in g["replicas"]}}
+    for g in cfg["groups"] if nid in g["replicas"]
+}
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("stand-in node", nid, "up", flush=True)
+while True:
+    for ns in cfg["namesrv"]:
+        try:
+            request(ns, {"op": int(Op.REGISTER), "node": nid, "addr": cfg["listen"],
+                         "groups": groups}, timeout=1)
+        except OSError as exc:
+            print("register failed:", exc, flush=True)
+    time.sleep(0.1)
+"""
+
+
+class StandInCluster(LocalCluster):
+    """The real name server with stand-in nodes; `crash` nodes exit at once."""
+
+    def __init__(self, base_dir: Path, crash: tuple[int, ...] = (), **kw: Any) -> None:
+        super().__init__(base_dir, **kw)
+        self.script = base_dir / "fake_node.py"
+        self.crash = crash
+
+    def node_command(self, i: int) -> list[str]:
+        self.script.write_text(FAKE_NODE)
+        cmd = [sys.executable, str(self.script), str(self.config_path(i))]
+        return cmd + (["--crash"] if i in self.crash else [])
+
+
+@needs_namesrv
+def test_namesrv_starts_answers_and_stops(tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path)
+    c.write_configs()
+    addr = c.start_namesrv()
+    try:
+        assert addr == c.namesrv_addr
+        assert c.start_namesrv() == addr  # already running: no second process
+        assert c.cluster_info() == {"nodes": {}, "groups": {}}
+        assert c.leaders() == {"g0": None, "g1": None, "g2": None}
+        with pytest.raises(TimeoutError, match="group g0 has no leader"):
+            c.wait_ready(timeout=0.3)
+        pids = c.pids()
+        assert list(pids) == ["namesrv"]
+    finally:
+        c.stop()
+    assert c.pids() == {} and gone(pids["namesrv"])
+    assert "ready " in c.log_path("namesrv").read_text()
+
+
+def test_failed_namesrv_start_leaves_nothing_behind(tmp_path: Path) -> None:
+    class Broken(LocalCluster):
+        def namesrv_command(self) -> list[str]:
+            return [sys.executable, "-c", "print('no luck'); raise SystemExit(4)"]
+
+    c = Broken(tmp_path)
+    with pytest.raises(ClusterError, match=r"namesrv exited with code 4(.|\n)*no luck"):
+        c.start()
+    assert c.pids() == {}
+    assert not any(c.is_running(i) for i in (1, 2, 3))
+
+
+@needs_namesrv
+def test_ready_kill_restart_pause_resume_stop(tmp_path: Path) -> None:
+    with StandInCluster(tmp_path) as c:
+        assert c.wait_ready(timeout=10) == {"g0": 1, "g1": 2, "g2": 3}
+        assert c.leaders() == {"g0": 1, "g1": 2, "g2": 3}
+        assert sorted(c.cluster_info()["nodes"]) == [1, 2, 3]
+
+        c.pause(1)
+        assert c.is_paused(1) and c.is_running(1)
+        with pytest.raises(TimeoutError, match="group g0 names leader 1, which is not running"):
+            c.wait_ready(timeout=0.3)
+        c.resume(1)
+        assert not c.is_paused(1)
+        c.wait_ready(timeout=5)
+
+        old = c.pid(2)
+        assert old is not None
+        c.kill(2)
+        assert not c.is_running(2) and c.pid(2) is None and gone(old)
+        with pytest.raises(TimeoutError, match="g1 names leader 2"):
+            c.wait_ready(timeout=0.3)
+        c.restart(2)
+        assert c.pid(2) not in (None, old)
+        c.wait_ready(timeout=5)
+
+        c.pause(3)
+        c.kill(3, signal.SIGTERM)  # a paused node still gets to handle SIGTERM
+        assert not c.is_running(3) and not c.is_paused(3)
+        c.restart(3)
+        c.restart(3)  # restarting a running node kills it first
+        c.wait_ready(timeout=5)
+        c.pause(1)  # stop() must also end paused processes
+        pids = c.pids()
+        assert len(pids) == 4
+    assert c.pids() == {}
+    assert all(gone(p) for p in pids.values())
+
+
+@needs_namesrv
+def test_processes_stop_when_the_test_body_fails(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="boom"), StandInCluster(tmp_path) as c:
+        pids = c.pids()
+        raise RuntimeError("boom")
+    assert len(pids) == 4 and all(gone(p) for p in pids.values())
+
+
+@needs_namesrv
+def test_a_node_that_dies_on_its_own_is_reported(tmp_path: Path) -> None:
+    with StandInCluster(tmp_path, crash=(2,)) as c:
+        t0 = time.monotonic()
+        with pytest.raises(ClusterError, match=r"n2 exited with code 3(.|\n)*on purpose"):
+            c.wait_ready(timeout=20)
+        assert time.monotonic() - t0 < 10
+        assert c.unexpected_exits() == {}  # reported once
+
+
+def _free_base() -> int:
+    """A port base whose whole dev layout (nodes, metrics, name server) is free now."""
+    for base in range(21000, 60000, 397):
+        try:
+            for port in (base + 1, base + 2, base + 3, base + 76, base + 101, base + 102, base + 103):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port base")
+
+
+@needs_namesrv
+def test_dev_prints_ready_and_stops_cleanly_on_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raftmq import dev
+
+    started: list[LocalCluster] = []
+    script = tmp_path / "fake_node.py"
+    script.write_text(FAKE_NODE)
+
+    def stand_in(self: LocalCluster, i: int) -> list[str]:
+        started.append(self)
+        return [sys.executable, str(script), str(self.config_path(i))]
+
+    monkeypatch.setattr(LocalCluster, "node_command", stand_in)
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+
+    def interrupt_when_ready() -> None:
+        deadline = time.monotonic() + 20
+        while "ready" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if "ready" in out.getvalue():  # only then is dev's handler installed
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    base = _free_base()
+    threading.Thread(target=interrupt_when_ready, daemon=True).start()
+    rc = dev.main(["--data", str(tmp_path / "dev"), "--port-base", str(base)])
+    assert rc == 0
+    assert out.getvalue() == f"ready 127.0.0.1:{base + 76}\n"
+    assert started and started[0].pids() == {}
+
+
+# ------------------------------------------------------------------ real nodes
+
+
+def test_real_cluster_elects_and_fails_over(tmp_path: Path) -> None:
+    pytest.importorskip("broker.node")
+    with LocalCluster(tmp_path, tick_ms=50) as c:
+        leaders = c.wait_ready(timeout=30)
+        assert set(leaders) == {"g0", "g1", "g2"}
+        old = leaders["g0"]
+        c.kill(old)
+        after = c.wait_ready(timeout=30)
+        assert after["g0"] != old
+        c.restart(old)
+        c.wait_ready(timeout=30)
+        pids = c.pids()
+    assert all(gone(p) for p in pids.values())
+
