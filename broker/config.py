@@ -102,6 +102,7 @@ class NodeConfig:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     retention_hours: float = 72.0
     retention_disk_ratio: float = 0.90
+    retention_check_interval: float = 60.0  # seconds between retention policy runs
     test_mutations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -312,6 +313,9 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         ),
         retention_hours=_float(d.get("retention_hours", 72.0), "retention_hours"),
         retention_disk_ratio=ratio,
+        retention_check_interval=_float(
+            d.get("retention_check_interval", 60.0), "retention_check_interval"
+        ),
         test_mutations=_mutations(d.get("test_mutations", []), env),
     )
 

@@ -10,13 +10,15 @@ A node owns, in one trio nursery:
 * the ticker driving every group's logical clock;
 * the name-server registrar (every `register_interval`, and at once on a leader change
   or a topic change);
-* the Prometheus endpoint and the gauges behind it.
+* the Prometheus endpoint and the gauges behind it;
+* the retention policy (`broker.retention`), every `retention_check_interval`.
 
 Cancelling the nursery (SIGINT/SIGTERM) closes every CommitLog cleanly.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import signal
@@ -29,6 +31,7 @@ from broker.config import NodeConfig, load_config
 from broker.framing import FrameStream, open_frame_stream, serve_frames
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import DEFAULT_MAX_FRAME, Op, parse_address
+from broker.retention import RetentionPolicy, run_retention
 from broker.service import BrokerService
 from broker.statemachine import BrokerState
 from raftlog.core import RaftConfig
@@ -71,7 +74,7 @@ class Node:
             self.groups[gc.id] = GroupRuntime(
                 gc.id, config.node_id, config.group_dir(gc.id), gc.replicas, state,
                 self.peers.send, options, rng=random.Random(), on_change=self._on_change,
-                on_fsync=hist.observe,
+                on_fsync=hist.observe, restore=functools.partial(self._restore_state, gc.id),
             )
             self.states[gc.id] = state
         self.service = BrokerService(self)
@@ -87,6 +90,12 @@ class Node:
         g = self.groups.get(group)
         if g is not None and m.dst == self.node_id and g.core is not None:
             g.step(m)
+
+    def _restore_state(self, group: str, data: bytes) -> BrokerState:
+        """A group's state from its snapshot file (called by `GroupRuntime.open`)."""
+        state = BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes)
+        self.states[group] = state
+        return state
 
     def _on_change(self, g: GroupRuntime) -> None:
         if g.role == Role.LEADER:
@@ -111,6 +120,11 @@ class Node:
             nursery.start_soon(self._ticker)
             nursery.start_soon(self._registrar)
             nursery.start_soon(self._refresh_metrics)
+            policy = RetentionPolicy(retention_hours=self.config.retention_hours,
+                                     disk_ratio=self.config.retention_disk_ratio,
+                                     data_dir=self.config.data)
+            nursery.start_soon(run_retention, self.groups, self.states, policy,
+                               self.config.retention_check_interval)
             if self.config.metrics:
                 mhost, mport = parse_address(self.config.metrics)
                 mlisteners = await trio.open_tcp_listeners(mport, host=mhost)

@@ -5,6 +5,7 @@ Layout of a group directory ``<dir>``::
     <dir>/commitlog/00000000000000000000   segment starting at position 0
     <dir>/commitlog/00000000001073741801   next segment (starts where the previous ends)
     <dir>/commitlog/index                  Raft index -> (position, term, size, type)
+    <dir>/commitlog/base                   (index, term) of the entry before the first kept
 
 Positions
     A *position* is a global byte offset into the concatenation of all segments. It
@@ -77,8 +78,23 @@ Recovery (`open`)
     successor did reach the disk (out-of-order writeback in a machine crash) looks like
     middle corruption and is kept as such; the Raft layer may drop it with
     `truncate_from` when it lies above its commit index. `first_index` is taken from
-    the first entry of the first segment (1 when unreadable) -- enough until retention
-    starts deleting old segments.
+    the first entry of the first segment (else from the base file, else 1).
+
+Retention (`delete_before`)
+    Whole segments below a Raft index are deleted, never the active one and never past
+    `durable_index`. Three durable steps, each of which a reopen can finish:
+
+    1. write the base file (index and term of the entry just before the new first one;
+       temp, fsync, rename, fsync dir). From here the entries up to it are gone
+       logically, and `term(first_index() - 1)` is answered from it.
+    2. write a new index whose records start at the new first index (temp, fsync,
+       rename, fsync dir).
+    3. unlink the old segments, fsync dir.
+
+    `open` rolls an interrupted deletion forward: it unlinks leading segments wholly
+    below the base (step 3) and, if the index still starts at the old first entry, drops
+    its leading records (step 2). Positions are never reused: the first segment simply
+    no longer starts at position 0.
 
 Threading: a CommitLog is not thread-safe. The caller serializes all calls; `sync` may
 run in a worker thread (``trio.to_thread.run_sync``) provided nothing else runs on the
@@ -93,7 +109,7 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import crc32c
 
@@ -110,6 +126,7 @@ __all__ = [
     "CorruptIndex",
     "OutOfRange",
     "RecoveryReport",
+    "SegmentInfo",
     "SyncPlan",
     "decode_entries",
     "encode_entry",
@@ -131,6 +148,12 @@ INDEX_RECORD_SIZE = _IREC.size  # 32
 _MAX_TYPE = max(EntryType)
 _SEGMENT_NAME_LEN = 20
 _INDEX_NAME = "index"
+_BASE_NAME = "base"
+_TMP = ".tmp"
+_BASE_MAGIC = 0x42514D52  # b"RMQB" read as a little-endian u32
+_BASE_HEAD = struct.Struct("<IQQ")  # magic, index, term; then a crc32c of these
+_BASE = struct.Struct("<IQQI")
+_COPY_CHUNK = 8 << 20
 _TAIL_CACHE = 1 << 16  # index records of the newest entries kept in memory (2 MiB)
 _TAIL_WARM = 1024  # records loaded into the tail cache at open
 # Index records of fsynced entries are written in batches: each write dirties a second
@@ -189,7 +212,19 @@ class RecoveryReport:
     truncated_bytes: int = 0
     segments_removed: list[str] = field(default_factory=list)
     corrupt: list[int] = field(default_factory=list)  # kept, but unreadable: refetch
+    deletion_finished: list[str] = field(default_factory=list)  # segments an interrupted
+    # `delete_before` had left behind, unlinked now
     reason: str = ""  # why the scan stopped
+
+
+class SegmentInfo(NamedTuple):
+    """One segment as a retention policy sees it (`last_index < first_index` if empty)."""
+
+    first_index: int
+    last_index: int
+    size: int  # bytes
+    start: int  # position of its first byte
+    path: str
 
 
 # --------------------------------------------------------------------------- encoding
@@ -292,6 +327,29 @@ def _pread_exact(fd: int, n: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
+def _copy_range(src: int, dst: int, offset: int, n: int) -> None:
+    """Copy `n` bytes of `src` from `offset` to the start of `dst` (in-kernel if possible)."""
+    copy = getattr(os, "copy_file_range", None)
+    out = 0
+    while out < n:
+        want = min(_COPY_CHUNK, n - out)
+        if copy is not None:
+            try:
+                got = copy(src, dst, want, offset + out, out)
+            except OSError:
+                copy = None  # e.g. not supported by this file system: copy by hand
+            else:
+                if got <= 0:
+                    raise CommitLogError(f"index file ended {n - out} bytes early")
+                out += got
+                continue
+        data = _pread_exact(src, want, offset + out)
+        if len(data) != want:
+            raise CommitLogError(f"index file ended {n - out - len(data)} bytes early")
+        _pwritev_all(dst, [data], out)
+        out += want
+
+
 # --------------------------------------------------------------------------- scanning
 
 
@@ -390,6 +448,7 @@ class CommitLog:
         self._dir_dirty = False
         # log bounds
         self._first = 1
+        self._base = (0, 0)  # (index, term) from the base file: the last deleted entry
         self._last = 0
         self._last_term = 0
         self._end = 0  # position after the last entry
@@ -468,6 +527,11 @@ class CommitLog:
                 pass
             self._ifd = -1
 
+    @property
+    def closed(self) -> bool:
+        """Whether the log was closed (by `close` or by a failure that needs a reopen)."""
+        return self._closed
+
     # ------------------------------------------------------------------ LogStore
 
     def first_index(self) -> int:
@@ -487,12 +551,26 @@ class CommitLog:
         return self._end
 
     def term(self, index: int) -> int:
-        """Term of entry `index` from the index alone (0 for the sentinel index 0)."""
+        """Term of entry `index` from the index alone (0 for the sentinel index 0).
+
+        `first_index() - 1` is answered too (from the base file after a deletion), as
+        Raft needs the term of the entry before the first one it sends or holds.
+        """
         if index == 0:
             return 0
         if index == self._last and index >= self._first:
             return self._last_term
+        if index == self._first - 1:
+            return self._term_before_first()
         return self._record(index)[1]
+
+    def _term_before_first(self) -> int:
+        prev = self._first - 1
+        if prev == 0:
+            return 0
+        if self._base[0] == prev:
+            return self._base[1]
+        raise OutOfRange(f"term of entry {prev} is unknown: it was deleted without a base record")
 
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
         """Entries [lo, hi): at least one if lo < hi, then as many as fit in `max_bytes`.
@@ -708,7 +786,7 @@ class CommitLog:
         if index == self._last + 1:
             return
         pos = self._record(index)[0]
-        new_last_term = self._record(index - 1)[1] if index - 1 >= self._first else 0
+        new_last_term = self.term(index - 1)
         # 1. index: memory, then file (durably)
         self._drop_records_from(index)
         # 2. data: delete later segments, cut the one holding `pos`
@@ -744,6 +822,145 @@ class CommitLog:
             os.ftruncate(self._ifd, keep * INDEX_RECORD_SIZE)
             os.fsync(self._ifd)
             self._index_unsynced = 0
+
+    # ------------------------------------------------------------------ retention
+
+    def segment_bounds(self) -> list[SegmentInfo]:
+        """Every segment, oldest first; the last one is the active segment.
+
+        Costs a binary search over index records per segment (segments are few).
+        """
+        self._check_open()
+        firsts = [self._first] + [self._first_index_at(s) for s in self._starts[1:]]
+        out: list[SegmentInfo] = []
+        for k, start in enumerate(self._starts):
+            last = firsts[k + 1] - 1 if k + 1 < len(firsts) else self._last
+            out.append(SegmentInfo(firsts[k], last, self._sizes[k], start, self._seg_path(k)))
+        return out
+
+    def delete_before(self, index: int) -> int:
+        """Delete every whole segment whose entries all lie below `index`; returns the new
+        `first_index()`.
+
+        Never deletes the active segment or an entry past `durable_index()`. The caller
+        must have made whatever the deleted entries fed (a state snapshot) durable first.
+        Crash-safe in three steps (base file, index, unlink; see the module docstring).
+        A failure before the new index is in place leaves the log usable as it was;
+        one after it closes the log (reopen to recover).
+        """
+        self._check_open()
+        limit = min(index, self._durable + 1)
+        drop_segs = 0
+        new_first = self._first
+        for k in range(1, len(self._starts)):  # never the last (active) segment
+            f = self._first_index_at(self._starts[k])
+            if f > limit:
+                break
+            drop_segs, new_first = k, f
+        if drop_segs == 0:
+            return self._first
+        base = (new_first - 1, self.term(new_first - 1))
+        skip = new_first - self._first
+        # 1. the base file: from here a reopen finishes the deletion
+        self._write_base(*base)
+        # 2. an index whose records start at the new first entry
+        self._rewrite_index(skip, max(0, self._written - skip))
+        self._written = max(0, self._written - skip)
+        self._index_unsynced = 0
+        self._first = new_first
+        self._base = base
+        if self._tail_first < new_first:
+            del self._tail[: (new_first - self._tail_first) * INDEX_RECORD_SIZE]
+            self._tail_first = new_first
+        dead = self._starts[:drop_segs]
+        del self._starts[:drop_segs]
+        del self._sizes[:drop_segs]
+        # 3. the data
+        try:
+            for start in dead:
+                self._drop_fd(start)
+                self._dirty.discard(start)
+                os.unlink(os.path.join(self.dir, _segment_name(start)))
+            fsync_dir(self.dir)
+        except OSError as exc:
+            self._close_fds()
+            raise CommitLogError(
+                f"deleting segments in {self.dir} failed: {exc}; the log is closed, "
+                "reopen it to finish"
+            ) from exc
+        return new_first
+
+    def _first_index_at(self, pos: int) -> int:
+        """Smallest Raft index stored at or after position `pos` (last + 1 if none)."""
+        lo, hi = self._first, self._last + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._record(mid)[0] < pos:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _read_base(self) -> tuple[int, int]:
+        try:
+            with open(os.path.join(self.dir, _BASE_NAME), "rb") as f:
+                raw = f.read(_BASE.size + 1)
+        except FileNotFoundError:
+            return (0, 0)
+        if len(raw) != _BASE.size:
+            raise CommitLogError(f"{self.dir}/{_BASE_NAME}: {len(raw)} bytes, not {_BASE.size}")
+        magic, index, term, crc = _BASE.unpack(raw)
+        if magic != _BASE_MAGIC or crc != crc32c.crc32c(raw[: _BASE_HEAD.size]):
+            raise CommitLogError(f"{self.dir}/{_BASE_NAME} is corrupt")
+        return (index, term)
+
+    def _write_base(self, index: int, term: int) -> None:
+        """Replace the base file atomically (temp, fsync, rename, fsync dir)."""
+        head = _BASE_HEAD.pack(_BASE_MAGIC, index, term)
+        path = os.path.join(self.dir, _BASE_NAME)
+        try:
+            fd = os.open(path + _TMP, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _pwritev_all(fd, [head, _U32.pack(crc32c.crc32c(head))], 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(path + _TMP, path)
+            fsync_dir(self.dir)
+        except OSError as exc:
+            raise CommitLogError(f"writing {path} failed: {exc}") from exc
+
+    def _rewrite_index(self, skip: int, count: int) -> None:
+        """Replace the index file by its records [skip, skip + count) (temp, fsync, rename,
+        fsync dir) and switch to it. Before the rename nothing has changed."""
+        path = os.path.join(self.dir, _INDEX_NAME)
+        tmp = path + _TMP
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            raise CommitLogError(f"creating {tmp} failed: {exc}") from exc
+        try:
+            _copy_range(self._ifd, fd, skip * INDEX_RECORD_SIZE, count * INDEX_RECORD_SIZE)
+            os.fsync(fd)
+            os.rename(tmp, path)
+        except BaseException as exc:
+            os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if isinstance(exc, OSError):
+                raise CommitLogError(f"rewriting {path} failed: {exc}") from exc
+            raise
+        old, self._ifd = self._ifd, fd
+        os.close(old)
+        try:
+            fsync_dir(self.dir)
+        except OSError as exc:
+            self._close_fds()
+            raise CommitLogError(
+                f"fsync of {self.dir} failed: {exc}; the log is closed, reopen it to recover"
+            ) from exc
 
     # ------------------------------------------------------------------ durability
 
@@ -1151,6 +1368,12 @@ class CommitLog:
         if created:
             fsync_dir(self.path)
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        for leftover in (_INDEX_NAME + _TMP, _BASE_NAME + _TMP):
+            try:
+                os.unlink(os.path.join(self.dir, leftover))
+            except FileNotFoundError:
+                pass
+        self._base = self._read_base()
         names = sorted(
             n for n in os.listdir(self.dir) if len(n) == _SEGMENT_NAME_LEN and n.isdigit()
         )
@@ -1158,6 +1381,11 @@ class CommitLog:
         self._sizes = [os.path.getsize(os.path.join(self.dir, n)) for n in names]
         index_path = os.path.join(self.dir, _INDEX_NAME)
         self._ifd = os.open(index_path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not self._starts and self._base[0]:
+            raise CommitLogError(
+                f"{self.dir}: the base file says entries up to {self._base[0]} were deleted, "
+                "but no segment is left"
+            )
         if not self._starts:
             self._roll(0)
             os.ftruncate(self._ifd, 0)
@@ -1167,14 +1395,14 @@ class CommitLog:
             self._dirty.clear()
             return
 
-        # first index: from the first entry's header (1 for an empty/unreadable start)
-        self._first = 1
-        fd0 = self._fd(0)
-        head = memoryview(_pread_exact(fd0, HEADER_SIZE, 0))
-        if len(head) == HEADER_SIZE:
-            err, fields = _check_header(head, 0)
-            if err is None:
-                self._first = fields[3]
+        self._finish_deletion()
+
+        # first index: from the first entry's header, else after the base, else 1
+        head_first = self._segment_head_index(0)
+        if head_first is not None:
+            self._first = head_first
+        else:
+            self._first = self._base[0] + 1
         data_start = self._starts[0]
 
         # 1. the index prefix that verifies
@@ -1183,7 +1411,7 @@ class CommitLog:
         rep.index_records_valid = valid
 
         # 2. walk back over a torn tail the index still vouches for
-        scan_pos, expect, prev_term = data_start, self._first, 0
+        scan_pos, expect, prev_term = data_start, self._first, self._base_term_or_zero()
         while valid > 0:
             idx = self._first + valid - 1
             pos, term, size, etype = self._disk_record(idx)
@@ -1226,7 +1454,11 @@ class CommitLog:
         self._dirty.clear()
         self._dir_dirty = False
         self._durable = self._last
-        self._last_term = self._disk_record(self._last)[1] if self._last >= self._first else 0
+        self._last_term = (
+            self._disk_record(self._last)[1]
+            if self._last >= self._first
+            else self._base_term_or_zero()
+        )
         # warm the tail cache with the newest records
         keep = min(self._written, _TAIL_WARM)
         self._tail_first = self._last + 1 - keep
@@ -1236,6 +1468,51 @@ class CommitLog:
             )
         )
         self._evict_fds()
+
+    def _base_term_or_zero(self) -> int:
+        return self._base[1] if self._base[0] == self._first - 1 else 0
+
+    def _segment_head_index(self, k: int) -> int | None:
+        """Raft index in the header of segment `k`'s first entry (None if unreadable)."""
+        head = memoryview(_pread_exact(self._fd(k), HEADER_SIZE, 0))
+        if len(head) < HEADER_SIZE:
+            return None
+        err, fields = _check_header(head, 0)
+        return None if err else fields[3]
+
+    def _finish_deletion(self) -> None:
+        """Roll forward a `delete_before` interrupted after its base file was written."""
+        base = self._base[0]
+        if not base or len(self._starts) < 2:
+            return
+        old_start = self._starts[0]
+        old_first = self._segment_head_index(0)
+        gone: list[int] = []
+        while len(self._starts) > 1:
+            nxt = self._segment_head_index(1)
+            if nxt is None or nxt > base + 1:
+                break
+            start = self._starts.pop(0)
+            self._sizes.pop(0)
+            self._drop_fd(start)
+            gone.append(start)
+        if not gone:
+            return
+        new_first = self._segment_head_index(0)
+        if old_first is not None and new_first is not None and new_first > old_first:
+            # the index may still start at the old first entry (step 2 not done)
+            raw = _pread_exact(self._ifd, INDEX_RECORD_SIZE, 0)
+            if len(raw) == INDEX_RECORD_SIZE:
+                pos, _t, _s, _y, crc = _IREC.unpack(raw)
+                if pos == old_start and crc == crc32c.crc32c(raw[:_IREC_CRC_AT], old_first & _M32):
+                    nrec = os.fstat(self._ifd).st_size // INDEX_RECORD_SIZE
+                    skip = new_first - old_first
+                    self._rewrite_index(skip, max(0, nrec - skip))
+        for start in gone:
+            name = _segment_name(start)
+            self.recovery.deletion_finished.append(name)
+            os.unlink(os.path.join(self.dir, name))
+        fsync_dir(self.dir)
 
     def _disk_record(self, index: int) -> tuple[int, int, int, int]:
         raw = _pread_exact(self._ifd, INDEX_RECORD_SIZE, (index - self._first) * INDEX_RECORD_SIZE)

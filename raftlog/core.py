@@ -10,6 +10,11 @@ leader lease (thesis §6.2); pipelined, batched replication with xTerm/xIndex fa
 a NOOP on election and commit counting only current-term entries (§5.4.2); leadership
 transfer by TimeoutNow (thesis §3.10) and a preferred leader; ReadIndex (thesis §6.4);
 single-server membership changes with learners (thesis §4.1-4.2).
+
+The store may start after index 1 (retention deleted a prefix the state machine had
+already snapshotted). There is no InstallSnapshot: a follower that needs an entry below
+the leader's first index is only reported in `needs_snapshot`; the retention policy uses
+`min_follower_match()` so that this does not happen to a live follower.
 """
 
 from __future__ import annotations
@@ -92,9 +97,13 @@ class RaftNode:
         self.term = hard_state.term
         self.vote = hard_state.vote
         last = store.last_index()
-        # Membership records still backed by the log (a crash may have lost the tail).
+        first = store.first_index()
+        # Membership records still backed by the log (a crash may have lost the tail);
+        # those below the first index were committed before retention deleted them.
         self._configs = [
-            (i, t, m) for i, t, m in hard_state.configs if i == 0 or (i <= last and store.term(i) == t)
+            (i, t, m)
+            for i, t, m in hard_state.configs
+            if i == 0 or i < first or (i <= last and store.term(i) == t)
         ]
         if not self._configs:
             raise ValueError("hard state holds no membership: bootstrap it first")
@@ -115,6 +124,7 @@ class RaftNode:
         self._votes: dict[int, bool] = {}
         # Leader state.
         self._progress: dict[int, Progress] = {}
+        self._needs_snapshot: set[int] = set()  # peers lacking entries we no longer hold
         self._pending_conf_index = 0
         self._transferee: int | None = None
         self._transfer_elapsed = 0
@@ -151,6 +161,23 @@ class RaftNode:
     @property
     def transferee(self) -> int | None:
         return self._transferee
+
+    @property
+    def needs_snapshot(self) -> frozenset[int]:
+        """Peers this leader cannot catch up: they need entries below the store's first
+        index (deleted by retention). They get heartbeats only."""
+        return frozenset(self._needs_snapshot)
+
+    def min_follower_match(self) -> int | None:
+        """Lowest index known replicated on every other member (voters and learners);
+        the leader's own persisted index when it has no peers; None unless leader.
+
+        Retention must not delete past it, or a follower could never catch up.
+        """
+        if self.role != Role.LEADER:
+            return None
+        matches = [pr.match for p, pr in self._progress.items() if p != self.id]
+        return min(matches) if matches else self._persisted
 
     def term_at(self, index: int) -> int:
         if index > self._last_index:
@@ -325,6 +352,7 @@ class RaftNode:
 
     def _clear_leader_state(self) -> None:
         self._progress = {}
+        self._needs_snapshot.clear()
         self._transferee = None
         self._needs_broadcast = False
         self._reads_waiting = []
@@ -624,7 +652,8 @@ class RaftNode:
         if m.hint_term == 0:
             return m.hint_index
         i = min(m.log_index, self._last_index)
-        while i > 0 and self.term_at(i) > m.hint_term:
+        floor = self._store.first_index() - 1  # terms below it are gone with the entries
+        while i > floor and self.term_at(i) > m.hint_term:
             i -= 1
         if i > 0 and self.term_at(i) == m.hint_term:
             return i + 1
@@ -633,6 +662,10 @@ class RaftNode:
     def _send_append(self, peer: int, *, fill: bool = False, empty_ok: bool = False) -> None:
         """Send what `peer` lacks: one append in probe, up to the window when replicating."""
         pr = self._progress[peer]
+        if pr.next < self._store.first_index():
+            self._needs_snapshot.add(peer)  # without InstallSnapshot, nothing to send
+            return
+        self._needs_snapshot.discard(peer)
         while pr.can_send(self.cfg.max_inflight):
             lo = pr.next
             entries: list[Entry] = []
@@ -758,6 +791,7 @@ class RaftNode:
         for p in list(self._progress):
             if p not in members:
                 del self._progress[p]
+                self._needs_snapshot.discard(p)
         for p in members - self._progress.keys():
             self._progress[p] = Progress(self._last_index)
 

@@ -19,6 +19,14 @@ Back-pressure: proposals wait while the group holds more than `max_uncommitted_b
 of proposed-but-unapplied data (slow followers or a slow disk).
 
 Nothing here knows about topics: the state machine is any object with `apply(entry)`.
+
+Retention: a state machine may also offer `snapshot() -> bytes` and a `retained_index`
+(entries below it are no longer needed). When an applied batch advances
+`retained_index`, the state is snapshotted at the batch's last index, written to
+`<group dir>/snapshot` (temp, fsync, rename, fsync dir; in a worker thread), and only
+then are log segments below min(retained_index, snapshot index + 1) deleted. On open a
+snapshot is restored through the `restore` callback and the core starts with
+`applied=` its index, so replay resumes after it.
 """
 
 from __future__ import annotations
@@ -33,14 +41,16 @@ from typing import Any, Literal, Protocol
 
 import trio
 
-from raftlog.commitlog import CommitLog
+from raftlog.commitlog import CommitLog, CommitLogError
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.hardstate import HardStateFile
+from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
 from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role
 
 __all__ = [
     "GroupOptions",
     "GroupRuntime",
+    "MissingEntries",
     "NotLeader",
     "ProposalDropped",
     "ProposalLost",
@@ -51,7 +61,14 @@ log = logging.getLogger("raftmq.raft")
 
 
 class StateMachine(Protocol):
+    """`apply` is required. Optional, for retention: `snapshot() -> bytes` and an int
+    `retained_index` property (see the module docstring)."""
+
     def apply(self, entry: Entry) -> Any: ...
+
+
+class MissingEntries(Exception):
+    """The log starts after what the snapshot covers: entries in between are lost."""
 
 
 class ProposalLost(Exception):
@@ -99,6 +116,7 @@ class GroupRuntime:
         rng: random.Random | None = None,
         on_change: Callable[[GroupRuntime], None] | None = None,
         on_fsync: Callable[[float], None] | None = None,
+        restore: Callable[[bytes], StateMachine] | None = None,
     ) -> None:
         self.group_id = group_id
         self.node_id = node_id
@@ -122,6 +140,13 @@ class GroupRuntime:
         self._seen: tuple[Role, int | None, int] = (Role.FOLLOWER, None, 0)
         self.fsyncs = 0
         self.closed = False
+        self._restore = restore
+        self.snapshot_path = os.path.join(self.path, "snapshot")
+        self.snapshot_index = 0  # index of the durable snapshot (0: none)
+        self._retain_seen = 0
+        self._snapshot_due: tuple[Snapshot, int] | None = None  # (snapshot, retained_index)
+        self._retain_needed = trio.Event()
+        self._lagging: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -139,11 +164,39 @@ class GroupRuntime:
         if not hs.configs:
             hs = HardState(hs.term, hs.vote, ((0, 0, Membership(frozenset(self.replicas))),))
             self._hs.save(hs)
-        self.core = RaftNode(self.node_id, self.log, hs, self.options.raft, rng=self._rng)
+        applied = self._load_snapshot()
+        self.core = RaftNode(
+            self.node_id, self.log, hs, self.options.raft, rng=self._rng, applied=applied
+        )
         self._seen = (self.core.role, self.core.leader, self.core.term)
         log.info("group opened", extra={"fields": {
             "group": self.group_id, "last_index": self.log.last_index(), "term": hs.term,
             "recovery": repr(self.log.recovery)}})
+
+    def _load_snapshot(self) -> int:
+        """Restore the state machine from the snapshot file; returns its index (0: none).
+
+        Refuses to start when the log begins after it: replay would skip entries.
+        """
+        lg = self.log
+        assert lg is not None
+        snap = load_snapshot(self.snapshot_path)
+        index = 0
+        if snap is not None:
+            if self._restore is None:
+                lg.close()
+                raise MissingEntries(f"{self.snapshot_path} exists but no restore is configured")
+            self.machine = self._restore(snap.data)
+            index = self.snapshot_index = snap.index
+        self._retain_seen = int(getattr(self.machine, "retained_index", 0))
+        first = lg.first_index()
+        if first > index + 1:
+            lg.close()
+            raise MissingEntries(
+                f"group {self.group_id}: the log starts at entry {first} but the snapshot "
+                f"covers only up to {index}: entries {index + 1}..{first - 1} are lost"
+            )
+        return index
 
     async def run(self) -> None:
         """Drive the group until cancelled; the CommitLog is closed on the way out."""
@@ -153,6 +206,7 @@ class GroupRuntime:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ready_loop)
                 nursery.start_soon(self._sync_loop)
+                nursery.start_soon(self._retention_loop)
         finally:
             self.closed = True
             self._fail_waiters(NotLeader(None))
@@ -244,6 +298,8 @@ class GroupRuntime:
             "voters": sorted(core.membership.voters),
             "fsyncs": self.fsyncs,
             "uncommitted_bytes": self._uncommitted,
+            "snapshot": self.snapshot_index,
+            "needs_snapshot": sorted(core.needs_snapshot),
         }
 
     # ------------------------------------------------------------------ loops
@@ -270,6 +326,7 @@ class GroupRuntime:
                 if rd.apply:
                     self._apply(rd.apply)
             self._notice_changes()
+            self._notice_lagging()
             await trio.lowlevel.checkpoint()
 
     async def _sync_loop(self) -> None:
@@ -310,6 +367,55 @@ class GroupRuntime:
                 w.resolve(error=ProposalLost(f"entry {e.index} was replaced by a newer leader"))
         self._applied_changed.set()
         self._applied_changed = trio.Event()
+        retained = getattr(self.machine, "retained_index", 0)
+        if retained > self._retain_seen and hasattr(self.machine, "snapshot"):
+            self._retain_seen = retained
+            last = entries[-1]
+            self._snapshot_due = (Snapshot(last.index, last.term, self.machine.snapshot()), retained)
+            self._retain_needed.set()
+
+    async def _retention_loop(self) -> None:
+        """Write the due snapshot durably, then delete the log segments it covers."""
+        lg = self.log
+        assert lg is not None
+        while True:
+            await self._retain_needed.wait()
+            self._retain_needed = trio.Event()
+            if self._snapshot_due is None:
+                continue
+            snap, retained = self._snapshot_due
+            self._snapshot_due = None
+            try:
+                await trio.to_thread.run_sync(save_snapshot, self.snapshot_path, snap)
+            except OSError:
+                # nothing was deleted; the next retain entry tries again
+                log.exception("writing the snapshot failed", extra={"fields": {
+                    "group": self.group_id, "snapshot": snap.index}})
+                continue
+            self.snapshot_index = snap.index
+            try:
+                first = lg.delete_before(min(retained, snap.index + 1))
+            except CommitLogError:
+                if lg.closed:
+                    raise
+                log.exception("retention failed; the next retain retries",
+                              extra={"fields": {"group": self.group_id}})
+                continue
+            log.info("retention", extra={"fields": {
+                "group": self.group_id, "snapshot": snap.index, "retained": retained,
+                "first_index": first}})
+
+    def _notice_lagging(self) -> None:
+        core = self.core
+        assert core is not None
+        lagging = core.needs_snapshot
+        if lagging != self._lagging:
+            for peer in sorted(lagging - self._lagging):
+                log.warning("follower needs entries deleted by retention; it cannot catch up "
+                            "without a snapshot transfer", extra={"fields": {
+                                "group": self.group_id, "peer": peer,
+                                "first_index": self.log.first_index() if self.log else None}})
+            self._lagging = lagging
 
     def _release(self, w: _Waiter) -> None:
         self._uncommitted -= w.size

@@ -198,8 +198,14 @@ class Ready:
 class LogStore(Protocol):
     """Read-only view of the durable-or-written log that the core consults.
 
-    Index 0 is the sentinel before the first entry: `term(0) == 0`.
+    Index 0 is the sentinel before the first entry: `term(0) == 0`. Retention may delete
+    a prefix: entries then start at `first_index()`, and `term(first_index() - 1)` must
+    still be answered (it is the previous term of the first entry a leader can send).
     """
+
+    def first_index(self) -> int:
+        """Oldest index held (1 unless retention deleted a prefix)."""
+        ...
 
     def last_index(self) -> int: ...
 

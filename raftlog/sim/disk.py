@@ -33,6 +33,9 @@ class SimStore:
 
     # ------------------------------------------------------------------ LogStore
 
+    def first_index(self) -> int:
+        return 1  # the simulator never deletes a prefix
+
     def last_index(self) -> int:
         return len(self.log)
 

@@ -1,0 +1,181 @@
+"""Retention policy: which prefix of a group's log its leader proposes to drop.
+
+Every `retention_check_interval` seconds, the leader of each group picks the first index
+to keep and proposes `control_retain(min_index)`. Applying that entry moves every queue's
+minimum offset past it (reads below get OFFSET_TOO_SMALL) on every replica, and each
+replica's runtime then snapshots its state and deletes the log segments below (see
+`raftlog.runtime`). The leader only *chooses*; the deletion is replicated like any entry.
+
+What may go: a prefix of whole segments, never the active one, where each segment is
+
+* older than `retention_hours`, i.e. its newest message was stored longer ago than that;
+* or needed to bring the data file system back under `retention_disk_ratio` (oldest
+  segments first, until the excess measured by `shutil.disk_usage` is covered).
+
+Age comes from the store time the leader stamped in front of each MESSAGES batch
+(`STORED_PREFIX`), not from file mtimes: it is replicated byte-for-byte, so every replica
+and every future leader sees the same age; it survives copying or restoring files; and a
+replica that fetched old entries late (a restarted follower, then maybe leader) does not
+think them new. A segment whose last few entries hold no MESSAGES batch (only control
+records) falls back to its file mtime.
+
+Never past: the commit index, and the lowest match index of any follower (voter or
+learner) -- there is no snapshot transfer yet, so a follower that needs deleted entries
+could never catch up. The flip side: a follower that is down keeps the leader from
+deleting anything it lacks, even under disk pressure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import trio
+
+from broker.records import STORED_PREFIX
+from broker.statemachine import BrokerState, control_retain
+from raftlog.commitlog import CommitLog, CommitLogError, SegmentInfo
+from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
+from raftlog.types import EntryType
+
+__all__ = ["RetentionPolicy", "choose_retain_index", "run_retention", "segment_newest_ms"]
+
+log = logging.getLogger("raftmq.retention")
+
+_AGE_WALK = 64  # entries looked at, newest first, to find a segment's newest batch
+
+
+def choose_retain_index(
+    segments: Sequence[SegmentInfo],
+    *,
+    limit: int,
+    expired: Callable[[SegmentInfo], bool],
+    excess_bytes: int = 0,
+) -> int | None:
+    """The first index to keep, or None if no segment can go.
+
+    Deletes a prefix of `segments` (the last one, the active segment, always stays):
+    each may go while `excess_bytes` are not yet freed or if it has `expired`, and only
+    if every entry in it is below `limit`. The answer is the next segment's first index.
+    """
+    chosen: int | None = None
+    freed = 0
+    for seg, nxt in zip(segments, segments[1:], strict=False):
+        if nxt.first_index > limit:
+            break
+        if freed < excess_bytes or expired(seg):
+            freed += seg.size
+            chosen = nxt.first_index
+        else:
+            break
+    return chosen
+
+
+def segment_newest_ms(log: CommitLog, seg: SegmentInfo, *, walk: int = _AGE_WALK) -> int:
+    """Store time (ms) of the newest MESSAGES batch near the end of `seg`; the file's
+    mtime if its last `walk` entries hold none (or cannot be read)."""
+    lo = max(seg.first_index, seg.last_index - walk + 1)
+    for i in range(seg.last_index, lo - 1, -1):
+        try:
+            e = log.entries(i, i + 1, 1)[0]
+        except CommitLogError:
+            continue  # a corrupt entry: it says nothing about age
+        if e.type == EntryType.MESSAGES and len(e.data) >= STORED_PREFIX.size:
+            (ms,) = STORED_PREFIX.unpack_from(e.data, 0)
+            return int(ms)
+    return int(os.stat(seg.path).st_mtime * 1000)
+
+
+def _disk_usage(path: str) -> tuple[int, int]:
+    u = shutil.disk_usage(path)
+    return u.used, u.total
+
+
+class RetentionPolicy:
+    """Chooses a group's retain index; caches segment ages (full segments never change)."""
+
+    def __init__(
+        self,
+        *,
+        retention_hours: float,
+        disk_ratio: float,
+        data_dir: str | os.PathLike[str],
+        usage: Callable[[], tuple[int, int]] | None = None,
+    ) -> None:
+        self.retention_ms = int(retention_hours * 3600 * 1000)
+        self.disk_ratio = disk_ratio
+        path = os.fspath(data_dir)
+        self._usage = usage or (lambda: _disk_usage(path))
+        self._ages: dict[str, int] = {}  # segment path -> newest store ms
+
+    def excess_bytes(self) -> int:
+        """Bytes above the disk ratio on the data file system (0 when under it)."""
+        used, total = self._usage()
+        return max(0, used - int(self.disk_ratio * total))
+
+    def candidate(
+        self, lg: CommitLog, *, commit: int, min_match: int, retained: int, now_ms: int
+    ) -> int | None:
+        """The retain index to propose now, or None (nothing new may go)."""
+        segments = lg.segment_bounds()
+        live = {s.path for s in segments}
+        for p in [p for p in self._ages if p not in live]:
+            del self._ages[p]
+
+        def expired(seg: SegmentInfo) -> bool:
+            ms = self._ages.get(seg.path)
+            if ms is None:
+                ms = self._ages[seg.path] = segment_newest_ms(lg, seg)
+            return now_ms - ms > self.retention_ms
+
+        limit = min(commit, min_match) + 1
+        chosen = choose_retain_index(
+            segments, limit=limit, expired=expired, excess_bytes=self.excess_bytes()
+        )
+        if chosen is None or chosen <= max(retained, lg.first_index()):
+            return None
+        return chosen
+
+
+async def retain_once(policy: RetentionPolicy, g: GroupRuntime, state: BrokerState) -> int | None:
+    """If `g` leads, propose the policy's retain index; returns it (None: nothing done)."""
+    core, lg = g.core, g.log
+    if core is None or lg is None or not g.is_leader or lg.closed:
+        return None
+    min_match = core.min_follower_match()
+    if min_match is None:
+        return None
+    index = policy.candidate(
+        lg,
+        commit=core.commit,
+        min_match=min_match,
+        retained=state.retained_index,
+        now_ms=int(time.time() * 1000),
+    )
+    if index is None:
+        return None
+    await g.propose(control_retain(index), EntryType.CONTROL)
+    log.info("retain proposed", extra={"fields": {"group": g.group_id, "min_index": index}})
+    return index
+
+
+async def run_retention(
+    groups: Mapping[str, GroupRuntime],
+    states: Mapping[str, BrokerState],
+    policy: RetentionPolicy,
+    interval: float,
+) -> None:
+    """Run the policy on every group this node leads, every `interval` seconds."""
+    while True:
+        await trio.sleep(interval)
+        for gid, g in groups.items():
+            try:
+                await retain_once(policy, g, states[gid])
+            except (NotLeader, ProposalDropped, ProposalLost) as exc:
+                log.debug("retain not proposed", extra={"fields": {"group": gid,
+                                                                   "why": repr(exc)}})
+            except (CommitLogError, OSError):
+                log.exception("retention check failed", extra={"fields": {"group": gid}})
