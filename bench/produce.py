@@ -1,0 +1,183 @@
+"""Produce throughput and acknowledgement latency against a real cluster.
+
+By default the benchmark starts its own cluster on loopback (three node processes, three
+groups of three replicas, `fsync=always`, the leaders spread one per node), creates a topic
+whose queues are spread over the groups, drives it with the SDK's `Producer` from this
+process, and stops every process it started. `--namesrv` points it at a running cluster
+instead. An acknowledgement means the message's batch is fsynced on a majority of its
+group. Output: one JSON object (`--json`) or a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from broker.blocking_rpc import request
+from broker.protocol import Op, RequestError
+
+__all__ = ["main", "run_produce"]
+
+
+def group_leaders(namesrv: str, timeout: float = 30.0) -> dict[str, str]:
+    """{group: leader address} once every group the name server knows has a leader."""
+    deadline = time.monotonic() + timeout
+    while True:
+        h, _ = request(namesrv, {"op": Op.CLUSTER})
+        leaders = {g: v.get("leader_addr") for g, v in h.get("groups", {}).items()}
+        if leaders and all(leaders.values()):
+            return leaders  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"groups without a leader: {sorted(g for g, a in leaders.items() if not a)}")
+        time.sleep(0.1)
+
+
+def create_topic(namesrv: str, topic: str, queues: int) -> None:
+    """Spread `queues` over the groups (queue q -> sorted groups[q % G]) and create them."""
+    groups = group_leaders(namesrv)
+    names = sorted(groups)
+    for k, g in enumerate(names):
+        hosted = [q for q in range(queues) if q % len(names) == k]
+        if hosted:
+            request(groups[g], {"op": Op.CREATE_TOPIC, "g": g, "topic": topic,
+                                "queues": queues, "hosted": hosted})
+    deadline = time.monotonic() + 10
+    while True:  # the name server learns of the topic from the leaders' next registration
+        try:
+            h, _ = request(namesrv, {"op": Op.ROUTE, "topic": topic})
+            if len(h["queues"]) == queues and all(q[2] for q in h["queues"]):
+                return
+        except RequestError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {topic!r} did not appear in the routes")
+        time.sleep(0.05)
+
+
+def _percentile(sorted_values: list[float], p: float) -> float:
+    if not sorted_values:
+        return 0.0
+    k = min(len(sorted_values) - 1, int(p / 100 * len(sorted_values)))
+    return sorted_values[k]
+
+
+async def _drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str, Any]:
+    from raftmq.client.producer import Producer
+
+    payload = b"x" * args.size
+    latencies: list[float] = []
+    errors: list[str] = []
+    async with Producer(
+        namesrv, linger_ms=args.linger_ms, batch_max_messages=args.batch,
+        max_in_flight=args.batches_in_flight, max_pending=args.in_flight,
+    ) as producer:
+        # warm-up: learn routes, open connections
+        for _ in range(10):
+            await producer.send(topic, payload)
+        # Everything alive now (interpreter, modules, cluster handles) is long-lived: keep
+        # the collector from rescanning it while thousands of sends are in flight.
+        gc.collect()
+        gc.freeze()
+        t_start = time.perf_counter()
+
+        def done_at(t0: float):  # noqa: ANN202 - a small closure factory
+            def cb(fut: Any) -> None:
+                if fut.exception() is not None:
+                    errors.append(repr(fut.exception()))
+                else:
+                    latencies.append(time.perf_counter() - t0)
+            return cb
+
+        for _ in range(args.messages):
+            await producer.send_async(topic, payload, callback=done_at(time.perf_counter()))
+        await producer.flush()
+        elapsed = time.perf_counter() - t_start
+    latencies.sort()
+    acked = len(latencies)
+    return {
+        "benchmark": "produce",
+        "messages": args.messages,
+        "acknowledged": acked,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "size_bytes": args.size,
+        "seconds": round(elapsed, 3),
+        "msgs_per_s": round(acked / elapsed, 1),
+        "mb_per_s": round(acked * args.size / elapsed / 1e6, 2),
+        "latency_ms": {
+            "p50": round(_percentile(latencies, 50) * 1000, 2),
+            "p99": round(_percentile(latencies, 99) * 1000, 2),
+            "p999": round(_percentile(latencies, 99.9) * 1000, 2),
+        },
+        "in_flight": args.in_flight,
+        "batch_max_messages": args.batch,
+        "linger_ms": args.linger_ms,
+        "queues": args.queues,
+    }
+
+
+def run_produce(args: argparse.Namespace) -> dict[str, Any]:
+    topic = args.topic
+    if args.namesrv:
+        create_topic(args.namesrv, topic, args.queues)
+        result = anyio.run(_drive, args.namesrv, topic, args)
+        result.update(cluster="external", namesrv=args.namesrv)
+        return result
+    from chaos.cluster import LocalCluster
+
+    with tempfile.TemporaryDirectory(prefix="raftmq-bench-") as tmp:
+        with LocalCluster(Path(tmp), nodes=3, groups=args.groups, fsync=args.fsync) as cluster:
+            cluster.wait_ready(timeout=60)
+            create_topic(cluster.namesrv_addr, topic, args.queues)
+            result = anyio.run(_drive, cluster.namesrv_addr, topic, args)
+            result.update(cluster="local", nodes=3, groups=args.groups, replicas=3,
+                          fsync=args.fsync)
+            return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raftmq bench produce", description=__doc__.split("\n\n")[0])
+    p.add_argument("--namesrv", help="use a running cluster instead of starting one")
+    p.add_argument("--messages", type=int, default=200_000)
+    p.add_argument("--size", type=int, default=100, help="message body bytes (default 100)")
+    p.add_argument("--topic", default="bench")
+    p.add_argument("--queues", type=int, default=12)
+    p.add_argument("--groups", type=int, default=3)
+    p.add_argument("--in-flight", type=int, default=8192, help="messages awaiting their ack")
+    p.add_argument("--batches-in-flight", type=int, default=4, help="batches per queue in flight")
+    p.add_argument("--batch", type=int, default=512, help="max messages per batch")
+    p.add_argument("--linger-ms", type=float, default=2.0)
+    p.add_argument("--fsync", choices=["always", "interval"], default="always")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result = run_produce(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"produce: {args.messages:,} x {args.size} B, fsync={args.fsync}")
+        for col in ("msgs/s", "MB/s", "p50 ms", "p99 ms", "p999 ms", "errors"):
+            t.add_column(col, justify="right")
+        lat = result["latency_ms"]
+        t.add_row(f"{result['msgs_per_s']:,.0f}", f"{result['mb_per_s']:.1f}", str(lat["p50"]),
+                  str(lat["p99"]), str(lat["p999"]), str(result["errors"]))
+        Console().print(t)
+    return 0 if result["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

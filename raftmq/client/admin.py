@@ -1,0 +1,297 @@
+"""Cluster administration: topics, their placement, consumer lag, leadership.
+
+Topic creation is a CONTROL entry in each hosting group's log, so every replica agrees on
+it; the admin spreads a topic's queues over groups and sends each group's leader the
+queue ids it hosts. Nodes then report the topic to the name servers, which is when
+clients can route to it, so `create_topic` waits for that by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import anyio
+
+from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
+
+from .connection import ConnectionPool, TransportError, is_retriable
+from .consumer import _ClientBase, query_offset, queue_bounds
+from .routes import TopicRoute, backoff_delay, node_addresses
+
+__all__ = ["Admin", "QueueInfo", "QueueLag", "TopicInfo", "place_queues"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    queue: int
+    group: str | None
+    leader: str | None
+    min_offset: int | None
+    end_offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    topic: str
+    total: int
+    queues: list[QueueInfo]
+    replicas: dict[str, list[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLag:
+    """`lag` counts retained messages not consumed yet: end - max(committed, min)."""
+
+    queue: int
+    committed: int  # -1 when the group never committed this queue
+    min_offset: int
+    end_offset: int
+    lag: int
+
+
+def place_queues(total: int, groups: Sequence[str]) -> dict[str, list[int]]:
+    """Queue q goes to groups[q % len(groups)]: an even spread, a queue in one group."""
+    if total < 1:
+        raise ValueError("a topic needs at least one queue")
+    if not groups:
+        raise ValueError("no groups to place queues in")
+    if len(set(groups)) != len(groups):
+        raise ValueError(f"groups listed twice in {list(groups)}")
+    placement: dict[str, list[int]] = {}
+    for q in range(total):
+        placement.setdefault(groups[q % len(groups)], []).append(q)
+    return placement
+
+
+class Admin(_ClientBase):
+    """Administrative requests; use as `async with Admin(namesrv) as admin:`."""
+
+    def __init__(
+        self,
+        namesrv: Sequence[str] | str,
+        *,
+        timeout: float = 3.0,
+        pool: ConnectionPool | None = None,
+    ) -> None:
+        super().__init__(namesrv, pool, timeout)
+
+    async def __aenter__(self) -> Admin:
+        await self._open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._close(exc_type, exc, tb)
+
+    async def create_topic(
+        self,
+        topic: str,
+        queues: int = 4,
+        groups: Sequence[str] | None = None,
+        *,
+        exist_ok: bool = False,
+        wait: float = 10.0,
+    ) -> dict[str, list[int]]:
+        """Create `topic` with `queues` queues and return the placement {group: queues}.
+
+        Without `groups`, queue q goes to sorted(all groups)[q % G]; with `groups`, to
+        groups[q % len(groups)] in the order given. TOPIC_EXISTS is raised unless
+        `exist_ok` (an answer to a retry after an unknown outcome counts as created).
+        Then waits up to `wait` seconds until the name servers route every queue
+        (0: do not wait).
+        """
+        validate_topic_name(topic)
+        cluster = await self.routes.cluster()
+        known = sorted(str(g) for g in (cluster.get("groups") or {}))
+        if groups is None:
+            chosen = known
+        else:
+            chosen = [validate_group_name(g) for g in groups]
+            missing = [g for g in chosen if g not in known]
+            if missing:
+                raise RequestError(Code.UNKNOWN_GROUP, f"no live group {missing} (known: {known})")
+        if not chosen:
+            raise RequestError(Code.UNKNOWN_GROUP, "the name servers know no live group")
+        placement = place_queues(queues, chosen)
+        existed: list[str] = []
+
+        async def one(group: str, hosted: list[int]) -> None:
+            header = {"g": group, "topic": topic, "queues": queues, "hosted": hosted}
+            if await self._create_in_group(group, header):
+                existed.append(group)
+
+        async with anyio.create_task_group() as tg:
+            for group, hosted in placement.items():
+                tg.start_soon(one, group, hosted)
+        if existed and not exist_ok:
+            raise RequestError(Code.TOPIC_EXISTS, f"topic {topic!r} already exists in {existed}")
+        if wait > 0:
+            await self._wait_routed(topic, queues, wait)
+        return placement
+
+    async def _create_in_group(self, group: str, header: dict[str, Any]) -> bool:
+        """Send CREATE_TOPIC to the group's leader; True if it already existed before."""
+        uncertain = False
+        attempt = 0
+        while True:
+            try:
+                await self.routes.call_group(group, Op.CREATE_TOPIC, header, attempts=1)
+                return False
+            except RequestError as exc:
+                if exc.code == Code.TOPIC_EXISTS:
+                    return not uncertain
+                if not is_retriable(exc):
+                    raise
+                attempt += 1
+                if attempt > 5:
+                    raise
+                # a timed-out try may have been applied: a later TOPIC_EXISTS is ours
+                unsent = isinstance(exc, TransportError) and not exc.sent
+                uncertain = uncertain or not (exc.code == Code.NOT_LEADER or unsent)
+                await anyio.sleep(backoff_delay(attempt))
+
+    async def _wait_routed(self, topic: str, total: int, wait: float) -> TopicRoute:
+        attempt = 0
+        last: Exception | None = None
+        with anyio.move_on_after(wait):
+            while True:
+                try:
+                    route = await self.routes.route(topic, refresh=True)
+                    if route.total == total and len(route.queues) == total:
+                        return route
+                except RequestError as exc:
+                    if exc.code != Code.UNKNOWN_TOPIC and not is_retriable(exc):
+                        raise
+                    last = exc
+                attempt += 1
+                await anyio.sleep(backoff_delay(attempt, base=0.05, cap=0.5))
+        raise RequestError(
+            Code.TIMEOUT,
+            f"topic {topic!r} was created but the name servers do not route all its queues "
+            f"after {wait:g} s ({last})",
+        )
+
+    async def describe_topic(self, topic: str) -> TopicInfo:
+        """The route of a topic with each queue's min and end offset (None when its
+        leader cannot be reached)."""
+        route = await self.routes.route(topic, refresh=True)
+        infos: dict[int, QueueInfo] = {}
+
+        async def one(q: int) -> None:
+            qr = route.queues.get(q)
+            lo = end = None
+            if qr is not None:
+                try:
+                    lo, end = await queue_bounds(self.routes, topic, q)
+                except RequestError:
+                    pass
+            infos[q] = QueueInfo(
+                q, qr.group if qr else None, self.routes.leader(qr.group) if qr else None, lo, end
+            )
+
+        async with anyio.create_task_group() as tg:
+            for q in range(route.total):
+                tg.start_soon(one, q)
+        return TopicInfo(topic, route.total, [infos[q] for q in sorted(infos)],
+                         dict(route.replicas))
+
+    async def list_topics(self) -> dict[str, dict[str, Any]]:
+        """{topic: {"queues": total, "hosted": {group: [queues]}}}, merged from the TOPICS
+        answer of every reachable node (fresher than the name servers' registrations)."""
+        cluster = await self.routes.cluster()
+        merged: dict[str, dict[str, Any]] = {}
+
+        def merge(name: str, info: dict[str, Any]) -> None:
+            t = merged.setdefault(name, {"queues": 0, "hosted": {}})
+            t["queues"] = max(t["queues"], int(info.get("queues", 0)))
+            for g, qs in (info.get("hosted") or {}).items():
+                t["hosted"][g] = sorted(set(t["hosted"].get(g, [])) | set(qs))
+
+        async def one(addr: str) -> None:
+            try:
+                frame = await self.routes.pool.request(addr, Op.TOPICS, {}, timeout=self.timeout)
+            except RequestError:
+                return
+            for name, info in (frame.header.get("topics") or {}).items():
+                merge(str(name), info)
+
+        async with anyio.create_task_group() as tg:
+            for addr in node_addresses(cluster):
+                tg.start_soon(one, addr)
+        if not merged:  # no node answered: fall back to what the name servers hold
+            for gid, g in (cluster.get("groups") or {}).items():
+                for name, info in (g.get("topics") or {}).items():
+                    hosted = info.get("hosted", [])
+                    if isinstance(hosted, list):
+                        info = {"queues": info.get("queues", 0), "hosted": {gid: hosted}}
+                    merge(str(name), info)
+        return dict(sorted(merged.items()))
+
+    async def describe_cluster(self) -> dict[str, Any]:
+        """The CLUSTER answer: nodes (addr, metrics, age) and groups (leader, term,
+        replicas, topics, commit/applied, members)."""
+        return await self.routes.cluster()
+
+    async def node_status(self, addr: str) -> dict[str, Any]:
+        """One node's STATUS answer."""
+        frame = await self.routes.pool.request(addr, Op.STATUS, {}, timeout=self.timeout)
+        return _fields(frame)
+
+    async def consumers(self, group: str) -> list[str]:
+        """The consumer group's live clients: the union over every reachable node."""
+        cluster = await self.routes.cluster()
+        seen: set[str] = set()
+
+        async def one(addr: str) -> None:
+            try:
+                frame = await self.routes.pool.request(addr, Op.CONSUMERS, {"cg": group},
+                                                       timeout=self.timeout)
+            except RequestError:
+                return
+            seen.update(str(c) for c in frame.header.get("clients") or [])
+
+        async with anyio.create_task_group() as tg:
+            for addr in node_addresses(cluster):
+                tg.start_soon(one, addr)
+        return sorted(seen)
+
+    async def committed_offset(self, group: str, topic: str, queue: int) -> int:
+        """A consumer group's committed offset of one queue (-1 when none)."""
+        return await query_offset(self.routes, group, topic, queue)
+
+    async def consumer_lag(self, group: str, topic: str) -> dict[int, QueueLag]:
+        """Per queue: committed offset, bounds and how many retained messages are left."""
+        route = await self.routes.route(topic)
+        out: dict[int, QueueLag] = {}
+        errors: list[RequestError] = []
+
+        async def one(q: int) -> None:
+            try:
+                committed = await query_offset(self.routes, group, topic, q)
+                lo, end = await queue_bounds(self.routes, topic, q)
+            except RequestError as exc:
+                errors.append(exc)
+                return
+            out[q] = QueueLag(q, committed, lo, end, max(0, end - max(committed, lo)))
+
+        async with anyio.create_task_group() as tg:
+            for q in range(route.total):
+                tg.start_soon(one, q)
+        if errors:
+            raise errors[0]
+        return dict(sorted(out.items()))
+
+    async def transfer_leader(self, group: str, to: int) -> None:
+        """Ask a group's leader to hand leadership to node `to`."""
+        await self.routes.call_group(group, Op.TRANSFER_LEADER, {"g": group, "to": to})
+
+
+def _fields(frame: Frame) -> dict[str, Any]:
+    return {k: v for k, v in frame.header.items() if k not in ("id", "code")}

@@ -1,0 +1,243 @@
+"""Blocking wrappers for code without an event loop (scripts, notebooks, threads).
+
+Each wrapper runs its async client in an event loop on a private thread (an anyio
+blocking portal) and forwards calls to it, so it can be used from any number of threads.
+Use them as context managers or call `close()`; the loop thread ends with the client.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from broker.records import Message, OutgoingMessage
+
+from .admin import Admin, QueueLag, TopicInfo
+from .consumer import PullConsumer, PullResult, PushConsumer
+from .producer import Producer, SendResult
+
+__all__ = [
+    "BlockingAdmin",
+    "BlockingProducer",
+    "BlockingPullConsumer",
+    "BlockingPushConsumer",
+    "connect_admin",
+    "connect_producer",
+    "connect_pull_consumer",
+    "connect_push_consumer",
+]
+
+C = TypeVar("C")
+R = TypeVar("R")
+
+
+class _Blocking(Generic[C]):
+    """Owns the portal thread and the async client entered inside it."""
+
+    def __init__(self, client: AbstractAsyncContextManager[C], backend: str) -> None:
+        self._portal_cm = start_blocking_portal(backend)
+        self._portal: BlockingPortal = self._portal_cm.__enter__()
+        try:
+            self._client_cm: AbstractContextManager[C] = self._portal.wrap_async_context_manager(
+                client
+            )
+            self._client: C = self._client_cm.__enter__()
+        except BaseException:
+            self._portal_cm.__exit__(*sys.exc_info())
+            raise
+        self._closed = False
+
+    @property
+    def client(self) -> C:
+        """The async client, for use from inside the portal's loop only."""
+        return self._client
+
+    def _call(self, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        return self._portal.call(functools.partial(fn, *args, **kwargs))
+
+    def _call_sync(self, fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+        """Run a plain method on the loop thread, where the client's state lives."""
+        return self._call(_sync_call, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        """Leave the async client (flushing, committing as it does) and stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._client_cm.__exit__(None, None, None)
+        finally:
+            self._portal_cm.__exit__(None, None, None)
+
+    def __enter__(self: Any) -> Any:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class BlockingProducer(_Blocking[Producer]):
+    """`Producer` for blocking code; takes the same arguments plus `backend`."""
+
+    def __init__(self, namesrv: Sequence[str] | str, *, backend: str = "asyncio",
+                 **kwargs: Any) -> None:
+        super().__init__(Producer(namesrv, **kwargs), backend)
+
+    def __enter__(self) -> BlockingProducer:
+        return self
+
+    def send(self, topic: str, message: OutgoingMessage | bytes | str, **kwargs: Any) -> SendResult:
+        """Send and wait for the acknowledgement."""
+        return self._call(self._client.send, topic, message, **kwargs)
+
+    def send_async(
+        self, topic: str, message: OutgoingMessage | bytes | str, **kwargs: Any
+    ) -> concurrent.futures.Future[SendResult]:
+        """Start a send; the returned `concurrent.futures.Future` completes on the ack."""
+        if self._closed:
+            raise RuntimeError("BlockingProducer is closed")
+        return self._portal.start_task_soon(
+            functools.partial(self._client.send, topic, message, **kwargs)
+        )
+
+    def send_oneway(self, topic: str, message: OutgoingMessage | bytes | str, **kwargs: Any) -> None:
+        self._call(self._client.send_oneway, topic, message, **kwargs)
+
+    def send_batch(
+        self, topic: str, messages: Sequence[OutgoingMessage | bytes | str], *,
+        queue: int | None = None,
+    ) -> list[SendResult]:
+        return self._call(self._client.send_batch, topic, messages, queue=queue)
+
+    def flush(self) -> None:
+        self._call(self._client.flush)
+
+
+class BlockingPullConsumer(_Blocking[PullConsumer]):
+    """`PullConsumer` for blocking code; takes the same arguments plus `backend`."""
+
+    def __init__(self, namesrv: Sequence[str] | str, group: str, *, backend: str = "asyncio",
+                 **kwargs: Any) -> None:
+        super().__init__(PullConsumer(namesrv, group, **kwargs), backend)
+
+    def __enter__(self) -> BlockingPullConsumer:
+        return self
+
+    def assign(self, topic: str, queues: Iterable[int] | None = None, *,
+               tags: Sequence[str] | None = None) -> None:
+        self._call_sync(self._client.assign, topic, queues, tags=tags)
+
+    def poll(self, timeout: float = 1.0, **kwargs: Any) -> list[Message]:
+        return self._call(self._client.poll, timeout, **kwargs)
+
+    def pull(self, topic: str, queue: int, offset: int | None = None, **kwargs: Any) -> PullResult:
+        return self._call(self._client.pull, topic, queue, offset, **kwargs)
+
+    def commit(self, topic: str, queue: int, offset: int) -> None:
+        self._call(self._client.commit, topic, queue, offset)
+
+    def commit_all(self) -> None:
+        self._call(self._client.commit_all)
+
+    def committed(self, topic: str, queue: int) -> int:
+        return self._call(self._client.committed, topic, queue)
+
+    def position(self, topic: str, queue: int) -> int | None:
+        return self._call_sync(self._client.position, topic, queue)
+
+    def seek(self, topic: str, queue: int, offset: int) -> None:
+        self._call_sync(self._client.seek, topic, queue, offset)
+
+
+class BlockingPushConsumer(_Blocking[PushConsumer]):
+    """`PushConsumer` consuming on the portal thread until `close()`; a plain handler
+    runs in worker threads, so it may block."""
+
+    def __init__(self, namesrv: Sequence[str] | str, group: str, topics: Any, handler: Any, *,
+                 backend: str = "asyncio", **kwargs: Any) -> None:
+        super().__init__(PushConsumer(namesrv, group, topics, handler, **kwargs), backend)
+
+    def __enter__(self) -> BlockingPushConsumer:
+        return self
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return self._call_sync(self._client.assignment)
+
+    def rebalance(self) -> None:
+        self._call(self._client.rebalance)
+
+    def commit_now(self) -> None:
+        self._call(self._client.commit_now)
+
+
+class BlockingAdmin(_Blocking[Admin]):
+    """`Admin` for blocking code; takes the same arguments plus `backend`."""
+
+    def __init__(self, namesrv: Sequence[str] | str, *, backend: str = "asyncio",
+                 **kwargs: Any) -> None:
+        super().__init__(Admin(namesrv, **kwargs), backend)
+
+    def __enter__(self) -> BlockingAdmin:
+        return self
+
+    def create_topic(self, topic: str, queues: int = 4, groups: Sequence[str] | None = None,
+                     **kwargs: Any) -> dict[str, list[int]]:
+        return self._call(self._client.create_topic, topic, queues, groups, **kwargs)
+
+    def describe_topic(self, topic: str) -> TopicInfo:
+        return self._call(self._client.describe_topic, topic)
+
+    def list_topics(self) -> dict[str, dict[str, Any]]:
+        return self._call(self._client.list_topics)
+
+    def describe_cluster(self) -> dict[str, Any]:
+        return self._call(self._client.describe_cluster)
+
+    def consumer_lag(self, group: str, topic: str) -> dict[int, QueueLag]:
+        return self._call(self._client.consumer_lag, group, topic)
+
+    def consumers(self, group: str) -> list[str]:
+        return self._call(self._client.consumers, group)
+
+    def node_status(self, addr: str) -> dict[str, Any]:
+        return self._call(self._client.node_status, addr)
+
+    def transfer_leader(self, group: str, to: int) -> None:
+        self._call(self._client.transfer_leader, group, to)
+
+
+async def _sync_call(fn: Callable[[], R]) -> R:
+    return fn()
+
+
+def connect_producer(namesrv: Sequence[str] | str, **kwargs: Any) -> BlockingProducer:
+    """A blocking producer, open until `close()` (or the end of a `with` block)."""
+    return BlockingProducer(namesrv, **kwargs)
+
+
+def connect_pull_consumer(namesrv: Sequence[str] | str, group: str,
+                          **kwargs: Any) -> BlockingPullConsumer:
+    return BlockingPullConsumer(namesrv, group, **kwargs)
+
+
+def connect_push_consumer(namesrv: Sequence[str] | str, group: str, topics: Any, handler: Any,
+                          **kwargs: Any) -> BlockingPushConsumer:
+    return BlockingPushConsumer(namesrv, group, topics, handler, **kwargs)
+
+
+def connect_admin(namesrv: Sequence[str] | str, **kwargs: Any) -> BlockingAdmin:
+    return BlockingAdmin(namesrv, **kwargs)

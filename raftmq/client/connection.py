@@ -1,0 +1,329 @@
+"""Multiplexed request/response over one TCP connection per address.
+
+Every client object (producer, consumers, admin) reaches nodes and name servers through a
+`ConnectionPool`: one connection per address, shared, with any number of requests
+outstanding on it. A reader task per connection hands each response to its waiter by
+request id, so a FETCH held for 15 s by long polling never delays a PRODUCE on the same
+socket, and responses may arrive in any order.
+
+A lost connection fails every request waiting on it with a retriable `TransportError`
+(the outcome is unknown); the next request dials again. All reader tasks live in the
+pool's task group, so leaving `async with ConnectionPool()` leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from broker.protocol import (
+    DEFAULT_MAX_FRAME,
+    Code,
+    Frame,
+    FrameDecoder,
+    Op,
+    ProtocolError,
+    RequestError,
+    encode_frame,
+    parse_address,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "ClientClosedError",
+    "Connection",
+    "ConnectionPool",
+    "TransportError",
+    "is_retriable",
+    "raise_for_code",
+]
+
+log = logging.getLogger("raftmq.client")
+
+DEFAULT_TIMEOUT = 3.0  # RocketMQ's send timeout; also used for control requests
+_RESERVED = frozenset({"id", "code", "msg", "message"})
+
+
+class TransportError(RequestError):
+    """The connection failed before an answer arrived.
+
+    Retriable. `sent` is False only when the request certainly never left this process
+    (the dial failed), so a caller can tell "not written" from "outcome unknown".
+    """
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(Code.TIMEOUT, message)
+        self.sent = sent
+
+
+class ClientClosedError(RuntimeError):
+    """The client object was closed (or never opened with `async with`)."""
+
+
+def is_retriable(exc: RequestError) -> bool:
+    """Retriable codes, plus client-side conditions marked transient (a route gap)."""
+    return exc.retriable or bool(exc.extra.get("transient"))
+
+
+def raise_for_code(frame: Frame) -> Frame:
+    """Turn an error response into `RequestError`, keeping its extra header fields
+    (`leader`, `min`, `end`, ...) in `RequestError.extra`."""
+    h = frame.header
+    raw = h.get("code", 0)
+    if raw == 0:
+        return frame
+    try:
+        code = Code(raw)
+    except ValueError:
+        code = Code.INTERNAL
+    text = h.get("msg")
+    message = str(text) if text else f"{code.name} (code {raw})"
+    extra = {k: v for k, v in h.items() if isinstance(k, str) and k not in _RESERVED}
+    raise RequestError(code, message, **extra)
+
+
+class _Waiter:
+    __slots__ = ("error", "event", "frame")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.frame: Frame | None = None
+        self.error: RequestError | None = None
+
+    def resolve(self, frame: Frame) -> None:
+        self.frame = frame
+        self.event.set()
+
+    def fail(self, error: RequestError) -> None:
+        self.error = error
+        self.event.set()
+
+
+class _Link:
+    """One established TCP connection; a failed link is replaced, never reused."""
+
+    def __init__(self, addr: str, stream: anyio.abc.ByteStream) -> None:
+        self.addr = addr
+        self.stream = stream
+        self.waiters: dict[int, _Waiter] = {}
+        self.send_lock = anyio.Lock()
+        self.scope = anyio.CancelScope()
+        self.closed = False
+        self.reason = ""
+
+    def fail(self, reason: str) -> None:
+        """Mark dead, stop the reader, fail everyone waiting. Idempotent, synchronous."""
+        if self.closed:
+            return
+        self.closed = True
+        self.reason = reason
+        self.scope.cancel()
+        waiters, self.waiters = self.waiters, {}
+        for w in waiters.values():
+            w.fail(TransportError(f"connection to {self.addr} lost: {reason}", sent=True))
+
+
+class Connection:
+    """Requests to one address, multiplexed by id over a lazily (re)opened TCP link."""
+
+    def __init__(
+        self,
+        addr: str,
+        spawn: Callable[..., Any],
+        *,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self.addr = addr
+        self._host, self._port = parse_address(addr)
+        self._spawn = spawn
+        self._max_frame = max_frame
+        self._ids = itertools.count(1)
+        self._link: _Link | None = None
+        self._connect_lock = anyio.Lock()
+        self._closed = False
+        self.connects = 0  # how many times a link was opened; for tests and metrics
+
+    @property
+    def connected(self) -> bool:
+        return self._link is not None and not self._link.closed
+
+    async def request(
+        self,
+        op: Op | int,
+        header: Mapping[str, Any] | None = None,
+        body: bytes | bytearray | memoryview = b"",
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> Frame:
+        """Send one request and wait for its answer.
+
+        Raises `RequestError` for an error code (with the response's extra fields),
+        `RequestError(TIMEOUT)` when no answer arrives within `timeout` seconds (the
+        connection stays up; a late answer is dropped), and `TransportError` when the
+        connection fails.
+        """
+        if self._closed:
+            raise ClientClosedError(f"connection to {self.addr} is closed")
+        req_id = next(self._ids)
+        data = encode_frame({**(header or {}), "op": int(op), "id": req_id}, body)
+        waiter = _Waiter()
+        link: _Link | None = None
+        try:
+            with anyio.fail_after(timeout):
+                link = await self._get_link()
+                link.waiters[req_id] = waiter
+                await self._send(link, data)
+                await waiter.event.wait()
+        except TimeoutError:
+            raise RequestError(
+                Code.TIMEOUT, f"{_op_name(op)} to {self.addr}: no answer within {timeout:g} s"
+            ) from None
+        finally:
+            if link is not None:
+                link.waiters.pop(req_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.frame is not None
+        return raise_for_code(waiter.frame)
+
+    def close(self) -> None:
+        """Drop the link; waiters fail, the reader task ends on its own."""
+        self._closed = True
+        if self._link is not None:
+            self._link.fail("closed by the client")
+
+    async def _get_link(self) -> _Link:
+        link = self._link
+        if link is not None and not link.closed:
+            return link
+        async with self._connect_lock:
+            link = self._link
+            if link is not None and not link.closed:
+                return link
+            if self._closed:
+                raise ClientClosedError(f"connection to {self.addr} is closed")
+            try:
+                stream = await anyio.connect_tcp(self._host, self._port)
+            except OSError as exc:
+                raise TransportError(f"cannot connect to {self.addr}: {exc}", sent=False) from exc
+            link = _Link(self.addr, stream)
+            self._link = link
+            self.connects += 1
+            self._spawn(self._read, link)
+            return link
+
+    async def _send(self, link: _Link, data: bytes) -> None:
+        async with link.send_lock:
+            if link.closed:
+                raise TransportError(
+                    f"connection to {self.addr} lost: {link.reason}", sent=False
+                )
+            done = False
+            try:
+                await link.stream.send(data)
+                done = True
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                link.fail(f"send failed: {exc!r}")
+                raise TransportError(
+                    f"connection to {self.addr} lost while sending: {exc!r}", sent=True
+                ) from exc
+            finally:
+                if not done:
+                    # interrupted mid-write (a timeout): the stream may hold half a frame
+                    link.fail("a send was interrupted")
+
+    async def _read(self, link: _Link) -> None:
+        decoder = FrameDecoder(self._max_frame)
+        reason = "reader stopped"
+        try:
+            with link.scope:
+                try:
+                    while True:
+                        decoder.feed(await link.stream.receive())
+                        while (frame := decoder.next_frame()) is not None:
+                            rid = frame.header.get("id")
+                            waiter = link.waiters.pop(rid, None) if isinstance(rid, int) else None
+                            if waiter is not None:
+                                waiter.resolve(frame)
+                except anyio.EndOfStream:
+                    reason = "closed by the peer"
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                    reason = f"broken ({exc!r})"
+                except ProtocolError as exc:
+                    reason = f"protocol error ({exc})"
+                    log.warning("closing connection to %s: %s", self.addr, exc)
+        finally:
+            link.fail(reason)
+            if self._link is link:
+                self._link = None
+            await anyio.aclose_forcefully(link.stream)
+
+
+def _op_name(op: Op | int) -> str:
+    try:
+        return Op(op).name
+    except ValueError:
+        return f"op {int(op)}"
+
+
+class ConnectionPool:
+    """One `Connection` per address, shared by every user of the pool.
+
+    Use as `async with ConnectionPool() as pool:`; reader tasks run in the pool's task
+    group and end when the block exits.
+    """
+
+    def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self._max_frame = max_frame
+        self._conns: dict[str, Connection] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> ConnectionPool:
+        if self._tg is not None or self._closed:
+            raise RuntimeError("a ConnectionPool can be entered once")
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._closed = True
+        for conn in self._conns.values():
+            conn.close()
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        return await self._tg.__aexit__(exc_type, exc, tb)
+
+    def connection(self, addr: str) -> Connection:
+        """The shared connection to `addr` (created on first use, dialled lazily)."""
+        if self._tg is None or self._closed:
+            raise ClientClosedError("the connection pool is not open (use `async with`)")
+        conn = self._conns.get(addr)
+        if conn is None:
+            conn = Connection(addr, self._tg.start_soon, max_frame=self._max_frame)
+            self._conns[addr] = conn
+        return conn
+
+    async def request(
+        self,
+        addr: str,
+        op: Op | int,
+        header: Mapping[str, Any] | None = None,
+        body: bytes | bytearray | memoryview = b"",
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> Frame:
+        """`Connection.request` on the shared connection to `addr`."""
+        return await self.connection(addr).request(op, header, body, timeout=timeout)

@@ -1,0 +1,949 @@
+"""Consumers: a pull consumer with explicit positions, and a push consumer built on it.
+
+Both read with FETCH from the leader of the group hosting a queue; the node holds a
+fetch at the end of a queue for up to `wait_ms` (long polling), so an idle consumer costs
+one request per hold period per queue.
+
+Offsets follow RocketMQ: a committed offset is the next offset to consume. Clustering
+groups commit through the Raft log (COMMIT_OFFSET), so a failover never rewinds them;
+broadcast consumers keep their offsets in memory.
+
+The push consumer hands messages to the handler concurrently, so they finish out of
+order; an `OffsetWindow` per queue commits only the lowest unfinished offset, which
+means a crash redelivers (at least once) but never skips a message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from broker.protocol import Code, Op, RequestError, validate_group_name, validate_topic_name
+from broker.records import Message, decode_record, iter_records, message_id
+
+from .connection import ClientClosedError, ConnectionPool, is_retriable
+from .routes import Routes, backoff_delay, node_addresses, normalize_addresses
+
+__all__ = [
+    "LONG_POLL_MS",
+    "OffsetWindow",
+    "PullConsumer",
+    "PullResult",
+    "PushConsumer",
+    "allocate_average",
+    "allocate_round_robin",
+    "commit_offsets",
+    "decode_fetch",
+    "fetch",
+    "query_offset",
+    "queue_bounds",
+]
+
+log = logging.getLogger("raftmq.client.consumer")
+
+LONG_POLL_MS = 15_000  # RocketMQ's broker-side hold for a pull at the end of a queue
+FETCH_GRACE = 5.0  # seconds a fetch may take beyond its hold before it counts as lost
+PULL_BATCH = 32
+FETCH_MAX_BYTES = 1 << 20
+FLOW_CONTROL_DELAY = 0.05  # RocketMQ's pause before re-checking a queue over its threshold
+
+Q = TypeVar("Q")
+StartFrom = Literal["first", "last"]
+Handler = Callable[[list[Message]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """Messages of one FETCH, and where to continue (`next_offset` skips filtered ones)."""
+
+    messages: list[Message]
+    next_offset: int
+    min_offset: int
+    end_offset: int
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+class OffsetWindow:
+    """The offset a concurrently consuming queue may commit: its lowest unfinished one.
+
+    Offsets are `add`ed in increasing order as messages are handed out and marked
+    `done` in any order; `advance` moves past offsets that were never handed out
+    (filtered by tag). Committing `committable()` never skips an unfinished message.
+    """
+
+    def __init__(self, start: int) -> None:
+        self._start = start
+        self._high = start  # one past the last offset added or advanced over
+        self._pending: dict[int, bool] = {}  # offset -> done, in increasing order
+        self._unfinished = 0
+
+    def add(self, offset: int) -> None:
+        if offset < self._high:
+            raise ValueError(f"offset {offset} is below the window's end {self._high}")
+        self._pending[offset] = False
+        self._unfinished += 1
+        self._high = offset + 1
+
+    def advance(self, next_offset: int) -> None:
+        self._high = max(self._high, next_offset)
+
+    def done(self, offset: int) -> None:
+        if self._pending.get(offset) is False:
+            self._pending[offset] = True
+            self._unfinished -= 1
+
+    def committable(self) -> int:
+        pending = self._pending
+        for offset in list(pending):
+            if not pending[offset]:
+                return offset
+            del pending[offset]
+        return self._high
+
+    def reset(self, offset: int) -> None:
+        """Forget everything (after a jump forced by OFFSET_TOO_SMALL/LARGE)."""
+        self._pending.clear()
+        self._unfinished = 0
+        self._high = offset
+
+    def __len__(self) -> int:
+        """Messages handed out and not finished yet (the flow-control measure)."""
+        return self._unfinished
+
+    @property
+    def end(self) -> int:
+        return self._high
+
+
+def allocate_average(queues: Iterable[Q], clients: Iterable[str], me: str) -> list[Q]:
+    """RocketMQ's default allocation: each client takes one contiguous block of the
+    sorted queues, block sizes differing by at most one (earlier clients take the
+    larger blocks). A client not in `clients` gets nothing."""
+    qs = sorted(queues)  # type: ignore[type-var]
+    cs = sorted(set(clients))
+    if me not in cs or not qs:
+        return []
+    i, k, n = cs.index(me), len(cs), len(qs)
+    size, extra = divmod(n, k)
+    start = i * size + min(i, extra)
+    return qs[start : start + size + (1 if i < extra else 0)]
+
+
+def allocate_round_robin(queues: Iterable[Q], clients: Iterable[str], me: str) -> list[Q]:
+    """Deal the sorted queues to the sorted clients like cards: client i takes queues
+    i, i+k, i+2k, ... (spreads each client over the queue range)."""
+    qs = sorted(queues)  # type: ignore[type-var]
+    cs = sorted(set(clients))
+    if me not in cs:
+        return []
+    return qs[cs.index(me) :: len(cs)]
+
+
+STRATEGIES: dict[str, Callable[[Iterable[Any], Iterable[str], str], list[Any]]] = {
+    "average": allocate_average,
+    "round_robin": allocate_round_robin,
+}
+
+
+def decode_fetch(
+    topic: str, queue: int, group: str, header: Mapping[str, Any], body: bytes
+) -> list[Message]:
+    """Messages of a FETCH answer: `msgs` rows [offset, index, start, store_ms] describe
+    the records concatenated in the body, in the same order."""
+    rows = header.get("msgs") or []
+    spans = list(iter_records(body))
+    if len(spans) != len(rows):
+        raise RequestError(
+            Code.MALFORMED, f"FETCH answer lists {len(rows)} messages but carries {len(spans)}"
+        )
+    out: list[Message] = []
+    for (offset, index, start, store_ms), (pos, _size) in zip(rows, spans, strict=True):
+        msg, _ = decode_record(
+            body, pos, topic=topic, queue=queue, offset=int(offset), store_ms=int(store_ms),
+            msg_id=message_id(group, int(index), int(start)),
+        )
+        out.append(msg)
+    return out
+
+
+# ---------------------------------------------------------------- requests
+
+
+async def fetch(
+    routes: Routes,
+    topic: str,
+    queue: int,
+    offset: int,
+    *,
+    max_messages: int = PULL_BATCH,
+    max_bytes: int = FETCH_MAX_BYTES,
+    wait_ms: int = LONG_POLL_MS,
+    tags: Sequence[str] | None = None,
+    attempts: int = 3,
+) -> PullResult:
+    """One FETCH from the queue's leader (retrying retriable errors).
+
+    OFFSET_TOO_SMALL / OFFSET_TOO_LARGE are raised to the caller with `min` and `end`
+    in `RequestError.extra`.
+    """
+    header: dict[str, Any] = {
+        "topic": topic, "queue": queue, "offset": offset, "max": max_messages,
+        "max_bytes": max_bytes, "wait_ms": int(wait_ms),
+    }
+    if tags:
+        header["tags"] = list(tags)
+    group, frame = await routes.call_queue(
+        topic, queue, Op.FETCH, header, timeout=wait_ms / 1000 + FETCH_GRACE, attempts=attempts
+    )
+    h = frame.header
+    msgs = decode_fetch(topic, queue, str(h.get("g") or group), h, frame.body)
+    if tags:
+        wanted = set(tags)
+        msgs = [m for m in msgs if m.tags in wanted]
+    nxt = int(h.get("next", msgs[-1].offset + 1 if msgs else offset))
+    return PullResult(msgs, nxt, int(h.get("min", 0)), int(h.get("end", nxt)))
+
+
+async def queue_bounds(routes: Routes, topic: str, queue: int) -> tuple[int, int]:
+    """(min, end) of a queue: the earliest retained offset and one past the last.
+
+    Asked with a FETCH of one message at offset 0 that does not wait; both an answer and
+    an OFFSET_TOO_SMALL error carry the bounds.
+    """
+    try:
+        res = await fetch(routes, topic, queue, 0, max_messages=1, max_bytes=1, wait_ms=0)
+    except RequestError as exc:
+        if exc.code in (Code.OFFSET_TOO_SMALL, Code.OFFSET_TOO_LARGE) and "min" in exc.extra:
+            return int(exc.extra["min"]), int(exc.extra.get("end", exc.extra["min"]))
+        raise
+    return res.min_offset, res.end_offset
+
+
+async def query_offset(routes: Routes, group: str, topic: str, queue: int) -> int:
+    """The committed offset of a consumer group on a queue, -1 when it has none."""
+    _, frame = await routes.call_queue(
+        topic, queue, Op.QUERY_OFFSET, {"cg": group, "topic": topic, "queue": queue}
+    )
+    return int(frame.header.get("offset", -1))
+
+
+async def commit_offsets(
+    routes: Routes, group: str, offsets: Mapping[tuple[str, int], int]
+) -> None:
+    """Commit offsets through the Raft log: one COMMIT_OFFSET per hosting group, sent
+    concurrently. Raises the first failure after all were tried."""
+    by_group: dict[str, list[list[Any]]] = {}
+    for (topic, queue), offset in sorted(offsets.items()):
+        g = await routes.group_of(topic, queue)
+        by_group.setdefault(g, []).append([topic, queue, int(offset)])
+    errors: list[RequestError] = []
+
+    async def one(g: str, rows: list[list[Any]]) -> None:
+        try:
+            await routes.call_group(g, Op.COMMIT_OFFSET, {"cg": group, "offsets": rows})
+        except RequestError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for g, rows in by_group.items():
+            tg.start_soon(one, g, rows)
+    if errors:
+        raise errors[0]
+
+
+def default_client_id() -> str:
+    """Unique per consumer instance, readable in CONSUMERS answers: host@pid@random."""
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+
+
+class _ClientBase:
+    """Owns a connection pool (unless given one), route cache and task group."""
+
+    def __init__(
+        self, namesrv: Sequence[str] | str, pool: ConnectionPool | None, timeout: float
+    ) -> None:
+        self.namesrv = normalize_addresses(namesrv)
+        self.timeout = timeout
+        self._pool = pool
+        self._routes: Routes | None = None
+        self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closed = False
+
+    async def _open(self) -> None:
+        if self._stack is not None:
+            raise RuntimeError(f"a {type(self).__name__} can be entered once")
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            pool = (
+                self._pool if self._pool is not None
+                else await stack.enter_async_context(ConnectionPool())
+            )
+            self._routes = Routes(pool, self.namesrv, timeout=self.timeout)
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+
+    async def _close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._closed = True
+        assert self._stack is not None and self._tg is not None
+        self._tg.cancel_scope.cancel()
+        return await self._stack.__aexit__(exc_type, exc, tb)
+
+    @property
+    def routes(self) -> Routes:
+        if self._routes is None or self._closed:
+            raise ClientClosedError(f"the {type(self).__name__} is not open (use `async with`)")
+        return self._routes
+
+
+# ---------------------------------------------------------------- pull consumer
+
+
+class PullConsumer(_ClientBase):
+    """Reads queues at positions the caller controls; use as `async with`.
+
+    `assign` the queues to read, then `poll` (all assigned queues) or `pull` (one).
+    A queue's first position is the group's committed offset, or when it has none the
+    queue's first retained offset (`start_from="first"`) or its end (`"last"`).
+    `commit_all` commits the position after the last message returned.
+    """
+
+    def __init__(
+        self,
+        namesrv: Sequence[str] | str,
+        group: str,
+        *,
+        start_from: StartFrom = "first",
+        wait_ms: int = LONG_POLL_MS,
+        max_bytes: int = FETCH_MAX_BYTES,
+        timeout: float = 3.0,
+        pool: ConnectionPool | None = None,
+    ) -> None:
+        super().__init__(namesrv, pool, timeout)
+        self.group = validate_group_name(group)
+        if start_from not in ("first", "last"):
+            raise ValueError("start_from is 'first' or 'last'")
+        self.start_from = start_from
+        self.wait_ms = wait_ms
+        self.max_bytes = max_bytes
+        self._assigned: dict[str, tuple[list[int] | None, list[str] | None]] = {}
+        self._positions: dict[tuple[str, int], int] = {}
+
+    async def __aenter__(self) -> PullConsumer:
+        await self._open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._close(exc_type, exc, tb)
+
+    def assign(
+        self, topic: str, queues: Iterable[int] | None = None, *, tags: Sequence[str] | None = None
+    ) -> None:
+        """Read `queues` of `topic` (all of them when None), only messages with one of
+        `tags` when given. Replaces an earlier assignment of the topic."""
+        validate_topic_name(topic)
+        self._assigned[topic] = (
+            sorted(set(queues)) if queues is not None else None,
+            list(tags) if tags else None,
+        )
+
+    def unassign(self, topic: str) -> None:
+        self._assigned.pop(topic, None)
+        for key in [k for k in self._positions if k[0] == topic]:
+            del self._positions[key]
+
+    async def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, queue) pairs `poll` reads, with "all queues" resolved by route."""
+        out: list[tuple[str, int]] = []
+        for topic, (queues, _tags) in sorted(self._assigned.items()):
+            if queues is None:
+                route = await self.routes.route(topic)
+                queues = list(range(route.total))
+            out += [(topic, q) for q in queues]
+        return out
+
+    def position(self, topic: str, queue: int) -> int | None:
+        """The next offset `poll`/`pull` will read, None until first used."""
+        return self._positions.get((topic, queue))
+
+    def seek(self, topic: str, queue: int, offset: int) -> None:
+        self._positions[(topic, queue)] = offset
+
+    async def committed(self, topic: str, queue: int) -> int:
+        """The group's committed offset of a queue, -1 when none."""
+        return await query_offset(self.routes, self.group, topic, queue)
+
+    async def bounds(self, topic: str, queue: int) -> tuple[int, int]:
+        """(earliest retained offset, end offset) of a queue."""
+        return await queue_bounds(self.routes, topic, queue)
+
+    async def _initial_position(self, topic: str, queue: int) -> int:
+        committed = await self.committed(topic, queue)
+        if committed >= 0:
+            return committed
+        lo, end = await self.bounds(topic, queue)
+        return lo if self.start_from == "first" else end
+
+    async def pull(
+        self,
+        topic: str,
+        queue: int,
+        offset: int | None = None,
+        max: int = PULL_BATCH,
+        wait_ms: int | None = None,
+        *,
+        tags: Sequence[str] | None = None,
+    ) -> PullResult:
+        """Fetch up to `max` messages from `offset` (default: this consumer's position,
+        initialised from the committed offset), holding up to `wait_ms` at the end.
+
+        An offset below the earliest retained one jumps to it (with a warning), one
+        beyond the end jumps to the end. The position moves to `next_offset`.
+        """
+        routes = self.routes
+        key = (topic, queue)
+        if offset is None:
+            offset = self._positions.get(key)
+            if offset is None:
+                offset = await self._initial_position(topic, queue)
+        if tags is None and topic in self._assigned:
+            tags = self._assigned[topic][1]
+        wait = self.wait_ms if wait_ms is None else wait_ms
+        for _ in range(3):
+            try:
+                res = await fetch(
+                    routes, topic, queue, offset, max_messages=max, max_bytes=self.max_bytes,
+                    wait_ms=wait, tags=tags,
+                )
+            except RequestError as exc:
+                jump = _out_of_range(exc, topic, queue, offset)
+                if jump is None:
+                    raise
+                offset = jump
+                continue
+            self._positions[key] = res.next_offset
+            return res
+        raise RequestError(Code.INTERNAL, f"{topic}:{queue} offset kept moving out of range")
+
+    async def poll(self, timeout: float = 1.0, *, max_messages: int = PULL_BATCH) -> list[Message]:
+        """Messages from the assigned queues, waiting up to `timeout` s for the first.
+
+        All queues are fetched concurrently; whichever have messages by the time the
+        first answers are returned, sorted by (topic, queue, offset). A queue whose
+        leader is unreachable is skipped this time; other errors are raised.
+        """
+        if not self._assigned:
+            raise RuntimeError("assign() a topic before polling")
+        targets = await self.assignment()
+        results: dict[tuple[str, int], PullResult] = {}
+        errors: list[RequestError] = []
+        wait_ms = max(0, int(timeout * 1000))
+
+        async def one(topic: str, queue: int, scope: anyio.CancelScope) -> None:
+            try:
+                res = await self.pull(topic, queue, max=max_messages, wait_ms=wait_ms)
+            except RequestError as exc:
+                if is_retriable(exc):
+                    log.debug("poll: %s:%d unavailable (%s)", topic, queue, exc)
+                else:
+                    errors.append(exc)
+                return
+            if res.messages:
+                results[(topic, queue)] = res
+                scope.cancel()
+
+        with anyio.move_on_after(timeout + FETCH_GRACE):
+            async with anyio.create_task_group() as tg:
+                for topic, queue in targets:
+                    tg.start_soon(one, topic, queue, tg.cancel_scope)
+        if errors and not results:
+            raise errors[0]
+        return [m for key in sorted(results) for m in results[key].messages]
+
+    async def commit(self, topic: str, queue: int, offset: int) -> None:
+        """Commit `offset` (the next one to consume) for the group, through the Raft log."""
+        await commit_offsets(self.routes, self.group, {(topic, queue): offset})
+
+    async def commit_all(self) -> None:
+        """Commit the current position of every queue read so far."""
+        if self._positions:
+            await commit_offsets(self.routes, self.group, dict(self._positions))
+
+
+def _out_of_range(exc: RequestError, topic: str, queue: int, offset: int) -> int | None:
+    """Where to continue after an out-of-range fetch, or None for other errors."""
+    if exc.code == Code.OFFSET_TOO_SMALL and "min" in exc.extra:
+        lo = int(exc.extra["min"])
+        log.warning(
+            "%s:%d offset %d is below the earliest retained offset %d; skipping ahead",
+            topic, queue, offset, lo,
+        )
+        return lo
+    if exc.code == Code.OFFSET_TOO_LARGE and "end" in exc.extra:
+        end = int(exc.extra["end"])
+        log.warning("%s:%d offset %d is beyond the end %d; moving back", topic, queue, offset, end)
+        return end
+    return None
+
+
+# ---------------------------------------------------------------- push consumer
+
+
+@dataclass(eq=False)
+class _QueueState:
+    topic: str
+    queue: int
+    tags: list[str] | None
+    offset: int
+    window: OffsetWindow
+    committed: int
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    released: bool = False
+    running: int = 0
+    idle: anyio.Event | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.queue)
+
+
+@dataclass(slots=True)
+class _Work:
+    state: _QueueState
+    messages: list[Message]
+    attempt: int = 0
+
+
+class PushConsumer(_ClientBase):
+    """Calls `handler` for every message of `topics`; use `async with` or `await run()`.
+
+    The handler receives a list of messages (at most `consume_batch`, default 1) and
+    may be a plain or an async function; plain ones run in worker threads. It fails by
+    raising or returning False: the messages are redelivered in place after a backoff,
+    up to `max_reconsume_times`, then passed to `on_give_up` (default: logged).
+    Up to `consume_concurrency` handler calls run at once; a queue stops being pulled
+    while more than `per_queue_threshold` of its messages are unfinished.
+
+    `mode="clustering"` shares the queues among the group's consumers (`strategy`
+    "average" or "round_robin", recomputed every `rebalance_interval` from the clients
+    seen by heartbeats) and commits offsets through the log every `commit_interval`
+    and when a queue is released. `mode="broadcast"` reads every queue in every
+    consumer and keeps offsets in memory only.
+
+    `topics` is a list, or a mapping topic -> tags to filter on (None: all messages).
+    """
+
+    def __init__(
+        self,
+        namesrv: Sequence[str] | str,
+        group: str,
+        topics: Sequence[str] | Mapping[str, Sequence[str] | None],
+        handler: Handler,
+        *,
+        mode: Literal["clustering", "broadcast"] = "clustering",
+        strategy: Literal["average", "round_robin"] | Callable[..., list[Any]] = "average",
+        pull_batch: int = PULL_BATCH,
+        per_queue_threshold: int = 1000,
+        consume_batch: int = 1,
+        consume_concurrency: int = 20,
+        commit_interval: float = 5.0,
+        heartbeat_interval: float = 10.0,
+        rebalance_interval: float = 10.0,
+        start_from: StartFrom = "first",
+        long_poll_ms: int = LONG_POLL_MS,
+        max_reconsume_times: int = 16,
+        reconsume_delay: float = 1.0,
+        on_give_up: Callable[[list[Message]], Any] | None = None,
+        shutdown_timeout: float = 5.0,
+        client_id: str | None = None,
+        timeout: float = 3.0,
+        pool: ConnectionPool | None = None,
+    ) -> None:
+        super().__init__(namesrv, pool, timeout)
+        self.group = validate_group_name(group)
+        if isinstance(topics, Mapping):
+            self.topics = {t: (list(v) if v else None) for t, v in topics.items()}
+        else:
+            self.topics = {t: None for t in topics}
+        if not self.topics:
+            raise ValueError("subscribe to at least one topic")
+        for t in self.topics:
+            validate_topic_name(t)
+        if mode not in ("clustering", "broadcast"):
+            raise ValueError("mode is 'clustering' or 'broadcast'")
+        if callable(strategy):
+            self._allocate = strategy
+        elif strategy in STRATEGIES:
+            self._allocate = STRATEGIES[strategy]
+        else:
+            raise ValueError(f"unknown strategy {strategy!r}: 'average' or 'round_robin'")
+        if start_from not in ("first", "last"):
+            raise ValueError("start_from is 'first' or 'last'")
+        if min(pull_batch, per_queue_threshold, consume_batch, consume_concurrency) < 1:
+            raise ValueError("batch sizes, threshold and concurrency must be >= 1")
+        self.handler = handler
+        self.mode = mode
+        self.pull_batch = pull_batch
+        self.per_queue_threshold = per_queue_threshold
+        self.consume_batch = consume_batch
+        self.consume_concurrency = consume_concurrency
+        self.commit_interval = commit_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.rebalance_interval = rebalance_interval
+        self.start_from = start_from
+        self.long_poll_ms = long_poll_ms
+        self.max_reconsume_times = max_reconsume_times
+        self.reconsume_delay = reconsume_delay
+        self.on_give_up = on_give_up
+        self.shutdown_timeout = shutdown_timeout
+        self.client_id = client_id or default_client_id()
+        self._handler_is_async = _is_async_callable(handler)
+        self._states: dict[tuple[str, int], _QueueState] = {}
+        self._local_offsets: dict[tuple[str, int], int] = {}
+        self._rebalance_lock: anyio.Lock | None = None
+        self._work_send: MemoryObjectSendStream[_Work] | None = None
+        self._control: anyio.CancelScope | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    @property
+    def clustering(self) -> bool:
+        return self.mode == "clustering"
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> PushConsumer:
+        await self._open()
+        assert self._tg is not None
+        self._rebalance_lock = anyio.Lock()
+        self._limiter = anyio.CapacityLimiter(self.consume_concurrency)
+        send, receive = anyio.create_memory_object_stream[_Work](float("inf"))
+        self._work_send = send
+        for _ in range(self.consume_concurrency):
+            self._tg.start_soon(self._worker, receive.clone())
+        receive.close()
+        self._control = anyio.CancelScope()
+        self._tg.start_soon(self._control_loops, self._control)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        try:
+            if self._control is not None:
+                self._control.cancel()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.shutdown_timeout * 2):
+                await self._release_all()
+                if self.clustering:
+                    await self._heartbeat(leaving=True)
+        finally:
+            if self._work_send is not None:
+                self._work_send.close()
+        return await self._close(exc_type, exc, tb)
+
+    async def run(self) -> None:
+        """Consume until cancelled."""
+        async with self:
+            await anyio.sleep_forever()
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, queue) pairs this consumer currently reads."""
+        return sorted(self._states)
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """The committable offset of every queue read (the lowest unfinished one)."""
+        return {k: st.window.committable() for k, st in sorted(self._states.items())}
+
+    # ------------------------------------------------------------ membership
+
+    async def _control_loops(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with anyio.create_task_group() as tg:
+                if self.clustering:
+                    await self._heartbeat()
+                    tg.start_soon(self._every, self.heartbeat_interval, self._heartbeat)
+                tg.start_soon(self._every, self.rebalance_interval, self.rebalance, True)
+                tg.start_soon(self._every, self.commit_interval, self.commit_now, False)
+
+    async def _every(
+        self, period: float, fn: Callable[[], Awaitable[Any]], immediately: bool = False
+    ) -> None:
+        if not immediately:
+            await anyio.sleep(period)
+        while True:
+            try:
+                await fn()
+            except Exception as exc:
+                log.warning("%s: %s failed: %s", self.client_id, getattr(fn, "__name__", fn), exc)
+            await anyio.sleep(period)
+
+    async def _heartbeat(self, leaving: bool = False) -> None:
+        """Tell every node this client is alive (ttl 0 when leaving, so it drops us now)."""
+        try:
+            cluster = await self.routes.cluster()
+        except RequestError as exc:
+            log.debug("heartbeat: no cluster view (%s)", exc)
+            return
+        ttl_ms = 0 if leaving else int(self.heartbeat_interval * 3000)
+        header = {
+            "cg": self.group, "client": self.client_id, "topics": sorted(self.topics),
+            "ttl_ms": ttl_ms,
+        }
+        pool = self.routes.pool
+
+        async def one(addr: str) -> None:
+            try:
+                await pool.request(addr, Op.HEARTBEAT, header, timeout=self.timeout)
+            except RequestError as exc:
+                log.debug("heartbeat to %s failed: %s", addr, exc)
+
+        async with anyio.create_task_group() as tg:
+            for addr in node_addresses(cluster):
+                tg.start_soon(one, addr)
+
+    async def clients(self) -> list[str]:
+        """The group's live consumers: the union of what every reachable node has seen,
+        plus this one (its heartbeat may not have arrived everywhere yet)."""
+        cluster = await self.routes.cluster()
+        seen: set[str] = {self.client_id}
+        pool = self.routes.pool
+
+        async def one(addr: str) -> None:
+            try:
+                frame = await pool.request(addr, Op.CONSUMERS, {"cg": self.group},
+                                           timeout=self.timeout)
+            except RequestError as exc:
+                log.debug("CONSUMERS from %s failed: %s", addr, exc)
+                return
+            seen.update(str(c) for c in frame.header.get("clients") or [])
+
+        async with anyio.create_task_group() as tg:
+            for addr in node_addresses(cluster):
+                tg.start_soon(one, addr)
+        return sorted(seen)
+
+    async def rebalance(self) -> None:
+        """Recompute this consumer's queues now; release lost ones before taking new ones
+        (so the previous owner's final commit is in before a new owner reads)."""
+        assert self._rebalance_lock is not None
+        async with self._rebalance_lock:
+            clients = await self.clients() if self.clustering else [self.client_id]
+            desired: set[tuple[str, int]] = set()
+            known: set[str] = set()
+            for topic in sorted(self.topics):
+                try:
+                    route = await self.routes.route(topic)
+                except RequestError as exc:
+                    log.warning("%s: no route for %s (%s)", self.client_id, topic, exc)
+                    continue
+                known.add(topic)
+                queues = list(range(route.total))
+                mine = queues if not self.clustering else self._allocate(
+                    queues, clients, self.client_id
+                )
+                desired.update((topic, q) for q in mine)
+            current = set(self._states)
+            lost = {k for k in current - desired if k[0] in known}
+            gained = sorted(desired - current)
+            if lost or gained:
+                log.info("%s: rebalance among %d clients: -%s +%s", self.client_id,
+                         len(clients), sorted(lost), gained)
+            if lost:
+                await self._release([self._states[k] for k in lost])
+            for topic, queue in gained:
+                try:
+                    await self._acquire(topic, queue)
+                except RequestError as exc:
+                    log.warning("%s: cannot start %s:%d yet: %s", self.client_id, topic, queue, exc)
+
+    async def _acquire(self, topic: str, queue: int) -> None:
+        assert self._tg is not None
+        if self.clustering:
+            committed = await query_offset(self.routes, self.group, topic, queue)
+        else:
+            committed = self._local_offsets.get((topic, queue), -1)
+        start = committed
+        if start < 0:
+            lo, end = await queue_bounds(self.routes, topic, queue)
+            start = lo if self.start_from == "first" else end
+        st = _QueueState(topic, queue, self.topics[topic], start, OffsetWindow(start), committed)
+        self._states[st.key] = st
+        self._tg.start_soon(self._pull_loop, st)
+
+    async def _release(self, states: Sequence[_QueueState]) -> None:
+        for st in states:
+            st.released = True
+            st.scope.cancel()
+        with anyio.move_on_after(self.shutdown_timeout):
+            for st in states:
+                if st.running:
+                    st.idle = anyio.Event()
+                    await st.idle.wait()
+        try:
+            await self._commit(states)
+        except Exception as exc:
+            log.warning("%s: final commit of released queues failed: %s", self.client_id, exc)
+        for st in states:
+            if self._states.get(st.key) is st:
+                del self._states[st.key]
+
+    async def _release_all(self) -> None:
+        if self._rebalance_lock is None:
+            return
+        async with self._rebalance_lock:
+            await self._release(list(self._states.values()))
+
+    # ------------------------------------------------------------ offsets
+
+    async def commit_now(self) -> None:
+        """Commit every owned queue's committable offset that moved since the last commit."""
+        await self._commit(list(self._states.values()))
+
+    async def _commit(self, states: Sequence[_QueueState]) -> None:
+        todo = {st.key: (st, st.window.committable()) for st in states}
+        todo = {k: v for k, v in todo.items() if v[1] > v[0].committed}
+        if not todo:
+            return
+        if self.clustering:
+            await commit_offsets(self.routes, self.group, {k: off for k, (_, off) in todo.items()})
+        else:
+            for k, (_, off) in todo.items():
+                self._local_offsets[k] = off
+        for st, off in todo.values():
+            st.committed = max(st.committed, off)
+
+    # ------------------------------------------------------------ pulling and consuming
+
+    async def _pull_loop(self, st: _QueueState) -> None:
+        assert self._work_send is not None
+        failures = 0
+        with st.scope:
+            while not st.released:
+                if len(st.window) > self.per_queue_threshold:
+                    await anyio.sleep(FLOW_CONTROL_DELAY)
+                    continue
+                try:
+                    res = await fetch(
+                        self.routes, st.topic, st.queue, st.offset,
+                        max_messages=self.pull_batch, wait_ms=self.long_poll_ms, tags=st.tags,
+                    )
+                except Exception as exc:
+                    if not isinstance(exc, RequestError):
+                        log.exception("%s: pull %s:%d", self.client_id, st.topic, st.queue)
+                        exc = RequestError(Code.INTERNAL, repr(exc))
+                    jump = _out_of_range(exc, st.topic, st.queue, st.offset)
+                    if jump is not None:
+                        # messages still in flight were below the retained range anyway
+                        st.offset = jump
+                        st.window.reset(jump)
+                        continue
+                    failures += 1
+                    level = logging.DEBUG if is_retriable(exc) else logging.WARNING
+                    log.log(level, "%s: pull %s:%d failed: %s", self.client_id, st.topic,
+                            st.queue, exc)
+                    await anyio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
+                    continue
+                failures = 0
+                if res.next_offset < st.offset:
+                    log.warning("%s: %s:%d answered next %d below %d; ignoring", self.client_id,
+                                st.topic, st.queue, res.next_offset, st.offset)
+                msgs = [m for m in res.messages if m.offset >= st.window.end]
+                for m in msgs:
+                    st.window.add(m.offset)
+                st.window.advance(res.next_offset)
+                st.offset = max(st.offset, res.next_offset)
+                for i in range(0, len(msgs), self.consume_batch):
+                    self._work_send.send_nowait(_Work(st, msgs[i : i + self.consume_batch]))
+
+    async def _worker(self, receive: MemoryObjectReceiveStream[_Work]) -> None:
+        async with receive:
+            async for work in receive:
+                st = work.state
+                if st.released:
+                    continue
+                st.running += 1
+                try:
+                    ok = await self._invoke(work.messages)
+                finally:
+                    st.running -= 1
+                    if st.running == 0 and st.idle is not None:
+                        st.idle.set()
+                if ok:
+                    self._finish(st, work.messages)
+                elif 0 <= self.max_reconsume_times <= work.attempt:
+                    self._give_up(work.messages)
+                    self._finish(st, work.messages)
+                else:
+                    assert self._tg is not None
+                    self._tg.start_soon(self._reconsume_later, _Work(st, work.messages,
+                                                                     work.attempt + 1))
+
+    @staticmethod
+    def _finish(st: _QueueState, msgs: list[Message]) -> None:
+        for m in msgs:
+            st.window.done(m.offset)
+
+    def _give_up(self, msgs: list[Message]) -> None:
+        if self.on_give_up is not None:
+            try:
+                self.on_give_up(msgs)
+                return
+            except Exception:
+                log.exception("on_give_up failed")
+        log.error("%s: giving up on %s after %d attempts", self.client_id,
+                  [m.msg_id for m in msgs], self.max_reconsume_times + 1)
+
+    async def _reconsume_later(self, work: _Work) -> None:
+        await anyio.sleep(min(60.0, self.reconsume_delay * 2 ** (work.attempt - 1)))
+        if not work.state.released and self._work_send is not None:
+            try:
+                self._work_send.send_nowait(work)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                pass
+
+    async def _invoke(self, msgs: list[Message]) -> bool:
+        try:
+            if self._handler_is_async:
+                result = await self.handler(msgs)
+            else:
+                result = await anyio.to_thread.run_sync(self.handler, msgs, limiter=self._limiter)
+                if inspect.isawaitable(result):
+                    result = await result
+        except Exception:
+            log.exception("%s: handler failed on %s", self.client_id, [m.msg_id for m in msgs])
+            return False
+        return result is not False
+
+
+def _is_async_callable(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)

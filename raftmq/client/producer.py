@@ -1,0 +1,836 @@
+"""The producer: queue selection, per-queue batching, retries and idempotence.
+
+Messages sent close together to the same queue share one PRODUCE request: each queue
+has an accumulator that waits up to `linger_ms` for company (or until a size bound is
+reached), and one sender task that ships batches in order. The batch bytes built here
+are stored by the leader as they are, so a message id can be computed from the batch
+layout and the Raft index the leader returns.
+
+Retries follow RocketMQ: a send that fails with a retriable error is tried again up to
+`retries` more times, after refreshing the route. A round-robin send of a
+non-idempotent producer moves to a queue of another group ("avoid the failed broker").
+An idempotent producer instead resends the same bytes (same producer id and sequence) to
+the same queue, and the state machine drops the copy if the first try was written.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Container, Generator, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import Any, Generic, Literal, TypeVar
+
+import anyio
+import anyio.abc
+import msgpack
+
+from broker.protocol import (
+    DEFAULT_MAX_FRAME,
+    MAX_MESSAGE_BYTES,
+    Code,
+    Op,
+    RequestError,
+    validate_topic_name,
+)
+from broker.records import (
+    RECORD_HEADER,
+    STORED_PREFIX,
+    OutgoingMessage,
+    encode_batch,
+    message_id,
+    walk_batch,
+)
+
+from .connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
+from .routes import Routes, TopicRoute, backoff_delay, normalize_addresses
+
+__all__ = [
+    "BatchAccumulator",
+    "PendingSend",
+    "Producer",
+    "QueueSelector",
+    "SendFuture",
+    "SendResult",
+    "batch_message_ids",
+    "key_queue",
+    "make_message",
+    "new_producer_id",
+    "pick_round_robin",
+    "record_size",
+]
+
+log = logging.getLogger("raftmq.client.producer")
+
+T = TypeVar("T")
+
+QueueSelector = Callable[[int, OutgoingMessage], int]
+"""A custom selector: (total queues of the topic, message) -> queue id."""
+
+FAULT_WINDOW = 5.0  # seconds a failed group is avoided by round-robin selection
+IDLE_EXIT = 30.0  # a queue's sender task ends after this long without messages
+MAX_BATCH_BYTES = DEFAULT_MAX_FRAME - (1 << 20)  # leave room for the frame header
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """A message acknowledged as committed. `msg_id` is None (and `offset` -1) only for
+    an idempotent resend the state machine recognised without remembering where the
+    first copy went."""
+
+    msg_id: str | None
+    topic: str
+    queue: int
+    offset: int
+    group: str
+    dup: bool = False
+
+
+class SendFuture(Generic[T]):
+    """The outcome of an asynchronous send; `await` it, or poll `done()`/`result()`.
+
+    Works under any anyio backend (it is not an asyncio future). Callbacks added with
+    `add_done_callback` run in the event loop as soon as the outcome is known, with the
+    future as their argument.
+    """
+
+    def __init__(self) -> None:
+        self._event: anyio.Event | None = None  # made only if someone awaits: most don't
+        self._done = False
+        self._result: T | None = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[SendFuture[T]], Any]] = []
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self) -> T:
+        """The result; raises the send's error, or `RuntimeError` while still pending."""
+        if not self.done():
+            raise RuntimeError("the send is not finished yet")
+        if self._error is not None:
+            raise self._error
+        return self._result  # type: ignore[return-value]
+
+    def exception(self) -> BaseException | None:
+        if not self.done():
+            raise RuntimeError("the send is not finished yet")
+        return self._error
+
+    def add_done_callback(self, fn: Callable[[SendFuture[T]], Any]) -> None:
+        if self.done():
+            self._run_callback(fn)
+        else:
+            self._callbacks.append(fn)
+
+    async def wait(self) -> T:
+        if not self._done:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+        return self.result()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self.wait().__await__()
+
+    def set_result(self, result: T) -> None:
+        if not self.done():
+            self._result = result
+            self._finish()
+
+    def set_exception(self, error: BaseException) -> None:
+        if not self.done():
+            self._error = error
+            self._finish()
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._event is not None:
+            self._event.set()
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            self._run_callback(fn)
+
+    def _run_callback(self, fn: Callable[[SendFuture[T]], Any]) -> None:
+        try:
+            fn(self)
+        except Exception:
+            log.exception("send callback %r failed", fn)
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def make_message(
+    message: OutgoingMessage | bytes | bytearray | memoryview | str,
+    *,
+    key: str | None = None,
+    tags: str | None = None,
+    properties: dict[str, str] | None = None,
+) -> OutgoingMessage:
+    """Normalise what a caller passed to `send` into an `OutgoingMessage`.
+
+    A str body is UTF-8 encoded; explicit key/tags/properties override the message's own.
+    """
+    if isinstance(message, OutgoingMessage):
+        msg = message
+    elif isinstance(message, str):
+        msg = OutgoingMessage(message.encode())
+    elif isinstance(message, (bytes, bytearray, memoryview)):
+        msg = OutgoingMessage(bytes(message))
+    else:
+        raise TypeError(f"a message is bytes, str or OutgoingMessage, not {type(message).__name__}")
+    changes: dict[str, Any] = {}
+    if key is not None:
+        changes["key"] = key
+    if tags is not None:
+        changes["tags"] = tags
+    if properties is not None:
+        changes["properties"] = dict(properties)
+    return replace(msg, **changes) if changes else msg
+
+
+def record_size(msg: OutgoingMessage) -> int:
+    """Bytes the message takes in a batch (the record layout of `broker.records`)."""
+    if not (msg.key or msg.tags or msg.properties):
+        return RECORD_HEADER.size + len(msg.body)  # the common case, per message
+    props = msgpack.packb(msg.properties, use_bin_type=True) if msg.properties else b""
+    return (
+        RECORD_HEADER.size + len(msg.key.encode()) + len(msg.tags.encode()) + len(props)
+        + len(msg.body)
+    )
+
+
+def check_message(msg: OutgoingMessage, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    """Refuse before sending what the broker would refuse, with the same code."""
+    if not isinstance(msg.body, bytes):
+        raise TypeError("OutgoingMessage.body must be bytes")
+    if len(msg.body) > max_bytes:
+        raise RequestError(
+            Code.MESSAGE_TOO_LARGE,
+            f"message body of {len(msg.body)} bytes exceeds the limit of {max_bytes}",
+        )
+    if msg.properties:
+        for k, v in msg.properties.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TypeError("message properties map str to str")
+
+
+def key_queue(key: str, total: int) -> int:
+    """Stable sharding: the same key always lands on the same queue (CRC-32 mod total),
+    in every process and Python version (unlike `hash`)."""
+    if total <= 0:
+        raise ValueError("a topic has at least one queue")
+    return zlib.crc32(key.encode()) % total
+
+
+def pick_round_robin(
+    queues: Sequence[int], counter: int, avoid: Container[int] = ()
+) -> tuple[int, int]:
+    """The next queue in turn that is not in `avoid` (any, if all are).
+
+    Returns (queue, next counter) so the caller keeps the rotation state.
+    """
+    n = len(queues)
+    if n == 0:
+        raise ValueError("no queues to choose from")
+    for i in range(n):
+        q = queues[(counter + i) % n]
+        if q not in avoid:
+            return q, counter + i + 1
+    return queues[counter % n], counter + 1
+
+
+def new_producer_id() -> int:
+    """A random non-zero 63-bit producer id (0 means "not idempotent" on the wire)."""
+    return random.getrandbits(63) or 1
+
+
+def batch_message_ids(group: str, index: int, batch: bytes) -> list[str]:
+    """Ids of a stored batch's messages: each record's start in the entry data, which is
+    the batch behind the leader's 8-byte store timestamp."""
+    _, refs = walk_batch(batch)
+    return [message_id(group, index, STORED_PREFIX.size + r.start) for r in refs]
+
+
+@dataclass(slots=True)
+class PendingSend:
+    """Messages from one send call; they travel in one batch, never split."""
+
+    messages: list[OutgoingMessage]
+    size: int
+    done: Callable[[list[SendResult] | None, BaseException | None], None]
+    resolved: bool = False
+
+    def resolve(self, results: list[SendResult] | None, error: BaseException | None) -> None:
+        if not self.resolved:
+            self.resolved = True
+            self.done(results, error)
+
+
+@dataclass(slots=True)
+class BatchAccumulator:
+    """Pending sends of one queue and the rule for when they form a batch.
+
+    A batch is due when the oldest pending send has waited `linger` seconds or the
+    pending messages reach either size bound. `take` never splits a send and always
+    takes at least one, so an oversized send still goes out (alone).
+    """
+
+    linger: float
+    max_messages: int
+    max_bytes: int
+    pending: deque[PendingSend] = field(default_factory=deque)
+    messages: int = 0
+    bytes: int = 0
+    first_at: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def add(self, send: PendingSend, now: float) -> None:
+        if not self.pending:
+            self.first_at = now
+        self.pending.append(send)
+        self.messages += len(send.messages)
+        self.bytes += send.size
+
+    @property
+    def full(self) -> bool:
+        return self.messages >= self.max_messages or self.bytes >= self.max_bytes
+
+    @property
+    def deadline(self) -> float:
+        return self.first_at + self.linger
+
+    def ready(self, now: float) -> bool:
+        return bool(self.pending) and (self.full or now >= self.deadline)
+
+    def take(self) -> list[PendingSend]:
+        out: list[PendingSend] = []
+        n = size = 0
+        while self.pending:
+            nxt = self.pending[0]
+            if out and (n + len(nxt.messages) > self.max_messages or size + nxt.size > self.max_bytes):
+                break
+            self.pending.popleft()
+            out.append(nxt)
+            n += len(nxt.messages)
+            size += nxt.size
+        self.messages -= n
+        self.bytes -= size
+        return out
+
+    def fail_all(self, error: BaseException) -> None:
+        while self.pending:
+            self.pending.popleft().resolve(None, error)
+        self.messages = self.bytes = 0
+
+
+# ---------------------------------------------------------------- producer
+
+
+@dataclass(slots=True)
+class _Sequence:
+    pid: int
+    next_seq: int = 0
+
+
+class _QueueSender:
+    """The accumulator and sender task of one (topic, queue, movable) stream."""
+
+    def __init__(self, topic: str, queue: int, movable: bool, acc: BatchAccumulator,
+                 max_in_flight: int) -> None:
+        self.topic = topic
+        self.queue = queue
+        self.movable = movable
+        self.acc = acc
+        self.wakeup = anyio.Event()
+        self.slots = anyio.Semaphore(max_in_flight)
+        self.max_in_flight = max_in_flight
+
+    def wake(self) -> None:
+        self.wakeup.set()
+
+    @property
+    def idle(self) -> bool:
+        return not self.acc.pending and self.slots.value == self.max_in_flight
+
+
+class Producer:
+    """Sends messages to topics; use as `async with Producer(namesrv) as p:`.
+
+    `selector` is "round_robin" (default), "key" (stable hash of the message key, so one
+    key keeps its order on one queue; keyless messages go round robin) or a callable
+    `(total_queues, message) -> queue`. Sends with a key selector, a callable or an
+    explicit `queue` stay on their queue when retried.
+
+    `max_in_flight` is the number of batches one queue may have in flight at once; an
+    idempotent producer always uses 1, so its batches reach the log in sequence order.
+    `linger_ms` trades latency for batch size. Leaving the `async with` block waits (up
+    to the send timeout times the attempts) for buffered messages to be acknowledged.
+    """
+
+    def __init__(
+        self,
+        namesrv: Sequence[str] | str,
+        *,
+        idempotent: bool = False,
+        linger_ms: float = 5.0,
+        batch_max_messages: int = 256,
+        batch_max_bytes: int = 1 << 20,
+        max_in_flight: int = 1,
+        send_timeout: float = DEFAULT_TIMEOUT,
+        retries: int = 2,
+        selector: Literal["round_robin", "key"] | QueueSelector = "round_robin",
+        max_pending: int = 10_000,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        pool: ConnectionPool | None = None,
+    ) -> None:
+        if linger_ms < 0 or send_timeout <= 0 or retries < 0:
+            raise ValueError("linger_ms, send_timeout and retries must not be negative")
+        if batch_max_messages < 1 or not 0 < batch_max_bytes <= MAX_BATCH_BYTES:
+            raise ValueError(
+                f"batch_max_messages must be >= 1 and batch_max_bytes in 1..{MAX_BATCH_BYTES}"
+            )
+        if max_in_flight < 1 or max_pending < 1:
+            raise ValueError("max_in_flight and max_pending must be >= 1")
+        if idempotent and max_in_flight != 1:
+            raise ValueError("an idempotent producer keeps one batch in flight per queue")
+        if not callable(selector) and selector not in ("round_robin", "key"):
+            raise ValueError(f"unknown selector {selector!r}: 'round_robin', 'key' or a callable")
+        self.namesrv = normalize_addresses(namesrv)
+        self.idempotent = idempotent
+        self.pid = new_producer_id() if idempotent else 0
+        self.linger = linger_ms / 1000
+        self.batch_max_messages = batch_max_messages
+        self.batch_max_bytes = batch_max_bytes
+        self.max_in_flight = 1 if idempotent else max_in_flight
+        self.send_timeout = send_timeout
+        self.retries = retries
+        self.selector = selector
+        self.max_pending = max_pending
+        self.max_message_bytes = max_message_bytes
+        self._pool = pool
+        self._routes: Routes | None = None
+        self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._senders: dict[tuple[str, int, bool], _QueueSender] = {}
+        self._seqs: dict[tuple[str, int], _Sequence] = {}
+        self._rr: dict[str, int] = {}
+        self._faults: dict[str, float] = {}
+        self._outstanding = 0
+        self._drained: anyio.Event | None = None
+        self._pending_slots: anyio.Semaphore | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Producer:
+        if self._stack is not None:
+            raise RuntimeError("a Producer can be entered once")
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            pool = (
+                self._pool if self._pool is not None
+                else await stack.enter_async_context(ConnectionPool())
+            )
+            self._routes = Routes(pool, self.namesrv, timeout=self.send_timeout)
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        self._pending_slots = anyio.Semaphore(self.max_pending)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._stack is not None and self._tg is not None
+        try:
+            if exc_type is None:
+                with anyio.move_on_after(self.send_timeout * (self.retries + 1) + 1):
+                    await self.flush()
+        finally:
+            self._closed = True
+            closed = ClientClosedError("the producer closed before the message was sent")
+            for sender in self._senders.values():
+                sender.acc.fail_all(closed)
+            self._tg.cancel_scope.cancel()
+        return await self._stack.__aexit__(exc_type, exc, tb)
+
+    async def flush(self) -> None:
+        """Wait until every message handed to the producer so far is acknowledged or failed."""
+        while self._outstanding:
+            if self._drained is None:
+                self._drained = anyio.Event()
+            await self._drained.wait()
+
+    def _check_open(self) -> Routes:
+        if self._routes is None or self._closed:
+            raise ClientClosedError("the producer is not open (use `async with Producer(...)`)")
+        return self._routes
+
+    # ------------------------------------------------------------ sending
+
+    async def send(
+        self,
+        topic: str,
+        message: OutgoingMessage | bytes | str,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        queue: int | None = None,
+    ) -> SendResult:
+        """Send and wait for the acknowledgement (the message is committed in its group)."""
+        fut = await self.send_async(
+            topic, message, key=key, tags=tags, properties=properties, queue=queue
+        )
+        return await fut
+
+    async def send_async(
+        self,
+        topic: str,
+        message: OutgoingMessage | bytes | str,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        queue: int | None = None,
+        callback: Callable[[SendFuture[SendResult]], Any] | None = None,
+    ) -> SendFuture[SendResult]:
+        """Hand the message over and return at once with a future of its `SendResult`.
+
+        Waits only to learn the route (first use of a topic) or when `max_pending` sends
+        are already outstanding. Bad messages, names and unknown topics raise here.
+        """
+        msg = make_message(message, key=key, tags=tags, properties=properties)
+        check_message(msg, self.max_message_bytes)
+        fut: SendFuture[SendResult] = SendFuture()
+        if callback is not None:
+            fut.add_done_callback(callback)
+
+        def done(results: list[SendResult] | None, error: BaseException | None) -> None:
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                assert results
+                fut.set_result(results[0])
+
+        q, movable = await self._choose_queue(topic, msg, queue)
+        await self._enqueue(topic, q, movable, [msg], done)
+        return fut
+
+    async def send_oneway(
+        self,
+        topic: str,
+        message: OutgoingMessage | bytes | str,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        queue: int | None = None,
+    ) -> None:
+        """Fire and forget: no acknowledgement is awaited and failures are only logged."""
+        await self.send_async(
+            topic, message, key=key, tags=tags, properties=properties, queue=queue,
+            callback=_log_oneway_failure,
+        )
+
+    async def send_batch(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingMessage | bytes | str],
+        *,
+        queue: int | None = None,
+    ) -> list[SendResult]:
+        """Send messages to one queue and wait for all acknowledgements, in order.
+
+        The queue is `queue`, else the selector's choice for the first message. Messages
+        within the batch size bounds go in one PRODUCE request (atomically); a larger
+        list is split into several.
+        """
+        msgs = [make_message(m) for m in messages]
+        if not msgs:
+            return []
+        for m in msgs:
+            check_message(m, self.max_message_bytes)
+        q, movable = await self._choose_queue(topic, msgs[0], queue)
+        futs: list[SendFuture[list[SendResult]]] = []
+        for chunk in self._chunks(msgs):
+            fut: SendFuture[list[SendResult]] = SendFuture()
+            futs.append(fut)
+            await self._enqueue(topic, q, movable, chunk, _completer(fut))
+        results: list[SendResult] = []
+        for fut in futs:
+            results += await fut
+        return results
+
+    def _chunks(self, msgs: list[OutgoingMessage]) -> list[list[OutgoingMessage]]:
+        out: list[list[OutgoingMessage]] = [[]]
+        size = 0
+        for m in msgs:
+            s = record_size(m)
+            cur = out[-1]
+            if cur and (len(cur) >= self.batch_max_messages or size + s > self.batch_max_bytes):
+                out.append([])
+                size = 0
+            out[-1].append(m)
+            size += s
+        return out
+
+    async def _route(self, topic: str) -> TopicRoute:
+        """The topic's route, retrying only transient failures to reach the name servers."""
+        routes = self._check_open()
+        cached = routes.cached(topic)
+        if cached is not None:  # fresh: the per-message fast path
+            return cached
+        validate_topic_name(topic)
+        attempt = 0
+        while True:
+            try:
+                return await routes.route(topic)
+            except RequestError as exc:
+                attempt += 1
+                if not is_retriable(exc) or attempt > self.retries:
+                    raise
+                await anyio.sleep(backoff_delay(attempt))
+
+    async def _choose_queue(
+        self, topic: str, msg: OutgoingMessage, queue: int | None
+    ) -> tuple[int, bool]:
+        route = await self._route(topic)
+        if queue is not None:
+            return _checked_queue(topic, queue, route.total), False
+        if callable(self.selector):
+            return _checked_queue(topic, self.selector(route.total, msg), route.total), False
+        if self.selector == "key" and msg.key:
+            return key_queue(msg.key, route.total), False
+        return self._round_robin(route), not self.idempotent
+
+    def _round_robin(self, route: TopicRoute, avoid_groups: Container[str] = ()) -> int:
+        queues = route.queue_ids
+        avoid: set[int] = set()
+        if avoid_groups or self._faults:  # the common case has nothing to avoid
+            now = anyio.current_time()
+            for failed, until in list(self._faults.items()):
+                if until <= now:
+                    del self._faults[failed]
+            avoid = {
+                q for q in queues
+                if (g := route.group_of(q)) is not None
+                and (g in avoid_groups or self._faults.get(g, 0.0) > now)
+            }
+        counter = self._rr.get(route.topic)
+        if counter is None:
+            counter = random.randrange(len(queues))
+        q, self._rr[route.topic] = pick_round_robin(queues, counter, avoid)
+        return q
+
+    async def _enqueue(
+        self,
+        topic: str,
+        queue: int,
+        movable: bool,
+        msgs: list[OutgoingMessage],
+        done: Callable[[list[SendResult] | None, BaseException | None], None],
+    ) -> None:
+        self._check_open()
+        assert self._pending_slots is not None and self._tg is not None
+        try:  # the common case needs no checkpoint: one per message is most of the cost
+            self._pending_slots.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._pending_slots.acquire()
+            self._check_open()
+        self._outstanding += 1
+        slots = self._pending_slots
+
+        def finish(results: list[SendResult] | None, error: BaseException | None) -> None:
+            slots.release()
+            self._outstanding -= 1
+            if self._outstanding == 0 and self._drained is not None:
+                self._drained.set()
+                self._drained = None
+            done(results, error)
+
+        send = PendingSend(msgs, sum(record_size(m) for m in msgs), finish)
+        key = (topic, queue, movable)
+        sender = self._senders.get(key)
+        if sender is None:
+            acc = BatchAccumulator(self.linger, self.batch_max_messages, self.batch_max_bytes)
+            sender = _QueueSender(topic, queue, movable, acc, self.max_in_flight)
+            self._senders[key] = sender
+            self._tg.start_soon(self._run_sender, sender)
+        acc = sender.acc
+        acc.add(send, anyio.current_time())
+        if len(acc.pending) == 1 or acc.full:
+            sender.wake()  # otherwise the sender is already lingering on this batch
+
+    async def _run_sender(self, sender: _QueueSender) -> None:
+        key = (sender.topic, sender.queue, sender.movable)
+        try:
+            async with anyio.create_task_group() as tg:
+                while True:
+                    while not sender.acc.pending:
+                        # woken by a new send or a finished batch; idle for long: retire
+                        sender.wakeup = anyio.Event()
+                        if not sender.idle:
+                            await sender.wakeup.wait()
+                            continue
+                        with anyio.move_on_after(IDLE_EXIT):
+                            await sender.wakeup.wait()
+                        if sender.idle:
+                            del self._senders[key]
+                            return
+                    while not sender.acc.ready(now := anyio.current_time()):
+                        sender.wakeup = anyio.Event()
+                        with anyio.move_on_after(sender.acc.deadline - now):
+                            await sender.wakeup.wait()
+                    await sender.slots.acquire()
+                    batch = sender.acc.take()
+                    if not batch:
+                        sender.slots.release()
+                        continue
+                    tg.start_soon(self._ship, sender, batch)
+        finally:
+            sender.acc.fail_all(ClientClosedError("the producer closed before the message was sent"))
+
+    async def _ship(self, sender: _QueueSender, sends: list[PendingSend]) -> None:
+        try:
+            msgs = [m for s in sends for m in s.messages]
+            results = await self._deliver(sender.topic, sender.queue, sender.movable, msgs)
+            i = 0
+            for s in sends:
+                s.resolve(results[i : i + len(s.messages)], None)
+                i += len(s.messages)
+        except Exception as exc:
+            for s in sends:
+                s.resolve(None, exc)
+        finally:
+            sender.slots.release()
+            sender.wake()
+            for s in sends:
+                s.resolve(None, ClientClosedError("the producer closed before the ack"))
+
+    def _sequence(self, topic: str, queue: int) -> _Sequence:
+        seq = self._seqs.get((topic, queue))
+        if seq is None:
+            seq = self._seqs[(topic, queue)] = _Sequence(self.pid)
+        return seq
+
+    async def _deliver(
+        self, topic: str, queue: int, movable: bool, msgs: list[OutgoingMessage]
+    ) -> list[SendResult]:
+        routes = self._check_open()
+        pid, seq = 0, -1
+        if self.idempotent:
+            state = self._sequence(topic, queue)
+            pid, seq = state.pid, state.next_seq
+            state.next_seq += 1
+        born = int(time.time() * 1000)
+        batch = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
+        failed_groups: set[str] = set()
+        attempt = redirects = 0
+        while True:
+            group: str | None = None
+            addr: str | None = None
+            try:
+                group = await routes.group_of(topic, queue)
+                addr = routes.target(group)
+                if addr is None:
+                    raise RequestError(
+                        Code.NOT_LEADER, f"no known replica of group {group}", transient=True
+                    )
+                frame = await routes.pool.request(
+                    addr, Op.PRODUCE, {"g": group}, batch, timeout=self.send_timeout
+                )
+                return self._results(topic, queue, group, batch, frame.header)
+            except RequestError as exc:
+                if not is_retriable(exc):
+                    self._abandon(topic, queue)
+                    raise
+                if group is not None and addr is not None:
+                    if routes.on_error(group, addr, exc) and redirects < 5:
+                        redirects += 1
+                        continue
+                if group is not None:
+                    failed_groups.add(group)
+                    self._faults[group] = anyio.current_time() + FAULT_WINDOW
+                attempt += 1
+                if attempt > self.retries:
+                    self._abandon(topic, queue)
+                    raise
+                log.debug("send to %s queue %d failed (%s); retry %d", topic, queue, exc, attempt)
+                await anyio.sleep(backoff_delay(attempt))
+                if movable:
+                    new_queue = await self._other_queue(topic, queue, failed_groups)
+                    if new_queue != queue:
+                        queue = new_queue
+                        batch = encode_batch(topic, queue, msgs, born_ms=born)
+
+    def _abandon(self, topic: str, queue: int) -> None:
+        """After a batch of an idempotent producer fails for good, its outcome may be
+        unknown; later batches of the queue use a fresh producer id (sequence 0), so they
+        neither wait for nor get confused with the lost one."""
+        if self.idempotent:
+            self._seqs[(topic, queue)] = _Sequence(new_producer_id())
+
+    async def _other_queue(self, topic: str, queue: int, failed_groups: set[str]) -> int:
+        try:
+            route = await self._check_open().route(topic)
+        except RequestError:
+            return queue
+        return self._round_robin(route, failed_groups)
+
+    def _results(
+        self, topic: str, queue: int, group: str, batch: bytes, h: dict[str, Any]
+    ) -> list[SendResult]:
+        try:
+            base, n, index = int(h["base"]), int(h["n"]), int(h["index"])
+        except (KeyError, TypeError, ValueError):
+            raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {h!r}") from None
+        dup = bool(h.get("dup", False))
+        ids = batch_message_ids(group, index, batch)
+        if n != len(ids):
+            raise RequestError(Code.MALFORMED, f"PRODUCE stored {n} of {len(ids)} messages")
+        if base < 0:
+            return [SendResult(None, topic, queue, -1, group, dup) for _ in ids]
+        return [SendResult(mid, topic, queue, base + i, group, dup) for i, mid in enumerate(ids)]
+
+
+def _checked_queue(topic: str, queue: int, total: int) -> int:
+    if not isinstance(queue, int) or not 0 <= queue < total:
+        raise RequestError(
+            Code.UNKNOWN_QUEUE, f"queue {queue!r} does not exist: {topic!r} has queues 0..{total - 1}"
+        )
+    return queue
+
+
+def _completer(
+    fut: SendFuture[list[SendResult]],
+) -> Callable[[list[SendResult] | None, BaseException | None], None]:
+    def done(results: list[SendResult] | None, error: BaseException | None) -> None:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            assert results is not None
+            fut.set_result(results)
+
+    return done
+
+
+def _log_oneway_failure(fut: SendFuture[SendResult]) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        log.debug("one-way send failed: %s", exc)

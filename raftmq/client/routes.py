@@ -1,0 +1,418 @@
+"""Where to send a request: topic routes from the name servers, group leaders, retries.
+
+Name servers are independent peers with soft state, so a client asks any of them and
+moves to the next on failure. Their view of leaders can lag a leader change by a
+registration round, while a node answering NOT_LEADER knows better: its `leader` hint is
+trusted over the name servers for a while (`HINT_TTL`), and an address that just failed
+for a group is not taken back from a name server straight away (`FAILED_TTL`). When no
+leader is known, the group's replicas are tried in turn; a follower answers NOT_LEADER
+with a hint, which finds the leader within one round trip.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from broker.protocol import Code, Frame, Op, RequestError, parse_address
+
+from .connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
+
+__all__ = [
+    "FAILED_TTL",
+    "HINT_TTL",
+    "ROUTE_REFRESH",
+    "QueueRoute",
+    "Routes",
+    "TopicRoute",
+    "backoff_delay",
+    "node_addresses",
+    "normalize_addresses",
+    "parse_route",
+]
+
+log = logging.getLogger("raftmq.client")
+
+ROUTE_REFRESH = 30.0  # RocketMQ's client route refresh period
+HINT_TTL = 10.0  # how long a NOT_LEADER hint outranks the name servers' leader
+FAILED_TTL = 5.0  # how long an address that failed for a group is not re-learned as leader
+DEFAULT_ATTEMPTS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRoute:
+    queue: int
+    group: str
+    leader: str | None  # the name servers' view at fetch time
+
+
+@dataclass(slots=True)
+class TopicRoute:
+    """A ROUTE answer: which group hosts each queue of a topic, and the groups' replicas."""
+
+    topic: str
+    total: int
+    queues: dict[int, QueueRoute]
+    replicas: dict[str, list[str]]
+    fetched_at: float = 0.0
+    stale: bool = False
+    _ids: list[int] | None = None
+
+    @property
+    def queue_ids(self) -> list[int]:
+        """Sorted queue ids (all of 0..total-1 when the answer listed none); cached."""
+        if self._ids is None:
+            self._ids = sorted(self.queues) or list(range(self.total))
+        return self._ids
+
+    def group_of(self, queue: int) -> str | None:
+        qr = self.queues.get(queue)
+        return qr.group if qr is not None else None
+
+    @property
+    def groups(self) -> list[str]:
+        return sorted({qr.group for qr in self.queues.values()})
+
+
+def parse_route(topic: str, header: Mapping[str, Any], now: float = 0.0) -> TopicRoute:
+    """Build a `TopicRoute` from ROUTE answer fields, refusing malformed ones plainly."""
+    try:
+        total = int(header["total"])
+        queues = {
+            int(q): QueueRoute(int(q), str(g), str(leader) if leader else None)
+            for q, g, leader in header.get("queues") or []
+        }
+        replicas = {
+            str(g): [str(a) for a in addrs] for g, addrs in (header.get("replicas") or {}).items()
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RequestError(Code.MALFORMED, f"bad ROUTE answer for {topic!r}: {exc!r}") from None
+    return TopicRoute(topic, total, queues, replicas, now)
+
+
+def normalize_addresses(addrs: Sequence[str] | str) -> list[str]:
+    """Accept a list or a comma/space separated string of host:port; validate each."""
+    items = re.split(r"[,\s]+", addrs) if isinstance(addrs, str) else list(addrs)
+    out = [a.strip() for a in items if a and a.strip()]
+    if not out:
+        raise ValueError("at least one name server address is needed")
+    for a in out:
+        parse_address(a)
+    return out
+
+
+def node_addresses(cluster: Mapping[str, Any]) -> list[str]:
+    """Every node address in a CLUSTER answer."""
+    nodes = cluster.get("nodes") or {}
+    return sorted({str(n["addr"]) for n in nodes.values() if isinstance(n, dict) and n.get("addr")})
+
+
+def backoff_delay(attempt: int, base: float = 0.05, cap: float = 1.0) -> float:
+    """Exponential backoff with jitter, so clients retrying after one failure spread out."""
+    return min(cap, base * (2 ** max(0, attempt - 1))) * (0.5 + random.random() / 2)
+
+
+@dataclass(slots=True)
+class _Group:
+    leader: str | None = None
+    hinted_at: float = -math.inf
+    replicas: list[str] = field(default_factory=list)
+    probe: int = 0
+    failed: dict[str, float] = field(default_factory=dict)
+
+
+class Routes:
+    """Route cache and leader book-keeping shared by one client object's requests."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        namesrv: Sequence[str] | str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        refresh_interval: float = ROUTE_REFRESH,
+    ) -> None:
+        self.pool = pool
+        self.namesrv = normalize_addresses(namesrv)
+        self.timeout = timeout
+        self.refresh_interval = refresh_interval
+        self._ns_index = 0
+        self._topics: dict[str, TopicRoute] = {}
+        self._groups: dict[str, _Group] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+
+    # ------------------------------------------------------------ name servers
+
+    async def namesrv_request(self, op: Op, header: Mapping[str, Any] | None = None) -> Frame:
+        """Ask the name servers in turn, starting with the last one that answered.
+
+        UNKNOWN_TOPIC from one is not final (peers converge independently); it is raised
+        only if no other name server knows the topic either.
+        """
+        errors: list[RequestError] = []
+        n = len(self.namesrv)
+        for i in range(n):
+            idx = (self._ns_index + i) % n
+            try:
+                frame = await self.pool.request(
+                    self.namesrv[idx], op, header, timeout=self.timeout
+                )
+            except RequestError as exc:
+                if is_retriable(exc) or exc.code == Code.UNKNOWN_TOPIC:
+                    errors.append(exc)
+                    continue
+                raise
+            self._ns_index = idx
+            return frame
+        for err in errors:
+            if err.code == Code.UNKNOWN_TOPIC:
+                raise err
+        raise errors[-1]
+
+    async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        """The route of `topic`, refreshed when asked, stale, or older than the period.
+
+        Concurrent refreshes of one topic share one ROUTE request. If every name server
+        is unreachable, a cached route is used rather than failing.
+        """
+        cached = self._topics.get(topic)
+        if cached is not None and not refresh and self._fresh(cached):
+            return cached
+        lock = self._locks.setdefault(topic, anyio.Lock())
+        async with lock:
+            current = self._topics.get(topic)
+            if current is not None and current is not cached and self._fresh(current):
+                return current
+            try:
+                frame = await self.namesrv_request(Op.ROUTE, {"topic": topic})
+            except RequestError as exc:
+                if exc.code == Code.UNKNOWN_TOPIC:
+                    self._topics.pop(topic, None)
+                    raise
+                if current is not None and is_retriable(exc):
+                    log.debug("route refresh for %s failed (%s); using the cached one", topic, exc)
+                    return current
+                raise
+            route = parse_route(topic, frame.header, anyio.current_time())
+            self.learn_route(route)
+            self._topics[topic] = route
+            return route
+
+    def cached(self, topic: str) -> TopicRoute | None:
+        """The cached route of `topic` if it is fresh, without any I/O."""
+        route = self._topics.get(topic)
+        return route if route is not None and self._fresh(route) else None
+
+    def _fresh(self, route: TopicRoute) -> bool:
+        return not route.stale and anyio.current_time() - route.fetched_at < self.refresh_interval
+
+    async def cluster(self) -> dict[str, Any]:
+        """The CLUSTER answer (nodes and groups); also learns groups' leaders and replicas."""
+        frame = await self.namesrv_request(Op.CLUSTER, {})
+        cluster = {k: v for k, v in frame.header.items() if k not in ("id", "code")}
+        self.learn_cluster(cluster)
+        return cluster
+
+    # ------------------------------------------------------------ leaders
+
+    def _group(self, group: str) -> _Group:
+        g = self._groups.get(group)
+        if g is None:
+            g = self._groups[group] = _Group()
+        return g
+
+    def learn_route(self, route: TopicRoute, now: float | None = None) -> None:
+        now = anyio.current_time() if now is None else now
+        for group, addrs in route.replicas.items():
+            if addrs:
+                self._group(group).replicas = list(addrs)
+        seen: set[str] = set()
+        for qr in route.queues.values():
+            if qr.group not in seen:
+                seen.add(qr.group)
+                self._learn_leader(qr.group, qr.leader, now)
+
+    def learn_cluster(self, cluster: Mapping[str, Any], now: float | None = None) -> None:
+        now = anyio.current_time() if now is None else now
+        for group, info in (cluster.get("groups") or {}).items():
+            if not isinstance(info, dict):
+                continue
+            reps = info.get("replicas") or {}
+            addrs = [str(a) for a in (reps.values() if isinstance(reps, dict) else reps) if a]
+            if addrs:
+                self._group(str(group)).replicas = sorted(addrs)
+            self._learn_leader(str(group), info.get("leader_addr"), now)
+
+    def _learn_leader(self, group: str, addr: Any, now: float) -> None:
+        g = self._group(group)
+        if now - g.hinted_at < HINT_TTL and g.leader is not None:
+            return  # a node told us more recently than the name servers' registration
+        leader = str(addr) if addr else None
+        if leader is not None and now - g.failed.get(leader, -math.inf) < FAILED_TTL:
+            leader = None
+        g.leader = leader
+
+    def leader(self, group: str) -> str | None:
+        g = self._groups.get(group)
+        return g.leader if g is not None else None
+
+    def replicas(self, group: str) -> list[str]:
+        g = self._groups.get(group)
+        return list(g.replicas) if g is not None else []
+
+    def target(self, group: str) -> str | None:
+        """The address to send a group's request to: its leader, else the next replica."""
+        g = self._groups.get(group)
+        if g is None:
+            return None
+        if g.leader is not None:
+            return g.leader
+        if not g.replicas:
+            return None
+        addr = g.replicas[g.probe % len(g.replicas)]
+        g.probe += 1
+        return addr
+
+    def on_error(self, group: str, addr: str, exc: RequestError, now: float | None = None) -> bool:
+        """Update leader knowledge after `addr` failed a request for `group`.
+
+        Returns True when a NOT_LEADER hint names a different address to try at once
+        (one that did not itself fail for the group in the last `FAILED_TTL` seconds).
+        """
+        now = anyio.current_time() if now is None else now
+        g = self._group(group)
+        if exc.code == Code.NOT_LEADER and not isinstance(exc, TransportError):
+            self._mark_stale(group)
+            hint = exc.extra.get("leader")
+            if isinstance(hint, str) and hint and hint != addr:
+                # a follower may still name a leader we just lost (paused, cut off):
+                # follow it, but as a counted, backed-off attempt rather than at once
+                recent = now - g.failed.pop(hint, -math.inf) < FAILED_TTL
+                g.failed[addr] = now
+                g.leader = hint
+                g.hinted_at = now
+                return not recent
+            self._forget(g, addr, now)
+            return False
+        if isinstance(exc, TransportError) or exc.code in (Code.TIMEOUT, Code.PROPOSAL_DROPPED):
+            self._mark_stale(group)
+            self._forget(g, addr, now)
+        # BUSY and SEQUENCE_GAP: the leader is right; the caller backs off and resends
+        return False
+
+    @staticmethod
+    def _forget(g: _Group, addr: str, now: float) -> None:
+        g.failed[addr] = now
+        if g.leader == addr:
+            g.leader = None
+            g.hinted_at = -math.inf
+
+    def _mark_stale(self, group: str) -> None:
+        for route in self._topics.values():
+            if group in route.replicas or any(q.group == group for q in route.queues.values()):
+                route.stale = True
+
+    # ------------------------------------------------------------ calls with retries
+
+    async def group_of(self, topic: str, queue: int) -> str:
+        """The group hosting a queue; a queue missing from the route is a transient gap
+        (its group's registration may have lapsed), so the route is refreshed."""
+        route = await self.route(topic)
+        group = route.group_of(queue)
+        if group is None:
+            if not 0 <= queue < route.total:
+                raise RequestError(
+                    Code.UNKNOWN_QUEUE, f"topic {topic!r} has queues 0..{route.total - 1}"
+                )
+            route.stale = True
+            raise RequestError(
+                Code.UNKNOWN_QUEUE,
+                f"no live group routes queue {queue} of {topic!r} now",
+                transient=True,
+            )
+        return group
+
+    async def call(
+        self,
+        resolve: Callable[[], Awaitable[str]],
+        op: Op,
+        header: Mapping[str, Any] | Callable[[str], Mapping[str, Any]],
+        body: bytes = b"",
+        *,
+        timeout: float | None = None,
+        attempts: int = DEFAULT_ATTEMPTS,
+        max_redirects: int = 5,
+    ) -> tuple[str, Frame]:
+        """Send to the leader of the group `resolve()` names, retrying retriable errors.
+
+        Following a NOT_LEADER hint does not use up an attempt (up to `max_redirects`);
+        other retriable failures back off and count. Returns (group, answer).
+        """
+        timeout = self.timeout if timeout is None else timeout
+        attempt = redirects = 0
+        while True:
+            group: str | None = None
+            addr: str | None = None
+            try:
+                group = await resolve()
+                addr = self.target(group)
+                if addr is None:
+                    self._mark_stale(group)
+                    raise RequestError(
+                        Code.NOT_LEADER, f"no known replica of group {group}", transient=True
+                    )
+                hdr = header(group) if callable(header) else header
+                return group, await self.pool.request(addr, op, hdr, body, timeout=timeout)
+            except RequestError as exc:
+                if not is_retriable(exc):
+                    raise
+                if group is not None and addr is not None:
+                    if self.on_error(group, addr, exc) and redirects < max_redirects:
+                        redirects += 1
+                        continue
+                attempt += 1
+                if attempt >= attempts:
+                    raise
+                log.debug("%s to %s failed (%s); retry %d", op.name, addr, exc, attempt)
+                await anyio.sleep(backoff_delay(attempt))
+
+    async def call_queue(
+        self,
+        topic: str,
+        queue: int,
+        op: Op,
+        header: Mapping[str, Any] | Callable[[str], Mapping[str, Any]],
+        body: bytes = b"",
+        **kwargs: Any,
+    ) -> tuple[str, Frame]:
+        """`call` to the leader of the group hosting `topic`'s `queue`."""
+
+        async def resolve() -> str:
+            return await self.group_of(topic, queue)
+
+        return await self.call(resolve, op, header, body, **kwargs)
+
+    async def call_group(
+        self,
+        group: str,
+        op: Op,
+        header: Mapping[str, Any] | Callable[[str], Mapping[str, Any]],
+        body: bytes = b"",
+        **kwargs: Any,
+    ) -> Frame:
+        """`call` to the leader of a named group."""
+
+        async def resolve() -> str:
+            g = self._groups.get(group)
+            if g is None or (g.leader is None and not g.replicas):
+                await self.cluster()
+            return group
+
+        return (await self.call(resolve, op, header, body, **kwargs))[1]

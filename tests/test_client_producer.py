@@ -1,0 +1,420 @@
+"""Producer: selection, batching, message ids, and its retry decisions.
+
+The retry tests replace the transport with a script of answers, to check which bytes
+the producer sends where after each kind of failure; they say nothing about a node.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+from broker.protocol import MAX_MESSAGE_BYTES, Code, Frame, Op, RequestError
+from broker.records import (
+    STORED_PREFIX,
+    OutgoingMessage,
+    decode_record,
+    encode_batch,
+    walk_batch,
+)
+from raftmq.client.connection import ClientClosedError, TransportError
+from raftmq.client.producer import (
+    BatchAccumulator,
+    PendingSend,
+    Producer,
+    SendFuture,
+    batch_message_ids,
+    check_message,
+    key_queue,
+    make_message,
+    pick_round_robin,
+    record_size,
+)
+from raftmq.client.routes import QueueRoute, TopicRoute, parse_route
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+# ---------------------------------------------------------------- selection
+
+
+def test_key_selection_is_stable_and_in_range() -> None:
+    assert key_queue("order-17", 8) == zlib.crc32(b"order-17") % 8
+    assert key_queue("order-17", 8) == key_queue("order-17", 8)
+    for total in (1, 3, 4, 16):
+        assert {key_queue(f"k{i}", total) for i in range(500)} == set(range(total))
+    with pytest.raises(ValueError):
+        key_queue("k", 0)
+
+
+def test_round_robin_cycles_and_avoids_failed_queues() -> None:
+    queues = [0, 1, 2, 3]
+    counter, seen = 0, []
+    for _ in range(8):
+        q, counter = pick_round_robin(queues, counter)
+        seen.append(q)
+    assert seen == [0, 1, 2, 3, 0, 1, 2, 3]
+    q, counter = pick_round_robin(queues, 1, avoid={1, 2})
+    assert (q, counter) == (3, 4)
+    q, _ = pick_round_robin(queues, 5, avoid=set(queues))  # all failed: keep rotating
+    assert q == 1
+    with pytest.raises(ValueError):
+        pick_round_robin([], 0)
+
+
+def test_make_message_and_size_checks() -> None:
+    m = make_message("héllo", key="k", tags="T", properties={"a": "b"})
+    assert m == OutgoingMessage("héllo".encode(), "k", "T", {"a": "b"})
+    base = OutgoingMessage(b"x", key="old", tags="old")
+    assert make_message(base, tags="new") == OutgoingMessage(b"x", "old", "new", {})
+    assert make_message(base) is base
+    with pytest.raises(TypeError):
+        make_message(42)  # type: ignore[arg-type]
+    check_message(OutgoingMessage(b"x" * MAX_MESSAGE_BYTES))
+    with pytest.raises(RequestError) as info:
+        check_message(OutgoingMessage(b"x" * (MAX_MESSAGE_BYTES + 1)))
+    assert info.value.code == Code.MESSAGE_TOO_LARGE
+    assert record_size(m) == len(encode_batch("t", 0, [m])) - len(encode_batch("t", 0, []))
+
+
+# ---------------------------------------------------------------- batching
+
+
+def _send(n: int, size: int = 10, log: list[Any] | None = None) -> PendingSend:
+    msgs = [OutgoingMessage(bytes([i % 256]) * size, key=f"k{i}") for i in range(n)]
+    return PendingSend(msgs, sum(record_size(m) for m in msgs),
+                       lambda r, e: log.append((r, e)) if log is not None else None)
+
+
+def test_accumulator_waits_for_linger_or_a_size_bound() -> None:
+    acc = BatchAccumulator(linger=0.005, max_messages=4, max_bytes=10_000)
+    assert not acc.ready(0.0)
+    acc.add(_send(1), now=1.0)
+    assert not acc.ready(1.001) and acc.ready(1.005)
+    acc.add(_send(2), now=1.002)
+    assert acc.deadline == 1.005  # the oldest message sets the deadline
+    acc.add(_send(1), now=1.003)
+    assert acc.full and acc.ready(1.003)
+    batch = acc.take()
+    assert [len(s.messages) for s in batch] == [1, 2, 1]
+    assert len(acc) == 0 and acc.messages == 0 and acc.bytes == 0
+
+    acc = BatchAccumulator(linger=10, max_messages=1000, max_bytes=300)
+    for _ in range(5):
+        acc.add(_send(1, size=100), now=0.0)
+    assert acc.ready(0.0)  # bytes bound reached long before the linger
+    first = acc.take()
+    assert len(first) == 2 and sum(s.size for s in first) <= 300
+    assert len(acc) == 3
+
+
+def test_accumulator_never_splits_a_send_and_ships_oversized_alone() -> None:
+    acc = BatchAccumulator(linger=0, max_messages=4, max_bytes=1 << 20)
+    acc.add(_send(3), 0.0)
+    acc.add(_send(3), 0.0)
+    acc.add(_send(9), 0.0)
+    assert [len(s.messages) for s in acc.take()] == [3]
+    assert [len(s.messages) for s in acc.take()] == [3]
+    assert [len(s.messages) for s in acc.take()] == [9]
+    assert acc.take() == []
+
+
+def test_accumulated_batch_encodes_to_a_valid_batch() -> None:
+    acc = BatchAccumulator(linger=0, max_messages=256, max_bytes=1 << 20)
+    sends = [_send(n, size=50 * n) for n in (1, 5, 2)]
+    for s in sends:
+        acc.add(s, 0.0)
+    msgs = [m for s in acc.take() for m in s.messages]
+    batch = encode_batch("orders", 3, msgs, pid=7, seq=0, born_ms=99)
+    header, refs = walk_batch(batch)
+    assert (header.topic, header.queue, header.pid, header.seq, header.n) == ("orders", 3, 7, 0, 8)
+    assert [r.key for r in refs] == [m.key for m in msgs]
+    assert len(batch) - refs[0].start == acc.bytes + sum(s.size for s in sends)
+
+
+def test_message_ids_point_at_records_in_the_stored_entry() -> None:
+    msgs = [OutgoingMessage(b"a" * i, key=str(i), tags="t") for i in range(1, 6)]
+    batch = encode_batch("orders", 0, msgs, born_ms=5)
+    ids = batch_message_ids("g2", 77, batch)
+    stored = STORED_PREFIX.pack(123456) + batch
+    _, refs = walk_batch(batch)
+    for i, (mid, ref) in enumerate(zip(ids, refs, strict=True)):
+        group, index, start = mid.split(":")
+        assert (group, int(index), int(start)) == ("g2", 77, 8 + ref.start)
+        msg, _ = decode_record(stored, int(start), topic="orders", queue=0, offset=i,
+                               store_ms=0, msg_id=mid)
+        assert msg.body == msgs[i].body and msg.key == msgs[i].key
+
+
+@pytest.mark.anyio
+async def test_send_future_outcomes_and_callbacks() -> None:
+    fut: SendFuture[int] = SendFuture()
+    seen: list[Any] = []
+    fut.add_done_callback(lambda f: seen.append(f.result()))
+    with pytest.raises(RuntimeError):
+        fut.result()
+    fut.set_result(5)
+    fut.set_result(6)  # the first outcome sticks
+    assert await fut == 5 and seen == [5]
+    fut.add_done_callback(lambda f: seen.append("late"))
+    assert seen == [5, "late"]
+    bad: SendFuture[int] = SendFuture()
+    bad.set_exception(RequestError(Code.TIMEOUT, "x"))
+    assert isinstance(bad.exception(), RequestError)
+    with pytest.raises(RequestError):
+        await bad
+
+
+# ---------------------------------------------------------------- with a scripted transport
+
+
+Script = Callable[[str, int, dict[str, Any], bytes], dict[str, Any]]
+
+
+class ScriptedPool:
+    """Stands in for the connection pool: records requests, answers from a function."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.sent: list[tuple[str, int, dict[str, Any], bytes]] = []
+
+    async def request(self, addr: str, op: Any, header: Any = None, body: Any = b"", *,
+                      timeout: float = 3.0) -> Frame:
+        await anyio.sleep(0)
+        header = dict(header or {})
+        self.sent.append((addr, int(op), header, bytes(body)))
+        return Frame({"id": 1, "code": 0, **self.script(addr, int(op), header, bytes(body))})
+
+    def produced(self) -> list[tuple[str, dict[str, Any], bytes]]:
+        return [(a, h, b) for a, op, h, b in self.sent if op == Op.PRODUCE]
+
+
+ROUTE = {
+    "total": 4,
+    "queues": [[0, "g1", "n1:1"], [1, "g2", "n2:1"], [2, "g1", "n1:1"], [3, "g2", "n2:1"]],
+    "replicas": {"g1": ["n1:1", "n2:1", "n3:1"], "g2": ["n1:1", "n2:1", "n3:1"]},
+}
+
+
+def ok_produce(base: int = 0, index: int = 9, dup: bool = False) -> Script:
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        if op == Op.ROUTE:
+            return ROUTE
+        header, _ = walk_batch(body)
+        return {"base": base, "n": header.n, "index": index, "dup": dup}
+
+    return answer
+
+
+@asynccontextmanager
+async def scripted(script: Script, **kwargs: Any) -> AsyncIterator[tuple[Producer, ScriptedPool]]:
+    """An open producer whose route is known and whose requests go to `script`."""
+    kwargs.setdefault("linger_ms", 0)
+    async with Producer("ns:1", **kwargs) as producer:
+        pool = ScriptedPool(script)
+        routes = producer._routes
+        assert routes is not None
+        routes.pool = pool  # type: ignore[assignment]
+        now = anyio.current_time()
+        route = parse_route("orders", ROUTE, now)
+        routes._topics["orders"] = route
+        routes.learn_route(route, now)
+        yield producer, pool
+
+
+def fail_first(n: int, error: Callable[[], RequestError], then: Script) -> Script:
+    count = [0]
+
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        if op == Op.PRODUCE:
+            count[0] += 1
+            if count[0] <= n:
+                raise error()
+        return then(addr, op, h, body)
+
+    return answer
+
+
+@pytest.mark.anyio
+async def test_concurrent_sends_to_a_queue_share_one_request() -> None:
+    async with scripted(ok_produce(base=100), linger_ms=200) as (producer, pool):
+        futs = [await producer.send_async("orders", f"m{i}", queue=1) for i in range(20)]
+        results = [await f for f in futs]
+    produced = pool.produced()
+    assert len(produced) == 1
+    addr, header, body = produced[0]
+    assert addr == "n2:1" and header == {"g": "g2"}
+    batch_header, refs = walk_batch(body)
+    assert batch_header.n == 20 and batch_header.queue == 1 and batch_header.seq == -1
+    assert [r.offset for r in results] == list(range(100, 120))
+    assert [r.msg_id for r in results] == batch_message_ids("g2", 9, body)
+
+
+@pytest.mark.anyio
+async def test_batches_respect_the_message_bound_and_keep_order() -> None:
+    async with scripted(ok_produce(), linger_ms=200, batch_max_messages=4) as (producer, pool):
+        futs = [await producer.send_async("orders", f"m{i}".encode(), queue=2)
+                for i in range(10)]
+        for f in futs:
+            await f
+    bodies = [b for _, _, b in pool.produced()]
+    counts = [walk_batch(b)[0].n for b in bodies]
+    assert counts == [4, 4, 2]
+    keys_in_order = []
+    for b in bodies:
+        _, refs = walk_batch(b)
+        for r in refs:
+            msg, _ = decode_record(b, r.start, topic="orders", queue=2, offset=0, store_ms=0,
+                                   msg_id="")
+            keys_in_order.append(msg.body)
+    assert keys_in_order == [f"m{i}".encode() for i in range(10)]
+
+
+@pytest.mark.anyio
+async def test_send_batch_goes_to_one_queue_in_one_request() -> None:
+    async with scripted(ok_produce(base=7)) as (producer, pool):
+        results = await producer.send_batch("orders", [b"a", b"b", b"c"], queue=3)
+    assert [(r.queue, r.offset) for r in results] == [(3, 7), (3, 8), (3, 9)]
+    assert len(pool.produced()) == 1
+
+
+@pytest.mark.anyio
+async def test_idempotent_retry_resends_the_same_bytes_to_the_same_queue() -> None:
+    script = fail_first(1, lambda: TransportError("lost", sent=True), ok_produce())
+    async with scripted(script, idempotent=True) as (producer, pool):
+        r1 = await producer.send("orders", b"one", queue=0)
+        r2 = await producer.send("orders", b"two", queue=0)
+    produced = pool.produced()
+    assert len(produced) == 3
+    (_, _, first), (_, _, retry), (_, _, second) = produced
+    assert first == retry
+    h1, h2 = walk_batch(first)[0], walk_batch(second)[0]
+    assert h1.pid == producer.pid != 0 and h1.seq == 0 and h1.queue == 0
+    assert h2.pid == producer.pid and h2.seq == 1
+    assert r1.queue == r2.queue == 0
+
+
+@pytest.mark.anyio
+async def test_idempotent_failure_moves_the_queue_to_a_fresh_producer_id() -> None:
+    script = fail_first(3, lambda: RequestError(Code.BUSY, "behind"), ok_produce())
+    async with scripted(script, idempotent=True, retries=2) as (producer, pool):
+        with pytest.raises(RequestError) as info:
+            await producer.send("orders", b"lost?", queue=1)
+        assert info.value.code == Code.BUSY
+        await producer.send("orders", b"next", queue=1)
+    bodies = [walk_batch(b)[0] for _, _, b in pool.produced()]
+    assert [(h.pid == producer.pid, h.seq) for h in bodies] == [
+        (True, 0), (True, 0), (True, 0), (False, 0)
+    ]
+
+
+@pytest.mark.anyio
+async def test_not_leader_hint_is_followed_without_using_a_retry() -> None:
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        if op == Op.PRODUCE and addr != "n3:1":
+            raise RequestError(Code.NOT_LEADER, "moved", leader="n3:1")
+        return ok_produce()(addr, op, h, body)
+
+    async with scripted(answer, retries=0) as (producer, pool):
+        result = await producer.send("orders", b"x", queue=0)
+    assert [a for a, _, _ in pool.produced()] == ["n1:1", "n3:1"]
+    assert result.group == "g1"
+
+
+@pytest.mark.anyio
+async def test_round_robin_retry_avoids_the_failed_group() -> None:
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        if op == Op.PRODUCE and h["g"] == "g1":
+            raise RequestError(Code.TIMEOUT, "no quorum")
+        return ok_produce()(addr, op, h, body)
+
+    async with scripted(answer, retries=2) as (producer, pool):
+        results = [await producer.send("orders", f"m{i}") for i in range(6)]
+    assert all(r.group == "g2" and r.queue in (1, 3) for r in results)
+    for _, h, body in pool.produced():
+        assert walk_batch(body)[0].queue in ((0, 2) if h["g"] == "g1" else (1, 3))
+
+
+@pytest.mark.anyio
+async def test_key_sends_stay_on_their_queue_when_retried() -> None:
+    script = fail_first(2, lambda: RequestError(Code.TIMEOUT, "slow"), ok_produce())
+    async with scripted(script, selector="key", retries=2) as (producer, pool):
+        result = await producer.send("orders", b"x", key="customer-1")
+    q = key_queue("customer-1", 4)
+    assert result.queue == q
+    assert {walk_batch(b)[0].queue for _, _, b in pool.produced()} == {q}
+
+
+@pytest.mark.anyio
+async def test_non_retriable_errors_fail_at_once() -> None:
+    script = fail_first(5, lambda: RequestError(Code.UNKNOWN_TOPIC, "gone"), ok_produce())
+    async with scripted(script, retries=2) as (producer, pool):
+        with pytest.raises(RequestError) as info:
+            await producer.send("orders", b"x", queue=0)
+    assert info.value.code == Code.UNKNOWN_TOPIC
+    assert len(pool.produced()) == 1
+
+
+@pytest.mark.anyio
+async def test_duplicate_without_remembered_position_has_no_id() -> None:
+    async with scripted(ok_produce(base=-1, dup=True), idempotent=True) as (producer, _):
+        result = await producer.send("orders", b"x", queue=0)
+    assert result.dup and result.msg_id is None and result.offset == -1
+
+
+@pytest.mark.anyio
+async def test_custom_selector_and_bad_queues() -> None:
+    seen: list[int] = []
+
+    def selector(total: int, msg: OutgoingMessage) -> int:
+        seen.append(total)
+        return int(msg.key) % total
+
+    async with scripted(ok_produce(), selector=selector) as (producer, _):
+        assert (await producer.send("orders", b"x", key="6")).queue == 2
+        assert seen == [4]
+        with pytest.raises(RequestError) as info:
+            await producer.send("orders", b"x", queue=4)
+        assert info.value.code == Code.UNKNOWN_QUEUE
+        with pytest.raises(RequestError) as info:
+            await producer.send("orders", b"x" * (MAX_MESSAGE_BYTES + 1))
+        assert info.value.code == Code.MESSAGE_TOO_LARGE
+        with pytest.raises(RequestError) as info:
+            await producer.send("bad topic!", b"x")
+        assert info.value.code == Code.INVALID_NAME
+
+
+@pytest.mark.anyio
+async def test_callbacks_oneway_and_closed_producer() -> None:
+    got: list[Any] = []
+    async with scripted(ok_produce(), linger_ms=10) as (producer, pool):
+        await producer.send_async("orders", b"a", queue=0, callback=lambda f: got.append(f.result()))
+        await producer.send_oneway("orders", b"b", queue=0)
+    # leaving the block flushed both
+    assert len(got) == 1 and got[0].queue == 0
+    assert sum(walk_batch(b)[0].n for _, _, b in pool.produced()) == 2
+    with pytest.raises(ClientClosedError):
+        await producer.send("orders", b"c", queue=0)
+
+
+def test_producer_argument_checks() -> None:
+    with pytest.raises(ValueError):
+        Producer("ns:1", idempotent=True, max_in_flight=2)
+    with pytest.raises(ValueError):
+        Producer("ns:1", selector="sticky")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Producer("ns:1", batch_max_bytes=1 << 30)
+    with pytest.raises(ValueError):
+        Producer("nameserver")
+    assert Producer("ns:1", idempotent=True).pid > 0
+    assert Producer("ns:1").pid == 0
+    q = QueueRoute(0, "g", None)
+    assert TopicRoute("t", 1, {0: q}, {}).group_of(0) == "g"

@@ -1,0 +1,155 @@
+"""Routing book-keeping: route parsing, leader hints, replica probing, placement; and
+the blocking wrappers' lifecycle (no server needed for either)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
+from raftmq.client import connect_admin, connect_producer, connect_pull_consumer
+from raftmq.client.admin import place_queues
+from raftmq.client.connection import ConnectionPool, TransportError
+from raftmq.client.routes import (
+    FAILED_TTL,
+    HINT_TTL,
+    Routes,
+    node_addresses,
+    normalize_addresses,
+    parse_route,
+)
+
+ROUTE = {
+    "total": 3,
+    "queues": [[0, "g1", "a:1"], [1, "g2", None], [2, "g1", "a:1"]],
+    "replicas": {"g1": ["a:1", "b:1", "c:1"], "g2": ["b:1", "c:1", "d:1"]},
+}
+
+
+def routes_with(route: dict, now: float = 100.0) -> Routes:
+    routes = Routes(ConnectionPool(), ["ns1:9876", "ns2:9876"])
+    r = parse_route("orders", route, now)
+    routes._topics["orders"] = r
+    routes.learn_route(r, now)
+    return routes
+
+
+def test_parse_route_and_addresses() -> None:
+    r = parse_route("orders", ROUTE, 5.0)
+    assert r.total == 3 and r.groups == ["g1", "g2"]
+    assert r.group_of(1) == "g2" and r.group_of(7) is None
+    assert r.queues[1].leader is None and r.queues[0].leader == "a:1"
+    with pytest.raises(RequestError) as info:
+        parse_route("orders", {"queues": []})
+    assert info.value.code == Code.MALFORMED
+    assert normalize_addresses("h1:1, h2:2 h3:3") == ["h1:1", "h2:2", "h3:3"]
+    assert normalize_addresses(["h1:1"]) == ["h1:1"]
+    for bad in ("", "h1", ["h:0"]):
+        with pytest.raises(ValueError):
+            normalize_addresses(bad)
+    cluster = {"nodes": {1: {"addr": "b:1"}, 2: {"addr": "a:1"}, 3: {"metrics": {}}}}
+    assert node_addresses(cluster) == ["a:1", "b:1"]
+
+
+def test_leader_from_route_and_replica_probing() -> None:
+    routes = routes_with(ROUTE)
+    assert routes.target("g1") == "a:1"
+    # no leader known for g2: its replicas are tried in turn
+    assert [routes.target("g2") for _ in range(4)] == ["b:1", "c:1", "d:1", "b:1"]
+    assert routes.target("unknown") is None
+
+
+def test_not_leader_hint_outranks_the_name_servers_for_a_while() -> None:
+    routes = routes_with(ROUTE)
+    hint = RequestError(Code.NOT_LEADER, "moved", leader="b:1")
+    assert routes.on_error("g1", "a:1", hint, now=101.0)
+    assert routes.target("g1") == "b:1"
+    assert routes._topics["orders"].stale
+    # a stale name server still says a:1: the hint wins until it ages out
+    routes.learn_route(parse_route("orders", ROUTE, 102.0), 102.0)
+    assert routes.target("g1") == "b:1"
+    routes.learn_route(parse_route("orders", ROUTE, 101.0 + HINT_TTL + 1), 101.0 + HINT_TTL + 1)
+    assert routes.target("g1") == "a:1"
+
+
+def test_failed_leader_is_not_relearned_at_once() -> None:
+    routes = routes_with(ROUTE)
+    lost = TransportError("connection to a:1 lost", sent=True)
+    assert not routes.on_error("g1", "a:1", lost, now=101.0)
+    assert routes.leader("g1") is None
+    routes.learn_route(parse_route("orders", ROUTE, 102.0), 102.0)
+    assert routes.leader("g1") is None  # the name servers may not know yet
+    assert routes.target("g1") in ("a:1", "b:1", "c:1")
+    routes.learn_route(parse_route("orders", ROUTE, 0), 101.0 + FAILED_TTL + 1)
+    assert routes.leader("g1") == "a:1"
+
+
+def test_not_leader_without_hint_and_busy() -> None:
+    routes = routes_with(ROUTE)
+    assert not routes.on_error("g1", "a:1", RequestError(Code.BUSY, "behind"), now=101.0)
+    assert routes.leader("g1") == "a:1"  # back-pressure: same leader, back off
+    assert not routes.on_error("g1", "a:1", RequestError(Code.NOT_LEADER, "?", leader=None),
+                               now=101.0)
+    assert routes.leader("g1") is None
+    # a hint naming the address that just refused is no hint
+    routes2 = routes_with(ROUTE)
+    assert not routes2.on_error("g1", "a:1", RequestError(Code.NOT_LEADER, "?", leader="a:1"),
+                                now=101.0)
+
+
+def test_learn_cluster_answer() -> None:
+    routes = Routes(ConnectionPool(), "ns:1")
+    routes.learn_cluster({
+        "nodes": {},
+        "groups": {
+            "g1": {"leader": 2, "leader_addr": "b:1", "replicas": {1: "a:1", 2: "b:1"}},
+            "g2": {"leader": None, "leader_addr": None, "replicas": {1: "a:1", 3: "c:1"}},
+        },
+    }, now=1.0)
+    assert routes.leader("g1") == "b:1"
+    assert routes.replicas("g2") == ["a:1", "c:1"]
+    assert routes.target("g2") == "a:1"
+
+
+def test_queue_placement() -> None:
+    assert place_queues(4, ["g1", "g2"]) == {"g1": [0, 2], "g2": [1, 3]}
+    assert place_queues(5, ["g3", "g1", "g2"]) == {"g3": [0, 3], "g1": [1, 4], "g2": [2]}
+    assert place_queues(1, ["g1", "g2"]) == {"g1": [0]}
+    for total, groups in ((0, ["g"]), (2, []), (2, ["g", "g"])):
+        with pytest.raises(ValueError):
+            place_queues(total, groups)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_blocking_wrappers_open_and_close_their_loop_thread(backend: str) -> None:
+    threads = threading.active_count()
+    with connect_producer("127.0.0.1:1", backend=backend) as producer:
+        with pytest.raises(RequestError) as info:
+            producer.send("orders", b"x" * (MAX_MESSAGE_BYTES + 1))
+        assert info.value.code == Code.MESSAGE_TOO_LARGE
+        producer.flush()
+    with pytest.raises(RuntimeError):
+        producer.send("orders", b"x")
+    with connect_pull_consumer("127.0.0.1:1", "cg", backend=backend) as consumer:
+        consumer.assign("orders", [0, 1])
+        consumer.seek("orders", 1, 5)
+        assert consumer.position("orders", 1) == 5
+        assert consumer.position("orders", 0) is None
+    admin = connect_admin("127.0.0.1:1", backend=backend)
+    admin.close()
+    admin.close()
+    assert threading.active_count() <= threads
+
+
+def test_hint_to_a_leader_that_just_failed_is_followed_but_counted() -> None:
+    routes = routes_with(ROUTE)
+    lost = TransportError("no answer", sent=True)
+    routes.on_error("g1", "a:1", lost, now=101.0)
+    assert routes.leader("g1") is None
+    # a follower still believes in a:1: try it again, but not as a free redirect
+    stale_hint = RequestError(Code.NOT_LEADER, "not me", leader="a:1")
+    assert not routes.on_error("g1", "b:1", stale_hint, now=101.5)
+    assert routes.leader("g1") == "a:1"
+    # much later the same hint is trusted at once
+    assert routes.on_error("g1", "c:1", stale_hint, now=101.5 + FAILED_TTL + 1)
