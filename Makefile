@@ -20,7 +20,7 @@ $(VENV)/.bench: $(VENV)/.base
 	touch $@
 
 run: $(VENV)/.base
-	$(VENV)/bin/raftmq demo
+	$(VENV)/bin/raftmq dev --data .raftmq-dev --showcase
 
 test: $(VENV)/.test
 	$(PY) -m ruff check .

@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fsync", choices=("always", "interval"), default="always",
                    help="'interval' acknowledges before data reaches the disk "
                         "(page-cache durability; default %(default)s)")
+    p.add_argument("--showcase", action="store_true",
+                   help="once ready, run a producer and a consumer against the cluster")
+    p.add_argument("--exit-after-showcase", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ready-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="give up if the cluster has no leaders by then (default %(default)s)")
     return p
@@ -129,6 +132,17 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(f"ready {cluster.namesrv_addr}", flush=True)
             _summary(cluster, leaders)
+            if args.showcase or args.exit_after_showcase:
+                from raftmq.showcase import run_showcase
+
+                ok = run_showcase(cluster.namesrv_addr)
+                if args.exit_after_showcase:
+                    return 0 if ok else 1
+                print(f"the cluster keeps running; try in another shell:\n"
+                      f"  .venv/bin/raftmq status --namesrv {cluster.namesrv_addr}\n"
+                      f"  .venv/bin/raftmq send --namesrv {cluster.namesrv_addr} --topic showcase hello\n"
+                      f"  .venv/bin/raftmq consume --namesrv {cluster.namesrv_addr} --group me "
+                      f"--topic showcase --count 5", file=sys.stderr, flush=True)
             while True:
                 time.sleep(0.5)
                 for name, code in cluster.unexpected_exits().items():
