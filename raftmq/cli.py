@@ -51,10 +51,45 @@ def _dev(argv: list[str]) -> int:
     return dev_main(argv)
 
 
+def _topic(argv: list[str]) -> int:
+    from raftmq.commands.topic import main as topic_main
+
+    return topic_main(argv)
+
+
+def _send(argv: list[str]) -> int:
+    from raftmq.commands.send import main as send_main
+
+    return send_main(argv)
+
+
+def _consume(argv: list[str]) -> int:
+    from raftmq.commands.consume import main as consume_main
+
+    return consume_main(argv)
+
+
+def _status(argv: list[str]) -> int:
+    from raftmq.commands.status import main as status_main
+
+    return status_main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    from raftmq.commands.bench import main as bench_main
+
+    return bench_main(argv)
+
+
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "dev": (_dev, "start a name server and three nodes on loopback; prints `ready ADDR`"),
     "node": (_node, "run one node (replicas of several Raft groups): --config node.toml"),
     "namesrv": (_namesrv, "run a name server (routes: which group leads which queues)"),
+    "topic": (_topic, "create, list and describe topics: `topic create NAME --queues 4`"),
+    "send": (_send, "send a message (`send --topic T TEXT`) or a load (`--count N --size B`)"),
+    "consume": (_consume, "consume a topic in a consumer group, committing offsets"),
+    "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
+    "bench": (_bench, "benchmarks against a cluster: `bench produce`"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
     "chaos": (_chaos, "linearizability checking of recorded histories: `chaos check`"),

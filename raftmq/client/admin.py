@@ -121,15 +121,21 @@ class Admin(_ClientBase):
             raise RequestError(Code.UNKNOWN_GROUP, "the name servers know no live group")
         placement = place_queues(queues, chosen)
         existed: list[str] = []
+        errors: list[RequestError] = []
 
         async def one(group: str, hosted: list[int]) -> None:
             header = {"g": group, "topic": topic, "queues": queues, "hosted": hosted}
-            if await self._create_in_group(group, header):
-                existed.append(group)
+            try:
+                if await self._create_in_group(group, header):
+                    existed.append(group)
+            except RequestError as exc:  # raised plainly below, not in an ExceptionGroup
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for group, hosted in placement.items():
                 tg.start_soon(one, group, hosted)
+        if errors:
+            raise errors[0]
         if existed and not exist_ok:
             raise RequestError(Code.TOPIC_EXISTS, f"topic {topic!r} already exists in {existed}")
         if wait > 0:

@@ -1,0 +1,59 @@
+"""`raftmq bench SUBCOMMAND`: benchmarks against a running cluster or a local one.
+
+The benchmarks live in `bench/` (runnable as `python -m bench.<name>` too); this only
+routes to them and reports request failures the way every other command does.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from broker.protocol import RequestError
+
+from . import first_request_error, report_error
+
+__all__ = ["main"]
+
+PROG = "raftmq bench"
+
+
+def _produce(argv: list[str]) -> int:
+    from bench.produce import main as produce_main
+
+    return produce_main(argv)
+
+
+BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "produce": (_produce, "produce throughput and ack latency (SDK Producer, real nodes)"),
+}
+
+
+def _usage() -> str:
+    lines = [f"usage: {PROG} BENCHMARK [ARGS]   (`{PROG} BENCHMARK --help` for its options)",
+             "", "benchmarks:"]
+    lines += [f"  {name:<8} {summary}" for name, (_, summary) in BENCHMARKS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    entry = BENCHMARKS.get(argv[0])
+    if entry is None:
+        print(f"{PROG}: unknown benchmark {argv[0]!r} (known: {', '.join(BENCHMARKS)})",
+              file=sys.stderr)
+        return 2
+    try:
+        return entry[0](argv[1:])
+    except KeyboardInterrupt:
+        return 130
+    except (RequestError, BaseExceptionGroup) as exc:
+        found = first_request_error(exc)
+        if found is None:
+            raise
+        return report_error("raftmq", found)
+    except OSError as exc:  # the benchmark's blocking requests: the peer is unreachable
+        print(f"raftmq: cannot reach the cluster: {exc}", file=sys.stderr)
+        return 1

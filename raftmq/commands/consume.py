@@ -1,0 +1,132 @@
+"""`raftmq consume`: read a topic as a member of a consumer group, from the terminal.
+
+It is a pull consumer over every queue of the topic. Offsets are committed after each
+batch is printed, and only up to the last message printed, so a second run in the same
+group continues exactly where the first stopped, and `--count N` consumes exactly N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+import time
+from typing import Any
+
+from broker.records import Message
+from raftmq.client import PullConsumer
+from raftmq.client.consumer import PULL_BATCH, commit_offsets
+
+from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+
+__all__ = ["main", "message_json"]
+
+PROG = "raftmq consume"
+POLL_SLICE = 1.0  # seconds one poll may wait, so the idle timeout is checked that often
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Consume a topic in a consumer group, committing offsets as it goes.",
+    )
+    p.add_argument("--group", required=True, help="consumer group (offsets are kept per group)")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--count", type=int, metavar="N", help="stop after N messages")
+    p.add_argument("--from", dest="start_from", choices=("first", "last"), default="first",
+                   help="where a group without committed offsets starts (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                   help="stop when nothing arrives for S seconds (default %(default)s)")
+    p.add_argument("--tags", metavar="T[,T]", help="only messages with one of these tags")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per message (body as UTF-8 text or base64)")
+    add_namesrv_argument(p)
+    return p
+
+
+def _body_text(body: bytes) -> str | None:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def message_json(m: Message) -> dict[str, Any]:
+    """The JSON form of a message; `body_encoding` says how to read `body`."""
+    text = _body_text(m.body)
+    return {
+        "msg_id": m.msg_id, "topic": m.topic, "queue": m.queue, "offset": m.offset,
+        "key": m.key, "tags": m.tags, "properties": m.properties,
+        "body": text if text is not None else base64.b64encode(m.body).decode("ascii"),
+        "body_encoding": "utf-8" if text is not None else "base64",
+        "born_ms": m.born_ms, "store_ms": m.store_ms,
+    }
+
+
+def _message_line(m: Message) -> str:
+    text = _body_text(m.body)
+    body = text if text is not None else repr(m.body)
+    meta = f"queue={m.queue} offset={m.offset}"
+    if m.key:
+        meta += f" key={m.key}"
+    if m.tags:
+        meta += f" tags={m.tags}"
+    return f"{meta} id={m.msg_id}  {body}"
+
+
+async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
+    tags = [t for t in (args.tags or "").split(",") if t] or None
+    consumed = 0
+    reason = f"nothing new for {args.timeout:g} s"
+    async with PullConsumer(namesrv, args.group, start_from=args.start_from) as consumer:
+        consumer.assign(args.topic, tags=tags)
+        await consumer.assignment()  # an unknown topic fails here, before any waiting
+        idle_until = time.monotonic() + args.timeout
+        polled = False  # --timeout 0 still looks once
+        while True:
+            if args.count is not None and consumed >= args.count:
+                reason = f"{args.count} messages"
+                break
+            left = idle_until - time.monotonic()
+            if left <= 0 and polled:
+                break
+            polled = True
+            want = PULL_BATCH if args.count is None else min(PULL_BATCH, args.count - consumed)
+            batch = await consumer.poll(max(0.0, min(left, POLL_SLICE)), max_messages=want)
+            if not batch:
+                continue
+            printed = batch if args.count is None else batch[: args.count - consumed]
+            offsets: dict[tuple[str, int], int] = {}
+            for m in printed:
+                if args.json:
+                    print_json(message_json(m))
+                else:
+                    print(_message_line(m), flush=True)
+                offsets[(m.topic, m.queue)] = m.offset + 1
+            consumed += len(printed)
+            cut = {(m.topic, m.queue) for m in batch[len(printed):]}
+            for key in offsets:
+                # a queue printed to the end of its batch may also skip filtered messages
+                pos = consumer.position(*key)
+                if key not in cut and pos is not None:
+                    offsets[key] = max(offsets[key], pos)
+            await commit_offsets(consumer.routes, consumer.group, offsets)
+            idle_until = time.monotonic() + args.timeout
+    print(f"{PROG}: {consumed} message(s) from {args.topic} in group {args.group} "
+          f"(stopped: {reason})", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.count is not None and args.count < 1:
+        parser.error("--count must be at least 1")
+    if args.timeout < 0:
+        parser.error("--timeout must not be negative")
+    namesrv = namesrv_addresses(parser, args.namesrv)
+
+    async def run() -> int:
+        return await _consume(args, namesrv)
+
+    return run_async(run, namesrv)

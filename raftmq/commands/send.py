@@ -1,0 +1,127 @@
+"""`raftmq send`: one message from the command line, or N generated ones as a quick load.
+
+One message is sent synchronously and its id, queue and offset printed: enough to find it
+again. With `--count` the messages go through `send_async` so the producer batches them
+per queue the way an application would, and only a summary is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from raftmq.client import Producer, SendFuture, SendResult
+
+from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+
+__all__ = ["generated_body", "main"]
+
+PROG = "raftmq send"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Send one message, or --count generated messages.",
+    )
+    p.add_argument("message", nargs="?", help="the message body (UTF-8 text)")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--key", help="message key; messages with one key stay on one queue")
+    p.add_argument("--tags", help="message tags (consumers can filter on them)")
+    p.add_argument("--count", type=int, metavar="N", help="send N generated messages")
+    p.add_argument("--size", type=int, default=100, metavar="B",
+                   help="body bytes of generated messages (default %(default)s)")
+    p.add_argument("--idempotent", action="store_true",
+                   help="producer id + sequence numbers: a retried batch is stored once")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_namesrv_argument(p)
+    return p
+
+
+def generated_body(i: int, size: int) -> bytes:
+    """Body `i` of a generated run: its sequence number padded to `size` bytes, so every
+    message is distinct and a consumer can check for loss or duplicates."""
+    head = f"{i:010d}".encode()
+    return head[:size] if size <= len(head) else head + b"x" * (size - len(head))
+
+
+def _result_dict(r: SendResult) -> dict[str, Any]:
+    return {"msg_id": r.msg_id, "topic": r.topic, "queue": r.queue, "offset": r.offset,
+            "group": r.group, "dup": r.dup}
+
+
+def _producer(args: argparse.Namespace, namesrv: list[str]) -> Producer:
+    """With --key the key picks the queue, so messages of one key stay in order."""
+    return Producer(namesrv, idempotent=args.idempotent,
+                    selector="key" if args.key else "round_robin")
+
+
+async def _send_one(args: argparse.Namespace, namesrv: list[str]) -> int:
+    async with _producer(args, namesrv) as producer:
+        result = await producer.send(args.topic, args.message, key=args.key, tags=args.tags)
+    if args.json:
+        print_json(_result_dict(result))
+    else:
+        print(f"sent {result.msg_id} to {result.topic} queue {result.queue} "
+              f"offset {result.offset} (group {result.group})")
+    return 0
+
+
+async def _send_many(args: argparse.Namespace, namesrv: list[str]) -> int:
+    acked = 0
+    errors: list[str] = []
+    queues: dict[int, int] = {}
+
+    def done(fut: SendFuture[SendResult]) -> None:
+        nonlocal acked
+        exc = fut.exception()
+        if exc is not None:
+            errors.append(f"{type(exc).__name__}: {exc}")
+            return
+        acked += 1
+        q = fut.result().queue
+        queues[q] = queues.get(q, 0) + 1
+
+    started = time.perf_counter()
+    async with _producer(args, namesrv) as producer:
+        for i in range(args.count):
+            await producer.send_async(args.topic, generated_body(i, args.size), key=args.key,
+                                      tags=args.tags, callback=done)
+        await producer.flush()
+    seconds = time.perf_counter() - started
+    summary = {
+        "topic": args.topic, "sent": args.count, "acked": acked, "errors": len(errors),
+        "first_error": errors[0] if errors else None, "size_bytes": args.size,
+        "seconds": round(seconds, 3),
+        "msgs_per_s": round(acked / seconds, 1) if seconds > 0 else None,
+        "per_queue": dict(sorted(queues.items())),
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        rate = summary["msgs_per_s"]
+        rate_text = f"{rate:,.0f} msgs/s" if rate is not None else "- msgs/s"
+        print(f"acked {acked}/{args.count} messages of {args.size} B to {args.topic} in "
+              f"{seconds:.2f} s ({rate_text}), {len(errors)} errors")
+        if errors:
+            print(f"{PROG}: first error: {errors[0]}", file=sys.stderr)
+    return 0 if not errors else 1
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if (args.message is None) == (args.count is None):
+        parser.error("give either a MESSAGE or --count N")
+    if args.count is not None and args.count < 1:
+        parser.error("--count must be at least 1")
+    if args.size < 0:
+        parser.error("--size must not be negative")
+    namesrv = namesrv_addresses(parser, args.namesrv)
+    action = _send_one if args.count is None else _send_many
+
+    async def run() -> int:
+        return await action(args, namesrv)
+
+    return run_async(run, namesrv)

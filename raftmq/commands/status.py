@@ -1,0 +1,224 @@
+"""`raftmq status`: is the cluster healthy, and who leads what?
+
+The name server's CLUSTER answer says which nodes are registered and which group each
+claims to lead, but it is as old as the last registration. So every node (registered or
+only remembered as a replica) is also asked for its own STATUS, and a group's leader is
+the node that itself reports leading it in the highest term; the name server's claim is
+used only when no replica of the group answers. Lag is how far each member's applied
+index trails the leader's last log index. Exit status 1 when any group has no leader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import anyio
+from rich.console import Console
+from rich.table import Table
+
+from broker.protocol import RequestError
+from raftmq.client import Admin
+
+from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+
+__all__ = ["cluster_status", "main"]
+
+PROG = "raftmq status"
+NODE_TIMEOUT = 2.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Groups, leaders, terms, indexes, lag and node liveness.",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_namesrv_argument(p)
+    return p
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _known_nodes(cluster: dict[str, Any]) -> dict[int, str]:
+    """Node id -> address: registered nodes, plus replicas the groups remember (a node
+    that stopped registering is exactly the one worth showing)."""
+    nodes: dict[int, str] = {}
+    for g in (cluster.get("groups") or {}).values():
+        for nid, addr in (g.get("replicas") or {}).items():
+            if _int(nid) is not None and addr:
+                nodes[int(nid)] = str(addr)
+    for nid, info in (cluster.get("nodes") or {}).items():
+        if _int(nid) is not None and isinstance(info, dict) and info.get("addr"):
+            nodes[int(nid)] = str(info["addr"])
+    return dict(sorted(nodes.items()))
+
+
+def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | str]) -> dict[str, Any]:
+    """Merge the CLUSTER answer with each node's STATUS answer (or its error text)."""
+    known = _known_nodes(cluster)
+    registered = {int(n): v for n, v in (cluster.get("nodes") or {}).items()
+                  if _int(n) is not None and isinstance(v, dict)}
+    nodes: dict[int, dict[str, Any]] = {}
+    for nid, addr in known.items():
+        st = statuses.get(nid)
+        reg = registered.get(nid)
+        nodes[nid] = {
+            "addr": addr,
+            "registered": reg is not None,
+            "registration_age": round(float(reg.get("age", 0.0)), 3) if reg else None,
+            "reachable": isinstance(st, dict),
+            "error": st if isinstance(st, str) else None,
+            "peers_connected": list(st.get("peers_connected") or []) if isinstance(st, dict)
+            else None,
+            "leads": [],
+        }
+    ns_groups: dict[str, Any] = cluster.get("groups") or {}
+    gids = set(ns_groups)
+    for st in statuses.values():
+        if isinstance(st, dict):
+            gids.update(st.get("groups") or {})
+    groups: dict[str, dict[str, Any]] = {}
+    for gid in sorted(gids):
+        ns = ns_groups.get(gid) or {}
+        own = {nid: st["groups"][gid] for nid, st in statuses.items()
+               if isinstance(st, dict) and gid in (st.get("groups") or {})}
+        claims = [(int(g.get("term", 0)), nid) for nid, g in own.items() if g.get("role") == "leader"]
+        if claims:
+            leader: int | None = max(claims)[1]
+            source = "node"
+        elif not own:
+            leader = _int(ns.get("leader"))
+            source = "namesrv"
+        else:
+            leader, source = None, "node"
+        lg = own.get(leader) if leader is not None else None
+        last = _int(lg.get("last")) if lg else None
+        ns_members = {int(k): v for k, v in (ns.get("members") or {}).items() if _int(k) is not None}
+        member_ids = sorted(set(ns_members) | set(own)
+                            | {int(k) for k in (ns.get("replicas") or {}) if _int(k) is not None})
+        members: dict[int, dict[str, Any]] = {}
+        for nid in member_ids:
+            m = own.get(nid)
+            m_source = "node"
+            if m is None:
+                m, m_source = ns_members.get(nid) or {}, "namesrv" if nid in ns_members else "none"
+            applied = _int(m.get("applied"))
+            members[nid] = {
+                "role": m.get("role"), "term": _int(m.get("term")),
+                "commit": _int(m.get("commit")), "applied": applied,
+                "last": _int(m.get("last")),
+                "lag": max(0, last - applied) if last is not None and applied is not None else None,
+                "source": m_source,
+            }
+        if leader is not None and leader in nodes:
+            nodes[leader]["leads"].append(gid)
+        lead = members.get(leader, {}) if leader is not None else {}
+        groups[gid] = {
+            "leader": leader,
+            "leader_addr": known.get(leader) if leader is not None else None,
+            "leader_source": source if leader is not None else None,
+            "term": lead.get("term") if lead.get("term") is not None else _int(ns.get("term")),
+            "commit": lead.get("commit") if lead.get("commit") is not None
+            else _int(ns.get("commit")),
+            "applied": lead.get("applied") if lead.get("applied") is not None
+            else _int(ns.get("applied")),
+            "last": last,
+            "members": members,
+        }
+    ok = bool(groups) and all(g["leader"] is not None for g in groups.values())
+    return {"ok": ok, "nodes": nodes, "groups": groups}
+
+
+async def cluster_status(namesrv: list[str]) -> dict[str, Any]:
+    """The merged view `build_status` makes, fetched concurrently."""
+    async with Admin(namesrv, timeout=NODE_TIMEOUT) as admin:
+        cluster = await admin.describe_cluster()
+        statuses: dict[int, dict[str, Any] | str] = {}
+
+        async def one(nid: int, addr: str) -> None:
+            try:
+                statuses[nid] = await admin.node_status(addr)
+            except RequestError as exc:
+                statuses[nid] = f"{exc.code.name}: {exc.message}"
+
+        async with anyio.create_task_group() as tg:
+            for nid, addr in _known_nodes(cluster).items():
+                tg.start_soon(one, nid, addr)
+    status = build_status(cluster, statuses)
+    status["namesrv"] = namesrv
+    return status
+
+
+def _cell(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def _render(status: dict[str, Any]) -> None:
+    console = Console()
+    groups = Table(title="groups", title_justify="left")
+    for col in ("group", "leader", "address", "term", "commit", "applied", "last", "max lag"):
+        groups.add_column(col, justify="left" if col in ("group", "leader", "address")
+                          else "right")
+    replicas = Table(title="replicas (lag: leader's last index - member's applied)",
+                     title_justify="left")
+    for col in ("group", "node", "role", "term", "commit", "applied", "lag"):
+        replicas.add_column(col, justify="left" if col in ("group", "role") else "right")
+    for gid, g in status["groups"].items():
+        leader = "[bold red]none[/]" if g["leader"] is None else str(g["leader"])
+        if g["leader_source"] == "namesrv":
+            leader += " (namesrv)"
+        lags = [m["lag"] for m in g["members"].values() if m["lag"] is not None]
+        groups.add_row(gid, leader, _cell(g["leader_addr"]), _cell(g["term"]),
+                       _cell(g["commit"]), _cell(g["applied"]), _cell(g["last"]),
+                       _cell(max(lags) if lags else None))
+        for nid, m in g["members"].items():
+            role = _cell(m["role"]) + (" (namesrv)" if m["source"] == "namesrv" else "")
+            lag = "-" if m["lag"] is None else f"[yellow]{m['lag']}[/]" if m["lag"] else "0"
+            replicas.add_row(gid, str(nid), role, _cell(m["term"]), _cell(m["commit"]),
+                             _cell(m["applied"]), lag)
+    nodes = Table(title="nodes", title_justify="left")
+    for col in ("node", "address", "registered", "status", "peers", "leads"):
+        nodes.add_column(col)
+    for nid, n in status["nodes"].items():
+        reg = (f"yes ({n['registration_age']:.1f} s ago)" if n["registered"]
+               else "[red]no[/]")
+        reason = str(n["error"] or "").split(":", 1)[0]  # the code; JSON has the rest
+        state = "[green]up[/]" if n["reachable"] else f"[red]down[/] ({reason})"
+        peers = ",".join(map(str, n["peers_connected"])) if n["peers_connected"] is not None \
+            else "-"
+        nodes.add_row(str(nid), n["addr"], reg, state, peers, ", ".join(n["leads"]) or "-")
+    console.print(groups)
+    console.print(replicas)
+    console.print(nodes)
+    if not status["groups"]:
+        console.print("[red]the name server knows no group[/]")
+    elif not status["ok"]:
+        missing = [g for g, v in status["groups"].items() if v["leader"] is None]
+        console.print(f"[red]no leader: {', '.join(missing)}[/]")
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    namesrv = namesrv_addresses(parser, args.namesrv)
+
+    async def run() -> int:
+        status = await cluster_status(namesrv)
+        if args.json:
+            print_json(status)
+        else:
+            _render(status)
+        if not status["ok"]:
+            missing = [g for g, v in status["groups"].items() if v["leader"] is None]
+            why = f"no leader in {', '.join(missing)}" if missing else "no groups known"
+            print(f"{PROG}: {why}", file=sys.stderr)
+            return 1
+        return 0
+
+    return run_async(run, namesrv)
