@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+import struct
 import time
 import zlib
 from collections import deque
@@ -43,8 +44,6 @@ from broker.records import (
     STORED_PREFIX,
     OutgoingMessage,
     encode_batch,
-    message_id,
-    walk_batch,
 )
 
 from .connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
@@ -251,11 +250,22 @@ def new_producer_id() -> int:
     return random.getrandbits(63) or 1
 
 
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+
+
 def batch_message_ids(group: str, index: int, batch: bytes) -> list[str]:
     """Ids of a stored batch's messages: each record's start in the entry data, which is
     the batch behind the leader's 8-byte store timestamp."""
-    _, refs = walk_batch(batch)
-    return [message_id(group, index, STORED_PREFIX.size + r.start) for r in refs]
+    # The client framed this batch itself, so only the record sizes need reading.
+    (hlen,) = _U16.unpack_from(batch, 4)
+    pos, end = 6 + hlen, len(batch)
+    prefix = f"{group}:{index}:"
+    ids = []
+    while pos < end:
+        ids.append(f"{prefix}{STORED_PREFIX.size + pos}")
+        pos += _U32.unpack_from(batch, pos)[0]
+    return ids
 
 
 @dataclass(slots=True)
