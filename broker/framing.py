@@ -77,7 +77,12 @@ class FrameStream:
             frame = self._decoder.next_frame()
             if frame is not None:
                 return frame
-            if self._eof:
+            if self._eof:  # raised again on every call, like the decoder's own errors
+                if self._decoder.buffered:
+                    raise ProtocolError(
+                        Code.MALFORMED,
+                        f"connection closed inside a frame ({self._decoder.buffered} bytes pending)",
+                    )
                 return None
             try:
                 data = await self.stream.receive_some(_RECEIVE_SIZE)
@@ -85,12 +90,7 @@ class FrameStream:
                 data = b""
             if not data:
                 self._eof = True
-                if self._decoder.buffered:
-                    raise ProtocolError(
-                        Code.MALFORMED,
-                        f"connection closed inside a frame ({self._decoder.buffered} bytes pending)",
-                    )
-                return None
+                continue
             self._decoder.feed(data)
 
     @property

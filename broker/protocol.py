@@ -206,12 +206,12 @@ class FrameDecoder:
 
 # ---------------------------------------------------------------------- names
 
-_NAME = re.compile(r"^[A-Za-z0-9_\-%|.]{1,127}$")
+_NAME = re.compile(r"[A-Za-z0-9_\-%|.]{1,127}")
 
 
 def validate_topic_name(name: object) -> str:
     """RocketMQ's rule: 1..127 characters of letters, digits, `_ - % | .`."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise RequestError(
             Code.INVALID_NAME,
             f"invalid topic name {name!r}: use 1-127 characters from A-Z a-z 0-9 _ - % | .",
@@ -220,7 +220,7 @@ def validate_topic_name(name: object) -> str:
 
 
 def validate_group_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise RequestError(
             Code.INVALID_NAME,
             f"invalid group name {name!r}: use 1-127 characters from A-Z a-z 0-9 _ - % | .",

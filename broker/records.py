@@ -22,7 +22,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -32,6 +32,7 @@ __all__ = [
     "RECORD_HEADER",
     "STORED_PREFIX",
     "BatchHeader",
+    "check_properties",
     "Message",
     "OutgoingMessage",
     "RecordRef",
@@ -69,9 +70,9 @@ class OutgoingMessage:
     properties: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class RecordRef:
-    """Where one record sits inside a batch, and what the broker indexes of it."""
+class RecordRef(NamedTuple):
+    """Where one record sits inside a batch, and what the broker indexes of it (a tuple:
+    one is built per message on the hot path)."""
 
     start: int  # offset of the record within the batch bytes
     size: int
@@ -182,17 +183,40 @@ def walk_batch(
                 Code.MESSAGE_TOO_LARGE,
                 f"message body of {blen} bytes exceeds the limit of {max_message_bytes}",
             )
-        kstart = pos + RECORD_HEADER.size
-        try:
-            key = str(mv[kstart : kstart + klen], "utf-8") if klen else ""
-            tags = str(mv[kstart + klen : kstart + klen + tlen], "utf-8") if tlen else ""
-        except UnicodeDecodeError:
-            raise _bad(f"record {len(refs)} key or tags are not UTF-8") from None
-        refs.append(RecordRef(pos, size, key, tag_hash(tags)))
+        if klen or tlen:
+            kstart = pos + RECORD_HEADER.size
+            try:
+                key = str(mv[kstart : kstart + klen], "utf-8") if klen else ""
+                tags = str(mv[kstart + klen : kstart + klen + tlen], "utf-8") if tlen else ""
+            except UnicodeDecodeError:
+                raise _bad(f"record {len(refs)} key or tags are not UTF-8") from None
+            refs.append(RecordRef(pos, size, key, tag_hash(tags)))
+        else:
+            refs.append(RecordRef(pos, size, "", 0))
         pos += size
     if len(refs) != header.n or not refs:
         raise _bad(f"header says {header.n} records, found {len(refs)}")
     return header, refs
+
+
+def check_properties(batch: bytes | memoryview, refs: Sequence[RecordRef]) -> None:
+    """Refuse (MALFORMED) records whose properties are not a msgpack map of str -> str,
+    which no consumer could decode. Meant for the produce path, before anything is
+    written; `walk_batch` itself (also run when applying entries) leaves them alone."""
+    mv = memoryview(batch)
+    for i, ref in enumerate(refs):
+        _size, _born, klen, tlen, plen, _blen = RECORD_HEADER.unpack_from(mv, ref.start)
+        if not plen:
+            continue
+        p = ref.start + RECORD_HEADER.size + klen + tlen
+        try:
+            props = msgpack.unpackb(mv[p : p + plen], raw=False)
+        except Exception:  # msgpack raises several unrelated types
+            props = None
+        if not isinstance(props, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in props.items()
+        ):
+            raise _bad(f"record {i} properties are not a map of strings")
 
 
 def _header(h: dict[str, Any]) -> BatchHeader:
@@ -207,6 +231,8 @@ def _header(h: dict[str, Any]) -> BatchHeader:
     assert isinstance(n, int)
     if queue < 0 or n < 1 or pid < 0 or seq < -1:
         raise _bad("negative queue/pid/seq or empty batch")
+    if pid and seq < 0:
+        raise _bad("an idempotent batch (pid != 0) needs a sequence")
     return BatchHeader(topic, queue, pid, seq, n)
 
 

@@ -25,7 +25,7 @@ from broker.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.records import STORED_PREFIX, parse_message_id, walk_batch
+from broker.records import STORED_PREFIX, check_properties, parse_message_id, walk_batch
 from broker.statemachine import (
     MAX_QUEUES,
     BrokerState,
@@ -62,11 +62,24 @@ def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
     return v
 
 
-def _queue_id(h: dict[str, Any]) -> int:
-    q = _field(h, "queue", int)
+def _check_queue(q: int) -> int:
     if not 0 <= q < MAX_QUEUES:
         raise RequestError(Code.UNKNOWN_QUEUE, f"queue {q} is out of range")
     return q
+
+
+def _queue_id(h: dict[str, Any]) -> int:
+    return _check_queue(_field(h, "queue", int))
+
+
+def _topic(h: dict[str, Any]) -> str:
+    """The "topic" field: MALFORMED when missing or not a string, INVALID_NAME if bad."""
+    return validate_topic_name(_field(h, "topic", str))
+
+
+def _cg(h: dict[str, Any]) -> str:
+    """The consumer group field "cg", checked like `_topic`."""
+    return validate_group_name(_field(h, "cg", str))
 
 
 class BrokerService:
@@ -112,7 +125,9 @@ class BrokerService:
     # ------------------------------------------------------------------ helpers
 
     def _group(self, gid: object) -> GroupRuntime:
-        g = self.node.groups.get(gid) if isinstance(gid, str) else None
+        if not isinstance(gid, str):
+            raise RequestError(Code.MALFORMED, f"field 'g' must be a group id string, got {gid!r}")
+        g = self.node.groups.get(gid)
         if g is None:
             raise RequestError(Code.UNKNOWN_GROUP, f"group {gid!r} is not hosted on this node")
         return g
@@ -156,7 +171,8 @@ class BrokerService:
     async def _produce(self, h: dict[str, Any], body: bytes) -> Response:
         g = self._group(h.get("g"))
         state = self._leading(g)
-        header, _refs = walk_batch(body, 0, self.node.config.max_message_bytes)
+        header, refs = walk_batch(body, 0, self.node.config.max_message_bytes)
+        check_properties(body, refs)
         validate_topic_name(header.topic)
         state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
         data = STORED_PREFIX.pack(int(time.time() * 1000)) + body
@@ -173,7 +189,7 @@ class BrokerService:
     # ------------------------------------------------------------------ fetch
 
     async def _fetch(self, h: dict[str, Any], _body: bytes) -> Response:
-        topic = validate_topic_name(h.get("topic"))
+        topic = _topic(h)
         queue = _queue_id(h)
         offset = _field(h, "offset", int)
         max_count = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
@@ -218,15 +234,15 @@ class BrokerService:
     # ------------------------------------------------------------------ offsets
 
     async def _commit_offset(self, h: dict[str, Any], _body: bytes) -> Response:
-        cg = validate_group_name(h.get("cg"))
+        cg = _cg(h)
         raw = _field(h, "offsets", list)
         by_group: dict[str, list[tuple[str, int, int]]] = {}
         for item in raw:
-            if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[1], int)
-                    or not isinstance(item[2], int) or item[2] < 0):
+            if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str)
+                    or not _is_int(item[1]) or not _is_int(item[2]) or item[2] < 0):
                 raise RequestError(Code.MALFORMED, "offsets must be [[topic, queue, offset>=0], ...]")
             topic = validate_topic_name(item[0])
-            g = self._hosting(topic, item[1])
+            g = self._hosting(topic, _check_queue(item[1]))
             self._leading(g)
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
         for gid, offs in by_group.items():
@@ -235,8 +251,8 @@ class BrokerService:
         return ok_header(0), b""
 
     async def _query_offset(self, h: dict[str, Any], _body: bytes) -> Response:
-        cg = validate_group_name(h.get("cg"))
-        topic = validate_topic_name(h.get("topic"))
+        cg = _cg(h)
+        topic = _topic(h)
         queue = _queue_id(h)
         state = self._leading(self._hosting(topic, queue))
         off = state.consumer_offset(cg, topic, queue)
@@ -246,17 +262,22 @@ class BrokerService:
 
     async def _create_topic(self, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
-        topic = validate_topic_name(h.get("topic"))
+        topic = _topic(h)
         queues = _field(h, "queues", int)
         hosted = _field(h, "hosted", list)
         if not 1 <= queues <= MAX_QUEUES:
             raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
-        if not hosted or any(not isinstance(q, int) or not 0 <= q < queues for q in hosted):
+        if not hosted or any(not _is_int(q) or not 0 <= q < queues for q in hosted):
             raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
         self._leading(g)
         result = self._result(await g.propose(
             control_create_topic(topic, queues, sorted(set(hosted))), EntryType.CONTROL))
         assert isinstance(result, ControlResult)
+        self.node.topics_changed()  # routes should not wait for the next heartbeat
+        if result.applied == 0:  # the same topic, same queues, was already there
+            raise RequestError(Code.TOPIC_EXISTS,
+                               f"topic {topic!r} already exists here with this configuration",
+                               same=True)
         return ok_header(0), b""
 
     async def _topics(self, h: dict[str, Any], _body: bytes) -> Response:
@@ -292,7 +313,8 @@ class BrokerService:
         entry = g.log.entries(index, index + 1, 1 << 62)[0]
         if entry.type != EntryType.MESSAGES:
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
-        header, refs = walk_batch(entry.data, STORED_PREFIX.size)
+        header, refs = walk_batch(entry.data, STORED_PREFIX.size,
+                                  self.node.config.max_message_bytes)
         slots = [i for i, r in enumerate(refs) if r.start == start]
         if not slots:
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
@@ -304,11 +326,13 @@ class BrokerService:
             k: v for k, v in h2.items() if k in ("g", "msgs")}), body
 
     async def _query_key(self, h: dict[str, Any], _body: bytes) -> Response:
-        topic = validate_topic_name(h.get("topic"))
+        topic = _topic(h)
         key = _field(h, "key", str)
         limit = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
         parts: list[bytes] = []
         msgs: list[list[Any]] = []
+        if not any(topic in state.topics() for state in self.node.states.values()):
+            raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
         for gid, state in self.node.states.items():
             if topic not in state.topics():
                 continue
@@ -327,19 +351,23 @@ class BrokerService:
     # ------------------------------------------------------------------ consumer groups
 
     async def _heartbeat(self, h: dict[str, Any], _body: bytes) -> Response:
-        cg = validate_group_name(h.get("cg"))
+        cg = _cg(h)
         client = _field(h, "client", str)
         ttl = min(max(_field(h, "ttl_ms", int, 30_000), 100), 600_000)
         self._consumers.setdefault(cg, {})[client] = time.monotonic() + ttl / 1000
         return ok_header(0), b""
 
     async def _consumers_of(self, h: dict[str, Any], _body: bytes) -> Response:
-        cg = validate_group_name(h.get("cg"))
+        cg = _cg(h)
         now = time.monotonic()
         members = self._consumers.get(cg, {})
         for client in [c for c, exp in members.items() if exp < now]:
             del members[client]
         return ok_header(0, clients=sorted(members)), b""
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _tag_hash(tag: object) -> int:
