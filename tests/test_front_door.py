@@ -3,24 +3,37 @@ Python example in the README runs as written against a live cluster."""
 
 from __future__ import annotations
 
+import random
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from chaos.cluster import LocalCluster, free_ports
+from chaos.cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _port_base() -> int:
     """A base whose node, metrics and name-server ports (base+1.., base+101.., base+76)
-    are currently free."""
-    for _ in range(50):
-        (p,) = free_ports(1)
-        base = p - 1
-        if base + 200 < 65535:
+    are all free right now."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 60000)
+        ports = [base + k for k in (1, 2, 3, 76, 101, 102, 103)]
+        socks = []
+        try:
+            for port in ports:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
             return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
     raise RuntimeError("no free port range")
 
 

@@ -152,6 +152,8 @@ class Admin(_ClientBase):
                 return False
             except RequestError as exc:
                 if exc.code == Code.TOPIC_EXISTS:
+                    if not exc.extra.get("same"):
+                        raise  # a different configuration: never "ok", even with exist_ok
                     return not uncertain
                 if not is_retriable(exc):
                     raise

@@ -52,16 +52,16 @@ def _ranges(queues: list[int]) -> str:
 async def _create(args: argparse.Namespace, namesrv: list[str]) -> int:
     groups = [g.strip() for g in (args.groups or "").split(",") if g.strip()] or None
     async with Admin(namesrv) as admin:
-        # The nodes accept an identical re-create as a no-op (that makes retries safe) and
-        # refuse a different one with TOPIC_EXISTS, so only a look first tells a person
-        # the topic was there already.
+        # Admin raises TOPIC_EXISTS for an existing topic (always when its configuration
+        # differs); the listing only serves to say so in this command's words.
         existing = (await admin.list_topics()).get(args.name)
         if existing is not None and (not args.exist_ok or existing.get("queues") != args.queues):
             raise RequestError(
                 Code.TOPIC_EXISTS,
                 f"topic {args.name!r} already exists with {existing.get('queues')} queues",
             )
-        placement = await admin.create_topic(args.name, args.queues, groups)
+        placement = await admin.create_topic(args.name, args.queues, groups,
+                                             exist_ok=args.exist_ok)
     if args.json:
         print_json({"topic": args.name, "queues": args.queues, "placement": placement})
         return 0
