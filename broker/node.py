@@ -30,7 +30,7 @@ import trio
 from broker.config import NodeConfig, load_config
 from broker.framing import FrameStream, open_frame_stream, serve_frames
 from broker.metrics import NodeMetrics, serve_metrics
-from broker.protocol import DEFAULT_MAX_FRAME, Op, parse_address
+from broker.protocol import DEFAULT_MAX_FRAME, Code, Op, error_header, parse_address
 from broker.retention import RetentionPolicy, run_retention
 from broker.service import BrokerService
 from broker.statemachine import BrokerState
@@ -144,9 +144,20 @@ class Node:
         if first is None:
             await fs.aclose()
             return
-        if first.header.get("op") == Op.HELLO and isinstance(first.header.get("node"), int):
+        if first.header.get("op") == Op.HELLO:
+            peer = first.header.get("node")
+            if (not isinstance(peer, int) or isinstance(peer, bool) or peer == self.node_id
+                    or peer not in self.config.peers):
+                with trio.move_on_after(2):
+                    try:
+                        await fs.send(error_header(0, Code.MALFORMED,
+                                                   f"HELLO from {peer!r}: not a peer of this node"))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+                await fs.aclose()
+                return
             try:
-                await self.peers.accept(first.header["node"], stream, fs.decoder)
+                await self.peers.accept(peer, stream, fs.decoder)
             finally:
                 with trio.CancelScope(shield=True):
                     await fs.aclose()

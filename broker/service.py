@@ -333,11 +333,12 @@ class BrokerService:
         msgs: list[list[Any]] = []
         if not any(topic in state.topics() for state in self.node.states.values()):
             raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
-        for gid, state in self.node.states.items():
-            if topic not in state.topics():
-                continue
-            g = self.node.groups[gid]
-            self._leading(g)
+        hosting = [gid for gid, state in self.node.states.items() if topic in state.topics()]
+        led = [gid for gid in hosting if self.node.groups[gid].is_leader]
+        if not led:
+            self._leading(self.node.groups[hosting[0]])  # NOT_LEADER with a hint
+        for gid in led:  # the groups led elsewhere answer there: "searched" tells which
+            state, g = self.node.states[gid], self.node.groups[gid]
             for queue, offset in state.keys(topic, key)[-limit:]:
                 lo, end = state.queue_range(topic, queue)
                 if not lo <= offset < end:
@@ -346,7 +347,7 @@ class BrokerService:
                 hdr, body = self._answer_fetch(g, [e], offset + 1, lo, end)
                 parts.append(body)
                 msgs.append([gid, queue, *hdr["msgs"][0]])
-        return ok_header(0, msgs=msgs), b"".join(parts)
+        return ok_header(0, msgs=msgs, searched=led), b"".join(parts)
 
     # ------------------------------------------------------------------ consumer groups
 

@@ -576,6 +576,16 @@ def test_get_message_that_does_not_exist(live: Live) -> None:
         expect(exc, Code.NOT_FOUND, msg_id)
 
 
+@pytest.mark.parametrize("node", [99, 0, True, "2", None, 1])
+def test_hello_from_a_non_peer_is_refused(live: Live, node: Any) -> None:
+    """Only another node of the cluster may open a peer link (node 1 dials 1 = itself)."""
+    raw = Raw(live.addr(1))
+    raw.send(encode_frame({"op": int(Op.HELLO), "node": node}))
+    assert_protocol_error(raw, Code.MALFORMED, "not a peer")
+    raw.close()
+    assert_ok(Raw(live.addr(1)))
+
+
 # ---------------------------------------------------------------------- afterwards
 
 
