@@ -23,6 +23,7 @@ import logging
 import random
 import signal
 import sys
+from collections.abc import Awaitable
 from typing import Any
 
 import trio
@@ -80,6 +81,7 @@ class Node:
         self.service = BrokerService(self)
         self._register_now = trio.Event()
         self.ack_before_commit = "ack-before-commit" in mutations
+        self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ wiring
 
@@ -102,6 +104,19 @@ class Node:
             self.metrics.leader_changes.labels(g.group_id).inc()
         self._register_now.set()
 
+    def spawn(self, work: Awaitable[Any]) -> None:
+        """Run `work` in the node's nursery, ignoring its outcome (the deliberate
+        `ack-before-commit` mutation answers before its proposal is decided)."""
+        assert self._nursery is not None
+
+        async def run() -> None:
+            try:
+                await work
+            except Exception as exc:  # noqa: BLE001 - the outcome is not anyone's to see
+                log.info("unacknowledged proposal failed", extra={"fields": {"error": repr(exc)}})
+
+        self._nursery.start_soon(run)
+
     def topics_changed(self) -> None:
         self._register_now.set()
 
@@ -113,6 +128,7 @@ class Node:
         host, port = parse_address(self.config.listen)
         listeners = await trio.open_tcp_listeners(port, host=host)
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for g in self.groups.values():
                 nursery.start_soon(g.run)
             nursery.start_soon(self.peers.run)

@@ -176,6 +176,10 @@ class BrokerService:
         validate_topic_name(header.topic)
         state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
         data = STORED_PREFIX.pack(int(time.time() * 1000)) + body
+        if self.node.ack_before_commit:
+            # Deliberately wrong (chaos tests only): acknowledge what is not yet committed.
+            self.node.spawn(g.propose(data, EntryType.MESSAGES))
+            return ok_header(0, base=-1, n=header.n, index=-1, dup=False), b""
         t0 = time.perf_counter()
         result = self._result(await g.propose(data, EntryType.MESSAGES))
         assert isinstance(result, ProduceResult)

@@ -1,0 +1,95 @@
+"""The deliberate misbehaviours the chaos harness must be able to catch really misbehave,
+and a node refuses them unless the test flag is set."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+import trio
+
+from broker.blocking_rpc import request
+from broker.config import ConfigError
+from broker.protocol import Op
+from broker.records import OutgoingMessage, encode_batch
+from chaos.cluster import LocalCluster
+from raftlog.core import RaftConfig
+from raftlog.runtime import GroupOptions, GroupRuntime
+from raftlog.types import Entry, Message
+
+
+def test_mutations_are_refused_without_the_flag(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAFTMQ_ALLOW_MUTATIONS", raising=False)
+    with pytest.raises(ConfigError, match="RAFTMQ_ALLOW_MUTATIONS"):
+        LocalCluster(tmp_path, node_overrides={"test_mutations": ["ack-before-commit"]})
+
+
+def test_ack_before_commit_acknowledges_what_a_leader_crash_then_loses(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")
+    with LocalCluster(tmp_path, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
+                      node_overrides={"test_mutations": ["ack-before-commit"]}) as cluster:
+        leaders = cluster.wait_ready(timeout=60)
+        leader = leaders["g0"]
+        addr = cluster.node_addr(leader)
+        request(addr, {"op": Op.CREATE_TOPIC, "g": "g0", "topic": "m", "queues": 1,
+                       "hosted": [0]})
+        followers = [n for n in cluster.node_ids if n != leader]
+        for f in followers:
+            cluster.pause(f)
+        batch = encode_batch("m", 0, [OutgoingMessage(b"acked but never committed")])
+        t0 = time.monotonic()
+        h, _ = request(addr, {"op": Op.PRODUCE, "g": "g0"}, batch, timeout=5)
+        assert h["code"] == 0 and time.monotonic() - t0 < 5  # acked with no majority alive
+        cluster.kill(leader)
+        for f in followers:
+            cluster.resume(f)
+        new = cluster.wait_ready(timeout=60)["g0"]
+        assert new != leader
+        h, _ = request(cluster.node_addr(new), {"op": Op.FETCH, "topic": "m", "queue": 0,
+                                                "offset": 0, "wait_ms": 0})
+        assert h["end"] == 0  # the acknowledged message is gone: what chaos runs must catch
+
+
+class _Apply:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def apply(self, entry: Entry) -> None:
+        self.n += 1
+
+
+def test_skip_fsync_commits_entries_no_fsync_covers(tmp_path):
+    async def main() -> None:
+        runtimes: dict[int, GroupRuntime] = {}
+
+        def send(_g: str, m: Message) -> None:
+            runtimes[m.dst].step(m)
+
+        for i in (1, 2, 3):
+            runtimes[i] = GroupRuntime(
+                "g", i, tmp_path / f"n{i}", (1, 2, 3), _Apply(), send,
+                GroupOptions(raft=RaftConfig(), skip_fsync=True), rng=random.Random(i))
+            runtimes[i].open()
+        async with trio.open_nursery() as n:
+            for rt in runtimes.values():
+                n.start_soon(rt.run)
+
+            async def ticks() -> None:
+                while True:
+                    await trio.sleep(0.01)
+                    for rt in runtimes.values():
+                        rt.tick()
+
+            n.start_soon(ticks)
+            with trio.fail_after(10):
+                while not any(rt.is_leader for rt in runtimes.values()):
+                    await trio.sleep(0.01)
+            leader = next(rt for rt in runtimes.values() if rt.is_leader)
+            for k in range(20):
+                await leader.propose(b"p%d" % k)
+            st = leader.status()
+            assert st["commit"] >= 21 and st["durable"] == 0 and st["fsyncs"] == 0
+            n.cancel_scope.cancel()
+
+    trio.run(main)
