@@ -41,9 +41,11 @@ def test_ack_before_commit_acknowledges_what_a_leader_crash_then_loses(tmp_path,
         t0 = time.monotonic()
         h, _ = request(addr, {"op": Op.PRODUCE, "g": "g0"}, batch, timeout=5)
         assert h["code"] == 0 and time.monotonic() - t0 < 5  # acked with no majority alive
-        cluster.kill(leader)
+        cluster.kill(leader)  # and it stays down: its log is the only one with the entry
         for f in followers:
-            cluster.resume(f)
+            # SIGKILL while stopped: the append waiting in their socket buffers dies unread
+            cluster.kill(f)
+            cluster.restart(f)
         new = cluster.wait_ready(timeout=60)["g0"]
         assert new != leader
         h, _ = request(cluster.node_addr(new), {"op": Op.FETCH, "topic": "m", "queue": 0,
