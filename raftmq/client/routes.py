@@ -268,7 +268,12 @@ class Routes:
         return list(g.replicas) if g is not None else []
 
     def target(self, group: str) -> str | None:
-        """The address to send a group's request to: its leader, else the next replica."""
+        """The address to send a group's request to: its leader, else the next replica.
+
+        Replicas are probed in turn, but one that failed for the group more recently than
+        another is passed over: after a leader dies, the probe asks a live follower (whose
+        NOT_LEADER hint names the new leader) rather than the dead address again.
+        """
         g = self._groups.get(group)
         if g is None:
             return None
@@ -276,7 +281,9 @@ class Routes:
             return g.leader
         if not g.replicas:
             return None
-        addr = g.replicas[g.probe % len(g.replicas)]
+        n = len(g.replicas)
+        in_turn = [g.replicas[(g.probe + i) % n] for i in range(n)]
+        addr = min(in_turn, key=lambda a: g.failed.get(a, -math.inf))  # first of the oldest
         g.probe += 1
         return addr
 
