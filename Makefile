@@ -32,6 +32,7 @@ sim: $(VENV)/.base
 
 bench: $(VENV)/.bench
 	$(PY) -m bench.storage --json
+	$(PY) -m bench.produce --json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
