@@ -113,7 +113,7 @@ from typing import Literal, NamedTuple
 
 import crc32c
 
-from raftlog.fsutil import fsync_dir
+from raftlog.fsutil import atomic_write, fsync_dir
 from raftlog.types import Entry, EntryType
 
 __all__ = [
@@ -919,14 +919,7 @@ class CommitLog:
         head = _BASE_HEAD.pack(_BASE_MAGIC, index, term)
         path = os.path.join(self.dir, _BASE_NAME)
         try:
-            fd = os.open(path + _TMP, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                _pwritev_all(fd, [head, _U32.pack(crc32c.crc32c(head))], 0)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(path + _TMP, path)
-            fsync_dir(self.dir)
+            atomic_write(path, head, _U32.pack(crc32c.crc32c(head)))
         except OSError as exc:
             raise CommitLogError(f"writing {path} failed: {exc}") from exc
 

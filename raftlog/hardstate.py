@@ -22,10 +22,9 @@ import os
 import struct
 from typing import Any
 
-import crc32c
 import msgpack
 
-from raftlog.fsutil import fsync_dir
+from raftlog.fsutil import CorruptFile, atomic_write, seal, unseal
 from raftlog.types import HardState, Membership
 
 __all__ = [
@@ -40,16 +39,12 @@ __all__ = [
 _MAGIC = b"RMHS"
 _VERSION = 1
 _HEAD = struct.Struct("<4sHHI")
-_CRC = struct.Struct("<I")
 
 
-class CorruptHardState(Exception):
+class CorruptHardState(CorruptFile):
     """The hard-state file exists but cannot be trusted (torn, garbled, wrong format)."""
 
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"corrupt hard state {path}: {reason}")
+    what = "hard state"
 
 
 def encode_hardstate(hs: HardState) -> bytes:
@@ -63,26 +58,14 @@ def encode_hardstate(hs: HardState) -> bytes:
             ],
         }
     )
-    body = _HEAD.pack(_MAGIC, _VERSION, 0, len(payload)) + payload
-    return body + _CRC.pack(crc32c.crc32c(body))
+    return b"".join(seal(_HEAD, _MAGIC, _VERSION, payload=payload))
 
 
 def decode_hardstate(data: bytes, path: str = "<bytes>") -> HardState:
     """Parse and verify file contents; raises CorruptHardState on any inconsistency."""
-    if len(data) < _HEAD.size + _CRC.size:
-        raise CorruptHardState(path, f"file too short ({len(data)} bytes)")
-    magic, version, _reserved, length = _HEAD.unpack_from(data, 0)
-    if magic != _MAGIC:
-        raise CorruptHardState(path, f"bad magic {magic!r}")
-    if len(data) != _HEAD.size + length + _CRC.size:
-        raise CorruptHardState(path, f"length {len(data)} does not match header ({length})")
-    (crc,) = _CRC.unpack_from(data, len(data) - _CRC.size)
-    if crc32c.crc32c(data[: -_CRC.size]) != crc:
-        raise CorruptHardState(path, "CRC mismatch")
-    if version != _VERSION:
-        raise CorruptHardState(path, f"unsupported version {version}")
+    _, payload = unseal(data, path, _HEAD, _MAGIC, _VERSION, CorruptHardState)
     try:
-        d: Any = msgpack.unpackb(data[_HEAD.size : -_CRC.size])
+        d: Any = msgpack.unpackb(payload)
         term, vote = d["t"], d["v"]
         if not isinstance(term, int) or term < 0:
             raise ValueError(f"bad term {term!r}")
@@ -99,19 +82,7 @@ def decode_hardstate(data: bytes, path: str = "<bytes>") -> HardState:
 
 def save_hardstate(path: str | os.PathLike[str], hs: HardState) -> None:
     """Durably replace the file at `path` with `hs` (temp, fsync, rename, fsync dir)."""
-    path = os.fspath(path)
-    data = encode_hardstate(hs)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    atomic_write(path, encode_hardstate(hs))
 
 
 def load_hardstate(path: str | os.PathLike[str]) -> HardState:

@@ -22,25 +22,19 @@ import os
 import struct
 from dataclasses import dataclass
 
-import crc32c
-
-from raftlog.fsutil import fsync_dir
+from raftlog.fsutil import CorruptFile, atomic_write, seal, unseal
 
 __all__ = ["CorruptSnapshot", "Snapshot", "load_snapshot", "save_snapshot"]
 
 _MAGIC = b"RMSN"
 _VERSION = 1
 _HEAD = struct.Struct("<4sHHQQQ")
-_CRC = struct.Struct("<I")
 
 
-class CorruptSnapshot(Exception):
+class CorruptSnapshot(CorruptFile):
     """The snapshot file exists but cannot be trusted."""
 
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"corrupt snapshot {path}: {reason}")
+    what = "snapshot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,21 +51,7 @@ def save_snapshot(path: str | os.PathLike[str], snap: Snapshot) -> None:
 
     Blocking; fine in a worker thread (it touches only its own files).
     """
-    path = os.fspath(path)
-    head = _HEAD.pack(_MAGIC, _VERSION, 0, snap.index, snap.term, len(snap.data))
-    crc = crc32c.crc32c(snap.data, crc32c.crc32c(head))
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for part in (head, snap.data, _CRC.pack(crc)):
-            view = memoryview(part)
-            while view:
-                view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    atomic_write(path, *seal(_HEAD, _MAGIC, _VERSION, snap.index, snap.term, payload=snap.data))
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> Snapshot | None:
@@ -82,16 +62,5 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot | None:
             data = f.read()
     except FileNotFoundError:
         return None
-    if len(data) < _HEAD.size + _CRC.size:
-        raise CorruptSnapshot(path, f"file too short ({len(data)} bytes)")
-    magic, version, _reserved, index, term, length = _HEAD.unpack_from(data, 0)
-    if magic != _MAGIC:
-        raise CorruptSnapshot(path, f"bad magic {magic!r}")
-    if len(data) != _HEAD.size + length + _CRC.size:
-        raise CorruptSnapshot(path, f"length {len(data)} does not match header ({length})")
-    (crc,) = _CRC.unpack_from(data, len(data) - _CRC.size)
-    if crc32c.crc32c(data[: -_CRC.size]) != crc:
-        raise CorruptSnapshot(path, "CRC mismatch")
-    if version != _VERSION:
-        raise CorruptSnapshot(path, f"unsupported version {version}")
-    return Snapshot(index, term, data[_HEAD.size : -_CRC.size])
+    (index, term), state = unseal(data, path, _HEAD, _MAGIC, _VERSION, CorruptSnapshot)
+    return Snapshot(index, term, state)
