@@ -209,23 +209,23 @@ class FrameDecoder:
 _NAME = re.compile(r"[A-Za-z0-9_\-%|.]{1,127}")
 
 
-def validate_topic_name(name: object) -> str:
-    """RocketMQ's rule: 1..127 characters of letters, digits, `_ - % | .`."""
+def _validate_name(kind: str, name: object) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise RequestError(
             Code.INVALID_NAME,
-            f"invalid topic name {name!r}: use 1-127 characters from A-Z a-z 0-9 _ - % | .",
+            f"invalid {kind} name {name!r}: use 1-127 characters from A-Z a-z 0-9 _ - % | .",
         )
     return name
+
+
+def validate_topic_name(name: object) -> str:
+    """RocketMQ's rule: 1..127 characters of letters, digits, `_ - % | .`."""
+    return _validate_name("topic", name)
 
 
 def validate_group_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise RequestError(
-            Code.INVALID_NAME,
-            f"invalid group name {name!r}: use 1-127 characters from A-Z a-z 0-9 _ - % | .",
-        )
-    return name
+    """The same rule as for topics."""
+    return _validate_name("group", name)
 
 
 def parse_address(addr: str) -> tuple[str, int]:

@@ -34,7 +34,7 @@ from broker.protocol import Code, Op, RequestError, validate_group_name, validat
 from broker.records import Message, decode_record, iter_records, message_id
 
 from .connection import ClientClosedError, ConnectionPool, is_retriable
-from .routes import Routes, backoff_delay, node_addresses, normalize_addresses
+from .routes import Routes, backoff_delay, node_addresses, normalize_addresses, open_routes
 
 __all__ = [
     "LONG_POLL_MS",
@@ -287,19 +287,9 @@ class _ClientBase:
     async def _open(self) -> None:
         if self._stack is not None:
             raise RuntimeError(f"a {type(self).__name__} can be entered once")
-        stack = AsyncExitStack()
-        await stack.__aenter__()
-        try:
-            pool = (
-                self._pool if self._pool is not None
-                else await stack.enter_async_context(ConnectionPool())
-            )
-            self._routes = Routes(pool, self.namesrv, timeout=self.timeout)
-            self._tg = await stack.enter_async_context(anyio.create_task_group())
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
+        self._stack, self._routes, self._tg = await open_routes(
+            self._pool, self.namesrv, self.timeout
+        )
 
     async def _close(
         self,

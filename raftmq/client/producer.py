@@ -47,7 +47,7 @@ from broker.records import (
 )
 
 from .connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
-from .routes import Routes, TopicRoute, backoff_delay, normalize_addresses
+from .routes import Routes, TopicRoute, backoff_delay, normalize_addresses, open_routes
 
 __all__ = [
     "BatchAccumulator",
@@ -444,19 +444,9 @@ class Producer:
     async def __aenter__(self) -> Producer:
         if self._stack is not None:
             raise RuntimeError("a Producer can be entered once")
-        stack = AsyncExitStack()
-        await stack.__aenter__()
-        try:
-            pool = (
-                self._pool if self._pool is not None
-                else await stack.enter_async_context(ConnectionPool())
-            )
-            self._routes = Routes(pool, self.namesrv, timeout=self.send_timeout)
-            self._tg = await stack.enter_async_context(anyio.create_task_group())
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
+        self._stack, self._routes, self._tg = await open_routes(
+            self._pool, self.namesrv, self.send_timeout
+        )
         self._pending_slots = anyio.Semaphore(self.max_pending)
         return self
 

@@ -16,10 +16,12 @@ import math
 import random
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from broker.protocol import Code, Frame, Op, RequestError, parse_address
 
@@ -35,6 +37,7 @@ __all__ = [
     "backoff_delay",
     "node_addresses",
     "normalize_addresses",
+    "open_routes",
     "parse_route",
 ]
 
@@ -423,3 +426,22 @@ class Routes:
             return group
 
         return (await self.call(resolve, op, header, body, **kwargs))[1]
+
+
+async def open_routes(
+    pool: ConnectionPool | None, namesrv: Sequence[str] | str, timeout: float
+) -> tuple[AsyncExitStack, Routes, anyio.abc.TaskGroup]:
+    """What a client object holds while open: an exit stack owning a new connection pool
+    (when `pool` is None) and a task group, and a route cache over the pool. Nothing is
+    left open if this fails."""
+    stack = AsyncExitStack()
+    await stack.__aenter__()
+    try:
+        if pool is None:
+            pool = await stack.enter_async_context(ConnectionPool())
+        routes = Routes(pool, namesrv, timeout=timeout)
+        tg = await stack.enter_async_context(anyio.create_task_group())
+    except BaseException:
+        await stack.aclose()
+        raise
+    return stack, routes, tg
