@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -26,14 +24,13 @@ from broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_MESSAGE_BYTES,
     Code,
-    Frame,
-    FrameDecoder,
     Op,
     RequestError,
     encode_frame,
 )
-from broker.records import OutgoingMessage, encode_batch, iter_records, walk_batch
+from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
+from tests.live_cluster import LiveCluster, Raw, running
 
 TOPIC = "T"
 QUEUES = 3  # queue q lives in group g{q}
@@ -44,99 +41,24 @@ NODE_MAX_FRAME = max(DEFAULT_MAX_FRAME, 2 * MAX_MESSAGE_BYTES + (1 << 20))  # as
 # ---------------------------------------------------------------------- cluster helpers
 
 
-class Live:
-    """The running cluster and what it acknowledged: queue -> offset -> record bytes."""
+class Live(LiveCluster):
+    """The cluster with one idempotent producer whose sequence advances per queue."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
-        self.acked: dict[int, dict[int, bytes]] = {q: {} for q in range(QUEUES)}
+        super().__init__(cluster, TOPIC, QUEUES)
         self.seq: dict[int, int] = {q: 0 for q in range(QUEUES)}
-
-    def addr(self, node: int) -> str:
-        return self.cluster.node_addr(node)
-
-    def leader(self, gid: str, timeout: float = 15.0) -> int:
-        """The node that currently leads `gid` (the one with the highest term saying so)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            best: tuple[int, int] | None = None
-            for node in self.cluster.node_ids:
-                try:
-                    h, _ = request(self.addr(node), {"op": int(Op.STATUS)}, timeout=2.0)
-                except (OSError, RequestError):
-                    continue
-                st = h["groups"].get(gid)
-                if st and st["role"] == "leader" and (best is None or st["term"] > best[0]):
-                    best = (st["term"], node)
-            if best is not None:
-                return best[1]
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no leader for {gid}")
-            time.sleep(0.05)
-
-    def settle(self, timeout: float = 10.0) -> None:
-        """Wait (a while) for each group's preferred leader to take over, so fewer
-        requests meet a leadership hand-over."""
-        deadline = time.monotonic() + timeout
-        for g in self.cluster.groups:
-            while (g.preferred_leader is not None and self.leader(g.id) != g.preferred_leader
-                   and time.monotonic() < deadline):
-                time.sleep(0.05)
-
-    def call_leader(
-        self, gid: str, header: dict[str, Any], body: bytes = b"", timeout: float = 20.0
-    ) -> tuple[dict[str, Any], bytes]:
-        """Send to `gid`'s leader, retrying while leadership moves."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return request(self.addr(self.leader(gid)), header, body, timeout=5.0)
-            except RequestError as exc:
-                if not exc.retriable or time.monotonic() > deadline:
-                    raise
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.05)
 
     def produce(self, queue: int, messages: list[OutgoingMessage]) -> dict[str, Any]:
         """Produce one idempotent batch to `queue` and remember its records as acked."""
-        batch = encode_batch(TOPIC, queue, messages, pid=PID, seq=self.seq[queue], born_ms=1)
-        h, _ = self.call_leader(f"g{queue}", {"op": int(Op.PRODUCE), "g": f"g{queue}"}, batch)
+        h = self.produce_batch(queue, messages, pid=PID, seq=self.seq[queue], born_ms=1)
         assert h["n"] == len(messages)
         self.seq[queue] += 1
-        _, refs = walk_batch(batch)
-        for i, ref in enumerate(refs):
-            self.acked[queue][h["base"] + i] = batch[ref.start : ref.start + ref.size]
         return h
-
-    def fetch_all(self, queue: int) -> dict[int, bytes]:
-        """Every record of `queue` from offset 0 to the end: offset -> record bytes."""
-        out: dict[int, bytes] = {}
-        offset = 0
-        while True:
-            h, body = self.call_leader(f"g{queue}", {
-                "op": int(Op.FETCH), "topic": TOPIC, "queue": queue, "offset": offset,
-                "max": 1024, "max_bytes": 8 << 20, "wait_ms": 0})
-            spans = list(iter_records(body))
-            assert len(spans) == len(h["msgs"])
-            for (start, size), meta in zip(spans, h["msgs"], strict=True):
-                out[meta[0]] = body[start : start + size]
-            if h["next"] >= h["end"]:
-                return out
-            offset = h["next"]
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    base: Path = tmp_path_factory.mktemp("bad-input")
-    with LocalCluster(base, tick_ms=50) as cluster:
-        cluster.wait_ready(timeout=30)
-        lv = Live(cluster)
-        lv.settle()
-        for q in range(QUEUES):
-            lv.call_leader(f"g{q}", {"op": int(Op.CREATE_TOPIC), "g": f"g{q}", "topic": TOPIC,
-                                     "queues": QUEUES, "hosted": [q]})
+    with running(tmp_path_factory.mktemp("bad-input"), Live) as lv:
         for q in range(QUEUES):
             for b in range(2):
                 lv.produce(q, [
@@ -145,7 +67,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                     for i in range(3)
                 ])
         yield lv
-        assert cluster.unexpected_exits() == {}
+        assert lv.cluster.unexpected_exits() == {}
 
 
 def expect(exc: pytest.ExceptionInfo[RequestError], code: Code, *words: str) -> None:
@@ -156,40 +78,6 @@ def expect(exc: pytest.ExceptionInfo[RequestError], code: Code, *words: str) -> 
 
 
 # ---------------------------------------------------------------------- raw sockets
-
-
-class Raw:
-    """A plain socket speaking frames, for bytes no well-behaved client would send."""
-
-    def __init__(self, addr: str, timeout: float = 5.0) -> None:
-        host, port = addr.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.dec = FrameDecoder(1 << 30)
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def next(self) -> Frame | None:
-        """The next frame, or None once the peer has closed the connection."""
-        while (f := self.dec.next_frame()) is None:
-            try:
-                data = self.sock.recv(1 << 16)
-            except ConnectionResetError:
-                return None
-            if not data:
-                assert self.dec.buffered == 0, "connection closed inside a response frame"
-                return None
-            self.dec.feed(data)
-        return f
-
-    def ask(self, header: dict[str, Any], body: bytes = b"") -> dict[str, Any]:
-        self.send(encode_frame(header, body))
-        f = self.next()
-        assert f is not None, "connection closed instead of answering"
-        return f.header
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def prefix(frame_len: int, header_len: int) -> bytes:
@@ -207,7 +95,7 @@ def assert_protocol_error(raw: Raw, code: Code, *words: str) -> None:
 
 
 def assert_ok(raw: Raw) -> None:
-    h = raw.ask({"op": int(Op.STATUS), "id": 4242})
+    h = raw.answer({"op": int(Op.STATUS), "id": 4242})
     assert h["code"] == 0 and h["id"] == 4242, h
 
 
@@ -276,13 +164,13 @@ def test_connection_closed_inside_a_frame(live: Live, warm: bool) -> None:
 def test_unknown_op_fails_alone(live: Live, op: Any) -> None:
     raw = Raw(live.addr(1))
     assert_ok(raw)  # a HELLO only means something as the first frame
-    h = raw.ask({"op": op, "id": 77})
+    h = raw.answer({"op": op, "id": 77})
     assert h["code"] == Code.UNKNOWN_OP and h["id"] == 77, h
     assert "unknown request type" in h["msg"] and repr(op) in h["msg"], h
     assert_ok(raw)
-    h = raw.ask({"id": 78, "op": int(Op.HELLO), "node": 2})  # HELLO after the first frame
+    h = raw.answer({"id": 78, "op": int(Op.HELLO), "node": 2})  # HELLO after the first frame
     assert h["code"] == Code.UNKNOWN_OP, h
-    h = raw.ask({"id": 79})
+    h = raw.answer({"id": 79})
     assert h["code"] == Code.UNKNOWN_OP and "None" in h["msg"], h
     assert_ok(raw)
     raw.close()
@@ -591,14 +479,6 @@ def test_hello_from_a_non_peer_is_refused(live: Live, node: Any) -> None:
 
 def test_acknowledged_data_is_intact_and_nodes_alive(live: Live) -> None:
     for q in range(QUEUES):
-        assert live.fetch_all(q) == live.acked[q], f"queue {q} differs from what was acked"
+        assert live.fetch(q) == live.acked[q], f"queue {q} differs from what was acked"
     assert sum(len(a) for a in live.acked.values()) == 3 * 2 * 3 + 1
-    assert live.cluster.unexpected_exits() == {}
-    for node in live.cluster.node_ids:
-        h, _ = request(live.addr(node), {"op": int(Op.STATUS)})
-        assert h["node"] == node
-        log = live.cluster.log_path(f"n{node}").read_text(errors="replace")
-        bad = [line for line in log.splitlines()
-               if '"level":"ERROR"' in line or '"level":"CRITICAL"' in line
-               or "Traceback" in line]
-        assert not bad, f"n{node} logged errors:\n" + "\n".join(bad[:5])
+    live.assert_nodes_healthy()

@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from broker.blocking_rpc import request
 from broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_MESSAGE_BYTES,
@@ -47,10 +44,10 @@ from broker.records import (
     check_properties,
     decode_record,
     encode_batch,
-    iter_records,
     walk_batch,
 )
 from chaos.cluster import LocalCluster
+from tests.live_cluster import LiveCluster, Raw, running
 
 TOPIC = "F"
 QUEUES = 3  # queue q lives in group g{q}
@@ -72,52 +69,19 @@ FUZZ = settings(
 # ---------------------------------------------------------------------- the cluster
 
 
-class Raw:
-    """A plain socket speaking frames (or not)."""
+class Live(LiveCluster):
+    """The cluster and one long-lived connection per node."""
 
-    def __init__(self, addr: str, timeout: float = ANSWER_TIMEOUT) -> None:
-        host, port = addr.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.dec = FrameDecoder(1 << 30)
-        self.reset = False
-
-    def next(self) -> Frame | None:
-        """The next frame, None once the peer closed; raises TimeoutError if it hangs."""
-        while (f := self.dec.next_frame()) is None:
-            try:
-                data = self.sock.recv(1 << 16)
-            except ConnectionResetError:
-                self.reset = True
-                return None
-            if not data:
-                assert self.dec.buffered == 0, "connection closed inside a response frame"
-                return None
-            self.dec.feed(data)
-        return f
-
-    def ask(self, header: dict[str, Any], body: bytes = b"") -> Frame | None:
-        self.sock.sendall(encode_frame(header, body))
-        return self.next()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-class Live:
     def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
-        self.acked: dict[int, dict[int, bytes]] = {q: {} for q in range(QUEUES)}
+        super().__init__(cluster, TOPIC, QUEUES)
         self._conns: dict[int, Raw] = {}
-
-    def addr(self, node: int) -> str:
-        return self.cluster.node_addr(node)
 
     def conn(self, node: int) -> Raw:
         """A connection to `node` past its first frame (a first-frame HELLO would make it
         a peer link), reopened after anything closed it."""
         raw = self._conns.get(node)
         if raw is None:
-            raw = Raw(self.addr(node))
+            raw = Raw(self.addr(node), ANSWER_TIMEOUT)
             f = raw.ask({"op": int(Op.STATUS), "id": 1})
             assert f is not None and f.header["code"] == 0
             self._conns[node] = raw
@@ -128,80 +92,13 @@ class Live:
         if raw is not None:
             raw.close()
 
-    def leader(self, gid: str, timeout: float = 15.0) -> int:
-        deadline = time.monotonic() + timeout
-        while True:
-            best: tuple[int, int] | None = None
-            for node in self.cluster.node_ids:
-                try:
-                    h, _ = request(self.addr(node), {"op": int(Op.STATUS)}, timeout=2.0)
-                except (OSError, RequestError):
-                    continue
-                st_ = h["groups"].get(gid)
-                if st_ and st_["role"] == "leader" and (best is None or st_["term"] > best[0]):
-                    best = (st_["term"], node)
-            if best is not None:
-                return best[1]
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no leader for {gid}")
-            time.sleep(0.05)
-
-    def settle(self, timeout: float = 10.0) -> None:
-        """Wait (a while) for each group's preferred leader to take over, so fewer
-        requests meet a leadership hand-over."""
-        deadline = time.monotonic() + timeout
-        for g in self.cluster.groups:
-            while (g.preferred_leader is not None and self.leader(g.id) != g.preferred_leader
-                   and time.monotonic() < deadline):
-                time.sleep(0.05)
-
-    def call_leader(
-        self, gid: str, header: dict[str, Any], body: bytes = b"", timeout: float = 20.0
-    ) -> tuple[dict[str, Any], bytes]:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return request(self.addr(self.leader(gid)), header, body, timeout=5.0)
-            except RequestError as exc:
-                if not exc.retriable or time.monotonic() > deadline:
-                    raise
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.05)
-
     def produce(self, queue: int, messages: list[OutgoingMessage], pid: int, seq: int) -> None:
-        batch = encode_batch(TOPIC, queue, messages, pid=pid, seq=seq, born_ms=5)
-        h, _ = self.call_leader(f"g{queue}", {"op": int(Op.PRODUCE), "g": f"g{queue}"}, batch)
-        _, refs = walk_batch(batch)
-        for i, ref in enumerate(refs):
-            self.acked[queue][h["base"] + i] = batch[ref.start : ref.start + ref.size]
-
-    def fetch(self, topic: str, queue: int, offset: int, count: int) -> dict[int, bytes]:
-        """Records `offset..offset+count-1` (fewer at the end of the queue)."""
-        out: dict[int, bytes] = {}
-        while len(out) < count:
-            h, body = self.call_leader(f"g{queue}", {
-                "op": int(Op.FETCH), "topic": topic, "queue": queue, "offset": offset,
-                "max": count - len(out), "max_bytes": 8 << 20, "wait_ms": 0})
-            for (start, size), meta in zip(iter_records(body), h["msgs"], strict=True):
-                out[meta[0]] = body[start : start + size]
-            if h["next"] >= h["end"]:
-                break
-            offset = h["next"]
-        return out
+        self.produce_batch(queue, messages, pid=pid, seq=seq, born_ms=5)
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    base: Path = tmp_path_factory.mktemp("fuzz-live")
-    with LocalCluster(base, tick_ms=50) as cluster:
-        cluster.wait_ready(timeout=30)
-        lv = Live(cluster)
-        lv.settle()
-        for q in range(QUEUES):
-            lv.call_leader(f"g{q}", {"op": int(Op.CREATE_TOPIC), "g": f"g{q}", "topic": TOPIC,
-                                     "queues": QUEUES, "hosted": [q]})
+    with running(tmp_path_factory.mktemp("fuzz-live"), Live) as lv:
         for q in range(QUEUES):
             for b in range(3):
                 lv.produce(q, [OutgoingMessage(f"before-{q}-{b}-{i}".encode(), key=f"k{i}",
@@ -397,7 +294,7 @@ raw_bytes = st.one_of(
 def test_raw_garbage_gets_at_most_an_error_then_a_close(live: Live, data: bytes, warm: bool,
                                                         node: int) -> None:
     bystander = live.conn(node)  # opened earlier: must outlive the broken connection
-    raw = Raw(live.addr(node))
+    raw = Raw(live.addr(node), ANSWER_TIMEOUT)
     try:
         if warm:  # past the first frame, which the node reads separately
             check_answer({"id": 3}, raw.ask({"op": int(Op.STATUS), "id": 3}))
@@ -503,7 +400,7 @@ def test_mutated_produce_batches(live: Live, queue: int, msgs: list[OutgoingMess
     if code == Code.OK and not h["dup"]:
         header, refs = local
         assert h["n"] == len(refs)
-        got = live.fetch(header.topic, header.queue, h["base"], len(refs))
+        got = live.fetch(header.queue, h["base"], len(refs), topic=header.topic)
         want = {h["base"] + i: batch[r.start : r.start + r.size] for i, r in enumerate(refs)}
         assert got == want, "an accepted batch does not read back as sent"
 
@@ -517,19 +414,10 @@ def test_nodes_still_serve_and_acked_data_is_intact(live: Live) -> None:
         live.produce(q, [OutgoingMessage(b"after the storm", key="after")], pid=900 + q, seq=3)
     for q in range(QUEUES):
         ends = live.acked[q]
-        got = live.fetch(TOPIC, q, 0, 1 << 20)
+        got = live.fetch(q, 0, 1 << 20)
         assert {o: got.get(o) for o in ends} == ends, f"queue {q} lost acknowledged data"
         for offset, record in got.items():  # whatever was accepted, a consumer can read
             msg, _ = decode_record(record, 0, topic=TOPIC, queue=q, offset=offset,
                                    store_ms=0, msg_id="-")
             assert isinstance(msg.properties, dict)
-    assert live.cluster.unexpected_exits() == {}
-    for node in live.cluster.node_ids:
-        h, _ = request(live.addr(node), {"op": int(Op.STATUS)})
-        assert h["node"] == node
-        log = live.cluster.log_path(f"n{node}").read_text(errors="replace")
-        bad = [line for line in log.splitlines()
-               if '"level":"ERROR"' in line or '"level":"CRITICAL"' in line
-               or "Traceback" in line]
-        assert not bad, f"n{node} logged errors:\n" + "\n".join(bad[:5])
-
+    live.assert_nodes_healthy()

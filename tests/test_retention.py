@@ -4,9 +4,7 @@ OFFSET_TOO_SMALL below the new minimum, and a replica restarting from its snapsh
 from __future__ import annotations
 
 import os
-import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,10 +16,10 @@ from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch
 from broker.retention import RetentionPolicy, choose_retain_index, retain_once
 from broker.statemachine import BrokerState, control_create_topic
 from raftlog.commitlog import CommitLog, SegmentInfo
-from raftlog.core import RaftConfig
 from raftlog.runtime import GroupOptions, GroupRuntime, MissingEntries
 from raftlog.snapshot import CorruptSnapshot, Snapshot, load_snapshot, save_snapshot
-from raftlog.types import Entry, EntryType, Message
+from raftlog.types import Entry, EntryType
+from tests.runtime_harness import Group
 
 SEG = 64 << 10
 HOUR_MS = 3600 * 1000
@@ -150,63 +148,9 @@ def test_snapshot_file_round_trip_and_corruption(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ three replicas
 
 
-class Replicas:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.runtimes: dict[int, GroupRuntime] = {}
-        self.states: dict[int, BrokerState] = {}
-        self.scopes: dict[int, trio.CancelScope] = {}
-        self.down: set[int] = set()
-
-    def send(self, _group: str, m: Message) -> None:
-        rt = self.runtimes.get(m.dst)
-        if rt is not None and m.dst not in self.down and m.src not in self.down:
-            rt.step(m)
-
-    def _restore(self, i: int, data: bytes) -> BrokerState:
-        self.states[i] = BrokerState.restore("g", data)
-        return self.states[i]
-
-    async def start(self, nursery: trio.Nursery, i: int) -> None:
-        self.states[i] = BrokerState("g")
-        opts = GroupOptions(raft=RaftConfig(election_ticks=10), segment_size=SEG)
-        rt = GroupRuntime("g", i, self.tmp / f"n{i}", (1, 2, 3), self.states[i], self.send,
-                          opts, rng=random.Random(i), restore=lambda d: self._restore(i, d))
-        rt.open()
-        self.runtimes[i] = rt
-        self.down.discard(i)
-
-        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            with trio.CancelScope() as scope:
-                self.scopes[i] = scope
-                task_status.started()
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(rt.run)
-                    while True:
-                        await trio.sleep(0.01)
-                        rt.tick()
-
-        await nursery.start(run)
-
-    async def stop(self, i: int) -> None:
-        self.down.add(i)
-        self.scopes[i].cancel()
-        with trio.fail_after(5):
-            while not self.runtimes[i].closed:
-                await trio.sleep(0.01)
-
-    async def leader(self) -> GroupRuntime:
-        with trio.fail_after(10):
-            while True:
-                for i, rt in self.runtimes.items():
-                    if i not in self.down and rt.is_leader:
-                        return rt
-                await trio.sleep(0.01)
-
-    async def wait(self, cond: Callable[[], bool]) -> None:
-        with trio.fail_after(10):
-            while not cond():
-                await trio.sleep(0.01)
+def replicas(tmp: Path) -> Group[BrokerState]:
+    return Group(tmp, lambda: BrokerState("g"), restore=lambda d: BrokerState.restore("g", d),
+                 segment_size=SEG)
 
 
 def _first(rt: GroupRuntime) -> int:
@@ -218,7 +162,7 @@ def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        r = Replicas(tmp_path)
+        r = replicas(tmp_path)
         now = int(time.time() * 1000)
         async with trio.open_nursery() as n:
             for i in (1, 2, 3):
@@ -231,14 +175,14 @@ def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
                 await leader.propose(batch(k, now))
             target = leader.core.commit if leader.core else 0
             await r.wait(lambda: all(
-                s.applied_index >= target for s in r.states.values()))
+                s.applied_index >= target for s in r.machines.values()))
             segments_before = {i: len(rt.log.segment_bounds()) for i, rt in r.runtimes.items()
                                if rt.log is not None}
             assert min(segments_before.values()) >= 5
 
             policy = RetentionPolicy(retention_hours=72, disk_ratio=1.0, data_dir=tmp_path,
                                      usage=lambda: (0, 1))
-            state = r.states[leader.node_id]
+            state = r.machines[leader.node_id]
             index = await retain_once(policy, leader, state)
             assert index is not None and index > 1
             # everything before the segment holding the first new message could go
@@ -252,11 +196,11 @@ def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
                 snap = load_snapshot(tmp_path / f"n{i}" / "snapshot")
                 assert snap is not None and snap.index >= index
                 assert rt.status()["snapshot"] == snap.index
-            lows = {s.queue_range("t", 0) for s in r.states.values()}
+            lows = {s.queue_range("t", 0) for s in r.machines.values()}
             assert len(lows) == 1
             lo, end = lows.pop()
             assert 0 < lo < 60 and end == 100
-            for s in r.states.values():
+            for s in r.machines.values():
                 with pytest.raises(RequestError) as err:
                     s.lookup("t", 0, lo - 1, 10, 1 << 20)
                 assert err.value.code == Code.OFFSET_TOO_SMALL
@@ -266,12 +210,12 @@ def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
 
             # restart a follower from its snapshot and the log after it
             follower = next(i for i in (1, 2, 3) if i != leader.node_id)
-            await r.stop(follower)
-            old_state = r.states[follower]
+            await r.stop_and_wait(follower)
+            old_state = r.machines[follower]
             for k in range(100, 110):
                 await leader.propose(batch(k, now))
             await r.start(n, follower)
-            restored = r.states[follower]
+            restored = r.machines[follower]
             assert restored is not old_state
             assert r.runtimes[follower].machine is restored
             assert _first(r.runtimes[follower]) == index
@@ -279,8 +223,8 @@ def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
                 await leader.propose(batch(k, now))
             target = leader.core.commit if leader.core else 0
             await r.wait(lambda: all(
-                s.applied_index >= target for s in r.states.values()))
-            snaps = {s.snapshot() for s in r.states.values()}
+                s.applied_index >= target for s in r.machines.values()))
+            snaps = {s.snapshot() for s in r.machines.values()}
             assert len(snaps) == 1
             assert restored.queue_range("t", 0) == (lo, 120)
             n.cancel_scope.cancel()

@@ -3,14 +3,12 @@ wired by an in-memory message bus, driven by real timers and real fsyncs."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import trio
 
-from raftlog.core import RaftConfig
-from raftlog.runtime import GroupOptions, GroupRuntime, NotLeader
-from raftlog.types import Entry, EntryType, Message, Role
+from raftlog.runtime import GroupRuntime, NotLeader
+from raftlog.types import Entry, EntryType, Role
+from tests.runtime_harness import Group
 
 
 class Recorder:
@@ -23,56 +21,6 @@ class Recorder:
         if entry.type == EntryType.MESSAGES:
             self.applied.append((entry.index, entry.data))
         return entry.index
-
-
-class Group:
-    def __init__(self, tmp_path, *, preferred: int | None = None, **opts) -> None:
-        self.tmp = tmp_path
-        self.preferred = preferred
-        self.opts = opts
-        self.runtimes: dict[int, GroupRuntime] = {}
-        self.machines: dict[int, Recorder] = {}
-        self.scopes: dict[int, trio.CancelScope] = {}
-        self.down: set[int] = set()
-
-    def send(self, _group: str, m: Message) -> None:
-        rt = self.runtimes.get(m.dst)
-        if rt is not None and m.dst not in self.down and m.src not in self.down:
-            rt.step(m)
-
-    async def start(self, nursery: trio.Nursery, i: int) -> None:
-        self.machines[i] = Recorder()
-        opts = GroupOptions(raft=RaftConfig(election_ticks=10, preferred_leader=self.preferred),
-                            **self.opts)
-        rt = GroupRuntime("g", i, self.tmp / f"n{i}", (1, 2, 3), self.machines[i], self.send,
-                          opts, rng=random.Random(i))
-        rt.open()
-        self.runtimes[i] = rt
-        self.down.discard(i)
-
-        async def run(task_status=trio.TASK_STATUS_IGNORED) -> None:
-            with trio.CancelScope() as scope:
-                self.scopes[i] = scope
-                task_status.started()
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(rt.run)
-                    while True:
-                        await trio.sleep(0.01)
-                        rt.tick()
-
-        await nursery.start(run)
-
-    def stop(self, i: int) -> None:
-        self.down.add(i)
-        self.scopes[i].cancel()
-
-    async def leader(self, exclude: set[int] = frozenset()) -> GroupRuntime:
-        with trio.fail_after(10):
-            while True:
-                for i, rt in self.runtimes.items():
-                    if i not in self.down and i not in exclude and rt.is_leader:
-                        return rt
-                await trio.sleep(0.01)
 
 
 async def _propose_all(rt: GroupRuntime, payloads: list[bytes]) -> list[int]:
@@ -89,7 +37,7 @@ async def _propose_all(rt: GroupRuntime, payloads: list[bytes]) -> list[int]:
 
 def test_proposals_commit_on_every_replica_with_group_commit(tmp_path):
     async def main() -> None:
-        g = Group(tmp_path)
+        g = Group(tmp_path, Recorder)
         async with trio.open_nursery() as n:
             for i in (1, 2, 3):
                 await g.start(n, i)
@@ -112,7 +60,7 @@ def test_proposals_commit_on_every_replica_with_group_commit(tmp_path):
 
 def test_leader_loss_fails_waiters_and_a_new_leader_keeps_every_acked_entry(tmp_path):
     async def main() -> None:
-        g = Group(tmp_path)
+        g = Group(tmp_path, Recorder)
         acked: list[bytes] = []
         async with trio.open_nursery() as n:
             for i in (1, 2, 3):
@@ -146,7 +94,7 @@ def test_leader_loss_fails_waiters_and_a_new_leader_keeps_every_acked_entry(tmp_
 
 def test_restart_recovers_from_disk_and_preferred_leader_takes_over(tmp_path):
     async def main() -> None:
-        g = Group(tmp_path, preferred=1)
+        g = Group(tmp_path, Recorder, preferred=1)
         async with trio.open_nursery() as n:
             for i in (1, 2, 3):
                 await g.start(n, i)
@@ -175,7 +123,7 @@ def test_restart_recovers_from_disk_and_preferred_leader_takes_over(tmp_path):
 
 def test_back_pressure_holds_proposals_while_the_group_is_behind(tmp_path):
     async def main() -> None:
-        g = Group(tmp_path, max_uncommitted_bytes=1000)
+        g = Group(tmp_path, Recorder, max_uncommitted_bytes=1000)
         async with trio.open_nursery() as n:
             for i in (1, 2, 3):
                 await g.start(n, i)
