@@ -203,6 +203,8 @@ class BrokerService:
         tag_hashes = {_tag_hash(t) for t in tags} if tags else None
         g = self._hosting(topic, queue)
         deadline = trio.current_time() + wait_ms / 1000
+        self._leading(g)
+        await g.read_barrier()  # never answer from the state of a leader that was replaced
         while True:
             state = self._leading(g)
             lo, end = state.queue_range(topic, queue)
@@ -258,8 +260,10 @@ class BrokerService:
         cg = _cg(h)
         topic = _topic(h)
         queue = _queue_id(h)
-        state = self._leading(self._hosting(topic, queue))
-        off = state.consumer_offset(cg, topic, queue)
+        g = self._hosting(topic, queue)
+        self._leading(g)
+        await g.read_barrier()  # a committed offset is never read back older than it is
+        off = self.node.states[g.group_id].consumer_offset(cg, topic, queue)
         return ok_header(0, offset=-1 if off is None else off), b""
 
     # ------------------------------------------------------------------ admin

@@ -136,6 +136,8 @@ class GroupRuntime:
         self._applied_changed = trio.Event()
         self._space = trio.Event()
         self._waiters: dict[int, _Waiter] = {}
+        self._read_waiters: dict[int, _Waiter] = {}
+        self._read_seq = 0
         self._uncommitted = 0
         self._seen: tuple[Role, int | None, int] = (Role.FOLLOWER, None, 0)
         self.fsyncs = 0
@@ -210,6 +212,8 @@ class GroupRuntime:
         finally:
             self.closed = True
             self._fail_waiters(NotLeader(None))
+            for rw in self._read_waiters.values():
+                rw.resolve(error=NotLeader(None))
             if self.log is not None:
                 try:
                     self.log.close()
@@ -257,6 +261,30 @@ class GroupRuntime:
         if w.error is not None:
             raise w.error
         return w.result
+
+    async def read_barrier(self) -> None:
+        """Return once this replica has applied everything committed before the call, and
+        has confirmed with a majority that it still leads (ReadIndex, Raft thesis §6.4).
+
+        What a caller reads from the state machine afterwards is linearizable: a leader
+        cut off from its group cannot answer from its stale state. Reads issued together
+        share one confirmation round. Raises NotLeader if leadership is lost meanwhile.
+        """
+        core = self.core
+        assert core is not None
+        self._read_seq += 1
+        rid = self._read_seq
+        core.read_index(rid)  # NotLeader unless leading
+        w = _Waiter(core.term, 0)
+        self._read_waiters[rid] = w
+        self._wakeup.set()
+        await w.event.wait()
+        if w.error is not None:
+            raise w.error
+        while core.applied < w.result:
+            if core.role != Role.LEADER:
+                raise NotLeader(core.leader)
+            await self._applied_changed.wait()
 
     async def wait_applied_change(self) -> None:
         """Return after the next apply (or role change): long polls wait on this."""
@@ -325,6 +353,10 @@ class GroupRuntime:
                     self._send(self.group_id, m)
                 if rd.apply:
                     self._apply(rd.apply)
+                for r in rd.reads:
+                    rw = self._read_waiters.pop(r.id, None)
+                    if rw is not None:
+                        rw.resolve(r.index)
             self._notice_changes()
             self._notice_lagging()
             await trio.lowlevel.checkpoint()
@@ -441,6 +473,10 @@ class GroupRuntime:
         self._seen = now
         if was_leader and core.role != Role.LEADER:
             self._fail_waiters(NotLeader(core.leader))
+        if was_leader:  # read rounds of the old role/term were dropped by the core
+            reads, self._read_waiters = self._read_waiters, {}
+            for rw in reads.values():
+                rw.resolve(error=NotLeader(core.leader if core.role != Role.LEADER else None))
         self._applied_changed.set()
         self._applied_changed = trio.Event()
         log.info("role change", extra={"fields": {"group": self.group_id, "role": core.role.name,

@@ -147,3 +147,28 @@ def test_back_pressure_holds_proposals_while_the_group_is_behind(tmp_path):
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_read_barrier_confirms_leadership_and_never_serves_a_cut_off_leader(tmp_path):
+    async def main() -> None:
+        g = Group(tmp_path, Recorder)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await g.start(n, i)
+            old = await g.leader()
+            for k in range(5):
+                await old.propose(f"c{k}".encode())
+            commit = old.core.commit
+            await old.read_barrier()  # a healthy leader confirms at once
+            assert old.core.applied >= commit
+            g.down.add(old.node_id)  # cut off, but still running and still believing
+            with pytest.raises(NotLeader):
+                with trio.fail_after(10):
+                    await old.read_barrier()
+            new = await g.leader(exclude={old.node_id})
+            await new.propose(b"after the cut")
+            await new.read_barrier()
+            assert new.machine.applied[-1][1] == b"after the cut"
+            n.cancel_scope.cancel()
+
+    trio.run(main)
