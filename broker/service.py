@@ -115,7 +115,7 @@ class BrokerService:
         except NotLeader as exc:
             raise RequestError(
                 Code.NOT_LEADER, "this node does not lead that group",
-                leader=self.node.peer_addr(exc.leader),
+                leader=self.node.peer_addr(exc.leader), term=exc.term,
             ) from None
         except (ProposalDropped, ProposalLost) as exc:
             raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None

@@ -269,6 +269,7 @@ class Registry:
         total = 0
         entries: dict[int, tuple[bool, str, str | None]] = {}
         replica_addrs: dict[str, list[str]] = {}
+        terms: dict[str, int] = {}
         for gid, regs in sorted(self._members(now).items()):
             claim = self._claim(gid, regs)
             view = self._view(gid, regs, claim)
@@ -278,6 +279,7 @@ class Registry:
             replicas = self._replicas(gid, regs, view)
             leader_addr = self._leader_addr(gid, claim, replicas)
             replica_addrs[gid] = list(replicas.values())
+            terms[gid] = claim.term
             total = max(total, t.queues)
             for q in t.hosted:
                 # a queue should live in one group; if two claim it, prefer a led group
@@ -294,6 +296,7 @@ class Registry:
             "total": total,
             "queues": [[q, gid, addr] for q, (_, gid, addr) in sorted(entries.items())],
             "replicas": replica_addrs,
+            "terms": terms,  # the term of each group's leader claim: newer outranks older
         }
 
     def cluster(self, now: float) -> dict[str, Any]:

@@ -48,9 +48,10 @@ _VOTE_RESPONSE = {MsgType.PREVOTE: MsgType.PREVOTE_RESP, MsgType.VOTE: MsgType.V
 class NotLeader(Exception):
     """This replica cannot serve the request; `leader` is its best guess (or None)."""
 
-    def __init__(self, leader: int | None) -> None:
-        super().__init__(f"not the leader (leader hint: {leader})")
+    def __init__(self, leader: int | None, term: int | None = None) -> None:
+        super().__init__(f"not the leader (leader hint: {leader}, term {term})")
         self.leader = leader
+        self.term = term  # the term the hint belongs to: a newer term outranks it
 
 
 class ProposalDropped(Exception):
@@ -271,7 +272,7 @@ class RaftNode:
     def transfer_leadership(self, target: int) -> None:
         """Hand leadership to `target` once its log is caught up (thesis §3.10)."""
         if self.role != Role.LEADER:
-            raise NotLeader(self.leader)
+            raise NotLeader(self.leader, self.term)
         if target == self.id or self._transferee == target:
             return
         if target not in self.membership.voters:
@@ -286,7 +287,7 @@ class RaftNode:
     def read_index(self, request_id: int) -> None:
         """Ask for a linearizable read point; answered later as a `ReadState`."""
         if self.role != Role.LEADER:
-            raise NotLeader(self.leader)
+            raise NotLeader(self.leader, self.term)
         if self._committed_in_term():
             self._reads_new.append(request_id)
         else:
@@ -597,7 +598,7 @@ class RaftNode:
 
     def _check_can_propose(self) -> None:
         if self.role != Role.LEADER:
-            raise NotLeader(self.leader)
+            raise NotLeader(self.leader, self.term)
         if self._transferee is not None:
             raise ProposalDropped(f"leadership is moving to {self._transferee}")
 

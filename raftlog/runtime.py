@@ -249,7 +249,7 @@ class GroupRuntime:
         assert core is not None
         while self._uncommitted > self.options.max_uncommitted_bytes:
             if core.role != Role.LEADER:
-                raise NotLeader(core.leader)
+                raise NotLeader(core.leader, core.term)
             space = self._space
             await space.wait()
         index = core.propose(data, type)
@@ -283,7 +283,7 @@ class GroupRuntime:
             raise w.error
         while core.applied < w.result:
             if core.role != Role.LEADER:
-                raise NotLeader(core.leader)
+                raise NotLeader(core.leader, core.term)
             await self._applied_changed.wait()
 
     async def wait_applied_change(self) -> None:

@@ -153,3 +153,39 @@ def test_hint_to_a_leader_that_just_failed_is_followed_but_counted() -> None:
     assert routes.leader("g1") == "a:1"
     # much later the same hint is trusted at once
     assert routes.on_error("g1", "c:1", stale_hint, now=101.5 + FAILED_TTL + 1)
+
+
+def _termed(leader: str, term: int) -> dict:
+    return {**ROUTE, "queues": [[0, "g1", leader], [1, "g2", None], [2, "g1", leader]],
+            "terms": {"g1": term, "g2": 1}}
+
+
+def test_a_newer_term_outranks_a_hint_and_a_recent_failure() -> None:
+    routes = routes_with(_termed("a:1", 5))
+    # a follower that has not noticed the election names the dead leader a:1 (term 5)
+    stale = RequestError(Code.NOT_LEADER, "follower", leader="a:1", term=5)
+    routes.on_error("g1", "b:1", stale, now=101.0)
+    assert routes.target("g1") == "a:1"
+    # the name servers already know c:1 won term 6: newer beats the hint's TTL
+    routes.learn_route(parse_route("orders", _termed("c:1", 6), 102.0), 102.0)
+    assert routes.target("g1") == "c:1"
+    # and an older report never takes it back
+    routes.learn_route(parse_route("orders", _termed("a:1", 5), 103.0), 103.0)
+    assert routes.target("g1") == "c:1"
+
+
+def test_a_node_that_failed_in_an_old_term_is_taken_once_it_leads_a_newer_one() -> None:
+    routes = routes_with(_termed("a:1", 5))
+    # b:1 answered NOT_LEADER (no hint) during the election...
+    routes.on_error("g1", "b:1", RequestError(Code.NOT_LEADER, "?", leader=None, term=5),
+                    now=101.0)
+    # ...and then won term 6: no FAILED_TTL wait
+    routes.learn_route(parse_route("orders", _termed("b:1", 6), 101.5), 101.5)
+    assert routes.target("g1") == "b:1"
+
+
+def test_an_older_hint_than_known_redirects_to_the_known_leader() -> None:
+    routes = routes_with(_termed("c:1", 6))
+    old = RequestError(Code.NOT_LEADER, "lagging", leader="a:1", term=5)
+    assert routes.on_error("g1", "b:1", old, now=101.0)  # retry at once...
+    assert routes.target("g1") == "c:1"  # ...at the leader of the newer term

@@ -112,10 +112,12 @@ def test_routes_span_groups_sorted_by_queue():
         [3, "ga", "127.0.0.1:7001"],
     ]
     assert set(route["replicas"]) == {"ga", "gb"}
+    assert route["terms"] == {"ga": 2, "gb": 5}
     assert r.route("audit", now=1) == {
         "total": 1,
         "queues": [[0, "gb", "127.0.0.1:7002"]],
         "replicas": {"gb": ["127.0.0.1:7002", "127.0.0.1:7003"]},
+        "terms": {"gb": 5},
     }
 
 

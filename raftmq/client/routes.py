@@ -66,6 +66,7 @@ class TopicRoute:
     replicas: dict[str, list[str]]
     fetched_at: float = 0.0
     stale: bool = False
+    terms: dict[str, int] = field(default_factory=dict)  # term of each group's leader claim
     _ids: list[int] | None = None
 
     @property
@@ -95,9 +96,10 @@ def parse_route(topic: str, header: Mapping[str, Any], now: float = 0.0) -> Topi
         replicas = {
             str(g): [str(a) for a in addrs] for g, addrs in (header.get("replicas") or {}).items()
         }
+        terms = {str(g): int(t) for g, t in (header.get("terms") or {}).items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise RequestError(Code.MALFORMED, f"bad ROUTE answer for {topic!r}: {exc!r}") from None
-    return TopicRoute(topic, total, queues, replicas, now)
+    return TopicRoute(topic, total, queues, replicas, now, terms=terms)
 
 
 def normalize_addresses(addrs: Sequence[str] | str) -> list[str]:
@@ -125,6 +127,7 @@ def backoff_delay(attempt: int, base: float = 0.05, cap: float = 1.0) -> float:
 @dataclass(slots=True)
 class _Group:
     leader: str | None = None
+    term: int = -1  # the term `leader` belongs to, when known
     hinted_at: float = -math.inf
     replicas: list[str] = field(default_factory=list)
     probe: int = 0
@@ -240,7 +243,7 @@ class Routes:
         for qr in route.queues.values():
             if qr.group not in seen:
                 seen.add(qr.group)
-                self._learn_leader(qr.group, qr.leader, now)
+                self._learn_leader(qr.group, qr.leader, now, route.terms.get(qr.group))
 
     def learn_cluster(self, cluster: Mapping[str, Any], now: float | None = None) -> None:
         now = anyio.current_time() if now is None else now
@@ -251,16 +254,26 @@ class Routes:
             addrs = [str(a) for a in (reps.values() if isinstance(reps, dict) else reps) if a]
             if addrs:
                 self._group(str(group)).replicas = sorted(addrs)
-            self._learn_leader(str(group), info.get("leader_addr"), now)
+            term = info.get("term")
+            self._learn_leader(str(group), info.get("leader_addr"), now,
+                               term if isinstance(term, int) else None)
 
-    def _learn_leader(self, group: str, addr: Any, now: float) -> None:
+    def _learn_leader(self, group: str, addr: Any, now: float, term: int | None = None) -> None:
         g = self._group(group)
-        if now - g.hinted_at < HINT_TTL and g.leader is not None:
+        newer = term is not None and term > g.term  # Raft: one leader per term, newest wins
+        if term is not None and term < g.term:
+            return  # older news than what a node already told us
+        if not newer and now - g.hinted_at < HINT_TTL and g.leader is not None:
             return  # a node told us more recently than the name servers' registration
         leader = str(addr) if addr else None
-        if leader is not None and now - g.failed.get(leader, -math.inf) < FAILED_TTL:
-            leader = None
+        if (leader is not None and not newer
+                and now - g.failed.get(leader, -math.inf) < FAILED_TTL):
+            leader = None  # it failed us in this term; a newer term clears that
         g.leader = leader
+        if leader is not None and term is not None:
+            g.term = term
+            if newer:
+                g.hinted_at = -math.inf
 
     def leader(self, group: str) -> str | None:
         g = self._groups.get(group)
@@ -301,6 +314,11 @@ class Routes:
         if exc.code == Code.NOT_LEADER and not isinstance(exc, TransportError):
             self._mark_stale(group)
             hint = exc.extra.get("leader")
+            hint_term = exc.extra.get("term")
+            if isinstance(hint_term, int) and hint_term < g.term and g.leader not in (None, addr):
+                # an older view than ours (the node has not heard of the new leader yet)
+                g.failed[addr] = now
+                return True
             if isinstance(hint, str) and hint and hint != addr:
                 # a follower may still name a leader we just lost (paused, cut off):
                 # follow it, but as a counted, backed-off attempt rather than at once
@@ -308,6 +326,8 @@ class Routes:
                 g.failed[addr] = now
                 g.leader = hint
                 g.hinted_at = now
+                if isinstance(hint_term, int):
+                    g.term = max(g.term, hint_term)
                 return not recent
             self._forget(g, addr, now)
             return False
