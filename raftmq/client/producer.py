@@ -766,7 +766,11 @@ class Producer:
                         continue
                 if group is not None:
                     failed_groups.add(group)
-                    self._faults[group] = anyio.current_time() + FAULT_WINDOW
+                    now = anyio.current_time()
+                    if self._faults.get(group, 0.0) <= now:
+                        # retries of batches already in flight must not extend the window,
+                        # or a group stays avoided long after its new leader is serving
+                        self._faults[group] = now + FAULT_WINDOW
                 attempt += 1
                 if attempt > self.retries:
                     self._abandon(topic, queue)
