@@ -63,6 +63,12 @@ def _send(argv: list[str]) -> int:
     return send_main(argv)
 
 
+def _message(argv: list[str]) -> int:
+    from raftmq.commands.message import main as message_main
+
+    return message_main(argv)
+
+
 def _consume(argv: list[str]) -> int:
     from raftmq.commands.consume import main as consume_main
 
@@ -88,6 +94,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "topic": (_topic, "create, list and describe topics: `topic create NAME --queues 4`"),
     "send": (_send, "send a message (`send --topic T TEXT`) or a load (`--count N --size B`)"),
     "consume": (_consume, "consume a topic in a consumer group, committing offsets"),
+    "message": (_message, "look a message up by id (`message get ID`) or by key"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
     "bench": (_bench, "benchmarks against a cluster: `bench produce`"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),

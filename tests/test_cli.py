@@ -127,6 +127,25 @@ def test_send_one_then_consume_it(cluster: LocalCluster) -> None:
     assert "offset=1" in line and "second" in line and "héllo" not in line
 
 
+def test_message_lookup_by_id_and_by_key(cluster: LocalCluster) -> None:
+    ok(raftmq(cluster, "topic", "create", "cli-look", "--queues", "3"))
+    sent = [json.loads(ok(raftmq(cluster, "send", "--topic", "cli-look", "--key", "order-9",
+                                 "--json", f"step {k}"))) for k in range(3)]
+    sent.append(json.loads(ok(raftmq(cluster, "send", "--topic", "cli-look", "--key", "other",
+                                     "--json", "not this one"))))
+    got = json_lines(ok(raftmq(cluster, "message", "get", sent[1]["msg_id"], "--json")))
+    assert [(g["msg_id"], g["body"], g["offset"]) for g in got] == [
+        (sent[1]["msg_id"], "step 1", sent[1]["offset"])]
+    by_key = json_lines(ok(raftmq(cluster, "message", "key", "--topic", "cli-look", "order-9",
+                                  "--json")))
+    assert sorted(m["body"] for m in by_key) == ["step 0", "step 1", "step 2"]
+    assert {m["msg_id"] for m in by_key} == {s["msg_id"] for s in sent[:3]}
+    missing = raftmq(cluster, "message", "get", "g0:999999:8")
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+    nothing = raftmq(cluster, "message", "key", "--topic", "cli-look", "no-such-key")
+    assert nothing.returncode == 1 and nothing.stdout == ""
+
+
 def test_send_many_consume_across_groups_no_loss_no_duplicates(cluster: LocalCluster) -> None:
     ok(raftmq(cluster, "topic", "create", "cli-many", "--queues", "6"))
     summary = json.loads(ok(raftmq(cluster, "send", "--topic", "cli-many", "--count", "500",

@@ -16,9 +16,10 @@ from typing import Any
 import anyio
 
 from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
+from broker.records import Message, decode_record, iter_records, message_id, parse_message_id
 
 from .connection import ConnectionPool, TransportError, is_retriable
-from .consumer import _ClientBase, query_offset, queue_bounds
+from .consumer import _ClientBase, decode_fetch, query_offset, queue_bounds
 from .routes import TopicRoute, backoff_delay, node_addresses
 
 __all__ = ["Admin", "QueueInfo", "QueueLag", "TopicInfo", "place_queues"]
@@ -273,6 +274,42 @@ class Admin(_ClientBase):
     async def committed_offset(self, group: str, topic: str, queue: int) -> int:
         """A consumer group's committed offset of one queue (-1 when none)."""
         return await query_offset(self.routes, group, topic, queue)
+
+    async def get_message(self, msg_id: str) -> Message:
+        """The message with id `msg_id` (ids name their group, so one request answers),
+        or RequestError NOT_FOUND."""
+        group, _index, _start = parse_message_id(msg_id)
+        frame = await self.routes.call_group(group, Op.GET_MESSAGE, {"msg_id": msg_id})
+        h = frame.header
+        msgs = decode_fetch(str(h["topic"]), int(h["queue"]), group, h, frame.body)
+        if len(msgs) != 1:
+            raise RequestError(Code.MALFORMED, f"GET_MESSAGE answered {len(msgs)} messages")
+        return msgs[0]
+
+    async def query_key(self, topic: str, key: str, *, max_per_group: int = 32) -> list[Message]:
+        """The newest messages with `key` in `topic` (RocketMQ's key index), oldest first
+        per queue; every group hosting the topic is asked at its leader."""
+        route = await self.routes.route(topic)
+        found: list[Message] = []
+
+        async def one(group: str) -> None:
+            frame = await self.routes.call_group(
+                group, Op.QUERY_KEY, {"topic": topic, "key": key, "max": max_per_group})
+            rows = frame.header.get("msgs") or []
+            spans = list(iter_records(frame.body))
+            for (gid, queue, offset, index, start, store_ms), (pos, _s) in zip(
+                    rows, spans, strict=True):
+                if gid != group:
+                    continue  # another group's answer, if this node leads it too
+                msg, _ = decode_record(frame.body, pos, topic=topic, queue=int(queue),
+                                       offset=int(offset), store_ms=int(store_ms),
+                                       msg_id=message_id(gid, int(index), int(start)))
+                found.append(msg)
+
+        async with anyio.create_task_group() as tg:
+            for group in route.groups:
+                tg.start_soon(one, group)
+        return sorted(found, key=lambda m: (m.queue, m.offset))
 
     async def consumer_lag(self, group: str, topic: str) -> dict[int, QueueLag]:
         """Per queue: committed offset, bounds and how many retained messages are left."""

@@ -19,7 +19,7 @@ from raftmq.client.consumer import PULL_BATCH, commit_offsets
 
 from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
 
-__all__ = ["main", "message_json"]
+__all__ = ["main", "message_json", "message_line"]
 
 PROG = "raftmq consume"
 POLL_SLICE = 1.0  # seconds one poll may wait, so the idle timeout is checked that often
@@ -63,7 +63,7 @@ def message_json(m: Message) -> dict[str, Any]:
     }
 
 
-def _message_line(m: Message) -> str:
+def message_line(m: Message) -> str:
     text = _body_text(m.body)
     body = text if text is not None else repr(m.body)
     meta = f"queue={m.queue} offset={m.offset}"
@@ -101,7 +101,7 @@ async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
                 if args.json:
                     print_json(message_json(m))
                 else:
-                    print(_message_line(m), flush=True)
+                    print(message_line(m), flush=True)
                 offsets[(m.topic, m.queue)] = m.offset + 1
             consumed += len(printed)
             cut = {(m.topic, m.queue) for m in batch[len(printed):]}
