@@ -63,6 +63,12 @@ def _send(argv: list[str]) -> int:
     return send_main(argv)
 
 
+def _lag(argv: list[str]) -> int:
+    from raftmq.commands.lag import main as lag_main
+
+    return lag_main(argv)
+
+
 def _message(argv: list[str]) -> int:
     from raftmq.commands.message import main as message_main
 
@@ -94,6 +100,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "topic": (_topic, "create, list and describe topics: `topic create NAME --queues 4`"),
     "send": (_send, "send a message (`send --topic T TEXT`) or a load (`--count N --size B`)"),
     "consume": (_consume, "consume a topic in a consumer group, committing offsets"),
+    "lag": (_lag, "how far a consumer group is behind, per queue"),
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
     "bench": (_bench, "benchmarks against a cluster: `bench produce`"),

@@ -140,6 +140,11 @@ def test_message_lookup_by_id_and_by_key(cluster: LocalCluster) -> None:
                                   "--json")))
     assert sorted(m["body"] for m in by_key) == ["step 0", "step 1", "step 2"]
     assert {m["msg_id"] for m in by_key} == {s["msg_id"] for s in sent[:3]}
+    ok(raftmq(cluster, "consume", "--group", "cg-look", "--topic", "cli-look", "--count", "2"))
+    lag = json.loads(ok(raftmq(cluster, "lag", "--group", "cg-look", "--topic", "cli-look",
+                               "--json")))
+    assert lag["total"] == 2 and len(lag["queues"]) == 3
+    assert "lag" in ok(raftmq(cluster, "lag", "--group", "cg-look", "--topic", "cli-look"))
     missing = raftmq(cluster, "message", "get", "g0:999999:8")
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
     nothing = raftmq(cluster, "message", "key", "--topic", "cli-look", "no-such-key")
