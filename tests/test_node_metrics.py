@@ -24,8 +24,12 @@ def _scrape(addr: str) -> dict[str, float]:
 
 def test_metrics_show_roles_indexes_traffic_and_lag(tmp_path):
     with LocalCluster(tmp_path, nodes=3, groups=3) as cluster:
-        leaders = cluster.wait_ready(timeout=60)
-        node = leaders["g0"]
+        cluster.wait_ready(timeout=60)
+        deadline = time.monotonic() + 30
+        while cluster.leaders() != {"g0": 1, "g1": 2, "g2": 3}:  # preferred leaders settle
+            assert time.monotonic() < deadline, cluster.leaders()
+            time.sleep(0.1)
+        node = 1
         addr = cluster.node_addr(node)
         request(addr, {"op": Op.CREATE_TOPIC, "g": "g0", "topic": "mt", "queues": 1,
                        "hosted": [0]})
@@ -53,5 +57,10 @@ def test_metrics_show_roles_indexes_traffic_and_lag(tmp_path):
         assert m['raftmq_raft_durable_index{group="g0"}'] >= m['raftmq_raft_commit_index{group="g0"}']
         assert m['raftmq_fsync_seconds_count{group="g0"}'] > 0
         follower = next(n for n in cluster.node_ids if n != node)
-        fm = _scrape(cluster.configs[follower - 1].metrics or "")
+        deadline = time.monotonic() + 10
+        while True:  # its gauges may still show a role it had before the last refresh
+            fm = _scrape(cluster.configs[follower - 1].metrics or "")
+            if fm.get('raftmq_raft_role{group="g0"}') == 0.0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert fm['raftmq_raft_role{group="g0"}'] == 0.0
