@@ -6,6 +6,7 @@ Layout of a group directory ``<dir>``::
     <dir>/commitlog/00000000001073741801   next segment (starts where the previous ends)
     <dir>/commitlog/index                  Raft index -> (position, term, size, type)
     <dir>/commitlog/base                   (index, term) of the entry before the first kept
+                                           (and, after `reset_to`, where the log restarts)
 
 Positions
     A *position* is a global byte offset into the concatenation of all segments. It
@@ -96,6 +97,20 @@ Retention (`delete_before`)
     its leading records (step 2). Positions are never reused: the first segment simply
     no longer starts at position 0.
 
+Reset (`reset_to`, for installing a snapshot)
+    Every entry goes and the log restarts after a given (index, term), in a fresh empty
+    segment at the current end position (positions are still never reused):
+
+    1. create that segment;
+    2. write the base file, in its reset form that also names the segment's position
+       (temp, fsync, rename, fsync dir: this also makes step 1 durable). This is the
+       commit point: from here the old entries are gone;
+    3. empty the index file, fsync it; unlink the old segments, fsync dir.
+
+    `open` rolls an interrupted reset forward: segments below the position the base
+    names are unlinked, and an index whose records point below it is rebuilt (as empty).
+    A failure at or after step 2 closes the log (reopen to recover).
+
 Threading: a CommitLog is not thread-safe. The caller serializes all calls; `sync` may
 run in a worker thread (``trio.to_thread.run_sync``) provided nothing else runs on the
 log meanwhile.
@@ -153,6 +168,9 @@ _TMP = ".tmp"
 _BASE_MAGIC = 0x42514D52  # b"RMQB" read as a little-endian u32
 _BASE_HEAD = struct.Struct("<IQQ")  # magic, index, term; then a crc32c of these
 _BASE = struct.Struct("<IQQI")
+_RESET_MAGIC = 0x52514D52  # b"RMQR": a base written by reset_to
+_RESET_HEAD = struct.Struct("<IQQQ")  # magic, index, term, start position; then a crc32c
+_RESET = struct.Struct("<IQQQI")
 _COPY_CHUNK = 8 << 20
 _TAIL_CACHE = 1 << 16  # index records of the newest entries kept in memory (2 MiB)
 _TAIL_WARM = 1024  # records loaded into the tail cache at open
@@ -890,6 +908,64 @@ class CommitLog:
             ) from exc
         return new_first
 
+    def reset_to(self, index: int, term: int) -> None:
+        """Discard every entry, durably, and restart the log after `index` (of term
+        `term`): afterwards `first_index() == index + 1`, `last_index() == index` and
+        `term(index) == term`. For installing a snapshot that covers up to `index`.
+
+        Crash-safe (see "Reset" in the module docstring): a reopen sees the old log or
+        the new empty one, never a mix. Any failure closes the log (reopen to recover).
+        """
+        self._check_open()
+        if index < 0 or term < 0:
+            raise ValueError(f"reset_to({index}, {term}): negative index or term")
+        pos = self._end
+        reuse = self._sizes[-1] == 0 and self._starts[-1] == pos  # already empty there
+        created = None
+        try:
+            if not reuse:
+                created = os.path.join(self.dir, _segment_name(pos))
+                os.close(os.open(created, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644))
+            head = _RESET_HEAD.pack(_RESET_MAGIC, index, term, pos)
+            atomic_write(os.path.join(self.dir, _BASE_NAME), head, _U32.pack(crc32c.crc32c(head)))
+        except OSError as exc:
+            self._close_fds()
+            if created is not None:
+                try:
+                    os.unlink(created)
+                except OSError:
+                    pass
+            raise CommitLogError(
+                f"resetting {self.dir} failed: {exc}; the log is closed, reopen it to recover"
+            ) from exc
+        old = [s for s in self._starts if s != pos]
+        try:
+            os.ftruncate(self._ifd, 0)
+            os.fsync(self._ifd)
+            for start in old:
+                self._drop_fd(start)
+                os.unlink(os.path.join(self.dir, _segment_name(start)))
+            fsync_dir(self.dir)
+        except OSError as exc:
+            self._close_fds()
+            raise CommitLogError(
+                f"resetting {self.dir} failed after its base was written: {exc}; the log is "
+                "closed, reopen it to finish"
+            ) from exc
+        self._starts, self._sizes = [pos], [0]
+        self._dirty.clear()
+        self._dir_dirty = False
+        self._first = index + 1
+        self._base = (index, term)
+        self._last, self._last_term = index, term
+        self._end = pos
+        self._durable = index
+        self._written = 0
+        self._index_unsynced = 0
+        self._tail = bytearray()
+        self._tail_first = index + 1
+        self._generation += 1  # an fsync begun before now vouches for nothing after it
+
     def _first_index_at(self, pos: int) -> int:
         """Smallest Raft index stored at or after position `pos` (last + 1 if none)."""
         lo, hi = self._first, self._last + 1
@@ -901,18 +977,25 @@ class CommitLog:
                 hi = mid
         return lo
 
-    def _read_base(self) -> tuple[int, int]:
+    def _read_base(self) -> tuple[int, int, int]:
+        """(index, term, start position) from the base file; the position is 0 unless
+        `reset_to` wrote it."""
         try:
             with open(os.path.join(self.dir, _BASE_NAME), "rb") as f:
-                raw = f.read(_BASE.size + 1)
+                raw = f.read(_RESET.size + 1)
         except FileNotFoundError:
-            return (0, 0)
-        if len(raw) != _BASE.size:
+            return (0, 0, 0)
+        if len(raw) == _BASE.size:
+            magic, index, term, crc = _BASE.unpack(raw)
+            start, want_magic, head_size = 0, _BASE_MAGIC, _BASE_HEAD.size
+        elif len(raw) == _RESET.size:
+            magic, index, term, start, crc = _RESET.unpack(raw)
+            want_magic, head_size = _RESET_MAGIC, _RESET_HEAD.size
+        else:
             raise CommitLogError(f"{self.dir}/{_BASE_NAME}: {len(raw)} bytes, not {_BASE.size}")
-        magic, index, term, crc = _BASE.unpack(raw)
-        if magic != _BASE_MAGIC or crc != crc32c.crc32c(raw[: _BASE_HEAD.size]):
+        if magic != want_magic or crc != crc32c.crc32c(raw[:head_size]):
             raise CommitLogError(f"{self.dir}/{_BASE_NAME} is corrupt")
-        return (index, term)
+        return (index, term, start)
 
     def _write_base(self, index: int, term: int) -> None:
         """Replace the base file atomically (temp, fsync, rename, fsync dir)."""
@@ -1366,10 +1449,18 @@ class CommitLog:
                 os.unlink(os.path.join(self.dir, leftover))
             except FileNotFoundError:
                 pass
-        self._base = self._read_base()
+        base_index, base_term, base_start = self._read_base()
+        self._base = (base_index, base_term)
         names = sorted(
             n for n in os.listdir(self.dir) if len(n) == _SEGMENT_NAME_LEN and n.isdigit()
         )
+        stale = [n for n in names if int(n) < base_start]
+        if stale:  # an interrupted reset_to: its base is written, so the old log is gone
+            for n in stale:
+                os.unlink(os.path.join(self.dir, n))
+                rep.deletion_finished.append(n)
+            fsync_dir(self.dir)
+            names = names[len(stale) :]
         self._starts = [int(n) for n in names]
         self._sizes = [os.path.getsize(os.path.join(self.dir, n)) for n in names]
         index_path = os.path.join(self.dir, _INDEX_NAME)
