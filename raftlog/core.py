@@ -9,19 +9,27 @@ Implemented: PreVote (thesis §9.6) and randomized election timeouts; check-quor
 leader lease (thesis §6.2); pipelined, batched replication with xTerm/xIndex fast backup;
 a NOOP on election and commit counting only current-term entries (§5.4.2); leadership
 transfer by TimeoutNow (thesis §3.10) and a preferred leader; ReadIndex (thesis §6.4);
-single-server membership changes with learners (thesis §4.1-4.2).
+single-server membership changes with learners (thesis §4.1-4.2); InstallSnapshot
+(paper §7, thesis §5.1).
 
-The store may start after index 1 (retention deleted a prefix the state machine had
-already snapshotted). There is no InstallSnapshot: a follower that needs an entry below
-the leader's first index is only reported in `needs_snapshot`; the retention policy uses
-`min_follower_match()` so that this does not happen to a live follower.
+Snapshots: the store may start after index 1 (retention deleted a prefix the state
+machine had already snapshotted). The shell hands the core its latest snapshot with
+`set_snapshot` (the core never reads files), and a leader sends it, whole, to a follower
+whose next entry lies below `first_index()`: a replica whose disk was replaced, a new
+learner, one that was down while retention ran. The follower hands it to its shell in
+`Ready.snapshot`, and once the shell reports `snapshot_installed` its log, commit and
+applied index all start at the snapshot's index and it acknowledges that index. The
+snapshot carries the membership in force at its index, since the entries that set it
+are gone. A follower whose disk was replaced says so when a heartbeat's commit lies
+beyond its log, or refuses the entry it once acknowledged: the leader then forgets that
+acknowledgement and probes from scratch (lowering a match is always safe).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from raftlog.progress import Progress
 from raftlog.types import (
@@ -35,6 +43,7 @@ from raftlog.types import (
     ReadState,
     Ready,
     Role,
+    Snapshot,
 )
 
 __all__ = ["NotLeader", "ProposalDropped", "RaftConfig", "RaftNode", "MUTATIONS"]
@@ -43,6 +52,7 @@ __all__ = ["NotLeader", "ProposalDropped", "RaftConfig", "RaftNode", "MUTATIONS"
 MUTATIONS = frozenset({"commit-old-term", "no-prevote-term-check"})
 
 _VOTE_RESPONSE = {MsgType.PREVOTE: MsgType.PREVOTE_RESP, MsgType.VOTE: MsgType.VOTE_RESP}
+_FROM_LEADER = frozenset({MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT})
 
 
 class NotLeader(Exception):
@@ -68,14 +78,22 @@ class RaftConfig:
     check_quorum: bool = True
     pre_vote: bool = True
     preferred_leader: int | None = None
+    snapshot_timeout_ticks: int = 0  # a sent snapshot unacknowledged this long is resent;
+    # 0: 4 election timeouts (leaving room to write and restore it)
     mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.heartbeat_ticks < 1 or self.election_ticks <= self.heartbeat_ticks:
             raise ValueError("need 1 <= heartbeat_ticks < election_ticks")
+        if self.snapshot_timeout_ticks < 0:
+            raise ValueError("snapshot_timeout_ticks must be >= 0")
         unknown = self.mutations - MUTATIONS
         if unknown:
             raise ValueError(f"unknown mutations: {sorted(unknown)}")
+
+    @property
+    def snapshot_retry_ticks(self) -> int:
+        return self.snapshot_timeout_ticks or 4 * self.election_ticks
 
 
 class RaftNode:
@@ -138,6 +156,11 @@ class RaftNode:
         self._ack_to: int | None = None
         self._ack_index = 0
         self._acked = 0
+        # Snapshots: the newest the shell holds (what a leader sends), and one a leader
+        # sent us that the shell is installing (handed out once as Ready.snapshot).
+        self._snapshot: Snapshot | None = None
+        self._installing: Snapshot | None = None
+        self._snapshot_out: Snapshot | None = None
         self._step_role: dict[Role, Callable[[Message], None]] = {
             Role.FOLLOWER: self._step_follower,
             Role.PRE_CANDIDATE: self._step_candidate,
@@ -166,8 +189,35 @@ class RaftNode:
     @property
     def needs_snapshot(self) -> frozenset[int]:
         """Peers this leader cannot catch up: they need entries below the store's first
-        index (deleted by retention). They get heartbeats only."""
+        index and no snapshot covering them was handed to `set_snapshot`. They get
+        heartbeats only."""
         return frozenset(self._needs_snapshot)
+
+    @property
+    def sending_snapshot(self) -> dict[int, int]:
+        """Peers a snapshot was sent to and not yet acknowledged: peer -> its index."""
+        return {p: pr.snapshot for p, pr in self._progress.items() if pr.snapshot}
+
+    @property
+    def snapshot_index(self) -> int:
+        """Index of the snapshot a leader would send (0: none)."""
+        return self._snapshot.index if self._snapshot is not None else 0
+
+    @property
+    def installing(self) -> Snapshot | None:
+        """The snapshot the shell is installing (handed out, not yet reported done)."""
+        return self._installing
+
+    def membership_at(self, index: int) -> Membership:
+        """The membership in force at `index`, for a snapshot taken there.
+
+        Known for any index from the latest snapshot's on (records are kept until a
+        snapshot passes them: restarts resume there); below it, the oldest on record.
+        """
+        for i, _t, m in reversed(self._configs):
+            if i <= index:
+                return m
+        return self._configs[0][2]
 
     def min_follower_match(self) -> int | None:
         """Lowest index known replicated on every other member (voters and learners);
@@ -236,10 +286,10 @@ class RaftNode:
             if m.type == MsgType.PREVOTE or (m.type == MsgType.PREVOTE_RESP and not m.reject):
                 pass  # pre-votes never change terms
             else:
-                leader = m.src if m.type in (MsgType.APPEND, MsgType.HEARTBEAT) else None
+                leader = m.src if m.type in _FROM_LEADER else None
                 self._become_follower(m.term, leader)
         elif m.term < self.term:
-            if m.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+            if m.type in _FROM_LEADER:
                 # Tell a stale leader about the newer term so it steps down (it may be
                 # partitioned from everyone else and never see a vote request).
                 self._send(MsgType.APPEND_RESP, m.src, reject=True, log_index=m.log_index)
@@ -260,6 +310,8 @@ class RaftNode:
 
     def persisted(self, index: int, term: int) -> None:
         """The store has fsynced everything up to `index`, whose term was `term`."""
+        if self._installing is not None:
+            return  # the log it speaks of is being replaced
         if index <= self._persisted or index > self._last_index or self.term_at(index) != term:
             return  # stale: already known, or that entry has since been replaced
         self._persisted = index
@@ -267,6 +319,49 @@ class RaftNode:
             self._progress[self.id].acked(index)
             self._maybe_commit()
         else:
+            self._flush_ack()
+
+    def set_snapshot(self, snap: Snapshot) -> None:
+        """The shell holds `snap` durably (taken at an applied index, or restored at
+        start): a leader sends it to followers that need entries below `first_index()`.
+        Older snapshots than the one held are ignored. Without a membership (a file from
+        before it was recorded) the core fills in `membership_at(snap.index)`."""
+        if snap.index > self.applied:
+            raise ValueError(f"snapshot at {snap.index} is beyond applied {self.applied}")
+        if self._snapshot is not None and snap.index <= self._snapshot.index:
+            return
+        if snap.membership is None:
+            snap = replace(snap, membership=self.membership_at(snap.index))
+        elif self._configs[0][0] > snap.index:
+            # After a restart the records may start above a snapshot restored below them
+            # (superseded ones were dropped while applied ran ahead of it): the snapshot
+            # knows what was in force at its index.
+            self._configs.insert(0, (snap.index, snap.term, snap.membership))
+        self._snapshot = snap
+
+    def snapshot_installed(self, index: int, term: int) -> None:
+        """The shell has done what `Ready.snapshot` asked: the snapshot is durable, the
+        state machine restored from it and the store reset to start after `index`.
+
+        The log, commit and applied index now end at `index`, the snapshot becomes the
+        one this replica would send as leader, and the leader hears the new match.
+        """
+        snap = self._installing
+        if snap is None or (snap.index, snap.term) != (index, term):
+            raise ValueError(f"no snapshot {index}@{term} is being installed")
+        assert snap.membership is not None
+        self._installing = None
+        self._snapshot = snap
+        self._pending = []
+        self._last_index = self._persisted = self.commit = self.applied = index
+        self._last_term = term
+        self._configs = [(index, term, snap.membership)]
+        self._hs_dirty = True
+        if self.leader is not None:
+            # Any leader of this term or later holds the committed prefix up to `index`.
+            self._ack_to = self.leader
+            self._ack_index = index
+            self._acked = 0
             self._flush_ack()
 
     def transfer_leadership(self, target: int) -> None:
@@ -324,14 +419,20 @@ class RaftNode:
                 for peer in self._progress:
                     if peer != self.id:
                         self._send_append(peer, fill=True)
-        rd = Ready(entries=self._pending, messages=self._out, reads=self._reads_out)
+        installing = self._installing is not None
+        rd = Ready(
+            entries=[] if installing else self._pending, messages=self._out, reads=self._reads_out
+        )
+        if self._snapshot_out is not None:
+            rd.snapshot, self._snapshot_out = self._snapshot_out, None
         if self._hs_dirty:
             rd.hard_state = HardState(self.term, self.vote, tuple(self._configs))
             self._hs_dirty = False
-        if self.commit > self.applied:
+        if self.commit > self.applied and not installing:
             rd.apply = self._entries(self.applied + 1, self.commit + 1, self.cfg.max_apply_bytes)
             self.applied = rd.apply[-1].index
-        self._pending = []
+        if not installing:
+            self._pending = []
         self._out = []
         self._reads_out = []
         return rd
@@ -361,7 +462,8 @@ class RaftNode:
         self._read_rounds = []
 
     def _can_campaign(self) -> bool:
-        return self.id in self.membership.voters
+        # Not while a snapshot is being installed: the log is about to be replaced.
+        return self.id in self.membership.voters and self._installing is None
 
     def _campaign(self, kind: MsgType, *, transfer: bool = False) -> None:
         """Start a pre-vote round or a real election (`transfer` skips voters' lease check)."""
@@ -460,7 +562,7 @@ class RaftNode:
 
     def _step_candidate(self, m: Message) -> None:
         t = m.type
-        if t in (MsgType.APPEND, MsgType.HEARTBEAT):
+        if t in _FROM_LEADER:
             self._become_follower(self.term, m.src)
             self._step_follower(m)
             return
@@ -482,11 +584,22 @@ class RaftNode:
         t = m.type
         if t == MsgType.APPEND:
             self._heard_from_leader(m.src)
-            self._handle_append(m)
+            if self._installing is None:  # else dropped: the leader resends after us
+                self._handle_append(m)
         elif t == MsgType.HEARTBEAT:
             self._heard_from_leader(m.src)
-            self._commit_to(min(m.commit, self._last_index))
+            if self._installing is None and m.commit > self._last_index:
+                # The leader counts entries we acknowledged and no longer hold: our disk
+                # was replaced. Say so, and where our log ends, so it probes afresh.
+                self._send(MsgType.HEARTBEAT_RESP, m.src, context=m.context, reject=True,
+                           hint_index=self._last_index + 1)
+                return
+            if self._installing is None:
+                self._commit_to(m.commit)
             self._send(MsgType.HEARTBEAT_RESP, m.src, context=m.context)
+        elif t == MsgType.SNAPSHOT:
+            self._heard_from_leader(m.src)
+            self._handle_snapshot(m)
         elif t == MsgType.TIMEOUT_NOW and self._can_campaign():
             self._campaign(MsgType.VOTE, transfer=True)
 
@@ -518,6 +631,33 @@ class RaftNode:
         self._ack_to = m.src
         self._ack_index = max(self._ack_index, last_new)
         self._flush_ack(repeat=last_new <= self._persisted)
+
+    def _handle_snapshot(self, m: Message) -> None:
+        """InstallSnapshot receiver (paper §7, Figure 13)."""
+        if self._installing is not None or m.membership is None:
+            return  # one install at a time (the leader resends if this one was lost)
+        index, term = m.log_index, m.log_term
+        if index <= self.commit or self._matches(index, term):
+            # Our log already holds the snapshot's last entry and so, by Log Matching,
+            # everything before it: keep the log and what follows (paper §7), and
+            # answer as to an empty append after that entry.
+            self._handle_append(
+                Message(MsgType.APPEND, m.src, m.dst, m.term, log_index=index, log_term=term,
+                        commit=m.commit)
+            )
+            return
+        snap = Snapshot(index, term, m.snapshot, m.membership)
+        self._installing = self._snapshot_out = snap
+        # The log is frozen until the shell reports back: no entries handed out (what is
+        # pending dies with the log), no acknowledgements, commits or campaigns.
+        self._ack_to = None
+        self._ack_index = self._acked = 0
+        # The snapshot's membership is persisted (with this Ready's hard state) before
+        # the shell resets the log. Records of the old log stay for a restart that
+        # finds the reset undone; they lie below the new first index once it is done.
+        self._configs = [c for c in self._configs if c[0] < index]
+        self._configs.append((index, term, m.membership))
+        self._hs_dirty = True
 
     def _reject_append(self, m: Message) -> None:
         """Reply with the xTerm/xIndex hint so the leader skips a whole term per round trip."""
@@ -555,6 +695,10 @@ class RaftNode:
     def _tick_leader(self) -> None:
         self._heartbeat_elapsed += 1
         self._election_elapsed += 1
+        retry = self.cfg.snapshot_retry_ticks
+        for pr in self._progress.values():
+            if pr.snapshot:
+                pr.snapshot_tick(retry)  # lost: back to probe, resent on the next contact
         if self._transferee is not None:
             self._transfer_elapsed += 1
             if self._transfer_elapsed >= self.cfg.election_ticks:
@@ -628,18 +772,23 @@ class RaftNode:
                     self._send_append(m.src)
             else:
                 was_probe = not pr.replicating
-                if pr.acked(m.log_index):
-                    if was_probe:
+                news = pr.acked(m.log_index)  # leaves SNAPSHOT once the snapshot is in
+                if pr.snapshot and pr.match + 1 >= self._store.first_index():
+                    pr.become_probe()  # the log holds all it lacks: no snapshot needed
+                if news:
+                    if was_probe and not pr.snapshot:
                         pr.become_replicate()
                     self._maybe_commit()
                     if self.role != Role.LEADER:
                         return  # the commit removed us from the group
                     if self._transferee == m.src and pr.match == self._last_index:
                         self._send(MsgType.TIMEOUT_NOW, m.src)
-                elif was_probe and pr.match == self._last_index:
+                elif was_probe and not pr.snapshot and pr.match == self._last_index:
                     pr.become_replicate()
                 self._send_append(m.src, fill=True)
         elif t == MsgType.HEARTBEAT_RESP:
+            if m.reject:
+                pr.lost(m.hint_index)
             pr.paused = False
             if pr.replicating and len(pr.inflight) >= self.cfg.max_inflight:
                 pr.inflight.popleft()  # an ack may have been lost: let one more through
@@ -656,15 +805,18 @@ class RaftNode:
         floor = self._store.first_index() - 1  # terms below it are gone with the entries
         while i > floor and self.term_at(i) > m.hint_term:
             i -= 1
-        if i > 0 and self.term_at(i) == m.hint_term:
+        if i >= floor and i > 0 and self.term_at(i) == m.hint_term:
             return i + 1
-        return m.hint_index
+        return m.hint_index  # (below our first index too: the snapshot will cover it)
 
     def _send_append(self, peer: int, *, fill: bool = False, empty_ok: bool = False) -> None:
         """Send what `peer` lacks: one append in probe, up to the window when replicating."""
         pr = self._progress[peer]
-        if pr.next < self._store.first_index():
-            self._needs_snapshot.add(peer)  # without InstallSnapshot, nothing to send
+        if pr.snapshot:
+            return  # a snapshot is on its way: wait for its acknowledgement
+        first = self._store.first_index()
+        if pr.next < first:
+            self._send_snapshot(peer, pr, first)
             return
         self._needs_snapshot.discard(peer)
         while pr.can_send(self.cfg.max_inflight):
@@ -691,6 +843,30 @@ class RaftNode:
             if not (fill and pr.replicating and entries):
                 return
             empty_ok = False
+
+    def _send_snapshot(self, peer: int, pr: Progress, first: int) -> None:
+        """`peer` needs entries below our first index: send the snapshot that covers them."""
+        snap = self._snapshot
+        if snap is None or snap.index < first - 1:
+            self._needs_snapshot.add(peer)  # nothing covers the gap: heartbeats only
+            return
+        if not pr.can_send(self.cfg.max_inflight):
+            return
+        self._needs_snapshot.discard(peer)
+        self._out.append(
+            Message(
+                MsgType.SNAPSHOT,
+                self.id,
+                peer,
+                self.term,
+                log_index=snap.index,
+                log_term=snap.term,
+                commit=self.commit,
+                snapshot=snap.data,
+                membership=snap.membership,
+            )
+        )
+        pr.become_snapshot(snap.index)
 
     def _maybe_commit(self) -> None:
         voters = self.membership.voters
@@ -804,7 +980,9 @@ class RaftNode:
             return
         # Forget membership records superseded by a committed one that is also on our
         # disk: the hard state must still name a membership after a crash loses the tail.
-        settled_at = min(index, self._persisted)
+        # Keep the one in force at our snapshot (0: none), where a restart resumes, so
+        # that `membership_at` stays right for every snapshot taken after it.
+        settled_at = min(index, self._persisted, self.snapshot_index)
         settled = [c for c in self._configs if c[0] <= settled_at]
         if len(settled) > 1:
             self._configs = [settled[-1], *(c for c in self._configs if c[0] > settled_at)]
@@ -814,8 +992,9 @@ class RaftNode:
         self._out.append(Message(type, self.id, to, self.term, **fields))  # type: ignore[arg-type]
 
     def describe(self) -> str:
+        installing = f" installing={self._installing.index}" if self._installing else ""
         return (
             f"node {self.id} {self.role.name} t{self.term} lead={self.leader} "
             f"last={self._last_index}@{self._last_term} commit={self.commit} "
-            f"applied={self.applied} persisted={self._persisted}"
+            f"applied={self.applied} persisted={self._persisted}{installing}"
         )

@@ -2,7 +2,9 @@
 
 Invariant: `match < next`. In PROBE the leader sends one append at a time and waits for a
 reply (it does not know where the follower's log diverges); in REPLICATE it streams
-appends optimistically, at most `max_inflight` unacknowledged at once (pipelining).
+appends optimistically, at most `max_inflight` unacknowledged at once (pipelining); in
+SNAPSHOT (`snapshot` > 0) it has sent its snapshot and sends nothing else until the
+follower acknowledges it, or until `snapshot_elapsed` says the transfer was lost.
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    __slots__ = ("match", "next", "replicating", "paused", "inflight", "recent_active")
+    __slots__ = (
+        "match",
+        "next",
+        "replicating",
+        "paused",
+        "inflight",
+        "recent_active",
+        "snapshot",
+        "snapshot_elapsed",
+    )
 
     def __init__(self, next_index: int) -> None:
         self.match = 0
@@ -22,20 +33,35 @@ class Progress:
         self.paused = False  # PROBE only: an append is outstanding
         self.inflight: deque[int] = deque()  # REPLICATE only: last index of each unacked append
         self.recent_active = False  # heard from since the last check-quorum round
+        self.snapshot = 0  # SNAPSHOT only: index of the snapshot sent (0: not in SNAPSHOT)
+        self.snapshot_elapsed = 0  # ticks since it was sent
 
     def become_probe(self) -> None:
         self.replicating = False
         self.paused = False
         self.inflight.clear()
+        self.snapshot = 0
         self.next = self.match + 1
 
     def become_replicate(self) -> None:
         self.replicating = True
         self.paused = False
         self.inflight.clear()
+        self.snapshot = 0
         self.next = self.match + 1
 
+    def become_snapshot(self, index: int) -> None:
+        """The snapshot up to `index` is on its way: wait for its acknowledgement."""
+        self.replicating = False
+        self.paused = False
+        self.inflight.clear()
+        self.snapshot = index
+        self.snapshot_elapsed = 0
+        self.next = index + 1
+
     def can_send(self, max_inflight: int) -> bool:
+        if self.snapshot:
+            return False
         if self.replicating:
             return len(self.inflight) < max_inflight
         return not self.paused
@@ -54,6 +80,8 @@ class Progress:
         self.paused = False
         while self.inflight and self.inflight[0] <= index:
             self.inflight.popleft()
+        if self.snapshot and index >= self.snapshot:
+            self.snapshot = 0  # installed: the caller moves on to replicating
         if index <= self.match:
             return False
         self.match = index
@@ -64,17 +92,50 @@ class Progress:
         """A follower refused an append whose previous index was `rejected`.
 
         Returns False when the refusal is stale (it answers an append sent before a
-        later one already moved us on), so the caller ignores it.
+        later one already moved us on, or before the snapshot now on its way), so the
+        caller ignores it.
+
+        A probe refused at `match` itself means the follower no longer holds what it
+        once acknowledged (its disk was replaced), or that the refusal is a duplicate of
+        an older one. Either way `match` starts over from 0, which is always safe (it
+        only delays commitment) and lets the probe walk below the old match; a healthy
+        follower's next acknowledgement restores it.
         """
+        if self.snapshot:
+            return False
         if self.replicating:
             if rejected <= self.match:
                 return False
         elif rejected != self.next - 1:
             return False
+        if rejected <= self.match:
+            self.match = 0
         self.become_probe()
         self.next = max(min(next_hint, rejected), self.match + 1)
         return True
 
+    def lost(self, next_hint: int) -> None:
+        """The follower says its log ends before `match` (its disk was replaced): forget
+        the match and probe from where its log ends. Ignored while a snapshot is on its
+        way (the follower holds nothing until it is installed)."""
+        if self.snapshot:
+            return
+        self.match = 0
+        self.become_probe()
+        self.next = max(1, next_hint)
+
+    def snapshot_tick(self, retry_ticks: int) -> bool:
+        """One tick in SNAPSHOT; True when the transfer is given up as lost (back to
+        PROBE, so the next contact sends the snapshot again)."""
+        self.snapshot_elapsed += 1
+        if self.snapshot_elapsed < retry_ticks:
+            return False
+        self.become_probe()
+        return True
+
     def __repr__(self) -> str:
-        state = "replicate" if self.replicating else ("probe-paused" if self.paused else "probe")
+        if self.snapshot:
+            state = f"snapshot {self.snapshot}"
+        else:
+            state = "replicate" if self.replicating else ("probe-paused" if self.paused else "probe")
         return f"Progress(match={self.match}, next={self.next}, {state}, inflight={len(self.inflight)})"

@@ -9,15 +9,29 @@ The contract the shell keeps with the core (the etcd `Ready` loop, adapted):
 2. Call `ready()`. It drains everything the core wants done:
    a. `hard_state`, when set, is persisted atomically (and fsynced) *before* any message
       of this Ready is sent: vote grants and term changes depend on it.
-   b. `entries` are appended to the store before the next event is fed. When
+   b. `snapshot`, when set (followers only), replaces the state machine and the log:
+      make it durable (so a restart restores it), restore the state machine from its
+      `data`, reset the store so that it holds no entries and `first_index() ==
+      snapshot.index + 1` with `term(snapshot.index) == snapshot.term`, then call
+      `snapshot_installed(index, term)`. The hard state of the same Ready already names
+      `snapshot.membership`; a Ready that carries a snapshot carries no `entries` and
+      no `apply`. The install may take a while (the shell may await it): until
+      `snapshot_installed` the core keeps taking events but appends nothing,
+      acknowledges nothing, commits nothing and does not campaign. Should the process
+      die in between, the shell finishes the install on restart (its snapshot is newer
+      than its log) or starts over from its old log (it had not written the snapshot).
+   c. `entries` are appended to the store before the next event is fed. When
       `entries[0].index <= store.last_index()` the store first truncates its suffix from
       that index (a conflicting, uncommitted tail). Durability may lag: the shell calls
       `persisted(index, term)` once an fsync covers `index`. Append acknowledgements and
       the leader's own vote in the commit count wait for that call, never for the write.
-   c. `messages` may then be sent.
-   d. `apply` entries are committed; hand them to the state machine in order.
-   e. `reads` are ReadIndex answers: serve request `id` once applied >= `index`.
-3. At construction the core assumes everything in the store is durable.
+   d. `messages` may then be sent.
+   e. `apply` entries are committed; hand them to the state machine in order.
+   f. `reads` are ReadIndex answers: serve request `id` once applied >= `index`.
+3. At construction the core assumes everything in the store is durable. A shell that
+   restored its state machine from a snapshot passes `applied=snapshot.index` and hands
+   the snapshot to `set_snapshot`, as it does each time it takes a new one: a leader
+   sends its latest snapshot to a follower that needs entries below `first_index()`.
 """
 
 from __future__ import annotations
@@ -37,6 +51,7 @@ __all__ = [
     "ReadState",
     "Ready",
     "Role",
+    "Snapshot",
 ]
 
 
@@ -105,6 +120,29 @@ class HardState:
     configs: tuple[tuple[int, int, Membership], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A state-machine image that includes every entry up to `index` (of term `term`).
+
+    `membership` is the configuration in force at `index` (the last CONFIG entry at or
+    below it, else the bootstrap one): a replica that installs the snapshot has no log
+    left to learn it from (etcd's ConfState). It is None only in snapshot files written
+    before it was recorded; the core then falls back on the configurations it knows.
+    """
+
+    index: int
+    term: int
+    data: bytes
+    membership: Membership | None = None
+
+    def describe(self) -> str:
+        m = self.membership
+        who = f" voters {sorted(m.voters)}" if m is not None else ""
+        if m is not None and m.learners:
+            who += f" learners {sorted(m.learners)}"
+        return f"snapshot {self.index}@{self.term} ({len(self.data)}B){who}"
+
+
 class Role(IntEnum):
     FOLLOWER = 0
     PRE_CANDIDATE = 1
@@ -122,6 +160,7 @@ class MsgType(IntEnum):
     HEARTBEAT = 6
     HEARTBEAT_RESP = 7
     TIMEOUT_NOW = 8
+    SNAPSHOT = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +175,19 @@ class Message:
       the rejected previous index, `hint_term`/`hint_index` the fast-backup hint (xTerm,
       xIndex), `commit` unused.
     - HEARTBEAT: `commit` (never above the follower's match), `context` = ReadIndex round.
-    - HEARTBEAT_RESP: `context` echoed.
+    - HEARTBEAT_RESP: `context` echoed; `reject` when the heartbeat's commit lies beyond
+      the follower's log (it lost entries it had acknowledged: a replaced disk), with
+      `hint_index` = its last index + 1.
+    - SNAPSHOT (InstallSnapshot: paper §7, thesis §5.1): `log_index`/`log_term` = the
+      last entry the snapshot includes, `membership` = the configuration in force there,
+      `snapshot` = the state machine's bytes, `commit` = the leader's. Answered by an
+      APPEND_RESP whose match is `log_index` once the follower has installed it durably.
+
+    The whole snapshot travels in one message, which keeps the protocol simple while
+    states are small next to what a link carries in an election timeout. Large states
+    would want the thesis' chunked transfer (offset + done flag, acknowledged per chunk),
+    so that one transfer neither holds the whole image in one buffer nor delays the
+    heartbeats that share the link.
     """
 
     type: MsgType
@@ -151,14 +202,18 @@ class Message:
     hint_index: int = 0
     hint_term: int = 0
     context: int = 0
+    snapshot: bytes = b""
+    membership: Membership | None = None
 
     def describe(self) -> str:
         parts = [f"{self.src}->{self.dst} {self.type.name} t{self.term}"]
-        if self.type in (MsgType.APPEND, MsgType.PREVOTE, MsgType.VOTE):
+        if self.type in (MsgType.APPEND, MsgType.PREVOTE, MsgType.VOTE, MsgType.SNAPSHOT):
             parts.append(f"[{self.log_index}@{self.log_term}]")
+        if self.type == MsgType.SNAPSHOT:
+            parts.append(f"({len(self.snapshot)}B)")
         if self.entries:
             parts.append(f"+{len(self.entries)}({self.entries[0].index}..{self.entries[-1].index})")
-        if self.type in (MsgType.APPEND, MsgType.HEARTBEAT):
+        if self.type in (MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT):
             parts.append(f"c{self.commit}")
         if self.type == MsgType.APPEND_RESP:
             parts.append(
@@ -188,10 +243,16 @@ class Ready:
     messages: list[Message] = field(default_factory=list)
     apply: list[Entry] = field(default_factory=list)
     reads: list[ReadState] = field(default_factory=list)
+    snapshot: Snapshot | None = None  # to install (followers): see the module docstring
 
     def __bool__(self) -> bool:
         return bool(
-            self.hard_state is not None or self.entries or self.messages or self.apply or self.reads
+            self.hard_state is not None
+            or self.snapshot is not None
+            or self.entries
+            or self.messages
+            or self.apply
+            or self.reads
         )
 
 
@@ -199,8 +260,10 @@ class LogStore(Protocol):
     """Read-only view of the durable-or-written log that the core consults.
 
     Index 0 is the sentinel before the first entry: `term(0) == 0`. Retention may delete
-    a prefix: entries then start at `first_index()`, and `term(first_index() - 1)` must
-    still be answered (it is the previous term of the first entry a leader can send).
+    a prefix, and installing a snapshot replaces the whole log: entries then start at
+    `first_index()`, and `term(first_index() - 1)` must still be answered (it is the
+    previous term of the first entry a leader can send). A log may hold no entries at
+    all: `last_index() == first_index() - 1`.
     """
 
     def first_index(self) -> int:

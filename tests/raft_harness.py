@@ -3,7 +3,10 @@
 Messages wait in a mailbox until a test delivers, drops or filters them, so a scenario
 reads like the paper's figures: `campaign 1`, `deliver`, `isolate 3`, `stabilize`.
 Storage is the simulator's in-memory disk: `persist()` is an fsync, `crash()` drops what
-was never fsynced.
+was never fsynced. Each node's state machine is the list of MESSAGES payloads it applied
+(`state`); `snapshot(i)` saves it at node i's applied index and compacts its log, and a
+snapshot a leader sends is installed at once, or held until `install(i)` when
+`auto_install` is off.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from raftlog.core import RaftConfig, RaftNode
 from raftlog.sim.disk import SimStore
-from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role
+from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role, Snapshot
 
 
 class Cluster:
@@ -29,6 +32,10 @@ class Cluster:
         self.rng = random.Random(seed)
         self.config = config or (lambda i: RaftConfig())
         self.auto_persist = auto_persist
+        self.auto_install = True
+        self.installing: dict[int, Snapshot] = {}  # handed out, held back (auto_install off)
+        self.installed: dict[int, list[Snapshot]] = {}
+        self.state: dict[int, list[bytes]] = {}
         self.stores: dict[int, SimStore] = {}
         self.nodes: dict[int, RaftNode] = {}
         self.mailbox: list[Message] = []
@@ -42,11 +49,18 @@ class Cluster:
 
     def start(self, i: int) -> None:
         st = self.stores[i]
+        snap = st.snapshot
         self.nodes[i] = RaftNode(
-            i, st, st.hard_state, self.config(i), rng=random.Random(self.rng.random())
+            i, st, st.hard_state, self.config(i), rng=random.Random(self.rng.random()),
+            applied=snap.index if snap is not None else 0,
         )
+        self.state[i] = _decode_state(snap.data) if snap is not None else []
+        if snap is not None:
+            self.nodes[i].set_snapshot(snap)
         self.applied[i] = []
         self.reads.setdefault(i, [])
+        self.installed.setdefault(i, [])
+        self.installing.pop(i, None)
 
     def crash(self, i: int) -> None:
         self.stores[i].crash()
@@ -61,13 +75,45 @@ class Cluster:
         st = self.stores[i]
         if rd.hard_state is not None:
             st.save_hard_state(rd.hard_state)
+        if rd.snapshot is not None:
+            assert not rd.entries and not rd.apply
+            st.save_snapshot(rd.snapshot)
+            self.installing[i] = rd.snapshot
+            if self.auto_install:
+                self._installed(i)
         if rd.entries:
             st.append(rd.entries)
         self.mailbox.extend(rd.messages)
         self.applied[i].extend(rd.apply)
+        self.state[i].extend(e.data for e in rd.apply if e.type == EntryType.MESSAGES)
         self.reads[i].extend(rd.reads)
         if self.auto_persist:
             self.persist(i)
+
+    def _installed(self, i: int) -> None:
+        snap = self.installing.pop(i)
+        self.stores[i].reset_to(snap.index, snap.term)
+        self.state[i] = _decode_state(snap.data)
+        self.installed[i].append(snap)
+        self.nodes[i].snapshot_installed(snap.index, snap.term)
+
+    def install(self, i: int) -> None:
+        """Finish the install held back for node i (auto_install off)."""
+        self._installed(i)
+        self.process(i)
+
+    def snapshot(self, i: int, keep: int = 0) -> Snapshot:
+        """Node i snapshots its state at its applied index and compacts its log up to
+        there (minus `keep` entries), as the runtime's retention does."""
+        node, st = self.nodes[i], self.stores[i]
+        snap = Snapshot(node.applied, node.term_at(node.applied), _encode_state(self.state[i]),
+                        node.membership_at(node.applied))
+        st.save_snapshot(snap)
+        node.set_snapshot(snap)
+        upto = min(snap.index, st.durable_len) - keep
+        if upto > st.base[0]:
+            st.compact(upto)
+        return snap
 
     def persist(self, i: int) -> None:
         st = self.stores[i]
@@ -150,3 +196,16 @@ class Cluster:
 
     def payloads(self, i: int) -> list[bytes]:
         return [e.data for e in self.applied[i] if e.type == EntryType.MESSAGES]
+
+
+def _encode_state(payloads: list[bytes]) -> bytes:
+    return b"".join(len(p).to_bytes(4, "big") + p for p in payloads)
+
+
+def _decode_state(data: bytes) -> list[bytes]:
+    out, k = [], 0
+    while k < len(data):
+        n = int.from_bytes(data[k : k + 4], "big")
+        out.append(data[k + 4 : k + 4 + n])
+        k += 4 + n
+    return out

@@ -7,6 +7,7 @@ Scale with SIM_SEEDS (default 1000 histories) and SIM_JOBS (default: 2 processes
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 import raftlog.core
 from raftlog.sim import run_seed, sweep
-from raftlog.types import Role
+from raftlog.types import Role, Snapshot
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "1000"))
 STEPS = 3000
@@ -53,11 +54,13 @@ def test_default_histories_have_no_violations(chunk: int) -> None:
         f"\nseeds {seeds.start}-{seeds.stop - 1}: {summary.seeds} histories, {summary.events} steps"
         f" in {summary.elapsed_s:.1f}s ({summary.steps_per_s:.0f} steps/s), nodes {summary.nodes},"
         f" crashes {f['crashes']}, torn writes {f['torn_writes']}, partitions {f['partitions']},"
-        f" pauses {f['pauses']}, leader changes {f['leader_changes']},"
+        f" pauses {f['pauses']}, leader changes {f['leader_changes']}, wipes {f['wipes']},"
+        f" snapshots taken {f['snapshots']} and installed {f['installs']},"
         f" committed {summary.committed}, violations {summary.violations}"
     )
     assert summary.seeds == len(seeds)
     assert f["crashes"] > 0 and f["torn_writes"] > 0 and f["partitions"] > 0
+    assert f["snapshots"] > 0 and f["installs"] > 0 and f["wipes"] > 0
     assert summary.violations == 0, _fail_report(summary)
 
 
@@ -170,6 +173,27 @@ def test_liveness_after_heal() -> None:
         assert r.liveness_ms is not None
         worst = max(worst, r.liveness_ms)
     print(f"\nslowest recovery after heal: {worst:.0f}ms of virtual time")
+
+
+class _MislabelledSnapshot(raftlog.core.RaftNode):
+    """Holds each snapshot under the previous entry's index: what it sends carries one
+    entry more than it claims, so that entry is applied twice."""
+
+    def set_snapshot(self, snap: Snapshot) -> None:
+        if snap.index > self._store.first_index():
+            snap = dataclasses.replace(snap, index=snap.index - 1,
+                                       term=self.term_at(snap.index - 1))
+        super().set_snapshot(snap)
+
+
+def test_a_snapshot_that_does_not_match_its_index_is_caught() -> None:
+    broken = types.SimpleNamespace(**{**vars(raftlog.core), "RaftNode": _MislabelledSnapshot})
+    for seed in range(MUTATION_SEEDS):
+        r = run_seed(seed, STEPS, core=broken)  # type: ignore[arg-type]
+        if r.invariant in {"state-machine-safety", "snapshot-term"}:
+            print(f"\nmislabelled snapshot: caught by {r.invariant} at seed {seed}")
+            return
+    pytest.fail(f"a mislabelled snapshot survived {MUTATION_SEEDS} seeds")
 
 
 class _NeverCampaigns(raftlog.core.RaftNode):

@@ -12,7 +12,7 @@ from raftlog.sim.disk import SimStore
 from raftlog.sim.events import EventQueue
 from raftlog.sim.knobs import PROFILES, Knobs
 from raftlog.sim.network import SimNetwork
-from raftlog.types import Entry, EntryType, HardState, Message, MsgType
+from raftlog.types import Entry, EntryType, HardState, Message, MsgType, Snapshot
 
 
 def _entries(lo: int, hi: int, term: int = 1) -> list[Entry]:
@@ -67,6 +67,43 @@ def test_store_reads_follow_the_log_store_contract() -> None:
         d.term(6)
     with pytest.raises(ValueError):
         d.append(_entries(8, 9))
+
+
+def test_compaction_drops_a_durable_prefix_covered_by_the_snapshot() -> None:
+    d = SimStore(HardState())
+    d.append(_entries(1, 4) + _entries(4, 9, term=2))
+    d.begin_sync()
+    d.finish_sync()
+    with pytest.raises(ValueError):
+        d.compact(5)  # no snapshot saved yet
+    d.save_snapshot(Snapshot(6, 2, b"state"))
+    with pytest.raises(ValueError):
+        d.compact(7)  # past the snapshot
+    d.compact(5)
+    assert (d.first_index(), d.last_index(), d.term(5)) == (6, 8, 2)
+    assert d.entry(5) is None and d.entry(6) == _entries(6, 7, term=2)[0]
+    with pytest.raises(IndexError):
+        d.term(3)
+    with pytest.raises(IndexError):
+        d.entries(5, 7, 1 << 20)
+    assert [e.index for e in d.entries(6, 9, 1 << 20)] == [6, 7, 8]
+    d.append(_entries(9, 10, term=3))
+    assert d.crash() == 1 and d.first_index() == 6  # the compacted prefix is durable
+
+
+def test_reset_and_wipe() -> None:
+    d = SimStore(HardState(term=4, vote=2))
+    d.append(_entries(1, 6))
+    d.begin_sync()  # an fsync in flight over the old log covers nothing afterwards
+    d.reset_to(20, 3)
+    assert (d.first_index(), d.last_index(), d.durable_len, d.term(20)) == (21, 20, 20, 3)
+    assert d.finish_sync() == 20
+    d.append(_entries(21, 23, term=4))
+    assert d.term(22) == 4 and d.unsynced == 2
+    d.save_snapshot(Snapshot(20, 3, b"s"))
+    d.wipe()
+    assert (d.first_index(), d.last_index(), d.snapshot) == (1, 0, None)
+    assert (d.hard_state.term, d.hard_state.vote) == (4, 2)
 
 
 # ---------------------------------------------------------------------- network

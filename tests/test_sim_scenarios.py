@@ -170,7 +170,7 @@ def test_a_follower_restarts_after_losing_an_unsynced_config_entry() -> None:
     s.stabilize()
     leader = s.node(1)
     s.c.call(leader, lambda raft: raft.add_learner(4))
-    s.c.add_node(4, leader.raft.membership)
+    s.c.add_node(4)
     s.drop(dst=4)
     s.deliver(src=1, dst=2, type=MsgType.APPEND)  # S2 writes the CONFIG entry, unsynced
     s.deliver(src=1, dst=3, type=MsgType.APPEND)

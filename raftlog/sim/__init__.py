@@ -11,10 +11,15 @@ fault profile (`knobs.PROFILES`). A history then runs in two phases:
 - liveness: heal, restart, faults off; a leader must commit a new entry and every member
   must apply it within a bound of virtual time.
 
-Modules: `knobs` (seed → knobs), `events` (virtual clock), `network`, `disk`,
-`cluster` (the shell around each core and the group), `nemesis` (faults), `workload`
-(clients), `invariants` (checkers), `runner` (one seed), `sweep` (many), `script`
-(hand-driven scenarios), `__main__` (CLI):
+Replicas also snapshot their state machine and compact their logs now and then (the
+workload's `compact`), and a disk may be replaced (the nemesis' `wipe`), so leaders send
+snapshots to followers behind their first index and the checkers follow state through
+them.
+
+Modules: `knobs` (seed → knobs), `events` (virtual clock), `network`, `disk`, `machine`
+(the replicated state machine), `cluster` (the shell around each core and the group),
+`nemesis` (faults), `workload` (clients), `invariants` (checkers), `runner` (one seed),
+`sweep` (many), `script` (hand-driven scenarios), `__main__` (CLI):
 
     python -m raftlog.sim --seeds 200 --steps 3000 --json
     python -m raftlog.sim --seed 17 --steps 3000 --nodes 5 --verbose   # replay one

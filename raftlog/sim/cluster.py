@@ -3,8 +3,11 @@
 `SimNode` is the shell around one `RaftNode`: it drives the Ready loop exactly as
 `raftlog.types` prescribes (hard state durable before messages leave, entries written
 before the next event, `persisted()` only once a simulated fsync covers them, committed
-entries applied in order). `Cluster` owns everything else and advances one event per
-`step()`, running every checker after each one.
+entries applied in order, a snapshot from the leader installed in two timed steps --
+saved, then log reset and state restored -- with a crash possible in between). Its state
+machine is a hash chain over the applied entries, so a snapshot is just the chain value
+at an index and any divergence shows. `Cluster` owns everything else and advances one
+event per `step()`, running every checker after each one.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from raftlog.sim.disk import SimStore
 from raftlog.sim.events import EventQueue
 from raftlog.sim.invariants import Checker, Ledger, Violation, default_checkers
 from raftlog.sim.knobs import SHELL_MUTATIONS, Knobs
+from raftlog.sim.machine import GENESIS, chain
 from raftlog.sim.network import SimNetwork
-from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role
+from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role, Snapshot
 
 __all__ = ["Cluster", "FaultStats", "SimNode", "load_core"]
 
@@ -49,6 +53,9 @@ class FaultStats:
     reads: int = 0
     proposals: int = 0
     leader_changes: int = 0
+    wipes: int = 0  # disks replaced (log and snapshot lost, hard state kept)
+    snapshots: int = 0  # snapshots taken by a replica (and its log compacted)
+    installs: int = 0  # snapshots from a leader installed
 
 
 class SimNode:
@@ -64,6 +71,8 @@ class SimNode:
         "paused_until",
         "incarnation",
         "applied",
+        "applied_term",
+        "state",
         "tick_period",
     )
 
@@ -77,26 +86,39 @@ class SimNode:
         self.paused_until = 0
         self.incarnation = 0
         self.applied = 0
+        self.applied_term = 0
+        self.state = GENESIS
         k = cluster.knobs
         self.tick_period = int(k.tick_us * (1 + cluster.rng.uniform(-k.tick_skew, k.tick_skew)))
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Boot (or reboot) the core from what the disk holds."""
+        """Boot (or reboot) the core from what the disk holds: the state machine from the
+        snapshot, if any (finishing an install a crash interrupted), then the log."""
         c = self.cluster
+        store = self.store
+        snap = store.snapshot
+        self.applied, self.applied_term, self.state = 0, 0, GENESIS
+        if snap is not None:
+            if snap.index > store.last_index() or (
+                snap.index >= store.first_index() - 1 and store.term(snap.index) != snap.term
+            ):
+                store.reset_to(snap.index, snap.term)
+            self.applied, self.applied_term, self.state = snap.index, snap.term, snap.data
         self.raft = c.core.RaftNode(
             self.id,
-            self.store,
-            self.store.hard_state,
+            store,
+            store.hard_state,
             c.raft_config,
             rng=random.Random(c.rng.getrandbits(64)),
-            applied=0,
+            applied=self.applied,
         )
+        if snap is not None and hasattr(self.raft, "set_snapshot"):
+            self.raft.set_snapshot(snap)
         self.up = True
         self.paused_until = 0
         self.incarnation += 1
-        self.applied = 0
         for chk in c.checkers:
             chk.on_start(self)
         if not c.manual:
@@ -146,12 +168,17 @@ class SimNode:
                 for chk in c.send_hooks:
                     chk.on_send(self, m)
                 c.send(m)
+            snap = getattr(rd, "snapshot", None)
+            if snap is not None:
+                self._install(snap)
             for e in rd.apply:
                 if e.index != self.applied + 1:
                     raise Violation(
                         "apply-order", f"node {self.id} applied {e.index} after {self.applied}"
                     )
                 self.applied = e.index
+                self.applied_term = e.term
+                self.state = chain(self.state, e)
                 for chk in c.apply_hooks:
                     chk.on_apply(self, e)
                 if e.type == EntryType.CONFIG:
@@ -170,6 +197,48 @@ class SimNode:
         if c.ack_before_fsync:
             last = entries[-1]
             self.raft.persisted(last.index, last.term)  # the mutation: ack before fsync
+
+    # ------------------------------------------------------------------ snapshots
+
+    def take_snapshot(self, keep: int) -> Snapshot | None:
+        """Snapshot the state machine at `applied` and drop the log up to it, except the
+        last `keep` entries and whatever is not durable yet. None if nothing is new."""
+        store = self.store
+        if not self.applied or self.raft.installing is not None:
+            return None  # nothing applied, or a newer state is being installed
+        if store.snapshot is not None and self.applied <= store.snapshot.index:
+            return None
+        snap = Snapshot(
+            self.applied, self.applied_term, self.state, self.raft.membership_at(self.applied)
+        )
+        store.save_snapshot(snap)
+        self.raft.set_snapshot(snap)
+        upto = min(snap.index, store.durable_len) - keep
+        if upto > store.base[0]:
+            store.compact(upto)
+        for chk in self.cluster.snapshot_hooks:
+            chk.on_snapshot(self, snap)
+        return snap
+
+    def _install(self, snap: Snapshot) -> None:
+        """Ready.snapshot: save it, then reset the log and restore the state machine from
+        it, then tell the core. Scripted runs do it at once; otherwise each step takes
+        disk time and a crash may fall in between."""
+        c = self.cluster
+        c.note("install", (self.id, snap.describe()))
+        if c.manual:
+            self.store.save_snapshot(snap)
+            self.finish_install(snap)
+        else:
+            c.schedule_install(self, snap)
+
+    def finish_install(self, snap: Snapshot) -> None:
+        self.store.reset_to(snap.index, snap.term)
+        self.applied, self.applied_term, self.state = snap.index, snap.term, snap.data
+        self.cluster.faults.installs += 1
+        for chk in self.cluster.snapshot_hooks:
+            chk.on_install(self, snap)
+        self.raft.snapshot_installed(snap.index, snap.term)
 
     def _maybe_sync(self) -> None:
         store = self.store
@@ -247,6 +316,7 @@ class Cluster:
         self.send_hooks = _overriding(self.checkers, "on_send")
         self.append_hooks = _overriding(self.checkers, "on_append")
         self.apply_hooks = _overriding(self.checkers, "on_apply")
+        self.snapshot_hooks = _overriding(self.checkers, "on_snapshot", "on_install")
         self.crash_hooks = _overriding(self.checkers, "on_crash")
         self.read_hooks = _overriding(self.checkers, "on_read")
         self.read_request_hooks = _overriding(self.checkers, "on_read_request")
@@ -374,6 +444,32 @@ class Cluster:
         self.note("fsync", (node.id, node.store.durable_len, len(node.store.log)))
         node.fsync_done()
 
+    def schedule_install(self, node: SimNode, snap: Snapshot) -> None:
+        k = self.knobs
+        at = self.now + self.rng.randint(k.fsync_min_us, k.fsync_max_us)
+        self.events.push(at, self._install_saved, node, node.incarnation, snap)
+
+    def _install_saved(self, node: SimNode, incarnation: int, snap: Snapshot) -> None:
+        if node.incarnation != incarnation or not node.up or node.retired:
+            return
+        if node.paused_until > self.now:
+            self.events.push(node.paused_until, self._install_saved, node, incarnation, snap)
+            return
+        node.store.save_snapshot(snap)
+        k = self.knobs  # restoring the state and resetting the log take disk time too
+        at = self.now + self.rng.randint(k.fsync_min_us, k.fsync_max_us)
+        self.events.push(at, self._install_done, node, incarnation, snap)
+
+    def _install_done(self, node: SimNode, incarnation: int, snap: Snapshot) -> None:
+        if node.incarnation != incarnation or not node.up or node.retired:
+            return
+        if node.paused_until > self.now:
+            self.events.push(node.paused_until, self._install_done, node, incarnation, snap)
+            return
+        self.note("installed", (node.id, snap.index))
+        node.finish_install(snap)
+        node.drain()
+
     # ------------------------------------------------------------------ node control
 
     def crash(self, node: SimNode, *, torn: bool = False) -> None:
@@ -391,6 +487,23 @@ class Cluster:
         for chk in self.crash_hooks:
             chk.on_crash(self, node)
 
+    def wipe(self, node: SimNode) -> None:
+        """Replace a replica's disk: crash it, lose its log, snapshot and state machine,
+        keep its hard state (term and vote) with the membership it was configured with.
+        The nemesis decides when that is a fault Raft must survive."""
+        if node.retired:
+            return
+        self.crash(node)
+        node.incarnation += 1
+        st = node.store
+        st.wipe()
+        st.hard_state = HardState(st.hard_state.term, st.hard_state.vote,
+                                  ((0, 0, self.committed_members),))
+        self.faults.wipes += 1
+        self.note("wipe", node.id)
+        for chk in self.crash_hooks:
+            chk.on_crash(self, node)
+
     def restart(self, node: SimNode) -> None:
         if node.up or node.retired:
             return
@@ -405,10 +518,13 @@ class Cluster:
             node.paused_until = max(node.paused_until, until)
             self.note("pause", (node.id, until))
 
-    def add_node(self, node_id: int, membership: Membership) -> SimNode:
-        """A fresh replica joining as a learner, bootstrapped with the membership that
-        names it (its log is empty; the leader replicates everything to it)."""
-        hs = HardState(configs=((0, 0, membership),))
+    def add_node(self, node_id: int) -> SimNode:
+        """A fresh replica joining as a learner. Its log is empty; the leader replicates
+        everything to it, or a snapshot. Like the original members it starts from the
+        group's bootstrap membership, which the log's history starts from, and learns its
+        own from the CONFIG entry (or snapshot) that names it: bootstrapped with that
+        membership instead, it would misreport what was in force before the entry."""
+        hs = HardState(configs=((0, 0, self.bootstrap),))
         node = self.nodes[node_id] = SimNode(self, node_id, hs)
         self.note("join", node_id)
         node.start()
@@ -463,9 +579,11 @@ class Cluster:
             yield f"  {at / 1000:10.3f}ms {kind:8} {text}"
 
 
-def _overriding(checkers: list[Checker], hook: str) -> list[Checker]:
-    base = getattr(Checker, hook)
-    return [c for c in checkers if getattr(type(c), hook) is not base]
+def _overriding(checkers: list[Checker], *hooks: str) -> list[Checker]:
+    """The checkers that override any of `hooks`, in order."""
+    return [
+        c for c in checkers if any(getattr(type(c), h) is not getattr(Checker, h) for h in hooks)
+    ]
 
 
 def _min_time(a: int | None, b: int | None) -> int | None:

@@ -1,17 +1,25 @@
-"""A simulated disk for one node: the Raft log and hard state, and what is durable.
+"""A simulated disk for one node: the Raft log, hard state and snapshot, and what is durable.
 
 The log is a list of entries with a `durable_len` watermark: writes land above it and
 only a (group-commit) fsync moves it. Truncating a conflicting suffix and saving the hard
 state are durable at once, as the real CommitLog fsyncs both before it answers. A crash
 keeps the durable prefix and, for a torn tail, the intact entries from the start of the
 unsynced region up to the tear: exactly what CRC-checked recovery of a torn tail yields.
+
+Snapshots (what `raftlog.runtime` keeps in `<group dir>/snapshot`): saving one is atomic
+and durable. `compact` then drops the durable prefix it covers, the way retention deletes
+segments, and `reset_to` discards the whole log when a snapshot from the leader is
+installed, as `CommitLog.reset_to` does. The list keeps its shape: slot `i - 1` still
+stands for index `i`, holding None once the entry is gone, and `base` names the entry
+before the first one held. `wipe` is a replaced disk: log and snapshot lost, hard state
+kept (see `raftlog.sim.nemesis` for why that is the fault modelled).
 """
 
 from __future__ import annotations
 
 import random
 
-from raftlog.types import Entry, HardState
+from raftlog.types import Entry, HardState, Snapshot
 
 __all__ = ["ENTRY_OVERHEAD", "SimStore"]
 
@@ -21,42 +29,60 @@ ENTRY_OVERHEAD = 32  # bytes of header per entry, for append batching limits
 class SimStore:
     """Implements `raftlog.types.LogStore` over memory, with explicit durability."""
 
-    __slots__ = ("log", "durable_len", "hard_state", "_sync_target", "writes", "truncations")
+    __slots__ = (
+        "log",
+        "durable_len",
+        "hard_state",
+        "_sync_target",
+        "writes",
+        "truncations",
+        "base",
+        "snapshot",
+    )
 
     def __init__(self, hard_state: HardState) -> None:
-        self.log: list[Entry] = []
+        self.log: list[Entry | None] = []  # None: dropped by compaction or a reset
         self.durable_len = 0
         self.hard_state = hard_state
         self._sync_target: int | None = None  # length an in-flight fsync will make durable
         self.writes = 0
         self.truncations = 0
+        self.base = (0, 0)  # (index, term) of the entry before the first one held
+        self.snapshot: Snapshot | None = None
 
     # ------------------------------------------------------------------ LogStore
 
     def first_index(self) -> int:
-        return 1  # the simulator never deletes a prefix
+        return self.base[0] + 1
 
     def last_index(self) -> int:
         return len(self.log)
 
     def term(self, index: int) -> int:
-        if index == 0:
-            return 0
-        if not 0 < index <= len(self.log):
-            raise IndexError(f"term({index}) outside the log [1, {len(self.log)}]")
-        return self.log[index - 1].term
+        if index == self.base[0]:
+            return self.base[1]
+        if not self.base[0] < index <= len(self.log):
+            raise IndexError(f"term({index}) outside the log [{self.base[0]}, {len(self.log)}]")
+        return self.log[index - 1].term  # type: ignore[union-attr]
 
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-        if not 0 < lo <= hi <= len(self.log) + 1:
-            raise IndexError(f"entries({lo}, {hi}) outside the log [1, {len(self.log)}]")
+        if not self.base[0] < lo <= hi <= len(self.log) + 1:
+            raise IndexError(
+                f"entries({lo}, {hi}) outside the log [{self.base[0] + 1}, {len(self.log)}]"
+            )
         out: list[Entry] = []
         size = 0
         for e in self.log[lo - 1 : hi - 1]:
+            assert e is not None
             size += len(e.data) + ENTRY_OVERHEAD
             if out and size > max_bytes:
                 break
             out.append(e)
         return out
+
+    def entry(self, index: int) -> Entry | None:
+        """The entry held at `index` (None if absent or dropped)."""
+        return self.log[index - 1] if 0 < index <= len(self.log) else None
 
     # ------------------------------------------------------------------ writes
 
@@ -66,6 +92,8 @@ class SimStore:
         log = self.log
         truncated = first <= len(log)
         if truncated:
+            if first <= self.base[0]:
+                raise ValueError(f"append at {first} into the dropped prefix (base {self.base})")
             del log[first - 1 :]
             self.truncations += 1
             if self.durable_len > first - 1:
@@ -80,6 +108,36 @@ class SimStore:
 
     def save_hard_state(self, hs: HardState) -> None:
         self.hard_state = hs  # atomic and durable at once (write temp, fsync, rename)
+
+    def save_snapshot(self, snap: Snapshot) -> None:
+        self.snapshot = snap  # atomic and durable at once, as `raftlog.snapshot` writes it
+
+    def compact(self, index: int) -> None:
+        """Drop entries up to `index` (durable, and covered by the saved snapshot)."""
+        snap = self.snapshot
+        if snap is None or index > snap.index or index > self.durable_len:
+            raise ValueError(f"compact({index}) past the snapshot or the durable prefix")
+        if index <= self.base[0]:
+            return
+        base_term = self.term(index)
+        for i in range(self.base[0], index):
+            self.log[i] = None
+        self.base = (index, base_term)
+
+    def reset_to(self, index: int, term: int) -> None:
+        """Discard every entry; the log restarts after `index` (of `term`). Durable."""
+        self.log = [None] * index
+        self.durable_len = index
+        self.base = (index, term)
+        self._sync_target = None
+
+    def wipe(self) -> None:
+        """A replaced disk: log and snapshot are gone, the hard state survives."""
+        self.log = []
+        self.durable_len = 0
+        self.base = (0, 0)
+        self.snapshot = None
+        self._sync_target = None
 
     # ------------------------------------------------------------------ durability
 
@@ -115,7 +173,8 @@ class SimStore:
         return lost
 
     def durable_term(self, index: int) -> int | None:
-        """Term of a durable entry, or None when `index` is not durable."""
+        """Term of a durable entry, or None when `index` is not durable (or dropped)."""
         if 0 < index <= self.durable_len:
-            return self.log[index - 1].term
+            e = self.log[index - 1]
+            return e.term if e is not None else (self.base[1] if index == self.base[0] else None)
         return None

@@ -6,16 +6,22 @@ cheap. They only read: a checker never changes the cluster. A broken property ra
 `Violation`, naming the invariant and the evidence.
 
 Hooks (all optional): `on_step(cluster)` after every step; `on_send(node, msg)` as a
-node sends a message; `on_append(node, entries)` when a node writes entries; `on_apply(node, entry)`; `on_start(node)` when a node boots
-or restarts; `on_crash(cluster, node)` after a crash; `on_read_request(node, rid)` and
-`on_read(node, read_state)` for ReadIndex.
+node sends a message; `on_append(node, entries)` when a node writes entries;
+`on_apply(node, entry)`; `on_start(node)` when a node boots or restarts; `on_crash(cluster,
+node)` after a crash (or a wipe); `on_read_request(node, rid)` and `on_read(node,
+read_state)` for ReadIndex; `on_snapshot(node, snap)` when a node snapshots its state
+machine and `on_install(node, snap)` when it installs one from a leader.
+
+Logs may have lost a prefix to compaction or a snapshot install: `SimStore.entry` is None
+there. What those entries fed is checked through the snapshots that replaced them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from raftlog.types import Entry, Message, MsgType, ReadState, Role
+from raftlog.sim.machine import GENESIS, chain
+from raftlog.types import Entry, EntryType, Membership, Message, MsgType, ReadState, Role, Snapshot
 
 if TYPE_CHECKING:
     from raftlog.sim.cluster import Cluster, SimNode
@@ -64,6 +70,10 @@ class Checker:
     def on_read_request(self, node: SimNode, request_id: int) -> None: ...
 
     def on_read(self, node: SimNode, read: ReadState) -> None: ...
+
+    def on_snapshot(self, node: SimNode, snap: Snapshot) -> None: ...
+
+    def on_install(self, node: SimNode, snap: Snapshot) -> None: ...
 
 
 class Ledger:
@@ -131,7 +141,9 @@ class CommitLedger(Checker):
                     )
                 who = f"node {node.id} (commit {commit}, t{raft.term})"
                 for i in range(seen + 1, commit + 1):
-                    ledger.record(log[i - 1], who)
+                    e = log[i - 1]
+                    if e is not None:  # else inside a snapshot, checked when it was made
+                        ledger.record(e, who)
                 ledger.mark(raft.term, commit)
                 self.seen[node.id] = commit
 
@@ -166,9 +178,9 @@ class LogMatching(Checker):
 
     def on_append(self, node: SimNode, entries: list[Entry]) -> None:
         known = self.known
-        log = node.store.log
+        store = node.store
         for e in entries:
-            prev_term = log[e.index - 2].term if e.index > 1 else 0
+            prev_term = store.term(e.index - 1)
             key = (e.index, e.term)
             seen = known.get(key)
             if seen is None:
@@ -204,26 +216,37 @@ class LeaderCompleteness(Checker):
                 continue
             want = ledger.entries[index - 1]
             log = node.store.log
+            if index <= node.store.base[0]:
+                continue  # inside the leader's snapshot, which is the committed prefix
             have = log[index - 1] if index <= len(log) else None
             if have is None or have.term != want.term:
                 raise Violation(
                     "leader-completeness",
                     f"node {node.id} leads term {raft.term} with last {len(log)}"
-                    f"@{log[-1].term if log else 0} but lacks committed {_show(want)}"
+                    f"@{node.store.term(len(log))} but lacks committed {_show(want)}"
                     f" (has {_show(have) if have else 'nothing'} there)",
                 )
 
 
 class StateMachineSafety(Checker):
     """§5.4.3: every node applies the same entry at each index, in order, across
-    restarts (a restarted node re-applies from 1: its applied sequence starts over)."""
+    restarts (a restarted node resumes after its snapshot, or re-applies from 1).
 
-    def __init__(self) -> None:
+    Snapshots extend it (paper §7): one taken or installed at index i must be exactly the
+    state machine after applying the common sequence up to i (the simulated machine is a
+    hash chain, kept here for every index), of the term of entry i, and name the
+    membership in force at i; a node restarting from one must resume with that state."""
+
+    def __init__(self, bootstrap: Membership | None = None) -> None:
         self.applied: dict[int, int] = {}
         self.sequence: list[Entry] = []
+        self.states: list[bytes] = [GENESIS]  # states[i]: after applying sequence[:i]
+        self.bootstrap = bootstrap
+        self.configs: list[tuple[int, Membership]] = []  # CONFIG entries in the sequence
 
     def on_start(self, node: SimNode) -> None:
-        self.applied[node.id] = 0
+        self.applied[node.id] = node.applied
+        self._check_state(node, node.applied, node.state, "restarted with")
 
     def on_apply(self, node: SimNode, entry: Entry) -> None:
         expect = self.applied.get(node.id, 0) + 1
@@ -242,6 +265,54 @@ class StateMachineSafety(Checker):
                 )
         else:
             seq.append(entry)
+            self.states.append(chain(self.states[-1], entry))
+            if entry.type == EntryType.CONFIG:
+                self.configs.append((entry.index, Membership.decode(entry.data)))
+
+    def on_snapshot(self, node: SimNode, snap: Snapshot) -> None:
+        self._check_snapshot(node, snap, "took")
+
+    def on_install(self, node: SimNode, snap: Snapshot) -> None:
+        self._check_snapshot(node, snap, "installed")
+        self.applied[node.id] = snap.index
+
+    def _check_snapshot(self, node: SimNode, snap: Snapshot, verb: str) -> None:
+        self._check_state(node, snap.index, snap.data, f"{verb} a snapshot of")
+        seq = self.sequence
+        if snap.index and seq[snap.index - 1].term != snap.term:
+            raise Violation(
+                "snapshot-term",
+                f"node {node.id} {verb} snapshot {snap.index}@{snap.term}, but entry "
+                f"{snap.index} has term {seq[snap.index - 1].term}",
+            )
+        want = self.membership_at(snap.index)
+        if want is not None and snap.membership != want:
+            raise Violation(
+                "snapshot-membership",
+                f"node {node.id} {verb} snapshot {snap.index} naming {snap.membership}, but "
+                f"{want} was in force there",
+            )
+
+    def _check_state(self, node: SimNode, index: int, state: bytes, what: str) -> None:
+        states = self.states
+        if index >= len(states):
+            raise Violation(
+                "state-machine-safety",
+                f"node {node.id} {what} state at {index}, beyond anything applied "
+                f"({len(states) - 1})",
+            )
+        if states[index] != state:
+            raise Violation(
+                "state-machine-safety",
+                f"node {node.id} {what} a state at {index} that differs from the state "
+                "after applying the committed entries up to there",
+            )
+
+    def membership_at(self, index: int) -> Membership | None:
+        for i, m in reversed(self.configs):
+            if i <= index:
+                return m
+        return self.bootstrap
 
 
 class NodeBounds(Checker):
@@ -334,7 +405,7 @@ class CommittedSurvivesCrash(Checker):
             for n in cluster.nodes.values()
             if n.id in self.voters
             and len(n.store.log) >= i
-            and n.store.log[i - 1].term == want.term
+            and (i <= n.store.base[0] or n.store.term(i) == want.term)
         ]
         if len(holders) < len(self.voters) // 2 + 1:
             raise Violation(
@@ -377,7 +448,7 @@ def default_checkers(ledger: Ledger, voters: frozenset[int], *, static: bool) ->
         ElectionSafety(),
         LogMatching(),
         LeaderCompleteness(ledger),
-        StateMachineSafety(),
+        StateMachineSafety(Membership(voters)),
         NodeBounds(),
         DurableBeforeSend(),
         survives,

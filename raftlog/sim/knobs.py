@@ -102,7 +102,13 @@ class Knobs:
             "partition_mean_us": rng.randint(50 * MS, 600 * MS),
             "flap_p": rng.choice((0.0, 0.0, 0.1, 0.3)),
             "client_mean_us": rng.randint(3 * MS, 30 * MS),
-            "op_weights": (("propose", 80), ("read", 12), ("transfer", 4), ("reconfig", 4)),
+            "op_weights": (
+                ("propose", 80),
+                ("read", 12),
+                ("transfer", 4),
+                ("reconfig", 4),
+                ("compact", rng.choice((0, 3, 8))),
+            ),
             "payload_max": rng.choice((16, 64, 2048)),
             "reconfig": reconfig_supported and rng.random() < 0.3,
         }
@@ -147,6 +153,7 @@ _FAULTS_DEFAULT: tuple[tuple[str, int], ...] = (
     ("bridge", 3),
     ("ring", 3),
     ("heal", 4),
+    ("wipe", 2),
 )
 
 
@@ -191,6 +198,7 @@ def _crashy(rng: random.Random, k: dict[str, object]) -> None:
         ("pause", 2),
         ("isolate", 2),
         ("heal", 1),
+        ("wipe", 2),
     )
 
 

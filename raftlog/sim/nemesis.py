@@ -1,8 +1,20 @@
 """Fault injection: every so often pick a fault by weight and schedule its undoing.
 
 Only faults Raft promises to survive: crashes that lose unsynced writes (optionally
-with a torn tail), process pauses, and network partitions of every shape. Each action
-is a table entry, name → handler; the knobs' weights choose among them.
+with a torn tail), process pauses, network partitions of every shape, and replaced
+disks. Each action is a table entry, name → handler; the knobs' weights choose among them.
+
+A replaced disk (`wipe`) loses the log, the snapshot and the state machine, and the node
+comes back empty, to be caught up by a snapshot or the log. It keeps its hard state
+(term and vote): a node that forgot its vote could vote twice in one term and elect two
+leaders, so whoever replaces a disk must carry the small hard-state file over. Even so,
+losing a voter's log is only survivable while what it acknowledged is not needed from
+it: a Raft commit counts this node's acknowledgement, and its vote, granted with an empty
+log, no longer defends what it held. So a voter is wiped only while a quorum of the
+*other* voters durably hold its last durable entry (hence, by Log Matching, its whole
+durable log), and only in groups whose membership never changes (which quorum counts is
+then fixed). That is the operational rule too: replace one disk at a time, once the
+rest of the group holds its data.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ class Nemesis:
             "bridge": lambda: self._partition("bridge", network.bridge(self._ids(), self.rng)),
             "ring": lambda: self._partition("ring", network.ring(self._ids(), self.rng)),
             "heal": self.heal,
+            "wipe": self.wipe,
         }
         weights = cluster.knobs.fault_weights
         unknown = {name for name, _ in weights} - self._actions.keys()
@@ -122,6 +135,38 @@ class Nemesis:
         victims += others[: max(0, want - len(victims))]
         for node in victims:
             self._crash(node)
+
+    def wipe(self) -> None:
+        """Replace the disk of a replica whose data the others hold (see the docstring)."""
+        if self.c.knobs.reconfig:
+            return
+        nodes = [n for n in self.c.nodes.values() if not n.retired and self._wipe_safe(n)]
+        if not nodes:
+            return
+        node = self.rng.choice(nodes)
+        self.c.wipe(node)
+        self.c.events.push(
+            self.c.now + self._duration(self.c.knobs.down_mean_us), self._restart, node
+        )
+
+    def _wipe_safe(self, x: SimNode) -> bool:
+        voters = self.c.committed_members.voters
+        d = x.store.durable_len
+        if x.id not in voters or d == 0:
+            return True
+        term = x.store.term(d)
+        ledger = self.c.ledger.entries
+        committed = d <= len(ledger) and ledger[d - 1].term == term
+        holders = 0
+        for n in self.c.nodes.values():
+            if n is x or n.retired or n.id not in voters:
+                continue
+            st = n.store
+            if d <= st.base[0]:
+                holders += committed  # inside its snapshot, which is the committed prefix
+            else:
+                holders += d <= st.durable_len and st.term(d) == term
+        return holders >= len(voters) // 2 + 1
 
     def pause(self) -> None:
         up = self._up()

@@ -74,11 +74,14 @@ class Script:
         return self.c.nodes[i].raft
 
     def log(self, i: int) -> list[tuple[int, int]]:
-        """(index, term) of every entry in node i's log."""
-        return [(e.index, e.term) for e in self.c.nodes[i].store.log]
+        """(index, term) of every entry held in node i's log."""
+        return [(e.index, e.term) for e in self.c.nodes[i].store.log if e is not None]
 
     def entry(self, i: int, index: int) -> Entry:
-        return self.c.nodes[i].store.log[index - 1]
+        e = self.c.nodes[i].store.entry(index)
+        if e is None:
+            raise IndexError(f"node {i} holds no entry {index}")
+        return e
 
     def pending(self, **match: Any) -> list[Message]:
         return [m for m in self.c.net.pending() if _matches(m, **match)]

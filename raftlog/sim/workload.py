@@ -1,6 +1,9 @@
 """Clients: propose unique payloads to whoever leads (following NotLeader hints), ask
 for ReadIndex reads, move leadership and, when enabled, change the membership one
-server at a time (add a learner, promote it once caught up, remove a voter).
+server at a time (add a learner, promote it once caught up, remove a voter). The
+operator's part: now and then a replica snapshots its state machine and compacts its
+log (not bounded by what followers lack, unlike real retention: the point is to make
+leaders send snapshots).
 """
 
 from __future__ import annotations
@@ -28,8 +31,11 @@ class Workload:
             "read": self.read,
             "transfer": self.transfer,
             "reconfig": self.reconfig,
+            "compact": self.compact,
         }
-        weights = [(n, w) for n, w in k.op_weights if n != "reconfig" or k.reconfig]
+        weights = [
+            (n, w) for n, w in k.op_weights if (n != "reconfig" or k.reconfig) and w > 0
+        ]
         self._names = [n for n, _ in weights]
         self._weights = [w for _, w in weights]
         self._max_id = k.nodes
@@ -116,6 +122,18 @@ class Workload:
         self.c.faults.transfers += 1
         self.c.note("transfer", (leader.id, target))
 
+    def compact(self) -> None:
+        """Snapshot a replica at its applied index and drop its log up to there (or keep
+        a few entries, as retention keeps whole segments)."""
+        live = [n for n in self.c.live if not n.paused]
+        if not live or not hasattr(self.c.core.RaftNode, "set_snapshot"):
+            return
+        node = self.rng.choice(live)
+        snap = node.take_snapshot(keep=self.rng.choice((0, 0, 1, 4, 16)))
+        if snap is not None:
+            self.c.faults.snapshots += 1
+            self.c.note("snapshot", (node.id, snap.describe()))
+
     def reconfig(self) -> None:
         """One single-server change: promote a learner, else add one, else remove a voter."""
         leaders = self.c.leaders()
@@ -143,4 +161,4 @@ class Workload:
         self.c.faults.reconfigs += 1
         self.c.note("reconfig", f"{op} {target} at {index}")
         if op == "add_learner":
-            self.c.add_node(target, leader.raft.membership)
+            self.c.add_node(target)
