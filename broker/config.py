@@ -103,6 +103,7 @@ class NodeConfig:
     retention_hours: float = 72.0
     retention_disk_ratio: float = 0.90
     retention_check_interval: float = 60.0  # seconds between retention policy runs
+    snapshot_every_entries: int = 100_000  # a group snapshot per this many applied (0: off)
     test_mutations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -315,6 +316,9 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         retention_disk_ratio=ratio,
         retention_check_interval=_float(
             d.get("retention_check_interval", 60.0), "retention_check_interval"
+        ),
+        snapshot_every_entries=_int(
+            d.get("snapshot_every_entries", 100_000), "snapshot_every_entries", minimum=0
         ),
         test_mutations=_mutations(d.get("test_mutations", []), env),
     )

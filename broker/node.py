@@ -43,6 +43,9 @@ __all__ = ["Node", "main"]
 
 log = logging.getLogger("raftmq.node")
 
+#: Frames between nodes may carry a whole group snapshot (`raftlog` InstallSnapshot).
+PEER_MAX_FRAME = 1 << 30
+
 
 class Node:
     def __init__(self, config: NodeConfig) -> None:
@@ -54,7 +57,7 @@ class Node:
         from broker.peers import PeerLinks
 
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
-                               max_frame=self.max_frame)
+                               max_frame=max(self.max_frame, PEER_MAX_FRAME))
         self.groups: dict[str, GroupRuntime] = {}
         self.states: dict[str, BrokerState] = {}
         mutations = set(config.test_mutations)
@@ -69,6 +72,7 @@ class Node:
                 segment_size=config.segment_size,
                 fsync="interval" if config.fsync == "interval" else "always",
                 fsync_interval=config.fsync_interval,
+                snapshot_every_entries=config.snapshot_every_entries,
                 skip_fsync="skip-fsync" in mutations,
             )
             hist = self.metrics.fsync_seconds.labels(gc.id)

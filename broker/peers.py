@@ -5,6 +5,10 @@ after the `HELLO` frame), and both directions share that connection. Messages ar
 per peer and written in batches, so a burst of appends for many groups costs one
 `send_all`. While a link is down its queue is dropped: Raft repeats whatever matters
 (heartbeats, appends after a reject), and old messages would only be stale.
+
+Frames on a peer link may be larger than a client's (`max_frame`): a Raft snapshot
+travels whole in one message. One that exceeds even that limit is not sent (the
+receiver would have to reset the link); it is logged, and the follower stays behind.
 """
 
 from __future__ import annotations
@@ -80,7 +84,13 @@ class PeerLinks:
         if link is None:
             return
         fields, body = message_to_wire(m)
-        link.enqueue(encode_frame({"op": Op.RAFT, "g": group, "m": fields}, body))
+        frame = encode_frame({"op": Op.RAFT, "g": group, "m": fields}, body)
+        if len(frame) - 4 > self._max_frame:
+            log.warning("raft message too large for a peer frame; not sent", extra={"fields": {
+                "peer": m.dst, "group": group, "type": m.type.name, "bytes": len(frame),
+                "max_frame": self._max_frame}})
+            return
+        link.enqueue(frame)
 
     def connected_peers(self) -> list[int]:
         return sorted(p for p, link in self._links.items() if link.stream is not None)
@@ -99,6 +109,7 @@ class PeerLinks:
             log.warning("hello from unknown peer", extra={"fields": {"peer": peer}})
             return
         link.attach(stream)
+        decoder.max_frame = max(decoder.max_frame, self._max_frame)  # a client's limit so far
         await self._reader(link, stream, decoder)
 
     async def _dialer(self, link: _Link) -> None:

@@ -20,9 +20,12 @@ think them new. A segment whose last few entries hold no MESSAGES batch (only co
 records) falls back to its file mtime.
 
 Never past: the commit index, and the lowest match index of any follower (voter or
-learner) -- there is no snapshot transfer yet, so a follower that needs deleted entries
-could never catch up. The flip side: a follower that is down keeps the leader from
-deleting anything it lacks, even under disk pressure.
+learner). A follower that needs deleted entries can still catch up -- the leader sends
+it the group's whole snapshot (`raftlog` InstallSnapshot) -- but that is a transfer of
+the entire state, so retention does not cause it for a follower that is merely behind.
+The flip side: a follower that is down keeps the leader from deleting anything it lacks,
+even under disk pressure. (A replica whose disk was replaced, or a new one, is caught up
+by a snapshot whatever retention did.)
 """
 
 from __future__ import annotations

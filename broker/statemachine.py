@@ -22,7 +22,8 @@ Entries applied:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -481,6 +482,13 @@ class BrokerState:
         Everything is emitted in sorted order so the bytes do not depend on the order in
         which dicts were filled (a restored state and a straight run agree).
         """
+        return self.snapshot_later()()
+
+    def snapshot_later(self) -> Callable[[], bytes]:
+        """Detach a copy of the state now and return what serialises it to `snapshot()`
+        bytes later: the copy shares nothing mutable with this state (consume queues are
+        copied as flat bytes, the rest as fresh lists), so the call may run in a worker
+        thread while `apply` goes on."""
         state = {
             "v": SNAPSHOT_VERSION,
             "group": self.group,
@@ -502,7 +510,7 @@ class BrokerState:
                 for k in sorted(keys)
             ],
         }
-        return _pack(state)
+        return functools.partial(_pack, state)
 
     @classmethod
     def restore(

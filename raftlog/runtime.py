@@ -4,6 +4,7 @@ The core (`raftlog.core.RaftNode`) decides; this module only carries out its `Re
 bundles, in the order `raftlog.types` prescribes:
 
 * the hard state is saved (fsync + rename) before any message of the same Ready leaves;
+* a snapshot from the leader is installed (see below) before anything else is done;
 * entries are written to the CommitLog at once (page cache), and a separate sync task
   runs group commit off the event loop: one `SyncPlan` (fdatasync of every segment
   written since the last) in a worker thread covers every append made before it began,
@@ -20,13 +21,24 @@ of proposed-but-unapplied data (slow followers or a slow disk).
 
 Nothing here knows about topics: the state machine is any object with `apply(entry)`.
 
-Retention: a state machine may also offer `snapshot() -> bytes` and a `retained_index`
-(entries below it are no longer needed). When an applied batch advances
-`retained_index`, the state is snapshotted at the batch's last index, written to
-`<group dir>/snapshot` (temp, fsync, rename, fsync dir; in a worker thread), and only
-then are log segments below min(retained_index, snapshot index + 1) deleted. On open a
-snapshot is restored through the `restore` callback and the core starts with
-`applied=` its index, so replay resumes after it.
+Snapshots: a state machine may also offer `snapshot() -> bytes` (or, better,
+`snapshot_later() -> Callable[[], bytes]`: detach a copy now, serialise it later in a
+worker thread) and a `retained_index` (entries below it are no longer needed). The state
+is snapshotted at the last index of an applied batch when that batch advances
+`retained_index`, and every `snapshot_every_entries` applied entries. The snapshot (with
+the membership in force at its index) is written to `<group dir>/snapshot` (temp, fsync,
+rename, fsync dir) in a worker thread and handed to the core, whose leader sends it to
+followers lacking entries below the log's first index; for retention, log segments
+below min(retained_index, snapshot index + 1) are deleted only then. On open a snapshot
+is restored through the `restore` callback and the core starts with `applied=` its
+index, so replay resumes after it.
+
+Installing a snapshot a leader sent (`Ready.snapshot`): the state is restored through
+`restore` (which also checks it), the file written, the CommitLog reset to start after
+the snapshot (`CommitLog.reset_to`), then the core told. A crash after the file was
+written but before the reset is finished on the next open (the snapshot is newer than
+the log). Snapshot files only ever move forward: writes are serialised and an older
+snapshot never replaces a newer one.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ from raftlog.commitlog import CommitLog, CommitLogError
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
-from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role
+from raftlog.types import Entry, EntryType, HardState, Membership, Message, MsgType, Role
 
 __all__ = [
     "GroupOptions",
@@ -61,8 +73,9 @@ log = logging.getLogger("raftmq.raft")
 
 
 class StateMachine(Protocol):
-    """`apply` is required. Optional, for retention: `snapshot() -> bytes` and an int
-    `retained_index` property (see the module docstring)."""
+    """`apply` is required. Optional, for snapshots and retention: `snapshot() -> bytes`
+    or `snapshot_later() -> Callable[[], bytes]`, and an int `retained_index` property
+    (see the module docstring)."""
 
     def apply(self, entry: Entry) -> Any: ...
 
@@ -82,7 +95,19 @@ class GroupOptions:
     fsync: Literal["always", "interval"] = "always"
     fsync_interval: float = 1.0
     max_uncommitted_bytes: int = 64 << 20
+    snapshot_every_entries: int = 100_000  # 0: snapshot only for retention
     skip_fsync: bool = False  # the deliberate `skip-fsync` test mutation
+
+
+@dataclass
+class _DueSnapshot:
+    """A state detached at `index` and waiting to be serialised and written."""
+
+    index: int
+    term: int
+    membership: Membership
+    serialise: Callable[[], bytes]  # safe to call in a worker thread
+    retained: int  # delete log segments below it once written (0: none)
 
 
 class _Waiter:
@@ -145,9 +170,13 @@ class GroupRuntime:
         self._restore = restore
         self.snapshot_path = os.path.join(self.path, "snapshot")
         self.snapshot_index = 0  # index of the durable snapshot (0: none)
+        self.snapshots_written = 0
+        self.snapshots_installed = 0
         self._retain_seen = 0
-        self._snapshot_due: tuple[Snapshot, int] | None = None  # (snapshot, retained_index)
-        self._retain_needed = trio.Event()
+        self._snapshot_taken = 0  # index of the last snapshot taken or installed
+        self._snapshot_due: _DueSnapshot | None = None
+        self._snapshot_needed = trio.Event()
+        self._snapshot_lock = trio.Lock()  # one snapshot write (or install) at a time
         self._lagging: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------------ lifecycle
@@ -166,19 +195,24 @@ class GroupRuntime:
         if not hs.configs:
             hs = HardState(hs.term, hs.vote, ((0, 0, Membership(frozenset(self.replicas))),))
             self._hs.save(hs)
-        applied = self._load_snapshot()
+        snap = self._load_snapshot()
+        applied = snap.index if snap is not None else 0
         self.core = RaftNode(
             self.node_id, self.log, hs, self.options.raft, rng=self._rng, applied=applied
         )
+        if snap is not None:
+            self.core.set_snapshot(snap)
         self._seen = (self.core.role, self.core.leader, self.core.term)
         log.info("group opened", extra={"fields": {
             "group": self.group_id, "last_index": self.log.last_index(), "term": hs.term,
             "recovery": repr(self.log.recovery)}})
 
-    def _load_snapshot(self) -> int:
-        """Restore the state machine from the snapshot file; returns its index (0: none).
+    def _load_snapshot(self) -> Snapshot | None:
+        """Restore the state machine from the snapshot file, if there is one.
 
-        Refuses to start when the log begins after it: replay would skip entries.
+        Finishes an install a crash interrupted (the snapshot is newer than the log, or
+        disagrees with it at its index: reset the log to it). Refuses to start when the
+        log begins after it: replay would skip entries.
         """
         lg = self.log
         assert lg is not None
@@ -189,7 +223,12 @@ class GroupRuntime:
                 lg.close()
                 raise MissingEntries(f"{self.snapshot_path} exists but no restore is configured")
             self.machine = self._restore(snap.data)
-            index = self.snapshot_index = snap.index
+            index = self.snapshot_index = self._snapshot_taken = snap.index
+            first, last = lg.first_index(), lg.last_index()
+            if index > last or (index >= first - 1 and lg.term(index) != snap.term):
+                log.info("finishing an interrupted snapshot install", extra={"fields": {
+                    "group": self.group_id, "snapshot": index, "log": [first, last]}})
+                lg.reset_to(index, snap.term)
         self._retain_seen = int(getattr(self.machine, "retained_index", 0))
         first = lg.first_index()
         if first > index + 1:
@@ -198,7 +237,7 @@ class GroupRuntime:
                 f"group {self.group_id}: the log starts at entry {first} but the snapshot "
                 f"covers only up to {index}: entries {index + 1}..{first - 1} are lost"
             )
-        return index
+        return snap
 
     async def run(self) -> None:
         """Drive the group until cancelled; the CommitLog is closed on the way out."""
@@ -208,7 +247,7 @@ class GroupRuntime:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ready_loop)
                 nursery.start_soon(self._sync_loop)
-                nursery.start_soon(self._retention_loop)
+                nursery.start_soon(self._snapshot_loop)
         finally:
             self.closed = True
             self._fail_waiters(NotLeader(None))
@@ -328,6 +367,8 @@ class GroupRuntime:
             "uncommitted_bytes": self._uncommitted,
             "snapshot": self.snapshot_index,
             "needs_snapshot": sorted(core.needs_snapshot),
+            "sending_snapshot": sorted(core.sending_snapshot),
+            "installing": core.installing.index if core.installing is not None else None,
         }
 
     # ------------------------------------------------------------------ loops
@@ -346,10 +387,16 @@ class GroupRuntime:
                     # Rare (terms, votes, membership); kept on the loop so no later
                     # message can overtake it.
                     hs.save(rd.hard_state)
+                if rd.snapshot is not None:
+                    await self._install(rd.snapshot)
                 if rd.entries:
                     lg.store(rd.entries)
                     self._sync_needed.set()
                 for m in rd.messages:
+                    if m.type == MsgType.SNAPSHOT:
+                        log.info("sending snapshot", extra={"fields": {
+                            "group": self.group_id, "peer": m.dst, "snapshot": m.log_index,
+                            "bytes": len(m.snapshot)}})
                     self._send(self.group_id, m)
                 if rd.apply:
                     self._apply(rd.apply)
@@ -399,43 +446,115 @@ class GroupRuntime:
                 w.resolve(error=ProposalLost(f"entry {e.index} was replaced by a newer leader"))
         self._applied_changed.set()
         self._applied_changed = trio.Event()
-        retained = getattr(self.machine, "retained_index", 0)
-        if retained > self._retain_seen and hasattr(self.machine, "snapshot"):
-            self._retain_seen = retained
-            last = entries[-1]
-            self._snapshot_due = (Snapshot(last.index, last.term, self.machine.snapshot()), retained)
-            self._retain_needed.set()
+        self._maybe_snapshot(entries[-1])
 
-    async def _retention_loop(self) -> None:
-        """Write the due snapshot durably, then delete the log segments it covers."""
-        lg = self.log
-        assert lg is not None
+    def _maybe_snapshot(self, last: Entry) -> None:
+        """Detach the state at `last` when retention or the periodic policy wants a
+        snapshot; `_snapshot_loop` serialises and writes it."""
+        retained = int(getattr(self.machine, "retained_index", 0))
+        retain_due = retained > self._retain_seen
+        every = self.options.snapshot_every_entries
+        periodic_due = every > 0 and last.index - self._snapshot_taken >= every
+        if not (retain_due or periodic_due):
+            return
+        serialise = self._serialiser()
+        if serialise is None:
+            return  # this state machine cannot be snapshotted
+        core = self.core
+        assert core is not None
+        self._retain_seen = max(self._retain_seen, retained)
+        self._snapshot_taken = last.index
+        prev = self._snapshot_due
+        self._snapshot_due = _DueSnapshot(
+            last.index,
+            last.term,
+            core.membership_at(last.index),
+            serialise,
+            max(retained if retain_due else 0, prev.retained if prev is not None else 0),
+        )
+        self._snapshot_needed.set()
+
+    def _serialiser(self) -> Callable[[], bytes] | None:
+        later = getattr(self.machine, "snapshot_later", None)
+        if later is not None:
+            fn: Callable[[], bytes] = later()
+            return fn
+        take = getattr(self.machine, "snapshot", None)
+        if take is None:
+            return None
+        data: bytes = take()
+        return lambda: data
+
+    def _write_snapshot(self, due: _DueSnapshot) -> Snapshot:
+        """Serialise and save `due` (blocking: runs in a worker thread)."""
+        snap = Snapshot(due.index, due.term, due.serialise(), due.membership)
+        save_snapshot(self.snapshot_path, snap)
+        return snap
+
+    async def _snapshot_loop(self) -> None:
+        """Write due snapshots durably (off the event loop), hand them to the core, and
+        for retention then delete the log segments they cover."""
+        lg, core = self.log, self.core
+        assert lg is not None and core is not None
         while True:
-            await self._retain_needed.wait()
-            self._retain_needed = trio.Event()
-            if self._snapshot_due is None:
+            await self._snapshot_needed.wait()
+            self._snapshot_needed = trio.Event()
+            due, self._snapshot_due = self._snapshot_due, None
+            if due is None:
                 continue
-            snap, retained = self._snapshot_due
-            self._snapshot_due = None
-            try:
-                await trio.to_thread.run_sync(save_snapshot, self.snapshot_path, snap)
-            except OSError:
-                # nothing was deleted; the next retain entry tries again
-                log.exception("writing the snapshot failed", extra={"fields": {
-                    "group": self.group_id, "snapshot": snap.index}})
-                continue
-            self.snapshot_index = snap.index
-            try:
-                first = lg.delete_before(min(retained, snap.index + 1))
-            except CommitLogError:
-                if lg.closed:
-                    raise
-                log.exception("retention failed; the next retain retries",
-                              extra={"fields": {"group": self.group_id}})
-                continue
-            log.info("retention", extra={"fields": {
-                "group": self.group_id, "snapshot": snap.index, "retained": retained,
-                "first_index": first}})
+            async with self._snapshot_lock:
+                if due.index > self.snapshot_index:  # else an install got ahead of it
+                    try:
+                        snap = await trio.to_thread.run_sync(self._write_snapshot, due)
+                    except OSError:
+                        # nothing was deleted; the next retain entry (or period) retries
+                        log.exception("writing the snapshot failed", extra={"fields": {
+                            "group": self.group_id, "snapshot": due.index}})
+                        continue
+                    self.snapshot_index = snap.index
+                    self.snapshots_written += 1
+                    core.set_snapshot(snap)
+                    log.info("snapshot written", extra={"fields": {
+                        "group": self.group_id, "snapshot": snap.index,
+                        "bytes": len(snap.data)}})
+                if not due.retained:
+                    continue
+                try:
+                    first = lg.delete_before(min(due.retained, self.snapshot_index + 1))
+                except CommitLogError:
+                    if lg.closed:
+                        raise
+                    log.exception("retention failed; the next retain retries",
+                                  extra={"fields": {"group": self.group_id}})
+                    continue
+                log.info("retention", extra={"fields": {
+                    "group": self.group_id, "snapshot": self.snapshot_index,
+                    "retained": due.retained, "first_index": first}})
+
+    async def _install(self, snap: Snapshot) -> None:
+        """Carry out `Ready.snapshot`: restore, save, reset the log, tell the core."""
+        core, lg = self.core, self.log
+        assert core is not None and lg is not None
+        if self._restore is None:
+            raise MissingEntries(
+                f"group {self.group_id}: the leader sent snapshot {snap.index} but no restore "
+                "is configured"
+            )
+        log.info("installing snapshot", extra={"fields": {
+            "group": self.group_id, "snapshot": snap.index, "term": snap.term,
+            "bytes": len(snap.data), "log": [lg.first_index(), lg.last_index()]}})
+        async with self._snapshot_lock:
+            machine = self._restore(snap.data)  # first: a snapshot it refuses is not saved
+            await trio.to_thread.run_sync(save_snapshot, self.snapshot_path, snap)
+            lg.reset_to(snap.index, snap.term)
+            self.machine = machine
+            self.snapshot_index = self._snapshot_taken = snap.index
+            self._retain_seen = int(getattr(machine, "retained_index", 0))
+            self._snapshot_due = None  # detached from the state just replaced
+            self.snapshots_installed += 1
+        core.snapshot_installed(snap.index, snap.term)
+        self._applied_changed.set()
+        self._applied_changed = trio.Event()
 
     def _notice_lagging(self) -> None:
         core = self.core
@@ -443,10 +562,11 @@ class GroupRuntime:
         lagging = core.needs_snapshot
         if lagging != self._lagging:
             for peer in sorted(lagging - self._lagging):
-                log.warning("follower needs entries deleted by retention; it cannot catch up "
-                            "without a snapshot transfer", extra={"fields": {
+                log.warning("follower needs entries deleted by retention and no snapshot "
+                            "covers them; it cannot catch up", extra={"fields": {
                                 "group": self.group_id, "peer": peer,
-                                "first_index": self.log.first_index() if self.log else None}})
+                                "first_index": self.log.first_index() if self.log else None,
+                                "snapshot": core.snapshot_index}})
             self._lagging = lagging
 
     def _release(self, w: _Waiter) -> None:

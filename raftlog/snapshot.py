@@ -1,15 +1,21 @@
-"""A group's state-machine snapshot file: what lets retention delete the log's prefix.
+"""A group's state-machine snapshot file: what lets retention delete the log's prefix,
+what a restart restores instead of replaying the whole log, and what a leader sends to a
+follower that lacks entries it no longer holds.
 
 The file holds the state machine's own `snapshot()` bytes together with the Raft index
-and term of the last entry they include. It must be durable *before* any entry it covers
-is deleted, and a torn write must never replace a good snapshot, so a save is: write a
-temp file, fsync it, rename it over the old one, fsync the directory (as for the hard
-state).
+and term of the last entry they include and the membership in force at that index. It
+must be durable *before* any entry it covers is deleted, and a torn write must never
+replace a good snapshot, so a save is: write a temp file, fsync it, rename it over the
+old one, fsync the directory (as for the hard state).
 
 File format (little-endian)::
 
-    magic b"RMSN" | version u16 | reserved u16 | index u64 | term u64 | length u64 |
-    state bytes | crc32c u32 over everything before it
+    magic b"RMSN" | version u16 = 2 | reserved u16 | index u64 | term u64 |
+    membership length u32 | length u64 | membership (`Membership.encode`) | state bytes |
+    crc32c u32 over everything before it
+
+    where `length` counts membership and state bytes. Version 1 files (no membership
+    length, no membership) are still read; their `Snapshot.membership` is None.
 
 A missing file means "no snapshot: replay the log from index 1"; a present but
 unreadable one raises `CorruptSnapshot` -- starting from scratch over a log whose prefix
@@ -20,15 +26,17 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 
 from raftlog.fsutil import CorruptFile, atomic_write, seal, unseal
+from raftlog.types import Membership, Snapshot
 
 __all__ = ["CorruptSnapshot", "Snapshot", "load_snapshot", "save_snapshot"]
 
 _MAGIC = b"RMSN"
-_VERSION = 1
-_HEAD = struct.Struct("<4sHHQQQ")
+_VERSION = 2
+_HEAD = struct.Struct("<4sHHQQIQ")
+_HEAD_V1 = struct.Struct("<4sHHQQQ")
+_VERSION_AT = struct.Struct("<H")
 
 
 class CorruptSnapshot(CorruptFile):
@@ -37,21 +45,17 @@ class CorruptSnapshot(CorruptFile):
     what = "snapshot"
 
 
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """State-machine bytes that include every entry up to `index` (of term `term`)."""
-
-    index: int
-    term: int
-    data: bytes
-
-
 def save_snapshot(path: str | os.PathLike[str], snap: Snapshot) -> None:
     """Durably replace the file at `path` (temp, fsync, rename, fsync dir).
 
     Blocking; fine in a worker thread (it touches only its own files).
     """
-    atomic_write(path, *seal(_HEAD, _MAGIC, _VERSION, snap.index, snap.term, payload=snap.data))
+    members = snap.membership.encode() if snap.membership is not None else b""
+    atomic_write(
+        path,
+        *seal(_HEAD, _MAGIC, _VERSION, snap.index, snap.term, len(members),
+              payload=members + snap.data),
+    )
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> Snapshot | None:
@@ -62,5 +66,17 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot | None:
             data = f.read()
     except FileNotFoundError:
         return None
-    (index, term), state = unseal(data, path, _HEAD, _MAGIC, _VERSION, CorruptSnapshot)
-    return Snapshot(index, term, state)
+    version = _VERSION_AT.unpack_from(data, 4)[0] if len(data) >= 6 else _VERSION
+    if version == 1:
+        (index, term), state = unseal(data, path, _HEAD_V1, _MAGIC, 1, CorruptSnapshot)
+        return Snapshot(index, term, state)
+    (index, term, mlen), payload = unseal(data, path, _HEAD, _MAGIC, _VERSION, CorruptSnapshot)
+    if mlen > len(payload):
+        raise CorruptSnapshot(path, f"membership of {mlen} bytes in a {len(payload)}-byte payload")
+    membership = None
+    if mlen:
+        try:
+            membership = Membership.decode(payload[:mlen])
+        except Exception as exc:  # msgpack raises several unrelated types
+            raise CorruptSnapshot(path, f"bad membership: {exc}") from exc
+    return Snapshot(index, term, payload[mlen:], membership)

@@ -119,6 +119,7 @@ def test_roundtrip_every_field_off_default(tmp_path: Path) -> None:
         fsync="interval", fsync_interval=0.25, segment_size=65536, tick_ms=20,
         election_ticks=7, register_interval=2, max_message_bytes=1000,
         retention_hours=0.5, retention_disk_ratio=1, test_mutations=["skip-fsync"],
+        snapshot_every_entries=0,
     )
     d["groups"].append({"id": "%RETRY%x|y.z-1_", "replicas": [3]})
     del d["metrics"]
@@ -193,6 +194,7 @@ INVALID = [
     ("election ticks", _set("election_ticks", 1), "election_ticks must be >= 2"),
     ("tiny segments", _set("segment_size", 100), "segment_size must be >= 1024"),
     ("disk ratio", _set("retention_disk_ratio", 1.5), "retention_disk_ratio must be in (0, 1]"),
+    ("snapshot period", _set("snapshot_every_entries", -1), "snapshot_every_entries must be >= 0"),
     ("retention nan", _set("retention_hours", float("nan")), "retention_hours must be a positive"),
     ("unknown mutation", _set("test_mutations", ["lose-everything"]), "unknown test mutation"),
     ("typo at top level", _set("fsycn", "always"), "unknown key 'fsycn'; did you mean 'fsync'?"),

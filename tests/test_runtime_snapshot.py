@@ -1,0 +1,195 @@
+"""Snapshots in the trio shell: a replica whose disk was wiped after retention is caught up
+by the leader's snapshot, a periodic snapshot bounds the replay of a restart, and an
+install a crash interrupted is finished on the next open."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import msgpack
+import trio
+
+from broker.retention import RetentionPolicy, retain_once
+from broker.statemachine import BrokerState, control_create_topic
+from raftlog.commitlog import CommitLog
+from raftlog.runtime import GroupOptions, GroupRuntime
+from raftlog.snapshot import load_snapshot, save_snapshot
+from raftlog.types import Entry, EntryType, Membership, Snapshot
+from tests.runtime_harness import Group
+from tests.test_retention import HOUR_MS, SEG, batch
+
+
+def _first(rt: GroupRuntime) -> int:
+    assert rt.log is not None
+    return rt.log.first_index()
+
+
+def test_a_wiped_replica_is_caught_up_from_the_leaders_snapshot(tmp_path: Path) -> None:
+    async def main() -> None:
+        r: Group[BrokerState] = Group(tmp_path, lambda: BrokerState("g"),
+                                      restore=lambda d: BrokerState.restore("g", d),
+                                      segment_size=SEG)
+        now = int(time.time() * 1000)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            assert leader.core is not None
+            await leader.propose(control_create_topic("t", 1, [0]), EntryType.CONTROL)
+            for k in range(60):
+                await leader.propose(batch(k, now - 100 * HOUR_MS))
+            for k in range(60, 80):
+                await leader.propose(batch(k, now))
+            target = leader.core.commit
+            await r.wait(lambda: all(s.applied_index >= target for s in r.machines.values()))
+            policy = RetentionPolicy(retention_hours=72, disk_ratio=1.0, data_dir=tmp_path,
+                                     usage=lambda: (0, 1))
+            index = await retain_once(policy, leader, r.machines[leader.node_id])
+            assert index is not None and index > 1
+            await r.wait(lambda: all(_first(rt) == index for rt in r.runtimes.values()))
+
+            # a follower loses its whole directory (log, snapshot, hard state) and
+            # comes back empty: the leader no longer holds what it needs
+            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
+            await r.stop_and_wait(victim)
+            shutil.rmtree(tmp_path / f"n{victim}")
+            for k in range(80, 90):
+                await leader.propose(batch(k, now))
+            await r.start(n, victim)
+            rt = r.runtimes[victim]
+            assert rt.log is not None and rt.log.last_index() == 0
+            await r.wait(lambda: rt.snapshots_installed == 1)
+            assert rt.core is not None
+            snap = load_snapshot(tmp_path / f"n{victim}" / "snapshot")
+            assert snap is not None and snap.index >= index
+            assert snap.membership == Membership(frozenset({1, 2, 3}))
+            assert rt.log.first_index() == snap.index + 1
+            assert rt.machine is r.machines[victim]  # restored through the callback
+
+            # it keeps replicating from there, and its state is the leader's
+            for k in range(90, 100):
+                await leader.propose(batch(k, now))
+            target = leader.core.commit
+            await r.wait(lambda: all(s.applied_index >= target for s in r.machines.values()))
+            assert r.machines[victim].snapshot() == r.machines[leader.node_id].snapshot()
+            assert r.machines[victim].queue_range("t", 0) == (
+                r.machines[leader.node_id].queue_range("t", 0)
+            )
+            assert not leader.core.needs_snapshot and not leader.core.sending_snapshot
+            st = rt.status()
+            assert st["snapshot"] == snap.index and st["installing"] is None
+
+            # and it restarts from what it installed
+            await r.stop_and_wait(victim)
+            await r.start(n, victim)
+            assert r.runtimes[victim].core is not None
+            assert r.runtimes[victim].core.applied >= snap.index
+            await leader.propose(batch(100, now))
+            target = leader.core.commit
+            await r.wait(lambda: all(s.applied_index >= target for s in r.machines.values()))
+            snaps = {s.snapshot() for s in r.machines.values()}
+            assert len(snaps) == 1
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+class Tally:
+    """A state machine that counts what it applies and remembers what it applied since
+    it was created (or restored), to show where a replay starts."""
+
+    def __init__(self, applied: int = 0, total: int = 0) -> None:
+        self.applied = applied
+        self.total = total
+        self.replayed: list[int] = []
+
+    def apply(self, entry: Entry) -> int:
+        if entry.index <= self.applied:
+            return self.total
+        self.applied = entry.index
+        self.replayed.append(entry.index)
+        if entry.type == EntryType.MESSAGES:
+            self.total += int(entry.data)
+        return self.total
+
+    def snapshot(self) -> bytes:
+        data: bytes = msgpack.packb([self.applied, self.total])
+        return data
+
+    @classmethod
+    def restore(cls, data: bytes) -> Tally:
+        applied, total = msgpack.unpackb(data)
+        return cls(applied, total)
+
+
+def test_periodic_snapshots_bound_the_replay_of_a_restart(tmp_path: Path) -> None:
+    async def main() -> None:
+        r: Group[Tally] = Group(tmp_path, Tally, restore=Tally.restore, segment_size=SEG,
+                                snapshot_every_entries=25)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            for k in range(1, 61):
+                await leader.propose(b"%d" % k)
+            assert leader.core is not None
+            target = leader.core.commit
+            await r.wait(lambda: all(m.applied >= target for m in r.machines.values()))
+            follower = next(i for i in (1, 2, 3) if i != leader.node_id)
+            rt = r.runtimes[follower]
+            await r.wait(lambda: rt.snapshots_written >= 2)
+            snap = load_snapshot(tmp_path / f"n{follower}" / "snapshot")
+            assert snap is not None and 25 <= snap.index <= target
+            assert rt.snapshot_index == snap.index
+            assert _first(rt) == 1  # periodic snapshots delete nothing
+
+            await r.stop_and_wait(follower)
+            await r.start(n, follower)
+            restored = r.machines[follower]
+            assert restored.applied == snap.index  # from the snapshot, before any replay
+            await r.wait(lambda: restored.applied >= target)
+            # the replay began right after the snapshot, not at entry 1
+            assert restored.replayed[0] == snap.index + 1
+            assert restored.replayed == list(range(snap.index + 1, restored.applied + 1))
+            assert restored.total == sum(range(1, 61))
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_snapshots_are_off_with_a_zero_period(tmp_path: Path) -> None:
+    async def main() -> None:
+        r: Group[Tally] = Group(tmp_path, Tally, restore=Tally.restore, segment_size=SEG,
+                                snapshot_every_entries=0)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            for k in range(1, 31):
+                await leader.propose(b"%d" % k)
+            await trio.sleep(0.1)
+            assert all(rt.snapshots_written == 0 for rt in r.runtimes.values())
+            assert not (tmp_path / f"n{leader.node_id}" / "snapshot").exists()
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_open_finishes_an_install_a_crash_interrupted(tmp_path: Path) -> None:
+    """The snapshot file was written, the log not yet reset: the log is reset on open."""
+    lg = CommitLog.open(tmp_path, segment_size=SEG)
+    lg.append([Entry(i, 1, EntryType.MESSAGES, b"1") for i in range(1, 11)])
+    lg.close()
+    m = Membership(frozenset({1, 2, 3}))
+    save_snapshot(tmp_path / "snapshot", Snapshot(40, 3, Tally(40, 99).snapshot(), m))
+    rt = GroupRuntime("g", 1, tmp_path, (1, 2, 3), Tally(), lambda g, msg: None,
+                      GroupOptions(segment_size=SEG), restore=Tally.restore)
+    rt.open()
+    assert rt.log is not None and rt.core is not None
+    assert (rt.log.first_index(), rt.log.last_index(), rt.log.term(40)) == (41, 40, 3)
+    assert rt.core.commit == rt.core.applied == 40
+    assert rt.core.snapshot_index == 40
+    assert isinstance(rt.machine, Tally) and rt.machine.total == 99
+    rt.log.close()
