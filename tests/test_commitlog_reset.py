@@ -13,6 +13,7 @@ import pytest
 import raftlog.commitlog as cl
 from raftlog.commitlog import CommitLog, CommitLogError, OutOfRange
 from raftlog.types import Entry, EntryType
+from tests.test_commitlog_retention import crash, segment_names
 
 SEG = 16 << 10
 
@@ -26,15 +27,6 @@ def fill(path: Path, n: int) -> CommitLog:
     log.append([entry(i) for i in range(1, n + 1)])
     log.sync()
     return log
-
-
-def crash(log: CommitLog) -> None:
-    """Drop the log without close(): what a killed process leaves behind."""
-    log._close_fds()
-
-
-def segment_names(path: Path) -> list[str]:
-    return sorted(p.name for p in (path / "commitlog").iterdir() if p.name.isdigit())
 
 
 def check_reset(log: CommitLog, index: int, term: int, last: int | None = None) -> None:
