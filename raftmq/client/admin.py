@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -78,18 +77,6 @@ class Admin(_ClientBase):
         pool: ConnectionPool | None = None,
     ) -> None:
         super().__init__(namesrv, pool, timeout)
-
-    async def __aenter__(self) -> Admin:
-        await self._open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._close(exc_type, exc, tb)
 
     async def create_topic(
         self,

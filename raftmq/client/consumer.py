@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -302,6 +302,18 @@ class _ClientBase:
         self._tg.cancel_scope.cancel()
         return await self._stack.__aexit__(exc_type, exc, tb)
 
+    async def __aenter__(self) -> Self:
+        await self._open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return await self._close(exc_type, exc, tb)
+
     @property
     def routes(self) -> Routes:
         if self._routes is None or self._closed:
@@ -341,18 +353,6 @@ class PullConsumer(_ClientBase):
         self.max_bytes = max_bytes
         self._assigned: dict[str, tuple[list[int] | None, list[str] | None]] = {}
         self._positions: dict[tuple[str, int], int] = {}
-
-    async def __aenter__(self) -> PullConsumer:
-        await self._open()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return await self._close(exc_type, exc, tb)
 
     def assign(
         self, topic: str, queues: Iterable[int] | None = None, *, tags: Sequence[str] | None = None
