@@ -21,45 +21,7 @@ from typing import Any
 
 import anyio
 
-from broker.blocking_rpc import request
-from broker.protocol import Op, RequestError
-
 __all__ = ["main", "run_produce"]
-
-
-def group_leaders(namesrv: str, timeout: float = 30.0) -> dict[str, str]:
-    """{group: leader address} once every group the name server knows has a leader."""
-    deadline = time.monotonic() + timeout
-    while True:
-        h, _ = request(namesrv, {"op": Op.CLUSTER})
-        leaders = {g: v.get("leader_addr") for g, v in h.get("groups", {}).items()}
-        if leaders and all(leaders.values()):
-            return leaders  # type: ignore[return-value]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"groups without a leader: {sorted(g for g, a in leaders.items() if not a)}")
-        time.sleep(0.1)
-
-
-def create_topic(namesrv: str, topic: str, queues: int) -> None:
-    """Spread `queues` over the groups (queue q -> sorted groups[q % G]) and create them."""
-    groups = group_leaders(namesrv)
-    names = sorted(groups)
-    for k, g in enumerate(names):
-        hosted = [q for q in range(queues) if q % len(names) == k]
-        if hosted:
-            request(groups[g], {"op": Op.CREATE_TOPIC, "g": g, "topic": topic,
-                                "queues": queues, "hosted": hosted})
-    deadline = time.monotonic() + 10
-    while True:  # the name server learns of the topic from the leaders' next registration
-        try:
-            h, _ = request(namesrv, {"op": Op.ROUTE, "topic": topic})
-            if len(h["queues"]) == queues and all(q[2] for q in h["queues"]):
-                return
-        except RequestError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"topic {topic!r} did not appear in the routes")
-        time.sleep(0.05)
 
 
 def _percentile(sorted_values: list[float], p: float) -> float:
@@ -70,7 +32,10 @@ def _percentile(sorted_values: list[float], p: float) -> float:
 
 
 async def _drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str, Any]:
-    from raftmq.client.producer import Producer
+    from raftmq.client import Admin, Producer
+
+    async with Admin(namesrv) as admin:  # queues spread over the groups; waits for routes
+        await admin.create_topic(topic, args.queues, exist_ok=True)
 
     payload = b"x" * args.size
     latencies: list[float] = []
@@ -127,7 +92,6 @@ async def _drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str
 def run_produce(args: argparse.Namespace) -> dict[str, Any]:
     topic = args.topic
     if args.namesrv:
-        create_topic(args.namesrv, topic, args.queues)
         result = anyio.run(_drive, args.namesrv, topic, args)
         result.update(cluster="external", namesrv=args.namesrv)
         return result
@@ -136,7 +100,6 @@ def run_produce(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="raftmq-bench-") as tmp:
         with LocalCluster(Path(tmp), nodes=3, groups=args.groups, fsync=args.fsync) as cluster:
             cluster.wait_ready(timeout=60)
-            create_topic(cluster.namesrv_addr, topic, args.queues)
             result = anyio.run(_drive, cluster.namesrv_addr, topic, args)
             result.update(cluster="local", nodes=3, groups=args.groups, replicas=3,
                           fsync=args.fsync)
