@@ -251,8 +251,7 @@ class GroupRuntime:
         finally:
             self.closed = True
             self._fail_waiters(NotLeader(None))
-            for rw in self._read_waiters.values():
-                rw.resolve(error=NotLeader(None))
+            self._fail_reads(NotLeader(None))
             if self.log is not None:
                 try:
                     self.log.close()
@@ -583,6 +582,11 @@ class GroupRuntime:
         self._space.set()
         self._space = trio.Event()
 
+    def _fail_reads(self, error: BaseException) -> None:
+        reads, self._read_waiters = self._read_waiters, {}
+        for rw in reads.values():
+            rw.resolve(error=error)
+
     def _notice_changes(self) -> None:
         core = self.core
         assert core is not None
@@ -594,9 +598,7 @@ class GroupRuntime:
         if was_leader and core.role != Role.LEADER:
             self._fail_waiters(NotLeader(core.leader))
         if was_leader:  # read rounds of the old role/term were dropped by the core
-            reads, self._read_waiters = self._read_waiters, {}
-            for rw in reads.values():
-                rw.resolve(error=NotLeader(core.leader if core.role != Role.LEADER else None))
+            self._fail_reads(NotLeader(core.leader if core.role != Role.LEADER else None))
         self._applied_changed.set()
         self._applied_changed = trio.Event()
         log.info("role change", extra={"fields": {"group": self.group_id, "role": core.role.name,
