@@ -32,7 +32,6 @@ __all__ = [
     "RECORD_HEADER",
     "STORED_PREFIX",
     "BatchHeader",
-    "check_properties",
     "Message",
     "OutgoingMessage",
     "RecordRef",
@@ -146,12 +145,20 @@ def _bad(msg: str) -> RequestError:
 
 
 def walk_batch(
-    batch: bytes | memoryview, base: int = 0, max_message_bytes: int = MAX_MESSAGE_BYTES
+    batch: bytes | memoryview,
+    base: int = 0,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    *,
+    check_properties: bool = False,
 ) -> tuple[BatchHeader, list[RecordRef]]:
     """Validate a batch starting at `base` in `batch` and locate its records.
 
     `RecordRef.start` is relative to `batch` (so `base` is included). Raises
     `RequestError` (MALFORMED or MESSAGE_TOO_LARGE) without side effects.
+    `check_properties` also refuses records whose properties are not a msgpack map of
+    str -> str, which no consumer could decode: the produce path asks for it, before
+    anything is written; applying entries does not (it must accept what was logged).
+    It rides the same pass over the records, as one walk per message is the cost here.
     """
     mv = memoryview(batch)
     if len(mv) - base < _BATCH_PREFIX.size:
@@ -172,6 +179,7 @@ def walk_batch(
     pos = hstart + hlen
     refs: list[RecordRef] = []
     end = len(mv)
+    bad_props = -1  # the first record with undecodable properties, reported last
     while pos < end:
         if end - pos < RECORD_HEADER.size:
             raise _bad(f"record {len(refs)} header truncated")
@@ -183,6 +191,10 @@ def walk_batch(
                 Code.MESSAGE_TOO_LARGE,
                 f"message body of {blen} bytes exceeds the limit of {max_message_bytes}",
             )
+        if plen and check_properties and bad_props < 0:
+            p = pos + RECORD_HEADER.size + klen + tlen
+            if not _string_map(mv[p : p + plen]):
+                bad_props = len(refs)
         if klen or tlen:
             kstart = pos + RECORD_HEADER.size
             try:
@@ -196,27 +208,19 @@ def walk_batch(
         pos += size
     if len(refs) != header.n or not refs:
         raise _bad(f"header says {header.n} records, found {len(refs)}")
+    if bad_props >= 0:
+        raise _bad(f"record {bad_props} properties are not a map of strings")
     return header, refs
 
 
-def check_properties(batch: bytes | memoryview, refs: Sequence[RecordRef]) -> None:
-    """Refuse (MALFORMED) records whose properties are not a msgpack map of str -> str,
-    which no consumer could decode. Meant for the produce path, before anything is
-    written; `walk_batch` itself (also run when applying entries) leaves them alone."""
-    mv = memoryview(batch)
-    for i, ref in enumerate(refs):
-        _size, _born, klen, tlen, plen, _blen = RECORD_HEADER.unpack_from(mv, ref.start)
-        if not plen:
-            continue
-        p = ref.start + RECORD_HEADER.size + klen + tlen
-        try:
-            props = msgpack.unpackb(mv[p : p + plen], raw=False)
-        except Exception:  # msgpack raises several unrelated types
-            props = None
-        if not isinstance(props, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in props.items()
-        ):
-            raise _bad(f"record {i} properties are not a map of strings")
+def _string_map(data: memoryview) -> bool:
+    try:
+        props = msgpack.unpackb(data, raw=False)
+    except Exception:  # msgpack raises several unrelated types
+        return False
+    return isinstance(props, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in props.items()
+    )
 
 
 def _header(h: dict[str, Any]) -> BatchHeader:

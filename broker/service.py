@@ -25,7 +25,7 @@ from broker.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.records import STORED_PREFIX, check_properties, parse_message_id, walk_batch
+from broker.records import STORED_PREFIX, parse_message_id, walk_batch
 from broker.statemachine import (
     MAX_QUEUES,
     BrokerState,
@@ -171,8 +171,8 @@ class BrokerService:
     async def _produce(self, h: dict[str, Any], body: bytes) -> Response:
         g = self._group(h.get("g"))
         state = self._leading(g)
-        header, refs = walk_batch(body, 0, self.node.config.max_message_bytes)
-        check_properties(body, refs)
+        header, _refs = walk_batch(body, 0, self.node.config.max_message_bytes,
+                                   check_properties=True)
         validate_topic_name(header.topic)
         state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
         data = STORED_PREFIX.pack(int(time.time() * 1000)) + body

@@ -41,7 +41,6 @@ from broker.protocol import (
 )
 from broker.records import (
     OutgoingMessage,
-    check_properties,
     decode_record,
     encode_batch,
     walk_batch,
@@ -375,8 +374,7 @@ def test_mutated_produce_batches(live: Live, queue: int, msgs: list[OutgoingMess
     seq = -1 if pid == 0 else 1 << 40  # far ahead: a gap unless the mutation changed it
     batch = mutate(encode_batch(TOPIC, queue, msgs, pid=pid, seq=seq, born_ms=9), muts)
     try:
-        local = walk_batch(batch)
-        check_properties(batch, local[1])  # what the produce path adds
+        local = walk_batch(batch, check_properties=True)  # what the produce path checks
         verdict: Code | None = None
     except RequestError as exc:
         verdict = exc.code
