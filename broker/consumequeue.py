@@ -17,10 +17,11 @@ snapshots them as `min_offset` plus the raw record bytes.
 from __future__ import annotations
 
 import struct
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from broker.protocol import Code, RequestError
+from broker.records import RecordRef
 
 __all__ = ["CQ_RECORD", "CQEntry", "ConsumeQueue"]
 
@@ -77,6 +78,14 @@ class ConsumeQueue:
         """Add one message; returns the offset it was given."""
         offset = self.end_offset
         self._buf += CQ_RECORD.pack(index, start, size, tag_hash, store_ms)
+        return offset
+
+    def extend(self, index: int, refs: Iterable[RecordRef], store_ms: int) -> int:
+        """Add the records of one batch (the entry at Raft `index`) in one write; returns
+        the offset of the first."""
+        offset = self.end_offset
+        pack = CQ_RECORD.pack
+        self._buf += b"".join([pack(index, r.start, r.size, r.tag_hash, store_ms) for r in refs])
         return offset
 
     def drop_before(self, offset: int) -> int:

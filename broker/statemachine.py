@@ -264,11 +264,10 @@ class BrokerState:
                         f"{header.pid} on {topic}/{queue}",
                     )
 
-        base = cq.end_offset
+        base = cq.extend(entry.index, refs, store_ms)
+        self.bytes_applied += refs[-1].start + refs[-1].size - refs[0].start  # contiguous
         keys = self._keys.get(topic)
         for i, ref in enumerate(refs):
-            cq.append(entry.index, ref.start, ref.size, ref.tag_hash, store_ms)
-            self.bytes_applied += ref.size
             if ref.key:
                 if keys is None:
                     keys = self._keys[topic] = {}
