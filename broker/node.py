@@ -257,7 +257,7 @@ class Node:
                     term=st["term"], commit=st["commit"], applied=st["applied"],
                     last=st["last"], durable=st["durable"])
                 state = self.states[gid]
-                ntopics = len(state.topics())
+                ntopics = state.topic_count
                 if seen_topics.get(gid, ntopics) != ntopics:
                     self._register_now.set()
                 seen_topics[gid] = ntopics

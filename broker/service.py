@@ -141,7 +141,7 @@ class BrokerService:
         """The group on this node that hosts (topic, queue)."""
         known = False
         for gid, state in self.node.states.items():
-            cfg = state.topics().get(topic)
+            cfg = state.topic(topic)
             if cfg is not None:
                 known = True
                 if queue in cfg.hosted:
@@ -339,9 +339,9 @@ class BrokerService:
         limit = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
         parts: list[bytes] = []
         msgs: list[list[Any]] = []
-        if not any(topic in state.topics() for state in self.node.states.values()):
+        if not any(state.topic(topic) for state in self.node.states.values()):
             raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
-        hosting = [gid for gid, state in self.node.states.items() if topic in state.topics()]
+        hosting = [gid for gid, state in self.node.states.items() if state.topic(topic)]
         led = [gid for gid in hosting if self.node.groups[gid].is_leader]
         if not led:
             self._leading(self.node.groups[hosting[0]])  # NOT_LEADER with a hint

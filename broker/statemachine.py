@@ -407,6 +407,14 @@ class BrokerState:
         """Topics known to this group (a copy)."""
         return dict(self._topics)
 
+    def topic(self, name: str) -> TopicConfig | None:
+        """One topic's config, without copying them all (requests ask this every time)."""
+        return self._topics.get(name)
+
+    @property
+    def topic_count(self) -> int:
+        return len(self._topics)
+
     def _queue(self, topic: str, queue: int) -> ConsumeQueue:
         cq = self._queues.get((topic, queue))
         if cq is None:
