@@ -11,6 +11,7 @@ a queue.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,7 @@ MAX_FETCH_COUNT = 1024
 MAX_FETCH_BYTES = 8 << 20
 MAX_WAIT_MS = 60_000
 DEFAULT_WAIT_MS = 15_000  # RocketMQ's long-poll hold
+READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
 
 
 def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
@@ -88,6 +90,8 @@ class BrokerService:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._consumers: dict[str, dict[str, float]] = {}  # cg -> client -> expiry
+        self._read_cache: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._read_cached = 0  # bytes held by _read_cache
         self._handlers: dict[int, Callable[[dict[str, Any], bytes], Awaitable[Response]]] = {
             Op.PRODUCE: self._produce,
             Op.FETCH: self._fetch,
@@ -163,8 +167,26 @@ class BrokerService:
         return result
 
     def _read(self, g: GroupRuntime, index: int) -> bytes:
+        """The data of committed entry `index`, CRC-checked when read from the CommitLog.
+
+        Consumers fetch a producer's batch a few dozen messages at a time, and every
+        consumer group tails the same recent batches: the last `READ_CACHE_BYTES` of
+        entries read stay in memory so each is read and verified once, not per fetch.
+        Committed entries never change, so the cache needs no invalidation.
+        """
+        key = (g.group_id, index)
+        cache = self._read_cache
+        data = cache.get(key)
+        if data is not None:
+            cache.move_to_end(key)
+            return data
         assert g.log is not None
-        return g.log.entries(index, index + 1, 1 << 62)[0].data
+        data = g.log.entries(index, index + 1, 1 << 62)[0].data
+        cache[key] = data
+        self._read_cached += len(data)
+        while self._read_cached > READ_CACHE_BYTES and len(cache) > 1:
+            self._read_cached -= len(cache.popitem(last=False)[1])
+        return data
 
     # ------------------------------------------------------------------ produce
 
@@ -226,11 +248,11 @@ class BrokerService:
     def _answer_fetch(self, g: GroupRuntime, found: list, nxt: int, lo: int, end: int) -> Response:
         parts: list[bytes | memoryview] = []
         msgs = []
-        cached_index, cached = -1, b""
+        cached_index, cached = -1, memoryview(b"")
         for e in found:
             if e.index != cached_index:
-                cached_index, cached = e.index, self._read(g, e.index)
-            parts.append(memoryview(cached)[e.start : e.start + e.size])
+                cached_index, cached = e.index, memoryview(self._read(g, e.index))
+            parts.append(cached[e.start : e.start + e.size])
             msgs.append([e.offset, e.index, e.start, e.store_ms])
         body = b"".join(parts)
         self.node.metrics.fetch_messages.labels(g.group_id).inc(len(msgs))
