@@ -225,21 +225,37 @@ class BrokerService:
         tag_hashes = {_tag_hash(t) for t in tags} if tags else None
         g = self._hosting(topic, queue)
         deadline = trio.current_time() + wait_ms / 1000
-        self._leading(g)
-        await g.read_barrier()  # never answer from the state of a leader that was replaced
+        # Whatever depends on where the queue ends (a short answer, an empty one, "offset
+        # too large") is only said once a majority confirmed this node still leads
+        # (ReadIndex): a replaced leader must not report an old end. A full answer does
+        # not depend on it: its messages are committed, the same in every later state.
+        confirmed = False
         while True:
             state = self._leading(g)
             lo, end = state.queue_range(topic, queue)
-            if offset < lo or offset > end:
-                code = Code.OFFSET_TOO_SMALL if offset < lo else Code.OFFSET_TOO_LARGE
-                raise RequestError(code, f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
+            if offset < lo:  # the earliest offset only grows: true for newer states too
+                raise RequestError(Code.OFFSET_TOO_SMALL,
+                                   f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
                                    min=lo, end=end)
+            found: list = []
+            nxt = offset
             if offset < end:
                 found, nxt = state.lookup(topic, queue, offset, max_count, max_bytes, tag_hashes)
-                if found:
+                if found and (confirmed or nxt < end or len(found) >= max_count):
                     return self._answer_fetch(g, found, nxt, lo, end)
-                offset = nxt
+                if not found and nxt < end:
+                    offset = nxt  # only filtered-out messages so far
+                    continue
+            if not confirmed:
+                await g.read_barrier()
+                confirmed = True
                 continue
+            if offset > end:
+                raise RequestError(Code.OFFSET_TOO_LARGE,
+                                   f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
+                                   min=lo, end=end)
+            if nxt > offset:
+                offset = nxt  # skipped filtered-out messages up to the end
             with trio.move_on_at(deadline):
                 await g.wait_applied_change()
                 continue
