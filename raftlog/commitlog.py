@@ -23,8 +23,10 @@ Entry format (little-endian, 33-byte header then the body)::
     magic u32 | total size u32 | term u64 | index u64 | type u8 | body crc32c u32 |
     header crc32c u32 (over the 29 bytes before it)
 
-    The body is stored byte-for-byte; `read_raw` hands out these exact bytes, which
-    followers store unchanged through `append_raw`.
+    The body is stored byte-for-byte. Peers exchange entries in exactly this format
+    (`encode_entry` on the leader, `decode_entries` checking both CRCs on the follower,
+    see `raftlog.wire`); `read_raw`/`append_raw` copy stored bytes without decoding, for
+    repairing a replica from a peer.
 
 Index file: fixed 32-byte records; record ``i`` lives at ``(i - first_index) * 32``::
 
