@@ -13,6 +13,9 @@ JSON lines (``jsonl``), written by the chaos workloads, one object per line::
   while the previous one is still open leaves that one pending forever, as if ``info``.
 - ``type``: ``invoke`` | ``ok`` | ``fail`` | ``info``.
 - ``time``: float, monotonic seconds (optional; the line number is used when absent).
+- Lines of ``"process": "nemesis"`` record faults (``invoke`` when one starts, ``info`` when
+  it ends; ``f`` names the fault, ``value`` its details). They are not client operations:
+  `parse_jsonl` skips them and `parse_faults` pairs them into intervals.
 - ``f``/``key``/``value`` per model (``value`` of ``invoke`` is the input, of ``ok`` the result;
   JSON lists used as keys become tuples):
 
@@ -46,6 +49,8 @@ from .model import INFINITY, UNKNOWN, Event, EventKind, Operation, events_to_ope
 
 __all__ = [
     "FORMATS",
+    "NEMESIS",
+    "Fault",
     "HistoryRecord",
     "Keyword",
     "load_operations",
@@ -53,10 +58,12 @@ __all__ = [
     "parse_edn_kv",
     "parse_jepsen_log",
     "parse_jsonl",
+    "parse_faults",
     "records_to_operations",
 ]
 
 FORMATS = ("jepsen-log", "edn-kv", "jsonl")
+NEMESIS = "nemesis"  # the process name of fault lines in a JSON-lines history
 
 
 def _lines(source: str | Path | Iterable[str]) -> Iterator[tuple[int, str, str]]:
@@ -321,6 +328,8 @@ def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
             process, kind = entry["process"], entry["type"]
         except (KeyError, TypeError):
             raise ValueError(f"{where}: needs 'process' and 'type'") from None
+        if process == NEMESIS:
+            continue
         at = float(entry.get("time", number))
         if kind == "invoke":
             if "f" not in entry:
@@ -345,6 +354,52 @@ def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
         done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names)))
     done.sort(key=lambda item: item[0])
     return [record for _seq, record in done]
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault a nemesis injected: from `start` until `end` (+inf if never healed)."""
+
+    f: str
+    value: Any
+    start: float
+    end: float
+
+
+def parse_faults(source: str | Path | Iterable[str]) -> list[Fault]:
+    """The nemesis intervals of a JSON-lines history, in start order.
+
+    Each fault is an ``invoke`` followed by an ``info`` with the same ``f`` (several faults
+    may overlap; an end closes the earliest open fault of its ``f``). The info's ``value``,
+    when present, replaces the invoke's.
+    """
+    open_faults: dict[str, list[tuple[int, dict[str, Any], float]]] = {}
+    done: list[tuple[int, Fault]] = []
+    for number, where, line in _lines(source):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: invalid JSON: {exc.msg}") from None
+        if not isinstance(entry, dict) or entry.get("process") != NEMESIS:
+            continue
+        f, kind = str(entry.get("f")), entry.get("type")
+        at = float(entry.get("time", number))
+        if kind == "invoke":
+            open_faults.setdefault(f, []).append((number, entry, at))
+        elif kind in ("info", "ok", "fail"):
+            pending = open_faults.get(f)
+            if not pending:
+                raise ValueError(f"{where}: end of fault {f!r} that never started")
+            seq, first, start = pending.pop(0)
+            value = entry.get("value", first.get("value"))
+            done.append((seq, Fault(f, value, start, at)))
+        else:
+            raise ValueError(f"{where}: unknown type {kind!r}")
+    for pending in open_faults.values():
+        for seq, first, start in pending:
+            done.append((seq, Fault(str(first.get("f")), first.get("value"), start, INFINITY)))
+    done.sort(key=lambda item: item[0])
+    return [fault for _seq, fault in done]
 
 
 def _record(

@@ -11,6 +11,7 @@ from chaos.histories import (
     load_operations,
     parse_edn,
     parse_edn_kv,
+    parse_faults,
     parse_jepsen_log,
     parse_jsonl,
     records_to_operations,
@@ -168,3 +169,22 @@ def test_load_operations_rejects_mismatched_format(tmp_path) -> None:
         load_operations(path, "jepsen-log", "kv")
     with pytest.raises(ValueError):
         load_operations(path, "csv", "kv")
+
+
+def test_nemesis_lines_are_faults_not_operations() -> None:
+    lines = [
+        '{"process": 0, "type": "invoke", "f": "append", "key": "q", "value": "a", "time": 1}',
+        '{"process": "nemesis", "type": "invoke", "f": "kill", "value": {"nodes": [2]}, "time": 1.5}',
+        '{"process": 0, "type": "ok", "f": "append", "key": "q", "value": {"offset": 0}, "time": 2}',
+        '{"process": "nemesis", "type": "invoke", "f": "pause", "value": {"nodes": [1]}, "time": 2.5}',
+        '{"process": "nemesis", "type": "info", "f": "kill", "time": 3}',
+    ]
+    records = parse_jsonl(lines)
+    assert [(r.f, r.status, r.result) for r in records] == [("append", "ok", {"offset": 0})]
+    faults = parse_faults(lines)
+    assert [(f.f, f.value, f.start, f.end) for f in faults] == [
+        ("kill", {"nodes": [2]}, 1.5, 3.0),
+        ("pause", {"nodes": [1]}, 2.5, float("inf")),
+    ]
+    with pytest.raises(ValueError, match="never started"):
+        parse_faults(['{"process": "nemesis", "type": "info", "f": "kill", "time": 3}'])
