@@ -105,6 +105,9 @@ class NodeConfig:
     retention_check_interval: float = 60.0  # seconds between retention policy runs
     snapshot_every_entries: int = 100_000  # a group snapshot per this many applied (0: off)
     test_mutations: tuple[str, ...] = ()
+    # Record every fsync in <data>/.sync-marks (`raftlog.fsutil`), so a chaos run can
+    # simulate a power loss (`chaos.disk_faults.discard_unsynced`); tests only.
+    test_sync_marks: bool = False
 
     def __post_init__(self) -> None:
         # a read-only view, so a "frozen" config cannot be changed through its peers table
@@ -128,7 +131,8 @@ class NodeConfig:
     def from_dict(cls, d: Mapping[str, Any], *, env: Mapping[str, str] | None = None) -> NodeConfig:
         """Validate a parsed TOML document (or an equivalent dict) into a config.
 
-        `env` defaults to `os.environ`; it decides whether `test_mutations` are allowed.
+        `env` defaults to `os.environ`; it decides whether `test_mutations` and
+        `test_sync_marks` are allowed.
         Raises `ConfigError` naming the first offending key.
         """
         return _parse(d, os.environ if env is None else env)
@@ -263,6 +267,17 @@ def _mutations(value: object, env: Mapping[str, str]) -> tuple[str, ...]:
     return items
 
 
+def _sync_marks(value: object, env: Mapping[str, str]) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"test_sync_marks must be true or false, got {value!r}")
+    if value and env.get(ALLOW_MUTATIONS_ENV) != "1":
+        raise ConfigError(
+            "test_sync_marks is test instrumentation (every fsync is logged for simulated "
+            f"power losses); it is refused unless the environment has {ALLOW_MUTATIONS_ENV}=1"
+        )
+    return value
+
+
 def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
     if not isinstance(d, Mapping):
         raise ConfigError(f"a node configuration must be a table, got {type(d).__name__}")
@@ -321,6 +336,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
             d.get("snapshot_every_entries", 100_000), "snapshot_every_entries", minimum=0
         ),
         test_mutations=_mutations(d.get("test_mutations", []), env),
+        test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
     )
 
 

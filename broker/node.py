@@ -13,6 +13,14 @@ A node owns, in one trio nursery:
 * the Prometheus endpoint and the gauges behind it;
 * the retention policy (`broker.retention`), every `retention_check_interval`.
 
+A group that finds corrupt entries in its CommitLog fetches them from its peer replicas
+with READ_RAW requests on their listeners (`_fetch_raw`; see `raftlog.runtime`), which
+every node serves whatever it is doing, so two nodes repairing from each other never
+wait on one another.
+
+With `test_sync_marks` (tests only) every fsync under the data directory is recorded
+before the groups open (`raftlog.fsutil.enable_sync_marks`), for simulated power losses.
+
 Cancelling the nursery (SIGINT/SIGTERM) closes every CommitLog cleanly.
 """
 
@@ -27,6 +35,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 import trio
+from prometheus_client import Counter, Gauge
 
 from broker.config import NodeConfig, load_config
 from broker.framing import FrameStream, open_frame_stream, serve_frames
@@ -36,7 +45,8 @@ from broker.retention import RetentionPolicy, run_retention
 from broker.service import BrokerService
 from broker.statemachine import BrokerState
 from raftlog.core import RaftConfig
-from raftlog.runtime import GroupOptions, GroupRuntime
+from raftlog.fsutil import disable_sync_marks, enable_sync_marks
+from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
 from raftlog.types import Message, Role
 
 __all__ = ["Node", "main"]
@@ -53,6 +63,14 @@ class Node:
         self.node_id = config.node_id
         self.addr = config.address
         self.metrics = NodeMetrics(config.node_id)
+        # corrupt CommitLog entries: awaiting a peer's copy, and repaired from one
+        self.unrepaired_gauge = Gauge("raftmq_unrepaired_entries",
+                                      "Corrupt log entries waiting for a peer's copy",
+                                      ["group"], registry=self.metrics.registry)
+        self.repaired_counter = Counter("raftmq_entries_repaired",
+                                        "Corrupt log entries repaired from a peer's copy",
+                                        ["group"], registry=self.metrics.registry)
+        self._repaired_seen: dict[str, int] = {}
         self.max_frame = max(DEFAULT_MAX_FRAME, config.max_message_bytes * 2 + (1 << 20))
         from broker.peers import PeerLinks
 
@@ -80,6 +98,7 @@ class Node:
                 gc.id, config.node_id, config.group_dir(gc.id), gc.replicas, state,
                 self.peers.send, options, rng=random.Random(), on_change=self._on_change,
                 on_fsync=hist.observe, restore=functools.partial(self._restore_state, gc.id),
+                fetch_raw=functools.partial(self._fetch_raw, gc.id),
             )
             self.states[gc.id] = state
         self.service = BrokerService(self)
@@ -102,6 +121,22 @@ class Node:
         state = BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes)
         self.states[group] = state
         return state
+
+    async def _fetch_raw(self, group: str, peer: int, index: int) -> bytes:
+        """Entry `index` of `group` as stored by `peer` (READ_RAW on its listener)."""
+        addr = self.peer_addr(peer)
+        if addr is None:
+            raise EntryUnavailable(f"node {peer} is not a peer")
+        fs = await open_frame_stream(addr, max_frame=max(self.max_frame, PEER_MAX_FRAME))
+        async with fs:
+            await fs.send({"op": int(Op.READ_RAW), "id": 1, "g": group, "index": index})
+            frame = await fs.receive()
+        if frame is None:
+            raise EntryUnavailable(f"node {peer} closed the connection")
+        h = frame.header
+        if h.get("code") != Code.OK:
+            raise EntryUnavailable(f"node {peer}: {h.get('msg')}", gone=h.get("gone") is True)
+        return frame.body
 
     def _on_change(self, g: GroupRuntime) -> None:
         if g.role == Role.LEADER:
@@ -127,6 +162,18 @@ class Node:
     # ------------------------------------------------------------------ running
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        if not self.config.test_sync_marks:
+            await self._run(task_status)
+            return
+        path = enable_sync_marks(self.config.data)
+        log.warning("recording every fsync for simulated power losses (test_sync_marks)",
+                    extra={"fields": {"marks": str(path)}})
+        try:
+            await self._run(task_status)
+        finally:
+            disable_sync_marks(self.config.data)
+
+    async def _run(self, task_status: trio.TaskStatus[str]) -> None:
         for g in self.groups.values():
             g.open()
         host, port = parse_address(self.config.listen)
@@ -256,6 +303,11 @@ class Node:
                     gid, role="pre_candidate" if st["role"] == "pre-candidate" else st["role"],
                     term=st["term"], commit=st["commit"], applied=st["applied"],
                     last=st["last"], durable=st["durable"])
+                self.unrepaired_gauge.labels(gid).set(len(st["unrepaired"]))
+                repaired = st["repaired"] - self._repaired_seen.get(gid, 0)
+                if repaired > 0:
+                    self.repaired_counter.labels(gid).inc(repaired)
+                    self._repaired_seen[gid] = st["repaired"]
                 state = self.states[gid]
                 ntopics = state.topic_count
                 if seen_topics.get(gid, ntopics) != ntopics:

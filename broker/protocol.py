@@ -62,6 +62,8 @@ class Op(IntEnum):
 
     HELLO = 1  # peer link opening (node: int, cluster: str); no response
     RAFT = 2  # (g: group, m: message fields) body: stored entries; one-way
+    READ_RAW = 3  # node to node, for repairing a corrupt entry: (g, index) -> (term)
+    #               body: the entry's stored bytes; NOT_FOUND (gone: retention removed it)
     PRODUCE = 10  # (g) body: a batch (broker.records) -> (base, n, index, dup)
     FETCH = 11  # (topic, queue, offset, max, max_bytes, wait_ms) -> (next, min, end, msgs) body
     COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...]) -> ()

@@ -6,6 +6,11 @@ offsets) are proposed to the group's leader and answered only once applied, i.e.
 committed — fsynced on a majority. Reads are served by the leader from its applied state
 and its own CommitLog, as the stored bytes, with long polling for consumers at the end of
 a queue.
+
+A stored entry that fails its CRCs is never served: the read answers BUSY (retriable)
+and the group refetches the entry from a peer (`GroupRuntime.report_corrupt`). Peers
+ask for such entries with READ_RAW, answered from this node's CommitLog whatever its
+role, and served while the node repairs entries of its own.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ from broker.statemachine import (
     control_create_topic,
     control_offsets,
 )
+from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
-from raftlog.types import EntryType
+from raftlog.types import Entry, EntryType
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -105,6 +111,7 @@ class BrokerService:
             Op.TRANSFER_LEADER: self._transfer_leader,
             Op.HEARTBEAT: self._heartbeat,
             Op.CONSUMERS: self._consumers_of,
+            Op.READ_RAW: self._read_raw,
         }
 
     async def handle(self, frame: Frame) -> Response | None:
@@ -180,13 +187,23 @@ class BrokerService:
         if data is not None:
             cache.move_to_end(key)
             return data
-        assert g.log is not None
-        data = g.log.entries(index, index + 1, 1 << 62)[0].data
+        data = self._entry(g, index).data
         cache[key] = data
         self._read_cached += len(data)
         while self._read_cached > READ_CACHE_BYTES and len(cache) > 1:
             self._read_cached -= len(cache.popitem(last=False)[1])
         return data
+
+    @staticmethod
+    def _entry(g: GroupRuntime, index: int) -> Entry:
+        """Entry `index` from the CommitLog; a corrupt one is sent for repair (BUSY)."""
+        assert g.log is not None
+        try:
+            return g.log.entries(index, index + 1, 1 << 62)[0]
+        except CorruptEntry as exc:
+            g.report_corrupt(index, str(exc))
+            raise RequestError(Code.BUSY, f"entry {index} of {g.group_id} is corrupt here and "
+                               "being repaired from a peer; retry") from None
 
     # ------------------------------------------------------------------ produce
 
@@ -356,7 +373,7 @@ class BrokerService:
         assert g.log is not None
         if not g.log.first_index() <= index <= min(g.log.last_index(), state.applied_index):
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
-        entry = g.log.entries(index, index + 1, 1 << 62)[0]
+        entry = self._entry(g, index)
         if entry.type != EntryType.MESSAGES:
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
         header, refs = walk_batch(entry.data, STORED_PREFIX.size,
@@ -394,6 +411,31 @@ class BrokerService:
                 parts.append(body)
                 msgs.append([gid, queue, *hdr["msgs"][0]])
         return ok_header(0, msgs=msgs, searched=led), b"".join(parts)
+
+    async def _read_raw(self, h: dict[str, Any], _body: bytes) -> Response:
+        """A peer repairing entry `index` asks for its stored bytes (any replica's copy
+        of an entry with the same index and term is the same: Log Matching)."""
+        g = self._group(h.get("g"))
+        index = _field(h, "index", int)
+        lg = g.log
+        if lg is None or lg.closed:
+            raise RequestError(Code.BUSY, f"group {g.group_id} is not open")
+        first, last = lg.first_index(), lg.last_index()
+        if index < first:
+            raise RequestError(Code.NOT_FOUND, f"entry {index} was removed (first is {first})",
+                               gone=True)
+        if index > last or index in g.unrepaired:
+            raise RequestError(Code.NOT_FOUND, f"entry {index} is not readable here (last is "
+                               f"{last})", gone=False)
+        try:
+            raw = lg.read_raw(index, index + 1)
+        except CorruptEntry as exc:
+            g.report_corrupt(index, str(exc))
+            raise RequestError(Code.NOT_FOUND, f"entry {index} is corrupt here too",
+                               gone=False) from None
+        except CommitLogError as exc:
+            raise RequestError(Code.BUSY, str(exc)) from None
+        return ok_header(0, term=lg.term(index)), bytes(raw)
 
     # ------------------------------------------------------------------ consumer groups
 

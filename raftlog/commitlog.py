@@ -67,7 +67,7 @@ Recovery (`open`)
        ends the log (torn tail) and everything after it is truncated -- unless the entry
        has an intact header and the entry after it verifies: that is a corrupt entry in
        the middle; it is kept, reported in `RecoveryReport.corrupt`, and reads of it
-       raise `CorruptEntry` so the Raft layer refetches it from a peer.
+       raise `CorruptEntry` so the Raft layer refetches it from a peer (`repair`).
        When the whole index had to be rebuilt, segments before the last two are walked
        by headers only (header CRCs and contiguity); their bodies are still checked on
        every read.
@@ -82,6 +82,21 @@ Recovery (`open`)
     middle corruption and is kept as such; the Raft layer may drop it with
     `truncate_from` when it lies above its commit index. `first_index` is taken from
     the first entry of the first segment (else from the base file, else 1).
+
+Repair (`repair`)
+    A corrupt entry is kept rather than truncated: its index record (and usually its
+    header) still says which index and term it holds, so the log's length and last
+    term -- what votes are decided on -- stay right, and truncating it could let this
+    replica vote for a candidate lacking a committed entry. Reads of it raise
+    `CorruptEntry` until `repair` overwrites it in place with the stored bytes of the
+    same entry from a peer (`read_raw` there). By Raft's Log Matching property every
+    replica's entry with that index and term is the same entry, so the bytes must match
+    the local index record exactly (index, term, type, size) and pass both CRCs. The
+    overwrite is fsynced before `repair` returns; a crash in between leaves a mix of
+    old and new bytes: the intact entry, or one that still fails its CRCs and is
+    repaired again. Only entries that
+    recovery scanned are checked at `open` (`RecoveryReport.corrupt`); the ones the
+    index vouches for are checked on every read, and `verify` checks a range.
 
 Retention (`delete_before`)
     Whole segments below a Raft index are deleted, never the active one and never past
@@ -130,7 +145,7 @@ from typing import Literal, NamedTuple
 
 import crc32c
 
-from raftlog.fsutil import atomic_write, fsync_dir
+from raftlog.fsutil import atomic_write, fdatasync_fd, fsync_dir, fsync_fd
 from raftlog.types import Entry, EntryType
 
 __all__ = [
@@ -194,7 +209,9 @@ except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
 if _IOV_MAX <= 0:  # pragma: no cover
     _IOV_MAX = 1024
 
-_datasync = getattr(os, "fdatasync", os.fsync)
+# Every fsync goes through `raftlog.fsutil` (which records sync marks when a test asks).
+_datasync = fdatasync_fd
+_fsync = fsync_fd
 
 
 class CommitLogError(Exception):
@@ -840,7 +857,7 @@ class CommitLog:
         if self._written > keep:
             self._written = keep
             os.ftruncate(self._ifd, keep * INDEX_RECORD_SIZE)
-            os.fsync(self._ifd)
+            _fsync(self._ifd)
             self._index_unsynced = 0
 
     # ------------------------------------------------------------------ retention
@@ -943,7 +960,7 @@ class CommitLog:
         old = [s for s in self._starts if s != pos]
         try:
             os.ftruncate(self._ifd, 0)
-            os.fsync(self._ifd)
+            _fsync(self._ifd)
             for start in old:
                 self._drop_fd(start)
                 os.unlink(os.path.join(self.dir, _segment_name(start)))
@@ -1019,7 +1036,7 @@ class CommitLog:
             raise CommitLogError(f"creating {tmp} failed: {exc}") from exc
         try:
             _copy_range(self._ifd, fd, skip * INDEX_RECORD_SIZE, count * INDEX_RECORD_SIZE)
-            os.fsync(fd)
+            _fsync(fd, tmp)
             os.rename(tmp, path)
         except BaseException as exc:
             os.close(fd)
@@ -1139,7 +1156,7 @@ class CommitLog:
             self._index_unsynced += target - self._written
             self._written = target
         if self._index_unsynced and (force_fsync or self._index_unsynced >= _INDEX_FSYNC_EVERY):
-            os.fsync(self._ifd)
+            _fsync(self._ifd)
             self._index_unsynced = 0
         # keep the in-memory tail bounded (only records already in the file may go)
         excess = len(self._tail) // INDEX_RECORD_SIZE - _TAIL_CACHE
@@ -1238,6 +1255,64 @@ class CommitLog:
                     bad.append(CorruptEntry(self._seg_path(k), pos, problem, i + j))
             i += take
         return bad
+
+    def repair(self, index: int, raw: bytes | memoryview) -> bool:
+        """Overwrite the stored entry `index` with `raw`, a peer's ``read_raw(index,
+        index + 1)``, and fsync it; afterwards reads of it work again. Returns False,
+        writing nothing, when the local copy is intact already.
+
+        `raw` must be exactly one entry whose CRCs verify and whose index, term, type and
+        size equal this log's record of `index` (and its header, where that is intact).
+        Raises CorruptEntry when `raw` fails its CRCs, ValueError when it is another
+        entry (nothing is written in either case), OutOfRange outside the log. A failed
+        write or fsync closes the log, as a failed `sync` does.
+        """
+        self._check_open()
+        if not self._first <= index <= self._last:
+            raise OutOfRange(f"index {index} outside [{self._first}, {self._last}]")
+        pos, term, size, etype = self._record(index)
+        mv = memoryview(raw).cast("B")
+        src = f"<repair of entry {index}>"
+        if len(mv) < HEADER_SIZE:
+            raise CorruptEntry(src, 0, f"{len(mv)} bytes, not even a header", index)
+        err, (_m, rsize, rterm, rindex, rtype, bcrc) = _check_header(mv, 0)
+        if err:
+            raise CorruptEntry(src, 0, err, index)
+        if (rindex, rterm, rsize, rtype) != (index, term, size, etype) or len(mv) != size:
+            raise ValueError(
+                f"repair of entry {index} (term {term}, type {etype}, {size} bytes) with "
+                f"{len(mv)} bytes holding entry {rindex} (term {rterm}, type {rtype}, "
+                f"{rsize} bytes)"
+            )
+        if crc32c.crc32c(mv[HEADER_SIZE:]) != bcrc:
+            raise CorruptEntry(src, 0, "body CRC mismatch", index)
+        k = bisect.bisect_right(self._starts, pos) - 1
+        rel = pos - self._starts[k]
+        if k < 0 or rel + size > self._sizes[k]:
+            raise CommitLogError(f"{self.dir}: entry {index} lies outside its segment")
+        fd = self._fd(k)
+        local = memoryview(_pread_exact(fd, size, rel))
+        if local == mv:
+            return False
+        if len(local) >= HEADER_SIZE:
+            lerr, (_lm, lsize, lterm, lindex, ltype, _lb) = _check_header(local, 0)
+            if lerr is None and (lindex, lterm, lsize, ltype) != (index, term, size, etype):
+                raise ValueError(
+                    f"entry {index}: its intact header (index {lindex}, term {lterm}) "
+                    "disagrees with the index; not repairing over it"
+                )
+        try:
+            _pwritev_all(fd, [mv], rel)
+            _datasync(fd)
+        except OSError as exc:
+            self._close_fds()
+            raise CommitLogError(
+                f"repairing entry {index} in {self._seg_path(k)} failed: {exc}; the log is "
+                "closed, reopen it to recover"
+            ) from exc
+        if index in self.recovery.corrupt:
+            self.recovery.corrupt.remove(index)
+        return True
 
     @staticmethod
     def _check_stored(
@@ -1475,7 +1550,7 @@ class CommitLog:
         if not self._starts:
             self._roll(0)
             os.ftruncate(self._ifd, 0)
-            os.fsync(self._ifd)
+            _fsync(self._ifd)
             fsync_dir(self.dir)
             self._dir_dirty = False
             self._dirty.clear()
@@ -1533,7 +1608,7 @@ class CommitLog:
             os.ftruncate(self._ifd, self._written * INDEX_RECORD_SIZE)
             if records:
                 _pwritev_all(self._ifd, [records], self._written * INDEX_RECORD_SIZE)
-            os.fsync(self._ifd)
+            _fsync(self._ifd)
         self._written += len(records) // INDEX_RECORD_SIZE
         self._last = self._first + self._written - 1
         self._end = cut

@@ -39,6 +39,31 @@ the snapshot (`CommitLog.reset_to`), then the core told. A crash after the file 
 written but before the reset is finished on the next open (the snapshot is newer than
 the log). Snapshot files only ever move forward: writes are serialised and an older
 snapshot never replaces a newer one.
+
+Corrupt entries: the CommitLog keeps an entry whose bytes fail their CRCs but whose
+index record is intact (`raftlog.commitlog`, "Repair"), so the log's length and terms,
+and with them this replica's votes, stay right. Such entries are collected in
+`unrepaired`: at open from the CommitLog's recovery report plus a `verify` of every
+entry the replay will apply (those after the snapshot), and at run time whenever a read
+meets one (`report_corrupt`). A repair task fetches each one's stored bytes from a peer
+replica (`fetch_raw`, e.g. the node's READ_RAW request; any replica's entry with the same
+index and term is the same entry), has `CommitLog.repair` check and write them, and
+retries across peers with backoff until it succeeds. Meanwhile:
+
+* the core sees the log through a guard that never hands out an unrepaired entry (an
+  append to a follower stops before it);
+* the commit index in messages from the leader is capped below the first unrepaired
+  entry, so nothing at or after it is applied, while appends are still stored and
+  acknowledged and votes still granted as before;
+* this replica does not seek leadership (its own PREVOTE/VOTE requests and a
+  TIMEOUT_NOW addressed to it are dropped);
+* should the next entry to apply be found corrupt only at run time (its commit already
+  past it), the replica stops driving the group until the repair lands: it acts as if
+  cut off (messages and ticks are dropped), which Raft tolerates.
+
+An entry no peer holds any more (every peer answers that retention removed it) is logged
+as an error and retried rarely: it stays unreadable, and if it lies above the snapshot
+this replica cannot apply past it.
 """
 
 from __future__ import annotations
@@ -47,19 +72,21 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import trio
 
-from raftlog.commitlog import CommitLog, CommitLogError
+from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
 from raftlog.types import Entry, EntryType, HardState, Membership, Message, MsgType, Role
 
 __all__ = [
+    "EntryUnavailable",
+    "FetchRaw",
     "GroupOptions",
     "GroupRuntime",
     "MissingEntries",
@@ -86,6 +113,90 @@ class MissingEntries(Exception):
 
 class ProposalLost(Exception):
     """Another entry took the proposal's place in the log: it was never committed."""
+
+
+class EntryUnavailable(Exception):
+    """A peer cannot hand out an entry's stored bytes. `gone`: it never will, retention
+    removed the entry there (else it may later: it lags, or its copy is corrupt too)."""
+
+    def __init__(self, message: str, *, gone: bool = False) -> None:
+        super().__init__(message)
+        self.gone = gone
+
+
+#: (peer node id, Raft index) -> that entry's stored bytes at the peer (`read_raw`);
+#: raises EntryUnavailable or any transport error.
+FetchRaw = Callable[[int, int], Awaitable[bytes]]
+
+_REPAIR_TIMEOUT = 3.0  # seconds for one fetch from one peer
+_REPAIR_BACKOFF = (0.05, 5.0)  # first and longest pause between rounds over the peers
+_REPAIR_GONE_PAUSE = 60.0  # between rounds once every peer said the entry is gone
+_CAMPAIGN = frozenset({MsgType.PREVOTE, MsgType.VOTE})
+_COMMIT_CARRIERS = frozenset({MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT})
+
+
+class _GuardedLog:
+    """The CommitLog as the core sees it: entries awaiting repair are never handed out.
+
+    `entries` stops before the first unrepaired entry (returning nothing when `lo` is
+    one: the core then sends an append without entries), and one it finds corrupt on the
+    way is reported to the runtime. The ready loop checks the next entry to apply first
+    (`check_next`) and keeps it for the read that follows, so the apply path never meets
+    an entry it cannot serve.
+    """
+
+    __slots__ = ("_rt", "_log", "_next")
+
+    def __init__(self, rt: GroupRuntime, log: CommitLog) -> None:
+        self._rt = rt
+        self._log = log
+        self._next: Entry | None = None
+
+    def first_index(self) -> int:
+        return self._log.first_index()
+
+    def last_index(self) -> int:
+        return self._log.last_index()
+
+    def term(self, index: int) -> int:
+        return self._log.term(index)
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        bad = self._rt.unrepaired
+        if bad:
+            hi = min([hi, *(i for i in bad if i >= lo)])
+        if lo >= hi:
+            return []
+        out: list[Entry] = []
+        nxt, self._next = self._next, None
+        if nxt is not None and nxt.index == lo:
+            out.append(nxt)
+            lo += 1
+            max_bytes -= len(nxt.data)
+            if lo >= hi or max_bytes <= 0:
+                return out
+        try:
+            out += self._log.entries(lo, hi, max_bytes)
+        except CorruptEntry as exc:
+            self._rt.report_corrupt(exc.index if exc.index is not None else lo, str(exc))
+        return out
+
+    def check_next(self, index: int) -> bool:
+        """Whether entry `index` can be read; kept for the next `entries` call if so."""
+        if index in self._rt.unrepaired:
+            return False
+        if not self._log.first_index() <= index <= self._log.last_index():
+            return True  # still pending in the core: not stored yet
+        try:
+            got = self._log.entries(index, index + 1, 0)
+        except CorruptEntry as exc:
+            self._rt.report_corrupt(index, str(exc))
+            return False
+        self._next = got[0]
+        return True
+
+    def forget(self) -> None:
+        self._next = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +253,7 @@ class GroupRuntime:
         on_change: Callable[[GroupRuntime], None] | None = None,
         on_fsync: Callable[[float], None] | None = None,
         restore: Callable[[bytes], StateMachine] | None = None,
+        fetch_raw: FetchRaw | None = None,
     ) -> None:
         self.group_id = group_id
         self.node_id = node_id
@@ -178,6 +290,14 @@ class GroupRuntime:
         self._snapshot_needed = trio.Event()
         self._snapshot_lock = trio.Lock()  # one snapshot write (or install) at a time
         self._lagging: frozenset[int] = frozenset()
+        self._fetch_raw = fetch_raw
+        self._guard: _GuardedLog | None = None
+        self.unrepaired: set[int] = set()  # corrupt entries still to fetch from a peer
+        self.repaired = 0  # entries repaired from a peer since start
+        self._repair_needed = trio.Event()
+        self._frozen = False  # the next entry to apply is unrepaired: see the docstring
+        self._repair_rounds = 0
+        self._gone_logged: set[int] = set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,8 +317,10 @@ class GroupRuntime:
             self._hs.save(hs)
         snap = self._load_snapshot()
         applied = snap.index if snap is not None else 0
+        self._find_corrupt(applied)
+        self._guard = _GuardedLog(self, self.log)
         self.core = RaftNode(
-            self.node_id, self.log, hs, self.options.raft, rng=self._rng, applied=applied
+            self.node_id, self._guard, hs, self.options.raft, rng=self._rng, applied=applied
         )
         if snap is not None:
             self.core.set_snapshot(snap)
@@ -206,6 +328,22 @@ class GroupRuntime:
         log.info("group opened", extra={"fields": {
             "group": self.group_id, "last_index": self.log.last_index(), "term": hs.term,
             "recovery": repr(self.log.recovery)}})
+
+    def _find_corrupt(self, applied: int) -> None:
+        """Collect the corrupt entries recovery kept, and check every entry the replay
+        will apply (recovery itself checks only what its index did not vouch for)."""
+        lg = self.log
+        assert lg is not None
+        first, last = lg.first_index(), lg.last_index()
+        bad = {i for i in lg.recovery.corrupt if first <= i <= last}
+        lo = max(applied + 1, first)
+        if lo <= last:
+            bad.update(c.index for c in lg.verify(lo, last + 1) if c.index is not None)
+        self.unrepaired = bad
+        if bad:
+            log.warning("corrupt entries found: fetching them from a peer", extra={"fields": {
+                "group": self.group_id, "entries": sorted(bad)}})
+            self._repair_needed.set()
 
     def _load_snapshot(self) -> Snapshot | None:
         """Restore the state machine from the snapshot file, if there is one.
@@ -248,6 +386,7 @@ class GroupRuntime:
                 nursery.start_soon(self._ready_loop)
                 nursery.start_soon(self._sync_loop)
                 nursery.start_soon(self._snapshot_loop)
+                nursery.start_soon(self._repair_loop)
         finally:
             self.closed = True
             self._fail_waiters(NotLeader(None))
@@ -262,13 +401,49 @@ class GroupRuntime:
 
     def tick(self) -> None:
         assert self.core is not None
+        if self._frozen:
+            return
         self.core.tick()
         self._wakeup.set()
 
     def step(self, m: Message) -> None:
         assert self.core is not None
+        if self.unrepaired or self._frozen:
+            guarded = self._guard_incoming(m)
+            if guarded is None:
+                return
+            m = guarded
         self.core.step(m)
         self._wakeup.set()
+
+    def _guard_incoming(self, m: Message) -> Message | None:
+        """`m` as the core may see it while entries await repair (None: drop it)."""
+        if self._frozen or m.type == MsgType.TIMEOUT_NOW:
+            return None
+        if m.type in _COMMIT_CARRIERS:
+            assert self.core is not None
+            ahead = [i for i in self.unrepaired if i > self.core.applied]
+            if ahead and m.commit >= min(ahead):
+                return replace(m, commit=min(ahead) - 1)
+        return m
+
+    def _send_out(self, group: str, m: Message) -> None:
+        if self.unrepaired and m.type in _CAMPAIGN and m.src == self.node_id:
+            return  # no leadership while holding an entry it cannot read
+        self._send(group, m)
+
+    def report_corrupt(self, index: int, reason: str = "") -> None:
+        """A read found entry `index` corrupt: refetch it from a peer (see the module
+        docstring). Harmless for one already known or no longer in the log."""
+        lg = self.log
+        if lg is None or index in self.unrepaired or lg.closed:
+            return
+        if not lg.first_index() <= index <= lg.last_index():
+            return
+        self.unrepaired.add(index)
+        log.warning("corrupt entry found: fetching it from a peer", extra={"fields": {
+            "group": self.group_id, "index": index, "reason": reason}})
+        self._repair_needed.set()
 
     def transfer_leadership(self, target: int) -> None:
         assert self.core is not None
@@ -368,6 +543,8 @@ class GroupRuntime:
             "needs_snapshot": sorted(core.needs_snapshot),
             "sending_snapshot": sorted(core.sending_snapshot),
             "installing": core.installing.index if core.installing is not None else None,
+            "unrepaired": sorted(self.unrepaired),
+            "repaired": self.repaired,
         }
 
     # ------------------------------------------------------------------ loops
@@ -379,7 +556,11 @@ class GroupRuntime:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
             while True:
+                if not self._can_apply_next():
+                    break
                 rd = core.ready()
+                if self._guard is not None:
+                    self._guard.forget()
                 if not rd:
                     break
                 if rd.hard_state is not None:
@@ -390,13 +571,15 @@ class GroupRuntime:
                     await self._install(rd.snapshot)
                 if rd.entries:
                     lg.store(rd.entries)
+                    if self.unrepaired:  # overwritten entries are fresh ones
+                        self.unrepaired = {i for i in self.unrepaired if i < rd.entries[0].index}
                     self._sync_needed.set()
                 for m in rd.messages:
                     if m.type == MsgType.SNAPSHOT:
                         log.info("sending snapshot", extra={"fields": {
                             "group": self.group_id, "peer": m.dst, "snapshot": m.log_index,
                             "bytes": len(m.snapshot)}})
-                    self._send(self.group_id, m)
+                    self._send_out(self.group_id, m)
                 if rd.apply:
                     self._apply(rd.apply)
                 for r in rd.reads:
@@ -406,6 +589,101 @@ class GroupRuntime:
             self._notice_changes()
             self._notice_lagging()
             await trio.lowlevel.checkpoint()
+
+    def _can_apply_next(self) -> bool:
+        """Whether `core.ready()` may run: false while the next committed entry to apply
+        is unreadable (the replica then stays frozen until its repair)."""
+        core, guard = self.core, self._guard
+        assert core is not None and guard is not None
+        nxt = core.applied + 1
+        if core.commit < nxt or core.installing is not None or guard.check_next(nxt):
+            if self._frozen:
+                self._frozen = False
+                log.info("group resumed after repair", extra={"fields": {
+                    "group": self.group_id, "index": nxt}})
+            return True
+        if not self._frozen:
+            self._frozen = True
+            log.warning("the next entry to apply is corrupt: pausing the group until a "
+                        "peer's copy repairs it", extra={"fields": {
+                            "group": self.group_id, "index": nxt}})
+        return False
+
+    async def _repair_loop(self) -> None:
+        """Fetch every unrepaired entry from a peer until each is repaired or gone."""
+        pause = _REPAIR_BACKOFF[0]
+        while True:
+            if not self.unrepaired:
+                await self._repair_needed.wait()
+                self._repair_needed = trio.Event()
+                pause = _REPAIR_BACKOFF[0]
+                continue
+            self._repair_needed = trio.Event()
+            outcomes = [await self._repair_one(i) for i in sorted(self.unrepaired)]
+            if not self.unrepaired:
+                continue
+            if outcomes and all(o == "gone" for o in outcomes):
+                wait = _REPAIR_GONE_PAUSE
+            else:
+                wait, pause = pause, min(pause * 2, _REPAIR_BACKOFF[1])
+            with trio.move_on_after(wait):
+                await self._repair_needed.wait()
+
+    async def _repair_one(self, index: int) -> str:
+        """One round over the peers for entry `index`: "repaired", "dropped" (no longer
+        in the log), "gone" (every peer said retention removed it) or "failed"."""
+        lg, core = self.log, self.core
+        assert lg is not None and core is not None
+        if not lg.first_index() <= index <= lg.last_index():
+            self.unrepaired.discard(index)
+            return "dropped"
+        term = lg.term(index)
+        peers = sorted(p for p in core.membership.members | set(self.replicas)
+                       if p != self.node_id)
+        if self._fetch_raw is None or not peers:
+            return "failed"
+        k = (index + self._repair_rounds) % len(peers)  # spread the asking over the peers
+        peers = peers[k:] + peers[:k]
+        self._repair_rounds += 1
+        gone = 0
+        for peer in peers:
+            try:
+                with trio.fail_after(_REPAIR_TIMEOUT):
+                    raw = await self._fetch_raw(peer, index)
+            except EntryUnavailable as exc:
+                gone += exc.gone
+                log.debug("peer cannot supply the entry", extra={"fields": {
+                    "group": self.group_id, "index": index, "peer": peer, "error": str(exc)}})
+                continue
+            except Exception as exc:  # noqa: BLE001 - any failure of one peer: ask the next
+                log.debug("fetching the entry failed", extra={"fields": {
+                    "group": self.group_id, "index": index, "peer": peer, "error": repr(exc)}})
+                continue
+            if index not in self.unrepaired:
+                return "dropped"  # overwritten or dropped while we waited
+            if not lg.first_index() <= index <= lg.last_index() or lg.term(index) != term:
+                self.unrepaired.discard(index)
+                return "dropped"
+            try:
+                lg.repair(index, raw)
+            except (CorruptEntry, ValueError) as exc:
+                log.warning("a peer's copy of the entry was rejected", extra={"fields": {
+                    "group": self.group_id, "index": index, "peer": peer, "error": str(exc)}})
+                continue
+            self.unrepaired.discard(index)
+            self.repaired += 1
+            log.info("entry repaired from a peer", extra={"fields": {
+                "group": self.group_id, "index": index, "term": term, "peer": peer}})
+            self._wakeup.set()
+            return "repaired"
+        if gone == len(peers):
+            if index not in self._gone_logged:
+                self._gone_logged.add(index)
+                log.error("corrupt entry cannot be repaired: no peer holds it any more (retention "
+                          "removed it); it stays unreadable", extra={"fields": {
+                              "group": self.group_id, "index": index, "applied": core.applied}})
+            return "gone"
+        return "failed"
 
     async def _sync_loop(self) -> None:
         core, lg = self.core, self.log
@@ -546,6 +824,7 @@ class GroupRuntime:
             machine = self._restore(snap.data)  # first: a snapshot it refuses is not saved
             await trio.to_thread.run_sync(save_snapshot, self.snapshot_path, snap)
             lg.reset_to(snap.index, snap.term)
+            self.unrepaired = set()  # every old entry went with the reset
             self.machine = machine
             self.snapshot_index = self._snapshot_taken = snap.index
             self._retain_seen = int(getattr(machine, "retained_index", 0))

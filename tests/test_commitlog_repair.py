@@ -1,0 +1,298 @@
+"""Repairing a corrupt CommitLog entry from a peer's copy: `CommitLog.repair` checks the
+bytes and survives a crash mid-way, and a group's runtime finds corrupt entries, never
+applies or sends past them, and repairs them from its peers."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import trio
+
+from chaos.disk_faults import corrupt_entry
+from raftlog.commitlog import (
+    HEADER_SIZE,
+    CommitLog,
+    CommitLogError,
+    CorruptEntry,
+    OutOfRange,
+    encode_entry,
+)
+from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_marks
+from raftlog.runtime import EntryUnavailable, FetchRaw, GroupOptions, GroupRuntime
+from raftlog.types import Entry, EntryType
+from tests.runtime_harness import Group
+from tests.test_commitlog import SEG, crash, flip, locate, make
+
+
+def _pair(tmp: Path, n: int = 20) -> tuple[CommitLog, CommitLog, list[Entry]]:
+    """Two logs holding the same entries: a replica and its healthy peer."""
+    entries = make(1, n + 1, size=300)
+    logs = []
+    for name in ("local", "peer"):
+        log = CommitLog.open(tmp / name, segment_size=SEG)
+        log.append(entries)
+        log.sync()
+        logs.append(log)
+    return logs[0], logs[1], entries
+
+
+def _segment_bytes(log: CommitLog) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(Path(log.dir).iterdir()) if p.name.isdigit())
+
+
+def test_a_corrupt_entry_found_at_open_is_repaired_from_the_peer(tmp_path: Path) -> None:
+    local, peer, entries = _pair(tmp_path)
+    seg, off = locate(local, 7)
+    crash(local)  # no close: the index was not written, so recovery scans every entry
+    flip(seg, off + HEADER_SIZE + 100)
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.recovery.corrupt == [7]
+        assert log.last_index() == 20  # kept, not truncated: the log's length stays
+        assert log.term(7) == 1
+        with pytest.raises(CorruptEntry):
+            log.entries(7, 8, 1 << 20)
+        assert log.entries(1, 21, 1 << 30) == entries[:6]  # a good prefix, then a stop
+        assert log.repair(7, peer.read_raw(7, 8)) is True
+        assert log.recovery.corrupt == []
+        assert log.entries(1, 21, 1 << 30) == entries
+        assert log.verify() == []
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.recovery.corrupt == [] and log.verify() == []
+        assert bytes(log.read_raw(1, 21)) == bytes(peer.read_raw(1, 21))
+    peer.close()
+
+
+def test_repair_refuses_bytes_that_are_not_the_entry(tmp_path: Path) -> None:
+    local, peer, _ = _pair(tmp_path)
+    seg, off = locate(local, 5)
+    flip(seg, off + HEADER_SIZE + 3)
+    assert [c.index for c in local.verify()] == [5]
+    before = _segment_bytes(local)
+    good = bytes(peer.read_raw(5, 6))
+    garbled = bytearray(good)
+    garbled[HEADER_SIZE + 10] ^= 1
+    other_term = encode_entry(Entry(5, 2, EntryType(5 % 4), good[HEADER_SIZE:]))
+    other_size = encode_entry(Entry(5, 1, EntryType(5 % 4), good[HEADER_SIZE:] + b"x"))
+    with pytest.raises(CorruptEntry, match="body CRC"):
+        local.repair(5, bytes(garbled))
+    with pytest.raises(CorruptEntry):
+        local.repair(5, good[:20])  # not even a header
+    with pytest.raises(ValueError, match="holding entry 6"):
+        local.repair(5, peer.read_raw(6, 7))
+    with pytest.raises(ValueError, match="term 2"):
+        local.repair(5, other_term)
+    with pytest.raises(ValueError):
+        local.repair(5, other_size)
+    with pytest.raises(ValueError):
+        local.repair(5, peer.read_raw(5, 7))  # two entries
+    with pytest.raises(OutOfRange):
+        local.repair(21, good)
+    assert _segment_bytes(local) == before  # nothing was written
+    assert local.repair(5, good) is True
+    assert local.verify() == []
+    assert local.repair(5, good) is False  # intact now: nothing to do
+    local.close()
+    peer.close()
+
+
+def test_a_corrupt_header_is_repaired_by_its_index_record(tmp_path: Path) -> None:
+    local, peer, entries = _pair(tmp_path)
+    seg, off = locate(local, 9)
+    local.close()  # a complete index: recovery checks only the last entry
+    flip(seg, off + 12)  # inside the term field of the header
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.recovery.corrupt == []
+        bad = log.verify()
+        assert [c.index for c in bad] == [9] and "CRC" in bad[0].reason
+        assert log.term(9) == 1  # from the index record
+        assert log.repair(9, peer.read_raw(9, 10)) is True
+        assert log.entries(1, 21, 1 << 30) == entries
+    peer.close()
+
+
+def test_a_crash_during_repair_leaves_an_entry_that_is_repaired_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import raftlog.commitlog as cl
+
+    local, peer, entries = _pair(tmp_path)
+    seg, off = locate(local, 12)
+    flip(seg, off + HEADER_SIZE + 250)  # near the end of the body
+    good = bytes(peer.read_raw(12, 13))
+
+    def torn(fd: int, buffers: list[bytes | memoryview], offset: int) -> None:
+        """The process dies half-way through the overwrite."""
+        data = b"".join(bytes(b) for b in buffers)
+        cl.os.pwrite(fd, data[: len(data) // 2], offset)
+        raise OSError(5, "killed mid-write")
+
+    monkeypatch.setattr(cl, "_pwritev_all", torn)
+    with pytest.raises(CommitLogError, match="closed"):
+        local.repair(12, good)
+    monkeypatch.undo()
+    assert local.closed
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.last_index() == 20
+        assert [c.index for c in log.verify()] == [12]  # still corrupt, still there
+        with pytest.raises(CorruptEntry):
+            log.entries(12, 13, 1 << 20)
+        assert log.repair(12, good) is True
+        assert log.entries(1, 21, 1 << 30) == entries
+    peer.close()
+
+
+def test_repair_is_fsynced_through_the_sync_marks(tmp_path: Path) -> None:
+    local, peer, _ = _pair(tmp_path)
+    seg, off = locate(local, 3)
+    flip(seg, off + HEADER_SIZE)
+    enable_sync_marks(tmp_path / "local")
+    try:
+        size = seg.stat().st_size
+        assert local.repair(3, peer.read_raw(3, 4))
+    finally:
+        disable_sync_marks(tmp_path / "local")
+    assert load_sync_marks(tmp_path / "local").sizes[seg.stat().st_ino] == size
+    local.close()
+    peer.close()
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+class _Applied:
+    """Records what was applied, in order."""
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[int, int, bytes]] = []
+
+    def apply(self, entry: Entry) -> int:
+        self.applied.append((entry.index, entry.term, entry.data))
+        return entry.index
+
+
+class _Repairing(Group[_Applied]):
+    """The test harness' group, each replica in ``n{i}/g`` and able to fetch entries from
+    the others' CommitLogs the way READ_RAW does; `blocked` peers answer nothing."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp, _Applied)
+        self.blocked: set[int] = set()
+        self.fetches: list[tuple[int, int, int]] = []  # (asker, peer, index)
+
+    def fetcher(self, asker: int) -> FetchRaw:
+        async def fetch(peer: int, index: int) -> bytes:
+            await trio.sleep(0)
+            self.fetches.append((asker, peer, index))
+            rt = self.runtimes.get(peer)
+            if peer in self.blocked or peer in self.down or rt is None or rt.log is None:
+                raise OSError("unreachable")
+            lg = rt.log
+            if index < lg.first_index():
+                raise EntryUnavailable("removed", gone=True)
+            if index > lg.last_index() or index in rt.unrepaired:
+                raise EntryUnavailable("not here")
+            return bytes(lg.read_raw(index, index + 1))
+
+        return fetch
+
+    async def start(self, nursery: trio.Nursery, i: int) -> None:
+        self.machines[i] = self.machine()
+        rt = GroupRuntime("g", i, self.tmp / f"n{i}" / "g", (1, 2, 3), self.machines[i],
+                          self.send, GroupOptions(), rng=random.Random(i),
+                          fetch_raw=self.fetcher(i))
+        rt.open()
+        self.runtimes[i] = rt
+        self.down.discard(i)
+
+        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with trio.CancelScope() as scope:
+                self.scopes[i] = scope
+                task_status.started()
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(rt.run)
+                    while True:
+                        await trio.sleep(0.01)
+                        rt.tick()
+
+        await nursery.start(run)
+
+
+def test_a_replica_repairs_a_corrupt_entry_and_applies_nothing_past_it_until_then(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        r = _Repairing(tmp_path)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            for k in range(30):
+                await leader.propose(b"m%03d" % k)
+            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
+            await r.stop_and_wait(victim)
+            hit = corrupt_entry(tmp_path / f"n{victim}", random.Random(7))
+            assert hit is not None and hit["group"] == "g"
+            bad = hit["index"]
+
+            r.blocked = {1, 2, 3}  # no peer answers yet
+            await r.start(n, victim)
+            rt = r.runtimes[victim]
+            assert rt.unrepaired == {bad}  # found at open by checking the replay range
+            for k in range(30, 40):
+                await leader.propose(b"m%03d" % k)
+            assert rt.log is not None
+            last = leader.log.last_index() if leader.log else 0
+            await r.wait(lambda: rt.log is not None and rt.log.durable_index() >= last)
+            await trio.sleep(0.3)
+            applied = [e[0] for e in r.machines[victim].applied]
+            assert applied == list(range(1, bad))  # nothing at or past the corrupt entry
+            assert rt.status()["unrepaired"] == [bad]
+            assert not rt.is_leader
+            # its acknowledgements still count: with the other follower stopped the
+            # leader commits new entries with the corrupt replica's votes alone
+            other = next(i for i in (1, 2, 3) if i not in (victim, leader.node_id))
+            await r.stop_and_wait(other)
+            with trio.fail_after(5):
+                await leader.propose(b"with the corrupt replica's ack")
+
+            r.blocked = set()
+            await r.wait(lambda: not rt.unrepaired)
+            assert rt.repaired == 1
+            target = leader.core.commit if leader.core else 0
+            await r.wait(lambda: len(r.machines[victim].applied) >= target)
+            assert r.machines[victim].applied == r.machines[leader.node_id].applied[:target]
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_leader_meeting_a_corrupt_entry_while_sending_has_it_repaired(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        r = _Repairing(tmp_path)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            lg = leader.log
+            assert lg is not None
+            lagging, other = (i for i in (1, 2, 3) if i != leader.node_id)
+            await r.stop_and_wait(lagging)
+            for k in range(20):
+                await leader.propose(b"x%03d" % k + b"." * 200)
+            bad = lg.last_index() - 5
+            seg, off = locate(lg, bad)
+            flip(seg, off + HEADER_SIZE + 50)  # under the running leader
+            await r.start(n, lagging)  # it needs the corrupt entry from the leader
+            want = lg.last_index()
+            await r.wait(lambda: r.runtimes[lagging].status()["applied"] >= want)
+            assert leader.repaired == 1 and not leader.unrepaired
+            assert any(asker == leader.node_id and index == bad
+                       for asker, _p, index in r.fetches)
+            assert r.machines[lagging].applied[:want] == r.machines[other].applied[:want]
+            n.cancel_scope.cancel()
+
+    trio.run(main)
