@@ -10,6 +10,11 @@ node spawns is left behind. Output of each child is appended to `base_dir/logs/<
 Readiness is judged from the outside, the way a client sees the cluster: the name
 server's CLUSTER view must show a leader for every group, on a node that is registered
 and whose process is running and not paused.
+
+Nodes may be wired through fault proxies (`chaos.proxy.ProxyNet`): per-node overrides of
+`listen` and `peers` give each node its own peers table (which address it dials for each
+peer, which it advertises), while `node_addr` stays the node's own listen address for
+the harness and `client_addr` is the address the node tells clients.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +81,9 @@ class LocalCluster:
     `cluster_configs` (node i at port_base+i, metrics at port_base+100+i, name server at
     port_base+76). `env` is added to the children's environment. `node_overrides` sets
     config keys: a str key applies to every node, an int key `i` maps to a dict of keys for
-    node i only (e.g. `{2: {"test_mutations": ["skip-fsync"]}}`).
+    node i only (e.g. `{2: {"test_mutations": ["skip-fsync"]}}`). Per-node `listen` and
+    `peers` are allowed (that is how `ProxyNet.node_overrides` wires proxies), as long as
+    every peers table names exactly the cluster's nodes.
 
     Use as a context manager, or call `start()` and `stop()`; `stop()` also runs at
     interpreter exit for clusters still running.
@@ -128,6 +135,13 @@ class LocalCluster:
             doc = tomllib.loads(dump_config(configs[i - 1]))
             doc.update(extra)
             configs[i - 1] = NodeConfig.from_dict(doc, env=validation_env)
+        ids = sorted(c.node_id for c in configs)
+        for cfg in configs:
+            if sorted(cfg.peers) != ids:
+                raise ValueError(
+                    f"node {cfg.node_id}'s peers name nodes {sorted(cfg.peers)}; "
+                    f"the cluster has nodes {ids}"
+                )
         self.configs: list[NodeConfig] = configs
 
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -149,7 +163,13 @@ class LocalCluster:
         return self._namesrv_addr
 
     def node_addr(self, i: int) -> str:
+        """Where node i listens: the direct address, past any proxy."""
         return self._config(i).listen
+
+    def client_addr(self, i: int) -> str:
+        """The address node i registers for clients (its own `peers` entry): equal to
+        `node_addr` unless the node is wired through a proxy."""
+        return self._config(i).address
 
     def config_path(self, i: int) -> Path:
         return self.base_dir / f"n{i}.toml"
@@ -336,6 +356,20 @@ class LocalCluster:
         """Send `sig` to node i and wait until it has exited (SIGKILL after `timeout`)."""
         self._terminate(self._name(i), sig, timeout)
 
+    def kill_together(
+        self, nodes: Iterable[int], sig: int = signal.SIGKILL, timeout: float = 10.0
+    ) -> None:
+        """Send `sig` to every node in `nodes` before waiting for any, as one power loss
+        would; then wait until all have exited (SIGKILL after `timeout`)."""
+        names = [self._name(i) for i in nodes]
+        self._down.update(names)  # before any signal: these exits are expected
+        for name in names:
+            proc = self._procs.get(name)
+            if proc is not None and proc.poll() is None:
+                self._signal(proc, sig)
+        for name in names:
+            self._terminate(name, sig, timeout)
+
     def restart(self, i: int) -> None:
         """Start node i again with the same config and data; kills it first (-9) if it
         still runs."""
@@ -448,14 +482,18 @@ class LocalCluster:
                 return f"group {gid} names leader {leader}, which is not registered"
         return None
 
-    def wait_ready(self, timeout: float = 30.0) -> dict[str, int]:
+    def wait_ready(self, timeout: float = 30.0, *, raise_on_exit: bool = True) -> dict[str, int]:
         """Block until every group has a leader that is registered, running and not paused;
         returns the leaders. Raises `ClusterError` at once when a child exits unexpectedly
-        and `TimeoutError` (saying what is missing) after `timeout` seconds."""
+        and `TimeoutError` (saying what is missing) after `timeout` seconds.
+
+        With `raise_on_exit=False` an unexpected exit is neither raised nor consumed: it
+        stays for `unexpected_exits()`, so a nemesis waiting for the cluster to recover
+        does not hide a crash from the harness."""
         deadline = time.monotonic() + timeout
         problem = "no answer from the name server yet"
         while True:
-            gone = self.unexpected_exits()
+            gone = self.unexpected_exits() if raise_on_exit else {}
             if gone:
                 name, code = next(iter(gone.items()))
                 raise ClusterError(f"{name} exited with code {code}:\n" + self.log_tail(name))

@@ -142,6 +142,22 @@ def test_a_directory_of_another_layout_is_refused(tmp_path: Path) -> None:
         LocalCluster(tmp_path, groups=3).write_configs()
 
 
+def test_per_node_listen_and_peers_tables(tmp_path: Path) -> None:
+    """Each node may get its own peers table (how chaos proxies are wired in); tables
+    must name exactly the cluster's nodes."""
+    a, b, c3, x, y, z, extra = (f"127.0.0.1:{p}" for p in free_ports(7))
+    tables = {1: {1: x, 2: a, 3: b}, 2: {1: x, 2: y, 3: c3}, 3: {1: x, 2: y, 3: z}}
+    c = LocalCluster(tmp_path / "c", node_overrides={
+        i: {"listen": f"127.0.0.1:{30000 + i}", "peers": t} for i, t in tables.items()})
+    c.write_configs()
+    for i in (1, 2, 3):
+        assert dict(load_config(c.config_path(i)).peers) == tables[i]
+        assert c.node_addr(i) == f"127.0.0.1:{30000 + i}"
+    assert [c.client_addr(i) for i in (1, 2, 3)] == [x, y, z]
+    with pytest.raises(ValueError, match="peers name nodes"):
+        LocalCluster(tmp_path / "d", node_overrides={2: {"peers": {**tables[2], 4: extra}}})
+
+
 def test_free_ports_layout_uses_distinct_ports(tmp_path: Path) -> None:
     c = LocalCluster(tmp_path)
     addrs = [c.namesrv_addr] + [x for cfg in c.configs for x in (cfg.listen, cfg.metrics)]
@@ -280,6 +296,22 @@ def test_a_node_that_dies_on_its_own_is_reported(tmp_path: Path) -> None:
             c.wait_ready(timeout=20)
         assert time.monotonic() - t0 < 10
         assert c.unexpected_exits() == {}  # reported once
+
+
+@needs_namesrv
+def test_kill_together_and_a_wait_that_leaves_exits_to_the_harness(tmp_path: Path) -> None:
+    with StandInCluster(tmp_path, crash=(3,)) as c:
+        with pytest.raises(TimeoutError, match="g2"):
+            c.wait_ready(timeout=1.0, raise_on_exit=False)
+        assert c.unexpected_exits() == {"n3": 3}  # still there for whoever checks
+        pids = [c.pid(1), c.pid(2)]
+        c.kill_together([1, 2])
+        assert not c.is_running(1) and not c.is_running(2)
+        assert all(p is not None and gone(p) for p in pids)
+        assert c.unexpected_exits() == {}  # killed on purpose
+        c.restart(1)
+        c.restart(2)
+        assert c.is_running(1) and c.is_running(2)
 
 
 def _free_base() -> int:

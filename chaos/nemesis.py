@@ -1,0 +1,492 @@
+"""The fault scheduler of `raftmq chaos run`: which fault, when, and on which nodes.
+
+One seeded `random.Random` decides the schedule (`schedule`, a pure function): when each
+fault starts, how long it lasts, which kind it is and a seed of its own. Kinds come from
+shuffled rounds of the enabled nemeses, so every enabled one occurs once per round;
+`crash-unsynced` also rotates its scope (one node, a majority, every node). A fault's
+own seed decides its targets at run time, so a node that is slow to come back, or a
+leader that moved, changes that fault's targets but never the rest of the schedule.
+
+Faults run one at a time: inject, hold, heal, wait for the cluster to be ready (bounded),
+then the next. Targets of node faults lean towards current group leaders
+(`leader_bias`), since leader loss is what a run measures. Every fault is recorded with
+`Recorder.fault_start` before it is injected and `fault_end` once healed; its value holds
+the affected `nodes` and, as `leaders`, the group leaders that it took away
+({group: node}). The kinds:
+
+- `kill`: SIGKILL, restart at the end;
+- `pause`: SIGSTOP, SIGCONT at the end;
+- `partition-halves`, `partition-node`, `bridge`, `majority-ring`: a `chaos.topology`
+  shape applied to the Raft links of a `ProxyNet`;
+- `crash-unsynced`: SIGKILL of one node, a majority or all of them at once, then the
+  writes they had not fsynced are discarded (`chaos.disk_faults.discard_unsynced`; nodes
+  run with `test_sync_marks = true`); a whole-cluster power loss is what catches a node
+  that skips fsync;
+- `corrupt`: SIGKILL of one node, one stored entry corrupted while it is down
+  (`chaos.disk_faults.corrupt_entry`), restart at the end;
+- `leader-transfer`: a storm of TRANSFER_LEADER requests moving random groups to random
+  followers for the fault's length.
+
+Blocking `LocalCluster` calls run in worker threads: the event loop also runs the proxies
+and the workload and must never stall.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from broker.protocol import RequestError
+from raftmq.client.admin import Admin
+
+from . import topology
+from .cluster import ClusterError, LocalCluster
+from .disk_faults import corrupt_entry, discard_unsynced
+from .proxy import ProxyNet
+from .recorder import Recorder
+
+__all__ = ["CRASH_SCOPES", "NEMESES", "Cadence", "Nemesis", "Step", "plan", "schedule"]
+
+log = logging.getLogger("raftmq.chaos.nemesis")
+
+NEMESES = (
+    "kill",
+    "pause",
+    "partition-halves",
+    "partition-node",
+    "bridge",
+    "majority-ring",
+    "crash-unsynced",
+    "corrupt",
+    "leader-transfer",
+)
+PARTITIONS: Mapping[str, Callable[..., topology.Partition]] = {
+    "partition-halves": topology.halves,
+    "partition-node": topology.isolate,
+    "bridge": topology.bridge,
+    "majority-ring": topology.majority_ring,
+}
+CRASH_SCOPES = ("one", "majority", "all")
+
+
+# ------------------------------------------------------------------ the schedule (pure)
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """Timing of a schedule in seconds: (low, high) ranges drawn uniformly.
+
+    `gap` runs from one fault's start to the next one's; it is stretched when a fault's
+    `length` plus `quiet` (healed time between faults) would not fit in it.
+    """
+
+    first: tuple[float, float] = (2.0, 5.0)
+    gap: tuple[float, float] = (6.0, 10.0)
+    length: tuple[float, float] = (2.0, 8.0)
+    quiet: float = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One planned fault: `at` seconds after the run starts, lasting `length` seconds."""
+
+    at: float
+    length: float
+    kind: str
+    seed: int  # decides the targets when the fault runs
+    scope: str | None = None  # crash-unsynced only: one of CRASH_SCOPES
+
+    @property
+    def end(self) -> float:
+        return self.at + self.length
+
+    def describe(self) -> str:
+        scope = f" ({self.scope})" if self.scope else ""
+        return f"{self.at:7.2f}s +{self.length:.2f}s {self.kind}{scope}"
+
+
+def _enabled(names: Iterable[str]) -> tuple[str, ...]:
+    kinds = tuple(dict.fromkeys(names))  # de-duplicated, in the order given
+    unknown = [k for k in kinds if k not in NEMESES]
+    if unknown:
+        raise ValueError(f"unknown nemesis {unknown} (known: {', '.join(NEMESES)})")
+    if not kinds:
+        raise ValueError("no nemesis enabled")
+    return kinds
+
+
+def schedule(
+    rng: random.Random, enabled: Sequence[str], cadence: Cadence = Cadence()
+) -> Iterator[Step]:
+    """The endless fault schedule `rng` decides; a run takes the steps that fit its time.
+
+    Every value comes from `rng`, in one fixed order, so equal seeds give equal schedules
+    and a shorter run's schedule is a prefix of a longer one's.
+    """
+    kinds = _enabled(enabled)
+    deck: list[str] = []
+    scopes: list[str] = []
+    at = rng.uniform(*cadence.first)
+    while True:
+        if not deck:
+            deck = list(kinds)
+            rng.shuffle(deck)
+        kind = deck.pop()
+        scope = None
+        if kind == "crash-unsynced":
+            if not scopes:
+                scopes = list(CRASH_SCOPES)
+                rng.shuffle(scopes)
+            scope = scopes.pop()
+        length = rng.uniform(*cadence.length)
+        seed = rng.getrandbits(64)
+        yield Step(round(at, 3), round(length, 3), kind, seed, scope)
+        at += max(rng.uniform(*cadence.gap), length + cadence.quiet)
+
+
+def plan(
+    rng: random.Random, enabled: Sequence[str], duration: float, cadence: Cadence = Cadence()
+) -> list[Step]:
+    """The steps of `schedule` that end within `duration` seconds."""
+    steps: list[Step] = []
+    for step in schedule(rng, enabled, cadence):
+        if step.end > duration:
+            return steps
+        steps.append(step)
+    raise AssertionError("unreachable: schedule is endless")  # pragma: no cover
+
+
+# ------------------------------------------------------------------ running it
+
+
+@dataclass
+class _Active:
+    """The fault in progress: what was recorded, how to hold it and how to end it."""
+
+    f: str
+    value: dict[str, Any]
+    undo: Callable[[], Awaitable[None]]
+    hold: Callable[[float], Awaitable[None]] | None = None  # until a monotonic deadline
+    started: float = field(default_factory=time.monotonic)
+
+
+async def _sleep_until(deadline: float) -> None:
+    """Sleep until `deadline` on `time.monotonic()`, the clock of the Recorder."""
+    await trio.sleep(max(0.0, deadline - time.monotonic()))
+
+
+async def _nothing() -> None:
+    return None
+
+
+class Nemesis:
+    """Injects the enabled faults into `cluster` (and `net`, for partitions) on the
+    schedule `rng` decides, recording each one with `recorder`.
+
+    `run(until)` plays the schedule until `until` (a `time.monotonic()` instant) and heals;
+    `heal()` ends whatever is in progress and may be called at any time, also after a
+    cancelled `run`. Call both from the trio thread that records and runs the proxies.
+    """
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        net: ProxyNet | None,
+        recorder: Recorder,
+        *,
+        rng: random.Random,
+        enabled: Sequence[str] = ("kill", "partition-node"),
+        cadence: Cadence = Cadence(),
+        ready_timeout: float = 30.0,
+        leader_bias: float = 0.75,
+    ) -> None:
+        self.enabled = _enabled(enabled)
+        if net is None and any(k in PARTITIONS for k in self.enabled):
+            raise ValueError("partition nemeses need a ProxyNet (net=None given)")
+        if "crash-unsynced" in self.enabled:
+            unmarked = [c.node_id for c in cluster.configs if not c.test_sync_marks]
+            if unmarked:
+                raise ValueError(
+                    f"crash-unsynced needs every node started with test_sync_marks = true "
+                    f"(not set on nodes {unmarked})"
+                )
+        self.cluster = cluster
+        self.net = net
+        self.recorder = recorder
+        self.cadence = cadence
+        self.ready_timeout = ready_timeout
+        self.leader_bias = leader_bias
+        self._steps = schedule(rng, self.enabled, cadence)
+        self._active: _Active | None = None
+        self._killed: set[int] = set()
+        self._paused: set[int] = set()
+        self.history: list[dict[str, Any]] = []  # one entry per fault, for tests and logs
+        self._starters: dict[str, Callable[[Step, random.Random], Awaitable[_Active | None]]] = {
+            "kill": self._kill,
+            "pause": self._pause,
+            "crash-unsynced": self._crash_unsynced,
+            "corrupt": self._corrupt,
+            "leader-transfer": self._leader_transfer,
+            **{k: self._partition for k in PARTITIONS},
+        }
+
+    # ------------------------------------------------------------ schedule
+
+    async def run(self, until: float) -> None:
+        """Play the schedule until the monotonic instant `until`, then heal.
+
+        A step starts at its planned time or, when the previous heal took longer, as soon
+        as it is over; a step that would not end by `until` is not started."""
+        origin = time.monotonic()
+        for step in self._steps:
+            start = max(origin + step.at, time.monotonic())
+            if start + step.length > until:
+                break
+            await _sleep_until(start)
+            await self._play(step, start + step.length)
+        await self.heal()
+
+    async def _play(self, step: Step, deadline: float) -> None:
+        rng = random.Random(step.seed)
+        active = await self._starters[step.kind](step, rng)
+        if active is None:
+            log.info("nemesis %s skipped: no target", step.kind)
+            return
+        if active.hold is not None:
+            await active.hold(deadline)
+        else:
+            await _sleep_until(deadline)
+        await self._end()
+        took, problem = await self._wait_ready()
+        self.history[-1].update(ready_after=took, problem=problem)
+
+    async def heal(self) -> None:
+        """End every fault: the one in progress, then anything left behind (resume
+        paused nodes, restart killed ones, unblock every link); then wait (bounded) until
+        every group has a leader again. A slow recovery is logged, never raised: the
+        harness judges the cluster afterwards."""
+        await self._end()
+        for i in sorted(self._paused):
+            self.cluster.resume(i)
+        self._paused.clear()
+        await self._restart(sorted(self._killed))
+        if self.net is not None:
+            self.net.heal()
+        await self._wait_ready()
+
+    def _begin(
+        self,
+        f: str,
+        value: dict[str, Any],
+        undo: Callable[[], Awaitable[None]],
+        hold: Callable[[float], Awaitable[None]] | None = None,
+    ) -> _Active:
+        """Record the fault's start (before it is injected) and make it the active one."""
+        self.recorder.fault_start(f, value)
+        log.info("nemesis %s: %s", f, value)
+        self._active = _Active(f, value, undo, hold)
+        return self._active
+
+    async def _end(self) -> None:
+        """Heal the active fault, then record its end with its final value."""
+        active, self._active = self._active, None
+        if active is None:
+            return
+        try:
+            await active.undo()
+        finally:
+            self.recorder.fault_end(active.f, active.value)
+            self.history.append({
+                "f": active.f, "value": active.value, "start": active.started,
+                "end": time.monotonic(),
+            })
+            log.info("nemesis %s healed", active.f)
+
+    async def _wait_ready(self) -> tuple[float | None, str | None]:
+        """Wait up to `ready_timeout` for every group to have a live leader; returns
+        (seconds it took, None) or (None, what was missing). Never raises on a node that
+        exited by itself: that stays for the harness's `unexpected_exits()`."""
+        t0 = time.monotonic()
+        wait = functools.partial(self.cluster.wait_ready, self.ready_timeout, raise_on_exit=False)
+        try:
+            await trio.to_thread.run_sync(wait, abandon_on_cancel=True)
+        except TimeoutError as exc:
+            log.warning("cluster not ready after %.1f s: %s", self.ready_timeout, exc)
+            return None, str(exc)
+        return time.monotonic() - t0, None
+
+    # ------------------------------------------------------------ targets
+
+    async def _leaders(self) -> dict[str, int]:
+        """Group -> leader node as the name server says now ({} when it cannot tell)."""
+        try:
+            got = await trio.to_thread.run_sync(
+                self.cluster.leaders, 2.0, abandon_on_cancel=True
+            )
+        except (OSError, RequestError):
+            return {}
+        return {g: n for g, n in got.items() if n is not None}
+
+    def _live(self) -> list[int]:
+        return [i for i in self.cluster.node_ids
+                if self.cluster.is_running(i) and not self.cluster.is_paused(i)]
+
+    def _pick(self, rng: random.Random, leaders: Mapping[str, int], count: int) -> list[int]:
+        """`count` live nodes; the first is a group leader with probability `leader_bias`."""
+        live = self._live()
+        if not live or count < 1:
+            return []
+        leading = sorted(set(leaders.values()) & set(live))
+        if leading and rng.random() < self.leader_bias:
+            first = rng.choice(leading)
+        else:
+            first = rng.choice(live)
+        rest = [i for i in live if i != first]
+        return sorted([first, *rng.sample(rest, min(count - 1, len(rest)))])
+
+    def _minority(self, rng: random.Random) -> int:
+        """How many nodes a kill or pause takes: one, or up to a minority on 5+ nodes."""
+        return rng.randint(1, max(1, (len(self.cluster.node_ids) - 1) // 2))
+
+    @staticmethod
+    def _on(leaders: Mapping[str, int], nodes: Iterable[int]) -> dict[str, int]:
+        chosen = set(nodes)
+        return {g: n for g, n in sorted(leaders.items()) if n in chosen}
+
+    # ------------------------------------------------------------ process faults
+
+    async def _kill_now(self, nodes: list[int]) -> None:
+        self._killed.update(nodes)  # first: a cancelled kill is still restarted by heal
+        await trio.to_thread.run_sync(self.cluster.kill_together, nodes)
+
+    async def _restart(self, nodes: Iterable[int]) -> None:
+        for i in nodes:
+            await trio.to_thread.run_sync(self.cluster.restart, i)
+            self._killed.discard(i)
+
+    async def _kill(self, step: Step, rng: random.Random) -> _Active | None:
+        leaders = await self._leaders()
+        nodes = self._pick(rng, leaders, self._minority(rng))
+        if not nodes:
+            return None
+        value = {"nodes": nodes, "leaders": self._on(leaders, nodes)}
+        active = self._begin("kill", value, functools.partial(self._restart, nodes))
+        await self._kill_now(nodes)
+        return active
+
+    async def _pause(self, step: Step, rng: random.Random) -> _Active | None:
+        leaders = await self._leaders()
+        nodes = self._pick(rng, leaders, self._minority(rng))
+        if not nodes:
+            return None
+
+        async def resume() -> None:
+            for i in nodes:
+                self.cluster.resume(i)
+                self._paused.discard(i)
+
+        value = {"nodes": nodes, "leaders": self._on(leaders, nodes)}
+        active = self._begin("pause", value, resume)
+        for i in nodes:
+            self._paused.add(i)
+            try:
+                self.cluster.pause(i)
+            except ClusterError as exc:  # it exited meanwhile; the harness reports that
+                log.warning("pause of node %d: %s", i, exc)
+        return active
+
+    async def _crash_unsynced(self, step: Step, rng: random.Random) -> _Active | None:
+        scope = step.scope or "one"
+        n = len(self.cluster.node_ids)
+        count = {"one": 1, "majority": topology.majority(n), "all": n}[scope]
+        leaders = await self._leaders()
+        nodes = self._pick(rng, leaders, count)
+        if not nodes:
+            return None
+        value: dict[str, Any] = {
+            "scope": scope, "nodes": nodes, "leaders": self._on(leaders, nodes),
+        }
+        active = self._begin("crash-unsynced", value, functools.partial(self._restart, nodes))
+        await self._kill_now(nodes)
+        dirs = {i: self.cluster.configs[i - 1].data for i in nodes}
+
+        def discard_all() -> dict[str, Any]:
+            return {str(i): discard_unsynced(d) for i, d in dirs.items()}
+
+        value["discarded"] = await trio.to_thread.run_sync(discard_all)
+        return active
+
+    async def _corrupt(self, step: Step, rng: random.Random) -> _Active | None:
+        leaders = await self._leaders()
+        nodes = self._pick(rng, leaders, 1)
+        if not nodes:
+            return None
+        (node,) = nodes
+        value: dict[str, Any] = {"nodes": nodes, "leaders": self._on(leaders, nodes)}
+        active = self._begin("corrupt", value, functools.partial(self._restart, nodes))
+        await self._kill_now(nodes)
+        data = self.cluster.configs[node - 1].data
+        value["corrupted"] = await trio.to_thread.run_sync(corrupt_entry, data, rng)
+        return active
+
+    # ------------------------------------------------------------ network faults
+
+    async def _partition(self, step: Step, rng: random.Random) -> _Active | None:
+        assert self.net is not None
+        net = self.net
+        leaders = await self._leaders()
+        ids = self.cluster.node_ids
+        if step.kind == "partition-node":
+            target = self._pick(rng, leaders, 1) or [rng.choice(ids)]
+            shape = topology.isolate(ids, rng, target[0])
+        else:
+            shape = PARTITIONS[step.kind](ids, rng)
+        value = {**shape.to_json(), "leaders": self._on(leaders, shape.cut_off)}
+        if shape.cut_off:
+            value["nodes"] = sorted(shape.cut_off)
+
+        async def unblock() -> None:
+            net.set_partition(())
+
+        active = self._begin(step.kind, value, unblock)
+        net.set_partition(shape.blocked)
+        return active
+
+    async def _leader_transfer(self, step: Step, rng: random.Random) -> _Active | None:
+        groups = list(self.cluster.groups)
+        if not groups:
+            return None
+        leaders = await self._leaders()
+        value: dict[str, Any] = {
+            "groups": [g.id for g in groups], "leaders": dict(sorted(leaders.items())),
+        }
+        transfers: list[dict[str, Any]] = []
+
+        async def storm(deadline: float) -> None:
+            async with Admin(self.cluster.namesrv_addr, timeout=2.0) as admin:
+                while (left := deadline - time.monotonic()) > 0.05:
+                    g = rng.choice(groups)
+                    now = await self._leaders()
+                    followers = [r for r in g.replicas if r != now.get(g.id)]
+                    to = rng.choice(followers or list(g.replicas))
+                    entry: dict[str, Any] = {"group": g.id, "from": now.get(g.id), "to": to}
+                    with trio.move_on_after(min(2.0, left)) as scope:
+                        try:
+                            await admin.transfer_leader(g.id, to)
+                            entry["ok"] = True
+                        except RequestError as exc:
+                            entry["error"] = exc.code.name
+                    if scope.cancelled_caught:
+                        entry["error"] = "timeout"
+                    transfers.append(entry)
+                    value["transfers"] = transfers
+                    await trio.sleep(min(rng.uniform(0.2, 0.8), max(0.0, left)))
+
+        return self._begin("leader-transfer", value, _nothing, storm)
