@@ -1,0 +1,241 @@
+"""`chaos.analysis` on hand-written histories: each scenario is a short script of client
+operations (and faults) written through the real `Recorder`, then analysed from the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.analysis import analyze
+from chaos.recorder import Recorder
+
+GROUPS = {"t/0": "g0", "t/1": "g1"}
+
+
+class Script:
+    """Writes a history with explicit times: `at(t)` sets the clock for the next lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.now = 0.0
+        self.rec = Recorder(path, clock=lambda: self.now)
+
+    def at(self, t: float) -> Recorder:
+        self.now = t
+        return self.rec
+
+    def append(self, p: int, key: str, msg: str, t0: float, t1: float, offset: int | None,
+               outcome: str = "ok") -> None:
+        self.at(t0).invoke(p, "append", key, msg)
+        value = {"offset": offset} if outcome == "ok" else None
+        self.at(t1).complete(p, outcome, "append", key, value)
+
+    def read(self, p: int, key: str, offset: int, n: int, t0: float, t1: float,
+             got: list[str]) -> None:
+        self.at(t0).invoke(p, "read", key, {"offset": offset, "n": n})
+        self.at(t1).complete(p, "ok", "read", key, got)
+
+
+def run(path: Path, **kw: Any) -> Any:
+    analysis = analyze(path, queue_groups=GROUPS, check_timeout=kw.pop("check_timeout", 10.0), **kw)
+    json.dumps(analysis.results)  # results.json must be writable as it is
+    return analysis
+
+
+def test_clean_run_is_valid(tmp_path: Path) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 1, 2, 0)
+    s.append(2, "t/0", "i2-0", 1.5, 2.5, 1)
+    s.read(4, "t/0", 0, 4, 2.2, 2.3, ["p0-0"])  # before i2-0 took effect: fine
+    s.append(2, "t/1", "i2-1", 3, 4, 0)
+    s.append(0, "t/1", "p0-1", 3.5, 3.6, None, outcome="info")  # unknown, never read
+    s.append(1, "t/1", "p1-0", 3.5, 3.6, None, outcome="fail")
+    s.read(5, "t/0", 0, 256, 10, 11, ["p0-0", "i2-0"])  # drain
+    s.read(6, "t/1", 0, 256, 10, 11, ["i2-1"])
+    a = run(h)
+    r = a.results
+    assert a.valid and r["verdict"] == "valid" and r["problems"] == []
+    assert r["lost"] == 0 and r["duplicated"] == 0 and r["unexpected"] == 0
+    assert r["linearizable"] == {"t/0": True, "t/1": True}
+    assert r["drained"] == {"t/0": True, "t/1": True}
+    assert r["operations"] == {
+        "append": {"ok": 3, "fail": 1, "info": 1},
+        "read": {"ok": 3, "fail": 0, "info": 0},
+    }
+    assert r["faults"] == {} and r["longest_unavailability"] is None
+
+
+def test_lost_acknowledged_message_is_invalid(tmp_path: Path) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 1, 2, 0)
+    s.append(0, "t/0", "p0-1", 3, 4, 1)
+    s.read(5, "t/0", 0, 256, 10, 11, ["p0-0"])  # the drain finds the log ends at 1
+    r = run(h).results
+    assert not r["valid"] and r["verdict"] == "invalid"
+    assert r["lost"] == 1 and "lost: 1" in r["problems"]
+    assert r["examples"]["t/0"]["lost"] == ["p0-1"]
+    assert r["linearizable"]["t/0"] is False
+
+
+def test_definitely_failed_append_that_was_read_is_invalid(tmp_path: Path) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 1, 2, None, outcome="fail")
+    s.append(1, "t/0", "p1-0", 1, 2, None, outcome="info")
+    s.read(5, "t/0", 0, 256, 10, 11, ["p0-0", "p1-0"])
+    r = run(h).results
+    assert r["failed_but_read"] == 1 and r["recovered"] == 1 and not r["valid"]
+
+
+@pytest.mark.parametrize(
+    ("msg", "valid", "idem", "plain"),
+    [
+        ("i2-0", False, 1, 0),  # an idempotent producer promised one copy
+        ("p0-0", True, 0, 1),  # a plain producer's retry: at least once allows it
+    ],
+)
+def test_duplicates_by_producer_kind(
+    tmp_path: Path, msg: str, valid: bool, idem: int, plain: int
+) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    process = int(msg[1])
+    s.append(process, "t/0", msg, 1, 5, 1)  # the first try timed out inside the SDK, landed at 0
+    s.append(1, "t/0", "p1-0", 6, 7, 2)
+    s.read(5, "t/0", 0, 256, 10, 11, [msg, msg, "p1-0"])
+    a = run(h)
+    r = a.results
+    assert (r["duplicated"], r["duplicated_plain"], r["valid"]) == (idem, plain, valid)
+    assert a.accounting["totals"]["duplicated"] == idem
+    # the retry inside the operation explains the second copy; nothing explains a third
+    assert r["linearizable"]["t/0"] is bool(plain)
+
+
+def test_idempotent_processes_can_be_named_instead_of_read_from_ids(tmp_path: Path) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(7, "t/0", "m-a", 1, 5, 1)
+    s.read(5, "t/0", 0, 256, 10, 11, ["m-a", "m-a"])
+    assert run(h, idempotent_processes={7}).results["duplicated"] == 1
+    assert run(h, idempotent_processes=set()).results["duplicated_plain"] == 1
+
+
+def test_stale_read_is_not_linearizable(tmp_path: Path) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 1, 2, 0)
+    s.read(4, "t/0", 0, 4, 3, 4, [])  # began after the append was acknowledged: stale
+    s.read(5, "t/0", 0, 256, 10, 11, ["p0-0"])
+    a = run(h)
+    r = a.results
+    assert r["lost"] == 0 and r["drained"]["t/0"]  # the accounting sees nothing wrong
+    assert r["linearizable"]["t/0"] is False
+    assert not a.valid and "not linearizable: t/0" in r["problems"]
+    failure = r["linearizability"]["first_failure"]
+    assert failure["key"] == "t/0" and "read" in failure["operation"]["description"]
+
+
+def test_search_out_of_time_is_unknown_not_valid(tmp_path: Path) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    n = 3000  # more search steps than one slice, so the deadline is looked at
+    for i in range(n):
+        s.append(0, "t/0", f"p0-{i}", 2 * i, 2 * i + 1, i)
+    s.read(5, "t/0", 0, 1024, 3 * n, 3 * n + 1, [f"p0-{i}" for i in range(1024)])
+    a = analyze(h, queue_groups=GROUPS, check_timeout=1e-9)
+    assert a.verdict == "unknown" and not a.valid and a.results["problems"] == []
+    assert a.results["linearizable"]["t/0"] is None
+
+
+def test_unavailability_after_leader_loss(tmp_path: Path) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 0, 1, 0)
+    s.at(10).fault_start("kill", {"nodes": [1], "leaders": {"g0": 1}})
+    s.append(0, "t/0", "p0-1", 9.5, 10.2, 1)  # in flight at the kill: does not count
+    s.append(1, "t/1", "p1-0", 10.5, 10.6, 0)  # another group
+    s.append(0, "t/0", "p0-2", 11, 13.5, 2)  # the group is back 3.5 s after the kill
+    s.append(0, "t/0", "p0-3", 14, 14.1, 3)
+    s.at(15).fault_end("kill", {"nodes": [1]})  # the end's value may drop the leaders
+    s.at(20).fault_start("pause", {"nodes": [2], "leaders": {"g0": 2, "g1": 2}})
+    s.append(1, "t/1", "p1-1", 20.5, 21, 1)  # g1 back after 1 s; g0 never
+    s.at(25).fault_end("pause")
+    s.at(26).fault_start("partition", {"halves": [[1], [2, 3]]})  # took no leader
+    s.at(27).fault_end("partition")
+    s.read(5, "t/0", 0, 256, 30, 31, ["p0-0", "p0-1", "p0-2", "p0-3"])
+    s.read(6, "t/1", 0, 256, 30, 31, ["p1-0", "p1-1"])
+    a = run(h)
+    r = a.results
+    assert r["valid"]
+    assert r["faults"] == {"kill": 1, "partition": 1, "pause": 1}
+    kill, pause = r["unavailability"]
+    assert kill["groups"] == {"g0": 3.5} and kill["longest"] == 3.5 and kill["recovered"]
+    assert pause["groups"] == {"g0": None, "g1": 1.0} and not pause["recovered"]
+    assert pause["longest"] == 11.0  # g0 counted until the history ends, a lower bound
+    assert r["longest_unavailability"] == 11.0 and r["unrecovered_faults"] == 1
+    assert [name for _s, _e, name in a.report_faults] == ["kill [1]", "pause [2]", "partition"]
+
+
+def test_report_renders_with_faults(tmp_path: Path) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.at(0.5).fault_start("kill", {"nodes": [1], "leaders": {"g0": 1}})  # never healed
+    s.append(0, "t/0", "p0-0", 1, 2, 0)
+    s.read(5, "t/0", 0, 256, 3, 4, ["p0-0"])
+    a = run(h)
+    assert a.report_faults == [(0.5, 4.0, "kill [1]")]
+    out = a.write_report(tmp_path / "report.html")
+    text = out.read_text()
+    assert "linearizable" in text and "kill [1]" in text
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_committed_offsets_are_checked_as_registers(tmp_path: Path, stale: bool) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    key = ["cg0", "t/0"]
+    s.at(1).invoke(8, "read", key, None)
+    s.at(2).complete(8, "ok", "read", key, None)  # nothing committed yet
+    s.at(3).invoke(8, "commit", key, 1)
+    s.at(4).complete(8, "ok", "commit", key)
+    s.at(5).invoke(9, "commit", key, 2)
+    s.at(6).complete(9, "info", "commit", key, {"error": "TIMEOUT"})  # may land any time
+    s.at(7).invoke(8, "read", key, None)
+    s.at(8).complete(8, "ok", "read", key, 2)
+    s.at(9).invoke(8, "read", key, None)
+    s.at(10).complete(8, "ok", "read", key, 1 if stale else 2)  # went back: stale
+    s.append(0, "t/0", "p0-0", 11, 12, 0)
+    s.read(5, "t/0", 0, 256, 13, 14, ["p0-0"])
+    a = run(h)
+    r = a.results
+    assert r["operations"]["commit"] == {"ok": 1, "fail": 0, "info": 1}
+    assert r["operations"]["read-offset"] == {"ok": 3, "fail": 0, "info": 0}
+    assert r["operations"]["read"] == {"ok": 1, "fail": 0, "info": 0}
+    assert r["linearizable"] == {"t/0": True}
+    assert r["offsets_linearizable"] == {"cg0:t/0": not stale}
+    assert a.valid is not stale
+    if stale:
+        assert r["problems"] == ["committed offset not linearizable: cg0:t/0"]
+        text = a.write_report(tmp_path / "report.html").read_text()
+        assert "consumer offsets" in text
+
+
+@pytest.mark.parametrize("read_back", [True, False])
+def test_acknowledged_without_offset_must_still_be_in_the_log(
+    tmp_path: Path, read_back: bool
+) -> None:
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 1, 2, 0)
+    s.at(3).invoke(2, "append", "t/0", "i2-0")  # a resend recognised without its offset
+    s.at(4).complete(2, "ok", "append", "t/0", {"dup": True})
+    s.read(5, "t/0", 0, 256, 10, 11, ["p0-0", "i2-0"] if read_back else ["p0-0"])
+    r = run(h).results
+    assert r["operations"]["append"] == {"ok": 2, "fail": 0, "info": 0}
+    assert r["valid"] is read_back
+    assert r["lost"] == (0 if read_back else 1)
+    assert r["linearizable"]["t/0"] is read_back
