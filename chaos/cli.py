@@ -1,7 +1,8 @@
-"""``raftmq chaos check``: check a recorded history for linearizability.
+"""``raftmq chaos check`` (check a recorded history) and ``raftmq chaos run`` (test a cluster).
 
-Exit codes: 0 linearizable, 1 not linearizable, 2 unknown (the time limit ran out); usage and
-input errors exit 3, so they are never mistaken for a verdict.
+``check`` exit codes: 0 linearizable, 1 not linearizable, 2 unknown (the time limit ran
+out). ``run`` exits 0 when the run is valid and 1 when it is not. Usage and input errors
+exit 3 in both, so they are never mistaken for a verdict.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from .histories import FORMATS, load_operations, parse_jsonl, records_to_operati
 from .linearizability import CheckInfo, CheckResult, check_operations
 from .models import MODELS, make_model
 
-__all__ = ["EXIT_CODES", "check_main", "main"]
+__all__ = ["EXIT_CODES", "check_main", "main", "run_main"]
 
 EXIT_CODES = {CheckResult.OK: 0, CheckResult.ILLEGAL: 1, CheckResult.UNKNOWN: 2}
 EXIT_USAGE = 3
@@ -152,6 +153,80 @@ def _print_human(summary: dict[str, Any], info: CheckInfo) -> None:
     if "report" in summary:
         table.add_row("report", summary["report"])
     console.print(table)
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    from .nemesis import NEMESES
+
+    p = argparse.ArgumentParser(
+        prog="raftmq chaos run",
+        description="Start a real cluster on loopback, inject faults under a recorded "
+        "workload, heal, drain, and check that nothing acknowledged was lost and every "
+        "queue is linearizable.",
+    )
+    p.add_argument("--nodes", type=int, default=3, choices=(3, 5))
+    p.add_argument("--groups", type=int, default=3, help="Raft groups (default 3)")
+    p.add_argument("--time", type=float, default=60.0, metavar="SECONDS",
+                   help="how long faults and load run before the final heal (default 60)")
+    p.add_argument("--nemesis", default="kill,partition-node", metavar="LIST",
+                   help=f"comma-separated faults, or all: {', '.join(NEMESES)}")
+    p.add_argument("--workload", default="queue", choices=("queue",))
+    p.add_argument("--seed", type=int, default=0, help="decides the fault schedule")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="history.jsonl, results.json, report.html and the cluster's files")
+    p.add_argument("--mutation", action="append", default=[], metavar="NAME",
+                   help="make nodes misbehave on purpose (ack-before-commit, skip-fsync); "
+                   "needs RAFTMQ_ALLOW_MUTATIONS=1")
+    p.add_argument("--check-timeout", type=float, default=120.0, metavar="S",
+                   help="linearizability check time limit (verdict unknown after it)")
+    p.add_argument("--json", action="store_true", help="print results.json to stdout")
+    return p
+
+
+def run_main(argv: list[str]) -> int:
+    """``raftmq chaos run``; returns 0 for a valid run, 1 for an invalid one, 3 for usage."""
+    from .nemesis import NEMESES
+    from .run import RunOptions, parse_list, run_chaos
+
+    try:
+        args = _run_parser().parse_args(argv)
+    except SystemExit as exc:
+        return 0 if exc.code in (0, None) else EXIT_USAGE
+    try:
+        opts = RunOptions(
+            out=args.out, nodes=args.nodes, groups=args.groups, time=args.time,
+            nemesis=parse_list(args.nemesis, NEMESES, "nemesis"), workload=args.workload,
+            seed=args.seed, mutations=tuple(args.mutation), check_timeout=args.check_timeout,
+        )
+        opts.validate()
+    except ValueError as exc:
+        print(f"raftmq chaos run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    results = run_chaos(opts)
+    if args.json:
+        print(json.dumps(results, default=str))
+    else:
+        _print_run(results, args.out)
+    return 0 if results["valid"] else 1
+
+
+def _print_run(results: dict[str, Any], out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"chaos run: {out}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    verdict = "[green]valid[/]" if results["valid"] else "[red]INVALID[/]"
+    table.add_row("verdict", verdict)
+    for problem in results.get("problems", []):
+        table.add_row("problem", f"[red]{problem}[/]")
+    for key, value in results.items():
+        if key in ("valid", "problems", "options", "run"):
+            continue
+        table.add_row(key, json.dumps(value, default=str) if not isinstance(value, str) else value)
+    table.add_row("files", f"{out}/history.jsonl, results.json, report.html")
+    Console().print(table)
 
 
 def main() -> None:

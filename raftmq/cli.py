@@ -23,14 +23,17 @@ def _sim(argv: list[str]) -> int:
 
 def _chaos(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: raftmq chaos check --model M --format F FILE [--json] [--timeout S]")
+        print("usage: raftmq chaos check --model M --format F FILE [--json] [--timeout S]\n"
+              "       raftmq chaos run --out DIR [--nodes 3|5] [--groups G] [--time S]\n"
+              "                        [--nemesis LIST|all] [--seed N] [--mutation NAME]")
         return 0 if argv else 2
-    if argv[0] != "check":
-        print(f"raftmq chaos: unknown command {argv[0]!r} (known: check)", file=sys.stderr)
-        return 2
-    from chaos.cli import check_main
+    from chaos.cli import check_main, run_main
 
-    return check_main(argv[1:])
+    subcommands = {"check": check_main, "run": run_main}
+    if argv[0] not in subcommands:
+        print(f"raftmq chaos: unknown command {argv[0]!r} (known: check, run)", file=sys.stderr)
+        return 2
+    return subcommands[argv[0]](argv[1:])
 
 
 def _node(argv: list[str]) -> int:
@@ -106,7 +109,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "bench": (_bench, "benchmarks against a cluster: `bench produce`"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
-    "chaos": (_chaos, "linearizability checking of recorded histories: `chaos check`"),
+    "chaos": (_chaos, "fault-injection runs (`chaos run`) and history checks (`chaos check`)"),
 }
 
 

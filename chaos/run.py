@@ -1,0 +1,188 @@
+"""`raftmq chaos run`: a Jepsen-style test of a real cluster under faults.
+
+One trio program in this process runs everything that is not a node:
+
+1. the fault proxies (one per node pair for Raft traffic, one per node for clients), so a
+   partition is a proxy that stops forwarding;
+2. a cluster of real node processes on loopback wired through those proxies;
+3. the workload (producers and readers recording every operation) and the nemesis
+   (faults on a seeded schedule) side by side for `time` seconds;
+4. a full heal, a wait until every group has a leader again, and a drain that reads
+   every queue from offset 0 to its end;
+5. the analysis: accounting (lost, duplicated, unexpected...), the queue-log
+   linearizability check per queue, and the longest unavailability after a leader loss.
+
+Output in `out`: `history.jsonl` (operations and faults), `results.json`, `report.html`
+and `cluster/` (configs, node data and logs, kept for post-mortems). The run is valid, and
+the command exits 0, only if nothing acknowledged was lost, nothing unexpected appeared,
+every queue's history is linearizable and no node died except by the nemesis' hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from broker.config import ALLOW_MUTATIONS_ENV, KNOWN_MUTATIONS
+
+from .analysis import Analysis, analyze
+from .cluster import LocalCluster
+from .nemesis import NEMESES, Nemesis
+from .proxy import ProxyNet
+from .recorder import Recorder
+from .workload import Workload
+
+__all__ = ["RunOptions", "run_chaos"]
+
+WORKLOADS = ("queue",)
+TOPIC = "chaos"
+
+
+@dataclass
+class RunOptions:
+    """Everything that decides a run; with the same seed the fault schedule repeats."""
+
+    out: Path
+    nodes: int = 3
+    groups: int = 3
+    time: float = 60.0
+    nemesis: tuple[str, ...] = ("kill", "partition-node")
+    workload: str = "queue"
+    seed: int = 0
+    queues_per_group: int = 2
+    producers: int = 4  # plain producers
+    idempotent_producers: int = 4
+    readers: int = 3
+    mutations: tuple[str, ...] = ()  # deliberate node misbehaviour (needs the test flag)
+    check_timeout: float = 120.0
+    ready_timeout: float = 60.0
+    drain_timeout: float = 120.0
+    tick_ms: int = 100
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.nodes not in (3, 5):
+            raise ValueError(f"--nodes must be 3 or 5, got {self.nodes}")
+        if self.groups < 1:
+            raise ValueError(f"--groups must be at least 1, got {self.groups}")
+        if not self.time > 0:
+            raise ValueError(f"--time must be positive, got {self.time}")
+        unknown = sorted(set(self.nemesis) - set(NEMESES))
+        if unknown:
+            raise ValueError(f"unknown nemesis {unknown} (known: {', '.join(NEMESES)})")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.workload!r} (known: {', '.join(WORKLOADS)})")
+        bad = sorted(set(self.mutations) - KNOWN_MUTATIONS)
+        if bad:
+            raise ValueError(f"unknown mutation {bad} (known: {', '.join(sorted(KNOWN_MUTATIONS))})")
+        if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
+            raise ValueError(
+                f"--mutation makes nodes misbehave on purpose; set {ALLOW_MUTATIONS_ENV}=1 "
+                "to confirm this is a test"
+            )
+
+
+def _prepare_out(out: Path) -> Path:
+    """Create `out`; a previous run's files there are replaced, nothing else is touched."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("history.jsonl", "results.json", "report.html"):
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "cluster", ignore_errors=True)
+    return out
+
+
+async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring; returns facts the analysis needs."""
+    rng = random.Random(opts.seed)
+    node_ids = list(range(1, opts.nodes + 1))
+    overrides: dict[str | int, Any] = {}
+    env: dict[str, str] = {}
+    if opts.mutations:
+        overrides["test_mutations"] = list(opts.mutations)
+    if "crash-unsynced" in opts.nemesis:
+        overrides["test_sync_marks"] = True
+    if opts.mutations or "crash-unsynced" in opts.nemesis:
+        env[ALLOW_MUTATIONS_ENV] = "1"
+    facts: dict[str, Any] = {}
+    async with trio.open_nursery() as nursery:
+        net = ProxyNet(node_ids)
+        await nursery.start(net.serve)
+        cluster = LocalCluster(
+            opts.out / "cluster", nodes=opts.nodes, groups=opts.groups, tick_ms=opts.tick_ms,
+            env=env, node_overrides=net.node_overrides(overrides),
+        )
+        try:
+            await trio.to_thread.run_sync(cluster.start)
+            await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
+            queues = opts.queues_per_group * opts.groups
+            workload = Workload(
+                cluster.namesrv_addr, TOPIC, queues, recorder=recorder, rng=rng,
+                producers=opts.producers, idempotent_producers=opts.idempotent_producers,
+                readers=opts.readers,
+            )
+            facts["queue_groups"] = await workload.setup()
+            nemesis = Nemesis(cluster, net, recorder, rng=random.Random(rng.getrandbits(64)),
+                              enabled=opts.nemesis)
+            started = time.monotonic()
+            stop_at = started + opts.time
+            async with trio.open_nursery() as load:
+                load.start_soon(workload.run, stop_at)
+                load.start_soon(nemesis.run, stop_at)
+            await nemesis.heal()
+            await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
+            healed = time.monotonic()
+            facts["drained"] = await workload.drain(opts.drain_timeout)
+            facts["timings"] = {
+                "load_seconds": round(healed - started, 3),
+                "drain_seconds": round(time.monotonic() - healed, 3),
+            }
+            facts["unexpected_exits"] = cluster.unexpected_exits()
+        finally:
+            await trio.to_thread.run_sync(cluster.stop)
+            nursery.cancel_scope.cancel()
+    return facts
+
+
+def run_chaos(opts: RunOptions) -> dict[str, Any]:
+    """Run the test described by `opts`, write its outputs and return results.json's content."""
+    opts.validate()
+    out = _prepare_out(opts.out)
+    began = time.monotonic()
+    with Recorder(out / "history.jsonl") as recorder:
+        facts = trio.run(_run, opts, recorder)
+    analysis: Analysis = analyze(
+        out / "history.jsonl", queue_groups=facts["queue_groups"], check_timeout=opts.check_timeout
+    )
+    results = dict(analysis.results)
+    problems = list(results.get("problems", []))
+    if facts.get("unexpected_exits"):
+        problems.append(f"nodes exited on their own: {facts['unexpected_exits']}")
+    if not facts.get("drained", False):
+        problems.append("the final drain did not reach the end of every queue")
+    results["valid"] = bool(results.get("valid")) and not problems[len(results.get("problems", [])):]
+    results["problems"] = problems
+    results["options"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
+    results["run"] = {**facts, "total_seconds": round(time.monotonic() - began, 3)}
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    analysis.write_report(out / "report.html", title=f"raftmq chaos run, seed {opts.seed}")
+    return results
+
+
+def parse_list(text: str, known: Sequence[str], what: str) -> tuple[str, ...]:
+    """`a,b,c` (or `all`) into a tuple of names from `known`."""
+    if text == "all":
+        return tuple(known)
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise ValueError(f"unknown {what} {bad or text!r} (known: {', '.join(known)}, or all)")
+    return names

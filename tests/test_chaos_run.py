@@ -1,0 +1,116 @@
+"""`raftmq chaos run` end to end: real nodes, real faults, and proof that it can fail.
+
+The default suite runs a short smoke (kill + partition, about a minute) that must come
+out valid, and runs the same harness against nodes with a deliberate bug
+(`ack-before-commit`, and `skip-fsync` under power loss) that must come out invalid.
+Longer runs with every nemesis are opt-in: `pytest -m chaos` (CHAOS_SECONDS, default 300).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from broker.config import ALLOW_MUTATIONS_ENV
+from chaos.cli import EXIT_USAGE, run_main
+from chaos.histories import parse_faults, parse_jsonl
+
+SMOKE_SECONDS = float(os.environ.get("CHAOS_SMOKE_SECONDS", "45"))
+
+
+def _results(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+def _check_outputs(out: Path) -> dict:
+    results = _results(out)
+    assert (out / "report.html").stat().st_size > 1000
+    records = parse_jsonl(out / "history.jsonl")
+    assert records, "the history holds operations"
+    assert results["operations"]["append"]["ok"] > 0
+    return results
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nemesis", "kill,flood"], "unknown nemesis"),
+        (["--nodes", "4"], "invalid choice"),
+        (["--time", "0"], "positive"),
+        (["--workload", "bank"], "invalid choice"),
+        (["--mutation", "eat-data"], "unknown mutation"),
+    ],
+)
+def test_bad_options_exit_3_and_start_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    assert run_main(["--out", str(out), *argv]) == EXIT_USAGE
+    assert message in capsys.readouterr().err
+    assert not (out / "cluster").exists()
+
+
+def test_mutations_need_the_explicit_test_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ALLOW_MUTATIONS_ENV, raising=False)
+    assert run_main(["--out", str(tmp_path), "--mutation", "skip-fsync"]) == EXIT_USAGE
+    assert ALLOW_MUTATIONS_ENV in capsys.readouterr().err
+
+
+def test_smoke_kill_and_partition_is_valid(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code = run_main([
+        "--out", str(out), "--time", str(SMOKE_SECONDS), "--seed", "1",
+        "--nemesis", "kill,partition-node,partition-halves", "--json",
+    ])
+    results = _check_outputs(out)
+    assert code == 0, json.dumps(results, indent=1)[:4000]
+    assert results["valid"] is True
+    assert results["lost"] == 0 and results["unexpected"] == 0
+    assert all(results["linearizable"].values())
+    faults = parse_faults(out / "history.jsonl")
+    assert {f.f for f in faults} & {"kill"}, faults
+    assert {f.f for f in faults} & {"partition-node", "partition-halves"}, faults
+
+
+def test_ack_before_commit_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
+    out = tmp_path / "run"
+    code = run_main([
+        "--out", str(out), "--time", str(SMOKE_SECONDS), "--seed", "2",
+        "--nemesis", "partition-node,kill", "--mutation", "ack-before-commit", "--json",
+        "--check-timeout", "20",
+    ])
+    results = _check_outputs(out)
+    assert code == 1, json.dumps(results, indent=1)[:4000]
+    assert results["valid"] is False
+    assert results["lost"] > 0 or not all(results["linearizable"].values())
+
+
+def test_skip_fsync_is_caught_by_power_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
+    out = tmp_path / "run"
+    code = run_main([
+        "--out", str(out), "--time", str(SMOKE_SECONDS), "--seed", "3",
+        "--nemesis", "crash-unsynced", "--mutation", "skip-fsync", "--json",
+        "--check-timeout", "20",
+    ])
+    results = _check_outputs(out)
+    assert code == 1, json.dumps(results, indent=1)[:4000]
+    assert results["lost"] > 0 or not all(results["linearizable"].values())
+
+
+@pytest.mark.chaos
+def test_long_run_with_every_nemesis(tmp_path: Path) -> None:
+    seconds = os.environ.get("CHAOS_SECONDS", "300")
+    out = Path(os.environ.get("CHAOS_OUT", tmp_path / "run"))
+    code = run_main([
+        "--out", str(out), "--time", seconds, "--seed", os.environ.get("CHAOS_SEED", "7"),
+        "--nemesis", "all", "--json",
+    ])
+    results = _check_outputs(out)
+    assert code == 0, json.dumps(results, indent=1)[:4000]
