@@ -65,7 +65,12 @@ from .histories import (
 )
 from .linearizability import CheckInfo, CheckResult, check_operations
 from .model import INFINITY, UNKNOWN, Operation
-from .models import ConsumerOffsetModel, QueueLogModel
+from .models import (
+    ConsumerOffsetModel,
+    QueueLogModel,
+    drop_unobserved_commits,
+    pin_read_appends,
+)
 from .workload import is_idempotent_message
 
 __all__ = ["INVALIDATING", "Analysis", "Unavailability", "analyze"]
@@ -225,11 +230,11 @@ def analyze(
             Operation(sender.process, ("append", sender.key, sender.value), sender.call,
                       UNKNOWN, INFINITY)
         ] * extra
-    info = check_operations(model, ops, timeout=check_timeout, stop_early=False)
+    info = check_operations(model, pin_read_appends(ops), timeout=check_timeout, stop_early=False)
     offsets_model = ConsumerOffsetModel()
     offsets_info = check_operations(
         offsets_model,
-        records_to_operations(offset_records, "consumer-offset"),
+        drop_unobserved_commits(records_to_operations(offset_records, "consumer-offset")),
         timeout=max(1.0, check_timeout - info.elapsed),
         stop_early=False,
     )

@@ -17,7 +17,7 @@ from typing import Any
 from .accounting import account_queue_history
 from .histories import FORMATS, load_operations, parse_jsonl, records_to_operations
 from .linearizability import CheckInfo, CheckResult, check_operations
-from .models import MODELS, make_model
+from .models import MODELS, drop_unobserved_commits, make_model, pin_read_appends
 
 __all__ = ["EXIT_CODES", "check_main", "main", "run_main"]
 
@@ -65,6 +65,9 @@ def check_main(argv: list[str]) -> int:
             ops = records_to_operations(records, args.model)
             if args.model == "queue-log":
                 accounting = account_queue_history(records)
+                ops = pin_read_appends(ops)
+            elif args.model == "consumer-offset":
+                ops = drop_unobserved_commits(ops)
         else:
             ops = load_operations(args.file, args.fmt, args.model)
         parsed = time.monotonic() - loaded

@@ -36,7 +36,9 @@ __all__ = [
     "KeyValueModel",
     "LogState",
     "QueueLogModel",
+    "drop_unobserved_commits",
     "make_model",
+    "pin_read_appends",
 ]
 
 READ = "read"
@@ -345,6 +347,41 @@ class QueueLogModel(Model[LogState, tuple, Any]):
         return "[" + ", ".join(_show(m) for m in state) + "]"
 
 
+def pin_read_appends(ops: Sequence[Operation]) -> list[Operation]:
+    """Give an unknown-outcome append the offset the reads prove it took.
+
+    When every offset where reads saw message m but no acknowledged append of m landed
+    comes down to one offset X, and exactly one append of m has an unknown outcome, that
+    append must have happened while the log had X entries: no other operation can put m
+    at X. Saying so (output X, still pending forever) leaves the set of valid
+    linearizations unchanged, but the search no longer tries the append at every point
+    before a read pins it, which is what explodes on chaos histories with recovered
+    appends and at-least-once duplicates.
+    """
+    seen: dict[tuple[Hashable, Any], set[int]] = {}
+    acked: dict[tuple[Hashable, Any], set[int]] = {}
+    unknown: dict[tuple[Hashable, Any], list[int]] = {}
+    for i, op in enumerate(ops):
+        kind, key = op.input[0], op.input[1]
+        if kind == READ and isinstance(op.output, tuple):
+            for k, msg in enumerate(op.output):
+                seen.setdefault((key, msg), set()).add(op.input[2] + k)
+        elif kind == APPEND:
+            slot = (key, op.input[2])
+            if op.output is UNKNOWN:
+                unknown.setdefault(slot, []).append(i)
+            elif isinstance(op.output, int):
+                acked.setdefault(slot, set()).add(op.output)
+    out = list(ops)
+    for slot, indexes in unknown.items():
+        left = seen.get(slot, set()) - acked.get(slot, set())
+        if len(indexes) == 1 and len(left) == 1:
+            op = ops[indexes[0]]
+            out[indexes[0]] = Operation(op.client_id, op.input, op.call, next(iter(left)),
+                                        op.return_)
+    return out
+
+
 class ConsumerOffsetModel(Model[Any, tuple, Any]):
     """Committed consumer offset per ``(group, queue)``: a register (see module docstring)."""
 
@@ -380,6 +417,26 @@ class ConsumerOffsetModel(Model[Any, tuple, Any]):
 
     def explain(self, state: Any, input: tuple, output: Any) -> str:
         return f"the committed offset is {_show(state)}"
+
+
+def drop_unobserved_commits(ops: Sequence[Operation]) -> list[Operation]:
+    """Leave out commits of unknown outcome whose offset no read returned.
+
+    Such a commit can always take effect last, after every read, where it changes nothing
+    anyone saw; and wherever else a linearization puts it, no read sees its value, so
+    the same order without it is valid too. Dropping it keeps the verdict and spares the
+    search from trying it at every point (consumer offsets are unique per commit, so a
+    read names the commit it saw).
+    """
+    observed = {
+        (op.input[1], op.output)
+        for op in ops
+        if op.input[0] == READ and op.output is not UNKNOWN
+    }
+    return [
+        op for op in ops
+        if not (op.input[0] == COMMIT and op.pending and (op.input[1], op.input[2]) not in observed)
+    ]
 
 
 MODELS: dict[str, Callable[[], Model]] = {

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from chaos.histories import load_operations
 from chaos.linearizability import CheckResult, check_events, check_operations
 from chaos.model import INFINITY, UNKNOWN, Event, EventKind, Model, Operation
-from chaos.models import CasRegisterModel, KeyValueModel, QueueLogModel
+from chaos.models import (
+    CasRegisterModel,
+    ConsumerOffsetModel,
+    KeyValueModel,
+    QueueLogModel,
+    drop_unobserved_commits,
+    pin_read_appends,
+)
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 PORCUPINE = SHARED / "testdata" / "porcupine"
@@ -385,3 +392,53 @@ def test_timed_out_appends_of_unread_messages_are_interchangeable() -> None:
     info = check_operations(QueueLogModel(), ops, timeout=30)
     assert info.result is CheckResult.OK
     assert info.elapsed < 5
+
+
+@settings(max_examples=300, deadline=None)
+@given(_recorded_queue_history())
+def test_pinning_read_appends_keeps_the_verdict(ops: list[Operation]) -> None:
+    model = QueueLogModel()
+    pinned = pin_read_appends(ops)
+    assert (check_operations(model, pinned).result is CheckResult.OK) == _reference(model, ops)
+
+
+def test_a_recovered_append_is_pinned_where_reads_saw_it() -> None:
+    ops = [_op(1, ("append", "q", "a"), 0, UNKNOWN, INFINITY)]
+    ops += [_op(2, ("append", "q", f"m{i}"), 1 + i, i, 1.5 + i) for i in range(3)]
+    ops.append(_op(3, ("read", "q", 0, 8), 10, ("m0", "m1", "a", "m2"), 11))
+    pinned = pin_read_appends(ops)
+    assert pinned[0].output == 2 and pinned[0].pending
+    assert pinned[1:] == ops[1:]
+    # two unknown copies of one message read at two offsets: which is which is not pinned
+    ops.append(_op(4, ("append", "q", "a"), 0, UNKNOWN, INFINITY))
+    assert pin_read_appends(ops) == ops
+
+
+@st.composite
+def _offset_history(draw: st.DrawFn) -> list[Operation]:
+    """Unique commits (some of unknown outcome) and reads of one consumer offset."""
+    rnd = draw(st.randoms(use_true_random=False))
+    ops: list[Operation] = []
+    value: object = None
+    for c in range(draw(st.integers(1, 8))):
+        call = rnd.uniform(0, 10)
+        ret = call + rnd.uniform(0, 2)
+        if rnd.random() < 0.5:
+            offset = 100 + c
+            pending = rnd.random() < 0.4
+            if not pending or rnd.random() < 0.5:
+                value = offset
+            ops.append(_op(c, ("commit", "k", offset), call, None, INFINITY if pending else ret))
+        else:
+            seen = value if rnd.random() < 0.8 else rnd.choice([None, 100, 101, 102])
+            ops.append(_op(c, ("read", "k"), call, seen, ret))
+    return ops
+
+
+@settings(max_examples=300, deadline=None)
+@given(_offset_history())
+def test_dropping_unobserved_commits_keeps_the_verdict(ops: list[Operation]) -> None:
+    model = ConsumerOffsetModel()
+    kept = drop_unobserved_commits(ops)
+    assert all(op in ops for op in kept)
+    assert (check_operations(model, kept).result is CheckResult.OK) == _reference(model, ops)
