@@ -11,27 +11,21 @@ group. Output: one JSON object (`--json`) or a short table.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import anyio
 
-__all__ = ["main", "run_produce"]
+from .common import add_cluster_args, add_producer_args, freeze_gc, latency_ms, target_cluster
+
+__all__ = ["build_parser", "drive", "main", "run_produce"]
 
 
-def _percentile(sorted_values: list[float], p: float) -> float:
-    if not sorted_values:
-        return 0.0
-    k = min(len(sorted_values) - 1, int(p / 100 * len(sorted_values)))
-    return sorted_values[k]
-
-
-async def _drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str, Any]:
+async def drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Create `topic` if needed, send `args.messages` as fast as the in-flight bounds let,
+    and return the produce result (without the cluster description)."""
     from raftmq.client import Admin, Producer
 
     async with Admin(namesrv) as admin:  # queues spread over the groups; waits for routes
@@ -47,10 +41,7 @@ async def _drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str
         # warm-up: learn routes, open connections
         for _ in range(10):
             await producer.send(topic, payload)
-        # Everything alive now (interpreter, modules, cluster handles) is long-lived: keep
-        # the collector from rescanning it while thousands of sends are in flight.
-        gc.collect()
-        gc.freeze()
+        freeze_gc()
         t_start = time.perf_counter()
 
         def done_at(t0: float):  # noqa: ANN202 - a small closure factory
@@ -65,7 +56,6 @@ async def _drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str
             await producer.send_async(topic, payload, callback=done_at(time.perf_counter()))
         await producer.flush()
         elapsed = time.perf_counter() - t_start
-    latencies.sort()
     acked = len(latencies)
     return {
         "benchmark": "produce",
@@ -77,11 +67,7 @@ async def _drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str
         "seconds": round(elapsed, 3),
         "msgs_per_s": round(acked / elapsed, 1),
         "mb_per_s": round(acked * args.size / elapsed / 1e6, 2),
-        "latency_ms": {
-            "p50": round(_percentile(latencies, 50) * 1000, 2),
-            "p99": round(_percentile(latencies, 99) * 1000, 2),
-            "p999": round(_percentile(latencies, 99.9) * 1000, 2),
-        },
+        "latency_ms": latency_ms(latencies),
         "in_flight": args.in_flight,
         "batch_max_messages": args.batch,
         "linger_ms": args.linger_ms,
@@ -90,36 +76,21 @@ async def _drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str
 
 
 def run_produce(args: argparse.Namespace) -> dict[str, Any]:
-    topic = args.topic
-    if args.namesrv:
-        result = anyio.run(_drive, args.namesrv, topic, args)
-        result.update(cluster="external", namesrv=args.namesrv)
+    """Run the benchmark against `--namesrv` or a local cluster started (and stopped) here."""
+    with target_cluster(args, settle=False) as target:
+        result = anyio.run(drive, target.namesrv, args.topic, args)
+        result.update(target.info)
         return result
-    from chaos.cluster import LocalCluster
-
-    with tempfile.TemporaryDirectory(prefix="raftmq-bench-") as tmp:
-        with LocalCluster(Path(tmp), nodes=3, groups=args.groups, fsync=args.fsync) as cluster:
-            cluster.wait_ready(timeout=60)
-            result = anyio.run(_drive, cluster.namesrv_addr, topic, args)
-            result.update(cluster="local", nodes=3, groups=args.groups, replicas=3,
-                          fsync=args.fsync)
-            return result
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="raftmq bench produce", description=__doc__.split("\n\n")[0])
-    p.add_argument("--namesrv", help="use a running cluster instead of starting one")
     p.add_argument("--messages", type=int, default=200_000)
     p.add_argument("--size", type=int, default=100, help="message body bytes (default 100)")
     p.add_argument("--topic", default="bench")
     p.add_argument("--queues", type=int, default=12)
-    p.add_argument("--groups", type=int, default=3)
-    p.add_argument("--in-flight", type=int, default=8192, help="messages awaiting their ack")
-    p.add_argument("--batches-in-flight", type=int, default=4, help="batches per queue in flight")
-    p.add_argument("--batch", type=int, default=512, help="max messages per batch")
-    p.add_argument("--linger-ms", type=float, default=2.0)
-    p.add_argument("--fsync", choices=["always", "interval"], default="always")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_producer_args(p)
+    add_cluster_args(p)
     return p
 
 

@@ -24,15 +24,44 @@ def _produce(argv: list[str]) -> int:
     return produce_main(argv)
 
 
+def _e2e(argv: list[str]) -> int:
+    from bench.e2e import main as e2e_main
+
+    return e2e_main(argv)
+
+
+def _consume(argv: list[str]) -> int:
+    from bench.consume import main as consume_main
+
+    return consume_main(argv)
+
+
+def _topics(argv: list[str]) -> int:
+    from bench.topics import main as topics_main
+
+    return topics_main(argv)
+
+
+def _failover(argv: list[str]) -> int:
+    from bench.failover import main as failover_main
+
+    return failover_main(argv)
+
+
+# Each benchmark is imported only when run: they pull in the cluster harness and rich.
 BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "produce": (_produce, "produce throughput and ack latency (SDK Producer, real nodes)"),
+    "e2e": (_e2e, "send -> receive and send -> ack latency at a fixed rate"),
+    "consume": (_consume, "consume throughput, hot and cold data; --catch-up under load"),
+    "topics": (_topics, "produce throughput over 1 ... 10,000 topics, and creation time"),
+    "failover": (_failover, "kill -9 a group leader under load: time until acks resume"),
 }
 
 
 def _usage() -> str:
     lines = [f"usage: {PROG} BENCHMARK [ARGS]   (`{PROG} BENCHMARK --help` for its options)",
              "", "benchmarks:"]
-    lines += [f"  {name:<8} {summary}" for name, (_, summary) in BENCHMARKS.items()]
+    lines += [f"  {name:<9} {summary}" for name, (_, summary) in BENCHMARKS.items()]
     return "\n".join(lines)
 
 

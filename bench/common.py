@@ -1,0 +1,352 @@
+"""What the cluster benchmarks share: a cluster to run against, pacing, percentiles, output.
+
+Every benchmark either starts its own cluster on loopback (three node processes, three
+groups of three replicas, `fsync=always`, leaders spread one per node) and stops every
+process it started, or uses a running one named by `--namesrv`. The figures of a run are
+only comparable with the conditions they were measured under, so each result carries the
+cluster layout and the machine's CPU count and load average at the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from chaos.cluster import LocalCluster
+    from raftmq.client import Admin
+
+__all__ = [
+    "READY_TIMEOUT",
+    "Pacer",
+    "Target",
+    "add_cluster_args",
+    "create_topics",
+    "emit",
+    "freeze_gc",
+    "latency_ms",
+    "machine",
+    "percentile",
+    "progress",
+    "progress_delta",
+    "raft_progress",
+    "run_id",
+    "add_producer_args",
+    "run_on_target",
+    "target_cluster",
+    "wait_preferred_leaders",
+]
+
+READY_TIMEOUT = 60.0  # generous: the machine may be shared with other runs
+
+
+# ---------------------------------------------------------------- statistics
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """The nearest-rank `p`th percentile of already sorted values (0.0 for none)."""
+    if not sorted_values:
+        return 0.0
+    k = min(len(sorted_values) - 1, int(p / 100 * len(sorted_values)))
+    return sorted_values[k]
+
+
+_POINTS = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p999": 99.9, "max": 100.0}
+
+
+def latency_ms(
+    seconds: Sequence[float], points: Sequence[str] = ("p50", "p99", "p999")
+) -> dict[str, float]:
+    """Percentiles of latencies given in seconds, in milliseconds rounded to 0.01."""
+    ordered = sorted(seconds)
+    return {name: round(percentile(ordered, _POINTS[name]) * 1000, 2) for name in points}
+
+
+def machine() -> dict[str, Any]:
+    """What the figures depend on besides the code: CPUs and how busy they already were."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {"cpus": os.cpu_count(), "loadavg_1m": round(load[0], 2),
+            "python": platform.python_version()}
+
+
+def run_id() -> str:
+    """A short random suffix, so names of one run never meet those of an earlier one on
+    a shared cluster."""
+    return uuid.uuid4().hex[:8]
+
+
+def freeze_gc() -> None:
+    """Everything alive now (interpreter, modules, clients) is long-lived: keep the
+    collector from rescanning it while many sends are in flight."""
+    gc.collect()
+    gc.freeze()
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+@dataclass
+class Target:
+    """The cluster a benchmark drives: its name server, how it was set up (merged into
+    the result) and, when the benchmark started it, the `LocalCluster` itself."""
+
+    namesrv: str
+    info: dict[str, Any]
+    local: LocalCluster | None = None
+    data_dirs: list[Path] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=dict)  # as found before the run
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """The options every cluster benchmark has: where the cluster is, its shape, output."""
+    p.add_argument("--namesrv", help="use a running cluster instead of starting one")
+    p.add_argument("--groups", type=int, default=3, help="groups of the local cluster")
+    p.add_argument("--fsync", choices=["always", "interval"], default="always")
+    p.add_argument("--data-dir", type=Path,
+                   help="parent of the local cluster's temporary directory (default: $TMPDIR)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_producer_args(p: argparse.ArgumentParser) -> None:
+    """The producer's window and batching options, shared by the load-driving benchmarks."""
+    p.add_argument("--in-flight", type=int, default=8192, help="messages awaiting their ack")
+    p.add_argument("--batches-in-flight", type=int, default=4, help="batches per queue in flight")
+    p.add_argument("--batch", type=int, default=512, help="max messages per batch")
+    p.add_argument("--linger-ms", type=float, default=2.0)
+
+
+def run_on_target(
+    args: argparse.Namespace, drive: Callable[[Target, argparse.Namespace], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    """Run `drive` against `--namesrv` or a local cluster started (and stopped) here, and
+    add how the cluster was set up and the machine's state to its result."""
+    with target_cluster(args) as target:
+        result = anyio.run(drive, target, args)
+        result.update(target.info, machine=target.machine)
+        return result
+
+
+@contextmanager
+def target_cluster(
+    args: argparse.Namespace,
+    *,
+    tick_ms: int | None = None,
+    node_overrides: dict[str | int, Any] | None = None,
+    settle: bool = True,
+) -> Iterator[Target]:
+    """The running cluster of `--namesrv`, or a local one started here and stopped (with
+    its data removed) on the way out, whatever happens in between. With `settle`, a local
+    cluster is handed over only once its preferred leaders lead (one group per node)."""
+    conditions = machine()
+    if args.namesrv:
+        yield Target(args.namesrv, {"cluster": "external", "namesrv": args.namesrv},
+                     machine=conditions)
+        return
+    from chaos.cluster import LocalCluster
+
+    parent = getattr(args, "data_dir", None)
+    if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    extra: dict[str, Any] = {} if tick_ms is None else {"tick_ms": tick_ms}
+    with tempfile.TemporaryDirectory(prefix="raftmq-bench-", dir=parent) as tmp:
+        with LocalCluster(Path(tmp), nodes=3, groups=args.groups, fsync=args.fsync,
+                          node_overrides=node_overrides, **extra) as cluster:
+            cluster.wait_ready(timeout=READY_TIMEOUT)
+            if settle:
+                wait_preferred_leaders(cluster)
+            info = {"cluster": "local", "nodes": 3, "groups": args.groups, "replicas": 3,
+                    "fsync": args.fsync}
+            yield Target(cluster.namesrv_addr, info, cluster, [c.data for c in cluster.configs],
+                         conditions)
+
+
+def wait_preferred_leaders(cluster: LocalCluster, timeout: float = READY_TIMEOUT) -> float:
+    """Block until every group is led by its preferred leader, running; seconds it took.
+
+    Benchmarks start measuring only then, so a leadership hand-over that follows start-up
+    (or a restart) is not mistaken for the system's steady state."""
+    from broker.protocol import RequestError
+
+    want = {g.id: g.preferred_leader for g in cluster.groups}
+    t0 = time.monotonic()
+    last: dict[str, int | None] = {}
+    while True:
+        try:
+            last = cluster.leaders(timeout=2.0)
+        except (OSError, RequestError):
+            pass
+        else:
+            if all(last.get(g) == n and (n is None or cluster.is_running(n))
+                   for g, n in want.items()):
+                return time.monotonic() - t0
+        if time.monotonic() - t0 >= timeout:
+            raise TimeoutError(f"preferred leaders {want} not back after {timeout} s: {last}")
+        time.sleep(0.05)
+
+
+async def create_topics(
+    admin: Admin, names: Sequence[str], queues: int, *, concurrency: int = 64,
+    wait: float = 120.0,
+) -> dict[str, Any]:
+    """Create `names` (`queues` queues each, spread over every group as `Admin` does) with
+    at most `concurrency` creations in flight, then wait until the name servers route all.
+
+    Each creation is one CREATE_TOPIC per hosting group, sent straight to the group's
+    leader: `Admin.create_topic` first fetches the name server's whole CLUSTER view, which
+    lists every topic of every group, so creating thousands of topics through it costs
+    quadratic time (and times out beyond about two thousand). Returns seconds to commit
+    every creation (`create_s`), then to see every route (`route_s`), and how many of
+    the topics the name servers route (`routed`) when `wait` ran out before all were.
+    """
+    from broker.protocol import Code, Op, RequestError
+    from raftmq.client.admin import place_queues
+
+    cluster = await admin.describe_cluster()
+    groups = sorted(str(g) for g in (cluster.get("groups") or {}))
+    if not groups:
+        raise RequestError(Code.UNKNOWN_GROUP, "the name servers know no live group")
+    placement = place_queues(queues, groups)
+    limiter = anyio.CapacityLimiter(concurrency)
+    routes = admin.routes
+
+    async def create(topic: str) -> None:
+        async with limiter:
+            for group, hosted in placement.items():
+                header = {"g": group, "topic": topic, "queues": queues, "hosted": hosted}
+                try:
+                    await routes.call_group(group, Op.CREATE_TOPIC, header, attempts=6)
+                except RequestError as exc:  # a retried creation that had been applied
+                    if exc.code != Code.TOPIC_EXISTS or not exc.extra.get("same"):
+                        raise
+
+    seen: set[str] = set()
+
+    async def routed(topic: str) -> None:
+        async with limiter:
+            while True:
+                try:
+                    route = await routes.route(topic, refresh=True)
+                    if route.total == queues and len(route.queues) == queues:
+                        seen.add(topic)
+                        return
+                except RequestError as exc:
+                    if exc.code != Code.UNKNOWN_TOPIC and not exc.retriable:
+                        raise
+                await anyio.sleep(0.1)
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(create, name)
+    t1 = time.perf_counter()
+    with anyio.move_on_after(wait):
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(routed, name)
+    t2 = time.perf_counter()
+    return {"create_s": round(t1 - t0, 3), "route_s": round(t2 - t1, 3), "routed": len(seen)}
+
+
+async def raft_progress(admin: Admin) -> dict[str, Any]:
+    """Each group's highest term and commit index and the fsyncs of every replica, from
+    every node's STATUS: two of these around a run say how many Raft entries (hence
+    messages per entry), elections and fsyncs the run cost."""
+    from broker.protocol import RequestError
+    from raftmq.client.routes import node_addresses
+
+    terms: dict[str, int] = {}
+    commits: dict[str, int] = {}
+    fsyncs = 0
+    for addr in node_addresses(await admin.describe_cluster()):
+        try:
+            status = await admin.node_status(addr)
+        except RequestError:
+            continue
+        for gid, g in (status.get("groups") or {}).items():
+            terms[gid] = max(terms.get(gid, 0), int(g.get("term") or 0))
+            commits[gid] = max(commits.get(gid, 0), int(g.get("commit") or 0))
+            fsyncs += int(g.get("fsyncs") or 0)
+    return {"term": terms, "commit": commits, "fsyncs": fsyncs}
+
+
+def progress_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """Raft entries committed, elections held and fsyncs made between two `raft_progress`
+    snapshots (a restarted node's fsync count starts again, so that one is a floor)."""
+    def grew(key: str) -> int:
+        return sum(max(0, v - before[key].get(g, v)) for g, v in after[key].items())
+
+    return {"entries": grew("commit"), "elections": grew("term"),
+            "fsyncs": max(0, after["fsyncs"] - before["fsyncs"])}
+
+
+# ---------------------------------------------------------------- pacing
+
+
+class Pacer:
+    """Releases sends at a fixed rate (or as fast as asked, for rate 0).
+
+    `await due()` returns how many sends are due now, sleeping until at least one is.
+    Sleeping at most once per `tick` (1 ms) keeps the event loop from waking for every
+    message at high rates; each send's scheduled time is `scheduled(i)`, so how far the
+    sender fell behind its schedule can be reported next to the latencies.
+    """
+
+    def __init__(self, rate: float, *, tick: float = 0.001, burst: int = 64) -> None:
+        if rate < 0:
+            raise ValueError("rate must not be negative")
+        self.rate = rate
+        self.tick = tick
+        self.burst = burst
+        self.released = 0
+        self.start = time.perf_counter()
+
+    def scheduled(self, i: int) -> float:
+        return self.start + i / self.rate if self.rate else self.start
+
+    async def due(self) -> int:
+        if not self.rate:
+            await anyio.sleep(0)  # a checkpoint, so other tasks run between bursts
+            self.released += self.burst
+            return self.burst
+        while True:
+            now = time.perf_counter()
+            n = int((now - self.start) * self.rate) + 1 - self.released
+            if n > 0:
+                self.released += n
+                return n
+            await anyio.sleep(max(self.tick, self.scheduled(self.released) - now))
+
+
+# ---------------------------------------------------------------- output
+
+
+def progress(benchmark: str, message: str) -> None:
+    """A line on stderr, so a long run shows where it is without touching the JSON."""
+    print(f"[{benchmark}] {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
+
+def emit(result: dict[str, Any], as_json: bool, table: Callable[[dict[str, Any]], Table]) -> None:
+    """Print the result: one JSON object on stdout, or the benchmark's rich table."""
+    if as_json:
+        print(json.dumps(result))
+        sys.stdout.flush()
+        return
+    from rich.console import Console
+
+    Console().print(table(result))

@@ -1,0 +1,296 @@
+"""End-to-end latency at a fixed produce rate: send -> acknowledgement and send -> receipt.
+
+A producer sends at `--rate` messages per second (open loop: the schedule does not wait
+for acknowledgements) while a consumer in the same process receives, so one clock serves
+both ends: each body starts with its send time (`time.perf_counter()`) and sequence
+number. Without `--rate`, a quick maximum-throughput run (`bench.produce` with its
+defaults on a separate topic) comes first and the rate is `--fraction` (half) of it: the
+issue's target is a p99 acknowledgement latency of at most 10 ms at half of the maximum
+throughput, so both latencies are reported. The first `--warmup` seconds are sent but not
+counted. The consumer is a `PushConsumer` (`--consumer push`, what applications use) or a
+`PullConsumer` long-polling every queue (`--consumer pull`).
+
+Latencies start when `send_async` is called; how far the sender ran behind its schedule
+(`schedule_lag_ms`) is reported beside them, so a saturated sender is visible instead of
+hiding in the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from .common import (
+    Pacer,
+    add_cluster_args,
+    emit,
+    freeze_gc,
+    latency_ms,
+    progress_delta,
+    raft_progress,
+    run_id,
+    run_on_target,
+)
+
+__all__ = ["build_parser", "main", "run_e2e"]
+
+STAMP = struct.Struct(">dQ")  # send time (perf_counter seconds), sequence number
+ACK_P99_TARGET_MS = 10.0
+POINTS = ("p50", "p99", "p999", "max")
+
+
+class _Run:
+    """What one run saw; sequence numbers below `first` belong to the warm-up, those from
+    `end` on to the message that taught the producer its routes."""
+
+    def __init__(self, first: int, end: int) -> None:
+        self.first = first
+        self.end = end
+        self.ack: list[float] = []
+        self.e2e: list[float] = []
+        self.lag: list[float] = []
+        self.acked: set[int] = set()
+        self.received: set[int] = set()
+        self.duplicates = 0
+        self.errors: list[str] = []
+
+    def on_messages(self, bodies: list[bytes]) -> None:
+        now = time.perf_counter()
+        for body in bodies:
+            sent, seq = STAMP.unpack_from(body)
+            if seq >= self.end:
+                continue  # the route-learning message
+            if seq in self.received:
+                self.duplicates += 1
+                continue
+            self.received.add(seq)
+            if seq >= self.first:
+                self.e2e.append(now - sent)
+
+
+async def _max_rate(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The quick maximum-throughput measurement the default rate is derived from."""
+    from . import produce
+
+    pargs = produce.build_parser().parse_args(
+        ["--messages", str(args.probe_messages), "--size", str(args.size),
+         "--queues", str(args.queues)])
+    return await produce.drive(namesrv, f"{args.topic}-max-{run_id()}", pargs)
+
+
+async def _pull_readers(namesrv: str, group: str, topic: str, queues: int, run: _Run,
+                        args: argparse.Namespace, ready: anyio.Event) -> None:
+    """One long-polling reader per queue until cancelled."""
+    from raftmq.client import PullConsumer, RequestError
+
+    async with PullConsumer(namesrv, group, start_from="first") as consumer:
+
+        async def read(q: int) -> None:
+            while True:
+                try:
+                    res = await consumer.pull(topic, q, max=args.pull_batch,
+                                              wait_ms=args.long_poll_ms)
+                except RequestError as exc:
+                    if not exc.retriable:
+                        raise
+                    await anyio.sleep(0.05)
+                    continue
+                run.on_messages([m.body for m in res.messages])
+
+        async with anyio.create_task_group() as tg:
+            for q in range(queues):
+                tg.start_soon(read, q)
+            ready.set()
+
+
+async def _drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
+    async with AsyncExitStack() as stack:
+        return await _measure(stack, namesrv, args)
+
+
+async def _measure(stack: AsyncExitStack, namesrv: str, args: argparse.Namespace
+                   ) -> dict[str, Any]:
+    from raftmq.client import Admin, Message, Producer, PushConsumer, SendFuture, SendResult
+
+    probe = None
+    rate = args.rate
+    if not rate:
+        probe = await _max_rate(namesrv, args)
+        rate = round(probe["msgs_per_s"] * args.fraction, 1)
+    topic = f"{args.topic}-{run_id()}"
+    admin = await stack.enter_async_context(Admin(namesrv))
+    await admin.create_topic(topic, args.queues)
+
+    warm_n = int(rate * args.warmup)
+    total = warm_n + max(1, int(rate * args.duration))
+    run = _Run(warm_n, total)
+    pad = b"\0" * max(0, args.size - STAMP.size)
+    group = f"e2e-{run_id()}"
+
+    async def handle(msgs: list[Message]) -> None:
+        run.on_messages([m.body for m in msgs])
+
+    async with anyio.create_task_group() as tg:
+        if args.consumer == "push":
+            push = PushConsumer(namesrv, group, [topic], handle, pull_batch=args.pull_batch,
+                                consume_batch=args.pull_batch, long_poll_ms=args.long_poll_ms)
+            await tg.start(_hold, push)
+            with anyio.fail_after(30):
+                while len(push.assignment()) < args.queues:
+                    await anyio.sleep(0.05)
+        else:
+            ready = anyio.Event()
+            tg.start_soon(_pull_readers, namesrv, group, topic, args.queues, run, args, ready)
+            await ready.wait()
+
+        async with Producer(namesrv, linger_ms=args.linger_ms, batch_max_messages=args.batch,
+                            max_in_flight=args.batches_in_flight,
+                            max_pending=args.max_pending) as producer:
+            await producer.send(topic, STAMP.pack(time.perf_counter(), total) + pad)  # routes
+            freeze_gc()
+
+            def on_ack(seq: int, t0: float) -> Callable[[SendFuture[SendResult]], None]:
+                def done(fut: SendFuture[SendResult]) -> None:
+                    if fut.exception() is not None:
+                        run.errors.append(repr(fut.exception()))
+                        return
+                    run.acked.add(seq)
+                    if seq >= warm_n:
+                        run.ack.append(time.perf_counter() - t0)
+                return done
+
+            before = await raft_progress(admin)
+            pacer = Pacer(rate)
+            seq = 0
+            t_first = t_last = 0.0
+            while seq < total:
+                n = min(await pacer.due(), total - seq)
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    if seq == warm_n:
+                        t_first = t0
+                    if seq >= warm_n:
+                        run.lag.append(max(0.0, t0 - pacer.scheduled(seq)))
+                    await producer.send_async(topic, STAMP.pack(t0, seq) + pad,
+                                              callback=on_ack(seq, t0))
+                    seq += 1
+            t_last = time.perf_counter()
+            await producer.flush()
+            cost = progress_delta(before, await raft_progress(admin))
+
+        with anyio.move_on_after(args.drain_timeout):
+            while not run.acked <= run.received:
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+
+    measured = total - warm_n
+    achieved = measured / (t_last - t_first) if t_last > t_first else 0.0
+    ack = latency_ms(run.ack, POINTS)
+    return {
+        "benchmark": "e2e",
+        "rate_msgs_per_s": rate,
+        "rate_source": "given" if args.rate else f"{args.fraction:g} x measured max",
+        "max_msgs_per_s": probe["msgs_per_s"] if probe else None,
+        "achieved_msgs_per_s": round(achieved, 1),
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "size_bytes": args.size,
+        "queues": args.queues,
+        "consumer": args.consumer,
+        "sent": total,
+        "acked": len(run.acked),
+        "errors": len(run.errors),
+        "first_error": run.errors[0] if run.errors else None,
+        "received": len(run.received),
+        "missing": len(run.acked - run.received),
+        "duplicates": run.duplicates,
+        "e2e_latency_ms": latency_ms(run.e2e, POINTS),
+        "ack_latency_ms": ack,
+        "schedule_lag_ms": latency_ms(run.lag, ("p50", "p99", "max")),
+        "target": {"ack_p99_ms": ACK_P99_TARGET_MS, "met": 0 < ack["p99"] <= ACK_P99_TARGET_MS},
+        "linger_ms": args.linger_ms,
+        "batch_max_messages": args.batch,
+        "batches_in_flight": args.batches_in_flight,
+        # what the cluster spent on the whole run (warm-up included): per-entry work
+        # and fsyncs are what each acknowledgement waits for
+        "raft_entries": cost["entries"],
+        "msgs_per_entry": round(total / cost["entries"], 1) if cost["entries"] else None,
+        "elections": cost["elections"],
+        "fsyncs": cost["fsyncs"],
+    }
+
+
+async def _hold(push: Any, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+    """Keep the push consumer open until the task group is cancelled."""
+    async with push:
+        task_status.started()
+        await anyio.sleep_forever()
+
+
+def run_e2e(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the benchmark against `--namesrv` or a local cluster started (and stopped) here."""
+    return run_on_target(args, lambda target, a: _drive(target.namesrv, a))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raftmq bench e2e", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="messages per second (default: --fraction of a quick max measurement)")
+    p.add_argument("--fraction", type=float, default=0.5,
+                   help="share of the measured maximum to send at when --rate is not given")
+    p.add_argument("--probe-messages", type=int, default=20_000,
+                   help="messages of the quick maximum measurement")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds sent before measuring")
+    p.add_argument("--size", type=int, default=100, help="message body bytes (at least 16)")
+    p.add_argument("--topic", default="e2e")
+    p.add_argument("--queues", type=int, default=12)
+    p.add_argument("--consumer", choices=["push", "pull"], default="push")
+    p.add_argument("--pull-batch", type=int, default=32, help="messages per FETCH")
+    p.add_argument("--long-poll-ms", type=int, default=15_000)
+    p.add_argument("--linger-ms", type=float, default=1.0)
+    p.add_argument("--batch", type=int, default=512, help="max messages per batch")
+    p.add_argument("--batches-in-flight", type=int, default=4, help="batches per queue in flight")
+    p.add_argument("--max-pending", type=int, default=100_000,
+                   help="unacknowledged sends before send_async waits")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds to wait for the consumer to receive every acknowledged message")
+    add_cluster_args(p)
+    return p
+
+
+def _table(r: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"e2e: {r['rate_msgs_per_s']:,.0f} msgs/s ({r['rate_source']}), "
+                    f"{r['size_bytes']} B, {r['consumer']} consumer")
+    for col in ("latency", "p50 ms", "p99 ms", "p999 ms", "max ms"):
+        t.add_column(col, justify="right")
+    for name, key in (("send -> ack", "ack_latency_ms"), ("send -> receive", "e2e_latency_ms")):
+        lat = r[key]
+        t.add_row(name, str(lat["p50"]), str(lat["p99"]), str(lat["p999"]), str(lat["max"]))
+    t.caption = (f"achieved {r['achieved_msgs_per_s']:,.0f} msgs/s; acked {r['acked']:,}, "
+                 f"received {r['received']:,}, missing {r['missing']}, errors {r['errors']}; "
+                 f"p99 ack <= {ACK_P99_TARGET_MS:g} ms: {'met' if r['target']['met'] else 'not met'}")
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.size < STAMP.size:
+        build_parser().error(f"--size must be at least {STAMP.size} (the send stamp)")
+    result = run_e2e(args)
+    emit(result, args.json, _table)
+    return 0 if result["errors"] == 0 and result["missing"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""The cluster benchmarks (`bench.e2e`, `bench.consume`, `bench.topics`, `bench.failover`,
+and `bench.produce`'s result contract), each run once at a tiny size.
+
+One cluster of real processes serves the whole module: the benchmarks reach it through
+`--namesrv`, except failover, which is handed the `LocalCluster` itself because it kills
+and restarts nodes (it runs last and leaves the preferred leaders back in place). Only
+the shape of each JSON result and the sanity of its values are checked (counts add up,
+latencies and rates are positive): how fast anything is never decides a test here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import consume, e2e, failover, produce, topics
+from bench.common import Pacer, latency_ms, percentile, wait_preferred_leaders
+from chaos.cluster import LocalCluster
+from raftmq.commands.bench import BENCHMARKS
+from raftmq.commands.bench import main as bench_main
+
+pytest.importorskip("broker.node")
+
+READY_TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path_factory.mktemp("bench") / "cluster")
+    c.start()
+    try:
+        c.wait_ready(timeout=READY_TIMEOUT)
+        wait_preferred_leaders(c)
+        yield c
+    finally:
+        c.stop()
+
+
+def _run(capsys: pytest.CaptureFixture[str], main: Any, argv: list[str]) -> dict[str, Any]:
+    """Run a benchmark's `main(argv)`; its exit code and its one JSON line."""
+    code = main(argv)
+    out = capsys.readouterr().out.strip().splitlines()
+    result: dict[str, Any] = json.loads(out[-1])
+    result["_exit"] = code
+    return result
+
+
+def _positive_latencies(lat: dict[str, float]) -> None:
+    assert set(lat) >= {"p50", "p99"}
+    assert 0 < lat["p50"] <= lat["p99"]
+
+
+# ------------------------------------------------------------------ pure helpers
+
+
+def test_percentile_and_latency_summary() -> None:
+    values = [i / 1000 for i in range(1, 1001)]  # 1 ms ... 1000 ms
+    assert percentile([], 99) == 0.0
+    assert percentile(values, 50) == 0.501
+    assert latency_ms(values, ("p50", "p99", "max")) == {"p50": 501.0, "p99": 991.0,
+                                                          "max": 1000.0}
+
+
+def test_pacer_releases_at_its_rate() -> None:
+    import anyio
+
+    async def count(rate: float, seconds: float) -> int:
+        pacer = Pacer(rate)
+        released = 0
+        with anyio.move_on_after(seconds):
+            while True:
+                released += await pacer.due()
+        return released
+
+    # never ahead of schedule (one send is due at the start)
+    assert 1 <= anyio.run(count, 1000.0, 0.2) <= 1000 * 0.2 + 1 + 1000 * 0.05
+
+
+def test_every_benchmark_is_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(BENCHMARKS) >= {"produce", "e2e", "consume", "topics", "failover"}
+    assert bench_main([]) == 2
+    usage = capsys.readouterr().err
+    assert all(name in usage for name in ("e2e", "consume", "topics", "failover"))
+
+
+# ------------------------------------------------------------------ against the cluster
+
+
+def test_produce_result_keys(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """Other benchmarks and tools read these keys: they stay as they are."""
+    r = _run(capsys, produce.main, ["--namesrv", cluster.namesrv_addr, "--messages", "300",
+                                    "--queues", "3", "--json"])
+    assert r["_exit"] == 0
+    assert set(r) - {"_exit"} == {
+        "benchmark", "messages", "acknowledged", "errors", "first_error", "size_bytes",
+        "seconds", "msgs_per_s", "mb_per_s", "latency_ms", "in_flight", "batch_max_messages",
+        "linger_ms", "queues", "cluster", "namesrv"}
+    assert r["acknowledged"] == 300 and set(r["latency_ms"]) == {"p50", "p99", "p999"}
+
+
+def test_e2e(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    # no --rate: the quick max measurement sets it
+    r = _run(capsys, e2e.main, ["--namesrv", cluster.namesrv_addr, "--probe-messages", "1000",
+                                "--fraction", "0.1", "--duration", "1", "--warmup", "0.3",
+                                "--queues", "3", "--json"])
+    assert r["_exit"] == 0, r
+    assert r["benchmark"] == "e2e" and r["cluster"] == "external"
+    assert r["rate_source"] == "0.1 x measured max" and r["max_msgs_per_s"] > 0
+    assert r["rate_msgs_per_s"] == pytest.approx(r["max_msgs_per_s"] * 0.1, rel=0.01)
+    assert r["acked"] == r["sent"] == r["received"]
+    assert r["missing"] == r["errors"] == r["duplicates"] == 0
+    _positive_latencies(r["ack_latency_ms"])
+    _positive_latencies(r["e2e_latency_ms"])
+    assert r["achieved_msgs_per_s"] > 0
+    assert set(r["target"]) == {"ack_p99_ms", "met"}
+
+
+def test_e2e_pull_consumer_at_a_given_rate(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = _run(capsys, e2e.main, ["--namesrv", cluster.namesrv_addr, "--rate", "300",
+                                "--duration", "1", "--warmup", "0.2", "--queues", "3",
+                                "--consumer", "pull", "--json"])
+    assert r["_exit"] == 0, r
+    assert r["rate_source"] == "given" and r["max_msgs_per_s"] is None
+    assert r["sent"] == int(300 * 0.2) + 300 == r["received"]
+    _positive_latencies(r["e2e_latency_ms"])
+
+
+def _node_data(cluster: LocalCluster) -> list[str]:
+    return [arg for c in cluster.configs for arg in ("--node-data", str(c.data))]
+
+
+def test_consume_hot_and_cold(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(capsys, consume.main, ["--namesrv", cluster.namesrv_addr, "--messages", "600",
+                                    "--size", "1024", "--queues", "3", "--consumers", "2",
+                                    "--cold-method", "fadvise", *_node_data(cluster), "--json"])
+    assert r["_exit"] == 0 and r["mode"] == "hot_cold"
+    assert r["messages"] == r["fill"]["messages"] == 600
+    for phase in (r["hot"], r["cold"]):
+        assert phase["messages"] == 600
+        assert phase["mb"] == pytest.approx(600 * 1024 / 1e6, abs=0.1)
+        assert phase["msgs_per_s"] > 0 and phase["mb_per_s"] > 0
+    ev = r["eviction"]
+    assert ev["method"] == "fadvise" and ev["files"] > 0
+    if ev["resident_mb_before"] is not None:  # mincore answered
+        assert ev["resident_mb_after"] <= ev["resident_mb_before"]
+
+
+def test_consume_catch_up(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(capsys, consume.main, ["--namesrv", cluster.namesrv_addr, "--catch-up",
+                                    "--backlog-gb", "0.002", "--size", "4096", "--queues", "3",
+                                    "--producer-rate", "200", "--producer-warmup", "0.5",
+                                    "--baseline-seconds", "1", "--cold-method", "fadvise",
+                                    *_node_data(cluster), "--json"])
+    assert r["_exit"] == 0 and r["mode"] == "catch_up"
+    built = r["backlog_build"]["messages"]
+    assert built == -(-2_000_000 // 4096)
+    read = r["catch_up_read"]
+    assert read["messages"] >= built  # plus what the producers added before the read
+    assert read["mb_per_s"] > 0
+    assert r["producers_alone_before"]["msgs_per_s"] > 0
+    assert r["producers_alone_after"]["msgs_per_s"] > 0
+    # the tiny catch-up may end before the producers report twice: then no rate is given
+    assert r["producers_during_catch_up"]["errors"] in (0, None)
+    assert r["producer_fraction"] is None or r["producer_fraction"] >= 0
+    assert set(r["target"]) == {"read_mb_per_s", "producer_fraction", "met"}
+
+
+def test_topics(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(capsys, topics.main, ["--namesrv", cluster.namesrv_addr, "--topics", "5,1",
+                                   "--messages", "500", "--queues", "2", "--json"])
+    assert r["_exit"] == 0 and r["errors"] == 0 and r["failed_phase"] is None
+    assert [p["topics"] for p in r["phases"]] == [1, 5]
+    assert [p["created"] for p in r["phases"]] == [1, 4]
+    for p in r["phases"]:
+        assert p["acknowledged"] == 500 and p["msgs_per_s"] > 0
+        assert p["create_s"] >= 0 and p["route_s"] >= 0
+        assert p["raft_entries"] > 0 and p["msgs_per_entry"] > 0
+        _positive_latencies(p["latency_ms"])
+    assert r["phases"][0]["ratio_to_one_topic"] == 1.0
+    assert r["target"]["met"] is None  # no 10,000-topic phase to judge
+
+
+def test_failover_one_kill(cluster: LocalCluster) -> None:
+    """Last: it kills a leader and restarts it (the preferred leaders come back)."""
+    args = failover.build_parser().parse_args(["--kills", "1", "--rate", "200"])
+    r = failover.run_failover(args, cluster)
+    assert r["kills"] == r["resumed"] == 1 and r["errors"] == 0
+    (sample,) = r["samples"]
+    assert sample["group"] == "g0" and sample["killed_node"] in cluster.node_ids
+    assert sample["resume_s"] > 0 and sample["new_leader"] != sample["killed_node"]
+    assert r["resume_s"]["p50"] == r["resume_s"]["max"] == sample["resume_s"]
+    assert r["acked"] > 0
+    assert {g.id: g.preferred_leader for g in cluster.groups} == cluster.leaders()
+    assert not cluster.unexpected_exits()
+    json.dumps(r)  # one JSON object
+
+
+def test_failover_refuses_an_external_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        failover.main(["--namesrv", "127.0.0.1:1", "--json"])
+    assert "starts its own cluster" in capsys.readouterr().err
+
+
+def test_cluster_data_dirs_hold_commitlog_files(cluster: LocalCluster) -> None:
+    files = consume.commitlog_files([Path(c.data) for c in cluster.configs])
+    assert files and all(p.parent.name == "commitlog" for p in files)
