@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint sim bench clean
+.PHONY: run test lint sim bench bench-peers bench-peers-deps clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,9 +30,38 @@ test: $(VENV)/.test
 sim: $(VENV)/.base
 	$(PY) -m raftlog.sim --seeds 200 --steps 3000 --json
 
+# The quick versions of every benchmark, one JSON object each (each cluster benchmark
+# starts and stops its own 3-node cluster); see `raftmq bench BENCHMARK --help` for sizes.
+# A benchmark whose run saw failed sends exits 1 after printing its JSON; the rest still run.
 bench: $(VENV)/.bench
 	$(PY) -m bench.storage --json
 	$(PY) -m bench.produce --json
+	-$(PY) -m bench.e2e --json
+	-$(PY) -m bench.consume --json
+	-$(PY) -m bench.consume --catch-up --json
+	-$(PY) -m bench.topics --json
+	-$(PY) -m bench.failover --json
+
+# The peer systems' servers, from Debian packages; as root or through sudo; skipped when
+# all are installed already. Their Python clients come with the `bench` extra.
+PEER_PACKAGES := nats-server rabbitmq-server etcd-server
+
+bench-peers-deps:
+	@if dpkg-query -W -f='$${Status}\n' $(PEER_PACKAGES) 2>/dev/null \
+		| grep -c '^install ok installed$$' | grep -qx $(words $(PEER_PACKAGES)); then \
+		echo "bench-peers-deps: $(PEER_PACKAGES) already installed"; exit 0; fi; \
+	if [ "$$(id -u)" -eq 0 ]; then SUDO=; \
+	elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
+	else echo "bench-peers-deps: run as root or install sudo to install $(PEER_PACKAGES)" >&2; \
+		exit 1; fi; \
+	set -x; $$SUDO apt-get update && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y $(PEER_PACKAGES)
+
+# Our produce benchmark and the peers' under the same load; BENCH_PEERS_ARGS adds options,
+# e.g. BENCH_PEERS_ARGS="--only nats,etcd --in-flight 1024".
+BENCH_PEERS_ARGS ?=
+bench-peers: $(VENV)/.bench bench-peers-deps
+	$(PY) -m bench.peers --json $(BENCH_PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
