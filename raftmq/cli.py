@@ -106,7 +106,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "lag": (_lag, "how far a consumer group is behind, per queue"),
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
-    "bench": (_bench, "benchmarks against a cluster: `bench produce`"),
+    "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover`"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
     "chaos": (_chaos, "fault-injection runs (`chaos run`) and history checks (`chaos check`)"),
