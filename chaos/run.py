@@ -26,7 +26,7 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,6 @@ class RunOptions:
     ready_timeout: float = 60.0
     drain_timeout: float = 120.0
     tick_ms: int = 100
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         if self.nodes not in (3, 5):
@@ -163,13 +162,15 @@ def run_chaos(opts: RunOptions) -> dict[str, Any]:
         out / "history.jsonl", queue_groups=facts["queue_groups"], check_timeout=opts.check_timeout
     )
     results = dict(analysis.results)
-    problems = list(results.get("problems", []))
+    harness_problems = []
     if facts.get("unexpected_exits"):
-        problems.append(f"nodes exited on their own: {facts['unexpected_exits']}")
+        harness_problems.append(f"nodes exited on their own: {facts['unexpected_exits']}")
     if not facts.get("drained", False):
-        problems.append("the final drain did not reach the end of every queue")
-    results["valid"] = bool(results.get("valid")) and not problems[len(results.get("problems", [])):]
-    results["problems"] = problems
+        harness_problems.append("the final drain did not reach the end of every queue")
+    if harness_problems:
+        results["valid"] = False
+        results["verdict"] = "invalid"
+        results["problems"] = [*results.get("problems", []), *harness_problems]
     results["options"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
     results["run"] = {**facts, "total_seconds": round(time.monotonic() - began, 3)}
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
