@@ -75,7 +75,8 @@ class Node:
         from broker.peers import PeerLinks
 
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
-                               max_frame=max(self.max_frame, PEER_MAX_FRAME))
+                               max_frame=max(self.max_frame, PEER_MAX_FRAME),
+                               on_lost=self._peer_lost)
         self.groups: dict[str, GroupRuntime] = {}
         self.states: dict[str, BrokerState] = {}
         mutations = set(config.test_mutations)
@@ -183,6 +184,10 @@ class Node:
             for g in self.groups.values():
                 nursery.start_soon(g.run)
             nursery.start_soon(self.peers.run)
+    def _peer_lost(self, peer: int) -> None:
+        for g in self.groups.values():
+            g.peer_lost(peer)  # a group `peer` led elects a new leader sooner
+
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._ticker)
             nursery.start_soon(self._registrar)

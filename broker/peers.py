@@ -6,6 +6,12 @@ per peer and written in batches, so a burst of appends for many groups costs one
 `send_all`. While a link is down its queue is dropped: Raft repeats whatever matters
 (heartbeats, appends after a reject), and old messages would only be stale.
 
+When an established connection ends (the peer closed it, reset it, or a write failed:
+a peer process killed with SIGKILL has its sockets closed by the kernel at once),
+`on_lost(peer)` is called, so the groups it led can elect a new leader without waiting
+out the election timeout. A quiet link never counts as lost; nor does a connection the
+peer replaced with a newer one.
+
 Frames on a peer link may be larger than a client's (`max_frame`): a Raft snapshot
 travels whole in one message. One that exceeds even that limit is not sent (the
 receiver would have to reset the link); it is logged, and the follower stays behind.
@@ -56,11 +62,14 @@ class _Link:
             old.socket.close()  # the peer reconnected; the old connection is dead to it
         self.connected.set()
 
-    def detach(self, stream: trio.SocketStream) -> None:
-        if self.stream is stream:
-            self.stream = None
-            self.queue, self.queued = [], 0
-            self.connected = trio.Event()
+    def detach(self, stream: trio.SocketStream) -> bool:
+        """Forget `stream` if it is the current connection; True if it was."""
+        if self.stream is not stream:
+            return False
+        self.stream = None
+        self.queue, self.queued = [], 0
+        self.connected = trio.Event()
+        return True
 
 
 class PeerLinks:
@@ -73,9 +82,11 @@ class PeerLinks:
         deliver: Callable[[str, Message], None],
         *,
         max_frame: int,
+        on_lost: Callable[[int], None] | None = None,
     ) -> None:
         self.node_id = node_id
         self._deliver = deliver
+        self._on_lost = on_lost
         self._max_frame = max_frame
         self._links = {p: _Link(p, a) for p, a in peers.items() if p != node_id}
 
@@ -130,7 +141,7 @@ class PeerLinks:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
             finally:
-                link.detach(stream)
+                self._detach(link, stream)
                 with trio.CancelScope(shield=True):
                     await stream.aclose()
             await trio.sleep(0.05)
@@ -154,7 +165,15 @@ class PeerLinks:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
-            link.detach(stream)
+            self._detach(link, stream)
+
+    def _detach(self, link: _Link, stream: trio.SocketStream) -> None:
+        """`stream` ended: if it was the peer's live connection, report the loss."""
+        if link.detach(stream) and self._on_lost is not None:
+            try:
+                self._on_lost(link.peer)
+            except Exception:  # noqa: BLE001 - a failing hook must not kill the link task
+                log.exception("peer-lost hook failed")
 
     async def _writer(self, link: _Link) -> None:
         while True:
@@ -168,5 +187,5 @@ class PeerLinks:
             try:
                 await stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                link.detach(stream)
+                self._detach(link, stream)
                 stream.socket.close()

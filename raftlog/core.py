@@ -140,6 +140,7 @@ class RaftNode:
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._timeout = self._random_timeout()
+        self._timeout_forced = False  # `_timeout` was set by `leader_unreachable`
         self._votes: dict[int, bool] = {}
         # Leader state.
         self._progress: dict[int, Progress] = {}
@@ -277,6 +278,32 @@ class RaftNode:
             self._election_elapsed += 1
             if self._election_elapsed >= self._timeout and self._can_campaign():
                 self._campaign(MsgType.PREVOTE if self.cfg.pre_vote else MsgType.VOTE)
+
+    def leader_unreachable(self, peer: int) -> None:
+        """The shell lost its connection to `peer` (e.g. the peer's process died and its
+        sockets were closed): if `peer` is our leader, campaign within a few ticks instead
+        of waiting out the whole election timeout.
+
+        Only a follower acts on it, and only about its current leader. It ends the
+        leader's lease here (so this follower grants pre-votes to a peer that lost the
+        leader too) and brings its election timer forward to fire after 1 + r ticks,
+        r being this node's rank among the other voters. Distinct slots, not a random
+        pick among a few ticks: the followers of a dead leader all hear of it at once,
+        and two that campaign in the same tick split the vote and fall back to the full
+        timeout; a tick apart, the second hears the first's vote request first.
+
+        The campaign still starts with PreVote: a leader alive for the other voters keeps
+        their lease, they refuse, and nothing is disrupted; a heartbeat arriving first
+        cancels it as usual. Without PreVote it does nothing (a real election would bump
+        the term of a live leader). Liveness only: an election is always safe.
+        """
+        if (self.role != Role.FOLLOWER or self.leader != peer or not self.cfg.pre_vote
+                or not self._can_campaign()):
+            return
+        others = sorted(self.membership.voters - {peer})
+        self._election_elapsed = max(self._election_elapsed, self.cfg.election_ticks)
+        self._timeout = self._election_elapsed + 1 + others.index(self.id)
+        self._timeout_forced = True  # a heartbeat arriving first draws a random one again
 
     def step(self, m: Message) -> None:
         """Common checks for every role (term comparison, votes), then the role's handler."""
@@ -531,6 +558,7 @@ class RaftNode:
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._timeout = self._random_timeout()
+        self._timeout_forced = False
 
     def _random_timeout(self) -> int:
         return self.cfg.election_ticks + self._rng.randrange(self.cfg.election_ticks)
@@ -605,6 +633,9 @@ class RaftNode:
 
     def _heard_from_leader(self, leader: int) -> None:
         self._election_elapsed = 0
+        if self._timeout_forced:
+            self._timeout_forced = False
+            self._timeout = self._random_timeout()
         if self.leader != leader:
             self.leader = leader
             self._ack_to = None

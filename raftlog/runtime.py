@@ -482,6 +482,15 @@ class GroupRuntime:
         What a caller reads from the state machine afterwards is linearizable: a leader
         cut off from its group cannot answer from its stale state. Reads issued together
         share one confirmation round. Raises NotLeader if leadership is lost meanwhile.
+    def peer_lost(self, peer: int) -> None:
+        """The node's link to `peer` dropped: if it led this group, elect sooner (see
+        `RaftNode.leader_unreachable`; the core ignores it otherwise)."""
+        core = self.core
+        if core is None or self._frozen or core.leader != peer:
+            return
+        core.leader_unreachable(peer)
+        self._wakeup.set()
+
         """
         core = self.core
         assert core is not None

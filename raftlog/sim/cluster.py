@@ -56,6 +56,7 @@ class FaultStats:
     wipes: int = 0  # disks replaced (log and snapshot lost, hard state kept)
     snapshots: int = 0  # snapshots taken by a replica (and its log compacted)
     installs: int = 0  # snapshots from a leader installed
+    link_drops: int = 0  # "link to X dropped" reports handed to a core
 
 
 class SimNode:
@@ -486,6 +487,35 @@ class Cluster:
         self._refresh_live()
         for chk in self.crash_hooks:
             chk.on_crash(self, node)
+        if self.knobs.link_drop_on_crash:
+            # The kernel closes a killed process's sockets: its peers see EOF about one
+            # network latency later (fixed: the seed's PRNG stream stays as it was).
+            for other in self.live:
+                self.events.push(self.now + self.knobs.latency_min_us, self._link_lost,
+                                 other, other.incarnation, node.id)
+
+    def drop_link(self, a: int, b: int) -> None:
+        """The connection between `a` and `b` breaks: what was in flight on it is lost,
+        and each live end is told the other is unreachable."""
+        self.net.take(lambda m: {m.src, m.dst} == {a, b})
+        self.note("link-drop", (a, b))
+        for here, there in ((a, b), (b, a)):
+            node = self.nodes.get(here)
+            if node is not None and node.up and not node.retired:
+                self._link_lost(node, node.incarnation, there)
+
+    def _link_lost(self, node: SimNode, incarnation: int, peer: int) -> None:
+        if node.incarnation != incarnation or not node.up or node.retired:
+            return
+        if node.paused_until > self.now:
+            self.events.push(node.paused_until, self._link_lost, node, incarnation, peer)
+            return
+        lost = getattr(node.raft, "leader_unreachable", None)
+        if lost is None:
+            return  # a core without the event: nothing to tell
+        self.faults.link_drops += 1
+        lost(peer)
+        node.drain()
 
     def wipe(self, node: SimNode) -> None:
         """Replace a replica's disk: crash it, lose its log, snapshot and state machine,

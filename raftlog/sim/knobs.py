@@ -54,6 +54,11 @@ class Knobs:
     down_mean_us: int
     partition_mean_us: int
     flap_p: float  # chance a newly elected leader is cut off moments after winning
+    # Connection drops: the shell tells a core "link to X dropped" (`leader_unreachable`)
+    # every `link_drop_mean_us` on average (0: never) on a random link, and on every
+    # live peer's side when a node crashes (`link_drop_on_crash`).
+    link_drop_mean_us: int
+    link_drop_on_crash: bool
     # Clients.
     client_mean_us: int
     op_weights: tuple[tuple[str, int], ...]
@@ -114,6 +119,11 @@ class Knobs:
         }
         k["latency_max_us"] = int(k["latency_min_us"]) + rng.randint(1 * MS, 25 * MS)  # type: ignore[call-overload]
         k["fsync_max_us"] = int(k["fsync_min_us"]) + rng.randint(0, 15 * MS)  # type: ignore[call-overload]
+        # Drawn from a stream of their own, so that every other knob of a seed stays
+        # what it was before these existed.
+        links = random.Random(f"link-drops/{seed}")
+        k["link_drop_mean_us"] = links.choice((0, 50 * MS, 200 * MS, 800 * MS))
+        k["link_drop_on_crash"] = links.random() < 0.8
         PROFILES[profile](rng, k)
         k.update(overrides)
         return cls(**k)  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ class Nemesis:
         self.rng = rng
         self.active = True
         self._partition_gen = 0
+        self._links = random.Random(f"link-drops/{cluster.knobs.seed}/nemesis")
         self._actions: dict[str, Callable[[], None]] = {
             "crash": self.crash,
             "crash_leader": self.crash_leader,
@@ -59,6 +60,25 @@ class Nemesis:
         self._schedule()
         if self.c.knobs.flap_p:
             self.c.on_new_leader.append(self._new_leader)
+        if self.c.knobs.link_drop_mean_us:
+            self._schedule_link_drop()
+
+    def _schedule_link_drop(self) -> None:
+        mean = self.c.knobs.link_drop_mean_us
+        self.c.events.push(
+            self.c.now + int(self._links.expovariate(1 / mean)) + 1, self._drop_link
+        )
+
+    def _drop_link(self) -> None:
+        """Break one random connection (a reset, not a partition: it reconnects at once).
+        Its own PRNG keeps the other faults of a seed where they were."""
+        if not self.active:
+            return
+        ids = self._ids()
+        if len(ids) > 1:
+            a, b = self._links.sample(ids, 2)
+            self.c.drop_link(a, b)
+        self._schedule_link_drop()
 
     def _new_leader(self, node: SimNode) -> None:
         """Sometimes cut a new leader off before its first entries spread: leaders then
