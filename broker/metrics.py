@@ -9,6 +9,7 @@ node stays a single-threaded trio program that shuts down with its nursery.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import trio
 from prometheus_client import (
@@ -34,6 +35,10 @@ FSYNC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 # A produce waits for a majority fsync plus a network round trip.
 PRODUCE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)
+
+
+ProduceSeries = tuple[Any, Any, Any]  # labelled children: Counter, Counter, Histogram
+FetchSeries = tuple[Any, Any]  # labelled children: Counter, Counter
 
 
 class NodeMetrics:
@@ -78,6 +83,27 @@ class NodeMetrics:
         self.consumer_lag = Gauge("raftmq_consumer_lag",
                                   "Messages between a consumer group's offset and the queue end",
                                   ["group", "cg", "topic", "queue"], registry=r)
+        # `.labels()` costs a lock and a dict lookup per call: the per-request series of
+        # each group are looked up once (and dropped again by `remove_group`).
+        self._produce_series: dict[str, ProduceSeries] = {}
+        self._fetch_series: dict[str, FetchSeries] = {}
+
+    def produce_series(self, group: str) -> ProduceSeries:
+        """(messages, bytes, latency) children of `group` for the produce path."""
+        s = self._produce_series.get(group)
+        if s is None:
+            s = self._produce_series[group] = (self.produce_messages.labels(group),
+                                               self.produce_bytes.labels(group),
+                                               self.produce_latency.labels(group))
+        return s
+
+    def fetch_series(self, group: str) -> FetchSeries:
+        """(messages, bytes) children of `group` for the fetch path."""
+        s = self._fetch_series.get(group)
+        if s is None:
+            s = self._fetch_series[group] = (self.fetch_messages.labels(group),
+                                             self.fetch_bytes.labels(group))
+        return s
 
     def set_role(self, group: str, role: str) -> None:
         """Record a role by name ("follower", "candidate", "pre_candidate", "leader")."""
@@ -98,6 +124,8 @@ class NodeMetrics:
 
     def remove_group(self, group: str) -> None:
         """Drop a group's series when its replica leaves this node, so stale gauges vanish."""
+        self._produce_series.pop(group, None)
+        self._fetch_series.pop(group, None)
         for metric in (self.role, self.term, self.commit_index, self.applied_index,
                        self.last_index, self.durable_index, self.fsync_seconds, self.elections,
                        self.leader_changes, self.produce_messages, self.produce_bytes,

@@ -169,13 +169,10 @@ def walk_batch(
     hstart = base + _BATCH_PREFIX.size
     if hstart + hlen > len(mv):
         raise _bad("header runs past the end")
-    try:
-        h = msgpack.unpackb(mv[hstart : hstart + hlen], raw=False)
-    except Exception as exc:
-        raise _bad(f"undecodable header ({exc})") from exc
-    if not isinstance(h, dict):
-        raise _bad("header is not a map")
-    header = _header(h)
+    raw = bytes(mv[hstart : hstart + hlen])
+    header = _HEADERS.get(raw)
+    if header is None:
+        header = _decode_header(raw)
     pos = hstart + hlen
     refs: list[RecordRef] = []
     end = len(mv)
@@ -211,6 +208,27 @@ def walk_batch(
     if bad_props >= 0:
         raise _bad(f"record {bad_props} properties are not a map of strings")
     return header, refs
+
+
+# Decoded batch headers by their bytes. A producer without idempotence sends the same
+# header for every batch of a queue with the same count, so most batches skip the msgpack
+# decode and the checks. Only valid headers are kept; bounded by clearing when full.
+_HEADERS: dict[bytes, BatchHeader] = {}
+_HEADERS_MAX = 4096
+
+
+def _decode_header(raw: bytes) -> BatchHeader:
+    try:
+        h = msgpack.unpackb(raw, raw=False)
+    except Exception as exc:
+        raise _bad(f"undecodable header ({exc})") from exc
+    if not isinstance(h, dict):
+        raise _bad("header is not a map")
+    header = _header(h)
+    if len(_HEADERS) >= _HEADERS_MAX:
+        _HEADERS.clear()
+    _HEADERS[raw] = header
+    return header
 
 
 def _string_map(data: memoryview) -> bool:

@@ -37,7 +37,7 @@ from broker.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.records import STORED_PREFIX, walk_batch
+from broker.records import STORED_PREFIX, BatchHeader, RecordRef, walk_batch
 from raftlog.types import Entry, EntryType
 
 __all__ = [
@@ -61,6 +61,7 @@ DEDUP_WINDOW = 5  # idempotent batches remembered per (pid, topic, queue), as Ka
 KEY_HISTORY = 64  # newest (queue, offset) pairs kept per (topic, key)
 SNAPSHOT_VERSION = 1
 _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
+_MAX_WALKED = 1 << 14  # produce-path walks kept for apply (see `prewalked`)
 
 
 # ---------------------------------------------------------------------- results
@@ -197,6 +198,36 @@ class BrokerState:
         self._producers: dict[tuple[int, str, int], _Producer] = {}
         # topic -> key -> packed (offset * MAX_QUEUES + queue), oldest first
         self._keys: dict[str, dict[str, list[int]]] = {}
+        # Batches this replica's produce path already walked, by id of the entry data:
+        # not state, only a saved walk (see `prewalked`).
+        self._walked: dict[int, tuple[bytes, BatchHeader, list[RecordRef]]] = {}
+
+    # ------------------------------------------------------------------ produce path
+
+    def prewalked(
+        self, data: bytes, header: BatchHeader, refs: list[RecordRef], max_message_bytes: int
+    ) -> int | None:
+        """Remember the walk of MESSAGES entry `data` (`walk_batch(data, STORED_PREFIX.size,
+        max_message_bytes)`), done by the leader before proposing it, so that applying
+        the very same bytes object does not walk it again. Returns a key for
+        `forget_walk` (None when nothing was kept).
+
+        A walk is a pure function of the bytes and the size limit, so the result of
+        `apply` does not change: the walk is reused only for the identical object and
+        when the limits agree.
+        """
+        if max_message_bytes != self.max_message_bytes:
+            return None
+        if len(self._walked) >= _MAX_WALKED:  # proposals that never applied here
+            self._walked.clear()
+        key = id(data)
+        self._walked[key] = (data, header, refs)
+        return key
+
+    def forget_walk(self, key: int | None) -> None:
+        """Drop a walk `prewalked` kept (a no-op once its entry was applied)."""
+        if key is not None:
+            self._walked.pop(key, None)
 
     # ------------------------------------------------------------------ apply
 
@@ -233,12 +264,16 @@ class BrokerState:
         if len(data) < STORED_PREFIX.size or len(data) > _MAX_ENTRY_DATA:
             raise _Refused(Code.MALFORMED, f"messages entry of {len(data)} bytes")
         (store_ms,) = STORED_PREFIX.unpack_from(data, 0)
-        try:
-            header, refs = walk_batch(data, STORED_PREFIX.size, self.max_message_bytes)
-        except RequestError as exc:
-            raise _Refused(exc.code, exc.message) from None
-        except Exception as exc:  # walk_batch should only raise RequestError; stay total
-            raise _Refused(Code.MALFORMED, f"malformed batch: {exc}") from None
+        walked = self._walked.pop(id(data), None) if self._walked else None
+        if walked is not None and walked[0] is data:
+            _, header, refs = walked
+        else:
+            try:
+                header, refs = walk_batch(data, STORED_PREFIX.size, self.max_message_bytes)
+            except RequestError as exc:
+                raise _Refused(exc.code, exc.message) from None
+            except Exception as exc:  # walk_batch should only raise RequestError; stay total
+                raise _Refused(Code.MALFORMED, f"malformed batch: {exc}") from None
         if header.pid and header.seq < 0:
             raise _Refused(Code.MALFORMED, "an idempotent batch (pid != 0) needs a sequence")
         topic, queue = header.topic, header.queue

@@ -178,6 +178,7 @@ _IREC_CRC_AT = _IREC_HEAD.size
 INDEX_RECORD_SIZE = _IREC.size  # 32
 
 _MAX_TYPE = max(EntryType)
+_TYPES = tuple(EntryType(t) for t in range(_MAX_TYPE + 1))  # indexing beats EntryType(t)
 _SEGMENT_NAME_LEN = 20
 _INDEX_NAME = "index"
 _BASE_NAME = "base"
@@ -317,7 +318,7 @@ def decode_entries(data: bytes | memoryview, *, source: str = "<buffer>") -> lis
         body = mv[off + HEADER_SIZE : off + size]
         if crc32c.crc32c(body) != bcrc:
             raise CorruptEntry(source, off, "body CRC mismatch", index)
-        out.append(Entry(index, term, EntryType(etype), bytes(body)))
+        out.append(Entry(index, term, _TYPES[etype], bytes(body)))
         off += size
     return out
 
@@ -1217,7 +1218,7 @@ class CommitLog:
         body = _pread_exact(fd, size - HEADER_SIZE, rel + HEADER_SIZE)
         if len(body) != size - HEADER_SIZE or crc32c.crc32c(body) != bcrc:
             raise CorruptEntry(path, position, "body CRC mismatch", index)
-        return Entry(index, term, EntryType(etype), body)
+        return Entry(index, term, _TYPES[etype], body)
 
     def verify(self, lo: int | None = None, hi: int | None = None) -> list[CorruptEntry]:
         """Check every entry in [lo, hi) against its index record and CRCs.
@@ -1495,7 +1496,7 @@ class CommitLog:
                 if out is not None:
                     out.append(
                         Entry(
-                            index, term, EntryType(etype), bytes(mv[off + HEADER_SIZE : off + size])
+                            index, term, _TYPES[etype], bytes(mv[off + HEADER_SIZE : off + size])
                         )
                     )
                 off += size

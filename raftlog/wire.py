@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from raftlog.commitlog import decode_entries, encode_entry
-from raftlog.types import Membership, Message, MsgType
+from raftlog.types import Entry, Membership, Message, MsgType
 
 __all__ = ["WireError", "message_from_wire", "message_to_wire"]
 
@@ -34,8 +34,24 @@ def message_to_wire(m: Message) -> tuple[list[Any], bytes]:
             raise ValueError("a snapshot message carries a membership and no entries")
         fields += [sorted(m.membership.voters), sorted(m.membership.learners)]
         return fields, m.snapshot
-    body = b"".join(encode_entry(e) for e in m.entries) if m.entries else b""
-    return fields, body
+    return fields, _entries_body(m.entries) if m.entries else b""
+
+
+# A leader appends the same new entries to every follower in turn: the last body
+# encoded is kept (with the entries it holds, compared by identity) so those appends
+# share one encoding instead of computing both CRCs again per follower.
+_last_entries: tuple[Entry, ...] = ()
+_last_body = b""
+
+
+def _entries_body(entries: tuple[Entry, ...]) -> bytes:
+    global _last_entries, _last_body
+    last = _last_entries
+    if len(last) == len(entries) and all(a is b for a, b in zip(last, entries, strict=True)):
+        return _last_body
+    body = b"".join([encode_entry(e) for e in entries])
+    _last_entries, _last_body = entries, body
+    return body
 
 
 def message_from_wire(fields: Any, body: bytes) -> Message:
