@@ -31,9 +31,11 @@ import logging
 import random
 import signal
 import sys
-from collections.abc import Awaitable
+from collections import deque
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
+import msgpack
 import trio
 from prometheus_client import Counter, Gauge
 
@@ -43,18 +45,79 @@ from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import DEFAULT_MAX_FRAME, Code, Op, error_header, parse_address
 from broker.retention import RetentionPolicy, run_retention
 from broker.service import BrokerService
-from broker.statemachine import BrokerState
+from broker.statemachine import BrokerState, TopicConfig
 from raftlog.core import RaftConfig
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
 from raftlog.types import Message, Role
 
-__all__ = ["Node", "main"]
+__all__ = ["Node", "TopicTableLog", "main", "topic_shapes"]
 
 log = logging.getLogger("raftmq.node")
 
 #: Frames between nodes may carry a whole group snapshot (`raftlog` InstallSnapshot).
 PEER_MAX_FRAME = 1 << 30
+#: Seconds one name server gets per registration round (a whole table of 100,000 topics
+#: takes it a fraction of a second; a heartbeat of changes, milliseconds).
+REGISTER_TIMEOUT = 10.0
+
+
+def topic_shapes(topics: Mapping[str, TopicConfig]) -> list[list[Any]]:
+    """A REGISTER body's `set`: `[[queues, [hosted], [names]], ...]`, topics grouped by
+    (queues, hosted), which thousands share, so the table costs little beyond its names."""
+    shapes: dict[tuple[int, tuple[int, ...]], list[str]] = {}
+    for name, c in topics.items():
+        shapes.setdefault((c.queues, tuple(c.hosted)), []).append(name)
+    return [[q, list(h), names] for (q, h), names in shapes.items()]
+
+
+class TopicTableLog:
+    """One group's topic table as last registered, its version and its recent changes,
+    so a registration carries only what changed since the version a name server holds
+    (a heartbeat of 100,000 unchanged topics is then a few hundred bytes)."""
+
+    KEEP = 64  # versions of changes kept; a name server further behind gets the whole table
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.table: dict[str, TopicConfig] = {}
+        self._log: deque[tuple[int, dict[str, TopicConfig], list[str]]] = deque(maxlen=self.KEEP)
+
+    def update(self, current: dict[str, TopicConfig]) -> int:
+        """Take `current` (a copy the log may keep) as the table; a new version if it
+        differs from the last. Returns the version."""
+        prev = self.table
+        changed = {n: c for n, c in current.items()
+                   if (o := prev.get(n)) is not c and o != c}
+        added = sum(1 for n in changed if n not in prev)
+        # nothing was removed when the count adds up (the common case: skip the scan)
+        removed = ([] if len(prev) + added == len(current)
+                   else [n for n in prev if n not in current])
+        if changed or removed:
+            self.version += 1
+            self._log.append((self.version, changed, removed))
+        self.table = current
+        return self.version
+
+    def changes_since(self, base: int) -> tuple[dict[str, TopicConfig], list[str]] | None:
+        """(changed or added, removed) from version `base` to now; None when the log no
+        longer reaches back that far (or `base` is not a version of this log)."""
+        if base == self.version:
+            return {}, []
+        if base > self.version or not self._log or self._log[0][0] > base + 1:
+            return None
+        changed: dict[str, TopicConfig] = {}
+        removed: set[str] = set()
+        for version, ch, rm in self._log:
+            if version <= base:
+                continue
+            for n in rm:
+                changed.pop(n, None)
+                removed.add(n)
+            for n, c in ch.items():
+                removed.discard(n)
+                changed[n] = c
+        return changed, sorted(removed)
 
 
 class Node:
@@ -104,6 +167,10 @@ class Node:
             self.states[gc.id] = state
         self.service = BrokerService(self)
         self._register_now = trio.Event()
+        # registration: table versions count within this incarnation of the node
+        self._incarnation = random.getrandbits(62)
+        self._tables = {gid: TopicTableLog() for gid in self.groups}
+        self._ns_acked: dict[str, dict[str, int]] = {}  # name server -> group -> version
         self.ack_before_commit = "ack-before-commit" in mutations
         self._nursery: trio.Nursery | None = None
 
@@ -116,6 +183,10 @@ class Node:
         g = self.groups.get(group)
         if g is not None and m.dst == self.node_id and g.core is not None:
             g.step(m)
+
+    def _peer_lost(self, peer: int) -> None:
+        for g in self.groups.values():
+            g.peer_lost(peer)  # a group `peer` led elects a new leader sooner
 
     def _restore_state(self, group: str, data: bytes) -> BrokerState:
         """A group's state from its snapshot file (called by `GroupRuntime.open`)."""
@@ -184,10 +255,6 @@ class Node:
             for g in self.groups.values():
                 nursery.start_soon(g.run)
             nursery.start_soon(self.peers.run)
-    def _peer_lost(self, peer: int) -> None:
-        for g in self.groups.values():
-            g.peer_lost(peer)  # a group `peer` led elects a new leader sooner
-
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._ticker)
             nursery.start_soon(self._registrar)
@@ -255,33 +322,82 @@ class Node:
                 await trio.sleep(0.02)  # coalesce a burst of changes
             self._register_now = trio.Event()
             header = self.registration()
-            for ns in self.config.namesrv:
-                with trio.move_on_after(2.0):
-                    try:
-                        fs = await open_frame_stream(ns)
-                        async with fs:
-                            await fs.send({"op": Op.REGISTER, "id": 1, **header})
-                            await fs.receive()
-                    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                        log.debug("name server unreachable", extra={"fields": {"namesrv": ns}})
+            async with trio.open_nursery() as nursery:  # a dead name server delays no other
+                for ns in self.config.namesrv:
+                    nursery.start_soon(self._register_with, ns, header)
+
+    async def _register_with(self, ns: str, header: dict[str, Any]) -> None:
+        """REGISTER with one name server: each group's topic table changes since the version
+        it acknowledged, or whole when it holds none (or asks with `resend`)."""
+        acked = self._ns_acked.setdefault(ns, {})
+        with trio.move_on_after(REGISTER_TIMEOUT):
+            try:
+                fs = await open_frame_stream(ns)
+                async with fs:
+                    for rid in (1, 2):  # the second round answers a `resend`
+                        hdr, body, sent = self._registration_for(header, acked)
+                        await fs.send({"op": Op.REGISTER, "id": rid, **hdr}, body)
+                        frame = await fs.receive()
+                        if frame is None:
+                            return
+                        if frame.header.get("code") != Code.OK:
+                            log.warning("name server refused the registration", extra={
+                                "fields": {"namesrv": ns, "error": frame.header.get("msg")}})
+                            acked.clear()  # start over with whole tables
+                            return
+                        resend = frame.header.get("resend") or []
+                        for gid, version in sent.items():
+                            if gid in resend:
+                                acked.pop(gid, None)
+                            else:
+                                acked[gid] = version
+                        if not resend:
+                            return
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                log.debug("name server unreachable", extra={"fields": {"namesrv": ns}})
+
+    def _registration_for(
+        self, header: dict[str, Any], acked: dict[str, int]
+    ) -> tuple[dict[str, Any], bytes, dict[str, int]]:
+        """The REGISTER header and body for a name server that acknowledged the table
+        versions `acked`; also returns the version of each group's table sent."""
+        groups: dict[str, Any] = {}
+        tables: dict[str, Any] = {}
+        sent: dict[str, int] = {}
+        for gid, g in header["groups"].items():
+            tlog = self._tables[gid]
+            base = acked.get(gid)
+            delta = tlog.changes_since(base) if base is not None else None
+            if delta is None:
+                groups[gid] = g
+                tables[gid] = {"set": topic_shapes(tlog.table)}
+            else:
+                groups[gid] = {**g, "base": base}
+                changed, removed = delta
+                if changed or removed:
+                    tables[gid] = {"set": topic_shapes(changed), "del": removed}
+            sent[gid] = tlog.version
+        body = msgpack.packb(tables, use_bin_type=True) if tables else b""
+        return {**header, "groups": groups}, body, sent
 
     def registration(self) -> dict[str, Any]:
+        """The REGISTER header (without topic tables: they go in the body, per name server)
+        after bringing every group's table version up to date."""
         groups: dict[str, Any] = {}
         for gid, g in self.groups.items():
             st = g.status()
-            state = self.states[gid]
+            version = self._tables[gid].update(self.states[gid].topics())
             groups[gid] = {
                 "role": st["role"],
                 "leader": st["leader"],
                 "term": st["term"],
                 "replicas": {n: self.config.peers[n] for n in g.replicas},
-                "topics": {t: {"queues": c.queues, "hosted": list(c.hosted)}
-                           for t, c in state.topics().items()},
+                "tv": version,
                 "commit": st["commit"],
                 "applied": st["applied"],
             }
         return {"node": self.node_id, "addr": self.addr, "metrics": self.config.metrics,
-                "groups": groups}
+                "inc": self._incarnation, "groups": groups}
 
     def status(self) -> dict[str, Any]:
         groups: dict[str, Any] = {}

@@ -40,6 +40,7 @@ from broker.config import (
     dump_config,
 )
 from broker.protocol import Op, RequestError
+from raftmq.client.routes import merge_cluster_topics
 
 __all__ = ["ClusterError", "LocalCluster", "free_ports"]
 
@@ -454,14 +455,21 @@ class LocalCluster:
 
     # ------------------------------------------------------------ cluster view
 
-    def cluster_info(self, timeout: float = 5.0) -> dict[str, Any]:
-        """The name server's CLUSTER answer: `{"nodes": {id: {...}}, "groups": {gid: {...}}}`."""
-        header, _ = request(self._namesrv_addr, {"op": int(Op.CLUSTER)}, timeout=timeout)
-        return {k: v for k, v in header.items() if k not in ("id", "code")}
+    def cluster_info(self, timeout: float = 5.0, *, topics: bool = True) -> dict[str, Any]:
+        """The name server's CLUSTER answer: `{"nodes": {id: {...}}, "groups": {gid: {...}}}`.
+
+        With `topics=False` groups do not list their topics (only `topic_count`), which
+        keeps the answer small and quick with thousands of topics."""
+        header, body = request(self._namesrv_addr, {"op": int(Op.CLUSTER), "topics": topics},
+                               timeout=timeout)
+        info = {k: v for k, v in header.items() if k not in ("id", "code")}
+        if topics:
+            merge_cluster_topics(info, body)
+        return info
 
     def leaders(self, timeout: float = 5.0) -> dict[str, int | None]:
         """Group -> leader node id according to the name server (None: no leader known)."""
-        return _leaders(self.cluster_info(timeout), self.groups)
+        return _leaders(self.cluster_info(timeout, topics=False), self.groups)
 
     def _is_alive(self, node: object) -> bool:
         return (
@@ -499,7 +507,7 @@ class LocalCluster:
                 raise ClusterError(f"{name} exited with code {code}:\n" + self.log_tail(name))
             left = deadline - time.monotonic()
             try:
-                info = self.cluster_info(timeout=max(0.1, min(2.0, left)))
+                info = self.cluster_info(timeout=max(0.1, min(2.0, left)), topics=False)
             except (OSError, RequestError) as exc:
                 problem = f"name server {self._namesrv_addr}: {exc}"
             else:

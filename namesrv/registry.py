@@ -6,13 +6,34 @@ registered for `expiry` seconds. Name servers never talk to each other; every no
 registers with every one of them, so any of them can answer a client.
 
 Time is always passed in as `now` (seconds on any monotonic clock), never read here.
+
+Topic tables are large (a node may host 100,000 topics) while registrations are frequent,
+so a REGISTER carries them in the frame *body* (the header is limited to 1 MiB) and,
+once a name server holds a node's table, only the changes since the version it holds:
+
+    header  node, addr, metrics, inc (the node's incarnation: versions restart with it),
+            groups: {gid: {role, leader, term, replicas, commit, applied,
+                           tv: version of the group's topic table after this registration,
+                           base: (optional) the body holds the changes since version
+                                 `base`; absent: the body holds the whole table}}
+    body    msgpack {gid: {"set": [[queues, [hosted queue ids], [topic names]], ...],
+                           "del": [topic names]}}   (empty: no changes for any group)
+
+Topics are grouped by their (queues, hosted) shape, which thousands of topics share, so
+the table costs little more than its names on the wire and to decode. A change whose
+`base` is not the version held here (a lost registration, a restarted name server, a
+restarted node) is not applied: the answer lists the group under `resend` and the node
+sends that table whole at once. A group given inline as `topics` (a header map, without
+`tv`) is a whole table too; small registrations and tests use that form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import msgpack
 
 from broker.protocol import Code, RequestError, parse_address
 
@@ -21,7 +42,9 @@ __all__ = [
     "GroupReport",
     "Registration",
     "Registry",
+    "TableChange",
     "TopicReport",
+    "encode_shapes",
     "parse_registration",
 ]
 
@@ -50,6 +73,17 @@ class GroupReport:
     topics: dict[str, TopicReport]
     commit: int
     applied: int
+    tv: int | None = None  # topic table version (None: inline table, or not in sync)
+    synced: bool = True  # False: `topics` is an older table kept until the node resends
+
+
+@dataclass(slots=True, frozen=True)
+class TableChange:
+    """Changes to a group's topic table since version `base` of the same node incarnation."""
+
+    base: int
+    set: dict[str, TopicReport]
+    dels: tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -61,6 +95,8 @@ class Registration:
     metrics: str | None
     groups: dict[str, GroupReport]
     at: float = 0.0
+    inc: int | None = None  # the node's incarnation; table versions count within it
+    changes: dict[str, TableChange] = field(default_factory=dict)  # resolved by `register`
 
 
 @dataclass(slots=True)
@@ -119,7 +155,45 @@ def _topic(name: str, value: object, where: str) -> TopicReport:
     return TopicReport(queues, tuple(sorted(set(hosted))))
 
 
-def _group(gid: object, value: object) -> GroupReport:
+def _shapes(value: object, where: str) -> dict[str, TopicReport]:
+    """Decode `[[queues, hosted, names], ...]`: one validated `TopicReport` per shape,
+    shared by all its names, so a large table costs one pass over the names."""
+    if not isinstance(value, list | tuple):
+        raise _malformed(f"{where} set must be a list of [queues, hosted, names]")
+    topics: dict[str, TopicReport] = {}
+    for item in value:
+        if not isinstance(item, list | tuple) or len(item) != 3:
+            raise _malformed(f"{where} set entries must be [queues, hosted, names]")
+        queues, hosted, names = item
+        if not isinstance(names, list | tuple):
+            raise _malformed(f"{where} set names must be a list of topic names")
+        report = _topic(str(names[0]) if names else "?",
+                        {"queues": queues, "hosted": hosted}, where)
+        if not all(type(n) is str for n in names):
+            raise _malformed(f"{where} topic names must be strings")
+        topics.update(dict.fromkeys(names, report))
+    return topics
+
+
+def _body_tables(body: bytes, gids: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The REGISTER body: {gid: {"set": [...], "del": [...]}} for groups in the header."""
+    if not body:
+        return {}
+    try:
+        tables = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise _malformed(f"undecodable REGISTER body: {exc}") from None
+    tables = _map(tables, "REGISTER body")
+    for gid, t in tables.items():
+        if gid not in gids:
+            raise _malformed(f"REGISTER body has a table for group {gid!r} not in the header")
+        _map(t, f"REGISTER body group {gid!r}")
+    return dict(tables)
+
+
+def _group(
+    gid: object, value: object, table: Mapping[str, Any] | None
+) -> tuple[GroupReport, TableChange | None]:
     if not isinstance(gid, str) or not gid:
         raise _malformed(f"group ids must be non-empty strings, got {gid!r}")
     where = f"group {gid!r}"
@@ -134,12 +208,30 @@ def _group(gid: object, value: object) -> GroupReport:
         _int(n, f"{where} replica node id"): _addr(a, f"{where} replica {n!r} address")
         for n, a in _map(g.get("replicas", {}), f"{where} replicas").items()
     }
-    topics = {}
-    for name, t in _map(g.get("topics", {}), f"{where} topics").items():
-        if not isinstance(name, str):
-            raise _malformed(f"{where} topic names must be strings, got {name!r}")
-        topics[name] = _topic(name, t, where)
-    return GroupReport(
+    tv = g.get("tv")
+    change: TableChange | None = None
+    topics: dict[str, TopicReport] = {}
+    if tv is None:  # an inline table in the header
+        if table is not None:
+            raise _malformed(f"{where} has a table in the body but no version (tv)")
+        for name, t in _map(g.get("topics", {}), f"{where} topics").items():
+            if not isinstance(name, str):
+                raise _malformed(f"{where} topic names must be strings, got {name!r}")
+            topics[name] = _topic(name, t, where)
+    else:
+        tv = _int(tv, f"{where} tv")
+        table = table or {}
+        topics = _shapes(table.get("set", []), where)
+        dels_raw = table.get("del", [])
+        if not isinstance(dels_raw, list | tuple) or not all(type(n) is str for n in dels_raw):
+            raise _malformed(f"{where} del must be a list of topic names")
+        base = g.get("base")
+        if base is not None:
+            change = TableChange(_int(base, f"{where} base"), topics, tuple(dels_raw))
+            topics = {}
+        elif dels_raw:
+            raise _malformed(f"{where} deletes topics from a whole table (no base)")
+    report = GroupReport(
         role=role,
         leader=leader,
         term=_int(g.get("term"), f"{where} term"),
@@ -147,11 +239,14 @@ def _group(gid: object, value: object) -> GroupReport:
         topics=topics,
         commit=_int(g.get("commit", 0), f"{where} commit"),
         applied=_int(g.get("applied", 0), f"{where} applied"),
+        tv=tv,
     )
+    return report, change
 
 
-def parse_registration(header: Mapping[str, Any]) -> Registration:
-    """Validate a REGISTER header up front, so a bad node cannot poison the table.
+def parse_registration(header: Mapping[str, Any], body: bytes = b"") -> Registration:
+    """Validate a REGISTER (header and body) up front, so a bad node cannot poison the
+    table. Changes against an earlier version are kept aside for `Registry.register`.
 
     Raises `RequestError(Code.MALFORMED)` naming the offending field.
     """
@@ -160,8 +255,19 @@ def parse_registration(header: Mapping[str, Any]) -> Registration:
     metrics = header.get("metrics")
     if metrics is not None:
         metrics = _addr(metrics, "metrics")
-    groups = {gid: _group(gid, g) for gid, g in _map(header.get("groups", {}), "groups").items()}
-    return Registration(node=node, addr=addr, metrics=metrics, groups=groups)
+    inc = header.get("inc")
+    if inc is not None:
+        inc = _int(inc, "inc", minimum=None)
+    raw_groups = _map(header.get("groups", {}), "groups")
+    tables = _body_tables(body, raw_groups)
+    groups: dict[str, GroupReport] = {}
+    changes: dict[str, TableChange] = {}
+    for gid, g in raw_groups.items():
+        groups[gid], change = _group(gid, g, tables.get(gid))
+        if change is not None:
+            changes[gid] = change
+    return Registration(node=node, addr=addr, metrics=metrics, groups=groups, inc=inc,
+                        changes=changes)
 
 
 # ------------------------------------------------------------------ registry
@@ -176,10 +282,34 @@ class Registry:
         self.expiry = expiry
         self._nodes: dict[int, Registration] = {}
 
-    def register(self, reg: Registration, now: float) -> None:
-        """Replace the node's previous registration wholesale: it reports its full state."""
+    def register(self, reg: Registration, now: float) -> list[str]:
+        """Replace the node's previous registration: roles and terms wholesale, topic
+        tables whole or by applying changes to the version held here.
+
+        Returns the groups whose changes could not be applied (their base is not the
+        version held here): the node must send those tables whole. Until it does, the
+        older table is kept, marked unsynced, so routes do not vanish meanwhile.
+        """
+        prev = self._nodes.get(reg.node)
+        same_life = prev is not None and reg.inc is not None and prev.inc == reg.inc
+        resend: list[str] = []
+        for gid, change in reg.changes.items():
+            old = prev.groups.get(gid) if prev is not None else None
+            g = reg.groups[gid]
+            if same_life and old is not None and old.synced and old.tv == change.base:
+                topics = old.topics  # the previous registration is dropped: reuse its table
+                for name in change.dels:
+                    topics.pop(name, None)
+                topics.update(change.set)
+                reg.groups[gid] = replace(g, topics=topics)
+            else:
+                resend.append(gid)
+                reg.groups[gid] = replace(g, topics=old.topics if old is not None else {},
+                                          tv=None, synced=False)
+        reg.changes = {}
         reg.at = now
         self._nodes[reg.node] = reg
+        return sorted(resend)
 
     def expire(self, now: float) -> list[int]:
         """Forget nodes silent for longer than `expiry`; returns their ids."""
@@ -233,7 +363,9 @@ class Registry:
     @staticmethod
     def _view(gid: str, regs: list[Registration], claim: _Claim) -> Registration:
         """The member whose report of topics and indexes to trust: the leader's, else the
-        most advanced member's (topic metadata only grows with the applied index)."""
+        most advanced member's (topic metadata only grows with the applied index). Members
+        whose table is waiting for a whole resend are used only when no other is left."""
+        regs = [r for r in regs if r.groups[gid].synced] or regs
         for reg in regs:
             if reg.node == claim.leader:
                 return reg
@@ -299,8 +431,12 @@ class Registry:
             "terms": terms,  # the term of each group's leader claim: newer outranks older
         }
 
-    def cluster(self, now: float) -> dict[str, Any]:
-        """CLUSTER answer fields: every live node and every group as the registry sees it."""
+    def cluster(self, now: float, *, topics: bool = True) -> dict[str, Any]:
+        """CLUSTER answer fields: every live node and every group as the registry sees it.
+
+        With `topics=False` groups carry only `topic_count`, not every topic: that answer
+        stays small and cheap however many topics there are (leaders, readiness checks).
+        """
         nodes = {
             reg.node: {"addr": reg.addr, "metrics": reg.metrics, "age": max(0.0, now - reg.at)}
             for reg in self.live(now)
@@ -316,7 +452,7 @@ class Registry:
                 "leader_addr": self._leader_addr(gid, claim, replicas),
                 "term": claim.term,
                 "replicas": replicas,
-                "topics": {name: t.to_wire() for name, t in sorted(vg.topics.items())},
+                "topic_count": len(vg.topics),
                 "commit": vg.commit,
                 "applied": vg.applied,
                 "members": {
@@ -329,8 +465,28 @@ class Registry:
                     for reg in regs
                 },
             }
+            if topics:
+                groups[gid]["topics"] = {n: t.to_wire() for n, t in sorted(vg.topics.items())}
         return {"nodes": nodes, "groups": groups}
+
+    def topic_shapes(self, now: float) -> dict[str, list[list[Any]]]:
+        """Every group's topic table (as `cluster` trusts it) grouped by shape,
+        `{gid: [[queues, hosted, sorted names], ...]}`: the CLUSTER body, compact and
+        outside the size-limited header."""
+        out: dict[str, list[list[Any]]] = {}
+        for gid, regs in sorted(self._members(now).items()):
+            view = self._view(gid, regs, self._claim(gid, regs))
+            out[gid] = encode_shapes(view.groups[gid].topics)
+        return out
 
     def __len__(self) -> int:
         return len(self._nodes)
+
+
+def encode_shapes(topics: Mapping[str, TopicReport]) -> list[list[Any]]:
+    """`[[queues, hosted, sorted names], ...]`: topics grouped by (queues, hosted)."""
+    shapes: dict[tuple[int, tuple[int, ...]], list[str]] = {}
+    for name, t in topics.items():
+        shapes.setdefault((t.queues, t.hosted), []).append(name)
+    return [[q, list(h), sorted(names)] for (q, h), names in sorted(shapes.items())]
 

@@ -1,5 +1,11 @@
 """The name server's network service: REGISTER, ROUTE and CLUSTER over the frame protocol.
 
+REGISTER: see `namesrv.registry` for the header and body; the answer may list `resend`
+(groups whose topic table the node must send whole). ROUTE: (topic) -> (total, queues,
+replicas, terms). CLUSTER: (topics: bool, default true) -> (nodes, groups: {gid: {leader,
+leader_addr, term, replicas, topic_count, commit, applied, members}}); with topics the
+body is msgpack {gid: [[queues, hosted, names], ...]}, every group's topics by shape.
+
 All route logic lives in `namesrv.registry`; this module only adds the clock, the TCP
 listener and a periodic sweep so expired nodes are logged and dropped even when nobody
 asks for routes.
@@ -13,6 +19,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import trio
 
 from broker.framing import Response, request_id, serve_frames
@@ -24,8 +31,9 @@ __all__ = ["NameServer", "listener_address", "run_until_signalled"]
 
 log = logging.getLogger(__name__)
 
-# Requests are small; a registration of thousands of topics still fits comfortably.
-NAMESRV_MAX_FRAME = DEFAULT_MAX_FRAME
+# A registration carries whole topic tables in its body when a name server has none yet:
+# 100,000 topics with names of 127 characters in each of three groups is about 40 MB.
+NAMESRV_MAX_FRAME = max(DEFAULT_MAX_FRAME, 64 << 20)
 
 
 class NameServer:
@@ -49,11 +57,14 @@ class NameServer:
             raise RequestError(Code.MALFORMED, f"request needs an integer op, got {op!r}")
         now = self.clock()
         if op == Op.REGISTER:
-            reg = parse_registration(h)
+            reg = parse_registration(h, frame.body)
             if not self.registry.is_live(reg.node, now):
                 log.info("node %d registered from %s with %d groups", reg.node, reg.addr,
                          len(reg.groups))
-            self.registry.register(reg, now)
+            resend = self.registry.register(reg, now)
+            if resend:
+                log.info("node %d: topic tables of %s must be resent whole", reg.node, resend)
+                return ok_header(rid, resend=resend), b""
             return ok_header(rid), b""
         if op == Op.ROUTE:
             topic = h.get("topic")
@@ -61,7 +72,15 @@ class NameServer:
                 raise RequestError(Code.MALFORMED, f"ROUTE needs a topic string, got {topic!r}")
             return ok_header(rid, **self.registry.route(topic, now)), b""
         if op == Op.CLUSTER:
-            return ok_header(rid, **self.registry.cluster(now)), b""
+            topics = h.get("topics", True)
+            if not isinstance(topics, bool):
+                raise RequestError(Code.MALFORMED, f"CLUSTER topics must be a bool, got {topics!r}")
+            # the topic listing grows with the topics: it goes in the body, not the header
+            fields = self.registry.cluster(now, topics=False)
+            if not topics:
+                return ok_header(rid, **fields), b""
+            body = msgpack.packb(self.registry.topic_shapes(now), use_bin_type=True)
+            return ok_header(rid, **fields), body
         raise RequestError(
             Code.UNKNOWN_OP,
             f"unknown op {op}: a name server answers REGISTER ({int(Op.REGISTER)}), "

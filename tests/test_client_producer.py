@@ -418,3 +418,90 @@ def test_producer_argument_checks() -> None:
     assert Producer("ns:1").pid == 0
     q = QueueRoute(0, "g", None)
     assert TopicRoute("t", 1, {0: q}, {}).group_of(0) == "g"
+
+
+# ---------------------------------------------------------------- after a leader dies
+
+
+def _election(state: dict[str, Any]) -> Script:
+    """g1's leader n1 is dead (its connection fails); n2 and n3 answer NOT_LEADER without
+    a leader until `state["elected"]`, then n3 leads term 6 and n2's hint says so. The
+    name servers' route names n3 once `state["registered"]` (by default: once elected)."""
+
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        elected = state.get("elected", False)
+        if op == Op.ROUTE:
+            registered = state.get("registered", elected)
+            leader, term = ("n3:1", 6) if registered else ("n1:1", 5)
+            return {**ROUTE, "queues": [[0, "g1", leader], *ROUTE["queues"][1:]],
+                    "terms": {"g1": term, "g2": 1}}
+        if addr == "n1:1":
+            raise TransportError("connection refused", sent=False)
+        if elected and addr == "n3:1":
+            return ok_produce()(addr, op, h, body)
+        raise RequestError(Code.NOT_LEADER, "no", leader="n3:1" if elected else None,
+                           term=6 if elected else 5)
+
+    return answer
+
+
+@pytest.mark.anyio
+async def test_a_dead_leaders_connection_sends_the_retry_at_once_to_another_replica() -> None:
+    """No attempt is spent on learning the leader is gone: with no retries at all, the
+    request still reaches a follower that names the new leader, and then the leader."""
+    state = {"elected": True, "registered": False}
+    async with scripted(_election(state), retries=0, idempotent=True) as (producer, pool):
+        assert producer._routes is not None
+        await producer._routes.route("orders", refresh=True)  # n1 leads term 5
+        result = await producer.send("orders", b"x", queue=0)
+    produced = pool.produced()
+    assert [a for a, _, _ in produced] == ["n1:1", "n2:1", "n3:1"]
+    assert result.group == "g1" and len({b for _, _, b in produced}) == 1  # same bytes
+
+
+@pytest.mark.anyio
+async def test_a_backoff_ends_as_soon_as_a_newer_leader_is_learned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("raftmq.client.producer.backoff_delay", lambda attempt: 30.0)
+    state: dict[str, Any] = {}
+    async with scripted(_election(state), retries=3, idempotent=True) as (producer, pool):
+        assert producer._routes is not None
+        await producer._routes.route("orders", refresh=True)  # n1 leads term 5
+        fut = await producer.send_async("orders", b"x", queue=0)
+        await anyio.sleep(0.05)  # n1 failed, n2 knew no leader: now in a 30 s backoff
+        assert not fut.done() and [a for a, _, _ in pool.produced()] == ["n1:1", "n2:1"]
+        state["elected"] = True
+        routes = producer._routes
+        assert routes is not None
+        started = anyio.current_time()
+        await routes.route("orders", refresh=True)  # e.g. another request's refresh
+        with anyio.fail_after(1.0):
+            result = await fut
+        assert anyio.current_time() - started < 1.0
+        await producer.send("orders", b"y", queue=0)
+    assert result.group == "g1"
+    produced = pool.produced()
+    assert [a for a, _, _ in produced] == ["n1:1", "n2:1", "n3:1", "n3:1"]
+    seqs = [walk_batch(b)[0].seq for _, _, b in produced]
+    assert seqs == [0, 0, 0, 1]  # the idempotent sequence stays in order
+
+
+@pytest.mark.anyio
+async def test_a_newer_term_hint_is_followed_at_once_but_failures_still_count() -> None:
+    """Once the follower names the term-6 leader the send goes there without a counted
+    attempt; repeated failures against the same term still use up the retries."""
+    state = {"elected": True, "registered": False}
+
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        if op == Op.PRODUCE and addr == "n3:1":
+            raise RequestError(Code.BUSY, "behind")
+        return _election(state)(addr, op, h, body)
+
+    async with scripted(answer, retries=1, idempotent=True) as (producer, pool):
+        assert producer._routes is not None
+        await producer._routes.route("orders", refresh=True)  # n1 leads term 5
+        with pytest.raises(RequestError) as info:
+            await producer.send("orders", b"x", queue=0)
+    assert info.value.code == Code.BUSY
+    assert [a for a, _, _ in pool.produced()] == ["n1:1", "n2:1", "n3:1", "n3:1"]

@@ -76,7 +76,7 @@ def test_not_leader_hint_outranks_the_name_servers_for_a_while() -> None:
 def test_failed_leader_is_not_relearned_at_once() -> None:
     routes = routes_with(ROUTE)
     lost = TransportError("connection to a:1 lost", sent=True)
-    assert not routes.on_error("g1", "a:1", lost, now=101.0)
+    assert routes.on_error("g1", "a:1", lost, now=101.0)  # ask another replica at once
     assert routes.leader("g1") is None
     routes.learn_route(parse_route("orders", ROUTE, 102.0), 102.0)
     assert routes.leader("g1") is None  # the name servers may not know yet
@@ -189,3 +189,72 @@ def test_an_older_hint_than_known_redirects_to_the_known_leader() -> None:
     old = RequestError(Code.NOT_LEADER, "lagging", leader="a:1", term=5)
     assert routes.on_error("g1", "b:1", old, now=101.0)  # retry at once...
     assert routes.target("g1") == "c:1"  # ...at the leader of the newer term
+
+
+def test_a_newer_term_hint_is_followed_at_once_even_to_an_address_that_failed() -> None:
+    routes = routes_with(_termed("a:1", 5))
+    # during the election b:1 knew no leader (so it counts as failed just now)...
+    routes.on_error("g1", "b:1", RequestError(Code.NOT_LEADER, "?", leader=None, term=5),
+                    now=101.0)
+    # ...then c:1 says b:1 won term 6: a free redirect, not a counted attempt
+    won = RequestError(Code.NOT_LEADER, "follower", leader="b:1", term=6)
+    assert routes.on_error("g1", "c:1", won, now=101.2)
+    assert routes.target("g1") == "b:1"
+
+
+def test_a_failed_leader_connection_asks_another_replica_at_once_unless_all_failed() -> None:
+    routes = routes_with(ROUTE)
+    lost = TransportError("connection to a:1 lost", sent=True)
+    assert routes.on_error("g1", "a:1", lost, now=101.0)
+    assert routes.target("g1") == "b:1"
+    # b:1 refuses the connection too: it was not the leader, so that one is counted
+    assert not routes.on_error("g1", "b:1", TransportError("refused", sent=False), now=101.1)
+    # back-pressure from a live leader is never a reason to go elsewhere
+    routes2 = routes_with(ROUTE)
+    assert not routes2.on_error("g1", "a:1", RequestError(Code.PROPOSAL_DROPPED, "moving"),
+                                now=101.0)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_backoff_wakes_when_the_group_learns_a_new_leader(anyio_backend: str) -> None:
+    import anyio
+
+    routes = routes_with(_termed("a:1", 5))
+    woke: list[float] = []
+
+    async def backoff() -> None:
+        start = anyio.current_time()
+        await routes.wait_backoff("g1", 30.0)
+        woke.append(anyio.current_time() - start)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(backoff)
+        await anyio.sleep(0.01)
+        # the same leader again is no news: the backoff goes on
+        routes.learn_route(parse_route("orders", _termed("a:1", 5), 101.0), 101.0)
+        await anyio.sleep(0.01)
+        assert not woke
+        routes.learn_route(parse_route("orders", _termed("c:1", 6), 102.0), 102.0)
+        with anyio.fail_after(1.0):
+            while not woke:
+                await anyio.sleep(0.001)
+    assert woke[0] < 1.0
+
+
+def test_a_failure_marks_stale_only_the_routes_of_its_group() -> None:
+    routes = routes_with(ROUTE)
+    other = {"total": 1, "queues": [[0, "g3", "e:1"]], "replicas": {"g3": ["e:1"]}}
+    for i in range(1000):
+        routes._topics[f"t{i}"] = parse_route(f"t{i}", other, 100.0)
+    assert routes._topics.by_group["g3"] == {f"t{i}" for i in range(1000)}
+    routes.on_error("g2", "b:1", TransportError("gone", sent=False), now=101.0)
+    assert routes._topics["orders"].stale  # g2 hosts queue 1 of orders
+    assert not any(routes._topics[f"t{i}"].stale for i in range(1000))
+    # a route replaced or dropped leaves the index
+    routes._topics["orders"] = parse_route("orders", other, 102.0)
+    assert "orders" not in routes._topics.by_group.get("g1", set())
+    routes._topics.pop("orders")
+    routes.on_error("g3", "e:1", TransportError("gone", sent=False), now=103.0)
+    assert all(routes._topics[f"t{i}"].stale for i in range(1000))
+    assert "orders" not in routes._topics

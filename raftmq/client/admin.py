@@ -96,6 +96,7 @@ class Admin(_ClientBase):
         (0: do not wait).
         """
         validate_topic_name(topic)
+        # groups and leaders only: the answer stays small however many topics exist
         cluster = await self.routes.cluster()
         known = sorted(str(g) for g in (cluster.get("groups") or {}))
         if groups is None:
@@ -201,7 +202,7 @@ class Admin(_ClientBase):
     async def list_topics(self) -> dict[str, dict[str, Any]]:
         """{topic: {"queues": total, "hosted": {group: [queues]}}}, merged from the TOPICS
         answer of every reachable node (fresher than the name servers' registrations)."""
-        cluster = await self.routes.cluster()
+        cluster = await self.routes.cluster()  # node addresses only
         merged: dict[str, dict[str, Any]] = {}
 
         def merge(name: str, info: dict[str, Any]) -> None:
@@ -222,6 +223,7 @@ class Admin(_ClientBase):
             for addr in node_addresses(cluster):
                 tg.start_soon(one, addr)
         if not merged:  # no node answered: fall back to what the name servers hold
+            cluster = await self.routes.cluster(topics=True)
             for gid, g in (cluster.get("groups") or {}).items():
                 for name, info in (g.get("topics") or {}).items():
                     hosted = info.get("hosted", [])
@@ -230,10 +232,11 @@ class Admin(_ClientBase):
                     merge(str(name), info)
         return dict(sorted(merged.items()))
 
-    async def describe_cluster(self) -> dict[str, Any]:
+    async def describe_cluster(self, *, topics: bool = True) -> dict[str, Any]:
         """The CLUSTER answer: nodes (addr, metrics, age) and groups (leader, term,
-        replicas, topics, commit/applied, members)."""
-        return await self.routes.cluster()
+        replicas, topic_count, commit/applied, members, and with `topics` every topic).
+        `topics=False` keeps the answer small when there are many topics."""
+        return await self.routes.cluster(topics=topics)
 
     async def node_status(self, addr: str) -> dict[str, Any]:
         """One node's STATUS answer."""

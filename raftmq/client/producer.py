@@ -7,7 +7,11 @@ are stored by the leader as they are, so a message id can be computed from the b
 layout and the Raft index the leader returns.
 
 Retries follow RocketMQ: a send that fails with a retriable error is tried again up to
-`retries` more times, after refreshing the route. A round-robin send of a
+`retries` more times, after refreshing the route. Learning of a newer leader (a
+NOT_LEADER hint of a newer term, the route naming another leader) is not a failure: the
+send goes there at once, without counting an attempt or finishing its backoff; and when
+the leader's connection fails, another replica is asked at once who leads now (see
+`raftmq.client.routes`). A round-robin send of a
 non-idempotent producer moves to a queue of another group ("avoid the failed broker").
 An idempotent producer instead resends the same bytes (same producer id and sequence) to
 the same queue, and the state machine drops the copy if the first try was written.
@@ -776,7 +780,7 @@ class Producer:
                     self._abandon(topic, queue)
                     raise
                 log.debug("send to %s queue %d failed (%s); retry %d", topic, queue, exc, attempt)
-                await anyio.sleep(backoff_delay(attempt))
+                await routes.wait_backoff(group, backoff_delay(attempt))  # a new leader ends it
                 if movable:
                     new_queue = await self._other_queue(topic, queue, failed_groups)
                     if new_queue != queue:

@@ -7,6 +7,13 @@ trusted over the name servers for a while (`HINT_TTL`), and an address that just
 for a group is not taken back from a name server straight away (`FAILED_TTL`). When no
 leader is known, the group's replicas are tried in turn; a follower answers NOT_LEADER
 with a hint, which finds the leader within one round trip.
+
+After a leader dies the client does not wait for the name servers: the first failure on
+the leader's connection sends the request at once to another replica, whose NOT_LEADER
+names the new leader as soon as it knows it (with the term, and a newer term is followed
+at once even to an address that failed in an older one). Until then the request backs
+off as usual, but a backoff ends early when the group's leader changes (`wait_backoff`),
+whichever request or route refresh learned it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgpack
 
 from broker.protocol import Code, Frame, Op, RequestError, parse_address
 
@@ -35,6 +43,7 @@ __all__ = [
     "Routes",
     "TopicRoute",
     "backoff_delay",
+    "merge_cluster_topics",
     "node_addresses",
     "normalize_addresses",
     "open_routes",
@@ -119,9 +128,69 @@ def node_addresses(cluster: Mapping[str, Any]) -> list[str]:
     return sorted({str(n["addr"]) for n in nodes.values() if isinstance(n, dict) and n.get("addr")})
 
 
+def merge_cluster_topics(cluster: dict[str, Any], body: bytes) -> None:
+    """Put the topic listing of a CLUSTER answer's body (`{gid: [[queues, hosted, names],
+    ...]}`) into its groups as `topics: {name: {"queues", "hosted"}}`, sorted by name."""
+    try:
+        tables = msgpack.unpackb(body, raw=False, strict_map_key=False) if body else {}
+        groups = cluster.setdefault("groups", {})
+        for gid, shapes in tables.items():
+            topics: dict[str, Any] = {}
+            for queues, hosted, names in shapes:
+                for name in names:
+                    topics[str(name)] = {"queues": int(queues), "hosted": list(hosted)}
+            g = groups.get(gid)
+            if isinstance(g, dict):
+                g["topics"] = dict(sorted(topics.items()))
+    except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
+        raise RequestError(Code.MALFORMED, f"bad CLUSTER topic listing: {exc!r}") from None
+
+
 def backoff_delay(attempt: int, base: float = 0.05, cap: float = 1.0) -> float:
     """Exponential backoff with jitter, so clients retrying after one failure spread out."""
     return min(cap, base * (2 ** max(0, attempt - 1))) * (0.5 + random.random() / 2)
+
+
+class _RouteTable(dict[str, TopicRoute]):
+    """Cached routes by topic, with an index of the topics each group appears in, so a
+    failure of one group marks only its routes stale (not a walk over every topic)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_group: dict[str, set[str]] = {}
+
+    @staticmethod
+    def _groups(route: TopicRoute) -> set[str]:
+        return set(route.replicas) | {q.group for q in route.queues.values()}
+
+    def _unindex(self, topic: str) -> None:
+        old = dict.get(self, topic)
+        if old is None:
+            return
+        for group in self._groups(old):
+            topics = self.by_group.get(group)
+            if topics is not None:
+                topics.discard(topic)
+                if not topics:
+                    del self.by_group[group]
+
+    def __setitem__(self, topic: str, route: TopicRoute) -> None:
+        self._unindex(topic)
+        super().__setitem__(topic, route)
+        for group in self._groups(route):
+            self.by_group.setdefault(group, set()).add(topic)
+
+    def __delitem__(self, topic: str) -> None:
+        self._unindex(topic)
+        super().__delitem__(topic)
+
+    def pop(self, topic: str, *default: Any) -> Any:  # type: ignore[override]
+        self._unindex(topic)
+        return super().pop(topic, *default)
+
+    def mark_stale(self, group: str) -> None:
+        for topic in self.by_group.get(group, ()):
+            self[topic].stale = True
 
 
 @dataclass(slots=True)
@@ -132,6 +201,14 @@ class _Group:
     replicas: list[str] = field(default_factory=list)
     probe: int = 0
     failed: dict[str, float] = field(default_factory=dict)
+    changed: anyio.Event | None = None  # made by a backoff waiting for a new leader
+
+
+def _leader_changed(g: _Group) -> None:
+    """Wake the requests backing off for this group: they have a new leader to try."""
+    if g.changed is not None:
+        g.changed.set()
+        g.changed = None
 
 
 class Routes:
@@ -150,7 +227,7 @@ class Routes:
         self.timeout = timeout
         self.refresh_interval = refresh_interval
         self._ns_index = 0
-        self._topics: dict[str, TopicRoute] = {}
+        self._topics = _RouteTable()
         self._groups: dict[str, _Group] = {}
         self._locks: dict[str, anyio.Lock] = {}
 
@@ -219,10 +296,17 @@ class Routes:
     def _fresh(self, route: TopicRoute) -> bool:
         return not route.stale and anyio.current_time() - route.fetched_at < self.refresh_interval
 
-    async def cluster(self) -> dict[str, Any]:
-        """The CLUSTER answer (nodes and groups); also learns groups' leaders and replicas."""
-        frame = await self.namesrv_request(Op.CLUSTER, {})
+    async def cluster(self, *, topics: bool = False) -> dict[str, Any]:
+        """The CLUSTER answer (nodes and groups); also learns groups' leaders and replicas.
+
+        Each group has `topic_count`; only with `topics` does it list every topic as
+        `topics: {name: {queues, hosted}}`, an answer that grows with the topics, which
+        leader look-ups and node lists do not need.
+        """
+        frame = await self.namesrv_request(Op.CLUSTER, {"topics": topics})
         cluster = {k: v for k, v in frame.header.items() if k not in ("id", "code")}
+        if topics:
+            merge_cluster_topics(cluster, frame.body)
         self.learn_cluster(cluster)
         return cluster
 
@@ -269,6 +353,8 @@ class Routes:
         if (leader is not None and not newer
                 and now - g.failed.get(leader, -math.inf) < FAILED_TTL):
             leader = None  # it failed us in this term; a newer term clears that
+        if leader is not None and (leader != g.leader or newer):
+            _leader_changed(g)
         g.leader = leader
         if leader is not None and term is not None:
             g.term = term
@@ -306,8 +392,11 @@ class Routes:
     def on_error(self, group: str, addr: str, exc: RequestError, now: float | None = None) -> bool:
         """Update leader knowledge after `addr` failed a request for `group`.
 
-        Returns True when a NOT_LEADER hint names a different address to try at once
-        (one that did not itself fail for the group in the last `FAILED_TTL` seconds).
+        Returns True when a different address is worth trying at once, as a redirect
+        rather than a counted, backed-off attempt: a NOT_LEADER hint naming a leader of
+        a newer term, or one that did not itself fail for the group in the last
+        `FAILED_TTL` seconds; or, when the leader's own connection failed or timed out,
+        another replica to ask who leads now (it may already know a newer leader).
         """
         now = anyio.current_time() if now is None else now
         g = self._group(group)
@@ -321,21 +410,41 @@ class Routes:
                 return True
             if isinstance(hint, str) and hint and hint != addr:
                 # a follower may still name a leader we just lost (paused, cut off):
-                # follow it, but as a counted, backed-off attempt rather than at once
+                # follow it, but as a counted, backed-off attempt rather than at once;
+                # a newer term than ours is a new leader: go at once, whatever failed
+                newer = isinstance(hint_term, int) and hint_term > g.term
                 recent = now - g.failed.pop(hint, -math.inf) < FAILED_TTL
                 g.failed[addr] = now
+                if newer or (hint != g.leader and not recent):
+                    _leader_changed(g)
                 g.leader = hint
                 g.hinted_at = now
                 if isinstance(hint_term, int):
                     g.term = max(g.term, hint_term)
-                return not recent
+                return newer or not recent
             self._forget(g, addr, now)
             return False
         if isinstance(exc, TransportError) or exc.code in (Code.TIMEOUT, Code.PROPOSAL_DROPPED):
             self._mark_stale(group)
+            was_leader = g.leader == addr
             self._forget(g, addr, now)
+            if was_leader and exc.code != Code.PROPOSAL_DROPPED:
+                # the leader is gone or stuck: a follower may know its successor already
+                return any(now - g.failed.get(a, -math.inf) >= FAILED_TTL for a in g.replicas)
         # BUSY and SEQUENCE_GAP: the leader is right; the caller backs off and resends
         return False
+
+    async def wait_backoff(self, group: str | None, delay: float) -> None:
+        """Sleep `delay` seconds before retrying a request to `group`, but no longer than
+        until a new leader of the group is learned: then the retry goes at once."""
+        if group is None:
+            await anyio.sleep(delay)
+            return
+        g = self._group(group)
+        if g.changed is None:
+            g.changed = anyio.Event()
+        with anyio.move_on_after(delay):
+            await g.changed.wait()
 
     @staticmethod
     def _forget(g: _Group, addr: str, now: float) -> None:
@@ -345,9 +454,7 @@ class Routes:
             g.hinted_at = -math.inf
 
     def _mark_stale(self, group: str) -> None:
-        for route in self._topics.values():
-            if group in route.replicas or any(q.group == group for q in route.queues.values()):
-                route.stale = True
+        self._topics.mark_stale(group)
 
     # ------------------------------------------------------------ calls with retries
 
@@ -411,7 +518,7 @@ class Routes:
                 if attempt >= attempts:
                     raise
                 log.debug("%s to %s failed (%s); retry %d", op.name, addr, exc, attempt)
-                await anyio.sleep(backoff_delay(attempt))
+                await self.wait_backoff(group, backoff_delay(attempt))
 
     async def call_queue(
         self,
