@@ -296,13 +296,19 @@ class RaftNode:
         their lease, they refuse, and nothing is disrupted; a heartbeat arriving first
         cancels it as usual. Without PreVote it does nothing (a real election would bump
         the term of a live leader). Liveness only: an election is always safe.
+
+        Repeated reports never postpone the slot: a shell that keeps redialling the dead
+        leader may report each failed reconnect (through a proxy that accepts and then
+        closes, several times a tick), and pushing the deadline back on each one would
+        keep every follower but the first-ranked from ever campaigning.
         """
         if (self.role != Role.FOLLOWER or self.leader != peer or not self.cfg.pre_vote
                 or not self._can_campaign()):
             return
         others = sorted(self.membership.voters - {peer})
         self._election_elapsed = max(self._election_elapsed, self.cfg.election_ticks)
-        self._timeout = self._election_elapsed + 1 + others.index(self.id)
+        due = self._election_elapsed + 1 + others.index(self.id)
+        self._timeout = min(self._timeout, due) if self._timeout_forced else due
         self._timeout_forced = True  # a heartbeat arriving first draws a random one again
 
     def step(self, m: Message) -> None:

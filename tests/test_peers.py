@@ -1,11 +1,17 @@
-"""Peer links: what is queued for a peer, and what is too large to send at all."""
+"""Peer links: what is queued for a peer, what is too large to send at all, and how a
+lost link reaches the groups."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import trio
+
 from broker.peers import PeerLinks
-from raftlog.types import Membership, Message, MsgType
+from chaos.cluster import free_ports
+from chaos.proxy import Proxy
+from raftlog.types import Membership, Message, MsgType, Role
+from tests.raft_harness import Cluster
 
 
 def test_a_message_over_the_peer_frame_limit_is_not_queued() -> None:
@@ -23,3 +29,40 @@ def test_a_message_over_the_peer_frame_limit_is_not_queued() -> None:
     links.send("g", Message(MsgType.SNAPSHOT, 1, 2, 3, log_index=9, log_term=3,
                             snapshot=b"x" * 5000, membership=members))
     assert len(link.queue) == 2  # one that does not is dropped (and logged), not sent
+
+
+def test_redialling_a_dead_leader_through_a_proxy_does_not_hold_back_the_campaign() -> None:
+    """Node 2 dials node 3 through a fault proxy. With 3 dead the proxy accepts each
+    reconnect and closes it, so the loss is reported over and over (about every 50 ms);
+    the follower must still campaign in its slot (second tick for rank 1), not keep
+    pushing its timer off until 3 returns."""
+    c = Cluster(3)
+    c.campaign(3)
+    assert c.leader().id == 3
+    c.crash(3)
+    follower = c.nodes[2]
+    lost: list[int] = []
+
+    def on_lost(peer: int) -> None:
+        lost.append(peer)
+        follower.leader_unreachable(peer)
+
+    async def main() -> None:
+        (dead,) = free_ports(1, "127.0.0.1")
+        async with trio.open_nursery() as nursery:
+            proxy = Proxy(f"127.0.0.1:{dead}")
+            addr = await nursery.start(proxy.serve)
+            links = PeerLinks(2, {2: "127.0.0.1:1", 3: addr}, lambda g, m: None,
+                              max_frame=1 << 20, on_lost=on_lost)
+            nursery.start_soon(links.run)
+            with trio.move_on_after(5):
+                while not lost:
+                    await trio.sleep(0.01)
+            for _ in range(5):  # 100 ms ticks, as a node runs them
+                await trio.sleep(0.1)
+                follower.tick()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert len(lost) >= 3  # the loss was reported again and again
+    assert follower.role == Role.PRE_CANDIDATE

@@ -117,3 +117,43 @@ def test_the_campaign_starts_with_a_prevote():
     c.nodes[a].tick()
     sent = c.nodes[a].ready().messages
     assert sent and all(m.type == MsgType.PREVOTE for m in sent)
+
+
+def test_repeated_reports_do_not_postpone_the_campaign():
+    """A shell redialling a dead leader through a proxy reports the loss on every failed
+    reconnect, several times a tick: the slot taken at the first report must hold."""
+    c = Cluster(3)
+    c.campaign(3)
+    old = c.leader()
+    assert old.id == 3
+    c.crash(old.id)
+    second = c.nodes[2]  # rank 1 among the other voters: campaigns at the second tick
+    for _ in range(2):
+        second.leader_unreachable(old.id)
+        second.leader_unreachable(old.id)
+        assert second.role == Role.FOLLOWER
+        second.tick()
+    assert second.role == Role.PRE_CANDIDATE
+
+
+def test_a_follower_ahead_of_the_first_ranked_one_still_takes_over():
+    """Chaos run, seed 11: leader 3 was killed while follower 1 (first in rank) held a
+    shorter log than follower 2, and both kept redialling 3 through the fault proxy. 2
+    rightly refused 1's pre-votes, and each new report moved 2's own campaign two ticks
+    further off, so nobody led the group until 3 came back (7.75 s)."""
+    c = Cluster(3)
+    c.campaign(3)
+    old = c.leader()
+    assert old.id == 3
+    c.isolate(1)
+    c.propose(b"only 2 and 3 have it")  # committed by 2 and 3; 1 stays behind
+    c.crash(old.id)
+    c.heal()
+    assert c.nodes[2].last_index > c.nodes[1].last_index
+    for _ in range(4):
+        for i in (1, 2, 1, 2):  # several reconnects fail within each tick
+            c.nodes[i].leader_unreachable(old.id)
+        c.tick()
+    new = c.leader()
+    assert new.id == 2 and new.term == old.term + 1
+    assert c.nodes[1].leader == 2
