@@ -224,10 +224,24 @@ def _print_run(results: dict[str, Any], out: Path) -> None:
     table.add_row("verdict", verdict)
     for problem in results.get("problems", []):
         table.add_row("problem", f"[red]{problem}[/]")
-    for key, value in results.items():
-        if key in ("valid", "problems", "options", "run"):
-            continue
-        table.add_row(key, json.dumps(value, default=str) if not isinstance(value, str) else value)
+    ops = results.get("operations", {})
+    table.add_row("operations", ", ".join(
+        f"{f} " + "/".join(f"{n} {kind}" for kind, n in counts.items() if n)
+        for f, counts in ops.items()
+    ))
+    faults = results.get("faults", {})
+    table.add_row("faults", f"{sum(faults.values())}: " + ", ".join(
+        f"{kind} {n}" for kind, n in faults.items()))
+    table.add_row("messages", ", ".join(
+        f"{kind} {results.get(kind, 0)}"
+        for kind in ("lost", "duplicated", "duplicated_plain", "unexpected", "recovered")
+    ))
+    lin = results.get("linearizable", {})
+    table.add_row("linearizable queues", f"{sum(v is True for v in lin.values())} of {len(lin)}")
+    table.add_row("checker", f"{results.get('checker_seconds', 0):.1f} s")
+    worst = results.get("longest_unavailability")
+    table.add_row("longest unavailability after a leader loss",
+                  "none" if worst is None else f"{worst:.2f} s")
     table.add_row("files", f"{out}/history.jsonl, results.json, report.html")
     Console().print(table)
 

@@ -114,3 +114,19 @@ def test_long_run_with_every_nemesis(tmp_path: Path) -> None:
     ])
     results = _check_outputs(out)
     assert code == 0, json.dumps(results, indent=1)[:4000]
+
+
+def test_human_summary_names_the_verdict_and_the_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from chaos.cli import _print_run
+
+    _print_run({
+        "valid": False, "problems": ["lost: 2"],
+        "operations": {"append": {"ok": 10, "fail": 0, "info": 1}},
+        "faults": {"kill": 2}, "lost": 2, "linearizable": {"t/0": True, "t/1": None},
+        "checker_seconds": 0.5, "longest_unavailability": 1.25,
+    }, tmp_path)
+    out = capsys.readouterr().out
+    for text in ("INVALID", "lost: 2", "append 10 ok/1 info", "kill 2", "1 of 2", "1.25 s"):
+        assert text in out, (text, out)
