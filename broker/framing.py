@@ -6,6 +6,12 @@ it reads requests and runs each one in its own task, because a long-polling FETC
 hold up a PRODUCE pipelined behind it on the same connection. A cap on requests in flight
 per connection stops reading when a client outruns us, which pushes back through TCP
 instead of growing memory.
+
+Answers go out through a `FrameWriter`: one writer task per connection joins every frame
+queued since its last write (those finished in the same scheduler turn, or while a write
+was in progress) into a single `send_all`. Responses carry their request id, so they may
+leave in any order; a frame is always written whole. Queued bytes are capped per
+connection, so a client that stops reading makes the answering tasks wait.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from .protocol import (
 
 __all__ = [
     "DEFAULT_MAX_INFLIGHT",
+    "DEFAULT_MAX_PENDING",
     "FrameStream",
+    "FrameWriter",
     "Handler",
     "Response",
     "open_frame_stream",
@@ -41,6 +49,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_INFLIGHT = 1024
+DEFAULT_MAX_PENDING = 1 << 20  # queued answer bytes per connection before senders wait
 _RECEIVE_SIZE = 1 << 16
 _ERROR_SEND_TIMEOUT = 5.0
 
@@ -115,13 +124,93 @@ async def open_frame_stream(addr: str, *, max_frame: int = DEFAULT_MAX_FRAME) ->
     return FrameStream(stream, max_frame=max_frame)
 
 
+class FrameWriter:
+    """Joins frames bound for one stream so that many answers cost one write.
+
+    `send()` queues a whole frame. It returns without waiting while fewer than
+    `max_pending` bytes are queued or being written (a frame is admitted whole, so the
+    total can pass the cap by one frame), and otherwise waits for the writer to catch up.
+    `run()` is the only task that writes: it takes everything queued so far, writes it with
+    one `send_all`, and repeats. If a write fails, `run()` records it and returns; waiting
+    and later `send()` calls raise `trio.BrokenResourceError` (`trio.ClosedResourceError`
+    once `run()` has ended otherwise, e.g. by cancellation).
+    """
+
+    def __init__(self, stream: trio.abc.SendStream, *, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be positive, got {max_pending}")
+        self._stream = stream
+        self._max_pending = max_pending
+        self._queue: list[bytes] = []
+        self._pending = 0  # bytes queued plus bytes being written
+        self._has_data = trio.lowlevel.ParkingLot()
+        self._has_room = trio.lowlevel.ParkingLot()
+        self._drained = trio.lowlevel.ParkingLot()
+        self._failure: BaseException | None = None
+        self._stopped = False
+
+    @property
+    def pending(self) -> int:
+        """Bytes accepted by `send()` and not yet written."""
+        return self._pending
+
+    def _check(self) -> None:
+        if self._failure is not None:
+            raise trio.BrokenResourceError("writing to the connection failed") from self._failure
+        if self._stopped:
+            raise trio.ClosedResourceError("the connection's writer has stopped")
+
+    async def send(self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> None:
+        """Queue one frame; waits only while the connection is over its pending-bytes cap."""
+        data = encode_frame(header, body)
+        self._check()
+        while self._pending >= self._max_pending:
+            await self._has_room.park()
+            self._check()
+        self._queue.append(data)
+        self._pending += len(data)
+        self._has_data.unpark_all()
+
+    async def drain(self) -> None:
+        """Wait until everything queued so far has been written."""
+        self._check()
+        if not self._pending:
+            await trio.lowlevel.checkpoint()
+        while self._pending:
+            await self._drained.park()
+            self._check()
+
+    async def run(self) -> None:
+        """Write queued frames until cancelled or a write fails."""
+        try:
+            while True:
+                while not self._queue:
+                    await self._has_data.park()
+                batch, self._queue = self._queue, []
+                data = batch[0] if len(batch) == 1 else b"".join(batch)
+                try:
+                    await self._stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._failure = exc
+                    return
+                self._pending -= len(data)
+                self._has_room.unpark_all()
+                if not self._pending:
+                    self._drained.unpark_all()
+        finally:
+            self._stopped = True
+            self._queue = []
+            self._has_room.unpark_all()
+            self._drained.unpark_all()
+
+
 def request_id(frame: Frame) -> int:
     """The request id to echo; 0 when the sender did not give a usable one."""
     rid = frame.header.get("id", 0)
     return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
 
 
-async def _answer(fs: FrameStream, handler: Handler, frame: Frame, slots: trio.Semaphore) -> None:
+async def _answer(out: FrameWriter, handler: Handler, frame: Frame, slots: trio.Semaphore) -> None:
     try:
         rid = request_id(frame)
         try:
@@ -136,9 +225,9 @@ async def _answer(fs: FrameStream, handler: Handler, frame: Frame, slots: trio.S
         header, body = response
         header.setdefault("id", rid)
         try:
-            await fs.send(header, body)
+            await out.send(header, body)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the reader notices the dead connection and ends the loop
+            pass  # the writer's failure ends the connection
     finally:
         slots.release()
 
@@ -149,24 +238,29 @@ async def serve_frames(
     *,
     max_frame: int = DEFAULT_MAX_FRAME,
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    max_pending: int = DEFAULT_MAX_PENDING,
     first: Frame | None = None,
 ) -> None:
     """Answer requests on one connection until the peer leaves or breaks the framing.
 
     Each frame runs `handler(frame)` in its own task; its `(header, body)` result is sent
     back (a missing "id" is filled in from the request), None sends nothing (one-way ops).
-    `RequestError` becomes an error response and other exceptions an INTERNAL one; the
-    connection stays open either way. A `ProtocolError` while reading gets one error
-    frame with id 0 and ends the connection, since the byte stream cannot be resynced.
-    When the connection ends, requests still running are cancelled (nobody is left to
-    read their answers) and the stream is closed. `max_frame` applies when a raw
-    stream is given; a `FrameStream` keeps its own limit. `first` is a frame already read
-    from the stream (the node reads one to tell peers from clients).
+    Answers are written through a `FrameWriter` (at most `max_pending` bytes queued), so
+    they leave in completion order and several may share one write. `RequestError`
+    becomes an error response and other exceptions an INTERNAL one; the connection stays
+    open either way. A `ProtocolError` while reading gets one error frame with id 0 (after
+    the answers already queued) and ends the connection, since the byte stream cannot be
+    resynced. A failed write also ends the connection. When the connection ends, requests
+    still running are cancelled (nobody is left to read their answers) and the stream is
+    closed. `max_frame` applies when a raw stream is given; a `FrameStream` keeps its own
+    limit. `first` is a frame already read from the stream (the node reads one to tell
+    peers from clients).
     """
     fs = stream if isinstance(stream, FrameStream) else FrameStream(stream, max_frame=max_frame)
     slots = trio.Semaphore(max_inflight)
+    out = FrameWriter(fs.stream, max_pending=max_pending)
     try:
-        await _serve(fs, handler, slots, first)
+        await _serve(fs, out, handler, slots, first)
     except Exception:  # under trio.serve_listeners an escaping error would stop the server
         log.exception("connection handler failed")
     finally:
@@ -174,25 +268,33 @@ async def serve_frames(
             await fs.aclose()
 
 
+async def _write(out: FrameWriter, scope: trio.CancelScope) -> None:
+    await out.run()
+    scope.cancel()  # the write failed: end the connection, reader and requests too
+
+
 async def _serve(
-    fs: FrameStream, handler: Handler, slots: trio.Semaphore, first: Frame | None
+    fs: FrameStream, out: FrameWriter, handler: Handler, slots: trio.Semaphore,
+    first: Frame | None,
 ) -> None:
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(_write, out, nursery.cancel_scope)
         if first is not None:  # a frame the caller read to decide who is calling
             await slots.acquire()
-            nursery.start_soon(_answer, fs, handler, first, slots)
+            nursery.start_soon(_answer, out, handler, first, slots)
         try:
             while True:
                 await slots.acquire()
                 frame = await fs.receive()
                 if frame is None:
                     break
-                nursery.start_soon(_answer, fs, handler, frame, slots)
+                nursery.start_soon(_answer, out, handler, frame, slots)
         except ProtocolError as exc:
             log.info("closing connection: %s", exc)
             with trio.move_on_after(_ERROR_SEND_TIMEOUT):  # a peer that never reads
                 try:
-                    await fs.send(error_header(0, exc.code, str(exc)))
+                    await out.send(error_header(0, exc.code, str(exc)))
+                    await out.drain()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
         except trio.ClosedResourceError:

@@ -1,0 +1,210 @@
+"""The coalescing answer writer (`broker.framing.FrameWriter`) and `serve_frames` over it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from broker.framing import FrameWriter, serve_frames
+from broker.protocol import Frame, FrameDecoder, encode_frame
+
+
+class RecordingStream(trio.abc.SendStream):
+    """Records each `send_all`; a write can be held until `release()`, or made to fail."""
+
+    def __init__(self, *, hold: bool = False, fail: bool = False) -> None:
+        self.writes: list[bytes] = []
+        self.hold = hold
+        self.fail = fail
+        self.in_write = False
+        self._gate = trio.Event()
+        self.closed = False
+
+    def release(self) -> None:
+        self.hold = False
+        self._gate.set()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.in_write = True
+        try:
+            if self.hold:
+                await self._gate.wait()
+            else:
+                await trio.lowlevel.checkpoint()
+            if self.fail:
+                raise trio.BrokenResourceError("peer reset")
+            self.writes.append(bytes(data))
+        finally:
+            self.in_write = False
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await trio.lowlevel.checkpoint()
+
+
+def frames_of(data: bytes) -> list[Frame]:
+    dec = FrameDecoder()
+    dec.feed(data)
+    out = []
+    while (f := dec.next_frame()) is not None:
+        out.append(f)
+    assert dec.buffered == 0, "a frame was cut"
+    return out
+
+
+def test_answers_queued_in_one_turn_share_one_write() -> None:
+    async def main() -> None:
+        stream = RecordingStream()
+        out = FrameWriter(stream)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(out.run)
+            for i in range(5):
+                await out.send({"id": i, "code": 0}, bytes([i]) * (i * 100))
+            await out.drain()
+            nursery.cancel_scope.cancel()
+        assert len(stream.writes) == 1
+        frames = frames_of(stream.writes[0])
+        assert [f.header["id"] for f in frames] == [0, 1, 2, 3, 4]
+        assert [f.body for f in frames] == [bytes([i]) * (i * 100) for i in range(5)]
+        assert out.pending == 0
+
+    trio.run(main)
+
+
+def test_answers_finished_during_a_write_go_in_the_next_one() -> None:
+    async def main() -> None:
+        stream = RecordingStream(hold=True)
+        out = FrameWriter(stream)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(out.run)
+            await out.send({"id": 1})
+            await trio.testing.wait_all_tasks_blocked()
+            assert stream.in_write
+            for i in range(2, 6):  # separate tasks, finishing while the first write waits
+                nursery.start_soon(out.send, {"id": i}, b"body")
+            await trio.testing.wait_all_tasks_blocked()
+            stream.release()
+            await out.drain()
+            nursery.cancel_scope.cancel()
+        assert len(stream.writes) == 2
+        assert [f.header["id"] for f in frames_of(stream.writes[0])] == [1]
+        assert sorted(f.header["id"] for f in frames_of(stream.writes[1])) == [2, 3, 4, 5]
+        assert all(f.body == b"body" for f in frames_of(stream.writes[1]))
+
+    trio.run(main)
+
+
+def test_senders_wait_beyond_the_pending_cap() -> None:
+    async def main() -> None:
+        stream = RecordingStream(hold=True)
+        frame_len = len(encode_frame({"id": 0}, b"x" * 100))
+        out = FrameWriter(stream, max_pending=2 * frame_len)
+        sent: list[int] = []
+
+        async def send(i: int) -> None:
+            await out.send({"id": i}, b"x" * 100)
+            sent.append(i)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(out.run)
+            for i in range(5):
+                nursery.start_soon(send, i)
+                await trio.testing.wait_all_tasks_blocked()
+            # the first frame is being written, one more fits under the cap, the rest wait
+            assert sent == [0, 1]
+            assert out.pending == 2 * frame_len
+            stream.release()
+            await out.drain()
+            assert sorted(sent) == [0, 1, 2, 3, 4]
+            nursery.cancel_scope.cancel()
+        got = [f.header["id"] for w in stream.writes for f in frames_of(w)]
+        assert sorted(got) == [0, 1, 2, 3, 4]
+
+    trio.run(main)
+
+
+def test_a_failed_write_fails_the_writer_and_every_sender() -> None:
+    async def main() -> None:
+        stream = RecordingStream(hold=True, fail=True)
+        out = FrameWriter(stream, max_pending=1)
+        errors: list[type[BaseException]] = []
+
+        async def send(i: int) -> None:
+            try:
+                await out.send({"id": i})
+            except trio.BrokenResourceError as exc:
+                errors.append(type(exc))
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:  # run() returns by itself
+                nursery.start_soon(out.run)
+                await out.send({"id": 0})
+                nursery.start_soon(send, 1)  # waits: over the cap
+                await trio.testing.wait_all_tasks_blocked()
+                assert errors == []
+                stream.release()
+        assert errors == [trio.BrokenResourceError]
+        with pytest.raises(trio.BrokenResourceError):
+            await out.send({"id": 2})
+        with pytest.raises(trio.BrokenResourceError):
+            await out.drain()
+
+    trio.run(main)
+
+
+class QuietReceive(trio.abc.ReceiveStream):
+    """A peer that sends the given bytes, then nothing, and never closes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.closed = False
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self.data:
+            data, self.data = self.data, b""
+            await trio.lowlevel.checkpoint()
+            return data
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await trio.lowlevel.checkpoint()
+
+
+async def echo(frame: Frame) -> tuple[dict[str, Any], bytes]:
+    await trio.sleep(0.01 * (5 - frame.header["id"]))  # later requests finish first
+    return {"code": 0}, frame.body
+
+
+def test_serve_frames_answers_pipelined_requests_whole_and_by_id() -> None:
+    async def main() -> None:
+        requests = b"".join(encode_frame({"op": 1, "id": i}, b"p%d" % i) for i in range(6))
+        send = RecordingStream()
+        recv = QuietReceive(requests)
+        with trio.move_on_after(1):
+            await serve_frames(trio.StapledStream(send, recv), echo)
+        frames = frames_of(b"".join(send.writes))
+        assert sorted(f.header["id"] for f in frames) == list(range(6))
+        assert all(f.body == b"p%d" % f.header["id"] for f in frames)
+        assert send.closed
+
+    trio.run(main)
+
+
+def test_serve_frames_a_failed_write_ends_only_that_connection() -> None:
+    async def main() -> None:
+        send = RecordingStream(fail=True)
+        recv = QuietReceive(encode_frame({"op": 1, "id": 5}, b"x"))
+        with trio.fail_after(5):  # the reader alone would wait forever on the quiet peer
+            await serve_frames(trio.StapledStream(send, recv), echo)
+        assert send.closed and recv.closed
+        assert send.writes == []
+
+    trio.run(main)
