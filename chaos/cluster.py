@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -54,21 +55,50 @@ class ClusterError(RuntimeError):
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct TCP ports that were free a moment ago (bound to port 0, then released).
+    """`n` distinct TCP ports that were free a moment ago, chosen below the kernel's
+    ephemeral range.
 
-    All sockets stay open until every port is chosen, so the ports are distinct. Another
-    process may still take one before it is used; a fixed `port_base` avoids that race.
+    A node re-binds its port when it restarts (kill -9, power loss). A port from the
+    ephemeral range may meanwhile become the local end of some outgoing connection,
+    and the restart then fails with EADDRINUSE; ports below that range are only ever
+    taken by an explicit bind. Each candidate is bound, and all stay bound until every
+    port is chosen, so they are distinct. Another process may still bind one before it
+    is used; a fixed `port_base` avoids that race. Falls back to kernel-chosen ports
+    when the range below the ephemeral one is too small.
     """
-    socks = []
+    lo = _ephemeral_low()
+    candidates = list(range(_LOW_PORT, lo)) if lo - _LOW_PORT >= 4 * n else []
+    random.SystemRandom().shuffle(candidates)
+    socks: list[socket.socket] = []
+    chosen: list[int] = []
     try:
-        for _ in range(n):
+        for port in [*candidates, *[0] * n]:
+            if len(chosen) == n:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
+            chosen.append(s.getsockname()[1])
+        return chosen
     finally:
         for s in socks:
             s.close()
+
+
+_LOW_PORT = 20000  # above the usual fixed service ports
+
+
+def _ephemeral_low() -> int:
+    """First port of the kernel's ephemeral range (Linux; 32768 where unknown)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _node_name(i: int) -> str:

@@ -116,6 +116,13 @@ def test_free_ports_are_distinct_and_bindable() -> None:
             s.bind(("127.0.0.1", p))
 
 
+def test_free_ports_stay_out_of_the_ephemeral_range() -> None:
+    """A restarted node re-binds its port; an outgoing connection's local port (always
+    from the ephemeral range) must not be able to take it in between."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert all(p < low for p in free_ports(50))
+
+
 # ------------------------------------------------------------------ configs on disk
 
 
