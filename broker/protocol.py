@@ -76,9 +76,10 @@ class Op(IntEnum):
     TRANSFER_LEADER = 25  # (g, to: node id) -> ()
     HEARTBEAT = 30  # (cg, client, topics: [...]) -> ()
     CONSUMERS = 31  # (cg) -> (clients: sorted [client ids])
-    REGISTER = 40  # name server: (node, addr, groups: {...}) -> ()
+    REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
+    #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see namesrv.registry
     ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])
-    CLUSTER = 42  # name server: () -> (nodes: {...}, groups: {...})
+    CLUSTER = 42  # name server: (topics: bool) -> (nodes, groups) + topic listing in the body
 
 
 class Code(IntEnum):
