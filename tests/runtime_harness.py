@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 import trio
 
 from raftlog.core import RaftConfig
-from raftlog.runtime import GroupOptions, GroupRuntime, StateMachine
+from raftlog.runtime import FetchRaw, GroupOptions, GroupRuntime, StateMachine
 from raftlog.types import Message
 
 __all__ = ["Group"]
@@ -31,9 +31,11 @@ class Group(Generic[M]):
         *,
         restore: Callable[[bytes], M] | None = None,
         preferred: int | None = None,
+        node_dirs: bool = False,
         **opts: Any,
     ) -> None:
         self.tmp = tmp
+        self.node_dirs = node_dirs  # replica i in n{i}/g, as a node keeps a group's data
         self.machine = machine
         self.restore = restore
         self.preferred = preferred
@@ -47,6 +49,10 @@ class Group(Generic[M]):
         rt = self.runtimes.get(m.dst)
         if rt is not None and m.dst not in self.down and m.src not in self.down:
             rt.step(m)
+
+    def fetcher(self, i: int) -> FetchRaw | None:
+        """How replica i fetches a peer's stored entry for a repair (none by default)."""
+        return None
 
     def _restorer(self, i: int) -> Callable[[bytes], M] | None:
         restore = self.restore
@@ -63,8 +69,10 @@ class Group(Generic[M]):
         self.machines[i] = self.machine()
         opts = GroupOptions(raft=RaftConfig(election_ticks=10, preferred_leader=self.preferred),
                             **self.opts)
-        rt = GroupRuntime("g", i, self.tmp / f"n{i}", (1, 2, 3), self.machines[i], self.send,
-                          opts, rng=random.Random(i), restore=self._restorer(i))
+        data = self.tmp / f"n{i}" / "g" if self.node_dirs else self.tmp / f"n{i}"
+        rt = GroupRuntime("g", i, data, (1, 2, 3), self.machines[i], self.send,
+                          opts, rng=random.Random(i), restore=self._restorer(i),
+                          fetch_raw=self.fetcher(i))
         rt.open()
         self.runtimes[i] = rt
         self.down.discard(i)

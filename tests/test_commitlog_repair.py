@@ -20,7 +20,7 @@ from raftlog.commitlog import (
     encode_entry,
 )
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_marks
-from raftlog.runtime import EntryUnavailable, FetchRaw, GroupOptions, GroupRuntime
+from raftlog.runtime import EntryUnavailable, FetchRaw
 from raftlog.types import Entry, EntryType
 from tests.runtime_harness import Group
 from tests.test_commitlog import SEG, crash, flip, locate, make
@@ -177,11 +177,11 @@ class _Repairing(Group[_Applied]):
     the others' CommitLogs the way READ_RAW does; `blocked` peers answer nothing."""
 
     def __init__(self, tmp: Path) -> None:
-        super().__init__(tmp, _Applied)
+        super().__init__(tmp, _Applied, node_dirs=True)
         self.blocked: set[int] = set()
         self.fetches: list[tuple[int, int, int]] = []  # (asker, peer, index)
 
-    def fetcher(self, asker: int) -> FetchRaw:
+    def fetcher(self, asker: int) -> FetchRaw | None:
         async def fetch(peer: int, index: int) -> bytes:
             await trio.sleep(0)
             self.fetches.append((asker, peer, index))
@@ -196,27 +196,6 @@ class _Repairing(Group[_Applied]):
             return bytes(lg.read_raw(index, index + 1))
 
         return fetch
-
-    async def start(self, nursery: trio.Nursery, i: int) -> None:
-        self.machines[i] = self.machine()
-        rt = GroupRuntime("g", i, self.tmp / f"n{i}" / "g", (1, 2, 3), self.machines[i],
-                          self.send, GroupOptions(), rng=random.Random(i),
-                          fetch_raw=self.fetcher(i))
-        rt.open()
-        self.runtimes[i] = rt
-        self.down.discard(i)
-
-        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            with trio.CancelScope() as scope:
-                self.scopes[i] = scope
-                task_status.started()
-                async with trio.open_nursery() as inner:
-                    inner.start_soon(rt.run)
-                    while True:
-                        await trio.sleep(0.01)
-                        rt.tick()
-
-        await nursery.start(run)
 
 
 def test_a_replica_repairs_a_corrupt_entry_and_applies_nothing_past_it_until_then(
