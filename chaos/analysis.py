@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .accounting import account_queue_history
+from .accounting import ERROR_KINDS, account_queue_history
 from .histories import (
     NEMESIS,
     Fault,
@@ -75,16 +75,7 @@ from .workload import is_idempotent_message
 
 __all__ = ["INVALIDATING", "Analysis", "Unavailability", "analyze"]
 
-INVALIDATING = (
-    "lost",
-    "unexpected",
-    "failed_but_read",
-    "offset_conflicts",
-    "ack_mismatches",
-    "ack_conflicts",
-    "reordered",
-    "duplicated",  # by idempotent producers only, once split (see the module docstring)
-)
+INVALIDATING = ERROR_KINDS  # "duplicated" counts idempotent producers only, once split
 """Accounting totals that make a run invalid when not zero."""
 
 _EXAMPLES = 20  # items of each error list kept in results.json
