@@ -50,7 +50,6 @@ __all__ = [
     "add_producer_args",
     "run_on_target",
     "target_cluster",
-    "wait_preferred_leaders",
 ]
 
 READY_TIMEOUT = 60.0  # generous: the machine may be shared with other runs
@@ -169,35 +168,11 @@ def target_cluster(
                           node_overrides=node_overrides, **extra) as cluster:
             cluster.wait_ready(timeout=READY_TIMEOUT)
             if settle:
-                wait_preferred_leaders(cluster)
+                cluster.wait_preferred_leaders(READY_TIMEOUT)
             info = {"cluster": "local", "nodes": 3, "groups": args.groups, "replicas": 3,
                     "fsync": args.fsync}
             yield Target(cluster.namesrv_addr, info, cluster, [c.data for c in cluster.configs],
                          conditions)
-
-
-def wait_preferred_leaders(cluster: LocalCluster, timeout: float = READY_TIMEOUT) -> float:
-    """Block until every group is led by its preferred leader, running; seconds it took.
-
-    Benchmarks start measuring only then, so a leadership hand-over that follows start-up
-    (or a restart) is not mistaken for the system's steady state."""
-    from broker.protocol import RequestError
-
-    want = {g.id: g.preferred_leader for g in cluster.groups}
-    t0 = time.monotonic()
-    last: dict[str, int | None] = {}
-    while True:
-        try:
-            last = cluster.leaders(timeout=2.0)
-        except (OSError, RequestError):
-            pass
-        else:
-            if all(last.get(g) == n and (n is None or cluster.is_running(n))
-                   for g, n in want.items()):
-                return time.monotonic() - t0
-        if time.monotonic() - t0 >= timeout:
-            raise TimeoutError(f"preferred leaders {want} not back after {timeout} s: {last}")
-        time.sleep(0.05)
 
 
 async def create_topics(

@@ -41,7 +41,6 @@ from .common import (
     progress,
     run_id,
     target_cluster,
-    wait_preferred_leaders,
 )
 
 if TYPE_CHECKING:
@@ -182,7 +181,7 @@ async def _rounds(cluster: LocalCluster, args: argparse.Namespace) -> dict[str, 
                 await anyio.to_thread.run_sync(cluster.restart, victim)
                 t_restart = time.monotonic()
                 await anyio.to_thread.run_sync(cluster.wait_ready, READY_TIMEOUT)
-                await anyio.to_thread.run_sync(wait_preferred_leaders, cluster, READY_TIMEOUT)
+                await anyio.to_thread.run_sync(cluster.wait_preferred_leaders, READY_TIMEOUT)
                 samples.append({
                     "kill": k + 1,
                     "group": group,
@@ -225,7 +224,7 @@ def run_failover(args: argparse.Namespace, cluster: LocalCluster | None = None) 
     a local cluster started and stopped here."""
     if cluster is not None:
         conditions = machine()
-        wait_preferred_leaders(cluster)
+        cluster.wait_preferred_leaders(READY_TIMEOUT)
         result = anyio.run(_rounds, cluster, args)
         result.update(cluster="given", nodes=len(cluster.node_ids), groups=len(cluster.groups),
                       machine=conditions)

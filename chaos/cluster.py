@@ -520,6 +520,29 @@ class LocalCluster:
                 return f"group {gid} names leader {leader}, which is not registered"
         return None
 
+    def wait_preferred_leaders(self, timeout: float = 30.0) -> float:
+        """Block until every group is led by its preferred leader, running; seconds it took.
+
+        Benchmarks and tests that assume a steady state wait for this, so the hand-back
+        that follows a start or a restart does not land in the middle of what they measure.
+        Raises TimeoutError naming the leaders last seen.
+        """
+        want = {g.id: g.preferred_leader for g in self.groups}
+        t0 = time.monotonic()
+        last: dict[str, int | None] = {}
+        while True:
+            try:
+                last = self.leaders(timeout=2.0)
+            except (OSError, RequestError):
+                pass
+            else:
+                if all(last.get(g) == n and (n is None or self.is_running(n))
+                       for g, n in want.items()):
+                    return time.monotonic() - t0
+            if time.monotonic() - t0 >= timeout:
+                raise TimeoutError(f"preferred leaders {want} not back after {timeout} s: {last}")
+            time.sleep(0.05)
+
     def wait_ready(self, timeout: float = 30.0, *, raise_on_exit: bool = True) -> dict[str, int]:
         """Block until every group has a leader that is registered, running and not paused;
         returns the leaders. Raises `ClusterError` at once when a child exits unexpectedly

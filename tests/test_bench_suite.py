@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from bench import consume, e2e, failover, produce, topics
-from bench.common import Pacer, latency_ms, percentile, wait_preferred_leaders
+from bench.common import Pacer, latency_ms, percentile
 from chaos.cluster import LocalCluster
 from raftmq.commands.bench import BENCHMARKS
 from raftmq.commands.bench import main as bench_main
@@ -34,7 +34,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     c.start()
     try:
         c.wait_ready(timeout=READY_TIMEOUT)
-        wait_preferred_leaders(c)
+        c.wait_preferred_leaders()
         yield c
     finally:
         c.stop()

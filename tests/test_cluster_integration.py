@@ -94,24 +94,15 @@ def _balanced(cluster: LocalCluster, leaders: dict[str, int | None]) -> bool:
 
 
 def wait_balanced(cluster: LocalCluster, timeout: float = REBALANCE_TIMEOUT) -> float:
-    """Poll the name server until every group is led by its preferred leader (one group
-    per node); seconds it took."""
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    last: dict[str, int | None] = {}
-    while True:
-        try:
-            last = cluster.leaders(timeout=2.0)
-        except (OSError, RequestError):
-            pass
-        else:
-            if _balanced(cluster, last) and all(
-                cluster.is_running(n) for n in last.values() if n is not None
-            ):
-                return time.monotonic() - t0
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"leaders not balanced after {timeout} s: {last}")
-        time.sleep(0.05)
+    """Wait until every group is led by its preferred leader (one group per node);
+    seconds it took."""
+    try:
+        took = cluster.wait_preferred_leaders(timeout)
+    except TimeoutError as exc:
+        raise AssertionError(f"leaders not balanced: {exc}") from None
+    leaders = cluster.leaders(timeout=2.0)
+    assert _balanced(cluster, leaders), leaders
+    return took
 
 
 def wait_new_leader(cluster: LocalCluster, group: str, old: int, timeout: float) -> int:
