@@ -46,7 +46,6 @@ back counts until the history ends), ``unrecovered_faults``, ``unavailability`` 
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -56,7 +55,6 @@ from typing import Any
 
 from .accounting import ERROR_KINDS, account_queue_history
 from .histories import (
-    NEMESIS,
     Fault,
     HistoryRecord,
     parse_faults,
@@ -184,7 +182,6 @@ def analyze(
     records = [r for r in everything if r.f in ("append", "read") and not _offset_key(r.key)]
     offset_records = [r for r in everything if r.f in ("commit", "read") and _offset_key(r.key)]
     faults = parse_faults(path)
-    start_values = _fault_start_values(path)
 
     accounting = account_queue_history(records)
     senders = {(r.key, r.value): r for r in records if r.f == "append"}
@@ -234,7 +231,7 @@ def analyze(
     times += [f.start for f in faults] + [f.end for f in faults if not math.isinf(f.end)]
     origin = min(times, default=0.0)
     last = max(times, default=0.0)
-    unavailable = _unavailability(records, faults, start_values, queue_groups)
+    unavailable = _unavailability(records, faults, queue_groups)
 
     problems = [f"{kind}: {totals[kind]}" for kind in INVALIDATING if totals.get(kind, 0)]
     per_queue = {str(p.key): _linearizable(p.result) for p in info.partitions}
@@ -305,32 +302,9 @@ def _outcomes(records: Sequence[HistoryRecord]) -> dict[str, dict[str, int]]:
     return out
 
 
-def _fault_start_values(path: Path) -> list[Any]:
-    """The value of each nemesis invoke line, in file order: the order of `parse_faults`.
-
-    A fault's end line may replace its value (without the leaders); availability needs the
-    leaders as they were when the fault began.
-    """
-    values = []
-    with path.open(encoding="utf-8") as lines:
-        for line in lines:
-            if NEMESIS not in line:
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(entry, dict) and entry.get("process") == NEMESIS and entry.get(
-                "type"
-            ) == "invoke":
-                values.append(entry.get("value"))
-    return values
-
-
 def _unavailability(
     records: Sequence[HistoryRecord],
     faults: Sequence[Fault],
-    start_values: Sequence[Any],
     queue_groups: dict[str, str],
 ) -> list[Unavailability]:
     """Per fault with leaders: time to the first acknowledged append to each of their groups.
@@ -355,8 +329,8 @@ def _unavailability(
         index[group] = ([c for c, _ in pairs], suffix_min)
 
     out = []
-    for k, fault in enumerate(faults):
-        value = start_values[k] if k < len(start_values) else fault.value
+    for fault in faults:
+        value = fault.start_value
         leaders = value.get("leaders") if isinstance(value, dict) else None
         if not isinstance(leaders, dict) or not leaders:
             continue

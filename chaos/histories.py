@@ -358,12 +358,17 @@ def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One fault a nemesis injected: from `start` until `end` (+inf if never healed)."""
+    """One fault a nemesis injected: from `start` until `end` (+inf if never healed).
+
+    `value` is the fault's final description (the end line's, when it gave one);
+    `start_value` the one recorded when it began, e.g. the leaders it was about to take.
+    """
 
     f: str
     value: Any
     start: float
     end: float
+    start_value: Any = None
 
 
 def parse_faults(source: str | Path | Iterable[str]) -> list[Fault]:
@@ -371,11 +376,14 @@ def parse_faults(source: str | Path | Iterable[str]) -> list[Fault]:
 
     Each fault is an ``invoke`` followed by an ``info`` with the same ``f`` (several faults
     may overlap; an end closes the earliest open fault of its ``f``). The info's ``value``,
-    when present, replaces the invoke's.
+    when present, replaces the invoke's; the invoke's stays as ``start_value``. Lines that
+    cannot be nemesis lines are skipped before decoding: a history is mostly operations.
     """
     open_faults: dict[str, list[tuple[int, dict[str, Any], float]]] = {}
     done: list[tuple[int, Fault]] = []
     for number, where, line in _lines(source):
+        if NEMESIS not in line:
+            continue
         try:
             entry = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -392,12 +400,13 @@ def parse_faults(source: str | Path | Iterable[str]) -> list[Fault]:
                 raise ValueError(f"{where}: end of fault {f!r} that never started")
             seq, first, start = pending.pop(0)
             value = entry.get("value", first.get("value"))
-            done.append((seq, Fault(f, value, start, at)))
+            done.append((seq, Fault(f, value, start, at, first.get("value"))))
         else:
             raise ValueError(f"{where}: unknown type {kind!r}")
     for pending in open_faults.values():
         for seq, first, start in pending:
-            done.append((seq, Fault(str(first.get("f")), first.get("value"), start, INFINITY)))
+            value = first.get("value")
+            done.append((seq, Fault(str(first.get("f")), value, start, INFINITY, value)))
     done.sort(key=lambda item: item[0])
     return [fault for _seq, fault in done]
 
