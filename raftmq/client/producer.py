@@ -25,7 +25,7 @@ import struct
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Container, Generator, Sequence
+from collections.abc import Callable, Container, Generator, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -51,7 +51,14 @@ from broker.records import (
 )
 
 from .connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
-from .routes import Routes, TopicRoute, backoff_delay, normalize_addresses, open_routes
+from .routes import (
+    Routes,
+    TopicRoute,
+    backoff_delay,
+    clock,
+    normalize_addresses,
+    open_routes,
+)
 
 __all__ = [
     "BatchAccumulator",
@@ -99,37 +106,44 @@ class SendFuture(Generic[T]):
 
     Works under any anyio backend (it is not an asyncio future). Callbacks added with
     `add_done_callback` run in the event loop as soon as the outcome is known, with the
-    future as their argument.
+    future as their argument. One is made per message, so it allocates nothing more
+    until someone awaits it or adds a second callback.
     """
+
+    __slots__ = ("_callbacks", "_done", "_error", "_event", "_result")
 
     def __init__(self) -> None:
         self._event: anyio.Event | None = None  # made only if someone awaits: most don't
         self._done = False
         self._result: T | None = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[SendFuture[T]], Any]] = []
+        self._callbacks: Callable[[SendFuture[T]], Any] | list[Callable[[SendFuture[T]], Any]] | None = None
 
     def done(self) -> bool:
         return self._done
 
     def result(self) -> T:
         """The result; raises the send's error, or `RuntimeError` while still pending."""
-        if not self.done():
+        if not self._done:
             raise RuntimeError("the send is not finished yet")
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[return-value]
 
     def exception(self) -> BaseException | None:
-        if not self.done():
+        if not self._done:
             raise RuntimeError("the send is not finished yet")
         return self._error
 
     def add_done_callback(self, fn: Callable[[SendFuture[T]], Any]) -> None:
-        if self.done():
+        if self._done:
             self._run_callback(fn)
-        else:
+        elif self._callbacks is None:
+            self._callbacks = fn
+        elif isinstance(self._callbacks, list):
             self._callbacks.append(fn)
+        else:
+            self._callbacks = [self._callbacks, fn]
 
     async def wait(self) -> T:
         if not self._done:
@@ -142,12 +156,12 @@ class SendFuture(Generic[T]):
         return self.wait().__await__()
 
     def set_result(self, result: T) -> None:
-        if not self.done():
+        if not self._done:
             self._result = result
             self._finish()
 
     def set_exception(self, error: BaseException) -> None:
-        if not self.done():
+        if not self._done:
             self._error = error
             self._finish()
 
@@ -155,9 +169,12 @@ class SendFuture(Generic[T]):
         self._done = True
         if self._event is not None:
             self._event.set()
-        callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            self._run_callback(fn)
+        callbacks, self._callbacks = self._callbacks, None
+        if isinstance(callbacks, list):
+            for fn in callbacks:
+                self._run_callback(fn)
+        elif callbacks is not None:
+            self._run_callback(callbacks)
 
     def _run_callback(self, fn: Callable[[SendFuture[T]], Any]) -> None:
         try:
@@ -274,17 +291,31 @@ def batch_message_ids(group: str, index: int, batch: bytes) -> list[str]:
 
 @dataclass(slots=True)
 class PendingSend:
-    """Messages from one send call; they travel in one batch, never split."""
+    """Messages from one send call; they travel in one batch, never split.
+
+    `future` gets the outcome: the first message's result for a single-message send
+    (`single`), else the list. `settled` is the producer's own bookkeeping (its pending
+    window), run once before the future completes.
+    """
 
     messages: list[OutgoingMessage]
     size: int
-    done: Callable[[list[SendResult] | None, BaseException | None], None]
+    future: SendFuture[Any]
+    single: bool = False
+    settled: Callable[[], None] | None = None
     resolved: bool = False
 
     def resolve(self, results: list[SendResult] | None, error: BaseException | None) -> None:
-        if not self.resolved:
-            self.resolved = True
-            self.done(results, error)
+        if self.resolved:
+            return
+        self.resolved = True
+        if self.settled is not None:
+            self.settled()
+        if error is not None:
+            self.future.set_exception(error)
+        else:
+            assert results is not None
+            self.future.set_result(results[0] if self.single else results)
 
 
 @dataclass(slots=True)
@@ -442,6 +473,7 @@ class Producer:
         self._drained: anyio.Event | None = None
         self._pending_slots: anyio.Semaphore | None = None
         self._closed = False
+        self._on_settled = self._settled  # bound once: every message's send carries it
 
     # ------------------------------------------------------------ lifecycle
 
@@ -519,21 +551,18 @@ class Producer:
         Waits only to learn the route (first use of a topic) or when `max_pending` sends
         are already outstanding. Bad messages, names and unknown topics raise here.
         """
-        msg = make_message(message, key=key, tags=tags, properties=properties)
+        if type(message) is bytes and key is None and tags is None and properties is None:
+            msg = OutgoingMessage(message)  # the common case, without make_message's checks
+        else:
+            msg = make_message(message, key=key, tags=tags, properties=properties)
         check_message(msg, self.max_message_bytes)
         fut: SendFuture[SendResult] = SendFuture()
         if callback is not None:
             fut.add_done_callback(callback)
-
-        def done(results: list[SendResult] | None, error: BaseException | None) -> None:
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                assert results
-                fut.set_result(results[0])
-
         q, movable = await self._choose_queue(topic, msg, queue)
-        await self._enqueue(topic, q, movable, [msg], done)
+        await self._enqueue(
+            topic, q, movable, PendingSend([msg], record_size(msg), fut, True, self._on_settled)
+        )
         return fut
 
     async def send_oneway(
@@ -575,7 +604,8 @@ class Producer:
         for chunk in self._chunks(msgs):
             fut: SendFuture[list[SendResult]] = SendFuture()
             futs.append(fut)
-            await self._enqueue(topic, q, movable, chunk, _completer(fut))
+            size = sum(record_size(m) for m in chunk)
+            await self._enqueue(topic, q, movable, PendingSend(chunk, size, fut, False, self._on_settled))
         results: list[SendResult] = []
         for fut in futs:
             results += await fut
@@ -598,7 +628,7 @@ class Producer:
         """The topic's route, retrying only transient failures to reach the name servers."""
         routes = self._check_open()
         cached = routes.cached(topic)
-        if cached is not None:  # fresh: the per-message fast path
+        if cached is not None:
             return cached
         validate_topic_name(topic)
         attempt = 0
@@ -614,7 +644,9 @@ class Producer:
     async def _choose_queue(
         self, topic: str, msg: OutgoingMessage, queue: int | None
     ) -> tuple[int, bool]:
-        route = await self._route(topic)
+        route = self._check_open().cached(topic)  # fresh: the per-message fast path, no I/O
+        if route is None:
+            route = await self._route(topic)
         if queue is not None:
             return _checked_queue(topic, queue, route.total), False
         if callable(self.selector):
@@ -623,33 +655,26 @@ class Producer:
             return key_queue(msg.key, route.total), False
         return self._round_robin(route), not self.idempotent
 
-    def _round_robin(self, route: TopicRoute, avoid_groups: Container[str] = ()) -> int:
+    def _round_robin(self, route: TopicRoute, avoid_groups: Iterable[str] = ()) -> int:
         queues = route.queue_ids
-        avoid: set[int] = set()
+        avoid: Container[int] = ()
         if avoid_groups or self._faults:  # the common case has nothing to avoid
-            now = anyio.current_time()
+            now = clock()
             for failed, until in list(self._faults.items()):
                 if until <= now:
                     del self._faults[failed]
-            avoid = {
-                q for q in queues
-                if (g := route.group_of(q)) is not None
-                and (g in avoid_groups or self._faults.get(g, 0.0) > now)
-            }
+            bad = set(self._faults).union(avoid_groups)
+            if bad:
+                avoid = _QueuesOf(route, bad)
         counter = self._rr.get(route.topic)
         if counter is None:
             counter = random.randrange(len(queues))
         q, self._rr[route.topic] = pick_round_robin(queues, counter, avoid)
         return q
 
-    async def _enqueue(
-        self,
-        topic: str,
-        queue: int,
-        movable: bool,
-        msgs: list[OutgoingMessage],
-        done: Callable[[list[SendResult] | None, BaseException | None], None],
-    ) -> None:
+    async def _enqueue(self, topic: str, queue: int, movable: bool, send: PendingSend) -> None:
+        """Take a place in the pending window (waiting only when it is full) and hand the
+        send to its queue's accumulator."""
         self._check_open()
         assert self._pending_slots is not None and self._tg is not None
         try:  # the common case needs no checkpoint: one per message is most of the cost
@@ -658,17 +683,6 @@ class Producer:
             await self._pending_slots.acquire()
             self._check_open()
         self._outstanding += 1
-        slots = self._pending_slots
-
-        def finish(results: list[SendResult] | None, error: BaseException | None) -> None:
-            slots.release()
-            self._outstanding -= 1
-            if self._outstanding == 0 and self._drained is not None:
-                self._drained.set()
-                self._drained = None
-            done(results, error)
-
-        send = PendingSend(msgs, sum(record_size(m) for m in msgs), finish)
         key = (topic, queue, movable)
         sender = self._senders.get(key)
         if sender is None:
@@ -677,9 +691,18 @@ class Producer:
             self._senders[key] = sender
             self._tg.start_soon(self._run_sender, sender)
         acc = sender.acc
-        acc.add(send, anyio.current_time())
+        acc.add(send, clock())
         if len(acc.pending) == 1 or acc.full:
             sender.wake()  # otherwise the sender is already lingering on this batch
+
+    def _settled(self) -> None:
+        """A send is acknowledged or failed: free its place in the pending window."""
+        assert self._pending_slots is not None
+        self._pending_slots.release()
+        self._outstanding -= 1
+        if self._outstanding == 0 and self._drained is not None:
+            self._drained.set()
+            self._drained = None
 
     async def _run_sender(self, sender: _QueueSender) -> None:
         key = (sender.topic, sender.queue, sender.movable)
@@ -697,7 +720,7 @@ class Producer:
                         if sender.idle:
                             del self._senders[key]
                             return
-                    while not sender.acc.ready(now := anyio.current_time()):
+                    while not sender.acc.ready(now := clock()):
                         sender.wakeup = anyio.Event()
                         with anyio.move_on_after(sender.acc.deadline - now):
                             await sender.wakeup.wait()
@@ -770,7 +793,7 @@ class Producer:
                         continue
                 if group is not None:
                     failed_groups.add(group)
-                    now = anyio.current_time()
+                    now = clock()
                     if self._faults.get(group, 0.0) <= now:
                         # retries of batches already in flight must not extend the window,
                         # or a group stays avoided long after its new leader is serving
@@ -817,25 +840,26 @@ class Producer:
         return [SendResult(mid, topic, queue, base + i, group, dup) for i, mid in enumerate(ids)]
 
 
+class _QueuesOf:
+    """The queues of some groups, tested one queue at a time: round robin probes only
+    until it finds a good queue, so building the whole set per message would be waste."""
+
+    __slots__ = ("groups", "route")
+
+    def __init__(self, route: TopicRoute, groups: set[str]) -> None:
+        self.route = route
+        self.groups = groups
+
+    def __contains__(self, queue: object) -> bool:
+        return isinstance(queue, int) and self.route.group_of(queue) in self.groups
+
+
 def _checked_queue(topic: str, queue: int, total: int) -> int:
     if not isinstance(queue, int) or not 0 <= queue < total:
         raise RequestError(
             Code.UNKNOWN_QUEUE, f"queue {queue!r} does not exist: {topic!r} has queues 0..{total - 1}"
         )
     return queue
-
-
-def _completer(
-    fut: SendFuture[list[SendResult]],
-) -> Callable[[list[SendResult] | None, BaseException | None], None]:
-    def done(results: list[SendResult] | None, error: BaseException | None) -> None:
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            assert results is not None
-            fut.set_result(results)
-
-    return done
 
 
 def _log_oneway_failure(fut: SendFuture[SendResult]) -> None:

@@ -22,6 +22,7 @@ import logging
 import math
 import random
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -56,6 +57,11 @@ ROUTE_REFRESH = 30.0  # RocketMQ's client route refresh period
 HINT_TTL = 10.0  # how long a NOT_LEADER hint outranks the name servers' leader
 FAILED_TTL = 5.0  # how long an address that failed for a group is not re-learned as leader
 DEFAULT_ATTEMPTS = 4
+
+clock = time.monotonic
+"""The client's clock. It only measures intervals (route age, hint and failure ages,
+linger), so any monotonic source will do; `clock()` looks the event loop up
+on every call, which was a tenth of a message's cost on the send path."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +289,7 @@ class Routes:
                     log.debug("route refresh for %s failed (%s); using the cached one", topic, exc)
                     return current
                 raise
-            route = parse_route(topic, frame.header, anyio.current_time())
+            route = parse_route(topic, frame.header, clock())
             self.learn_route(route)
             self._topics[topic] = route
             return route
@@ -294,7 +300,7 @@ class Routes:
         return route if route is not None and self._fresh(route) else None
 
     def _fresh(self, route: TopicRoute) -> bool:
-        return not route.stale and anyio.current_time() - route.fetched_at < self.refresh_interval
+        return not route.stale and clock() - route.fetched_at < self.refresh_interval
 
     async def cluster(self, *, topics: bool = False) -> dict[str, Any]:
         """The CLUSTER answer (nodes and groups); also learns groups' leaders and replicas.
@@ -319,7 +325,7 @@ class Routes:
         return g
 
     def learn_route(self, route: TopicRoute, now: float | None = None) -> None:
-        now = anyio.current_time() if now is None else now
+        now = clock() if now is None else now
         for group, addrs in route.replicas.items():
             if addrs:
                 self._group(group).replicas = list(addrs)
@@ -330,7 +336,7 @@ class Routes:
                 self._learn_leader(qr.group, qr.leader, now, route.terms.get(qr.group))
 
     def learn_cluster(self, cluster: Mapping[str, Any], now: float | None = None) -> None:
-        now = anyio.current_time() if now is None else now
+        now = clock() if now is None else now
         for group, info in (cluster.get("groups") or {}).items():
             if not isinstance(info, dict):
                 continue
@@ -398,7 +404,7 @@ class Routes:
         `FAILED_TTL` seconds; or, when the leader's own connection failed or timed out,
         another replica to ask who leads now (it may already know a newer leader).
         """
-        now = anyio.current_time() if now is None else now
+        now = clock() if now is None else now
         g = self._group(group)
         if exc.code == Code.NOT_LEADER and not isinstance(exc, TransportError):
             self._mark_stale(group)
