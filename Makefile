@@ -33,10 +33,15 @@ sim: $(VENV)/.base
 # The quick versions of every benchmark, one JSON object each (each cluster benchmark
 # starts and stops its own 3-node cluster); see `raftmq bench BENCHMARK --help` for sizes.
 # A benchmark whose run saw failed sends exits 1 after printing its JSON; the rest still run.
+# Produce and e2e run with both producer APIs: `send_async` per message (the default) and
+# `--api batch`, whole `send_batch` calls of `--batch` messages.
 bench: $(VENV)/.bench
 	$(PY) -m bench.storage --json
 	$(PY) -m bench.produce --json
+	-$(PY) -m bench.produce --api batch --batch 256 --json
+	-$(PY) -m bench.produce --api batch --batch 256 --size 1024 --json
 	-$(PY) -m bench.e2e --json
+	-$(PY) -m bench.e2e --api batch --batch 64 --json
 	-$(PY) -m bench.consume --json
 	-$(PY) -m bench.consume --catch-up --json
 	-$(PY) -m bench.topics --json

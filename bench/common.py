@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,25 +31,32 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from chaos.cluster import LocalCluster
-    from raftmq.client import Admin
+    from raftmq.client import Admin, Producer
 
 __all__ = [
+    "APIS",
     "READY_TIMEOUT",
+    "Acks",
     "Pacer",
     "Target",
+    "add_api_arg",
     "add_cluster_args",
+    "batch_producer_options",
+    "batch_tasks",
     "create_topics",
     "emit",
     "freeze_gc",
     "latency_ms",
     "machine",
     "percentile",
+    "positive_int",
     "progress",
     "progress_delta",
     "raft_progress",
     "run_id",
     "add_producer_args",
     "run_on_target",
+    "send_batches",
     "target_cluster",
 ]
 
@@ -123,11 +131,110 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_producer_args(p: argparse.ArgumentParser) -> None:
-    """The producer's window and batching options, shared by the load-driving benchmarks."""
-    p.add_argument("--in-flight", type=int, default=8192, help="messages awaiting their ack")
-    p.add_argument("--batches-in-flight", type=int, default=4, help="batches per queue in flight")
-    p.add_argument("--batch", type=int, default=512, help="max messages per batch")
-    p.add_argument("--linger-ms", type=float, default=2.0)
+    """The producer's window and batching options, shared by the load-driving benchmarks.
+
+    With `--api batch` the window is whole `send_batch` calls (`--in-flight // --batch` of
+    them, at least one) and the producer runs with `batch_producer_options`, so
+    `--batches-in-flight` and `--linger-ms` apply to the single api only."""
+    p.add_argument("--in-flight", type=int, default=8192,
+                   help="messages awaiting their ack (batch api: in-flight // batch calls)")
+    p.add_argument("--batches-in-flight", type=int, default=4,
+                   help="batches per queue in flight (single api)")
+    p.add_argument("--batch", type=positive_int, default=512,
+                   help="max messages per batch (batch api: messages per send_batch call)")
+    p.add_argument("--linger-ms", type=float, default=2.0,
+                   help="producer linger (single api; the batch api uses 0)")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of at least 1")
+    return value
+
+
+APIS = ("single", "batch")
+
+
+def add_api_arg(p: argparse.ArgumentParser) -> None:
+    """`--api`: how the load is handed to the producer. Both are real application patterns,
+    so a result always says which one it measured."""
+    p.add_argument("--api", choices=APIS, default="single",
+                   help="single: Producer.send_async, one message per call, the producer "
+                        "batches them (default); batch: Producer.send_batch of --batch "
+                        "messages per call, all to one queue (one PRODUCE request)")
+
+
+# ---------------------------------------------------------------- the batch api
+
+
+def batch_tasks(in_flight: int, batch: int, batches: int | None = None) -> int:
+    """Concurrent `send_batch` calls holding an in-flight window of `in_flight` messages:
+    whole batches of `batch`, at least one, and no more than there are `batches`."""
+    tasks = max(1, in_flight // batch)
+    return tasks if batches is None else max(1, min(tasks, batches))
+
+
+def batch_producer_options(batch: int, tasks: int) -> dict[str, Any]:
+    """`Producer` options for `tasks` concurrent `send_batch` calls of `batch` messages: no
+    linger (a batch arrives whole), one call's messages form one batch, and neither the
+    per-queue batches in flight nor the pending sends ever hold back a call (every call
+    may land on the same queue), so the calls themselves are the window."""
+    return {"linger_ms": 0.0, "batch_max_messages": batch, "max_in_flight": tasks,
+            "max_pending": tasks * batch}
+
+
+@dataclass
+class Acks:
+    """The outcome of every message sent: ack latencies (seconds) and failures."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str | None = None
+
+    def ok(self, seconds: float, messages: int = 1) -> None:
+        self.latencies.extend(repeat(seconds, messages))
+
+    def failed(self, exc: BaseException, messages: int = 1) -> None:
+        self.errors += messages
+        if self.first_error is None:
+            self.first_error = repr(exc)
+
+    @property
+    def acknowledged(self) -> int:
+        return len(self.latencies)
+
+
+async def send_batches(
+    producer: Producer, targets: Sequence[tuple[str, int]], batch: Sequence[bytes],
+    batches: int, tasks: int, acks: Acks,
+) -> None:
+    """Make `batches` calls of `producer.send_batch(topic, batch, queue=q)` with `tasks`
+    of them in flight, and record every message of a call with the call's latency (from
+    the call to its return) or failure.
+
+    Call `b` (0, 1, ...) goes to `targets[b % len(targets)]` and task `i` makes calls
+    `i, i + tasks, i + 2 * tasks, ...`: every target gets its share of the calls, whether
+    there are more tasks than targets or fewer.
+    """
+    n = len(targets)
+    messages = len(batch)
+
+    async def task(first: int) -> None:
+        for b in range(first, batches, tasks):
+            topic, queue = targets[b % n]
+            t0 = time.perf_counter()
+            try:
+                await producer.send_batch(topic, batch, queue=queue)
+            except Exception as exc:  # counted, reported; the run goes on
+                acks.failed(exc, messages)
+            else:
+                acks.ok(time.perf_counter() - t0, messages)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(min(tasks, batches)):
+            tg.start_soon(task, i)
 
 
 def run_on_target(

@@ -10,9 +10,18 @@ throughput, so both latencies are reported. The first `--warmup` seconds are sen
 counted. The consumer is a `PushConsumer` (`--consumer push`, what applications use) or a
 `PullConsumer` long-polling every queue (`--consumer pull`).
 
-Latencies start when `send_async` is called; how far the sender ran behind its schedule
-(`schedule_lag_ms`) is reported beside them, so a saturated sender is visible instead of
-hiding in the figures.
+`--api` says how messages are handed to the producer: `single` (default) calls
+`send_async` once per message at its scheduled time; `batch` schedules whole batches of
+`--batch` messages at `rate / --batch` per second and hands each to `send_batch` (one
+PRODUCE request to one queue, the queues taken round robin), every message of a batch
+stamped with the batch's send time; batches never merge, so only `--max-pending`
+(messages) bounds the calls in flight, not `--batches-in-flight`. The maximum-throughput
+run uses the same api and batch size, so the rate is a share of the same kind of maximum.
+
+Latencies start when `send_async` (or `send_batch`) is called; every message of a batch
+gets the batch's acknowledgement latency. How far the sender ran behind its schedule
+(`schedule_lag_ms`, per call) is reported beside them, so a saturated sender is visible
+instead of hiding in the figures.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from itertools import repeat
 from typing import Any
 
 import anyio
@@ -30,10 +40,13 @@ import anyio.abc
 
 from .common import (
     Pacer,
+    add_api_arg,
     add_cluster_args,
+    batch_producer_options,
     emit,
     freeze_gc,
     latency_ms,
+    positive_int,
     progress_delta,
     raft_progress,
     run_id,
@@ -62,6 +75,18 @@ class _Run:
         self.duplicates = 0
         self.errors: list[str] = []
 
+    def batch_done(self, first: int, messages: int, t0: float,
+                   exc: BaseException | None = None) -> None:
+        """The outcome of one `send_batch` call of `messages` from sequence `first` on,
+        made at `t0`: each of its messages gets the call's latency or failure."""
+        if exc is not None:
+            self.errors += repeat(repr(exc), messages)
+            return
+        elapsed = time.perf_counter() - t0
+        self.acked.update(range(first, first + messages))
+        if first >= self.first:
+            self.ack += repeat(elapsed, messages)
+
     def on_messages(self, bodies: list[bytes]) -> None:
         now = time.perf_counter()
         for body in bodies:
@@ -80,9 +105,11 @@ async def _max_rate(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
     """The quick maximum-throughput measurement the default rate is derived from."""
     from . import produce
 
-    pargs = produce.build_parser().parse_args(
-        ["--messages", str(args.probe_messages), "--size", str(args.size),
-         "--queues", str(args.queues)])
+    argv = ["--messages", str(args.probe_messages), "--size", str(args.size),
+            "--queues", str(args.queues)]
+    if args.api == "batch":  # the same kind of maximum as the run at a share of it
+        argv += ["--api", "batch", "--batch", str(args.batch)]
+    pargs = produce.build_parser().parse_args(argv)
     return await produce.drive(namesrv, f"{args.topic}-max-{run_id()}", pargs)
 
 
@@ -129,8 +156,10 @@ async def _measure(stack: AsyncExitStack, namesrv: str, args: argparse.Namespace
     admin = await stack.enter_async_context(Admin(namesrv))
     await admin.create_topic(topic, args.queues)
 
-    warm_n = int(rate * args.warmup)
-    total = warm_n + max(1, int(rate * args.duration))
+    batched = args.api == "batch"
+    per_call = args.batch if batched else 1  # messages per send call
+    warm_n = int(rate * args.warmup / per_call) * per_call
+    total = warm_n + max(1, int(rate * args.duration / per_call)) * per_call
     run = _Run(warm_n, total)
     pad = b"\0" * max(0, args.size - STAMP.size)
     group = f"e2e-{run_id()}"
@@ -151,9 +180,12 @@ async def _measure(stack: AsyncExitStack, namesrv: str, args: argparse.Namespace
             tg.start_soon(_pull_readers, namesrv, group, topic, args.queues, run, args, ready)
             await ready.wait()
 
-        async with Producer(namesrv, linger_ms=args.linger_ms, batch_max_messages=args.batch,
-                            max_in_flight=args.batches_in_flight,
-                            max_pending=args.max_pending) as producer:
+        if batched:  # open loop: only --max-pending (messages) bounds the calls in flight
+            options = batch_producer_options(args.batch, max(1, args.max_pending // args.batch))
+        else:
+            options = {"linger_ms": args.linger_ms, "batch_max_messages": args.batch,
+                       "max_in_flight": args.batches_in_flight, "max_pending": args.max_pending}
+        async with Producer(namesrv, **options) as producer:
             await producer.send(topic, STAMP.pack(time.perf_counter(), total) + pad)  # routes
             freeze_gc()
 
@@ -167,22 +199,38 @@ async def _measure(stack: AsyncExitStack, namesrv: str, args: argparse.Namespace
                         run.ack.append(time.perf_counter() - t0)
                 return done
 
+            async def send_batch(first: int, t0: float, queue: int) -> None:
+                bodies = [STAMP.pack(t0, s) + pad for s in range(first, first + per_call)]
+                try:
+                    await producer.send_batch(topic, bodies, queue=queue)
+                except Exception as exc:  # counted, reported; the schedule goes on
+                    run.batch_done(first, per_call, t0, exc)
+                else:
+                    run.batch_done(first, per_call, t0)
+
             before = await raft_progress(admin)
-            pacer = Pacer(rate)
-            seq = 0
+            pacer = Pacer(rate / per_call)  # one release per send call
+            seq = call = 0
             t_first = t_last = 0.0
-            while seq < total:
-                n = min(await pacer.due(), total - seq)
-                for _ in range(n):
-                    t0 = time.perf_counter()
-                    if seq == warm_n:
-                        t_first = t0
-                    if seq >= warm_n:
-                        run.lag.append(max(0.0, t0 - pacer.scheduled(seq)))
-                    await producer.send_async(topic, STAMP.pack(t0, seq) + pad,
-                                              callback=on_ack(seq, t0))
-                    seq += 1
-            t_last = time.perf_counter()
+            async with anyio.create_task_group() as calls:  # open loop: batches in flight
+                while seq < total:
+                    n = min(await pacer.due(), (total - seq) // per_call)
+                    for _ in range(n):
+                        t0 = time.perf_counter()
+                        if seq == warm_n:
+                            t_first = t0
+                        if seq >= warm_n:
+                            run.lag.append(max(0.0, t0 - pacer.scheduled(call)))
+                        if batched:
+                            calls.start_soon(send_batch, seq, t0, call % args.queues)
+                        else:
+                            await producer.send_async(topic, STAMP.pack(t0, seq) + pad,
+                                                      callback=on_ack(seq, t0))
+                        seq += per_call
+                        call += 1
+                    if batched:
+                        await anyio.sleep(0)  # let the calls start even when behind schedule
+                t_last = time.perf_counter()
             await producer.flush()
             cost = progress_delta(before, await raft_progress(admin))
 
@@ -205,6 +253,8 @@ async def _measure(stack: AsyncExitStack, namesrv: str, args: argparse.Namespace
         "size_bytes": args.size,
         "queues": args.queues,
         "consumer": args.consumer,
+        "api": args.api,
+        "batch_messages": args.batch if batched else None,
         "sent": total,
         "acked": len(run.acked),
         "errors": len(run.errors),
@@ -216,9 +266,9 @@ async def _measure(stack: AsyncExitStack, namesrv: str, args: argparse.Namespace
         "ack_latency_ms": ack,
         "schedule_lag_ms": latency_ms(run.lag, ("p50", "p99", "max")),
         "target": {"ack_p99_ms": ACK_P99_TARGET_MS, "met": 0 < ack["p99"] <= ACK_P99_TARGET_MS},
-        "linger_ms": args.linger_ms,
-        "batch_max_messages": args.batch,
-        "batches_in_flight": args.batches_in_flight,
+        "linger_ms": options["linger_ms"],
+        "batch_max_messages": options["batch_max_messages"],
+        "batches_in_flight": options["max_in_flight"],
         # what the cluster spent on the whole run (warm-up included): per-entry work
         # and fsyncs are what each acknowledgement waits for
         "raft_entries": cost["entries"],
@@ -256,11 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--consumer", choices=["push", "pull"], default="push")
     p.add_argument("--pull-batch", type=int, default=32, help="messages per FETCH")
     p.add_argument("--long-poll-ms", type=int, default=15_000)
-    p.add_argument("--linger-ms", type=float, default=1.0)
-    p.add_argument("--batch", type=int, default=512, help="max messages per batch")
-    p.add_argument("--batches-in-flight", type=int, default=4, help="batches per queue in flight")
+    add_api_arg(p)
+    p.add_argument("--linger-ms", type=float, default=1.0,
+                   help="producer linger (single api; the batch api uses 0)")
+    p.add_argument("--batch", type=positive_int, default=512,
+                   help="max messages per batch (batch api: messages per send_batch call)")
+    p.add_argument("--batches-in-flight", type=int, default=4,
+                   help="batches per queue in flight (single api)")
     p.add_argument("--max-pending", type=int, default=100_000,
-                   help="unacknowledged sends before send_async waits")
+                   help="unacknowledged messages before a send call waits")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to wait for the consumer to receive every acknowledged message")
     add_cluster_args(p)
@@ -270,8 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _table(r: dict[str, Any]) -> Any:
     from rich.table import Table
 
+    how = ("send_async" if r["api"] == "single"
+           else f"send_batch of {r['batch_messages']}")
     t = Table(title=f"e2e: {r['rate_msgs_per_s']:,.0f} msgs/s ({r['rate_source']}), "
-                    f"{r['size_bytes']} B, {r['consumer']} consumer")
+                    f"{r['size_bytes']} B, {how}, {r['consumer']} consumer")
     for col in ("latency", "p50 ms", "p99 ms", "p999 ms", "max ms"):
         t.add_column(col, justify="right")
     for name, key in (("send -> ack", "ack_latency_ms"), ("send -> receive", "e2e_latency_ms")):

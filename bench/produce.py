@@ -6,6 +6,14 @@ whose queues are spread over the groups, drives it with the SDK's `Producer` fro
 process, and stops every process it started. `--namesrv` points it at a running cluster
 instead. An acknowledgement means the message's batch is fsynced on a majority of its
 group. Output: one JSON object (`--json`) or a short table.
+
+`--api` says how the messages are handed to the producer, and the result says which:
+`single` (default) calls `send_async` once per message with at most `--in-flight`
+unacknowledged and lets the producer form batches (`--batch` messages at most, after
+`--linger-ms`); `batch` makes `--in-flight // --batch` concurrent `send_batch` calls of
+`--batch` messages each, every call one PRODUCE request to one queue, the queues taken
+round robin. Each message of a call gets the call's latency. The message count rounds up
+to whole batches; `messages` in the result is the count sent.
 """
 
 from __future__ import annotations
@@ -18,7 +26,18 @@ from typing import Any
 
 import anyio
 
-from .common import add_cluster_args, add_producer_args, freeze_gc, latency_ms, target_cluster
+from .common import (
+    Acks,
+    add_api_arg,
+    add_cluster_args,
+    add_producer_args,
+    batch_producer_options,
+    batch_tasks,
+    freeze_gc,
+    latency_ms,
+    send_batches,
+    target_cluster,
+)
 
 __all__ = ["build_parser", "drive", "main", "run_produce"]
 
@@ -32,45 +51,62 @@ async def drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str,
         await admin.create_topic(topic, args.queues, exist_ok=True)
 
     payload = b"x" * args.size
-    latencies: list[float] = []
-    errors: list[str] = []
-    async with Producer(
-        namesrv, linger_ms=args.linger_ms, batch_max_messages=args.batch,
-        max_in_flight=args.batches_in_flight, max_pending=args.in_flight,
-    ) as producer:
+    acks = Acks()
+    batched = args.api == "batch"
+    messages = args.messages
+    tasks: int | None = None
+    if batched:  # whole batches: the count rounds up to a multiple of --batch
+        batches = -(-args.messages // args.batch)
+        messages = batches * args.batch
+        tasks = batch_tasks(args.in_flight, args.batch, batches)
+        options = batch_producer_options(args.batch, tasks)
+    else:
+        options = {"linger_ms": args.linger_ms, "batch_max_messages": args.batch,
+                   "max_in_flight": args.batches_in_flight, "max_pending": args.in_flight}
+    async with Producer(namesrv, **options) as producer:
         # warm-up: learn routes, open connections
         for _ in range(10):
             await producer.send(topic, payload)
         freeze_gc()
         t_start = time.perf_counter()
 
-        def done_at(t0: float):  # noqa: ANN202 - a small closure factory
-            def cb(fut: Any) -> None:
-                if fut.exception() is not None:
-                    errors.append(repr(fut.exception()))
-                else:
-                    latencies.append(time.perf_counter() - t0)
-            return cb
+        if batched:
+            assert tasks is not None
+            await send_batches(producer, [(topic, q) for q in range(args.queues)],
+                               [payload] * args.batch, batches, tasks, acks)
+        else:
+            def done_at(t0: float):  # noqa: ANN202 - a small closure factory
+                def cb(fut: Any) -> None:
+                    exc = fut.exception()
+                    if exc is not None:
+                        acks.failed(exc)
+                    else:
+                        acks.ok(time.perf_counter() - t0)
+                return cb
 
-        for _ in range(args.messages):
-            await producer.send_async(topic, payload, callback=done_at(time.perf_counter()))
+            for _ in range(messages):
+                await producer.send_async(topic, payload, callback=done_at(time.perf_counter()))
         await producer.flush()
         elapsed = time.perf_counter() - t_start
-    acked = len(latencies)
+    acked = acks.acknowledged
     return {
         "benchmark": "produce",
-        "messages": args.messages,
+        "api": args.api,
+        "messages": messages,
         "acknowledged": acked,
-        "errors": len(errors),
-        "first_error": errors[0] if errors else None,
+        "errors": acks.errors,
+        "first_error": acks.first_error,
         "size_bytes": args.size,
         "seconds": round(elapsed, 3),
         "msgs_per_s": round(acked / elapsed, 1),
         "mb_per_s": round(acked * args.size / elapsed / 1e6, 2),
-        "latency_ms": latency_ms(latencies),
+        "latency_ms": latency_ms(acks.latencies),
         "in_flight": args.in_flight,
-        "batch_max_messages": args.batch,
-        "linger_ms": args.linger_ms,
+        # batch api: messages per send_batch call, and how many calls were in flight
+        "batch_messages": args.batch if batched else None,
+        "concurrent_batches": tasks,
+        "batch_max_messages": options["batch_max_messages"],
+        "linger_ms": options["linger_ms"],
         "queues": args.queues,
     }
 
@@ -89,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=100, help="message body bytes (default 100)")
     p.add_argument("--topic", default="bench")
     p.add_argument("--queues", type=int, default=12)
+    add_api_arg(p)
     add_producer_args(p)
     add_cluster_args(p)
     return p
@@ -103,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"produce: {args.messages:,} x {args.size} B, fsync={args.fsync}")
+        how = ("send_async" if args.api == "single"
+               else f"send_batch of {args.batch}, {result['concurrent_batches']} in flight")
+        t = Table(title=f"produce: {result['messages']:,} x {args.size} B, {how}, "
+                        f"fsync={args.fsync}")
         for col in ("msgs/s", "MB/s", "p50 ms", "p99 ms", "p999 ms", "errors"):
             t.add_column(col, justify="right")
         lat = result["latency_ms"]

@@ -20,6 +20,14 @@ over more queues makes more, smaller entries. The in-flight window is shared by 
 queues; one so large that requests wait longer than the send timeout (3 s) makes the
 producer retry, and the retries crowd out the rest: compare with a smaller `--in-flight`
 before reading a collapse as the cluster's limit.
+
+`--api batch` hands the same load over as `send_batch` calls of `--batch` messages, each
+to one queue of one topic, `--in-flight // --batch` of them at a time; call `k` goes to
+topic `k mod topics` and, every time the topics come round again, the next queue, so
+the calls cycle over every topic and then every queue. The message count rounds up to
+whole batches; `queues_sent_to` says how many queues a phase reached (at most one per
+call: a phase touches every queue only with `--messages` of at least `--batch` x topics
+x `--queues`).
 """
 
 from __future__ import annotations
@@ -32,8 +40,12 @@ from typing import Any
 import anyio
 
 from .common import (
+    Acks,
+    add_api_arg,
     add_cluster_args,
     add_producer_args,
+    batch_producer_options,
+    batch_tasks,
     create_topics,
     emit,
     freeze_gc,
@@ -43,11 +55,26 @@ from .common import (
     raft_progress,
     run_id,
     run_on_target,
+    send_batches,
 )
 
 __all__ = ["build_parser", "main", "run_topics"]
 
 RATIO_TARGET = 0.9
+
+
+def phase_messages(args: argparse.Namespace) -> int:
+    """Messages each phase sends: `--messages`, rounded up to whole batches for the batch api."""
+    if args.api == "batch":
+        return -(-args.messages // args.batch) * args.batch
+    return int(args.messages)
+
+
+def batch_targets(names: list[str], queues: int) -> list[tuple[str, int]]:
+    """(topic, queue) of the batch api's calls in turn: every topic on queue 0, then every
+    topic on queue 1, and so on."""
+    n = len(names)
+    return [(names[k % n], k // n) for k in range(n * queues)]
 
 
 async def _phase(
@@ -58,11 +85,18 @@ async def _phase(
     from raftmq.client import Producer, SendFuture, SendResult
 
     payload = b"x" * args.size
-    latencies: list[float] = []
-    errors: list[str] = []
-    async with Producer(namesrv, linger_ms=args.linger_ms, batch_max_messages=args.batch,
-                        max_in_flight=args.batches_in_flight,
-                        max_pending=args.in_flight) as producer:
+    acks = Acks()
+    batched = args.api == "batch"
+    messages = phase_messages(args)
+    batches = messages // args.batch
+    tasks = batch_tasks(args.in_flight, args.batch, batches)
+    if batched:
+        options = batch_producer_options(args.batch, tasks)
+    else:
+        options = {"linger_ms": args.linger_ms, "batch_max_messages": args.batch,
+                   "max_in_flight": args.batches_in_flight, "max_pending": args.in_flight}
+    targets = batch_targets(names, args.queues) if batched else []
+    async with Producer(namesrv, **options) as producer:
         limiter = anyio.CapacityLimiter(args.create_concurrency)
 
         async def warm(topic: str) -> None:
@@ -78,32 +112,37 @@ async def _phase(
 
         def done_at(t0: float) -> Any:
             def cb(fut: SendFuture[SendResult]) -> None:
-                if fut.exception() is not None:
-                    errors.append(repr(fut.exception()))
+                exc = fut.exception()
+                if exc is not None:
+                    acks.failed(exc)
                 else:
-                    latencies.append(time.perf_counter() - t0)
+                    acks.ok(time.perf_counter() - t0)
             return cb
 
         n = len(names)
         before = await raft_progress(admin)
         t_start = time.perf_counter()
-        for i in range(args.messages):
-            await producer.send_async(names[i % n], payload,
-                                      callback=done_at(time.perf_counter()))
-            if i % 256 == 255:
-                await anyio.sleep(0)
+        if batched:
+            await send_batches(producer, targets, [payload] * args.batch, batches, tasks, acks)
+        else:
+            for i in range(messages):
+                await producer.send_async(names[i % n], payload,
+                                          callback=done_at(time.perf_counter()))
+                if i % 256 == 255:
+                    await anyio.sleep(0)
         await producer.flush()
         elapsed = time.perf_counter() - t_start
         cost = progress_delta(before, await raft_progress(admin))
-    acked = len(latencies)
+    acked = acks.acknowledged
     return {
         "acknowledged": acked,
-        "errors": len(errors),
-        "first_error": errors[0] if errors else None,
+        "errors": acks.errors,
+        "first_error": acks.first_error,
         "seconds": round(elapsed, 3),
         "msgs_per_s": round(acked / elapsed, 1),
         "mb_per_s": round(acked * args.size / elapsed / 1e6, 2),
-        "latency_ms": latency_ms(latencies),
+        "latency_ms": latency_ms(acks.latencies),
+        "queues_sent_to": min(batches, len(targets)) if batched else None,
         "warm_s": round(warm_s, 2),
         "raft_entries": cost["entries"],
         "msgs_per_entry": round(acked / cost["entries"], 1) if cost["entries"] else None,
@@ -162,7 +201,8 @@ async def _drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
                                   f"topics not routed after {args.route_timeout:g} s")
                 progress("topics", phase["error"])
                 break
-            progress("topics", f"sending {args.messages:,} messages over {count:,} topics")
+            progress("topics", f"sending {phase_messages(args):,} messages over {count:,} "
+                               f"topics ({args.api} api)")
             phase.update(await _phase(admin, namesrv, names, args))
             phase["cluster_view_ms"] = await _cluster_view_ms(admin)
     sent = [ph for ph in phases if "msgs_per_s" in ph]
@@ -175,7 +215,12 @@ async def _drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
         met = "error" not in last and last["ratio_to_one_topic"] >= RATIO_TARGET
     return {
         "benchmark": "topics",
-        "messages_per_phase": args.messages,
+        "api": args.api,
+        "batch_messages": args.batch if args.api == "batch" else None,
+        "concurrent_batches": (batch_tasks(args.in_flight, args.batch,
+                                           phase_messages(args) // args.batch)
+                               if args.api == "batch" else None),
+        "messages_per_phase": phase_messages(args),
         "size_bytes": args.size,
         "queues_per_topic": args.queues,
         "create_concurrency": args.create_concurrency,
@@ -204,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="topic creations (and warm-up sends) in flight")
     p.add_argument("--route-timeout", type=float, default=120.0,
                    help="seconds to wait for the name servers to route new topics")
+    add_api_arg(p)
     add_producer_args(p)
     add_cluster_args(p)
     return p
@@ -212,8 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _table(r: dict[str, Any]) -> Any:
     from rich.table import Table
 
+    how = ("send_async" if r["api"] == "single"
+           else f"send_batch of {r['batch_messages']}, {r['concurrent_batches']} in flight")
     t = Table(title=f"topics: {r['messages_per_phase']:,} x {r['size_bytes']} B per count, "
-                    f"{r['queues_per_topic']} queues per topic")
+                    f"{r['queues_per_topic']} queues per topic, {how}")
     for col in ("topics", "msgs/s", "ratio", "p99 ms", "create s", "route s", "CLUSTER ms",
                 "errors"):
         t.add_column(col, justify="right")

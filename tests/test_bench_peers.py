@@ -17,7 +17,7 @@ from rich.console import Console
 
 import bench.peers.common as common
 from bench.peers import PEER_MODULES, all_peers, get_peer
-from bench.peers.__main__ import main
+from bench.peers.__main__ import main, run_ours
 from bench.peers.common import LoadSpec, PeerError, Procs, drive, run_peer, wait_until
 from bench.peers.report import build_report, ours_row, ratio, render
 
@@ -72,6 +72,16 @@ def test_ours_row_takes_bench_produce_result_as_is() -> None:
     assert failed["status"] == "error"
 
 
+def test_ours_batch_row_is_labelled_with_its_call() -> None:
+    row = ours_row(_produce_result(api="batch", batch_messages=32, concurrent_batches=8,
+                                   batch_max_messages=32, linger_ms=0.0))
+    assert row["system"] == "raftmq (send_batch 32)" and row["api"] == "batch"
+    assert "send_batch calls of 32 messages" in row["notes"] and "8 in flight" in row["notes"]
+    assert row["durability"] == "fsync, majority"  # same durability label as the other row
+    single = ours_row(_produce_result(api="single"))
+    assert single["system"] == "raftmq (send_async)" and single["api"] == "single"
+
+
 def test_report_gives_ratios_only_between_measured_rows() -> None:
     ours = ours_row(_produce_result())
     peers = [_row("nats", 1000.0, 40.0), _skipped("etcd"),
@@ -80,6 +90,8 @@ def test_report_gives_ratios_only_between_measured_rows() -> None:
     assert report["peers"][0]["ours_ratio"] == {"msgs_per_s": 2.0, "p99_ms": 0.5}
     assert report["peers"][1]["ours_ratio"] is None
     assert report["peers"][2]["ours_ratio"] is None
+    assert report["ours_batch"] is None
+    assert all(p["ours_batch_ratio"] is None for p in report["peers"])
     assert "ours_ratio" not in peers[0]  # the input rows are left alone
     # one JSON object with everything, parameters included
     again = json.loads(json.dumps(report))
@@ -87,6 +99,73 @@ def test_report_gives_ratios_only_between_measured_rows() -> None:
     assert again["ours"]["msgs_per_s"] == 2000.0
     assert [p["peer"] for p in again["peers"]] == ["nats", "etcd", "rabbitmq"]
     assert again["machine"]["cpus"] == 2
+
+
+def _batch_row(msgs: float = 8000.0, p99: float = 10.0) -> dict[str, Any]:
+    return ours_row(_produce_result(api="batch", batch_messages=32, concurrent_batches=8,
+                                    msgs_per_s=msgs,
+                                    latency_ms={"p50": 5.0, "p99": p99, "p999": 12.0}))
+
+
+def test_report_gives_each_of_our_rows_its_ratios() -> None:
+    report = build_report(SPEC, ours_row(_produce_result()), [_row("nats", 1000.0, 40.0)],
+                          ours_batch=_batch_row())
+    nats = report["peers"][0]
+    assert nats["ours_ratio"] == {"msgs_per_s": 2.0, "p99_ms": 0.5}
+    assert nats["ours_batch_ratio"] == {"msgs_per_s": 8.0, "p99_ms": 0.25}
+    again = json.loads(json.dumps(report))
+    assert again["ours"]["system"] == "raftmq (send_async)"
+    assert again["ours_batch"]["system"] == "raftmq (send_batch 32)"
+    # one of our rows failing leaves the other's ratios
+    failed = {"peer": "ours", "system": "raftmq (send_async)", "status": "error", "error": "x"}
+    report = build_report(SPEC, failed, [_row("nats", 1000.0, 40.0)], ours_batch=_batch_row())
+    assert report["peers"][0]["ours_ratio"] is None
+    assert report["peers"][0]["ours_batch_ratio"] == {"msgs_per_s": 8.0, "p99_ms": 0.25}
+
+
+def test_table_shows_both_of_our_rows_and_both_ratios() -> None:
+    report = build_report(SPEC, ours_row(_produce_result()), [_row("nats", 1000.0, 40.0)],
+                          ours_batch=_batch_row())
+    console = Console(record=True, width=200)
+    console.print(render(report))
+    text = console.export_text()
+    assert "raftmq (send_async)" in text and "raftmq (send_batch 32)" in text
+    assert "batch/peer msgs/s" in text
+    assert "2.00×" in text and "8.00×" in text and "0.25×" in text
+    lines = text.splitlines()
+    at = {name: next(i for i, s in enumerate(lines) if name in s)
+          for name in ("send_async)", "send_batch 32)", "NATS")}
+    assert at["send_async)"] < at["send_batch 32)"] < at["NATS"]  # ours first
+
+
+def test_run_ours_runs_bench_produce_with_each_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.produce
+
+    seen: list[Any] = []
+
+    def run_produce(args: Any) -> dict[str, Any]:
+        seen.append(args)
+        if args.api == "batch":
+            return _produce_result(api="batch", batch_messages=args.batch,
+                                   concurrent_batches=args.in_flight // args.batch)
+        return _produce_result()
+
+    monkeypatch.setattr(bench.produce, "run_produce", run_produce)
+    single = run_ours(SPEC, "always")
+    batch = run_ours(SPEC, "always", 32)
+    assert [(a.api, a.messages, a.size, a.in_flight) for a in seen] == [
+        ("single", 1000, 100, 256), ("batch", 1000, 100, 256)]
+    assert seen[1].batch == 32
+    assert single["system"] == "raftmq (send_async)"
+    assert batch["system"] == "raftmq (send_batch 32)" and batch["status"] == "ok"
+
+    def broken(args: Any) -> dict[str, Any]:
+        raise RuntimeError("cluster did not start")
+
+    monkeypatch.setattr(bench.produce, "run_produce", broken)
+    failed = run_ours(SPEC, "always", 32)
+    assert failed["status"] == "error" and failed["system"] == "raftmq (send_batch 32)"
+    assert "cluster did not start" in failed["error"]
 
 
 def test_report_without_ours_has_no_ratios() -> None:
@@ -162,7 +241,7 @@ def test_cli_prints_one_json_object_and_a_table_when_peers_are_missing(
     out, err = capsys.readouterr()
     report = json.loads(out)  # stdout is exactly the JSON object
     assert [p["status"] for p in report["peers"]] == ["skipped", "skipped"]
-    assert report["messages"] == 10 and report["ours"] is None
+    assert report["messages"] == 10 and report["ours"] is None and report["ours_batch"] is None
     table = " ".join(err.split())  # rich wraps long cells
     assert "apt-get install -y nats-server" in table and "skipped" in table
 

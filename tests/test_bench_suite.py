@@ -1,5 +1,6 @@
 """The cluster benchmarks (`bench.e2e`, `bench.consume`, `bench.topics`, `bench.failover`,
-and `bench.produce`'s result contract), each run once at a tiny size.
+and `bench.produce`'s result contract), each run once at a tiny size; produce, e2e and
+topics once more with the batch api (`--api batch`, `Producer.send_batch`).
 
 One cluster of real processes serves the whole module: the benchmarks reach it through
 `--namesrv`, except failover, which is handed the `LocalCluster` itself because it kills
@@ -18,7 +19,15 @@ from typing import Any
 import pytest
 
 from bench import consume, e2e, failover, produce, topics
-from bench.common import Pacer, latency_ms, percentile
+from bench.common import (
+    Acks,
+    Pacer,
+    batch_producer_options,
+    batch_tasks,
+    latency_ms,
+    percentile,
+    send_batches,
+)
 from chaos.cluster import LocalCluster
 from raftmq.commands.bench import BENCHMARKS
 from raftmq.commands.bench import main as bench_main
@@ -80,6 +89,70 @@ def test_pacer_releases_at_its_rate() -> None:
     assert 1 <= anyio.run(count, 1000.0, 0.2) <= 1000 * 0.2 + 1 + 1000 * 0.05
 
 
+def test_batch_window_is_whole_calls() -> None:
+    assert batch_tasks(8192, 256) == 32
+    assert batch_tasks(256, 32) == 8
+    assert batch_tasks(100, 256) == 1          # a window smaller than a batch: one call
+    assert batch_tasks(8192, 256, batches=5) == 5  # never more calls than batches
+    opts = batch_producer_options(32, 8)
+    assert opts["linger_ms"] == 0 and opts["batch_max_messages"] == 32
+    assert opts["max_in_flight"] >= 8 and opts["max_pending"] >= 8 * 32
+
+
+class _FakeProducer:
+    """Records `send_batch` calls; the calls to `fail_queue` raise."""
+
+    def __init__(self, fail_queue: int | None = None) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+        self.fail_queue = fail_queue
+        self.active = self.peak = 0
+
+    async def send_batch(self, topic: str, messages: list[bytes], *, queue: int) -> list[Any]:
+        import anyio
+
+        self.calls.append((topic, queue, len(messages)))
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await anyio.sleep(0.001)
+        finally:
+            self.active -= 1
+        if queue == self.fail_queue:
+            raise RuntimeError("nack")
+        return [None] * len(messages)
+
+
+@pytest.mark.parametrize("tasks, targets", [(8, 12), (24, 12), (5, 3)])
+def test_send_batches_spreads_calls_over_every_target(tasks: int, targets: int) -> None:
+    import anyio
+
+    fake = _FakeProducer()
+    acks = Acks()
+    where = [("t", q) for q in range(targets)]
+    anyio.run(send_batches, fake, where, [b"x"] * 4, 60, tasks, acks)  # type: ignore[arg-type]
+    assert len(fake.calls) == 60 and fake.peak == min(tasks, 60)
+    per_queue = [sum(1 for _, q, _ in fake.calls if q == i) for i in range(targets)]
+    assert per_queue == [60 // targets] * targets   # round robin: every queue, evenly
+    assert acks.acknowledged == 240 and acks.errors == 0  # each message of each call
+
+
+def test_send_batches_counts_every_message_of_a_failed_call() -> None:
+    import anyio
+
+    fake = _FakeProducer(fail_queue=1)
+    acks = Acks()
+    anyio.run(send_batches, fake, [("t", 0), ("t", 1)], [b"x"] * 3, 4, 2,  # type: ignore[arg-type]
+              acks)
+    assert acks.errors == 6 and acks.acknowledged == 6
+    assert acks.first_error == "RuntimeError('nack')"
+    assert len(set(acks.latencies)) <= 2  # a call's messages share its latency
+
+
+def test_topics_batch_targets_cycle_over_topics_then_queues() -> None:
+    assert topics.batch_targets(["a", "b", "c"], 2) == [
+        ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("c", 1)]
+
+
 def test_every_benchmark_is_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(BENCHMARKS) >= {"produce", "e2e", "consume", "topics", "failover"}
     assert bench_main([]) == 2
@@ -96,10 +169,25 @@ def test_produce_result_keys(cluster: LocalCluster, capsys: pytest.CaptureFixtur
                                     "--queues", "3", "--json"])
     assert r["_exit"] == 0
     assert set(r) - {"_exit"} == {
-        "benchmark", "messages", "acknowledged", "errors", "first_error", "size_bytes",
-        "seconds", "msgs_per_s", "mb_per_s", "latency_ms", "in_flight", "batch_max_messages",
-        "linger_ms", "queues", "cluster", "namesrv"}
+        "benchmark", "api", "messages", "acknowledged", "errors", "first_error", "size_bytes",
+        "seconds", "msgs_per_s", "mb_per_s", "latency_ms", "in_flight", "batch_messages",
+        "concurrent_batches", "batch_max_messages", "linger_ms", "queues", "cluster",
+        "namesrv"}
     assert r["acknowledged"] == 300 and set(r["latency_ms"]) == {"p50", "p99", "p999"}
+    assert r["api"] == "single" and r["batch_messages"] is r["concurrent_batches"] is None
+
+
+def test_produce_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(capsys, produce.main, ["--namesrv", cluster.namesrv_addr, "--api", "batch",
+                                    "--batch", "16", "--in-flight", "64", "--messages", "300",
+                                    "--queues", "3", "--json"])
+    assert r["_exit"] == 0, r
+    assert r["api"] == "batch" and r["batch_messages"] == 16 and r["concurrent_batches"] == 4
+    assert r["messages"] == r["acknowledged"] == 19 * 16  # rounded up to whole batches
+    assert r["errors"] == 0 and r["first_error"] is None
+    assert r["linger_ms"] == 0 and r["batch_max_messages"] == 16
+    assert r["msgs_per_s"] > 0
+    _positive_latencies(r["latency_ms"])
 
 
 def test_e2e(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
@@ -117,6 +205,35 @@ def test_e2e(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     _positive_latencies(r["e2e_latency_ms"])
     assert r["achieved_msgs_per_s"] > 0
     assert set(r["target"]) == {"ack_p99_ms", "met"}
+
+
+def test_e2e_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[str],
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    probes: list[Any] = []
+    real_drive = produce.drive
+
+    async def drive(namesrv: str, topic: str, args: Any) -> dict[str, Any]:
+        probes.append(args)
+        return await real_drive(namesrv, topic, args)
+
+    monkeypatch.setattr(produce, "drive", drive)
+    r = _run(capsys, e2e.main, ["--namesrv", cluster.namesrv_addr, "--api", "batch",
+                                "--batch", "8", "--probe-messages", "400", "--fraction", "0.1",
+                                "--duration", "1", "--warmup", "0.3", "--queues", "3",
+                                "--json"])
+    assert r["_exit"] == 0, r
+    # the maximum the rate is a share of was measured the same way
+    (probe,) = probes
+    assert (probe.api, probe.batch, probe.messages) == ("batch", 8, 400)
+    assert r["api"] == "batch" and r["batch_messages"] == 8 and r["linger_ms"] == 0
+    assert r["rate_msgs_per_s"] == pytest.approx(r["max_msgs_per_s"] * 0.1, rel=0.01)
+    rate = r["rate_msgs_per_s"]
+    warm = int(rate * 0.3 / 8) * 8
+    assert r["sent"] == warm + max(1, int(rate / 8)) * 8  # whole batches
+    assert r["acked"] == r["sent"] == r["received"]
+    assert r["missing"] == r["errors"] == r["duplicates"] == 0
+    _positive_latencies(r["ack_latency_ms"])
+    _positive_latencies(r["e2e_latency_ms"])
 
 
 def test_e2e_pull_consumer_at_a_given_rate(
@@ -184,6 +301,22 @@ def test_topics(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> No
         _positive_latencies(p["latency_ms"])
     assert r["phases"][0]["ratio_to_one_topic"] == 1.0
     assert r["target"]["met"] is None  # no 10,000-topic phase to judge
+    assert r["api"] == "single" and r["batch_messages"] is None
+
+
+def test_topics_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(capsys, topics.main, ["--namesrv", cluster.namesrv_addr, "--topics", "1,3",
+                                   "--messages", "95", "--queues", "2", "--api", "batch",
+                                   "--batch", "10", "--in-flight", "40", "--json"])
+    assert r["_exit"] == 0 and r["errors"] == 0 and r["failed_phase"] is None
+    assert r["api"] == "batch" and r["batch_messages"] == 10 and r["concurrent_batches"] == 4
+    assert r["messages_per_phase"] == 100  # rounded up to whole batches
+    assert [p["topics"] for p in r["phases"]] == [1, 3]
+    assert [p["queues_sent_to"] for p in r["phases"]] == [2, 6]  # every queue of every topic
+    for p in r["phases"]:
+        assert p["acknowledged"] == 100 and p["errors"] == 0 and p["msgs_per_s"] > 0
+        assert p["raft_entries"] >= 10  # one entry per call at least
+        _positive_latencies(p["latency_ms"])
 
 
 def test_failover_one_kill(cluster: LocalCluster) -> None:

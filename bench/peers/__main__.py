@@ -1,9 +1,11 @@
 """`python -m bench.peers`: our produce benchmark and the peers', same load, one report.
 
 Runs `bench.produce` (imported, not copied) with the given messages, size and in-flight
-window, then each selected peer in turn with the same three numbers, and prints one JSON
-object (`--json`, on stdout; the table then goes to stderr) and a table with our ratio to
-each peer. A peer whose server or client is not installed is reported as skipped, with
+window twice, once with one `send_async` call per message as every peer's client sends,
+once with `send_batch` calls of `--ours-batch` messages (the same window in whole
+batches), then each selected peer in turn with the same three numbers, and prints one
+JSON object (`--json`, on stdout; the table then goes to stderr) and a table with the
+ratio of each of our rows to each peer. A peer whose server or client is not installed is reported as skipped, with
 the command that installs it. Every process started is stopped, on Ctrl-C and errors too.
 """
 
@@ -42,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated peers to run (default all: {','.join(PEER_MODULES)})")
     p.add_argument("--skip-ours", action="store_true",
                    help="do not run our own benchmark (no ratios)")
+    p.add_argument("--ours-batch", type=int, default=32,
+                   help="messages per send_batch call of our second row (default 32: the "
+                        "256-message window is 8 calls); 0 leaves that row out")
     p.add_argument("--ours-fsync", choices=["always", "interval"], default="always",
                    help="our fsync policy (default always; interval is page-cache durability "
                         "like NATS's)")
@@ -54,20 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_ours(spec: LoadSpec, fsync: str) -> dict[str, Any]:
-    """Our figure, measured by bench.produce itself with this run's parameters."""
-    from bench.peers.report import ours_row
+def run_ours(spec: LoadSpec, fsync: str, batch: int | None = None) -> dict[str, Any]:
+    """Our figure, measured by bench.produce itself with this run's parameters: one
+    `send_async` call per message, or with `batch`, `send_batch` calls of `batch` messages
+    (`--api batch`: the same in-flight window, in whole batches)."""
+    from bench.peers.report import ours_label, ours_row
     from bench.produce import build_parser as produce_parser
     from bench.produce import run_produce
 
-    args = produce_parser().parse_args([
-        "--messages", str(spec.messages), "--size", str(spec.size),
-        "--in-flight", str(spec.in_flight), "--fsync", fsync,
-    ])
+    argv = ["--messages", str(spec.messages), "--size", str(spec.size),
+            "--in-flight", str(spec.in_flight), "--fsync", fsync]
+    if batch is not None:
+        argv += ["--api", "batch", "--batch", str(batch)]
+    args = produce_parser().parse_args(argv)
     try:
         return ours_row(run_produce(args))
     except Exception as exc:  # reported like a failed peer; the peers still run
-        return {"peer": "ours", "system": "raftmq", "status": "error",
+        return {"peer": "ours", "system": ours_label(batch), "status": "error",
+                "api": "single" if batch is None else "batch",
                 "durability": "", "error": f"{type(exc).__name__}: {exc}"}
 
 
@@ -96,11 +105,16 @@ def _run(args: argparse.Namespace, spec: LoadSpec) -> int:
     progress = Console(stderr=True)
     conditions = machine()
     try:
-        ours = None
+        ours = ours_batch = None
         if not args.skip_ours:
-            progress.print(f"[dim]ours: {spec.messages:,} x {spec.size} B, "
+            progress.print(f"[dim]ours (send_async): {spec.messages:,} x {spec.size} B, "
                            f"{spec.in_flight} in flight[/dim]")
             ours = run_ours(spec, args.ours_fsync)
+            if args.ours_batch > 0:
+                progress.print(f"[dim]ours (send_batch {args.ours_batch}): same load, "
+                               f"{max(1, spec.in_flight // args.ours_batch)} calls in "
+                               f"flight[/dim]")
+                ours_batch = run_ours(spec, args.ours_fsync, args.ours_batch)
         rows = []
         for name in args.only:
             progress.print(f"[dim]{name}: starting a 3-node cluster[/dim]")
@@ -110,16 +124,17 @@ def _run(args: argparse.Namespace, spec: LoadSpec) -> int:
     except KeyboardInterrupt:
         progress.print("[red]interrupted: every process started was stopped[/red]")
         return 130
-    report = build_report(spec, ours, rows, conditions)
+    report = build_report(spec, ours, rows, conditions, ours_batch)
     if args.json:
         print(json.dumps(report), flush=True)
         out = progress
     else:
         out = Console()
     if not out.is_terminal:  # a log or a pipe: wide enough that rows stay on one line
-        out.width = max(out.width, 120)
+        out.width = max(out.width, 150 if ours_batch else 120)
     out.print(render(report))
-    failed = [r for r in [ours, *rows] if r is not None and r.get("status") == "error"]
+    failed = [r for r in [ours, ours_batch, *rows]
+              if r is not None and r.get("status") == "error"]
     return 1 if failed else 0
 
 

@@ -3,6 +3,11 @@
 Ratios are ours ÷ theirs for both throughput (above 1: we acknowledge more per second) and
 p99 latency (below 1: our tail is shorter). A ratio is only given between two rows that
 both measured something; skipped and failed peers get none.
+
+We have up to two rows, both `bench.produce` under the same window: `ours`, one
+`send_async` call per message like every peer's client, and `ours_batch`, `send_batch`
+calls of a few messages each (RocketMQ's batch send). Each peer row gets a ratio to each
+(`ours_ratio`, `ours_batch_ratio`).
 """
 
 from __future__ import annotations
@@ -15,9 +20,15 @@ from rich.text import Text
 
 from bench.peers.common import LoadSpec
 
-__all__ = ["build_report", "ours_row", "ratio", "render", "render_notes", "render_table"]
+__all__ = ["build_report", "ours_label", "ours_row", "ratio", "render", "render_notes",
+           "render_table"]
 
 OURS_DURABILITY = "acks once the message's batch is fsynced on a majority of its group"
+
+
+def ours_label(batch: int | None = None) -> str:
+    """How our row is named: the producer call it measured."""
+    return "raftmq (send_async)" if batch is None else f"raftmq (send_batch {batch})"
 
 
 def ours_row(produce: dict[str, Any]) -> dict[str, Any]:
@@ -29,9 +40,14 @@ def ours_row(produce: dict[str, Any]) -> dict[str, Any]:
     acked = produce.get("acknowledged", 0)
     layout = ", ".join(f"{k}={produce[k]}" for k in ("groups", "queues", "batch_max_messages",
                                                      "linger_ms") if k in produce)
+    batched = produce.get("api") == "batch"
+    how = (f"--api batch: send_batch calls of {produce.get('batch_messages')} messages to one "
+           f"queue each, {produce.get('concurrent_batches')} in flight" if batched else
+           "send_async, one message per call")
     return {
         "peer": "ours",
-        "system": "raftmq",
+        "system": ours_label(produce.get("batch_messages") if batched else None),
+        "api": "batch" if batched else "single",
         "nodes": produce.get("nodes", 3),
         "version": "",
         "status": "ok" if acked and not produce.get("errors") else "error",
@@ -49,7 +65,7 @@ def ours_row(produce: dict[str, Any]) -> dict[str, Any]:
         "p999_ms": lat.get("p999"),
         "durability": durability,
         "durability_detail": detail,
-        "notes": f"bench.produce with the same messages, size, in-flight; {layout}",
+        "notes": f"bench.produce with the same messages, size, in-flight; {how}; {layout}",
         "produce": produce,
     }
 
@@ -61,20 +77,24 @@ def ratio(ours: float | None, theirs: float | None) -> float | None:
     return round(ours / theirs, 2)
 
 
+def _ratios(ours: dict[str, Any] | None, row: dict[str, Any]) -> dict[str, float | None] | None:
+    """Our row's ratios to a peer row; None unless both measured something."""
+    if ours is None or ours.get("status") != "ok" or row.get("status") != "ok":
+        return None
+    return {"msgs_per_s": ratio(ours.get("msgs_per_s"), row.get("msgs_per_s")),
+            "p99_ms": ratio(ours.get("p99_ms"), row.get("p99_ms"))}
+
+
 def build_report(spec: LoadSpec, ours: dict[str, Any] | None, peers: list[dict[str, Any]],
-                 machine: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The one JSON object of a run; each measured peer row gains `ours_ratio`."""
-    ours_ok = ours is not None and ours.get("status") == "ok"
+                 machine: dict[str, Any] | None = None,
+                 ours_batch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one JSON object of a run; each peer row gains `ours_ratio` (our `send_async`
+    row ÷ the peer's) and `ours_batch_ratio` (our `send_batch` row ÷ the peer's)."""
     rows = []
     for row in peers:
         row = dict(row)
-        if ours_ok and ours is not None and row.get("status") == "ok":
-            row["ours_ratio"] = {
-                "msgs_per_s": ratio(ours["msgs_per_s"], row.get("msgs_per_s")),
-                "p99_ms": ratio(ours.get("p99_ms"), row.get("p99_ms")),
-            }
-        else:
-            row["ours_ratio"] = None
+        row["ours_ratio"] = _ratios(ours, row)
+        row["ours_batch_ratio"] = _ratios(ours_batch, row)
         rows.append(row)
     return {
         "benchmark": "peers",
@@ -83,6 +103,7 @@ def build_report(spec: LoadSpec, ours: dict[str, Any] | None, peers: list[dict[s
         "in_flight": spec.in_flight,
         "machine": machine or {},
         "ours": ours,
+        "ours_batch": ours_batch,
         "peers": rows,
     }
 
@@ -108,27 +129,34 @@ def render_table(report: dict[str, Any]) -> Table:
     title = (f"produce, side by side: {report['messages']:,} msgs × {report['size_bytes']} B, "
              f"{report['in_flight']:,} in flight, 3 nodes each on loopback")
     t = Table(title=title)
-    t.add_column("system")
-    t.add_column("durability")
-    for col in ("msgs/s", "MB/s", "p50 ms", "p99 ms", "p99.9 ms", "ours/peer msgs/s",
-                "ours/peer p99"):
+    t.add_column("system", no_wrap=True)  # the label says what was measured: keep it whole
+    t.add_column("durability", no_wrap=True)
+    ratio_keys = [k for k, present in (("ours_ratio", report.get("ours")),
+                                       ("ours_batch_ratio", report.get("ours_batch")))
+                  if present]
+    cols = ["msgs/s", "MB/s", "p50 ms", "p99 ms", "p99.9 ms"]
+    for key in ratio_keys:
+        cols += [f"{RATIO_NAMES[key]}/peer msgs/s", f"{RATIO_NAMES[key]}/peer p99"]
+    for col in cols:
         t.add_column(col, justify="right")
     for row in _rows(report):
         status = row.get("status")
+        is_ours = row.get("peer") == "ours"
         if status == "ok":
-            r = row.get("ours_ratio") or {}
-            is_ours = row["peer"] == "ours"
             durability = row.get("durability", "")
+            ratios = []
+            for key in ratio_keys:
+                r = row.get(key) or {}
+                ratios += ["" if is_ours else _times(r.get("msgs_per_s")),
+                           "" if is_ours else _times(r.get("p99_ms"))]
             t.add_row(_label(row), Text(durability, style="yellow" if "NO" in durability else ""),
                       _num(row.get("msgs_per_s"), ",.0f"), _num(row.get("mb_per_s"), ".2f"),
                       _num(row.get("p50_ms"), ".1f"), _num(row.get("p99_ms"), ".1f"),
-                      _num(row.get("p999_ms"), ".1f"),
-                      "" if is_ours else _times(r.get("msgs_per_s")),
-                      "" if is_ours else _times(r.get("p99_ms")))
+                      _num(row.get("p999_ms"), ".1f"), *ratios)
         else:
             t.add_row(_label(row), row.get("durability", ""),
                       Text(str(status), style="yellow" if status == "skipped" else "red"),
-                      *[""] * 6)
+                      *[""] * (len(cols) - 1))
     return t
 
 
@@ -157,6 +185,9 @@ def render_notes(report: dict[str, Any]) -> list[Text]:
     machine = report.get("machine") or {}
     footer = Text("ours/peer: msgs/s above 1 = we acknowledge more per second; p99 below 1 "
                   "= our tail is shorter.", style="dim")
+    if report.get("ours_batch"):
+        footer.append(" ours/peer is our send_async row, batch/peer our send_batch row; every "
+                      "peer's client sends one message per call, as our send_async row does.")
     if machine:
         footer.append(f" Machine: {machine.get('cpus')} CPUs, 1-min load average "
                       f"{machine.get('loadavg_1m')} at the start.")
@@ -169,5 +200,10 @@ def render(report: dict[str, Any]) -> Group:
     return Group(render_table(report), *render_notes(report))
 
 
+#: the table's name for our row behind each ratio
+RATIO_NAMES = {"ours_ratio": "ours", "ours_batch_ratio": "batch"}
+
+
 def _rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    return ([report["ours"]] if report.get("ours") else []) + list(report["peers"])
+    ours = [report[k] for k in ("ours", "ours_batch") if report.get(k)]
+    return ours + list(report["peers"])
