@@ -260,6 +260,29 @@ async def test_concurrent_sends_to_a_queue_share_one_request() -> None:
 
 
 @pytest.mark.anyio
+async def test_round_robin_moves_on_by_batch_not_by_message() -> None:
+    """A burst of keyless sends fills one queue's batch instead of one batch per queue;
+    the next burst, after that batch has left, goes to the next queue."""
+    async with scripted(ok_produce()) as (producer, pool):
+        first = [await producer.send_async("orders", f"a{i}".encode()) for i in range(12)]
+        results = [await f for f in first]
+        second = [await producer.send_async("orders", f"b{i}".encode()) for i in range(12)]
+        results += [await f for f in second]
+    queues = [walk_batch(b)[0].queue for _, _, b in pool.produced()]
+    sizes = [walk_batch(b)[0].n for _, _, b in pool.produced()]
+    assert sizes == [12, 12]  # round robin per message would have made 4 batches of 3
+    assert {r.queue for r in results[:12]} == {queues[0]}
+    assert {r.queue for r in results[12:]} == {queues[1]} and queues[1] == (queues[0] + 1) % 4
+    # over many bursts every queue gets its turn
+    async with scripted(ok_produce()) as (producer, pool):
+        for burst in range(8):
+            futs = [await producer.send_async("orders", b"x") for _ in range(5)]
+            for f in futs:
+                await f
+    assert {walk_batch(b)[0].queue for _, _, b in pool.produced()} == {0, 1, 2, 3}
+
+
+@pytest.mark.anyio
 async def test_batches_respect_the_message_bound_and_keep_order() -> None:
     async with scripted(ok_produce(), linger_ms=200, batch_max_messages=4) as (producer, pool):
         futs = [await producer.send_async("orders", f"m{i}".encode(), queue=2)

@@ -1,8 +1,11 @@
 """The producer: queue selection, per-queue batching, retries and idempotence.
 
 Messages sent close together to the same queue share one PRODUCE request: each queue
-has an accumulator that waits up to `linger_ms` for company (or until a size bound is
-reached), and one sender task that ships batches in order. The batch bytes built here
+has an accumulator and one sender task that ships batches in order. A batch leaves when
+the queue may have another batch in flight, after waiting up to `linger_ms` for company
+(0 by default: messages that arrive while earlier batches are in flight form the next
+one anyway) or as soon as a size bound is reached. Keyless round-robin sends stick to one
+queue until its batch has left, so a burst makes full batches, not one per queue. The batch bytes built here
 are stored by the leader as they are, so a message id can be computed from the batch
 layout and the Raft index the leader returns.
 
@@ -410,14 +413,15 @@ class _QueueSender:
 class Producer:
     """Sends messages to topics; use as `async with Producer(namesrv) as p:`.
 
-    `selector` is "round_robin" (default), "key" (stable hash of the message key, so one
-    key keeps its order on one queue; keyless messages go round robin) or a callable
-    `(total_queues, message) -> queue`. Sends with a key selector, a callable or an
+    `selector` is "round_robin" (default: by batch, see the module docstring), "key"
+    (stable hash of the message key, so one key keeps its order on one queue; keyless
+    messages go round robin) or a callable `(total_queues, message) -> queue`. Sends with a key selector, a callable or an
     explicit `queue` stay on their queue when retried.
 
     `max_in_flight` is the number of batches one queue may have in flight at once; an
     idempotent producer always uses 1, so its batches reach the log in sequence order.
-    `linger_ms` trades latency for batch size. Leaving the `async with` block waits (up
+    `linger_ms` (default 0) trades latency for batch size when the load is light; a
+    synchronous `send` waits for it too. Leaving the `async with` block waits (up
     to the send timeout times the attempts) for buffered messages to be acknowledged.
     """
 
@@ -426,7 +430,7 @@ class Producer:
         namesrv: Sequence[str] | str,
         *,
         idempotent: bool = False,
-        linger_ms: float = 5.0,
+        linger_ms: float = 0.0,
         batch_max_messages: int = 256,
         batch_max_bytes: int = 1 << 20,
         max_in_flight: int = 1,
@@ -468,6 +472,7 @@ class Producer:
         self._senders: dict[tuple[str, int, bool], _QueueSender] = {}
         self._seqs: dict[tuple[str, int], _Sequence] = {}
         self._rr: dict[str, int] = {}
+        self._sticky: dict[str, int] = {}  # topic -> queue whose batch is filling
         self._faults: dict[str, float] = {}
         self._outstanding = 0
         self._drained: anyio.Event | None = None
@@ -653,7 +658,22 @@ class Producer:
             return _checked_queue(topic, self.selector(route.total, msg), route.total), False
         if self.selector == "key" and msg.key:
             return key_queue(msg.key, route.total), False
-        return self._round_robin(route), not self.idempotent
+        movable = not self.idempotent
+        return self._sticky_queue(route, movable), movable
+
+    def _sticky_queue(self, route: TopicRoute, movable: bool) -> int:
+        """Round robin by batch, not by message (Kafka's sticky partitioner): a keyless
+        send stays on the queue whose batch is still filling, and the next queue is taken
+        once that batch has left. A burst spread message by message over N queues would
+        make N batches of 1/N the size, and each batch costs the group a Raft entry."""
+        q = self._sticky.get(route.topic)
+        if q is not None and not self._faults and q < route.total:
+            sender = self._senders.get((route.topic, q, movable))
+            if sender is not None and sender.acc.pending and not sender.acc.full:
+                return q
+        q = self._round_robin(route)
+        self._sticky[route.topic] = q
+        return q
 
     def _round_robin(self, route: TopicRoute, avoid_groups: Iterable[str] = ()) -> int:
         queues = route.queue_ids

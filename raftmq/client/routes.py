@@ -60,7 +60,7 @@ DEFAULT_ATTEMPTS = 4
 
 clock = time.monotonic
 """The client's clock. It only measures intervals (route age, hint and failure ages,
-linger), so any monotonic source will do; `clock()` looks the event loop up
+linger), so any monotonic source will do; `anyio.current_time()` looks the event loop up
 on every call, which was a tenth of a message's cost on the send path."""
 
 
