@@ -142,7 +142,7 @@ def add_producer_args(p: argparse.ArgumentParser) -> None:
                    help="batches per queue in flight (single api)")
     p.add_argument("--batch", type=positive_int, default=512,
                    help="max messages per batch (batch api: messages per send_batch call)")
-    p.add_argument("--linger-ms", type=float, default=2.0,
+    p.add_argument("--linger-ms", type=float, default=0.0,
                    help="producer linger (single api; the batch api uses 0)")
 
 
