@@ -275,7 +275,7 @@ async def test_round_robin_moves_on_by_batch_not_by_message() -> None:
     assert {r.queue for r in results[12:]} == {queues[1]} and queues[1] == (queues[0] + 1) % 4
     # over many bursts every queue gets its turn
     async with scripted(ok_produce()) as (producer, pool):
-        for burst in range(8):
+        for _ in range(8):
             futs = [await producer.send_async("orders", b"x") for _ in range(5)]
             for f in futs:
                 await f
