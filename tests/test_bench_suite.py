@@ -248,6 +248,18 @@ def test_e2e_pull_consumer_at_a_given_rate(
     _positive_latencies(r["e2e_latency_ms"])
 
 
+def test_e2e_without_a_consumer_measures_acknowledgements_only(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    r = _run(capsys, e2e.main, ["--namesrv", cluster.namesrv_addr, "--rate", "300",
+                                "--duration", "1", "--warmup", "0.2", "--queues", "3",
+                                "--consumer", "none", "--json"])
+    assert r["_exit"] == 0, r
+    assert r["consumer"] == "none" and r["acked"] == r["sent"] == int(300 * 0.2) + 300
+    assert r["received"] is None and r["missing"] is None and r["errors"] == 0
+    _positive_latencies(r["ack_latency_ms"])
+
+
 def _node_data(cluster: LocalCluster) -> list[str]:
     return [arg for c in cluster.configs for arg in ("--node-data", str(c.data))]
 
