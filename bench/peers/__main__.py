@@ -5,8 +5,8 @@ window twice, once with one `send_async` call per message as every peer's client
 once with `send_batch` calls of `--ours-batch` messages (the same window in whole
 batches), then each selected peer in turn with the same three numbers, and prints one
 JSON object (`--json`, on stdout; the table then goes to stderr) and a table with the
-ratio of each of our rows to each peer. A peer whose server or client is not installed is reported as skipped, with
-the command that installs it. Every process started is stopped, on Ctrl-C and errors too.
+ratio of each of our rows to each peer. A peer whose server or client is not installed is
+reported as skipped, with the command that installs it. Every process started is stopped, on Ctrl-C and errors too.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated peers to run (default all: {','.join(PEER_MODULES)})")
     p.add_argument("--skip-ours", action="store_true",
                    help="do not run our own benchmark (no ratios)")
-    p.add_argument("--ours-batch", type=int, default=32,
-                   help="messages per send_batch call of our second row (default 32: the "
-                        "256-message window is 8 calls); 0 leaves that row out")
+    p.add_argument("--ours-batch", type=int, default=256,
+                   help="messages per send_batch call of our second row (default 256: the "
+                        "256-message window is one call); 0 leaves that row out")
     p.add_argument("--ours-fsync", choices=["always", "interval"], default="always",
                    help="our fsync policy (default always; interval is page-cache durability "
                         "like NATS's)")
