@@ -283,6 +283,21 @@ async def test_round_robin_moves_on_by_batch_not_by_message() -> None:
 
 
 @pytest.mark.anyio
+async def test_idle_queue_senders_retire_and_come_back() -> None:
+    """A sender task per queue lives only while its queue is busy: a producer that has
+    touched thousands of queues must not keep a task and a timer for each."""
+    async with scripted(ok_produce()) as (producer, pool):
+        for q in range(4):
+            await producer.send("orders", b"x", queue=q)
+        assert len(producer._senders) == 4
+        with anyio.fail_after(5):
+            while producer._senders:
+                await anyio.sleep(0.02)
+        result = await producer.send("orders", b"again", queue=2)
+    assert result.queue == 2 and len(pool.produced()) == 5
+
+
+@pytest.mark.anyio
 async def test_batches_respect_the_message_bound_and_keep_order() -> None:
     async with scripted(ok_produce(), linger_ms=200, batch_max_messages=4) as (producer, pool):
         futs = [await producer.send_async("orders", f"m{i}".encode(), queue=2)

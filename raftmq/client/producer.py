@@ -86,7 +86,11 @@ QueueSelector = Callable[[int, OutgoingMessage], int]
 """A custom selector: (total queues of the topic, message) -> queue id."""
 
 FAULT_WINDOW = 5.0  # seconds a failed group is avoided by round-robin selection
-IDLE_EXIT = 30.0  # a queue's sender task ends after this long without messages
+IDLE_EXIT = 0.1
+"""Seconds a queue's sender task outlives its last batch. Short, because a producer
+spreading calls over 10,000 topics touches 40,000 queues: idle senders that lingered for
+long each held a task, a timer and their events, and the heap they made slowed the whole
+client (measured: p99 0.9 s instead of 0.2 s). Starting a sender again costs far less."""
 MAX_BATCH_BYTES = DEFAULT_MAX_FRAME - (1 << 20)  # leave room for the frame header
 
 
