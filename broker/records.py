@@ -117,7 +117,7 @@ def parse_message_id(msg_id: str) -> tuple[str, int, int]:
 def encode_batch(
     topic: str,
     queue: int,
-    messages: Sequence[OutgoingMessage],
+    messages: Sequence[OutgoingMessage | bytes],
     *,
     pid: int = 0,
     seq: int = -1,
@@ -129,6 +129,10 @@ def encode_batch(
     )
     parts: list[bytes] = [_BATCH_PREFIX.pack(MAGIC, VERSION, 0, len(header)), header]
     for m in messages:
+        if isinstance(m, bytes):  # a bare body: no key, tags or properties
+            parts.append(RECORD_HEADER.pack(RECORD_HEADER.size + len(m), born_ms, 0, 0, 0, len(m)))
+            parts.append(m)
+            continue
         key = m.key.encode()
         tags = m.tags.encode()
         props = msgpack.packb(m.properties, use_bin_type=True) if m.properties else b""

@@ -85,6 +85,19 @@ def test_make_message_and_size_checks() -> None:
     assert record_size(m) == len(encode_batch("t", 0, [m])) - len(encode_batch("t", 0, []))
 
 
+def test_a_bare_body_is_framed_like_a_message_without_key_tags_or_properties() -> None:
+    bodies = [b"", b"x", b"y" * 300]
+    full = [OutgoingMessage(b) for b in bodies]
+    mixed: list[OutgoingMessage | bytes] = [bodies[0], full[1], bodies[2]]
+    assert encode_batch("t", 3, bodies, born_ms=5) == encode_batch("t", 3, full, born_ms=5)
+    assert encode_batch("t", 3, mixed, born_ms=5) == encode_batch("t", 3, full, born_ms=5)
+    assert [record_size(b) for b in bodies] == [record_size(m) for m in full]
+    check_message(b"x" * MAX_MESSAGE_BYTES)
+    with pytest.raises(RequestError) as info:
+        check_message(b"x" * (MAX_MESSAGE_BYTES + 1))
+    assert info.value.code == Code.MESSAGE_TOO_LARGE
+
+
 # ---------------------------------------------------------------- batching
 
 

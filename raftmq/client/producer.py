@@ -5,9 +5,9 @@ has an accumulator and one sender task that ships batches in order. A batch leav
 the queue may have another batch in flight, after waiting up to `linger_ms` for company
 (0 by default: messages that arrive while earlier batches are in flight form the next
 one anyway) or as soon as a size bound is reached. Keyless round-robin sends stick to one
-queue until its batch has left, so a burst makes full batches, not one per queue. The batch bytes built here
-are stored by the leader as they are, so a message id can be computed from the batch
-layout and the Raft index the leader returns.
+queue until its batch has left, so a burst makes full batches, not one per queue. The
+batch bytes built here are stored by the leader as they are, so a message id can be
+computed from the batch layout and the Raft index the leader returns.
 
 Retries follow RocketMQ: a send that fails with a retriable error is tried again up to
 `retries` more times, after refreshing the route. Learning of a newer leader (a
@@ -66,6 +66,7 @@ from .routes import (
 __all__ = [
     "BatchAccumulator",
     "PendingSend",
+    "Payload",
     "Producer",
     "QueueSelector",
     "SendFuture",
@@ -84,6 +85,10 @@ T = TypeVar("T")
 
 QueueSelector = Callable[[int, OutgoingMessage], int]
 """A custom selector: (total queues of the topic, message) -> queue id."""
+
+Payload = OutgoingMessage | bytes
+"""A message on its way to a batch: a plain body (the common case: no key, tags or
+properties) stays bytes, which spares an object per message on the send path."""
 
 FAULT_WINDOW = 5.0  # seconds a failed group is avoided by round-robin selection
 IDLE_EXIT = 0.1
@@ -108,6 +113,9 @@ class SendResult:
     dup: bool = False
 
 
+_Callback = Callable[["SendFuture[T]"], Any]
+
+
 class SendFuture(Generic[T]):
     """The outcome of an asynchronous send; `await` it, or poll `done()`/`result()`.
 
@@ -124,7 +132,7 @@ class SendFuture(Generic[T]):
         self._done = False
         self._result: T | None = None
         self._error: BaseException | None = None
-        self._callbacks: Callable[[SendFuture[T]], Any] | list[Callable[[SendFuture[T]], Any]] | None = None
+        self._callbacks: _Callback[T] | list[_Callback[T]] | None = None
 
     def done(self) -> bool:
         return self._done
@@ -222,8 +230,11 @@ def make_message(
     return replace(msg, **changes) if changes else msg
 
 
-def record_size(msg: OutgoingMessage) -> int:
+def record_size(msg: Payload) -> int:
     """Bytes the message takes in a batch (the record layout of `broker.records`)."""
+    if type(msg) is bytes:
+        return RECORD_HEADER.size + len(msg)
+    assert isinstance(msg, OutgoingMessage)
     if not (msg.key or msg.tags or msg.properties):
         return RECORD_HEADER.size + len(msg.body)  # the common case, per message
     props = msgpack.packb(msg.properties, use_bin_type=True) if msg.properties else b""
@@ -233,8 +244,16 @@ def record_size(msg: OutgoingMessage) -> int:
     )
 
 
-def check_message(msg: OutgoingMessage, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+def check_message(msg: Payload, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
     """Refuse before sending what the broker would refuse, with the same code."""
+    if type(msg) is bytes:
+        if len(msg) > max_bytes:
+            raise RequestError(
+                Code.MESSAGE_TOO_LARGE,
+                f"message body of {len(msg)} bytes exceeds the limit of {max_bytes}",
+            )
+        return
+    assert isinstance(msg, OutgoingMessage)
     if not isinstance(msg.body, bytes):
         raise TypeError("OutgoingMessage.body must be bytes")
     if len(msg.body) > max_bytes:
@@ -305,7 +324,7 @@ class PendingSend:
     window), run once before the future completes.
     """
 
-    messages: list[OutgoingMessage]
+    messages: list[Payload]
     size: int
     future: SendFuture[Any]
     single: bool = False
@@ -419,8 +438,8 @@ class Producer:
 
     `selector` is "round_robin" (default: by batch, see the module docstring), "key"
     (stable hash of the message key, so one key keeps its order on one queue; keyless
-    messages go round robin) or a callable `(total_queues, message) -> queue`. Sends with a key selector, a callable or an
-    explicit `queue` stay on their queue when retried.
+    messages go round robin) or a callable `(total_queues, message) -> queue`. Sends with
+    a key selector, a callable or an explicit `queue` stay on their queue when retried.
 
     `max_in_flight` is the number of batches one queue may have in flight at once; an
     idempotent producer always uses 1, so its batches reach the log in sequence order.
@@ -560,8 +579,9 @@ class Producer:
         Waits only to learn the route (first use of a topic) or when `max_pending` sends
         are already outstanding. Bad messages, names and unknown topics raise here.
         """
+        msg: Payload
         if type(message) is bytes and key is None and tags is None and properties is None:
-            msg = OutgoingMessage(message)  # the common case, without make_message's checks
+            msg = message  # the common case: the body alone
         else:
             msg = make_message(message, key=key, tags=tags, properties=properties)
         check_message(msg, self.max_message_bytes)
@@ -603,7 +623,7 @@ class Producer:
         within the batch size bounds go in one PRODUCE request (atomically); a larger
         list is split into several.
         """
-        msgs = [make_message(m) for m in messages]
+        msgs: list[Payload] = [m if type(m) is bytes else make_message(m) for m in messages]
         if not msgs:
             return []
         for m in msgs:
@@ -620,8 +640,8 @@ class Producer:
             results += await fut
         return results
 
-    def _chunks(self, msgs: list[OutgoingMessage]) -> list[list[OutgoingMessage]]:
-        out: list[list[OutgoingMessage]] = [[]]
+    def _chunks(self, msgs: list[Payload]) -> list[list[Payload]]:
+        out: list[list[Payload]] = [[]]
         size = 0
         for m in msgs:
             s = record_size(m)
@@ -651,7 +671,7 @@ class Producer:
                 await anyio.sleep(backoff_delay(attempt))
 
     async def _choose_queue(
-        self, topic: str, msg: OutgoingMessage, queue: int | None
+        self, topic: str, msg: Payload, queue: int | None
     ) -> tuple[int, bool]:
         route = self._check_open().cached(topic)  # fresh: the per-message fast path, no I/O
         if route is None:
@@ -659,8 +679,10 @@ class Producer:
         if queue is not None:
             return _checked_queue(topic, queue, route.total), False
         if callable(self.selector):
-            return _checked_queue(topic, self.selector(route.total, msg), route.total), False
-        if self.selector == "key" and msg.key:
+            full = OutgoingMessage(msg) if type(msg) is bytes else msg
+            assert isinstance(full, OutgoingMessage)
+            return _checked_queue(topic, self.selector(route.total, full), route.total), False
+        if self.selector == "key" and isinstance(msg, OutgoingMessage) and msg.key:
             return key_queue(msg.key, route.total), False
         movable = not self.idempotent
         return self._sticky_queue(route, movable), movable
@@ -781,7 +803,7 @@ class Producer:
         return seq
 
     async def _deliver(
-        self, topic: str, queue: int, movable: bool, msgs: list[OutgoingMessage]
+        self, topic: str, queue: int, movable: bool, msgs: list[Payload]
     ) -> list[SendResult]:
         routes = self._check_open()
         pid, seq = 0, -1
