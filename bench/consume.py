@@ -244,7 +244,7 @@ async def fill(namesrv: str, topic: str, *, messages: int | None, bytes_: int | 
         if fut.exception() is not None:
             errors.append(repr(fut.exception()))
 
-    async with Producer(namesrv, linger_ms=2.0, batch_max_messages=512, max_in_flight=4,
+    async with Producer(namesrv, batch_max_messages=512, max_in_flight=4,
                         max_pending=in_flight) as producer:
         await producer.send(topic, payload)
         t0 = time.perf_counter()
@@ -281,7 +281,7 @@ def _worker(spec: dict[str, Any]) -> None:
         print(json.dumps({"t": time.monotonic(), **counts}), flush=True)
 
     async def run() -> None:
-        async with Producer(spec["namesrv"], linger_ms=2.0, batch_max_messages=512,
+        async with Producer(spec["namesrv"], batch_max_messages=512,
                             max_in_flight=4, max_pending=int(spec["in_flight"])) as producer:
             async with anyio.create_task_group() as tg:
 

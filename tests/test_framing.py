@@ -120,7 +120,11 @@ def test_senders_wait_beyond_the_pending_cap() -> None:
             assert sent == [0, 1]
             assert out.pending == 2 * frame_len
             stream.release()
-            await out.drain()
+            # a waiting sender queues its frame only once it runs again: drain until all did
+            with trio.fail_after(5):
+                while len(sent) < 5:
+                    await out.drain()
+                    await trio.testing.wait_all_tasks_blocked()
             assert sorted(sent) == [0, 1, 2, 3, 4]
             nursery.cancel_scope.cancel()
         got = [f.header["id"] for w in stream.writes for f in frames_of(w)]
