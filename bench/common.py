@@ -40,7 +40,9 @@ __all__ = [
     "Pacer",
     "Target",
     "add_api_arg",
+    "add_batching_args",
     "add_cluster_args",
+    "add_producer_args",
     "batch_producer_options",
     "batch_tasks",
     "create_topics",
@@ -54,7 +56,6 @@ __all__ = [
     "progress_delta",
     "raft_progress",
     "run_id",
-    "add_producer_args",
     "run_on_target",
     "send_batches",
     "target_cluster",
@@ -148,6 +149,11 @@ def add_producer_args(p: argparse.ArgumentParser) -> None:
     `--batches-in-flight` and `--linger-ms` apply to the single api only."""
     p.add_argument("--in-flight", type=int, default=8192,
                    help="messages awaiting their ack (batch api: in-flight // batch calls)")
+    add_batching_args(p)
+
+
+def add_batching_args(p: argparse.ArgumentParser) -> None:
+    """How the producer forms batches (`--batch` is also the batch api's call size)."""
     p.add_argument("--batches-in-flight", type=int, default=4,
                    help="batches per queue in flight (single api)")
     p.add_argument("--batch", type=positive_int, default=512,

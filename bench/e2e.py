@@ -43,12 +43,12 @@ import anyio.abc
 from .common import (
     Pacer,
     add_api_arg,
+    add_batching_args,
     add_cluster_args,
     batch_producer_options,
     emit,
     freeze_gc,
     latency_ms,
-    positive_int,
     progress_delta,
     raft_progress,
     run_id,
@@ -266,7 +266,7 @@ async def _measure(stack: AsyncExitStack, namesrv: str, args: argparse.Namespace
         "received": len(run.received) if args.consumer != "none" else None,
         "missing": len(run.acked - run.received) if args.consumer != "none" else None,
         "duplicates": run.duplicates,
-        "e2e_latency_ms": latency_ms(run.e2e, POINTS),
+        "e2e_latency_ms": latency_ms(run.e2e, POINTS) if args.consumer != "none" else None,
         "ack_latency_ms": ack,
         "schedule_lag_ms": latency_ms(run.lag, ("p50", "p99", "max")),
         "target": {"ack_p99_ms": ACK_P99_TARGET_MS, "met": 0 < ack["p99"] <= ACK_P99_TARGET_MS},
@@ -312,12 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pull-batch", type=int, default=32, help="messages per FETCH")
     p.add_argument("--long-poll-ms", type=int, default=15_000)
     add_api_arg(p)
-    p.add_argument("--linger-ms", type=float, default=1.0,
-                   help="producer linger (single api; the batch api uses 0)")
-    p.add_argument("--batch", type=positive_int, default=512,
-                   help="max messages per batch (batch api: messages per send_batch call)")
-    p.add_argument("--batches-in-flight", type=int, default=4,
-                   help="batches per queue in flight (single api)")
+    add_batching_args(p)
     p.add_argument("--max-pending", type=int, default=100_000,
                    help="unacknowledged messages before a send call waits")
     p.add_argument("--drain-timeout", type=float, default=30.0,
