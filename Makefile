@@ -40,11 +40,13 @@ bench: $(VENV)/.bench
 	$(PY) -m bench.produce --json
 	-$(PY) -m bench.produce --api batch --batch 256 --json
 	-$(PY) -m bench.produce --api batch --batch 256 --size 1024 --json
+	-$(PY) -m bench.e2e --consumer none --json
+	-$(PY) -m bench.e2e --consumer none --api batch --batch 256 --json
 	-$(PY) -m bench.e2e --json
-	-$(PY) -m bench.e2e --api batch --batch 64 --json
 	-$(PY) -m bench.consume --json
 	-$(PY) -m bench.consume --catch-up --json
 	-$(PY) -m bench.topics --json
+	-$(PY) -m bench.topics --topics 1,1000 --api batch --batch 64 --messages 256000 --json
 	-$(PY) -m bench.failover --json
 
 # The peer systems' servers, from Debian packages; as root or through sudo; skipped when
