@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="messages per second (default: --fraction of a quick max measurement)")
     p.add_argument("--fraction", type=float, default=0.5,
                    help="share of the measured maximum to send at when --rate is not given")
-    p.add_argument("--probe-messages", type=int, default=20_000,
+    p.add_argument("--probe-messages", type=int, default=200_000,
                    help="messages of the quick maximum measurement")
     p.add_argument("--duration", type=float, default=10.0, help="measured seconds")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds sent before measuring")
