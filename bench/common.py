@@ -58,6 +58,8 @@ __all__ = [
     "run_id",
     "run_on_target",
     "send_batches",
+    "send_singles",
+    "single_producer_options",
     "target_cluster",
 ]
 
@@ -221,6 +223,48 @@ class Acks:
     def acknowledged(self) -> int:
         return len(self.latencies)
 
+    def summary(self, seconds: float, size: int) -> dict[str, Any]:
+        """The figures every load reports: counts, rate over `seconds`, ack latency."""
+        acked = self.acknowledged
+        return {
+            "acknowledged": acked,
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "seconds": round(seconds, 3),
+            "msgs_per_s": round(acked / seconds, 1),
+            "mb_per_s": round(acked * size / seconds / 1e6, 2),
+            "latency_ms": latency_ms(self.latencies),
+        }
+
+
+def single_producer_options(args: argparse.Namespace, max_pending: int) -> dict[str, Any]:
+    """`Producer` options of the single api from `add_batching_args`' options."""
+    return {"linger_ms": args.linger_ms, "batch_max_messages": args.batch,
+            "max_in_flight": args.batches_in_flight, "max_pending": max_pending}
+
+
+async def send_singles(
+    producer: Producer, topics: Sequence[str], payload: bytes, messages: int, acks: Acks,
+) -> None:
+    """Hand `messages` to `producer.send_async` one per call as fast as its window lets,
+    message `i` to `topics[i % len(topics)]`, and record each one's latency (from its call
+    to its acknowledgement) or failure. Call `producer.flush()` to wait for the last."""
+    n = len(topics)
+
+    def timed(t0: float) -> Callable[[Any], None]:
+        def done(fut: Any) -> None:
+            exc = fut.exception()
+            if exc is not None:
+                acks.failed(exc)
+            else:
+                acks.ok(time.perf_counter() - t0)
+        return done
+
+    for i in range(messages):
+        await producer.send_async(topics[i % n], payload, callback=timed(time.perf_counter()))
+        if i % 256 == 255:
+            await anyio.sleep(0)  # a send that finds room never yields: let acks in
+
 
 async def send_batches(
     producer: Producer, targets: Sequence[tuple[str, int]], batch: Sequence[bytes],
@@ -314,7 +358,7 @@ async def create_topics(
     from broker.protocol import Code, Op, RequestError
     from raftmq.client.admin import place_queues
 
-    cluster = await admin.describe_cluster()
+    cluster = await admin.describe_cluster(topics=False)
     groups = sorted(str(g) for g in (cluster.get("groups") or {}))
     if not groups:
         raise RequestError(Code.UNKNOWN_GROUP, "the name servers know no live group")
@@ -370,7 +414,7 @@ async def raft_progress(admin: Admin) -> dict[str, Any]:
     terms: dict[str, int] = {}
     commits: dict[str, int] = {}
     fsyncs = 0
-    for addr in node_addresses(await admin.describe_cluster()):
+    for addr in node_addresses(await admin.describe_cluster(topics=False)):
         try:
             status = await admin.node_status(addr)
         except RequestError:

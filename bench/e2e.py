@@ -53,6 +53,7 @@ from .common import (
     raft_progress,
     run_id,
     run_on_target,
+    single_producer_options,
 )
 
 __all__ = ["build_parser", "main", "run_e2e"]
@@ -187,8 +188,7 @@ async def _measure(stack: AsyncExitStack, namesrv: str, args: argparse.Namespace
         if batched:  # open loop: only --max-pending (messages) bounds the calls in flight
             options = batch_producer_options(args.batch, max(1, args.max_pending // args.batch))
         else:
-            options = {"linger_ms": args.linger_ms, "batch_max_messages": args.batch,
-                       "max_in_flight": args.batches_in_flight, "max_pending": args.max_pending}
+            options = single_producer_options(args, args.max_pending)
         async with Producer(namesrv, **options) as producer:
             await producer.send(topic, STAMP.pack(time.perf_counter(), total) + pad)  # routes
             freeze_gc()

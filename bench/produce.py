@@ -34,8 +34,9 @@ from .common import (
     batch_producer_options,
     batch_tasks,
     freeze_gc,
-    latency_ms,
     send_batches,
+    send_singles,
+    single_producer_options,
     target_cluster,
 )
 
@@ -61,8 +62,7 @@ async def drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str,
         tasks = batch_tasks(args.in_flight, args.batch, batches)
         options = batch_producer_options(args.batch, tasks)
     else:
-        options = {"linger_ms": args.linger_ms, "batch_max_messages": args.batch,
-                   "max_in_flight": args.batches_in_flight, "max_pending": args.in_flight}
+        options = single_producer_options(args, args.in_flight)
     async with Producer(namesrv, **options) as producer:
         # warm-up: learn routes, open connections
         for _ in range(10):
@@ -75,32 +75,15 @@ async def drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str,
             await send_batches(producer, [(topic, q) for q in range(args.queues)],
                                [payload] * args.batch, batches, tasks, acks)
         else:
-            def done_at(t0: float):  # noqa: ANN202 - a small closure factory
-                def cb(fut: Any) -> None:
-                    exc = fut.exception()
-                    if exc is not None:
-                        acks.failed(exc)
-                    else:
-                        acks.ok(time.perf_counter() - t0)
-                return cb
-
-            for _ in range(messages):
-                await producer.send_async(topic, payload, callback=done_at(time.perf_counter()))
+            await send_singles(producer, [topic], payload, messages, acks)
         await producer.flush()
         elapsed = time.perf_counter() - t_start
-    acked = acks.acknowledged
     return {
         "benchmark": "produce",
         "api": args.api,
         "messages": messages,
-        "acknowledged": acked,
-        "errors": acks.errors,
-        "first_error": acks.first_error,
+        **acks.summary(elapsed, args.size),
         "size_bytes": args.size,
-        "seconds": round(elapsed, 3),
-        "msgs_per_s": round(acked / elapsed, 1),
-        "mb_per_s": round(acked * args.size / elapsed / 1e6, 2),
-        "latency_ms": latency_ms(acks.latencies),
         "in_flight": args.in_flight,
         # batch api: messages per send_batch call, and how many calls were in flight
         "batch_messages": args.batch if batched else None,

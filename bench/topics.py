@@ -49,13 +49,14 @@ from .common import (
     create_topics,
     emit,
     freeze_gc,
-    latency_ms,
     progress,
     progress_delta,
     raft_progress,
     run_id,
     run_on_target,
     send_batches,
+    send_singles,
+    single_producer_options,
 )
 
 __all__ = ["build_parser", "main", "run_topics"]
@@ -82,7 +83,7 @@ async def _phase(
 ) -> dict[str, Any]:
     """Send `args.messages` round-robin over `names`; throughput, ack latency, and the
     Raft entries, elections and fsyncs the sending cost."""
-    from raftmq.client import Producer, SendFuture, SendResult
+    from raftmq.client import Producer
 
     payload = b"x" * args.size
     acks = Acks()
@@ -93,8 +94,7 @@ async def _phase(
     if batched:
         options = batch_producer_options(args.batch, tasks)
     else:
-        options = {"linger_ms": args.linger_ms, "batch_max_messages": args.batch,
-                   "max_in_flight": args.batches_in_flight, "max_pending": args.in_flight}
+        options = single_producer_options(args, args.in_flight)
     targets = batch_targets(names, args.queues) if batched else []
     async with Producer(namesrv, **options) as producer:
         limiter = anyio.CapacityLimiter(args.create_concurrency)
@@ -110,38 +110,18 @@ async def _phase(
         warm_s = time.perf_counter() - t_warm
         freeze_gc()
 
-        def done_at(t0: float) -> Any:
-            def cb(fut: SendFuture[SendResult]) -> None:
-                exc = fut.exception()
-                if exc is not None:
-                    acks.failed(exc)
-                else:
-                    acks.ok(time.perf_counter() - t0)
-            return cb
-
-        n = len(names)
         before = await raft_progress(admin)
         t_start = time.perf_counter()
         if batched:
             await send_batches(producer, targets, [payload] * args.batch, batches, tasks, acks)
         else:
-            for i in range(messages):
-                await producer.send_async(names[i % n], payload,
-                                          callback=done_at(time.perf_counter()))
-                if i % 256 == 255:
-                    await anyio.sleep(0)
+            await send_singles(producer, names, payload, messages, acks)
         await producer.flush()
         elapsed = time.perf_counter() - t_start
         cost = progress_delta(before, await raft_progress(admin))
     acked = acks.acknowledged
     return {
-        "acknowledged": acked,
-        "errors": acks.errors,
-        "first_error": acks.first_error,
-        "seconds": round(elapsed, 3),
-        "msgs_per_s": round(acked / elapsed, 1),
-        "mb_per_s": round(acked * args.size / elapsed / 1e6, 2),
-        "latency_ms": latency_ms(acks.latencies),
+        **acks.summary(elapsed, args.size),
         "queues_sent_to": min(batches, len(targets)) if batched else None,
         "warm_s": round(warm_s, 2),
         "raft_entries": cost["entries"],

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, spec: LoadSpec) -> int:
     from rich.console import Console
 
-    from bench.common import machine
+    from bench.common import batch_tasks, machine
     from bench.peers.report import build_report, render
 
     progress = Console(stderr=True)
@@ -112,7 +112,7 @@ def _run(args: argparse.Namespace, spec: LoadSpec) -> int:
             ours = run_ours(spec, args.ours_fsync)
             if args.ours_batch > 0:
                 progress.print(f"[dim]ours (send_batch {args.ours_batch}): same load, "
-                               f"{max(1, spec.in_flight // args.ours_batch)} calls in "
+                               f"{batch_tasks(spec.in_flight, args.ours_batch)} calls in "
                                f"flight[/dim]")
                 ours_batch = run_ours(spec, args.ours_fsync, args.ours_batch)
         rows = []

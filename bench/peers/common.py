@@ -31,9 +31,10 @@ from typing import IO, Any, ClassVar, TypeVar
 
 # The same percentiles and GC handling as our own benchmark, so columns compare like for like.
 from bench.common import freeze_gc, latency_ms
+from chaos.cluster import free_ports  # below the ephemeral range: restarts can re-bind
 
 __all__ = [
-    "LoadSpec", "LoadStats", "Peer", "PeerError", "Procs", "drive", "find_binary",
+    "WARMUP", "LoadSpec", "LoadStats", "Peer", "PeerError", "Procs", "drive", "find_binary",
     "free_ports", "http_json", "install_hint", "run_peer", "wait_until",
 ]
 
@@ -61,7 +62,6 @@ class LoadSpec:
 class LoadStats:
     """Raw outcome of one load run; `summarize` turns it into the figures of a row."""
 
-    acknowledged: int = 0
     errors: int = 0
     first_error: str | None = None
     seconds: float = 0.0
@@ -69,6 +69,10 @@ class LoadStats:
     timed_out: bool = False
     #: what this run observed that a reader of the figures should know
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def acknowledged(self) -> int:
+        return len(self.latencies)
 
     def record_error(self, exc: BaseException | str) -> None:
         self.errors += 1
@@ -119,7 +123,6 @@ async def drive(send: Callable[[bytes], Awaitable[object]], spec: LoadSpec) -> L
         await asyncio.gather(*workers, return_exceptions=True)
         stats.seconds = time.perf_counter() - t_start
         gc.unfreeze()  # the next peer runs in this process: let this run's garbage go
-    stats.acknowledged = len(latencies)
     return stats
 
 
@@ -258,20 +261,6 @@ def _killpg(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports that were free a moment ago (all held while choosing)."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.peers.common import (
+    WARMUP,
     LoadSpec,
     LoadStats,
     Peer,
@@ -37,7 +38,6 @@ from bench.peers.common import (
 
 __all__ = ["PEER", "PySyncObjPeer"]
 
-WARMUP = 10
 
 
 def _conf(journal: Path | None) -> Any:
@@ -236,8 +236,6 @@ def _drive_callbacks(client: Any, spec: LoadSpec, procs: Procs) -> LoadStats:
         stats.timed_out = True
         stats.record_error(f"load did not finish within {spec.load_timeout:.0f} s")
     stats.seconds = time.perf_counter() - t_start
-    with lock:
-        stats.acknowledged = len(stats.latencies)
     return stats
 
 
