@@ -28,6 +28,7 @@ from raftmq.client.producer import (
     PendingSend,
     Producer,
     SendFuture,
+    as_payload,
     batch_message_ids,
     check_message,
     key_queue,
@@ -92,6 +93,11 @@ def test_a_bare_body_is_framed_like_a_message_without_key_tags_or_properties() -
     assert encode_batch("t", 3, bodies, born_ms=5) == encode_batch("t", 3, full, born_ms=5)
     assert encode_batch("t", 3, mixed, born_ms=5) == encode_batch("t", 3, full, born_ms=5)
     assert [record_size(b) for b in bodies] == [record_size(m) for m in full]
+    # whatever the caller passed, a message without key, tags or properties is its body
+    assert as_payload("hé") == "hé".encode() and as_payload(bytearray(b"ab")) == b"ab"
+    assert as_payload(OutgoingMessage(b"z")) == b"z"
+    assert as_payload(b"z", key="k") == OutgoingMessage(b"z", key="k")
+    assert as_payload(OutgoingMessage(b"z", tags="T")) == OutgoingMessage(b"z", tags="T")
     check_message(b"x" * MAX_MESSAGE_BYTES)
     with pytest.raises(RequestError) as info:
         check_message(b"x" * (MAX_MESSAGE_BYTES + 1))

@@ -71,6 +71,7 @@ __all__ = [
     "QueueSelector",
     "SendFuture",
     "SendResult",
+    "as_payload",
     "batch_message_ids",
     "key_queue",
     "make_message",
@@ -246,25 +247,35 @@ def record_size(msg: Payload) -> int:
 
 def check_message(msg: Payload, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
     """Refuse before sending what the broker would refuse, with the same code."""
-    if type(msg) is bytes:
-        if len(msg) > max_bytes:
-            raise RequestError(
-                Code.MESSAGE_TOO_LARGE,
-                f"message body of {len(msg)} bytes exceeds the limit of {max_bytes}",
-            )
-        return
-    assert isinstance(msg, OutgoingMessage)
-    if not isinstance(msg.body, bytes):
+    body = msg if isinstance(msg, bytes) else msg.body
+    if not isinstance(body, bytes):
         raise TypeError("OutgoingMessage.body must be bytes")
-    if len(msg.body) > max_bytes:
+    if len(body) > max_bytes:
         raise RequestError(
             Code.MESSAGE_TOO_LARGE,
-            f"message body of {len(msg.body)} bytes exceeds the limit of {max_bytes}",
+            f"message body of {len(body)} bytes exceeds the limit of {max_bytes}",
         )
-    if msg.properties:
+    if isinstance(msg, OutgoingMessage) and msg.properties:
         for k, v in msg.properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError("message properties map str to str")
+
+
+def as_payload(
+    message: OutgoingMessage | bytes | bytearray | memoryview | str,
+    *,
+    key: str | None = None,
+    tags: str | None = None,
+    properties: dict[str, str] | None = None,
+) -> Payload:
+    """What a send puts in a batch: the body alone when there is no key, tags or
+    properties (the common case, one object fewer per message), else the message."""
+    if type(message) is bytes and key is None and tags is None and properties is None:
+        return message
+    msg = make_message(message, key=key, tags=tags, properties=properties)
+    if type(msg.body) is bytes and not (msg.key or msg.tags or msg.properties):
+        return msg.body
+    return msg
 
 
 def key_queue(key: str, total: int) -> int:
@@ -579,11 +590,7 @@ class Producer:
         Waits only to learn the route (first use of a topic) or when `max_pending` sends
         are already outstanding. Bad messages, names and unknown topics raise here.
         """
-        msg: Payload
-        if type(message) is bytes and key is None and tags is None and properties is None:
-            msg = message  # the common case: the body alone
-        else:
-            msg = make_message(message, key=key, tags=tags, properties=properties)
+        msg = as_payload(message, key=key, tags=tags, properties=properties)
         check_message(msg, self.max_message_bytes)
         fut: SendFuture[SendResult] = SendFuture()
         if callback is not None:
@@ -623,42 +630,41 @@ class Producer:
         within the batch size bounds go in one PRODUCE request (atomically); a larger
         list is split into several.
         """
-        msgs: list[Payload] = [m if type(m) is bytes else make_message(m) for m in messages]
+        msgs = [as_payload(m) for m in messages]
         if not msgs:
             return []
         for m in msgs:
             check_message(m, self.max_message_bytes)
         q, movable = await self._choose_queue(topic, msgs[0], queue)
         futs: list[SendFuture[list[SendResult]]] = []
-        for chunk in self._chunks(msgs):
+        for chunk, size in self._chunks(msgs):
             fut: SendFuture[list[SendResult]] = SendFuture()
             futs.append(fut)
-            size = sum(record_size(m) for m in chunk)
             await self._enqueue(topic, q, movable, PendingSend(chunk, size, fut, False, self._on_settled))
         results: list[SendResult] = []
         for fut in futs:
             results += await fut
         return results
 
-    def _chunks(self, msgs: list[Payload]) -> list[list[Payload]]:
-        out: list[list[Payload]] = [[]]
+    def _chunks(self, msgs: list[Payload]) -> list[tuple[list[Payload], int]]:
+        """`msgs` cut where a batch bound would be passed, each piece with its bytes."""
+        out: list[tuple[list[Payload], int]] = []
+        cur: list[Payload] = []
         size = 0
         for m in msgs:
             s = record_size(m)
-            cur = out[-1]
             if cur and (len(cur) >= self.batch_max_messages or size + s > self.batch_max_bytes):
-                out.append([])
-                size = 0
-            out[-1].append(m)
+                out.append((cur, size))
+                cur, size = [], 0
+            cur.append(m)
             size += s
+        out.append((cur, size))
         return out
 
-    async def _route(self, topic: str) -> TopicRoute:
-        """The topic's route, retrying only transient failures to reach the name servers."""
+    async def _fetch_route(self, topic: str) -> TopicRoute:
+        """The topic's route when none is cached fresh, retrying only transient failures
+        to reach the name servers."""
         routes = self._check_open()
-        cached = routes.cached(topic)
-        if cached is not None:
-            return cached
         validate_topic_name(topic)
         attempt = 0
         while True:
@@ -675,7 +681,7 @@ class Producer:
     ) -> tuple[int, bool]:
         route = self._check_open().cached(topic)  # fresh: the per-message fast path, no I/O
         if route is None:
-            route = await self._route(topic)
+            route = await self._fetch_route(topic)
         if queue is not None:
             return _checked_queue(topic, queue, route.total), False
         if callable(self.selector):

@@ -138,7 +138,7 @@ def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | s
 async def cluster_status(namesrv: list[str]) -> dict[str, Any]:
     """The merged view `build_status` makes, fetched concurrently."""
     async with Admin(namesrv, timeout=NODE_TIMEOUT) as admin:
-        cluster = await admin.describe_cluster()
+        cluster = await admin.describe_cluster(topics=False)
         statuses: dict[int, dict[str, Any] | str] = {}
 
         async def one(nid: int, addr: str) -> None:
