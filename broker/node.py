@@ -33,7 +33,7 @@ import random
 import signal
 import sys
 from collections import deque
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Any
 
 import msgpack
@@ -43,7 +43,14 @@ from prometheus_client import Counter, Gauge
 from broker.config import NodeConfig, load_config
 from broker.framing import FrameStream, open_frame_stream, serve_frames
 from broker.metrics import NodeMetrics, serve_metrics
-from broker.protocol import DEFAULT_MAX_FRAME, Code, Op, error_header, parse_address
+from broker.protocol import (
+    DEFAULT_MAX_FRAME,
+    Code,
+    Op,
+    error_header,
+    parse_address,
+    topic_shapes,
+)
 from broker.retention import RetentionPolicy, run_retention
 from broker.service import BrokerService
 from broker.statemachine import BrokerState, TopicConfig
@@ -52,7 +59,7 @@ from raftlog.fsutil import disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
 from raftlog.types import Message, Role
 
-__all__ = ["Node", "TopicTableLog", "main", "topic_shapes"]
+__all__ = ["Node", "TopicTableLog", "main"]
 
 log = logging.getLogger("raftmq.node")
 
@@ -61,15 +68,6 @@ PEER_MAX_FRAME = 1 << 30
 #: Seconds one name server gets per registration round (a whole table of 100,000 topics
 #: takes it a fraction of a second; a heartbeat of changes, milliseconds).
 REGISTER_TIMEOUT = 10.0
-
-
-def topic_shapes(topics: Mapping[str, TopicConfig]) -> list[list[Any]]:
-    """A REGISTER body's `set`: `[[queues, [hosted], [names]], ...]`, topics grouped by
-    (queues, hosted), which thousands share, so the table costs little beyond its names."""
-    shapes: dict[tuple[int, tuple[int, ...]], list[str]] = {}
-    for name, c in topics.items():
-        shapes.setdefault((c.queues, tuple(c.hosted)), []).append(name)
-    return [[q, list(h), names] for (q, h), names in shapes.items()]
 
 
 class TopicTableLog:

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
@@ -47,6 +48,7 @@ __all__ = [
     "error_header",
     "ok_header",
     "parse_address",
+    "topic_shapes",
     "validate_group_name",
     "validate_topic_name",
 ]
@@ -237,3 +239,20 @@ def parse_address(addr: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"bad address {addr!r}: expected host:port")
     return host, int(port)
+
+
+class _TopicShape(Protocol):
+    @property
+    def queues(self) -> int: ...
+    @property
+    def hosted(self) -> Iterable[int]: ...
+
+
+def topic_shapes(topics: Mapping[str, _TopicShape]) -> list[list[Any]]:
+    """A topic table on the wire (a REGISTER body's `set`, the CLUSTER body):
+    `[[queues, [hosted], [names]], ...]`, topics grouped by (queues, hosted), which
+    thousands share, so the table costs little beyond its names."""
+    shapes: dict[tuple[int, tuple[int, ...]], list[str]] = {}
+    for name, t in topics.items():
+        shapes.setdefault((t.queues, tuple(t.hosted)), []).append(name)
+    return [[q, list(h), names] for (q, h), names in shapes.items()]

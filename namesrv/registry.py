@@ -35,7 +35,7 @@ from typing import Any
 
 import msgpack
 
-from broker.protocol import Code, RequestError, parse_address
+from broker.protocol import Code, RequestError, parse_address, topic_shapes
 
 __all__ = [
     "DEFAULT_EXPIRY",
@@ -44,7 +44,6 @@ __all__ = [
     "Registry",
     "TableChange",
     "TopicReport",
-    "encode_shapes",
     "parse_registration",
 ]
 
@@ -431,11 +430,16 @@ class Registry:
             "terms": terms,  # the term of each group's leader claim: newer outranks older
         }
 
-    def cluster(self, now: float, *, topics: bool = True) -> dict[str, Any]:
+    def cluster(
+        self, now: float, *, topics: bool = True,
+        shapes: dict[str, list[list[Any]]] | None = None,
+    ) -> dict[str, Any]:
         """CLUSTER answer fields: every live node and every group as the registry sees it.
 
         With `topics=False` groups carry only `topic_count`, not every topic: that answer
         stays small and cheap however many topics there are (leaders, readiness checks).
+        A `shapes` dict gets every group's topic table in the compact form of
+        `topic_shapes` (the CLUSTER body), from the same pass over the groups.
         """
         nodes = {
             reg.node: {"addr": reg.addr, "metrics": reg.metrics, "age": max(0.0, now - reg.at)}
@@ -467,26 +471,9 @@ class Registry:
             }
             if topics:
                 groups[gid]["topics"] = {n: t.to_wire() for n, t in sorted(vg.topics.items())}
+            if shapes is not None:
+                shapes[gid] = topic_shapes(vg.topics)
         return {"nodes": nodes, "groups": groups}
-
-    def topic_shapes(self, now: float) -> dict[str, list[list[Any]]]:
-        """Every group's topic table (as `cluster` trusts it) grouped by shape,
-        `{gid: [[queues, hosted, sorted names], ...]}`: the CLUSTER body, compact and
-        outside the size-limited header."""
-        out: dict[str, list[list[Any]]] = {}
-        for gid, regs in sorted(self._members(now).items()):
-            view = self._view(gid, regs, self._claim(gid, regs))
-            out[gid] = encode_shapes(view.groups[gid].topics)
-        return out
 
     def __len__(self) -> int:
         return len(self._nodes)
-
-
-def encode_shapes(topics: Mapping[str, TopicReport]) -> list[list[Any]]:
-    """`[[queues, hosted, sorted names], ...]`: topics grouped by (queues, hosted)."""
-    shapes: dict[tuple[int, tuple[int, ...]], list[str]] = {}
-    for name, t in topics.items():
-        shapes.setdefault((t.queues, t.hosted), []).append(name)
-    return [[q, list(h), sorted(names)] for (q, h), names in sorted(shapes.items())]
-

@@ -76,11 +76,11 @@ class NameServer:
             if not isinstance(topics, bool):
                 raise RequestError(Code.MALFORMED, f"CLUSTER topics must be a bool, got {topics!r}")
             # the topic listing grows with the topics: it goes in the body, not the header
-            fields = self.registry.cluster(now, topics=False)
+            shapes: dict[str, list[list[Any]]] = {}
+            fields = self.registry.cluster(now, topics=False, shapes=shapes if topics else None)
             if not topics:
                 return ok_header(rid, **fields), b""
-            body = msgpack.packb(self.registry.topic_shapes(now), use_bin_type=True)
-            return ok_header(rid, **fields), body
+            return ok_header(rid, **fields), msgpack.packb(shapes, use_bin_type=True)
         raise RequestError(
             Code.UNKNOWN_OP,
             f"unknown op {op}: a name server answers REGISTER ({int(Op.REGISTER)}), "

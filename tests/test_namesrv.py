@@ -317,7 +317,7 @@ def versioned(node: int, tables: dict[str, tuple[int, dict]], *, inc: int = 7,
     """A REGISTER as a node sends it: versions in the header, tables (or changes) in the body."""
     import msgpack
 
-    from broker.node import topic_shapes
+    from broker.protocol import topic_shapes
 
     groups: dict[str, Any] = {}
     body: dict[str, Any] = {}
