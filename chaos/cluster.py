@@ -527,7 +527,8 @@ class LocalCluster:
         that follows a start or a restart does not land in the middle of what they measure.
         Raises TimeoutError naming the leaders last seen.
         """
-        want = {g.id: g.preferred_leader for g in self.groups}
+        # a group without a preferred leader has no hand-back to wait for
+        want = {g.id: g.preferred_leader for g in self.groups if g.preferred_leader is not None}
         t0 = time.monotonic()
         last: dict[str, int | None] = {}
         while True:
@@ -536,8 +537,7 @@ class LocalCluster:
             except (OSError, RequestError):
                 pass
             else:
-                if all(last.get(g) == n and (n is None or self.is_running(n))
-                       for g, n in want.items()):
+                if all(last.get(g) == n and self.is_running(n) for g, n in want.items()):
                     return time.monotonic() - t0
             if time.monotonic() - t0 >= timeout:
                 raise TimeoutError(f"preferred leaders {want} not back after {timeout} s: {last}")

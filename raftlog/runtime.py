@@ -238,8 +238,6 @@ class _GuardedLog:
             self.clear()
             recent = self._recent
             self._recent_lo = first
-        if not recent:
-            self._recent_lo = first
         for e in entries:
             if self._recent_bytes >= _RECENT_BYTES:
                 return  # the rest is read back from the log when applied

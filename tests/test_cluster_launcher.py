@@ -212,7 +212,8 @@ class StandInCluster(LocalCluster):
         self.crash = crash
 
     def node_command(self, i: int) -> list[str]:
-        self.script.write_text(FAKE_NODE)
+        if not self.script.exists():  # rewriting it could let a starting node read it empty
+            self.script.write_text(FAKE_NODE)
         cmd = [sys.executable, str(self.script), str(self.config_path(i))]
         return cmd + (["--crash"] if i in self.crash else [])
 
