@@ -171,6 +171,8 @@ class Node:
         self._tables = {gid: TopicTableLog() for gid in self.groups}
         self._ns_acked: dict[str, dict[str, int]] = {}  # name server -> group -> version
         self.ack_before_commit = "ack-before-commit" in mutations
+        # a scripted crash between a commit and its answer (tests of retried requests)
+        self.exit_after_commit_offset = "exit-after-commit-offset" in mutations
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ wiring

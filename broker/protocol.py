@@ -68,7 +68,7 @@ class Op(IntEnum):
     #               body: the entry's stored bytes; NOT_FOUND (gone: retention removed it)
     PRODUCE = 10  # (g) body: a batch (broker.records) -> (base, n, index, dup)
     FETCH = 11  # (topic, queue, offset, max, max_bytes, wait_ms) -> (next, min, end, msgs) body
-    COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...]) -> ()
+    COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...], req?: [client, seq]) -> (dup)
     QUERY_OFFSET = 13  # (cg, topic, queue) -> (offset: int, -1 when none)
     CREATE_TOPIC = 20  # (g, topic, queues: total, hosted: [queue ids]) -> ()
     TOPICS = 21  # () -> (topics: {name: {queues, hosted: {group: [q...]}}})
@@ -104,6 +104,7 @@ class Code(IntEnum):
     FRAME_TOO_LARGE = 16
     NOT_FOUND = 17
     SEQUENCE_GAP = 18  # idempotent batch arrived before an earlier one: resend in order
+    STALE_REQUEST = 19  # a retried request too old to tell whether it took effect
 
     @property
     def retriable(self) -> bool:

@@ -15,6 +15,7 @@ role, and served while the node repairs entries of its own.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,7 @@ from broker.statemachine import (
     ProduceResult,
     control_create_topic,
     control_offsets,
+    valid_request_id,
 )
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
@@ -57,6 +59,7 @@ MAX_FETCH_BYTES = 8 << 20
 MAX_WAIT_MS = 60_000
 DEFAULT_WAIT_MS = 15_000  # RocketMQ's long-poll hold
 READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
+EXIT_AFTER_COMMIT = 70  # exit status of the "exit-after-commit-offset" test mutation
 
 
 def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
@@ -302,7 +305,16 @@ class BrokerService:
     # ------------------------------------------------------------------ offsets
 
     async def _commit_offset(self, h: dict[str, Any], _body: bytes) -> Response:
+        """Commit offsets through the log. The client retries a commit whose answer it did
+        not get, so a commit carries a request id ("req": [client id, sequence]) that the
+        state machine deduplicates: a retry whose first copy was committed after all (by a
+        new leader) must not overwrite an offset committed in between."""
         cg = _cg(h)
+        req = None
+        if "req" in h:
+            req = valid_request_id(h["req"])
+            if req is None:
+                raise RequestError(Code.MALFORMED, "req must be [client id > 0, sequence >= 0]")
         raw = _field(h, "offsets", list)
         by_group: dict[str, list[tuple[str, int, int]]] = {}
         for item in raw:
@@ -313,10 +325,14 @@ class BrokerService:
             g = self._hosting(topic, _check_queue(item[1]))
             self._leading(g)
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
+        dup = False
         for gid, offs in by_group.items():
-            self._result(await self.node.groups[gid].propose(control_offsets(cg, offs),
-                                                             EntryType.CONTROL))
-        return ok_header(0), b""
+            result = self._result(await self.node.groups[gid].propose(
+                control_offsets(cg, offs, req), EntryType.CONTROL))
+            dup = dup or (isinstance(result, ControlResult) and result.dup)
+        if self.node.exit_after_commit_offset and h.get("test_exit") is True:
+            os._exit(EXIT_AFTER_COMMIT)  # test mutation: committed, and the answer never leaves
+        return ok_header(0, dup=dup), b""
 
     async def _query_offset(self, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)

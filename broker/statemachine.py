@@ -17,7 +17,10 @@ Entries applied:
   gets the next offset of its (topic, queue); keyed records enter the key index.
   Idempotent producers (pid != 0) are deduplicated per (pid, topic, queue) by sequence.
 - CONTROL: a msgpack map with "op": create_topic, delete_topic, offsets, retain (see the
-  `control_*` encoders).
+  `control_*` encoders). A control entry a client may send twice (a retry after a leader
+  change, whose first copy was committed after all) carries `req`: [client id, sequence];
+  the second copy is answered with the first one's result and changes nothing, so a retried
+  offset commit can never roll back a later one.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ from raftlog.types import Entry, EntryType
 __all__ = [
     "DEDUP_WINDOW",
     "KEY_HISTORY",
+    "MAX_CLIENTS",
     "MAX_QUEUES",
+    "REQUEST_WINDOW",
     "ApplyResult",
     "BrokerState",
     "ControlResult",
@@ -54,12 +59,15 @@ __all__ = [
     "control_delete_topic",
     "control_offsets",
     "control_retain",
+    "valid_request_id",
 ]
 
 MAX_QUEUES = 1024  # queues per topic; also what lets a key-index slot pack (offset, queue)
 DEDUP_WINDOW = 5  # idempotent batches remembered per (pid, topic, queue), as Kafka does
+REQUEST_WINDOW = 64  # control requests remembered per client (retries outlive no more)
+MAX_CLIENTS = 1 << 16  # clients remembered at all; the least recently seen go first
 KEY_HISTORY = 64  # newest (queue, offset) pairs kept per (topic, key)
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2 added "clients"; version 1 snapshots still restore
 _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
 _MAX_WALKED = 1 << 14  # produce-path walks kept for apply (see `prewalked`)
 
@@ -93,6 +101,7 @@ class ControlResult:
     op: str
     applied: int = 0
     skipped: int = 0
+    dup: bool = False  # a retried request: the first copy's result, nothing changed now
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +132,16 @@ class _Producer:
     recent: list[tuple[int, int, int, int]]  # (seq, base_offset, count, index), oldest first
 
 
+@dataclass(slots=True)
+class _Client:
+    """What one client's retried control requests need: the results of its last
+    `REQUEST_WINDOW` requests by sequence, and the highest sequence forgotten since."""
+
+    floor: int  # sequences at or below it are no longer remembered (-1: none forgotten)
+    results: dict[int, tuple[str, int, int]]  # seq -> (op, applied, skipped), oldest first
+    last_index: int  # Raft index of the newest request, for forgetting silent clients
+
+
 # ---------------------------------------------------------------------- control encoders
 
 
@@ -142,9 +161,24 @@ def control_delete_topic(topic: str) -> bytes:
     return _pack({"op": "delete_topic", "topic": topic})
 
 
-def control_offsets(cg: str, offsets: Iterable[tuple[str, int, int]]) -> bytes:
-    """CONTROL data committing consumer offsets [(topic, queue, offset), ...] of group `cg`."""
-    return _pack({"op": "offsets", "cg": cg, "offsets": [[t, q, o] for t, q, o in offsets]})
+def control_offsets(
+    cg: str, offsets: Iterable[tuple[str, int, int]], req: tuple[int, int] | None = None
+) -> bytes:
+    """CONTROL data committing consumer offsets [(topic, queue, offset), ...] of group `cg`;
+    `req` (client id, sequence) makes a retried commit a no-op (see the module docstring)."""
+    d: dict[str, Any] = {"op": "offsets", "cg": cg,
+                         "offsets": [[t, q, o] for t, q, o in offsets]}
+    if req is not None:
+        d["req"] = list(req)
+    return _pack(d)
+
+
+def valid_request_id(req: object) -> tuple[int, int] | None:
+    """A `req` field as (client id > 0, sequence >= 0), or None if it is not one."""
+    if (isinstance(req, list | tuple) and len(req) == 2 and _is_int(req[0]) and _is_int(req[1])
+            and 0 < req[0] < 1 << 64 and 0 <= req[1] < 1 << 64):
+        return int(req[0]), int(req[1])
+    return None
 
 
 def control_retain(min_index: int) -> bytes:
@@ -196,6 +230,7 @@ class BrokerState:
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._offsets: dict[tuple[str, str, int], int] = {}  # (cg, topic, queue) -> offset
         self._producers: dict[tuple[int, str, int], _Producer] = {}
+        self._clients: dict[int, _Client] = {}  # least recently seen first
         # topic -> key -> packed (offset * MAX_QUEUES + queue), oldest first
         self._keys: dict[str, dict[str, list[int]]] = {}
         # Batches this replica's produce path already walked, by id of the entry data:
@@ -254,7 +289,7 @@ class BrokerState:
             if entry.type == EntryType.MESSAGES:
                 return self._apply_messages(entry)
             if entry.type == EntryType.CONTROL:
-                return self._apply_control(entry.data)
+                return self._apply_control(entry.data, entry.index)
         except _Refused as exc:
             return ErrorResult(exc.code, exc.message)
         return None
@@ -327,13 +362,46 @@ class BrokerState:
                     del pstate.recent[0]
         return ProduceResult(base, len(refs), entry.index)
 
-    def _apply_control(self, data: bytes) -> ApplyResult:
+    def _apply_control(self, data: bytes, index: int) -> ApplyResult:
         try:
             d = msgpack.unpackb(data, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types
             raise _Refused(Code.MALFORMED, f"undecodable control entry: {exc}") from None
         if not isinstance(d, dict):
             raise _Refused(Code.MALFORMED, "control entry is not a map")
+        if "req" not in d:
+            return self._apply_control_op(d)
+        req = valid_request_id(d["req"])
+        if req is None:
+            raise _Refused(Code.MALFORMED, f"req must be [client id > 0, sequence >= 0], "
+                           f"got {d['req']!r}")
+        cid, seq = req
+        client = self._clients.get(cid)
+        seen = client.results.get(seq) if client is not None else None
+        if seen is not None:
+            result: ApplyResult = ControlResult(seen[0], seen[1], seen[2], dup=True)
+        elif client is not None and seq <= client.floor:
+            raise _Refused(Code.STALE_REQUEST, f"request {seq} of client {cid} is older than "
+                           f"the {REQUEST_WINDOW} remembered; its outcome is unknown")
+        else:
+            result = self._apply_control_op(d)  # raises when refused: nothing to remember
+            if client is None:
+                client = _Client(-1, {}, index)
+            if isinstance(result, ControlResult):
+                client.results[seq] = (result.op, result.applied, result.skipped)
+                if len(client.results) > REQUEST_WINDOW:
+                    oldest = min(client.results)
+                    del client.results[oldest]
+                    client.floor = max(client.floor, oldest)
+        assert client is not None
+        self._clients.pop(cid, None)  # (re)inserted last: the most recently seen
+        self._clients[cid] = client
+        client.last_index = index
+        if len(self._clients) > MAX_CLIENTS:
+            del self._clients[next(iter(self._clients))]
+        return result
+
+    def _apply_control_op(self, d: dict[str, Any]) -> ApplyResult:
         op = d.get("op")
         if op == "create_topic":
             return self._create_topic(d)
@@ -434,6 +502,8 @@ class BrokerState:
         # a retry of a batch that old could no longer be told apart anyway.
         for p in [p for p, st in self._producers.items() if st.recent[-1][3] < min_index]:
             del self._producers[p]
+        for c in [c for c, st in self._clients.items() if st.last_index < min_index]:
+            del self._clients[c]
         return ControlResult("retain", dropped)
 
     # ------------------------------------------------------------------ queries
@@ -551,6 +621,11 @@ class BrokerState:
                 for t, keys in sorted(self._keys.items())
                 for k in sorted(keys)
             ],
+            # in least-recently-seen order, which is itself state (it decides who goes first)
+            "clients": [
+                [cid, st.floor, st.last_index, [[seq, *r] for seq, r in st.results.items()]]
+                for cid, st in self._clients.items()
+            ],
         }
         return functools.partial(_pack, state)
 
@@ -561,7 +636,7 @@ class BrokerState:
         """Rebuild a state from `snapshot()` bytes; ValueError if they are not one of ours."""
         try:
             d = msgpack.unpackb(data, raw=False, strict_map_key=False)
-            if d["v"] != SNAPSHOT_VERSION:
+            if d["v"] not in (1, SNAPSHOT_VERSION):
                 raise ValueError(f"unsupported snapshot version {d['v']!r}")
             if d["group"] != group:
                 raise ValueError(f"snapshot of group {d['group']!r}, not {group!r}")
@@ -581,6 +656,10 @@ class BrokerState:
                 )
             for t, k, packed in d["keys"]:
                 s._keys.setdefault(t, {})[k] = list(packed)
+            for cid, floor, last_index, results in d.get("clients", []):
+                s._clients[int(cid)] = _Client(
+                    int(floor), {int(seq): (str(op), int(a), int(k))
+                                 for seq, op, a, k in results}, int(last_index))
         except ValueError:
             raise
         except Exception as exc:

@@ -245,7 +245,8 @@ async def commit_offsets(
     routes: Routes, group: str, offsets: Mapping[tuple[str, int], int]
 ) -> None:
     """Commit offsets through the Raft log: one COMMIT_OFFSET per hosting group, sent
-    concurrently. Raises the first failure after all were tried."""
+    concurrently, each safe to retry (it carries a request id the broker deduplicates).
+    Raises the first failure after all were tried."""
     by_group: dict[str, list[list[Any]]] = {}
     for (topic, queue), offset in sorted(offsets.items()):
         g = await routes.group_of(topic, queue)
@@ -253,8 +254,11 @@ async def commit_offsets(
     errors: list[RequestError] = []
 
     async def one(g: str, rows: list[list[Any]]) -> None:
+        # one id for all attempts: a retry whose first copy was committed after all (by a
+        # new leader) must not roll back a commit made in between
+        header = {"cg": group, "offsets": rows, "req": list(routes.request_id())}
         try:
-            await routes.call_group(g, Op.COMMIT_OFFSET, {"cg": group, "offsets": rows})
+            await routes.call_group(g, Op.COMMIT_OFFSET, header)
         except RequestError as exc:
             errors.append(exc)
 

@@ -236,6 +236,14 @@ class Routes:
         self._topics = _RouteTable()
         self._groups: dict[str, _Group] = {}
         self._locks: dict[str, anyio.Lock] = {}
+        self.client_id = random.getrandbits(63) | 1  # names this client's requests, > 0
+        self._request_seq = 0
+
+    def request_id(self) -> tuple[int, int]:
+        """A new id for a request that changes state and is not idempotent by itself: sent
+        with every retry of it, so the broker applies it at most once."""
+        self._request_seq += 1
+        return self.client_id, self._request_seq
 
     # ------------------------------------------------------------ name servers
 
