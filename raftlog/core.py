@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from raftlog.progress import Progress
+from raftlog.quorum import committed_index, has_quorum, vote_result
+from raftlog.readonly import ReadOnly
 from raftlog.types import (
     Entry,
     EntryType,
@@ -149,10 +151,7 @@ class RaftNode:
         self._transferee: int | None = None
         self._transfer_elapsed = 0
         self._needs_broadcast = False
-        self._reads_waiting: list[int] = []  # requested before this term committed an entry
-        self._reads_new: list[int] = []
-        self._read_rounds: list[tuple[int, int, list[int], set[int]]] = []  # ctx, index, ids, acks
-        self._read_ctx = 0
+        self._reads = ReadOnly()
         # Follower state: acknowledge appends only once persisted.
         self._ack_to: int | None = None
         self._ack_index = 0
@@ -416,10 +415,7 @@ class RaftNode:
         """Ask for a linearizable read point; answered later as a `ReadState`."""
         if self.role != Role.LEADER:
             raise NotLeader(self.leader, self.term)
-        if self._committed_in_term():
-            self._reads_new.append(request_id)
-        else:
-            self._reads_waiting.append(request_id)
+        self._reads.request(request_id, self._committed_in_term())
 
     def add_learner(self, node: int) -> int:
         m = self.membership
@@ -445,7 +441,7 @@ class RaftNode:
     def ready(self) -> Ready:
         """Drain everything the shell must now do (order: see `raftlog.types`)."""
         if self.role == Role.LEADER:
-            if self._reads_new:
+            if self._reads.has_new:
                 self._start_read_round()
             if self._needs_broadcast:
                 self._needs_broadcast = False
@@ -490,9 +486,7 @@ class RaftNode:
         self._needs_snapshot.clear()
         self._transferee = None
         self._needs_broadcast = False
-        self._reads_waiting = []
-        self._reads_new = []
-        self._read_rounds = []
+        self._reads.clear()
 
     def _can_campaign(self) -> bool:
         # Not while a snapshot is being installed: the log is about to be replaced.
@@ -531,15 +525,7 @@ class RaftNode:
 
     def _tally(self) -> bool | None:
         """True when a quorum granted, False when a quorum refused, else None."""
-        voters = self.membership.voters
-        granted = sum(1 for v, ok in self._votes.items() if ok and v in voters)
-        refused = sum(1 for v, ok in self._votes.items() if not ok and v in voters)
-        q = self.membership.quorum()
-        if granted >= q:
-            return True
-        if refused >= q:
-            return False
-        return None
+        return vote_result(self.membership.voters, self._votes)
 
     def _won_election(self, kind: MsgType) -> None:
         if kind == MsgType.PREVOTE:
@@ -751,13 +737,10 @@ class RaftNode:
             self._broadcast_heartbeat()
 
     def _quorum_active(self) -> bool:
-        voters = self.membership.voters
-        active = sum(
-            1 for p, pr in self._progress.items() if p in voters and (pr.recent_active or p == self.id)
-        )
+        active = [p for p, pr in self._progress.items() if pr.recent_active or p == self.id]
         for pr in self._progress.values():
             pr.recent_active = False
-        return active >= self.membership.quorum()
+        return has_quorum(self.membership.voters, active)
 
     def _consider_preferred_leader(self) -> None:
         pref = self.cfg.preferred_leader
@@ -772,7 +755,7 @@ class RaftNode:
             self.transfer_leadership(pref)
 
     def _broadcast_heartbeat(self) -> None:
-        ctx = self._read_rounds[-1][0] if self._read_rounds else 0
+        ctx = self._reads.pending_ctx
         for peer, pr in self._progress.items():
             if peer != self.id:
                 self._send(MsgType.HEARTBEAT, peer, commit=min(pr.match, self.commit), context=ctx)
@@ -906,21 +889,16 @@ class RaftNode:
         pr.become_snapshot(snap.index)
 
     def _maybe_commit(self) -> None:
-        voters = self.membership.voters
-        matches = sorted((self._progress[v].match for v in voters if v in self._progress), reverse=True)
-        q = self.membership.quorum()
-        if len(matches) < q:
-            return
-        index = matches[q - 1]
+        match = {p: pr.match for p, pr in self._progress.items()}
+        index = committed_index(self.membership.voters, match)
         if index <= self.commit:
             return
         if self.term_at(index) != self.term and "commit-old-term" not in self.cfg.mutations:
             return  # §5.4.2: never commit an older term's entry by counting replicas
         self._commit_to(index)
         self._needs_broadcast = True
-        if self._reads_waiting and self._committed_in_term():
-            self._reads_new.extend(self._reads_waiting)
-            self._reads_waiting = []
+        if self._committed_in_term():
+            self._reads.term_committed()
         if self.id not in self.membership.voters and self.commit >= self._configs[-1][0]:
             self._become_follower(self.term, None)  # thesis §4.2.2: removed leader steps down
 
@@ -930,32 +908,17 @@ class RaftNode:
     # ------------------------------------------------------------------ ReadIndex
 
     def _start_read_round(self) -> None:
-        ids, self._reads_new = self._reads_new, []
-        if len(self.membership.voters) == 1:
-            self._reads_out.extend(ReadState(i, self.commit) for i in ids)
+        single = len(self.membership.voters) == 1
+        ctx, answered = self._reads.start_round(self.commit, self.id, single)
+        self._reads_out.extend(answered)
+        if not ctx:
             return
-        self._read_ctx += 1
-        self._read_rounds.append((self._read_ctx, self.commit, ids, {self.id}))
         for peer, pr in self._progress.items():
             if peer != self.id:
-                self._send(
-                    MsgType.HEARTBEAT, peer, commit=min(pr.match, self.commit), context=self._read_ctx
-                )
+                self._send(MsgType.HEARTBEAT, peer, commit=min(pr.match, self.commit), context=ctx)
 
     def _ack_read_rounds(self, peer: int, ctx: int) -> None:
-        voters = self.membership.voters
-        q = self.membership.quorum()
-        confirmed = 0
-        for k, (c, _index, _ids, acks) in enumerate(self._read_rounds):
-            if c > ctx:
-                break
-            if peer in voters:
-                acks.add(peer)
-            if len(acks & voters) >= q:
-                confirmed = k + 1
-        for _c, index, ids, _acks in self._read_rounds[:confirmed]:
-            self._reads_out.extend(ReadState(i, index) for i in ids)
-        del self._read_rounds[:confirmed]
+        self._reads_out.extend(self._reads.ack(peer, ctx, self.membership.voters))
 
     # ------------------------------------------------------------------ log
 

@@ -90,9 +90,6 @@ class Membership:
     def members(self) -> frozenset[int]:
         return self.voters | self.learners
 
-    def quorum(self) -> int:
-        return len(self.voters) // 2 + 1
-
     def encode(self) -> bytes:
         import msgpack
 

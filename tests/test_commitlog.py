@@ -294,7 +294,7 @@ def test_sync_always_and_interval(path: Path) -> None:
 def test_failed_fsync_closes_the_log(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._log as cl
 
     log = CommitLog.open(path, segment_size=SEG)
     log.append(make(1, 10))
@@ -315,7 +315,7 @@ def test_failed_fsync_closes_the_log(path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_index_written_only_after_fsync(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._index as cl
 
     monkeypatch.setattr(cl, "_INDEX_WRITE_RECORDS", 1)
     log = CommitLog.open(path, segment_size=SEG)
@@ -334,7 +334,7 @@ def test_index_written_only_after_fsync(path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_index_writes_are_batched(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._index as cl
 
     monkeypatch.setattr(cl, "_INDEX_WRITE_RECORDS", 50)
     log = CommitLog.open(path, segment_size=SEG)
@@ -356,7 +356,7 @@ def test_index_writes_are_batched(path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_term_reads_from_index_beyond_tail_cache(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._index as cl
 
     monkeypatch.setattr(cl, "_TAIL_CACHE", 4)
     monkeypatch.setattr(cl, "_INDEX_WRITE_RECORDS", 1)
@@ -532,7 +532,7 @@ def test_index_rebuilt_identically(path: Path, damage: str) -> None:
 def test_index_corruption_after_open_is_reported(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._recovery as cl
 
     monkeypatch.setattr(cl, "_TAIL_WARM", 10)
     ents, good = _index_setup(path)
@@ -738,7 +738,7 @@ ops = st.lists(
 )
 @given(ops=ops)
 def test_model(ops: list[tuple[str, object, int]]) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._index as cl
 
     saved = cl._INDEX_WRITE_RECORDS
     cl._INDEX_WRITE_RECORDS = 5
