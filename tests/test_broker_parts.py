@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 
 import msgpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
 from broker.protocol import Code
@@ -28,6 +30,7 @@ from broker.statemachine import (
     control_retain,
 )
 from raftlog.types import Entry, EntryType
+from tests.test_broker_statemachine import PRELUDE, _op_entry, ops
 
 # Written by the release before parts (snapshot version 2) after these entries:
 # create_topic t (2 queues, both hosted); t/0: 2 messages (key k, tags x), pid 7 seq 0;
@@ -244,3 +247,50 @@ def test_two_parts_claiming_one_op_is_an_error() -> None:
 
     with pytest.raises(TypeError, match="tally_add"):
         Clash("g1")
+
+
+# ---------------------------------------------------------------------- properties
+
+_tally_ops = st.one_of(
+    st.tuples(st.just("tally"), st.integers(0, 101), st.sampled_from([None, (7, 1), (7, 2)])),
+    st.tuples(st.just("op"), ops),
+)
+
+
+def _tally_entry(op: tuple[Any, ...]) -> tuple[EntryType, bytes]:
+    if op[0] == "tally":
+        _, n, req = op
+        d: dict[str, Any] = {"op": Add.op, "n": n}
+        if req is not None:
+            d["req"] = list(req)
+        return EntryType.CONTROL, msgpack.packb(d, use_bin_type=True)
+    return _op_entry(op[1])
+
+
+def _sections(state: BrokerState, *leave_out: str) -> dict[str, Any]:
+    d = msgpack.unpackb(state.snapshot(), raw=False, strict_map_key=False)
+    return {name: section for name, _, section in d["parts"] if name not in leave_out}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_tally_ops, min_size=1, max_size=40), st.data())
+def test_a_new_part_changes_nothing_for_the_others_and_resumes_exactly(
+    op_list: list[tuple[Any, ...]], data: st.DataObject
+) -> None:
+    entries = [_op_entry(op) for op in PRELUDE] + [_tally_entry(op) for op in op_list]
+    with_part, plain = WithTally("g"), BrokerState("g")
+    results = _run(with_part, entries)
+    # The other parts answer every entry of theirs exactly as without the new part (the
+    # tallies use a client id of their own) and end in the same state.
+    is_tally = [op[0] == "tally" for op in [("op",)] * len(PRELUDE) + op_list]
+    for tally, r_with, r_plain in zip(is_tally, results, _run(plain, entries), strict=True):
+        if not tally:
+            assert r_with == r_plain
+    assert _sections(with_part, "tally", "requests") == _sections(plain, "requests")
+    final = with_part.snapshot()
+    cut = data.draw(st.integers(0, len(entries)), label="cut")
+    first = WithTally("g")
+    _run(first, entries[:cut])
+    resumed = WithTally.restore("g", first.snapshot())
+    assert _run(resumed, entries[cut:], cut + 1) == results[cut:]
+    assert resumed.snapshot() == final
