@@ -33,7 +33,7 @@ import random
 import signal
 import sys
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -119,6 +119,22 @@ class TopicTableLog:
         return changed, sorted(removed)
 
 
+class _States(Mapping[str, BrokerState]):
+    """Each group's state machine, read from its runtime (the one owner) at every access."""
+
+    def __init__(self, groups: Mapping[str, GroupRuntime[BrokerState]]) -> None:
+        self._groups = groups
+
+    def __getitem__(self, gid: str) -> BrokerState:
+        return self._groups[gid].machine
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
@@ -139,8 +155,8 @@ class Node:
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
                                max_frame=max(self.max_frame, PEER_MAX_FRAME),
                                on_lost=self._peer_lost)
-        self.groups: dict[str, GroupRuntime] = {}
-        self.states: dict[str, BrokerState] = {}
+        self.groups: dict[str, GroupRuntime[BrokerState]] = {}
+        self.states: Mapping[str, BrokerState] = _States(self.groups)
         mutations = set(config.test_mutations)
         for gc in config.hosted_groups:
             state = BrokerState(gc.id, max_message_bytes=config.max_message_bytes)
@@ -163,7 +179,6 @@ class Node:
                 on_fsync=hist.observe, restore=functools.partial(self._restore_state, gc.id),
                 fetch_raw=functools.partial(self._fetch_raw, gc.id),
             )
-            self.states[gc.id] = state
         self.service = BrokerService(self)
         self._register_now = trio.Event()
         # registration: table versions count within this incarnation of the node
@@ -190,10 +205,9 @@ class Node:
             g.peer_lost(peer)  # a group `peer` led elects a new leader sooner
 
     def _restore_state(self, group: str, data: bytes) -> BrokerState:
-        """A group's state from its snapshot file (called by `GroupRuntime.open`)."""
-        state = BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes)
-        self.states[group] = state
-        return state
+        """A group's state from a snapshot (its file at open, or one a leader sent): the
+        group's runtime keeps it, `states` reads it from there."""
+        return BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes)
 
     async def _fetch_raw(self, group: str, peer: int, index: int) -> bytes:
         """Entry `index` of `group` as stored by `peer` (READ_RAW on its listener)."""

@@ -74,7 +74,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
 
@@ -105,6 +105,9 @@ class StateMachine(Protocol):
     (see the module docstring)."""
 
     def apply(self, entry: Entry) -> Any: ...
+
+
+M = TypeVar("M", bound=StateMachine)
 
 
 class MissingEntries(Exception):
@@ -300,8 +303,11 @@ class _Waiter:
         self.event.set()
 
 
-class GroupRuntime:
-    """One replica of one group, driven by trio. Open with `open()`, run with `run()`."""
+class GroupRuntime(Generic[M]):
+    """One replica of one group, driven by trio. Open with `open()`, run with `run()`.
+
+    The runtime is the one owner of the group's state machine: restoring a snapshot
+    replaces it, so callers ask `machine` each time rather than keep the object."""
 
     def __init__(
         self,
@@ -309,21 +315,21 @@ class GroupRuntime:
         node_id: int,
         path: str | os.PathLike[str],
         replicas: tuple[int, ...],
-        machine: StateMachine,
+        machine: M,
         send: Callable[[str, Message], None],
         options: GroupOptions | None = None,
         *,
         rng: random.Random | None = None,
         on_change: Callable[[GroupRuntime], None] | None = None,
         on_fsync: Callable[[float], None] | None = None,
-        restore: Callable[[bytes], StateMachine] | None = None,
+        restore: Callable[[bytes], M] | None = None,
         fetch_raw: FetchRaw | None = None,
     ) -> None:
         self.group_id = group_id
         self.node_id = node_id
         self.path = os.fspath(path)
         self.replicas = replicas
-        self.machine = machine
+        self._machine = machine
         self.options = options or GroupOptions()
         self._send = send
         self._rng = rng or random.Random()
@@ -362,6 +368,11 @@ class GroupRuntime:
         self._frozen = False  # the next entry to apply is unrepaired: see the docstring
         self._repair_rounds = 0
         self._gone_logged: set[int] = set()
+
+    @property
+    def machine(self) -> M:
+        """The group's state machine now (a restored snapshot replaces the object)."""
+        return self._machine
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -424,7 +435,7 @@ class GroupRuntime:
             if self._restore is None:
                 lg.close()
                 raise MissingEntries(f"{self.snapshot_path} exists but no restore is configured")
-            self.machine = self._restore(snap.data)
+            self._machine = self._restore(snap.data)
             index = self.snapshot_index = self._snapshot_taken = snap.index
             first, last = lg.first_index(), lg.last_index()
             if index > last or (index >= first - 1 and lg.term(index) != snap.term):
@@ -785,7 +796,7 @@ class GroupRuntime:
 
     def _apply(self, entries: list[Entry]) -> None:
         for e in entries:
-            result = self.machine.apply(e)
+            result = self._machine.apply(e)
             w = self._waiters.pop(e.index, None)
             if w is None:
                 continue
@@ -902,7 +913,7 @@ class GroupRuntime:
             if self._guard is not None:
                 self._guard.clear()
             self.unrepaired = set()  # every old entry went with the reset
-            self.machine = machine
+            self._machine = machine
             self.snapshot_index = self._snapshot_taken = snap.index
             self._retain_seen = int(getattr(machine, "retained_index", 0))
             self._snapshot_due = None  # detached from the state just replaced

@@ -75,6 +75,17 @@ def with_topic(topic: str = "t", queues: int = 4, hosted: tuple[int, ...] = (0, 
     return f
 
 
+def legacy_snapshot(snapshot: bytes) -> dict[str, Any]:
+    """A version 3 snapshot in the flat map of version 2 (what earlier releases wrote)."""
+    d = msgpack.unpackb(snapshot, raw=False, strict_map_key=False)
+    parts = {name: section for name, _, section in d["parts"]}
+    queues = parts["queues"]
+    return {"v": 2, "group": d["group"], "applied": d["applied"], "retained": parts["horizon"],
+            "counters": queues["counters"], "topics": parts["catalog"],
+            "queues": queues["queues"], "offsets": parts["offsets"],
+            "producers": parts["producers"], "keys": queues["keys"], "clients": parts["requests"]}
+
+
 def assert_no_change(make: Any, bad: bytes, type_: EntryType, **kw: Any) -> ApplyResult:
     """Applying `bad` must leave the same state as a NOOP at the same index."""
     a, b = make(**kw), make(**kw)
@@ -499,7 +510,7 @@ def test_request_ids_survive_snapshots_and_old_snapshots_restore() -> None:
     assert restored.control(control_offsets("cg", [("t", 0, 5)], req=(9, 1))).dup  # type: ignore[union-attr]
     assert restored.state.consumer_offset("cg", "t", 0) == 6
     # a version 1 snapshot (before request ids) still restores, with no clients known
-    old = msgpack.unpackb(f.state.snapshot(), raw=False, strict_map_key=False)
+    old = legacy_snapshot(f.state.snapshot())
     old["v"] = 1
     del old["clients"]
     legacy = BrokerState.restore("g1", msgpack.packb(old, use_bin_type=True))
@@ -553,7 +564,7 @@ def test_clients_are_forgotten_past_retention_and_beyond_the_cap(monkeypatch) ->
     f.control(control_retain(f.index + 1))  # client 1 silent since before the horizon
     assert f.control(control_offsets("cg", [("t", 0, 2)], req=(1, 1))) == ControlResult(
         "offsets", 1, 0)
-    monkeypatch.setattr("broker.statemachine.MAX_CLIENTS", 2)
+    monkeypatch.setattr("broker.parts.requests.MAX_CLIENTS", 2)
     for cid in (2, 3):
         f.control(control_offsets("cg", [("t", 0, cid)], req=(cid, 1)))
     # client 1 was the least recently seen of three: forgotten, so its request applies again
@@ -671,6 +682,11 @@ def test_replicas_agree_and_snapshots_resume_exactly(
     resumed = BrokerState.restore("g", first.snapshot())
     assert _run(resumed, entries[cut:], cut + 1) == ra[cut:]
     assert resumed.snapshot() == final
+    # the same state written by the release before parts (version 2) resumes the same way
+    legacy = BrokerState.restore("g", msgpack.packb(legacy_snapshot(first.snapshot()),
+                                                    use_bin_type=True))
+    assert _run(legacy, entries[cut:], cut + 1) == ra[cut:]
+    assert legacy.snapshot() == final
 
     # Every queue's invariants hold after any history.
     for (topic, config) in a.topics().items():
