@@ -171,6 +171,8 @@ class Node:
         self._tables = {gid: TopicTableLog() for gid in self.groups}
         self._ns_acked: dict[str, dict[str, int]] = {}  # name server -> group -> version
         self.ack_before_commit = "ack-before-commit" in mutations
+        self.skip_read_barrier = "skip-read-barrier" in mutations
+        self.crash_before_answer = "crash-before-answer" in mutations
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ wiring
