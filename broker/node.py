@@ -188,6 +188,8 @@ class Node:
         self.ack_before_commit = "ack-before-commit" in mutations
         # a scripted crash between a commit and its answer (tests of retried requests)
         self.exit_after_commit_offset = "exit-after-commit-offset" in mutations
+        self.skip_read_barrier = "skip-read-barrier" in mutations
+        self.crash_before_answer = "crash-before-answer" in mutations
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ wiring

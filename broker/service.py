@@ -15,6 +15,7 @@ role, and served while the node repairs entries of its own.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -50,7 +51,9 @@ from raftlog.types import Entry, EntryType
 if TYPE_CHECKING:
     from broker.node import Node
 
-__all__ = ["BrokerService"]
+__all__ = ["CRASH_BEFORE_ANSWER_EXIT", "BrokerService"]
+
+log = logging.getLogger("raftmq.service")
 
 Response = tuple[dict[str, Any], bytes]
 
@@ -59,7 +62,7 @@ MAX_FETCH_BYTES = 8 << 20
 MAX_WAIT_MS = 60_000
 DEFAULT_WAIT_MS = 15_000  # RocketMQ's long-poll hold
 READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
-EXIT_AFTER_COMMIT = 70  # exit status of the "exit-after-commit-offset" test mutation
+CRASH_BEFORE_ANSWER_EXIT = 70  # exit code of the `crash-before-answer` test mutation
 
 
 def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
@@ -170,6 +173,12 @@ class BrokerService:
                                leader=None)
         raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
 
+    async def _read_barrier(self, g: GroupRuntime) -> None:
+        """ReadIndex before an answer that depends on the latest state (skipped only by
+        the deliberate `skip-read-barrier` test mutation)."""
+        if not self.node.skip_read_barrier:
+            await g.read_barrier()
+
     @staticmethod
     def _result(result: Any) -> Any:
         if isinstance(result, ErrorResult):
@@ -231,6 +240,11 @@ class BrokerService:
         finally:
             state.forget_walk(walked)
         assert isinstance(result, ProduceResult)
+        if self.node.crash_before_answer:
+            # Deliberately wrong (tests only): die between commit and answer, so the client
+            # must retry a batch that is already committed.
+            log.critical("crash-before-answer: exiting after committing index %d", result.index)
+            os._exit(CRASH_BEFORE_ANSWER_EXIT)
         messages, nbytes, latency = self.node.metrics.produce_series(g.group_id)
         messages.inc(result.count)
         nbytes.inc(len(body))
@@ -273,7 +287,7 @@ class BrokerService:
                     offset = nxt  # only filtered-out messages so far
                     continue
             if not confirmed:
-                await g.read_barrier()
+                await self._read_barrier(g)
                 confirmed = True
                 continue
             if offset > end:
@@ -331,7 +345,7 @@ class BrokerService:
                 control_offsets(cg, offs, req), EntryType.CONTROL))
             dup = dup or (isinstance(result, ControlResult) and result.dup)
         if self.node.exit_after_commit_offset and h.get("test_exit") is True:
-            os._exit(EXIT_AFTER_COMMIT)  # test mutation: committed, and the answer never leaves
+            os._exit(CRASH_BEFORE_ANSWER_EXIT)  # test mutation: committed, the answer never leaves
         return ok_header(0, dup=dup), b""
 
     async def _query_offset(self, h: dict[str, Any], _body: bytes) -> Response:
@@ -340,7 +354,7 @@ class BrokerService:
         queue = _queue_id(h)
         g = self._hosting(topic, queue)
         self._leading(g)
-        await g.read_barrier()  # a committed offset is never read back older than it is
+        await self._read_barrier(g)  # a committed offset is never read back older than it is
         off = self.node.states[g.group_id].consumer_offset(cg, topic, queue)
         return ok_header(0, offset=-1 if off is None else off), b""
 

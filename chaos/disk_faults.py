@@ -118,32 +118,47 @@ def stored_entries(log_dir: Path) -> list[StoredEntry]:
     return out
 
 
-def corrupt_entry(data_dir: Path, rng: random.Random) -> dict[str, Any] | None:
-    """Flip one byte in the body of a stored entry of some group's CommitLog under
-    `data_dir`, never one of the last `KEEP_TAIL` entries of its log.
+def corrupt_entry(
+    data_dir: Path,
+    rng: random.Random,
+    *,
+    part: str = "body",
+    group: str | None = None,
+    index: int | None = None,
+) -> dict[str, Any] | None:
+    """Flip one byte of a stored entry of some group's CommitLog under `data_dir`, never
+    one of the last `KEEP_TAIL` entries of its log: in its body (`part="body"`) or in
+    its header (`"header"`: any of its fields or its CRC). `group` and `index` narrow the
+    choice to one group or one entry.
 
     Returns {"group", "index", "term", "file", "position" (of the flipped byte in
     `file`), "entry_position" (of the entry in `file`)}, or None when no log holds a
     suitable entry.
     """
+    if part not in ("body", "header"):
+        raise ValueError(f"part is 'body' or 'header', got {part!r}")
     data_dir = Path(data_dir)
     candidates: list[tuple[str, list[StoredEntry]]] = []
     for group_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
         log_dir = group_dir / "commitlog"
-        if not log_dir.is_dir():
+        if not log_dir.is_dir() or group not in (None, group_dir.name):
             continue
         entries = stored_entries(log_dir)
         if not entries:
             continue
         last = max(e.index for e in entries)
-        ok = [e for e in entries if e.index <= last - KEEP_TAIL and e.size > HEADER_SIZE]
+        ok = [e for e in entries if e.index <= last - KEEP_TAIL and e.size > HEADER_SIZE
+              and index in (None, e.index)]
         if ok:
             candidates.append((group_dir.name, ok))
     if not candidates:
         return None
-    group, entries = rng.choice(candidates)
+    chosen, entries = rng.choice(candidates)
     e = rng.choice(entries)
-    position = e.offset + HEADER_SIZE + rng.randrange(e.size - HEADER_SIZE)
+    if part == "body":
+        position = e.offset + HEADER_SIZE + rng.randrange(e.size - HEADER_SIZE)
+    else:
+        position = e.offset + rng.randrange(HEADER_SIZE)
     fd = os.open(e.file, os.O_RDWR)
     try:
         old = os.pread(fd, 1, position)
@@ -151,7 +166,7 @@ def corrupt_entry(data_dir: Path, rng: random.Random) -> dict[str, Any] | None:
     finally:
         os.close(fd)
     return {
-        "group": group,
+        "group": chosen,
         "index": e.index,
         "term": e.term,
         "file": str(e.file),

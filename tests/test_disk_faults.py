@@ -231,6 +231,21 @@ def test_corrupt_entry_flips_one_body_byte_away_from_the_tail(tmp_path: Path) ->
             assert log.last_index() == 29
 
 
+def test_corrupt_entry_can_flip_a_header_byte_of_a_chosen_entry(tmp_path: Path) -> None:
+    data = tmp_path / "n1"
+    for g in ("g0", "g1"):
+        with CommitLog.open(data / g, segment_size=SEG) as log:
+            log.append(make(1, 30, size=500))
+    hit = corrupt_entry(data, random.Random(3), part="header", group="g1", index=7)
+    assert hit is not None and (hit["group"], hit["index"]) == ("g1", 7)
+    assert hit["entry_position"] <= hit["position"] < hit["entry_position"] + HEADER_SIZE
+    with CommitLog.open(data / "g1", segment_size=SEG) as log:
+        assert [c.index for c in log.verify()] == [7]
+    assert corrupt_entry(data, random.Random(3), group="g1", index=29) is None  # the tail
+    with pytest.raises(ValueError, match="header"):
+        corrupt_entry(data, random.Random(3), part="trailer")
+
+
 def test_corrupt_entry_needs_an_entry_away_from_the_tail(tmp_path: Path) -> None:
     assert corrupt_entry(tmp_path, random.Random(1)) is None
     with CommitLog.open(tmp_path / "g0", segment_size=SEG) as log:

@@ -17,7 +17,7 @@ import pytest
 from broker.blocking_rpc import request
 from broker.protocol import Op, RequestError
 from broker.records import OutgoingMessage, encode_batch
-from broker.service import EXIT_AFTER_COMMIT
+from broker.service import CRASH_BEFORE_ANSWER_EXIT
 from chaos.cluster import LocalCluster
 from tests.live_cluster import LiveCluster
 
@@ -55,7 +55,7 @@ def test_a_retry_of_a_commit_the_new_leader_applied_does_not_roll_back_a_later_o
         with pytest.raises(OSError):
             _commit(cluster.node_addr(old), 710, [4, 1], test_exit=True)
         cluster.wait_ready(timeout=60, raise_on_exit=False)
-        assert cluster.unexpected_exits() == {f"n{old}": EXIT_AFTER_COMMIT}
+        assert cluster.unexpected_exits() == {f"n{old}": CRASH_BEFORE_ANSWER_EXIT}
         new = cluster.node_addr(live.leader("g0"))
         assert _committed(new) == 710  # the new leader committed the old leader's entry
 
