@@ -159,7 +159,8 @@ class BrokerService:
                     return self.node.groups[gid]
                 if queue >= cfg.queues:
                     raise RequestError(
-                        Code.UNKNOWN_QUEUE, f"topic {topic!r} has {cfg.queues} queues, not {queue + 1}"
+                        Code.UNKNOWN_QUEUE, f"topic {topic!r} has no queue {queue}: its queues "
+                        f"are 0..{cfg.queues - 1}"
                     )
         if known:
             # hosted by a group this node is not a replica of
@@ -314,9 +315,32 @@ class BrokerService:
             self._leading(g)
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
         for gid, offs in by_group.items():
+            await self._check_commit_bounds(self.node.groups[gid], offs)
+        for gid, offs in by_group.items():
             self._result(await self.node.groups[gid].propose(control_offsets(cg, offs),
                                                              EntryType.CONTROL))
         return ok_header(0), b""
+
+    async def _check_commit_bounds(self, g: GroupRuntime,
+                                   offsets: list[tuple[str, int, int]]) -> None:
+        """OFFSET_TOO_LARGE for an offset beyond its queue's end: it cannot be a position
+        any consumer read up to. The end is checked again after a read barrier before
+        refusing, so a leader still applying its predecessor's entries refuses nothing a
+        consumer really read."""
+        confirmed = False
+        while True:
+            state = self._leading(g)
+            beyond = [(t, q, o, *state.queue_range(t, q)) for t, q, o in offsets
+                      if o > state.queue_range(t, q)[1]]
+            if not beyond:
+                return
+            if confirmed:
+                t, q, o, lo, end = beyond[0]
+                raise RequestError(Code.OFFSET_TOO_LARGE,
+                                   f"offset {o} is beyond the end {end} of {t}/{q}",
+                                   min=lo, end=end)
+            await g.read_barrier()
+            confirmed = True
 
     async def _query_offset(self, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)

@@ -52,9 +52,9 @@ def _result_dict(r: SendResult) -> dict[str, Any]:
 
 
 def _producer(args: argparse.Namespace, namesrv: list[str]) -> Producer:
-    """With --key the key picks the queue, so messages of one key stay in order."""
-    return Producer(namesrv, idempotent=args.idempotent,
-                    selector="key" if args.key else "round_robin")
+    """With --key the key picks the queue (the SDK's default rule), so messages of one
+    key stay in order."""
+    return Producer(namesrv, idempotent=args.idempotent)
 
 
 async def _send_one(args: argparse.Namespace, namesrv: list[str]) -> int:
