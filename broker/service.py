@@ -226,6 +226,12 @@ class BrokerService:
         walked = state.prewalked(data, header, refs, max_bytes)
         try:
             result = self._result(await g.propose(data, EntryType.MESSAGES))
+        except NotLeader as exc:  # the batch is in this node's log and may yet commit
+            raise RequestError(
+                Code.NOT_LEADER, "leadership was lost before the batch committed; it may "
+                "still be stored", leader=self.node.peer_addr(exc.leader), term=exc.term,
+                unknown=True,
+            ) from None
         finally:
             state.forget_walk(walked)
         assert isinstance(result, ProduceResult)

@@ -34,7 +34,7 @@ from broker.protocol import Code, Op, RequestError, validate_group_name, validat
 from broker.records import Message, decode_record, iter_records, message_id
 
 from .connection import ClientClosedError, ConnectionPool, is_retriable
-from .errors import close_stack
+from .errors import UnavailableError, close_stack
 from .routes import Routes, backoff_delay, node_addresses, normalize_addresses, open_routes
 
 __all__ = [
@@ -527,11 +527,13 @@ class PullConsumer(_ClientBase):
         answers with messages (their positions do not move)."""
         results: dict[tuple[str, int], PullResult] = {}
         errors: list[RequestError] = []
+        failed: set[tuple[str, int]] = set()
 
         async def one(topic: str, queue: int, scope: anyio.CancelScope) -> None:
             try:
                 res = await self._read(topic, queue, None, max_messages, wait_ms, None)
             except RequestError as exc:
+                failed.add((topic, queue))
                 if is_retriable(exc):
                     log.debug("poll: %s:%d unavailable (%s)", topic, queue, exc)
                     self.unreadable[(topic, queue)] = exc
@@ -543,10 +545,16 @@ class PullConsumer(_ClientBase):
             if first_only and res.messages:
                 scope.cancel()
 
-        with anyio.move_on_after(wait_ms / 1000 + FETCH_GRACE):
+        limit = wait_ms / 1000 + FETCH_GRACE
+        with anyio.move_on_after(limit) as deadline:
             async with anyio.create_task_group() as tg:
                 for topic, queue in targets:
                     tg.start_soon(one, topic, queue, tg.cancel_scope)
+        if deadline.cancelled_caught:  # queues still unanswered are unreadable for now
+            for topic, queue in targets:
+                if (topic, queue) not in results and (topic, queue) not in failed:
+                    self.unreadable[(topic, queue)] = UnavailableError(
+                        f"no answer for {topic}/{queue} within {limit:g} s")
         if errors and not any(r.messages for r in results.values()):
             raise errors[0]
         return results
