@@ -26,6 +26,7 @@ __all__ = [
     "add_namesrv_argument",
     "first_request_error",
     "namesrv_addresses",
+    "positive_int",
     "print_json",
     "report_error",
     "run_async",
@@ -101,6 +102,18 @@ def run_async(fn: Callable[[], Awaitable[int]], namesrv: list[str] | None = None
         if found is None:
             raise
         return report_error(prog, found, namesrv)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1, so the subcommand itself reports a
+    bad value (with its own usage line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def print_json(obj: Any) -> None:
