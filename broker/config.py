@@ -12,7 +12,7 @@ not silently fall back to a default), and every problem names its key. Example::
     listen = "127.0.0.1:7101"
     metrics = "127.0.0.1:9101"
     data = "/srv/raftmq/n1"
-    namesrv = ["127.0.0.1:9876"]
+    namesrv = ["127.0.0.1:7176"]
     fsync = "always"
     [peers]
     1 = "127.0.0.1:7101"

@@ -489,7 +489,8 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="raftmq node", description="run one raftmq node")
     p.add_argument("--config", required=True, help="node TOML file")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
     args = p.parse_args(argv)
     try:
         config = load_config(args.config)

@@ -37,12 +37,15 @@ import msgpack
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
+    "DEFAULT_NAMESRV",
+    "NAMESRV_ENV",
     "MAX_MESSAGE_BYTES",
     "Code",
     "Frame",
     "FrameDecoder",
     "Op",
     "ProtocolError",
+    "RaftMQError",
     "RequestError",
     "encode_frame",
     "error_header",
@@ -57,6 +60,11 @@ MAX_MESSAGE_BYTES = 4 << 20  # RocketMQ's default maximum message body
 DEFAULT_MAX_FRAME = 16 << 20  # a few maximal messages plus headers
 _PREFIX = struct.Struct(">II")
 MAX_HEADER = 1 << 20
+# Where every tool looks for a name server unless told: `raftmq namesrv` listens there and
+# `raftmq dev` puts its name server there (port base 7100 + 76); the first of these
+# environment variables that is set overrides it for the `raftmq` commands.
+DEFAULT_NAMESRV = "127.0.0.1:7176"
+NAMESRV_ENV = ("RAFTMQ_NAMESRV", "NAMESRV_ADDR")
 
 
 class Op(IntEnum):
@@ -105,6 +113,9 @@ class Code(IntEnum):
     NOT_FOUND = 17
     SEQUENCE_GAP = 18  # idempotent batch arrived before an earlier one: resend in order
     STALE_REQUEST = 19  # a retried request too old to tell whether it took effect
+    # Client side only (never on the wire): what a client concludes about a request.
+    UNAVAILABLE = 20  # retriable: no node could be reached or none leads; nothing was written
+    CONNECTION_LOST = 21  # retriable: the connection failed after the request left
 
     @property
     def retriable(self) -> bool:
@@ -112,7 +123,7 @@ class Code(IntEnum):
 
 
 _RETRIABLE = frozenset({Code.NOT_LEADER, Code.TIMEOUT, Code.BUSY, Code.PROPOSAL_DROPPED,
-                        Code.SEQUENCE_GAP})
+                        Code.SEQUENCE_GAP, Code.UNAVAILABLE, Code.CONNECTION_LOST})
 
 
 class ProtocolError(Exception):
@@ -123,8 +134,12 @@ class ProtocolError(Exception):
         self.code = code
 
 
-class RequestError(Exception):
-    """One request failed; its connection stays usable."""
+class RaftMQError(Exception):
+    """The base of every error raftmq raises to a caller (see `raftmq.client.errors`)."""
+
+
+class RequestError(RaftMQError):
+    """One request failed with `code`; its connection stays usable."""
 
     def __init__(self, code: Code, message: str, **extra: Any) -> None:
         super().__init__(f"{code.name}: {message}")

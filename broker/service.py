@@ -165,7 +165,8 @@ class BrokerService:
                     return self.node.groups[gid]
                 if queue >= cfg.queues:
                     raise RequestError(
-                        Code.UNKNOWN_QUEUE, f"topic {topic!r} has {cfg.queues} queues, not {queue + 1}"
+                        Code.UNKNOWN_QUEUE, f"topic {topic!r} has no queue {queue}: its queues "
+                        f"are 0..{cfg.queues - 1}"
                     )
         if known:
             # hosted by a group this node is not a replica of
@@ -237,6 +238,12 @@ class BrokerService:
         walked = state.prewalked(data, header, refs, max_bytes)
         try:
             result = self._result(await g.propose(data, EntryType.MESSAGES))
+        except NotLeader as exc:  # the batch is in this node's log and may yet commit
+            raise RequestError(
+                Code.NOT_LEADER, "leadership was lost before the batch committed; it may "
+                "still be stored", leader=self.node.peer_addr(exc.leader), term=exc.term,
+                unknown=True,
+            ) from None
         finally:
             state.forget_walk(walked)
         assert isinstance(result, ProduceResult)
@@ -341,12 +348,35 @@ class BrokerService:
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
         dup = False
         for gid, offs in by_group.items():
+            await self._check_commit_bounds(self.node.groups[gid], offs)
+        for gid, offs in by_group.items():
             result = self._result(await self.node.groups[gid].propose(
                 control_offsets(cg, offs, req), EntryType.CONTROL))
             dup = dup or (isinstance(result, ControlResult) and result.dup)
         if self.node.exit_after_commit_offset and h.get("test_exit") is True:
             os._exit(CRASH_BEFORE_ANSWER_EXIT)  # test mutation: committed, the answer never leaves
         return ok_header(0, dup=dup), b""
+
+    async def _check_commit_bounds(self, g: GroupRuntime,
+                                   offsets: list[tuple[str, int, int]]) -> None:
+        """OFFSET_TOO_LARGE for an offset beyond its queue's end: it cannot be a position
+        any consumer read up to. The end is checked again after a read barrier before
+        refusing, so a leader still applying its predecessor's entries refuses nothing a
+        consumer really read."""
+        confirmed = False
+        while True:
+            state = self._leading(g)
+            beyond = [(t, q, o, *state.queue_range(t, q)) for t, q, o in offsets
+                      if o > state.queue_range(t, q)[1]]
+            if not beyond:
+                return
+            if confirmed:
+                t, q, o, lo, end = beyond[0]
+                raise RequestError(Code.OFFSET_TOO_LARGE,
+                                   f"offset {o} is beyond the end {end} of {t}/{q}",
+                                   min=lo, end=end)
+            await g.read_barrier()
+            confirmed = True
 
     async def _query_offset(self, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)

@@ -18,7 +18,7 @@ def _demo(argv: list[str]) -> int:
 def _sim(argv: list[str]) -> int:
     from raftlog.sim.__main__ import main as sim_main
 
-    return sim_main(argv)
+    return sim_main(argv, prog="raftmq sim")
 
 
 def _chaos(argv: list[str]) -> int:

@@ -192,7 +192,7 @@ async def test_connection_loss_fails_waiters_and_next_request_reconnects() -> No
                 await anyio.sleep(0.05)
                 with pytest.raises(TransportError) as info:
                     await pool.request(server.addr, OP, {"close": True})
-                assert info.value.retriable and info.value.code == Code.TIMEOUT
+                assert info.value.retriable and info.value.code == Code.CONNECTION_LOST
         assert len(errors) == 1 and isinstance(errors[0], TransportError)
         frame = await pool.request(server.addr, OP, {"n": 2})
         assert frame.header["echo"] == 2
@@ -216,6 +216,7 @@ async def test_refused_connection_is_retriable_and_unsent(free_tcp_port: int) ->
         with pytest.raises(TransportError) as info:
             await pool.request(f"127.0.0.1:{free_tcp_port}", OP, {})
         assert info.value.retriable and not info.value.sent
+        assert info.value.code == Code.UNAVAILABLE  # "connection refused" is no timeout
 
 
 @pytest.mark.anyio

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from broker.blocking_rpc import request
-from broker.protocol import Op, RequestError
+from broker.protocol import Op
 from broker.records import OutgoingMessage, encode_batch
 from broker.service import CRASH_BEFORE_ANSWER_EXIT
 from chaos.cluster import LocalCluster
@@ -44,6 +44,7 @@ def test_a_retry_of_a_commit_the_new_leader_applied_does_not_roll_back_a_later_o
     with LocalCluster(tmp_path, groups=1, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
                       node_overrides={"test_mutations": ["exit-after-commit-offset"]}) as cluster:
         cluster.wait_ready(timeout=60)
+        cluster.wait_preferred_leaders(timeout=120)  # so leadership stays where it is
         live = LiveCluster(cluster, TOPIC, 1)
         old = live.leader("g0")
         live.call_leader("g0", {"op": Op.CREATE_TOPIC, "g": "g0", "topic": TOPIC, "queues": 1,
@@ -54,6 +55,10 @@ def test_a_retry_of_a_commit_the_new_leader_applied_does_not_roll_back_a_later_o
         # client 4's commit(710) is committed, then its leader dies before answering
         with pytest.raises(OSError):
             _commit(cluster.node_addr(old), 710, [4, 1], test_exit=True)
+        deadline = time.monotonic() + 60
+        while cluster.is_running(old):
+            assert time.monotonic() < deadline, "the old leader did not exit"
+            time.sleep(0.1)
         cluster.wait_ready(timeout=60, raise_on_exit=False)
         assert cluster.unexpected_exits() == {f"n{old}": CRASH_BEFORE_ANSWER_EXIT}
         new = cluster.node_addr(live.leader("g0"))
@@ -64,18 +69,10 @@ def test_a_retry_of_a_commit_the_new_leader_applied_does_not_roll_back_a_later_o
         assert retry["code"] == 0 and retry["dup"] is True
         assert _committed(new) == 716  # the acknowledged 716 stands
 
-        # the restarted old leader replays the same log to the same answer
+        # the restarted old leader, the group's preferred leader, takes over again and
+        # replays the same log to the same answer
         cluster.restart(old)
-        cluster.wait_ready(timeout=60)
-        deadline = time.monotonic() + 60
-        while live.leader("g0") != old:
-            assert time.monotonic() < deadline, "leadership never moved back to the old leader"
-            try:
-                request(cluster.node_addr(live.leader("g0")),
-                        {"op": Op.TRANSFER_LEADER, "g": "g0", "to": old}, timeout=10.0)
-            except (OSError, RequestError):
-                pass  # moving already; ask again
-            time.sleep(0.5)
+        cluster.wait_preferred_leaders(timeout=120)
         assert _committed(cluster.node_addr(old)) == 716
 
 

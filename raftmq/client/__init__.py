@@ -16,7 +16,7 @@ from .blocking import (
     connect_pull_consumer,
     connect_push_consumer,
 )
-from .connection import ClientClosedError, Connection, ConnectionPool, TransportError
+from .connection import Connection, ConnectionPool
 from .consumer import (
     OffsetWindow,
     PullConsumer,
@@ -24,6 +24,13 @@ from .consumer import (
     PushConsumer,
     allocate_average,
     allocate_round_robin,
+)
+from .errors import (
+    ClientClosedError,
+    OutcomeUnknownError,
+    RaftMQError,
+    TransportError,
+    UnavailableError,
 )
 from .producer import Producer, SendFuture, SendResult, key_queue
 from .routes import Routes, TopicRoute
@@ -40,6 +47,7 @@ __all__ = [
     "ConnectionPool",
     "Message",
     "OffsetWindow",
+    "OutcomeUnknownError",
     "OutgoingMessage",
     "Producer",
     "PullConsumer",
@@ -47,6 +55,7 @@ __all__ = [
     "PushConsumer",
     "QueueInfo",
     "QueueLag",
+    "RaftMQError",
     "RequestError",
     "Routes",
     "SendFuture",
@@ -54,6 +63,7 @@ __all__ = [
     "TopicInfo",
     "TopicRoute",
     "TransportError",
+    "UnavailableError",
     "allocate_average",
     "allocate_round_robin",
     "connect_admin",

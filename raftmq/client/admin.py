@@ -17,8 +17,9 @@ import anyio
 from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from broker.records import Message, decode_record, iter_records, message_id, parse_message_id
 
-from .connection import ConnectionPool, TransportError, is_retriable
+from .connection import ConnectionPool, is_retriable
 from .consumer import _ClientBase, decode_fetch, query_offset, queue_bounds
+from .errors import may_have_applied
 from .routes import TopicRoute, backoff_delay, node_addresses
 
 __all__ = ["Admin", "QueueInfo", "QueueLag", "TopicInfo", "place_queues"]
@@ -137,7 +138,8 @@ class Admin(_ClientBase):
         attempt = 0
         while True:
             try:
-                await self.routes.call_group(group, Op.CREATE_TOPIC, header, attempts=1)
+                await self.routes.call_group(group, Op.CREATE_TOPIC, header, attempts=1,
+                                             write=True)
                 return False
             except RequestError as exc:
                 if exc.code == Code.TOPIC_EXISTS:
@@ -150,8 +152,7 @@ class Admin(_ClientBase):
                 if attempt > 5:
                     raise
                 # a timed-out try may have been applied: a later TOPIC_EXISTS is ours
-                unsent = isinstance(exc, TransportError) and not exc.sent
-                uncertain = uncertain or not (exc.code == Code.NOT_LEADER or unsent)
+                uncertain = uncertain or may_have_applied(exc)
                 await anyio.sleep(backoff_delay(attempt))
 
     async def _wait_routed(self, topic: str, total: int, wait: float) -> TopicRoute:
@@ -281,10 +282,15 @@ class Admin(_ClientBase):
         per queue; every group hosting the topic is asked at its leader."""
         route = await self.routes.route(topic)
         found: list[Message] = []
+        errors: list[RequestError] = []
 
         async def one(group: str) -> None:
-            frame = await self.routes.call_group(
-                group, Op.QUERY_KEY, {"topic": topic, "key": key, "max": max_per_group})
+            try:
+                frame = await self.routes.call_group(
+                    group, Op.QUERY_KEY, {"topic": topic, "key": key, "max": max_per_group})
+            except RequestError as exc:  # raised plainly below, not in an ExceptionGroup
+                errors.append(exc)
+                return
             rows = frame.header.get("msgs") or []
             spans = list(iter_records(frame.body))
             for (gid, queue, offset, index, start, store_ms), (pos, _s) in zip(
@@ -299,6 +305,8 @@ class Admin(_ClientBase):
         async with anyio.create_task_group() as tg:
             for group in route.groups:
                 tg.start_soon(one, group)
+        if errors:
+            raise errors[0]
         return sorted(found, key=lambda m: (m.queue, m.offset))
 
     async def consumer_lag(self, group: str, topic: str) -> dict[int, QueueLag]:

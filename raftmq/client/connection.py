@@ -7,7 +7,9 @@ request id, so a FETCH held for 15 s by long polling never delays a PRODUCE on t
 socket, and responses may arrive in any order.
 
 A lost connection fails every request waiting on it with a retriable `TransportError`
-(the outcome is unknown); the next request dials again. All reader tasks live in the
+(CONNECTION_LOST: the outcome is unknown); a failed dial is UNAVAILABLE (nothing was
+sent); the next request dials again. A request larger than the frame limit is refused
+here (FRAME_TOO_LARGE), as the broker would refuse it by closing the connection. All reader tasks live in the
 pool's task group, so leaving `async with ConnectionPool()` leaves nothing running.
 """
 
@@ -34,6 +36,8 @@ from broker.protocol import (
     parse_address,
 )
 
+from .errors import ClientClosedError, TransportError, close_stack
+
 __all__ = [
     "DEFAULT_TIMEOUT",
     "ClientClosedError",
@@ -48,22 +52,6 @@ log = logging.getLogger("raftmq.client")
 
 DEFAULT_TIMEOUT = 3.0  # RocketMQ's send timeout; also used for control requests
 _RESERVED = frozenset({"id", "code", "msg", "message"})
-
-
-class TransportError(RequestError):
-    """The connection failed before an answer arrived.
-
-    Retriable. `sent` is False only when the request certainly never left this process
-    (the dial failed), so a caller can tell "not written" from "outcome unknown".
-    """
-
-    def __init__(self, message: str, *, sent: bool) -> None:
-        super().__init__(Code.TIMEOUT, message)
-        self.sent = sent
-
-
-class ClientClosedError(RuntimeError):
-    """The client object was closed (or never opened with `async with`)."""
 
 
 def is_retriable(exc: RequestError) -> bool:
@@ -172,6 +160,12 @@ class Connection:
             raise ClientClosedError(f"connection to {self.addr} is closed")
         req_id = next(self._ids)
         data = encode_frame({**(header or {}), "op": int(op), "id": req_id}, body)
+        if len(data) - 4 > self._max_frame:
+            raise RequestError(
+                Code.FRAME_TOO_LARGE,
+                f"{_op_name(op)} request of {len(data) - 4} bytes exceeds the frame limit of "
+                f"{self._max_frame} bytes (nothing was sent)",
+            )
         waiter = _Waiter()
         link: _Link | None = None
         try:
@@ -304,7 +298,7 @@ class ConnectionPool:
             conn.close()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
-        return await self._tg.__aexit__(exc_type, exc, tb)
+        return await close_stack(self._tg, exc)
 
     def connection(self, addr: str) -> Connection:
         """The shared connection to `addr` (created on first use, dialled lazily)."""

@@ -54,6 +54,7 @@ from broker.records import (
 )
 
 from .connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
+from .errors import close_stack, give_up, may_have_applied
 from .routes import (
     Routes,
     TopicRoute,
@@ -447,10 +448,11 @@ class _QueueSender:
 class Producer:
     """Sends messages to topics; use as `async with Producer(namesrv) as p:`.
 
-    `selector` is "round_robin" (default: by batch, see the module docstring), "key"
-    (stable hash of the message key, so one key keeps its order on one queue; keyless
-    messages go round robin) or a callable `(total_queues, message) -> queue`. Sends with
-    a key selector, a callable or an explicit `queue` stay on their queue when retried.
+    `selector` is "key" (the default: a message with a key goes to its key's queue, a
+    stable hash of the key, so one key keeps its order on one queue; keyless messages go
+    round robin by batch, see the module docstring), "round_robin" (every message, keyed
+    or not) or a callable `(total_queues, message) -> queue`. Keyed sends, sends with a
+    callable and sends with an explicit `queue` stay on their queue when retried.
 
     `max_in_flight` is the number of batches one queue may have in flight at once; an
     idempotent producer always uses 1, so its batches reach the log in sequence order.
@@ -470,7 +472,7 @@ class Producer:
         max_in_flight: int = 1,
         send_timeout: float = DEFAULT_TIMEOUT,
         retries: int = 2,
-        selector: Literal["round_robin", "key"] | QueueSelector = "round_robin",
+        selector: Literal["round_robin", "key"] | QueueSelector = "key",
         max_pending: int = 10_000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         pool: ConnectionPool | None = None,
@@ -542,7 +544,7 @@ class Producer:
             for sender in self._senders.values():
                 sender.acc.fail_all(closed)
             self._tg.cancel_scope.cancel()
-        return await self._stack.__aexit__(exc_type, exc, tb)
+        return await close_stack(self._stack, exc)
 
     async def flush(self) -> None:
         """Wait until every message handed to the producer so far is acknowledged or failed."""
@@ -821,6 +823,7 @@ class Producer:
         batch = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
         failed_groups: set[str] = set()
         attempt = redirects = 0
+        uncertain = False  # an attempt may have been stored: a later refusal cannot undo it
         while True:
             group: str | None = None
             addr: str | None = None
@@ -836,8 +839,12 @@ class Producer:
                 )
                 return self._results(topic, queue, group, batch, frame.header)
             except RequestError as exc:
+                uncertain = uncertain or may_have_applied(exc)
                 if not is_retriable(exc):
                     self._abandon(topic, queue)
+                    if uncertain:
+                        raise give_up(exc, f"send to {topic} queue {queue}",
+                                      uncertain=True) from exc
                     raise
                 if group is not None and addr is not None:
                     if routes.on_error(group, addr, exc) and redirects < 5:
@@ -853,7 +860,8 @@ class Producer:
                 attempt += 1
                 if attempt > self.retries:
                     self._abandon(topic, queue)
-                    raise
+                    raise give_up(exc, f"send to {topic} queue {queue}",
+                                  uncertain=uncertain) from exc
                 log.debug("send to %s queue %d failed (%s); retry %d", topic, queue, exc, attempt)
                 await routes.wait_backoff(group, backoff_delay(attempt))  # a new leader ends it
                 if movable:

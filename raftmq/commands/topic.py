@@ -17,7 +17,7 @@ from rich.table import Table
 from broker.protocol import Code, RequestError
 from raftmq.client import Admin
 
-from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+from . import add_namesrv_argument, namesrv_addresses, positive_int, print_json, run_async
 
 __all__ = ["main"]
 
@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="action", metavar="{create,list,describe}")
     c = sub.add_parser("create", help="create a topic with queues spread over the groups")
     c.add_argument("name")
-    c.add_argument("--queues", type=int, default=4, help="number of queues (default %(default)s)")
+    c.add_argument("--queues", type=positive_int, default=4,
+                   help="number of queues (default %(default)s)")
     c.add_argument("--groups", metavar="G[,G]",
                    help="Raft groups to place queues in, in order (default: all groups)")
     c.add_argument("--exist-ok", action="store_true",
@@ -128,8 +129,6 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: choose create, list or describe", file=sys.stderr)
         return 2
     namesrv = namesrv_addresses(parser, args.namesrv)
-    if args.action == "create" and args.queues < 1:
-        parser.error("--queues must be at least 1")
     action = {"create": _create, "list": _list, "describe": _describe}[args.action]
 
     async def run() -> int:
