@@ -55,7 +55,7 @@ __all__ = [
 FSYNC_POLICIES = ("always", "interval")
 ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # Deliberate misbehaviour a chaos test can switch on to prove the checkers catch it.
-KNOWN_MUTATIONS = frozenset({"ack-before-commit", "skip-fsync"})
+KNOWN_MUTATIONS = frozenset({"ack-before-commit", "duplicate-batch", "skip-fsync"})
 
 # Port layout of `cluster_configs`: node i listens at base+i, serves metrics at
 # base+100+i, and the name server sits at base+76 (7176 for the default base 7100).

@@ -228,6 +228,11 @@ class BrokerService:
         finally:
             state.forget_walk(walked)
         assert isinstance(result, ProduceResult)
+        if self.node.duplicate_every:
+            self.node.batches_led += 1
+            if self.node.batches_led % self.node.duplicate_every == 0:
+                # Deliberately wrong (chaos tests only): store the batch a second time.
+                self.node.spawn(g.propose(data, EntryType.MESSAGES))
         messages, nbytes, latency = self.node.metrics.produce_series(g.group_id)
         messages.inc(result.count)
         nbytes.inc(len(body))
