@@ -127,6 +127,8 @@ def test_duplicates_by_producer_kind_and_attempts(
         assert "duplicated_unretried: 1" in r["problems"]
         example = r["examples"]["t/0"]["duplicated_unretried"]
         assert example == {msg: {"offsets": [0, 1], "attempts": 1}}
+        report = a.write_report(tmp_path / "report.html").read_text()
+        assert "<div class=bad>duplicated_unretried: 1</div>" in report
 
 
 def test_a_second_copy_needs_its_attempt_to_have_been_sent(tmp_path: Path) -> None:
