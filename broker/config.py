@@ -55,13 +55,14 @@ __all__ = [
 FSYNC_POLICIES = ("always", "interval")
 ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # Deliberate misbehaviour a test can switch on to prove the checks catch it:
-# ack-before-commit and skip-fsync break durability; skip-read-barrier lets a leader answer
-# reads without confirming it still leads (stale reads); crash-before-answer makes the node
-# exit after a PRODUCE is committed and before it is answered (forces a client retry), and
-# exit-after-commit-offset does the same for a COMMIT_OFFSET whose header asks for it.
+# ack-before-commit and skip-fsync break durability; duplicate-batch stores some batches
+# twice; skip-read-barrier lets a leader answer reads without confirming it still leads
+# (stale reads); crash-before-answer makes the node exit after a PRODUCE is committed and
+# before it is answered (forces a client retry), and exit-after-commit-offset does the same
+# for a COMMIT_OFFSET whose header asks for it.
 KNOWN_MUTATIONS = frozenset({
-    "ack-before-commit", "skip-fsync", "skip-read-barrier", "crash-before-answer",
-    "exit-after-commit-offset",
+    "ack-before-commit", "skip-fsync", "duplicate-batch", "skip-read-barrier",
+    "crash-before-answer", "exit-after-commit-offset",
 })
 
 # Port layout of `cluster_configs`: node i listens at base+i, serves metrics at

@@ -68,6 +68,9 @@ PEER_MAX_FRAME = 1 << 30
 #: Seconds one name server gets per registration round (a whole table of 100,000 topics
 #: takes it a fraction of a second; a heartbeat of changes, milliseconds).
 REGISTER_TIMEOUT = 10.0
+#: The deliberate `duplicate-batch` test mutation stores every this-many-th batch a
+#: leader accepts twice: often enough that a few seconds of load store several.
+DUPLICATE_EVERY = 8
 
 
 class TopicTableLog:
@@ -190,6 +193,9 @@ class Node:
         self.exit_after_commit_offset = "exit-after-commit-offset" in mutations
         self.skip_read_barrier = "skip-read-barrier" in mutations
         self.crash_before_answer = "crash-before-answer" in mutations
+        # `duplicate-batch`: every DUPLICATE_EVERY-th batch this node leads is stored twice
+        self.duplicate_every = DUPLICATE_EVERY if "duplicate-batch" in mutations else 0
+        self.batches_led = 0
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ wiring

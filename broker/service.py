@@ -252,6 +252,11 @@ class BrokerService:
             # must retry a batch that is already committed.
             log.critical("crash-before-answer: exiting after committing index %d", result.index)
             os._exit(CRASH_BEFORE_ANSWER_EXIT)
+        if self.node.duplicate_every:
+            self.node.batches_led += 1
+            if self.node.batches_led % self.node.duplicate_every == 0:
+                # Deliberately wrong (chaos tests only): store the batch a second time.
+                self.node.spawn(g.propose(data, EntryType.MESSAGES))
         messages, nbytes, latency = self.node.metrics.produce_series(g.group_id)
         messages.inc(result.count)
         nbytes.inc(len(body))

@@ -450,6 +450,9 @@ def _failure_section(model: Model, p: PartitionResult, tail: int = 60) -> str:
     )
 
 
+_BAD = (*ERROR_KINDS, "duplicated_unretried")  # the run analysis' split adds this error
+
+
 def _accounting(accounting: dict[str, Any]) -> str:
     totals = accounting.get("totals")
     if not isinstance(totals, dict):
@@ -462,7 +465,7 @@ def _accounting(accounting: dict[str, Any]) -> str:
             f"</span> "
         )
     items = "".join(
-        f"<div{' class=bad' if k in ERROR_KINDS and v else ''}>{_esc(k)}: {_esc(v)}</div>"
+        f"<div{' class=bad' if k in _BAD and v else ''}>{_esc(k)}: {_esc(v)}</div>"
         for k, v in totals.items()
     )
     return f"{head}<span class=note>message accounting over all queues</span><div class=acct>{items}</div>"

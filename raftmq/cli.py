@@ -23,9 +23,11 @@ def _sim(argv: list[str]) -> int:
 
 def _chaos(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: raftmq chaos check --model M --format F FILE [--json] [--timeout S]\n"
+        print("usage: raftmq chaos check DIR | --history FILE [--json] [--timeout S]\n"
+              "       raftmq chaos check --model M [--format F] FILE [--json] [--timeout S]\n"
               "       raftmq chaos run --out DIR [--nodes 3|5] [--groups G] [--time S]\n"
-              "                        [--nemesis LIST|all] [--seed N] [--mutation NAME]")
+              "                        [--nemesis LIST|all|none] [--seed N] [--mutation NAME]\n"
+              "exit codes: 0 valid, 1 invalid, 2 unknown (checker out of time), 3 bad input")
         return 0 if argv else 2
     from chaos.cli import check_main, run_main
 

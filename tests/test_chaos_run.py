@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from chaos.cli import EXIT_USAGE, run_main
+from chaos.cli import EXIT_USAGE, check_main, run_main
 from chaos.histories import parse_faults, parse_jsonl
+from chaos.run import RunOptions, run_chaos
 
 SMOKE_SECONDS = float(os.environ.get("CHAOS_SMOKE_SECONDS", "45"))
+DUPLICATE_SECONDS = 6.0  # thousands of batches: the mutation stores every 8th twice
+_TIMING = ("checker_seconds", "linearizability", "offsets_linearizability", "options", "run")
 
 
 def _results(out: Path) -> dict:
@@ -32,6 +35,16 @@ def _check_outputs(out: Path) -> dict:
     assert records, "the history holds operations"
     assert results["operations"]["append"]["ok"] > 0
     return results
+
+
+def _recheck(out: Path, code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """`raftmq chaos check DIR` on the saved run: the run's exit code and findings."""
+    capsys.readouterr()
+    assert check_main([str(out), "--json"]) == code
+    rechecked = json.loads(capsys.readouterr().out)
+    for key, value in _results(out).items():
+        if key not in _TIMING:
+            assert rechecked[key] == value, key
 
 
 @pytest.mark.parametrize(
@@ -61,7 +74,9 @@ def test_mutations_need_the_explicit_test_flag(
     assert ALLOW_MUTATIONS_ENV in capsys.readouterr().err
 
 
-def test_smoke_kill_and_partition_is_valid(tmp_path: Path) -> None:
+def test_smoke_kill_and_partition_is_valid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "run"
     code = run_main([
         "--out", str(out), "--time", str(SMOKE_SECONDS), "--seed", "1",
@@ -75,6 +90,8 @@ def test_smoke_kill_and_partition_is_valid(tmp_path: Path) -> None:
     faults = parse_faults(out / "history.jsonl")
     assert {f.f for f in faults} & {"kill"}, faults
     assert {f.f for f in faults} & {"partition-node", "partition-halves"}, faults
+    assert results["attempts"] > 0 and results["duplicated_unretried"] == 0
+    _recheck(out, 0, capsys)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +102,8 @@ def test_smoke_kill_and_partition_is_valid(tmp_path: Path) -> None:
     ],
 )
 def test_a_misbehaving_node_is_caught(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutation: str, nemesis: str, seed: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    mutation: str, nemesis: str, seed: str
 ) -> None:
     monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
     out = tmp_path / "run"
@@ -97,6 +115,30 @@ def test_a_misbehaving_node_is_caught(
     assert code == 1, json.dumps(results, indent=1)[:4000]
     assert results["valid"] is False
     assert results["lost"] > 0 or not all(results["linearizable"].values())
+    _recheck(out, 1, capsys)
+
+
+def test_a_leader_that_stores_batches_twice_is_caught_with_plain_producers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Plain producers may store a message once per request, so only duplicates beyond
+    the requests recorded for them are errors. No fault, so no timing decides it: every
+    8th batch the leaders accept is stored twice, from one request."""
+    monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
+    out = tmp_path / "run"
+    results = run_chaos(RunOptions(
+        out=out, time=DUPLICATE_SECONDS, nemesis=(), producers=4, idempotent_producers=0,
+        mutations=("duplicate-batch",), check_timeout=20,
+    ))
+    assert results["verdict"] == "invalid", json.dumps(results, indent=1)[:4000]
+    assert results["operations"]["append"]["ok"] > 100
+    appends = [r for r in parse_jsonl(out / "history.jsonl") if r.f == "append"]
+    assert all(r.value.startswith("p") for r in appends)  # plain producers only
+    unretried = results["duplicated_unretried"]
+    assert unretried > 0 and results["duplicated"] == 0
+    assert f"duplicated_unretried: {unretried}" in results["problems"]
+    assert results["lost"] == 0 and results["unexpected"] == 0
+    _recheck(out, 1, capsys)
 
 
 @pytest.mark.chaos

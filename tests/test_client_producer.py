@@ -27,6 +27,7 @@ from raftmq.client.producer import (
     BatchAccumulator,
     PendingSend,
     Producer,
+    SendAttempt,
     SendFuture,
     as_payload,
     batch_message_ids,
@@ -563,3 +564,38 @@ async def test_a_newer_term_hint_is_followed_at_once_but_failures_still_count() 
             await producer.send("orders", b"x", queue=0)
     assert info.value.code == Code.BUSY
     assert [a for a, _, _ in pool.produced()] == ["n1:1", "n2:1", "n3:1", "n3:1"]
+
+
+@pytest.mark.anyio
+async def test_the_attempt_observer_sees_every_request_that_may_store_a_batch() -> None:
+    """First sends, redirects and retries alike: one `SendAttempt` per PRODUCE request,
+    seen before it leaves (what the chaos workload needs to explain duplicates)."""
+    produce_calls = [0]
+
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        if op == Op.PRODUCE:
+            produce_calls[0] += 1
+            if produce_calls[0] == 1:
+                raise RequestError(Code.NOT_LEADER, "moved", leader="n3:1")  # a redirect
+            if produce_calls[0] == 2:
+                raise RequestError(Code.TIMEOUT, "slow")  # a counted retry
+        return ok_produce()(addr, op, h, body)
+
+    seen: list[tuple[SendAttempt, int]] = []
+    async with scripted(answer, retries=2, linger_ms=50) as (producer, pool):
+        producer.on_attempt = lambda a: seen.append((a, len(pool.produced())))
+        futs = [await producer.send_async("orders", f"m{i}", queue=0) for i in range(3)]
+        for f in futs:
+            await f
+        await producer.send("orders", b"alone", queue=1)
+    produced = pool.produced()
+    assert len(seen) == len(produced) == 4
+    for i, ((attempt, sent_before), (addr, header, body)) in enumerate(
+        zip(seen, produced, strict=True)
+    ):
+        assert sent_before == i  # observed before its request left
+        assert (attempt.addr, attempt.group) == (addr, header["g"])
+        assert attempt.topic == "orders" and attempt.queue == walk_batch(body)[0].queue
+    assert [a.attempt for a, _ in seen] == [1, 2, 3, 1]
+    assert [list(a.messages) for a, _ in seen[:3]] == [[b"m0", b"m1", b"m2"]] * 3
+    assert list(seen[3][0].messages) == [b"alone"]

@@ -11,6 +11,7 @@ import trio
 
 from broker.blocking_rpc import request
 from broker.config import ConfigError
+from broker.node import DUPLICATE_EVERY
 from broker.protocol import Op
 from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
@@ -51,6 +52,27 @@ def test_ack_before_commit_acknowledges_what_a_leader_crash_then_loses(tmp_path,
         h, _ = request(cluster.node_addr(new), {"op": Op.FETCH, "topic": "m", "queue": 0,
                                                 "offset": 0, "wait_ms": 0})
         assert h["end"] == 0  # the acknowledged message is gone: what chaos runs must catch
+
+
+def test_duplicate_batch_stores_every_eighth_batch_twice(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")
+    with LocalCluster(tmp_path, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
+                      node_overrides={"test_mutations": ["duplicate-batch"]}) as cluster:
+        addr = cluster.node_addr(cluster.wait_ready(timeout=60)["g0"])
+        request(addr, {"op": Op.CREATE_TOPIC, "g": "g0", "topic": "m", "queues": 1,
+                       "hosted": [0]})
+        for i in range(DUPLICATE_EVERY):  # one request each, never retried
+            batch = encode_batch("m", 0, [OutgoingMessage(b"b%d" % i)])
+            h, _ = request(addr, {"op": Op.PRODUCE, "g": "g0"}, batch, timeout=5)
+            assert h["code"] == 0 and h["base"] == i  # acknowledged where it belongs
+        deadline = time.monotonic() + 10
+        while True:
+            h, body = request(addr, {"op": Op.FETCH, "topic": "m", "queue": 0, "offset": 0,
+                                     "wait_ms": 0, "max": 32})
+            if h["end"] > DUPLICATE_EVERY or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert h["end"] == DUPLICATE_EVERY + 1  # the last batch is in the queue twice
 
 
 class _Apply:

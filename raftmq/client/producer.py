@@ -70,6 +70,7 @@ __all__ = [
     "Payload",
     "Producer",
     "QueueSelector",
+    "SendAttempt",
     "SendFuture",
     "SendResult",
     "as_payload",
@@ -113,6 +114,21 @@ class SendResult:
     offset: int
     group: str
     dup: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SendAttempt:
+    """One PRODUCE request about to leave: the first send of a batch, or a retry or
+    redirect of it. Each may store the batch, so whoever must account for copies (the
+    chaos workload) observes them with `Producer(on_attempt=...)`. `attempt` counts the
+    requests of this batch from 1."""
+
+    topic: str
+    queue: int
+    group: str
+    addr: str
+    attempt: int
+    messages: Sequence[Payload]
 
 
 _Callback = Callable[["SendFuture[T]"], Any]
@@ -459,6 +475,9 @@ class Producer:
     `linger_ms` (default 0) trades latency for batch size when the load is light; a
     synchronous `send` waits for it too. Leaving the `async with` block waits (up
     to the send timeout times the attempts) for buffered messages to be acknowledged.
+
+    `on_attempt`, when given, is called with a `SendAttempt` just before every PRODUCE
+    request leaves, retries and redirects included (it must not block or raise).
     """
 
     def __init__(
@@ -476,6 +495,7 @@ class Producer:
         max_pending: int = 10_000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         pool: ConnectionPool | None = None,
+        on_attempt: Callable[[SendAttempt], None] | None = None,
     ) -> None:
         if linger_ms < 0 or send_timeout <= 0 or retries < 0:
             raise ValueError("linger_ms, send_timeout and retries must not be negative")
@@ -502,6 +522,7 @@ class Producer:
         self.max_pending = max_pending
         self.max_message_bytes = max_message_bytes
         self._pool = pool
+        self.on_attempt = on_attempt
         self._routes: Routes | None = None
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -822,7 +843,7 @@ class Producer:
         born = int(time.time() * 1000)
         batch = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
         failed_groups: set[str] = set()
-        attempt = redirects = 0
+        attempt = redirects = sent = 0
         uncertain = False  # an attempt may have been stored: a later refusal cannot undo it
         while True:
             group: str | None = None
@@ -834,6 +855,9 @@ class Producer:
                     raise RequestError(
                         Code.NOT_LEADER, f"no known replica of group {group}", transient=True
                     )
+                if self.on_attempt is not None:
+                    sent += 1
+                    self.on_attempt(SendAttempt(topic, queue, group, addr, sent, msgs))
                 frame = await routes.pool.request(
                     addr, Op.PRODUCE, {"g": group}, batch, timeout=self.send_timeout
                 )
