@@ -163,7 +163,10 @@ class BrokerState:
         self.horizon = self.part(Horizon)
         self._dispatch: dict[str, tuple[type[ControlRecord], Handler]] = {}
         for part in self.parts:
-            for op, handler in part.handlers().items():
+            handlers = part.handlers()
+            if {record for record, _ in handlers.values()} != set(part.records):
+                raise TypeError(f"part {part.name!r} handles other records than it declares")
+            for op, handler in handlers.items():
                 if op in self._dispatch:
                     raise TypeError(f"control op {op!r} claimed by two parts")
                 self._dispatch[op] = handler
