@@ -8,7 +8,8 @@ spread round robin over `--queues` queues of one topic (the batch's walk is hand
 Then it is snapshotted `--repeat` times and restored once; the snapshot is measured in
 its two halves: `detach` (`snapshot_later()`, run on the event loop, which blocks every
 group of the node meanwhile) and `serialise` (the returned callable, run in a worker
-thread), and the median of the repeats is reported.
+thread), and the median of the repeats is reported, with the bytes of each part's
+section of the snapshot.
 
 With `--before REV` the same is measured, in the same process, with the state machine of
 git revision REV (`broker/statemachine.py` and `broker/consumequeue.py` as they were
@@ -27,6 +28,8 @@ import sys
 import time
 import types
 from typing import Any
+
+import msgpack
 
 from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch, walk_batch
 from broker.statemachine import BrokerState, control_create_topic
@@ -92,6 +95,15 @@ def snapshot_once(state: Any) -> tuple[float, float, bytes]:
     return t1 - t0, t2 - t1, data
 
 
+def _section_bytes(data: bytes) -> dict[str, int] | None:
+    """Bytes of each part's section (snapshots with parts only; None for older ones)."""
+    d = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    if "parts" not in d:
+        return None
+    return {name: len(msgpack.packb(section, use_bin_type=True))
+            for name, _, section in d["parts"]}
+
+
 def run(messages: int, batch: int, body: int, queues: int, repeat: int,
         before: str | None) -> dict[str, Any]:
     """Build the state with each state machine, then take their snapshots in turns (so
@@ -132,7 +144,10 @@ def run(messages: int, batch: int, body: int, queues: int, repeat: int,
         restore = time.perf_counter() - t0
         assert restored.messages_applied == messages
         del restored
-        size = len(last.pop(side))
+        data = last.pop(side)
+        size = len(data)
+        sections = _section_bytes(data)
+        del data
         gc.collect()
         result[side] = {
             "build_s": round(built[side], 3),
@@ -143,6 +158,8 @@ def run(messages: int, batch: int, body: int, queues: int, repeat: int,
             "snapshot_s": round(statistics.median(d + s for d, s in runs[side]), 4),
             "restore_s": round(restore, 4),
         }
+        if sections is not None:
+            result[side]["section_bytes"] = sections
     return result
 
 

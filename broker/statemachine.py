@@ -163,7 +163,10 @@ class BrokerState:
         self.horizon = self.part(Horizon)
         self._dispatch: dict[str, tuple[type[ControlRecord], Handler]] = {}
         for part in self.parts:
-            for op, handler in part.handlers().items():
+            handlers = part.handlers()
+            if {record for record, _ in handlers.values()} != set(part.records):
+                raise TypeError(f"part {part.name!r} handles other records than it declares")
+            for op, handler in handlers.items():
                 if op in self._dispatch:
                     raise TypeError(f"control op {op!r} claimed by two parts")
                 self._dispatch[op] = handler
@@ -365,11 +368,11 @@ class BrokerState:
 
     def consumer_offset(self, cg: str, topic: str, queue: int) -> int | None:
         """The committed offset of consumer group `cg` on a queue, None if never committed."""
-        return self.offsets.offsets.get((cg, topic, queue))
+        return self.offsets.committed(cg, topic, queue)
 
     def consumer_offsets(self, cg: str | None = None) -> dict[tuple[str, str, int], int]:
         """All committed offsets keyed (cg, topic, queue), optionally of one group only."""
-        return {k: v for k, v in self.offsets.offsets.items() if cg is None or k[0] == cg}
+        return self.offsets.of_group(cg)
 
     # ------------------------------------------------------------------ snapshots
 

@@ -26,7 +26,9 @@ def test_before_and_after_hold_the_same_messages() -> None:
     # a ConsumeQueue record is 28 bytes, copied into today's snapshots
     assert 28 <= after["bytes_per_message"] < 29
     assert set(after) == {"build_s", "snapshot_bytes", "bytes_per_message", "detach_s",
-                          "serialise_s", "snapshot_s", "restore_s"}
+                          "serialise_s", "snapshot_s", "restore_s", "section_bytes"}
+    # the ConsumeQueue records are the queues part's section, and nearly all of it
+    assert after["section_bytes"]["queues"] > 0.99 * after["snapshot_bytes"]
 
 
 def test_bad_sizes_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

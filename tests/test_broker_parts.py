@@ -294,3 +294,17 @@ def test_a_new_part_changes_nothing_for_the_others_and_resumes_exactly(
     resumed = WithTally.restore("g", first.snapshot())
     assert _run(resumed, entries[cut:], cut + 1) == results[cut:]
     assert resumed.snapshot() == final
+
+
+def test_a_part_must_handle_exactly_the_records_it_declares() -> None:
+    class Silent(Tally):
+        name = "silent"
+
+        def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
+            return {}
+
+    class Mute(BrokerState):
+        part_types = (*PARTS, Silent)
+
+    with pytest.raises(TypeError, match="silent"):
+        Mute("g1")

@@ -84,6 +84,12 @@ class Offsets(Part):
                 skipped += 1
         return ControlResult(CommitOffsets.op, applied, skipped)
 
+    def committed(self, cg: str, topic: str, queue: int) -> int | None:
+        return self.offsets.get((cg, topic, queue))
+
+    def of_group(self, cg: str | None) -> dict[tuple[str, str, int], int]:
+        return {k: v for k, v in self.offsets.items() if cg is None or k[0] == cg}
+
     def topic_deleted(self, config: TopicConfig) -> None:
         for k in [k for k in self.offsets if k[1] == config.name]:
             del self.offsets[k]
