@@ -61,6 +61,7 @@ def test_mutations_need_the_explicit_test_flag(
     assert ALLOW_MUTATIONS_ENV in capsys.readouterr().err
 
 
+@pytest.mark.live
 def test_smoke_kill_and_partition_is_valid(tmp_path: Path) -> None:
     out = tmp_path / "run"
     code = run_main([
@@ -84,6 +85,7 @@ def test_smoke_kill_and_partition_is_valid(tmp_path: Path) -> None:
         ("skip-fsync", "crash-unsynced", "3"),  # a power loss takes what was never fsynced
     ],
 )
+@pytest.mark.live
 def test_a_misbehaving_node_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutation: str, nemesis: str, seed: str
 ) -> None:
@@ -100,6 +102,7 @@ def test_a_misbehaving_node_is_caught(
 
 
 @pytest.mark.chaos
+@pytest.mark.live
 def test_long_run_with_every_nemesis(tmp_path: Path) -> None:
     seconds = os.environ.get("CHAOS_SECONDS", "300")
     out = Path(os.environ.get("CHAOS_OUT", tmp_path / "run"))
