@@ -52,7 +52,7 @@ from .disk_faults import corrupt_entry, discard_unsynced
 from .proxy import ProxyNet
 from .recorder import Recorder
 
-__all__ = ["CRASH_SCOPES", "NEMESES", "Cadence", "Nemesis", "Step", "plan", "schedule"]
+__all__ = ["CRASH_SCOPES", "LEADER_BIAS", "NEMESES", "Cadence", "Nemesis", "Step", "plan", "schedule"]
 
 log = logging.getLogger("raftmq.chaos.nemesis")
 
@@ -74,6 +74,7 @@ PARTITIONS: Mapping[str, Callable[..., topology.Partition]] = {
     "majority-ring": topology.majority_ring,
 }
 CRASH_SCOPES = ("one", "majority", "all")
+LEADER_BIAS = 0.75  # how often a node fault's first target is a group leader
 
 
 # ------------------------------------------------------------------ the schedule (pure)
@@ -205,7 +206,7 @@ class Nemesis:
         enabled: Sequence[str] = ("kill", "partition-node"),
         cadence: Cadence = Cadence(),
         ready_timeout: float = 30.0,
-        leader_bias: float = 0.75,
+        leader_bias: float = LEADER_BIAS,
     ) -> None:
         self.enabled = _enabled(enabled)
         if net is None and any(k in PARTITIONS for k in self.enabled):

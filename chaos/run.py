@@ -36,12 +36,12 @@ from broker.config import ALLOW_MUTATIONS_ENV, KNOWN_MUTATIONS
 
 from .analysis import Analysis, analyze_run
 from .cluster import LocalCluster
-from .nemesis import NEMESES, Nemesis
+from .nemesis import NEMESES, Nemesis, Step, plan
 from .proxy import ProxyNet
 from .recorder import Recorder
 from .workload import Workload
 
-__all__ = ["RunOptions", "run_chaos"]
+__all__ = ["RunOptions", "nemesis_plan", "run_chaos"]
 
 WORKLOADS = ("queue",)
 TOPIC = "chaos"
@@ -99,9 +99,16 @@ def _prepare_out(out: Path) -> Path:
     return out
 
 
+def nemesis_plan(opts: RunOptions) -> list[Step]:
+    """The faults a run with `opts` schedules (their targets are chosen as they start),
+    so a test can tell from the seed alone which fault comes first."""
+    return plan(random.Random(random.Random(opts.seed).getrandbits(64)), opts.nemesis, opts.time)
+
+
 async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     """Steps 1-4 of the module docstring; returns facts the analysis needs."""
     rng = random.Random(opts.seed)
+    nemesis_seed = rng.getrandbits(64)  # first, so the schedule depends on the seed alone
     node_ids = list(range(1, opts.nodes + 1))
     overrides: dict[str | int, Any] = {}
     env: dict[str, str] = {}
@@ -129,9 +136,9 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
                 readers=opts.readers,
             )
             facts["queue_groups"] = await workload.setup()
-            nemesis_rng = random.Random(rng.getrandbits(64))
             nemesis = (
-                Nemesis(cluster, net, recorder, rng=nemesis_rng, enabled=opts.nemesis)
+                Nemesis(cluster, net, recorder, rng=random.Random(nemesis_seed),
+                        enabled=opts.nemesis)
                 if opts.nemesis else None
             )
             started = time.monotonic()

@@ -1,7 +1,9 @@
 """Shared fixtures and helpers for tests that run real node processes.
 
 Every test that starts processes carries the `live` marker (`pytest -m "not live"` is the
-quick unit tier). The cluster family:
+quick unit tier); a test without it that starts one fails, naming the marker. Tests marked
+`slow` or `chaos` run only when the `-m` expression names that marker (`pytest -m chaos`),
+so `-m "not live"` does not bring them in. The cluster family:
 
 * `live_cluster(base, ...)`: a started, ready `LocalCluster` (a context manager);
 * `proxied_cluster(base, ...)`: the same wired through fault proxies (`chaos.proxy.ProxyNet`)
@@ -12,6 +14,8 @@ quick unit tier). The cluster family:
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -30,6 +34,37 @@ from chaos.proxy import ProxyNet
 T = TypeVar("T")
 
 READY_TIMEOUT = 60.0  # generous: other test runs may share the two cores
+
+
+OPT_IN_MARKERS = ("slow", "chaos")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out `slow` and `chaos` tests unless the -m expression asks for them."""
+    expr = config.getoption("markexpr") or ""
+    left_out = [m for m in OPT_IN_MARKERS if m not in expr]
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (dropped if any(item.get_closest_marker(m) for m in left_out) else keep).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_live_tests(request: pytest.FixtureRequest,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The unit tier stays quick and self-contained: a test that is not marked `live`
+    may not start a process."""
+    if request.node.get_closest_marker("live") is not None:
+        return
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.live")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
 
 
 @pytest.fixture

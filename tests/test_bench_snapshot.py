@@ -17,6 +17,7 @@ def _in_git() -> bool:
 
 
 @pytest.mark.skipif(not _in_git(), reason="needs a git checkout to load a revision")
+@pytest.mark.live
 def test_before_and_after_hold_the_same_messages() -> None:
     r = snapshot.run(messages=2_500, batch=1000, body=10, queues=3, repeat=1, before="HEAD")
     assert r["before_rev"] == r["after_rev"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ import pytest
 from broker.config import ALLOW_MUTATIONS_ENV
 from chaos.cli import EXIT_USAGE, check_main, run_main
 from chaos.histories import parse_faults, parse_jsonl
-from chaos.run import RunOptions, run_chaos
+from chaos.nemesis import LEADER_BIAS
+from chaos.run import RunOptions, nemesis_plan, run_chaos
 
 SMOKE_SECONDS = float(os.environ.get("CHAOS_SMOKE_SECONDS", "45"))
 DUPLICATE_SECONDS = 6.0  # thousands of batches: the mutation stores every 8th twice
@@ -74,6 +76,7 @@ def test_mutations_need_the_explicit_test_flag(
     assert ALLOW_MUTATIONS_ENV in capsys.readouterr().err
 
 
+@pytest.mark.live
 def test_smoke_kill_and_partition_is_valid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -94,17 +97,38 @@ def test_smoke_kill_and_partition_is_valid(
     _recheck(out, 0, capsys)
 
 
-@pytest.mark.parametrize(
-    ("mutation", "nemesis", "seed"),
-    [
-        ("ack-before-commit", "partition-node,kill", "2"),  # acks an isolated leader's writes
-        ("skip-fsync", "crash-unsynced", "3"),  # a power loss takes what was never fsynced
-    ],
-)
+# Each bug is caught by construction: the seed makes the run's *first* fault the one that
+# exposes it, a few seconds in, however slowly a loaded machine gets through the rest.
+# - ack-before-commit: a partition isolating a group leader (the fault's first draw picks
+#   a leader, `Nemesis._pick`); producers keep writing to it, it acknowledges at once,
+#   and none of it can commit: acknowledged messages are lost.
+# - skip-fsync: a power loss of every node at once: nothing was ever fsynced, so every
+#   acknowledged message is lost.
+CAUGHT_BY = {  # mutation: (nemeses, seed, the first fault's kind and scope)
+    "ack-before-commit": ("partition-node,kill", "1", "partition-node", None),
+    "skip-fsync": ("crash-unsynced", "2", "crash-unsynced", "all"),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(CAUGHT_BY))
+def test_the_misbehaving_runs_open_with_the_fault_that_exposes_them(mutation: str) -> None:
+    nemesis, seed, kind, scope = CAUGHT_BY[mutation]
+    steps = nemesis_plan(RunOptions(out=Path("unused"), time=SMOKE_SECONDS, seed=int(seed),
+                                    nemesis=tuple(nemesis.split(","))))
+    first = steps[0]
+    assert (first.kind, first.scope) == (kind, scope), steps
+    assert first.end < SMOKE_SECONDS / 2, first
+    if kind == "partition-node":  # its first draw sends it to a current group leader
+        assert random.Random(first.seed).random() < LEADER_BIAS, first
+
+
+@pytest.mark.parametrize("mutation", sorted(CAUGHT_BY))
+@pytest.mark.live
 def test_a_misbehaving_node_is_caught(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-    mutation: str, nemesis: str, seed: str
+    mutation: str
 ) -> None:
+    nemesis, seed, kind, scope = CAUGHT_BY[mutation]
     monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
     out = tmp_path / "run"
     code = run_main([
@@ -115,9 +139,14 @@ def test_a_misbehaving_node_is_caught(
     assert code == 1, json.dumps(results, indent=1)[:4000]
     assert results["valid"] is False
     assert results["lost"] > 0 or not all(results["linearizable"].values())
+    first = parse_faults(out / "history.jsonl")[0]  # the planned fault did open the run
+    assert first.f == kind and (scope is None or first.value["scope"] == scope), first
+    if kind == "partition-node":
+        assert first.value["leaders"], first  # and it isolated a group leader
     _recheck(out, 1, capsys)
 
 
+@pytest.mark.live
 def test_a_leader_that_stores_batches_twice_is_caught_with_plain_producers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -142,6 +171,7 @@ def test_a_leader_that_stores_batches_twice_is_caught_with_plain_producers(
 
 
 @pytest.mark.chaos
+@pytest.mark.live
 def test_long_run_with_every_nemesis(tmp_path: Path) -> None:
     seconds = os.environ.get("CHAOS_SECONDS", "300")
     out = Path(os.environ.get("CHAOS_OUT", tmp_path / "run"))

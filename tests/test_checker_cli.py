@@ -98,6 +98,7 @@ def test_json_output_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "append(&#x27;q&#x27;, &#x27;b&#x27;) -&gt; 5" in report.read_text()
 
 
+@pytest.mark.live
 def test_module_entry_point(tmp_path: Path) -> None:
     good = _write(tmp_path / "good.jsonl", _queue_history(1))
     proc = subprocess.run(

@@ -36,6 +36,8 @@ from broker.config import NAMESRV_PORT_OFFSET
 from broker.protocol import DEFAULT_NAMESRV, Op, RequestError
 from chaos.cluster import LocalCluster
 
+pytestmark = pytest.mark.live  # every test here starts a cluster
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV_NAMES = ("RAFTMQ_NAMESRV", "NAMESRV_ADDR")
 

@@ -32,6 +32,8 @@ from raftmq.client import (
     key_queue,
 )
 
+pytestmark = pytest.mark.live  # every test here starts a cluster
+
 ROOT = Path(__file__).resolve().parents[1]
 TOPIC = "faults"
 QUEUES = 3

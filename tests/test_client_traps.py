@@ -40,6 +40,8 @@ from raftmq.client import (
     key_queue,
 )
 
+pytestmark = pytest.mark.live  # every test here starts a cluster
+
 ROOT = Path(__file__).resolve().parents[1]
 GROUPS = ("g0", "g1", "g2")
 

@@ -336,18 +336,19 @@ def live_cluster(base: Path, **overrides: Any) -> Iterator[Live]:
         yield live
 
 
+@pytest.mark.live
 def test_a_power_loss_of_every_node_loses_no_acknowledged_message(tmp_path: Path) -> None:
     with live_cluster(tmp_path) as live:
         live.produce_some(6, "before")
         assert all((c.data / SYNC_MARKS_NAME).stat().st_size > 0 for c in live.cluster.configs)
-        summaries = live.power_loss()
-        assert all(s["files_deleted"] >= 0 for s in summaries)
+        live.power_loss()
         assert live.readable() == live.acked
         live.produce_some(2, "after")  # and the cluster goes on
         assert live.readable() == live.acked
         live.assert_nodes_healthy()
 
 
+@pytest.mark.live
 def test_a_power_loss_shows_that_skipping_fsync_loses_acknowledged_messages(
     tmp_path: Path,
 ) -> None:
@@ -381,6 +382,7 @@ def _group_status(live: Live, node: int, group: str) -> dict[str, Any]:
     return st
 
 
+@pytest.mark.live
 def test_a_corrupted_entry_is_repaired_from_a_peer_and_served_again(tmp_path: Path) -> None:
     with live_cluster(tmp_path) as live:
         live.produce_some(8, "acked")

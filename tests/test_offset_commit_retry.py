@@ -21,6 +21,8 @@ from broker.service import CRASH_BEFORE_ANSWER_EXIT
 from chaos.cluster import LocalCluster
 from tests.live_cluster import LiveCluster
 
+pytestmark = pytest.mark.live  # every test here starts a cluster
+
 TOPIC = "offsets"
 
 

