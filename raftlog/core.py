@@ -45,6 +45,7 @@ from raftlog.types import (
     ReadState,
     Ready,
     Role,
+    Sealable,
     Snapshot,
 )
 
@@ -333,8 +334,11 @@ class RaftNode:
         else:
             self._step_role[self.role](m)
 
-    def propose(self, data: bytes, type: EntryType = EntryType.MESSAGES) -> int:
-        """Append a new entry as leader; returns its index. Commit is reported via `apply`."""
+    def propose(self, data: bytes | Sealable, type: EntryType = EntryType.MESSAGES) -> int:
+        """Append a new entry as leader; returns its index. Commit is reported via `apply`.
+
+        `data` may come already laid out in the shell's stored form (`Sealable`): the
+        entry is then what its `seal` returns for the index and term given here."""
         if type == EntryType.CONFIG:
             raise ValueError("use add_learner/promote/remove for membership changes")
         self._check_can_propose()
@@ -774,9 +778,13 @@ class RaftNode:
         self._pending_conf_index = index
         return index
 
-    def _append_new(self, type: EntryType, data: bytes) -> int:
+    def _append_new(self, type: EntryType, data: bytes | Sealable) -> int:
         index = self._last_index + 1
-        self._append_entries((Entry(index, self.term, type, data),))
+        if isinstance(data, bytes):
+            entry = Entry(index, self.term, type, data)
+        else:
+            entry = data.seal(index, self.term, type)
+        self._append_entries((entry,))
         self._needs_broadcast = True
         return index
 

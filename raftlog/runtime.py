@@ -78,7 +78,7 @@ from typing import Any, Literal, Protocol
 
 import trio
 
-from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry
+from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry, EntryDraft
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
@@ -102,7 +102,11 @@ log = logging.getLogger("raftmq.raft")
 class StateMachine(Protocol):
     """`apply` is required. Optional, for snapshots and retention: `snapshot() -> bytes`
     or `snapshot_later() -> Callable[[], bytes]`, and an int `retained_index` property
-    (see the module docstring)."""
+    (see the module docstring).
+
+    An entry this replica proposed with a `context` (see `GroupRuntime.propose`) is
+    applied as ``apply(entry, context)``: the proposer's own work on the entry (e.g. a
+    batch it already parsed) comes back with it. The outcome must not depend on it."""
 
     def apply(self, entry: Entry) -> Any: ...
 
@@ -286,11 +290,12 @@ class _DueSnapshot:
 
 
 class _Waiter:
-    __slots__ = ("term", "size", "event", "result", "error")
+    __slots__ = ("term", "size", "context", "event", "result", "error")
 
-    def __init__(self, term: int, size: int) -> None:
+    def __init__(self, term: int, size: int, context: Any = None) -> None:
         self.term = term
         self.size = size
+        self.context = context  # handed back to `apply` with the entry (see StateMachine)
         self.event = trio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -523,9 +528,22 @@ class GroupRuntime:
         self.core.transfer_leadership(target)
         self._wakeup.set()
 
-    async def propose(self, data: bytes, type: EntryType = EntryType.MESSAGES) -> Any:
+    def draft(self, size: int) -> EntryDraft:
+        """Room for a new entry of `size` bytes in its stored form: write the data into
+        `.data` (its only copy), then `propose` the draft."""
+        return EntryDraft(size)
+
+    async def propose(
+        self,
+        data: bytes | EntryDraft,
+        type: EntryType = EntryType.MESSAGES,
+        *,
+        context: Any = None,
+    ) -> Any:
         """Propose as leader and wait until the entry is applied; returns what the state
-        machine's `apply` returned for it.
+        machine's `apply` returned for it. The entry is encoded (header and both CRCs)
+        once, here; `context`, when given, is handed back to `apply` with the entry
+        should it commit as proposed (see `StateMachine`).
 
         Raises NotLeader (with a hint) or ProposalDropped before anything is written, and
         NotLeader or ProposalLost when leadership was lost before the entry committed
@@ -538,8 +556,8 @@ class GroupRuntime:
                 raise NotLeader(core.leader, core.term)
             space = self._space
             await space.wait()
-        index = core.propose(data, type)
-        w = _Waiter(core.term, len(data))
+        index = core.propose(data if isinstance(data, EntryDraft) else EntryDraft.of(data), type)
+        w = _Waiter(core.term, len(data), context)
         self._waiters[index] = w
         self._uncommitted += w.size
         self._wakeup.set()
@@ -785,8 +803,12 @@ class GroupRuntime:
 
     def _apply(self, entries: list[Entry]) -> None:
         for e in entries:
-            result = self.machine.apply(e)
-            w = self._waiters.pop(e.index, None)
+            w = self._waiters.pop(e.index, None) if self._waiters else None
+            ctx = w.context if w is not None and w.term == e.term else None  # ours, as proposed
+            if ctx is None:
+                result = self.machine.apply(e)
+            else:
+                result = self.machine.apply(e, ctx)  # type: ignore[call-arg]
             if w is None:
                 continue
             self._release(w)

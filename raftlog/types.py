@@ -51,6 +51,7 @@ __all__ = [
     "ReadState",
     "Ready",
     "Role",
+    "Sealable",
     "Snapshot",
 ]
 
@@ -64,13 +65,29 @@ class EntryType(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Entry:
+    """One log entry. `frame`, when set, is its stored form (header with both CRCs, then
+    `data`), made once by the leader that proposed it or received from a peer and
+    verified: storage and the wire use it as is rather than encode the entry again, and
+    `data` is then a view of it. Equality ignores it."""
+
     index: int
     term: int
     type: EntryType
-    data: bytes = b""
+    data: bytes | memoryview = b""
+    frame: bytes | memoryview | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
         return f"{self.index}@{self.term}:{self.type.name}({len(self.data)}B)"
+
+
+class Sealable(Protocol):
+    """A proposal the shell laid out in its stored form ahead of time (for the CommitLog,
+    `raftlog.commitlog.EntryDraft`): once the core has given it an index and a term,
+    `seal` returns the entry, its frame complete. The core only asks its length."""
+
+    def __len__(self) -> int: ...
+
+    def seal(self, index: int, term: int, type: EntryType) -> Entry: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +113,7 @@ class Membership:
         return msgpack.packb({"v": sorted(self.voters), "l": sorted(self.learners)})
 
     @classmethod
-    def decode(cls, data: bytes) -> Membership:
+    def decode(cls, data: bytes | memoryview) -> Membership:
         import msgpack
 
         d = msgpack.unpackb(data)
