@@ -28,6 +28,9 @@ The contract the shell keeps with the core (the etcd `Ready` loop, adapted):
    d. `messages` may then be sent.
    e. `apply` entries are committed; hand them to the state machine in order.
    f. `reads` are ReadIndex answers: serve request `id` once applied >= `index`.
+   g. `repair` lists entries newly found unreadable (`EntryUnreadable`, or reported with
+      `entry_unreadable`): fetch each one's stored bytes from a peer, and report
+      `entry_repaired(index)` once it reads again.
 3. At construction the core assumes everything in the store is durable. A shell that
    restored its state machine from a snapshot passes `applied=snapshot.index` and hands
    the snapshot to `set_snapshot`, as it does each time it takes a new one: a leader
@@ -43,6 +46,7 @@ from typing import Protocol
 __all__ = [
     "Entry",
     "EntryType",
+    "EntryUnreadable",
     "HardState",
     "LogStore",
     "Membership",
@@ -250,6 +254,15 @@ class ReadState:
     index: int
 
 
+class EntryUnreadable(Exception):
+    """Raised by `LogStore.entries` for an entry the store holds but cannot read (its
+    bytes fail their checks); the store still knows its index and term."""
+
+    def __init__(self, index: int, reason: str = "") -> None:
+        super().__init__(f"entry {index} is unreadable" + (f": {reason}" if reason else ""))
+        self.index = index
+
+
 @dataclass(slots=True)
 class Ready:
     hard_state: HardState | None = None
@@ -258,6 +271,7 @@ class Ready:
     apply: list[Entry] = field(default_factory=list)
     reads: list[ReadState] = field(default_factory=list)
     snapshot: Snapshot | None = None  # to install (followers): see the module docstring
+    repair: list[int] = field(default_factory=list)  # unreadable entries to refetch
 
     def __bool__(self) -> bool:
         return bool(
@@ -267,6 +281,7 @@ class Ready:
             or self.messages
             or self.apply
             or self.reads
+            or self.repair
         )
 
 
@@ -289,5 +304,8 @@ class LogStore(Protocol):
     def term(self, index: int) -> int: ...
 
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-        """Entries [lo, hi); at least one if lo < hi, then as many as fit in max_bytes."""
+        """Entries [lo, hi); at least one if lo < hi, then as many as fit in max_bytes.
+
+        An entry it cannot read ends the list early; when it is the first, the store
+        raises `EntryUnreadable`."""
         ...

@@ -15,7 +15,7 @@ from broker.records import (
 from broker.statemachine import BrokerState, ProduceResult, control_create_topic
 from raftlog.commitlog import CommitLog, EntryDraft, encode_entry
 from raftlog.runtime import _GuardedLog
-from raftlog.types import Entry, EntryType, Message, MsgType
+from raftlog.types import Entry, EntryType, EntryUnreadable, Message, MsgType
 from raftlog.wire import WireError, message_from_wire, message_to_wire
 
 
@@ -99,31 +99,18 @@ def test_the_wire_carries_the_sealed_frames_and_the_follower_stores_them(tmp_pat
         message_from_wire(fields, bytes(flipped))
 
 
-class _Rt:
-    """What `_GuardedLog` asks of its runtime."""
-
-    def __init__(self) -> None:
-        self.unrepaired: set[int] = set()
-        self.reported: list[int] = []
-
-    def report_corrupt(self, index: int, reason: str = "") -> None:
-        self.reported.append(index)
-
-
 def _entries(lo: int, hi: int, term: int, tag: bytes = b"") -> list[Entry]:
     return [Entry(i, term, EntryType.MESSAGES, b"e%d" % i + tag) for i in range(lo, hi)]
 
 
 def test_the_guarded_log_serves_unapplied_entries_from_memory(tmp_path) -> None:
     log = CommitLog.open(tmp_path, segment_size=1 << 20)
-    rt = _Rt()
-    guard = _GuardedLog(rt, log)  # type: ignore[arg-type]
+    guard = _GuardedLog(log)
     first = _entries(1, 6, 1)
     log.store(first)
     guard.remember(first)
     got = guard.entries(1, 6, 1 << 20)
     assert got == first and all(a is b for a, b in zip(got, first, strict=True))
-    assert guard.check_next(1)
     # a conflicting suffix replaces what memory holds
     newer = _entries(4, 8, 2, b"new")
     log.store(newer)
@@ -138,13 +125,23 @@ def test_the_guarded_log_serves_unapplied_entries_from_memory(tmp_path) -> None:
     assert guard.entries(6, 8, 1 << 20)[0] is newer[2]  # still in memory
     guard.applied(7)
     assert guard.entries(6, 8, 1 << 20) == newer[2:]
-    # an unrepaired entry is never handed out, from memory either
-    more = _entries(8, 10, 2)
-    log.store(more)
-    guard.remember(more)
-    rt.unrepaired.add(9)
-    assert guard.entries(8, 10, 1 << 20) == more[:1]
-    assert not guard.check_next(9)
+    log.close()
+
+
+def test_the_guarded_log_reports_a_corrupt_entry_to_the_core(tmp_path) -> None:
+    from tests.test_commitlog import flip, locate
+
+    log = CommitLog.open(tmp_path, segment_size=1 << 20)
+    guard = _GuardedLog(log)
+    ents = _entries(1, 6, 1)
+    log.store(ents)
+    log.sync()
+    seg, off = locate(log, 4)
+    flip(seg, off + 33)  # the first body byte of entry 4 (behind its 33-byte header)
+    assert guard.entries(1, 6, 1 << 20) == ents[:3]  # the good prefix
+    with pytest.raises(EntryUnreadable) as info:
+        guard.entries(4, 6, 1 << 20)
+    assert info.value.index == 4
     log.close()
 
 
@@ -153,7 +150,7 @@ def test_the_guarded_log_reads_back_what_did_not_fit(tmp_path, monkeypatch) -> N
 
     monkeypatch.setattr(runtime, "_RECENT_BYTES", 6)
     log = CommitLog.open(tmp_path, segment_size=1 << 20)
-    guard = _GuardedLog(_Rt(), log)  # type: ignore[arg-type]
+    guard = _GuardedLog(log)
     batch = _entries(1, 5, 1)
     log.store(batch)
     guard.remember(batch)  # only the first entries are kept
