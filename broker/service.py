@@ -33,7 +33,7 @@ from broker.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.records import STORED_PREFIX, parse_message_id, walk_batch
+from broker.records import STORED_PREFIX, WalkedBatch, parse_message_id, walk_batch
 from broker.statemachine import (
     MAX_QUEUES,
     BrokerState,
@@ -102,7 +102,7 @@ class BrokerService:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._consumers: dict[str, dict[str, float]] = {}  # cg -> client -> expiry
-        self._read_cache: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._read_cache: OrderedDict[tuple[str, int], bytes | memoryview] = OrderedDict()
         self._read_cached = 0  # bytes held by _read_cache
         self._handlers: dict[int, Callable[[dict[str, Any], bytes], Awaitable[Response]]] = {
             Op.PRODUCE: self._produce,
@@ -186,7 +186,7 @@ class BrokerService:
             raise RequestError(result.code, result.message)
         return result
 
-    def _read(self, g: GroupRuntime, index: int) -> bytes:
+    def _read(self, g: GroupRuntime, index: int) -> bytes | memoryview:
         """The data of committed entry `index`, CRC-checked when read from the CommitLog.
 
         Consumers fetch a producer's batch a few dozen messages at a time, and every
@@ -223,29 +223,31 @@ class BrokerService:
     async def _produce(self, h: dict[str, Any], body: bytes) -> Response:
         g = self._group(h.get("g"))
         state = self._leading(g)
-        # The batch is walked once, in the stored entry's own bytes: this replica's apply
-        # reuses the walk (`BrokerState.prewalked`) instead of walking it again.
-        data = STORED_PREFIX.pack(int(time.time() * 1000)) + body
+        # The batch is copied once, into the stored entry itself (behind the slot for the
+        # store timestamp, filled in place), and walked there; the walk travels with the
+        # proposal to this replica's apply, which so does not walk it again.
+        draft = g.draft(STORED_PREFIX.size + len(body))
+        data = draft.data
+        STORED_PREFIX.pack_into(data, 0, int(time.time() * 1000))
+        data[STORED_PREFIX.size :] = body
         max_bytes = self.node.config.max_message_bytes
         header, refs = walk_batch(data, STORED_PREFIX.size, max_bytes, check_properties=True)
         validate_topic_name(header.topic)
         state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
         if self.node.ack_before_commit:
             # Deliberately wrong (chaos tests only): acknowledge what is not yet committed.
-            self.node.spawn(g.propose(data, EntryType.MESSAGES))
+            self.node.spawn(g.propose(draft, EntryType.MESSAGES))
             return ok_header(0, base=-1, n=header.n, index=-1, dup=False), b""
         t0 = time.perf_counter()
-        walked = state.prewalked(data, header, refs, max_bytes)
+        walked = WalkedBatch(header, refs, max_bytes)
         try:
-            result = self._result(await g.propose(data, EntryType.MESSAGES))
+            result = self._result(await g.propose(draft, EntryType.MESSAGES, context=walked))
         except NotLeader as exc:  # the batch is in this node's log and may yet commit
             raise RequestError(
                 Code.NOT_LEADER, "leadership was lost before the batch committed; it may "
                 "still be stored", leader=self.node.peer_addr(exc.leader), term=exc.term,
                 unknown=True,
             ) from None
-        finally:
-            state.forget_walk(walked)
         assert isinstance(result, ProduceResult)
         if self.node.crash_before_answer:
             # Deliberately wrong (tests only): die between commit and answer, so the client
@@ -256,7 +258,7 @@ class BrokerService:
             self.node.batches_led += 1
             if self.node.batches_led % self.node.duplicate_every == 0:
                 # Deliberately wrong (chaos tests only): store the batch a second time.
-                self.node.spawn(g.propose(data, EntryType.MESSAGES))
+                self.node.spawn(g.propose(bytes(data), EntryType.MESSAGES))
         messages, nbytes, latency = self.node.metrics.produce_series(g.group_id)
         messages.inc(result.count)
         nbytes.inc(len(body))

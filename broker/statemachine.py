@@ -71,7 +71,7 @@ from broker.parts.producers import DEDUP_WINDOW, Producers
 from broker.parts.queues import KEY_HISTORY, Queues
 from broker.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
 from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
-from broker.records import STORED_PREFIX, BatchHeader, RecordRef, walk_batch
+from broker.records import STORED_PREFIX, WalkedBatch, walk_batch
 from raftlog.types import Entry, EntryType
 
 __all__ = [
@@ -102,7 +102,6 @@ __all__ = [
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon)
 SNAPSHOT_VERSION = 3  # 3: a section per part; 2 added "clients" to 1's flat map
 _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
-_MAX_WALKED = 1 << 14  # produce-path walks kept for apply (see `prewalked`)
 
 
 # ---------------------------------------------------------------------- control encoders
@@ -170,36 +169,6 @@ class BrokerState:
                 if op in self._dispatch:
                     raise TypeError(f"control op {op!r} claimed by two parts")
                 self._dispatch[op] = handler
-        # Batches this replica's produce path already walked, by id of the entry data:
-        # not state, only a saved walk (see `prewalked`).
-        self._walked: dict[int, tuple[bytes, BatchHeader, list[RecordRef]]] = {}
-
-    # ------------------------------------------------------------------ produce path
-
-    def prewalked(
-        self, data: bytes, header: BatchHeader, refs: list[RecordRef], max_message_bytes: int
-    ) -> int | None:
-        """Remember the walk of MESSAGES entry `data` (`walk_batch(data, STORED_PREFIX.size,
-        max_message_bytes)`), done by the leader before proposing it, so that applying
-        the very same bytes object does not walk it again. Returns a key for
-        `forget_walk` (None when nothing was kept).
-
-        A walk is a pure function of the bytes and the size limit, so the result of
-        `apply` does not change: the walk is reused only for the identical object and
-        when the limits agree.
-        """
-        if max_message_bytes != self.max_message_bytes:
-            return None
-        if len(self._walked) >= _MAX_WALKED:  # proposals that never applied here
-            self._walked.clear()
-        key = id(data)
-        self._walked[key] = (data, header, refs)
-        return key
-
-    def forget_walk(self, key: int | None) -> None:
-        """Drop a walk `prewalked` kept (a no-op once its entry was applied)."""
-        if key is not None:
-            self._walked.pop(key, None)
 
     def part(self, kind: type[P]) -> P:
         """This state's part of type `kind` (KeyError if it has none)."""
@@ -230,32 +199,34 @@ class BrokerState:
         """Their record bytes."""
         return self.queues.bytes_applied
 
-    def apply(self, entry: Entry) -> ApplyResult:
+    def apply(self, entry: Entry, walked: WalkedBatch | None = None) -> ApplyResult:
         """Apply one committed entry; never raises for bad data (the outcome is the result).
 
         An entry at or below `applied_index` was already applied (e.g. replayed after a
-        snapshot restore) and is ignored, so replays cannot double-count.
+        snapshot restore) and is ignored, so replays cannot double-count. `walked` is the
+        leader's walk of this very entry's batch, made before proposing it and handed
+        back with it (`GroupRuntime.propose`'s context): a walk is a pure function of the
+        bytes and the size limit, so it is used when the limits agree and changes nothing.
         """
         if entry.index <= self._applied:
             return None
         self._applied = entry.index
         try:
             if entry.type == EntryType.MESSAGES:
-                return self._apply_messages(entry)
+                return self._apply_messages(entry, walked)
             if entry.type == EntryType.CONTROL:
                 return self._apply_control(entry.data, entry.index)
         except Refused as exc:
             return ErrorResult(exc.code, exc.message)
         return None
 
-    def _apply_messages(self, entry: Entry) -> ApplyResult:
+    def _apply_messages(self, entry: Entry, walked: WalkedBatch | None) -> ApplyResult:
         data = entry.data
         if len(data) < STORED_PREFIX.size or len(data) > _MAX_ENTRY_DATA:
             raise Refused(Code.MALFORMED, f"messages entry of {len(data)} bytes")
         (store_ms,) = STORED_PREFIX.unpack_from(data, 0)
-        walked = self._walked.pop(id(data), None) if self._walked else None
-        if walked is not None and walked[0] is data:
-            _, header, refs = walked
+        if walked is not None and walked.max_message_bytes == self.max_message_bytes:
+            header, refs = walked.header, walked.refs
         else:
             try:
                 header, refs = walk_batch(data, STORED_PREFIX.size, self.max_message_bytes)
@@ -276,7 +247,7 @@ class BrokerState:
         self.producers.stored(header, base, len(refs), entry.index)
         return ProduceResult(base, len(refs), entry.index)
 
-    def _apply_control(self, data: bytes, index: int) -> ApplyResult:
+    def _apply_control(self, data: bytes | memoryview, index: int) -> ApplyResult:
         try:
             d = msgpack.unpackb(data, raw=False)
         except Exception as exc:  # msgpack raises several unrelated types

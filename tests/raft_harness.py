@@ -6,7 +6,9 @@ Storage is the simulator's in-memory disk: `persist()` is an fsync, `crash()` dr
 was never fsynced. Each node's state machine is the list of MESSAGES payloads it applied
 (`state`); `snapshot(i)` saves it at node i's applied index and compacts its log, and a
 snapshot a leader sends is installed at once, or held until `install(i)` when
-`auto_install` is off.
+`auto_install` is off. `corrupt(i, index)` damages an entry on node i's disk; the core
+lists it in `Ready.repair` once it meets it (`to_repair`), and `repair(i)` copies the
+entries it awaits from a peer that holds them intact.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Cluster:
         self.mailbox: list[Message] = []
         self.applied: dict[int, list[Entry]] = {}
         self.reads: dict[int, list] = {}
+        self.to_repair: dict[int, list[int]] = {}
         self.cut: set[tuple[int, int]] = set()
         members = Membership(frozenset(voters or range(1, n + 1)))
         for i in range(1, n + 1):
@@ -57,6 +60,8 @@ class Cluster:
         self.state[i] = _decode_state(snap.data) if snap is not None else []
         if snap is not None:
             self.nodes[i].set_snapshot(snap)
+        for index in sorted(st.corrupt):  # found at open, as the runtime's verify does
+            self.nodes[i].entry_unreadable(index)
         self.applied[i] = []
         self.reads.setdefault(i, [])
         self.installed.setdefault(i, [])
@@ -87,6 +92,7 @@ class Cluster:
         self.applied[i].extend(rd.apply)
         self.state[i].extend(e.data for e in rd.apply if e.type == EntryType.MESSAGES)
         self.reads[i].extend(rd.reads)
+        self.to_repair.setdefault(i, []).extend(rd.repair)
         if self.auto_persist:
             self.persist(i)
 
@@ -193,6 +199,22 @@ class Cluster:
         index = leader.propose(data, type)
         self.stabilize()
         return index
+
+    def corrupt(self, i: int, index: int) -> None:
+        assert self.stores[i].corrupt_entry(index)
+
+    def repair(self, i: int) -> list[int]:
+        """Copy every entry node i awaits from a peer holding it intact; the repaired."""
+        node, st = self.nodes[i], self.stores[i]
+        done = []
+        for index in sorted(node.unreadable):
+            for j, peer in self.stores.items():
+                good = peer.readable(index) if j != i else None
+                if good is not None and st.repair(index, good):
+                    node.entry_repaired(index)
+                    done.append(index)
+                    break
+        return done
 
     def payloads(self, i: int) -> list[bytes]:
         return [e.data for e in self.applied[i] if e.type == EntryType.MESSAGES]

@@ -168,7 +168,7 @@ class _Applied:
         self.applied: list[tuple[int, int, bytes]] = []
 
     def apply(self, entry: Entry) -> int:
-        self.applied.append((entry.index, entry.term, entry.data))
+        self.applied.append((entry.index, entry.term, bytes(entry.data)))
         return entry.index
 
 

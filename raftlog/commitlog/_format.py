@@ -5,10 +5,13 @@ Little-endian, 33-byte header then the body::
     magic u32 | total size u32 | term u64 | index u64 | type u8 | body crc32c u32 |
     header crc32c u32 (over the 29 bytes before it)
 
-The body is stored byte-for-byte. Peers exchange entries in exactly this format
-(`encode_entry` on the leader, `decode_entries` checking both CRCs on the follower, see
-`raftlog.wire`); `read_raw`/`append_raw` copy stored bytes without decoding, for repairing
-a replica from a peer.
+The body is stored byte-for-byte, and this frame is the one currency of an entry: a
+leader builds it once when it proposes the entry (`EntryDraft`: the data written in
+place, then the header and both CRCs), stores it, and sends those same bytes to its
+followers (`encode_entry` hands back an entry's frame, see `raftlog.wire`); a follower
+checks both CRCs once (`decode_entries`) and stores the frame as received
+(`CommitLog.append` writes an entry's frame without computing its CRCs again).
+`read_raw` serves stored frames to peers repairing a replica.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ __all__ = [
     "CommitLogError",
     "CorruptEntry",
     "CorruptIndex",
+    "EntryDraft",
     "OutOfRange",
     "check_header",
     "check_stored",
@@ -75,9 +79,53 @@ def _header(index: int, term: int, etype: int, body: bytes | memoryview) -> byte
     return head + U32.pack(crc32c.crc32c(head))
 
 
-def encode_entry(entry: Entry) -> bytes:
-    """The exact stored bytes of `entry` (header + body): what `read_raw` returns."""
+def encode_entry(entry: Entry) -> bytes | memoryview:
+    """The exact stored bytes of `entry` (header + body): what `read_raw` returns.
+
+    An entry that carries its stored frame already (sealed by the leader that proposed
+    it, or received from a peer and verified) is not encoded again.
+    """
+    if entry.frame is not None:
+        return entry.frame
     return _header(entry.index, entry.term, int(entry.type), entry.data) + entry.data
+
+
+class EntryDraft:
+    """A new entry's stored frame, built in one buffer before the entry has an index.
+
+    The proposer writes the entry's data straight into `data` (filling any slot it
+    reserved there, such as a store timestamp), so the data is copied once; when the
+    Raft core assigns index and term, `seal` writes the header in front and computes
+    both CRCs -- the only time they are computed for this entry on the leader. From
+    there the same bytes are stored, sent to followers and served.
+    """
+
+    __slots__ = ("_buf", "data")
+
+    def __init__(self, size: int) -> None:
+        if size < 0 or HEADER_SIZE + size > MAX_TOTAL:
+            raise ValueError(f"an entry of {size} bytes does not fit the entry format")
+        self._buf = bytearray(HEADER_SIZE + size)
+        self.data = memoryview(self._buf)[HEADER_SIZE:]
+
+    @classmethod
+    def of(cls, data: bytes | bytearray | memoryview) -> EntryDraft:
+        """A draft holding a copy of `data`."""
+        draft = cls(len(data))
+        draft.data[:] = data
+        return draft
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def seal(self, index: int, term: int, type: EntryType) -> Entry:
+        """The entry, with its header written and both CRCs computed (once)."""
+        buf = self._buf
+        head = HEAD.pack(MAGIC, len(buf), term, index, int(type), crc32c.crc32c(self.data))
+        buf[: HEAD.size] = head
+        U32.pack_into(buf, HEAD.size, crc32c.crc32c(head))
+        frame = memoryview(buf).toreadonly()
+        return Entry(index, term, type, frame[HEADER_SIZE:], frame=frame)
 
 
 def check_header(
@@ -98,11 +146,14 @@ def check_header(
 
 
 def decode_entries(data: bytes | memoryview, *, source: str = "<buffer>") -> list[Entry]:
-    """Entries from stored bytes (e.g. `read_raw` output), verifying both CRCs of each.
+    """Entries from stored bytes (a peer's append, `read_raw` output), verifying both CRCs
+    of each: the one check a received entry gets.
 
+    Each entry keeps its stored frame and its data as views of `data` (copied once
+    first unless it is immutable `bytes`), so storing it writes the bytes as received.
     Raises CorruptEntry (position relative to `data`) on the first bad entry.
     """
-    mv = memoryview(data).cast("B")
+    mv = memoryview(data if isinstance(data, bytes) else bytes(data))
     out: list[Entry] = []
     off = 0
     n = len(mv)
@@ -117,7 +168,8 @@ def decode_entries(data: bytes | memoryview, *, source: str = "<buffer>") -> lis
         body = mv[off + HEADER_SIZE : off + size]
         if crc32c.crc32c(body) != bcrc:
             raise CorruptEntry(source, off, "body CRC mismatch", index)
-        out.append(Entry(index, term, TYPES[etype], bytes(body)))
+        frame = mv[off : off + size]
+        out.append(Entry(index, term, TYPES[etype], body, frame=frame))
         off += size
     return out
 

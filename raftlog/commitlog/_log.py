@@ -54,7 +54,7 @@ from raftlog.commitlog._format import (
     check_header,
     check_stored,
 )
-from raftlog.commitlog._index import IREC_HEAD, M32, index_record
+from raftlog.commitlog._index import IREC_HEAD, M32
 from raftlog.commitlog._recovery import _Recovery
 from raftlog.commitlog._segments import SCAN_CHUNK, pread_exact, pwritev_all, segment_name
 from raftlog.fsutil import fdatasync_fd, fsync_dir
@@ -96,6 +96,20 @@ class SyncPlan:
             except OSError:
                 pass
         self.fds = []
+
+
+def _check_frame(frame: bytes | memoryview, index: int, term: int, etype: int, size: int) -> None:
+    """An entry's stored frame must be that entry: its header intact and agreeing."""
+    if size < HEADER_SIZE:
+        raise ValueError(f"entry {index}: a frame of {size} bytes holds no header")
+    err, (_m, hsize, hterm, hindex, htype, _crc) = check_header(memoryview(frame), 0)
+    if err:
+        raise ValueError(f"entry {index}: its frame is not a stored entry ({err})")
+    if (hindex, hterm, htype, hsize) != (index, term, etype, size):
+        raise ValueError(
+            f"entry {index} (term {term}, type {etype}) carries the frame of entry {hindex} "
+            f"(term {hterm}, type {htype}, {hsize} of {size} bytes)"
+        )
 
 
 class CommitLog(_Recovery):
@@ -207,6 +221,12 @@ class CommitLog(_Recovery):
     def append(self, entries: Sequence[Entry]) -> list[int]:
         """Write `entries` (contiguous, after `last_index()`); returns their positions.
 
+        An entry that carries its stored frame (`Entry.frame`: sealed by the leader that
+        proposed it, or received from a peer and checked by `decode_entries`) is written
+        as is: its header is checked against the entry, its body CRC is not computed
+        again. Others are encoded here. A peer's `read_raw` bytes are appended as
+        ``append(decode_entries(raw))``.
+
         The data reaches the OS only; call `sync` for durability. One ``pwritev`` per
         segment touched, bodies are not copied. Everything is validated before the first
         byte is written.
@@ -236,18 +256,26 @@ class CommitLog(_Recovery):
             etype = int(e.type)
             if not 0 <= etype <= MAX_TYPE:
                 raise ValueError(f"entry {index} has unknown type {etype}")
-            body = e.data
-            size = HEADER_SIZE + len(body)
-            if size > MAX_TOTAL:
-                raise ValueError(f"entry {index} is too large ({size} bytes)")
+            frame = e.frame
+            if frame is not None:
+                size = len(frame)
+                _check_frame(frame, index, term, etype, size)
+            else:
+                body = e.data
+                size = HEADER_SIZE + len(body)
+                if size > MAX_TOTAL:
+                    raise ValueError(f"entry {index} is too large ({size} bytes)")
             if used and used + size > seg_size:
                 parts = []
                 groups.append((pos, parts))
                 used = 0
-            head = head_pack(MAGIC, size, term, index, etype, crc(body))
-            parts.append(head + u32(crc(head)))
-            if body:
-                parts.append(body)
+            if frame is not None:
+                parts.append(frame)
+            else:
+                head = head_pack(MAGIC, size, term, index, etype, crc(body))
+                parts.append(head + u32(crc(head)))
+                if body:
+                    parts.append(body)
             positions.append(pos)
             rec = rec_pack(pos, term, size, etype)
             records.append(rec)
@@ -256,61 +284,6 @@ class CommitLog(_Recovery):
             used += size
             index += 1
             prev_term = term
-        self._write_appended(groups, records, index - 1, prev_term)
-        return positions
-
-    def append_raw(self, data: bytes | memoryview) -> list[int]:
-        """Append stored-format bytes (a peer's `read_raw` output) unchanged.
-
-        Both CRCs and contiguity are verified first; nothing is written if any entry is
-        bad (raises CorruptEntry, positions relative to `data`, or ValueError).
-        """
-        self._check_open()
-        mv = memoryview(data).cast("B")
-        n = len(mv)
-        off = 0
-        index = self._last + 1
-        prev_term = self._last_term
-        seg_size = self.segment_size
-        used = self._sizes[-1]
-        pos = self._end
-        parts: list[bytes | memoryview] = []
-        groups: list[tuple[int | None, list[bytes | memoryview]]] = [(None, parts)]
-        positions: list[int] = []
-        records: list[bytes] = []
-        run_start = 0  # start in `mv` of the bytes not yet added to `parts`
-        while off < n:
-            if n - off < HEADER_SIZE:
-                raise CorruptEntry("<append_raw>", off, "truncated header")
-            err, (_m, size, term, hindex, etype, bcrc) = check_header(mv, off)
-            if err:
-                raise CorruptEntry("<append_raw>", off, err)
-            if off + size > n:
-                raise CorruptEntry("<append_raw>", off, "truncated body", hindex)
-            if crc32c.crc32c(mv[off + HEADER_SIZE : off + size]) != bcrc:
-                raise CorruptEntry("<append_raw>", off, "body CRC mismatch", hindex)
-            if hindex != index:
-                raise ValueError(f"append_raw of entry {hindex} but entry {index} expected")
-            if term < prev_term:
-                raise ValueError(f"entry {index} has term {term} below previous {prev_term}")
-            if used and used + size > seg_size:
-                if off > run_start:
-                    parts.append(mv[run_start:off])
-                run_start = off
-                parts = []
-                groups.append((pos, parts))
-                used = 0
-            positions.append(pos)
-            records.append(index_record(index, pos, term, size, etype))
-            pos += size
-            used += size
-            off += size
-            index += 1
-            prev_term = term
-        if n > run_start:
-            parts.append(mv[run_start:n])
-        if not positions:
-            return []
         self._write_appended(groups, records, index - 1, prev_term)
         return positions
 

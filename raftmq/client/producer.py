@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import random
-import struct
 import time
 import zlib
 from collections import deque
@@ -36,7 +35,6 @@ from typing import Any, Generic, Literal, TypeVar
 
 import anyio
 import anyio.abc
-import msgpack
 
 from broker.protocol import (
     DEFAULT_MAX_FRAME,
@@ -47,10 +45,10 @@ from broker.protocol import (
     validate_topic_name,
 )
 from broker.records import (
-    RECORD_HEADER,
-    STORED_PREFIX,
+    EncodedBatch,
     OutgoingMessage,
     encode_batch,
+    record_size,
 )
 
 from .connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
@@ -248,20 +246,6 @@ def make_message(
     return replace(msg, **changes) if changes else msg
 
 
-def record_size(msg: Payload) -> int:
-    """Bytes the message takes in a batch (the record layout of `broker.records`)."""
-    if type(msg) is bytes:
-        return RECORD_HEADER.size + len(msg)
-    assert isinstance(msg, OutgoingMessage)
-    if not (msg.key or msg.tags or msg.properties):
-        return RECORD_HEADER.size + len(msg.body)  # the common case, per message
-    props = msgpack.packb(msg.properties, use_bin_type=True) if msg.properties else b""
-    return (
-        RECORD_HEADER.size + len(msg.key.encode()) + len(msg.tags.encode()) + len(props)
-        + len(msg.body)
-    )
-
-
 def check_message(msg: Payload, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
     """Refuse before sending what the broker would refuse, with the same code."""
     body = msg if isinstance(msg, bytes) else msg.body
@@ -325,22 +309,11 @@ def new_producer_id() -> int:
     return random.getrandbits(63) or 1
 
 
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-
-
-def batch_message_ids(group: str, index: int, batch: bytes) -> list[str]:
-    """Ids of a stored batch's messages: each record's start in the entry data, which is
-    the batch behind the leader's 8-byte store timestamp."""
-    # The client framed this batch itself, so only the record sizes need reading.
-    (hlen,) = _U16.unpack_from(batch, 4)
-    pos, end = 6 + hlen, len(batch)
+def batch_message_ids(group: str, index: int, batch: EncodedBatch) -> list[str]:
+    """Ids of a stored batch's messages: group, entry index, and where each record
+    starts in the entry (`encode_batch` says where)."""
     prefix = f"{group}:{index}:"
-    ids = []
-    while pos < end:
-        ids.append(f"{prefix}{STORED_PREFIX.size + pos}")
-        pos += _U32.unpack_from(batch, pos)[0]
-    return ids
+    return [f"{prefix}{start}" for start in batch.starts]
 
 
 @dataclass(slots=True)
@@ -909,7 +882,7 @@ class Producer:
         return self._round_robin(route, failed_groups)
 
     def _results(
-        self, topic: str, queue: int, group: str, batch: bytes, h: dict[str, Any]
+        self, topic: str, queue: int, group: str, batch: EncodedBatch, h: dict[str, Any]
     ) -> list[SendResult]:
         try:
             base, n, index = int(h["base"]), int(h["n"]), int(h["index"])
