@@ -51,7 +51,9 @@ __all__ = [
     "ProduceResult",
     "TopicConfig",
     "control_create_topic",
+    "control_delete_group",
     "control_delete_topic",
+    "control_grow_topic",
     "control_offsets",
     "control_retain",
 ]
@@ -140,6 +142,18 @@ def control_create_topic(topic: str, queues: int, hosted: Iterable[int]) -> byte
 def control_delete_topic(topic: str) -> bytes:
     """CONTROL data deleting `topic` with its queues, consumer offsets and key index."""
     return _pack({"op": "delete_topic", "topic": topic})
+
+
+def control_grow_topic(topic: str, queues: int, hosted: Iterable[int]) -> bytes:
+    """CONTROL data giving `topic` `queues` in total, `hosted` of them in this group: a
+    superset of what it hosted (the topic is created here if this group had none)."""
+    return _pack({"op": "grow_topic", "topic": topic, "queues": queues,
+                  "hosted": sorted(hosted)})
+
+
+def control_delete_group(cg: str) -> bytes:
+    """CONTROL data forgetting every offset consumer group `cg` committed in this group."""
+    return _pack({"op": "delete_group", "cg": cg})
 
 
 def control_offsets(cg: str, offsets: Iterable[tuple[str, int, int]]) -> bytes:
@@ -343,6 +357,10 @@ class BrokerState:
             return self._commit_offsets(d)
         if op == "retain":
             return self._retain(d)
+        if op == "grow_topic":
+            return self._grow_topic(d)
+        if op == "delete_group":
+            return self._delete_group(d)
         raise _Refused(Code.MALFORMED, f"unknown control op {op!r}")
 
     def _create_topic(self, d: dict[str, Any]) -> ControlResult:
@@ -369,6 +387,42 @@ class BrokerState:
         for q in ids:
             self._queues[(name, q)] = ConsumeQueue()
         return ControlResult("create_topic", 1)
+
+    def _grow_topic(self, d: dict[str, Any]) -> ControlResult:
+        """More queues for a topic: a larger total and a superset of the hosted queues.
+        Existing queues, their messages and offsets stay as they are."""
+        name = _name(validate_topic_name, d.get("topic"))
+        total = _int_field(d, "queues", 1, MAX_QUEUES)
+        hosted = d.get("hosted")
+        if not isinstance(hosted, list) or not all(_is_int(q) and 0 <= q < total
+                                                   for q in hosted):
+            raise _Refused(Code.MALFORMED, f"hosted queue ids must lie in 0..{total - 1}")
+        ids = tuple(sorted(set(hosted)))
+        existing = self._topics.get(name)
+        if existing is None:
+            if not ids:
+                raise _Refused(Code.MALFORMED, "a group new to a topic must host a queue")
+        elif total < existing.queues or not set(existing.hosted) <= set(ids):
+            raise _Refused(
+                Code.MALFORMED,
+                f"topic {name!r} has {existing.queues} queues, hosting {existing.hosted} "
+                f"here: queues can only be added",
+            )
+        config = TopicConfig(name, total, ids)
+        if existing == config:
+            return ControlResult("grow_topic", 0)
+        self._topics[name] = config
+        for q in ids:
+            if (name, q) not in self._queues:
+                self._queues[(name, q)] = ConsumeQueue()
+        return ControlResult("grow_topic", 1)
+
+    def _delete_group(self, d: dict[str, Any]) -> ControlResult:
+        cg = _name(validate_group_name, d.get("cg"))
+        gone = [k for k in self._offsets if k[0] == cg]
+        for k in gone:
+            del self._offsets[k]
+        return ControlResult("delete_group", len(gone))
 
     def _delete_topic(self, d: dict[str, Any]) -> ControlResult:
         name = d.get("topic")
