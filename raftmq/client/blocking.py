@@ -17,10 +17,11 @@ from typing import Any, Generic, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from broker.protocol import RequestError
 from broker.records import Message, OutgoingMessage
 
 from .admin import Admin, QueueLag, TopicInfo
-from .consumer import PullConsumer, PullResult, PushConsumer
+from .consumer import PullConsumer, PullResult, PushConsumer, Tags
 from .producer import Producer, SendResult
 
 __all__ = [
@@ -138,8 +139,13 @@ class BlockingPullConsumer(_Blocking[PullConsumer]):
         return self
 
     def assign(self, topic: str, queues: Iterable[int] | None = None, *,
-               tags: Sequence[str] | None = None) -> None:
+               tags: Tags = None) -> None:
         self._call_sync(self._client.assign, topic, queues, tags=tags)
+
+    @property
+    def unreadable(self) -> dict[tuple[str, int], RequestError]:
+        """Queues the last polls could not read (see `PullConsumer.unreadable`)."""
+        return self._call_sync(lambda: dict(self._client.unreadable))
 
     def poll(self, timeout: float = 1.0, **kwargs: Any) -> list[Message]:
         return self._call(self._client.poll, timeout, **kwargs)
