@@ -20,7 +20,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from broker.protocol import RequestError
 from broker.records import Message, OutgoingMessage
 
-from .admin import Admin, QueueLag, TopicInfo
+from .admin import Admin, GroupQueue, QueueLag, TopicInfo
 from .consumer import PullConsumer, PullResult, PushConsumer, Tags
 from .producer import Producer, SendResult
 
@@ -224,6 +224,25 @@ class BlockingAdmin(_Blocking[Admin]):
 
     def transfer_leader(self, group: str, to: int) -> None:
         self._call(self._client.transfer_leader, group, to)
+
+    def delete_topic(self, topic: str, **kwargs: Any) -> list[str]:
+        return self._call(self._client.delete_topic, topic, **kwargs)
+
+    def add_queues(self, topic: str, queues: int, **kwargs: Any) -> dict[str, list[int]]:
+        return self._call(self._client.add_queues, topic, queues, **kwargs)
+
+    def group_offsets(self, group: str | None = None) -> dict[str, dict[tuple[str, int], int]]:
+        return self._call(self._client.group_offsets, group)
+
+    def describe_group(self, group: str) -> tuple[list[str], list[GroupQueue]]:
+        return self._call(self._client.describe_group, group)
+
+    def reset_offsets(self, group: str, topic: str, to: str | int, *,
+                      dry_run: bool = False) -> dict[int, tuple[int, int]]:
+        return self._call(self._client.reset_offsets, group, topic, to, dry_run=dry_run)
+
+    def delete_group(self, group: str) -> int:
+        return self._call(self._client.delete_group, group)
 
 
 async def _sync_call(fn: Callable[[], R]) -> R:
