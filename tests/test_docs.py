@@ -1,8 +1,10 @@
 """Every Python block in docs/*.md runs as written (as its own program) against a live
-cluster, so the guides cannot drift from the SDK."""
+cluster, and every `sh` block line by line (each `raftmq` command must exit 0), so the
+guides cannot drift from the SDK and the CLI."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,6 +21,13 @@ BLOCKS = [
     pytest.param(code, id=f"{path.name}-{i}")
     for path in sorted((ROOT / "docs").glob("*.md"))
     for i, code in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), re.S))
+]
+
+
+SHELL = [
+    pytest.param(code, id=f"{path.name}-sh{i}")
+    for path in sorted((ROOT / "docs").glob("*.md"))
+    for i, code in enumerate(re.findall(r"```sh\n(.*?)```", path.read_text(), re.S))
 ]
 
 
@@ -41,3 +50,17 @@ def test_doc_example_runs(cluster: LocalCluster, code: str, tmp_path: Path) -> N
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("code", SHELL)
+def test_doc_commands_run(cluster: LocalCluster, code: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAFTMQ_NAMESRV", "NAMESRV_ADDR")}
+    env["NAMESRV_ADDR"] = cluster.namesrv_addr
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    for line in code.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        assert "raftmq " in line, line
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", line], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
