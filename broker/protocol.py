@@ -84,6 +84,12 @@ class Op(IntEnum):
     GET_MESSAGE = 23  # (msg_id) -> (msgs) body
     QUERY_KEY = 24  # (topic, key, max) -> (msgs) body
     TRANSFER_LEADER = 25  # (g, to: node id) -> ()
+    DELETE_TOPIC = 26  # (g, topic) -> (): the topic, its queues, offsets and keys, in group g
+    GROW_TOPIC = 27  # (g, topic, queues: new total, hosted: [queue ids]) -> (); see
+    #   BrokerState._grow_topic: existing queues stay, a new group may join
+    OFFSETS = 32  # (cg?: one group) -> (rows: [[g, cg, topic, queue, offset]...]) for the
+    #   groups this node leads
+    DELETE_GROUP = 33  # (g, cg) -> (deleted: n): forget cg's committed offsets in group g
     HEARTBEAT = 30  # (cg, client, topics: [...]) -> ()
     CONSUMERS = 31  # (cg) -> (clients: sorted [client ids])
     REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body

@@ -41,6 +41,9 @@ from broker.statemachine import (
     ErrorResult,
     ProduceResult,
     control_create_topic,
+    control_delete_group,
+    control_delete_topic,
+    control_grow_topic,
     control_offsets,
     valid_request_id,
 )
@@ -115,6 +118,10 @@ class BrokerService:
             Op.GET_MESSAGE: self._get_message,
             Op.QUERY_KEY: self._query_key,
             Op.TRANSFER_LEADER: self._transfer_leader,
+            Op.DELETE_TOPIC: self._delete_topic,
+            Op.GROW_TOPIC: self._grow_topic,
+            Op.OFFSETS: self._offsets,
+            Op.DELETE_GROUP: self._delete_group,
             Op.HEARTBEAT: self._heartbeat,
             Op.CONSUMERS: self._consumers_of,
             Op.READ_RAW: self._read_raw,
@@ -416,6 +423,54 @@ class BrokerService:
                                f"topic {topic!r} already exists here with this configuration",
                                same=True)
         return ok_header(0), b""
+
+    async def _delete_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+        g = self._group(h.get("g"))
+        topic = _topic(h)
+        self._leading(g)
+        self._result(await g.propose(control_delete_topic(topic), EntryType.CONTROL))
+        self.node.topics_changed()
+        return ok_header(0), b""
+
+    async def _grow_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+        g = self._group(h.get("g"))
+        topic = _topic(h)
+        queues = _field(h, "queues", int)
+        hosted = _field(h, "hosted", list)
+        if not 1 <= queues <= MAX_QUEUES:
+            raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
+        if any(not _is_int(q) or not 0 <= q < queues for q in hosted):
+            raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
+        self._leading(g)
+        self._result(await g.propose(control_grow_topic(topic, queues, hosted),
+                                     EntryType.CONTROL))
+        self.node.topics_changed()
+        return ok_header(0), b""
+
+    async def _offsets(self, h: dict[str, Any], _body: bytes) -> Response:
+        """Committed offsets in the groups this node leads, read after a barrier each."""
+        only = validate_group_name(h["cg"]) if h.get("cg") is not None else None
+        rows: list[list[Any]] = []
+        led: list[str] = []
+        for gid, g in self.node.groups.items():
+            if not g.is_leader:
+                continue
+            try:
+                await g.read_barrier()
+            except NotLeader:
+                continue
+            led.append(gid)
+            for (cg, topic, queue), off in self.node.states[gid].consumer_offsets(only).items():
+                rows.append([gid, cg, topic, queue, off])
+        return ok_header(0, rows=rows, led=led), b""
+
+    async def _delete_group(self, h: dict[str, Any], _body: bytes) -> Response:
+        g = self._group(h.get("g"))
+        cg = _cg(h)
+        self._leading(g)
+        result = self._result(await g.propose(control_delete_group(cg), EntryType.CONTROL))
+        assert isinstance(result, ControlResult)
+        return ok_header(0, deleted=result.applied), b""
 
     async def _topics(self, h: dict[str, Any], _body: bytes) -> Response:
         topics: dict[str, dict[str, Any]] = {}

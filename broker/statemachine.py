@@ -64,9 +64,9 @@ from broker.parts.base import (
     TopicConfig,
     pack,
 )
-from broker.parts.catalog import Catalog, CreateTopic, DeleteTopic
+from broker.parts.catalog import Catalog, CreateTopic, DeleteTopic, GrowTopic
 from broker.parts.horizon import Horizon, Retain
-from broker.parts.offsets import CommitOffsets, Offsets
+from broker.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.parts.producers import DEDUP_WINDOW, Producers
 from broker.parts.queues import KEY_HISTORY, Queues
 from broker.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
@@ -86,13 +86,17 @@ __all__ = [
     "CommitOffsets",
     "ControlResult",
     "CreateTopic",
+    "DeleteGroup",
     "DeleteTopic",
     "ErrorResult",
+    "GrowTopic",
     "ProduceResult",
     "Retain",
     "TopicConfig",
     "control_create_topic",
+    "control_delete_group",
     "control_delete_topic",
+    "control_grow_topic",
     "control_offsets",
     "control_retain",
     "valid_request_id",
@@ -119,6 +123,18 @@ def control_create_topic(topic: str, queues: int, hosted: Iterable[int]) -> byte
 def control_delete_topic(topic: str) -> bytes:
     """CONTROL data deleting `topic` with its queues, consumer offsets and key index."""
     return pack({"op": DeleteTopic.op, "topic": topic})
+
+
+def control_grow_topic(topic: str, queues: int, hosted: Iterable[int]) -> bytes:
+    """CONTROL data giving `topic` `queues` in total, `hosted` of them in this group: a
+    superset of what it hosted (the topic is created here if this group had none)."""
+    return pack({"op": GrowTopic.op, "topic": topic, "queues": queues,
+                 "hosted": sorted(hosted)})
+
+
+def control_delete_group(cg: str) -> bytes:
+    """CONTROL data forgetting every offset consumer group `cg` committed in this group."""
+    return pack({"op": DeleteGroup.op, "cg": cg})
 
 
 def control_offsets(
@@ -272,6 +288,10 @@ class BrokerState:
     def broadcast_topic_created(self, config: TopicConfig) -> None:
         for part in self.parts:
             part.topic_created(config)
+
+    def broadcast_topic_grown(self, old: TopicConfig, new: TopicConfig) -> None:
+        for part in self.parts:
+            part.topic_grown(old, new)
 
     def broadcast_topic_deleted(self, config: TopicConfig) -> None:
         for part in self.parts:

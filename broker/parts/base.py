@@ -205,6 +205,9 @@ class Part:
     def topic_created(self, config: TopicConfig) -> None:
         """`config` was just added to the catalog."""
 
+    def topic_grown(self, old: TopicConfig, new: TopicConfig) -> None:
+        """`old` became `new`: more queues in all, a superset of them hosted here."""
+
     def topic_deleted(self, config: TopicConfig) -> None:
         """`config` was just removed: forget what hangs off the topic (a re-created topic
         starts from scratch)."""

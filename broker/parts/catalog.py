@@ -25,7 +25,7 @@ from broker.parts.base import (
 )
 from broker.protocol import Code, validate_topic_name
 
-__all__ = ["Catalog", "CreateTopic", "DeleteTopic"]
+__all__ = ["Catalog", "CreateTopic", "DeleteTopic", "GrowTopic"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +67,39 @@ class CreateTopic(ControlRecord):
 
 
 @dataclass(frozen=True, slots=True)
+class GrowTopic(ControlRecord):
+    """Give `topic` `queues` in total, `hosted` (sorted, distinct) of them here: a superset
+    of what this group hosted (the topic is created here if it had none of its queues).
+    Existing queues keep their messages and offsets."""
+
+    op: ClassVar[str] = "grow_topic"
+    topic: str
+    queues: int
+    hosted: tuple[int, ...]
+
+    def validate(self) -> None:
+        name_field(validate_topic_name, self.topic)
+        total = int_field("queues", self.queues, 1, MAX_QUEUES)
+        if not isinstance(self.hosted, tuple) or not all(
+                is_int(q) and 0 <= q < total for q in self.hosted):
+            raise Refused(Code.MALFORMED, f"hosted queue ids must lie in 0..{total - 1}")
+        if list(self.hosted) != sorted(set(self.hosted)):
+            raise Refused(Code.MALFORMED, "hosted must be sorted, each queue once")
+
+    def to_map(self) -> dict[str, Any]:
+        return {"topic": self.topic, "queues": self.queues, "hosted": list(self.hosted)}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> GrowTopic:
+        hosted = d.get("hosted")
+        if isinstance(hosted, list) and all(is_int(q) for q in hosted):
+            hosted = tuple(sorted(set(hosted)))
+        elif isinstance(hosted, list):
+            hosted = tuple(hosted)
+        return cls(d.get("topic"), d.get("queues"), hosted)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteTopic(ControlRecord):
     """Delete `topic` with its queues, consumer offsets, key index and producer state."""
 
@@ -90,7 +123,7 @@ class Catalog(Part):
 
     name = "catalog"
     version = 1
-    records = (CreateTopic, DeleteTopic)
+    records = (CreateTopic, GrowTopic, DeleteTopic)
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
@@ -98,6 +131,7 @@ class Catalog(Part):
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
         return {CreateTopic.op: (CreateTopic, self._create),
+                GrowTopic.op: (GrowTopic, self._grow),
                 DeleteTopic.op: (DeleteTopic, self._delete)}
 
     def _create(self, rec: CreateTopic, index: int) -> ControlResult:
@@ -114,6 +148,27 @@ class Catalog(Part):
         self.topics[rec.topic] = config
         self.state.broadcast_topic_created(config)
         return ControlResult(CreateTopic.op, 1)
+
+    def _grow(self, rec: GrowTopic, index: int) -> ControlResult:
+        existing = self.topics.get(rec.topic)
+        config = TopicConfig(rec.topic, rec.queues, rec.hosted)
+        if existing is None:
+            if not rec.hosted:
+                raise Refused(Code.MALFORMED, "a group new to a topic must host a queue")
+            self.topics[rec.topic] = config
+            self.state.broadcast_topic_created(config)
+            return ControlResult(GrowTopic.op, 1)
+        if rec.queues < existing.queues or not set(existing.hosted) <= set(rec.hosted):
+            raise Refused(
+                Code.MALFORMED,
+                f"topic {rec.topic!r} has {existing.queues} queues, hosting {existing.hosted} "
+                f"here: queues can only be added",
+            )
+        if existing == config:
+            return ControlResult(GrowTopic.op, 0)
+        self.topics[rec.topic] = config
+        self.state.broadcast_topic_grown(existing, config)
+        return ControlResult(GrowTopic.op, 1)
 
     def _delete(self, rec: DeleteTopic, index: int) -> ControlResult:
         config = self.topics.pop(rec.topic, None)

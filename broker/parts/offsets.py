@@ -19,7 +19,7 @@ from broker.parts.base import (
 )
 from broker.protocol import Code, validate_group_name
 
-__all__ = ["CommitOffsets", "Offsets"]
+__all__ = ["CommitOffsets", "DeleteGroup", "Offsets"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +60,44 @@ class CommitOffsets(ControlRecord):
         return cls(d.get("cg"), items)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteGroup(ControlRecord):
+    """Forget every offset consumer group `cg` committed in this group."""
+
+    op: ClassVar[str] = "delete_group"
+    cg: str
+
+    def validate(self) -> None:
+        name_field(validate_group_name, self.cg)
+
+    def to_map(self) -> dict[str, Any]:
+        return {"cg": self.cg}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> DeleteGroup:
+        return cls(d.get("cg"))  # type: ignore[arg-type]
+
+
 class Offsets(Part):
     """(cg, topic, queue) -> committed offset."""
 
     name = "offsets"
     version = 1
-    records = (CommitOffsets,)
+    records = (CommitOffsets, DeleteGroup)
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
         self.offsets: dict[tuple[str, str, int], int] = {}
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
-        return {CommitOffsets.op: (CommitOffsets, self._commit)}
+        return {CommitOffsets.op: (CommitOffsets, self._commit),
+                DeleteGroup.op: (DeleteGroup, self._delete_group)}
+
+    def _delete_group(self, rec: DeleteGroup, index: int) -> ControlResult:
+        gone = [k for k in self.offsets if k[0] == rec.cg]
+        for k in gone:
+            del self.offsets[k]
+        return ControlResult(DeleteGroup.op, len(gone))
 
     def _commit(self, rec: CommitOffsets, index: int) -> ControlResult:
         applied = skipped = 0

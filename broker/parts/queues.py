@@ -69,6 +69,11 @@ class Queues(Part):
         for q in config.hosted:
             self.queues[(config.name, q)] = ConsumeQueue()
 
+    def topic_grown(self, old: TopicConfig, new: TopicConfig) -> None:
+        for q in new.hosted:
+            if (new.name, q) not in self.queues:
+                self.queues[(new.name, q)] = ConsumeQueue()
+
     def topic_deleted(self, config: TopicConfig) -> None:
         for q in config.hosted:
             del self.queues[(config.name, q)]

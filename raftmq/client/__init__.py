@@ -5,7 +5,7 @@ batch format of `broker.records`."""
 from broker.protocol import Code, RequestError
 from broker.records import Message, OutgoingMessage
 
-from .admin import Admin, QueueInfo, QueueLag, TopicInfo, place_queues
+from .admin import Admin, GroupQueue, QueueInfo, QueueLag, TopicInfo, place_queues
 from .blocking import (
     BlockingAdmin,
     BlockingProducer,
@@ -45,6 +45,7 @@ __all__ = [
     "Code",
     "Connection",
     "ConnectionPool",
+    "GroupQueue",
     "Message",
     "OffsetWindow",
     "OutcomeUnknownError",
