@@ -22,7 +22,7 @@ import pytest
 
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Message, Producer, PushConsumer, RequestError
-from tests.test_cluster_integration import (
+from tests.live_cluster import (
     SendLog,
     assert_no_unexpected_exits,
     check_log,
