@@ -57,6 +57,8 @@ class FaultStats:
     snapshots: int = 0  # snapshots taken by a replica (and its log compacted)
     installs: int = 0  # snapshots from a leader installed
     link_drops: int = 0  # "link to X dropped" reports handed to a core
+    corruptions: int = 0  # entries damaged on a replica's disk
+    repairs: int = 0  # of those, repaired from a peer's copy
 
 
 class SimNode:
@@ -75,13 +77,16 @@ class SimNode:
         "applied_term",
         "state",
         "tick_period",
+        "repair_due",
     )
 
     def __init__(self, cluster: Cluster, node_id: int, hard_state: HardState) -> None:
         self.id = node_id
         self.cluster = cluster
         self.store = SimStore(hard_state)
+        self.store.verify = not cluster.serve_corrupt
         self.raft: Any = None
+        self.repair_due = False  # a repair attempt is scheduled
         self.up = False
         self.retired = False
         self.paused_until = 0
@@ -117,8 +122,12 @@ class SimNode:
         )
         if snap is not None and hasattr(self.raft, "set_snapshot"):
             self.raft.set_snapshot(snap)
+        if store.corrupt and store.verify and hasattr(self.raft, "entry_unreadable"):
+            for index in sorted(store.corrupt):  # a check at open finds them (the runtime's verify)
+                self.raft.entry_unreadable(index)
         self.up = True
         self.paused_until = 0
+        self.repair_due = False
         self.incarnation += 1
         for chk in c.checkers:
             chk.on_start(self)
@@ -187,6 +196,9 @@ class SimNode:
             for r in rd.reads:
                 for chk in c.read_hooks:
                     chk.on_read(self, r)
+            if getattr(rd, "repair", None) and not self.repair_due:
+                self.repair_due = True
+                c.schedule_repair(self)
         if not c.manual and self.up:
             self._maybe_sync()
 
@@ -215,6 +227,12 @@ class SimNode:
         store.save_snapshot(snap)
         self.raft.set_snapshot(snap)
         upto = min(snap.index, store.durable_len) - keep
+        # A corrupt entry is repaired from a peer that still holds it: keep what any
+        # other replica's disk has damaged (the fault is survivable while a copy is left).
+        damaged = [min(n.store.corrupt) for n in self.cluster.nodes.values()
+                   if n is not self and n.store.corrupt]
+        if damaged:
+            upto = min(upto, min(damaged) - 1)
         if upto > store.base[0]:
             store.compact(upto)
         for chk in self.cluster.snapshot_hooks:
@@ -294,7 +312,8 @@ class Cluster:
             reorder_p=knobs.reorder_p,
             hold=manual,
         )
-        self.ack_before_fsync = knobs.mutation in SHELL_MUTATIONS
+        self.ack_before_fsync = knobs.mutation == "ack-before-fsync"
+        self.serve_corrupt = knobs.mutation == "serve-corrupt"
         core_mutations = frozenset({knobs.mutation}) - SHELL_MUTATIONS - {None}
         self.raft_config = self.core.RaftConfig(
             election_ticks=knobs.election_ticks,
@@ -444,6 +463,40 @@ class Cluster:
             return
         self.note("fsync", (node.id, node.store.durable_len, len(node.store.log)))
         node.fsync_done()
+
+    def schedule_repair(self, node: SimNode) -> None:
+        """Fetch a peer's copy of every entry the node's core awaits (`Ready.repair`),
+        one round trip from now; again every election timeout while some remain."""
+        self.events.push(self.now + 2 * self.knobs.latency_max_us, self._repair, node,
+                         node.incarnation)
+
+    def _repair(self, node: SimNode, incarnation: int) -> None:
+        if node.incarnation != incarnation or not node.up or node.retired:
+            return  # a restarted core lists what it awaits again
+        if node.paused_until > self.now:
+            self.events.push(node.paused_until, self._repair, node, incarnation)
+            return
+        st = node.store
+        for index in sorted(node.raft.unreadable):
+            if index not in st.corrupt:
+                node.raft.entry_repaired(index)  # overwritten or dropped meanwhile
+                continue
+            for peer in self.nodes.values():
+                blocked = self.net.blocked
+                if (peer is node or peer.retired or not peer.up
+                        or (node.id, peer.id) in blocked or (peer.id, node.id) in blocked):
+                    continue
+                good = peer.store.readable(index)
+                if good is not None and st.repair(index, good):
+                    self.faults.repairs += 1
+                    self.note("repair", (node.id, index, peer.id))
+                    node.raft.entry_repaired(index)
+                    break
+        node.repair_due = bool(node.raft.unreadable)
+        if node.repair_due:
+            self.events.push(self.now + self.knobs.election_timeout_us, self._repair, node,
+                             incarnation)
+        node.drain()
 
     def schedule_install(self, node: SimNode, snap: Snapshot) -> None:
         k = self.knobs
