@@ -21,13 +21,23 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from raftlog.driver import drain
 from raftlog.sim.disk import SimStore
 from raftlog.sim.events import EventQueue
 from raftlog.sim.invariants import Checker, Ledger, Violation, default_checkers
 from raftlog.sim.knobs import SHELL_MUTATIONS, Knobs
 from raftlog.sim.machine import GENESIS, chain
 from raftlog.sim.network import SimNetwork
-from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role, Snapshot
+from raftlog.types import (
+    Entry,
+    EntryType,
+    HardState,
+    Membership,
+    Message,
+    ReadState,
+    Role,
+    Snapshot,
+)
 
 __all__ = ["Cluster", "FaultStats", "SimNode", "load_core"]
 
@@ -163,44 +173,54 @@ class SimNode:
         self.drain()
 
     def drain(self) -> None:
-        """The Ready loop: run until the core has nothing more for the shell."""
+        """The Ready loop (`raftlog.driver`, shared with the runtime): run until the core
+        has nothing more for the shell, or a step of it killed this node's core."""
         raft = self.raft
-        c = self.cluster
-        while raft is self.raft and raft is not None:
-            rd = raft.ready()
-            if not rd:
-                break
-            if rd.hard_state is not None:
-                self.store.save_hard_state(rd.hard_state)
-            if rd.entries:
-                self._write(rd.entries)
-            for m in rd.messages:
-                for chk in c.send_hooks:
-                    chk.on_send(self, m)
-                c.send(m)
-            snap = getattr(rd, "snapshot", None)
-            if snap is not None:
-                self._install(snap)
-            for e in rd.apply:
-                if e.index != self.applied + 1:
-                    raise Violation(
-                        "apply-order", f"node {self.id} applied {e.index} after {self.applied}"
-                    )
-                self.applied = e.index
-                self.applied_term = e.term
-                self.state = chain(self.state, e)
-                for chk in c.apply_hooks:
-                    chk.on_apply(self, e)
-                if e.type == EntryType.CONFIG:
-                    c.config_applied(e)
-            for r in rd.reads:
-                for chk in c.read_hooks:
-                    chk.on_read(self, r)
-            if getattr(rd, "repair", None) and not self.repair_due:
-                self.repair_due = True
-                c.schedule_repair(self)
-        if not c.manual and self.up:
+        if raft is not None:
+            drain(raft, self, alive=lambda: self.raft is raft)
+        if not self.cluster.manual and self.up:
             self._maybe_sync()
+
+    # ------------------------------------------------------------------ the Ready steps
+
+    def save_hard_state(self, hs: HardState) -> None:
+        self.store.save_hard_state(hs)
+
+    def install_snapshot(self, snap: Snapshot) -> None:
+        self._install(snap)
+
+    def store_entries(self, entries: list[Entry]) -> None:
+        self._write(entries)
+
+    def send_message(self, m: Message) -> None:
+        c = self.cluster
+        for chk in c.send_hooks:
+            chk.on_send(self, m)
+        c.send(m)
+
+    def apply_entries(self, entries: list[Entry]) -> None:
+        c = self.cluster
+        for e in entries:
+            if e.index != self.applied + 1:
+                raise Violation(
+                    "apply-order", f"node {self.id} applied {e.index} after {self.applied}"
+                )
+            self.applied = e.index
+            self.applied_term = e.term
+            self.state = chain(self.state, e)
+            for chk in c.apply_hooks:
+                chk.on_apply(self, e)
+            if e.type == EntryType.CONFIG:
+                c.config_applied(e)
+
+    def answer_read(self, read: ReadState) -> None:
+        for chk in self.cluster.read_hooks:
+            chk.on_read(self, read)
+
+    def fetch_for_repair(self, indexes: list[int]) -> None:
+        if not self.repair_due:
+            self.repair_due = True
+            self.cluster.schedule_repair(self)
 
     def _write(self, entries: list[Entry]) -> None:
         c = self.cluster
