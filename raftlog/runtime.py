@@ -1,10 +1,12 @@
 """The trio shell around one replica of one Raft group: disk, timers and proposals.
 
 The core (`raftlog.core.RaftNode`) decides; this module only carries out its `Ready`
-bundles, in the order `raftlog.types` prescribes:
+bundles, through the driver it shares with the simulator (`raftlog.driver`), in the
+order `raftlog.types` prescribes:
 
 * the hard state is saved (fsync + rename) before any message of the same Ready leaves;
-* a snapshot from the leader is installed (see below) before anything else is done;
+* a snapshot from the leader is installed (see below) in a task beside the loop: until
+  it is done the core hands out nothing that depends on it;
 * entries are written to the CommitLog at once (page cache), and a separate sync task
   runs group commit off the event loop: one `SyncPlan` (fdatasync of every segment
   written since the last) in a worker thread covers every append made before it began,
@@ -72,6 +74,7 @@ import trio
 
 from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry, EntryDraft
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
+from raftlog.driver import drain
 from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
 from raftlog.types import (
@@ -82,6 +85,7 @@ from raftlog.types import (
     Membership,
     Message,
     MsgType,
+    ReadState,
     Role,
 )
 
@@ -233,6 +237,57 @@ class _GuardedLog:
         self._recent_bytes = 0
 
 
+class _Shell:
+    """How a GroupRuntime carries out each part of a Ready (`raftlog.driver.Shell`)."""
+
+    __slots__ = ("_rt",)
+
+    def __init__(self, rt: GroupRuntime) -> None:
+        self._rt = rt
+
+    def save_hard_state(self, hs: HardState) -> None:
+        # Rare (terms, votes, membership); kept on the loop so no later message can
+        # overtake it.
+        assert self._rt._hs is not None
+        self._rt._hs.save(hs)
+
+    def install_snapshot(self, snap: Snapshot) -> None:
+        # Restoring and writing take a while: the install runs beside the loop, and the
+        # core hands out nothing that depends on it until told it is done.
+        rt = self._rt
+        assert rt._nursery is not None
+        rt._nursery.start_soon(rt._install, snap)
+
+    def store_entries(self, entries: list[Entry]) -> None:
+        rt = self._rt
+        assert rt.log is not None and rt._guard is not None
+        rt.log.store(entries)
+        rt._guard.remember(entries)
+        rt._sync_needed.set()
+
+    def send_message(self, m: Message) -> None:
+        rt = self._rt
+        if m.type == MsgType.SNAPSHOT:
+            log.info("sending snapshot", extra={"fields": {
+                "group": rt.group_id, "peer": m.dst, "snapshot": m.log_index,
+                "bytes": len(m.snapshot)}})
+        rt._send(rt.group_id, m)
+
+    def apply_entries(self, entries: list[Entry]) -> None:
+        self._rt._apply(entries)
+
+    def answer_read(self, read: ReadState) -> None:
+        rw = self._rt._read_waiters.pop(read.id, None)
+        if rw is not None:
+            rw.resolve(read.index)
+
+    def fetch_for_repair(self, indexes: list[int]) -> None:
+        rt = self._rt
+        log.warning("corrupt entries found: fetching them from a peer", extra={
+            "fields": {"group": rt.group_id, "entries": indexes}})
+        rt._repair_needed.set()
+
+
 @dataclass(frozen=True)
 class GroupOptions:
     raft: RaftConfig = field(default_factory=RaftConfig)
@@ -330,6 +385,7 @@ class GroupRuntime(Generic[M]):
         self._lagging: frozenset[int] = frozenset()
         self._fetch_raw = fetch_raw
         self._guard: _GuardedLog | None = None
+        self._nursery: trio.Nursery | None = None  # run()'s: snapshot installs run in it
         self.repaired = 0  # entries repaired from a peer since start
         self._repair_needed = trio.Event()
         self._frozen = False  # what `core.frozen` was last seen as (for the logs)
@@ -422,6 +478,7 @@ class GroupRuntime(Generic[M]):
             self.open()
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._ready_loop)
                 nursery.start_soon(self._sync_loop)
                 nursery.start_soon(self._snapshot_loop)
@@ -592,42 +649,14 @@ class GroupRuntime(Generic[M]):
     # ------------------------------------------------------------------ loops
 
     async def _ready_loop(self) -> None:
-        core, lg, hs, guard = self.core, self.log, self._hs, self._guard
-        assert core is not None and lg is not None and hs is not None and guard is not None
+        core = self.core
+        assert core is not None
+        shell = _Shell(self)
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            while True:
-                rd = core.ready()
-                if rd.repair:
-                    log.warning("corrupt entries found: fetching them from a peer", extra={
-                        "fields": {"group": self.group_id, "entries": rd.repair}})
-                    self._repair_needed.set()
-                self._notice_frozen()
-                if not rd:
-                    break
-                if rd.hard_state is not None:
-                    # Rare (terms, votes, membership); kept on the loop so no later
-                    # message can overtake it.
-                    hs.save(rd.hard_state)
-                if rd.snapshot is not None:
-                    await self._install(rd.snapshot)
-                if rd.entries:
-                    lg.store(rd.entries)
-                    guard.remember(rd.entries)
-                    self._sync_needed.set()
-                for m in rd.messages:
-                    if m.type == MsgType.SNAPSHOT:
-                        log.info("sending snapshot", extra={"fields": {
-                            "group": self.group_id, "peer": m.dst, "snapshot": m.log_index,
-                            "bytes": len(m.snapshot)}})
-                    self._send(self.group_id, m)
-                if rd.apply:
-                    self._apply(rd.apply)
-                for r in rd.reads:
-                    rw = self._read_waiters.pop(r.id, None)
-                    if rw is not None:
-                        rw.resolve(r.index)
+            drain(core, shell)  # the Ready sequence shared with the simulator
+            self._notice_frozen()
             self._notice_changes()
             self._notice_lagging()
             await trio.lowlevel.checkpoint()
@@ -884,6 +913,7 @@ class GroupRuntime(Generic[M]):
         core.snapshot_installed(snap.index, snap.term)
         self._applied_changed.set()
         self._applied_changed = trio.Event()
+        self._wakeup.set()
 
     def _notice_lagging(self) -> None:
         core = self.core

@@ -17,8 +17,18 @@ import random
 from collections.abc import Callable, Iterable
 
 from raftlog.core import RaftConfig, RaftNode
+from raftlog.driver import carry_out
 from raftlog.sim.disk import SimStore
-from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role, Snapshot
+from raftlog.types import (
+    Entry,
+    EntryType,
+    HardState,
+    Membership,
+    Message,
+    ReadState,
+    Role,
+    Snapshot,
+)
 
 
 class Cluster:
@@ -73,26 +83,14 @@ class Cluster:
         self.mailbox = [m for m in self.mailbox if m.dst != i and m.src != i]
 
     def process(self, i: int) -> None:
+        """Carry out node i's next Ready with the driver the runtime and simulator use."""
         node = self.nodes.get(i)
         if node is None:
             return
         rd = node.ready()
-        st = self.stores[i]
-        if rd.hard_state is not None:
-            st.save_hard_state(rd.hard_state)
         if rd.snapshot is not None:
             assert not rd.entries and not rd.apply
-            st.save_snapshot(rd.snapshot)
-            self.installing[i] = rd.snapshot
-            if self.auto_install:
-                self._installed(i)
-        if rd.entries:
-            st.append(rd.entries)
-        self.mailbox.extend(rd.messages)
-        self.applied[i].extend(rd.apply)
-        self.state[i].extend(e.data for e in rd.apply if e.type == EntryType.MESSAGES)
-        self.reads[i].extend(rd.reads)
-        self.to_repair.setdefault(i, []).extend(rd.repair)
+        carry_out(rd, _NodeShell(self, i))
         if self.auto_persist:
             self.persist(i)
 
@@ -218,6 +216,38 @@ class Cluster:
 
     def payloads(self, i: int) -> list[bytes]:
         return [e.data for e in self.applied[i] if e.type == EntryType.MESSAGES]
+
+
+class _NodeShell:
+    """Node i's shell in the harness: disk in memory, messages to the mailbox."""
+
+    def __init__(self, c: Cluster, i: int) -> None:
+        self.c, self.i = c, i
+
+    def save_hard_state(self, hs: HardState) -> None:
+        self.c.stores[self.i].save_hard_state(hs)
+
+    def install_snapshot(self, snap: Snapshot) -> None:
+        self.c.stores[self.i].save_snapshot(snap)
+        self.c.installing[self.i] = snap
+        if self.c.auto_install:
+            self.c._installed(self.i)
+
+    def store_entries(self, entries: list[Entry]) -> None:
+        self.c.stores[self.i].append(entries)
+
+    def send_message(self, m: Message) -> None:
+        self.c.mailbox.append(m)
+
+    def apply_entries(self, entries: list[Entry]) -> None:
+        self.c.applied[self.i].extend(entries)
+        self.c.state[self.i].extend(e.data for e in entries if e.type == EntryType.MESSAGES)
+
+    def answer_read(self, read: ReadState) -> None:
+        self.c.reads[self.i].append(read)
+
+    def fetch_for_repair(self, indexes: list[int]) -> None:
+        self.c.to_repair.setdefault(self.i, []).extend(indexes)
 
 
 def _encode_state(payloads: list[bytes]) -> bytes:

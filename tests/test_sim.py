@@ -34,6 +34,8 @@ MUTATIONS = {
     "commit-old-term": LOSS,
     "no-prevote-term-check": LOSS,
     "ack-before-fsync": LOSS | {"committed-entry-lost", "ack-not-durable"},
+    # a store that skips its checks hands out what the disk damaged
+    "serve-corrupt": {"corrupt-applied", "corrupt-served"},
 }
 
 
@@ -57,11 +59,13 @@ def test_default_histories_have_no_violations(chunk: int) -> None:
         f" crashes {f['crashes']}, torn writes {f['torn_writes']}, partitions {f['partitions']},"
         f" pauses {f['pauses']}, leader changes {f['leader_changes']}, wipes {f['wipes']},"
         f" snapshots taken {f['snapshots']} and installed {f['installs']},"
+        f" corrupt entries {f['corruptions']} (repaired {f['repairs']}),"
         f" committed {summary.committed}, violations {summary.violations}"
     )
     assert summary.seeds == len(seeds)
     assert f["crashes"] > 0 and f["torn_writes"] > 0 and f["partitions"] > 0
     assert f["snapshots"] > 0 and f["installs"] > 0 and f["wipes"] > 0
+    assert f["corruptions"] > 0 and f["repairs"] > 0
     assert summary.violations == 0, _fail_report(summary)
 
 

@@ -44,6 +44,7 @@ class SimStore:
         "base",
         "snapshot",
         "corrupt",
+        "verify",
     )
 
     def __init__(self, hard_state: HardState) -> None:
@@ -56,6 +57,7 @@ class SimStore:
         self.base = (0, 0)  # (index, term) of the entry before the first one held
         self.snapshot: Snapshot | None = None
         self.corrupt: set[int] = set()  # held entries that cannot be read
+        self.verify = True  # False: the `serve-corrupt` mutation, a store skipping its checks
 
     # ------------------------------------------------------------------ LogStore
 
@@ -77,7 +79,7 @@ class SimStore:
             raise IndexError(
                 f"entries({lo}, {hi}) outside the log [{self.base[0] + 1}, {len(self.log)}]"
             )
-        if self.corrupt:
+        if self.corrupt and self.verify:
             if lo in self.corrupt:
                 raise EntryUnreadable(lo, "corrupt on the simulated disk")
             hi = min([hi, *(i for i in self.corrupt if i > lo)])

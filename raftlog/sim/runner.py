@@ -205,7 +205,11 @@ class _Probe:
             return False
         members = self.c.committed_members.members
         return all(
-            (n := self.c.nodes.get(m)) is not None and n.up and n.applied >= target for m in members
+            (n := self.c.nodes.get(m)) is not None
+            and n.up
+            and n.applied >= target
+            and not getattr(n.raft, "unreadable", ())  # every repair done
+            for m in members
         )
 
 
