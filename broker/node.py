@@ -44,10 +44,10 @@ from broker.config import NodeConfig, load_config
 from broker.framing import FrameStream, open_frame_stream, serve_frames
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import (
-    DEFAULT_MAX_FRAME,
     Code,
     Op,
     error_header,
+    frame_limit,
     parse_address,
     topic_shapes,
 )
@@ -152,7 +152,7 @@ class Node:
                                         "Corrupt log entries repaired from a peer's copy",
                                         ["group"], registry=self.metrics.registry)
         self._repaired_seen: dict[str, int] = {}
-        self.max_frame = max(DEFAULT_MAX_FRAME, config.max_message_bytes * 2 + (1 << 20))
+        self.max_frame = frame_limit(config.max_message_bytes)
         from broker.peers import PeerLinks
 
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,

@@ -49,6 +49,7 @@ __all__ = [
     "RequestError",
     "encode_frame",
     "error_header",
+    "frame_limit",
     "ok_header",
     "parse_address",
     "topic_shapes",
@@ -65,6 +66,12 @@ MAX_HEADER = 1 << 20
 # environment variables that is set overrides it for the `raftmq` commands.
 DEFAULT_NAMESRV = "127.0.0.1:7176"
 NAMESRV_ENV = ("RAFTMQ_NAMESRV", "NAMESRV_ADDR")
+
+
+def frame_limit(max_message_bytes: int) -> int:
+    """The frame size a process accepts when messages may be `max_message_bytes` long:
+    room for two such messages and headers, never below `DEFAULT_MAX_FRAME`."""
+    return max(DEFAULT_MAX_FRAME, max_message_bytes * 2 + (1 << 20))
 
 
 class Op(IntEnum):

@@ -251,3 +251,15 @@ def _tasks(backend: str) -> set[Any] | None:
     import asyncio
 
     return set(asyncio.all_tasks())
+
+
+@pytest.mark.anyio
+async def test_a_request_over_the_frame_limit_is_refused_before_sending() -> None:
+    async with frame_server() as server, ConnectionPool(max_frame=1 << 16) as pool:
+        with pytest.raises(RequestError) as info:
+            await pool.request(server.addr, OP, {}, b"x" * (1 << 16))
+        assert info.value.code == Code.FRAME_TOO_LARGE and not info.value.retriable
+        assert "nothing was sent" in info.value.message
+        assert server.requests == 0
+        frame = await pool.request(server.addr, OP, {"n": 1}, b"x" * 100)  # still usable
+        assert frame.header["echo"] == 1

@@ -51,6 +51,7 @@ __all__ = [
 log = logging.getLogger("raftmq.client")
 
 DEFAULT_TIMEOUT = 3.0  # RocketMQ's send timeout; also used for control requests
+_LAST_WORDS = 1.0  # seconds a failed send waits for the peer's closing error frame
 _RESERVED = frozenset({"id", "code", "msg", "message"})
 
 
@@ -104,6 +105,8 @@ class _Link:
         self.scope = anyio.CancelScope()
         self.closed = False
         self.reason = ""
+        self.peer_error: RequestError | None = None  # why the peer is closing, if it said
+        self.reader_done = anyio.Event()
 
     def fail(self, reason: str) -> None:
         """Mark dead, stop the reader, fail everyone waiting. Idempotent, synchronous."""
@@ -113,6 +116,8 @@ class _Link:
         self.reason = reason
         self.scope.cancel()
         waiters, self.waiters = self.waiters, {}
+        if self.peer_error is not None:
+            reason = f"{reason}; the peer said {self.peer_error}"
         for w in waiters.values():
             w.fail(TransportError(f"connection to {self.addr} lost: {reason}", sent=True))
 
@@ -223,7 +228,13 @@ class Connection:
                 await link.stream.send(data)
                 done = True
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                # A peer refusing the stream (a frame over its limit) says why in a last
+                # frame before closing: let the reader take it in, then report that.
+                with anyio.move_on_after(_LAST_WORDS):
+                    await link.reader_done.wait()
                 link.fail(f"send failed: {exc!r}")
+                if link.peer_error is not None:
+                    raise link.peer_error from exc
                 raise TransportError(
                     f"connection to {self.addr} lost while sending: {exc!r}", sent=True
                 ) from exc
@@ -245,6 +256,8 @@ class Connection:
                             waiter = link.waiters.pop(rid, None) if isinstance(rid, int) else None
                             if waiter is not None:
                                 waiter.resolve(frame)
+                            elif rid == 0 and frame.header.get("code"):
+                                link.peer_error = _peer_error(frame)
                 except anyio.EndOfStream:
                     reason = "closed by the peer"
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
@@ -253,10 +266,20 @@ class Connection:
                     reason = f"protocol error ({exc})"
                     log.warning("closing connection to %s: %s", self.addr, exc)
         finally:
+            link.reader_done.set()
             link.fail(reason)
             if self._link is link:
                 self._link = None
             await anyio.aclose_forcefully(link.stream)
+
+
+def _peer_error(frame: Frame) -> RequestError:
+    """The error a peer sent with id 0 before closing the connection (its reason)."""
+    try:
+        raise_for_code(frame)
+    except RequestError as exc:
+        return exc
+    return RequestError(Code.INTERNAL, "the peer closed the connection")
 
 
 def _op_name(op: Op | int) -> str:

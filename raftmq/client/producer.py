@@ -42,6 +42,7 @@ from broker.protocol import (
     Code,
     Op,
     RequestError,
+    frame_limit,
     validate_topic_name,
 )
 from broker.records import (
@@ -516,7 +517,8 @@ class Producer:
         if self._stack is not None:
             raise RuntimeError("a Producer can be entered once")
         self._stack, self._routes, self._tg = await open_routes(
-            self._pool, self.namesrv, self.send_timeout
+            self._pool, self.namesrv, self.send_timeout,
+            max_frame=frame_limit(self.max_message_bytes),  # what nodes with this limit take
         )
         self._pending_slots = anyio.Semaphore(self.max_pending)
         return self

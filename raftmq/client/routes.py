@@ -32,7 +32,7 @@ import anyio
 import anyio.abc
 import msgpack
 
-from broker.protocol import Code, Frame, Op, RequestError, parse_address
+from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, parse_address
 
 from .connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
 from .errors import give_up, may_have_applied
@@ -583,16 +583,17 @@ class Routes:
 
 
 async def open_routes(
-    pool: ConnectionPool | None, namesrv: Sequence[str] | str, timeout: float
+    pool: ConnectionPool | None, namesrv: Sequence[str] | str, timeout: float,
+    *, max_frame: int = DEFAULT_MAX_FRAME,
 ) -> tuple[AsyncExitStack, Routes, anyio.abc.TaskGroup]:
     """What a client object holds while open: an exit stack owning a new connection pool
-    (when `pool` is None) and a task group, and a route cache over the pool. Nothing is
-    left open if this fails."""
+    (when `pool` is None; frames up to `max_frame`) and a task group, and a route cache
+    over the pool. Nothing is left open if this fails."""
     stack = AsyncExitStack()
     await stack.__aenter__()
     try:
         if pool is None:
-            pool = await stack.enter_async_context(ConnectionPool())
+            pool = await stack.enter_async_context(ConnectionPool(max_frame=max_frame))
         routes = Routes(pool, namesrv, timeout=timeout)
         tg = await stack.enter_async_context(anyio.create_task_group())
     except BaseException:
