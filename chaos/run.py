@@ -36,6 +36,7 @@ from broker.config import ALLOW_MUTATIONS_ENV, KNOWN_MUTATIONS
 
 from .analysis import Analysis, analyze
 from .cluster import LocalCluster
+from .disk_faults import SmallDisk
 from .nemesis import NEMESES, Nemesis
 from .proxy import ProxyNet
 from .recorder import Recorder
@@ -67,6 +68,10 @@ class RunOptions:
     ready_timeout: float = 60.0
     drain_timeout: float = 120.0
     tick_ms: int = 100
+    # small, so segments roll and snapshots are taken (and damaged) during a short run
+    segment_size: int = 256 << 10
+    snapshot_every_entries: int = 400
+    disk_size: int = 1 << 30  # of each node's file system when disk-full is enabled
 
     def validate(self) -> None:
         if self.nodes not in (3, 5):
@@ -83,6 +88,12 @@ class RunOptions:
         bad = sorted(set(self.mutations) - KNOWN_MUTATIONS)
         if bad:
             raise ValueError(f"unknown mutation {bad} (known: {', '.join(sorted(KNOWN_MUTATIONS))})")
+        if self.segment_size < 1024 or self.snapshot_every_entries < 0:
+            raise ValueError("segment_size is at least 1024 and snapshot_every_entries >= 0")
+        if "disk-full" in self.nemesis:
+            why = SmallDisk.supported(self.out.resolve().parent)
+            if why is not None:
+                raise ValueError(f"the disk-full nemesis cannot run here: {why}")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
             raise ValueError(
                 f"--mutation makes nodes misbehave on purpose; set {ALLOW_MUTATIONS_ENV}=1 "
@@ -103,7 +114,10 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     """Steps 1-4 of the module docstring; returns facts the analysis needs."""
     rng = random.Random(opts.seed)
     node_ids = list(range(1, opts.nodes + 1))
-    overrides: dict[str | int, Any] = {}
+    overrides: dict[str | int, Any] = {
+        "segment_size": opts.segment_size,
+        "snapshot_every_entries": opts.snapshot_every_entries,
+    }
     env: dict[str, str] = {}
     if opts.mutations:
         overrides["test_mutations"] = list(opts.mutations)
@@ -119,7 +133,14 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             opts.out / "cluster", nodes=opts.nodes, groups=opts.groups, tick_ms=opts.tick_ms,
             env=env, node_overrides=net.node_overrides(overrides),
         )
+        disks: dict[int, SmallDisk] = {}
         try:
+            if "disk-full" in opts.nemesis:
+                for cfg in cluster.configs:
+                    disk = SmallDisk(cfg.data, opts.out / f"disk-n{cfg.node_id}.img",
+                                     opts.disk_size)
+                    await trio.to_thread.run_sync(disk.mount)
+                    disks[cfg.node_id] = disk
             await trio.to_thread.run_sync(cluster.start)
             await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
             queues = opts.queues_per_group * opts.groups
@@ -130,7 +151,7 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             )
             facts["queue_groups"] = await workload.setup()
             nemesis = Nemesis(cluster, net, recorder, rng=random.Random(rng.getrandbits(64)),
-                              enabled=opts.nemesis)
+                              enabled=opts.nemesis, disks=disks)
             started = time.monotonic()
             stop_at = started + opts.time
             async with trio.open_nursery() as load:
@@ -147,6 +168,8 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             facts["unexpected_exits"] = cluster.unexpected_exits()
         finally:
             await trio.to_thread.run_sync(cluster.stop)
+            for disk in disks.values():
+                await trio.to_thread.run_sync(disk.unmount)
             nursery.cancel_scope.cancel()
     return facts
 

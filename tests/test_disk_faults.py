@@ -163,6 +163,52 @@ def test_renames_and_directory_fsyncs(tmp_path: Path) -> None:
     assert "doomed" not in state.names
 
 
+def test_a_name_no_directory_fsync_bound_vanishes_even_when_fsynced(tmp_path: Path) -> None:
+    """Directory durability: a file created, or renamed to a new name, is not durable
+    until its directory is fsynced, however much of its content was."""
+    data = tmp_path / "n1"
+    with marks(data):
+        (data / "sub").mkdir()
+        for name in ("created", "sub/created"):
+            fd = os.open(data / name, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, b"fsynced contents")
+            fsync_fd(fd, data / name)
+            os.close(fd)
+        fsync_dir(data / "sub")  # binds sub/created, not created
+        fd = os.open(data / "moved.tmp", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"renamed to a new name")
+        fsync_fd(fd, data / "moved.tmp")
+        os.close(fd)
+        fsync_dir(data)  # binds moved.tmp (and created) ...
+        os.replace(data / "moved.tmp", data / "moved")  # ... but not the new name
+        fd = os.open(data / "late", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.write(fd, b"never bound")
+        fsync_fd(fd, data / "late")
+        os.close(fd)
+    summary = discard_unsynced(data)
+    assert sorted(summary["deleted"]) == ["late", "moved"]
+    assert (data / "created").read_bytes() == b"fsynced contents"
+    assert (data / "sub" / "created").read_bytes() == b"fsynced contents"
+    assert not (data / "moved").exists() and not (data / "moved.tmp").exists()
+
+
+def test_a_commitlog_that_rolls_segments_keeps_them_through_a_power_loss(tmp_path: Path) -> None:
+    """New segments are bound by a directory fsync before their entries count as
+    durable: everything `sync` vouched for survives the directory-aware model."""
+    data = tmp_path / "n1"
+    with marks(data):
+        log = CommitLog.open(data / "g0", segment_size=SEG)
+        for start in range(1, 60, 10):
+            log.append(make(start, start + 10, size=2000))
+            assert log.sync() == start + 9
+        assert len(os.listdir(data / "g0" / "commitlog")) >= 3  # it rolled: 2 segments, index
+        crash(log)
+    discard_unsynced(data)
+    with CommitLog.open(data / "g0", segment_size=SEG) as log:
+        assert log.last_index() == 60
+        assert log.entries(1, 61, 1 << 30) == make(1, 61, size=2000)
+
+
 def test_a_reused_inode_number_does_not_inherit_an_old_size(tmp_path: Path) -> None:
     data = tmp_path / "n1"
     with marks(data):
