@@ -20,6 +20,7 @@ every queue's history is linearizable and no node died except by the nemesis' ha
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -158,7 +159,12 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
                 load.start_soon(workload.run, stop_at)
                 load.start_soon(nemesis.run, stop_at)
             await nemesis.heal()
-            await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
+            # a node that died on its own is reported below (unexpected_exits), not raised
+            ready = functools.partial(cluster.wait_ready, opts.ready_timeout, raise_on_exit=False)
+            try:
+                await trio.to_thread.run_sync(ready)
+            except TimeoutError as exc:
+                facts["not_ready"] = str(exc)
             healed = time.monotonic()
             facts["drained"] = await workload.drain(opts.drain_timeout)
             facts["timings"] = {
@@ -188,6 +194,8 @@ def run_chaos(opts: RunOptions) -> dict[str, Any]:
     harness_problems = []
     if facts.get("unexpected_exits"):
         harness_problems.append(f"nodes exited on their own: {facts['unexpected_exits']}")
+    if facts.get("not_ready"):
+        harness_problems.append(f"not ready after the final heal: {facts['not_ready']}")
     if not facts.get("drained", False):
         harness_problems.append("the final drain did not reach the end of every queue")
     if harness_problems:
