@@ -2,8 +2,9 @@
 `raftmq chaos run` of real nodes: it acts (visible in the history and in the nodes), the
 run stays valid, and the unavailability table has a row for it.
 
-`disk-full` needs root and a loop device (`SmallDisk.supported`); without them its test
-is skipped.
+`disk-full` needs root and a loop device (`SmallDisk.supported`); without them its tests
+are skipped. Its chaos run is opt-in (`-m chaos`): today the filled node exits, which the
+short deterministic test below pins down (expected to fail until fixed).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import os
 from pathlib import Path
 
 import pytest
+import trio
 
+from chaos.cluster import LocalCluster
 from chaos.disk_faults import SmallDisk
 from chaos.histories import parse_faults
 from chaos.nemesis import NEMESES
 from chaos.run import RunOptions, parse_list, run_chaos
+from raftmq.client import Admin, Producer
 
 SECONDS = float(os.environ.get("CHAOS_NEMESES_SECONDS", "30"))
 
@@ -81,6 +85,7 @@ def test_damaged_file_nemeses_are_repaired_or_refused_and_lose_nothing(tmp_path:
         pytest.xfail("a replica cut below its snapshot cannot serve old messages")
 
 
+@pytest.mark.chaos  # minutes today: the filled node exits (see the next test)
 @pytest.mark.skipif(SmallDisk.supported(Path("/tmp")) is not None,
                     reason="disk-full needs root and a loop device")
 def test_disk_full_fills_one_node_and_frees_it(tmp_path: Path) -> None:
@@ -95,10 +100,30 @@ def test_disk_full_fills_one_node_and_frees_it(tmp_path: Path) -> None:
     assert results["lost"] == 0 and results["unexpected"] == 0
 
 
+async def _produce(namesrv: str, n: int) -> None:
+    async with Admin(namesrv) as admin:
+        await admin.create_topic("t", 1, exist_ok=True)
+    async with Producer(namesrv) as producer:
+        for k in range(n):
+            await producer.send("t", f"m{k}", queue=0)
+
+
 @pytest.mark.xfail(strict=True, reason="a node exits on ENOSPC from a CommitLog append "
                    "(raftlog.runtime's ready loop); it should wait for space instead")
 @pytest.mark.skipif(SmallDisk.supported(Path("/tmp")) is not None,
                     reason="disk-full needs root and a loop device")
-def test_disk_full_is_survived(tmp_path: Path) -> None:
-    results = _run(tmp_path, ("disk-full",), seed=2, disk_size=64 << 20)
-    assert results["valid"], json.dumps(results["problems"])
+def test_a_node_whose_disk_is_full_waits_for_space_instead_of_exiting(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
+    disk = SmallDisk(cluster.configs[0].data, tmp_path / "n1.img", 64 << 20)
+    disk.mount()
+    try:
+        with cluster:
+            cluster.wait_ready(30.0)
+            trio.run(_produce, cluster.namesrv_addr, 5)
+            disk.fill()
+            trio.run(_produce, cluster.namesrv_addr, 20)  # acknowledged by nodes 2 and 3
+            disk.free()
+            trio.run(_produce, cluster.namesrv_addr, 5)
+            assert cluster.unexpected_exits() == {}
+    finally:
+        disk.unmount()
