@@ -10,7 +10,13 @@ and combines three views:
   has ``commit``/``read`` operations keyed ``[group, queue]`` (`ConsumerOffsetModel`);
 - availability: after a fault that took away group leaders (the nemesis names them in the
   fault's value as ``"leaders": {group: node}``), how long until an append to a queue of
-  that group was acknowledged again.
+  that group was acknowledged again;
+- liveness: after every fault heals, each group must acknowledge an append invoked after
+  the heal within `LIVENESS_BOUND` seconds. A group that does not, while no other fault
+  began and appends went on for that long, makes the run invalid
+  (``liveness_violations``); ``unavailability_by_fault`` gives, per fault kind, the
+  worst time to a write during the fault (from its start, over the groups it took a
+  leader from, or every group when it took none) and after its heal.
 
 Verdict. A run is *invalid* when a message was lost, read without being appended
 (unexpected), read after a definite failure, read at two offsets by different reads,
@@ -98,6 +104,8 @@ INVALIDATING = (*ERROR_KINDS, "duplicated_unretried")
 producers only, once split)."""
 
 _EXAMPLES = 20  # items of each error list kept in results.json
+LIVENESS_BOUND = 20.0
+"""Seconds after a fault's heal within which every group must acknowledge a write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +191,7 @@ class Analysis:
         return write_report(
             path, model, info, title=title, faults=self.report_faults,
             accounting=self.accounting,
+            unavailability=self.results.get("unavailability_by_fault"),
         )
 
 
@@ -192,6 +201,7 @@ def analyze(
     queue_groups: dict[str, str],
     check_timeout: float,
     idempotent_processes: Collection[int] | None = None,
+    liveness_bound: float = LIVENESS_BOUND,
 ) -> Analysis:
     """Account, check and measure a run's history (see the module docstring).
 
@@ -249,8 +259,10 @@ def analyze(
     origin = min(times, default=0.0)
     last = max(times, default=0.0)
     unavailable = _unavailability(records, faults, queue_groups)
+    by_fault, slow = _fault_liveness(records, faults, queue_groups, liveness_bound)
 
     problems = [f"{kind}: {totals[kind]}" for kind in INVALIDATING if totals.get(kind, 0)]
+    problems += slow
     per_queue = {str(p.key): _linearizable(p.result) for p in info.partitions}
     problems += [f"not linearizable: {q}" for q, v in per_queue.items() if v is False]
     per_offset = {_offset_name(p.key): _linearizable(p.result) for p in offsets_info.partitions}
@@ -287,6 +299,9 @@ def analyze(
         ),
         "unrecovered_faults": sum(1 for u in unavailable if not u.recovered),
         "unavailability": [u.to_dict(origin, last) for u in unavailable],
+        "unavailability_by_fault": by_fault,
+        "liveness_bound": liveness_bound,
+        "liveness_violations": slow,
         "examples": _examples(
             accounting["queues"], dup_idem, dup_retried, dup_unretried, allowed
         ),
@@ -335,6 +350,8 @@ def analyze_run(
         harness.append(f"nodes exited on their own: {exits}")
     if not drained:
         harness.append("the final drain did not reach the end of every queue")
+    if facts.get("not_ready"):
+        harness.append(f"not ready after the final heal: {facts['not_ready']}")
     if harness:
         results = analysis.results
         results["valid"] = False
@@ -488,6 +505,76 @@ def _unavailability(
             groups[str(group)] = suffix_min[i] - fault.start if i < len(calls) else None
         out.append(Unavailability(fault.f, fault.start, fault.end, dict(leaders), groups))
     return out
+
+
+def _first_ack_after(
+    index: dict[str, tuple[list[float], list[float]]], group: str, t: float
+) -> float | None:
+    """When the first append to `group` invoked at or after `t` was acknowledged."""
+    calls, suffix_min = index.get(group, ([], []))
+    i = bisect.bisect_left(calls, t)
+    return suffix_min[i] if i < len(calls) else None
+
+
+def _fault_liveness(
+    records: Sequence[HistoryRecord],
+    faults: Sequence[Fault],
+    queue_groups: dict[str, str],
+    bound: float,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Per fault kind: count and worst seconds to a write during and after the fault;
+    and one problem line per group that accepted no write within `bound` seconds of a
+    heal (judged only when no other fault began and appends went on that long)."""
+    acks: dict[str, list[tuple[float, float]]] = {}
+    last_call = -INFINITY
+    for r in records:
+        if r.f == "append":
+            last_call = max(last_call, r.call)
+            group = queue_groups.get(str(r.key))
+            if r.status == "ok" and group is not None:
+                acks.setdefault(group, []).append((r.call, r.return_))
+    index: dict[str, tuple[list[float], list[float]]] = {}
+    for group, pairs in acks.items():
+        pairs.sort()
+        suffix = [0.0] * len(pairs)
+        best = INFINITY
+        for i in range(len(pairs) - 1, -1, -1):
+            best = min(best, pairs[i][1])
+            suffix[i] = best
+        index[group] = ([c for c, _ in pairs], suffix)
+    every = sorted(set(queue_groups.values()))
+    starts = sorted(f.start for f in faults)
+    table: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for fault in faults:
+        row = table.setdefault(fault.f, {"faults": 0, "worst_during": None,
+                                         "worst_after_heal": None, "unrecovered": 0})
+        row["faults"] += 1
+        value = fault.start_value
+        leaders = value.get("leaders") if isinstance(value, dict) else None
+        hit = sorted(str(g) for g in leaders) if isinstance(leaders, dict) and leaders else every
+        for group in hit:
+            t = _first_ack_after(index, group, fault.start)
+            if t is not None:
+                row["worst_during"] = round(max(row["worst_during"] or 0.0, t - fault.start), 3)
+        if math.isinf(fault.end):
+            row["unrecovered"] += 1
+            continue
+        later = starts[bisect.bisect_right(starts, fault.start):]
+        horizon = min([s for s in later if s >= fault.end] + [last_call])
+        for group in every:
+            t = _first_ack_after(index, group, fault.end)
+            took = None if t is None else t - fault.end
+            if took is not None:
+                row["worst_after_heal"] = round(max(row["worst_after_heal"] or 0.0, took), 3)
+            if (took is None or took > bound) and horizon - fault.end >= bound:
+                row["unrecovered"] += 1
+                problems.append(
+                    f"liveness: group {group} accepted no write within {bound:g} s after "
+                    f"{_fault_name(fault)} healed"
+                    + ("" if took is None else f" (first after {took:.1f} s)")
+                )
+    return dict(sorted(table.items())), problems
 
 
 def _examples(

@@ -20,6 +20,7 @@ every queue's history is linearizable and no node died except by the nemesis' ha
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -36,6 +37,7 @@ from broker.config import ALLOW_MUTATIONS_ENV, KNOWN_MUTATIONS
 
 from .analysis import Analysis, analyze_run
 from .cluster import LocalCluster
+from .disk_faults import SmallDisk
 from .nemesis import NEMESES, Nemesis, Step, plan
 from .proxy import ProxyNet
 from .recorder import Recorder
@@ -67,6 +69,10 @@ class RunOptions:
     ready_timeout: float = 60.0
     drain_timeout: float = 120.0
     tick_ms: int = 100
+    # small, so segments roll and snapshots are taken (and damaged) during a short run
+    segment_size: int = 256 << 10
+    snapshot_every_entries: int = 400
+    disk_size: int = 1 << 30  # of each node's file system when disk-full is enabled
 
     def validate(self) -> None:
         if self.nodes not in (3, 5):
@@ -83,6 +89,12 @@ class RunOptions:
         bad = sorted(set(self.mutations) - KNOWN_MUTATIONS)
         if bad:
             raise ValueError(f"unknown mutation {bad} (known: {', '.join(sorted(KNOWN_MUTATIONS))})")
+        if self.segment_size < 1024 or self.snapshot_every_entries < 0:
+            raise ValueError("segment_size is at least 1024 and snapshot_every_entries >= 0")
+        if "disk-full" in self.nemesis:
+            why = SmallDisk.supported(self.out.resolve().parent)
+            if why is not None:
+                raise ValueError(f"the disk-full nemesis cannot run here: {why}")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
             raise ValueError(
                 f"--mutation makes nodes misbehave on purpose; set {ALLOW_MUTATIONS_ENV}=1 "
@@ -110,7 +122,10 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     rng = random.Random(opts.seed)
     nemesis_seed = rng.getrandbits(64)  # first, so the schedule depends on the seed alone
     node_ids = list(range(1, opts.nodes + 1))
-    overrides: dict[str | int, Any] = {}
+    overrides: dict[str | int, Any] = {
+        "segment_size": opts.segment_size,
+        "snapshot_every_entries": opts.snapshot_every_entries,
+    }
     env: dict[str, str] = {}
     if opts.mutations:
         overrides["test_mutations"] = list(opts.mutations)
@@ -126,7 +141,14 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             opts.out / "cluster", nodes=opts.nodes, groups=opts.groups, tick_ms=opts.tick_ms,
             env=env, node_overrides=net.node_overrides(overrides),
         )
+        disks: dict[int, SmallDisk] = {}
         try:
+            if "disk-full" in opts.nemesis:
+                for cfg in cluster.configs:
+                    disk = SmallDisk(cfg.data, opts.out / f"disk-n{cfg.node_id}.img",
+                                     opts.disk_size)
+                    await trio.to_thread.run_sync(disk.mount)
+                    disks[cfg.node_id] = disk
             await trio.to_thread.run_sync(cluster.start)
             await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
             queues = opts.queues_per_group * opts.groups
@@ -138,7 +160,7 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             facts["queue_groups"] = await workload.setup()
             nemesis = (
                 Nemesis(cluster, net, recorder, rng=random.Random(nemesis_seed),
-                        enabled=opts.nemesis)
+                        enabled=opts.nemesis, disks=disks)
                 if opts.nemesis else None
             )
             started = time.monotonic()
@@ -149,7 +171,12 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
                     load.start_soon(nemesis.run, stop_at)
             if nemesis is not None:
                 await nemesis.heal()
-            await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
+            # a node that died on its own is reported below (unexpected_exits), not raised
+            ready = functools.partial(cluster.wait_ready, opts.ready_timeout, raise_on_exit=False)
+            try:
+                await trio.to_thread.run_sync(ready)
+            except TimeoutError as exc:
+                facts["not_ready"] = str(exc)
             healed = time.monotonic()
             facts["drained"] = await workload.drain(opts.drain_timeout)
             facts["timings"] = {
@@ -159,6 +186,8 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             facts["unexpected_exits"] = cluster.unexpected_exits()
         finally:
             await trio.to_thread.run_sync(cluster.stop)
+            for disk in disks.values():
+                await trio.to_thread.run_sync(disk.unmount)
             nursery.cancel_scope.cancel()
     return facts
 

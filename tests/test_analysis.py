@@ -209,6 +209,43 @@ def test_unavailability_after_leader_loss(tmp_path: Path) -> None:
     assert [name for _s, _e, name in a.report_faults] == ["kill [1]", "pause [2]", "partition"]
 
 
+@pytest.mark.parametrize("back_after", [3.0, None, 25.0])
+def test_a_group_that_accepts_no_write_within_the_bound_after_a_heal_is_invalid(
+    tmp_path: Path, back_after: float | None
+) -> None:
+    """Liveness: a leader cut off that kept acting as leader forever passes every safety
+    check; the bound on writes after a heal does not."""
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 0, 1, 0)
+    s.at(2).fault_start("partition-node", {"nodes": [1], "leaders": {"g0": 1}})
+    s.at(5).fault_end("partition-node")
+    offset = 1
+    for k in range(30):  # g1 keeps accepting writes; g0's fail until `back_after`
+        t = 5.5 + k
+        s.append(1, "t/1", f"p1-{k}", t, t + 0.1, k)
+        if back_after is not None and t >= 5 + back_after:
+            s.append(0, "t/0", f"p0-{offset}", t, t + 0.1, offset)
+            offset += 1
+        else:
+            s.append(0, "t/0", f"p0-x{k}", t, t + 0.5, None, outcome="fail")
+    s.read(5, "t/0", 0, 256, 40, 41, [f"p0-{i}" for i in range(offset)])
+    s.read(6, "t/1", 0, 256, 40, 41, [f"p1-{k}" for k in range(30)])
+    r = run(h, liveness_bound=10.0).results
+    row = r["unavailability_by_fault"]["partition-node"]
+    assert row["faults"] == 1
+    assert (row["worst_during"] is None) == (back_after is None)
+    if back_after == 3.0:
+        assert r["valid"] and r["liveness_violations"] == [] and row["unrecovered"] == 0
+        assert row["worst_after_heal"] == pytest.approx(3.6, abs=0.01)
+    else:
+        assert not r["valid"] and row["unrecovered"] == 1
+        (problem,) = r["liveness_violations"]
+        assert problem.startswith("liveness: group g0 accepted no write within 10 s after "
+                                  "partition-node [1] healed")
+        assert problem in r["problems"]
+
+
 def test_report_renders_with_faults(tmp_path: Path) -> None:
     h = tmp_path / "h.jsonl"
     s = Script(h)
@@ -220,6 +257,7 @@ def test_report_renders_with_faults(tmp_path: Path) -> None:
     out = a.write_report(tmp_path / "report.html")
     text = out.read_text()
     assert "linearizable" in text and "kill [1]" in text
+    assert "Unavailability per fault" in text and "<td>kill</td><td>1</td>" in text
 
 
 @pytest.mark.parametrize("stale", [False, True])

@@ -214,3 +214,48 @@ def test_a_group_that_cannot_elect_fails_liveness() -> None:
     stuck = types.SimpleNamespace(**{**vars(raftlog.core), "RaftNode": _NeverCampaigns})
     r = run_seed(1, 300, 3, core=stuck)  # type: ignore[arg-type]
     assert r.invariant == "liveness" and r.phase == "liveness"
+
+
+class _NeverStepsDown(raftlog.core.RaftNode):
+    """Check-quorum that always finds a quorum: a cut-off leader acts as one forever."""
+
+    def _quorum_active(self) -> bool:
+        return True
+
+
+class _ReadsBeforeItsFirstCommit(raftlog.core.RaftNode):
+    """Answers ReadIndex before its term committed anything: a new leader's commit index
+    may lag what the old leader committed, so such a read can miss acknowledged writes."""
+
+    def _committed_in_term(self) -> bool:
+        return True
+
+
+def test_a_cut_off_leader_that_never_steps_down_fails_the_election_bound() -> None:
+    broken = types.SimpleNamespace(**{**vars(raftlog.core), "RaftNode": _NeverStepsDown})
+    for seed in range(10):
+        r = run_seed(seed, 300, core=broken, check_quorum=True, reconfig=False)  # type: ignore[arg-type]
+        if r.invariant == "liveness-election":
+            assert r.phase == "liveness" and "still acts as leader" in (r.violation or "")
+            return
+    pytest.fail("a leader that never steps down passed 10 seeds")
+
+
+def test_a_read_right_after_an_election_catches_reads_before_the_first_commit() -> None:
+    """Short safety phases rarely catch it; the liveness client's read asked the moment
+    a new leader is seen does."""
+    broken = types.SimpleNamespace(
+        **{**vars(raftlog.core), "RaftNode": _ReadsBeforeItsFirstCommit})
+    for seed in range(12):
+        r = run_seed(seed, 300, core=broken, check_quorum=True, reconfig=False)  # type: ignore[arg-type]
+        if r.invariant == "read-index-stale" and r.phase == "liveness":
+            return
+    pytest.fail("reads before a new leader's first commit passed 12 seeds' liveness phases")
+
+
+def test_majority_liveness_holds_on_the_real_core() -> None:
+    """The bounds hold for the real core: a cut-off leader is replaced and steps down,
+    and the produce-then-read completes, on every seed (static groups)."""
+    for seed in range(16):
+        r = run_seed(seed, 300, check_quorum=True, reconfig=False)
+        assert r.ok, f"{r.violation}\n  replay: {r.replay}"
