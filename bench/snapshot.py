@@ -4,7 +4,7 @@
 
 The state is built by applying MESSAGES entries of `--batch` messages of `--body` bytes,
 spread round robin over `--queues` queues of one topic (the batch's walk is handed to
-`prewalked`, as the produce path does, so building measures the state, not the walk).
+`apply` with the entry, as the produce path does, so building measures the state, not the walk).
 Then it is snapshotted `--repeat` times and restored once; the snapshot is measured in
 its two halves: `detach` (`snapshot_later()`, run on the event loop, which blocks every
 group of the node meanwhile) and `serialise` (the returned callable, run in a worker
@@ -31,7 +31,7 @@ from typing import Any
 
 import msgpack
 
-from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch, walk_batch
+from broker.records import STORED_PREFIX, OutgoingMessage, WalkedBatch, encode_batch, walk_batch
 from broker.statemachine import BrokerState, control_create_topic
 from raftlog.types import Entry, EntryType
 
@@ -79,8 +79,12 @@ def build(state_type: Any, messages: int, batch: int, body: int, queues: int) ->
         if n + batch > messages:  # the last batch is short: only its first records count
             refs = refs[: messages - n]
         index += 1
-        state.prewalked(data, header, refs, state.max_message_bytes)
-        state.apply(Entry(index, 1, EntryType.MESSAGES, data))
+        entry = Entry(index, 1, EntryType.MESSAGES, data)
+        if hasattr(state, "prewalked"):  # a revision from before proposals carried walks
+            state.prewalked(data, header, refs, state.max_message_bytes)
+            state.apply(entry)
+        else:
+            state.apply(entry, WalkedBatch(header, refs, state.max_message_bytes))
     return state, time.perf_counter() - t0
 
 

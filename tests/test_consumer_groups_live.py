@@ -204,12 +204,6 @@ def test_blocking_push_consumer_runs_a_plain_handler_over_every_message(
     assert threads and loop_thread not in threads and threading.get_ident() not in threads
 
 
-# Not strict: today's poll returns the queues that answered before the first answer
-# cancelled the rest, which is sometimes every queue. Drop the marker with the change that
-# makes poll return what is available across every assigned queue.
-@pytest.mark.xfail(strict=False, raises=AssertionError,
-                   reason="poll still returns only the queues that answered first; returning "
-                   "what is available across every assigned queue is a change under way")
 def test_poll_returns_messages_from_every_assigned_queue_that_has_some(
     cluster: LocalCluster,
 ) -> None:
