@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import socket
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,6 +44,7 @@ __all__ = [
     "preferred",
     "produce_until",
     "running",
+    "scrape_metrics",
     "wait_balanced",
     "wait_new_leader",
 ]
@@ -364,3 +366,15 @@ async def produce_until(
             slots.release()
         await anyio.sleep(interval)
     await producer.flush()
+
+
+def scrape_metrics(addr: str) -> dict[str, float]:
+    """A node's Prometheus endpoint at `addr` as {sample name with labels: value}."""
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out

@@ -224,7 +224,12 @@ def test_a_replica_repairs_a_corrupt_entry_and_applies_nothing_past_it_until_the
             assert rt.log is not None
             last = leader.log.last_index() if leader.log else 0
             await r.wait(lambda: rt.log is not None and rt.log.durable_index() >= last)
-            await trio.sleep(0.3)
+            # the other follower learned that everything up to `last` is committed (the
+            # same heartbeats reached the victim), and every task has had its turn since:
+            # an apply past the corrupt entry would have happened by now
+            other_rt = r.runtimes[next(i for i in (1, 2, 3) if i not in (victim, leader.node_id))]
+            await r.wait(lambda: other_rt.core is not None and other_rt.core.commit >= last)
+            await trio.testing.wait_all_tasks_blocked()
             applied = [e[0] for e in r.machines[victim].applied]
             assert applied == list(range(1, bad))  # nothing at or past the corrupt entry
             assert rt.status()["unrepaired"] == [bad]

@@ -62,9 +62,8 @@ from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import save_snapshot
 from raftlog.types import HardState, Snapshot
 from raftmq.client import Admin, Producer
-from tests.live_cluster import LiveCluster
+from tests.live_cluster import LiveCluster, scrape_metrics
 from tests.test_commitlog import SEG, crash, make
-from tests.test_node_metrics import _scrape
 
 ALLOW = {ALLOW_MUTATIONS_ENV: "1"}
 
@@ -469,7 +468,7 @@ def test_a_corrupted_entry_is_repaired_from_a_peer_and_served_again(tmp_path: Pa
         assert metrics_addr is not None
         deadline = time.monotonic() + 10
         while True:  # refreshed every second
-            m = _scrape(metrics_addr)
+            m = scrape_metrics(metrics_addr)
             if m.get(f'raftmq_entries_repaired_total{{group="{group}"}}') == 1.0:
                 break
             assert time.monotonic() < deadline, "no repair in the metrics"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import urllib.request
 
 import pytest
 
@@ -11,19 +10,9 @@ from broker.blocking_rpc import request
 from broker.protocol import Op
 from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
+from tests.live_cluster import scrape_metrics as _scrape
 
 pytestmark = pytest.mark.live
-
-
-def _scrape(addr: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def test_metrics_show_roles_indexes_traffic_and_lag(tmp_path):
