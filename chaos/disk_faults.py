@@ -8,8 +8,8 @@
   included. A node that skips fsync (the ``skip-fsync`` test mutation) leaves no marks
   for its CommitLog writes, so a power loss of every node loses what it acknowledged:
   what a chaos run must then report.
-* `corrupt_entry` flips one byte in the body of one stored CommitLog entry, away from
-  the end of its log. The node's CommitLog reports the entry as corrupt and its group
+* `corrupt_entry` flips one byte in the body or the header of one stored CommitLog
+  entry, away from the end of its log. The node's CommitLog reports the entry as corrupt and its group
   repairs it from a peer (`raftlog.runtime`); an acknowledged message must not be lost.
 
 * `damage_file` truncates a file, or flips a few bits in it, choosing among the
@@ -141,14 +141,19 @@ def stored_entries(log_dir: Path) -> list[StoredEntry]:
     return out
 
 
-def corrupt_entry(data_dir: Path, rng: random.Random) -> dict[str, Any] | None:
-    """Flip one byte in the body of a stored entry of some group's CommitLog under
-    `data_dir`, never one of the last `KEEP_TAIL` entries of its log.
+def corrupt_entry(
+    data_dir: Path, rng: random.Random, part: str = "body"
+) -> dict[str, Any] | None:
+    """Flip one byte in the body (`part="body"`) or in the header (`"header"`: one of
+    the fields its header CRC covers, or that CRC) of a stored entry of some group's
+    CommitLog under `data_dir`, never one of the last `KEEP_TAIL` entries of its log.
 
-    Returns {"group", "index", "term", "file", "position" (of the flipped byte in
-    `file`), "entry_position" (of the entry in `file`)}, or None when no log holds a
+    Returns {"group", "index", "term", "file", "part", "position" (of the flipped byte
+    in `file`), "entry_position" (of the entry in `file`)}, or None when no log holds a
     suitable entry.
     """
+    if part not in ("body", "header"):
+        raise ValueError(f"part must be body or header, not {part!r}")
     data_dir = Path(data_dir)
     candidates: list[tuple[str, list[StoredEntry]]] = []
     for group_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
@@ -166,7 +171,10 @@ def corrupt_entry(data_dir: Path, rng: random.Random) -> dict[str, Any] | None:
         return None
     group, entries = rng.choice(candidates)
     e = rng.choice(entries)
-    position = e.offset + HEADER_SIZE + rng.randrange(e.size - HEADER_SIZE)
+    if part == "body":
+        position = e.offset + HEADER_SIZE + rng.randrange(e.size - HEADER_SIZE)
+    else:
+        position = e.offset + rng.randrange(HEADER_SIZE)
     fd = os.open(e.file, os.O_RDWR)
     try:
         old = os.pread(fd, 1, position)
@@ -178,6 +186,7 @@ def corrupt_entry(data_dir: Path, rng: random.Random) -> dict[str, Any] | None:
         "index": e.index,
         "term": e.term,
         "file": str(e.file),
+        "part": part,
         "position": position,
         "entry_position": e.offset,
     }
