@@ -29,7 +29,9 @@ NO_SMALL_DISK = SmallDisk.supported(Path(tempfile.gettempdir()))  # None: disk-f
 
 
 def _run(out: Path, nemesis: tuple[str, ...], seed: int, **kw: object) -> dict:
-    results = run_chaos(RunOptions(out=out, time=SECONDS, nemesis=nemesis, seed=seed, **kw))  # type: ignore[arg-type]
+    opts = RunOptions(out=out, time=SECONDS, nemesis=nemesis, seed=seed, drain_timeout=30.0,
+                      **kw)  # type: ignore[arg-type]
+    results = run_chaos(opts)
     assert (out / "report.html").read_text().count("Unavailability per fault") == 1
     return results
 
