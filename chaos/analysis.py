@@ -12,9 +12,10 @@ and combines three views:
   fault's value as ``"leaders": {group: node}``), how long until an append to a queue of
   that group was acknowledged again;
 - liveness: after every fault heals, each group must acknowledge an append invoked after
-  the heal within `LIVENESS_BOUND` seconds. A group that does not, while no other fault
-  began and appends went on for that long, makes the run invalid
-  (``liveness_violations``); ``unavailability_by_fault`` gives, per fault kind, the
+  the heal within `LIVENESS_BOUND` seconds, and from the start of a fault that leaves a
+  connected majority (`MAJORITY_CONNECTED`) each group it took a leader from must within
+  the same bound. A group that does not, while no other fault began and appends went
+  on for that long, makes the run invalid (``liveness_violations``); ``unavailability_by_fault`` gives, per fault kind, the
   worst time to a write during the fault (from its start, over the groups it took a
   leader from, or every group when it took none) and after its heal.
 
@@ -105,7 +106,16 @@ producers only, once split)."""
 
 _EXAMPLES = 20  # items of each error list kept in results.json
 LIVENESS_BOUND = 20.0
-"""Seconds after a fault's heal within which every group must acknowledge a write."""
+"""Seconds after a fault's heal, or from the start of a fault that leaves a connected
+majority, within which every group must acknowledge a write."""
+MAJORITY_CONNECTED = frozenset({
+    "kill", "pause", "partition-node", "partition-halves", "bridge", "majority-ring",
+    "corrupt", "leader-transfer", "delay", "loss", "truncate-file", "bitflip-file",
+    "snapshot-corrupt",
+})
+"""Fault kinds after which a majority of every group still talks and serves clients
+(`crash-unsynced` too when its scope is one node); `partition-clients` and `disk-full`
+are not among them: the nodes that lost their clients or their disk may keep leading."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,14 +563,23 @@ def _fault_liveness(
         value = fault.start_value
         leaders = value.get("leaders") if isinstance(value, dict) else None
         hit = sorted(str(g) for g in leaders) if isinstance(leaders, dict) and leaders else every
+        later = starts[bisect.bisect_right(starts, fault.start):]
+        window = min(later[:1] + [last_call]) - fault.start
+        majority = fault.f in MAJORITY_CONNECTED or (
+            fault.f == "crash-unsynced" and isinstance(value, dict) and value.get("scope") == "one")
         for group in hit:
             t = _first_ack_after(index, group, fault.start)
             if t is not None:
                 row["worst_during"] = round(max(row["worst_during"] or 0.0, t - fault.start), 3)
+            if majority and (t is None or t - fault.start > bound) and window >= bound:
+                row["unrecovered"] += 1
+                problems.append(
+                    f"liveness: group {group} accepted no write within {bound:g} s of the "
+                    f"start of {_fault_name(fault)}, with a majority connected"
+                )
         if math.isinf(fault.end):
             row["unrecovered"] += 1
             continue
-        later = starts[bisect.bisect_right(starts, fault.start):]
         horizon = min([s for s in later if s >= fault.end] + [last_call])
         for group in every:
             t = _first_ack_after(index, group, fault.end)

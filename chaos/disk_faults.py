@@ -8,8 +8,8 @@
   included. A node that skips fsync (the ``skip-fsync`` test mutation) leaves no marks
   for its CommitLog writes, so a power loss of every node loses what it acknowledged:
   what a chaos run must then report.
-* `corrupt_entry` flips one byte in the body of one stored CommitLog entry, away from
-  the end of its log. The node's CommitLog reports the entry as corrupt and its group
+* `corrupt_entry` flips one byte in the body or the header of one stored CommitLog
+  entry, away from the end of its log. The node's CommitLog reports the entry as corrupt and its group
   repairs it from a peer (`raftlog.runtime`); an acknowledged message must not be lost.
 
 * `damage_file` truncates a file, or flips a few bits in it, choosing among the
@@ -144,22 +144,22 @@ def stored_entries(log_dir: Path) -> list[StoredEntry]:
 def corrupt_entry(
     data_dir: Path,
     rng: random.Random,
-    *,
     part: str = "body",
+    *,
     group: str | None = None,
     index: int | None = None,
 ) -> dict[str, Any] | None:
     """Flip one byte of a stored entry of some group's CommitLog under `data_dir`, never
     one of the last `KEEP_TAIL` entries of its log: in its body (`part="body"`) or in
-    its header (`"header"`: any of its fields or its CRC). `group` and `index` narrow the
-    choice to one group or one entry.
+    its header (`"header"`: one of the fields its header CRC covers, or that CRC).
+    `group` and `index` narrow the choice to one group or one entry.
 
-    Returns {"group", "index", "term", "file", "position" (of the flipped byte in
-    `file`), "entry_position" (of the entry in `file`)}, or None when no log holds a
+    Returns {"group", "index", "term", "file", "part", "position" (of the flipped byte
+    in `file`), "entry_position" (of the entry in `file`)}, or None when no log holds a
     suitable entry.
     """
     if part not in ("body", "header"):
-        raise ValueError(f"part is 'body' or 'header', got {part!r}")
+        raise ValueError(f"part must be body or header, not {part!r}")
     data_dir = Path(data_dir)
     candidates: list[tuple[str, list[StoredEntry]]] = []
     for group_dir in sorted(p for p in data_dir.iterdir() if p.is_dir()):
@@ -193,6 +193,7 @@ def corrupt_entry(
         "index": e.index,
         "term": e.term,
         "file": str(e.file),
+        "part": part,
         "position": position,
         "entry_position": e.offset,
     }

@@ -22,8 +22,9 @@ the affected `nodes` and, as `leaders`, the group leaders that it took away
   writes they had not fsynced are discarded (`chaos.disk_faults.discard_unsynced`; nodes
   run with `test_sync_marks = true`); a whole-cluster power loss is what catches a node
   that skips fsync;
-- `corrupt`: SIGKILL of one node, one stored entry corrupted while it is down
-  (`chaos.disk_faults.corrupt_entry`), restart at the end;
+- `corrupt`: SIGKILL of one node, one byte of one stored entry corrupted while it is
+  down, in its body or its header (`chaos.disk_faults.corrupt_entry`), restart at the
+  end;
 - `leader-transfer`: a storm of TRANSFER_LEADER requests moving random groups to random
   followers for the fault's length;
 - `delay`: every link, node-to-node and client, holds each chunk back 100 ms ± 50 ms
@@ -479,7 +480,8 @@ class Nemesis:
         active = self._begin("corrupt", value, functools.partial(self._restart, nodes))
         await self._kill_now(nodes)
         data = self.cluster.configs[node - 1].data
-        value["corrupted"] = await trio.to_thread.run_sync(corrupt_entry, data, rng)
+        part = rng.choice(("body", "header"))
+        value["corrupted"] = await trio.to_thread.run_sync(corrupt_entry, data, rng, part)
         return active
 
     async def _damage(self, step: Step, rng: random.Random) -> _Active | None:

@@ -10,7 +10,13 @@ One trio program in this process runs everything that is not a node:
 4. a full heal, a wait until every group has a leader again, and a drain that reads
    every queue from offset 0 to its end;
 5. the analysis: accounting (lost, duplicated, unexpected...), the queue-log
-   linearizability check per queue, and the longest unavailability after a leader loss.
+   linearizability check per queue, the longest unavailability after a leader loss, and
+   the bound on writes after every heal (`chaos.analysis.LIVENESS_BOUND`).
+
+Nodes run with small segments and frequent snapshots (`RunOptions.segment_size`,
+`snapshot_every_entries`), so segments roll and snapshots are taken under faults. With
+`disk-full` enabled, each node's data directory is a loop-mounted ext4 image
+(`chaos.disk_faults.SmallDisk`), unmounted (its files copied back) at the end.
 
 Output in `out`: `history.jsonl` (operations and faults), `results.json`, `report.html`
 and `cluster/` (configs, node data and logs, kept for post-mortems). The run is valid, and

@@ -48,7 +48,10 @@ from an idempotent one (`is_idempotent_message`), so the analysis can tell dupli
 at-least-once delivery allows from those idempotence forbids using the history alone.
 
 Readers follow the tail (most reads start a little below the last known end, so many come
-back short and pin down where the log ended) and sometimes re-read an older range. After
+back short and pin down where the log ended) and sometimes re-read an older range.
+Producers cross-check acknowledgements: after a share (`verify_acks`) of the appends
+acknowledged with an offset, the same process reads one message at that offset at once
+(a read of its own write at the tail: a wrong offset or a stale leader shows there). After
 the faults are healed, `Workload.drain` reads every queue from offset 0 to its end.
 Times are `time.monotonic()` seconds, the `Recorder`'s clock.
 """
@@ -178,6 +181,7 @@ class Workload:
         send_timeout: float = 3.0,
         retries: int = 2,
         linger_ms: float = 1.0,
+        verify_acks: float = 0.25,
     ) -> None:
         if queues < 1 or workers < 1:
             raise ValueError("queues and workers must be at least 1")
@@ -185,8 +189,9 @@ class Workload:
             raise ValueError("client counts must not be negative")
         if not 1 <= read_n <= MAX_FETCH_COUNT:
             raise ValueError(f"read_n must be in 1..{MAX_FETCH_COUNT} (the broker's fetch limit)")
-        if not 0.0 <= reread <= 1.0 or pause < 0:
-            raise ValueError("reread is a share in [0, 1] and pause is not negative")
+        if not 0.0 <= reread <= 1.0 or pause < 0 or not 0.0 <= verify_acks <= 1.0:
+            raise ValueError("reread and verify_acks are shares in [0, 1] and pause is not "
+                             "negative")
         self.namesrv = namesrv
         self.topic = topic
         self.queues = queues
@@ -200,6 +205,7 @@ class Workload:
         self.send_timeout = send_timeout
         self.retries = retries
         self.linger_ms = linger_ms
+        self.verify_acks = verify_acks
         self.producers = producers
         self.idempotent_producers = idempotent_producers
         self.readers = readers
@@ -219,6 +225,7 @@ class Workload:
         self._running = False
         self._last_error_code: dict[int, int] = {}  # process -> code of its last failed read
         self._sending: dict[bytes, tuple[int, str, str]] = {}  # body -> process, key, id
+        self._acked: dict[int, int] = {}  # process -> offset of its last acknowledged append
 
     # ------------------------------------------------------------ processes
 
@@ -303,17 +310,23 @@ class Workload:
             send_timeout=self.send_timeout,
             retries=self.retries,
             on_attempt=None if idempotent else self._record_attempt,
-        ) as producer:
+        ) as producer, PullConsumer(self.namesrv, _CONSUMER_GROUP) as consumer:
             async with trio.open_nursery() as nursery:
                 for client in clients:
-                    nursery.start_soon(self._append_loop, producer, client, stop_at)
+                    nursery.start_soon(self._append_loop, producer, consumer, client, stop_at)
 
-    async def _append_loop(self, producer: Producer, client: Process, stop_at: float) -> None:
+    async def _append_loop(
+        self, producer: Producer, consumer: PullConsumer, client: Process, stop_at: float
+    ) -> None:
         while time.monotonic() < stop_at:
             queue = self.rng.randrange(self.queues)
             if not await self.append(producer, client, queue):
                 await trio.sleep(_PAUSE_AFTER_ERROR)
-            elif self.pause:
+                continue
+            acked = self._acked.pop(client.process, None)
+            if acked is not None and self.rng.random() < self.verify_acks:
+                await self.read(consumer, client, queue, acked, 1)  # its own write, at once
+            if self.pause:
                 await trio.sleep(self.pause)
 
     async def append(self, producer: Producer, client: Process, queue: int) -> bool:
@@ -371,6 +384,7 @@ class Workload:
             return True
         rec.complete(process, "ok", APPEND, key, {"offset": result.offset})
         self._tail[queue] = max(self._tail[queue], result.offset + 1)
+        self._acked[process] = result.offset
         return True
 
     async def _reader(self, client: Process, stop_at: float) -> None:

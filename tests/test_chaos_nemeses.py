@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,13 @@ from chaos.run import RunOptions, parse_list, run_chaos
 from raftmq.client import Admin, Producer
 
 SECONDS = float(os.environ.get("CHAOS_NEMESES_SECONDS", "30"))
+NO_SMALL_DISK = SmallDisk.supported(Path(tempfile.gettempdir()))  # None: disk-full can run
 
 
 def _run(out: Path, nemesis: tuple[str, ...], seed: int, **kw: object) -> dict:
-    results = run_chaos(RunOptions(out=out, time=SECONDS, nemesis=nemesis, seed=seed, **kw))  # type: ignore[arg-type]
+    opts = RunOptions(out=out, time=SECONDS, nemesis=nemesis, seed=seed, drain_timeout=30.0,
+                      **kw)  # type: ignore[arg-type]
+    results = run_chaos(opts)
     assert (out / "report.html").read_text().count("Unavailability per fault") == 1
     return results
 
@@ -88,8 +92,7 @@ def test_damaged_file_nemeses_are_repaired_or_refused_and_lose_nothing(tmp_path:
 
 
 @pytest.mark.chaos  # minutes today: the filled node exits (see the next test)
-@pytest.mark.skipif(SmallDisk.supported(Path("/tmp")) is not None,
-                    reason="disk-full needs root and a loop device")
+@pytest.mark.skipif(NO_SMALL_DISK is not None, reason=f"disk-full cannot run: {NO_SMALL_DISK}")
 def test_disk_full_fills_one_node_and_frees_it(tmp_path: Path) -> None:
     results = _run(tmp_path, ("disk-full",), seed=2, disk_size=64 << 20)
     (fault, *_) = parse_faults(tmp_path / "history.jsonl")
@@ -112,8 +115,7 @@ async def _produce(namesrv: str, n: int) -> None:
 
 @pytest.mark.xfail(strict=True, reason="a node exits on ENOSPC from a CommitLog append "
                    "(raftlog.runtime's ready loop); it should wait for space instead")
-@pytest.mark.skipif(SmallDisk.supported(Path("/tmp")) is not None,
-                    reason="disk-full needs root and a loop device")
+@pytest.mark.skipif(NO_SMALL_DISK is not None, reason=f"disk-full cannot run: {NO_SMALL_DISK}")
 def test_a_node_whose_disk_is_full_waits_for_space_instead_of_exiting(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
     disk = SmallDisk(cluster.configs[0].data, tmp_path / "n1.img", 64 << 20)

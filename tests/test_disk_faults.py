@@ -302,6 +302,25 @@ def test_corrupt_entry_can_flip_a_header_byte_of_a_chosen_entry(tmp_path: Path) 
         corrupt_entry(data, random.Random(3), part="trailer")
 
 
+def test_corrupt_entry_can_flip_a_header_byte_instead(tmp_path: Path) -> None:
+    data = tmp_path / "n1"
+    with CommitLog.open(data / "g0", segment_size=SEG) as log:
+        log.append(make(1, 30, size=500))
+    for seed in range(5):
+        before = {p: p.read_bytes() for p in data.rglob("0000*")}
+        hit = corrupt_entry(data, random.Random(seed), "header")
+        assert hit is not None and hit["part"] == "header"
+        assert hit["entry_position"] <= hit["position"] < hit["entry_position"] + HEADER_SIZE
+        # the entry's header no longer verifies: a walk of the headers stops there
+        walked = [e.index for e in stored_entries(data / "g0" / "commitlog")
+                  if Path(e.file) == Path(hit["file"])]
+        assert hit["index"] not in walked
+        for p, b in before.items():
+            p.write_bytes(b)
+    with pytest.raises(ValueError, match="body or header"):
+        corrupt_entry(data, random.Random(0), "footer")
+
+
 def test_corrupt_entry_needs_an_entry_away_from_the_tail(tmp_path: Path) -> None:
     assert corrupt_entry(tmp_path, random.Random(1)) is None
     with CommitLog.open(tmp_path / "g0", segment_size=SEG) as log:

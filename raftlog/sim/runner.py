@@ -222,7 +222,7 @@ def _majority_liveness(cluster: Cluster) -> None:
                             f"{what} within {bound / 1000:.0f}ms of virtual time "
                             f"({ELECT_WITHIN} election timeouts and catch-up)")
         cluster.step()
-    _produce_then_read(cluster, leader, cluster.now + bound)
+    _produce_then_read(cluster, new_leader, cluster.now + bound)
     cluster.net.heal()
 
 
@@ -233,34 +233,51 @@ class _Reads(Checker):
         self.got: dict[int, tuple[int, int]] = {}  # request id -> (node, read index)
 
     def on_read(self, node: SimNode, read: ReadState) -> None:
-        if read.id >= _READ_IDS:
+        if read.id >= _READ_IDS:  # answers to this phase's client only
             self.got[read.id] = (node.id, read.index)
 
 
-def _produce_then_read(cluster: Cluster, leader: SimNode, deadline: int) -> None:
-    """Propose to `leader`, wait until it applied the entry, then read through ReadIndex:
-    the answer must come from `leader`, at or after the entry, and be applied there, all
-    before `deadline`. A read right after an election needs the new term's first commit."""
+def _produce_then_read(
+    cluster: Cluster, find_leader: Callable[[], SimNode | None], deadline: int
+) -> None:
+    """Clients that need applied state, on the new leader, before `deadline`: a ReadIndex
+    read asked at once, then a propose, a wait until the entry is applied there, and a
+    second read, answered at or after the entry and applied. A leader that changes
+    (node or term) meanwhile drops its pending reads: they are asked again, as a client
+    retries, of whichever node leads then."""
     data = b"liveness-read:%d" % cluster.now
     index = 0
     reads = _Reads()
     cluster.read_hooks.append(reads)
-    first = _READ_IDS + 2 * cluster.steps  # asked at once: right after the election
-    rid = first + 1  # asked once the client's own entry is applied
-    asked = False
+    ids = iter(range(_READ_IDS + 4 * cluster.steps, _READ_IDS + 4 * cluster.steps + 10**6))
+    first = second = -1  # ids of the read asked at once and of the read after the entry
+    serving: tuple[int, int] | None = None  # (node, term) the reads were asked of
+    next_try = cluster.now
+
+    def ask(node: SimNode) -> int:
+        rid = next(ids)
+        cluster.call(node, lambda raft: raft.read_index(rid))
+        cluster.read_requested(node, rid)  # ReadIndexFresh judges its answer
+        return rid
+
     try:
-        cluster.call(leader, lambda raft: raft.read_index(first))
-        cluster.read_requested(leader, first)  # ReadIndexFresh judges its answer
-        next_try = cluster.now
         while True:
             if cluster.now >= deadline:
                 raise Violation(
                     "liveness-read",
-                    f"produce-then-read on new leader {leader.id} not done in time (entry "
-                    f"{index or 'not committed'}, applied {leader.applied}, read "
-                    f"{'answered' if rid in reads.got else 'asked' if asked else 'not asked'}, "
-                    f"first read {'answered' if first in reads.got else 'not answered'})")
-            if not index and cluster.now >= next_try:
+                    f"reads on the new leader not done in time (client entry "
+                    f"{index or 'not committed'}, first read "
+                    f"{'answered' if first in reads.got else 'not answered'}, read after "
+                    f"the entry {'answered' if second in reads.got else 'not answered'})")
+            leader = find_leader()
+            if leader is not None and serving != (leader.id, leader.raft.term):
+                serving = (leader.id, leader.raft.term)
+                try:
+                    first = ask(leader)
+                    second = -1
+                except cluster.core.NotLeader:
+                    serving = None
+            if leader is not None and not index and cluster.now >= next_try:
                 next_try = cluster.now + cluster.knobs.election_timeout_us
                 try:
                     cluster.call(leader, _proposer(data))
@@ -268,17 +285,19 @@ def _produce_then_read(cluster: Cluster, leader: SimNode, deadline: int) -> None
                     pass
             if not index:
                 index = next((e.index for e in cluster.ledger.entries if e.data == data), 0)
-            if index and leader.applied >= index and not asked:
-                cluster.call(leader, lambda raft: raft.read_index(rid))
-                cluster.read_requested(leader, rid)
-                asked = True
-            answer = reads.got.get(rid)
-            if answer is not None:
+            if (leader is not None and index and leader.applied >= index and second < 0
+                    and serving == (leader.id, leader.raft.term)):
+                try:
+                    second = ask(leader)
+                except cluster.core.NotLeader:
+                    serving = None
+            answer = reads.got.get(second)
+            if answer is not None and first in reads.got:
                 node, at = answer
                 if at < index:
                     raise Violation("liveness-read", f"node {node} answered the read at {at}, "
                                     f"before the client's own applied entry {index}")
-                if leader.applied >= at and first in reads.got:
+                if cluster.nodes[node].applied >= at:
                     return
             cluster.step()
     finally:
