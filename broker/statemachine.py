@@ -129,7 +129,7 @@ def control_grow_topic(topic: str, queues: int, hosted: Iterable[int]) -> bytes:
     """CONTROL data giving `topic` `queues` in total, `hosted` of them in this group: a
     superset of what it hosted (the topic is created here if this group had none)."""
     return pack({"op": GrowTopic.op, "topic": topic, "queues": queues,
-                 "hosted": sorted(hosted)})
+                 "hosted": sorted(set(hosted))})
 
 
 def control_delete_group(cg: str) -> bytes:

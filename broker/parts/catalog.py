@@ -38,17 +38,11 @@ class CreateTopic(ControlRecord):
     hosted: tuple[int, ...]
 
     def validate(self) -> None:
-        name_field(validate_topic_name, self.topic)
-        total = int_field("queues", self.queues, 1, MAX_QUEUES)
-        hosted = self.hosted
-        if not isinstance(hosted, tuple) or not hosted:
+        if not isinstance(self.hosted, tuple) or not self.hosted:
+            name_field(validate_topic_name, self.topic)
+            int_field("queues", self.queues, 1, MAX_QUEUES)
             raise Refused(Code.MALFORMED, "hosted must be a non-empty list of queue ids")
-        if not all(is_int(q) and 0 <= q < total for q in hosted):
-            raise Refused(Code.MALFORMED, f"hosted queue ids must lie in 0..{total - 1}")
-        if len(set(hosted)) != len(hosted):
-            raise Refused(Code.MALFORMED, "hosted lists a queue twice")
-        if list(hosted) != sorted(hosted):
-            raise Refused(Code.MALFORMED, "hosted must be sorted")
+        _check_shape(self.topic, self.queues, self.hosted)
 
     def to_map(self) -> dict[str, Any]:
         return {"topic": self.topic, "queues": self.queues, "hosted": list(self.hosted)}
@@ -67,36 +61,28 @@ class CreateTopic(ControlRecord):
 
 
 @dataclass(frozen=True, slots=True)
-class GrowTopic(ControlRecord):
+class GrowTopic(CreateTopic):
     """Give `topic` `queues` in total, `hosted` (sorted, distinct) of them here: a superset
     of what this group hosted (the topic is created here if it had none of its queues).
     Existing queues keep their messages and offsets."""
 
     op: ClassVar[str] = "grow_topic"
-    topic: str
-    queues: int
-    hosted: tuple[int, ...]
 
     def validate(self) -> None:
-        name_field(validate_topic_name, self.topic)
-        total = int_field("queues", self.queues, 1, MAX_QUEUES)
-        if not isinstance(self.hosted, tuple) or not all(
-                is_int(q) and 0 <= q < total for q in self.hosted):
-            raise Refused(Code.MALFORMED, f"hosted queue ids must lie in 0..{total - 1}")
-        if list(self.hosted) != sorted(set(self.hosted)):
-            raise Refused(Code.MALFORMED, "hosted must be sorted, each queue once")
+        _check_shape(self.topic, self.queues, self.hosted)
 
-    def to_map(self) -> dict[str, Any]:
-        return {"topic": self.topic, "queues": self.queues, "hosted": list(self.hosted)}
 
-    @classmethod
-    def from_map(cls, d: Mapping[str, Any]) -> GrowTopic:
-        hosted = d.get("hosted")
-        if isinstance(hosted, list) and all(is_int(q) for q in hosted):
-            hosted = tuple(sorted(set(hosted)))
-        elif isinstance(hosted, list):
-            hosted = tuple(hosted)
-        return cls(d.get("topic"), d.get("queues"), hosted)  # type: ignore[arg-type]
+def _check_shape(topic: object, queues: object, hosted: object) -> None:
+    """A topic name, a total of queues, and the hosted ids as a sorted tuple of distinct
+    queue ids below that total."""
+    name_field(validate_topic_name, topic)
+    total = int_field("queues", queues, 1, MAX_QUEUES)
+    if not isinstance(hosted, tuple) or not all(is_int(q) and 0 <= q < total for q in hosted):
+        raise Refused(Code.MALFORMED, f"hosted queue ids must lie in 0..{total - 1}")
+    if len(set(hosted)) != len(hosted):
+        raise Refused(Code.MALFORMED, "hosted lists a queue twice")
+    if list(hosted) != sorted(hosted):
+        raise Refused(Code.MALFORMED, "hosted must be sorted")
 
 
 @dataclass(frozen=True, slots=True)
