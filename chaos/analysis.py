@@ -78,6 +78,7 @@ from .models import (
     ConsumerOffsetModel,
     QueueLogModel,
     drop_unobserved_commits,
+    drop_unseen_appends,
     pin_read_appends,
 )
 from .workload import is_idempotent_message
@@ -386,7 +387,8 @@ def queue_operations(records: Sequence[HistoryRecord]) -> list[Operation]:
     more become appends of unknown outcome, issued at the operation's earliest other
     attempts, so each copy has an attempt of its own that came no later. Copies beyond the
     attempts get none, and fail the check. Appends whose offset the reads prove are
-    pinned there (`pin_read_appends`).
+    pinned there (`pin_read_appends`), and unknown-outcome appends nobody read are left
+    out when the reads cover the queue (`drop_unseen_appends`).
     """
     ops = records_to_operations(records, "queue-log")
     seen: dict[tuple[Any, Any], set[int]] = {}
@@ -418,7 +420,7 @@ def queue_operations(records: Sequence[HistoryRecord]) -> list[Operation]:
             Operation(sender.client_id, sender.input, at, UNKNOWN, INFINITY)
             for at in sorted(later[slot])[: max(0, n)]
         ]
-    return pin_read_appends(ops + extra)
+    return drop_unseen_appends(pin_read_appends(ops + extra))
 
 
 def offset_operations(records: Sequence[HistoryRecord]) -> list[Operation]:

@@ -37,6 +37,7 @@ __all__ = [
     "LogState",
     "QueueLogModel",
     "drop_unobserved_commits",
+    "drop_unseen_appends",
     "make_model",
     "pin_read_appends",
 ]
@@ -173,10 +174,13 @@ class LogState:
 
     Reads see it as a sequence (``len``, indexing and slicing give tuples). Appending is O(1)
     and the hash is computed incrementally, so the search cache holds one small node per
-    state instead of a copy of the whole log, and looks states up in constant time.
+    state instead of a copy of the whole log, and looks states up in constant time. A
+    jump pointer per node (Myers' applicative random-access stack) finds the node at any
+    offset in O(log n) steps, so a read far below the tail (a re-read, the final drain)
+    does not walk the whole log.
     """
 
-    __slots__ = ("prev", "last", "size", "_hash")
+    __slots__ = ("prev", "last", "size", "_hash", "jump")
 
     def __init__(self, prev: LogState | None = None, last: Any = None) -> None:
         self.prev = prev
@@ -184,9 +188,32 @@ class LogState:
         if prev is None:
             self.size = 0
             self._hash = hash(())
+            self.jump: LogState | None = None
         else:
             self.size = prev.size + 1
             self._hash = hash((prev._hash, last))
+            a = prev.jump
+            b = a.jump if a is not None else None
+            if a is not None and b is not None and prev.size - a.size == a.size - b.size:
+                self.jump = b
+            else:
+                self.jump = prev
+
+    @classmethod
+    def of(cls, messages: Sequence[Any]) -> LogState:
+        """The log holding `messages` in order."""
+        state = EMPTY_LOG
+        for m in messages:
+            state = cls(state, m)
+        return state
+
+    def _node(self, size: int) -> LogState:
+        """The ancestor holding the first `size` messages (0 <= size <= self.size)."""
+        node: Any = self
+        while node.size > size:
+            jump = node.jump
+            node = jump if jump is not None and jump.size >= size else node.prev
+        return node
 
     def append(self, message: Any) -> LogState:
         return LogState(self, message)
@@ -216,9 +243,7 @@ class LogState:
         start = max(start, 0)
         if start >= stop:
             return ()
-        node: Any = self
-        for _ in range(self.size - stop):
-            node = node.prev
+        node: Any = self._node(stop)
         out = []
         for _ in range(stop - start):
             out.append(node.last)
@@ -380,6 +405,51 @@ def pin_read_appends(ops: Sequence[Operation]) -> list[Operation]:
             out[indexes[0]] = Operation(op.client_id, op.input, op.call, next(iter(left)),
                                         op.return_)
     return out
+
+
+def drop_unseen_appends(ops: Sequence[Operation]) -> list[Operation]:
+    """Leave out unknown-outcome appends that no read saw, when the reads cover the log.
+
+    Per queue, let E be one past the highest offset any acknowledged append, pinned
+    append or read names. When reads returned a message at every offset below E, an
+    unknown-outcome append u whose message no read returned can take effect last, after
+    every other operation, where it changes nothing anyone saw; so dropping it keeps the
+    verdict. Why: in any linearization u lands at some offset Y. Y < E is impossible, since
+    a read returned another message at Y, and Y was filled either before u (then u cannot
+    land there) or by u (then that read, coming later, would have returned u). So Y >= E,
+    and every operation after u is an append without a known offset (acknowledged and
+    pinned ones lie below E) or a read that returned nothing at or past Y: a read covering
+    offset Y would have returned u, a short read would have had to end at Y + 1 or later.
+    Removing u therefore invalidates nothing after it, and u can go last instead, where an
+    append of unknown outcome is always legal. Conversely, a linearization without u
+    extends with u last. Without this, each such append (typically a timed-out send that
+    never reached the log) stays at the front of the search's entry list until the very
+    end, and every configuration walks past all of them: search time grew with the
+    number of timeouts times the history's length. A queue whose reads leave a hole (not
+    drained) keeps all its appends.
+    """
+    seen: dict[Hashable, set[Any]] = {}
+    covered: dict[Hashable, set[int]] = {}
+    top: dict[Hashable, int] = {}
+    for op in ops:
+        kind, key = op.input[0], op.input[1]
+        if kind == READ and isinstance(op.output, tuple):
+            start = op.input[2]
+            seen.setdefault(key, set()).update(op.output)
+            covered.setdefault(key, set()).update(range(start, start + len(op.output)))
+            if op.output:
+                top[key] = max(top.get(key, 0), start + len(op.output))
+        elif kind == APPEND and isinstance(op.output, int):
+            top[key] = max(top.get(key, 0), op.output + 1)
+    full = {key for key, end in top.items() if len(covered.get(key, ())) >= end}
+    full |= {op.input[1] for op in ops} - set(top)  # nothing placed at all
+    return [
+        op for op in ops
+        if not (
+            op.input[0] == APPEND and op.pending and op.output is UNKNOWN
+            and op.input[1] in full and op.input[2] not in seen.get(op.input[1], ())
+        )
+    ]
 
 
 class ConsumerOffsetModel(Model[Any, tuple, Any]):
