@@ -101,9 +101,14 @@ class CheckInfo:
     elapsed: float
     timed_out: bool = False
     steps: int = field(default=0)
+    counted: int | None = None
+    """Operations checked, when ``partitions`` keep only some of theirs (a long history's
+    analysis keeps a window of each passing partition for its report)."""
 
     @property
     def operations(self) -> int:
+        if self.counted is not None:
+            return self.counted
         return sum(len(p.operations) for p in self.partitions)
 
     @property
