@@ -44,6 +44,7 @@ def _measure(history: Path, facts: dict[str, Any], path: list[str], timeout: flo
         [sys.executable, "-c", _CHILD, str(history), json.dumps(facts), str(timeout),
          str(report)],
         check=True, capture_output=True, text=True, env={"PYTHONPATH": env_path},
+        cwd=report.parent,  # not the source tree: `-c` puts the working directory first
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     result["report_bytes"] = report.stat().st_size

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -39,6 +39,7 @@ from .cluster import LocalCluster
 from .nemesis import NEMESES, Nemesis
 from .proxy import ProxyNet
 from .recorder import Recorder
+from .remote import REMOTE_NEMESES, RemoteCluster
 from .workload import Workload
 
 __all__ = ["RunOptions", "run_chaos"]
@@ -67,6 +68,8 @@ class RunOptions:
     ready_timeout: float = 60.0
     drain_timeout: float = 120.0
     tick_ms: int = 100
+    cluster: Path | None = None
+    """A cluster the harness did not start (`chaos.remote`): its CONFIG file."""
 
     def validate(self) -> None:
         if self.nodes not in (3, 5):
@@ -83,6 +86,15 @@ class RunOptions:
         bad = sorted(set(self.mutations) - KNOWN_MUTATIONS)
         if bad:
             raise ValueError(f"unknown mutation {bad} (known: {', '.join(sorted(KNOWN_MUTATIONS))})")
+        if self.cluster is not None:
+            outside = sorted(set(self.nemesis) - set(REMOTE_NEMESES))
+            if outside:
+                raise ValueError(
+                    f"nemesis {outside} cannot be applied to a cluster the harness did not "
+                    f"start (--cluster allows {', '.join(REMOTE_NEMESES)})"
+                )
+            if self.mutations:
+                raise ValueError("--mutation needs nodes the harness starts, not --cluster")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
             raise ValueError(
                 f"--mutation makes nodes misbehave on purpose; set {ALLOW_MUTATIONS_ENV}=1 "
@@ -101,6 +113,8 @@ def _prepare_out(out: Path) -> Path:
 
 async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     """Steps 1-4 of the module docstring; returns facts the analysis needs."""
+    if opts.cluster is not None:
+        return await _run_remote(opts, recorder)
     rng = random.Random(opts.seed)
     node_ids = list(range(1, opts.nodes + 1))
     overrides: dict[str | int, Any] = {}
@@ -153,6 +167,49 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
         finally:
             await trio.to_thread.run_sync(cluster.stop)
             nursery.cancel_scope.cancel()
+    return facts
+
+
+async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
+    """Steps 3-4 on a cluster the user runs (`RemoteCluster`): no proxies, nothing started
+    or stopped but by a fault. The topic is new for each run (its name says when), since
+    an earlier run's messages would be read as unexpected ones."""
+    assert opts.cluster is not None
+    rng = random.Random(opts.seed)
+    cluster = RemoteCluster.from_file(opts.cluster)
+    facts: dict[str, Any] = {"cluster": str(opts.cluster)}
+    await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
+    topic = f"{TOPIC}-{time.strftime('%Y%m%d%H%M%S')}-{opts.seed}"
+    queues = opts.queues_per_group * max(1, len(cluster.groups))
+    workload = Workload(
+        cluster.namesrv_addr, topic, queues, recorder=recorder, rng=rng,
+        producers=opts.producers, idempotent_producers=opts.idempotent_producers,
+        readers=opts.readers,
+    )
+    facts["topic"] = topic
+    facts["queue_groups"] = await workload.setup()
+    nemesis = (
+        # Nemesis asks only for the process faults RemoteCluster offers (REMOTE_NEMESES)
+        Nemesis(cast(LocalCluster, cluster), None, recorder,
+                rng=random.Random(rng.getrandbits(64)), enabled=opts.nemesis)
+        if opts.nemesis else None
+    )
+    started = time.monotonic()
+    stop_at = started + opts.time
+    async with trio.open_nursery() as load:
+        load.start_soon(workload.run, stop_at)
+        if nemesis is not None:
+            load.start_soon(nemesis.run, stop_at)
+    if nemesis is not None:
+        await nemesis.heal()
+    await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
+    healed = time.monotonic()
+    facts["drained"] = await workload.drain(opts.drain_timeout)
+    facts["timings"] = {
+        "load_seconds": round(healed - started, 3),
+        "drain_seconds": round(time.monotonic() - healed, 3),
+    }
+    facts["unexpected_exits"] = cluster.unexpected_exits()
     return facts
 
 
