@@ -66,7 +66,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from .accounting import ERROR_KINDS, account_queue_history, combine_accounts
 from .histories import (
@@ -86,6 +86,7 @@ from .models import (
     drop_unobserved_commits,
     drop_unseen_appends,
     pin_read_appends,
+    quiescent_segments,
 )
 from .workload import is_idempotent_message
 
@@ -240,8 +241,7 @@ def _analyze_spilled(
     queue_routes = [(r, f) for r, f in routes if not r.startswith("[")]
     offset_routes = [(r, f) for r, f in routes if r.startswith("[")]
     tally = _Tally(queue_groups, faults)
-    model = QueueLogModel()
-    queues = _Checks(model)
+    queues = _Checks(QueueLogModel(), segmented=True)
     budget_started = time.monotonic()
     for left, (_route, file) in zip(range(len(queue_routes), 0, -1), queue_routes, strict=True):
         records, _none = split_records(_parse_spilled(file))  # not a list key: a queue
@@ -254,6 +254,7 @@ def _analyze_spilled(
         queues.check(ops, max(1e-3, remaining / left))
         del ops
     info = queues.info()
+    model = cast(QueueLogModel, queues.failure_model)
     offsets_model = ConsumerOffsetModel()
     offsets = _Checks(offsets_model)
     offsets_budget = max(1.0, check_timeout - info.elapsed)
@@ -315,6 +316,7 @@ def _analyze_spilled(
         "offsets_linearizable": per_offset,
         "offsets_linearizability": offsets_info.to_dict(offsets_model),
         "checker_seconds": round(info.elapsed + offsets_info.elapsed, 3),
+        "checked_segments": queues.segments,
         "longest_unavailability": (
             round(max(u.longest(last) for u in unavailable), 3) if unavailable else None
         ),
@@ -411,27 +413,77 @@ class _Checks:
 
     Each key's partition is kept for the report as a window of its first `_REPORT_OPS`
     operations by call time, except the first partition found not linearizable, kept
-    whole so the report and results.json can explain it."""
+    whole so the report and results.json can explain it (with `failure_model`, the model
+    its segment started from). With `segmented`, each queue is checked one quiescent
+    segment at a time (`quiescent_segments`), and its partition is the failing segment."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, *, segmented: bool = False) -> None:
         self.model = model
+        self.failure_model = model
+        self.segmented = segmented
         self.partitions: list[PartitionResult] = []
         self.elapsed = 0.0
         self.timed_out = False
         self.steps = 0
         self.counted = 0
         self.failure_kept = False
+        self.segments = 0
 
     def check(self, ops: list[Operation], timeout: float) -> None:
-        info = check_operations(self.model, ops, timeout=timeout, stop_early=False)
-        self.elapsed += info.elapsed
-        self.timed_out |= info.timed_out
-        self.steps += info.steps
-        self.counted += info.operations
-        for p in info.partitions:
+        if not self.segmented:
+            info = check_operations(self.model, ops, timeout=timeout, stop_early=False)
+            self._add(info.partitions, info, self.model)
+            return
+        deadline = time.monotonic() + timeout
+        segments = quiescent_segments(ops)
+        self.segments += len(segments)
+        results: list[PartitionResult] = []
+        failure: tuple[PartitionResult, Model] | None = None
+        steps = dropped = 0
+        unknown = False
+        for initial, segment in segments:
+            model = QueueLogModel(initial=initial)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                unknown = True
+                self.timed_out = True
+                break
+            info = check_operations(model, segment, timeout=left, stop_early=False)
+            self.elapsed += info.elapsed
+            self.timed_out |= info.timed_out
+            self.steps += info.steps
+            steps += info.steps
+            for p in info.partitions:
+                dropped += p.dropped
+                if p.result is CheckResult.ILLEGAL:
+                    failure = (p, model)
+                elif p.result is CheckResult.UNKNOWN:
+                    unknown = True
+            if failure is not None:
+                break
+        self.counted += len(ops)
+        if failure is not None:
+            part = failure[0]
+            part.steps = steps
+            results = [part]
+        elif ops:
+            result = CheckResult.UNKNOWN if unknown else CheckResult.OK
+            key = self.model.partition_key(ops[0].input)
+            results = [PartitionResult(0, key, ops, result, steps=steps, dropped=dropped)]
+        self._add(results, None, failure[1] if failure is not None else self.model)
+
+    def _add(self, partitions: list[PartitionResult], info: CheckInfo | None,
+             model: Model) -> None:
+        if info is not None:
+            self.elapsed += info.elapsed
+            self.timed_out |= info.timed_out
+            self.steps += info.steps
+            self.counted += info.operations
+        for p in partitions:
             p.index = len(self.partitions)
             if p.result is CheckResult.ILLEGAL and not self.failure_kept:
                 self.failure_kept = True
+                self.failure_model = model
                 self.partitions.append(p)
                 continue
             window = sorted(p.operations, key=lambda op: op.call)[:_REPORT_OPS]

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from .model import UNKNOWN, Model, Operation
+from .model import INFINITY, UNKNOWN, Model, Operation
 
 __all__ = [
     "MODELS",
@@ -40,6 +40,7 @@ __all__ = [
     "drop_unseen_appends",
     "make_model",
     "pin_read_appends",
+    "quiescent_segments",
 ]
 
 READ = "read"
@@ -278,13 +279,16 @@ class QueueLogModel(Model[LogState, tuple, Any]):
 
     name = "queue-log"
 
-    def __init__(self, short_reads: str = "end") -> None:
+    def __init__(self, short_reads: str = "end", initial: LogState | None = None) -> None:
         if short_reads not in ("end", "prefix"):
             raise ValueError("short_reads must be 'end' or 'prefix'")
         self.strict = short_reads == "end"
+        self.initial = EMPTY_LOG if initial is None else initial
+        """The log before the history starts: empty, or what earlier segments of a split
+        history left (`quiescent_segments`)."""
 
     def init(self) -> LogState:
-        return EMPTY_LOG
+        return self.initial
 
     def step(self, state: LogState, input: tuple, output: Any) -> tuple[bool, LogState]:
         if input[0] == APPEND:
@@ -404,6 +408,73 @@ def pin_read_appends(ops: Sequence[Operation]) -> list[Operation]:
             op = ops[indexes[0]]
             out[indexes[0]] = Operation(op.client_id, op.input, op.call, next(iter(left)),
                                         op.return_)
+    return out
+
+
+def quiescent_segments(ops: Sequence[Operation]) -> list[tuple[LogState, list[Operation]]]:
+    """Split one queue's operations at quiescent points into segments checkable one by one,
+    each from the log the previous ones must have left: (initial log, operations) pairs.
+
+    A cut at time t (a call time; operations called before t go before it) is made only
+    where the log at t is known, namely when
+
+    1. every operation called before t returned before t, except reads of unknown outcome
+       (the search drops them) and appends of unknown outcome pinned to an offset
+       (`pin_read_appends`);
+    2. no append called before t has an unknown offset: neither a timed-out one nobody
+       pinned, nor one acknowledged without an offset;
+    3. the offsets of the appends called before t are exactly 0..L-1, each once, and the
+       one at L-1 returned (so it is not one of the pinned ones of rule 1).
+
+    Then H is linearizable iff H1 (before t, from the current log) and H2 (from the log S
+    of the messages at offsets 0..L-1) both are. Only if: a linearization of H puts every
+    finite operation within its call and return, so each finite operation of H1 before
+    every operation of H2 (called at or after t); a pinned append of H1 at offset X < L-1
+    precedes the append at L-1 (logs only grow), which returned before t, so it precedes H2
+    too; reads of unknown outcome constrain nothing. So H's linearization is one of H1
+    followed by one of H2, and after H1 the log holds exactly its appends, at their
+    offsets 0..L-1 (rule 2 leaves no other append in H1): S. If: a linearization of H1
+    (ending in S) followed by one of H2 (from S) is a legal sequence, and it respects real
+    time, since no operation of H2 returned before an operation of H1 was called. A queue
+    whose history has a rule-2 append (typically a queue that was not drained) is cut
+    only before the first one. Each segment is searched alone, so the search's memory
+    follows the longest busy stretch of the queue, not the run.
+    """
+    order = sorted(ops, key=lambda op: op.call)
+    out: list[tuple[LogState, list[Operation]]] = []
+    state = EMPTY_LOG
+    current: list[Operation] = []
+    horizon = -INFINITY  # latest return among operations so far (finite, or pinned appends)
+    placed: dict[int, Any] = {}  # offset -> message of appends so far
+    top = -1  # highest offset of an append so far
+    last_finite = -1  # highest offset of an append that returned
+    duplicate = False
+    blocked = False
+    for op in order:
+        if (current and not blocked and not duplicate and horizon < op.call
+                and len(placed) == top + 1 and top == last_finite):
+            out.append((state, current))
+            for offset in range(state.size, len(placed)):
+                state = state.append(placed[offset])
+            current = []
+        current.append(op)
+        kind, output = op.input[0], op.output
+        if kind == APPEND:
+            if not isinstance(output, int) or isinstance(output, bool) or output < 0:
+                blocked = True  # rule 2, for the rest of the queue
+                continue
+            if output in placed:
+                duplicate = True  # the search decides; no more cuts
+            placed[output] = op.input[2]
+            top = max(top, output)
+            if op.pending:
+                continue
+            last_finite = max(last_finite, output)
+        elif op.pending:
+            continue  # a read of unknown outcome
+        horizon = max(horizon, op.return_)
+    if current or not out:
+        out.append((state, current))
     return out
 
 

@@ -10,7 +10,13 @@ import pytest
 
 from chaos.linearizability import CheckResult, check_operations
 from chaos.model import INFINITY, UNKNOWN, Operation
-from chaos.models import LogState, QueueLogModel, drop_unseen_appends, pin_read_appends
+from chaos.models import (
+    LogState,
+    QueueLogModel,
+    drop_unseen_appends,
+    pin_read_appends,
+    quiescent_segments,
+)
 
 
 def _random_queue_history(rng: random.Random, corrupt: bool) -> list[Operation]:
@@ -87,6 +93,57 @@ def test_dropping_unseen_appends_keeps_every_verdict(corrupt: bool) -> None:
         assert verdicts[CheckResult.ILLEGAL] > 200  # the comparison covers illegal histories
     else:
         assert verdicts == {CheckResult.OK: 1500, CheckResult.ILLEGAL: 0}
+
+
+def _segmented_verdict(ops: list[Operation]) -> CheckResult:
+    results = set()
+    for initial, segment in quiescent_segments(ops):
+        results.add(check_operations(QueueLogModel(initial=initial), segment).result)
+    if CheckResult.ILLEGAL in results:
+        return CheckResult.ILLEGAL
+    return CheckResult.OK if results <= {CheckResult.OK} else CheckResult.UNKNOWN
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_checking_quiescent_segments_one_by_one_keeps_every_verdict(corrupt: bool) -> None:
+    rng = random.Random(21 + corrupt)
+    verdicts = {CheckResult.OK: 0, CheckResult.ILLEGAL: 0}
+    split = 0
+    for _ in range(2000):
+        ops = drop_unseen_appends(pin_read_appends(_random_queue_history(rng, corrupt)))
+        segments = quiescent_segments(ops)
+        assert sorted(op.call for _s, seg in segments for op in seg) == sorted(
+            op.call for op in ops)
+        split += len(segments) > 1
+        full = _verdict(ops)
+        assert _segmented_verdict(ops) is full, ops
+        verdicts[full] += 1
+    assert split > 500  # most histories have quiet moments
+    if corrupt:
+        assert verdicts[CheckResult.ILLEGAL] > 300
+    else:
+        assert verdicts == {CheckResult.OK: 2000, CheckResult.ILLEGAL: 0}
+
+
+def test_no_cut_while_a_pinned_append_may_still_land_or_an_offset_is_unknown() -> None:
+    ops = [
+        Operation(0, ("append", "q", "a"), 0.0, 0, 1.0),
+        Operation(1, ("append", "q", "b"), 0.5, 1, INFINITY),  # pinned, last: may land late
+        Operation(2, ("read", "q", 0, 5), 2.0, ("a",), 3.0),  # legal only before b lands
+        Operation(2, ("read", "q", 0, 5), 4.0, ("a", "b"), 5.0),
+    ]
+    assert len(quiescent_segments(ops)) == 1
+    assert _verdict(ops) is CheckResult.OK
+    acked = [Operation(0, ("append", "q", "a"), 0.0, 0, 1.0),
+             Operation(1, ("append", "q", "b"), 1.5, UNKNOWN, 2.0),  # ok without an offset
+             Operation(2, ("read", "q", 0, 5), 3.0, ("a", "b"), 4.0)]
+    assert [len(seg) for _s, seg in quiescent_segments(acked)] == [1, 2]
+    quiet = [Operation(0, ("append", "q", "a"), 0.0, 0, 1.0),
+             Operation(1, ("append", "q", "b"), 2.0, 1, 3.0),
+             Operation(2, ("read", "q", 0, 5), 4.0, ("a", "b"), 5.0)]
+    segments = quiescent_segments(quiet)
+    assert [len(seg) for _s, seg in segments] == [1, 1, 1]
+    assert [tuple(s) for s, _seg in segments] == [(), ("a",), ("a", "b")]
 
 
 def test_an_unseen_append_that_fills_an_unread_offset_is_kept() -> None:
