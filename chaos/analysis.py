@@ -5,7 +5,8 @@ and combines three views:
 
 - accounting (`chaos.accounting`): lost, duplicated, unexpected ... messages, per queue;
 - linearizability of every queue's log (`QueueLogModel`, strict short reads), one partition
-  per queue, within a time limit;
+  per queue, checked one quiescent segment at a time (`quiescent_segments`), within a
+  time limit;
 - linearizability of every consumer group's committed offset per queue, when the history
   has ``commit``/``read`` operations keyed ``[group, queue]`` (`ConsumerOffsetModel`);
 - availability: after a fault that took away group leaders (the nemesis names them in the
@@ -34,6 +35,10 @@ search gets what the queue search left (at least a second).
 that did not finish): it is the verdict of `raftmq chaos run`, and `raftmq chaos check DIR`
 recomputes it from the same files with the same code.
 
+Memory follows the largest queue, not the run: `analyze` spills the history into one file
+per key and handles one key at a time (see its docstring), so hours-long runs are
+checked on one machine.
+
 Whether a message came from an idempotent producer is read from its id (see
 `chaos.workload.message_id`), or from the appending process when the caller names the
 idempotent processes.
@@ -46,7 +51,8 @@ with a matching retry, ``duplicated_unretried`` without), ``unexpected``, ``fail
 ``offset_conflicts``, ``ack_mismatches``, ``ack_conflicts``, ``reordered``, ``recovered``,
 ``unread``), ``drained`` per queue, ``linearizable`` per queue and ``offsets_linearizable``
 per ``group:queue`` (true, false, or null when unknown), the checker summaries
-(``linearizability``, ``offsets_linearizability``, ``checker_seconds``),
+(``linearizability``, ``offsets_linearizability``, ``checker_seconds``,
+``checked_segments``),
 ``longest_unavailability`` (seconds; null without leader loss; a group that never came
 back counts until the history ends), ``unrecovered_faults``, ``unavailability`` per fault,
 ``examples`` of each error per queue, and the history's ``first_time``/``last_time``/
