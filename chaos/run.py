@@ -108,6 +108,8 @@ def _prepare_out(out: Path) -> Path:
     for name in ("history.jsonl", "results.json", "report.html"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "cluster", ignore_errors=True)
+    for stale in out.glob(".analysis-*"):  # spill files of an analysis that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     return out
 
 
