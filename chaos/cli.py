@@ -295,8 +295,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--mutation", action="append", default=[], metavar="NAME",
                    help="make nodes misbehave on purpose ("
                    f"{', '.join(sorted(KNOWN_MUTATIONS))}); needs RAFTMQ_ALLOW_MUTATIONS=1")
-    p.add_argument("--check-timeout", type=float, default=120.0, metavar="S",
-                   help="linearizability check time limit (verdict unknown after it)")
+    p.add_argument("--check-timeout", type=float, default=None, metavar="S",
+                   help="linearizability check time limit (verdict unknown after it; "
+                   "default: --time, at least 120)")
     p.add_argument("--json", action="store_true", help="print results.json to stdout")
     return p
 

@@ -26,7 +26,7 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -64,7 +64,9 @@ class RunOptions:
     idempotent_producers: int = 4
     readers: int = 3
     mutations: tuple[str, ...] = ()  # deliberate node misbehaviour (needs the test flag)
-    check_timeout: float = 120.0
+    check_timeout: float | None = None
+    """The linearizability search's limit in seconds; None: the run's `time`, at least
+    120 s (the search of a long run takes a few percent of its length)."""
     ready_timeout: float = 60.0
     drain_timeout: float = 120.0
     tick_ms: int = 100
@@ -78,6 +80,8 @@ class RunOptions:
             raise ValueError(f"--groups must be at least 1, got {self.groups}")
         if not self.time > 0:
             raise ValueError(f"--time must be positive, got {self.time}")
+        if self.check_timeout is not None and not self.check_timeout > 0:
+            raise ValueError(f"--check-timeout must be positive, got {self.check_timeout}")
         unknown = sorted(set(self.nemesis) - set(NEMESES))
         if unknown:
             raise ValueError(f"unknown nemesis {unknown} (known: {', '.join(NEMESES)})")
@@ -218,6 +222,9 @@ async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
 def run_chaos(opts: RunOptions) -> dict[str, Any]:
     """Run the test described by `opts`, write its outputs and return results.json's content."""
     opts.validate()
+    if opts.check_timeout is None:
+        opts = replace(opts, check_timeout=max(120.0, opts.time))
+    assert opts.check_timeout is not None
     out = _prepare_out(opts.out)
     began = time.monotonic()
     with Recorder(out / "history.jsonl") as recorder:
