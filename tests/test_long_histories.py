@@ -253,3 +253,24 @@ def test_memory_of_the_analysis_grows_with_the_largest_queue_not_faster(tmp_path
     assert short["verdict"] == long["verdict"] == "valid"
     assert long["peak_rss_mb"] < 2.5 * short["peak_rss_mb"], rows
     assert long["steps"] < 6 * short["steps"], rows  # linear search: 4x the operations
+    assert long["report_bytes"] < 1.2 * short["report_bytes"], rows  # a window, not all
+
+
+def test_the_report_keeps_a_window_of_each_passing_queue(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from chaos import analysis as module
+    from chaos.synthetic import write_history
+
+    path = tmp_path / "history.jsonl"
+    write_history(path, seconds=4, seed=3, fault_every=2.0)
+    whole = module.analyze_run(path, FACTS, check_timeout=60)
+    monkeypatch.setattr(module, "_REPORT_OPS", 50)
+    kept = module.analyze_run(path, FACTS, check_timeout=60)
+    assert kept.results["linearizability"]["operations"] == (
+        whole.results["linearizability"]["operations"])
+    assert all(len(p.operations) == 50 for p in kept.info.partitions)
+    assert sum(len(p.operations) for p in whole.info.partitions) > 6 * 50
+    small = kept.write_report(tmp_path / "small.html").stat().st_size
+    assert small < whole.write_report(tmp_path / "whole.html").stat().st_size
+    assert kept.load == whole.load and len(kept.load[0]) <= 60
