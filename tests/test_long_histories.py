@@ -274,3 +274,24 @@ def test_the_report_keeps_a_window_of_each_passing_queue(
     small = kept.write_report(tmp_path / "small.html").stat().st_size
     assert small < whole.write_report(tmp_path / "whole.html").stat().st_size
     assert kept.load == whole.load and len(kept.load[0]) <= 60
+
+
+@pytest.mark.parametrize("corrupt", [None, "stale", "lost", "duplicate"])
+def test_segmented_and_whole_queue_checks_agree_on_run_shaped_histories(
+    tmp_path: Any, corrupt: str | None,
+) -> None:
+    from chaos.analysis import queue_operations, split_records
+    from chaos.histories import parse_jsonl
+    from chaos.synthetic import write_history
+
+    path = tmp_path / "history.jsonl"
+    write_history(path, seconds=6, seed=2, fault_every=2.0, corrupt=corrupt)
+    records, _offsets = split_records(parse_jsonl(path))
+    found = set()
+    for queue in sorted({r.key for r in records}):
+        ops = queue_operations([r for r in records if r.key == queue])
+        assert len(quiescent_segments(ops)) > 3
+        whole = _verdict(ops)
+        assert _segmented_verdict(ops) is whole, queue
+        found.add(whole)
+    assert (CheckResult.ILLEGAL in found) is (corrupt is not None), found
