@@ -29,7 +29,7 @@ from typing import Any
 
 from .histories import HistoryRecord
 
-__all__ = ["ERROR_KINDS", "account_queue_history"]
+__all__ = ["ERROR_KINDS", "account_queue_history", "combine_accounts"]
 
 ERROR_KINDS = (
     "lost",
@@ -103,10 +103,17 @@ def account_queue_history(records: Iterable[HistoryRecord]) -> dict[str, Any]:
                 q.positions.setdefault(msg, set()).add(at)
 
     per_queue: dict[str, Any] = {}
-    totals: dict[str, int] = {}
     for key in _sorted(queues):
-        report = _account(queues[key], {k: v for k, v in sends.items() if k[1] == key})
-        per_queue[str(key)] = report
+        per_queue[str(key)] = _account(queues[key], {k: v for k, v in sends.items() if k[1] == key})
+    return combine_accounts(per_queue)
+
+
+def combine_accounts(per_queue: dict[str, Any]) -> dict[str, Any]:
+    """The accounting of several queues' reports (each `account_queue_history`'s
+    ``queues`` entry): totals over them and the verdict. Queues share nothing, so a long
+    history can be accounted one queue at a time and combined."""
+    totals: dict[str, int] = {}
+    for report in per_queue.values():
         for name, value in report.items():
             if isinstance(value, int) and not isinstance(value, bool):
                 totals[name] = totals.get(name, 0) + value

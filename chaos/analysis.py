@@ -5,7 +5,8 @@ and combines three views:
 
 - accounting (`chaos.accounting`): lost, duplicated, unexpected ... messages, per queue;
 - linearizability of every queue's log (`QueueLogModel`, strict short reads), one partition
-  per queue, within a time limit;
+  per queue, checked one quiescent segment at a time (`quiescent_segments`), within a
+  time limit;
 - linearizability of every consumer group's committed offset per queue, when the history
   has ``commit``/``read`` operations keyed ``[group, queue]`` (`ConsumerOffsetModel`);
 - availability: after a fault that took away group leaders (the nemesis names them in the
@@ -41,6 +42,10 @@ search gets what the queue search left (at least a second).
 that did not finish): it is the verdict of `raftmq chaos run`, and `raftmq chaos check DIR`
 recomputes it from the same files with the same code.
 
+Memory follows the largest queue, not the run: `analyze` spills the history into one file
+per key and handles one key at a time (see its docstring), so hours-long runs are
+checked on one machine.
+
 Whether a message came from an idempotent producer is read from its id (see
 `chaos.workload.message_id`), or from the appending process when the caller names the
 idempotent processes.
@@ -53,7 +58,8 @@ with a matching retry, ``duplicated_unretried`` without), ``unexpected``, ``fail
 ``offset_conflicts``, ``ack_mismatches``, ``ack_conflicts``, ``reordered``, ``recovered``,
 ``unread``), ``drained`` per queue, ``linearizable`` per queue and ``offsets_linearizable``
 per ``group:queue`` (true, false, or null when unknown), the checker summaries
-(``linearizability``, ``offsets_linearizability``, ``checker_seconds``),
+(``linearizability``, ``offsets_linearizability``, ``checker_seconds``,
+``checked_segments``),
 ``longest_unavailability`` (seconds; null without leader loss; a group that never came
 back counts until the history ends), ``unrecovered_faults``, ``unavailability`` per fault,
 ``examples`` of each error per queue, and the history's ``first_time``/``last_time``/
@@ -63,29 +69,37 @@ back counts until the history ends), ``unrecovered_faults``, ``unavailability`` 
 from __future__ import annotations
 
 import bisect
+import json
 import math
+import tempfile
+import time
+from array import array
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
-from .accounting import ERROR_KINDS, account_queue_history
+from .accounting import ERROR_KINDS, account_queue_history, combine_accounts
 from .histories import (
+    NEMESIS,
     Fault,
     HistoryRecord,
     parse_faults,
-    parse_jsonl,
+    parse_numbered_jsonl,
     records_to_operations,
 )
 from .histories import _key as _id
-from .linearizability import CheckInfo, CheckResult, check_operations
-from .model import INFINITY, UNKNOWN, Operation
+from .linearizability import CheckInfo, CheckResult, PartitionResult, check_operations
+from .model import INFINITY, UNKNOWN, Model, Operation
 from .models import (
     ConsumerOffsetModel,
     QueueLogModel,
     drop_unobserved_commits,
+    drop_unseen_appends,
     pin_read_appends,
+    quiescent_segments,
 )
 from .workload import is_idempotent_message
 
@@ -116,6 +130,7 @@ MAJORITY_CONNECTED = frozenset({
 """Fault kinds after which a majority of every group still talks and serves clients
 (`crash-unsynced` too when its scope is one node); `partition-clients` and `disk-full`
 are not among them: the nodes that lost their clients or their disk may keep leading."""
+_REPORT_OPS = 4000  # operations of each passing partition kept for the report's timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +184,10 @@ class Analysis:
     offsets_model: ConsumerOffsetModel
     offsets_info: CheckInfo
     """The committed-offset check (no partitions when the history has no offset operations)."""
+    load: tuple[list[tuple[float, float]], list[tuple[float, float]]] = field(
+        default_factory=lambda: ([], [])
+    )
+    """(time, completions per second) and (time, mean latency) of the queue operations."""
 
     @property
     def valid(self) -> bool:
@@ -198,9 +217,10 @@ class Analysis:
         ):
             model, info = self.offsets_model, self.offsets_info
             title += " (consumer offsets)"
+        throughput, latency = self.load
         return write_report(
             path, model, info, title=title, faults=self.report_faults,
-            accounting=self.accounting,
+            accounting=self.accounting, throughput=throughput, latency=latency,
             unavailability=self.results.get("unavailability_by_fault"),
         )
 
@@ -217,59 +237,81 @@ def analyze(
 
     `queue_groups` maps queue keys to the Raft group hosting them (for availability);
     `check_timeout` bounds the linearizability search in seconds.
+
+    Memory is bounded by the largest queue's (or committed offset's) history, not by the
+    run's: one pass splits the file into one spill file per key (`_spill_by_key`), then
+    each key is parsed, accounted and checked alone and freed before the next. Queues and
+    committed offsets are independent, so this is the verdict of the whole history at
+    once. What outlives a key is small: its accounting report, a window of its operations
+    for the report (all of them for the first partition that is not linearizable), and
+    per-second load figures.
     """
     path = Path(history_path)
-    records, offset_records = split_records(parse_jsonl(path))
     faults = parse_faults(path)
-    ops = queue_operations(records)  # first: it checks the values the accounting reads
-    offset_ops = offset_operations(offset_records)
+    with _spill_dir(path) as spill:
+        routes = _spill_by_key(path, spill)
+        return _analyze_spilled(
+            routes, faults, queue_groups=queue_groups, check_timeout=check_timeout,
+            idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
+        )
 
-    accounting = account_queue_history(records)
-    senders = {(str(r.key), str(_id(r.value))): r for r in records if r.f == "append"}
-    allowed = _allowed_copies(records)
 
-    def idempotent(key: str, msg: str) -> bool:
-        if idempotent_processes is None:
-            return is_idempotent_message(msg)
-        sender = senders.get((key, msg))
-        return sender is not None and sender.process in idempotent_processes
+def _analyze_spilled(
+    routes: list[tuple[str, Path]],
+    faults: list[Fault],
+    *,
+    queue_groups: dict[str, str],
+    check_timeout: float,
+    idempotent_processes: Collection[int] | None,
+    liveness_bound: float,
+) -> Analysis:
+    queue_routes = [(r, f) for r, f in routes if not r.startswith("[")]
+    offset_routes = [(r, f) for r, f in routes if r.startswith("[")]
+    tally = _Tally(queue_groups, faults)
+    queues = _Checks(QueueLogModel(), segmented=True)
+    budget_started = time.monotonic()
+    for left, (_route, file) in zip(range(len(queue_routes), 0, -1), queue_routes, strict=True):
+        records, _none = split_records(_parse_spilled(file))  # not a list key: a queue
+        if not records:
+            continue
+        ops = queue_operations(records)  # first: it checks the values the accounting reads
+        tally.add_queue_records(records, idempotent_processes)
+        del records
+        remaining = check_timeout - (time.monotonic() - budget_started)
+        queues.check(ops, max(1e-3, remaining / left))
+        del ops
+    info = queues.info()
+    model = cast(QueueLogModel, queues.failure_model)
+    offsets_model = ConsumerOffsetModel()
+    offsets = _Checks(offsets_model)
+    offsets_budget = max(1.0, check_timeout - info.elapsed)
+    budget_started = time.monotonic()
+    for left, (_route, file) in zip(range(len(offset_routes), 0, -1), offset_routes, strict=True):
+        _none, offset_records = split_records(_parse_spilled(file))  # a list key: offsets
+        tally.add_offset_records(offset_records)
+        offset_ops = offset_operations(offset_records)
+        del offset_records
+        remaining = offsets_budget - (time.monotonic() - budget_started)
+        offsets.check(offset_ops, max(1e-3, remaining / left))
+        del offset_ops
+    offsets_info = offsets.info()
 
-    # Split duplicates by the sender's promise, and plain ones by whether attempts explain them.
-    dup_idem: dict[str, dict[str, list[int]]] = {}
-    dup_retried: dict[str, dict[str, list[int]]] = {}
-    dup_unretried: dict[str, dict[str, list[int]]] = {}
-    for key, queue in accounting["queues"].items():
-        for msg, offsets in queue["duplicated"].items():
-            if idempotent(key, msg):
-                dup_idem.setdefault(key, {})[msg] = offsets
-            elif len(offsets) <= allowed.get((key, msg), 0):
-                dup_retried.setdefault(key, {})[msg] = offsets
-            else:
-                dup_unretried.setdefault(key, {})[msg] = offsets
+    accounting = combine_accounts(tally.queues)
     totals = dict(accounting["totals"])
-    totals["duplicated"] = sum(len(d) for d in dup_idem.values())
-    totals["duplicated_retried"] = sum(len(d) for d in dup_retried.values())
-    totals["duplicated_unretried"] = sum(len(d) for d in dup_unretried.values())
+    totals["duplicated"] = sum(len(d) for d in tally.dup_idem.values())
+    totals["duplicated_retried"] = sum(len(d) for d in tally.dup_retried.values())
+    totals["duplicated_unretried"] = sum(len(d) for d in tally.dup_unretried.values())
     totals["duplicated_plain"] = totals["duplicated_retried"] + totals["duplicated_unretried"]
     accounting = {**accounting, "totals": totals}
     accounting["valid"] = all(totals.get(kind, 0) == 0 for kind in INVALIDATING)
 
-    model = QueueLogModel()
-    info = check_operations(model, ops, timeout=check_timeout, stop_early=False)
-    offsets_model = ConsumerOffsetModel()
-    offsets_info = check_operations(
-        offsets_model,
-        offset_ops,
-        timeout=max(1.0, check_timeout - info.elapsed),
-        stop_early=False,
-    )
-
-    times = [r.call for r in records] + [r.return_ for r in records if not math.isinf(r.return_)]
-    times += [f.start for f in faults] + [f.end for f in faults if not math.isinf(f.end)]
-    origin = min(times, default=0.0)
-    last = max(times, default=0.0)
-    unavailable = _unavailability(records, faults, queue_groups)
-    by_fault, slow = _fault_liveness(records, faults, queue_groups, liveness_bound)
+    for f in faults:
+        tally.see(f.start, f.end)
+    origin = tally.first if tally.first is not None else 0.0
+    last = tally.last if tally.last is not None else 0.0
+    unavailable = tally.unavailability()
+    by_fault, slow = _fault_liveness(
+        tally.acks, faults, queue_groups, liveness_bound, tally.last_append_call)
 
     problems = [f"{kind}: {totals[kind]}" for kind in INVALIDATING if totals.get(kind, 0)]
     problems += slow
@@ -290,12 +332,12 @@ def analyze(
         "valid": verdict == "valid",
         "verdict": verdict,
         "problems": problems,
-        "operations": _outcomes(records + offset_records),
+        "operations": tally.outcomes,
         "faults": dict(sorted(Counter(f.f for f in faults).items())),
         **{kind: totals.get(kind, 0) for kind in INVALIDATING},
         "duplicated_plain": totals["duplicated_plain"],
         "duplicated_retried": totals["duplicated_retried"],
-        "attempts": sum(len(r.attempts) for r in records),
+        "attempts": tally.attempts,
         "recovered": totals.get("recovered", 0),
         "unread": totals.get("unread", 0),
         "drained": {q: report["drained"] for q, report in accounting["queues"].items()},
@@ -304,6 +346,7 @@ def analyze(
         "offsets_linearizable": per_offset,
         "offsets_linearizability": offsets_info.to_dict(offsets_model),
         "checker_seconds": round(info.elapsed + offsets_info.elapsed, 3),
+        "checked_segments": queues.segments,
         "longest_unavailability": (
             round(max(u.longest(last) for u in unavailable), 3) if unavailable else None
         ),
@@ -313,7 +356,8 @@ def analyze(
         "liveness_bound": liveness_bound,
         "liveness_violations": slow,
         "examples": _examples(
-            accounting["queues"], dup_idem, dup_retried, dup_unretried, allowed
+            accounting["queues"], tally.dup_idem, tally.dup_retried, tally.dup_unretried,
+            tally.allowed,
         ),
         "first_time": origin,
         "last_time": last,
@@ -321,8 +365,270 @@ def analyze(
     }
     return Analysis(
         results, model, info, accounting, faults, unavailable, verdict, offsets_model,
-        offsets_info,
+        offsets_info, tally.load(),
     )
+
+
+_ORPHAN = "?"  # spill route of lines that belong to no open operation (parsing rejects them)
+
+
+@contextmanager
+def _spill_dir(history: Path) -> Iterator[Path]:
+    """A temporary directory beside the history (planned disk space), else the system's."""
+    try:
+        holder = tempfile.TemporaryDirectory(prefix=".analysis-", dir=history.parent)
+    except OSError:
+        holder = tempfile.TemporaryDirectory(prefix="raftmq-analysis-")
+    with holder as name:
+        yield Path(name)
+
+
+def _spill_by_key(history: Path, into: Path) -> list[tuple[str, Path]]:
+    """Copy each operation line of `history` to its key's spill file, as ``N<TAB>line``
+    (N: the line's number in the history), and return (key as JSON, file) pairs.
+
+    A completion or attempt goes where its process's open invoke went, as `parse_jsonl`
+    pairs them; lines that pair with nothing (or are not JSON objects) go to a file of
+    their own, first in the list, whose parsing raises the error `parse_jsonl` would.
+    Nemesis lines are left out (`parse_faults` reads them)."""
+    files: dict[str, tuple[Path, IO[str]]] = {}
+    open_route: dict[Any, str] = {}
+
+    def sink(route: str) -> IO[str]:
+        found = files.get(route)
+        if found is None:
+            file = into / f"{len(files)}.jsonl"
+            found = files[route] = (file, file.open("w", encoding="utf-8"))
+        return found[1]
+
+    sink(_ORPHAN)
+    try:
+        with history.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                text = line.strip()
+                if not text:
+                    continue
+                route = _ORPHAN
+                try:
+                    entry = json.loads(text)
+                except json.JSONDecodeError:
+                    entry = None
+                if isinstance(entry, dict):
+                    process, kind = entry.get("process"), entry.get("type")
+                    if process == NEMESIS:
+                        continue
+                    if isinstance(process, (int, str)):
+                        if kind == "invoke":
+                            route = open_route[process] = json.dumps(entry.get("key"))
+                        else:
+                            route = open_route.get(process, _ORPHAN)
+                            if kind in ("ok", "fail", "info"):
+                                open_route.pop(process, None)
+                sink(route).write(f"{number}\t{text}\n")
+    finally:
+        for _file, handle in files.values():
+            handle.close()
+    return [(route, file) for route, (file, _handle) in files.items()]
+
+
+def _parse_spilled(file: Path) -> list[HistoryRecord]:
+    def lines() -> Iterator[tuple[int, str, str]]:
+        with file.open(encoding="utf-8") as spilled:
+            for row in spilled:
+                number, _tab, text = row.partition("\t")
+                yield int(number), f"line {number}", text.strip()
+
+    return parse_numbered_jsonl(lines())
+
+
+class _Checks:
+    """One model's linearizability checks, one key at a time, combined into one CheckInfo.
+
+    Each key's partition is kept for the report as a window of its first `_REPORT_OPS`
+    operations by call time, except the first partition found not linearizable, kept
+    whole so the report and results.json can explain it (with `failure_model`, the model
+    its segment started from). With `segmented`, each queue is checked one quiescent
+    segment at a time (`quiescent_segments`), and its partition is the failing segment."""
+
+    def __init__(self, model: Model, *, segmented: bool = False) -> None:
+        self.model = model
+        self.failure_model = model
+        self.segmented = segmented
+        self.partitions: list[PartitionResult] = []
+        self.elapsed = 0.0
+        self.timed_out = False
+        self.steps = 0
+        self.counted = 0
+        self.failure_kept = False
+        self.segments = 0
+
+    def check(self, ops: list[Operation], timeout: float) -> None:
+        if not self.segmented:
+            info = check_operations(self.model, ops, timeout=timeout, stop_early=False)
+            self._add(info.partitions, info, self.model)
+            return
+        deadline = time.monotonic() + timeout
+        segments = quiescent_segments(ops)
+        self.segments += len(segments)
+        results: list[PartitionResult] = []
+        failure: tuple[PartitionResult, Model] | None = None
+        steps = dropped = 0
+        unknown = False
+        for initial, segment in segments:
+            model = QueueLogModel(initial=initial)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                unknown = True
+                self.timed_out = True
+                break
+            info = check_operations(model, segment, timeout=left, stop_early=False)
+            self.elapsed += info.elapsed
+            self.timed_out |= info.timed_out
+            self.steps += info.steps
+            steps += info.steps
+            for p in info.partitions:
+                dropped += p.dropped
+                if p.result is CheckResult.ILLEGAL:
+                    failure = (p, model)
+                elif p.result is CheckResult.UNKNOWN:
+                    unknown = True
+            if failure is not None:
+                break
+        self.counted += len(ops)
+        if failure is not None:
+            part = failure[0]
+            part.steps = steps
+            results = [part]
+        elif ops:
+            result = CheckResult.UNKNOWN if unknown else CheckResult.OK
+            key = self.model.partition_key(ops[0].input)
+            results = [PartitionResult(0, key, ops, result, steps=steps, dropped=dropped)]
+        self._add(results, None, failure[1] if failure is not None else self.model)
+
+    def _add(self, partitions: list[PartitionResult], info: CheckInfo | None,
+             model: Model) -> None:
+        if info is not None:
+            self.elapsed += info.elapsed
+            self.timed_out |= info.timed_out
+            self.steps += info.steps
+            self.counted += info.operations
+        for p in partitions:
+            p.index = len(self.partitions)
+            if p.result is CheckResult.ILLEGAL and not self.failure_kept:
+                self.failure_kept = True
+                self.failure_model = model
+                self.partitions.append(p)
+                continue
+            window = sorted(p.operations, key=lambda op: op.call)[:_REPORT_OPS]
+            self.partitions.append(PartitionResult(
+                p.index, p.key, window, p.result, steps=p.steps, dropped=p.dropped,
+            ))
+
+    def info(self) -> CheckInfo:
+        results = {p.result for p in self.partitions}
+        if CheckResult.ILLEGAL in results:
+            overall = CheckResult.ILLEGAL
+        elif results <= {CheckResult.OK}:
+            overall = CheckResult.OK
+        else:
+            overall = CheckResult.UNKNOWN
+        return CheckInfo(overall, list(self.partitions), self.elapsed, self.timed_out,
+                         self.steps, counted=self.counted)
+
+
+class _Tally:
+    """What the analysis keeps of each key's records once they are freed: accounting
+    reports, duplicate splits, operation counts, time bounds, per-group acknowledgements
+    (two floats each, for availability) and per-second load."""
+
+    def __init__(self, queue_groups: dict[str, str], faults: Sequence[Fault]) -> None:
+        self.queue_groups = queue_groups
+        self.faults = faults
+        self.queues: dict[str, Any] = {}
+        self.dup_idem: dict[str, dict[str, list[int]]] = {}
+        self.dup_retried: dict[str, dict[str, list[int]]] = {}
+        self.dup_unretried: dict[str, dict[str, list[int]]] = {}
+        self.allowed: dict[tuple[str, str], int] = {}  # for unretried duplicates only
+        self.outcomes: dict[str, dict[str, int]] = {}
+        self.attempts = 0
+        self.first: float | None = None
+        self.last: float | None = None
+        self.acks: dict[str, array[float]] = {}  # group -> call, return, call, return...
+        self.last_append_call = -INFINITY
+        self.per_second: dict[int, list[float]] = {}  # second -> [completions, latency sum]
+
+    def see(self, *times: float) -> None:
+        for t in times:
+            if math.isinf(t):
+                continue
+            self.first = t if self.first is None else min(self.first, t)
+            self.last = t if self.last is None else max(self.last, t)
+
+    def _common(self, records: Sequence[HistoryRecord]) -> None:
+        for name, counts in _outcomes(records).items():
+            into = self.outcomes.setdefault(name, {"ok": 0, "fail": 0, "info": 0})
+            for kind, n in counts.items():
+                into[kind] = into.get(kind, 0) + n
+
+    def add_offset_records(self, records: Sequence[HistoryRecord]) -> None:
+        self._common(records)
+
+    def add_queue_records(
+        self, records: Sequence[HistoryRecord], idempotent_processes: Collection[int] | None,
+    ) -> None:
+        self._common(records)
+        self.attempts += sum(len(r.attempts) for r in records)
+        for r in records:
+            self.see(r.call, r.return_)  # the history's span: queue operations and faults
+            if not math.isinf(r.return_):
+                slot = self.per_second.setdefault(int(r.return_), [0, 0.0])
+                slot[0] += 1
+                slot[1] += r.return_ - r.call
+            if r.f == "append":
+                self.last_append_call = max(self.last_append_call, r.call)
+            if r.f == "append" and r.status == "ok":
+                group = self.queue_groups.get(str(r.key))
+                if group is not None:
+                    self.acks.setdefault(group, array("d")).extend((r.call, r.return_))
+        accounting = account_queue_history(records)
+        self.queues.update(accounting["queues"])
+        senders = {(str(r.key), str(_id(r.value))): r for r in records if r.f == "append"}
+        allowed = _allowed_copies(records)
+        for key, queue in accounting["queues"].items():
+            for msg, offsets in queue["duplicated"].items():
+                if idempotent_processes is None:
+                    idem = is_idempotent_message(msg)
+                else:
+                    sender = senders.get((key, msg))
+                    idem = sender is not None and sender.process in idempotent_processes
+                if idem:
+                    self.dup_idem.setdefault(key, {})[msg] = offsets
+                elif len(offsets) <= allowed.get((key, msg), 0):
+                    self.dup_retried.setdefault(key, {})[msg] = offsets
+                else:
+                    self.dup_unretried.setdefault(key, {})[msg] = offsets
+                    self.allowed[(key, msg)] = allowed.get((key, msg), 0)
+
+    def unavailability(self) -> list[Unavailability]:
+        return _unavailability(self.acks, self.faults)
+
+    def load(self) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+        """(time, completions per second) and (time, mean latency) in at most 60 buckets."""
+        if not self.per_second:
+            return [], []
+        lo, hi = min(self.per_second), max(self.per_second) + 1
+        buckets = max(1, min(60, hi - lo))
+        width = (hi - lo) / buckets
+        counts = [0.0] * buckets
+        sums = [0.0] * buckets
+        for second, (n, total) in self.per_second.items():
+            b = min(buckets - 1, int((second - lo) / width))
+            counts[b] += n
+            sums[b] += total
+        mid = [lo + (b + 0.5) * width for b in range(buckets)]
+        throughput = [(mid[b], counts[b] / width) for b in range(buckets)]
+        latency = [(mid[b], sums[b] / counts[b]) for b in range(buckets) if counts[b]]
+        return throughput, latency
 
 
 def analyze_run(
@@ -413,7 +719,8 @@ def queue_operations(records: Sequence[HistoryRecord]) -> list[Operation]:
     more become appends of unknown outcome, issued at the operation's earliest other
     attempts, so each copy has an attempt of its own that came no later. Copies beyond the
     attempts get none, and fail the check. Appends whose offset the reads prove are
-    pinned there (`pin_read_appends`).
+    pinned there (`pin_read_appends`), and unknown-outcome appends nobody read are left
+    out when the reads cover the queue (`drop_unseen_appends`).
     """
     ops = records_to_operations(records, "queue-log")
     seen: dict[tuple[Any, Any], set[int]] = {}
@@ -445,7 +752,7 @@ def queue_operations(records: Sequence[HistoryRecord]) -> list[Operation]:
             Operation(sender.client_id, sender.input, at, UNKNOWN, INFINITY)
             for at in sorted(later[slot])[: max(0, n)]
         ]
-    return pin_read_appends(ops + extra)
+    return drop_unseen_appends(pin_read_appends(ops + extra))
 
 
 def offset_operations(records: Sequence[HistoryRecord]) -> list[Operation]:
@@ -477,31 +784,16 @@ def _outcomes(records: Sequence[HistoryRecord]) -> dict[str, dict[str, int]]:
 
 
 def _unavailability(
-    records: Sequence[HistoryRecord],
+    acks: Mapping[str, array[float]],
     faults: Sequence[Fault],
-    queue_groups: dict[str, str],
 ) -> list[Unavailability]:
     """Per fault with leaders: time to the first acknowledged append to each of their groups.
 
-    Only appends invoked at or after the fault's start count, so an acknowledgement already
+    `acks` holds each group's acknowledged appends as flat (call, return) pairs. Only
+    appends invoked at or after the fault's start count, so an acknowledgement already
     on its way when the leader went away is not taken for a recovered group.
     """
-    acks: dict[str, list[tuple[float, float]]] = {}
-    for r in records:
-        if r.f == "append" and r.status == "ok":
-            group = queue_groups.get(str(r.key))
-            if group is not None:
-                acks.setdefault(group, []).append((r.call, r.return_))
-    index: dict[str, tuple[list[float], list[float]]] = {}
-    for group, pairs in acks.items():
-        pairs.sort()
-        suffix_min = [0.0] * len(pairs)
-        best = INFINITY
-        for i in range(len(pairs) - 1, -1, -1):
-            best = min(best, pairs[i][1])
-            suffix_min[i] = best
-        index[group] = ([c for c, _ in pairs], suffix_min)
-
+    index = _ack_index(acks)
     out = []
     for fault in faults:
         value = fault.start_value
@@ -517,6 +809,21 @@ def _unavailability(
     return out
 
 
+def _ack_index(acks: Mapping[str, array[float]]) -> dict[str, tuple[list[float], list[float]]]:
+    """Per group, its acknowledged appends' calls in order and, for each, the earliest
+    acknowledgement among the appends invoked from then on (see `_first_ack_after`)."""
+    index: dict[str, tuple[list[float], list[float]]] = {}
+    for group, flat in acks.items():
+        pairs = sorted(zip(flat[0::2], flat[1::2], strict=True))
+        suffix_min = [0.0] * len(pairs)
+        best = INFINITY
+        for i in range(len(pairs) - 1, -1, -1):
+            best = min(best, pairs[i][1])
+            suffix_min[i] = best
+        index[group] = ([c for c, _ in pairs], suffix_min)
+    return index
+
+
 def _first_ack_after(
     index: dict[str, tuple[list[float], list[float]]], group: str, t: float
 ) -> float | None:
@@ -527,31 +834,17 @@ def _first_ack_after(
 
 
 def _fault_liveness(
-    records: Sequence[HistoryRecord],
+    acks: Mapping[str, array[float]],
     faults: Sequence[Fault],
     queue_groups: dict[str, str],
     bound: float,
+    last_call: float,
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Per fault kind: count and worst seconds to a write during and after the fault;
     and one problem line per group that accepted no write within `bound` seconds of a
-    heal (judged only when no other fault began and appends went on that long)."""
-    acks: dict[str, list[tuple[float, float]]] = {}
-    last_call = -INFINITY
-    for r in records:
-        if r.f == "append":
-            last_call = max(last_call, r.call)
-            group = queue_groups.get(str(r.key))
-            if r.status == "ok" and group is not None:
-                acks.setdefault(group, []).append((r.call, r.return_))
-    index: dict[str, tuple[list[float], list[float]]] = {}
-    for group, pairs in acks.items():
-        pairs.sort()
-        suffix = [0.0] * len(pairs)
-        best = INFINITY
-        for i in range(len(pairs) - 1, -1, -1):
-            best = min(best, pairs[i][1])
-            suffix[i] = best
-        index[group] = ([c for c, _ in pairs], suffix)
+    heal (judged only when no other fault began and appends went on that long).
+    `acks` as for `_unavailability`; `last_call` is when the last append was invoked."""
+    index = _ack_index(acks)
     every = sorted(set(queue_groups.values()))
     starts = sorted(f.start for f in faults)
     table: dict[str, dict[str, Any]] = {}

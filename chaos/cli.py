@@ -278,6 +278,10 @@ def _run_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 valid, 1 invalid, 2 unknown (the checker ran out of time), "
         "3 usage error. `raftmq chaos check DIR` re-checks the run and gives the same verdict.",
     )
+    p.add_argument("--cluster", type=Path, default=None, metavar="CONFIG",
+                   help="drive a cluster you started (nodes run by `raftmq chaos agent`; "
+                   "see docs/chaos.md) instead of starting one; --nodes and --groups are "
+                   "then the cluster's own")
     p.add_argument("--nodes", type=int, default=3, choices=(3, 5))
     p.add_argument("--groups", type=int, default=3, help="Raft groups (default 3)")
     p.add_argument("--time", type=float, default=60.0, metavar="SECONDS",
@@ -291,8 +295,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--mutation", action="append", default=[], metavar="NAME",
                    help="make nodes misbehave on purpose ("
                    f"{', '.join(sorted(KNOWN_MUTATIONS))}); needs RAFTMQ_ALLOW_MUTATIONS=1")
-    p.add_argument("--check-timeout", type=float, default=120.0, metavar="S",
-                   help="linearizability check time limit (verdict unknown after it)")
+    p.add_argument("--check-timeout", type=float, default=None, metavar="S",
+                   help="linearizability check time limit (verdict unknown after it; "
+                   "default: --time, at least 120)")
     p.add_argument("--json", action="store_true", help="print results.json to stdout")
     return p
 
@@ -312,6 +317,7 @@ def run_main(argv: list[str]) -> int:
             out=args.out, nodes=args.nodes, groups=args.groups, time=args.time,
             nemesis=parse_list(args.nemesis, NEMESES, "nemesis"), workload=args.workload,
             seed=args.seed, mutations=tuple(args.mutation), check_timeout=args.check_timeout,
+            cluster=args.cluster,
         )
         opts.validate()
     except ValueError as exc:

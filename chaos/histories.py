@@ -62,6 +62,7 @@ __all__ = [
     "parse_edn_kv",
     "parse_jepsen_log",
     "parse_jsonl",
+    "parse_numbered_jsonl",
     "parse_faults",
     "read_spec",
     "records_to_operations",
@@ -72,9 +73,18 @@ NEMESIS = "nemesis"  # the process name of fault lines in a JSON-lines history
 
 
 def _lines(source: str | Path | Iterable[str]) -> Iterator[tuple[int, str, str]]:
-    """Non-blank, stripped lines with their number and a "line N" label for errors."""
-    lines = Path(source).read_text().splitlines() if isinstance(source, (str, Path)) else source
-    for number, line in enumerate(lines, start=1):
+    """Non-blank, stripped lines with their number and a "line N" label for errors.
+
+    A file is read as it is walked, never whole: a long run's history is gigabytes."""
+    if isinstance(source, (str, Path)):
+        with Path(source).open(encoding="utf-8") as lines:
+            yield from _numbered(enumerate(lines, start=1))
+    else:
+        yield from _numbered(enumerate(source, start=1))
+
+
+def _numbered(pairs: Iterable[tuple[int, str]]) -> Iterator[tuple[int, str, str]]:
+    for number, line in pairs:
         line = line.strip()
         if line:
             yield number, f"line {number}", line
@@ -351,10 +361,19 @@ def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
     int nor a name, an unknown type, a key that is an object, a time that is not a
     number, a completion or attempt with no open invoke) raise ValueError naming the line.
     """
+    return parse_numbered_jsonl(_lines(source))
+
+
+def parse_numbered_jsonl(lines: Iterable[tuple[int, str, str]]) -> list[HistoryRecord]:
+    """`parse_jsonl` over (number, "line N", text) triples: some lines of a history with
+    their own line numbers (one queue's, say), so errors and times name the original line.
+    Message ids and keys are shared between records (one string per distinct id), since a
+    long history repeats each id in many reads."""
     open_ops: dict[Any, tuple[int, dict[str, Any], float, list[float]]] = {}
     names: dict[Any, int] = {}
     done: list[tuple[int, HistoryRecord]] = []
-    for number, where, line in _lines(source):
+    shared: dict[str, str] = {}
+    for number, where, line in lines:
         try:
             entry = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -364,6 +383,7 @@ def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
         process, kind = entry["process"], entry["type"]
         if process == NEMESIS:
             continue
+        _share(entry, shared)
         if not isinstance(process, (int, str)) or isinstance(process, bool):
             raise ValueError(f"{where}: 'process' must be an int or a name, got {process!r}")
         if kind not in _KINDS:
@@ -403,6 +423,16 @@ def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
         done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names, tries, seq)))
     done.sort(key=lambda item: item[0])
     return [record for _seq, record in done]
+
+
+def _share(entry: dict[str, Any], shared: dict[str, str]) -> None:
+    """Replace the strings of an entry's key and value (or list value) by shared copies."""
+    for field in ("key", "value"):
+        value = entry.get(field)
+        if isinstance(value, str):
+            entry[field] = shared.setdefault(value, value)
+        elif isinstance(value, list):
+            entry[field] = [shared.setdefault(v, v) if isinstance(v, str) else v for v in value]
 
 
 @dataclass(frozen=True, slots=True)

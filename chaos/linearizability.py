@@ -101,9 +101,14 @@ class CheckInfo:
     elapsed: float
     timed_out: bool = False
     steps: int = field(default=0)
+    counted: int | None = None
+    """Operations checked, when ``partitions`` keep only some of theirs (a long history's
+    analysis keeps a window of each passing partition for its report)."""
 
     @property
     def operations(self) -> int:
+        if self.counted is not None:
+            return self.counted
         return sum(len(p.operations) for p in self.partitions)
 
     @property
@@ -214,12 +219,15 @@ class _Search:
         "match",
         "inp",
         "out",
-        "bit",
+        "slot",
+        "jdx",
+        "taken",
         "opid",
         "tail",
         "entry",
         "state",
         "lin",
+        "lin_p",
         "calls",
         "cache",
         "native",
@@ -261,7 +269,16 @@ class _Search:
         self.match = [0] * size
         self.inp: list[Any] = [None] * size
         self.out: list[Any] = [None] * size
-        self.bit = [0] * size
+        # The linearized set is two bitsets, one over the operations that return (numbered
+        # in return order) and one over those pending forever (in call order), each kept as
+        # (k, rest): the first k operations of its order are all linearized, ``rest`` holds
+        # the operations from k on. Every operation that returned before the search's
+        # frontier is linearized, so ``rest`` spans only the operations around the frontier,
+        # and a cache key costs a few words instead of one bit per operation of the
+        # partition (which made memory grow with the square of the history's length).
+        self.slot = [0] * size  # the operation's number in its order
+        self.jdx = [0] * size  # the operation's index in ``include``
+        self.taken = [False] * size  # call entries currently linearized
         self.opid = [-1] * size
         # Operations pending forever with equal inputs and outputs are interchangeable: any
         # linearization can swap them so that they take effect in call order. ``twin[e]`` is
@@ -277,7 +294,7 @@ class _Search:
                 op = ops[include[j]]
                 self.inp[pos] = inputs[include[j]]
                 self.out[pos] = op.output
-                self.bit[pos] = 1 << j
+                self.jdx[pos] = j
                 self.ro[pos] = model.is_read_only(self.inp[pos], op.output)
                 self.kind[pos] = 2 if op.return_ == INFINITY else 1
                 if op.return_ == INFINITY:
@@ -290,13 +307,23 @@ class _Search:
             else:
                 self.match[call_pos[j]] = pos
             self.opid[pos] = include[j]
+        returning = sorted(
+            (p for p in range(1, size - 1) if self.match[p] and self.kind[p] == 1),
+            key=lambda p: (items[self.match[p] - 1][0], p),
+        )
+        for rank, p in enumerate(returning):
+            self.slot[p] = rank
+        pending = [p for p in range(1, size - 1) if self.match[p] and self.kind[p] == 2]
+        for rank, p in enumerate(pending):
+            self.slot[p] = rank
         self.model = model
         self.ops = ops
         self.entry = self.nxt[0]
         self.state = model.init()
-        self.lin = 0
-        self.calls: list[tuple[int, Any]] = []
-        self.cache: set[tuple[int, Any]] = set()
+        self.lin = (0, 0)  # (k, rest) of the operations that return
+        self.lin_p = (0, 0)  # (k, rest) of those pending forever
+        self.calls: list[tuple[int, Any, Any, Any]] = []  # (entry, state before, lin, lin_p)
+        self.cache: set[tuple[Any, ...]] = set()
         self.native = model.native_states
         self.want = 1
         self.has_pending = 2 in self.kind
@@ -319,7 +346,8 @@ class _Search:
         match = self.match
         inp = self.inp
         out = self.out
-        bit = self.bit
+        slot = self.slot
+        taken = self.taken
         tail = self.tail
         step = self.model.step
         calls = self.calls
@@ -332,6 +360,7 @@ class _Search:
         e = self.entry
         state = self.state
         lin = self.lin
+        lin_p = self.lin_p
         best_len = self.best_len
         longest = self.longest
         twin = self.twin
@@ -353,18 +382,31 @@ class _Search:
                     e = nxt[e]
                     continue
                 t = twin[e]
-                if t and not lin & bit[t]:
+                if t and not taken[t]:
                     e = nxt[e]
                     continue
                 ok, new_state = step(state, inp[e], out[e])
                 if ok:
-                    new_lin = lin | bit[e]
-                    key = (new_lin, new_state) if native else (new_lin, _Keyed(model, new_state))
+                    j = slot[e]
+                    k, rest = lin if kind[e] == 1 else lin_p
+                    if j == k:
+                        rest |= 1
+                        t = (rest ^ (rest + 1)).bit_length() - 1  # trailing ones
+                        grown = (k + t, rest >> t)
+                    else:
+                        grown = (k, rest | (1 << (j - k)))
+                    new_lin, new_lin_p = (grown, lin_p) if kind[e] == 1 else (lin, grown)
+                    key = (
+                        (new_lin, new_lin_p, new_state) if native
+                        else (new_lin, new_lin_p, _Keyed(model, new_state))
+                    )
                     if key not in cache:
                         seen(key)
-                        push((e, state))
+                        push((e, state, lin, lin_p))
+                        taken[e] = True
                         state = new_state
                         lin = new_lin
+                        lin_p = new_lin_p
                         p = prv[e]
                         q = nxt[e]
                         nxt[p] = q
@@ -411,10 +453,10 @@ class _Search:
                     self.blocker = opid[e]
                 if longest is not None:
                     self._record_partial(depth)
-                e, state = pop()
+                e, state, lin, lin_p = pop()
+                taken[e] = False
                 if depth <= low:
                     low = depth - 1
-                lin ^= bit[e]
                 m = match[e]
                 p = prv[m]
                 q = nxt[m]
@@ -437,6 +479,7 @@ class _Search:
         self.entry = e
         self.state = state
         self.lin = lin
+        self.lin_p = lin_p
         self.best_len = best_len
         if result is not None:
             self.done = True
@@ -455,8 +498,8 @@ class _Search:
         assert longest is not None
         opid = self.opid
         seq: tuple[int, ...] | None = None
-        for e, _state in self.calls:
-            j = self.bit[e].bit_length() - 1
+        for e, *_rest in self.calls:
+            j = self.jdx[e]
             current = longest[j]
             if current is None or depth > len(current):
                 if seq is None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from .model import UNKNOWN, Model, Operation
+from .model import INFINITY, UNKNOWN, Model, Operation
 
 __all__ = [
     "MODELS",
@@ -37,8 +37,10 @@ __all__ = [
     "LogState",
     "QueueLogModel",
     "drop_unobserved_commits",
+    "drop_unseen_appends",
     "make_model",
     "pin_read_appends",
+    "quiescent_segments",
 ]
 
 READ = "read"
@@ -173,10 +175,13 @@ class LogState:
 
     Reads see it as a sequence (``len``, indexing and slicing give tuples). Appending is O(1)
     and the hash is computed incrementally, so the search cache holds one small node per
-    state instead of a copy of the whole log, and looks states up in constant time.
+    state instead of a copy of the whole log, and looks states up in constant time. A
+    jump pointer per node (Myers' applicative random-access stack) finds the node at any
+    offset in O(log n) steps, so a read far below the tail (a re-read, the final drain)
+    does not walk the whole log.
     """
 
-    __slots__ = ("prev", "last", "size", "_hash")
+    __slots__ = ("prev", "last", "size", "_hash", "jump")
 
     def __init__(self, prev: LogState | None = None, last: Any = None) -> None:
         self.prev = prev
@@ -184,9 +189,32 @@ class LogState:
         if prev is None:
             self.size = 0
             self._hash = hash(())
+            self.jump: LogState | None = None
         else:
             self.size = prev.size + 1
             self._hash = hash((prev._hash, last))
+            a = prev.jump
+            b = a.jump if a is not None else None
+            if a is not None and b is not None and prev.size - a.size == a.size - b.size:
+                self.jump = b
+            else:
+                self.jump = prev
+
+    @classmethod
+    def of(cls, messages: Sequence[Any]) -> LogState:
+        """The log holding `messages` in order."""
+        state = EMPTY_LOG
+        for m in messages:
+            state = cls(state, m)
+        return state
+
+    def _node(self, size: int) -> LogState:
+        """The ancestor holding the first `size` messages (0 <= size <= self.size)."""
+        node: Any = self
+        while node.size > size:
+            jump = node.jump
+            node = jump if jump is not None and jump.size >= size else node.prev
+        return node
 
     def append(self, message: Any) -> LogState:
         return LogState(self, message)
@@ -216,9 +244,7 @@ class LogState:
         start = max(start, 0)
         if start >= stop:
             return ()
-        node: Any = self
-        for _ in range(self.size - stop):
-            node = node.prev
+        node: Any = self._node(stop)
         out = []
         for _ in range(stop - start):
             out.append(node.last)
@@ -253,13 +279,16 @@ class QueueLogModel(Model[LogState, tuple, Any]):
 
     name = "queue-log"
 
-    def __init__(self, short_reads: str = "end") -> None:
+    def __init__(self, short_reads: str = "end", initial: LogState | None = None) -> None:
         if short_reads not in ("end", "prefix"):
             raise ValueError("short_reads must be 'end' or 'prefix'")
         self.strict = short_reads == "end"
+        self.initial = EMPTY_LOG if initial is None else initial
+        """The log before the history starts: empty, or what earlier segments of a split
+        history left (`quiescent_segments`)."""
 
     def init(self) -> LogState:
-        return EMPTY_LOG
+        return self.initial
 
     def step(self, state: LogState, input: tuple, output: Any) -> tuple[bool, LogState]:
         if input[0] == APPEND:
@@ -380,6 +409,118 @@ def pin_read_appends(ops: Sequence[Operation]) -> list[Operation]:
             out[indexes[0]] = Operation(op.client_id, op.input, op.call, next(iter(left)),
                                         op.return_)
     return out
+
+
+def quiescent_segments(ops: Sequence[Operation]) -> list[tuple[LogState, list[Operation]]]:
+    """Split one queue's operations at quiescent points into segments checkable one by one,
+    each from the log the previous ones must have left: (initial log, operations) pairs.
+
+    A cut at time t (a call time; operations called before t go before it) is made only
+    where the log at t is known, namely when
+
+    1. every operation called before t returned before t, except reads of unknown outcome
+       (the search drops them) and appends of unknown outcome pinned to an offset
+       (`pin_read_appends`);
+    2. no append called before t has an unknown offset: neither a timed-out one nobody
+       pinned, nor one acknowledged without an offset;
+    3. the offsets of the appends called before t are exactly 0..L-1, each once, and the
+       one at L-1 returned (so it is not one of the pinned ones of rule 1).
+
+    Then H is linearizable iff H1 (before t, from the current log) and H2 (from the log S
+    of the messages at offsets 0..L-1) both are. Only if: a linearization of H puts every
+    finite operation within its call and return, so each finite operation of H1 before
+    every operation of H2 (called at or after t); a pinned append of H1 at offset X < L-1
+    precedes the append at L-1 (logs only grow), which returned before t, so it precedes H2
+    too; reads of unknown outcome constrain nothing. So H's linearization is one of H1
+    followed by one of H2, and after H1 the log holds exactly its appends, at their
+    offsets 0..L-1 (rule 2 leaves no other append in H1): S. If: a linearization of H1
+    (ending in S) followed by one of H2 (from S) is a legal sequence, and it respects real
+    time, since no operation of H2 returned before an operation of H1 was called. A queue
+    whose history has a rule-2 append (typically a queue that was not drained) is cut
+    only before the first one. Each segment is searched alone, so the search's memory
+    follows the longest busy stretch of the queue, not the run.
+    """
+    order = sorted(ops, key=lambda op: op.call)
+    out: list[tuple[LogState, list[Operation]]] = []
+    state = EMPTY_LOG
+    current: list[Operation] = []
+    horizon = -INFINITY  # latest return among operations so far (finite, or pinned appends)
+    placed: dict[int, Any] = {}  # offset -> message of appends so far
+    top = -1  # highest offset of an append so far
+    last_finite = -1  # highest offset of an append that returned
+    duplicate = False
+    blocked = False
+    for op in order:
+        if (current and not blocked and not duplicate and horizon < op.call
+                and len(placed) == top + 1 and top == last_finite):
+            out.append((state, current))
+            for offset in range(state.size, len(placed)):
+                state = state.append(placed[offset])
+            current = []
+        current.append(op)
+        kind, output = op.input[0], op.output
+        if kind == APPEND:
+            if not isinstance(output, int) or isinstance(output, bool) or output < 0:
+                blocked = True  # rule 2, for the rest of the queue
+                continue
+            if output in placed:
+                duplicate = True  # the search decides; no more cuts
+            placed[output] = op.input[2]
+            top = max(top, output)
+            if op.pending:
+                continue
+            last_finite = max(last_finite, output)
+        elif op.pending:
+            continue  # a read of unknown outcome
+        horizon = max(horizon, op.return_)
+    if current or not out:
+        out.append((state, current))
+    return out
+
+
+def drop_unseen_appends(ops: Sequence[Operation]) -> list[Operation]:
+    """Leave out unknown-outcome appends that no read saw, when the reads cover the log.
+
+    Per queue, let E be one past the highest offset any acknowledged append, pinned
+    append or read names. When reads returned a message at every offset below E, an
+    unknown-outcome append u whose message no read returned can take effect last, after
+    every other operation, where it changes nothing anyone saw; so dropping it keeps the
+    verdict. Why: in any linearization u lands at some offset Y. Y < E is impossible, since
+    a read returned another message at Y, and Y was filled either before u (then u cannot
+    land there) or by u (then that read, coming later, would have returned u). So Y >= E,
+    and every operation after u is an append without a known offset (acknowledged and
+    pinned ones lie below E) or a read that returned nothing at or past Y: a read covering
+    offset Y would have returned u, a short read would have had to end at Y + 1 or later.
+    Removing u therefore invalidates nothing after it, and u can go last instead, where an
+    append of unknown outcome is always legal. Conversely, a linearization without u
+    extends with u last. Without this, each such append (typically a timed-out send that
+    never reached the log) stays at the front of the search's entry list until the very
+    end, and every configuration walks past all of them: search time grew with the
+    number of timeouts times the history's length. A queue whose reads leave a hole (not
+    drained) keeps all its appends.
+    """
+    seen: dict[Hashable, set[Any]] = {}
+    covered: dict[Hashable, set[int]] = {}
+    top: dict[Hashable, int] = {}
+    for op in ops:
+        kind, key = op.input[0], op.input[1]
+        if kind == READ and isinstance(op.output, tuple):
+            start = op.input[2]
+            seen.setdefault(key, set()).update(op.output)
+            covered.setdefault(key, set()).update(range(start, start + len(op.output)))
+            if op.output:
+                top[key] = max(top.get(key, 0), start + len(op.output))
+        elif kind == APPEND and isinstance(op.output, int):
+            top[key] = max(top.get(key, 0), op.output + 1)
+    full = {key for key, end in top.items() if len(covered.get(key, ())) >= end}
+    full |= {op.input[1] for op in ops} - set(top)  # nothing placed at all
+    return [
+        op for op in ops
+        if not (
+            op.input[0] == APPEND and op.pending and op.output is UNKNOWN
+            and op.input[1] in full and op.input[2] not in seen.get(op.input[1], ())
+        )
+    ]
 
 
 class ConsumerOffsetModel(Model[Any, tuple, Any]):

@@ -33,9 +33,9 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -47,6 +47,7 @@ from .disk_faults import SmallDisk
 from .nemesis import NEMESES, Nemesis, Step, plan
 from .proxy import ProxyNet
 from .recorder import Recorder
+from .remote import REMOTE_NEMESES, RemoteCluster
 from .workload import Workload
 
 __all__ = ["RunOptions", "nemesis_plan", "run_chaos"]
@@ -71,7 +72,9 @@ class RunOptions:
     idempotent_producers: int = 4
     readers: int = 3
     mutations: tuple[str, ...] = ()  # deliberate node misbehaviour (needs the test flag)
-    check_timeout: float = 120.0
+    check_timeout: float | None = None
+    """The linearizability search's limit in seconds; None: the run's `time`, at least
+    120 s (the search of a long run takes a few percent of its length)."""
     ready_timeout: float = 60.0
     drain_timeout: float = 120.0
     tick_ms: int = 100
@@ -79,6 +82,8 @@ class RunOptions:
     segment_size: int = 256 << 10
     snapshot_every_entries: int = 400
     disk_size: int = 1 << 30  # of each node's file system when disk-full is enabled
+    cluster: Path | None = None
+    """A cluster the harness did not start (`chaos.remote`): its CONFIG file."""
 
     def validate(self) -> None:
         if self.nodes not in (3, 5):
@@ -87,6 +92,8 @@ class RunOptions:
             raise ValueError(f"--groups must be at least 1, got {self.groups}")
         if not self.time > 0:
             raise ValueError(f"--time must be positive, got {self.time}")
+        if self.check_timeout is not None and not self.check_timeout > 0:
+            raise ValueError(f"--check-timeout must be positive, got {self.check_timeout}")
         unknown = sorted(set(self.nemesis) - set(NEMESES))
         if unknown:
             raise ValueError(f"unknown nemesis {unknown} (known: {', '.join(NEMESES)})")
@@ -101,6 +108,15 @@ class RunOptions:
             why = SmallDisk.supported(self.out.resolve().parent)
             if why is not None:
                 raise ValueError(f"the disk-full nemesis cannot run here: {why}")
+        if self.cluster is not None:
+            outside = sorted(set(self.nemesis) - set(REMOTE_NEMESES))
+            if outside:
+                raise ValueError(
+                    f"nemesis {outside} cannot be applied to a cluster the harness did not "
+                    f"start (--cluster allows {', '.join(REMOTE_NEMESES)})"
+                )
+            if self.mutations:
+                raise ValueError("--mutation needs nodes the harness starts, not --cluster")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
             raise ValueError(
                 f"--mutation makes nodes misbehave on purpose; set {ALLOW_MUTATIONS_ENV}=1 "
@@ -114,6 +130,8 @@ def _prepare_out(out: Path) -> Path:
     for name in ("history.jsonl", "results.json", "report.html"):
         (out / name).unlink(missing_ok=True)
     shutil.rmtree(out / "cluster", ignore_errors=True)
+    for stale in out.glob(".analysis-*"):  # spill files of an analysis that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     return out
 
 
@@ -125,6 +143,8 @@ def nemesis_plan(opts: RunOptions) -> list[Step]:
 
 async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     """Steps 1-4 of the module docstring; returns facts the analysis needs."""
+    if opts.cluster is not None:
+        return await _run_remote(opts, recorder)
     rng = random.Random(opts.seed)
     nemesis_seed = rng.getrandbits(64)  # first, so the schedule depends on the seed alone
     node_ids = list(range(1, opts.nodes + 1))
@@ -198,9 +218,55 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     return facts
 
 
+async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
+    """Steps 3-4 on a cluster the user runs (`RemoteCluster`): no proxies, nothing started
+    or stopped but by a fault. The topic is new for each run (its name says when), since
+    an earlier run's messages would be read as unexpected ones."""
+    assert opts.cluster is not None
+    rng = random.Random(opts.seed)
+    cluster = RemoteCluster.from_file(opts.cluster)
+    facts: dict[str, Any] = {"cluster": str(opts.cluster)}
+    await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
+    topic = f"{TOPIC}-{time.strftime('%Y%m%d%H%M%S')}-{opts.seed}"
+    queues = opts.queues_per_group * max(1, len(cluster.groups))
+    workload = Workload(
+        cluster.namesrv_addr, topic, queues, recorder=recorder, rng=rng,
+        producers=opts.producers, idempotent_producers=opts.idempotent_producers,
+        readers=opts.readers,
+    )
+    facts["topic"] = topic
+    facts["queue_groups"] = await workload.setup()
+    nemesis = (
+        # Nemesis asks only for the process faults RemoteCluster offers (REMOTE_NEMESES)
+        Nemesis(cast(LocalCluster, cluster), None, recorder,
+                rng=random.Random(rng.getrandbits(64)), enabled=opts.nemesis)
+        if opts.nemesis else None
+    )
+    started = time.monotonic()
+    stop_at = started + opts.time
+    async with trio.open_nursery() as load:
+        load.start_soon(workload.run, stop_at)
+        if nemesis is not None:
+            load.start_soon(nemesis.run, stop_at)
+    if nemesis is not None:
+        await nemesis.heal()
+    await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
+    healed = time.monotonic()
+    facts["drained"] = await workload.drain(opts.drain_timeout)
+    facts["timings"] = {
+        "load_seconds": round(healed - started, 3),
+        "drain_seconds": round(time.monotonic() - healed, 3),
+    }
+    facts["unexpected_exits"] = cluster.unexpected_exits()
+    return facts
+
+
 def run_chaos(opts: RunOptions) -> dict[str, Any]:
     """Run the test described by `opts`, write its outputs and return results.json's content."""
     opts.validate()
+    if opts.check_timeout is None:
+        opts = replace(opts, check_timeout=max(120.0, opts.time))
+    assert opts.check_timeout is not None
     out = _prepare_out(opts.out)
     began = time.monotonic()
     with Recorder(out / "history.jsonl") as recorder:

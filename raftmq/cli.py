@@ -27,13 +27,17 @@ def _chaos(argv: list[str]) -> int:
               "       raftmq chaos check --model M [--format F] FILE [--json] [--timeout S]\n"
               "       raftmq chaos run --out DIR [--nodes 3|5] [--groups G] [--time S]\n"
               "                        [--nemesis LIST|all|none] [--seed N] [--mutation NAME]\n"
+              "                        [--cluster CONFIG]\n"
+              "       raftmq chaos agent --listen HOST:PORT -- NODE COMMAND...\n"
               "exit codes: 0 valid, 1 invalid, 2 unknown (checker out of time), 3 bad input")
         return 0 if argv else 2
+    from chaos.agent import agent_main
     from chaos.cli import check_main, run_main
 
-    subcommands = {"check": check_main, "run": run_main}
+    subcommands = {"check": check_main, "run": run_main, "agent": agent_main}
     if argv[0] not in subcommands:
-        print(f"raftmq chaos: unknown command {argv[0]!r} (known: check, run)", file=sys.stderr)
+        print(f"raftmq chaos: unknown command {argv[0]!r} (known: check, run, agent)",
+              file=sys.stderr)
         return 2
     return subcommands[argv[0]](argv[1:])
 
