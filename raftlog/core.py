@@ -297,6 +297,11 @@ class RaftNode:
     def tick(self) -> None:
         """One unit of logical time; the shell decides how long a tick is."""
         if self._unreadable and self.frozen:
+            if self.role == Role.LEADER:
+                # A frozen leader sends nothing (no heartbeat, no append) and would never
+                # hear that it lost its quorum: step down, so its clients are sent on
+                # instead of waiting on a leader that cannot serve them.
+                self._become_follower(self.term, None)
             return
         if self.role == Role.LEADER:
             self._tick_leader()
@@ -440,7 +445,8 @@ class RaftNode:
         * a commit index a leader sends is capped below it, so nothing from it on is
           applied, while appends are still stored and acknowledged and votes granted;
         * this replica does not seek leadership (no campaign, TIMEOUT_NOW ignored);
-        * once it is the next entry to apply, the replica is `frozen` (acts as cut off).
+        * once it is the next entry to apply, the replica is `frozen` (acts as cut off;
+          a frozen leader steps down on its next tick).
 
         It is listed once in `Ready.repair`. Ignored for an entry not in the store.
         """

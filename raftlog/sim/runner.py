@@ -2,14 +2,15 @@
 two liveness phases with explicit bounds of virtual time:
 
 1. a majority that can talk elects (groups whose membership never changes): faults off,
-   every node restarted, then the leader (or, without one, some voter) is cut off
-   alone. Within `ELECT_WITHIN` election timeouts (plus message, fsync and catch-up
+   every node restarted, every damaged entry repaired from a peer (within its own
+   bound), then the leader (or, without one, some voter) is cut off alone. Within `ELECT_WITHIN` election timeouts (plus message, fsync and catch-up
    time) a node of the majority must lead (in a newer term, when the cut-off node led)
    and, with check-quorum on, the cut-off node must have stopped acting as leader.
    Then clients that need applied state, within the same bound: a ReadIndex read asked
    the moment the new leader is seen (its answer may not be below anything committed
    by then), and a produce-then-read (propose to the new leader, wait until the entry
-   is applied there, read: answered at or after that entry, and applied);
+   is applied there, read: answered at or after that entry, and applied; asked again
+   of the next leader if that one loses its term);
 2. heal, restart, faults off: the group must commit and apply a new entry on every
    member within a bound.
 """
@@ -192,6 +193,7 @@ def _majority_liveness(cluster: Cluster) -> None:
                     if i in cluster.nodes and not cluster.nodes[i].retired)
     if len(voters) < 3:
         return  # nobody can be cut off with a majority left
+    _repair_all(cluster)
     leaders = [n for n in cluster.leaders() if n.id in voters]
     victim = max(leaders, key=lambda n: n.raft.term) if leaders else cluster.nodes[voters[0]]
     cut_term = victim.raft.term
@@ -222,8 +224,39 @@ def _majority_liveness(cluster: Cluster) -> None:
                             f"{what} within {bound / 1000:.0f}ms of virtual time "
                             f"({ELECT_WITHIN} election timeouts and catch-up)")
         cluster.step()
-    _produce_then_read(cluster, leader, cluster.now + bound)
+    _produce_then_read(cluster, leader, new_leader, cluster.now + bound)
     cluster.net.heal()
+
+
+def _repair_all(cluster: Cluster) -> None:
+    """Start phase 1's clock with no damaged entry on any disk: a replica holding one
+    does not campaign and is frozen while it is the next to apply (the core's promise),
+    and its repair may need the very node about to be cut off (seen at seeds 20, 224).
+
+    Every replica is told what its disk holds damaged (as a scrub or its check at open
+    would find it, not only once a read trips on it) and, all healed, must repair each
+    from a peer's copy within one repair round trip and two election timeouts (retries
+    come every election timeout)."""
+    k = cluster.knobs
+    for node in cluster.live:
+        if node.store.corrupt and node.store.verify and hasattr(node.raft, "entry_unreadable"):
+            for index in sorted(node.store.corrupt):
+                node.raft.entry_unreadable(index)
+            node.drain()
+    bound = 2 * k.election_timeout_us + 4 * k.latency_max_us
+    deadline = cluster.now + bound
+
+    def awaiting() -> dict[int, list[int]]:
+        return {n.id: sorted(n.raft.unreadable) for n in cluster.live
+                if getattr(n.raft, "unreadable", ())}
+
+    while waiting := awaiting():
+        if cluster.now >= deadline:
+            raise Violation("liveness-repair",
+                            f"entries still awaiting repair {waiting} within "
+                            f"{bound / 1000:.0f}ms of virtual time, every peer reachable")
+        cluster.step()
+    cluster.note("liveness", "no damaged entry left")
 
 
 class _Reads(Checker):
@@ -237,50 +270,67 @@ class _Reads(Checker):
             self.got[read.id] = (node.id, read.index)
 
 
-def _produce_then_read(cluster: Cluster, leader: SimNode, deadline: int) -> None:
+def _produce_then_read(
+    cluster: Cluster, leader: SimNode, new_leader: Callable[[], SimNode | None], deadline: int
+) -> None:
     """Propose to `leader`, wait until it applied the entry, then read through ReadIndex:
     the answer must come from `leader`, at or after the entry, and be applied there, all
-    before `deadline`. A read right after an election needs the new term's first commit."""
+    before `deadline`. A read right after an election needs the new term's first commit.
+
+    A leader that loses its term meanwhile drops the reads asked of it (allowed: without
+    PreVote a lagging voter's campaign deposes it, seen at seed 189); the client then asks
+    the next leader `new_leader` finds, afresh and within the same deadline."""
     data = b"liveness-read:%d" % cluster.now
     index = 0
     reads = _Reads()
     cluster.read_hooks.append(reads)
-    first = _READ_IDS + 2 * cluster.steps  # asked at once: right after the election
-    rid = first + 1  # asked once the client's own entry is applied
-    asked = False
     try:
-        cluster.call(leader, lambda raft: raft.read_index(first))
-        cluster.read_requested(leader, first)  # ReadIndexFresh judges its answer
-        next_try = cluster.now
         while True:
-            if cluster.now >= deadline:
-                raise Violation(
-                    "liveness-read",
-                    f"produce-then-read on new leader {leader.id} not done in time (entry "
-                    f"{index or 'not committed'}, applied {leader.applied}, read "
-                    f"{'answered' if rid in reads.got else 'asked' if asked else 'not asked'}, "
-                    f"first read {'answered' if first in reads.got else 'not answered'})")
-            if not index and cluster.now >= next_try:
-                next_try = cluster.now + cluster.knobs.election_timeout_us
-                try:
-                    cluster.call(leader, _proposer(data))
-                except (cluster.core.NotLeader, cluster.core.ProposalDropped):
-                    pass
-            if not index:
-                index = next((e.index for e in cluster.ledger.entries if e.data == data), 0)
-            if index and leader.applied >= index and not asked:
-                cluster.call(leader, lambda raft: raft.read_index(rid))
-                cluster.read_requested(leader, rid)
-                asked = True
-            answer = reads.got.get(rid)
-            if answer is not None:
-                node, at = answer
-                if at < index:
-                    raise Violation("liveness-read", f"node {node} answered the read at {at}, "
-                                    f"before the client's own applied entry {index}")
-                if leader.applied >= at and first in reads.got:
-                    return
-            cluster.step()
+            term = leader.raft.term
+            first = _READ_IDS + 2 * cluster.steps  # asked at once: right after the election
+            rid = first + 1  # asked once the client's own entry is applied
+            asked = False
+            cluster.call(leader, _reader(first))
+            cluster.read_requested(leader, first)  # ReadIndexFresh judges its answer
+            next_try = cluster.now
+            while leader.raft is not None and leader.raft.role == Role.LEADER and (
+                leader.raft.term == term
+            ):
+                if cluster.now >= deadline:
+                    raise Violation(
+                        "liveness-read",
+                        f"produce-then-read on new leader {leader.id} not done in time (entry "
+                        f"{index or 'not committed'}, applied {leader.applied}, read "
+                        f"{'answered' if rid in reads.got else 'asked' if asked else 'not asked'}"
+                        f", first read {'answered' if first in reads.got else 'not answered'})")
+                if not index and cluster.now >= next_try:
+                    next_try = cluster.now + cluster.knobs.election_timeout_us
+                    try:
+                        cluster.call(leader, _proposer(data))
+                    except (cluster.core.NotLeader, cluster.core.ProposalDropped):
+                        pass
+                if not index:
+                    index = next((e.index for e in cluster.ledger.entries if e.data == data), 0)
+                if index and leader.applied >= index and not asked:
+                    cluster.call(leader, _reader(rid))
+                    cluster.read_requested(leader, rid)
+                    asked = True
+                answer = reads.got.get(rid)
+                if answer is not None:
+                    node, at = answer
+                    if at < index:
+                        raise Violation("liveness-read", f"node {node} answered the read at "
+                                        f"{at}, before the client's own applied entry {index}")
+                    if leader.applied >= at and first in reads.got:
+                        return
+                cluster.step()
+            cluster.note("liveness", f"leader {leader.id} lost term {term}: ask the next")
+            while (nxt := new_leader()) is None:
+                if cluster.now >= deadline:
+                    raise Violation("liveness-read", f"produce-then-read: no leader after "
+                                    f"{leader.id} lost term {term}, in time")
+                cluster.step()
+            leader = nxt
     finally:
         cluster.read_hooks.remove(reads)
 
@@ -385,3 +435,7 @@ def _report(result: RunResult, cluster: Cluster, log: Callable[[str], None]) -> 
 
 def _proposer(data: bytes) -> Callable[[Any], Any]:
     return lambda raft: raft.propose(data)
+
+
+def _reader(request_id: int) -> Callable[[Any], Any]:
+    return lambda raft: raft.read_index(request_id)
