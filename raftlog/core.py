@@ -68,7 +68,7 @@ from raftlog.types import (
 __all__ = ["NotLeader", "ProposalDropped", "RaftConfig", "RaftNode", "MUTATIONS"]
 
 #: Deliberately wrong behaviours, switched on only to prove the checkers catch them.
-MUTATIONS = frozenset({"commit-old-term", "no-prevote-term-check"})
+MUTATIONS = frozenset({"commit-old-term", "no-prevote-term-check", "snapshot-no-base"})
 
 _VOTE_RESPONSE = {MsgType.PREVOTE: MsgType.PREVOTE_RESP, MsgType.VOTE: MsgType.VOTE_RESP}
 _FROM_LEADER = frozenset({MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT})
@@ -922,6 +922,9 @@ class RaftNode:
         if not pr.can_send(self.cfg.max_inflight):
             return
         self._needs_snapshot.discard(peer)
+        base = (first - 1, self._store.term(first - 1))
+        if "snapshot-no-base" in self.cfg.mutations:
+            base = (snap.index, snap.term)  # the follower keeps no entry its state points at
         self._out.append(
             Message(
                 MsgType.SNAPSHOT,
@@ -933,8 +936,8 @@ class RaftNode:
                 commit=self.commit,
                 snapshot=snap.data,
                 membership=snap.membership,
-                hint_index=first - 1,  # the base: the follower's log restarts after it
-                hint_term=self._store.term(first - 1),
+                hint_index=base[0],  # the follower's log restarts after it
+                hint_term=base[1],
             )
         )
         pr.become_snapshot(snap.index)

@@ -34,6 +34,8 @@ MUTATIONS = {
     "commit-old-term": LOSS,
     "no-prevote-term-check": LOSS,
     "ack-before-fsync": LOSS | {"committed-entry-lost", "ack-not-durable"},
+    # a follower that installs a snapshot keeps none of the entries its state points at
+    "snapshot-no-base": {"referenced-entry-dropped", "leader-lacks-referenced-entry"},
 }
 
 

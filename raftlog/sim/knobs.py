@@ -249,4 +249,5 @@ _PROFILE_WEIGHTS: dict[str | None, tuple[tuple[str, int], ...]] = {
     "ack-before-fsync": (("crashy", 1),),
     "commit-old-term": (("churn", 1),),
     "no-prevote-term-check": (("lossy", 1), ("churn", 1)),
+    "snapshot-no-base": _BASE,
 }
