@@ -988,7 +988,9 @@ class RaftNode:
         last = entries[-1]
         self._last_index, self._last_term = last.index, last.term
         for e in entries:
-            if e.type == EntryType.CONFIG:
+            # (one at or below the commit comes with a refill: the snapshot's membership
+            # already covers it)
+            if e.type == EntryType.CONFIG and e.index > self.commit:
                 self._add_config(e)
 
     def _truncate_from(self, index: int) -> None:

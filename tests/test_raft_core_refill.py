@@ -115,3 +115,43 @@ def test_a_restart_with_a_state_ahead_of_the_log_resumes_refilling() -> None:
     node = RaftNode(9, st, st.hard_state, RaftConfig(), rng=c.rng, applied=10)
     assert node.refilling and (node.last_index, node.commit, node.applied) == (4, 10, 10)
     assert not node.ready().apply  # nothing to apply until the log is past 10
+
+
+def test_membership_changes_refilled_below_the_snapshot_do_not_replace_its_membership() -> None:
+    """The snapshot names the membership in force at its index; CONFIG entries below it
+    that the refill brings (one per append here) are history, not news (thesis §4.1)."""
+    c = Cluster(3, seed=14, config=lambda i: RaftConfig(max_append_bytes=1))
+    leader = c.elect()
+    c.propose(b"before")
+    follower = next(i for i in c.nodes if i != leader.id)
+    c.isolate(follower)
+    for k in range(10):
+        c.propose(b"a%d" % k)
+    leader.add_learner(4)
+    c.stabilize()
+    c.propose(b"b")
+    leader.remove(4)
+    c.stabilize()
+    for k in range(6):
+        c.propose(b"c%d" % k)
+    c.tick(2)
+    c.snapshot(leader.id, keep=10)
+    first = c.stores[leader.id].first_index()
+    assert c.nodes[follower].last_index + 1 < first < leader.applied - 8  # both changes kept
+    want = leader.membership_at(leader.snapshot_index)
+    assert 4 not in want.members
+    seen = []
+
+    def watch(m: Message) -> bool:
+        f = c.nodes[follower]
+        if c.installed[follower] and f.refilling:
+            seen.append(f.membership)
+        return True
+
+    c.heal()
+    for _ in range(30):
+        for node in c.nodes.values():
+            node.tick()
+        c.deliver(watch)
+    assert seen and all(m == want for m in seen)
+    assert not c.nodes[follower].refilling and c.nodes[follower].membership == want
