@@ -156,6 +156,14 @@ def test_a_replica_caught_up_by_a_snapshot_serves_every_retained_message_as_lead
 
         lead(live, victim)
         check_everything_readable(live, victim, lo)
+
+        # and so it does after a restart from what it installed and refilled
+        first = node_status(c, victim, "g0")["first"]
+        c.kill(victim)
+        c.start_node(victim)
+        lead(live, victim)
+        assert node_status(c, victim, "g0")["first"] == first
+        check_everything_readable(live, victim, lo)
         live.assert_nodes_healthy()
 
 
