@@ -646,6 +646,7 @@ class GroupRuntime(Generic[M]):
             "needs_snapshot": sorted(core.needs_snapshot),
             "sending_snapshot": sorted(core.sending_snapshot),
             "installing": core.installing.index if core.installing is not None else None,
+            "refilling": core.refilling,
             "unrepaired": sorted(self.unrepaired),
             "repaired": self.repaired,
         }

@@ -91,6 +91,7 @@ def test_a_wiped_replica_is_caught_up_from_the_leaders_snapshot(tmp_path: Path) 
             assert {e.index for e in refs} & set(range(index, snap.index + 1))
             st = rt.status()
             assert st["snapshot"] == snap.index and st["installing"] is None
+            assert st["refilling"] is False
 
             # and it restarts from what it installed
             await r.stop_and_wait(victim)

@@ -153,6 +153,8 @@ def test_a_replica_caught_up_by_a_snapshot_serves_every_retained_message_as_lead
         caught = wait_for(lambda: (s := node_status(c, victim, "g0")).get("applied", -1) >= want
                           and s, 60, f"node {victim} catching up")
         assert caught["snapshot"] > 0, caught  # it was caught up by InstallSnapshot
+        # its log starts where the leader's does, not after the snapshot
+        assert caught["first"] == node_status(c, leader, "g0")["first"] <= caught["snapshot"]
 
         lead(live, victim)
         check_everything_readable(live, victim, lo)
