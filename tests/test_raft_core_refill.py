@@ -155,3 +155,47 @@ def test_membership_changes_refilled_below_the_snapshot_do_not_replace_its_membe
         c.deliver(watch)
     assert seen and all(m == want for m in seen)
     assert not c.nodes[follower].refilling and c.nodes[follower].membership == want
+
+
+def test_a_new_leader_without_the_next_refill_entry_sends_its_own_snapshot() -> None:
+    """The follower refills from leader A's first index; A is cut off and B, which
+    compacted further, leads: B sends its snapshot (at the same index here) with its own
+    base, and the follower installs it and refills from there instead of looping."""
+    c = Cluster(3, seed=15, config=lambda i: RaftConfig(max_append_bytes=1))
+    a = c.elect()
+    c.propose(b"before")
+    f, b = (i for i in sorted(c.nodes) if i != a.id)
+    c.isolate(f)
+    for k in range(30):
+        c.propose(b"m%d" % k)
+    c.tick(2)
+    c.snapshot(a.id, keep=20)
+    c.snapshot(b, keep=2)
+    first_a, first_b = c.stores[a.id].first_index(), c.stores[b].first_index()
+    assert first_a + 10 < first_b
+
+    def keep(m: Message) -> bool:  # let the refill stop a little after A's first index
+        return not (m.dst == f and m.type == MsgType.APPEND
+                    and c.installed[f] and c.nodes[f].last_index >= first_a + 2)
+
+    c.heal()
+    for _ in range(6):
+        for node in c.nodes.values():
+            node.tick()
+        for _ in range(5):
+            c.deliver(keep)
+    follower = c.nodes[f]
+    assert follower.refilling and follower.last_index < first_b - 1
+
+    c.isolate(a.id)
+    for _ in range(100):  # the follower cannot campaign: only B can take over
+        if c.nodes[b].role == Role.LEADER:
+            break
+        c.tick(1, only=[f, b])
+    assert c.nodes[b].role == Role.LEADER
+    c.nodes[b].propose(b"after")
+    c.tick(4, only=[f, b])
+    assert [s.base[0] + 1 for s in c.installed[f] if s.base] == [first_a, first_b]
+    assert not follower.refilling and follower.last_index == c.nodes[b].last_index
+    assert c.stores[f].first_index() == first_b
+    assert c.state[f] == c.state[b]
