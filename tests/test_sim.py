@@ -36,6 +36,8 @@ MUTATIONS = {
     "ack-before-fsync": LOSS | {"committed-entry-lost", "ack-not-durable"},
     # a store that skips its checks hands out what the disk damaged
     "serve-corrupt": {"corrupt-applied", "corrupt-served"},
+    # a follower that installs a snapshot keeps none of the entries its state points at
+    "snapshot-no-base": {"referenced-entry-dropped", "leader-lacks-referenced-entry"},
 }
 
 
