@@ -23,6 +23,23 @@ snapshot carries the membership in force at its index, since the entries that se
 are gone. A follower whose disk was replaced says so when a heartbeat's commit lies
 beyond its log, or refuses the entry it once acknowledged: the leader then forgets that
 acknowledgement and probes from scratch (lowering a match is always safe).
+
+Refilling: a state may reference log entries below its own index (the broker's
+ConsumeQueues point at every retained entry, up to the snapshot's index and beyond), so
+a snapshot alone does not make a replica whole. The leader sends its snapshot with a
+base, the entry just before its own first one (in SNAPSHOT's `hint_index`/`hint_term`);
+the follower resets its log to start right after the base, acknowledges the base, and
+the leader sends it the entries from there on through ordinary appends. Until its log
+reaches the snapshot's index the replica is refilling: `commit == applied` lies beyond
+`last_index` (the only time it may), nothing is applied, it does not campaign (so it
+never leads, or serves reads, lacking an entry its state points at), and it votes as if
+its log ended at the snapshot's entry, which is committed and so protects what the
+snapshot covers as that entry would. A replica whose own snapshot is ahead of its log
+(the tail it had applied but not yet fsynced was lost) restarts refilling likewise.
+Should a new leader no longer hold the entry a refilling replica needs next, the
+replica installs that leader's snapshot even if it is older than its own state (its
+commit and applied index move back with the state: it served nothing meanwhile).
+Invariant: every entry from the base on that is at or below `commit` is committed.
 """
 
 from __future__ import annotations
@@ -53,7 +70,7 @@ from raftlog.types import (
 __all__ = ["NotLeader", "ProposalDropped", "RaftConfig", "RaftNode", "MUTATIONS"]
 
 #: Deliberately wrong behaviours, switched on only to prove the checkers catch them.
-MUTATIONS = frozenset({"commit-old-term", "no-prevote-term-check"})
+MUTATIONS = frozenset({"commit-old-term", "no-prevote-term-check", "snapshot-no-base"})
 
 _VOTE_RESPONSE = {MsgType.PREVOTE: MsgType.PREVOTE_RESP, MsgType.VOTE: MsgType.VOTE_RESP}
 _FROM_LEADER = frozenset({MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT})
@@ -122,11 +139,11 @@ class RaftNode:
         last = store.last_index()
         first = store.first_index()
         # Membership records still backed by the log (a crash may have lost the tail);
-        # those below the first index were committed before retention deleted them.
+        # those below the first index, or applied, were committed.
         self._configs = [
             (i, t, m)
             for i, t, m in hard_state.configs
-            if i == 0 or i < first or (i <= last and store.term(i) == t)
+            if i == 0 or i < first or i <= applied or (i <= last and store.term(i) == t)
         ]
         if not self._configs:
             raise ValueError("hard state holds no membership: bootstrap it first")
@@ -134,8 +151,10 @@ class RaftNode:
         self._last_index = last
         self._last_term = store.term(last)
         self._persisted = last  # everything in the store is durable at construction
-        self.commit = min(applied, last)  # invariant: applied <= commit <= last_index
-        self.applied = self.commit
+        # Invariant: applied <= commit <= last_index, but while refilling (see the module
+        # docstring): a state restored beyond the log's end is committed there.
+        self.commit = applied
+        self.applied = applied
         self.role = Role.FOLLOWER
         self.leader: int | None = None
         self._hs_dirty = False
@@ -283,11 +302,23 @@ class RaftNode:
             lo += 1
         return out
 
+    @property
+    def refilling(self) -> bool:
+        """Whether the log ends before the state (see the module docstring)."""
+        return self._last_index < self.commit
+
     def _up_to_date(self, index: int, term: int) -> bool:
-        """§5.4.1 election restriction: is a log ending at (index, term) at least as new?"""
+        """§5.4.1 election restriction: is a log ending at (index, term) at least as new?
+
+        A refilling replica, or one installing a snapshot, compares with the snapshot's
+        last entry: committed, so any leader must hold it."""
         if "no-prevote-term-check" in self.cfg.mutations:
             return True
-        return term > self._last_term or (term == self._last_term and index >= self._last_index)
+        mine = (self._last_term, self._last_index)
+        snap = self._installing or (self._snapshot if self.refilling else None)
+        if snap is not None:
+            mine = max(mine, (snap.term, snap.index))
+        return (term, index) >= mine
 
     def _matches(self, index: int, term: int) -> bool:
         return index <= self._last_index and self.term_at(index) == term
@@ -297,6 +328,11 @@ class RaftNode:
     def tick(self) -> None:
         """One unit of logical time; the shell decides how long a tick is."""
         if self._unreadable and self.frozen:
+            if self.role == Role.LEADER:
+                # A frozen leader sends nothing (no heartbeat, no append) and would never
+                # hear that it lost its quorum: step down, so its clients are sent on
+                # instead of waiting on a leader that cannot serve them.
+                self._become_follower(self.term, None)
             return
         if self.role == Role.LEADER:
             self._tick_leader()
@@ -408,27 +444,29 @@ class RaftNode:
 
     def snapshot_installed(self, index: int, term: int) -> None:
         """The shell has done what `Ready.snapshot` asked: the snapshot is durable, the
-        state machine restored from it and the store reset to start after `index`.
+        state machine restored from it and the store reset to start after its base.
 
-        The log, commit and applied index now end at `index`, the snapshot becomes the
-        one this replica would send as leader, and the leader hears the new match.
+        Commit and applied index are now `index`, the log ends at the base (refilling
+        until appends reach `index`), the snapshot becomes the one this replica would
+        send as leader, and the leader hears the base as the new match.
         """
         snap = self._installing
         if snap is None or (snap.index, snap.term) != (index, term):
             raise ValueError(f"no snapshot {index}@{term} is being installed")
-        assert snap.membership is not None
+        assert snap.membership is not None and snap.base is not None
         self._installing = None
         self._snapshot = snap
         self._pending = []
         self._unreadable.clear()  # every old entry went with the log
-        self._last_index = self._persisted = self.commit = self.applied = index
-        self._last_term = term
+        self._last_index, self._last_term = snap.base
+        self._persisted = self._last_index
+        self.commit = self.applied = index
         self._configs = [(index, term, snap.membership)]
         self._hs_dirty = True
         if self.leader is not None:
             # Any leader of this term or later holds the committed prefix up to `index`.
             self._ack_to = self.leader
-            self._ack_index = index
+            self._ack_index = self._last_index
             self._acked = 0
             self._flush_ack()
 
@@ -440,7 +478,8 @@ class RaftNode:
         * a commit index a leader sends is capped below it, so nothing from it on is
           applied, while appends are still stored and acknowledged and votes granted;
         * this replica does not seek leadership (no campaign, TIMEOUT_NOW ignored);
-        * once it is the next entry to apply, the replica is `frozen` (acts as cut off).
+        * once it is the next entry to apply, the replica is `frozen` (acts as cut off;
+          a frozen leader steps down on its next tick).
 
         It is listed once in `Ready.repair`. Ignored for an entry not in the store.
         """
@@ -553,11 +592,13 @@ class RaftNode:
         self._reads.clear()
 
     def _can_campaign(self) -> bool:
-        # Not while a snapshot is being installed: the log is about to be replaced; nor
-        # while holding an entry it cannot read (it could not serve it as leader).
+        # Not while a snapshot is being installed (the log is about to be replaced), the
+        # log is refilled (a leader must hold every entry its state points at), nor while
+        # holding an entry it cannot read (it could not serve it as leader).
         return (
             self.id in self.membership.voters
             and self._installing is None
+            and not self.refilling
             and not self._unreadable
         )
 
@@ -719,10 +760,11 @@ class RaftNode:
             self._ack_index = self._acked = 0
 
     def _handle_append(self, m: Message) -> None:
-        if m.log_index < self.commit:
+        held = min(self.commit, self._last_index)  # the commit, unless refilling
+        if m.log_index < held:
             # Our committed prefix is known to match; acknowledge as much of it as is
             # on disk (a follower's commit may run ahead of its fsync) and let it resend.
-            self._send(MsgType.APPEND_RESP, m.src, log_index=min(self.commit, self._persisted))
+            self._send(MsgType.APPEND_RESP, m.src, log_index=min(held, self._persisted))
             return
         if not self._matches(m.log_index, m.log_term):
             self._reject_append(m)
@@ -730,7 +772,7 @@ class RaftNode:
         entries = m.entries
         for k, e in enumerate(entries):
             if e.index > self._last_index or self.term_at(e.index) != e.term:
-                if e.index <= self.commit:
+                if e.index <= min(self.commit, self._last_index):
                     raise AssertionError(f"{self.id}: conflict at committed index {e.index}")
                 self._append_entries(entries[k:])
                 break
@@ -745,7 +787,16 @@ class RaftNode:
         if self._installing is not None or m.membership is None:
             return  # one install at a time (the leader resends if this one was lost)
         index, term = m.log_index, m.log_term
-        if index <= self.commit or self._matches(index, term):
+        base = (m.hint_index, m.hint_term) if 0 < m.hint_index <= index else (index, term)
+        if self.refilling and index <= self.commit and self._last_index >= base[0]:
+            # Our state is newer and the leader holds the entry our refill needs next:
+            # acknowledge our log's end (committed entries, so matching) and go on.
+            self._handle_append(
+                Message(MsgType.APPEND, m.src, m.dst, m.term, log_index=self._last_index,
+                        log_term=self._last_term, commit=m.commit)
+            )
+            return
+        if not self.refilling and (index <= self.commit or self._matches(index, term)):
             # Our log already holds the snapshot's last entry and so, by Log Matching,
             # everything before it: keep the log and what follows (paper §7), and
             # answer as to an empty append after that entry.
@@ -754,7 +805,11 @@ class RaftNode:
                         commit=m.commit)
             )
             return
-        snap = Snapshot(index, term, m.snapshot, m.membership)
+        self._start_install(Snapshot(index, term, m.snapshot, m.membership, base))
+
+    def _start_install(self, snap: Snapshot) -> None:
+        assert snap.membership is not None
+        index, term = snap.index, snap.term
         self._installing = self._snapshot_out = snap
         # The log is frozen until the shell reports back: no entries handed out (what is
         # pending dies with the log), no acknowledgements, commits or campaigns.
@@ -764,7 +819,7 @@ class RaftNode:
         # the shell resets the log. Records of the old log stay for a restart that
         # finds the reset undone; they lie below the new first index once it is done.
         self._configs = [c for c in self._configs if c[0] < index]
-        self._configs.append((index, term, m.membership))
+        self._configs.append((index, term, snap.membership))
         self._hs_dirty = True
 
     def _reject_append(self, m: Message) -> None:
@@ -964,6 +1019,9 @@ class RaftNode:
         if not pr.can_send(self.cfg.max_inflight):
             return
         self._needs_snapshot.discard(peer)
+        base = (first - 1, self._store.term(first - 1))
+        if "snapshot-no-base" in self.cfg.mutations:
+            base = (snap.index, snap.term)  # the follower keeps no entry its state points at
         self._out.append(
             Message(
                 MsgType.SNAPSHOT,
@@ -975,6 +1033,8 @@ class RaftNode:
                 commit=self.commit,
                 snapshot=snap.data,
                 membership=snap.membership,
+                hint_index=base[0],  # the follower's log restarts after it
+                hint_term=base[1],
             )
         )
         pr.become_snapshot(snap.index)
@@ -1025,7 +1085,9 @@ class RaftNode:
         last = entries[-1]
         self._last_index, self._last_term = last.index, last.term
         for e in entries:
-            if e.type == EntryType.CONFIG:
+            # (one at or below the commit comes with a refill: the snapshot's membership
+            # already covers it)
+            if e.type == EntryType.CONFIG and e.index > self.commit:
                 self._add_config(e)
 
     def _truncate_from(self, index: int) -> None:

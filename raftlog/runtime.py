@@ -37,10 +37,18 @@ index, so replay resumes after it.
 
 Installing a snapshot a leader sent (`Ready.snapshot`): the state is restored through
 `restore` (which also checks it), the file written, the CommitLog reset to start after
-the snapshot (`CommitLog.reset_to`), then the core told. A crash after the file was
-written but before the reset is finished on the next open (the snapshot is newer than
-the log). Snapshot files only ever move forward: writes are serialised and an older
-snapshot never replaces a newer one.
+the snapshot's base (`CommitLog.reset_to`), then the core told; the leader then sends
+the entries from the base on, which the state references (ConsumeQueues point at every
+retained entry), and the core neither campaigns nor applies until its log reaches the
+snapshot again (`raftlog.core`, "Refilling"). On open, an installed snapshot whose
+entries the log does not hold yet (a crash came after the file was written, before the
+reset or during the refill) resets the log to its base again: the refill starts over.
+A replica's own snapshot records the retention horizon as its base (its log holds
+everything from there), so one found ahead of its log (a follower applies entries
+before its fsync covers them, and a crash lost them) is refilled the same way.
+Snapshot files only ever move forward (writes are serialised and an older snapshot of
+its own never replaces a newer one), but for the install that restarts a refill from
+an older leader's snapshot.
 
 Corrupt entries: the CommitLog keeps an entry whose bytes fail their CRCs but whose
 index record is intact (`raftlog.commitlog`, "Repair"), so the log's length and terms,
@@ -308,6 +316,7 @@ class _DueSnapshot:
     membership: Membership
     serialise: Callable[[], bytes]  # safe to call in a worker thread
     retained: int  # delete log segments below it once written (0: none)
+    base: tuple[int, int]  # the entry before the first one the state references
 
 
 class _Waiter:
@@ -443,9 +452,9 @@ class GroupRuntime(Generic[M]):
     def _load_snapshot(self) -> Snapshot | None:
         """Restore the state machine from the snapshot file, if there is one.
 
-        Finishes an install a crash interrupted (the snapshot is newer than the log, or
-        disagrees with it at its index: reset the log to it). Refuses to start when the
-        log begins after it: replay would skip entries.
+        Restarts an install a crash interrupted (the log does not hold the installed
+        snapshot's entries from its base on: reset the log to the base). Refuses to
+        start when the log begins after the snapshot: replay would skip entries.
         """
         lg = self.log
         assert lg is not None
@@ -458,7 +467,17 @@ class GroupRuntime(Generic[M]):
             self._machine = self._restore(snap.data)
             index = self.snapshot_index = self._snapshot_taken = snap.index
             first, last = lg.first_index(), lg.last_index()
-            if index > last or (index >= first - 1 and lg.term(index) != snap.term):
+            if snap.base is not None:
+                base, base_term = snap.base
+                whole = first <= base + 1 and index <= last and lg.term(index) == snap.term
+                empty_at_base = (first, last) == (base + 1, base) and lg.term(base) == base_term
+                if not (whole or empty_at_base):
+                    log.info("restarting an interrupted snapshot install", extra={"fields": {
+                        "group": self.group_id, "snapshot": index, "base": base,
+                        "log": [first, last]}})
+                    lg.reset_to(base, base_term)
+            elif index > last or (index >= first - 1 and lg.term(index) != snap.term):
+                # a file from before bases were recorded: the old rule
                 log.info("finishing an interrupted snapshot install", extra={"fields": {
                     "group": self.group_id, "snapshot": index, "log": [first, last]}})
                 lg.reset_to(index, snap.term)
@@ -642,6 +661,7 @@ class GroupRuntime(Generic[M]):
             "needs_snapshot": sorted(core.needs_snapshot),
             "sending_snapshot": sorted(core.sending_snapshot),
             "installing": core.installing.index if core.installing is not None else None,
+            "refilling": core.refilling,
             "unrepaired": sorted(core.unreadable),
             "repaired": self.repaired,
         }
@@ -821,12 +841,16 @@ class GroupRuntime(Generic[M]):
         self._retain_seen = max(self._retain_seen, retained)
         self._snapshot_taken = last.index
         prev = self._snapshot_due
+        lg = self.log
+        assert lg is not None
+        base = max(retained, lg.first_index(), 1) - 1  # the log holds everything after it
         self._snapshot_due = _DueSnapshot(
             last.index,
             last.term,
             core.membership_at(last.index),
             serialise,
             max(retained if retain_due else 0, prev.retained if prev is not None else 0),
+            (base, lg.term(base)),
         )
         self._snapshot_needed.set()
 
@@ -843,7 +867,7 @@ class GroupRuntime(Generic[M]):
 
     def _write_snapshot(self, due: _DueSnapshot) -> Snapshot:
         """Serialise and save `due` (blocking: runs in a worker thread)."""
-        snap = Snapshot(due.index, due.term, due.serialise(), due.membership)
+        snap = Snapshot(due.index, due.term, due.serialise(), due.membership, due.base)
         save_snapshot(self.snapshot_path, snap)
         return snap
 
@@ -902,7 +926,8 @@ class GroupRuntime(Generic[M]):
         async with self._snapshot_lock:
             machine = self._restore(snap.data)  # first: a snapshot it refuses is not saved
             await trio.to_thread.run_sync(save_snapshot, self.snapshot_path, snap)
-            lg.reset_to(snap.index, snap.term)
+            base, base_term = snap.base if snap.base is not None else (snap.index, snap.term)
+            lg.reset_to(base, base_term)
             if self._guard is not None:
                 self._guard.clear()
             self._machine = machine

@@ -10,12 +10,14 @@ old one, fsync the directory (as for the hard state).
 
 File format (little-endian)::
 
-    magic b"RMSN" | version u16 = 2 | reserved u16 | index u64 | term u64 |
-    membership length u32 | length u64 | membership (`Membership.encode`) | state bytes |
-    crc32c u32 over everything before it
+    magic b"RMSN" | version u16 = 3 | reserved u16 | index u64 | term u64 | flags u32 |
+    base index u64 | base term u64 | membership length u32 | length u64 |
+    membership (`Membership.encode`) | state bytes | crc32c u32 over everything before it
 
-    where `length` counts membership and state bytes. Version 1 files (no membership
-    length, no membership) are still read; their `Snapshot.membership` is None.
+    where `length` counts membership and state bytes, and flag bit 0 says the base
+    fields hold `Snapshot.base` (a snapshot installed from a leader; else both are 0 and
+    the base is None). Version 2 files (no flags, no base) and version 1 files (no
+    membership either) are still read; their base and membership are None.
 
 A missing file means "no snapshot: replay the log from index 1"; a present but
 unreadable one raises `CorruptSnapshot` -- starting from scratch over a log whose prefix
@@ -33,9 +35,11 @@ from raftlog.types import Membership, Snapshot
 __all__ = ["CorruptSnapshot", "Snapshot", "load_snapshot", "save_snapshot"]
 
 _MAGIC = b"RMSN"
-_VERSION = 2
-_HEAD = struct.Struct("<4sHHQQIQ")
+_VERSION = 3
+_HEAD = struct.Struct("<4sHHQQIQQIQ")
+_HEAD_V2 = struct.Struct("<4sHHQQIQ")
 _HEAD_V1 = struct.Struct("<4sHHQQQ")
+_HAS_BASE = 1
 _VERSION_AT = struct.Struct("<H")
 
 
@@ -51,10 +55,11 @@ def save_snapshot(path: str | os.PathLike[str], snap: Snapshot) -> None:
     Blocking; fine in a worker thread (it touches only its own files).
     """
     members = snap.membership.encode() if snap.membership is not None else b""
+    flags, (base, base_term) = (_HAS_BASE, snap.base) if snap.base is not None else (0, (0, 0))
     atomic_write(
         path,
-        *seal(_HEAD, _MAGIC, _VERSION, snap.index, snap.term, len(members),
-              payload=members + snap.data),
+        *seal(_HEAD, _MAGIC, _VERSION, snap.index, snap.term, flags, base, base_term,
+              len(members), payload=members + snap.data),
     )
 
 
@@ -70,7 +75,18 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot | None:
     if version == 1:
         (index, term), state = unseal(data, path, _HEAD_V1, _MAGIC, 1, CorruptSnapshot)
         return Snapshot(index, term, state)
-    (index, term, mlen), payload = unseal(data, path, _HEAD, _MAGIC, _VERSION, CorruptSnapshot)
+    base: tuple[int, int] | None = None
+    if version == 2:
+        (index, term, mlen), payload = unseal(data, path, _HEAD_V2, _MAGIC, 2, CorruptSnapshot)
+    else:
+        (index, term, flags, b, bt, mlen), payload = unseal(
+            data, path, _HEAD, _MAGIC, _VERSION, CorruptSnapshot)
+        if flags & ~_HAS_BASE:
+            raise CorruptSnapshot(path, f"unknown flags {flags:#x}")
+        if flags & _HAS_BASE:
+            if b > index:
+                raise CorruptSnapshot(path, f"base {b} beyond the snapshot's index {index}")
+            base = (b, bt)
     if mlen > len(payload):
         raise CorruptSnapshot(path, f"membership of {mlen} bytes in a {len(payload)}-byte payload")
     membership = None
@@ -79,4 +95,4 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot | None:
             membership = Membership.decode(payload[:mlen])
         except Exception as exc:  # msgpack raises several unrelated types
             raise CorruptSnapshot(path, f"bad membership: {exc}") from exc
-    return Snapshot(index, term, payload[mlen:], membership)
+    return Snapshot(index, term, payload[mlen:], membership, base)

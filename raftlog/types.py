@@ -11,9 +11,10 @@ The contract the shell keeps with the core (the etcd `Ready` loop, adapted):
       of this Ready is sent: vote grants and term changes depend on it.
    b. `snapshot`, when set (followers only), replaces the state machine and the log:
       make it durable (so a restart restores it), restore the state machine from its
-      `data`, reset the store so that it holds no entries and `first_index() ==
-      snapshot.index + 1` with `term(snapshot.index) == snapshot.term`, then call
-      `snapshot_installed(index, term)`. The hard state of the same Ready already names
+      `data`, reset the store so that it holds no entries and `first_index() == b + 1`
+      with `term(b) == t`, where (b, t) is `snapshot.base`, then call
+      `snapshot_installed(index, term)`. The core then holds a log ending before the
+      state (it is refilling: `raftlog.core`) until the leader's appends reach `index`. The hard state of the same Ready already names
       `snapshot.membership`; a Ready that carries a snapshot carries no `entries` and
       no `apply`. The install may take a while (the shell may await it): until
       `snapshot_installed` the core keeps taking events but appends nothing,
@@ -146,18 +147,33 @@ class Snapshot:
     below it, else the bootstrap one): a replica that installs the snapshot has no log
     left to learn it from (etcd's ConfState). It is None only in snapshot files written
     before it was recorded; the core then falls back on the configurations it knows.
+
+    `base` is set on a snapshot installed from a leader: the (index, term) of the entry
+    just before the first one the leader still held. A state may point into the log
+    below its own index (the broker's ConsumeQueues reference every retained entry), so
+    the installing replica keeps its log from the base on, not from `index`, and gets
+    the entries in between through ordinary appends before it may lead (see
+    `raftlog.core`, "Refilling"). None on a replica's own snapshot: its log already
+    holds what its state references.
     """
 
     index: int
     term: int
     data: bytes
     membership: Membership | None = None
+    base: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.base is not None and not 0 <= self.base[0] <= self.index:
+            raise ValueError(f"snapshot {self.index}: base {self.base[0]} outside [0, {self.index}]")
 
     def describe(self) -> str:
         m = self.membership
         who = f" voters {sorted(m.voters)}" if m is not None else ""
         if m is not None and m.learners:
             who += f" learners {sorted(m.learners)}"
+        if self.base is not None and self.base[0] < self.index:
+            who += f" log from {self.base[0] + 1}"
         return f"snapshot {self.index}@{self.term} ({len(self.data)}B){who}"
 
 
@@ -198,8 +214,11 @@ class Message:
       `hint_index` = its last index + 1.
     - SNAPSHOT (InstallSnapshot: paper §7, thesis §5.1): `log_index`/`log_term` = the
       last entry the snapshot includes, `membership` = the configuration in force there,
-      `snapshot` = the state machine's bytes, `commit` = the leader's. Answered by an
-      APPEND_RESP whose match is `log_index` once the follower has installed it durably.
+      `snapshot` = the state machine's bytes, `commit` = the leader's, `hint_index`/
+      `hint_term` = the snapshot's base: the entry just before the first one the leader
+      holds (0: none given, the follower's log starts after `log_index`). Answered by an
+      APPEND_RESP whose match is the base once the follower has installed it durably;
+      the leader then sends the entries from there on as usual.
 
     The whole snapshot travels in one message, which keeps the protocol simple while
     states are small next to what a link carries in an election timeout. Large states

@@ -96,7 +96,8 @@ class Cluster:
 
     def _installed(self, i: int) -> None:
         snap = self.installing.pop(i)
-        self.stores[i].reset_to(snap.index, snap.term)
+        assert snap.base is not None
+        self.stores[i].reset_to(*snap.base)
         self.state[i] = _decode_state(snap.data)
         self.installed[i].append(snap)
         self.nodes[i].snapshot_installed(snap.index, snap.term)

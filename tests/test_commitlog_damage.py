@@ -3,13 +3,12 @@
 Found by the `truncate-file`/`bitflip-file` chaos nemeses: a corrupt entry *header* in
 the middle of a log whose index file does not vouch for it (the index is written
 lazily, so a young log's index is often empty) ends the log there at recovery, as a
-torn tail would. When the replica's snapshot lies beyond that point, the log is then
-reset to the snapshot (as for an interrupted install): the state machine, ConsumeQueues
-included, still says the messages below are there, but their bodies are gone from this
-replica. Once it leads the group, a read of those offsets fails with INTERNAL
-(OutOfRange) instead of serving them: the cluster holds the messages on two replicas,
-but cannot hand them out. The test is expected to fail until that is repaired (refetch
-the entries from a peer, or refuse to lead while they are missing).
+torn tail would. The replica's snapshot then lies beyond its log: the state machine,
+ConsumeQueues included, says the messages below are there, but their bodies are gone
+from this replica. It used to lead like that and fail a read of those offsets with
+INTERNAL (OutOfRange) while two replicas held the messages; now its log is reset to the
+snapshot's base and refilled from the leader (`raftlog.core`, "Refilling"), and it may
+not lead until it holds every entry its state references.
 """
 
 from __future__ import annotations
@@ -55,8 +54,7 @@ async def _lead_and_read(cluster: LocalCluster, node: int) -> list[str]:
     return [m.body.decode() for m in res.messages]
 
 
-@pytest.mark.xfail(strict=True, reason="a replica cut below its snapshot cannot serve the "
-                   "messages below it (INTERNAL OutOfRange)")
+@pytest.mark.live
 def test_a_leader_whose_log_was_cut_below_its_snapshot_still_serves_every_message(
     tmp_path: Path,
 ) -> None:

@@ -132,3 +132,30 @@ def test_an_overwritten_unreadable_entry_needs_no_repair_and_others_are_ignored(
     node.step(Message(MsgType.APPEND, other, f, leader.term + 1, log_index=first - 1,
                       log_term=node.term_at(first - 1), entries=(new,)))
     assert node.unreadable == frozenset()
+
+
+def test_a_leader_frozen_on_an_unreadable_entry_steps_down_and_follows_after_repair():
+    # A frozen leader ignores ticks and messages: without stepping down it would claim
+    # leadership forever while cut off (it never runs check-quorum), its clients waiting.
+    c = Cluster(3)
+    leader = c.elect()
+    old = leader.id
+    first = leader.propose(b"a")
+    c.process(old)  # stored on the leader, not yet committed
+    c.corrupt(old, first)
+    c.stabilize()  # the followers acknowledge: it commits and reads `first` to apply it
+    assert leader.frozen and leader.role == Role.LEADER and c.payloads(old) == []
+    term = leader.term
+    c.tick(1, only=[old])
+    assert leader.role == Role.FOLLOWER and leader.leader is None and leader.term == term
+    for _ in range(100):  # the others elect among themselves (the frozen one ignores it)
+        new = next((n for n in c.nodes.values() if n.role == Role.LEADER), None)
+        if new is not None:
+            break
+        c.tick()
+    assert new is not None and new.id != old and new.term > term
+    c.propose(b"b")
+    assert c.payloads(old) == []  # still frozen until a peer's copy repairs it
+    assert c.repair(old) == [first]
+    c.tick(3)
+    assert c.nodes[old].leader == new.id and c.payloads(old) == [b"a", b"b"]

@@ -1,13 +1,16 @@
 """Snapshots in the trio shell: a replica whose disk was wiped after retention is caught up
-by the leader's snapshot, a periodic snapshot bounds the replay of a restart, and an
-install a crash interrupted is finished on the next open."""
+by the leader's snapshot and refilled with the entries its state references, a periodic
+snapshot bounds the replay of a restart, and an install (or refill) a crash interrupted
+is finished (or restarted) on the next open."""
 
 from __future__ import annotations
 
 import shutil
+import struct
 import time
 from pathlib import Path
 
+import crc32c
 import msgpack
 import trio
 
@@ -65,7 +68,10 @@ def test_a_wiped_replica_is_caught_up_from_the_leaders_snapshot(tmp_path: Path) 
             snap = load_snapshot(tmp_path / f"n{victim}" / "snapshot")
             assert snap is not None and snap.index >= index
             assert snap.membership == Membership(frozenset({1, 2, 3}))
-            assert rt.log.first_index() == snap.index + 1
+            # its log restarts where the leader's begins (not after the snapshot): the
+            # entries in between are referenced by its queues and refilled by appends
+            assert snap.base is not None and snap.base[0] + 1 == index < snap.index
+            assert rt.log.first_index() == index
             assert rt.machine is r.machines[victim]  # restored through the callback
 
             # it keeps replicating from there, and its state is the leader's
@@ -78,8 +84,14 @@ def test_a_wiped_replica_is_caught_up_from_the_leaders_snapshot(tmp_path: Path) 
                 r.machines[leader.node_id].queue_range("t", 0)
             )
             assert not leader.core.needs_snapshot and not leader.core.sending_snapshot
+            lo, end = r.machines[victim].queue_range("t", 0)
+            refs, _ = r.machines[victim].lookup("t", 0, lo, end - lo, 1 << 40)
+            assert len(refs) == end - lo
+            assert all(rt.log.first_index() <= e.index <= rt.log.last_index() for e in refs)
+            assert {e.index for e in refs} & set(range(index, snap.index + 1))
             st = rt.status()
             assert st["snapshot"] == snap.index and st["installing"] is None
+            assert st["refilling"] is False
 
             # and it restarts from what it installed
             await r.stop_and_wait(victim)
@@ -193,3 +205,68 @@ def test_open_finishes_an_install_a_crash_interrupted(tmp_path: Path) -> None:
     assert rt.core.snapshot_index == 40
     assert isinstance(rt.machine, Tally) and rt.machine.total == 99
     rt.log.close()
+
+
+def _open_with(tmp_path: Path, log: list[Entry], snap: Snapshot,
+               base: tuple[int, int] | None = None) -> GroupRuntime[Tally]:
+    lg = CommitLog.open(tmp_path, segment_size=SEG)
+    if base is not None:
+        lg.reset_to(*base)
+    if log:
+        lg.append(log)
+    lg.close()
+    save_snapshot(tmp_path / "snapshot", snap)
+    rt = GroupRuntime("g", 1, tmp_path, (1, 2, 3), Tally(), lambda g, msg: None,
+                      GroupOptions(segment_size=SEG), restore=Tally.restore)
+    rt.open()
+    return rt
+
+
+def test_open_restarts_an_install_whose_refill_a_crash_interrupted(tmp_path: Path) -> None:
+    """The installed snapshot (40, base 20) is saved, the log reset to 20 and refilled
+    up to 30 only: the refill starts over from the base, the core refilling."""
+    m = Membership(frozenset({1, 2, 3}))
+    rt = _open_with(tmp_path, [Entry(i, 3, EntryType.MESSAGES, b"1") for i in range(21, 31)],
+                    Snapshot(40, 3, Tally(40, 99).snapshot(), m, (20, 2)), base=(20, 2))
+    assert rt.log is not None and rt.core is not None
+    assert (rt.log.first_index(), rt.log.last_index(), rt.log.term(20)) == (21, 20, 2)
+    assert rt.core.refilling and rt.core.commit == rt.core.applied == 40
+    assert isinstance(rt.machine, Tally) and rt.machine.total == 99
+    rt.log.close()
+
+
+def test_open_keeps_a_log_that_holds_the_snapshots_entries_from_its_base(tmp_path: Path) -> None:
+    m = Membership(frozenset({1, 2, 3}))
+    entries = [Entry(i, 3, EntryType.MESSAGES, b"1") for i in range(21, 51)]
+    rt = _open_with(tmp_path, entries, Snapshot(40, 3, Tally(40, 99).snapshot(), m, (20, 2)),
+                    base=(20, 2))
+    assert rt.log is not None and rt.core is not None
+    assert (rt.log.first_index(), rt.log.last_index()) == (21, 50)
+    assert not rt.core.refilling and rt.core.applied == 40
+    rt.log.close()
+
+
+def test_an_own_snapshot_ahead_of_its_log_refills_from_its_horizon(tmp_path: Path) -> None:
+    """A follower applied up to 40 and snapshotted (horizon 11) before its fsync covered
+    past 30; a crash lost 31..40. Its log is reset to the horizon and refilled."""
+    m = Membership(frozenset({1, 2, 3}))
+    rt = _open_with(tmp_path, [Entry(i, 1, EntryType.MESSAGES, b"1") for i in range(1, 31)],
+                    Snapshot(40, 1, Tally(40, 99).snapshot(), m, (10, 1)))
+    assert rt.log is not None and rt.core is not None
+    assert (rt.log.first_index(), rt.log.last_index()) == (11, 10)
+    assert rt.core.refilling and rt.core.applied == 40
+    rt.log.close()
+
+
+def test_snapshot_files_keep_the_base_and_older_files_still_load(tmp_path: Path) -> None:
+    m = Membership(frozenset({1, 2}))
+    path = tmp_path / "snapshot"
+    for base in ((7, 2), None):
+        save_snapshot(path, Snapshot(9, 3, b"state", m, base))
+        assert load_snapshot(path) == Snapshot(9, 3, b"state", m, base)
+    # a version 2 file (written before bases were recorded)
+    members = m.encode()
+    head = struct.pack("<4sHHQQIQ", b"RMSN", 2, 0, 9, 3, len(members), len(members) + 5)
+    body = head + members + b"state"
+    path.write_bytes(body + struct.pack("<I", crc32c.crc32c(body)))
+    assert load_snapshot(path) == Snapshot(9, 3, b"state", m, None)

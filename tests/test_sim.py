@@ -36,6 +36,8 @@ MUTATIONS = {
     "ack-before-fsync": LOSS | {"committed-entry-lost", "ack-not-durable"},
     # a store that skips its checks hands out what the disk damaged
     "serve-corrupt": {"corrupt-applied", "corrupt-served"},
+    # a follower that installs a snapshot keeps none of the entries its state points at
+    "snapshot-no-base": {"referenced-entry-dropped", "leader-lacks-referenced-entry"},
 }
 
 
@@ -251,6 +253,46 @@ def test_a_read_right_after_an_election_catches_reads_before_the_first_commit() 
         if r.invariant == "read-index-stale" and r.phase == "liveness":
             return
     pytest.fail("reads before a new leader's first commit passed 12 seeds' liveness phases")
+
+
+class _NeverRepaired(raftlog.core.RaftNode):
+    """A replica that never takes a repaired entry back: it awaits repair forever."""
+
+    def entry_repaired(self, index: int) -> None:
+        pass
+
+
+def test_the_repair_before_the_cut_is_bounded_too() -> None:
+    """Phase 1 starts its clock once every damaged entry is repaired; a repair that
+    never completes fails that wait instead of passing unjudged."""
+    broken = types.SimpleNamespace(**{**vars(raftlog.core), "RaftNode": _NeverRepaired})
+    for seed in range(10):
+        r = run_seed(seed, 300, core=broken, reconfig=False,  # type: ignore[arg-type]
+                     corrupt_mean_us=20_000)
+        if r.invariant == "liveness-repair":
+            assert r.phase == "liveness" and "awaiting repair" in (r.violation or "")
+            return
+    pytest.fail("replicas that never finish a repair passed 10 seeds")
+
+
+class _DropsReads(raftlog.core.RaftNode):
+    """Never answers a ReadIndex request (as if every leader lost its term at once)."""
+
+    def read_index(self, request_id: int) -> None:
+        if self.role != Role.LEADER:
+            raise raftlog.core.NotLeader(self.leader, self.term)
+
+
+def test_reads_never_answered_fail_the_produce_then_read_bound() -> None:
+    """Asking the next leader again after a leader loses its term does not excuse a
+    leader that keeps its term and never answers."""
+    broken = types.SimpleNamespace(**{**vars(raftlog.core), "RaftNode": _DropsReads})
+    for seed in range(10):
+        r = run_seed(seed, 300, core=broken, reconfig=False)  # type: ignore[arg-type]
+        if r.invariant == "liveness-read":
+            assert "not done in time" in (r.violation or "")
+            return
+    pytest.fail("leaders that never answer a read passed 10 seeds")
 
 
 def test_majority_liveness_holds_on_the_real_core() -> None:

@@ -26,7 +26,7 @@ from raftlog.sim.disk import SimStore
 from raftlog.sim.events import EventQueue
 from raftlog.sim.invariants import Checker, Ledger, Violation, default_checkers
 from raftlog.sim.knobs import SHELL_MUTATIONS, Knobs
-from raftlog.sim.machine import GENESIS, chain
+from raftlog.sim.machine import GENESIS, chain, pack, unpack
 from raftlog.sim.network import SimNetwork
 from raftlog.types import (
     Entry,
@@ -86,6 +86,7 @@ class SimNode:
         "applied",
         "applied_term",
         "state",
+        "horizon",
         "tick_period",
         "repair_due",
     )
@@ -104,6 +105,7 @@ class SimNode:
         self.applied = 0
         self.applied_term = 0
         self.state = GENESIS
+        self.horizon = 1  # the first entry the state references
         k = cluster.knobs
         self.tick_period = int(k.tick_us * (1 + cluster.rng.uniform(-k.tick_skew, k.tick_skew)))
 
@@ -111,17 +113,23 @@ class SimNode:
 
     def start(self) -> None:
         """Boot (or reboot) the core from what the disk holds: the state machine from the
-        snapshot, if any (finishing an install a crash interrupted), then the log."""
+        snapshot, if any, then the log. As `raftlog.runtime` does: a log that does not
+        hold the snapshot's entries from its base on (an install or a refill a crash
+        interrupted, or an own snapshot ahead of a log that lost its unsynced tail) is
+        reset to the base, and the core refills it."""
         c = self.cluster
         store = self.store
         snap = store.snapshot
-        self.applied, self.applied_term, self.state = 0, 0, GENESIS
+        self.applied, self.applied_term, self.state, self.horizon = 0, 0, GENESIS, 1
         if snap is not None:
-            if snap.index > store.last_index() or (
-                snap.index >= store.first_index() - 1 and store.term(snap.index) != snap.term
-            ):
-                store.reset_to(snap.index, snap.term)
-            self.applied, self.applied_term, self.state = snap.index, snap.term, snap.data
+            assert snap.base is not None
+            b, bt = snap.base
+            first, last = store.first_index(), store.last_index()
+            whole = first <= b + 1 and snap.index <= last and store.term(snap.index) == snap.term
+            if not (whole or ((first, last) == (b + 1, b) and store.term(b) == bt)):
+                store.reset_to(b, bt)
+            self.applied, self.applied_term = snap.index, snap.term
+            self.state, self.horizon = unpack(snap.data)
         self.raft = c.core.RaftNode(
             self.id,
             store,
@@ -241,18 +249,21 @@ class SimNode:
             return None  # nothing applied, or a newer state is being installed
         if store.snapshot is not None and self.applied <= store.snapshot.index:
             return None
-        snap = Snapshot(
-            self.applied, self.applied_term, self.state, self.raft.membership_at(self.applied)
-        )
-        store.save_snapshot(snap)
-        self.raft.set_snapshot(snap)
-        upto = min(snap.index, store.durable_len) - keep
+        upto = min(self.applied, store.durable_len) - keep
         # A corrupt entry is repaired from a peer that still holds it: keep what any
         # other replica's disk has damaged (the fault is survivable while a copy is left).
         damaged = [min(n.store.corrupt) for n in self.cluster.nodes.values()
                    if n is not self and n.store.corrupt]
         if damaged:
             upto = min(upto, min(damaged) - 1)
+        self.horizon = max(self.horizon, upto + 1)  # the state lets go of what is compacted
+        base = self.horizon - 1
+        snap = Snapshot(
+            self.applied, self.applied_term, pack(self.state, self.horizon),
+            self.raft.membership_at(self.applied), (base, store.term(base)),
+        )
+        store.save_snapshot(snap)
+        self.raft.set_snapshot(snap)
         if upto > store.base[0]:
             store.compact(upto)
         for chk in self.cluster.snapshot_hooks:
@@ -272,8 +283,10 @@ class SimNode:
             c.schedule_install(self, snap)
 
     def finish_install(self, snap: Snapshot) -> None:
-        self.store.reset_to(snap.index, snap.term)
-        self.applied, self.applied_term, self.state = snap.index, snap.term, snap.data
+        assert snap.base is not None
+        self.store.reset_to(*snap.base)
+        self.applied, self.applied_term = snap.index, snap.term
+        self.state, self.horizon = unpack(snap.data)
         self.cluster.faults.installs += 1
         for chk in self.cluster.snapshot_hooks:
             chk.on_install(self, snap)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from raftlog.sim.machine import GENESIS, chain
+from raftlog.sim.machine import GENESIS, chain, unpack
 from raftlog.types import Entry, EntryType, Membership, Message, MsgType, ReadState, Role, Snapshot
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ __all__ = [
     "LogMatching",
     "NodeBounds",
     "ReadIndexLinearizable",
+    "ReferencedEntriesHeld",
     "StateMachineSafety",
     "Violation",
     "default_checkers",
@@ -135,12 +136,12 @@ class CommitLedger(Checker):
             seen = self.seen.get(node.id, 0)
             if commit > seen:
                 log = node.store.log
-                if commit > len(log):
+                if commit > len(log) and not _refilling(node):
                     raise Violation(
                         "commit-beyond-log", f"node {node.id} commit {commit} > last {len(log)}"
                     )
                 who = f"node {node.id} (commit {commit}, t{raft.term})"
-                for i in range(seen + 1, commit + 1):
+                for i in range(seen + 1, min(commit, len(log)) + 1):
                     e = log[i - 1]
                     if e is not None:  # else inside a snapshot, checked when it was made
                         ledger.record(e, who)
@@ -277,7 +278,7 @@ class StateMachineSafety(Checker):
         self.applied[node.id] = snap.index
 
     def _check_snapshot(self, node: SimNode, snap: Snapshot, verb: str) -> None:
-        self._check_state(node, snap.index, snap.data, f"{verb} a snapshot of")
+        self._check_state(node, snap.index, unpack(snap.data)[0], f"{verb} a snapshot of")
         seq = self.sequence
         if snap.index and seq[snap.index - 1].term != snap.term:
             raise Violation(
@@ -316,7 +317,8 @@ class StateMachineSafety(Checker):
 
 
 class NodeBounds(Checker):
-    """Figure 3 bookkeeping: applied <= commit <= last; commit never goes backwards on a
+    """Figure 3 bookkeeping: applied <= commit <= last (commit == applied beyond last only
+    while refilling after a snapshot); commit never goes backwards on a
     live node; the term never goes backwards, even across restarts; and the hard state on
     disk carries the term the node acts in (persisted before any message is sent)."""
 
@@ -326,6 +328,9 @@ class NodeBounds(Checker):
 
     def on_start(self, node: SimNode) -> None:
         self.commit[node.id] = 0
+
+    def on_install(self, node: SimNode, snap: Snapshot) -> None:
+        self.commit[node.id] = snap.index  # may move back: a refill restarted elsewhere
 
     def on_step(self, cluster: Cluster) -> None:
         for node in cluster.live:
@@ -338,7 +343,7 @@ class NodeBounds(Checker):
                 )
             self.commit[nid] = commit
             last = raft.last_index
-            if not node.applied <= commit <= last:
+            if not node.applied <= commit <= last and not _refilling(node):
                 raise Violation(
                     "bounds", f"node {nid} applied {node.applied} commit {commit} last {last}"
                 )
@@ -399,14 +404,7 @@ class CommittedSurvivesCrash(Checker):
         if not self.enabled or not self.ledger.entries:
             return
         want = self.ledger.entries[-1]
-        i = want.index
-        holders = [
-            n.id
-            for n in cluster.nodes.values()
-            if n.id in self.voters
-            and len(n.store.log) >= i
-            and (i <= n.store.base[0] or n.store.term(i) == want.term)
-        ]
+        holders = [n.id for n in cluster.nodes.values() if n.id in self.voters and _holds(n, want)]
         if len(holders) < len(self.voters) // 2 + 1:
             raise Violation(
                 "committed-entry-lost",
@@ -458,6 +456,50 @@ class CorruptNeverServed(Checker):
             )
 
 
+class ReferencedEntriesHeld(Checker):
+    """A state points into the log (the broker's ConsumeQueues reference every retained
+    entry, `raftlog.sim.machine`'s horizon models them): every entry from a replica's
+    horizon on is in its log -- none was compacted or reset away -- and a leader holds
+    all of them up to what it applied. A replica that installed a snapshot may still be
+    refilling the entries below it from the leader, but may not lead meanwhile."""
+
+    def on_step(self, cluster: Cluster) -> None:
+        for node in cluster.live:
+            store, raft = node.store, node.raft
+            if raft.installing is not None:
+                continue  # the log is being replaced: checked once the install is done
+            first = store.first_index()
+            if first > node.horizon:
+                raise Violation(
+                    "referenced-entry-dropped",
+                    f"node {node.id} applied up to {node.applied} with a state referencing "
+                    f"entries from {node.horizon}, but its log starts at {first}",
+                )
+            if raft.role == Role.LEADER and store.last_index() < node.applied:
+                raise Violation(
+                    "leader-lacks-referenced-entry",
+                    f"node {node.id} leads term {raft.term} with its log ending at "
+                    f"{store.last_index()}, before its applied {node.applied}",
+                )
+
+
+def _refilling(node: SimNode) -> bool:
+    """Whether the node's state is ahead of its log (legal after a snapshot only): its
+    commit is its applied index, and it does not lead."""
+    raft = node.raft
+    return (raft.commit == node.applied and raft.role != Role.LEADER
+            and bool(getattr(raft, "refilling", False)))
+
+
+def _holds(n: SimNode, want: Entry) -> bool:
+    """Whether `n`'s disk protects the committed entry `want`: its log holds it, or a
+    snapshot covers it (after a restart the node refills or votes as if it held it)."""
+    st, i = n.store, want.index
+    if i <= st.base[0] or (st.snapshot is not None and i <= st.snapshot.index):
+        return True
+    return len(st.log) >= i and st.term(i) == want.term
+
+
 def default_checkers(ledger: Ledger, voters: frozenset[int], *, static: bool) -> list[Checker]:
     """The full set, in the order they must run (the ledger first: others read it).
     `static`: the membership never changes (the crash-durability check needs that)."""
@@ -474,6 +516,7 @@ def default_checkers(ledger: Ledger, voters: frozenset[int], *, static: bool) ->
         survives,
         ReadIndexLinearizable(ledger),
         CorruptNeverServed(),
+        ReferencedEntriesHeld(),
     ]
 
 

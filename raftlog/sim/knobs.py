@@ -257,4 +257,5 @@ _PROFILE_WEIGHTS: dict[str | None, tuple[tuple[str, int], ...]] = {
     "commit-old-term": (("churn", 1),),
     "no-prevote-term-check": (("lossy", 1), ("churn", 1)),
     "serve-corrupt": (("calm", 1), ("mixed", 1)),
+    "snapshot-no-base": _BASE,
 }

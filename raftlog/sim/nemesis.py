@@ -231,7 +231,7 @@ class Nemesis:
             if n is x or n.retired or n.id not in voters:
                 continue
             st = n.store
-            if d <= st.base[0]:
+            if d <= st.base[0] or (st.snapshot is not None and d <= st.snapshot.index):
                 holders += committed  # inside its snapshot, which is the committed prefix
             else:
                 holders += d <= st.durable_len and st.term(d) == term

@@ -2,14 +2,15 @@
 two liveness phases with explicit bounds of virtual time:
 
 1. a majority that can talk elects (groups whose membership never changes): faults off,
-   every node restarted, then the leader (or, without one, some voter) is cut off
-   alone. Within `ELECT_WITHIN` election timeouts (plus message, fsync and catch-up
+   every node restarted, every damaged entry repaired from a peer (within its own
+   bound), then the leader (or, without one, some voter) is cut off alone. Within `ELECT_WITHIN` election timeouts (plus message, fsync and catch-up
    time) a node of the majority must lead (in a newer term, when the cut-off node led)
    and, with check-quorum on, the cut-off node must have stopped acting as leader.
    Then clients that need applied state, within the same bound: a ReadIndex read asked
    the moment the new leader is seen (its answer may not be below anything committed
    by then), and a produce-then-read (propose to the new leader, wait until the entry
-   is applied there, read: answered at or after that entry, and applied);
+   is applied there, read: answered at or after that entry, and applied; asked again
+   of the next leader if that one loses its term);
 2. heal, restart, faults off: the group must commit and apply a new entry on every
    member within a bound.
 """
@@ -192,6 +193,7 @@ def _majority_liveness(cluster: Cluster) -> None:
                     if i in cluster.nodes and not cluster.nodes[i].retired)
     if len(voters) < 3:
         return  # nobody can be cut off with a majority left
+    _repair_all(cluster)
     leaders = [n for n in cluster.leaders() if n.id in voters]
     victim = max(leaders, key=lambda n: n.raft.term) if leaders else cluster.nodes[voters[0]]
     cut_term = victim.raft.term
@@ -224,6 +226,37 @@ def _majority_liveness(cluster: Cluster) -> None:
         cluster.step()
     _produce_then_read(cluster, new_leader, cluster.now + bound)
     cluster.net.heal()
+
+
+def _repair_all(cluster: Cluster) -> None:
+    """Start phase 1's clock with no damaged entry on any disk: a replica holding one
+    does not campaign and is frozen while it is the next to apply (the core's promise),
+    and its repair may need the very node about to be cut off (seen at seeds 20, 224).
+
+    Every replica is told what its disk holds damaged (as a scrub or its check at open
+    would find it, not only once a read trips on it) and, all healed, must repair each
+    from a peer's copy within one repair round trip and two election timeouts (retries
+    come every election timeout)."""
+    k = cluster.knobs
+    for node in cluster.live:
+        if node.store.corrupt and node.store.verify and hasattr(node.raft, "entry_unreadable"):
+            for index in sorted(node.store.corrupt):
+                node.raft.entry_unreadable(index)
+            node.drain()
+    bound = 2 * k.election_timeout_us + 4 * k.latency_max_us
+    deadline = cluster.now + bound
+
+    def awaiting() -> dict[int, list[int]]:
+        return {n.id: sorted(n.raft.unreadable) for n in cluster.live
+                if getattr(n.raft, "unreadable", ())}
+
+    while waiting := awaiting():
+        if cluster.now >= deadline:
+            raise Violation("liveness-repair",
+                            f"entries still awaiting repair {waiting} within "
+                            f"{bound / 1000:.0f}ms of virtual time, every peer reachable")
+        cluster.step()
+    cluster.note("liveness", "no damaged entry left")
 
 
 class _Reads(Checker):
@@ -404,3 +437,7 @@ def _report(result: RunResult, cluster: Cluster, log: Callable[[str], None]) -> 
 
 def _proposer(data: bytes) -> Callable[[Any], Any]:
     return lambda raft: raft.propose(data)
+
+
+def _reader(request_id: int) -> Callable[[Any], Any]:
+    return lambda raft: raft.read_index(request_id)
