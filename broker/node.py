@@ -41,7 +41,6 @@ import trio
 from prometheus_client import Counter, Gauge
 
 from broker.config import NodeConfig, load_config
-from broker.framing import FrameStream, open_frame_stream, serve_frames
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import (
     DEFAULT_MAX_FRAME,
@@ -58,6 +57,7 @@ from raftlog.core import RaftConfig
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
 from raftlog.types import Message, Role
+from transport.framing import FrameStream, open_frame_stream, serve_frames
 
 __all__ = ["Node", "TopicTableLog", "main"]
 
@@ -467,7 +467,7 @@ def main(argv: list[str]) -> int:
     import argparse
 
     from broker.config import ConfigError
-    from broker.logs import configure_logging
+    from transport.logs import configure_logging
 
     p = argparse.ArgumentParser(prog="raftmq node", description="run one raftmq node")
     p.add_argument("--config", required=True, help="node TOML file")

@@ -22,8 +22,8 @@ from typing import Any
 import msgpack
 import trio
 
-from broker.framing import Response, request_id, serve_frames
 from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, ok_header
+from transport.framing import Response, request_id, serve_frames
 
 from .registry import DEFAULT_EXPIRY, Registry, parse_registration
 

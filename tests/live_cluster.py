@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker.blocking_rpc import request
 from broker.protocol import Frame, FrameDecoder, Op, RequestError, encode_frame
 from broker.records import OutgoingMessage, encode_batch, iter_records, walk_batch
 from chaos.cluster import LocalCluster
+from transport.blocking import request
 
 __all__ = ["LiveCluster", "Raw", "running"]
 

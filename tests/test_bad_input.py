@@ -19,7 +19,6 @@ from typing import Any
 import msgpack
 import pytest
 
-from broker.blocking_rpc import Connection, request
 from broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_MESSAGE_BYTES,
@@ -31,6 +30,7 @@ from broker.protocol import (
 from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
 from tests.live_cluster import LiveCluster, Raw, running
+from transport.blocking import Connection, request
 
 TOPIC = "T"
 QUEUES = 3  # queue q lives in group g{q}

@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 
-from broker.blocking_rpc import request
 from broker.config import (
     ALLOW_MUTATIONS_ENV,
     ConfigError,
@@ -55,6 +54,7 @@ from raftlog.types import HardState
 from tests.live_cluster import LiveCluster
 from tests.test_commitlog import SEG, crash, make
 from tests.test_node_metrics import _scrape
+from transport.blocking import request
 
 ALLOW = {ALLOW_MUTATIONS_ENV: "1"}
 

@@ -1,4 +1,4 @@
-"""The coalescing answer writer (`broker.framing.FrameWriter`) and `serve_frames` over it."""
+"""The coalescing answer writer (`transport.framing.FrameWriter`) and `serve_frames` over it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from broker.framing import FrameWriter, serve_frames
 from broker.protocol import Frame, FrameDecoder, encode_frame
+from transport.framing import FrameWriter, serve_frames
 
 
 class RecordingStream(trio.abc.SendStream):

@@ -9,7 +9,6 @@ import time
 import pytest
 import trio
 
-from broker.blocking_rpc import request
 from broker.config import ConfigError
 from broker.protocol import Op
 from broker.records import OutgoingMessage, encode_batch
@@ -17,6 +16,7 @@ from chaos.cluster import LocalCluster
 from raftlog.core import RaftConfig
 from raftlog.runtime import GroupOptions, GroupRuntime
 from raftlog.types import Entry, Message
+from transport.blocking import request
 
 
 def test_mutations_are_refused_without_the_flag(tmp_path, monkeypatch):

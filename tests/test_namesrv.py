@@ -12,7 +12,6 @@ import pytest
 import trio
 import trio.testing
 
-from broker.framing import FrameStream, open_frame_stream, serve_frames
 from broker.protocol import (
     Code,
     Frame,
@@ -23,6 +22,7 @@ from broker.protocol import (
     parse_address,
 )
 from namesrv.registry import Registry, parse_registration
+from transport.framing import FrameStream, open_frame_stream, serve_frames
 
 
 def group(role: str, term: int, *, leader: int | None = None, topics: Any = None,

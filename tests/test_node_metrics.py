@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 import urllib.request
 
-from broker.blocking_rpc import request
 from broker.protocol import Op
 from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
+from transport.blocking import request
 
 
 def _scrape(addr: str) -> dict[str, float]:

@@ -16,8 +16,8 @@ import anyio
 
 from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from broker.records import Message, decode_record, iter_records, message_id, parse_message_id
+from transport.connection import ConnectionPool, TransportError, is_retriable
 
-from .connection import ConnectionPool, TransportError, is_retriable
 from .consumer import _ClientBase, decode_fetch, query_offset, queue_bounds
 from .routes import TopicRoute, backoff_delay, node_addresses
 

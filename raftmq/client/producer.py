@@ -52,8 +52,8 @@ from broker.records import (
     OutgoingMessage,
     encode_batch,
 )
+from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 
-from .connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 from .routes import (
     Routes,
     TopicRoute,

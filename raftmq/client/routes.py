@@ -33,8 +33,7 @@ import anyio.abc
 import msgpack
 
 from broker.protocol import Code, Frame, Op, RequestError, parse_address
-
-from .connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
+from transport.connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
 
 __all__ = [
     "FAILED_TTL",

@@ -18,8 +18,8 @@ from typing import Any
 import anyio
 
 from broker.protocol import RequestError
-from raftmq.client.connection import TransportError
 from raftmq.client.routes import normalize_addresses
+from transport.connection import TransportError
 
 __all__ = [
     "DEFAULT_NAMESRV",

@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from .protocol import (
+from broker.protocol import (
     DEFAULT_MAX_FRAME,
     Code,
     Frame,
