@@ -44,6 +44,7 @@ from broker.statemachine import (
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType
+from transport.framing import Caller
 
 if TYPE_CHECKING:
     from broker.node import Node
@@ -114,7 +115,7 @@ class BrokerService:
             Op.READ_RAW: self._read_raw,
         }
 
-    async def handle(self, frame: Frame) -> Response | None:
+    async def handle(self, caller: Caller, frame: Frame) -> Response | None:
         h = frame.header
         op = h.get("op")
         rid = h.get("id", 0)

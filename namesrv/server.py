@@ -23,7 +23,7 @@ import msgpack
 import trio
 
 from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, ok_header
-from transport.framing import Response, request_id, serve_frames
+from transport.framing import Caller, Response, request_id, serve_frames
 
 from .registry import DEFAULT_EXPIRY, Registry, parse_registration
 
@@ -48,7 +48,7 @@ class NameServer:
         self.registry = Registry(expiry)
         self.clock = clock
 
-    async def handle(self, frame: Frame) -> Response:
+    async def handle(self, caller: Caller, frame: Frame) -> Response:
         """Answer one request; `RequestError` becomes an error response in `serve_frames`."""
         h = frame.header
         rid = request_id(frame)

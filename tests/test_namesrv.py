@@ -22,7 +22,7 @@ from broker.protocol import (
     parse_address,
 )
 from namesrv.registry import Registry, parse_registration
-from transport.framing import FrameStream, open_frame_stream, serve_frames
+from transport.framing import Caller, FrameStream, open_frame_stream, serve_frames
 
 
 def group(role: str, term: int, *, leader: int | None = None, topics: Any = None,
@@ -154,7 +154,7 @@ def test_ill_typed_registrations_are_malformed(patch):
 
 
 def test_a_slow_request_does_not_block_the_next_on_the_same_connection():
-    async def handler(frame: Frame) -> tuple[dict[str, Any], bytes] | None:
+    async def handler(_caller: Caller, frame: Frame) -> tuple[dict[str, Any], bytes] | None:
         if frame.header.get("slow"):
             await trio.sleep(0.3)
         if frame.header.get("oneway"):
@@ -353,7 +353,7 @@ def test_a_registration_of_20000_topics_fits_and_is_cheap_to_process():
 
     ns = NameServer(clock=lambda: 1.0)
     t0 = time.process_time()
-    answer, _ = trio.run(ns.handle, frame)
+    answer, _ = trio.run(ns.handle, Caller(), frame)
     cpu = time.process_time() - t0
     assert answer["code"] == 0 and "resend" not in answer
     assert cpu < 2.0, cpu  # about 0.05 s on a laptop core: 60,000 topic entries
@@ -363,7 +363,7 @@ def test_a_registration_of_20000_topics_fits_and_is_cheap_to_process():
     # the periodic heartbeat carries no table: no body, almost no work
     beat, _ = versioned(1, {g: (1, {}) for g in tables}, base={g: 1 for g in tables})
     t0 = time.process_time()
-    answer, _ = trio.run(ns.handle, Frame(beat, b""))
+    answer, _ = trio.run(ns.handle, Caller(), Frame(beat, b""))
     assert answer["code"] == 0 and "resend" not in answer
     assert time.process_time() - t0 < 0.05
     assert ns.registry.cluster(now=2.0, topics=False)["groups"]["g0"]["topic_count"] == 20_000
@@ -439,11 +439,11 @@ def test_cluster_without_topics_stays_small_and_with_topics_uses_the_body():
     ns = NameServer(clock=lambda: 1.0)
     names = [f"t{i}" for i in range(5000)]
     header, body = versioned(1, {"g0": (1, _configs(names, 2, (0, 1)))})
-    trio.run(ns.handle, Frame(header, body))
-    small, sbody = trio.run(ns.handle, Frame({"op": int(Op.CLUSTER), "id": 2, "topics": False}))
+    trio.run(ns.handle, Caller(), Frame(header, body))
+    small, sbody = trio.run(ns.handle, Caller(), Frame({"op": int(Op.CLUSTER), "id": 2, "topics": False}))
     assert sbody == b"" and "topics" not in small["groups"]["g0"]
     assert small["groups"]["g0"]["topic_count"] == 5000 and small["groups"]["g0"]["leader"] == 1
-    full, fbody = trio.run(ns.handle, Frame({"op": int(Op.CLUSTER), "id": 3}))
+    full, fbody = trio.run(ns.handle, Caller(), Frame({"op": int(Op.CLUSTER), "id": 3}))
     assert len(encode_frame(full)) < 4096 and fbody
     info = {k: v for k, v in full.items() if k not in ("id", "code")}
     merge_cluster_topics(info, fbody)

@@ -9,13 +9,19 @@ socket, and responses may arrive in any order.
 A lost connection fails every request waiting on it with a retriable `TransportError`
 (the outcome is unknown); the next request dials again. All reader tasks live in the
 pool's task group, so leaving `async with ConnectionPool()` leaves nothing running.
+
+The server may send requests the other way on the same connection (a broker asking a
+producer whether a transaction commits). A frame with an `op` is such a request: it runs
+the handler registered for its op with `ConnectionPool.on_request`, in its own task, and
+the answer goes back with the request's id; an op without a handler is answered
+UNKNOWN_OP.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -31,6 +37,7 @@ from broker.protocol import (
     ProtocolError,
     RequestError,
     encode_frame,
+    error_header,
     parse_address,
 )
 
@@ -39,6 +46,7 @@ __all__ = [
     "ClientClosedError",
     "Connection",
     "ConnectionPool",
+    "RequestHandler",
     "TransportError",
     "is_retriable",
     "raise_for_code",
@@ -48,6 +56,10 @@ log = logging.getLogger("raftmq.client")
 
 DEFAULT_TIMEOUT = 3.0  # RocketMQ's send timeout; also used for control requests
 _RESERVED = frozenset({"id", "code", "msg", "message"})
+
+#: Answers a request the server sent: `(header, body)` of the answer (its id is filled
+#: in); raising `RequestError` answers with that error.
+RequestHandler = Callable[[Frame], Awaitable[tuple[dict[str, Any], bytes]]]
 
 
 class TransportError(RequestError):
@@ -138,11 +150,13 @@ class Connection:
         spawn: Callable[..., Any],
         *,
         max_frame: int = DEFAULT_MAX_FRAME,
+        handlers: Mapping[int, RequestHandler] | None = None,
     ) -> None:
         self.addr = addr
         self._host, self._port = parse_address(addr)
         self._spawn = spawn
         self._max_frame = max_frame
+        self._handlers: Mapping[int, RequestHandler] = {} if handlers is None else handlers
         self._ids = itertools.count(1)
         self._link: _Link | None = None
         self._connect_lock = anyio.Lock()
@@ -247,6 +261,9 @@ class Connection:
                     while True:
                         decoder.feed(await link.stream.receive())
                         while (frame := decoder.next_frame()) is not None:
+                            if "op" in frame.header:  # the server asks us something
+                                self._spawn(self._answer, link, frame)
+                                continue
                             rid = frame.header.get("id")
                             waiter = link.waiters.pop(rid, None) if isinstance(rid, int) else None
                             if waiter is not None:
@@ -265,6 +282,27 @@ class Connection:
             await anyio.aclose_forcefully(link.stream)
 
 
+    async def _answer(self, link: _Link, frame: Frame) -> None:
+        """Run the handler for a request the server sent and send its answer back."""
+        op, rid = frame.header.get("op"), frame.header.get("id", 0)
+        handler = self._handlers.get(op) if isinstance(op, int) else None
+        try:
+            if handler is None:
+                raise RequestError(Code.UNKNOWN_OP, f"this client answers no op {op!r}")
+            header, body = await handler(frame)
+            header = {**header, "id": rid}
+            header.setdefault("code", 0)
+        except RequestError as exc:
+            header, body = error_header(rid, exc.code, exc.message, **exc.extra), b""
+        except Exception as exc:  # a buggy handler must not take the connection down
+            log.exception("handler for server request %r failed", op)
+            header, body = error_header(rid, Code.INTERNAL, f"internal error: {exc!r}"), b""
+        try:
+            await self._send(link, encode_frame(header, body))
+        except TransportError:
+            pass  # the connection is gone: the server sees that, not an answer
+
+
 def _op_name(op: Op | int) -> str:
     try:
         return Op(op).name
@@ -281,6 +319,7 @@ class ConnectionPool:
 
     def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self._max_frame = max_frame
+        self._handlers: dict[int, RequestHandler] = {}
         self._conns: dict[str, Connection] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -312,9 +351,15 @@ class ConnectionPool:
             raise ClientClosedError("the connection pool is not open (use `async with`)")
         conn = self._conns.get(addr)
         if conn is None:
-            conn = Connection(addr, self._tg.start_soon, max_frame=self._max_frame)
+            conn = Connection(addr, self._tg.start_soon, max_frame=self._max_frame,
+                              handlers=self._handlers)
             self._conns[addr] = conn
         return conn
+
+    def on_request(self, op: Op | int, handler: RequestHandler) -> None:
+        """Answer requests of type `op` that a server sends on any of the pool's
+        connections with `handler` (replacing any handler registered before)."""
+        self._handlers[int(op)] = handler
 
     async def request(
         self,
