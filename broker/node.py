@@ -6,7 +6,10 @@ A node owns, in one trio nursery:
   own; a preferred leader per group spreads leaders across nodes, and the core hands
   leadership back to it once it has caught up after a restart);
 * `PeerLinks`: one TCP connection per node pair carrying every group's Raft messages;
-* one listener on `listen` for both peers (first frame HELLO) and clients;
+* one listener on `listen` for both peers and clients: a connection whose first frame is
+  HELLO becomes a peer's only once the peer handshake (`transport.peerauth`, a
+  challenge-response over the cluster secret) succeeds; a client can never send Raft
+  traffic or read raw entries;
 * the ticker driving every group's logical clock;
 * the name-server registrar (every `register_interval`, and at once on a leader change
   or a topic change);
@@ -14,9 +17,9 @@ A node owns, in one trio nursery:
 * the retention policy (`broker.retention`), every `retention_check_interval`.
 
 A group that finds corrupt entries in its CommitLog fetches them from its peer replicas
-with READ_RAW requests on their listeners (`_fetch_raw`; see `raftlog.runtime`), which
-every node serves whatever it is doing, so two nodes repairing from each other never
-wait on one another.
+with READ_RAW requests on their listeners (`_fetch_raw`; see `raftlog.runtime`), over a
+connection opened with the peer handshake (purpose `rpc`), which every node serves
+whatever it is doing, so two nodes repairing from each other never wait on one another.
 
 With `test_sync_marks` (tests only) every fsync under the data directory is recorded
 before the groups open (`raftlog.fsutil.enable_sync_marks`), for simulated power losses.
@@ -45,8 +48,9 @@ from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import (
     DEFAULT_MAX_FRAME,
     Code,
+    Frame,
     Op,
-    error_header,
+    ProtocolError,
     parse_address,
     topic_shapes,
 )
@@ -57,7 +61,8 @@ from raftlog.core import RaftConfig
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
 from raftlog.types import Message, Role
-from transport.framing import FrameStream, open_frame_stream, serve_frames
+from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
+from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer
 
 __all__ = ["Node", "TopicTableLog", "main"]
 
@@ -68,6 +73,7 @@ PEER_MAX_FRAME = 1 << 30
 #: Seconds one name server gets per registration round (a whole table of 100,000 topics
 #: takes it a fraction of a second; a heartbeat of changes, milliseconds).
 REGISTER_TIMEOUT = 10.0
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class TopicTableLog:
@@ -136,9 +142,10 @@ class Node:
         self.max_frame = max(DEFAULT_MAX_FRAME, config.max_message_bytes * 2 + (1 << 20))
         from broker.peers import PeerLinks
 
+        self._secret = config.cluster_secret.encode()
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
                                max_frame=max(self.max_frame, PEER_MAX_FRAME),
-                               on_lost=self._peer_lost)
+                               secret=self._secret, on_lost=self._peer_lost)
         self.groups: dict[str, GroupRuntime] = {}
         self.states: dict[str, BrokerState] = {}
         mutations = set(config.test_mutations)
@@ -200,6 +207,10 @@ class Node:
             raise EntryUnavailable(f"node {peer} is not a peer")
         fs = await open_frame_stream(addr, max_frame=max(self.max_frame, PEER_MAX_FRAME))
         async with fs:
+            try:
+                await dial_peer(fs, self._secret, self.node_id, peer, purpose="rpc")
+            except (PeerRefused, trio.TooSlowError) as exc:
+                raise EntryUnavailable(f"node {peer}: {exc}") from None
             await fs.send({"op": int(Op.READ_RAW), "id": 1, "g": group, "index": index})
             frame = await fs.receive()
         if frame is None:
@@ -248,6 +259,10 @@ class Node:
         for g in self.groups.values():
             g.open()
         host, port = parse_address(self.config.listen)
+        if self.config.cluster_secret == DEV_CLUSTER_SECRET and host not in _LOOPBACK:
+            log.warning("the built-in cluster_secret is used on a non-loopback address: "
+                        "anyone who knows it can join as a peer; set cluster_secret",
+                        extra={"fields": {"listen": self.config.listen}})
         listeners = await trio.open_tcp_listeners(port, host=host)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -283,24 +298,31 @@ class Node:
             await fs.aclose()
             return
         if first.header.get("op") == Op.HELLO:
-            peer = first.header.get("node")
-            if (not isinstance(peer, int) or isinstance(peer, bool) or peer == self.node_id
-                    or peer not in self.config.peers):
-                with trio.move_on_after(2):
-                    try:
-                        await fs.send(error_header(0, Code.MALFORMED,
-                                                   f"HELLO from {peer!r}: not a peer of this node"))
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass
-                await fs.aclose()
-                return
-            try:
-                await self.peers.accept(peer, stream, fs.decoder)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await fs.aclose()
+            await self._serve_peer(fs, first)
             return
         await serve_frames(fs, self.service.handle, first=first)
+
+    async def _serve_peer(self, fs: FrameStream, hello: Frame) -> None:
+        """A connection that opened with HELLO: the peer handshake, then the Raft link
+        (purpose `raft`) or requests answered as from that peer (`rpc`: READ_RAW)."""
+        try:
+            try:
+                peer, purpose = await accept_peer(fs, hello, self._secret, self.node_id,
+                                                  self.config.peers)
+            except (PeerRefused, ProtocolError, trio.BrokenResourceError,
+                    trio.ClosedResourceError) as exc:
+                log.info("peer connection refused", extra={"fields": {"error": str(exc)}})
+                return
+            if purpose == "rpc":
+                caller = caller_of(fs.stream)
+                caller.peer = peer
+                await serve_frames(fs, self.service.handle, caller=caller)
+                return
+            assert isinstance(fs.stream, trio.SocketStream)
+            await self.peers.accept(peer, fs.stream, fs.decoder)
+        finally:
+            with trio.CancelScope(shield=True):
+                await fs.aclose()
 
     async def _ticker(self) -> None:
         interval = self.config.tick_ms / 1000

@@ -1,13 +1,16 @@
 """Raft traffic between nodes: one TCP connection per node pair carries every group.
 
 The node with the lower id dials, the other accepts (its listener hands the stream over
-after the `HELLO` frame), and both directions share that connection. Messages are queued
+once the peer handshake proved the dialer knows the cluster secret, see
+`transport.peerauth`), and both directions share that connection. The dialer checks the
+acceptor the same way, so neither end takes Raft messages from anyone but a peer. Messages are queued
 per peer and written in batches, so a burst of appends for many groups costs one
 `send_all`. While a link is down its queue is dropped: Raft repeats whatever matters
 (heartbeats, appends after a reject), and old messages would only be stale.
 
 When an established connection ends (the peer closed it, reset it, or a write failed:
-a peer process killed with SIGKILL has its sockets closed by the kernel at once),
+a peer process killed with SIGKILL has its sockets closed by the kernel at once), or a
+dialled one is closed before the handshake completes (a dead peer behind a proxy),
 `on_lost(peer)` is called, so the groups it led can elect a new leader without waiting
 out the election timeout. A quiet link never counts as lost; nor does a connection the
 peer replaced with a newer one.
@@ -27,6 +30,8 @@ import trio
 from broker.protocol import FrameDecoder, Op, ProtocolError, encode_frame, parse_address
 from raftlog.types import Message
 from raftlog.wire import WireError, message_from_wire, message_to_wire
+from transport.framing import FrameStream
+from transport.peerauth import PeerGone, PeerRefused, dial_peer
 
 __all__ = ["PeerLinks"]
 
@@ -82,9 +87,11 @@ class PeerLinks:
         deliver: Callable[[str, Message], None],
         *,
         max_frame: int,
+        secret: bytes,
         on_lost: Callable[[int], None] | None = None,
     ) -> None:
         self.node_id = node_id
+        self._secret = secret
         self._deliver = deliver
         self._on_lost = on_lost
         self._max_frame = max_frame
@@ -133,11 +140,19 @@ class PeerLinks:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            delay = 0.05
             try:
-                await stream.send_all(encode_frame({"op": Op.HELLO, "node": self.node_id}))
+                fs = FrameStream(stream, max_frame=self._max_frame)
+                await dial_peer(fs, self._secret, self.node_id, link.peer)
+                delay = 0.05
                 link.attach(stream)
-                await self._reader(link, stream, FrameDecoder(self._max_frame))
+                await self._reader(link, stream, fs.decoder)
+            except PeerGone:
+                self._lost(link.peer)  # accepted and closed at once: as a link that died
+            except (PeerRefused, ProtocolError, trio.TooSlowError) as exc:
+                log.warning("peer handshake failed", extra={"fields": {
+                    "peer": link.peer, "error": str(exc)}})
+                await trio.sleep(delay)  # a misconfigured peer is not redialled in a loop
+                delay = min(delay * 2, 1.0)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
             finally:
@@ -169,9 +184,13 @@ class PeerLinks:
 
     def _detach(self, link: _Link, stream: trio.SocketStream) -> None:
         """`stream` ended: if it was the peer's live connection, report the loss."""
-        if link.detach(stream) and self._on_lost is not None:
+        if link.detach(stream):
+            self._lost(link.peer)
+
+    def _lost(self, peer: int) -> None:
+        if self._on_lost is not None:
             try:
-                self._on_lost(link.peer)
+                self._on_lost(peer)
             except Exception:  # noqa: BLE001 - a failing hook must not kill the link task
                 log.exception("peer-lost hook failed")
 

@@ -62,7 +62,7 @@ MAX_HEADER = 1 << 20
 class Op(IntEnum):
     """Request types. Fields in parentheses are header keys; "body" is the raw body."""
 
-    HELLO = 1  # peer link opening (node: int, cluster: str); no response
+    HELLO = 1  # peer handshake, first frame only (node, nonce, purpose); see transport.peerauth
     RAFT = 2  # (g: group, m: message fields) body: stored entries; one-way
     READ_RAW = 3  # node to node, for repairing a corrupt entry: (g, index) -> (term)
     #               body: the entry's stored bytes; NOT_FOUND (gone: retention removed it)
@@ -104,6 +104,7 @@ class Code(IntEnum):
     FRAME_TOO_LARGE = 16
     NOT_FOUND = 17
     SEQUENCE_GAP = 18  # idempotent batch arrived before an earlier one: resend in order
+    FORBIDDEN = 19  # the caller may not make this request (peer-only ops from a client)
 
     @property
     def retriable(self) -> bool:

@@ -10,7 +10,9 @@ a queue.
 A stored entry that fails its CRCs is never served: the read answers BUSY (retriable)
 and the group refetches the entry from a peer (`GroupRuntime.report_corrupt`). Peers
 ask for such entries with READ_RAW, answered from this node's CommitLog whatever its
-role, and served while the node repairs entries of its own.
+role, and served while the node repairs entries of its own, to peers only: the caller
+must have proved it is a node of the cluster (`transport.peerauth`), and a client asking
+gets FORBIDDEN.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ MAX_FETCH_BYTES = 8 << 20
 MAX_WAIT_MS = 60_000
 DEFAULT_WAIT_MS = 15_000  # RocketMQ's long-poll hold
 READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
+
+
+#: Requests only a node proven by the peer handshake may make: raw entries bypass the
+#: consumer's view, and Raft traffic belongs on the peer link (never a request).
+_PEER_ONLY = frozenset({int(Op.READ_RAW), int(Op.RAFT)})
 
 
 def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
@@ -119,6 +126,9 @@ class BrokerService:
         h = frame.header
         op = h.get("op")
         rid = h.get("id", 0)
+        if isinstance(op, int) and op in _PEER_ONLY and not caller.is_peer:
+            raise RequestError(Code.FORBIDDEN, f"{Op(op).name} is served to the nodes of the "
+                               "cluster only, on a connection opened with the peer handshake")
         handler = self._handlers.get(op) if isinstance(op, int) else None
         if handler is None:
             raise RequestError(Code.UNKNOWN_OP, f"unknown request type {op!r}")
