@@ -130,6 +130,9 @@ class Node:
         self.config = config
         self.node_id = config.node_id
         self.addr = config.address
+        # where each node is reached; this node's own entry becomes the bound address
+        # when it listens on port 0
+        self.addresses: dict[int, str] = dict(config.peers)
         self.metrics = NodeMetrics(config.node_id)
         # corrupt CommitLog entries: awaiting a peer's copy, and repaired from one
         self.unrepaired_gauge = Gauge("raftmq_unrepaired_entries",
@@ -183,7 +186,7 @@ class Node:
     # ------------------------------------------------------------------ wiring
 
     def peer_addr(self, node: int | None) -> str | None:
-        return None if node is None else self.config.peers.get(node)
+        return None if node is None else self.addresses.get(node)
 
     def _deliver(self, group: str, m: Message) -> None:
         g = self.groups.get(group)
@@ -244,6 +247,9 @@ class Node:
     # ------------------------------------------------------------------ running
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open the groups, listen and serve until cancelled. Started with
+        `nursery.start`, it returns the address clients and peers dial, with the real
+        port when `listen` asked for port 0 (tests need not guess a free port)."""
         if not self.config.test_sync_marks:
             await self._run(task_status)
             return
@@ -258,12 +264,18 @@ class Node:
     async def _run(self, task_status: trio.TaskStatus[str]) -> None:
         for g in self.groups.values():
             g.open()
-        host, port = parse_address(self.config.listen)
+        host, port = _listen_address(self.config.listen)
         if self.config.cluster_secret == DEV_CLUSTER_SECRET and host not in _LOOPBACK:
             log.warning("the built-in cluster_secret is used on a non-loopback address: "
                         "anyone who knows it can join as a peer; set cluster_secret",
                         extra={"fields": {"listen": self.config.listen}})
         listeners = await trio.open_tcp_listeners(port, host=host)
+        if port == 0:  # any free port: one listener, and everyone is told its real port
+            for extra in listeners[1:]:
+                await extra.aclose()
+            listeners = listeners[:1]
+            self.addr = f"{host}:{listeners[0].socket.getsockname()[1]}"
+            self.addresses[self.node_id] = self.addr
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for g in self.groups.values():
@@ -412,7 +424,7 @@ class Node:
                 "role": st["role"],
                 "leader": st["leader"],
                 "term": st["term"],
-                "replicas": {n: self.config.peers[n] for n in g.replicas},
+                "replicas": {n: self.addresses[n] for n in g.replicas},
                 "tv": version,
                 "commit": st["commit"],
                 "applied": st["applied"],
@@ -463,6 +475,14 @@ class Node:
                             continue
                         self.metrics.consumer_lag.labels(gid, cg, topic, str(q)).set(end - off)
             await trio.sleep(1.0)
+
+
+def _listen_address(addr: str) -> tuple[str, int]:
+    """`parse_address`, except that port 0 (any free port) is allowed for listening."""
+    host, sep, port = addr.rpartition(":")
+    if sep and host and port == "0":
+        return host, 0
+    return parse_address(addr)
 
 
 # The fsync of every group runs in a worker thread; when it returns, the thread needs the
