@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +45,11 @@ class NameServer:
         expiry: float = DEFAULT_EXPIRY,
         *,
         clock: Callable[[], float] = trio.current_time,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.registry = Registry(expiry)
         self.clock = clock
+        self.ssl_context = ssl_context  # TLS on every connection when given
 
     async def handle(self, caller: Caller, frame: Frame) -> Response:
         """Answer one request; `RequestError` becomes an error response in `serve_frames`."""
@@ -88,7 +91,8 @@ class NameServer:
         )
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        await serve_frames(stream, self.handle, max_frame=NAMESRV_MAX_FRAME)
+        await serve_frames(stream, self.handle, max_frame=NAMESRV_MAX_FRAME,
+                           ssl_context=self.ssl_context)
 
     async def _sweep(self) -> None:
         period = max(0.05, self.registry.expiry / 4)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -151,8 +152,10 @@ class Connection:
         *,
         max_frame: int = DEFAULT_MAX_FRAME,
         handlers: Mapping[int, RequestHandler] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.addr = addr
+        self._ssl = ssl_context
         self._host, self._port = parse_address(addr)
         self._spawn = spawn
         self._max_frame = max_frame
@@ -223,14 +226,20 @@ class Connection:
             if self._closed:
                 raise ClientClosedError(f"connection to {self.addr} is closed")
             try:
-                stream = await anyio.connect_tcp(self._host, self._port)
-            except OSError as exc:
+                stream = await self._dial()
+            except (OSError, anyio.BrokenResourceError) as exc:
                 raise TransportError(f"cannot connect to {self.addr}: {exc}", sent=False) from exc
             link = _Link(self.addr, stream)
             self._link = link
             self.connects += 1
             self._spawn(self._read, link)
             return link
+
+    async def _dial(self) -> anyio.abc.ByteStream:
+        if self._ssl is None:
+            return await anyio.connect_tcp(self._host, self._port)
+        return await anyio.connect_tcp(self._host, self._port, ssl_context=self._ssl,
+                                       tls_standard_compatible=False)
 
     async def _send(self, link: _Link, data: bytes) -> None:
         async with link.send_lock:
@@ -314,11 +323,15 @@ class ConnectionPool:
     """One `Connection` per address, shared by every user of the pool.
 
     Use as `async with ConnectionPool() as pool:`; reader tasks run in the pool's task
-    group and end when the block exits.
+    group and end when the block exits. With `ssl_context` every connection is TLS
+    (the server's certificate is checked against it and the address's host).
     """
 
-    def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(
+        self, *, max_frame: int = DEFAULT_MAX_FRAME, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self._max_frame = max_frame
+        self._ssl = ssl_context
         self._handlers: dict[int, RequestHandler] = {}
         self._conns: dict[str, Connection] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -352,7 +365,7 @@ class ConnectionPool:
         conn = self._conns.get(addr)
         if conn is None:
             conn = Connection(addr, self._tg.start_soon, max_frame=self._max_frame,
-                              handlers=self._handlers)
+                              handlers=self._handlers, ssl_context=self._ssl)
             self._conns[addr] = conn
         return conn
 

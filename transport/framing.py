@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,7 @@ from broker.protocol import (
 )
 
 from .connection import raise_for_code
+from .tls import TLS_HANDSHAKE_TIMEOUT, accept_tls, connect_tls, socket_of
 
 __all__ = [
     "DEFAULT_MAX_INFLIGHT",
@@ -133,10 +135,19 @@ class FrameStream:
         await self.aclose()
 
 
-async def open_frame_stream(addr: str, *, max_frame: int = DEFAULT_MAX_FRAME) -> FrameStream:
-    """Connect to 'host:port' and wrap the TCP stream."""
+async def open_frame_stream(
+    addr: str, *, max_frame: int = DEFAULT_MAX_FRAME, ssl_context: ssl.SSLContext | None = None
+) -> FrameStream:
+    """Connect to 'host:port' and wrap the TCP stream (in TLS first, with `ssl_context`)."""
     host, port = parse_address(addr)
-    stream = await trio.open_tcp_stream(host, port)
+    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    if ssl_context is not None:
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                stream = await connect_tls(stream, ssl_context, host)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
     return FrameStream(stream, max_frame=max_frame)
 
 
@@ -322,9 +333,7 @@ def is_answer(frame: Frame) -> bool:
 def caller_of(stream: trio.abc.Stream) -> Caller:
     """A client `Caller` named by the stream's remote address, when it has one."""
     remote = ""
-    while not hasattr(stream, "socket") and hasattr(stream, "transport_stream"):
-        stream = stream.transport_stream  # TLS over TCP
-    sock = getattr(stream, "socket", None)
+    sock = socket_of(stream)
     if sock is not None:
         try:
             host, port, *_ = sock.getpeername()
@@ -373,6 +382,7 @@ async def serve_frames(
     max_pending: int = DEFAULT_MAX_PENDING,
     first: Frame | None = None,
     caller: Caller | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Answer requests on one connection until the peer leaves or breaks the framing.
 
@@ -388,8 +398,19 @@ async def serve_frames(
     closed. `max_frame` applies when a raw stream is given; a `FrameStream` keeps its own
     limit. `first` is a frame already read from the stream (the node reads one to tell
     peers from clients). `caller` says who is on the other end (default: a client known by
-    its address); answers to its `request` calls are taken from the stream here.
+    its address); answers to its `request` calls are taken from the stream here. With
+    `ssl_context` a raw stream is wrapped in TLS first; a failed handshake closes it.
     """
+    if ssl_context is not None:
+        if isinstance(stream, FrameStream):
+            raise TypeError("TLS wraps a raw stream: pass the accepted stream, not a FrameStream")
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                stream = await accept_tls(stream, ssl_context)
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            log.info("closing connection: TLS handshake failed: %r", exc)
+            await trio.aclose_forcefully(stream)
+            return
     fs = stream if isinstance(stream, FrameStream) else FrameStream(stream, max_frame=max_frame)
     if caller is None:
         caller = caller_of(fs.stream)
