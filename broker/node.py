@@ -34,6 +34,7 @@ import gc as pygc
 import logging
 import random
 import signal
+import ssl
 import sys
 from collections import deque
 from collections.abc import Awaitable
@@ -63,6 +64,7 @@ from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
 from raftlog.types import Message, Role
 from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
 from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer
+from transport.tls import TLS_HANDSHAKE_TIMEOUT, accept_tls
 
 __all__ = ["Node", "TopicTableLog", "main"]
 
@@ -126,8 +128,16 @@ class TopicTableLog:
 
 
 class Node:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, *, ssl_context: ssl.SSLContext | None = None,
+                 peer_ssl_context: ssl.SSLContext | None = None) -> None:
+        """`ssl_context` (server side) puts TLS on the listener, for clients and peers
+        alike; `peer_ssl_context` (client side) is what this node dials its peers with.
+        Give both or neither: peers share one listener with clients."""
+        if (ssl_context is None) != (peer_ssl_context is None):
+            raise ValueError("give both ssl_context and peer_ssl_context, or neither")
         self.config = config
+        self._ssl = ssl_context
+        self._peer_ssl = peer_ssl_context
         self.node_id = config.node_id
         self.addr = config.address
         # where each node is reached; this node's own entry becomes the bound address
@@ -148,7 +158,8 @@ class Node:
         self._secret = config.cluster_secret.encode()
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
                                max_frame=max(self.max_frame, PEER_MAX_FRAME),
-                               secret=self._secret, on_lost=self._peer_lost)
+                               secret=self._secret, on_lost=self._peer_lost,
+                               ssl_context=peer_ssl_context)
         self.groups: dict[str, GroupRuntime] = {}
         self.states: dict[str, BrokerState] = {}
         mutations = set(config.test_mutations)
@@ -208,7 +219,8 @@ class Node:
         addr = self.peer_addr(peer)
         if addr is None:
             raise EntryUnavailable(f"node {peer} is not a peer")
-        fs = await open_frame_stream(addr, max_frame=max(self.max_frame, PEER_MAX_FRAME))
+        fs = await open_frame_stream(addr, max_frame=max(self.max_frame, PEER_MAX_FRAME),
+                                     ssl_context=self._peer_ssl)
         async with fs:
             try:
                 await dial_peer(fs, self._secret, self.node_id, peer, purpose="rpc")
@@ -298,7 +310,15 @@ class Node:
                                                      "groups": sorted(self.groups)}})
             task_status.started(self.addr)
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+    async def _serve_connection(self, stream: trio.abc.Stream) -> None:
+        if self._ssl is not None:
+            try:
+                with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                    stream = await accept_tls(stream, self._ssl)
+            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+                log.info("TLS handshake failed", extra={"fields": {"error": repr(exc)}})
+                await trio.aclose_forcefully(stream)
+                return
         fs = FrameStream(stream, max_frame=self.max_frame)
         try:
             first = await fs.receive()
@@ -330,7 +350,6 @@ class Node:
                 caller.peer = peer
                 await serve_frames(fs, self.service.handle, caller=caller)
                 return
-            assert isinstance(fs.stream, trio.SocketStream)
             await self.peers.accept(peer, fs.stream, fs.decoder)
         finally:
             with trio.CancelScope(shield=True):

@@ -3,9 +3,11 @@ lost link reaches the groups."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import trio
+import trustme
 
 from broker.peers import PeerLinks
 from chaos.cluster import free_ports
@@ -14,6 +16,7 @@ from raftlog.types import Membership, Message, MsgType, Role
 from tests.raft_harness import Cluster
 from transport.framing import FrameStream
 from transport.peerauth import PeerRefused, accept_peer
+from transport.tls import accept_tls
 
 SECRET = b"a secret of the test cluster"
 
@@ -72,8 +75,14 @@ def test_redialling_a_dead_leader_through_a_proxy_does_not_hold_back_the_campaig
     assert follower.role == Role.PRE_CANDIDATE
 
 
-async def _accepting(links: PeerLinks, secret: bytes, stream: trio.SocketStream) -> None:
+async def _accepting(links: PeerLinks, secret: bytes, stream: trio.abc.Stream,
+                     tls: ssl.SSLContext | None = None) -> None:
     """What a node's listener does with a connection that opens with HELLO."""
+    if tls is not None:
+        try:
+            stream = await accept_tls(stream, tls)
+        except trio.BrokenResourceError:  # a dialer that does not trust us
+            return
     fs = FrameStream(stream, max_frame=1 << 20)
     hello = await fs.receive()
     assert hello is not None
@@ -85,7 +94,8 @@ async def _accepting(links: PeerLinks, secret: bytes, stream: trio.SocketStream)
     await links.accept(peer, stream, fs.decoder)
 
 
-def _pair(dialer_secret: bytes, acceptor_secret: bytes) -> tuple[list[Message], list[Message]]:
+def _pair(dialer_secret: bytes, acceptor_secret: bytes, *, server_tls: ssl.SSLContext | None = None,
+          client_tls: ssl.SSLContext | None = None) -> tuple[list[Message], list[Message]]:
     """Nodes 1 (dials) and 2 (accepts) over loopback; each sends the other one heartbeat
     for a while. Returns what 1 and 2 received."""
     got1: list[Message] = []
@@ -95,12 +105,13 @@ def _pair(dialer_secret: bytes, acceptor_secret: bytes) -> tuple[list[Message], 
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         addr = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
         one = PeerLinks(1, {1: "127.0.0.1:1", 2: addr}, lambda g, m: got1.append(m),
-                        max_frame=1 << 20, secret=dialer_secret)
+                        max_frame=1 << 20, secret=dialer_secret, ssl_context=client_tls)
         two = PeerLinks(2, {1: "127.0.0.1:1", 2: addr}, lambda g, m: got2.append(m),
                         max_frame=1 << 20, secret=acceptor_secret)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners,
-                               lambda s: _accepting(two, acceptor_secret, s), listeners)
+                               lambda s: _accepting(two, acceptor_secret, s, server_tls),
+                               listeners)
             nursery.start_soon(one.run)
             nursery.start_soon(two.run)
             with trio.move_on_after(3):
@@ -122,4 +133,17 @@ def test_peers_that_share_the_secret_link_up_both_ways() -> None:
 
 def test_peers_with_different_secrets_never_exchange_a_message() -> None:
     got1, got2 = _pair(SECRET, b"another cluster's secret")
+    assert got1 == [] and got2 == []
+
+
+def test_peer_links_run_over_tls_when_given_a_context() -> None:
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    got1, got2 = _pair(SECRET, SECRET, server_tls=server, client_tls=client)
+    assert got1 and got2
+    stranger = ssl.create_default_context()  # trusts no certificate of ours
+    got1, got2 = _pair(SECRET, SECRET, server_tls=server, client_tls=stranger)
     assert got1 == [] and got2 == []
