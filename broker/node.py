@@ -352,8 +352,7 @@ class Node:
                 return
             await self.peers.accept(peer, fs.stream, fs.decoder)
         finally:
-            with trio.CancelScope(shield=True):
-                await fs.aclose()
+            await trio.aclose_forcefully(fs.stream)  # no TLS goodbye owed to a peer gone
 
     async def _ticker(self) -> None:
         interval = self.config.tick_ms / 1000

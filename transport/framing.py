@@ -423,8 +423,7 @@ async def serve_frames(
         log.exception("connection handler failed")
     finally:
         caller._close("connection closed")
-        with trio.CancelScope(shield=True):
-            await fs.aclose()
+        await trio.aclose_forcefully(fs.stream)  # a TLS goodbye must not hang on a dead peer
 
 
 async def _write(out: FrameWriter, scope: trio.CancelScope) -> None:
