@@ -21,7 +21,11 @@ Header fields (short keys on purpose, they are on every frame):
     leader  on NOT_LEADER: the address of the leader the node believes in (or None)
 
 Requests and their fields are listed on `Op`; a response to request `id` carries the
-same `id` and no `op`. Raft traffic between nodes (`Op.RAFT`) is one-way.
+same `id` and no `op`. Raft traffic between nodes (`Op.RAFT`) is one-way. A server may
+also send requests to a client on the client's connection (a broker checking back a
+transaction with its producer); those carry negative ids, the client's own are positive
+(`transport.framing.Caller`). A connection that opens with `HELLO` runs the peer
+handshake (`transport.peerauth`); only then may it carry Raft traffic or READ_RAW.
 """
 
 from __future__ import annotations
