@@ -37,6 +37,7 @@ sim: $(VENV)/.base
 # `--api batch`, whole `send_batch` calls of `--batch` messages.
 bench: $(VENV)/.bench
 	$(PY) -m bench.storage --json
+	$(PY) -m bench.snapshot --messages 1000000 --json
 	$(PY) -m bench.produce --json
 	-$(PY) -m bench.produce --api batch --batch 256 --json
 	-$(PY) -m bench.produce --api batch --batch 256 --size 1024 --json

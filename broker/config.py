@@ -12,7 +12,7 @@ not silently fall back to a default), and every problem names its key. Example::
     listen = "127.0.0.1:7101"
     metrics = "127.0.0.1:9101"
     data = "/srv/raftmq/n1"
-    namesrv = ["127.0.0.1:9876"]
+    namesrv = ["127.0.0.1:7176"]
     fsync = "always"
     cluster_secret = "the same long random string on every node"
     [peers]
@@ -56,8 +56,16 @@ __all__ = [
 
 FSYNC_POLICIES = ("always", "interval")
 ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
-# Deliberate misbehaviour a chaos test can switch on to prove the checkers catch it.
-KNOWN_MUTATIONS = frozenset({"ack-before-commit", "skip-fsync"})
+# Deliberate misbehaviour a test can switch on to prove the checks catch it:
+# ack-before-commit and skip-fsync break durability; duplicate-batch stores some batches
+# twice; skip-read-barrier lets a leader answer reads without confirming it still leads
+# (stale reads); crash-before-answer makes the node exit after a PRODUCE is committed and
+# before it is answered (forces a client retry), and exit-after-commit-offset does the same
+# for a COMMIT_OFFSET whose header asks for it.
+KNOWN_MUTATIONS = frozenset({
+    "ack-before-commit", "skip-fsync", "duplicate-batch", "skip-read-barrier",
+    "crash-before-answer", "exit-after-commit-offset",
+})
 
 # Port layout of `cluster_configs`: node i listens at base+i, serves metrics at
 # base+100+i, and the name server sits at base+76 (7176 for the default base 7100).

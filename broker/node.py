@@ -37,7 +37,7 @@ import signal
 import ssl
 import sys
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator, Mapping
 from typing import Any
 
 import msgpack
@@ -47,11 +47,11 @@ from prometheus_client import Counter, Gauge
 from broker.config import NodeConfig, load_config
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import (
-    DEFAULT_MAX_FRAME,
     Code,
     Frame,
     Op,
     ProtocolError,
+    frame_limit,
     parse_address,
     topic_shapes,
 )
@@ -76,6 +76,9 @@ PEER_MAX_FRAME = 1 << 30
 #: takes it a fraction of a second; a heartbeat of changes, milliseconds).
 REGISTER_TIMEOUT = 10.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: The deliberate `duplicate-batch` test mutation stores every this-many-th batch a
+#: leader accepts twice: often enough that a few seconds of load store several.
+DUPLICATE_EVERY = 8
 
 
 class TopicTableLog:
@@ -127,6 +130,22 @@ class TopicTableLog:
         return changed, sorted(removed)
 
 
+class _States(Mapping[str, BrokerState]):
+    """Each group's state machine, read from its runtime (the one owner) at every access."""
+
+    def __init__(self, groups: Mapping[str, GroupRuntime[BrokerState]]) -> None:
+        self._groups = groups
+
+    def __getitem__(self, gid: str) -> BrokerState:
+        return self._groups[gid].machine
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+
 class Node:
     def __init__(self, config: NodeConfig, *, ssl_context: ssl.SSLContext | None = None,
                  peer_ssl_context: ssl.SSLContext | None = None) -> None:
@@ -152,7 +171,7 @@ class Node:
                                         "Corrupt log entries repaired from a peer's copy",
                                         ["group"], registry=self.metrics.registry)
         self._repaired_seen: dict[str, int] = {}
-        self.max_frame = max(DEFAULT_MAX_FRAME, config.max_message_bytes * 2 + (1 << 20))
+        self.max_frame = frame_limit(config.max_message_bytes)
         from broker.peers import PeerLinks
 
         self._secret = config.cluster_secret.encode()
@@ -160,8 +179,8 @@ class Node:
                                max_frame=max(self.max_frame, PEER_MAX_FRAME),
                                secret=self._secret, on_lost=self._peer_lost,
                                ssl_context=peer_ssl_context)
-        self.groups: dict[str, GroupRuntime] = {}
-        self.states: dict[str, BrokerState] = {}
+        self.groups: dict[str, GroupRuntime[BrokerState]] = {}
+        self.states: Mapping[str, BrokerState] = _States(self.groups)
         mutations = set(config.test_mutations)
         for gc in config.hosted_groups:
             state = BrokerState(gc.id, max_message_bytes=config.max_message_bytes)
@@ -184,7 +203,6 @@ class Node:
                 on_fsync=hist.observe, restore=functools.partial(self._restore_state, gc.id),
                 fetch_raw=functools.partial(self._fetch_raw, gc.id),
             )
-            self.states[gc.id] = state
         self.service = BrokerService(self)
         self._register_now = trio.Event()
         # registration: table versions count within this incarnation of the node
@@ -192,6 +210,13 @@ class Node:
         self._tables = {gid: TopicTableLog() for gid in self.groups}
         self._ns_acked: dict[str, dict[str, int]] = {}  # name server -> group -> version
         self.ack_before_commit = "ack-before-commit" in mutations
+        # a scripted crash between a commit and its answer (tests of retried requests)
+        self.exit_after_commit_offset = "exit-after-commit-offset" in mutations
+        self.skip_read_barrier = "skip-read-barrier" in mutations
+        self.crash_before_answer = "crash-before-answer" in mutations
+        # `duplicate-batch`: every DUPLICATE_EVERY-th batch this node leads is stored twice
+        self.duplicate_every = DUPLICATE_EVERY if "duplicate-batch" in mutations else 0
+        self.batches_led = 0
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ wiring
@@ -209,10 +234,9 @@ class Node:
             g.peer_lost(peer)  # a group `peer` led elects a new leader sooner
 
     def _restore_state(self, group: str, data: bytes) -> BrokerState:
-        """A group's state from its snapshot file (called by `GroupRuntime.open`)."""
-        state = BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes)
-        self.states[group] = state
-        return state
+        """A group's state from a snapshot (its file at open, or one a leader sent): the
+        group's runtime keeps it, `states` reads it from there."""
+        return BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes)
 
     async def _fetch_raw(self, group: str, peer: int, index: int) -> bytes:
         """Entry `index` of `group` as stored by `peer` (READ_RAW on its listener)."""
@@ -531,7 +555,8 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="raftmq node", description="run one raftmq node")
     p.add_argument("--config", required=True, help="node TOML file")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
     args = p.parse_args(argv)
     try:
         config = load_config(args.config)

@@ -41,15 +41,19 @@ import msgpack
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
+    "DEFAULT_NAMESRV",
+    "NAMESRV_ENV",
     "MAX_MESSAGE_BYTES",
     "Code",
     "Frame",
     "FrameDecoder",
     "Op",
     "ProtocolError",
+    "RaftMQError",
     "RequestError",
     "encode_frame",
     "error_header",
+    "frame_limit",
     "ok_header",
     "parse_address",
     "topic_shapes",
@@ -61,6 +65,17 @@ MAX_MESSAGE_BYTES = 4 << 20  # RocketMQ's default maximum message body
 DEFAULT_MAX_FRAME = 16 << 20  # a few maximal messages plus headers
 _PREFIX = struct.Struct(">II")
 MAX_HEADER = 1 << 20
+# Where every tool looks for a name server unless told: `raftmq namesrv` listens there and
+# `raftmq dev` puts its name server there (port base 7100 + 76); the first of these
+# environment variables that is set overrides it for the `raftmq` commands.
+DEFAULT_NAMESRV = "127.0.0.1:7176"
+NAMESRV_ENV = ("RAFTMQ_NAMESRV", "NAMESRV_ADDR")
+
+
+def frame_limit(max_message_bytes: int) -> int:
+    """The frame size a process accepts when messages may be `max_message_bytes` long:
+    room for two such messages and headers, never below `DEFAULT_MAX_FRAME`."""
+    return max(DEFAULT_MAX_FRAME, max_message_bytes * 2 + (1 << 20))
 
 
 class Op(IntEnum):
@@ -72,7 +87,7 @@ class Op(IntEnum):
     #               body: the entry's stored bytes; NOT_FOUND (gone: retention removed it)
     PRODUCE = 10  # (g) body: a batch (broker.records) -> (base, n, index, dup)
     FETCH = 11  # (topic, queue, offset, max, max_bytes, wait_ms) -> (next, min, end, msgs) body
-    COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...]) -> ()
+    COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...], req?: [client, seq]) -> (dup)
     QUERY_OFFSET = 13  # (cg, topic, queue) -> (offset: int, -1 when none)
     CREATE_TOPIC = 20  # (g, topic, queues: total, hosted: [queue ids]) -> ()
     TOPICS = 21  # () -> (topics: {name: {queues, hosted: {group: [q...]}}})
@@ -80,6 +95,12 @@ class Op(IntEnum):
     GET_MESSAGE = 23  # (msg_id) -> (msgs) body
     QUERY_KEY = 24  # (topic, key, max) -> (msgs) body
     TRANSFER_LEADER = 25  # (g, to: node id) -> ()
+    DELETE_TOPIC = 26  # (g, topic) -> (): the topic, its queues, offsets and keys, in group g
+    GROW_TOPIC = 27  # (g, topic, queues: new total, hosted: [queue ids]) -> (); see
+    #   BrokerState._grow_topic: existing queues stay, a new group may join
+    OFFSETS = 32  # (cg?: one group) -> (rows: [[g, cg, topic, queue, offset]...]) for the
+    #   groups this node leads
+    DELETE_GROUP = 33  # (g, cg) -> (deleted: n): forget cg's committed offsets in group g
     HEARTBEAT = 30  # (cg, client, topics: [...]) -> ()
     CONSUMERS = 31  # (cg) -> (clients: sorted [client ids])
     REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
@@ -108,7 +129,12 @@ class Code(IntEnum):
     FRAME_TOO_LARGE = 16
     NOT_FOUND = 17
     SEQUENCE_GAP = 18  # idempotent batch arrived before an earlier one: resend in order
-    FORBIDDEN = 19  # the caller may not make this request (peer-only ops from a client)
+    STALE_REQUEST = 19  # a retried request too old to tell whether it took effect
+    # Client side only (never on the wire): what a client concludes about a request.
+    UNAVAILABLE = 20  # retriable: no node could be reached or none leads; nothing was written
+    CONNECTION_LOST = 21  # retriable: the connection failed after the request left
+    # On the wire again:
+    FORBIDDEN = 22  # the caller may not make this request (peer-only ops from a client)
 
     @property
     def retriable(self) -> bool:
@@ -116,7 +142,7 @@ class Code(IntEnum):
 
 
 _RETRIABLE = frozenset({Code.NOT_LEADER, Code.TIMEOUT, Code.BUSY, Code.PROPOSAL_DROPPED,
-                        Code.SEQUENCE_GAP})
+                        Code.SEQUENCE_GAP, Code.UNAVAILABLE, Code.CONNECTION_LOST})
 
 
 class ProtocolError(Exception):
@@ -127,8 +153,12 @@ class ProtocolError(Exception):
         self.code = code
 
 
-class RequestError(Exception):
-    """One request failed; its connection stays usable."""
+class RaftMQError(Exception):
+    """The base of every error raftmq raises to a caller (see `raftmq.client.errors`)."""
+
+
+class RequestError(RaftMQError):
+    """One request failed with `code`; its connection stays usable."""
 
     def __init__(self, code: Code, message: str, **extra: Any) -> None:
         super().__init__(f"{code.name}: {message}")

@@ -1,9 +1,11 @@
 """The producer batch: the bytes a client frames, the leader stores and consumers read.
 
-A batch is written once, by the client, and never re-encoded: the leader prefixes the
-8-byte store timestamp (`STORED_PREFIX`) and appends it to the CommitLog as one MESSAGES
-entry; the broker only walks record headers to build ConsumeQueue entries; a fetch sends
-stored record bytes back verbatim.
+A batch is written once, by the client, and never re-encoded: the leader copies it once,
+into the stored entry, behind the 8-byte slot it fills with the store timestamp
+(`STORED_PREFIX`), and appends it to the CommitLog as one MESSAGES entry; the broker only
+walks record headers to build ConsumeQueue entries; a fetch sends stored record bytes
+back verbatim. `encode_batch` says where each record will start in the stored entry,
+which is what message ids are made of, so a client never parses the layout itself.
 
     batch   := "RB" u8 version u8 flags u16 header_len header records
     header  := msgpack map {topic: str, queue: int, pid: int, seq: int, n: int}
@@ -35,8 +37,11 @@ __all__ = [
     "Message",
     "OutgoingMessage",
     "RecordRef",
+    "EncodedBatch",
+    "WalkedBatch",
     "decode_record",
     "encode_batch",
+    "record_size",
     "message_id",
     "parse_message_id",
     "tag_hash",
@@ -114,6 +119,36 @@ def parse_message_id(msg_id: str) -> tuple[str, int, int]:
         raise RequestError(Code.MALFORMED, f"bad message id {msg_id!r}") from None
 
 
+class EncodedBatch(bytes):
+    """A batch's bytes, plus `starts`: where each record begins in the stored entry
+    (behind the leader's store timestamp), the position a message id names."""
+
+    starts: tuple[int, ...]
+
+
+class WalkedBatch(NamedTuple):
+    """A batch the leader already walked (`walk_batch` with `max_message_bytes`) before
+    proposing it: handed back with the entry at apply so it is not walked twice."""
+
+    header: BatchHeader
+    refs: list[RecordRef]
+    max_message_bytes: int
+
+
+def record_size(msg: OutgoingMessage | bytes) -> int:
+    """Bytes the message takes in a batch."""
+    if type(msg) is bytes:
+        return RECORD_HEADER.size + len(msg)
+    assert isinstance(msg, OutgoingMessage)
+    if not (msg.key or msg.tags or msg.properties):
+        return RECORD_HEADER.size + len(msg.body)  # the common case, per message
+    props = msgpack.packb(msg.properties, use_bin_type=True) if msg.properties else b""
+    return (
+        RECORD_HEADER.size + len(msg.key.encode()) + len(msg.tags.encode()) + len(props)
+        + len(msg.body)
+    )
+
+
 def encode_batch(
     topic: str,
     queue: int,
@@ -122,16 +157,23 @@ def encode_batch(
     pid: int = 0,
     seq: int = -1,
     born_ms: int = 0,
-) -> bytes:
+) -> EncodedBatch:
+    """The batch's bytes; `.starts` on them says where each record will sit in the
+    stored entry."""
     header = msgpack.packb(
         {"topic": topic, "queue": queue, "pid": pid, "seq": seq, "n": len(messages)},
         use_bin_type=True,
     )
     parts: list[bytes] = [_BATCH_PREFIX.pack(MAGIC, VERSION, 0, len(header)), header]
+    pos = STORED_PREFIX.size + _BATCH_PREFIX.size + len(header)
+    starts: list[int] = []
     for m in messages:
+        starts.append(pos)
         if isinstance(m, bytes):  # a bare body: no key, tags or properties
-            parts.append(RECORD_HEADER.pack(RECORD_HEADER.size + len(m), born_ms, 0, 0, 0, len(m)))
+            size = RECORD_HEADER.size + len(m)
+            parts.append(RECORD_HEADER.pack(size, born_ms, 0, 0, 0, len(m)))
             parts.append(m)
+            pos += size
             continue
         key = m.key.encode()
         tags = m.tags.encode()
@@ -141,7 +183,10 @@ def encode_batch(
             RECORD_HEADER.pack(size, born_ms, len(key), len(tags), len(props), len(m.body))
         )
         parts += (key, tags, props, m.body)
-    return b"".join(parts)
+        pos += size
+    batch = EncodedBatch(b"".join(parts))
+    batch.starts = tuple(starts)
+    return batch
 
 
 def _bad(msg: str) -> RequestError:

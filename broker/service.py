@@ -17,6 +17,8 @@ gets FORBIDDEN.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -33,7 +35,7 @@ from broker.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.records import STORED_PREFIX, parse_message_id, walk_batch
+from broker.records import STORED_PREFIX, WalkedBatch, parse_message_id, walk_batch
 from broker.statemachine import (
     MAX_QUEUES,
     BrokerState,
@@ -41,7 +43,11 @@ from broker.statemachine import (
     ErrorResult,
     ProduceResult,
     control_create_topic,
+    control_delete_group,
+    control_delete_topic,
+    control_grow_topic,
     control_offsets,
+    valid_request_id,
 )
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
@@ -51,7 +57,9 @@ from transport.framing import Caller
 if TYPE_CHECKING:
     from broker.node import Node
 
-__all__ = ["BrokerService"]
+__all__ = ["CRASH_BEFORE_ANSWER_EXIT", "BrokerService"]
+
+log = logging.getLogger("raftmq.service")
 
 Response = tuple[dict[str, Any], bytes]
 
@@ -60,6 +68,7 @@ MAX_FETCH_BYTES = 8 << 20
 MAX_WAIT_MS = 60_000
 DEFAULT_WAIT_MS = 15_000  # RocketMQ's long-poll hold
 READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
+CRASH_BEFORE_ANSWER_EXIT = 70  # exit code of the `crash-before-answer` test mutation
 
 
 #: Requests only a node proven by the peer handshake may make: raw entries bypass the
@@ -104,7 +113,7 @@ class BrokerService:
     def __init__(self, node: Node) -> None:
         self.node = node
         self._consumers: dict[str, dict[str, float]] = {}  # cg -> client -> expiry
-        self._read_cache: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._read_cache: OrderedDict[tuple[str, int], bytes | memoryview] = OrderedDict()
         self._read_cached = 0  # bytes held by _read_cache
         self._handlers: dict[int, Callable[[dict[str, Any], bytes], Awaitable[Response]]] = {
             Op.PRODUCE: self._produce,
@@ -117,6 +126,10 @@ class BrokerService:
             Op.GET_MESSAGE: self._get_message,
             Op.QUERY_KEY: self._query_key,
             Op.TRANSFER_LEADER: self._transfer_leader,
+            Op.DELETE_TOPIC: self._delete_topic,
+            Op.GROW_TOPIC: self._grow_topic,
+            Op.OFFSETS: self._offsets,
+            Op.DELETE_GROUP: self._delete_group,
             Op.HEARTBEAT: self._heartbeat,
             Op.CONSUMERS: self._consumers_of,
             Op.READ_RAW: self._read_raw,
@@ -170,7 +183,8 @@ class BrokerService:
                     return self.node.groups[gid]
                 if queue >= cfg.queues:
                     raise RequestError(
-                        Code.UNKNOWN_QUEUE, f"topic {topic!r} has {cfg.queues} queues, not {queue + 1}"
+                        Code.UNKNOWN_QUEUE, f"topic {topic!r} has no queue {queue}: its queues "
+                        f"are 0..{cfg.queues - 1}"
                     )
         if known:
             # hosted by a group this node is not a replica of
@@ -178,13 +192,19 @@ class BrokerService:
                                leader=None)
         raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
 
+    async def _read_barrier(self, g: GroupRuntime) -> None:
+        """ReadIndex before an answer that depends on the latest state (skipped only by
+        the deliberate `skip-read-barrier` test mutation)."""
+        if not self.node.skip_read_barrier:
+            await g.read_barrier()
+
     @staticmethod
     def _result(result: Any) -> Any:
         if isinstance(result, ErrorResult):
             raise RequestError(result.code, result.message)
         return result
 
-    def _read(self, g: GroupRuntime, index: int) -> bytes:
+    def _read(self, g: GroupRuntime, index: int) -> bytes | memoryview:
         """The data of committed entry `index`, CRC-checked when read from the CommitLog.
 
         Consumers fetch a producer's batch a few dozen messages at a time, and every
@@ -221,24 +241,42 @@ class BrokerService:
     async def _produce(self, h: dict[str, Any], body: bytes) -> Response:
         g = self._group(h.get("g"))
         state = self._leading(g)
-        # The batch is walked once, in the stored entry's own bytes: this replica's apply
-        # reuses the walk (`BrokerState.prewalked`) instead of walking it again.
-        data = STORED_PREFIX.pack(int(time.time() * 1000)) + body
+        # The batch is copied once, into the stored entry itself (behind the slot for the
+        # store timestamp, filled in place), and walked there; the walk travels with the
+        # proposal to this replica's apply, which so does not walk it again.
+        draft = g.draft(STORED_PREFIX.size + len(body))
+        data = draft.data
+        STORED_PREFIX.pack_into(data, 0, int(time.time() * 1000))
+        data[STORED_PREFIX.size :] = body
         max_bytes = self.node.config.max_message_bytes
         header, refs = walk_batch(data, STORED_PREFIX.size, max_bytes, check_properties=True)
         validate_topic_name(header.topic)
         state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
         if self.node.ack_before_commit:
             # Deliberately wrong (chaos tests only): acknowledge what is not yet committed.
-            self.node.spawn(g.propose(data, EntryType.MESSAGES))
+            self.node.spawn(g.propose(draft, EntryType.MESSAGES))
             return ok_header(0, base=-1, n=header.n, index=-1, dup=False), b""
         t0 = time.perf_counter()
-        walked = state.prewalked(data, header, refs, max_bytes)
+        walked = WalkedBatch(header, refs, max_bytes)
         try:
-            result = self._result(await g.propose(data, EntryType.MESSAGES))
-        finally:
-            state.forget_walk(walked)
+            result = self._result(await g.propose(draft, EntryType.MESSAGES, context=walked))
+        except NotLeader as exc:  # the batch is in this node's log and may yet commit
+            raise RequestError(
+                Code.NOT_LEADER, "leadership was lost before the batch committed; it may "
+                "still be stored", leader=self.node.peer_addr(exc.leader), term=exc.term,
+                unknown=True,
+            ) from None
         assert isinstance(result, ProduceResult)
+        if self.node.crash_before_answer:
+            # Deliberately wrong (tests only): die between commit and answer, so the client
+            # must retry a batch that is already committed.
+            log.critical("crash-before-answer: exiting after committing index %d", result.index)
+            os._exit(CRASH_BEFORE_ANSWER_EXIT)
+        if self.node.duplicate_every:
+            self.node.batches_led += 1
+            if self.node.batches_led % self.node.duplicate_every == 0:
+                # Deliberately wrong (chaos tests only): store the batch a second time.
+                self.node.spawn(g.propose(bytes(data), EntryType.MESSAGES))
         messages, nbytes, latency = self.node.metrics.produce_series(g.group_id)
         messages.inc(result.count)
         nbytes.inc(len(body))
@@ -281,7 +319,7 @@ class BrokerService:
                     offset = nxt  # only filtered-out messages so far
                     continue
             if not confirmed:
-                await g.read_barrier()
+                await self._read_barrier(g)
                 confirmed = True
                 continue
             if offset > end:
@@ -313,7 +351,16 @@ class BrokerService:
     # ------------------------------------------------------------------ offsets
 
     async def _commit_offset(self, h: dict[str, Any], _body: bytes) -> Response:
+        """Commit offsets through the log. The client retries a commit whose answer it did
+        not get, so a commit carries a request id ("req": [client id, sequence]) that the
+        state machine deduplicates: a retry whose first copy was committed after all (by a
+        new leader) must not overwrite an offset committed in between."""
         cg = _cg(h)
+        req = None
+        if "req" in h:
+            req = valid_request_id(h["req"])
+            if req is None:
+                raise RequestError(Code.MALFORMED, "req must be [client id > 0, sequence >= 0]")
         raw = _field(h, "offsets", list)
         by_group: dict[str, list[tuple[str, int, int]]] = {}
         for item in raw:
@@ -324,10 +371,37 @@ class BrokerService:
             g = self._hosting(topic, _check_queue(item[1]))
             self._leading(g)
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
+        dup = False
         for gid, offs in by_group.items():
-            self._result(await self.node.groups[gid].propose(control_offsets(cg, offs),
-                                                             EntryType.CONTROL))
-        return ok_header(0), b""
+            await self._check_commit_bounds(self.node.groups[gid], offs)
+        for gid, offs in by_group.items():
+            result = self._result(await self.node.groups[gid].propose(
+                control_offsets(cg, offs, req), EntryType.CONTROL))
+            dup = dup or (isinstance(result, ControlResult) and result.dup)
+        if self.node.exit_after_commit_offset and h.get("test_exit") is True:
+            os._exit(CRASH_BEFORE_ANSWER_EXIT)  # test mutation: committed, the answer never leaves
+        return ok_header(0, dup=dup), b""
+
+    async def _check_commit_bounds(self, g: GroupRuntime,
+                                   offsets: list[tuple[str, int, int]]) -> None:
+        """OFFSET_TOO_LARGE for an offset beyond its queue's end: it cannot be a position
+        any consumer read up to. The end is checked again after a read barrier before
+        refusing, so a leader still applying its predecessor's entries refuses nothing a
+        consumer really read."""
+        confirmed = False
+        while True:
+            state = self._leading(g)
+            beyond = [(t, q, o, *state.queue_range(t, q)) for t, q, o in offsets
+                      if o > state.queue_range(t, q)[1]]
+            if not beyond:
+                return
+            if confirmed:
+                t, q, o, lo, end = beyond[0]
+                raise RequestError(Code.OFFSET_TOO_LARGE,
+                                   f"offset {o} is beyond the end {end} of {t}/{q}",
+                                   min=lo, end=end)
+            await g.read_barrier()
+            confirmed = True
 
     async def _query_offset(self, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
@@ -335,7 +409,7 @@ class BrokerService:
         queue = _queue_id(h)
         g = self._hosting(topic, queue)
         self._leading(g)
-        await g.read_barrier()  # a committed offset is never read back older than it is
+        await self._read_barrier(g)  # a committed offset is never read back older than it is
         off = self.node.states[g.group_id].consumer_offset(cg, topic, queue)
         return ok_header(0, offset=-1 if off is None else off), b""
 
@@ -360,6 +434,54 @@ class BrokerService:
                                f"topic {topic!r} already exists here with this configuration",
                                same=True)
         return ok_header(0), b""
+
+    async def _delete_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+        g = self._group(h.get("g"))
+        topic = _topic(h)
+        self._leading(g)
+        self._result(await g.propose(control_delete_topic(topic), EntryType.CONTROL))
+        self.node.topics_changed()
+        return ok_header(0), b""
+
+    async def _grow_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+        g = self._group(h.get("g"))
+        topic = _topic(h)
+        queues = _field(h, "queues", int)
+        hosted = _field(h, "hosted", list)
+        if not 1 <= queues <= MAX_QUEUES:
+            raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
+        if any(not _is_int(q) or not 0 <= q < queues for q in hosted):
+            raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
+        self._leading(g)
+        self._result(await g.propose(control_grow_topic(topic, queues, hosted),
+                                     EntryType.CONTROL))
+        self.node.topics_changed()
+        return ok_header(0), b""
+
+    async def _offsets(self, h: dict[str, Any], _body: bytes) -> Response:
+        """Committed offsets in the groups this node leads, read after a barrier each."""
+        only = validate_group_name(h["cg"]) if h.get("cg") is not None else None
+        rows: list[list[Any]] = []
+        led: list[str] = []
+        for gid, g in self.node.groups.items():
+            if not g.is_leader:
+                continue
+            try:
+                await g.read_barrier()
+            except NotLeader:
+                continue
+            led.append(gid)
+            for (cg, topic, queue), off in self.node.states[gid].consumer_offsets(only).items():
+                rows.append([gid, cg, topic, queue, off])
+        return ok_header(0, rows=rows, led=led), b""
+
+    async def _delete_group(self, h: dict[str, Any], _body: bytes) -> Response:
+        g = self._group(h.get("g"))
+        cg = _cg(h)
+        self._leading(g)
+        result = self._result(await g.propose(control_delete_group(cg), EntryType.CONTROL))
+        assert isinstance(result, ControlResult)
+        return ok_header(0, deleted=result.applied), b""
 
     async def _topics(self, h: dict[str, Any], _body: bytes) -> Response:
         topics: dict[str, dict[str, Any]] = {}

@@ -10,20 +10,35 @@ and combines three views:
   has ``commit``/``read`` operations keyed ``[group, queue]`` (`ConsumerOffsetModel`);
 - availability: after a fault that took away group leaders (the nemesis names them in the
   fault's value as ``"leaders": {group: node}``), how long until an append to a queue of
-  that group was acknowledged again.
+  that group was acknowledged again;
+- liveness: after every fault heals, each group must acknowledge an append invoked after
+  the heal within `LIVENESS_BOUND` seconds. A group that does not, while no other fault
+  began and appends went on for that long, makes the run invalid
+  (``liveness_violations``); ``unavailability_by_fault`` gives, per fault kind, the
+  worst time to a write during the fault (from its start, over the groups it took a
+  leader from, or every group when it took none) and after its heal.
 
 Verdict. A run is *invalid* when a message was lost, read without being appended
 (unexpected), read after a definite failure, read at two offsets by different reads,
 acknowledged at an offset other than where it was read or at an offset another message was
 acknowledged at, stored out of its producer's order, stored twice by an idempotent
-producer, or when the history of some queue or committed offset is not linearizable. A
-plain producer that retries after an unknown outcome may store a message twice:
-at-least-once delivery allows that, so such duplicates are counted (``duplicated_plain``)
-but are no error. For the linearizability check each extra copy becomes one more append of
-the same message with unknown outcome, issued when the original was: the retry the SDK
-made inside that operation. A search that ran out of time makes the verdict *unknown* (not
-valid, but no violation found either). Both searches together take about `check_timeout`
-seconds at most: the offsets search gets what the queue search left (at least a second).
+producer, stored by a plain producer more often than it was sent, or when the history of
+some queue or committed offset is not linearizable. A plain producer that retries after an
+unknown outcome may store a message once per request it sent: at-least-once delivery
+allows that. The workload records every such request as an ``attempt`` line of the
+operation (`chaos.histories`), so a copy is explained only by an attempt of its own: such
+duplicates are counted (``duplicated_retried``) but are no error, while a message read at
+more offsets than it had attempts (at least one per append that did not fail) was
+duplicated by the cluster itself (``duplicated_unretried``, an error). For the
+linearizability check each explained extra copy becomes one more append of the same
+message with unknown outcome, issued when its attempt was (`queue_operations`). A search
+that ran out of time makes the verdict *unknown* (not valid, but no violation found
+either). Both searches together take about `check_timeout` seconds at most: the offsets
+search gets what the queue search left (at least a second).
+
+`analyze_run` adds what the harness itself saw (nodes that exited on their own, a drain
+that did not finish): it is the verdict of `raftmq chaos run`, and `raftmq chaos check DIR`
+recomputes it from the same files with the same code.
 
 Whether a message came from an idempotent producer is read from its id (see
 `chaos.workload.message_id`), or from the appending process when the caller names the
@@ -32,7 +47,8 @@ idempotent processes.
 `Analysis.results` (results.json): ``valid``, ``verdict`` (valid | invalid | unknown),
 ``problems`` (one line per violation), ``operations`` (counts per f and outcome; offset
 reads as ``read-offset``), ``faults`` (injected, per kind), the accounting totals (``lost``,
-``duplicated`` (idempotent), ``duplicated_plain``, ``unexpected``, ``failed_but_read``,
+``duplicated`` (idempotent), ``duplicated_plain`` (plain producers: ``duplicated_retried``
+with a matching retry, ``duplicated_unretried`` without), ``unexpected``, ``failed_but_read``,
 ``offset_conflicts``, ``ack_mismatches``, ``ack_conflicts``, ``reordered``, ``recovered``,
 ``unread``), ``drained`` per queue, ``linearizable`` per queue and ``offsets_linearizable``
 per ``group:queue`` (true, false, or null when unknown), the checker summaries
@@ -48,7 +64,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +77,7 @@ from .histories import (
     parse_jsonl,
     records_to_operations,
 )
+from .histories import _key as _id
 from .linearizability import CheckInfo, CheckResult, check_operations
 from .model import INFINITY, UNKNOWN, Operation
 from .models import (
@@ -71,12 +88,24 @@ from .models import (
 )
 from .workload import is_idempotent_message
 
-__all__ = ["INVALIDATING", "Analysis", "Unavailability", "analyze"]
+__all__ = [
+    "INVALIDATING",
+    "Analysis",
+    "Unavailability",
+    "analyze",
+    "analyze_run",
+    "offset_operations",
+    "queue_operations",
+    "split_records",
+]
 
-INVALIDATING = ERROR_KINDS  # "duplicated" counts idempotent producers only, once split
-"""Accounting totals that make a run invalid when not zero."""
+INVALIDATING = (*ERROR_KINDS, "duplicated_unretried")
+"""Accounting totals that make a run invalid when not zero ("duplicated" counts idempotent
+producers only, once split)."""
 
 _EXAMPLES = 20  # items of each error list kept in results.json
+LIVENESS_BOUND = 20.0
+"""Seconds after a fault's heal within which every group must acknowledge a write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +191,7 @@ class Analysis:
         return write_report(
             path, model, info, title=title, faults=self.report_faults,
             accounting=self.accounting,
+            unavailability=self.results.get("unavailability_by_fault"),
         )
 
 
@@ -171,6 +201,7 @@ def analyze(
     queue_groups: dict[str, str],
     check_timeout: float,
     idempotent_processes: Collection[int] | None = None,
+    liveness_bound: float = LIVENESS_BOUND,
 ) -> Analysis:
     """Account, check and measure a run's history (see the module docstring).
 
@@ -178,51 +209,47 @@ def analyze(
     `check_timeout` bounds the linearizability search in seconds.
     """
     path = Path(history_path)
-    everything = parse_jsonl(path)
-    records = [r for r in everything if r.f in ("append", "read") and not _offset_key(r.key)]
-    offset_records = [r for r in everything if r.f in ("commit", "read") and _offset_key(r.key)]
+    records, offset_records = split_records(parse_jsonl(path))
     faults = parse_faults(path)
+    ops = queue_operations(records)  # first: it checks the values the accounting reads
+    offset_ops = offset_operations(offset_records)
 
     accounting = account_queue_history(records)
-    senders = {(r.key, r.value): r for r in records if r.f == "append"}
+    senders = {(str(r.key), str(_id(r.value))): r for r in records if r.f == "append"}
+    allowed = _allowed_copies(records)
 
-    def idempotent(key: Any, msg: Any) -> bool:
+    def idempotent(key: str, msg: str) -> bool:
         if idempotent_processes is None:
             return is_idempotent_message(msg)
         sender = senders.get((key, msg))
         return sender is not None and sender.process in idempotent_processes
 
-    # Split duplicates by the sender's promise.
-    plain_copies: list[tuple[HistoryRecord, int]] = []
+    # Split duplicates by the sender's promise, and plain ones by whether attempts explain them.
     dup_idem: dict[str, dict[str, list[int]]] = {}
-    dup_plain: dict[str, dict[str, list[int]]] = {}
+    dup_retried: dict[str, dict[str, list[int]]] = {}
+    dup_unretried: dict[str, dict[str, list[int]]] = {}
     for key, queue in accounting["queues"].items():
         for msg, offsets in queue["duplicated"].items():
             if idempotent(key, msg):
                 dup_idem.setdefault(key, {})[msg] = offsets
+            elif len(offsets) <= allowed.get((key, msg), 0):
+                dup_retried.setdefault(key, {})[msg] = offsets
             else:
-                dup_plain.setdefault(key, {})[msg] = offsets
-                sender = senders.get((key, msg))
-                if sender is not None:
-                    plain_copies.append((sender, len(offsets) - 1))
+                dup_unretried.setdefault(key, {})[msg] = offsets
     totals = dict(accounting["totals"])
     totals["duplicated"] = sum(len(d) for d in dup_idem.values())
-    totals["duplicated_plain"] = sum(len(d) for d in dup_plain.values())
+    totals["duplicated_retried"] = sum(len(d) for d in dup_retried.values())
+    totals["duplicated_unretried"] = sum(len(d) for d in dup_unretried.values())
+    totals["duplicated_plain"] = totals["duplicated_retried"] + totals["duplicated_unretried"]
     accounting = {**accounting, "totals": totals}
     accounting["valid"] = all(totals.get(kind, 0) == 0 for kind in INVALIDATING)
 
     model = QueueLogModel()
-    ops = records_to_operations(records, "queue-log")
-    for sender, extra in plain_copies:
-        ops += [
-            Operation(sender.process, ("append", sender.key, sender.value), sender.call,
-                      UNKNOWN, INFINITY)
-        ] * extra
-    info = check_operations(model, pin_read_appends(ops), timeout=check_timeout, stop_early=False)
+    info = check_operations(model, ops, timeout=check_timeout, stop_early=False)
     offsets_model = ConsumerOffsetModel()
     offsets_info = check_operations(
         offsets_model,
-        drop_unobserved_commits(records_to_operations(offset_records, "consumer-offset")),
+        offset_ops,
         timeout=max(1.0, check_timeout - info.elapsed),
         stop_early=False,
     )
@@ -232,8 +259,10 @@ def analyze(
     origin = min(times, default=0.0)
     last = max(times, default=0.0)
     unavailable = _unavailability(records, faults, queue_groups)
+    by_fault, slow = _fault_liveness(records, faults, queue_groups, liveness_bound)
 
     problems = [f"{kind}: {totals[kind]}" for kind in INVALIDATING if totals.get(kind, 0)]
+    problems += slow
     per_queue = {str(p.key): _linearizable(p.result) for p in info.partitions}
     problems += [f"not linearizable: {q}" for q, v in per_queue.items() if v is False]
     per_offset = {_offset_name(p.key): _linearizable(p.result) for p in offsets_info.partitions}
@@ -255,6 +284,8 @@ def analyze(
         "faults": dict(sorted(Counter(f.f for f in faults).items())),
         **{kind: totals.get(kind, 0) for kind in INVALIDATING},
         "duplicated_plain": totals["duplicated_plain"],
+        "duplicated_retried": totals["duplicated_retried"],
+        "attempts": sum(len(r.attempts) for r in records),
         "recovered": totals.get("recovered", 0),
         "unread": totals.get("unread", 0),
         "drained": {q: report["drained"] for q, report in accounting["queues"].items()},
@@ -268,7 +299,12 @@ def analyze(
         ),
         "unrecovered_faults": sum(1 for u in unavailable if not u.recovered),
         "unavailability": [u.to_dict(origin, last) for u in unavailable],
-        "examples": _examples(accounting["queues"], dup_idem, dup_plain),
+        "unavailability_by_fault": by_fault,
+        "liveness_bound": liveness_bound,
+        "liveness_violations": slow,
+        "examples": _examples(
+            accounting["queues"], dup_idem, dup_retried, dup_unretried, allowed
+        ),
         "first_time": origin,
         "last_time": last,
         "seconds": round(last - origin, 3),
@@ -277,6 +313,134 @@ def analyze(
         results, model, info, accounting, faults, unavailable, verdict, offsets_model,
         offsets_info,
     )
+
+
+def analyze_run(
+    history_path: str | Path,
+    facts: Mapping[str, Any] | None,
+    *,
+    check_timeout: float,
+) -> Analysis:
+    """The verdict of a `raftmq chaos run`: `analyze`, plus the harness's own findings.
+
+    `facts` is what the run learned besides the history (results.json's ``run``):
+    ``queue_groups`` (queue key -> group), ``unexpected_exits`` (nodes that exited without
+    the nemesis) and ``drained`` (whether the final drain reached every queue's end). A
+    node exiting on its own or an unfinished drain makes the run invalid. None: only the
+    history is known (availability is not measured per group, the harness not judged).
+    Malformed facts raise ValueError.
+    """
+    facts = {} if facts is None else facts
+    if not isinstance(facts, Mapping):
+        raise ValueError(f"the run's facts must be an object, got {facts!r}")
+    groups = facts.get("queue_groups", {})
+    if not isinstance(groups, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in groups.items()
+    ):
+        raise ValueError(f"queue_groups must map queue keys to group names, got {groups!r}")
+    analysis = analyze(history_path, queue_groups=groups, check_timeout=check_timeout)
+    if not facts:
+        return analysis
+    exits = facts.get("unexpected_exits")
+    drained = facts.get("drained", False)
+    if not isinstance(drained, bool):
+        raise ValueError(f"drained must be true or false, got {drained!r}")
+    harness = []
+    if exits:
+        harness.append(f"nodes exited on their own: {exits}")
+    if not drained:
+        harness.append("the final drain did not reach the end of every queue")
+    if facts.get("not_ready"):
+        harness.append(f"not ready after the final heal: {facts['not_ready']}")
+    if harness:
+        results = analysis.results
+        results["valid"] = False
+        results["verdict"] = analysis.verdict = "invalid"
+        results["problems"] = [*results.get("problems", []), *harness]
+    return analysis
+
+
+def split_records(
+    records: Sequence[HistoryRecord],
+) -> tuple[list[HistoryRecord], list[HistoryRecord]]:
+    """A run's queue operations (``append``/``read`` keyed by a queue) and consumer-offset
+    operations (``commit``/``read`` keyed ``[group, queue]``); any other record raises
+    ValueError, so a history of something else is not taken for an empty run."""
+    queue: list[HistoryRecord] = []
+    offsets: list[HistoryRecord] = []
+    for r in records:
+        if _offset_key(r.key) and r.f in ("commit", "read"):
+            offsets.append(r)
+        elif not _offset_key(r.key) and r.f in ("append", "read"):
+            queue.append(r)
+        else:
+            where = f"line {r.line}: " if r.line else ""
+            raise ValueError(
+                f"{where}{r.f!r} keyed {r.key!r} is neither a queue operation (append or read "
+                "keyed by a queue) nor a consumer-offset one (commit or read keyed [group, queue])"
+            )
+    return queue, offsets
+
+
+def _allowed_copies(records: Sequence[HistoryRecord]) -> dict[tuple[str, str], int]:
+    """Copies each appended message may have: one per recorded attempt, and at least one
+    per append that did not fail (a history without attempt lines allows one copy)."""
+    out: dict[tuple[str, str], int] = {}
+    for r in records:
+        if r.f == "append" and r.status != "fail":
+            slot = (str(r.key), str(_id(r.value)))
+            out[slot] = out.get(slot, 0) + max(1, len(r.attempts))
+    return out
+
+
+def queue_operations(records: Sequence[HistoryRecord]) -> list[Operation]:
+    """The queue-log check's operations of a run's queue records.
+
+    An append with recorded attempts takes effect no earlier than the request that did
+    it: the acknowledged copy comes from the last attempt, an unknown one from the first
+    or a later one. Each message read at c > 1 offsets was stored c times, which only
+    requests of its own can explain: its operation stands for one copy, and up to c - 1
+    more become appends of unknown outcome, issued at the operation's earliest other
+    attempts, so each copy has an attempt of its own that came no later. Copies beyond the
+    attempts get none, and fail the check. Appends whose offset the reads prove are
+    pinned there (`pin_read_appends`).
+    """
+    ops = records_to_operations(records, "queue-log")
+    seen: dict[tuple[Any, Any], set[int]] = {}
+    for op in ops:
+        if op.input[0] == "read" and isinstance(op.output, tuple):
+            for k, msg in enumerate(op.output):
+                seen.setdefault((op.input[1], msg), set()).add(op.input[2] + k)
+    sends: dict[tuple[Any, Any], list[Operation]] = {}
+    later: dict[tuple[Any, Any], list[float]] = {}
+    live = [r for r in records if r.status != "fail"]
+    for i, (r, op) in enumerate(zip(live, ops, strict=True)):
+        if op.input[0] != "append":
+            continue
+        if r.attempts:
+            sent = r.attempts[-1] if r.status == "ok" else r.attempts[0]
+            ops[i] = op = Operation(op.client_id, op.input, max(op.call, sent), op.output,
+                                    op.return_)
+        slot = (op.input[1], op.input[2])
+        if len(seen.get(slot, ())) < 2:
+            continue
+        sends.setdefault(slot, []).append(op)
+        # the acknowledged copy came from the last attempt; an unknown one may be any
+        later.setdefault(slot, []).extend(r.attempts[:-1] if r.status == "ok" else r.attempts[1:])
+    extra: list[Operation] = []
+    for slot, appends in sends.items():
+        n = len(seen[slot]) - len(appends)
+        sender = appends[0]
+        extra += [
+            Operation(sender.client_id, sender.input, at, UNKNOWN, INFINITY)
+            for at in sorted(later[slot])[: max(0, n)]
+        ]
+    return pin_read_appends(ops + extra)
+
+
+def offset_operations(records: Sequence[HistoryRecord]) -> list[Operation]:
+    """The consumer-offset check's operations of a run's offset records."""
+    return drop_unobserved_commits(records_to_operations(records, "consumer-offset"))
 
 
 def _linearizable(result: CheckResult) -> bool | None:
@@ -343,24 +507,101 @@ def _unavailability(
     return out
 
 
+def _first_ack_after(
+    index: dict[str, tuple[list[float], list[float]]], group: str, t: float
+) -> float | None:
+    """When the first append to `group` invoked at or after `t` was acknowledged."""
+    calls, suffix_min = index.get(group, ([], []))
+    i = bisect.bisect_left(calls, t)
+    return suffix_min[i] if i < len(calls) else None
+
+
+def _fault_liveness(
+    records: Sequence[HistoryRecord],
+    faults: Sequence[Fault],
+    queue_groups: dict[str, str],
+    bound: float,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Per fault kind: count and worst seconds to a write during and after the fault;
+    and one problem line per group that accepted no write within `bound` seconds of a
+    heal (judged only when no other fault began and appends went on that long)."""
+    acks: dict[str, list[tuple[float, float]]] = {}
+    last_call = -INFINITY
+    for r in records:
+        if r.f == "append":
+            last_call = max(last_call, r.call)
+            group = queue_groups.get(str(r.key))
+            if r.status == "ok" and group is not None:
+                acks.setdefault(group, []).append((r.call, r.return_))
+    index: dict[str, tuple[list[float], list[float]]] = {}
+    for group, pairs in acks.items():
+        pairs.sort()
+        suffix = [0.0] * len(pairs)
+        best = INFINITY
+        for i in range(len(pairs) - 1, -1, -1):
+            best = min(best, pairs[i][1])
+            suffix[i] = best
+        index[group] = ([c for c, _ in pairs], suffix)
+    every = sorted(set(queue_groups.values()))
+    starts = sorted(f.start for f in faults)
+    table: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for fault in faults:
+        row = table.setdefault(fault.f, {"faults": 0, "worst_during": None,
+                                         "worst_after_heal": None, "unrecovered": 0})
+        row["faults"] += 1
+        value = fault.start_value
+        leaders = value.get("leaders") if isinstance(value, dict) else None
+        hit = sorted(str(g) for g in leaders) if isinstance(leaders, dict) and leaders else every
+        for group in hit:
+            t = _first_ack_after(index, group, fault.start)
+            if t is not None:
+                row["worst_during"] = round(max(row["worst_during"] or 0.0, t - fault.start), 3)
+        if math.isinf(fault.end):
+            row["unrecovered"] += 1
+            continue
+        later = starts[bisect.bisect_right(starts, fault.start):]
+        horizon = min([s for s in later if s >= fault.end] + [last_call])
+        for group in every:
+            t = _first_ack_after(index, group, fault.end)
+            took = None if t is None else t - fault.end
+            if took is not None:
+                row["worst_after_heal"] = round(max(row["worst_after_heal"] or 0.0, took), 3)
+            if (took is None or took > bound) and horizon - fault.end >= bound:
+                row["unrecovered"] += 1
+                problems.append(
+                    f"liveness: group {group} accepted no write within {bound:g} s after "
+                    f"{_fault_name(fault)} healed"
+                    + ("" if took is None else f" (first after {took:.1f} s)")
+                )
+    return dict(sorted(table.items())), problems
+
+
 def _examples(
     queues: dict[str, Any],
     dup_idem: dict[str, dict[str, list[int]]],
-    dup_plain: dict[str, dict[str, list[int]]],
+    dup_retried: dict[str, dict[str, list[int]]],
+    dup_unretried: dict[str, dict[str, list[int]]],
+    allowed: dict[tuple[str, str], int],
 ) -> dict[str, dict[str, Any]]:
     """A few items of every non-empty error list per queue, to start an investigation."""
     out: dict[str, dict[str, Any]] = {}
     for key, report in queues.items():
         items: dict[str, Any] = {}
-        for kind in INVALIDATING:
+        for kind in ERROR_KINDS:
             if kind == "duplicated":
                 continue
             value = report.get(kind)
             if value:
                 items[kind] = value[:_EXAMPLES]
-        for name, dups in (("duplicated", dup_idem), ("duplicated_plain", dup_plain)):
+        for name, dups in (("duplicated", dup_idem), ("duplicated_retried", dup_retried)):
             if dups.get(key):
                 items[name] = dict(list(dups[key].items())[:_EXAMPLES])
+        if dup_unretried.get(key):
+            items["duplicated_unretried"] = {
+                msg: {"offsets": offsets, "attempts": allowed.get((key, msg), 0)}
+                for msg, offsets in list(dup_unretried[key].items())[:_EXAMPLES]
+            }
         if items:
             out[key] = items
     return out

@@ -1,8 +1,17 @@
 """``raftmq chaos check`` (check a recorded history) and ``raftmq chaos run`` (test a cluster).
 
-``check`` exit codes: 0 linearizable, 1 not linearizable, 2 unknown (the time limit ran
-out). ``run`` exits 0 when the run is valid and 1 when it is not. Usage and input errors
-exit 3 in both, so they are never mistaken for a verdict.
+``check`` has two modes. Given a run's directory (``chaos check DIR``) or a run's history
+with no model (``--history DIR/history.jsonl``), it runs exactly the analysis
+``chaos run`` ran (`chaos.analysis.analyze_run`, with the facts and time limit of the
+run's results.json beside the history), so both give the same verdict. Given ``--model``,
+it checks any history in one of `chaos.histories.FORMATS` against that one model (a run's
+history too: ``queue-log`` takes its queue operations, ``consumer-offset`` its offset
+operations).
+
+``check`` exit codes: 0 linearizable / valid, 1 not linearizable / invalid, 2 unknown (the
+time limit ran out), 3 the input could not be checked (usage error, unreadable or malformed
+history). ``run`` exits with the same codes for its verdict (0 valid, 1 invalid, 2 unknown), 3 for
+usage errors. Code 3 is never a verdict.
 """
 
 from __future__ import annotations
@@ -17,29 +26,48 @@ from typing import Any
 from .accounting import account_queue_history
 from .histories import FORMATS, load_operations, parse_jsonl, records_to_operations
 from .linearizability import CheckInfo, CheckResult, check_operations
-from .models import MODELS, drop_unobserved_commits, make_model, pin_read_appends
+from .models import MODELS, make_model
 
-__all__ = ["EXIT_CODES", "check_main", "main", "run_main"]
+__all__ = ["EXIT_CODES", "EXIT_USAGE", "VERDICT_CODES", "check_main", "main", "run_main"]
 
 EXIT_CODES = {CheckResult.OK: 0, CheckResult.ILLEGAL: 1, CheckResult.UNKNOWN: 2}
+VERDICT_CODES = {"valid": 0, "invalid": 1, "unknown": 2}
 EXIT_USAGE = 3
+DEFAULT_CHECK_TIMEOUT = 120.0  # `chaos run`'s default, for a history without results.json
+
+_CHECK_EXITS = """exit codes:
+  0  linearizable (a run: valid)
+  1  not linearizable (a run: invalid)
+  2  unknown: the time limit ran out before an answer
+  3  the input could not be checked: usage error, unreadable or malformed history
+"""
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="raftmq chaos check",
-        description="Check a history for linearizability (Porcupine's algorithm).",
+        description="Re-check a `raftmq chaos run` (its directory, or its history without "
+        "--model) exactly as the run checked it, or check any history against one model "
+        "with --model (Porcupine's algorithm).",
+        epilog=_CHECK_EXITS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("file", type=Path, help="history file")
-    parser.add_argument("--model", required=True, choices=sorted(MODELS))
-    parser.add_argument("--format", required=True, choices=FORMATS, dest="fmt")
+    parser.add_argument("file", type=Path, nargs="?", default=None,
+                        help="a run's directory, or a history file")
+    parser.add_argument("--history", type=Path, default=None, metavar="FILE",
+                        help="a history file (a run's, when no --model is given)")
+    parser.add_argument("--model", default=None, choices=sorted(MODELS),
+                        help="check FILE against this model only (external histories)")
+    parser.add_argument("--format", default=None, choices=FORMATS, dest="fmt",
+                        help="the history's format with --model (default jsonl)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--timeout",
         type=float,
         default=None,
         metavar="S",
-        help="give up after S seconds with verdict unknown (exit 2)",
+        help="give up after S seconds with verdict unknown (exit 2); a run's default is "
+        "its own --check-timeout",
     )
     parser.add_argument(
         "--report",
@@ -53,27 +81,106 @@ def _parser() -> argparse.ArgumentParser:
 
 def check_main(argv: list[str]) -> int:
     """Run the check described by ``argv`` (without the program name); returns the exit code."""
+    parser = _parser()
     try:
-        args = _parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help and on usage errors
         return 0 if exc.code in (0, None) else EXIT_USAGE
-    try:
-        loaded = time.monotonic()
-        accounting = None
-        if args.fmt == "jsonl":
-            records = parse_jsonl(args.file)
-            ops = records_to_operations(records, args.model)
-            if args.model == "queue-log":
-                accounting = account_queue_history(records)
-                ops = pin_read_appends(ops)
-            elif args.model == "consumer-offset":
-                ops = drop_unobserved_commits(ops)
-        else:
-            ops = load_operations(args.file, args.fmt, args.model)
-        parsed = time.monotonic() - loaded
-    except (OSError, ValueError) as exc:
-        print(f"raftmq chaos check: {args.file}: {exc}", file=sys.stderr)
+    if (args.file is None) == (args.history is None):
+        print("raftmq chaos check: give one history: a run's DIR, FILE or --history FILE",
+              file=sys.stderr)
         return EXIT_USAGE
+    target: Path = args.file if args.file is not None else args.history
+    if args.timeout is not None and not args.timeout >= 0:
+        print(f"raftmq chaos check: --timeout must not be negative, got {args.timeout}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.model is None:
+            if args.fmt not in (None, "jsonl"):
+                raise ValueError("a run's history is JSON lines; --format needs --model")
+            return _check_run(target, args)
+        return _check_model(target, args)
+    except (OSError, ValueError) as exc:
+        print(f"raftmq chaos check: {target}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - whatever it was, it is not a verdict
+        print(f"raftmq chaos check: {target}: could not be checked "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _run_files(target: Path) -> tuple[Path, dict[str, Any] | None]:
+    """The history and the results.json (None if there is none) of a run's DIR or history."""
+    history = target / "history.jsonl" if target.is_dir() else target
+    if not history.is_file():
+        raise ValueError(f"no history at {history}")
+    results_path = history.parent / "results.json"
+    if not results_path.is_file():
+        return history, None
+    try:
+        saved = json.loads(results_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{results_path}: invalid JSON: {exc.msg}") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{results_path}: not a results object")
+    return history, saved
+
+
+def _check_run(target: Path, args: argparse.Namespace) -> int:
+    """A run's verdict again, by the run's own analysis (`analyze_run`)."""
+    from .analysis import analyze_run
+
+    history, saved = _run_files(target)
+    facts = saved.get("run") if saved is not None else None
+    timeout = args.timeout
+    if timeout is None:
+        options = saved.get("options") if saved is not None else None
+        timeout = options.get("check_timeout") if isinstance(options, dict) else None
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+            timeout = DEFAULT_CHECK_TIMEOUT
+    if saved is not None and not isinstance(facts, dict):
+        raise ValueError(f"{history.parent / 'results.json'}: no 'run' facts")
+    analysis = analyze_run(history, facts, check_timeout=float(timeout))
+    results = dict(analysis.results)
+    results["history"] = str(history)
+    results["check_timeout"] = timeout
+    if facts is None:
+        results["note"] = ("no results.json beside the history: availability per group and "
+                           "the harness's own findings are not judged")
+    if args.report is not None:
+        analysis.write_report(args.report, title=f"{history} (re-checked)")
+        results["report"] = str(args.report)
+    if args.json:
+        print(json.dumps(results, default=str))
+    else:
+        _print_run(results, history.parent, title=f"chaos check: {history}")
+        if "note" in results:
+            print(results["note"], file=sys.stderr)
+    return VERDICT_CODES[analysis.verdict]
+
+
+def _check_model(target: Path, args: argparse.Namespace) -> int:
+    """One model over any history (`--model`)."""
+    fmt = args.fmt or "jsonl"
+    loaded = time.monotonic()
+    accounting = None
+    if fmt == "jsonl":
+        records = parse_jsonl(target)
+        if args.model in ("queue-log", "consumer-offset"):
+            from .analysis import offset_operations, queue_operations, split_records
+
+            queue_records, offset_records = split_records(records)
+            if args.model == "queue-log":
+                ops = queue_operations(queue_records)
+                accounting = account_queue_history(queue_records)
+            else:
+                ops = offset_operations(offset_records)
+        else:
+            ops = records_to_operations(records, args.model)
+    else:
+        ops = load_operations(target, fmt, args.model)
+    parsed = time.monotonic() - loaded
     model = make_model(args.model)
     info = check_operations(model, ops, timeout=args.timeout)
     if args.report is not None:
@@ -83,15 +190,15 @@ def check_main(argv: list[str]) -> int:
             args.report,
             model,
             info,
-            title=f"{args.file.name} ({args.model})",
+            title=f"{target.name} ({args.model})",
             accounting=accounting,
         )
     summary = info.to_dict(model)
     summary.update(
         {
-            "file": str(args.file),
+            "file": str(target),
             "model": args.model,
-            "format": args.fmt,
+            "format": fmt,
             "parse_seconds": round(parsed, 6),
         }
     )
@@ -159,6 +266,8 @@ def _print_human(summary: dict[str, Any], info: CheckInfo) -> None:
 
 
 def _run_parser() -> argparse.ArgumentParser:
+    from broker.config import KNOWN_MUTATIONS
+
     from .nemesis import NEMESES
 
     p = argparse.ArgumentParser(
@@ -166,20 +275,22 @@ def _run_parser() -> argparse.ArgumentParser:
         description="Start a real cluster on loopback, inject faults under a recorded "
         "workload, heal, drain, and check that nothing acknowledged was lost and every "
         "queue is linearizable.",
+        epilog="exit codes: 0 valid, 1 invalid, 2 unknown (the checker ran out of time), "
+        "3 usage error. `raftmq chaos check DIR` re-checks the run and gives the same verdict.",
     )
     p.add_argument("--nodes", type=int, default=3, choices=(3, 5))
     p.add_argument("--groups", type=int, default=3, help="Raft groups (default 3)")
     p.add_argument("--time", type=float, default=60.0, metavar="SECONDS",
                    help="how long faults and load run before the final heal (default 60)")
     p.add_argument("--nemesis", default="kill,partition-node", metavar="LIST",
-                   help=f"comma-separated faults, or all: {', '.join(NEMESES)}")
+                   help=f"comma-separated faults, all, or none: {', '.join(NEMESES)}")
     p.add_argument("--workload", default="queue", choices=("queue",))
     p.add_argument("--seed", type=int, default=0, help="decides the fault schedule")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="history.jsonl, results.json, report.html and the cluster's files")
     p.add_argument("--mutation", action="append", default=[], metavar="NAME",
-                   help="make nodes misbehave on purpose (ack-before-commit, skip-fsync); "
-                   "needs RAFTMQ_ALLOW_MUTATIONS=1")
+                   help="make nodes misbehave on purpose ("
+                   f"{', '.join(sorted(KNOWN_MUTATIONS))}); needs RAFTMQ_ALLOW_MUTATIONS=1")
     p.add_argument("--check-timeout", type=float, default=120.0, metavar="S",
                    help="linearizability check time limit (verdict unknown after it)")
     p.add_argument("--json", action="store_true", help="print results.json to stdout")
@@ -187,7 +298,8 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def run_main(argv: list[str]) -> int:
-    """``raftmq chaos run``; returns 0 for a valid run, 1 for an invalid one, 3 for usage."""
+    """``raftmq chaos run``; returns 0 for a valid run, 1 for an invalid one, 2 when the
+    checker ran out of time (verdict unknown), 3 for usage errors: `check_main`'s codes."""
     from .nemesis import NEMESES
     from .run import RunOptions, parse_list, run_chaos
 
@@ -210,18 +322,19 @@ def run_main(argv: list[str]) -> int:
         print(json.dumps(results, default=str))
     else:
         _print_run(results, args.out)
-    return 0 if results["valid"] else 1
+    return VERDICT_CODES.get(results.get("verdict", ""), 0 if results["valid"] else 1)
 
 
-def _print_run(results: dict[str, Any], out: Path) -> None:
+def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"chaos run: {out}", show_header=False)
+    table = Table(title=title or f"chaos run: {out}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    verdict = "[green]valid[/]" if results["valid"] else "[red]INVALID[/]"
-    table.add_row("verdict", verdict)
+    verdict = results.get("verdict") or ("valid" if results.get("valid") else "invalid")
+    shown = {"valid": "[green]valid[/]", "unknown": "[yellow]UNKNOWN[/] (checker out of time)"}
+    table.add_row("verdict", shown.get(verdict, "[red]INVALID[/]"))
     for problem in results.get("problems", []):
         table.add_row("problem", f"[red]{problem}[/]")
     ops = results.get("operations", {})
@@ -234,7 +347,11 @@ def _print_run(results: dict[str, Any], out: Path) -> None:
         f"{kind} {n}" for kind, n in faults.items()))
     table.add_row("messages", ", ".join(
         f"{kind} {results.get(kind, 0)}"
-        for kind in ("lost", "duplicated", "duplicated_plain", "unexpected", "recovered")
+        for kind in ("lost", "duplicated", "unexpected", "recovered")
+    ))
+    table.add_row("plain duplicates", (
+        f"{results.get('duplicated_retried', 0)} with a matching retry, "
+        f"{results.get('duplicated_unretried', 0)} without"
     ))
     lin = results.get("linearizable", {})
     table.add_row("linearizable queues", f"{sum(v is True for v in lin.values())} of {len(lin)}")

@@ -401,6 +401,24 @@ class LocalCluster:
         for name in names:
             self._terminate(name, sig, timeout)
 
+    def restart_and_wait(self, i: int, timeout: float = 30.0) -> str | None:
+        """Restart node i and wait for its ``ready`` line. Returns None once it is ready,
+        or the end of its log when it exited first (it refused to start): that exit then
+        counts as expected, not as one for `unexpected_exits`."""
+        if self.is_running(i):
+            self.kill(i)
+        name = self._name(i)
+        log = self.log_path(name)
+        offset = log.stat().st_size if log.exists() else 0
+        self.start_node(i)
+        try:
+            self._wait_for_line(name, self._procs[name], offset, "ready ", timeout)
+        except ClusterError as exc:
+            if self.is_running(i):
+                raise  # slow, not refused: the caller's timeout was too short
+            return str(exc)
+        return None
+
     def restart(self, i: int) -> None:
         """Start node i again with the same config and data; kills it first (-9) if it
         still runs."""

@@ -11,7 +11,11 @@ JSON lines (``jsonl``), written by the chaos workloads, one object per line::
 
 - ``process``: int (or a name), the client; one operation at a time per process. An invoke
   while the previous one is still open leaves that one pending forever, as if ``info``.
-- ``type``: ``invoke`` | ``ok`` | ``fail`` | ``info``.
+- ``type``: ``invoke`` | ``ok`` | ``fail`` | ``info`` | ``attempt``. An ``attempt`` line
+  (same ``f``, ``key`` and ``value`` as the open invoke of its process) says that a request
+  that may take effect was sent for that operation: a plain producer's first send and
+  each retry. `HistoryRecord.attempts` holds their times; an operation may take effect
+  once per attempt, so a second copy of a message needs a second attempt.
 - ``time``: float, monotonic seconds (optional; the line number is used when absent).
 - Lines of ``"process": "nemesis"`` record faults (``invoke`` when one starts, ``info`` when
   it ends; ``f`` names the fault, ``value`` its details). They are not client operations:
@@ -59,6 +63,7 @@ __all__ = [
     "parse_jepsen_log",
     "parse_jsonl",
     "parse_faults",
+    "read_spec",
     "records_to_operations",
 ]
 
@@ -308,15 +313,45 @@ class HistoryRecord:
     result: Any
     call: float
     return_: float
+    attempts: tuple[float, ...] = ()
+    """Times of the operation's ``attempt`` lines (requests that may have taken effect)."""
+    line: int = 0
+    """Line number of the invoke, for error messages."""
 
 
 def _key(value: Any) -> Any:
     return tuple(_key(v) for v in value) if isinstance(value, list) else value
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_hashable(value: Any) -> bool:
+    """A JSON value usable as a key or an id: scalars and lists of them (not objects)."""
+    if isinstance(value, list):
+        return all(_is_hashable(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _time(entry: dict[str, Any], number: int, where: str) -> float:
+    at = entry.get("time", number)
+    if not _is_number(at) or at != at or at in (INFINITY, -INFINITY):
+        raise ValueError(f"{where}: 'time' must be a finite number, got {at!r}")
+    return float(at)
+
+
+_KINDS = ("invoke", "ok", "fail", "info", "attempt")
+
+
 def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
-    """Pair the invoke/ok/fail/info lines of a raftmq chaos history into records."""
-    open_ops: dict[Any, tuple[int, dict[str, Any], float]] = {}
+    """Pair the invoke/ok/fail/info lines of a raftmq chaos history into records.
+
+    Lines that are not what the format says (not an object, a process that is neither an
+    int nor a name, an unknown type, a key that is an object, a time that is not a
+    number, a completion or attempt with no open invoke) raise ValueError naming the line.
+    """
+    open_ops: dict[Any, tuple[int, dict[str, Any], float, list[float]]] = {}
     names: dict[Any, int] = {}
     done: list[tuple[int, HistoryRecord]] = []
     for number, where, line in _lines(source):
@@ -324,34 +359,48 @@ def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
             entry = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: invalid JSON: {exc.msg}") from None
-        try:
-            process, kind = entry["process"], entry["type"]
-        except (KeyError, TypeError):
-            raise ValueError(f"{where}: needs 'process' and 'type'") from None
+        if not isinstance(entry, dict) or "process" not in entry or "type" not in entry:
+            raise ValueError(f"{where}: needs 'process' and 'type'")
+        process, kind = entry["process"], entry["type"]
         if process == NEMESIS:
             continue
-        at = float(entry.get("time", number))
-        if kind == "invoke":
-            if "f" not in entry:
-                raise ValueError(f"{where}: invoke without 'f'")
-            if process in open_ops:
-                seq, first, call = open_ops.pop(process)
-                done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names)))
-            open_ops[process] = (number, entry, at)
-            continue
-        if kind not in ("ok", "fail", "info"):
+        if not isinstance(process, (int, str)) or isinstance(process, bool):
+            raise ValueError(f"{where}: 'process' must be an int or a name, got {process!r}")
+        if kind not in _KINDS:
             raise ValueError(f"{where}: unknown type {kind!r}")
+        at = _time(entry, number, where)
+        if kind == "invoke":
+            if not isinstance(entry.get("f"), str):
+                raise ValueError(f"{where}: invoke without 'f' (a string)")
+            if not _is_hashable(entry.get("key")):
+                raise ValueError(f"{where}: 'key' must be a string, a number or a list of them")
+            if process in open_ops:
+                seq, first, call, tries = open_ops.pop(process)
+                done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names, tries, seq)))
+            open_ops[process] = (number, entry, at, [])
+            continue
         if process not in open_ops:
             raise ValueError(f"{where}: {kind} for process {process!r} with no pending invoke")
-        seq, first, call = open_ops.pop(process)
+        seq, first, call, tries = open_ops[process]
         if at < call:
-            raise ValueError(f"{where}: completion time {at} precedes its invoke at {call}")
+            raise ValueError(f"{where}: {kind} time {at} precedes its invoke at {call}")
+        if tries and at < tries[-1]:
+            raise ValueError(f"{where}: {kind} time {at} precedes an attempt at {tries[-1]}")
+        if kind == "attempt":
+            if any(entry.get(k) != first.get(k) for k in ("f", "key", "value")):
+                raise ValueError(
+                    f"{where}: attempt does not match the open {first.get('f')!r} of process "
+                    f"{process!r} (line {seq})"
+                )
+            tries.append(at)
+            continue
+        del open_ops[process]
         if kind == "info":
-            done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names)))
+            done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names, tries, seq)))
         else:
-            done.append((seq, _record(first, kind, entry.get("value"), call, at, names)))
-    for seq, first, call in open_ops.values():
-        done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names)))
+            done.append((seq, _record(first, kind, entry.get("value"), call, at, names, tries, seq)))
+    for seq, first, call, tries in open_ops.values():
+        done.append((seq, _record(first, "info", UNKNOWN, call, INFINITY, names, tries, seq)))
     done.sort(key=lambda item: item[0])
     return [record for _seq, record in done]
 
@@ -391,7 +440,7 @@ def parse_faults(source: str | Path | Iterable[str]) -> list[Fault]:
         if not isinstance(entry, dict) or entry.get("process") != NEMESIS:
             continue
         f, kind = str(entry.get("f")), entry.get("type")
-        at = float(entry.get("time", number))
+        at = _time(entry, number, where)
         if kind == "invoke":
             open_faults.setdefault(f, []).append((number, entry, at))
         elif kind in ("info", "ok", "fail"):
@@ -412,7 +461,8 @@ def parse_faults(source: str | Path | Iterable[str]) -> list[Fault]:
 
 
 def _record(
-    invoke: dict[str, Any], status: str, result: Any, call: float, ret: float, names: dict[Any, int]
+    invoke: dict[str, Any], status: str, result: Any, call: float, ret: float,
+    names: dict[Any, int], attempts: list[float], line: int,
 ) -> HistoryRecord:
     return HistoryRecord(
         process=_client_id(invoke["process"], names),
@@ -423,63 +473,121 @@ def _record(
         result=result,
         call=call,
         return_=ret,
+        attempts=tuple(attempts),
+        line=line,
     )
 
 
 _UNBOUNDED = 1 << 62  # a read without "n" returns everything from its offset
 
 
-def _offset(value: Any) -> Any:
-    if isinstance(value, dict):
-        return value.get("offset", UNKNOWN)
-    return value
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _bad(r: HistoryRecord, what: str, got: Any) -> ValueError:
+    where = f"line {r.line}: " if r.line else ""
+    return ValueError(f"{where}{r.f} of process {r.process} on {r.key!r}: {what}, got {got!r}")
+
+
+def _append_offset(r: HistoryRecord) -> Any:
+    """The offset an acknowledged append reports: ``{"offset": n}`` or ``n``; a dict without
+    an offset (an acknowledgement that did not say where) is ``UNKNOWN``."""
+    result = r.result
+    if isinstance(result, dict):
+        if "offset" not in result:
+            return UNKNOWN
+        result = result["offset"]
+    if not _count(result):
+        raise _bad(r, "an acknowledged append's value must be {\"offset\": n} or n >= 0", r.result)
+    return result
+
+
+def read_spec(r: HistoryRecord) -> tuple[int, int | None]:
+    """(offset, n) of a queue read's invoke value ``{"offset": o, "n": n}`` (both optional;
+    n None: no limit); raises ValueError for anything else."""
+    spec = {} if r.value is None else r.value
+    if not isinstance(spec, dict):
+        raise _bad(r, 'a read\'s value must be {"offset": o, "n": n}', r.value)
+    offset, n = spec.get("offset", 0), spec.get("n")
+    if not _count(offset) or not (n is None or _count(n)):
+        raise _bad(r, "a read's offset and n must be integers >= 0", r.value)
+    return offset, n
+
+
+def _read_ids(r: HistoryRecord) -> tuple:
+    """The message ids an ok queue read returned (a list of strings, numbers or lists)."""
+    if not isinstance(r.result, list) or not all(
+        _is_hashable(m) and m is not None for m in r.result
+    ):
+        raise _bad(r, "a read's result must be a list of message ids", r.result)
+    return tuple(_key(m) for m in r.result)
+
+
+def _message(r: HistoryRecord) -> Any:
+    if r.value is None or not _is_hashable(r.value):
+        raise _bad(r, "a message id must be a string, a number or a list of them", r.value)
+    return _key(r.value)
+
+
+def _scalar(r: HistoryRecord, value: Any, what: str) -> Any:
+    if not _is_hashable(value):
+        raise _bad(r, f"{what} must be a string, a number, null or a list of them", value)
+    return _key(value)
 
 
 def records_to_operations(records: Iterable[HistoryRecord], model: str) -> list[Operation]:
-    """Operations for ``model`` from JSON-lines records; failed operations are dropped."""
+    """Operations for ``model`` from JSON-lines records; failed operations are dropped.
+
+    Values that do not have the shape the model's operations need (see the module
+    docstring) raise ValueError naming the line, rather than reaching the checker."""
     ops: list[Operation] = []
     for r in records:
         if r.status == "fail":
+            if model == "queue-log" and r.f == "append":
+                _message(r)  # the accounting still reads it
             continue
         known = r.status == "ok"
         result = r.result if known else UNKNOWN
         if model == "queue-log":
             if r.f == "append":
-                inp: tuple = ("append", r.key, _key(r.value))
-                out = _offset(result) if known else UNKNOWN
+                inp: tuple = ("append", r.key, _message(r))
+                out = _append_offset(r) if known else UNKNOWN
             elif r.f == "read":
-                spec = r.value or {}
-                n = spec.get("n")
-                inp = (
-                    "read",
-                    r.key,
-                    int(spec.get("offset", 0)),
-                    int(n) if n is not None else _UNBOUNDED,
-                )
-                out = tuple(_key(m) for m in result) if known else UNKNOWN
+                offset, n = read_spec(r)
+                inp = ("read", r.key, offset, _UNBOUNDED if n is None else n)
+                out = _read_ids(r) if known else UNKNOWN
             else:
                 raise ValueError(f"queue-log has no operation {r.f!r}")
         elif model == "consumer-offset":
             if r.f == "commit":
-                inp, out = ("commit", r.key, r.value), None
+                inp, out = ("commit", r.key, _scalar(r, r.value, "an offset")), None
             elif r.f == "read":
-                inp, out = ("read", r.key), result
+                inp = ("read", r.key)
+                out = _scalar(r, result, "an offset read") if known else UNKNOWN
             else:
                 raise ValueError(f"consumer-offset has no operation {r.f!r}")
         elif model == "kv":
             if r.f == "get":
-                inp, out = ("get", r.key), result
+                inp = ("get", r.key)
+                out = _scalar(r, result, "a get's result") if known else UNKNOWN
             elif r.f in ("put", "append"):
+                if not isinstance(r.value, str):
+                    raise _bad(r, "a put or append writes a string", r.value)
                 inp, out = (r.f, r.key, r.value), None
             else:
                 raise ValueError(f"kv has no operation {r.f!r}")
         elif model == "cas-register":
             if r.f == "read":
-                inp, out = ("read",), result
+                inp = ("read",)
+                out = _scalar(r, result, "a read's result") if known else UNKNOWN
             elif r.f == "write":
-                inp, out = ("write", r.value), None
+                inp, out = ("write", _scalar(r, r.value, "a written value")), None
             elif r.f == "cas":
-                old, new = r.value
+                if not (isinstance(r.value, list) and len(r.value) == 2
+                        and all(_is_hashable(v) for v in r.value)):
+                    raise _bad(r, "a cas's value must be [old, new]", r.value)
+                old, new = (_key(v) for v in r.value)
                 inp = ("cas", old, new)
                 out = UNKNOWN if not known else result is not False
             else:

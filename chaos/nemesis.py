@@ -25,7 +25,23 @@ the affected `nodes` and, as `leaders`, the group leaders that it took away
 - `corrupt`: SIGKILL of one node, one stored entry corrupted while it is down
   (`chaos.disk_faults.corrupt_entry`), restart at the end;
 - `leader-transfer`: a storm of TRANSFER_LEADER requests moving random groups to random
-  followers for the fault's length.
+  followers for the fault's length;
+- `delay`: every link, node-to-node and client, holds each chunk back 100 ms ± 50 ms
+  (`DELAY`); `loss`: every link loses chunks (`LOSS`, see `chaos.proxy.Link`); both
+  through `ProxyNet.shape`, with the links named in the value;
+- `partition-clients`: clients are cut from a minority of nodes (leaders preferred)
+  while the nodes still see each other (`ProxyNet.cut_clients`);
+- `truncate-file` / `bitflip-file`: SIGKILL of a minority, then on each of them one
+  random CommitLog segment, index or snapshot file is truncated, or has bits flipped
+  (`chaos.disk_faults.damage_file`); `snapshot-corrupt` does either to a snapshot file.
+  At the end each node is restarted and must either start (repairing what it can from
+  its peers) or refuse to; a refusal is recorded in the value (`outcome`, `refusals`),
+  the original bytes are put back as an operator would from a backup, and the node is
+  started again. Serving damaged data or losing acknowledged data is for the checkers
+  to catch;
+- `disk-full`: the file system of one node (leaders preferred) is filled with a ballast
+  file so every write fails with ENOSPC, then the ballast is deleted at the end. Needs
+  `disks` (`chaos.disk_faults.SmallDisk` per node: root and a loop device).
 
 Blocking `LocalCluster` calls run in worker threads: the event loop also runs the proxies
 and the workload and must never stall.
@@ -48,11 +64,11 @@ from raftmq.client.admin import Admin
 
 from . import topology
 from .cluster import ClusterError, LocalCluster
-from .disk_faults import corrupt_entry, discard_unsynced
+from .disk_faults import Damage, SmallDisk, corrupt_entry, damage_file, discard_unsynced
 from .proxy import ProxyNet
 from .recorder import Recorder
 
-__all__ = ["CRASH_SCOPES", "NEMESES", "Cadence", "Nemesis", "Step", "plan", "schedule"]
+__all__ = ["CRASH_SCOPES", "LEADER_BIAS", "NEMESES", "Cadence", "Nemesis", "Step", "plan", "schedule"]
 
 log = logging.getLogger("raftmq.chaos.nemesis")
 
@@ -66,7 +82,23 @@ NEMESES = (
     "crash-unsynced",
     "corrupt",
     "leader-transfer",
+    "delay",
+    "loss",
+    "partition-clients",
+    "truncate-file",
+    "bitflip-file",
+    "snapshot-corrupt",
+    "disk-full",
 )
+DELAY = (0.1, 0.05)  # seconds per chunk, and the jitter either side
+LOSS = 0.05  # chunks lost per chunk forwarded
+NETWORK = ("delay", "loss", "partition-clients")  # faults that need a ProxyNet besides PARTITIONS
+DAMAGE = {  # file faults: (how the file is damaged, or None: either way; which files)
+    "truncate-file": ("truncate", ("segment", "index", "snapshot")),
+    "bitflip-file": ("bitflip", ("segment", "index", "snapshot")),
+    "snapshot-corrupt": (None, ("snapshot",)),
+}
+REFUSAL_WAIT = 30.0  # seconds a damaged node gets to start or refuse
 PARTITIONS: Mapping[str, Callable[..., topology.Partition]] = {
     "partition-halves": topology.halves,
     "partition-node": topology.isolate,
@@ -74,6 +106,7 @@ PARTITIONS: Mapping[str, Callable[..., topology.Partition]] = {
     "majority-ring": topology.majority_ring,
 }
 CRASH_SCOPES = ("one", "majority", "all")
+LEADER_BIAS = 0.75  # how often a node fault's first target is a group leader
 
 
 # ------------------------------------------------------------------ the schedule (pure)
@@ -205,11 +238,16 @@ class Nemesis:
         enabled: Sequence[str] = ("kill", "partition-node"),
         cadence: Cadence = Cadence(),
         ready_timeout: float = 30.0,
-        leader_bias: float = 0.75,
+        leader_bias: float = LEADER_BIAS,
+        disks: Mapping[int, SmallDisk] | None = None,
     ) -> None:
         self.enabled = _enabled(enabled)
-        if net is None and any(k in PARTITIONS for k in self.enabled):
-            raise ValueError("partition nemeses need a ProxyNet (net=None given)")
+        if net is None and any(k in PARTITIONS or k in NETWORK for k in self.enabled):
+            raise ValueError("partition and network nemeses need a ProxyNet (net=None given)")
+        if "disk-full" in self.enabled:
+            missing = sorted(set(cluster.node_ids) - set(disks or {}))
+            if missing:
+                raise ValueError(f"disk-full needs a SmallDisk for every node (none for {missing})")
         if "crash-unsynced" in self.enabled:
             unmarked = [c.node_id for c in cluster.configs if not c.test_sync_marks]
             if unmarked:
@@ -223,6 +261,7 @@ class Nemesis:
         self.cadence = cadence
         self.ready_timeout = ready_timeout
         self.leader_bias = leader_bias
+        self.disks = dict(disks or {})
         self._steps = schedule(rng, self.enabled, cadence)
         self._active: _Active | None = None
         self._killed: set[int] = set()
@@ -234,7 +273,12 @@ class Nemesis:
             "crash-unsynced": self._crash_unsynced,
             "corrupt": self._corrupt,
             "leader-transfer": self._leader_transfer,
+            "delay": self._shape,
+            "loss": self._shape,
+            "partition-clients": self._partition_clients,
+            "disk-full": self._disk_full,
             **{k: self._partition for k in PARTITIONS},
+            **{k: self._damage for k in DAMAGE},
         }
 
     # ------------------------------------------------------------ schedule
@@ -279,6 +323,8 @@ class Nemesis:
         await self._restart(sorted(self._killed))
         if self.net is not None:
             self.net.heal()
+        for disk in self.disks.values():
+            await trio.to_thread.run_sync(disk.free)
         await self._wait_ready()
 
     def _begin(
@@ -436,7 +482,102 @@ class Nemesis:
         value["corrupted"] = await trio.to_thread.run_sync(corrupt_entry, data, rng)
         return active
 
+    async def _damage(self, step: Step, rng: random.Random) -> _Active | None:
+        how, kinds = DAMAGE[step.kind]
+        leaders = await self._leaders()
+        nodes = self._pick(rng, leaders, self._minority(rng))
+        if not nodes:
+            return None
+        value: dict[str, Any] = {"nodes": nodes, "leaders": self._on(leaders, nodes)}
+        damages: dict[int, Damage] = {}
+        active = self._begin(step.kind, value,
+                             functools.partial(self._restart_damaged, nodes, damages, value))
+        await self._kill_now(nodes)
+        done: dict[str, Any] = {}
+        for i in nodes:
+            data = self.cluster.configs[i - 1].data
+            way = how or rng.choice(("truncate", "bitflip"))
+            d = await trio.to_thread.run_sync(damage_file, data, rng, way, kinds)
+            if d is not None:
+                damages[i] = d
+            done[str(i)] = None if d is None else d.describe()
+        value["damaged"] = done
+        return active
+
+    async def _restart_damaged(
+        self, nodes: list[int], damages: dict[int, Damage], value: dict[str, Any]
+    ) -> None:
+        """Restart each damaged node; one that refuses to start gets its original file
+        back and is started again (see the module docstring)."""
+        outcome: dict[str, str] = {}
+        refusals: dict[str, str] = {}
+        for i in nodes:
+            wait = functools.partial(self.cluster.restart_and_wait, i, REFUSAL_WAIT)
+            refused = await trio.to_thread.run_sync(wait)
+            if refused is None:
+                outcome[str(i)] = "started"
+            else:
+                outcome[str(i)] = "refused"
+                refusals[str(i)] = refused[-2000:]
+                log.warning("node %d refused to start on damaged files: %s", i, refused)
+                if i in damages:
+                    await trio.to_thread.run_sync(damages[i].restore)
+                await trio.to_thread.run_sync(self.cluster.restart, i)
+            self._killed.discard(i)
+        value["outcome"] = outcome
+        if refusals:
+            value["refusals"] = refusals
+
+    async def _disk_full(self, step: Step, rng: random.Random) -> _Active | None:
+        leaders = await self._leaders()
+        nodes = self._pick(rng, leaders, 1)
+        if not nodes:
+            return None
+        disk = self.disks[nodes[0]]
+        value: dict[str, Any] = {"nodes": nodes, "leaders": self._on(leaders, nodes)}
+
+        async def free() -> None:
+            await trio.to_thread.run_sync(disk.free)
+            value["free_after_heal"] = disk.free_bytes()
+
+        active = self._begin("disk-full", value, free)
+        value.update(await trio.to_thread.run_sync(disk.fill))
+        return active
+
     # ------------------------------------------------------------ network faults
+
+    async def _shape(self, step: Step, rng: random.Random) -> _Active | None:
+        assert self.net is not None
+        net = self.net
+        delay, jitter, loss = (*DELAY, 0.0) if step.kind == "delay" else (0.0, 0.0, LOSS)
+        value: dict[str, Any] = {"delay": delay, "jitter": jitter, "loss": loss}
+
+        async def unshape() -> None:
+            net.shape()
+            value["lost_chunks"] = sum(p.link.lost_chunks for p in net.proxies()) - lost0
+            value["resets"] = sum(p.link.resets for p in net.proxies()) - resets0
+
+        lost0 = sum(p.link.lost_chunks for p in net.proxies())
+        resets0 = sum(p.link.resets for p in net.proxies())
+        active = self._begin(step.kind, value, unshape)
+        value["links"] = net.shape(delay=delay, jitter=jitter, loss=loss, rng=rng)
+        return active
+
+    async def _partition_clients(self, step: Step, rng: random.Random) -> _Active | None:
+        assert self.net is not None
+        net = self.net
+        leaders = await self._leaders()
+        nodes = self._pick(rng, leaders, self._minority(rng))
+        if not nodes:
+            return None
+        value = {"nodes": nodes, "leaders": self._on(leaders, nodes)}
+
+        async def reconnect() -> None:
+            net.cut_clients(())
+
+        active = self._begin("partition-clients", value, reconnect)
+        net.cut_clients(nodes)
+        return active
 
     async def _partition(self, step: Step, rng: random.Random) -> _Active | None:
         assert self.net is not None

@@ -10,7 +10,13 @@ state shared by every connection a proxy assigns to it:
 * `unblock()` closes every connection that lived through the block (it lost bytes, so
   its framing is broken) and forwards normally again; endpoints notice the close and
   reconnect at once instead of waiting for a timeout.
-* `delay` adds that many seconds before each forwarded chunk.
+* `delay` (seconds) and `jitter` (seconds either side of it) hold each forwarded chunk
+  back; chunks are stamped with their due time as they arrive and sent when due, so a
+  delayed link has latency without losing throughput, and never reorders (TCP does not).
+* `loss` is a probability per chunk. A TCP stream cannot skip bytes, so a lost chunk is
+  what TCP makes of packet loss: a retransmission stall (`RETRANSMIT`, Linux's minimum
+  RTO), and one time in `RESET_EVERY` the connection is given up: the chunk is dropped
+  and the connection closed, as after a reset.
 
 `ProxyNet` owns the proxies of one cluster and says how to wire the node configs. Raft
 runs one connection per node pair, dialled by the lower id to `peers[j]` of its own
@@ -30,6 +36,7 @@ metrics scrapers dial directly. The name server is not proxied.
 from __future__ import annotations
 
 import logging
+import random
 import struct
 from collections.abc import Iterable, Mapping
 from itertools import combinations
@@ -51,6 +58,9 @@ _CHUNK = 64 << 10
 _CONNECT_TIMEOUT = 5.0
 _FRAME_PREFIX = struct.Struct(">II")
 _MAX_SNIFF = 64 << 10  # a first frame header longer than this is nobody's HELLO
+RETRANSMIT = 0.2  # seconds a lost chunk is held back: Linux's minimum retransmission timeout
+RESET_EVERY = 8  # one lost chunk in this many ends its connection
+_QUEUED_CHUNKS = 256  # chunks in flight per direction of a connection on a delayed link
 
 
 class _Conn:
@@ -67,17 +77,39 @@ class _Conn:
 
 
 class Link:
-    """Fault state shared by connections: blocked or not, and a per-chunk delay.
+    """Fault state shared by connections: blocked or not, delay, jitter and loss.
 
     Only call it from the trio thread that runs the proxies.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, rng: random.Random | None = None) -> None:
         self.name = name
         self.delay = 0.0
+        self.jitter = 0.0
+        self.loss = 0.0
+        self.rng = rng if rng is not None else random.Random()
         self._blocked = False
         self._conns: set[_Conn] = set()
-        self.dropped_bytes = 0  # bytes discarded by blackholes, for tests and reports
+        self.dropped_bytes = 0  # bytes discarded by blackholes and resets, for tests and reports
+        self.lost_chunks = 0  # chunks `loss` hit (stalled or reset)
+        self.resets = 0  # connections `loss` ended
+
+    @property
+    def shaped(self) -> bool:
+        """Whether chunks are held back or may be lost (delay, jitter or loss set)."""
+        return self.delay > 0 or self.jitter > 0 or self.loss > 0
+
+    def hold_for(self) -> float:
+        """Seconds the next chunk waits: delay ± jitter, plus a stall when it is lost;
+        -1 when it is lost for good (the connection must end)."""
+        wait = max(0.0, self.delay + self.rng.uniform(-self.jitter, self.jitter))
+        if self.loss > 0 and self.rng.random() < self.loss:
+            self.lost_chunks += 1
+            if self.rng.randrange(RESET_EVERY) == 0:
+                self.resets += 1
+                return -1.0
+            wait += RETRANSMIT
+        return wait
 
     @property
     def blocked(self) -> bool:
@@ -238,20 +270,69 @@ class Proxy:
         """Copy src to dst chunk by chunk, dropping chunks once `conn` is tainted.
 
         Either side closing (or failing) ends the whole connection: our protocols never
-        half-close, and a peer that sees its stream end reconnects."""
+        half-close, and a peer that sees its stream end reconnects. On a shaped link a
+        second task sends each chunk when it is due."""
         try:
             if pending and dst is not None and not conn.tainted:
                 await dst.send_all(pending)
-            while data := await src.receive_some(_CHUNK):
-                if link.delay > 0:
-                    await trio.sleep(link.delay)
-                if conn.tainted or dst is None:
+            if dst is None:
+                while data := await src.receive_some(_CHUNK):
                     link.dropped_bytes += len(data)
-                    continue
-                await dst.send_all(data)
+            else:
+                send, receive = trio.open_memory_channel[tuple[float, bytes]](_QUEUED_CHUNKS)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._deliver, receive, dst, link, conn)
+                    nursery.start_soon(self._receive, src, send, link, conn)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         conn.close()
+
+    @staticmethod
+    async def _receive(
+        src: trio.SocketStream,
+        send: trio.MemorySendChannel[tuple[float, bytes]],
+        link: Link,
+        conn: _Conn,
+    ) -> None:
+        """Queue each chunk from `src` with its due time (0: at once); see `Link`."""
+        try:
+            async with send:
+                due = 0.0
+                while data := await src.receive_some(_CHUNK):
+                    if conn.tainted:
+                        link.dropped_bytes += len(data)
+                        continue
+                    if not link.shaped:
+                        await send.send((0.0, data))
+                        continue
+                    wait = link.hold_for()
+                    if wait < 0:  # lost for good: the stream is broken
+                        link.dropped_bytes += len(data)
+                        break
+                    due = max(due, trio.current_time() + wait)  # never reorders
+                    await send.send((due, data))
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            conn.close()
+
+    @staticmethod
+    async def _deliver(
+        receive: trio.MemoryReceiveChannel[tuple[float, bytes]],
+        dst: trio.SocketStream,
+        link: Link,
+        conn: _Conn,
+    ) -> None:
+        """Send each queued chunk at its due time (trio's clock); tainted ones are dropped."""
+        try:
+            async with receive:
+                async for due, data in receive:
+                    if due:
+                        await trio.sleep_until(due)
+                    if conn.tainted:
+                        link.dropped_bytes += len(data)
+                        continue
+                    await dst.send_all(data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            conn.close()
 
 
 class ProxyNet:
@@ -264,7 +345,7 @@ class ProxyNet:
         await nursery.start(net.serve)
         cluster = LocalCluster(dir, nodes=3, node_overrides=net.node_overrides())
 
-    Fault methods (`set_partition`, `cut_clients`, `set_delay`, `heal`) must be called
+    Fault methods (`set_partition`, `cut_clients`, `set_delay`, `shape`, `heal`) must be called
     from the trio thread that runs `serve`.
     """
 
@@ -369,9 +450,40 @@ class ProxyNet:
             if chosen is None or pair in chosen:
                 proxy.link.delay = seconds
 
+    def shape(
+        self,
+        *,
+        delay: float = 0.0,
+        jitter: float = 0.0,
+        loss: float = 0.0,
+        pairs: Iterable[Pair] | None = None,
+        clients: Iterable[int] | None = None,
+        rng: random.Random | None = None,
+    ) -> list[str]:
+        """Give the chosen links `delay` ± `jitter` seconds per chunk and `loss` (see
+        `Link`); every other link is left as it is. `pairs` are Raft links (None: all),
+        `clients` the nodes whose client links are shaped (None: all). With `rng`, each
+        shaped link draws from its own generator seeded from it, so a seed replays the
+        same draws per link. Returns the names of the links shaped."""
+        if delay < 0 or jitter < 0 or not 0.0 <= loss < 1.0:
+            raise ValueError(f"delay and jitter must not be negative and loss is in [0, 1) "
+                             f"(got {delay}, {jitter}, {loss})")
+        chosen = self._pairs.keys() if pairs is None else {frozenset(p) for p in pairs}
+        unknown = [sorted(p) for p in chosen if p not in self._pairs]
+        if unknown:
+            raise ValueError(f"no such node pair(s) {unknown} among nodes {self.node_ids}")
+        nodes = self.node_ids if clients is None else sorted(set(clients))
+        links = [self._pairs[p].link for p in sorted(chosen, key=sorted)]
+        links += [self._clients[i].link for i in nodes]
+        for link in links:
+            link.delay, link.jitter, link.loss = delay, jitter, loss
+            if rng is not None:
+                link.rng = random.Random(rng.getrandbits(64))
+        return [link.name for link in links]
+
     def heal(self) -> None:
-        """Every link forwards again without delay."""
+        """Every link forwards again without delay or loss."""
         for proxy in self.proxies():
-            proxy.link.delay = 0.0
+            proxy.link.delay = proxy.link.jitter = proxy.link.loss = 0.0
             if proxy.blocked:
                 proxy.unblock()

@@ -51,6 +51,13 @@ class Recorder:
         self.counts[(f, kind)] = self.counts.get((f, kind), 0) + 1
         return self._write({"process": process, "type": kind, "f": f, "key": key, "value": value})
 
+    def attempt(self, process: int | str, f: str, key: Any, value: Any) -> float:
+        """Record that a request of `process`'s open operation (same `f`, `key` and
+        invoke `value`) is about to be sent: it may take effect, once more."""
+        self.counts[(f, "attempt")] = self.counts.get((f, "attempt"), 0) + 1
+        return self._write({"process": process, "type": "attempt", "f": f, "key": key,
+                            "value": value})
+
     def fault_start(self, f: str, value: Any = None) -> float:
         """A nemesis fault begins (closed by `fault_end` with the same `f`)."""
         self.counts[(f, "fault")] = self.counts.get((f, "fault"), 0) + 1

@@ -450,6 +450,9 @@ def _failure_section(model: Model, p: PartitionResult, tail: int = 60) -> str:
     )
 
 
+_BAD = (*ERROR_KINDS, "duplicated_unretried")  # the run analysis' split adds this error
+
+
 def _accounting(accounting: dict[str, Any]) -> str:
     totals = accounting.get("totals")
     if not isinstance(totals, dict):
@@ -462,10 +465,29 @@ def _accounting(accounting: dict[str, Any]) -> str:
             f"</span> "
         )
     items = "".join(
-        f"<div{' class=bad' if k in ERROR_KINDS and v else ''}>{_esc(k)}: {_esc(v)}</div>"
+        f"<div{' class=bad' if k in _BAD and v else ''}>{_esc(k)}: {_esc(v)}</div>"
         for k, v in totals.items()
     )
     return f"{head}<span class=note>message accounting over all queues</span><div class=acct>{items}</div>"
+
+
+def _unavailability(table: dict[str, dict[str, Any]]) -> str:
+    """One row per fault kind: how many, worst seconds to a write during and after it."""
+
+    def secs(v: Any) -> str:
+        return "none" if v is None else f"{v:.2f} s"
+
+    rows = "".join(
+        f"<tr{' class=fail' if row.get('unrecovered') else ''}><td>{_esc(kind)}</td>"
+        f"<td>{_esc(row.get('faults'))}</td><td>{secs(row.get('worst_during'))}</td>"
+        f"<td>{secs(row.get('worst_after_heal'))}</td><td>{_esc(row.get('unrecovered'))}</td></tr>"
+        for kind, row in table.items()
+    )
+    return (
+        "<table><tr><th>fault</th><th>count</th><th>worst time to a write, from its start</th>"
+        "<th>worst time to a write after its heal</th><th>groups past the bound</th></tr>"
+        f"{rows}</table>"
+    )
 
 
 def render_html(
@@ -477,12 +499,14 @@ def render_html(
     throughput: Sequence[tuple[float, float]] | None = None,
     latency: Sequence[tuple[float, float]] | None = None,
     accounting: dict[str, Any] | None = None,
+    unavailability: dict[str, dict[str, Any]] | None = None,
     max_ops: int = 4000,
 ) -> str:
     """The report as one HTML string; faults are (start, end, name) in the history's time unit.
 
     ``throughput``/``latency`` are (time, value) series; when neither is given they are
-    derived from the operations themselves.
+    derived from the operations themselves. ``unavailability`` is a chaos run's
+    ``unavailability_by_fault`` (one row per fault kind).
     """
     chosen, note = _focus(info, max_ops)
     if throughput is None and latency is None:
@@ -508,6 +532,8 @@ def render_html(
         body.append(
             f"<h2>Faults</h2><div class=box><table><tr><th>fault</th><th>start</th><th>end</th></tr>{rows}</table></div>"
         )
+    if unavailability:
+        body.append(f"<h2>Unavailability per fault</h2><div class=box>{_unavailability(unavailability)}</div>")
     body.append(
         f"<h2>Throughput and latency</h2><div class=box>{_load_plot(throughput or (), latency or (), faults)}</div>"
     )

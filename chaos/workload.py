@@ -16,6 +16,10 @@ append (key = queue, invoke value = a fresh message id, also the message body)
     - ``info``: anything else. A timeout or a lost connection may hide a write, and once a
       request was sent even a later definite error does not clear an earlier attempt, so
       every error from the acknowledgement is unknown;
+    - ``attempt`` lines (plain producers only), written before the SDK sends each
+      PRODUCE request that carries the message (`Producer(on_attempt=...)`): the first
+      send, every retry and redirect. Each may store one copy, so a plain message stored
+      more often than it was sent was duplicated by the cluster, not by a retry;
     - ``ok {"dup": d}`` without an offset: acknowledged, but the answer had no offset
       (``SendResult.offset == -1``: an idempotent resend the leader recognised without
       remembering where the first copy went). The message is committed by the time of the
@@ -63,6 +67,7 @@ from broker.protocol import Code, RequestError
 from broker.service import MAX_FETCH_BYTES, MAX_FETCH_COUNT
 from raftmq.client import Admin, ClientClosedError, Producer, PullConsumer
 from raftmq.client.consumer import commit_offsets, fetch, query_offset
+from raftmq.client.producer import SendAttempt
 from transport.connection import is_retriable
 
 from .recorder import Recorder
@@ -213,6 +218,7 @@ class Workload:
         self._next_offset = 0  # committed offsets are unique: every write is recognisable
         self._running = False
         self._last_error_code: dict[int, int] = {}  # process -> code of its last failed read
+        self._sending: dict[bytes, tuple[int, str, str]] = {}  # body -> process, key, id
 
     # ------------------------------------------------------------ processes
 
@@ -296,6 +302,7 @@ class Workload:
             linger_ms=self.linger_ms,
             send_timeout=self.send_timeout,
             retries=self.retries,
+            on_attempt=None if idempotent else self._record_attempt,
         ) as producer:
             async with trio.open_nursery() as nursery:
                 for client in clients:
@@ -318,6 +325,26 @@ class Workload:
         key = queue_key(self.topic, queue)
         rec = self.recorder
         rec.invoke(process, APPEND, key, msg)
+        body = msg.encode()
+        self._sending[body] = (process, key, msg)
+        try:
+            return await self._append(producer, process, key, msg, queue)
+        finally:
+            del self._sending[body]
+
+    def _record_attempt(self, attempt: SendAttempt) -> None:
+        """`Producer(on_attempt=...)` of plain producers: one ``attempt`` line per message
+        of the request, in the history of the process that is sending it."""
+        for m in attempt.messages:
+            sending = self._sending.get(m if isinstance(m, bytes) else m.body)
+            if sending is not None:
+                process, key, msg = sending
+                self.recorder.attempt(process, APPEND, key, msg)
+
+    async def _append(
+        self, producer: Producer, process: int, key: str, msg: str, queue: int
+    ) -> bool:
+        rec = self.recorder
         try:
             future = await producer.send_async(self.topic, msg, queue=queue)
         except (RequestError, ClientClosedError, TypeError, ValueError) as exc:

@@ -12,7 +12,7 @@ import sys
 
 import trio
 
-from broker.protocol import parse_address
+from broker.protocol import DEFAULT_NAMESRV, parse_address
 from transport.logs import configure_logging
 
 from .registry import DEFAULT_EXPIRY
@@ -26,11 +26,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="raftmq namesrv",
         description="Run a name server: nodes register their groups here, clients ask for routes.",
     )
-    p.add_argument("--listen", default="127.0.0.1:9876", metavar="HOST:PORT",
+    p.add_argument("--listen", default=DEFAULT_NAMESRV, metavar="HOST:PORT",
                    help="address to listen on; port 0 picks a free one (default %(default)s)")
     p.add_argument("--expiry", type=float, default=DEFAULT_EXPIRY, metavar="SECONDS",
                    help="forget a node after this long without a registration (default %(default)s)")
-    p.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    p.add_argument("--log-level", default="INFO", metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
     return p
 
 

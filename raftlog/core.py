@@ -32,9 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from raftlog.progress import Progress
+from raftlog.quorum import committed_index, has_quorum, vote_result
+from raftlog.readonly import ReadOnly
 from raftlog.types import (
     Entry,
     EntryType,
+    EntryUnreadable,
     HardState,
     LogStore,
     Membership,
@@ -43,6 +46,7 @@ from raftlog.types import (
     ReadState,
     Ready,
     Role,
+    Sealable,
     Snapshot,
 )
 
@@ -149,10 +153,7 @@ class RaftNode:
         self._transferee: int | None = None
         self._transfer_elapsed = 0
         self._needs_broadcast = False
-        self._reads_waiting: list[int] = []  # requested before this term committed an entry
-        self._reads_new: list[int] = []
-        self._read_rounds: list[tuple[int, int, list[int], set[int]]] = []  # ctx, index, ids, acks
-        self._read_ctx = 0
+        self._reads = ReadOnly()
         # Follower state: acknowledge appends only once persisted.
         self._ack_to: int | None = None
         self._ack_index = 0
@@ -162,6 +163,9 @@ class RaftNode:
         self._snapshot: Snapshot | None = None
         self._installing: Snapshot | None = None
         self._snapshot_out: Snapshot | None = None
+        # Corruption: entries the store holds but cannot read, until repaired from a peer.
+        self._unreadable: set[int] = set()
+        self._repair_out: list[int] = []  # newly unreadable (Ready.repair)
         self._step_role: dict[Role, Callable[[Message], None]] = {
             Role.FOLLOWER: self._step_follower,
             Role.PRE_CANDIDATE: self._step_candidate,
@@ -209,6 +213,18 @@ class RaftNode:
         """The snapshot the shell is installing (handed out, not yet reported done)."""
         return self._installing
 
+    @property
+    def unreadable(self) -> frozenset[int]:
+        """Entries awaiting repair (see `entry_unreadable`)."""
+        return frozenset(self._unreadable)
+
+    @property
+    def frozen(self) -> bool:
+        """The next committed entry to apply is unreadable: until it is repaired this
+        replica acts as if cut off (ticks and messages are ignored, `ready` is empty)."""
+        nxt = self.applied + 1
+        return nxt in self._unreadable and self.commit >= nxt and self._installing is None
+
     def membership_at(self, index: int) -> Membership:
         """The membership in force at `index`, for a snapshot taken there.
 
@@ -241,11 +257,19 @@ class RaftNode:
 
     def _entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
         """Entries [lo, hi) from the store and the pending tail, at least one if lo < hi."""
+        if self._unreadable:
+            hi = min([hi, *(i for i in self._unreadable if i >= lo)])
+            if lo >= hi:
+                return []
         p = self._pending
         split = p[0].index if p else hi
         out: list[Entry] = []
         if lo < split:
-            out = self._store.entries(lo, min(hi, split), max_bytes)
+            try:
+                out = self._store.entries(lo, min(hi, split), max_bytes)
+            except EntryUnreadable as exc:
+                self.entry_unreadable(exc.index)
+                return []
             if not out or out[-1].index < min(hi, split) - 1:
                 return out
             lo = out[-1].index + 1
@@ -272,6 +296,8 @@ class RaftNode:
 
     def tick(self) -> None:
         """One unit of logical time; the shell decides how long a tick is."""
+        if self._unreadable and self.frozen:
+            return
         if self.role == Role.LEADER:
             self._tick_leader()
         else:
@@ -303,7 +329,7 @@ class RaftNode:
         keep every follower but the first-ranked from ever campaigning.
         """
         if (self.role != Role.FOLLOWER or self.leader != peer or not self.cfg.pre_vote
-                or not self._can_campaign()):
+                or not self._can_campaign() or self.frozen):
             return
         others = sorted(self.membership.voters - {peer})
         self._election_elapsed = max(self._election_elapsed, self.cfg.election_ticks)
@@ -313,6 +339,11 @@ class RaftNode:
 
     def step(self, m: Message) -> None:
         """Common checks for every role (term comparison, votes), then the role's handler."""
+        if self._unreadable:
+            guarded = self._guard_incoming(m)
+            if guarded is None:
+                return
+            m = guarded
         if m.term > self.term:
             if m.type in (MsgType.PREVOTE, MsgType.VOTE) and not m.context and self._in_lease():
                 return  # thesis §4.2.3: a live leader's followers ignore disruptive candidates
@@ -334,8 +365,11 @@ class RaftNode:
         else:
             self._step_role[self.role](m)
 
-    def propose(self, data: bytes, type: EntryType = EntryType.MESSAGES) -> int:
-        """Append a new entry as leader; returns its index. Commit is reported via `apply`."""
+    def propose(self, data: bytes | Sealable, type: EntryType = EntryType.MESSAGES) -> int:
+        """Append a new entry as leader; returns its index. Commit is reported via `apply`.
+
+        `data` may come already laid out in the shell's stored form (`Sealable`): the
+        entry is then what its `seal` returns for the index and term given here."""
         if type == EntryType.CONFIG:
             raise ValueError("use add_learner/promote/remove for membership changes")
         self._check_can_propose()
@@ -386,6 +420,7 @@ class RaftNode:
         self._installing = None
         self._snapshot = snap
         self._pending = []
+        self._unreadable.clear()  # every old entry went with the log
         self._last_index = self._persisted = self.commit = self.applied = index
         self._last_term = term
         self._configs = [(index, term, snap.membership)]
@@ -396,6 +431,27 @@ class RaftNode:
             self._ack_index = index
             self._acked = 0
             self._flush_ack()
+
+    def entry_unreadable(self, index: int) -> None:
+        """The store holds entry `index` but cannot read it (its bytes fail their checks;
+        its index record, and so its term, is intact). Until `entry_repaired(index)`:
+
+        * it is never handed out, to a follower or to be applied: appends stop before it;
+        * a commit index a leader sends is capped below it, so nothing from it on is
+          applied, while appends are still stored and acknowledged and votes granted;
+        * this replica does not seek leadership (no campaign, TIMEOUT_NOW ignored);
+        * once it is the next entry to apply, the replica is `frozen` (acts as cut off).
+
+        It is listed once in `Ready.repair`. Ignored for an entry not in the store.
+        """
+        if index in self._unreadable or not self._stored(index):
+            return
+        self._unreadable.add(index)
+        self._repair_out.append(index)
+
+    def entry_repaired(self, index: int) -> None:
+        """Entry `index` reads again (repaired from a peer), or is no longer in the log."""
+        self._unreadable.discard(index)
 
     def transfer_leadership(self, target: int) -> None:
         """Hand leadership to `target` once its log is caught up (thesis §3.10)."""
@@ -416,10 +472,7 @@ class RaftNode:
         """Ask for a linearizable read point; answered later as a `ReadState`."""
         if self.role != Role.LEADER:
             raise NotLeader(self.leader, self.term)
-        if self._committed_in_term():
-            self._reads_new.append(request_id)
-        else:
-            self._reads_waiting.append(request_id)
+        self._reads.request(request_id, self._committed_in_term())
 
     def add_learner(self, node: int) -> int:
         m = self.membership
@@ -444,8 +497,12 @@ class RaftNode:
 
     def ready(self) -> Ready:
         """Drain everything the shell must now do (order: see `raftlog.types`)."""
+        if self._unreadable and self.frozen:
+            rd = Ready(repair=self._repair_out)
+            self._repair_out = []
+            return rd
         if self.role == Role.LEADER:
-            if self._reads_new:
+            if self._reads.has_new:
                 self._start_read_round()
             if self._needs_broadcast:
                 self._needs_broadcast = False
@@ -463,11 +520,14 @@ class RaftNode:
             self._hs_dirty = False
         if self.commit > self.applied and not installing:
             rd.apply = self._entries(self.applied + 1, self.commit + 1, self.cfg.max_apply_bytes)
-            self.applied = rd.apply[-1].index
+            if rd.apply:  # else the next one is unreadable: frozen until it is repaired
+                self.applied = rd.apply[-1].index
         if not installing:
             self._pending = []
         self._out = []
         self._reads_out = []
+        if self._repair_out:
+            rd.repair, self._repair_out = self._repair_out, []
         return rd
 
     # ------------------------------------------------------------------ roles
@@ -490,13 +550,32 @@ class RaftNode:
         self._needs_snapshot.clear()
         self._transferee = None
         self._needs_broadcast = False
-        self._reads_waiting = []
-        self._reads_new = []
-        self._read_rounds = []
+        self._reads.clear()
 
     def _can_campaign(self) -> bool:
-        # Not while a snapshot is being installed: the log is about to be replaced.
-        return self.id in self.membership.voters and self._installing is None
+        # Not while a snapshot is being installed: the log is about to be replaced; nor
+        # while holding an entry it cannot read (it could not serve it as leader).
+        return (
+            self.id in self.membership.voters
+            and self._installing is None
+            and not self._unreadable
+        )
+
+    def _guard_incoming(self, m: Message) -> Message | None:
+        """`m` as this replica may act on it while entries await repair (None: drop it)."""
+        if self.frozen or m.type == MsgType.TIMEOUT_NOW:
+            return None
+        if m.type in _FROM_LEADER:
+            ahead = [i for i in self._unreadable if i > self.applied]
+            if ahead and m.commit >= min(ahead):
+                return replace(m, commit=min(ahead) - 1)
+        return m
+
+    def _stored(self, index: int) -> bool:
+        """Whether entry `index` was handed to the store (not still pending here)."""
+        p = self._pending
+        last_stored = p[0].index - 1 if p else self._last_index
+        return self._store.first_index() <= index <= last_stored
 
     def _campaign(self, kind: MsgType, *, transfer: bool = False) -> None:
         """Start a pre-vote round or a real election (`transfer` skips voters' lease check)."""
@@ -531,15 +610,7 @@ class RaftNode:
 
     def _tally(self) -> bool | None:
         """True when a quorum granted, False when a quorum refused, else None."""
-        voters = self.membership.voters
-        granted = sum(1 for v, ok in self._votes.items() if ok and v in voters)
-        refused = sum(1 for v, ok in self._votes.items() if not ok and v in voters)
-        q = self.membership.quorum()
-        if granted >= q:
-            return True
-        if refused >= q:
-            return False
-        return None
+        return vote_result(self.membership.voters, self._votes)
 
     def _won_election(self, kind: MsgType) -> None:
         if kind == MsgType.PREVOTE:
@@ -751,13 +822,10 @@ class RaftNode:
             self._broadcast_heartbeat()
 
     def _quorum_active(self) -> bool:
-        voters = self.membership.voters
-        active = sum(
-            1 for p, pr in self._progress.items() if p in voters and (pr.recent_active or p == self.id)
-        )
+        active = [p for p, pr in self._progress.items() if pr.recent_active or p == self.id]
         for pr in self._progress.values():
             pr.recent_active = False
-        return active >= self.membership.quorum()
+        return has_quorum(self.membership.voters, active)
 
     def _consider_preferred_leader(self) -> None:
         pref = self.cfg.preferred_leader
@@ -772,7 +840,7 @@ class RaftNode:
             self.transfer_leadership(pref)
 
     def _broadcast_heartbeat(self) -> None:
-        ctx = self._read_rounds[-1][0] if self._read_rounds else 0
+        ctx = self._reads.pending_ctx
         for peer, pr in self._progress.items():
             if peer != self.id:
                 self._send(MsgType.HEARTBEAT, peer, commit=min(pr.match, self.commit), context=ctx)
@@ -791,9 +859,13 @@ class RaftNode:
         self._pending_conf_index = index
         return index
 
-    def _append_new(self, type: EntryType, data: bytes) -> int:
+    def _append_new(self, type: EntryType, data: bytes | Sealable) -> int:
         index = self._last_index + 1
-        self._append_entries((Entry(index, self.term, type, data),))
+        if isinstance(data, bytes):
+            entry = Entry(index, self.term, type, data)
+        else:
+            entry = data.seal(index, self.term, type)
+        self._append_entries((entry,))
         self._needs_broadcast = True
         return index
 
@@ -861,6 +933,8 @@ class RaftNode:
             entries: list[Entry] = []
             if lo <= self._last_index:
                 entries = self._entries(lo, self._last_index + 1, self.cfg.max_append_bytes)
+                if not entries and lo in self._unreadable:
+                    return  # resent after its repair (a heartbeat answer asks again)
             elif pr.replicating and not empty_ok:
                 return  # nothing new; heartbeats carry the commit index
             prev = lo - 1
@@ -906,21 +980,16 @@ class RaftNode:
         pr.become_snapshot(snap.index)
 
     def _maybe_commit(self) -> None:
-        voters = self.membership.voters
-        matches = sorted((self._progress[v].match for v in voters if v in self._progress), reverse=True)
-        q = self.membership.quorum()
-        if len(matches) < q:
-            return
-        index = matches[q - 1]
+        match = {p: pr.match for p, pr in self._progress.items()}
+        index = committed_index(self.membership.voters, match)
         if index <= self.commit:
             return
         if self.term_at(index) != self.term and "commit-old-term" not in self.cfg.mutations:
             return  # §5.4.2: never commit an older term's entry by counting replicas
         self._commit_to(index)
         self._needs_broadcast = True
-        if self._reads_waiting and self._committed_in_term():
-            self._reads_new.extend(self._reads_waiting)
-            self._reads_waiting = []
+        if self._committed_in_term():
+            self._reads.term_committed()
         if self.id not in self.membership.voters and self.commit >= self._configs[-1][0]:
             self._become_follower(self.term, None)  # thesis §4.2.2: removed leader steps down
 
@@ -930,32 +999,17 @@ class RaftNode:
     # ------------------------------------------------------------------ ReadIndex
 
     def _start_read_round(self) -> None:
-        ids, self._reads_new = self._reads_new, []
-        if len(self.membership.voters) == 1:
-            self._reads_out.extend(ReadState(i, self.commit) for i in ids)
+        single = len(self.membership.voters) == 1
+        ctx, answered = self._reads.start_round(self.commit, self.id, single)
+        self._reads_out.extend(answered)
+        if not ctx:
             return
-        self._read_ctx += 1
-        self._read_rounds.append((self._read_ctx, self.commit, ids, {self.id}))
         for peer, pr in self._progress.items():
             if peer != self.id:
-                self._send(
-                    MsgType.HEARTBEAT, peer, commit=min(pr.match, self.commit), context=self._read_ctx
-                )
+                self._send(MsgType.HEARTBEAT, peer, commit=min(pr.match, self.commit), context=ctx)
 
     def _ack_read_rounds(self, peer: int, ctx: int) -> None:
-        voters = self.membership.voters
-        q = self.membership.quorum()
-        confirmed = 0
-        for k, (c, _index, _ids, acks) in enumerate(self._read_rounds):
-            if c > ctx:
-                break
-            if peer in voters:
-                acks.add(peer)
-            if len(acks & voters) >= q:
-                confirmed = k + 1
-        for _c, index, ids, _acks in self._read_rounds[:confirmed]:
-            self._reads_out.extend(ReadState(i, index) for i in ids)
-        del self._read_rounds[:confirmed]
+        self._reads_out.extend(self._reads.ack(peer, ctx, self.membership.voters))
 
     # ------------------------------------------------------------------ log
 
@@ -987,6 +1041,7 @@ class RaftNode:
         self._last_index = index - 1
         self._last_term = self.term_at(index - 1)
         self._persisted = min(self._persisted, index - 1)
+        self._unreadable = {i for i in self._unreadable if i < index}  # replaced ones are new
         self._ack_index = min(self._ack_index, index - 1)
         if self._configs[-1][0] >= index:
             self._configs = [c for c in self._configs if c[0] < index]

@@ -25,12 +25,16 @@ Sync marks (test instrumentation, off by default)
     every file already there at its full size and binding: whatever survived earlier
     crashes is durable. `load_sync_marks` replays the lines into `DurableState`.
 
+    Directory durability: a name no directory fsync ever bound -- a file created, or
+    renamed to a new name, since the last fsync of its directory -- vanishes with
+    everything in it, however much of its content was fsynced (a real crash may lose
+    such a name; the model always does).
+
     Simplifications, chosen so that the result is always a state a real power loss
-    could leave: an inode whose content was fsynced survives under whatever name it
-    has now, even if the rename that gave it that name was not followed by a directory
-    fsync yet (a real crash could also show the old file; both are states
-    `atomic_write` callers handle). A removed file stays removed even when no directory
-    fsync followed the unlink. An overwrite inside the durable size is kept whether or
+    could leave: a file renamed *over* a durable name whose content was fsynced
+    survives under that name even before the directory fsync (a real crash could also
+    show the old file; both are states `atomic_write` callers handle). A removed file
+    stays removed even when no directory fsync followed the unlink. An overwrite inside the durable size is kept whether or
     not it was fsynced. An inode number is taken to name the same file while a name is
     bound to it; when a file is removed and its number reused, the old name is
     recorded as removed (``u``) before the new file's first mark. Directories
@@ -361,13 +365,14 @@ class DurableState:
 
     def durable_size(self, rel: str, inode: int) -> int | None:
         """How much of the file now at `rel` (with `inode`) survives; None: all of it
-        goes (it was never fsynced nor made durable by a directory fsync)."""
-        size = self.sizes.get(inode)
-        if size is not None:
-            return size
-        if self.names.get(rel) == inode:
-            return 0  # its creation is durable, none of its content is
-        return None
+        goes (its name was never made durable by a directory fsync, or it replaced a
+        durable name but none of its content was fsynced)."""
+        bound = self.names.get(rel)
+        if bound == inode:
+            return self.sizes.get(inode, 0)  # its name is durable, maybe not its content
+        if bound is None:
+            return None  # a name the directory never made durable: it vanishes
+        return self.sizes.get(inode)  # renamed over a durable name (see the docstring)
 
 
 def load_sync_marks(data_dir: str | os.PathLike[str]) -> DurableState:

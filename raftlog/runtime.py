@@ -1,10 +1,12 @@
 """The trio shell around one replica of one Raft group: disk, timers and proposals.
 
 The core (`raftlog.core.RaftNode`) decides; this module only carries out its `Ready`
-bundles, in the order `raftlog.types` prescribes:
+bundles, through the driver it shares with the simulator (`raftlog.driver`), in the
+order `raftlog.types` prescribes:
 
 * the hard state is saved (fsync + rename) before any message of the same Ready leaves;
-* a snapshot from the leader is installed (see below) before anything else is done;
+* a snapshot from the leader is installed (see below) in a task beside the loop: until
+  it is done the core hands out nothing that depends on it;
 * entries are written to the CommitLog at once (page cache), and a separate sync task
   runs group commit off the event loop: one `SyncPlan` (fdatasync of every segment
   written since the last) in a worker thread covers every append made before it began,
@@ -42,24 +44,16 @@ snapshot never replaces a newer one.
 
 Corrupt entries: the CommitLog keeps an entry whose bytes fail their CRCs but whose
 index record is intact (`raftlog.commitlog`, "Repair"), so the log's length and terms,
-and with them this replica's votes, stay right. Such entries are collected in
-`unrepaired`: at open from the CommitLog's recovery report plus a `verify` of every
-entry the replay will apply (those after the snapshot), and at run time whenever a read
-meets one (`report_corrupt`). A repair task fetches each one's stored bytes from a peer
-replica (`fetch_raw`, e.g. the node's READ_RAW request; any replica's entry with the same
-index and term is the same entry), has `CommitLog.repair` check and write them, and
-retries across peers with backoff until it succeeds. Meanwhile:
-
-* the core sees the log through a guard that never hands out an unrepaired entry (an
-  append to a follower stops before it);
-* the commit index in messages from the leader is capped below the first unrepaired
-  entry, so nothing at or after it is applied, while appends are still stored and
-  acknowledged and votes still granted as before;
-* this replica does not seek leadership (its own PREVOTE/VOTE requests and a
-  TIMEOUT_NOW addressed to it are dropped);
-* should the next entry to apply be found corrupt only at run time (its commit already
-  past it), the replica stops driving the group until the repair lands: it acts as if
-  cut off (messages and ticks are dropped), which Raft tolerates.
+and with them this replica's votes, stay right. What such an entry changes in Raft
+belongs to the core (`RaftNode.entry_unreadable`: never handed out, commit capped below
+it, no campaigning, frozen once it is the next to apply), which learns of them at open
+(the CommitLog's recovery report plus a `verify` of every entry the replay will apply,
+those after the snapshot), whenever a read meets one (the core's own reads through the
+guard below, and `report_corrupt` for other readers), and lists them in `Ready.repair`.
+A repair task fetches each one's stored bytes from a peer replica (`fetch_raw`, e.g.
+the node's READ_RAW request; any replica's entry with the same index and term is the
+same entry), has `CommitLog.repair` check and write them, tells the core
+(`entry_repaired`), and retries across peers with backoff until it succeeds.
 
 An entry no peer holds any more (every peer answers that retention removed it) is logged
 as an error and retried rarely: it stays unreadable, and if it lies above the snapshot
@@ -73,16 +67,27 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
 
-from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry
+from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry, EntryDraft
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
+from raftlog.driver import drain
 from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
-from raftlog.types import Entry, EntryType, HardState, Membership, Message, MsgType, Role
+from raftlog.types import (
+    Entry,
+    EntryType,
+    EntryUnreadable,
+    HardState,
+    Membership,
+    Message,
+    MsgType,
+    ReadState,
+    Role,
+)
 
 __all__ = [
     "EntryUnavailable",
@@ -102,9 +107,16 @@ log = logging.getLogger("raftmq.raft")
 class StateMachine(Protocol):
     """`apply` is required. Optional, for snapshots and retention: `snapshot() -> bytes`
     or `snapshot_later() -> Callable[[], bytes]`, and an int `retained_index` property
-    (see the module docstring)."""
+    (see the module docstring).
+
+    An entry this replica proposed with a `context` (see `GroupRuntime.propose`) is
+    applied as ``apply(entry, context)``: the proposer's own work on the entry (e.g. a
+    batch it already parsed) comes back with it. The outcome must not depend on it."""
 
     def apply(self, entry: Entry) -> Any: ...
+
+
+M = TypeVar("M", bound=StateMachine)
 
 
 class MissingEntries(Exception):
@@ -131,19 +143,12 @@ FetchRaw = Callable[[int, int], Awaitable[bytes]]
 _REPAIR_TIMEOUT = 3.0  # seconds for one fetch from one peer
 _REPAIR_BACKOFF = (0.05, 5.0)  # first and longest pause between rounds over the peers
 _REPAIR_GONE_PAUSE = 60.0  # between rounds once every peer said the entry is gone
-_CAMPAIGN = frozenset({MsgType.PREVOTE, MsgType.VOTE})
-_COMMIT_CARRIERS = frozenset({MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT})
 _RECENT_BYTES = 32 << 20  # written-but-unapplied entry data served from memory
 
 
 class _GuardedLog:
-    """The CommitLog as the core sees it: entries awaiting repair are never handed out.
-
-    `entries` stops before the first unrepaired entry (returning nothing when `lo` is
-    one: the core then sends an append without entries), and one it finds corrupt on the
-    way is reported to the runtime. The ready loop checks the next entry to apply first
-    (`check_next`) and keeps it for the read that follows, so the apply path never meets
-    an entry it cannot serve.
+    """The CommitLog as the core sees it: a corrupt entry is reported to the core as
+    `EntryUnreadable` (the core then never asks for it again until it is repaired).
 
     Entries this replica stored and has not yet applied are also kept in memory
     (`remember`, up to `_RECENT_BYTES`): the core asks for each of them again to apply
@@ -153,12 +158,10 @@ class _GuardedLog:
     files still goes through the CommitLog's checks.
     """
 
-    __slots__ = ("_rt", "_log", "_next", "_recent", "_recent_lo", "_recent_bytes")
+    __slots__ = ("_log", "_recent", "_recent_lo", "_recent_bytes")
 
-    def __init__(self, rt: GroupRuntime, log: CommitLog) -> None:
-        self._rt = rt
+    def __init__(self, log: CommitLog) -> None:
         self._log = log
-        self._next: Entry | None = None
         self._recent: list[Entry] = []  # contiguous, starting at index `_recent_lo`
         self._recent_lo = 0
         self._recent_bytes = 0
@@ -173,9 +176,6 @@ class _GuardedLog:
         return self._log.term(index)
 
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-        bad = self._rt.unrepaired
-        if bad:
-            hi = min([hi, *(i for i in bad if i >= lo)])
         if lo >= hi:
             return []
         out: list[Entry] = []
@@ -193,38 +193,12 @@ class _GuardedLog:
             max_bytes -= size
             if max_bytes <= 0:
                 return out
-        nxt, self._next = self._next, None
-        if nxt is not None and nxt.index == lo:
-            out.append(nxt)
-            lo += 1
-            max_bytes -= len(nxt.data)
-            if lo >= hi or max_bytes <= 0:
-                return out
         try:
             out += self._log.entries(lo, hi, max_bytes)
         except CorruptEntry as exc:
-            self._rt.report_corrupt(exc.index if exc.index is not None else lo, str(exc))
+            if not out:
+                raise EntryUnreadable(exc.index if exc.index is not None else lo, str(exc)) from None
         return out
-
-    def check_next(self, index: int) -> bool:
-        """Whether entry `index` can be read; kept for the next `entries` call if so."""
-        if index in self._rt.unrepaired:
-            return False
-        recent, rlo = self._recent, self._recent_lo
-        if recent and rlo <= index < rlo + len(recent):
-            return True  # written by this process: served from memory
-        if not self._log.first_index() <= index <= self._log.last_index():
-            return True  # still pending in the core: not stored yet
-        try:
-            got = self._log.entries(index, index + 1, 0)
-        except CorruptEntry as exc:
-            self._rt.report_corrupt(index, str(exc))
-            return False
-        self._next = got[0]
-        return True
-
-    def forget(self) -> None:
-        self._next = None
 
     def remember(self, entries: list[Entry]) -> None:
         """`entries` were just stored (replacing any suffix from their first index)."""
@@ -263,6 +237,57 @@ class _GuardedLog:
         self._recent_bytes = 0
 
 
+class _Shell:
+    """How a GroupRuntime carries out each part of a Ready (`raftlog.driver.Shell`)."""
+
+    __slots__ = ("_rt",)
+
+    def __init__(self, rt: GroupRuntime) -> None:
+        self._rt = rt
+
+    def save_hard_state(self, hs: HardState) -> None:
+        # Rare (terms, votes, membership); kept on the loop so no later message can
+        # overtake it.
+        assert self._rt._hs is not None
+        self._rt._hs.save(hs)
+
+    def install_snapshot(self, snap: Snapshot) -> None:
+        # Restoring and writing take a while: the install runs beside the loop, and the
+        # core hands out nothing that depends on it until told it is done.
+        rt = self._rt
+        assert rt._nursery is not None
+        rt._nursery.start_soon(rt._install, snap)
+
+    def store_entries(self, entries: list[Entry]) -> None:
+        rt = self._rt
+        assert rt.log is not None and rt._guard is not None
+        rt.log.store(entries)
+        rt._guard.remember(entries)
+        rt._sync_needed.set()
+
+    def send_message(self, m: Message) -> None:
+        rt = self._rt
+        if m.type == MsgType.SNAPSHOT:
+            log.info("sending snapshot", extra={"fields": {
+                "group": rt.group_id, "peer": m.dst, "snapshot": m.log_index,
+                "bytes": len(m.snapshot)}})
+        rt._send(rt.group_id, m)
+
+    def apply_entries(self, entries: list[Entry]) -> None:
+        self._rt._apply(entries)
+
+    def answer_read(self, read: ReadState) -> None:
+        rw = self._rt._read_waiters.pop(read.id, None)
+        if rw is not None:
+            rw.resolve(read.index)
+
+    def fetch_for_repair(self, indexes: list[int]) -> None:
+        rt = self._rt
+        log.warning("corrupt entries found: fetching them from a peer", extra={
+            "fields": {"group": rt.group_id, "entries": indexes}})
+        rt._repair_needed.set()
+
+
 @dataclass(frozen=True)
 class GroupOptions:
     raft: RaftConfig = field(default_factory=RaftConfig)
@@ -286,11 +311,12 @@ class _DueSnapshot:
 
 
 class _Waiter:
-    __slots__ = ("term", "size", "event", "result", "error")
+    __slots__ = ("term", "size", "context", "event", "result", "error")
 
-    def __init__(self, term: int, size: int) -> None:
+    def __init__(self, term: int, size: int, context: Any = None) -> None:
         self.term = term
         self.size = size
+        self.context = context  # handed back to `apply` with the entry (see StateMachine)
         self.event = trio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -300,8 +326,11 @@ class _Waiter:
         self.event.set()
 
 
-class GroupRuntime:
-    """One replica of one group, driven by trio. Open with `open()`, run with `run()`."""
+class GroupRuntime(Generic[M]):
+    """One replica of one group, driven by trio. Open with `open()`, run with `run()`.
+
+    The runtime is the one owner of the group's state machine: restoring a snapshot
+    replaces it, so callers ask `machine` each time rather than keep the object."""
 
     def __init__(
         self,
@@ -309,21 +338,21 @@ class GroupRuntime:
         node_id: int,
         path: str | os.PathLike[str],
         replicas: tuple[int, ...],
-        machine: StateMachine,
+        machine: M,
         send: Callable[[str, Message], None],
         options: GroupOptions | None = None,
         *,
         rng: random.Random | None = None,
         on_change: Callable[[GroupRuntime], None] | None = None,
         on_fsync: Callable[[float], None] | None = None,
-        restore: Callable[[bytes], StateMachine] | None = None,
+        restore: Callable[[bytes], M] | None = None,
         fetch_raw: FetchRaw | None = None,
     ) -> None:
         self.group_id = group_id
         self.node_id = node_id
         self.path = os.fspath(path)
         self.replicas = replicas
-        self.machine = machine
+        self._machine = machine
         self.options = options or GroupOptions()
         self._send = send
         self._rng = rng or random.Random()
@@ -356,12 +385,17 @@ class GroupRuntime:
         self._lagging: frozenset[int] = frozenset()
         self._fetch_raw = fetch_raw
         self._guard: _GuardedLog | None = None
-        self.unrepaired: set[int] = set()  # corrupt entries still to fetch from a peer
+        self._nursery: trio.Nursery | None = None  # run()'s: snapshot installs run in it
         self.repaired = 0  # entries repaired from a peer since start
         self._repair_needed = trio.Event()
-        self._frozen = False  # the next entry to apply is unrepaired: see the docstring
+        self._frozen = False  # what `core.frozen` was last seen as (for the logs)
         self._repair_rounds = 0
         self._gone_logged: set[int] = set()
+
+    @property
+    def machine(self) -> M:
+        """The group's state machine now (a restored snapshot replaces the object)."""
+        return self._machine
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -381,33 +415,30 @@ class GroupRuntime:
             self._hs.save(hs)
         snap = self._load_snapshot()
         applied = snap.index if snap is not None else 0
-        self._find_corrupt(applied)
-        self._guard = _GuardedLog(self, self.log)
+        self._guard = _GuardedLog(self.log)
         self.core = RaftNode(
             self.node_id, self._guard, hs, self.options.raft, rng=self._rng, applied=applied
         )
         if snap is not None:
             self.core.set_snapshot(snap)
+        self._find_corrupt(applied)
         self._seen = (self.core.role, self.core.leader, self.core.term)
         log.info("group opened", extra={"fields": {
             "group": self.group_id, "last_index": self.log.last_index(), "term": hs.term,
             "recovery": repr(self.log.recovery)}})
 
     def _find_corrupt(self, applied: int) -> None:
-        """Collect the corrupt entries recovery kept, and check every entry the replay
-        will apply (recovery itself checks only what its index did not vouch for)."""
-        lg = self.log
-        assert lg is not None
+        """Tell the core of the corrupt entries recovery kept, and check every entry the
+        replay will apply (recovery itself checks only what its index did not vouch for)."""
+        lg, core = self.log, self.core
+        assert lg is not None and core is not None
         first, last = lg.first_index(), lg.last_index()
         bad = {i for i in lg.recovery.corrupt if first <= i <= last}
         lo = max(applied + 1, first)
         if lo <= last:
             bad.update(c.index for c in lg.verify(lo, last + 1) if c.index is not None)
-        self.unrepaired = bad
-        if bad:
-            log.warning("corrupt entries found: fetching them from a peer", extra={"fields": {
-                "group": self.group_id, "entries": sorted(bad)}})
-            self._repair_needed.set()
+        for i in sorted(bad):
+            core.entry_unreadable(i)  # listed in the first Ready's `repair`
 
     def _load_snapshot(self) -> Snapshot | None:
         """Restore the state machine from the snapshot file, if there is one.
@@ -424,7 +455,7 @@ class GroupRuntime:
             if self._restore is None:
                 lg.close()
                 raise MissingEntries(f"{self.snapshot_path} exists but no restore is configured")
-            self.machine = self._restore(snap.data)
+            self._machine = self._restore(snap.data)
             index = self.snapshot_index = self._snapshot_taken = snap.index
             first, last = lg.first_index(), lg.last_index()
             if index > last or (index >= first - 1 and lg.term(index) != snap.term):
@@ -447,6 +478,7 @@ class GroupRuntime:
             self.open()
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self._ready_loop)
                 nursery.start_soon(self._sync_loop)
                 nursery.start_soon(self._snapshot_loop)
@@ -465,18 +497,11 @@ class GroupRuntime:
 
     def tick(self) -> None:
         assert self.core is not None
-        if self._frozen:
-            return
         self.core.tick()
         self._wakeup.set()
 
     def step(self, m: Message) -> None:
         assert self.core is not None
-        if self.unrepaired or self._frozen:
-            guarded = self._guard_incoming(m)
-            if guarded is None:
-                return
-            m = guarded
         self.core.step(m)
         self._wakeup.set()
 
@@ -484,48 +509,49 @@ class GroupRuntime:
         """The node's link to `peer` dropped: if it led this group, elect sooner (see
         `RaftNode.leader_unreachable`; the core ignores it otherwise)."""
         core = self.core
-        if core is None or self._frozen or core.leader != peer:
+        if core is None or core.leader != peer:
             return
         core.leader_unreachable(peer)
         self._wakeup.set()
 
-    def _guard_incoming(self, m: Message) -> Message | None:
-        """`m` as the core may see it while entries await repair (None: drop it)."""
-        if self._frozen or m.type == MsgType.TIMEOUT_NOW:
-            return None
-        if m.type in _COMMIT_CARRIERS:
-            assert self.core is not None
-            ahead = [i for i in self.unrepaired if i > self.core.applied]
-            if ahead and m.commit >= min(ahead):
-                return replace(m, commit=min(ahead) - 1)
-        return m
-
-    def _send_out(self, group: str, m: Message) -> None:
-        if self.unrepaired and m.type in _CAMPAIGN and m.src == self.node_id:
-            return  # no leadership while holding an entry it cannot read
-        self._send(group, m)
+    @property
+    def unrepaired(self) -> frozenset[int]:
+        """Corrupt entries still to fetch from a peer."""
+        return self.core.unreadable if self.core is not None else frozenset()
 
     def report_corrupt(self, index: int, reason: str = "") -> None:
         """A read found entry `index` corrupt: refetch it from a peer (see the module
         docstring). Harmless for one already known or no longer in the log."""
-        lg = self.log
-        if lg is None or index in self.unrepaired or lg.closed:
+        lg, core = self.log, self.core
+        if lg is None or core is None or lg.closed or index in core.unreadable:
             return
-        if not lg.first_index() <= index <= lg.last_index():
-            return
-        self.unrepaired.add(index)
-        log.warning("corrupt entry found: fetching it from a peer", extra={"fields": {
-            "group": self.group_id, "index": index, "reason": reason}})
-        self._repair_needed.set()
+        if reason:
+            log.debug("corrupt entry reported", extra={"fields": {
+                "group": self.group_id, "index": index, "reason": reason}})
+        core.entry_unreadable(index)
+        self._wakeup.set()
 
     def transfer_leadership(self, target: int) -> None:
         assert self.core is not None
         self.core.transfer_leadership(target)
         self._wakeup.set()
 
-    async def propose(self, data: bytes, type: EntryType = EntryType.MESSAGES) -> Any:
+    def draft(self, size: int) -> EntryDraft:
+        """Room for a new entry of `size` bytes in its stored form: write the data into
+        `.data` (its only copy), then `propose` the draft."""
+        return EntryDraft(size)
+
+    async def propose(
+        self,
+        data: bytes | EntryDraft,
+        type: EntryType = EntryType.MESSAGES,
+        *,
+        context: Any = None,
+    ) -> Any:
         """Propose as leader and wait until the entry is applied; returns what the state
-        machine's `apply` returned for it.
+        machine's `apply` returned for it. The entry is encoded (header and both CRCs)
+        once, here; `context`, when given, is handed back to `apply` with the entry
+        should it commit as proposed (see `StateMachine`).
 
         Raises NotLeader (with a hint) or ProposalDropped before anything is written, and
         NotLeader or ProposalLost when leadership was lost before the entry committed
@@ -538,8 +564,8 @@ class GroupRuntime:
                 raise NotLeader(core.leader, core.term)
             space = self._space
             await space.wait()
-        index = core.propose(data, type)
-        w = _Waiter(core.term, len(data))
+        index = core.propose(data if isinstance(data, EntryDraft) else EntryDraft.of(data), type)
+        w = _Waiter(core.term, len(data), context)
         self._waiters[index] = w
         self._uncommitted += w.size
         self._wakeup.set()
@@ -616,71 +642,39 @@ class GroupRuntime:
             "needs_snapshot": sorted(core.needs_snapshot),
             "sending_snapshot": sorted(core.sending_snapshot),
             "installing": core.installing.index if core.installing is not None else None,
-            "unrepaired": sorted(self.unrepaired),
+            "unrepaired": sorted(core.unreadable),
             "repaired": self.repaired,
         }
 
     # ------------------------------------------------------------------ loops
 
     async def _ready_loop(self) -> None:
-        core, lg, hs, guard = self.core, self.log, self._hs, self._guard
-        assert core is not None and lg is not None and hs is not None and guard is not None
+        core = self.core
+        assert core is not None
+        shell = _Shell(self)
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            while True:
-                if not self._can_apply_next():
-                    break
-                rd = core.ready()
-                guard.forget()
-                if not rd:
-                    break
-                if rd.hard_state is not None:
-                    # Rare (terms, votes, membership); kept on the loop so no later
-                    # message can overtake it.
-                    hs.save(rd.hard_state)
-                if rd.snapshot is not None:
-                    await self._install(rd.snapshot)
-                if rd.entries:
-                    lg.store(rd.entries)
-                    guard.remember(rd.entries)
-                    if self.unrepaired:  # overwritten entries are fresh ones
-                        self.unrepaired = {i for i in self.unrepaired if i < rd.entries[0].index}
-                    self._sync_needed.set()
-                for m in rd.messages:
-                    if m.type == MsgType.SNAPSHOT:
-                        log.info("sending snapshot", extra={"fields": {
-                            "group": self.group_id, "peer": m.dst, "snapshot": m.log_index,
-                            "bytes": len(m.snapshot)}})
-                    self._send_out(self.group_id, m)
-                if rd.apply:
-                    self._apply(rd.apply)
-                for r in rd.reads:
-                    rw = self._read_waiters.pop(r.id, None)
-                    if rw is not None:
-                        rw.resolve(r.index)
+            drain(core, shell)  # the Ready sequence shared with the simulator
+            self._notice_frozen()
             self._notice_changes()
             self._notice_lagging()
             await trio.lowlevel.checkpoint()
 
-    def _can_apply_next(self) -> bool:
-        """Whether `core.ready()` may run: false while the next committed entry to apply
-        is unreadable (the replica then stays frozen until its repair)."""
-        core, guard = self.core, self._guard
-        assert core is not None and guard is not None
-        nxt = core.applied + 1
-        if core.commit < nxt or core.installing is not None or guard.check_next(nxt):
-            if self._frozen:
-                self._frozen = False
-                log.info("group resumed after repair", extra={"fields": {
-                    "group": self.group_id, "index": nxt}})
-            return True
-        if not self._frozen:
-            self._frozen = True
+    def _notice_frozen(self) -> None:
+        """Log when the core freezes on an unreadable next entry, and when it resumes."""
+        core = self.core
+        assert core is not None
+        if core.frozen == self._frozen:
+            return
+        self._frozen = core.frozen
+        if self._frozen:
             log.warning("the next entry to apply is corrupt: pausing the group until a "
                         "peer's copy repairs it", extra={"fields": {
-                            "group": self.group_id, "index": nxt}})
-        return False
+                            "group": self.group_id, "index": core.applied + 1}})
+        else:
+            log.info("group resumed after repair", extra={"fields": {
+                "group": self.group_id, "index": core.applied + 1}})
 
     async def _repair_loop(self) -> None:
         """Fetch every unrepaired entry from a peer until each is repaired or gone."""
@@ -702,13 +696,19 @@ class GroupRuntime:
             with trio.move_on_after(wait):
                 await self._repair_needed.wait()
 
+    def _repaired(self, index: int) -> None:
+        """Entry `index` reads again, or left the log: the core may use it again."""
+        assert self.core is not None
+        self.core.entry_repaired(index)
+        self._wakeup.set()
+
     async def _repair_one(self, index: int) -> str:
         """One round over the peers for entry `index`: "repaired", "dropped" (no longer
         in the log), "gone" (every peer said retention removed it) or "failed"."""
         lg, core = self.log, self.core
         assert lg is not None and core is not None
         if not lg.first_index() <= index <= lg.last_index():
-            self.unrepaired.discard(index)
+            self._repaired(index)
             return "dropped"
         term = lg.term(index)
         peers = sorted(p for p in core.membership.members | set(self.replicas)
@@ -735,7 +735,7 @@ class GroupRuntime:
             if index not in self.unrepaired:
                 return "dropped"  # overwritten or dropped while we waited
             if not lg.first_index() <= index <= lg.last_index() or lg.term(index) != term:
-                self.unrepaired.discard(index)
+                self._repaired(index)
                 return "dropped"
             try:
                 lg.repair(index, raw)
@@ -743,7 +743,7 @@ class GroupRuntime:
                 log.warning("a peer's copy of the entry was rejected", extra={"fields": {
                     "group": self.group_id, "index": index, "peer": peer, "error": str(exc)}})
                 continue
-            self.unrepaired.discard(index)
+            self._repaired(index)
             self.repaired += 1
             log.info("entry repaired from a peer", extra={"fields": {
                 "group": self.group_id, "index": index, "term": term, "peer": peer}})
@@ -785,8 +785,12 @@ class GroupRuntime:
 
     def _apply(self, entries: list[Entry]) -> None:
         for e in entries:
-            result = self.machine.apply(e)
-            w = self._waiters.pop(e.index, None)
+            w = self._waiters.pop(e.index, None) if self._waiters else None
+            ctx = w.context if w is not None and w.term == e.term else None  # ours, as proposed
+            if ctx is None:
+                result = self._machine.apply(e)
+            else:
+                result = self._machine.apply(e, ctx)  # type: ignore[call-arg]
             if w is None:
                 continue
             self._release(w)
@@ -901,8 +905,7 @@ class GroupRuntime:
             lg.reset_to(snap.index, snap.term)
             if self._guard is not None:
                 self._guard.clear()
-            self.unrepaired = set()  # every old entry went with the reset
-            self.machine = machine
+            self._machine = machine
             self.snapshot_index = self._snapshot_taken = snap.index
             self._retain_seen = int(getattr(machine, "retained_index", 0))
             self._snapshot_due = None  # detached from the state just replaced
@@ -910,6 +913,7 @@ class GroupRuntime:
         core.snapshot_installed(snap.index, snap.term)
         self._applied_changed.set()
         self._applied_changed = trio.Event()
+        self._wakeup.set()
 
     def _notice_lagging(self) -> None:
         core = self.core

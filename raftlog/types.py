@@ -28,6 +28,9 @@ The contract the shell keeps with the core (the etcd `Ready` loop, adapted):
    d. `messages` may then be sent.
    e. `apply` entries are committed; hand them to the state machine in order.
    f. `reads` are ReadIndex answers: serve request `id` once applied >= `index`.
+   g. `repair` lists entries newly found unreadable (`EntryUnreadable`, or reported with
+      `entry_unreadable`): fetch each one's stored bytes from a peer, and report
+      `entry_repaired(index)` once it reads again.
 3. At construction the core assumes everything in the store is durable. A shell that
    restored its state machine from a snapshot passes `applied=snapshot.index` and hands
    the snapshot to `set_snapshot`, as it does each time it takes a new one: a leader
@@ -43,6 +46,7 @@ from typing import Protocol
 __all__ = [
     "Entry",
     "EntryType",
+    "EntryUnreadable",
     "HardState",
     "LogStore",
     "Membership",
@@ -51,6 +55,7 @@ __all__ = [
     "ReadState",
     "Ready",
     "Role",
+    "Sealable",
     "Snapshot",
 ]
 
@@ -64,13 +69,29 @@ class EntryType(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Entry:
+    """One log entry. `frame`, when set, is its stored form (header with both CRCs, then
+    `data`), made once by the leader that proposed it or received from a peer and
+    verified: storage and the wire use it as is rather than encode the entry again, and
+    `data` is then a view of it. Equality ignores it."""
+
     index: int
     term: int
     type: EntryType
-    data: bytes = b""
+    data: bytes | memoryview = b""
+    frame: bytes | memoryview | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
         return f"{self.index}@{self.term}:{self.type.name}({len(self.data)}B)"
+
+
+class Sealable(Protocol):
+    """A proposal the shell laid out in its stored form ahead of time (for the CommitLog,
+    `raftlog.commitlog.EntryDraft`): once the core has given it an index and a term,
+    `seal` returns the entry, its frame complete. The core only asks its length."""
+
+    def __len__(self) -> int: ...
+
+    def seal(self, index: int, term: int, type: EntryType) -> Entry: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +111,13 @@ class Membership:
     def members(self) -> frozenset[int]:
         return self.voters | self.learners
 
-    def quorum(self) -> int:
-        return len(self.voters) // 2 + 1
-
     def encode(self) -> bytes:
         import msgpack
 
         return msgpack.packb({"v": sorted(self.voters), "l": sorted(self.learners)})
 
     @classmethod
-    def decode(cls, data: bytes) -> Membership:
+    def decode(cls, data: bytes | memoryview) -> Membership:
         import msgpack
 
         d = msgpack.unpackb(data)
@@ -236,6 +254,15 @@ class ReadState:
     index: int
 
 
+class EntryUnreadable(Exception):
+    """Raised by `LogStore.entries` for an entry the store holds but cannot read (its
+    bytes fail their checks); the store still knows its index and term."""
+
+    def __init__(self, index: int, reason: str = "") -> None:
+        super().__init__(f"entry {index} is unreadable" + (f": {reason}" if reason else ""))
+        self.index = index
+
+
 @dataclass(slots=True)
 class Ready:
     hard_state: HardState | None = None
@@ -244,6 +271,7 @@ class Ready:
     apply: list[Entry] = field(default_factory=list)
     reads: list[ReadState] = field(default_factory=list)
     snapshot: Snapshot | None = None  # to install (followers): see the module docstring
+    repair: list[int] = field(default_factory=list)  # unreadable entries to refetch
 
     def __bool__(self) -> bool:
         return bool(
@@ -253,6 +281,7 @@ class Ready:
             or self.messages
             or self.apply
             or self.reads
+            or self.repair
         )
 
 
@@ -275,5 +304,8 @@ class LogStore(Protocol):
     def term(self, index: int) -> int: ...
 
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-        """Entries [lo, hi); at least one if lo < hi, then as many as fit in max_bytes."""
+        """Entries [lo, hi); at least one if lo < hi, then as many as fit in max_bytes.
+
+        An entry it cannot read ends the list early; when it is the first, the store
+        raises `EntryUnreadable`."""
         ...

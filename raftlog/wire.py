@@ -1,8 +1,9 @@
 """Raft messages on the wire: small fields in a list, entries as their stored bytes.
 
-Entries cross the network exactly as the CommitLog stores them (`encode_entry`), with
-both CRCs, so a follower verifies what it received before it stores it and a bit flipped
-in transit can never be acknowledged.
+Entries cross the network exactly as the CommitLog stores them, with both CRCs: the
+frame the leader sealed when it proposed the entry (`raftlog.commitlog.EntryDraft`). A
+follower verifies what it received once, before it stores it (as received), so a bit
+flipped in transit can never be acknowledged.
 
 Fields: the 11 integers of every message (type, src, dst, term, log_index, log_term,
 commit, reject, hint_index, hint_term, context). A SNAPSHOT adds two more, the sorted
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from raftlog.commitlog import decode_entries, encode_entry
-from raftlog.types import Entry, Membership, Message, MsgType
+from raftlog.types import Membership, Message, MsgType
 
 __all__ = ["WireError", "message_from_wire", "message_to_wire"]
 
@@ -24,7 +25,7 @@ class WireError(ValueError):
     """A peer sent a message we cannot decode; the link is reset."""
 
 
-def message_to_wire(m: Message) -> tuple[list[Any], bytes]:
+def message_to_wire(m: Message) -> tuple[list[Any], bytes | memoryview]:
     fields: list[Any] = [
         int(m.type), m.src, m.dst, m.term, m.log_index, m.log_term, m.commit,
         int(m.reject), m.hint_index, m.hint_term, m.context,
@@ -34,24 +35,12 @@ def message_to_wire(m: Message) -> tuple[list[Any], bytes]:
             raise ValueError("a snapshot message carries a membership and no entries")
         fields += [sorted(m.membership.voters), sorted(m.membership.learners)]
         return fields, m.snapshot
-    return fields, _entries_body(m.entries) if m.entries else b""
-
-
-# A leader appends the same new entries to every follower in turn: the last body
-# encoded is kept (with the entries it holds, compared by identity) so those appends
-# share one encoding instead of computing both CRCs again per follower.
-_last_entries: tuple[Entry, ...] = ()
-_last_body = b""
-
-
-def _entries_body(entries: tuple[Entry, ...]) -> bytes:
-    global _last_entries, _last_body
-    last = _last_entries
-    if len(last) == len(entries) and all(a is b for a, b in zip(last, entries, strict=True)):
-        return _last_body
-    body = b"".join([encode_entry(e) for e in entries])
-    _last_entries, _last_body = entries, body
-    return body
+    if not m.entries:
+        return fields, b""
+    # An entry the leader proposed carries the stored frame it sealed then (received
+    # ones carry the frame as received): those bytes go out, no CRC is computed here.
+    frames = [encode_entry(e) for e in m.entries]
+    return fields, frames[0] if len(frames) == 1 else b"".join(frames)
 
 
 def message_from_wire(fields: Any, body: bytes) -> Message:

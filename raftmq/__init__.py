@@ -1,10 +1,11 @@
 """raftmq: what users import and run — client SDK, CLI and configuration.
 
     import raftmq
-    async with raftmq.Producer("127.0.0.1:9876") as producer:
+    async with raftmq.Producer("127.0.0.1:7176") as producer:
         await producer.send("orders", b"hello")
 
-Blocking code uses `raftmq.connect_producer(...)` and friends instead.
+Blocking code uses `raftmq.connect_producer(...)` and friends instead. Every error the
+SDK raises is a `RaftMQError`; see `raftmq.client.errors` for the hierarchy.
 """
 
 from raftmq.client import (
@@ -16,15 +17,18 @@ from raftmq.client import (
     ClientClosedError,
     Code,
     Message,
+    OutcomeUnknownError,
     OutgoingMessage,
     Producer,
     PullConsumer,
     PullResult,
     PushConsumer,
+    RaftMQError,
     RequestError,
     SendFuture,
     SendResult,
     TransportError,
+    UnavailableError,
     connect_admin,
     connect_producer,
     connect_pull_consumer,
@@ -40,15 +44,18 @@ __all__ = [
     "ClientClosedError",
     "Code",
     "Message",
+    "OutcomeUnknownError",
     "OutgoingMessage",
     "Producer",
     "PullConsumer",
     "PullResult",
     "PushConsumer",
+    "RaftMQError",
     "RequestError",
     "SendFuture",
     "SendResult",
     "TransportError",
+    "UnavailableError",
     "connect_admin",
     "connect_producer",
     "connect_pull_consumer",

@@ -18,14 +18,16 @@ def _demo(argv: list[str]) -> int:
 def _sim(argv: list[str]) -> int:
     from raftlog.sim.__main__ import main as sim_main
 
-    return sim_main(argv)
+    return sim_main(argv, prog="raftmq sim")
 
 
 def _chaos(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: raftmq chaos check --model M --format F FILE [--json] [--timeout S]\n"
+        print("usage: raftmq chaos check DIR | --history FILE [--json] [--timeout S]\n"
+              "       raftmq chaos check --model M [--format F] FILE [--json] [--timeout S]\n"
               "       raftmq chaos run --out DIR [--nodes 3|5] [--groups G] [--time S]\n"
-              "                        [--nemesis LIST|all] [--seed N] [--mutation NAME]")
+              "                        [--nemesis LIST|all|none] [--seed N] [--mutation NAME]\n"
+              "exit codes: 0 valid, 1 invalid, 2 unknown (checker out of time), 3 bad input")
         return 0 if argv else 2
     from chaos.cli import check_main, run_main
 
@@ -66,6 +68,12 @@ def _send(argv: list[str]) -> int:
     return send_main(argv)
 
 
+def _group(argv: list[str]) -> int:
+    from raftmq.commands.group import main as group_main
+
+    return group_main(argv)
+
+
 def _lag(argv: list[str]) -> int:
     from raftmq.commands.lag import main as lag_main
 
@@ -100,10 +108,11 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "dev": (_dev, "start a name server and three nodes on loopback; prints `ready ADDR`"),
     "node": (_node, "run one node (replicas of several Raft groups): --config node.toml"),
     "namesrv": (_namesrv, "run a name server (routes: which group leads which queues)"),
-    "topic": (_topic, "create, list and describe topics: `topic create NAME --queues 4`"),
+    "topic": (_topic, "create, list, describe, update and delete topics"),
     "send": (_send, "send a message (`send --topic T TEXT`) or a load (`--count N --size B`)"),
     "consume": (_consume, "consume a topic in a consumer group, committing offsets"),
     "lag": (_lag, "how far a consumer group is behind, per queue"),
+    "group": (_group, "consumer groups: list, describe, reset-offsets, delete"),
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
     "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover`"),

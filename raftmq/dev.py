@@ -3,7 +3,9 @@
 Starts a name server and the nodes as child processes (see `chaos.cluster.LocalCluster`),
 waits until every group has a leader, prints exactly one line `ready <namesrv host:port>`
 on stdout (for scripts), a summary table on stderr (for people), and runs until SIGINT or
-SIGTERM, then stops every child and exits 0.
+SIGTERM, then stops every child, says which, and exits 0. A child that dies meanwhile is
+started again after a backoff (1 s, doubling up to 30 s while it keeps dying soon after
+starting), with a line on stderr naming it and its log.
 
 Ports, for `--port-base B` (default 7100): node i listens at B+i, serves Prometheus
 metrics at B+100+i, and the name server listens at B+76 (7176 by default). Data and logs
@@ -14,14 +16,17 @@ its data.
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from broker.config import ConfigError
 
@@ -29,6 +34,41 @@ if TYPE_CHECKING:
     from chaos.cluster import LocalCluster
 
 __all__ = ["main"]
+
+
+RESTART_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+STABLE_AFTER = 60.0  # seconds a restarted child must run for its backoff to start over
+
+
+@dataclass
+class Restarts:
+    """When to start again each child that died: the delay doubles while a child keeps
+    dying within `STABLE_AFTER` seconds of its start, and starts over once it ran that
+    long. Pure: the caller passes the time."""
+
+    due: dict[str, float] = field(default_factory=dict)  # name -> when to start it
+    quick_deaths: dict[str, int] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)
+
+    def exited(self, name: str, now: float) -> float:
+        """Record a death; returns the delay before the restart."""
+        if now - self.started.get(name, -math.inf) >= STABLE_AFTER:
+            self.quick_deaths[name] = 0
+        n = self.quick_deaths.get(name, 0)
+        self.quick_deaths[name] = n + 1
+        delay = RESTART_DELAYS[min(n, len(RESTART_DELAYS) - 1)]
+        self.due[name] = now + delay
+        return delay
+
+    def take_due(self, now: float) -> list[str]:
+        """Names whose restart time has come (removed from `due`)."""
+        ready = sorted(n for n, t in self.due.items() if t <= now)
+        for n in ready:
+            del self.due[n]
+        return ready
+
+    def restarted(self, name: str, now: float) -> None:
+        self.started[name] = now
 
 
 class _Interrupted(Exception):
@@ -109,6 +149,38 @@ def _summary(cluster: LocalCluster, leaders: dict[str, int]) -> None:
     console.print(f"fsync: {fsync}{note}   Ctrl-C stops everything")
 
 
+def _supervise(cluster: LocalCluster) -> NoReturn:
+    """Until interrupted: start again, after a backoff, every child that died."""
+    from chaos.cluster import NAMESRV, ClusterError
+
+    starters: dict[str, Callable[[], object]] = {NAMESRV: cluster.start_namesrv}
+    for i in cluster.node_ids:
+        starters[f"n{i}"] = functools.partial(cluster.start_node, i)  # LocalCluster's names
+    restarts = Restarts()
+    while True:
+        time.sleep(0.5)
+        now = time.monotonic()
+        for name, code in cluster.unexpected_exits().items():
+            delay = restarts.exited(name, now)
+            print(f"raftmq dev: {name} exited with code {code}; restarting it in {delay:g} s "
+                  f"(its log: {cluster.log_path(name)})", file=sys.stderr, flush=True)
+        for name in restarts.take_due(now):
+            start = starters.get(name)
+            if start is None:
+                continue
+            try:
+                start()
+            except (ClusterError, OSError, TimeoutError) as exc:
+                delay = restarts.exited(name, time.monotonic())
+                print(f"raftmq dev: {name} did not start again ({exc}); next try in "
+                      f"{delay:g} s (its log: {cluster.log_path(name)})", file=sys.stderr,
+                      flush=True)
+                continue
+            restarts.restarted(name, time.monotonic())
+            print(f"raftmq dev: restarted {name} (pid {cluster.pids().get(name, '-')})",
+                  file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the dev cluster; 0 after a clean stop on SIGINT/SIGTERM, 1 if it cannot start."""
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
@@ -143,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"  .venv/bin/raftmq send --namesrv {cluster.namesrv_addr} --topic showcase hello\n"
                       f"  .venv/bin/raftmq consume --namesrv {cluster.namesrv_addr} --group me "
                       f"--topic showcase --count 5", file=sys.stderr, flush=True)
-            while True:
-                time.sleep(0.5)
-                for name, code in cluster.unexpected_exits().items():
-                    print(f"raftmq dev: {name} exited with code {code}; see "
-                          f"{cluster.log_path(name)}", file=sys.stderr, flush=True)
+            _supervise(cluster)
         except _Interrupted:
             return 0
         finally:
+            running = cluster.pids()
             cluster.stop()
+            if running:
+                stopped = ", ".join(f"{n} (pid {p})" for n, p in sorted(running.items()))
+                print(f"raftmq dev: stopped {stopped}; data and logs stay in "
+                      f"{cluster.base_dir}", file=sys.stderr, flush=True)

@@ -4,23 +4,51 @@
 g{q}: it finds leaders, retries requests while leadership moves, produces batches and
 remembers what was acknowledged (queue -> offset -> record bytes), and reads queues
 back. `Raw` is a plain socket speaking frames, for bytes no well-behaved client would send.
+
+Below them, helpers for tests that drive a cluster through the SDK: leaders (balanced,
+new after a kill), a `SendLog` of what a producer sent, `produce_until` a stop, `drain`
+of every queue and `check_log` of what was drained.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
+
+import anyio
 
 from broker.protocol import Frame, FrameDecoder, Op, RequestError, encode_frame
 from broker.records import OutgoingMessage, encode_batch, iter_records, walk_batch
 from chaos.cluster import LocalCluster
+from raftmq.client import Message, Producer, PullConsumer, SendFuture, SendResult
 from transport.blocking import request
 
-__all__ = ["LiveCluster", "Raw", "running"]
+__all__ = [
+    "DRAIN_TIMEOUT",
+    "REBALANCE_TIMEOUT",
+    "LiveCluster",
+    "Raw",
+    "SendLog",
+    "assert_no_unexpected_exits",
+    "check_log",
+    "drain",
+    "leader_of",
+    "preferred",
+    "produce_until",
+    "running",
+    "wait_balanced",
+    "wait_new_leader",
+]
+
+REBALANCE_TIMEOUT = 60.0
+DRAIN_TIMEOUT = 90.0
 
 
 class LiveCluster:
@@ -181,3 +209,158 @@ class Raw:
 
     def close(self) -> None:
         self.sock.close()
+
+
+# ------------------------------------------------------------------ SDK-driven helpers
+
+
+def preferred(cluster: LocalCluster) -> dict[str, int | None]:
+    return {g.id: g.preferred_leader for g in cluster.groups}
+
+
+def _balanced(cluster: LocalCluster, leaders: dict[str, int | None]) -> bool:
+    """Every group is led by its preferred leader, so each node leads exactly one group."""
+    counts = Counter(leaders.values())
+    return leaders == preferred(cluster) and all(counts[n] == 1 for n in cluster.node_ids)
+
+
+def wait_balanced(cluster: LocalCluster, timeout: float = REBALANCE_TIMEOUT) -> float:
+    """Wait until every group is led by its preferred leader (one group per node);
+    seconds it took."""
+    try:
+        took = cluster.wait_preferred_leaders(timeout)
+    except TimeoutError as exc:
+        raise AssertionError(f"leaders not balanced: {exc}") from None
+    leaders = cluster.leaders(timeout=2.0)
+    assert _balanced(cluster, leaders), leaders
+    return took
+
+
+def wait_new_leader(cluster: LocalCluster, group: str, old: int, timeout: float) -> int:
+    """Poll the name server until `group` names a running leader other than `old`."""
+    deadline = time.monotonic() + timeout
+    last: int | None = old
+    while True:
+        try:
+            last = cluster.leaders(timeout=2.0)[group]
+        except (OSError, RequestError):
+            pass
+        else:
+            if last is not None and last != old and cluster.is_running(last):
+                return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{group}: no new leader after {timeout} s (last: {last})")
+        time.sleep(0.02)
+
+
+def leader_of(cluster: LocalCluster, group: str) -> int:
+    leader = cluster.leaders()[group]
+    assert leader is not None, f"{group} has no leader"
+    return leader
+
+
+def assert_no_unexpected_exits(cluster: LocalCluster) -> None:
+    gone = cluster.unexpected_exits()
+    assert not gone, "processes exited unexpectedly: " + ", ".join(
+        f"{name} (code {code}):\n{cluster.log_tail(name)}" for name, code in gone.items()
+    )
+
+
+# ------------------------------------------------------------------ client helpers
+
+
+async def drain(
+    namesrv: str, topic: str, group: str, timeout: float = DRAIN_TIMEOUT
+) -> dict[int, list[Message]]:
+    """Every retained message of every queue of `topic`, read from offset 0 by a fresh
+    consumer group: queue -> messages in offset order."""
+    out: dict[int, list[Message]] = {}
+    with anyio.fail_after(timeout):
+        async with PullConsumer(namesrv, group, start_from="first", wait_ms=0) as c:
+            total = (await c.routes.route(topic, refresh=True)).total
+            for q in range(total):
+                lo, end = await _retrying(partial(c.bounds, topic, q))
+                assert lo == 0, f"queue {q} lost its head: earliest offset {lo}"
+                msgs: list[Message] = []
+                offset = 0
+                while offset < end:
+                    res = await _retrying(
+                        partial(c.pull, topic, q, offset, max=256, wait_ms=0)
+                    )
+                    msgs += res.messages
+                    offset = res.next_offset
+                out[q] = msgs
+    return out
+
+
+async def _retrying(fn: Callable[[], Any], attempts: int = 20) -> Any:
+    for attempt in range(attempts):
+        try:
+            return await fn()
+        except RequestError as exc:
+            if not exc.retriable or attempt == attempts - 1:
+                raise
+            await anyio.sleep(0.25)
+    raise AssertionError("unreachable")
+
+
+def check_log(queues: dict[int, list[Message]]) -> None:
+    """Each queue is contiguous from offset 0 and its message ids are distinct."""
+    for q, msgs in queues.items():
+        assert [m.offset for m in msgs] == list(range(len(msgs))), f"queue {q} has gaps"
+    ids = [m.msg_id for msgs in queues.values() for m in msgs]
+    assert len(ids) == len(set(ids)), "a message id is served twice"
+
+
+@dataclass
+class SendLog:
+    """What one producer sent: acknowledged results and failures, by body."""
+
+    name: str
+    acked: dict[str, SendResult] = field(default_factory=dict)
+    ack_time: dict[str, float] = field(default_factory=dict)
+    order: dict[str, int] = field(default_factory=dict)  # body -> sequence of the send
+    failed: dict[str, str] = field(default_factory=dict)
+    dedup_answers: int = 0  # acks the state machine gave to a recognised resend
+
+    def record(self, body: str, fut: SendFuture[SendResult]) -> None:
+        exc = fut.exception()
+        if exc is None:
+            res = fut.result()
+            self.acked[body] = res
+            self.ack_time[body] = time.monotonic()
+            self.dedup_answers += res.dup
+        else:
+            self.failed[body] = repr(exc)
+
+
+async def produce_until(
+    producer: Producer,
+    topic: str,
+    log: SendLog,
+    stop: anyio.Event,
+    *,
+    interval: float = 0.004,
+    window: int = 64,
+) -> None:
+    """Send `<name>-<i>` bodies every `interval` s with at most `window` unacknowledged,
+    until `stop` is set; then wait for the outstanding ones."""
+    slots = anyio.Semaphore(window)
+    i = 0
+    while not stop.is_set():
+        await slots.acquire()
+        body = f"{log.name}-{i}"
+        log.order[body] = i
+        i += 1
+
+        def done(fut: SendFuture[SendResult], body: str = body) -> None:
+            log.record(body, fut)
+            slots.release()
+
+        try:
+            await producer.send_async(topic, body, callback=done)
+        except RequestError as exc:  # the route could not be learned: nothing was sent
+            log.failed[body] = repr(exc)
+            slots.release()
+        await anyio.sleep(interval)
+    await producer.flush()

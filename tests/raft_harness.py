@@ -6,7 +6,9 @@ Storage is the simulator's in-memory disk: `persist()` is an fsync, `crash()` dr
 was never fsynced. Each node's state machine is the list of MESSAGES payloads it applied
 (`state`); `snapshot(i)` saves it at node i's applied index and compacts its log, and a
 snapshot a leader sends is installed at once, or held until `install(i)` when
-`auto_install` is off.
+`auto_install` is off. `corrupt(i, index)` damages an entry on node i's disk; the core
+lists it in `Ready.repair` once it meets it (`to_repair`), and `repair(i)` copies the
+entries it awaits from a peer that holds them intact.
 """
 
 from __future__ import annotations
@@ -15,8 +17,18 @@ import random
 from collections.abc import Callable, Iterable
 
 from raftlog.core import RaftConfig, RaftNode
+from raftlog.driver import carry_out
 from raftlog.sim.disk import SimStore
-from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role, Snapshot
+from raftlog.types import (
+    Entry,
+    EntryType,
+    HardState,
+    Membership,
+    Message,
+    ReadState,
+    Role,
+    Snapshot,
+)
 
 
 class Cluster:
@@ -41,6 +53,7 @@ class Cluster:
         self.mailbox: list[Message] = []
         self.applied: dict[int, list[Entry]] = {}
         self.reads: dict[int, list] = {}
+        self.to_repair: dict[int, list[int]] = {}
         self.cut: set[tuple[int, int]] = set()
         members = Membership(frozenset(voters or range(1, n + 1)))
         for i in range(1, n + 1):
@@ -57,6 +70,8 @@ class Cluster:
         self.state[i] = _decode_state(snap.data) if snap is not None else []
         if snap is not None:
             self.nodes[i].set_snapshot(snap)
+        for index in sorted(st.corrupt):  # found at open, as the runtime's verify does
+            self.nodes[i].entry_unreadable(index)
         self.applied[i] = []
         self.reads.setdefault(i, [])
         self.installed.setdefault(i, [])
@@ -68,25 +83,14 @@ class Cluster:
         self.mailbox = [m for m in self.mailbox if m.dst != i and m.src != i]
 
     def process(self, i: int) -> None:
+        """Carry out node i's next Ready with the driver the runtime and simulator use."""
         node = self.nodes.get(i)
         if node is None:
             return
         rd = node.ready()
-        st = self.stores[i]
-        if rd.hard_state is not None:
-            st.save_hard_state(rd.hard_state)
         if rd.snapshot is not None:
             assert not rd.entries and not rd.apply
-            st.save_snapshot(rd.snapshot)
-            self.installing[i] = rd.snapshot
-            if self.auto_install:
-                self._installed(i)
-        if rd.entries:
-            st.append(rd.entries)
-        self.mailbox.extend(rd.messages)
-        self.applied[i].extend(rd.apply)
-        self.state[i].extend(e.data for e in rd.apply if e.type == EntryType.MESSAGES)
-        self.reads[i].extend(rd.reads)
+        carry_out(rd, _NodeShell(self, i))
         if self.auto_persist:
             self.persist(i)
 
@@ -194,8 +198,56 @@ class Cluster:
         self.stabilize()
         return index
 
+    def corrupt(self, i: int, index: int) -> None:
+        assert self.stores[i].corrupt_entry(index)
+
+    def repair(self, i: int) -> list[int]:
+        """Copy every entry node i awaits from a peer holding it intact; the repaired."""
+        node, st = self.nodes[i], self.stores[i]
+        done = []
+        for index in sorted(node.unreadable):
+            for j, peer in self.stores.items():
+                good = peer.readable(index) if j != i else None
+                if good is not None and st.repair(index, good):
+                    node.entry_repaired(index)
+                    done.append(index)
+                    break
+        return done
+
     def payloads(self, i: int) -> list[bytes]:
         return [e.data for e in self.applied[i] if e.type == EntryType.MESSAGES]
+
+
+class _NodeShell:
+    """Node i's shell in the harness: disk in memory, messages to the mailbox."""
+
+    def __init__(self, c: Cluster, i: int) -> None:
+        self.c, self.i = c, i
+
+    def save_hard_state(self, hs: HardState) -> None:
+        self.c.stores[self.i].save_hard_state(hs)
+
+    def install_snapshot(self, snap: Snapshot) -> None:
+        self.c.stores[self.i].save_snapshot(snap)
+        self.c.installing[self.i] = snap
+        if self.c.auto_install:
+            self.c._installed(self.i)
+
+    def store_entries(self, entries: list[Entry]) -> None:
+        self.c.stores[self.i].append(entries)
+
+    def send_message(self, m: Message) -> None:
+        self.c.mailbox.append(m)
+
+    def apply_entries(self, entries: list[Entry]) -> None:
+        self.c.applied[self.i].extend(entries)
+        self.c.state[self.i].extend(e.data for e in entries if e.type == EntryType.MESSAGES)
+
+    def answer_read(self, read: ReadState) -> None:
+        self.c.reads[self.i].append(read)
+
+    def fetch_for_repair(self, indexes: list[int]) -> None:
+        self.c.to_repair.setdefault(self.i, []).extend(indexes)
 
 
 def _encode_state(payloads: list[bytes]) -> bytes:

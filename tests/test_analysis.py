@@ -27,8 +27,10 @@ class Script:
         return self.rec
 
     def append(self, p: int, key: str, msg: str, t0: float, t1: float, offset: int | None,
-               outcome: str = "ok") -> None:
+               outcome: str = "ok", attempts: tuple[float, ...] = ()) -> None:
         self.at(t0).invoke(p, "append", key, msg)
+        for t in attempts:  # the requests the SDK sent for it
+            self.at(t).attempt(p, "append", key, msg)
         value = {"offset": offset} if outcome == "ok" else None
         self.at(t1).complete(p, outcome, "append", key, value)
 
@@ -92,27 +94,54 @@ def test_definitely_failed_append_that_was_read_is_invalid(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
-    ("msg", "valid", "idem", "plain"),
+    ("msg", "attempts", "valid", "idem", "retried", "unretried"),
     [
-        ("i2-0", False, 1, 0),  # an idempotent producer promised one copy
-        ("p0-0", True, 0, 1),  # a plain producer's retry: at least once allows it
+        ("i2-0", (), False, 1, 0, 0),  # an idempotent producer promised one copy
+        ("p0-0", (1.1, 3.0), True, 0, 1, 0),  # a plain producer's retry: at least once
+        ("p0-0", (1.1, 2.0, 3.0), True, 0, 1, 0),  # retried twice, stored twice: fine too
+        ("p0-0", (1.1,), False, 0, 0, 1),  # sent once, stored twice: the cluster did it
+        ("p0-0", (), False, 0, 0, 1),  # no attempt recorded: one copy per append
     ],
 )
-def test_duplicates_by_producer_kind(
-    tmp_path: Path, msg: str, valid: bool, idem: int, plain: int
+def test_duplicates_by_producer_kind_and_attempts(
+    tmp_path: Path, msg: str, attempts: tuple[float, ...], valid: bool, idem: int,
+    retried: int, unretried: int,
 ) -> None:
     h = tmp_path / "h.jsonl"
     s = Script(h)
     process = int(msg[1])
-    s.append(process, "t/0", msg, 1, 5, 1)  # the first try timed out inside the SDK, landed at 0
-    s.append(1, "t/0", "p1-0", 6, 7, 2)
+    # the first try timed out inside the SDK and landed at 0; the last was acknowledged at 1
+    s.append(process, "t/0", msg, 1, 5, 1, attempts=attempts)
+    s.append(1, "t/0", "p1-0", 6, 7, 2, attempts=(6.1,))
     s.read(5, "t/0", 0, 256, 10, 11, [msg, msg, "p1-0"])
     a = run(h)
     r = a.results
-    assert (r["duplicated"], r["duplicated_plain"], r["valid"]) == (idem, plain, valid)
+    assert (r["duplicated"], r["duplicated_retried"], r["duplicated_unretried"], r["valid"]) \
+        == (idem, retried, unretried, valid)
+    assert r["duplicated_plain"] == retried + unretried
+    assert r["attempts"] == len(attempts) + 1
     assert a.accounting["totals"]["duplicated"] == idem
-    # the retry inside the operation explains the second copy; nothing explains a third
-    assert r["linearizable"]["t/0"] is bool(plain)
+    # a retry explains one more copy; nothing explains a copy beyond the attempts
+    assert r["linearizable"]["t/0"] is bool(retried)
+    if unretried:
+        assert "duplicated_unretried: 1" in r["problems"]
+        example = r["examples"]["t/0"]["duplicated_unretried"]
+        assert example == {msg: {"offsets": [0, 1], "attempts": 1}}
+        report = a.write_report(tmp_path / "report.html").read_text()
+        assert "<div class=bad>duplicated_unretried: 1</div>" in report
+
+
+def test_a_second_copy_needs_its_attempt_to_have_been_sent(tmp_path: Path) -> None:
+    """Two attempts explain two copies, but only once the second was sent: a read that
+    saw both copies before the retry left shows the cluster copied the message itself."""
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 1, 5, 1, attempts=(1.1, 3.0))
+    s.read(4, "t/0", 0, 4, 2.0, 2.5, ["p0-0", "p0-0"])  # both copies, at 2.5 < 3.0
+    s.read(5, "t/0", 0, 256, 10, 11, ["p0-0", "p0-0"])
+    r = run(h).results
+    assert r["duplicated_retried"] == 1 and r["duplicated_unretried"] == 0  # counts agree
+    assert r["linearizable"]["t/0"] is False and not r["valid"]  # the times do not
 
 
 def test_idempotent_processes_can_be_named_instead_of_read_from_ids(tmp_path: Path) -> None:
@@ -180,6 +209,43 @@ def test_unavailability_after_leader_loss(tmp_path: Path) -> None:
     assert [name for _s, _e, name in a.report_faults] == ["kill [1]", "pause [2]", "partition"]
 
 
+@pytest.mark.parametrize("back_after", [3.0, None, 25.0])
+def test_a_group_that_accepts_no_write_within_the_bound_after_a_heal_is_invalid(
+    tmp_path: Path, back_after: float | None
+) -> None:
+    """Liveness: a leader cut off that kept acting as leader forever passes every safety
+    check; the bound on writes after a heal does not."""
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 0, 1, 0)
+    s.at(2).fault_start("partition-node", {"nodes": [1], "leaders": {"g0": 1}})
+    s.at(5).fault_end("partition-node")
+    offset = 1
+    for k in range(30):  # g1 keeps accepting writes; g0's fail until `back_after`
+        t = 5.5 + k
+        s.append(1, "t/1", f"p1-{k}", t, t + 0.1, k)
+        if back_after is not None and t >= 5 + back_after:
+            s.append(0, "t/0", f"p0-{offset}", t, t + 0.1, offset)
+            offset += 1
+        else:
+            s.append(0, "t/0", f"p0-x{k}", t, t + 0.5, None, outcome="fail")
+    s.read(5, "t/0", 0, 256, 40, 41, [f"p0-{i}" for i in range(offset)])
+    s.read(6, "t/1", 0, 256, 40, 41, [f"p1-{k}" for k in range(30)])
+    r = run(h, liveness_bound=10.0).results
+    row = r["unavailability_by_fault"]["partition-node"]
+    assert row["faults"] == 1
+    assert (row["worst_during"] is None) == (back_after is None)
+    if back_after == 3.0:
+        assert r["valid"] and r["liveness_violations"] == [] and row["unrecovered"] == 0
+        assert row["worst_after_heal"] == pytest.approx(3.6, abs=0.01)
+    else:
+        assert not r["valid"] and row["unrecovered"] == 1
+        (problem,) = r["liveness_violations"]
+        assert problem.startswith("liveness: group g0 accepted no write within 10 s after "
+                                  "partition-node [1] healed")
+        assert problem in r["problems"]
+
+
 def test_report_renders_with_faults(tmp_path: Path) -> None:
     h = tmp_path / "h.jsonl"
     s = Script(h)
@@ -191,6 +257,7 @@ def test_report_renders_with_faults(tmp_path: Path) -> None:
     out = a.write_report(tmp_path / "report.html")
     text = out.read_text()
     assert "linearizable" in text and "kill [1]" in text
+    assert "Unavailability per fault" in text and "<td>kill</td><td>1</td>" in text
 
 
 @pytest.mark.parametrize("stale", [False, True])

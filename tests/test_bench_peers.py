@@ -287,6 +287,7 @@ def test_drive_holds_the_window_and_counts_errors() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.live
 def test_procs_stop_whole_process_groups_even_on_errors(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), Procs(tmp_path, grace=2.0) as procs:
         # a server that forks a helper: the helper must go too
@@ -314,6 +315,7 @@ class _InterruptedPeer(common.Peer):
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.live
 def test_ctrl_c_propagates_after_the_servers_are_stopped() -> None:
     peer = _InterruptedPeer()
     with pytest.raises(KeyboardInterrupt):
@@ -344,6 +346,7 @@ def _running_in_group(pgid: int) -> list[int]:
     return alive
 
 
+@pytest.mark.live
 def test_wait_until_names_what_failed_and_quotes_the_log(tmp_path: Path) -> None:
     with Procs(tmp_path) as procs:
         procs.start("srv", [sys.executable, "-c", "print('listening failed: port taken')"])
@@ -354,6 +357,7 @@ def test_wait_until_names_what_failed_and_quotes_the_log(tmp_path: Path) -> None
         wait_until(lambda: (_ for _ in ()).throw(OSError("nope")), timeout=0.2, what="thing")
 
 
+@pytest.mark.live
 def test_pysyncobj_peer_runs_a_real_three_node_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("pysyncobj", reason="pysyncobj comes with the bench extra: "
                                             ".venv/bin/pip install -e '.[bench]'")

@@ -32,8 +32,6 @@ from chaos.cluster import LocalCluster
 from raftmq.commands.bench import BENCHMARKS
 from raftmq.commands.bench import main as bench_main
 
-pytest.importorskip("broker.node")
-
 READY_TIMEOUT = 60.0
 
 
@@ -163,6 +161,7 @@ def test_every_benchmark_is_a_subcommand(capsys: pytest.CaptureFixture[str]) -> 
 # ------------------------------------------------------------------ against the cluster
 
 
+@pytest.mark.live
 def test_produce_result_keys(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     """Other benchmarks and tools read these keys: they stay as they are."""
     r = _run(capsys, produce.main, ["--namesrv", cluster.namesrv_addr, "--messages", "300",
@@ -177,6 +176,7 @@ def test_produce_result_keys(cluster: LocalCluster, capsys: pytest.CaptureFixtur
     assert r["api"] == "single" and r["batch_messages"] is r["concurrent_batches"] is None
 
 
+@pytest.mark.live
 def test_produce_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     r = _run(capsys, produce.main, ["--namesrv", cluster.namesrv_addr, "--api", "batch",
                                     "--batch", "16", "--in-flight", "64", "--messages", "300",
@@ -190,6 +190,7 @@ def test_produce_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[
     _positive_latencies(r["latency_ms"])
 
 
+@pytest.mark.live
 def test_e2e(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     # no --rate: the quick max measurement sets it
     r = _run(capsys, e2e.main, ["--namesrv", cluster.namesrv_addr, "--probe-messages", "1000",
@@ -207,6 +208,7 @@ def test_e2e(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     assert set(r["target"]) == {"ack_p99_ms", "met"}
 
 
+@pytest.mark.live
 def test_e2e_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[str],
                       monkeypatch: pytest.MonkeyPatch) -> None:
     probes: list[Any] = []
@@ -236,6 +238,7 @@ def test_e2e_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
     _positive_latencies(r["e2e_latency_ms"])
 
 
+@pytest.mark.live
 @pytest.mark.parametrize("consumer", ["pull", "none"])
 def test_e2e_at_a_given_rate(
     cluster: LocalCluster, capsys: pytest.CaptureFixture[str], consumer: str
@@ -259,6 +262,7 @@ def _node_data(cluster: LocalCluster) -> list[str]:
     return [arg for c in cluster.configs for arg in ("--node-data", str(c.data))]
 
 
+@pytest.mark.live
 def test_consume_hot_and_cold(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     r = _run(capsys, consume.main, ["--namesrv", cluster.namesrv_addr, "--messages", "600",
                                     "--size", "1024", "--queues", "3", "--consumers", "2",
@@ -275,6 +279,7 @@ def test_consume_hot_and_cold(cluster: LocalCluster, capsys: pytest.CaptureFixtu
         assert ev["resident_mb_after"] <= ev["resident_mb_before"]
 
 
+@pytest.mark.live
 def test_consume_catch_up(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     r = _run(capsys, consume.main, ["--namesrv", cluster.namesrv_addr, "--catch-up",
                                     "--backlog-gb", "0.002", "--size", "4096", "--queues", "3",
@@ -295,6 +300,7 @@ def test_consume_catch_up(cluster: LocalCluster, capsys: pytest.CaptureFixture[s
     assert set(r["target"]) == {"read_mb_per_s", "producer_fraction", "met"}
 
 
+@pytest.mark.live
 def test_topics(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     r = _run(capsys, topics.main, ["--namesrv", cluster.namesrv_addr, "--topics", "5,1",
                                    "--messages", "500", "--queues", "2", "--json"])
@@ -311,6 +317,7 @@ def test_topics(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> No
     assert r["api"] == "single" and r["batch_messages"] is None
 
 
+@pytest.mark.live
 def test_topics_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
     r = _run(capsys, topics.main, ["--namesrv", cluster.namesrv_addr, "--topics", "1,3",
                                    "--messages", "95", "--queues", "2", "--api", "batch",
@@ -326,6 +333,7 @@ def test_topics_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[s
         _positive_latencies(p["latency_ms"])
 
 
+@pytest.mark.live
 def test_failover_one_kill(cluster: LocalCluster) -> None:
     """Last: it kills a leader and restarts it (the preferred leaders come back)."""
     args = failover.build_parser().parse_args(["--kills", "1", "--rate", "200"])
@@ -347,6 +355,7 @@ def test_failover_refuses_an_external_cluster(capsys: pytest.CaptureFixture[str]
     assert "starts its own cluster" in capsys.readouterr().err
 
 
+@pytest.mark.live
 def test_cluster_data_dirs_hold_commitlog_files(cluster: LocalCluster) -> None:
     files = consume.commitlog_files([Path(c.data) for c in cluster.configs])
     assert files and all(p.parent.name == "commitlog" for p in files)

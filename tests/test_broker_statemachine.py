@@ -15,6 +15,8 @@ from broker.records import STORED_PREFIX, OutgoingMessage, decode_record, encode
 from broker.statemachine import (
     DEDUP_WINDOW,
     KEY_HISTORY,
+    MAX_CLIENTS,
+    REQUEST_WINDOW,
     ApplyResult,
     BrokerState,
     ControlResult,
@@ -71,6 +73,17 @@ def with_topic(topic: str = "t", queues: int = 4, hosted: tuple[int, ...] = (0, 
     f = Feed()
     assert f.control(control_create_topic(topic, queues, hosted)) == ControlResult("create_topic", 1)
     return f
+
+
+def legacy_snapshot(snapshot: bytes) -> dict[str, Any]:
+    """A version 3 snapshot in the flat map of version 2 (what earlier releases wrote)."""
+    d = msgpack.unpackb(snapshot, raw=False, strict_map_key=False)
+    parts = {name: section for name, _, section in d["parts"]}
+    queues = parts["queues"]
+    return {"v": 2, "group": d["group"], "applied": d["applied"], "retained": parts["horizon"],
+            "counters": queues["counters"], "topics": parts["catalog"],
+            "queues": queues["queues"], "offsets": parts["offsets"],
+            "producers": parts["producers"], "keys": queues["keys"], "clients": parts["requests"]}
 
 
 def assert_no_change(make: Any, bad: bytes, type_: EntryType, **kw: Any) -> ApplyResult:
@@ -471,6 +484,95 @@ def test_consume_queue_is_compact_and_searchable() -> None:
         ConsumeQueue(0, b"\x00" * 27)
 
 
+def test_a_retried_offset_commit_never_rolls_back_a_later_one() -> None:
+    """The chaos-found bug: commit(710) by one client is committed by a new leader, another
+    client commits 716, then the first client's retry of 710 arrives. It must change
+    nothing and answer as the first copy did."""
+    f = with_topic("t", 1, (0,))
+    first = f.control(control_offsets("cg", [("t", 0, 710)], req=(4, 1)))
+    assert first == ControlResult("offsets", 1, 0)
+    assert f.control(control_offsets("cg", [("t", 0, 716)], req=(3, 1))) == first
+    retry = f.control(control_offsets("cg", [("t", 0, 710)], req=(4, 1)))
+    assert retry == ControlResult("offsets", 1, 0, dup=True)
+    assert f.state.consumer_offset("cg", "t", 0) == 716
+    # the same client's next request is new, and a commit without an id always applies
+    f.control(control_offsets("cg", [("t", 0, 720)], req=(4, 2)))
+    assert f.state.consumer_offset("cg", "t", 0) == 720
+    f.control(control_offsets("cg", [("t", 0, 1)]))
+    assert f.state.consumer_offset("cg", "t", 0) == 1
+
+
+def test_request_ids_survive_snapshots_and_old_snapshots_restore() -> None:
+    f = with_topic("t", 1, (0,))
+    f.control(control_offsets("cg", [("t", 0, 5)], req=(9, 1)))
+    restored = Feed(BrokerState.restore("g1", f.state.snapshot()))
+    restored.control(control_offsets("cg", [("t", 0, 6)], req=(8, 1)))
+    assert restored.control(control_offsets("cg", [("t", 0, 5)], req=(9, 1))).dup  # type: ignore[union-attr]
+    assert restored.state.consumer_offset("cg", "t", 0) == 6
+    # a version 1 snapshot (before request ids) still restores, with no clients known
+    old = legacy_snapshot(f.state.snapshot())
+    old["v"] = 1
+    del old["clients"]
+    legacy = BrokerState.restore("g1", msgpack.packb(old, use_bin_type=True))
+    assert legacy.consumer_offset("cg", "t", 0) == 5
+
+
+def test_requests_older_than_the_window_are_refused_not_reapplied() -> None:
+    f = with_topic("t", 1, (0,))
+    for seq in range(1, REQUEST_WINDOW + 2):
+        f.control(control_offsets("cg", [("t", 0, seq)], req=(1, seq)))
+    r = f.control(control_offsets("cg", [("t", 0, 1)], req=(1, 1)))  # forgotten by now
+    assert isinstance(r, ErrorResult) and r.code == Code.STALE_REQUEST
+    assert f.state.consumer_offset("cg", "t", 0) == REQUEST_WINDOW + 1
+    stale = control_offsets("cg", [("t", 0, 1)], req=(1, 1))
+
+    def full() -> Feed:
+        g = with_topic("t", 1, (0,))
+        for seq in range(1, REQUEST_WINDOW + 2):
+            g.control(control_offsets("cg", [("t", 0, seq)], req=(1, seq)))
+        return g
+
+    assert_no_change(full, stale, EntryType.CONTROL)
+    # still remembered: answered as a duplicate
+    r = f.control(control_offsets("cg", [("t", 0, 3)], req=(1, REQUEST_WINDOW)))
+    assert isinstance(r, ControlResult) and r.dup
+
+
+def test_a_refused_request_changes_nothing_so_its_retry_can_apply() -> None:
+    bad = msgpack.packb({"op": "offsets", "cg": "bad name!", "offsets": [], "req": [5, 1]})
+    r = assert_no_change(lambda: with_topic("t", 1, (0,)), bad, EntryType.CONTROL)
+    assert isinstance(r, ErrorResult)
+    f = with_topic("t", 1, (0,))
+    f.control(bad)
+    ok = f.control(control_offsets("cg", [("t", 0, 2)], req=(5, 1)))
+    assert ok == ControlResult("offsets", 1, 0)
+
+
+@pytest.mark.parametrize("req", [[0, 1], [1, -1], [1], "x", [1, 2, 3], [True, 1], [1, "2"], [-3, 1]])
+def test_malformed_request_ids_are_refused(req: Any) -> None:
+    r = assert_no_change(
+        lambda: with_topic("t", 1, (0,)),
+        msgpack.packb({"op": "offsets", "cg": "cg", "offsets": [["t", 0, 1]], "req": req}),
+        EntryType.CONTROL,
+    )
+    assert isinstance(r, ErrorResult) and r.code == Code.MALFORMED
+
+
+def test_clients_are_forgotten_past_retention_and_beyond_the_cap(monkeypatch) -> None:
+    f = with_topic("t", 1, (0,))
+    f.control(control_offsets("cg", [("t", 0, 1)], req=(1, 1)))
+    f.control(control_retain(f.index + 1))  # client 1 silent since before the horizon
+    assert f.control(control_offsets("cg", [("t", 0, 2)], req=(1, 1))) == ControlResult(
+        "offsets", 1, 0)
+    monkeypatch.setattr("broker.parts.requests.MAX_CLIENTS", 2)
+    for cid in (2, 3):
+        f.control(control_offsets("cg", [("t", 0, cid)], req=(cid, 1)))
+    # client 1 was the least recently seen of three: forgotten, so its request applies again
+    assert not f.control(control_offsets("cg", [("t", 0, 9)], req=(1, 1))).dup  # type: ignore[union-attr]
+    assert f.control(control_offsets("cg", [("t", 0, 9)], req=(3, 1))).dup  # type: ignore[union-attr]
+    assert MAX_CLIENTS > 1000
+
+
 # ---------------------------------------------------------------------- snapshots
 
 
@@ -508,7 +610,7 @@ def _op_entry(op: tuple[Any, ...]) -> tuple[EntryType, bytes]:
         batch = encode_batch(topic, queue, msgs, pid=pid, seq=seq)
         return EntryType.MESSAGES, STORED_PREFIX.pack(store_ms) + batch
     if kind == "offsets":
-        return EntryType.CONTROL, control_offsets(op[1], op[2])
+        return EntryType.CONTROL, control_offsets(op[1], op[2], op[3])
     if kind == "retain":
         return EntryType.CONTROL, control_retain(op[1])
     if kind == "garbage":
@@ -543,6 +645,7 @@ ops = st.one_of(
         st.sampled_from(["cg1", "cg2", "bad cg"]),
         st.lists(st.tuples(st.sampled_from(TOPICS), st.integers(0, 3), st.integers(0, 20)),
                  max_size=3),
+        st.sampled_from([None, (1, 1), (1, 2), (2, 1)]),  # retries share a request id
     ),
     st.tuples(st.just("retain"), st.integers(0, 40)),
     st.tuples(
@@ -579,6 +682,11 @@ def test_replicas_agree_and_snapshots_resume_exactly(
     resumed = BrokerState.restore("g", first.snapshot())
     assert _run(resumed, entries[cut:], cut + 1) == ra[cut:]
     assert resumed.snapshot() == final
+    # the same state written by the release before parts (version 2) resumes the same way
+    legacy = BrokerState.restore("g", msgpack.packb(legacy_snapshot(first.snapshot()),
+                                                    use_bin_type=True))
+    assert _run(legacy, entries[cut:], cut + 1) == ra[cut:]
+    assert legacy.snapshot() == final
 
     # Every queue's invariants hold after any history.
     for (topic, config) in a.topics().items():

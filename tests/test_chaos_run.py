@@ -2,7 +2,8 @@
 
 The default suite runs a short smoke (kill + partition, about a minute) that must come
 out valid, and runs the same harness against nodes with a deliberate bug
-(`ack-before-commit`, and `skip-fsync` under power loss) that must come out invalid.
+(`ack-before-commit`, and `skip-fsync` under power loss) that must come out invalid: each
+with a seed whose first fault exposes the bug, so it is caught by construction.
 Longer runs with every nemesis are opt-in: `pytest -m chaos` (CHAOS_SECONDS, default 300).
 """
 
@@ -10,15 +11,22 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from chaos.cli import EXIT_USAGE, run_main
+from chaos.cli import EXIT_USAGE, check_main, run_main
 from chaos.histories import parse_faults, parse_jsonl
+from chaos.nemesis import LEADER_BIAS
+from chaos.run import RunOptions, nemesis_plan, run_chaos
 
 SMOKE_SECONDS = float(os.environ.get("CHAOS_SMOKE_SECONDS", "45"))
+DUPLICATE_SECONDS = 6.0  # thousands of batches: the mutation stores every 8th twice
+_TIMING = ("checker_seconds", "linearizability", "offsets_linearizability", "options", "run")
+# the deliberate-bug runs need only their first fault, over within 13 s of the start
+MISBEHAVING_SECONDS = float(os.environ.get("CHAOS_MISBEHAVING_SECONDS", "20"))
 
 
 def _results(out: Path) -> dict:
@@ -32,6 +40,16 @@ def _check_outputs(out: Path) -> dict:
     assert records, "the history holds operations"
     assert results["operations"]["append"]["ok"] > 0
     return results
+
+
+def _recheck(out: Path, code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """`raftmq chaos check DIR` on the saved run: the run's exit code and findings."""
+    capsys.readouterr()
+    assert check_main([str(out), "--json"]) == code
+    rechecked = json.loads(capsys.readouterr().out)
+    for key, value in _results(out).items():
+        if key not in _TIMING:
+            assert rechecked[key] == value, key
 
 
 @pytest.mark.parametrize(
@@ -61,7 +79,10 @@ def test_mutations_need_the_explicit_test_flag(
     assert ALLOW_MUTATIONS_ENV in capsys.readouterr().err
 
 
-def test_smoke_kill_and_partition_is_valid(tmp_path: Path) -> None:
+@pytest.mark.live
+def test_smoke_kill_and_partition_is_valid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "run"
     code = run_main([
         "--out", str(out), "--time", str(SMOKE_SECONDS), "--seed", "1",
@@ -75,31 +96,85 @@ def test_smoke_kill_and_partition_is_valid(tmp_path: Path) -> None:
     faults = parse_faults(out / "history.jsonl")
     assert {f.f for f in faults} & {"kill"}, faults
     assert {f.f for f in faults} & {"partition-node", "partition-halves"}, faults
+    assert results["attempts"] > 0 and results["duplicated_unretried"] == 0
+    _recheck(out, 0, capsys)
 
 
-@pytest.mark.parametrize(
-    ("mutation", "nemesis", "seed"),
-    [
-        ("ack-before-commit", "partition-node,kill", "2"),  # acks an isolated leader's writes
-        ("skip-fsync", "crash-unsynced", "3"),  # a power loss takes what was never fsynced
-    ],
-)
+# Each bug is caught by construction: the seed makes the run's *first* fault the one that
+# exposes it, a few seconds in, however slowly a loaded machine gets through the rest.
+# - ack-before-commit: a partition isolating a group leader (the fault's first draw picks
+#   a leader, `Nemesis._pick`); producers keep writing to it, it acknowledges at once,
+#   and none of it can commit: acknowledged messages are lost.
+# - skip-fsync: a power loss of every node at once: nothing was ever fsynced, so every
+#   acknowledged message is lost.
+CAUGHT_BY = {  # mutation: (nemeses, seed, the first fault's kind and scope)
+    "ack-before-commit": ("partition-node,kill", "1", "partition-node", None),
+    "skip-fsync": ("crash-unsynced", "2", "crash-unsynced", "all"),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(CAUGHT_BY))
+def test_the_misbehaving_runs_open_with_the_fault_that_exposes_them(mutation: str) -> None:
+    nemesis, seed, kind, scope = CAUGHT_BY[mutation]
+    steps = nemesis_plan(RunOptions(out=Path("unused"), time=MISBEHAVING_SECONDS,
+                                    seed=int(seed), nemesis=tuple(nemesis.split(","))))
+    first = steps[0]
+    assert (first.kind, first.scope) == (kind, scope), steps
+    assert first.end < MISBEHAVING_SECONDS, first
+    if kind == "partition-node":  # its first draw sends it to a current group leader
+        assert random.Random(first.seed).random() < LEADER_BIAS, first
+
+
+@pytest.mark.parametrize("mutation", sorted(CAUGHT_BY))
+@pytest.mark.live
 def test_a_misbehaving_node_is_caught(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutation: str, nemesis: str, seed: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    mutation: str
 ) -> None:
+    nemesis, seed, kind, scope = CAUGHT_BY[mutation]
     monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
     out = tmp_path / "run"
     code = run_main([
-        "--out", str(out), "--time", str(SMOKE_SECONDS), "--seed", seed,
+        "--out", str(out), "--time", str(MISBEHAVING_SECONDS), "--seed", seed,
         "--nemesis", nemesis, "--mutation", mutation, "--json", "--check-timeout", "20",
     ])
     results = _check_outputs(out)
     assert code == 1, json.dumps(results, indent=1)[:4000]
     assert results["valid"] is False
     assert results["lost"] > 0 or not all(results["linearizable"].values())
+    first = parse_faults(out / "history.jsonl")[0]  # the planned fault did open the run
+    assert first.f == kind and (scope is None or first.value["scope"] == scope), first
+    if kind == "partition-node":
+        assert first.value["leaders"], first  # and it isolated a group leader
+    _recheck(out, 1, capsys)
+
+
+@pytest.mark.live
+def test_a_leader_that_stores_batches_twice_is_caught_with_plain_producers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Plain producers may store a message once per request, so only duplicates beyond
+    the requests recorded for them are errors. No fault, so no timing decides it: every
+    8th batch the leaders accept is stored twice, from one request."""
+    monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
+    out = tmp_path / "run"
+    results = run_chaos(RunOptions(
+        out=out, time=DUPLICATE_SECONDS, nemesis=(), producers=4, idempotent_producers=0,
+        mutations=("duplicate-batch",), check_timeout=20,
+    ))
+    assert results["verdict"] == "invalid", json.dumps(results, indent=1)[:4000]
+    assert results["operations"]["append"]["ok"] > 100
+    appends = [r for r in parse_jsonl(out / "history.jsonl") if r.f == "append"]
+    assert all(r.value.startswith("p") for r in appends)  # plain producers only
+    unretried = results["duplicated_unretried"]
+    assert unretried > 0 and results["duplicated"] == 0
+    assert f"duplicated_unretried: {unretried}" in results["problems"]
+    assert results["lost"] == 0 and results["unexpected"] == 0
+    _recheck(out, 1, capsys)
 
 
 @pytest.mark.chaos
+@pytest.mark.live
 def test_long_run_with_every_nemesis(tmp_path: Path) -> None:
     seconds = os.environ.get("CHAOS_SECONDS", "300")
     out = Path(os.environ.get("CHAOS_OUT", tmp_path / "run"))

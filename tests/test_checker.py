@@ -106,7 +106,7 @@ def test_illegal_partition_stops_search_of_hard_one() -> None:
     info = check_operations(model, hard + easy, timeout=30)
     assert info.result is CheckResult.ILLEGAL
     assert info.first_failure is not None and info.first_failure.key == "easy"
-    assert info.elapsed < 5
+    assert not info.timed_out  # stopped by the illegal partition, not by the 30 s limit
     assert {p.key: p.result for p in info.partitions}["hard"] is CheckResult.UNKNOWN
 
 
@@ -391,7 +391,7 @@ def test_timed_out_appends_of_unread_messages_are_interchangeable() -> None:
     ops.append(_op(2, ("read", "q", 95, 10), 300, tuple(f"m{i}" for i in range(95, 100)), 301))
     info = check_operations(QueueLogModel(), ops, timeout=30)
     assert info.result is CheckResult.OK
-    assert info.elapsed < 5
+    assert info.steps < 20_000  # about 5,000: the 40 unknown appends are not permuted
 
 
 @settings(max_examples=300, deadline=None)

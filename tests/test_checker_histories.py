@@ -188,3 +188,22 @@ def test_nemesis_lines_are_faults_not_operations() -> None:
     ]
     with pytest.raises(ValueError, match="never started"):
         parse_faults(['{"process": "nemesis", "type": "info", "f": "kill", "time": 3}'])
+
+
+def test_attempt_lines_belong_to_the_open_operation_of_their_process() -> None:
+    inv = {"process": 0, "type": "invoke", "f": "append", "key": "q", "value": "a", "time": 1}
+    lines = _jsonl(
+        inv,
+        {**inv, "type": "attempt", "time": 1.5},
+        {"process": 1, "type": "invoke", "f": "read", "key": "q", "time": 1.6},
+        {**inv, "type": "attempt", "time": 2.5},
+        {"process": 0, "type": "info", "f": "append", "key": "q", "time": 3},
+        {"process": 1, "type": "ok", "f": "read", "key": "q", "value": [], "time": 4},
+    )
+    records = parse_jsonl(lines)
+    assert [(r.f, r.attempts, r.line) for r in records] == [
+        ("append", (1.5, 2.5), 1), ("read", (), 3)
+    ]
+    with pytest.raises(ValueError, match="line 3: ok time 2.0 precedes an attempt at 2.5"):
+        parse_jsonl(_jsonl(inv, {**inv, "type": "attempt", "time": 2.5},
+                           {**inv, "type": "ok", "value": 0, "time": 2}))

@@ -56,6 +56,7 @@ def json_lines(out: str) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ topics
 
 
+@pytest.mark.live
 def test_topic_create_list_describe(cluster: LocalCluster) -> None:
     created = json.loads(ok(raftmq(cluster, "topic", "create", "cli-t", "--queues", "6",
                                    "--json")))
@@ -78,6 +79,7 @@ def test_topic_create_list_describe(cluster: LocalCluster) -> None:
     ok(raftmq(cluster, "topic", "create", "cli-t", "--queues", "6", "--exist-ok"))
 
 
+@pytest.mark.live
 def test_topic_errors(cluster: LocalCluster) -> None:
     bad = raftmq(cluster, "topic", "create", "no spaces!")
     assert bad.returncode == 1
@@ -90,6 +92,7 @@ def test_topic_errors(cluster: LocalCluster) -> None:
     assert raftmq(cluster, "topic").returncode == 2
 
 
+@pytest.mark.live
 def test_usage_and_unreachable_name_server() -> None:
     assert raftmq(None, "send", "hello").returncode == 2  # --topic is required
     assert raftmq(None, "send", "--topic", "t").returncode == 2  # neither MESSAGE nor --count
@@ -104,6 +107,7 @@ def test_usage_and_unreachable_name_server() -> None:
 # ------------------------------------------------------------------ send and consume
 
 
+@pytest.mark.live
 def test_send_one_then_consume_it(cluster: LocalCluster) -> None:
     ok(raftmq(cluster, "topic", "create", "cli-one", "--queues", "2"))
     sent = json.loads(ok(raftmq(cluster, "send", "--topic", "cli-one", "--key", "k1",
@@ -127,6 +131,7 @@ def test_send_one_then_consume_it(cluster: LocalCluster) -> None:
     assert "offset=1" in line and "second" in line and "héllo" not in line
 
 
+@pytest.mark.live
 def test_message_lookup_by_id_and_by_key(cluster: LocalCluster) -> None:
     ok(raftmq(cluster, "topic", "create", "cli-look", "--queues", "3"))
     sent = [json.loads(ok(raftmq(cluster, "send", "--topic", "cli-look", "--key", "order-9",
@@ -151,6 +156,7 @@ def test_message_lookup_by_id_and_by_key(cluster: LocalCluster) -> None:
     assert nothing.returncode == 1 and nothing.stdout == ""
 
 
+@pytest.mark.live
 def test_send_many_consume_across_groups_no_loss_no_duplicates(cluster: LocalCluster) -> None:
     ok(raftmq(cluster, "topic", "create", "cli-many", "--queues", "6"))
     summary = json.loads(ok(raftmq(cluster, "send", "--topic", "cli-many", "--count", "1000",
@@ -178,6 +184,7 @@ def test_send_many_consume_across_groups_no_loss_no_duplicates(cluster: LocalClu
     assert len(other) == 10
 
 
+@pytest.mark.live
 def test_consume_unknown_topic(cluster: LocalCluster) -> None:
     proc = raftmq(cluster, "consume", "--group", "cg", "--topic", "cli-missing", "--timeout", "1")
     assert proc.returncode == 1 and proc.stderr.startswith("raftmq: UNKNOWN_TOPIC: ")
@@ -193,6 +200,7 @@ def test_message_json_binary_body() -> None:
 # ------------------------------------------------------------------ status and bench
 
 
+@pytest.mark.live
 def test_status(cluster: LocalCluster) -> None:
     for _ in range(20):  # leadership may still be moving to the preferred leaders
         proc = raftmq(cluster, "status", "--json")
@@ -212,6 +220,7 @@ def test_status(cluster: LocalCluster) -> None:
     assert "g0" in table and "leader" in table
 
 
+@pytest.mark.live
 def test_bench_routing(cluster: LocalCluster) -> None:
     proc = raftmq(None, "bench", "produce", "--namesrv", cluster.namesrv_addr,
                   "--messages", "2000", "--json")

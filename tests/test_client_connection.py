@@ -192,7 +192,7 @@ async def test_connection_loss_fails_waiters_and_next_request_reconnects() -> No
                 await anyio.sleep(0.05)
                 with pytest.raises(TransportError) as info:
                     await pool.request(server.addr, OP, {"close": True})
-                assert info.value.retriable and info.value.code == Code.TIMEOUT
+                assert info.value.retriable and info.value.code == Code.CONNECTION_LOST
         assert len(errors) == 1 and isinstance(errors[0], TransportError)
         frame = await pool.request(server.addr, OP, {"n": 2})
         assert frame.header["echo"] == 2
@@ -216,6 +216,7 @@ async def test_refused_connection_is_retriable_and_unsent(free_tcp_port: int) ->
         with pytest.raises(TransportError) as info:
             await pool.request(f"127.0.0.1:{free_tcp_port}", OP, {})
         assert info.value.retriable and not info.value.sent
+        assert info.value.code == Code.UNAVAILABLE  # "connection refused" is no timeout
 
 
 @pytest.mark.anyio
@@ -250,3 +251,15 @@ def _tasks(backend: str) -> set[Any] | None:
     import asyncio
 
     return set(asyncio.all_tasks())
+
+
+@pytest.mark.anyio
+async def test_a_request_over_the_frame_limit_is_refused_before_sending() -> None:
+    async with frame_server() as server, ConnectionPool(max_frame=1 << 16) as pool:
+        with pytest.raises(RequestError) as info:
+            await pool.request(server.addr, OP, {}, b"x" * (1 << 16))
+        assert info.value.code == Code.FRAME_TOO_LARGE and not info.value.retriable
+        assert "nothing was sent" in info.value.message
+        assert server.requests == 0
+        frame = await pool.request(server.addr, OP, {"n": 1}, b"x" * 100)  # still usable
+        assert frame.header["echo"] == 1

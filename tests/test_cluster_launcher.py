@@ -8,7 +8,6 @@ real nodes.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
 import signal
@@ -27,10 +26,6 @@ from broker.config import load_config
 from broker.protocol import Code, FrameDecoder, RequestError, encode_frame
 from chaos.cluster import ClusterError, LocalCluster, free_ports
 from transport.blocking import Connection, request
-
-needs_namesrv = pytest.mark.skipif(
-    importlib.util.find_spec("namesrv.__main__") is None, reason="name server not built yet"
-)
 
 
 def gone(pid: int) -> bool:
@@ -218,7 +213,7 @@ class StandInCluster(LocalCluster):
         return cmd + (["--crash"] if i in self.crash else [])
 
 
-@needs_namesrv
+@pytest.mark.live
 def test_namesrv_starts_answers_and_stops(tmp_path: Path) -> None:
     c = LocalCluster(tmp_path)
     c.write_configs()
@@ -238,6 +233,7 @@ def test_namesrv_starts_answers_and_stops(tmp_path: Path) -> None:
     assert "ready " in c.log_path("namesrv").read_text()
 
 
+@pytest.mark.live
 def test_failed_namesrv_start_leaves_nothing_behind(tmp_path: Path) -> None:
     class Broken(LocalCluster):
         def namesrv_command(self) -> list[str]:
@@ -250,7 +246,7 @@ def test_failed_namesrv_start_leaves_nothing_behind(tmp_path: Path) -> None:
     assert not any(c.is_running(i) for i in (1, 2, 3))
 
 
-@needs_namesrv
+@pytest.mark.live
 def test_ready_kill_restart_pause_resume_stop(tmp_path: Path) -> None:
     with StandInCluster(tmp_path) as c:
         assert c.wait_ready(timeout=10) == {"g0": 1, "g1": 2, "g2": 3}
@@ -288,7 +284,7 @@ def test_ready_kill_restart_pause_resume_stop(tmp_path: Path) -> None:
     assert all(gone(p) for p in pids.values())
 
 
-@needs_namesrv
+@pytest.mark.live
 def test_processes_stop_when_the_test_body_fails(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="boom"), StandInCluster(tmp_path) as c:
         pids = c.pids()
@@ -296,7 +292,7 @@ def test_processes_stop_when_the_test_body_fails(tmp_path: Path) -> None:
     assert len(pids) == 4 and all(gone(p) for p in pids.values())
 
 
-@needs_namesrv
+@pytest.mark.live
 def test_a_node_that_dies_on_its_own_is_reported(tmp_path: Path) -> None:
     with StandInCluster(tmp_path, crash=(2,)) as c:
         t0 = time.monotonic()
@@ -306,7 +302,7 @@ def test_a_node_that_dies_on_its_own_is_reported(tmp_path: Path) -> None:
         assert c.unexpected_exits() == {}  # reported once
 
 
-@needs_namesrv
+@pytest.mark.live
 def test_kill_together_and_a_wait_that_leaves_exits_to_the_harness(tmp_path: Path) -> None:
     with StandInCluster(tmp_path, crash=(3,)) as c:
         with pytest.raises(TimeoutError, match="g2"):
@@ -335,7 +331,7 @@ def _free_base() -> int:
     raise RuntimeError("no free port base")
 
 
-@needs_namesrv
+@pytest.mark.live
 def test_dev_prints_ready_and_stops_cleanly_on_sigterm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -371,8 +367,8 @@ def test_dev_prints_ready_and_stops_cleanly_on_sigterm(
 # ------------------------------------------------------------------ real nodes
 
 
+@pytest.mark.live
 def test_real_cluster_elects_and_fails_over(tmp_path: Path) -> None:
-    pytest.importorskip("broker.node")
     with LocalCluster(tmp_path, tick_ms=50) as c:
         leaders = c.wait_ready(timeout=30)
         assert set(leaders) == {"g0", "g1", "g2"}

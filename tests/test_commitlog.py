@@ -294,7 +294,7 @@ def test_sync_always_and_interval(path: Path) -> None:
 def test_failed_fsync_closes_the_log(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._log as cl
 
     log = CommitLog.open(path, segment_size=SEG)
     log.append(make(1, 10))
@@ -315,7 +315,7 @@ def test_failed_fsync_closes_the_log(path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_index_written_only_after_fsync(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._index as cl
 
     monkeypatch.setattr(cl, "_INDEX_WRITE_RECORDS", 1)
     log = CommitLog.open(path, segment_size=SEG)
@@ -334,7 +334,7 @@ def test_index_written_only_after_fsync(path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_index_writes_are_batched(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._index as cl
 
     monkeypatch.setattr(cl, "_INDEX_WRITE_RECORDS", 50)
     log = CommitLog.open(path, segment_size=SEG)
@@ -356,7 +356,7 @@ def test_index_writes_are_batched(path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_term_reads_from_index_beyond_tail_cache(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._index as cl
 
     monkeypatch.setattr(cl, "_TAIL_CACHE", 4)
     monkeypatch.setattr(cl, "_INDEX_WRITE_RECORDS", 1)
@@ -532,7 +532,7 @@ def test_index_rebuilt_identically(path: Path, damage: str) -> None:
 def test_index_corruption_after_open_is_reported(
     path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._recovery as cl
 
     monkeypatch.setattr(cl, "_TAIL_WARM", 10)
     ents, good = _index_setup(path)
@@ -641,7 +641,7 @@ def test_corrupt_last_vouched_entry_with_valid_successor(path: Path) -> None:
 # ------------------------------------------------------------------ raw replication path
 
 
-def test_append_raw_copies_bytes_exactly(path: Path) -> None:
+def test_received_frames_are_stored_exactly_as_received(path: Path) -> None:
     ents = make(1, 201)
     with (
         CommitLog.open(path / "leader", segment_size=SEG) as leader,
@@ -651,7 +651,7 @@ def test_append_raw_copies_bytes_exactly(path: Path) -> None:
         i = 1
         while i <= 200:
             raw = leader.read_raw(i, 201, max_bytes=20_000)
-            follower.append_raw(raw)
+            follower.append(decode_entries(raw))
             i = follower.last_index() + 1
         check_all(follower, ents)
         assert [follower.position_of(i) for i in range(1, 201)] == [
@@ -663,9 +663,13 @@ def test_append_raw_copies_bytes_exactly(path: Path) -> None:
         raw = bytearray(b"".join(encode_entry(e) for e in more))
         raw[-1] ^= 1
         with pytest.raises(CorruptEntry):
-            follower.append_raw(bytes(raw))
+            follower.append(decode_entries(bytes(raw)))
         with pytest.raises(ValueError):
-            follower.append_raw(encode_entry(make(202, 203)[0]))
+            follower.append(decode_entries(encode_entry(make(202, 203)[0])))
+        # a frame is only ever stored as the entry it encodes
+        other = decode_entries(encode_entry(make(201, 202, term=5)[0]))[0]
+        with pytest.raises(ValueError, match="carries the frame"):
+            follower.append([Entry(201, 1, other.type, other.data, frame=other.frame)])
         assert follower.last_index() == 200
 
 
@@ -738,7 +742,7 @@ ops = st.lists(
 )
 @given(ops=ops)
 def test_model(ops: list[tuple[str, object, int]]) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._index as cl
 
     saved = cl._INDEX_WRITE_RECORDS
     cl._INDEX_WRITE_RECORDS = 5
@@ -769,7 +773,7 @@ def _run_model(ops: list[tuple[str, object, int]]) -> None:
                         for k, n in enumerate(a)
                     ]
                     if len(a) % 2:  # the follower path: stored bytes as received
-                        pos = log.append_raw(b"".join(encode_entry(e) for e in new))
+                        pos = log.append(decode_entries(b"".join(encode_entry(e) for e in new)))
                     else:
                         pos = log.append(new)
                     assert pos[0] == m.end()

@@ -18,8 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from raftlog.commitlog import CommitLog
 from raftlog.types import Entry, EntryType
+
+pytestmark = pytest.mark.live
 
 SEG = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent

@@ -115,7 +115,7 @@ def test_a_corrupt_header_is_repaired_by_its_index_record(tmp_path: Path) -> Non
 def test_a_crash_during_repair_leaves_an_entry_that_is_repaired_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import raftlog.commitlog as cl
+    import raftlog.commitlog._log as cl
 
     local, peer, entries = _pair(tmp_path)
     seg, off = locate(local, 12)
@@ -128,7 +128,7 @@ def test_a_crash_during_repair_leaves_an_entry_that_is_repaired_again(
         cl.os.pwrite(fd, data[: len(data) // 2], offset)
         raise OSError(5, "killed mid-write")
 
-    monkeypatch.setattr(cl, "_pwritev_all", torn)
+    monkeypatch.setattr(cl, "pwritev_all", torn)
     with pytest.raises(CommitLogError, match="closed"):
         local.repair(12, good)
     monkeypatch.undo()
@@ -168,7 +168,7 @@ class _Applied:
         self.applied: list[tuple[int, int, bytes]] = []
 
     def apply(self, entry: Entry) -> int:
-        self.applied.append((entry.index, entry.term, entry.data))
+        self.applied.append((entry.index, entry.term, bytes(entry.data)))
         return entry.index
 
 

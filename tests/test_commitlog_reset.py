@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import raftlog.commitlog as cl
+import raftlog.commitlog._retention as cl
 from raftlog.commitlog import CommitLog, CommitLogError, OutOfRange
 from raftlog.types import Entry, EntryType
 from tests.test_commitlog_retention import crash, segment_names

@@ -202,11 +202,12 @@ def test_crash_before_the_base_rename_changes_nothing(tmp_path: Path) -> None:
 def test_a_failed_index_rewrite_leaves_the_log_usable(tmp_path: Path, monkeypatch) -> None:
     log, new_first, skip, names = _plan(tmp_path)
     import raftlog.commitlog as cl
+    import raftlog.commitlog._index as index_mod
 
     def boom(*_a: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cl, "_copy_range", boom)
+    monkeypatch.setattr(index_mod, "copy_range", boom)
     with pytest.raises(cl.CommitLogError):
         log.delete_before(new_first)
     monkeypatch.undo()

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from raftlog.demo import LocalGroup
+
+pytestmark = pytest.mark.live
 
 
 def test_demo_command_reports_identical_committed_logs(tmp_path):

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from chaos.cluster import LocalCluster
+
+pytestmark = pytest.mark.live
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,6 +14,8 @@ import pytest
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin
 
+pytestmark = pytest.mark.live
+
 TOPICS = 2000
 QUEUES = 4
 CONCURRENCY = 64
@@ -42,10 +44,13 @@ def _routed(c: LocalCluster, names: list[str]) -> set[str]:
     return {n for n in names if hosted.get(n) == set(range(QUEUES))}
 
 
-def test_admin_creates_2000_topics_quickly_and_all_are_routed(cluster: LocalCluster) -> None:
+@pytest.fixture(scope="module")
+def topics(cluster: LocalCluster) -> list[str]:
+    """TOPICS topics created through `Admin` at bounded concurrency, each placed whole
+    (how fast is `raftmq bench topics`' business)."""
     names = [f"many-{i:05d}" for i in range(TOPICS)]
 
-    async def main() -> float:
+    async def main() -> None:
         limiter = anyio.CapacityLimiter(CONCURRENCY)
         async with Admin(cluster.namesrv_addr, timeout=10.0) as admin:
 
@@ -55,29 +60,31 @@ def test_admin_creates_2000_topics_quickly_and_all_are_routed(cluster: LocalClus
                     assert sorted(q for qs in placement.values() for q in qs) == list(
                         range(QUEUES))
 
-            t0 = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 for name in names:
                     tg.start_soon(create, name)
-            elapsed = time.perf_counter() - t0
             # create_topic waited for each route; a fresh client routes them too
             route = await admin.routes.route(names[-1], refresh=True)
             assert route.total == QUEUES and len(route.queues) == QUEUES
-            return elapsed
 
-    elapsed = anyio.run(main)
-    assert elapsed < 25, elapsed
-    assert _routed(cluster, names) == set(names)
-    # the cluster view for readiness does not list topics: small and quick
-    t0 = time.perf_counter()
+    anyio.run(main)
+    return names
+
+
+def test_admin_creates_2000_topics_and_all_are_routed(
+    cluster: LocalCluster, topics: list[str]
+) -> None:
+    assert _routed(cluster, topics) == set(topics)
+    # the cluster view for readiness does not list topics, only counts them
     small = cluster.cluster_info(timeout=2, topics=False)
-    assert time.perf_counter() - t0 < 1.0
     assert all("topics" not in g and g["topic_count"] == TOPICS for g in small["groups"].values())
     cluster.wait_ready(timeout=5)
 
 
-def test_a_restarted_name_server_gets_every_table_back(cluster: LocalCluster) -> None:
-    names = [f"many-{i:05d}" for i in range(TOPICS)]
+def test_a_restarted_name_server_gets_every_table_back(
+    cluster: LocalCluster, topics: list[str]
+) -> None:
+    names = topics
     cluster._terminate("namesrv", signal.SIGTERM, 10.0)
     cluster.start_namesrv()
     # nodes send changes against versions it never saw; it asks for, and gets, whole tables

@@ -149,8 +149,8 @@ async def _run_nemesis(
     return cluster, nemesis, leaders
 
 
+@pytest.mark.live
 def test_live_kill_pause_and_isolation_are_recorded_and_healed(tmp_path: Path) -> None:
-    pytest.importorskip("broker.node")
     enabled = ("kill", "pause", "partition-node")
     out: dict[str, Any] = {}
 
@@ -176,8 +176,8 @@ def test_live_kill_pause_and_isolation_are_recorded_and_healed(tmp_path: Path) -
     assert set(out["leaders"]) == {"g0", "g1", "g2"}
 
 
+@pytest.mark.live
 def test_live_leader_transfer_storm_moves_leaders(tmp_path: Path) -> None:
-    pytest.importorskip("broker.node")
     out: dict[str, Any] = {}
 
     async def main() -> None:
@@ -191,10 +191,10 @@ def test_live_leader_transfer_storm_moves_leaders(tmp_path: Path) -> None:
     assert all(t["to"] in (1, 2, 3) and t["group"] in ("g0", "g1", "g2") for t in transfers)
 
 
+@pytest.mark.live
 def test_live_power_loss_and_corruption_keep_acknowledged_messages(tmp_path: Path) -> None:
     """A power loss of the whole cluster (crash-unsynced, scope "all" for this seed), then
     a corrupt entry on one node; with fsync=always every acknowledged message survives."""
-    pytest.importorskip("broker.node")
     out: dict[str, Any] = {}
 
     async def main() -> None:

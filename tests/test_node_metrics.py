@@ -5,10 +5,14 @@ from __future__ import annotations
 import time
 import urllib.request
 
+import pytest
+
 from broker.protocol import Op
 from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
 from transport.blocking import request
+
+pytestmark = pytest.mark.live
 
 
 def _scrape(addr: str) -> dict[str, float]:

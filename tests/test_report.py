@@ -54,7 +54,8 @@ def test_report_for_linearizable_history_and_window() -> None:
     ]
     info = check_operations(model, ops)
     page = render_html(model, info, max_ops=500)
-    assert "linearizable" in page and "Window of 500 operations" in page
+    assert "<span class='badge ok'>linearizable</span>" in page, page[:2000]
+    assert "not-linearizable" not in page and "Window of 500 operations" in page
     assert page.count('class="op"') == 500
 
 

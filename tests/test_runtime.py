@@ -19,7 +19,7 @@ class Recorder:
 
     def apply(self, entry: Entry) -> int:
         if entry.type == EntryType.MESSAGES:
-            self.applied.append((entry.index, entry.data))
+            self.applied.append((entry.index, bytes(entry.data)))
         return entry.index
 
 

@@ -111,7 +111,7 @@ class Tally:
         self.applied = entry.index
         self.replayed.append(entry.index)
         if entry.type == EntryType.MESSAGES:
-            self.total += int(entry.data)
+            self.total += int(bytes(entry.data))
         return self.total
 
     def snapshot(self) -> bytes:

@@ -34,6 +34,8 @@ MUTATIONS = {
     "commit-old-term": LOSS,
     "no-prevote-term-check": LOSS,
     "ack-before-fsync": LOSS | {"committed-entry-lost", "ack-not-durable"},
+    # a store that skips its checks hands out what the disk damaged
+    "serve-corrupt": {"corrupt-applied", "corrupt-served"},
 }
 
 
@@ -45,6 +47,7 @@ def _fail_report(summary: object) -> str:
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
+@pytest.mark.live
 def test_default_histories_have_no_violations(chunk: int) -> None:
     size = -(-SEEDS // CHUNKS)
     seeds = range(chunk * size, min(SEEDS, (chunk + 1) * size))
@@ -56,11 +59,13 @@ def test_default_histories_have_no_violations(chunk: int) -> None:
         f" crashes {f['crashes']}, torn writes {f['torn_writes']}, partitions {f['partitions']},"
         f" pauses {f['pauses']}, leader changes {f['leader_changes']}, wipes {f['wipes']},"
         f" snapshots taken {f['snapshots']} and installed {f['installs']},"
+        f" corrupt entries {f['corruptions']} (repaired {f['repairs']}),"
         f" committed {summary.committed}, violations {summary.violations}"
     )
     assert summary.seeds == len(seeds)
     assert f["crashes"] > 0 and f["torn_writes"] > 0 and f["partitions"] > 0
     assert f["snapshots"] > 0 and f["installs"] > 0 and f["wipes"] > 0
+    assert f["corruptions"] > 0 and f["repairs"] > 0
     assert summary.violations == 0, _fail_report(summary)
 
 
@@ -111,6 +116,7 @@ def _cli(*args: str, hashseed: str = "0") -> tuple[int, dict[str, object]]:
     return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.live
 def test_a_seed_replays_identically_in_other_processes() -> None:
     _, a = _cli("--seed", "11", "--steps", "1500", hashseed="1")
     _, b = _cli("--seed", "11", "--steps", "1500", hashseed="2")
@@ -118,6 +124,7 @@ def test_a_seed_replays_identically_in_other_processes() -> None:
     assert a["run"]["digest"] == run_seed(11, 1500).digest  # type: ignore[index]
 
 
+@pytest.mark.live
 def test_a_failing_seed_replays_exactly_from_its_command() -> None:
     r = run_seed(0, STEPS, mutation="no-prevote-term-check")
     assert not r.ok
@@ -133,6 +140,7 @@ def test_a_failing_seed_replays_exactly_from_its_command() -> None:
     )
 
 
+@pytest.mark.live
 def test_cli_json_summary() -> None:
     code, out = _cli("--seeds", "4", "--steps", "300", "--nodes", "3")
     for key in ("seeds", "steps", "violations", "first_failing_seed", "steps_per_s", "faults"):
@@ -206,3 +214,48 @@ def test_a_group_that_cannot_elect_fails_liveness() -> None:
     stuck = types.SimpleNamespace(**{**vars(raftlog.core), "RaftNode": _NeverCampaigns})
     r = run_seed(1, 300, 3, core=stuck)  # type: ignore[arg-type]
     assert r.invariant == "liveness" and r.phase == "liveness"
+
+
+class _NeverStepsDown(raftlog.core.RaftNode):
+    """Check-quorum that always finds a quorum: a cut-off leader acts as one forever."""
+
+    def _quorum_active(self) -> bool:
+        return True
+
+
+class _ReadsBeforeItsFirstCommit(raftlog.core.RaftNode):
+    """Answers ReadIndex before its term committed anything: a new leader's commit index
+    may lag what the old leader committed, so such a read can miss acknowledged writes."""
+
+    def _committed_in_term(self) -> bool:
+        return True
+
+
+def test_a_cut_off_leader_that_never_steps_down_fails_the_election_bound() -> None:
+    broken = types.SimpleNamespace(**{**vars(raftlog.core), "RaftNode": _NeverStepsDown})
+    for seed in range(10):
+        r = run_seed(seed, 300, core=broken, check_quorum=True, reconfig=False)  # type: ignore[arg-type]
+        if r.invariant == "liveness-election":
+            assert r.phase == "liveness" and "still acts as leader" in (r.violation or "")
+            return
+    pytest.fail("a leader that never steps down passed 10 seeds")
+
+
+def test_a_read_right_after_an_election_catches_reads_before_the_first_commit() -> None:
+    """Short safety phases rarely catch it; the liveness client's read asked the moment
+    a new leader is seen does."""
+    broken = types.SimpleNamespace(
+        **{**vars(raftlog.core), "RaftNode": _ReadsBeforeItsFirstCommit})
+    for seed in range(12):
+        r = run_seed(seed, 300, core=broken, check_quorum=True, reconfig=False)  # type: ignore[arg-type]
+        if r.invariant == "read-index-stale" and r.phase == "liveness":
+            return
+    pytest.fail("reads before a new leader's first commit passed 12 seeds' liveness phases")
+
+
+def test_majority_liveness_holds_on_the_real_core() -> None:
+    """The bounds hold for the real core: a cut-off leader is replaced and steps down,
+    and the produce-then-read completes, on every seed (static groups)."""
+    for seed in range(16):
+        r = run_seed(seed, 300, check_quorum=True, reconfig=False)
+        assert r.ok, f"{r.violation}\n  replay: {r.replay}"

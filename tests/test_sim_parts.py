@@ -12,7 +12,15 @@ from raftlog.sim.disk import SimStore
 from raftlog.sim.events import EventQueue
 from raftlog.sim.knobs import PROFILES, Knobs
 from raftlog.sim.network import SimNetwork
-from raftlog.types import Entry, EntryType, HardState, Message, MsgType, Snapshot
+from raftlog.types import (
+    Entry,
+    EntryType,
+    EntryUnreadable,
+    HardState,
+    Message,
+    MsgType,
+    Snapshot,
+)
 
 
 def _entries(lo: int, hi: int, term: int = 1) -> list[Entry]:
@@ -104,6 +112,26 @@ def test_reset_and_wipe() -> None:
     d.wipe()
     assert (d.first_index(), d.last_index(), d.snapshot) == (1, 0, None)
     assert (d.hard_state.term, d.hard_state.vote) == (4, 2)
+
+
+def test_a_corrupt_entry_is_unreadable_until_a_peer_copy_repairs_it() -> None:
+    d = SimStore(HardState())
+    d.append(_entries(1, 6))
+    assert d.corrupt_entry(3) and not d.corrupt_entry(9)
+    assert d.term(3) == 1  # index and term still known
+    assert d.entries(1, 6, 1 << 20) == _entries(1, 3)  # a read stops before it
+    with pytest.raises(EntryUnreadable):
+        d.entries(3, 6, 1 << 20)
+    assert d.readable(3) is None  # no peer gets it from here either
+    assert not d.repair(3, Entry(3, 2, EntryType.MESSAGES, b"3"))  # another entry
+    assert d.repair(3, _entries(3, 4)[0])
+    assert d.entries(1, 6, 1 << 20) == _entries(1, 6)
+    d.corrupt_entry(4)
+    d.append(_entries(4, 5, term=2))  # overwritten by a new leader's entry: intact
+    assert d.corrupt == set()
+    d.corrupt_entry(2)
+    d.verify = False  # the serve-corrupt mutation: the damaged entry is handed out
+    assert d.entries(1, 3, 1 << 20) == _entries(1, 3)
 
 
 # ---------------------------------------------------------------------- network

@@ -24,9 +24,10 @@ from chaos.cluster import LocalCluster
 from chaos.recorder import Recorder
 from chaos.workload import IDEMPOTENT, OFFSETS, PLAIN, READER, Workload
 from raftmq.client import RequestError
-from tests.test_cluster_integration import wait_balanced
+from tests.live_cluster import wait_balanced
 
-pytest.importorskip("broker.node")
+pytestmark = pytest.mark.live
+
 
 TOPIC = "chaos"
 QUEUES = 6

@@ -7,7 +7,9 @@ request id, so a FETCH held for 15 s by long polling never delays a PRODUCE on t
 socket, and responses may arrive in any order.
 
 A lost connection fails every request waiting on it with a retriable `TransportError`
-(the outcome is unknown); the next request dials again. All reader tasks live in the
+(CONNECTION_LOST: the outcome is unknown); a failed dial is UNAVAILABLE (nothing was
+sent); the next request dials again. A request larger than the frame limit is refused
+here (FRAME_TOO_LARGE), as the broker would refuse it by closing the connection. All reader tasks live in the
 pool's task group, so leaving `async with ConnectionPool()` leaves nothing running.
 
 The server may send requests the other way on the same connection (a broker asking a
@@ -42,6 +44,8 @@ from broker.protocol import (
     parse_address,
 )
 
+from .errors import ClientClosedError, TransportError, close_stack
+
 __all__ = [
     "DEFAULT_TIMEOUT",
     "ClientClosedError",
@@ -56,27 +60,12 @@ __all__ = [
 log = logging.getLogger("raftmq.client")
 
 DEFAULT_TIMEOUT = 3.0  # RocketMQ's send timeout; also used for control requests
+_LAST_WORDS = 1.0  # seconds a failed send waits for the peer's closing error frame
 _RESERVED = frozenset({"id", "code", "msg", "message"})
 
 #: Answers a request the server sent: `(header, body)` of the answer (its id is filled
 #: in); raising `RequestError` answers with that error.
 RequestHandler = Callable[[Frame], Awaitable[tuple[dict[str, Any], bytes]]]
-
-
-class TransportError(RequestError):
-    """The connection failed before an answer arrived.
-
-    Retriable. `sent` is False only when the request certainly never left this process
-    (the dial failed), so a caller can tell "not written" from "outcome unknown".
-    """
-
-    def __init__(self, message: str, *, sent: bool) -> None:
-        super().__init__(Code.TIMEOUT, message)
-        self.sent = sent
-
-
-class ClientClosedError(RuntimeError):
-    """The client object was closed (or never opened with `async with`)."""
 
 
 def is_retriable(exc: RequestError) -> bool:
@@ -129,6 +118,8 @@ class _Link:
         self.scope = anyio.CancelScope()
         self.closed = False
         self.reason = ""
+        self.peer_error: RequestError | None = None  # why the peer is closing, if it said
+        self.reader_done = anyio.Event()
 
     def fail(self, reason: str) -> None:
         """Mark dead, stop the reader, fail everyone waiting. Idempotent, synchronous."""
@@ -138,6 +129,8 @@ class _Link:
         self.reason = reason
         self.scope.cancel()
         waiters, self.waiters = self.waiters, {}
+        if self.peer_error is not None:
+            reason = f"{reason}; the peer said {self.peer_error}"
         for w in waiters.values():
             w.fail(TransportError(f"connection to {self.addr} lost: {reason}", sent=True))
 
@@ -189,6 +182,12 @@ class Connection:
             raise ClientClosedError(f"connection to {self.addr} is closed")
         req_id = next(self._ids)
         data = encode_frame({**(header or {}), "op": int(op), "id": req_id}, body)
+        if len(data) - 4 > self._max_frame:
+            raise RequestError(
+                Code.FRAME_TOO_LARGE,
+                f"{_op_name(op)} request of {len(data) - 4} bytes exceeds the frame limit of "
+                f"{self._max_frame} bytes (nothing was sent)",
+            )
         waiter = _Waiter()
         link: _Link | None = None
         try:
@@ -252,7 +251,13 @@ class Connection:
                 await link.stream.send(data)
                 done = True
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                # A peer refusing the stream (a frame over its limit) says why in a last
+                # frame before closing: let the reader take it in, then report that.
+                with anyio.move_on_after(_LAST_WORDS):
+                    await link.reader_done.wait()
                 link.fail(f"send failed: {exc!r}")
+                if link.peer_error is not None:
+                    raise link.peer_error from exc
                 raise TransportError(
                     f"connection to {self.addr} lost while sending: {exc!r}", sent=True
                 ) from exc
@@ -277,6 +282,8 @@ class Connection:
                             waiter = link.waiters.pop(rid, None) if isinstance(rid, int) else None
                             if waiter is not None:
                                 waiter.resolve(frame)
+                            elif rid == 0 and frame.header.get("code"):
+                                link.peer_error = _peer_error(frame)
                 except anyio.EndOfStream:
                     reason = "closed by the peer"
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
@@ -285,11 +292,11 @@ class Connection:
                     reason = f"protocol error ({exc})"
                     log.warning("closing connection to %s: %s", self.addr, exc)
         finally:
+            link.reader_done.set()
             link.fail(reason)
             if self._link is link:
                 self._link = None
             await anyio.aclose_forcefully(link.stream)
-
 
     async def _answer(self, link: _Link, frame: Frame) -> None:
         """Run the handler for a request the server sent and send its answer back."""
@@ -308,8 +315,17 @@ class Connection:
             header, body = error_header(rid, Code.INTERNAL, f"internal error: {exc!r}"), b""
         try:
             await self._send(link, encode_frame(header, body))
-        except TransportError:
-            pass  # the connection is gone: the server sees that, not an answer
+        except RequestError:
+            pass  # the connection is gone (or refused it): the server sees that, not an answer
+
+
+def _peer_error(frame: Frame) -> RequestError:
+    """The error a peer sent with id 0 before closing the connection (its reason)."""
+    try:
+        raise_for_code(frame)
+    except RequestError as exc:
+        return exc
+    return RequestError(Code.INTERNAL, "the peer closed the connection")
 
 
 def _op_name(op: Op | int) -> str:
@@ -356,7 +372,7 @@ class ConnectionPool:
             conn.close()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
-        return await self._tg.__aexit__(exc_type, exc, tb)
+        return await close_stack(self._tg, exc)
 
     def connection(self, addr: str) -> Connection:
         """The shared connection to `addr` (created on first use, dialled lazily)."""

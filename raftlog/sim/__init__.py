@@ -14,7 +14,10 @@ fault profile (`knobs.PROFILES`). A history then runs in two phases:
 Replicas also snapshot their state machine and compact their logs now and then (the
 workload's `compact`), and a disk may be replaced (the nemesis' `wipe`), so leaders send
 snapshots to followers behind their first index and the checkers follow state through
-them.
+them. An entry may go bad on one replica's disk (the nemesis' corruption, while peers
+hold it intact): the core hears of it when it reads it (`Ready.repair`), the shell
+repairs it from a peer's copy, and a checker makes sure it is never applied or sent
+meanwhile; the liveness phase also waits for every repair.
 
 Modules: `knobs` (seed → knobs), `events` (virtual clock), `network`, `disk`, `machine`
 (the replicated state machine), `cluster` (the shell around each core and the group),

@@ -27,8 +27,8 @@ def _mutations() -> list[str]:
     return sorted(MUTATIONS | SHELL_MUTATIONS)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m raftlog.sim", description=__doc__.splitlines()[0])
+def _parser(prog: str = "python -m raftlog.sim") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=100, help="how many seeds to run")
     p.add_argument("--first-seed", type=int, default=0, help="run seeds from this one on")
     p.add_argument("--seed", type=int, help="run (replay) exactly this seed")
@@ -55,8 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m raftlog.sim") -> int:
+    args = _parser(prog).parse_args(argv)
     if args.seed is not None:
         r = run_seed(
             args.seed,

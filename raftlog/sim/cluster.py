@@ -21,13 +21,23 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from raftlog.driver import drain
 from raftlog.sim.disk import SimStore
 from raftlog.sim.events import EventQueue
 from raftlog.sim.invariants import Checker, Ledger, Violation, default_checkers
 from raftlog.sim.knobs import SHELL_MUTATIONS, Knobs
 from raftlog.sim.machine import GENESIS, chain
 from raftlog.sim.network import SimNetwork
-from raftlog.types import Entry, EntryType, HardState, Membership, Message, Role, Snapshot
+from raftlog.types import (
+    Entry,
+    EntryType,
+    HardState,
+    Membership,
+    Message,
+    ReadState,
+    Role,
+    Snapshot,
+)
 
 __all__ = ["Cluster", "FaultStats", "SimNode", "load_core"]
 
@@ -57,6 +67,8 @@ class FaultStats:
     snapshots: int = 0  # snapshots taken by a replica (and its log compacted)
     installs: int = 0  # snapshots from a leader installed
     link_drops: int = 0  # "link to X dropped" reports handed to a core
+    corruptions: int = 0  # entries damaged on a replica's disk
+    repairs: int = 0  # of those, repaired from a peer's copy
 
 
 class SimNode:
@@ -75,13 +87,16 @@ class SimNode:
         "applied_term",
         "state",
         "tick_period",
+        "repair_due",
     )
 
     def __init__(self, cluster: Cluster, node_id: int, hard_state: HardState) -> None:
         self.id = node_id
         self.cluster = cluster
         self.store = SimStore(hard_state)
+        self.store.verify = not cluster.serve_corrupt
         self.raft: Any = None
+        self.repair_due = False  # a repair attempt is scheduled
         self.up = False
         self.retired = False
         self.paused_until = 0
@@ -117,8 +132,12 @@ class SimNode:
         )
         if snap is not None and hasattr(self.raft, "set_snapshot"):
             self.raft.set_snapshot(snap)
+        if store.corrupt and store.verify and hasattr(self.raft, "entry_unreadable"):
+            for index in sorted(store.corrupt):  # a check at open finds them (the runtime's verify)
+                self.raft.entry_unreadable(index)
         self.up = True
         self.paused_until = 0
+        self.repair_due = False
         self.incarnation += 1
         for chk in c.checkers:
             chk.on_start(self)
@@ -154,41 +173,54 @@ class SimNode:
         self.drain()
 
     def drain(self) -> None:
-        """The Ready loop: run until the core has nothing more for the shell."""
+        """The Ready loop (`raftlog.driver`, shared with the runtime): run until the core
+        has nothing more for the shell, or a step of it killed this node's core."""
         raft = self.raft
-        c = self.cluster
-        while raft is self.raft and raft is not None:
-            rd = raft.ready()
-            if not rd:
-                break
-            if rd.hard_state is not None:
-                self.store.save_hard_state(rd.hard_state)
-            if rd.entries:
-                self._write(rd.entries)
-            for m in rd.messages:
-                for chk in c.send_hooks:
-                    chk.on_send(self, m)
-                c.send(m)
-            snap = getattr(rd, "snapshot", None)
-            if snap is not None:
-                self._install(snap)
-            for e in rd.apply:
-                if e.index != self.applied + 1:
-                    raise Violation(
-                        "apply-order", f"node {self.id} applied {e.index} after {self.applied}"
-                    )
-                self.applied = e.index
-                self.applied_term = e.term
-                self.state = chain(self.state, e)
-                for chk in c.apply_hooks:
-                    chk.on_apply(self, e)
-                if e.type == EntryType.CONFIG:
-                    c.config_applied(e)
-            for r in rd.reads:
-                for chk in c.read_hooks:
-                    chk.on_read(self, r)
-        if not c.manual and self.up:
+        if raft is not None:
+            drain(raft, self, alive=lambda: self.raft is raft)
+        if not self.cluster.manual and self.up:
             self._maybe_sync()
+
+    # ------------------------------------------------------------------ the Ready steps
+
+    def save_hard_state(self, hs: HardState) -> None:
+        self.store.save_hard_state(hs)
+
+    def install_snapshot(self, snap: Snapshot) -> None:
+        self._install(snap)
+
+    def store_entries(self, entries: list[Entry]) -> None:
+        self._write(entries)
+
+    def send_message(self, m: Message) -> None:
+        c = self.cluster
+        for chk in c.send_hooks:
+            chk.on_send(self, m)
+        c.send(m)
+
+    def apply_entries(self, entries: list[Entry]) -> None:
+        c = self.cluster
+        for e in entries:
+            if e.index != self.applied + 1:
+                raise Violation(
+                    "apply-order", f"node {self.id} applied {e.index} after {self.applied}"
+                )
+            self.applied = e.index
+            self.applied_term = e.term
+            self.state = chain(self.state, e)
+            for chk in c.apply_hooks:
+                chk.on_apply(self, e)
+            if e.type == EntryType.CONFIG:
+                c.config_applied(e)
+
+    def answer_read(self, read: ReadState) -> None:
+        for chk in self.cluster.read_hooks:
+            chk.on_read(self, read)
+
+    def fetch_for_repair(self, indexes: list[int]) -> None:
+        if not self.repair_due:
+            self.repair_due = True
+            self.cluster.schedule_repair(self)
 
     def _write(self, entries: list[Entry]) -> None:
         c = self.cluster
@@ -215,6 +247,12 @@ class SimNode:
         store.save_snapshot(snap)
         self.raft.set_snapshot(snap)
         upto = min(snap.index, store.durable_len) - keep
+        # A corrupt entry is repaired from a peer that still holds it: keep what any
+        # other replica's disk has damaged (the fault is survivable while a copy is left).
+        damaged = [min(n.store.corrupt) for n in self.cluster.nodes.values()
+                   if n is not self and n.store.corrupt]
+        if damaged:
+            upto = min(upto, min(damaged) - 1)
         if upto > store.base[0]:
             store.compact(upto)
         for chk in self.cluster.snapshot_hooks:
@@ -294,7 +332,8 @@ class Cluster:
             reorder_p=knobs.reorder_p,
             hold=manual,
         )
-        self.ack_before_fsync = knobs.mutation in SHELL_MUTATIONS
+        self.ack_before_fsync = knobs.mutation == "ack-before-fsync"
+        self.serve_corrupt = knobs.mutation == "serve-corrupt"
         core_mutations = frozenset({knobs.mutation}) - SHELL_MUTATIONS - {None}
         self.raft_config = self.core.RaftConfig(
             election_ticks=knobs.election_ticks,
@@ -444,6 +483,40 @@ class Cluster:
             return
         self.note("fsync", (node.id, node.store.durable_len, len(node.store.log)))
         node.fsync_done()
+
+    def schedule_repair(self, node: SimNode) -> None:
+        """Fetch a peer's copy of every entry the node's core awaits (`Ready.repair`),
+        one round trip from now; again every election timeout while some remain."""
+        self.events.push(self.now + 2 * self.knobs.latency_max_us, self._repair, node,
+                         node.incarnation)
+
+    def _repair(self, node: SimNode, incarnation: int) -> None:
+        if node.incarnation != incarnation or not node.up or node.retired:
+            return  # a restarted core lists what it awaits again
+        if node.paused_until > self.now:
+            self.events.push(node.paused_until, self._repair, node, incarnation)
+            return
+        st = node.store
+        for index in sorted(node.raft.unreadable):
+            if index not in st.corrupt:
+                node.raft.entry_repaired(index)  # overwritten or dropped meanwhile
+                continue
+            for peer in self.nodes.values():
+                blocked = self.net.blocked
+                if (peer is node or peer.retired or not peer.up
+                        or (node.id, peer.id) in blocked or (peer.id, node.id) in blocked):
+                    continue
+                good = peer.store.readable(index)
+                if good is not None and st.repair(index, good):
+                    self.faults.repairs += 1
+                    self.note("repair", (node.id, index, peer.id))
+                    node.raft.entry_repaired(index)
+                    break
+        node.repair_due = bool(node.raft.unreadable)
+        if node.repair_due:
+            self.events.push(self.now + self.knobs.election_timeout_us, self._repair, node,
+                             incarnation)
+        node.drain()
 
     def schedule_install(self, node: SimNode, snap: Snapshot) -> None:
         k = self.knobs

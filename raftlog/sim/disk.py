@@ -13,13 +13,18 @@ installed, as `CommitLog.reset_to` does. The list keeps its shape: slot `i - 1` 
 stands for index `i`, holding None once the entry is gone, and `base` names the entry
 before the first one held. `wipe` is a replaced disk: log and snapshot lost, hard state
 kept (see `raftlog.sim.nemesis` for why that is the fault modelled).
+
+Corruption (`corrupt_entry`): a held entry whose bytes no longer pass their checks while
+its index and term are still known, as the CommitLog keeps one. Reading it raises
+`EntryUnreadable` (a read that starts before it stops there) until `repair` puts back a
+peer's copy of the same entry.
 """
 
 from __future__ import annotations
 
 import random
 
-from raftlog.types import Entry, HardState, Snapshot
+from raftlog.types import Entry, EntryUnreadable, HardState, Snapshot
 
 __all__ = ["ENTRY_OVERHEAD", "SimStore"]
 
@@ -38,6 +43,8 @@ class SimStore:
         "truncations",
         "base",
         "snapshot",
+        "corrupt",
+        "verify",
     )
 
     def __init__(self, hard_state: HardState) -> None:
@@ -49,6 +56,8 @@ class SimStore:
         self.truncations = 0
         self.base = (0, 0)  # (index, term) of the entry before the first one held
         self.snapshot: Snapshot | None = None
+        self.corrupt: set[int] = set()  # held entries that cannot be read
+        self.verify = True  # False: the `serve-corrupt` mutation, a store skipping its checks
 
     # ------------------------------------------------------------------ LogStore
 
@@ -70,6 +79,10 @@ class SimStore:
             raise IndexError(
                 f"entries({lo}, {hi}) outside the log [{self.base[0] + 1}, {len(self.log)}]"
             )
+        if self.corrupt and self.verify:
+            if lo in self.corrupt:
+                raise EntryUnreadable(lo, "corrupt on the simulated disk")
+            hi = min([hi, *(i for i in self.corrupt if i > lo)])
         out: list[Entry] = []
         size = 0
         for e in self.log[lo - 1 : hi - 1]:
@@ -84,6 +97,34 @@ class SimStore:
         """The entry held at `index` (None if absent or dropped)."""
         return self.log[index - 1] if 0 < index <= len(self.log) else None
 
+    def readable(self, index: int) -> Entry | None:
+        """The entry at `index` as a peer repairing its copy could fetch it (None if
+        absent, dropped or corrupt here too)."""
+        return None if index in self.corrupt else self.entry(index)
+
+    # ------------------------------------------------------------------ corruption
+
+    def corrupt_entry(self, index: int) -> bool:
+        """Damage the held entry `index` (its index and term stay known). Returns
+        whether there was one to damage."""
+        if self.entry(index) is None:
+            return False
+        self.corrupt.add(index)
+        return True
+
+    def repair(self, index: int, entry: Entry) -> bool:
+        """Overwrite corrupt entry `index` with a peer's copy of it; refused (False) unless
+        it is the same entry (index and term), as `CommitLog.repair` refuses."""
+        held = self.entry(index)
+        if index not in self.corrupt or held is None or (entry.index, entry.term) != (
+            held.index,
+            held.term,
+        ):
+            return False
+        self.log[index - 1] = entry
+        self.corrupt.discard(index)
+        return True
+
     # ------------------------------------------------------------------ writes
 
     def append(self, entries: list[Entry]) -> bool:
@@ -95,6 +136,7 @@ class SimStore:
             if first <= self.base[0]:
                 raise ValueError(f"append at {first} into the dropped prefix (base {self.base})")
             del log[first - 1 :]
+            self.corrupt = {i for i in self.corrupt if i < first}
             self.truncations += 1
             if self.durable_len > first - 1:
                 self.durable_len = first - 1
@@ -123,6 +165,7 @@ class SimStore:
         for i in range(self.base[0], index):
             self.log[i] = None
         self.base = (index, base_term)
+        self.corrupt = {i for i in self.corrupt if i > index}
 
     def reset_to(self, index: int, term: int) -> None:
         """Discard every entry; the log restarts after `index` (of `term`). Durable."""
@@ -130,6 +173,7 @@ class SimStore:
         self.durable_len = index
         self.base = (index, term)
         self._sync_target = None
+        self.corrupt = set()
 
     def wipe(self) -> None:
         """A replaced disk: log and snapshot are gone, the hard state survives."""
@@ -138,6 +182,7 @@ class SimStore:
         self.base = (0, 0)
         self.snapshot = None
         self._sync_target = None
+        self.corrupt = set()
 
     # ------------------------------------------------------------------ durability
 
@@ -168,6 +213,7 @@ class SimStore:
             keep += rng.randint(0, self.unsynced)
         lost = len(self.log) - keep
         del self.log[keep:]
+        self.corrupt = {i for i in self.corrupt if i <= keep}
         self.durable_len = keep
         self._sync_target = None
         return lost

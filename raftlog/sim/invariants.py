@@ -438,6 +438,26 @@ class ReadIndexLinearizable(Checker):
             )
 
 
+class CorruptNeverServed(Checker):
+    """An entry damaged on a replica's disk is never applied there nor sent from there
+    (issue 12 part 5); that it is repaired is the liveness phase's business (every
+    member must apply past it, and await no repair, before the run counts as live)."""
+
+    def on_apply(self, node: SimNode, entry: Entry) -> None:
+        if entry.index in node.store.corrupt:
+            raise Violation(
+                "corrupt-applied", f"node {node.id} applied entry {entry.index}, corrupt on its disk"
+            )
+
+    def on_send(self, node: SimNode, msg: Message) -> None:
+        bad = [e.index for e in msg.entries if e.index in node.store.corrupt]
+        if bad:
+            raise Violation(
+                "corrupt-served",
+                f"node {node.id} sent entries {bad}, corrupt on its disk: {msg.describe()}",
+            )
+
+
 def default_checkers(ledger: Ledger, voters: frozenset[int], *, static: bool) -> list[Checker]:
     """The full set, in the order they must run (the ledger first: others read it).
     `static`: the membership never changes (the crash-durability check needs that)."""
@@ -453,6 +473,7 @@ def default_checkers(ledger: Ledger, voters: frozenset[int], *, static: bool) ->
         DurableBeforeSend(),
         survives,
         ReadIndexLinearizable(ledger),
+        CorruptNeverServed(),
     ]
 
 

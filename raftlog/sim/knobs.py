@@ -16,7 +16,7 @@ from dataclasses import dataclass
 __all__ = ["Knobs", "PROFILES", "SHELL_MUTATIONS", "nodes_for_seed"]
 
 #: Mutations the simulated shell implements itself (the core knows the others).
-SHELL_MUTATIONS = frozenset({"ack-before-fsync"})
+SHELL_MUTATIONS = frozenset({"ack-before-fsync", "serve-corrupt"})
 
 MS = 1_000  # virtual time is in microseconds
 
@@ -59,6 +59,9 @@ class Knobs:
     # live peer's side when a node crashes (`link_drop_on_crash`).
     link_drop_mean_us: int
     link_drop_on_crash: bool
+    # Disk corruption: every `corrupt_mean_us` on average (0: never) an entry on one
+    # replica's disk goes bad while peers still hold it intact (see the nemesis).
+    corrupt_mean_us: int
     # Clients.
     client_mean_us: int
     op_weights: tuple[tuple[str, int], ...]
@@ -124,6 +127,10 @@ class Knobs:
         links = random.Random(f"link-drops/{seed}")
         k["link_drop_mean_us"] = links.choice((0, 50 * MS, 200 * MS, 800 * MS))
         k["link_drop_on_crash"] = links.random() < 0.8
+        corrupts = random.Random(f"corruption/{seed}")
+        k["corrupt_mean_us"] = corrupts.choice((0, 0, 100 * MS, 400 * MS))
+        if mutation == "serve-corrupt":
+            k["corrupt_mean_us"] = 20 * MS  # the mutation only shows where disks go bad
         PROFILES[profile](rng, k)
         k.update(overrides)
         return cls(**k)  # type: ignore[arg-type]
@@ -249,4 +256,5 @@ _PROFILE_WEIGHTS: dict[str | None, tuple[tuple[str, int], ...]] = {
     "ack-before-fsync": (("crashy", 1),),
     "commit-old-term": (("churn", 1),),
     "no-prevote-term-check": (("lossy", 1), ("churn", 1)),
+    "serve-corrupt": (("calm", 1), ("mixed", 1)),
 }

@@ -1,8 +1,8 @@
 """Fault injection: every so often pick a fault by weight and schedule its undoing.
 
 Only faults Raft promises to survive: crashes that lose unsynced writes (optionally
-with a torn tail), process pauses, network partitions of every shape, and replaced
-disks. Each action is a table entry, name → handler; the knobs' weights choose among them.
+with a torn tail), process pauses, network partitions of every shape, replaced disks,
+and entries corrupted on one disk while peers hold them intact. Each action is a table entry, name → handler; the knobs' weights choose among them.
 
 A replaced disk (`wipe`) loses the log, the snapshot and the state machine, and the node
 comes back empty, to be caught up by a snapshot or the log. It keeps its hard state
@@ -35,6 +35,7 @@ class Nemesis:
         self.active = True
         self._partition_gen = 0
         self._links = random.Random(f"link-drops/{cluster.knobs.seed}/nemesis")
+        self._corrupts = random.Random(f"corruption/{cluster.knobs.seed}/nemesis")
         self._actions: dict[str, Callable[[], None]] = {
             "crash": self.crash,
             "crash_leader": self.crash_leader,
@@ -62,6 +63,54 @@ class Nemesis:
             self.c.on_new_leader.append(self._new_leader)
         if self.c.knobs.link_drop_mean_us:
             self._schedule_link_drop()
+        if self.c.knobs.corrupt_mean_us:
+            self._schedule_corruption()
+
+    def _schedule_corruption(self) -> None:
+        mean = self.c.knobs.corrupt_mean_us
+        self.c.events.push(
+            self.c.now + int(self._corrupts.expovariate(1 / mean)) + 1, self._corrupt
+        )
+
+    def _corrupt(self) -> None:
+        """Damage one durable entry on one replica's disk, its index and term still known
+        (a flipped bit the CRCs catch). Only while a quorum of the other voters hold the
+        entry intact and durable, and in groups whose membership never changes: the
+        replica repairs it from a peer's copy, which must exist (the simulated retention
+        keeps it, see `SimNode.take_snapshot`). Its own PRNG keeps the other faults of a
+        seed where they were."""
+        if not self.active:
+            return
+        self._schedule_corruption()
+        if self.c.knobs.reconfig:
+            return
+        nodes = [n for n in self.c.nodes.values() if not n.retired and n.store.durable_len]
+        if not nodes:
+            return
+        node = self._corrupts.choice(nodes)
+        st = node.store
+        lo, hi = st.first_index(), st.durable_len
+        if lo > hi:
+            return
+        for _ in range(8):
+            index = self._corrupts.randint(lo, hi)
+            if index not in st.corrupt and self._held_elsewhere(node, index):
+                st.corrupt_entry(index)
+                self.c.faults.corruptions += 1
+                self.c.note("corrupt", (node.id, index))
+                return
+
+    def _held_elsewhere(self, x: SimNode, index: int) -> bool:
+        voters = self.c.committed_members.voters
+        term = x.store.term(index)
+        holders = 0
+        for n in self.c.nodes.values():
+            if n is x or n.retired or n.id not in voters:
+                continue
+            st = n.store
+            held = st.readable(index) if index <= st.durable_len else None
+            holders += held is not None and held.term == term
+        return holders >= len(voters) // 2 + 1
 
     def _schedule_link_drop(self) -> None:
         mean = self.c.knobs.link_drop_mean_us

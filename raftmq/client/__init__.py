@@ -4,9 +4,9 @@ batch format of `broker.records`."""
 
 from broker.protocol import Code, RequestError
 from broker.records import Message, OutgoingMessage
-from transport.connection import ClientClosedError, Connection, ConnectionPool, TransportError
+from transport.connection import Connection, ConnectionPool
 
-from .admin import Admin, QueueInfo, QueueLag, TopicInfo, place_queues
+from .admin import Admin, GroupQueue, QueueInfo, QueueLag, TopicInfo, place_queues
 from .blocking import (
     BlockingAdmin,
     BlockingProducer,
@@ -25,6 +25,13 @@ from .consumer import (
     allocate_average,
     allocate_round_robin,
 )
+from .errors import (
+    ClientClosedError,
+    OutcomeUnknownError,
+    RaftMQError,
+    TransportError,
+    UnavailableError,
+)
 from .producer import Producer, SendFuture, SendResult, key_queue
 from .routes import Routes, TopicRoute
 
@@ -38,8 +45,10 @@ __all__ = [
     "Code",
     "Connection",
     "ConnectionPool",
+    "GroupQueue",
     "Message",
     "OffsetWindow",
+    "OutcomeUnknownError",
     "OutgoingMessage",
     "Producer",
     "PullConsumer",
@@ -47,6 +56,7 @@ __all__ = [
     "PushConsumer",
     "QueueInfo",
     "QueueLag",
+    "RaftMQError",
     "RequestError",
     "Routes",
     "SendFuture",
@@ -54,6 +64,7 @@ __all__ = [
     "TopicInfo",
     "TopicRoute",
     "TransportError",
+    "UnavailableError",
     "allocate_average",
     "allocate_round_robin",
     "connect_admin",

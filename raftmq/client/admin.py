@@ -16,12 +16,13 @@ import anyio
 
 from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from broker.records import Message, decode_record, iter_records, message_id, parse_message_id
-from transport.connection import ConnectionPool, TransportError, is_retriable
+from transport.connection import ConnectionPool, is_retriable
 
-from .consumer import _ClientBase, decode_fetch, query_offset, queue_bounds
+from .consumer import _ClientBase, commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
+from .errors import may_have_applied
 from .routes import TopicRoute, backoff_delay, node_addresses
 
-__all__ = ["Admin", "QueueInfo", "QueueLag", "TopicInfo", "place_queues"]
+__all__ = ["Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo", "place_queues"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,23 @@ class QueueLag:
     min_offset: int
     end_offset: int
     lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupQueue:
+    """One queue a consumer group committed on: where it is and how far behind."""
+
+    topic: str
+    queue: int
+    committed: int
+    min_offset: int | None  # None when the queue's leader could not be reached
+    end_offset: int | None
+
+    @property
+    def lag(self) -> int | None:
+        if self.min_offset is None or self.end_offset is None:
+            return None
+        return max(0, self.end_offset - max(self.committed, self.min_offset))
 
 
 def place_queues(total: int, groups: Sequence[str]) -> dict[str, list[int]]:
@@ -137,7 +155,8 @@ class Admin(_ClientBase):
         attempt = 0
         while True:
             try:
-                await self.routes.call_group(group, Op.CREATE_TOPIC, header, attempts=1)
+                await self.routes.call_group(group, Op.CREATE_TOPIC, header, attempts=1,
+                                             write=True)
                 return False
             except RequestError as exc:
                 if exc.code == Code.TOPIC_EXISTS:
@@ -150,8 +169,7 @@ class Admin(_ClientBase):
                 if attempt > 5:
                     raise
                 # a timed-out try may have been applied: a later TOPIC_EXISTS is ours
-                unsent = isinstance(exc, TransportError) and not exc.sent
-                uncertain = uncertain or not (exc.code == Code.NOT_LEADER or unsent)
+                uncertain = uncertain or may_have_applied(exc)
                 await anyio.sleep(backoff_delay(attempt))
 
     async def _wait_routed(self, topic: str, total: int, wait: float) -> TopicRoute:
@@ -281,10 +299,15 @@ class Admin(_ClientBase):
         per queue; every group hosting the topic is asked at its leader."""
         route = await self.routes.route(topic)
         found: list[Message] = []
+        errors: list[RequestError] = []
 
         async def one(group: str) -> None:
-            frame = await self.routes.call_group(
-                group, Op.QUERY_KEY, {"topic": topic, "key": key, "max": max_per_group})
+            try:
+                frame = await self.routes.call_group(
+                    group, Op.QUERY_KEY, {"topic": topic, "key": key, "max": max_per_group})
+            except RequestError as exc:  # raised plainly below, not in an ExceptionGroup
+                errors.append(exc)
+                return
             rows = frame.header.get("msgs") or []
             spans = list(iter_records(frame.body))
             for (gid, queue, offset, index, start, store_ms), (pos, _s) in zip(
@@ -299,6 +322,8 @@ class Admin(_ClientBase):
         async with anyio.create_task_group() as tg:
             for group in route.groups:
                 tg.start_soon(one, group)
+        if errors:
+            raise errors[0]
         return sorted(found, key=lambda m: (m.queue, m.offset))
 
     async def consumer_lag(self, group: str, topic: str) -> dict[int, QueueLag]:
@@ -322,6 +347,197 @@ class Admin(_ClientBase):
         if errors:
             raise errors[0]
         return dict(sorted(out.items()))
+
+    # ------------------------------------------------------------ topic changes
+
+    async def delete_topic(self, topic: str, *, wait: float = 10.0) -> list[str]:
+        """Delete `topic` in every group hosting it (its messages become unreachable, its
+        consumer offsets and key index go); returns those groups. Waits up to `wait` s
+        until the name servers stop routing it."""
+        validate_topic_name(topic)
+        info = (await self.list_topics()).get(topic)
+        if info is None:
+            raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+        groups = sorted(info.get("hosted") or {})
+        for group in groups:
+            try:
+                await self.routes.call_group(group, Op.DELETE_TOPIC, {"g": group, "topic": topic},
+                                             write=True)
+            except RequestError as exc:
+                if exc.code != Code.UNKNOWN_TOPIC:  # gone already: a retried delete
+                    raise
+        with anyio.move_on_after(wait):
+            attempt = 0
+            while True:
+                try:
+                    await self.routes.route(topic, refresh=True)
+                except RequestError as exc:
+                    if exc.code == Code.UNKNOWN_TOPIC:
+                        break
+                attempt += 1
+                await anyio.sleep(backoff_delay(attempt, base=0.05, cap=0.5))
+        return groups
+
+    async def add_queues(self, topic: str, queues: int, *, wait: float = 10.0
+                         ) -> dict[str, list[int]]:
+        """Grow `topic` to `queues` queues in total; the new ones are placed over every
+        group the way `create_topic` places queues. Returns the new queues by group.
+        Existing queues keep their messages and offsets; keys hash over the new total
+        from now on (as in Kafka, a key's later messages may go to another queue)."""
+        validate_topic_name(topic)
+        info = (await self.list_topics()).get(topic)
+        if info is None:
+            raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+        current = int(info["queues"])
+        if queues <= current:
+            raise ValueError(f"topic {topic!r} has {current} queues already: queues can only "
+                             f"be added (ask for more than {current})")
+        cluster = await self.routes.cluster()
+        known = sorted(str(g) for g in (cluster.get("groups") or {}))
+        if not known:
+            raise RequestError(Code.UNKNOWN_GROUP, "the name servers know no live group")
+        placement = place_queues(queues, known)
+        hosted = {g: set(qs) for g, qs in (info.get("hosted") or {}).items()}
+        added: dict[str, list[int]] = {}
+        for group, qs in placement.items():
+            new = [q for q in qs if q >= current]
+            if new:
+                added[group] = new
+                hosted.setdefault(group, set()).update(new)
+        for group, ids in sorted(hosted.items()):
+            await self.routes.call_group(group, Op.GROW_TOPIC, {
+                "g": group, "topic": topic, "queues": queues, "hosted": sorted(ids)}, write=True)
+        if wait > 0:
+            await self._wait_routed(topic, queues, wait)
+        return added
+
+    # ------------------------------------------------------------ consumer groups
+
+    async def group_offsets(self, group: str | None = None) -> dict[str, dict[tuple[str, int], int]]:
+        """Committed offsets by consumer group: {cg: {(topic, queue): offset}}, from the
+        leader of every broker group (one OFFSETS request per node)."""
+        if group is not None:
+            validate_group_name(group)
+        cluster = await self.routes.cluster()
+        out: dict[str, dict[tuple[str, int], int]] = {}
+
+        async def one(addr: str) -> None:
+            try:
+                frame = await self.routes.pool.request(addr, Op.OFFSETS, {"cg": group},
+                                                       timeout=self.timeout)
+            except RequestError:
+                return
+            for _gid, cg, topic, queue, offset in frame.header.get("rows") or []:
+                out.setdefault(str(cg), {})[(str(topic), int(queue))] = int(offset)
+
+        async with anyio.create_task_group() as tg:
+            for addr in node_addresses(cluster):
+                tg.start_soon(one, addr)
+        return {cg: dict(sorted(v.items())) for cg, v in sorted(out.items())}
+
+    async def describe_group(self, group: str) -> tuple[list[str], list[GroupQueue]]:
+        """(live members, each queue the group committed on with bounds and lag)."""
+        members = await self.consumers(group)
+        offsets = (await self.group_offsets(group)).get(group, {})
+        rows: dict[tuple[str, int], GroupQueue] = {}
+
+        async def one(topic: str, queue: int, committed: int) -> None:
+            lo = end = None
+            try:
+                lo, end = await queue_bounds(self.routes, topic, queue)
+            except RequestError:
+                pass
+            rows[(topic, queue)] = GroupQueue(topic, queue, committed, lo, end)
+
+        async with anyio.create_task_group() as tg:
+            for (topic, queue), committed in offsets.items():
+                tg.start_soon(one, topic, queue, committed)
+        return members, [rows[k] for k in sorted(rows)]
+
+    async def _require_idle(self, group: str) -> None:
+        members = await self.consumers(group)
+        if members:
+            raise RequestError(
+                Code.BUSY, f"consumer group {group!r} has {len(members)} live member(s) "
+                f"({', '.join(members)}): stop them first")
+
+    async def reset_offsets(
+        self, group: str, topic: str, to: str | int, *, dry_run: bool = False,
+    ) -> dict[int, tuple[int, int]]:
+        """Move `group`'s committed offsets on every queue of `topic` to `to`: "earliest",
+        "latest", an offset (kept within each queue's bounds) or `"@<epoch ms>"` (the
+        first message stored at or after that time). Only while the
+        group has no live members (as Kafka requires). Returns {queue: (old, new)} (old
+        is -1 when the group had none); `dry_run` changes nothing."""
+        validate_group_name(group)
+        route = await self.routes.route(topic)
+        await self._require_idle(group)
+        plan: dict[int, tuple[int, int]] = {}
+
+        async def one(q: int) -> None:
+            old = await query_offset(self.routes, group, topic, q)
+            lo, end = await queue_bounds(self.routes, topic, q)
+            if to == "earliest":
+                new = lo
+            elif to == "latest":
+                new = end
+            elif isinstance(to, int):
+                new = min(max(to, lo), end)
+            elif isinstance(to, str) and to.startswith("@") and to[1:].isdigit():
+                new = await self._offset_at_time(topic, q, int(to[1:]), lo, end)
+            else:
+                raise ValueError(f"reset to {to!r}: earliest, latest, an offset or @<epoch ms>")
+            plan[q] = (old, new)
+
+        errors: list[Exception] = []
+
+        async def guarded(q: int) -> None:
+            try:
+                await one(q)
+            except (RequestError, ValueError) as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for q in range(route.total):
+                tg.start_soon(guarded, q)
+        if errors:
+            raise errors[0]
+        plan = dict(sorted(plan.items()))
+        if not dry_run:
+            await self._require_idle(group)  # nobody joined while we looked
+            await commit_offsets(self.routes, group, {(topic, q): new
+                                                      for q, (_old, new) in plan.items()})
+        return plan
+
+    async def _offset_at_time(self, topic: str, queue: int, ms: int, lo: int, end: int) -> int:
+        """The first offset in [lo, end) whose message was stored at or after `ms` (end if
+        none): a binary search with one-message fetches (store times grow with offsets)."""
+        a, b = lo, end
+        while a < b:
+            mid = (a + b) // 2
+            res = await fetch(self.routes, topic, queue, mid, max_messages=1, wait_ms=0)
+            if not res.messages:
+                b = mid
+                continue
+            m = res.messages[0]
+            if m.store_ms >= ms:
+                b = min(mid, m.offset)
+            else:
+                a = max(mid, m.offset) + 1
+        return a
+
+    async def delete_group(self, group: str) -> int:
+        """Forget every offset `group` committed, in every broker group; only while it has
+        no live members. Returns how many offsets were deleted."""
+        validate_group_name(group)
+        await self._require_idle(group)
+        cluster = await self.routes.cluster()
+        deleted = 0
+        for gid in sorted(str(g) for g in (cluster.get("groups") or {})):
+            frame = await self.routes.call_group(gid, Op.DELETE_GROUP, {"g": gid, "cg": group},
+                                                 write=True)
+            deleted += int(frame.header.get("deleted", 0))
+        return deleted
 
     async def transfer_leader(self, group: str, to: int) -> None:
         """Ask a group's leader to hand leadership to node `to`."""

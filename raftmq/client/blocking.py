@@ -17,10 +17,11 @@ from typing import Any, Generic, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from broker.protocol import RequestError
 from broker.records import Message, OutgoingMessage
 
-from .admin import Admin, QueueLag, TopicInfo
-from .consumer import PullConsumer, PullResult, PushConsumer
+from .admin import Admin, GroupQueue, QueueLag, TopicInfo
+from .consumer import PullConsumer, PullResult, PushConsumer, Tags
 from .producer import Producer, SendResult
 
 __all__ = [
@@ -138,8 +139,13 @@ class BlockingPullConsumer(_Blocking[PullConsumer]):
         return self
 
     def assign(self, topic: str, queues: Iterable[int] | None = None, *,
-               tags: Sequence[str] | None = None) -> None:
+               tags: Tags = None) -> None:
         self._call_sync(self._client.assign, topic, queues, tags=tags)
+
+    @property
+    def unreadable(self) -> dict[tuple[str, int], RequestError]:
+        """Queues the last polls could not read (see `PullConsumer.unreadable`)."""
+        return self._call_sync(lambda: dict(self._client.unreadable))
 
     def poll(self, timeout: float = 1.0, **kwargs: Any) -> list[Message]:
         return self._call(self._client.poll, timeout, **kwargs)
@@ -218,6 +224,25 @@ class BlockingAdmin(_Blocking[Admin]):
 
     def transfer_leader(self, group: str, to: int) -> None:
         self._call(self._client.transfer_leader, group, to)
+
+    def delete_topic(self, topic: str, **kwargs: Any) -> list[str]:
+        return self._call(self._client.delete_topic, topic, **kwargs)
+
+    def add_queues(self, topic: str, queues: int, **kwargs: Any) -> dict[str, list[int]]:
+        return self._call(self._client.add_queues, topic, queues, **kwargs)
+
+    def group_offsets(self, group: str | None = None) -> dict[str, dict[tuple[str, int], int]]:
+        return self._call(self._client.group_offsets, group)
+
+    def describe_group(self, group: str) -> tuple[list[str], list[GroupQueue]]:
+        return self._call(self._client.describe_group, group)
+
+    def reset_offsets(self, group: str, topic: str, to: str | int, *,
+                      dry_run: bool = False) -> dict[int, tuple[int, int]]:
+        return self._call(self._client.reset_offsets, group, topic, to, dry_run=dry_run)
+
+    def delete_group(self, group: str) -> int:
+        return self._call(self._client.delete_group, group)
 
 
 async def _sync_call(fn: Callable[[], R]) -> R:

@@ -34,6 +34,7 @@ from broker.protocol import Code, Op, RequestError, validate_group_name, validat
 from broker.records import Message, decode_record, iter_records, message_id
 from transport.connection import ClientClosedError, ConnectionPool, is_retriable
 
+from .errors import UnavailableError, close_stack
 from .routes import Routes, backoff_delay, node_addresses, normalize_addresses, open_routes
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "commit_offsets",
     "decode_fetch",
     "fetch",
+    "parse_tags",
     "query_offset",
     "queue_bounds",
 ]
@@ -159,6 +161,41 @@ STRATEGIES: dict[str, Callable[[Iterable[Any], Iterable[str], str], list[Any]]] 
 }
 
 
+Tags = str | Sequence[str] | None
+"""A tag subscription: None or "*" (every message), "TagA", "TagA || TagB" (RocketMQ's
+subscription expression) or a list of tags."""
+
+
+def parse_tags(tags: Tags) -> list[str] | None:
+    """The tags a subscription selects, None for all; a clear `ValueError` for anything
+    that is not a subscription (a bare string is one expression, never its characters)."""
+    if tags is None:
+        return None
+    if isinstance(tags, str):
+        expr = tags.strip()
+        if expr in ("", "*"):
+            return None
+        items = [t.strip() for t in expr.split("||")]
+    elif isinstance(tags, Sequence) and not isinstance(tags, (bytes, bytearray)):
+        items = list(tags)
+        if any(not isinstance(t, str) for t in items):
+            raise ValueError(f"tags must be strings, got {tags!r}")
+        items = [t.strip() for t in items]
+        if items == ["*"]:
+            return None
+    else:
+        raise ValueError(f"tags are a string like 'TagA || TagB' or a list of strings, "
+                         f"not {type(tags).__name__}")
+    if not items:
+        raise ValueError("an empty list of tags selects nothing: pass None or '*' for all")
+    for t in items:
+        if not t or "|" in t or "*" in t or any(c.isspace() for c in t):
+            raise ValueError(f"bad tag subscription {tags!r}: use '*', 'TagA', "
+                             "'TagA || TagB' or a list of tags (no spaces, '|' or '*' "
+                             "inside a tag)")
+    return sorted(set(items))
+
+
 def decode_fetch(
     topic: str, queue: int, group: str, header: Mapping[str, Any], body: bytes
 ) -> list[Message]:
@@ -245,7 +282,8 @@ async def commit_offsets(
     routes: Routes, group: str, offsets: Mapping[tuple[str, int], int]
 ) -> None:
     """Commit offsets through the Raft log: one COMMIT_OFFSET per hosting group, sent
-    concurrently. Raises the first failure after all were tried."""
+    concurrently, each safe to retry (it carries a request id the broker deduplicates).
+    Raises the first failure after all were tried."""
     by_group: dict[str, list[list[Any]]] = {}
     for (topic, queue), offset in sorted(offsets.items()):
         g = await routes.group_of(topic, queue)
@@ -253,8 +291,11 @@ async def commit_offsets(
     errors: list[RequestError] = []
 
     async def one(g: str, rows: list[list[Any]]) -> None:
+        # one id for all attempts: a retry whose first copy was committed after all (by a
+        # new leader) must not roll back a commit made in between
+        header = {"cg": group, "offsets": rows, "req": list(routes.request_id())}
         try:
-            await routes.call_group(g, Op.COMMIT_OFFSET, {"cg": group, "offsets": rows})
+            await routes.call_group(g, Op.COMMIT_OFFSET, header, write=True)
         except RequestError as exc:
             errors.append(exc)
 
@@ -300,7 +341,7 @@ class _ClientBase:
         self._closed = True
         assert self._stack is not None and self._tg is not None
         self._tg.cancel_scope.cancel()
-        return await self._stack.__aexit__(exc_type, exc, tb)
+        return await close_stack(self._stack, exc)
 
     async def __aenter__(self) -> Self:
         await self._open()
@@ -353,16 +394,19 @@ class PullConsumer(_ClientBase):
         self.max_bytes = max_bytes
         self._assigned: dict[str, tuple[list[int] | None, list[str] | None]] = {}
         self._positions: dict[tuple[str, int], int] = {}
+        self.unreadable: dict[tuple[str, int], RequestError] = {}
+        """Queues the last polls could not read (no leader reachable), with the error."""
 
     def assign(
-        self, topic: str, queues: Iterable[int] | None = None, *, tags: Sequence[str] | None = None
+        self, topic: str, queues: Iterable[int] | None = None, *, tags: Tags = None
     ) -> None:
         """Read `queues` of `topic` (all of them when None), only messages with one of
-        `tags` when given. Replaces an earlier assignment of the topic."""
+        `tags` when given ("*", "TagA", "TagA || TagB" or a list; see `parse_tags`).
+        Replaces an earlier assignment of the topic."""
         validate_topic_name(topic)
         self._assigned[topic] = (
             sorted(set(queues)) if queues is not None else None,
-            list(tags) if tags else None,
+            parse_tags(tags),
         )
 
     def unassign(self, topic: str) -> None:
@@ -410,7 +454,7 @@ class PullConsumer(_ClientBase):
         max: int = PULL_BATCH,
         wait_ms: int | None = None,
         *,
-        tags: Sequence[str] | None = None,
+        tags: Tags = None,
     ) -> PullResult:
         """Fetch up to `max` messages from `offset` (default: this consumer's position,
         initialised from the committed offset), holding up to `wait_ms` at the end.
@@ -418,65 +462,130 @@ class PullConsumer(_ClientBase):
         An offset below the earliest retained one jumps to it (with a warning), one
         beyond the end jumps to the end. The position moves to `next_offset`.
         """
+        key = (topic, queue)
+        res = await self._read(topic, queue, offset, max, wait_ms, tags)
+        self._positions[key] = res.next_offset
+        return res
+
+    async def _read(
+        self, topic: str, queue: int, offset: int | None, max: int, wait_ms: int | None,
+        tags: Tags,
+    ) -> PullResult:
+        """`pull` without moving the position."""
         routes = self.routes
         key = (topic, queue)
         if offset is None:
             offset = self._positions.get(key)
             if offset is None:
                 offset = await self._initial_position(topic, queue)
+                self._positions.setdefault(key, offset)
+        selected = parse_tags(tags)
         if tags is None and topic in self._assigned:
-            tags = self._assigned[topic][1]
+            selected = self._assigned[topic][1]
         wait = self.wait_ms if wait_ms is None else wait_ms
         for _ in range(3):
             try:
-                res = await fetch(
+                return await fetch(
                     routes, topic, queue, offset, max_messages=max, max_bytes=self.max_bytes,
-                    wait_ms=wait, tags=tags,
+                    wait_ms=wait, tags=selected,
                 )
             except RequestError as exc:
                 jump = _out_of_range(exc, topic, queue, offset)
                 if jump is None:
                     raise
                 offset = jump
-                continue
-            self._positions[key] = res.next_offset
-            return res
         raise RequestError(Code.INTERNAL, f"{topic}:{queue} offset kept moving out of range")
 
     async def poll(self, timeout: float = 1.0, *, max_messages: int = PULL_BATCH) -> list[Message]:
-        """Messages from the assigned queues, waiting up to `timeout` s for the first.
+        """What is available now across every assigned queue, up to `max_messages` in all
+        (Kafka's `poll`): every queue is read at once, and when none has anything the
+        call waits up to `timeout` s for the first message, then collects what the other
+        queues have by then. Queues take turns, so a deep one cannot starve the rest.
 
-        All queues are fetched concurrently; whichever have messages by the time the
-        first answers are returned, sorted by (topic, queue, offset). A queue whose
-        leader is unreachable is skipped this time; other errors are raised.
+        Messages come sorted by (topic, queue, offset), and each queue's position moves
+        past exactly the messages returned. A queue that cannot be read now (no leader
+        reachable) is skipped and listed in `unreadable` until a poll reads it; other
+        errors are raised when no queue returned anything.
         """
         if not self._assigned:
             raise RuntimeError("assign() a topic before polling")
+        if max_messages < 1:
+            raise ValueError("max_messages must be >= 1")
         targets = await self.assignment()
+        found = await self._sweep(targets, max_messages, 0, first_only=False)
+        if not any(r.messages for r in found.values()) and timeout > 0:
+            waited = await self._sweep(targets, max_messages, int(timeout * 1000),
+                                       first_only=True)
+            found.update(waited)
+            if any(r.messages for r in waited.values()):
+                rest = [k for k in targets if k not in waited or not waited[k].messages]
+                found.update(await self._sweep(rest, max_messages, 0, first_only=False))
+        return self._take(found, max_messages)
+
+    async def _sweep(
+        self, targets: list[tuple[str, int]], max_messages: int, wait_ms: int, *,
+        first_only: bool,
+    ) -> dict[tuple[str, int], PullResult]:
+        """Read every target at once; with `first_only`, stop the others as soon as one
+        answers with messages (their positions do not move)."""
         results: dict[tuple[str, int], PullResult] = {}
         errors: list[RequestError] = []
-        wait_ms = max(0, int(timeout * 1000))
+        failed: set[tuple[str, int]] = set()
 
         async def one(topic: str, queue: int, scope: anyio.CancelScope) -> None:
             try:
-                res = await self.pull(topic, queue, max=max_messages, wait_ms=wait_ms)
+                res = await self._read(topic, queue, None, max_messages, wait_ms, None)
             except RequestError as exc:
+                failed.add((topic, queue))
                 if is_retriable(exc):
                     log.debug("poll: %s:%d unavailable (%s)", topic, queue, exc)
+                    self.unreadable[(topic, queue)] = exc
                 else:
                     errors.append(exc)
                 return
-            if res.messages:
-                results[(topic, queue)] = res
+            self.unreadable.pop((topic, queue), None)
+            results[(topic, queue)] = res
+            if first_only and res.messages:
                 scope.cancel()
 
-        with anyio.move_on_after(timeout + FETCH_GRACE):
+        limit = wait_ms / 1000 + FETCH_GRACE
+        with anyio.move_on_after(limit) as deadline:
             async with anyio.create_task_group() as tg:
                 for topic, queue in targets:
                     tg.start_soon(one, topic, queue, tg.cancel_scope)
-        if errors and not results:
+        if deadline.cancelled_caught:  # queues still unanswered are unreadable for now
+            for topic, queue in targets:
+                if (topic, queue) not in results and (topic, queue) not in failed:
+                    self.unreadable[(topic, queue)] = UnavailableError(
+                        f"no answer for {topic}/{queue} within {limit:g} s")
+        if errors and not any(r.messages for r in results.values()):
             raise errors[0]
-        return [m for key in sorted(results) for m in results[key].messages]
+        return results
+
+    def _take(self, found: dict[tuple[str, int], PullResult], limit: int) -> list[Message]:
+        """Up to `limit` messages, one queue at a time in turn; positions move past what
+        is taken (and past filtered-out offsets of a queue taken to its answer's end)."""
+        keys = sorted(found)
+        taken: dict[tuple[str, int], int] = dict.fromkeys(keys, 0)
+        total = 0
+        progress = True
+        while total < limit and progress:
+            progress = False
+            for k in keys:
+                if total < limit and taken[k] < len(found[k].messages):
+                    taken[k] += 1
+                    total += 1
+                    progress = True
+        out: list[Message] = []
+        for k in keys:
+            res, n = found[k], taken[k]
+            out += res.messages[:n]
+            if n == len(res.messages):
+                self._positions[k] = res.next_offset
+            else:
+                self._positions[k] = res.messages[n - 1].offset + 1 if n else (
+                    res.messages[0].offset)
+        return out
 
     async def commit(self, topic: str, queue: int, offset: int) -> None:
         """Commit `offset` (the next one to consume) for the group, through the Raft log."""
@@ -548,14 +657,15 @@ class PushConsumer(_ClientBase):
     and when a queue is released. `mode="broadcast"` reads every queue in every
     consumer and keeps offsets in memory only.
 
-    `topics` is a list, or a mapping topic -> tags to filter on (None: all messages).
+    `topics` is a list, or a mapping topic -> tags to filter on: None or "*" (all
+    messages), "TagA", "TagA || TagB" or a list of tags (see `parse_tags`).
     """
 
     def __init__(
         self,
         namesrv: Sequence[str] | str,
         group: str,
-        topics: Sequence[str] | Mapping[str, Sequence[str] | None],
+        topics: Sequence[str] | Mapping[str, Tags],
         handler: Handler,
         *,
         mode: Literal["clustering", "broadcast"] = "clustering",
@@ -580,7 +690,10 @@ class PushConsumer(_ClientBase):
         super().__init__(namesrv, pool, timeout)
         self.group = validate_group_name(group)
         if isinstance(topics, Mapping):
-            self.topics = {t: (list(v) if v else None) for t, v in topics.items()}
+            self.topics = {t: parse_tags(v) for t, v in topics.items()}
+        elif isinstance(topics, str):
+            raise ValueError(f"topics is a list of topics or a mapping topic -> tags, not "
+                             f"the string {topics!r}")
         else:
             self.topics = {t: None for t in topics}
         if not self.topics:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import random
-import struct
 import time
 import zlib
 from collections import deque
@@ -36,7 +35,6 @@ from typing import Any, Generic, Literal, TypeVar
 
 import anyio
 import anyio.abc
-import msgpack
 
 from broker.protocol import (
     DEFAULT_MAX_FRAME,
@@ -44,16 +42,18 @@ from broker.protocol import (
     Code,
     Op,
     RequestError,
+    frame_limit,
     validate_topic_name,
 )
 from broker.records import (
-    RECORD_HEADER,
-    STORED_PREFIX,
+    EncodedBatch,
     OutgoingMessage,
     encode_batch,
+    record_size,
 )
 from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 
+from .errors import close_stack, give_up, may_have_applied
 from .routes import (
     Routes,
     TopicRoute,
@@ -69,6 +69,7 @@ __all__ = [
     "Payload",
     "Producer",
     "QueueSelector",
+    "SendAttempt",
     "SendFuture",
     "SendResult",
     "as_payload",
@@ -112,6 +113,21 @@ class SendResult:
     offset: int
     group: str
     dup: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SendAttempt:
+    """One PRODUCE request about to leave: the first send of a batch, or a retry or
+    redirect of it. Each may store the batch, so whoever must account for copies (the
+    chaos workload) observes them with `Producer(on_attempt=...)`. `attempt` counts the
+    requests of this batch from 1."""
+
+    topic: str
+    queue: int
+    group: str
+    addr: str
+    attempt: int
+    messages: Sequence[Payload]
 
 
 _Callback = Callable[["SendFuture[T]"], Any]
@@ -231,20 +247,6 @@ def make_message(
     return replace(msg, **changes) if changes else msg
 
 
-def record_size(msg: Payload) -> int:
-    """Bytes the message takes in a batch (the record layout of `broker.records`)."""
-    if type(msg) is bytes:
-        return RECORD_HEADER.size + len(msg)
-    assert isinstance(msg, OutgoingMessage)
-    if not (msg.key or msg.tags or msg.properties):
-        return RECORD_HEADER.size + len(msg.body)  # the common case, per message
-    props = msgpack.packb(msg.properties, use_bin_type=True) if msg.properties else b""
-    return (
-        RECORD_HEADER.size + len(msg.key.encode()) + len(msg.tags.encode()) + len(props)
-        + len(msg.body)
-    )
-
-
 def check_message(msg: Payload, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
     """Refuse before sending what the broker would refuse, with the same code."""
     body = msg if isinstance(msg, bytes) else msg.body
@@ -308,22 +310,11 @@ def new_producer_id() -> int:
     return random.getrandbits(63) or 1
 
 
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-
-
-def batch_message_ids(group: str, index: int, batch: bytes) -> list[str]:
-    """Ids of a stored batch's messages: each record's start in the entry data, which is
-    the batch behind the leader's 8-byte store timestamp."""
-    # The client framed this batch itself, so only the record sizes need reading.
-    (hlen,) = _U16.unpack_from(batch, 4)
-    pos, end = 6 + hlen, len(batch)
+def batch_message_ids(group: str, index: int, batch: EncodedBatch) -> list[str]:
+    """Ids of a stored batch's messages: group, entry index, and where each record
+    starts in the entry (`encode_batch` says where)."""
     prefix = f"{group}:{index}:"
-    ids = []
-    while pos < end:
-        ids.append(f"{prefix}{STORED_PREFIX.size + pos}")
-        pos += _U32.unpack_from(batch, pos)[0]
-    return ids
+    return [f"{prefix}{start}" for start in batch.starts]
 
 
 @dataclass(slots=True)
@@ -447,16 +438,20 @@ class _QueueSender:
 class Producer:
     """Sends messages to topics; use as `async with Producer(namesrv) as p:`.
 
-    `selector` is "round_robin" (default: by batch, see the module docstring), "key"
-    (stable hash of the message key, so one key keeps its order on one queue; keyless
-    messages go round robin) or a callable `(total_queues, message) -> queue`. Sends with
-    a key selector, a callable or an explicit `queue` stay on their queue when retried.
+    `selector` is "key" (the default: a message with a key goes to its key's queue, a
+    stable hash of the key, so one key keeps its order on one queue; keyless messages go
+    round robin by batch, see the module docstring), "round_robin" (every message, keyed
+    or not) or a callable `(total_queues, message) -> queue`. Keyed sends, sends with a
+    callable and sends with an explicit `queue` stay on their queue when retried.
 
     `max_in_flight` is the number of batches one queue may have in flight at once; an
     idempotent producer always uses 1, so its batches reach the log in sequence order.
     `linger_ms` (default 0) trades latency for batch size when the load is light; a
     synchronous `send` waits for it too. Leaving the `async with` block waits (up
     to the send timeout times the attempts) for buffered messages to be acknowledged.
+
+    `on_attempt`, when given, is called with a `SendAttempt` just before every PRODUCE
+    request leaves, retries and redirects included (it must not block or raise).
     """
 
     def __init__(
@@ -470,10 +465,11 @@ class Producer:
         max_in_flight: int = 1,
         send_timeout: float = DEFAULT_TIMEOUT,
         retries: int = 2,
-        selector: Literal["round_robin", "key"] | QueueSelector = "round_robin",
+        selector: Literal["round_robin", "key"] | QueueSelector = "key",
         max_pending: int = 10_000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         pool: ConnectionPool | None = None,
+        on_attempt: Callable[[SendAttempt], None] | None = None,
     ) -> None:
         if linger_ms < 0 or send_timeout <= 0 or retries < 0:
             raise ValueError("linger_ms, send_timeout and retries must not be negative")
@@ -500,6 +496,7 @@ class Producer:
         self.max_pending = max_pending
         self.max_message_bytes = max_message_bytes
         self._pool = pool
+        self.on_attempt = on_attempt
         self._routes: Routes | None = None
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -520,7 +517,8 @@ class Producer:
         if self._stack is not None:
             raise RuntimeError("a Producer can be entered once")
         self._stack, self._routes, self._tg = await open_routes(
-            self._pool, self.namesrv, self.send_timeout
+            self._pool, self.namesrv, self.send_timeout,
+            max_frame=frame_limit(self.max_message_bytes),  # what nodes with this limit take
         )
         self._pending_slots = anyio.Semaphore(self.max_pending)
         return self
@@ -542,7 +540,7 @@ class Producer:
             for sender in self._senders.values():
                 sender.acc.fail_all(closed)
             self._tg.cancel_scope.cancel()
-        return await self._stack.__aexit__(exc_type, exc, tb)
+        return await close_stack(self._stack, exc)
 
     async def flush(self) -> None:
         """Wait until every message handed to the producer so far is acknowledged or failed."""
@@ -820,7 +818,8 @@ class Producer:
         born = int(time.time() * 1000)
         batch = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
         failed_groups: set[str] = set()
-        attempt = redirects = 0
+        attempt = redirects = sent = 0
+        uncertain = False  # an attempt may have been stored: a later refusal cannot undo it
         while True:
             group: str | None = None
             addr: str | None = None
@@ -831,13 +830,20 @@ class Producer:
                     raise RequestError(
                         Code.NOT_LEADER, f"no known replica of group {group}", transient=True
                     )
+                if self.on_attempt is not None:
+                    sent += 1
+                    self.on_attempt(SendAttempt(topic, queue, group, addr, sent, msgs))
                 frame = await routes.pool.request(
                     addr, Op.PRODUCE, {"g": group}, batch, timeout=self.send_timeout
                 )
                 return self._results(topic, queue, group, batch, frame.header)
             except RequestError as exc:
+                uncertain = uncertain or may_have_applied(exc)
                 if not is_retriable(exc):
                     self._abandon(topic, queue)
+                    if uncertain:
+                        raise give_up(exc, f"send to {topic} queue {queue}",
+                                      uncertain=True) from exc
                     raise
                 if group is not None and addr is not None:
                     if routes.on_error(group, addr, exc) and redirects < 5:
@@ -853,7 +859,8 @@ class Producer:
                 attempt += 1
                 if attempt > self.retries:
                     self._abandon(topic, queue)
-                    raise
+                    raise give_up(exc, f"send to {topic} queue {queue}",
+                                  uncertain=uncertain) from exc
                 log.debug("send to %s queue %d failed (%s); retry %d", topic, queue, exc, attempt)
                 await routes.wait_backoff(group, backoff_delay(attempt))  # a new leader ends it
                 if movable:
@@ -877,7 +884,7 @@ class Producer:
         return self._round_robin(route, failed_groups)
 
     def _results(
-        self, topic: str, queue: int, group: str, batch: bytes, h: dict[str, Any]
+        self, topic: str, queue: int, group: str, batch: EncodedBatch, h: dict[str, Any]
     ) -> list[SendResult]:
         try:
             base, n, index = int(h["base"]), int(h["n"]), int(h["index"])

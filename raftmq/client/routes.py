@@ -32,8 +32,10 @@ import anyio
 import anyio.abc
 import msgpack
 
-from broker.protocol import Code, Frame, Op, RequestError, parse_address
+from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, parse_address
 from transport.connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
+
+from .errors import give_up, may_have_applied
 
 __all__ = [
     "FAILED_TTL",
@@ -235,6 +237,14 @@ class Routes:
         self._topics = _RouteTable()
         self._groups: dict[str, _Group] = {}
         self._locks: dict[str, anyio.Lock] = {}
+        self.client_id = random.getrandbits(63) | 1  # names this client's requests, > 0
+        self._request_seq = 0
+
+    def request_id(self) -> tuple[int, int]:
+        """A new id for a request that changes state and is not idempotent by itself: sent
+        with every retry of it, so the broker applies it at most once."""
+        self._request_seq += 1
+        return self.client_id, self._request_seq
 
     # ------------------------------------------------------------ name servers
 
@@ -471,7 +481,8 @@ class Routes:
         if group is None:
             if not 0 <= queue < route.total:
                 raise RequestError(
-                    Code.UNKNOWN_QUEUE, f"topic {topic!r} has queues 0..{route.total - 1}"
+                    Code.UNKNOWN_QUEUE,
+                    f"topic {topic!r} has no queue {queue}: its queues are 0..{route.total - 1}",
                 )
             route.stale = True
             raise RequestError(
@@ -491,14 +502,18 @@ class Routes:
         timeout: float | None = None,
         attempts: int = DEFAULT_ATTEMPTS,
         max_redirects: int = 5,
+        write: bool = False,
     ) -> tuple[str, Frame]:
         """Send to the leader of the group `resolve()` names, retrying retriable errors.
 
         Following a NOT_LEADER hint does not use up an attempt (up to `max_redirects`);
-        other retriable failures back off and count. Returns (group, answer).
+        other retriable failures back off and count. Returns (group, answer). When the
+        attempts are spent, see `errors.give_up`: a `write` that may have been applied
+        raises `OutcomeUnknownError`, a request no leader answered `UnavailableError`.
         """
         timeout = self.timeout if timeout is None else timeout
         attempt = redirects = 0
+        uncertain = False
         while True:
             group: str | None = None
             addr: str | None = None
@@ -513,7 +528,10 @@ class Routes:
                 hdr = header(group) if callable(header) else header
                 return group, await self.pool.request(addr, op, hdr, body, timeout=timeout)
             except RequestError as exc:
+                uncertain = write and (uncertain or may_have_applied(exc))
                 if not is_retriable(exc):
+                    if uncertain:
+                        raise give_up(exc, f"{op.name} to group {group}", uncertain=True) from exc
                     raise
                 if group is not None and addr is not None:
                     if self.on_error(group, addr, exc) and redirects < max_redirects:
@@ -521,7 +539,7 @@ class Routes:
                         continue
                 attempt += 1
                 if attempt >= attempts:
-                    raise
+                    raise give_up(exc, f"{op.name} to group {group}", uncertain=uncertain) from exc
                 log.debug("%s to %s failed (%s); retry %d", op.name, addr, exc, attempt)
                 await self.wait_backoff(group, backoff_delay(attempt))
 
@@ -554,23 +572,28 @@ class Routes:
         async def resolve() -> str:
             g = self._groups.get(group)
             if g is None or (g.leader is None and not g.replicas):
-                await self.cluster()
+                cluster = await self.cluster()
+                known = sorted(str(k) for k in cluster.get("groups") or {})
+                if group not in known:
+                    raise RequestError(Code.UNKNOWN_GROUP,
+                                       f"no group {group!r} in the cluster (known: {known})")
             return group
 
         return (await self.call(resolve, op, header, body, **kwargs))[1]
 
 
 async def open_routes(
-    pool: ConnectionPool | None, namesrv: Sequence[str] | str, timeout: float
+    pool: ConnectionPool | None, namesrv: Sequence[str] | str, timeout: float,
+    *, max_frame: int = DEFAULT_MAX_FRAME,
 ) -> tuple[AsyncExitStack, Routes, anyio.abc.TaskGroup]:
     """What a client object holds while open: an exit stack owning a new connection pool
-    (when `pool` is None) and a task group, and a route cache over the pool. Nothing is
-    left open if this fails."""
+    (when `pool` is None; frames up to `max_frame`) and a task group, and a route cache
+    over the pool. Nothing is left open if this fails."""
     stack = AsyncExitStack()
     await stack.__aenter__()
     try:
         if pool is None:
-            pool = await stack.enter_async_context(ConnectionPool())
+            pool = await stack.enter_async_context(ConnectionPool(max_frame=max_frame))
         routes = Routes(pool, namesrv, timeout=timeout)
         tg = await stack.enter_async_context(anyio.create_task_group())
     except BaseException:

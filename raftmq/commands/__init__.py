@@ -17,31 +17,39 @@ from typing import Any
 
 import anyio
 
-from broker.protocol import RequestError
+from broker.protocol import DEFAULT_NAMESRV, NAMESRV_ENV, RequestError
+from raftmq.client.errors import OutcomeUnknownError, TransportError, UnavailableError, leaves
 from raftmq.client.routes import normalize_addresses
-from transport.connection import TransportError
 
 __all__ = [
     "DEFAULT_NAMESRV",
     "add_namesrv_argument",
     "first_request_error",
     "namesrv_addresses",
+    "positive_int",
     "print_json",
     "report_error",
     "run_async",
 ]
 
-# `raftmq dev` puts its name server at port base 7100 + 76, so a bare command finds it.
-DEFAULT_NAMESRV = "127.0.0.1:7176"
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
 
+def default_namesrv() -> str:
+    """$RAFTMQ_NAMESRV, else $NAMESRV_ADDR (RocketMQ's tools' variable), else the default."""
+    for name in NAMESRV_ENV:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    return DEFAULT_NAMESRV
+
+
 def add_namesrv_argument(parser: argparse.ArgumentParser) -> None:
-    default = os.environ.get("RAFTMQ_NAMESRV") or DEFAULT_NAMESRV
     parser.add_argument(
-        "--namesrv", default=default, metavar="ADDR[,ADDR]",
-        help="name server address(es) (default: $RAFTMQ_NAMESRV or %(default)s)",
+        "--namesrv", default=default_namesrv(), metavar="ADDR[,ADDR]",
+        help=f"name server address(es) (default: ${NAMESRV_ENV[0]}, ${NAMESRV_ENV[1]} or "
+             f"{DEFAULT_NAMESRV}; now %(default)s)",
     )
 
 
@@ -54,15 +62,11 @@ def namesrv_addresses(parser: argparse.ArgumentParser, value: str) -> list[str]:
 
 
 def first_request_error(exc: BaseException) -> RequestError | None:
-    """The `RequestError` behind `exc`, looking inside exception groups: a failure in a
-    task group reaches the caller wrapped, but the user wants the code and message."""
-    if isinstance(exc, RequestError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = first_request_error(inner)
-            if found is not None:
-                return found
+    """The `RequestError` behind `exc`, looking inside exception groups (a benchmark's
+    own task groups may still wrap one)."""
+    for leaf in leaves(exc):
+        if isinstance(leaf, RequestError):
+            return leaf
     return None
 
 
@@ -74,6 +78,13 @@ def report_error(prog: str, exc: RequestError, namesrv: list[str] | None = None)
             "start a cluster with `raftmq dev` or pass --namesrv / set RAFTMQ_NAMESRV",
             file=sys.stderr,
         )
+    elif isinstance(exc, OutcomeUnknownError):
+        print(f"{prog}: OUTCOME UNKNOWN: {exc.message}. The write MAY HAVE BEEN STORED: "
+              "look for it (`raftmq message key`, `raftmq consume`) before sending it again",
+              file=sys.stderr)
+    elif isinstance(exc, UnavailableError):
+        print(f"{prog}: UNAVAILABLE: {exc.message} (nothing was written; the group may have "
+              "lost its quorum: see `raftmq status`)", file=sys.stderr)
     else:
         print(f"{prog}: {exc.code.name}: {exc.message}", file=sys.stderr)
     return EXIT_FAILURE
@@ -91,6 +102,18 @@ def run_async(fn: Callable[[], Awaitable[int]], namesrv: list[str] | None = None
         if found is None:
             raise
         return report_error(prog, found, namesrv)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1, so the subcommand itself reports a
+    bad value (with its own usage line)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def print_json(obj: Any) -> None:

@@ -18,7 +18,14 @@ from broker.records import Message
 from raftmq.client import PullConsumer
 from raftmq.client.consumer import commit_offsets
 
-from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+from . import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    add_namesrv_argument,
+    namesrv_addresses,
+    print_json,
+    run_async,
+)
 
 __all__ = ["main", "message_json", "message_line"]
 
@@ -26,6 +33,7 @@ PROG = "raftmq consume"
 POLL_SLICE = 1.0  # seconds one poll may wait, so the idle timeout is checked that often
 COMMIT_INTERVAL = 1.0  # offsets of printed messages are committed this often and at the end
 BATCH = 256  # messages per poll
+TRUNCATE = 200  # characters of a body shown on a terminal without --full
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,9 +48,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="where a group without committed offsets starts (default %(default)s)")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S",
                    help="stop when nothing arrives for S seconds (default %(default)s)")
-    p.add_argument("--tags", metavar="T[,T]", help="only messages with one of these tags")
+    p.add_argument("--tags", metavar="EXPR",
+                   help="only messages with one of these tags: 'TagA', 'TagA || TagB' or "
+                        "'TagA,TagB' ('*': all)")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per message (body as UTF-8 text or base64)")
+    p.add_argument("--full", action="store_true",
+                   help=f"print whole bodies (on a terminal, bodies are cut at {TRUNCATE} "
+                        "characters unless this is given)")
     add_namesrv_argument(p)
     return p
 
@@ -66,9 +79,12 @@ def message_json(m: Message) -> dict[str, Any]:
     }
 
 
-def message_line(m: Message) -> str:
+def message_line(m: Message, limit: int | None = None) -> str:
+    """One line per message; a body longer than `limit` characters is cut, saying so."""
     text = _body_text(m.body)
     body = text if text is not None else repr(m.body)
+    if limit is not None and len(body) > limit:
+        body = f"{body[:limit]}... ({len(m.body):,} bytes; --full shows all)"
     meta = f"queue={m.queue} offset={m.offset}"
     if m.key:
         meta += f" key={m.key}"
@@ -77,13 +93,41 @@ def message_line(m: Message) -> str:
     return f"{meta} id={m.msg_id}  {body}"
 
 
+def _tags(expr: str | None) -> str | list[str] | None:
+    """--tags: a subscription expression ('A || B', '*') or a comma-separated list."""
+    if expr is None or "||" in expr or expr.strip() == "*":
+        return expr
+    return [t.strip() for t in expr.split(",")]
+
+
+async def _start_positions(consumer: PullConsumer, topic: str) -> dict[tuple[str, int], int]:
+    """For a group that has committed nothing on some queues: where it starts on them
+    (their end, for --from last), to be committed at once, so that a message sent before
+    the next run is not skipped by that run's own "last"."""
+    out: dict[tuple[str, int], int] = {}
+    for t, q in await consumer.assignment():
+        if t == topic and await consumer.committed(t, q) < 0:
+            _lo, end = await consumer.bounds(t, q)
+            consumer.seek(t, q, end)
+            out[(t, q)] = end
+    return out
+
+
 async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
-    tags = [t for t in (args.tags or "").split(",") if t] or None
     consumed = 0
     reason = f"nothing new for {args.timeout:g} s"
+    limit = None if args.full or args.json or not sys.stdout.isatty() else TRUNCATE
     async with PullConsumer(namesrv, args.group, start_from=args.start_from) as consumer:
-        consumer.assign(args.topic, tags=tags)
+        try:
+            consumer.assign(args.topic, tags=_tags(args.tags))
+        except ValueError as exc:
+            print(f"{PROG}: --tags: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         await consumer.assignment()  # an unknown topic fails here, before any waiting
+        if args.start_from == "last":
+            started = await _start_positions(consumer, args.topic)
+            if started:
+                await commit_offsets(consumer.routes, consumer.group, started)
         idle_until = time.monotonic() + args.timeout
         polled = False  # --timeout 0 still looks once
         pending: dict[tuple[str, int], int] = {}  # printed, not yet committed
@@ -106,7 +150,7 @@ async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
                 if args.json:
                     print_json(message_json(m))
                 else:
-                    print(message_line(m), flush=True)
+                    print(message_line(m, limit), flush=True)
                 offsets[(m.topic, m.queue)] = m.offset + 1
             consumed += len(printed)
             cut = {(m.topic, m.queue) for m in batch[len(printed):]}
@@ -123,8 +167,16 @@ async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
             idle_until = time.monotonic() + args.timeout
         if pending:
             await commit_offsets(consumer.routes, consumer.group, pending)
+        unreadable = dict(sorted(consumer.unreadable.items()))
     print(f"{PROG}: {consumed} message(s) from {args.topic} in group {args.group} "
           f"(stopped: {reason})", file=sys.stderr)
+    if unreadable:
+        names = ", ".join(f"{t}/{q}" for t, q in unreadable)
+        first = next(iter(unreadable.values()))
+        print(f"{PROG}: could not read {len(unreadable)} queue(s): {names} "
+              f"({first.code.name}: {first.message}); their messages were not consumed",
+              file=sys.stderr)
+        return EXIT_FAILURE
     return 0
 
 

@@ -6,6 +6,7 @@ Lag counts retained messages the group has not committed past: end - max(committ
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
 
 from rich.console import Console
@@ -35,9 +36,11 @@ def main(argv: list[str]) -> int:
     async def run() -> int:
         async with Admin(namesrv) as admin:
             lags = await admin.consumer_lag(args.group, args.topic)
+        never = all(q.committed < 0 for q in lags.values())
         if args.json:
             print_json({"group": args.group, "topic": args.topic,
                         "total": sum(q.lag for q in lags.values()),
+                        "never_committed": never,
                         "queues": [asdict(q) for q in lags.values()]})
             return 0
         table = Table(title=f"consumer group {args.group!r} on {args.topic!r}")
@@ -48,6 +51,10 @@ def main(argv: list[str]) -> int:
                           str(q.min_offset), str(q.end_offset), f"{q.lag:,}")
         table.add_row("all", "", "", "", f"{sum(q.lag for q in lags.values()):,}")
         Console().print(table)
+        if never:
+            print(f"raftmq lag: group {args.group!r} has committed no offset on "
+                  f"{args.topic!r} (no such group, or it never committed): its lag is "
+                  "every retained message", file=sys.stderr)
         return 0
 
     return run_async(run, namesrv)

@@ -10,6 +10,7 @@ leader of every group hosting the topic (the broker keeps the newest messages pe
 from __future__ import annotations
 
 import argparse
+import sys
 
 from raftmq.client import Admin
 
@@ -52,6 +53,10 @@ def main(argv: list[str]) -> int:
                 print_json(message_json(m))
             else:
                 print(message_line(m))
-        return 0 if msgs else 1
+        if not msgs:
+            print(f"{PROG}: no message with key {args.key!r} in topic {args.topic!r} (the "
+                  "broker keeps the newest messages per key)", file=sys.stderr)
+            return 1
+        return 0
 
     return run_async(run, namesrv)

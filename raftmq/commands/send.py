@@ -1,13 +1,17 @@
 """`raftmq send`: one message from the command line, or N generated ones as a quick load.
 
 One message is sent synchronously and its id, queue and offset printed: enough to find it
-again. With `--count` the messages go through `send_async` so the producer batches them
-per queue the way an application would, and only a summary is printed.
+again. The body is the MESSAGE argument, or read from stdin (`-`) or a file (`--file`),
+whole (any bytes, any size up to the message limit: no "argument list too long") or one
+message per line (`--lines`). With `--count` the messages go through `send_async` so the
+producer batches them per queue the way an application would, and only a summary is
+printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -25,7 +29,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, description="Send one message, or --count generated messages.",
     )
-    p.add_argument("message", nargs="?", help="the message body (UTF-8 text)")
+    p.add_argument("message", nargs="?",
+                   help="the message body (UTF-8 text); '-' reads it from stdin")
+    p.add_argument("--file", metavar="PATH",
+                   help="read the body from this file ('-': stdin)")
+    p.add_argument("--lines", action="store_true",
+                   help="with stdin or --file: one message per line (empty lines skipped)")
     p.add_argument("--topic", required=True)
     p.add_argument("--key", help="message key; messages with one key stay on one queue")
     p.add_argument("--tags", help="message tags (consumers can filter on them)")
@@ -52,19 +61,49 @@ def _result_dict(r: SendResult) -> dict[str, Any]:
 
 
 def _producer(args: argparse.Namespace, namesrv: list[str]) -> Producer:
-    """With --key the key picks the queue, so messages of one key stay in order."""
-    return Producer(namesrv, idempotent=args.idempotent,
-                    selector="key" if args.key else "round_robin")
+    """With --key the key picks the queue (the SDK's default rule), so messages of one
+    key stay in order."""
+    return Producer(namesrv, idempotent=args.idempotent)
 
 
-async def _send_one(args: argparse.Namespace, namesrv: list[str]) -> int:
-    async with _producer(args, namesrv) as producer:
-        result = await producer.send(args.topic, args.message, key=args.key, tags=args.tags)
+def _read_bodies(args: argparse.Namespace) -> list[bytes | str]:
+    """The bodies to send: the MESSAGE text, or stdin / --file whole or by line."""
+    source = args.file if args.file is not None else (
+        "-" if args.message == "-" else None)
+    if source is None:
+        return [args.message]
+    if source == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        with open(source, "rb") as f:
+            data = f.read()
+    if not args.lines:
+        return [data]
+    return [line for line in data.splitlines() if line]
+
+
+def _print_result(args: argparse.Namespace, result: SendResult) -> None:
     if args.json:
         print_json(_result_dict(result))
     else:
         print(f"sent {result.msg_id} to {result.topic} queue {result.queue} "
               f"offset {result.offset} (group {result.group})")
+
+
+async def _send_one(args: argparse.Namespace, namesrv: list[str]) -> int:
+    bodies = _read_bodies(args)
+    if not bodies:
+        print(f"{PROG}: no message to send (the input has no non-empty line)", file=sys.stderr)
+        return 1
+    async with _producer(args, namesrv) as producer:
+        if len(bodies) == 1:
+            _print_result(args, await producer.send(args.topic, bodies[0], key=args.key,
+                                                    tags=args.tags))
+            return 0
+        futures = [await producer.send_async(args.topic, b, key=args.key, tags=args.tags)
+                   for b in bodies]
+        for fut in futures:  # in input order; the first failure ends the command
+            _print_result(args, await fut)
     return 0
 
 
@@ -112,8 +151,14 @@ async def _send_many(args: argparse.Namespace, namesrv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if (args.message is None) == (args.count is None):
-        parser.error("give either a MESSAGE or --count N")
+    if args.file is not None and args.message is not None:
+        parser.error("give either a MESSAGE or --file PATH, not both")
+    if (args.message is None and args.file is None) == (args.count is None):
+        parser.error("give either a MESSAGE (or - for stdin, or --file PATH) or --count N")
+    if args.lines and args.file is None and args.message != "-":
+        parser.error("--lines reads stdin (MESSAGE '-') or --file")
+    if args.file not in (None, "-") and not os.path.isfile(args.file):
+        parser.error(f"--file: no such file {args.file!r}")
     if args.count is not None and args.count < 1:
         parser.error("--count must be at least 1")
     if args.size < 0:

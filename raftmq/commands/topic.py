@@ -1,8 +1,9 @@
-"""`raftmq topic create|list|describe`: manage topics without writing a program.
+"""`raftmq topic create|list|describe|update|delete`: manage topics without a program.
 
 Creation goes through `Admin.create_topic`, which writes the topic into each hosting
 group's log and waits until the name servers route every queue, so a `send` right after
-`create` finds the topic.
+`create` finds the topic. `update --queues N` adds queues (never removes any); `delete`
+removes the topic from every group hosting it, with its consumer offsets.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from rich.table import Table
 from broker.protocol import Code, RequestError
 from raftmq.client import Admin
 
-from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+from . import add_namesrv_argument, namesrv_addresses, positive_int, print_json, run_async
 
 __all__ = ["main"]
 
@@ -25,11 +26,13 @@ PROG = "raftmq topic"
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Create, list and describe topics.")
-    sub = p.add_subparsers(dest="action", metavar="{create,list,describe}")
+    p = argparse.ArgumentParser(prog=PROG,
+                                description="Create, list, describe, grow and delete topics.")
+    sub = p.add_subparsers(dest="action", metavar="{create,list,describe,update,delete}")
     c = sub.add_parser("create", help="create a topic with queues spread over the groups")
     c.add_argument("name")
-    c.add_argument("--queues", type=int, default=4, help="number of queues (default %(default)s)")
+    c.add_argument("--queues", type=positive_int, default=4,
+                   help="number of queues (default %(default)s)")
     c.add_argument("--groups", metavar="G[,G]",
                    help="Raft groups to place queues in, in order (default: all groups)")
     c.add_argument("--exist-ok", action="store_true",
@@ -40,7 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("describe", help="each queue's group, leader and offsets")
     d.add_argument("name")
     d.add_argument("--json", action="store_true")
-    for sp in (c, ls, d):
+    u = sub.add_parser("update", help="add queues to a topic (--queues: the new total)")
+    u.add_argument("name")
+    u.add_argument("--queues", type=positive_int, required=True,
+                   help="the new number of queues (more than it has)")
+    u.add_argument("--json", action="store_true")
+    rm = sub.add_parser("delete", help="delete a topic, its messages and consumer offsets")
+    rm.add_argument("name")
+    rm.add_argument("--json", action="store_true")
+    for sp in (c, ls, d, u, rm):
         add_namesrv_argument(sp)
     return p
 
@@ -120,17 +131,41 @@ async def _describe(args: argparse.Namespace, namesrv: list[str]) -> int:
     return 0
 
 
+async def _update(args: argparse.Namespace, namesrv: list[str]) -> int:
+    async with Admin(namesrv) as admin:
+        try:
+            added = await admin.add_queues(args.name, args.queues)
+        except ValueError as exc:
+            print(f"{PROG} update: {exc}", file=sys.stderr)
+            return 2
+    if args.json:
+        print_json({"topic": args.name, "queues": args.queues, "added": added})
+    else:
+        where = ", ".join(f"{g}: {_ranges(qs)}" for g, qs in sorted(added.items()))
+        print(f"topic {args.name} now has {args.queues} queues (added {where})")
+    return 0
+
+
+async def _delete(args: argparse.Namespace, namesrv: list[str]) -> int:
+    async with Admin(namesrv) as admin:
+        groups = await admin.delete_topic(args.name)
+    if args.json:
+        print_json({"topic": args.name, "deleted_from": groups})
+    else:
+        print(f"deleted topic {args.name} from {', '.join(groups)}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.action is None:
         parser.print_usage(sys.stderr)
-        print(f"{PROG}: choose create, list or describe", file=sys.stderr)
+        print(f"{PROG}: choose create, list, describe, update or delete", file=sys.stderr)
         return 2
     namesrv = namesrv_addresses(parser, args.namesrv)
-    if args.action == "create" and args.queues < 1:
-        parser.error("--queues must be at least 1")
-    action = {"create": _create, "list": _list, "describe": _describe}[args.action]
+    action = {"create": _create, "list": _list, "describe": _describe, "update": _update,
+              "delete": _delete}[args.action]
 
     async def run() -> int:
         return await action(args, namesrv)

@@ -1,0 +1,198 @@
+"""Snapshot size and time of one group's broker state holding many retained messages.
+
+    python -m bench.snapshot --json [--messages 10000000] [--before REV]
+
+The state is built by applying MESSAGES entries of `--batch` messages of `--body` bytes,
+spread round robin over `--queues` queues of one topic (the batch's walk is handed to
+`apply` with the entry, as the produce path does, so building measures the state, not the walk).
+Then it is snapshotted `--repeat` times and restored once; the snapshot is measured in
+its two halves: `detach` (`snapshot_later()`, run on the event loop, which blocks every
+group of the node meanwhile) and `serialise` (the returned callable, run in a worker
+thread), and the median of the repeats is reported, with the bytes of each part's
+section of the snapshot.
+
+With `--before REV` the same is measured, in the same process, with the state machine of
+git revision REV (`broker/statemachine.py` and `broker/consumequeue.py` as they were
+there, loaded under private module names), so the two columns compare like with like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+import types
+from typing import Any
+
+import msgpack
+
+from broker.records import STORED_PREFIX, OutgoingMessage, WalkedBatch, encode_batch, walk_batch
+from broker.statemachine import BrokerState, control_create_topic
+from raftlog.types import Entry, EntryType
+
+TOPIC = "bench"
+
+
+def load_revision(rev: str) -> Any:
+    """`BrokerState` of git revision `rev`, with the ConsumeQueue module of that revision."""
+    def source(path: str) -> str:
+        return subprocess.run(["git", "show", f"{rev}:{path}"], check=True, capture_output=True,
+                              text=True).stdout
+
+    tag = "".join(c for c in rev if c.isalnum())
+    cq_name = f"_bench_before_{tag}_consumequeue"
+    cq = types.ModuleType(cq_name)
+    sys.modules[cq_name] = cq
+    exec(compile(source("broker/consumequeue.py"), f"{rev}:broker/consumequeue.py", "exec"),
+         cq.__dict__)
+    sm_name = f"_bench_before_{tag}_statemachine"
+    spec = importlib.util.spec_from_loader(sm_name, loader=None)
+    assert spec is not None
+    sm = importlib.util.module_from_spec(spec)
+    sys.modules[sm_name] = sm
+    text = source("broker/statemachine.py").replace(
+        "from broker.consumequeue import", f"from {cq_name} import")
+    exec(compile(text, f"{rev}:broker/statemachine.py", "exec"), sm.__dict__)
+    return sm.BrokerState
+
+
+def build(state_type: Any, messages: int, batch: int, body: int, queues: int) -> Any:
+    """A state holding `messages` messages; returns (state, seconds)."""
+    state = state_type("g")
+    state.apply(Entry(1, 1, EntryType.CONTROL,
+                      control_create_topic(TOPIC, queues, range(queues))))
+    payloads = []
+    for q in range(queues):
+        data = STORED_PREFIX.pack(1) + encode_batch(
+            TOPIC, q, [OutgoingMessage(b"x" * body) for _ in range(batch)])
+        header, refs = walk_batch(data, STORED_PREFIX.size, state.max_message_bytes)
+        payloads.append((data, header, refs))
+    index = 1
+    t0 = time.perf_counter()
+    for n in range(0, messages, batch):
+        data, header, refs = payloads[(n // batch) % queues]
+        if n + batch > messages:  # the last batch is short: only its first records count
+            refs = refs[: messages - n]
+        index += 1
+        entry = Entry(index, 1, EntryType.MESSAGES, data)
+        if hasattr(state, "prewalked"):  # a revision from before proposals carried walks
+            state.prewalked(data, header, refs, state.max_message_bytes)
+            state.apply(entry)
+        else:
+            state.apply(entry, WalkedBatch(header, refs, state.max_message_bytes))
+    return state, time.perf_counter() - t0
+
+
+def snapshot_once(state: Any) -> tuple[float, float, bytes]:
+    """(detach seconds, serialise seconds, bytes) of one snapshot of `state`."""
+    gc.collect()
+    t0 = time.perf_counter()
+    later = state.snapshot_later()
+    t1 = time.perf_counter()
+    data: bytes = later()
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, data
+
+
+def _section_bytes(data: bytes) -> dict[str, int] | None:
+    """Bytes of each part's section (snapshots with parts only; None for older ones)."""
+    d = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    if "parts" not in d:
+        return None
+    return {name: len(msgpack.packb(section, use_bin_type=True))
+            for name, _, section in d["parts"]}
+
+
+def run(messages: int, batch: int, body: int, queues: int, repeat: int,
+        before: str | None) -> dict[str, Any]:
+    """Build the state with each state machine, then take their snapshots in turns (so
+    drift of the machine hits both alike), then restore each once."""
+    result: dict[str, Any] = {
+        "benchmark": "snapshot",
+        "messages": messages,
+        "batch": batch,
+        "body": body,
+        "queues": queues,
+        "repeat": repeat,
+    }
+    sides: dict[str, Any] = {}
+    if before is not None:
+        rev = subprocess.run(["git", "rev-parse", "--short", before], check=True,
+                             capture_output=True, text=True).stdout.strip()
+        result["before_rev"] = rev
+        sides["before"] = load_revision(rev)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    result["after_rev"] = head or None
+    sides["after"] = BrokerState
+    states, built = {}, {}
+    for side, state_type in sides.items():
+        states[side], built[side] = build(state_type, messages, batch, body, queues)
+        assert states[side].messages_applied == messages
+    runs: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
+    last: dict[str, bytes] = {}
+    for _ in range(repeat):
+        for side, state in states.items():
+            detach, serialise, last[side] = snapshot_once(state)
+            runs[side].append((detach, serialise))
+    for side, state_type in sides.items():
+        del states[side]
+        gc.collect()
+        t0 = time.perf_counter()
+        restored = state_type.restore("g", last[side])
+        restore = time.perf_counter() - t0
+        assert restored.messages_applied == messages
+        del restored
+        data = last.pop(side)
+        size = len(data)
+        sections = _section_bytes(data)
+        del data
+        gc.collect()
+        result[side] = {
+            "build_s": round(built[side], 3),
+            "snapshot_bytes": size,
+            "bytes_per_message": round(size / messages, 2),
+            "detach_s": round(statistics.median(d for d, _ in runs[side]), 4),
+            "serialise_s": round(statistics.median(s for _, s in runs[side]), 4),
+            "snapshot_s": round(statistics.median(d + s for d, s in runs[side]), 4),
+            "restore_s": round(restore, 4),
+        }
+        if sections is not None:
+            result[side]["section_bytes"] = sections
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.snapshot",
+                                description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--messages", type=int, default=10_000_000)
+    p.add_argument("--batch", type=int, default=1000, help="messages per MESSAGES entry")
+    p.add_argument("--body", type=int, default=100, help="bytes per message body")
+    p.add_argument("--queues", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=3, help="snapshots taken (median reported)")
+    p.add_argument("--before", metavar="REV",
+                   help="also measure the state machine of this git revision")
+    args = p.parse_args(argv)
+    if args.messages < 1 or args.batch < 1 or args.queues < 1 or args.repeat < 1:
+        p.error("--messages, --batch, --queues and --repeat must be at least 1")
+    result = run(args.messages, args.batch, args.body, args.queues, args.repeat, args.before)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for side in ("before", "after"):
+            if side in result:
+                r = result[side]
+                print(f"{side:>6} {result.get(side + '_rev')}: {r['snapshot_bytes']:,} B, "
+                      f"detach {r['detach_s']} s, serialise {r['serialise_s']} s, "
+                      f"restore {r['restore_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

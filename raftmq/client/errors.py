@@ -1,0 +1,95 @@
+"""The errors the SDK raises, and the one rule for leaving a client object's block.
+
+    RaftMQError                   every error raftmq raises to a caller
+    ├── RequestError              a request failed; `.code` (a `Code`), `.message`, `.extra`
+    │   ├── TransportError        the connection failed (`.sent`: the request had left)
+    │   ├── UnavailableError      no node could be reached, or none leads the group now;
+    │   │                         nothing was written (code UNAVAILABLE)
+    │   └── OutcomeUnknownError   a write may or may not have been applied (a timeout, a
+    │                             connection lost after sending): check before resending
+    └── ClientClosedError         the client object is closed, or was never opened
+
+A definite refusal is a `RequestError` with the broker's code (UNKNOWN_TOPIC,
+MESSAGE_TOO_LARGE, OFFSET_TOO_LARGE, ...): nothing was written. `RequestError.retriable`
+says whether trying again later may succeed.
+
+Client objects (`Producer`, `PullConsumer`, `PushConsumer`, `Admin`) own task groups,
+which wrap whatever leaves them in an `ExceptionGroup`; `close_stack` undoes that, so an
+error raised inside `async with Producer(...)` leaves the block as itself.
+
+`TransportError`, `ClientClosedError` and the task-group helpers are defined by the
+connection layer that raises them (`transport.errors`) and re-exported here.
+"""
+
+from __future__ import annotations
+
+from broker.protocol import Code, RaftMQError, RequestError
+from transport.errors import ClientClosedError, TransportError, close_stack, leaves, unwrap
+
+__all__ = [
+    "ClientClosedError",
+    "OutcomeUnknownError",
+    "RaftMQError",
+    "RequestError",
+    "TransportError",
+    "UnavailableError",
+    "close_stack",
+    "give_up",
+    "leaves",
+    "may_have_applied",
+    "unwrap",
+]
+
+
+class UnavailableError(RequestError):
+    """No node could be reached, or no replica leads the group (a quorum is lost); the
+    request was not applied. Retriable later."""
+
+    def __init__(self, message: str, **extra: object) -> None:
+        super().__init__(Code.UNAVAILABLE, message, **extra)
+
+
+class OutcomeUnknownError(RequestError):
+    """A write was sent but no answer says whether it was applied (a timeout, a
+    connection lost after sending, a leader lost before the entry committed). The write
+    may have been stored: look for it (by key or id) before sending it again, or use an
+    idempotent producer, whose retries are never stored twice."""
+
+    def __init__(self, message: str, **extra: object) -> None:
+        super().__init__(Code.TIMEOUT, message, **extra)
+
+
+_NO_LEADER = frozenset({Code.NOT_LEADER, Code.TIMEOUT, Code.UNAVAILABLE, Code.CONNECTION_LOST,
+                        Code.PROPOSAL_DROPPED})
+
+
+def may_have_applied(exc: RequestError) -> bool:
+    """Whether a write that failed with `exc` may have been applied all the same: no
+    answer came (a timeout, a connection lost after sending), or the leader that took it
+    lost leadership before the entry committed (NOT_LEADER marked `unknown`)."""
+    if isinstance(exc, OutcomeUnknownError):
+        return True
+    if isinstance(exc, (UnavailableError, ClientClosedError)):
+        return False
+    if isinstance(exc, TransportError):
+        return exc.sent
+    return exc.code == Code.TIMEOUT or bool(exc.extra.get("unknown"))
+
+
+def give_up(exc: RequestError, what: str, *, uncertain: bool = False) -> RequestError:
+    """The error to raise once a request's retries are spent on `exc`.
+
+    A write any of whose attempts may have been applied (`uncertain`) is an
+    `OutcomeUnknownError`; a request no leader answered (no node reachable, none leading,
+    answers that never came) is an `UnavailableError`, whatever the last attempt met, so a
+    lost quorum reads the same in every command; any other error is raised as it is.
+    """
+    if isinstance(exc, (OutcomeUnknownError, UnavailableError)):
+        return exc
+    if uncertain:
+        return OutcomeUnknownError(
+            f"{what}: no answer says whether it was stored ({exc.message}); it may have "
+            "been: check before sending it again", **exc.extra)
+    if isinstance(exc, TransportError) or exc.code in _NO_LEADER:
+        return UnavailableError(f"{what}: no leader answered ({exc.message})", **exc.extra)
+    return exc

@@ -1,0 +1,150 @@
+"""`raftmq group`: consumer groups, as `kafka-consumer-groups` shows and changes them.
+
+    raftmq group list [--json]
+    raftmq group describe G [--json]          members, committed offsets, lag per queue
+    raftmq group reset-offsets G --topic T --to earliest|latest|OFFSET|TIME [--dry-run]
+    raftmq group delete G
+
+Resetting and deleting change committed offsets through the Raft log, and only while the
+group has no live members (a running consumer would overwrite them at its next commit).
+TIME is ISO 8601 (`2026-11-25T17:00:00Z`; no zone means UTC) or `@<epoch ms>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+
+from rich.console import Console
+from rich.table import Table
+
+from raftmq.client import Admin
+
+from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+
+__all__ = ["main", "parse_target"]
+
+PROG = "raftmq group"
+
+
+def parse_target(text: str) -> str | int:
+    """--to: "earliest", "latest", an offset, or a time as "@<epoch ms>"."""
+    if text in ("earliest", "latest"):
+        return text
+    if text.isdigit():
+        return int(text)
+    if text.startswith("@") and text[1:].isdigit():
+        return text
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: use earliest, latest, an offset, an ISO time or @<epoch ms>") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return f"@{int(when.timestamp() * 1000)}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="List, describe, reset and delete "
+                                "consumer groups.")
+    sub = p.add_subparsers(dest="action", metavar="{list,describe,reset-offsets,delete}")
+    ls = sub.add_parser("list", help="every consumer group with committed offsets")
+    ls.add_argument("--json", action="store_true")
+    d = sub.add_parser("describe", help="members, committed offsets and lag per queue")
+    d.add_argument("group")
+    d.add_argument("--json", action="store_true")
+    r = sub.add_parser("reset-offsets", help="move a group's offsets on a topic "
+                       "(no live members)")
+    r.add_argument("group")
+    r.add_argument("--topic", required=True)
+    r.add_argument("--to", required=True, type=parse_target, metavar="WHERE",
+                   help="earliest, latest, an offset, an ISO 8601 time or @<epoch ms>")
+    r.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    r.add_argument("--json", action="store_true")
+    rm = sub.add_parser("delete", help="forget a group's offsets (no live members)")
+    rm.add_argument("group")
+    rm.add_argument("--json", action="store_true")
+    for sp in (ls, d, r, rm):
+        add_namesrv_argument(sp)
+    return p
+
+
+async def _list(args: argparse.Namespace, admin: Admin) -> int:
+    groups = await admin.group_offsets()
+    if args.json:
+        print_json({cg: sorted({t for t, _ in offs}) for cg, offs in groups.items()})
+        return 0
+    if not groups:
+        print("no consumer group has committed an offset")
+        return 0
+    for cg, offs in groups.items():
+        print(f"{cg}  topics: {', '.join(sorted({t for t, _ in offs}))}")
+    return 0
+
+
+async def _describe(args: argparse.Namespace, admin: Admin) -> int:
+    members, rows = await admin.describe_group(args.group)
+    if args.json:
+        print_json({"group": args.group, "members": members, "queues": [
+            {"topic": r.topic, "queue": r.queue, "committed": r.committed,
+             "min": r.min_offset, "end": r.end_offset, "lag": r.lag} for r in rows]})
+        return 0
+    console = Console()
+    console.print(f"consumer group {args.group}: {len(members)} live member(s)"
+                  + (f": {', '.join(members)}" if members else ""))
+    if not rows:
+        console.print("no committed offsets (no such group, or it never committed)")
+        return 0
+    table = Table()
+    for col in ("topic", "queue", "committed", "min", "end", "lag"):
+        table.add_column(col, justify="left" if col == "topic" else "right")
+    for r in rows:
+        table.add_row(r.topic, str(r.queue), str(r.committed),
+                      "-" if r.min_offset is None else str(r.min_offset),
+                      "-" if r.end_offset is None else str(r.end_offset),
+                      "-" if r.lag is None else f"{r.lag:,}")
+    console.print(table)
+    return 0
+
+
+async def _reset(args: argparse.Namespace, admin: Admin) -> int:
+    plan = await admin.reset_offsets(args.group, args.topic, args.to, dry_run=args.dry_run)
+    if args.json:
+        print_json({"group": args.group, "topic": args.topic, "dry_run": args.dry_run,
+                    "queues": {q: {"old": o, "new": n} for q, (o, n) in plan.items()}})
+        return 0
+    verb = "would move" if args.dry_run else "moved"
+    for q, (old, new) in plan.items():
+        print(f"{args.topic}/{q}: {verb} {'-' if old < 0 else old} -> {new}")
+    if args.dry_run:
+        print("dry run: nothing changed")
+    return 0
+
+
+async def _delete(args: argparse.Namespace, admin: Admin) -> int:
+    deleted = await admin.delete_group(args.group)
+    if args.json:
+        print_json({"group": args.group, "deleted_offsets": deleted})
+    else:
+        print(f"deleted consumer group {args.group} ({deleted} committed offset(s))")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.action is None:
+        parser.print_usage(sys.stderr)
+        print(f"{PROG}: choose list, describe, reset-offsets or delete", file=sys.stderr)
+        return 2
+    namesrv = namesrv_addresses(parser, args.namesrv)
+    action = {"list": _list, "describe": _describe, "reset-offsets": _reset,
+              "delete": _delete}[args.action]
+
+    async def run() -> int:
+        async with Admin(namesrv) as admin:
+            return await action(args, admin)
+
+    return run_async(run, namesrv)

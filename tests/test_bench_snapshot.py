@@ -1,0 +1,38 @@
+"""bench.snapshot: both columns are measured and describe the same state."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from bench import snapshot
+
+
+def _in_git() -> bool:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _in_git(), reason="needs a git checkout to load a revision")
+@pytest.mark.live
+def test_before_and_after_hold_the_same_messages() -> None:
+    r = snapshot.run(messages=2_500, batch=1000, body=10, queues=3, repeat=1, before="HEAD")
+    assert r["before_rev"] == r["after_rev"]
+    before, after = r["before"], r["after"]
+    # the same code at the same revision: the same bytes
+    assert before["snapshot_bytes"] == after["snapshot_bytes"]
+    # a ConsumeQueue record is 28 bytes, copied into today's snapshots
+    assert 28 <= after["bytes_per_message"] < 29
+    assert set(after) == {"build_s", "snapshot_bytes", "bytes_per_message", "detach_s",
+                          "serialise_s", "snapshot_s", "restore_s", "section_bytes"}
+    # the ConsumeQueue records are the queues part's section, and nearly all of it
+    assert after["section_bytes"]["queues"] > 0.99 * after["snapshot_bytes"]
+
+
+def test_bad_sizes_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        snapshot.main(["--messages", "0"])
+    assert "--messages" in capsys.readouterr().err

@@ -1,0 +1,57 @@
+"""The state-machine side of the admin tools: growing a topic and deleting a consumer
+group's offsets, as control entries every replica applies alike."""
+
+from __future__ import annotations
+
+from broker.protocol import Code
+from broker.statemachine import (
+    ControlResult,
+    ErrorResult,
+    control_delete_group,
+    control_grow_topic,
+    control_offsets,
+)
+from raftlog.types import EntryType
+from tests.test_broker_statemachine import Feed, assert_no_change, with_topic
+
+
+def test_grow_topic_adds_queues_and_keeps_what_was_there() -> None:
+    f = with_topic("t", 4, (0, 2))
+    f.produce("t", 0, 3)
+    f.control(control_offsets("cg", [("t", 0, 2)]))
+    assert f.control(control_grow_topic("t", 6, [0, 2, 4])) == ControlResult("grow_topic", 1)
+    cfg = f.state.topic("t")
+    assert cfg is not None and cfg.queues == 6 and cfg.hosted == (0, 2, 4)
+    assert f.state.queue_range("t", 0) == (0, 3)  # messages stay
+    assert f.state.queue_range("t", 4) == (0, 0)  # the new queue is empty
+    assert f.state.consumer_offset("cg", "t", 0) == 2  # offsets stay
+    f.produce("t", 4, 2)
+    assert f.state.queue_range("t", 4) == (0, 2)
+    # the same again changes nothing (a retried request)
+    assert f.control(control_grow_topic("t", 6, [0, 2, 4])) == ControlResult("grow_topic", 0)
+
+
+def test_grow_topic_joins_a_new_group_and_never_shrinks() -> None:
+    f = Feed()
+    assert f.control(control_grow_topic("t", 6, [5])) == ControlResult("grow_topic", 1)
+    assert f.state.queue_range("t", 5) == (0, 0)
+
+    def grown() -> Feed:
+        g = with_topic("t", 4, (0, 2))
+        g.control(control_grow_topic("t", 6, [0, 2, 4]))
+        return g
+
+    for bad in ([0, 2], [0, 4]):  # a queue dropped
+        r = assert_no_change(grown, control_grow_topic("t", 6, bad), EntryType.CONTROL)
+        assert isinstance(r, ErrorResult) and r.code == Code.MALFORMED
+    r = assert_no_change(grown, control_grow_topic("t", 5, [0, 2, 4]), EntryType.CONTROL)
+    assert isinstance(r, ErrorResult) and r.code == Code.MALFORMED  # fewer queues
+
+
+def test_delete_group_forgets_only_that_groups_offsets() -> None:
+    f = with_topic("t", 2, (0, 1))
+    f.control(control_offsets("cg", [("t", 0, 0), ("t", 1, 0)]))
+    f.control(control_offsets("other", [("t", 0, 0)]))
+    assert f.control(control_delete_group("cg")) == ControlResult("delete_group", 2)
+    assert f.state.consumer_offsets() == {("other", "t", 0): 0}
+    assert f.control(control_delete_group("cg")) == ControlResult("delete_group", 0)

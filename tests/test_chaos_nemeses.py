@@ -1,0 +1,131 @@
+"""The nemeses after the faults that lost data in other systems, each in a short
+`raftmq chaos run` of real nodes: it acts (visible in the history and in the nodes), the
+run stays valid, and the unavailability table has a row for it.
+
+`disk-full` needs root and a loop device (`SmallDisk.supported`); without them its tests
+are skipped. Its chaos run is opt-in (`-m chaos`): today the filled node exits, which the
+short deterministic test below pins down (expected to fail until fixed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from chaos.cluster import LocalCluster
+from chaos.disk_faults import SmallDisk
+from chaos.histories import parse_faults
+from chaos.nemesis import NEMESES
+from chaos.run import RunOptions, parse_list, run_chaos
+from raftmq.client import Admin, Producer
+
+SECONDS = float(os.environ.get("CHAOS_NEMESES_SECONDS", "30"))
+
+
+def _run(out: Path, nemesis: tuple[str, ...], seed: int, **kw: object) -> dict:
+    results = run_chaos(RunOptions(out=out, time=SECONDS, nemesis=nemesis, seed=seed, **kw))  # type: ignore[arg-type]
+    assert (out / "report.html").read_text().count("Unavailability per fault") == 1
+    return results
+
+
+def test_all_names_every_new_nemesis() -> None:
+    new = {"delay", "loss", "partition-clients", "truncate-file", "bitflip-file",
+           "snapshot-corrupt", "disk-full"}
+    assert new <= set(parse_list("all", NEMESES, "nemesis"))
+    assert "membership" not in NEMESES
+
+@pytest.mark.live
+
+def test_network_nemeses_act_and_the_run_is_valid(tmp_path: Path) -> None:
+    kinds = ("delay", "loss", "partition-clients")
+    results = _run(tmp_path, kinds, seed=1)
+    assert results["valid"], json.dumps(results["problems"])
+    faults = {f.f: f for f in parse_faults(tmp_path / "history.jsonl")}
+    assert set(faults) == set(kinds)
+    links = ["raft 1->2", "raft 1->3", "raft 2->3", "clients->1", "clients->2", "clients->3"]
+    assert faults["delay"].value["links"] == links and faults["delay"].value["delay"] == 0.1
+    assert faults["loss"].value["lost_chunks"] > 0  # counted by the proxies it passed
+    cut = faults["partition-clients"].value["nodes"]
+    assert len(cut) == 1
+    assert set(results["unavailability_by_fault"]) == set(kinds)
+
+@pytest.mark.live
+
+def test_damaged_file_nemeses_are_repaired_or_refused_and_lose_nothing(tmp_path: Path) -> None:
+    kinds = ("truncate-file", "bitflip-file", "snapshot-corrupt")
+    results = _run(tmp_path, kinds, seed=1, snapshot_every_entries=100)
+    faults = parse_faults(tmp_path / "history.jsonl")
+    assert {f.f for f in faults} == set(kinds)
+    logs = tmp_path / "cluster" / "logs"
+    for f in faults:
+        (node,) = f.value["nodes"]
+        damaged = f.value["damaged"][str(node)]
+        assert damaged is not None, f  # with snapshots every 100 entries there is a file
+        if f.f == "snapshot-corrupt":
+            assert damaged["kind"] == "snapshot"
+        assert damaged["how"] == {"truncate-file": "truncate", "bitflip-file": "bitflip"}.get(
+            f.f, damaged["how"])
+        outcome = f.value["outcome"][str(node)]
+        assert outcome in ("started", "refused")
+        if outcome == "refused":  # the node said why, and came back once restored
+            assert "corrupt" in f.value["refusals"][str(node)]
+        assert (logs / f"n{node}.log").read_text().count("group opened") >= 2
+    assert set(results["unavailability_by_fault"]) == set(kinds)
+    assert results["lost"] == 0 and results["unexpected"] == 0
+    assert all(v is not False for v in results["linearizable"].values())
+    if not results["valid"]:
+        # The one failure known today (see test_commitlog_damage.py): a replica whose
+        # damaged segment was cut below its snapshot leads the group and cannot serve
+        # the messages below, so the drain never ends. Anything else fails here.
+        assert results["problems"] == ["the final drain did not reach the end of every queue"]
+        history = (tmp_path / "history.jsonl").read_text()
+        assert "INTERNAL: internal error: OutOfRange('entries" in history
+        pytest.xfail("a replica cut below its snapshot cannot serve old messages")
+
+
+@pytest.mark.chaos  # minutes today: the filled node exits (see the next test)
+@pytest.mark.skipif(SmallDisk.supported(Path("/tmp")) is not None,
+                    reason="disk-full needs root and a loop device")
+def test_disk_full_fills_one_node_and_frees_it(tmp_path: Path) -> None:
+    results = _run(tmp_path, ("disk-full",), seed=2, disk_size=64 << 20)
+    (fault, *_) = parse_faults(tmp_path / "history.jsonl")
+    assert fault.f == "disk-full"
+    (node,) = fault.value["nodes"]
+    assert fault.value["free_after"] < 64 << 10 < fault.value["ballast"]
+    assert fault.value["free_after_heal"] > 32 << 20
+    assert "No space left on device" in (tmp_path / "cluster" / "logs" / f"n{node}.log").read_text()
+    assert "disk-full" in results["unavailability_by_fault"]
+    assert results["lost"] == 0 and results["unexpected"] == 0
+
+
+async def _produce(namesrv: str, n: int) -> None:
+    async with Admin(namesrv) as admin:
+        await admin.create_topic("t", 1, exist_ok=True)
+    async with Producer(namesrv) as producer:
+        for k in range(n):
+            await producer.send("t", f"m{k}", queue=0)
+
+
+@pytest.mark.xfail(strict=True, reason="a node exits on ENOSPC from a CommitLog append "
+                   "(raftlog.runtime's ready loop); it should wait for space instead")
+@pytest.mark.skipif(SmallDisk.supported(Path("/tmp")) is not None,
+                    reason="disk-full needs root and a loop device")
+def test_a_node_whose_disk_is_full_waits_for_space_instead_of_exiting(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
+    disk = SmallDisk(cluster.configs[0].data, tmp_path / "n1.img", 64 << 20)
+    disk.mount()
+    try:
+        with cluster:
+            cluster.wait_ready(30.0)
+            trio.run(_produce, cluster.namesrv_addr, 5)
+            disk.fill()
+            trio.run(_produce, cluster.namesrv_addr, 20)  # acknowledged by nodes 2 and 3
+            disk.free()
+            trio.run(_produce, cluster.namesrv_addr, 5)
+            assert cluster.unexpected_exits() == {}
+    finally:
+        disk.unmount()

@@ -1,0 +1,117 @@
+"""What the SDK and the CLI say when a group loses its quorum, over real processes.
+
+Two of three nodes are paused (SIGSTOP: they keep their sockets and answer nothing), so
+every group has lost its majority and a request can reach a leader that will not answer:
+
+* a send whose request reached a node that may still store it fails with
+  `OutcomeUnknownError`, and `raftmq send` says the message may have been stored;
+* reads say UNAVAILABLE in every command (`raftmq lag`), and `raftmq consume` names the
+  queues it could not read and exits non-zero instead of reporting "nothing new";
+* after the nodes resume, the cluster serves again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from broker.protocol import Code
+from chaos.cluster import LocalCluster
+from raftmq.client import (
+    Admin,
+    OutcomeUnknownError,
+    Producer,
+    RaftMQError,
+    RequestError,
+    key_queue,
+)
+
+pytestmark = pytest.mark.live  # every test here starts a cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPIC = "faults"
+QUEUES = 3
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path / "c", nodes=3, groups=3, tick_ms=50) as c:
+        c.wait_ready(timeout=60)
+        c.wait_preferred_leaders(timeout=30)
+
+        async def create() -> None:
+            async with Admin(c.namesrv_addr) as admin:
+                await admin.create_topic(TOPIC, queues=QUEUES, groups=["g0", "g1", "g2"])
+
+        anyio.run(create)
+        yield c
+
+
+def raftmq(cluster: LocalCluster, *args: str, timeout: float = 120
+           ) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAFTMQ_NAMESRV", "NAMESRV_ADDR")}
+    env["RAFTMQ_NAMESRV"] = cluster.namesrv_addr
+    return subprocess.run([sys.executable, "-m", "raftmq", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+def key_for(queue: int) -> str:
+    return next(k for i in range(1000) if key_queue(k := f"key-{i}", QUEUES) == queue)
+
+
+def test_a_lost_quorum_is_outcome_unknown_for_writes_and_unavailable_for_reads(
+        cluster: LocalCluster) -> None:
+    leader = cluster.leaders()["g0"]
+    assert leader is not None
+    other = next(n for n in cluster.node_ids if n != leader)
+    live = next(n for n in cluster.node_ids if n not in (leader, other))
+    # queue 0 lives in g0; its leader and one follower stop answering
+    cluster.pause(leader)
+    cluster.pause(other)
+    try:
+        async def send() -> None:
+            async with Producer(cluster.namesrv_addr, send_timeout=1.0, retries=1) as producer:
+                await producer.send(TOPIC, b"in doubt", queue=0)
+
+        with pytest.raises(OutcomeUnknownError) as info:
+            anyio.run(send)
+        assert isinstance(info.value, RequestError) and isinstance(info.value, RaftMQError)
+        assert "may have" in info.value.message
+
+        out = raftmq(cluster, "send", "--topic", TOPIC, "--key", key_for(0), "in doubt too")
+        assert out.returncode == 1
+        assert "OUTCOME UNKNOWN" in out.stderr and "MAY HAVE BEEN STORED" in out.stderr
+        assert "TIMEOUT" not in out.stderr, out.stderr
+
+        lag = raftmq(cluster, "lag", "--group", "cg", "--topic", TOPIC)
+        assert lag.returncode == 1
+        assert "UNAVAILABLE" in lag.stderr, lag.stderr
+
+        consume = raftmq(cluster, "consume", "--group", "cg", "--topic", TOPIC,
+                         "--timeout", "1")
+        assert consume.returncode == 1, consume.stderr
+        assert "could not read" in consume.stderr
+        for q in range(QUEUES):  # every group lost its majority
+            assert f"{TOPIC}/{q}" in consume.stderr, consume.stderr
+        assert cluster.is_running(live)
+    finally:
+        cluster.resume(leader)
+        cluster.resume(other)
+
+    cluster.wait_ready(timeout=60)
+
+    async def send_again() -> int:
+        async with Producer(cluster.namesrv_addr) as producer:
+            return (await producer.send(TOPIC, b"after", queue=0)).offset
+
+    assert anyio.run(send_again) >= 0
+    ok = raftmq(cluster, "consume", "--group", "cg2", "--topic", TOPIC, "--timeout", "1")
+    assert ok.returncode == 0, ok.stderr
+    assert "could not read" not in ok.stderr
+    assert Code.UNAVAILABLE.retriable

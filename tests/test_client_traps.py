@@ -1,0 +1,333 @@
+"""Traps a new user meets in the SDK and the CLI, each checked against real processes
+(a name server and three nodes hosting groups g0..g2 on loopback).
+
+* errors leave `async with Producer/PullConsumer/PushConsumer/Admin` as themselves, not
+  wrapped in exception groups, under asyncio and trio, and belong to one hierarchy;
+* tag subscriptions ("*", "TagA", "TagA || TagB", lists) select what they say, and
+  anything else is refused when subscribing;
+* a key chooses its queue by default, in the SDK and in `raftmq send --key`;
+* one `poll` returns what every assigned queue has (up to `max_messages`);
+* a request larger than a frame is refused with its reason, not retried into a timeout;
+* COMMIT_OFFSET beyond a queue's end is refused (OFFSET_TOO_LARGE);
+* `raftmq consume --from last` commits where a new group started;
+* error codes name the real problem (an unknown group, a queue that does not exist).
+
+Faults (a lost quorum) are in `test_client_faults.py`, whose clusters are their own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from broker.protocol import Code, Op, RaftMQError, RequestError
+from broker.records import Message
+from chaos.cluster import LocalCluster
+from raftmq.client import (
+    Admin,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+    TransportError,
+    key_queue,
+)
+from transport.blocking import request
+
+pytestmark = pytest.mark.live  # every test here starts a cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+GROUPS = ("g0", "g1", "g2")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("traps"), nodes=3, groups=3, tick_ms=50) as c:
+        c.wait_ready(timeout=60)
+        yield c
+        assert c.unexpected_exits() == {}
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def raftmq(cluster: LocalCluster, *args: str, stdin: str | None = None,
+           timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAFTMQ_NAMESRV", "NAMESRV_ADDR")}
+    env["RAFTMQ_NAMESRV"] = cluster.namesrv_addr
+    return subprocess.run([sys.executable, "-m", "raftmq", *args], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=timeout, input=stdin)
+
+
+async def create(cluster: LocalCluster, topic: str, queues: int) -> None:
+    async with Admin(cluster.namesrv_addr) as admin:
+        await admin.create_topic(topic, queues=queues, exist_ok=True)
+
+
+async def drain(consumer: PullConsumer, want: int, rounds: int = 40) -> list[Message]:
+    got: list[Message] = []
+    for _ in range(rounds):
+        if len(got) >= want:
+            break
+        got += await consumer.poll(timeout=1.0, max_messages=1000)
+    return got
+
+
+# ------------------------------------------------------------------ 1. errors
+
+
+@pytest.mark.anyio
+async def test_errors_leave_client_blocks_as_themselves(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    ns = cluster.namesrv_addr
+    await create(cluster, "traps-err", 3)
+
+    # the caller's own error, from each kind of client object
+    with pytest.raises(ValueError, match="mine"):
+        async with Producer(ns):
+            raise ValueError("mine")
+    with pytest.raises(ValueError, match="mine"):
+        async with PullConsumer(ns, "traps-err-cg"):
+            raise ValueError("mine")
+    with pytest.raises(ValueError, match="mine"):
+        async with Admin(ns):
+            raise ValueError("mine")
+    with pytest.raises(ValueError, match="mine"):
+        async with PushConsumer(ns, "traps-err-push", ["traps-err"], lambda msgs: None,
+                                heartbeat_interval=0.5, rebalance_interval=0.5):
+            raise ValueError("mine")
+
+    # the SDK's own errors, caught by their class as a user writes it
+    caught: list[RequestError] = []
+    try:
+        async with Producer(ns) as producer:
+            await producer.send("traps-no-such-topic", b"x")
+    except RequestError as exc:
+        caught.append(exc)
+    try:
+        async with PullConsumer(ns, "traps-err-cg") as consumer:
+            consumer.assign("traps-no-such-topic")
+            await consumer.poll(timeout=0.1)
+    except RequestError as exc:
+        caught.append(exc)
+    try:
+        async with Admin(ns) as admin:
+            await admin.query_key("traps-no-such-topic", "k")
+    except RequestError as exc:
+        caught.append(exc)
+    assert [e.code for e in caught] == [Code.UNKNOWN_TOPIC] * 3
+    assert all(isinstance(e, RaftMQError) for e in caught)
+
+
+def test_connection_refused_is_unavailable_not_a_timeout(cluster: LocalCluster) -> None:
+    """A name server that is not there: UNAVAILABLE (nothing was sent), never TIMEOUT."""
+    async def main() -> None:
+        async with Admin("127.0.0.1:1") as admin:
+            await admin.list_topics()
+
+    with pytest.raises(TransportError) as info:
+        anyio.run(main)
+    assert info.value.code == Code.UNAVAILABLE and not info.value.sent
+
+
+# ------------------------------------------------------------------ 2. tags
+
+
+@pytest.mark.anyio
+async def test_tag_subscriptions_select_what_they_say(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    ns = cluster.namesrv_addr
+    topic = f"traps-tags-{anyio_backend}"
+    await create(cluster, topic, 3)
+    sent = {"TagA": 4, "TagB": 3, "TagC": 2}
+    async with Producer(ns) as producer:
+        for tag, n in sent.items():
+            for i in range(n):
+                await producer.send(topic, f"{tag}-{i}", tags=tag)
+    total = sum(sent.values())
+
+    async def read(tags: Any, group: str) -> list[str]:
+        async with PullConsumer(ns, group) as consumer:
+            consumer.assign(topic, tags=tags)
+            got = await drain(consumer, total, rounds=3)
+        return sorted(m.tags for m in got)
+
+    assert await read("TagA", "cg-a") == ["TagA"] * 4
+    assert await read("TagA || TagB", "cg-ab") == ["TagA"] * 4 + ["TagB"] * 3
+    assert await read(["TagB", "TagC"], "cg-bc") == ["TagB"] * 3 + ["TagC"] * 2
+    assert len(await read("*", "cg-all")) == total
+
+    async with PullConsumer(ns, "cg-bad") as consumer:
+        for bad in ("TagA ||", "TagA | TagB", "Tag A", [], [3]):
+            with pytest.raises(ValueError):
+                consumer.assign(topic, tags=bad)
+    with pytest.raises(ValueError):
+        PushConsumer(ns, "cg-bad", {topic: "A || "}, lambda msgs: None)
+
+    received: list[str] = []
+    done = anyio.Event()
+
+    async def handler(msgs: list[Message]) -> None:
+        received.extend(m.tags for m in msgs)
+        if len(received) >= 4:
+            done.set()
+
+    async with PushConsumer(ns, "cg-push-a", {topic: "TagA"}, handler, mode="broadcast",
+                            rebalance_interval=0.5, consume_concurrency=1):
+        with anyio.fail_after(60):
+            await done.wait()
+        await anyio.sleep(0.5)  # anything else would have come with them
+    assert received == ["TagA"] * 4
+
+
+# ------------------------------------------------------------------ 3. keys
+
+
+@pytest.mark.anyio
+async def test_a_key_chooses_its_queue_in_the_sdk_and_the_cli(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    topic = f"traps-keys-{anyio_backend}"
+    await create(cluster, topic, 6)
+    queues = set()
+    for _ in range(3):  # three runs, as the issue's user did
+        async with Producer(cluster.namesrv_addr) as producer:
+            queues.add((await producer.send(topic, b"order", key="customer-7")).queue)
+    assert queues == {key_queue("customer-7", 6)}
+    out = raftmq(cluster, "send", "--topic", topic, "--key", "customer-7", "--json", "cli order")
+    assert out.returncode == 0, out.stderr
+    assert f'"queue": {key_queue("customer-7", 6)}' in out.stdout
+
+
+# ------------------------------------------------------------------ 4. poll
+
+
+@pytest.mark.anyio
+async def test_one_poll_returns_what_every_queue_has(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    ns = cluster.namesrv_addr
+    topic = f"traps-poll-{anyio_backend}"
+    await create(cluster, topic, 6)
+    async with Producer(ns) as producer:
+        for q in range(6):
+            await producer.send_batch(topic, [f"{q}-{i}" for i in range(10)], queue=q)
+
+    async with PullConsumer(ns, f"traps-poll-all-{anyio_backend}") as consumer:
+        consumer.assign(topic)
+        got = await consumer.poll(timeout=2.0, max_messages=1000)
+        assert len(got) == 60
+        assert {m.queue for m in got} == set(range(6))
+        await consumer.commit_all()
+
+    async with PullConsumer(ns, f"traps-poll-some-{anyio_backend}") as consumer:
+        consumer.assign(topic)
+        first = await consumer.poll(timeout=2.0, max_messages=25)
+        assert len(first) == 25
+        assert {m.queue for m in first} == set(range(6))  # queues take turns
+        rest = await drain(consumer, 35)
+        bodies = sorted(m.body for m in first + rest)
+        assert bodies == sorted(f"{q}-{i}".encode() for q in range(6) for i in range(10))
+
+
+# ------------------------------------------------------------------ 6. oversized frames
+
+
+@pytest.mark.anyio
+async def test_an_oversized_request_reports_the_frame_limit(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """The client's limits raised past the nodes': the node refuses the frame and says
+    why before it closes the connection, and that reason is what the send raises (not a
+    lost connection, and no retries into a timeout)."""
+    await create(cluster, "traps-big", 3)  # nothing is stored: shared by both runs
+    async with Producer(cluster.namesrv_addr, max_message_bytes=32 << 20) as producer:
+        for _ in range(3):  # the reason must win over the broken pipe every time
+            with pytest.raises(RequestError) as info:
+                await producer.send("traps-big", b"x" * (17 << 20), queue=0)
+            assert not isinstance(info.value, TransportError)
+            assert info.value.code == Code.FRAME_TOO_LARGE and not info.value.retriable
+            assert "exceeds the limit" in info.value.message
+            assert str(16 << 20) in info.value.message  # the node's own limit
+            assert (await producer.send("traps-big", b"small", queue=0)).offset >= 0
+
+
+# ------------------------------------------------------------------ 7. commit bounds
+
+
+@pytest.mark.anyio
+async def test_commit_beyond_the_end_of_a_queue_is_refused(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    ns = cluster.namesrv_addr
+    topic = f"traps-commit-{anyio_backend}"
+    await create(cluster, topic, 3)
+    async with Producer(ns) as producer:
+        await producer.send_batch(topic, [b"a", b"b", b"c"], queue=1)
+    async with PullConsumer(ns, f"traps-commit-cg-{anyio_backend}") as consumer:
+        await consumer.commit(topic, 1, 2)
+        with pytest.raises(RequestError) as info:
+            await consumer.commit(topic, 1, 10**12)
+        assert info.value.code == Code.OFFSET_TOO_LARGE
+        assert info.value.extra.get("end") == 3
+        assert await consumer.committed(topic, 1) == 2  # unchanged
+        await consumer.commit(topic, 1, 3)  # the end itself is a real position
+        assert await consumer.committed(topic, 1) == 3
+    async with Admin(ns) as admin:
+        lag = await admin.consumer_lag(f"traps-commit-cg-{anyio_backend}", topic)
+    assert lag[1].lag == 0 and lag[1].committed == 3
+
+
+# ------------------------------------------------------------------ 8. consume --from last
+
+
+@pytest.mark.anyio
+async def test_consume_from_last_commits_where_a_new_group_started(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    topic = f"traps-last-{anyio_backend}"
+    await create(cluster, topic, 3)
+    async with Producer(cluster.namesrv_addr) as producer:
+        await producer.send(topic, b"before the group existed")
+    first = raftmq(cluster, "consume", "--group", "late", "--topic", topic, "--from", "last",
+                   "--timeout", "0.5")
+    assert first.returncode == 0, first.stderr
+    assert "0 message(s)" in first.stderr
+    async with Producer(cluster.namesrv_addr) as producer:
+        await producer.send(topic, b"between the runs")
+    second = raftmq(cluster, "consume", "--group", "late", "--topic", topic, "--from", "last",
+                    "--timeout", "1", "--json")
+    assert second.returncode == 0, second.stderr
+    assert "between the runs" in second.stdout
+    assert "before the group existed" not in second.stdout
+
+
+# ------------------------------------------------------------------ 9. codes
+
+
+def test_error_codes_name_the_real_problem(cluster: LocalCluster) -> None:
+    out = raftmq(cluster, "message", "get", "g9:5:10")
+    assert out.returncode == 1
+    assert "UNKNOWN_GROUP" in out.stderr and "g9" in out.stderr, out.stderr
+
+    async def create_and_pull() -> None:
+        await create(cluster, "traps-six", 6)
+        async with PullConsumer(cluster.namesrv_addr, "cg") as consumer:
+            await consumer.pull("traps-six", 99)
+
+    with pytest.raises(RequestError) as info:
+        anyio.run(create_and_pull)
+    assert info.value.code == Code.UNKNOWN_QUEUE
+    assert "no queue 99" in info.value.message and "0..5" in info.value.message
+
+    node = cluster.node_ids[0]
+    h, _ = request(cluster.node_addr(node), {"op": int(Op.TOPICS)})
+    assert "traps-six" in h["topics"]
+    with pytest.raises(RequestError) as info:
+        request(cluster.node_addr(node), {"op": int(Op.FETCH), "topic": "traps-six",
+                                          "queue": 99, "offset": 0, "wait_ms": 0})
+    assert info.value.code == Code.UNKNOWN_QUEUE
+    assert "no queue 99" in info.value.message and "0..5" in info.value.message

@@ -1,0 +1,225 @@
+"""Consumer groups against a real cluster: membership that changes mid-stream, heartbeat
+expiry, broadcast mode, the blocking push consumer and `poll` across queues.
+
+One cluster serves the module; every test uses a topic and consumer group of its own, so
+the tests are independent of each other and of their order. Consumers run with short
+heartbeat, rebalance and commit intervals (0.2 s) so membership changes settle quickly;
+every wait is for an event (a message, an assignment), bounded only as a safety net.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+from broker.protocol import Op
+from chaos.cluster import LocalCluster
+from raftmq.client import Admin, Message, Producer, PullConsumer, PushConsumer
+from raftmq.client.blocking import BlockingProducer, BlockingPushConsumer
+from tests.conftest import live_cluster
+from transport.blocking import request
+
+pytestmark = pytest.mark.live
+
+QUEUES = 6  # spread over the three groups
+FAST = {"heartbeat_interval": 0.2, "rebalance_interval": 0.2, "commit_interval": 0.2,
+        "long_poll_ms": 200}
+BOUND = 60.0  # a safety net for event waits, never a measurement
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with live_cluster(tmp_path_factory.mktemp("groups")) as c:
+        c.wait_preferred_leaders(timeout=60)
+        yield c
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def create_topic(cluster: LocalCluster, topic: str) -> None:
+    async with Admin(cluster.namesrv_addr) as admin:
+        await admin.create_topic(topic, QUEUES)
+
+
+async def send(cluster: LocalCluster, topic: str, bodies: list[bytes]) -> None:
+    async with Producer(cluster.namesrv_addr) as producer:
+        for body in bodies:
+            await producer.send(topic, body)
+
+
+async def until(predicate: Any, what: str) -> None:
+    with anyio.fail_after(BOUND):
+        while not predicate():
+            await anyio.sleep(0.05)
+
+
+def bodies(n: int, tag: str = "m") -> list[bytes]:
+    return [f"{tag}{i}".encode() for i in range(n)]
+
+
+def run(main: Any) -> Any:
+    return anyio.run(main, backend="trio")
+
+
+def test_members_joining_and_leaving_mid_stream_share_every_queue(cluster: LocalCluster) -> None:
+    topic, group = fresh("join"), fresh("cg")
+    first, second, third = bodies(60, "a"), bodies(60, "b"), bodies(60, "c")
+    got: dict[str, list[Message]] = {"A": [], "B": []}
+
+    def handler(name: str) -> Any:
+        async def handle(msgs: list[Message]) -> bool:
+            got[name] += msgs
+            return True
+        return handle
+
+    def seen() -> set[bytes]:
+        return {m.body for ms in got.values() for m in ms}
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        everything = {(topic, q) for q in range(QUEUES)}
+        async with PushConsumer(cluster.namesrv_addr, group, [topic], handler("A"),
+                                client_id="A", **FAST) as a:
+            await until(lambda: set(a.assignment()) == everything, "A owning every queue")
+            await send(cluster, topic, first)
+            await until(lambda: set(first) <= seen(), "A consuming the first part")
+            async with PushConsumer(cluster.namesrv_addr, group, [topic], handler("B"),
+                                    client_id="B", **FAST) as b:
+                # joined: the queues are split, each owned by exactly one member
+                await until(lambda: set(a.assignment()) | set(b.assignment()) == everything
+                            and not set(a.assignment()) & set(b.assignment())
+                            and a.assignment() and b.assignment(), "A and B sharing")
+                await send(cluster, topic, second)
+                await until(lambda: set(second) <= seen(), "the second part consumed")
+                assert {m.body for m in got["B"]} & set(second), "B consumed nothing"
+                assert {m.body for m in got["A"]} & set(second), "A consumed nothing"
+            # B left: A takes every queue back and consumes what follows
+            await until(lambda: set(a.assignment()) == everything, "A owning every queue again")
+            await send(cluster, topic, third)
+            await until(lambda: set(third) <= seen(), "the third part consumed")
+
+    run(main)
+    assert set(first + second + third) <= seen()
+
+
+def test_a_member_that_stops_heartbeating_expires_and_its_queues_move(
+    cluster: LocalCluster,
+) -> None:
+    topic, group = fresh("expiry"), fresh("cg")
+    everything = {(topic, q) for q in range(QUEUES)}
+    got: list[Message] = []
+
+    async def handle(msgs: list[Message]) -> bool:
+        got.extend(msgs)
+        return True
+
+    def ghost_heartbeat(ttl_ms: int) -> None:
+        """A member that heartbeats once and is never heard from again (a crash)."""
+        for node in cluster.node_ids:
+            request(cluster.node_addr(node), {"op": int(Op.HEARTBEAT), "cg": group,
+                                              "client": "ghost", "ttl_ms": ttl_ms})
+
+    def members(node: int) -> list[str]:
+        h, _ = request(cluster.node_addr(node), {"op": int(Op.CONSUMERS), "cg": group})
+        return list(h["clients"])
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        ghost_heartbeat(60_000)
+        async with PushConsumer(cluster.namesrv_addr, group, [topic], handle,
+                                client_id="live", **FAST) as c:
+            # the ghost counts while its heartbeat lives: "live" gets only its share
+            await until(lambda: c.assignment() and set(c.assignment()) != everything,
+                        "live sharing with the ghost")
+            ghost_heartbeat(500)  # its last word: it expires half a second from now
+            await until(lambda: set(c.assignment()) == everything,
+                        "the ghost's queues moving to live")
+            assert all(members(n) == ["live"] for n in cluster.node_ids)
+            await send(cluster, topic, bodies(30))
+            await until(lambda: len({m.body for m in got}) == 30, "everything consumed")
+
+    run(main)
+
+
+def test_broadcast_mode_gives_every_consumer_every_message(cluster: LocalCluster) -> None:
+    topic, group = fresh("bcast"), fresh("cg")
+    want = set(bodies(40))
+    got: dict[str, set[bytes]] = {"A": set(), "B": set()}
+
+    def handler(name: str) -> Any:
+        async def handle(msgs: list[Message]) -> bool:
+            got[name].update(m.body for m in msgs)
+            return True
+        return handle
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        everything = {(topic, q) for q in range(QUEUES)}
+        async with PushConsumer(cluster.namesrv_addr, group, [topic], handler("A"),
+                                mode="broadcast", **FAST) as a, \
+                PushConsumer(cluster.namesrv_addr, group, [topic], handler("B"),
+                             mode="broadcast", **FAST) as b:
+            await until(lambda: set(a.assignment()) == set(b.assignment()) == everything,
+                        "both reading every queue")
+            await send(cluster, topic, sorted(want))
+            await until(lambda: got["A"] == want and got["B"] == want, "both got everything")
+
+    run(main)
+
+
+def test_blocking_push_consumer_runs_a_plain_handler_over_every_message(
+    cluster: LocalCluster,
+) -> None:
+    topic, group = fresh("blocking"), fresh("cg")
+    want = set(bodies(40))
+    got: set[bytes] = set()
+    lock = threading.Lock()
+    done = threading.Event()
+    threads: set[int] = set()
+
+    def handle(msgs: list[Message]) -> bool:  # plain: runs in worker threads, may block
+        with lock:
+            got.update(m.body for m in msgs)
+            threads.add(threading.get_ident())
+            if got >= want:
+                done.set()
+        return True
+
+    run(lambda: create_topic(cluster, topic))
+    with BlockingPushConsumer(cluster.namesrv_addr, group, [topic], handle, **FAST) as c, \
+            BlockingProducer(cluster.namesrv_addr) as producer:
+        for body in sorted(want):
+            producer.send(topic, body)
+        assert done.wait(BOUND), f"consumed {len(got)} of {len(want)}"
+        assert {q for _, q in c.assignment()} == set(range(QUEUES))
+        loop_thread = c._call_sync(threading.get_ident)
+    # the handler blocked no event loop: it ran in worker threads
+    assert threads and loop_thread not in threads and threading.get_ident() not in threads
+
+
+def test_poll_returns_messages_from_every_assigned_queue_that_has_some(
+    cluster: LocalCluster,
+) -> None:
+    topic, group = fresh("fair"), fresh("cg")
+
+    async def main() -> set[int]:
+        await create_topic(cluster, topic)
+        async with Producer(cluster.namesrv_addr) as producer:
+            for q in range(QUEUES):
+                for i in range(5):
+                    await producer.send(topic, f"{q}-{i}".encode(), queue=q)
+        async with PullConsumer(cluster.namesrv_addr, group) as consumer:
+            consumer.assign(topic)
+            for q in range(QUEUES):  # every queue's first position known: no lookups left
+                await consumer.pull(topic, q, max=1, wait_ms=0)
+            got = await consumer.poll(timeout=5.0)
+        return {m.queue for m in got}
+
+    assert run(main) == set(range(QUEUES))
