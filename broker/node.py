@@ -11,8 +11,8 @@ A node owns, in one trio nursery:
   challenge-response over the cluster secret) succeeds; a client can never send Raft
   traffic or read raw entries;
 * the ticker driving every group's logical clock;
-* the name-server registrar (every `register_interval`, and at once on a leader change
-  or a topic change);
+* the name-server registrar (`broker.registrar`: every `register_interval`, and at once
+  on a leader change or a topic change);
 * the Prometheus endpoint and the gauges behind it;
 * the retention policy (`broker.retention`), every `retention_check_interval`.
 
@@ -36,11 +36,9 @@ import random
 import signal
 import ssl
 import sys
-from collections import deque
 from collections.abc import Awaitable, Iterator, Mapping
 from typing import Any
 
-import msgpack
 import trio
 from prometheus_client import Counter, Gauge
 
@@ -53,8 +51,8 @@ from broker.protocol import (
     ProtocolError,
     frame_limit,
     parse_address,
-    topic_shapes,
 )
+from broker.registrar import Registrar
 from broker.retention import RetentionPolicy, run_retention
 from broker.service import BrokerService
 from broker.statemachine import BrokerState, TopicConfig
@@ -66,68 +64,16 @@ from transport.framing import FrameStream, caller_of, open_frame_stream, serve_f
 from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer
 from transport.tls import TLS_HANDSHAKE_TIMEOUT, accept_tls
 
-__all__ = ["Node", "TopicTableLog", "main"]
+__all__ = ["Node", "main"]
 
 log = logging.getLogger("raftmq.node")
 
 #: Frames between nodes may carry a whole group snapshot (`raftlog` InstallSnapshot).
 PEER_MAX_FRAME = 1 << 30
-#: Seconds one name server gets per registration round (a whole table of 100,000 topics
-#: takes it a fraction of a second; a heartbeat of changes, milliseconds).
-REGISTER_TIMEOUT = 10.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: The deliberate `duplicate-batch` test mutation stores every this-many-th batch a
 #: leader accepts twice: often enough that a few seconds of load store several.
 DUPLICATE_EVERY = 8
-
-
-class TopicTableLog:
-    """One group's topic table as last registered, its version and its recent changes,
-    so a registration carries only what changed since the version a name server holds
-    (a heartbeat of 100,000 unchanged topics is then a few hundred bytes)."""
-
-    KEEP = 64  # versions of changes kept; a name server further behind gets the whole table
-
-    def __init__(self) -> None:
-        self.version = 0
-        self.table: dict[str, TopicConfig] = {}
-        self._log: deque[tuple[int, dict[str, TopicConfig], list[str]]] = deque(maxlen=self.KEEP)
-
-    def update(self, current: dict[str, TopicConfig]) -> int:
-        """Take `current` (a copy the log may keep) as the table; a new version if it
-        differs from the last. Returns the version."""
-        prev = self.table
-        changed = {n: c for n, c in current.items()
-                   if (o := prev.get(n)) is not c and o != c}
-        added = sum(1 for n in changed if n not in prev)
-        # nothing was removed when the count adds up (the common case: skip the scan)
-        removed = ([] if len(prev) + added == len(current)
-                   else [n for n in prev if n not in current])
-        if changed or removed:
-            self.version += 1
-            self._log.append((self.version, changed, removed))
-        self.table = current
-        return self.version
-
-    def changes_since(self, base: int) -> tuple[dict[str, TopicConfig], list[str]] | None:
-        """(changed or added, removed) from version `base` to now; None when the log no
-        longer reaches back that far (or `base` is not a version of this log)."""
-        if base == self.version:
-            return {}, []
-        if base > self.version or not self._log or self._log[0][0] > base + 1:
-            return None
-        changed: dict[str, TopicConfig] = {}
-        removed: set[str] = set()
-        for version, ch, rm in self._log:
-            if version <= base:
-                continue
-            for n in rm:
-                changed.pop(n, None)
-                removed.add(n)
-            for n, c in ch.items():
-                removed.discard(n)
-                changed[n] = c
-        return changed, sorted(removed)
 
 
 class _States(Mapping[str, BrokerState]):
@@ -204,11 +150,8 @@ class Node:
                 fetch_raw=functools.partial(self._fetch_raw, gc.id),
             )
         self.service = BrokerService(self)
-        self._register_now = trio.Event()
-        # registration: table versions count within this incarnation of the node
-        self._incarnation = random.getrandbits(62)
-        self._tables = {gid: TopicTableLog() for gid in self.groups}
-        self._ns_acked: dict[str, dict[str, int]] = {}  # name server -> group -> version
+        self.registrar = Registrar(config.namesrv, config.register_interval,
+                                   self._registration_view)
         self.ack_before_commit = "ack-before-commit" in mutations
         # a scripted crash between a commit and its answer (tests of retried requests)
         self.exit_after_commit_offset = "exit-after-commit-offset" in mutations
@@ -262,7 +205,7 @@ class Node:
     def _on_change(self, g: GroupRuntime) -> None:
         if g.role == Role.LEADER:
             self.metrics.leader_changes.labels(g.group_id).inc()
-        self._register_now.set()
+        self.registrar.wake()
 
     def spawn(self, work: Awaitable[Any]) -> None:
         """Run `work` in the node's nursery, ignoring its outcome (the deliberate
@@ -278,7 +221,7 @@ class Node:
         self._nursery.start_soon(run)
 
     def topics_changed(self) -> None:
-        self._register_now.set()
+        self.registrar.wake()
 
     # ------------------------------------------------------------------ running
 
@@ -319,7 +262,7 @@ class Node:
             nursery.start_soon(self.peers.run)
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._ticker)
-            nursery.start_soon(self._registrar)
+            nursery.start_soon(self.registrar.run)
             nursery.start_soon(self._refresh_metrics)
             policy = RetentionPolicy(retention_hours=self.config.retention_hours,
                                      disk_ratio=self.config.retention_disk_ratio,
@@ -390,89 +333,25 @@ class Node:
             if now - next_at > 5 * interval:
                 next_at = now  # the loop was starved; don't burst-tick to catch up
 
-    async def _registrar(self) -> None:
-        while True:
-            with trio.move_on_after(self.config.register_interval):
-                await self._register_now.wait()
-                await trio.sleep(0.02)  # coalesce a burst of changes
-            self._register_now = trio.Event()
-            header = self.registration()
-            async with trio.open_nursery() as nursery:  # a dead name server delays no other
-                for ns in self.config.namesrv:
-                    nursery.start_soon(self._register_with, ns, header)
-
-    async def _register_with(self, ns: str, header: dict[str, Any]) -> None:
-        """REGISTER with one name server: each group's topic table changes since the version
-        it acknowledged, or whole when it holds none (or asks with `resend`)."""
-        acked = self._ns_acked.setdefault(ns, {})
-        with trio.move_on_after(REGISTER_TIMEOUT):
-            try:
-                fs = await open_frame_stream(ns)
-                async with fs:
-                    for rid in (1, 2):  # the second round answers a `resend`
-                        hdr, body, sent = self._registration_for(header, acked)
-                        await fs.send({"op": Op.REGISTER, "id": rid, **hdr}, body)
-                        frame = await fs.receive()
-                        if frame is None:
-                            return
-                        if frame.header.get("code") != Code.OK:
-                            log.warning("name server refused the registration", extra={
-                                "fields": {"namesrv": ns, "error": frame.header.get("msg")}})
-                            acked.clear()  # start over with whole tables
-                            return
-                        resend = frame.header.get("resend") or []
-                        for gid, version in sent.items():
-                            if gid in resend:
-                                acked.pop(gid, None)
-                            else:
-                                acked[gid] = version
-                        if not resend:
-                            return
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                log.debug("name server unreachable", extra={"fields": {"namesrv": ns}})
-
-    def _registration_for(
-        self, header: dict[str, Any], acked: dict[str, int]
-    ) -> tuple[dict[str, Any], bytes, dict[str, int]]:
-        """The REGISTER header and body for a name server that acknowledged the table
-        versions `acked`; also returns the version of each group's table sent."""
-        groups: dict[str, Any] = {}
-        tables: dict[str, Any] = {}
-        sent: dict[str, int] = {}
-        for gid, g in header["groups"].items():
-            tlog = self._tables[gid]
-            base = acked.get(gid)
-            delta = tlog.changes_since(base) if base is not None else None
-            if delta is None:
-                groups[gid] = g
-                tables[gid] = {"set": topic_shapes(tlog.table)}
-            else:
-                groups[gid] = {**g, "base": base}
-                changed, removed = delta
-                if changed or removed:
-                    tables[gid] = {"set": topic_shapes(changed), "del": removed}
-            sent[gid] = tlog.version
-        body = msgpack.packb(tables, use_bin_type=True) if tables else b""
-        return {**header, "groups": groups}, body, sent
-
     def registration(self) -> dict[str, Any]:
-        """The REGISTER header (without topic tables: they go in the body, per name server)
-        after bringing every group's table version up to date."""
-        groups: dict[str, Any] = {}
+        """The REGISTER header the registrar sends now (see `broker.registrar`)."""
+        return self.registrar.registration()
+
+    def _registration_view(
+        self,
+    ) -> tuple[dict[str, Any], dict[str, tuple[dict[str, Any], dict[str, TopicConfig]]]]:
+        groups: dict[str, tuple[dict[str, Any], dict[str, TopicConfig]]] = {}
         for gid, g in self.groups.items():
             st = g.status()
-            version = self._tables[gid].update(self.states[gid].topics())
-            groups[gid] = {
+            groups[gid] = ({
                 "role": st["role"],
                 "leader": st["leader"],
                 "term": st["term"],
                 "replicas": {n: self.addresses[n] for n in g.replicas},
-                "tv": version,
                 "commit": st["commit"],
                 "applied": st["applied"],
-            }
-        return {"node": self.node_id, "addr": self.addr, "metrics": self.config.metrics,
-                "inc": self._incarnation, "groups": groups}
+            }, self.states[gid].topics())
+        return {"node": self.node_id, "addr": self.addr, "metrics": self.config.metrics}, groups
 
     def status(self) -> dict[str, Any]:
         groups: dict[str, Any] = {}
@@ -507,7 +386,7 @@ class Node:
                 state = self.states[gid]
                 ntopics = state.topic_count
                 if seen_topics.get(gid, ntopics) != ntopics:
-                    self._register_now.set()
+                    self.registrar.wake()
                 seen_topics[gid] = ntopics
                 if g.is_leader:
                     for (cg, topic, q), off in state.consumer_offsets().items():

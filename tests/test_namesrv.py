@@ -449,7 +449,7 @@ def test_cluster_without_topics_stays_small_and_with_topics_uses_the_body():
 
 
 def test_the_node_table_log_sends_changes_since_any_recent_version():
-    from broker.node import TopicTableLog
+    from broker.registrar import TopicTableLog
 
     log = TopicTableLog()
     assert log.update(_configs(["a", "b"])) == 1
