@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from broker.consumers import ConsumerRegistry
 from broker.protocol import (
     Code,
     Frame,
@@ -112,7 +113,7 @@ class BrokerService:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self._consumers: dict[str, dict[str, float]] = {}  # cg -> client -> expiry
+        self.consumers = ConsumerRegistry()
         self._read_cache: OrderedDict[tuple[str, int], bytes | memoryview] = OrderedDict()
         self._read_cached = 0  # bytes held by _read_cache
         self._handlers: dict[int, Callable[[dict[str, Any], bytes], Awaitable[Response]]] = {
@@ -582,17 +583,12 @@ class BrokerService:
     async def _heartbeat(self, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
         client = _field(h, "client", str)
-        ttl = min(max(_field(h, "ttl_ms", int, 30_000), 100), 600_000)
-        self._consumers.setdefault(cg, {})[client] = time.monotonic() + ttl / 1000
+        self.consumers.heartbeat(cg, client, _field(h, "ttl_ms", int, 30_000), time.monotonic())
         return ok_header(0), b""
 
     async def _consumers_of(self, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
-        now = time.monotonic()
-        members = self._consumers.get(cg, {})
-        for client in [c for c, exp in members.items() if exp < now]:
-            del members[client]
-        return ok_header(0, clients=sorted(members)), b""
+        return ok_header(0, clients=self.consumers.members(cg, time.monotonic())), b""
 
 
 def _is_int(v: object) -> bool:
