@@ -169,7 +169,7 @@ class Node:
 
     def _deliver(self, group: str, m: Message) -> None:
         g = self.groups.get(group)
-        if g is not None and m.dst == self.node_id and g.core is not None:
+        if g is not None and m.dst == self.node_id and g.is_open:
             g.step(m)
 
     def _peer_lost(self, peer: int) -> None:

@@ -229,11 +229,9 @@ class BrokerService:
     @staticmethod
     def _entry(g: GroupRuntime, index: int) -> Entry:
         """Entry `index` from the CommitLog; a corrupt one is sent for repair (BUSY)."""
-        assert g.log is not None
         try:
-            return g.log.entries(index, index + 1, 1 << 62)[0]
-        except CorruptEntry as exc:
-            g.report_corrupt(index, str(exc))
+            return g.read_committed(index)
+        except CorruptEntry:  # already sent for repair
             raise RequestError(Code.BUSY, f"entry {index} of {g.group_id} is corrupt here and "
                                "being repaired from a peer; retry") from None
 
@@ -511,8 +509,8 @@ class BrokerService:
         gid, index, start = parse_message_id(msg_id)
         g = self._group(gid)
         state = self._leading(g)
-        assert g.log is not None
-        if not g.log.first_index() <= index <= min(g.log.last_index(), state.applied_index):
+        first, last = g.log_bounds()
+        if not first <= index <= min(last, state.applied_index):
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
         entry = self._entry(g, index)
         if entry.type != EntryType.MESSAGES:
@@ -558,10 +556,9 @@ class BrokerService:
         of an entry with the same index and term is the same: Log Matching)."""
         g = self._group(h.get("g"))
         index = _field(h, "index", int)
-        lg = g.log
-        if lg is None or lg.closed:
+        if not g.is_open:
             raise RequestError(Code.BUSY, f"group {g.group_id} is not open")
-        first, last = lg.first_index(), lg.last_index()
+        first, last = g.log_bounds()
         if index < first:
             raise RequestError(Code.NOT_FOUND, f"entry {index} was removed (first is {first})",
                                gone=True)
@@ -569,14 +566,13 @@ class BrokerService:
             raise RequestError(Code.NOT_FOUND, f"entry {index} is not readable here (last is "
                                f"{last})", gone=False)
         try:
-            raw = lg.read_raw(index, index + 1)
-        except CorruptEntry as exc:
-            g.report_corrupt(index, str(exc))
+            term, raw = g.read_raw(index)
+        except CorruptEntry:  # already sent for repair
             raise RequestError(Code.NOT_FOUND, f"entry {index} is corrupt here too",
                                gone=False) from None
         except CommitLogError as exc:
             raise RequestError(Code.BUSY, str(exc)) from None
-        return ok_header(0, term=lg.term(index)), bytes(raw)
+        return ok_header(0, term=term), raw
 
     # ------------------------------------------------------------------ consumer groups
 

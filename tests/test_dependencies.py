@@ -8,6 +8,9 @@
 * The transport (`transport`) sits below the broker, the name server and the SDK: of
   them it imports only the frame format, `broker.protocol`.
 * Nothing in the product imports `tests`.
+* The broker, the name server and the transport reach a group's log and Raft core only
+  through `GroupRuntime`'s door (`read_committed`, `read_raw`, `log_bounds`, ...): no
+  `.log` or `.core` attribute is read anywhere in them.
 
 Imports are read with `ast` wherever they appear (module level, inside functions, under
 ``TYPE_CHECKING``), relative ones resolved, so a lazy import cannot slip past.
@@ -123,3 +126,21 @@ def test_the_transport_uses_only_the_frame_format_above_it(module: str) -> None:
 def test_the_product_never_imports_tests(module: str) -> None:
     bad = sorted(m for m in imports(module) if top(m) == "tests")
     assert bad == [], f"{module} imports {bad}"
+
+
+_RUNTIME_INSIDES = frozenset({"log", "core"})
+
+
+def test_the_door_reader_sees_attribute_reads() -> None:
+    src = "def f(g):\n    return g.log.entries(1, 2, 3), g.core.commit, log.info\n"
+    found = {n.attr for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Attribute)}
+    assert _RUNTIME_INSIDES <= found
+
+
+@pytest.mark.parametrize("module", sorted(
+    m for m in modules() if top(m) in ("broker", "namesrv", "transport")))
+def test_the_broker_reads_a_group_only_through_the_runtimes_door(module: str) -> None:
+    tree = ast.parse(modules()[module].read_text())
+    bad = sorted({f"line {n.lineno}: .{n.attr}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Attribute) and n.attr in _RUNTIME_INSIDES})
+    assert bad == [], f"{module} reaches into a group runtime: {bad}"
