@@ -21,12 +21,14 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 import trio
 
+from broker.config import NodeConfig
 from broker.consumers import ConsumerRegistry
+from broker.metrics import NodeMetrics
 from broker.protocol import (
     Code,
     Frame,
@@ -55,14 +57,14 @@ from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLo
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
 
-if TYPE_CHECKING:
-    from broker.node import Node
-
 __all__ = ["CRASH_BEFORE_ANSWER_EXIT", "BrokerService"]
 
 log = logging.getLogger("raftmq.service")
 
 Response = tuple[dict[str, Any], bytes]
+#: A per-op handler: the connection's caller (who asks: a client, or a node that proved
+#: itself), the request's header and body.
+Handler = Callable[[Caller, dict[str, Any], bytes], Awaitable[Response]]
 
 MAX_FETCH_COUNT = 1024
 MAX_FETCH_BYTES = 8 << 20
@@ -108,15 +110,45 @@ def _cg(h: dict[str, Any]) -> str:
     return validate_group_name(_field(h, "cg", str))
 
 
+class BrokerHost(Protocol):
+    """What the service uses of the node that hosts it (`broker.node.Node` is one): its
+    groups and their state machines, where a node listens, its config and metrics, and
+    a few hooks. The service imports nothing of the node; the node builds the service."""
+
+    config: NodeConfig
+    metrics: NodeMetrics
+    # the deliberate test mutations the service carries out (see `broker.config`)
+    ack_before_commit: bool
+    skip_read_barrier: bool
+    crash_before_answer: bool
+    exit_after_commit_offset: bool
+    duplicate_every: int
+    batches_led: int
+
+    @property
+    def groups(self) -> Mapping[str, GroupRuntime[BrokerState]]: ...
+
+    @property
+    def states(self) -> Mapping[str, BrokerState]: ...
+
+    def peer_addr(self, node: int | None) -> str | None: ...
+
+    def spawn(self, work: Awaitable[Any]) -> None: ...
+
+    def topics_changed(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
 class BrokerService:
     """Dispatches client requests for one node."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: BrokerHost) -> None:
         self.node = node
         self.consumers = ConsumerRegistry()
         self._read_cache: OrderedDict[tuple[str, int], bytes | memoryview] = OrderedDict()
         self._read_cached = 0  # bytes held by _read_cache
-        self._handlers: dict[int, Callable[[dict[str, Any], bytes], Awaitable[Response]]] = {
+        self._handlers: dict[int, Handler] = {
             Op.PRODUCE: self._produce,
             Op.FETCH: self._fetch,
             Op.COMMIT_OFFSET: self._commit_offset,
@@ -147,7 +179,7 @@ class BrokerService:
         if handler is None:
             raise RequestError(Code.UNKNOWN_OP, f"unknown request type {op!r}")
         try:
-            header, body = await handler(h, frame.body)
+            header, body = await handler(caller, h, frame.body)
         except NotLeader as exc:
             raise RequestError(
                 Code.NOT_LEADER, "this node does not lead that group",
@@ -237,7 +269,7 @@ class BrokerService:
 
     # ------------------------------------------------------------------ produce
 
-    async def _produce(self, h: dict[str, Any], body: bytes) -> Response:
+    async def _produce(self, _caller: Caller, h: dict[str, Any], body: bytes) -> Response:
         g = self._group(h.get("g"))
         state = self._leading(g)
         # The batch is copied once, into the stored entry itself (behind the slot for the
@@ -285,7 +317,7 @@ class BrokerService:
 
     # ------------------------------------------------------------------ fetch
 
-    async def _fetch(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _fetch(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         topic = _topic(h)
         queue = _queue_id(h)
         offset = _field(h, "offset", int)
@@ -349,7 +381,7 @@ class BrokerService:
 
     # ------------------------------------------------------------------ offsets
 
-    async def _commit_offset(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _commit_offset(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Commit offsets through the log. The client retries a commit whose answer it did
         not get, so a commit carries a request id ("req": [client id, sequence]) that the
         state machine deduplicates: a retry whose first copy was committed after all (by a
@@ -402,7 +434,7 @@ class BrokerService:
             await g.read_barrier()
             confirmed = True
 
-    async def _query_offset(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _query_offset(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
         topic = _topic(h)
         queue = _queue_id(h)
@@ -414,7 +446,7 @@ class BrokerService:
 
     # ------------------------------------------------------------------ admin
 
-    async def _create_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _create_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         topic = _topic(h)
         queues = _field(h, "queues", int)
@@ -434,7 +466,7 @@ class BrokerService:
                                same=True)
         return ok_header(0), b""
 
-    async def _delete_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _delete_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         topic = _topic(h)
         self._leading(g)
@@ -442,7 +474,7 @@ class BrokerService:
         self.node.topics_changed()
         return ok_header(0), b""
 
-    async def _grow_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _grow_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         topic = _topic(h)
         queues = _field(h, "queues", int)
@@ -457,7 +489,7 @@ class BrokerService:
         self.node.topics_changed()
         return ok_header(0), b""
 
-    async def _offsets(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Committed offsets in the groups this node leads, read after a barrier each."""
         only = validate_group_name(h["cg"]) if h.get("cg") is not None else None
         rows: list[list[Any]] = []
@@ -474,7 +506,7 @@ class BrokerService:
                 rows.append([gid, cg, topic, queue, off])
         return ok_header(0, rows=rows, led=led), b""
 
-    async def _delete_group(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _delete_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         cg = _cg(h)
         self._leading(g)
@@ -482,7 +514,7 @@ class BrokerService:
         assert isinstance(result, ControlResult)
         return ok_header(0, deleted=result.applied), b""
 
-    async def _topics(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _topics(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         topics: dict[str, dict[str, Any]] = {}
         for gid, state in self.node.states.items():
             for name, cfg in state.topics().items():
@@ -490,10 +522,10 @@ class BrokerService:
                 t["hosted"][gid] = list(cfg.hosted)
         return ok_header(0, topics=topics), b""
 
-    async def _status(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _status(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         return ok_header(0, **self.node.status()), b""
 
-    async def _transfer_leader(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _transfer_leader(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         to = _field(h, "to", int)
         try:
@@ -504,7 +536,7 @@ class BrokerService:
 
     # ------------------------------------------------------------------ lookups
 
-    async def _get_message(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _get_message(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         msg_id = _field(h, "msg_id", str)
         gid, index, start = parse_message_id(msg_id)
         g = self._group(gid)
@@ -527,7 +559,7 @@ class BrokerService:
         return ok_header(0, topic=header.topic, queue=header.queue, **{
             k: v for k, v in h2.items() if k in ("g", "msgs")}), body
 
-    async def _query_key(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _query_key(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         topic = _topic(h)
         key = _field(h, "key", str)
         limit = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
@@ -551,7 +583,7 @@ class BrokerService:
                 msgs.append([gid, queue, *hdr["msgs"][0]])
         return ok_header(0, msgs=msgs, searched=led), b"".join(parts)
 
-    async def _read_raw(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _read_raw(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """A peer repairing entry `index` asks for its stored bytes (any replica's copy
         of an entry with the same index and term is the same: Log Matching)."""
         g = self._group(h.get("g"))
@@ -576,13 +608,13 @@ class BrokerService:
 
     # ------------------------------------------------------------------ consumer groups
 
-    async def _heartbeat(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _heartbeat(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
         client = _field(h, "client", str)
         self.consumers.heartbeat(cg, client, _field(h, "ttl_ms", int, 30_000), time.monotonic())
         return ok_header(0), b""
 
-    async def _consumers_of(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _consumers_of(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
         return ok_header(0, clients=self.consumers.members(cg, time.monotonic())), b""
 

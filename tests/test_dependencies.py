@@ -11,6 +11,8 @@
 * The broker, the name server and the transport reach a group's log and Raft core only
   through `GroupRuntime`'s door (`read_committed`, `read_raw`, `log_bounds`, ...): no
   `.log` or `.core` attribute is read anywhere in them.
+* The node builds the service, the registrar and retention; none of them imports the
+  node (the service states what it uses of its host as a protocol).
 
 Imports are read with `ast` wherever they appear (module level, inside functions, under
 ``TYPE_CHECKING``), relative ones resolved, so a lazy import cannot slip past.
@@ -144,3 +146,8 @@ def test_the_broker_reads_a_group_only_through_the_runtimes_door(module: str) ->
     bad = sorted({f"line {n.lineno}: .{n.attr}" for n in ast.walk(tree)
                   if isinstance(n, ast.Attribute) and n.attr in _RUNTIME_INSIDES})
     assert bad == [], f"{module} reaches into a group runtime: {bad}"
+
+
+def test_the_node_builds_the_service_and_the_registrar_not_the_other_way() -> None:
+    for module in ("broker.service", "broker.registrar", "broker.consumers", "broker.retention"):
+        assert "broker.node" not in closure({module}), f"{module} reaches broker.node"
