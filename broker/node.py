@@ -36,13 +36,14 @@ import random
 import signal
 import ssl
 import sys
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import trio
 from prometheus_client import Counter, Gauge
 
 from broker.config import NodeConfig, load_config
+from broker.groups import GroupRegistry
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import (
     Code,
@@ -74,22 +75,6 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: The deliberate `duplicate-batch` test mutation stores every this-many-th batch a
 #: leader accepts twice: often enough that a few seconds of load store several.
 DUPLICATE_EVERY = 8
-
-
-class _States(Mapping[str, BrokerState]):
-    """Each group's state machine, read from its runtime (the one owner) at every access."""
-
-    def __init__(self, groups: Mapping[str, GroupRuntime[BrokerState]]) -> None:
-        self._groups = groups
-
-    def __getitem__(self, gid: str) -> BrokerState:
-        return self._groups[gid].machine
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._groups)
-
-    def __len__(self) -> int:
-        return len(self._groups)
 
 
 class Node:
@@ -126,7 +111,8 @@ class Node:
                                secret=self._secret, on_lost=self._peer_lost,
                                ssl_context=peer_ssl_context)
         self.groups: dict[str, GroupRuntime[BrokerState]] = {}
-        self.states: Mapping[str, BrokerState] = _States(self.groups)
+        self.registry = GroupRegistry(self.groups, self.addresses)
+        self.states: Mapping[str, BrokerState] = self.registry.states
         mutations = set(config.test_mutations)
         for gc in config.hosted_groups:
             state = BrokerState(gc.id, max_message_bytes=config.max_message_bytes)
@@ -149,7 +135,7 @@ class Node:
                 on_fsync=hist.observe, restore=functools.partial(self._restore_state, gc.id),
                 fetch_raw=functools.partial(self._fetch_raw, gc.id),
             )
-        self.service = BrokerService(self)
+        self.service = BrokerService(self.registry, self)
         self.registrar = Registrar(config.namesrv, config.register_interval,
                                    self._registration_view)
         self.ack_before_commit = "ack-before-commit" in mutations
@@ -165,7 +151,7 @@ class Node:
     # ------------------------------------------------------------------ wiring
 
     def peer_addr(self, node: int | None) -> str | None:
-        return None if node is None else self.addresses.get(node)
+        return self.registry.peer_addr(node)
 
     def _deliver(self, group: str, m: Message) -> None:
         g = self.groups.get(group)

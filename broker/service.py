@@ -21,13 +21,14 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import trio
 
 from broker.config import NodeConfig
 from broker.consumers import ConsumerRegistry
+from broker.groups import GroupRegistry
 from broker.metrics import NodeMetrics
 from broker.protocol import (
     Code,
@@ -111,9 +112,9 @@ def _cg(h: dict[str, Any]) -> str:
 
 
 class BrokerHost(Protocol):
-    """What the service uses of the node that hosts it (`broker.node.Node` is one): its
-    groups and their state machines, where a node listens, its config and metrics, and
-    a few hooks. The service imports nothing of the node; the node builds the service."""
+    """What the service uses of the node that hosts it (`broker.node.Node` is one) beside
+    its groups: its config and metrics, and a few hooks. The service imports nothing of
+    the node; the node builds the service."""
 
     config: NodeConfig
     metrics: NodeMetrics
@@ -125,14 +126,6 @@ class BrokerHost(Protocol):
     duplicate_every: int
     batches_led: int
 
-    @property
-    def groups(self) -> Mapping[str, GroupRuntime[BrokerState]]: ...
-
-    @property
-    def states(self) -> Mapping[str, BrokerState]: ...
-
-    def peer_addr(self, node: int | None) -> str | None: ...
-
     def spawn(self, work: Awaitable[Any]) -> None: ...
 
     def topics_changed(self) -> None: ...
@@ -143,7 +136,8 @@ class BrokerHost(Protocol):
 class BrokerService:
     """Dispatches client requests for one node."""
 
-    def __init__(self, node: BrokerHost) -> None:
+    def __init__(self, groups: GroupRegistry, node: BrokerHost) -> None:
+        self.groups = groups
         self.node = node
         self.consumers = ConsumerRegistry()
         self._read_cache: OrderedDict[tuple[str, int], bytes | memoryview] = OrderedDict()
@@ -183,7 +177,7 @@ class BrokerService:
         except NotLeader as exc:
             raise RequestError(
                 Code.NOT_LEADER, "this node does not lead that group",
-                leader=self.node.peer_addr(exc.leader), term=exc.term,
+                leader=self.groups.peer_addr(exc.leader), term=exc.term,
             ) from None
         except (ProposalDropped, ProposalLost) as exc:
             raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None
@@ -195,7 +189,7 @@ class BrokerService:
     def _group(self, gid: object) -> GroupRuntime:
         if not isinstance(gid, str):
             raise RequestError(Code.MALFORMED, f"field 'g' must be a group id string, got {gid!r}")
-        g = self.node.groups.get(gid)
+        g = self.groups.get(gid)
         if g is None:
             raise RequestError(Code.UNKNOWN_GROUP, f"group {gid!r} is not hosted on this node")
         return g
@@ -203,17 +197,17 @@ class BrokerService:
     def _leading(self, g: GroupRuntime) -> BrokerState:
         if not g.is_leader:
             raise NotLeader(g.leader)
-        return self.node.states[g.group_id]
+        return self.groups.states[g.group_id]
 
     def _hosting(self, topic: str, queue: int) -> GroupRuntime:
         """The group on this node that hosts (topic, queue)."""
         known = False
-        for gid, state in self.node.states.items():
+        for gid, state in self.groups.states.items():
             cfg = state.topic(topic)
             if cfg is not None:
                 known = True
                 if queue in cfg.hosted:
-                    return self.node.groups[gid]
+                    return self.groups[gid]
                 if queue >= cfg.queues:
                     raise RequestError(
                         Code.UNKNOWN_QUEUE, f"topic {topic!r} has no queue {queue}: its queues "
@@ -294,7 +288,7 @@ class BrokerService:
         except NotLeader as exc:  # the batch is in this node's log and may yet commit
             raise RequestError(
                 Code.NOT_LEADER, "leadership was lost before the batch committed; it may "
-                "still be stored", leader=self.node.peer_addr(exc.leader), term=exc.term,
+                "still be stored", leader=self.groups.peer_addr(exc.leader), term=exc.term,
                 unknown=True,
             ) from None
         assert isinstance(result, ProduceResult)
@@ -404,9 +398,9 @@ class BrokerService:
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
         dup = False
         for gid, offs in by_group.items():
-            await self._check_commit_bounds(self.node.groups[gid], offs)
+            await self._check_commit_bounds(self.groups[gid], offs)
         for gid, offs in by_group.items():
-            result = self._result(await self.node.groups[gid].propose(
+            result = self._result(await self.groups[gid].propose(
                 control_offsets(cg, offs, req), EntryType.CONTROL))
             dup = dup or (isinstance(result, ControlResult) and result.dup)
         if self.node.exit_after_commit_offset and h.get("test_exit") is True:
@@ -441,7 +435,7 @@ class BrokerService:
         g = self._hosting(topic, queue)
         self._leading(g)
         await self._read_barrier(g)  # a committed offset is never read back older than it is
-        off = self.node.states[g.group_id].consumer_offset(cg, topic, queue)
+        off = self.groups.states[g.group_id].consumer_offset(cg, topic, queue)
         return ok_header(0, offset=-1 if off is None else off), b""
 
     # ------------------------------------------------------------------ admin
@@ -494,7 +488,7 @@ class BrokerService:
         only = validate_group_name(h["cg"]) if h.get("cg") is not None else None
         rows: list[list[Any]] = []
         led: list[str] = []
-        for gid, g in self.node.groups.items():
+        for gid, g in self.groups.items():
             if not g.is_leader:
                 continue
             try:
@@ -502,7 +496,7 @@ class BrokerService:
             except NotLeader:
                 continue
             led.append(gid)
-            for (cg, topic, queue), off in self.node.states[gid].consumer_offsets(only).items():
+            for (cg, topic, queue), off in self.groups.states[gid].consumer_offsets(only).items():
                 rows.append([gid, cg, topic, queue, off])
         return ok_header(0, rows=rows, led=led), b""
 
@@ -516,7 +510,7 @@ class BrokerService:
 
     async def _topics(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         topics: dict[str, dict[str, Any]] = {}
-        for gid, state in self.node.states.items():
+        for gid, state in self.groups.states.items():
             for name, cfg in state.topics().items():
                 t = topics.setdefault(name, {"queues": cfg.queues, "hosted": {}})
                 t["hosted"][gid] = list(cfg.hosted)
@@ -565,14 +559,14 @@ class BrokerService:
         limit = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
         parts: list[bytes] = []
         msgs: list[list[Any]] = []
-        if not any(state.topic(topic) for state in self.node.states.values()):
+        if not any(state.topic(topic) for state in self.groups.states.values()):
             raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
-        hosting = [gid for gid, state in self.node.states.items() if state.topic(topic)]
-        led = [gid for gid in hosting if self.node.groups[gid].is_leader]
+        hosting = [gid for gid, state in self.groups.states.items() if state.topic(topic)]
+        led = [gid for gid in hosting if self.groups[gid].is_leader]
         if not led:
-            self._leading(self.node.groups[hosting[0]])  # NOT_LEADER with a hint
+            self._leading(self.groups[hosting[0]])  # NOT_LEADER with a hint
         for gid in led:  # the groups led elsewhere answer there: "searched" tells which
-            state, g = self.node.states[gid], self.node.groups[gid]
+            state, g = self.groups.states[gid], self.groups[gid]
             for queue, offset in state.keys(topic, key)[-limit:]:
                 lo, end = state.queue_range(topic, queue)
                 if not lo <= offset < end:

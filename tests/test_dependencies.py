@@ -149,5 +149,6 @@ def test_the_broker_reads_a_group_only_through_the_runtimes_door(module: str) ->
 
 
 def test_the_node_builds_the_service_and_the_registrar_not_the_other_way() -> None:
-    for module in ("broker.service", "broker.registrar", "broker.consumers", "broker.retention"):
+    for module in ("broker.service", "broker.groups", "broker.registrar", "broker.consumers",
+                   "broker.retention"):
         assert "broker.node" not in closure({module}), f"{module} reaches broker.node"
