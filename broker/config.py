@@ -14,6 +14,7 @@ not silently fall back to a default), and every problem names its key. Example::
     data = "/srv/raftmq/n1"
     namesrv = ["127.0.0.1:7176"]
     fsync = "always"
+    cluster_secret = "the same long random string on every node"
     [peers]
     1 = "127.0.0.1:7101"
     2 = "127.0.0.1:7102"
@@ -37,6 +38,7 @@ from types import MappingProxyType
 from typing import Any
 
 from broker.protocol import MAX_MESSAGE_BYTES, RequestError, parse_address, validate_group_name
+from transport.peerauth import DEV_CLUSTER_SECRET
 
 __all__ = [
     "ALLOW_MUTATIONS_ENV",
@@ -112,6 +114,9 @@ class NodeConfig:
     retention_disk_ratio: float = 0.90
     retention_check_interval: float = 60.0  # seconds between retention policy runs
     snapshot_every_entries: int = 100_000  # a group snapshot per this many applied (0: off)
+    # Peers prove they know it before they may send Raft traffic (`transport.peerauth`);
+    # the default suits local and test clusters only.
+    cluster_secret: str = DEV_CLUSTER_SECRET
     test_mutations: tuple[str, ...] = ()
     # Record every fsync in <data>/.sync-marks (`raftlog.fsutil`), so a chaos run can
     # simulate a power loss (`chaos.disk_faults.discard_unsynced`); tests only.
@@ -192,6 +197,13 @@ def _address(value: object, key: str) -> str:
         parse_address(s)
     except ValueError as exc:
         raise ConfigError(f"{key}: {exc}") from None
+    return s
+
+
+def _secret(value: object) -> str:
+    s = _str(value, "cluster_secret")
+    if len(s) < 16:
+        raise ConfigError(f"cluster_secret must be at least 16 characters, got {len(s)}")
     return s
 
 
@@ -343,6 +355,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         snapshot_every_entries=_int(
             d.get("snapshot_every_entries", 100_000), "snapshot_every_entries", minimum=0
         ),
+        cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
         test_mutations=_mutations(d.get("test_mutations", []), env),
         test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
     )

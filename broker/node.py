@@ -6,17 +6,20 @@ A node owns, in one trio nursery:
   own; a preferred leader per group spreads leaders across nodes, and the core hands
   leadership back to it once it has caught up after a restart);
 * `PeerLinks`: one TCP connection per node pair carrying every group's Raft messages;
-* one listener on `listen` for both peers (first frame HELLO) and clients;
+* one listener on `listen` for both peers and clients: a connection whose first frame is
+  HELLO becomes a peer's only once the peer handshake (`transport.peerauth`, a
+  challenge-response over the cluster secret) succeeds; a client can never send Raft
+  traffic or read raw entries;
 * the ticker driving every group's logical clock;
-* the name-server registrar (every `register_interval`, and at once on a leader change
-  or a topic change);
+* the name-server registrar (`broker.registrar`: every `register_interval`, and at once
+  on a leader change or a topic change);
 * the Prometheus endpoint and the gauges behind it;
 * the retention policy (`broker.retention`), every `retention_check_interval`.
 
 A group that finds corrupt entries in its CommitLog fetches them from its peer replicas
-with READ_RAW requests on their listeners (`_fetch_raw`; see `raftlog.runtime`), which
-every node serves whatever it is doing, so two nodes repairing from each other never
-wait on one another.
+with READ_RAW requests on their listeners (`_fetch_raw`; see `raftlog.runtime`), over a
+connection opened with the peer handshake (purpose `rpc`), which every node serves
+whatever it is doing, so two nodes repairing from each other never wait on one another.
 
 With `test_sync_marks` (tests only) every fsync under the data directory is recorded
 before the groups open (`raftlog.fsutil.enable_sync_marks`), for simulated power losses.
@@ -31,26 +34,26 @@ import gc as pygc
 import logging
 import random
 import signal
+import ssl
 import sys
-from collections import deque
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
-import msgpack
 import trio
 from prometheus_client import Counter, Gauge
 
 from broker.config import NodeConfig, load_config
-from broker.framing import FrameStream, open_frame_stream, serve_frames
+from broker.groups import GroupRegistry
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import (
     Code,
+    Frame,
     Op,
-    error_header,
+    ProtocolError,
     frame_limit,
     parse_address,
-    topic_shapes,
 )
+from broker.registrar import Registrar
 from broker.retention import RetentionPolicy, run_retention
 from broker.service import BrokerService
 from broker.statemachine import BrokerState, TopicConfig
@@ -58,91 +61,38 @@ from raftlog.core import RaftConfig
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
 from raftlog.types import Message, Role
+from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
+from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer
+from transport.tls import TLS_HANDSHAKE_TIMEOUT, accept_tls
 
-__all__ = ["Node", "TopicTableLog", "main"]
+__all__ = ["Node", "main"]
 
 log = logging.getLogger("raftmq.node")
 
 #: Frames between nodes may carry a whole group snapshot (`raftlog` InstallSnapshot).
 PEER_MAX_FRAME = 1 << 30
-#: Seconds one name server gets per registration round (a whole table of 100,000 topics
-#: takes it a fraction of a second; a heartbeat of changes, milliseconds).
-REGISTER_TIMEOUT = 10.0
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: The deliberate `duplicate-batch` test mutation stores every this-many-th batch a
 #: leader accepts twice: often enough that a few seconds of load store several.
 DUPLICATE_EVERY = 8
 
 
-class TopicTableLog:
-    """One group's topic table as last registered, its version and its recent changes,
-    so a registration carries only what changed since the version a name server holds
-    (a heartbeat of 100,000 unchanged topics is then a few hundred bytes)."""
-
-    KEEP = 64  # versions of changes kept; a name server further behind gets the whole table
-
-    def __init__(self) -> None:
-        self.version = 0
-        self.table: dict[str, TopicConfig] = {}
-        self._log: deque[tuple[int, dict[str, TopicConfig], list[str]]] = deque(maxlen=self.KEEP)
-
-    def update(self, current: dict[str, TopicConfig]) -> int:
-        """Take `current` (a copy the log may keep) as the table; a new version if it
-        differs from the last. Returns the version."""
-        prev = self.table
-        changed = {n: c for n, c in current.items()
-                   if (o := prev.get(n)) is not c and o != c}
-        added = sum(1 for n in changed if n not in prev)
-        # nothing was removed when the count adds up (the common case: skip the scan)
-        removed = ([] if len(prev) + added == len(current)
-                   else [n for n in prev if n not in current])
-        if changed or removed:
-            self.version += 1
-            self._log.append((self.version, changed, removed))
-        self.table = current
-        return self.version
-
-    def changes_since(self, base: int) -> tuple[dict[str, TopicConfig], list[str]] | None:
-        """(changed or added, removed) from version `base` to now; None when the log no
-        longer reaches back that far (or `base` is not a version of this log)."""
-        if base == self.version:
-            return {}, []
-        if base > self.version or not self._log or self._log[0][0] > base + 1:
-            return None
-        changed: dict[str, TopicConfig] = {}
-        removed: set[str] = set()
-        for version, ch, rm in self._log:
-            if version <= base:
-                continue
-            for n in rm:
-                changed.pop(n, None)
-                removed.add(n)
-            for n, c in ch.items():
-                removed.discard(n)
-                changed[n] = c
-        return changed, sorted(removed)
-
-
-class _States(Mapping[str, BrokerState]):
-    """Each group's state machine, read from its runtime (the one owner) at every access."""
-
-    def __init__(self, groups: Mapping[str, GroupRuntime[BrokerState]]) -> None:
-        self._groups = groups
-
-    def __getitem__(self, gid: str) -> BrokerState:
-        return self._groups[gid].machine
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._groups)
-
-    def __len__(self) -> int:
-        return len(self._groups)
-
-
 class Node:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, *, ssl_context: ssl.SSLContext | None = None,
+                 peer_ssl_context: ssl.SSLContext | None = None) -> None:
+        """`ssl_context` (server side) puts TLS on the listener, for clients and peers
+        alike; `peer_ssl_context` (client side) is what this node dials its peers with.
+        Give both or neither: peers share one listener with clients."""
+        if (ssl_context is None) != (peer_ssl_context is None):
+            raise ValueError("give both ssl_context and peer_ssl_context, or neither")
         self.config = config
+        self._ssl = ssl_context
+        self._peer_ssl = peer_ssl_context
         self.node_id = config.node_id
         self.addr = config.address
+        # where each node is reached; this node's own entry becomes the bound address
+        # when it listens on port 0
+        self.addresses: dict[int, str] = dict(config.peers)
         self.metrics = NodeMetrics(config.node_id)
         # corrupt CommitLog entries: awaiting a peer's copy, and repaired from one
         self.unrepaired_gauge = Gauge("raftmq_unrepaired_entries",
@@ -155,11 +105,14 @@ class Node:
         self.max_frame = frame_limit(config.max_message_bytes)
         from broker.peers import PeerLinks
 
+        self._secret = config.cluster_secret.encode()
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
                                max_frame=max(self.max_frame, PEER_MAX_FRAME),
-                               on_lost=self._peer_lost)
+                               secret=self._secret, on_lost=self._peer_lost,
+                               ssl_context=peer_ssl_context)
         self.groups: dict[str, GroupRuntime[BrokerState]] = {}
-        self.states: Mapping[str, BrokerState] = _States(self.groups)
+        self.registry = GroupRegistry(self.groups, self.addresses)
+        self.states: Mapping[str, BrokerState] = self.registry.states
         mutations = set(config.test_mutations)
         for gc in config.hosted_groups:
             state = BrokerState(gc.id, max_message_bytes=config.max_message_bytes)
@@ -182,12 +135,9 @@ class Node:
                 on_fsync=hist.observe, restore=functools.partial(self._restore_state, gc.id),
                 fetch_raw=functools.partial(self._fetch_raw, gc.id),
             )
-        self.service = BrokerService(self)
-        self._register_now = trio.Event()
-        # registration: table versions count within this incarnation of the node
-        self._incarnation = random.getrandbits(62)
-        self._tables = {gid: TopicTableLog() for gid in self.groups}
-        self._ns_acked: dict[str, dict[str, int]] = {}  # name server -> group -> version
+        self.service = BrokerService(self.registry, self)
+        self.registrar = Registrar(config.namesrv, config.register_interval,
+                                   self._registration_view)
         self.ack_before_commit = "ack-before-commit" in mutations
         # a scripted crash between a commit and its answer (tests of retried requests)
         self.exit_after_commit_offset = "exit-after-commit-offset" in mutations
@@ -201,11 +151,11 @@ class Node:
     # ------------------------------------------------------------------ wiring
 
     def peer_addr(self, node: int | None) -> str | None:
-        return None if node is None else self.config.peers.get(node)
+        return self.registry.peer_addr(node)
 
     def _deliver(self, group: str, m: Message) -> None:
         g = self.groups.get(group)
-        if g is not None and m.dst == self.node_id and g.core is not None:
+        if g is not None and m.dst == self.node_id and g.is_open:
             g.step(m)
 
     def _peer_lost(self, peer: int) -> None:
@@ -222,8 +172,13 @@ class Node:
         addr = self.peer_addr(peer)
         if addr is None:
             raise EntryUnavailable(f"node {peer} is not a peer")
-        fs = await open_frame_stream(addr, max_frame=max(self.max_frame, PEER_MAX_FRAME))
+        fs = await open_frame_stream(addr, max_frame=max(self.max_frame, PEER_MAX_FRAME),
+                                     ssl_context=self._peer_ssl)
         async with fs:
+            try:
+                await dial_peer(fs, self._secret, self.node_id, peer, purpose="rpc")
+            except (PeerRefused, trio.TooSlowError) as exc:
+                raise EntryUnavailable(f"node {peer}: {exc}") from None
             await fs.send({"op": int(Op.READ_RAW), "id": 1, "g": group, "index": index})
             frame = await fs.receive()
         if frame is None:
@@ -236,7 +191,7 @@ class Node:
     def _on_change(self, g: GroupRuntime) -> None:
         if g.role == Role.LEADER:
             self.metrics.leader_changes.labels(g.group_id).inc()
-        self._register_now.set()
+        self.registrar.wake()
 
     def spawn(self, work: Awaitable[Any]) -> None:
         """Run `work` in the node's nursery, ignoring its outcome (the deliberate
@@ -252,11 +207,14 @@ class Node:
         self._nursery.start_soon(run)
 
     def topics_changed(self) -> None:
-        self._register_now.set()
+        self.registrar.wake()
 
     # ------------------------------------------------------------------ running
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open the groups, listen and serve until cancelled. Started with
+        `nursery.start`, it returns the address clients and peers dial, with the real
+        port when `listen` asked for port 0 (tests need not guess a free port)."""
         if not self.config.test_sync_marks:
             await self._run(task_status)
             return
@@ -271,8 +229,18 @@ class Node:
     async def _run(self, task_status: trio.TaskStatus[str]) -> None:
         for g in self.groups.values():
             g.open()
-        host, port = parse_address(self.config.listen)
+        host, port = _listen_address(self.config.listen)
+        if self.config.cluster_secret == DEV_CLUSTER_SECRET and host not in _LOOPBACK:
+            log.warning("the built-in cluster_secret is used on a non-loopback address: "
+                        "anyone who knows it can join as a peer; set cluster_secret",
+                        extra={"fields": {"listen": self.config.listen}})
         listeners = await trio.open_tcp_listeners(port, host=host)
+        if port == 0:  # any free port: one listener, and everyone is told its real port
+            for extra in listeners[1:]:
+                await extra.aclose()
+            listeners = listeners[:1]
+            self.addr = f"{host}:{listeners[0].socket.getsockname()[1]}"
+            self.addresses[self.node_id] = self.addr
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for g in self.groups.values():
@@ -280,7 +248,7 @@ class Node:
             nursery.start_soon(self.peers.run)
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._ticker)
-            nursery.start_soon(self._registrar)
+            nursery.start_soon(self.registrar.run)
             nursery.start_soon(self._refresh_metrics)
             policy = RetentionPolicy(retention_hours=self.config.retention_hours,
                                      disk_ratio=self.config.retention_disk_ratio,
@@ -295,7 +263,15 @@ class Node:
                                                      "groups": sorted(self.groups)}})
             task_status.started(self.addr)
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+    async def _serve_connection(self, stream: trio.abc.Stream) -> None:
+        if self._ssl is not None:
+            try:
+                with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                    stream = await accept_tls(stream, self._ssl)
+            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+                log.info("TLS handshake failed", extra={"fields": {"error": repr(exc)}})
+                await trio.aclose_forcefully(stream)
+                return
         fs = FrameStream(stream, max_frame=self.max_frame)
         try:
             first = await fs.receive()
@@ -307,24 +283,29 @@ class Node:
             await fs.aclose()
             return
         if first.header.get("op") == Op.HELLO:
-            peer = first.header.get("node")
-            if (not isinstance(peer, int) or isinstance(peer, bool) or peer == self.node_id
-                    or peer not in self.config.peers):
-                with trio.move_on_after(2):
-                    try:
-                        await fs.send(error_header(0, Code.MALFORMED,
-                                                   f"HELLO from {peer!r}: not a peer of this node"))
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass
-                await fs.aclose()
-                return
-            try:
-                await self.peers.accept(peer, stream, fs.decoder)
-            finally:
-                with trio.CancelScope(shield=True):
-                    await fs.aclose()
+            await self._serve_peer(fs, first)
             return
         await serve_frames(fs, self.service.handle, first=first)
+
+    async def _serve_peer(self, fs: FrameStream, hello: Frame) -> None:
+        """A connection that opened with HELLO: the peer handshake, then the Raft link
+        (purpose `raft`) or requests answered as from that peer (`rpc`: READ_RAW)."""
+        try:
+            try:
+                peer, purpose = await accept_peer(fs, hello, self._secret, self.node_id,
+                                                  self.config.peers)
+            except (PeerRefused, ProtocolError, trio.BrokenResourceError,
+                    trio.ClosedResourceError) as exc:
+                log.info("peer connection refused", extra={"fields": {"error": str(exc)}})
+                return
+            if purpose == "rpc":
+                caller = caller_of(fs.stream)
+                caller.peer = peer
+                await serve_frames(fs, self.service.handle, caller=caller)
+                return
+            await self.peers.accept(peer, fs.stream, fs.decoder)
+        finally:
+            await trio.aclose_forcefully(fs.stream)  # no TLS goodbye owed to a peer gone
 
     async def _ticker(self) -> None:
         interval = self.config.tick_ms / 1000
@@ -338,89 +319,25 @@ class Node:
             if now - next_at > 5 * interval:
                 next_at = now  # the loop was starved; don't burst-tick to catch up
 
-    async def _registrar(self) -> None:
-        while True:
-            with trio.move_on_after(self.config.register_interval):
-                await self._register_now.wait()
-                await trio.sleep(0.02)  # coalesce a burst of changes
-            self._register_now = trio.Event()
-            header = self.registration()
-            async with trio.open_nursery() as nursery:  # a dead name server delays no other
-                for ns in self.config.namesrv:
-                    nursery.start_soon(self._register_with, ns, header)
-
-    async def _register_with(self, ns: str, header: dict[str, Any]) -> None:
-        """REGISTER with one name server: each group's topic table changes since the version
-        it acknowledged, or whole when it holds none (or asks with `resend`)."""
-        acked = self._ns_acked.setdefault(ns, {})
-        with trio.move_on_after(REGISTER_TIMEOUT):
-            try:
-                fs = await open_frame_stream(ns)
-                async with fs:
-                    for rid in (1, 2):  # the second round answers a `resend`
-                        hdr, body, sent = self._registration_for(header, acked)
-                        await fs.send({"op": Op.REGISTER, "id": rid, **hdr}, body)
-                        frame = await fs.receive()
-                        if frame is None:
-                            return
-                        if frame.header.get("code") != Code.OK:
-                            log.warning("name server refused the registration", extra={
-                                "fields": {"namesrv": ns, "error": frame.header.get("msg")}})
-                            acked.clear()  # start over with whole tables
-                            return
-                        resend = frame.header.get("resend") or []
-                        for gid, version in sent.items():
-                            if gid in resend:
-                                acked.pop(gid, None)
-                            else:
-                                acked[gid] = version
-                        if not resend:
-                            return
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                log.debug("name server unreachable", extra={"fields": {"namesrv": ns}})
-
-    def _registration_for(
-        self, header: dict[str, Any], acked: dict[str, int]
-    ) -> tuple[dict[str, Any], bytes, dict[str, int]]:
-        """The REGISTER header and body for a name server that acknowledged the table
-        versions `acked`; also returns the version of each group's table sent."""
-        groups: dict[str, Any] = {}
-        tables: dict[str, Any] = {}
-        sent: dict[str, int] = {}
-        for gid, g in header["groups"].items():
-            tlog = self._tables[gid]
-            base = acked.get(gid)
-            delta = tlog.changes_since(base) if base is not None else None
-            if delta is None:
-                groups[gid] = g
-                tables[gid] = {"set": topic_shapes(tlog.table)}
-            else:
-                groups[gid] = {**g, "base": base}
-                changed, removed = delta
-                if changed or removed:
-                    tables[gid] = {"set": topic_shapes(changed), "del": removed}
-            sent[gid] = tlog.version
-        body = msgpack.packb(tables, use_bin_type=True) if tables else b""
-        return {**header, "groups": groups}, body, sent
-
     def registration(self) -> dict[str, Any]:
-        """The REGISTER header (without topic tables: they go in the body, per name server)
-        after bringing every group's table version up to date."""
-        groups: dict[str, Any] = {}
+        """The REGISTER header the registrar sends now (see `broker.registrar`)."""
+        return self.registrar.registration()
+
+    def _registration_view(
+        self,
+    ) -> tuple[dict[str, Any], dict[str, tuple[dict[str, Any], dict[str, TopicConfig]]]]:
+        groups: dict[str, tuple[dict[str, Any], dict[str, TopicConfig]]] = {}
         for gid, g in self.groups.items():
             st = g.status()
-            version = self._tables[gid].update(self.states[gid].topics())
-            groups[gid] = {
+            groups[gid] = ({
                 "role": st["role"],
                 "leader": st["leader"],
                 "term": st["term"],
-                "replicas": {n: self.config.peers[n] for n in g.replicas},
-                "tv": version,
+                "replicas": {n: self.addresses[n] for n in g.replicas},
                 "commit": st["commit"],
                 "applied": st["applied"],
-            }
-        return {"node": self.node_id, "addr": self.addr, "metrics": self.config.metrics,
-                "inc": self._incarnation, "groups": groups}
+            }, self.states[gid].topics())
+        return {"node": self.node_id, "addr": self.addr, "metrics": self.config.metrics}, groups
 
     def status(self) -> dict[str, Any]:
         groups: dict[str, Any] = {}
@@ -455,7 +372,7 @@ class Node:
                 state = self.states[gid]
                 ntopics = state.topic_count
                 if seen_topics.get(gid, ntopics) != ntopics:
-                    self._register_now.set()
+                    self.registrar.wake()
                 seen_topics[gid] = ntopics
                 if g.is_leader:
                     for (cg, topic, q), off in state.consumer_offsets().items():
@@ -465,6 +382,14 @@ class Node:
                             continue
                         self.metrics.consumer_lag.labels(gid, cg, topic, str(q)).set(end - off)
             await trio.sleep(1.0)
+
+
+def _listen_address(addr: str) -> tuple[str, int]:
+    """`parse_address`, except that port 0 (any free port) is allowed for listening."""
+    host, sep, port = addr.rpartition(":")
+    if sep and host and port == "0":
+        return host, 0
+    return parse_address(addr)
 
 
 # The fsync of every group runs in a worker thread; when it returns, the thread needs the
@@ -491,7 +416,7 @@ def main(argv: list[str]) -> int:
     import argparse
 
     from broker.config import ConfigError
-    from broker.logs import configure_logging
+    from transport.logs import configure_logging
 
     p = argparse.ArgumentParser(prog="raftmq node", description="run one raftmq node")
     p.add_argument("--config", required=True, help="node TOML file")

@@ -1,13 +1,16 @@
 """Raft traffic between nodes: one TCP connection per node pair carries every group.
 
 The node with the lower id dials, the other accepts (its listener hands the stream over
-after the `HELLO` frame), and both directions share that connection. Messages are queued
+once the peer handshake proved the dialer knows the cluster secret, see
+`transport.peerauth`), and both directions share that connection. The dialer checks the
+acceptor the same way, so neither end takes Raft messages from anyone but a peer. Messages are queued
 per peer and written in batches, so a burst of appends for many groups costs one
 `send_all`. While a link is down its queue is dropped: Raft repeats whatever matters
 (heartbeats, appends after a reject), and old messages would only be stale.
 
 When an established connection ends (the peer closed it, reset it, or a write failed:
-a peer process killed with SIGKILL has its sockets closed by the kernel at once),
+a peer process killed with SIGKILL has its sockets closed by the kernel at once), or a
+dialled one is closed before the handshake completes (a dead peer behind a proxy),
 `on_lost(peer)` is called, so the groups it led can elect a new leader without waiting
 out the election timeout. A quiet link never counts as lost; nor does a connection the
 peer replaced with a newer one.
@@ -20,6 +23,7 @@ receiver would have to reset the link); it is logged, and the follower stays beh
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 
 import trio
@@ -27,6 +31,9 @@ import trio
 from broker.protocol import FrameDecoder, Op, ProtocolError, encode_frame, parse_address
 from raftlog.types import Message
 from raftlog.wire import WireError, message_from_wire, message_to_wire
+from transport.framing import FrameStream
+from transport.peerauth import PeerGone, PeerRefused, dial_peer
+from transport.tls import TLS_HANDSHAKE_TIMEOUT, connect_tls, socket_of
 
 __all__ = ["PeerLinks"]
 
@@ -36,11 +43,18 @@ _MAX_QUEUED = 64 << 20  # per peer; beyond this new messages are dropped (Raft r
 _READ_CHUNK = 1 << 18
 
 
+def _hard_close(stream: trio.abc.Stream) -> None:
+    """Close the socket under `stream` now (its tasks see the close at once)."""
+    sock = socket_of(stream)
+    if sock is not None:
+        sock.close()
+
+
 class _Link:
     def __init__(self, peer: int, addr: str) -> None:
         self.peer = peer
         self.addr = addr
-        self.stream: trio.SocketStream | None = None
+        self.stream: trio.abc.Stream | None = None
         self.queue: list[bytes] = []
         self.queued = 0
         self.has_data = trio.Event()
@@ -55,14 +69,14 @@ class _Link:
         self.queued += len(frame)
         self.has_data.set()
 
-    def attach(self, stream: trio.SocketStream) -> None:
+    def attach(self, stream: trio.abc.Stream) -> None:
         old, self.stream = self.stream, stream
         self.queue, self.queued = [], 0
         if old is not None:
-            old.socket.close()  # the peer reconnected; the old connection is dead to it
+            _hard_close(old)  # the peer reconnected; the old connection is dead to it
         self.connected.set()
 
-    def detach(self, stream: trio.SocketStream) -> bool:
+    def detach(self, stream: trio.abc.Stream) -> bool:
         """Forget `stream` if it is the current connection; True if it was."""
         if self.stream is not stream:
             return False
@@ -82,9 +96,13 @@ class PeerLinks:
         deliver: Callable[[str, Message], None],
         *,
         max_frame: int,
+        secret: bytes,
         on_lost: Callable[[int], None] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.node_id = node_id
+        self._secret = secret
+        self._ssl = ssl_context  # dial peers over TLS with it (their listener's context)
         self._deliver = deliver
         self._on_lost = on_lost
         self._max_frame = max_frame
@@ -113,7 +131,7 @@ class PeerLinks:
                 if self.node_id < peer:
                     nursery.start_soon(self._dialer, link)
 
-    async def accept(self, peer: int, stream: trio.SocketStream, decoder: FrameDecoder) -> None:
+    async def accept(self, peer: int, stream: trio.abc.Stream, decoder: FrameDecoder) -> None:
         """Serve a connection a peer opened (its HELLO already read)."""
         link = self._links.get(peer)
         if link is None:
@@ -128,26 +146,36 @@ class PeerLinks:
         delay = 0.05
         while True:
             try:
-                stream = await trio.open_tcp_stream(host, port)
+                stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
             except OSError:
                 await trio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            delay = 0.05
             try:
-                await stream.send_all(encode_frame({"op": Op.HELLO, "node": self.node_id}))
+                if self._ssl is not None:
+                    with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                        stream = await connect_tls(stream, self._ssl, host)
+                fs = FrameStream(stream, max_frame=self._max_frame)
+                await dial_peer(fs, self._secret, self.node_id, link.peer)
+                delay = 0.05
                 link.attach(stream)
-                await self._reader(link, stream, FrameDecoder(self._max_frame))
+                await self._reader(link, stream, fs.decoder)
+            except PeerGone:
+                self._lost(link.peer)  # accepted and closed at once: as a link that died
+            except (PeerRefused, ProtocolError, trio.TooSlowError) as exc:
+                log.warning("peer handshake failed", extra={"fields": {
+                    "peer": link.peer, "error": str(exc)}})
+                await trio.sleep(delay)  # a misconfigured peer is not redialled in a loop
+                delay = min(delay * 2, 1.0)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
             finally:
                 self._detach(link, stream)
-                with trio.CancelScope(shield=True):
-                    await stream.aclose()
+                await trio.aclose_forcefully(stream)  # no TLS goodbye to a peer gone quiet
             await trio.sleep(0.05)
 
     async def _reader(
-        self, link: _Link, stream: trio.SocketStream, decoder: FrameDecoder
+        self, link: _Link, stream: trio.abc.Stream, decoder: FrameDecoder
     ) -> None:
         try:
             while True:
@@ -167,11 +195,15 @@ class PeerLinks:
         finally:
             self._detach(link, stream)
 
-    def _detach(self, link: _Link, stream: trio.SocketStream) -> None:
+    def _detach(self, link: _Link, stream: trio.abc.Stream) -> None:
         """`stream` ended: if it was the peer's live connection, report the loss."""
-        if link.detach(stream) and self._on_lost is not None:
+        if link.detach(stream):
+            self._lost(link.peer)
+
+    def _lost(self, peer: int) -> None:
+        if self._on_lost is not None:
             try:
-                self._on_lost(link.peer)
+                self._on_lost(peer)
             except Exception:  # noqa: BLE001 - a failing hook must not kill the link task
                 log.exception("peer-lost hook failed")
 
@@ -188,4 +220,4 @@ class PeerLinks:
                 await stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self._detach(link, stream)
-                stream.socket.close()
+                _hard_close(stream)

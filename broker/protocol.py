@@ -21,7 +21,11 @@ Header fields (short keys on purpose, they are on every frame):
     leader  on NOT_LEADER: the address of the leader the node believes in (or None)
 
 Requests and their fields are listed on `Op`; a response to request `id` carries the
-same `id` and no `op`. Raft traffic between nodes (`Op.RAFT`) is one-way.
+same `id` and no `op`. Raft traffic between nodes (`Op.RAFT`) is one-way. A server may
+also send requests to a client on the client's connection (a broker checking back a
+transaction with its producer); those carry negative ids, the client's own are positive
+(`transport.framing.Caller`). A connection that opens with `HELLO` runs the peer
+handshake (`transport.peerauth`); only then may it carry Raft traffic or READ_RAW.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ def frame_limit(max_message_bytes: int) -> int:
 class Op(IntEnum):
     """Request types. Fields in parentheses are header keys; "body" is the raw body."""
 
-    HELLO = 1  # peer link opening (node: int, cluster: str); no response
+    HELLO = 1  # peer handshake, first frame only (node, nonce, purpose); see transport.peerauth
     RAFT = 2  # (g: group, m: message fields) body: stored entries; one-way
     READ_RAW = 3  # node to node, for repairing a corrupt entry: (g, index) -> (term)
     #               body: the entry's stored bytes; NOT_FOUND (gone: retention removed it)
@@ -129,6 +133,8 @@ class Code(IntEnum):
     # Client side only (never on the wire): what a client concludes about a request.
     UNAVAILABLE = 20  # retriable: no node could be reached or none leads; nothing was written
     CONNECTION_LOST = 21  # retriable: the connection failed after the request left
+    # On the wire again:
+    FORBIDDEN = 22  # the caller may not make this request (peer-only ops from a client)
 
     @property
     def retriable(self) -> bool:

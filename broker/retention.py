@@ -35,20 +35,37 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 import trio
 
 from broker.records import STORED_PREFIX
 from broker.statemachine import BrokerState, control_retain
-from raftlog.commitlog import CommitLog, CommitLogError, SegmentInfo
+from raftlog.commitlog import CommitLogError, SegmentInfo
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
-from raftlog.types import EntryType
+from raftlog.types import Entry, EntryType
 
-__all__ = ["RetentionPolicy", "choose_retain_index", "run_retention", "segment_newest_ms"]
+__all__ = [
+    "CommittedLog",
+    "RetentionPolicy",
+    "choose_retain_index",
+    "run_retention",
+    "segment_newest_ms",
+]
 
 log = logging.getLogger("raftmq.retention")
 
 _AGE_WALK = 64  # entries looked at, newest first, to find a segment's newest batch
+
+
+class CommittedLog(Protocol):
+    """What retention reads of a group's log (`GroupRuntime`'s read-only door)."""
+
+    def log_bounds(self) -> tuple[int, int]: ...
+
+    def segment_bounds(self) -> list[SegmentInfo]: ...
+
+    def read_committed(self, index: int) -> Entry: ...
 
 
 def choose_retain_index(
@@ -77,13 +94,13 @@ def choose_retain_index(
     return chosen
 
 
-def segment_newest_ms(log: CommitLog, seg: SegmentInfo, *, walk: int = _AGE_WALK) -> int:
+def segment_newest_ms(log: CommittedLog, seg: SegmentInfo, *, walk: int = _AGE_WALK) -> int:
     """Store time (ms) of the newest MESSAGES batch near the end of `seg`; the file's
     mtime if its last `walk` entries hold none (or cannot be read)."""
     lo = max(seg.first_index, seg.last_index - walk + 1)
     for i in range(seg.last_index, lo - 1, -1):
         try:
-            e = log.entries(i, i + 1, 1)[0]
+            e = log.read_committed(i)
         except CommitLogError:
             continue  # a corrupt entry: it says nothing about age
         if e.type == EntryType.MESSAGES and len(e.data) >= STORED_PREFIX.size:
@@ -120,7 +137,7 @@ class RetentionPolicy:
         return max(0, used - int(self.disk_ratio * total))
 
     def candidate(
-        self, lg: CommitLog, *, commit: int, min_match: int, retained: int, now_ms: int
+        self, lg: CommittedLog, *, commit: int, min_match: int, retained: int, now_ms: int
     ) -> int | None:
         """The retain index to propose now, or None (nothing new may go)."""
         segments = lg.segment_bounds()
@@ -138,22 +155,20 @@ class RetentionPolicy:
         chosen = choose_retain_index(
             segments, limit=limit, expired=expired, excess_bytes=self.excess_bytes()
         )
-        if chosen is None or chosen <= max(retained, lg.first_index()):
+        if chosen is None or chosen <= max(retained, lg.log_bounds()[0]):
             return None
         return chosen
 
 
 async def retain_once(policy: RetentionPolicy, g: GroupRuntime, state: BrokerState) -> int | None:
     """If `g` leads, propose the policy's retain index; returns it (None: nothing done)."""
-    core, lg = g.core, g.log
-    if core is None or lg is None or not g.is_leader or lg.closed:
+    horizon = g.retention_horizon()
+    if horizon is None:
         return None
-    min_match = core.min_follower_match()
-    if min_match is None:
-        return None
+    commit, min_match = horizon
     index = policy.candidate(
-        lg,
-        commit=core.commit,
+        g,
+        commit=commit,
         min_match=min_match,
         retained=state.retained_index,
         now_ms=int(time.time() * 1000),

@@ -10,7 +10,9 @@ a queue.
 A stored entry that fails its CRCs is never served: the read answers BUSY (retriable)
 and the group refetches the entry from a peer (`GroupRuntime.report_corrupt`). Peers
 ask for such entries with READ_RAW, answered from this node's CommitLog whatever its
-role, and served while the node repairs entries of its own.
+role, and served while the node repairs entries of its own, to peers only: the caller
+must have proved it is a node of the cluster (`transport.peerauth`), and a client asking
+gets FORBIDDEN.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
+from broker.config import NodeConfig
+from broker.consumers import ConsumerRegistry
+from broker.groups import GroupRegistry
+from broker.metrics import NodeMetrics
 from broker.protocol import (
     Code,
     Frame,
@@ -50,15 +56,16 @@ from broker.statemachine import (
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType
-
-if TYPE_CHECKING:
-    from broker.node import Node
+from transport.framing import Caller
 
 __all__ = ["CRASH_BEFORE_ANSWER_EXIT", "BrokerService"]
 
 log = logging.getLogger("raftmq.service")
 
 Response = tuple[dict[str, Any], bytes]
+#: A per-op handler: the connection's caller (who asks: a client, or a node that proved
+#: itself), the request's header and body.
+Handler = Callable[[Caller, dict[str, Any], bytes], Awaitable[Response]]
 
 MAX_FETCH_COUNT = 1024
 MAX_FETCH_BYTES = 8 << 20
@@ -66,6 +73,11 @@ MAX_WAIT_MS = 60_000
 DEFAULT_WAIT_MS = 15_000  # RocketMQ's long-poll hold
 READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
 CRASH_BEFORE_ANSWER_EXIT = 70  # exit code of the `crash-before-answer` test mutation
+
+
+#: Requests only a node proven by the peer handshake may make: raw entries bypass the
+#: consumer's view, and Raft traffic belongs on the peer link (never a request).
+_PEER_ONLY = frozenset({int(Op.READ_RAW), int(Op.RAFT)})
 
 
 def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
@@ -99,15 +111,38 @@ def _cg(h: dict[str, Any]) -> str:
     return validate_group_name(_field(h, "cg", str))
 
 
+class BrokerHost(Protocol):
+    """What the service uses of the node that hosts it (`broker.node.Node` is one) beside
+    its groups: its config and metrics, and a few hooks. The service imports nothing of
+    the node; the node builds the service."""
+
+    config: NodeConfig
+    metrics: NodeMetrics
+    # the deliberate test mutations the service carries out (see `broker.config`)
+    ack_before_commit: bool
+    skip_read_barrier: bool
+    crash_before_answer: bool
+    exit_after_commit_offset: bool
+    duplicate_every: int
+    batches_led: int
+
+    def spawn(self, work: Awaitable[Any]) -> None: ...
+
+    def topics_changed(self) -> None: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
 class BrokerService:
     """Dispatches client requests for one node."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, groups: GroupRegistry, node: BrokerHost) -> None:
+        self.groups = groups
         self.node = node
-        self._consumers: dict[str, dict[str, float]] = {}  # cg -> client -> expiry
+        self.consumers = ConsumerRegistry()
         self._read_cache: OrderedDict[tuple[str, int], bytes | memoryview] = OrderedDict()
         self._read_cached = 0  # bytes held by _read_cache
-        self._handlers: dict[int, Callable[[dict[str, Any], bytes], Awaitable[Response]]] = {
+        self._handlers: dict[int, Handler] = {
             Op.PRODUCE: self._produce,
             Op.FETCH: self._fetch,
             Op.COMMIT_OFFSET: self._commit_offset,
@@ -127,19 +162,22 @@ class BrokerService:
             Op.READ_RAW: self._read_raw,
         }
 
-    async def handle(self, frame: Frame) -> Response | None:
+    async def handle(self, caller: Caller, frame: Frame) -> Response | None:
         h = frame.header
         op = h.get("op")
         rid = h.get("id", 0)
+        if isinstance(op, int) and op in _PEER_ONLY and not caller.is_peer:
+            raise RequestError(Code.FORBIDDEN, f"{Op(op).name} is served to the nodes of the "
+                               "cluster only, on a connection opened with the peer handshake")
         handler = self._handlers.get(op) if isinstance(op, int) else None
         if handler is None:
             raise RequestError(Code.UNKNOWN_OP, f"unknown request type {op!r}")
         try:
-            header, body = await handler(h, frame.body)
+            header, body = await handler(caller, h, frame.body)
         except NotLeader as exc:
             raise RequestError(
                 Code.NOT_LEADER, "this node does not lead that group",
-                leader=self.node.peer_addr(exc.leader), term=exc.term,
+                leader=self.groups.peer_addr(exc.leader), term=exc.term,
             ) from None
         except (ProposalDropped, ProposalLost) as exc:
             raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None
@@ -151,7 +189,7 @@ class BrokerService:
     def _group(self, gid: object) -> GroupRuntime:
         if not isinstance(gid, str):
             raise RequestError(Code.MALFORMED, f"field 'g' must be a group id string, got {gid!r}")
-        g = self.node.groups.get(gid)
+        g = self.groups.get(gid)
         if g is None:
             raise RequestError(Code.UNKNOWN_GROUP, f"group {gid!r} is not hosted on this node")
         return g
@@ -159,17 +197,17 @@ class BrokerService:
     def _leading(self, g: GroupRuntime) -> BrokerState:
         if not g.is_leader:
             raise NotLeader(g.leader)
-        return self.node.states[g.group_id]
+        return self.groups.states[g.group_id]
 
     def _hosting(self, topic: str, queue: int) -> GroupRuntime:
         """The group on this node that hosts (topic, queue)."""
         known = False
-        for gid, state in self.node.states.items():
+        for gid, state in self.groups.states.items():
             cfg = state.topic(topic)
             if cfg is not None:
                 known = True
                 if queue in cfg.hosted:
-                    return self.node.groups[gid]
+                    return self.groups[gid]
                 if queue >= cfg.queues:
                     raise RequestError(
                         Code.UNKNOWN_QUEUE, f"topic {topic!r} has no queue {queue}: its queues "
@@ -217,17 +255,15 @@ class BrokerService:
     @staticmethod
     def _entry(g: GroupRuntime, index: int) -> Entry:
         """Entry `index` from the CommitLog; a corrupt one is sent for repair (BUSY)."""
-        assert g.log is not None
         try:
-            return g.log.entries(index, index + 1, 1 << 62)[0]
-        except CorruptEntry as exc:
-            g.report_corrupt(index, str(exc))
+            return g.read_committed(index)
+        except CorruptEntry:  # already sent for repair
             raise RequestError(Code.BUSY, f"entry {index} of {g.group_id} is corrupt here and "
                                "being repaired from a peer; retry") from None
 
     # ------------------------------------------------------------------ produce
 
-    async def _produce(self, h: dict[str, Any], body: bytes) -> Response:
+    async def _produce(self, _caller: Caller, h: dict[str, Any], body: bytes) -> Response:
         g = self._group(h.get("g"))
         state = self._leading(g)
         # The batch is copied once, into the stored entry itself (behind the slot for the
@@ -252,7 +288,7 @@ class BrokerService:
         except NotLeader as exc:  # the batch is in this node's log and may yet commit
             raise RequestError(
                 Code.NOT_LEADER, "leadership was lost before the batch committed; it may "
-                "still be stored", leader=self.node.peer_addr(exc.leader), term=exc.term,
+                "still be stored", leader=self.groups.peer_addr(exc.leader), term=exc.term,
                 unknown=True,
             ) from None
         assert isinstance(result, ProduceResult)
@@ -275,7 +311,7 @@ class BrokerService:
 
     # ------------------------------------------------------------------ fetch
 
-    async def _fetch(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _fetch(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         topic = _topic(h)
         queue = _queue_id(h)
         offset = _field(h, "offset", int)
@@ -339,7 +375,7 @@ class BrokerService:
 
     # ------------------------------------------------------------------ offsets
 
-    async def _commit_offset(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _commit_offset(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Commit offsets through the log. The client retries a commit whose answer it did
         not get, so a commit carries a request id ("req": [client id, sequence]) that the
         state machine deduplicates: a retry whose first copy was committed after all (by a
@@ -362,9 +398,9 @@ class BrokerService:
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
         dup = False
         for gid, offs in by_group.items():
-            await self._check_commit_bounds(self.node.groups[gid], offs)
+            await self._check_commit_bounds(self.groups[gid], offs)
         for gid, offs in by_group.items():
-            result = self._result(await self.node.groups[gid].propose(
+            result = self._result(await self.groups[gid].propose(
                 control_offsets(cg, offs, req), EntryType.CONTROL))
             dup = dup or (isinstance(result, ControlResult) and result.dup)
         if self.node.exit_after_commit_offset and h.get("test_exit") is True:
@@ -392,19 +428,19 @@ class BrokerService:
             await g.read_barrier()
             confirmed = True
 
-    async def _query_offset(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _query_offset(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
         topic = _topic(h)
         queue = _queue_id(h)
         g = self._hosting(topic, queue)
         self._leading(g)
         await self._read_barrier(g)  # a committed offset is never read back older than it is
-        off = self.node.states[g.group_id].consumer_offset(cg, topic, queue)
+        off = self.groups.states[g.group_id].consumer_offset(cg, topic, queue)
         return ok_header(0, offset=-1 if off is None else off), b""
 
     # ------------------------------------------------------------------ admin
 
-    async def _create_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _create_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         topic = _topic(h)
         queues = _field(h, "queues", int)
@@ -424,7 +460,7 @@ class BrokerService:
                                same=True)
         return ok_header(0), b""
 
-    async def _delete_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _delete_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         topic = _topic(h)
         self._leading(g)
@@ -432,7 +468,7 @@ class BrokerService:
         self.node.topics_changed()
         return ok_header(0), b""
 
-    async def _grow_topic(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _grow_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         topic = _topic(h)
         queues = _field(h, "queues", int)
@@ -447,12 +483,12 @@ class BrokerService:
         self.node.topics_changed()
         return ok_header(0), b""
 
-    async def _offsets(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Committed offsets in the groups this node leads, read after a barrier each."""
         only = validate_group_name(h["cg"]) if h.get("cg") is not None else None
         rows: list[list[Any]] = []
         led: list[str] = []
-        for gid, g in self.node.groups.items():
+        for gid, g in self.groups.items():
             if not g.is_leader:
                 continue
             try:
@@ -460,11 +496,11 @@ class BrokerService:
             except NotLeader:
                 continue
             led.append(gid)
-            for (cg, topic, queue), off in self.node.states[gid].consumer_offsets(only).items():
+            for (cg, topic, queue), off in self.groups.states[gid].consumer_offsets(only).items():
                 rows.append([gid, cg, topic, queue, off])
         return ok_header(0, rows=rows, led=led), b""
 
-    async def _delete_group(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _delete_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         cg = _cg(h)
         self._leading(g)
@@ -472,18 +508,18 @@ class BrokerService:
         assert isinstance(result, ControlResult)
         return ok_header(0, deleted=result.applied), b""
 
-    async def _topics(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _topics(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         topics: dict[str, dict[str, Any]] = {}
-        for gid, state in self.node.states.items():
+        for gid, state in self.groups.states.items():
             for name, cfg in state.topics().items():
                 t = topics.setdefault(name, {"queues": cfg.queues, "hosted": {}})
                 t["hosted"][gid] = list(cfg.hosted)
         return ok_header(0, topics=topics), b""
 
-    async def _status(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _status(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         return ok_header(0, **self.node.status()), b""
 
-    async def _transfer_leader(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _transfer_leader(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         to = _field(h, "to", int)
         try:
@@ -494,13 +530,13 @@ class BrokerService:
 
     # ------------------------------------------------------------------ lookups
 
-    async def _get_message(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _get_message(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         msg_id = _field(h, "msg_id", str)
         gid, index, start = parse_message_id(msg_id)
         g = self._group(gid)
         state = self._leading(g)
-        assert g.log is not None
-        if not g.log.first_index() <= index <= min(g.log.last_index(), state.applied_index):
+        first, last = g.log_bounds()
+        if not first <= index <= min(last, state.applied_index):
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
         entry = self._entry(g, index)
         if entry.type != EntryType.MESSAGES:
@@ -517,20 +553,20 @@ class BrokerService:
         return ok_header(0, topic=header.topic, queue=header.queue, **{
             k: v for k, v in h2.items() if k in ("g", "msgs")}), body
 
-    async def _query_key(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _query_key(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         topic = _topic(h)
         key = _field(h, "key", str)
         limit = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
         parts: list[bytes] = []
         msgs: list[list[Any]] = []
-        if not any(state.topic(topic) for state in self.node.states.values()):
+        if not any(state.topic(topic) for state in self.groups.states.values()):
             raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
-        hosting = [gid for gid, state in self.node.states.items() if state.topic(topic)]
-        led = [gid for gid in hosting if self.node.groups[gid].is_leader]
+        hosting = [gid for gid, state in self.groups.states.items() if state.topic(topic)]
+        led = [gid for gid in hosting if self.groups[gid].is_leader]
         if not led:
-            self._leading(self.node.groups[hosting[0]])  # NOT_LEADER with a hint
+            self._leading(self.groups[hosting[0]])  # NOT_LEADER with a hint
         for gid in led:  # the groups led elsewhere answer there: "searched" tells which
-            state, g = self.node.states[gid], self.node.groups[gid]
+            state, g = self.groups.states[gid], self.groups[gid]
             for queue, offset in state.keys(topic, key)[-limit:]:
                 lo, end = state.queue_range(topic, queue)
                 if not lo <= offset < end:
@@ -541,15 +577,14 @@ class BrokerService:
                 msgs.append([gid, queue, *hdr["msgs"][0]])
         return ok_header(0, msgs=msgs, searched=led), b"".join(parts)
 
-    async def _read_raw(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _read_raw(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """A peer repairing entry `index` asks for its stored bytes (any replica's copy
         of an entry with the same index and term is the same: Log Matching)."""
         g = self._group(h.get("g"))
         index = _field(h, "index", int)
-        lg = g.log
-        if lg is None or lg.closed:
+        if not g.is_open:
             raise RequestError(Code.BUSY, f"group {g.group_id} is not open")
-        first, last = lg.first_index(), lg.last_index()
+        first, last = g.log_bounds()
         if index < first:
             raise RequestError(Code.NOT_FOUND, f"entry {index} was removed (first is {first})",
                                gone=True)
@@ -557,31 +592,25 @@ class BrokerService:
             raise RequestError(Code.NOT_FOUND, f"entry {index} is not readable here (last is "
                                f"{last})", gone=False)
         try:
-            raw = lg.read_raw(index, index + 1)
-        except CorruptEntry as exc:
-            g.report_corrupt(index, str(exc))
+            term, raw = g.read_raw(index)
+        except CorruptEntry:  # already sent for repair
             raise RequestError(Code.NOT_FOUND, f"entry {index} is corrupt here too",
                                gone=False) from None
         except CommitLogError as exc:
             raise RequestError(Code.BUSY, str(exc)) from None
-        return ok_header(0, term=lg.term(index)), bytes(raw)
+        return ok_header(0, term=term), raw
 
     # ------------------------------------------------------------------ consumer groups
 
-    async def _heartbeat(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _heartbeat(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
         client = _field(h, "client", str)
-        ttl = min(max(_field(h, "ttl_ms", int, 30_000), 100), 600_000)
-        self._consumers.setdefault(cg, {})[client] = time.monotonic() + ttl / 1000
+        self.consumers.heartbeat(cg, client, _field(h, "ttl_ms", int, 30_000), time.monotonic())
         return ok_header(0), b""
 
-    async def _consumers_of(self, h: dict[str, Any], _body: bytes) -> Response:
+    async def _consumers_of(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
-        now = time.monotonic()
-        members = self._consumers.get(cg, {})
-        for client in [c for c, exp in members.items() if exp < now]:
-            del members[client]
-        return ok_header(0, clients=sorted(members)), b""
+        return ok_header(0, clients=self.consumers.members(cg, time.monotonic())), b""
 
 
 def _is_int(v: object) -> bool:

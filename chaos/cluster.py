@@ -32,7 +32,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.blocking_rpc import request
 from broker.config import (
     NAMESRV_PORT_OFFSET,
     GroupConfig,
@@ -42,6 +41,7 @@ from broker.config import (
 )
 from broker.protocol import Op, RequestError
 from raftmq.client.routes import merge_cluster_topics
+from transport.blocking import request
 
 __all__ = ["ClusterError", "LocalCluster", "free_ports"]
 

@@ -29,9 +29,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from broker.blocking_rpc import request
 from broker.config import GroupConfig
 from broker.protocol import Op, RequestError
+from transport.blocking import request
 
 from .agent import agent_request
 from .cluster import ClusterError, _leaders

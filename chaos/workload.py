@@ -69,9 +69,9 @@ import trio
 from broker.protocol import Code, RequestError
 from broker.service import MAX_FETCH_BYTES, MAX_FETCH_COUNT
 from raftmq.client import Admin, ClientClosedError, Producer, PullConsumer
-from raftmq.client.connection import is_retriable
 from raftmq.client.consumer import commit_offsets, fetch, query_offset
 from raftmq.client.producer import SendAttempt
+from transport.connection import is_retriable
 
 from .recorder import Recorder
 

@@ -12,8 +12,8 @@ import sys
 
 import trio
 
-from broker.logs import configure_logging
 from broker.protocol import DEFAULT_NAMESRV, parse_address
+from transport.logs import configure_logging
 
 from .registry import DEFAULT_EXPIRY
 from .server import run_until_signalled

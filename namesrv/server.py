@@ -16,14 +16,15 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 import msgpack
 import trio
 
-from broker.framing import Response, request_id, serve_frames
 from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, ok_header
+from transport.framing import Caller, Response, request_id, serve_frames
 
 from .registry import DEFAULT_EXPIRY, Registry, parse_registration
 
@@ -44,11 +45,13 @@ class NameServer:
         expiry: float = DEFAULT_EXPIRY,
         *,
         clock: Callable[[], float] = trio.current_time,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.registry = Registry(expiry)
         self.clock = clock
+        self.ssl_context = ssl_context  # TLS on every connection when given
 
-    async def handle(self, frame: Frame) -> Response:
+    async def handle(self, caller: Caller, frame: Frame) -> Response:
         """Answer one request; `RequestError` becomes an error response in `serve_frames`."""
         h = frame.header
         rid = request_id(frame)
@@ -88,7 +91,8 @@ class NameServer:
         )
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        await serve_frames(stream, self.handle, max_frame=NAMESRV_MAX_FRAME)
+        await serve_frames(stream, self.handle, max_frame=NAMESRV_MAX_FRAME,
+                           ssl_context=self.ssl_context)
 
     async def _sweep(self) -> None:
         period = max(0.05, self.registry.expiry / 4)

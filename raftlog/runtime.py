@@ -80,7 +80,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
 
-from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry, EntryDraft
+from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry, EntryDraft, SegmentInfo
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.driver import drain
 from raftlog.hardstate import HardStateFile
@@ -665,6 +665,63 @@ class GroupRuntime(Generic[M]):
             "unrepaired": sorted(core.unreadable),
             "repaired": self.repaired,
         }
+
+    # ------------------------------------------------------------------ the log, read-only
+
+    # What the layers above read of the group's log, through this door only: they never
+    # hold the CommitLog or the core, so what they may see (committed entries; raw bytes
+    # for a peer's repair) and how a corrupt entry is handled stay decided here.
+
+    @property
+    def is_open(self) -> bool:
+        """Opened and not yet closed: the log can be read and messages stepped."""
+        return self.core is not None and self.log is not None and not self.log.closed
+
+    def log_bounds(self) -> tuple[int, int]:
+        """(first, last) index this replica's log holds (`last < first` when empty)."""
+        assert self.log is not None
+        return self.log.first_index(), self.log.last_index()
+
+    def segment_bounds(self) -> list[SegmentInfo]:
+        """The log's segments, oldest first (the last is the active one)."""
+        assert self.log is not None
+        return self.log.segment_bounds()
+
+    def read_committed(self, index: int) -> Entry:
+        """Committed entry `index`, CRC-checked. A corrupt one is sent for repair from a
+        peer (`report_corrupt`) and `CorruptEntry` raised; one below the log's first
+        index raises `CommitLogError`."""
+        assert self.log is not None and self.core is not None
+        if index > self.core.commit:
+            raise ValueError(f"entry {index} of {self.group_id} is not committed "
+                             f"(commit is {self.core.commit})")
+        try:
+            return self.log.entries(index, index + 1, 1 << 62)[0]
+        except CorruptEntry as exc:
+            self.report_corrupt(index, str(exc))
+            raise
+
+    def read_raw(self, index: int) -> tuple[int, bytes]:
+        """(term, stored bytes) of entry `index`, for a peer repairing its copy (any
+        replica's entry with the same index and term is the same). A corrupt one is sent
+        for repair here too and `CorruptEntry` raised."""
+        assert self.log is not None
+        try:
+            raw = self.log.read_raw(index, index + 1)
+        except CorruptEntry as exc:
+            self.report_corrupt(index, str(exc))
+            raise
+        return self.log.term(index), bytes(raw)
+
+    def retention_horizon(self) -> tuple[int, int] | None:
+        """(commit index, lowest match index of any follower) while this replica leads:
+        retention may drop nothing above either. None when not leading (or no follower's
+        match is known)."""
+        core = self.core
+        if core is None or not self.is_open or core.role != Role.LEADER:
+            return None
+        min_match = core.min_follower_match()
+        return None if min_match is None else (core.commit, min_match)
 
     # ------------------------------------------------------------------ loops
 

@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from broker.blocking_rpc import request
 from broker.protocol import Op, RequestError
 from chaos.cluster import LocalCluster
 from chaos.proxy import ProxyNet
+from transport.blocking import request
 
 T = TypeVar("T")
 

@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 
 import anyio
 
-from broker.blocking_rpc import request
 from broker.protocol import Frame, FrameDecoder, Op, RequestError, encode_frame
 from broker.records import OutgoingMessage, encode_batch, iter_records, walk_batch
 from chaos.cluster import LocalCluster
 from raftmq.client import Message, Producer, PullConsumer, SendFuture, SendResult
+from transport.blocking import request
 
 __all__ = [
     "DRAIN_TIMEOUT",

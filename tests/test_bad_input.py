@@ -18,19 +18,25 @@ from typing import Any
 
 import msgpack
 import pytest
+import trio
 
-from broker.blocking_rpc import Connection, request
 from broker.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_MESSAGE_BYTES,
     Code,
+    Frame,
     Op,
     RequestError,
     encode_frame,
 )
 from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
+from raftlog.types import Message, MsgType
+from raftlog.wire import message_to_wire
 from tests.live_cluster import LiveCluster, Raw, running
+from transport.blocking import Connection, request
+from transport.framing import open_frame_stream
+from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, dial_peer
 
 pytestmark = pytest.mark.live
 
@@ -164,8 +170,7 @@ def test_connection_closed_inside_a_frame(live: Live, warm: bool) -> None:
     raw.close()
 
 
-@pytest.mark.parametrize("op", [99, -1, 2**40, "PRODUCE", None, 1.5, [10], int(Op.RAFT),
-                                int(Op.REGISTER)])
+@pytest.mark.parametrize("op", [99, -1, 2**40, "PRODUCE", None, 1.5, [10], int(Op.REGISTER)])
 def test_unknown_op_fails_alone(live: Live, op: Any) -> None:
     raw = Raw(live.addr(1))
     assert_ok(raw)  # a HELLO only means something as the first frame
@@ -477,6 +482,76 @@ def test_hello_from_a_non_peer_is_refused(live: Live, node: Any) -> None:
     assert_protocol_error(raw, Code.MALFORMED, "not a peer")
     raw.close()
     assert_ok(Raw(live.addr(1)))
+
+
+def terms(live: Live, node: int) -> dict[str, int]:
+    h, _ = request(live.addr(node), {"op": int(Op.STATUS)})
+    return {gid: g["term"] for gid, g in h["groups"].items()}
+
+
+def raft_heartbeat(term: int) -> bytes:
+    """A Raft heartbeat from node 2 to node 1 in group g0: accepted, it would make node 1
+    adopt `term`."""
+    fields, body = message_to_wire(Message(MsgType.HEARTBEAT, 2, 1, term, commit=0))
+    return encode_frame({"op": int(Op.RAFT), "g": "g0", "m": fields}, body)
+
+
+@pytest.mark.parametrize("proof", [b"", b"x" * 32, None])
+def test_a_client_posing_as_a_peer_is_refused_and_injects_no_raft_message(
+    live: Live, proof: Any
+) -> None:
+    """HELLO with a real peer's id is not enough: without the cluster secret the handshake
+    fails, and the Raft message pipelined behind it never reaches a group."""
+    forged = max(terms(live, 1).values()) + 100
+    raw = Raw(live.addr(1))
+    raw.send(encode_frame({"op": int(Op.HELLO), "node": 2, "nonce": b"n" * 16,
+                           "purpose": "raft"}))
+    challenge = raw.next()
+    assert challenge is not None and challenge.header["code"] == 0
+    assert challenge.header["node"] == 1 and len(challenge.header["nonce"]) == 16
+    raw.send(encode_frame({"op": int(Op.HELLO), "node": 2, "proof": proof})
+             + raft_heartbeat(forged))
+    assert_protocol_error(raw, Code.FORBIDDEN, "cluster secret")
+    raw.close()
+    assert max(terms(live, 1).values()) < forged  # the forged term was never seen
+
+
+def test_raft_traffic_and_raw_reads_from_a_client_are_forbidden(live: Live) -> None:
+    forged = max(terms(live, 1).values()) + 100
+    raw = Raw(live.addr(1))
+    assert_ok(raw)
+    h = raw.answer({"op": int(Op.READ_RAW), "id": 5, "g": "g0", "index": 1})
+    assert h["code"] == Code.FORBIDDEN and "READ_RAW" in h["msg"], h
+    raw.send(raft_heartbeat(forged))  # a one-way op: it is answered too
+    f = raw.next()
+    assert f is not None and f.header["code"] == Code.FORBIDDEN and "RAFT" in f.header["msg"]
+    assert_ok(raw)  # a refused request leaves the connection usable
+    raw.close()
+    assert max(terms(live, 1).values()) < forged
+
+
+def test_a_peer_with_the_secret_may_read_raw_entries(live: Live) -> None:
+    """The same READ_RAW, on a connection opened with the handshake (the default secret
+    every test cluster shares), is answered: the refusal above is about who asks."""
+
+    async def read_raw() -> Frame | None:
+        fs = await open_frame_stream(live.addr(1), max_frame=1 << 30)
+        async with fs:
+            await dial_peer(fs, DEV_CLUSTER_SECRET.encode(), 2, 1, purpose="rpc")
+            await fs.send({"op": int(Op.READ_RAW), "id": 6, "g": "g0", "index": 1})
+            return await fs.receive()
+
+    f = trio.run(read_raw)
+    assert f is not None and f.header["code"] == 0 and f.header["term"] >= 1, f
+    assert len(f.body) > 0
+
+    async def wrong_secret() -> None:
+        fs = await open_frame_stream(live.addr(1))
+        async with fs:
+            await dial_peer(fs, b"not the cluster secret", 2, 1, purpose="rpc")
+
+    with pytest.raises(PeerRefused, match="does not know the cluster secret"):
+        trio.run(wrong_secret)
 
 
 # ---------------------------------------------------------------------- afterwards

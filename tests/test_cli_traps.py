@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.blocking_rpc import request
 from broker.config import NAMESRV_PORT_OFFSET
 from broker.protocol import DEFAULT_NAMESRV, Op, RequestError
 from chaos.cluster import LocalCluster
+from transport.blocking import request
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

@@ -17,7 +17,7 @@ import anyio.abc
 import pytest
 
 from broker.protocol import Code, FrameDecoder, Op, RequestError, encode_frame
-from raftmq.client.connection import ClientClosedError, ConnectionPool, TransportError
+from transport.connection import ClientClosedError, ConnectionPool, TransportError
 
 
 @pytest.fixture(params=["asyncio", "trio"])

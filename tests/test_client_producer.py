@@ -22,7 +22,6 @@ from broker.records import (
     encode_batch,
     walk_batch,
 )
-from raftmq.client.connection import ClientClosedError, TransportError
 from raftmq.client.producer import (
     BatchAccumulator,
     PendingSend,
@@ -38,6 +37,7 @@ from raftmq.client.producer import (
     record_size,
 )
 from raftmq.client.routes import QueueRoute, TopicRoute, clock, parse_route
+from transport.connection import ClientClosedError, TransportError
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -10,7 +10,6 @@ import pytest
 from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
 from raftmq.client import connect_admin, connect_producer, connect_pull_consumer
 from raftmq.client.admin import place_queues
-from raftmq.client.connection import ConnectionPool, TransportError
 from raftmq.client.routes import (
     FAILED_TTL,
     HINT_TTL,
@@ -19,6 +18,7 @@ from raftmq.client.routes import (
     normalize_addresses,
     parse_route,
 )
+from transport.connection import ConnectionPool, TransportError
 
 ROUTE = {
     "total": 3,

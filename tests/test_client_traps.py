@@ -27,7 +27,6 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.blocking_rpc import request
 from broker.protocol import Code, Op, RaftMQError, RequestError
 from broker.records import Message
 from chaos.cluster import LocalCluster
@@ -39,6 +38,7 @@ from raftmq.client import (
     TransportError,
     key_queue,
 )
+from transport.blocking import request
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

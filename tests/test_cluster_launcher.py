@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from broker.blocking_rpc import Connection, request
 from broker.config import load_config
 from broker.protocol import Code, FrameDecoder, RequestError, encode_frame
 from chaos.cluster import ClusterError, LocalCluster, free_ports
+from transport.blocking import Connection, request
 
 
 def gone(pid: int) -> bool:
@@ -170,7 +170,7 @@ def test_free_ports_layout_uses_distinct_ports(tmp_path: Path) -> None:
 
 FAKE_NODE = """
 import signal, sys, time, tomllib
-from broker.blocking_rpc import request
+from transport.blocking import request
 from broker.protocol import Op
 
 cfg = tomllib.load(open(sys.argv[1], "rb"))

@@ -119,7 +119,7 @@ def test_roundtrip_every_field_off_default(tmp_path: Path) -> None:
         fsync="interval", fsync_interval=0.25, segment_size=65536, tick_ms=20,
         election_ticks=7, register_interval=2, max_message_bytes=1000,
         retention_hours=0.5, retention_disk_ratio=1, test_mutations=["skip-fsync"],
-        snapshot_every_entries=0,
+        snapshot_every_entries=0, cluster_secret='a "quoted" secret\\ of ours',
     )
     d["groups"].append({"id": "%RETRY%x|y.z-1_", "replicas": [3]})
     del d["metrics"]
@@ -201,6 +201,8 @@ INVALID = [
     ("typo in group", _set("groups.0.replica", [1]), "in groups[0]: 'replica'; did you mean"),
     ("missing data", _set("data", _DELETE), "missing required key(s): data"),
     ("empty data", _set("data", ""), "data must name a directory"),
+    ("short secret", _set("cluster_secret", "hunter2"), "cluster_secret must be at least 16"),
+    ("secret not a string", _set("cluster_secret", 1234), "cluster_secret must be a string"),
 ]
 
 

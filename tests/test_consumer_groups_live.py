@@ -17,12 +17,12 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.blocking_rpc import request
 from broker.protocol import Op
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Message, Producer, PullConsumer, PushConsumer
 from raftmq.client.blocking import BlockingProducer, BlockingPushConsumer
 from tests.conftest import live_cluster
+from transport.blocking import request
 
 pytestmark = pytest.mark.live
 

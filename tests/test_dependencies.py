@@ -3,8 +3,16 @@
 * `raftlog` imports nothing above it (broker, namesrv, raftmq, chaos, bench).
 * The client SDK (`raftmq.client`) reaches into the broker only for the shared wire
   modules: what it imports, and everything those import in turn, stays within
-  `broker.protocol` and `broker.records`.
+  `broker.protocol` and `broker.records`, plus the client side of the shared transport
+  (`transport.connection` and the errors it raises, `transport.errors`).
+* The transport (`transport`) sits below the broker, the name server and the SDK: of
+  them it imports only the frame format, `broker.protocol`.
 * Nothing in the product imports `tests`.
+* The broker, the name server and the transport reach a group's log and Raft core only
+  through `GroupRuntime`'s door (`read_committed`, `read_raw`, `log_bounds`, ...): no
+  `.log` or `.core` attribute is read anywhere in them.
+* The node builds the service, the registrar and retention; none of them imports the
+  node (the service states what it uses of its host as a protocol).
 
 Imports are read with `ast` wherever they appear (module level, inside functions, under
 ``TYPE_CHECKING``), relative ones resolved, so a lazy import cannot slip past.
@@ -19,9 +27,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("raftlog", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
-ABOVE_RAFTLOG = ("broker", "namesrv", "raftmq", "chaos", "bench", "tests")
-CLIENT_MAY_USE = {"broker", "broker.protocol", "broker.records"}  # pinned: widen on purpose
+PACKAGES = ("raftlog", "transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
+ABOVE_RAFTLOG = ("transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
+CLIENT_MAY_USE = {  # pinned: widen on purpose
+    "broker", "broker.protocol", "broker.records",
+    "transport", "transport.connection", "transport.errors",
+}
+TRANSPORT_MAY_USE = {"broker", "broker.protocol"}  # pinned: widen on purpose
 
 
 @cache
@@ -105,7 +117,38 @@ def test_the_client_uses_only_the_shared_wire_modules_of_the_broker() -> None:
     assert outside == [], f"the client SDK reaches {outside}"
 
 
+@pytest.mark.parametrize("module", sorted(m for m in modules() if top(m) == "transport"))
+def test_the_transport_uses_only_the_frame_format_above_it(module: str) -> None:
+    above = sorted(m for m in imports(module) if top(m) != "transport"
+                   and m not in TRANSPORT_MAY_USE)
+    assert above == [], f"{module} imports {above}"
+
+
 @pytest.mark.parametrize("module", sorted(m for m in modules() if top(m) != "tests"))
 def test_the_product_never_imports_tests(module: str) -> None:
     bad = sorted(m for m in imports(module) if top(m) == "tests")
     assert bad == [], f"{module} imports {bad}"
+
+
+_RUNTIME_INSIDES = frozenset({"log", "core"})
+
+
+def test_the_door_reader_sees_attribute_reads() -> None:
+    src = "def f(g):\n    return g.log.entries(1, 2, 3), g.core.commit, log.info\n"
+    found = {n.attr for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Attribute)}
+    assert _RUNTIME_INSIDES <= found
+
+
+@pytest.mark.parametrize("module", sorted(
+    m for m in modules() if top(m) in ("broker", "namesrv", "transport")))
+def test_the_broker_reads_a_group_only_through_the_runtimes_door(module: str) -> None:
+    tree = ast.parse(modules()[module].read_text())
+    bad = sorted({f"line {n.lineno}: .{n.attr}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Attribute) and n.attr in _RUNTIME_INSIDES})
+    assert bad == [], f"{module} reaches into a group runtime: {bad}"
+
+
+def test_the_node_builds_the_service_and_the_registrar_not_the_other_way() -> None:
+    for module in ("broker.service", "broker.groups", "broker.registrar", "broker.consumers",
+                   "broker.retention"):
+        assert "broker.node" not in closure({module}), f"{module} reaches broker.node"

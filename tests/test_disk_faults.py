@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 import trio
 
-from broker.blocking_rpc import request
 from broker.config import (
     ALLOW_MUTATIONS_ENV,
     ConfigError,
@@ -64,6 +63,7 @@ from raftlog.types import HardState, Snapshot
 from raftmq.client import Admin, Producer
 from tests.live_cluster import LiveCluster, scrape_metrics
 from tests.test_commitlog import SEG, crash, make
+from transport.blocking import request
 
 ALLOW = {ALLOW_MUTATIONS_ENV: "1"}
 

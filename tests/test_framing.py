@@ -1,4 +1,4 @@
-"""The coalescing answer writer (`broker.framing.FrameWriter`) and `serve_frames` over it."""
+"""The coalescing answer writer (`transport.framing.FrameWriter`) and `serve_frames` over it."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from broker.framing import FrameWriter, serve_frames
 from broker.protocol import Frame, FrameDecoder, encode_frame
+from transport.framing import Caller, FrameWriter, serve_frames
 
 
 class RecordingStream(trio.abc.SendStream):
@@ -182,7 +182,7 @@ class QuietReceive(trio.abc.ReceiveStream):
         await trio.lowlevel.checkpoint()
 
 
-async def echo(frame: Frame) -> tuple[dict[str, Any], bytes]:
+async def echo(_caller: Caller, frame: Frame) -> tuple[dict[str, Any], bytes]:
     await trio.sleep(0.01 * (5 - frame.header["id"]))  # later requests finish first
     return {"code": 0}, frame.body
 

@@ -9,8 +9,8 @@ import logging
 import pytest
 import trio
 
-from broker.logs import configure_logging
 from broker.metrics import NodeMetrics, serve_metrics
+from transport.logs import configure_logging
 
 
 def test_render_contains_every_metric_name():

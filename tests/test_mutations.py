@@ -9,7 +9,6 @@ import time
 import pytest
 import trio
 
-from broker.blocking_rpc import request
 from broker.config import ConfigError
 from broker.node import DUPLICATE_EVERY
 from broker.protocol import Op
@@ -18,6 +17,7 @@ from chaos.cluster import LocalCluster
 from raftlog.core import RaftConfig
 from raftlog.runtime import GroupOptions, GroupRuntime
 from raftlog.types import Entry, Message
+from transport.blocking import request
 
 
 def test_mutations_are_refused_without_the_flag(tmp_path, monkeypatch):

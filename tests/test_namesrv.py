@@ -12,7 +12,6 @@ import pytest
 import trio
 import trio.testing
 
-from broker.framing import FrameStream, open_frame_stream, serve_frames
 from broker.protocol import (
     Code,
     Frame,
@@ -23,6 +22,7 @@ from broker.protocol import (
     parse_address,
 )
 from namesrv.registry import Registry, parse_registration
+from transport.framing import Caller, FrameStream, open_frame_stream, serve_frames
 
 
 def group(role: str, term: int, *, leader: int | None = None, topics: Any = None,
@@ -154,7 +154,7 @@ def test_ill_typed_registrations_are_malformed(patch):
 
 
 def test_a_slow_request_does_not_block_the_next_on_the_same_connection():
-    async def handler(frame: Frame) -> tuple[dict[str, Any], bytes] | None:
+    async def handler(_caller: Caller, frame: Frame) -> tuple[dict[str, Any], bytes] | None:
         if frame.header.get("slow"):
             await trio.sleep(0.3)
         if frame.header.get("oneway"):
@@ -353,14 +353,14 @@ def test_a_registration_of_20000_topics_fits_and_is_handled():
     assert frame is not None
 
     ns = NameServer(clock=lambda: 1.0)
-    answer, _ = trio.run(ns.handle, frame)
+    answer, _ = trio.run(ns.handle, Caller(), frame)
     assert answer["code"] == 0 and "resend" not in answer
     route = ns.registry.route("orders-019999", now=1.0)
     assert route["total"] == 4 and [q for q, _, _ in route["queues"]] == [0, 3]
 
     # the periodic heartbeat carries no table: no body, and the tables stay as they were
     beat, _ = versioned(1, {g: (1, {}) for g in tables}, base={g: 1 for g in tables})
-    answer, _ = trio.run(ns.handle, Frame(beat, b""))
+    answer, _ = trio.run(ns.handle, Caller(), Frame(beat, b""))
     assert answer["code"] == 0 and "resend" not in answer
     assert ns.registry.cluster(now=2.0, topics=False)["groups"]["g0"]["topic_count"] == 20_000
 
@@ -435,11 +435,11 @@ def test_cluster_without_topics_stays_small_and_with_topics_uses_the_body():
     ns = NameServer(clock=lambda: 1.0)
     names = [f"t{i}" for i in range(5000)]
     header, body = versioned(1, {"g0": (1, _configs(names, 2, (0, 1)))})
-    trio.run(ns.handle, Frame(header, body))
-    small, sbody = trio.run(ns.handle, Frame({"op": int(Op.CLUSTER), "id": 2, "topics": False}))
+    trio.run(ns.handle, Caller(), Frame(header, body))
+    small, sbody = trio.run(ns.handle, Caller(), Frame({"op": int(Op.CLUSTER), "id": 2, "topics": False}))
     assert sbody == b"" and "topics" not in small["groups"]["g0"]
     assert small["groups"]["g0"]["topic_count"] == 5000 and small["groups"]["g0"]["leader"] == 1
-    full, fbody = trio.run(ns.handle, Frame({"op": int(Op.CLUSTER), "id": 3}))
+    full, fbody = trio.run(ns.handle, Caller(), Frame({"op": int(Op.CLUSTER), "id": 3}))
     assert len(encode_frame(full)) < 4096 and fbody
     info = {k: v for k, v in full.items() if k not in ("id", "code")}
     merge_cluster_topics(info, fbody)
@@ -449,7 +449,7 @@ def test_cluster_without_topics_stays_small_and_with_topics_uses_the_body():
 
 
 def test_the_node_table_log_sends_changes_since_any_recent_version():
-    from broker.node import TopicTableLog
+    from broker.registrar import TopicTableLog
 
     log = TopicTableLog()
     assert log.update(_configs(["a", "b"])) == 1

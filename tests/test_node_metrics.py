@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from broker.blocking_rpc import request
 from broker.protocol import Op
 from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
 from tests.live_cluster import scrape_metrics as _scrape
+from transport.blocking import request
 
 pytestmark = pytest.mark.live
 

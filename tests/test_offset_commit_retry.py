@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from broker.blocking_rpc import request
 from broker.protocol import Op
 from broker.records import OutgoingMessage, encode_batch
 from broker.service import CRASH_BEFORE_ANSWER_EXIT
 from chaos.cluster import LocalCluster
 from tests.live_cluster import LiveCluster
+from transport.blocking import request
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

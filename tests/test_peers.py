@@ -3,20 +3,27 @@ lost link reaches the groups."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import trio
+import trustme
 
 from broker.peers import PeerLinks
 from chaos.cluster import free_ports
 from chaos.proxy import Proxy
 from raftlog.types import Membership, Message, MsgType, Role
 from tests.raft_harness import Cluster
+from transport.framing import FrameStream
+from transport.peerauth import PeerRefused, accept_peer
+from transport.tls import accept_tls
+
+SECRET = b"a secret of the test cluster"
 
 
 def test_a_message_over_the_peer_frame_limit_is_not_queued() -> None:
     links = PeerLinks(1, {1: "127.0.0.1:1", 2: "127.0.0.1:2"}, lambda g, m: None,
-                      max_frame=4096)
+                      max_frame=4096, secret=SECRET)
     link: Any = links._links[2]
     link.stream = object()  # connected, as far as queueing goes
     small = Message(MsgType.HEARTBEAT, 1, 2, 3, commit=4)
@@ -53,7 +60,7 @@ def test_redialling_a_dead_leader_through_a_proxy_does_not_hold_back_the_campaig
             proxy = Proxy(f"127.0.0.1:{dead}")
             addr = await nursery.start(proxy.serve)
             links = PeerLinks(2, {2: "127.0.0.1:1", 3: addr}, lambda g, m: None,
-                              max_frame=1 << 20, on_lost=on_lost)
+                              max_frame=1 << 20, secret=SECRET, on_lost=on_lost)
             nursery.start_soon(links.run)
             with trio.move_on_after(5):
                 while not lost:
@@ -66,3 +73,77 @@ def test_redialling_a_dead_leader_through_a_proxy_does_not_hold_back_the_campaig
     trio.run(main)
     assert len(lost) >= 3  # the loss was reported again and again
     assert follower.role == Role.PRE_CANDIDATE
+
+
+async def _accepting(links: PeerLinks, secret: bytes, stream: trio.abc.Stream,
+                     tls: ssl.SSLContext | None = None) -> None:
+    """What a node's listener does with a connection that opens with HELLO."""
+    if tls is not None:
+        try:
+            stream = await accept_tls(stream, tls)
+        except trio.BrokenResourceError:  # a dialer that does not trust us
+            return
+    fs = FrameStream(stream, max_frame=1 << 20)
+    hello = await fs.receive()
+    assert hello is not None
+    try:
+        peer, _purpose = await accept_peer(fs, hello, secret, links.node_id, {1: "", 2: ""})
+    except PeerRefused:
+        await fs.aclose()
+        return
+    await links.accept(peer, stream, fs.decoder)
+
+
+def _pair(dialer_secret: bytes, acceptor_secret: bytes, *, server_tls: ssl.SSLContext | None = None,
+          client_tls: ssl.SSLContext | None = None) -> tuple[list[Message], list[Message]]:
+    """Nodes 1 (dials) and 2 (accepts) over loopback; each sends the other one heartbeat
+    for a while. Returns what 1 and 2 received."""
+    got1: list[Message] = []
+    got2: list[Message] = []
+
+    async def main() -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        addr = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        one = PeerLinks(1, {1: "127.0.0.1:1", 2: addr}, lambda g, m: got1.append(m),
+                        max_frame=1 << 20, secret=dialer_secret, ssl_context=client_tls)
+        two = PeerLinks(2, {1: "127.0.0.1:1", 2: addr}, lambda g, m: got2.append(m),
+                        max_frame=1 << 20, secret=acceptor_secret)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners,
+                               lambda s: _accepting(two, acceptor_secret, s, server_tls),
+                               listeners)
+            nursery.start_soon(one.run)
+            nursery.start_soon(two.run)
+            with trio.move_on_after(3):
+                while not (got1 and got2):
+                    one.send("g", Message(MsgType.HEARTBEAT, 1, 2, 1, commit=0))
+                    two.send("g", Message(MsgType.HEARTBEAT, 2, 1, 1, commit=0))
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return got1, got2
+
+
+def test_peers_that_share_the_secret_link_up_both_ways() -> None:
+    got1, got2 = _pair(SECRET, SECRET)
+    assert got1 and got2
+    assert {m.src for m in got1} == {2} and {m.src for m in got2} == {1}
+
+
+def test_peers_with_different_secrets_never_exchange_a_message() -> None:
+    got1, got2 = _pair(SECRET, b"another cluster's secret")
+    assert got1 == [] and got2 == []
+
+
+def test_peer_links_run_over_tls_when_given_a_context() -> None:
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    got1, got2 = _pair(SECRET, SECRET, server_tls=server, client_tls=client)
+    assert got1 and got2
+    stranger = ssl.create_default_context()  # trusts no certificate of ours
+    got1, got2 = _pair(SECRET, SECRET, server_tls=server, client_tls=stranger)
+    assert got1 == [] and got2 == []

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import trio
 
-from broker.blocking_rpc import request
 from broker.config import load_config
 from broker.protocol import Op, RequestError, encode_frame, parse_address
 from chaos.cluster import LocalCluster, free_ports
 from chaos.proxy import Proxy, ProxyNet
+from transport.blocking import request
 
 QUIET = 0.3  # how long "nothing arrives" is watched for
 

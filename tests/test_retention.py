@@ -33,6 +33,23 @@ def batch(k: int, store_ms: int, size: int = 3000) -> bytes:
 # ------------------------------------------------------------------ the choice
 
 
+class _Committed:
+    """A CommitLog whose entries all count as committed, read as retention reads a
+    group's log (`broker.retention.CommittedLog`)."""
+
+    def __init__(self, lg: CommitLog) -> None:
+        self._lg = lg
+
+    def log_bounds(self) -> tuple[int, int]:
+        return self._lg.first_index(), self._lg.last_index()
+
+    def segment_bounds(self) -> list[SegmentInfo]:
+        return self._lg.segment_bounds()
+
+    def read_committed(self, index: int) -> Entry:
+        return self._lg.entries(index, index + 1, 1 << 62)[0]
+
+
 def segs(*bounds: tuple[int, int]) -> list[SegmentInfo]:
     return [SegmentInfo(a, b, 1000, k * 1000, f"s{k}") for k, (a, b) in enumerate(bounds)]
 
@@ -74,20 +91,20 @@ def test_policy_reads_ages_from_store_times_and_disk_usage(tmp_path: Path) -> No
     usage = [(50, 100)]
     policy = RetentionPolicy(retention_hours=72, disk_ratio=0.9, data_dir=tmp_path,
                              usage=lambda: usage[0])
-    got = policy.candidate(lg, commit=120, min_match=120, retained=0, now_ms=now)
+    got = policy.candidate(_Committed(lg), commit=120, min_match=120, retained=0, now_ms=now)
     old_segments = [s for s in bounds[:-1] if s.last_index <= 60]
     assert got == bounds[len(old_segments)].first_index
-    assert policy.candidate(lg, commit=120, min_match=120, retained=got, now_ms=now) is None
+    assert policy.candidate(_Committed(lg), commit=120, min_match=120, retained=got, now_ms=now) is None
     # a slow follower holds retention back
-    assert policy.candidate(lg, commit=120, min_match=5, retained=0, now_ms=now) is None
+    assert policy.candidate(_Committed(lg), commit=120, min_match=5, retained=0, now_ms=now) is None
     # over the disk ratio by more than the expired segments hold: one more has to go
     usage[0] = (900_000_000 + sum(s.size for s in old_segments) + 1, 1_000_000_000)
-    assert policy.candidate(lg, commit=120, min_match=120, retained=0, now_ms=now) == (
+    assert policy.candidate(_Committed(lg), commit=120, min_match=120, retained=0, now_ms=now) == (
         bounds[len(old_segments) + 1].first_index
     )
     # far over it: everything but the active segment may go
     usage[0] = (10**9, 10**9)
-    assert policy.candidate(lg, commit=120, min_match=120, retained=0, now_ms=now) == (
+    assert policy.candidate(_Committed(lg), commit=120, min_match=120, retained=0, now_ms=now) == (
         bounds[-1].first_index
     )
     lg.close()

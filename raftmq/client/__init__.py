@@ -4,6 +4,7 @@ batch format of `broker.records`."""
 
 from broker.protocol import Code, RequestError
 from broker.records import Message, OutgoingMessage
+from transport.connection import Connection, ConnectionPool
 
 from .admin import Admin, GroupQueue, QueueInfo, QueueLag, TopicInfo, place_queues
 from .blocking import (
@@ -16,7 +17,6 @@ from .blocking import (
     connect_pull_consumer,
     connect_push_consumer,
 )
-from .connection import Connection, ConnectionPool
 from .consumer import (
     OffsetWindow,
     PullConsumer,

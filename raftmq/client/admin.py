@@ -16,8 +16,8 @@ import anyio
 
 from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from broker.records import Message, decode_record, iter_records, message_id, parse_message_id
+from transport.connection import ConnectionPool, is_retriable
 
-from .connection import ConnectionPool, is_retriable
 from .consumer import _ClientBase, commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
 from .errors import may_have_applied
 from .routes import TopicRoute, backoff_delay, node_addresses

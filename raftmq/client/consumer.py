@@ -32,8 +32,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from broker.protocol import Code, Op, RequestError, validate_group_name, validate_topic_name
 from broker.records import Message, decode_record, iter_records, message_id
+from transport.connection import ClientClosedError, ConnectionPool, is_retriable
 
-from .connection import ClientClosedError, ConnectionPool, is_retriable
 from .errors import UnavailableError, close_stack
 from .routes import Routes, backoff_delay, node_addresses, normalize_addresses, open_routes
 

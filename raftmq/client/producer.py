@@ -51,8 +51,8 @@ from broker.records import (
     encode_batch,
     record_size,
 )
+from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 
-from .connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 from .errors import close_stack, give_up, may_have_applied
 from .routes import (
     Routes,

@@ -33,8 +33,8 @@ import anyio.abc
 import msgpack
 
 from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, parse_address
+from transport.connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
 
-from .connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
 from .errors import give_up, may_have_applied
 
 __all__ = [

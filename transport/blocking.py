@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -46,18 +47,27 @@ class Connection:
     Raises `OSError` when the peer cannot be reached, closes the connection or does not
     answer in time (`TimeoutError` is an `OSError`), and `RequestError` when the peer
     answers with a non-zero code; `ProtocolError` when its bytes are not valid frames.
-    After an `OSError` or a `ProtocolError` the connection is closed.
+    After an `OSError` or a `ProtocolError` the connection is closed. With `ssl_context`
+    the connection is TLS.
     """
 
     def __init__(
-        self, addr: str | tuple[str, int], *, timeout: float = 5.0, max_frame: int = DEFAULT_MAX_FRAME
+        self, addr: str | tuple[str, int], *, timeout: float = 5.0, max_frame: int = DEFAULT_MAX_FRAME,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         host, port = parse_address(addr) if isinstance(addr, str) else addr
         self.addr = f"{host}:{port}"
         self.timeout = timeout
         self._decoder = FrameDecoder(max_frame)
-        self._sock: socket.socket | None = socket.create_connection((host, port), timeout=timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((host, port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is not None:  # a failed handshake raises ssl.SSLError, an OSError
+            try:
+                sock = ssl_context.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        self._sock: socket.socket | None = sock
 
     def request(
         self,
@@ -120,6 +130,8 @@ def request(
     header: dict[str, Any],
     body: bytes | bytearray | memoryview = b"",
     timeout: float = 5.0,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[dict[str, Any], bytes]:
     """One request on a fresh connection: the response's (header, body).
 
@@ -128,5 +140,5 @@ def request(
     reached or does not answer within `timeout` seconds (connect included).
     """
     deadline = time.monotonic() + timeout
-    with Connection(addr, timeout=timeout) as conn:
+    with Connection(addr, timeout=timeout, ssl_context=ssl_context) as conn:
         return conn.request(header, body, timeout=max(0.001, deadline - time.monotonic()))

@@ -7,6 +7,14 @@ hold up a PRODUCE pipelined behind it on the same connection. A cap on requests 
 per connection stops reading when a client outruns us, which pushes back through TCP
 instead of growing memory.
 
+Every handler is given the connection's `Caller`: who is on the other end (its address,
+the node id a peer proved, later the authenticated principal) and a way to call it back.
+`Caller.request` sends a request the other way, on the same connection (the broker asks a
+producer whether a transaction commits). Its ids are negative, so they never meet the
+client's own (positive) ids in either direction; the answer is a frame with no `op`, a
+`code` and that id. Any other frame is a request, answered as usual (an "answer" nobody
+waits for gets UNKNOWN_OP, which the client drops: no request of its own has that id).
+
 Answers go out through a `FrameWriter`: one writer task per connection joins every frame
 queued since its last write (those finished in the same scheduler turn, or while a write
 was in progress) into a single `send_all`. Responses carry their request id, so they may
@@ -16,17 +24,20 @@ connection, so a client that stops reading makes the answering tasks wait.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Awaitable, Callable
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
 
-from .protocol import (
+from broker.protocol import (
     DEFAULT_MAX_FRAME,
     Code,
     Frame,
     FrameDecoder,
+    Op,
     ProtocolError,
     RequestError,
     encode_frame,
@@ -34,13 +45,20 @@ from .protocol import (
     parse_address,
 )
 
+from .connection import raise_for_code
+from .tls import TLS_HANDSHAKE_TIMEOUT, accept_tls, connect_tls, socket_of
+
 __all__ = [
     "DEFAULT_MAX_INFLIGHT",
     "DEFAULT_MAX_PENDING",
+    "Caller",
+    "CallerGone",
     "FrameStream",
     "FrameWriter",
     "Handler",
     "Response",
+    "caller_of",
+    "is_answer",
     "open_frame_stream",
     "request_id",
     "serve_frames",
@@ -54,7 +72,7 @@ _RECEIVE_SIZE = 1 << 16
 _ERROR_SEND_TIMEOUT = 5.0
 
 Response = tuple[dict[str, Any], bytes]
-Handler = Callable[[Frame], Awaitable[Response | None]]
+Handler = Callable[["Caller", Frame], Awaitable[Response | None]]
 
 
 class FrameStream:
@@ -117,10 +135,19 @@ class FrameStream:
         await self.aclose()
 
 
-async def open_frame_stream(addr: str, *, max_frame: int = DEFAULT_MAX_FRAME) -> FrameStream:
-    """Connect to 'host:port' and wrap the TCP stream."""
+async def open_frame_stream(
+    addr: str, *, max_frame: int = DEFAULT_MAX_FRAME, ssl_context: ssl.SSLContext | None = None
+) -> FrameStream:
+    """Connect to 'host:port' and wrap the TCP stream (in TLS first, with `ssl_context`)."""
     host, port = parse_address(addr)
-    stream = await trio.open_tcp_stream(host, port)
+    stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+    if ssl_context is not None:
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                stream = await connect_tls(stream, ssl_context, host)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
     return FrameStream(stream, max_frame=max_frame)
 
 
@@ -204,17 +231,131 @@ class FrameWriter:
             self._drained.unpark_all()
 
 
+class CallerGone(RequestError):
+    """The connection to the caller ended before it answered a request sent to it.
+
+    Retriable: the caller may or may not have acted on the request (outcome unknown)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Code.TIMEOUT, message)
+
+
+class Caller:
+    """The other end of one served connection: who it is, and a way to call it back.
+
+    `remote` is its address as the socket reports it; `peer` the node id it proved with
+    the peer handshake (None for clients); `principal` the identity it authenticated as
+    (None until client authentication exists). `request` sends it a request on this
+    connection and waits for the answer; it works while `serve_frames` runs.
+    """
+
+    def __init__(self, remote: str = "", *, peer: int | None = None,
+                 principal: str | None = None) -> None:
+        self.remote = remote
+        self.peer = peer
+        self.principal = principal
+        self._out: FrameWriter | None = None
+        self._ids = itertools.count(-1, -1)  # negative: never a client's own request id
+        self._waiters: dict[int, list[Any]] = {}  # id -> [event, frame or None]
+        self._gone: str | None = None
+
+    @property
+    def is_peer(self) -> bool:
+        """True when the other end proved it is a node of this cluster."""
+        return self.peer is not None
+
+    def describe(self) -> str:
+        who = f"node {self.peer}" if self.peer is not None else "client"
+        return f"{who} at {self.remote or '?'}"
+
+    async def request(
+        self,
+        op: Op | int,
+        header: Mapping[str, Any] | None = None,
+        body: bytes | bytearray | memoryview = b"",
+        *,
+        timeout: float,
+    ) -> Frame:
+        """Send a request to the caller and wait for its answer.
+
+        Raises `RequestError` for an error answer (with its extra fields),
+        `RequestError(TIMEOUT)` when no answer comes within `timeout` seconds, and
+        `CallerGone` when the connection ends first.
+        """
+        if self._out is None or self._gone is not None:
+            raise CallerGone(f"{self.describe()}: {self._gone or 'not connected'}")
+        rid = next(self._ids)
+        slot: list[Any] = [trio.Event(), None]
+        self._waiters[rid] = slot
+        try:
+            with trio.fail_after(timeout):
+                try:
+                    await self._out.send({**(header or {}), "op": int(op), "id": rid}, body)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    raise CallerGone(f"{self.describe()}: connection lost") from None
+                await slot[0].wait()
+        except trio.TooSlowError:
+            raise RequestError(Code.TIMEOUT, f"{self.describe()}: no answer to op {int(op)} "
+                               f"within {timeout:g} s") from None
+        finally:
+            self._waiters.pop(rid, None)
+        frame = slot[1]
+        if frame is None:
+            raise CallerGone(f"{self.describe()}: {self._gone}")
+        return raise_for_code(frame)
+
+    def _bind(self, out: FrameWriter) -> None:
+        self._out = out
+        self._gone = None
+
+    def _resolve(self, frame: Frame) -> bool:
+        """Hand an answer to its waiter; False when nobody waits for that id."""
+        slot = self._waiters.pop(request_id(frame), None) if is_answer(frame) else None
+        if slot is None:
+            return False
+        slot[1] = frame
+        slot[0].set()
+        return True
+
+    def _close(self, reason: str) -> None:
+        self._gone = reason
+        waiters, self._waiters = self._waiters, {}
+        for slot in waiters.values():
+            slot[0].set()
+
+
+def is_answer(frame: Frame) -> bool:
+    """Shaped like an answer to a `Caller.request` (no `op`, a `code`, a negative id)."""
+    h = frame.header
+    return "op" not in h and "code" in h and request_id(frame) < 0
+
+
+def caller_of(stream: trio.abc.Stream) -> Caller:
+    """A client `Caller` named by the stream's remote address, when it has one."""
+    remote = ""
+    sock = socket_of(stream)
+    if sock is not None:
+        try:
+            host, port, *_ = sock.getpeername()
+            remote = f"{host}:{port}"
+        except (OSError, ValueError, TypeError):
+            pass
+    return Caller(remote)
+
+
 def request_id(frame: Frame) -> int:
     """The request id to echo; 0 when the sender did not give a usable one."""
     rid = frame.header.get("id", 0)
     return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
 
 
-async def _answer(out: FrameWriter, handler: Handler, frame: Frame, slots: trio.Semaphore) -> None:
+async def _answer(
+    out: FrameWriter, handler: Handler, caller: Caller, frame: Frame, slots: trio.Semaphore
+) -> None:
     try:
         rid = request_id(frame)
         try:
-            response = await handler(frame)
+            response = await handler(caller, frame)
         except RequestError as exc:
             response = (error_header(rid, exc.code, exc.message, **exc.extra), b"")
         except Exception as exc:  # one buggy request must not take the connection down
@@ -240,10 +381,12 @@ async def serve_frames(
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
     max_pending: int = DEFAULT_MAX_PENDING,
     first: Frame | None = None,
+    caller: Caller | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Answer requests on one connection until the peer leaves or breaks the framing.
 
-    Each frame runs `handler(frame)` in its own task; its `(header, body)` result is sent
+    Each request runs `handler(caller, frame)` in its own task; its `(header, body)` result is sent
     back (a missing "id" is filled in from the request), None sends nothing (one-way ops).
     Answers are written through a `FrameWriter` (at most `max_pending` bytes queued), so
     they leave in completion order and several may share one write. `RequestError`
@@ -254,18 +397,33 @@ async def serve_frames(
     still running are cancelled (nobody is left to read their answers) and the stream is
     closed. `max_frame` applies when a raw stream is given; a `FrameStream` keeps its own
     limit. `first` is a frame already read from the stream (the node reads one to tell
-    peers from clients).
+    peers from clients). `caller` says who is on the other end (default: a client known by
+    its address); answers to its `request` calls are taken from the stream here. With
+    `ssl_context` a raw stream is wrapped in TLS first; a failed handshake closes it.
     """
+    if ssl_context is not None:
+        if isinstance(stream, FrameStream):
+            raise TypeError("TLS wraps a raw stream: pass the accepted stream, not a FrameStream")
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                stream = await accept_tls(stream, ssl_context)
+        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            log.info("closing connection: TLS handshake failed: %r", exc)
+            await trio.aclose_forcefully(stream)
+            return
     fs = stream if isinstance(stream, FrameStream) else FrameStream(stream, max_frame=max_frame)
+    if caller is None:
+        caller = caller_of(fs.stream)
     slots = trio.Semaphore(max_inflight)
     out = FrameWriter(fs.stream, max_pending=max_pending)
+    caller._bind(out)
     try:
-        await _serve(fs, out, handler, slots, first)
+        await _serve(fs, out, handler, caller, slots, first)
     except Exception:  # under trio.serve_listeners an escaping error would stop the server
         log.exception("connection handler failed")
     finally:
-        with trio.CancelScope(shield=True):
-            await fs.aclose()
+        caller._close("connection closed")
+        await trio.aclose_forcefully(fs.stream)  # a TLS goodbye must not hang on a dead peer
 
 
 async def _write(out: FrameWriter, scope: trio.CancelScope) -> None:
@@ -274,21 +432,24 @@ async def _write(out: FrameWriter, scope: trio.CancelScope) -> None:
 
 
 async def _serve(
-    fs: FrameStream, out: FrameWriter, handler: Handler, slots: trio.Semaphore,
-    first: Frame | None,
+    fs: FrameStream, out: FrameWriter, handler: Handler, caller: Caller,
+    slots: trio.Semaphore, first: Frame | None,
 ) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, out, nursery.cancel_scope)
         if first is not None:  # a frame the caller read to decide who is calling
             await slots.acquire()
-            nursery.start_soon(_answer, out, handler, first, slots)
+            nursery.start_soon(_answer, out, handler, caller, first, slots)
         try:
             while True:
                 await slots.acquire()
                 frame = await fs.receive()
                 if frame is None:
                     break
-                nursery.start_soon(_answer, out, handler, frame, slots)
+                if caller._resolve(frame):  # the answer to a `caller.request`
+                    slots.release()
+                    continue
+                nursery.start_soon(_answer, out, handler, caller, frame, slots)
         except ProtocolError as exc:
             log.info("closing connection: %s", exc)
             with trio.move_on_after(_ERROR_SEND_TIMEOUT):  # a peer that never reads

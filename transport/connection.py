@@ -11,13 +11,20 @@ A lost connection fails every request waiting on it with a retriable `TransportE
 sent); the next request dials again. A request larger than the frame limit is refused
 here (FRAME_TOO_LARGE), as the broker would refuse it by closing the connection. All reader tasks live in the
 pool's task group, so leaving `async with ConnectionPool()` leaves nothing running.
+
+The server may send requests the other way on the same connection (a broker asking a
+producer whether a transaction commits). A frame with an `op` is such a request: it runs
+the handler registered for its op with `ConnectionPool.on_request`, in its own task, and
+the answer goes back with the request's id; an op without a handler is answered
+UNKNOWN_OP.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -33,6 +40,7 @@ from broker.protocol import (
     ProtocolError,
     RequestError,
     encode_frame,
+    error_header,
     parse_address,
 )
 
@@ -43,6 +51,7 @@ __all__ = [
     "ClientClosedError",
     "Connection",
     "ConnectionPool",
+    "RequestHandler",
     "TransportError",
     "is_retriable",
     "raise_for_code",
@@ -53,6 +62,10 @@ log = logging.getLogger("raftmq.client")
 DEFAULT_TIMEOUT = 3.0  # RocketMQ's send timeout; also used for control requests
 _LAST_WORDS = 1.0  # seconds a failed send waits for the peer's closing error frame
 _RESERVED = frozenset({"id", "code", "msg", "message"})
+
+#: Answers a request the server sent: `(header, body)` of the answer (its id is filled
+#: in); raising `RequestError` answers with that error.
+RequestHandler = Callable[[Frame], Awaitable[tuple[dict[str, Any], bytes]]]
 
 
 def is_retriable(exc: RequestError) -> bool:
@@ -131,11 +144,15 @@ class Connection:
         spawn: Callable[..., Any],
         *,
         max_frame: int = DEFAULT_MAX_FRAME,
+        handlers: Mapping[int, RequestHandler] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.addr = addr
+        self._ssl = ssl_context
         self._host, self._port = parse_address(addr)
         self._spawn = spawn
         self._max_frame = max_frame
+        self._handlers: Mapping[int, RequestHandler] = {} if handlers is None else handlers
         self._ids = itertools.count(1)
         self._link: _Link | None = None
         self._connect_lock = anyio.Lock()
@@ -208,14 +225,20 @@ class Connection:
             if self._closed:
                 raise ClientClosedError(f"connection to {self.addr} is closed")
             try:
-                stream = await anyio.connect_tcp(self._host, self._port)
-            except OSError as exc:
+                stream = await self._dial()
+            except (OSError, anyio.BrokenResourceError) as exc:
                 raise TransportError(f"cannot connect to {self.addr}: {exc}", sent=False) from exc
             link = _Link(self.addr, stream)
             self._link = link
             self.connects += 1
             self._spawn(self._read, link)
             return link
+
+    async def _dial(self) -> anyio.abc.ByteStream:
+        if self._ssl is None:
+            return await anyio.connect_tcp(self._host, self._port)
+        return await anyio.connect_tcp(self._host, self._port, ssl_context=self._ssl,
+                                       tls_standard_compatible=False)
 
     async def _send(self, link: _Link, data: bytes) -> None:
         async with link.send_lock:
@@ -252,6 +275,9 @@ class Connection:
                     while True:
                         decoder.feed(await link.stream.receive())
                         while (frame := decoder.next_frame()) is not None:
+                            if "op" in frame.header:  # the server asks us something
+                                self._spawn(self._answer, link, frame)
+                                continue
                             rid = frame.header.get("id")
                             waiter = link.waiters.pop(rid, None) if isinstance(rid, int) else None
                             if waiter is not None:
@@ -271,6 +297,26 @@ class Connection:
             if self._link is link:
                 self._link = None
             await anyio.aclose_forcefully(link.stream)
+
+    async def _answer(self, link: _Link, frame: Frame) -> None:
+        """Run the handler for a request the server sent and send its answer back."""
+        op, rid = frame.header.get("op"), frame.header.get("id", 0)
+        handler = self._handlers.get(op) if isinstance(op, int) else None
+        try:
+            if handler is None:
+                raise RequestError(Code.UNKNOWN_OP, f"this client answers no op {op!r}")
+            header, body = await handler(frame)
+            header = {**header, "id": rid}
+            header.setdefault("code", 0)
+        except RequestError as exc:
+            header, body = error_header(rid, exc.code, exc.message, **exc.extra), b""
+        except Exception as exc:  # a buggy handler must not take the connection down
+            log.exception("handler for server request %r failed", op)
+            header, body = error_header(rid, Code.INTERNAL, f"internal error: {exc!r}"), b""
+        try:
+            await self._send(link, encode_frame(header, body))
+        except RequestError:
+            pass  # the connection is gone (or refused it): the server sees that, not an answer
 
 
 def _peer_error(frame: Frame) -> RequestError:
@@ -293,11 +339,16 @@ class ConnectionPool:
     """One `Connection` per address, shared by every user of the pool.
 
     Use as `async with ConnectionPool() as pool:`; reader tasks run in the pool's task
-    group and end when the block exits.
+    group and end when the block exits. With `ssl_context` every connection is TLS
+    (the server's certificate is checked against it and the address's host).
     """
 
-    def __init__(self, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(
+        self, *, max_frame: int = DEFAULT_MAX_FRAME, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self._max_frame = max_frame
+        self._ssl = ssl_context
+        self._handlers: dict[int, RequestHandler] = {}
         self._conns: dict[str, Connection] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
@@ -329,9 +380,15 @@ class ConnectionPool:
             raise ClientClosedError("the connection pool is not open (use `async with`)")
         conn = self._conns.get(addr)
         if conn is None:
-            conn = Connection(addr, self._tg.start_soon, max_frame=self._max_frame)
+            conn = Connection(addr, self._tg.start_soon, max_frame=self._max_frame,
+                              handlers=self._handlers, ssl_context=self._ssl)
             self._conns[addr] = conn
         return conn
+
+    def on_request(self, op: Op | int, handler: RequestHandler) -> None:
+        """Answer requests of type `op` that a server sends on any of the pool's
+        connections with `handler` (replacing any handler registered before)."""
+        self._handlers[int(op)] = handler
 
     async def request(
         self,

@@ -1,0 +1,154 @@
+"""The peer handshake: a node proves it belongs to the cluster before it is a peer.
+
+Peers and clients share one listener, so a connection is a peer's only once both ends
+have shown they know the cluster secret (`cluster_secret` in the node config), with an
+HMAC-SHA256 challenge-response in which neither sends the secret::
+
+    dialer   -> HELLO  (node: i, nonce: Nd, purpose)
+    acceptor -> OK     (node: j, nonce: Na, proof: mac("accept", i, j, Nd, Na))
+    dialer   -> HELLO  (node: i, proof: mac("dial", i, j, Nd, Na))
+    acceptor -> OK     (or FORBIDDEN, and the connection closes)
+
+Each side checks the other's proof over both fresh nonces, so a recorded exchange cannot
+be replayed, and the direction label keeps one side's proof from serving as the other's.
+`purpose` says what the connection is for after the handshake: `raft` (the pair's Raft
+link) or `rpc` (requests such as READ_RAW, answered as from a peer).
+
+The HMAC arithmetic is pure (`proof`, `check`); `dial_peer` and `accept_peer` run it
+over a `FrameStream`. Mutual TLS between peers replaces the secret in the security work;
+the shape (who is a peer is decided here, once per connection) stays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import Mapping
+
+import trio
+
+from broker.protocol import Code, Frame, Op, error_header, ok_header
+
+from .framing import FrameStream
+
+__all__ = [
+    "DEV_CLUSTER_SECRET",
+    "HANDSHAKE_TIMEOUT",
+    "PURPOSES",
+    "PeerGone",
+    "PeerRefused",
+    "accept_peer",
+    "check",
+    "dial_peer",
+    "proof",
+]
+
+log = logging.getLogger(__name__)
+
+#: What a node config uses when it names no secret: enough for a local or test cluster,
+#: where every node is started from the same files; a real deployment sets its own.
+DEV_CLUSTER_SECRET = "raftmq-dev-cluster-secret"
+HANDSHAKE_TIMEOUT = 5.0
+PURPOSES = ("raft", "rpc")
+_NONCE = 16
+
+
+class PeerRefused(Exception):
+    """The handshake failed: the other end is not (or could not prove it is) a peer."""
+
+
+class PeerGone(PeerRefused):
+    """The other end closed the connection before the handshake finished (a peer that
+    is down behind a proxy looks like this)."""
+
+
+def proof(secret: bytes, role: str, dialer: int, acceptor: int, dial_nonce: bytes,
+          accept_nonce: bytes) -> bytes:
+    """The MAC one side sends: over its role, both node ids and both nonces."""
+    msg = b"|".join((b"raftmq-peer", role.encode(), str(dialer).encode(),
+                     str(acceptor).encode(), dial_nonce, accept_nonce))
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def check(secret: bytes, given: object, role: str, dialer: int, acceptor: int,
+          dial_nonce: bytes, accept_nonce: bytes) -> bool:
+    """Whether `given` is the proof `role` should have sent (compared in constant time)."""
+    if not isinstance(given, bytes):
+        return False
+    want = proof(secret, role, dialer, acceptor, dial_nonce, accept_nonce)
+    return hmac.compare_digest(given, want)
+
+
+def _node(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+async def _answer(fs: FrameStream) -> Frame:
+    frame = await fs.receive()
+    if frame is None:
+        raise PeerGone("the other end closed the connection during the handshake")
+    h = frame.header
+    if h.get("code", 0) != 0:
+        raise PeerRefused(f"refused: {h.get('msg')}")
+    return frame
+
+
+async def dial_peer(fs: FrameStream, secret: bytes, me: int, peer: int, *,
+                    purpose: str = "raft", timeout: float = HANDSHAKE_TIMEOUT) -> None:
+    """Run the dialer's side on a fresh connection to node `peer`; raises `PeerRefused`
+    (or `trio.TooSlowError`, or the stream's errors) unless both ends proved the secret."""
+    nd = secrets.token_bytes(_NONCE)
+    with trio.fail_after(timeout):
+        await fs.send({"op": int(Op.HELLO), "node": me, "nonce": nd, "purpose": purpose})
+        h = (await _answer(fs)).header
+        na = h.get("nonce")
+        if h.get("node") != peer or not isinstance(na, bytes) or len(na) != _NONCE:
+            raise PeerRefused(f"node {peer} answered the handshake as {h.get('node')!r}")
+        if not check(secret, h.get("proof"), "accept", me, peer, nd, na):
+            raise PeerRefused(f"node {peer} does not know the cluster secret")
+        await fs.send({"op": int(Op.HELLO), "node": me,
+                       "proof": proof(secret, "dial", me, peer, nd, na)})
+        await _answer(fs)
+
+
+async def accept_peer(fs: FrameStream, hello: Frame, secret: bytes, me: int,
+                      peers: Mapping[int, str], *, timeout: float = HANDSHAKE_TIMEOUT) -> tuple[int, str]:
+    """Run the acceptor's side after reading the first frame, a HELLO. Returns (peer node
+    id, purpose); raises `PeerRefused` after telling the other end why (it should then
+    be closed)."""
+    h = hello.header
+    peer, nd, purpose = _node(h.get("node")), h.get("nonce"), h.get("purpose", "raft")
+    if peer is None or peer == me or peer not in peers:
+        await _refuse(fs, Code.MALFORMED, f"HELLO from {h.get('node')!r}: not a peer of this node")
+    assert peer is not None
+    if not isinstance(nd, bytes) or len(nd) != _NONCE or purpose not in PURPOSES:
+        await _refuse(fs, Code.MALFORMED, f"HELLO from node {peer}: needs a {_NONCE}-byte "
+                      f"nonce and a purpose in {PURPOSES}")
+    assert isinstance(nd, bytes)
+    na = secrets.token_bytes(_NONCE)
+    try:
+        with trio.fail_after(timeout):
+            await fs.send(ok_header(0, node=me, nonce=na,
+                                    proof=proof(secret, "accept", peer, me, nd, na)))
+            frame = await fs.receive()
+    except trio.TooSlowError:
+        raise PeerRefused(f"node {peer} did not finish the handshake in time") from None
+    if frame is None or frame.header.get("op") != Op.HELLO or frame.header.get("node") != peer:
+        raise PeerRefused(f"node {peer} broke off the handshake")
+    if not check(secret, frame.header.get("proof"), "dial", peer, me, nd, na):
+        await _refuse(fs, Code.FORBIDDEN, f"node {peer}: wrong proof of the cluster secret")
+    with trio.move_on_after(timeout):
+        await fs.send(ok_header(0))
+    return peer, str(purpose)
+
+
+async def _refuse(fs: FrameStream, code: Code, message: str) -> None:
+    log.warning("peer handshake refused", extra={"fields": {"reason": message}})
+    with trio.move_on_after(2):
+        try:
+            await fs.send(error_header(0, code, message))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+    raise PeerRefused(message)
