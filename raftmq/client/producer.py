@@ -731,7 +731,9 @@ class Producer:
     async def _choose_queue(
         self, topic: str, msg: Payload, queue: int | None
     ) -> tuple[int, bool]:
-        route = self._check_open().cached(topic)  # fresh: the per-message fast path, no I/O
+        assert self._tg is not None
+        # the per-message fast path, no I/O: a known route, refreshed in the background
+        route = self._check_open().usable(topic, self._tg.start_soon)
         if route is None:
             route = await self._fetch_route(topic)
         if queue is not None:
