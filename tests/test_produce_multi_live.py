@@ -142,16 +142,28 @@ def test_the_producer_spreading_over_many_queues_keeps_each_queues_order(cluster
     idempotent producer's per-queue sequences and every queue's order survive that."""
     _create(cluster, "spread", 32)
 
-    async def main() -> None:
+    async def main() -> list[tuple[int, int, str | None]]:
         async with Producer(cluster.namesrv_addr, idempotent=True,
                             selector="round_robin") as producer:
             futs = [await producer.send_async("spread", f"{k}".encode(), queue=k % 32)
                     for k in range(320)]
-            for fut in futs:
-                await fut
+            return [(r.queue, r.offset, r.msg_id) for r in [await fut for fut in futs]]
 
-    anyio.run(main, backend="trio")
+    acked = anyio.run(main, backend="trio")
+    # each send learnt its own batch's outcome from the shared requests
+    assert [(q, o) for q, o, _ in acked] == [(k % 32, k // 32) for k in range(320)]
     stored = _stored(cluster, "spread")
     assert sorted(stored) == list(range(32))
     for q, records in stored.items():
         assert records == [(i, f"{q + 32 * i}".encode()) for i in range(10)]
+
+    async def ids() -> dict[str, bytes]:
+        async with PullConsumer(cluster.namesrv_addr, "ids", wait_ms=0) as consumer:
+            consumer.assign("spread")
+            out: dict[str, bytes] = {}
+            while batch := await consumer.poll(timeout=2.0):
+                out.update((m.msg_id, m.body) for m in batch)
+            return out
+
+    by_id = anyio.run(ids, backend="trio")
+    assert [by_id.get(mid or "") for _, _, mid in acked] == [f"{k}".encode() for k in range(320)]
