@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -45,6 +45,7 @@ __all__ = [
     "add_producer_args",
     "batch_producer_options",
     "batch_tasks",
+    "cpu_seconds",
     "create_topics",
     "emit",
     "freeze_gc",
@@ -93,6 +94,21 @@ def machine() -> dict[str, Any]:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
     return {"cpus": os.cpu_count(), "loadavg_1m": round(load[0], 2),
             "python": platform.python_version()}
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User plus system CPU seconds the processes `pids` (all their threads) have used,
+    from /proc; a process that is gone counts 0."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
 
 
 def run_id() -> str:

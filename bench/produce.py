@@ -14,6 +14,11 @@ unacknowledged and lets the producer form batches (`--batch` messages at most, a
 `--batch` messages each, every call one PRODUCE request to one queue, the queues taken
 round robin. Each message of a call gets the call's latency. The message count rounds up
 to whole batches; `messages` in the result is the count sent.
+
+What the timed section cost the cluster is reported beside the rates: `raft_entries`
+committed (every group), `msgs_per_entry`, `fsyncs` (every replica) and, for a local
+cluster, `node_cpu_s` (user + system CPU of every node process, from /proc) with
+`node_cpu_us_per_entry` and `node_cpu_us_per_msg` (whole cluster, leader and followers).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -33,7 +39,10 @@ from .common import (
     add_producer_args,
     batch_producer_options,
     batch_tasks,
+    cpu_seconds,
     freeze_gc,
+    progress_delta,
+    raft_progress,
     send_batches,
     send_singles,
     single_producer_options,
@@ -43,9 +52,15 @@ from .common import (
 __all__ = ["build_parser", "drive", "main", "run_produce"]
 
 
-async def drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str, Any]:
+async def drive(
+    namesrv: str, topic: str, args: argparse.Namespace,
+    node_cpu: Callable[[], float] | None = None,
+) -> dict[str, Any]:
     """Create `topic` if needed, send `args.messages` as fast as the in-flight bounds let,
-    and return the produce result (without the cluster description)."""
+    and return the produce result (without the cluster description).
+
+    With `node_cpu` (CPU seconds used so far by every node process), the result also
+    says what the sending cost the whole cluster per Raft entry committed."""
     from raftmq.client import Admin, Producer
 
     async with Admin(namesrv) as admin:  # queues spread over the groups; waits for routes
@@ -68,6 +83,7 @@ async def drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str,
         for _ in range(10):
             await producer.send(topic, payload)
         freeze_gc()
+        cost = await _Cost.start(namesrv, node_cpu)
         t_start = time.perf_counter()
 
         if batched:
@@ -78,6 +94,7 @@ async def drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str,
             await send_singles(producer, [topic], payload, messages, acks)
         await producer.flush()
         elapsed = time.perf_counter() - t_start
+        spent = await cost.stop(messages)
     return {
         "benchmark": "produce",
         "api": args.api,
@@ -91,13 +108,53 @@ async def drive(namesrv: str, topic: str, args: argparse.Namespace) -> dict[str,
         "batch_max_messages": options["batch_max_messages"],
         "linger_ms": options["linger_ms"],
         "queues": args.queues,
+        **spent,
     }
+
+
+class _Cost:
+    """What a timed section cost the cluster: Raft entries committed (every group), and
+    the CPU every node process used for them (`node_cpu`, when the nodes are local)."""
+
+    def __init__(self, namesrv: str, node_cpu: Callable[[], float] | None,
+                 progress: dict[str, Any], cpu: float | None) -> None:
+        self.namesrv = namesrv
+        self.node_cpu = node_cpu
+        self.progress = progress
+        self.cpu = cpu
+
+    @classmethod
+    async def start(cls, namesrv: str, node_cpu: Callable[[], float] | None) -> _Cost:
+        from raftmq.client import Admin
+
+        async with Admin(namesrv) as admin:
+            progress = await raft_progress(admin)
+        return cls(namesrv, node_cpu, progress, None if node_cpu is None else node_cpu())
+
+    async def stop(self, messages: int) -> dict[str, Any]:
+        from raftmq.client import Admin
+
+        cpu = None if self.node_cpu is None or self.cpu is None else self.node_cpu() - self.cpu
+        async with Admin(self.namesrv) as admin:
+            delta = progress_delta(self.progress, await raft_progress(admin))
+        entries = delta["entries"]
+        return {
+            "raft_entries": entries,
+            "msgs_per_entry": round(messages / entries, 1) if entries else None,
+            "fsyncs": delta["fsyncs"],
+            "node_cpu_s": None if cpu is None else round(cpu, 3),
+            # whole cluster: every replica's CPU for the section, per entry committed
+            "node_cpu_us_per_entry": round(cpu / entries * 1e6, 1) if cpu and entries else None,
+            "node_cpu_us_per_msg": round(cpu / messages * 1e6, 2) if cpu and messages else None,
+        }
 
 
 def run_produce(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark against `--namesrv` or a local cluster started (and stopped) here."""
     with target_cluster(args, settle=False) as target:
-        result = anyio.run(drive, target.namesrv, args.topic, args)
+        local = target.local
+        node_cpu = None if local is None else (lambda: cpu_seconds(local.node_pids()))
+        result = anyio.run(drive, target.namesrv, args.topic, args, node_cpu)
         result.update(target.info)
         return result
 

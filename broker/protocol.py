@@ -85,7 +85,9 @@ class Op(IntEnum):
     RAFT = 2  # (g: group, m: message fields) body: stored entries; one-way
     READ_RAW = 3  # node to node, for repairing a corrupt entry: (g, index) -> (term)
     #               body: the entry's stored bytes; NOT_FOUND (gone: retention removed it)
-    PRODUCE = 10  # (g) body: a batch (broker.records) -> (base, n, index, dup)
+    PRODUCE = 10  # (g) body: a batch (broker.records) -> (base, n, index, dup); or
+    #   (g, sizes) body: batches back to back -> (results: an outcome per batch); see
+    #   broker.produce_wire
     FETCH = 11  # (topic, queue, offset, max, max_bytes, wait_ms) -> (next, min, end, msgs) body
     COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...], req?: [client, seq]) -> (dup)
     QUERY_OFFSET = 13  # (cg, topic, queue) -> (offset: int, -1 when none)

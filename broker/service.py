@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import trio
@@ -30,6 +30,7 @@ from broker.config import NodeConfig
 from broker.consumers import ConsumerRegistry
 from broker.groups import GroupRegistry
 from broker.metrics import NodeMetrics
+from broker.produce_wire import encode_error, encode_ok, split_batches
 from broker.protocol import (
     Code,
     Frame,
@@ -53,7 +54,7 @@ from broker.statemachine import (
     control_offsets,
     valid_request_id,
 )
-from raftlog.commitlog import CommitLogError, CorruptEntry
+from raftlog.commitlog import CommitLogError, CorruptEntry, EntryDraft
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
@@ -266,48 +267,105 @@ class BrokerService:
     async def _produce(self, _caller: Caller, h: dict[str, Any], body: bytes) -> Response:
         g = self._group(h.get("g"))
         state = self._leading(g)
-        # The batch is copied once, into the stored entry itself (behind the slot for the
+        if "sizes" not in h:  # the single-batch request of older clients
+            (outcome,) = await self._produce_batches(g, state, [body])
+            if isinstance(outcome, RequestError):
+                raise outcome
+            return ok_header(0, base=outcome.base_offset, n=outcome.count, index=outcome.index,
+                             dup=outcome.dup), b""
+        outcomes = await self._produce_batches(g, state, split_batches(h["sizes"], body))
+        return ok_header(0, results=[
+            encode_error(o) if isinstance(o, RequestError)
+            else encode_ok(o.base_offset, o.count, o.index, o.dup)
+            for o in outcomes
+        ]), b""
+
+    async def _produce_batches(
+        self, g: GroupRuntime, state: BrokerState, bodies: Sequence[bytes | memoryview]
+    ) -> list[ProduceResult | RequestError]:
+        """Store producer batches of group `g`, proposed together; each batch's outcome,
+        in order. A batch refused here or by the state machine is not stored and leaves
+        the others alone; NotLeader or ProposalDropped before anything is proposed fail
+        the whole request (nothing was written)."""
+        # Each batch is copied once, into the stored entry itself (behind the slot for the
         # store timestamp, filled in place), and walked there; the walk travels with the
         # proposal to this replica's apply, which so does not walk it again.
-        draft = g.draft(STORED_PREFIX.size + len(body))
-        data = draft.data
-        STORED_PREFIX.pack_into(data, 0, int(time.time() * 1000))
-        data[STORED_PREFIX.size :] = body
+        outcomes: list[ProduceResult | RequestError | None] = [None] * len(bodies)
+        drafts: list[EntryDraft] = []
+        walks: list[WalkedBatch] = []
+        slots: list[int] = []
         max_bytes = self.node.config.max_message_bytes
-        header, refs = walk_batch(data, STORED_PREFIX.size, max_bytes, check_properties=True)
-        validate_topic_name(header.topic)
-        state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
-        if self.node.ack_before_commit:
+        now_ms = int(time.time() * 1000)
+        for i, body in enumerate(bodies):
+            draft = g.draft(STORED_PREFIX.size + len(body))
+            data = draft.data
+            STORED_PREFIX.pack_into(data, 0, now_ms)
+            data[STORED_PREFIX.size :] = body
+            try:
+                header, refs = walk_batch(data, STORED_PREFIX.size, max_bytes,
+                                          check_properties=True)
+                validate_topic_name(header.topic)
+                state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
+            except RequestError as exc:
+                outcomes[i] = exc
+                continue
+            drafts.append(draft)
+            walks.append(WalkedBatch(header, refs, max_bytes))
+            slots.append(i)
+        if drafts and self.node.ack_before_commit:
             # Deliberately wrong (chaos tests only): acknowledge what is not yet committed.
-            self.node.spawn(g.propose(draft, EntryType.MESSAGES))
-            return ok_header(0, base=-1, n=header.n, index=-1, dup=False), b""
-        t0 = time.perf_counter()
-        walked = WalkedBatch(header, refs, max_bytes)
-        try:
-            result = self._result(await g.propose(draft, EntryType.MESSAGES, context=walked))
-        except NotLeader as exc:  # the batch is in this node's log and may yet commit
-            raise RequestError(
+            self.node.spawn(g.propose_many(drafts, EntryType.MESSAGES))
+            for i, walked in zip(slots, walks, strict=True):
+                outcomes[i] = ProduceResult(-1, walked.header.n, -1)
+            drafts = []
+        if drafts:
+            t0 = time.perf_counter()
+            results = await g.propose_many(drafts, EntryType.MESSAGES, contexts=walks)
+            latency_s = time.perf_counter() - t0
+            stored = 0
+            for i, draft, result in zip(slots, drafts, results, strict=True):
+                outcomes[i] = self._batch_outcome(result)
+                if isinstance(result, ProduceResult):
+                    stored += 1
+                    self._produced(g, result, len(draft) - STORED_PREFIX.size, latency_s)
+                    if self.node.duplicate_every:
+                        self.node.batches_led += 1
+                        if self.node.batches_led % self.node.duplicate_every == 0:
+                            # Deliberately wrong (chaos tests only): store the batch twice.
+                            self.node.spawn(g.propose(bytes(draft.data), EntryType.MESSAGES))
+            if stored and self.node.crash_before_answer:
+                # Deliberately wrong (tests only): die between commit and answer, so the
+                # client must retry a batch that is already committed.
+                log.critical("crash-before-answer: exiting after committing index %d",
+                             max(r.index for r in results if isinstance(r, ProduceResult)))
+                os._exit(CRASH_BEFORE_ANSWER_EXIT)
+        assert all(o is not None for o in outcomes)
+        return outcomes  # type: ignore[return-value]
+
+    def _batch_outcome(self, result: Any) -> ProduceResult | RequestError:
+        """What `propose_many` gave for one batch, as the batch's outcome."""
+        if isinstance(result, ProduceResult):
+            return result
+        if isinstance(result, ErrorResult):
+            return RequestError(result.code, result.message)
+        if isinstance(result, NotLeader):  # the batch is in this node's log and may yet commit
+            return RequestError(
                 Code.NOT_LEADER, "leadership was lost before the batch committed; it may "
-                "still be stored", leader=self.groups.peer_addr(exc.leader), term=exc.term,
+                "still be stored", leader=self.groups.peer_addr(result.leader), term=result.term,
                 unknown=True,
-            ) from None
-        assert isinstance(result, ProduceResult)
-        if self.node.crash_before_answer:
-            # Deliberately wrong (tests only): die between commit and answer, so the client
-            # must retry a batch that is already committed.
-            log.critical("crash-before-answer: exiting after committing index %d", result.index)
-            os._exit(CRASH_BEFORE_ANSWER_EXIT)
-        if self.node.duplicate_every:
-            self.node.batches_led += 1
-            if self.node.batches_led % self.node.duplicate_every == 0:
-                # Deliberately wrong (chaos tests only): store the batch a second time.
-                self.node.spawn(g.propose(bytes(data), EntryType.MESSAGES))
-        messages, nbytes, latency = self.node.metrics.produce_series(g.group_id)
+            )
+        if isinstance(result, (ProposalDropped, ProposalLost)):
+            return RequestError(Code.PROPOSAL_DROPPED, str(result))
+        if isinstance(result, BaseException):
+            raise result
+        return RequestError(Code.INTERNAL, f"unexpected result {result!r} for a batch")
+
+    def _produced(self, g: GroupRuntime, result: ProduceResult, nbytes: int,
+                  latency_s: float) -> None:
+        messages, stored_bytes, latency = self.node.metrics.produce_series(g.group_id)
         messages.inc(result.count)
-        nbytes.inc(len(body))
-        latency.observe(time.perf_counter() - t0)
-        return ok_header(0, base=result.base_offset, n=result.count, index=result.index,
-                         dup=result.dup), b""
+        stored_bytes.inc(nbytes)
+        latency.observe(latency_s)
 
     # ------------------------------------------------------------------ fetch
 

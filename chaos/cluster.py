@@ -282,6 +282,11 @@ class LocalCluster:
             self.stop()
             raise
 
+    def node_pids(self) -> list[int]:
+        """Process ids of the node processes running now (not the name server)."""
+        return [proc.pid for name, proc in self._procs.items()
+                if name != NAMESRV and proc.poll() is None]
+
     def start_namesrv(self, timeout: float = 15.0) -> str:
         """Start the name server unless it runs; wait for `ready host:port`, return it."""
         proc = self._procs.get(NAMESRV)

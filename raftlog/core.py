@@ -45,7 +45,7 @@ Invariant: every entry from the base on that is at or below `commit` is committe
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from raftlog.progress import Progress
@@ -410,6 +410,27 @@ class RaftNode:
             raise ValueError("use add_learner/promote/remove for membership changes")
         self._check_can_propose()
         return self._append_new(type, data)
+
+    def propose_many(
+        self, items: Sequence[bytes | Sealable], type: EntryType = EntryType.MESSAGES
+    ) -> int:
+        """Append several new entries at once as leader, all or none; returns the index
+        of the first (the others follow it). They leave in the same Ready: one store
+        write, one fsync and one AppendEntries per follower for the lot."""
+        if type == EntryType.CONFIG:
+            raise ValueError("use add_learner/promote/remove for membership changes")
+        if not items:
+            raise ValueError("propose_many needs at least one entry")
+        self._check_can_propose()
+        first = self._last_index + 1
+        entries = [
+            Entry(first + i, self.term, type, d) if isinstance(d, bytes)
+            else d.seal(first + i, self.term, type)
+            for i, d in enumerate(items)
+        ]
+        self._append_entries(entries)
+        self._needs_broadcast = True
+        return first
 
     def persisted(self, index: int, term: int) -> None:
         """The store has fsynced everything up to `index`, whose term was `term`."""

@@ -74,7 +74,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -592,6 +592,45 @@ class GroupRuntime(Generic[M]):
         if w.error is not None:
             raise w.error
         return w.result
+
+    async def propose_many(
+        self,
+        items: Sequence[bytes | EntryDraft],
+        type: EntryType = EntryType.MESSAGES,
+        *,
+        contexts: Sequence[Any] | None = None,
+    ) -> list[Any]:
+        """Propose several entries together (one Ready: one store write, one fsync, one
+        AppendEntries per follower) and wait until each is applied.
+
+        Returns, per entry in order, what `apply` returned for it, or the exception that
+        says it did not commit as proposed (NotLeader: outcome unknown; ProposalLost:
+        not stored). Raises NotLeader or ProposalDropped, before anything is written, when
+        the entries cannot be proposed at all. `contexts[i]` is handed back to `apply`
+        with entry i, as `propose`'s `context` is.
+        """
+        core = self.core
+        assert core is not None
+        if contexts is not None and len(contexts) != len(items):
+            raise ValueError("one context per entry")
+        while self._uncommitted > self.options.max_uncommitted_bytes:
+            if core.role != Role.LEADER:
+                raise NotLeader(core.leader, core.term)
+            space = self._space
+            await space.wait()
+        drafts = [d if isinstance(d, EntryDraft) else EntryDraft.of(d) for d in items]
+        first = core.propose_many(drafts, type)
+        term = core.term
+        waiters = []
+        for i, d in enumerate(drafts):
+            w = _Waiter(term, len(d), None if contexts is None else contexts[i])
+            self._waiters[first + i] = w
+            self._uncommitted += w.size
+            waiters.append(w)
+        self._wakeup.set()
+        for w in waiters:
+            await w.event.wait()
+        return [w.error if w.error is not None else w.result for w in waiters]
 
     async def read_barrier(self) -> None:
         """Return once this replica has applied everything committed before the call, and

@@ -258,3 +258,23 @@ def test_a_failure_marks_stale_only_the_routes_of_its_group() -> None:
     routes.on_error("g3", "e:1", TransportError("gone", sent=False), now=103.0)
     assert all(routes._topics[f"t{i}"].stale for i in range(1000))
     assert "orders" not in routes._topics
+
+
+def test_an_old_route_serves_sends_while_one_background_refresh_runs() -> None:
+    """Past its refresh period a route still serves (a producer feeding thousands of
+    topics must not wait for the name server per send); one refresh is started, and a
+    route found wrong is not used at all."""
+    from raftmq.client.routes import clock
+
+    routes = routes_with(ROUTE, now=clock())
+    spawned: list[tuple] = []
+    assert routes.usable("orders", lambda *a: spawned.append(a)) is routes._topics["orders"]
+    assert spawned == []  # fresh: nothing to do
+    old = parse_route("orders", ROUTE, clock() - routes.refresh_interval - 1)
+    routes._topics["orders"] = old
+    assert routes.usable("orders", lambda *a: spawned.append(a)) is old
+    assert routes.usable("orders", lambda *a: spawned.append(a)) is old
+    assert [args[1:] for args in spawned] == [("orders",)]  # one refresh, not one per send
+    old.stale = True
+    assert routes.usable("orders", lambda *a: spawned.append(a)) is None
+    assert routes.usable("unknown", lambda *a: spawned.append(a)) is None

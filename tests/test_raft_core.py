@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig
+from raftlog.driver import carry_out
 from raftlog.types import EntryType, HardState, Membership, Message, MsgType, Role
-from tests.raft_harness import Cluster
+from tests.raft_harness import Cluster, _NodeShell
 
 
 def test_5_2_one_leader_is_elected_and_everyone_follows_it():
@@ -360,3 +361,40 @@ def test_the_core_does_no_io_of_its_own():
     # Randomness comes only from the Random the shell passes in.
     src = (root / "core.py").read_text()
     assert "random.random(" not in src and "random.randrange(" not in src
+
+
+def test_propose_many_leaves_in_one_ready_and_one_append_per_follower():
+    """Several entries proposed together cost one store write and one AppendEntries per
+    follower, and commit in order everywhere."""
+    c = Cluster(3)
+    leader = c.elect()
+    c.tick(2)
+    last = leader.last_index
+    first = leader.propose_many([b"a", b"b", b"c"])
+    assert first == last + 1 and leader.last_index == last + 3
+    rd = leader.ready()
+    assert [e.data for e in rd.entries] == [b"a", b"b", b"c"]
+    appends = [m for m in rd.messages if m.type == MsgType.APPEND]
+    assert sorted(m.dst for m in appends) == sorted(i for i in c.nodes if i != leader.id)
+    assert all([e.data for e in m.entries] == [b"a", b"b", b"c"] for m in appends)
+    carry_out(rd, _NodeShell(c, leader.id))  # as the runtime would
+    c.persist(leader.id)
+    c.stabilize()
+    c.tick(2)  # followers learn the commit index
+    assert all(c.payloads(i) == [b"a", b"b", b"c"] for i in c.nodes)
+
+
+def test_propose_many_is_all_or_nothing_when_refused():
+    c = Cluster(3)
+    leader = c.elect()
+    follower = next(n for n in c.nodes.values() if n is not leader)
+    with pytest.raises(NotLeader):
+        follower.propose_many([b"x", b"y"])
+    assert follower.last_index == leader.last_index
+    last = leader.last_index
+    leader.transfer_leadership(follower.id)
+    with pytest.raises(ProposalDropped):
+        leader.propose_many([b"x", b"y"])
+    assert leader.last_index == last
+    with pytest.raises(ValueError):
+        Cluster(1).elect().propose_many([])

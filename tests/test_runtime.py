@@ -172,3 +172,37 @@ def test_read_barrier_confirms_leadership_and_never_serves_a_cut_off_leader(tmp_
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+class ContextRecorder(Recorder):
+    """A Recorder that also says which context, if any, came back with each entry."""
+
+    def apply(self, entry: Entry, context: object = None) -> tuple[int, object]:
+        super().apply(entry)
+        return entry.index, context
+
+
+def test_propose_many_returns_each_entrys_own_result_with_its_context(tmp_path):
+    async def main() -> None:
+        g = Group(tmp_path, ContextRecorder)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await g.start(n, i)
+            leader = await g.leader()
+            await leader.propose(b"first")
+            results = await leader.propose_many([b"a", b"b", b"c"], contexts=["x", None, "z"])
+            first = results[0][0]
+            assert results == [(first, "x"), (first + 1, None), (first + 2, "z")]
+            with trio.fail_after(5):
+                while any(len(m.applied) < 4 for m in g.machines.values()):
+                    await trio.sleep(0.01)
+            for m in g.machines.values():
+                assert m.applied[1:] == [(first, b"a"), (first + 1, b"b"), (first + 2, b"c")]
+            follower = next(rt for rt in g.runtimes.values() if rt is not leader)
+            with pytest.raises(NotLeader):
+                await follower.propose_many([b"never"])
+            with pytest.raises(ValueError):
+                await leader.propose_many([b"a", b"b"], contexts=["only one"])
+            n.cancel_scope.cancel()
+
+    trio.run(main)

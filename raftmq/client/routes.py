@@ -237,6 +237,7 @@ class Routes:
         self._topics = _RouteTable()
         self._groups: dict[str, _Group] = {}
         self._locks: dict[str, anyio.Lock] = {}
+        self._refreshing: set[str] = set()  # topics whose route is refreshed in the background
         self.client_id = random.getrandbits(63) | 1  # names this client's requests, > 0
         self._request_seq = 0
 
@@ -307,6 +308,29 @@ class Routes:
         """The cached route of `topic` if it is fresh, without any I/O."""
         route = self._topics.get(topic)
         return route if route is not None and self._fresh(route) else None
+
+    def usable(self, topic: str, spawn: Callable[..., Any]) -> TopicRoute | None:
+        """The cached route of `topic` to send by now, without I/O: a fresh one, or one
+        past its refresh period that nothing showed wrong, whose refresh `spawn` then
+        starts in the background. A producer feeding thousands of topics so never waits
+        for the name server on the send path once it knows a route (RocketMQ's client
+        refreshes routes on a timer, never per send); a route found wrong is still
+        fetched before use."""
+        route = self._topics.get(topic)
+        if route is None or route.stale:
+            return None
+        if clock() - route.fetched_at >= self.refresh_interval and topic not in self._refreshing:
+            self._refreshing.add(topic)
+            spawn(self._refresh_in_background, topic)
+        return route
+
+    async def _refresh_in_background(self, topic: str) -> None:
+        try:
+            await self.route(topic, refresh=True)
+        except RequestError as exc:  # the next send fetches it (or learns it is gone)
+            log.debug("background route refresh for %s failed: %s", topic, exc)
+        finally:
+            self._refreshing.discard(topic)
 
     def _fresh(self, route: TopicRoute) -> bool:
         return not route.stale and clock() - route.fetched_at < self.refresh_interval
