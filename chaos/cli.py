@@ -298,6 +298,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-timeout", type=float, default=None, metavar="S",
                    help="linearizability check time limit (verdict unknown after it; "
                    "default: --time, at least 120)")
+    p.add_argument("--drain-timeout", type=float, default=120.0, metavar="S",
+                   help="how long the final drain may take to read every queue to its end "
+                   "(an unfinished drain makes the run invalid; default 120)")
     p.add_argument("--json", action="store_true", help="print results.json to stdout")
     return p
 
@@ -317,7 +320,7 @@ def run_main(argv: list[str]) -> int:
             out=args.out, nodes=args.nodes, groups=args.groups, time=args.time,
             nemesis=parse_list(args.nemesis, NEMESES, "nemesis"), workload=args.workload,
             seed=args.seed, mutations=tuple(args.mutation), check_timeout=args.check_timeout,
-            cluster=args.cluster,
+            cluster=args.cluster, drain_timeout=args.drain_timeout,
         )
         opts.validate()
     except ValueError as exc:

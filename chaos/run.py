@@ -90,6 +90,8 @@ class RunOptions:
             raise ValueError(f"--nodes must be 3 or 5, got {self.nodes}")
         if self.groups < 1:
             raise ValueError(f"--groups must be at least 1, got {self.groups}")
+        if not self.drain_timeout > 0:
+            raise ValueError(f"--drain-timeout must be positive, got {self.drain_timeout}")
         if not self.time > 0:
             raise ValueError(f"--time must be positive, got {self.time}")
         if self.check_timeout is not None and not self.check_timeout > 0:

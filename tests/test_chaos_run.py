@@ -137,6 +137,7 @@ def test_a_misbehaving_node_is_caught(
     code = run_main([
         "--out", str(out), "--time", str(MISBEHAVING_SECONDS), "--seed", seed,
         "--nemesis", nemesis, "--mutation", mutation, "--json", "--check-timeout", "20",
+        "--drain-timeout", "20",  # a cluster that lost every log may never serve again
     ])
     results = _check_outputs(out)
     assert code == 1, json.dumps(results, indent=1)[:4000]
