@@ -32,7 +32,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, cast
@@ -191,33 +191,48 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
                         enabled=opts.nemesis, disks=disks)
                 if opts.nemesis else None
             )
-            started = time.monotonic()
-            stop_at = started + opts.time
-            async with trio.open_nursery() as load:
-                load.start_soon(workload.run, stop_at)
-                if nemesis is not None:
-                    load.start_soon(nemesis.run, stop_at)
-            if nemesis is not None:
-                await nemesis.heal()
-            # a node that died on its own is reported below (unexpected_exits), not raised
+            # a node that died on its own is reported (unexpected_exits), not raised
             ready = functools.partial(cluster.wait_ready, opts.ready_timeout, raise_on_exit=False)
-            try:
-                await trio.to_thread.run_sync(ready)
-            except TimeoutError as exc:
-                facts["not_ready"] = str(exc)
-            healed = time.monotonic()
-            facts["drained"] = await workload.drain(opts.drain_timeout)
-            facts["timings"] = {
-                "load_seconds": round(healed - started, 3),
-                "drain_seconds": round(time.monotonic() - healed, 3),
-            }
-            facts["unexpected_exits"] = cluster.unexpected_exits()
+            await _load_heal_drain(opts, workload, nemesis, ready, cluster.unexpected_exits,
+                                   facts)
         finally:
             await trio.to_thread.run_sync(cluster.stop)
             for disk in disks.values():
                 await trio.to_thread.run_sync(disk.unmount)
             nursery.cancel_scope.cancel()
     return facts
+
+
+async def _load_heal_drain(
+    opts: RunOptions,
+    workload: Workload,
+    nemesis: Nemesis | None,
+    ready: Callable[[], object],
+    exits: Callable[[], dict[str, int]],
+    facts: dict[str, Any],
+) -> None:
+    """Steps 3-4 on whatever cluster: load and faults for `opts.time`, heal, wait until
+    `ready` (a cluster not ready by then is a finding, `not_ready`), drain; the timings,
+    the drain's outcome and the nodes that exited on their own go into `facts`."""
+    started = time.monotonic()
+    stop_at = started + opts.time
+    async with trio.open_nursery() as load:
+        load.start_soon(workload.run, stop_at)
+        if nemesis is not None:
+            load.start_soon(nemesis.run, stop_at)
+    if nemesis is not None:
+        await nemesis.heal()
+    try:
+        await trio.to_thread.run_sync(ready)
+    except TimeoutError as exc:
+        facts["not_ready"] = str(exc)
+    healed = time.monotonic()
+    facts["drained"] = await workload.drain(opts.drain_timeout)
+    facts["timings"] = {
+        "load_seconds": round(healed - started, 3),
+        "drain_seconds": round(time.monotonic() - healed, 3),
+    }
+    facts["unexpected_exits"] = exits()
 
 
 async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
@@ -244,22 +259,8 @@ async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
                 rng=random.Random(rng.getrandbits(64)), enabled=opts.nemesis)
         if opts.nemesis else None
     )
-    started = time.monotonic()
-    stop_at = started + opts.time
-    async with trio.open_nursery() as load:
-        load.start_soon(workload.run, stop_at)
-        if nemesis is not None:
-            load.start_soon(nemesis.run, stop_at)
-    if nemesis is not None:
-        await nemesis.heal()
-    await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
-    healed = time.monotonic()
-    facts["drained"] = await workload.drain(opts.drain_timeout)
-    facts["timings"] = {
-        "load_seconds": round(healed - started, 3),
-        "drain_seconds": round(time.monotonic() - healed, 3),
-    }
-    facts["unexpected_exits"] = cluster.unexpected_exits()
+    ready = functools.partial(cluster.wait_ready, opts.ready_timeout)
+    await _load_heal_drain(opts, workload, nemesis, ready, cluster.unexpected_exits, facts)
     return facts
 
 
