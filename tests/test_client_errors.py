@@ -31,6 +31,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     (RequestError(Code.NOT_LEADER, "not me"), False),
     (RequestError(Code.NOT_LEADER, "lost it after proposing", unknown=True), True),
     (RequestError(Code.PROPOSAL_DROPPED, "nothing written"), False),
+    (RequestError(Code.STALE_REQUEST, "retry older than the window"), True),
     (RequestError(Code.UNKNOWN_TOPIC, "no such topic"), False),
     (UnavailableError("nobody leads"), False),
 ])

@@ -66,14 +66,15 @@ _NO_LEADER = frozenset({Code.NOT_LEADER, Code.TIMEOUT, Code.UNAVAILABLE, Code.CO
 def may_have_applied(exc: RequestError) -> bool:
     """Whether a write that failed with `exc` may have been applied all the same: no
     answer came (a timeout, a connection lost after sending), or the leader that took it
-    lost leadership before the entry committed (NOT_LEADER marked `unknown`)."""
+    lost leadership before the entry committed (NOT_LEADER marked `unknown`), or the
+    broker could no longer tell whether a retried request took effect (STALE_REQUEST)."""
     if isinstance(exc, OutcomeUnknownError):
         return True
     if isinstance(exc, (UnavailableError, ClientClosedError)):
         return False
     if isinstance(exc, TransportError):
         return exc.sent
-    return exc.code == Code.TIMEOUT or bool(exc.extra.get("unknown"))
+    return exc.code in (Code.TIMEOUT, Code.STALE_REQUEST) or bool(exc.extra.get("unknown"))
 
 
 def give_up(exc: RequestError, what: str, *, uncertain: bool = False) -> RequestError:
