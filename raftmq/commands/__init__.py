@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_NAMESRV",
     "add_namesrv_argument",
     "first_request_error",
+    "no_action",
     "namesrv_addresses",
     "positive_int",
     "print_json",
@@ -114,6 +115,14 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def no_action(parser: argparse.ArgumentParser, prog: str, choices: str) -> int:
+    """A command with subcommands called without one: its usage, what to choose, and the
+    usage-error exit status."""
+    parser.print_usage(sys.stderr)
+    print(f"{prog}: choose {choices}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def print_json(obj: Any) -> None:

@@ -13,7 +13,6 @@ TIME is ISO 8601 (`2026-11-25T17:00:00Z`; no zone means UTC) or `@<epoch ms>`.
 from __future__ import annotations
 
 import argparse
-import sys
 from datetime import UTC, datetime
 
 from rich.console import Console
@@ -21,7 +20,7 @@ from rich.table import Table
 
 from raftmq.client import Admin
 
-from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+from . import add_namesrv_argument, namesrv_addresses, no_action, print_json, run_async
 
 __all__ = ["main", "parse_target"]
 
@@ -136,9 +135,7 @@ def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.action is None:
-        parser.print_usage(sys.stderr)
-        print(f"{PROG}: choose list, describe, reset-offsets or delete", file=sys.stderr)
-        return 2
+        return no_action(parser, PROG, "list, describe, reset-offsets or delete")
     namesrv = namesrv_addresses(parser, args.namesrv)
     action = {"list": _list, "describe": _describe, "reset-offsets": _reset,
               "delete": _delete}[args.action]

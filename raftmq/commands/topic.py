@@ -18,7 +18,14 @@ from rich.table import Table
 from broker.protocol import Code, RequestError
 from raftmq.client import Admin
 
-from . import add_namesrv_argument, namesrv_addresses, positive_int, print_json, run_async
+from . import (
+    add_namesrv_argument,
+    namesrv_addresses,
+    no_action,
+    positive_int,
+    print_json,
+    run_async,
+)
 
 __all__ = ["main"]
 
@@ -160,9 +167,7 @@ def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.action is None:
-        parser.print_usage(sys.stderr)
-        print(f"{PROG}: choose create, list, describe, update or delete", file=sys.stderr)
-        return 2
+        return no_action(parser, PROG, "create, list, describe, update or delete")
     namesrv = namesrv_addresses(parser, args.namesrv)
     action = {"create": _create, "list": _list, "describe": _describe, "update": _update,
               "delete": _delete}[args.action]
