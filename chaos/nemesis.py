@@ -40,6 +40,14 @@ the affected `nodes` and, as `leaders`, the group leaders that it took away
   the original bytes are put back as an operator would from a backup, and the node is
   started again. Serving damaged data or losing acknowledged data is for the checkers
   to catch;
+- `stale-leader`: a group leader is stopped (SIGSTOP) and cut from its peers, not from its
+  clients. Once the other replicas elected a new leader and it acknowledged writes (seen
+  by `probe`, the workload), reads of those offsets are sent to the old leader while it
+  is still stopped, and it is resumed, still cut off: it believes it leads for another
+  election timeout and finds those reads waiting. It must refuse them or confirm its
+  leadership first (ReadIndex), which it cannot; a leader that answers from its own state
+  returns the end of the log before those acknowledged writes, a stale read the
+  linearizability check rejects at any seed. The value holds the reads aimed (`probed`);
 - `disk-full`: the file system of one node (leaders preferred) is filled with a ballast
   file so every write fails with ENOSPC, then the ballast is deleted at the end. Needs
   `disks` (`chaos.disk_faults.SmallDisk` per node: root and a loop device).
@@ -54,14 +62,15 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
-from broker.protocol import RequestError
+from broker.protocol import Op, RequestError
 from raftmq.client.admin import Admin
+from transport.blocking import request
 
 from . import topology
 from .cluster import ClusterError, LocalCluster
@@ -69,7 +78,20 @@ from .disk_faults import Damage, SmallDisk, corrupt_entry, damage_file, discard_
 from .proxy import ProxyNet
 from .recorder import Recorder
 
-__all__ = ["CRASH_SCOPES", "LEADER_BIAS", "NEMESES", "Cadence", "Nemesis", "Step", "plan", "schedule"]
+
+class Probe(Protocol):
+    """What `stale-leader` asks of the workload (`chaos.workload.Workload` is one)."""
+
+    def acked_since(self, since: float, groups: Collection[str]) -> dict[int, int]: ...
+
+    async def read_from_node(self, addr: str, targets: Mapping[int, int],
+                             timeout: float) -> None: ...
+
+
+__all__ = [
+    "CRASH_SCOPES", "LEADER_BIAS", "NEMESES", "Cadence", "Nemesis", "Probe", "Step", "plan",
+    "schedule",
+]
 
 log = logging.getLogger("raftmq.chaos.nemesis")
 
@@ -90,10 +112,12 @@ NEMESES = (
     "bitflip-file",
     "snapshot-corrupt",
     "disk-full",
+    "stale-leader",
 )
 DELAY = (0.1, 0.05)  # seconds per chunk, and the jitter either side
 LOSS = 0.05  # chunks lost per chunk forwarded
-NETWORK = ("delay", "loss", "partition-clients")  # faults that need a ProxyNet besides PARTITIONS
+# faults that need a ProxyNet besides PARTITIONS
+NETWORK = ("delay", "loss", "partition-clients", "stale-leader")
 DAMAGE = {  # file faults: (how the file is damaged, or None: either way; which files)
     "truncate-file": ("truncate", ("segment", "index", "snapshot")),
     "bitflip-file": ("bitflip", ("segment", "index", "snapshot")),
@@ -107,6 +131,9 @@ PARTITIONS: Mapping[str, Callable[..., topology.Partition]] = {
     "majority-ring": topology.majority_ring,
 }
 CRASH_SCOPES = ("one", "majority", "all")
+STALE_WAIT = 30.0  # seconds stale-leader waits for writes acknowledged by the new leader
+STALE_HANDOFF = 0.5  # seconds the aimed reads get to reach the stopped leader's socket
+STALE_READ_TIMEOUT = 5.0
 LEADER_BIAS = 0.75  # how often a node fault's first target is a group leader
 
 
@@ -241,6 +268,7 @@ class Nemesis:
         ready_timeout: float = 30.0,
         leader_bias: float = LEADER_BIAS,
         disks: Mapping[int, SmallDisk] | None = None,
+        probe: Probe | None = None,
     ) -> None:
         self.enabled = _enabled(enabled)
         if net is None and any(k in PARTITIONS or k in NETWORK for k in self.enabled):
@@ -263,6 +291,7 @@ class Nemesis:
         self.ready_timeout = ready_timeout
         self.leader_bias = leader_bias
         self.disks = dict(disks or {})
+        self.probe = probe
         self._steps = schedule(rng, self.enabled, cadence)
         self._active: _Active | None = None
         self._killed: set[int] = set()
@@ -278,6 +307,7 @@ class Nemesis:
             "loss": self._shape,
             "partition-clients": self._partition_clients,
             "disk-full": self._disk_full,
+            "stale-leader": self._stale_leader,
             **{k: self._partition for k in PARTITIONS},
             **{k: self._damage for k in DAMAGE},
         }
@@ -633,3 +663,71 @@ class Nemesis:
                     await trio.sleep(min(rng.uniform(0.2, 0.8), max(0.0, left)))
 
         return self._begin("leader-transfer", value, _nothing, storm)
+
+    async def _led_by(self, node: int) -> list[str]:
+        """The groups `node` itself says it leads ([] when it does not answer)."""
+        addr = self.cluster.node_addr(node)
+        try:
+            header, _ = await trio.to_thread.run_sync(
+                functools.partial(request, addr, {"op": int(Op.STATUS)}, timeout=2.0),
+                abandon_on_cancel=True,
+            )
+        except (OSError, RequestError):
+            return []
+        groups = header.get("groups") or {}
+        return sorted(g for g, st in groups.items() if (st or {}).get("role") == "leader")
+
+    async def _stale_leader(self, step: Step, rng: random.Random) -> _Active | None:
+        assert self.net is not None
+        net = self.net
+        leaders = await self._leaders()
+        live = self._live()
+        candidates = sorted(set(leaders.values()) & set(live))
+        rng.shuffle(candidates)
+        node, led = None, []
+        for n in candidates:  # the name server may lag a change: ask the node itself
+            led = await self._led_by(n)
+            if led:
+                node = n
+                break
+        if node is None:
+            return None
+        value: dict[str, Any] = {"nodes": [node], "leaders": {g: node for g in led}}
+        cut = topology.isolate(self.cluster.node_ids, rng, node)
+
+        def resume() -> None:
+            if node in self._paused:
+                self.cluster.resume(node)
+                self._paused.discard(node)
+
+        async def undo() -> None:
+            resume()
+            net.set_partition(())
+
+        async def hold(deadline: float) -> None:
+            waited_until = max(deadline, time.monotonic() + STALE_WAIT)
+            targets: dict[int, int] = {}
+            while self.probe is not None and time.monotonic() < waited_until:
+                targets = self.probe.acked_since(stopped, led)
+                if all(self.probe.acked_since(stopped, [g]) for g in led):
+                    break  # every group it led has a new leader that acknowledged writes
+                await trio.sleep(0.1)
+            value["probed"] = {str(q): o for q, o in sorted(targets.items())}
+            if self.probe is not None and targets:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.probe.read_from_node, net.client(node).address,
+                                       targets, STALE_READ_TIMEOUT)
+                    await trio.sleep(STALE_HANDOFF)
+                    resume()
+            resume()
+            await _sleep_until(deadline)
+
+        active = self._begin("stale-leader", value, undo, hold)
+        self._paused.add(node)
+        try:
+            self.cluster.pause(node)
+        except ClusterError as exc:  # it exited meanwhile; the harness reports that
+            log.warning("pause of node %d: %s", node, exc)
+        stopped = time.monotonic()
+        net.set_partition(cut.blocked)
+        return active

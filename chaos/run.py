@@ -188,7 +188,7 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             facts["queue_groups"] = await workload.setup()
             nemesis = (
                 Nemesis(cluster, net, recorder, rng=random.Random(nemesis_seed),
-                        enabled=opts.nemesis, disks=disks)
+                        enabled=opts.nemesis, disks=disks, probe=workload)
                 if opts.nemesis else None
             )
             # a node that died on its own is reported (unexpected_exits), not raised

@@ -49,7 +49,9 @@ at-least-once delivery allows from those idempotence forbids using the history a
 
 Readers follow the tail (most reads start a little below the last known end, so many come
 back short and pin down where the log ended) and sometimes re-read an older range.
-Producers cross-check acknowledgements: after a share (`verify_acks`) of the appends
+A fault can aim reads at one node (`Workload.read_from_node`, used by the `stale-leader`
+nemesis): a client whose routes still name a replaced leader, reading one message at an
+offset acknowledged after that leader was cut off. Producers cross-check acknowledgements: after a share (`verify_acks`) of the appends
 acknowledged with an offset, the same process reads one message at that offset at once
 (a read of its own write at the tail: a wrong offset or a stale leader shows there). After
 the faults are healed, `Workload.drain` reads every queue from offset 0 to its end.
@@ -58,18 +60,20 @@ Times are `time.monotonic()` seconds, the `Recorder`'s clock.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections import Counter
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from broker.protocol import Code, RequestError
+from broker.protocol import Code, Op, RequestError
 from broker.service import MAX_FETCH_BYTES, MAX_FETCH_COUNT
 from raftmq.client import Admin, ClientClosedError, Producer, PullConsumer
-from raftmq.client.consumer import commit_offsets, fetch, query_offset
+from raftmq.client.consumer import commit_offsets, decode_fetch, fetch, query_offset
 from raftmq.client.producer import SendAttempt
 from transport.connection import is_retriable
 
@@ -226,6 +230,8 @@ class Workload:
         self._last_error_code: dict[int, int] = {}  # process -> code of its last failed read
         self._sending: dict[bytes, tuple[int, str, str]] = {}  # body -> process, key, id
         self._acked: dict[int, int] = {}  # process -> offset of its last acknowledged append
+        # queue -> (invoked, offset) of the latest-invoked acknowledged append
+        self._last_ack: dict[int, tuple[float, int]] = {}
 
     # ------------------------------------------------------------ processes
 
@@ -337,11 +343,12 @@ class Workload:
         msg = message_id(process, seq, idempotent=client.role == IDEMPOTENT)
         key = queue_key(self.topic, queue)
         rec = self.recorder
+        invoked = time.monotonic()
         rec.invoke(process, APPEND, key, msg)
         body = msg.encode()
         self._sending[body] = (process, key, msg)
         try:
-            return await self._append(producer, process, key, msg, queue)
+            return await self._append(producer, process, key, msg, queue, invoked)
         finally:
             del self._sending[body]
 
@@ -355,7 +362,7 @@ class Workload:
                 self.recorder.attempt(process, APPEND, key, msg)
 
     async def _append(
-        self, producer: Producer, process: int, key: str, msg: str, queue: int
+        self, producer: Producer, process: int, key: str, msg: str, queue: int, invoked: float
     ) -> bool:
         rec = self.recorder
         try:
@@ -385,6 +392,8 @@ class Workload:
         rec.complete(process, "ok", APPEND, key, {"offset": result.offset})
         self._tail[queue] = max(self._tail[queue], result.offset + 1)
         self._acked[process] = result.offset
+        if invoked > self._last_ack.get(queue, (-1.0, 0))[0]:
+            self._last_ack[queue] = (invoked, result.offset)
         return True
 
     async def _reader(self, client: Process, stop_at: float) -> None:
@@ -403,7 +412,7 @@ class Workload:
 
     async def read(
         self, consumer: PullConsumer, client: Process, queue: int, offset: int, n: int,
-        *, missing_topic_is_empty: bool = False,
+        *, missing_topic_is_empty: bool = False, at: str | None = None, timeout: float = 5.0,
     ) -> list[str] | None:
         """One recorded read of at most `n` messages from `offset`; None when it failed.
 
@@ -411,16 +420,27 @@ class Workload:
         drain sets it once the cluster has said so for `TOPIC_GONE_AFTER` seconds, for a
         topic whose creation was acknowledged. A topic that vanished took its messages
         with it, and the accounting must see them as lost, not as "never read".
+        With `at` (a node's client address) the read is one FETCH sent there, whoever
+        leads, answered within `timeout` seconds; without, the SDK finds the leader.
         """
         process = client.process
         key = queue_key(self.topic, queue)
         rec = self.recorder
         rec.invoke(process, READ, key, {"offset": offset, "n": n})
         try:
-            res = await fetch(
-                consumer.routes, self.topic, queue, offset,
-                max_messages=n, max_bytes=READ_MAX_BYTES, wait_ms=0,
-            )
+            if at is None:
+                res = await fetch(
+                    consumer.routes, self.topic, queue, offset,
+                    max_messages=n, max_bytes=READ_MAX_BYTES, wait_ms=0,
+                )
+                messages = res.messages
+            else:
+                header = {"topic": self.topic, "queue": queue, "offset": offset, "max": n,
+                          "max_bytes": READ_MAX_BYTES, "wait_ms": 0}
+                frame = await consumer.routes.pool.request(at, Op.FETCH, header,
+                                                           timeout=timeout)
+                group = str(frame.header.get("g") or "")
+                messages = decode_fetch(self.topic, queue, group, frame.header, frame.body)
         except RequestError as exc:
             if exc.code == Code.OFFSET_TOO_LARGE or (
                 missing_topic_is_empty and exc.code == Code.UNKNOWN_TOPIC
@@ -436,11 +456,36 @@ class Workload:
         except BaseException:
             rec.complete(process, "fail", READ, key, {"error": "cancelled"})
             raise
-        ids = [m.body.decode("utf-8", "replace") for m in res.messages]
+        ids = [m.body.decode("utf-8", "replace") for m in messages]
         rec.complete(process, "ok", READ, key, ids)
         if ids:
             self._tail[queue] = max(self._tail[queue], offset + len(ids))
         return ids
+
+    def acked_since(self, since: float, groups: Collection[str]) -> dict[int, int]:
+        """Queue -> offset of an acknowledged append invoked after `since` (a
+        `time.monotonic()` instant), for the queues of `groups` that have one. Invoked,
+        not answered, after `since`: an answer may have been on its way from a leader
+        that was stopped at `since`; a request sent after it can only have been
+        committed by a leader that was still running."""
+        out = {}
+        for queue, (when, offset) in self._last_ack.items():
+            if when > since and self.queue_groups.get(queue_key(self.topic, queue)) in groups:
+                out[queue] = offset
+        return out
+
+    async def read_from_node(self, addr: str, targets: Mapping[int, int],
+                             timeout: float) -> None:
+        """Read one message at `targets[queue]` of each queue from the node at `addr`
+        (its client address), whether or not it leads the queue's group: a client with
+        stale routes. One new reader process per queue; each read is recorded and may
+        take up to `timeout` seconds."""
+        async with PullConsumer(self.namesrv, _CONSUMER_GROUP) as consumer:
+            async with trio.open_nursery() as nursery:
+                for queue, offset in sorted(targets.items()):
+                    nursery.start_soon(functools.partial(
+                        self.read, consumer, self._new_process(READER), queue, offset, 1,
+                        at=addr, timeout=timeout))
 
     async def _offsets(self, client: Process, stop_at: float) -> None:
         async with PullConsumer(self.namesrv, _CONSUMER_GROUP) as consumer:

@@ -2,8 +2,9 @@
 
 The default suite runs a short smoke (kill + partition, about a minute) that must come
 out valid, and runs the same harness against nodes with a deliberate bug
-(`ack-before-commit`, and `skip-fsync` under power loss) that must come out invalid: each
-with a seed whose first fault exposes the bug, so it is caught by construction.
+(`ack-before-commit`, `skip-fsync` under power loss, `skip-read-barrier` against a stale
+leader) that must come out invalid: each with a seed whose first fault exposes the bug,
+so it is caught by construction.
 Longer runs with every nemesis are opt-in: `pytest -m chaos` (CHAOS_SECONDS, default 300).
 """
 
@@ -80,13 +81,13 @@ def test_mutations_need_the_explicit_test_flag(
 
 
 @pytest.mark.live
-def test_smoke_kill_and_partition_is_valid(
+def test_smoke_kill_partition_and_stale_leader_is_valid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "run"
     code = run_main([
         "--out", str(out), "--time", str(SMOKE_SECONDS), "--seed", "1",
-        "--nemesis", "kill,partition-node,partition-halves", "--json",
+        "--nemesis", "kill,partition-node,partition-halves,stale-leader", "--json",
     ])
     results = _check_outputs(out)
     assert code == 0, json.dumps(results, indent=1)[:4000]
@@ -96,6 +97,8 @@ def test_smoke_kill_and_partition_is_valid(
     faults = parse_faults(out / "history.jsonl")
     assert {f.f for f in faults} & {"kill"}, faults
     assert {f.f for f in faults} & {"partition-node", "partition-halves"}, faults
+    # reads aimed at a stopped, cut-off leader were made, and none of them was stale
+    assert any(f.f == "stale-leader" and f.value["probed"] for f in faults), faults
     assert results["attempts"] > 0 and results["duplicated_unretried"] == 0
     _recheck(out, 0, capsys)
 
@@ -107,9 +110,13 @@ def test_smoke_kill_and_partition_is_valid(
 #   and none of it can commit: acknowledged messages are lost.
 # - skip-fsync: a power loss of every node at once: nothing was ever fsynced, so every
 #   acknowledged message is lost.
+# - skip-read-barrier: `stale-leader` is its only nemesis, so every seed opens with it:
+#   reads of offsets the new leader acknowledged wait at the stopped old leader, which
+#   answers them, once resumed, with the end of its own older log.
 CAUGHT_BY = {  # mutation: (nemeses, seed, the first fault's kind and scope)
     "ack-before-commit": ("partition-node,kill", "1", "partition-node", None),
     "skip-fsync": ("crash-unsynced", "2", "crash-unsynced", "all"),
+    "skip-read-barrier": ("stale-leader", "3", "stale-leader", None),
 }
 
 
@@ -148,8 +155,11 @@ def test_a_misbehaving_node_is_caught(
             or not all(results["drained"].values())), json.dumps(results, indent=1)[:4000]
     first = parse_faults(out / "history.jsonl")[0]  # the planned fault did open the run
     assert first.f == kind and (scope is None or first.value["scope"] == scope), first
-    if kind == "partition-node":
+    if kind in ("partition-node", "stale-leader"):
         assert first.value["leaders"], first  # and it isolated a group leader
+    if kind == "stale-leader":  # caught by the reads it aimed at the old leader
+        assert first.value["probed"], first
+        assert not all(results["linearizable"].values()), json.dumps(results, indent=1)[:4000]
     _recheck(out, 1, capsys)
 
 
