@@ -59,12 +59,12 @@ ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # Deliberate misbehaviour a test can switch on to prove the checks catch it:
 # ack-before-commit and skip-fsync break durability; duplicate-batch stores some batches
 # twice; skip-read-barrier lets a leader answer reads without confirming it still leads
-# (stale reads); crash-before-answer makes the node exit after a PRODUCE is committed and
-# before it is answered (forces a client retry), and exit-after-commit-offset does the same
-# for a COMMIT_OFFSET whose header asks for it.
+# (stale reads); crash-before-answer makes the node exit after a write (PRODUCE,
+# COMMIT_OFFSET, a topic or group change) whose header asks for it ("test_exit": true) is
+# committed and before it is answered, which forces the client to retry it.
 KNOWN_MUTATIONS = frozenset({
     "ack-before-commit", "skip-fsync", "duplicate-batch", "skip-read-barrier",
-    "crash-before-answer", "exit-after-commit-offset",
+    "crash-before-answer",
 })
 
 # Port layout of `cluster_configs`: node i listens at base+i, serves metrics at

@@ -139,9 +139,8 @@ class Node:
         self.registrar = Registrar(config.namesrv, config.register_interval,
                                    self._registration_view)
         self.ack_before_commit = "ack-before-commit" in mutations
-        # a scripted crash between a commit and its answer (tests of retried requests)
-        self.exit_after_commit_offset = "exit-after-commit-offset" in mutations
         self.skip_read_barrier = "skip-read-barrier" in mutations
+        # a scripted crash between a commit and its answer (tests of retried requests)
         self.crash_before_answer = "crash-before-answer" in mutations
         # `duplicate-batch`: every DUPLICATE_EVERY-th batch this node leads is stored twice
         self.duplicate_every = DUPLICATE_EVERY if "duplicate-batch" in mutations else 0

@@ -74,6 +74,11 @@ MAX_WAIT_MS = 60_000
 DEFAULT_WAIT_MS = 15_000  # RocketMQ's long-poll hold
 READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
 CRASH_BEFORE_ANSWER_EXIT = 70  # exit code of the `crash-before-answer` test mutation
+# the requests that change replicated state: `crash-before-answer` applies to each
+_WRITES = frozenset({
+    Op.PRODUCE, Op.COMMIT_OFFSET, Op.CREATE_TOPIC, Op.DELETE_TOPIC, Op.GROW_TOPIC,
+    Op.DELETE_GROUP,
+})
 
 
 #: Requests only a node proven by the peer handshake may make: raw entries bypass the
@@ -123,7 +128,6 @@ class BrokerHost(Protocol):
     ack_before_commit: bool
     skip_read_barrier: bool
     crash_before_answer: bool
-    exit_after_commit_offset: bool
     duplicate_every: int
     batches_led: int
 
@@ -175,6 +179,11 @@ class BrokerService:
             raise RequestError(Code.UNKNOWN_OP, f"unknown request type {op!r}")
         try:
             header, body = await handler(caller, h, frame.body)
+            if self.node.crash_before_answer and op in _WRITES and h.get("test_exit") is True:
+                # Deliberately wrong (tests only, on request): die between the commit and
+                # the answer, so the client must retry a write that is already committed.
+                log.critical("crash-before-answer: exiting before answering %s", Op(op).name)
+                os._exit(CRASH_BEFORE_ANSWER_EXIT)
         except NotLeader as exc:
             raise RequestError(
                 Code.NOT_LEADER, "this node does not lead that group",
@@ -322,23 +331,15 @@ class BrokerService:
             t0 = time.perf_counter()
             results = await g.propose_many(drafts, EntryType.MESSAGES, contexts=walks)
             latency_s = time.perf_counter() - t0
-            stored = 0
             for i, draft, result in zip(slots, drafts, results, strict=True):
                 outcomes[i] = self._batch_outcome(result)
                 if isinstance(result, ProduceResult):
-                    stored += 1
                     self._produced(g, result, len(draft) - STORED_PREFIX.size, latency_s)
                     if self.node.duplicate_every:
                         self.node.batches_led += 1
                         if self.node.batches_led % self.node.duplicate_every == 0:
                             # Deliberately wrong (chaos tests only): store the batch twice.
                             self.node.spawn(g.propose(bytes(draft.data), EntryType.MESSAGES))
-            if stored and self.node.crash_before_answer:
-                # Deliberately wrong (tests only): die between commit and answer, so the
-                # client must retry a batch that is already committed.
-                log.critical("crash-before-answer: exiting after committing index %d",
-                             max(r.index for r in results if isinstance(r, ProduceResult)))
-                os._exit(CRASH_BEFORE_ANSWER_EXIT)
         assert all(o is not None for o in outcomes)
         return outcomes  # type: ignore[return-value]
 
@@ -461,8 +462,6 @@ class BrokerService:
             result = self._result(await self.groups[gid].propose(
                 control_offsets(cg, offs, req), EntryType.CONTROL))
             dup = dup or (isinstance(result, ControlResult) and result.dup)
-        if self.node.exit_after_commit_offset and h.get("test_exit") is True:
-            os._exit(CRASH_BEFORE_ANSWER_EXIT)  # test mutation: committed, the answer never leaves
         return ok_header(0, dup=dup), b""
 
     async def _check_commit_bounds(self, g: GroupRuntime,

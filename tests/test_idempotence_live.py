@@ -1,7 +1,8 @@
 """Idempotence across failover: a committed batch that is sent again is stored once.
 
-The leader of g0 runs with the `crash-before-answer` test mutation: it exits right after
-committing a PRODUCE, before answering it. The idempotent producer never hears that its
+The leader of g0 runs with the `crash-before-answer` test mutation, and the producer's
+connections ask for it on every PRODUCE (`test_exit`): the leader exits right after
+committing the batch, before answering it. The idempotent producer never hears that its
 batch was committed, so it must retry it, at the new leader; the state machine recognises
 the batch (producer id + sequence) and answers with the original offset, marked `dup`.
 The retry is forced by construction, not hoped for from a well-timed kill.
@@ -9,17 +10,34 @@ The retry is forced by construction, not hoped for from a well-timed kill.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
+from broker.protocol import Frame, Op
 from broker.service import CRASH_BEFORE_ANSWER_EXIT
 from raftmq.client import Admin, Producer, PullConsumer
 from tests.conftest import group_leader, live_cluster, wait_for
+from transport.connection import DEFAULT_TIMEOUT, ConnectionPool
 
 pytestmark = pytest.mark.live
+
+
+class _AskingToCrash(ConnectionPool):
+    """A real pool whose PRODUCE requests ask for the `crash-before-answer` mutation (only
+    nodes started with it heed the request)."""
+
+    async def request(
+        self, addr: str, op: Op | int, header: Mapping[str, Any] | None = None,
+        body: bytes | bytearray | memoryview = b"", *, timeout: float = DEFAULT_TIMEOUT,
+    ) -> Frame:
+        if op == Op.PRODUCE:
+            header = {**(header or {}), "test_exit": True}
+        return await super().request(addr, op, header, body, timeout=timeout)
 
 
 def test_a_retried_committed_batch_is_deduplicated_after_the_leader_dies(
@@ -34,7 +52,9 @@ def test_a_retried_committed_batch_is_deduplicated_after_the_leader_dies(
         async def main() -> tuple[object, list[bytes]]:
             async with Admin(cluster.namesrv_addr) as admin:
                 await admin.create_topic("t", 1)
-            async with Producer(cluster.namesrv_addr, idempotent=True, retries=10) as producer:
+            async with _AskingToCrash() as pool, Producer(
+                cluster.namesrv_addr, idempotent=True, retries=10, pool=pool
+            ) as producer:
                 result = await producer.send("t", b"once")
             async with PullConsumer(cluster.namesrv_addr, "c", wait_ms=0) as consumer:
                 consumer.assign("t")

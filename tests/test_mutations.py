@@ -119,3 +119,63 @@ def test_skip_fsync_commits_entries_no_fsync_covers(tmp_path):
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+@pytest.mark.live
+def test_crash_before_answer_exits_after_any_write_that_asks_and_only_then(
+    tmp_path, monkeypatch
+):
+    """One switch for every write: each of these requests, sent with `test_exit`, is
+    committed (seen after the restart) and never answered; without it, none is affected."""
+    from broker.protocol import RequestError
+    from broker.service import CRASH_BEFORE_ANSWER_EXIT
+
+    monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")
+    with LocalCluster(tmp_path, nodes=1, groups=1, tick_ms=50, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
+                      node_overrides={"test_mutations": ["crash-before-answer"],
+                                      "replication": 1}) as cluster:
+        cluster.wait_ready(timeout=60)
+        addr = cluster.node_addr(1)
+
+        def status() -> dict:
+            """g0 as the node reports it once it leads g0 again (after a restart) and has
+            applied its whole log."""
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    h, _ = request(addr, {"op": Op.STATUS}, timeout=5.0)
+                    st = h["groups"]["g0"]
+                    if st["role"] == "leader" and st["applied"] >= st["last"]:
+                        return st
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, "the node did not come back"
+                time.sleep(0.05)
+
+        request(addr, {"op": Op.CREATE_TOPIC, "g": "g0", "topic": "t", "queues": 1,
+                       "hosted": [0]})  # not asked: answered
+        writes = [  # (header, body, what the committed write left in the node's status)
+            ({"op": Op.CREATE_TOPIC, "g": "g0", "topic": "u", "queues": 1, "hosted": [0]}, b"",
+             lambda st: "u" in st["queues"]),
+            ({"op": Op.GROW_TOPIC, "g": "g0", "topic": "t", "queues": 2, "hosted": [0, 1]}, b"",
+             lambda st: sorted(st["queues"]["t"]) == [0, 1]),
+            ({"op": Op.PRODUCE, "g": "g0"}, encode_batch("t", 0, [OutgoingMessage(b"m")]),
+             lambda st: st["queues"]["t"][0] == [0, 1]),
+            ({"op": Op.COMMIT_OFFSET, "cg": "c", "offsets": [["t", 0, 1]]}, b"",
+             lambda st: st["offsets"] == {"c": {"t": {0: 1}}}),
+            ({"op": Op.DELETE_GROUP, "g": "g0", "cg": "c"}, b"",
+             lambda st: st["offsets"] == {}),
+            ({"op": Op.DELETE_TOPIC, "g": "g0", "topic": "u"}, b"",
+             lambda st: "u" not in st["queues"]),
+        ]
+        for header, body, applied in writes:
+            with pytest.raises((OSError, RequestError)):
+                request(addr, {**header, "test_exit": True}, body, timeout=10.0)
+            deadline = time.monotonic() + 60
+            while cluster.is_running(1):
+                assert time.monotonic() < deadline, f"{header} did not make the node exit"
+                time.sleep(0.05)
+            assert cluster.unexpected_exits() == {"n1": CRASH_BEFORE_ANSWER_EXIT}, header
+            cluster.restart(1)
+            st = status()
+            assert applied(st), (header, st)

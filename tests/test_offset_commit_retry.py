@@ -4,8 +4,8 @@ The chaos harness found this: a consumer's COMMIT_OFFSET(710) was appended by a 
 that was killed before answering; the new leader committed the entry; another consumer
 then committed 716; only after that did the first client's retry of 710 arrive. Without
 deduplication the retry was appended again and rolled 716 back. Here the leader's crash
-between the commit and the answer is scripted (the "exit-after-commit-offset" test
-mutation), so the interleaving happens every time, not once in eight chaos runs.
+between the commit and the answer is scripted (the "crash-before-answer" test
+mutation, asked for by the request), so the interleaving happens every time, not once in eight chaos runs.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_a_retry_of_a_commit_the_new_leader_applied_does_not_roll_back_a_later_o
 ) -> None:
     monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")
     with LocalCluster(tmp_path, groups=1, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
-                      node_overrides={"test_mutations": ["exit-after-commit-offset"]}) as cluster:
+                      node_overrides={"test_mutations": ["crash-before-answer"]}) as cluster:
         cluster.wait_ready(timeout=60)
         cluster.wait_preferred_leaders(timeout=120)  # so leadership stays where it is
         live = LiveCluster(cluster, TOPIC, 1)
