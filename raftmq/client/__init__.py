@@ -27,6 +27,7 @@ from .consumer import (
 )
 from .errors import (
     ClientClosedError,
+    IncompleteError,
     OutcomeUnknownError,
     RaftMQError,
     TransportError,
@@ -46,6 +47,7 @@ __all__ = [
     "Connection",
     "ConnectionPool",
     "GroupQueue",
+    "IncompleteError",
     "Message",
     "OffsetWindow",
     "OutcomeUnknownError",

@@ -19,7 +19,7 @@ from broker.records import Message, decode_record, iter_records, message_id, par
 from transport.connection import ConnectionPool, is_retriable
 
 from .consumer import _ClientBase, commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
-from .errors import may_have_applied
+from .errors import IncompleteError, may_have_applied
 from .routes import TopicRoute, backoff_delay, node_addresses
 
 __all__ = ["Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo", "place_queues"]
@@ -415,30 +415,57 @@ class Admin(_ClientBase):
 
     async def group_offsets(self, group: str | None = None) -> dict[str, dict[tuple[str, int], int]]:
         """Committed offsets by consumer group: {cg: {(topic, queue): offset}}, from the
-        leader of every broker group (one OFFSETS request per node)."""
+        leader of every broker group (one OFFSETS request per node).
+
+        Raises `IncompleteError` when some broker group's offsets could not be read (no
+        node answered as its leader): `unreadable` names those groups, `partial` holds
+        the offsets of the others, in the shape this returns."""
         if group is not None:
             validate_group_name(group)
         cluster = await self.routes.cluster()
         out: dict[str, dict[tuple[str, int], int]] = {}
+        read: set[str] = set()
+        failures: list[str] = []
 
         async def one(addr: str) -> None:
             try:
                 frame = await self.routes.pool.request(addr, Op.OFFSETS, {"cg": group},
                                                        timeout=self.timeout)
-            except RequestError:
+            except RequestError as exc:
+                failures.append(f"{addr}: {exc.code.name}")
                 return
+            read.update(str(g) for g in frame.header.get("led") or [])
             for _gid, cg, topic, queue, offset in frame.header.get("rows") or []:
                 out.setdefault(str(cg), {})[(str(topic), int(queue))] = int(offset)
 
         async with anyio.create_task_group() as tg:
             for addr in node_addresses(cluster):
                 tg.start_soon(one, addr)
-        return {cg: dict(sorted(v.items())) for cg, v in sorted(out.items())}
+        result = {cg: dict(sorted(v.items())) for cg, v in sorted(out.items())}
+        missing = sorted(str(g) for g in (cluster.get("groups") or {}) if str(g) not in read)
+        if missing:
+            why = f" (unanswered: {', '.join(sorted(failures))})" if failures else ""
+            raise IncompleteError(
+                f"no leader answered for broker group(s) {', '.join(missing)}: the offsets "
+                f"they hold are not included{why}", unreadable=missing, partial=result)
+        return result
 
     async def describe_group(self, group: str) -> tuple[list[str], list[GroupQueue]]:
-        """(live members, each queue the group committed on with bounds and lag)."""
+        """(live members, each queue the group committed on with bounds and lag).
+
+        Raises `IncompleteError` when a broker group's offsets could not be read, or a
+        queue's bounds: `unreadable` names them (broker groups such as "g1", queues as
+        "topic/queue"), `partial` is the (members, rows) that could be read, where a row
+        whose bounds are missing has None for them."""
         members = await self.consumers(group)
-        offsets = (await self.group_offsets(group)).get(group, {})
+        unreadable: list[str] = []
+        try:
+            offsets = (await self.group_offsets(group)).get(group, {})
+        except IncompleteError as exc:
+            unreadable += exc.unreadable
+            partial = exc.partial
+            assert isinstance(partial, dict)
+            offsets = partial.get(group, {})
         rows: dict[tuple[str, int], GroupQueue] = {}
 
         async def one(topic: str, queue: int, committed: int) -> None:
@@ -446,13 +473,21 @@ class Admin(_ClientBase):
             try:
                 lo, end = await queue_bounds(self.routes, topic, queue)
             except RequestError:
-                pass
+                unreadable.append(f"{topic}/{queue}")
             rows[(topic, queue)] = GroupQueue(topic, queue, committed, lo, end)
 
         async with anyio.create_task_group() as tg:
             for (topic, queue), committed in offsets.items():
                 tg.start_soon(one, topic, queue, committed)
-        return members, [rows[k] for k in sorted(rows)]
+        described = (members, [rows[k] for k in sorted(rows)])
+        if unreadable:
+            groups = sorted(u for u in unreadable if "/" not in u)
+            queues = sorted(u for u in unreadable if "/" in u)
+            parts = ([f"the offsets held by broker group(s) {', '.join(groups)}"] if groups
+                     else []) + ([f"the bounds of {', '.join(queues)}"] if queues else [])
+            raise IncompleteError(f"could not read {' and '.join(parts)}",
+                                  unreadable=groups + queues, partial=described)
+        return described
 
     async def _require_idle(self, group: str) -> None:
         members = await self.consumers(group)

@@ -4,7 +4,9 @@
     ├── RequestError              a request failed; `.code` (a `Code`), `.message`, `.extra`
     │   ├── TransportError        the connection failed (`.sent`: the request had left)
     │   ├── UnavailableError      no node could be reached, or none leads the group now;
-    │   │                         nothing was written (code UNAVAILABLE)
+    │   │   │                     nothing was written (code UNAVAILABLE)
+    │   │   └── IncompleteError   an answer gathered from several groups misses some:
+    │   │                         `.unreadable` names them, `.partial` is what was read
     │   └── OutcomeUnknownError   a write may or may not have been applied (a timeout, a
     │                             connection lost after sending): check before resending
     └── ClientClosedError         the client object is closed, or was never opened
@@ -28,6 +30,7 @@ from transport.errors import ClientClosedError, TransportError, close_stack, lea
 
 __all__ = [
     "ClientClosedError",
+    "IncompleteError",
     "OutcomeUnknownError",
     "RaftMQError",
     "RequestError",
@@ -47,6 +50,17 @@ class UnavailableError(RequestError):
 
     def __init__(self, message: str, **extra: object) -> None:
         super().__init__(Code.UNAVAILABLE, message, **extra)
+
+
+class IncompleteError(UnavailableError):
+    """A read that gathers from several groups (or queues) could not read some of them:
+    rather than an answer that silently leaves them out, this names them (`unreadable`,
+    e.g. broker groups "g1" or queues "topic/3") and carries what was read (`partial`)."""
+
+    def __init__(self, message: str, *, unreadable: list[str], partial: object) -> None:
+        super().__init__(message, unreadable=unreadable)
+        self.unreadable = unreadable
+        self.partial = partial
 
 
 class OutcomeUnknownError(RequestError):

@@ -13,14 +13,23 @@ TIME is ISO 8601 (`2026-11-25T17:00:00Z`; no zone means UTC) or `@<epoch ms>`.
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
+from typing import cast
 
 from rich.console import Console
 from rich.table import Table
 
-from raftmq.client import Admin
+from raftmq.client import Admin, GroupQueue, IncompleteError
 
-from . import add_namesrv_argument, namesrv_addresses, no_action, print_json, run_async
+from . import (
+    EXIT_FAILURE,
+    add_namesrv_argument,
+    namesrv_addresses,
+    no_action,
+    print_json,
+    run_async,
+)
 
 __all__ = ["main", "parse_target"]
 
@@ -70,32 +79,52 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _incomplete(exc: IncompleteError | None) -> int:
+    """After printing what was read: say what could not be, and fail."""
+    if exc is None:
+        return 0
+    print(f"{PROG}: INCOMPLETE: {exc.message}; what is shown leaves them out",
+          file=sys.stderr)
+    return EXIT_FAILURE
+
+
 async def _list(args: argparse.Namespace, admin: Admin) -> int:
-    groups = await admin.group_offsets()
+    incomplete: IncompleteError | None = None
+    try:
+        groups = await admin.group_offsets()
+    except IncompleteError as exc:
+        incomplete = exc
+        groups = cast(dict[str, dict[tuple[str, int], int]], exc.partial)
     if args.json:
         print_json({cg: sorted({t for t, _ in offs}) for cg, offs in groups.items()})
-        return 0
-    if not groups:
+        return _incomplete(incomplete)
+    if not groups and incomplete is None:
         print("no consumer group has committed an offset")
-        return 0
     for cg, offs in groups.items():
         print(f"{cg}  topics: {', '.join(sorted({t for t, _ in offs}))}")
-    return 0
+    return _incomplete(incomplete)
 
 
 async def _describe(args: argparse.Namespace, admin: Admin) -> int:
-    members, rows = await admin.describe_group(args.group)
+    incomplete: IncompleteError | None = None
+    try:
+        members, rows = await admin.describe_group(args.group)
+    except IncompleteError as exc:
+        incomplete = exc
+        members, rows = cast(tuple[list[str], list[GroupQueue]], exc.partial)
     if args.json:
         print_json({"group": args.group, "members": members, "queues": [
             {"topic": r.topic, "queue": r.queue, "committed": r.committed,
-             "min": r.min_offset, "end": r.end_offset, "lag": r.lag} for r in rows]})
-        return 0
+             "min": r.min_offset, "end": r.end_offset, "lag": r.lag} for r in rows],
+            "unreadable": [] if incomplete is None else incomplete.unreadable})
+        return _incomplete(incomplete)
     console = Console()
     console.print(f"consumer group {args.group}: {len(members)} live member(s)"
                   + (f": {', '.join(members)}" if members else ""))
     if not rows:
-        console.print("no committed offsets (no such group, or it never committed)")
-        return 0
+        if incomplete is None:
+            console.print("no committed offsets (no such group, or it never committed)")
+        return _incomplete(incomplete)
     table = Table()
     for col in ("topic", "queue", "committed", "min", "end", "lag"):
         table.add_column(col, justify="left" if col == "topic" else "right")
@@ -105,7 +134,7 @@ async def _describe(args: argparse.Namespace, admin: Admin) -> int:
                       "-" if r.end_offset is None else str(r.end_offset),
                       "-" if r.lag is None else f"{r.lag:,}")
     console.print(table)
-    return 0
+    return _incomplete(incomplete)
 
 
 async def _reset(args: argparse.Namespace, admin: Admin) -> int:
