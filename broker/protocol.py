@@ -92,7 +92,7 @@ class Op(IntEnum):
     COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...], req?: [client, seq]) -> (dup)
     QUERY_OFFSET = 13  # (cg, topic, queue) -> (offset: int, -1 when none)
     CREATE_TOPIC = 20  # (g, topic, queues: total, hosted: [queue ids]) -> ()
-    TOPICS = 21  # () -> (topics: {name: {queues, hosted: {group: [q...]}}})
+    TOPICS = 21  # (g?) -> (topics: {name: {queues, hosted: {group: [q...]}}}); g: leader, linearizable
     STATUS = 22  # () -> (node, groups: {group: {...}})
     GET_MESSAGE = 23  # (msg_id) -> (msgs) body
     QUERY_KEY = 24  # (topic, key, max) -> (msgs) body

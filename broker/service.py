@@ -566,8 +566,17 @@ class BrokerService:
         return ok_header(0, deleted=result.applied), b""
 
     async def _topics(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        """Every topic of every group hosted here, as this node knows them; with "g", only
+        that group's, from its leader once it confirmed its leadership (ReadIndex): a
+        linearizable read of the group's topics."""
         topics: dict[str, dict[str, Any]] = {}
-        for gid, state in self.groups.states.items():
+        states = self.groups.states
+        if "g" in h:
+            g = self._group(h.get("g"))
+            self._leading(g)
+            await self._read_barrier(g)
+            states = {g.group_id: self._leading(g)}
+        for gid, state in states.items():
             for name, cfg in state.topics().items():
                 t = topics.setdefault(name, {"queues": cfg.queues, "hosted": {}})
                 t["hosted"][gid] = list(cfg.hosted)

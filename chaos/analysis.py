@@ -8,7 +8,11 @@ and combines three views:
   per queue, checked one quiescent segment at a time (`quiescent_segments`), within a
   time limit;
 - linearizability of every consumer group's committed offset per queue, when the history
-  has ``commit``/``read`` operations keyed ``[group, queue]`` (`ConsumerOffsetModel`);
+  has ``commit``/``delete``/``read`` operations keyed ``[group, queue]``
+  (`ConsumerOffsetModel`; a reset of offsets is a commit, a group's deletion a delete);
+- linearizability of every topic's configuration, when the history has
+  ``create``/``grow``/``delete``/``read`` operations keyed ``topic:<name>``
+  (`TopicConfigModel`): a lost or rolled-back topic creation, growth or deletion;
 - availability: after a fault that took away group leaders (the nemesis names them in the
   fault's value as ``"leaders": {group: node}``), how long until an append to a queue of
   that group was acknowledged again;
@@ -96,12 +100,13 @@ from .model import INFINITY, UNKNOWN, Model, Operation
 from .models import (
     ConsumerOffsetModel,
     QueueLogModel,
+    TopicConfigModel,
     drop_unobserved_commits,
     drop_unseen_appends,
     pin_read_appends,
     quiescent_segments,
 )
-from .workload import is_idempotent_message
+from .workload import TOPIC_KEY_PREFIX, TOPIC_OPS, is_idempotent_message
 
 __all__ = [
     "INVALIDATING",
@@ -112,6 +117,8 @@ __all__ = [
     "offset_operations",
     "queue_operations",
     "split_records",
+    "topic_operations",
+    "topic_records",
 ]
 
 INVALIDATING = (*ERROR_KINDS, "duplicated_unretried")
@@ -265,8 +272,10 @@ def _analyze_spilled(
     idempotent_processes: Collection[int] | None,
     liveness_bound: float,
 ) -> Analysis:
-    queue_routes = [(r, f) for r, f in routes if not r.startswith("[")]
+    topic_routes = [(r, f) for r, f in routes if r.startswith(json.dumps(TOPIC_KEY_PREFIX)[:-1])]
     offset_routes = [(r, f) for r, f in routes if r.startswith("[")]
+    queue_routes = [(r, f) for r, f in routes
+                    if (r, f) not in topic_routes and not r.startswith("[")]
     tally = _Tally(queue_groups, faults)
     queues = _Checks(QueueLogModel(), segmented=True)
     budget_started = time.monotonic()
@@ -294,6 +303,12 @@ def _analyze_spilled(
         remaining = offsets_budget - (time.monotonic() - budget_started)
         offsets.check(offset_ops, max(1e-3, remaining / left))
         del offset_ops
+    topics = _Checks(TopicConfigModel())
+    for _route, file in topic_routes:  # a few hundred operations: no budget of their own
+        records = topic_records(_parse_spilled(file))
+        tally.add_offset_records(records)
+        topics.check(topic_operations(records), max(1.0, offsets_budget / 4))
+    topics_info = topics.info()
     offsets_info = offsets.info()
 
     accounting = combine_accounts(tally.queues)
@@ -321,9 +336,11 @@ def _analyze_spilled(
     problems += [
         f"committed offset not linearizable: {k}" for k, v in per_offset.items() if v is False
     ]
+    per_topic = {str(p.key): _linearizable(p.result) for p in topics_info.partitions}
+    problems += [f"topic config not linearizable: {k}" for k, v in per_topic.items() if v is False]
     if problems:
         verdict = "invalid"
-    elif CheckResult.UNKNOWN in (info.result, offsets_info.result):
+    elif CheckResult.UNKNOWN in (info.result, offsets_info.result, topics_info.result):
         verdict = "unknown"
     else:
         verdict = "valid"
@@ -345,7 +362,8 @@ def _analyze_spilled(
         "linearizability": info.to_dict(model),
         "offsets_linearizable": per_offset,
         "offsets_linearizability": offsets_info.to_dict(offsets_model),
-        "checker_seconds": round(info.elapsed + offsets_info.elapsed, 3),
+        "topics_linearizable": per_topic,
+        "checker_seconds": round(info.elapsed + offsets_info.elapsed + topics_info.elapsed, 3),
         "checked_segments": queues.segments,
         "longest_unavailability": (
             round(max(u.longest(last) for u in unavailable), 3) if unavailable else None
@@ -680,12 +698,15 @@ def split_records(
     records: Sequence[HistoryRecord],
 ) -> tuple[list[HistoryRecord], list[HistoryRecord]]:
     """A run's queue operations (``append``/``read`` keyed by a queue) and consumer-offset
-    operations (``commit``/``read`` keyed ``[group, queue]``); any other record raises
-    ValueError, so a history of something else is not taken for an empty run."""
+    operations (``commit``/``delete``/``read`` keyed ``[group, queue]``); topic-config
+    operations (`topic_records`) are left out; any other record raises ValueError, so a
+    history of something else is not taken for an empty run."""
     queue: list[HistoryRecord] = []
     offsets: list[HistoryRecord] = []
     for r in records:
-        if _offset_key(r.key) and r.f in ("commit", "read"):
+        if _topic_key(r.key) and r.f in TOPIC_OPS:
+            continue
+        if _offset_key(r.key) and r.f in ("commit", "delete", "read"):
             offsets.append(r)
         elif not _offset_key(r.key) and r.f in ("append", "read"):
             queue.append(r)
@@ -693,9 +714,21 @@ def split_records(
             where = f"line {r.line}: " if r.line else ""
             raise ValueError(
                 f"{where}{r.f!r} keyed {r.key!r} is neither a queue operation (append or read "
-                "keyed by a queue) nor a consumer-offset one (commit or read keyed [group, queue])"
+                "keyed by a queue) nor a consumer-offset one (commit, delete or read keyed "
+                "[group, queue]) nor a topic-config one (create, grow, delete or read keyed "
+                f"{TOPIC_KEY_PREFIX}<topic>)"
             )
     return queue, offsets
+
+
+def topic_records(records: Sequence[HistoryRecord]) -> list[HistoryRecord]:
+    """A run's topic-config operations (keyed ``topic:<name>``)."""
+    return [r for r in records if _topic_key(r.key) and r.f in TOPIC_OPS]
+
+
+def topic_operations(records: Sequence[HistoryRecord]) -> list[Operation]:
+    """The topic-config check's operations of a run's topic records."""
+    return records_to_operations(records, "topic-config")
 
 
 def _allowed_copies(records: Sequence[HistoryRecord]) -> dict[tuple[str, str], int]:
@@ -765,6 +798,10 @@ def _linearizable(result: CheckResult) -> bool | None:
     return None if result is CheckResult.UNKNOWN else result is CheckResult.OK
 
 
+def _topic_key(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith(TOPIC_KEY_PREFIX)
+
+
 def _offset_key(key: Any) -> bool:
     """Consumer-offset operations are keyed ``[group, queue]``; queue operations by queue."""
     return isinstance(key, tuple)
@@ -777,7 +814,12 @@ def _offset_name(key: Any) -> str:
 def _outcomes(records: Sequence[HistoryRecord]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for r in records:
-        name = "read-offset" if r.f == "read" and _offset_key(r.key) else r.f
+        if _topic_key(r.key):
+            name = f"topic-{r.f}"
+        elif _offset_key(r.key):
+            name = {"read": "read-offset", "delete": "delete-group"}.get(r.f, r.f)
+        else:
+            name = r.f
         by = out.setdefault(name, {"ok": 0, "fail": 0, "info": 0})
         by[r.status] = by.get(r.status, 0) + 1
     return out

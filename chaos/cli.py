@@ -167,7 +167,11 @@ def _check_model(target: Path, args: argparse.Namespace) -> int:
     accounting = None
     if fmt == "jsonl":
         records = parse_jsonl(target)
-        if args.model in ("queue-log", "consumer-offset"):
+        if args.model == "topic-config":
+            from .analysis import topic_operations, topic_records
+
+            ops = topic_operations(topic_records(records))
+        elif args.model in ("queue-log", "consumer-offset"):
             from .analysis import offset_operations, queue_operations, split_records
 
             queue_records, offset_records = split_records(records)

@@ -26,8 +26,11 @@ JSON lines (``jsonl``), written by the chaos workloads, one object per line::
   - ``queue-log``: ``append`` (key = queue, value = message id; ok value = ``{"offset": n}``
     or ``n``) and ``read`` (key = queue, value = ``{"offset": o, "n": n}``; ok value = list of
     message ids).
-  - ``consumer-offset``: ``commit`` (key = ``[group, queue]``, value = offset) and ``read``
-    (ok value = committed offset or null).
+  - ``consumer-offset``: ``commit`` (key = ``[group, queue]``, value = offset), ``delete``
+    (the group deleted) and ``read`` (ok value = committed offset or null).
+  - ``topic-config``: ``create`` and ``grow`` (key = the topic's key, value = queue count;
+    ok value ``"ok"``, ``"exists"`` or ``"refused"``), ``delete`` (ok value ``"ok"`` or
+    ``"missing"``) and ``read`` (ok value = queue count or null).
   - ``kv``: ``get`` (ok value = the string), ``put`` and ``append`` (value = the string).
   - ``cas-register``: ``read`` (ok value), ``write`` (value), ``cas`` (value = ``[old, new]``;
     ok value ``false`` when the comparison failed, anything else when it applied).
@@ -566,6 +569,27 @@ def _scalar(r: HistoryRecord, value: Any, what: str) -> Any:
     return _key(value)
 
 
+_TOPIC_OUTPUTS = {"create": ("ok", "exists"), "grow": ("ok", "refused"),
+                  "delete": ("ok", "missing")}
+
+
+def _topic_op(r: HistoryRecord, result: Any) -> tuple[tuple, Any]:
+    """A topic-config record as (input, output); see `chaos.models.TopicConfigModel`."""
+    if r.f == "read":
+        if result is not UNKNOWN and not (result is None or _count(result)):
+            raise _bad(r, "a topic read's result must be a queue count or null", result)
+        return ("read", r.key), result
+    if r.f not in _TOPIC_OUTPUTS:
+        raise ValueError(f"topic-config has no operation {r.f!r}")
+    if result is not UNKNOWN and result not in _TOPIC_OUTPUTS[r.f]:
+        raise _bad(r, f"a topic {r.f}'s result must be one of {_TOPIC_OUTPUTS[r.f]}", result)
+    if r.f == "delete":
+        return ("delete", r.key), result
+    if not _count(r.value) or r.value < 1:
+        raise _bad(r, f"a topic {r.f}'s value must be a queue count >= 1", r.value)
+    return (r.f, r.key, r.value), result
+
+
 def records_to_operations(records: Iterable[HistoryRecord], model: str) -> list[Operation]:
     """Operations for ``model`` from JSON-lines records; failed operations are dropped.
 
@@ -592,11 +616,15 @@ def records_to_operations(records: Iterable[HistoryRecord], model: str) -> list[
         elif model == "consumer-offset":
             if r.f == "commit":
                 inp, out = ("commit", r.key, _scalar(r, r.value, "an offset")), None
+            elif r.f == "delete":
+                inp, out = ("delete", r.key), None
             elif r.f == "read":
                 inp = ("read", r.key)
                 out = _scalar(r, result, "an offset read") if known else UNKNOWN
             else:
                 raise ValueError(f"consumer-offset has no operation {r.f!r}")
+        elif model == "topic-config":
+            inp, out = _topic_op(r, result if known else UNKNOWN)
         elif model == "kv":
             if r.f == "get":
                 inp = ("get", r.key)

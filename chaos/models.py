@@ -18,8 +18,21 @@ a ``LogState`` that shares prefixes so appends and cache look-ups stay O(1))
 
 Consumer offsets (one partition per ``(group, queue)``): a plain register, initially ``None``.
 ``("commit", key, offset)`` is a write and may move the offset backwards (an operator reset is a
-commit too); ``("read", key) -> offset`` returns the last committed value. Pass
-``monotonic=True`` for a broker that ignores commits below the current offset.
+commit too); ``("delete", key)`` (the consumer group deleted) sets it back to ``None``;
+``("read", key) -> offset`` returns the last committed value. Pass ``monotonic=True`` for a
+broker that ignores commits below the current offset.
+
+Topic configuration (one partition per topic; state: its queue count, ``None`` while it does
+not exist). Each operation is one request of one attempt, and a definite refusal says what
+the state was, so it is an output too:
+- ``("create", topic, n) -> "ok" | "exists"``: "ok" iff the topic did not exist (now n queues);
+  "exists" iff it did (unchanged);
+- ``("grow", topic, n) -> "ok" | "refused"``: "ok" iff it did not exist or had at most n
+  queues (now n; growing a missing topic creates it); "refused" iff it had more;
+- ``("delete", topic) -> "ok" | "missing"``: "ok" iff it existed, "missing" iff not; then
+  it does not exist;
+- ``("read", topic) -> n | None``.
+An operation of unknown outcome takes the effect its "ok" would have, or none.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ __all__ = [
     "KeyValueModel",
     "LogState",
     "QueueLogModel",
+    "TopicConfigModel",
     "drop_unobserved_commits",
     "drop_unseen_appends",
     "make_model",
@@ -50,6 +64,9 @@ GET = "get"
 PUT = "put"
 APPEND = "append"
 COMMIT = "commit"
+DELETE = "delete"
+CREATE = "create"
+GROW = "grow"
 
 
 class _Unseen:
@@ -540,6 +557,8 @@ class ConsumerOffsetModel(Model[Any, tuple, Any]):
             if self.monotonic and state is not None and offset < state:
                 return True, state
             return True, offset
+        if input[0] == DELETE:
+            return True, None
         return (output is UNKNOWN or output == state), state
 
     def partition_key(self, input: tuple) -> Hashable:
@@ -551,6 +570,8 @@ class ConsumerOffsetModel(Model[Any, tuple, Any]):
     def describe_operation(self, input: tuple, output: Any) -> str:
         if input[0] == COMMIT:
             return f"commit({_show(input[1])}, {input[2]})"
+        if input[0] == DELETE:
+            return f"delete({_show(input[1])})"
         return f"read({_show(input[1])}) -> {_show(output)}"
 
     def describe_state(self, state: Any) -> str:
@@ -558,6 +579,51 @@ class ConsumerOffsetModel(Model[Any, tuple, Any]):
 
     def explain(self, state: Any, input: tuple, output: Any) -> str:
         return f"the committed offset is {_show(state)}"
+
+
+class TopicConfigModel(Model[Any, tuple, Any]):
+    """A topic's queue count, ``None`` while it does not exist (see module docstring)."""
+
+    name = "topic-config"
+
+    def init(self) -> Any:
+        return None
+
+    def step(self, state: Any, input: tuple, output: Any) -> tuple[bool, Any]:
+        op = input[0]
+        if op == READ:
+            return (output is UNKNOWN or output == state), state
+        if op == CREATE:
+            took = state is None
+            if output is UNKNOWN:
+                return True, input[2] if took else state
+            return (output == ("ok" if took else "exists")), input[2] if took else state
+        if op == GROW:
+            took = state is None or state <= input[2]
+            if output is UNKNOWN:
+                return True, input[2] if took else state
+            return (output == ("ok" if took else "refused")), input[2] if took else state
+        if op == DELETE:
+            if output is UNKNOWN:
+                return True, None
+            return (output == ("missing" if state is None else "ok")), None
+        return False, state
+
+    def partition_key(self, input: tuple) -> Hashable:
+        return input[1]
+
+    def is_read_only(self, input: tuple, output: Any) -> bool:
+        return input[0] == READ
+
+    def describe_operation(self, input: tuple, output: Any) -> str:
+        args = ", ".join(_show(a) for a in input[1:])
+        return f"{input[0]}({args}) -> {_show(output)}"
+
+    def describe_state(self, state: Any) -> str:
+        return "absent" if state is None else f"{state} queues"
+
+    def explain(self, state: Any, input: tuple, output: Any) -> str:
+        return f"the topic is {self.describe_state(state)}"
 
 
 def drop_unobserved_commits(ops: Sequence[Operation]) -> list[Operation]:
@@ -585,6 +651,7 @@ MODELS: dict[str, Callable[[], Model]] = {
     "kv": KeyValueModel,
     "queue-log": QueueLogModel,
     "consumer-offset": ConsumerOffsetModel,
+    "topic-config": TopicConfigModel,
 }
 
 

@@ -43,6 +43,24 @@ commit / read of a consumer offset (key = ``[consumer group, queue key]``)
     its leadership first; ok value = the committed offset, or null when none. Errors are
     ``fail``. These feed the consumer-offset (register) model, one partition per key.
 
+admin (processes with the ADMIN role; `admin_clients` of them)
+    Changes to replicated admin state under faults, each recorded so that a lost or
+    rolled-back change is caught:
+
+    - on a topic of its own (``<topic>-admin``, every queue in one group; key
+      ``topic:<name>``, `topic_key`): ``create`` and ``grow`` (invoke value = queue
+      count), ``delete`` and ``read`` (ok value = queue count, or null while it does not
+      exist), for `chaos.models.TopicConfigModel`. Each write is one request of one
+      attempt (no retry, no redirect), so a definite refusal is an observation of the
+      state: ok ``"exists"`` (create), ``"refused"`` (grow below the current count),
+      ``"missing"`` (delete); an error that may hide a write is ``info``, one that
+      cannot is ``fail``. A read asks the group's leader, which confirms its leadership
+      first (TOPICS with "g");
+    - on the consumer offsets above: an offset reset (`Admin.reset_offsets` of a consumer
+      group on the topic) is a ``commit`` of each queue's new offset (invoke value from a
+      dry run just before), and a consumer group's deletion (DELETE_GROUP, one attempt
+      per Raft group) a ``delete`` of each of its queues' keys, one process per key.
+
 Message ids say who sent them: ``p<process>-<seq>`` from a plain producer, ``i<process>-<seq>``
 from an idempotent one (`is_idempotent_message`), so the analysis can tell duplicates that
 at-least-once delivery allows from those idempotence forbids using the history alone.
@@ -72,14 +90,16 @@ import trio
 
 from broker.protocol import Code, Op, RequestError
 from broker.service import MAX_FETCH_BYTES, MAX_FETCH_COUNT
-from raftmq.client import Admin, ClientClosedError, Producer, PullConsumer
+from raftmq.client import Admin, ClientClosedError, Producer, PullConsumer, TransportError
 from raftmq.client.consumer import commit_offsets, decode_fetch, fetch, query_offset
+from raftmq.client.errors import may_have_applied
 from raftmq.client.producer import SendAttempt
 from transport.connection import is_retriable
 
 from .recorder import Recorder
 
 __all__ = [
+    "ADMIN",
     "APPEND",
     "COMMIT",
     "DRAINER",
@@ -89,11 +109,14 @@ __all__ = [
     "Process",
     "READ",
     "READER",
+    "TOPIC_KEY_PREFIX",
+    "TOPIC_OPS",
     "Workload",
     "is_idempotent_message",
     "message_id",
     "queue_groups",
     "queue_key",
+    "topic_key",
 ]
 
 APPEND = "append"
@@ -104,6 +127,13 @@ IDEMPOTENT = "idempotent"
 READER = "reader"
 OFFSETS = "offsets"
 DRAINER = "drain"
+ADMIN = "admin"
+TOPIC_KEY_PREFIX = "topic:"  # no topic name holds ":", so no queue key starts like this
+TOPIC_OPS = ("create", "grow", "delete", READ)
+ADMIN_MAX_QUEUES = 4  # the admin topic grows up to this many queues
+# what a definite refusal of each topic write says about the state (see the docstring)
+_REFUSAL_MEANS = {("create", Code.TOPIC_EXISTS): "exists", ("grow", Code.MALFORMED): "refused",
+                  ("delete", Code.UNKNOWN_TOPIC): "missing"}
 
 READ_MAX_BYTES = MAX_FETCH_BYTES  # thousands of times what n short message ids take
 DRAIN_BATCH = 256
@@ -115,6 +145,25 @@ _CONSUMER_GROUP = "chaos-readers"  # only names the clients; readers never commi
 def queue_key(topic: str, queue: int) -> str:
     """The history key of a queue."""
     return f"{topic}/{queue}"
+
+
+def topic_key(topic: str) -> str:
+    """The history key of a topic's configuration."""
+    return f"{TOPIC_KEY_PREFIX}{topic}"
+
+
+def _written_for_sure_not(exc: BaseException) -> bool:
+    """Whether a write that failed with `exc` was certainly not applied: the first error
+    of the chain is a connection that sent nothing, or a NOT_LEADER / UNKNOWN_GROUP
+    answered before any proposal. Anything else may hide a write (PROPOSAL_DROPPED too:
+    a leader may lose its term after appending)."""
+    while isinstance(exc.__cause__, RequestError):
+        exc = exc.__cause__
+    if not isinstance(exc, RequestError) or may_have_applied(exc):
+        return False
+    if isinstance(exc, TransportError):
+        return not exc.sent
+    return exc.code in (Code.NOT_LEADER, Code.UNKNOWN_GROUP, Code.UNAVAILABLE)
 
 
 def message_id(process: int, seq: int, *, idempotent: bool) -> str:
@@ -175,6 +224,8 @@ class Workload:
         readers: int = 2,
         offset_clients: int = 2,
         offset_groups: int = 2,
+        admin_clients: int = 1,
+        admin_pause: float = 0.1,
         recorder: Recorder,
         seed: int = 0,
         rng: random.Random | None = None,
@@ -189,7 +240,8 @@ class Workload:
     ) -> None:
         if queues < 1 or workers < 1:
             raise ValueError("queues and workers must be at least 1")
-        if min(producers, idempotent_producers, readers, offset_clients, offset_groups) < 0:
+        if min(producers, idempotent_producers, readers, offset_clients, offset_groups,
+               admin_clients) < 0:
             raise ValueError("client counts must not be negative")
         if not 1 <= read_n <= MAX_FETCH_COUNT:
             raise ValueError(f"read_n must be in 1..{MAX_FETCH_COUNT} (the broker's fetch limit)")
@@ -214,6 +266,9 @@ class Workload:
         self.idempotent_producers = idempotent_producers
         self.readers = readers
         self.offset_clients = offset_clients
+        self.admin_clients = admin_clients
+        self.admin_pause = admin_pause
+        self.admin_topic = f"{topic}-admin"
         self.consumer_groups = [f"chaos-cg{i}" for i in range(offset_groups)]
         self.roles: dict[int, str] = {}
         """Process id -> PLAIN, IDEMPOTENT, READER, OFFSETS or DRAINER, per process used."""
@@ -302,6 +357,8 @@ class Workload:
                 if self.consumer_groups:
                     for _ in range(self.offset_clients):
                         nursery.start_soon(self._offsets, self._new_process(OFFSETS), stop_at)
+                for _ in range(self.admin_clients):
+                    nursery.start_soon(self._admin, self._new_process(ADMIN), stop_at)
         finally:
             self.stopped_at = time.monotonic()
             self._running = False
@@ -538,6 +595,137 @@ class Workload:
             raise
         rec.complete(client.process, "ok", READ, key, None if offset < 0 else offset)
         return True
+
+    # ------------------------------------------------------------ admin state
+
+    async def _admin(self, client: Process, stop_at: float) -> None:
+        groups = sorted(set(self.queue_groups.values()))
+        if not groups:
+            return
+        home = groups[0]  # the admin topic lives in one group: one log orders its changes
+        known = 0  # the queue count last seen, to ask for one more
+        async with Admin(self.namesrv) as admin:
+            while time.monotonic() < stop_at:
+                draw = self.rng.random()
+                if draw < 0.35:
+                    got = await self.read_topic(admin, client, home)
+                    known = got if isinstance(got, int) else known
+                elif draw < 0.5:
+                    await self.topic_write(admin, client, home, "create", self.rng.randint(1, 2))
+                elif draw < 0.7:
+                    n = known + 1 if known < ADMIN_MAX_QUEUES else self.rng.randint(1, known)
+                    await self.topic_write(admin, client, home, "grow", n)
+                elif draw < 0.85:
+                    await self.topic_write(admin, client, home, "delete")
+                elif self.consumer_groups and draw < 0.93:
+                    await self.reset_offsets(admin, self.rng.choice(self.consumer_groups))
+                elif self.consumer_groups:
+                    await self.delete_group(admin, self.rng.choice(self.consumer_groups))
+                await trio.sleep(self.admin_pause)
+
+    async def read_topic(self, admin: Admin, client: Process, group: str) -> int | None | bool:
+        """One recorded read of the admin topic's queue count at `group`'s leader
+        (None: it does not exist); False when the read failed."""
+        key = topic_key(self.admin_topic)
+        rec = self.recorder
+        rec.invoke(client.process, READ, key, None)
+        try:
+            frame = await admin.routes.call_group(group, Op.TOPICS, {"g": group}, attempts=1,
+                                                  max_redirects=0)
+        except Exception as exc:  # noqa: BLE001 - a read that failed changed nothing
+            rec.complete(client.process, "fail", READ, key, {"error": str(exc)})
+            return False
+        except BaseException:
+            rec.complete(client.process, "fail", READ, key, {"error": "cancelled"})
+            raise
+        info = (frame.header.get("topics") or {}).get(self.admin_topic)
+        queues = None if info is None else int(info["queues"])
+        rec.complete(client.process, "ok", READ, key, queues)
+        return queues
+
+    async def topic_write(self, admin: Admin, client: Process, group: str, f: str,
+                          queues: int | None = None) -> None:
+        """One recorded create, grow or delete of the admin topic, one attempt."""
+        key = topic_key(self.admin_topic)
+        header: dict[str, Any] = {"g": group, "topic": self.admin_topic}
+        if queues is not None:
+            header.update(queues=queues, hosted=list(range(queues)))
+        op = {"create": Op.CREATE_TOPIC, "grow": Op.GROW_TOPIC, "delete": Op.DELETE_TOPIC}[f]
+        rec = self.recorder
+        rec.invoke(client.process, f, key, queues)
+        try:
+            await admin.routes.call_group(group, op, header, write=True, attempts=1,
+                                          max_redirects=0)
+        except RequestError as exc:
+            seen = _REFUSAL_MEANS.get((f, exc.code))
+            if seen is not None:
+                rec.complete(client.process, "ok", f, key, seen)
+            else:
+                kind = "fail" if _written_for_sure_not(exc) else "info"
+                rec.complete(client.process, kind, f, key, {"error": str(exc)})
+            return
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the outcome is unknown
+            rec.complete(client.process, "info", f, key, {"error": str(exc)})
+            return
+        except BaseException:
+            rec.complete(client.process, "info", f, key, {"error": "cancelled"})
+            raise
+        rec.complete(client.process, "ok", f, key, "ok")
+
+    async def reset_offsets(self, admin: Admin, group: str) -> None:
+        """`group`'s offsets on every queue moved to the earliest retained message, as
+        commits of the new offsets (from a dry run; one process per queue)."""
+        try:
+            plan = await admin.reset_offsets(group, self.topic, "earliest", dry_run=True)
+        except Exception:  # noqa: BLE001 - nothing was written: nothing to record
+            return
+        rec = self.recorder
+        keys = {q: ([group, queue_key(self.topic, q)], self._new_process(ADMIN).process)
+                for q in plan}
+        for q, (key, process) in keys.items():
+            rec.invoke(process, COMMIT, key, plan[q][1])
+        kind, value = "ok", None
+        try:
+            done = await admin.reset_offsets(group, self.topic, "earliest")
+        except BaseException as exc:
+            kind, value, done = "info", {"error": str(exc) or "cancelled"}, {}
+            if not isinstance(exc, Exception):
+                for key, process in keys.values():
+                    rec.complete(process, kind, COMMIT, key, value)
+                raise
+        for q, (key, process) in keys.items():
+            moved = done.get(q)
+            if kind == "ok" and moved is not None and moved[1] != plan[q][1]:
+                # the earliest offset moved since the dry run: not the value recorded
+                rec.complete(process, "info", COMMIT, key, {"error": f"reset to {moved[1]}"})
+            else:
+                rec.complete(process, kind, COMMIT, key, value)
+
+    async def delete_group(self, admin: Admin, group: str) -> None:
+        """Delete `group`'s offsets in each Raft group hosting a queue of the topic (one
+        DELETE_GROUP attempt each): a ``delete`` of each of those queues' keys."""
+        by_group: dict[str, list[str]] = {}
+        for qkey, g in sorted(self.queue_groups.items()):
+            by_group.setdefault(g, []).append(qkey)
+        rec = self.recorder
+        for g, qkeys in sorted(by_group.items()):
+            keys = [([group, qkey], self._new_process(ADMIN).process) for qkey in qkeys]
+            for key, process in keys:
+                rec.invoke(process, "delete", key, None)
+            kind, value = "ok", None
+            try:
+                await admin.routes.call_group(g, Op.DELETE_GROUP, {"g": g, "cg": group},
+                                              write=True, attempts=1, max_redirects=0)
+            except BaseException as exc:
+                kind = "fail" if _written_for_sure_not(exc) else "info"
+                value = {"error": str(exc) or "cancelled"}
+                if not isinstance(exc, Exception):
+                    kind = "info"
+                    for key, process in keys:
+                        rec.complete(process, kind, "delete", key, value)
+                    raise
+            for key, process in keys:
+                rec.complete(process, kind, "delete", key, value)
 
     # ------------------------------------------------------------ after the faults
 

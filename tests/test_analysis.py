@@ -337,3 +337,44 @@ def test_acknowledged_without_offset_must_still_be_in_the_log(
     assert r["valid"] is read_back
     assert r["lost"] == (0 if read_back else 1)
     assert r["linearizable"]["t/0"] is read_back
+
+
+@pytest.mark.parametrize("lost", [None, "grow", "delete", "group-delete"])
+def test_admin_changes_are_checked_and_a_lost_one_is_invalid(
+    tmp_path: Path, lost: str | None
+) -> None:
+    """A topic created, grown and deleted, and a consumer group deleted: each change
+    acknowledged and then not seen by a later read is caught (rolled back, or lost)."""
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    topic, key = "topic:adm", ["cg0", "t/0"]
+
+    def op(p: int, t: float, f: str, k: Any, value: Any, result: Any,
+           outcome: str = "ok") -> None:
+        s.at(t).invoke(p, f, k, value)
+        s.at(t + 0.5).complete(p, outcome, f, k, result)
+
+    op(7, 1, "read", topic, None, None)
+    op(7, 2, "create", topic, 1, "ok")
+    op(7, 3, "create", topic, 2, "exists")  # a refusal says it existed
+    op(7, 4, "grow", topic, 3, "ok")
+    op(8, 4.2, "grow", topic, 4, {"error": "TIMEOUT"}, "info")  # may land, or never
+    op(7, 5, "read", topic, None, 2 if lost == "grow" else 3)  # rolled back to 2?
+    op(7, 6, "grow", topic, 2, "refused")  # not below 3
+    op(7, 7, "delete", topic, None, "ok")
+    op(7, 8, "read", topic, None, 3 if lost == "delete" else None)
+    op(7, 9, "delete", topic, None, "missing")
+    op(9, 10, "commit", key, 5, None)
+    op(9, 11, "delete", key, None, None)  # the consumer group deleted
+    op(9, 12, "read", key, None, 5 if lost == "group-delete" else None)
+    s.append(0, "t/0", "p0-0", 13, 14, 0)
+    s.read(5, "t/0", 0, 256, 15, 16, ["p0-0"])
+    a = run(h)
+    r = a.results
+    assert r["operations"]["topic-grow"] == {"ok": 2, "fail": 0, "info": 1}
+    assert r["operations"]["delete-group"] == {"ok": 1, "fail": 0, "info": 0}
+    assert r["topics_linearizable"] == {topic: lost not in ("grow", "delete")}
+    assert r["offsets_linearizable"] == {"cg0:t/0": lost != "group-delete"}
+    assert a.valid is (lost is None), r["problems"]
+    if lost in ("grow", "delete"):
+        assert r["problems"] == [f"topic config not linearizable: {topic}"]

@@ -100,6 +100,11 @@ def test_smoke_kill_partition_and_stale_leader_is_valid(
     # reads aimed at a stopped, cut-off leader were made, and none of them was stale
     assert any(f.f == "stale-leader" and f.value["probed"] for f in faults), faults
     assert results["attempts"] > 0 and results["duplicated_unretried"] == 0
+    # admin state changed under the faults and every change held (chaos.workload, admin)
+    ops = results["operations"]
+    for f in ("topic-create", "topic-grow", "topic-delete", "topic-read", "delete-group"):
+        assert ops[f]["ok"] > 0, (f, ops)
+    assert results["topics_linearizable"] == {"topic:chaos-admin": True}, results
     _recheck(out, 0, capsys)
 
 
