@@ -374,6 +374,24 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
                   "none" if worst is None else f"{worst:.2f} s")
     table.add_row("files", f"{out}/history.jsonl, results.json, report.html")
     Console().print(table)
+    again = _repeat_command(results.get("options"))
+    if verdict != "valid" and again:  # one plain line, to copy whole
+        print(f"same fault schedule again: {again}")
+
+
+def _repeat_command(options: Any) -> str | None:
+    """The `raftmq chaos run` that replays a run's fault schedule (its seed, time and
+    nemeses; see the chaos guide), from results.json's options."""
+    if not isinstance(options, dict) or "seed" not in options:
+        return None
+    nemesis = ",".join(options.get("nemesis") or ()) or "none"
+    parts = ["raftmq chaos run", f"--seed {options['seed']}", f"--time {options.get('time')}",
+             f"--nemesis {nemesis}", f"--nodes {options.get('nodes')}",
+             f"--groups {options.get('groups')}"]
+    parts += [f"--mutation {m}" for m in options.get("mutations") or ()]
+    if options.get("cluster"):
+        parts.append(f"--cluster {options['cluster']}")
+    return " ".join(parts)
 
 
 def main() -> None:

@@ -215,7 +215,10 @@ def test_human_summary_names_the_verdict_and_the_figures(
         "operations": {"append": {"ok": 10, "fail": 0, "info": 1}},
         "faults": {"kill": 2}, "lost": 2, "linearizable": {"t/0": True, "t/1": None},
         "checker_seconds": 0.5, "longest_unavailability": 1.25,
+        "options": {"seed": 5, "time": 30.0, "nemesis": ["kill"], "nodes": 3, "groups": 3,
+                    "mutations": []},
     }, tmp_path)
     out = capsys.readouterr().out
-    for text in ("INVALID", "lost: 2", "append 10 ok/1 info", "kill 2", "1 of 2", "1.25 s"):
+    for text in ("INVALID", "lost: 2", "append 10 ok/1 info", "kill 2", "1 of 2", "1.25 s",
+                 "raftmq chaos run --seed 5 --time 30.0 --nemesis kill"):
         assert text in out, (text, out)

@@ -1,11 +1,16 @@
 """Every Python block in docs/*.md runs as written (as its own program) against a live
 cluster, and every `sh` block line by line (each `raftmq` command must exit 0), so the
-guides cannot drift from the SDK and the CLI."""
+guides cannot drift from the SDK and the CLI.
+
+A block fenced as ```toml NAME is a file the page shows: it is written as NAME where the
+page's `sh` blocks run. A `sh` line ending in `&` runs in the background (its output to a
+log) until the block's other lines are done, then it is stopped."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,11 +29,17 @@ BLOCKS = [
 ]
 
 
+def _files(text: str) -> dict[str, str]:
+    """The ```toml NAME blocks of a page: NAME -> content."""
+    return dict(re.findall(r"```toml ([\w.-]+)\n(.*?)```", text, re.S))
+
+
 SHELL = [
-    pytest.param(code, id=f"{path.name}-sh{i}")
+    pytest.param(code, _files(path.read_text()), id=f"{path.name}-sh{i}")
     for path in sorted((ROOT / "docs").glob("*.md"))
     for i, code in enumerate(re.findall(r"```sh\n(.*?)```", path.read_text(), re.S))
 ]
+STOP_WAIT = 15.0  # seconds a background line gets to exit on SIGTERM
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +53,16 @@ def test_the_docs_have_examples() -> None:
     assert len(BLOCKS) >= 4
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_every_block_is_run_or_written(path: Path) -> None:
+    """A block of any other kind would be shown to readers and tested by nobody."""
+    fences = re.findall(r"^```(.*)$", path.read_text(), re.M)
+    openings = fences[0::2]
+    assert len(fences) % 2 == 0 and fences[1::2] == [""] * len(openings), fences
+    for info in openings:
+        assert info in ("python", "sh") or re.fullmatch(r"toml [\w.-]+", info), info
+
+
 @pytest.mark.live
 @pytest.mark.parametrize("code", BLOCKS)
 def test_doc_example_runs(cluster: LocalCluster, code: str, tmp_path: Path) -> None:
@@ -53,16 +74,47 @@ def test_doc_example_runs(cluster: LocalCluster, code: str, tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a background line: its own process group (it was started as one), by id."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=STOP_WAIT)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 @pytest.mark.live
-@pytest.mark.parametrize("code", SHELL)
-def test_doc_commands_run(cluster: LocalCluster, code: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("code", "files"), SHELL)
+def test_doc_commands_run(
+    cluster: LocalCluster, code: str, files: dict[str, str], tmp_path: Path
+) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RAFTMQ_NAMESRV", "NAMESRV_ADDR")}
     env["NAMESRV_ADDR"] = cluster.namesrv_addr
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    for line in code.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        assert "raftmq " in line, line
-        proc = subprocess.run(["bash", "-o", "pipefail", "-c", line], capture_output=True,
-                              text=True, timeout=120, cwd=tmp_path, env=env)
-        assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
+    for name, content in files.items():
+        (tmp_path / name).write_text(content)
+    background: list[subprocess.Popen[bytes]] = []
+    try:
+        for i, line in enumerate(code.splitlines()):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            assert "raftmq " in line, line
+            if line.rstrip().endswith("&"):
+                with (tmp_path / f"background-{i}.log").open("wb") as log:
+                    background.append(subprocess.Popen(
+                        ["bash", "-c", line.rstrip()[:-1]], stdout=log, stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL, cwd=tmp_path, env=env, start_new_session=True))
+                continue
+            proc = subprocess.run(["bash", "-o", "pipefail", "-c", line], capture_output=True,
+                                  text=True, timeout=120, cwd=tmp_path, env=env)
+            assert proc.returncode == 0, f"{line}\n{proc.stdout}\n{proc.stderr}"
+        for proc in background:  # each kept running until the block was done
+            assert proc.poll() is None, (proc.args, proc.returncode)
+    finally:
+        for proc in reversed(background):
+            _stop(proc)
