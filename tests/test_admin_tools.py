@@ -150,3 +150,18 @@ def test_group_list_describe_reset_and_delete(cluster: LocalCluster) -> None:
     assert out["deleted_offsets"] == 3
     assert "billing" not in js(cluster, "group", "list")
     assert committed(cluster, "billing") == {}
+
+
+def test_topics_of_one_group_are_read_at_its_leader(cluster: LocalCluster) -> None:
+    """TOPICS with "g": that group's topics only, from its leader after a read barrier
+    (what the chaos workload reads topic changes back with); a follower refuses."""
+    js(cluster, "topic", "create", "per-group", "--queues", "3")  # one queue in each group
+    cluster.wait_preferred_leaders(timeout=120)  # so leadership stays where it is
+    leaders = cluster.wait_ready(timeout=60)
+    h, _ = request(cluster.node_addr(leaders["g1"]), {"op": int(Op.TOPICS), "g": "g1"})
+    assert h["topics"]["per-group"] == {"queues": 3, "hosted": {"g1": [1]}}
+    assert all(list(t["hosted"]) == ["g1"] for t in h["topics"].values())
+    follower = next(n for n in cluster.node_ids if n != leaders["g1"])
+    with pytest.raises(RequestError) as refused:
+        request(cluster.node_addr(follower), {"op": int(Op.TOPICS), "g": "g1"})
+    assert refused.value.code == Code.NOT_LEADER
