@@ -117,6 +117,17 @@ def _cg(h: dict[str, Any]) -> str:
     return validate_group_name(_field(h, "cg", str))
 
 
+def _request_id(h: dict[str, Any]) -> tuple[int, int] | None:
+    """The optional "req" field ([client id, sequence]) of a write the client may retry;
+    the state machine applies such a write once, however often it arrives."""
+    if "req" not in h:
+        return None
+    req = valid_request_id(h["req"])
+    if req is None:
+        raise RequestError(Code.MALFORMED, "req must be [client id > 0, sequence >= 0]")
+    return req
+
+
 class BrokerHost(Protocol):
     """What the service uses of the node that hosts it (`broker.node.Node` is one) beside
     its groups: its config and metrics, and a few hooks. The service imports nothing of
@@ -440,11 +451,7 @@ class BrokerService:
         state machine deduplicates: a retry whose first copy was committed after all (by a
         new leader) must not overwrite an offset committed in between."""
         cg = _cg(h)
-        req = None
-        if "req" in h:
-            req = valid_request_id(h["req"])
-            if req is None:
-                raise RequestError(Code.MALFORMED, "req must be [client id > 0, sequence >= 0]")
+        req = _request_id(h)
         raw = _field(h, "offsets", list)
         by_group: dict[str, list[tuple[str, int, int]]] = {}
         for item in raw:
@@ -520,8 +527,9 @@ class BrokerService:
     async def _delete_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         topic = _topic(h)
+        req = _request_id(h)
         self._leading(g)
-        self._result(await g.propose(control_delete_topic(topic), EntryType.CONTROL))
+        self._result(await g.propose(control_delete_topic(topic, req), EntryType.CONTROL))
         self.node.topics_changed()
         return ok_header(0), b""
 
@@ -534,8 +542,9 @@ class BrokerService:
             raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
         if any(not _is_int(q) or not 0 <= q < queues for q in hosted):
             raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
+        req = _request_id(h)
         self._leading(g)
-        self._result(await g.propose(control_grow_topic(topic, queues, hosted),
+        self._result(await g.propose(control_grow_topic(topic, queues, hosted, req),
                                      EntryType.CONTROL))
         self.node.topics_changed()
         return ok_header(0), b""
@@ -560,8 +569,9 @@ class BrokerService:
     async def _delete_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         cg = _cg(h)
+        req = _request_id(h)
         self._leading(g)
-        result = self._result(await g.propose(control_delete_group(cg), EntryType.CONTROL))
+        result = self._result(await g.propose(control_delete_group(cg, req), EntryType.CONTROL))
         assert isinstance(result, ControlResult)
         return ok_header(0, deleted=result.applied), b""
 

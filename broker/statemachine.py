@@ -120,21 +120,22 @@ def control_create_topic(topic: str, queues: int, hosted: Iterable[int]) -> byte
                  "hosted": sorted(hosted)})
 
 
-def control_delete_topic(topic: str) -> bytes:
+def control_delete_topic(topic: str, req: tuple[int, int] | None = None) -> bytes:
     """CONTROL data deleting `topic` with its queues, consumer offsets and key index."""
-    return pack({"op": DeleteTopic.op, "topic": topic})
+    return _with_request({"op": DeleteTopic.op, "topic": topic}, req)
 
 
-def control_grow_topic(topic: str, queues: int, hosted: Iterable[int]) -> bytes:
+def control_grow_topic(topic: str, queues: int, hosted: Iterable[int],
+                       req: tuple[int, int] | None = None) -> bytes:
     """CONTROL data giving `topic` `queues` in total, `hosted` of them in this group: a
     superset of what it hosted (the topic is created here if this group had none)."""
-    return pack({"op": GrowTopic.op, "topic": topic, "queues": queues,
-                 "hosted": sorted(set(hosted))})
+    return _with_request({"op": GrowTopic.op, "topic": topic, "queues": queues,
+                          "hosted": sorted(set(hosted))}, req)
 
 
-def control_delete_group(cg: str) -> bytes:
+def control_delete_group(cg: str, req: tuple[int, int] | None = None) -> bytes:
     """CONTROL data forgetting every offset consumer group `cg` committed in this group."""
-    return pack({"op": DeleteGroup.op, "cg": cg})
+    return _with_request({"op": DeleteGroup.op, "cg": cg}, req)
 
 
 def control_offsets(
@@ -142,8 +143,14 @@ def control_offsets(
 ) -> bytes:
     """CONTROL data committing consumer offsets [(topic, queue, offset), ...] of group `cg`;
     `req` (client id, sequence) makes a retried commit a no-op (see the module docstring)."""
-    d: dict[str, Any] = {"op": CommitOffsets.op, "cg": cg,
-                         "offsets": [[t, q, o] for t, q, o in offsets]}
+    return _with_request({"op": CommitOffsets.op, "cg": cg,
+                          "offsets": [[t, q, o] for t, q, o in offsets]}, req)
+
+
+def _with_request(d: dict[str, Any], req: tuple[int, int] | None) -> bytes:
+    """Pack control record `d`, tagged with request id `req` when the client sent one: a
+    write the client may retry (its answer lost) is then applied once, and a retry is
+    answered with the first copy's result instead of undoing what came in between."""
     if req is not None:
         d["req"] = list(req)
     return pack(d)

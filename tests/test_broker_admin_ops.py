@@ -7,7 +7,9 @@ from broker.protocol import Code
 from broker.statemachine import (
     ControlResult,
     ErrorResult,
+    control_create_topic,
     control_delete_group,
+    control_delete_topic,
     control_grow_topic,
     control_offsets,
 )
@@ -55,3 +57,28 @@ def test_delete_group_forgets_only_that_groups_offsets() -> None:
     assert f.control(control_delete_group("cg")) == ControlResult("delete_group", 2)
     assert f.state.consumer_offsets() == {("other", "t", 0): 0}
     assert f.control(control_delete_group("cg")) == ControlResult("delete_group", 0)
+
+
+def test_a_retried_admin_write_never_undoes_what_came_after_it() -> None:
+    """Each admin write is retried by the client when its answer is lost. A retry whose
+    first copy was applied after all must change nothing: a group delete must not wipe an
+    offset committed since, a topic delete must not delete the topic created again since,
+    a grow must not undo a delete."""
+    f = with_topic("t", 1, (0,))
+    f.control(control_offsets("cg", [("t", 0, 0)]))
+    first = f.control(control_delete_group("cg", req=(7, 1)))
+    assert first == ControlResult("delete_group", 1)
+    f.control(control_offsets("cg", [("t", 0, 0)]))
+    assert f.control(control_delete_group("cg", req=(7, 1))) == ControlResult(
+        "delete_group", 1, dup=True)
+    assert f.state.consumer_offset("cg", "t", 0) == 0
+
+    f.control(control_delete_topic("t", req=(7, 2)))
+    f.control(control_create_topic("t", 1, (0,)))
+    assert f.control(control_delete_topic("t", req=(7, 2))).dup  # type: ignore[union-attr]
+    assert "t" in f.state.topics()
+
+    f.control(control_grow_topic("t", 2, (0, 1), req=(7, 3)))
+    f.control(control_delete_topic("t", req=(7, 4)))
+    assert f.control(control_grow_topic("t", 2, (0, 1), req=(7, 3))).dup  # type: ignore[union-attr]
+    assert "t" not in f.state.topics()

@@ -361,8 +361,9 @@ class Admin(_ClientBase):
         groups = sorted(info.get("hosted") or {})
         for group in groups:
             try:
-                await self.routes.call_group(group, Op.DELETE_TOPIC, {"g": group, "topic": topic},
-                                             write=True)
+                await self.routes.call_group(group, Op.DELETE_TOPIC, {
+                    "g": group, "topic": topic, "req": list(self.routes.request_id())},
+                    write=True)
             except RequestError as exc:
                 if exc.code != Code.UNKNOWN_TOPIC:  # gone already: a retried delete
                     raise
@@ -406,7 +407,8 @@ class Admin(_ClientBase):
                 hosted.setdefault(group, set()).update(new)
         for group, ids in sorted(hosted.items()):
             await self.routes.call_group(group, Op.GROW_TOPIC, {
-                "g": group, "topic": topic, "queues": queues, "hosted": sorted(ids)}, write=True)
+                "g": group, "topic": topic, "queues": queues, "hosted": sorted(ids),
+                "req": list(self.routes.request_id())}, write=True)
         if wait > 0:
             await self._wait_routed(topic, queues, wait)
         return added
@@ -569,8 +571,8 @@ class Admin(_ClientBase):
         cluster = await self.routes.cluster()
         deleted = 0
         for gid in sorted(str(g) for g in (cluster.get("groups") or {})):
-            frame = await self.routes.call_group(gid, Op.DELETE_GROUP, {"g": gid, "cg": group},
-                                                 write=True)
+            frame = await self.routes.call_group(gid, Op.DELETE_GROUP, {
+                "g": gid, "cg": group, "req": list(self.routes.request_id())}, write=True)
             deleted += int(frame.header.get("deleted", 0))
         return deleted
 
