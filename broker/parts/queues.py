@@ -3,6 +3,21 @@
 A MESSAGES entry's records get the next offsets of their queue (`append`); keyed records
 enter the key index (the newest `KEY_HISTORY` (queue, offset) pairs per (topic, key)).
 Retention drops every record stored below the horizon, and key slots pointing there.
+
+Snapshot section, version 2 (version 1, every record inline, still loads)::
+
+    {"counters": [messages, bytes], "chunk_records": n,
+     "queues": [[topic, queue, min_offset, head, [[index, start, crc32c], ...], tail]],
+     "keys": [[topic, key, [packed, ...]], ...]}
+
+A queue's records from `min_offset` on are `head` (inline, up to the first chunk
+boundary at or above `min_offset`), then its sealed chunks of `n` records each, by
+reference (`broker.cqchunks`: named by their first record's Raft index and start, checked
+by CRC32C, stored in the state's chunk store), then `tail` (inline, the open chunk). The
+inline part of a queue is therefore under 2 * n records whatever the queue holds. Chunks
+are cut at offsets that are multiples of `n`, so every replica, and every snapshot of a
+replica, names the same chunks with the same bytes; a chunk is written to the store the
+first time a snapshot needs it.
 """
 
 from __future__ import annotations
@@ -10,14 +25,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from broker.consumequeue import ConsumeQueue, CQEntry
-from broker.parts.base import MAX_QUEUES, Part, TopicConfig
+import crc32c
+
+from broker.consumequeue import CQ_RECORD, ConsumeQueue, CQEntry
+from broker.cqchunks import ChunkRef, chunk_name, load_chunk
+from broker.parts.base import MAX_QUEUES, Detached, Part, TopicConfig
 from broker.protocol import Code, RequestError
 from broker.records import RecordRef
 
-__all__ = ["KEY_HISTORY", "Queues"]
+__all__ = ["CHUNK_RECORDS", "KEY_HISTORY", "Queues"]
 
 KEY_HISTORY = 64  # newest (queue, offset) pairs kept per (topic, key)
+CHUNK_RECORDS = 65_536  # records per sealed ConsumeQueue chunk (1.75 MiB)
+_REC = CQ_RECORD.size
+
+
+def _layout(lo: int, end: int, n: int) -> tuple[int, int]:
+    """(a, b): a queue holding offsets lo..end-1 snapshots [lo, a) inline, the chunks of
+    [a, b) by reference and [b, end) inline."""
+    a = min(-(-lo // n) * n, end)  # the first chunk boundary at or above lo
+    return a, max(a, end // n * n)
 
 
 def _unknown_topic(topic: str) -> RequestError:
@@ -28,7 +55,7 @@ class Queues(Part):
     """ConsumeQueues, the key index and the counters of what they hold."""
 
     name = "queues"
-    version = 1
+    version = 2
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
@@ -37,6 +64,9 @@ class Queues(Part):
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         # topic -> key -> packed (offset * MAX_QUEUES + queue), oldest first
         self._keys: dict[str, dict[str, list[int]]] = {}
+        # CRC32C of the sealed chunks the last snapshot named: a cache (chunks never
+        # change), so taking a snapshot reads only chunks sealed since
+        self._crcs: dict[str, int] = {}
 
     # ------------------------------------------------------------------ apply
 
@@ -130,11 +160,36 @@ class Queues(Part):
     # ------------------------------------------------------------------ snapshot
 
     def section(self) -> Any:
-        return {
+        """The section alone; the chunks it names are written by `detach().write`."""
+        return self.detach().section
+
+    def detach(self) -> Detached:
+        store, n = self.state.chunk_store, self.state.chunk_records
+        crcs: dict[str, int] = {}
+        new: list[tuple[str, bytes]] = []
+        queues = []
+        for (t, q), cq in sorted(self.queues.items()):
+            lo, end = cq.min_offset, cq.end_offset
+            a, b = _layout(lo, end, n)
+            refs = []
+            for first in range(a, b, n):
+                index, start = cq.index_and_start(first)
+                name = chunk_name(index, start, n)
+                crc = self._crcs.get(name)
+                if crc is None or not store.has(name):
+                    data = cq.records_between(first, first + n)
+                    crc = crc32c.crc32c(data)
+                    if not store.has(name):
+                        new.append((name, data))
+                crcs[name] = crc
+                refs.append([index, start, crc])
+            queues.append([t, q, lo, cq.records_between(lo, a), refs,
+                           cq.records_between(b, end)])
+        self._crcs = crcs
+        section = {
             "counters": [self.messages_applied, self.bytes_applied],
-            "queues": [
-                [t, q, cq.min_offset, cq.records()] for (t, q), cq in sorted(self.queues.items())
-            ],
+            "chunk_records": n,
+            "queues": queues,
             "keys": [
                 [t, k, list(keys[k])]
                 for t, keys in sorted(self._keys.items())
@@ -142,14 +197,60 @@ class Queues(Part):
             ],
         }
 
+        def write() -> None:
+            for name, data in new:
+                store.put(name, data)
+            store.sync()
+
+        def saved() -> None:
+            store.keep_only(crcs)
+
+        return Detached(section, write, saved)
+
+    @staticmethod
+    def chunk_refs(version: int, section: Any) -> list[ChunkRef]:
+        """The chunks a section of `version` references (none before version 2)."""
+        if version == 1:
+            return []
+        n = int(section["chunk_records"])
+        return [(chunk_name(index, start, n), crc, n * _REC)
+                for _t, _q, _lo, _head, refs, _tail in section["queues"]
+                for index, start, crc in refs]
+
     def load(self, version: int, section: Any) -> None:
-        if version != 1:
+        if version not in (1, 2):
             raise ValueError(f"unsupported queues section version {version!r}")
         self.messages_applied, self.bytes_applied = (int(x) for x in section["counters"])
-        for t, q, lo, records in section["queues"]:
-            self.queues[(t, q)] = ConsumeQueue(lo, records)
+        if version == 1:
+            for t, q, lo, records in section["queues"]:
+                self.queues[(t, q)] = ConsumeQueue(lo, records)
+        else:
+            self._load_queues(int(section["chunk_records"]), section["queues"])
         for t, k, packed in section["keys"]:
             self._keys.setdefault(t, {})[k] = list(packed)
+
+    def _load_queues(self, n: int, queues: Any) -> None:
+        """Version 2 queues: inline head, referenced chunks (read and checked), tail."""
+        if n < 1:
+            raise ValueError(f"bad chunk_records {n!r}")
+        store = self.state.chunk_store
+        for t, q, lo, head, refs, tail in queues:
+            buf = bytearray(head)
+            for index, start, crc in refs:
+                name = chunk_name(index, start, n)
+                chunk = load_chunk(store, (name, crc, n * _REC))
+                if CQ_RECORD.unpack_from(chunk, 0)[:2] != (index, start):
+                    raise ValueError(f"chunk {name} does not start with its own record")
+                self._crcs[name] = crc
+                buf += chunk
+            buf += tail
+            if lo < 0 or len(head) % _REC or len(tail) % _REC:
+                raise ValueError(f"bad records of queue {t!r}/{q!r}")
+            end = lo + len(buf) // _REC
+            a, b = _layout(lo, end, n)
+            if (len(head), len(refs) * n, len(tail)) != ((a - lo) * _REC, b - a, (end - b) * _REC):
+                raise ValueError(f"queue {t!r}/{q!r} is not cut at its chunk boundaries")
+            self.queues[(t, q)] = ConsumeQueue(lo, buf)
 
     def check(self) -> None:
         hosted = sorted((c.name, q) for c in self.state.topics().values() for q in c.hosted)
