@@ -21,9 +21,12 @@ A missing chunk, or one whose length or CRC disagrees with the snapshot, raises
 `CorruptSnapshot`): the snapshot is unusable and the node refuses to start on it.
 
 InstallSnapshot: a follower has none of the leader's chunks, so the leader ships
-`ship(snapshot, chunks)` (the snapshot bytes with the data of every chunk they
-reference) and the receiver stores the chunks durably (`unship`) before the referencing
-snapshot, the very bytes the leader took, reaches its Raft core.
+`ship(snapshot, refs, store)` (the snapshot bytes with the data of every chunk they
+reference, each checked first: a damaged chunk is never shipped). The receiver checks
+what it got (`unship`), hands the snapshot bytes, the very bytes the leader took, to its
+Raft core and keeps the chunks aside until the install restores the snapshot, which
+first stores them durably (`provide`), so the snapshot file it then writes references
+chunks already on disk.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import msgpack
 from raftlog.fsutil import CorruptFile, fsync_dir, fsync_fd
 
 __all__ = [
+    "ChunkGone",
     "ChunkRef",
     "ChunkStore",
     "CorruptChunk",
@@ -47,6 +51,7 @@ __all__ = [
     "chunk_name",
     "is_shipped",
     "load_chunk",
+    "provide",
     "ship",
     "unship",
 ]
@@ -58,6 +63,12 @@ class CorruptChunk(CorruptFile):
     """A chunk a snapshot references is missing or does not match its reference."""
 
     what = "consume queue chunk"
+
+
+class ChunkGone(OSError):
+    """A chunk a snapshot being written references left the store after the state was
+    detached (a snapshot of a state an install replaced was saved meanwhile): this
+    snapshot is not written; the next one copies the chunk again."""
 
 
 ChunkRef = tuple[str, int, int]  # name, crc32c, length in bytes
@@ -224,32 +235,38 @@ def ship(snapshot: bytes, refs: Iterable[ChunkRef], store: ChunkStore) -> bytes:
     return _SHIP_MAGIC + body
 
 
-def unship(data: bytes, refs_of: Callable[[bytes], list[ChunkRef]],
-           store: ChunkStore) -> bytes:
-    """Store the chunks `ship` output carries, durably, and return the snapshot bytes.
-
-    Every chunk the snapshot references (`refs_of(snapshot)`) must be carried and match;
-    ValueError otherwise, and then nothing the snapshot needs is trusted.
-    """
+def unship(data: bytes, refs_of: Callable[[bytes], list[ChunkRef]]) -> tuple[bytes, dict[str, bytes]]:
+    """The snapshot bytes `ship` output carries and the chunks it references, each
+    checked against its reference; ValueError if one is missing or does not match."""
     if not is_shipped(data):
         raise ValueError("not a shipped snapshot")
     try:
         snapshot, chunks = msgpack.unpackb(data[len(_SHIP_MAGIC):], raw=False)
-        carried = {name: (crc, body) for name, crc, body in chunks}
+        carried = {name: body for name, _crc, body in chunks}
     except Exception as exc:  # msgpack raises several unrelated types
         raise ValueError(f"malformed shipped snapshot: {exc}") from exc
-    refs = refs_of(snapshot)
-    for name, crc, length in refs:
-        got = carried.get(name)
-        if got is None or len(got[1]) != length or crc32c.crc32c(got[1]) != crc:
+    out = {}
+    for name, crc, length in refs_of(snapshot):
+        body = carried.get(name)
+        if body is None or len(body) != length or crc32c.crc32c(body) != crc:
             raise ValueError(f"shipped snapshot lacks chunk {name} or carries a bad copy")
+        out[name] = body
+    return bytes(snapshot), out
+
+
+def provide(store: ChunkStore, refs: Iterable[ChunkRef], shipped: dict[str, bytes]) -> None:
+    """Make every referenced chunk durable in `store`, from `shipped` (`unship` output)
+    where the store has no good copy of its own; a chunk in neither is left for restore
+    to report."""
     for ref in refs:
-        if store.has(ref[0]):
+        name = ref[0]
+        if name not in shipped:
+            continue
+        if store.has(name):
             try:
                 load_chunk(store, ref)
                 continue  # ours already, and good
             except CorruptChunk:
                 pass
-        store.put(ref[0], carried[ref[0]][1], overwrite=True)
+        store.put(name, shipped[name], overwrite=True)
     store.sync()
-    return bytes(snapshot)

@@ -81,8 +81,8 @@ def legacy_snapshot(snapshot: bytes) -> dict[str, Any]:
     parts = {name: section for name, _, section in d["parts"]}
     queues = parts["queues"]
     # queues section version 2 -> 1: every record inline (small states have no chunks)
-    assert all(not refs for _t, _q, _lo, _head, refs, _tail in queues["queues"])
-    flat = [[t, q, lo, head + tail] for t, q, lo, head, _refs, tail in queues["queues"]]
+    assert all(not refs for _t, _q, _lo, _end, _head, refs, _tail in queues["queues"])
+    flat = [[t, q, lo, head + tail] for t, q, lo, _end, head, _refs, tail in queues["queues"]]
     return {"v": 2, "group": d["group"], "applied": d["applied"], "retained": parts["horizon"],
             "counters": queues["counters"], "topics": parts["catalog"],
             "queues": flat, "offsets": parts["offsets"],

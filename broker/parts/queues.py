@@ -7,7 +7,8 @@ Retention drops every record stored below the horizon, and key slots pointing th
 Snapshot section, version 2 (version 1, every record inline, still loads)::
 
     {"counters": [messages, bytes], "chunk_records": n,
-     "queues": [[topic, queue, min_offset, head, [[index, start, crc32c], ...], tail]],
+     "queues": [[topic, queue, min_offset, end_offset, head,
+                 [[index, start, crc32c], ...], tail]],
      "keys": [[topic, key, [packed, ...]], ...]}
 
 A queue's records from `min_offset` on are `head` (inline, up to the first chunk
@@ -28,7 +29,7 @@ from typing import Any
 import crc32c
 
 from broker.consumequeue import CQ_RECORD, ConsumeQueue, CQEntry
-from broker.cqchunks import ChunkRef, chunk_name, load_chunk
+from broker.cqchunks import ChunkGone, ChunkRef, chunk_name, load_chunk
 from broker.parts.base import MAX_QUEUES, Detached, Part, TopicConfig
 from broker.protocol import Code, RequestError
 from broker.records import RecordRef
@@ -183,7 +184,7 @@ class Queues(Part):
                         new.append((name, data))
                 crcs[name] = crc
                 refs.append([index, start, crc])
-            queues.append([t, q, lo, cq.records_between(lo, a), refs,
+            queues.append([t, q, lo, end, cq.records_between(lo, a), refs,
                            cq.records_between(b, end)])
         self._crcs = crcs
         section = {
@@ -200,6 +201,9 @@ class Queues(Part):
         def write() -> None:
             for name, data in new:
                 store.put(name, data)
+            gone = [name for name in crcs if not store.has(name)]
+            if gone:
+                raise ChunkGone(f"chunks {gone[:3]} ({len(gone)}) were deleted meanwhile")
             store.sync()
 
         def saved() -> None:
@@ -214,7 +218,7 @@ class Queues(Part):
             return []
         n = int(section["chunk_records"])
         return [(chunk_name(index, start, n), crc, n * _REC)
-                for _t, _q, _lo, _head, refs, _tail in section["queues"]
+                for _t, _q, _lo, _end, _head, refs, _tail in section["queues"]
                 for index, start, crc in refs]
 
     def load(self, version: int, section: Any) -> None:
@@ -234,7 +238,7 @@ class Queues(Part):
         if n < 1:
             raise ValueError(f"bad chunk_records {n!r}")
         store = self.state.chunk_store
-        for t, q, lo, head, refs, tail in queues:
+        for t, q, lo, end, head, refs, tail in queues:
             buf = bytearray(head)
             for index, start, crc in refs:
                 name = chunk_name(index, start, n)
@@ -246,7 +250,8 @@ class Queues(Part):
             buf += tail
             if lo < 0 or len(head) % _REC or len(tail) % _REC:
                 raise ValueError(f"bad records of queue {t!r}/{q!r}")
-            end = lo + len(buf) // _REC
+            if end != lo + len(buf) // _REC:
+                raise ValueError(f"queue {t!r}/{q!r} does not hold {lo}..{end}")
             a, b = _layout(lo, end, n)
             if (len(head), len(refs) * n, len(tail)) != ((a - lo) * _REC, b - a, (end - b) * _REC):
                 raise ValueError(f"queue {t!r}/{q!r} is not cut at its chunk boundaries")
