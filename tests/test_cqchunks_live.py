@@ -61,7 +61,7 @@ def referenced(live: LiveCluster, node: int) -> set[str]:
     assert snap is not None
     d = msgpack.unpackb(snap.data, raw=False, strict_map_key=False)
     (queues,) = [s for name, v, s in d["parts"] if name == "queues" and v == 2]
-    for _t, _q, _lo, _end, head, _refs, tail in queues["queues"]:
+    for _t, _q, _lo, _end, head, _hk, _refs, tail, _tk in queues["queues"]:
         assert len(head) < CHUNK * 28 and len(tail) < CHUNK * 28
     return {name for name, _, _ in chunk_refs(snap.data)}
 
