@@ -1,11 +1,12 @@
 """Sealed ConsumeQueue chunks: the files a group's snapshots reference instead of copying.
 
 A ConsumeQueue's records are a pure function of the applied log, so its records
-``[k * n, (k + 1) * n)`` (chunk `k`, `n` records of 28 bytes) are the same bytes on every
-replica once the queue has grown past them. A snapshot names each such sealed chunk (by
-its first record's Raft index and start, which no other chunk of the group shares, and
-`n`) with its CRC32C, and carries only the open tail inline: its size and the time to
-take it stop growing with the messages retained.
+``[k * n, (k + 1) * n)`` (chunk `k`, `n` records of 28 bytes, followed by the keys of its
+keyed records: see `broker.parts.queues`) are the same bytes on every replica once the
+queue has grown past them. A snapshot names each such sealed chunk (by its first
+record's Raft index and start, which no other chunk of the group shares, and `n`) with
+its length and CRC32C, and carries only the queue's open ends inline (under two chunks'
+worth): its size and the time to take it stop growing with the messages retained.
 
 The state machine reaches the chunks through a `ChunkStore`, injected, so it does no I/O
 itself: `FileChunkStore` (``<group dir>/consumequeue/``, used by nodes) and

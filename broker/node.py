@@ -163,7 +163,8 @@ class Node:
         return self.registry.peer_addr(node)
 
     def _send(self, group: str, m: Message) -> None:
-        if m.type == MsgType.SNAPSHOT and self._nursery is not None and chunk_refs(m.snapshot):
+        if m.type == MsgType.SNAPSHOT and chunk_refs(m.snapshot):
+            assert self._nursery is not None  # groups run in it
             self._nursery.start_soon(self._ship_snapshot, group, m)
             return
         self.peers.send(group, m)
@@ -176,7 +177,7 @@ class Node:
         refs = chunk_refs(m.snapshot)
         try:
             data = await trio.to_thread.run_sync(ship, m.snapshot, refs, self.chunk_stores[group])
-        except CorruptChunk as exc:
+        except (CorruptChunk, OSError) as exc:
             log.warning("snapshot not sent: a chunk it references is unusable", extra={
                 "fields": {"group": group, "peer": m.dst, "error": str(exc)}})
             return

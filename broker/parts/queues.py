@@ -30,8 +30,10 @@ written to the store the first time a snapshot needs it.
 
 from __future__ import annotations
 
+import sys
+from array import array
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import crc32c
@@ -58,13 +60,14 @@ def _layout(lo: int, end: int, n: int) -> tuple[int, int]:
 
 
 class _Keyed:
-    """The keyed records of one queue: offsets (ascending) and their keys."""
+    """The keyed records of one queue: offsets (ascending, 8 bytes each) and their keys
+    (interned: a hot key is one string however many records carry it)."""
 
     __slots__ = ("keys", "offsets")
 
-    def __init__(self) -> None:
-        self.offsets: list[int] = []
-        self.keys: list[str] = []
+    def __init__(self, offsets: Iterable[int] = (), keys: Iterable[str] = ()) -> None:
+        self.offsets = array("q", offsets)
+        self.keys = [sys.intern(k) for k in keys]
 
     def between(self, lo: int, hi: int) -> list[list[Any]]:
         """[offset, key] of the keyed records at lo <= offset < hi."""
@@ -118,7 +121,7 @@ class Queues(Part):
                 if keyed is None:
                     keyed = self._keyed[(topic, queue)]
                 keyed.offsets.append(base + i)
-                keyed.keys.append(ref.key)
+                keyed.keys.append(sys.intern(ref.key))
                 slots = keys.get(ref.key)
                 packed = (base + i) * MAX_QUEUES + queue
                 if slots is None:
@@ -284,7 +287,7 @@ class Queues(Part):
                 keyed.keys.append(k)
         for keyed in self._keyed.values():  # into offset order
             pairs = sorted(zip(keyed.offsets, keyed.keys, strict=True))
-            keyed.offsets = [o for o, _ in pairs]
+            keyed.offsets = array("q", [o for o, _ in pairs])
             keyed.keys = [k for _, k in pairs]
 
     def _load_queues(self, n: int, queues: Any) -> None:
@@ -295,7 +298,6 @@ class Queues(Part):
         size = n * _REC
         for t, q, lo, end, head, head_keys, refs, tail, tail_keys in queues:
             buf = bytearray(head)
-            keyed = _Keyed()
             pairs = [(int(o), k) for o, k in head_keys]
             for i, (index, start, crc, length) in enumerate(refs):
                 name = chunk_name(index, start, n)
@@ -319,13 +321,12 @@ class Queues(Part):
             if (len(head), len(refs) * n, len(tail)) != ((a - lo) * _REC, b - a, (end - b) * _REC):
                 raise ValueError(f"queue {t!r}/{q!r} is not cut at its chunk boundaries")
             offsets = [o for o, _ in pairs]
-            if offsets != sorted(set(offsets)) or (offsets and not lo <= offsets[0] <= offsets[-1] < end) \
-                    or not all(isinstance(k, str) and k for _, k in pairs):
+            inside = not offsets or lo <= offsets[0] <= offsets[-1] < end
+            if offsets != sorted(set(offsets)) or not inside or not all(
+                    isinstance(k, str) and k for _, k in pairs):
                 raise ValueError(f"bad keyed records of queue {t!r}/{q!r}")
-            keyed.offsets = offsets
-            keyed.keys = [k for _, k in pairs]
             self.queues[(t, q)] = ConsumeQueue(lo, buf)
-            self._keyed[(t, q)] = keyed
+            self._keyed[(t, q)] = _Keyed(offsets, (k for _, k in pairs))
 
     def _index_keys(self) -> None:
         """The key index from the queues' keyed records: per (topic, key), the newest
