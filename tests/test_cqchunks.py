@@ -361,3 +361,23 @@ def test_a_node_style_restore_from_files_reads_every_chunk(tmp_path: Path) -> No
     with pytest.raises(CorruptChunk, match=victim):
         BrokerState.restore("g", data, chunk_store=FileChunkStore(tmp_path / "cq"),
                             chunk_records=N)
+
+
+def test_the_key_index_is_rebuilt_newest_first_across_queues_and_retention() -> None:
+    f = fed([])
+    for i in range(40):  # a hot key over both queues, more than KEY_HISTORY in all
+        f.messages(i % 2, 3, key="hot")
+    f.messages(0, 2, key="cold")
+    data = f.state.snapshot()
+    again = BrokerState.restore("g", data, chunk_store=f.store, chunk_records=N)
+    hot = f.state.keys("t", "hot")
+    assert len(hot) == 64 and again.keys("t", "hot") == hot
+    assert hot[-1] == (1, 59) and hot[0] == (0, 29)  # the newest 64, in log order
+    assert again.keys("t", "cold") == f.state.keys("t", "cold") == [(0, 60), (0, 61)]
+    # retention forgets what lies below the horizon, in the index and in what feeds it
+    kept = len(f.state.queues._keyed[("t", 0)].offsets)
+    f.entry(EntryType.CONTROL, control_retain(30))
+    assert len(f.state.queues._keyed[("t", 0)].offsets) < kept
+    data = f.state.snapshot()
+    again = BrokerState.restore("g", data, chunk_store=f.store, chunk_records=N)
+    assert again.keys("t", "hot") == f.state.keys("t", "hot") and len(again.keys("t", "hot")) < 64
