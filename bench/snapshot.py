@@ -1,36 +1,47 @@
 """Snapshot size and time of one group's broker state holding many retained messages.
 
-    python -m bench.snapshot --json [--messages 10000000] [--before REV]
+    python -m bench.snapshot --json [--messages 10000000] [--before REV] [--dir DIR]
 
 The state is built by applying MESSAGES entries of `--batch` messages of `--body` bytes,
 spread round robin over `--queues` queues of one topic (the batch's walk is handed to
 `apply` with the entry, as the produce path does, so building measures the state, not the walk).
-Then it is snapshotted `--repeat` times and restored once; the snapshot is measured in
+Then it is snapshotted once (`first_snapshot_s`: this one writes every sealed
+ConsumeQueue chunk to the chunk files, in a temporary directory under `--dir`, once; a
+node spreads those writes over its history, a chunk at a time), then `--repeat` times,
+and restored once from the last snapshot and the chunk files; the snapshot is measured in
 its two halves: `detach` (`snapshot_later()`, run on the event loop, which blocks every
 group of the node meanwhile) and `serialise` (the returned callable, run in a worker
-thread), and the median of the repeats is reported, with the bytes of each part's
-section of the snapshot.
+thread: it writes the chunks sealed since the last snapshot, then makes the bytes), and
+the median of the repeats is reported, with the bytes of each part's section of the
+snapshot and of the chunk files.
 
 With `--before REV` the same is measured, in the same process, with the state machine of
-git revision REV (`broker/statemachine.py` and `broker/consumequeue.py` as they were
-there, loaded under private module names), so the two columns compare like with like.
+git revision REV (`broker/statemachine.py`, `broker/consumequeue.py`,
+`broker/parts/queues.py` and `broker/cqchunks.py` as they were there, where they were,
+loaded under private module names), so the two columns compare like with like.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.util
+import inspect
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
+from broker.cqchunks import FileChunkStore
 from broker.records import STORED_PREFIX, OutgoingMessage, WalkedBatch, encode_batch, walk_batch
 from broker.statemachine import BrokerState, control_create_topic
 from raftlog.types import Entry, EntryType
@@ -39,31 +50,46 @@ TOPIC = "bench"
 
 
 def load_revision(rev: str) -> Any:
-    """`BrokerState` of git revision `rev`, with the ConsumeQueue module of that revision."""
-    def source(path: str) -> str:
-        return subprocess.run(["git", "show", f"{rev}:{path}"], check=True, capture_output=True,
-                              text=True).stdout
+    """`BrokerState` of git revision `rev`, with the ConsumeQueue module and the queues
+    part of that revision (when it has one)."""
+    def source(path: str) -> str | None:
+        done = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
+        if done.returncode != 0 and path != "broker/statemachine.py":
+            return None
+        done.check_returncode()
+        return done.stdout
+
+    def load(name: str, path: str, text: str) -> types.ModuleType:
+        spec = importlib.util.spec_from_loader(name, loader=None)
+        assert spec is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        exec(compile(text, f"{rev}:{path}", "exec"), module.__dict__)
+        return module
 
     tag = "".join(c for c in rev if c.isalnum())
-    cq_name = f"_bench_before_{tag}_consumequeue"
-    cq = types.ModuleType(cq_name)
-    sys.modules[cq_name] = cq
-    exec(compile(source("broker/consumequeue.py"), f"{rev}:broker/consumequeue.py", "exec"),
-         cq.__dict__)
-    sm_name = f"_bench_before_{tag}_statemachine"
-    spec = importlib.util.spec_from_loader(sm_name, loader=None)
-    assert spec is not None
-    sm = importlib.util.module_from_spec(spec)
-    sys.modules[sm_name] = sm
-    text = source("broker/statemachine.py").replace(
-        "from broker.consumequeue import", f"from {cq_name} import")
-    exec(compile(text, f"{rev}:broker/statemachine.py", "exec"), sm.__dict__)
-    return sm.BrokerState
+    renames: dict[str, str] = {}
+    for mod, path in (("consumequeue", "broker/consumequeue.py"),
+                      ("cqchunks", "broker/cqchunks.py"),
+                      ("queues", "broker/parts/queues.py")):
+        text = source(path)
+        if text is None:
+            continue
+        for old, new in renames.items():
+            text = text.replace(f"from {old} import", f"from {new} import")
+        name = f"_bench_before_{tag}_{mod}"
+        load(name, path, text)
+        renames[path[:-3].replace("/", ".")] = name
+    text = source("broker/statemachine.py")
+    assert text is not None
+    for old, new in renames.items():
+        text = text.replace(f"from {old} import", f"from {new} import")
+    return load(f"_bench_before_{tag}_statemachine", "broker/statemachine.py", text).BrokerState
 
 
-def build(state_type: Any, messages: int, batch: int, body: int, queues: int) -> Any:
+def build(make: Callable[[], Any], messages: int, batch: int, body: int, queues: int) -> Any:
     """A state holding `messages` messages; returns (state, seconds)."""
-    state = state_type("g")
+    state = make()
     state.apply(Entry(1, 1, EntryType.CONTROL,
                       control_create_topic(TOPIC, queues, range(queues))))
     payloads = []
@@ -89,12 +115,17 @@ def build(state_type: Any, messages: int, batch: int, body: int, queues: int) ->
 
 
 def snapshot_once(state: Any) -> tuple[float, float, bytes]:
-    """(detach seconds, serialise seconds, bytes) of one snapshot of `state`."""
+    """(detach seconds, serialise seconds, bytes) of one snapshot of `state`, taken as a
+    node takes it: the serialiser writes the chunks it references (if the state has a
+    chunk store), then, once the bytes would be durable, drops those no longer needed."""
     gc.collect()
     t0 = time.perf_counter()
     later = state.snapshot_later()
     t1 = time.perf_counter()
     data: bytes = later()
+    saved = getattr(later, "saved", None)
+    if saved is not None:
+        saved()
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, data
 
@@ -108,10 +139,22 @@ def _section_bytes(data: bytes) -> dict[str, int] | None:
             for name, _, section in d["parts"]}
 
 
+def _takes_store(state_type: Any) -> bool:
+    return "chunk_store" in inspect.signature(state_type).parameters
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(e.stat().st_size for e in os.scandir(path)) if os.path.isdir(path) else 0
+
+
 def run(messages: int, batch: int, body: int, queues: int, repeat: int,
-        before: str | None) -> dict[str, Any]:
-    """Build the state with each state machine, then take their snapshots in turns (so
-    drift of the machine hits both alike), then restore each once."""
+        before: str | None, workdir: str = ".",
+        chunk_records: int | None = None) -> dict[str, Any]:
+    """Build the state with each state machine, take a first snapshot of each (which
+    writes every ConsumeQueue chunk, once: a node spreads that over the history), then
+    `repeat` more in turns (so drift of the machine hits both alike), then restore each
+    once. A state machine with a chunk store gets a `FileChunkStore` in a temporary
+    directory under `workdir` (real files, real fsyncs) and, if given, `chunk_records`."""
     result: dict[str, Any] = {
         "benchmark": "snapshot",
         "messages": messages,
@@ -130,40 +173,56 @@ def run(messages: int, batch: int, body: int, queues: int, repeat: int,
                           text=True).stdout.strip()
     result["after_rev"] = head or None
     sides["after"] = BrokerState
-    states, built = {}, {}
-    for side, state_type in sides.items():
-        states[side], built[side] = build(state_type, messages, batch, body, queues)
-        assert states[side].messages_applied == messages
-    runs: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
-    last: dict[str, bytes] = {}
-    for _ in range(repeat):
-        for side, state in states.items():
-            detach, serialise, last[side] = snapshot_once(state)
-            runs[side].append((detach, serialise))
-    for side, state_type in sides.items():
-        del states[side]
-        gc.collect()
-        t0 = time.perf_counter()
-        restored = state_type.restore("g", last[side])
-        restore = time.perf_counter() - t0
-        assert restored.messages_applied == messages
-        del restored
-        data = last.pop(side)
-        size = len(data)
-        sections = _section_bytes(data)
-        del data
-        gc.collect()
-        result[side] = {
-            "build_s": round(built[side], 3),
-            "snapshot_bytes": size,
-            "bytes_per_message": round(size / messages, 2),
-            "detach_s": round(statistics.median(d for d, _ in runs[side]), 4),
-            "serialise_s": round(statistics.median(s for _, s in runs[side]), 4),
-            "snapshot_s": round(statistics.median(d + s for d, s in runs[side]), 4),
-            "restore_s": round(restore, 4),
-        }
-        if sections is not None:
-            result[side]["section_bytes"] = sections
+    with tempfile.TemporaryDirectory(prefix=".bench-snapshot-", dir=workdir) as tmp:
+        stores: dict[str, Any] = {}
+        for side, state_type in sides.items():
+            if _takes_store(state_type):
+                stores[side] = FileChunkStore(os.path.join(tmp, side, "consumequeue"))
+        states, built, first = {}, {}, {}
+        for side, state_type in sides.items():
+            kw: dict[str, Any] = {"chunk_store": stores[side]} if side in stores else {}
+            if side in stores and chunk_records is not None:
+                kw["chunk_records"] = chunk_records
+            states[side], built[side] = build(functools.partial(state_type, "g", **kw),
+                                              messages, batch, body, queues)
+            assert states[side].messages_applied == messages
+            d, s, _ = snapshot_once(states[side])
+            first[side] = d + s
+        runs: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
+        last: dict[str, bytes] = {}
+        for _ in range(repeat):
+            for side, state in states.items():
+                detach, serialise, last[side] = snapshot_once(state)
+                runs[side].append((detach, serialise))
+        for side, state_type in sides.items():
+            del states[side]
+            gc.collect()
+            kw = {"chunk_store": FileChunkStore(stores[side].path)} if side in stores else {}
+            if side in stores and chunk_records is not None:
+                kw["chunk_records"] = chunk_records
+            t0 = time.perf_counter()
+            restored = state_type.restore("g", last[side], **kw)
+            restore = time.perf_counter() - t0
+            assert restored.messages_applied == messages
+            del restored
+            data = last.pop(side)
+            size = len(data)
+            sections = _section_bytes(data)
+            del data
+            gc.collect()
+            result[side] = {
+                "build_s": round(built[side], 3),
+                "snapshot_bytes": size,
+                "bytes_per_message": round(size / messages, 2),
+                "detach_s": round(statistics.median(d for d, _ in runs[side]), 4),
+                "serialise_s": round(statistics.median(s for _, s in runs[side]), 4),
+                "snapshot_s": round(statistics.median(d + s for d, s in runs[side]), 4),
+                "first_snapshot_s": round(first[side], 4),
+                "chunk_file_bytes": _dir_bytes(stores[side].path) if side in stores else 0,
+                "restore_s": round(restore, 4),
+            }
+            if sections is not None:
+                result[side]["section_bytes"] = sections
     return result
 
 
@@ -178,10 +237,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="snapshots taken (median reported)")
     p.add_argument("--before", metavar="REV",
                    help="also measure the state machine of this git revision")
+    p.add_argument("--chunk-records", type=int, default=None,
+                   help="ConsumeQueue records per chunk file (default: the built-in size)")
+    p.add_argument("--dir", default=".",
+                   help="where the temporary ConsumeQueue chunk files go (a real disk)")
     args = p.parse_args(argv)
     if args.messages < 1 or args.batch < 1 or args.queues < 1 or args.repeat < 1:
         p.error("--messages, --batch, --queues and --repeat must be at least 1")
-    result = run(args.messages, args.batch, args.body, args.queues, args.repeat, args.before)
+    if args.chunk_records is not None and args.chunk_records < 1:
+        p.error("--chunk-records must be at least 1")
+    result = run(args.messages, args.batch, args.body, args.queues, args.repeat, args.before,
+                 args.dir, args.chunk_records)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -190,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = result[side]
                 print(f"{side:>6} {result.get(side + '_rev')}: {r['snapshot_bytes']:,} B, "
                       f"detach {r['detach_s']} s, serialise {r['serialise_s']} s, "
-                      f"restore {r['restore_s']} s")
+                      f"first {r['first_snapshot_s']} s, "
+                      f"chunk files {r['chunk_file_bytes']:,} B, restore {r['restore_s']} s")
     return 0
 
 

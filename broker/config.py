@@ -37,6 +37,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from broker.parts.queues import CHUNK_RECORDS
 from broker.protocol import MAX_MESSAGE_BYTES, RequestError, parse_address, validate_group_name
 from transport.peerauth import DEV_CLUSTER_SECRET
 
@@ -114,6 +115,9 @@ class NodeConfig:
     retention_disk_ratio: float = 0.90
     retention_check_interval: float = 60.0  # seconds between retention policy runs
     snapshot_every_entries: int = 100_000  # a group snapshot per this many applied (0: off)
+    # ConsumeQueue records per sealed chunk file snapshots reference (`broker.cqchunks`);
+    # every replica of a group should use the same; small values are for tests
+    consume_queue_chunk: int = CHUNK_RECORDS
     # Peers prove they know it before they may send Raft traffic (`transport.peerauth`);
     # the default suits local and test clusters only.
     cluster_secret: str = DEV_CLUSTER_SECRET
@@ -354,6 +358,9 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         ),
         snapshot_every_entries=_int(
             d.get("snapshot_every_entries", 100_000), "snapshot_every_entries", minimum=0
+        ),
+        consume_queue_chunk=_int(
+            d.get("consume_queue_chunk", CHUNK_RECORDS), "consume_queue_chunk", minimum=1
         ),
         cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
         test_mutations=_mutations(d.get("test_mutations", []), env),

@@ -11,7 +11,8 @@ millions of messages costs 28 bytes each. Offsets keep counting across retention
 dropped prefix's storage is released.
 
 Everything here is pure and deterministic: the broker state machine owns the queues and
-snapshots them as `min_offset` plus the raw record bytes.
+snapshots them as `min_offset` plus the raw record bytes, those of sealed chunks by
+reference (`broker.cqchunks`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = ["CQ_RECORD", "CQEntry", "ConsumeQueue"]
 CQ_RECORD = struct.Struct(">QIIIQ")  # index, start, size, tag hash, store_ms
 _SIZE = CQ_RECORD.size
 _INDEX = struct.Struct(">Q")  # the leading field alone, for binary search
+_INDEX_START = struct.Struct(">QI")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,7 @@ class ConsumeQueue:
 
     __slots__ = ("_buf", "_min")
 
-    def __init__(self, min_offset: int = 0, records: bytes = b"") -> None:
+    def __init__(self, min_offset: int = 0, records: bytes | bytearray = b"") -> None:
         if min_offset < 0 or len(records) % _SIZE:
             raise ValueError("bad consume queue state: negative offset or partial record")
         self._min = min_offset
@@ -71,6 +73,19 @@ class ConsumeQueue:
     def records(self) -> bytes:
         """The raw records from `min_offset` on, for snapshots."""
         return bytes(self._buf)
+
+    def records_between(self, lo: int, hi: int) -> bytes:
+        """A copy of the raw records of offsets `lo` <= o < `hi` (within min..end)."""
+        if not self._min <= lo <= hi <= self.end_offset:
+            raise ValueError(f"records {lo}..{hi} outside {self._min}..{self.end_offset}")
+        return bytes(self._buf[(lo - self._min) * _SIZE : (hi - self._min) * _SIZE])
+
+    def index_and_start(self, offset: int) -> tuple[int, int]:
+        """The Raft index and start of the record at `offset` (which must be retained)."""
+        if not self._min <= offset < self.end_offset:
+            raise ValueError(f"offset {offset} outside {self._min}..{self.end_offset}")
+        index, start = _INDEX_START.unpack_from(self._buf, (offset - self._min) * _SIZE)
+        return int(index), int(start)
 
     # ------------------------------------------------------------------ writes
 

@@ -37,12 +37,14 @@ import signal
 import ssl
 import sys
 from collections.abc import Awaitable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import trio
 from prometheus_client import Counter, Gauge
 
 from broker.config import NodeConfig, load_config
+from broker.cqchunks import CorruptChunk, FileChunkStore, is_shipped, provide, ship, unship
 from broker.groups import GroupRegistry
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import (
@@ -56,11 +58,11 @@ from broker.protocol import (
 from broker.registrar import Registrar
 from broker.retention import RetentionPolicy, run_retention
 from broker.service import BrokerService
-from broker.statemachine import BrokerState, TopicConfig
+from broker.statemachine import BrokerState, TopicConfig, chunk_refs
 from raftlog.core import RaftConfig
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
-from raftlog.types import Message, Role
+from raftlog.types import Message, MsgType, Role
 from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
 from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer
 from transport.tls import TLS_HANDSHAKE_TIMEOUT, accept_tls
@@ -114,8 +116,15 @@ class Node:
         self.registry = GroupRegistry(self.groups, self.addresses)
         self.states: Mapping[str, BrokerState] = self.registry.states
         mutations = set(config.test_mutations)
+        # per group: the sealed ConsumeQueue chunks its snapshots reference, and those a
+        # leader shipped with a snapshot, kept until the install stores them
+        self.chunk_stores: dict[str, FileChunkStore] = {}
+        self._shipped: dict[str, dict[str, bytes]] = {}
         for gc in config.hosted_groups:
-            state = BrokerState(gc.id, max_message_bytes=config.max_message_bytes)
+            store = self.chunk_stores[gc.id] = FileChunkStore(
+                config.group_dir(gc.id) / "consumequeue")
+            state = BrokerState(gc.id, max_message_bytes=config.max_message_bytes,
+                                chunk_store=store, chunk_records=config.consume_queue_chunk)
             options = GroupOptions(
                 raft=RaftConfig(
                     election_ticks=config.election_ticks,
@@ -131,7 +140,7 @@ class Node:
             hist = self.metrics.fsync_seconds.labels(gc.id)
             self.groups[gc.id] = GroupRuntime(
                 gc.id, config.node_id, config.group_dir(gc.id), gc.replicas, state,
-                self.peers.send, options, rng=random.Random(), on_change=self._on_change,
+                self._send, options, rng=random.Random(), on_change=self._on_change,
                 on_fsync=hist.observe, restore=functools.partial(self._restore_state, gc.id),
                 fetch_raw=functools.partial(self._fetch_raw, gc.id),
             )
@@ -152,10 +161,49 @@ class Node:
     def peer_addr(self, node: int | None) -> str | None:
         return self.registry.peer_addr(node)
 
+    def _send(self, group: str, m: Message) -> None:
+        if m.type == MsgType.SNAPSHOT and chunk_refs(m.snapshot):
+            assert self._nursery is not None  # groups run in it
+            self._nursery.start_soon(self._ship_snapshot, group, m)
+            return
+        self.peers.send(group, m)
+
+    async def _ship_snapshot(self, group: str, m: Message) -> None:
+        """Send a snapshot with the chunks it references (read and checked off the event
+        loop): the follower has none of them. A chunk of ours that is damaged, or gone
+        because a newer snapshot replaced this one meanwhile, is never shipped: the
+        leader sends its snapshot again later."""
+        refs = chunk_refs(m.snapshot)
+        try:
+            data = await trio.to_thread.run_sync(ship, m.snapshot, refs, self.chunk_stores[group])
+        except (CorruptChunk, OSError) as exc:
+            log.warning("snapshot not sent: a chunk it references is unusable", extra={
+                "fields": {"group": group, "peer": m.dst, "error": str(exc)}})
+            return
+        self.peers.send(group, replace(m, snapshot=data))
+
     def _deliver(self, group: str, m: Message) -> None:
         g = self.groups.get(group)
         if g is not None and m.dst == self.node_id and g.is_open:
+            if m.type == MsgType.SNAPSHOT and is_shipped(m.snapshot):
+                assert self._nursery is not None
+                self._nursery.start_soon(self._receive_snapshot, group, m)
+                return
             g.step(m)
+
+    async def _receive_snapshot(self, group: str, m: Message) -> None:
+        """Check a shipped snapshot's chunks off the event loop and keep them for the
+        install (`_restore_state` stores them), then hand the snapshot to the group."""
+        try:
+            data, chunks = await trio.to_thread.run_sync(unship, m.snapshot, chunk_refs)
+        except ValueError as exc:
+            log.warning("shipped snapshot dropped", extra={"fields": {
+                "group": group, "peer": m.src, "error": str(exc)}})
+            return
+        self._shipped.setdefault(group, {}).update(chunks)  # until an install takes them
+        g = self.groups.get(group)
+        if g is not None and g.is_open:
+            g.step(replace(m, snapshot=data))
 
     def _peer_lost(self, peer: int) -> None:
         for g in self.groups.values():
@@ -163,8 +211,15 @@ class Node:
 
     def _restore_state(self, group: str, data: bytes) -> BrokerState:
         """A group's state from a snapshot (its file at open, or one a leader sent): the
-        group's runtime keeps it, `states` reads it from there."""
-        return BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes)
+        group's runtime keeps it, `states` reads it from there. The chunks a leader
+        shipped with it are stored durably first (the runtime writes the snapshot file
+        after this returns)."""
+        store = self.chunk_stores[group]
+        shipped = self._shipped.pop(group, None)
+        if shipped:
+            provide(store, chunk_refs(data), shipped)
+        return BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes,
+                                   chunk_store=store, chunk_records=self.config.consume_queue_chunk)
 
     async def _fetch_raw(self, group: str, peer: int, index: int) -> bytes:
         """Entry `index` of `group` as stored by `peer` (READ_RAW on its listener)."""

@@ -39,23 +39,27 @@ Entries applied:
 
 Snapshots (version 3) are {"v", "group", "applied", "parts": [[name, version, section]]},
 one section per part in `PARTS` order; versions 1 and 2 (one flat map) still restore, and
-a part missing from a snapshot starts empty.
+a part missing from a snapshot starts empty. The queues section references the sealed
+chunks of the ConsumeQueues instead of copying them (`broker.cqchunks`): they live in the
+state's chunk store, which the serialiser returned by `snapshot_later` writes before it
+makes the bytes, and restoring reads and checks them.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
 from broker.consumequeue import CQEntry
+from broker.cqchunks import ChunkRef, ChunkStore, MemoryChunkStore
 from broker.parts.base import (
     MAX_QUEUES,
     ApplyResult,
     ControlRecord,
     ControlResult,
+    Detached,
     ErrorResult,
     Handler,
     Part,
@@ -68,13 +72,15 @@ from broker.parts.catalog import Catalog, CreateTopic, DeleteTopic, GrowTopic
 from broker.parts.horizon import Horizon, Retain
 from broker.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.parts.producers import DEDUP_WINDOW, Producers
-from broker.parts.queues import KEY_HISTORY, Queues
+from broker.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
 from broker.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
 from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
 from broker.records import STORED_PREFIX, WalkedBatch, walk_batch
+from raftlog.fsutil import CorruptFile
 from raftlog.types import Entry, EntryType
 
 __all__ = [
+    "CHUNK_RECORDS",
     "DEDUP_WINDOW",
     "KEY_HISTORY",
     "MAX_CLIENTS",
@@ -93,6 +99,7 @@ __all__ = [
     "ProduceResult",
     "Retain",
     "TopicConfig",
+    "chunk_refs",
     "control_create_topic",
     "control_delete_group",
     "control_delete_topic",
@@ -172,9 +179,19 @@ class BrokerState:
 
     part_types: ClassVar[tuple[type[Part], ...]] = PARTS
 
-    def __init__(self, group: str, *, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, group: str, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 chunk_store: ChunkStore | None = None,
+                 chunk_records: int = CHUNK_RECORDS) -> None:
+        """`chunk_store` keeps the sealed ConsumeQueue chunks snapshots reference (a
+        private in-memory one by default); `chunk_records` sizes them (every replica of
+        a group should use the same, or their snapshots differ, though each restores)."""
+        if chunk_records < 1:
+            raise ValueError(f"chunk_records must be at least 1, got {chunk_records}")
         self.group = group
         self.max_message_bytes = max_message_bytes
+        self.chunk_store: ChunkStore = chunk_store if chunk_store is not None else (
+            MemoryChunkStore())
+        self.chunk_records = chunk_records
         self._applied = 0
         self.parts: tuple[Part, ...] = tuple(part(self) for part in self.part_types)
         self.catalog = self.part(Catalog)
@@ -383,25 +400,29 @@ class BrokerState:
         """
         return self.snapshot_later()()
 
-    def snapshot_later(self) -> Callable[[], bytes]:
+    def snapshot_later(self) -> _Serialiser:
         """Detach a copy of the state now and return what serialises it to `snapshot()`
         bytes later: the copy shares nothing mutable with this state (each part's section
         is made of fresh values), so the call may run in a worker thread while `apply`
-        goes on."""
+        goes on. The call first writes the chunks the snapshot references to the chunk
+        store, durably; call its `saved()` once the bytes are durable."""
+        detached = [(p, p.detach()) for p in self.parts]
         state = {
             "v": SNAPSHOT_VERSION,
             "group": self.group,
             "applied": self._applied,
-            "parts": [[p.name, p.version, p.section()] for p in self.parts],
+            "parts": [[p.name, p.version, d.section] for p, d in detached],
         }
-        return functools.partial(pack, state)
+        return _Serialiser(state, [d for _, d in detached])
 
     @classmethod
     def restore(
-        cls, group: str, data: bytes, *, max_message_bytes: int = MAX_MESSAGE_BYTES
+        cls, group: str, data: bytes, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
+        chunk_store: ChunkStore | None = None, chunk_records: int = CHUNK_RECORDS,
     ) -> BrokerState:
-        """Rebuild a state from `snapshot()` bytes (of this version or of 1 and 2);
-        ValueError if they are not one of ours."""
+        """Rebuild a state from `snapshot()` bytes (of this version or of 1 and 2), reading
+        the chunks they reference from `chunk_store`; ValueError if they are not one of
+        ours, `broker.cqchunks.CorruptChunk` if a chunk is missing or damaged."""
         try:
             d = msgpack.unpackb(data, raw=False, strict_map_key=False)
             version = d["v"]
@@ -410,7 +431,8 @@ class BrokerState:
             if d["group"] != group:
                 raise ValueError(f"snapshot of group {d['group']!r}, not {group!r}")
             sections = _legacy_sections(d) if version in (1, 2) else d["parts"]
-            s = cls(group, max_message_bytes=max_message_bytes)
+            s = cls(group, max_message_bytes=max_message_bytes, chunk_store=chunk_store,
+                    chunk_records=chunk_records)
             s._applied = int(d["applied"])
             by_name = {p.name: p for p in s.parts}
             seen: set[str] = set()
@@ -422,11 +444,49 @@ class BrokerState:
                 part.load(part_version, section)
             for part in s.parts:
                 part.check()
-        except ValueError:
+        except (ValueError, CorruptFile):
             raise
         except Exception as exc:
             raise ValueError(f"not a broker snapshot: {exc}") from exc
         return s
+
+
+class _Serialiser:
+    """`BrokerState.snapshot_later`'s result: call it (in any thread) for the bytes, after
+    it has made the data they reference durable; `saved()` once they are durable too."""
+
+    __slots__ = ("_detached", "_state")
+
+    def __init__(self, state: dict[str, Any], detached: list[Detached]) -> None:
+        self._state = state
+        self._detached = detached
+
+    def __call__(self) -> bytes:
+        for d in self._detached:
+            if d.write is not None:
+                d.write()
+        return pack(self._state)
+
+    def saved(self) -> None:
+        """A snapshot of these bytes is durable: drop what only older ones referenced."""
+        for d in self._detached:
+            if d.saved is not None:
+                d.saved()
+
+
+def chunk_refs(data: bytes) -> list[ChunkRef]:
+    """The ConsumeQueue chunks `snapshot()` bytes reference; ValueError if they are not
+    a snapshot."""
+    try:
+        d = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        if d.get("v") != SNAPSHOT_VERSION:
+            return []  # older snapshots copy every record
+        for name, version, section in d["parts"]:
+            if name == Queues.name:
+                return Queues.chunk_refs(version, section)
+    except Exception as exc:
+        raise ValueError(f"not a broker snapshot: {exc}") from exc
+    return []
 
 
 def _legacy_sections(d: dict[str, Any]) -> list[list[Any]]:

@@ -143,6 +143,9 @@ def nemesis_plan(opts: RunOptions) -> list[Step]:
     return plan(random.Random(random.Random(opts.seed).getrandbits(64)), opts.nemesis, opts.time)
 
 
+CHAOS_CQ_CHUNK = 64  # ConsumeQueue records per chunk file in the clusters a run starts
+
+
 async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     """Steps 1-4 of the module docstring; returns facts the analysis needs."""
     if opts.cluster is not None:
@@ -153,6 +156,8 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     overrides: dict[str | int, Any] = {
         "segment_size": opts.segment_size,
         "snapshot_every_entries": opts.snapshot_every_entries,
+        # small, so snapshots reference ConsumeQueue chunk files under faults too
+        "consume_queue_chunk": CHAOS_CQ_CHUNK,
     }
     env: dict[str, str] = {}
     if opts.mutations:

@@ -25,7 +25,8 @@ Nothing here knows about topics: the state machine is any object with `apply(ent
 
 Snapshots: a state machine may also offer `snapshot() -> bytes` (or, better,
 `snapshot_later() -> Callable[[], bytes]`: detach a copy now, serialise it later in a
-worker thread) and a `retained_index` (entries below it are no longer needed). The state
+worker thread; the callable may also have a `saved()` method, called in that thread once
+the snapshot file holding its bytes is durable) and a `retained_index` (entries below it are no longer needed). The state
 is snapshotted at the last index of an applied batch when that batch advances
 `retained_index`, and every `snapshot_every_entries` applied entries. The snapshot (with
 the membership in force at its index) is written to `<group dir>/snapshot` (temp, fsync,
@@ -965,6 +966,13 @@ class GroupRuntime(Generic[M]):
         """Serialise and save `due` (blocking: runs in a worker thread)."""
         snap = Snapshot(due.index, due.term, due.serialise(), due.membership, due.base)
         save_snapshot(self.snapshot_path, snap)
+        saved = getattr(due.serialise, "saved", None)
+        if saved is not None:
+            try:
+                saved()
+            except OSError:  # what it would free stays until the next snapshot's turn
+                log.exception("cleaning up after the snapshot failed", extra={"fields": {
+                    "group": self.group_id, "snapshot": due.index}})
         return snap
 
     async def _snapshot_loop(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import msgpack
@@ -16,6 +17,7 @@ from broker.statemachine import (
     DEDUP_WINDOW,
     KEY_HISTORY,
     MAX_CLIENTS,
+    MAX_QUEUES,
     REQUEST_WINDOW,
     ApplyResult,
     BrokerState,
@@ -80,10 +82,24 @@ def legacy_snapshot(snapshot: bytes) -> dict[str, Any]:
     d = msgpack.unpackb(snapshot, raw=False, strict_map_key=False)
     parts = {name: section for name, _, section in d["parts"]}
     queues = parts["queues"]
+    # queues section version 2 -> 1: every record inline (small states have no chunks),
+    # and the key index: per (topic, key) the newest KEY_HISTORY keyed records in log order
+    flat, found = [], []
+    for t, q, lo, _end, head, head_keys, refs, tail, tail_keys in queues["queues"]:
+        assert not refs
+        records = head + tail
+        flat.append([t, q, lo, records])
+        for o, k in head_keys + tail_keys:
+            index, start = struct.unpack_from(">QI", records, (o - lo) * 28)
+            found.append((t, index, start, o * MAX_QUEUES + q, k))
+    index_: dict[tuple[str, str], list[int]] = {}
+    for t, _i, _s, packed, k in sorted(found):
+        index_.setdefault((t, k), []).append(packed)
+    keys = [[t, k, slots[-KEY_HISTORY:]] for (t, k), slots in sorted(index_.items())]
     return {"v": 2, "group": d["group"], "applied": d["applied"], "retained": parts["horizon"],
             "counters": queues["counters"], "topics": parts["catalog"],
-            "queues": queues["queues"], "offsets": parts["offsets"],
-            "producers": parts["producers"], "keys": queues["keys"], "clients": parts["requests"]}
+            "queues": flat, "offsets": parts["offsets"],
+            "producers": parts["producers"], "keys": keys, "clients": parts["requests"]}
 
 
 def assert_no_change(make: Any, bad: bytes, type_: EntryType, **kw: Any) -> ApplyResult:

@@ -119,7 +119,8 @@ def test_roundtrip_every_field_off_default(tmp_path: Path) -> None:
         fsync="interval", fsync_interval=0.25, segment_size=65536, tick_ms=20,
         election_ticks=7, register_interval=2, max_message_bytes=1000,
         retention_hours=0.5, retention_disk_ratio=1, test_mutations=["skip-fsync"],
-        snapshot_every_entries=0, cluster_secret='a "quoted" secret\\ of ours',
+        snapshot_every_entries=0, consume_queue_chunk=16,
+        cluster_secret='a "quoted" secret\\ of ours',
     )
     d["groups"].append({"id": "%RETRY%x|y.z-1_", "replicas": [3]})
     del d["metrics"]
@@ -195,6 +196,7 @@ INVALID = [
     ("tiny segments", _set("segment_size", 100), "segment_size must be >= 1024"),
     ("disk ratio", _set("retention_disk_ratio", 1.5), "retention_disk_ratio must be in (0, 1]"),
     ("snapshot period", _set("snapshot_every_entries", -1), "snapshot_every_entries must be >= 0"),
+    ("empty chunks", _set("consume_queue_chunk", 0), "consume_queue_chunk must be >= 1"),
     ("retention nan", _set("retention_hours", float("nan")), "retention_hours must be a positive"),
     ("unknown mutation", _set("test_mutations", ["lose-everything"]), "unknown test mutation"),
     ("typo at top level", _set("fsycn", "always"), "unknown key 'fsycn'; did you mean 'fsync'?"),

@@ -9,7 +9,8 @@ them). It declares:
   part's (two parts claiming one op is a programming error, found at construction);
 * hooks the composite broadcasts to every part, in part order: a topic was created or
   deleted, the retention horizon moved;
-* `section()` / `load(version, section)`: its own versioned section of the snapshot.
+* `section()` / `load(version, section)`: its own versioned section of the snapshot
+  (`detach()` when the section references data kept outside it, see `Detached`).
 
 Handlers and hooks are pure and total like `apply`: bad data raises `Refused` *before*
 anything changes (validate everything, then mutate), and nothing else escapes.
@@ -33,6 +34,7 @@ __all__ = [
     "ApplyResult",
     "ControlRecord",
     "ControlResult",
+    "Detached",
     "ErrorResult",
     "Handler",
     "Part",
@@ -89,6 +91,19 @@ class ErrorResult:
 
 
 ApplyResult = ProduceResult | ControlResult | ErrorResult | None
+
+
+@dataclass(frozen=True, slots=True)
+class Detached:
+    """A part's snapshot section and, when it references data kept outside the snapshot
+    (ConsumeQueue chunks), the I/O that goes with it, run by whoever writes the snapshot:
+    `write` in the serialising thread before the snapshot bytes are made (the referenced
+    data made durable first), `saved` once a snapshot holding this section is durable
+    (data only older snapshots referenced may go)."""
+
+    section: Any
+    write: Callable[[], None] | None = None
+    saved: Callable[[], None] | None = None
 
 
 class Refused(ValueError):
@@ -224,6 +239,10 @@ class Part:
         (it is serialised later, possibly in a worker thread, while `apply` goes on).
         Deterministic: equal states give equal sections."""
         raise NotImplementedError
+
+    def detach(self) -> Detached:
+        """`section()` with the I/O it needs, if any (see `Detached`)."""
+        return Detached(self.section())
 
     def load(self, version: int, section: Any) -> None:
         """Fill a fresh part from `section()` output of `version`; ValueError (or any

@@ -3,21 +3,80 @@
 A MESSAGES entry's records get the next offsets of their queue (`append`); keyed records
 enter the key index (the newest `KEY_HISTORY` (queue, offset) pairs per (topic, key)).
 Retention drops every record stored below the horizon, and key slots pointing there.
+
+The key index is derived state: a (topic, key) lists the newest `KEY_HISTORY` retained
+records of the topic carrying that key, in log order. So besides it each queue keeps the
+keys of its keyed records (offset, key), which is what snapshots hold, and a restore
+rebuilds the index from them.
+
+Snapshot section, version 2 (version 1, every record and the key index inline, still
+loads)::
+
+    {"counters": [messages, bytes], "chunk_records": n,
+     "queues": [[topic, queue, min_offset, end_offset, head, head_keys,
+                 [[index, start, crc32c, length], ...], tail, tail_keys]]}
+
+A queue's records from `min_offset` on are `head` (inline, up to the first chunk
+boundary at or above `min_offset`), then its sealed chunks of `n` records each, by
+reference (`broker.cqchunks`: named by their first record's Raft index and start, checked
+by length and CRC32C, stored in the state's chunk store), then `tail` (inline, the open
+chunk). `head_keys` and `tail_keys` are the [offset, key] of the keyed records inline; a
+chunk is its `n` records followed by the msgpack list of [offset - first offset, key] of
+its keyed ones. The inline part of a queue is therefore under 2 * n records whatever the
+queue holds. Chunks are cut at offsets that are multiples of `n`, so every replica, and
+every snapshot of a replica, names the same chunks with the same bytes; a chunk is
+written to the store the first time a snapshot needs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from broker.consumequeue import ConsumeQueue, CQEntry
-from broker.parts.base import MAX_QUEUES, Part, TopicConfig
+import crc32c
+import msgpack
+
+from broker.consumequeue import CQ_RECORD, ConsumeQueue, CQEntry
+from broker.cqchunks import ChunkGone, ChunkRef, chunk_name, load_chunk
+from broker.parts.base import MAX_QUEUES, Detached, Part, TopicConfig, pack
 from broker.protocol import Code, RequestError
 from broker.records import RecordRef
 
-__all__ = ["KEY_HISTORY", "Queues"]
+__all__ = ["CHUNK_RECORDS", "KEY_HISTORY", "Queues"]
 
 KEY_HISTORY = 64  # newest (queue, offset) pairs kept per (topic, key)
+CHUNK_RECORDS = 65_536  # records per sealed ConsumeQueue chunk (1.75 MiB)
+_REC = CQ_RECORD.size
+
+
+def _layout(lo: int, end: int, n: int) -> tuple[int, int]:
+    """(a, b): a queue holding offsets lo..end-1 snapshots [lo, a) inline, the chunks of
+    [a, b) by reference and [b, end) inline."""
+    a = min(-(-lo // n) * n, end)  # the first chunk boundary at or above lo
+    return a, max(a, end // n * n)
+
+
+class _Keyed:
+    """The keyed records of one queue: offsets (ascending, 8 bytes each) and their keys
+    (interned: a hot key is one string however many records carry it)."""
+
+    __slots__ = ("keys", "offsets")
+
+    def __init__(self, offsets: Iterable[int] = (), keys: Iterable[str] = ()) -> None:
+        self.offsets = array("q", offsets)
+        self.keys = [sys.intern(k) for k in keys]
+
+    def between(self, lo: int, hi: int) -> list[list[Any]]:
+        """[offset, key] of the keyed records at lo <= offset < hi."""
+        i, j = bisect_left(self.offsets, lo), bisect_left(self.offsets, hi)
+        return [[o, k] for o, k in zip(self.offsets[i:j], self.keys[i:j], strict=True)]
+
+    def drop_before(self, offset: int) -> None:
+        i = bisect_left(self.offsets, offset)
+        del self.offsets[:i], self.keys[:i]
 
 
 def _unknown_topic(topic: str) -> RequestError:
@@ -28,7 +87,7 @@ class Queues(Part):
     """ConsumeQueues, the key index and the counters of what they hold."""
 
     name = "queues"
-    version = 1
+    version = 2
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
@@ -37,6 +96,10 @@ class Queues(Part):
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         # topic -> key -> packed (offset * MAX_QUEUES + queue), oldest first
         self._keys: dict[str, dict[str, list[int]]] = {}
+        self._keyed: dict[tuple[str, int], _Keyed] = {}  # what the index is made from
+        # (CRC32C, length) of the sealed chunks the last snapshot named: a cache (chunks
+        # never change), so taking a snapshot reads only chunks sealed since
+        self._crcs: dict[str, tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ apply
 
@@ -50,10 +113,15 @@ class Queues(Part):
         base = self.queues[(topic, queue)].extend(index, refs, store_ms)
         self.bytes_applied += refs[-1].start + refs[-1].size - refs[0].start  # contiguous
         keys = self._keys.get(topic)
+        keyed = None
         for i, ref in enumerate(refs):
             if ref.key:
                 if keys is None:
                     keys = self._keys[topic] = {}
+                if keyed is None:
+                    keyed = self._keyed[(topic, queue)]
+                keyed.offsets.append(base + i)
+                keyed.keys.append(sys.intern(ref.key))
                 slots = keys.get(ref.key)
                 packed = (base + i) * MAX_QUEUES + queue
                 if slots is None:
@@ -68,21 +136,25 @@ class Queues(Part):
     def topic_created(self, config: TopicConfig) -> None:
         for q in config.hosted:
             self.queues[(config.name, q)] = ConsumeQueue()
+            self._keyed[(config.name, q)] = _Keyed()
 
     def topic_grown(self, old: TopicConfig, new: TopicConfig) -> None:
         for q in new.hosted:
             if (new.name, q) not in self.queues:
                 self.queues[(new.name, q)] = ConsumeQueue()
+                self._keyed[(new.name, q)] = _Keyed()
 
     def topic_deleted(self, config: TopicConfig) -> None:
         for q in config.hosted:
             del self.queues[(config.name, q)]
+            del self._keyed[(config.name, q)]
         self._keys.pop(config.name, None)
 
     def retained(self, min_index: int) -> int:
         dropped = 0
-        for cq in self.queues.values():
+        for tq, cq in self.queues.items():
             dropped += cq.drop_before(cq.first_offset_at_or_after_index(min_index))
+            self._keyed[tq].drop_before(cq.min_offset)
         # Key slots pointing below a queue's new minimum can never be served again.
         for topic, keys in self._keys.items():
             for key in list(keys):
@@ -130,26 +202,153 @@ class Queues(Part):
     # ------------------------------------------------------------------ snapshot
 
     def section(self) -> Any:
-        return {
+        """The section alone; the chunks it names are written by `detach().write`."""
+        return self.detach().section
+
+    def detach(self) -> Detached:
+        store, n = self.state.chunk_store, self.state.chunk_records
+        crcs: dict[str, tuple[int, int]] = {}
+        new: list[tuple[str, bytes]] = []
+        queues = []
+        for (t, q), cq in sorted(self.queues.items()):
+            keyed = self._keyed[(t, q)]
+            lo, end = cq.min_offset, cq.end_offset
+            a, b = _layout(lo, end, n)
+            refs = []
+            for first in range(a, b, n):
+                index, start = cq.index_and_start(first)
+                name = chunk_name(index, start, n)
+                known = self._crcs.get(name)
+                if known is not None and store.has(name):
+                    crc, length = known
+                else:
+                    data = cq.records_between(first, first + n) + pack(
+                        [[o - first, k] for o, k in keyed.between(first, first + n)])
+                    crc, length = crc32c.crc32c(data), len(data)
+                    if not store.has(name):
+                        new.append((name, data))
+                crcs[name] = (crc, length)
+                refs.append([index, start, crc, length])
+            queues.append([t, q, lo, end, cq.records_between(lo, a), keyed.between(lo, a),
+                           refs, cq.records_between(b, end), keyed.between(b, end)])
+        self._crcs = crcs
+        section = {
             "counters": [self.messages_applied, self.bytes_applied],
-            "queues": [
-                [t, q, cq.min_offset, cq.records()] for (t, q), cq in sorted(self.queues.items())
-            ],
-            "keys": [
-                [t, k, list(keys[k])]
-                for t, keys in sorted(self._keys.items())
-                for k in sorted(keys)
-            ],
+            "chunk_records": n,
+            "queues": queues,
         }
 
+        def write() -> None:
+            for name, data in new:
+                store.put(name, data)
+            gone = [name for name in crcs if not store.has(name)]
+            if gone:
+                raise ChunkGone(f"chunks {gone[:3]} ({len(gone)}) were deleted meanwhile")
+            store.sync()
+
+        def saved() -> None:
+            store.keep_only(crcs)
+
+        return Detached(section, write, saved)
+
+    @staticmethod
+    def chunk_refs(version: int, section: Any) -> list[ChunkRef]:
+        """The chunks a section of `version` references (none before version 2)."""
+        if version == 1:
+            return []
+        n = int(section["chunk_records"])
+        return [(chunk_name(index, start, n), crc, length)
+                for _t, _q, _lo, _end, _head, _hk, refs, _tail, _tk in section["queues"]
+                for index, start, crc, length in refs]
+
     def load(self, version: int, section: Any) -> None:
-        if version != 1:
+        if version not in (1, 2):
             raise ValueError(f"unsupported queues section version {version!r}")
         self.messages_applied, self.bytes_applied = (int(x) for x in section["counters"])
+        if version == 1:
+            self._load_v1(section)
+        else:
+            self._load_queues(int(section["chunk_records"]), section["queues"])
+        self._index_keys()
+
+    def _load_v1(self, section: Any) -> None:
+        """Every record inline, and the key index itself (whose records are the keyed
+        ones still to know: the index never names more than that)."""
         for t, q, lo, records in section["queues"]:
             self.queues[(t, q)] = ConsumeQueue(lo, records)
+            self._keyed[(t, q)] = _Keyed()
         for t, k, packed in section["keys"]:
-            self._keys.setdefault(t, {})[k] = list(packed)
+            for p in packed:
+                if (t, p % MAX_QUEUES) not in self._keyed:
+                    raise ValueError(f"key {k!r} of {t!r} in a queue not hosted")
+            for p in packed:
+                keyed = self._keyed[(t, p % MAX_QUEUES)]
+                keyed.offsets.append(p // MAX_QUEUES)
+                keyed.keys.append(k)
+        for keyed in self._keyed.values():  # into offset order
+            pairs = sorted(zip(keyed.offsets, keyed.keys, strict=True))
+            keyed.offsets = array("q", [o for o, _ in pairs])
+            keyed.keys = [k for _, k in pairs]
+
+    def _load_queues(self, n: int, queues: Any) -> None:
+        """Version 2 queues: inline head, referenced chunks (read and checked), tail."""
+        if n < 1:
+            raise ValueError(f"bad chunk_records {n!r}")
+        store = self.state.chunk_store
+        size = n * _REC
+        for t, q, lo, end, head, head_keys, refs, tail, tail_keys in queues:
+            buf = bytearray(head)
+            pairs = [(int(o), k) for o, k in head_keys]
+            for i, (index, start, crc, length) in enumerate(refs):
+                name = chunk_name(index, start, n)
+                chunk = load_chunk(store, (name, crc, length))
+                if length < size or CQ_RECORD.unpack_from(chunk, 0)[:2] != (index, start):
+                    raise ValueError(f"chunk {name} does not start with its own record")
+                first = lo + len(head) // _REC + i * n
+                for slot, k in msgpack.unpackb(chunk[size:], raw=False):
+                    if not 0 <= slot < n:
+                        raise ValueError(f"chunk {name} keys a record it does not hold")
+                    pairs.append((first + slot, k))
+                self._crcs[name] = (crc, length)
+                buf += chunk[:size]
+            buf += tail
+            pairs += [(int(o), k) for o, k in tail_keys]
+            if lo < 0 or len(head) % _REC or len(tail) % _REC:
+                raise ValueError(f"bad records of queue {t!r}/{q!r}")
+            if end != lo + len(buf) // _REC:
+                raise ValueError(f"queue {t!r}/{q!r} does not hold {lo}..{end}")
+            a, b = _layout(lo, end, n)
+            if (len(head), len(refs) * n, len(tail)) != ((a - lo) * _REC, b - a, (end - b) * _REC):
+                raise ValueError(f"queue {t!r}/{q!r} is not cut at its chunk boundaries")
+            offsets = [o for o, _ in pairs]
+            inside = not offsets or lo <= offsets[0] <= offsets[-1] < end
+            if offsets != sorted(set(offsets)) or not inside or not all(
+                    isinstance(k, str) and k for _, k in pairs):
+                raise ValueError(f"bad keyed records of queue {t!r}/{q!r}")
+            self.queues[(t, q)] = ConsumeQueue(lo, buf)
+            self._keyed[(t, q)] = _Keyed(offsets, (k for _, k in pairs))
+
+    def _index_keys(self) -> None:
+        """The key index from the queues' keyed records: per (topic, key), the newest
+        `KEY_HISTORY` in log order (Raft index, then place in the entry)."""
+        by_topic: dict[str, list[tuple[int, int, int, str]]] = {}
+        for (t, q), keyed in self._keyed.items():
+            cq = self.queues[(t, q)]
+            found = by_topic.setdefault(t, [])
+            for o, k in zip(keyed.offsets, keyed.keys, strict=True):
+                index, start = cq.index_and_start(o)
+                found.append((index, start, o * MAX_QUEUES + q, k))
+        self._keys = {}
+        for t, found in sorted(by_topic.items()):
+            if not found:
+                continue
+            found.sort()
+            keys = self._keys[t] = {}
+            for _index, _start, packed, k in found:
+                keys.setdefault(k, []).append(packed)
+            for k, slots in keys.items():
+                if len(slots) > KEY_HISTORY:
+                    keys[k] = slots[-KEY_HISTORY:]
 
     def check(self) -> None:
         hosted = sorted((c.name, q) for c in self.state.topics().values() for q in c.hosted)
