@@ -13,7 +13,8 @@
   repairs it from a peer (`raftlog.runtime`); an acknowledged message must not be lost.
 
 * `damage_file` truncates a file, or flips a few bits in it, choosing among the
-  CommitLog segments, CommitLog index files and snapshot files of a data directory; the
+  CommitLog segments, CommitLog index files, snapshot files and the ConsumeQueue chunk
+  files snapshots reference, in a data directory; the
   returned `Damage` keeps the original bytes so `Damage.restore` can put them back (what
   an operator restoring from a backup does, after a node refused to start on them).
 * `SmallDisk` puts a data directory on a loop-mounted ext4 file system of a fixed size,
@@ -201,7 +202,7 @@ def corrupt_entry(
 
 # ------------------------------------------------------------------ damaged files
 
-FILE_KINDS = ("segment", "index", "snapshot")
+FILE_KINDS = ("segment", "index", "snapshot", "chunk")
 DAMAGES = ("truncate", "bitflip")
 
 
@@ -210,6 +211,8 @@ def _file_kind(rel: Path) -> str | None:
     parts = rel.parts
     if len(parts) == 2 and parts[1] == "snapshot":
         return "snapshot"
+    if len(parts) == 3 and parts[1] == "consumequeue" and not parts[2].endswith(".tmp"):
+        return "chunk"
     if len(parts) == 3 and parts[1] == "commitlog":
         if parts[2] == "index":
             return "index"
@@ -220,10 +223,12 @@ def _file_kind(rel: Path) -> str | None:
 
 def damageable_files(data_dir: Path, kinds: tuple[str, ...] = FILE_KINDS) -> list[tuple[str, Path]]:
     """(kind, path) of every non-empty file of `kinds` under `data_dir` (``<group>/
-    commitlog/<segment>``, ``<group>/commitlog/index``, ``<group>/snapshot``), sorted."""
+    commitlog/<segment>``, ``<group>/commitlog/index``, ``<group>/snapshot``, the
+    ConsumeQueue chunks a snapshot references in ``<group>/consumequeue/``), sorted."""
     data_dir = Path(data_dir)
     out = []
-    for path in sorted(data_dir.glob("*/commitlog/*")) + sorted(data_dir.glob("*/snapshot")):
+    for path in (sorted(data_dir.glob("*/commitlog/*")) + sorted(data_dir.glob("*/snapshot"))
+                 + sorted(data_dir.glob("*/consumequeue/*"))):
         kind = _file_kind(path.relative_to(data_dir))
         if kind in kinds and path.is_file() and path.stat().st_size > 0:
             out.append((kind, path))

@@ -33,8 +33,9 @@ the affected `nodes` and, as `leaders`, the group leaders that it took away
 - `partition-clients`: clients are cut from a minority of nodes (leaders preferred)
   while the nodes still see each other (`ProxyNet.cut_clients`);
 - `truncate-file` / `bitflip-file`: SIGKILL of a minority, then on each of them one
-  random CommitLog segment, index or snapshot file is truncated, or has bits flipped
-  (`chaos.disk_faults.damage_file`); `snapshot-corrupt` does either to a snapshot file.
+  random CommitLog segment, index, snapshot or ConsumeQueue chunk file is truncated, or
+  has bits flipped (`chaos.disk_faults.damage_file`); `snapshot-corrupt` does either to
+  a snapshot file or a chunk file it references.
   At the end each node is restarted and must either start (repairing what it can from
   its peers) or refuse to; a refusal is recorded in the value (`outcome`, `refusals`),
   the original bytes are put back as an operator would from a backup, and the node is
@@ -119,9 +120,9 @@ LOSS = 0.05  # chunks lost per chunk forwarded
 # faults that need a ProxyNet besides PARTITIONS
 NETWORK = ("delay", "loss", "partition-clients", "stale-leader")
 DAMAGE = {  # file faults: (how the file is damaged, or None: either way; which files)
-    "truncate-file": ("truncate", ("segment", "index", "snapshot")),
-    "bitflip-file": ("bitflip", ("segment", "index", "snapshot")),
-    "snapshot-corrupt": (None, ("snapshot",)),
+    "truncate-file": ("truncate", ("segment", "index", "snapshot", "chunk")),
+    "bitflip-file": ("bitflip", ("segment", "index", "snapshot", "chunk")),
+    "snapshot-corrupt": (None, ("snapshot", "chunk")),  # a snapshot is its file + chunks
 }
 REFUSAL_WAIT = 30.0  # seconds a damaged node gets to start or refuse
 PARTITIONS: Mapping[str, Callable[..., topology.Partition]] = {

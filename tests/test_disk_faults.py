@@ -530,6 +530,9 @@ def _group_with_snapshot(data: Path) -> None:
         log.append(make(1, 60, size=2000))
         log.sync()
     save_snapshot(str(data / "g0" / "snapshot"), Snapshot(index=30, term=1, data=b"s" * 500))
+    (data / "g0" / "consumequeue").mkdir()
+    (data / "g0" / "consumequeue" / "00000000000000000012-0-64").write_bytes(b"c" * 300)
+    (data / "g0" / "consumequeue" / "00000000000000000013-0-64.tmp").write_bytes(b"t" * 30)
 
 
 @pytest.mark.parametrize("how", ["truncate", "bitflip"])
@@ -537,7 +540,7 @@ def test_damage_file_changes_one_file_and_restore_puts_it_back(tmp_path: Path, h
     data = tmp_path / "n1"
     _group_with_snapshot(data)
     kinds = {k for k, _ in damageable_files(data)}
-    assert kinds == {"segment", "index", "snapshot"}
+    assert kinds == {"segment", "index", "snapshot", "chunk"}  # never a leftover *.tmp
     before = {p: p.read_bytes() for _, p in damageable_files(data)}
     seen = set()
     for seed in range(12):
