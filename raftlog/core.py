@@ -386,8 +386,13 @@ class RaftNode:
             if m.type == MsgType.PREVOTE or (m.type == MsgType.PREVOTE_RESP and not m.reject):
                 pass  # pre-votes never change terms
             else:
+                # Paper §5.2 (Figure 2): the election timer restarts on hearing from the
+                # current leader or on granting a vote, not on a newer term alone. A vote
+                # refused to a lagging candidate must not hold back the up-to-date voters,
+                # who alone can win (etcd's raft restarts it here; without PreVote lagging
+                # candidates could then keep every electable node from timing out).
                 leader = m.src if m.type in _FROM_LEADER else None
-                self._become_follower(m.term, leader)
+                self._become_follower(m.term, leader, restart_timer=False)
         elif m.term < self.term:
             if m.type in _FROM_LEADER:
                 # Tell a stale leader about the newer term so it steps down (it may be
@@ -592,7 +597,8 @@ class RaftNode:
 
     # ------------------------------------------------------------------ roles
 
-    def _become_follower(self, term: int, leader: int | None) -> None:
+    def _become_follower(self, term: int, leader: int | None, *,
+                         restart_timer: bool = True) -> None:
         if term != self.term:
             self.term = term
             self.vote = None
@@ -600,9 +606,11 @@ class RaftNode:
         if leader != self.leader or self.role != Role.FOLLOWER:
             self._ack_to = None
             self._ack_index = self._acked = 0
+        was_leader = self.role == Role.LEADER
         self.role = Role.FOLLOWER
         self.leader = leader
-        self._reset_timers()
+        if restart_timer or was_leader:
+            self._reset_timers()  # (a leader's own timer counted check-quorum rounds)
         self._clear_leader_state()
 
     def _clear_leader_state(self) -> None:

@@ -189,12 +189,6 @@ def _majority_liveness(cluster: Cluster) -> None:
         # change removing itself neither campaigns nor votes for the shorter logs
         # around it, so the rest can need the cut-off node back (seen at seed 130).
         return
-    if not k.pre_vote:
-        # Not judged without PreVote either: lagging voters that campaign again and again
-        # raise the term each time, and every up-to-date voter that steps down to it
-        # restarts its election timer, so the only nodes that could win may never time out
-        # (seen with 5 nodes: a Raft hazard PreVote exists to remove; raftmq runs with it).
-        return
     voters = sorted(i for i in cluster.committed_members.members
                     if i in cluster.nodes and not cluster.nodes[i].retired)
     if len(voters) < 3:
