@@ -403,7 +403,7 @@ class Workload:
 
     async def read(
         self, consumer: PullConsumer, client: Process, queue: int, offset: int, n: int,
-        *, missing_topic_is_empty: bool = False,
+        *, missing_topic_is_empty: bool = False, too_small_is_empty: bool = False,
     ) -> list[str] | None:
         """One recorded read of at most `n` messages from `offset`; None when it failed.
 
@@ -411,6 +411,10 @@ class Workload:
         drain sets it once the cluster has said so for `TOPIC_GONE_AFTER` seconds, for a
         topic whose creation was acknowledged. A topic that vanished took its messages
         with it, and the accounting must see them as lost, not as "never read".
+        With `too_small_is_empty` (the drain's: it reads from offset 0, where every
+        acknowledged message must still be), OFFSET_TOO_SMALL is recorded as an empty
+        read for the same reason: messages gone from the start of a queue (say, every
+        replica's log lost them) are lost, not "never read".
         """
         process = client.process
         key = queue_key(self.topic, queue)
@@ -424,7 +428,7 @@ class Workload:
         except RequestError as exc:
             if exc.code == Code.OFFSET_TOO_LARGE or (
                 missing_topic_is_empty and exc.code == Code.UNKNOWN_TOPIC
-            ):
+            ) or (too_small_is_empty and exc.code == Code.OFFSET_TOO_SMALL):
                 rec.complete(process, "ok", READ, key, [])
                 return []
             self._last_error_code[process] = exc.code
@@ -523,7 +527,7 @@ class Workload:
             while True:
                 gone = gone_since is not None and time.monotonic() - gone_since >= TOPIC_GONE_AFTER
                 ids = await self.read(consumer, client, queue, offset, DRAIN_BATCH,
-                                      missing_topic_is_empty=gone)
+                                      missing_topic_is_empty=gone, too_small_is_empty=True)
                 if ids is None:
                     if self._last_error_code.pop(client.process, None) == Code.UNKNOWN_TOPIC:
                         gone_since = time.monotonic() if gone_since is None else gone_since

@@ -6,18 +6,22 @@ unsynced log is what the policy allows; a group that never comes back is not.
 Each node's snapshot was written durably (temp, fsync, rename) while its CommitLog
 never was, so every replica restarts with a state ahead of an empty log: refilling, and
 no voter holds the entries to refill it from. The group must abandon the refill,
-elect, say what was lost (status and metrics), and accept writes.
+elect, say what was lost (status and metrics), answer reads of the lost messages with
+OFFSET_TOO_SMALL naming where the data starts again, and accept writes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
+from broker.protocol import Code, RequestError
 from broker.records import OutgoingMessage
 from chaos.disk_faults import discard_unsynced
+from raftmq.client import PullConsumer
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster, scrape_metrics
 
@@ -67,6 +71,13 @@ def test_a_group_whose_every_log_was_lost_elects_reports_the_gap_and_accepts_wri
         leader = live.leader("g0", timeout=60)
         st = wait_for(lambda: node_status(c, leader, "g0") or None, 10, "the leader's status")
         assert not st["refilling"], st
+        # the writes acknowledged before the power loss are gone: the reads say so
+        with pytest.raises(RequestError) as err:
+            live.fetch(0, 0)
+        assert err.value.code == Code.OFFSET_TOO_SMALL, err.value
+        lo = err.value.extra["min"]
+        assert 0 < lo <= 160, err.value.extra
+
         gaps = [node_status(c, i, "g0").get("refill_gap") for i in NODES]
         assert any(gaps), gaps
         for i, gap in zip(NODES, gaps, strict=True):
@@ -77,5 +88,16 @@ def test_a_group_whose_every_log_was_lost_elects_reports_the_gap_and_accepts_wri
         # writes had are given out again: they were never durable anywhere)
         msgs = [OutgoingMessage(b"after-%d" % k) for k in range(4)]
         base = live.produce_batch(0, msgs, pid=0, seq=-1, born_ms=1)["base"]
+        assert base >= lo
         got = live.fetch(0, base)
         assert [got[base + k] for k in range(4)] == [live.acked[0][base + k] for k in range(4)]
+
+        async def consume_from_a_lost_offset() -> int:
+            async with PullConsumer(c.namesrv_addr, "c", wait_ms=0) as consumer:
+                await consumer.commit("t", 0, 0)
+                consumer.assign("t", [0])
+                msgs = await consumer.poll(timeout=5.0)
+                assert msgs, "the consumer read nothing after skipping ahead"
+                return msgs[0].offset
+
+        assert anyio.run(consume_from_a_lost_offset, backend="trio") == lo
