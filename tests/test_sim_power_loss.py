@@ -7,16 +7,22 @@ entry lost) are left out."""
 
 from __future__ import annotations
 
+import types
+
+import pytest
+
+import raftlog.core
+from raftlog.sim.invariants import Violation
 from raftlog.sim.script import Script
-from raftlog.types import Role
+from raftlog.types import Message, Role
 
 PREMISE = ("DurableBeforeSend", "CommittedSurvivesCrash")
 
 
-def _powered_off(synced: tuple[int, ...] = ()) -> Script:
+def _powered_off(synced: tuple[int, ...] = (), core: types.ModuleType | None = None) -> Script:
     """Three nodes commit and apply 12 entries that reach no disk but those of `synced`;
     each snapshots its state; then every node loses power."""
-    s = Script(3, mutation="ack-before-fsync", auto_sync=False, disable=PREMISE)
+    s = Script(3, mutation="ack-before-fsync", auto_sync=False, disable=PREMISE, core=core)
     s.elect(1, among={1, 2, 3})
     for k in range(12):
         s.propose(1, b"m%d" % k)
@@ -89,3 +95,25 @@ def test_a_refill_a_voter_can_supply_is_waited_for_and_done() -> None:
     assert all(s.raft(i).refill_gap is None for i in (1, 2, 3))
     assert s.c.faults.refills_abandoned == 0
     assert all(s.log(i)[:13] == s.log(3)[:13] for i in (1, 2))
+
+
+class _GivesUpOnAMajority(raftlog.core.RaftNode):
+    """Abandons its refill once a majority (itself included) cannot refill it, without
+    waiting for the voters that stay silent."""
+
+    def _refill_answer(self, m: Message) -> None:
+        super()._refill_answer(m)
+        if (self._may_probe_refill() and m.reject and m.context == self._refill_round
+                and len(self._refill_refused) + 1 > len(self.membership.voters) // 2):
+            self._abandon_refill()
+
+
+def test_a_refill_abandoned_while_a_silent_voter_holds_the_entries_is_caught() -> None:
+    broken = types.ModuleType("broken_core")
+    broken.__dict__.update({**vars(raftlog.core), "RaftNode": _GivesUpOnAMajority})
+    s = _powered_off(synced=(3,), core=broken)
+    for i in (1, 2):
+        s.restart(i)
+    with pytest.raises(Violation) as err:
+        _run(s, [1, 2], 6 * s.raft(1).cfg.election_ticks)
+    assert err.value.invariant == "refill-abandoned-needlessly"
