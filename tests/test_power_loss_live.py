@@ -22,6 +22,7 @@ from broker.protocol import Code, RequestError
 from broker.records import OutgoingMessage
 from chaos.disk_faults import discard_unsynced
 from raftmq.client import PullConsumer
+from raftmq.commands.status import cluster_status
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster, scrape_metrics
 
@@ -83,6 +84,9 @@ def test_a_group_whose_every_log_was_lost_elects_reports_the_gap_and_accepts_wri
         for i, gap in zip(NODES, gaps, strict=True):
             if gap:
                 _wait_lost_metric(c.configs[i - 1].metrics, gap[1] - gap[0] + 1)
+        status = anyio.run(cluster_status, [c.namesrv_addr], backend="trio")
+        shown = {n: m["refill_gap"] for n, m in status["groups"]["g0"]["members"].items()}
+        assert shown == {i: gap for i, gap in zip(NODES, gaps, strict=True)}, shown
 
         # and the group serves on, from where the surviving state ends (offsets the lost
         # writes had are given out again: they were never durable anywhere)
