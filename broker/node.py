@@ -104,6 +104,10 @@ class Node:
                                         "Corrupt log entries repaired from a peer's copy",
                                         ["group"], registry=self.metrics.registry)
         self._repaired_seen: dict[str, int] = {}
+        self.refill_lost_gauge = Gauge("raftmq_refill_lost_entries",
+                                       "Entries the state references that no replica's log "
+                                       "held when a refill was abandoned",
+                                       ["group"], registry=self.metrics.registry)
         self.max_frame = frame_limit(config.max_message_bytes)
         from broker.peers import PeerLinks
 
@@ -419,6 +423,8 @@ class Node:
                     term=st["term"], commit=st["commit"], applied=st["applied"],
                     last=st["last"], durable=st["durable"])
                 self.unrepaired_gauge.labels(gid).set(len(st["unrepaired"]))
+                gap = st["refill_gap"]
+                self.refill_lost_gauge.labels(gid).set(gap[1] - gap[0] + 1 if gap else 0)
                 repaired = st["repaired"] - self._repaired_seen.get(gid, 0)
                 if repaired > 0:
                     self.repaired_counter.labels(gid).inc(repaired)

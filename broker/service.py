@@ -275,12 +275,21 @@ class BrokerService:
 
     @staticmethod
     def _entry(g: GroupRuntime, index: int) -> Entry:
-        """Entry `index` from the CommitLog; a corrupt one is sent for repair (BUSY)."""
+        """Entry `index` from the CommitLog; a corrupt one is sent for repair (BUSY). One
+        below the log's first index (retention removed it after a ConsumeQueue lookup
+        found it, or a refill was abandoned: `raftlog.core`) is gone: OFFSET_TOO_SMALL,
+        naming the log's first index (`first`), so that the caller skips ahead."""
         try:
             return g.read_committed(index)
         except CorruptEntry:  # already sent for repair
             raise RequestError(Code.BUSY, f"entry {index} of {g.group_id} is corrupt here and "
                                "being repaired from a peer; retry") from None
+        except CommitLogError:
+            first, _last = g.log_bounds()
+            if index >= first:
+                raise
+            raise RequestError(Code.OFFSET_TOO_SMALL, f"entry {index} of {g.group_id} is no "
+                               f"longer in the log (it starts at {first})", first=first) from None
 
     # ------------------------------------------------------------------ produce
 
@@ -409,7 +418,18 @@ class BrokerService:
             if offset < end:
                 found, nxt = state.lookup(topic, queue, offset, max_count, max_bytes, tag_hashes)
                 if found and (confirmed or nxt < end or len(found) >= max_count):
-                    return self._answer_fetch(g, found, nxt, lo, end)
+                    try:
+                        return self._answer_fetch(g, found, nxt, lo, end)
+                    except RequestError as exc:
+                        if exc.code != Code.OFFSET_TOO_SMALL or "first" not in exc.extra:
+                            raise
+                        # its entry is gone from the log: skip to the first message whose
+                        # entry is still there
+                        skip = state.queues.queue(topic, queue).first_offset_at_or_after_index(
+                            int(exc.extra["first"]))
+                        raise RequestError(
+                            Code.OFFSET_TOO_SMALL, f"offset {offset} of {topic}/{queue}: "
+                            f"{exc.message}", min=max(skip, offset + 1), end=end) from None
                 if not found and nxt < end:
                     offset = nxt  # only filtered-out messages so far
                     continue

@@ -469,7 +469,8 @@ class Workload:
 
     async def read(
         self, consumer: PullConsumer, client: Process, queue: int, offset: int, n: int,
-        *, missing_topic_is_empty: bool = False, at: str | None = None, timeout: float = 5.0,
+        *, missing_topic_is_empty: bool = False, too_small_is_empty: bool = False,
+        at: str | None = None, timeout: float = 5.0,
     ) -> list[str] | None:
         """One recorded read of at most `n` messages from `offset`; None when it failed.
 
@@ -477,6 +478,10 @@ class Workload:
         drain sets it once the cluster has said so for `TOPIC_GONE_AFTER` seconds, for a
         topic whose creation was acknowledged. A topic that vanished took its messages
         with it, and the accounting must see them as lost, not as "never read".
+        With `too_small_is_empty` (the drain's: it reads from offset 0, where every
+        acknowledged message must still be), OFFSET_TOO_SMALL is recorded as an empty
+        read for the same reason: messages gone from the start of a queue (say, every
+        replica's log lost them) are lost, not "never read".
         With `at` (a node's client address) the read is one FETCH sent there, whoever
         leads, answered within `timeout` seconds; without, the SDK finds the leader.
         """
@@ -501,7 +506,7 @@ class Workload:
         except RequestError as exc:
             if exc.code == Code.OFFSET_TOO_LARGE or (
                 missing_topic_is_empty and exc.code == Code.UNKNOWN_TOPIC
-            ):
+            ) or (too_small_is_empty and exc.code == Code.OFFSET_TOO_SMALL):
                 rec.complete(process, "ok", READ, key, [])
                 return []
             self._last_error_code[process] = exc.code
@@ -756,7 +761,7 @@ class Workload:
             while True:
                 gone = gone_since is not None and time.monotonic() - gone_since >= TOPIC_GONE_AFTER
                 ids = await self.read(consumer, client, queue, offset, DRAIN_BATCH,
-                                      missing_topic_is_empty=gone)
+                                      missing_topic_is_empty=gone, too_small_is_empty=True)
                 if ids is None:
                     if self._last_error_code.pop(client.process, None) == Code.UNKNOWN_TOPIC:
                         gone_since = time.monotonic() if gone_since is None else gone_since

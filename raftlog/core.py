@@ -40,6 +40,21 @@ Should a new leader no longer hold the entry a refilling replica needs next, the
 replica installs that leader's snapshot even if it is older than its own state (its
 commit and applied index move back with the state: it served nothing meanwhile).
 Invariant: every entry from the base on that is at or below `commit` is committed.
+
+A refill no voter can supply: after a power loss of every node that lost unsynced log
+data (`fsync = "interval"`), every replica's snapshot may be ahead of its log, so every
+replica is refilling, none campaigns and the group never elects. So a refilling replica
+that hears from no leader for an election timeout asks every other voter whether it
+could refill it (REFILL_PROBE, carrying its snapshot's last entry; never a term change).
+A voter can when it is not refilling or installing and its log reaches that entry: it
+may then lead (it wins this replica's vote) and refill it, so the replica waits. Only
+once *every* other voter has answered, in the same round, that it cannot (a silent one
+may be down and hold exactly those entries), the entries are gone from every log: the
+replica abandons the refill and reinstalls its own snapshot with the base at its index
+(`Snapshot.lost` names the entries lost, for the shell to report; `refill_gap` keeps
+them). Its log then ends at the snapshot's entry, it is whole again and campaigns. A
+replica that can be refilled is still refilled, and a leader never holds a hole it
+could have filled.
 """
 
 from __future__ import annotations
@@ -185,6 +200,11 @@ class RaftNode:
         # Corruption: entries the store holds but cannot read, until repaired from a peer.
         self._unreadable: set[int] = set()
         self._repair_out: list[int] = []  # newly unreadable (Ready.repair)
+        # An abandoned refill (see the module docstring): the probe round, the voters
+        # that answered it cannot refill us, and the entries lost when it was abandoned.
+        self._refill_round = 0
+        self._refill_refused: set[int] = set()
+        self.refill_gap: tuple[int, int] | None = None
         self._step_role: dict[Role, Callable[[Message], None]] = {
             Role.FOLLOWER: self._step_follower,
             Role.PRE_CANDIDATE: self._step_candidate,
@@ -338,8 +358,11 @@ class RaftNode:
             self._tick_leader()
         else:
             self._election_elapsed += 1
-            if self._election_elapsed >= self._timeout and self._can_campaign():
-                self._campaign(MsgType.PREVOTE if self.cfg.pre_vote else MsgType.VOTE)
+            if self._election_elapsed >= self._timeout:
+                if self._can_campaign():
+                    self._campaign(MsgType.PREVOTE if self.cfg.pre_vote else MsgType.VOTE)
+                elif self._may_probe_refill():
+                    self._probe_refill()
 
     def leader_unreachable(self, peer: int) -> None:
         """The shell lost its connection to `peer` (e.g. the peer's process died and its
@@ -380,14 +403,25 @@ class RaftNode:
             if guarded is None:
                 return
             m = guarded
+        if m.type == MsgType.REFILL_PROBE:
+            self._answer_refill_probe(m)
+            return
+        if m.type == MsgType.REFILL_PROBE_RESP:
+            self._refill_answer(m)
+            return
         if m.term > self.term:
             if m.type in (MsgType.PREVOTE, MsgType.VOTE) and not m.context and self._in_lease():
                 return  # thesis §4.2.3: a live leader's followers ignore disruptive candidates
             if m.type == MsgType.PREVOTE or (m.type == MsgType.PREVOTE_RESP and not m.reject):
                 pass  # pre-votes never change terms
             else:
+                # Paper §5.2 (Figure 2): the election timer restarts on hearing from the
+                # current leader or on granting a vote, not on a newer term alone. A vote
+                # refused to a lagging candidate must not hold back the up-to-date voters,
+                # who alone can win (etcd's raft restarts it here; without PreVote lagging
+                # candidates could then keep every electable node from timing out).
                 leader = m.src if m.type in _FROM_LEADER else None
-                self._become_follower(m.term, leader)
+                self._become_follower(m.term, leader, restart_timer=False)
         elif m.term < self.term:
             if m.type in _FROM_LEADER:
                 # Tell a stale leader about the newer term so it steps down (it may be
@@ -592,7 +626,8 @@ class RaftNode:
 
     # ------------------------------------------------------------------ roles
 
-    def _become_follower(self, term: int, leader: int | None) -> None:
+    def _become_follower(self, term: int, leader: int | None, *,
+                         restart_timer: bool = True) -> None:
         if term != self.term:
             self.term = term
             self.vote = None
@@ -600,9 +635,11 @@ class RaftNode:
         if leader != self.leader or self.role != Role.FOLLOWER:
             self._ack_to = None
             self._ack_index = self._acked = 0
+        was_leader = self.role == Role.LEADER
         self.role = Role.FOLLOWER
         self.leader = leader
-        self._reset_timers()
+        if restart_timer or was_leader:
+            self._reset_timers()  # (a leader's own timer counted check-quorum rounds)
         self._clear_leader_state()
 
     def _clear_leader_state(self) -> None:
@@ -745,6 +782,61 @@ class RaftNode:
         elif result is False:
             self._become_follower(self.term, None)
 
+    # ------------------------------------------------------------------ refill probes
+
+    def _may_probe_refill(self) -> bool:
+        """Refilling from our own snapshot (its state is what we applied), no install
+        under way: a refill only a leader can bring, and none was heard of."""
+        snap = self._snapshot
+        return (
+            self.refilling
+            and self._installing is None
+            and snap is not None
+            and snap.index == self.commit == self.applied
+            and self.id in self.membership.voters
+        )
+
+    def _probe_refill(self) -> None:
+        """Ask every other voter whether it could refill us (see the module docstring)."""
+        self._reset_timers()
+        self._refill_round += 1
+        self._refill_refused = set()
+        snap = self._snapshot
+        assert snap is not None
+        others = self.membership.voters - {self.id}
+        if not others:
+            self._abandon_refill()
+            return
+        for peer in sorted(others):
+            self._send(MsgType.REFILL_PROBE, peer, log_index=snap.index, log_term=snap.term,
+                       context=self._refill_round)
+
+    def _answer_refill_probe(self, m: Message) -> None:
+        can = (
+            not self.refilling
+            and self._installing is None
+            and (self._last_term, self._last_index) >= (m.log_term, m.log_index)
+        )
+        self._send(MsgType.REFILL_PROBE_RESP, m.src, context=m.context, reject=not can)
+
+    def _refill_answer(self, m: Message) -> None:
+        if m.context != self._refill_round or not self._may_probe_refill():
+            return  # an older round's, or no longer stuck
+        if not m.reject:
+            return  # it can lead and refill us: wait for it
+        self._refill_refused.add(m.src)
+        if self._refill_refused >= self.membership.voters - {self.id}:
+            self._abandon_refill()
+
+    def _abandon_refill(self) -> None:
+        """No voter holds what our state references below the snapshot: reinstall the
+        snapshot with its base at its own index, so the log is whole from there on."""
+        snap = self._snapshot
+        assert snap is not None
+        self.refill_gap = (self._last_index + 1, snap.index)
+        self._refill_round += 1
+        self._start_install(replace(snap, base=(snap.index, snap.term), lost=self.refill_gap))
+
     # ------------------------------------------------------------------ follower
 
     def _step_follower(self, m: Message) -> None:
@@ -772,6 +864,7 @@ class RaftNode:
 
     def _heard_from_leader(self, leader: int) -> None:
         self._election_elapsed = 0
+        self._refill_round += 1  # a leader may refill us: answers to a probe are void
         if self._timeout_forced:
             self._timeout_forced = False
             self._timeout = self._random_timeout()

@@ -387,6 +387,9 @@ class GroupRuntime(Generic[M]):
         self.snapshot_index = 0  # index of the durable snapshot (0: none)
         self.snapshots_written = 0
         self.snapshots_installed = 0
+        # entries (first, last) the state references that no log held any more when a
+        # refill was abandoned (`raftlog.core`, "Refilling"), since this process started
+        self.refill_gap: tuple[int, int] | None = None
         self._retain_seen = 0
         self._snapshot_taken = 0  # index of the last snapshot taken or installed
         self._snapshot_due: _DueSnapshot | None = None
@@ -704,6 +707,7 @@ class GroupRuntime(Generic[M]):
             "refilling": core.refilling,
             "unrepaired": sorted(core.unreadable),
             "repaired": self.repaired,
+            "refill_gap": list(self.refill_gap) if self.refill_gap is not None else None,
         }
 
     # ------------------------------------------------------------------ the log, read-only
@@ -1024,6 +1028,13 @@ class GroupRuntime(Generic[M]):
                 f"group {self.group_id}: the leader sent snapshot {snap.index} but no restore "
                 "is configured"
             )
+        if snap.lost is not None:
+            log.error("refill abandoned: no voter holds the entries this replica's state "
+                      "references below its snapshot (every log lost them, e.g. a power "
+                      "loss of every node under fsync=interval); they are lost and reads "
+                      "of them answer OFFSET_TOO_SMALL", extra={"fields": {
+                          "group": self.group_id, "snapshot": snap.index,
+                          "lost": list(snap.lost)}})
         log.info("installing snapshot", extra={"fields": {
             "group": self.group_id, "snapshot": snap.index, "term": snap.term,
             "bytes": len(snap.data), "log": [lg.first_index(), lg.last_index()]}})
@@ -1039,6 +1050,8 @@ class GroupRuntime(Generic[M]):
             self._retain_seen = int(getattr(machine, "retained_index", 0))
             self._snapshot_due = None  # detached from the state just replaced
             self.snapshots_installed += 1
+            if snap.lost is not None:
+                self.refill_gap = snap.lost
         core.snapshot_installed(snap.index, snap.term)
         self._applied_changed.set()
         self._applied_changed = trio.Event()

@@ -155,6 +155,10 @@ class Snapshot:
     the entries in between through ordinary appends before it may lead (see
     `raftlog.core`, "Refilling"). None on a replica's own snapshot: its log already
     holds what its state references.
+
+    `lost` is set only on the snapshot a replica reinstalls from itself when it abandons
+    a refill no voter can supply (`raftlog.core`, "Refilling"): the entries (first, last)
+    its state references that are gone from every log. Not saved with the file.
     """
 
     index: int
@@ -162,6 +166,7 @@ class Snapshot:
     data: bytes
     membership: Membership | None = None
     base: tuple[int, int] | None = None
+    lost: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.base is not None and not 0 <= self.base[0] <= self.index:
@@ -174,6 +179,8 @@ class Snapshot:
             who += f" learners {sorted(m.learners)}"
         if self.base is not None and self.base[0] < self.index:
             who += f" log from {self.base[0] + 1}"
+        if self.lost is not None:
+            who += f" entries {self.lost[0]}..{self.lost[1]} lost"
         return f"snapshot {self.index}@{self.term} ({len(self.data)}B){who}"
 
 
@@ -195,6 +202,8 @@ class MsgType(IntEnum):
     HEARTBEAT_RESP = 7
     TIMEOUT_NOW = 8
     SNAPSHOT = 9
+    REFILL_PROBE = 10
+    REFILL_PROBE_RESP = 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +229,12 @@ class Message:
       APPEND_RESP whose match is the base once the follower has installed it durably;
       the leader then sends the entries from there on as usual.
 
+    - REFILL_PROBE (a refilling replica that heard from no leader, see `raftlog.core`,
+      "Refilling"): `log_index`/`log_term` = its snapshot's last entry, `context` = the
+      probe round. Never changes a term.
+    - REFILL_PROBE_RESP: `context` echoed; `reject` when the sender cannot refill it (it
+      is refilling or installing too, or its log ends before that entry).
+
     The whole snapshot travels in one message, which keeps the protocol simple while
     states are small next to what a link carries in an election timeout. Large states
     would want the thesis' chunked transfer (offset + done flag, acknowledged per chunk),
@@ -244,7 +259,8 @@ class Message:
 
     def describe(self) -> str:
         parts = [f"{self.src}->{self.dst} {self.type.name} t{self.term}"]
-        if self.type in (MsgType.APPEND, MsgType.PREVOTE, MsgType.VOTE, MsgType.SNAPSHOT):
+        if self.type in (MsgType.APPEND, MsgType.PREVOTE, MsgType.VOTE, MsgType.SNAPSHOT,
+                         MsgType.REFILL_PROBE):
             parts.append(f"[{self.log_index}@{self.log_term}]")
         if self.type == MsgType.SNAPSHOT:
             parts.append(f"({len(self.snapshot)}B)")

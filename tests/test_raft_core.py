@@ -73,6 +73,40 @@ def test_5_4_1_election_restriction_a_stale_log_cannot_win():
     assert new.last_index >= 4
 
 
+def test_5_2_a_refused_vote_does_not_restart_the_election_timer():
+    """Figure 2: a follower converts to candidate when its timeout elapses "without
+    receiving AppendEntries from the current leader or granting its vote". A newer term
+    from a lagging candidate whose vote it refuses restarts nothing: without PreVote,
+    candidates that cannot win would otherwise keep the up-to-date voters (the only
+    ones that can) from ever timing out. A granted vote does restart it."""
+    c = Cluster(3, config=lambda i: RaftConfig(pre_vote=False, check_quorum=False))
+    leader = c.elect()
+    lagging, up = (i for i in sorted(c.nodes) if i != leader.id)
+    c.isolate(lagging)
+    c.propose(b"x")
+    c.crash(leader.id)
+    node = c.nodes[up]
+    timeout = node._timeout
+    for _ in range(timeout - 1):
+        node.tick()
+    assert node.role == Role.FOLLOWER
+    behind = c.nodes[lagging]
+    node.step(Message(MsgType.VOTE, lagging, up, node.term + 5, log_index=behind.last_index,
+                      log_term=behind.term_at(behind.last_index)))
+    assert [m.reject for m in node.ready().messages if m.type == MsgType.VOTE_RESP] == [True]
+    node.tick()  # its timeout elapses as if the refused candidate had never asked
+    assert node.role == Role.CANDIDATE and node.vote == up
+
+    # a vote granted does restart it
+    term = node.term + 1
+    node.step(Message(MsgType.VOTE, 9, up, term, log_index=node.last_index + 1,
+                      log_term=term))
+    assert [m.reject for m in node.ready().messages if m.type == MsgType.VOTE_RESP] == [False]
+    for _ in range(node.cfg.election_ticks - 1):
+        node.tick()
+    assert node.role == Role.FOLLOWER and node.vote == 9
+
+
 def _old_term_entry_on_a_majority(mutations: frozenset[str] = frozenset()):
     """Figure 8's crux: a term-1 entry sits on a majority while the term-2 leader's own
     NOOP does not. Returns (leader, index of the old entry)."""

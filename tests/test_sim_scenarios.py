@@ -97,6 +97,35 @@ def test_election_restriction_violation_is_caught(pre_vote: bool) -> None:
     assert err.value.invariant == "leader-completeness"
 
 
+def test_lagging_candidates_do_not_hold_back_the_voters_that_can_win() -> None:
+    """§5.2 without PreVote: S1 leads and commits index 2 with S2 and S3 only, then
+    crashes. S4 and S5 lag; S4 campaigns again and again, each time in a newer term,
+    and S2 and S3 refuse it. A refused vote restarts no timer (Figure 2), so S2, ticking
+    a few times between S4's campaigns, still reaches its timeout, and wins. (Were the
+    timer restarted on every newer term, S2 would never time out: seen with 5 nodes.)"""
+    s = Script(5, pre_vote=False, check_quorum=False)
+    s.elect(1, among=ALL5)
+    s.stabilize()
+    s.propose(1, b"x")
+    s.drop(src=1, dst=4)
+    s.drop(src=1, dst=5)
+    s.stabilize(among={1, 2, 3})
+    assert s.raft(1).commit == 2 and len(s.log(4)) == 1
+    s.crash(1)
+    s.drop(src=1)
+    ticks_between = s.raft(2).cfg.election_ticks // 2  # well inside any timeout
+    for _ in range(8):
+        s.campaign(4)
+        s.stabilize(among={2, 3, 4, 5})
+        assert s.raft(4).role != Role.LEADER  # a log behind the committed entry
+        s.tick(2, ticks_between)
+        s.stabilize(among={2, 3, 4, 5})
+        if s.raft(2).role == Role.LEADER:
+            break
+    assert s.raft(2).role == Role.LEADER
+    assert s.entry(2, 2).data == b"x"
+
+
 def test_acknowledging_before_fsync_loses_a_commit_on_a_majority_crash() -> None:
     """DESIGN.md: an ack means fsynced on a majority. If a follower acknowledges a mere
     write, the leader commits, and a crash of both before their fsyncs loses the entry."""

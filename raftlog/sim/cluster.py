@@ -69,6 +69,7 @@ class FaultStats:
     link_drops: int = 0  # "link to X dropped" reports handed to a core
     corruptions: int = 0  # entries damaged on a replica's disk
     repairs: int = 0  # of those, repaired from a peer's copy
+    refills_abandoned: int = 0  # refills no voter could supply (entries lost everywhere)
 
 
 class SimNode:
@@ -290,6 +291,12 @@ class SimNode:
         self.cluster.faults.installs += 1
         for chk in self.cluster.snapshot_hooks:
             chk.on_install(self, snap)
+        if snap.lost is not None:
+            # an abandoned refill: the entries it names are gone from every log (a
+            # checker makes sure no voter could have supplied them), and so from the
+            # log of every replica that installs this state from now on
+            self.cluster.lost_upto = max(self.cluster.lost_upto, snap.lost[1])
+            self.cluster.faults.refills_abandoned += 1
         self.raft.snapshot_installed(snap.index, snap.term)
 
     def _maybe_sync(self) -> None:
@@ -381,6 +388,7 @@ class Cluster:
         self._roles: dict[int, tuple[int, int]] = {}
         self.on_new_leader: list[Callable[[SimNode], None]] = []
         self._config_applied = 0
+        self.lost_upto = 0  # entries up to here were lost by an abandoned refill
         hs = HardState(configs=((0, 0, self.bootstrap),))
         for i in sorted(voters):
             self.nodes[i] = SimNode(self, i, hs)

@@ -38,6 +38,7 @@ __all__ = [
     "NodeBounds",
     "ReadIndexLinearizable",
     "ReferencedEntriesHeld",
+    "RefillAbandonedOnlyWhenUnsuppliable",
     "StateMachineSafety",
     "Violation",
     "default_checkers",
@@ -461,7 +462,9 @@ class ReferencedEntriesHeld(Checker):
     entry, `raftlog.sim.machine`'s horizon models them): every entry from a replica's
     horizon on is in its log -- none was compacted or reset away -- and a leader holds
     all of them up to what it applied. A replica that installed a snapshot may still be
-    refilling the entries below it from the leader, but may not lead meanwhile."""
+    refilling the entries below it from the leader, but may not lead meanwhile. Entries
+    an abandoned refill declared lost (`RefillAbandonedOnlyWhenUnsuppliable`) are
+    exempt: no log holds them any more."""
 
     def on_step(self, cluster: Cluster) -> None:
         for node in cluster.live:
@@ -469,7 +472,7 @@ class ReferencedEntriesHeld(Checker):
             if raft.installing is not None:
                 continue  # the log is being replaced: checked once the install is done
             first = store.first_index()
-            if first > node.horizon:
+            if first > max(node.horizon, cluster.lost_upto + 1):
                 raise Violation(
                     "referenced-entry-dropped",
                     f"node {node.id} applied up to {node.applied} with a state referencing "
@@ -480,6 +483,35 @@ class ReferencedEntriesHeld(Checker):
                     "leader-lacks-referenced-entry",
                     f"node {node.id} leads term {raft.term} with its log ending at "
                     f"{store.last_index()}, before its applied {node.applied}",
+                )
+
+
+class RefillAbandonedOnlyWhenUnsuppliable(Checker):
+    """A replica abandons a refill (reinstalls its own snapshot with the referenced
+    entries marked lost) only when no voter, up or down, could lead and make it whole:
+    none holds the snapshot's last entry in a log that reaches its own snapshot, nor a
+    whole state at or beyond it (its own log's base there, not itself from an abandoned
+    refill). A replica that can be refilled is refilled, never left with a hole."""
+
+    def on_install(self, node: SimNode, snap: Snapshot) -> None:
+        if snap.lost is None:
+            return
+        voters = snap.membership.voters if snap.membership is not None else frozenset()
+        lost_upto = node.cluster.lost_upto
+        for other in node.cluster.nodes.values():
+            if other is node or other.retired or other.id not in voters:
+                continue
+            st = other.store
+            held = st.entry(snap.index)
+            whole = st.snapshot is None or st.last_index() >= st.snapshot.index
+            b, bt = st.base
+            beyond = (b > snap.index or (b, bt) == (snap.index, snap.term)) and b > lost_upto
+            if whole and (beyond or (held is not None and held.term == snap.term)):
+                raise Violation(
+                    "refill-abandoned-needlessly",
+                    f"node {node.id} gave up entries {snap.lost[0]}..{snap.lost[1]} while "
+                    f"node {other.id} (up: {other.up}) holds entry {snap.index}@{snap.term} "
+                    "and could lead and refill it",
                 )
 
 
@@ -517,6 +549,7 @@ def default_checkers(ledger: Ledger, voters: frozenset[int], *, static: bool) ->
         ReadIndexLinearizable(ledger),
         CorruptNeverServed(),
         ReferencedEntriesHeld(),
+        RefillAbandonedOnlyWhenUnsuppliable(),
     ]
 
 

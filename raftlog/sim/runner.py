@@ -2,8 +2,8 @@
 two liveness phases with explicit bounds of virtual time:
 
 1. a majority that can talk elects (groups whose membership never changes): faults off,
-   every node restarted, every damaged entry repaired from a peer (within its own
-   bound), then the leader (or, without one, some voter) is cut off alone. Within `ELECT_WITHIN` election timeouts (plus message, fsync and catch-up
+   every node restarted, every damaged entry repaired from a peer and every refilling
+   replica refilled (each within its own bound), then the leader (or, without one, some voter) is cut off alone. Within `ELECT_WITHIN` election timeouts (plus message, fsync and catch-up
    time) a node of the majority must lead (in a newer term, when the cut-off node led)
    and, with check-quorum on, the cut-off node must have stopped acting as leader.
    Then clients that need applied state, within the same bound: a ReadIndex read asked
@@ -189,17 +189,12 @@ def _majority_liveness(cluster: Cluster) -> None:
         # change removing itself neither campaigns nor votes for the shorter logs
         # around it, so the rest can need the cut-off node back (seen at seed 130).
         return
-    if not k.pre_vote:
-        # Not judged without PreVote either: lagging voters that campaign again and again
-        # raise the term each time, and every up-to-date voter that steps down to it
-        # restarts its election timer, so the only nodes that could win may never time out
-        # (seen with 5 nodes: a Raft hazard PreVote exists to remove; raftmq runs with it).
-        return
     voters = sorted(i for i in cluster.committed_members.members
                     if i in cluster.nodes and not cluster.nodes[i].retired)
     if len(voters) < 3:
         return  # nobody can be cut off with a majority left
     _repair_all(cluster)
+    _refill_all(cluster)
     leaders = [n for n in cluster.leaders() if n.id in voters]
     victim = max(leaders, key=lambda n: n.raft.term) if leaders else cluster.nodes[voters[0]]
     cut_term = victim.raft.term
@@ -263,6 +258,30 @@ def _repair_all(cluster: Cluster) -> None:
                             f"{bound / 1000:.0f}ms of virtual time, every peer reachable")
         cluster.step()
     cluster.note("liveness", "no damaged entry left")
+
+
+def _refill_all(cluster: Cluster) -> None:
+    """Start phase 1's clock with no replica refilling, for the same reason as
+    `_repair_all`: a refilling replica does not campaign, only a leader refills it, and
+    the entries it needs may be held by the very node about to be cut off alone (seen at
+    seed 268: both others refilling; they rightly wait for it rather than give up what
+    it holds). All healed, a leader must refill every replica within the election and
+    catch-up bound."""
+    k = cluster.knobs
+    bound = (ELECT_WITHIN * k.election_timeout_us + 4 * (k.latency_max_us + k.fsync_max_us)
+             + _catch_up_us(cluster))
+    deadline = cluster.now + bound
+
+    def refilling() -> list[int]:
+        return sorted(n.id for n in cluster.live if getattr(n.raft, "refilling", False))
+
+    while waiting := refilling():
+        if cluster.now >= deadline:
+            raise Violation("liveness-refill",
+                            f"replicas {waiting} still refilling {bound / 1000:.0f}ms of "
+                            "virtual time after healing, every peer reachable")
+        cluster.step()
+    cluster.note("liveness", "no replica refilling")
 
 
 class _Reads(Checker):

@@ -115,6 +115,8 @@ def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | s
                 "last": _int(m.get("last")),
                 "lag": max(0, last - applied) if last is not None and applied is not None else None,
                 "source": m_source,
+                # entries lost when a refill no replica could supply was abandoned
+                "refill_gap": m.get("refill_gap"),
             }
         if leader is not None and leader in nodes:
             nodes[leader]["leads"].append(gid)
@@ -201,6 +203,12 @@ def _render(status: dict[str, Any]) -> None:
     elif not status["ok"]:
         missing = [g for g, v in status["groups"].items() if v["leader"] is None]
         console.print(f"[red]no leader: {', '.join(missing)}[/]")
+    for gid, g in status["groups"].items():
+        for nid, m in g["members"].items():
+            gap = m.get("refill_gap")
+            if gap:
+                console.print(f"[red]{gid}: node {nid} lost entries {gap[0]}..{gap[1]} "
+                              "(no replica held them: refill abandoned)[/]")
 
 
 def main(argv: list[str]) -> int:
