@@ -68,6 +68,19 @@ def earliest_offset(live: LiveCluster) -> int:
     return 0
 
 
+def fetch_retained(live: LiveCluster) -> tuple[int, dict[int, Any]]:
+    """(earliest offset, what FETCH from it serves). Retention by age goes on deleting
+    while the test reads, so a FETCH may find its start gone: then ask again."""
+    for _ in range(50):
+        lo = earliest_offset(live)
+        try:
+            return lo, live.fetch(0, lo)
+        except RequestError as exc:
+            if exc.code != Code.OFFSET_TOO_SMALL:
+                raise
+    raise AssertionError("retention kept moving past every earliest offset it reported")
+
+
 def segments(live: LiveCluster, node: int) -> list[str]:
     return sorted(p.name for p in (live.cluster.configs[node - 1].data / "g0" / "commitlog")
                   .iterdir() if p.name.isdigit())
@@ -80,12 +93,12 @@ def test_the_retention_loop_deletes_segments_and_fetch_says_offset_too_small(
     with cluster_with(tmp_path, overrides) as live:
         produce(live, 40)
         leader = live.leader("g0")
-        lo = wait_for(lambda: earliest_offset(live), 30, "retention deleting a prefix")
+        wait_for(lambda: earliest_offset(live), 30, "retention deleting a prefix")
         # whole segments go from the disk (after the state is snapshotted): the first
         # file left starts past position 0
         wait_for(lambda: int(segments(live, leader)[0]) > 0, 30, "segments deleted on disk")
         # what is left is served, from the earliest offset on, intact
-        rest = live.fetch(0, lo)
+        lo, rest = fetch_retained(live)
         assert sorted(rest) == list(range(lo, 320))
         assert all(live.acked[0][o] == rec for o, rec in rest.items())
         live.assert_nodes_healthy()
@@ -106,7 +119,7 @@ def test_a_consumer_skips_ahead_and_a_replaced_replica_gets_a_snapshot(tmp_path:
                 return got[0].offset
 
         first = anyio.run(consume_from_deleted_offset, backend="trio")
-        assert first == earliest_offset(live) > 1
+        assert 1 < first <= earliest_offset(live)  # retention may have moved on since
 
         # replica 3 loses its disk; the entries it needs are gone from the leader's log
         leader = live.leader("g0")
@@ -127,7 +140,7 @@ def test_a_consumer_skips_ahead_and_a_replaced_replica_gets_a_snapshot(tmp_path:
 
         # and it replicates on from there
         produce(live, 4, first_seq=40)
-        end = live.fetch(0, earliest_offset(live))
+        _, end = fetch_retained(live)
         wait_for(lambda: node_status(cluster, victim, "g0").get("queues", {}).get("t", {})
                  .get(0, [0, 0])[1] == max(end) + 1, 30, f"node {victim} replicating on")
         live.assert_nodes_healthy()
