@@ -118,6 +118,10 @@ class NodeConfig:
     # the default suits local and test clusters only.
     cluster_secret: str = DEV_CLUSTER_SECRET
     test_mutations: tuple[str, ...] = ()
+    # Host no group at the first start (no `hosted.json` in `data` yet), whatever `groups`
+    # says: this node's disk was replaced, or it is new; it hosts the groups it is then
+    # told to join (`raftmq cluster add-replica` / `replace-replica`).
+    join: bool = False
     # Record every fsync in <data>/.sync-marks (`raftlog.fsutil`), so a chaos run can
     # simulate a power loss (`chaos.disk_faults.discard_unsynced`); tests only.
     test_sync_marks: bool = False
@@ -272,6 +276,12 @@ def _group(value: object, index: int, peers: Mapping[int, str]) -> GroupConfig:
     return GroupConfig(gid, replicas, preferred)
 
 
+def _bool(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
 def _mutations(value: object, env: Mapping[str, str]) -> tuple[str, ...]:
     items = tuple(_str(m, "test_mutations entry") for m in _list(value, "test_mutations"))
     for m in items:
@@ -358,6 +368,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
         test_mutations=_mutations(d.get("test_mutations", []), env),
         test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
+        join=_bool(d.get("join", False), "join"),
     )
 
 

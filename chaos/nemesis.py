@@ -622,7 +622,7 @@ class Nemesis:
                     entry: dict[str, Any] = {"group": g.id, "from": now.get(g.id), "to": to}
                     with trio.move_on_after(min(2.0, left)) as scope:
                         try:
-                            await admin.transfer_leader(g.id, to)
+                            await admin.transfer_leader(g.id, to, prefer=False)
                             entry["ok"] = True
                         except RequestError as exc:
                             entry["error"] = exc.code.name

@@ -171,6 +171,9 @@ class RaftNode:
         self._pending_conf_index = 0
         self._transferee: int | None = None
         self._transfer_elapsed = 0
+        # Where leadership goes back to once that node has caught up: the config's at
+        # first; the shell may change it (a replicated setting above the core).
+        self.preferred_leader: int | None = self.cfg.preferred_leader
         self._needs_broadcast = False
         self._reads = ReadOnly()
         # Follower state: acknowledge appends only once persisted.
@@ -254,6 +257,11 @@ class RaftNode:
             if i <= index:
                 return m
         return self._configs[0][2]
+
+    def peer_matches(self) -> dict[int, int]:
+        """Each other member's match index as this leader knows it (empty unless leader):
+        how far a learner has caught up, how far a follower lags."""
+        return {p: pr.match for p, pr in self._progress.items() if p != self.id}
 
     def min_follower_match(self) -> int | None:
         """Lowest index known replicated on every other member (voters and learners);
@@ -904,7 +912,7 @@ class RaftNode:
         return has_quorum(self.membership.voters, active)
 
     def _consider_preferred_leader(self) -> None:
-        pref = self.cfg.preferred_leader
+        pref = self.preferred_leader
         if (
             pref is not None
             and pref != self.id

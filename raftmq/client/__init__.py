@@ -32,6 +32,7 @@ from .errors import (
     TransportError,
     UnavailableError,
 )
+from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult, key_queue
 from .routes import Routes, TopicRoute
 
@@ -45,6 +46,7 @@ __all__ = [
     "Code",
     "Connection",
     "ConnectionPool",
+    "GroupMembers",
     "GroupQueue",
     "Message",
     "OffsetWindow",

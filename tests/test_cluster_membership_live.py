@@ -1,0 +1,213 @@
+"""`raftmq cluster` over real node processes: leadership moved for good, replicas added,
+removed and replaced (a dead node's disk among them) while a producer runs, and the bad
+requests that must change nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from broker.hosted import HOSTED_FILE
+from broker.protocol import Code, Op, RequestError
+from chaos.cluster import LocalCluster
+from raftmq.client import Admin, GroupMembers, Producer
+from tests.live_cluster import SendLog, check_log, drain, produce_until
+from transport.blocking import request
+
+pytestmark = pytest.mark.live
+
+TOPIC = "replicated"
+WAIT = 60.0
+
+
+def _status(cluster: LocalCluster, node: int) -> dict[str, Any]:
+    h, _ = request(cluster.node_addr(node), {"op": int(Op.STATUS)}, timeout=5.0)
+    return h
+
+
+def _wait(what: str, check: Any, timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+        except (OSError, RequestError) as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout} s (last: {last!r})")
+        time.sleep(0.05)
+
+
+def _leader(cluster: LocalCluster, gid: str) -> int:
+    def find() -> int | None:
+        best: tuple[int, int] | None = None
+        for n in cluster.node_ids:
+            if not cluster.is_running(n):
+                continue
+            try:
+                st = _status(cluster, n)["groups"].get(gid)
+            except (OSError, RequestError):
+                continue
+            if st and st["role"] == "leader" and (best is None or st["term"] > best[0]):
+                best = (st["term"], n)
+        return None if best is None else best[1]
+    leader: int = _wait(f"a leader of {gid}", find)
+    return leader
+
+
+def _members(cluster: LocalCluster, gid: str) -> GroupMembers:
+    async def ask() -> GroupMembers:
+        async with Admin(cluster.namesrv_addr, timeout=5.0) as admin:
+            return await admin.group_members(gid)
+    return anyio.run(ask)
+
+
+def _restart_empty(cluster: LocalCluster, node: int) -> None:
+    """Node `node` lost its disk: wipe its data and start it with `join` (hosting nothing)."""
+    cluster.kill(node)
+    cfg = cluster.configs[node - 1]
+    shutil.rmtree(cfg.data)
+    cfg.data.mkdir()
+    cluster.configs[node - 1] = dataclasses.replace(cfg, join=True)
+    cluster.write_configs()
+    cluster.start_node(node)
+
+
+@pytest.fixture
+def cluster4(tmp_path: Path) -> Iterator[LocalCluster]:
+    """Four nodes, one group g0 on nodes 1-3: node 4 is a spare."""
+    with LocalCluster(tmp_path, nodes=4, groups=1, tick_ms=50) as c:
+        c.wait_ready(timeout=60)
+        yield c
+
+
+async def _under_load(cluster: LocalCluster, change: Any) -> SendLog:
+    """Run `change(admin)` while a producer sends to TOPIC; every message it acknowledged
+    must then be readable, each once, in a gapless queue."""
+    log = SendLog("p")
+    async with Admin(cluster.namesrv_addr, timeout=5.0) as admin:
+        await admin.create_topic(TOPIC, queues=2, exist_ok=True)
+        stop = anyio.Event()
+        async with Producer(cluster.namesrv_addr, send_timeout=5.0, retries=5) as producer:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce_until, producer, TOPIC, log, stop)
+                await anyio.sleep(0.5)
+                await change(admin)
+                await anyio.sleep(0.5)
+                stop.set()
+    queues = await drain(cluster.namesrv_addr, TOPIC, "checker")
+    check_log(queues)
+    stored = {m.body.decode() for msgs in queues.values() for m in msgs}
+    lost = sorted(set(log.acked) - stored)
+    assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {lost[:5]}"
+    assert len(log.acked) > 50, "the producer should have kept sending throughout"
+    return log
+
+
+def test_transfer_leader_moves_leadership_for_good(cluster4: LocalCluster) -> None:
+    c = cluster4
+    before = _leader(c, "g0")
+    to = next(n for n in (1, 2, 3) if n != before)
+
+    async def move() -> None:
+        async with Admin(c.namesrv_addr, timeout=5.0) as admin:
+            with pytest.raises(RequestError) as exc:
+                await admin.transfer_leader("g9", to)
+            assert exc.value.code == Code.UNKNOWN_GROUP
+            for stranger in (4, 99):  # a node of the cluster but no voter; no node at all
+                with pytest.raises(RequestError) as exc:
+                    await admin.transfer_leader("g0", stranger)
+                assert exc.value.code == Code.NOT_A_MEMBER, exc.value
+            assert (await admin.group_members("g0")).preferred == 1  # unchanged by those
+            await admin.transfer_leader("g0", to)
+
+    anyio.run(move)
+    _wait(f"node {to} leading g0", lambda: _leader(c, "g0") == to)
+    assert _members(c, "g0").preferred == to
+    # The preference is in the log: the leader elected while `to` is down hands
+    # leadership back to `to` once it is back, not to the config's node 1.
+    c.kill(to)
+    _wait("another leader", lambda: _leader(c, "g0") != to)
+    c.start_node(to)
+    _wait(f"node {to} leading g0 again", lambda: _leader(c, "g0") == to)
+
+
+def test_replace_a_dead_nodes_disk_under_load(cluster4: LocalCluster) -> None:
+    c = cluster4
+    victim = 3
+
+    async def replace(admin: Admin) -> None:
+        await anyio.to_thread.run_sync(_restart_empty, c, victim)
+        await anyio.to_thread.run_sync(lambda: _wait(
+            "the empty node serving", lambda: _status(c, victim)["groups"] == {}))
+        m = await admin.replace_replica("g0", victim, victim)
+        assert m.voters == (1, 2, 3) and m.learners == ()
+
+    _ = anyio.run(_under_load, c, replace)
+    st = _status(c, victim)["groups"]["g0"]
+    assert st["voters"] == [1, 2, 3]
+    # The node hosts g0 now whatever its config says (join = true hosts nothing): a
+    # restart comes back with it, from the hosted list.
+    c.kill(victim)
+    c.start_node(victim)
+    _wait("g0 back on the restarted node", lambda: "g0" in _status(c, victim)["groups"])
+    assert (c.configs[victim - 1].data / HOSTED_FILE).exists()
+
+
+def test_add_remove_and_replace_on_a_spare_node_under_load(cluster4: LocalCluster) -> None:
+    c = cluster4
+    seen: dict[str, GroupMembers] = {}
+
+    async def change(admin: Admin) -> None:
+        seen["added"] = await admin.add_replica("g0", 4)
+        seen["removed"] = await admin.remove_replica("g0", 4)
+        leader = (await admin.group_members("g0")).leader
+        seen["replaced"] = await admin.replace_replica("g0", leader, 4)  # the leader's
+
+    anyio.run(_under_load, c, change)
+    assert seen["added"].voters == (1, 2, 3, 4)
+    assert seen["removed"].voters == (1, 2, 3)
+    old = next(n for n in (1, 2, 3) if n not in seen["replaced"].voters)
+    assert sorted(seen["replaced"].voters) == sorted({1, 2, 3, 4} - {old})
+    _wait(f"node {old} dropping g0", lambda: "g0" not in _status(c, old)["groups"])
+    assert not (c.configs[old - 1].data / "g0").exists()
+    assert "g0" in _status(c, 4)["groups"]
+
+
+def test_bad_membership_requests_change_nothing(cluster4: LocalCluster) -> None:
+    c = cluster4
+    leader = _leader(c, "g0")
+    follower = next(n for n in (1, 2, 3) if n != leader)
+    other = next(n for n in (1, 2, 3) if n not in (leader, follower))
+
+    async def bad(cases: list[tuple[str, tuple[Any, ...], Code, str]]) -> None:
+        async with Admin(c.namesrv_addr, timeout=5.0) as admin:
+            for name, args, code, word in cases:
+                with pytest.raises(RequestError) as exc:
+                    await getattr(admin, name)(*args)
+                assert exc.value.code == code, (name, args, exc.value)
+                assert word in exc.value.message, (name, args, exc.value)
+
+    anyio.run(bad, [
+        ("add_replica", ("g9", 4), Code.UNKNOWN_GROUP, "g9"),
+        ("add_replica", ("g0", 99), Code.NOT_A_MEMBER, "99"),
+        ("add_replica", ("g0", follower), Code.MEMBERSHIP_REFUSED, "already a voter"),
+        ("remove_replica", ("g0", leader), Code.MEMBERSHIP_REFUSED, "transfer-leader"),
+        ("replace_replica", ("g0", 4, 1), Code.NOT_A_MEMBER, "not a voter"),
+    ])
+    assert _members(c, "g0").voters == (1, 2, 3)
+    # With one voter down, removing another would leave two voters, one unreachable.
+    c.kill(other)
+    anyio.run(bad, [("remove_replica", ("g0", follower), Code.MEMBERSHIP_REFUSED,
+                     "reachable")])
+    assert _members(c, "g0").voters == (1, 2, 3)
+    assert "g0" in _status(c, follower)["groups"]
