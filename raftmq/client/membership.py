@@ -159,7 +159,7 @@ async def _drop(routes: Routes, m: GroupMembers, node: int) -> None:
                                     routes.timeout)
                 return
             except RequestError as exc:
-                if exc.code != Code.MEMBERSHIP_REFUSED and not exc.retriable:
+                if exc.code not in (Code.MEMBERSHIP_REFUSED, Code.BUSY):
                     return  # down or unreachable: nothing more to do now
             await anyio.sleep(_POLL)
 
