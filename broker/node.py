@@ -45,7 +45,7 @@ from prometheus_client import Counter, Gauge
 
 from broker.config import NodeConfig, load_config
 from broker.groups import GroupRegistry
-from broker.hosted import load_hosted, save_hosted
+from broker.hosted import HostedError, load_hosted, save_hosted
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import (
     Code,
@@ -532,5 +532,10 @@ def main(argv: list[str]) -> int:
         return 2
     configure_logging(f"n{config.node_id}", args.log_level)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-    trio.run(_run_until_signalled, Node(config))
+    try:
+        node = Node(config)
+    except HostedError as exc:
+        print(f"raftmq node: {exc}", file=sys.stderr)
+        return 2
+    trio.run(_run_until_signalled, node)
     return 0

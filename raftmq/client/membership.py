@@ -121,6 +121,7 @@ async def add_replica(routes: Routes, group: str, node: int, *,
         raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is already a voter of "
                            f"group {group} (voters: {list(m.voters)})")
     if node not in m.learners:
+        await _drop(routes, m, node)  # a replica left over from an earlier membership
         await _node_request(routes, m, node, Op.HOST_GROUP,
                             {"g": group, "voters": list(m.voters)}, routes.timeout)
         m = await _change(routes, group, "add-learner", node)
