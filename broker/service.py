@@ -641,6 +641,7 @@ class BrokerService:
                                f"remove, not {action!r}")
         self._leading(g)
         if action == "show":
+            await g.read_barrier()  # still the leader, as a majority confirms
             return ok_header(0, **self._members_view(g)), b""
         node = _field(h, "node", int)
         me = self.node.config.node_id
@@ -692,6 +693,10 @@ class BrokerService:
 
     async def _host_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         gid = validate_group_name(_field(h, "g", str))
+        known = sorted(gc.id for gc in self.node.config.groups)
+        if gid not in known:
+            raise RequestError(Code.UNKNOWN_GROUP, f"no group {gid!r} in the cluster "
+                               f"(known: {known})")
         raw = _field(h, "voters", list)
         if not raw or not all(_is_int(v) and v in self.node.config.peers for v in raw):
             raise RequestError(Code.MALFORMED, f"voters must be node ids of the cluster's "

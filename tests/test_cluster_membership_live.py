@@ -5,7 +5,10 @@ requests that must change nothing."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,6 +207,21 @@ def test_bad_membership_requests_change_nothing(cluster4: LocalCluster) -> None:
         ("remove_replica", ("g0", leader), Code.MEMBERSHIP_REFUSED, "transfer-leader"),
         ("replace_replica", ("g0", 4, 1), Code.NOT_A_MEMBER, "not a voter"),
     ])
+    for node, header, code in (
+        (4, {"op": int(Op.HOST_GROUP), "g": "g9", "voters": [1]}, Code.UNKNOWN_GROUP),
+        (4, {"op": int(Op.HOST_GROUP), "g": "g0", "voters": [1, 99]}, Code.MALFORMED),
+        (4, {"op": int(Op.HOST_GROUP), "g": "g0", "voters": []}, Code.MALFORMED),
+        (leader, {"op": int(Op.MEMBERSHIP), "g": "g0", "action": "grow", "node": 4},
+         Code.MALFORMED),
+        (leader, {"op": int(Op.MEMBERSHIP), "g": "g0", "action": "remove"}, Code.MALFORMED),
+        (leader, {"op": int(Op.DROP_GROUP), "g": "g0"}, Code.MEMBERSHIP_REFUSED),
+        (follower, {"op": int(Op.DROP_GROUP), "g": "g0"}, Code.MEMBERSHIP_REFUSED),
+    ):
+        with pytest.raises(RequestError) as exc:
+            request(c.node_addr(node), header, timeout=5.0)
+        assert exc.value.code == code, (node, header, exc.value)
+    assert _status(c, 4)["groups"] == {}
+    assert "g0" in _status(c, leader)["groups"] and "g0" in _status(c, follower)["groups"]
     assert _members(c, "g0").voters == (1, 2, 3)
     # With one voter down, removing another would leave two voters, one unreachable.
     c.kill(other)
@@ -211,3 +229,10 @@ def test_bad_membership_requests_change_nothing(cluster4: LocalCluster) -> None:
                      "reachable")])
     assert _members(c, "g0").voters == (1, 2, 3)
     assert "g0" in _status(c, follower)["groups"]
+    # Both followers down: no leader answers; status says so for g0 and exits 1.
+    c.kill(follower)
+    proc = subprocess.run([sys.executable, "-m", "raftmq", "cluster", "status", "--json",
+                           "--namesrv", c.namesrv_addr], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "error" in json.loads(proc.stdout)["g0"]

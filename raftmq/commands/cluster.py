@@ -19,6 +19,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from broker.protocol import Code, RequestError
 from raftmq.client import Admin, GroupMembers
 
 from . import add_namesrv_argument, namesrv_addresses, no_action, print_json, run_async
@@ -69,27 +70,42 @@ def _ids(nodes: tuple[int, ...]) -> str:
     return ",".join(str(n) for n in nodes) or "-"
 
 
-def _print(members: list[GroupMembers], as_json: bool) -> None:
+def _print(members: dict[str, GroupMembers | RequestError], as_json: bool) -> None:
     if as_json:
-        print_json({m.group: m.to_json() for m in members})
+        print_json({g: m.to_json() if isinstance(m, GroupMembers)
+                    else {"group": g, "error": f"{m.code.name}: {m.message}"}
+                    for g, m in members.items()})
         return
     table = Table()
     for col in ("group", "leader", "preferred", "voters", "learners", "lag"):
         table.add_column(col)
-    for m in members:
+    for g, m in members.items():
+        if not isinstance(m, GroupMembers):
+            table.add_row(g, "-", "-", "-", "-", f"{m.code.name}: {m.message}")
+            continue
         lag = " ".join(f"{n}:{m.lag(n)}" for n in (*m.voters, *m.learners))
-        table.add_row(m.group, str(m.leader), "-" if m.preferred is None else str(m.preferred),
+        table.add_row(g, str(m.leader), "-" if m.preferred is None else str(m.preferred),
                       _ids(m.voters), _ids(m.learners), lag)
     Console().print(table)
 
 
 async def _status(args: argparse.Namespace, admin: Admin) -> int:
+    """Every group's membership from its leader; a group none answers for (no leader:
+    a lost quorum) is listed with the error and makes the exit status 1."""
     groups = list(args.groups)
     if not groups:
         info = await admin.describe_cluster(topics=False)
         groups = sorted(str(g) for g in info.get("groups") or {})
-    _print([await admin.group_members(g) for g in groups], args.json)
-    return 0
+    members: dict[str, GroupMembers | RequestError] = {}
+    for g in groups:
+        try:
+            members[g] = await admin.group_members(g)
+        except RequestError as exc:
+            if exc.code == Code.UNKNOWN_GROUP:
+                raise
+            members[g] = exc
+    _print(members, args.json)
+    return 0 if all(isinstance(m, GroupMembers) for m in members.values()) else 1
 
 
 async def _transfer(args: argparse.Namespace, admin: Admin) -> int:
