@@ -236,3 +236,49 @@ def test_bad_membership_requests_change_nothing(cluster4: LocalCluster) -> None:
                           timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "error" in json.loads(proc.stdout)["g0"]
+
+
+def test_a_replica_added_after_retention_is_caught_up_by_the_leaders_snapshot(
+        tmp_path: Path) -> None:
+    """The leader no longer holds entry 1: the new replica gets its snapshot, then the
+    retained entries, and once it leads it serves every retained message."""
+    from tests.conftest import live_cluster, node_status, wait_for
+    from tests.live_cluster import LiveCluster
+    from tests.test_snapshot_install_live import (
+        BATCHES,
+        OVERRIDES,
+        check_everything_readable,
+        produce,
+        segments,
+    )
+
+    with live_cluster(tmp_path, nodes=4, groups=1, node_overrides=OVERRIDES) as c:
+        live = LiveCluster(c, "t", 1)
+        live.settle()
+        live.create_topic()
+        produce(live, BATCHES)
+
+        def settled() -> int | None:
+            sts = [node_status(c, n, "g0") for n in (1, 2, 3)]
+            if not all(sts) or any(len(segments(live, n)) != 1 for n in (1, 2, 3)):
+                return None
+            los = {st["queues"]["t"][0][0] for st in sts}
+            firsts = {st["first"] for st in sts}
+            return los.pop() if len(los) == 1 and min(firsts) > 1 else None
+
+        lo = wait_for(settled, 60, "retention deleting the head of g0's log")
+
+        async def add() -> GroupMembers:
+            async with Admin(c.namesrv_addr, timeout=5.0) as admin:
+                return await admin.add_replica("g0", 4)
+
+        assert anyio.run(add).voters == (1, 2, 3, 4)
+        assert "installing snapshot" in c.log_path("n4").read_text()
+
+        async def prefer_4() -> None:  # for good: no hand-back while we read from it
+            async with Admin(c.namesrv_addr, timeout=5.0) as admin:
+                await admin.transfer_leader("g0", 4)
+
+        anyio.run(prefer_4)
+        _wait("node 4 leading g0", lambda: _leader(c, "g0") == 4)
+        check_everything_readable(live, 4, lo)
