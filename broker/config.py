@@ -1,8 +1,10 @@
 """A node's configuration: one TOML file per node process.
 
 Every node of a cluster gets the same `[peers]` table and the same `[[groups]]` list (the
-cluster's layout); a node hosts the groups whose `replicas` name its `node_id`
-(`NodeConfig.hosted_groups`). Keeping the whole layout in each file lets a node reach the
+cluster's layout as first started); at its first start a node hosts the groups whose
+`replicas` name its `node_id` (`NodeConfig.hosted_groups`), or none with `join = true`;
+from then on `DATA/hosted.json` says what it hosts (`broker.hosted`), since replicas
+move at run time (`raftmq cluster`). Keeping the whole layout in each file lets a node reach the
 leader of any group and lets tools check that all files describe one cluster.
 
 Validation is strict on purpose: an unknown key is an error (a typo such as `fsycn` must

@@ -4,7 +4,12 @@ A node owns, in one trio nursery:
 
 * a `GroupRuntime` + `BrokerState` per hosted group (Multi-Raft: each group elects on its
   own; a preferred leader per group spreads leaders across nodes, and the core hands
-  leadership back to it once it has caught up after a restart);
+  leadership back to it once it has caught up after a restart). The preferred leader is
+  the config's unless one was logged (`broker.parts.leadership`), pushed to the core on
+  every tick. Which groups are hosted is recorded in `DATA/hosted.json`
+  (`broker.hosted`): a node starts hosting an empty replica when told (HOST_GROUP, from
+  `raftmq cluster add-replica`) and closes and deletes one it was removed from
+  (DROP_GROUP), each group running in a cancel scope of its own;
 * `PeerLinks`: one TCP connection per node pair carrying every group's Raft messages;
 * one listener on `listen` for both peers and clients: a connection whose first frame is
   HELLO becomes a peer's only once the peer handshake (`transport.peerauth`, a
