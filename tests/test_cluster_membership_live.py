@@ -166,6 +166,20 @@ def test_replace_a_dead_nodes_disk_under_load(cluster4: LocalCluster) -> None:
     assert (c.configs[victim - 1].data / HOSTED_FILE).exists()
 
 
+def test_replace_a_dead_node_by_a_fresh_one_under_load(cluster4: LocalCluster) -> None:
+    c = cluster4
+    dead = _leader(c, "g0")  # the worst case: the leader dies
+    seen: dict[str, GroupMembers] = {}
+
+    async def replace(admin: Admin) -> None:
+        await anyio.to_thread.run_sync(c.kill, dead)
+        seen["after"] = await admin.replace_replica("g0", dead, 4)
+
+    anyio.run(_under_load, c, replace)
+    assert seen["after"].voters == tuple(sorted({1, 2, 3, 4} - {dead}))
+    assert _status(c, 4)["groups"]["g0"]["voters"] == list(seen["after"].voters)
+
+
 def test_add_remove_and_replace_on_a_spare_node_under_load(cluster4: LocalCluster) -> None:
     c = cluster4
     seen: dict[str, GroupMembers] = {}
