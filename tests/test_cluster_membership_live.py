@@ -166,6 +166,21 @@ def test_replace_a_dead_nodes_disk_under_load(cluster4: LocalCluster) -> None:
     assert (c.configs[victim - 1].data / HOSTED_FILE).exists()
 
 
+def test_recreating_the_preferred_leaders_replica_gives_it_leadership_back(
+        cluster4: LocalCluster) -> None:
+    c = cluster4
+    _wait("node 1 (preferred) leading g0", lambda: _leader(c, "g0") == 1)
+
+    async def recreate() -> GroupMembers:
+        async with Admin(c.namesrv_addr, timeout=5.0) as admin:
+            return await admin.replace_replica("g0", 1, 1)
+
+    m = anyio.run(recreate)
+    assert m.voters == (1, 2, 3) and m.preferred == 1  # moved off it for the change only
+    assert "stopped hosting a replica" in c.log_path("n1").read_text()
+    _wait("node 1 leading g0 again", lambda: _leader(c, "g0") == 1)
+
+
 def test_replace_a_dead_node_by_a_fresh_one_under_load(cluster4: LocalCluster) -> None:
     c = cluster4
     dead = _leader(c, "g0")  # the worst case: the leader dies

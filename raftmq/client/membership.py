@@ -175,17 +175,37 @@ async def replace_replica(routes: Routes, group: str, old: int, new: int, *,
     if old != new and old not in m.voters:
         raise RequestError(Code.NOT_A_MEMBER, f"node {old} is not a voter of group {group} "
                            f"(voters: {list(m.voters)}): nothing to replace")
-    if m.leader == old:
-        await _move_leadership(routes, m, avoid=old)
     if old == new:
-        await remove_replica(routes, group, old)
+        # Leadership leaves it for now only: once its replica is back it is the preferred
+        # leader again, as before, and leaders stay spread.
+        await _remove_not_leading(routes, group, old, prefer=False)
         return await add_replica(routes, group, new, catch_up_timeout=catch_up_timeout)
     if new not in m.voters:
         await add_replica(routes, group, new, catch_up_timeout=catch_up_timeout)
-    return await remove_replica(routes, group, old)
+    return await _remove_not_leading(routes, group, old, prefer=True)
 
 
-async def _move_leadership(routes: Routes, m: GroupMembers, *, avoid: int) -> None:
+async def _remove_not_leading(routes: Routes, group: str, node: int, *,
+                              prefer: bool) -> GroupMembers:
+    """`remove_replica`, moving leadership off `node` first (again, should the group hand
+    it back meanwhile); `prefer` makes the new leader the preferred one if `node` was."""
+    with anyio.fail_after(60.0):
+        while True:
+            m = await group_members(routes, group)
+            if m.leader == node:
+                await _move_leadership(routes, m, avoid=node,
+                                       prefer=prefer and m.preferred == node)
+            try:
+                return await remove_replica(routes, group, node)
+            except RequestError as exc:
+                if exc.code != Code.MEMBERSHIP_REFUSED:
+                    raise
+                if (await group_members(routes, group)).leader != node:
+                    raise  # refused for another reason (no reachable majority)
+
+
+async def _move_leadership(routes: Routes, m: GroupMembers, *, avoid: int,
+                           prefer: bool) -> None:
     """Hand `m.group`'s leadership to its most caught-up other voter, and wait for it."""
     others = [v for v in m.voters if v != avoid]
     if not others:
@@ -195,7 +215,7 @@ async def _move_leadership(routes: Routes, m: GroupMembers, *, avoid: int) -> No
     with anyio.fail_after(30.0):
         while True:
             try:
-                await transfer_leader(routes, m.group, to, prefer=m.preferred == avoid)
+                await transfer_leader(routes, m.group, to, prefer=prefer)
             except RequestError as exc:
                 if not exc.retriable:
                     raise
