@@ -191,6 +191,7 @@ def test_replace_a_dead_node_by_a_fresh_one_under_load(cluster4: LocalCluster) -
 
     anyio.run(_under_load, c, replace)
     assert seen["after"].voters == tuple(sorted({1, 2, 3, 4} - {dead}))
+    assert seen["after"].dropped is False  # it was down: its copy stays until told
     assert _status(c, 4)["groups"]["g0"]["voters"] == list(seen["after"].voters)
 
 
@@ -206,7 +207,7 @@ def test_add_remove_and_replace_on_a_spare_node_under_load(cluster4: LocalCluste
 
     anyio.run(_under_load, c, change)
     assert seen["added"].voters == (1, 2, 3, 4)
-    assert seen["removed"].voters == (1, 2, 3)
+    assert seen["removed"].voters == (1, 2, 3) and seen["removed"].dropped is True
     old = next(n for n in (1, 2, 3) if n not in seen["replaced"].voters)
     assert sorted(seen["replaced"].voters) == sorted({1, 2, 3, 4} - {old})
     _wait(f"node {old} dropping g0", lambda: "g0" not in _status(c, old)["groups"])
@@ -253,6 +254,8 @@ def test_bad_membership_requests_change_nothing(cluster4: LocalCluster) -> None:
     assert _members(c, "g0").voters == (1, 2, 3)
     # With one voter down, removing another would leave two voters, one unreachable.
     c.kill(other)
+    _wait(f"node {leader} seeing node {other} gone",
+          lambda: other not in _status(c, leader)["peers_connected"])
     anyio.run(bad, [("remove_replica", ("g0", follower), Code.MEMBERSHIP_REFUSED,
                      "reachable")])
     assert _members(c, "g0").voters == (1, 2, 3)

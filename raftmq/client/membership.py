@@ -20,6 +20,7 @@ the state it would produce.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,9 @@ class GroupMembers:
     preferred: int | None
     addresses: dict[int, str | None]
     peers: tuple[int, ...]  # every node of the cluster (the leader's peers table)
+    # after a removal: whether the node deleted its copy (False: it could not be reached;
+    # it is no member, and running the removal again deletes it); None otherwise
+    dropped: bool | None = None
 
     def lag(self, node: int) -> int | None:
         """Entries `node` lacks of the leader's log (None: not a member)."""
@@ -63,7 +67,8 @@ class GroupMembers:
         return {"group": self.group, "leader": self.leader, "voters": list(self.voters),
                 "learners": list(self.learners), "preferred": self.preferred,
                 "commit": self.commit, "last": self.last,
-                "lag": {str(n): self.lag(n) for n in (*self.voters, *self.learners)}}
+                "lag": {str(n): self.lag(n) for n in (*self.voters, *self.learners)},
+                **({} if self.dropped is None else {"dropped": self.dropped})}
 
 
 def _members(group: str, frame: Frame) -> GroupMembers:
@@ -145,11 +150,10 @@ async def remove_replica(routes: Routes, group: str, node: int) -> GroupMembers:
     _check_node(m, node)
     if node in m.voters or node in m.learners:
         m = await _change(routes, group, "remove", node)
-    await _drop(routes, m, node)
-    return m
+    return dataclasses.replace(m, dropped=await _drop(routes, m, node))
 
 
-async def _drop(routes: Routes, m: GroupMembers, node: int) -> None:
+async def _drop(routes: Routes, m: GroupMembers, node: int) -> bool:
     """Have `node` delete its replica of the group; a node that is down is left be (a
     node coming back with an old replica of a group that left it takes no part: it is
     no member, and the next `remove-replica` deletes it)."""
@@ -158,11 +162,12 @@ async def _drop(routes: Routes, m: GroupMembers, node: int) -> None:
             try:
                 await _node_request(routes, m, node, Op.DROP_GROUP, {"g": m.group},
                                     routes.timeout)
-                return
+                return True
             except RequestError as exc:
                 if exc.code not in (Code.MEMBERSHIP_REFUSED, Code.BUSY):
-                    return  # down or unreachable: nothing more to do now
+                    return False  # down or unreachable: nothing more to do now
             await anyio.sleep(_POLL)
+    return False
 
 
 async def replace_replica(routes: Routes, group: str, old: int, new: int, *,

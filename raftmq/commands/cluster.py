@@ -126,7 +126,10 @@ async def _add(args: argparse.Namespace, admin: Admin) -> int:
 
 async def _remove(args: argparse.Namespace, admin: Admin) -> int:
     m = await admin.remove_replica(args.group, args.node)
-    _done(args, m, f"node {args.node} no longer holds a replica")
+    what = f"node {args.node} is no longer a member"
+    what += (" and deleted its copy" if m.dropped else
+             " (it could not be reached to delete its copy: run this again once it is up)")
+    _done(args, m, what)
     return 0
 
 
