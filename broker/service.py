@@ -683,7 +683,8 @@ class BrokerService:
             raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is the last voter of "
                                f"group {gid}: a group needs at least one")
         me = self.node.config.node_id
-        reachable = set(self.node.reachable_peers()) | {me}
+        # connected, and heard from lately (a paused node keeps its connections)
+        reachable = (set(self.node.reachable_peers()) | {me}) & self.groups[gid].recently_active()
         live = [v for v in rest if v in reachable]
         if len(live) < len(rest) // 2 + 1:
             raise RequestError(Code.MEMBERSHIP_REFUSED, f"removing node {node} from group {gid} "

@@ -566,6 +566,11 @@ class GroupRuntime(Generic[M]):
         assert self.core is not None
         return self.core.membership
 
+    def recently_active(self) -> frozenset[int]:
+        """Members this leader heard from lately (see `RaftNode.recently_active`)."""
+        assert self.core is not None
+        return self.core.recently_active()
+
     def peer_matches(self) -> dict[int, int]:
         """Each other member's match index, as this leader knows it (empty otherwise)."""
         assert self.core is not None
