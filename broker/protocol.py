@@ -107,7 +107,8 @@ class Op(IntEnum):
     HEARTBEAT = 30  # (cg, client, topics: [...]) -> ()
     CONSUMERS = 31  # (cg) -> (clients: sorted [client ids])
     MEMBERSHIP = 50  # (g, action: show|add-learner|promote|remove, node?) at the leader ->
-    #   (leader, voters, learners, matches: {node: match index}, commit, last, preferred,
+    #   (leader, voters, learners, matches: {node: match index}, active: [nodes heard from
+    #   lately], commit, last, preferred,
     #   addresses: {node: addr}); changes are single-server (thesis §4.1), one at a time
     HOST_GROUP = 51  # (g, voters: [node ids]) -> (created: bool): start hosting an empty
     #   replica of g, caught up by its leader once added as a learner

@@ -623,7 +623,8 @@ class BrokerService:
         nodes = sorted(self.node.config.peers)
         return {
             "leader": g.leader, "voters": sorted(m.voters), "learners": sorted(m.learners),
-            "matches": g.peer_matches(), "commit": st["commit"], "last": st["last"],
+            "matches": g.peer_matches(), "active": sorted(g.recently_active()),
+            "commit": st["commit"], "last": st["last"],
             "preferred": self.node.preferred_leader(g.group_id),
             "addresses": {n: self.groups.peer_addr(n) for n in nodes},
             "peers": nodes,

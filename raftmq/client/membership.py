@@ -47,6 +47,7 @@ class GroupMembers:
     voters: tuple[int, ...]
     learners: tuple[int, ...]
     matches: dict[int, int]  # each other member's last replicated index
+    active: tuple[int, ...]  # members the leader heard from lately
     commit: int
     last: int
     preferred: int | None
@@ -66,6 +67,7 @@ class GroupMembers:
     def to_json(self) -> dict[str, Any]:
         return {"group": self.group, "leader": self.leader, "voters": list(self.voters),
                 "learners": list(self.learners), "preferred": self.preferred,
+                "active": list(self.active),
                 "commit": self.commit, "last": self.last,
                 "lag": {str(n): self.lag(n) for n in (*self.voters, *self.learners)},
                 **({} if self.dropped is None else {"dropped": self.dropped})}
@@ -77,6 +79,7 @@ def _members(group: str, frame: Frame) -> GroupMembers:
         group=group, leader=int(h["leader"]), voters=tuple(h["voters"]),
         learners=tuple(h["learners"]),
         matches={int(k): int(v) for k, v in (h.get("matches") or {}).items()},
+        active=tuple(h.get("active") or ()),
         commit=int(h["commit"]), last=int(h["last"]),
         preferred=h.get("preferred"),
         addresses={int(k): v for k, v in (h.get("addresses") or {}).items()},
