@@ -199,10 +199,15 @@ class Node:
             path = self.config.group_dir(gid)
             await trio.to_thread.run_sync(functools.partial(shutil.rmtree, path,
                                                             ignore_errors=True))
-            self._hosted[gid] = voters
-            await trio.to_thread.run_sync(save_hosted, self.config.data, dict(self._hosted))
             g = self._new_group(gid, voters)
             g.open()
+            hosted = {**self._hosted, gid: voters}
+            try:
+                await trio.to_thread.run_sync(save_hosted, self.config.data, hosted)
+            except OSError:
+                g.close_log()  # not hosted: a restart does not find it either
+                raise
+            self._hosted = hosted
             self.groups[gid] = g
             self._nursery.start_soon(self._run_group, g)
             log.info("hosting a new replica", extra={"fields": {"group": gid,

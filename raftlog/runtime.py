@@ -491,6 +491,12 @@ class GroupRuntime(Generic[M]):
             )
         return snap
 
+    def close_log(self) -> None:
+        """Close the CommitLog of a group opened but never run (`run` closes its own)."""
+        if self.log is not None and not self.log.closed:
+            self.log.close()
+        self.closed = True
+
     async def run(self) -> None:
         """Drive the group until cancelled; the CommitLog is closed on the way out."""
         if self.core is None:

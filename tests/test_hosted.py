@@ -64,3 +64,40 @@ def test_a_node_refuses_to_start_on_an_unreadable_file(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert HOSTED_FILE in proc.stderr and "Traceback" not in proc.stderr
     assert sorted(p.name for p in data.iterdir()) == [HOSTED_FILE]  # nothing was created
+
+
+def test_a_node_hosts_and_drops_groups_and_the_file_follows(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import trio
+
+    import broker.node
+
+    cfg = load_config(_config(tmp_path / "h", join=True))
+    node = Node(cfg)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            node._nursery = nursery
+            assert await node.host_group("g1", (2, 3))
+            assert not await node.host_group("g1", (2, 3))  # hosted already
+            assert sorted(node.groups) == ["g1"] and node.groups["g1"].is_open
+            assert load_hosted(cfg.data) == {"g1": (2, 3)}
+            assert (cfg.data / "g1").is_dir()
+
+            def full(*_: object) -> None:
+                raise OSError(28, "No space left on device")
+
+            monkeypatch.setattr(broker.node, "save_hosted", full)
+            with pytest.raises(OSError):
+                await node.host_group("g2", (1, 2, 3))
+            monkeypatch.undo()
+            assert sorted(node.groups) == ["g1"]  # not hosted, here or after a restart
+            assert load_hosted(cfg.data) == {"g1": (2, 3)}
+
+            assert await node.drop_group("g1")
+            assert not await node.drop_group("g1")
+            assert node.groups == {} and load_hosted(cfg.data) == {}
+            assert not (cfg.data / "g1").exists()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

@@ -548,9 +548,11 @@ class Admin(_ClientBase):
         UNKNOWN_GROUP or NOT_A_MEMBER (not a voter) when it cannot be done."""
         await membership.transfer_leader(self.routes, group, to, prefer=prefer)
 
-    async def group_members(self, group: str) -> GroupMembers:
-        """`group`'s voters, learners, leader, preferred leader and each member's lag."""
-        return await membership.group_members(self.routes, group)
+    async def group_members(self, group: str, *,
+                            wait: float = membership.LEADER_WAIT) -> GroupMembers:
+        """`group`'s voters, learners, leader, preferred leader and each member's lag,
+        from its leader; waits up to `wait` seconds for the group to have one."""
+        return await membership.group_members(self.routes, group, wait=wait)
 
     async def add_replica(self, group: str, node: int, *,
                           catch_up_timeout: float = membership.CATCH_UP_TIMEOUT) -> GroupMembers:

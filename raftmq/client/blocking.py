@@ -226,8 +226,8 @@ class BlockingAdmin(_Blocking[Admin]):
     def transfer_leader(self, group: str, to: int, *, prefer: bool = True) -> None:
         self._call(self._client.transfer_leader, group, to, prefer=prefer)
 
-    def group_members(self, group: str) -> GroupMembers:
-        return self._call(self._client.group_members, group)
+    def group_members(self, group: str, **kwargs: Any) -> GroupMembers:
+        return self._call(self._client.group_members, group, **kwargs)
 
     def add_replica(self, group: str, node: int, **kwargs: Any) -> GroupMembers:
         return self._call(self._client.add_replica, group, node, **kwargs)

@@ -30,10 +30,11 @@ from broker.protocol import Code, Frame, Op, RequestError, validate_group_name
 
 from .routes import Routes
 
-__all__ = ["CATCH_UP_TIMEOUT", "GroupMembers", "add_replica", "group_members",
+__all__ = ["CATCH_UP_TIMEOUT", "LEADER_WAIT", "GroupMembers", "add_replica", "group_members",
            "remove_replica", "replace_replica", "transfer_leader"]
 
 CATCH_UP_TIMEOUT = 300.0  # seconds a new replica may take to hold everything committed
+LEADER_WAIT = 30.0  # seconds to wait for a group to have a leader (an election under way)
 _DROP_WAIT = 15.0  # a removed voter stops following its old leader within an election
 _POLL = 0.2
 
@@ -87,17 +88,32 @@ def _members(group: str, frame: Frame) -> GroupMembers:
     )
 
 
-async def group_members(routes: Routes, group: str) -> GroupMembers:
-    """The membership of `group`, from its leader (UNKNOWN_GROUP if there is none)."""
+async def _at_leader(routes: Routes, group: str, header: dict[str, Any],
+                     wait: float = 0.0) -> GroupMembers:
+    """MEMBERSHIP at `group`'s leader, retried up to `wait` seconds while none answers:
+    an operator replacing a node that just died must not fail for the election still
+    under way."""
+    deadline = anyio.current_time() + wait
+    while True:
+        try:
+            return _members(group, await routes.call_group(group, Op.MEMBERSHIP, header))
+        except RequestError as exc:
+            if not exc.retriable or anyio.current_time() >= deadline:
+                raise
+        await anyio.sleep(_POLL)
+
+
+async def group_members(routes: Routes, group: str, *, wait: float = LEADER_WAIT
+                        ) -> GroupMembers:
+    """The membership of `group`, from its leader (UNKNOWN_GROUP if there is none),
+    waiting up to `wait` seconds for one."""
     validate_group_name(group)
-    frame = await routes.call_group(group, Op.MEMBERSHIP, {"g": group, "action": "show"})
-    return _members(group, frame)
+    return await _at_leader(routes, group, {"g": group, "action": "show"}, wait)
 
 
 async def _change(routes: Routes, group: str, action: str, node: int) -> GroupMembers:
-    frame = await routes.call_group(group, Op.MEMBERSHIP,
-                                    {"g": group, "action": action, "node": node})
-    return _members(group, frame)
+    return await _at_leader(routes, group, {"g": group, "action": action, "node": node},
+                            LEADER_WAIT)
 
 
 def _check_node(m: GroupMembers, node: int) -> None:

@@ -99,7 +99,7 @@ async def _status(args: argparse.Namespace, admin: Admin) -> int:
     members: dict[str, GroupMembers | RequestError] = {}
     for g in groups:
         try:
-            members[g] = await admin.group_members(g)
+            members[g] = await admin.group_members(g, wait=0)
         except RequestError as exc:
             if exc.code == Code.UNKNOWN_GROUP:
                 raise
