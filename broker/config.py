@@ -1,8 +1,10 @@
 """A node's configuration: one TOML file per node process.
 
 Every node of a cluster gets the same `[peers]` table and the same `[[groups]]` list (the
-cluster's layout); a node hosts the groups whose `replicas` name its `node_id`
-(`NodeConfig.hosted_groups`). Keeping the whole layout in each file lets a node reach the
+cluster's layout as first started); at its first start a node hosts the groups whose
+`replicas` name its `node_id` (`NodeConfig.hosted_groups`), or none with `join = true`;
+from then on `DATA/hosted.json` says what it hosts (`broker.hosted`), since replicas
+move at run time (`raftmq cluster`). Keeping the whole layout in each file lets a node reach the
 leader of any group and lets tools check that all files describe one cluster.
 
 Validation is strict on purpose: an unknown key is an error (a typo such as `fsycn` must
@@ -122,6 +124,10 @@ class NodeConfig:
     # the default suits local and test clusters only.
     cluster_secret: str = DEV_CLUSTER_SECRET
     test_mutations: tuple[str, ...] = ()
+    # Host no group at the first start (no `hosted.json` in `data` yet), whatever `groups`
+    # says: this node's disk was replaced, or it is new; it hosts the groups it is then
+    # told to join (`raftmq cluster add-replica` / `replace-replica`).
+    join: bool = False
     # Record every fsync in <data>/.sync-marks (`raftlog.fsutil`), so a chaos run can
     # simulate a power loss (`chaos.disk_faults.discard_unsynced`); tests only.
     test_sync_marks: bool = False
@@ -276,6 +282,12 @@ def _group(value: object, index: int, peers: Mapping[int, str]) -> GroupConfig:
     return GroupConfig(gid, replicas, preferred)
 
 
+def _bool(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
 def _mutations(value: object, env: Mapping[str, str]) -> tuple[str, ...]:
     items = tuple(_str(m, "test_mutations entry") for m in _list(value, "test_mutations"))
     for m in items:
@@ -365,6 +377,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
         test_mutations=_mutations(d.get("test_mutations", []), env),
         test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
+        join=_bool(d.get("join", False), "join"),
     )
 
 

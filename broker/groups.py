@@ -33,8 +33,9 @@ class _States(Mapping[str, BrokerState]):
 
 class GroupRegistry(Mapping[str, GroupRuntime[BrokerState]]):
     """The hosted groups by id, their state machines (`states`), and where each node of
-    the cluster listens (`peer_addr`, for leader hints). A live view: the node may add to
-    the mappings it was built from (its own address once bound to port 0)."""
+    the cluster listens (`peer_addr`, for leader hints). A live view: the node adds to and
+    removes from the mappings it was built from (groups it starts or stops hosting, its
+    own address once bound to port 0), so iterate over a copy across an await."""
 
     def __init__(self, groups: Mapping[str, GroupRuntime[BrokerState]],
                  addresses: Mapping[int, str]) -> None:

@@ -4,7 +4,12 @@ A node owns, in one trio nursery:
 
 * a `GroupRuntime` + `BrokerState` per hosted group (Multi-Raft: each group elects on its
   own; a preferred leader per group spreads leaders across nodes, and the core hands
-  leadership back to it once it has caught up after a restart);
+  leadership back to it once it has caught up after a restart). The preferred leader is
+  the config's unless one was logged (`broker.parts.leadership`), pushed to the core on
+  every tick. Which groups are hosted is recorded in `DATA/hosted.json`
+  (`broker.hosted`): a node starts hosting an empty replica when told (HOST_GROUP, from
+  `raftmq cluster add-replica`) and closes and deletes one it was removed from
+  (DROP_GROUP), each group running in a cancel scope of its own;
 * `PeerLinks`: one TCP connection per node pair carrying every group's Raft messages;
 * one listener on `listen` for both peers and clients: a connection whose first frame is
   HELLO becomes a peer's only once the peer handshake (`transport.peerauth`, a
@@ -33,6 +38,7 @@ import functools
 import gc as pygc
 import logging
 import random
+import shutil
 import signal
 import ssl
 import sys
@@ -46,6 +52,7 @@ from prometheus_client import Counter, Gauge
 from broker.config import NodeConfig, load_config
 from broker.cqchunks import CorruptChunk, FileChunkStore, is_shipped, provide, ship, unship
 from broker.groups import GroupRegistry
+from broker.hosted import HostedError, load_hosted, save_hosted
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.protocol import (
     Code,
@@ -117,6 +124,7 @@ class Node:
                                secret=self._secret, on_lost=self._peer_lost,
                                ssl_context=peer_ssl_context)
         self.groups: dict[str, GroupRuntime[BrokerState]] = {}
+        self._group_configs = {gc.id: gc for gc in config.groups}
         self.registry = GroupRegistry(self.groups, self.addresses)
         self.states: Mapping[str, BrokerState] = self.registry.states
         mutations = set(config.test_mutations)
@@ -124,30 +132,17 @@ class Node:
         # leader shipped with a snapshot, kept until the install stores them
         self.chunk_stores: dict[str, FileChunkStore] = {}
         self._shipped: dict[str, dict[str, bytes]] = {}
-        for gc in config.hosted_groups:
-            store = self.chunk_stores[gc.id] = FileChunkStore(
-                config.group_dir(gc.id) / "consumequeue")
-            state = BrokerState(gc.id, max_message_bytes=config.max_message_bytes,
-                                chunk_store=store, chunk_records=config.consume_queue_chunk)
-            options = GroupOptions(
-                raft=RaftConfig(
-                    election_ticks=config.election_ticks,
-                    heartbeat_ticks=1,
-                    preferred_leader=gc.preferred_leader,
-                ),
-                segment_size=config.segment_size,
-                fsync="interval" if config.fsync == "interval" else "always",
-                fsync_interval=config.fsync_interval,
-                snapshot_every_entries=config.snapshot_every_entries,
-                skip_fsync="skip-fsync" in mutations,
-            )
-            hist = self.metrics.fsync_seconds.labels(gc.id)
-            self.groups[gc.id] = GroupRuntime(
-                gc.id, config.node_id, config.group_dir(gc.id), gc.replicas, state,
-                self._send, options, rng=random.Random(), on_change=self._on_change,
-                on_fsync=hist.observe, restore=functools.partial(self._restore_state, gc.id),
-                fetch_raw=functools.partial(self._fetch_raw, gc.id),
-            )
+        self._mutations = mutations
+        hosted = load_hosted(config.data)
+        self._hosted_file_missing = hosted is None
+        if hosted is None:  # the first start: what the config says (nothing when joining)
+            hosted = {} if config.join else {gc.id: gc.replicas for gc in config.hosted_groups}
+        self._hosted: dict[str, tuple[int, ...]] = dict(hosted)
+        self._group_scopes: dict[str, trio.CancelScope] = {}
+        self._group_done: dict[str, trio.Event] = {}
+        self._membership_lock = trio.Lock()  # one host/drop at a time on this node
+        for gid, voters in sorted(hosted.items()):
+            self.groups[gid] = self._new_group(gid, voters)
         self.service = BrokerService(self.registry, self)
         self.registrar = Registrar(config.namesrv, config.register_interval,
                                    self._registration_view)
@@ -159,6 +154,105 @@ class Node:
         self.duplicate_every = DUPLICATE_EVERY if "duplicate-batch" in mutations else 0
         self.batches_led = 0
         self._nursery: trio.Nursery | None = None
+
+    def _new_group(self, gid: str, voters: tuple[int, ...]) -> GroupRuntime[BrokerState]:
+        """The runtime of this node's replica of `gid` (not opened yet); `voters` is the
+        membership an empty replica starts with, until the log says otherwise."""
+        config = self.config
+        store = self.chunk_stores[gid] = FileChunkStore(config.group_dir(gid) / "consumequeue")
+        state = BrokerState(gid, max_message_bytes=config.max_message_bytes,
+                            chunk_store=store, chunk_records=config.consume_queue_chunk)
+        gc = self._group_configs.get(gid)
+        options = GroupOptions(
+            raft=RaftConfig(
+                election_ticks=config.election_ticks,
+                heartbeat_ticks=1,
+                preferred_leader=gc.preferred_leader if gc is not None else None,
+            ),
+            segment_size=config.segment_size,
+            fsync="interval" if config.fsync == "interval" else "always",
+            fsync_interval=config.fsync_interval,
+            snapshot_every_entries=config.snapshot_every_entries,
+            skip_fsync="skip-fsync" in self._mutations,
+        )
+        hist = self.metrics.fsync_seconds.labels(gid)
+        return GroupRuntime(
+            gid, config.node_id, config.group_dir(gid), voters, state,
+            self._send, options, rng=random.Random(), on_change=self._on_change,
+            on_fsync=hist.observe, restore=functools.partial(self._restore_state, gid),
+            fetch_raw=functools.partial(self._fetch_raw, gid),
+        )
+
+    # ------------------------------------------------------------------ hosting
+
+    @property
+    def hosted(self) -> dict[str, tuple[int, ...]]:
+        """The groups this node hosts and the voters each was created with."""
+        return dict(self._hosted)
+
+    async def _run_group(self, g: GroupRuntime[BrokerState]) -> None:
+        done = self._group_done[g.group_id] = trio.Event()
+        try:
+            with trio.CancelScope() as scope:
+                self._group_scopes[g.group_id] = scope
+                await g.run()
+        finally:
+            done.set()
+
+    async def host_group(self, gid: str, voters: tuple[int, ...]) -> bool:
+        """Start hosting an empty replica of `gid` (the leader then catches it up with
+        appends or its snapshot) and record it in the hosted list; False when this node
+        already hosts it. Leftover data of an earlier replica is deleted first."""
+        async with self._membership_lock:
+            if gid in self.groups:
+                return False
+            assert self._nursery is not None
+            path = self.config.group_dir(gid)
+            await trio.to_thread.run_sync(functools.partial(shutil.rmtree, path,
+                                                            ignore_errors=True))
+            g = self._new_group(gid, voters)
+            g.open()
+            hosted = {**self._hosted, gid: voters}
+            try:
+                await trio.to_thread.run_sync(save_hosted, self.config.data, hosted)
+            except OSError:
+                g.close_log()  # not hosted: a restart does not find it either
+                raise
+            self._hosted = hosted
+            self.groups[gid] = g
+            self._nursery.start_soon(self._run_group, g)
+            log.info("hosting a new replica", extra={"fields": {"group": gid,
+                                                                "voters": list(voters)}})
+            self.registrar.wake()
+            return True
+
+    async def drop_group(self, gid: str) -> bool:
+        """Stop hosting `gid` (this node was removed from it): close the replica, take it
+        off the hosted list, delete its data. False when it was not hosted here."""
+        async with self._membership_lock:
+            g = self.groups.get(gid)
+            if g is None:
+                return False
+            if g.is_leader:
+                raise ValueError(f"node {self.node_id} leads group {gid}")
+            if self.node_id in g.membership.voters and g.leader is not None:
+                raise ValueError(f"node {self.node_id} still follows node {g.leader} as a "
+                                 f"voter of group {gid}")
+            del self.groups[gid]
+            self.chunk_stores.pop(gid, None)
+            self._shipped.pop(gid, None)
+            self._hosted.pop(gid, None)
+            await trio.to_thread.run_sync(save_hosted, self.config.data, dict(self._hosted))
+            scope = self._group_scopes.pop(gid, None)
+            if scope is not None:
+                scope.cancel()
+                await self._group_done.pop(gid).wait()
+            await trio.to_thread.run_sync(functools.partial(
+                shutil.rmtree, self.config.group_dir(gid), ignore_errors=True))
+            log.info("stopped hosting a replica and deleted its data",
+                     extra={"fields": {"group": gid}})
+            self.registrar.wake()
+            return True
 
     # ------------------------------------------------------------------ wiring
 
@@ -267,6 +361,10 @@ class Node:
     def topics_changed(self) -> None:
         self.registrar.wake()
 
+    def reachable_peers(self) -> list[int]:
+        """The nodes this one has a live Raft link with now."""
+        return self.peers.connected_peers()
+
     # ------------------------------------------------------------------ running
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -287,6 +385,9 @@ class Node:
     async def _run(self, task_status: trio.TaskStatus[str]) -> None:
         for g in self.groups.values():
             g.open()
+        if self._hosted_file_missing:  # from now on the node hosts what this file says
+            save_hosted(self.config.data, self._hosted)
+            self._hosted_file_missing = False
         host, port = _listen_address(self.config.listen)
         if self.config.cluster_secret == DEV_CLUSTER_SECRET and host not in _LOOPBACK:
             log.warning("the built-in cluster_secret is used on a non-loopback address: "
@@ -302,7 +403,7 @@ class Node:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for g in self.groups.values():
-                nursery.start_soon(g.run)
+                nursery.start_soon(self._run_group, g)
             nursery.start_soon(self.peers.run)
             nursery.start_soon(trio.serve_listeners, self._serve_connection, listeners)
             nursery.start_soon(self._ticker)
@@ -371,11 +472,21 @@ class Node:
         while True:
             next_at += interval
             await trio.sleep_until(next_at)
-            for g in self.groups.values():
+            for gid, g in self.groups.items():
+                g.set_preferred_leader(self.preferred_leader(gid))
                 g.tick()
             now = trio.current_time()
             if now - next_at > 5 * interval:
                 next_at = now  # the loop was starved; don't burst-tick to catch up
+
+    def preferred_leader(self, gid: str) -> int | None:
+        """Where `gid`'s leadership belongs: the node set through the log
+        (`raftmq cluster transfer-leader`), else the one the config names."""
+        pref = self.states[gid].preferred_leader
+        if pref is None:
+            gc = self._group_configs.get(gid)
+            pref = gc.preferred_leader if gc is not None else None
+        return pref
 
     def registration(self) -> dict[str, Any]:
         """The REGISTER header the registrar sends now (see `broker.registrar`)."""
@@ -391,7 +502,9 @@ class Node:
                 "role": st["role"],
                 "leader": st["leader"],
                 "term": st["term"],
-                "replicas": {n: self.addresses[n] for n in g.replicas},
+                "replicas": {n: self.addresses[n] for n in
+                             sorted(g.membership.members | {self.node_id})
+                             if n in self.addresses},
                 "commit": st["commit"],
                 "applied": st["applied"],
             }, self.states[gid].topics())
@@ -490,5 +603,10 @@ def main(argv: list[str]) -> int:
         return 2
     configure_logging(f"n{config.node_id}", args.log_level)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
-    trio.run(_run_until_signalled, Node(config))
+    try:
+        node = Node(config)
+    except HostedError as exc:
+        print(f"raftmq node: {exc}", file=sys.stderr)
+        return 2
+    trio.run(_run_until_signalled, node)
     return 0

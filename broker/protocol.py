@@ -96,7 +96,8 @@ class Op(IntEnum):
     STATUS = 22  # () -> (node, groups: {group: {...}})
     GET_MESSAGE = 23  # (msg_id) -> (msgs) body
     QUERY_KEY = 24  # (topic, key, max) -> (msgs) body
-    TRANSFER_LEADER = 25  # (g, to: node id) -> ()
+    TRANSFER_LEADER = 25  # (g, to: node id, prefer?: bool) -> (voters); `prefer` logs `to`
+    #   as the group's preferred leader first (broker.parts.leadership)
     DELETE_TOPIC = 26  # (g, topic) -> (): the topic, its queues, offsets and keys, in group g
     GROW_TOPIC = 27  # (g, topic, queues: new total, hosted: [queue ids]) -> (); see
     #   BrokerState._grow_topic: existing queues stay, a new group may join
@@ -105,6 +106,13 @@ class Op(IntEnum):
     DELETE_GROUP = 33  # (g, cg) -> (deleted: n): forget cg's committed offsets in group g
     HEARTBEAT = 30  # (cg, client, topics: [...]) -> ()
     CONSUMERS = 31  # (cg) -> (clients: sorted [client ids])
+    MEMBERSHIP = 50  # (g, action: show|add-learner|promote|remove, node?) at the leader ->
+    #   (leader, voters, learners, matches: {node: match index}, active: [nodes heard from
+    #   lately], commit, last, preferred,
+    #   addresses: {node: addr}); changes are single-server (thesis §4.1), one at a time
+    HOST_GROUP = 51  # (g, voters: [node ids]) -> (created: bool): start hosting an empty
+    #   replica of g, caught up by its leader once added as a learner
+    DROP_GROUP = 52  # (g) -> (dropped: bool): stop hosting g (removed from it), delete its data
     REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
     #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see namesrv.registry
     ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])
@@ -137,6 +145,8 @@ class Code(IntEnum):
     CONNECTION_LOST = 21  # retriable: the connection failed after the request left
     # On the wire again:
     FORBIDDEN = 22  # the caller may not make this request (peer-only ops from a client)
+    NOT_A_MEMBER = 40  # the node named is not a member (or voter) of the group as asked
+    MEMBERSHIP_REFUSED = 41  # the membership change would lose quorum, or one is under way
 
     @property
     def retriable(self) -> bool:

@@ -189,7 +189,9 @@ async def run_retention(
     """Run the policy on every group this node leads, every `interval` seconds."""
     while True:
         await trio.sleep(interval)
-        for gid, g in groups.items():
+        for gid, g in list(groups.items()):  # groups come and go (cluster add/remove-replica)
+            if not g.is_open:
+                continue
             try:
                 await retain_once(policy, g, states[gid])
             except (NotLeader, ProposalDropped, ProposalLost) as exc:

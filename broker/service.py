@@ -52,6 +52,7 @@ from broker.statemachine import (
     control_delete_topic,
     control_grow_topic,
     control_offsets,
+    control_prefer_leader,
     valid_request_id,
 )
 from raftlog.commitlog import CommitLogError, CorruptEntry, EntryDraft
@@ -146,6 +147,16 @@ class BrokerHost(Protocol):
 
     def topics_changed(self) -> None: ...
 
+    def reachable_peers(self) -> list[int]: ...
+
+    def peer_addr(self, node: int | None) -> str | None: ...
+
+    def preferred_leader(self, gid: str) -> int | None: ...
+
+    async def host_group(self, gid: str, voters: tuple[int, ...]) -> bool: ...
+
+    async def drop_group(self, gid: str) -> bool: ...
+
     def status(self) -> dict[str, Any]: ...
 
 
@@ -176,6 +187,9 @@ class BrokerService:
             Op.HEARTBEAT: self._heartbeat,
             Op.CONSUMERS: self._consumers_of,
             Op.READ_RAW: self._read_raw,
+            Op.MEMBERSHIP: self._membership,
+            Op.HOST_GROUP: self._host_group,
+            Op.DROP_GROUP: self._drop_group,
         }
 
     async def handle(self, caller: Caller, frame: Frame) -> Response | None:
@@ -212,6 +226,11 @@ class BrokerService:
             raise RequestError(Code.MALFORMED, f"field 'g' must be a group id string, got {gid!r}")
         g = self.groups.get(gid)
         if g is None:
+            if any(gc.id == gid for gc in self.node.config.groups):
+                # a group of the cluster whose replica moved away (`raftmq cluster`): the
+                # client's route is stale, the group lives on elsewhere
+                raise RequestError(Code.NOT_LEADER, f"group {gid!r} has no replica on this "
+                                   "node (any more)", leader=None)
             raise RequestError(Code.UNKNOWN_GROUP, f"group {gid!r} is not hosted on this node")
         return g
 
@@ -574,7 +593,7 @@ class BrokerService:
         only = validate_group_name(h["cg"]) if h.get("cg") is not None else None
         rows: list[list[Any]] = []
         led: list[str] = []
-        for gid, g in self.groups.items():
+        for gid, g in list(self.groups.items()):
             if not g.is_leader:
                 continue
             try:
@@ -616,13 +635,123 @@ class BrokerService:
         return ok_header(0, **self.node.status()), b""
 
     async def _transfer_leader(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        """Move the group's leadership to node `to`; with `prefer`, first log `to` as the
+        group's preferred leader, so the core does not hand leadership back."""
         g = self._group(h.get("g"))
         to = _field(h, "to", int)
+        prefer = _field(h, "prefer", bool, False)
+        self._leading(g)
+        voters = sorted(g.membership.voters)
+        if to not in voters:
+            raise RequestError(Code.NOT_A_MEMBER, f"node {to} is not a voter of group "
+                               f"{g.group_id} (voters: {voters})")
+        if prefer:
+            self._result(await g.propose(control_prefer_leader(to), EntryType.CONTROL))
         try:
             g.transfer_leadership(to)
         except ValueError as exc:
-            raise RequestError(Code.MALFORMED, str(exc)) from None
-        return ok_header(0), b""
+            raise RequestError(Code.NOT_A_MEMBER, str(exc)) from None
+        return ok_header(0, voters=voters), b""
+
+    # ------------------------------------------------------------------ membership
+
+    def _members_view(self, g: GroupRuntime) -> dict[str, Any]:
+        m = g.membership
+        st = g.status()
+        nodes = sorted(self.node.config.peers)
+        return {
+            "leader": g.leader, "voters": sorted(m.voters), "learners": sorted(m.learners),
+            "matches": g.peer_matches(), "active": sorted(g.recently_active()),
+            "commit": st["commit"], "last": st["last"],
+            "preferred": self.node.preferred_leader(g.group_id),
+            "addresses": {n: self.groups.peer_addr(n) for n in nodes},
+            "peers": nodes,
+        }
+
+    async def _membership(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        """Show or change a group's membership, at its leader: one single-server change
+        (add a learner, promote a caught-up learner, remove a member) at a time, refused
+        when it would leave the group without a reachable majority. Changes already made
+        answer OK (a retried request must not fail for having worked)."""
+        g = self._group(h.get("g"))
+        action = _field(h, "action", str)
+        if action not in ("show", "add-learner", "promote", "remove"):
+            raise RequestError(Code.MALFORMED, f"action must be show, add-learner, promote or "
+                               f"remove, not {action!r}")
+        self._leading(g)
+        if action == "show":
+            await g.read_barrier()  # still the leader, as a majority confirms
+            return ok_header(0, **self._members_view(g)), b""
+        node = _field(h, "node", int)
+        me = self.node.config.node_id
+        if node not in self.node.config.peers:
+            raise RequestError(Code.NOT_A_MEMBER, f"node {node} is not in the cluster's peers "
+                               f"table (known nodes: {sorted(self.node.config.peers)})")
+        m = g.membership
+        voters = sorted(m.voters)
+        if action == "add-learner":
+            if node in m.voters:
+                raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is already a voter "
+                                   f"of group {g.group_id} (voters: {voters})")
+            if node in m.learners:
+                return ok_header(0, **self._members_view(g)), b""
+        elif action == "promote":
+            if node in m.voters:
+                return ok_header(0, **self._members_view(g)), b""
+            if node not in m.learners:
+                raise RequestError(Code.NOT_A_MEMBER, f"node {node} is not a learner of group "
+                                   f"{g.group_id} (learners: {sorted(m.learners)})")
+        else:
+            if node not in m.members:
+                return ok_header(0, **self._members_view(g)), b""
+            if node == me:
+                raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} leads group "
+                                   f"{g.group_id}: move its leadership to another voter first "
+                                   f"(raftmq cluster transfer-leader {g.group_id} NODE)")
+            if node in m.voters:
+                self._check_quorum_after_removal(g.group_id, node, voters)
+        try:
+            await g.change_membership(action, node)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, str(exc)) from None
+        return ok_header(0, **self._members_view(g)), b""
+
+    def _check_quorum_after_removal(self, gid: str, node: int, voters: list[int]) -> None:
+        rest = [v for v in voters if v != node]
+        if not rest:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is the last voter of "
+                               f"group {gid}: a group needs at least one")
+        me = self.node.config.node_id
+        # connected, and heard from lately (a paused node keeps its connections)
+        reachable = (set(self.node.reachable_peers()) | {me}) & self.groups[gid].recently_active()
+        live = [v for v in rest if v in reachable]
+        if len(live) < len(rest) // 2 + 1:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, f"removing node {node} from group {gid} "
+                               f"would leave voters {rest}, of which only {live} are reachable: "
+                               f"a majority ({len(rest) // 2 + 1}) must be, or the group "
+                               "stops. Bring a node back (or add one) first")
+
+    async def _host_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        gid = validate_group_name(_field(h, "g", str))
+        known = sorted(gc.id for gc in self.node.config.groups)
+        if gid not in known:
+            raise RequestError(Code.UNKNOWN_GROUP, f"no group {gid!r} in the cluster "
+                               f"(known: {known})")
+        raw = _field(h, "voters", list)
+        if not raw or not all(_is_int(v) and v in self.node.config.peers for v in raw):
+            raise RequestError(Code.MALFORMED, f"voters must be node ids of the cluster's "
+                               f"peers {sorted(self.node.config.peers)}, got {raw!r}")
+        created = await self.node.host_group(gid, tuple(sorted(set(raw))))
+        return ok_header(0, created=created), b""
+
+    async def _drop_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        gid = validate_group_name(_field(h, "g", str))
+        try:
+            dropped = await self.node.drop_group(gid)
+        except ValueError as exc:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, f"{exc}: remove it from the group "
+                               "first (raftmq cluster remove-replica)") from None
+        return ok_header(0, dropped=dropped), b""
 
     # ------------------------------------------------------------------ lookups
 

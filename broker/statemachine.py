@@ -18,7 +18,8 @@ state, its control records, their apply handlers, its queries and its snapshot s
 - `Producers`: idempotent producers' sequences;
 - `Offsets`: consumer offsets (offsets);
 - `Requests`: results of client requests that may be retried (the `req` envelope);
-- `Horizon`: the retention horizon (retain).
+- `Horizon`: the retention horizon (retain);
+- `Leadership`: the preferred leader set through the log (prefer_leader).
 
 A new part (transactions, timers, retries, queue locks, users) is a `Part` subclass added
 to `PARTS` (or to a subclass's `part_types`): its records join the dispatch table, it hears the broadcasts (topic created
@@ -70,6 +71,7 @@ from broker.parts.base import (
 )
 from broker.parts.catalog import Catalog, CreateTopic, DeleteTopic, GrowTopic
 from broker.parts.horizon import Horizon, Retain
+from broker.parts.leadership import Leadership, PreferLeader
 from broker.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.parts.producers import DEDUP_WINDOW, Producers
 from broker.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
@@ -97,6 +99,7 @@ __all__ = [
     "ErrorResult",
     "GrowTopic",
     "ProduceResult",
+    "PreferLeader",
     "Retain",
     "TopicConfig",
     "chunk_refs",
@@ -105,12 +108,14 @@ __all__ = [
     "control_delete_topic",
     "control_grow_topic",
     "control_offsets",
+    "control_prefer_leader",
     "control_retain",
     "valid_request_id",
 ]
 
 #: The parts, in the order they hear broadcasts and appear in snapshots.
-PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon)
+PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
+                                 Leadership)
 SNAPSHOT_VERSION = 3  # 3: a section per part; 2 added "clients" to 1's flat map
 _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
 
@@ -166,6 +171,11 @@ def _with_request(d: dict[str, Any], req: tuple[int, int] | None) -> bytes:
 def control_retain(min_index: int) -> bytes:
     """CONTROL data dropping every message stored below Raft index `min_index`."""
     return pack({"op": Retain.op, "min_index": min_index})
+
+
+def control_prefer_leader(node: int) -> bytes:
+    """CONTROL data making `node` the group's preferred leader (0: the configured one)."""
+    return pack({"op": PreferLeader.op, "node": node})
 
 
 # ---------------------------------------------------------------------- the state
@@ -338,6 +348,11 @@ class BrokerState:
     @property
     def topic_count(self) -> int:
         return len(self.catalog.topics)
+
+    @property
+    def preferred_leader(self) -> int | None:
+        """The preferred leader set through the log (None: the node config's applies)."""
+        return self.part(Leadership).preferred
 
     def hosts(self, topic: str, queue: int) -> bool:
         """Whether (topic, queue) is a queue of this group."""

@@ -132,7 +132,7 @@ majority, within which every group must acknowledge a write."""
 MAJORITY_CONNECTED = frozenset({
     "kill", "pause", "partition-node", "partition-halves", "bridge", "majority-ring",
     "corrupt", "leader-transfer", "delay", "loss", "truncate-file", "bitflip-file",
-    "snapshot-corrupt", "stale-leader",
+    "snapshot-corrupt", "stale-leader", "membership",
 })
 """Fault kinds after which a majority of every group still talks and serves clients
 (`crash-unsynced` too when its scope is one node); `partition-clients` and `disk-full`

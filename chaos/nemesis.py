@@ -51,7 +51,14 @@ the affected `nodes` and, as `leaders`, the group leaders that it took away
   linearizability check rejects at any seed. The value holds the reads aimed (`probed`);
 - `disk-full`: the file system of one node (leaders preferred) is filled with a ballast
   file so every write fails with ENOSPC, then the ballast is deleted at the end. Needs
-  `disks` (`chaos.disk_faults.SmallDisk` per node: root and a loop device).
+  `disks` (`chaos.disk_faults.SmallDisk` per node: root and a loop device);
+- `membership`: replica membership changes through `raftmq cluster`'s operations,
+  taking turns (`MEMBERSHIP_ACTIONS`): `remove-add` removes a follower's replica of one
+  group (the node deletes it) and at the end adds a fresh one back, caught up from the
+  leader; `replace-disk` kills a node (leaders preferred), wipes its data directory and
+  at the end starts it empty (`join = true`) and re-creates its replica of every group
+  it held (`replace-replica G N N`). The value names the memberships seen after each
+  change (`removed`, `added`, `replaced`) and any step that failed (`errors`).
 
 Blocking `LocalCluster` calls run in worker threads: the event loop also runs the proxies
 and the workload and must never stall.
@@ -59,9 +66,11 @@ and the workload and must never stall.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import random
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,7 +123,10 @@ NEMESES = (
     "snapshot-corrupt",
     "disk-full",
     "stale-leader",
+    "membership",
 )
+MEMBERSHIP_ACTIONS = ("remove-add", "replace-disk")  # taken in turn by `membership` faults
+MEMBERSHIP_TIMEOUT = 60.0  # seconds a membership change (a catch-up included) may take
 DELAY = (0.1, 0.05)  # seconds per chunk, and the jitter either side
 LOSS = 0.05  # chunks lost per chunk forwarded
 # faults that need a ProxyNet besides PARTITIONS
@@ -297,6 +309,7 @@ class Nemesis:
         self._active: _Active | None = None
         self._killed: set[int] = set()
         self._paused: set[int] = set()
+        self._membership_turns = 0
         self.history: list[dict[str, Any]] = []  # one entry per fault, for tests and logs
         self._starters: dict[str, Callable[[Step, random.Random], Awaitable[_Active | None]]] = {
             "kill": self._kill,
@@ -309,6 +322,7 @@ class Nemesis:
             "partition-clients": self._partition_clients,
             "disk-full": self._disk_full,
             "stale-leader": self._stale_leader,
+            "membership": self._membership,
             **{k: self._partition for k in PARTITIONS},
             **{k: self._damage for k in DAMAGE},
         }
@@ -577,6 +591,86 @@ class Nemesis:
         value.update(await trio.to_thread.run_sync(disk.fill))
         return active
 
+    # ------------------------------------------------------------ membership
+
+    async def _membership(self, step: Step, rng: random.Random) -> _Active | None:
+        groups = sorted(g.id for g in self.cluster.groups)
+        if not groups:
+            return None
+        action = MEMBERSHIP_ACTIONS[self._membership_turns % len(MEMBERSHIP_ACTIONS)]
+        self._membership_turns += 1
+        leaders = await self._leaders()
+        if action == "remove-add":
+            group = rng.choice(groups)
+            voters = [g.replicas for g in self.cluster.groups if g.id == group][0]
+            followers = [n for n in voters if n != leaders.get(group) and n in self._live()]
+            if not followers:
+                return None
+            node = rng.choice(followers)
+            value: dict[str, Any] = {"action": action, "groups": [group], "nodes": [node],
+                                     "leaders": {}}
+            active = self._begin("membership", value,
+                                 functools.partial(self._add_back, group, node, value))
+            await self._admin_step(value, "removed", group, "remove_replica", group, node)
+            return active
+        nodes = self._pick(rng, leaders, 1)
+        if not nodes:
+            return None
+        (node,) = nodes
+        held = [g.id for g in self.cluster.groups if node in g.replicas]
+        value = {"action": action, "groups": held, "nodes": nodes,
+                 "leaders": self._on(leaders, nodes)}
+        active = self._begin("membership", value,
+                             functools.partial(self._replace_disk, node, held, value))
+        await self._kill_now(nodes)
+        value["wiped"] = await trio.to_thread.run_sync(self._wipe, node)
+        return active
+
+    async def _admin_step(self, value: dict[str, Any], key: str, group: str, op: str,
+                          *args: Any, **kwargs: Any) -> None:
+        """One `Admin` membership operation, retried (bounded) while it may yet work; its
+        outcome goes in `value[key][group]` (the voters after it) or `value["errors"]`."""
+        deadline = time.monotonic() + MEMBERSHIP_TIMEOUT
+        error = ""
+        while time.monotonic() < deadline:
+            try:
+                with trio.fail_after(max(1.0, deadline - time.monotonic())):
+                    async with Admin(self.cluster.namesrv_addr, timeout=5.0) as admin:
+                        m = await getattr(admin, op)(*args, **kwargs)
+                value.setdefault(key, {})[group] = list(m.voters)
+                return
+            except (RequestError, OSError, trio.TooSlowError) as exc:
+                error = f"{op} {group}: {exc!r}"
+                log.info("membership step failed, retrying: %s", error)
+            await trio.sleep(0.5)
+        value.setdefault("errors", []).append(error)
+
+    async def _add_back(self, group: str, node: int, value: dict[str, Any]) -> None:
+        await self._admin_step(value, "added", group, "add_replica", group, node,
+                               catch_up_timeout=MEMBERSHIP_TIMEOUT)
+
+    def _wipe(self, node: int) -> int:
+        """Delete everything in `node`'s data directory (a new disk), and have it start
+        with `join` from now on; returns how many entries were removed."""
+        cfg = self.cluster.configs[node - 1]
+        removed = 0
+        for child in cfg.data.iterdir():  # the directory itself may be a mount point
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+            removed += 1
+        self.cluster.configs[node - 1] = dataclasses.replace(cfg, join=True)
+        self.cluster.write_configs()
+        return removed
+
+    async def _replace_disk(self, node: int, groups: list[str], value: dict[str, Any]) -> None:
+        """Start the wiped node (it hosts nothing) and re-create its replicas."""
+        await self._restart([node])
+        for group in groups:
+            await self._admin_step(value, "replaced", group, "replace_replica", group, node,
+                                   node, catch_up_timeout=MEMBERSHIP_TIMEOUT)
+
     # ------------------------------------------------------------ network faults
 
     async def _shape(self, step: Step, rng: random.Random) -> _Active | None:
@@ -653,7 +747,7 @@ class Nemesis:
                     entry: dict[str, Any] = {"group": g.id, "from": now.get(g.id), "to": to}
                     with trio.move_on_after(min(2.0, left)) as scope:
                         try:
-                            await admin.transfer_leader(g.id, to)
+                            await admin.transfer_leader(g.id, to, prefer=False)
                             entry["ok"] = True
                         except RequestError as exc:
                             entry["error"] = exc.code.name

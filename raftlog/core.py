@@ -186,6 +186,10 @@ class RaftNode:
         self._pending_conf_index = 0
         self._transferee: int | None = None
         self._transfer_elapsed = 0
+        self._active_before: frozenset[int] = frozenset()  # heard from in the last round
+        # Where leadership goes back to once that node has caught up: the config's at
+        # first; the shell may change it (a replicated setting above the core).
+        self.preferred_leader: int | None = self.cfg.preferred_leader
         self._needs_broadcast = False
         self._reads = ReadOnly()
         # Follower state: acknowledge appends only once persisted.
@@ -274,6 +278,19 @@ class RaftNode:
             if i <= index:
                 return m
         return self._configs[0][2]
+
+    def peer_matches(self) -> dict[int, int]:
+        """Each other member's match index as this leader knows it (empty unless leader):
+        how far a learner has caught up, how far a follower lags."""
+        return {p: pr.match for p, pr in self._progress.items() if p != self.id}
+
+    def recently_active(self) -> frozenset[int]:
+        """Members this leader heard from within the last one or two election timeouts
+        (check-quorum's rounds): the ones alive and reachable as far as it knows."""
+        if self.role != Role.LEADER:
+            return frozenset()
+        now = {p for p, pr in self._progress.items() if pr.recent_active}
+        return frozenset(now | self._active_before | {self.id})
 
     def min_follower_match(self) -> int | None:
         """Lowest index known replicated on every other member (voters and learners);
@@ -644,6 +661,7 @@ class RaftNode:
 
     def _clear_leader_state(self) -> None:
         self._progress = {}
+        self._active_before = frozenset()
         self._needs_snapshot.clear()
         self._transferee = None
         self._needs_broadcast = False
@@ -994,10 +1012,11 @@ class RaftNode:
         active = [p for p, pr in self._progress.items() if pr.recent_active or p == self.id]
         for pr in self._progress.values():
             pr.recent_active = False
+        self._active_before = frozenset(active)
         return has_quorum(self.membership.voters, active)
 
     def _consider_preferred_leader(self) -> None:
-        pref = self.cfg.preferred_leader
+        pref = self.preferred_leader
         if (
             pref is not None
             and pref != self.id

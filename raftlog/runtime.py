@@ -495,6 +495,12 @@ class GroupRuntime(Generic[M]):
             )
         return snap
 
+    def close_log(self) -> None:
+        """Close the CommitLog of a group opened but never run (`run` closes its own)."""
+        if self.log is not None and not self.log.closed:
+            self.log.close()
+        self.closed = True
+
     async def run(self) -> None:
         """Drive the group until cancelled; the CommitLog is closed on the way out."""
         if self.core is None:
@@ -558,6 +564,52 @@ class GroupRuntime(Generic[M]):
         assert self.core is not None
         self.core.transfer_leadership(target)
         self._wakeup.set()
+
+    def set_preferred_leader(self, node: int | None) -> None:
+        """Where the core hands leadership back to once that node has caught up."""
+        assert self.core is not None
+        self.core.preferred_leader = node
+
+    @property
+    def membership(self) -> Membership:
+        """The latest membership this replica knows (in force as soon as it is logged)."""
+        assert self.core is not None
+        return self.core.membership
+
+    def recently_active(self) -> frozenset[int]:
+        """Members this leader heard from lately (see `RaftNode.recently_active`)."""
+        assert self.core is not None
+        return self.core.recently_active()
+
+    def peer_matches(self) -> dict[int, int]:
+        """Each other member's match index, as this leader knows it (empty otherwise)."""
+        assert self.core is not None
+        return self.core.peer_matches()
+
+    async def change_membership(self, action: Literal["add-learner", "promote", "remove"],
+                                node: int) -> Membership:
+        """One single-server membership change (thesis §4.1) as leader, waiting until it
+        is applied. Raises NotLeader, ProposalDropped (another change in progress, or a
+        learner not caught up yet: retry later) or ValueError (not allowed as asked)."""
+        core = self.core
+        assert core is not None
+        if core.role != Role.LEADER:
+            raise NotLeader(core.leader, core.term)
+        if action == "add-learner":
+            index = core.add_learner(node)
+        elif action == "promote":
+            index = core.promote(node)
+        elif action == "remove":
+            index = core.remove(node)
+        else:
+            raise ValueError(f"unknown membership change {action!r}")
+        w = _Waiter(core.term, 0)
+        self._waiters[index] = w
+        self._wakeup.set()
+        await w.event.wait()
+        if w.error is not None:
+            raise w.error
+        return core.membership_at(index)
 
     def draft(self, size: int) -> EntryDraft:
         """Room for a new entry of `size` bytes in its stored form: write the data into
@@ -698,6 +750,9 @@ class GroupRuntime(Generic[M]):
             "durable": lg.durable_index(),
             "first": lg.first_index(),
             "voters": sorted(core.membership.voters),
+            "learners": sorted(core.membership.learners),
+            "matches": core.peer_matches(),
+            "preferred_leader": core.preferred_leader,
             "fsyncs": self.fsyncs,
             "uncommitted_bytes": self._uncommitted,
             "snapshot": self.snapshot_index,

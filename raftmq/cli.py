@@ -102,6 +102,12 @@ def _status(argv: list[str]) -> int:
     return status_main(argv)
 
 
+def _cluster(argv: list[str]) -> int:
+    from raftmq.commands.cluster import main as cluster_main
+
+    return cluster_main(argv)
+
+
 def _bench(argv: list[str]) -> int:
     from raftmq.commands.bench import main as bench_main
 
@@ -119,6 +125,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "group": (_group, "consumer groups: list, describe, reset-offsets, delete"),
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
+    "cluster": (_cluster, "group replicas: status, transfer-leader, add/remove/replace-replica"),
     "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover`"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),

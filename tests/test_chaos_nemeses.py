@@ -38,9 +38,8 @@ def _run(out: Path, nemesis: tuple[str, ...], seed: int, **kw: object) -> dict:
 
 def test_all_names_every_new_nemesis() -> None:
     new = {"delay", "loss", "partition-clients", "truncate-file", "bitflip-file",
-           "snapshot-corrupt", "disk-full"}
+           "snapshot-corrupt", "disk-full", "membership"}
     assert new <= set(parse_list("all", NEMESES, "nemesis"))
-    assert "membership" not in NEMESES
 
 @pytest.mark.live
 
@@ -131,3 +130,29 @@ def test_a_node_whose_disk_is_full_waits_for_space_instead_of_exiting(tmp_path: 
             assert cluster.unexpected_exits() == {}
     finally:
         disk.unmount()
+
+
+@pytest.mark.live
+def test_membership_nemesis_removes_adds_and_replaces_a_disk_and_the_run_is_valid(
+        tmp_path: Path) -> None:
+    results = _run(tmp_path, ("membership",), seed=1)
+    assert results["valid"], json.dumps(results["problems"])
+    faults = [f for f in parse_faults(tmp_path / "history.jsonl") if f.f == "membership"]
+    actions = [f.value["action"] for f in faults]
+    assert actions[:2] == ["remove-add", "replace-disk"], actions  # they take turns
+    logs = tmp_path / "cluster" / "logs"
+    for f in faults:
+        assert "errors" not in f.value, f.value
+        (node,) = f.value["nodes"]
+        log = (logs / f"n{node}.log").read_text()
+        if f.value["action"] == "remove-add":
+            (group,) = f.value["groups"]
+            assert node not in f.value["removed"][group]
+            assert node in f.value["added"][group]
+            assert "stopped hosting a replica and deleted its data" in log
+        else:
+            assert f.value["wiped"] > 0
+            assert f.value["groups"] and all(node in f.value["replaced"][g]
+                                             for g in f.value["groups"])
+        assert "hosting a new replica" in log  # the node built it empty, then caught up
+    assert "membership" in results["unavailability_by_fault"]

@@ -189,6 +189,7 @@ INVALID = [
     ("namesrv not a list", _set("namesrv", "127.0.0.1:9876"), "namesrv must be a list"),
     ("metrics address", _set("metrics", "9101"), "metrics: bad address"),
     ("fsync policy", _set("fsync", "sometimes"), "fsync must be one of always, interval"),
+    ("join not a bool", _set("join", "yes"), "join must be true or false"),
     ("fsync interval", _set("fsync_interval", 0), "fsync_interval must be a positive"),
     ("tick as string", _set("tick_ms", "100"), "tick_ms must be an integer"),
     ("tick as float", _set("tick_ms", 100.0), "tick_ms must be an integer"),

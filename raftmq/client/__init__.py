@@ -33,6 +33,7 @@ from .errors import (
     TransportError,
     UnavailableError,
 )
+from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult, key_queue
 from .routes import Routes, TopicRoute
 
@@ -46,6 +47,7 @@ __all__ = [
     "Code",
     "Connection",
     "ConnectionPool",
+    "GroupMembers",
     "GroupQueue",
     "IncompleteError",
     "Message",

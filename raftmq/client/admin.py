@@ -18,8 +18,10 @@ from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, 
 from broker.records import Message, decode_record, iter_records, message_id, parse_message_id
 from transport.connection import ConnectionPool, is_retriable
 
+from . import membership
 from .consumer import _ClientBase, commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
 from .errors import IncompleteError, may_have_applied
+from .membership import GroupMembers
 from .routes import TopicRoute, backoff_delay, node_addresses
 
 __all__ = ["Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo", "place_queues"]
@@ -576,9 +578,39 @@ class Admin(_ClientBase):
             deleted += int(frame.header.get("deleted", 0))
         return deleted
 
-    async def transfer_leader(self, group: str, to: int) -> None:
-        """Ask a group's leader to hand leadership to node `to`."""
-        await self.routes.call_group(group, Op.TRANSFER_LEADER, {"g": group, "to": to})
+    async def transfer_leader(self, group: str, to: int, *, prefer: bool = True) -> None:
+        """Move `group`'s leadership to node `to`, a voter of it. With `prefer` (the
+        default) `to` becomes the group's preferred leader, through the log, so the move
+        sticks; without, leadership returns to the preferred leader once it has caught up.
+        UNKNOWN_GROUP or NOT_A_MEMBER (not a voter) when it cannot be done."""
+        await membership.transfer_leader(self.routes, group, to, prefer=prefer)
+
+    async def group_members(self, group: str, *,
+                            wait: float = membership.LEADER_WAIT) -> GroupMembers:
+        """`group`'s voters, learners, leader, preferred leader and each member's lag,
+        from its leader; waits up to `wait` seconds for the group to have one."""
+        return await membership.group_members(self.routes, group, wait=wait)
+
+    async def add_replica(self, group: str, node: int, *,
+                          catch_up_timeout: float = membership.CATCH_UP_TIMEOUT) -> GroupMembers:
+        """Give `node` a replica of `group`: it hosts an empty one, catches up as a
+        learner, then becomes a voter (see `raftmq.client.membership`)."""
+        return await membership.add_replica(self.routes, group, node,
+                                            catch_up_timeout=catch_up_timeout)
+
+    async def remove_replica(self, group: str, node: int) -> GroupMembers:
+        """Take `node`'s replica out of `group` and have the node delete it. Refused
+        (MEMBERSHIP_REFUSED) for the leader, or when the voters left would have no
+        reachable majority."""
+        return await membership.remove_replica(self.routes, group, node)
+
+    async def replace_replica(self, group: str, old: int, new: int, *,
+                              catch_up_timeout: float = membership.CATCH_UP_TIMEOUT
+                              ) -> GroupMembers:
+        """Replace `old`'s replica of `group` by one on `new` (add, catch up, promote,
+        remove); `new == old` re-creates the replica of a node whose disk was replaced."""
+        return await membership.replace_replica(self.routes, group, old, new,
+                                                catch_up_timeout=catch_up_timeout)
 
 
 def _fields(frame: Frame) -> dict[str, Any]:

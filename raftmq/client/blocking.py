@@ -22,6 +22,7 @@ from broker.records import Message, OutgoingMessage
 
 from .admin import Admin, GroupQueue, QueueLag, TopicInfo
 from .consumer import PullConsumer, PullResult, PushConsumer, Tags
+from .membership import GroupMembers
 from .producer import Producer, SendResult
 
 __all__ = [
@@ -222,8 +223,20 @@ class BlockingAdmin(_Blocking[Admin]):
     def node_status(self, addr: str) -> dict[str, Any]:
         return self._call(self._client.node_status, addr)
 
-    def transfer_leader(self, group: str, to: int) -> None:
-        self._call(self._client.transfer_leader, group, to)
+    def transfer_leader(self, group: str, to: int, *, prefer: bool = True) -> None:
+        self._call(self._client.transfer_leader, group, to, prefer=prefer)
+
+    def group_members(self, group: str, **kwargs: Any) -> GroupMembers:
+        return self._call(self._client.group_members, group, **kwargs)
+
+    def add_replica(self, group: str, node: int, **kwargs: Any) -> GroupMembers:
+        return self._call(self._client.add_replica, group, node, **kwargs)
+
+    def remove_replica(self, group: str, node: int) -> GroupMembers:
+        return self._call(self._client.remove_replica, group, node)
+
+    def replace_replica(self, group: str, old: int, new: int, **kwargs: Any) -> GroupMembers:
+        return self._call(self._client.replace_replica, group, old, new, **kwargs)
 
     def delete_topic(self, topic: str, **kwargs: Any) -> list[str]:
         return self._call(self._client.delete_topic, topic, **kwargs)

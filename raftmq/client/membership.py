@@ -1,0 +1,254 @@
+"""Replica membership of groups, for operators: who holds a replica, and changing that.
+
+Every change is a single-server membership change in the group's Raft log (thesis
+§4.1), made by its leader, one at a time:
+
+* adding a replica: the node is told to host an empty replica (HOST_GROUP), the leader
+  adds it as a learner (it replicates but neither votes nor counts), catches it up with
+  appends or its snapshot, and promotes it to voter once it holds everything committed;
+* removing one: the leader logs the smaller membership (refused when the remaining
+  voters would not have a reachable majority, or when the node leads: move leadership
+  first), then the node is told to stop hosting it and delete its data (DROP_GROUP);
+* replacing one: add the new replica, then remove the old, so the group never has fewer
+  voters than it started with. Replacing a node by itself (its disk was replaced and it
+  came back empty) removes it first, then adds it back, the only order possible.
+
+A step that fails leaves the group in a valid membership (each step is one logged
+change); adding or removing again resumes where it stopped, since every step accepts
+the state it would produce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from broker.protocol import Code, Frame, Op, RequestError, validate_group_name
+
+from .routes import Routes
+
+__all__ = ["CATCH_UP_TIMEOUT", "LEADER_WAIT", "GroupMembers", "add_replica", "group_members",
+           "remove_replica", "replace_replica", "transfer_leader"]
+
+CATCH_UP_TIMEOUT = 300.0  # seconds a new replica may take to hold everything committed
+LEADER_WAIT = 30.0  # seconds to wait for a group to have a leader (an election under way)
+_DROP_WAIT = 15.0  # a removed voter stops following its old leader within an election
+_POLL = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMembers:
+    """A group's membership as its leader sees it."""
+
+    group: str
+    leader: int
+    voters: tuple[int, ...]
+    learners: tuple[int, ...]
+    matches: dict[int, int]  # each other member's last replicated index
+    active: tuple[int, ...]  # members the leader heard from lately
+    commit: int
+    last: int
+    preferred: int | None
+    addresses: dict[int, str | None]
+    peers: tuple[int, ...]  # every node of the cluster (the leader's peers table)
+    # after a removal: whether the node deleted its copy (False: it could not be reached;
+    # it is no member, and running the removal again deletes it); None otherwise
+    dropped: bool | None = None
+
+    def lag(self, node: int) -> int | None:
+        """Entries `node` lacks of the leader's log (None: not a member)."""
+        if node == self.leader:
+            return 0
+        match = self.matches.get(node)
+        return None if match is None else max(0, self.last - match)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"group": self.group, "leader": self.leader, "voters": list(self.voters),
+                "learners": list(self.learners), "preferred": self.preferred,
+                "active": list(self.active),
+                "commit": self.commit, "last": self.last,
+                "lag": {str(n): self.lag(n) for n in (*self.voters, *self.learners)},
+                **({} if self.dropped is None else {"dropped": self.dropped})}
+
+
+def _members(group: str, frame: Frame) -> GroupMembers:
+    h = frame.header
+    return GroupMembers(
+        group=group, leader=int(h["leader"]), voters=tuple(h["voters"]),
+        learners=tuple(h["learners"]),
+        matches={int(k): int(v) for k, v in (h.get("matches") or {}).items()},
+        active=tuple(h.get("active") or ()),
+        commit=int(h["commit"]), last=int(h["last"]),
+        preferred=h.get("preferred"),
+        addresses={int(k): v for k, v in (h.get("addresses") or {}).items()},
+        peers=tuple(h.get("peers") or ()),
+    )
+
+
+async def _at_leader(routes: Routes, group: str, header: dict[str, Any],
+                     wait: float = 0.0) -> GroupMembers:
+    """MEMBERSHIP at `group`'s leader, retried up to `wait` seconds while none answers:
+    an operator replacing a node that just died must not fail for the election still
+    under way."""
+    deadline = anyio.current_time() + wait
+    while True:
+        try:
+            return _members(group, await routes.call_group(group, Op.MEMBERSHIP, header))
+        except RequestError as exc:
+            if not exc.retriable or anyio.current_time() >= deadline:
+                raise
+        await anyio.sleep(_POLL)
+
+
+async def group_members(routes: Routes, group: str, *, wait: float = LEADER_WAIT
+                        ) -> GroupMembers:
+    """The membership of `group`, from its leader (UNKNOWN_GROUP if there is none),
+    waiting up to `wait` seconds for one."""
+    validate_group_name(group)
+    return await _at_leader(routes, group, {"g": group, "action": "show"}, wait)
+
+
+async def _change(routes: Routes, group: str, action: str, node: int) -> GroupMembers:
+    return await _at_leader(routes, group, {"g": group, "action": action, "node": node},
+                            LEADER_WAIT)
+
+
+def _check_node(m: GroupMembers, node: int) -> None:
+    if node not in m.peers:
+        raise RequestError(Code.NOT_A_MEMBER, f"node {node} is not a node of the cluster "
+                           f"(known nodes: {list(m.peers)})")
+
+
+async def _node_request(routes: Routes, m: GroupMembers, node: int, op: Op,
+                        header: dict[str, Any], timeout: float) -> Frame:
+    addr = m.addresses.get(node)
+    if addr is None:
+        raise RequestError(Code.NOT_A_MEMBER, f"no address known for node {node}")
+    return await routes.pool.request(addr, op, header, timeout=timeout)
+
+
+async def transfer_leader(routes: Routes, group: str, to: int, *, prefer: bool = True) -> None:
+    """See `Admin.transfer_leader`."""
+    validate_group_name(group)
+    await routes.call_group(group, Op.TRANSFER_LEADER, {"g": group, "to": to, "prefer": prefer})
+
+
+async def add_replica(routes: Routes, group: str, node: int, *,
+                      catch_up_timeout: float = CATCH_UP_TIMEOUT) -> GroupMembers:
+    """Make `node` a voter of `group`: host, add as learner, catch up, promote."""
+    m = await group_members(routes, group)
+    _check_node(m, node)
+    if node in m.voters:
+        raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is already a voter of "
+                           f"group {group} (voters: {list(m.voters)})")
+    if node not in m.learners:
+        await _drop(routes, m, node)  # a replica left over from an earlier membership
+        await _node_request(routes, m, node, Op.HOST_GROUP,
+                            {"g": group, "voters": list(m.voters)}, routes.timeout)
+        m = await _change(routes, group, "add-learner", node)
+    with anyio.fail_after(catch_up_timeout):
+        while True:
+            m = await group_members(routes, group)
+            if node in m.voters:
+                return m
+            if m.matches.get(node, 0) >= m.commit:
+                try:
+                    return await _change(routes, group, "promote", node)
+                except RequestError as exc:
+                    if not exc.retriable:
+                        raise
+            await anyio.sleep(_POLL)
+
+
+async def remove_replica(routes: Routes, group: str, node: int) -> GroupMembers:
+    """Take `node` out of `group` and have it delete its replica (when reachable)."""
+    m = await group_members(routes, group)
+    _check_node(m, node)
+    if node in m.voters or node in m.learners:
+        m = await _change(routes, group, "remove", node)
+    return dataclasses.replace(m, dropped=await _drop(routes, m, node))
+
+
+async def _drop(routes: Routes, m: GroupMembers, node: int) -> bool:
+    """Have `node` delete its replica of the group; a node that is down is left be (a
+    node coming back with an old replica of a group that left it takes no part: it is
+    no member, and the next `remove-replica` deletes it)."""
+    with anyio.move_on_after(_DROP_WAIT):
+        while True:
+            try:
+                await _node_request(routes, m, node, Op.DROP_GROUP, {"g": m.group},
+                                    routes.timeout)
+                return True
+            except RequestError as exc:
+                if exc.code not in (Code.MEMBERSHIP_REFUSED, Code.BUSY):
+                    return False  # down or unreachable: nothing more to do now
+            await anyio.sleep(_POLL)
+    return False
+
+
+async def replace_replica(routes: Routes, group: str, old: int, new: int, *,
+                          catch_up_timeout: float = CATCH_UP_TIMEOUT) -> GroupMembers:
+    """Replace `old`'s replica of `group` by one on `new` (or by a fresh one on `old`
+    itself, when `new == old`: a replaced disk). Leadership leaves `old` first."""
+    m = await group_members(routes, group)
+    _check_node(m, old)
+    _check_node(m, new)
+    if old != new and old not in m.voters:
+        raise RequestError(Code.NOT_A_MEMBER, f"node {old} is not a voter of group {group} "
+                           f"(voters: {list(m.voters)}): nothing to replace")
+    if old == new:
+        # Leadership leaves it for now only: once its replica is back it is the preferred
+        # leader again, as before, and leaders stay spread.
+        await _remove_not_leading(routes, group, old, prefer=False)
+        return await add_replica(routes, group, new, catch_up_timeout=catch_up_timeout)
+    if new not in m.voters:
+        await add_replica(routes, group, new, catch_up_timeout=catch_up_timeout)
+    return await _remove_not_leading(routes, group, old, prefer=True)
+
+
+async def _remove_not_leading(routes: Routes, group: str, node: int, *,
+                              prefer: bool) -> GroupMembers:
+    """`remove_replica`, moving leadership off `node` first (again, should the group hand
+    it back meanwhile); `prefer` makes the new leader the preferred one if `node` was."""
+    with anyio.fail_after(60.0):
+        while True:
+            m = await group_members(routes, group)
+            if m.leader == node:
+                await _move_leadership(routes, m, avoid=node,
+                                       prefer=prefer and m.preferred == node)
+            try:
+                return await remove_replica(routes, group, node)
+            except RequestError as exc:
+                if exc.code != Code.MEMBERSHIP_REFUSED:
+                    raise
+                if (await group_members(routes, group)).leader != node:
+                    raise  # refused for another reason (no reachable majority)
+
+
+async def _move_leadership(routes: Routes, m: GroupMembers, *, avoid: int,
+                           prefer: bool) -> None:
+    """Hand `m.group`'s leadership to its most caught-up other voter, and wait for it."""
+    others = [v for v in m.voters if v != avoid]
+    if not others:
+        raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {avoid} is the only voter of "
+                           f"group {m.group}")
+    to = max(others, key=lambda v: m.matches.get(v, 0))
+    with anyio.fail_after(30.0):
+        while True:
+            try:
+                await transfer_leader(routes, m.group, to, prefer=prefer)
+            except RequestError as exc:
+                if not exc.retriable:
+                    raise
+            await anyio.sleep(_POLL)
+            try:
+                now = await group_members(routes, m.group)
+            except RequestError as exc:
+                if not exc.retriable:
+                    raise
+                continue
+            if now.leader != avoid:
+                return
