@@ -226,11 +226,16 @@ def walk_batch(
     refs: list[RecordRef] = []
     end = len(mv)
     bad_props = -1  # the first record with undecodable properties, reported last
+    # One pass per message on every replica is the broker's main cost per entry: the
+    # loop keeps its lookups local and builds each RecordRef without a Python-level call.
+    unpack, hsize = RECORD_HEADER.unpack_from, RECORD_HEADER.size
+    add, new = refs.append, tuple.__new__
+    last_header = end - hsize  # the last position a whole record header fits at
     while pos < end:
-        if end - pos < RECORD_HEADER.size:
+        if pos > last_header:
             raise _bad(f"record {len(refs)} header truncated")
-        size, _born, klen, tlen, plen, blen = RECORD_HEADER.unpack_from(mv, pos)
-        if size != RECORD_HEADER.size + klen + tlen + plen + blen or pos + size > end:
+        size, _born, klen, tlen, plen, blen = unpack(mv, pos)
+        if size != hsize + klen + tlen + plen + blen or pos + size > end:
             raise _bad(f"record {len(refs)} lengths are inconsistent")
         if blen > max_message_bytes:
             raise RequestError(
@@ -238,19 +243,19 @@ def walk_batch(
                 f"message body of {blen} bytes exceeds the limit of {max_message_bytes}",
             )
         if plen and check_properties and bad_props < 0:
-            p = pos + RECORD_HEADER.size + klen + tlen
+            p = pos + hsize + klen + tlen
             if not _string_map(mv[p : p + plen]):
                 bad_props = len(refs)
         if klen or tlen:
-            kstart = pos + RECORD_HEADER.size
+            kstart = pos + hsize
             try:
                 key = str(mv[kstart : kstart + klen], "utf-8") if klen else ""
                 tags = str(mv[kstart + klen : kstart + klen + tlen], "utf-8") if tlen else ""
             except UnicodeDecodeError:
                 raise _bad(f"record {len(refs)} key or tags are not UTF-8") from None
-            refs.append(RecordRef(pos, size, key, tag_hash(tags)))
+            add(new(RecordRef, (pos, size, key, tag_hash(tags))))
         else:
-            refs.append(RecordRef(pos, size, "", 0))
+            add(new(RecordRef, (pos, size, "", 0)))
         pos += size
     if len(refs) != header.n or not refs:
         raise _bad(f"header says {header.n} records, found {len(refs)}")
