@@ -212,3 +212,67 @@ def test_serve_frames_a_failed_write_ends_only_that_connection() -> None:
         assert send.writes == []
 
     trio.run(main)
+
+
+# ------------------------------------------------------------------ on a real socket
+
+
+def _socket_streams() -> tuple[trio.SocketStream, trio.SocketStream]:
+    a, b = trio.socket.socketpair()
+    return trio.SocketStream(a), trio.SocketStream(b)
+
+
+def _readable(sock: trio.socket.SocketType) -> bytes:
+    """What the socket holds now, without waiting."""
+    out = b""
+    while True:
+        try:
+            chunk = sock._sock.recv(1 << 20)  # noqa: SLF001 - a non-blocking read, no task switch
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_an_answer_on_an_idle_socket_is_written_at_once() -> None:
+    async def main() -> None:
+        a, b = _socket_streams()
+        w = FrameWriter(a)  # no writer task running: only the direct write can deliver
+        await w.send({"id": 1}, b"hello")
+        assert w.pending == 0
+        (f,) = frames_of(_readable(b.socket))
+        assert f.header == {"id": 1} and f.body == b"hello"
+
+    trio.run(main)
+
+
+def test_a_socket_that_takes_part_of_a_frame_keeps_frames_whole_and_in_order() -> None:
+    """A frame larger than the socket buffer is written partly at once and the rest by the
+    writer task; answers meanwhile wait behind it (never written into its middle)."""
+
+    async def main() -> None:
+        a, b = _socket_streams()
+        big = bytes(range(256)) * 16384  # 4 MiB: more than any socket buffer takes at once
+        w = FrameWriter(a, max_pending=1 << 30)
+        received = bytearray()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            await w.send({"id": 1}, big)
+            assert w.pending > 0  # the rest waits for the writer
+            await trio.testing.wait_all_tasks_blocked()  # the writer is stuck in its send_all
+            received += _readable(b.socket)  # room again, before the writer task runs
+            for i in range(2, 12):
+                await w.send({"id": i}, b"small %d" % i)
+            total = len(encode_frame({"id": 1}, big)) + sum(
+                len(encode_frame({"id": i}, b"small %d" % i)) for i in range(2, 12))
+            while len(received) < total:
+                received += await b.receive_some(1 << 20)
+            nursery.cancel_scope.cancel()
+        frames = frames_of(bytes(received))
+        assert [f.header["id"] for f in frames] == list(range(1, 12))
+        assert frames[0].body == big
+        assert [f.body for f in frames[1:]] == [b"small %d" % i for i in range(2, 12)]
+
+    trio.run(main)
+
