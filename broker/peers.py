@@ -34,7 +34,7 @@ import trio
 from broker.protocol import FrameDecoder, Op, ProtocolError, encode_frame, parse_address
 from raftlog.types import Message
 from raftlog.wire import WireError, message_from_wire, message_to_wire
-from transport.framing import FrameStream, write_now
+from transport.framing import FrameStream, read_some, write_now
 from transport.peerauth import PeerGone, PeerRefused, dial_peer
 from transport.tls import TLS_HANDSHAKE_TIMEOUT, connect_tls, socket_of
 
@@ -193,7 +193,7 @@ class PeerLinks:
                     if h.get("op") != Op.RAFT or not isinstance(h.get("g"), str):
                         raise WireError(f"unexpected frame on a peer link: {h.get('op')!r}")
                     self._deliver(h["g"], message_from_wire(h.get("m"), frame.body))
-                data = await stream.receive_some(_READ_CHUNK)
+                data = await read_some(stream, _READ_CHUNK)
                 if not data:
                     return
                 decoder.feed(data)

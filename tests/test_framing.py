@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from broker.protocol import Frame, FrameDecoder, encode_frame
-from transport.framing import Caller, FrameWriter, serve_frames
+from transport.framing import Caller, FrameWriter, read_some, serve_frames
 
 
 class RecordingStream(trio.abc.SendStream):
@@ -276,3 +276,50 @@ def test_a_socket_that_takes_part_of_a_frame_keeps_frames_whole_and_in_order() -
 
     trio.run(main)
 
+
+
+def test_read_some_takes_what_is_there_without_a_scheduling_round() -> None:
+    async def main() -> None:
+        a, b = _socket_streams()
+        await b.send_all(b"hello")
+        with trio.CancelScope() as scope:
+            scope.cancel()  # any checkpoint inside would raise Cancelled here
+            data = await read_some(a, 1024)
+        assert data == b"hello" and not scope.cancelled_caught
+
+    trio.run(main)
+
+
+def test_read_some_never_drops_a_full_read_on_cancellation() -> None:
+    async def main() -> None:
+        a, b = _socket_streams()
+        await b.send_all(b"x" * 100)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            data = await read_some(a, 100)  # full: it yields, but keeps what it read
+        assert data == b"x" * 100
+
+    trio.run(main)
+
+
+def test_read_some_waits_for_data_and_reports_the_end() -> None:
+    async def main() -> None:
+        a, b = _socket_streams()
+        got: list[bytes | bytearray] = []
+        async with trio.open_nursery() as nursery:
+            async def reader() -> None:
+                got.append(await read_some(a, 1024))
+                got.append(await read_some(a, 1024))
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []
+            await b.send_all(b"late")
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [b"late"]
+            await b.send_eof()
+        assert got == [b"late", b""]
+        await a.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            await read_some(a, 1024)
+
+    trio.run(main)
