@@ -58,14 +58,14 @@ class _Link:
         self.peer = peer
         self.addr = addr
         self.stream: trio.abc.Stream | None = None
-        self.queue: list[bytes] = []
+        self.queue: list[bytes | memoryview] = []
         self.queued = 0
         self.has_data = trio.Event()
         self.connected = trio.Event()
         self.dropped = 0
         self.writing = False  # the writer task is in a send_all
 
-    def enqueue(self, frame: bytes) -> None:
+    def enqueue(self, frame: bytes | memoryview) -> None:
         if self.stream is None or self.queued > _MAX_QUEUED:
             self.dropped += 1
             return
@@ -73,7 +73,8 @@ class _Link:
             sent = write_now(self.stream, frame)
             if sent == len(frame):
                 return
-            frame = frame[sent:]
+            if sent:
+                frame = memoryview(frame)[sent:]  # the rest, not copied
         self.queue.append(frame)
         self.queued += len(frame)
         self.has_data.set()

@@ -216,7 +216,7 @@ class FrameWriter:
             raise ValueError(f"max_pending must be positive, got {max_pending}")
         self._stream = stream
         self._max_pending = max_pending
-        self._queue: list[bytes] = []
+        self._queue: list[bytes | memoryview] = []
         self._pending = 0  # bytes queued plus bytes being written
         self._has_data = trio.lowlevel.ParkingLot()
         self._has_room = trio.lowlevel.ParkingLot()
@@ -238,7 +238,7 @@ class FrameWriter:
 
     async def send(self, header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> None:
         """Queue one frame; waits only while the connection is over its pending-bytes cap."""
-        data = encode_frame(header, body)
+        data: bytes | memoryview = encode_frame(header, body)
         self._check()
         while self._pending >= self._max_pending:
             await self._has_room.park()
@@ -247,7 +247,8 @@ class FrameWriter:
             sent = write_now(self._stream, data)
             if sent == len(data):
                 return
-            data = data[sent:]
+            if sent:
+                data = memoryview(data)[sent:]  # the rest, not copied
         self._queue.append(data)
         self._pending += len(data)
         self._has_data.unpark_all()
