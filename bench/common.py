@@ -221,14 +221,22 @@ def batch_producer_options(batch: int, tasks: int) -> dict[str, Any]:
 
 @dataclass
 class Acks:
-    """The outcome of every message sent: ack latencies (seconds) and failures."""
+    """The outcome of every message sent: ack latencies (seconds) and failures.
+
+    `latencies` run from the send call to the ack, so they include any wait for room in
+    the window; `in_flight` run from the moment the message held its place in the window
+    (the call returned) to its ack: the round trip alone, what a peer's one-publish-at-a-
+    time client measures. With one message in flight the first is about twice the second
+    (each call waits for the previous message's ack)."""
 
     latencies: list[float] = field(default_factory=list)
+    in_flight: list[float] = field(default_factory=list)
     errors: int = 0
     first_error: str | None = None
 
-    def ok(self, seconds: float, messages: int = 1) -> None:
+    def ok(self, seconds: float, messages: int = 1, in_flight: float | None = None) -> None:
         self.latencies.extend(repeat(seconds, messages))
+        self.in_flight.extend(repeat(seconds if in_flight is None else in_flight, messages))
 
     def failed(self, exc: BaseException, messages: int = 1) -> None:
         self.errors += messages
@@ -250,6 +258,7 @@ class Acks:
             "msgs_per_s": round(acked / seconds, 1),
             "mb_per_s": round(acked * size / seconds / 1e6, 2),
             "latency_ms": latency_ms(self.latencies),
+            "in_flight_latency_ms": latency_ms(self.in_flight),
         }
 
 
@@ -263,21 +272,25 @@ async def send_singles(
     producer: Producer, topics: Sequence[str], payload: bytes, messages: int, acks: Acks,
 ) -> None:
     """Hand `messages` to `producer.send_async` one per call as fast as its window lets,
-    message `i` to `topics[i % len(topics)]`, and record each one's latency (from its call
-    to its acknowledgement) or failure. Call `producer.flush()` to wait for the last."""
+    message `i` to `topics[i % len(topics)]`, and record each one's latency (from its call,
+    and from its place in the window, to its acknowledgement: see `Acks`) or failure. Call
+    `producer.flush()` to wait for the last."""
     n = len(topics)
 
-    def timed(t0: float) -> Callable[[Any], None]:
+    def timed(t0: float, t_in: float) -> Callable[[Any], None]:
         def done(fut: Any) -> None:
             exc = fut.exception()
             if exc is not None:
                 acks.failed(exc)
             else:
-                acks.ok(time.perf_counter() - t0)
+                t = time.perf_counter()
+                acks.ok(t - t0, in_flight=t - t_in)
         return done
 
     for i in range(messages):
-        await producer.send_async(topics[i % n], payload, callback=timed(time.perf_counter()))
+        t0 = time.perf_counter()
+        fut = await producer.send_async(topics[i % n], payload)
+        fut.add_done_callback(timed(t0, time.perf_counter()))  # runs at once if already done
         if i % 256 == 255:
             await anyio.sleep(0)  # a send that finds room never yields: let acks in
 

@@ -15,6 +15,12 @@ unacknowledged and lets the producer form batches (`--batch` messages at most, a
 round robin. Each message of a call gets the call's latency. The message count rounds up
 to whole batches; `messages` in the result is the count sent.
 
+Two latencies are reported: `latency_ms` from the send call to the ack (with the single
+api a call made while the window is full first waits for room), and
+`in_flight_latency_ms` from the moment the message held its place in the window to its
+ack. With `--in-flight 1` the second is the round trip of one message (what a peer's
+publish-and-wait client measures) and the first about twice it.
+
 What the timed section cost the cluster is reported beside the rates: `raft_entries`
 committed (every group), `msgs_per_entry`, `fsyncs` (every replica) and, for a local
 cluster, `node_cpu_s` (user + system CPU of every node process, from /proc) with

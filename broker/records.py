@@ -24,6 +24,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import msgpack
@@ -223,14 +224,22 @@ def walk_batch(
     if header is None:
         header = _decode_header(raw)
     pos = hstart + hlen
-    refs: list[RecordRef] = []
     end = len(mv)
+    same = _uniform_refs(mv, pos, end, header.n, max_message_bytes)
+    if same is not None:
+        return header, same
+    refs: list[RecordRef] = []
     bad_props = -1  # the first record with undecodable properties, reported last
+    # One pass per message on every replica is the broker's main cost per entry: the
+    # loop keeps its lookups local and builds each RecordRef without a Python-level call.
+    unpack, hsize = RECORD_HEADER.unpack_from, RECORD_HEADER.size
+    add, new = refs.append, tuple.__new__
+    last_header = end - hsize  # the last position a whole record header fits at
     while pos < end:
-        if end - pos < RECORD_HEADER.size:
+        if pos > last_header:
             raise _bad(f"record {len(refs)} header truncated")
-        size, _born, klen, tlen, plen, blen = RECORD_HEADER.unpack_from(mv, pos)
-        if size != RECORD_HEADER.size + klen + tlen + plen + blen or pos + size > end:
+        size, _born, klen, tlen, plen, blen = unpack(mv, pos)
+        if size != hsize + klen + tlen + plen + blen or pos + size > end:
             raise _bad(f"record {len(refs)} lengths are inconsistent")
         if blen > max_message_bytes:
             raise RequestError(
@@ -238,25 +247,57 @@ def walk_batch(
                 f"message body of {blen} bytes exceeds the limit of {max_message_bytes}",
             )
         if plen and check_properties and bad_props < 0:
-            p = pos + RECORD_HEADER.size + klen + tlen
+            p = pos + hsize + klen + tlen
             if not _string_map(mv[p : p + plen]):
                 bad_props = len(refs)
         if klen or tlen:
-            kstart = pos + RECORD_HEADER.size
+            kstart = pos + hsize
             try:
                 key = str(mv[kstart : kstart + klen], "utf-8") if klen else ""
                 tags = str(mv[kstart + klen : kstart + klen + tlen], "utf-8") if tlen else ""
             except UnicodeDecodeError:
                 raise _bad(f"record {len(refs)} key or tags are not UTF-8") from None
-            refs.append(RecordRef(pos, size, key, tag_hash(tags)))
+            add(new(RecordRef, (pos, size, key, tag_hash(tags))))
         else:
-            refs.append(RecordRef(pos, size, "", 0))
+            add(new(RecordRef, (pos, size, "", 0)))
         pos += size
     if len(refs) != header.n or not refs:
         raise _bad(f"header says {header.n} records, found {len(refs)}")
     if bad_props >= 0:
         raise _bad(f"record {bad_props} properties are not a map of strings")
     return header, refs
+
+
+# Where a record header's fields sit: the bytes every record of a uniform batch shares
+# (all but the producer's born_ms).
+_SHARED_HEADER_BYTES = (*range(0, 4), *range(12, RECORD_HEADER.size))
+
+
+def _uniform_refs(
+    mv: memoryview, pos: int, end: int, n: int, max_message_bytes: int
+) -> list[RecordRef] | None:
+    """The records of a batch whose `n` messages are all bare bodies of one size (no key,
+    tags or properties), checked column by column over the headers instead of record by
+    record; None when the batch is not of that shape (the caller walks it in full).
+
+    What it accepts, the full walk accepts too, with the same refs: every header says the
+    same whole-record size, zero key, tags and properties lengths and the body length
+    that makes the sizes agree, and the records tile the rest of the batch exactly."""
+    if n < 2 or end - pos < RECORD_HEADER.size:
+        return None
+    size = int.from_bytes(mv[pos : pos + 4], "big")
+    blen = size - RECORD_HEADER.size
+    if blen < 0 or size * n != end - pos or blen > max_message_bytes:
+        return None
+    first = RECORD_HEADER.pack(size, 0, 0, 0, 0, blen)
+    if mv[pos + 12 : pos + RECORD_HEADER.size] != first[12:]:
+        return None
+    for k in _SHARED_HEADER_BYTES:  # each: the k-th header byte of every record at once
+        if mv[pos + k : end : size] != first[k : k + 1] * n:
+            return None
+    starts = range(pos, end, size)  # each RecordRef built in C, no bytecode per message
+    return list(map(tuple.__new__, repeat(RecordRef, n), zip(starts, repeat(size), repeat(""),
+                                                             repeat(0))))
 
 
 # Decoded batch headers by their bytes. A producer without idempotence sends the same

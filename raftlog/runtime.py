@@ -86,6 +86,7 @@ from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.driver import drain
 from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
+from raftlog.syncthread import SyncThread
 from raftlog.types import (
     Entry,
     EntryType,
@@ -404,6 +405,7 @@ class GroupRuntime(Generic[M]):
         self._frozen = False  # what `core.frozen` was last seen as (for the logs)
         self._repair_rounds = 0
         self._gone_logged: set[int] = set()
+        self._syncer: SyncThread | None = None  # run()'s thread for group commits
 
     @property
     def machine(self) -> M:
@@ -505,6 +507,7 @@ class GroupRuntime(Generic[M]):
         """Drive the group until cancelled; the CommitLog is closed on the way out."""
         if self.core is None:
             self.open()
+        self._syncer = SyncThread(f"raftmq-sync-{self.group_id}")
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -513,6 +516,7 @@ class GroupRuntime(Generic[M]):
                 nursery.start_soon(self._snapshot_loop)
                 nursery.start_soon(self._repair_loop)
         finally:
+            self._syncer.stop()
             self.closed = True
             self._fail_waiters(NotLeader(None))
             self._fail_reads(NotLeader(None))
@@ -938,6 +942,8 @@ class GroupRuntime(Generic[M]):
         core, lg = self.core, self.log
         assert core is not None and lg is not None
         fsync = not self.options.skip_fsync
+        syncer = self._syncer
+        assert syncer is not None
         while True:
             await self._sync_needed.wait()
             self._sync_needed = trio.Event()
@@ -947,7 +953,7 @@ class GroupRuntime(Generic[M]):
             t0 = time.perf_counter()
             try:
                 if plan.fds or plan.sync_dir:
-                    await trio.to_thread.run_sync(plan.run)
+                    await syncer.run(plan.run)
             finally:
                 plan.close()
             persisted = lg.finish_sync(plan)

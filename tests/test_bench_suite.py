@@ -169,11 +169,15 @@ def test_produce_result_keys(cluster: LocalCluster, capsys: pytest.CaptureFixtur
     assert r["_exit"] == 0
     assert set(r) - {"_exit"} == {
         "benchmark", "api", "messages", "acknowledged", "errors", "first_error", "size_bytes",
-        "seconds", "msgs_per_s", "mb_per_s", "latency_ms", "in_flight", "batch_messages",
+        "seconds", "msgs_per_s", "mb_per_s", "latency_ms", "in_flight_latency_ms", "in_flight",
+        "batch_messages",
         "concurrent_batches", "batch_max_messages", "linger_ms", "queues", "cluster",
         "namesrv", "raft_entries", "msgs_per_entry", "fsyncs", "node_cpu_s",
         "node_cpu_us_per_entry", "node_cpu_us_per_msg"}
     assert r["acknowledged"] == 300 and set(r["latency_ms"]) == {"p50", "p99", "p999"}
+    # in flight: from the call's return, so never longer than from the call, message by message
+    assert set(r["in_flight_latency_ms"]) == {"p50", "p99", "p999"}
+    assert all(r["in_flight_latency_ms"][p] <= r["latency_ms"][p] for p in ("p50", "p99"))
     assert r["raft_entries"] > 0 and r["fsyncs"] > 0
     assert r["node_cpu_s"] is None  # an external cluster: its processes are not ours to read
     assert r["api"] == "single" and r["batch_messages"] is r["concurrent_batches"] is None

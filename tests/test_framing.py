@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from broker.protocol import Frame, FrameDecoder, encode_frame
-from transport.framing import Caller, FrameWriter, serve_frames
+from transport.framing import Caller, FrameWriter, read_some, serve_frames
 
 
 class RecordingStream(trio.abc.SendStream):
@@ -210,5 +210,116 @@ def test_serve_frames_a_failed_write_ends_only_that_connection() -> None:
             await serve_frames(trio.StapledStream(send, recv), echo)
         assert send.closed and recv.closed
         assert send.writes == []
+
+    trio.run(main)
+
+
+# ------------------------------------------------------------------ on a real socket
+
+
+def _socket_streams() -> tuple[trio.SocketStream, trio.SocketStream]:
+    a, b = trio.socket.socketpair()
+    return trio.SocketStream(a), trio.SocketStream(b)
+
+
+def _readable(sock: trio.socket.SocketType) -> bytes:
+    """What the socket holds now, without waiting."""
+    out = b""
+    while True:
+        try:
+            chunk = sock._sock.recv(1 << 20)  # noqa: SLF001 - a non-blocking read, no task switch
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_an_answer_on_an_idle_socket_is_written_at_once() -> None:
+    async def main() -> None:
+        a, b = _socket_streams()
+        w = FrameWriter(a)  # no writer task running: only the direct write can deliver
+        await w.send({"id": 1}, b"hello")
+        assert w.pending == 0
+        (f,) = frames_of(_readable(b.socket))
+        assert f.header == {"id": 1} and f.body == b"hello"
+
+    trio.run(main)
+
+
+def test_a_socket_that_takes_part_of_a_frame_keeps_frames_whole_and_in_order() -> None:
+    """A frame larger than the socket buffer is written partly at once and the rest by the
+    writer task; answers meanwhile wait behind it (never written into its middle)."""
+
+    async def main() -> None:
+        a, b = _socket_streams()
+        big = bytes(range(256)) * 16384  # 4 MiB: more than any socket buffer takes at once
+        w = FrameWriter(a, max_pending=1 << 30)
+        received = bytearray()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.run)
+            await w.send({"id": 1}, big)
+            assert w.pending > 0  # the rest waits for the writer
+            await trio.testing.wait_all_tasks_blocked()  # the writer is stuck in its send_all
+            received += _readable(b.socket)  # room again, before the writer task runs
+            for i in range(2, 12):
+                await w.send({"id": i}, b"small %d" % i)
+            total = len(encode_frame({"id": 1}, big)) + sum(
+                len(encode_frame({"id": i}, b"small %d" % i)) for i in range(2, 12))
+            while len(received) < total:
+                received += await b.receive_some(1 << 20)
+            nursery.cancel_scope.cancel()
+        frames = frames_of(bytes(received))
+        assert [f.header["id"] for f in frames] == list(range(1, 12))
+        assert frames[0].body == big
+        assert [f.body for f in frames[1:]] == [b"small %d" % i for i in range(2, 12)]
+
+    trio.run(main)
+
+
+
+def test_read_some_takes_what_is_there_without_a_scheduling_round() -> None:
+    async def main() -> None:
+        a, b = _socket_streams()
+        await b.send_all(b"hello")
+        with trio.CancelScope() as scope:
+            scope.cancel()  # any checkpoint inside would raise Cancelled here
+            data = await read_some(a, 1024)
+        assert data == b"hello" and not scope.cancelled_caught
+
+    trio.run(main)
+
+
+def test_read_some_never_drops_a_full_read_on_cancellation() -> None:
+    async def main() -> None:
+        a, b = _socket_streams()
+        await b.send_all(b"x" * 100)
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            data = await read_some(a, 100)  # full: it yields, but keeps what it read
+        assert data == b"x" * 100
+
+    trio.run(main)
+
+
+def test_read_some_waits_for_data_and_reports_the_end() -> None:
+    async def main() -> None:
+        a, b = _socket_streams()
+        got: list[bytes | bytearray] = []
+        async with trio.open_nursery() as nursery:
+            async def reader() -> None:
+                got.append(await read_some(a, 1024))
+                got.append(await read_some(a, 1024))
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == []
+            await b.send_all(b"late")
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [b"late"]
+            await b.send_eof()
+        assert got == [b"late", b""]
+        await a.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            await read_some(a, 1024)
 
     trio.run(main)

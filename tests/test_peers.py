@@ -7,12 +7,15 @@ import ssl
 from typing import Any
 
 import trio
+import trio.testing
 import trustme
 
 from broker.peers import PeerLinks
+from broker.protocol import FrameDecoder
 from chaos.cluster import free_ports
 from chaos.proxy import Proxy
 from raftlog.types import Membership, Message, MsgType, Role
+from raftlog.wire import message_from_wire
 from tests.raft_harness import Cluster
 from transport.framing import FrameStream
 from transport.peerauth import PeerRefused, accept_peer
@@ -36,6 +39,54 @@ def test_a_message_over_the_peer_frame_limit_is_not_queued() -> None:
     links.send("g", Message(MsgType.SNAPSHOT, 1, 2, 3, log_index=9, log_term=3,
                             snapshot=b"x" * 5000, membership=members))
     assert len(link.queue) == 2  # one that does not is dropped (and logged), not sent
+
+
+def test_messages_on_an_idle_link_leave_at_once_and_never_inside_a_write() -> None:
+    """An idle link's message is written by `send` itself; once a write is partial (the
+    socket is full), later messages wait behind it for the writer task, even when the
+    socket has room again before that task runs."""
+
+    async def main() -> None:
+        a, b = trio.socket.socketpair()
+        ours, theirs = trio.SocketStream(a), trio.SocketStream(b)
+        links = PeerLinks(1, {1: "127.0.0.1:1", 2: "127.0.0.1:2"}, lambda g, m: None,
+                          max_frame=64 << 20, secret=SECRET)
+        link: Any = links._links[2]
+        link.attach(ours)
+        links.send("g", Message(MsgType.HEARTBEAT, 1, 2, 3, commit=1))
+        assert not link.queue  # written without the writer task (none is running)
+        members = Membership(frozenset({1, 2}))
+        big = Message(MsgType.SNAPSHOT, 1, 2, 3, log_index=9, log_term=3,
+                      snapshot=bytes(range(256)) * 16384, membership=members)  # 4 MiB
+        received = bytearray()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(links._writer, link)
+            links.send("g", big)
+            assert link.queue  # the socket took part of it: the rest is the writer's
+            await trio.testing.wait_all_tasks_blocked()  # the writer waits in its send_all
+            while True:  # make room without letting the writer run
+                try:
+                    received += b._sock.recv(1 << 20)  # noqa: SLF001 - no task switch
+                except BlockingIOError:
+                    break
+            for commit in range(2, 12):
+                links.send("g", Message(MsgType.HEARTBEAT, 1, 2, 3, commit=commit))
+            dec = FrameDecoder(64 << 20)
+            got: list[Message] = []
+            while len(got) < 12:
+                dec.feed(received)
+                received = bytearray()
+                while (f := dec.next_frame()) is not None:
+                    got.append(message_from_wire(f.header["m"], f.body))
+                if len(got) < 12:
+                    received += await theirs.receive_some(1 << 20)
+            nursery.cancel_scope.cancel()
+        heartbeat, snapshot = MsgType.HEARTBEAT, MsgType.SNAPSHOT
+        assert [m.type for m in got] == [heartbeat, snapshot] + [heartbeat] * 10
+        assert got[1].snapshot == big.snapshot
+        assert [m.commit for m in got[2:]] == list(range(2, 12))
+
+    trio.run(main)
 
 
 def test_redialling_a_dead_leader_through_a_proxy_does_not_hold_back_the_campaign() -> None:

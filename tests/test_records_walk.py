@@ -1,0 +1,73 @@
+"""`walk_batch`'s shortcut for batches of same-size bare messages gives exactly what the
+record-by-record walk gives, for good batches and damaged ones alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import broker.records as records
+from broker.protocol import RequestError
+from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch, walk_batch
+
+MAX = 40  # a small message size limit, so some batches break it
+
+
+def _outcome(data: bytes, check_properties: bool) -> Any:
+    try:
+        return walk_batch(data, STORED_PREFIX.size, MAX, check_properties=check_properties)
+    except RequestError as exc:
+        return ("refused", exc.code, str(exc))
+
+
+def _full_walk(data: bytes, check_properties: bool) -> Any:
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(records, "_uniform_refs", lambda *a: None)
+        return _outcome(data, check_properties)
+
+
+messages = st.one_of(
+    # same-size bare bodies: the shortcut's case
+    st.tuples(st.integers(1, 40), st.integers(0, MAX + 10)).map(lambda t: [b"u" * t[1]] * t[0]),
+    # anything else
+    st.lists(st.one_of(st.binary(max_size=50),
+                       st.builds(OutgoingMessage, st.binary(max_size=20),
+                                 key=st.sampled_from(["", "k"]),
+                                 tags=st.sampled_from(["", "t"]))),
+             min_size=1, max_size=20),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(msgs=messages, flip=st.one_of(st.none(), st.tuples(st.booleans(), st.integers(0, 1 << 16),
+                                                          st.integers(0, 31), st.integers(1, 255))),
+       cut=st.integers(0, 3), check_properties=st.booleans())
+def test_the_shortcut_agrees_with_the_full_walk(
+    msgs: list[Any], flip: tuple[bool, int, int, int] | None, cut: int, check_properties: bool
+) -> None:
+    batch = encode_batch("t", 1, msgs)
+    data = bytearray(STORED_PREFIX.size) + batch
+    if flip is not None:  # damage one byte: anywhere, or in some record's header
+        in_header, where, k, xor = flip
+        if in_header:
+            at = batch.starts[where % len(batch.starts)] + k % records.RECORD_HEADER.size
+        else:
+            at = STORED_PREFIX.size + where % (len(data) - STORED_PREFIX.size)
+        data[at] ^= xor
+    if cut:
+        del data[-cut:]
+    assert _outcome(bytes(data), check_properties) == _full_walk(bytes(data), check_properties)
+
+
+def test_a_batch_of_same_size_bodies_takes_the_shortcut() -> None:
+    data = bytes(bytearray(STORED_PREFIX.size) + encode_batch("t", 1, [b"x" * 30] * 64))
+    header, refs = walk_batch(data, STORED_PREFIX.size)
+    mv = memoryview(data)
+    assert records._uniform_refs(mv, refs[0].start, len(data), header.n, MAX) == refs
+    mixed = bytes(bytearray(STORED_PREFIX.size) + encode_batch("t", 1, [b"x" * 30, b"y"] * 8))
+    header, refs = walk_batch(mixed, STORED_PREFIX.size)
+    assert records._uniform_refs(memoryview(mixed), refs[0].start, len(mixed), header.n,
+                                 MAX) is None
