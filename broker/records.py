@@ -4,8 +4,16 @@ A batch is written once, by the client, and never re-encoded: the leader copies 
 into the stored entry, behind the 8-byte slot it fills with the store timestamp
 (`STORED_PREFIX`), and appends it to the CommitLog as one MESSAGES entry; the broker only
 walks record headers to build ConsumeQueue entries; a fetch sends stored record bytes
-back verbatim. `encode_batch` says where each record will start in the stored entry,
-which is what message ids are made of, so a client never parses the layout itself.
+back verbatim. `encode_batch` says where each record will start in the stored entry when
+the batch is the entry's first, which is what message ids are made of, so a client never
+parses the layout itself.
+
+A MESSAGES entry holds one or more batches back to back behind the store timestamp (the
+batches of one PRODUCE request, for any queues of the group): a batch ends after the `n`
+records its header counts, and the next one starts there (`walk_entry`). An entry of one
+batch, the only kind older nodes wrote, is the same layout. A batch that is not its
+entry's first sits some bytes further on (its shift), which the leader says in the
+batch's outcome.
 
     batch   := "RB" u8 version u8 flags u16 header_len header records
     header  := msgpack map {topic: str, queue: int, pid: int, seq: int, n: int}
@@ -15,7 +23,7 @@ which is what message ids are made of, so a client never parses the layout itsel
                props is a msgpack map of str -> str, or empty
 
 All integers are big-endian. `walk_batch` validates every length before anything is
-applied, so a malformed batch is refused whole.
+applied, so a malformed batch is refused whole (and `walk_entry` a malformed entry).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ __all__ = [
     "RecordRef",
     "EncodedBatch",
     "WalkedBatch",
+    "WalkedEntry",
     "decode_record",
     "encode_batch",
     "record_size",
@@ -46,6 +55,7 @@ __all__ = [
     "parse_message_id",
     "tag_hash",
     "walk_batch",
+    "walk_entry",
 ]
 
 MAGIC = b"RB"
@@ -121,7 +131,8 @@ def parse_message_id(msg_id: str) -> tuple[str, int, int]:
 
 class EncodedBatch(bytes):
     """A batch's bytes, plus `starts`: where each record begins in the stored entry
-    (behind the leader's store timestamp), the position a message id names."""
+    (behind the leader's store timestamp) when the batch is the entry's first, the
+    position a message id names (plus the batch's shift otherwise)."""
 
     starts: tuple[int, ...]
 
@@ -132,6 +143,14 @@ class WalkedBatch(NamedTuple):
 
     header: BatchHeader
     refs: list[RecordRef]
+    max_message_bytes: int
+
+
+class WalkedEntry(NamedTuple):
+    """The batches of a multi-batch entry as the leader walked them before proposing it
+    (what `walk_entry` with `max_message_bytes` gives), handed back at apply likewise."""
+
+    batches: list[tuple[BatchHeader, list[RecordRef]]]
     max_message_bytes: int
 
 
@@ -199,6 +218,7 @@ def walk_batch(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     *,
     check_properties: bool = False,
+    whole: bool = True,
 ) -> tuple[BatchHeader, list[RecordRef]]:
     """Validate a batch starting at `base` in `batch` and locate its records.
 
@@ -208,6 +228,8 @@ def walk_batch(
     str -> str, which no consumer could decode: the produce path asks for it, before
     anything is written; applying entries does not (it must accept what was logged).
     It rides the same pass over the records, as one walk per message is the cost here.
+    With `whole` the batch must end where `batch` does; without, it ends after the
+    records its header counts (the last ref's end), as inside a multi-batch entry.
     """
     mv = memoryview(batch)
     if len(mv) - base < _BATCH_PREFIX.size:
@@ -226,12 +248,12 @@ def walk_batch(
     refs: list[RecordRef] = []
     end = len(mv)
     bad_props = -1  # the first record with undecodable properties, reported last
-    while pos < end:
+    for i in range(header.n):
         if end - pos < RECORD_HEADER.size:
-            raise _bad(f"record {len(refs)} header truncated")
+            raise _bad(f"header says {header.n} records, record {i} is truncated or missing")
         size, _born, klen, tlen, plen, blen = RECORD_HEADER.unpack_from(mv, pos)
         if size != RECORD_HEADER.size + klen + tlen + plen + blen or pos + size > end:
-            raise _bad(f"record {len(refs)} lengths are inconsistent")
+            raise _bad(f"record {i} lengths are inconsistent")
         if blen > max_message_bytes:
             raise RequestError(
                 Code.MESSAGE_TOO_LARGE,
@@ -240,23 +262,44 @@ def walk_batch(
         if plen and check_properties and bad_props < 0:
             p = pos + RECORD_HEADER.size + klen + tlen
             if not _string_map(mv[p : p + plen]):
-                bad_props = len(refs)
+                bad_props = i
         if klen or tlen:
             kstart = pos + RECORD_HEADER.size
             try:
                 key = str(mv[kstart : kstart + klen], "utf-8") if klen else ""
                 tags = str(mv[kstart + klen : kstart + klen + tlen], "utf-8") if tlen else ""
             except UnicodeDecodeError:
-                raise _bad(f"record {len(refs)} key or tags are not UTF-8") from None
+                raise _bad(f"record {i} key or tags are not UTF-8") from None
             refs.append(RecordRef(pos, size, key, tag_hash(tags)))
         else:
             refs.append(RecordRef(pos, size, "", 0))
         pos += size
-    if len(refs) != header.n or not refs:
-        raise _bad(f"header says {header.n} records, found {len(refs)}")
+    if whole and pos != end:
+        raise _bad(f"header says {header.n} records, more bytes follow them")
     if bad_props >= 0:
         raise _bad(f"record {bad_props} properties are not a map of strings")
     return header, refs
+
+
+def walk_entry(
+    data: bytes | memoryview, max_message_bytes: int = MAX_MESSAGE_BYTES
+) -> list[tuple[BatchHeader, list[RecordRef]]]:
+    """The batches of a MESSAGES entry's data (store timestamp, then one or more batches
+    back to back), each walked as `walk_batch` does, refs relative to `data`. Raises
+    `RequestError` for the entry as a whole when any batch is malformed or too large:
+    its batches can then not be told apart, and the leader never proposes such an entry.
+    """
+    end = len(data)
+    pos = STORED_PREFIX.size
+    if end <= pos:
+        raise _bad(f"an entry of {end} bytes holds no batch")
+    out: list[tuple[BatchHeader, list[RecordRef]]] = []
+    while pos < end:
+        header, refs = walk_batch(data, pos, max_message_bytes, whole=False)
+        out.append((header, refs))
+        last = refs[-1]
+        pos = last.start + last.size
+    return out
 
 
 # Decoded batch headers by their bytes. A producer without idempotence sends the same

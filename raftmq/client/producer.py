@@ -316,11 +316,12 @@ def new_producer_id() -> int:
     return random.getrandbits(63) or 1
 
 
-def batch_message_ids(group: str, index: int, batch: EncodedBatch) -> list[str]:
+def batch_message_ids(group: str, index: int, batch: EncodedBatch, shift: int = 0) -> list[str]:
     """Ids of a stored batch's messages: group, entry index, and where each record
-    starts in the entry (`encode_batch` says where)."""
+    starts in the entry (`encode_batch` says where for the entry's first batch; a batch
+    stored further into its entry is `shift` bytes on, as its outcome says)."""
     prefix = f"{group}:{index}:"
-    return [f"{prefix}{start}" for start in batch.starts]
+    return [f"{prefix}{start + shift}" for start in batch.starts]
 
 
 @dataclass(slots=True)
@@ -1018,10 +1019,11 @@ class Producer:
     ) -> list[SendResult]:
         try:
             base, n, index = int(h["base"]), int(h["n"]), int(h["index"])
+            shift = int(h.get("shift", 0))
         except (KeyError, TypeError, ValueError):
             raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {h!r}") from None
         dup = bool(h.get("dup", False))
-        ids = batch_message_ids(group, index, batch)
+        ids = batch_message_ids(group, index, batch, shift)
         if n != len(ids):
             raise RequestError(Code.MALFORMED, f"PRODUCE stored {n} of {len(ids)} messages")
         if base < 0:
