@@ -158,14 +158,15 @@ class GroupAccumulator(Generic[S, F]):
     def add(self, queue: QueueBuffer[S, F], send: S, now: float) -> bool:
         """Queue `send` on `queue` (of this group); True when whoever drains the group
         should be woken: it just became ready, or has something to linger on."""
-        was = self._state(now)
         queue.add(send, now)
         if queue.busy:
             return False
+        had = bool(self.sendable)
+        was_ready = had and self.ready(now)
         self._mark(queue, queue.first_at)
         if queue.full:
             self._due = True
-        return self._state(now) != was
+        return not was_ready and (not had or self.ready(now))
 
     def requeue(self, queue: QueueBuffer[S, F], batches: Sequence[F], *, front: bool) -> None:
         """Put made batches on `queue`: a retry goes `front` (before everything it has);
@@ -182,18 +183,15 @@ class GroupAccumulator(Generic[S, F]):
 
     def release(self, queue: QueueBuffer[S, F], now: float) -> bool:
         """A request no longer holds `queue`; True as for `add`."""
-        was = self._state(now)
         queue.busy = False
-        if queue.empty:
+        if not queue.pending and not queue.formed:
             return False
+        had = bool(self.sendable)
+        was_ready = had and self.ready(now)
         self._mark(queue, queue.first_at if queue.pending else -math.inf)
         if queue.formed or queue.full:
             self._due = True
-        return self._state(now) != was
-
-    def _state(self, now: float) -> int:
-        """0: nothing to send, 1: lingering, 2: ready."""
-        return 2 if self.ready(now) else 1 if self.sendable else 0
+        return not was_ready and (not had or self.ready(now))
 
     def _mark(self, queue: QueueBuffer[S, F], first_at: float) -> None:
         if queue.key not in self.sendable:
