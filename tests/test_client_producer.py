@@ -672,3 +672,79 @@ async def test_the_attempt_observer_sees_every_request_that_may_store_a_batch() 
     assert [a.attempt for a, _ in seen] == [1, 2, 3, 1]
     assert [list(a.messages) for a, _ in seen[:3]] == [[b"m0", b"m1", b"m2"]] * 3
     assert list(seen[3][0].messages) == [b"alone"]
+
+
+# ---------------------------------------------------------------- order per queue
+
+
+def _bodies(pool: ScriptedPool, ok_only: Callable[[int], bool]) -> list[list[bytes]]:
+    """The message bodies of each PRODUCE request (whose number `ok_only` accepts), batch
+    by batch."""
+    out = []
+    n = 0
+    for _, h, body in pool.produced():
+        n += 1
+        if not ok_only(n):
+            continue
+        parts = split_batches(h["sizes"], body) if "sizes" in h else [memoryview(body)]
+        for part in parts:
+            raw = bytes(part)
+            _, refs = walk_batch(raw)
+            out.append([decode_record(raw, r.start, topic="", queue=0, offset=0, store_ms=0,
+                                      msg_id="")[0].body for r in refs])
+    return out
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("in_flight", [1, 3])
+async def test_a_queue_sends_nothing_newer_while_its_batch_waits_to_be_retried(
+    in_flight: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first request fails (the group is behind): while its batch backs off, the
+    newer sends of its queue wait; the retry goes first, and the queue's batches reach
+    the broker in send order."""
+    monkeypatch.setattr("raftmq.client.producer.backoff_delay", lambda attempt: 0.2)
+    script = fail_first(1, lambda: RequestError(Code.BUSY, "behind"), ok_produce())
+    async with scripted(script, batch_max_messages=2, max_in_flight=in_flight,
+                        retries=3) as (producer, pool):
+        futs = [await producer.send_async("orders", b"m%d" % i, queue=0) for i in range(12)]
+        with anyio.fail_after(5):
+            while not pool.produced():
+                await anyio.sleep(0.005)
+        more = [await producer.send_async("orders", b"m%d" % i, queue=0) for i in range(12, 16)]
+        await anyio.sleep(0.1)  # within the backoff: nothing else of queue 0 may leave
+        assert len(pool.produced()) == 1
+        with anyio.fail_after(10):
+            results = [await f for f in futs + more]
+    sent = [b for batch in _bodies(pool, lambda n: n > 1) for b in batch]
+    assert sent == [b"m%d" % i for i in range(16)]
+    first = _bodies(pool, lambda n: n == 1)
+    assert first == _bodies(pool, lambda n: n == 2)[: len(first)]  # the retry went first
+    assert [r.queue for r in results] == [0] * 16
+
+
+@pytest.mark.anyio
+async def test_a_batch_behind_a_stored_batch_of_its_queue_is_failed_not_resent() -> None:
+    """Two batches of one queue in one request: the first refused with a retriable error,
+    the second stored. Resending the first would store it after the second, so it fails
+    (with its own error) and is not sent again; the second is acknowledged."""
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        if op == Op.ROUTE:
+            return ROUTE
+        first, second = split_batches(h["sizes"], body)
+        return {"results": [[int(Code.BUSY), "behind", {}],
+                            encode_ok(5, walk_batch(second)[0].n, 9, False, len(first))]}
+
+    async with scripted(answer, batch_max_messages=1, max_in_flight=2, retries=3) as (
+            producer, pool):
+        a = await producer.send_async("orders", b"a", queue=0)
+        b = await producer.send_async("orders", b"b", queue=0)
+        with pytest.raises(RequestError) as info:
+            await a
+        result = await b
+    assert info.value.code == Code.BUSY
+    # its id names its record where the leader put it: behind the first batch
+    shift = len(encode_batch("orders", 0, [b"a"]))
+    assert (result.offset, result.msg_id) == (
+        5, f"g1:9:{encode_batch('orders', 0, [b'b']).starts[0] + shift}")
+    assert len(pool.produced()) == 1
