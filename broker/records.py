@@ -250,7 +250,9 @@ def walk_batch(
     bad_props = -1  # the first record with undecodable properties, reported last
     for i in range(header.n):
         if end - pos < RECORD_HEADER.size:
-            raise _bad(f"header says {header.n} records, record {i} is truncated or missing")
+            if pos == end:
+                raise _bad(f"header says {header.n} records, found {i}")
+            raise _bad(f"record {i} header truncated")
         size, _born, klen, tlen, plen, blen = RECORD_HEADER.unpack_from(mv, pos)
         if size != RECORD_HEADER.size + klen + tlen + plen + blen or pos + size > end:
             raise _bad(f"record {i} lengths are inconsistent")
@@ -275,10 +277,26 @@ def walk_batch(
             refs.append(RecordRef(pos, size, "", 0))
         pos += size
     if whole and pos != end:
-        raise _bad(f"header says {header.n} records, more bytes follow them")
+        raise _bad(_trailing(mv, pos, header.n))
     if bad_props >= 0:
         raise _bad(f"record {bad_props} properties are not a map of strings")
     return header, refs
+
+
+def _trailing(mv: memoryview, pos: int, n: int) -> str:
+    """What the bytes after a batch's `n` records are, when they should be nothing."""
+    end, more = len(mv), 0
+    while end - pos >= RECORD_HEADER.size:
+        (size,) = struct.unpack_from(">I", mv, pos)
+        if size < RECORD_HEADER.size or pos + size > end:
+            break
+        pos += size
+        more += 1
+    if more and pos == end:
+        return f"header says {n} records, found {n + more}"
+    if end - pos < RECORD_HEADER.size:
+        return f"record {n + more} header truncated"
+    return f"record {n + more} lengths are inconsistent"
 
 
 def walk_entry(
