@@ -15,8 +15,9 @@ the name server takes to answer a CLUSTER request, which lists every topic of ev
 A phase whose new topics the name servers do not route within `--route-timeout` ends
 the run; it is reported with an `error` instead of figures.
 `raft_entries` (and `msgs_per_entry`), `elections` and `fsyncs` say what the sending cost
-the cluster: each batch of one queue is one Raft entry, so spreading the same messages
-over more queues makes more, smaller entries. The in-flight window is shared by all
+the cluster: the producer sends the batches it has ready for a group (one per queue) in
+one request, stored as one Raft entry, so spreading the same messages over more queues
+makes more, smaller batches but not more entries. The in-flight window is shared by all
 queues; one so large that requests wait longer than the send timeout (3 s) makes the
 producer retry, and the retries crowd out the rest: compare with a smaller `--in-flight`
 before reading a collapse as the cluster's limit.

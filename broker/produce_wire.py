@@ -9,10 +9,16 @@ them together: one Ready, one fsync and one AppendEntries per follower for them 
     request   header {op: PRODUCE, g: group, sizes: [bytes of batch 0, 1, ...]}
               body   the batches back to back, each exactly as `broker.records` frames it
     answer    header {results: [outcome 0, 1, ...]}, in request order, where an outcome is
-              [0, base, n, index, dup]           the batch is stored (or was a duplicate)
+              [0, base, n, index, dup, shift]    the batch is stored (or was a duplicate)
               [code, message, extra]             it is not, for this reason (`Code`);
                                                  `extra` holds e.g. `unknown`: True when it
                                                  may still be stored, and a `leader` hint
+
+The leader stores the batches it accepts as one MESSAGES entry (`broker.records`), so
+their messages' ids share the entry's index; `shift` is how far beyond the place of the
+entry's first batch the batch sits (0 for that one, and when not given: older nodes),
+to add to the record positions `encode_batch` gives. The single-batch answer carries it
+as a field.
 
 Each batch stands alone: a refused batch (malformed, unknown queue, out of sequence...)
 is not stored and does not fail the others. A request without `sizes` is the older
@@ -58,9 +64,9 @@ def split_batches(sizes: object, body: bytes) -> list[memoryview]:
     return out
 
 
-def encode_ok(base: int, n: int, index: int, dup: bool) -> list[Any]:
+def encode_ok(base: int, n: int, index: int, dup: bool, shift: int = 0) -> list[Any]:
     """The outcome of a stored (or deduplicated) batch."""
-    return [0, base, n, index, dup]
+    return [0, base, n, index, dup, shift]
 
 
 def encode_error(exc: RequestError) -> list[Any]:
@@ -69,13 +75,14 @@ def encode_error(exc: RequestError) -> list[Any]:
 
 
 def decode_outcome(outcome: object) -> dict[str, Any]:
-    """One batch's outcome as the single-batch answer's fields ({base, n, index, dup});
-    raises the batch's own error as `RequestError` (with its extra fields), and MALFORMED
-    for an outcome that is not one of ours."""
+    """One batch's outcome as the single-batch answer's fields ({base, n, index, dup,
+    shift}, shift 0 when not given); raises the batch's own error as `RequestError` (with
+    its extra fields), and MALFORMED for an outcome that is not one of ours."""
     if isinstance(outcome, Sequence) and not isinstance(outcome, (str, bytes)) and outcome:
         code = outcome[0]
-        if code == 0 and len(outcome) == 5:
-            return {"base": outcome[1], "n": outcome[2], "index": outcome[3], "dup": outcome[4]}
+        if code == 0 and len(outcome) in (5, 6):
+            return {"base": outcome[1], "n": outcome[2], "index": outcome[3], "dup": outcome[4],
+                    "shift": outcome[5] if len(outcome) == 6 else 0}
         if isinstance(code, int) and code > 0 and len(outcome) == 3:
             try:
                 c = Code(code)

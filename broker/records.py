@@ -4,8 +4,16 @@ A batch is written once, by the client, and never re-encoded: the leader copies 
 into the stored entry, behind the 8-byte slot it fills with the store timestamp
 (`STORED_PREFIX`), and appends it to the CommitLog as one MESSAGES entry; the broker only
 walks record headers to build ConsumeQueue entries; a fetch sends stored record bytes
-back verbatim. `encode_batch` says where each record will start in the stored entry,
-which is what message ids are made of, so a client never parses the layout itself.
+back verbatim. `encode_batch` says where each record will start in the stored entry when
+the batch is the entry's first, which is what message ids are made of, so a client never
+parses the layout itself.
+
+A MESSAGES entry holds one or more batches back to back behind the store timestamp (the
+batches of one PRODUCE request, for any queues of the group): a batch ends after the `n`
+records its header counts, and the next one starts there (`walk_entry`). An entry of one
+batch, the only kind older nodes wrote, is the same layout. A batch that is not its
+entry's first sits some bytes further on (its shift), which the leader says in the
+batch's outcome.
 
     batch   := "RB" u8 version u8 flags u16 header_len header records
     header  := msgpack map {topic: str, queue: int, pid: int, seq: int, n: int}
@@ -15,7 +23,7 @@ which is what message ids are made of, so a client never parses the layout itsel
                props is a msgpack map of str -> str, or empty
 
 All integers are big-endian. `walk_batch` validates every length before anything is
-applied, so a malformed batch is refused whole.
+applied, so a malformed batch is refused whole (and `walk_entry` a malformed entry).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ __all__ = [
     "RecordRef",
     "EncodedBatch",
     "WalkedBatch",
+    "WalkedEntry",
     "decode_record",
     "encode_batch",
     "record_size",
@@ -47,6 +56,7 @@ __all__ = [
     "parse_message_id",
     "tag_hash",
     "walk_batch",
+    "walk_entry",
 ]
 
 MAGIC = b"RB"
@@ -122,7 +132,8 @@ def parse_message_id(msg_id: str) -> tuple[str, int, int]:
 
 class EncodedBatch(bytes):
     """A batch's bytes, plus `starts`: where each record begins in the stored entry
-    (behind the leader's store timestamp), the position a message id names."""
+    (behind the leader's store timestamp) when the batch is the entry's first, the
+    position a message id names (plus the batch's shift otherwise)."""
 
     starts: tuple[int, ...]
 
@@ -133,6 +144,14 @@ class WalkedBatch(NamedTuple):
 
     header: BatchHeader
     refs: list[RecordRef]
+    max_message_bytes: int
+
+
+class WalkedEntry(NamedTuple):
+    """The batches of a multi-batch entry as the leader walked them before proposing it
+    (what `walk_entry` with `max_message_bytes` gives), handed back at apply likewise."""
+
+    batches: list[tuple[BatchHeader, list[RecordRef]]]
     max_message_bytes: int
 
 
@@ -200,6 +219,7 @@ def walk_batch(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     *,
     check_properties: bool = False,
+    whole: bool = True,
 ) -> tuple[BatchHeader, list[RecordRef]]:
     """Validate a batch starting at `base` in `batch` and locate its records.
 
@@ -209,6 +229,8 @@ def walk_batch(
     str -> str, which no consumer could decode: the produce path asks for it, before
     anything is written; applying entries does not (it must accept what was logged).
     It rides the same pass over the records, as one walk per message is the cost here.
+    With `whole` the batch must end where `batch` does; without, it ends after the
+    records its header counts (the last ref's end), as inside a multi-batch entry.
     """
     mv = memoryview(batch)
     if len(mv) - base < _BATCH_PREFIX.size:
@@ -225,22 +247,28 @@ def walk_batch(
         header = _decode_header(raw)
     pos = hstart + hlen
     end = len(mv)
-    same = _uniform_refs(mv, pos, end, header.n, max_message_bytes)
-    if same is not None:
-        return header, same
+    if end - pos >= RECORD_HEADER.size:
+        # a batch of same-size bare records ends n records on; inside a multi-batch
+        # entry (not `whole`) another batch may follow it
+        span = int.from_bytes(mv[pos : pos + 4], "big") * header.n
+        if span == end - pos or (not whole and 0 < span < end - pos):
+            same = _uniform_refs(mv, pos, pos + span, header.n, max_message_bytes)
+            if same is not None:
+                return header, same
     refs: list[RecordRef] = []
     bad_props = -1  # the first record with undecodable properties, reported last
     # One pass per message on every replica is the broker's main cost per entry: the
     # loop keeps its lookups local and builds each RecordRef without a Python-level call.
     unpack, hsize = RECORD_HEADER.unpack_from, RECORD_HEADER.size
     add, new = refs.append, tuple.__new__
-    last_header = end - hsize  # the last position a whole record header fits at
-    while pos < end:
-        if pos > last_header:
-            raise _bad(f"record {len(refs)} header truncated")
+    for i in range(header.n):
+        if end - pos < hsize:
+            if pos == end:
+                raise _bad(f"header says {header.n} records, found {i}")
+            raise _bad(f"record {i} header truncated")
         size, _born, klen, tlen, plen, blen = unpack(mv, pos)
         if size != hsize + klen + tlen + plen + blen or pos + size > end:
-            raise _bad(f"record {len(refs)} lengths are inconsistent")
+            raise _bad(f"record {i} lengths are inconsistent")
         if blen > max_message_bytes:
             raise RequestError(
                 Code.MESSAGE_TOO_LARGE,
@@ -249,20 +277,20 @@ def walk_batch(
         if plen and check_properties and bad_props < 0:
             p = pos + hsize + klen + tlen
             if not _string_map(mv[p : p + plen]):
-                bad_props = len(refs)
+                bad_props = i
         if klen or tlen:
             kstart = pos + hsize
             try:
                 key = str(mv[kstart : kstart + klen], "utf-8") if klen else ""
                 tags = str(mv[kstart + klen : kstart + klen + tlen], "utf-8") if tlen else ""
             except UnicodeDecodeError:
-                raise _bad(f"record {len(refs)} key or tags are not UTF-8") from None
+                raise _bad(f"record {i} key or tags are not UTF-8") from None
             add(new(RecordRef, (pos, size, key, tag_hash(tags))))
         else:
             add(new(RecordRef, (pos, size, "", 0)))
         pos += size
-    if len(refs) != header.n or not refs:
-        raise _bad(f"header says {header.n} records, found {len(refs)}")
+    if whole and pos != end:
+        raise _bad(_trailing(mv, pos, header.n))
     if bad_props >= 0:
         raise _bad(f"record {bad_props} properties are not a map of strings")
     return header, refs
@@ -300,11 +328,50 @@ def _uniform_refs(
                                                              repeat(0))))
 
 
+def _trailing(mv: memoryview, pos: int, n: int) -> str:
+    """What the bytes after a batch's `n` records are, when they should be nothing."""
+    end, more = len(mv), 0
+    while end - pos >= RECORD_HEADER.size:
+        (size,) = struct.unpack_from(">I", mv, pos)
+        if size < RECORD_HEADER.size or pos + size > end:
+            break
+        pos += size
+        more += 1
+    if more and pos == end:
+        return f"header says {n} records, found {n + more}"
+    if end - pos < RECORD_HEADER.size:
+        return f"record {n + more} header truncated"
+    return f"record {n + more} lengths are inconsistent"
+
+
+def walk_entry(
+    data: bytes | memoryview, max_message_bytes: int = MAX_MESSAGE_BYTES
+) -> list[tuple[BatchHeader, list[RecordRef]]]:
+    """The batches of a MESSAGES entry's data (store timestamp, then one or more batches
+    back to back), each walked as `walk_batch` does, refs relative to `data`. Raises
+    `RequestError` for the entry as a whole when any batch is malformed or too large:
+    its batches can then not be told apart, and the leader never proposes such an entry.
+    """
+    end = len(data)
+    pos = STORED_PREFIX.size
+    if end <= pos:
+        raise _bad(f"an entry of {end} bytes holds no batch")
+    out: list[tuple[BatchHeader, list[RecordRef]]] = []
+    while pos < end:
+        header, refs = walk_batch(data, pos, max_message_bytes, whole=False)
+        out.append((header, refs))
+        last = refs[-1]
+        pos = last.start + last.size
+    return out
+
+
 # Decoded batch headers by their bytes. A producer without idempotence sends the same
 # header for every batch of a queue with the same count, so most batches skip the msgpack
-# decode and the checks. Only valid headers are kept; bounded by clearing when full.
+# decode and the checks. Only valid headers are kept; bounded by clearing when full, and
+# sized for a producer spreading single messages over 10,000 topics of 4 queues (some
+# 20 MB at most): a smaller table cycled through by 40,000 headers hits nothing.
 _HEADERS: dict[bytes, BatchHeader] = {}
-_HEADERS_MAX = 4096
+_HEADERS_MAX = 1 << 16
 
 
 def _decode_header(raw: bytes) -> BatchHeader:
@@ -336,9 +403,11 @@ def _header(h: dict[str, Any]) -> BatchHeader:
     pid, seq, n = h.get("pid", 0), h.get("seq", -1), h.get("n")
     if not isinstance(topic, str) or not topic:
         raise _bad("topic missing")
-    for name, v in (("queue", queue), ("pid", pid), ("seq", seq), ("n", n)):
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise _bad(f"{name} is not an integer")
+    if not (type(queue) is int and type(pid) is int and type(seq) is int  # noqa: E721
+            and type(n) is int):  # (bool is an int subclass: refused too)
+        for name, v in (("queue", queue), ("pid", pid), ("seq", seq), ("n", n)):
+            if type(v) is not int:  # noqa: E721
+                raise _bad(f"{name} is not an integer")
     assert isinstance(queue, int) and isinstance(pid, int) and isinstance(seq, int)
     assert isinstance(n, int)
     if queue < 0 or n < 1 or pid < 0 or seq < -1:

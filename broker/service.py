@@ -40,9 +40,18 @@ from broker.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.records import STORED_PREFIX, WalkedBatch, parse_message_id, walk_batch
+from broker.records import (
+    STORED_PREFIX,
+    BatchHeader,
+    RecordRef,
+    WalkedEntry,
+    parse_message_id,
+    walk_batch,
+    walk_entry,
+)
 from broker.statemachine import (
     MAX_QUEUES,
+    BatchOutcomes,
     BrokerState,
     ControlResult,
     ErrorResult,
@@ -55,7 +64,7 @@ from broker.statemachine import (
     control_prefer_leader,
     valid_request_id,
 )
-from raftlog.commitlog import CommitLogError, CorruptEntry, EntryDraft
+from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
@@ -320,65 +329,78 @@ class BrokerService:
             if isinstance(outcome, RequestError):
                 raise outcome
             return ok_header(0, base=outcome.base_offset, n=outcome.count, index=outcome.index,
-                             dup=outcome.dup), b""
+                             dup=outcome.dup, shift=outcome.shift), b""
         outcomes = await self._produce_batches(g, state, split_batches(h["sizes"], body))
         return ok_header(0, results=[
             encode_error(o) if isinstance(o, RequestError)
-            else encode_ok(o.base_offset, o.count, o.index, o.dup)
+            else encode_ok(o.base_offset, o.count, o.index, o.dup, o.shift)
             for o in outcomes
         ]), b""
 
     async def _produce_batches(
         self, g: GroupRuntime, state: BrokerState, bodies: Sequence[bytes | memoryview]
     ) -> list[ProduceResult | RequestError]:
-        """Store producer batches of group `g`, proposed together; each batch's outcome,
-        in order. A batch refused here or by the state machine is not stored and leaves
-        the others alone; NotLeader or ProposalDropped before anything is proposed fail
-        the whole request (nothing was written)."""
-        # Each batch is copied once, into the stored entry itself (behind the slot for the
-        # store timestamp, filled in place), and walked there; the walk travels with the
-        # proposal to this replica's apply, which so does not walk it again.
+        """Store producer batches of group `g` as one entry; each batch's outcome, in
+        order. A batch refused here or by the state machine is not stored and leaves the
+        others alone; NotLeader or ProposalDropped before anything is proposed fail the
+        whole request (nothing was written)."""
+        # The batches are copied once, back to back into the stored entry itself (behind
+        # the slot for the store timestamp, filled in place), and walked there; the walk
+        # travels with the proposal to this replica's apply, which so does not walk them
+        # again. A refused batch is overwritten by the next one, so the entry holds the
+        # accepted batches only.
         outcomes: list[ProduceResult | RequestError | None] = [None] * len(bodies)
-        drafts: list[EntryDraft] = []
-        walks: list[WalkedBatch] = []
-        slots: list[int] = []
         max_bytes = self.node.config.max_message_bytes
-        now_ms = int(time.time() * 1000)
+        draft = g.draft(STORED_PREFIX.size + sum(len(b) for b in bodies))
+        data = draft.data
+        STORED_PREFIX.pack_into(data, 0, int(time.time() * 1000))
+        walks: list[tuple[BatchHeader, list[RecordRef]]] = []
+        slots: list[int] = []  # request position of each batch in the entry
+        spans: list[tuple[int, int]] = []  # its place in the entry's data
+        pos = STORED_PREFIX.size
         for i, body in enumerate(bodies):
-            draft = g.draft(STORED_PREFIX.size + len(body))
-            data = draft.data
-            STORED_PREFIX.pack_into(data, 0, now_ms)
-            data[STORED_PREFIX.size :] = body
+            end = pos + len(body)
+            data[pos:end] = body
             try:
-                header, refs = walk_batch(data, STORED_PREFIX.size, max_bytes,
-                                          check_properties=True)
+                header, refs = walk_batch(data[:end], pos, max_bytes, check_properties=True)
                 validate_topic_name(header.topic)
                 state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
             except RequestError as exc:
                 outcomes[i] = exc
                 continue
-            drafts.append(draft)
-            walks.append(WalkedBatch(header, refs, max_bytes))
+            walks.append((header, refs))
             slots.append(i)
-        if drafts and self.node.ack_before_commit:
+            spans.append((pos, end))
+            pos = end
+        if not walks:
+            return outcomes  # type: ignore[return-value]
+        if pos < len(data):  # some were refused: an entry of the others, copied once more
+            kept = g.draft(pos)
+            kept.data[:] = data[:pos]
+            draft = kept
+        if self.node.ack_before_commit:
             # Deliberately wrong (chaos tests only): acknowledge what is not yet committed.
-            self.node.spawn(g.propose_many(drafts, EntryType.MESSAGES))
-            for i, walked in zip(slots, walks, strict=True):
-                outcomes[i] = ProduceResult(-1, walked.header.n, -1)
-            drafts = []
-        if drafts:
-            t0 = time.perf_counter()
-            results = await g.propose_many(drafts, EntryType.MESSAGES, contexts=walks)
-            latency_s = time.perf_counter() - t0
-            for i, draft, result in zip(slots, drafts, results, strict=True):
-                outcomes[i] = self._batch_outcome(result)
-                if isinstance(result, ProduceResult):
-                    self._produced(g, result, len(draft) - STORED_PREFIX.size, latency_s)
-                    if self.node.duplicate_every:
-                        self.node.batches_led += 1
-                        if self.node.batches_led % self.node.duplicate_every == 0:
-                            # Deliberately wrong (chaos tests only): store the batch twice.
-                            self.node.spawn(g.propose(bytes(draft.data), EntryType.MESSAGES))
+            self.node.spawn(g.propose_many([draft], EntryType.MESSAGES))
+            for i, (header, _refs) in zip(slots, walks, strict=True):
+                outcomes[i] = ProduceResult(-1, header.n, -1)
+            return outcomes  # type: ignore[return-value]
+        t0 = time.perf_counter()
+        (result,) = await g.propose_many([draft], EntryType.MESSAGES,
+                                         contexts=[WalkedEntry(walks, max_bytes)])
+        latency_s = time.perf_counter() - t0
+        per_batch = (result.results if isinstance(result, BatchOutcomes)
+                     else [result] * len(slots))  # one outcome for the whole entry
+        for i, (a, b), r in zip(slots, spans, per_batch, strict=True):
+            outcomes[i] = self._batch_outcome(r)
+            if isinstance(r, ProduceResult):
+                self._produced(g, r, b - a, latency_s)
+                if self.node.duplicate_every:
+                    self.node.batches_led += 1
+                    if self.node.batches_led % self.node.duplicate_every == 0:
+                        # Deliberately wrong (chaos tests only): store the batch twice.
+                        self.node.spawn(g.propose(
+                            bytes(draft.data[: STORED_PREFIX.size]) + bytes(draft.data[a:b]),
+                            EntryType.MESSAGES))
         assert all(o is not None for o in outcomes)
         return outcomes  # type: ignore[return-value]
 
@@ -766,12 +788,13 @@ class BrokerService:
         entry = self._entry(g, index)
         if entry.type != EntryType.MESSAGES:
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
-        header, refs = walk_batch(entry.data, STORED_PREFIX.size,
-                                  self.node.config.max_message_bytes)
-        slots = [i for i, r in enumerate(refs) if r.start == start]
-        if not slots:
+        found = [header for header, refs in walk_entry(entry.data,
+                                                       self.node.config.max_message_bytes)
+                 if any(r.start == start for r in refs)]
+        if not found:
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
-        offset = state.locate(header.topic, header.queue, index, slots[0])
+        header = found[0]
+        offset = state.locate(header.topic, header.queue, index, start)
         e = state.entry_of(header.topic, header.queue, offset)
         h2, body = self._answer_fetch(g, [e], offset + 1, *state.queue_range(header.topic,
                                                                              header.queue))

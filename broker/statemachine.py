@@ -29,9 +29,14 @@ changing.
 Entries applied:
 
 - NOOP, CONFIG: nothing (result None).
-- MESSAGES: `STORED_PREFIX` (store_ms) + a producer batch (`broker.records`). Each record
-  gets the next offset of its (topic, queue); keyed records enter the key index.
-  Idempotent producers (pid != 0) are deduplicated per (pid, topic, queue) by sequence.
+- MESSAGES: `STORED_PREFIX` (store_ms) + one or more producer batches back to back
+  (`broker.records`), for any queues of the group. Each record gets the next offset of
+  its (topic, queue); keyed records enter the key index. Idempotent producers (pid != 0)
+  are deduplicated per (pid, topic, queue) by sequence. Each batch stands alone: one
+  refused (its topic deleted meanwhile, a sequence gap) or skipped as a duplicate leaves
+  the others of its entry stored, and the result is a `BatchOutcomes` when the entry
+  holds several (a batch's own result when it holds one). Data that cannot be split
+  into well-formed batches is refused whole and changes nothing.
 - CONTROL: a msgpack map whose "op" names a control record (see the parts and the
   `control_*` encoders). A control entry a client may send twice (a retry after a leader
   change, whose first copy was committed after all) carries `req`: [client id, sequence];
@@ -58,6 +63,7 @@ from broker.cqchunks import ChunkRef, ChunkStore, MemoryChunkStore
 from broker.parts.base import (
     MAX_QUEUES,
     ApplyResult,
+    BatchOutcomes,
     ControlRecord,
     ControlResult,
     Detached,
@@ -77,7 +83,14 @@ from broker.parts.producers import DEDUP_WINDOW, Producers
 from broker.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
 from broker.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
 from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
-from broker.records import STORED_PREFIX, WalkedBatch, walk_batch
+from broker.records import (
+    STORED_PREFIX,
+    BatchHeader,
+    RecordRef,
+    WalkedBatch,
+    WalkedEntry,
+    walk_entry,
+)
 from raftlog.fsutil import CorruptFile
 from raftlog.types import Entry, EntryType
 
@@ -90,6 +103,7 @@ __all__ = [
     "PARTS",
     "REQUEST_WINDOW",
     "ApplyResult",
+    "BatchOutcomes",
     "BrokerState",
     "CommitOffsets",
     "ControlResult",
@@ -249,12 +263,14 @@ class BrokerState:
         """Their record bytes."""
         return self.queues.bytes_applied
 
-    def apply(self, entry: Entry, walked: WalkedBatch | None = None) -> ApplyResult:
+    def apply(
+        self, entry: Entry, walked: WalkedBatch | WalkedEntry | None = None
+    ) -> ApplyResult:
         """Apply one committed entry; never raises for bad data (the outcome is the result).
 
         An entry at or below `applied_index` was already applied (e.g. replayed after a
         snapshot restore) and is ignored, so replays cannot double-count. `walked` is the
-        leader's walk of this very entry's batch, made before proposing it and handed
+        leader's walk of this very entry's batches, made before proposing it and handed
         back with it (`GroupRuntime.propose`'s context): a walk is a pure function of the
         bytes and the size limit, so it is used when the limits agree and changes nothing.
         """
@@ -270,20 +286,44 @@ class BrokerState:
             return ErrorResult(exc.code, exc.message)
         return None
 
-    def _apply_messages(self, entry: Entry, walked: WalkedBatch | None) -> ApplyResult:
+    def _apply_messages(
+        self, entry: Entry, walked: WalkedBatch | WalkedEntry | None
+    ) -> ApplyResult:
         data = entry.data
         if len(data) < STORED_PREFIX.size or len(data) > _MAX_ENTRY_DATA:
             raise Refused(Code.MALFORMED, f"messages entry of {len(data)} bytes")
         (store_ms,) = STORED_PREFIX.unpack_from(data, 0)
+        batches: list[tuple[BatchHeader, list[RecordRef]]]
         if walked is not None and walked.max_message_bytes == self.max_message_bytes:
-            header, refs = walked.header, walked.refs
+            if isinstance(walked, WalkedEntry):
+                batches = walked.batches
+            else:
+                batches = [(walked.header, walked.refs)]
         else:
             try:
-                header, refs = walk_batch(data, STORED_PREFIX.size, self.max_message_bytes)
+                batches = walk_entry(data, self.max_message_bytes)
             except RequestError as exc:
                 raise Refused(exc.code, exc.message) from None
-            except Exception as exc:  # walk_batch should only raise RequestError; stay total
+            except Exception as exc:  # walk_entry should only raise RequestError; stay total
                 raise Refused(Code.MALFORMED, f"malformed batch: {exc}") from None
+        if len(batches) == 1:
+            header, refs = batches[0]
+            return self._apply_batch(header, refs, entry.index, store_ms, 0)
+        results: list[ProduceResult | ErrorResult] = []
+        pos = STORED_PREFIX.size  # where the batch starts: the previous one's end
+        for header, refs in batches:
+            try:
+                results.append(self._apply_batch(header, refs, entry.index, store_ms,
+                                                 pos - STORED_PREFIX.size))
+            except Refused as exc:  # this batch alone; the others of the entry stand
+                results.append(ErrorResult(exc.code, exc.message))
+            pos = refs[-1].start + refs[-1].size
+        return BatchOutcomes(tuple(results))
+
+    def _apply_batch(self, header: BatchHeader, refs: list[RecordRef], index: int,
+                     store_ms: int, shift: int) -> ProduceResult:
+        """Store one batch of the entry at `index`, `shift` bytes beyond the place of the
+        entry's first batch (or find it a duplicate); Refused changes nothing."""
         self.producers.validate(header)
         topic, queue = header.topic, header.queue
         if self.catalog.topics.get(topic) is None:
@@ -293,9 +333,9 @@ class BrokerState:
         dup = self.producers.check_batch(header, len(refs))
         if dup is not None:
             return dup
-        base = self.queues.append(topic, queue, entry.index, refs, store_ms)
-        self.producers.stored(header, base, len(refs), entry.index)
-        return ProduceResult(base, len(refs), entry.index)
+        base = self.queues.append(topic, queue, index, refs, store_ms)
+        self.producers.stored(header, base, len(refs), index, shift)
+        return ProduceResult(base, len(refs), index, shift=shift)
 
     def _apply_control(self, data: bytes | memoryview, index: int) -> ApplyResult:
         try:
@@ -384,13 +424,14 @@ class BrokerState:
         """The ConsumeQueue entry of one message (OFFSET_TOO_SMALL/LARGE if none)."""
         return self.queues.entry_of(topic, queue, offset)
 
-    def locate(self, topic: str, queue: int, index: int, slot: int) -> int:
-        """Queue offset of record `slot` of the batch at Raft `index` (message-id resolution).
+    def locate(self, topic: str, queue: int, index: int, start: int) -> int:
+        """Queue offset of the record starting at `start` in the data of the entry at Raft
+        `index` (message-id resolution).
 
-        The caller reads the entry at `index` to learn its topic and queue; NOT_FOUND when
-        that batch is not (or no longer) in the queue.
+        The caller reads the entry at `index` to learn the record's batch, so its topic
+        and queue; NOT_FOUND when that record is not (or no longer) in the queue.
         """
-        return self.queues.locate(topic, queue, index, slot)
+        return self.queues.locate(topic, queue, index, start)
 
     def keys(self, topic: str, key: str) -> list[tuple[int, int]]:
         """(queue, offset) of the newest messages with `key` in `topic`, oldest first."""

@@ -16,7 +16,7 @@ import socket
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,6 +30,7 @@ from broker.records import OutgoingMessage, encode_batch, iter_records, walk_bat
 from chaos.cluster import LocalCluster
 from raftmq.client import Message, Producer, PullConsumer, SendFuture, SendResult
 from transport.blocking import request
+from transport.connection import DEFAULT_TIMEOUT, ConnectionPool
 
 __all__ = [
     "DRAIN_TIMEOUT",
@@ -378,3 +379,18 @@ def scrape_metrics(addr: str) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
+
+
+class CrashAskingPool(ConnectionPool):
+    """A real connection pool whose PRODUCE requests ask for the `crash-before-answer`
+    test mutation (`test_exit`): a node started with it exits right after committing the
+    batch, before answering, so the client must retry a batch that is already stored.
+    Nodes without the mutation ignore the request."""
+
+    async def request(
+        self, addr: str, op: Op | int, header: Mapping[str, Any] | None = None,
+        body: bytes | bytearray | memoryview = b"", *, timeout: float = DEFAULT_TIMEOUT,
+    ) -> Frame:
+        if op == Op.PRODUCE:
+            header = {**(header or {}), "test_exit": True}
+        return await super().request(addr, op, header, body, timeout=timeout)

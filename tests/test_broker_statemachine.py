@@ -92,6 +92,9 @@ def legacy_snapshot(snapshot: bytes) -> dict[str, Any]:
         for o, k in head_keys + tail_keys:
             index, start = struct.unpack_from(">QI", records, (o - lo) * 28)
             found.append((t, index, start, o * MAX_QUEUES + q, k))
+    # producers' section version 1: no shift (its entries held one batch each)
+    producers = [[pid, t, q, last, [r[:4] for r in recent]]
+                 for pid, t, q, last, recent in parts["producers"]]
     index_: dict[tuple[str, str], list[int]] = {}
     for t, _i, _s, packed, k in sorted(found):
         index_.setdefault((t, k), []).append(packed)
@@ -99,7 +102,7 @@ def legacy_snapshot(snapshot: bytes) -> dict[str, Any]:
     return {"v": 2, "group": d["group"], "applied": d["applied"], "retained": parts["horizon"],
             "counters": queues["counters"], "topics": parts["catalog"],
             "queues": flat, "offsets": parts["offsets"],
-            "producers": parts["producers"], "keys": keys, "clients": parts["requests"]}
+            "producers": producers, "keys": keys, "clients": parts["requests"]}
 
 
 def assert_no_change(make: Any, bad: bytes, type_: EntryType, **kw: Any) -> ApplyResult:
@@ -458,11 +461,15 @@ def test_message_ids_resolve_through_locate() -> None:
     f = with_topic("t", 1, (0,))
     f.produce("t", 0, 3)
     f.produce("t", 0, 2)  # index 3: offsets 3, 4
-    assert f.state.locate("t", 0, 3, 1) == 4
-    assert f.state.locate("t", 0, 2, 2) == 2
-    for index, slot in ((3, 2), (2, 3), (9, 0), (1, 0), (3, -1)):
+    starts = {(e.index, e.start): e.offset for e in f.state.lookup("t", 0, 0, 10, 1 << 20)[0]}
+    assert len(starts) == 5
+    for (index, start), offset in starts.items():
+        assert f.state.locate("t", 0, index, start) == offset
+    second = sorted(s for i, s in starts if i == 3)[1]
+    for index, start in ((3, second + 1), (3, second - 1), (4, second), (9, 0), (1, 0),
+                         (3, -1)):
         with pytest.raises(RequestError) as e:
-            f.state.locate("t", 0, index, slot)
+            f.state.locate("t", 0, index, start)
         assert e.value.code == Code.NOT_FOUND
     assert f.state.entry_of("t", 0, 4).index == 3
 

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
+from broker.produce_wire import encode_ok, split_batches
 from broker.protocol import MAX_MESSAGE_BYTES, Code, Frame, Op, RequestError
 from broker.records import (
     STORED_PREFIX,
@@ -226,11 +227,19 @@ ROUTE = {
 
 
 def ok_produce(base: int = 0, index: int = 9, dup: bool = False) -> Script:
+    """Every batch stored at `base` by entry `index`; a multi-batch request's batches
+    one after the other in that entry, as a leader stores them."""
     def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
         if op == Op.ROUTE:
             return ROUTE
-        header, _ = walk_batch(body)
-        return {"base": base, "n": header.n, "index": index, "dup": dup}
+        if "sizes" not in h:
+            header, _ = walk_batch(body)
+            return {"base": base, "n": header.n, "index": index, "dup": dup}
+        results, shift = [], 0
+        for part in split_batches(h["sizes"], body):
+            results.append(encode_ok(base, walk_batch(part)[0].n, index, dup, shift))
+            shift += len(part)
+        return {"results": results}
 
     return answer
 
@@ -303,19 +312,82 @@ async def test_round_robin_moves_on_by_batch_not_by_message() -> None:
     assert {walk_batch(b)[0].queue for _, _, b in pool.produced()} == {0, 1, 2, 3}
 
 
+def _wide_route(queues: int, groups: int) -> dict[str, Any]:
+    """A route of `queues` queues spread round robin over `groups` groups."""
+    return {
+        "total": queues,
+        "queues": [[q, f"g{q % groups}", f"n{q % groups}:1"] for q in range(queues)],
+        "replicas": {f"g{g}": [f"n{g}:1"] for g in range(groups)},
+    }
+
+
+@asynccontextmanager
+async def wide(queues: int, groups: int, script: Script,
+               **kwargs: Any) -> AsyncIterator[tuple[Producer, ScriptedPool]]:
+    """`scripted`, with topic "wide" routed over `queues` queues in `groups` groups."""
+    async with scripted(script, **kwargs) as (producer, pool):
+        routes = producer._routes
+        assert routes is not None
+        now = clock()
+        route = parse_route("wide", _wide_route(queues, groups), now)
+        routes._topics["wide"] = route
+        routes.learn_route(route, now)
+        yield producer, pool
+
+
 @pytest.mark.anyio
-async def test_idle_queue_senders_retire_and_come_back() -> None:
-    """A sender task per queue lives only while its queue is busy: a producer that has
-    touched thousands of queues must not keep a task and a timer for each."""
-    async with scripted(ok_produce()) as (producer, pool):
-        for q in range(4):
-            await producer.send("orders", b"x", queue=q)
-        assert len(producer._senders) == 4
-        with anyio.fail_after(5):
-            while producer._senders:
-                await anyio.sleep(0.02)
-        result = await producer.send("orders", b"again", queue=2)
-    assert result.queue == 2 and len(pool.produced()) == 5
+async def test_sends_to_many_queues_of_a_group_share_its_requests() -> None:
+    """A send per queue over 1,000 queues makes one request per group, not one per
+    queue; every send still gets its own batch's outcome, and nothing is kept per
+    queue once the answers are in."""
+    async with wide(1000, 2, ok_produce()) as (producer, pool):
+        futs = [await producer.send_async("wide", b"%d" % k, queue=k) for k in range(1000)]
+        results = [await f for f in futs]
+        assert producer._queues == {} and sorted(producer._groups) == ["g0", "g1"]
+    produced = pool.produced()
+    assert sorted(h["g"] for _, h, _ in produced) == ["g0", "g1"]
+    for _, h, body in produced:
+        assert len(h["sizes"]) == 500 and sum(h["sizes"]) == len(body)
+    assert [(r.queue, r.group) for r in results] == [(k, f"g{k % 2}") for k in range(1000)]
+
+
+@pytest.mark.anyio
+async def test_a_thousand_queues_cost_no_more_tasks_than_one() -> None:
+    """The sends wait in the accumulator of their group: what runs is one sender per
+    group and one task per request in flight, however many queues the sends go to."""
+    gate = anyio.Event()
+
+    class Held(ScriptedPool):
+        waiting = 0
+
+        async def request(self, addr: str, op: Any, header: Any = None, body: Any = b"", *,
+                          timeout: float = 3.0) -> Frame:
+            if op == Op.PRODUCE:
+                self.waiting += 1
+                await gate.wait()
+            return await super().request(addr, op, header, body, timeout=timeout)
+
+    async def tasks_while_sending_to(queues: int) -> int:
+        async with wide(1000, 1, ok_produce()) as (producer, pool):
+            held = Held(pool.script)
+            assert producer._routes is not None
+            producer._routes.pool = held  # type: ignore[assignment]
+            futs = [await producer.send_async("wide", b"x", queue=k % queues)
+                    for k in range(2000)]
+            with anyio.fail_after(5):
+                while not held.waiting:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.05)  # anything else that would start, starts
+            count = len(anyio.get_running_tasks())
+            gate.set()
+            for f in futs:
+                await f
+            return count
+
+    one = await tasks_while_sending_to(1)
+    gate = anyio.Event()
+    many = await tasks_while_sending_to(1000)
+    assert many == one
 
 
 @pytest.mark.anyio
@@ -600,3 +672,79 @@ async def test_the_attempt_observer_sees_every_request_that_may_store_a_batch() 
     assert [a.attempt for a, _ in seen] == [1, 2, 3, 1]
     assert [list(a.messages) for a, _ in seen[:3]] == [[b"m0", b"m1", b"m2"]] * 3
     assert list(seen[3][0].messages) == [b"alone"]
+
+
+# ---------------------------------------------------------------- order per queue
+
+
+def _bodies(pool: ScriptedPool, ok_only: Callable[[int], bool]) -> list[list[bytes]]:
+    """The message bodies of each PRODUCE request (whose number `ok_only` accepts), batch
+    by batch."""
+    out = []
+    n = 0
+    for _, h, body in pool.produced():
+        n += 1
+        if not ok_only(n):
+            continue
+        parts = split_batches(h["sizes"], body) if "sizes" in h else [memoryview(body)]
+        for part in parts:
+            raw = bytes(part)
+            _, refs = walk_batch(raw)
+            out.append([decode_record(raw, r.start, topic="", queue=0, offset=0, store_ms=0,
+                                      msg_id="")[0].body for r in refs])
+    return out
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("in_flight", [1, 3])
+async def test_a_queue_sends_nothing_newer_while_its_batch_waits_to_be_retried(
+    in_flight: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first request fails (the group is behind): while its batch backs off, the
+    newer sends of its queue wait; the retry goes first, and the queue's batches reach
+    the broker in send order."""
+    monkeypatch.setattr("raftmq.client.producer.backoff_delay", lambda attempt: 0.2)
+    script = fail_first(1, lambda: RequestError(Code.BUSY, "behind"), ok_produce())
+    async with scripted(script, batch_max_messages=2, max_in_flight=in_flight,
+                        retries=3) as (producer, pool):
+        futs = [await producer.send_async("orders", b"m%d" % i, queue=0) for i in range(12)]
+        with anyio.fail_after(5):
+            while not pool.produced():
+                await anyio.sleep(0.005)
+        more = [await producer.send_async("orders", b"m%d" % i, queue=0) for i in range(12, 16)]
+        await anyio.sleep(0.1)  # within the backoff: nothing else of queue 0 may leave
+        assert len(pool.produced()) == 1
+        with anyio.fail_after(10):
+            results = [await f for f in futs + more]
+    sent = [b for batch in _bodies(pool, lambda n: n > 1) for b in batch]
+    assert sent == [b"m%d" % i for i in range(16)]
+    first = _bodies(pool, lambda n: n == 1)
+    assert first == _bodies(pool, lambda n: n == 2)[: len(first)]  # the retry went first
+    assert [r.queue for r in results] == [0] * 16
+
+
+@pytest.mark.anyio
+async def test_a_batch_behind_a_stored_batch_of_its_queue_is_failed_not_resent() -> None:
+    """Two batches of one queue in one request: the first refused with a retriable error,
+    the second stored. Resending the first would store it after the second, so it fails
+    (with its own error) and is not sent again; the second is acknowledged."""
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        if op == Op.ROUTE:
+            return ROUTE
+        first, second = split_batches(h["sizes"], body)
+        return {"results": [[int(Code.BUSY), "behind", {}],
+                            encode_ok(5, walk_batch(second)[0].n, 9, False, len(first))]}
+
+    async with scripted(answer, batch_max_messages=1, max_in_flight=2, retries=3) as (
+            producer, pool):
+        a = await producer.send_async("orders", b"a", queue=0)
+        b = await producer.send_async("orders", b"b", queue=0)
+        with pytest.raises(RequestError) as info:
+            await a
+        result = await b
+    assert info.value.code == Code.BUSY
+    # its id names its record where the leader put it: behind the first batch
+    shift = len(encode_batch("orders", 0, [b"a"]))
+    assert (result.offset, result.msg_id) == (
+        5, f"g1:9:{encode_batch('orders', 0, [b'b']).starts[0] + shift}")
+    assert len(pool.produced()) == 1

@@ -10,34 +10,18 @@ The retry is forced by construction, not hoped for from a well-timed kill.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from broker.protocol import Frame, Op
 from broker.service import CRASH_BEFORE_ANSWER_EXIT
 from raftmq.client import Admin, Producer, PullConsumer
 from tests.conftest import group_leader, live_cluster, wait_for
-from transport.connection import DEFAULT_TIMEOUT, ConnectionPool
+from tests.live_cluster import CrashAskingPool
 
 pytestmark = pytest.mark.live
-
-
-class _AskingToCrash(ConnectionPool):
-    """A real pool whose PRODUCE requests ask for the `crash-before-answer` mutation (only
-    nodes started with it heed the request)."""
-
-    async def request(
-        self, addr: str, op: Op | int, header: Mapping[str, Any] | None = None,
-        body: bytes | bytearray | memoryview = b"", *, timeout: float = DEFAULT_TIMEOUT,
-    ) -> Frame:
-        if op == Op.PRODUCE:
-            header = {**(header or {}), "test_exit": True}
-        return await super().request(addr, op, header, body, timeout=timeout)
 
 
 def test_a_retried_committed_batch_is_deduplicated_after_the_leader_dies(
@@ -52,7 +36,7 @@ def test_a_retried_committed_batch_is_deduplicated_after_the_leader_dies(
         async def main() -> tuple[object, list[bytes]]:
             async with Admin(cluster.namesrv_addr) as admin:
                 await admin.create_topic("t", 1)
-            async with _AskingToCrash() as pool, Producer(
+            async with CrashAskingPool() as pool, Producer(
                 cluster.namesrv_addr, idempotent=True, retries=10, pool=pool
             ) as producer:
                 result = await producer.send("t", b"once")

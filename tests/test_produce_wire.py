@@ -38,8 +38,10 @@ def test_split_batches_refuses_sizes_that_do_not_describe_the_body(sizes):
 
 
 def test_an_ok_outcome_round_trips_as_the_single_batch_answer_fields():
-    assert decode_outcome(encode_ok(7, 3, 42, False)) == {"base": 7, "n": 3, "index": 42,
-                                                          "dup": False}
+    assert decode_outcome(encode_ok(7, 3, 42, False, 96)) == {"base": 7, "n": 3, "index": 42,
+                                                              "dup": False, "shift": 96}
+    # an older node's outcome has no shift: its entries held one batch each
+    assert decode_outcome([0, 7, 3, 42, False])["shift"] == 0
     assert decode_outcome(encode_ok(-1, 1, -1, True))["dup"] is True
 
 
@@ -55,7 +57,7 @@ def test_an_error_outcome_raises_the_batchs_own_error_with_its_fields():
     assert e.value.code == Code.SEQUENCE_GAP and not may_have_applied(e.value)
 
 
-@pytest.mark.parametrize("outcome", [None, [], "ok", [0, 1, 2], [0, 1, 2, 3, 4, 5],
+@pytest.mark.parametrize("outcome", [None, [], "ok", [0, 1, 2], [0, 1, 2, 3, 4, 5, 6],
                                      [-3, "x", {}], [6, "x"], {"base": 1}])
 def test_an_outcome_that_is_not_ours_is_malformed(outcome):
     with pytest.raises(RequestError) as e:

@@ -71,3 +71,33 @@ def test_a_batch_of_same_size_bodies_takes_the_shortcut() -> None:
     header, refs = walk_batch(mixed, STORED_PREFIX.size)
     assert records._uniform_refs(memoryview(mixed), refs[0].start, len(mixed), header.n,
                                  MAX) is None
+
+
+def _entry_outcome(data: bytes) -> Any:
+    try:
+        return records.walk_entry(data, MAX)
+    except RequestError as exc:
+        return ("refused", exc.code, str(exc))
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches=st.lists(messages, min_size=1, max_size=4),
+       flip=st.one_of(st.none(), st.tuples(st.integers(0, 1 << 16), st.integers(1, 255))),
+       cut=st.integers(0, 3))
+def test_the_shortcut_agrees_with_the_full_walk_inside_a_multi_batch_entry(
+    batches: list[list[Any]], flip: tuple[int, int] | None, cut: int
+) -> None:
+    """Inside an entry of several batches a same-size batch is followed by others: the
+    shortcut must end it after its own records, exactly where the full walk does."""
+    data = bytearray(STORED_PREFIX.size)
+    for i, msgs in enumerate(batches):
+        data += encode_batch("t", i, msgs)
+    if flip is not None:
+        where, xor = flip
+        data[STORED_PREFIX.size + where % (len(data) - STORED_PREFIX.size)] ^= xor
+    if cut:
+        del data[-cut:]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(records, "_uniform_refs", lambda *a: None)
+        full = _entry_outcome(bytes(data))
+    assert _entry_outcome(bytes(data)) == full

@@ -19,7 +19,7 @@ anything changes (validate everything, then mutate), and nothing else escapes.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import msgpack
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_QUEUES",
     "ApplyResult",
+    "BatchOutcomes",
     "ControlRecord",
     "ControlResult",
     "Detached",
@@ -64,12 +65,18 @@ class TopicConfig:
 
 @dataclass(frozen=True, slots=True)
 class ProduceResult:
-    """Where a batch landed. A duplicate too old to remember has base_offset == index == -1."""
+    """Where a batch landed. A duplicate too old to remember has base_offset == index == -1.
+
+    `shift` is how far into its entry's data the batch sits beyond the place of the
+    entry's first batch (0 for that one): message ids name record positions in the entry,
+    and a client knows them for its batch at the first place. It is a place, not part of
+    the outcome, and is left out of comparisons."""
 
     base_offset: int
     count: int
     index: int
     dup: bool = False
+    shift: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +91,22 @@ class ControlResult:
 
 @dataclass(frozen=True, slots=True)
 class ErrorResult:
-    """The entry was refused as a whole and changed nothing."""
+    """The entry (or, in `BatchOutcomes`, the batch) was refused as a whole and changed
+    nothing."""
 
     code: Code
     message: str
 
 
-ApplyResult = ProduceResult | ControlResult | ErrorResult | None
+@dataclass(frozen=True, slots=True)
+class BatchOutcomes:
+    """What each batch of a MESSAGES entry holding several came to, in entry order: each
+    is stored, a duplicate, or refused alone."""
+
+    results: tuple[ProduceResult | ErrorResult, ...]
+
+
+ApplyResult = ProduceResult | BatchOutcomes | ControlResult | ErrorResult | None
 
 
 @dataclass(frozen=True, slots=True)

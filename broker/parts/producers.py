@@ -1,6 +1,12 @@
 """Producers' idempotence: batches of a producer id (pid != 0) are deduplicated per
 (pid, topic, queue) by sequence, remembering the outcomes of the last `DEDUP_WINDOW`
-batches as Kafka does, so a retry after a leader change never stores a batch twice."""
+batches as Kafka does, so a retry after a leader change never stores a batch twice.
+
+Each batch is judged alone, also inside an entry holding several: a duplicate is skipped
+and answered with the outcome remembered for it (base offset, count, entry index and its
+shift in that entry, which its message ids need), the others of the entry are stored.
+Section version 2 keeps the shift; version 1 had none (its entries held one batch each,
+so it is 0)."""
 
 from __future__ import annotations
 
@@ -21,14 +27,15 @@ class _Producer:
     """Dedup state of one (pid, topic, queue): last sequence and the recent outcomes."""
 
     last_seq: int
-    recent: list[tuple[int, int, int, int]]  # (seq, base_offset, count, index), oldest first
+    # (seq, base_offset, count, index, shift in the entry), oldest first
+    recent: list[tuple[int, int, int, int, int]]
 
 
 class Producers(Part):
     """Per (pid, topic, queue): the last sequence and the recent outcomes."""
 
     name = "producers"
-    version = 1
+    version = 2
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
@@ -49,9 +56,9 @@ class Producers(Part):
         pstate = self._producers.get((header.pid, header.topic, header.queue))
         if pstate is None:
             return None
-        for seq, base, n, index in pstate.recent:
+        for seq, base, n, index, shift in pstate.recent:
             if seq == header.seq:
-                return ProduceResult(base, n, index, dup=True)
+                return ProduceResult(base, n, index, dup=True, shift=shift)
         if header.seq <= pstate.last_seq:
             return ProduceResult(-1, count, -1, dup=True)
         if header.seq > pstate.last_seq + 1:
@@ -62,12 +69,14 @@ class Producers(Part):
             )
         return None
 
-    def stored(self, header: BatchHeader, base: int, count: int, index: int) -> None:
-        """The batch `check_batch` passed was stored at `base` by the entry at `index`."""
+    def stored(self, header: BatchHeader, base: int, count: int, index: int,
+               shift: int) -> None:
+        """The batch `check_batch` passed was stored at `base` by the entry at `index`,
+        `shift` bytes beyond the place of the entry's first batch."""
         if not header.pid:
             return
         key = (header.pid, header.topic, header.queue)
-        outcome = (header.seq, base, count, index)
+        outcome = (header.seq, base, count, index, shift)
         pstate = self._producers.get(key)
         if pstate is None:
             self._producers[key] = _Producer(header.seq, [outcome])
@@ -95,9 +104,12 @@ class Producers(Part):
         ]
 
     def load(self, version: int, section: Any) -> None:
-        if version != 1:
+        if version == 1:
+            section = [[pid, t, q, last, [[*r, 0] for r in recent]]
+                       for pid, t, q, last, recent in section]
+        elif version != 2:
             raise ValueError(f"unsupported producers section version {version!r}")
         for pid, t, q, last, recent in section:
             self._producers[(pid, t, q)] = _Producer(
-                last, [(seq, base, n, index) for seq, base, n, index in recent]
+                last, [(seq, base, n, index, shift) for seq, base, n, index, shift in recent]
             )

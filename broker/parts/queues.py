@@ -180,14 +180,24 @@ class Queues(Part):
             )
         return cq
 
-    def locate(self, topic: str, queue: int, index: int, slot: int) -> int:
+    def locate(self, topic: str, queue: int, index: int, start: int) -> int:
+        # Along a queue (index, start) only grows: entries in log order, and inside an
+        # entry its batches and their records in data order. So: binary search.
         cq = self.queue(topic, queue)
-        offset = cq.first_offset_at_or_after_index(index) + slot
-        if slot >= 0 and cq.min_offset <= offset < cq.end_offset:
-            if cq.get(offset).index == index:
-                return offset
+        lo = cq.first_offset_at_or_after_index(index)
+        hi = cq.first_offset_at_or_after_index(index + 1)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cq.get(mid).start < start:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < cq.end_offset:
+            e = cq.get(lo)
+            if e.index == index and e.start == start:
+                return lo
         raise RequestError(
-            Code.NOT_FOUND, f"no message {slot} of entry {index} in {topic}/{queue}"
+            Code.NOT_FOUND, f"no message at {start} of entry {index} in {topic}/{queue}"
         )
 
     def entry_of(self, topic: str, queue: int, offset: int) -> CQEntry:

@@ -1,13 +1,22 @@
-"""The producer: queue selection, per-queue batching, retries and idempotence.
+"""The producer: queue selection, batching per group, retries and idempotence.
 
-Messages sent close together to the same queue share one PRODUCE request: each queue
-has an accumulator and one sender task that ships batches in order. A batch leaves when
-the queue may have another batch in flight, after waiting up to `linger_ms` for company
-(0 by default: messages that arrive while earlier batches are in flight form the next
-one anyway) or as soon as a size bound is reached. Keyless round-robin sends stick to one
-queue until its batch has left, so a burst makes full batches, not one per queue. The
-batch bytes built here are stored by the leader as they are, so a message id can be
-computed from the batch layout and the Raft index the leader returns.
+Messages sent close together share PRODUCE requests. A send joins its queue's pending
+sends in the accumulator of the queue's group (`raftmq.client.accumulator`): the sends
+for every queue of a group collect in one place, and one sender task per group drains
+them into multi-batch requests (one batch per queue, or up to `max_in_flight` of them),
+at most `REQUESTS_IN_FLIGHT` at a time, so a producer feeding 10,000 queues keeps no
+more tasks or timers than one feeding a single queue. A request leaves as soon as a
+request slot is free, after waiting up to `linger_ms` for company (0 by default:
+messages that arrive while earlier requests are in flight form the next one anyway) or
+at once when a size bound is reached. Keyless round-robin sends stick to one queue until
+its batch has left, so a burst makes full batches, not one per queue. The batch bytes
+built here are stored by the leader as they are, so a message id can be computed from
+the batch layout, the Raft index and the shift the leader returns.
+
+Order per queue: a queue's batches are in one request at a time. The requests of a
+group in flight may be served in either order, and a failed one is retried after the
+others, so a queue with a batch in flight sends nothing more until that batch is
+stored, failed for good, or back at the front of its queue for a retry.
 
 Retries follow RocketMQ: a send that fails with a retriable error is tried again up to
 `retries` more times, after refreshing the route. Learning of a newer leader (a
@@ -26,16 +35,14 @@ import logging
 import random
 import time
 import zlib
-from collections import deque
 from collections.abc import Callable, Container, Generator, Iterable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
 
 from broker.produce_wire import MAX_BATCHES, decode_outcome
 from broker.protocol import (
@@ -55,6 +62,7 @@ from broker.records import (
 )
 from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 
+from .accumulator import BatchAccumulator, GroupAccumulator, QueueBuffer
 from .errors import close_stack, give_up, may_have_applied
 from .routes import (
     Routes,
@@ -95,16 +103,17 @@ Payload = OutgoingMessage | bytes
 properties) stays bytes, which spares an object per message on the send path."""
 
 FAULT_WINDOW = 5.0  # seconds a failed group is avoided by round-robin selection
-IDLE_EXIT = 0.1
-"""Seconds a queue's sender task outlives its last batch. Short, because a producer
-spreading calls over 10,000 topics touches 40,000 queues: idle senders that lingered for
-long each held a task, a timer and their events, and the heap they made slowed the whole
-client (measured: p99 0.9 s instead of 0.2 s). Starting a sender again costs far less."""
 MAX_BATCH_BYTES = DEFAULT_MAX_FRAME - (1 << 20)  # leave room for the frame header
 REQUESTS_IN_FLIGHT = 4
 """PRODUCE requests one producer keeps in flight to one group (Kafka's
 max.in.flight.requests.per.connection is 5): each carries every batch of that group ready
 when it leaves, so batches for thousands of queues share a few requests."""
+MAX_REDIRECTS = 5  # redirects to a newer leader one batch follows without counting them
+
+QueueKey = tuple[str, int, bool]
+"""A stream of batches: (topic, queue, movable). Sends that may move to another queue
+on a retry (keyless round robin of a plain producer) never share a batch with sends
+that must stay."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,11 +325,12 @@ def new_producer_id() -> int:
     return random.getrandbits(63) or 1
 
 
-def batch_message_ids(group: str, index: int, batch: EncodedBatch) -> list[str]:
+def batch_message_ids(group: str, index: int, batch: EncodedBatch, shift: int = 0) -> list[str]:
     """Ids of a stored batch's messages: group, entry index, and where each record
-    starts in the entry (`encode_batch` says where)."""
+    starts in the entry (`encode_batch` says where for the entry's first batch; a batch
+    stored further into its entry is `shift` bytes on, as its outcome says)."""
     prefix = f"{group}:{index}:"
-    return [f"{prefix}{start}" for start in batch.starts]
+    return [f"{prefix}{start + shift}" for start in batch.starts]
 
 
 @dataclass(slots=True)
@@ -353,139 +363,68 @@ class PendingSend:
 
 
 @dataclass(slots=True)
-class BatchAccumulator:
-    """Pending sends of one queue and the rule for when they form a batch.
-
-    A batch is due when the oldest pending send has waited `linger` seconds or the
-    pending messages reach either size bound. `take` never splits a send and always
-    takes at least one, so an oversized send still goes out (alone).
-    """
-
-    linger: float
-    max_messages: int
-    max_bytes: int
-    pending: deque[PendingSend] = field(default_factory=deque)
-    messages: int = 0
-    bytes: int = 0
-    first_at: float = 0.0
-
-    def __len__(self) -> int:
-        return len(self.pending)
-
-    def add(self, send: PendingSend, now: float) -> None:
-        if not self.pending:
-            self.first_at = now
-        self.pending.append(send)
-        self.messages += len(send.messages)
-        self.bytes += send.size
-
-    @property
-    def full(self) -> bool:
-        return self.messages >= self.max_messages or self.bytes >= self.max_bytes
-
-    @property
-    def deadline(self) -> float:
-        return self.first_at + self.linger
-
-    def ready(self, now: float) -> bool:
-        return bool(self.pending) and (self.full or now >= self.deadline)
-
-    def take(self) -> list[PendingSend]:
-        out: list[PendingSend] = []
-        n = size = 0
-        while self.pending:
-            nxt = self.pending[0]
-            if out and (n + len(nxt.messages) > self.max_messages or size + nxt.size > self.max_bytes):
-                break
-            self.pending.popleft()
-            out.append(nxt)
-            n += len(nxt.messages)
-            size += nxt.size
-        self.messages -= n
-        self.bytes -= size
-        return out
-
-    def fail_all(self, error: BaseException) -> None:
-        while self.pending:
-            self.pending.popleft().resolve(None, error)
-        self.messages = self.bytes = 0
-
-
-# ---------------------------------------------------------------- producer
-
-
-@dataclass(slots=True)
 class _Sequence:
     pid: int
     next_seq: int = 0
 
 
-class _QueueSender:
-    """The accumulator and sender task of one (topic, queue, movable) stream."""
+class _Batch:
+    """A batch as sent: the sends it carries, its bytes, and what its tries so far say
+    (failed attempts, requests made, redirects followed, whether one may have stored
+    it, the groups that failed it)."""
 
-    def __init__(self, topic: str, queue: int, movable: bool, acc: BatchAccumulator,
-                 max_in_flight: int) -> None:
+    __slots__ = ("attempts", "born", "data", "failed_groups", "messages", "movable", "qb",
+                 "queue", "redirects", "sends", "sent", "topic", "uncertain")
+
+    def __init__(self, qb: _Queue, topic: str, queue: int, movable: bool,
+                 sends: list[PendingSend], messages: list[Payload], data: EncodedBatch,
+                 born: int) -> None:
+        self.qb = qb  # the queue it is held by (and goes back to for a retry)
         self.topic = topic
         self.queue = queue
         self.movable = movable
+        self.sends = sends
+        self.messages = messages
+        self.data = data
+        self.born = born
+        self.attempts = 0
+        self.sent = 0
+        self.redirects = 0
+        self.uncertain = False
+        self.failed_groups: set[str] = set()
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    def succeed(self, results: list[SendResult]) -> None:
+        if len(self.sends) == 1:
+            self.sends[0].resolve(results, None)
+            return
+        i = 0
+        for s in self.sends:
+            s.resolve(results[i : i + len(s.messages)], None)
+            i += len(s.messages)
+
+    def fail(self, error: BaseException) -> None:
+        for s in self.sends:
+            s.resolve(None, error)
+
+
+_Queue = QueueBuffer[PendingSend, _Batch]
+_Group = GroupAccumulator[PendingSend, _Batch]
+
+
+class _GroupSender:
+    """A group's accumulator, the event that wakes its sender task, and its requests in
+    flight."""
+
+    __slots__ = ("acc", "in_flight", "wakeup")
+
+    def __init__(self, acc: _Group) -> None:
         self.acc = acc
         self.wakeup = anyio.Event()
-        self.slots = anyio.Semaphore(max_in_flight)
-        self.max_in_flight = max_in_flight
-
-    def wake(self) -> None:
-        self.wakeup.set()
-
-    @property
-    def idle(self) -> bool:
-        return not self.acc.pending and self.slots.value == self.max_in_flight
-
-
-class _BatchWait:
-    """One encoded batch waiting in an outbox, and its outcome once answered."""
-
-    __slots__ = ("batch", "event", "fields", "error")
-
-    def __init__(self, batch: EncodedBatch) -> None:
-        self.batch = batch
-        self.event = anyio.Event()
-        self.fields: dict[str, Any] | None = None
-        self.error: BaseException | None = None
-
-    def settle(self, fields: dict[str, Any] | None, error: BaseException | None) -> None:
-        if not self.event.is_set():
-            self.fields, self.error = fields, error
-            self.event.set()
-
-
-class _Outbox:
-    """Batches bound for one group at one address: they leave together, as one
-    multi-batch PRODUCE request (`broker.produce_wire`), at most `REQUESTS_IN_FLIGHT`
-    requests at a time. A batch that finds a request slot free leaves at once (with
-    whatever batches came in the same turn of the event loop); the others gather while
-    the requests in flight are answered, so the more queues a producer feeds, the more
-    batches each request (one Raft round of the group) carries."""
-
-    def __init__(self) -> None:
-        self.pending: deque[_BatchWait] = deque()
-        self.wakeup = anyio.Event()
-        self.slots = anyio.Semaphore(REQUESTS_IN_FLIGHT)
-
-    @property
-    def idle(self) -> bool:
-        return not self.pending and self.slots.value == REQUESTS_IN_FLIGHT
-
-    def take(self) -> list[_BatchWait]:
-        """The next request's batches: at least one, within the frame and count bounds."""
-        out = [self.pending.popleft()]
-        size = len(out[0].batch)
-        while self.pending and len(out) < MAX_BATCHES:
-            nxt = len(self.pending[0].batch)
-            if size + nxt > MAX_BATCH_BYTES:
-                break
-            out.append(self.pending.popleft())
-            size += nxt
-        return out
+        self.in_flight = 0
 
 
 class Producer:
@@ -497,10 +436,10 @@ class Producer:
     or not) or a callable `(total_queues, message) -> queue`. Keyed sends, sends with a
     callable and sends with an explicit `queue` stay on their queue when retried.
 
-    `max_in_flight` is the number of batches one queue may have in flight at once; an
-    idempotent producer always uses 1, so its batches reach the log in sequence order.
-    `linger_ms` (default 0) trades latency for batch size when the load is light; a
-    synchronous `send` waits for it too. Leaving the `async with` block waits (up
+    `max_in_flight` is the number of batches one queue may have in flight at once (in
+    one request: a queue's batches are never in two requests at once, see the module
+    docstring); an idempotent producer always uses 1. `linger_ms` (default 0) trades
+    latency for batch size when the load is light; a synchronous `send` waits for it too. Leaving the `async with` block waits (up
     to the send timeout times the attempts) for buffered messages to be acknowledged.
 
     `on_attempt`, when given, is called with a `SendAttempt` just before every PRODUCE
@@ -553,8 +492,8 @@ class Producer:
         self._routes: Routes | None = None
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._senders: dict[tuple[str, int, bool], _QueueSender] = {}
-        self._outboxes: dict[tuple[str, str], _Outbox] = {}  # (addr, group) -> outbox
+        self._queues: dict[QueueKey, _Queue] = {}  # those with sends or a batch out
+        self._groups: dict[str, _GroupSender] = {}
         self._seqs: dict[tuple[str, int], _Sequence] = {}
         self._rr: dict[str, int] = {}
         self._sticky: dict[str, int] = {}  # topic -> queue whose batch is filling
@@ -591,8 +530,11 @@ class Producer:
         finally:
             self._closed = True
             closed = ClientClosedError("the producer closed before the message was sent")
-            for sender in self._senders.values():
-                sender.acc.fail_all(closed)
+            for qb in self._queues.values():
+                for send in qb.pending:
+                    send.resolve(None, closed)
+                for batch in qb.formed:
+                    batch.fail(closed)
             self._tg.cancel_scope.cancel()
         return await close_stack(self._stack, exc)
 
@@ -754,8 +696,8 @@ class Producer:
         make N batches of 1/N the size, and each batch costs the group a Raft entry."""
         q = self._sticky.get(route.topic)
         if q is not None and not self._faults and q < route.total:
-            sender = self._senders.get((route.topic, q, movable))
-            if sender is not None and sender.acc.pending and not sender.acc.full:
+            qb = self._queues.get((route.topic, q, movable))
+            if qb is not None and qb.pending and not qb.full:
                 return q
         q = self._round_robin(route)
         self._sticky[route.topic] = q
@@ -780,7 +722,7 @@ class Producer:
 
     async def _enqueue(self, topic: str, queue: int, movable: bool, send: PendingSend) -> None:
         """Take a place in the pending window (waiting only when it is full) and hand the
-        send to its queue's accumulator."""
+        send to its queue's place in the accumulator of the queue's group."""
         self._check_open()
         assert self._pending_slots is not None and self._tg is not None
         try:  # the common case needs no checkpoint: one per message is most of the cost
@@ -790,16 +732,75 @@ class Producer:
             self._check_open()
         self._outstanding += 1
         key = (topic, queue, movable)
-        sender = self._senders.get(key)
-        if sender is None:
-            acc = BatchAccumulator(self.linger, self.batch_max_messages, self.batch_max_bytes)
-            sender = _QueueSender(topic, queue, movable, acc, self.max_in_flight)
-            self._senders[key] = sender
-            self._tg.start_soon(self._run_sender, sender)
-        acc = sender.acc
-        acc.add(send, clock())
-        if len(acc.pending) == 1 or acc.full:
-            sender.wake()  # otherwise the sender is already lingering on this batch
+        qb = self._queues.get(key)
+        if qb is None:
+            qb = self._queues[key] = self._new_queue(key)
+        group = qb.group
+        if group is None:  # its group is being looked up: it waits
+            qb.add(send, clock())
+        elif group.add(qb, send, clock()):
+            self._groups[group.group].wakeup.set()
+
+    def _new_queue(self, key: QueueKey) -> _Queue:
+        """A queue's place, in its group's accumulator; one whose group the route does
+        not name yet is held (busy) while the route is refreshed (`_find_group`)."""
+        assert self._tg is not None and self._routes is not None
+        qb: _Queue = QueueBuffer(self.linger, self.batch_max_messages, self.batch_max_bytes,
+                                 key=key)
+        route = self._routes.usable(key[0], self._tg.start_soon)
+        group = route.group_of(key[1]) if route is not None else None
+        if group is None:
+            qb.busy = True
+            self._tg.start_soon(self._find_group, qb)
+        else:
+            qb.group = self._sender(group).acc
+        return qb
+
+    def _sender(self, group: str) -> _GroupSender:
+        gs = self._groups.get(group)
+        if gs is None:
+            assert self._tg is not None
+            gs = self._groups[group] = _GroupSender(GroupAccumulator(
+                group, linger=self.linger, batches_per_queue=self.max_in_flight,
+                max_batches=MAX_BATCHES, max_bytes=MAX_BATCH_BYTES))
+            self._tg.start_soon(self._run_group, gs)
+        return gs
+
+    async def _find_group(self, qb: _Queue) -> None:
+        """Learn the group of a queue its route did not place (a gap while its group's
+        registration lapsed), then let it send; its sends fail if that never works out."""
+        topic, queue, _ = qb.key
+        attempt = 0
+        while True:
+            try:
+                group = await self._check_open().group_of(topic, queue)
+                break
+            except RequestError as exc:
+                attempt += 1
+                if not is_retriable(exc) or attempt > self.retries:
+                    error = give_up(exc, f"send to {topic} queue {queue}")
+                    while qb.pending:
+                        qb.pending.popleft().resolve(None, error)
+                    qb.messages = qb.bytes = 0
+                    while qb.formed:  # batches moved here
+                        b = qb.formed.popleft()
+                        b.fail(give_up(exc, f"send to {topic} queue {queue}",
+                                       uncertain=b.uncertain))
+                    self._release(qb)
+                    return
+                await anyio.sleep(backoff_delay(attempt))
+        qb.group = self._sender(group).acc
+        self._release(qb)
+
+    def _release(self, qb: _Queue) -> None:
+        """No request holds `qb` any more: it may send again, or is forgotten if empty."""
+        group = qb.group
+        if group is None:
+            qb.busy = False
+        elif group.release(qb, clock()):
+            self._groups[group.group].wakeup.set()
+        if qb.empty and not qb.busy and self._queues.get(qb.key) is qb:
+            del self._queues[qb.key]
 
     def _settled(self) -> None:
         """A send is acknowledged or failed: free its place in the pending window."""
@@ -810,51 +811,47 @@ class Producer:
             self._drained.set()
             self._drained = None
 
-    async def _run_sender(self, sender: _QueueSender) -> None:
-        key = (sender.topic, sender.queue, sender.movable)
-        try:
-            async with anyio.create_task_group() as tg:
-                while True:
-                    while not sender.acc.pending:
-                        # woken by a new send or a finished batch; idle for long: retire
-                        sender.wakeup = anyio.Event()
-                        if not sender.idle:
-                            await sender.wakeup.wait()
-                            continue
-                        with anyio.move_on_after(IDLE_EXIT):
-                            await sender.wakeup.wait()
-                        if sender.idle:
-                            del self._senders[key]
-                            return
-                    while not sender.acc.ready(now := clock()):
-                        sender.wakeup = anyio.Event()
-                        with anyio.move_on_after(sender.acc.deadline - now):
-                            await sender.wakeup.wait()
-                    await sender.slots.acquire()
-                    batch = sender.acc.take()
-                    if not batch:
-                        sender.slots.release()
-                        continue
-                    tg.start_soon(self._ship, sender, batch)
-        finally:
-            sender.acc.fail_all(ClientClosedError("the producer closed before the message was sent"))
+    async def _run_group(self, gs: _GroupSender) -> None:
+        """The sender of one group: a request leaves whenever the accumulator is ready
+        and fewer than `REQUESTS_IN_FLIGHT` are out."""
+        acc = gs.acc
+        while True:
+            now = clock()
+            if gs.in_flight < REQUESTS_IN_FLIGHT and acc.sendable:
+                if acc.ready(now):
+                    self._start_request(gs)
+                    continue
+                gs.wakeup = anyio.Event()
+                with anyio.move_on_after(acc.deadline - now):  # lingering
+                    await gs.wakeup.wait()
+                continue
+            gs.wakeup = anyio.Event()  # set by a send, a released queue, an answer
+            await gs.wakeup.wait()
 
-    async def _ship(self, sender: _QueueSender, sends: list[PendingSend]) -> None:
-        try:
-            msgs = [m for s in sends for m in s.messages]
-            results = await self._deliver(sender.topic, sender.queue, sender.movable, msgs)
-            i = 0
-            for s in sends:
-                s.resolve(results[i : i + len(s.messages)], None)
-                i += len(s.messages)
-        except Exception as exc:
-            for s in sends:
-                s.resolve(None, exc)
-        finally:
-            sender.slots.release()
-            sender.wake()
-            for s in sends:
-                s.resolve(None, ClientClosedError("the producer closed before the ack"))
+    def _start_request(self, gs: _GroupSender) -> None:
+        """Drain the group's accumulator into one request and send it."""
+        assert self._tg is not None and self._routes is not None
+        born = int(time.time() * 1000)
+        batches: list[_Batch] = []
+        queues: list[_Queue] = []
+        for taken in gs.acc.drain():
+            qb = taken.queue
+            queues.append(qb)
+            batches += taken.formed
+            topic, queue, movable = qb.key
+            for sends in taken.new:
+                msgs = sends[0].messages if len(sends) == 1 else [
+                    m for s in sends for m in s.messages]
+                pid, seq = 0, -1
+                if self.idempotent:
+                    state = self._sequence(topic, queue)
+                    pid, seq = state.pid, state.next_seq
+                    state.next_seq += 1
+                data = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
+                batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born))
+        gs.in_flight += 1
+        self._tg.start_soon(self._send_request, gs, self._routes.target(gs.acc.group),
+                            batches, queues)
 
     def _sequence(self, topic: str, queue: int) -> _Sequence:
         seq = self._seqs.get((topic, queue))
@@ -862,142 +859,187 @@ class Producer:
             seq = self._seqs[(topic, queue)] = _Sequence(self.pid)
         return seq
 
-    async def _deliver(
-        self, topic: str, queue: int, movable: bool, msgs: list[Payload]
-    ) -> list[SendResult]:
-        routes = self._check_open()
-        pid, seq = 0, -1
-        if self.idempotent:
-            state = self._sequence(topic, queue)
-            pid, seq = state.pid, state.next_seq
-            state.next_seq += 1
-        born = int(time.time() * 1000)
-        batch = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
-        failed_groups: set[str] = set()
-        attempt = redirects = sent = 0
-        uncertain = False  # an attempt may have been stored: a later refusal cannot undo it
-        while True:
-            group: str | None = None
-            addr: str | None = None
+    async def _send_request(self, gs: _GroupSender, addr: str | None, batches: list[_Batch],
+                            queues: list[_Queue]) -> None:
+        """One PRODUCE request for `batches` (of `queues`, which it holds), then each
+        batch's fate: acknowledged, failed, or back at the front of its queue for a retry
+        (after a backoff, unless a newer leader was learned). The queues are released
+        once none of their batches is out."""
+        group = gs.acc.group
+        held = {id(qb): qb for qb in queues}
+
+        def release(done: Iterable[_Queue]) -> None:
+            for qb in done:
+                if held.pop(id(qb), None) is not None:
+                    self._release(qb)
+
+        try:
             try:
-                group = await routes.group_of(topic, queue)
-                addr = routes.target(group)
-                if addr is None:
-                    raise RequestError(
-                        Code.NOT_LEADER, f"no known replica of group {group}", transient=True
-                    )
-                if self.on_attempt is not None:
-                    sent += 1
-                    self.on_attempt(SendAttempt(topic, queue, group, addr, sent, msgs))
-                fields = await self._post(addr, group, batch)
-                return self._results(topic, queue, group, batch, fields)
+                outcomes = await self._request(group, addr, batches)
+            except RequestError as exc:  # the request as a whole: every batch's fate
+                outcomes = [exc] * len(batches)
+            finally:
+                gs.in_flight -= 1
+                gs.wakeup.set()
+            retry = self._settle(group, batches, outcomes)
+            waiting = {id(b.qb) for b, _ in retry}
+            release([qb for qb in queues if id(qb) not in waiting])
+            if retry:
+                await self._retry(group, addr, retry)
+            release(queues)
+        except Exception as exc:  # not a refusal: the sends fail with it, as they are
+            for b in batches:
+                b.fail(exc)
+            release(queues)
+        except BaseException:  # cancelled as the producer closes
+            closed = ClientClosedError("the producer closed before the ack")
+            for b in batches:
+                b.fail(closed)
+            raise
+
+    async def _request(self, group: str, addr: str | None,
+                       batches: list[_Batch]) -> list[dict[str, Any] | RequestError]:
+        """Send one PRODUCE request: the single-batch form for one batch (which older
+        nodes also take), else the multi-batch form; each batch's outcome fields or its
+        own error. Raises what fails the request as a whole."""
+        if addr is None:
+            raise RequestError(Code.NOT_LEADER, f"no known replica of group {group}",
+                               transient=True)
+        if self.on_attempt is not None:
+            for b in batches:
+                b.sent += 1
+                self.on_attempt(SendAttempt(b.topic, b.queue, group, addr, b.sent, b.messages))
+        pool = self._check_open().pool
+        if len(batches) == 1:
+            frame = await pool.request(addr, Op.PRODUCE, {"g": group}, batches[0].data,
+                                       timeout=self.send_timeout)
+            return [frame.header]
+        frame = await pool.request(
+            addr, Op.PRODUCE, {"g": group, "sizes": [b.nbytes for b in batches]},
+            b"".join([b.data for b in batches]), timeout=self.send_timeout)
+        results = frame.header.get("results")
+        if not isinstance(results, list) or len(results) != len(batches):
+            raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {frame.header!r}")
+        out: list[dict[str, Any] | RequestError] = []
+        for outcome in results:
+            try:
+                out.append(decode_outcome(outcome))
             except RequestError as exc:
-                uncertain = uncertain or may_have_applied(exc)
-                if not is_retriable(exc):
-                    self._abandon(topic, queue)
-                    if uncertain:
-                        raise give_up(exc, f"send to {topic} queue {queue}",
-                                      uncertain=True) from exc
-                    raise
-                if group is not None and addr is not None:
-                    if routes.on_error(group, addr, exc) and redirects < 5:
-                        redirects += 1
-                        continue
-                if group is not None:
-                    failed_groups.add(group)
-                    now = clock()
-                    if self._faults.get(group, 0.0) <= now:
-                        # retries of batches already in flight must not extend the window,
-                        # or a group stays avoided long after its new leader is serving
-                        self._faults[group] = now + FAULT_WINDOW
-                attempt += 1
-                if attempt > self.retries:
-                    self._abandon(topic, queue)
-                    raise give_up(exc, f"send to {topic} queue {queue}",
-                                  uncertain=uncertain) from exc
-                log.debug("send to %s queue %d failed (%s); retry %d", topic, queue, exc, attempt)
-                await routes.wait_backoff(group, backoff_delay(attempt))  # a new leader ends it
-                if movable:
-                    new_queue = await self._other_queue(topic, queue, failed_groups)
-                    if new_queue != queue:
-                        queue = new_queue
-                        batch = encode_batch(topic, queue, msgs, born_ms=born)
+                out.append(exc)
+        return out
 
-    async def _post(self, addr: str, group: str, batch: EncodedBatch) -> dict[str, Any]:
-        """Send `batch` to `group` at `addr` in the next PRODUCE request there, and
-        return its outcome's fields (base, n, index, dup), or raise its own error."""
-        assert self._tg is not None
-        key = (addr, group)
-        box = self._outboxes.get(key)
-        if box is None:
-            box = self._outboxes[key] = _Outbox()
-            self._tg.start_soon(self._run_outbox, key, box)
-        wait = _BatchWait(batch)
-        box.pending.append(wait)
-        box.wakeup.set()
-        await wait.event.wait()
-        if wait.error is not None:
-            raise wait.error
-        assert wait.fields is not None
-        return wait.fields
-
-    async def _run_outbox(self, key: tuple[str, str], box: _Outbox) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-                while True:
-                    if not box.pending:
-                        box.wakeup = anyio.Event()
-                        with anyio.move_on_after(IDLE_EXIT):
-                            await box.wakeup.wait()
-                        if box.idle:
-                            del self._outboxes[key]
-                            return
-                        continue
-                    await box.slots.acquire()
-                    await anyio.lowlevel.checkpoint()  # batches of this turn go along
-                    if not box.pending:
-                        box.slots.release()
-                        continue
-                    tg.start_soon(self._send_request, key, box, box.take())
-        finally:
-            error = ClientClosedError("the producer closed before the batch was sent")
-            while box.pending:
-                box.pending.popleft().settle(None, error)
-
-    async def _send_request(self, key: tuple[str, str], box: _Outbox,
-                            waits: list[_BatchWait]) -> None:
-        """One PRODUCE request for `waits`: the single-batch form for one batch (which
-        older nodes also take), else the multi-batch form; every batch gets its own
-        outcome, and a failure of the request as a whole becomes each batch's."""
-        addr, group = key
-        routes = self._check_open()
-        try:
-            if len(waits) == 1:
-                frame = await routes.pool.request(
-                    addr, Op.PRODUCE, {"g": group}, waits[0].batch, timeout=self.send_timeout)
-                waits[0].settle(frame.header, None)
-                return
-            batches = [w.batch for w in waits]
-            frame = await routes.pool.request(
-                addr, Op.PRODUCE, {"g": group, "sizes": [len(b) for b in batches]},
-                b"".join(batches), timeout=self.send_timeout)
-            outcomes = frame.header.get("results")
-            if not isinstance(outcomes, list) or len(outcomes) != len(waits):
-                raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {frame.header!r}")
-            for w, outcome in zip(waits, outcomes, strict=True):
+    def _settle(self, group: str, batches: list[_Batch],
+                outcomes: list[dict[str, Any] | RequestError]) -> list[tuple[_Batch, RequestError]]:
+        """Acknowledge the batches stored and fail those refused for good; the others,
+        to retry, in request order with their errors."""
+        errors: list[tuple[int, _Batch, RequestError]] = []
+        last_stored: dict[int, int] = {}  # id of a queue -> where its last stored batch is
+        for i, (b, outcome) in enumerate(zip(batches, outcomes, strict=True)):
+            if isinstance(outcome, dict):
                 try:
-                    w.settle(decode_outcome(outcome), None)
+                    results = self._results(b.topic, b.queue, group, b.data, outcome)
                 except RequestError as exc:
-                    w.settle(None, exc)
-        except Exception as exc:
-            for w in waits:
-                w.settle(None, exc)
-        finally:
-            box.slots.release()
-            box.wakeup.set()
-            error = ClientClosedError("the producer closed before the ack")
-            for w in waits:
-                w.settle(None, error)
+                    errors.append((i, b, exc))
+                    continue
+                b.succeed(results)
+                last_stored[id(b.qb)] = i
+            else:
+                errors.append((i, b, outcome))
+        retry: list[tuple[_Batch, RequestError]] = []
+        for i, b, error in errors:
+            b.uncertain = b.uncertain or may_have_applied(error)
+            if not is_retriable(error):
+                self._give_up(b, error, spent=False)
+            elif last_stored.get(id(b.qb), -1) > i:
+                # a later batch of its queue is stored: resent now, this one would land
+                # after it, so it fails instead (its queue's order is the promise)
+                self._give_up(b, error, spent=True)
+            else:
+                retry.append((b, error))
+        return retry
+
+    async def _retry(self, group: str, addr: str | None,
+                     items: list[tuple[_Batch, RequestError]]) -> None:
+        """Put batches that failed with retriable errors back at the front of their
+        queues (or, for a movable batch, on another queue): at once when a newer leader
+        was learned, else after a backoff that a new leader ends early. The caller holds
+        their queues until this returns, so nothing of theirs overtakes them."""
+        routes = self._check_open()
+        held = list({id(b.qb): b.qb for b, _ in items}.values())
+        exc0 = items[0][1]
+        redirect = (addr is not None and routes.on_error(group, addr, exc0)
+                    and all(b.redirects < MAX_REDIRECTS for b, _ in items))
+        if redirect:
+            for b, _ in items:
+                b.redirects += 1
+            keep = [b for b, _ in items]
+        else:
+            now = clock()
+            if self._faults.get(group, 0.0) <= now:
+                # retries of batches already in flight must not extend the window, or a
+                # group stays avoided long after its new leader is serving
+                self._faults[group] = now + FAULT_WINDOW
+            keep = []
+            for b, exc in items:
+                b.attempts += 1
+                b.failed_groups.add(group)
+                if b.attempts > self.retries:
+                    self._give_up(b, exc, spent=True)
+                else:
+                    keep.append(b)
+            if keep:
+                log.debug("send to group %s failed (%s); retry %d", group, exc0,
+                          max(b.attempts for b in keep))
+                await routes.wait_backoff(group, backoff_delay(max(b.attempts for b in keep)))
+        own: dict[int, list[_Batch]] = {}
+        for b in keep:
+            if b.movable and not redirect:
+                new_queue = await self._other_queue(b.topic, b.queue, b.failed_groups)
+                if new_queue != b.queue:
+                    self._move(b, new_queue)
+                    continue
+            own.setdefault(id(b.qb), []).append(b)
+        for qb in held:
+            mine = own.get(id(qb))
+            if mine:
+                await self._rehome(qb)
+                assert qb.group is not None
+                qb.group.requeue(qb, mine, front=True)
+
+    def _move(self, b: _Batch, queue: int) -> None:
+        """A movable batch goes to `queue` of its topic (another group's, as a rule): it
+        is encoded for that queue and waits there behind the batches made before it."""
+        b.queue = queue
+        b.data = encode_batch(b.topic, queue, b.messages, born_ms=b.born)
+        key = (b.topic, queue, True)
+        qb = self._queues.get(key)
+        if qb is None:
+            qb = self._queues[key] = self._new_queue(key)
+        b.qb = qb
+        if qb.group is None:
+            qb.formed.append(b)  # sent once `_find_group` places the queue
+        else:
+            qb.group.requeue(qb, [b], front=False)
+            self._groups[qb.group.group].wakeup.set()
+
+    async def _rehome(self, qb: _Queue) -> None:
+        """A held queue the route now places in another group moves there."""
+        topic, queue, _ = qb.key
+        try:
+            group = await self._check_open().group_of(topic, queue)
+        except RequestError:
+            return  # its next request fails and counts, as any other
+        if qb.group is None or qb.group.group != group:
+            qb.group = self._sender(group).acc
+
+    def _give_up(self, b: _Batch, exc: RequestError, *, spent: bool) -> None:
+        """Fail a batch: with its own error when refused outright, else as `give_up`
+        says once its retries are `spent` (or one of its tries may have stored it)."""
+        self._abandon(b.topic, b.queue)
+        if spent or b.uncertain:
+            b.fail(give_up(exc, f"send to {b.topic} queue {b.queue}", uncertain=b.uncertain))
+        else:
+            b.fail(exc)
 
     def _abandon(self, topic: str, queue: int) -> None:
         """After a batch of an idempotent producer fails for good, its outcome may be
@@ -1018,10 +1060,11 @@ class Producer:
     ) -> list[SendResult]:
         try:
             base, n, index = int(h["base"]), int(h["n"]), int(h["index"])
+            shift = int(h.get("shift", 0))
         except (KeyError, TypeError, ValueError):
             raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {h!r}") from None
         dup = bool(h.get("dup", False))
-        ids = batch_message_ids(group, index, batch)
+        ids = batch_message_ids(group, index, batch, shift)
         if n != len(ids):
             raise RequestError(Code.MALFORMED, f"PRODUCE stored {n} of {len(ids)} messages")
         if base < 0:
