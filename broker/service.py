@@ -55,7 +55,7 @@ from broker.statemachine import (
     valid_request_id,
 )
 from raftlog.commitlog import CommitLogError, CorruptEntry, EntryDraft, OutOfRange
-from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
+from raftlog.runtime import DiskFull, GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
 
@@ -176,9 +176,9 @@ class BrokerService:
         try:
             header, body = await handler(caller, h, frame.body)
         except NotLeader as exc:
+            why = str(exc) if isinstance(exc, DiskFull) else "this node does not lead that group"
             raise RequestError(
-                Code.NOT_LEADER, "this node does not lead that group",
-                leader=self.groups.peer_addr(exc.leader), term=exc.term,
+                Code.NOT_LEADER, why, leader=self.groups.peer_addr(exc.leader), term=exc.term,
             ) from None
         except (ProposalDropped, ProposalLost) as exc:
             raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None

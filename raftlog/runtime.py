@@ -70,6 +70,7 @@ this replica cannot apply past it.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -100,6 +101,7 @@ from raftlog.types import (
 
 __all__ = [
     "DiskCall",
+    "DiskFull",
     "EntryUnavailable",
     "FetchRaw",
     "GroupOptions",
@@ -137,6 +139,17 @@ class ProposalLost(Exception):
     """Another entry took the proposal's place in the log: it was never committed."""
 
 
+class DiskFull(NotLeader):
+    """This replica's disk is full: until space is freed its group writes, sends and
+    acknowledges nothing, and refuses proposals and reads (retriable elsewhere, as from
+    a replica that does not lead). It resumes by itself once a write succeeds again."""
+
+    def __init__(self, group_id: str) -> None:
+        super().__init__(None)
+        self.args = (f"no space left on this node's disk: group {group_id} takes no writes "
+                     "until space is freed",)
+
+
 class EntryUnavailable(Exception):
     """A peer cannot hand out an entry's stored bytes. `gone`: it never will, retention
     removed the entry there (else it may later: it lags, or its copy is corrupt too)."""
@@ -162,6 +175,8 @@ _REPAIR_TIMEOUT = 3.0  # seconds for one fetch from one peer
 _REPAIR_BACKOFF = (0.05, 5.0)  # first and longest pause between rounds over the peers
 _REPAIR_GONE_PAUSE = 60.0  # between rounds once every peer said the entry is gone
 _RECENT_BYTES = 32 << 20  # written-but-unapplied entry data served from memory
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_SPACE_RETRY = (0.05, 1.0)  # first and longest pause between writes on a full disk
 
 
 class _GuardedLog:
@@ -255,6 +270,33 @@ class _GuardedLog:
         self._recent_bytes = 0
 
 
+class _LogHold:
+    """Whether a task holds a group's CommitLog and core (see `GroupRuntime._hold`).
+
+    Deliberately plain (a flag and an event, no hand-over to a waiter): whoever runs
+    first after a release takes it."""
+
+    __slots__ = ("held", "_freed")
+
+    def __init__(self) -> None:
+        self.held = False
+        self._freed = trio.Event()
+
+    async def wait_free(self) -> None:
+        """Return when nobody holds it (no checkpoint when nobody does)."""
+        while self.held:
+            await self._freed.wait()
+
+    async def take(self) -> None:
+        await self.wait_free()
+        self.held = True
+
+    def release(self) -> None:
+        self.held = False
+        self._freed.set()
+        self._freed = trio.Event()
+
+
 class _Shell:
     """How a GroupRuntime carries out each part of a Ready (`raftlog.driver.Shell`)."""
 
@@ -286,7 +328,13 @@ class _Shell:
         if entries[0].index <= lg.last_index():
             # a conflicting suffix goes first, durably (fsyncs): in a worker thread
             return partial(lg.store, entries)
-        lg.append(entries)  # the hot path: page cache only, group commit syncs it
+        try:
+            lg.append(entries)  # the hot path: page cache only, group commit syncs it
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise
+            # undone by the log (no torn entry stays); retried until space is back
+            return partial(lg.store, entries)
         return None
 
     def send_message(self, m: Message) -> None:
@@ -418,15 +466,16 @@ class GroupRuntime(Generic[M]):
         self._repair_rounds = 0
         self._gone_logged: set[int] = set()
         # The rule for the CommitLog (not thread-safe) and the core (which reads it):
-        # only the task holding `_log_lock` touches either. Blocking disk work runs in a
-        # worker thread while that task awaits it (`_offload`, `_with_log`), so a slow
-        # disk stalls this group only, never the event loop every group shares. The
-        # ready loop holds the lock while it carries out Readies; an event for the core
-        # that arrives while the lock is held (`step`, `tick`, ...) waits in `_deferred`
-        # and the ready loop hands it over, in order, before its next Ready.
-        self._log_lock = trio.Lock()
+        # while a task holds `_hold`, only that task touches either. Blocking disk work
+        # runs in a worker thread while that task awaits it (`_offload`, `_with_log`),
+        # so a slow disk stalls this group only, never the event loop every group
+        # shares. The ready loop holds it while it carries out Readies; an event for
+        # the core that arrives while it is held (`step`, `tick`, ...) waits in
+        # `_deferred` and the ready loop hands it over, in order, before its next Ready.
+        self._hold = _LogHold()
         self._deferred: list[Callable[[], object]] = []
         self._disk_call: DiskCall = disk_call or _call
+        self.disk_full = False  # a write failed for lack of space; retried until it works
 
     @property
     def machine(self) -> M:
@@ -543,8 +592,8 @@ class GroupRuntime(Generic[M]):
 
     def _give(self, event: Callable[..., object], *args: Any) -> None:
         """Hand an event to the core now, or once the task holding the log lets go
-        (see `_log_lock`), after the events that came before it."""
-        if self._log_lock.locked():
+        (see `_hold`), after the events that came before it."""
+        if self._hold.held:
             self._deferred.append(partial(event, *args))
         else:
             event(*args)
@@ -552,17 +601,19 @@ class GroupRuntime(Generic[M]):
 
     async def _log_free(self) -> None:
         """Return when no task holds the log: until its next await the caller may use
-        the log and the core (no checkpoint when the lock is free)."""
-        while self._log_lock.locked():
-            async with self._log_lock:
-                pass
+        the log and the core (no checkpoint when it is free)."""
+        await self._hold.wait_free()
 
     def tick(self) -> None:
         assert self._core is not None
+        if self.disk_full:
+            return  # time stands still for a group waiting for space, as for a paused one
         self._give(self._core.tick)
 
     def step(self, m: Message) -> None:
         assert self._core is not None
+        if self.disk_full:
+            return  # lost, as to a paused process (Raft resends what matters)
         self._give(self._core.step, m)
 
     def peer_lost(self, peer: int) -> None:
@@ -616,12 +667,14 @@ class GroupRuntime(Generic[M]):
         """
         core = self._core
         assert core is not None
+        self._check_space()
         while self._uncommitted > self.options.max_uncommitted_bytes:
             if core.role != Role.LEADER:
                 raise NotLeader(core.leader, core.term)
             space = self._space
             await space.wait()
         await self._log_free()
+        self._check_space()
         index = core.propose(data if isinstance(data, EntryDraft) else EntryDraft.of(data), type)
         w = _Waiter(core.term, len(data), context)
         self._waiters[index] = w
@@ -652,12 +705,14 @@ class GroupRuntime(Generic[M]):
         assert core is not None
         if contexts is not None and len(contexts) != len(items):
             raise ValueError("one context per entry")
+        self._check_space()
         while self._uncommitted > self.options.max_uncommitted_bytes:
             if core.role != Role.LEADER:
                 raise NotLeader(core.leader, core.term)
             space = self._space
             await space.wait()
         await self._log_free()
+        self._check_space()
         drafts = [d if isinstance(d, EntryDraft) else EntryDraft.of(d) for d in items]
         first = core.propose_many(drafts, type)
         term = core.term
@@ -682,7 +737,9 @@ class GroupRuntime(Generic[M]):
         """
         core = self._core
         assert core is not None
+        self._check_space()
         await self._log_free()
+        self._check_space()
         self._read_seq += 1
         rid = self._read_seq
         core.read_index(rid)  # NotLeader unless leading
@@ -744,6 +801,7 @@ class GroupRuntime(Generic[M]):
             "refilling": core.refilling,
             "unrepaired": sorted(core.unreadable),
             "repaired": self.repaired,
+            "disk_full": self.disk_full,
         }
 
     # ------------------------------------------------------------------ the log, read-only
@@ -765,6 +823,7 @@ class GroupRuntime(Generic[M]):
     async def segment_bounds(self) -> list[SegmentInfo]:
         """The log's segments, oldest first (the last is the active one)."""
         assert self._log is not None
+        self._check_space()
         bounds: list[SegmentInfo] = await self._with_log(self._log.segment_bounds)
         return bounds
 
@@ -777,6 +836,7 @@ class GroupRuntime(Generic[M]):
         if index > core.commit:
             raise ValueError(f"entry {index} of {self.group_id} is not committed "
                              f"(commit is {core.commit})")
+        self._check_space()
         try:
             entries: list[Entry] = await self._with_log(lg.entries, index, index + 1, 1 << 62)
         except CorruptEntry as exc:
@@ -790,6 +850,7 @@ class GroupRuntime(Generic[M]):
         thread. A corrupt one is sent for repair here too and `CorruptEntry` raised."""
         lg = self._log
         assert lg is not None
+        self._check_space()
 
         def read() -> tuple[int, bytes]:
             return lg.term(index), bytes(lg.read_raw(index, index + 1))
@@ -815,17 +876,60 @@ class GroupRuntime(Generic[M]):
 
     async def _offload(self, work: Callable[[], Any]) -> Any:
         """Run blocking disk work in a worker thread (the driver's I/O seam). Work that
-        touches the log runs only while the caller holds `_log_lock`."""
+        touches the log runs only while the caller holds `_hold`."""
         return await trio.to_thread.run_sync(self._disk_call, work)
 
-    async def _with_log(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the log, in a worker thread, holding `_log_lock`."""
-        async with self._log_lock:
+    def _check_space(self) -> None:
+        if self.disk_full:
+            raise DiskFull(self.group_id)
+
+    async def _offload_until_space(self, work: Callable[[], Any]) -> Any:
+        """`_offload` for the ready loop. On a full disk (ENOSPC, EDQUOT) the group waits
+        and retries the same work until it succeeds, instead of the node exiting: the
+        steps are idempotent (a failed append is undone, torn tail included; a hard-state
+        save rewrites its temp file). Meanwhile the Ready's messages wait (no vote, no
+        acknowledgement leaves), events for the core are dropped as for a paused
+        process, and proposals and reads are refused (`DiskFull`)."""
+        pause = _SPACE_RETRY[0]
+        while True:
             try:
-                return await self._offload(partial(fn, *args))
-            finally:
-                if self._deferred:
-                    self._wakeup.set()  # the ready loop hands them to the core
+                return_value = await self._offload(work)
+            except OSError as exc:
+                if exc.errno not in _NO_SPACE:
+                    raise
+                if not self.disk_full:
+                    self.disk_full = True
+                    core = self._core
+                    assert core is not None
+                    lost = (core.step, core.tick)
+                    self._deferred = [e for e in self._deferred
+                                      if getattr(e, "func", None) not in lost]
+                    log.error("disk full: the group writes and acknowledges nothing until "
+                              "space is freed", extra={"fields": {
+                                  "group": self.group_id, "error": str(exc)}})
+                    self._fail_waiters(DiskFull(self.group_id))
+                    self._fail_reads(DiskFull(self.group_id))
+                await trio.sleep(pause)
+                pause = min(pause * 2, _SPACE_RETRY[1])
+                continue
+            if self.disk_full:
+                self.disk_full = False
+                log.warning("disk space is back: the group resumes", extra={"fields": {
+                    "group": self.group_id}})
+            return return_value
+
+    async def _with_log(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the log, in a worker thread, holding `_hold`."""
+        await self._hold.take()
+        try:
+            return await self._offload(partial(fn, *args))
+        finally:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        self._hold.release()
+        if self._deferred:
+            self._wakeup.set()  # the ready loop hands them to the core
 
     def _hand_over_deferred(self) -> None:
         deferred, self._deferred = self._deferred, []
@@ -836,23 +940,23 @@ class GroupRuntime(Generic[M]):
         core = self._core
         assert core is not None
         shell = _Shell(self)
-        lock = self._log_lock
+        hold = self._hold
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            if lock.locked():
-                await lock.acquire()
+            if hold.held:
+                await hold.take()
             else:
-                lock.acquire_nowait()  # the usual case: no checkpoint on the hot path
+                hold.held = True  # the usual case: no checkpoint on the hot path
             try:
                 while True:
                     self._hand_over_deferred()
                     # the Ready sequence shared with the simulator
-                    await drain_async(core, shell, self._offload)
+                    await drain_async(core, shell, self._offload_until_space)
                     if not self._deferred:
                         break
             finally:
-                lock.release()
+                hold.release()
             self._notice_frozen()
             self._notice_changes()
             self._notice_lagging()
@@ -930,7 +1034,8 @@ class GroupRuntime(Generic[M]):
                 log.debug("fetching the entry failed", extra={"fields": {
                     "group": self.group_id, "index": index, "peer": peer, "error": repr(exc)}})
                 continue
-            async with self._log_lock:
+            await self._hold.take()
+            try:
                 if index not in self.unrepaired:
                     return "dropped"  # overwritten or dropped while we waited
                 if not lg.first_index() <= index <= lg.last_index() or lg.term(index) != term:
@@ -944,6 +1049,8 @@ class GroupRuntime(Generic[M]):
                         "error": str(exc)}})
                     continue
                 self._repaired(index)
+            finally:
+                self._let_go()
             self.repaired += 1
             log.info("entry repaired from a peer", extra={"fields": {
                 "group": self.group_id, "index": index, "term": term, "peer": peer}})
@@ -1114,7 +1221,8 @@ class GroupRuntime(Generic[M]):
             machine = await self._offload(partial(restore, snap.data))
             await self._offload(partial(save_snapshot, self.snapshot_path, snap))
             base, base_term = snap.base if snap.base is not None else (snap.index, snap.term)
-            async with self._log_lock:  # the core hears of it before it reads the log again
+            await self._hold.take()  # the core hears of it before it reads the log again
+            try:
                 await self._offload(partial(lg.reset_to, base, base_term))
                 if self._guard is not None:
                     self._guard.clear()
@@ -1124,6 +1232,8 @@ class GroupRuntime(Generic[M]):
                 self._snapshot_due = None  # detached from the state just replaced
                 self.snapshots_installed += 1
                 core.snapshot_installed(snap.index, snap.term)
+            finally:
+                self._let_go()
         self._applied_changed.set()
         self._applied_changed = trio.Event()
         self._wakeup.set()

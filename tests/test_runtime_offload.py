@@ -1,4 +1,4 @@
-"""Blocking disk work leaves the event loop (`raftlog.runtime`, `_log_lock`): while one
+"""Blocking disk work leaves the event loop (`raftlog.runtime`, `_hold`): while one
 group's disk call is slow, every other group on the same trio loop keeps being served.
 
 Two groups of three real `GroupRuntime`s share one trio loop, each replica on its own
