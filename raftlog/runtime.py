@@ -4,10 +4,12 @@ The core (`raftlog.core.RaftNode`) decides; this module only carries out its `Re
 bundles, through the driver it shares with the simulator (`raftlog.driver`), in the
 order `raftlog.types` prescribes:
 
-* the hard state is saved (fsync + rename) before any message of the same Ready leaves;
+* the hard state is saved (fsync + rename, in a worker thread) before any message of
+  the same Ready leaves;
 * a snapshot from the leader is installed (see below) in a task beside the loop: until
   it is done the core hands out nothing that depends on it;
-* entries are written to the CommitLog at once (page cache), and a separate sync task
+* entries are written to the CommitLog at once (page cache; a conflicting suffix is
+  truncated first, durably, in a worker thread), and a separate sync task
   runs group commit off the event loop: one `SyncPlan` (fdatasync of every segment
   written since the last) in a worker thread covers every append made before it began,
   and only then does the core hear `persisted()` — so acknowledgements and the leader's
@@ -20,6 +22,18 @@ One ready-loop task per group drains the core, so everything proposed while a lo
 iteration or an fsync was running lands in the next append and the next fsync.
 Back-pressure: proposals wait while the group holds more than `max_uncommitted_bytes`
 of proposed-but-unapplied data (slow followers or a slow disk).
+
+Blocking disk work never runs on the event loop, which every group of the node shares:
+hard-state saves, truncations, snapshot restore, writes and installs, segment deletion,
+entry repairs and the reads of the door below run in worker threads (`trio.to_thread`).
+The CommitLog is not thread-safe, so per group one task at a time holds the log and the
+core (`_hold`); events for the core that arrive meanwhile wait their turn (`_give`).
+
+A full disk (ENOSPC, EDQUOT) stops the group, not the node: the step that failed is
+retried until it works (a failed append is undone, torn tail included), and meanwhile
+the group sends and acknowledges nothing of that Ready, drops what it is sent as a
+paused process would, and refuses proposals and reads (`DiskFull`). Once a write
+succeeds it resumes and catches up like any replica that fell behind.
 
 Nothing here knows about topics: the state machine is any object with `apply(entry)`.
 
