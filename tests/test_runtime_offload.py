@@ -21,8 +21,11 @@ from typing import Any
 
 import trio
 
+from broker.retention import RetentionPolicy, retain_once
+from broker.statemachine import BrokerState, control_create_topic
 from raftlog.types import Entry, EntryType, Message, Role
 from tests.runtime_harness import Group, core_of, log_of
+from tests.test_retention import HOUR_MS, SEG, batch
 
 SERVED = 30  # messages group B must be handed while one disk call of group A waits
 BOUND = 30.0  # seconds: a safety net for a broken build, not a measurement
@@ -195,3 +198,44 @@ async def _propose_ignoring_loss(rt: Any, data: bytes) -> None:
     except Exception:  # noqa: BLE001 - the entry is meant to be lost
         pass
 
+
+
+def test_a_slow_segment_deletion_after_a_snapshot_stalls_neither_the_loop_nor_the_group(
+    tmp_path,
+):
+    """Retention: every replica of A snapshots and deletes the log segments below the
+    retained index through the slowed call, while group B is served; the segments go
+    and A keeps committing."""
+
+    async def main() -> None:
+        b = CountingGroup(tmp_path / "b")
+        a: Group[BrokerState] = Group(tmp_path / "a", lambda: BrokerState("g"),
+                                      restore=lambda d: BrokerState.restore("g", d),
+                                      segment_size=SEG)
+        slow = SlowDisk(lambda: b.delivered, lambda name: name.endswith(".delete_before"))
+        a.disk_calls = {i: slow for i in (1, 2, 3)}
+        now = int(time.time() * 1000)
+        async with trio.open_nursery() as n:
+            await _start(b, n)
+            await b.leader()
+            await _start(a, n)
+            leader = await a.leader()
+            await leader.propose(control_create_topic("t", 1, [0]), EntryType.CONTROL)
+            for k in range(60):
+                await leader.propose(batch(k, now - 100 * HOUR_MS))
+            for k in range(60, 80):
+                await leader.propose(batch(k, now))
+            target = core_of(leader).commit
+            await a.wait(lambda: all(s.applied_index >= target for s in a.machines.values()))
+            policy = RetentionPolicy(retention_hours=72, disk_ratio=1.0, data_dir=tmp_path,
+                                     usage=lambda: (0, 1))
+            index = await retain_once(policy, leader, a.machines[leader.node_id])
+            assert index is not None and index > 1
+            await a.wait(lambda: all(log_of(rt).first_index() == index
+                                     for rt in a.runtimes.values()))
+            await leader.propose(batch(80, now))
+            n.cancel_scope.cancel()
+        assert len(slow.calls) == 3
+        assert all(served for _, served in slow.calls), slow.calls
+
+    trio.run(main)
