@@ -301,12 +301,20 @@ class _LogHold:
         while self.held:
             await self._freed.wait()
 
+    async def wait_change(self) -> None:
+        """Return at the next release (or `nudge`)."""
+        await self._freed.wait()
+
     async def take(self) -> None:
         await self.wait_free()
         self.held = True
 
     def release(self) -> None:
         self.held = False
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Wake whoever waits, to look again at why they wait."""
         self._freed.set()
         self._freed = trio.Event()
 
@@ -687,8 +695,7 @@ class GroupRuntime(Generic[M]):
                 raise NotLeader(core.leader, core.term)
             space = self._space
             await space.wait()
-        await self._log_free()
-        self._check_space()
+        await self._writable()
         index = core.propose(data if isinstance(data, EntryDraft) else EntryDraft.of(data), type)
         w = _Waiter(core.term, len(data), context)
         self._waiters[index] = w
@@ -725,8 +732,7 @@ class GroupRuntime(Generic[M]):
                 raise NotLeader(core.leader, core.term)
             space = self._space
             await space.wait()
-        await self._log_free()
-        self._check_space()
+        await self._writable()
         drafts = [d if isinstance(d, EntryDraft) else EntryDraft.of(d) for d in items]
         first = core.propose_many(drafts, type)
         term = core.term
@@ -751,9 +757,7 @@ class GroupRuntime(Generic[M]):
         """
         core = self._core
         assert core is not None
-        self._check_space()
-        await self._log_free()
-        self._check_space()
+        await self._writable()
         self._read_seq += 1
         rid = self._read_seq
         core.read_index(rid)  # NotLeader unless leading
@@ -837,7 +841,7 @@ class GroupRuntime(Generic[M]):
     async def segment_bounds(self) -> list[SegmentInfo]:
         """The log's segments, oldest first (the last is the active one)."""
         assert self._log is not None
-        self._check_space()
+        await self._writable()
         bounds: list[SegmentInfo] = await self._with_log(self._log.segment_bounds)
         return bounds
 
@@ -850,7 +854,7 @@ class GroupRuntime(Generic[M]):
         if index > core.commit:
             raise ValueError(f"entry {index} of {self.group_id} is not committed "
                              f"(commit is {core.commit})")
-        self._check_space()
+        await self._writable()
         try:
             entries: list[Entry] = await self._with_log(lg.entries, index, index + 1, 1 << 62)
         except CorruptEntry as exc:
@@ -864,7 +868,7 @@ class GroupRuntime(Generic[M]):
         thread. A corrupt one is sent for repair here too and `CorruptEntry` raised."""
         lg = self._log
         assert lg is not None
-        self._check_space()
+        await self._writable()
 
         def read() -> tuple[int, bytes]:
             return lg.term(index), bytes(lg.read_raw(index, index + 1))
@@ -897,6 +901,14 @@ class GroupRuntime(Generic[M]):
         if self.disk_full:
             raise DiskFull(self.group_id)
 
+    async def _writable(self) -> None:
+        """`_log_free` for proposals and reads: refused as soon as the disk is full,
+        also while waiting."""
+        while self._hold.held:
+            self._check_space()
+            await self._hold.wait_change()
+        self._check_space()
+
     async def _offload_until_space(self, work: Callable[[], Any]) -> Any:
         """`_offload` for the ready loop. On a full disk (ENOSPC, EDQUOT) the group waits
         and retries the same work until it succeeds, instead of the node exiting: the
@@ -923,6 +935,7 @@ class GroupRuntime(Generic[M]):
                                   "group": self.group_id, "error": str(exc)}})
                     self._fail_waiters(DiskFull(self.group_id))
                     self._fail_reads(DiskFull(self.group_id))
+                    self._hold.nudge()  # proposals and reads waiting for the log: refused
                 await trio.sleep(pause)
                 pause = min(pause * 2, _SPACE_RETRY[1])
                 continue
