@@ -663,8 +663,28 @@ class GroupRuntime(Generic[M]):
         self._give(core.entry_unreadable, index)
 
     def transfer_leadership(self, target: int) -> None:
-        assert self._core is not None
-        self._give(self._core.transfer_leadership, target)
+        """Ask the core to hand leadership to `target`. Raises NotLeader and ValueError
+        (not a voter) at once; one that waits for the log to be let go is dropped if
+        leadership moved meanwhile."""
+        core = self._core
+        assert core is not None
+        if not self._hold.held:
+            core.transfer_leadership(target)
+            self._wakeup.set()
+            return
+        if core.role != Role.LEADER:
+            raise NotLeader(core.leader, core.term)
+        if target not in core.membership.voters:
+            raise ValueError(f"node {target} is not a voter")
+        self._give(self._transfer_if_leading, target)
+
+    def _transfer_if_leading(self, target: int) -> None:
+        core = self._core
+        assert core is not None
+        try:
+            core.transfer_leadership(target)
+        except NotLeader:
+            pass  # leadership moved while the request waited: nothing to hand over
 
     def draft(self, size: int) -> EntryDraft:
         """Room for a new entry of `size` bytes in its stored form: write the data into

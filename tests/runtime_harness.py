@@ -49,7 +49,7 @@ class Group(Generic[M]):
 
     def send(self, _group: str, m: Message) -> None:
         rt = self.runtimes.get(m.dst)
-        if rt is not None and m.dst not in self.down and m.src not in self.down:
+        if rt is not None and rt.is_open and m.dst not in self.down and m.src not in self.down:
             rt.step(m)
 
     def fetcher(self, i: int) -> FetchRaw | None:
