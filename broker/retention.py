@@ -59,13 +59,14 @@ _AGE_WALK = 64  # entries looked at, newest first, to find a segment's newest ba
 
 
 class CommittedLog(Protocol):
-    """What retention reads of a group's log (`GroupRuntime`'s read-only door)."""
+    """What retention reads of a group's log (`GroupRuntime`'s read-only door; the reads
+    that touch the disk are awaited: they run off the event loop)."""
 
     def log_bounds(self) -> tuple[int, int]: ...
 
-    def segment_bounds(self) -> list[SegmentInfo]: ...
+    async def segment_bounds(self) -> list[SegmentInfo]: ...
 
-    def read_committed(self, index: int) -> Entry: ...
+    async def read_committed(self, index: int) -> Entry: ...
 
 
 def choose_retain_index(
@@ -94,19 +95,22 @@ def choose_retain_index(
     return chosen
 
 
-def segment_newest_ms(log: CommittedLog, seg: SegmentInfo, *, walk: int = _AGE_WALK) -> int:
+async def segment_newest_ms(
+    log: CommittedLog, seg: SegmentInfo, *, walk: int = _AGE_WALK
+) -> int:
     """Store time (ms) of the newest MESSAGES batch near the end of `seg`; the file's
     mtime if its last `walk` entries hold none (or cannot be read)."""
     lo = max(seg.first_index, seg.last_index - walk + 1)
     for i in range(seg.last_index, lo - 1, -1):
         try:
-            e = log.read_committed(i)
+            e = await log.read_committed(i)
         except CommitLogError:
             continue  # a corrupt entry: it says nothing about age
         if e.type == EntryType.MESSAGES and len(e.data) >= STORED_PREFIX.size:
             (ms,) = STORED_PREFIX.unpack_from(e.data, 0)
             return int(ms)
-    return int(os.stat(seg.path).st_mtime * 1000)
+    st = await trio.to_thread.run_sync(os.stat, seg.path)
+    return int(st.st_mtime * 1000)
 
 
 def _disk_usage(path: str) -> tuple[int, int]:
@@ -136,25 +140,27 @@ class RetentionPolicy:
         used, total = self._usage()
         return max(0, used - int(self.disk_ratio * total))
 
-    def candidate(
+    async def candidate(
         self, lg: CommittedLog, *, commit: int, min_match: int, retained: int, now_ms: int
     ) -> int | None:
         """The retain index to propose now, or None (nothing new may go)."""
-        segments = lg.segment_bounds()
+        segments = await lg.segment_bounds()
         live = {s.path for s in segments}
         for p in [p for p in self._ages if p not in live]:
             del self._ages[p]
+        limit = min(commit, min_match) + 1
+        # the ages `choose_retain_index` may ask for: segments wholly below `limit`
+        for seg, nxt in zip(segments, segments[1:], strict=False):
+            if nxt.first_index > limit:
+                break
+            if seg.path not in self._ages:
+                self._ages[seg.path] = await segment_newest_ms(lg, seg)
 
         def expired(seg: SegmentInfo) -> bool:
-            ms = self._ages.get(seg.path)
-            if ms is None:
-                ms = self._ages[seg.path] = segment_newest_ms(lg, seg)
-            return now_ms - ms > self.retention_ms
+            return now_ms - self._ages[seg.path] > self.retention_ms
 
-        limit = min(commit, min_match) + 1
-        chosen = choose_retain_index(
-            segments, limit=limit, expired=expired, excess_bytes=self.excess_bytes()
-        )
+        excess = await trio.to_thread.run_sync(self.excess_bytes)  # a statvfs
+        chosen = choose_retain_index(segments, limit=limit, expired=expired, excess_bytes=excess)
         if chosen is None or chosen <= max(retained, lg.log_bounds()[0]):
             return None
         return chosen
@@ -166,7 +172,7 @@ async def retain_once(policy: RetentionPolicy, g: GroupRuntime, state: BrokerSta
     if horizon is None:
         return None
     commit, min_match = horizon
-    index = policy.candidate(
+    index = await policy.candidate(
         g,
         commit=commit,
         min_match=min_match,

@@ -65,7 +65,7 @@ from broker.statemachine import (
     valid_request_id,
 )
 from raftlog.commitlog import CommitLogError, CorruptEntry
-from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
+from raftlog.runtime import DiskFull, GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
 
@@ -219,9 +219,9 @@ class BrokerService:
                 log.critical("crash-before-answer: exiting before answering %s", Op(op).name)
                 os._exit(CRASH_BEFORE_ANSWER_EXIT)
         except NotLeader as exc:
+            why = str(exc) if isinstance(exc, DiskFull) else "this node does not lead that group"
             raise RequestError(
-                Code.NOT_LEADER, "this node does not lead that group",
-                leader=self.groups.peer_addr(exc.leader), term=exc.term,
+                Code.NOT_LEADER, why, leader=self.groups.peer_addr(exc.leader), term=exc.term,
             ) from None
         except (ProposalDropped, ProposalLost) as exc:
             raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None
@@ -280,7 +280,7 @@ class BrokerService:
             raise RequestError(result.code, result.message)
         return result
 
-    def _read(self, g: GroupRuntime, index: int) -> bytes | memoryview:
+    async def _read(self, g: GroupRuntime, index: int) -> bytes | memoryview:
         """The data of committed entry `index`, CRC-checked when read from the CommitLog.
 
         Consumers fetch a producer's batch a few dozen messages at a time, and every
@@ -294,7 +294,7 @@ class BrokerService:
         if data is not None:
             cache.move_to_end(key)
             return data
-        data = self._entry(g, index).data
+        data = (await self._entry(g, index)).data
         cache[key] = data
         self._read_cached += len(data)
         while self._read_cached > READ_CACHE_BYTES and len(cache) > 1:
@@ -302,13 +302,14 @@ class BrokerService:
         return data
 
     @staticmethod
-    def _entry(g: GroupRuntime, index: int) -> Entry:
-        """Entry `index` from the CommitLog; a corrupt one is sent for repair (BUSY). One
-        below the log's first index (retention removed it after a ConsumeQueue lookup
-        found it, or a refill was abandoned: `raftlog.core`) is gone: OFFSET_TOO_SMALL,
-        naming the log's first index (`first`), so that the caller skips ahead."""
+    async def _entry(g: GroupRuntime, index: int) -> Entry:
+        """Entry `index` from the CommitLog (read off the event loop); a corrupt one is
+        sent for repair (BUSY). One below the log's first index (retention removed it
+        after a ConsumeQueue lookup found it, maybe while the read waited for the log, or
+        a refill was abandoned: `raftlog.core`) is gone: OFFSET_TOO_SMALL, naming the
+        log's first index (`first`), so that the caller skips ahead."""
         try:
-            return g.read_committed(index)
+            return await g.read_committed(index)
         except CorruptEntry:  # already sent for repair
             raise RequestError(Code.BUSY, f"entry {index} of {g.group_id} is corrupt here and "
                                "being repaired from a peer; retry") from None
@@ -460,7 +461,7 @@ class BrokerService:
                 found, nxt = state.lookup(topic, queue, offset, max_count, max_bytes, tag_hashes)
                 if found and (confirmed or nxt < end or len(found) >= max_count):
                     try:
-                        return self._answer_fetch(g, found, nxt, lo, end)
+                        return await self._answer_fetch(g, found, nxt, lo, end)
                     except RequestError as exc:
                         if exc.code != Code.OFFSET_TOO_SMALL or "first" not in exc.extra:
                             raise
@@ -489,13 +490,15 @@ class BrokerService:
                 continue
             return ok_header(0, g=g.group_id, next=offset, min=lo, end=end, msgs=[]), b""
 
-    def _answer_fetch(self, g: GroupRuntime, found: list, nxt: int, lo: int, end: int) -> Response:
+    async def _answer_fetch(
+        self, g: GroupRuntime, found: list, nxt: int, lo: int, end: int
+    ) -> Response:
         parts: list[bytes | memoryview] = []
         msgs = []
         cached_index, cached = -1, memoryview(b"")
         for e in found:
             if e.index != cached_index:
-                cached_index, cached = e.index, memoryview(self._read(g, e.index))
+                cached_index, cached = e.index, memoryview(await self._read(g, e.index))
             parts.append(cached[e.start : e.start + e.size])
             msgs.append([e.offset, e.index, e.start, e.store_ms])
         body = b"".join(parts)
@@ -785,7 +788,7 @@ class BrokerService:
         first, last = g.log_bounds()
         if not first <= index <= min(last, state.applied_index):
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
-        entry = self._entry(g, index)
+        entry = await self._entry(g, index)
         if entry.type != EntryType.MESSAGES:
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
         found = [header for header, refs in walk_entry(entry.data,
@@ -796,8 +799,8 @@ class BrokerService:
         header = found[0]
         offset = state.locate(header.topic, header.queue, index, start)
         e = state.entry_of(header.topic, header.queue, offset)
-        h2, body = self._answer_fetch(g, [e], offset + 1, *state.queue_range(header.topic,
-                                                                             header.queue))
+        h2, body = await self._answer_fetch(g, [e], offset + 1,
+                                            *state.queue_range(header.topic, header.queue))
         return ok_header(0, topic=header.topic, queue=header.queue, **{
             k: v for k, v in h2.items() if k in ("g", "msgs")}), body
 
@@ -820,7 +823,7 @@ class BrokerService:
                 if not lo <= offset < end:
                     continue
                 e = state.entry_of(topic, queue, offset)
-                hdr, body = self._answer_fetch(g, [e], offset + 1, lo, end)
+                hdr, body = await self._answer_fetch(g, [e], offset + 1, lo, end)
                 parts.append(body)
                 msgs.append([gid, queue, *hdr["msgs"][0]])
         return ok_header(0, msgs=msgs, searched=led), b"".join(parts)
@@ -840,7 +843,7 @@ class BrokerService:
             raise RequestError(Code.NOT_FOUND, f"entry {index} is not readable here (last is "
                                f"{last})", gone=False)
         try:
-            term, raw = g.read_raw(index)
+            term, raw = await g.read_raw(index)
         except CorruptEntry:  # already sent for repair
             raise RequestError(Code.NOT_FOUND, f"entry {index} is corrupt here too",
                                gone=False) from None

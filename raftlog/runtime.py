@@ -4,10 +4,12 @@ The core (`raftlog.core.RaftNode`) decides; this module only carries out its `Re
 bundles, through the driver it shares with the simulator (`raftlog.driver`), in the
 order `raftlog.types` prescribes:
 
-* the hard state is saved (fsync + rename) before any message of the same Ready leaves;
+* the hard state is saved (fsync + rename, in a worker thread) before any message of
+  the same Ready leaves;
 * a snapshot from the leader is installed (see below) in a task beside the loop: until
   it is done the core hands out nothing that depends on it;
-* entries are written to the CommitLog at once (page cache), and a separate sync task
+* entries are written to the CommitLog at once (page cache; a conflicting suffix is
+  truncated first, durably, in a worker thread), and a separate sync task
   runs group commit off the event loop: one `SyncPlan` (fdatasync of every segment
   written since the last) in a worker thread covers every append made before it began,
   and only then does the core hear `persisted()` — so acknowledgements and the leader's
@@ -20,6 +22,18 @@ One ready-loop task per group drains the core, so everything proposed while a lo
 iteration or an fsync was running lands in the next append and the next fsync.
 Back-pressure: proposals wait while the group holds more than `max_uncommitted_bytes`
 of proposed-but-unapplied data (slow followers or a slow disk).
+
+Blocking disk work never runs on the event loop, which every group of the node shares:
+hard-state saves, truncations, snapshot restore, writes and installs, segment deletion,
+entry repairs and the reads of the door below run in worker threads (`trio.to_thread`).
+The CommitLog is not thread-safe, so per group one task at a time holds the log and the
+core (`_hold`); events for the core that arrive meanwhile wait their turn (`_give`).
+
+A full disk (ENOSPC, EDQUOT) stops the group, not the node: the step that failed is
+retried until it works (a failed append is undone, torn tail included), and meanwhile
+the group sends and acknowledges nothing of that Ready, drops what it is sent as a
+paused process would, and refuses proposals and reads (`DiskFull`). Once a write
+succeeds it resumes and catches up like any replica that fell behind.
 
 Nothing here knows about topics: the state machine is any object with `apply(entry)`.
 
@@ -71,19 +85,21 @@ this replica cannot apply past it.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
 
 from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry, EntryDraft, SegmentInfo
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
-from raftlog.driver import drain
+from raftlog.driver import Blocking, drain_async
 from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
 from raftlog.syncthread import SyncThread
@@ -100,6 +116,8 @@ from raftlog.types import (
 )
 
 __all__ = [
+    "DiskCall",
+    "DiskFull",
     "EntryUnavailable",
     "FetchRaw",
     "GroupOptions",
@@ -137,6 +155,17 @@ class ProposalLost(Exception):
     """Another entry took the proposal's place in the log: it was never committed."""
 
 
+class DiskFull(NotLeader):
+    """This replica's disk is full: until space is freed its group writes, sends and
+    acknowledges nothing, and refuses proposals and reads (retriable elsewhere, as from
+    a replica that does not lead). It resumes by itself once a write succeeds again."""
+
+    def __init__(self, group_id: str) -> None:
+        super().__init__(None)
+        self.args = (f"no space left on this node's disk: group {group_id} takes no writes "
+                     "until space is freed",)
+
+
 class EntryUnavailable(Exception):
     """A peer cannot hand out an entry's stored bytes. `gone`: it never will, retention
     removed the entry there (else it may later: it lags, or its copy is corrupt too)."""
@@ -150,10 +179,20 @@ class EntryUnavailable(Exception):
 #: raises EntryUnavailable or any transport error.
 FetchRaw = Callable[[int, int], Awaitable[bytes]]
 
+#: How a worker thread makes one blocking disk call for a group: ``disk_call(fn)``
+#: returns ``fn()``. The default is exactly that; a test may slow the call down.
+DiskCall = Callable[[Callable[[], Any]], Any]
+
+
+def _call(fn: Callable[[], Any]) -> Any:
+    return fn()
+
 _REPAIR_TIMEOUT = 3.0  # seconds for one fetch from one peer
 _REPAIR_BACKOFF = (0.05, 5.0)  # first and longest pause between rounds over the peers
 _REPAIR_GONE_PAUSE = 60.0  # between rounds once every peer said the entry is gone
 _RECENT_BYTES = 32 << 20  # written-but-unapplied entry data served from memory
+_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+_SPACE_RETRY = (0.05, 1.0)  # first and longest pause between writes on a full disk
 
 
 class _GuardedLog:
@@ -247,6 +286,41 @@ class _GuardedLog:
         self._recent_bytes = 0
 
 
+class _LogHold:
+    """Whether a task holds a group's CommitLog and core (see `GroupRuntime._hold`).
+
+    Deliberately plain (a flag and an event, no hand-over to a waiter): whoever runs
+    first after a release takes it."""
+
+    __slots__ = ("held", "_freed")
+
+    def __init__(self) -> None:
+        self.held = False
+        self._freed = trio.Event()
+
+    async def wait_free(self) -> None:
+        """Return when nobody holds it (no checkpoint when nobody does)."""
+        while self.held:
+            await self._freed.wait()
+
+    async def wait_change(self) -> None:
+        """Return at the next release (or `nudge`)."""
+        await self._freed.wait()
+
+    async def take(self) -> None:
+        await self.wait_free()
+        self.held = True
+
+    def release(self) -> None:
+        self.held = False
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Wake whoever waits, to look again at why they wait."""
+        self._freed.set()
+        self._freed = trio.Event()
+
+
 class _Shell:
     """How a GroupRuntime carries out each part of a Ready (`raftlog.driver.Shell`)."""
 
@@ -255,11 +329,12 @@ class _Shell:
     def __init__(self, rt: GroupRuntime) -> None:
         self._rt = rt
 
-    def save_hard_state(self, hs: HardState) -> None:
-        # Rare (terms, votes, membership); kept on the loop so no later message can
-        # overtake it.
+    def save_hard_state(self, hs: HardState) -> Blocking:
+        # Rare (terms, votes, membership) but four syscalls with two fsyncs: the driver
+        # runs it in a worker thread, and nothing later in the Ready (no message) goes
+        # before it is done.
         assert self._rt._hs is not None
-        self._rt._hs.save(hs)
+        return partial(self._rt._hs.save, hs)
 
     def install_snapshot(self, snap: Snapshot) -> None:
         # Restoring and writing take a while: the install runs beside the loop, and the
@@ -268,12 +343,23 @@ class _Shell:
         assert rt._nursery is not None
         rt._nursery.start_soon(rt._install, snap)
 
-    def store_entries(self, entries: list[Entry]) -> None:
+    def store_entries(self, entries: list[Entry]) -> Blocking | None:
         rt = self._rt
-        assert rt.log is not None and rt._guard is not None
-        rt.log.store(entries)
+        lg = rt._log
+        assert lg is not None and rt._guard is not None
         rt._guard.remember(entries)
         rt._sync_needed.set()
+        if entries[0].index <= lg.last_index():
+            # a conflicting suffix goes first, durably (fsyncs): in a worker thread
+            return partial(lg.store, entries)
+        try:
+            lg.append(entries)  # the hot path: page cache only, group commit syncs it
+        except OSError as exc:
+            if exc.errno not in _NO_SPACE:
+                raise
+            # undone by the log (no torn entry stays); retried until space is back
+            return partial(lg.store, entries)
+        return None
 
     def send_message(self, m: Message) -> None:
         rt = self._rt
@@ -358,6 +444,7 @@ class GroupRuntime(Generic[M]):
         on_fsync: Callable[[float], None] | None = None,
         restore: Callable[[bytes], M] | None = None,
         fetch_raw: FetchRaw | None = None,
+        disk_call: DiskCall | None = None,
     ) -> None:
         self.group_id = group_id
         self.node_id = node_id
@@ -369,8 +456,8 @@ class GroupRuntime(Generic[M]):
         self._rng = rng or random.Random()
         self._on_change = on_change
         self._on_fsync = on_fsync
-        self.log: CommitLog | None = None
-        self.core: RaftNode | None = None
+        self._log: CommitLog | None = None
+        self._core: RaftNode | None = None
         self._hs: HardStateFile | None = None
         self._wakeup = trio.Event()
         self._sync_needed = trio.Event()
@@ -406,6 +493,17 @@ class GroupRuntime(Generic[M]):
         self._repair_rounds = 0
         self._gone_logged: set[int] = set()
         self._syncer: SyncThread | None = None  # run()'s thread for group commits
+        # The rule for the CommitLog (not thread-safe) and the core (which reads it):
+        # while a task holds `_hold`, only that task touches either. Blocking disk work
+        # runs in a worker thread while that task awaits it (`_offload`, `_with_log`),
+        # so a slow disk stalls this group only, never the event loop every group
+        # shares. The ready loop holds it while it carries out Readies; an event for
+        # the core that arrives while it is held (`step`, `tick`, ...) waits in
+        # `_deferred` and the ready loop hands it over, in order, before its next Ready.
+        self._hold = _LogHold()
+        self._deferred: list[Callable[[], object]] = []
+        self._disk_call: DiskCall = disk_call or _call
+        self.disk_full = False  # a write failed for lack of space; retried until it works
 
     @property
     def machine(self) -> M:
@@ -417,7 +515,7 @@ class GroupRuntime(Generic[M]):
     def open(self) -> None:
         """Recover the CommitLog and hard state from disk (bootstrapping a new group)."""
         os.makedirs(self.path, exist_ok=True)
-        self.log = CommitLog.open(
+        self._log = CommitLog.open(
             self.path,
             segment_size=self.options.segment_size,
             fsync=self.options.fsync,
@@ -430,22 +528,22 @@ class GroupRuntime(Generic[M]):
             self._hs.save(hs)
         snap = self._load_snapshot()
         applied = snap.index if snap is not None else 0
-        self._guard = _GuardedLog(self.log)
-        self.core = RaftNode(
+        self._guard = _GuardedLog(self._log)
+        self._core = RaftNode(
             self.node_id, self._guard, hs, self.options.raft, rng=self._rng, applied=applied
         )
         if snap is not None:
-            self.core.set_snapshot(snap)
+            self._core.set_snapshot(snap)
         self._find_corrupt(applied)
-        self._seen = (self.core.role, self.core.leader, self.core.term)
+        self._seen = (self._core.role, self._core.leader, self._core.term)
         log.info("group opened", extra={"fields": {
-            "group": self.group_id, "last_index": self.log.last_index(), "term": hs.term,
-            "recovery": repr(self.log.recovery)}})
+            "group": self.group_id, "last_index": self._log.last_index(), "term": hs.term,
+            "recovery": repr(self._log.recovery)}})
 
     def _find_corrupt(self, applied: int) -> None:
         """Tell the core of the corrupt entries recovery kept, and check every entry the
         replay will apply (recovery itself checks only what its index did not vouch for)."""
-        lg, core = self.log, self.core
+        lg, core = self._log, self._core
         assert lg is not None and core is not None
         first, last = lg.first_index(), lg.last_index()
         bad = {i for i in lg.recovery.corrupt if first <= i <= last}
@@ -462,7 +560,7 @@ class GroupRuntime(Generic[M]):
         snapshot's entries from its base on: reset the log to the base). Refuses to
         start when the log begins after the snapshot: replay would skip entries.
         """
-        lg = self.log
+        lg = self._log
         assert lg is not None
         snap = load_snapshot(self.snapshot_path)
         index = 0
@@ -499,13 +597,13 @@ class GroupRuntime(Generic[M]):
 
     def close_log(self) -> None:
         """Close the CommitLog of a group opened but never run (`run` closes its own)."""
-        if self.log is not None and not self.log.closed:
-            self.log.close()
+        if self._log is not None and not self._log.closed:
+            self._log.close()
         self.closed = True
 
     async def run(self) -> None:
         """Drive the group until cancelled; the CommitLog is closed on the way out."""
-        if self.core is None:
+        if self._core is None:
             self.open()
         self._syncer = SyncThread(f"raftmq-sync-{self.group_id}")
         try:
@@ -520,83 +618,117 @@ class GroupRuntime(Generic[M]):
             self.closed = True
             self._fail_waiters(NotLeader(None))
             self._fail_reads(NotLeader(None))
-            if self.log is not None:
+            if self._log is not None:
                 try:
-                    self.log.close()
+                    self._log.close()
                 except Exception:  # noqa: BLE001 - a failed close must not mask the cause
                     log.exception("closing the CommitLog failed")
 
     # ------------------------------------------------------------------ events in
 
-    def tick(self) -> None:
-        assert self.core is not None
-        self.core.tick()
+    def _give(self, event: Callable[..., object], *args: Any) -> None:
+        """Hand an event to the core now, or once the task holding the log lets go
+        (see `_hold`), after the events that came before it."""
+        if self._hold.held:
+            self._deferred.append(partial(event, *args))
+        else:
+            event(*args)
         self._wakeup.set()
 
+    async def _log_free(self) -> None:
+        """Return when no task holds the log: until its next await the caller may use
+        the log and the core (no checkpoint when it is free)."""
+        await self._hold.wait_free()
+
+    def tick(self) -> None:
+        assert self._core is not None
+        if self.disk_full:
+            return  # time stands still for a group waiting for space, as for a paused one
+        self._give(self._core.tick)
+
     def step(self, m: Message) -> None:
-        assert self.core is not None
-        self.core.step(m)
-        self._wakeup.set()
+        assert self._core is not None
+        if self.disk_full:
+            return  # lost, as to a paused process (Raft resends what matters)
+        self._give(self._core.step, m)
 
     def peer_lost(self, peer: int) -> None:
         """The node's link to `peer` dropped: if it led this group, elect sooner (see
         `RaftNode.leader_unreachable`; the core ignores it otherwise)."""
-        core = self.core
+        core = self._core
         if core is None or core.leader != peer:
             return
-        core.leader_unreachable(peer)
-        self._wakeup.set()
+        self._give(core.leader_unreachable, peer)
 
     @property
     def unrepaired(self) -> frozenset[int]:
         """Corrupt entries still to fetch from a peer."""
-        return self.core.unreadable if self.core is not None else frozenset()
+        return self._core.unreadable if self._core is not None else frozenset()
 
     def report_corrupt(self, index: int, reason: str = "") -> None:
         """A read found entry `index` corrupt: refetch it from a peer (see the module
         docstring). Harmless for one already known or no longer in the log."""
-        lg, core = self.log, self.core
+        lg, core = self._log, self._core
         if lg is None or core is None or lg.closed or index in core.unreadable:
             return
         if reason:
             log.debug("corrupt entry reported", extra={"fields": {
                 "group": self.group_id, "index": index, "reason": reason}})
-        core.entry_unreadable(index)
-        self._wakeup.set()
+        self._give(core.entry_unreadable, index)
 
     def transfer_leadership(self, target: int) -> None:
-        assert self.core is not None
-        self.core.transfer_leadership(target)
-        self._wakeup.set()
+        """Ask the core to hand leadership to `target`. Raises NotLeader and ValueError
+        (not a voter) at once; one that waits for the log to be let go is dropped if
+        leadership moved meanwhile."""
+        core = self._core
+        assert core is not None
+        if not self._hold.held:
+            core.transfer_leadership(target)
+            self._wakeup.set()
+            return
+        if core.role != Role.LEADER:
+            raise NotLeader(core.leader, core.term)
+        if target not in core.membership.voters:
+            raise ValueError(f"node {target} is not a voter")
+        self._give(self._transfer_if_leading, target)
+
+    def _transfer_if_leading(self, target: int) -> None:
+        core = self._core
+        assert core is not None
+        try:
+            core.transfer_leadership(target)
+        except NotLeader:
+            pass  # leadership moved while the request waited: nothing to hand over
 
     def set_preferred_leader(self, node: int | None) -> None:
         """Where the core hands leadership back to once that node has caught up."""
-        assert self.core is not None
-        self.core.preferred_leader = node
+        assert self._core is not None
+        self._core.preferred_leader = node
 
     @property
     def membership(self) -> Membership:
         """The latest membership this replica knows (in force as soon as it is logged)."""
-        assert self.core is not None
-        return self.core.membership
+        assert self._core is not None
+        return self._core.membership
 
     def recently_active(self) -> frozenset[int]:
         """Members this leader heard from lately (see `RaftNode.recently_active`)."""
-        assert self.core is not None
-        return self.core.recently_active()
+        assert self._core is not None
+        return self._core.recently_active()
 
     def peer_matches(self) -> dict[int, int]:
         """Each other member's match index, as this leader knows it (empty otherwise)."""
-        assert self.core is not None
-        return self.core.peer_matches()
+        assert self._core is not None
+        return self._core.peer_matches()
 
     async def change_membership(self, action: Literal["add-learner", "promote", "remove"],
                                 node: int) -> Membership:
         """One single-server membership change (thesis §4.1) as leader, waiting until it
         is applied. Raises NotLeader, ProposalDropped (another change in progress, or a
         learner not caught up yet: retry later) or ValueError (not allowed as asked)."""
-        core = self.core
+        core = self._core
         assert core is not None
+        await self._writable()  # the core appends the change to the log: see `_hold`
         if core.role != Role.LEADER:
             raise NotLeader(core.leader, core.term)
         if action == "add-learner":
@@ -636,13 +768,15 @@ class GroupRuntime(Generic[M]):
         NotLeader or ProposalLost when leadership was lost before the entry committed
         (the outcome is then unknown to the caller, or known to be nothing).
         """
-        core = self.core
+        core = self._core
         assert core is not None
+        self._check_space()
         while self._uncommitted > self.options.max_uncommitted_bytes:
             if core.role != Role.LEADER:
                 raise NotLeader(core.leader, core.term)
             space = self._space
             await space.wait()
+        await self._writable()
         index = core.propose(data if isinstance(data, EntryDraft) else EntryDraft.of(data), type)
         w = _Waiter(core.term, len(data), context)
         self._waiters[index] = w
@@ -669,15 +803,17 @@ class GroupRuntime(Generic[M]):
         the entries cannot be proposed at all. `contexts[i]` is handed back to `apply`
         with entry i, as `propose`'s `context` is.
         """
-        core = self.core
+        core = self._core
         assert core is not None
         if contexts is not None and len(contexts) != len(items):
             raise ValueError("one context per entry")
+        self._check_space()
         while self._uncommitted > self.options.max_uncommitted_bytes:
             if core.role != Role.LEADER:
                 raise NotLeader(core.leader, core.term)
             space = self._space
             await space.wait()
+        await self._writable()
         drafts = [d if isinstance(d, EntryDraft) else EntryDraft.of(d) for d in items]
         first = core.propose_many(drafts, type)
         term = core.term
@@ -700,8 +836,9 @@ class GroupRuntime(Generic[M]):
         cut off from its group cannot answer from its stale state. Reads issued together
         share one confirmation round. Raises NotLeader if leadership is lost meanwhile.
         """
-        core = self.core
+        core = self._core
         assert core is not None
+        await self._writable()
         self._read_seq += 1
         rid = self._read_seq
         core.read_index(rid)  # NotLeader unless leading
@@ -724,25 +861,25 @@ class GroupRuntime(Generic[M]):
 
     @property
     def role(self) -> Role:
-        assert self.core is not None
-        return self.core.role
+        assert self._core is not None
+        return self._core.role
 
     @property
     def is_leader(self) -> bool:
-        return self.core is not None and self.core.role == Role.LEADER
+        return self._core is not None and self._core.role == Role.LEADER
 
     @property
     def leader(self) -> int | None:
-        assert self.core is not None
-        return self.core.leader
+        assert self._core is not None
+        return self._core.leader
 
     @property
     def term(self) -> int:
-        assert self.core is not None
-        return self.core.term
+        assert self._core is not None
+        return self._core.term
 
     def status(self) -> dict[str, Any]:
-        core, lg = self.core, self.log
+        core, lg = self._core, self._log
         assert core is not None and lg is not None
         return {
             "role": core.role.name.lower().replace("_", "-"),
@@ -767,6 +904,7 @@ class GroupRuntime(Generic[M]):
             "unrepaired": sorted(core.unreadable),
             "repaired": self.repaired,
             "refill_gap": list(self.refill_gap) if self.refill_gap is not None else None,
+            "disk_full": self.disk_full,
         }
 
     # ------------------------------------------------------------------ the log, read-only
@@ -778,49 +916,60 @@ class GroupRuntime(Generic[M]):
     @property
     def is_open(self) -> bool:
         """Opened and not yet closed: the log can be read and messages stepped."""
-        return self.core is not None and self.log is not None and not self.log.closed
+        return self._core is not None and self._log is not None and not self._log.closed
 
     def log_bounds(self) -> tuple[int, int]:
         """(first, last) index this replica's log holds (`last < first` when empty)."""
-        assert self.log is not None
-        return self.log.first_index(), self.log.last_index()
+        assert self._log is not None
+        return self._log.first_index(), self._log.last_index()
 
-    def segment_bounds(self) -> list[SegmentInfo]:
+    async def segment_bounds(self) -> list[SegmentInfo]:
         """The log's segments, oldest first (the last is the active one)."""
-        assert self.log is not None
-        return self.log.segment_bounds()
+        assert self._log is not None
+        await self._writable()
+        bounds: list[SegmentInfo] = await self._with_log(self._log.segment_bounds)
+        return bounds
 
-    def read_committed(self, index: int) -> Entry:
-        """Committed entry `index`, CRC-checked. A corrupt one is sent for repair from a
-        peer (`report_corrupt`) and `CorruptEntry` raised; one below the log's first
-        index raises `CommitLogError`."""
-        assert self.log is not None and self.core is not None
-        if index > self.core.commit:
+    async def read_committed(self, index: int) -> Entry:
+        """Committed entry `index`, CRC-checked, read in a worker thread. A corrupt one
+        is sent for repair from a peer (`report_corrupt`) and `CorruptEntry` raised; one
+        below the log's first index raises `CommitLogError`."""
+        lg, core = self._log, self._core
+        assert lg is not None and core is not None
+        if index > core.commit:
             raise ValueError(f"entry {index} of {self.group_id} is not committed "
-                             f"(commit is {self.core.commit})")
+                             f"(commit is {core.commit})")
+        await self._writable()
         try:
-            return self.log.entries(index, index + 1, 1 << 62)[0]
+            entries: list[Entry] = await self._with_log(lg.entries, index, index + 1, 1 << 62)
         except CorruptEntry as exc:
             self.report_corrupt(index, str(exc))
             raise
+        return entries[0]
 
-    def read_raw(self, index: int) -> tuple[int, bytes]:
+    async def read_raw(self, index: int) -> tuple[int, bytes]:
         """(term, stored bytes) of entry `index`, for a peer repairing its copy (any
-        replica's entry with the same index and term is the same). A corrupt one is sent
-        for repair here too and `CorruptEntry` raised."""
-        assert self.log is not None
+        replica's entry with the same index and term is the same), read in a worker
+        thread. A corrupt one is sent for repair here too and `CorruptEntry` raised."""
+        lg = self._log
+        assert lg is not None
+        await self._writable()
+
+        def read() -> tuple[int, bytes]:
+            return lg.term(index), bytes(lg.read_raw(index, index + 1))
+
         try:
-            raw = self.log.read_raw(index, index + 1)
+            found: tuple[int, bytes] = await self._with_log(read)
         except CorruptEntry as exc:
             self.report_corrupt(index, str(exc))
             raise
-        return self.log.term(index), bytes(raw)
+        return found
 
     def retention_horizon(self) -> tuple[int, int] | None:
         """(commit index, lowest match index of any follower) while this replica leads:
         retention may drop nothing above either. None when not leading (or no follower's
         match is known)."""
-        core = self.core
+        core = self._core
         if core is None or not self.is_open or core.role != Role.LEADER:
             return None
         min_match = core.min_follower_match()
@@ -828,14 +977,98 @@ class GroupRuntime(Generic[M]):
 
     # ------------------------------------------------------------------ loops
 
+    async def _offload(self, work: Callable[[], Any]) -> Any:
+        """Run blocking disk work in a worker thread (the driver's I/O seam). Work that
+        touches the log runs only while the caller holds `_hold`."""
+        return await trio.to_thread.run_sync(self._disk_call, work)
+
+    def _check_space(self) -> None:
+        if self.disk_full:
+            raise DiskFull(self.group_id)
+
+    async def _writable(self) -> None:
+        """`_log_free` for proposals and reads: refused as soon as the disk is full,
+        also while waiting."""
+        while self._hold.held:
+            self._check_space()
+            await self._hold.wait_change()
+        self._check_space()
+
+    async def _offload_until_space(self, work: Callable[[], Any]) -> Any:
+        """`_offload` for the ready loop. On a full disk (ENOSPC, EDQUOT) the group waits
+        and retries the same work until it succeeds, instead of the node exiting: the
+        steps are idempotent (a failed append is undone, torn tail included; a hard-state
+        save rewrites its temp file). Meanwhile the Ready's messages wait (no vote, no
+        acknowledgement leaves), events for the core are dropped as for a paused
+        process, and proposals and reads are refused (`DiskFull`)."""
+        pause = _SPACE_RETRY[0]
+        while True:
+            try:
+                return_value = await self._offload(work)
+            except OSError as exc:
+                if exc.errno not in _NO_SPACE:
+                    raise
+                if not self.disk_full:
+                    self.disk_full = True
+                    core = self._core
+                    assert core is not None
+                    lost = (core.step, core.tick)
+                    self._deferred = [e for e in self._deferred
+                                      if getattr(e, "func", None) not in lost]
+                    log.error("disk full: the group writes and acknowledges nothing until "
+                              "space is freed", extra={"fields": {
+                                  "group": self.group_id, "error": str(exc)}})
+                    self._fail_waiters(DiskFull(self.group_id))
+                    self._fail_reads(DiskFull(self.group_id))
+                    self._hold.nudge()  # proposals and reads waiting for the log: refused
+                await trio.sleep(pause)
+                pause = min(pause * 2, _SPACE_RETRY[1])
+                continue
+            if self.disk_full:
+                self.disk_full = False
+                log.warning("disk space is back: the group resumes", extra={"fields": {
+                    "group": self.group_id}})
+            return return_value
+
+    async def _with_log(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the log, in a worker thread, holding `_hold`."""
+        await self._hold.take()
+        try:
+            return await self._offload(partial(fn, *args))
+        finally:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        self._hold.release()
+        if self._deferred:
+            self._wakeup.set()  # the ready loop hands them to the core
+
+    def _hand_over_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for event in deferred:
+            event()
+
     async def _ready_loop(self) -> None:
-        core = self.core
+        core = self._core
         assert core is not None
         shell = _Shell(self)
+        hold = self._hold
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            drain(core, shell)  # the Ready sequence shared with the simulator
+            if hold.held:
+                await hold.take()
+            else:
+                hold.held = True  # the usual case: no checkpoint on the hot path
+            try:
+                while True:
+                    self._hand_over_deferred()
+                    # the Ready sequence shared with the simulator
+                    await drain_async(core, shell, self._offload_until_space)
+                    if not self._deferred:
+                        break
+            finally:
+                hold.release()
             self._notice_frozen()
             self._notice_changes()
             self._notice_lagging()
@@ -843,7 +1076,7 @@ class GroupRuntime(Generic[M]):
 
     def _notice_frozen(self) -> None:
         """Log when the core freezes on an unreadable next entry, and when it resumes."""
-        core = self.core
+        core = self._core
         assert core is not None
         if core.frozen == self._frozen:
             return
@@ -878,15 +1111,16 @@ class GroupRuntime(Generic[M]):
 
     def _repaired(self, index: int) -> None:
         """Entry `index` reads again, or left the log: the core may use it again."""
-        assert self.core is not None
-        self.core.entry_repaired(index)
+        assert self._core is not None
+        self._core.entry_repaired(index)
         self._wakeup.set()
 
     async def _repair_one(self, index: int) -> str:
         """One round over the peers for entry `index`: "repaired", "dropped" (no longer
         in the log), "gone" (every peer said retention removed it) or "failed"."""
-        lg, core = self.log, self.core
+        lg, core = self._log, self._core
         assert lg is not None and core is not None
+        await self._log_free()
         if not lg.first_index() <= index <= lg.last_index():
             self._repaired(index)
             return "dropped"
@@ -912,18 +1146,23 @@ class GroupRuntime(Generic[M]):
                 log.debug("fetching the entry failed", extra={"fields": {
                     "group": self.group_id, "index": index, "peer": peer, "error": repr(exc)}})
                 continue
-            if index not in self.unrepaired:
-                return "dropped"  # overwritten or dropped while we waited
-            if not lg.first_index() <= index <= lg.last_index() or lg.term(index) != term:
-                self._repaired(index)
-                return "dropped"
+            await self._hold.take()
             try:
-                lg.repair(index, raw)
-            except (CorruptEntry, ValueError) as exc:
-                log.warning("a peer's copy of the entry was rejected", extra={"fields": {
-                    "group": self.group_id, "index": index, "peer": peer, "error": str(exc)}})
-                continue
-            self._repaired(index)
+                if index not in self.unrepaired:
+                    return "dropped"  # overwritten or dropped while we waited
+                if not lg.first_index() <= index <= lg.last_index() or lg.term(index) != term:
+                    self._repaired(index)
+                    return "dropped"
+                try:
+                    await self._offload(partial(lg.repair, index, raw))
+                except (CorruptEntry, ValueError) as exc:
+                    log.warning("a peer's copy of the entry was rejected", extra={"fields": {
+                        "group": self.group_id, "index": index, "peer": peer,
+                        "error": str(exc)}})
+                    continue
+                self._repaired(index)
+            finally:
+                self._let_go()
             self.repaired += 1
             log.info("entry repaired from a peer", extra={"fields": {
                 "group": self.group_id, "index": index, "term": term, "peer": peer}})
@@ -939,7 +1178,7 @@ class GroupRuntime(Generic[M]):
         return "failed"
 
     async def _sync_loop(self) -> None:
-        core, lg = self.core, self.log
+        core, lg = self._core, self._log
         assert core is not None and lg is not None
         fsync = not self.options.skip_fsync
         syncer = self._syncer
@@ -947,15 +1186,18 @@ class GroupRuntime(Generic[M]):
         while True:
             await self._sync_needed.wait()
             self._sync_needed = trio.Event()
+            await self._log_free()
             plan = lg.begin_sync(fsync=fsync)
             if plan is None:
                 continue
             t0 = time.perf_counter()
             try:
                 if plan.fds or plan.sync_dir:
+                    # on duplicated descriptors: safe beside other use of the log
                     await syncer.run(plan.run)
             finally:
                 plan.close()
+            await self._log_free()
             persisted = lg.finish_sync(plan)
             if plan.fsynced:
                 self.fsyncs += 1
@@ -998,12 +1240,12 @@ class GroupRuntime(Generic[M]):
         serialise = self._serialiser()
         if serialise is None:
             return  # this state machine cannot be snapshotted
-        core = self.core
+        core = self._core
         assert core is not None
         self._retain_seen = max(self._retain_seen, retained)
         self._snapshot_taken = last.index
         prev = self._snapshot_due
-        lg = self.log
+        lg = self._log
         assert lg is not None
         base = max(retained, lg.first_index(), 1) - 1  # the log holds everything after it
         self._snapshot_due = _DueSnapshot(
@@ -1043,7 +1285,7 @@ class GroupRuntime(Generic[M]):
     async def _snapshot_loop(self) -> None:
         """Write due snapshots durably (off the event loop), hand them to the core, and
         for retention then delete the log segments they cover."""
-        lg, core = self.log, self.core
+        lg, core = self._log, self._core
         assert lg is not None and core is not None
         while True:
             await self._snapshot_needed.wait()
@@ -1054,7 +1296,7 @@ class GroupRuntime(Generic[M]):
             async with self._snapshot_lock:
                 if due.index > self.snapshot_index:  # else an install got ahead of it
                     try:
-                        snap = await trio.to_thread.run_sync(self._write_snapshot, due)
+                        snap = await self._offload(partial(self._write_snapshot, due))
                     except OSError:
                         # nothing was deleted; the next retain entry (or period) retries
                         log.exception("writing the snapshot failed", extra={"fields": {
@@ -1062,6 +1304,7 @@ class GroupRuntime(Generic[M]):
                         continue
                     self.snapshot_index = snap.index
                     self.snapshots_written += 1
+                    await self._log_free()
                     core.set_snapshot(snap)
                     log.info("snapshot written", extra={"fields": {
                         "group": self.group_id, "snapshot": snap.index,
@@ -1069,7 +1312,8 @@ class GroupRuntime(Generic[M]):
                 if not due.retained:
                     continue
                 try:
-                    first = lg.delete_before(min(due.retained, self.snapshot_index + 1))
+                    first = await self._with_log(
+                        lg.delete_before, min(due.retained, self.snapshot_index + 1))
                 except CommitLogError:
                     if lg.closed:
                         raise
@@ -1082,7 +1326,7 @@ class GroupRuntime(Generic[M]):
 
     async def _install(self, snap: Snapshot) -> None:
         """Carry out `Ready.snapshot`: restore, save, reset the log, tell the core."""
-        core, lg = self.core, self.log
+        core, lg = self._core, self._log
         assert core is not None and lg is not None
         if self._restore is None:
             raise MissingEntries(
@@ -1099,27 +1343,33 @@ class GroupRuntime(Generic[M]):
         log.info("installing snapshot", extra={"fields": {
             "group": self.group_id, "snapshot": snap.index, "term": snap.term,
             "bytes": len(snap.data), "log": [lg.first_index(), lg.last_index()]}})
+        restore = self._restore
         async with self._snapshot_lock:
-            machine = self._restore(snap.data)  # first: a snapshot it refuses is not saved
-            await trio.to_thread.run_sync(save_snapshot, self.snapshot_path, snap)
+            # first: a snapshot it refuses is not saved
+            machine = await self._offload(partial(restore, snap.data))
+            await self._offload(partial(save_snapshot, self.snapshot_path, snap))
             base, base_term = snap.base if snap.base is not None else (snap.index, snap.term)
-            lg.reset_to(base, base_term)
-            if self._guard is not None:
-                self._guard.clear()
-            self._machine = machine
-            self.snapshot_index = self._snapshot_taken = snap.index
-            self._retain_seen = int(getattr(machine, "retained_index", 0))
-            self._snapshot_due = None  # detached from the state just replaced
-            self.snapshots_installed += 1
-            if snap.lost is not None:
-                self.refill_gap = snap.lost
-        core.snapshot_installed(snap.index, snap.term)
+            await self._hold.take()  # the core hears of it before it reads the log again
+            try:
+                await self._offload(partial(lg.reset_to, base, base_term))
+                if self._guard is not None:
+                    self._guard.clear()
+                self._machine = machine
+                self.snapshot_index = self._snapshot_taken = snap.index
+                self._retain_seen = int(getattr(machine, "retained_index", 0))
+                self._snapshot_due = None  # detached from the state just replaced
+                self.snapshots_installed += 1
+                if snap.lost is not None:
+                    self.refill_gap = snap.lost
+                core.snapshot_installed(snap.index, snap.term)
+            finally:
+                self._let_go()
         self._applied_changed.set()
         self._applied_changed = trio.Event()
         self._wakeup.set()
 
     def _notice_lagging(self) -> None:
-        core = self.core
+        core = self._core
         assert core is not None
         lagging = core.needs_snapshot
         if lagging != self._lagging:
@@ -1127,7 +1377,7 @@ class GroupRuntime(Generic[M]):
                 log.warning("follower needs entries deleted by retention and no snapshot "
                             "covers them; it cannot catch up", extra={"fields": {
                                 "group": self.group_id, "peer": peer,
-                                "first_index": self.log.first_index() if self.log else None,
+                                "first_index": self._log.first_index() if self._log else None,
                                 "snapshot": core.snapshot_index}})
             self._lagging = lagging
 
@@ -1151,7 +1401,7 @@ class GroupRuntime(Generic[M]):
             rw.resolve(error=error)
 
     def _notice_changes(self) -> None:
-        core = self.core
+        core = self._core
         assert core is not None
         now = (core.role, core.leader, core.term)
         if now == self._seen:

@@ -11,11 +11,12 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from raftlog.core import RaftConfig
-from raftlog.runtime import FetchRaw, GroupOptions, GroupRuntime, StateMachine
+from raftlog.commitlog import CommitLog
+from raftlog.core import RaftConfig, RaftNode
+from raftlog.runtime import DiskCall, FetchRaw, GroupOptions, GroupRuntime, StateMachine
 from raftlog.types import Message
 
-__all__ = ["Group"]
+__all__ = ["Group", "core_of", "log_of"]
 
 M = TypeVar("M", bound=StateMachine)
 
@@ -44,10 +45,11 @@ class Group(Generic[M]):
         self.machines: dict[int, M] = {}
         self.scopes: dict[int, trio.CancelScope] = {}
         self.down: set[int] = set()
+        self.disk_calls: dict[int, DiskCall] = {}  # replica -> how its disk calls are made
 
     def send(self, _group: str, m: Message) -> None:
         rt = self.runtimes.get(m.dst)
-        if rt is not None and m.dst not in self.down and m.src not in self.down:
+        if rt is not None and rt.is_open and m.dst not in self.down and m.src not in self.down:
             rt.step(m)
 
     def fetcher(self, i: int) -> FetchRaw | None:
@@ -72,7 +74,7 @@ class Group(Generic[M]):
         data = self.tmp / f"n{i}" / "g" if self.node_dirs else self.tmp / f"n{i}"
         rt = GroupRuntime("g", i, data, (1, 2, 3), self.machines[i], self.send,
                           opts, rng=random.Random(i), restore=self._restorer(i),
-                          fetch_raw=self.fetcher(i))
+                          fetch_raw=self.fetcher(i), disk_call=self.disk_calls.get(i))
         rt.open()
         self.runtimes[i] = rt
         self.down.discard(i)
@@ -112,3 +114,18 @@ class Group(Generic[M]):
         with trio.fail_after(10):
             while not cond():
                 await trio.sleep(0.01)
+
+
+def log_of(rt: GroupRuntime) -> CommitLog:
+    """Test accessor: a replica's CommitLog, private to its runtime (the broker reads it
+    through the runtime's door only)."""
+    lg = rt._log
+    assert lg is not None, "the runtime is not open"
+    return lg
+
+
+def core_of(rt: GroupRuntime) -> RaftNode:
+    """Test accessor: a replica's Raft core, private to its runtime."""
+    core = rt._core
+    assert core is not None, "the runtime is not open"
+    return core

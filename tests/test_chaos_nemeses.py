@@ -3,8 +3,8 @@
 run stays valid, and the unavailability table has a row for it.
 
 `disk-full` needs root and a loop device (`SmallDisk.supported`); without them its tests
-are skipped. Its chaos run is opt-in (`-m chaos`): today the filled node exits, which the
-short deterministic test below pins down (expected to fail until fixed).
+are skipped. Its chaos run is opt-in (`-m chaos`); the short deterministic test below
+fills one node's disk and frees it again.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from pathlib import Path
 import pytest
 import trio
 
+from broker.protocol import RequestError
 from chaos.cluster import LocalCluster
 from chaos.disk_faults import SmallDisk
 from chaos.histories import parse_faults
 from chaos.nemesis import NEMESES
 from chaos.run import RunOptions, parse_list, run_chaos
-from raftmq.client import Admin, Producer
+from raftlog.commitlog import CommitLog
+from raftmq.client import Admin, Producer, PullConsumer
+from tests.conftest import group_leader, node_status, wait_for
 
 SECONDS = float(os.environ.get("CHAOS_NEMESES_SECONDS", "30"))
 NO_SMALL_DISK = SmallDisk.supported(Path(tempfile.gettempdir()))  # None: disk-full can run
@@ -90,7 +93,8 @@ def test_damaged_file_nemeses_are_repaired_or_refused_and_lose_nothing(tmp_path:
         pytest.xfail("a replica cut below its snapshot cannot serve old messages")
 
 
-@pytest.mark.chaos  # minutes today: the filled node exits (see the next test)
+@pytest.mark.live
+@pytest.mark.chaos
 @pytest.mark.skipif(NO_SMALL_DISK is not None, reason=f"disk-full cannot run: {NO_SMALL_DISK}")
 def test_disk_full_fills_one_node_and_frees_it(tmp_path: Path) -> None:
     results = _run(tmp_path, ("disk-full",), seed=2, disk_size=64 << 20)
@@ -104,30 +108,84 @@ def test_disk_full_fills_one_node_and_frees_it(tmp_path: Path) -> None:
     assert results["lost"] == 0 and results["unexpected"] == 0
 
 
-async def _produce(namesrv: str, n: int) -> None:
+async def _produce(namesrv: str, prefix: str, n: int) -> list[bytes]:
+    """Send `n` messages one by one; returns those acknowledged, in order. A send that
+    fails (refused, or its outcome unknown while a leader's disk is full) is not."""
+    acked = []
     async with Admin(namesrv) as admin:
         await admin.create_topic("t", 1, exist_ok=True)
     async with Producer(namesrv) as producer:
         for k in range(n):
-            await producer.send("t", f"m{k}", queue=0)
+            try:
+                await producer.send("t", f"{prefix}{k}", queue=0)
+            except RequestError:
+                continue
+            acked.append(f"{prefix}{k}".encode())
+    return acked
 
 
-@pytest.mark.xfail(strict=True, reason="a node exits on ENOSPC from a CommitLog append "
-                   "(raftlog.runtime's ready loop); it should wait for space instead")
+async def _read_queue(namesrv: str) -> list[bytes]:
+    """Every message of t/0, from the first offset to the end."""
+    out: list[bytes] = []
+    async with PullConsumer(namesrv, "disk-full-check", wait_ms=0) as consumer:
+        offset = 0
+        while True:
+            res = await consumer.pull("t", 0, offset)
+            out += [bytes(m.body) for m in res.messages]
+            if res.next_offset >= res.end_offset:
+                return out
+            offset = res.next_offset
+
+
+@pytest.mark.live
 @pytest.mark.skipif(NO_SMALL_DISK is not None, reason=f"disk-full cannot run: {NO_SMALL_DISK}")
-def test_a_node_whose_disk_is_full_waits_for_space_instead_of_exiting(tmp_path: Path) -> None:
+def test_a_node_whose_disk_is_full_refuses_writes_and_catches_up_once_space_is_freed(
+    tmp_path: Path,
+) -> None:
+    """While node 1's file system is full, its group writes and acknowledges nothing
+    there (the node says why and stays up) and the other two carry on; nothing
+    acknowledged is lost; once space is freed node 1 catches up by itself, without a
+    restart, and its CommitLog holds no torn entry."""
     cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
-    disk = SmallDisk(cluster.configs[0].data, tmp_path / "n1.img", 64 << 20)
+    data = cluster.configs[0].data
+    disk = SmallDisk(data, tmp_path / "n1.img", 64 << 20)
     disk.mount()
     try:
         with cluster:
             cluster.wait_ready(30.0)
-            trio.run(_produce, cluster.namesrv_addr, 5)
+            namesrv = cluster.namesrv_addr
+            acked = trio.run(_produce, namesrv, "a", 5)
+            assert len(acked) == 5
             disk.fill()
-            trio.run(_produce, cluster.namesrv_addr, 20)  # acknowledged by nodes 2 and 3
+            during = trio.run(_produce, namesrv, "b", 20)
+            assert during, "nodes 2 and 3 acknowledged nothing while node 1's disk was full"
+            acked += during
+            log1 = cluster.base_dir / "logs" / "n1.log"
+            wait_for(lambda: "disk full: the group writes and acknowledges nothing"
+                     in log1.read_text(), 30.0, "node 1 says its disk is full")
             disk.free()
-            trio.run(_produce, cluster.namesrv_addr, 5)
+            after = trio.run(_produce, namesrv, "c", 5)
+            assert after
+            acked += after
+
+            def caught_up() -> bool:
+                leader = group_leader(cluster, "g0")
+                if leader is None:
+                    return False
+                commit = node_status(cluster, leader, "g0").get("commit", 0)
+                s1 = node_status(cluster, 1, "g0")
+                return not s1.get("disk_full", True) and s1.get("applied", -1) >= commit
+
+            wait_for(caught_up, 60.0, "node 1 catches up once space is freed")
             assert cluster.unexpected_exits() == {}
+            got = trio.run(_read_queue, namesrv)
+            assert set(acked) <= set(got), "an acknowledged message was lost"
+            assert [m for m in dict.fromkeys(got) if m in set(acked)] == acked
+        lg = CommitLog.open(cluster.configs[0].group_dir("g0"))  # node 1: stopped cleanly
+        try:
+            assert lg.verify() == [] and lg.recovery.truncated_from_index is None
+        finally:
+            lg.close()
     finally:
         disk.unmount()
 

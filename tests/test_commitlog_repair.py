@@ -22,7 +22,7 @@ from raftlog.commitlog import (
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_marks
 from raftlog.runtime import EntryUnavailable, FetchRaw
 from raftlog.types import Entry, EntryType
-from tests.runtime_harness import Group
+from tests.runtime_harness import Group, core_of, log_of
 from tests.test_commitlog import SEG, crash, flip, locate, make
 
 
@@ -186,9 +186,9 @@ class _Repairing(Group[_Applied]):
             await trio.sleep(0)
             self.fetches.append((asker, peer, index))
             rt = self.runtimes.get(peer)
-            if peer in self.blocked or peer in self.down or rt is None or rt.log is None:
+            if peer in self.blocked or peer in self.down or rt is None or not rt.is_open:
                 raise OSError("unreachable")
-            lg = rt.log
+            lg = log_of(rt)
             if index < lg.first_index():
                 raise EntryUnavailable("removed", gone=True)
             if index > lg.last_index() or index in rt.unrepaired:
@@ -221,14 +221,13 @@ def test_a_replica_repairs_a_corrupt_entry_and_applies_nothing_past_it_until_the
             assert rt.unrepaired == {bad}  # found at open by checking the replay range
             for k in range(30, 40):
                 await leader.propose(b"m%03d" % k)
-            assert rt.log is not None
-            last = leader.log.last_index() if leader.log else 0
-            await r.wait(lambda: rt.log is not None and rt.log.durable_index() >= last)
+            last = log_of(leader).last_index()
+            await r.wait(lambda: log_of(rt).durable_index() >= last)
             # the other follower learned that everything up to `last` is committed (the
             # same heartbeats reached the victim), and every task has had its turn since:
             # an apply past the corrupt entry would have happened by now
             other_rt = r.runtimes[next(i for i in (1, 2, 3) if i not in (victim, leader.node_id))]
-            await r.wait(lambda: other_rt.core is not None and other_rt.core.commit >= last)
+            await r.wait(lambda: core_of(other_rt).commit >= last)
             await trio.testing.wait_all_tasks_blocked()
             applied = [e[0] for e in r.machines[victim].applied]
             assert applied == list(range(1, bad))  # nothing at or past the corrupt entry
@@ -244,7 +243,7 @@ def test_a_replica_repairs_a_corrupt_entry_and_applies_nothing_past_it_until_the
             r.blocked = set()
             await r.wait(lambda: not rt.unrepaired)
             assert rt.repaired == 1
-            target = leader.core.commit if leader.core else 0
+            target = core_of(leader).commit
             await r.wait(lambda: len(r.machines[victim].applied) >= target)
             assert r.machines[victim].applied == r.machines[leader.node_id].applied[:target]
             n.cancel_scope.cancel()
@@ -261,7 +260,7 @@ def test_a_leader_meeting_a_corrupt_entry_while_sending_has_it_repaired(
             for i in (1, 2, 3):
                 await r.start(n, i)
             leader = await r.leader()
-            lg = leader.log
+            lg = log_of(leader)
             assert lg is not None
             lagging, other = (i for i in (1, 2, 3) if i != leader.node_id)
             await r.stop_and_wait(lagging)

@@ -15,6 +15,7 @@ from broker.node import Node
 from broker.statemachine import BrokerState, control_create_topic
 from raftlog.snapshot import Snapshot, save_snapshot
 from raftlog.types import Entry, EntryType, Membership
+from tests.runtime_harness import log_of
 
 CONFIG = """\
 node_id = 1
@@ -51,8 +52,7 @@ def test_a_snapshot_restored_at_open_is_the_state_the_node_reads(tmp_path: Path)
         assert node.states["g0"].topic("restored") is not None
         assert list(node.states) == ["g0"] and len(node.states) == 1
     finally:
-        assert g.log is not None
-        g.log.close()
+        log_of(g).close()
 
 
 def test_an_install_that_fails_to_save_leaves_node_and_runtime_agreeing(
@@ -77,5 +77,4 @@ def test_an_install_that_fails_to_save_leaves_node_and_runtime_agreeing(
         assert node.states["g0"] is before
         assert node.states["g0"].topic("installed") is None
     finally:
-        assert g.log is not None
-        g.log.close()
+        log_of(g).close()

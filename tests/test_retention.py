@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from raftlog.commitlog import CommitLog, SegmentInfo
 from raftlog.runtime import GroupOptions, GroupRuntime, MissingEntries
 from raftlog.snapshot import CorruptSnapshot, Snapshot, load_snapshot, save_snapshot
 from raftlog.types import Entry, EntryType
-from tests.runtime_harness import Group
+from tests.runtime_harness import Group, core_of, log_of
 
 SEG = 64 << 10
 HOUR_MS = 3600 * 1000
@@ -43,10 +44,10 @@ class _Committed:
     def log_bounds(self) -> tuple[int, int]:
         return self._lg.first_index(), self._lg.last_index()
 
-    def segment_bounds(self) -> list[SegmentInfo]:
+    async def segment_bounds(self) -> list[SegmentInfo]:
         return self._lg.segment_bounds()
 
-    def read_committed(self, index: int) -> Entry:
+    async def read_committed(self, index: int) -> Entry:
         return self._lg.entries(index, index + 1, 1 << 62)[0]
 
 
@@ -91,20 +92,25 @@ def test_policy_reads_ages_from_store_times_and_disk_usage(tmp_path: Path) -> No
     usage = [(50, 100)]
     policy = RetentionPolicy(retention_hours=72, disk_ratio=0.9, data_dir=tmp_path,
                              usage=lambda: usage[0])
-    got = policy.candidate(_Committed(lg), commit=120, min_match=120, retained=0, now_ms=now)
+
+    def candidate(commit: int, min_match: int, retained: int) -> int | None:
+        return trio.run(partial(policy.candidate, _Committed(lg), commit=commit,
+                                min_match=min_match, retained=retained, now_ms=now))
+
+    got = candidate(120, 120, 0)
     old_segments = [s for s in bounds[:-1] if s.last_index <= 60]
     assert got == bounds[len(old_segments)].first_index
-    assert policy.candidate(_Committed(lg), commit=120, min_match=120, retained=got, now_ms=now) is None
+    assert candidate(120, 120, got) is None
     # a slow follower holds retention back
-    assert policy.candidate(_Committed(lg), commit=120, min_match=5, retained=0, now_ms=now) is None
+    assert candidate(120, 5, 0) is None
     # over the disk ratio by more than the expired segments hold: one more has to go
     usage[0] = (900_000_000 + sum(s.size for s in old_segments) + 1, 1_000_000_000)
-    assert policy.candidate(_Committed(lg), commit=120, min_match=120, retained=0, now_ms=now) == (
+    assert candidate(120, 120, 0) == (
         bounds[len(old_segments) + 1].first_index
     )
     # far over it: everything but the active segment may go
     usage[0] = (10**9, 10**9)
-    assert policy.candidate(_Committed(lg), commit=120, min_match=120, retained=0, now_ms=now) == (
+    assert candidate(120, 120, 0) == (
         bounds[-1].first_index
     )
     lg.close()
@@ -142,9 +148,8 @@ def test_a_log_that_starts_after_the_snapshot_refuses_to_open(tmp_path: Path) ->
     save_snapshot(tmp_path / "snapshot", Snapshot(first - 1, 1, BrokerState("g").snapshot()))
     rt = runtime()
     rt.open()
-    assert rt.core is not None and rt.core.commit == first - 1
-    assert rt.log is not None
-    rt.log.close()
+    assert core_of(rt).commit == first - 1
+    log_of(rt).close()
 
 
 def test_snapshot_file_round_trip_and_corruption(tmp_path: Path) -> None:
@@ -171,8 +176,7 @@ def replicas(tmp: Path) -> Group[BrokerState]:
 
 
 def _first(rt: GroupRuntime) -> int:
-    assert rt.log is not None
-    return rt.log.first_index()
+    return log_of(rt).first_index()
 
 
 def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
@@ -190,11 +194,11 @@ def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
                 await leader.propose(batch(k, now - 100 * HOUR_MS))
             for k in range(60, 100):
                 await leader.propose(batch(k, now))
-            target = leader.core.commit if leader.core else 0
+            target = core_of(leader).commit
             await r.wait(lambda: all(
                 s.applied_index >= target for s in r.machines.values()))
-            segments_before = {i: len(rt.log.segment_bounds()) for i, rt in r.runtimes.items()
-                               if rt.log is not None}
+            segments_before = {i: len(log_of(rt).segment_bounds()) for i, rt in r.runtimes.items()
+                               if rt.is_open}
             assert min(segments_before.values()) >= 5
 
             policy = RetentionPolicy(retention_hours=72, disk_ratio=1.0, data_dir=tmp_path,
@@ -207,9 +211,8 @@ def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
 
             await r.wait(lambda: all(_first(rt) == index for rt in r.runtimes.values()))
             for i, rt in r.runtimes.items():
-                assert rt.log is not None
-                assert len(rt.log.segment_bounds()) < segments_before[i]
-                assert rt.log.segment_bounds()[0].first_index == index
+                assert len(log_of(rt).segment_bounds()) < segments_before[i]
+                assert log_of(rt).segment_bounds()[0].first_index == index
                 snap = load_snapshot(tmp_path / f"n{i}" / "snapshot")
                 assert snap is not None and snap.index >= index
                 assert rt.status()["snapshot"] == snap.index
@@ -238,7 +241,7 @@ def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
             assert _first(r.runtimes[follower]) == index
             for k in range(110, 120):
                 await leader.propose(batch(k, now))
-            target = leader.core.commit if leader.core else 0
+            target = core_of(leader).commit
             await r.wait(lambda: all(
                 s.applied_index >= target for s in r.machines.values()))
             snaps = {s.snapshot() for s in r.machines.values()}

@@ -8,7 +8,7 @@ import trio
 
 from raftlog.runtime import GroupRuntime, NotLeader
 from raftlog.types import Entry, EntryType, Role
-from tests.runtime_harness import Group
+from tests.runtime_harness import Group, core_of
 
 
 class Recorder:
@@ -110,7 +110,7 @@ def test_restart_recovers_from_disk_and_preferred_leader_takes_over(tmp_path):
             await trio.sleep(0.05)
             await g.start(n, 1)  # recovers its CommitLog and replays it
             with trio.fail_after(10):
-                while not (g.runtimes[1].is_leader and g.runtimes[1].core.applied >= 40):
+                while not (g.runtimes[1].is_leader and core_of(g.runtimes[1]).applied >= 40):
                     await trio.sleep(0.01)
             assert g.runtimes[other.node_id].role == Role.FOLLOWER
             assert [d for _, d in g.machines[1].applied][:40] == [
@@ -158,9 +158,9 @@ def test_read_barrier_confirms_leadership_and_never_serves_a_cut_off_leader(tmp_
             old = await g.leader()
             for k in range(5):
                 await old.propose(f"c{k}".encode())
-            commit = old.core.commit
+            commit = core_of(old).commit
             await old.read_barrier()  # a healthy leader confirms at once
-            assert old.core.applied >= commit
+            assert core_of(old).applied >= commit
             g.down.add(old.node_id)  # cut off, but still running and still believing
             with pytest.raises(NotLeader):
                 with trio.fail_after(10):

@@ -20,13 +20,12 @@ from raftlog.commitlog import CommitLog
 from raftlog.runtime import GroupOptions, GroupRuntime
 from raftlog.snapshot import load_snapshot, save_snapshot
 from raftlog.types import Entry, EntryType, Membership, Snapshot
-from tests.runtime_harness import Group
+from tests.runtime_harness import Group, core_of, log_of
 from tests.test_retention import HOUR_MS, SEG, batch
 
 
 def _first(rt: GroupRuntime) -> int:
-    assert rt.log is not None
-    return rt.log.first_index()
+    return log_of(rt).first_index()
 
 
 def test_a_wiped_replica_is_caught_up_from_the_leaders_snapshot(tmp_path: Path) -> None:
@@ -39,13 +38,12 @@ def test_a_wiped_replica_is_caught_up_from_the_leaders_snapshot(tmp_path: Path) 
             for i in (1, 2, 3):
                 await r.start(n, i)
             leader = await r.leader()
-            assert leader.core is not None
             await leader.propose(control_create_topic("t", 1, [0]), EntryType.CONTROL)
             for k in range(60):
                 await leader.propose(batch(k, now - 100 * HOUR_MS))
             for k in range(60, 80):
                 await leader.propose(batch(k, now))
-            target = leader.core.commit
+            target = core_of(leader).commit
             await r.wait(lambda: all(s.applied_index >= target for s in r.machines.values()))
             policy = RetentionPolicy(retention_hours=72, disk_ratio=1.0, data_dir=tmp_path,
                                      usage=lambda: (0, 1))
@@ -62,32 +60,31 @@ def test_a_wiped_replica_is_caught_up_from_the_leaders_snapshot(tmp_path: Path) 
                 await leader.propose(batch(k, now))
             await r.start(n, victim)
             rt = r.runtimes[victim]
-            assert rt.log is not None and rt.log.last_index() == 0
+            assert log_of(rt).last_index() == 0
             await r.wait(lambda: rt.snapshots_installed == 1)
-            assert rt.core is not None
             snap = load_snapshot(tmp_path / f"n{victim}" / "snapshot")
             assert snap is not None and snap.index >= index
             assert snap.membership == Membership(frozenset({1, 2, 3}))
             # its log restarts where the leader's begins (not after the snapshot): the
             # entries in between are referenced by its queues and refilled by appends
             assert snap.base is not None and snap.base[0] + 1 == index < snap.index
-            assert rt.log.first_index() == index
+            assert log_of(rt).first_index() == index
             assert rt.machine is r.machines[victim]  # restored through the callback
 
             # it keeps replicating from there, and its state is the leader's
             for k in range(90, 100):
                 await leader.propose(batch(k, now))
-            target = leader.core.commit
+            target = core_of(leader).commit
             await r.wait(lambda: all(s.applied_index >= target for s in r.machines.values()))
             assert r.machines[victim].snapshot() == r.machines[leader.node_id].snapshot()
             assert r.machines[victim].queue_range("t", 0) == (
                 r.machines[leader.node_id].queue_range("t", 0)
             )
-            assert not leader.core.needs_snapshot and not leader.core.sending_snapshot
+            assert not core_of(leader).needs_snapshot and not core_of(leader).sending_snapshot
             lo, end = r.machines[victim].queue_range("t", 0)
             refs, _ = r.machines[victim].lookup("t", 0, lo, end - lo, 1 << 40)
             assert len(refs) == end - lo
-            assert all(rt.log.first_index() <= e.index <= rt.log.last_index() for e in refs)
+            assert all(log_of(rt).first_index() <= e.index <= log_of(rt).last_index() for e in refs)
             assert {e.index for e in refs} & set(range(index, snap.index + 1))
             st = rt.status()
             assert st["snapshot"] == snap.index and st["installing"] is None
@@ -96,10 +93,9 @@ def test_a_wiped_replica_is_caught_up_from_the_leaders_snapshot(tmp_path: Path) 
             # and it restarts from what it installed
             await r.stop_and_wait(victim)
             await r.start(n, victim)
-            assert r.runtimes[victim].core is not None
-            assert r.runtimes[victim].core.applied >= snap.index
+            assert core_of(r.runtimes[victim]).applied >= snap.index
             await leader.propose(batch(100, now))
-            target = leader.core.commit
+            target = core_of(leader).commit
             await r.wait(lambda: all(s.applied_index >= target for s in r.machines.values()))
             snaps = {s.snapshot() for s in r.machines.values()}
             assert len(snaps) == 1
@@ -146,8 +142,7 @@ def test_periodic_snapshots_bound_the_replay_of_a_restart(tmp_path: Path) -> Non
             leader = await r.leader()
             for k in range(1, 61):
                 await leader.propose(b"%d" % k)
-            assert leader.core is not None
-            target = leader.core.commit
+            target = core_of(leader).commit
             await r.wait(lambda: all(m.applied >= target for m in r.machines.values()))
             follower = next(i for i in (1, 2, 3) if i != leader.node_id)
             rt = r.runtimes[follower]
@@ -199,12 +194,11 @@ def test_open_finishes_an_install_a_crash_interrupted(tmp_path: Path) -> None:
     rt = GroupRuntime("g", 1, tmp_path, (1, 2, 3), Tally(), lambda g, msg: None,
                       GroupOptions(segment_size=SEG), restore=Tally.restore)
     rt.open()
-    assert rt.log is not None and rt.core is not None
-    assert (rt.log.first_index(), rt.log.last_index(), rt.log.term(40)) == (41, 40, 3)
-    assert rt.core.commit == rt.core.applied == 40
-    assert rt.core.snapshot_index == 40
+    assert (log_of(rt).first_index(), log_of(rt).last_index(), log_of(rt).term(40)) == (41, 40, 3)
+    assert core_of(rt).commit == core_of(rt).applied == 40
+    assert core_of(rt).snapshot_index == 40
     assert isinstance(rt.machine, Tally) and rt.machine.total == 99
-    rt.log.close()
+    log_of(rt).close()
 
 
 def _open_with(tmp_path: Path, log: list[Entry], snap: Snapshot,
@@ -228,11 +222,10 @@ def test_open_restarts_an_install_whose_refill_a_crash_interrupted(tmp_path: Pat
     m = Membership(frozenset({1, 2, 3}))
     rt = _open_with(tmp_path, [Entry(i, 3, EntryType.MESSAGES, b"1") for i in range(21, 31)],
                     Snapshot(40, 3, Tally(40, 99).snapshot(), m, (20, 2)), base=(20, 2))
-    assert rt.log is not None and rt.core is not None
-    assert (rt.log.first_index(), rt.log.last_index(), rt.log.term(20)) == (21, 20, 2)
-    assert rt.core.refilling and rt.core.commit == rt.core.applied == 40
+    assert (log_of(rt).first_index(), log_of(rt).last_index(), log_of(rt).term(20)) == (21, 20, 2)
+    assert core_of(rt).refilling and core_of(rt).commit == core_of(rt).applied == 40
     assert isinstance(rt.machine, Tally) and rt.machine.total == 99
-    rt.log.close()
+    log_of(rt).close()
 
 
 def test_open_keeps_a_log_that_holds_the_snapshots_entries_from_its_base(tmp_path: Path) -> None:
@@ -240,10 +233,9 @@ def test_open_keeps_a_log_that_holds_the_snapshots_entries_from_its_base(tmp_pat
     entries = [Entry(i, 3, EntryType.MESSAGES, b"1") for i in range(21, 51)]
     rt = _open_with(tmp_path, entries, Snapshot(40, 3, Tally(40, 99).snapshot(), m, (20, 2)),
                     base=(20, 2))
-    assert rt.log is not None and rt.core is not None
-    assert (rt.log.first_index(), rt.log.last_index()) == (21, 50)
-    assert not rt.core.refilling and rt.core.applied == 40
-    rt.log.close()
+    assert (log_of(rt).first_index(), log_of(rt).last_index()) == (21, 50)
+    assert not core_of(rt).refilling and core_of(rt).applied == 40
+    log_of(rt).close()
 
 
 def test_an_own_snapshot_ahead_of_its_log_refills_from_its_horizon(tmp_path: Path) -> None:
@@ -252,10 +244,9 @@ def test_an_own_snapshot_ahead_of_its_log_refills_from_its_horizon(tmp_path: Pat
     m = Membership(frozenset({1, 2, 3}))
     rt = _open_with(tmp_path, [Entry(i, 1, EntryType.MESSAGES, b"1") for i in range(1, 31)],
                     Snapshot(40, 1, Tally(40, 99).snapshot(), m, (10, 1)))
-    assert rt.log is not None and rt.core is not None
-    assert (rt.log.first_index(), rt.log.last_index()) == (11, 10)
-    assert rt.core.refilling and rt.core.applied == 40
-    rt.log.close()
+    assert (log_of(rt).first_index(), log_of(rt).last_index()) == (11, 10)
+    assert core_of(rt).refilling and core_of(rt).applied == 40
+    log_of(rt).close()
 
 
 def test_snapshot_files_keep_the_base_and_older_files_still_load(tmp_path: Path) -> None:

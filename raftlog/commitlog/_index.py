@@ -17,6 +17,7 @@ suffix the index misses from the data. Records not yet in the file are served fr
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 
@@ -210,7 +211,15 @@ class _Index(_Segments):
         if target > self._written:
             lo = (self._first + self._written - self._tail_first) * INDEX_RECORD_SIZE
             hi = (self._first + target - self._tail_first) * INDEX_RECORD_SIZE
-            pwritev_all(self._ifd, [self._tail[lo:hi]], self._written * INDEX_RECORD_SIZE)
+            try:
+                pwritev_all(self._ifd, [self._tail[lo:hi]], self._written * INDEX_RECORD_SIZE)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # A full disk: the records stay in memory (the tail keeps every record
+                # not yet in the file) and a later flush writes them; the file may lag
+                # its data meanwhile, which recovery rebuilds from the segments.
+                return
             self._index_unsynced += target - self._written
             self._written = target
         if self._index_unsynced and (force_fsync or self._index_unsynced >= _INDEX_FSYNC_EVERY):
