@@ -3,8 +3,10 @@ record-by-record walk gives, for good batches and damaged ones alike."""
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -101,3 +103,29 @@ def test_the_shortcut_agrees_with_the_full_walk_inside_a_multi_batch_entry(
         m.setattr(records, "_uniform_refs", lambda *a: None)
         full = _entry_outcome(bytes(data))
     assert _entry_outcome(bytes(data)) == full
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=64), topic=st.text(min_size=1, max_size=12),
+       queue=st.integers(0, 1 << 20), pid=st.integers(0, 1 << 62), seq=st.integers(-1, 1 << 31),
+       born=st.integers(0, 1 << 50))
+def test_a_single_bare_body_encodes_as_the_general_layout(
+    body: bytes, topic: str, queue: int, pid: int, seq: int, born: int
+) -> None:
+    """The one-message shortcut of `encode_batch` makes the bytes and record starts the
+    general path makes for the same message given as an `OutgoingMessage`, and the layout
+    the module docstring gives (a msgpack header map, then one record)."""
+    seq = seq if pid else -1
+    fast = encode_batch(topic, queue, [body], pid=pid, seq=seq, born_ms=born)
+    general = encode_batch(topic, queue, [OutgoingMessage(body)], pid=pid, seq=seq, born_ms=born)
+    assert bytes(fast) == bytes(general)
+    assert fast.starts == general.starts
+    header = msgpack.packb({"topic": topic, "queue": queue, "pid": pid, "seq": seq, "n": 1},
+                           use_bin_type=True)
+    size = records.RECORD_HEADER.size + len(body)
+    assert bytes(fast) == (struct.pack(">2sBBH", b"RB", 1, 0, len(header)) + header
+                           + records.RECORD_HEADER.pack(size, born, 0, 0, 0, len(body)) + body)
+    assert fast.starts == (STORED_PREFIX.size + 6 + len(header),)
+    h, refs = walk_batch(fast)
+    assert (h.topic, h.queue, h.pid, h.seq, h.n) == (topic, queue, pid, seq, 1)
+    assert [(r.start, r.size) for r in refs] == [(fast.starts[0] - STORED_PREFIX.size, size)]
