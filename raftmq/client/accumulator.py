@@ -231,7 +231,7 @@ class GroupAccumulator(Generic[S, F]):
                 room -= 1
             while queue.pending and room:
                 sends = queue.take()
-                size = sum(s.size for s in sends)
+                size = sends[0].size if len(sends) == 1 else sum(s.size for s in sends)
                 if batches and nbytes + size > self.max_bytes:  # put back: the next request
                     queue.pending.extendleft(reversed(sends))
                     queue.messages += sum(len(s.messages) for s in sends)
