@@ -735,6 +735,9 @@ class Producer:
         counter = self._rr.get(route.topic)
         if counter is None:
             counter = random.randrange(len(queues))
+        if not avoid and queues:  # what `pick_round_robin` gives with nothing to avoid
+            self._rr[route.topic] = counter + 1
+            return queues[counter % len(queues)]
         q, self._rr[route.topic] = pick_round_robin(queues, counter, avoid)
         return q
 
