@@ -259,7 +259,7 @@ def walk_batch(
         header = _decode_header(raw)
     pos = hstart + hlen
     end = len(mv)
-    if end - pos >= RECORD_HEADER.size:
+    if header.n > 1 and end - pos >= RECORD_HEADER.size:
         # a batch of same-size bare records ends n records on; inside a multi-batch
         # entry (not `whole`) another batch may follow it
         span = int.from_bytes(mv[pos : pos + 4], "big") * header.n
@@ -413,6 +413,12 @@ def _string_map(data: memoryview) -> bool:
 def _header(h: dict[str, Any]) -> BatchHeader:
     topic, queue = h.get("topic"), h.get("queue")
     pid, seq, n = h.get("pid", 0), h.get("seq", -1), h.get("n")
+    # one header is decoded per batch on every replica: a good one passes one test; what
+    # it refuses, the checks below refuse too, each with its reason
+    if (type(topic) is str and topic and type(queue) is int and type(pid) is int  # noqa: E721
+            and type(seq) is int and type(n) is int  # noqa: E721
+            and queue >= 0 and n >= 1 and pid >= 0 and seq >= -1 and (seq >= 0 or not pid)):
+        return BatchHeader(topic, queue, pid, seq, n)
     if not isinstance(topic, str) or not topic:
         raise _bad("topic missing")
     if not (type(queue) is int and type(pid) is int and type(seq) is int  # noqa: E721

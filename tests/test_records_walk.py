@@ -1,5 +1,6 @@
 """`walk_batch`'s shortcut for batches of same-size bare messages gives exactly what the
-record-by-record walk gives, for good batches and damaged ones alike."""
+record-by-record walk gives, for good batches and damaged ones alike; the shortcuts for
+one bare message's batch and for a good header agree with the general code likewise."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def test_a_single_bare_body_encodes_as_the_general_layout(
     """The one-message shortcut of `encode_batch` makes the bytes and record starts the
     general path makes for the same message given as an `OutgoingMessage`, and the layout
     the module docstring gives (a msgpack header map, then one record)."""
-    seq = seq if pid else -1
+    seq = max(seq, 0) if pid else -1
     fast = encode_batch(topic, queue, [body], pid=pid, seq=seq, born_ms=born)
     general = encode_batch(topic, queue, [OutgoingMessage(body)], pid=pid, seq=seq, born_ms=born)
     assert bytes(fast) == bytes(general)
@@ -129,3 +130,43 @@ def test_a_single_bare_body_encodes_as_the_general_layout(
     h, refs = walk_batch(fast)
     assert (h.topic, h.queue, h.pid, h.seq, h.n) == (topic, queue, pid, seq, 1)
     assert [(r.start, r.size) for r in refs] == [(fast.starts[0] - STORED_PREFIX.size, size)]
+
+
+_FIELD = st.one_of(st.integers(-2, 2), st.integers(min_value=1 << 40), st.booleans(),
+                   st.none(), st.text(max_size=2), st.floats(allow_nan=False))
+
+
+@st.composite
+def _header_maps(draw: st.DrawFn) -> dict[str, Any]:
+    """A good header map with up to two fields changed to anything or left out."""
+    fields: dict[str, Any] = {
+        "topic": draw(st.text(min_size=1, max_size=3)), "queue": draw(st.integers(0, 3)),
+        "pid": draw(st.integers(0, 2)), "seq": draw(st.integers(-1, 2)),
+        "n": draw(st.integers(1, 3))}
+    for name in draw(st.lists(st.sampled_from(sorted(fields)), max_size=2, unique=True)):
+        if draw(st.booleans()):
+            del fields[name]
+        else:
+            fields[name] = draw(_FIELD if name != "topic" else st.one_of(_FIELD, st.just("")))
+    return fields
+
+
+@settings(max_examples=600, deadline=None)
+@given(fields=_header_maps())
+def test_a_batch_header_is_accepted_exactly_when_every_field_is_good(
+    fields: dict[str, Any]
+) -> None:
+    """A decoded header map becomes a `BatchHeader` when its topic is a non-empty str, its
+    queue, pid, seq and n are ints (not bools) with queue >= 0, n >= 1, pid >= 0, seq >= -1,
+    and an idempotent batch (pid != 0) has a sequence; anything else is MALFORMED."""
+    topic, queue = fields.get("topic"), fields.get("queue")
+    pid, seq, n = fields.get("pid", 0), fields.get("seq", -1), fields.get("n")
+    good = (isinstance(topic, str) and topic != ""
+            and all(type(v) is int for v in (queue, pid, seq, n))  # noqa: E721
+            and queue >= 0 and n >= 1 and pid >= 0 and seq >= -1 and not (pid and seq < 0))
+    if good:
+        assert records._header(fields) == records.BatchHeader(topic, queue, pid, seq, n)
+    else:
+        with pytest.raises(RequestError) as info:
+            records._header(fields)
+        assert "malformed batch" in info.value.message
