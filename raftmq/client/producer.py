@@ -909,9 +909,9 @@ class Producer:
                 gs.in_flight -= 1
                 gs.wakeup.set()
             retry = self._settle(group, batches, outcomes)
-            waiting = {id(b.qb) for b, _ in retry}
-            release([qb for qb in queues if id(qb) not in waiting])
             if retry:
+                waiting = {id(b.qb) for b, _ in retry}
+                release([qb for qb in queues if id(qb) not in waiting])
                 await self._retry(group, addr, retry)
             release(queues)
         except Exception as exc:  # not a refusal: the sends fail with it, as they are
