@@ -18,7 +18,7 @@ reference (`broker.cqchunks`).
 from __future__ import annotations
 
 import struct
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from broker.protocol import Code, RequestError
@@ -95,12 +95,17 @@ class ConsumeQueue:
         self._buf += CQ_RECORD.pack(index, start, size, tag_hash, store_ms)
         return offset
 
-    def extend(self, index: int, refs: Iterable[RecordRef], store_ms: int) -> int:
+    def extend(self, index: int, refs: Sequence[RecordRef], store_ms: int) -> int:
         """Add the records of one batch (the entry at Raft `index`) in one write; returns
         the offset of the first."""
         offset = self.end_offset
         pack = CQ_RECORD.pack
-        self._buf += b"".join([pack(index, r.start, r.size, r.tag_hash, store_ms) for r in refs])
+        if len(refs) == 1:  # a batch of one message: no list to join
+            r = refs[0]
+            self._buf += pack(index, r.start, r.size, r.tag_hash, store_ms)
+        else:
+            self._buf += b"".join([pack(index, r.start, r.size, r.tag_hash, store_ms)
+                                   for r in refs])
         return offset
 
     def drop_before(self, offset: int) -> int:

@@ -64,6 +64,10 @@ VERSION = 1
 _BATCH_PREFIX = struct.Struct(">2sBBH")
 RECORD_HEADER = struct.Struct(">IQHHII")  # size, born_ms, key_len, tags_len, props_len, body_len
 STORED_PREFIX = struct.Struct(">Q")  # store timestamp (ms) the leader puts before the batch
+# Batch headers are packed by one reused packer: `msgpack.packb` builds a packer per
+# call, which costs more than packing the header does. Sharing it across threads is safe:
+# packing a map of str and int runs no Python code, so no other thread runs meanwhile.
+_HEADER_PACKER = msgpack.Packer(use_bin_type=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,12 +184,20 @@ def encode_batch(
 ) -> EncodedBatch:
     """The batch's bytes; `.starts` on them says where each record will sit in the
     stored entry."""
-    header = msgpack.packb(
-        {"topic": topic, "queue": queue, "pid": pid, "seq": seq, "n": len(messages)},
-        use_bin_type=True,
-    )
-    parts: list[bytes] = [_BATCH_PREFIX.pack(MAGIC, VERSION, 0, len(header)), header]
+    header = _HEADER_PACKER.pack(
+        {"topic": topic, "queue": queue, "pid": pid, "seq": seq, "n": len(messages)})
     pos = STORED_PREFIX.size + _BATCH_PREFIX.size + len(header)
+    if len(messages) == 1 and type(messages[0]) is bytes:
+        # one bare body, the batch of a producer spreading sends over many queues: the
+        # same bytes as the loop below makes, without its lists
+        body = messages[0]
+        size = RECORD_HEADER.size + len(body)
+        one = EncodedBatch(b"".join((
+            _BATCH_PREFIX.pack(MAGIC, VERSION, 0, len(header)), header,
+            RECORD_HEADER.pack(size, born_ms, 0, 0, 0, len(body)), body)))
+        one.starts = (pos,)
+        return one
+    parts: list[bytes] = [_BATCH_PREFIX.pack(MAGIC, VERSION, 0, len(header)), header]
     starts: list[int] = []
     for m in messages:
         starts.append(pos)
@@ -247,7 +259,7 @@ def walk_batch(
         header = _decode_header(raw)
     pos = hstart + hlen
     end = len(mv)
-    if end - pos >= RECORD_HEADER.size:
+    if header.n > 1 and end - pos >= RECORD_HEADER.size:
         # a batch of same-size bare records ends n records on; inside a multi-batch
         # entry (not `whole`) another batch may follow it
         span = int.from_bytes(mv[pos : pos + 4], "big") * header.n
@@ -401,6 +413,12 @@ def _string_map(data: memoryview) -> bool:
 def _header(h: dict[str, Any]) -> BatchHeader:
     topic, queue = h.get("topic"), h.get("queue")
     pid, seq, n = h.get("pid", 0), h.get("seq", -1), h.get("n")
+    # one header is decoded per batch on every replica: a good one passes one test; what
+    # it refuses, the checks below refuse too, each with its reason
+    if (type(topic) is str and topic and type(queue) is int and type(pid) is int  # noqa: E721
+            and type(seq) is int and type(n) is int  # noqa: E721
+            and queue >= 0 and n >= 1 and pid >= 0 and seq >= -1 and (seq >= 0 or not pid)):
+        return BatchHeader(topic, queue, pid, seq, n)
     if not isinstance(topic, str) or not topic:
         raise _bad("topic missing")
     if not (type(queue) is int and type(pid) is int and type(seq) is int  # noqa: E721

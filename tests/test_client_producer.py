@@ -748,3 +748,37 @@ async def test_a_batch_behind_a_stored_batch_of_its_queue_is_failed_not_resent()
     assert (result.offset, result.msg_id) == (
         5, f"g1:9:{encode_batch('orders', 0, [b'b']).starts[0] + shift}")
     assert len(pool.produced()) == 1
+
+
+@pytest.mark.anyio
+async def test_each_batch_outcome_of_a_multi_batch_answer_is_read_on_its_own() -> None:
+    """A multi-batch answer is read outcome by outcome: the common shape, one without a
+    shift (an older node: shift 0), one whose fields are numbers in another form, and one
+    that is not an outcome of a stored batch (that batch alone fails, MALFORMED)."""
+    def answer(addr: str, op: int, h: dict[str, Any], body: bytes) -> dict[str, Any]:
+        if op == Op.ROUTE:
+            return ROUTE
+        a, b, c, d = split_batches(h["sizes"], body)
+        return {"results": [
+            [0, 5, 1, 9, False],  # no shift
+            [0, "6", 1, 9, 1, len(a)],  # a base as text, a dup as 1
+            [0, None, 1, 9, False, len(a) + len(b)],
+            encode_ok(40, 1, 11, False, len(a) + len(b) + len(c)),
+        ]}
+
+    async with scripted(answer, batch_max_messages=1, max_in_flight=2) as (producer, pool):
+        futs = [await producer.send_async("orders", m, queue=q)
+                for m, q in ((b"a", 0), (b"b", 0), (b"c", 2), (b"d", 2))]
+        with anyio.fail_after(5):
+            await producer.flush()
+    assert len(pool.produced()) == 1
+    a, b, c, d = futs
+    start = encode_batch("orders", 0, [b"a"]).starts[0]
+    size = len(encode_batch("orders", 0, [b"a"]))
+    assert (a.result().offset, a.result().msg_id, a.result().dup) == (5, f"g1:9:{start}", False)
+    assert (b.result().offset, b.result().msg_id, b.result().dup) == (
+        6, f"g1:9:{start + size}", True)
+    error = c.exception()
+    assert isinstance(error, RequestError) and error.code == Code.MALFORMED
+    assert (d.result().offset, d.result().queue, d.result().msg_id) == (
+        40, 2, f"g1:11:{start + 3 * size}")

@@ -215,9 +215,10 @@ class GroupAccumulator(Generic[S, F]):
         out: list[Taken[S, F]] = []
         batches = nbytes = 0
         sendable = self.sendable
-        while sendable and batches < self.max_batches:
-            key = next(iter(sendable))
-            queue = sendable[key]
+        done: list[Any] = []  # keys of the queues taken, removed once the walk is over
+        for key, queue in sendable.items():
+            if batches >= self.max_batches:
+                break
             taken: Taken[S, F] = Taken(queue, [], [])
             room = min(self.batches_per_queue, self.max_batches - batches)
             while queue.formed and room:
@@ -231,7 +232,7 @@ class GroupAccumulator(Generic[S, F]):
                 room -= 1
             while queue.pending and room:
                 sends = queue.take()
-                size = sum(s.size for s in sends)
+                size = sends[0].size if len(sends) == 1 else sum(s.size for s in sends)
                 if batches and nbytes + size > self.max_bytes:  # put back: the next request
                     queue.pending.extendleft(reversed(sends))
                     queue.messages += sum(len(s.messages) for s in sends)
@@ -243,11 +244,16 @@ class GroupAccumulator(Generic[S, F]):
                 room -= 1
             if not taken.formed and not taken.new:
                 break  # the first queue that does not fit waits for the next request
-            del sendable[key]
+            done.append(key)
             queue.busy = True
             out.append(taken)
             if nbytes >= self.max_bytes:
                 break
+        if len(done) == len(sendable):
+            sendable.clear()
+        else:  # taking keys off the front one by one would rescan the holes they leave
+            for key in done:
+                del sendable[key]
         if sendable:
             self._due = True  # a full request left: the rest goes with the next one
         else:

@@ -411,6 +411,22 @@ class _Batch:
             s.resolve(None, error)
 
 
+_Stored = tuple[int, int, int, bool, int]
+"""A stored batch's outcome: base offset, messages, entry index, dup, shift."""
+
+
+def _stored_fields(h: Any) -> _Stored:
+    """The outcome fields of a stored batch ({base, n, index, dup, shift}, as the
+    single-batch answer and `decode_outcome` give them); MALFORMED when they are not."""
+    try:
+        base, n, index = int(h["base"]), int(h["n"]), int(h["index"])
+        shift = int(h.get("shift", 0))
+        dup = bool(h.get("dup", False))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {h!r}") from None
+    return base, n, index, dup, shift
+
+
 _Queue = QueueBuffer[PendingSend, _Batch]
 _Group = GroupAccumulator[PendingSend, _Batch]
 
@@ -589,9 +605,10 @@ class Producer:
         fut: SendFuture[SendResult] = SendFuture()
         if callback is not None:
             fut.add_done_callback(callback)
-        q, movable = await self._choose_queue(topic, msg, queue)
+        route, q, movable = await self._choose_queue(topic, msg, queue)
         await self._enqueue(
-            topic, q, movable, PendingSend([msg], record_size(msg), fut, True, self._on_settled)
+            topic, q, movable, PendingSend([msg], record_size(msg), fut, True, self._on_settled),
+            route,
         )
         return fut
 
@@ -629,7 +646,7 @@ class Producer:
             return []
         for m in msgs:
             check_message(m, self.max_message_bytes)
-        q, movable = await self._choose_queue(topic, msgs[0], queue)
+        _route, q, movable = await self._choose_queue(topic, msgs[0], queue)
         futs: list[SendFuture[list[SendResult]]] = []
         for chunk, size in self._chunks(msgs):
             fut: SendFuture[list[SendResult]] = SendFuture()
@@ -672,22 +689,23 @@ class Producer:
 
     async def _choose_queue(
         self, topic: str, msg: Payload, queue: int | None
-    ) -> tuple[int, bool]:
+    ) -> tuple[TopicRoute, int, bool]:
+        """The topic's route, the queue a send goes to, and whether a retry may move it."""
         assert self._tg is not None
         # the per-message fast path, no I/O: a known route, refreshed in the background
         route = self._check_open().usable(topic, self._tg.start_soon)
         if route is None:
             route = await self._fetch_route(topic)
         if queue is not None:
-            return _checked_queue(topic, queue, route.total), False
+            return route, _checked_queue(topic, queue, route.total), False
         if callable(self.selector):
             full = OutgoingMessage(msg) if type(msg) is bytes else msg
             assert isinstance(full, OutgoingMessage)
-            return _checked_queue(topic, self.selector(route.total, full), route.total), False
+            return route, _checked_queue(topic, self.selector(route.total, full), route.total), False
         if self.selector == "key" and isinstance(msg, OutgoingMessage) and msg.key:
-            return key_queue(msg.key, route.total), False
+            return route, key_queue(msg.key, route.total), False
         movable = not self.idempotent
-        return self._sticky_queue(route, movable), movable
+        return route, self._sticky_queue(route, movable), movable
 
     def _sticky_queue(self, route: TopicRoute, movable: bool) -> int:
         """Round robin by batch, not by message (Kafka's sticky partitioner): a keyless
@@ -717,12 +735,18 @@ class Producer:
         counter = self._rr.get(route.topic)
         if counter is None:
             counter = random.randrange(len(queues))
+        if not avoid and queues:  # what `pick_round_robin` gives with nothing to avoid
+            self._rr[route.topic] = counter + 1
+            return queues[counter % len(queues)]
         q, self._rr[route.topic] = pick_round_robin(queues, counter, avoid)
         return q
 
-    async def _enqueue(self, topic: str, queue: int, movable: bool, send: PendingSend) -> None:
+    async def _enqueue(self, topic: str, queue: int, movable: bool, send: PendingSend,
+                       route: TopicRoute | None = None) -> None:
         """Take a place in the pending window (waiting only when it is full) and hand the
-        send to its queue's place in the accumulator of the queue's group."""
+        send to its queue's place in the accumulator of the queue's group. `route` is the
+        topic's route the caller just used, if any: it places a new queue without a second
+        lookup unless the send had to wait (the route may have changed meanwhile)."""
         self._check_open()
         assert self._pending_slots is not None and self._tg is not None
         try:  # the common case needs no checkpoint: one per message is most of the cost
@@ -730,24 +754,27 @@ class Producer:
         except anyio.WouldBlock:
             await self._pending_slots.acquire()
             self._check_open()
+            route = None
         self._outstanding += 1
         key = (topic, queue, movable)
         qb = self._queues.get(key)
         if qb is None:
-            qb = self._queues[key] = self._new_queue(key)
+            qb = self._queues[key] = self._new_queue(key, route)
         group = qb.group
         if group is None:  # its group is being looked up: it waits
             qb.add(send, clock())
         elif group.add(qb, send, clock()):
             self._groups[group.group].wakeup.set()
 
-    def _new_queue(self, key: QueueKey) -> _Queue:
+    def _new_queue(self, key: QueueKey, route: TopicRoute | None = None) -> _Queue:
         """A queue's place, in its group's accumulator; one whose group the route does
-        not name yet is held (busy) while the route is refreshed (`_find_group`)."""
+        not name yet is held (busy) while the route is refreshed (`_find_group`).
+        `route` is the topic's route just looked up, if the caller has it."""
         assert self._tg is not None and self._routes is not None
         qb: _Queue = QueueBuffer(self.linger, self.batch_max_messages, self.batch_max_bytes,
                                  key=key)
-        route = self._routes.usable(key[0], self._tg.start_soon)
+        if route is None or route.stale:
+            route = self._routes.usable(key[0], self._tg.start_soon)
         group = route.group_of(key[1]) if route is not None else None
         if group is None:
             qb.busy = True
@@ -882,9 +909,9 @@ class Producer:
                 gs.in_flight -= 1
                 gs.wakeup.set()
             retry = self._settle(group, batches, outcomes)
-            waiting = {id(b.qb) for b, _ in retry}
-            release([qb for qb in queues if id(qb) not in waiting])
             if retry:
+                waiting = {id(b.qb) for b, _ in retry}
+                release([qb for qb in queues if id(qb) not in waiting])
                 await self._retry(group, addr, retry)
             release(queues)
         except Exception as exc:  # not a refusal: the sends fail with it, as they are
@@ -898,7 +925,7 @@ class Producer:
             raise
 
     async def _request(self, group: str, addr: str | None,
-                       batches: list[_Batch]) -> list[dict[str, Any] | RequestError]:
+                       batches: list[_Batch]) -> list[_Stored | RequestError]:
         """Send one PRODUCE request: the single-batch form for one batch (which older
         nodes also take), else the multi-batch form; each batch's outcome fields or its
         own error. Raises what fails the request as a whole."""
@@ -913,38 +940,49 @@ class Producer:
         if len(batches) == 1:
             frame = await pool.request(addr, Op.PRODUCE, {"g": group}, batches[0].data,
                                        timeout=self.send_timeout)
-            return [frame.header]
+            try:
+                return [_stored_fields(frame.header)]
+            except RequestError as exc:
+                return [exc]
         frame = await pool.request(
             addr, Op.PRODUCE, {"g": group, "sizes": [b.nbytes for b in batches]},
             b"".join([b.data for b in batches]), timeout=self.send_timeout)
         results = frame.header.get("results")
         if not isinstance(results, list) or len(results) != len(batches):
             raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {frame.header!r}")
-        out: list[dict[str, Any] | RequestError] = []
+        out: list[_Stored | RequestError] = []
+        add = out.append
         for outcome in results:
+            # the common outcome, [0, base, n, index, dup, shift] of ints (dup a bool),
+            # read in place: one is read per batch, and a batch may be one message
+            if (type(outcome) is list and len(outcome) == 6 and outcome[0] == 0
+                    and type(outcome[1]) is int and type(outcome[2]) is int
+                    and type(outcome[3]) is int and type(outcome[5]) is int):
+                add((outcome[1], outcome[2], outcome[3], bool(outcome[4]), outcome[5]))
+                continue
             try:
-                out.append(decode_outcome(outcome))
+                add(_stored_fields(decode_outcome(outcome)))
             except RequestError as exc:
-                out.append(exc)
+                add(exc)
         return out
 
     def _settle(self, group: str, batches: list[_Batch],
-                outcomes: list[dict[str, Any] | RequestError]) -> list[tuple[_Batch, RequestError]]:
+                outcomes: Sequence[_Stored | RequestError]) -> list[tuple[_Batch, RequestError]]:
         """Acknowledge the batches stored and fail those refused for good; the others,
         to retry, in request order with their errors."""
         errors: list[tuple[int, _Batch, RequestError]] = []
         last_stored: dict[int, int] = {}  # id of a queue -> where its last stored batch is
         for i, (b, outcome) in enumerate(zip(batches, outcomes, strict=True)):
-            if isinstance(outcome, dict):
-                try:
-                    results = self._results(b.topic, b.queue, group, b.data, outcome)
-                except RequestError as exc:
-                    errors.append((i, b, exc))
-                    continue
-                b.succeed(results)
-                last_stored[id(b.qb)] = i
-            else:
+            if isinstance(outcome, RequestError):
                 errors.append((i, b, outcome))
+                continue
+            try:
+                results = self._results(b.topic, b.queue, group, b.data, outcome)
+            except RequestError as exc:
+                errors.append((i, b, exc))
+                continue
+            b.succeed(results)
+            last_stored[id(b.qb)] = i
         retry: list[tuple[_Batch, RequestError]] = []
         for i, b, error in errors:
             b.uncertain = b.uncertain or may_have_applied(error)
@@ -1056,14 +1094,9 @@ class Producer:
         return self._round_robin(route, failed_groups)
 
     def _results(
-        self, topic: str, queue: int, group: str, batch: EncodedBatch, h: dict[str, Any]
+        self, topic: str, queue: int, group: str, batch: EncodedBatch, stored: _Stored
     ) -> list[SendResult]:
-        try:
-            base, n, index = int(h["base"]), int(h["n"]), int(h["index"])
-            shift = int(h.get("shift", 0))
-        except (KeyError, TypeError, ValueError):
-            raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {h!r}") from None
-        dup = bool(h.get("dup", False))
+        base, n, index, dup, shift = stored
         ids = batch_message_ids(group, index, batch, shift)
         if n != len(ids):
             raise RequestError(Code.MALFORMED, f"PRODUCE stored {n} of {len(ids)} messages")
