@@ -37,6 +37,10 @@ CATCH_UP_TIMEOUT = 300.0  # seconds a new replica may take to hold everything co
 LEADER_WAIT = 30.0  # seconds to wait for a group to have a leader (an election under way)
 _DROP_WAIT = 15.0  # a removed voter stops following its old leader within an election
 _POLL = 0.2
+# A leader knows which voters are reachable only once it heard from them (within an
+# election timeout or two): one that has just taken over may refuse a removal that its
+# next heartbeats would allow, so a refusal for reachability is asked again this long.
+REACHABLE_WAIT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +217,7 @@ async def _remove_not_leading(routes: Routes, group: str, node: int, *,
                               prefer: bool) -> GroupMembers:
     """`remove_replica`, moving leadership off `node` first (again, should the group hand
     it back meanwhile); `prefer` makes the new leader the preferred one if `node` was."""
+    refused_since: float | None = None
     with anyio.fail_after(60.0):
         while True:
             m = await group_members(routes, group)
@@ -225,7 +230,13 @@ async def _remove_not_leading(routes: Routes, group: str, node: int, *,
                 if exc.code != Code.MEMBERSHIP_REFUSED:
                     raise
                 if (await group_members(routes, group)).leader != node:
-                    raise  # refused for another reason (no reachable majority)
+                    # refused for another reason (no reachable majority): maybe only not
+                    # yet known to a leader that has just taken over
+                    now = anyio.current_time()
+                    refused_since = now if refused_since is None else refused_since
+                    if now - refused_since >= REACHABLE_WAIT:
+                        raise
+                    await anyio.sleep(_POLL)
 
 
 async def _move_leadership(routes: Routes, m: GroupMembers, *, avoid: int,
