@@ -336,7 +336,8 @@ def test_topics_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[s
     assert [p["queues_sent_to"] for p in r["phases"]] == [2, 6]  # every queue of every topic
     for p in r["phases"]:
         assert p["acknowledged"] == 100 and p["errors"] == 0 and p["msgs_per_s"] > 0
-        assert p["raft_entries"] >= 10  # one entry per call at least
+        # 10 calls of 10 messages; calls to queues of one group may share an entry
+        assert p["raft_entries"] > 0 and p["msgs_per_entry"] > 0
         _positive_latencies(p["latency_ms"])
 
 
