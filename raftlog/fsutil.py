@@ -83,6 +83,7 @@ __all__ = [
 
 _CRC = struct.Struct("<I")
 SYNC_MARKS_NAME = ".sync-marks"
+_MARKS_RESERVE = 16 << 20  # bytes of marks file allocated ahead (see `_Root._reserve`)
 _MARKS_TMP = SYNC_MARKS_NAME + ".tmp"
 
 
@@ -193,7 +194,21 @@ class _Root:
         self.by_inode: dict[int, set[str]] = {}
         for rel, ino in reset_sync_marks(path).items():
             self.bind(rel, ino)
-        self.fd = os.open(os.path.join(path, SYNC_MARKS_NAME), os.O_WRONLY | os.O_APPEND)
+        self.fd = os.open(os.path.join(path, SYNC_MARKS_NAME), os.O_WRONLY)
+        self.offset = os.fstat(self.fd).st_size  # where the next marks go
+        self.reserved = self.offset
+        self._reserve()
+
+    def _reserve(self) -> None:
+        """Allocate room for the marks ahead of time: the marks live on the disk they
+        describe, and a disk-full fault must fail the node's own writes, not the record
+        of its fsyncs (an fsync whose mark cannot be written would fail as a whole). The
+        room reads as NUL bytes, which `load_sync_marks` skips."""
+        try:
+            os.posix_fallocate(self.fd, self.reserved, _MARKS_RESERVE)
+            self.reserved += _MARKS_RESERVE
+        except OSError:
+            pass  # no room now: writes extend the file as they go, and may fail
 
     def bind(self, rel: str, ino: int) -> None:
         self.unbind(rel)
@@ -224,8 +239,13 @@ class _Root:
         return stale
 
     def write(self, lines: list[list[object]]) -> None:
+        """Record `lines` (under `lock`: one write, never interleaved)."""
         if lines:
-            os.write(self.fd, _encode(lines))  # O_APPEND: one write, never interleaved
+            data = _encode(lines)
+            if self.reserved - self.offset - len(data) < _MARKS_RESERVE // 4:
+                self._reserve()
+            os.pwrite(self.fd, data, self.offset)
+            self.offset += len(data)
 
 
 def reset_sync_marks(data_dir: str | os.PathLike[str]) -> dict[str, int]:
@@ -381,7 +401,7 @@ def load_sync_marks(data_dir: str | os.PathLike[str]) -> DurableState:
     state = DurableState()
     bound: dict[int, set[str]] = {}
     with open(sync_marks_path(data_dir), "rb") as f:
-        data = f.read()
+        data = f.read().rstrip(b"\0")  # room allocated ahead and not written yet
 
     def unbind(rel: str) -> None:
         ino = state.names.pop(rel, None)

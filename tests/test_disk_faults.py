@@ -56,6 +56,7 @@ from raftlog.fsutil import (
     fsync_dir,
     fsync_fd,
     load_sync_marks,
+    sync_marks_path,
 )
 from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import save_snapshot
@@ -107,6 +108,26 @@ def test_discard_unsynced_keeps_exactly_what_fsyncs_covered(tmp_path: Path) -> N
         assert log.last_index() == 49
         assert log.entries(1, 50, 1 << 30) == make(1, 50, size=2000)
     assert HardStateFile(str(data / "g0" / "hardstate")).load().term == 3
+
+
+def test_marks_are_written_into_room_allocated_ahead(tmp_path: Path) -> None:
+    """The marks live on the disk they describe: a disk-full fault must fail the node's
+    own writes, not the record of an fsync that succeeded. So the marks file is
+    allocated ahead and its writes fill that room instead of growing the file."""
+    data = tmp_path / "n1"
+    with marks(data):
+        marks_file = sync_marks_path(data)
+        reserved = marks_file.stat().st_size
+        assert reserved >= 1 << 20  # room allocated, not just the baseline written
+        with CommitLog.open(data / "g0", segment_size=SEG) as log:
+            for i in range(1, 30):
+                log.append(make(i, i + 1, size=100))
+                log.sync()
+        assert marks_file.stat().st_size == reserved  # written into the room
+        assert load_sync_marks(data).sizes  # and read back past it
+    assert discard_unsynced(data)["bytes_discarded"] == 0  # every mark was read
+    with CommitLog.open(data / "g0", segment_size=SEG) as log:
+        assert log.last_index() == 29
 
 
 def test_without_fsyncs_a_power_loss_loses_every_append(tmp_path: Path) -> None:
