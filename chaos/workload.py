@@ -269,6 +269,7 @@ class Workload:
         self.admin_clients = admin_clients
         self.admin_pause = admin_pause
         self.admin_topic = f"{topic}-admin"
+        self._admin_epoch = 0  # bumped after each unknown outcome: see `_unknown_admin_write`
         self.consumer_groups = [f"chaos-cg{i}" for i in range(offset_groups)]
         self.roles: dict[int, str] = {}
         """Process id -> PLAIN, IDEMPOTENT, READER, OFFSETS or DRAINER, per process used."""
@@ -665,17 +666,27 @@ class Workload:
             seen = _REFUSAL_MEANS.get((f, exc.code))
             if seen is not None:
                 rec.complete(client.process, "ok", f, key, seen)
+            elif _written_for_sure_not(exc):
+                rec.complete(client.process, "fail", f, key, {"error": str(exc)})
             else:
-                kind = "fail" if _written_for_sure_not(exc) else "info"
-                rec.complete(client.process, kind, f, key, {"error": str(exc)})
+                self._unknown_admin_write(client, f, key, str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - whatever it was, the outcome is unknown
-            rec.complete(client.process, "info", f, key, {"error": str(exc)})
+            self._unknown_admin_write(client, f, key, str(exc))
             return
         except BaseException:
             rec.complete(client.process, "info", f, key, {"error": "cancelled"})
             raise
         rec.complete(client.process, "ok", f, key, "ok")
+
+    def _unknown_admin_write(self, client: Process, f: str, key: Any, error: str) -> None:
+        """Record a topic write whose outcome is unknown, and go on with a topic of a new
+        name. Such a write stays open to the end of the history (it may still take
+        effect), so each one more multiplies the orders the checker must try for the
+        key's later operations: a fresh key keeps a long run's topic check bounded."""
+        self.recorder.complete(client.process, "info", f, key, {"error": error})
+        self._admin_epoch += 1
+        self.admin_topic = f"{self.topic}-admin{self._admin_epoch}"
 
     async def reset_offsets(self, admin: Admin, group: str) -> None:
         """`group`'s offsets on every queue moved to the earliest retained message, as

@@ -104,7 +104,9 @@ def test_smoke_kill_partition_and_stale_leader_is_valid(
     ops = results["operations"]
     for f in ("topic-create", "topic-grow", "topic-delete", "topic-read", "delete-group"):
         assert ops[f]["ok"] > 0, (f, ops)
-    assert results["topics_linearizable"] == {"topic:chaos-admin": True}, results
+    # (a write whose outcome was unknown moves the admin on to a topic of a new name)
+    topics = results["topics_linearizable"]
+    assert "topic:chaos-admin" in topics and all(v is True for v in topics.values()), results
     _recheck(out, 0, capsys)
 
 

@@ -9,6 +9,7 @@ printed as figures (`-s` shows them).
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -22,7 +23,7 @@ import pytest
 from chaos.analysis import Analysis, analyze
 from chaos.cluster import LocalCluster
 from chaos.recorder import Recorder
-from chaos.workload import IDEMPOTENT, OFFSETS, PLAIN, READER, Workload
+from chaos.workload import ADMIN, IDEMPOTENT, OFFSETS, PLAIN, READER, Workload
 from raftmq.client import RequestError
 from tests.live_cluster import wait_balanced
 
@@ -163,3 +164,29 @@ async def test_run_with_a_leader_killed_is_valid(cluster: LocalCluster, tmp_path
     assert r["longest_unavailability"] is not None and r["longest_unavailability"] < 15.0
     report: Any = analysis.write_report(tmp_path / "report.html")
     assert "Faults" in report.read_text()
+
+
+def test_a_topic_write_of_unknown_outcome_moves_the_admin_on_to_a_new_topic(
+    tmp_path: Path,
+) -> None:
+    """An admin write whose outcome is unknown stays open to the end of the history; the
+    admin goes on with a topic of a new name, so that open writes do not pile up on one
+    key (the checker's cost grows with each one open beside a key's later operations)."""
+
+    class _NoAnswer:  # a node that never answers: every write's outcome is unknown
+        class routes:  # noqa: N801 - stands where `Admin.routes` is
+            @staticmethod
+            async def call_group(*_args: Any, **_kwargs: Any) -> None:
+                raise TimeoutError("no answer")
+
+    history = tmp_path / "history.jsonl"
+    with Recorder(history) as rec:
+        workload = Workload("127.0.0.1:1", TOPIC, QUEUES, recorder=rec)
+        client = workload._new_process(ADMIN)
+        for f in ("create", "delete"):
+            anyio.run(workload.topic_write, _NoAnswer, client, "g0", f, None)
+    assert workload.admin_topic == f"{TOPIC}-admin2"
+    lines = [json.loads(line) for line in history.read_text().splitlines()]
+    keys = [(e["type"], e["key"]) for e in lines]
+    assert keys == [("invoke", f"topic:{TOPIC}-admin"), ("info", f"topic:{TOPIC}-admin"),
+                    ("invoke", f"topic:{TOPIC}-admin1"), ("info", f"topic:{TOPIC}-admin1")]
