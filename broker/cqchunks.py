@@ -40,7 +40,7 @@ from typing import Protocol
 import crc32c
 import msgpack
 
-from raftlog.fsutil import CorruptFile, fsync_dir, fsync_fd
+from raftlog.fsutil import CorruptFile, atomic_write, fsync_dir
 
 __all__ = [
     "ChunkGone",
@@ -187,17 +187,8 @@ class FileChunkStore:
         if not os.path.isdir(self.path):
             os.makedirs(self.path, exist_ok=True)
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))  # the directory's own name
-        final = os.path.join(self.path, name)
-        tmp = final + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            fsync_fd(fd, tmp)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
+        # the directory is fsynced once for every chunk written, by `sync`
+        atomic_write(os.path.join(self.path, name), data, sync_dir=False)
         self._unsynced = True
         names.add(name)
 

@@ -136,12 +136,15 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         _marked_dir(path, names)
 
 
-def atomic_write(path: str | os.PathLike[str], *chunks: bytes) -> None:
+def atomic_write(
+    path: str | os.PathLike[str], *chunks: bytes, sync_dir: bool = True
+) -> None:
     """Durably replace the file at `path` with `chunks`, one after another.
 
     Write a temp file, fsync it, rename it over the old one, fsync the directory: a
     reader sees the old or the new contents, never a mix, and a crash mid-write leaves
-    the old file untouched.
+    the old file untouched. Without `sync_dir` the caller fsyncs the directory itself,
+    once for several files.
     """
     path = os.fspath(path)
     tmp = path + ".tmp"
@@ -155,7 +158,8 @@ def atomic_write(path: str | os.PathLike[str], *chunks: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if sync_dir:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 # --------------------------------------------------------------------------- sync marks
