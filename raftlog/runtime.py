@@ -770,13 +770,7 @@ class GroupRuntime(Generic[M]):
         """
         core = self._core
         assert core is not None
-        self._check_space()
-        while self._uncommitted > self.options.max_uncommitted_bytes:
-            if core.role != Role.LEADER:
-                raise NotLeader(core.leader, core.term)
-            space = self._space
-            await space.wait()
-        await self._writable()
+        await self._room_to_propose(core)
         index = core.propose(data if isinstance(data, EntryDraft) else EntryDraft.of(data), type)
         w = _Waiter(core.term, len(data), context)
         self._waiters[index] = w
@@ -786,6 +780,18 @@ class GroupRuntime(Generic[M]):
         if w.error is not None:
             raise w.error
         return w.result
+
+    async def _room_to_propose(self, core: RaftNode) -> None:
+        """Wait until a proposal may be made: refused on a full disk, held back while the
+        uncommitted bytes are over their bound (NotLeader should leadership go
+        meanwhile), and until no task holds the log (see `_hold`)."""
+        self._check_space()
+        while self._uncommitted > self.options.max_uncommitted_bytes:
+            if core.role != Role.LEADER:
+                raise NotLeader(core.leader, core.term)
+            space = self._space
+            await space.wait()
+        await self._writable()
 
     async def propose_many(
         self,
@@ -807,13 +813,7 @@ class GroupRuntime(Generic[M]):
         assert core is not None
         if contexts is not None and len(contexts) != len(items):
             raise ValueError("one context per entry")
-        self._check_space()
-        while self._uncommitted > self.options.max_uncommitted_bytes:
-            if core.role != Role.LEADER:
-                raise NotLeader(core.leader, core.term)
-            space = self._space
-            await space.wait()
-        await self._writable()
+        await self._room_to_propose(core)
         drafts = [d if isinstance(d, EntryDraft) else EntryDraft.of(d) for d in items]
         first = core.propose_many(drafts, type)
         term = core.term
