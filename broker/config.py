@@ -65,9 +65,12 @@ ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # (stale reads); crash-before-answer makes the node exit after a write (PRODUCE,
 # COMMIT_OFFSET, a topic or group change) whose header asks for it ("test_exit": true) is
 # committed and before it is answered, which forces the client to retry it.
+# Transactions: commit-before-durable-prepare answers a prepared produce before it is
+# committed; serve-prepared puts prepared batches in their queues at once (consumers read
+# uncommitted and aborted data); no-fencing ignores transactional epochs.
 KNOWN_MUTATIONS = frozenset({
     "ack-before-commit", "skip-fsync", "duplicate-batch", "skip-read-barrier",
-    "crash-before-answer",
+    "crash-before-answer", "commit-before-durable-prepare", "serve-prepared", "no-fencing",
 })
 
 # Port layout of `cluster_configs`: node i listens at base+i, serves metrics at

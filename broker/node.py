@@ -170,7 +170,8 @@ class Node:
         config = self.config
         store = self.chunk_stores[gid] = FileChunkStore(config.group_dir(gid) / "consumequeue")
         state = BrokerState(gid, max_message_bytes=config.max_message_bytes,
-                            chunk_store=store, chunk_records=config.consume_queue_chunk)
+                            chunk_store=store, chunk_records=config.consume_queue_chunk,
+                            mutations=self._mutations)
         gc = self._group_configs.get(gid)
         options = GroupOptions(
             raft=RaftConfig(
@@ -326,7 +327,8 @@ class Node:
         if shipped:
             provide(store, chunk_refs(data), shipped)
         return BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes,
-                                   chunk_store=store, chunk_records=self.config.consume_queue_chunk)
+                                   chunk_store=store, chunk_records=self.config.consume_queue_chunk,
+                                   mutations=self._mutations)
 
     async def _fetch_raw(self, group: str, peer: int, index: int) -> bytes:
         """Entry `index` of `group` as stored by `peer` (READ_RAW on its listener)."""

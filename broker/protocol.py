@@ -170,6 +170,12 @@ class Code(IntEnum):
     FORBIDDEN = 22  # the caller may not make this request (peer-only ops from a client)
     NOT_A_MEMBER = 40  # the node named is not a member (or voter) of the group as asked
     MEMBERSHIP_REFUSED = 41  # the membership change would lose quorum, or one is under way
+    TX_FENCED = 42  # a newer producer (higher epoch) holds this transactional id
+    TX_UNKNOWN = 43  # no such transaction, or it finished long ago
+    TX_DECIDED = 44  # the transaction was already committed or aborted (the other way)
+    TX_LIMIT = 45  # too many messages/bytes/participants/open transactions, or timeout too long
+    NOT_COORDINATOR = 46  # this group is not the coordinator of that transactional id
+    TX_PENDING = 47  # retriable: that queue's offsets are part of an undecided transaction
 
     @property
     def retriable(self) -> bool:
@@ -177,7 +183,8 @@ class Code(IntEnum):
 
 
 _RETRIABLE = frozenset({Code.NOT_LEADER, Code.TIMEOUT, Code.BUSY, Code.PROPOSAL_DROPPED,
-                        Code.SEQUENCE_GAP, Code.UNAVAILABLE, Code.CONNECTION_LOST})
+                        Code.SEQUENCE_GAP, Code.UNAVAILABLE, Code.CONNECTION_LOST,
+                        Code.TX_PENDING})
 
 
 class ProtocolError(Exception):
