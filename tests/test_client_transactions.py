@@ -4,6 +4,7 @@ argument checks, and what a transactional producer refuses before any request.""
 from __future__ import annotations
 
 import threading
+
 import pytest
 
 from broker.protocol import Code, RequestError
