@@ -329,7 +329,7 @@ def test_tx_cli_lists_shows_and_decides_half_messages(
     assert code == 0
     listed = json.loads(out)
     pending = {h["txid"]: h for h in listed["halves"]}
-    assert pending[commit_id]["pg"] == pg and pending[commit_id]["topic"] == topic
+    assert pending[commit_id]["producer_group"] == pg and pending[commit_id]["topic"] == topic
     assert rollback_id in pending and listed["unreadable"] == []
     code, out, _ = cli("list")
     assert code == 0 and commit_id in out and "half messages waiting" in out
