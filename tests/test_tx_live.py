@@ -38,9 +38,12 @@ GROUPS = ["g0", "g1", "g2"]
 QUEUES = 3
 CHECK_MS = 300  # first check-back, and the interval between checks
 CHECK_MAX = 3
+# The leaders' transaction tick: slow enough that what a request must do itself (TX_INIT
+# aborting a fenced transaction, TX_END its markers) is not done by a tick first.
+TICK_MS = 500
 NODE_SETTINGS = {
     "tx_check_first_ms": CHECK_MS, "tx_check_interval_ms": CHECK_MS,
-    "tx_check_max": CHECK_MAX, "tx_tick_ms": 50, "tx_orphan_ms": 60_000,
+    "tx_check_max": CHECK_MAX, "tx_tick_ms": TICK_MS, "tx_orphan_ms": 60_000,
     "test_mutations": ["crash-before-answer"],
 }
 
@@ -153,17 +156,18 @@ def test_tx_init_fences_the_older_producer(live: Live) -> None:
     live.produce(topic, 0, [b"zombie-0"], tx=(tid, old, 0))
     new = live.ask(c, Op.TX_INIT, tid=tid, timeout_ms=60_000)["epoch"]
     assert new == old + 1
+    # TX_INIT answered once the zombie's transaction was aborted in every participant:
     # the old producer can neither go on nor commit what it began
-    refused(Code.TX_FENCED, live.ask, c, Op.TX_ADD, tid=tid, epoch=old, n=0, groups=["g2"])
-    refused(Code.TX_FENCED, live.ask, c, Op.TX_END, tid=tid, epoch=old, n=0, commit=True)
     with pytest.raises(RequestError) as info:
         live.produce(topic, 1, [b"zombie-1"], tx=(tid, old, 0))
     assert info.value.code == Code.TX_FENCED
-    st = live.ask(c, Op.TX_STATUS, tid=tid)
-    assert (st["epoch"], st["state"]) == (new, "empty")
     listed = live.ask(c, Op.TX_LIST, tx=tid)
     assert [(d["epoch"], d["n"], d["commit"], d["reason"]) for d in listed["done"]] == [
         (old, 0, False, "fenced")]
+    refused(Code.TX_FENCED, live.ask, c, Op.TX_ADD, tid=tid, epoch=old, n=0, groups=["g2"])
+    refused(Code.TX_FENCED, live.ask, c, Op.TX_END, tid=tid, epoch=old, n=0, commit=True)
+    st = live.ask(c, Op.TX_STATUS, tid=tid)
+    assert (st["epoch"], st["state"]) == (new, "empty")
     # the new producer works; the zombie's message was aborted
     live.ask(c, Op.TX_ADD, tid=tid, epoch=new, n=0, groups=["g0"])
     live.produce(topic, 0, [b"fresh"], tx=(tid, new, 0))
@@ -296,7 +300,7 @@ def test_check_back_asks_a_live_producer_and_never_a_decided_half(live: Live) ->
         live.ask("g0", Op.HALF_END, txid=decided, commit=True, pg="pg-check")
         wait_for(lambda: live.ask("g0", Op.TX_LIST)["halves"] == [], 20,
                  "check-back decided both halves")
-        time.sleep(3 * CHECK_MS / 1000)  # a few more check intervals: no check may come
+        time.sleep(3 * max(CHECK_MS, TICK_MS) / 1000)  # a few more ticks: no check may come
         with listener.lock:
             asked = list(listener.asked)
         assert sorted(asked) == sorted([commit, rollback])  # each once, the decided never
