@@ -27,6 +27,8 @@ from raftmq.client import (
     PullConsumer,
     TransactionAbortedError,
     TransactionError,
+    connect_admin,
+    connect_producer,
 )
 from raftmq.commands.tx import main as tx_main
 from tests.conftest import live_cluster
@@ -365,3 +367,26 @@ def test_unknown_half_messages_are_clear_errors(cluster: LocalCluster) -> None:
 
     run(main)
 
+
+
+def test_the_blocking_facade_drives_both_models(cluster: LocalCluster) -> None:
+    ns = cluster.namesrv_addr
+    topic = run(lambda: make_topic(ns))
+    with connect_producer(ns, transactional_id=name("tid")) as p:
+        with p.transaction() as tx:
+            tx.send(topic, b"k0", queue=0)
+            tx.send_batch(topic, [b"k1", b"k2"], queue=1)
+        with pytest.raises(KeyError), p.transaction() as tx:
+            tx.send(topic, b"aborted", queue=2)
+            raise KeyError("boom")
+        assert tx.state == "aborted"
+    with connect_producer(ns, producer_group=name("pg"), backend="trio") as hp:
+        r = hp.send_in_transaction(topic, b"h0", local_transaction=lambda m: "commit")
+        assert r.state == "commit"
+        handle = hp.prepare(topic, b"h1", queue=2)
+    with connect_admin(ns) as admin:
+        assert handle.txid in {h["txid"] for h in admin.tx_list()["halves"]}
+        assert [h["txid"] for h in admin.tx_show(handle.txid)["halves"]] == [handle.txid]
+        assert admin.tx_rollback(handle.txid) is False
+        assert admin.tx_rollback(handle.txid) is True
+    assert run(lambda: read_all(ns, topic)) == [b"h0", b"k0", b"k1", b"k2"]
