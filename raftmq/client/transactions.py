@@ -85,6 +85,10 @@ HEARTBEAT_TTL_MS = 30_000  # a member not heard from for this long is not asked
 BUSY_PATIENCE = 30.0  # seconds a coordinator request is retried while it answers BUSY
 #                     (the previous transaction of the id is still completing)
 MAX_TID = 255
+HALF_LANES = 8
+"""Half messages one producer has in flight to one queue at most: each lane is a producer
+id of its own whose halves go one at a time (idempotent, so a retry is never stored
+twice), and a queue's lanes go side by side."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,10 +587,32 @@ async def transaction_scope(owner: TransactionalSends) -> AsyncIterator[Transact
 # ---------------------------------------------------------------- RocketMQ's model
 
 
-@dataclass(slots=True)
-class _HalfSeq:
-    pid: int
-    next_seq: int = 0
+class _Lane:
+    """One producer id's sequence of half messages on one queue: its halves go one at a
+    time, so they arrive in sequence order and a retry is recognised as a repeat."""
+
+    __slots__ = ("lock", "next_seq", "pid")
+
+    def __init__(self) -> None:
+        self.pid = new_producer_id()
+        self.next_seq = 0
+        self.lock = anyio.Lock()
+
+    def restart(self) -> None:
+        """A half's fate is unknown: the next ones start a new sequence."""
+        self.pid, self.next_seq = new_producer_id(), 0
+
+
+def _free_lane(lanes: list[_Lane], turn: int) -> _Lane:
+    """An idle lane, a new one while there are fewer than `HALF_LANES`, else the next in
+    turn (to wait for)."""
+    for lane in lanes:
+        if not lane.lock.locked():
+            return lane
+    if len(lanes) < HALF_LANES:
+        lanes.append(_Lane())
+        return lanes[-1]
+    return lanes[turn % len(lanes)]
 
 
 class HalfHandle:
@@ -618,8 +644,8 @@ class HalfHandle:
 
 
 class HalfMessages:
-    """The RocketMQ side of a producer: half messages (one idempotent producer id of
-    their own, one half in flight per queue so sequences stay in order), the answers to
+    """The RocketMQ side of a producer: half messages (idempotent, in up to
+    `HALF_LANES` lanes per queue, see `_Lane`), the answers to
     the broker's check-backs and the heartbeats that make them possible."""
 
     def __init__(self, producer: Producer, producer_group: str,
@@ -628,8 +654,8 @@ class HalfMessages:
         self.producer_group = validate_group_name(producer_group)
         self.check_listener = check_listener
         self.client_id = f"{uuid.uuid4().hex[:12]}"
-        self._seqs: dict[tuple[str, int], _HalfSeq] = {}
-        self._locks: dict[tuple[str, int], anyio.Lock] = {}
+        self._lanes: dict[tuple[str, int], list[_Lane]] = {}
+        self._turn = 0
         self.checks_answered = 0
 
     async def start(self) -> None:
@@ -694,12 +720,10 @@ class HalfMessages:
         check_message(msg, p.max_message_bytes)
         _route, q, _ = await p._choose_queue(topic, msg, queue)
         txid = uuid.uuid4().hex
-        lock = self._locks.setdefault((topic, q), anyio.Lock())
-        async with lock:
-            seq = self._seqs.get((topic, q))
-            if seq is None:
-                seq = self._seqs[(topic, q)] = _HalfSeq(new_producer_id())
-            data = encode_batch(topic, q, [msg], pid=seq.pid, seq=seq.next_seq,
+        self._turn += 1
+        lane = _free_lane(self._lanes.setdefault((topic, q), []), self._turn)
+        async with lane.lock:
+            data = encode_batch(topic, q, [msg], pid=lane.pid, seq=lane.next_seq,
                                 born_ms=_now_ms(), half=(txid, self.producer_group))
             try:
                 group, frame = await routes.call_queue(
@@ -707,10 +731,9 @@ class HalfMessages:
                     timeout=p.send_timeout, attempts=p.retries + 1)
                 base, n, index, dup, shift = _stored_fields(frame.header)
             except BaseException:
-                # its fate may be unknown: later halves of the queue start a new sequence
-                self._seqs[(topic, q)] = _HalfSeq(new_producer_id())
+                lane.restart()
                 raise
-            seq.next_seq += 1
+            lane.next_seq += 1
         ids = batch_message_ids(group, index, data, shift) if index >= 0 else [None]
         return HalfHandle(self, txid, SendResult(ids[0], topic, q, -1, group, dup))
 
