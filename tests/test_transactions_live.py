@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
+from broker.parts.txpart import MAX_TX_MESSAGES
 from broker.protocol import Code
 from chaos.cluster import LocalCluster
 from raftmq.client import (
@@ -233,6 +234,32 @@ def _aborted(shown: dict[str, list[dict[str, Any]]], n: int) -> bool:
     return (any(r.get("n") == n and r.get("commit") is False for r in shown["done"])
             or any(r.get("n") == n and r.get("state") in ("prepare_abort", "complete_abort")
                    for r in shown["txns"]))
+
+
+def test_a_transaction_over_its_limits_is_refused_and_shows_nothing(
+        cluster: LocalCluster) -> None:
+    ns = cluster.namesrv_addr
+
+    async def main() -> list[bytes]:
+        topic = await make_topic(ns, 1)
+        with pytest.raises(TransactionError) as info:
+            async with Producer(ns, transactional_id=name("tid"),
+                                transaction_timeout_ms=10**9) as p:
+                await p.begin()  # over the node's tx_timeout_max_ms
+        assert info.value.code == Code.TX_LIMIT
+        async with Producer(ns, transactional_id=name("tid")) as p:
+            tx = await p.begin()
+            with pytest.raises(TransactionError):  # one message too many
+                await tx.send_batch(topic, [b"m"] * (MAX_TX_MESSAGES + 1), queue=0)
+            with pytest.raises(TransactionAbortedError) as aborted:
+                await tx.commit()
+            assert isinstance(aborted.value.__cause__, TransactionError)
+            assert aborted.value.__cause__.code == Code.TX_LIMIT
+            async with p.transaction() as tx2:  # the producer goes on
+                await tx2.send(topic, b"fits")
+        return await read_all(ns, topic)
+
+    assert run(main) == [b"fits"]
 
 
 # ---------------------------------------------------------------- RocketMQ's model

@@ -397,7 +397,10 @@ class Transaction:
         """Send within the transaction and wait until the message is stored (prepared)."""
         fut = await self.send_async(topic, message, key=key, tags=tags,
                                     properties=properties, queue=queue)
-        return await fut
+        try:
+            return await fut
+        except RequestError as exc:
+            raise self.owner.failed(exc) from exc
 
     async def send_batch(
         self,
@@ -426,8 +429,11 @@ class Transaction:
             await p._enqueue(topic, q, False, PendingSend(chunk, size, fut, False,
                                                           p._on_settled))
         results: list[SendResult] = []
-        for fut in futs:
-            results += await fut
+        try:
+            for fut in futs:
+                results += await fut
+        except RequestError as exc:
+            raise self.owner.failed(exc) from exc
         return results
 
     async def send_offsets(self, consumer_group: str,
