@@ -253,7 +253,8 @@ class TransactionalSends:
         self.producer._check_open()
         self.check_usable()
         async with self._lock:
-            if self.current is not None and self.current.state == "open":
+            if self.current is not None and self.current.state in ("open", "committing",
+                                                                   "aborting"):
                 raise TransactionError(Code.MALFORMED, "a transaction is already open on "
                                        "this producer: commit or abort it first")
             if self.epoch < 0:
@@ -296,7 +297,10 @@ class TransactionalSends:
             self.n = tx.n + 1
 
 
-TxState = Literal["open", "committing", "aborting", "committed", "aborted"]
+TxState = Literal["open", "committing", "aborting", "committed", "aborted", "unknown"]
+"""`unknown`: the decision request failed without an answer (`OutcomeUnknownError`); the
+coordinator may have taken it. The producer registers again before its next one, which
+aborts this one if it is still open."""
 
 
 class Transaction:
@@ -522,20 +526,20 @@ class Transaction:
             f"(the coordinator says {state or 'nothing'}: its timeout passed or it was fenced)")
 
     def _fail(self, exc: BaseException) -> None:
-        """The decision request failed: whether it was taken is not known here."""
-        self.state = "aborted"
-        if isinstance(exc, ProducerFencedError):
-            self.owner.finished(self, started=True, sure=True)
-        else:
-            self.owner.finished(self, started=True, sure=False)
+        """The decision request failed: refused (the transaction is over, aborted), or
+        unanswered (whether it was taken is not known here)."""
+        refused = isinstance(exc, TransactionError)
+        self.state = "aborted" if refused else "unknown"
+        self.owner.finished(self, started=True, sure=isinstance(exc, ProducerFencedError))
 
     async def _abort_after(self, failure: BaseException) -> None:
         """A send or an offsets request failed: abort and raise why."""
         try:
             await self._decide_abort()
-        except RequestError as exc:
-            log.warning("aborting transaction %d of %r after a failed send: %s",
-                        self.n, self.tid, exc)
+        except RequestError as exc:  # never committed: its timeout or the next
+            log.warning("aborting transaction %d of %r after a failed send: %s "
+                        "(it is aborted at its timeout)", self.n, self.tid, exc)
+            self.state = "aborted"
         raise TransactionAbortedError(
             Code.TX_DECIDED, f"transaction {self.n} of {self.tid!r} was aborted: one of its "
             f"requests failed ({failure})") from failure
