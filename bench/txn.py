@@ -6,7 +6,8 @@ or 3 groups (`--spans`; the messages split evenly over one queue of each group, 
 transactional producers at once. Reported per case: committed transactions/s,
 messages/s, and commit latency (the `commit()` call: every send acknowledged already,
 then the coordinator's decision and the markers) p50/p99, with the whole transaction's
-latency beside it. Next to each, the same rounds made of plain `send_batch` calls (the
+latency beside it; then (`--half-load`, on by default) the same case again with the
+transactions started at half the rate it reached, for the commit latency at half load. Next to each, the same rounds made of plain `send_batch` calls (the
 same messages to the same queues, the calls of a round concurrent): rounds/s, messages/s
 and round latency. `vs_batch` is the transactional message rate over the plain one.
 
@@ -55,8 +56,10 @@ def _split(messages: int, span: int) -> list[int]:
 
 
 async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: int,
-                    producers: int, payload: bytes, tag: str) -> dict[str, Any]:
-    """`rounds` transactions in all, shared by `producers` transactional producers."""
+                    producers: int, payload: bytes, tag: str,
+                    rate: float = 0.0) -> dict[str, Any]:
+    """`rounds` transactions in all, shared by `producers` transactional producers: as
+    fast as they go, or started at `rate` transactions/s (all producers together)."""
     from raftmq.client import Producer
 
     sizes = _split(messages, span)
@@ -64,16 +67,27 @@ async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: 
     whole_s: list[float] = []
     left = [rounds]
     errors = 0
+    ready = anyio.Event()
+    warm = [0]
+    t_start = 0.0
 
     async def one(i: int) -> None:
-        nonlocal errors
-        async with Producer(namesrv, transactional_id=f"bench-{tag}-{messages}-{span}-{i}",
-                            send_timeout=10.0) as p:
+        nonlocal errors, t_start
+        async with Producer(namesrv, transactional_id=f"bench-{tag}-{messages}-{span}-{i}"
+                            f"-{int(rate)}", send_timeout=10.0) as p:
             async with p.transaction() as tx:  # warm-up: registers the id, learns routes
                 for q, n in enumerate(sizes):
                     await tx.send_batch(topic, [payload] * n, queue=q)
+            warm[0] += 1
+            if warm[0] == producers:  # the timed section starts once all are warm
+                t_start = time.perf_counter()
+                ready.set()
+            await ready.wait()
             while left[0] > 0:
                 left[0] -= 1
+                if rate:  # transaction k starts at t_start + k / rate
+                    k = rounds - left[0] - 1
+                    await anyio.sleep(max(0.0, t_start + k / rate - time.perf_counter()))
                 t0 = time.perf_counter()
                 try:
                     tx = await p.begin()
@@ -90,13 +104,13 @@ async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: 
                 commit_s.append(t2 - t1)
                 whole_s.append(t2 - t0)
 
-    t_start = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for i in range(producers):
             tg.start_soon(one, i)
     elapsed = time.perf_counter() - t_start
     done = len(commit_s)
     return {
+        **({"rate_txn_per_s": rate} if rate else {}),
         "transactions": done,
         "errors": errors,
         "txn_per_s": round(done / elapsed, 1) if elapsed else None,
@@ -258,8 +272,16 @@ async def drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
                                       args.producers, payload)
             ratio = (round(txn["msgs_per_s"] / plain["msgs_per_s"], 3)
                      if txn["msgs_per_s"] and plain["msgs_per_s"] else None)
-            cases.append({"messages": messages, "groups": span, "txn": txn,
-                          "send_batch": plain, "vs_batch": ratio})
+            case = {"messages": messages, "groups": span, "txn": txn,
+                    "send_batch": plain, "vs_batch": ratio}
+            if args.half_load and txn["txn_per_s"]:
+                half = round(txn["txn_per_s"] / 2, 1)
+                progress(NAME, f"{messages} messages over {span} group(s): transactions at "
+                               f"half load ({half}/s)")
+                case["txn_half_load"] = await _txn_case(
+                    namesrv, topic, messages, span, args.txns, args.producers, payload, tag,
+                    rate=half)
+            cases.append(case)
     result: dict[str, Any] = {"benchmark": NAME, "size_bytes": args.size,
                               "producers": args.producers, "cases": cases}
     if args.halves:
@@ -309,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="half messages / plain sends in flight (default 16)")
     p.add_argument("--check-ms", type=positive_int, default=500,
                    help="local cluster: first check-back after, and between, (ms)")
+    p.add_argument("--half-load", action=argparse.BooleanOptionalAction, default=True,
+                   help="run each transaction case again at half the rate it reached, for "
+                        "the commit latency at half load (default: on)")
     p.add_argument("--topic", default="bench-txn")
     add_cluster_args(p)
     return p
@@ -320,14 +345,17 @@ def _table(result: dict[str, Any]) -> Any:
     t = Table(title=f"transactions vs send_batch ({result['size_bytes']} B messages, "
                     f"{result['producers']} producers)")
     for col in ("msgs/txn", "groups", "txn/s", "txn msgs/s", "commit p50 ms",
-                "commit p99 ms", "batch msgs/s", "vs batch", "errors"):
+                "commit p99 ms", "half-load p99 ms", "batch msgs/s", "vs batch", "errors"):
         t.add_column(col, justify="right")
     for c in result["cases"]:
         txn, plain = c["txn"], c["send_batch"]
+        half = c.get("txn_half_load")
         t.add_row(str(c["messages"]), str(c["groups"]), f"{txn['txn_per_s']}",
                   f"{txn['msgs_per_s']}", str(txn["commit_latency_ms"]["p50"]),
-                  str(txn["commit_latency_ms"]["p99"]), f"{plain['msgs_per_s']}",
-                  str(c["vs_batch"]), str(txn["errors"] + plain["errors"]))
+                  str(txn["commit_latency_ms"]["p99"]),
+                  "-" if half is None else str(half["commit_latency_ms"]["p99"]),
+                  f"{plain['msgs_per_s']}", str(c["vs_batch"]),
+                  str(txn["errors"] + plain["errors"]))
     return t
 
 
@@ -342,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(+{h.get('added_us_per_msg')} us per message); check-back decided "
               f"{h['half_checkback']['delivered']}/{h['half_checkback']['stored']} in "
               f"{h['half_checkback']['until_all_delivered_s']} s")
-    errors = sum(c["txn"]["errors"] + c["send_batch"]["errors"] for c in result["cases"])
+    errors = sum(c["txn"]["errors"] + c["send_batch"]["errors"]
+                 + c.get("txn_half_load", {}).get("errors", 0) for c in result["cases"])
     if "halves" in result:
         h = result["halves"]
         errors += h["half_commit"]["errors"] + h["plain_send"]["errors"]
