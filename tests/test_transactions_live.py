@@ -176,6 +176,36 @@ def test_send_offsets_move_the_committed_offsets_only_with_the_commit(
     assert out == sorted(f"IN-{q}-{i}".encode() for q in range(3) for i in range(2))
 
 
+def test_a_committed_offset_query_waits_for_an_undecided_transaction(
+        cluster: LocalCluster) -> None:
+    """Offsets sent in a transaction are neither the old nor the new ones until it is
+    decided: a query made meanwhile answers with the outcome, not before it."""
+    ns = cluster.namesrv_addr
+    cg = name("pipe")
+
+    async def main() -> tuple[int, int]:
+        src = await make_topic(ns, 1)
+        async with Producer(ns) as plain:
+            await plain.send_batch(src, [b"a", b"b", b"c"], queue=0)
+        answer: list[int] = []
+        async with Producer(ns, transactional_id=name("tid")) as p, Admin(ns) as admin:
+            before = await admin.committed_offset(cg, src, 0)
+            tx = await p.begin()
+            await tx.send_offsets(cg, {(src, 0): 3})
+
+            async def query() -> None:
+                answer.append(await admin.committed_offset(cg, src, 0))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(query)
+                await anyio.sleep(2.0)  # longer than the plain retries of a request
+                assert not answer  # still waiting for the decision
+                await tx.commit()
+        return before, answer[0]
+
+    assert run(main) == (-1, 3)
+
+
 def test_misuse_of_a_transaction_is_a_clear_error_and_changes_nothing(
         cluster: LocalCluster) -> None:
     ns = cluster.namesrv_addr
