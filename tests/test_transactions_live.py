@@ -18,11 +18,12 @@ import anyio
 import pytest
 
 from broker.parts.txpart import MAX_TX_MESSAGES
-from broker.protocol import Code
+from broker.protocol import Code, RequestError
 from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
     CheckRequest,
+    HalfHandle,
     Producer,
     ProducerFencedError,
     PullConsumer,
@@ -344,17 +345,24 @@ def test_check_back_decides_half_messages_their_producer_never_ended(
             assert r.state == "unknown"
         answers = {keep.txid: "commit", drop.txid: "rollback", r.txid: "commit"}
         asked: list[CheckRequest] = []
+        strangers: list[CheckRequest] = []
 
         async def listener(req: CheckRequest) -> str:
             asked.append(req)
             return answers.get(req.txid, "unknown")
 
-        async with Producer(ns, producer_group=pg, check_listener=listener), \
+        def stranger(req: CheckRequest) -> str:  # another producer group: never asked
+            strangers.append(req)
+            return "rollback"
+
+        async with Producer(ns, producer_group=name("other"), check_listener=stranger), \
+                Producer(ns, producer_group=pg, check_listener=listener), \
                 Admin(ns) as admin:
             with anyio.fail_after(DECIDED_TIMEOUT):  # until check-back decided all three
                 while any(h["txid"] in answers for h in (await admin.tx_list())["halves"]):
                     await anyio.sleep(0.1)
             shown = await admin.tx_show(drop.txid)
+        assert strangers == []
         return await read_all(ns, topic), shown, asked, drop.txid
 
     bodies, shown, asked, dropped = run(main, backend)
@@ -363,6 +371,25 @@ def test_check_back_decides_half_messages_their_producer_never_ended(
     assert decision["commit"] is False and decision["source"] == "check"
     assert {a.producer_group for a in asked} == {pg}
     assert all(a.topic and a.msg_id for a in asked)
+
+
+def test_only_the_producer_group_of_a_half_message_may_decide_it(
+        cluster: LocalCluster) -> None:
+    ns = cluster.namesrv_addr
+
+    async def main() -> list[bytes]:
+        topic = await make_topic(ns, 1)
+        async with Producer(ns, producer_group=name("pg")) as owner, \
+                Producer(ns, producer_group=name("pg")) as other:
+            h = await owner.prepare(topic, b"mine")
+            intruder = HalfHandle(other._half_messages(), h.txid, h.result)
+            with pytest.raises(RequestError) as info:
+                await intruder.commit()
+            assert info.value.code == Code.FORBIDDEN
+            await h.commit()
+        return await read_all(ns, topic)
+
+    assert run(main) == [b"mine"]
 
 
 def test_tx_cli_lists_shows_and_decides_half_messages(
