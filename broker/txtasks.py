@@ -80,6 +80,9 @@ class TxTasks:
         self.rpc = rpc
         self._nursery: trio.Nursery | None = None
         self._running: dict[Hashable, trio.Event] = {}  # job key -> set when it ends
+        # finish job key -> set once every participant applied the marker (waited on by
+        # TX_END, answered before the transaction is logged complete)
+        self._delivered: dict[Hashable, trio.Event] = {}
         self._leader_hint: dict[str, int] = {}  # group -> node believed to lead it
 
     @property
@@ -127,6 +130,7 @@ class TxTasks:
                 log.exception("transaction task %r failed", key)
             finally:
                 del self._running[key]
+                self._delivered.pop(key, None)
                 done.set()
 
         nursery.start_soon(run)
@@ -144,6 +148,24 @@ class TxTasks:
         for t in coordinator(self.groups.states[gid]).unfinished():
             if t.tid == tid:
                 await self._finish_job(gid, t.tid, t.epoch, t.n).wait()
+
+    async def markers_applied(self, gid: str, tid: str, epoch: int, n: int) -> bool:
+        """Drive the markers of transaction (epoch, n) of `tid` (decided, coordinator
+        `gid` led here); True once every participant applied its marker, False when that
+        cannot be known here (leadership lost, or the markers were done before)."""
+        if self._nursery is None or self._unfinished(gid, tid, epoch, n) is None:
+            return False
+        key = ("finish", gid, tid, epoch, n)
+        delivered = self._delivered.setdefault(key, trio.Event())
+        done = self._finish_job(gid, tid, epoch, n)
+        async with trio.open_nursery() as nursery:
+            async def first_of(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(first_of, delivered)
+            nursery.start_soon(first_of, done)
+        return delivered.is_set()
 
     def _finish_job(self, gid: str, tid: str, epoch: int, n: int) -> trio.Event:
         return self._spawn(("finish", gid, tid, epoch, n),
@@ -216,6 +238,7 @@ class TxTasks:
                 nursery.start_soon(self._deliver, p, header, still)
         if not still():
             return
+        self._delivered.setdefault(("finish", gid, tid, epoch, n), trio.Event()).set()
         await self.tx._propose(self.groups[gid], {"op": "tx_complete", "tid": tid,
                                                   "epoch": epoch, "n": n})
 
