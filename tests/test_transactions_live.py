@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
 import pytest
 
 from broker.parts.txpart import MAX_TX_MESSAGES
-from broker.protocol import Code, RequestError
+from broker.protocol import Code, Op, RequestError
 from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
@@ -107,6 +108,34 @@ def test_a_cross_group_commit_shows_everything_and_an_abort_nothing(
     assert before == []
     assert committed == [b"c0", b"c1", b"c2", b"c3", b"c4"]
     assert final == [b"after", b"c0", b"c1", b"c2", b"c3", b"c4"]
+
+
+def test_sends_started_together_add_their_groups_in_one_request(
+        cluster: LocalCluster) -> None:
+    ns = cluster.namesrv_addr
+    adds: list[list[str]] = []
+
+    async def main() -> list[bytes]:
+        topic = await make_topic(ns)
+        async with Producer(ns, transactional_id=name("tid")) as p:
+            owner = p._transactional()
+            call = owner.call
+
+            async def spy(op: Op, fields: Any, **kw: Any) -> Any:
+                if op == Op.TX_ADD:
+                    adds.append(list(fields["groups"]))
+                return await call(op, fields, **kw)
+
+            async with p.transaction() as tx:  # learns the topic's route
+                await tx.send(topic, b"first", queue=0)
+            owner.call = spy  # type: ignore[method-assign]
+            async with p.transaction() as tx, anyio.create_task_group() as tg:
+                for q in range(3):
+                    tg.start_soon(partial(tx.send_batch, topic, [f"b{q}"] * 2, queue=q))
+        return await read_all(ns, topic)
+
+    assert run(main) == [b"b0", b"b0", b"b1", b"b1", b"b2", b"b2", b"first"]
+    assert adds == [["g0", "g1", "g2"]]
 
 
 def test_a_second_producer_of_the_id_fences_the_first(cluster: LocalCluster) -> None:

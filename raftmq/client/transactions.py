@@ -317,6 +317,8 @@ class Transaction:
         self.state: TxState = "open"
         self.groups: set[str] = set()  # participants the coordinator knows of
         self._adding: dict[str, anyio.Event] = {}
+        self._wanted: list[str] = []  # groups waiting for the next TX_ADD
+        self._adder = False  # a task is sending TX_ADDs for the waiting groups
         self._added_any = False  # a TX_ADD was sent: the coordinator may know this one
         self._futures: list[SendFuture[Any]] = []
         self._error: BaseException | None = None
@@ -337,28 +339,45 @@ class Transaction:
 
     async def _join(self, group: str) -> None:
         """Make sure the coordinator lists `group` as a participant before anything of
-        this transaction is sent there."""
+        this transaction is sent there. Groups asked for at about the same time (sends
+        started together) go in one TX_ADD: one entry in the coordinator's log."""
         while group not in self.groups:
             event = self._adding.get(group)
-            if event is not None:
-                await event.wait()
-                if group not in self.groups and self._error is not None:
-                    raise TransactionError(Code.TX_UNKNOWN, f"adding group {group} to the "
-                                           f"transaction failed: {self._error}")
-                continue
-            event = self._adding[group] = anyio.Event()
-            try:
-                self._added_any = True
-                await self.owner.call(Op.TX_ADD, {"epoch": self.epoch, "n": self.n,
-                                                  "groups": [group]})
-                self.groups.add(group)
-            except BaseException as exc:
-                if isinstance(exc, Exception):
-                    self._error = self._error or exc
-                raise
-            finally:
-                del self._adding[group]
-                event.set()
+            if event is None:
+                event = self._adding[group] = anyio.Event()
+                self._wanted.append(group)
+                if not self._adder:
+                    await self._add_wanted()
+                    continue
+            await event.wait()
+            if group not in self.groups and self._error is not None:
+                raise TransactionError(Code.TX_UNKNOWN, f"adding group {group} to the "
+                                       f"transaction failed: {self._error}")
+
+    async def _add_wanted(self) -> None:
+        """Send TX_ADD for every group waiting to join, until none is."""
+        self._adder = True
+        try:
+            await anyio.sleep(0)  # let sends started together ask for their groups too
+            while self._wanted:
+                groups, self._wanted = sorted(set(self._wanted)), []
+                try:
+                    self._added_any = True
+                    await self.owner.call(Op.TX_ADD, {"epoch": self.epoch, "n": self.n,
+                                                      "groups": groups})
+                    self.groups.update(groups)
+                except BaseException as exc:
+                    if isinstance(exc, Exception):
+                        self._error = self._error or exc
+                    raise
+                finally:
+                    for g in groups:
+                        self._adding.pop(g).set()
+        finally:
+            self._adder = False
+            for g in self._wanted:  # asked for while a failure ended this: asked again
+                self._adding.pop(g).set()
+            self._wanted = []
 
     async def _group_of(self, topic: str, queue: int) -> str:
         return await self.producer._check_open().group_of(topic, queue)
