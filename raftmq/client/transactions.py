@@ -37,6 +37,7 @@ import anyio
 from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from broker.records import OutgoingMessage, encode_batch
 from broker.txn import coordinator_group
+from transport.connection import is_retriable
 
 from .errors import (
     ProducerFencedError,
@@ -56,7 +57,7 @@ from .producer import (
     new_producer_id,
     record_size,
 )
-from .routes import node_addresses
+from .routes import backoff_delay, node_addresses
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
@@ -380,7 +381,17 @@ class Transaction:
             self._wanted = []
 
     async def _group_of(self, topic: str, queue: int) -> str:
-        return await self.producer._check_open().group_of(topic, queue)
+        """The group of a queue the cached route does not place (a registration gap:
+        asked again, as the producer does for its own sends)."""
+        attempt = 0
+        while True:
+            try:
+                return await self.producer._check_open().group_of(topic, queue)
+            except RequestError as exc:
+                attempt += 1
+                if not is_retriable(exc) or attempt > max(self.producer.retries, 5):
+                    raise
+            await anyio.sleep(backoff_delay(attempt))
 
     async def send_async(
         self,
