@@ -1222,9 +1222,10 @@ class Producer:
         ids = batch_message_ids(group, index, batch, shift)
         if n != len(ids):
             raise RequestError(Code.MALFORMED, f"PRODUCE stored {n} of {len(ids)} messages")
-        if base < 0:  # a prepared batch (not in a queue yet), or a forgotten duplicate
-            return [SendResult(mid if index >= 0 else None, topic, queue, -1, group, dup)
-                    for mid in ids]
+        if base < 0:
+            if self._txn is not None and index >= 0:  # prepared: in no queue yet
+                return [SendResult(mid, topic, queue, -1, group, dup) for mid in ids]
+            return [SendResult(None, topic, queue, -1, group, dup) for _ in ids]
         return [SendResult(mid, topic, queue, base + i, group, dup) for i, mid in enumerate(ids)]
 
 
