@@ -310,8 +310,8 @@ def test_limits_refuse_and_change_nothing(r: Replica, monkeypatch: pytest.Monkey
             STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"c", b"d"], tx=("tid", 0, 0)),
             Code.TX_LIMIT)
     refused(r, EntryType.MESSAGES,
-            STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"x" * 300], tx=("tid", 0, 1)),
-            Code.TX_LIMIT)
+            STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"x" * 300], tx=("tid", 1, 1)),
+            Code.TX_LIMIT)  # its newer epoch does not raise the fence either
     r.batch("t", 0, [b"h"], half=("h1", "pg"))
     refused(r, EntryType.MESSAGES,
             STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"x"], half=("h2", "pg")),
