@@ -197,6 +197,21 @@ def test_prepared_batches_stay_out_of_queues_until_a_commit_marker(r: Replica) -
     assert r.bodies("t", 0) == [b"plain", b"a", b"b"]
 
 
+def test_a_committed_message_is_found_by_its_id(r: Replica) -> None:
+    batch = encode_batch("t", 0, [b"a", b"b"], tx=("tid", 0, 0))
+    r.batch("t", 0, [b"before"])
+    r.apply(EntryType.MESSAGES, STORED_PREFIX.pack(1) + batch)
+    prepared_at = r.index
+    for k in range(50):
+        r.batch("t", 0, [b"%d" % k])
+    r.control(TxMarker("tid", 0, 0, True, 0).encode())
+    r.batch("t", 0, [b"after"])
+    assert r.state.locate("t", 0, prepared_at, batch.starts[1]) == 52
+    assert r.state.locate("t", 0, prepared_at - 1, encode_batch("t", 0, [b"before"]).starts[0]) == 0
+    with pytest.raises(RequestError):
+        r.state.locate("t", 0, prepared_at, batch.starts[1] + 1)
+
+
 def test_an_abort_marker_drops_prepared_batches_and_offsets(r: Replica) -> None:
     r.batch("t", 0, [b"a"], tx=("tid", 0, 0))
     r.control(TxOffsets("tid", 0, 0, "cg", (("t", 0, 5),), 10).encode())
