@@ -133,8 +133,9 @@ class ConsumeQueue:
 
         Raft indexes only grow along a queue, so this is a binary search; retention and
         message-id resolution both rely on it. (Except where a committed transaction's
-        records entered: they point at an older entry. Retention keeps undecided prepared
-        data, so what it drops of a queue is still a prefix; see `find_near` for ids.)
+        records entered: they point at the older entry holding them. See `find_near` for
+        ids; for retention, such a record whose entry was deleted reads as gone, and a
+        fetch skips it like any expired message.)
         """
         lo, hi = 0, len(self)
         while lo < hi:
