@@ -506,3 +506,28 @@ def test_the_decision_ring_forgets_the_oldest(r: Replica,
     for n in range(5):
         r.control(TxMarker("tid", 0, n, True, 0).encode())
     assert [k[3] for k in r.state.txpart.decided] == [2, 3, 4]
+
+
+# ---------------------------------------------------------------------- mutations
+
+
+def test_a_node_hands_the_transaction_mutations_to_its_states(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.config import cluster_configs
+    from broker.node import Node
+
+    monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")
+    cfg = cluster_configs(tmp_path, nodes=3, groups=1, port_base=21300,
+                          env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
+                          test_mutations=["serve-prepared", "no-fencing",
+                                          "commit-before-durable-prepare"])[0]
+    node = Node(cfg)
+    state = node.groups["g0"].machine
+    assert state.mutations == {"serve-prepared", "no-fencing"}
+    assert state.txpart.serve_prepared and state.txpart.no_fencing and state.txcoord.no_fencing
+    restored = node._restore_state("g0", state.snapshot())  # a snapshot install or restart
+    assert restored.txpart.serve_prepared and restored.txcoord.no_fencing
+    plain = Node(cluster_configs(tmp_path / "p", nodes=3, groups=1, port_base=21300)[0])
+    p = plain.groups["g0"].machine
+    assert not (p.mutations or p.txpart.serve_prepared or p.txpart.no_fencing)
