@@ -106,7 +106,10 @@ class TxTasks:
                     with trio.move_on_after(interval):
                         await self._wake.wait()
                     self._wake = trio.Event()
-                    self.tick()
+                    try:
+                        self.tick()
+                    except Exception:  # a bug here must not take the node down
+                        log.exception("transaction tick failed")
             finally:
                 self._nursery = None
                 nursery.cancel_scope.cancel()
