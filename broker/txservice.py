@@ -327,7 +327,7 @@ class TxService:
     async def status(self, g: GroupRuntime, tid: str) -> dict[str, Any]:
         """`tid` as its coordinator `g` (led here) knows it, after a read barrier: a
         participant resolving an orphan must not act on a deposed leader's view."""
-        await g.read_barrier()
+        await self.svc._read_barrier(g)
         txn = coordinator(self.svc._leading(g)).txn(tid)
         if txn is None:
             return {"epoch": -1, "n": -1, "state": "empty", "participants": [],

@@ -23,7 +23,8 @@ Every `tx_tick_ms`, for each group this node leads, from the group's applied sta
   nothing more until the next interval.
 
 TX_END and TX_INIT do not wait for a tick: they call `finish`, which runs the same
-marker work at once (one run per transaction, shared by every waiter).
+marker work at once (one run per transaction, shared by every waiter). A leadership
+change ticks at once too (`wake`), so a new leader takes over without delay.
 
 Every task lives in the nursery `run` holds (structured concurrency): nothing outlives
 the node.
@@ -84,6 +85,7 @@ class TxTasks:
         # TX_END, answered before the transaction is logged complete)
         self._delivered: dict[Hashable, trio.Event] = {}
         self._leader_hint: dict[str, int] = {}  # group -> node believed to lead it
+        self._wake = trio.Event()
 
     @property
     def tx(self) -> TxService:
@@ -101,8 +103,13 @@ class TxTasks:
             try:
                 interval = self.config.tx_tick_ms / 1000
                 while True:
-                    await trio.sleep(interval)
-                    self.tick()
+                    with trio.move_on_after(interval):
+                        await self._wake.wait()
+                    self._wake = trio.Event()
+                    try:
+                        self.tick()
+                    except Exception:  # a bug here must not take the node down
+                        log.exception("transaction tick failed")
             finally:
                 self._nursery = None
                 nursery.cancel_scope.cancel()
@@ -170,6 +177,10 @@ class TxTasks:
     def _finish_job(self, gid: str, tid: str, epoch: int, n: int) -> trio.Event:
         return self._spawn(("finish", gid, tid, epoch, n),
                            partial(self._complete, gid, tid, epoch, n))
+
+    def wake(self) -> None:
+        """Tick now (a group's leadership changed: a new leader takes over at once)."""
+        self._wake.set()
 
     def tick(self) -> None:
         """Start whatever is due in the groups this node leads."""
