@@ -133,7 +133,8 @@ def verdict(value: object) -> Verdict:
     return "unknown"
 
 
-async def decide(fn: Callable[[Any], Any], arg: Any, what: str) -> tuple[Verdict, BaseException | None]:
+async def decide(fn: Callable[[Any], Any], arg: Any,
+                 what: str) -> tuple[Verdict, BaseException | None]:
     """Run a listener (async, or plain in a worker thread so it may block on its
     database) and return its verdict; one that raises says "unknown" (and why)."""
     try:
