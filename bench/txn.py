@@ -17,7 +17,8 @@ plain `send`s, `--concurrency` in flight each; then as many half messages whose 
 transaction says "unknown", decided by the broker's check-back (the local cluster's
 nodes check after `--check-ms`), timed until a consumer has read every one.
 `added_us_per_msg` is what a half message costs beyond a plain send, per message at
-that concurrency.
+that concurrency; `one_at_a_time_ms` times the steps alone (prepare, commit, and a plain
+send beside them) for up to 50 messages sent one after the other.
 
 By default the benchmark starts its own cluster on loopback (three node processes, three
 groups of three replicas, `fsync=always`); `--namesrv` points it at a running one
@@ -48,6 +49,7 @@ from .common import (
 __all__ = ["build_parser", "drive", "main", "run_txn"]
 
 NAME = "txn"
+SEQUENTIAL = 50  # half messages timed one at a time, step by step
 
 
 def _split(messages: int, span: int) -> list[int]:
@@ -221,6 +223,22 @@ async def _halves(namesrv: str, topic: str, count: int, concurrency: int,
             out["added_us_per_msg"] = round(
                 (half_s / len(half_lat) - plain_s / len(plain_lat)) * 1e6, 1)
 
+        # one at a time: what each step of a half message costs on its own
+        steps: dict[str, list[float]] = {"prepare": [], "commit": [], "plain_send": []}
+        for _ in range(min(count, SEQUENTIAL)):
+            t0 = time.perf_counter()
+            handle = await p.prepare(topic, payload)
+            t1 = time.perf_counter()
+            await handle.commit()
+            t2 = time.perf_counter()
+            await p.send(topic, payload)
+            t3 = time.perf_counter()
+            steps["prepare"].append(t1 - t0)
+            steps["commit"].append(t2 - t1)
+            steps["plain_send"].append(t3 - t2)
+        out["one_at_a_time_ms"] = {k: latency_ms(v, ("p50", "p99"))
+                                   for k, v in steps.items()}
+
         # check-back: the producer leaves every half undecided; the broker asks it
         check_topic = f"{topic}-check"
         from raftmq.client import Admin
@@ -369,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{h['plain_send']['msgs_per_s']} msgs/s at {h['concurrency']} in flight "
               f"(+{h.get('added_us_per_msg')} us per message); check-back decided "
               f"{h['half_checkback']['delivered']}/{h['half_checkback']['stored']} in "
-              f"{h['half_checkback']['until_all_delivered_s']} s")
+              f"{h['half_checkback']['until_all_delivered_s']} s; one at a time, p50 ms: "
+              + ", ".join(f"{k} {v['p50']}" for k, v in h["one_at_a_time_ms"].items()))
     errors = sum(c["txn"]["errors"] + c["send_batch"]["errors"]
                  + c.get("txn_half_load", {}).get("errors", 0) for c in result["cases"])
     if "halves" in result:

@@ -45,6 +45,8 @@ def test_bench_txn_reports_every_case_beside_send_batch(
     assert halves["half_commit"]["errors"] == halves["plain_send"]["errors"] == 0
     assert halves["half_commit"]["msgs_per_s"] > 0 and halves["plain_send"]["msgs_per_s"] > 0
     assert "added_us_per_msg" in halves
+    assert set(halves["one_at_a_time_ms"]) == {"prepare", "commit", "plain_send"}
+    assert all(v["p50"] > 0 for v in halves["one_at_a_time_ms"].values())
     check = halves["half_checkback"]
     assert check["stored"] == check["delivered"] == 4 and check["checks_answered"] >= 4
 
