@@ -608,7 +608,7 @@ class Admin(_ClientBase):
         if group is not None:
             header["g"] = group
         if id is not None:
-            header["id"] = id
+            header["tx"] = id  # the filter ("id" is every request's own number)
 
         async def one(addr: str) -> None:
             try:
