@@ -595,8 +595,9 @@ class Admin(_ClientBase):
         (the coordinators' latest finished transactions). `id` keeps only the rows of
         one transactional id or half message txid; `group` one broker group.
 
-        Raises `IncompleteError` when some group's leader did not answer (`partial` is
-        what the others said)."""
+        Raises `IncompleteError` when some group's leader did not answer, even asked
+        again over a few rounds (a leader may be moving); `partial` is what the others
+        said."""
         if group is not None:
             validate_group_name(group)
         if limit < 1:
