@@ -993,10 +993,8 @@ class Producer:
                     state = self._sequence(topic, queue)
                     pid, seq = state.pid, state.next_seq
                     state.next_seq += 1
-                data = (encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
-                        if self._tx_stamp is None else
-                        encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born,
-                                     tx=self._tx_stamp))
+                data = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born,
+                                    tx=self._tx_stamp)  # the open transaction's, if any
                 batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born))
         gs.in_flight += 1
         self._tg.start_soon(self._send_request, gs, self._routes.target(gs.acc.group),
