@@ -19,14 +19,15 @@ from broker.parts.base import ControlResult, ErrorResult, ProduceResult
 from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxInit
 from broker.parts.txpart import HalfChecked, HalfEnd, TxMarker, TxOffsets
 from broker.records import STORED_PREFIX, decode_record, encode_batch
-from broker.statemachine import BrokerState, control_create_topic
+from broker.statemachine import BrokerState, control_create_topic, control_delete_topic
 from broker.txn import TxKey, half_key, kafka_key
 from raftlog.types import Entry, EntryType
 
 TIDS = ("ta", "tb")
 TXIDS = ("h0", "h1", "h2")
 PGS = ("pg0", "pg1")
-QUEUES = ((("t", 0), ("t", 1), ("u", 0)))
+QUEUES = (("t", 0), ("t", 1), ("u", 0))
+U = 2  # the queue of topic u, which is deleted and created again
 
 small = st.integers(0, 1)
 queue = st.integers(0, len(QUEUES) - 1)
@@ -61,6 +62,7 @@ OPS = st.one_of(
     st.tuples(st.just("end"), st.sampled_from(TIDS), small, small, st.booleans()),
     st.tuples(st.just("complete"), st.sampled_from(TIDS), small, small),
     st.tuples(st.just("restore")),
+    st.tuples(st.just("recreate_u")),  # delete topic u (and what hangs off it), create it anew
 )
 
 
@@ -74,7 +76,7 @@ class Run:
         self.index = 0
         self.data: dict[int, bytes] = {}
         self.body_no = 0
-        self.ordinary: set[bytes] = set()
+        self.ordinary: dict[bytes, int] = {}  # body -> queue no
         self.prepared: dict[TxKey, list[tuple[int, bytes]]] = {}  # key -> (queue no, body)
         self.decisions: dict[TxKey, bool] = {}
         self.coord: dict[tuple[str, int, int], bool] = {}
@@ -128,7 +130,7 @@ class Run:
         elif kind == "plain":
             bodies = self.bodies(1)
             self.batch(op[1], bodies)
-            self.ordinary.update(bodies)
+            self.ordinary[bodies[0]] = op[1]
         elif kind == "marker":
             _, tid, epoch, n, commit, extra = op
             retry = self.a.txpart.decision(kafka_key(tid, epoch, n)) is not None
@@ -193,6 +195,12 @@ class Run:
                 if u.tid == op[1]:
                     self.step(("complete", u.tid, u.epoch, u.n))
                     break
+        elif kind == "recreate_u":
+            self.entry(EntryType.CONTROL, control_delete_topic("u"))
+            self.entry(EntryType.CONTROL, control_create_topic("u", 1, [0]))
+            self.ordinary = {b: q for b, q in self.ordinary.items() if q != U}
+            for key, items in self.prepared.items():
+                self.prepared[key] = [(q, b) for q, b in items if q != U]
         elif kind == "restore":
             snap = self.b.snapshot()
             assert snap == self.a.snapshot()
