@@ -86,6 +86,10 @@ HEARTBEAT_TTL_MS = 30_000  # a member not heard from for this long is not asked
 BUSY_PATIENCE = 30.0  # seconds a coordinator request is retried while it answers BUSY
 #                     (the previous transaction of the id is still completing)
 MAX_TID = 255
+TX_ATTEMPTS = 8
+"""Tries of a transaction request (TX_INIT/ADD/OFFSETS/END, HALF_END) before giving up:
+more than other requests' 4, so one outlasts a group's election after its leader died
+(the backoff grows to 1 s); a redirect to a newer leader is not a try."""
 HALF_LANES = 8
 """Half messages one producer has in flight to one queue at most: each lane is a producer
 id of its own whose halves go one at a time (idempotent, so a retry is never stored
@@ -225,7 +229,8 @@ class TransactionalSends:
         while True:
             try:
                 return await routes.call_group(g, op, {"g": g, "tid": self.tid, **fields},
-                                               write=write, timeout=self.producer.send_timeout)
+                                               write=write, timeout=self.producer.send_timeout,
+                                               attempts=TX_ATTEMPTS)
             except RequestError as exc:
                 if exc.code == Code.NOT_COORDINATOR and not redirected:
                     redirected = True
@@ -496,7 +501,8 @@ class Transaction:
                       "cg": cg, "offsets": rows}
             try:
                 await routes.call_group(group, Op.TX_OFFSETS, header, write=True,
-                                        timeout=self.producer.send_timeout)
+                                        timeout=self.producer.send_timeout,
+                                        attempts=TX_ATTEMPTS)
             except RequestError as exc:
                 err = self.owner.failed(exc)
                 self._error = self._error or err
@@ -784,7 +790,8 @@ class HalfMessages:
                   "pg": self.producer_group, "source": "client"}
         try:
             frame = await routes.call_group(group, Op.HALF_END, header, write=True,
-                                            timeout=self.producer.send_timeout)
+                                            timeout=self.producer.send_timeout,
+                                            attempts=TX_ATTEMPTS)
         except RequestError as exc:
             raise as_tx_error(exc) from exc
         return bool(frame.header.get("dup", False))
