@@ -11,8 +11,9 @@ TX_PENDING until decided), fencing by TX_INIT, abort on timeout, and markers fin
 the coordinator's new leader after its old one died between the decision and the
 markers. RocketMQ's: half messages committed and rolled back by HALF_END, check-back
 answered by a raw client registered with PRODUCER_HEARTBEAT (and never sent for a decided
-half), expiry after `tx_check_max` checks. Bad input for every new op, and TX_MARKER from
-a client refused.
+half), its count going on at a new leader after a failover, expiry after `tx_check_max`
+checks. Orphaned prepared data resolved through TX_STATUS. Bad input for every new op,
+and TX_MARKER from a client refused.
 """
 
 from __future__ import annotations
