@@ -11,8 +11,10 @@ $(VENV)/.base: pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $@
 
+# The Spark tests need the `spark` extra (PySpark, pyarrow) and Java 17; without Java
+# they skip and say so.
 $(VENV)/.test: $(VENV)/.base
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,spark]'
 	touch $@
 
 $(VENV)/.bench: $(VENV)/.base
@@ -22,10 +24,11 @@ $(VENV)/.bench: $(VENV)/.base
 run: $(VENV)/.base
 	$(VENV)/bin/raftmq dev --data .raftmq-dev --showcase
 
+# Spark's Python workers run the venv's interpreter, where raftmq and pyarrow are.
 test: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest
 
 sim: $(VENV)/.base
 	$(PY) -m raftlog.sim --seeds 200 --steps 3000 --json
