@@ -133,14 +133,13 @@ def test_min_partitions_splits_queue_ranges_without_changing_the_rows(sent: Sent
     assert counts == dict.fromkeys(range(QUEUES), PER_QUEUE)
 
 
+# (every malformed option is refused without Spark in tests/test_spark_options.py; these
+# are the refusals that need the cluster, and one that shows how Spark reports them)
 @pytest.mark.parametrize(("options", "message"), [
     ({"subscribe": TOPIC, "startingTimestamp": "1700000000000"}, "look an offset up by time"),
-    ({"subscribe": TOPIC, "startingOffsets": "latest"}, "not allowed in a batch query"),
     ({"subscribe": TOPIC, "endingOffsets": json.dumps({TOPIC: {"0": 999}})}, "ends at 30"),
     ({"subscribe": TOPIC, "startingOffsets": json.dumps({"nope": {"0": 1}})},
      "does not read"),
-    ({"subscribe": TOPIC, "assign": json.dumps({TOPIC: [0]})}, "exactly one of"),
-    ({"subscribe": TOPIC, "maxOffsetPerTrigger": "5"}, "unknown option"),
     ({"assign": json.dumps({TOPIC: [7]})}, "has queues 0..3"),
 ])
 def test_bad_options_fail_with_a_clear_message(sent: Sent, options: dict[str, str],
@@ -254,10 +253,3 @@ def test_a_stream_from_latest_sees_only_new_messages(sent: Sent, tmp_path: Path)
     finally:
         query.stop()
     assert got == [b"new"]
-
-
-def test_a_stream_refuses_ending_offsets(sent: Sent) -> None:
-    with pytest.raises(Exception, match="batch queries only"):
-        (spark().readStream.format("raftmq").option("namesrv", sent.namesrv)
-         .option("subscribe", TOPIC).option("endingOffsets", "latest").load()
-         .writeStream.format("console").start().awaitTermination(60))

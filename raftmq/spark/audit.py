@@ -95,30 +95,31 @@ def stored_frame(spark: Any, namesrv: str, topics: list[str]) -> Any:
     )
 
 
-def _latency(df: Any, column: str) -> dict[str, Any]:
+def _latencies(frames: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Percentiles and power-of-two histograms ([upper bound ms, count] rows) of the `ms`
+    column of each frame, in two Spark jobs over their union."""
+    from functools import reduce
+
     from pyspark.sql import functions as F
 
-    row = df.where(F.col(column).isNotNull()).agg(
-        F.count(column).alias("count"),
-        F.percentile_approx(column, list(PERCENTILES), 10_000).alias("p"),
-        F.max(column).alias("max"),
-    ).collect()[0]
-    out: dict[str, Any] = {"count": int(row["count"])}
-    if row["count"]:
+    union = reduce(lambda a, b: a.unionByName(b), (
+        df.select(F.lit(name).alias("name"), F.col("ms").cast("double").alias("ms"))
+        for name, df in frames.items())).where(F.col("ms").isNotNull())
+    stats: dict[str, Any] = {name: {"count": 0} for name in frames}
+    for row in union.groupBy("name").agg(
+            F.count("ms").alias("count"),
+            F.percentile_approx("ms", list(PERCENTILES), 10_000).alias("p"),
+            F.max("ms").alias("max")).collect():
+        out: dict[str, Any] = {"count": int(row["count"])}
         for q, v in zip(PERCENTILES, row["p"], strict=True):
             out[f"p{q * 100:g}"] = round(float(v), 3)
         out["max"] = round(float(row["max"]), 3)
-    return out
-
-
-def _histogram(df: Any, column: str) -> list[list[float]]:
-    """[upper bound ms, count] per power-of-two bucket (a few dozen rows at most)."""
-    from pyspark.sql import functions as F
-
-    bucket = F.pow(F.lit(2.0), F.ceil(F.log2(F.greatest(F.col(column), F.lit(0.001)))))
-    rows = (df.where(F.col(column).isNotNull()).groupBy(bucket.alias("b")).count()
-            .orderBy("b").collect())
-    return [[float(r["b"]), int(r["count"])] for r in rows]
+        stats[row["name"]] = out
+    bucket = F.pow(F.lit(2.0), F.ceil(F.log2(F.greatest(F.col("ms"), F.lit(0.001)))))
+    hist: dict[str, Any] = {name: [] for name in frames}
+    for row in union.groupBy("name", bucket.alias("b")).count().orderBy("name", "b").collect():
+        hist[row["name"]].append([float(row["b"]), int(row["count"])])
+    return stats, hist
 
 
 def audit(spark: Any, history: str, namesrv: str, *, topics: list[str] | None = None
@@ -206,21 +207,18 @@ def audit(spark: Any, history: str, namesrv: str, *, topics: list[str] | None = 
     ack_read = (appends.where(F.col("status") == "ok").groupBy("key", "msg")
                 .agg(F.min("ret").alias("ack")).join(first_seen, ["key", "msg"])
                 .select(((F.col("seen") - F.col("ack")) * 1000).alias("ms")))
-    latency = {
-        "send_to_ack": _latency(send_ack, "ms"),
-        "born_to_store": _latency(stored, "born_to_store_ms"),
-        "ack_to_first_read": _latency(ack_read, "ms"),
-    }
-    histograms = {"send_to_ack": _histogram(send_ack, "ms"),
-                  "born_to_store": _histogram(stored, "born_to_store_ms")}
+    latency, histograms = _latencies({
+        "send_to_ack": send_ack, "ack_to_first_read": ack_read,
+        "born_to_store": stored.select(F.col("born_to_store_ms").alias("ms")),
+    })
 
     # events over time: appends invoked and acknowledged per second; faults
-    origin = lines.agg(F.min("time")).collect()[0][0] or 0.0
     per_second = (ops.where(F.col("f") == "append")
-                  .select(F.floor(F.col("call") - origin).alias("s"), "status")
+                  .select(F.floor("call").alias("s"), "status")
                   .groupBy("s").agg(F.count("*").alias("sent"),
                                     F.count(F.when(F.col("status") == "ok", 1)).alias("acked"))
                   .orderBy("s").collect())
+    origin = float(per_second[0]["s"]) if per_second else 0.0
     faults = (lines.where(F.col("process") == "nemesis")
               .select("type", "f", (F.col("time") - origin).alias("t")).orderBy("id").collect())
     ops.unpersist()
@@ -231,7 +229,8 @@ def audit(spark: Any, history: str, namesrv: str, *, topics: list[str] | None = 
         "queues": queues,
         "latency_ms": latency,
         "histograms_ms": histograms,
-        "events_per_second": [[int(r["s"]), int(r["sent"]), int(r["acked"])] for r in per_second],
+        "events_per_second": [[int(r["s"] - origin), int(r["sent"]), int(r["acked"])]
+                              for r in per_second],
         "faults": [[r["type"], r["f"], round(float(r["t"]), 3)] for r in faults],
         "inputs": {"history": history, "namesrv": namesrv, "topics": topics},
         "seconds": round(time.monotonic() - started, 3),
