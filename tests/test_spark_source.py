@@ -12,6 +12,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -79,7 +80,7 @@ def sent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sent]:
         yield s
 
 
-def read(sent: Sent, **options: str) -> Any:
+def read(sent: Any, **options: str) -> Any:
     reader = spark().read.format("raftmq").option("namesrv", sent.namesrv)
     for k, v in options.items():
         reader = reader.option(k, v)
@@ -253,3 +254,20 @@ def test_a_stream_from_latest_sees_only_new_messages(sent: Sent, tmp_path: Path)
     finally:
         query.stop()
     assert got == [b"new"]
+
+
+def test_fail_on_data_loss_fails_or_skips_a_range_retention_removed(tmp_path: Path) -> None:
+    from tests.test_retention_live import BY_DISK, cluster_with, earliest_offset, produce
+
+    with cluster_with(tmp_path, BY_DISK) as live:  # every closed segment is deleted
+        produce(live, 40)  # 320 messages over about ten segments
+        lo = wait_for(lambda: earliest_offset(live), 60, "retention deleting a prefix")
+        source = SimpleNamespace(namesrv=live.cluster.namesrv_addr)
+        wanted = json.dumps({live.topic: {"0": 0}})
+        with pytest.raises(Exception, match=r"offsets 0\.\.\d+ were removed by retention"):
+            read(source, subscribe=live.topic, startingOffsets=wanted).collect()
+        got = read(source, subscribe=live.topic, startingOffsets=wanted,
+                   failOnDataLoss="false").select("offset", "value").collect()
+        lo = earliest_offset(live)  # (nothing is written now, so it no longer moves)
+        assert sorted(r.offset for r in got) == list(range(lo, 320))
+        assert all(bytes(r.value) == live.acked[0][r.offset][-512:] for r in got)
