@@ -30,6 +30,8 @@ def test_defaults_follow_the_kafka_source() -> None:
                           "minPartitions": "8", "namesrv": "a:1, b:2"}, batch=False)
     assert opts.starting == {"t": {0: -2, 1: 7}}
     assert opts.namesrv == ("a:1", "b:2")
+    assert parse_options({**BASE, "tags": "B || A"}, batch=True).tags == ("A", "B")
+    assert parse_options({**BASE, "tags": "*"}, batch=True).tags is None
     assert (opts.fail_on_data_loss, opts.max_offsets_per_trigger, opts.min_partitions) == (
         False, 100, 8)
 
@@ -54,6 +56,7 @@ def test_defaults_follow_the_kafka_source() -> None:
     ({**BASE, "minPartitions": "0"}, "positive integer"),
     ({**BASE, "maxOffsetsPerTrigger": "x"}, "positive integer"),
     ({**BASE, "kafka.bootstrap.servers": "x"}, "unknown option"),
+    ({**BASE, "tags": "a b"}, "bad tag subscription"),
 ])
 def test_bad_options_are_refused_by_name(options: dict[str, str], message: str) -> None:
     with pytest.raises(OptionError, match=message):

@@ -124,6 +124,12 @@ def test_starting_and_ending_offsets_bound_each_queue(sent: Sent) -> None:
                      endingOffsets="latest")) == sent.expected(TOPIC)
 
 
+def test_tags_select_messages_on_the_broker(sent: Sent) -> None:
+    df = read(sent, subscribe=TOPIC, tags="even")
+    assert rows(df) == {r for r in sent.expected(TOPIC) if r[5] == "even"}
+    assert rows(read(sent, subscribe=TOPIC, tags="even || odd")) == sent.expected(TOPIC)
+
+
 def test_min_partitions_splits_queue_ranges_without_changing_the_rows(sent: Sent) -> None:
     plain = read(sent, subscribe=TOPIC)
     split = read(sent, subscribe=TOPIC, minPartitions="9")

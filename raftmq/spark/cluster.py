@@ -111,7 +111,8 @@ def discover(opts: SourceOptions) -> Bounds:
 
 
 async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_loss: bool,
-                      timeout: float) -> tuple[PullResult | None, int]:
+                      timeout: float, tags: tuple[str, ...] | None
+                      ) -> tuple[PullResult | None, int]:
     """The next messages of `r` at `offset`: (answer, where to continue). Waits out a new
     leader that has not applied up to `r.end` yet (the range was committed, so it will);
     a start removed by retention is a `DataLossError` or a skip to the earliest offset."""
@@ -120,7 +121,7 @@ async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_l
         try:
             res = await fetch(routes, r.topic, r.queue, offset,
                               max_messages=min(FETCH_COUNT, r.end - offset),
-                              max_bytes=FETCH_BYTES, wait_ms=0)
+                              max_bytes=FETCH_BYTES, wait_ms=0, tags=tags)
         except RequestError as exc:
             if exc.code == Code.OFFSET_TOO_SMALL and "min" in exc.extra:
                 lo = min(int(exc.extra["min"]), r.end)
@@ -140,8 +141,8 @@ async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_l
             if exc.code != Code.OFFSET_TOO_LARGE and not is_retriable(exc):
                 raise
             res = None
-        if res is not None and res.messages:
-            return res, res.next_offset
+        if res is not None and (res.messages or res.next_offset > offset):
+            return res, res.next_offset  # (with tags, a FETCH may skip without a match)
         if time.monotonic() > deadline:
             raise TimeoutError(f"{r.topic} queue {r.queue}: no message at committed offset "
                                f"{offset} (of {r.start}..{r.end - 1}) within {timeout:g} s")
@@ -149,14 +150,15 @@ async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_l
 
 
 def read_range(r: QueueRange, namesrv: tuple[str, ...], *, fail_on_data_loss: bool,
-               timeout: float) -> Iterator[pa.RecordBatch]:
+               timeout: float, tags: tuple[str, ...] | None = None
+               ) -> Iterator[pa.RecordBatch]:
     """The messages of `r` as Arrow record batches, one per FETCH. The next FETCH is
     already under way (on the client's own event-loop thread) while a batch is built."""
     with start_blocking_portal() as portal:
         with portal.wrap_async_context_manager(Admin(list(namesrv))) as admin:
             def start(offset: int) -> Future[Any]:
                 return portal.start_task_soon(_fetch_from, admin.routes, r, offset,
-                                              fail_on_data_loss, timeout)
+                                              fail_on_data_loss, timeout, tags)
 
             pending = start(r.start) if r.start < r.end else None
             try:

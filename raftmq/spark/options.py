@@ -13,7 +13,9 @@ who knows `spark.read.format("kafka")` knows this one:
   with false it is skipped and the skip is logged;
 - ``maxOffsetsPerTrigger``: at most this many messages per micro-batch, shared among the
   queues in proportion to what each has waiting (Kafka's rule, small queues never starved);
-- ``minPartitions``: split the ranges so a read has at least this many Spark partitions.
+- ``minPartitions``: split the ranges so a read has at least this many Spark partitions;
+- ``tags``: RocketMQ's tag subscription (``TagA || TagB``, ``*`` for all), filtered on the
+  broker by the tag hash in the ConsumeQueue; offsets still count every message.
 
 ``startingTimestamp``, ``startingOffsetsByTimestamp`` and ``endingTimestamp`` are refused:
 the broker has no way to find an offset by time (no time index, no request for it), and
@@ -28,6 +30,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from raftmq.client.consumer import parse_tags
 
 __all__ = [
     "EARLIEST",
@@ -55,7 +59,7 @@ _TIME_OPTIONS = ("startingtimestamp", "startingoffsetsbytimestamp", "endingtimes
                  "endingoffsetsbytimestamp")
 _KNOWN = {"namesrv", "subscribe", "subscribepattern", "assign", "startingoffsets",
           "endingoffsets", "failondataloss", "maxoffsetspertrigger", "minpartitions",
-          "fetchtimeout", "path"}
+          "fetchtimeout", "tags", "path"}
 
 
 class OptionError(ValueError):
@@ -74,6 +78,7 @@ class SourceOptions:
     max_offsets_per_trigger: int | None
     min_partitions: int | None
     fetch_timeout: float
+    tags: tuple[str, ...] | None = None
 
     def matches(self, topic: str) -> bool:
         """Whether `topic` is one this source reads (for subscribe and subscribePattern)."""
@@ -234,7 +239,12 @@ def parse_options(options: Mapping[str, str], *, batch: bool) -> SourceOptions:
     except ValueError:
         raise OptionError(f"fetchTimeout is a positive number of seconds, not "
                           f"{opts['fetchtimeout']!r}") from None
+    try:
+        tags = parse_tags(opts["tags"]) if "tags" in opts else None
+    except ValueError as exc:
+        raise OptionError(f"tags: {exc}") from None
     return SourceOptions(
+        tags=tuple(tags) if tags else None,
         namesrv=namesrv, subscribe=subscribe, pattern=pattern, assign=assign,
         starting=starting, ending=ending,
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),

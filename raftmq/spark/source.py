@@ -101,7 +101,7 @@ class RaftmqBatchReader(DataSourceReader):
         assert isinstance(partition, RangePartition)
         yield from read_range(partition.range, self.opts.namesrv,
                               fail_on_data_loss=self.opts.fail_on_data_loss,
-                              timeout=self.opts.fetch_timeout)
+                              timeout=self.opts.fetch_timeout, tags=self.opts.tags)
 
 
 class RaftmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -184,7 +184,7 @@ class RaftmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, RangePartition)
         yield from read_range(partition.range, self.opts.namesrv,
                               fail_on_data_loss=self.opts.fail_on_data_loss,
-                              timeout=self.opts.fetch_timeout)
+                              timeout=self.opts.fetch_timeout, tags=self.opts.tags)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._last = parse_offsets_dict(end, "end offset")
