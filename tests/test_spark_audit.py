@@ -123,3 +123,11 @@ def test_the_command_refuses_a_missing_history(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "nope.jsonl"), "--namesrv", "127.0.0.1:1"]) == 3
     assert "no history file" in capsys.readouterr().err
+
+
+def test_a_history_line_that_is_not_json_stops_the_audit(tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    history.write_text('{"process": 0, "type": "invoke", "f": "append", "key": "t/0", '
+                       '"value": "m1", "time": 1.0}\n{"process": 0, "type": "ok", "f"\n')
+    with pytest.raises(Exception, match="(?i)malformed"):
+        audit(spark(), str(history), "127.0.0.1:1")

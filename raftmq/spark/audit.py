@@ -56,7 +56,11 @@ def history_frame(spark: Any, path: str) -> Any:
         StructField("value", StringType()), StructField("time", DoubleType()),
     ])
     # one file's splits are numbered in file order, so the id is the line order
-    return spark.read.schema(schema).json(path).withColumn("id", F.monotonically_increasing_id())
+    # FAILFAST: a line that is not JSON stops the audit instead of vanishing as nulls
+    lines = (spark.read.schema(schema).option("mode", "FAILFAST").json(path)
+             .withColumn("id", F.monotonically_increasing_id()))
+    # a line without a time is ordered by its place in the file, as the chaos parser does
+    return lines.withColumn("time", F.coalesce("time", F.col("id").cast("double")))
 
 
 def operations(lines: Any) -> Any:
