@@ -120,6 +120,12 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _audit(argv: list[str]) -> int:
+    from raftmq.spark.audit import main as audit_main
+
+    return audit_main(argv)
+
+
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "dev": (_dev, "start a name server and three nodes on loopback; prints `ready ADDR`"),
     "node": (_node, "run one node (replicas of several Raft groups): --config node.toml"),
@@ -137,6 +143,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
     "chaos": (_chaos, "fault-injection runs (`chaos run`) and history checks (`chaos check`)"),
+    "audit": (_audit, "reconcile a chaos history with a full read of the cluster, on Spark"),
 }
 
 

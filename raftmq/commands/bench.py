@@ -54,6 +54,12 @@ def _txn(argv: list[str]) -> int:
     return txn_main(argv)
 
 
+def _spark(argv: list[str]) -> int:
+    from bench.spark import main as spark_main
+
+    return spark_main(argv)
+
+
 # Each benchmark is imported only when run: they pull in the cluster harness and rich.
 BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "produce": (_produce, "produce throughput and ack latency (SDK Producer, real nodes)"),
@@ -62,6 +68,7 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "topics": (_topics, "produce throughput over 1 ... 10,000 topics, and creation time"),
     "failover": (_failover, "kill -9 a group leader under load: time until acks resume"),
     "txn": (_txn, "transactions (10/100 msgs, 1/3 groups) and half messages vs plain sends"),
+    "spark": (_spark, "PySpark `raftmq` source: batch and streaming read rows/s"),
 }
 
 
