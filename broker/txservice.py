@@ -235,8 +235,11 @@ class TxService:
             raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
                                f"groups, not {len(groups)}")
         g = self._coordinating(h, tid)
-        txn = coordinator(self.svc._leading(g)).txn(tid)
-        if txn is not None and txn.state in UNFINISHED:  # the previous one is completing
+        coord = coordinator(self.svc._leading(g))
+        txn = coord.txn(tid)
+        if txn is not None and txn.state in UNFINISHED and tid in coord.completing:
+            # two earlier transactions still completing: the older must finish first
+            # (one previous transaction may complete while the next one runs)
             await self._finish(g.group_id, tid)
         await self._propose(g, {"op": "tx_add", "tid": tid, "epoch": epoch, "n": n,
                                 "groups": groups, "ts": now_ms()})
@@ -276,9 +279,17 @@ class TxService:
         tid = _tid(h)
         epoch, n = _count(h, "epoch"), _count(h, "n")
         commit = _field(h, "commit", bool)
+        # the groups the client sent to: participants whether or not a TX_ADD named them
+        groups = sorted({self._known_group(x) for x in _field(h, "groups", list, [])})
+        if len(groups) > MAX_PARTICIPANTS:
+            raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
+                               f"groups, not {len(groups)}")
         g = self._coordinating(h, tid)
-        result = await self._propose(g, {"op": "tx_end", "tid": tid, "epoch": epoch, "n": n,
-                                         "commit": commit, "ts": now_ms(), "reason": "client"})
+        record = {"op": "tx_end", "tid": tid, "epoch": epoch, "n": n, "commit": commit,
+                  "ts": now_ms(), "reason": "client"}
+        if groups:
+            record["groups"] = groups
+        result = await self._propose(g, record)
         if self.node.crash_before_answer and h.get("test_exit") is True:
             # Deliberately (tests only, on request): die once the decision is committed,
             # before any marker is sent, so a new leader must finish the transaction.
@@ -298,8 +309,8 @@ class TxService:
 
     def _end_state(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool) -> str:
         """Where transaction (epoch, n) of `tid` stands after its decision `commit`."""
-        txn = coordinator(self.svc._leading(g)).txn(tid)
-        if txn is not None and (txn.epoch, txn.n) == (epoch, n):
+        txn = coordinator(self.svc._leading(g)).find(tid, epoch, n)
+        if txn is not None:
             return str(txn.state)
         # moved on since (a new transaction began): this one was completed
         return "complete_commit" if commit else "complete_abort"
@@ -328,12 +339,18 @@ class TxService:
         """`tid` as its coordinator `g` (led here) knows it, after a read barrier: a
         participant resolving an orphan must not act on a deposed leader's view."""
         await self.svc._read_barrier(g)
-        txn = coordinator(self.svc._leading(g)).txn(tid)
+        coord = coordinator(self.svc._leading(g))
+        txn = coord.txn(tid)
         if txn is None:
             return {"epoch": -1, "n": -1, "state": "empty", "participants": [],
-                    "timeout_ms": 0}
+                    "timeout_ms": 0, "unfinished": []}
+        # earlier transactions still writing their markers: a participant holding their
+        # data must wait for those markers, not take the moved-on id for an abort
+        earlier = [[t.epoch, t.n, t.state] for t in (coord.completing.get(tid),
+                                                     coord.fenced.get(tid)) if t is not None]
         return {"epoch": txn.epoch, "n": txn.n, "state": txn.state,
-                "participants": list(txn.participants), "timeout_ms": txn.timeout_ms}
+                "participants": list(txn.participants), "timeout_ms": txn.timeout_ms,
+                "unfinished": earlier}
 
     # ------------------------------------------------------------------ RocketMQ's model
 

@@ -353,6 +353,8 @@ class TxTasks:
         cg = coordinator_group(tid, self.group_ids)
         h = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
         ce, cn, st = h["epoch"], h["n"], h["state"]
+        if any(list(u[:2]) == [epoch, n] for u in h.get("unfinished") or ()):
+            return  # decided, its markers still going out: they will come
         if (ce, cn) == (epoch, n):
             if st not in ("complete_commit", "complete_abort"):
                 return  # still open or completing: its markers will come

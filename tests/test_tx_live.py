@@ -257,6 +257,40 @@ def test_orphaned_prepared_data_is_resolved_by_asking_the_coordinator(live: Live
     assert live.bodies(topic, 2) == []
 
 
+def test_tx_end_names_groups_never_registered(live: Live) -> None:
+    """A client sends beside its TX_ADD, not after it: TX_END names every group it sent
+    to, and the decision reaches each, registered or not, at once (no orphan wait)."""
+    topic = live.new_topic("tx-named")
+    tid = new_tid("named")
+    c = coord(tid)
+    epoch = live.ask(c, Op.TX_INIT, tid=tid, timeout_ms=60_000)["epoch"]
+    # g1 gets its data before any TX_ADD applied; g0 is registered only afterwards
+    live.produce(topic, 1, [b"early-1"], tx=(tid, epoch, 0))
+    live.ask(c, Op.TX_ADD, tid=tid, epoch=epoch, n=0, groups=["g0"])
+    live.produce(topic, 0, [b"late-0"], tx=(tid, epoch, 0))
+    end = live.ask(c, Op.TX_END, tid=tid, epoch=epoch, n=0, commit=True, groups=["g1", "g0"])
+    assert end["state"] == "complete_commit"
+    assert live.bodies(topic, 0) == [b"late-0"] and live.bodies(topic, 1) == [b"early-1"]
+    st = live.ask(c, Op.TX_STATUS, tid=tid)
+    assert (st["n"], st["participants"]) == (0, ["g0", "g1"])
+    # transaction 1 never gets a TX_ADD at all: its TX_END starts and aborts it, with
+    # abort markers to the group it names
+    live.produce(topic, 2, [b"aborted-2"], tx=(tid, epoch, 1))
+    end = live.ask(c, Op.TX_END, tid=tid, epoch=epoch, n=1, commit=False, groups=["g2"])
+    assert end["state"] == "complete_abort"
+    st = live.ask(c, Op.TX_STATUS, tid=tid)
+    assert (st["n"], st["state"], st["participants"]) == (1, "complete_abort", ["g2"])
+    [row] = [d for d in live.ask("g2", Op.TX_LIST, tx=tid)["decided"] if d["n"] == 1]
+    assert row["commit"] is False
+    assert live.bodies(topic, 2) == []
+    # bad groups in TX_END are refused before anything is decided
+    refused(Code.UNKNOWN_GROUP, live.ask, c, Op.TX_END, tid=tid, epoch=epoch, n=2,
+            commit=True, groups=["g9"])
+    refused(Code.MALFORMED, live.ask, c, Op.TX_END, tid=tid, epoch=epoch, n=2,
+            commit=True, groups="g0")
+    assert live.ask(c, Op.TX_STATUS, tid=tid)["n"] == 1
+
+
 # ---------------------------------------------------------------------- RocketMQ's model
 
 

@@ -59,8 +59,7 @@ def test_a_transaction_from_add_to_complete() -> None:
     # the same decision again is a duplicate; the other one is refused
     assert ctl(r, TxEnd("tid", 0, 0, True, 51, "client")).dup
     refused(r, TxEnd("tid", 0, 0, False, 52, "client").encode(), Code.TX_DECIDED)
-    # no new transaction or init while markers go out
-    refused(r, TxAdd("tid", 0, 1, ("g1",), 53).encode(), Code.BUSY)
+    # no init while markers go out (the next transaction may start: see below)
     refused(r, TxInit("tid", 60_000, 53).encode(), Code.BUSY)
     assert ctl(r, TxComplete("tid", 0, 0)) == ControlResult("tx_complete", 1)
     assert ctl(r, TxComplete("tid", 0, 0)).dup
@@ -73,6 +72,66 @@ def test_a_transaction_from_add_to_complete() -> None:
     refused(r, TxAdd("tid", 0, 2, ("g1",), 61).encode(), Code.TX_UNKNOWN)
     assert ctl(r, TxAdd("tid", 0, 1, ("g1",), 62)).applied == 1
     assert state(r).n == 1
+
+
+def test_the_next_transaction_starts_while_markers_go_out() -> None:
+    r = Replica()
+    ctl(r, TxInit("tid", 60_000, 0))
+    ctl(r, TxAdd("tid", 0, 0, ("g1", "g2"), 1))
+    ctl(r, TxEnd("tid", 0, 0, True, 2, "client"))
+    first = state(r)
+    # n + 1 starts; n is kept aside until its tx_complete, still a duty of the leader
+    assert ctl(r, TxAdd("tid", 0, 1, ("g3",), 3)).applied == 1
+    t = state(r)
+    assert (t.n, t.state, t.participants) == (1, "ongoing", ("g3",))
+    assert r.state.txcoord.unfinished() == [first]
+    assert r.state.txcoord.find("tid", 0, 0) == first
+    # its decision stays as it was
+    assert ctl(r, TxEnd("tid", 0, 0, True, 4, "client")).dup
+    refused(r, TxEnd("tid", 0, 0, False, 4, "client").encode(), Code.TX_DECIDED)
+    # at most one aside: n + 2 waits while both n and n + 1 are still completing
+    ctl(r, TxEnd("tid", 0, 1, False, 5, "client"))
+    refused(r, TxAdd("tid", 0, 2, ("g1",), 6).encode(), Code.BUSY)
+    refused(r, TxEnd("tid", 0, 2, True, 6, "client", ("g1",)).encode(), Code.BUSY)
+    refused(r, TxInit("tid", 60_000, 6).encode(), Code.BUSY)
+    assert [(u.n, u.state) for u in r.state.txcoord.unfinished()] == [
+        (0, "prepare_commit"), (1, "prepare_abort")]
+    # the snapshot keeps the one aside
+    restored = BrokerState.restore("g1", r.state.snapshot())
+    assert restored.txcoord.unfinished() == r.state.txcoord.unfinished()
+    assert ctl(r, TxComplete("tid", 0, 0)).applied == 1
+    assert r.state.txcoord.find("tid", 0, 0) is None
+    assert [(d.n, d.commit) for d in r.state.txcoord.done_ring()] == [(0, True)]
+    assert ctl(r, TxAdd("tid", 0, 2, ("g1",), 7)).applied == 1  # n + 1 moves aside now
+    assert ctl(r, TxComplete("tid", 0, 1)).applied == 1
+    assert r.state.txcoord.unfinished() == [] and state(r).n == 2
+
+
+def test_an_end_names_groups_the_coordinator_never_registered() -> None:
+    r = Replica()
+    ctl(r, TxInit("tid", 60_000, 0))
+    ctl(r, TxAdd("tid", 0, 0, ("g1",), 1))
+    # the decision covers the union of the registered groups and those the client names
+    ctl(r, TxEnd("tid", 0, 0, True, 2, "client", ("g3", "g2")))
+    assert state(r).participants == ("g1", "g2", "g3")
+    ctl(r, TxComplete("tid", 0, 0))
+    # an end of a transaction whose TX_ADD never applied starts and decides it at once,
+    # its markers going to the groups it names
+    assert ctl(r, TxEnd("tid", 0, 1, False, 3, "client", ("g2",))).applied == 1
+    t = state(r)
+    assert (t.n, t.state, t.participants) == (1, "prepare_abort", ("g2",))
+    assert r.state.txcoord.unfinished() == [t]
+    refused(r, TxAdd("tid", 0, 1, ("g1",), 4).encode(), Code.TX_DECIDED)  # a late TX_ADD
+    ctl(r, TxComplete("tid", 0, 1))
+    too_many = [f"g{i}" for i in range(txcoord.MAX_PARTICIPANTS + 1)]
+    refused(r, msgpack.packb({"op": "tx_end", "tid": "tid", "epoch": 0, "n": 2,
+                              "commit": True, "ts": 5, "reason": "client",
+                              "groups": too_many}), Code.TX_LIMIT)
+    # the union counts: registered and named together over the limit is refused too
+    ctl(r, TxAdd("tid", 0, 2, tuple(too_many[:60]), 6))
+    refused(r, TxEnd("tid", 0, 2, True, 7, "client", tuple(too_many[60:])).encode(),
+            Code.TX_LIMIT)
+    assert state(r).state == "ongoing"
 
 
 def test_an_end_without_participants_completes_at_once() -> None:
@@ -160,6 +219,7 @@ def test_too_many_groups_in_one_record_is_a_limit() -> None:
 
 @pytest.mark.parametrize("rec", [
     TxInit("a", 5, 6), TxAdd("a", 1, 2, ("g1", "g2"), 3), TxEnd("a", 1, 2, False, 3, "timeout"),
+    TxEnd("a", 1, 2, True, 3, "client", ("g1", "g2")),
     TxComplete("a", 1, 2),
 ])
 def test_records_round_trip(rec: Any) -> None:

@@ -11,7 +11,12 @@ leader finds the same in its log.
 States of a transactional id's current transaction: "empty" (initialised, none started),
 "ongoing", "prepare_commit" / "prepare_abort" (decided, markers not all applied),
 "complete_commit" / "complete_abort". A transaction fenced by a later `tx_init` is kept
-apart (`fenced`) until its abort markers are applied. Finished transactions enter the
+apart (`fenced`) until its abort markers are applied; so is a decided transaction whose
+markers are still going out when the next one of the same epoch starts (`completing`: at
+most one per id, so transaction n + 1 runs while n's markers and tx_complete are written;
+markers name (tid, epoch, n), so they never touch n + 1). A `tx_end` may name the groups
+the client sent to (`groups`): the decision's participants are their union with the
+registered ones, so a group sent to before its `tx_add` applied still gets its marker. Finished transactions enter the
 `done` ring of the last `DONE` for `tx list/show`.
 
 Every record is validated before anything changes. The test mutation `no-fencing`
@@ -22,6 +27,7 @@ Snapshot section, version 1::
     {"txns": [[tid, epoch, n, state, [participants], started_ms, timeout_ms, decided_ms,
                reason]...],                       (sorted by tid)
      "fenced": [... the same ...],               (sorted by tid)
+     "completing": [... the same ...],           (sorted by tid; absent when none)
      "done": [[tid, epoch, n, commit, reason, [participants], decided_ms]...]} (oldest first)
 """
 
@@ -71,6 +77,15 @@ _DECIDED = ("prepare_commit", "prepare_abort", "complete_commit", "complete_abor
 # ---------------------------------------------------------------------- records
 
 
+def _groups_field(groups: object) -> None:
+    if not isinstance(groups, tuple):
+        raise Refused(Code.MALFORMED, "groups must be a list of group ids")
+    if len(groups) > MAX_PARTICIPANTS:
+        raise Refused(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} groups")
+    for g in groups:
+        name_field(validate_group_name, g)
+
+
 @dataclass(frozen=True, slots=True)
 class TxInit(ControlRecord):
     """A producer (re)starts with transactional id `tid`: its epoch goes up by one (the
@@ -108,13 +123,7 @@ class TxAdd(ControlRecord):
     def validate(self) -> None:
         tid_field("tid", self.tid)
         epoch_fields(self.epoch, self.n)
-        if not isinstance(self.groups, tuple):
-            raise Refused(Code.MALFORMED, "groups must be a list of group ids")
-        if len(self.groups) > MAX_PARTICIPANTS:
-            raise Refused(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
-                                         f"groups")
-        for g in self.groups:
-            name_field(validate_group_name, g)
+        _groups_field(self.groups)
         int_field("ts", self.ts, 0, MAX_MS)
 
     def to_map(self) -> dict[str, Any]:
@@ -142,6 +151,7 @@ class TxEnd(ControlRecord):
     commit: bool
     ts: int
     reason: str
+    groups: tuple[str, ...] = ()  # groups the client sent to: participants too
 
     def validate(self) -> None:
         tid_field("tid", self.tid)
@@ -151,15 +161,22 @@ class TxEnd(ControlRecord):
         if self.reason not in END_REASONS:
             raise Refused(Code.MALFORMED, f"reason must be one of {', '.join(END_REASONS)}, "
                                           f"got {self.reason!r}")
+        _groups_field(self.groups)
 
     def to_map(self) -> dict[str, Any]:
-        return {"tid": self.tid, "epoch": self.epoch, "n": self.n, "commit": self.commit,
-                "ts": self.ts, "reason": self.reason}
+        m = {"tid": self.tid, "epoch": self.epoch, "n": self.n, "commit": self.commit,
+             "ts": self.ts, "reason": self.reason}
+        if self.groups:  # absent when empty: the bytes of a record without it are unchanged
+            m["groups"] = list(self.groups)
+        return m
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> TxEnd:
+        groups = d.get("groups", ())
+        if isinstance(groups, list):
+            groups = tuple(groups)
         return cls(d.get("tid"), d.get("epoch"), d.get("n"), d.get("commit"),  # type: ignore[arg-type]
-                   d.get("ts"), d.get("reason"))  # type: ignore[arg-type]
+                   d.get("ts"), d.get("reason"), groups)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +264,9 @@ class TxCoordinator(Part):
         self.no_fencing = "no-fencing" in getattr(state, "mutations", frozenset())
         self.txns: dict[str, TxnState] = {}
         self.fenced: dict[str, TxnState] = {}  # prepare_abort of an older epoch
+        # the previous transaction of the same epoch, decided, its markers still going out
+        # while the next one runs (markers name (tid, epoch, n): they cannot touch it)
+        self.completing: dict[str, TxnState] = {}
         self.done: deque[DoneTxn] = deque()
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
@@ -257,8 +277,8 @@ class TxCoordinator(Part):
 
     def _init(self, rec: TxInit, index: int) -> ControlResult:
         cur = self.txns.get(rec.tid)
-        if rec.tid in self.fenced or (cur is not None and cur.state in (
-                "prepare_commit", "prepare_abort")):
+        if rec.tid in self.fenced or rec.tid in self.completing or (
+                cur is not None and cur.state in ("prepare_commit", "prepare_abort")):
             raise Refused(Code.BUSY, "previous transaction still completing")
         epoch = 0 if cur is None else cur.epoch + 1
         if cur is not None and cur.state == "ongoing":
@@ -285,10 +305,23 @@ class TxCoordinator(Part):
         return cur
 
     def _expects(self, cur: TxnState, n: int) -> bool:
-        """Whether transaction `n` may start now (the next number, nothing open)."""
+        """Whether transaction `n` may start now: the next number, nothing open, and at
+        most one decided transaction of the epoch still writing its markers (it moves
+        aside, to `completing`, when `n` starts)."""
         if cur.state == "empty":
             return n == 0
-        return cur.state in ("complete_commit", "complete_abort") and n == cur.n + 1
+        if n != cur.n + 1:
+            return False
+        if cur.state in ("prepare_commit", "prepare_abort"):
+            return cur.tid not in self.completing
+        return cur.state in ("complete_commit", "complete_abort")
+
+    def _start(self, cur: TxnState, n: int, parts: tuple[str, ...], ts: int) -> TxnState:
+        """Transaction `n` starts (`_expects` said it may); a predecessor still writing
+        its markers is kept in `completing` until its tx_complete."""
+        if cur.state in ("prepare_commit", "prepare_abort"):
+            self.completing[cur.tid] = cur
+        return TxnState(cur.tid, cur.epoch, n, "ongoing", parts, ts, cur.timeout_ms, 0, "")
 
     def _add(self, rec: TxAdd, index: int) -> ControlResult:
         cur = self._current(rec.tid, rec.epoch)
@@ -302,8 +335,7 @@ class TxCoordinator(Part):
             return ControlResult(TxAdd.op, added, dup=not added)
         if self._expects(cur, rec.n):
             parts = tuple(sorted(set(rec.groups)))
-            self.txns[rec.tid] = TxnState(rec.tid, cur.epoch, rec.n, "ongoing", parts, rec.ts,
-                                          cur.timeout_ms, 0, "")
+            self.txns[rec.tid] = self._start(cur, rec.n, parts, rec.ts)
             return ControlResult(TxAdd.op, len(parts))
         self._refuse_other(cur, rec.n)
         raise AssertionError("unreachable")
@@ -313,30 +345,40 @@ class TxCoordinator(Part):
         if n == cur.n and cur.decided:
             raise Refused(Code.TX_DECIDED, f"transaction {n} of {cur.tid!r} was already "
                                            f"{'committed' if cur.commit else 'aborted'}")
-        if cur.state in ("prepare_commit", "prepare_abort") and n == cur.n + 1:
+        if n == cur.n + 1 and (cur.state in ("prepare_commit", "prepare_abort")
+                               or cur.tid in self.completing):
             raise Refused(Code.BUSY, "previous transaction still completing")
         raise Refused(Code.TX_UNKNOWN, f"transaction {n} of {cur.tid!r} is not open "
                                        f"(current: {cur.n}, {cur.state})")
 
     def _end(self, rec: TxEnd, index: int) -> ControlResult:
         cur = self._current(rec.tid, rec.epoch)
+        # the decision names every group the client says it sent to, registered or not
+        parts = tuple(sorted(set(rec.groups) | set(cur.participants if cur.n == rec.n
+                                                  else ())))
+        if len(parts) > MAX_PARTICIPANTS:
+            raise Refused(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
+                                         f"groups")
         if cur.state == "ongoing" and rec.n == cur.n:
             decided = replace(cur, state="prepare_commit" if rec.commit else "prepare_abort",
-                              decided_ms=rec.ts, reason=rec.reason)
-            if not cur.participants:
+                              decided_ms=rec.ts, reason=rec.reason, participants=parts)
+            if not parts:
                 decided = self._finish(decided)
             self.txns[rec.tid] = decided
             return ControlResult(TxEnd.op, 1)
+        aside = self.completing.get(rec.tid)
+        if aside is not None and aside.n == rec.n:
+            cur = aside  # decided, its markers still going out: a retried end
         if rec.n == cur.n and cur.decided:
             if cur.commit == rec.commit:
                 return ControlResult(TxEnd.op, dup=True)
             raise Refused(Code.TX_DECIDED, f"transaction {rec.n} of {rec.tid!r} was already "
                                            f"{'committed' if cur.commit else 'aborted'}")
-        if self._expects(cur, rec.n):  # nothing was sent in it: decided and done at once
-            empty = TxnState(rec.tid, cur.epoch, rec.n, "ongoing", (), rec.ts, cur.timeout_ms,
-                             rec.ts, rec.reason)
-            self.txns[rec.tid] = self._finish(
-                replace(empty, state="prepare_commit" if rec.commit else "prepare_abort"))
+        if self._expects(cur, rec.n):  # never added: decided at once (done, if nothing sent)
+            started = self._start(cur, rec.n, parts, rec.ts)
+            decided = replace(started, state="prepare_commit" if rec.commit else
+                              "prepare_abort", decided_ms=rec.ts, reason=rec.reason)
+            self.txns[rec.tid] = self._finish(decided) if not parts else decided
             return ControlResult(TxEnd.op, 1)
         self._refuse_other(cur, rec.n)
         raise AssertionError("unreachable")
@@ -347,11 +389,12 @@ class TxCoordinator(Part):
                 and cur.state in ("prepare_commit", "prepare_abort")):
             self.txns[rec.tid] = self._finish(cur)
             return ControlResult(TxComplete.op, 1)
-        old = self.fenced.get(rec.tid)
-        if old is not None and (old.epoch, old.n) == (rec.epoch, rec.n):
-            del self.fenced[rec.tid]
-            self._finish(old)
-            return ControlResult(TxComplete.op, 1)
+        for aside in (self.fenced, self.completing):
+            old = aside.get(rec.tid)
+            if old is not None and (old.epoch, old.n) == (rec.epoch, rec.n):
+                del aside[rec.tid]
+                self._finish(old)
+                return ControlResult(TxComplete.op, 1)
         return ControlResult(TxComplete.op, dup=True)  # completed already, or unknown
 
     def _finish(self, t: TxnState) -> TxnState:
@@ -369,11 +412,20 @@ class TxCoordinator(Part):
         """The current transaction (or the initialised epoch) of `tid`."""
         return self.txns.get(tid)
 
+    def find(self, tid: str, epoch: int, n: int) -> TxnState | None:
+        """Transaction (epoch, n) of `tid` while this part still holds it: the current
+        one, or an earlier one still writing its markers (fenced or completing)."""
+        for t in (self.txns.get(tid), self.completing.get(tid), self.fenced.get(tid)):
+            if t is not None and (t.epoch, t.n) == (epoch, n):
+                return t
+        return None
+
     def unfinished(self) -> list[TxnState]:
         """Decided transactions whose markers are not all applied (prepare_*), fenced ones
         included, by tid."""
         out = [t for t in self.txns.values() if t.state in ("prepare_commit", "prepare_abort")]
         out += self.fenced.values()
+        out += self.completing.values()
         return sorted(out, key=lambda t: (t.tid, t.epoch, t.n))
 
     def ongoing(self) -> list[TxnState]:
@@ -391,6 +443,8 @@ class TxCoordinator(Part):
         return {
             "txns": [t.row() for _, t in sorted(self.txns.items())],
             "fenced": [t.row() for _, t in sorted(self.fenced.items())],
+            **({"completing": [t.row() for _, t in sorted(self.completing.items())]}
+               if self.completing else {}),
             "done": [[d.tid, d.epoch, d.n, d.commit, d.reason, list(d.participants),
                       d.decided_ms] for d in self.done],
         }
@@ -406,6 +460,11 @@ class TxCoordinator(Part):
             if t.state != "prepare_abort":
                 raise ValueError(f"fenced transaction of {t.tid!r} in state {t.state!r}")
             self.fenced[t.tid] = t
+        for row in section.get("completing", ()):  # absent: none
+            t = _state_of(row)
+            if t.state not in ("prepare_commit", "prepare_abort"):
+                raise ValueError(f"completing transaction of {t.tid!r} in state {t.state!r}")
+            self.completing[t.tid] = t
         for tid, epoch, n, commit, reason, parts, decided in section["done"]:
             if not isinstance(commit, bool):
                 raise ValueError(f"bad finished transaction of {tid!r}")

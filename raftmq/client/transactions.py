@@ -323,6 +323,7 @@ class Transaction:
         self.n = n
         self.state: TxState = "open"
         self.groups: set[str] = set()  # participants the coordinator knows of
+        self.joined: set[str] = set()  # every group this transaction sent (or will send) to
         self._adding: dict[str, anyio.Event] = {}
         self._wanted: list[str] = []  # groups waiting for the next TX_ADD
         self._adder = False  # a task is sending TX_ADDs for the waiting groups
@@ -344,10 +345,25 @@ class Transaction:
                 Code.TX_DECIDED,
                 f"transaction {self.n} of {self.tid!r} is {self.state}: begin a new one")
 
-    async def _join(self, group: str) -> None:
-        """Make sure the coordinator lists `group` as a participant before anything of
-        this transaction is sent there. Groups asked for at about the same time (sends
-        started together) go in one TX_ADD: one entry in the coordinator's log."""
+    async def _join(self, group: str, *, wait: bool = True) -> None:
+        """Have the coordinator list `group` as a participant. Groups asked for at about
+        the same time (sends started together) go in one TX_ADD: one entry in the
+        coordinator's log. With `wait=False` (sends) the TX_ADD goes out beside the send
+        instead of before it: `commit` waits for it, and TX_END names every group sent to
+        anyway, so the decision reaches a group whose TX_ADD did not apply (data of a
+        client that dies before TX_END is resolved by the group's orphan check)."""
+        self.joined.add(group)
+        self._added_any = True
+        if not wait:
+            if group not in self.groups and group not in self._adding:
+                self._adding[group] = anyio.Event()
+                self._wanted.append(group)
+                if not self._adder:
+                    tg = self.producer._tg
+                    assert tg is not None
+                    self._adder = True
+                    tg.start_soon(self._add_in_background)
+            return
         while group not in self.groups:
             event = self._adding.get(group)
             if event is None:
@@ -361,6 +377,18 @@ class Transaction:
                 raise TransactionError(Code.TX_UNKNOWN, f"adding group {group} to the "
                                        f"transaction failed: {self._error}")
 
+    async def _add_in_background(self) -> None:
+        """`_add_wanted` beside the sends: a failure is kept for `commit` to see."""
+        try:
+            await self._add_wanted()
+        except Exception:  # noqa: BLE001 - kept in self._error by _add_wanted
+            pass
+
+    async def _added(self) -> None:
+        """Wait until no TX_ADD of this transaction is in flight."""
+        while self._adding:
+            await next(iter(self._adding.values())).wait()
+
     async def _add_wanted(self) -> None:
         """Send TX_ADD for every group waiting to join, until none is."""
         self._adder = True
@@ -369,7 +397,6 @@ class Transaction:
             while self._wanted:
                 groups, self._wanted = sorted(set(self._wanted)), []
                 try:
-                    self._added_any = True
                     await self.owner.call(Op.TX_ADD, {"epoch": self.epoch, "n": self.n,
                                                       "groups": groups})
                     self.groups.update(groups)
@@ -416,7 +443,7 @@ class Transaction:
         msg = as_payload(message, key=key, tags=tags, properties=properties)
         check_message(msg, p.max_message_bytes)
         route, q, _ = await p._choose_queue(topic, msg, queue)
-        await self._join(route.group_of(q) or await self._group_of(topic, q))
+        await self._join(route.group_of(q) or await self._group_of(topic, q), wait=False)
         self._check_open()
         fut: SendFuture[SendResult] = SendFuture()
         self._futures.append(fut)
@@ -459,7 +486,7 @@ class Transaction:
         for m in msgs:
             check_message(m, p.max_message_bytes)
         route, q, _ = await p._choose_queue(topic, msgs[0], queue)
-        await self._join(route.group_of(q) or await self._group_of(topic, q))
+        await self._join(route.group_of(q) or await self._group_of(topic, q), wait=False)
         self._check_open()
         futs: list[SendFuture[list[SendResult]]] = []
         for chunk, size in p._chunks(msgs):
@@ -509,8 +536,8 @@ class Transaction:
                 raise err from exc
 
     async def _settle(self) -> BaseException | None:
-        """Wait for every send of the transaction; the first failure, if any."""
-        first: BaseException | None = self._error
+        """Wait for every send and TX_ADD of the transaction; the first failure, if any."""
+        first: BaseException | None = None
         for fut in self._futures:
             try:
                 await fut
@@ -518,11 +545,13 @@ class Transaction:
                 if isinstance(exc, RequestError):
                     exc = self.owner.failed(exc)
                 first = first or exc
-        return first
+        await self._added()
+        return self._error or first
 
     async def _end(self, commit: bool) -> str:
         frame = await self.owner.call(Op.TX_END, {"epoch": self.epoch, "n": self.n,
-                                                  "commit": commit})
+                                                  "commit": commit,
+                                                  "groups": sorted(self.joined)})
         return str(frame.header.get("state", ""))
 
     async def commit(self) -> None:
