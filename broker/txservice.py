@@ -33,7 +33,7 @@ import trio
 
 from broker.parts.base import ControlResult, pack
 from broker.parts.txcoord import TxCoordinator
-from broker.parts.txpart import TxParticipant
+from broker.parts.txpart import MAX_MARKERS, TxParticipant
 from broker.producer_groups import ProducerRegistry
 from broker.protocol import (
     Code,
@@ -316,6 +316,11 @@ class TxService:
         return "complete_commit" if commit else "complete_abort"
 
     async def _marker(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        if "markers" in h:  # several transactions' markers for this group: one entry
+            g = self.svc._group(h.get("g"))
+            self.svc._leading(g)
+            result = await self.markers(g, parse_markers(h.get("markers")))
+            return ok_header(0, dup=result.dup), b""
         tid = _tid(h)
         epoch, n, fence = _count(h, "epoch"), _count(h, "n"), _count(h, "fence")
         commit = _field(h, "commit", bool)
@@ -323,6 +328,11 @@ class TxService:
         self.svc._leading(g)
         result = await self.marker(g, tid, epoch, n, commit, fence)
         return ok_header(0, dup=result.dup), b""
+
+    async def markers(self, g: GroupRuntime, markers: list[list[Any]]) -> ControlResult:
+        """Apply several decisions ([tid, epoch, n, commit, fence] each) in participant
+        `g` (led here) as one entry."""
+        return await self._propose(g, {"op": "tx_markers", "markers": markers})
 
     async def marker(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool,
                      fence: int) -> ControlResult:
@@ -439,6 +449,21 @@ class TxService:
         if participant(state).pending_offsets(cg, topic, queue):
             raise RequestError(Code.TX_PENDING, f"offsets of {cg} on {topic}/{queue} are part "
                                "of a transaction not decided yet; ask again shortly")
+
+
+def parse_markers(raw: object) -> list[list[Any]]:
+    """A TX_MARKER request's `markers`: [[tid, epoch, n, commit, fence], ...], checked."""
+    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MARKERS:
+        raise RequestError(Code.MALFORMED, f"markers must list 1..{MAX_MARKERS} markers")
+    out = []
+    for item in raw:
+        if not isinstance(item, list) or len(item) != 5:
+            raise RequestError(Code.MALFORMED, "markers must be [[tid, epoch, n, commit, "
+                               "fence], ...]")
+        m = dict(zip(("tid", "epoch", "n", "commit", "fence"), item, strict=True))
+        out.append([_tid(m), _count(m, "epoch"), _count(m, "n"), _field(m, "commit", bool),
+                    _count(m, "fence")])
+    return out
 
 
 def _is_int(v: object) -> bool:

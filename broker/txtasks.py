@@ -42,6 +42,7 @@ import trio
 
 from broker.config import NodeConfig
 from broker.groups import GroupRegistry
+from broker.parts.txpart import MAX_MARKERS
 from broker.peer_rpc import PeerRPC
 from broker.protocol import Code, Op, RequestError
 from broker.txn import coordinator_group
@@ -58,6 +59,18 @@ CHECK_TIMEOUT_S = 3.0
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 1.0
 _LOST = (NotLeader, ProposalDropped, ProposalLost)
+
+
+class _Outgoing:
+    """A marker ([tid, epoch, n, commit, fence]) waiting to go to a participant; `done`
+    is set once it is applied there, or no longer needs to be (`still` says False)."""
+
+    __slots__ = ("done", "marker", "still")
+
+    def __init__(self, marker: list[Any], still: Callable[[], bool]) -> None:
+        self.marker = marker
+        self.still = still
+        self.done = trio.Event()
 
 
 class TxHost(Protocol):
@@ -85,6 +98,8 @@ class TxTasks:
         # TX_END, answered before the transaction is logged complete)
         self._delivered: dict[Hashable, trio.Event] = {}
         self._leader_hint: dict[str, int] = {}  # group -> node believed to lead it
+        self._outbox: dict[str, list[_Outgoing]] = {}  # participant -> markers to send
+        self._senders: set[str] = set()  # participants a `_send_markers` task serves
         self._wake = trio.Event()
 
     @property
@@ -256,19 +271,61 @@ class TxTasks:
     async def _deliver(self, pgid: str, header: dict[str, Any],
                        still: Callable[[], bool]) -> None:
         """Get the marker applied in participant `pgid`, retrying until it is (or this
-        node stops leading the coordinator, or the markers are all written)."""
+        node stops leading the coordinator, or the markers are all written). Markers
+        for one group wait in its outbox while a request to it is in flight, and the
+        next request takes them all: one entry there for many transactions."""
+        item = _Outgoing([header["tid"], header["epoch"], header["n"], header["commit"],
+                          header["fence"]], still)
+        self._outbox.setdefault(pgid, []).append(item)
+        if pgid not in self._senders:
+            assert self._nursery is not None
+            self._senders.add(pgid)
+            self._nursery.start_soon(self._send_markers, pgid)
+        await item.done.wait()
+
+    async def _send_markers(self, pgid: str) -> None:
+        """Empty `pgid`'s outbox, a request (up to MAX_MARKERS markers) at a time."""
         backoff = BACKOFF_MIN_S
-        while still():
-            try:
-                await self.call_group(pgid, {**header, "g": pgid})
-                return
-            except RequestError as exc:
-                if exc.code not in (Code.NOT_LEADER, Code.TIMEOUT, Code.UNAVAILABLE,
-                                    Code.CONNECTION_LOST, Code.BUSY, Code.PROPOSAL_DROPPED):
-                    log.warning("transaction marker refused", extra={"fields": {
-                        "group": pgid, "tid": header["tid"], "error": str(exc)}})
-            await trio.sleep(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+        box = self._outbox.setdefault(pgid, [])
+        try:
+            while box:
+                taken, box[:MAX_MARKERS] = box[:MAX_MARKERS], []
+                batch = []
+                for item in taken:
+                    if item.still():
+                        batch.append(item)
+                    else:  # nothing more to do here for it (finished, or not leading)
+                        item.done.set()
+                if not batch:
+                    continue
+                if len(batch) == 1:
+                    tid, epoch, n, commit, fence = batch[0].marker
+                    header = {"op": int(Op.TX_MARKER), "g": pgid, "tid": tid, "epoch": epoch,
+                              "n": n, "commit": commit, "fence": fence}
+                else:
+                    header = {"op": int(Op.TX_MARKER), "g": pgid,
+                              "markers": [item.marker for item in batch]}
+                try:
+                    await self.call_group(pgid, header)
+                except RequestError as exc:
+                    if exc.code not in (Code.NOT_LEADER, Code.TIMEOUT, Code.UNAVAILABLE,
+                                        Code.CONNECTION_LOST, Code.BUSY,
+                                        Code.PROPOSAL_DROPPED):
+                        log.warning("transaction markers refused", extra={"fields": {
+                            "group": pgid, "tids": sorted({i.marker[0] for i in batch}),
+                            "error": str(exc)}})
+                    box[:0] = batch  # again, first, with whatever came meanwhile
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+                    continue
+                backoff = BACKOFF_MIN_S
+                for item in batch:
+                    item.done.set()
+        finally:
+            self._senders.discard(pgid)
+            for item in box:  # stopped (the node shuts down): nobody waits in vain
+                item.done.set()
+            box.clear()
 
     async def _time_out(self, gid: str, tid: str, epoch: int, n: int) -> None:
         txn = coordinator(self._leading(gid)).txn(tid)
@@ -336,6 +393,9 @@ class TxTasks:
     async def _local(self, gid: str, h: dict[str, Any]) -> dict[str, Any]:
         g = self.groups[gid]
         try:
+            if h["op"] == Op.TX_MARKER and "markers" in h:
+                r = await self.tx.markers(g, h["markers"])
+                return {"code": 0, "dup": r.dup}
             if h["op"] == Op.TX_MARKER:
                 r = await self.tx.marker(g, h["tid"], h["epoch"], h["n"], h["commit"],
                                          h["fence"])

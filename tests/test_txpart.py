@@ -10,7 +10,7 @@ import pytest
 
 from broker.parts import txpart
 from broker.parts.base import ControlResult, ErrorResult, ProduceResult, Refused
-from broker.parts.txpart import HalfChecked, HalfEnd, TxMarker, TxOffsets
+from broker.parts.txpart import HalfChecked, HalfEnd, TxMarker, TxMarkers, TxOffsets
 from broker.protocol import Code, RequestError
 from broker.records import (
     STORED_PREFIX,
@@ -195,6 +195,38 @@ def test_prepared_batches_stay_out_of_queues_until_a_commit_marker(r: Replica) -
     assert r.control(TxMarker("tid", 0, 0, False, 0).encode()).dup
     assert sections(r.state) == before
     assert r.bodies("t", 0) == [b"plain", b"a", b"b"]
+
+
+def test_several_markers_in_one_entry_act_as_each_alone() -> None:
+    def run(decide: Any) -> tuple[Replica, Any]:
+        rep = Replica()
+        rep.control(control_create_topic("t", 2, [0, 1]))
+        rep.batch("t", 0, [b"a"], tx=("x", 0, 0))
+        rep.batch("t", 0, [b"b"], tx=("y", 0, 4))
+        rep.batch("t", 1, [b"c"], tx=("x", 0, 1))  # x's next transaction: not decided here
+        return rep, decide(rep)
+
+    ms = (TxMarker("y", 0, 4, True, 0), TxMarker("x", 0, 0, False, 2),
+          TxMarker("z", 0, 0, True, 0))  # z: nothing prepared, the decision is kept
+    one, res = run(lambda rep: rep.control(TxMarkers(ms).encode()))
+    alone, _ = run(lambda rep: [rep.control(m.encode()) for m in ms])
+    assert res == ControlResult("tx_markers", 1)
+    # the same state, but for the Raft index each decision names (one entry, or three)
+    a, b = one.state.txpart.section(), alone.state.txpart.section()
+    assert [d[:3] + d[4:] for d in a.pop("decided")] == [d[:3] + d[4:] for d in b.pop("decided")]
+    assert a == b
+    assert [one.bodies("t", q) for q in (0, 1)] == [alone.bodies("t", q) for q in (0, 1)]
+    assert one.bodies("t", 0) == [b"b"] and one.bodies("t", 1) == []
+    assert [k[:3] for k in one.state.txpart.pending_kafka()] == [("x", 0, 1)]
+    assert one.state.txpart.fence("x") == 2
+    assert one.control(TxMarkers(ms[:2]).encode()).dup  # retried: nothing changes
+    # one bad marker refuses them all
+    bad = msgpack.packb({"op": "tx_markers", "markers": [
+        ["x", 0, 1, True, 0], ["y", 0, 5, "yes", 0]]})
+    refused(one, EntryType.CONTROL, bad, Code.MALFORMED)
+    refused(one, EntryType.CONTROL, msgpack.packb({"op": "tx_markers", "markers": []}),
+            Code.MALFORMED)
+    assert [k[:3] for k in one.state.txpart.pending_kafka()] == [("x", 0, 1)]
 
 
 def test_a_committed_message_is_found_by_its_id(r: Replica) -> None:
@@ -451,6 +483,7 @@ def test_a_malformed_record_is_refused_and_changes_nothing(
 
 @pytest.mark.parametrize("rec", [
     TxOffsets("a", 1, 2, "cg", (("t", 0, 3),), 4), TxMarker("a", 1, 2, True, 3),
+    TxMarkers((TxMarker("a", 1, 2, True, 3), TxMarker("b", 0, 0, False, 0))),
     HalfEnd("h", False, "operator", ""), HalfChecked("h", 5),
 ])
 def test_records_round_trip(rec: Any) -> None:

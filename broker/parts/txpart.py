@@ -3,7 +3,8 @@
 A MESSAGES batch whose header carries `tx` (a Kafka-style transaction's batch) or `half`
 (a RocketMQ half message) is stored in the CommitLog like any other, but `prepare` only
 remembers where its records lie (topic, queue, Raft index, store time, record refs). A
-later decision in this group, `tx_marker` (Kafka) or `half_end` (RocketMQ), either
+later decision in this group, `tx_marker` (Kafka; `tx_markers` carries several) or
+`half_end` (RocketMQ), either
 appends ConsumeQueue records pointing at those stored refs, in prepare order (commit: no
 copy of the bodies; consumers see them from then on), or forgets them (abort, rollback).
 Prepared consumer offsets (`tx_offsets`, a transaction's send_offsets) are applied
@@ -56,6 +57,7 @@ from broker.txn import TxKey, half_key, kafka_key
 __all__ = [
     "DECISIONS",
     "HALF_SOURCES",
+    "MAX_MARKERS",
     "MAX_OPEN",
     "MAX_TX_BYTES",
     "MAX_TX_MESSAGES",
@@ -66,6 +68,7 @@ __all__ = [
     "Prepared",
     "PreparedBatch",
     "TxMarker",
+    "TxMarkers",
     "TxOffsets",
     "TxParticipant",
 ]
@@ -172,6 +175,43 @@ class TxMarker(ControlRecord):
         if not is_int(epoch):  # report the epoch, not the fence bound it makes
             epoch_fields(epoch, d.get("n"))
         return cls(d.get("tid"), epoch, d.get("n"), d.get("commit"), fence)  # type: ignore[arg-type]
+
+
+MAX_MARKERS = 1024  # markers in one tx_markers record
+
+
+@dataclass(frozen=True, slots=True)
+class TxMarkers(ControlRecord):
+    """Several coordinator decisions for this group in one entry (each as `TxMarker`):
+    what the coordinator's leader had ready for this group at once, so concurrent
+    transactions share one entry and one request. All are valid, or none applies."""
+
+    op: ClassVar[str] = "tx_markers"
+    markers: tuple[TxMarker, ...]
+
+    def validate(self) -> None:
+        if not isinstance(self.markers, tuple) or not 1 <= len(self.markers) <= MAX_MARKERS:
+            raise Refused(Code.MALFORMED, f"markers must list 1..{MAX_MARKERS} markers")
+        for m in self.markers:
+            if not isinstance(m, TxMarker):
+                raise Refused(Code.MALFORMED, "markers must be [tid, epoch, n, commit, fence]")
+
+    def to_map(self) -> dict[str, Any]:
+        return {"markers": [[m.tid, m.epoch, m.n, m.commit, m.fence] for m in self.markers]}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> TxMarkers:
+        raw = d.get("markers")
+        if not isinstance(raw, list):
+            raise Refused(Code.MALFORMED, "markers must be a list")
+        out = []
+        for item in raw:
+            if not isinstance(item, list) or len(item) != 5:
+                raise Refused(Code.MALFORMED, "markers must be [tid, epoch, n, commit, fence]")
+            tid, epoch, n, commit, fence = item
+            out.append(TxMarker.from_map({"tid": tid, "epoch": epoch, "n": n,
+                                          "commit": commit, "fence": fence}))
+        return cls(tuple(out))
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +335,7 @@ class TxParticipant(Part):
 
     name = "txpart"
     version = 1
-    records = (TxOffsets, TxMarker, HalfEnd, HalfChecked)
+    records = (TxOffsets, TxMarker, TxMarkers, HalfEnd, HalfChecked)
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
@@ -311,6 +351,7 @@ class TxParticipant(Part):
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
         return {TxOffsets.op: (TxOffsets, self._offsets),
                 TxMarker.op: (TxMarker, self._marker),
+                TxMarkers.op: (TxMarkers, self._markers),
                 HalfEnd.op: (HalfEnd, self._half_end),
                 HalfChecked.op: (HalfChecked, self._half_checked)}
 
@@ -407,6 +448,14 @@ class TxParticipant(Part):
             return ControlResult(TxMarker.op, dup=True)
         applied, skipped = self._end(key, p, rec.commit, "marker", index)
         return ControlResult(TxMarker.op, applied, skipped)
+
+    def _markers(self, rec: TxMarkers, index: int) -> ControlResult:
+        applied = skipped = 0
+        dup = True
+        for m in rec.markers:  # a marker never refuses once valid: all apply, in order
+            r = self._marker(m, index)
+            applied, skipped, dup = applied + r.applied, skipped + r.skipped, dup and r.dup
+        return ControlResult(TxMarkers.op, applied, skipped, dup)
 
     def _half_end(self, rec: HalfEnd, index: int) -> ControlResult:
         key = half_key(rec.txid)
