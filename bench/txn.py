@@ -5,7 +5,8 @@ or 3 groups (`--spans`; the messages split evenly over one queue of each group, 
 `tx.send_batch` per group, then `commit`), run back to back by each of `--producers`
 transactional producers at once. Reported per case: committed transactions/s,
 messages/s, and commit latency (the `commit()` call: every send acknowledged already,
-then the coordinator's decision and the markers) p50/p99, with the whole transaction's
+then the coordinator's decision and the markers, or only the decision with
+`--no-wait-visible`) p50/p99, with the whole transaction's
 latency beside it; then (`--half-load`, on by default) the same case again with the
 transactions started at half the rate it reached, for the commit latency at half load. Next to each, the same rounds made of plain `send_batch` calls (the
 same messages to the same queues, the calls of a round concurrent): rounds/s, messages/s
@@ -59,7 +60,7 @@ def _split(messages: int, span: int) -> list[int]:
 
 async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: int,
                     producers: int, payload: bytes, tag: str,
-                    rate: float = 0.0) -> dict[str, Any]:
+                    rate: float = 0.0, wait_visible: bool = True) -> dict[str, Any]:
     """`rounds` transactions in all, shared by `producers` transactional producers: as
     fast as they go, or started at `rate` transactions/s (all producers together)."""
     from raftmq.client import Producer
@@ -97,7 +98,7 @@ async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: 
                         for q, n in enumerate(sizes):
                             tg.start_soon(partial(tx.send_batch, topic, [payload] * n, queue=q))
                     t1 = time.perf_counter()
-                    await tx.commit()
+                    await tx.commit(wait_visible=wait_visible)
                 except Exception as exc:  # noqa: BLE001 - counted, the run goes on
                     errors += 1
                     progress(NAME, f"transaction failed: {exc!r}")
@@ -284,7 +285,7 @@ async def drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
         for span in spans:
             progress(NAME, f"{messages} messages over {span} group(s): transactions")
             txn = await _txn_case(namesrv, topic, messages, span, args.txns, args.producers,
-                                  payload, tag)
+                                  payload, tag, wait_visible=args.wait_visible)
             progress(NAME, f"{messages} messages over {span} group(s): send_batch")
             plain = await _batch_case(namesrv, topic, messages, span, args.txns,
                                       args.producers, payload)
@@ -298,10 +299,11 @@ async def drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
                                f"half load ({half}/s)")
                 case["txn_half_load"] = await _txn_case(
                     namesrv, topic, messages, span, args.txns, args.producers, payload, tag,
-                    rate=half)
+                    rate=half, wait_visible=args.wait_visible)
             cases.append(case)
     result: dict[str, Any] = {"benchmark": NAME, "size_bytes": args.size,
-                              "producers": args.producers, "cases": cases}
+                              "producers": args.producers, "wait_visible": args.wait_visible,
+                              "cases": cases}
     if args.halves:
         progress(NAME, f"{args.halves} half messages")
         result["halves"] = await _halves(namesrv, topic, args.halves, args.concurrency,
@@ -352,6 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--half-load", action=argparse.BooleanOptionalAction, default=True,
                    help="run each transaction case again at half the rate it reached, for "
                         "the commit latency at half load (default: on)")
+    p.add_argument("--wait-visible", action=argparse.BooleanOptionalAction, default=True,
+                   help="commit() returns once consumers see the messages (default); "
+                        "--no-wait-visible: once the commit is decided, the markers "
+                        "following (`commit(wait_visible=False)`)")
     p.add_argument("--topic", default="bench-txn")
     add_cluster_args(p)
     return p

@@ -14,7 +14,8 @@ proposed, so bad input gets a precise error and never reaches the log; the state
 (fenced epochs, decided transactions) as a Refused result that changed nothing.
 
 TX_END is answered once the decision is committed and every participant applied its
-marker (driven at once by `broker.txtasks.TxTasks`, not at the next tick; the
+marker (or, when the request says `wait: false`, once the decision is committed: the
+outcome is fixed, the messages become visible a marker round later) (driven at once by `broker.txtasks.TxTasks`, not at the next tick; the
 transaction is logged complete right after, and a TX_ADD or TX_INIT of the same id
 waits for that), or after `END_WAIT_S` with the decision committed and the markers still
 going out: the coordinator's leader finishes them whatever happens to this request.
@@ -82,6 +83,8 @@ class Finisher(Protocol):
     async def finish(self, gid: str, tid: str) -> None: ...
 
     async def markers_applied(self, gid: str, tid: str, epoch: int, n: int) -> bool: ...
+
+    def send_markers(self, gid: str, tid: str, epoch: int, n: int) -> None: ...
 
 
 def coordinator(state: BrokerState) -> TxCoordinator:
@@ -279,6 +282,8 @@ class TxService:
         tid = _tid(h)
         epoch, n = _count(h, "epoch"), _count(h, "n")
         commit = _field(h, "commit", bool)
+        # wait=false: answer once decided (prepare_*), the markers going out meanwhile
+        wait = _field(h, "wait", bool, True)
         # the groups the client sent to: participants whether or not a TX_ADD named them
         groups = sorted({self._known_group(x) for x in _field(h, "groups", list, [])})
         if len(groups) > MAX_PARTICIPANTS:
@@ -296,7 +301,9 @@ class TxService:
             log.critical("crash-before-answer: exiting between a decision and its markers")
             os._exit(CRASH_BEFORE_ANSWER_EXIT)
         state = self._end_state(g, tid, epoch, n, commit)
-        if state in UNFINISHED and self.finisher is not None:
+        if state in UNFINISHED and self.finisher is not None and not wait:
+            self.finisher.send_markers(g.group_id, tid, epoch, n)
+        elif state in UNFINISHED and self.finisher is not None:
             # answered once every participant applied its marker; logging the transaction
             # complete goes on meanwhile (the next TX_ADD or TX_INIT waits for it)
             applied = False

@@ -189,6 +189,12 @@ class TxTasks:
             nursery.start_soon(first_of, done)
         return delivered.is_set()
 
+    def send_markers(self, gid: str, tid: str, epoch: int, n: int) -> None:
+        """Start sending the markers of decided transaction (epoch, n) of `tid` now,
+        without waiting for them (TX_END with wait=false)."""
+        if self._nursery is not None and self._unfinished(gid, tid, epoch, n) is not None:
+            self._finish_job(gid, tid, epoch, n)
+
     def _finish_job(self, gid: str, tid: str, epoch: int, n: int) -> trio.Event:
         return self._spawn(("finish", gid, tid, epoch, n),
                            partial(self._complete, gid, tid, epoch, n))

@@ -112,6 +112,35 @@ def test_a_cross_group_commit_shows_everything_and_an_abort_nothing(
     assert final == [b"after", b"c0", b"c1", b"c2", b"c3", b"c4"]
 
 
+def test_commits_that_do_not_wait_for_visibility_run_back_to_back(
+        cluster: LocalCluster) -> None:
+    """commit(wait_visible=False) returns once decided; the next transactions start while
+    the markers of earlier ones still go out (a third waits for the first), and every
+    committed message becomes visible, none of the aborted one."""
+    ns = cluster.namesrv_addr
+
+    async def main() -> list[bytes]:
+        topic = await make_topic(ns)
+        async with Producer(ns, transactional_id=name("tid")) as p:
+            for k in range(6):
+                tx = await p.begin()
+                for q in range(3):
+                    await tx.send(topic, f"t{k}-{q}", queue=q)
+                if k == 3:
+                    await tx.abort()
+                else:
+                    await tx.commit(wait_visible=False)
+                    assert tx.state == "committed"
+            want = sorted(f"t{k}-{q}".encode() for k in (0, 1, 2, 4, 5) for q in range(3))
+            with anyio.fail_after(DECIDED_TIMEOUT):
+                while (seen := await read_all(ns, topic)) != want:
+                    assert set(seen) <= set(want)  # never a message of the aborted one
+                    await anyio.sleep(0.1)
+        return seen
+
+    assert len(run(main)) == 15
+
+
 def test_sends_started_together_add_their_groups_in_one_request(
         cluster: LocalCluster) -> None:
     ns = cluster.namesrv_addr

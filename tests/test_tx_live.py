@@ -291,6 +291,29 @@ def test_tx_end_names_groups_never_registered(live: Live) -> None:
     assert live.ask(c, Op.TX_STATUS, tid=tid)["n"] == 1
 
 
+def test_tx_end_without_waiting_answers_once_decided(live: Live) -> None:
+    """TX_END wait=false answers prepare_commit as soon as the decision is in the log;
+    the markers follow, the next transaction may start meanwhile."""
+    topic = live.new_topic("tx-nowait")
+    tid = new_tid("nowait")
+    c = coord(tid)
+    epoch = live.ask(c, Op.TX_INIT, tid=tid, timeout_ms=60_000)["epoch"]
+    for n in range(2):
+        live.ask(c, Op.TX_ADD, tid=tid, epoch=epoch, n=n, groups=GROUPS)
+        for q in range(QUEUES):
+            live.produce(topic, q, [f"{n}-{q}".encode()], tx=(tid, epoch, n))
+        end = live.ask(c, Op.TX_END, tid=tid, epoch=epoch, n=n, commit=True, wait=False)
+        assert end["state"] == "prepare_commit"
+    wait_for(lambda: [live.bodies(topic, q) for q in range(QUEUES)] == [
+        [f"0-{q}".encode(), f"1-{q}".encode()] for q in range(QUEUES)], 30,
+        "both transactions visible")
+    wait_for(lambda: live.ask(c, Op.TX_STATUS, tid=tid)["state"] == "complete_commit", 30,
+             "the coordinator logged them complete")
+    assert live.ask(c, Op.TX_STATUS, tid=tid)["unfinished"] == []
+    refused(Code.MALFORMED, live.ask, c, Op.TX_END, tid=tid, epoch=epoch, n=2,
+            commit=True, wait="no")
+
+
 # ---------------------------------------------------------------------- RocketMQ's model
 
 

@@ -548,14 +548,20 @@ class Transaction:
         await self._added()
         return self._error or first
 
-    async def _end(self, commit: bool) -> str:
-        frame = await self.owner.call(Op.TX_END, {"epoch": self.epoch, "n": self.n,
-                                                  "commit": commit,
-                                                  "groups": sorted(self.joined)})
+    async def _end(self, commit: bool, wait: bool = True) -> str:
+        fields: dict[str, Any] = {"epoch": self.epoch, "n": self.n, "commit": commit,
+                                  "groups": sorted(self.joined)}
+        if not wait:
+            fields["wait"] = False
+        frame = await self.owner.call(Op.TX_END, fields)
         return str(frame.header.get("state", ""))
 
-    async def commit(self) -> None:
-        """Wait for every send's acknowledgement, then commit. Raises
+    async def commit(self, *, wait_visible: bool = True) -> None:
+        """Wait for every send's acknowledgement, then commit: on return the messages are
+        visible to consumers, or with `wait_visible=False` the commit is decided (it can no
+        longer fail or be undone) and they become visible a moment later, the coordinator
+        finishing that whatever happens to this producer; the next transaction may start
+        meanwhile. Raises
         `TransactionAbortedError` when the transaction was aborted instead (a send failed:
         the cause is chained; its timeout passed; it was fenced), `ProducerFencedError`
         when a newer producer took the transactional id over."""
@@ -570,7 +576,7 @@ class Transaction:
             self.owner.finished(self, started=False, sure=True)
             return
         try:
-            state = await self._end(True)
+            state = await self._end(True, wait_visible)
         except TransactionError as exc:
             self._fail(exc)
             if exc.code == Code.TX_DECIDED:  # the coordinator aborted it (its timeout)
