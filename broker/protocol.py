@@ -120,15 +120,18 @@ class Op(IntEnum):
     TX_INIT = 60  # (g: coordinator, tid, timeout_ms) -> (epoch); a previous epoch's open
     #   transaction is aborted (fenced) first; NOT_COORDINATOR (coordinator) if g is not
     TX_ADD = 61  # (g: coordinator, tid, epoch, n, groups: [gid...]) -> (): participants
-    #   of transaction n (before the first send to them); starts it
+    #   of transaction n (sent beside the first send to them); starts it
     TX_OFFSETS = 62  # (g: participant hosting those queues, tid, epoch, n, cg,
     #   offsets: [[topic, queue, offset]...]) -> (): consumer offsets committed with it
-    TX_END = 63  # (g: coordinator, tid, epoch, n, commit: bool) -> (state, dup): the
-    #   commit point; state complete_commit|complete_abort once every participant applied
-    #   its marker, or prepare_* when markers still go out after 5 s
-    TX_MARKER = 64  # node to node only: (g: participant, tid, epoch, n, commit, fence) ->
-    #   (dup): the coordinator's decision applied in a participant
-    TX_STATUS = 65  # (g: coordinator, tid) -> (epoch, n, state, participants, timeout_ms)
+    TX_END = 63  # (g: coordinator, tid, epoch, n, commit: bool, groups?: [gid...],
+    #   wait?: bool) -> (state, dup): the commit point; groups (those sent to) join the
+    #   participants; state complete_commit|complete_abort once every participant applied
+    #   its marker, or prepare_* when markers still go out after 5 s (at once: wait=false)
+    TX_MARKER = 64  # node to node only: (g: participant, tid, epoch, n, commit, fence, or
+    #   markers: [[tid, epoch, n, commit, fence]...]) -> (dup): the coordinator's
+    #   decisions applied in a participant
+    TX_STATUS = 65  # (g: coordinator, tid) -> (epoch, n, state, participants, timeout_ms,
+    #   unfinished: [[epoch, n, state]...] earlier transactions still writing markers)
     HALF_END = 66  # (g, txid, commit: bool, pg, source?: client|operator) -> (dup): commit
     #   or roll back a half message
     TX_LIST = 67  # (g?, tx?: a tid or txid, limit?) -> (halves, txns, decided, done, led):
