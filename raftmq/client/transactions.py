@@ -4,8 +4,9 @@ Kafka's model (`Producer(transactional_id=...)`): the producer registers its
 transactional id with the coordinator group (`broker.txn.coordinator_group`, a hash of
 the id over the cluster's groups) and gets an epoch; a later producer with the same id
 gets a higher one, which fences this one. Each transaction is numbered within the epoch
-(0, 1, 2, ...), and (id, epoch, number) names it exactly. Before its first send to a
-group the producer tells the coordinator that the group takes part (TX_ADD); its
+(0, 1, 2, ...), and (id, epoch, number) names it exactly. With its first send to a
+group the producer tells the coordinator that the group takes part (TX_ADD, beside the
+send; TX_END names every group sent to as well, so none is left out); its
 batches carry the transaction in their header (they are idempotent like any batch of an
 idempotent producer) and stay invisible until the decision; `send_offsets` stores
 consumer offsets that apply only with the commit. `commit` waits for every send's
