@@ -246,3 +246,18 @@ def test_snapshot_round_trip_matches_a_straight_run() -> None:
         assert r.state.apply(e) == restored.apply(e)
     assert restored.snapshot() == r.state.snapshot()
     assert restored.txcoord.done_ring() == r.state.txcoord.done_ring()
+
+
+def test_a_version_1_section_still_loads_and_a_later_one_is_refused() -> None:
+    r = Replica()
+    ctl(r, TxInit("a", 60_000, 0))
+    ctl(r, TxAdd("a", 0, 0, ("g1",), 1))
+    snap = msgpack.unpackb(r.state.snapshot(), raw=False)
+    [part] = [p for p in snap["parts"] if p[0] == "txcoord"]
+    assert part[1] == 2 and "completing" not in part[2]
+    part[1] = 1  # as written before `completing` existed
+    restored = BrokerState.restore("g1", msgpack.packb(snap))
+    assert restored.txcoord.txn("a") == r.state.txcoord.txn("a")
+    part[1] = 3
+    with pytest.raises(ValueError, match="txcoord"):
+        BrokerState.restore("g1", msgpack.packb(snap))

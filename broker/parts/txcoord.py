@@ -22,7 +22,7 @@ registered ones, so a group sent to before its `tx_add` applied still gets its m
 Every record is validated before anything changes. The test mutation `no-fencing`
 (the state's `mutations`) makes an older epoch count as the current one.
 
-Snapshot section, version 1::
+Snapshot section, version 2 (version 1, without "completing", still loads)::
 
     {"txns": [[tid, epoch, n, state, [participants], started_ms, timeout_ms, decided_ms,
                reason]...],                       (sorted by tid)
@@ -256,7 +256,7 @@ class TxCoordinator(Part):
     fenced ones still aborting, and the ring of finished ones."""
 
     name = "txcoord"
-    version = 1
+    version = 2
     records = (TxInit, TxAdd, TxEnd, TxComplete)
 
     def __init__(self, state: Any) -> None:
@@ -450,7 +450,7 @@ class TxCoordinator(Part):
         }
 
     def load(self, version: int, section: Any) -> None:
-        if version != 1:
+        if version not in (1, 2):  # 2 added `completing`: a version 1 reader must refuse it
             raise ValueError(f"unsupported txcoord section version {version!r}")
         for row in section["txns"]:
             t = _state_of(row)
