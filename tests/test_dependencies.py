@@ -31,6 +31,7 @@ PACKAGES = ("raftlog", "transport", "broker", "namesrv", "raftmq", "chaos", "ben
 ABOVE_RAFTLOG = ("transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
 CLIENT_MAY_USE = {  # pinned: widen on purpose
     "broker", "broker.protocol", "broker.records", "broker.produce_wire",
+    "broker.txn",  # the coordinator hash client and broker must compute alike
     "transport", "transport.connection", "transport.errors",
 }
 TRANSPORT_MAY_USE = {"broker", "broker.protocol"}  # pinned: widen on purpose
