@@ -52,6 +52,7 @@ __all__ = [
     "ConfigError",
     "GroupConfig",
     "NodeConfig",
+    "check_tls",
     "cluster_configs",
     "dump_config",
     "load_config",
@@ -123,6 +124,13 @@ class NodeConfig:
     # Peers prove they know it before they may send Raft traffic (`transport.peerauth`);
     # the default suits local and test clusters only.
     cluster_secret: str = DEV_CLUSTER_SECRET
+    # TLS on every link (`transport.tls`): this node's certificate and key, and the
+    # cluster CA that signs every node's certificate (PEM files; all three or none). With
+    # them the listener speaks TLS only, peers must present a certificate from the CA
+    # (mutual TLS), and the node dials its peers and name servers over TLS.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
     test_mutations: tuple[str, ...] = ()
     # Host no group at the first start (no `hosted.json` in `data` yet), whatever `groups`
     # says: this node's disk was replaced, or it is new; it hosts the groups it is then
@@ -140,6 +148,11 @@ class NodeConfig:
     def hosted_groups(self) -> tuple[GroupConfig, ...]:
         """The groups this node holds a replica of."""
         return tuple(g for g in self.groups if self.node_id in g.replicas)
+
+    @property
+    def tls(self) -> bool:
+        """Whether every link of this node is TLS."""
+        return bool(self.tls_cert)
 
     @property
     def address(self) -> str:
@@ -375,10 +388,39 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
             d.get("consume_queue_chunk", CHUNK_RECORDS), "consume_queue_chunk", minimum=1
         ),
         cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
+        **_tls_files(d),
         test_mutations=_mutations(d.get("test_mutations", []), env),
         test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
         join=_bool(d.get("join", False), "join"),
     )
+
+
+_TLS_KEYS = ("tls_cert", "tls_key", "tls_ca")
+
+
+def _tls_files(d: Mapping[str, Any]) -> dict[str, str]:
+    """The TLS file keys: all three or none, each a string (checked for use at start)."""
+    files = {k: _str(d.get(k, ""), k) for k in _TLS_KEYS}
+    given = [k for k in _TLS_KEYS if files[k]]
+    if given and len(given) != len(_TLS_KEYS):
+        missing = [k for k in _TLS_KEYS if not files[k]]
+        raise ConfigError(f"TLS needs tls_cert, tls_key and tls_ca together; {', '.join(given)} "
+                          f"given without {', '.join(missing)}")
+    return files
+
+
+def check_tls(cfg: NodeConfig) -> None:
+    """Load the TLS files of `cfg` once, so a missing or mismatched file is a clear
+    `ConfigError` naming it before the node starts (not a failed handshake later)."""
+    if not cfg.tls:
+        return
+    from transport.tls import TlsConfigError, client_context, server_context
+
+    try:
+        server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, what="tls_cert/tls_key/tls_ca")
+        client_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key, what="tls_cert/tls_key/tls_ca")
+    except TlsConfigError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> NodeConfig:
@@ -401,6 +443,14 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
         raise ConfigError(f"{p}: {exc}") from None
     if not cfg.data.is_absolute():
         cfg = replace(cfg, data=p.resolve().parent / cfg.data)
+    here = p.resolve().parent  # relative TLS files, like `data`, are beside the file
+    if cfg.tls:
+        cfg = replace(cfg, tls_cert=str(here / cfg.tls_cert), tls_key=str(here / cfg.tls_key),
+                      tls_ca=str(here / cfg.tls_ca))  # (an absolute path stays as it is)
+    try:
+        check_tls(cfg)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
     return cfg
 
 

@@ -71,8 +71,15 @@ from raftlog.fsutil import disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
 from raftlog.types import Message, MsgType, Role
 from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
-from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer
-from transport.tls import TLS_HANDSHAKE_TIMEOUT, accept_tls
+from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer, refuse_peer
+from transport.tls import (
+    TLS_HANDSHAKE_TIMEOUT,
+    PlaintextRefused,
+    accept_tls,
+    client_context,
+    peer_certificate,
+    server_context,
+)
 
 __all__ = ["Node", "main"]
 
@@ -94,6 +101,9 @@ class Node:
         Give both or neither: peers share one listener with clients."""
         if (ssl_context is None) != (peer_ssl_context is None):
             raise ValueError("give both ssl_context and peer_ssl_context, or neither")
+        if ssl_context is None and config.tls:  # the config's files (`tls_cert`, ...)
+            ssl_context = server_context(config.tls_cert, config.tls_key, config.tls_ca)
+            peer_ssl_context = client_context(config.tls_ca, config.tls_cert, config.tls_key)
         self.config = config
         self._ssl = ssl_context
         self._peer_ssl = peer_ssl_context
@@ -111,6 +121,12 @@ class Node:
                                         "Corrupt log entries repaired from a peer's copy",
                                         ["group"], registry=self.metrics.registry)
         self._repaired_seen: dict[str, int] = {}
+        # connections turned away, by why: `plaintext` (no TLS on a TLS port), `tls` (a
+        # failed handshake: untrusted or expired certificate), `peer_certificate` (a HELLO
+        # without a certificate from the cluster CA), `peer_handshake` (a failed HELLO)
+        self.refused_counter = Counter("raftmq_connections_refused",
+                                       "Connections refused before any request was served",
+                                       ["reason"], registry=self.metrics.registry)
         self.refill_lost_gauge = Gauge("raftmq_refill_lost_entries",
                                        "Entries the state references that no replica's log "
                                        "held when a refill was abandoned",
@@ -145,7 +161,7 @@ class Node:
             self.groups[gid] = self._new_group(gid, voters)
         self.service = BrokerService(self.registry, self)
         self.registrar = Registrar(config.namesrv, config.register_interval,
-                                   self._registration_view)
+                                   self._registration_view, ssl_context=peer_ssl_context)
         self.ack_before_commit = "ack-before-commit" in mutations
         self.skip_read_barrier = "skip-read-barrier" in mutations
         # a scripted crash between a commit and its answer (tests of retried requests)
@@ -427,7 +443,9 @@ class Node:
             try:
                 with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                     stream = await accept_tls(stream, self._ssl)
-            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            except (trio.BrokenResourceError, trio.TooSlowError, PlaintextRefused) as exc:
+                plain = isinstance(exc, PlaintextRefused)
+                self.refused_counter.labels("plaintext" if plain else "tls").inc()
                 log.info("TLS handshake failed", extra={"fields": {"error": repr(exc)}})
                 await trio.aclose_forcefully(stream)
                 return
@@ -450,11 +468,18 @@ class Node:
         """A connection that opened with HELLO: the peer handshake, then the Raft link
         (purpose `raft`) or requests answered as from that peer (`rpc`: READ_RAW)."""
         try:
+            if self._ssl is not None and peer_certificate(fs.stream) is None:
+                # mutual TLS: a node proves it is one with a certificate from the cluster CA
+                self.refused_counter.labels("peer_certificate").inc()
+                await refuse_peer(fs, "a peer connection must present a certificate signed by "
+                                  "the cluster CA (tls_cert/tls_key in its node config)")
+                return
             try:
                 peer, purpose = await accept_peer(fs, hello, self._secret, self.node_id,
                                                   self.config.peers)
             except (PeerRefused, ProtocolError, trio.BrokenResourceError,
                     trio.ClosedResourceError) as exc:
+                self.refused_counter.labels("peer_handshake").inc()
                 log.info("peer connection refused", extra={"fields": {"error": str(exc)}})
                 return
             if purpose == "rpc":

@@ -124,12 +124,13 @@ def listener_address(listener: trio.SocketListener) -> str:
 
 
 async def run_until_signalled(
-    host: str, port: int, expiry: float, on_ready: Callable[[str], None]
+    host: str, port: int, expiry: float, on_ready: Callable[[str], None], *,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then return normally so the process exits with 0."""
     if not (expiry > 0 and math.isfinite(expiry)):
         raise ValueError(f"expiry must be a positive number of seconds, got {expiry}")
-    server = NameServer(expiry)
+    server = NameServer(expiry, ssl_context=ssl_context)
     listeners = await trio.open_tcp_listeners(port, host=host)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:

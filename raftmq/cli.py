@@ -3,6 +3,7 @@ only routes, so `raftmq --help` is the one map of everything a user can run."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -133,10 +134,37 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
 }
 
 
+def _global_options(argv: list[str]) -> list[str] | None:
+    """Take the options that come before the command (`--tls-ca FILE`: every connection
+    the command opens is TLS, trusting that CA; the same as RAFTMQ_TLS_CA=FILE) into the
+    environment, where the client's connections read them. None when one is malformed."""
+    from transport.tls import CA_ENV
+
+    while argv and argv[0].startswith("--tls-ca"):
+        opt, eq, value = argv[0].partition("=")
+        if opt != "--tls-ca":
+            break
+        if not eq:
+            if len(argv) < 2:
+                print("raftmq: --tls-ca needs a CA file (PEM)", file=sys.stderr)
+                return None
+            value, argv = argv[1], argv[1:]
+        if not os.path.isfile(value):
+            print(f"raftmq: --tls-ca: CA file {value!r} does not exist", file=sys.stderr)
+            return None
+        os.environ[CA_ENV] = value
+        argv = argv[1:]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    rest = _global_options(argv)
+    if rest is None:
+        return 2
+    argv = rest
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: raftmq COMMAND [ARGS]\n\ncommands:")
+        print("usage: raftmq [--tls-ca FILE] COMMAND [ARGS]\n\ncommands:")
         for name, (_, summary) in COMMANDS.items():
             print(f"  {name:<8} {summary}")
         return 0 if argv else 2

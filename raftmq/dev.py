@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import signal
 import sys
 import threading
@@ -114,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fsync", choices=("always", "interval"), default="always",
                    help="'interval' acknowledges before data reaches the disk "
                         "(page-cache durability; default %(default)s)")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS on every link, mutual between nodes: makes a development CA and "
+                        "certificates under DATA/tls (needs trustme: pip install 'raftmq[tls]')")
     p.add_argument("--showcase", action="store_true",
                    help="once ready, run a producer and a consumer against the cluster")
     p.add_argument("--exit-after-showcase", action="store_true", help=argparse.SUPPRESS)
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cluster = LocalCluster(args.data, nodes=args.nodes, groups=args.groups,
-                               port_base=args.port_base, fsync=args.fsync)
+                               port_base=args.port_base, fsync=args.fsync, tls=args.tls)
     except (ConfigError, ValueError) as exc:
         print(f"raftmq dev: {exc}", file=sys.stderr)
         return 2
@@ -198,12 +202,21 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 cluster.start()
                 leaders = cluster.wait_ready(timeout=args.ready_timeout)
-            except (ClusterError, TimeoutError, OSError) as exc:
+            except (ClusterError, TimeoutError, OSError, RuntimeError) as exc:
                 print(f"raftmq dev: the cluster did not start: {exc}", file=sys.stderr)
                 print(f"raftmq dev: logs are in {cluster.base_dir / 'logs'}", file=sys.stderr)
                 return 1
             print(f"ready {cluster.namesrv_addr}", flush=True)
             _summary(cluster, leaders)
+            tls = ""
+            if cluster.tls_ca is not None:  # the showcase and the hints dial with TLS
+                from transport.tls import CA_ENV
+
+                os.environ[CA_ENV] = str(cluster.tls_ca)
+                tls = f"--tls-ca {cluster.tls_ca} "
+                print(f"TLS on every link; clients trust {cluster.tls_ca} "
+                      f"(`raftmq --tls-ca FILE ...` or {CA_ENV}=FILE)", file=sys.stderr,
+                      flush=True)
             if args.showcase or args.exit_after_showcase:
                 from raftmq.showcase import run_showcase
 
@@ -211,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.exit_after_showcase:
                     return 0 if ok else 1
                 print(f"the cluster keeps running; try in another shell:\n"
-                      f"  .venv/bin/raftmq status --namesrv {cluster.namesrv_addr}\n"
-                      f"  .venv/bin/raftmq send --namesrv {cluster.namesrv_addr} --topic showcase hello\n"
-                      f"  .venv/bin/raftmq consume --namesrv {cluster.namesrv_addr} --group me "
+                      f"  .venv/bin/raftmq {tls}status --namesrv {cluster.namesrv_addr}\n"
+                      f"  .venv/bin/raftmq {tls}send --namesrv {cluster.namesrv_addr} --topic showcase hello\n"
+                      f"  .venv/bin/raftmq {tls}consume --namesrv {cluster.namesrv_addr} --group me "
                       f"--topic showcase --count 5", file=sys.stderr, flush=True)
             _supervise(cluster)
         except _Interrupted:

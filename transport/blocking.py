@@ -24,6 +24,8 @@ from broker.protocol import (
     parse_address,
 )
 
+from .tls import context_from_env
+
 __all__ = ["Connection", "request"]
 
 _ids = itertools.count(1)
@@ -61,6 +63,8 @@ class Connection:
         self._decoder = FrameDecoder(max_frame)
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is None:
+            ssl_context = context_from_env()  # RAFTMQ_TLS_CA, for tools; plain when unset
         if ssl_context is not None:  # a failed handshake raises ssl.SSLError, an OSError
             try:
                 sock = ssl_context.wrap_socket(sock, server_hostname=host)
@@ -102,6 +106,9 @@ class Connection:
                         raise ConnectionError(f"{self.addr} closed the connection")
                     self._decoder.feed(data)
                     continue
+                if frame.header.get("id") == 0 and frame.header.get("code"):
+                    self.close()  # the server's last words before it closes (TLS only, ...)
+                    raise _error(frame.header)
                 if frame.header.get("id") != rid:
                     continue  # an answer to an earlier request that timed out
                 break

@@ -45,6 +45,7 @@ from broker.protocol import (
 )
 
 from .errors import ClientClosedError, TransportError, close_stack
+from .tls import context_from_env
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -340,14 +341,16 @@ class ConnectionPool:
 
     Use as `async with ConnectionPool() as pool:`; reader tasks run in the pool's task
     group and end when the block exits. With `ssl_context` every connection is TLS
-    (the server's certificate is checked against it and the address's host).
+    (the server's certificate is checked against it and the address's host); without
+    one, the environment decides (`transport.tls.context_from_env`: `RAFTMQ_TLS_CA`).
     """
 
     def __init__(
         self, *, max_frame: int = DEFAULT_MAX_FRAME, ssl_context: ssl.SSLContext | None = None
     ) -> None:
         self._max_frame = max_frame
-        self._ssl = ssl_context
+        # without a context of its own, the one RAFTMQ_TLS_CA names (plain when unset)
+        self._ssl = ssl_context if ssl_context is not None else context_from_env()
         self._handlers: dict[int, RequestHandler] = {}
         self._conns: dict[str, Connection] = {}
         self._tg: anyio.abc.TaskGroup | None = None

@@ -51,7 +51,7 @@ from broker.protocol import (
 )
 
 from .connection import raise_for_code
-from .tls import TLS_HANDSHAKE_TIMEOUT, accept_tls, connect_tls, socket_of
+from .tls import TLS_HANDSHAKE_TIMEOUT, PlaintextRefused, accept_tls, connect_tls, socket_of
 
 __all__ = [
     "DEFAULT_MAX_INFLIGHT",
@@ -465,7 +465,7 @@ async def serve_frames(
         try:
             with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                 stream = await accept_tls(stream, ssl_context)
-        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+        except (trio.BrokenResourceError, trio.TooSlowError, PlaintextRefused) as exc:
             log.info("closing connection: TLS handshake failed: %r", exc)
             await trio.aclose_forcefully(stream)
             return

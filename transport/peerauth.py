@@ -43,6 +43,7 @@ __all__ = [
     "check",
     "dial_peer",
     "proof",
+    "refuse_peer",
 ]
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,14 @@ async def accept_peer(fs: FrameStream, hello: Frame, secret: bytes, me: int,
     with trio.move_on_after(timeout):
         await fs.send(ok_header(0))
     return peer, str(purpose)
+
+
+async def refuse_peer(fs: FrameStream, message: str) -> None:
+    """Turn away a would-be peer before the handshake (FORBIDDEN, with `message`)."""
+    try:
+        await _refuse(fs, Code.FORBIDDEN, message)
+    except PeerRefused:
+        pass
 
 
 async def _refuse(fs: FrameStream, code: Code, message: str) -> None:
