@@ -131,6 +131,15 @@ class NodeConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
+    # Client authentication and authorization (`broker.security`): with `authenticate`
+    # every client proves a user's password by SCRAM-SHA-256 before any other request;
+    # with `authorize` too, each request needs an ACL allowing it (default deny), except
+    # for the `superusers`. `superuser_scram` is a SCRAM verifier (`raftmq user
+    # verifier`) a superuser logs in with before any user is stored in the cluster.
+    authenticate: bool = False
+    authorize: bool = False
+    superusers: tuple[str, ...] = ()
+    superuser_scram: str = ""
     test_mutations: tuple[str, ...] = ()
     # Host no group at the first start (no `hosted.json` in `data` yet), whatever `groups`
     # says: this node's disk was replaced, or it is new; it hosts the groups it is then
@@ -148,6 +157,13 @@ class NodeConfig:
     def hosted_groups(self) -> tuple[GroupConfig, ...]:
         """The groups this node holds a replica of."""
         return tuple(g for g in self.groups if self.node_id in g.replicas)
+
+    @property
+    def metadata_group(self) -> str | None:
+        """The group whose log holds cluster metadata (users, ACLs): the lowest group id
+        of the config. Every node's file lists the same groups, so all agree on it
+        without asking anyone, and it exists from the cluster's first start."""
+        return min((g.id for g in self.groups), default=None)
 
     @property
     def tls(self) -> bool:
@@ -388,7 +404,8 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
             d.get("consume_queue_chunk", CHUNK_RECORDS), "consume_queue_chunk", minimum=1
         ),
         cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
-        **_tls_files(d),
+        **_tls_files(d),  # type: ignore[arg-type]
+        **_security(d),
         test_mutations=_mutations(d.get("test_mutations", []), env),
         test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
         join=_bool(d.get("join", False), "join"),
@@ -407,6 +424,29 @@ def _tls_files(d: Mapping[str, Any]) -> dict[str, str]:
         raise ConfigError(f"TLS needs tls_cert, tls_key and tls_ca together; {', '.join(given)} "
                           f"given without {', '.join(missing)}")
     return files
+
+
+def _security(d: Mapping[str, Any]) -> dict[str, Any]:
+    from broker.parts.base import Refused
+    from broker.parts.users import parse_verifier, validate_user_name
+
+    authenticate = _bool(d.get("authenticate", False), "authenticate")
+    authorize = _bool(d.get("authorize", False), "authorize")
+    if authorize and not authenticate:
+        raise ConfigError("authorize = true needs authenticate = true (ACLs name users)")
+    supers = _list(d.get("superusers", []), "superusers")
+    scram = _str(d.get("superuser_scram", ""), "superuser_scram")
+    try:
+        names = tuple(validate_user_name(n) for n in supers)
+        if scram:
+            parse_verifier(scram)
+    except Refused as exc:
+        raise ConfigError(f"superusers/superuser_scram: {exc.message}") from None
+    if scram and len(names) != 1:
+        raise ConfigError("superuser_scram is the verifier of the one user in superusers; "
+                          f"superusers names {len(names)}")
+    return {"authenticate": authenticate, "authorize": authorize, "superusers": names,
+            "superuser_scram": scram}
 
 
 def check_tls(cfg: NodeConfig) -> None:

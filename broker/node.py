@@ -64,6 +64,7 @@ from broker.protocol import (
 )
 from broker.registrar import Registrar
 from broker.retention import RetentionPolicy, run_retention
+from broker.security import Guard
 from broker.service import BrokerService
 from broker.statemachine import BrokerState, TopicConfig, chunk_refs
 from raftlog.core import RaftConfig
@@ -123,7 +124,9 @@ class Node:
         self._repaired_seen: dict[str, int] = {}
         # connections turned away, by why: `plaintext` (no TLS on a TLS port), `tls` (a
         # failed handshake: untrusted or expired certificate), `peer_certificate` (a HELLO
-        # without a certificate from the cluster CA), `peer_handshake` (a failed HELLO)
+        # without a certificate from the cluster CA), `peer_handshake` (a failed HELLO);
+        # requests: `auth` (a wrong password), `unauthenticated` (a request before AUTH),
+        # `acl` (not allowed; `broker.security`)
         self.refused_counter = Counter("raftmq_connections_refused",
                                        "Connections refused before any request was served",
                                        ["reason"], registry=self.metrics.registry)
@@ -160,6 +163,9 @@ class Node:
         for gid, voters in sorted(hosted.items()):
             self.groups[gid] = self._new_group(gid, voters)
         self.service = BrokerService(self.registry, self)
+        # every request on a served connection passes the guard first (`broker.security`)
+        self.guard = Guard(self)
+        self._handle = self.guard.wrap(self.service.handle)
         self.registrar = Registrar(config.namesrv, config.register_interval,
                                    self._registration_view, ssl_context=peer_ssl_context)
         self.ack_before_commit = "ack-before-commit" in mutations
@@ -319,6 +325,10 @@ class Node:
         if g is not None and g.is_open:
             g.step(replace(m, snapshot=data))
 
+    def count_refusal(self, reason: str) -> None:
+        """One more connection or request turned away for `reason` (see refused_counter)."""
+        self.refused_counter.labels(reason).inc()
+
     def _peer_lost(self, peer: int) -> None:
         for g in self.groups.values():
             g.peer_lost(peer)  # a group `peer` led elects a new leader sooner
@@ -454,7 +464,7 @@ class Node:
             first = await fs.receive()
         except Exception:  # noqa: BLE001 - a broken first frame ends only this connection
             first = None
-            await serve_frames(fs, self.service.handle)  # answers the protocol error
+            await serve_frames(fs, self._handle)  # answers the protocol error
             return
         if first is None:
             await fs.aclose()
@@ -462,7 +472,7 @@ class Node:
         if first.header.get("op") == Op.HELLO:
             await self._serve_peer(fs, first)
             return
-        await serve_frames(fs, self.service.handle, first=first)
+        await serve_frames(fs, self._handle, first=first)
 
     async def _serve_peer(self, fs: FrameStream, hello: Frame) -> None:
         """A connection that opened with HELLO: the peer handshake, then the Raft link
@@ -485,7 +495,7 @@ class Node:
             if purpose == "rpc":
                 caller = caller_of(fs.stream)
                 caller.peer = peer
-                await serve_frames(fs, self.service.handle, caller=caller)
+                await serve_frames(fs, self._handle, caller=caller)
                 return
             await self.peers.accept(peer, fs.stream, fs.decoder)
         finally:

@@ -20,6 +20,7 @@ state, its control records, their apply handlers, its queries and its snapshot s
 - `Requests`: results of client requests that may be retried (the `req` envelope);
 - `Horizon`: the retention horizon (retain);
 - `Leadership`: the preferred leader set through the log (prefer_leader).
+- `Users`: client credentials (SCRAM verifiers) in the metadata group (user_put, user_del).
 
 A new part (transactions, timers, retries, queue locks, users) is a `Part` subclass added
 to `PARTS` (or to a subclass's `part_types`): its records join the dispatch table, it hears the broadcasts (topic created
@@ -82,6 +83,7 @@ from broker.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.parts.producers import DEDUP_WINDOW, Producers
 from broker.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
 from broker.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
+from broker.parts.users import Users
 from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
 from broker.records import (
     STORED_PREFIX,
@@ -129,7 +131,7 @@ __all__ = [
 
 #: The parts, in the order they hear broadcasts and appear in snapshots.
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
-                                 Leadership)
+                                 Leadership, Users)
 SNAPSHOT_VERSION = 3  # 3: a section per part; 2 added "clients" to 1's flat map
 _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
 

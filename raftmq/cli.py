@@ -109,6 +109,12 @@ def _cluster(argv: list[str]) -> int:
     return cluster_main(argv)
 
 
+def _user(argv: list[str]) -> int:
+    from raftmq.commands.user import main as user_main
+
+    return user_main(argv)
+
+
 def _bench(argv: list[str]) -> int:
     from raftmq.commands.bench import main as bench_main
 
@@ -127,6 +133,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
     "cluster": (_cluster, "group replicas: status, transfer-leader, add/remove/replace-replica"),
+    "user": (_user, "users clients log in as (SCRAM-SHA-256): add, remove, list, verifier"),
     "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover`"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
@@ -135,25 +142,34 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
 
 
 def _global_options(argv: list[str]) -> list[str] | None:
-    """Take the options that come before the command (`--tls-ca FILE`: every connection
-    the command opens is TLS, trusting that CA; the same as RAFTMQ_TLS_CA=FILE) into the
-    environment, where the client's connections read them. None when one is malformed."""
+    """Take the options that come before the command into the environment, where the
+    client's connections read them: `--tls-ca FILE` (every connection is TLS trusting
+    that CA; RAFTMQ_TLS_CA), `--user NAME` and `--password-file FILE` (log in with
+    SCRAM-SHA-256; RAFTMQ_USER, RAFTMQ_PASSWORD). None when one is malformed."""
+    from transport.scram import PASSWORD_ENV, USER_ENV
     from transport.tls import CA_ENV
 
-    while argv and argv[0].startswith("--tls-ca"):
+    while argv and argv[0].startswith(("--tls-ca", "--user", "--password-file")):
         opt, eq, value = argv[0].partition("=")
-        if opt != "--tls-ca":
+        if opt not in ("--tls-ca", "--user", "--password-file"):
             break
         if not eq:
             if len(argv) < 2:
-                print("raftmq: --tls-ca needs a CA file (PEM)", file=sys.stderr)
+                print(f"raftmq: {opt} needs a value", file=sys.stderr)
                 return None
             value, argv = argv[1], argv[1:]
-        if not os.path.isfile(value):
-            print(f"raftmq: --tls-ca: CA file {value!r} does not exist", file=sys.stderr)
-            return None
-        os.environ[CA_ENV] = value
         argv = argv[1:]
+        if opt == "--user":
+            os.environ[USER_ENV] = value
+            continue
+        if not os.path.isfile(value):
+            print(f"raftmq: {opt}: file {value!r} does not exist", file=sys.stderr)
+            return None
+        if opt == "--tls-ca":
+            os.environ[CA_ENV] = value
+        else:
+            with open(value, encoding="utf-8") as f:
+                os.environ[PASSWORD_ENV] = f.read().rstrip("\n")
     return argv
 
 
@@ -164,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     argv = rest
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: raftmq [--tls-ca FILE] COMMAND [ARGS]\n\ncommands:")
+        print("usage: raftmq [--tls-ca FILE] [--user NAME [--password-file FILE]] COMMAND [ARGS]"
+              "\n\ncommands:")
         for name, (_, summary) in COMMANDS.items():
             print(f"  {name:<8} {summary}")
         return 0 if argv else 2

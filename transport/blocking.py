@@ -24,6 +24,7 @@ from broker.protocol import (
     parse_address,
 )
 
+from .scram import Credentials, credentials_from_env, exchange
 from .tls import context_from_env
 
 __all__ = ["Connection", "request"]
@@ -55,7 +56,7 @@ class Connection:
 
     def __init__(
         self, addr: str | tuple[str, int], *, timeout: float = 5.0, max_frame: int = DEFAULT_MAX_FRAME,
-        ssl_context: ssl.SSLContext | None = None,
+        ssl_context: ssl.SSLContext | None = None, credentials: Credentials | None = None,
     ) -> None:
         host, port = parse_address(addr) if isinstance(addr, str) else addr
         self.addr = f"{host}:{port}"
@@ -72,6 +73,14 @@ class Connection:
                 sock.close()
                 raise
         self._sock: socket.socket | None = sock
+        if credentials is None:
+            credentials = credentials_from_env()  # RAFTMQ_USER/PASSWORD, for tools
+        if credentials is not None:
+            try:
+                exchange(credentials, lambda h: self.request(h)[0])
+            except BaseException:
+                self.close()
+                raise
 
     def request(
         self,
@@ -139,6 +148,7 @@ def request(
     timeout: float = 5.0,
     *,
     ssl_context: ssl.SSLContext | None = None,
+    credentials: Credentials | None = None,
 ) -> tuple[dict[str, Any], bytes]:
     """One request on a fresh connection: the response's (header, body).
 
@@ -147,5 +157,6 @@ def request(
     reached or does not answer within `timeout` seconds (connect included).
     """
     deadline = time.monotonic() + timeout
-    with Connection(addr, timeout=timeout, ssl_context=ssl_context) as conn:
+    with Connection(addr, timeout=timeout, ssl_context=ssl_context,
+                    credentials=credentials) as conn:
         return conn.request(header, body, timeout=max(0.001, deadline - time.monotonic()))
