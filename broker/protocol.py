@@ -120,6 +120,10 @@ class Op(IntEnum):
     #   replace its SCRAM verifier, in the metadata group -> ()
     USER_DELETE = 81  # (user) -> (deleted: bool)
     USER_LIST = 82  # () -> (users: [names])
+    ACL_ADD = 83  # (principal, kind, pattern, name, operation, permission) -> (added: bool);
+    #   see broker.parts.acls
+    ACL_REMOVE = 84  # (the same fields) -> (removed: bool)
+    ACL_LIST = 85  # () -> (acls: [[principal, kind, pattern, name, operation, permission]])
     REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
     #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see namesrv.registry
     ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])

@@ -21,6 +21,8 @@ state, its control records, their apply handlers, its queries and its snapshot s
 - `Horizon`: the retention horizon (retain);
 - `Leadership`: the preferred leader set through the log (prefer_leader).
 - `Users`: client credentials (SCRAM verifiers) in the metadata group (user_put, user_del).
+- `Acls`: who may publish/subscribe/administer what, in the metadata group (acl_add,
+  acl_remove).
 
 A new part (transactions, timers, retries, queue locks, users) is a `Part` subclass added
 to `PARTS` (or to a subclass's `part_types`): its records join the dispatch table, it hears the broadcasts (topic created
@@ -61,6 +63,7 @@ import msgpack
 
 from broker.consumequeue import CQEntry
 from broker.cqchunks import ChunkRef, ChunkStore, MemoryChunkStore
+from broker.parts.acls import Acls
 from broker.parts.base import (
     MAX_QUEUES,
     ApplyResult,
@@ -131,7 +134,7 @@ __all__ = [
 
 #: The parts, in the order they hear broadcasts and appear in snapshots.
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
-                                 Leadership, Users)
+                                 Leadership, Users, Acls)
 SNAPSHOT_VERSION = 3  # 3: a section per part; 2 added "clients" to 1's flat map
 _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
 

@@ -115,6 +115,12 @@ def _user(argv: list[str]) -> int:
     return user_main(argv)
 
 
+def _acl(argv: list[str]) -> int:
+    from raftmq.commands.acl import main as acl_main
+
+    return acl_main(argv)
+
+
 def _bench(argv: list[str]) -> int:
     from raftmq.commands.bench import main as bench_main
 
@@ -134,6 +140,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
     "cluster": (_cluster, "group replicas: status, transfer-leader, add/remove/replace-replica"),
     "user": (_user, "users clients log in as (SCRAM-SHA-256): add, remove, list, verifier"),
+    "acl": (_acl, "who may publish, subscribe or administer what: add, remove, list"),
     "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover`"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
