@@ -165,3 +165,13 @@ def test_dev_pki_files_are_reused(tmp_path: Path) -> None:
     ca = first.ca.read_bytes()
     again = make_dev_pki(tmp_path, ["n1"])
     assert again == first and again.ca.read_bytes() == ca
+
+
+def test_only_a_node_may_register_with_the_name_server(cluster: LocalCluster) -> None:
+    """A TLS client without a cluster certificate cannot redirect routes."""
+    with pytest.raises(RequestError) as info:
+        request(cluster.namesrv_addr, {"op": int(Op.REGISTER), "node": 9,
+                                       "addr": "127.0.0.1:1", "inc": 1, "groups": {}},
+                ssl_context=client_context(str(cluster.tls_ca)))
+    assert info.value.code == Code.FORBIDDEN and "cluster CA" in info.value.message
+    assert 9 not in {int(n) for n in cluster.cluster_info(topics=False)["nodes"]}

@@ -51,7 +51,14 @@ from broker.protocol import (
 )
 
 from .connection import raise_for_code
-from .tls import TLS_HANDSHAKE_TIMEOUT, PlaintextRefused, accept_tls, connect_tls, socket_of
+from .tls import (
+    TLS_HANDSHAKE_TIMEOUT,
+    PlaintextRefused,
+    accept_tls,
+    connect_tls,
+    peer_certificate,
+    socket_of,
+)
 
 __all__ = [
     "DEFAULT_MAX_INFLIGHT",
@@ -312,6 +319,9 @@ class Caller:
         self.remote = remote
         self.peer = peer
         self.principal = principal
+        # the TLS client certificate the handshake verified against the CA (None: plain
+        # TCP, or none offered); a name server takes registrations only from its holders
+        self.certificate: dict[str, object] | None = None
         self._out: FrameWriter | None = None
         self._ids = itertools.count(-1, -1)  # negative: never a client's own request id
         self._waiters: dict[int, list[Any]] = {}  # id -> [event, frame or None]
@@ -472,6 +482,7 @@ async def serve_frames(
     fs = stream if isinstance(stream, FrameStream) else FrameStream(stream, max_frame=max_frame)
     if caller is None:
         caller = caller_of(fs.stream)
+    caller.certificate = peer_certificate(fs.stream)
     slots = trio.Semaphore(max_inflight)
     out = FrameWriter(fs.stream, max_pending=max_pending)
     caller._bind(out)
