@@ -136,6 +136,14 @@ class NodeConfig:
     # with `authorize` too, each request needs an ACL allowing it (default deny), except
     # for the `superusers`. `superuser_scram` is a SCRAM verifier (`raftmq user
     # verifier`) a superuser logs in with before any user is stored in the cluster.
+    # Limits (`broker.node`): client connections served at once (peers' connections do
+    # not count, so a flood of clients cannot starve the Raft links), requests in flight
+    # and answer bytes queued per connection (reading stops, pushing back through TCP),
+    # and how long a client may take no answer bytes before it is disconnected.
+    max_connections: int = 10_000
+    max_inflight_per_connection: int = 1024
+    max_pending_bytes_per_connection: int = 1 << 20
+    slow_client_timeout: float = 30.0
     authenticate: bool = False
     authorize: bool = False
     superusers: tuple[str, ...] = ()
@@ -404,6 +412,12 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
             d.get("consume_queue_chunk", CHUNK_RECORDS), "consume_queue_chunk", minimum=1
         ),
         cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
+        max_connections=_int(d.get("max_connections", 10_000), "max_connections", minimum=1),
+        max_inflight_per_connection=_int(d.get("max_inflight_per_connection", 1024),
+                                         "max_inflight_per_connection", minimum=1),
+        max_pending_bytes_per_connection=_int(d.get("max_pending_bytes_per_connection", 1 << 20),
+                                              "max_pending_bytes_per_connection", minimum=1024),
+        slow_client_timeout=_float(d.get("slow_client_timeout", 30.0), "slow_client_timeout"),
         **_tls_files(d),  # type: ignore[arg-type]
         **_security(d),
         test_mutations=_mutations(d.get("test_mutations", []), env),

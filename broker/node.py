@@ -59,6 +59,7 @@ from broker.protocol import (
     Frame,
     Op,
     ProtocolError,
+    error_header,
     frame_limit,
     parse_address,
 )
@@ -86,6 +87,8 @@ __all__ = ["Node", "main"]
 
 log = logging.getLogger("raftmq.node")
 
+#: How long a new connection may take to send its first frame before it is closed.
+FIRST_FRAME_TIMEOUT = 10.0
 #: Frames between nodes may carry a whole group snapshot (`raftlog` InstallSnapshot).
 PEER_MAX_FRAME = 1 << 30
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -126,7 +129,7 @@ class Node:
         # failed handshake: untrusted or expired certificate), `peer_certificate` (a HELLO
         # without a certificate from the cluster CA), `peer_handshake` (a failed HELLO);
         # requests: `auth` (a wrong password), `unauthenticated` (a request before AUTH),
-        # `acl` (not allowed; `broker.security`)
+        # `acl` (not allowed; `broker.security`); `connections` (over max_connections)
         self.refused_counter = Counter("raftmq_connections_refused",
                                        "Connections refused before any request was served",
                                        ["reason"], registry=self.metrics.registry)
@@ -176,6 +179,7 @@ class Node:
         self.duplicate_every = DUPLICATE_EVERY if "duplicate-batch" in mutations else 0
         self.batches_led = 0
         self._nursery: trio.Nursery | None = None
+        self.client_connections = 0  # served now (`max_connections`)
 
     def _new_group(self, gid: str, voters: tuple[int, ...]) -> GroupRuntime[BrokerState]:
         """The runtime of this node's replica of `gid` (not opened yet); `voters` is the
@@ -460,19 +464,38 @@ class Node:
                 await trio.aclose_forcefully(stream)
                 return
         fs = FrameStream(stream, max_frame=self.max_frame)
+        first = None
         try:
-            first = await fs.receive()
+            with trio.move_on_after(FIRST_FRAME_TIMEOUT):  # an idle connection holds nothing
+                first = await fs.receive()
         except Exception:  # noqa: BLE001 - a broken first frame ends only this connection
-            first = None
             await serve_frames(fs, self._handle)  # answers the protocol error
             return
         if first is None:
-            await fs.aclose()
+            await trio.aclose_forcefully(fs.stream)
             return
-        if first.header.get("op") == Op.HELLO:
+        if first.header.get("op") == Op.HELLO:  # peers are not counted: never crowded out
             await self._serve_peer(fs, first)
             return
-        await serve_frames(fs, self._handle, first=first)
+        cfg = self.config
+        if self.client_connections >= cfg.max_connections:
+            self.count_refusal("connections")
+            with trio.move_on_after(2):
+                try:
+                    await fs.send(error_header(0, Code.BUSY, f"node {self.node_id} serves at "
+                                               f"most {cfg.max_connections} client connections"))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            await trio.aclose_forcefully(fs.stream)
+            return
+        self.client_connections += 1
+        try:
+            await serve_frames(fs, self._handle, first=first,
+                               max_inflight=cfg.max_inflight_per_connection,
+                               max_pending=cfg.max_pending_bytes_per_connection,
+                               write_timeout=cfg.slow_client_timeout)
+        finally:
+            self.client_connections -= 1
 
     async def _serve_peer(self, fs: FrameStream, hello: Frame) -> None:
         """A connection that opened with HELLO: the peer handshake, then the Raft link

@@ -213,16 +213,20 @@ class FrameWriter:
     `max_pending` bytes are queued or being written (a frame is admitted whole, so the
     total can pass the cap by one frame), and otherwise waits for the writer to catch up.
     `run()` is the only task that writes: it takes everything queued so far, writes it with
-    one `send_all`, and repeats. If a write fails, `run()` records it and returns; waiting
+    one `send_all`, and repeats; with `write_timeout`, a write the other end does not
+    take within that many seconds fails the writer (a client that stopped reading is
+    disconnected rather than holding its requests' tasks and buffers forever). If a write fails, `run()` records it and returns; waiting
     and later `send()` calls raise `trio.BrokenResourceError` (`trio.ClosedResourceError`
     once `run()` has ended otherwise, e.g. by cancellation).
     """
 
-    def __init__(self, stream: trio.abc.SendStream, *, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def __init__(self, stream: trio.abc.SendStream, *, max_pending: int = DEFAULT_MAX_PENDING,
+                 write_timeout: float | None = None) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be positive, got {max_pending}")
         self._stream = stream
         self._max_pending = max_pending
+        self._write_timeout = write_timeout  # a write stuck this long: the reader is gone
         self._queue: list[bytes | memoryview] = []
         self._pending = 0  # bytes queued plus bytes being written
         self._has_data = trio.lowlevel.ParkingLot()
@@ -279,8 +283,17 @@ class FrameWriter:
                 data = batch[0] if len(batch) == 1 else b"".join(batch)
                 self._writing = True
                 try:
-                    await self._stream.send_all(data)
+                    if self._write_timeout is None:
+                        await self._stream.send_all(data)
+                    else:
+                        with trio.fail_after(self._write_timeout):
+                            await self._stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._failure = exc
+                    return
+                except trio.TooSlowError as exc:  # it stopped reading: let it go
+                    log.info("closing connection: the other end took no bytes for %g s",
+                             self._write_timeout)
                     self._failure = exc
                     return
                 finally:
@@ -451,6 +464,7 @@ async def serve_frames(
     first: Frame | None = None,
     caller: Caller | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    write_timeout: float | None = None,
 ) -> None:
     """Answer requests on one connection until the peer leaves or breaks the framing.
 
@@ -468,6 +482,7 @@ async def serve_frames(
     peers from clients). `caller` says who is on the other end (default: a client known by
     its address); answers to its `request` calls are taken from the stream here. With
     `ssl_context` a raw stream is wrapped in TLS first; a failed handshake closes it.
+    `write_timeout` disconnects a caller that takes no answer bytes for that long.
     """
     if ssl_context is not None:
         if isinstance(stream, FrameStream):
@@ -484,7 +499,7 @@ async def serve_frames(
         caller = caller_of(fs.stream)
     caller.certificate = peer_certificate(fs.stream)
     slots = trio.Semaphore(max_inflight)
-    out = FrameWriter(fs.stream, max_pending=max_pending)
+    out = FrameWriter(fs.stream, max_pending=max_pending, write_timeout=write_timeout)
     caller._bind(out)
     try:
         await _serve(fs, out, handler, caller, slots, first)
