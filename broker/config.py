@@ -138,11 +138,13 @@ class NodeConfig:
     # verifier`) a superuser logs in with before any user is stored in the cluster.
     # Limits (`broker.node`): client connections served at once (peers' connections do
     # not count, so a flood of clients cannot starve the Raft links), requests in flight
-    # and answer bytes queued per connection (reading stops, pushing back through TCP),
+    # and their request bytes, and answer bytes queued per connection (reading stops,
+    # pushing back through TCP),
     # and how long a client may take no answer bytes before it is disconnected.
     max_connections: int = 10_000
     max_inflight_per_connection: int = 1024
     max_pending_bytes_per_connection: int = 1 << 20
+    max_inflight_bytes_per_connection: int = 64 << 20
     slow_client_timeout: float = 30.0
     authenticate: bool = False
     authorize: bool = False
@@ -417,6 +419,9 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
                                          "max_inflight_per_connection", minimum=1),
         max_pending_bytes_per_connection=_int(d.get("max_pending_bytes_per_connection", 1 << 20),
                                               "max_pending_bytes_per_connection", minimum=1024),
+        max_inflight_bytes_per_connection=_int(
+            d.get("max_inflight_bytes_per_connection", 64 << 20),
+            "max_inflight_bytes_per_connection", minimum=1024),
         slow_client_timeout=_float(d.get("slow_client_timeout", 30.0), "slow_client_timeout"),
         **_tls_files(d),  # type: ignore[arg-type]
         **_security(d),

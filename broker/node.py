@@ -493,6 +493,7 @@ class Node:
             await serve_frames(fs, self._handle, first=first,
                                max_inflight=cfg.max_inflight_per_connection,
                                max_pending=cfg.max_pending_bytes_per_connection,
+                               max_inflight_bytes=cfg.max_inflight_bytes_per_connection,
                                write_timeout=cfg.slow_client_timeout)
         finally:
             self.client_connections -= 1

@@ -62,6 +62,7 @@ from .tls import (
 
 __all__ = [
     "DEFAULT_MAX_INFLIGHT",
+    "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MAX_PENDING",
     "Caller",
     "CallerGone",
@@ -82,6 +83,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_INFLIGHT = 1024
 DEFAULT_MAX_PENDING = 1 << 20  # queued answer bytes per connection before senders wait
+DEFAULT_MAX_INFLIGHT_BYTES = 64 << 20  # request bodies running per connection before reads stop
 _RECEIVE_SIZE = 1 << 16
 _ERROR_SEND_TIMEOUT = 5.0
 
@@ -430,8 +432,33 @@ def request_id(frame: Frame) -> int:
     return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
 
 
+class _Admission:
+    """What a connection may have in flight: at most `max_inflight` requests, and no new
+    one read while the bodies of those running add up to `max_bytes` or more (a request
+    is admitted whole, so one larger than the cap still runs, alone)."""
+
+    def __init__(self, max_inflight: int, max_bytes: int) -> None:
+        self._slots = trio.Semaphore(max_inflight)
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._freed = trio.lowlevel.ParkingLot()
+
+    async def acquire(self) -> None:
+        await self._slots.acquire()
+        while self._bytes >= self._max_bytes:
+            await self._freed.park()
+
+    def charge(self, nbytes: int) -> None:
+        self._bytes += nbytes
+
+    def release(self, nbytes: int = 0) -> None:
+        self._bytes -= nbytes
+        self._slots.release()
+        self._freed.unpark_all()
+
+
 async def _answer(
-    out: FrameWriter, handler: Handler, caller: Caller, frame: Frame, slots: trio.Semaphore
+    out: FrameWriter, handler: Handler, caller: Caller, frame: Frame, slots: _Admission
 ) -> None:
     try:
         rid = request_id(frame)
@@ -451,7 +478,7 @@ async def _answer(
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the writer's failure ends the connection
     finally:
-        slots.release()
+        slots.release(len(frame.body))
 
 
 async def serve_frames(
@@ -461,6 +488,7 @@ async def serve_frames(
     max_frame: int = DEFAULT_MAX_FRAME,
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
     max_pending: int = DEFAULT_MAX_PENDING,
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     first: Frame | None = None,
     caller: Caller | None = None,
     ssl_context: ssl.SSLContext | None = None,
@@ -483,6 +511,8 @@ async def serve_frames(
     its address); answers to its `request` calls are taken from the stream here. With
     `ssl_context` a raw stream is wrapped in TLS first; a failed handshake closes it.
     `write_timeout` disconnects a caller that takes no answer bytes for that long.
+    Reading stops while `max_inflight` requests, or request bodies of `max_inflight_bytes`
+    or more, are running (TCP then pushes back on the client).
     """
     if ssl_context is not None:
         if isinstance(stream, FrameStream):
@@ -498,7 +528,7 @@ async def serve_frames(
     if caller is None:
         caller = caller_of(fs.stream)
     caller.certificate = peer_certificate(fs.stream)
-    slots = trio.Semaphore(max_inflight)
+    slots = _Admission(max_inflight, max_inflight_bytes)
     out = FrameWriter(fs.stream, max_pending=max_pending, write_timeout=write_timeout)
     caller._bind(out)
     try:
@@ -517,12 +547,13 @@ async def _write(out: FrameWriter, scope: trio.CancelScope) -> None:
 
 async def _serve(
     fs: FrameStream, out: FrameWriter, handler: Handler, caller: Caller,
-    slots: trio.Semaphore, first: Frame | None,
+    slots: _Admission, first: Frame | None,
 ) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, out, nursery.cancel_scope)
         if first is not None:  # a frame the caller read to decide who is calling
             await slots.acquire()
+            slots.charge(len(first.body))
             nursery.start_soon(_answer, out, handler, caller, first, slots)
         try:
             while True:
@@ -533,6 +564,7 @@ async def _serve(
                 if caller._resolve(frame):  # the answer to a `caller.request`
                     slots.release()
                     continue
+                slots.charge(len(frame.body))
                 nursery.start_soon(_answer, out, handler, caller, frame, slots)
         except ProtocolError as exc:
             log.info("closing connection: %s", exc)
