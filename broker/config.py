@@ -353,6 +353,57 @@ def _sync_marks(value: object, env: Mapping[str, str]) -> bool:
     return value
 
 
+_TLS_KEYS = ("tls_cert", "tls_key", "tls_ca")
+
+
+def _tls_files(d: Mapping[str, Any]) -> dict[str, str]:
+    """The TLS file keys: all three or none, each a string (checked for use at start)."""
+    files = {k: _str(d.get(k, ""), k) for k in _TLS_KEYS}
+    given = [k for k in _TLS_KEYS if files[k]]
+    if given and len(given) != len(_TLS_KEYS):
+        missing = [k for k in _TLS_KEYS if not files[k]]
+        raise ConfigError(f"TLS needs tls_cert, tls_key and tls_ca together; {', '.join(given)} "
+                          f"given without {', '.join(missing)}")
+    return files
+
+
+def _security(d: Mapping[str, Any]) -> dict[str, Any]:
+    from broker.parts.base import Refused
+    from broker.parts.users import parse_verifier, validate_user_name
+
+    authenticate = _bool(d.get("authenticate", False), "authenticate")
+    authorize = _bool(d.get("authorize", False), "authorize")
+    if authorize and not authenticate:
+        raise ConfigError("authorize = true needs authenticate = true (ACLs name users)")
+    supers = _list(d.get("superusers", []), "superusers")
+    scram = _str(d.get("superuser_scram", ""), "superuser_scram")
+    try:
+        names = tuple(validate_user_name(n) for n in supers)
+        if scram:
+            parse_verifier(scram)
+    except Refused as exc:
+        raise ConfigError(f"superusers/superuser_scram: {exc.message}") from None
+    if scram and len(names) != 1:
+        raise ConfigError("superuser_scram is the verifier of the one user in superusers; "
+                          f"superusers names {len(names)}")
+    return {"authenticate": authenticate, "authorize": authorize, "superusers": names,
+            "superuser_scram": scram}
+
+
+def check_tls(cfg: NodeConfig) -> None:
+    """Load the TLS files of `cfg` once, so a missing or mismatched file is a clear
+    `ConfigError` naming it before the node starts (not a failed handshake later)."""
+    if not cfg.tls:
+        return
+    from transport.tls import TlsConfigError, client_context, server_context
+
+    try:
+        server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, what="tls_cert/tls_key/tls_ca")
+        client_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key, what="tls_cert/tls_key/tls_ca")
+    except TlsConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
     if not isinstance(d, Mapping):
         raise ConfigError(f"a node configuration must be a table, got {type(d).__name__}")
@@ -429,57 +480,6 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
         join=_bool(d.get("join", False), "join"),
     )
-
-
-_TLS_KEYS = ("tls_cert", "tls_key", "tls_ca")
-
-
-def _tls_files(d: Mapping[str, Any]) -> dict[str, str]:
-    """The TLS file keys: all three or none, each a string (checked for use at start)."""
-    files = {k: _str(d.get(k, ""), k) for k in _TLS_KEYS}
-    given = [k for k in _TLS_KEYS if files[k]]
-    if given and len(given) != len(_TLS_KEYS):
-        missing = [k for k in _TLS_KEYS if not files[k]]
-        raise ConfigError(f"TLS needs tls_cert, tls_key and tls_ca together; {', '.join(given)} "
-                          f"given without {', '.join(missing)}")
-    return files
-
-
-def _security(d: Mapping[str, Any]) -> dict[str, Any]:
-    from broker.parts.base import Refused
-    from broker.parts.users import parse_verifier, validate_user_name
-
-    authenticate = _bool(d.get("authenticate", False), "authenticate")
-    authorize = _bool(d.get("authorize", False), "authorize")
-    if authorize and not authenticate:
-        raise ConfigError("authorize = true needs authenticate = true (ACLs name users)")
-    supers = _list(d.get("superusers", []), "superusers")
-    scram = _str(d.get("superuser_scram", ""), "superuser_scram")
-    try:
-        names = tuple(validate_user_name(n) for n in supers)
-        if scram:
-            parse_verifier(scram)
-    except Refused as exc:
-        raise ConfigError(f"superusers/superuser_scram: {exc.message}") from None
-    if scram and len(names) != 1:
-        raise ConfigError("superuser_scram is the verifier of the one user in superusers; "
-                          f"superusers names {len(names)}")
-    return {"authenticate": authenticate, "authorize": authorize, "superusers": names,
-            "superuser_scram": scram}
-
-
-def check_tls(cfg: NodeConfig) -> None:
-    """Load the TLS files of `cfg` once, so a missing or mismatched file is a clear
-    `ConfigError` naming it before the node starts (not a failed handshake later)."""
-    if not cfg.tls:
-        return
-    from transport.tls import TlsConfigError, client_context, server_context
-
-    try:
-        server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, what="tls_cert/tls_key/tls_ca")
-        client_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key, what="tls_cert/tls_key/tls_ca")
-    except TlsConfigError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> NodeConfig:

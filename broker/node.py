@@ -166,11 +166,11 @@ class Node:
         for gid, voters in sorted(hosted.items()):
             self.groups[gid] = self._new_group(gid, voters)
         self.service = BrokerService(self.registry, self)
+        self.registrar = Registrar(config.namesrv, config.register_interval,
+                                   self._registration_view, ssl_context=peer_ssl_context)
         # every request on a served connection passes the guard first (`broker.security`)
         self.guard = Guard(self)
         self._handle = self.guard.wrap(self.service.handle)
-        self.registrar = Registrar(config.namesrv, config.register_interval,
-                                   self._registration_view, ssl_context=peer_ssl_context)
         self.ack_before_commit = "ack-before-commit" in mutations
         self.skip_read_barrier = "skip-read-barrier" in mutations
         # a scripted crash between a commit and its answer (tests of retried requests)

@@ -116,6 +116,11 @@ class Op(IntEnum):
     HOST_GROUP = 51  # (g, voters: [node ids]) -> (created: bool): start hosting an empty
     #   replica of g, caught up by its leader once added as a learner
     DROP_GROUP = 52  # (g) -> (dropped: bool): stop hosting g (removed from it), delete its data
+    REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
+    #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see namesrv.registry
+    ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])
+    CLUSTER = 42  # name server: (topics: bool) -> (nodes, groups) + topic listing in the body
+    # users and ACLs, kept in the metadata group (see broker.security)
     USER_PUT = 80  # (user, salt, iterations, stored_key, server_key): create a user or
     #   replace its SCRAM verifier, in the metadata group -> ()
     USER_DELETE = 81  # (user) -> (deleted: bool)
@@ -124,10 +129,6 @@ class Op(IntEnum):
     #   see broker.parts.acls
     ACL_REMOVE = 84  # (the same fields) -> (removed: bool)
     ACL_LIST = 85  # () -> (acls: [[principal, kind, pattern, name, operation, permission]])
-    REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
-    #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see namesrv.registry
-    ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])
-    CLUSTER = 42  # name server: (topics: bool) -> (nodes, groups) + topic listing in the body
 
 
 class Code(IntEnum):
