@@ -305,8 +305,7 @@ class Guard:
         if caller.principal is not None:
             raise RequestError(Code.MALFORMED, f"already authenticated as {caller.principal!r}")
         if step == "first":
-            users = self._users()  # fails before anything when this node cannot check
-            del users
+            self._users()  # fails before anything when this node cannot check
             found: dict[str, str] = {}
 
             def auth_fn(name: str) -> tuple[bytes, bytes, bytes, int]:
