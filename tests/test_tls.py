@@ -102,3 +102,24 @@ def test_a_plain_or_distrustful_client_gets_no_answer(ca: trustme.CA) -> None:
                     lambda: blocking.request(addr, {"op": OP}, ssl_context=stranger))
 
     trio.run(main)
+
+
+def test_a_server_with_an_expired_certificate_is_refused(ca: trustme.CA) -> None:
+    import datetime
+
+    past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", not_before=past - datetime.timedelta(days=30),
+                  not_after=past).configure_cert(ctx)
+
+    async def main() -> None:
+        async with tls_server(ctx) as addr:
+            with pytest.raises(ssl.SSLCertVerificationError, match="expired"):
+                await trio.to_thread.run_sync(
+                    lambda: blocking.request(addr, {"op": OP}, ssl_context=client_context(ca)))
+            async with ConnectionPool(ssl_context=client_context(ca)) as pool:
+                with pytest.raises(TransportError) as info:
+                    await pool.request(addr, OP, {}, timeout=10)
+                assert info.value.sent is False and "expired" in str(info.value)
+
+    trio.run(main)
