@@ -84,7 +84,7 @@ def test_clients_read_the_ca_from_the_environment(tmp_path: Path, ca: trustme.CA
 def test_the_cli_takes_tls_ca_before_the_command(tmp_path: Path, ca: trustme.CA,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     pki(ca, tmp_path)
-    monkeypatch.delenv(CA_ENV, raising=False)
+    monkeypatch.setenv(CA_ENV, "")  # recorded, so what the CLI sets is undone afterwards
     ca_file = str(tmp_path / "ca.pem")
     assert _global_options(["--tls-ca", ca_file, "status", "--json"]) == ["status", "--json"]
     import os
