@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint sim fuzz bench bench-peers bench-peers-deps clean
+.PHONY: run test lint sim fuzz bench bench-spark bench-peers bench-peers-deps clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -11,21 +11,28 @@ $(VENV)/.base: pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $@
 
+# The Spark tests need the `spark` extra (PySpark, pyarrow) and Java 17; without Java
+# they skip and say so.
 $(VENV)/.test: $(VENV)/.base
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,spark]'
 	touch $@
 
 $(VENV)/.bench: $(VENV)/.base
 	$(PY) -m pip install -q -e '.[bench]'
 	touch $@
 
+$(VENV)/.spark: $(VENV)/.base
+	$(PY) -m pip install -q -e '.[spark]'
+	touch $@
+
 run: $(VENV)/.base
 	$(VENV)/bin/raftmq dev --data .raftmq-dev --showcase
 
+# Spark's Python workers run the venv's interpreter, where raftmq and pyarrow are.
 test: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	$(PY) -m pytest
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest
 
 # Coverage-guided fuzzing (atheris) of the frame/request decoders, the batch parser,
 # snapshot restore and CommitLog recovery over damaged files; grows tests/fuzz/corpus,
@@ -60,6 +67,12 @@ bench: $(VENV)/.bench
 	-$(PY) -m bench.topics --json
 	-$(PY) -m bench.topics --topics 1,1000 --api batch --batch 64 --messages 256000 --json
 	-$(PY) -m bench.failover --json
+
+# Reading from PySpark (needs Java 17): batch count/groupBy and streaming rows/s over
+# BENCH_SPARK_ARGS, e.g. BENCH_SPARK_ARGS="--messages 10000000".
+BENCH_SPARK_ARGS ?= --messages 1000000
+bench-spark: $(VENV)/.spark
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m bench.spark --json $(BENCH_SPARK_ARGS)
 
 # The peer systems' servers, from Debian packages; as root or through sudo; skipped when
 # all are installed already. Their Python clients come with the `bench` extra.

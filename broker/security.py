@@ -61,7 +61,7 @@ from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLo
 from raftlog.types import EntryType
 from transport.framing import Caller, Response
 
-__all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "RULES", "TX_OPS", "Guard",
+__all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "RULES", "Guard",
            "make_credential"]
 
 log = logging.getLogger("raftmq.security")
@@ -92,13 +92,6 @@ NOT_A_REQUEST = "not-a-request"
 
 Need = tuple[str, str, str]  # (kind, resource name, operation)
 Resolver = Callable[[Mapping[str, Any], bytes], list[Need]]
-
-#: The transaction ops of issue 14 by number (`broker.protocol` names them once they
-#: land): mapped here so they are closed from the first day they are served.
-TX_OPS = {60: "TX_INIT", 61: "TX_ADD", 62: "TX_OFFSETS", 63: "TX_END", 64: "TX_MARKER",
-          65: "TX_STATUS", 66: "HALF_END", 67: "TX_LIST", 68: "TX_CHECK",
-          69: "PRODUCER_HEARTBEAT"}
-
 
 def _text(h: Mapping[str, Any], name: str) -> str:
     v = h.get(name)
@@ -166,12 +159,14 @@ RULES: dict[int, Resolver | str] = {
     Op.ACL_ADD: _cluster("admin"), Op.ACL_REMOVE: _cluster("admin"),
     Op.ACL_LIST: _cluster("admin"),
     Op.REGISTER: NOT_A_REQUEST, Op.ROUTE: NOT_A_REQUEST, Op.CLUSTER: NOT_A_REQUEST,
-    # transactions (issue 14): a transactional producer publishes on the cluster (its
-    # transactional id and producer group are not topics); its offsets are the group's
-    60: _cluster("publish"), 61: _cluster("publish"), 62: _offset_topics,
-    63: _cluster("publish"), 64: PEER_ONLY, 65: _cluster("publish"),
-    66: _cluster("publish"), 67: _cluster("admin"), 68: NOT_A_REQUEST,
-    69: _cluster("publish"),
+    # transactions: a transactional producer publishes on the cluster (its transactional
+    # id and producer group are not topics); the offsets it commits are the group's
+    Op.TX_INIT: _cluster("publish"), Op.TX_ADD: _cluster("publish"),
+    Op.TX_OFFSETS: _offset_topics, Op.TX_END: _cluster("publish"),
+    Op.TX_MARKER: PEER_ONLY, Op.TX_STATUS: _cluster("publish"),
+    Op.HALF_END: _cluster("publish"), Op.TX_LIST: _cluster("admin"),
+    Op.TX_CHECK: NOT_A_REQUEST,  # the node asks the producer, never the other way
+    Op.PRODUCER_HEARTBEAT: _cluster("publish"),
 }
 
 
@@ -412,4 +407,4 @@ def _op_name(op: int) -> str:
     try:
         return Op(op).name
     except ValueError:
-        return TX_OPS.get(op, f"op {op}")
+        return f"op {op}"

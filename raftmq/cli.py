@@ -97,6 +97,12 @@ def _consume(argv: list[str]) -> int:
     return consume_main(argv)
 
 
+def _tx(argv: list[str]) -> int:
+    from raftmq.commands.tx import main as tx_main
+
+    return tx_main(argv)
+
+
 def _status(argv: list[str]) -> int:
     from raftmq.commands.status import main as status_main
 
@@ -127,6 +133,12 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _audit(argv: list[str]) -> int:
+    from raftmq.spark.audit import main as audit_main
+
+    return audit_main(argv)
+
+
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "dev": (_dev, "start a name server and three nodes on loopback; prints `ready ADDR`"),
     "node": (_node, "run one node (replicas of several Raft groups): --config node.toml"),
@@ -139,12 +151,14 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "acl": (_acl, "who may publish, subscribe or administer what: add, remove, list"),
     "group": (_group, "consumer groups: list, describe, reset-offsets, delete"),
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
+    "tx": (_tx, "transactions: list, show; commit or roll back a half message"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
     "cluster": (_cluster, "group replicas: status, transfer-leader, add/remove/replace-replica"),
-    "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover`"),
+    "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover|txn`"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
     "chaos": (_chaos, "fault-injection runs (`chaos run`) and history checks (`chaos check`)"),
+    "audit": (_audit, "reconcile a chaos history with a full read of the cluster, on Spark"),
 }
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "PushConsumer",
     "allocate_average",
     "allocate_round_robin",
+    "check_isolation",
     "commit_offsets",
     "decode_fetch",
     "fetch",
@@ -58,6 +59,7 @@ log = logging.getLogger("raftmq.client.consumer")
 LONG_POLL_MS = 15_000  # RocketMQ's broker-side hold for a pull at the end of a queue
 FETCH_GRACE = 5.0  # seconds a fetch may take beyond its hold before it counts as lost
 PULL_BATCH = 32
+PENDING_OFFSETS_WAIT = 60.0  # seconds a committed-offset query waits for a transaction
 FETCH_MAX_BYTES = 1 << 20
 FLOW_CONTROL_DELAY = 0.05  # RocketMQ's pause before re-checking a queue over its threshold
 
@@ -271,11 +273,23 @@ async def queue_bounds(routes: Routes, topic: str, queue: int) -> tuple[int, int
 
 
 async def query_offset(routes: Routes, group: str, topic: str, queue: int) -> int:
-    """The committed offset of a consumer group on a queue, -1 when it has none."""
-    _, frame = await routes.call_queue(
-        topic, queue, Op.QUERY_OFFSET, {"cg": group, "topic": topic, "queue": queue}
-    )
-    return int(frame.header.get("offset", -1))
+    """The committed offset of a consumer group on a queue, -1 when it has none.
+
+    While a transaction that sends offsets of that queue is undecided (TX_PENDING), its
+    outcome decides the answer: asked again until it is, for up to `PENDING_OFFSETS_WAIT`
+    seconds (a consume-transform-produce loop restarting after a crash so resumes where
+    the last committed transaction left it, never before)."""
+    deadline = anyio.current_time() + PENDING_OFFSETS_WAIT
+    while True:
+        try:
+            _, frame = await routes.call_queue(
+                topic, queue, Op.QUERY_OFFSET, {"cg": group, "topic": topic, "queue": queue}
+            )
+            return int(frame.header.get("offset", -1))
+        except RequestError as exc:
+            if exc.code != Code.TX_PENDING or anyio.current_time() > deadline:
+                raise
+        await anyio.sleep(0.1)
 
 
 async def commit_offsets(
@@ -309,6 +323,17 @@ async def commit_offsets(
 def default_client_id() -> str:
     """Unique per consumer instance, readable in CONSUMERS answers: host@pid@random."""
     return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+
+
+def check_isolation(isolation: str) -> str:
+    """Consumers read committed data only: a transaction's messages reach a queue when
+    it commits (and never when it aborts), so there is nothing else to read."""
+    if isolation != "read_committed":
+        raise ValueError(
+            f"isolation={isolation!r} is not supported: consumers read committed messages "
+            "only ('read_committed'); prepared transactional messages are not in any queue "
+            "until their transaction commits")
+    return isolation
 
 
 class _ClientBase:
@@ -372,6 +397,7 @@ class PullConsumer(_ClientBase):
     A queue's first position is the group's committed offset, or when it has none the
     queue's first retained offset (`start_from="first"`) or its end (`"last"`).
     `commit_all` commits the position after the last message returned.
+    `isolation` is "read_committed", the only level served (`check_isolation`).
     """
 
     def __init__(
@@ -384,8 +410,10 @@ class PullConsumer(_ClientBase):
         max_bytes: int = FETCH_MAX_BYTES,
         timeout: float = 3.0,
         pool: ConnectionPool | None = None,
+        isolation: str = "read_committed",
     ) -> None:
         super().__init__(namesrv, pool, timeout)
+        self.isolation = check_isolation(isolation)
         self.group = validate_group_name(group)
         if start_from not in ("first", "last"):
             raise ValueError("start_from is 'first' or 'last'")
@@ -659,6 +687,7 @@ class PushConsumer(_ClientBase):
 
     `topics` is a list, or a mapping topic -> tags to filter on: None or "*" (all
     messages), "TagA", "TagA || TagB" or a list of tags (see `parse_tags`).
+    `isolation` is "read_committed", the only level served (`check_isolation`).
     """
 
     def __init__(
@@ -686,8 +715,10 @@ class PushConsumer(_ClientBase):
         client_id: str | None = None,
         timeout: float = 3.0,
         pool: ConnectionPool | None = None,
+        isolation: str = "read_committed",
     ) -> None:
         super().__init__(namesrv, pool, timeout)
+        self.isolation = check_isolation(isolation)
         self.group = validate_group_name(group)
         if isinstance(topics, Mapping):
             self.topics = {t: parse_tags(v) for t, v in topics.items()}

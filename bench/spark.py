@@ -1,0 +1,157 @@
+"""Reading raftmq from PySpark: batch and streaming rows per second through the `raftmq` source.
+
+Fills a topic of `--queues` queues with `--messages` messages of `--size` bytes, then on a
+local SparkSession (`--master`, `local[2]` by default: this is a 2-core machine):
+
+- batch: `spark.read.format("raftmq")...load()` with `count()`, then with
+  `groupBy("queue").count()`: rows/s of each (wall time of the action, planning included);
+- streaming: `readStream` of the same topic from earliest with `Trigger.AvailableNow` and
+  `maxOffsetsPerTrigger` into the `noop` sink: rows/s end to end and the micro-batch
+  latency (each trigger's `triggerExecution` time) percentiles.
+
+The session starts before the clock does (a JVM takes seconds to start); the figures
+include Spark's Python workers, the FETCHes and the Arrow batches handed to the JVM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import anyio
+
+from .common import Target, add_cluster_args, emit, percentile, positive_int, run_on_target
+
+__all__ = ["build_parser", "main"]
+
+BATCH_TARGET = 300_000  # rows/s of the batch read (issue 15)
+FILL_BATCH = 512
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raftmq bench spark", description=__doc__.split("\n\n")[0])
+    add_cluster_args(p)
+    p.add_argument("--messages", type=positive_int, default=1_000_000)
+    p.add_argument("--size", type=positive_int, default=100, help="message body bytes")
+    p.add_argument("--queues", type=positive_int, default=8)
+    p.add_argument("--master", default="local[2]", help="Spark master")
+    p.add_argument("--max-per-trigger", type=positive_int, default=200_000,
+                   help="the stream's maxOffsetsPerTrigger")
+    return p
+
+
+async def fill(namesrv: str, topic: str, queues: int, messages: int, size: int) -> float:
+    """Send `messages` to `topic` in batches spread over its queues; seconds it took."""
+    from raftmq.client import Admin, Producer
+
+    async with Admin(namesrv) as admin:
+        await admin.create_topic(topic, queues)
+    body = b"x" * size
+    t0 = time.perf_counter()
+    async with Producer(namesrv) as producer:
+        async def queue_task(q: int) -> None:
+            n = messages // queues + (1 if q < messages % queues else 0)
+            for i in range(0, n, FILL_BATCH):
+                await producer.send_batch(topic, [body] * min(FILL_BATCH, n - i), queue=q)
+
+        async with anyio.create_task_group() as tg:
+            for q in range(queues):
+                tg.start_soon(queue_task, q)
+    return time.perf_counter() - t0
+
+
+def spark_session(master: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    from raftmq.spark import register
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master(master).appName("raftmq-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    register(spark)
+    return spark
+
+
+def measure(spark: Any, namesrv: str, topic: str, messages: int, max_per_trigger: int,
+            checkpoint: str) -> dict[str, Any]:
+    df = spark.read.format("raftmq").option("namesrv", namesrv).option("subscribe", topic).load()
+    t0 = time.perf_counter()
+    counted = df.count()
+    count_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    per_queue = df.groupBy("queue").count().collect()
+    group_s = time.perf_counter() - t0
+    grouped = sum(r["count"] for r in per_queue)
+
+    stream = (spark.readStream.format("raftmq").option("namesrv", namesrv)
+              .option("subscribe", topic).option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(max_per_trigger)).load())
+    t0 = time.perf_counter()
+    query = (stream.writeStream.format("noop").option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    stream_s = time.perf_counter() - t0
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    streamed = sum(p["numInputRows"] for p in progress)
+    batch_ms = sorted(float(p["durationMs"]["triggerExecution"]) for p in progress)
+    return {
+        "rows": {"count": counted, "group_by_queue": grouped, "streamed": streamed,
+                 "expected": messages},
+        "batch_count_rows_per_s": round(counted / count_s),
+        "batch_group_by_rows_per_s": round(grouped / group_s),
+        "batch_count_s": round(count_s, 3),
+        "batch_group_by_s": round(group_s, 3),
+        "batch_target_rows_per_s": BATCH_TARGET,
+        "stream_rows_per_s": round(streamed / stream_s),
+        "stream_s": round(stream_s, 3),
+        "stream_micro_batches": len(progress),
+        "stream_micro_batch_ms": {
+            "p50": percentile(batch_ms, 50), "max": batch_ms[-1] if batch_ms else None},
+    }
+
+
+def _table(result: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"raftmq bench spark: {result['messages']:,} messages of "
+                        f"{result['size']} B, {result['master']}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key in ("batch_count_rows_per_s", "batch_group_by_rows_per_s", "stream_rows_per_s",
+                "stream_micro_batches", "fill_s"):
+        table.add_row(key, f"{result[key]:,}")
+    table.add_row("stream micro-batch ms p50 / max",
+                  " / ".join(f"{v:,.0f}" for v in result["stream_micro_batch_ms"].values()
+                             if v is not None))
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import tempfile
+
+    from .common import run_id
+
+    topic = f"spark-bench-{run_id()}"
+
+    async def drive(target: Target, a: argparse.Namespace) -> dict[str, Any]:
+        fill_s = await fill(target.namesrv, topic, a.queues, a.messages, a.size)
+        spark = await anyio.to_thread.run_sync(spark_session, a.master)
+        with tempfile.TemporaryDirectory(prefix="raftmq-spark-bench-") as cp:
+            figures = await anyio.to_thread.run_sync(
+                measure, spark, target.namesrv, topic, a.messages, a.max_per_trigger, cp)
+        return {"benchmark": "spark", "messages": a.messages, "size": a.size,
+                "queues": a.queues, "master": a.master, "fill_s": round(fill_s, 3), **figures}
+
+    result = run_on_target(args, drive)
+    emit(result, args.json, _table)
+    rows = result["rows"]
+    return 0 if rows["count"] == rows["group_by_queue"] == rows["streamed"] == args.messages else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

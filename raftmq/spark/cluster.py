@@ -1,0 +1,174 @@
+"""What the `raftmq` Spark source asks the cluster: which queues a query reads and their
+bounds (on the driver), and the messages of one offset range (on an executor).
+
+Everything goes through the SDK's public read path (`raftmq.client.consumer.fetch` and
+`queue_bounds`), so it finds leaders, follows NOT_LEADER and retries the way every client
+does. FETCH serves committed messages only, so a read never sees a write a failover could
+take back; and since committed offsets never change, reading a range twice gives the same
+rows (what Spark's retries and micro-batch replays rely on).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import anyio
+import pyarrow as pa
+from anyio.from_thread import start_blocking_portal
+
+from broker.protocol import Code, RequestError
+from raftmq.client import Admin
+from raftmq.client.consumer import PullResult, fetch, queue_bounds
+from raftmq.client.routes import Routes
+from transport.connection import is_retriable
+
+from .options import OptionError, QueueRange, SourceOptions
+from .schema import messages_to_batch
+
+__all__ = ["DataLossError", "discover", "read_range"]
+
+log = logging.getLogger("raftmq.spark")
+
+FETCH_COUNT = 1024  # the broker's most messages per FETCH (broker.service.MAX_FETCH_COUNT)
+FETCH_BYTES = 8 << 20  # the broker's most bytes per FETCH
+_BOUNDS_CONCURRENCY = 32
+_RETRY_PAUSE = 0.1
+
+Bounds = dict[tuple[str, int], tuple[int, int]]
+
+
+class DataLossError(RuntimeError):
+    """Offsets a query must read are gone (removed by retention, or their topic deleted)
+    and `failOnDataLoss` is true."""
+
+
+def data_loss_message(topic: str, queue: int, start: int, stop: int, why: str) -> str:
+    return (f"{topic} queue {queue}: offsets {start}..{stop - 1} {why}; set failOnDataLoss "
+            "to false to skip what is gone and read on")
+
+
+async def _queues(admin: Admin, opts: SourceOptions) -> list[tuple[str, int]]:
+    routes = admin.routes
+    if opts.assign is not None:
+        out: list[tuple[str, int]] = []
+        for topic, queues in sorted(opts.assign.items()):
+            total = (await routes.route(topic, refresh=True)).total
+            missing = [q for q in queues if q >= total]
+            if missing:
+                raise OptionError(f"assign: {topic!r} has queues 0..{total - 1}, not {missing}")
+            out.extend((topic, q) for q in queues)
+        return out
+    if opts.subscribe is not None:
+        topics = list(opts.subscribe)
+    else:
+        topics = [t for t in await admin.list_topics() if opts.matches(t)]
+    out = []
+    for topic in sorted(topics):
+        try:
+            route = await routes.route(topic, refresh=True)
+        except RequestError as exc:
+            if exc.code != Code.UNKNOWN_TOPIC:
+                raise
+            log.warning("raftmq source: topic %r does not exist (yet): nothing to read", topic)
+            continue
+        out.extend((topic, q) for q in range(route.total))
+    return out
+
+
+async def _discover(opts: SourceOptions) -> Bounds:
+    async with Admin(list(opts.namesrv)) as admin:
+        queues = await _queues(admin, opts)
+        bounds: Bounds = {}
+        limiter = anyio.CapacityLimiter(_BOUNDS_CONCURRENCY)
+
+        async def one(topic: str, queue: int) -> None:
+            # a queue whose group is electing a leader answers once it has one
+            deadline = time.monotonic() + opts.fetch_timeout
+            while True:
+                try:
+                    async with limiter:
+                        bounds[(topic, queue)] = await queue_bounds(admin.routes, topic, queue)
+                    return
+                except RequestError as exc:
+                    if not is_retriable(exc) or time.monotonic() > deadline:
+                        raise
+                await anyio.sleep(_RETRY_PAUSE)
+
+        async with anyio.create_task_group() as tg:
+            for topic, queue in queues:
+                tg.start_soon(one, topic, queue)
+        return dict(sorted(bounds.items()))
+
+
+def discover(opts: SourceOptions) -> Bounds:
+    """(topic, queue) -> (min, end) of every queue the options select, asked of the
+    queues' leaders now (a blocking call, for the driver)."""
+    return anyio.run(_discover, opts)
+
+
+async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_loss: bool,
+                      timeout: float, tags: tuple[str, ...] | None
+                      ) -> tuple[PullResult | None, int]:
+    """The next messages of `r` at `offset`: (answer, where to continue). Waits out a new
+    leader that has not applied up to `r.end` yet (the range was committed, so it will);
+    a start removed by retention is a `DataLossError` or a skip to the earliest offset."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            res = await fetch(routes, r.topic, r.queue, offset,
+                              max_messages=min(FETCH_COUNT, r.end - offset),
+                              max_bytes=FETCH_BYTES, wait_ms=0, tags=tags)
+        except RequestError as exc:
+            if exc.code == Code.OFFSET_TOO_SMALL and "min" in exc.extra:
+                lo = min(int(exc.extra["min"]), r.end)
+                msg = data_loss_message(r.topic, r.queue, offset, lo,
+                                        "were removed by retention")
+                if fail_on_data_loss:
+                    raise DataLossError(msg) from None
+                log.warning("raftmq source: skipping: %s", msg)
+                return None, lo
+            if exc.code == Code.UNKNOWN_TOPIC:
+                msg = data_loss_message(r.topic, r.queue, offset, r.end,
+                                        "are gone with their topic")
+                if fail_on_data_loss:
+                    raise DataLossError(msg) from None
+                log.warning("raftmq source: skipping: %s", msg)
+                return None, r.end
+            if exc.code != Code.OFFSET_TOO_LARGE and not is_retriable(exc):
+                raise
+            res = None
+        if res is not None and (res.messages or res.next_offset > offset):
+            return res, res.next_offset  # (with tags, a FETCH may skip without a match)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{r.topic} queue {r.queue}: no message at committed offset "
+                               f"{offset} (of {r.start}..{r.end - 1}) within {timeout:g} s")
+        await anyio.sleep(_RETRY_PAUSE)
+
+
+def read_range(r: QueueRange, namesrv: tuple[str, ...], *, fail_on_data_loss: bool,
+               timeout: float, tags: tuple[str, ...] | None = None
+               ) -> Iterator[pa.RecordBatch]:
+    """The messages of `r` as Arrow record batches, one per FETCH. The next FETCH is
+    already under way (on the client's own event-loop thread) while a batch is built."""
+    with start_blocking_portal() as portal:
+        with portal.wrap_async_context_manager(Admin(list(namesrv))) as admin:
+            def start(offset: int) -> Future[Any]:
+                return portal.start_task_soon(_fetch_from, admin.routes, r, offset,
+                                              fail_on_data_loss, timeout, tags)
+
+            pending = start(r.start) if r.start < r.end else None
+            try:
+                while pending is not None:
+                    res, nxt = pending.result()
+                    pending = start(nxt) if nxt < r.end else None
+                    if res is not None:
+                        msgs = [m for m in res.messages if m.offset < r.end]
+                        if msgs:
+                            yield messages_to_batch(msgs)
+            finally:
+                if pending is not None:  # the reader stopped early (a LIMIT, a failure)
+                    pending.cancel()
