@@ -5,6 +5,7 @@ refusal is counted."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -138,3 +139,36 @@ def test_acl_list_shows_the_entries(cluster: LocalCluster, monkeypatch: pytest.M
     assert acl_cmd.main(["remove", *args]) == 0
     assert "no such entry" in capsys.readouterr().out
     assert acl_cmd.main(["add", *args]) == 0
+
+
+def test_transactions_need_publish_on_the_cluster(cluster: LocalCluster,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kafka-style transaction by a logged-in user: refused (FORBIDDEN, nothing
+    visible) until an ACL allows publish on the cluster, then it commits."""
+    import trio
+
+    from raftmq.client import Producer
+    from transport.connection import ConnectionPool
+
+    async def transact() -> None:
+        async with ConnectionPool(credentials=ALICE) as pool, \
+                Producer(cluster.namesrv_addr, pool=pool, transactional_id="alice-1") as p:
+            async with p.transaction() as tx:
+                await tx.send("orders.eu", b"in a transaction")
+
+    before = end_of(cluster, "orders.eu")
+    with pytest.raises(Exception) as info:  # noqa: PT011 - the SDK may wrap it
+        trio.run(transact)
+    assert "FORBIDDEN" in repr(info.value) or "FORBIDDEN" in str(info.value.__cause__), info
+    monkeypatch.setenv(USER_ENV, ROOT.user)
+    monkeypatch.setenv(PASSWORD_ENV, ROOT.password)
+    ns = ["--namesrv", cluster.namesrv_addr]
+    assert acl_cmd.main(["add", "--user", "alice", "--allow", "publish", "--cluster", *ns]) == 0
+    assert end_of(cluster, "orders.eu") == before  # the refused one left nothing
+    trio.run(transact)
+    deadline = time.monotonic() + 20  # the commit marker lands in the queue's group
+    while end_of(cluster, "orders.eu") != before + 1:
+        assert time.monotonic() < deadline, end_of(cluster, "orders.eu")
+        time.sleep(0.05)
+    assert acl_cmd.main(["remove", "--user", "alice", "--allow", "publish", "--cluster",
+                         *ns]) == 0
