@@ -11,10 +11,13 @@ A node owns, in one trio nursery:
   `raftmq cluster add-replica`) and closes and deletes one it was removed from
   (DROP_GROUP), each group running in a cancel scope of its own;
 * `PeerLinks`: one TCP connection per node pair carrying every group's Raft messages;
-* one listener on `listen` for both peers and clients: a connection whose first frame is
-  HELLO becomes a peer's only once the peer handshake (`transport.peerauth`, a
-  challenge-response over the cluster secret) succeeds; a client can never send Raft
-  traffic or read raw entries;
+* one listener on `listen` for both peers and clients (TLS only when the config names
+  `tls_cert`/`tls_key`/`tls_ca`): a connection whose first frame is HELLO becomes a
+  peer's only once the peer handshake (`transport.peerauth`, a challenge-response over
+  the cluster secret) succeeds, and, with TLS, only if it presented a certificate from
+  the cluster CA; a client can never send Raft traffic or read raw entries, and every
+  client request passes the guard (`broker.security`: login, ACLs) and the per-node
+  limits (`max_connections`, ...);
 * the ticker driving every group's logical clock;
 * the name-server registrar (`broker.registrar`: every `register_interval`, and at once
   on a leader change or a topic change);

@@ -15,8 +15,9 @@ be replayed, and the direction label keeps one side's proof from serving as the 
 link) or `rpc` (requests such as READ_RAW, answered as from a peer).
 
 The HMAC arithmetic is pure (`proof`, `check`); `dial_peer` and `accept_peer` run it
-over a `FrameStream`. Mutual TLS between peers replaces the secret in the security work;
-the shape (who is a peer is decided here, once per connection) stays.
+over a `FrameStream`. With TLS configured, a node also refuses a HELLO from a connection
+that did not present a certificate from the cluster CA (`broker.node`, mutual TLS), so a
+would-be peer needs both the certificate and the secret.
 """
 
 from __future__ import annotations
