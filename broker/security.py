@@ -24,7 +24,9 @@ a proof against its own replica of that group, so every node must host one (the 
 layout replicates every group on three nodes). Before any user is stored, the one
 configured superuser logs in with `superuser_scram`, a verifier in the node config.
 An unknown user gets a made-up salt (derived from a secret of this node), so the
-exchange looks the same as for a known one and fails only at the proof.
+exchange looks the same as for a known one and fails only at the proof. A failed login
+is answered, then the connection is closed: each guess costs a new connection (and
+`max_connections` bounds those).
 
 Authorization (`authorize = true`): every request type maps to the resources it touches
 and the operation it needs on each (`RULES`: topic, consumer group or cluster; publish,
@@ -325,6 +327,7 @@ class Guard:
             final = server.get_server_final()
         except scramp.ScramException:
             self.node.count_refusal("auth")
+            caller.hang_up()  # one try per connection: guessing costs a new connection
             log.info("authentication failed", extra={"fields": {"user": user,
                                                                 "remote": caller.remote}})
             raise RequestError(Code.UNAUTHENTICATED, "authentication failed: unknown user or "

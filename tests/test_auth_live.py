@@ -5,6 +5,7 @@ change nothing and are counted."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +79,34 @@ def test_a_wrong_password_or_unknown_user_is_refused_alike(cluster: LocalCluster
     assert info.value.code == Code.UNAUTHENTICATED
     assert info.value.message == "authentication failed: unknown user or wrong password"
     assert refused(cluster, 2, "auth") == before + 1
+
+
+def test_a_failed_login_ends_the_connection(cluster: LocalCluster) -> None:
+    """One guess per connection: after the refusal the node closes it."""
+    import scramp
+
+    from broker.protocol import FrameDecoder, encode_frame
+
+    host, port = cluster.node_addr(1).rsplit(":", 1)
+    client = scramp.ScramClient(["SCRAM-SHA-256"], "admin", "a guess")
+    dec = FrameDecoder(1 << 20)
+
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        def ask(header: dict[str, object]) -> dict[str, object]:
+            s.sendall(encode_frame(header))
+            while (frame := dec.next_frame()) is None:
+                data = s.recv(65536)
+                assert data, "closed before answering"
+                dec.feed(data)
+            return frame.header
+
+        first = ask({"op": int(Op.AUTH), "id": 1, "step": "first",
+                     "msg": client.get_client_first()})
+        client.set_server_first(str(first["msg"]))
+        final = ask({"op": int(Op.AUTH), "id": 2, "step": "final",
+                     "msg": client.get_client_final()})
+        assert final["code"] == Code.UNAUTHENTICATED
+        assert s.recv(65536) == b""  # then the node hangs up
 
 
 def test_users_are_added_replicated_used_and_removed(

@@ -237,6 +237,7 @@ class FrameWriter:
         self._failure: BaseException | None = None
         self._stopped = False
         self._writing = False  # run() is in a send_all
+        self._stop_requested = False
 
     @property
     def pending(self) -> int:
@@ -275,11 +276,18 @@ class FrameWriter:
             await self._drained.park()
             self._check()
 
+    def stop(self) -> None:
+        """Make `run()` return once what is queued now is written (the connection ends)."""
+        self._stop_requested = True
+        self._has_data.unpark_all()
+
     async def run(self) -> None:
-        """Write queued frames until cancelled or a write fails."""
+        """Write queued frames until cancelled, stopped or a write fails."""
         try:
             while True:
                 while not self._queue:
+                    if self._stop_requested:
+                        return
                     await self._has_data.park()
                 batch, self._queue = self._queue, []
                 data = batch[0] if len(batch) == 1 else b"".join(batch)
@@ -341,6 +349,7 @@ class Caller:
         self._ids = itertools.count(-1, -1)  # negative: never a client's own request id
         self._waiters: dict[int, list[Any]] = {}  # id -> [event, frame or None]
         self._gone: str | None = None
+        self._hang_up = False
 
     @property
     def is_peer(self) -> bool:
@@ -391,6 +400,11 @@ class Caller:
         if frame is None:
             raise CallerGone(f"{self.describe()}: {self._gone}")
         return raise_for_code(frame)
+
+    def hang_up(self) -> None:
+        """End this connection once the answer to the current request is written (a
+        client whose login failed gets its answer, then must connect again)."""
+        self._hang_up = True
 
     def _bind(self, out: FrameWriter) -> None:
         self._out = out
@@ -482,6 +496,8 @@ async def _answer(
             await out.send(header, body)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the writer's failure ends the connection
+        if caller._hang_up:
+            out.stop()  # the writer ends after this answer, and with it the connection
     finally:
         slots.release(len(frame.body))
 
