@@ -65,9 +65,12 @@ ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # (stale reads); crash-before-answer makes the node exit after a write (PRODUCE,
 # COMMIT_OFFSET, a topic or group change) whose header asks for it ("test_exit": true) is
 # committed and before it is answered, which forces the client to retry it.
+# Transactions: commit-before-durable-prepare answers a prepared produce before it is
+# committed; serve-prepared puts prepared batches in their queues at once (consumers read
+# uncommitted and aborted data); no-fencing ignores transactional epochs.
 KNOWN_MUTATIONS = frozenset({
     "ack-before-commit", "skip-fsync", "duplicate-batch", "skip-read-barrier",
-    "crash-before-answer",
+    "crash-before-answer", "commit-before-durable-prepare", "serve-prepared", "no-fencing",
 })
 
 # Port layout of `cluster_configs`: node i listens at base+i, serves metrics at
@@ -131,6 +134,18 @@ class NodeConfig:
     # Record every fsync in <data>/.sync-marks (`raftlog.fsutil`), so a chaos run can
     # simulate a power loss (`chaos.disk_faults.discard_unsynced`); tests only.
     test_sync_marks: bool = False
+    # Transactions (`broker.txtasks`): a half message is first checked back with its
+    # producer group this long after it was stored, then every `tx_check_interval_ms`,
+    # and rolled back after `tx_check_max` checks;
+    # a client may ask for a transaction timeout of at most `tx_timeout_max_ms`; prepared
+    # data of a Kafka transaction older than `tx_orphan_ms` asks its coordinator whether
+    # it was left behind; the leaders look for due work every `tx_tick_ms`.
+    tx_check_first_ms: int = 6_000
+    tx_check_interval_ms: int = 30_000
+    tx_check_max: int = 15
+    tx_timeout_max_ms: int = 900_000
+    tx_orphan_ms: int = 120_000
+    tx_tick_ms: int = 200
 
     def __post_init__(self) -> None:
         # a read-only view, so a "frozen" config cannot be changed through its peers table
@@ -378,7 +393,25 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         test_mutations=_mutations(d.get("test_mutations", []), env),
         test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
         join=_bool(d.get("join", False), "join"),
+        **_tx_settings(d),
     )
+
+
+#: The transaction settings: key -> (default, minimum); all integers (milliseconds but
+#: for the check count).
+_TX_SETTINGS = {
+    "tx_check_first_ms": (6_000, 1),
+    "tx_check_interval_ms": (30_000, 1),
+    "tx_check_max": (15, 1),
+    "tx_timeout_max_ms": (900_000, 1),
+    "tx_orphan_ms": (120_000, 1),
+    "tx_tick_ms": (200, 1),
+}
+
+
+def _tx_settings(d: Mapping[str, Any]) -> dict[str, int]:
+    return {key: _int(d.get(key, default), key, minimum=minimum)
+            for key, (default, minimum) in _TX_SETTINGS.items()}
 
 
 def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> NodeConfig:

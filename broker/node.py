@@ -54,6 +54,7 @@ from broker.cqchunks import CorruptChunk, FileChunkStore, is_shipped, provide, s
 from broker.groups import GroupRegistry
 from broker.hosted import HostedError, load_hosted, save_hosted
 from broker.metrics import NodeMetrics, serve_metrics
+from broker.peer_rpc import PeerRPC
 from broker.protocol import (
     Code,
     Frame,
@@ -66,6 +67,8 @@ from broker.registrar import Registrar
 from broker.retention import RetentionPolicy, run_retention
 from broker.service import BrokerService
 from broker.statemachine import BrokerState, TopicConfig, chunk_refs
+from broker.txservice import TxService
+from broker.txtasks import TxTasks
 from raftlog.core import RaftConfig
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
@@ -144,9 +147,15 @@ class Node:
         for gid, voters in sorted(hosted.items()):
             self.groups[gid] = self._new_group(gid, voters)
         self.service = BrokerService(self.registry, self)
+        self.txtasks = TxTasks(self, PeerRPC(
+            config.node_id, self._secret, self.addresses,
+            max_frame=max(self.max_frame, PEER_MAX_FRAME), ssl_context=peer_ssl_context))
+        self.service.tx.finisher = self.txtasks
         self.registrar = Registrar(config.namesrv, config.register_interval,
                                    self._registration_view)
         self.ack_before_commit = "ack-before-commit" in mutations
+        # prepared (transactional, half) batches answered before they commit
+        self.commit_before_durable_prepare = "commit-before-durable-prepare" in mutations
         self.skip_read_barrier = "skip-read-barrier" in mutations
         # a scripted crash between a commit and its answer (tests of retried requests)
         self.crash_before_answer = "crash-before-answer" in mutations
@@ -161,7 +170,8 @@ class Node:
         config = self.config
         store = self.chunk_stores[gid] = FileChunkStore(config.group_dir(gid) / "consumequeue")
         state = BrokerState(gid, max_message_bytes=config.max_message_bytes,
-                            chunk_store=store, chunk_records=config.consume_queue_chunk)
+                            chunk_store=store, chunk_records=config.consume_queue_chunk,
+                            mutations=self._mutations)
         gc = self._group_configs.get(gid)
         options = GroupOptions(
             raft=RaftConfig(
@@ -317,7 +327,8 @@ class Node:
         if shipped:
             provide(store, chunk_refs(data), shipped)
         return BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes,
-                                   chunk_store=store, chunk_records=self.config.consume_queue_chunk)
+                                   chunk_store=store, chunk_records=self.config.consume_queue_chunk,
+                                   mutations=self._mutations)
 
     async def _fetch_raw(self, group: str, peer: int, index: int) -> bytes:
         """Entry `index` of `group` as stored by `peer` (READ_RAW on its listener)."""
@@ -360,6 +371,11 @@ class Node:
 
     def topics_changed(self) -> None:
         self.registrar.wake()
+
+    @property
+    def tx_service(self) -> TxService:
+        """The transaction requests' handlers (what the transaction tasks propose with)."""
+        return self.service.tx
 
     def reachable_peers(self) -> list[int]:
         """The nodes this one has a live Raft link with now."""
@@ -409,6 +425,7 @@ class Node:
             nursery.start_soon(self._ticker)
             nursery.start_soon(self.registrar.run)
             nursery.start_soon(self._refresh_metrics)
+            await nursery.start(self.txtasks.run)
             policy = RetentionPolicy(retention_hours=self.config.retention_hours,
                                      disk_ratio=self.config.retention_disk_ratio,
                                      data_dir=self.config.data)

@@ -113,6 +113,29 @@ class Op(IntEnum):
     HOST_GROUP = 51  # (g, voters: [node ids]) -> (created: bool): start hosting an empty
     #   replica of g, caught up by its leader once added as a learner
     DROP_GROUP = 52  # (g) -> (dropped: bool): stop hosting g (removed from it), delete its data
+    # Transactions (see broker.txservice; docs in /docs): g is the group asked. Kafka's
+    # model: tid = transactional id, epoch fences older producers of it, n numbers the
+    # transactions of one epoch (0, 1, ...). RocketMQ's: txid names one half message,
+    # pg its producer group.
+    TX_INIT = 60  # (g: coordinator, tid, timeout_ms) -> (epoch); a previous epoch's open
+    #   transaction is aborted (fenced) first; NOT_COORDINATOR (coordinator) if g is not
+    TX_ADD = 61  # (g: coordinator, tid, epoch, n, groups: [gid...]) -> (): participants
+    #   of transaction n (before the first send to them); starts it
+    TX_OFFSETS = 62  # (g: participant hosting those queues, tid, epoch, n, cg,
+    #   offsets: [[topic, queue, offset]...]) -> (): consumer offsets committed with it
+    TX_END = 63  # (g: coordinator, tid, epoch, n, commit: bool) -> (state:
+    #   complete_commit|complete_abort, or prepare_* when markers still go out after 5 s)
+    TX_MARKER = 64  # node to node only: (g: participant, tid, epoch, n, commit, fence) ->
+    #   (dup): the coordinator's decision applied in a participant
+    TX_STATUS = 65  # (g: coordinator, tid) -> (epoch, n, state, participants, timeout_ms)
+    HALF_END = 66  # (g, txid, commit: bool, pg, source?: client|operator) -> (dup): commit
+    #   or roll back a half message
+    TX_LIST = 67  # (g?, id?, limit?) -> (halves, txns, decided, done, led): rows (maps) of
+    #   the groups this node leads
+    TX_CHECK = 68  # node to client, on a producer's connection: (g, txid, topic, queue,
+    #   msg_id, pg, checks) -> (state: commit|rollback|unknown)
+    PRODUCER_HEARTBEAT = 69  # (pg, client, ttl_ms?) -> (): this connection is a live
+    #   member of producer group pg on this node (asked TX_CHECK)
     REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
     #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see namesrv.registry
     ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])
@@ -147,6 +170,12 @@ class Code(IntEnum):
     FORBIDDEN = 22  # the caller may not make this request (peer-only ops from a client)
     NOT_A_MEMBER = 40  # the node named is not a member (or voter) of the group as asked
     MEMBERSHIP_REFUSED = 41  # the membership change would lose quorum, or one is under way
+    TX_FENCED = 42  # a newer producer (higher epoch) holds this transactional id
+    TX_UNKNOWN = 43  # no such transaction, or it finished long ago
+    TX_DECIDED = 44  # the transaction was already committed or aborted (the other way)
+    TX_LIMIT = 45  # too many messages/bytes/participants/open transactions, or timeout too long
+    NOT_COORDINATOR = 46  # this group is not the coordinator of that transactional id
+    TX_PENDING = 47  # retriable: that queue's offsets are part of an undecided transaction
 
     @property
     def retriable(self) -> bool:
@@ -154,7 +183,8 @@ class Code(IntEnum):
 
 
 _RETRIABLE = frozenset({Code.NOT_LEADER, Code.TIMEOUT, Code.BUSY, Code.PROPOSAL_DROPPED,
-                        Code.SEQUENCE_GAP, Code.UNAVAILABLE, Code.CONNECTION_LOST})
+                        Code.SEQUENCE_GAP, Code.UNAVAILABLE, Code.CONNECTION_LOST,
+                        Code.TX_PENDING})
 
 
 class ProtocolError(Exception):

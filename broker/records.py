@@ -16,8 +16,11 @@ entry's first sits some bytes further on (its shift), which the leader says in t
 batch's outcome.
 
     batch   := "RB" u8 version u8 flags u16 header_len header records
-    header  := msgpack map {topic: str, queue: int, pid: int, seq: int, n: int}
-               pid/seq are 0/-1 for a producer without idempotence
+    header  := msgpack map {topic: str, queue: int, pid: int, seq: int, n: int,
+               tx?: [tid: str, epoch: int, n: int], half?: [txid: str, producer_group: str]}
+               pid/seq are 0/-1 for a producer without idempotence; `tx` (a transaction's
+               batch) or `half` (a half message), never both, make it a prepared batch
+               (`broker.parts.txpart`); an ordinary batch has neither
     record  := u32 size u64 born_ms u16 key_len u16 tags_len u32 props_len u32 body_len
                key tags props body            (size counts the whole record)
                props is a msgpack map of str -> str, or empty
@@ -31,13 +34,13 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any, NamedTuple
 
 import msgpack
 
-from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
+from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError, validate_group_name
 
 __all__ = [
     "RECORD_HEADER",
@@ -55,9 +58,13 @@ __all__ = [
     "message_id",
     "parse_message_id",
     "tag_hash",
+    "validate_half",
+    "validate_tx",
     "walk_batch",
     "walk_entry",
 ]
+
+MAX_TID_CHARS = 255  # a transactional id or half-message txid
 
 MAGIC = b"RB"
 VERSION = 1
@@ -77,6 +84,13 @@ class BatchHeader:
     pid: int = 0
     seq: int = -1
     n: int = 0
+    tx: tuple[str, int, int] | None = None  # (transactional id, epoch, transaction number)
+    half: tuple[str, str] | None = None  # (txid, producer group) of a half message
+
+    @property
+    def prepared(self) -> bool:
+        """A batch of a transaction or a half message: held until decided."""
+        return self.tx is not None or self.half is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,11 +195,25 @@ def encode_batch(
     pid: int = 0,
     seq: int = -1,
     born_ms: int = 0,
+    tx: tuple[str, int, int] | None = None,
+    half: tuple[str, str] | None = None,
 ) -> EncodedBatch:
     """The batch's bytes; `.starts` on them says where each record will sit in the
-    stored entry."""
-    header = _HEADER_PACKER.pack(
-        {"topic": topic, "queue": queue, "pid": pid, "seq": seq, "n": len(messages)})
+    stored entry. `tx` (tid, epoch, n) or `half` (txid, producer group) make it a
+    prepared batch (RequestError MALFORMED if invalid, or both are given)."""
+    if tx is None and half is None:
+        header = _HEADER_PACKER.pack(
+            {"topic": topic, "queue": queue, "pid": pid, "seq": seq, "n": len(messages)})
+    else:
+        h: dict[str, Any] = {"topic": topic, "queue": queue, "pid": pid, "seq": seq,
+                             "n": len(messages)}
+        if tx is not None and half is not None:
+            raise _bad("a batch is either a transaction's (tx) or a half message (half)")
+        if tx is not None:
+            h["tx"] = list(validate_tx(list(tx)))
+        if half is not None:
+            h["half"] = list(validate_half(list(half)))
+        header = _HEADER_PACKER.pack(h)
     pos = STORED_PREFIX.size + _BATCH_PREFIX.size + len(header)
     if len(messages) == 1 and type(messages[0]) is bytes:
         # one bare body, the batch of a producer spreading sends over many queues: the
@@ -410,6 +438,40 @@ def _string_map(data: memoryview) -> bool:
     )
 
 
+def validate_tx(tx: object) -> tuple[str, int, int]:
+    """A header's `tx` value as (tid, epoch, n); RequestError MALFORMED if it is not one."""
+    if not isinstance(tx, list | tuple) or len(tx) != 3:
+        raise _bad("tx must be [transactional id, epoch, transaction number]")
+    tid, epoch, n = tx
+    if not valid_tid(tid):
+        raise _bad(f"bad transactional id {tid!r}: 1-{MAX_TID_CHARS} printable characters")
+    if type(epoch) is not int or type(n) is not int or epoch < 0 or n < 0:  # noqa: E721
+        raise _bad(f"tx epoch and number must be integers >= 0, got {epoch!r}, {n!r}")
+    if epoch >= 1 << 63 or n >= 1 << 63:
+        raise _bad("tx epoch or number out of range")
+    return tid, epoch, n
+
+
+def validate_half(half: object) -> tuple[str, str]:
+    """A header's `half` value as (txid, producer group); RequestError MALFORMED if not."""
+    if not isinstance(half, list | tuple) or len(half) != 2:
+        raise _bad("half must be [txid, producer group]")
+    txid, pg = half
+    if not valid_tid(txid):
+        raise _bad(f"bad half-message txid {txid!r}: 1-{MAX_TID_CHARS} printable characters")
+    try:
+        validate_group_name(pg)
+    except RequestError as exc:
+        raise _bad(f"half-message producer group: {exc.message}") from None
+    return txid, pg
+
+
+def valid_tid(tid: object) -> bool:
+    """Whether `tid` may name a transaction: 1..255 printable characters."""
+    return (isinstance(tid, str) and 0 < len(tid) <= MAX_TID_CHARS and tid.isprintable()
+            and tid.strip() == tid)
+
+
 def _header(h: dict[str, Any]) -> BatchHeader:
     topic, queue = h.get("topic"), h.get("queue")
     pid, seq, n = h.get("pid", 0), h.get("seq", -1), h.get("n")
@@ -418,7 +480,9 @@ def _header(h: dict[str, Any]) -> BatchHeader:
     if (type(topic) is str and topic and type(queue) is int and type(pid) is int  # noqa: E721
             and type(seq) is int and type(n) is int  # noqa: E721
             and queue >= 0 and n >= 1 and pid >= 0 and seq >= -1 and (seq >= 0 or not pid)):
-        return BatchHeader(topic, queue, pid, seq, n)
+        if "tx" not in h and "half" not in h:
+            return BatchHeader(topic, queue, pid, seq, n)
+        return _prepared_header(h, BatchHeader(topic, queue, pid, seq, n))
     if not isinstance(topic, str) or not topic:
         raise _bad("topic missing")
     if not (type(queue) is int and type(pid) is int and type(seq) is int  # noqa: E721
@@ -432,7 +496,19 @@ def _header(h: dict[str, Any]) -> BatchHeader:
         raise _bad("negative queue/pid/seq or empty batch")
     if pid and seq < 0:
         raise _bad("an idempotent batch (pid != 0) needs a sequence")
-    return BatchHeader(topic, queue, pid, seq, n)
+    return _prepared_header(h, BatchHeader(topic, queue, pid, seq, n))
+
+
+def _prepared_header(h: dict[str, Any], header: BatchHeader) -> BatchHeader:
+    """`header` with the `tx` or `half` field of `h` (MALFORMED if both, or bad)."""
+    tx, half = h.get("tx"), h.get("half")
+    if tx is None and half is None:
+        return header
+    if tx is not None and half is not None:
+        raise _bad("a batch is either a transaction's (tx) or a half message (half)")
+    if tx is not None:
+        return replace(header, tx=validate_tx(tx))
+    return replace(header, half=validate_half(half))
 
 
 def decode_record(

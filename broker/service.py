@@ -64,6 +64,7 @@ from broker.statemachine import (
     control_prefer_leader,
     valid_request_id,
 )
+from broker.txservice import TxService
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import DiskFull, GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType
@@ -87,13 +88,15 @@ CRASH_BEFORE_ANSWER_EXIT = 70  # exit code of the `crash-before-answer` test mut
 # the requests that change replicated state: `crash-before-answer` applies to each
 _WRITES = frozenset({
     Op.PRODUCE, Op.COMMIT_OFFSET, Op.CREATE_TOPIC, Op.DELETE_TOPIC, Op.GROW_TOPIC,
-    Op.DELETE_GROUP,
+    Op.DELETE_GROUP, Op.TX_INIT, Op.TX_ADD, Op.TX_OFFSETS, Op.TX_END, Op.TX_MARKER,
+    Op.HALF_END,
 })
 
 
 #: Requests only a node proven by the peer handshake may make: raw entries bypass the
-#: consumer's view, and Raft traffic belongs on the peer link (never a request).
-_PEER_ONLY = frozenset({int(Op.READ_RAW), int(Op.RAFT)})
+#: consumer's view, Raft traffic belongs on the peer link (never a request), and a
+#: transaction marker is the coordinator's decision, never a client's.
+_PEER_ONLY = frozenset({int(Op.READ_RAW), int(Op.RAFT), int(Op.TX_MARKER)})
 
 
 def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
@@ -147,6 +150,7 @@ class BrokerHost(Protocol):
     metrics: NodeMetrics
     # the deliberate test mutations the service carries out (see `broker.config`)
     ack_before_commit: bool
+    commit_before_durable_prepare: bool
     skip_read_barrier: bool
     crash_before_answer: bool
     duplicate_every: int
@@ -200,6 +204,8 @@ class BrokerService:
             Op.HOST_GROUP: self._host_group,
             Op.DROP_GROUP: self._drop_group,
         }
+        self.tx = TxService(self)
+        self._handlers.update(self.tx.handlers())
 
     async def handle(self, caller: Caller, frame: Frame) -> Response | None:
         h = frame.header
@@ -379,8 +385,12 @@ class BrokerService:
             kept = g.draft(pos)
             kept.data[:] = data[:pos]
             draft = kept
-        if self.node.ack_before_commit:
-            # Deliberately wrong (chaos tests only): acknowledge what is not yet committed.
+        if self.node.ack_before_commit or (
+                self.node.commit_before_durable_prepare
+                and all(header.prepared for header, _refs in walks)):
+            # Deliberately wrong (chaos tests only): acknowledge what is not yet committed
+            # (`commit-before-durable-prepare`: prepared batches only, so a coordinator
+            # may decide commit before they are durable on a majority).
             self.node.spawn(g.propose_many([draft], EntryType.MESSAGES))
             for i, (header, _refs) in zip(slots, walks, strict=True):
                 outcomes[i] = ProduceResult(-1, header.n, -1)
@@ -534,6 +544,7 @@ class BrokerService:
             topic = validate_topic_name(item[0])
             g = self._hosting(topic, _check_queue(item[1]))
             self._leading(g)
+            self.tx.check_no_pending(self.groups.states[g.group_id], cg, topic, item[1])
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
         dup = False
         for gid, offs in by_group.items():
@@ -572,7 +583,9 @@ class BrokerService:
         g = self._hosting(topic, queue)
         self._leading(g)
         await self._read_barrier(g)  # a committed offset is never read back older than it is
-        off = self.groups.states[g.group_id].consumer_offset(cg, topic, queue)
+        state = self.groups.states[g.group_id]
+        self.tx.check_no_pending(state, cg, topic, queue)
+        off = state.consumer_offset(cg, topic, queue)
         return ok_header(0, offset=-1 if off is None else off), b""
 
     # ------------------------------------------------------------------ admin

@@ -19,7 +19,11 @@ state, its control records, their apply handlers, its queries and its snapshot s
 - `Offsets`: consumer offsets (offsets);
 - `Requests`: results of client requests that may be retried (the `req` envelope);
 - `Horizon`: the retention horizon (retain);
-- `Leadership`: the preferred leader set through the log (prefer_leader).
+- `Leadership`: the preferred leader set through the log (prefer_leader);
+- `TxParticipant`: transactions' prepared batches and offsets, fences and decisions
+  (tx_offsets, tx_marker, half_end, half_checked);
+- `TxCoordinator`: the Kafka-style transactions this group coordinates (tx_init, tx_add,
+  tx_end, tx_complete).
 
 A new part (transactions, timers, retries, queue locks, users) is a `Part` subclass added
 to `PARTS` (or to a subclass's `part_types`): its records join the dispatch table, it hears the broadcasts (topic created
@@ -36,7 +40,9 @@ Entries applied:
   refused (its topic deleted meanwhile, a sequence gap) or skipped as a duplicate leaves
   the others of its entry stored, and the result is a `BatchOutcomes` when the entry
   holds several (a batch's own result when it holds one). Data that cannot be split
-  into well-formed batches is refused whole and changes nothing.
+  into well-formed batches is refused whole and changes nothing. A batch whose header
+  carries `tx` or `half` is prepared instead (`TxParticipant.prepare`): stored, not in any
+  queue until its transaction commits; its result has base offset -1.
 - CONTROL: a msgpack map whose "op" names a control record (see the parts and the
   `control_*` encoders). A control entry a client may send twice (a retry after a leader
   change, whose first copy was committed after all) carries `req`: [client id, sequence];
@@ -82,6 +88,8 @@ from broker.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.parts.producers import DEDUP_WINDOW, Producers
 from broker.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
 from broker.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
+from broker.parts.txcoord import TxCoordinator
+from broker.parts.txpart import TxParticipant
 from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
 from broker.records import (
     STORED_PREFIX,
@@ -129,7 +137,9 @@ __all__ = [
 
 #: The parts, in the order they hear broadcasts and appear in snapshots.
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
-                                 Leadership)
+                                 Leadership, TxParticipant, TxCoordinator)
+#: The test mutations the state machine itself carries out (see `broker.config`).
+STATE_MUTATIONS = frozenset({"serve-prepared", "no-fencing"})
 SNAPSHOT_VERSION = 3  # 3: a section per part; 2 added "clients" to 1's flat map
 _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
 
@@ -205,13 +215,17 @@ class BrokerState:
 
     def __init__(self, group: str, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  chunk_store: ChunkStore | None = None,
-                 chunk_records: int = CHUNK_RECORDS) -> None:
+                 chunk_records: int = CHUNK_RECORDS,
+                 mutations: Iterable[str] = ()) -> None:
         """`chunk_store` keeps the sealed ConsumeQueue chunks snapshots reference (a
         private in-memory one by default); `chunk_records` sizes them (every replica of
-        a group should use the same, or their snapshots differ, though each restores)."""
+        a group should use the same, or their snapshots differ, though each restores).
+        `mutations`: the deliberate test mutations of `STATE_MUTATIONS` to carry out
+        (others are ignored: they belong to the node)."""
         if chunk_records < 1:
             raise ValueError(f"chunk_records must be at least 1, got {chunk_records}")
         self.group = group
+        self.mutations = frozenset(mutations) & STATE_MUTATIONS
         self.max_message_bytes = max_message_bytes
         self.chunk_store: ChunkStore = chunk_store if chunk_store is not None else (
             MemoryChunkStore())
@@ -224,6 +238,8 @@ class BrokerState:
         self.offsets = self.part(Offsets)
         self.requests = self.part(Requests)
         self.horizon = self.part(Horizon)
+        self.txpart = self.part(TxParticipant)
+        self.txcoord = self.part(TxCoordinator)
         self._dispatch: dict[str, tuple[type[ControlRecord], Handler]] = {}
         for part in self.parts:
             handlers = part.handlers()
@@ -252,6 +268,11 @@ class BrokerState:
     def retained_index(self) -> int:
         """The highest `retain` min_index applied: nothing below it is still referenced."""
         return self.horizon.retained_index
+
+    def pinned_index(self) -> int | None:
+        """The lowest Raft index still holding undecided prepared data (None: none):
+        retention must not delete it (`broker.retention` keeps its limit below)."""
+        return self.txpart.pinned_index()
 
     @property
     def messages_applied(self) -> int:
@@ -333,6 +354,10 @@ class BrokerState:
         dup = self.producers.check_batch(header, len(refs))
         if dup is not None:
             return dup
+        if header.tx is not None or header.half is not None:
+            self.txpart.prepare(header, refs, index, store_ms)
+            self.producers.stored(header, -1, len(refs), index, shift)
+            return ProduceResult(-1, len(refs), index, shift=shift)
         base = self.queues.append(topic, queue, index, refs, store_ms)
         self.producers.stored(header, base, len(refs), index, shift)
         return ProduceResult(base, len(refs), index, shift=shift)
@@ -475,6 +500,7 @@ class BrokerState:
     def restore(
         cls, group: str, data: bytes, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
         chunk_store: ChunkStore | None = None, chunk_records: int = CHUNK_RECORDS,
+        mutations: Iterable[str] = (),
     ) -> BrokerState:
         """Rebuild a state from `snapshot()` bytes (of this version or of 1 and 2), reading
         the chunks they reference from `chunk_store`; ValueError if they are not one of
@@ -488,7 +514,7 @@ class BrokerState:
                 raise ValueError(f"snapshot of group {d['group']!r}, not {group!r}")
             sections = _legacy_sections(d) if version in (1, 2) else d["parts"]
             s = cls(group, max_message_bytes=max_message_bytes, chunk_store=chunk_store,
-                    chunk_records=chunk_records)
+                    chunk_records=chunk_records, mutations=mutations)
             s._applied = int(d["applied"])
             by_name = {p.name: p for p in s.parts}
             seen: set[str] = set()

@@ -322,6 +322,11 @@ class Caller:
         """True when the other end proved it is a node of this cluster."""
         return self.peer is not None
 
+    @property
+    def connected(self) -> bool:
+        """True while the connection is served (`request` can reach the other end)."""
+        return self._out is not None and self._gone is None
+
     def describe(self) -> str:
         who = f"node {self.peer}" if self.peer is not None else "client"
         return f"{who} at {self.remote or '?'}"

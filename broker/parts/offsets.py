@@ -3,7 +3,7 @@ rewinds them. Last write wins; offsets of queues not hosted here are skipped."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -100,14 +100,21 @@ class Offsets(Part):
         return ControlResult(DeleteGroup.op, len(gone))
 
     def _commit(self, rec: CommitOffsets, index: int) -> ControlResult:
+        applied, skipped = self.put(rec.cg, rec.offsets)
+        return ControlResult(CommitOffsets.op, applied, skipped)
+
+    def put(self, cg: str, offsets: Iterable[tuple[str, int, int]]) -> tuple[int, int]:
+        """Commit `offsets` [(topic, queue, offset)] of `cg` (last write wins), as an
+        `offsets` record does (a committed transaction's offsets come here too); returns
+        (applied, skipped: queues not hosted here)."""
         applied = skipped = 0
-        for topic, queue, offset in rec.offsets:
+        for topic, queue, offset in offsets:
             if self.state.hosts(topic, queue):
-                self.offsets[(rec.cg, topic, queue)] = offset
+                self.offsets[(cg, topic, queue)] = offset
                 applied += 1
             else:
                 skipped += 1
-        return ControlResult(CommitOffsets.op, applied, skipped)
+        return applied, skipped
 
     def committed(self, cg: str, topic: str, queue: int) -> int | None:
         return self.offsets.get((cg, topic, queue))

@@ -20,11 +20,16 @@ from transport.connection import ConnectionPool, is_retriable
 
 from . import membership
 from .consumer import _ClientBase, commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
-from .errors import IncompleteError, may_have_applied
+from .errors import IncompleteError, TransactionError, may_have_applied
 from .membership import GroupMembers
 from .routes import TopicRoute, backoff_delay, node_addresses
+from .transactions import as_tx_error
 
-__all__ = ["Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo", "place_queues"]
+__all__ = ["TX_LISTS", "Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo",
+           "place_queues"]
+
+TX_LISTS = ("halves", "txns", "decided", "done")
+"""The lists of a TX_LIST answer (see `Admin.tx_list`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,6 +582,104 @@ class Admin(_ClientBase):
                 "g": gid, "cg": group, "req": list(self.routes.request_id())}, write=True)
             deleted += int(frame.header.get("deleted", 0))
         return deleted
+
+    # ------------------------------------------------------------ transactions
+
+    async def tx_list(self, id: str | None = None, *, group: str | None = None,
+                      limit: int = 1000) -> dict[str, list[dict[str, Any]]]:
+        """What the cluster knows of transactions, from the leader of every group (one
+        TX_LIST per node): `halves` (half messages waiting for a decision), `txns`
+        (transactions the coordinators hold, not finished or recently finished),
+        `decided` (the latest decisions of each participant, newest first) and `done`
+        (the coordinators' latest finished transactions). `id` keeps only the rows of
+        one transactional id or half message txid; `group` one broker group.
+
+        Raises `IncompleteError` when some group's leader did not answer (`partial` is
+        what the others said)."""
+        if group is not None:
+            validate_group_name(group)
+        if limit < 1:
+            raise ValueError("limit is at least 1")
+        cluster = await self.routes.cluster()
+        out: dict[str, list[dict[str, Any]]] = {k: [] for k in TX_LISTS}
+        read: set[str] = set()
+        failures: list[str] = []
+        header: dict[str, Any] = {"limit": limit}
+        if group is not None:
+            header["g"] = group
+        if id is not None:
+            header["id"] = id
+
+        async def one(addr: str) -> None:
+            try:
+                frame = await self.routes.pool.request(addr, Op.TX_LIST, header,
+                                                       timeout=self.timeout)
+            except RequestError as exc:
+                failures.append(f"{addr}: {exc.code.name}")
+                return
+            h = frame.header
+            read.update(str(g) for g in h.get("led") or [])
+            for key in TX_LISTS:
+                out[key] += [dict(row) for row in h.get(key) or [] if isinstance(row, dict)]
+
+        async with anyio.create_task_group() as tg:
+            for addr in node_addresses(cluster):
+                tg.start_soon(one, addr)
+        out["halves"].sort(key=lambda r: (r.get("prepared_ms", 0), str(r.get("txid"))))
+        out["txns"].sort(key=lambda r: (str(r.get("tid")), r.get("epoch", 0), r.get("n", 0)))
+        out["decided"].sort(key=lambda r: (str(r.get("g")), -int(r.get("index") or 0)))
+        out["done"].sort(key=lambda r: (str(r.get("tid")), -int(r.get("epoch") or 0),
+                                        -int(r.get("n") or 0)))
+        wanted = [str(g) for g in (cluster.get("groups") or {})
+                  if group is None or str(g) == group]
+        missing = sorted(g for g in wanted if g not in read)
+        if missing:
+            why = f" (unanswered: {', '.join(sorted(failures))})" if failures else ""
+            raise IncompleteError(
+                f"no leader answered for broker group(s) {', '.join(missing)}: their "
+                f"transactions are not included{why}", unreadable=missing, partial=out)
+        return out
+
+    async def tx_show(self, id: str) -> dict[str, list[dict[str, Any]]]:
+        """Every row `tx_list` has about one transactional id or half message txid;
+        TX_UNKNOWN when no group knows it (never seen, or forgotten long ago)."""
+        if not isinstance(id, str) or not id:
+            raise ValueError("a transactional id or txid is a non-empty string")
+        rows = await self.tx_list(id)
+        rows = {k: [r for r in v if id in (r.get("txid"), r.get("tid"), r.get("id"))]
+                for k, v in rows.items()}
+        if not any(rows.values()):
+            raise TransactionError(Code.TX_UNKNOWN, f"no group knows a transaction {id!r} "
+                                   "(never seen, or decided long ago and forgotten)")
+        return rows
+
+    async def tx_commit(self, txid: str) -> bool:
+        """Deliver a half message no producer decided (the operator's decision).
+        True if it was committed already; TX_DECIDED if rolled back, TX_UNKNOWN if no
+        group knows it."""
+        return await self._end_half(txid, True)
+
+    async def tx_rollback(self, txid: str) -> bool:
+        """Drop a half message no producer decided. True if it was rolled back already;
+        TX_DECIDED if it was committed, TX_UNKNOWN if no group knows it."""
+        return await self._end_half(txid, False)
+
+    async def _end_half(self, txid: str, commit: bool) -> bool:
+        rows = await self.tx_show(txid)
+        groups = sorted({str(r["g"]) for r in rows["halves"] if r.get("txid") == txid}
+                        | {str(r["g"]) for r in rows["decided"]
+                           if r.get("kind") == "half" and r.get("id") == txid})
+        if not groups:
+            raise TransactionError(Code.TX_UNKNOWN, f"{txid!r} is not a half message "
+                                   "(a transactional id? those are decided by their producer "
+                                   "or their timeout)")
+        header = {"g": groups[0], "txid": txid, "commit": commit, "pg": "",
+                  "source": "operator"}
+        try:
+            frame = await self.routes.call_group(groups[0], Op.HALF_END, header, write=True)
+        except RequestError as exc:
+            raise as_tx_error(exc) from exc
+        return bool(frame.header.get("dup", False))
 
     async def transfer_leader(self, group: str, to: int, *, prefer: bool = True) -> None:
         """Move `group`'s leadership to node `to`, a voter of it. With `prefer` (the

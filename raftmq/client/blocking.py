@@ -10,8 +10,8 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -24,12 +24,15 @@ from .admin import Admin, GroupQueue, QueueLag, TopicInfo
 from .consumer import PullConsumer, PullResult, PushConsumer, Tags
 from .membership import GroupMembers
 from .producer import Producer, SendResult
+from .transactions import HalfHandle, Transaction, TransactionResult
 
 __all__ = [
     "BlockingAdmin",
+    "BlockingHalfHandle",
     "BlockingProducer",
     "BlockingPullConsumer",
     "BlockingPushConsumer",
+    "BlockingTransaction",
     "connect_admin",
     "connect_producer",
     "connect_pull_consumer",
@@ -127,6 +130,90 @@ class BlockingProducer(_Blocking[Producer]):
 
     def flush(self) -> None:
         self._call(self._client.flush)
+
+    def begin(self) -> BlockingTransaction:
+        """Begin a transaction (needs `transactional_id`); commit or abort it."""
+        return BlockingTransaction(self, self._call(self._client.begin))
+
+    @contextmanager
+    def transaction(self) -> Iterator[BlockingTransaction]:
+        """`with producer.transaction() as tx:` commits on leaving, aborts (and
+        re-raises) on an exception."""
+        tx = self.begin()
+        try:
+            yield tx
+        except BaseException:
+            if tx.state == "open" and not self._client.fenced:
+                try:
+                    tx.abort()
+                except Exception:  # noqa: BLE001 - the block's own error is raised
+                    pass
+            raise
+        if tx.state == "open":
+            tx.commit()
+
+    @property
+    def fenced(self) -> bool:
+        return self._client.fenced
+
+    def send_in_transaction(self, topic: str, message: OutgoingMessage | bytes | str, *,
+                            local_transaction: Callable[[OutgoingMessage], Any],
+                            **kwargs: Any) -> TransactionResult:
+        """Half message, local transaction (a plain one runs in a worker thread), then
+        commit or rollback (see `Producer.send_in_transaction`)."""
+        return self._call(self._client.send_in_transaction, topic, message,
+                          local_transaction=local_transaction, **kwargs)
+
+    def prepare(self, topic: str, message: OutgoingMessage | bytes | str,
+                **kwargs: Any) -> BlockingHalfHandle:
+        """Store a half message; decide it later with the handle."""
+        return BlockingHalfHandle(self, self._call(self._client.prepare, topic, message,
+                                                   **kwargs))
+
+
+class BlockingTransaction:
+    """A `Transaction` driven from blocking code."""
+
+    def __init__(self, owner: _Blocking[Any], tx: Transaction) -> None:
+        self._owner = owner
+        self.tx = tx
+
+    @property
+    def state(self) -> str:
+        return self.tx.state
+
+    def send(self, topic: str, message: OutgoingMessage | bytes | str,
+             **kwargs: Any) -> SendResult:
+        return self._owner._call(self.tx.send, topic, message, **kwargs)
+
+    def send_batch(self, topic: str, messages: Sequence[OutgoingMessage | bytes | str], *,
+                   queue: int | None = None) -> list[SendResult]:
+        return self._owner._call(self.tx.send_batch, topic, messages, queue=queue)
+
+    def send_offsets(self, consumer_group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        self._owner._call(self.tx.send_offsets, consumer_group, offsets)
+
+    def commit(self) -> None:
+        self._owner._call(self.tx.commit)
+
+    def abort(self) -> None:
+        self._owner._call(self.tx.abort)
+
+
+class BlockingHalfHandle:
+    """A `HalfHandle` driven from blocking code."""
+
+    def __init__(self, owner: _Blocking[Any], handle: HalfHandle) -> None:
+        self._owner = owner
+        self.handle = handle
+        self.txid = handle.txid
+        self.result = handle.result
+
+    def commit(self) -> bool:
+        return self._owner._call(self.handle.commit)
+
+    def rollback(self) -> bool:
+        return self._owner._call(self.handle.rollback)
 
 
 class BlockingPullConsumer(_Blocking[PullConsumer]):
@@ -256,6 +343,18 @@ class BlockingAdmin(_Blocking[Admin]):
 
     def delete_group(self, group: str) -> int:
         return self._call(self._client.delete_group, group)
+
+    def tx_list(self, id: str | None = None, **kwargs: Any) -> dict[str, list[dict[str, Any]]]:
+        return self._call(self._client.tx_list, id, **kwargs)
+
+    def tx_show(self, id: str) -> dict[str, list[dict[str, Any]]]:
+        return self._call(self._client.tx_show, id)
+
+    def tx_commit(self, txid: str) -> bool:
+        return self._call(self._client.tx_commit, txid)
+
+    def tx_rollback(self, txid: str) -> bool:
+        return self._call(self._client.tx_rollback, txid)
 
 
 async def _sync_call(fn: Callable[[], R]) -> R:

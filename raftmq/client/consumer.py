@@ -45,6 +45,7 @@ __all__ = [
     "PushConsumer",
     "allocate_average",
     "allocate_round_robin",
+    "check_isolation",
     "commit_offsets",
     "decode_fetch",
     "fetch",
@@ -311,6 +312,17 @@ def default_client_id() -> str:
     return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
+def check_isolation(isolation: str) -> str:
+    """Consumers read committed data only: a transaction's messages reach a queue when
+    it commits (and never when it aborts), so there is nothing else to read."""
+    if isolation != "read_committed":
+        raise ValueError(
+            f"isolation={isolation!r} is not supported: consumers read committed messages "
+            "only ('read_committed'); prepared transactional messages are not in any queue "
+            "until their transaction commits")
+    return isolation
+
+
 class _ClientBase:
     """Owns a connection pool (unless given one), route cache and task group."""
 
@@ -372,6 +384,7 @@ class PullConsumer(_ClientBase):
     A queue's first position is the group's committed offset, or when it has none the
     queue's first retained offset (`start_from="first"`) or its end (`"last"`).
     `commit_all` commits the position after the last message returned.
+    `isolation` is "read_committed", the only level served (`check_isolation`).
     """
 
     def __init__(
@@ -384,8 +397,10 @@ class PullConsumer(_ClientBase):
         max_bytes: int = FETCH_MAX_BYTES,
         timeout: float = 3.0,
         pool: ConnectionPool | None = None,
+        isolation: str = "read_committed",
     ) -> None:
         super().__init__(namesrv, pool, timeout)
+        self.isolation = check_isolation(isolation)
         self.group = validate_group_name(group)
         if start_from not in ("first", "last"):
             raise ValueError("start_from is 'first' or 'last'")
@@ -659,6 +674,7 @@ class PushConsumer(_ClientBase):
 
     `topics` is a list, or a mapping topic -> tags to filter on: None or "*" (all
     messages), "TagA", "TagA || TagB" or a list of tags (see `parse_tags`).
+    `isolation` is "read_committed", the only level served (`check_isolation`).
     """
 
     def __init__(
@@ -686,8 +702,10 @@ class PushConsumer(_ClientBase):
         client_id: str | None = None,
         timeout: float = 3.0,
         pool: ConnectionPool | None = None,
+        isolation: str = "read_committed",
     ) -> None:
         super().__init__(namesrv, pool, timeout)
+        self.isolation = check_isolation(isolation)
         self.group = validate_group_name(group)
         if isinstance(topics, Mapping):
             self.topics = {t: parse_tags(v) for t, v in topics.items()}

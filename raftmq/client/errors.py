@@ -7,8 +7,13 @@
     │   │   │                     nothing was written (code UNAVAILABLE)
     │   │   └── IncompleteError   an answer gathered from several groups misses some:
     │   │                         `.unreadable` names them, `.partial` is what was read
-    │   └── OutcomeUnknownError   a write may or may not have been applied (a timeout, a
-    │                             connection lost after sending): check before resending
+    │   ├── OutcomeUnknownError   a write may or may not have been applied (a timeout, a
+    │   │                         connection lost after sending): check before resending
+    │   └── TransactionError      a transaction cannot go on (`.code` says why)
+    │       ├── ProducerFencedError   a newer producer holds the transactional id (TX_FENCED):
+    │       │                         this producer can no longer begin, send or commit
+    │       └── TransactionAbortedError  the transaction was aborted, not committed (its
+    │                                 timeout passed, a send failed, or it was fenced)
     └── ClientClosedError         the client object is closed, or was never opened
 
 A definite refusal is a `RequestError` with the broker's code (UNKNOWN_TOPIC,
@@ -33,7 +38,10 @@ __all__ = [
     "IncompleteError",
     "OutcomeUnknownError",
     "RaftMQError",
+    "ProducerFencedError",
     "RequestError",
+    "TransactionAbortedError",
+    "TransactionError",
     "TransportError",
     "UnavailableError",
     "close_stack",
@@ -71,6 +79,28 @@ class OutcomeUnknownError(RequestError):
 
     def __init__(self, message: str, **extra: object) -> None:
         super().__init__(Code.TIMEOUT, message, **extra)
+
+
+class TransactionError(RequestError):
+    """A transaction (Kafka model) or a half message (RocketMQ model) cannot go on as
+    asked: committed or aborted already, unknown to the coordinator, over a limit. `code`
+    is the broker's (TX_UNKNOWN, TX_DECIDED, TX_LIMIT, ...), or INVALID_STATE-like
+    misuse found by the client itself (MALFORMED)."""
+
+
+class ProducerFencedError(TransactionError):
+    """A producer with the same transactional id started after this one (a higher
+    epoch): this one is a zombie. It can no longer begin, send, send offsets or commit;
+    close it. Its open transaction is aborted by the coordinator."""
+
+    def __init__(self, message: str, **extra: object) -> None:
+        super().__init__(Code.TX_FENCED, message, **extra)
+
+
+class TransactionAbortedError(TransactionError):
+    """`commit` found the transaction aborted instead: its timeout passed, a newer
+    producer fenced it, or one of its sends failed (the cause is chained). Nothing of it
+    is visible to consumers; begin a new transaction to try again."""
 
 
 _NO_LEADER = frozenset({Code.NOT_LEADER, Code.TIMEOUT, Code.UNAVAILABLE, Code.CONNECTION_LOST,

@@ -36,10 +36,10 @@ import random
 import time
 import zlib
 from collections.abc import Callable, Container, Generator, Iterable, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import anyio
 import anyio.abc
@@ -63,7 +63,7 @@ from broker.records import (
 from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 
 from .accumulator import BatchAccumulator, GroupAccumulator, QueueBuffer
-from .errors import close_stack, give_up, may_have_applied
+from .errors import TransactionError, close_stack, give_up, may_have_applied
 from .routes import (
     Routes,
     TopicRoute,
@@ -72,6 +72,17 @@ from .routes import (
     normalize_addresses,
     open_routes,
 )
+
+if TYPE_CHECKING:
+    from .transactions import (
+        CheckListener,
+        HalfHandle,
+        HalfMessages,
+        LocalTransaction,
+        Transaction,
+        TransactionalSends,
+        TransactionResult,
+    )
 
 __all__ = [
     "BatchAccumulator",
@@ -460,6 +471,13 @@ class Producer:
 
     `on_attempt`, when given, is called with a `SendAttempt` just before every PRODUCE
     request leaves, retries and redirects included (it must not block or raise).
+
+    Transactions (see `raftmq.client.transactions`): with `transactional_id` the producer
+    is idempotent and sends only inside transactions (`begin`, `transaction`), which the
+    coordinator aborts when not committed within `transaction_timeout_ms`. With
+    `producer_group` it sends half messages (`send_in_transaction`, `prepare`), and with
+    a `check_listener` too it answers the broker's check-backs for that group's
+    undecided half messages.
     """
 
     def __init__(
@@ -478,7 +496,13 @@ class Producer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         pool: ConnectionPool | None = None,
         on_attempt: Callable[[SendAttempt], None] | None = None,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
+        producer_group: str | None = None,
+        check_listener: CheckListener | None = None,
     ) -> None:
+        if transactional_id is not None:
+            idempotent, max_in_flight = True, 1  # transactional batches are idempotent
         if linger_ms < 0 or send_timeout <= 0 or retries < 0:
             raise ValueError("linger_ms, send_timeout and retries must not be negative")
         if batch_max_messages < 1 or not 0 < batch_max_bytes <= MAX_BATCH_BYTES:
@@ -519,6 +543,18 @@ class Producer:
         self._pending_slots: anyio.Semaphore | None = None
         self._closed = False
         self._on_settled = self._settled  # bound once: every message's send carries it
+        self._tx_stamp: tuple[str, int, int] | None = None  # (tid, epoch, n) of the open txn
+        self._txn: TransactionalSends | None = None
+        self._halves: HalfMessages | None = None
+        if transactional_id is not None or producer_group is not None:
+            from .transactions import HalfMessages, TransactionalSends
+
+            if transactional_id is not None:
+                self._txn = TransactionalSends(self, transactional_id, transaction_timeout_ms)
+            if producer_group is not None:
+                self._halves = HalfMessages(self, producer_group, check_listener)
+        elif check_listener is not None:
+            raise ValueError("a check_listener answers for a producer_group: give one")
 
     # ------------------------------------------------------------ lifecycle
 
@@ -530,6 +566,14 @@ class Producer:
             max_frame=frame_limit(self.max_message_bytes),  # what nodes with this limit take
         )
         self._pending_slots = anyio.Semaphore(self.max_pending)
+        if self._halves is not None:
+            try:
+                await self._halves.start()
+            except BaseException:
+                self._closed = True
+                self._tg.cancel_scope.cancel()
+                await self._stack.aclose()
+                raise
         return self
 
     async def __aexit__(
@@ -543,6 +587,8 @@ class Producer:
             if exc_type is None:
                 with anyio.move_on_after(self.send_timeout * (self.retries + 1) + 1):
                     await self.flush()
+            if self._txn is not None:
+                await self._txn.close()
         finally:
             self._closed = True
             closed = ClientClosedError("the producer closed before the message was sent")
@@ -600,6 +646,8 @@ class Producer:
         Waits only to learn the route (first use of a topic) or when `max_pending` sends
         are already outstanding. Bad messages, names and unknown topics raise here.
         """
+        if self._txn is not None:
+            self._not_transactional()
         msg = as_payload(message, key=key, tags=tags, properties=properties)
         check_message(msg, self.max_message_bytes)
         fut: SendFuture[SendResult] = SendFuture()
@@ -641,6 +689,8 @@ class Producer:
         within the batch size bounds go in one PRODUCE request (atomically); a larger
         list is split into several.
         """
+        if self._txn is not None:
+            self._not_transactional()
         msgs = [as_payload(m) for m in messages]
         if not msgs:
             return []
@@ -656,6 +706,75 @@ class Producer:
         for fut in futs:
             results += await fut
         return results
+
+    def _not_transactional(self) -> None:
+        raise TransactionError(
+            Code.MALFORMED, "a producer with a transactional_id sends inside transactions "
+            "only: `async with producer.transaction() as tx: await tx.send(...)`")
+
+    # ------------------------------------------------------------ transactions
+
+    def _transactional(self) -> TransactionalSends:
+        if self._txn is None:
+            raise ValueError("transactions need Producer(..., transactional_id=...)")
+        self._check_open()
+        return self._txn
+
+    def _half_messages(self) -> HalfMessages:
+        if self._halves is None:
+            raise ValueError("half messages need Producer(..., producer_group=...)")
+        self._check_open()
+        return self._halves
+
+    async def begin(self) -> Transaction:
+        """Begin a transaction (registering the transactional id on first use); end it
+        with `commit()` or `abort()`."""
+        return await self._transactional().begin()
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """`async with producer.transaction() as tx:` commits on leaving the block and
+        aborts (then re-raises) on an exception."""
+        from .transactions import transaction_scope
+
+        return transaction_scope(self._transactional())
+
+    @property
+    def fenced(self) -> bool:
+        """Whether a newer producer took this one's transactional id over."""
+        return self._txn is not None and self._txn.fenced is not None
+
+    async def send_in_transaction(
+        self,
+        topic: str,
+        message: OutgoingMessage | bytes | str,
+        *,
+        local_transaction: LocalTransaction,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        queue: int | None = None,
+    ) -> TransactionResult:
+        """RocketMQ's transactional send: store a half message, run
+        `local_transaction(message)` ("commit" / "rollback" / "unknown", plain or async),
+        then commit or roll it back; "unknown" or an exception leaves it to check-back."""
+        return await self._half_messages().send_in_transaction(
+            topic, message, local_transaction, key=key, tags=tags, properties=properties,
+            queue=queue)
+
+    async def prepare(
+        self,
+        topic: str,
+        message: OutgoingMessage | bytes | str,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        queue: int | None = None,
+    ) -> HalfHandle:
+        """Store a half message and return its handle, to `commit()` or `rollback()`
+        later (the broker's check-back decides if neither comes)."""
+        return await self._half_messages().prepare(
+            topic, message, key=key, tags=tags, properties=properties, queue=queue)
 
     def _chunks(self, msgs: list[Payload]) -> list[tuple[list[Payload], int]]:
         """`msgs` cut where a batch bound would be passed, each piece with its bytes."""
@@ -874,7 +993,10 @@ class Producer:
                     state = self._sequence(topic, queue)
                     pid, seq = state.pid, state.next_seq
                     state.next_seq += 1
-                data = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
+                data = (encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
+                        if self._tx_stamp is None else
+                        encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born,
+                                     tx=self._tx_stamp))
                 batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born))
         gs.in_flight += 1
         self._tg.start_soon(self._send_request, gs, self._routes.target(gs.acc.group),
@@ -1100,8 +1222,9 @@ class Producer:
         ids = batch_message_ids(group, index, batch, shift)
         if n != len(ids):
             raise RequestError(Code.MALFORMED, f"PRODUCE stored {n} of {len(ids)} messages")
-        if base < 0:
-            return [SendResult(None, topic, queue, -1, group, dup) for _ in ids]
+        if base < 0:  # a prepared batch (not in a queue yet), or a forgotten duplicate
+            return [SendResult(mid if index >= 0 else None, topic, queue, -1, group, dup)
+                    for mid in ids]
         return [SendResult(mid, topic, queue, base + i, group, dup) for i, mid in enumerate(ids)]
 
 

@@ -1,0 +1,413 @@
+"""The Kafka-style transaction coordinator's state, kept in the coordinator group's log.
+
+The group `broker.txn.coordinator_group` picks for a transactional id logs its
+transactions here: `tx_init` (a producer starts, or restarts: epoch + 1, fencing an
+ongoing transaction of the old epoch, which is aborted), `tx_add` (transaction `n`
+starts, or gains participant groups), `tx_end` (THE COMMIT POINT: commit or abort is
+decided), and `tx_complete` (every participant applied its marker). The leader's tasks
+read `unfinished()` to send markers and `ongoing()` to abort what timed out; a new
+leader finds the same in its log.
+
+States of a transactional id's current transaction: "empty" (initialised, none started),
+"ongoing", "prepare_commit" / "prepare_abort" (decided, markers not all applied),
+"complete_commit" / "complete_abort". A transaction fenced by a later `tx_init` is kept
+apart (`fenced`) until its abort markers are applied. Finished transactions enter the
+`done` ring of the last `DONE` for `tx list/show`.
+
+Every record is validated before anything changes. The test mutation `no-fencing`
+(the state's `mutations`) makes an older epoch count as the current one.
+
+Snapshot section, version 1::
+
+    {"txns": [[tid, epoch, n, state, [participants], started_ms, timeout_ms, decided_ms,
+               reason]...],                       (sorted by tid)
+     "fenced": [... the same ...],               (sorted by tid)
+     "done": [[tid, epoch, n, commit, reason, [participants], decided_ms]...]} (oldest first)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from broker.parts.base import (
+    ControlRecord,
+    ControlResult,
+    Handler,
+    Part,
+    Refused,
+    int_field,
+    name_field,
+)
+from broker.parts.txpart import MAX_MS, bool_field, epoch_fields, tid_field
+from broker.protocol import Code, validate_group_name
+
+__all__ = [
+    "DONE",
+    "END_REASONS",
+    "MAX_PARTICIPANTS",
+    "MAX_TIMEOUT_MS",
+    "STATES",
+    "DoneTxn",
+    "TxAdd",
+    "TxComplete",
+    "TxCoordinator",
+    "TxEnd",
+    "TxInit",
+    "TxnState",
+]
+
+DONE = 10_000  # finished transactions remembered
+MAX_PARTICIPANTS = 64  # groups per transaction
+MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # what a record may carry; the service's limit is lower
+STATES = ("empty", "ongoing", "prepare_commit", "prepare_abort", "complete_commit",
+          "complete_abort")
+END_REASONS = ("client", "timeout", "operator")
+_DECIDED = ("prepare_commit", "prepare_abort", "complete_commit", "complete_abort")
+
+
+# ---------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class TxInit(ControlRecord):
+    """A producer (re)starts with transactional id `tid`: its epoch goes up by one (the
+    first is 0) and transactions of older epochs are fenced."""
+
+    op: ClassVar[str] = "tx_init"
+    tid: str
+    timeout_ms: int
+    ts: int
+
+    def validate(self) -> None:
+        tid_field("tid", self.tid)
+        int_field("timeout_ms", self.timeout_ms, 1, MAX_TIMEOUT_MS)
+        int_field("ts", self.ts, 0, MAX_MS)
+
+    def to_map(self) -> dict[str, Any]:
+        return {"tid": self.tid, "timeout_ms": self.timeout_ms, "ts": self.ts}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> TxInit:
+        return cls(d.get("tid"), d.get("timeout_ms"), d.get("ts"))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class TxAdd(ControlRecord):
+    """Transaction `n` of `tid` at `epoch` starts (if new) and spans `groups` too."""
+
+    op: ClassVar[str] = "tx_add"
+    tid: str
+    epoch: int
+    n: int
+    groups: tuple[str, ...]
+    ts: int
+
+    def validate(self) -> None:
+        tid_field("tid", self.tid)
+        epoch_fields(self.epoch, self.n)
+        if not isinstance(self.groups, tuple):
+            raise Refused(Code.MALFORMED, "groups must be a list of group ids")
+        if len(self.groups) > MAX_PARTICIPANTS:
+            raise Refused(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
+                                         f"groups")
+        for g in self.groups:
+            name_field(validate_group_name, g)
+        int_field("ts", self.ts, 0, MAX_MS)
+
+    def to_map(self) -> dict[str, Any]:
+        return {"tid": self.tid, "epoch": self.epoch, "n": self.n,
+                "groups": list(self.groups), "ts": self.ts}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> TxAdd:
+        groups = d.get("groups")
+        if isinstance(groups, list):
+            groups = tuple(groups)
+        return cls(d.get("tid"), d.get("epoch"), d.get("n"), groups,  # type: ignore[arg-type]
+                   d.get("ts"))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class TxEnd(ControlRecord):
+    """The decision on transaction `n` of `tid` at `epoch`: commit or abort, at `ts`,
+    by `reason` ("client", "timeout", "operator")."""
+
+    op: ClassVar[str] = "tx_end"
+    tid: str
+    epoch: int
+    n: int
+    commit: bool
+    ts: int
+    reason: str
+
+    def validate(self) -> None:
+        tid_field("tid", self.tid)
+        epoch_fields(self.epoch, self.n)
+        bool_field("commit", self.commit)
+        int_field("ts", self.ts, 0, MAX_MS)
+        if self.reason not in END_REASONS:
+            raise Refused(Code.MALFORMED, f"reason must be one of {', '.join(END_REASONS)}, "
+                                          f"got {self.reason!r}")
+
+    def to_map(self) -> dict[str, Any]:
+        return {"tid": self.tid, "epoch": self.epoch, "n": self.n, "commit": self.commit,
+                "ts": self.ts, "reason": self.reason}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> TxEnd:
+        return cls(d.get("tid"), d.get("epoch"), d.get("n"), d.get("commit"),  # type: ignore[arg-type]
+                   d.get("ts"), d.get("reason"))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class TxComplete(ControlRecord):
+    """Every participant applied its marker for transaction `n` of `tid` at `epoch`."""
+
+    op: ClassVar[str] = "tx_complete"
+    tid: str
+    epoch: int
+    n: int
+
+    def validate(self) -> None:
+        tid_field("tid", self.tid)
+        epoch_fields(self.epoch, self.n)
+
+    def to_map(self) -> dict[str, Any]:
+        return {"tid": self.tid, "epoch": self.epoch, "n": self.n}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> TxComplete:
+        return cls(d.get("tid"), d.get("epoch"), d.get("n"))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True, slots=True)
+class TxnState:
+    """A transactional id's transaction as the coordinator logged it."""
+
+    tid: str
+    epoch: int
+    n: int
+    state: str
+    participants: tuple[str, ...]  # sorted group ids
+    started_ms: int
+    timeout_ms: int
+    decided_ms: int
+    reason: str  # why it was decided: "client", "timeout", "operator", "fenced" ("" before)
+
+    @property
+    def commit(self) -> bool:
+        return self.state in ("prepare_commit", "complete_commit")
+
+    @property
+    def decided(self) -> bool:
+        return self.state in _DECIDED
+
+    def row(self) -> list[Any]:
+        return [self.tid, self.epoch, self.n, self.state, list(self.participants),
+                self.started_ms, self.timeout_ms, self.decided_ms, self.reason]
+
+
+@dataclass(frozen=True, slots=True)
+class DoneTxn:
+    """A finished transaction, in the `done` ring."""
+
+    tid: str
+    epoch: int
+    n: int
+    commit: bool
+    reason: str
+    participants: tuple[str, ...]
+    decided_ms: int
+
+
+def _state_of(row: Any) -> TxnState:
+    tid, epoch, n, state, parts, started, timeout, decided, reason = row
+    if state not in STATES or not isinstance(tid, str):
+        raise ValueError(f"bad transaction row {row!r}")
+    return TxnState(tid, int(epoch), int(n), state, tuple(str(g) for g in parts),
+                    int(started), int(timeout), int(decided), str(reason))
+
+
+class TxCoordinator(Part):
+    """Transactional ids coordinated by this group: their current transactions, the
+    fenced ones still aborting, and the ring of finished ones."""
+
+    name = "txcoord"
+    version = 1
+    records = (TxInit, TxAdd, TxEnd, TxComplete)
+
+    def __init__(self, state: Any) -> None:
+        super().__init__(state)
+        self.no_fencing = "no-fencing" in getattr(state, "mutations", frozenset())
+        self.txns: dict[str, TxnState] = {}
+        self.fenced: dict[str, TxnState] = {}  # prepare_abort of an older epoch
+        self.done: deque[DoneTxn] = deque()
+
+    def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
+        return {TxInit.op: (TxInit, self._init), TxAdd.op: (TxAdd, self._add),
+                TxEnd.op: (TxEnd, self._end), TxComplete.op: (TxComplete, self._complete)}
+
+    # ------------------------------------------------------------------ apply
+
+    def _init(self, rec: TxInit, index: int) -> ControlResult:
+        cur = self.txns.get(rec.tid)
+        if rec.tid in self.fenced or (cur is not None and cur.state in (
+                "prepare_commit", "prepare_abort")):
+            raise Refused(Code.BUSY, "previous transaction still completing")
+        epoch = 0 if cur is None else cur.epoch + 1
+        if cur is not None and cur.state == "ongoing":
+            if cur.participants:
+                self.fenced[rec.tid] = replace(cur, state="prepare_abort", decided_ms=rec.ts,
+                                               reason="fenced")
+            else:
+                self._finish(replace(cur, state="complete_abort", decided_ms=rec.ts,
+                                     reason="fenced"))
+        self.txns[rec.tid] = TxnState(rec.tid, epoch, 0, "empty", (), 0, rec.timeout_ms, 0, "")
+        return ControlResult(TxInit.op, 1)
+
+    def _current(self, tid: str, epoch: int) -> TxnState:
+        """The current transaction of `tid` if `epoch` is its epoch (or `no-fencing`)."""
+        cur = self.txns.get(tid)
+        if cur is None:
+            raise Refused(Code.TX_UNKNOWN, f"transactional id {tid!r} was never initialised "
+                                           f"here")
+        if epoch < cur.epoch and not self.no_fencing:
+            raise Refused(Code.TX_FENCED, f"transactional id {tid!r} epoch {epoch} is fenced "
+                                          f"by epoch {cur.epoch}: a newer producer holds it")
+        if epoch > cur.epoch:
+            raise Refused(Code.TX_UNKNOWN, f"transactional id {tid!r} has no epoch {epoch}")
+        return cur
+
+    def _expects(self, cur: TxnState, n: int) -> bool:
+        """Whether transaction `n` may start now (the next number, nothing open)."""
+        if cur.state == "empty":
+            return n == 0
+        return cur.state in ("complete_commit", "complete_abort") and n == cur.n + 1
+
+    def _add(self, rec: TxAdd, index: int) -> ControlResult:
+        cur = self._current(rec.tid, rec.epoch)
+        if cur.state == "ongoing" and rec.n == cur.n:
+            parts = tuple(sorted(set(cur.participants) | set(rec.groups)))
+            if len(parts) > MAX_PARTICIPANTS:
+                raise Refused(Code.TX_LIMIT, f"a transaction spans at most "
+                                             f"{MAX_PARTICIPANTS} groups")
+            added = len(parts) - len(cur.participants)
+            self.txns[rec.tid] = replace(cur, participants=parts)
+            return ControlResult(TxAdd.op, added, dup=not added)
+        if self._expects(cur, rec.n):
+            parts = tuple(sorted(set(rec.groups)))
+            self.txns[rec.tid] = TxnState(rec.tid, cur.epoch, rec.n, "ongoing", parts, rec.ts,
+                                          cur.timeout_ms, 0, "")
+            return ControlResult(TxAdd.op, len(parts))
+        self._refuse_other(cur, rec.n)
+        raise AssertionError("unreachable")
+
+    def _refuse_other(self, cur: TxnState, n: int) -> None:
+        """Refuse a request for transaction `n` that is not the current open one."""
+        if n == cur.n and cur.decided:
+            raise Refused(Code.TX_DECIDED, f"transaction {n} of {cur.tid!r} was already "
+                                           f"{'committed' if cur.commit else 'aborted'}")
+        if cur.state in ("prepare_commit", "prepare_abort") and n == cur.n + 1:
+            raise Refused(Code.BUSY, "previous transaction still completing")
+        raise Refused(Code.TX_UNKNOWN, f"transaction {n} of {cur.tid!r} is not open "
+                                       f"(current: {cur.n}, {cur.state})")
+
+    def _end(self, rec: TxEnd, index: int) -> ControlResult:
+        cur = self._current(rec.tid, rec.epoch)
+        if cur.state == "ongoing" and rec.n == cur.n:
+            decided = replace(cur, state="prepare_commit" if rec.commit else "prepare_abort",
+                              decided_ms=rec.ts, reason=rec.reason)
+            if not cur.participants:
+                decided = self._finish(decided)
+            self.txns[rec.tid] = decided
+            return ControlResult(TxEnd.op, 1)
+        if rec.n == cur.n and cur.decided:
+            if cur.commit == rec.commit:
+                return ControlResult(TxEnd.op, dup=True)
+            raise Refused(Code.TX_DECIDED, f"transaction {rec.n} of {rec.tid!r} was already "
+                                           f"{'committed' if cur.commit else 'aborted'}")
+        if self._expects(cur, rec.n):  # nothing was sent in it: decided and done at once
+            empty = TxnState(rec.tid, cur.epoch, rec.n, "ongoing", (), rec.ts, cur.timeout_ms,
+                             rec.ts, rec.reason)
+            self.txns[rec.tid] = self._finish(
+                replace(empty, state="prepare_commit" if rec.commit else "prepare_abort"))
+            return ControlResult(TxEnd.op, 1)
+        self._refuse_other(cur, rec.n)
+        raise AssertionError("unreachable")
+
+    def _complete(self, rec: TxComplete, index: int) -> ControlResult:
+        cur = self.txns.get(rec.tid)
+        if (cur is not None and (cur.epoch, cur.n) == (rec.epoch, rec.n)
+                and cur.state in ("prepare_commit", "prepare_abort")):
+            self.txns[rec.tid] = self._finish(cur)
+            return ControlResult(TxComplete.op, 1)
+        old = self.fenced.get(rec.tid)
+        if old is not None and (old.epoch, old.n) == (rec.epoch, rec.n):
+            del self.fenced[rec.tid]
+            self._finish(old)
+            return ControlResult(TxComplete.op, 1)
+        return ControlResult(TxComplete.op, dup=True)  # completed already, or unknown
+
+    def _finish(self, t: TxnState) -> TxnState:
+        """`t` (decided) completed: its complete_* state, recorded in the done ring."""
+        t = replace(t, state="complete_commit" if t.commit else "complete_abort")
+        self.done.append(DoneTxn(t.tid, t.epoch, t.n, t.commit, t.reason, t.participants,
+                                 t.decided_ms))
+        while len(self.done) > DONE:
+            self.done.popleft()
+        return t
+
+    # ------------------------------------------------------------------ queries
+
+    def txn(self, tid: str) -> TxnState | None:
+        """The current transaction (or the initialised epoch) of `tid`."""
+        return self.txns.get(tid)
+
+    def unfinished(self) -> list[TxnState]:
+        """Decided transactions whose markers are not all applied (prepare_*), fenced ones
+        included, by tid."""
+        out = [t for t in self.txns.values() if t.state in ("prepare_commit", "prepare_abort")]
+        out += self.fenced.values()
+        return sorted(out, key=lambda t: (t.tid, t.epoch, t.n))
+
+    def ongoing(self) -> list[TxnState]:
+        """Open transactions (for timeouts), by tid."""
+        return sorted((t for t in self.txns.values() if t.state == "ongoing"),
+                      key=lambda t: t.tid)
+
+    def done_ring(self) -> list[DoneTxn]:
+        """The last finished transactions, oldest first."""
+        return list(self.done)
+
+    # ------------------------------------------------------------------ snapshot
+
+    def section(self) -> Any:
+        return {
+            "txns": [t.row() for _, t in sorted(self.txns.items())],
+            "fenced": [t.row() for _, t in sorted(self.fenced.items())],
+            "done": [[d.tid, d.epoch, d.n, d.commit, d.reason, list(d.participants),
+                      d.decided_ms] for d in self.done],
+        }
+
+    def load(self, version: int, section: Any) -> None:
+        if version != 1:
+            raise ValueError(f"unsupported txcoord section version {version!r}")
+        for row in section["txns"]:
+            t = _state_of(row)
+            self.txns[t.tid] = t
+        for row in section["fenced"]:
+            t = _state_of(row)
+            if t.state != "prepare_abort":
+                raise ValueError(f"fenced transaction of {t.tid!r} in state {t.state!r}")
+            self.fenced[t.tid] = t
+        for tid, epoch, n, commit, reason, parts, decided in section["done"]:
+            if not isinstance(commit, bool):
+                raise ValueError(f"bad finished transaction of {tid!r}")
+            self.done.append(DoneTxn(str(tid), int(epoch), int(n), commit, str(reason),
+                                     tuple(str(g) for g in parts), int(decided)))

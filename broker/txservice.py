@@ -1,0 +1,401 @@
+"""The broker's transaction requests: both models' ops, answered for `BrokerService`.
+
+Kafka's model (TX_INIT, TX_ADD, TX_OFFSETS, TX_END, TX_STATUS) talks to the group that
+coordinates a transactional id (`broker.txn.coordinator_group`, over every group of the
+cluster config), except TX_OFFSETS, which goes to the participant group hosting those
+queues. RocketMQ's model decides a half message with HALF_END in the group holding it;
+PRODUCER_HEARTBEAT registers the connection of a producer that answers check-backs
+(TX_CHECK, sent by `broker.txtasks`). TX_MARKER is the coordinator's decision, sent
+node to node only. TX_LIST shows what the groups this node leads hold.
+
+As everywhere in the service, a request is validated fully before anything is
+proposed, so bad input gets a precise error and never reaches the log; the state machine
+(`broker.parts.txcoord`, `broker.parts.txpart`) then refuses what depends on the state
+(fenced epochs, decided transactions) as a Refused result that changed nothing.
+
+TX_END is answered once the decision is committed and every participant applied its
+marker (driven at once by `broker.txtasks.TxTasks.finish`, not at the next tick), or
+after `END_WAIT_S` with the decision committed and the markers still going out: the
+coordinator's leader finishes them whatever happens to this request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, is_dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from broker.parts.base import ControlResult, pack
+from broker.parts.txcoord import TxCoordinator
+from broker.parts.txpart import TxParticipant
+from broker.producer_groups import ProducerRegistry
+from broker.protocol import (
+    Code,
+    Op,
+    RequestError,
+    ok_header,
+    validate_group_name,
+    validate_topic_name,
+)
+from broker.records import valid_tid
+from broker.statemachine import BrokerState, ErrorResult
+from broker.txn import coordinator_group
+from raftlog.runtime import GroupRuntime
+from raftlog.types import EntryType
+from transport.framing import Caller
+
+if TYPE_CHECKING:
+    from broker.service import BrokerService
+
+__all__ = [
+    "END_WAIT_S",
+    "MAX_PARTICIPANTS",
+    "Finisher",
+    "TxService",
+    "coordinator",
+    "participant",
+]
+
+log = logging.getLogger("raftmq.tx")
+
+END_WAIT_S = 5.0  # TX_END / TX_INIT wait this long for markers before answering prepare_*
+MAX_PARTICIPANTS = 64
+DEFAULT_LIST_LIMIT = 1000
+MAX_LIST_LIMIT = 10_000
+SOURCES = ("client", "operator")  # what a HALF_END request may say it comes from
+UNFINISHED = ("prepare_commit", "prepare_abort")
+
+Response = tuple[dict[str, Any], bytes]
+Handler = Callable[[Caller, dict[str, Any], bytes], Awaitable[Response]]
+
+
+class Finisher(Protocol):
+    """What drives a decided transaction's markers (`broker.txtasks.TxTasks`)."""
+
+    async def finish(self, gid: str, tid: str) -> None: ...
+
+
+def coordinator(state: BrokerState) -> TxCoordinator:
+    return state.part(TxCoordinator)
+
+
+def participant(state: BrokerState) -> TxParticipant:
+    return state.part(TxParticipant)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
+    v = h.get(name, default)
+    if v is ...:
+        raise RequestError(Code.MALFORMED, f"missing field {name!r}")
+    if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
+        raise RequestError(Code.MALFORMED, f"field {name!r} must be an integer")
+    if kind is not int and not isinstance(v, kind):
+        raise RequestError(Code.MALFORMED, f"field {name!r} must be {kind.__name__}")
+    return v
+
+
+def _count(h: dict[str, Any], name: str) -> int:
+    """An epoch or a transaction number: an integer in 0..2**63-1."""
+    v = _field(h, name, int)
+    if not 0 <= v < 1 << 63:
+        raise RequestError(Code.MALFORMED, f"field {name!r} must be an integer >= 0, got {v}")
+    return v
+
+
+def _tid(h: dict[str, Any], name: str = "tid") -> str:
+    v = _field(h, name, str)
+    if not valid_tid(v):
+        raise RequestError(Code.MALFORMED, f"field {name!r}: bad id {v!r}: 1-255 printable "
+                           "characters, no leading or trailing space")
+    return v
+
+
+def row(obj: Any, **extra: Any) -> dict[str, Any]:
+    """A state-machine view (dataclass or named tuple) as a map for the wire."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        d = asdict(obj)
+    elif hasattr(obj, "_asdict"):
+        d = obj._asdict()
+    else:
+        d = dict(obj)
+    out = {**extra}
+    for k, v in d.items():
+        out[k] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+class TxService:
+    """The transaction handlers of one node's `BrokerService`."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self.svc = service
+        self.groups = service.groups
+        self.node = service.node
+        self.producers = ProducerRegistry()
+        self.finisher: Finisher | None = None  # the node's `TxTasks`, once running
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            Op.TX_INIT: self._init,
+            Op.TX_ADD: self._add,
+            Op.TX_OFFSETS: self._offsets,
+            Op.TX_END: self._end,
+            Op.TX_MARKER: self._marker,
+            Op.TX_STATUS: self._status,
+            Op.HALF_END: self._half_end,
+            Op.TX_LIST: self._list,
+            Op.PRODUCER_HEARTBEAT: self._producer_heartbeat,
+        }
+
+    # ------------------------------------------------------------------ helpers
+
+    @property
+    def group_ids(self) -> list[str]:
+        """Every group of the cluster config: what the coordinator hash is taken over."""
+        return [gc.id for gc in self.node.config.groups]
+
+    def _known_group(self, gid: object) -> str:
+        if not isinstance(gid, str):
+            raise RequestError(Code.MALFORMED, f"group ids must be strings, got {gid!r}")
+        validate_group_name(gid)
+        if gid not in self.group_ids:
+            raise RequestError(Code.UNKNOWN_GROUP, f"no group {gid!r} in the cluster "
+                               f"(groups: {sorted(self.group_ids)})")
+        return gid
+
+    def _coordinating(self, h: dict[str, Any], tid: str) -> GroupRuntime:
+        """The group `g` of the request, checked to coordinate `tid` (and led here)."""
+        gid = h.get("g")
+        g = self.svc._group(gid)
+        want = coordinator_group(tid, self.group_ids)
+        if g.group_id != want:
+            raise RequestError(Code.NOT_COORDINATOR, f"group {g.group_id} does not coordinate "
+                               f"transactional id {tid!r}: group {want} does",
+                               coordinator=want)
+        self.svc._leading(g)
+        return g
+
+    async def _propose(self, g: GroupRuntime, record: dict[str, Any]) -> ControlResult:
+        result = await g.propose(pack(record), EntryType.CONTROL)
+        if isinstance(result, ErrorResult):
+            raise RequestError(result.code, result.message)
+        assert isinstance(result, ControlResult), result
+        return result
+
+    async def _finish(self, gid: str, tid: str) -> None:
+        """Drive `tid`'s markers from its coordinator `gid`, for at most END_WAIT_S."""
+        if self.finisher is None:
+            return
+        with trio.move_on_after(END_WAIT_S):
+            await self.finisher.finish(gid, tid)
+
+    # ------------------------------------------------------------------ Kafka's model
+
+    async def _init(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        tid = _tid(h)
+        timeout_ms = _field(h, "timeout_ms", int)
+        limit = self.node.config.tx_timeout_max_ms
+        if timeout_ms < 1:
+            raise RequestError(Code.MALFORMED, f"timeout_ms must be >= 1, got {timeout_ms}")
+        if timeout_ms > limit:
+            raise RequestError(Code.TX_LIMIT, f"timeout_ms {timeout_ms} is over this cluster's "
+                               f"maximum transaction timeout ({limit} ms, tx_timeout_max_ms)")
+        g = self._coordinating(h, tid)
+        gid = g.group_id
+        txn = coordinator(self.svc._leading(g)).txn(tid)
+        if txn is not None and txn.state in UNFINISHED:  # let it finish before the new epoch
+            await self._finish(gid, tid)
+        await self._propose(g, {"op": "tx_init", "tid": tid, "timeout_ms": timeout_ms,
+                                "ts": now_ms()})
+        txn = coordinator(self.svc._leading(g)).txn(tid)
+        assert txn is not None
+        epoch = txn.epoch
+        if txn.state in UNFINISHED:  # the fenced transaction's abort: its markers first
+            await self._finish(gid, tid)
+        return ok_header(0, epoch=epoch), b""
+
+    async def _add(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        tid = _tid(h)
+        epoch, n = _count(h, "epoch"), _count(h, "n")
+        raw = _field(h, "groups", list)
+        if not raw:
+            raise RequestError(Code.MALFORMED, "groups must name at least one group")
+        groups = sorted({self._known_group(x) for x in raw})
+        if len(groups) > MAX_PARTICIPANTS:
+            raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
+                               f"groups, not {len(groups)}")
+        g = self._coordinating(h, tid)
+        await self._propose(g, {"op": "tx_add", "tid": tid, "epoch": epoch, "n": n,
+                                "groups": groups, "ts": now_ms()})
+        return ok_header(0), b""
+
+    async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        tid = _tid(h)
+        epoch, n = _count(h, "epoch"), _count(h, "n")
+        cg = validate_group_name(_field(h, "cg", str))
+        g = self.svc._group(h.get("g"))
+        state = self.svc._leading(g)
+        raw = _field(h, "offsets", list)
+        if not raw:
+            raise RequestError(Code.MALFORMED, "offsets must list at least one offset")
+        offsets: list[tuple[str, int, int]] = []
+        for item in raw:
+            if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str)
+                    or not _is_int(item[1]) or not _is_int(item[2]) or item[2] < 0):
+                raise RequestError(Code.MALFORMED,
+                                   "offsets must be [[topic, queue, offset>=0], ...]")
+            topic = validate_topic_name(item[0])
+            if state.topic(topic) is None:
+                raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} is not in group "
+                                   f"{g.group_id}: send its offsets to the group hosting it")
+            if not state.hosts(topic, item[1]):
+                raise RequestError(Code.UNKNOWN_QUEUE, f"queue {item[1]} of {topic!r} is not "
+                                   f"hosted by group {g.group_id}: send its offsets to the "
+                                   "group hosting it")
+            offsets.append((topic, item[1], item[2]))
+        await self.svc._check_commit_bounds(g, offsets)
+        await self._propose(g, {"op": "tx_offsets", "tid": tid, "epoch": epoch, "n": n,
+                                "cg": cg, "offsets": [list(o) for o in offsets],
+                                "ts": now_ms()})
+        return ok_header(0), b""
+
+    async def _end(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        tid = _tid(h)
+        epoch, n = _count(h, "epoch"), _count(h, "n")
+        commit = _field(h, "commit", bool)
+        g = self._coordinating(h, tid)
+        result = await self._propose(g, {"op": "tx_end", "tid": tid, "epoch": epoch, "n": n,
+                                         "commit": commit, "ts": now_ms(), "reason": "client"})
+        state = self._end_state(g, tid, epoch, n, commit)
+        if state in UNFINISHED:
+            await self._finish(g.group_id, tid)
+            state = self._end_state(g, tid, epoch, n, commit)
+        return ok_header(0, state=state, dup=result.dup), b""
+
+    def _end_state(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool) -> str:
+        """Where transaction (epoch, n) of `tid` stands after its decision `commit`."""
+        txn = coordinator(self.svc._leading(g)).txn(tid)
+        if txn is not None and (txn.epoch, txn.n) == (epoch, n):
+            return str(txn.state)
+        # moved on since (a new transaction began): this one was completed
+        return "complete_commit" if commit else "complete_abort"
+
+    async def _marker(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        tid = _tid(h)
+        epoch, n, fence = _count(h, "epoch"), _count(h, "n"), _count(h, "fence")
+        commit = _field(h, "commit", bool)
+        g = self.svc._group(h.get("g"))
+        self.svc._leading(g)
+        result = await self.marker(g, tid, epoch, n, commit, fence)
+        return ok_header(0, dup=result.dup), b""
+
+    async def marker(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool,
+                     fence: int) -> ControlResult:
+        """Apply a coordinator's decision in participant `g` (led here)."""
+        return await self._propose(g, {"op": "tx_marker", "tid": tid, "epoch": epoch, "n": n,
+                                       "commit": commit, "fence": fence})
+
+    async def _status(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        tid = _tid(h)
+        g = self._coordinating(h, tid)
+        return ok_header(0, **await self.status(g, tid)), b""
+
+    async def status(self, g: GroupRuntime, tid: str) -> dict[str, Any]:
+        """`tid` as its coordinator `g` (led here) knows it, after a read barrier: a
+        participant resolving an orphan must not act on a deposed leader's view."""
+        await g.read_barrier()
+        txn = coordinator(self.svc._leading(g)).txn(tid)
+        if txn is None:
+            return {"epoch": -1, "n": -1, "state": "empty", "participants": [],
+                    "timeout_ms": 0}
+        return {"epoch": txn.epoch, "n": txn.n, "state": txn.state,
+                "participants": list(txn.participants), "timeout_ms": txn.timeout_ms}
+
+    # ------------------------------------------------------------------ RocketMQ's model
+
+    async def _half_end(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        txid = _tid(h, "txid")
+        commit = _field(h, "commit", bool)
+        source = _field(h, "source", str, "client")
+        if source not in SOURCES:
+            raise RequestError(Code.MALFORMED, f"source must be one of {', '.join(SOURCES)}, "
+                               f"not {source!r}")
+        pg = _field(h, "pg", str)
+        if pg or source != "operator":
+            validate_group_name(pg)
+        g = self.svc._group(h.get("g"))
+        self.svc._leading(g)
+        result = await self.half_end(g, txid, commit, source, pg)
+        return ok_header(0, dup=result.dup), b""
+
+    async def half_end(self, g: GroupRuntime, txid: str, commit: bool, source: str,
+                       pg: str) -> ControlResult:
+        return await self._propose(g, {"op": "half_end", "txid": txid, "commit": commit,
+                                       "source": source, "producer_group": pg})
+
+    async def _producer_heartbeat(self, caller: Caller, h: dict[str, Any],
+                                  _body: bytes) -> Response:
+        pg = validate_group_name(_field(h, "pg", str))
+        client = _field(h, "client", str)
+        if not client or len(client) > 255:
+            raise RequestError(Code.MALFORMED, "client must be 1-255 characters")
+        ttl_ms = _field(h, "ttl_ms", int, 30_000)
+        self.producers.heartbeat(pg, client, caller, ttl_ms, time.monotonic())
+        return ok_header(0), b""
+
+    # ------------------------------------------------------------------ both
+
+    async def _list(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        only = self._known_group(h["g"]) if h.get("g") is not None else None
+        ident = _field(h, "id", str, "")
+        limit = _field(h, "limit", int, DEFAULT_LIST_LIMIT)
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise RequestError(Code.MALFORMED, f"limit must be 1..{MAX_LIST_LIMIT}")
+        out: dict[str, list[Any]] = {"led": [], "halves": [], "txns": [], "decided": [],
+                                     "done": []}
+        for gid, g in list(self.groups.items()):
+            if (only is not None and gid != only) or not g.is_leader:
+                continue
+            try:
+                await g.read_barrier()
+            except Exception:  # noqa: BLE001 - NotLeader: another node answers for it
+                continue
+            out["led"].append(gid)
+            state = self.groups.states[gid]
+            self._list_group(gid, state, ident, limit, out)
+        return ok_header(0, **out), b""
+
+    @staticmethod
+    def _list_group(gid: str, state: BrokerState, ident: str, limit: int,
+                    out: dict[str, list[Any]]) -> None:
+        part, coord = participant(state), coordinator(state)
+        halves = [row(v, g=gid) for v in part.pending_halves() if not ident or v.txid == ident]
+        out["halves"] += halves[:limit]
+        txns = [row(t, g=gid) for t in coord.txns() if not ident or t.tid == ident]
+        out["txns"] += txns[:limit]
+        decided = [r for r in (dict(d, g=gid) for d in part.decided_rows())
+                   if not ident or r.get("id") == ident]
+        out["decided"] += decided[:limit]
+        done = [r for r in (dict(d, g=gid) for d in coord.done_rows())
+                if not ident or r.get("tid") == ident]
+        out["done"] += done[:limit]
+
+    # ------------------------------------------------------------------ offsets
+
+    def check_no_pending(self, state: BrokerState, cg: str, topic: str, queue: int) -> None:
+        """TX_PENDING while a transaction holds undecided offsets of that queue for `cg`."""
+        if participant(state).pending_offsets(cg, topic, queue):
+            raise RequestError(Code.TX_PENDING, f"offsets of {cg} on {topic}/{queue} are part "
+                               "of a transaction not decided yet; ask again shortly")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

@@ -1,0 +1,364 @@
+"""The leader-side transaction duties of one node, beside the state machine.
+
+Every `tx_tick_ms`, for each group this node leads, from the group's applied state:
+
+* coordinator: every decided transaction whose markers are not all written
+  (prepare_commit / prepare_abort) gets TX_MARKER sent to each participant's leader
+  (over `broker.peer_rpc`, or proposed here directly when this node leads that
+  participant too), retried with backoff until each is applied, then tx_complete is
+  proposed; every ongoing transaction past its timeout is aborted (tx_end, reason
+  "timeout"). A new leader picks all this up at its first tick: the state is in the log.
+* participant: a Kafka transaction's prepared data older than `tx_orphan_ms` asks its
+  coordinator (TX_STATUS, linearizable) and aborts the data if the coordinator has moved
+  past it (another epoch or transaction number, or never heard of it), commits it if the
+  coordinator says it committed. Such orphans come from clients that sent without
+  TX_ADD; they must not pin the log forever.
+* check-back: each pending half message due for a check (`tx_check_first_ms` after it
+  was prepared, then every `tx_check_interval_ms`) is rolled back ("expired") after
+  `tx_check_max` checks; otherwise one more check is logged first (half_checked, so the
+  count survives a failover and the state read after it has applied everything before
+  it), the state is read again (a decided half is never checked), and a live member of
+  its producer group connected to this node is asked (TX_CHECK); a commit or rollback
+  answer is logged as the decision (source "check"). No member, no answer or "unknown":
+  nothing more until the next interval.
+
+TX_END and TX_INIT do not wait for a tick: they call `finish`, which runs the same
+marker work at once (one run per transaction, shared by every waiter).
+
+Every task lives in the nursery `run` holds (structured concurrency): nothing outlives
+the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Protocol
+
+import trio
+
+from broker.config import NodeConfig
+from broker.groups import GroupRegistry
+from broker.peer_rpc import PeerRPC
+from broker.protocol import Code, Op, RequestError
+from broker.records import message_id
+from broker.txn import coordinator_group
+from broker.txservice import UNFINISHED, TxService, coordinator, now_ms, participant
+from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
+from transport.framing import CallerGone
+
+__all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks"]
+
+log = logging.getLogger("raftmq.tx")
+
+RPC_TIMEOUT_S = 5.0
+CHECK_TIMEOUT_S = 3.0
+BACKOFF_MIN_S = 0.02
+BACKOFF_MAX_S = 1.0
+_LOST = (NotLeader, ProposalDropped, ProposalLost)
+
+
+class TxHost(Protocol):
+    """What the tasks use of the node (`broker.node.Node` is one)."""
+
+    config: NodeConfig
+    node_id: int
+    registry: GroupRegistry
+
+    @property
+    def tx_service(self) -> TxService: ...
+
+
+class TxTasks:
+    """The transaction duties of one node; `run` them in the node's nursery."""
+
+    def __init__(self, host: TxHost, rpc: PeerRPC) -> None:
+        self.host = host
+        self.config = host.config
+        self.groups = host.registry
+        self.rpc = rpc
+        self._nursery: trio.Nursery | None = None
+        self._running: dict[Hashable, trio.Event] = {}  # job key -> set when it ends
+        self._leader_hint: dict[str, int] = {}  # group -> node believed to lead it
+
+    @property
+    def tx(self) -> TxService:
+        return self.host.tx_service
+
+    @property
+    def group_ids(self) -> list[str]:
+        return [gc.id for gc in self.config.groups]
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.rpc.run)
+            self._nursery = nursery
+            task_status.started()
+            try:
+                interval = self.config.tx_tick_ms / 1000
+                while True:
+                    await trio.sleep(interval)
+                    self.tick()
+            finally:
+                self._nursery = None
+                nursery.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ jobs
+
+    def _spawn(self, key: Hashable, job: Callable[[], Awaitable[None]]) -> trio.Event:
+        """Run `job` once at a time per `key` in the nursery; the event says it ended."""
+        done = self._running.get(key)
+        if done is not None:
+            return done
+        done = self._running[key] = trio.Event()
+        nursery = self._nursery
+        assert nursery is not None
+
+        async def run() -> None:
+            try:
+                await job()
+            except _LOST:
+                pass  # leadership moved: the new leader takes over
+            except RequestError as exc:
+                log.info("transaction task stopped", extra={"fields": {
+                    "task": repr(key), "error": str(exc)}})
+            except Exception:
+                log.exception("transaction task %r failed", key)
+            finally:
+                del self._running[key]
+                done.set()
+
+        nursery.start_soon(run)
+        return done
+
+    async def finish(self, gid: str, tid: str) -> None:
+        """Send the markers of `tid`'s decided transaction (coordinator `gid`, led here)
+        and log it complete; returns when done (or when it cannot go on here)."""
+        if self._nursery is None:
+            return
+        await self._spawn(("finish", gid, tid), lambda: self._complete(gid, tid)).wait()
+
+    def tick(self) -> None:
+        """Start whatever is due in the groups this node leads."""
+        now = now_ms()
+        for gid, g in list(self.groups.items()):
+            if not g.is_leader:
+                continue
+            state = self.groups.states[gid]
+            coord = coordinator(state)
+            for txn in coord.unfinished():
+                self._spawn(("finish", gid, txn.tid),
+                            lambda gid=gid, tid=txn.tid: self._complete(gid, tid))
+            for txn in coord.ongoing():
+                if now > txn.started_ms + txn.timeout_ms:
+                    self._spawn(("timeout", gid, txn.tid, txn.epoch, txn.n),
+                                lambda gid=gid, t=txn: self._time_out(gid, t.tid, t.epoch, t.n))
+            part = participant(state)
+            orphan_ms = self.config.tx_orphan_ms
+            for tid, epoch, n, prepared_ms, _first in part.pending_kafka():
+                if now - prepared_ms > orphan_ms:
+                    self._spawn(("orphan", gid, tid, epoch, n),
+                                lambda gid=gid, k=(tid, epoch, n): self._orphan(gid, *k))
+            for half in part.pending_halves():
+                if self._check_due(half, now):
+                    self._spawn(("check", gid, half.txid),
+                                lambda gid=gid, txid=half.txid: self._check(gid, txid))
+
+    def _check_due(self, half: Any, now: int) -> bool:
+        if half.checks == 0:
+            return now >= half.prepared_ms + self.config.tx_check_first_ms
+        return now >= half.last_check_ms + self.config.tx_check_interval_ms
+
+    def _leading(self, gid: str) -> Any:
+        """The state of `gid` while this node leads it, else NotLeader."""
+        g = self.groups.get(gid)
+        if g is None or not g.is_leader:
+            raise NotLeader(None)
+        return self.groups.states[gid]
+
+    # ------------------------------------------------------------------ coordinator
+
+    async def _complete(self, gid: str, tid: str) -> None:
+        state = self._leading(gid)
+        txn = coordinator(state).txn(tid)
+        if txn is None or txn.state not in UNFINISHED:
+            return
+        target = coordinator(state).marker_target(tid)
+        epoch, n, fence = target.epoch, target.n, target.fence
+        commit = txn.state == "prepare_commit"
+        header = {"op": int(Op.TX_MARKER), "tid": tid, "epoch": epoch, "n": n,
+                  "commit": commit, "fence": fence}
+
+        def still() -> bool:
+            """This node still leads `gid` and the markers are still to be written."""
+            g = self.groups.get(gid)
+            if g is None or not g.is_leader:
+                return False
+            coord = coordinator(self.groups.states[gid])
+            t = coord.txn(tid)
+            return t is not None and t.state in UNFINISHED and coord.marker_target(tid) == target
+
+        async with trio.open_nursery() as nursery:
+            for p in txn.participants:
+                nursery.start_soon(self._deliver, gid, p, header, still)
+        if not still():
+            return
+        await self.tx._propose(self.groups[gid], {"op": "tx_complete", "tid": tid,
+                                                  "epoch": epoch, "n": n})
+
+    async def _deliver(self, gid: str, pgid: str, header: dict[str, Any],
+                       still: Callable[[], bool]) -> None:
+        """Get the marker applied in participant `pgid`, retrying until it is (or this
+        node stops leading coordinator `gid`, or the transaction moved on)."""
+        backoff = BACKOFF_MIN_S
+        while still():
+            try:
+                await self.call_group(pgid, {**header, "g": pgid})
+                return
+            except RequestError as exc:
+                if exc.code not in (Code.NOT_LEADER, Code.TIMEOUT, Code.UNAVAILABLE,
+                                    Code.CONNECTION_LOST, Code.BUSY, Code.PROPOSAL_DROPPED):
+                    log.warning("transaction marker refused", extra={"fields": {
+                        "group": pgid, "tid": header["tid"], "error": str(exc)}})
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _time_out(self, gid: str, tid: str, epoch: int, n: int) -> None:
+        txn = coordinator(self._leading(gid)).txn(tid)
+        if txn is None or txn.state != "ongoing" or (txn.epoch, txn.n) != (epoch, n):
+            return
+        try:
+            await self.tx._propose(self.groups[gid], {
+                "op": "tx_end", "tid": tid, "epoch": epoch, "n": n, "commit": False,
+                "ts": now_ms(), "reason": "timeout"})
+        except RequestError as exc:  # decided meanwhile by its client
+            log.info("timeout abort refused", extra={"fields": {"tid": tid,
+                                                                "error": exc.message}})
+            return
+        log.info("transaction timed out: aborted", extra={"fields": {
+            "tid": tid, "epoch": epoch, "n": n}})
+        await self._complete(gid, tid)
+
+    # ------------------------------------------------------------------ peers
+
+    def _guess_leader(self, gid: str) -> int | None:
+        g = self.groups.get(gid)
+        if g is not None and g.is_open and g.leader is not None:
+            return g.leader
+        hint = self._leader_hint.get(gid)
+        if hint is not None:
+            return hint
+        for gc in self.config.groups:
+            if gc.id == gid:
+                return gc.preferred_leader or gc.replicas[0]
+        return None
+
+    def _next_guess(self, gid: str, tried: int | None) -> None:
+        """No hint came: try the group's next replica of the config."""
+        for gc in self.config.groups:
+            if gc.id == gid:
+                reps = list(gc.replicas)
+                i = reps.index(tried) if tried in reps else -1
+                self._leader_hint[gid] = reps[(i + 1) % len(reps)]
+
+    async def call_group(self, gid: str, header: dict[str, Any]) -> dict[str, Any]:
+        """Send `header` to `gid`'s leader: handled here when this node leads it, else
+        over peer RPC. One attempt; a NOT_LEADER answer updates where the next goes."""
+        g = self.groups.get(gid)
+        if g is not None and g.is_leader:
+            return await self._local(gid, header)
+        node = self._guess_leader(gid)
+        if node is None or node == self.host.node_id:
+            raise RequestError(Code.NOT_LEADER, f"no known leader of {gid}")
+        try:
+            frame = await self.rpc.request(node, header, timeout=RPC_TIMEOUT_S)
+        except RequestError as exc:
+            if exc.code == Code.NOT_LEADER:
+                hint = self.rpc.node_at(exc.extra.get("leader"))
+                if hint is not None and hint != node:
+                    self._leader_hint[gid] = hint
+                else:
+                    self._next_guess(gid, node)
+            elif exc.code in (Code.UNAVAILABLE, Code.TIMEOUT, Code.CONNECTION_LOST,
+                              Code.UNKNOWN_GROUP):
+                self._next_guess(gid, node)
+            raise
+        self._leader_hint[gid] = node
+        return frame.header
+
+    async def _local(self, gid: str, h: dict[str, Any]) -> dict[str, Any]:
+        g = self.groups[gid]
+        try:
+            if h["op"] == Op.TX_MARKER:
+                r = await self.tx.marker(g, h["tid"], h["epoch"], h["n"], h["commit"],
+                                         h["fence"])
+                return {"code": 0, "dup": r.dup}
+            if h["op"] == Op.TX_STATUS:
+                return {"code": 0, **await self.tx.status(g, h["tid"])}
+        except _LOST as exc:
+            raise RequestError(Code.NOT_LEADER, str(exc) or "leadership moved") from None
+        raise ValueError(f"no local path for op {h['op']}")
+
+    # ------------------------------------------------------------------ participant
+
+    async def _orphan(self, gid: str, tid: str, epoch: int, n: int) -> None:
+        """Resolve prepared data of (tid, epoch, n) left without a marker."""
+        cg = coordinator_group(tid, self.group_ids)
+        h = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
+        ce, cn, st = h["epoch"], h["n"], h["state"]
+        if (ce, cn) == (epoch, n):
+            if st not in ("complete_commit", "complete_abort"):
+                return  # still open or completing: its markers will come
+            commit = st == "complete_commit"
+        elif ce == -1 or (ce, cn) > (epoch, n):
+            commit = False  # the coordinator moved past it (or never heard of it)
+        else:
+            return  # the coordinator has not got there yet
+        g = self.groups[gid]
+        self._leading(gid)
+        log.info("orphaned transaction data resolved", extra={"fields": {
+            "group": gid, "tid": tid, "epoch": epoch, "n": n, "commit": commit}})
+        await self.tx.marker(g, tid, epoch, n, commit, max(epoch, ce))
+
+    # ------------------------------------------------------------------ check-back
+
+    async def _check(self, gid: str, txid: str) -> None:
+        part = participant(self._leading(gid))
+        half = part.half(txid)
+        if half is None:
+            return
+        g = self.groups[gid]
+        if half.checks >= self.config.tx_check_max:
+            log.info("half message expired: rolled back", extra={"fields": {
+                "group": gid, "txid": txid, "checks": half.checks}})
+            await self.tx.half_end(g, txid, False, "expired", "")
+            return
+        await self.tx._propose(g, {"op": "half_checked", "txid": txid, "ts": now_ms()})
+        half = participant(self._leading(gid)).half(txid)
+        if half is None:  # decided meanwhile: never check a decided transaction
+            return
+        member = self.tx.producers.pick(half.producer_group, time.monotonic())
+        if member is None:
+            return
+        header = {"g": gid, "txid": txid, "topic": half.topic, "queue": half.queue,
+                  "msg_id": message_id(gid, half.index, half.start),
+                  "pg": half.producer_group, "checks": half.checks}
+        try:
+            frame = await member.caller.request(Op.TX_CHECK, header, timeout=CHECK_TIMEOUT_S)
+        except CallerGone:
+            self.tx.producers.forget(half.producer_group, member.client)
+            return
+        except RequestError as exc:
+            log.info("check-back unanswered", extra={"fields": {
+                "txid": txid, "client": member.client, "error": exc.message}})
+            return
+        answer = frame.header.get("state")
+        if answer not in ("commit", "rollback"):
+            return
+        try:
+            await self.tx.half_end(self.groups[gid], txid, answer == "commit", "check",
+                                   half.producer_group)
+        except RequestError as exc:  # decided meanwhile by its producer
+            log.info("check-back answer not applied", extra={"fields": {
+                "txid": txid, "error": exc.message}})

@@ -1,0 +1,755 @@
+"""Transactions from the producer's side, in both models raftmq serves.
+
+Kafka's model (`Producer(transactional_id=...)`): the producer registers its
+transactional id with the coordinator group (`broker.txn.coordinator_group`, a hash of
+the id over the cluster's groups) and gets an epoch; a later producer with the same id
+gets a higher one, which fences this one. Each transaction is numbered within the epoch
+(0, 1, 2, ...), and (id, epoch, number) names it exactly. Before its first send to a
+group the producer tells the coordinator that the group takes part (TX_ADD); its
+batches carry the transaction in their header (they are idempotent like any batch of an
+idempotent producer) and stay invisible until the decision; `send_offsets` stores
+consumer offsets that apply only with the commit. `commit` waits for every send's
+acknowledgement, then asks the coordinator to decide (TX_END): that entry in the
+coordinator's log is the commit point, and the coordinator then has each group make
+the transaction's records visible.
+
+RocketMQ's model (`Producer(producer_group=..., check_listener=...)`): a half message
+is stored invisible (PRODUCE with a `half` header naming a fresh txid); the producer
+runs its local transaction and then commits or rolls the half message back (HALF_END).
+When it never says, the broker asks a live member of the producer group
+(PRODUCER_HEARTBEAT registers one; TX_CHECK is the broker's question, answered by the
+`check_listener`) until it gets an answer or gives up and rolls back.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import anyio
+
+from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
+from broker.records import OutgoingMessage, encode_batch
+from broker.txn import coordinator_group
+
+from .errors import (
+    ProducerFencedError,
+    TransactionAbortedError,
+    TransactionError,
+)
+from .producer import (
+    PendingSend,
+    Producer,
+    SendFuture,
+    SendResult,
+    _stored_fields,
+    as_payload,
+    batch_message_ids,
+    check_message,
+    make_message,
+    new_producer_id,
+    record_size,
+)
+from .routes import node_addresses
+
+__all__ = [
+    "HEARTBEAT_INTERVAL",
+    "HEARTBEAT_TTL_MS",
+    "CheckListener",
+    "CheckRequest",
+    "HalfHandle",
+    "HalfMessages",
+    "LocalTransaction",
+    "Transaction",
+    "TransactionalSends",
+    "TransactionResult",
+    "Verdict",
+    "as_tx_error",
+    "decide",
+    "verdict",
+]
+
+log = logging.getLogger("raftmq.client.transactions")
+
+Verdict = Literal["commit", "rollback", "unknown"]
+VERDICTS: tuple[str, ...] = ("commit", "rollback", "unknown")
+
+HEARTBEAT_INTERVAL = 10.0  # seconds between PRODUCER_HEARTBEATs to every node
+HEARTBEAT_TTL_MS = 30_000  # a member not heard from for this long is not asked
+INIT_PATIENCE = 30.0  # seconds TX_INIT is retried while a fenced transaction completes
+MAX_TID = 255
+
+
+@dataclass(frozen=True, slots=True)
+class CheckRequest:
+    """The broker asks whether a half message's local transaction committed."""
+
+    txid: str
+    topic: str
+    queue: int
+    msg_id: str | None
+    group: str
+    producer_group: str
+    checks: int
+
+
+CheckListener = Callable[[CheckRequest], Any]
+"""`fn(CheckRequest) -> "commit" | "rollback" | "unknown"`, plain or async."""
+
+LocalTransaction = Callable[[OutgoingMessage], Any]
+"""`fn(message) -> "commit" | "rollback" | "unknown"`, plain or async: the caller's local
+transaction, run after the half message is stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionResult:
+    """What `send_in_transaction` did: the half message stored (`send`), its txid, and the
+    state it was left in: "commit"/"rollback" (decided by the producer) or "unknown"
+    (left to the broker's check-back: the local transaction said so, raised — `error` —
+    or the decision could not be delivered)."""
+
+    send: SendResult
+    txid: str
+    state: Verdict
+    error: BaseException | None = None
+
+
+def verdict(value: object) -> Verdict:
+    """A listener's answer as one of the three verdicts; anything else is "unknown"."""
+    if isinstance(value, str) and value in VERDICTS:
+        return cast(Verdict, value)
+    return "unknown"
+
+
+async def decide(fn: Callable[[Any], Any], arg: Any, what: str) -> tuple[Verdict, BaseException | None]:
+    """Run a listener (async, or plain in a worker thread so it may block on its
+    database) and return its verdict; one that raises says "unknown" (and why)."""
+    try:
+        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+                type(fn).__call__):
+            value = await fn(arg)
+        else:
+            value = await anyio.to_thread.run_sync(fn, arg)
+            if inspect.isawaitable(value):
+                value = await value
+    except Exception as exc:
+        log.warning("%s raised %r: the answer is 'unknown'", what, exc)
+        return "unknown", exc
+    answer = verdict(value)
+    if answer == "unknown" and value != "unknown":
+        log.warning("%s answered %r, not commit/rollback/unknown: taken as 'unknown'",
+                    what, value)
+    return answer, None
+
+
+def as_tx_error(exc: RequestError) -> RequestError:
+    """A broker refusal about a transaction as the SDK's own error type."""
+    if isinstance(exc, TransactionError):
+        return exc
+    if exc.code == Code.TX_FENCED:
+        return ProducerFencedError(exc.message, **exc.extra)
+    if exc.code in (Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT):
+        return TransactionError(exc.code, exc.message, **exc.extra)
+    return exc
+
+
+def _check_tid(tid: str) -> str:
+    if not isinstance(tid, str) or not tid or len(tid) > MAX_TID or not tid.isprintable():
+        raise ValueError(f"a transactional id is 1..{MAX_TID} printable characters, not {tid!r}")
+    return tid
+
+
+# ---------------------------------------------------------------- Kafka's model
+
+
+class TransactionalSends:
+    """A producer's transactional id: its epoch and transaction number, the open
+    transaction, and the requests to the coordinator. Made by `Producer` when given a
+    `transactional_id`; used through `Producer.begin` / `Producer.transaction`."""
+
+    def __init__(self, producer: Producer, tid: str, timeout_ms: int) -> None:
+        if not isinstance(timeout_ms, int) or timeout_ms < 1:
+            raise ValueError("transaction_timeout_ms is a positive number of milliseconds")
+        self.producer = producer
+        self.tid = _check_tid(tid)
+        self.timeout_ms = timeout_ms
+        self.epoch = -1  # not registered yet (or again: a failure left its state unsure)
+        self.n = 0  # the next transaction's number within the epoch
+        self.fenced: ProducerFencedError | None = None
+        self.current: Transaction | None = None
+        self._coordinator: str | None = None
+        self._lock = anyio.Lock()
+
+    def check_usable(self) -> None:
+        if self.fenced is not None:
+            raise ProducerFencedError(
+                f"transactional id {self.tid!r} was taken over by a newer producer: this one "
+                f"is fenced and can no longer begin, send or commit ({self.fenced.message})")
+
+    def failed(self, exc: RequestError) -> RequestError:
+        """Map a refusal to the SDK's type, and remember a fencing for good."""
+        err = as_tx_error(exc)
+        if isinstance(err, ProducerFencedError):
+            self.fenced = self.fenced or err
+        return err
+
+    async def coordinator(self, refresh: bool = False) -> str:
+        if self._coordinator is None or refresh:
+            cluster = await self.producer._check_open().cluster()
+            groups = sorted(str(g) for g in cluster.get("groups") or {})
+            if not groups:
+                raise RequestError(Code.UNKNOWN_GROUP, "the name servers know no live group")
+            self._coordinator = coordinator_group(self.tid, groups)
+        return self._coordinator
+
+    async def call(self, op: Op, fields: Mapping[str, Any], *, write: bool = True) -> Frame:
+        """A request to the coordinator; when the group asked says it is not the
+        coordinator (the cluster's groups changed), once more to the one it names."""
+        routes = self.producer._check_open()
+        g = await self.coordinator()
+        for attempt in (1, 2):
+            try:
+                return await routes.call_group(g, op, {"g": g, "tid": self.tid, **fields},
+                                               write=write, timeout=self.producer.send_timeout)
+            except RequestError as exc:
+                if exc.code == Code.NOT_COORDINATOR and attempt == 1:
+                    hint = exc.extra.get("coordinator")
+                    g = self._coordinator = (hint if isinstance(hint, str) and hint
+                                             else await self.coordinator(refresh=True))
+                    continue
+                raise self.failed(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def init(self) -> None:
+        """Register the transactional id (TX_INIT): a new epoch, which fences any older
+        producer of the id and aborts its open transaction. Retried while that abort is
+        still going out (BUSY)."""
+        with anyio.fail_after(INIT_PATIENCE + self.producer.send_timeout):
+            while True:
+                try:
+                    frame = await self.call(Op.TX_INIT, {"timeout_ms": self.timeout_ms})
+                    break
+                except RequestError as exc:
+                    if exc.code != Code.BUSY:
+                        raise
+                await anyio.sleep(0.1)
+        try:
+            epoch = int(frame.header["epoch"])
+        except (KeyError, TypeError, ValueError):
+            raise RequestError(Code.MALFORMED, f"bad TX_INIT answer {frame.header!r}") from None
+        self.epoch, self.n = epoch, 0
+        self.producer._tx_stamp = None
+
+    async def begin(self) -> Transaction:
+        self.producer._check_open()
+        self.check_usable()
+        async with self._lock:
+            if self.current is not None and self.current.state == "open":
+                raise TransactionError(Code.MALFORMED, "a transaction is already open on "
+                                       "this producer: commit or abort it first")
+            if self.epoch < 0:
+                await self.init()
+            tx = Transaction(self, self.epoch, self.n)
+            self.current = tx
+            self.producer._tx_stamp = (self.tid, self.epoch, self.n)
+            return tx
+
+    async def close(self) -> None:
+        """The producer closes: a transaction still open is aborted (best effort: the
+        coordinator aborts it at its timeout otherwise)."""
+        tx = self.current
+        if tx is None or tx.state != "open" or self.fenced is not None:
+            return
+        with anyio.move_on_after(self.producer.send_timeout * 2) as scope:
+            scope.shield = True
+            try:
+                await tx.abort()
+            except Exception as exc:
+                log.warning("aborting transaction %d of %r on close failed: %s",
+                            tx.n, self.tid, exc)
+
+    def fenced_ends(self, tx: Transaction, failure: BaseException | None) -> None:
+        """A fenced producer's transaction ends with the fencing, whatever else failed."""
+        if self.fenced is not None:
+            tx.state = "aborted"
+            self.finished(tx, started=True, sure=True)
+            raise self.fenced from failure
+
+    def finished(self, tx: Transaction, *, started: bool, sure: bool) -> None:
+        """`tx` is over: the next one takes the next number if this one reached the
+        coordinator; when its outcome is not known the id is registered again first."""
+        if self.current is tx:
+            self.current = None
+            self.producer._tx_stamp = None
+        if not sure:
+            self.epoch = -1
+        elif started and tx.epoch == self.epoch:
+            self.n = tx.n + 1
+
+
+TxState = Literal["open", "committing", "aborting", "committed", "aborted"]
+
+
+class Transaction:
+    """One transaction (Kafka's model); from `Producer.begin()` or
+    `async with producer.transaction() as tx`. Sends and offsets join it; `commit` makes
+    them visible together, `abort` drops them."""
+
+    def __init__(self, owner: TransactionalSends, epoch: int, n: int) -> None:
+        self.owner = owner
+        self.producer = owner.producer
+        self.tid = owner.tid
+        self.epoch = epoch
+        self.n = n
+        self.state: TxState = "open"
+        self.groups: set[str] = set()  # participants the coordinator knows of
+        self._adding: dict[str, anyio.Event] = {}
+        self._added_any = False  # a TX_ADD was sent: the coordinator may know this one
+        self._futures: list[SendFuture[Any]] = []
+        self._error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"Transaction({self.tid!r}, epoch={self.epoch}, n={self.n}, {self.state})"
+
+    @property
+    def id(self) -> tuple[str, int, int]:
+        return self.tid, self.epoch, self.n
+
+    def _check_open(self) -> None:
+        self.owner.check_usable()
+        if self.state != "open":
+            raise TransactionError(
+                Code.TX_DECIDED,
+                f"transaction {self.n} of {self.tid!r} is {self.state}: begin a new one")
+
+    async def _join(self, group: str) -> None:
+        """Make sure the coordinator lists `group` as a participant before anything of
+        this transaction is sent there."""
+        while group not in self.groups:
+            event = self._adding.get(group)
+            if event is not None:
+                await event.wait()
+                if group not in self.groups and self._error is not None:
+                    raise TransactionError(Code.TX_UNKNOWN, f"adding group {group} to the "
+                                           f"transaction failed: {self._error}")
+                continue
+            event = self._adding[group] = anyio.Event()
+            try:
+                self._added_any = True
+                await self.owner.call(Op.TX_ADD, {"epoch": self.epoch, "n": self.n,
+                                                  "groups": [group]})
+                self.groups.add(group)
+            except BaseException as exc:
+                if isinstance(exc, Exception):
+                    self._error = self._error or exc
+                raise
+            finally:
+                del self._adding[group]
+                event.set()
+
+    async def _group_of(self, topic: str, queue: int) -> str:
+        return await self.producer._check_open().group_of(topic, queue)
+
+    async def send_async(
+        self,
+        topic: str,
+        message: OutgoingMessage | bytes | str,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        queue: int | None = None,
+    ) -> SendFuture[SendResult]:
+        """Hand a message to the transaction; the future completes when it is stored
+        (invisible until the commit: its `offset` is -1)."""
+        self._check_open()
+        p = self.producer
+        msg = as_payload(message, key=key, tags=tags, properties=properties)
+        check_message(msg, p.max_message_bytes)
+        route, q, _ = await p._choose_queue(topic, msg, queue)
+        await self._join(route.group_of(q) or await self._group_of(topic, q))
+        self._check_open()
+        fut: SendFuture[SendResult] = SendFuture()
+        self._futures.append(fut)
+        await p._enqueue(topic, q, False,
+                         PendingSend([msg], record_size(msg), fut, True, p._on_settled), route)
+        return fut
+
+    async def send(
+        self,
+        topic: str,
+        message: OutgoingMessage | bytes | str,
+        *,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, str] | None = None,
+        queue: int | None = None,
+    ) -> SendResult:
+        """Send within the transaction and wait until the message is stored (prepared)."""
+        fut = await self.send_async(topic, message, key=key, tags=tags,
+                                    properties=properties, queue=queue)
+        return await fut
+
+    async def send_batch(
+        self,
+        topic: str,
+        messages: Sequence[OutgoingMessage | bytes | str],
+        *,
+        queue: int | None = None,
+    ) -> list[SendResult]:
+        """Send messages to one queue within the transaction (as `Producer.send_batch`)
+        and wait until they are stored."""
+        self._check_open()
+        p = self.producer
+        msgs = [as_payload(m) for m in messages]
+        if not msgs:
+            return []
+        for m in msgs:
+            check_message(m, p.max_message_bytes)
+        route, q, _ = await p._choose_queue(topic, msgs[0], queue)
+        await self._join(route.group_of(q) or await self._group_of(topic, q))
+        self._check_open()
+        futs: list[SendFuture[list[SendResult]]] = []
+        for chunk, size in p._chunks(msgs):
+            fut: SendFuture[list[SendResult]] = SendFuture()
+            futs.append(fut)
+            self._futures.append(fut)
+            await p._enqueue(topic, q, False, PendingSend(chunk, size, fut, False,
+                                                          p._on_settled))
+        results: list[SendResult] = []
+        for fut in futs:
+            results += await fut
+        return results
+
+    async def send_offsets(self, consumer_group: str,
+                           offsets: Mapping[tuple[str, int], int]) -> None:
+        """Commit `consumer_group`'s offsets ({(topic, queue): next offset to consume})
+        with this transaction: they take effect only if it commits (the
+        consume-transform-produce loop of exactly-once processing)."""
+        self._check_open()
+        cg = validate_group_name(consumer_group)
+        by_group: dict[str, list[list[Any]]] = {}
+        for (topic, queue), offset in sorted(offsets.items()):
+            validate_topic_name(topic)
+            if not isinstance(queue, int) or not isinstance(offset, int) or offset < 0 or queue < 0:
+                raise ValueError(f"offsets map (topic, queue) to an offset >= 0, not "
+                                 f"({topic!r}, {queue!r}) -> {offset!r}")
+            by_group.setdefault(await self._group_of(topic, queue), []).append(
+                [topic, queue, offset])
+        if not by_group:
+            return
+        routes = self.producer._check_open()
+        for group, rows in by_group.items():
+            await self._join(group)
+            self._check_open()
+            header = {"g": group, "tid": self.tid, "epoch": self.epoch, "n": self.n,
+                      "cg": cg, "offsets": rows}
+            try:
+                await routes.call_group(group, Op.TX_OFFSETS, header, write=True,
+                                        timeout=self.producer.send_timeout)
+            except RequestError as exc:
+                err = self.owner.failed(exc)
+                self._error = self._error or err
+                raise err from exc
+
+    async def _settle(self) -> BaseException | None:
+        """Wait for every send of the transaction; the first failure, if any."""
+        first: BaseException | None = self._error
+        for fut in self._futures:
+            try:
+                await fut
+            except Exception as exc:
+                if isinstance(exc, RequestError):
+                    exc = self.owner.failed(exc)
+                first = first or exc
+        return first
+
+    async def _end(self, commit: bool) -> str:
+        frame = await self.owner.call(Op.TX_END, {"epoch": self.epoch, "n": self.n,
+                                                  "commit": commit})
+        return str(frame.header.get("state", ""))
+
+    async def commit(self) -> None:
+        """Wait for every send's acknowledgement, then commit. Raises
+        `TransactionAbortedError` when the transaction was aborted instead (a send failed:
+        the cause is chained; its timeout passed; it was fenced), `ProducerFencedError`
+        when a newer producer took the transactional id over."""
+        self._check_open()
+        self.state = "committing"
+        failure = await self._settle()
+        self.owner.fenced_ends(self, failure)
+        if failure is not None:
+            await self._abort_after(failure)
+        if not self._added_any:  # nothing was sent: nothing to decide
+            self.state = "committed"
+            self.owner.finished(self, started=False, sure=True)
+            return
+        try:
+            state = await self._end(True)
+        except TransactionError as exc:
+            self._fail(exc)
+            if exc.code == Code.TX_DECIDED:  # the coordinator aborted it (its timeout)
+                raise TransactionAbortedError(
+                    exc.code, f"transaction {self.n} of {self.tid!r} was aborted, not "
+                    f"committed: {exc.message}", **exc.extra) from exc
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        if state in ("complete_commit", "prepare_commit"):
+            self.state = "committed"
+            self.owner.finished(self, started=True, sure=True)
+            return
+        self.state = "aborted"
+        self.owner.finished(self, started=True, sure=state in ("complete_abort", "prepare_abort"))
+        raise TransactionAbortedError(
+            Code.TX_DECIDED, f"transaction {self.n} of {self.tid!r} was aborted, not committed "
+            f"(the coordinator says {state or 'nothing'}: its timeout passed or it was fenced)")
+
+    def _fail(self, exc: BaseException) -> None:
+        """The decision request failed: whether it was taken is not known here."""
+        self.state = "aborted"
+        if isinstance(exc, ProducerFencedError):
+            self.owner.finished(self, started=True, sure=True)
+        else:
+            self.owner.finished(self, started=True, sure=False)
+
+    async def _abort_after(self, failure: BaseException) -> None:
+        """A send or an offsets request failed: abort and raise why."""
+        try:
+            await self._decide_abort()
+        except RequestError as exc:
+            log.warning("aborting transaction %d of %r after a failed send: %s",
+                        self.n, self.tid, exc)
+        raise TransactionAbortedError(
+            Code.TX_DECIDED, f"transaction {self.n} of {self.tid!r} was aborted: one of its "
+            f"requests failed ({failure})") from failure
+
+    async def _decide_abort(self) -> None:
+        self.state = "aborting"
+        if not self._added_any:
+            self.state = "aborted"
+            self.owner.finished(self, started=False, sure=True)
+            return
+        try:
+            await self._end(False)
+        except TransactionError as exc:
+            if exc.code == Code.TX_UNKNOWN:  # the coordinator never heard of it
+                self.state = "aborted"
+                self.owner.finished(self, started=False, sure=True)
+                return
+            self._fail(exc)
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self.state = "aborted"
+        self.owner.finished(self, started=True, sure=True)
+
+    async def abort(self) -> None:
+        """Drop everything of the transaction (after its sends settle: a late batch of
+        it would be refused anyway)."""
+        self._check_open()
+        self.state = "aborting"
+        await self._settle()
+        self.owner.check_usable()
+        await self._decide_abort()
+
+
+@asynccontextmanager
+async def transaction_scope(owner: TransactionalSends) -> AsyncIterator[Transaction]:
+    """Begin; commit on a clean exit (unless the block committed or aborted itself),
+    abort on an exception, which is then raised as it was."""
+    tx = await owner.begin()
+    try:
+        yield tx
+    except BaseException:
+        if tx.state == "open" and owner.fenced is None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await tx.abort()
+                except Exception as exc:
+                    log.warning("aborting transaction %d of %r failed: %s", tx.n, tx.tid, exc)
+        raise
+    if tx.state == "open":
+        await tx.commit()
+
+
+# ---------------------------------------------------------------- RocketMQ's model
+
+
+@dataclass(slots=True)
+class _HalfSeq:
+    pid: int
+    next_seq: int = 0
+
+
+class HalfHandle:
+    """A stored half message, waiting for `commit()` or `rollback()` (or for the broker's
+    check-back, if neither ever comes)."""
+
+    def __init__(self, halves: HalfMessages, txid: str, result: SendResult) -> None:
+        self._halves = halves
+        self.txid = txid
+        self.result = result
+        self.state: Verdict = "unknown"
+
+    @property
+    def group(self) -> str:
+        return self.result.group
+
+    async def commit(self) -> bool:
+        """Deliver the half message; True if it had been committed already (a retry)."""
+        return await self._end(True)
+
+    async def rollback(self) -> bool:
+        """Drop the half message; True if it had been rolled back already."""
+        return await self._end(False)
+
+    async def _end(self, commit: bool) -> bool:
+        dup = await self._halves.end(self.group, self.txid, commit)
+        self.state = "commit" if commit else "rollback"
+        return dup
+
+
+class HalfMessages:
+    """The RocketMQ side of a producer: half messages (one idempotent producer id of
+    their own, one half in flight per queue so sequences stay in order), the answers to
+    the broker's check-backs and the heartbeats that make them possible."""
+
+    def __init__(self, producer: Producer, producer_group: str,
+                 check_listener: CheckListener | None) -> None:
+        self.producer = producer
+        self.producer_group = validate_group_name(producer_group)
+        self.check_listener = check_listener
+        self.client_id = f"{uuid.uuid4().hex[:12]}"
+        self._seqs: dict[tuple[str, int], _HalfSeq] = {}
+        self._locks: dict[tuple[str, int], anyio.Lock] = {}
+        self.checks_answered = 0
+
+    async def start(self) -> None:
+        """Answer check-backs on the producer's connections and heartbeat to every node
+        (the first round before returning, so a check can find this producer)."""
+        if self.check_listener is None:
+            return
+        routes = self.producer._check_open()
+        routes.pool.on_request(Op.TX_CHECK, self._on_check)
+        await self.heartbeat()
+        assert self.producer._tg is not None
+        self.producer._tg.start_soon(self._heartbeats)
+
+    async def heartbeat(self) -> None:
+        routes = self.producer._check_open()
+        try:
+            addrs = node_addresses(await routes.cluster())
+        except RequestError as exc:
+            log.debug("producer heartbeat: no cluster view (%s)", exc)
+            return
+        header = {"pg": self.producer_group, "client": self.client_id,
+                  "ttl_ms": HEARTBEAT_TTL_MS}
+
+        async def one(addr: str) -> None:
+            try:
+                await routes.pool.request(addr, Op.PRODUCER_HEARTBEAT, header,
+                                          timeout=self.producer.send_timeout)
+            except RequestError as exc:
+                log.debug("producer heartbeat to %s failed: %s", addr, exc)
+
+        async with anyio.create_task_group() as tg:
+            for addr in addrs:
+                tg.start_soon(one, addr)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await anyio.sleep(HEARTBEAT_INTERVAL)
+            await self.heartbeat()
+
+    async def _on_check(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
+        h = frame.header
+        try:
+            req = CheckRequest(str(h["txid"]), str(h.get("topic", "")), int(h.get("queue", -1)),
+                               str(h["msg_id"]) if h.get("msg_id") else None,
+                               str(h.get("g", "")), str(h.get("pg", "")), int(h.get("checks", 0)))
+        except (KeyError, TypeError, ValueError):
+            raise RequestError(Code.MALFORMED, f"bad TX_CHECK request {h!r}") from None
+        if req.producer_group != self.producer_group or self.check_listener is None:
+            return {"state": "unknown"}, b""
+        answer, _ = await decide(self.check_listener, req, "the check listener")
+        self.checks_answered += 1
+        return {"state": answer}, b""
+
+    async def prepare(self, topic: str, message: OutgoingMessage | bytes | str, *,
+                      key: str | None = None, tags: str | None = None,
+                      properties: dict[str, str] | None = None,
+                      queue: int | None = None) -> HalfHandle:
+        """Store `message` as a half message (invisible until committed)."""
+        p = self.producer
+        routes = p._check_open()
+        msg = as_payload(message, key=key, tags=tags, properties=properties)
+        check_message(msg, p.max_message_bytes)
+        _route, q, _ = await p._choose_queue(topic, msg, queue)
+        txid = uuid.uuid4().hex
+        lock = self._locks.setdefault((topic, q), anyio.Lock())
+        async with lock:
+            seq = self._seqs.get((topic, q))
+            if seq is None:
+                seq = self._seqs[(topic, q)] = _HalfSeq(new_producer_id())
+            data = encode_batch(topic, q, [msg], pid=seq.pid, seq=seq.next_seq,
+                                born_ms=_now_ms(), half=(txid, self.producer_group))
+            try:
+                group, frame = await routes.call_queue(
+                    topic, q, Op.PRODUCE, lambda g: {"g": g}, data, write=True,
+                    timeout=p.send_timeout, attempts=p.retries + 1)
+                base, n, index, dup, shift = _stored_fields(frame.header)
+            except BaseException:
+                # its fate may be unknown: later halves of the queue start a new sequence
+                self._seqs[(topic, q)] = _HalfSeq(new_producer_id())
+                raise
+            seq.next_seq += 1
+        ids = batch_message_ids(group, index, data, shift) if index >= 0 else [None]
+        return HalfHandle(self, txid, SendResult(ids[0], topic, q, -1, group, dup))
+
+    async def end(self, group: str, txid: str, commit: bool) -> bool:
+        routes = self.producer._check_open()
+        header = {"g": group, "txid": txid, "commit": commit,
+                  "pg": self.producer_group, "source": "client"}
+        try:
+            frame = await routes.call_group(group, Op.HALF_END, header, write=True,
+                                            timeout=self.producer.send_timeout)
+        except RequestError as exc:
+            raise as_tx_error(exc) from exc
+        return bool(frame.header.get("dup", False))
+
+    async def send_in_transaction(
+        self, topic: str, message: OutgoingMessage | bytes | str,
+        local_transaction: LocalTransaction, *, key: str | None = None,
+        tags: str | None = None, properties: dict[str, str] | None = None,
+        queue: int | None = None,
+    ) -> TransactionResult:
+        """Prepare a half message, run `local_transaction(message)`, then commit or roll
+        back as it says. "unknown" (or an exception) leaves the decision to the broker's
+        check-back; so does a decision that cannot be delivered now."""
+        full = make_message(message, key=key, tags=tags, properties=properties)
+        handle = await self.prepare(topic, full, queue=queue)
+        answer, error = await decide(local_transaction, full, "the local transaction")
+        if answer == "unknown":
+            return TransactionResult(handle.result, handle.txid, "unknown", error)
+        try:
+            await handle._end(answer == "commit")
+        except TransactionError:
+            raise
+        except RequestError as exc:  # unreachable now: the check-back will ask
+            log.warning("half message %s: %s not delivered (%s); the broker's check-back "
+                        "will ask", handle.txid, answer, exc)
+            return TransactionResult(handle.result, handle.txid, "unknown", exc)
+        return TransactionResult(handle.result, handle.txid, answer)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
