@@ -273,6 +273,7 @@ def _run_parser() -> argparse.ArgumentParser:
     from broker.config import KNOWN_MUTATIONS
 
     from .nemesis import NEMESES
+    from .run import WORKLOADS
 
     p = argparse.ArgumentParser(
         prog="raftmq chaos run",
@@ -292,7 +293,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="how long faults and load run before the final heal (default 60)")
     p.add_argument("--nemesis", default="kill,partition-node", metavar="LIST",
                    help=f"comma-separated faults, all, or none: {', '.join(NEMESES)}")
-    p.add_argument("--workload", default="queue", choices=("queue",))
+    p.add_argument("--workload", default="queue", choices=WORKLOADS,
+                   help="queue (default), txn (transactions, half messages, a pipeline) "
+                   "or all (both side by side)")
     p.add_argument("--seed", type=int, default=0, help="decides the fault schedule")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="history.jsonl, results.json, report.html and the cluster's files")
