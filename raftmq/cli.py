@@ -96,6 +96,12 @@ def _consume(argv: list[str]) -> int:
     return consume_main(argv)
 
 
+def _tx(argv: list[str]) -> int:
+    from raftmq.commands.tx import main as tx_main
+
+    return tx_main(argv)
+
+
 def _status(argv: list[str]) -> int:
     from raftmq.commands.status import main as status_main
 
@@ -124,6 +130,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "lag": (_lag, "how far a consumer group is behind, per queue"),
     "group": (_group, "consumer groups: list, describe, reset-offsets, delete"),
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
+    "tx": (_tx, "transactions: list, show; commit or roll back a half message"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
     "cluster": (_cluster, "group replicas: status, transfer-leader, add/remove/replace-replica"),
     "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover`"),

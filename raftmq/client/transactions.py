@@ -82,7 +82,8 @@ VERDICTS: tuple[str, ...] = ("commit", "rollback", "unknown")
 
 HEARTBEAT_INTERVAL = 10.0  # seconds between PRODUCER_HEARTBEATs to every node
 HEARTBEAT_TTL_MS = 30_000  # a member not heard from for this long is not asked
-INIT_PATIENCE = 30.0  # seconds TX_INIT is retried while a fenced transaction completes
+BUSY_PATIENCE = 30.0  # seconds a coordinator request is retried while it answers BUSY
+#                     (the previous transaction of the id is still completing)
 MAX_TID = 255
 
 
@@ -213,32 +214,30 @@ class TransactionalSends:
         coordinator (the cluster's groups changed), once more to the one it names."""
         routes = self.producer._check_open()
         g = await self.coordinator()
-        for attempt in (1, 2):
+        redirected = False
+        busy_until = time.monotonic() + BUSY_PATIENCE
+        while True:
             try:
                 return await routes.call_group(g, op, {"g": g, "tid": self.tid, **fields},
                                                write=write, timeout=self.producer.send_timeout)
             except RequestError as exc:
-                if exc.code == Code.NOT_COORDINATOR and attempt == 1:
+                if exc.code == Code.NOT_COORDINATOR and not redirected:
+                    redirected = True
                     hint = exc.extra.get("coordinator")
                     g = self._coordinator = (hint if isinstance(hint, str) and hint
                                              else await self.coordinator(refresh=True))
                     continue
+                if exc.code == Code.BUSY and time.monotonic() < busy_until:
+                    # the previous transaction's markers are still going out
+                    await anyio.sleep(0.05)
+                    continue
                 raise self.failed(exc) from exc
-        raise AssertionError("unreachable")
 
     async def init(self) -> None:
         """Register the transactional id (TX_INIT): a new epoch, which fences any older
         producer of the id and aborts its open transaction. Retried while that abort is
         still going out (BUSY)."""
-        with anyio.fail_after(INIT_PATIENCE + self.producer.send_timeout):
-            while True:
-                try:
-                    frame = await self.call(Op.TX_INIT, {"timeout_ms": self.timeout_ms})
-                    break
-                except RequestError as exc:
-                    if exc.code != Code.BUSY:
-                        raise
-                await anyio.sleep(0.1)
+        frame = await self.call(Op.TX_INIT, {"timeout_ms": self.timeout_ms})
         try:
             epoch = int(frame.header["epoch"])
         except (KeyError, TypeError, ValueError):

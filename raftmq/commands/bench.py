@@ -48,6 +48,12 @@ def _failover(argv: list[str]) -> int:
     return failover_main(argv)
 
 
+def _txn(argv: list[str]) -> int:
+    from bench.txn import main as txn_main
+
+    return txn_main(argv)
+
+
 # Each benchmark is imported only when run: they pull in the cluster harness and rich.
 BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "produce": (_produce, "produce throughput and ack latency (SDK Producer, real nodes)"),
@@ -55,6 +61,7 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "consume": (_consume, "consume throughput, hot and cold data; --catch-up under load"),
     "topics": (_topics, "produce throughput over 1 ... 10,000 topics, and creation time"),
     "failover": (_failover, "kill -9 a group leader under load: time until acks resume"),
+    "txn": (_txn, "transactions (10/100 msgs, 1/3 groups) and half messages vs plain sends"),
 }
 
 
