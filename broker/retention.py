@@ -19,8 +19,12 @@ replica that fetched old entries late (a restarted follower, then maybe leader) 
 think them new. A segment whose last few entries hold no MESSAGES batch (only control
 records) falls back to its file mtime.
 
-Never past: the commit index, and the lowest match index of any follower (voter or
-learner). A follower that needs deleted entries can still catch up -- the leader sends
+Never past: the commit index, the lowest match index of any follower (voter or
+learner), what the leader's state has applied, and the lowest index still holding
+undecided prepared data of a transaction (`BrokerState.pinned_index`): a prepared batch
+must stay readable until its decision makes it visible or drops it. (Under that pin the
+records a retain drops are exactly a prefix of each queue, also where committed
+transactions appended records of older entries after newer ones.) A follower that needs deleted entries can still catch up -- the leader sends
 it the group's whole snapshot (`raftlog` InstallSnapshot) -- but that is a transfer of
 the entire state, so retention does not cause it for a follower that is merely behind.
 The flip side: a follower that is down keeps the leader from deleting anything it lacks,
@@ -141,14 +145,18 @@ class RetentionPolicy:
         return max(0, used - int(self.disk_ratio * total))
 
     async def candidate(
-        self, lg: CommittedLog, *, commit: int, min_match: int, retained: int, now_ms: int
+        self, lg: CommittedLog, *, commit: int, min_match: int, retained: int, now_ms: int,
+        pinned: int | None = None,
     ) -> int | None:
-        """The retain index to propose now, or None (nothing new may go)."""
+        """The retain index to propose now, or None (nothing new may go); nothing at or
+        above `pinned` (the lowest index still holding undecided prepared data) goes."""
         segments = await lg.segment_bounds()
         live = {s.path for s in segments}
         for p in [p for p in self._ages if p not in live]:
             del self._ages[p]
         limit = min(commit, min_match) + 1
+        if pinned is not None:
+            limit = min(limit, pinned)
         # the ages `choose_retain_index` may ask for: segments wholly below `limit`
         for seg, nxt in zip(segments, segments[1:], strict=False):
             if nxt.first_index > limit:
@@ -172,12 +180,17 @@ async def retain_once(policy: RetentionPolicy, g: GroupRuntime, state: BrokerSta
     if horizon is None:
         return None
     commit, min_match = horizon
+    # Entries committed but not applied yet may hold prepared batches the state cannot
+    # pin yet: nothing past what it applied goes either.
+    pinned = state.pinned_index()
+    applied = state.applied_index + 1
     index = await policy.candidate(
         g,
         commit=commit,
         min_match=min_match,
         retained=state.retained_index,
         now_ms=int(time.time() * 1000),
+        pinned=applied if pinned is None else min(pinned, applied),
     )
     if index is None:
         return None

@@ -1,0 +1,188 @@
+"""The transaction coordinator part: epochs and fencing, the states of a transaction,
+idempotent ends, refusals that change nothing, and its snapshot section."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+
+from broker.parts import txcoord
+from broker.parts.base import ControlResult, ErrorResult
+from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxInit, TxnState
+from broker.protocol import Code
+from broker.statemachine import BrokerState
+from raftlog.types import Entry, EntryType
+from tests.test_txpart import Replica, sections
+
+
+def ctl(rep: Replica, rec: Any) -> Any:
+    return rep.control(rec.encode())
+
+
+def refused(rep: Replica, data: bytes, code: Code) -> None:
+    before = sections(rep.state)
+    res = rep.control(data)
+    assert isinstance(res, ErrorResult) and res.code == code, res
+    assert sections(rep.state) == before
+
+
+def state(rep: Replica, tid: str = "tid") -> TxnState:
+    t = rep.state.txcoord.txn(tid)
+    assert t is not None
+    return t
+
+
+def test_init_counts_epochs_from_zero() -> None:
+    r = Replica()
+    assert r.state.txcoord.txn("tid") is None
+    for epoch in range(3):
+        assert ctl(r, TxInit("tid", 60_000, 100 + epoch)) == ControlResult("tx_init", 1)
+        t = state(r)
+        assert (t.epoch, t.n, t.state, t.timeout_ms) == (epoch, 0, "empty", 60_000)
+
+
+def test_a_transaction_from_add_to_complete() -> None:
+    r = Replica()
+    ctl(r, TxInit("tid", 60_000, 0))
+    assert ctl(r, TxAdd("tid", 0, 0, ("g2", "g1"), 10)) == ControlResult("tx_add", 2)
+    assert ctl(r, TxAdd("tid", 0, 0, ("g3", "g1"), 11)) == ControlResult("tx_add", 1)
+    assert ctl(r, TxAdd("tid", 0, 0, ("g1",), 12)).dup
+    t = state(r)
+    assert (t.state, t.participants, t.started_ms) == ("ongoing", ("g1", "g2", "g3"), 10)
+    assert r.state.txcoord.ongoing() == [t]
+    assert ctl(r, TxEnd("tid", 0, 0, True, 50, "client")) == ControlResult("tx_end", 1)
+    t = state(r)
+    assert (t.state, t.decided_ms, t.reason) == ("prepare_commit", 50, "client")
+    assert r.state.txcoord.unfinished() == [t] and r.state.txcoord.ongoing() == []
+    # the same decision again is a duplicate; the other one is refused
+    assert ctl(r, TxEnd("tid", 0, 0, True, 51, "client")).dup
+    refused(r, TxEnd("tid", 0, 0, False, 52, "client").encode(), Code.TX_DECIDED)
+    # no new transaction or init while markers go out
+    refused(r, TxAdd("tid", 0, 1, ("g1",), 53).encode(), Code.BUSY)
+    refused(r, TxInit("tid", 60_000, 53).encode(), Code.BUSY)
+    assert ctl(r, TxComplete("tid", 0, 0)) == ControlResult("tx_complete", 1)
+    assert ctl(r, TxComplete("tid", 0, 0)).dup
+    assert state(r).state == "complete_commit" and r.state.txcoord.unfinished() == []
+    done = r.state.txcoord.done_ring()
+    assert [(d.tid, d.n, d.commit, d.participants) for d in done] == [
+        ("tid", 0, True, ("g1", "g2", "g3"))]
+    refused(r, TxEnd("tid", 0, 0, False, 60, "client").encode(), Code.TX_DECIDED)
+    # the next one is n + 1, nothing else
+    refused(r, TxAdd("tid", 0, 2, ("g1",), 61).encode(), Code.TX_UNKNOWN)
+    assert ctl(r, TxAdd("tid", 0, 1, ("g1",), 62)).applied == 1
+    assert state(r).n == 1
+
+
+def test_an_end_without_participants_completes_at_once() -> None:
+    r = Replica()
+    ctl(r, TxInit("tid", 60_000, 0))
+    ctl(r, TxEnd("tid", 0, 0, False, 5, "client"))  # nothing added at all
+    assert state(r).state == "complete_abort"
+    ctl(r, TxAdd("tid", 0, 1, (), 6))
+    ctl(r, TxEnd("tid", 0, 1, True, 7, "client"))
+    assert state(r).state == "complete_commit" and r.state.txcoord.unfinished() == []
+    assert len(r.state.txcoord.done_ring()) == 2
+
+
+def test_a_new_epoch_fences_an_ongoing_transaction() -> None:
+    r = Replica()
+    ctl(r, TxInit("tid", 60_000, 0))
+    ctl(r, TxAdd("tid", 0, 0, ("g1", "g2"), 1))
+    ctl(r, TxInit("tid", 60_000, 2))
+    t = state(r)
+    assert (t.epoch, t.n, t.state) == (1, 0, "empty")
+    [old] = r.state.txcoord.unfinished()
+    assert (old.epoch, old.n, old.state, old.reason) == (0, 0, "prepare_abort", "fenced")
+    # the zombie can neither add nor end; a third init waits for the abort to finish
+    refused(r, TxAdd("tid", 0, 0, ("g3",), 3).encode(), Code.TX_FENCED)
+    refused(r, TxEnd("tid", 0, 0, True, 3, "client").encode(), Code.TX_FENCED)
+    refused(r, TxInit("tid", 60_000, 3).encode(), Code.BUSY)
+    refused(r, TxAdd("tid", 5, 0, ("g3",), 3).encode(), Code.TX_UNKNOWN)  # no such epoch
+    assert ctl(r, TxComplete("tid", 0, 0)).applied == 1
+    assert r.state.txcoord.unfinished() == []
+    assert r.state.txcoord.done_ring()[-1].reason == "fenced"
+    assert ctl(r, TxInit("tid", 60_000, 4)).applied == 1 and state(r).epoch == 2
+
+
+def test_no_fencing_mutation_lets_an_old_epoch_act() -> None:
+    r = Replica(mutations=("no-fencing",))
+    ctl(r, TxInit("tid", 60_000, 0))
+    ctl(r, TxInit("tid", 60_000, 1))
+    assert ctl(r, TxAdd("tid", 0, 0, ("g1",), 2)).applied == 1
+    assert isinstance(ctl(r, TxEnd("tid", 0, 0, True, 3, "client")), ControlResult)
+
+
+def test_unknown_transactional_ids_and_limits() -> None:
+    r = Replica()
+    refused(r, TxAdd("nope", 0, 0, ("g1",), 0).encode(), Code.TX_UNKNOWN)
+    refused(r, TxEnd("nope", 0, 0, True, 0, "client").encode(), Code.TX_UNKNOWN)
+    assert ctl(r, TxComplete("nope", 0, 0)).dup
+    ctl(r, TxInit("tid", 60_000, 0))
+    many = tuple(f"g{i}" for i in range(txcoord.MAX_PARTICIPANTS))
+    ctl(r, TxAdd("tid", 0, 0, many, 1))
+    refused(r, TxAdd("tid", 0, 0, ("extra",), 2).encode(), Code.TX_LIMIT)
+
+
+BAD = [
+    {"op": "tx_init", "tid": "", "timeout_ms": 1, "ts": 0},
+    {"op": "tx_init", "tid": "a", "timeout_ms": 0, "ts": 0},
+    {"op": "tx_init", "tid": "a", "timeout_ms": txcoord.MAX_TIMEOUT_MS + 1, "ts": 0},
+    {"op": "tx_add", "tid": "a", "epoch": 0, "n": 0, "groups": "g1", "ts": 0},
+    {"op": "tx_add", "tid": "a", "epoch": 0, "n": 0, "groups": ["bad name"], "ts": 0},
+    {"op": "tx_add", "tid": "a", "epoch": -1, "n": 0, "groups": [], "ts": 0},
+    {"op": "tx_end", "tid": "a", "epoch": 0, "n": 0, "commit": "yes", "ts": 0,
+     "reason": "client"},
+    {"op": "tx_end", "tid": "a", "epoch": 0, "n": 0, "commit": True, "ts": 0, "reason": "why"},
+    {"op": "tx_complete", "tid": "a", "epoch": 0},
+]
+
+
+@pytest.mark.parametrize("record", BAD)
+def test_a_malformed_record_is_refused_and_changes_nothing(record: dict[str, Any]) -> None:
+    r = Replica()
+    ctl(r, TxInit("a", 60_000, 0))
+    ctl(r, TxAdd("a", 0, 0, ("g1",), 0))
+    before = sections(r.state)
+    res = r.control(msgpack.packb(record))
+    assert isinstance(res, ErrorResult) and res.code in (Code.MALFORMED, Code.INVALID_NAME)
+    assert sections(r.state) == before
+
+
+def test_too_many_groups_in_one_record_is_a_limit() -> None:
+    r = Replica()
+    ctl(r, TxInit("a", 60_000, 0))
+    groups = [f"g{i}" for i in range(txcoord.MAX_PARTICIPANTS + 1)]
+    refused(r, msgpack.packb({"op": "tx_add", "tid": "a", "epoch": 0, "n": 0,
+                              "groups": groups, "ts": 0}), Code.TX_LIMIT)
+
+
+@pytest.mark.parametrize("rec", [
+    TxInit("a", 5, 6), TxAdd("a", 1, 2, ("g1", "g2"), 3), TxEnd("a", 1, 2, False, 3, "timeout"),
+    TxComplete("a", 1, 2),
+])
+def test_records_round_trip(rec: Any) -> None:
+    assert type(rec).decode(rec.encode()) == rec
+
+
+def test_snapshot_round_trip_matches_a_straight_run() -> None:
+    r = Replica()
+    ctl(r, TxInit("b", 60_000, 0))
+    ctl(r, TxAdd("b", 0, 0, ("g1",), 1))
+    ctl(r, TxInit("a", 30_000, 0))
+    ctl(r, TxAdd("a", 0, 0, ("g2", "g1"), 1))
+    ctl(r, TxEnd("a", 0, 0, True, 2, "client"))
+    ctl(r, TxInit("b", 60_000, 3))  # fences b's ongoing one
+    ctl(r, TxInit("c", 60_000, 3))
+    ctl(r, TxEnd("c", 0, 0, False, 4, "client"))
+    snap = r.state.snapshot()
+    restored = BrokerState.restore("g1", snap)
+    assert restored.snapshot() == snap
+    assert restored.txcoord.unfinished() == r.state.txcoord.unfinished()
+    later = [TxComplete("a", 0, 0), TxComplete("b", 0, 0), TxAdd("b", 1, 0, ("g1",), 9)]
+    for i, rec in enumerate(later, r.index + 1):
+        e = Entry(i, 1, EntryType.CONTROL, rec.encode())
+        assert r.state.apply(e) == restored.apply(e)
+    assert restored.snapshot() == r.state.snapshot()
+    assert restored.txcoord.done_ring() == r.state.txcoord.done_ring()
