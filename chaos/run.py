@@ -203,7 +203,8 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             txload: TxWorkload | None = None
             if opts.workload in ("txn", "all"):
                 txload = TxWorkload(cluster.namesrv_addr, TOPIC, opts.groups,
-                                    recorder=recorder, rng=random.Random(rng.getrandbits(64)))
+                                    recorder=recorder, rng=random.Random(rng.getrandbits(64)),
+                                    log=opts.out / "cluster" / "pipeline.log")
                 facts["tx_queue_groups"] = await txload.setup()
             nemesis = (
                 Nemesis(cluster, net, recorder, rng=random.Random(nemesis_seed),

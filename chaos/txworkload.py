@@ -44,6 +44,7 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -105,6 +106,7 @@ class TxWorkload:
         pause: float = 0.02,
         transaction_timeout_ms: int = 10_000,
         python: str = sys.executable,
+        log: Path | None = None,
     ) -> None:
         if groups < 1:
             raise ValueError("groups must be at least 1")
@@ -124,6 +126,7 @@ class TxWorkload:
         self.pause = pause
         self.transaction_timeout_ms = transaction_timeout_ms
         self.python = python
+        self.log = log  # where the pipeline workers' stderr goes (appended)
         self.queue_groups: dict[str, str] = {}
         self.drained: dict[str, bool] = {}
         self.stats: dict[str, int] = {}
@@ -132,7 +135,6 @@ class TxWorkload:
         self._local: dict[str, tuple[str, str]] = {}  # txid -> (body, local outcome)
         self._undecided: dict[str, str] = {}  # txid -> body of halves the producer left
         self._tails: dict[str, int] = {}
-        self._stack: AsyncExitStack | None = None  # abandoned producers, closed at the end
         self.pipeline_starts = 0
 
     def _process(self) -> int:
@@ -176,32 +178,31 @@ class TxWorkload:
     async def run(self, stop_at: float) -> None:
         if not self.queue_groups:
             await self.setup()
-        async with AsyncExitStack() as stack:
-            self._stack = stack
-            async with trio.open_nursery() as nursery:
-                for k in range(self.producers):
-                    nursery.start_soon(self._transactions, f"{self.topic}-t{k}", stop_at)
-                for k in range(self.half_producers):
-                    nursery.start_soon(self._halves, f"chaos-pg{k}", stop_at)
-                for _ in range(self.readers):
-                    nursery.start_soon(self._reader, stop_at)
-                if self.pipeline:
-                    nursery.start_soon(self._feeder, stop_at)
-                    nursery.start_soon(self._pipeline, stop_at)
-            with trio.move_on_after(10) as scope:
-                scope.shield = True
-                await stack.aclose()
-            self._stack = None
+        async with trio.open_nursery() as nursery:
+            for k in range(self.producers):
+                nursery.start_soon(self._transactions, f"{self.topic}-t{k}", stop_at)
+            for k in range(self.half_producers):
+                nursery.start_soon(self._halves, f"chaos-pg{k}", stop_at)
+            for _ in range(self.readers):
+                nursery.start_soon(self._reader, stop_at)
+            if self.pipeline:
+                nursery.start_soon(self._feeder, stop_at)
+                nursery.start_soon(self._pipeline, stop_at)
 
     # ---------------- Kafka's model
 
     async def _transactions(self, tid: str, stop_at: float) -> None:
+        """One transactional id's producers, one after another; the abandoned ones stay
+        open (in `stack`, closed when the run ends) as a killed process's would."""
+        async with AsyncExitStack() as stack:
+            await self._transactions_in(stack, tid, stop_at)
+
+    async def _transactions_in(self, stack: AsyncExitStack, tid: str, stop_at: float) -> None:
         while time.monotonic() < stop_at:
             producer = Producer(self.namesrv, transactional_id=tid, send_timeout=self.send_timeout,
                                 transaction_timeout_ms=self.transaction_timeout_ms)
-            assert self._stack is not None
             try:
-                await self._stack.enter_async_context(producer)
+                await stack.enter_async_context(producer)
             except RequestError:
                 await trio.sleep(_PAUSE_AFTER_ERROR)
                 continue
@@ -484,12 +485,19 @@ class TxWorkload:
         process = self._process()
         self.pipeline_starts += 1
         env = dict(os.environ)
-        proc = await trio.lowlevel.open_process(
-            self._pipeline_argv(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-            start_new_session=True)
+        if self.log is not None:
+            with self.log.open("ab") as log:
+                log.write(f"--- pipeline worker {process}\n".encode())
+                proc = await trio.lowlevel.open_process(
+                    self._pipeline_argv(), stdout=subprocess.PIPE, stderr=log, env=env,
+                    start_new_session=True)
+        else:
+            proc = await trio.lowlevel.open_process(
+                self._pipeline_argv(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=env, start_new_session=True)
         assert proc.stdout is not None
         try:
-            with trio.move_on_at(until):
+            with trio.move_on_after(max(0.0, until - time.monotonic())):
                 buffered = b""
                 while True:
                     chunk = await proc.stdout.receive_some(65536)
@@ -531,13 +539,16 @@ class TxWorkload:
         """Wait (at most half of `timeout`) until nothing is undecided, record how the
         halves the producers left were decided and the pipeline's committed offsets,
         then read every queue from 0 to its end; True when every queue was read."""
-        deadline = time.monotonic() + timeout
-        await self._settle(time.monotonic() + timeout / 2)
-        async with Admin(self.namesrv) as admin:
-            await self._half_status(admin)
+        began = time.monotonic()
+        await self._settle(began + timeout / 3)
+        with trio.move_on_after(timeout / 6):
+            await self._half_status()
         async with PullConsumer(self.namesrv, _READERS_GROUP) as consumer:
             if self.pipeline:
-                await self._pipe_offsets(consumer, deadline)
+                with trio.move_on_after(timeout / 6):
+                    await self._pipe_offsets(consumer)
+            # the reads get what is left, and at least half of it
+            deadline = max(began + timeout, time.monotonic() + timeout / 2)
             self.drained = {queue_key(t, q): False for t, n in self.queues.items()
                             for q in range(n)}
             async with trio.open_nursery() as nursery:
@@ -562,26 +573,33 @@ class TxWorkload:
                     return
                 await trio.sleep(0.5)
 
-    async def _half_status(self, admin: Admin) -> None:
+    async def _half_status(self) -> None:
+        """How each half its producer did not end was decided (``half-status``), from
+        the participants' rings of decisions (one `tx_list`, retried until it answers)."""
+        if not self._undecided:
+            return
+        async with Admin(self.namesrv) as admin:
+            while True:
+                try:
+                    rows = await admin.tx_list(limit=10_000)
+                    break
+                except Exception:  # noqa: BLE001 - a group without a leader: again
+                    await trio.sleep(0.5)
+        decided = {str(r.get("id")): r for r in rows.get("decided", [])}
         process = self._process()
         rec = self.recorder
         for txid, body in sorted(self._undecided.items()):
             rec.invoke(process, "half-status", txid, {"body": body})
-            try:
-                rows = await admin.tx_show(txid)
-            except Exception as exc:  # noqa: BLE001 - not known: nothing said
-                rec.complete(process, "ok", "half-status", txid,
-                             {"commit": None, "source": None, "error": repr(exc)})
-                continue
-            decided = [r for r in rows.get("decided", []) if r.get("id") == txid]
-            if decided:
-                rec.complete(process, "ok", "half-status", txid,
-                             {"commit": bool(decided[0].get("commit")),
-                              "source": decided[0].get("source")})
-            else:
+            row = decided.get(txid)
+            if row is None:
                 rec.complete(process, "ok", "half-status", txid, {"commit": None, "source": None})
+            else:
+                rec.complete(process, "ok", "half-status", txid,
+                             {"commit": bool(row.get("commit")), "source": row.get("source")})
 
-    async def _pipe_offsets(self, consumer: PullConsumer, deadline: float) -> None:
+    async def _pipe_offsets(self, consumer: PullConsumer) -> None:
+        """The pipeline group's committed offsets (``pipe-offsets``); retried until
+        every queue answered (cancelled: no record, the pipeline rules are not judged)."""
         process = self._process()
         offsets: dict[str, int | None] = {}
         for q in range(self.queues[self.in_topic]):
@@ -590,8 +608,6 @@ class TxWorkload:
                     got = await query_offset(consumer.routes, PIPE_GROUP, self.in_topic, q)
                     break
                 except RequestError:
-                    if time.monotonic() > deadline:
-                        return  # unknown: no record, the pipeline rules are not judged
                     await trio.sleep(0.2)
             offsets[queue_key(self.in_topic, q)] = None if got < 0 else got
         rec = self.recorder
@@ -602,7 +618,7 @@ class TxWorkload:
                            deadline: float) -> None:
         process = self._process()
         offset = 0
-        with trio.move_on_at(deadline):
+        with trio.move_on_after(max(0.0, deadline - time.monotonic())):
             while True:
                 got = await self._read(consumer, process, "tx-drain", topic, queue, offset,
                                        DRAIN_BATCH)
