@@ -73,6 +73,7 @@ PIPE_GROUP = "chaos-pipeline"
 _READERS_GROUP = "chaos-tx-readers"
 _PAUSE_AFTER_ERROR = 0.1
 DRAIN_BATCH = 256
+GRACE = 10.0  # seconds after the end of the load before what is still going is cancelled
 _PLANS = (("commit", 0.7), ("abort", 0.15), ("abandon", 0.08), ("zombie", 0.07))
 _LOCALS = (("commit", 0.45), ("rollback", 0.35), ("unknown", 0.2))
 
@@ -179,6 +180,10 @@ class TxWorkload:
         if not self.queue_groups:
             await self.setup()
         async with trio.open_nursery() as nursery:
+            # operations still going GRACE seconds after `stop_at` are cancelled (and
+            # recorded as such): a client stuck retrying must not hold the run up
+            nursery.cancel_scope.deadline = trio.current_time() + max(
+                0.0, stop_at - time.monotonic()) + GRACE
             for k in range(self.producers):
                 nursery.start_soon(self._transactions, f"{self.topic}-t{k}", stop_at)
             for k in range(self.half_producers):
@@ -241,14 +246,15 @@ class TxWorkload:
             rec.complete(process, "ok", "tx-init", tid, {"epoch": tx.epoch})
         return tx
 
-    async def _one_txn(self, producer: Producer, process: int,
-                       tid: str) -> tuple[Transaction, int, str] | None:
-        """One transaction; returns it when it was left open (abandoned or zombie)."""
+    async def _one_txn(self, producer: Producer, process: int, tid: str,
+                       plan: str | None = None) -> tuple[Transaction, int, str] | None:
+        """One transaction (`plan`, or one drawn); returns it when it was left open
+        (abandoned or zombie)."""
         tx = await self._begin(producer, process, tid)
         if tx is None:
             await trio.sleep(_PAUSE_AFTER_ERROR)
             return None
-        plan = _draw(self.rng, _PLANS)
+        plan = plan or _draw(self.rng, _PLANS)
         self._txns += 1
         name = f"k{self._txns}"
         queues = self.queues[self.topic]
@@ -312,7 +318,9 @@ class TxWorkload:
 
     async def _zombie(self, tx: Transaction, old_process: int, tid: str, stop_at: float) -> None:
         """A successor registers `tid` (its init recorded); then the old producer, still
-        holding its open transaction, asks to commit it: that must be refused."""
+        holding its open transaction, asks to commit it, and tries one more transaction
+        of its own: both must be refused (the second may be refused by the SDK itself,
+        once the broker told it that it is fenced)."""
         successor = Producer(self.namesrv, transactional_id=tid, send_timeout=self.send_timeout,
                              transaction_timeout_ms=self.transaction_timeout_ms)
         process = self._process()
@@ -335,6 +343,7 @@ class TxWorkload:
                 break
         self._count("zombie")
         await self._commit(tx, old_process, tid)
+        await self._one_txn(tx.producer, old_process, tid, "commit")
 
     # ---------------- RocketMQ's model
 

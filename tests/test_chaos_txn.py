@@ -1,0 +1,118 @@
+"""`raftmq chaos run --workload txn` end to end: the transactional workload on real nodes
+comes out valid, and each deliberate transactional bug makes the run invalid.
+
+- valid: transactions committed and aborted, abandoned and zombie producers, half
+  messages ended by their producer and by check-back, and a pipeline whose worker
+  process is SIGKILLed and restarted, under `kill`;
+- `serve-prepared` (prepared batches appended to their queues at once): readers and
+  the drain see messages of aborted transactions and rolled-back halves — caught with no
+  fault at all, since a share of transactions abort;
+- `no-fencing` (epochs ignored): a zombie producer, its id taken over by a successor
+  whose init completed, still commits a transaction — a zombie commit;
+- `commit-before-durable-prepare` (a participant acknowledges prepared batches before
+  they are committed in its group): a partition isolating a group leader that keeps
+  acknowledging prepared batches no majority holds; the coordinator commits, and the
+  new leader has nothing to make visible — lost committed writes. The seed opens the
+  run with that partition (as for `ack-before-commit` in tests/test_chaos_run.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from broker.config import ALLOW_MUTATIONS_ENV
+from chaos.cli import EXIT_USAGE, check_main, run_main
+from chaos.histories import parse_faults
+from chaos.run import RunOptions, nemesis_plan, run_chaos
+
+TXN_SECONDS = float(os.environ.get("CHAOS_TXN_SECONDS", "15"))
+_TIMING = ("checker_seconds", "linearizability", "offsets_linearizability", "options", "run")
+
+# mutation: (nemeses, seed, violations of which at least one must be found)
+CAUGHT_BY: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "serve-prepared": ("none", "1", ("aborted_reads", "uncommitted_reads",
+                                     "half_rolled_back_reads", "half_early_reads")),
+    "no-fencing": ("none", "1", ("zombie_commits",)),
+    "commit-before-durable-prepare": ("partition-node,kill", "1", ("lost_committed", "torn")),
+}
+
+
+def _results(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+def _recheck(out: Path, code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """`raftmq chaos check DIR` gives the run's verdict and transactional findings."""
+    capsys.readouterr()
+    assert check_main([str(out), "--json"]) == code
+    rechecked = json.loads(capsys.readouterr().out)
+    for key, value in _results(out).items():
+        if key not in _TIMING:
+            assert rechecked[key] == value, key
+
+
+def test_txn_workload_needs_nodes_the_harness_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('namesrv = "127.0.0.1:1"\n[nodes.1]\nagent = "127.0.0.1:2"\n')
+    out = tmp_path / "out"
+    assert run_main(["--out", str(out), "--workload", "txn", "--cluster", str(cluster),
+                     "--nemesis", "kill"]) == EXIT_USAGE
+    assert "--workload txn needs nodes the harness starts" in capsys.readouterr().err
+
+
+def test_commit_before_durable_prepare_run_opens_with_a_leader_partition() -> None:
+    nemesis, seed, _kinds = CAUGHT_BY["commit-before-durable-prepare"]
+    steps = nemesis_plan(RunOptions(out=Path("unused"), time=TXN_SECONDS, seed=int(seed),
+                                    nemesis=tuple(nemesis.split(","))))
+    assert steps[0].kind == "partition-node" and steps[0].end < TXN_SECONDS, steps
+
+
+@pytest.mark.live
+def test_txn_smoke_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code = run_main(["--out", str(out), "--workload", "txn", "--time", str(TXN_SECONDS),
+                     "--seed", "3", "--nemesis", "kill", "--drain-timeout", "40", "--json"])
+    results = _results(out)
+    tx = results["transactions"]
+    assert code == 0, json.dumps(results, indent=1)[:4000]
+    assert results["valid"] is True and tx["valid"] is True
+    # every kind of outcome happened, so the checks above were not vacuous
+    assert tx["transactions"]["committed"] > 0 and tx["transactions"]["aborted"] > 0, tx
+    assert tx["halves"].get("commit", 0) > 0 and tx["halves"].get("rollback", 0) > 0, tx
+    assert tx["checks"]["answered"] > 0, tx  # check-back decided halves
+    assert tx["pipeline"]["inputs_committed"] > 0, tx
+    assert results["run"]["tx_load"]["pipeline_starts"] >= 2  # killed and restarted
+    assert tx["undrained_queues"] == []
+    assert {f.f for f in parse_faults(out / "history.jsonl")} == {"kill"}
+    assert (out / "report.html").read_text().count("Transactions") >= 1
+    _recheck(out, 0, capsys)
+
+
+@pytest.mark.parametrize("mutation", sorted(CAUGHT_BY))
+@pytest.mark.live
+def test_a_transactional_bug_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    mutation: str,
+) -> None:
+    nemesis, seed, kinds = CAUGHT_BY[mutation]
+    monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
+    out = tmp_path / "run"
+    results = run_chaos(RunOptions(
+        out=out, workload="txn", time=TXN_SECONDS, seed=int(seed),
+        nemesis=() if nemesis == "none" else tuple(nemesis.split(",")),
+        mutations=(mutation,), check_timeout=20, drain_timeout=30,
+    ))
+    tx = results["transactions"]
+    assert results["verdict"] == "invalid", json.dumps(results, indent=1)[:4000]
+    assert tx["valid"] is False
+    assert any(tx[k] for k in kinds), json.dumps(tx, indent=1)[:4000]
+    assert any(p.startswith("transactions: ") for p in results["problems"])
+    html = (out / "report.html").read_text()
+    assert "Transactions" in html and "invalid" in html
+    _recheck(out, 1, capsys)
