@@ -299,8 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="groups a transaction spans, a list (default 1,3)")
     p.add_argument("--txns", type=positive_int, default=200,
                    help="transactions per case (and send_batch rounds beside them)")
-    p.add_argument("--producers", type=positive_int, default=4,
-                   help="transactional producers running at once (default 4)")
+    p.add_argument("--producers", type=positive_int, default=8,
+                   help="transactional producers running at once, and send_batch rounds "
+                        "in flight beside them (default 8)")
     p.add_argument("--size", type=positive_int, default=100, help="message bytes (100)")
     p.add_argument("--halves", type=int, default=500,
                    help="half messages (and plain sends) to time; 0 skips them")

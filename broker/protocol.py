@@ -130,8 +130,8 @@ class Op(IntEnum):
     TX_STATUS = 65  # (g: coordinator, tid) -> (epoch, n, state, participants, timeout_ms)
     HALF_END = 66  # (g, txid, commit: bool, pg, source?: client|operator) -> (dup): commit
     #   or roll back a half message
-    TX_LIST = 67  # (g?, id?, limit?) -> (halves, txns, decided, done, led): rows (maps) of
-    #   the groups this node leads
+    TX_LIST = 67  # (g?, tx?: a tid or txid, limit?) -> (halves, txns, decided, done, led):
+    #   rows (maps) of the groups this node leads
     TX_CHECK = 68  # node to client, on a producer's connection: (g, txid, topic, queue,
     #   msg_id, pg, checks) -> (state: commit|rollback|unknown)
     PRODUCER_HEARTBEAT = 69  # (pg, client, ttl_ms?) -> (): this connection is a live

@@ -22,6 +22,7 @@ coordinator's leader finishes them whatever happens to this request.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, is_dataclass
@@ -62,6 +63,7 @@ __all__ = [
 
 log = logging.getLogger("raftmq.tx")
 
+CRASH_BEFORE_ANSWER_EXIT = 70  # as broker.service's (that module imports this one)
 END_WAIT_S = 5.0  # TX_END / TX_INIT wait this long for markers before answering prepare_*
 MAX_PARTICIPANTS = 64
 DEFAULT_LIST_LIMIT = 1000
@@ -210,16 +212,13 @@ class TxService:
                                f"maximum transaction timeout ({limit} ms, tx_timeout_max_ms)")
         g = self._coordinating(h, tid)
         gid = g.group_id
-        txn = coordinator(self.svc._leading(g)).txn(tid)
-        if txn is not None and txn.state in UNFINISHED:  # let it finish before the new epoch
-            await self._finish(gid, tid)
+        await self._finish(gid, tid)  # a previous transaction still completing goes first
         await self._propose(g, {"op": "tx_init", "tid": tid, "timeout_ms": timeout_ms,
                                 "ts": now_ms()})
         txn = coordinator(self.svc._leading(g)).txn(tid)
         assert txn is not None
         epoch = txn.epoch
-        if txn.state in UNFINISHED:  # the fenced transaction's abort: its markers first
-            await self._finish(gid, tid)
+        await self._finish(gid, tid)  # the abort of a transaction the new epoch fenced
         return ok_header(0, epoch=epoch), b""
 
     async def _add(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
@@ -274,6 +273,11 @@ class TxService:
         g = self._coordinating(h, tid)
         result = await self._propose(g, {"op": "tx_end", "tid": tid, "epoch": epoch, "n": n,
                                          "commit": commit, "ts": now_ms(), "reason": "client"})
+        if self.node.crash_before_answer and h.get("test_exit") is True:
+            # Deliberately (tests only, on request): die once the decision is committed,
+            # before any marker is sent, so a new leader must finish the transaction.
+            log.critical("crash-before-answer: exiting between a decision and its markers")
+            os._exit(CRASH_BEFORE_ANSWER_EXIT)
         state = self._end_state(g, tid, epoch, n, commit)
         if state in UNFINISHED:
             await self._finish(g.group_id, tid)
@@ -355,7 +359,7 @@ class TxService:
 
     async def _list(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         only = self._known_group(h["g"]) if h.get("g") is not None else None
-        ident = _field(h, "id", str, "")
+        ident = _field(h, "tx", str, "")  # one tid or txid ("id" is the request's)
         limit = _field(h, "limit", int, DEFAULT_LIST_LIMIT)
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise RequestError(Code.MALFORMED, f"limit must be 1..{MAX_LIST_LIMIT}")
@@ -379,13 +383,24 @@ class TxService:
         part, coord = participant(state), coordinator(state)
         halves = [row(v, g=gid) for v in part.pending_halves() if not ident or v.txid == ident]
         out["halves"] += halves[:limit]
-        txns = [row(t, g=gid) for t in coord.txns() if not ident or t.tid == ident]
-        out["txns"] += txns[:limit]
-        decided = [r for r in (dict(d, g=gid) for d in part.decided_rows())
-                   if not ident or r.get("id") == ident]
-        out["decided"] += decided[:limit]
-        done = [r for r in (dict(d, g=gid) for d in coord.done_rows())
-                if not ident or r.get("tid") == ident]
+        txns = [t for t in [*coord.txns.values(), *coord.fenced.values()]
+                if t.state != "empty" and (not ident or t.tid == ident)]
+        txns.sort(key=lambda t: (t.tid, t.epoch, t.n))
+        out["txns"] += [row(t, g=gid) for t in txns[:limit]]
+        decided: list[dict[str, Any]] = []
+        for key, d in reversed(part.decided.items()):  # newest first
+            if len(decided) >= limit:
+                break
+            if ident and key[1] != ident:
+                continue
+            r: dict[str, Any] = {"g": gid, "kind": "kafka" if key[0] == "k" else "half",
+                                 "id": key[1]}
+            if key[0] == "k":
+                r["epoch"], r["n"] = key[2], key[3]  # type: ignore[misc]
+            decided.append({**r, **row(d)})
+        out["decided"] += decided
+        done = [row(d, g=gid) for d in reversed(coord.done_ring())
+                if not ident or d.tid == ident]
         out["done"] += done[:limit]
 
     # ------------------------------------------------------------------ offsets

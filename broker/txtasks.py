@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
+from functools import partial
 from typing import Any, Protocol
 
 import trio
@@ -42,9 +43,8 @@ from broker.config import NodeConfig
 from broker.groups import GroupRegistry
 from broker.peer_rpc import PeerRPC
 from broker.protocol import Code, Op, RequestError
-from broker.records import message_id
 from broker.txn import coordinator_group
-from broker.txservice import UNFINISHED, TxService, coordinator, now_ms, participant
+from broker.txservice import TxService, coordinator, now_ms, participant
 from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
 from transport.framing import CallerGone
 
@@ -133,11 +133,21 @@ class TxTasks:
         return done
 
     async def finish(self, gid: str, tid: str) -> None:
-        """Send the markers of `tid`'s decided transaction (coordinator `gid`, led here)
-        and log it complete; returns when done (or when it cannot go on here)."""
+        """Send the markers of `tid`'s decided transactions (coordinator `gid`, led here:
+        the current one, and one of an older epoch it fenced) and log them complete;
+        returns when done, or when that cannot go on here."""
         if self._nursery is None:
             return
-        await self._spawn(("finish", gid, tid), lambda: self._complete(gid, tid)).wait()
+        g = self.groups.get(gid)
+        if g is None or not g.is_leader:
+            return
+        for t in coordinator(self.groups.states[gid]).unfinished():
+            if t.tid == tid:
+                await self._finish_job(gid, t.tid, t.epoch, t.n).wait()
+
+    def _finish_job(self, gid: str, tid: str, epoch: int, n: int) -> trio.Event:
+        return self._spawn(("finish", gid, tid, epoch, n),
+                           partial(self._complete, gid, tid, epoch, n))
 
     def tick(self) -> None:
         """Start whatever is due in the groups this node leads."""
@@ -148,22 +158,20 @@ class TxTasks:
             state = self.groups.states[gid]
             coord = coordinator(state)
             for txn in coord.unfinished():
-                self._spawn(("finish", gid, txn.tid),
-                            lambda gid=gid, tid=txn.tid: self._complete(gid, tid))
+                self._finish_job(gid, txn.tid, txn.epoch, txn.n)
             for txn in coord.ongoing():
                 if now > txn.started_ms + txn.timeout_ms:
-                    self._spawn(("timeout", gid, txn.tid, txn.epoch, txn.n),
-                                lambda gid=gid, t=txn: self._time_out(gid, t.tid, t.epoch, t.n))
+                    key = (gid, txn.tid, txn.epoch, txn.n)
+                    self._spawn(("timeout", *key), partial(self._time_out, *key))
             part = participant(state)
             orphan_ms = self.config.tx_orphan_ms
             for tid, epoch, n, prepared_ms, _first in part.pending_kafka():
                 if now - prepared_ms > orphan_ms:
                     self._spawn(("orphan", gid, tid, epoch, n),
-                                lambda gid=gid, k=(tid, epoch, n): self._orphan(gid, *k))
+                                partial(self._orphan, gid, tid, epoch, n))
             for half in part.pending_halves():
                 if self._check_due(half, now):
-                    self._spawn(("check", gid, half.txid),
-                                lambda gid=gid, txid=half.txid: self._check(gid, txid))
+                    self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
 
     def _check_due(self, half: Any, now: int) -> bool:
         if half.checks == 0:
@@ -179,38 +187,42 @@ class TxTasks:
 
     # ------------------------------------------------------------------ coordinator
 
-    async def _complete(self, gid: str, tid: str) -> None:
-        state = self._leading(gid)
-        txn = coordinator(state).txn(tid)
-        if txn is None or txn.state not in UNFINISHED:
+    def _unfinished(self, gid: str, tid: str, epoch: int, n: int) -> Any:
+        """Transaction (epoch, n) of `tid` if this node leads coordinator `gid` and its
+        markers are still to be written, else None."""
+        g = self.groups.get(gid)
+        if g is None or not g.is_leader:
+            return None
+        for t in coordinator(self.groups.states[gid]).unfinished():
+            if (t.tid, t.epoch, t.n) == (tid, epoch, n):
+                return t
+        return None
+
+    async def _complete(self, gid: str, tid: str, epoch: int, n: int) -> None:
+        txn = self._unfinished(gid, tid, epoch, n)
+        if txn is None:
             return
-        target = coordinator(state).marker_target(tid)
-        epoch, n, fence = target.epoch, target.n, target.fence
-        commit = txn.state == "prepare_commit"
+        cur = coordinator(self.groups.states[gid]).txn(tid)
+        # a transaction fenced by a newer epoch carries that epoch to its participants
+        fence = max(epoch, cur.epoch if cur is not None else epoch)
         header = {"op": int(Op.TX_MARKER), "tid": tid, "epoch": epoch, "n": n,
-                  "commit": commit, "fence": fence}
+                  "commit": txn.state == "prepare_commit", "fence": fence}
 
         def still() -> bool:
-            """This node still leads `gid` and the markers are still to be written."""
-            g = self.groups.get(gid)
-            if g is None or not g.is_leader:
-                return False
-            coord = coordinator(self.groups.states[gid])
-            t = coord.txn(tid)
-            return t is not None and t.state in UNFINISHED and coord.marker_target(tid) == target
+            return self._unfinished(gid, tid, epoch, n) is not None
 
         async with trio.open_nursery() as nursery:
             for p in txn.participants:
-                nursery.start_soon(self._deliver, gid, p, header, still)
+                nursery.start_soon(self._deliver, p, header, still)
         if not still():
             return
         await self.tx._propose(self.groups[gid], {"op": "tx_complete", "tid": tid,
                                                   "epoch": epoch, "n": n})
 
-    async def _deliver(self, gid: str, pgid: str, header: dict[str, Any],
+    async def _deliver(self, pgid: str, header: dict[str, Any],
                        still: Callable[[], bool]) -> None:
         """Get the marker applied in participant `pgid`, retrying until it is (or this
-        node stops leading coordinator `gid`, or the transaction moved on)."""
+        node stops leading the coordinator, or the markers are all written)."""
         backoff = BACKOFF_MIN_S
         while still():
             try:
@@ -238,7 +250,7 @@ class TxTasks:
             return
         log.info("transaction timed out: aborted", extra={"fields": {
             "tid": tid, "epoch": epoch, "n": n}})
-        await self._complete(gid, tid)
+        await self._complete(gid, tid, epoch, n)
 
     # ------------------------------------------------------------------ peers
 
@@ -342,7 +354,7 @@ class TxTasks:
         if member is None:
             return
         header = {"g": gid, "txid": txid, "topic": half.topic, "queue": half.queue,
-                  "msg_id": message_id(gid, half.index, half.start),
+                  "msg_id": half.msg_id,
                   "pg": half.producer_group, "checks": half.checks}
         try:
             frame = await member.caller.request(Op.TX_CHECK, header, timeout=CHECK_TIMEOUT_S)

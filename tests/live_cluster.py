@@ -163,9 +163,10 @@ L = TypeVar("L", bound=LiveCluster)
 
 
 @contextmanager
-def running(base: Path, make: Callable[[LocalCluster], L]) -> Iterator[L]:
-    """A cluster under `base`, ready, its preferred leaders settled and its topic created."""
-    with LocalCluster(base, tick_ms=50) as cluster:
+def running(base: Path, make: Callable[[LocalCluster], L], **options: Any) -> Iterator[L]:
+    """A cluster under `base`, ready, its preferred leaders settled and its topic created;
+    `options` holds more `LocalCluster` arguments (`env`, `node_overrides`)."""
+    with LocalCluster(base, tick_ms=50, **options) as cluster:
         cluster.wait_ready(timeout=30)
         live = make(cluster)
         live.settle()

@@ -82,15 +82,20 @@ def _cell(v: object) -> str:
 
 def _table(title: str, rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]]) -> Table:
     table = Table(title=title, title_justify="left")
-    for _key, head in cols:
-        table.add_column(head)
+    for key, head in cols:
+        if key in ID_KEYS:  # ids are copied into commands: never cut one short
+            width = max([len(head)] + [len(_cell(r.get(key))) for r in rows])
+            table.add_column(head, no_wrap=True, min_width=width)
+        else:
+            table.add_column(head)
     for r in rows:
         table.add_row(*[_when(r.get(k)) if k.endswith("_ms") and k != "timeout_ms"
                         else _cell(r.get(k)) for k, _ in cols])
     return table
 
 
-HALF_COLS = [("txid", "txid"), ("g", "group"), ("pg", "producer group"), ("topic", "topic"),
+ID_KEYS = ("txid", "tid", "id")
+HALF_COLS = [("txid", "txid"), ("g", "group"), ("producer_group", "producer group"), ("topic", "topic"),
              ("queue", "queue"), ("messages", "msgs"), ("prepared_ms", "prepared"),
              ("checks", "checks"), ("last_check_ms", "last check")]
 TXN_COLS = [("tid", "transactional id"), ("g", "coordinator"), ("epoch", "epoch"),

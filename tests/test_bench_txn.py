@@ -1,0 +1,53 @@
+"""`raftmq bench txn` at a tiny size on a cluster it starts itself: the shape of its JSON
+result and the sanity of its values (every transaction and half message accounted for,
+rates and latencies positive). How fast anything is never decides a test here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from bench.txn import _split
+from raftmq.commands.bench import BENCHMARKS
+from raftmq.commands.bench import main as bench_main
+
+
+def test_messages_split_evenly_over_the_groups() -> None:
+    assert _split(10, 3) == [4, 3, 3] and _split(100, 1) == [100] and _split(2, 3) == [1, 1, 0]
+
+
+@pytest.mark.live
+def test_bench_txn_reports_every_case_beside_send_batch(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert "txn" in BENCHMARKS
+    code = bench_main(["txn", "--messages", "3,6", "--spans", "1,3", "--txns", "3",
+                       "--producers", "2", "--halves", "4", "--concurrency", "2",
+                       "--check-ms", "200", "--json"])
+    result: dict[str, Any] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0, result
+    assert result["benchmark"] == "txn" and result["cluster"] == "local"
+    cases = {(c["messages"], c["groups"]): c for c in result["cases"]}
+    assert set(cases) == {(3, 1), (3, 3), (6, 1), (6, 3)}
+    for (messages, _groups), c in cases.items():
+        txn, plain = c["txn"], c["send_batch"]
+        assert txn["transactions"] == 3 and txn["errors"] == 0
+        assert plain["rounds"] == 3 and plain["errors"] == 0
+        assert txn["msgs_per_s"] == pytest.approx(txn["txn_per_s"] * messages, rel=0.01)
+        assert 0 < txn["commit_latency_ms"]["p50"] <= txn["commit_latency_ms"]["p99"]
+        assert txn["commit_latency_ms"]["p99"] <= txn["txn_latency_ms"]["max"]
+        assert plain["msgs_per_s"] > 0 and c["vs_batch"] > 0
+    halves = result["halves"]
+    assert halves["half_commit"]["errors"] == halves["plain_send"]["errors"] == 0
+    assert halves["half_commit"]["msgs_per_s"] > 0 and halves["plain_send"]["msgs_per_s"] > 0
+    assert "added_us_per_msg" in halves
+    check = halves["half_checkback"]
+    assert check["stored"] == check["delivered"] == 4 and check["checks_answered"] >= 4
+
+
+def test_bad_bench_arguments_are_usage_errors() -> None:
+    for argv in (["--messages", "0"], ["--spans", "x"], ["--txns", "0"]):
+        with pytest.raises(SystemExit) as info:
+            bench_main(["txn", *argv])
+        assert info.value.code == 2
