@@ -41,9 +41,10 @@ CHECK_MAX = 3
 # The leaders' transaction tick: slow enough that what a request must do itself (TX_INIT
 # aborting a fenced transaction, TX_END its markers) is not done by a tick first.
 TICK_MS = 500
+ORPHAN_MS = 1500
 NODE_SETTINGS = {
     "tx_check_first_ms": CHECK_MS, "tx_check_interval_ms": CHECK_MS,
-    "tx_check_max": CHECK_MAX, "tx_tick_ms": TICK_MS, "tx_orphan_ms": 60_000,
+    "tx_check_max": CHECK_MAX, "tx_tick_ms": TICK_MS, "tx_orphan_ms": ORPHAN_MS,
     "test_mutations": ["crash-before-answer"],
 }
 
@@ -123,6 +124,9 @@ def test_cross_group_transactions_commit_and_abort(live: Live) -> None:
              offsets=[[topic, 1, 0]])
     refused(Code.TX_PENDING, live.call_leader, "g1", {
         "op": int(Op.QUERY_OFFSET), "cg": "cg-cross", "topic": topic, "queue": 1},
+        timeout=0.5)
+    refused(Code.TX_PENDING, live.call_leader, "g1", {
+        "op": int(Op.COMMIT_OFFSET), "cg": "cg-cross", "offsets": [[topic, 1, 0]]},
         timeout=0.5)
     assert all(live.bodies(topic, q) == [] for q in range(QUEUES))
 
@@ -222,6 +226,34 @@ def test_a_new_coordinator_leader_finishes_the_markers(live: Live) -> None:
     finally:
         assert live.cluster.restart_and_wait(leader) is None
         live.settle()
+
+
+def test_orphaned_prepared_data_is_resolved_by_asking_the_coordinator(live: Live) -> None:
+    """Data a client sent without registering its group with TX_ADD gets no marker; after
+    `tx_orphan_ms` its group asks the coordinator: committed with the transaction it
+    names when that one committed, aborted once the coordinator moved past it."""
+    topic = live.new_topic("tx-orphan")
+    tid = new_tid("orphan")
+    c = coord(tid)
+    epoch = live.ask(c, Op.TX_INIT, tid=tid, timeout_ms=60_000)["epoch"]
+    live.ask(c, Op.TX_ADD, tid=tid, epoch=epoch, n=0, groups=["g0"])
+    live.produce(topic, 0, [b"registered"], tx=(tid, epoch, 0))
+    live.produce(topic, 1, [b"unregistered"], tx=(tid, epoch, 0))
+    assert live.ask(c, Op.TX_END, tid=tid, epoch=epoch, n=0, commit=True)["state"] == (
+        "complete_commit")
+    assert live.bodies(topic, 0) == [b"registered"] and live.bodies(topic, 1) == []
+    wait_for(lambda: live.bodies(topic, 1) == [b"unregistered"], 30,
+             "the orphan of a committed transaction committed")
+    # transaction 1 is never registered anywhere; a new epoch moves the coordinator past it
+    live.produce(topic, 2, [b"left-behind"], tx=(tid, epoch, 1))
+    assert live.ask(c, Op.TX_INIT, tid=tid, timeout_ms=60_000)["epoch"] == epoch + 1
+
+    def resolved() -> list[dict[str, Any]]:
+        return [d for d in live.ask("g2", Op.TX_LIST, tx=tid)["decided"] if d["n"] == 1]
+
+    row = wait_for(resolved, 30, "the orphan of a fenced producer aborted")[0]
+    assert (row["kind"], row["epoch"], row["commit"]) == ("kafka", epoch, False)
+    assert live.bodies(topic, 2) == []
 
 
 # ---------------------------------------------------------------------- RocketMQ's model
@@ -336,7 +368,7 @@ BAD: list[tuple[str, Op, dict[str, Any], Code]] = [
     ("init tid too long", Op.TX_INIT, {"tid": "x" * 256, "timeout_ms": 1000}, Code.MALFORMED),
     ("init timeout type", Op.TX_INIT, {"tid": "T", "timeout_ms": "1"}, Code.MALFORMED),
     ("init timeout zero", Op.TX_INIT, {"tid": "T", "timeout_ms": 0}, Code.MALFORMED),
-    ("init timeout over max", Op.TX_INIT, {"tid": "T", "timeout_ms": 10**9}, Code.TX_LIMIT),
+    ("init timeout over max", Op.TX_INIT, {"tid": "T", "timeout_ms": 900_001}, Code.TX_LIMIT),
     ("add groups empty", Op.TX_ADD, {"tid": "T", "epoch": 0, "n": 0, "groups": []},
      Code.MALFORMED),
     ("add unknown group", Op.TX_ADD, {"tid": "T", "epoch": 0, "n": 0, "groups": ["g9"]},
