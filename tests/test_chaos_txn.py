@@ -116,3 +116,27 @@ def test_a_transactional_bug_is_caught(
     html = (out / "report.html").read_text()
     assert "Transactions" in html and "invalid" in html
     _recheck(out, 1, capsys)
+
+
+def test_human_summary_names_the_transactional_findings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from chaos.cli import _print_run
+
+    monkeypatch.setenv("COLUMNS", "400")  # one table row a line
+
+    _print_run({
+        "valid": False, "verdict": "invalid", "problems": ["transactions: zombie_commits: 1"],
+        "operations": {}, "faults": {}, "linearizable": {},
+        "transactions": {"transactions": {"committed": 7, "aborted": 2, "unknown": 1},
+                         "halves": {"commit": 3, "rollback": 4}, "checks": {"answered": 5},
+                         "pipeline": {"inputs_committed": 9}},
+        "options": {"seed": 5, "time": 30.0, "nemesis": [], "nodes": 3, "groups": 3,
+                    "workload": "txn", "mutations": ["no-fencing"]},
+    }, tmp_path)
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("INVALID", "transactions: zombie_commits: 1", "7 committed, 2 aborted",
+                 "half messages 3 commit, 4 rollback", "5 check-backs answered",
+                 "pipeline inputs committed 9",
+                 "--nemesis none --nodes 3 --groups 3 --workload txn --mutation no-fencing"):
+        assert text in out, (text, out)
