@@ -74,7 +74,8 @@ _READERS_GROUP = "chaos-tx-readers"
 _PAUSE_AFTER_ERROR = 0.1
 DRAIN_BATCH = 256
 GRACE = 10.0  # seconds after the end of the load before what is still going is cancelled
-_PLANS = (("commit", 0.7), ("abort", 0.15), ("abandon", 0.08), ("zombie", 0.07))
+_PLANS = (("commit", 0.75), ("abort", 0.15), ("abandon", 0.1))
+ZOMBIES = 0.3  # share of an epoch's first transactions that turn zombie
 _LOCALS = (("commit", 0.45), ("rollback", 0.35), ("unknown", 0.2))
 
 
@@ -249,38 +250,19 @@ class TxWorkload:
     async def _one_txn(self, producer: Producer, process: int, tid: str,
                        plan: str | None = None) -> tuple[Transaction, int, str] | None:
         """One transaction (`plan`, or one drawn); returns it when it was left open
-        (abandoned or zombie)."""
+        (abandoned or zombie). Zombies are a transaction's first of its epoch, like the
+        successor's, so a coordinator that ignored epochs would take the zombie's commit
+        for the successor's transaction."""
         tx = await self._begin(producer, process, tid)
         if tx is None:
             await trio.sleep(_PAUSE_AFTER_ERROR)
             return None
-        plan = plan or _draw(self.rng, _PLANS)
-        self._txns += 1
-        name = f"k{self._txns}"
-        queues = self.queues[self.topic]
-        sends: list[tuple[str, int, str]] = [
-            (self.topic, self.rng.randrange(queues), f"{name}.{i}")
-            for i in range(self.rng.randint(1, 10))]
-        rec = self.recorder
-        value = {"id": name, "epoch": tx.epoch, "n": tx.n, "sends": [list(s) for s in sends],
-                 "plan": plan}
-        rec.invoke(process, "txn", tid, value)
-        try:
-            futures = [await tx.send_async(t, body, queue=q) for t, q, body in sends]
-            for fut in futures:
-                await fut
-        except Exception as exc:  # noqa: BLE001 - no commit asked: it cannot commit
-            rec.complete(process, "fail", "txn", tid, {"error": repr(exc)})
-            with trio.move_on_after(self.send_timeout * 2):
-                try:
-                    await tx.abort()
-                except Exception:  # noqa: BLE001, S110 - the timeout aborts it anyway
-                    pass
-            self._count("send-failed")
+        if plan is None:
+            plan = ("zombie" if tx.n == 0 and self.rng.random() < ZOMBIES
+                    else _draw(self.rng, _PLANS))
+        if not await self._send_all(tx, process, tid, plan, self.rng.randint(1, 10)):
             return None
-        except BaseException:
-            rec.complete(process, "fail", "txn", tid, {"error": "cancelled"})
-            raise
+        rec = self.recorder
         if plan in ("abandon", "zombie"):
             if plan == "abandon":
                 rec.complete(process, "fail", "txn", tid, {"error": "abandoned"})
@@ -298,6 +280,37 @@ class TxWorkload:
             return None
         await self._commit(tx, process, tid)
         return None
+
+    async def _send_all(self, tx: Transaction, process: int, tid: str, plan: str,
+                        size: int) -> bool:
+        """Record transaction `tx` (with `size` messages over random queues) and send its
+        messages; False (recorded as failed, and aborted) when a send failed."""
+        self._txns += 1
+        name = f"k{self._txns}"
+        queues = self.queues[self.topic]
+        sends: list[tuple[str, int, str]] = [
+            (self.topic, self.rng.randrange(queues), f"{name}.{i}") for i in range(size)]
+        rec = self.recorder
+        value = {"id": name, "epoch": tx.epoch, "n": tx.n, "sends": [list(s) for s in sends],
+                 "plan": plan}
+        rec.invoke(process, "txn", tid, value)
+        try:
+            futures = [await tx.send_async(t, body, queue=q) for t, q, body in sends]
+            for fut in futures:
+                await fut
+        except Exception as exc:  # noqa: BLE001 - no commit asked: it cannot commit
+            rec.complete(process, "fail", "txn", tid, {"error": repr(exc)})
+            with trio.move_on_after(self.send_timeout * 2):
+                try:
+                    await tx.abort()
+                except Exception:  # noqa: BLE001, S110 - the timeout aborts it anyway
+                    pass
+            self._count("send-failed")
+            return False
+        except BaseException:
+            rec.complete(process, "fail", "txn", tid, {"error": "cancelled"})
+            raise
+        return True
 
     async def _commit(self, tx: Transaction, process: int, tid: str) -> None:
         rec = self.recorder
@@ -317,33 +330,29 @@ class TxWorkload:
             rec.complete(process, "ok", "txn", tid, {"outcome": "commit"})
 
     async def _zombie(self, tx: Transaction, old_process: int, tid: str, stop_at: float) -> None:
-        """A successor registers `tid` (its init recorded); then the old producer, still
-        holding its open transaction, asks to commit it, and tries one more transaction
-        of its own: both must be refused (the second may be refused by the SDK itself,
-        once the broker told it that it is fenced)."""
+        """A successor registers `tid` (its init recorded) and begins its own first
+        transaction; then the old producer, still holding its open transaction, asks to
+        commit it, and tries one more transaction: all of that must be refused (the last
+        may be refused by the SDK itself, once the broker told it that it is fenced).
+        Then the successor commits."""
         successor = Producer(self.namesrv, transactional_id=tid, send_timeout=self.send_timeout,
                              transaction_timeout_ms=self.transaction_timeout_ms)
         process = self._process()
         async with successor:
-            owner = successor._txn
-            assert owner is not None
-            rec = self.recorder
             while True:
-                rec.invoke(process, "tx-init", tid, None)
-                try:
-                    await owner.init()
-                except Exception as exc:  # noqa: BLE001 - retried below
-                    rec.complete(process, "info", "tx-init", tid, {"error": repr(exc)})
-                    if time.monotonic() > stop_at:
-                        rec.complete(old_process, "fail", "txn", tid, {"error": "not tried"})
-                        return
-                    await trio.sleep(_PAUSE_AFTER_ERROR)
-                    continue
-                rec.complete(process, "ok", "tx-init", tid, {"epoch": owner.epoch})
-                break
-        self._count("zombie")
-        await self._commit(tx, old_process, tid)
-        await self._one_txn(tx.producer, old_process, tid, "commit")
+                mine = await self._begin(successor, process, tid)
+                if mine is not None:
+                    break
+                if time.monotonic() > stop_at:
+                    self.recorder.complete(old_process, "fail", "txn", tid, {"error": "not tried"})
+                    return
+                await trio.sleep(_PAUSE_AFTER_ERROR)
+            sent = await self._send_all(mine, process, tid, "commit", self.rng.randint(1, 3))
+            self._count("zombie")
+            await self._commit(tx, old_process, tid)
+            await self._one_txn(tx.producer, old_process, tid, "commit")
+            if sent:
+                await self._commit(mine, process, tid)
 
     # ---------------- RocketMQ's model
 

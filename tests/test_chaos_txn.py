@@ -8,7 +8,8 @@ comes out valid, and each deliberate transactional bug makes the run invalid.
   the drain see messages of aborted transactions and rolled-back halves — caught with no
   fault at all, since a share of transactions abort;
 - `no-fencing` (epochs ignored): a zombie producer, its id taken over by a successor
-  whose init completed, still commits a transaction — a zombie commit;
+  whose init completed, still commits — the successor's open transaction of the same
+  number, taken for its own: a zombie commit;
 - `commit-before-durable-prepare` (a participant acknowledges prepared batches before
   they are committed in its group): a partition isolating a group leader that keeps
   acknowledging prepared batches no majority holds; the coordinator commits, and the
@@ -87,7 +88,9 @@ def test_txn_smoke_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert tx["halves"].get("commit", 0) > 0 and tx["halves"].get("rollback", 0) > 0, tx
     assert tx["checks"]["answered"] > 0, tx  # check-back decided halves
     assert tx["pipeline"]["inputs_committed"] > 0, tx
-    assert results["run"]["tx_load"]["pipeline_starts"] >= 2  # killed and restarted
+    load = results["run"]["tx_load"]
+    assert load["pipeline_starts"] >= 2  # killed and restarted
+    assert load.get("zombie", 0) > 0  # zombies tried to commit after being fenced
     assert tx["undrained_queues"] == []
     assert {f.f for f in parse_faults(out / "history.jsonl")} == {"kill"}
     assert (out / "report.html").read_text().count("Transactions") >= 1
