@@ -10,8 +10,10 @@ own, each with queues in every group: ``<base>-tx`` (transactions and half messa
   planned to commit (most), abort, be abandoned or turn zombie. *Abandoned*: the
   producer is dropped mid-transaction without ending it (a killed producer) and a new
   producer with the same id takes over, whose init fences and aborts what was left.
-  *Zombie*: the same, but once the successor's init completed the old producer asks to
-  commit, which must be refused (`no-fencing` lets it through: a zombie commit).
+  *Zombie*: the same with an epoch's first transaction, but once the successor's init
+  completed and it began its own first transaction, the old producer asks to commit,
+  which must be refused (`no-fencing` lets it through: the coordinator takes it for the
+  successor's transaction of the same number, a zombie commit).
 - Half-message producers (`Producer(producer_group=..., check_listener=...)`): each half
   has a local transaction outcome drawn up front (commit, rollback or unknown) that the
   check listener answers for it, always; most halves are ended by the producer as the

@@ -143,3 +143,72 @@ def test_human_summary_names_the_transactional_findings(
                  "pipeline inputs committed 9",
                  "--nemesis none --nodes 3 --groups 3 --workload txn --mutation no-fencing"):
         assert text in out, (text, out)
+
+
+def _line(process: object, kind: str, f: str, key: object, value: object, t: float) -> str:
+    return json.dumps({"process": process, "type": kind, "f": f, "key": key, "value": value,
+                       "time": t})
+
+
+def test_the_run_verdict_includes_the_transactional_one(tmp_path: Path) -> None:
+    """Queue operations and transactional records in one history (`--workload all`):
+    the queue analysis reads its own, `chaos.txcheck` the others, and a transactional
+    violation makes the run invalid with its problem named."""
+    from chaos.analysis import analyze_run
+
+    def history(drained: list[str]) -> Path:
+        lines = [
+            _line(1, "invoke", "append", "q/0", "p1-0", 1.0),
+            _line(1, "ok", "append", "q/0", {"offset": 0}, 2.0),
+            _line(7, "invoke", "txn", "t", {"id": "a", "epoch": 0, "n": 0, "plan": "commit",
+                                            "sends": [["tx", 0, "a.0"], ["tx", 0, "a.1"]]}, 3.0),
+            _line(7, "attempt", "txn", "t", {"commit": True}, 4.0),
+            _line(2, "invoke", "read", "q/0", {"offset": 0, "n": 8}, 4.5),  # interleaved
+            _line(7, "ok", "txn", "t", {"outcome": "commit"}, 5.0),
+            _line(2, "ok", "read", "q/0", ["p1-0"], 5.5),
+            _line(3, "invoke", "tx-drain", "tx/0", {"offset": 0, "n": 8}, 6.0),
+            _line(3, "ok", "tx-drain", "tx/0", drained, 7.0),
+        ]
+        path = tmp_path / f"h{len(drained)}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    facts = {"queue_groups": {"q/0": "g0"}, "drained": True, "unexpected_exits": {}}
+    good = analyze_run(history(["a.0", "a.1"]), facts, check_timeout=5).results
+    assert good["verdict"] == "valid", good["problems"]
+    assert good["transactions"]["transactions"]["committed"] == 1
+    assert good["operations"]["append"]["ok"] == 1 and good["linearizable"] == {"q/0": True}
+    bad = analyze_run(history(["a.0"]), facts, check_timeout=5).results
+    assert bad["verdict"] == "invalid"
+    assert "transactions: lost_committed: 1" in bad["problems"]
+    assert "transactions: torn: 1" in bad["problems"]
+
+
+def test_a_queue_history_has_no_transactions_section(tmp_path: Path) -> None:
+    from chaos.analysis import analyze_run
+
+    path = tmp_path / "h.jsonl"
+    path.write_text(_line(1, "invoke", "append", "q/0", "p1-0", 1.0) + "\n"
+                    + _line(1, "ok", "append", "q/0", {"offset": 0}, 2.0) + "\n")
+    results = analyze_run(path, None, check_timeout=5).results
+    assert "transactions" not in results
+
+
+def test_worker_lines_are_forwarded_at_their_own_time(tmp_path: Path) -> None:
+    """The pipeline worker's stdout lines go into the history under the process the
+    harness gave it, at the time the worker wrote them; a torn line (the worker was
+    killed mid-write) or a line that is no record is dropped."""
+    import random
+
+    from chaos.recorder import Recorder
+    from chaos.txworkload import TxWorkload
+
+    with Recorder(tmp_path / "h.jsonl", clock=lambda: 1000.0) as rec:
+        load = TxWorkload("127.0.0.1:1", "c", 1, recorder=rec, rng=random.Random(1))
+        load._forward(42, b'{"type":"invoke","f":"tx-init","key":"w","value":null,"time":5.5}')
+        load._forward(42, b'{"type":"ok","f":"tx-init","key":"w","value":{"epoch":3},"ti')
+        load._forward(42, b'{"type":"hello","f":"x","time":6}')
+        load._forward(42, b'garbage')
+    lines = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
+    assert lines == [{"type": "invoke", "f": "tx-init", "key": "w", "value": None,
+                      "time": 5.5, "process": 42}]
