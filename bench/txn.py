@@ -6,7 +6,8 @@ or 3 groups (`--spans`; the messages split evenly over one queue of each group, 
 transactional producers at once. Reported per case: committed transactions/s,
 messages/s, and commit latency (the `commit()` call: every send acknowledged already,
 then the coordinator's decision and the markers) p50/p99, with the whole transaction's
-latency beside it. Next to each, the same rounds made of plain `send_batch` calls (the
+latency beside it; then (`--half-load`, on by default) the same case again with the
+transactions started at half the rate it reached, for the commit latency at half load. Next to each, the same rounds made of plain `send_batch` calls (the
 same messages to the same queues, the calls of a round concurrent): rounds/s, messages/s
 and round latency. `vs_batch` is the transactional message rate over the plain one.
 
@@ -16,7 +17,8 @@ plain `send`s, `--concurrency` in flight each; then as many half messages whose 
 transaction says "unknown", decided by the broker's check-back (the local cluster's
 nodes check after `--check-ms`), timed until a consumer has read every one.
 `added_us_per_msg` is what a half message costs beyond a plain send, per message at
-that concurrency.
+that concurrency; `one_at_a_time_ms` times the steps alone (prepare, commit, and a plain
+send beside them) for up to 50 messages sent one after the other.
 
 By default the benchmark starts its own cluster on loopback (three node processes, three
 groups of three replicas, `fsync=always`); `--namesrv` points it at a running one
@@ -47,6 +49,7 @@ from .common import (
 __all__ = ["build_parser", "drive", "main", "run_txn"]
 
 NAME = "txn"
+SEQUENTIAL = 50  # half messages timed one at a time, step by step
 
 
 def _split(messages: int, span: int) -> list[int]:
@@ -55,8 +58,10 @@ def _split(messages: int, span: int) -> list[int]:
 
 
 async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: int,
-                    producers: int, payload: bytes, tag: str) -> dict[str, Any]:
-    """`rounds` transactions in all, shared by `producers` transactional producers."""
+                    producers: int, payload: bytes, tag: str,
+                    rate: float = 0.0) -> dict[str, Any]:
+    """`rounds` transactions in all, shared by `producers` transactional producers: as
+    fast as they go, or started at `rate` transactions/s (all producers together)."""
     from raftmq.client import Producer
 
     sizes = _split(messages, span)
@@ -64,16 +69,27 @@ async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: 
     whole_s: list[float] = []
     left = [rounds]
     errors = 0
+    ready = anyio.Event()
+    warm = [0]
+    t_start = 0.0
 
     async def one(i: int) -> None:
-        nonlocal errors
-        async with Producer(namesrv, transactional_id=f"bench-{tag}-{messages}-{span}-{i}",
-                            send_timeout=10.0) as p:
+        nonlocal errors, t_start
+        async with Producer(namesrv, transactional_id=f"bench-{tag}-{messages}-{span}-{i}"
+                            f"-{int(rate)}", send_timeout=10.0) as p:
             async with p.transaction() as tx:  # warm-up: registers the id, learns routes
                 for q, n in enumerate(sizes):
                     await tx.send_batch(topic, [payload] * n, queue=q)
+            warm[0] += 1
+            if warm[0] == producers:  # the timed section starts once all are warm
+                t_start = time.perf_counter()
+                ready.set()
+            await ready.wait()
             while left[0] > 0:
                 left[0] -= 1
+                if rate:  # transaction k starts at t_start + k / rate
+                    k = rounds - left[0] - 1
+                    await anyio.sleep(max(0.0, t_start + k / rate - time.perf_counter()))
                 t0 = time.perf_counter()
                 try:
                     tx = await p.begin()
@@ -90,13 +106,13 @@ async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: 
                 commit_s.append(t2 - t1)
                 whole_s.append(t2 - t0)
 
-    t_start = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for i in range(producers):
             tg.start_soon(one, i)
     elapsed = time.perf_counter() - t_start
     done = len(commit_s)
     return {
+        **({"rate_txn_per_s": rate} if rate else {}),
         "transactions": done,
         "errors": errors,
         "txn_per_s": round(done / elapsed, 1) if elapsed else None,
@@ -207,6 +223,22 @@ async def _halves(namesrv: str, topic: str, count: int, concurrency: int,
             out["added_us_per_msg"] = round(
                 (half_s / len(half_lat) - plain_s / len(plain_lat)) * 1e6, 1)
 
+        # one at a time: what each step of a half message costs on its own
+        steps: dict[str, list[float]] = {"prepare": [], "commit": [], "plain_send": []}
+        for _ in range(min(count, SEQUENTIAL)):
+            t0 = time.perf_counter()
+            handle = await p.prepare(topic, payload)
+            t1 = time.perf_counter()
+            await handle.commit()
+            t2 = time.perf_counter()
+            await p.send(topic, payload)
+            t3 = time.perf_counter()
+            steps["prepare"].append(t1 - t0)
+            steps["commit"].append(t2 - t1)
+            steps["plain_send"].append(t3 - t2)
+        out["one_at_a_time_ms"] = {k: latency_ms(v, ("p50", "p99"))
+                                   for k, v in steps.items()}
+
         # check-back: the producer leaves every half undecided; the broker asks it
         check_topic = f"{topic}-check"
         from raftmq.client import Admin
@@ -258,8 +290,16 @@ async def drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
                                       args.producers, payload)
             ratio = (round(txn["msgs_per_s"] / plain["msgs_per_s"], 3)
                      if txn["msgs_per_s"] and plain["msgs_per_s"] else None)
-            cases.append({"messages": messages, "groups": span, "txn": txn,
-                          "send_batch": plain, "vs_batch": ratio})
+            case = {"messages": messages, "groups": span, "txn": txn,
+                    "send_batch": plain, "vs_batch": ratio}
+            if args.half_load and txn["txn_per_s"]:
+                half = round(txn["txn_per_s"] / 2, 1)
+                progress(NAME, f"{messages} messages over {span} group(s): transactions at "
+                               f"half load ({half}/s)")
+                case["txn_half_load"] = await _txn_case(
+                    namesrv, topic, messages, span, args.txns, args.producers, payload, tag,
+                    rate=half)
+            cases.append(case)
     result: dict[str, Any] = {"benchmark": NAME, "size_bytes": args.size,
                               "producers": args.producers, "cases": cases}
     if args.halves:
@@ -309,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="half messages / plain sends in flight (default 16)")
     p.add_argument("--check-ms", type=positive_int, default=500,
                    help="local cluster: first check-back after, and between, (ms)")
+    p.add_argument("--half-load", action=argparse.BooleanOptionalAction, default=True,
+                   help="run each transaction case again at half the rate it reached, for "
+                        "the commit latency at half load (default: on)")
     p.add_argument("--topic", default="bench-txn")
     add_cluster_args(p)
     return p
@@ -319,15 +362,20 @@ def _table(result: dict[str, Any]) -> Any:
 
     t = Table(title=f"transactions vs send_batch ({result['size_bytes']} B messages, "
                     f"{result['producers']} producers)")
-    for col in ("msgs/txn", "groups", "txn/s", "txn msgs/s", "commit p50 ms",
-                "commit p99 ms", "batch msgs/s", "vs batch", "errors"):
+    t.caption = ("commit latency in ms; 'half p99': at half the rate reached; 'batch': "
+                 "send_batch of the same messages; 'vs': txn msgs/s over batch msgs/s")
+    for col in ("msgs", "groups", "txn/s", "msgs/s", "p50", "p99", "half p99",
+                "batch/s", "vs", "errors"):
         t.add_column(col, justify="right")
     for c in result["cases"]:
         txn, plain = c["txn"], c["send_batch"]
+        half = c.get("txn_half_load")
         t.add_row(str(c["messages"]), str(c["groups"]), f"{txn['txn_per_s']}",
                   f"{txn['msgs_per_s']}", str(txn["commit_latency_ms"]["p50"]),
-                  str(txn["commit_latency_ms"]["p99"]), f"{plain['msgs_per_s']}",
-                  str(c["vs_batch"]), str(txn["errors"] + plain["errors"]))
+                  str(txn["commit_latency_ms"]["p99"]),
+                  "-" if half is None else str(half["commit_latency_ms"]["p99"]),
+                  f"{plain['msgs_per_s']}", str(c["vs_batch"]),
+                  str(txn["errors"] + plain["errors"]))
     return t
 
 
@@ -341,8 +389,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{h['plain_send']['msgs_per_s']} msgs/s at {h['concurrency']} in flight "
               f"(+{h.get('added_us_per_msg')} us per message); check-back decided "
               f"{h['half_checkback']['delivered']}/{h['half_checkback']['stored']} in "
-              f"{h['half_checkback']['until_all_delivered_s']} s")
-    errors = sum(c["txn"]["errors"] + c["send_batch"]["errors"] for c in result["cases"])
+              f"{h['half_checkback']['until_all_delivered_s']} s; one at a time, p50 ms: "
+              + ", ".join(f"{k} {v['p50']}" for k, v in h["one_at_a_time_ms"].items()))
+    errors = sum(c["txn"]["errors"] + c["send_batch"]["errors"]
+                 + c.get("txn_half_load", {}).get("errors", 0) for c in result["cases"])
     if "halves" in result:
         h = result["halves"]
         errors += h["half_commit"]["errors"] + h["plain_send"]["errors"]

@@ -63,8 +63,9 @@ ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # ack-before-commit and skip-fsync break durability; duplicate-batch stores some batches
 # twice; skip-read-barrier lets a leader answer reads without confirming it still leads
 # (stale reads); crash-before-answer makes the node exit after a write (PRODUCE,
-# COMMIT_OFFSET, a topic or group change) whose header asks for it ("test_exit": true) is
-# committed and before it is answered, which forces the client to retry it.
+# COMMIT_OFFSET, a topic or group change, a transaction request) whose header asks for it
+# ("test_exit": true) is committed and before it is answered, which forces the client to
+# retry it (TX_END: once its decision is committed, before any marker goes out).
 # Transactions: commit-before-durable-prepare answers a prepared produce before it is
 # committed; serve-prepared puts prepared batches in their queues at once (consumers read
 # uncommitted and aborted data); no-fencing ignores transactional epochs.

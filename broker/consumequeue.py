@@ -30,6 +30,7 @@ CQ_RECORD = struct.Struct(">QIIIQ")  # index, start, size, tag hash, store_ms
 _SIZE = CQ_RECORD.size
 _INDEX = struct.Struct(">Q")  # the leading field alone, for binary search
 _INDEX_START = struct.Struct(">QI")
+_INDEX_START_REC = struct.Struct(">QI16x")  # a whole record, its index and start only
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +132,10 @@ class ConsumeQueue:
         """The first retained offset whose Raft index is >= `index` (`end_offset` if none).
 
         Raft indexes only grow along a queue, so this is a binary search; retention and
-        message-id resolution both rely on it.
+        message-id resolution both rely on it. (Except where a committed transaction's
+        records entered: they point at the older entry holding them. See `find_near` for
+        ids; for retention, such a record whose entry was deleted reads as gone, and a
+        fetch skips it like any expired message.)
         """
         lo, hi = 0, len(self)
         while lo < hi:
@@ -141,6 +145,20 @@ class ConsumeQueue:
             else:
                 hi = mid
         return self._min + lo
+
+    def find_near(self, offset: int, index: int, start: int, window: int) -> int | None:
+        """The offset of the record (index, start) within `window` offsets of `offset`
+        either way, None if none: a record appended out of index order (a committed
+        transaction's, pointing at the older entry holding it) is found by no binary
+        search, but lies near where one ends."""
+        lo = max(self._min, offset - window)
+        hi = min(self.end_offset, offset + window)
+        want = (index, start)
+        for i, rec in enumerate(_INDEX_START_REC.iter_unpack(
+                self._buf[(lo - self._min) * _SIZE : (hi - self._min) * _SIZE])):
+            if rec[:2] == want:
+                return lo + i
+        return None
 
     def _check(self, offset: int) -> None:
         if offset < self._min:

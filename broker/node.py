@@ -354,6 +354,7 @@ class Node:
     def _on_change(self, g: GroupRuntime) -> None:
         if g.role == Role.LEADER:
             self.metrics.leader_changes.labels(g.group_id).inc()
+            self.txtasks.wake()
         self.registrar.wake()
 
     def spawn(self, work: Awaitable[Any]) -> None:

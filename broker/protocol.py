@@ -113,7 +113,7 @@ class Op(IntEnum):
     HOST_GROUP = 51  # (g, voters: [node ids]) -> (created: bool): start hosting an empty
     #   replica of g, caught up by its leader once added as a learner
     DROP_GROUP = 52  # (g) -> (dropped: bool): stop hosting g (removed from it), delete its data
-    # Transactions (see broker.txservice; docs in /docs): g is the group asked. Kafka's
+    # Transactions (see broker.txservice and broker.txtasks): g is the group asked. Kafka's
     # model: tid = transactional id, epoch fences older producers of it, n numbers the
     # transactions of one epoch (0, 1, ...). RocketMQ's: txid names one half message,
     # pg its producer group.
@@ -123,8 +123,9 @@ class Op(IntEnum):
     #   of transaction n (before the first send to them); starts it
     TX_OFFSETS = 62  # (g: participant hosting those queues, tid, epoch, n, cg,
     #   offsets: [[topic, queue, offset]...]) -> (): consumer offsets committed with it
-    TX_END = 63  # (g: coordinator, tid, epoch, n, commit: bool) -> (state:
-    #   complete_commit|complete_abort, or prepare_* when markers still go out after 5 s)
+    TX_END = 63  # (g: coordinator, tid, epoch, n, commit: bool) -> (state, dup): the
+    #   commit point; state complete_commit|complete_abort once every participant applied
+    #   its marker, or prepare_* when markers still go out after 5 s
     TX_MARKER = 64  # node to node only: (g: participant, tid, epoch, n, commit, fence) ->
     #   (dup): the coordinator's decision applied in a participant
     TX_STATUS = 65  # (g: coordinator, tid) -> (epoch, n, state, participants, timeout_ms)

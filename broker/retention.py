@@ -22,9 +22,9 @@ records) falls back to its file mtime.
 Never past: the commit index, the lowest match index of any follower (voter or
 learner), what the leader's state has applied, and the lowest index still holding
 undecided prepared data of a transaction (`BrokerState.pinned_index`): a prepared batch
-must stay readable until its decision makes it visible or drops it. (Under that pin the
-records a retain drops are exactly a prefix of each queue, also where committed
-transactions appended records of older entries after newer ones.) A follower that needs deleted entries can still catch up -- the leader sends
+must stay readable until its decision makes it visible or drops it. (A committed
+transaction's records point at its older entries; when retention deletes those, the
+records read as gone and a fetch skips them like any expired message.) A follower that needs deleted entries can still catch up -- the leader sends
 it the group's whole snapshot (`raftlog` InstallSnapshot) -- but that is a transfer of
 the entire state, so retention does not cause it for a follower that is merely behind.
 The flip side: a follower that is down keeps the leader from deleting anything it lacks,

@@ -14,9 +14,10 @@ proposed, so bad input gets a precise error and never reaches the log; the state
 (fenced epochs, decided transactions) as a Refused result that changed nothing.
 
 TX_END is answered once the decision is committed and every participant applied its
-marker (driven at once by `broker.txtasks.TxTasks.finish`, not at the next tick), or
-after `END_WAIT_S` with the decision committed and the markers still going out: the
-coordinator's leader finishes them whatever happens to this request.
+marker (driven at once by `broker.txtasks.TxTasks`, not at the next tick; the
+transaction is logged complete right after, and a TX_ADD or TX_INIT of the same id
+waits for that), or after `END_WAIT_S` with the decision committed and the markers still
+going out: the coordinator's leader finishes them whatever happens to this request.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ class Finisher(Protocol):
     """What drives a decided transaction's markers (`broker.txtasks.TxTasks`)."""
 
     async def finish(self, gid: str, tid: str) -> None: ...
+
+    async def markers_applied(self, gid: str, tid: str, epoch: int, n: int) -> bool: ...
 
 
 def coordinator(state: BrokerState) -> TxCoordinator:
@@ -232,6 +235,9 @@ class TxService:
             raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
                                f"groups, not {len(groups)}")
         g = self._coordinating(h, tid)
+        txn = coordinator(self.svc._leading(g)).txn(tid)
+        if txn is not None and txn.state in UNFINISHED:  # the previous one is completing
+            await self._finish(g.group_id, tid)
         await self._propose(g, {"op": "tx_add", "tid": tid, "epoch": epoch, "n": n,
                                 "groups": groups, "ts": now_ms()})
         return ok_header(0), b""
@@ -279,9 +285,15 @@ class TxService:
             log.critical("crash-before-answer: exiting between a decision and its markers")
             os._exit(CRASH_BEFORE_ANSWER_EXIT)
         state = self._end_state(g, tid, epoch, n, commit)
-        if state in UNFINISHED:
-            await self._finish(g.group_id, tid)
+        if state in UNFINISHED and self.finisher is not None:
+            # answered once every participant applied its marker; logging the transaction
+            # complete goes on meanwhile (the next TX_ADD or TX_INIT waits for it)
+            applied = False
+            with trio.move_on_after(END_WAIT_S):
+                applied = await self.finisher.markers_applied(g.group_id, tid, epoch, n)
             state = self._end_state(g, tid, epoch, n, commit)
+            if applied and state in UNFINISHED:
+                state = "complete_commit" if commit else "complete_abort"
         return ok_header(0, state=state, dup=result.dup), b""
 
     def _end_state(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool) -> str:
@@ -315,7 +327,7 @@ class TxService:
     async def status(self, g: GroupRuntime, tid: str) -> dict[str, Any]:
         """`tid` as its coordinator `g` (led here) knows it, after a read barrier: a
         participant resolving an orphan must not act on a deposed leader's view."""
-        await g.read_barrier()
+        await self.svc._read_barrier(g)
         txn = coordinator(self.svc._leading(g)).txn(tid)
         if txn is None:
             return {"epoch": -1, "n": -1, "state": "empty", "participants": [],

@@ -23,7 +23,8 @@ Every `tx_tick_ms`, for each group this node leads, from the group's applied sta
   nothing more until the next interval.
 
 TX_END and TX_INIT do not wait for a tick: they call `finish`, which runs the same
-marker work at once (one run per transaction, shared by every waiter).
+marker work at once (one run per transaction, shared by every waiter). A leadership
+change ticks at once too (`wake`), so a new leader takes over without delay.
 
 Every task lives in the nursery `run` holds (structured concurrency): nothing outlives
 the node.
@@ -80,7 +81,11 @@ class TxTasks:
         self.rpc = rpc
         self._nursery: trio.Nursery | None = None
         self._running: dict[Hashable, trio.Event] = {}  # job key -> set when it ends
+        # finish job key -> set once every participant applied the marker (waited on by
+        # TX_END, answered before the transaction is logged complete)
+        self._delivered: dict[Hashable, trio.Event] = {}
         self._leader_hint: dict[str, int] = {}  # group -> node believed to lead it
+        self._wake = trio.Event()
 
     @property
     def tx(self) -> TxService:
@@ -98,8 +103,13 @@ class TxTasks:
             try:
                 interval = self.config.tx_tick_ms / 1000
                 while True:
-                    await trio.sleep(interval)
-                    self.tick()
+                    with trio.move_on_after(interval):
+                        await self._wake.wait()
+                    self._wake = trio.Event()
+                    try:
+                        self.tick()
+                    except Exception:  # a bug here must not take the node down
+                        log.exception("transaction tick failed")
             finally:
                 self._nursery = None
                 nursery.cancel_scope.cancel()
@@ -127,6 +137,7 @@ class TxTasks:
                 log.exception("transaction task %r failed", key)
             finally:
                 del self._running[key]
+                self._delivered.pop(key, None)
                 done.set()
 
         nursery.start_soon(run)
@@ -145,9 +156,31 @@ class TxTasks:
             if t.tid == tid:
                 await self._finish_job(gid, t.tid, t.epoch, t.n).wait()
 
+    async def markers_applied(self, gid: str, tid: str, epoch: int, n: int) -> bool:
+        """Drive the markers of transaction (epoch, n) of `tid` (decided, coordinator
+        `gid` led here); True once every participant applied its marker, False when that
+        cannot be known here (leadership lost, or the markers were done before)."""
+        if self._nursery is None or self._unfinished(gid, tid, epoch, n) is None:
+            return False
+        key = ("finish", gid, tid, epoch, n)
+        delivered = self._delivered.setdefault(key, trio.Event())
+        done = self._finish_job(gid, tid, epoch, n)
+        async with trio.open_nursery() as nursery:
+            async def first_of(event: trio.Event) -> None:
+                await event.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(first_of, delivered)
+            nursery.start_soon(first_of, done)
+        return delivered.is_set()
+
     def _finish_job(self, gid: str, tid: str, epoch: int, n: int) -> trio.Event:
         return self._spawn(("finish", gid, tid, epoch, n),
                            partial(self._complete, gid, tid, epoch, n))
+
+    def wake(self) -> None:
+        """Tick now (a group's leadership changed: a new leader takes over at once)."""
+        self._wake.set()
 
     def tick(self) -> None:
         """Start whatever is due in the groups this node leads."""
@@ -216,6 +249,7 @@ class TxTasks:
                 nursery.start_soon(self._deliver, p, header, still)
         if not still():
             return
+        self._delivered.setdefault(("finish", gid, tid, epoch, n), trio.Event()).set()
         await self.tx._propose(self.groups[gid], {"op": "tx_complete", "tid": tid,
                                                   "epoch": epoch, "n": n})
 

@@ -133,7 +133,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "tx": (_tx, "transactions: list, show; commit or roll back a half message"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
     "cluster": (_cluster, "group replicas: status, transfer-leader, add/remove/replace-replica"),
-    "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover`"),
+    "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover|txn`"),
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
     "chaos": (_chaos, "fault-injection runs (`chaos run`) and history checks (`chaos check`)"),

@@ -38,10 +38,15 @@ def test_bench_txn_reports_every_case_beside_send_batch(
         assert 0 < txn["commit_latency_ms"]["p50"] <= txn["commit_latency_ms"]["p99"]
         assert txn["commit_latency_ms"]["p99"] <= txn["txn_latency_ms"]["max"]
         assert plain["msgs_per_s"] > 0 and c["vs_batch"] > 0
+        half = c["txn_half_load"]  # the same case paced at half the rate it reached
+        assert half["rate_txn_per_s"] == pytest.approx(txn["txn_per_s"] / 2, abs=0.1)
+        assert half["transactions"] == 3 and half["errors"] == 0
     halves = result["halves"]
     assert halves["half_commit"]["errors"] == halves["plain_send"]["errors"] == 0
     assert halves["half_commit"]["msgs_per_s"] > 0 and halves["plain_send"]["msgs_per_s"] > 0
     assert "added_us_per_msg" in halves
+    assert set(halves["one_at_a_time_ms"]) == {"prepare", "commit", "plain_send"}
+    assert all(v["p50"] > 0 for v in halves["one_at_a_time_ms"].values())
     check = halves["half_checkback"]
     assert check["stored"] == check["delivered"] == 4 and check["checks_answered"] >= 4
 

@@ -12,16 +12,19 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
 import pytest
 
-from broker.protocol import Code
+from broker.parts.txpart import MAX_TX_MESSAGES
+from broker.protocol import Code, Op, RequestError
 from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
     CheckRequest,
+    HalfHandle,
     Producer,
     ProducerFencedError,
     PullConsumer,
@@ -107,6 +110,34 @@ def test_a_cross_group_commit_shows_everything_and_an_abort_nothing(
     assert final == [b"after", b"c0", b"c1", b"c2", b"c3", b"c4"]
 
 
+def test_sends_started_together_add_their_groups_in_one_request(
+        cluster: LocalCluster) -> None:
+    ns = cluster.namesrv_addr
+    adds: list[list[str]] = []
+
+    async def main() -> list[bytes]:
+        topic = await make_topic(ns)
+        async with Producer(ns, transactional_id=name("tid")) as p:
+            owner = p._transactional()
+            call = owner.call
+
+            async def spy(op: Op, fields: Any, **kw: Any) -> Any:
+                if op == Op.TX_ADD:
+                    adds.append(list(fields["groups"]))
+                return await call(op, fields, **kw)
+
+            async with p.transaction() as tx:  # learns the topic's route
+                await tx.send(topic, b"first", queue=0)
+            owner.call = spy  # type: ignore[method-assign]
+            async with p.transaction() as tx, anyio.create_task_group() as tg:
+                for q in range(3):
+                    tg.start_soon(partial(tx.send_batch, topic, [f"b{q}"] * 2, queue=q))
+        return await read_all(ns, topic)
+
+    assert run(main) == [b"b0", b"b0", b"b1", b"b1", b"b2", b"b2", b"first"]
+    assert adds == [["g0", "g1", "g2"]]
+
+
 def test_a_second_producer_of_the_id_fences_the_first(cluster: LocalCluster) -> None:
     ns = cluster.namesrv_addr
 
@@ -175,6 +206,36 @@ def test_send_offsets_move_the_committed_offsets_only_with_the_commit(
     assert out == sorted(f"IN-{q}-{i}".encode() for q in range(3) for i in range(2))
 
 
+def test_a_committed_offset_query_waits_for_an_undecided_transaction(
+        cluster: LocalCluster) -> None:
+    """Offsets sent in a transaction are neither the old nor the new ones until it is
+    decided: a query made meanwhile answers with the outcome, not before it."""
+    ns = cluster.namesrv_addr
+    cg = name("pipe")
+
+    async def main() -> tuple[int, int]:
+        src = await make_topic(ns, 1)
+        async with Producer(ns) as plain:
+            await plain.send_batch(src, [b"a", b"b", b"c"], queue=0)
+        answer: list[int] = []
+        async with Producer(ns, transactional_id=name("tid")) as p, Admin(ns) as admin:
+            before = await admin.committed_offset(cg, src, 0)
+            tx = await p.begin()
+            await tx.send_offsets(cg, {(src, 0): 3})
+
+            async def query() -> None:
+                answer.append(await admin.committed_offset(cg, src, 0))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(query)
+                await anyio.sleep(2.0)  # longer than the plain retries of a request
+                assert not answer  # still waiting for the decision
+                await tx.commit()
+        return before, answer[0]
+
+    assert run(main) == (-1, 3)
+
+
 def test_misuse_of_a_transaction_is_a_clear_error_and_changes_nothing(
         cluster: LocalCluster) -> None:
     ns = cluster.namesrv_addr
@@ -235,6 +296,32 @@ def _aborted(shown: dict[str, list[dict[str, Any]]], n: int) -> bool:
                    for r in shown["txns"]))
 
 
+def test_a_transaction_over_its_limits_is_refused_and_shows_nothing(
+        cluster: LocalCluster) -> None:
+    ns = cluster.namesrv_addr
+
+    async def main() -> list[bytes]:
+        topic = await make_topic(ns, 1)
+        with pytest.raises(TransactionError) as info:
+            async with Producer(ns, transactional_id=name("tid"),
+                                transaction_timeout_ms=10**9) as p:
+                await p.begin()  # over the node's tx_timeout_max_ms
+        assert info.value.code == Code.TX_LIMIT
+        async with Producer(ns, transactional_id=name("tid")) as p:
+            tx = await p.begin()
+            with pytest.raises(TransactionError):  # one message too many
+                await tx.send_batch(topic, [b"m"] * (MAX_TX_MESSAGES + 1), queue=0)
+            with pytest.raises(TransactionAbortedError) as aborted:
+                await tx.commit()
+            assert isinstance(aborted.value.__cause__, TransactionError)
+            assert aborted.value.__cause__.code == Code.TX_LIMIT
+            async with p.transaction() as tx2:  # the producer goes on
+                await tx2.send(topic, b"fits")
+        return await read_all(ns, topic)
+
+    assert run(main) == [b"fits"]
+
+
 # ---------------------------------------------------------------- RocketMQ's model
 
 
@@ -287,17 +374,24 @@ def test_check_back_decides_half_messages_their_producer_never_ended(
             assert r.state == "unknown"
         answers = {keep.txid: "commit", drop.txid: "rollback", r.txid: "commit"}
         asked: list[CheckRequest] = []
+        strangers: list[CheckRequest] = []
 
         async def listener(req: CheckRequest) -> str:
             asked.append(req)
             return answers.get(req.txid, "unknown")
 
-        async with Producer(ns, producer_group=pg, check_listener=listener), \
+        def stranger(req: CheckRequest) -> str:  # another producer group: never asked
+            strangers.append(req)
+            return "rollback"
+
+        async with Producer(ns, producer_group=name("other"), check_listener=stranger), \
+                Producer(ns, producer_group=pg, check_listener=listener), \
                 Admin(ns) as admin:
             with anyio.fail_after(DECIDED_TIMEOUT):  # until check-back decided all three
                 while any(h["txid"] in answers for h in (await admin.tx_list())["halves"]):
                     await anyio.sleep(0.1)
             shown = await admin.tx_show(drop.txid)
+        assert strangers == []
         return await read_all(ns, topic), shown, asked, drop.txid
 
     bodies, shown, asked, dropped = run(main, backend)
@@ -306,6 +400,25 @@ def test_check_back_decides_half_messages_their_producer_never_ended(
     assert decision["commit"] is False and decision["source"] == "check"
     assert {a.producer_group for a in asked} == {pg}
     assert all(a.topic and a.msg_id for a in asked)
+
+
+def test_only_the_producer_group_of_a_half_message_may_decide_it(
+        cluster: LocalCluster) -> None:
+    ns = cluster.namesrv_addr
+
+    async def main() -> list[bytes]:
+        topic = await make_topic(ns, 1)
+        async with Producer(ns, producer_group=name("pg")) as owner, \
+                Producer(ns, producer_group=name("pg")) as other:
+            h = await owner.prepare(topic, b"mine")
+            intruder = HalfHandle(other._half_messages(), h.txid, h.result)
+            with pytest.raises(RequestError) as info:
+                await intruder.commit()
+            assert info.value.code == Code.FORBIDDEN
+            await h.commit()
+        return await read_all(ns, topic)
+
+    assert run(main) == [b"mine"]
 
 
 def test_tx_cli_lists_shows_and_decides_half_messages(

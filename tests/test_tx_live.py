@@ -11,8 +11,9 @@ TX_PENDING until decided), fencing by TX_INIT, abort on timeout, and markers fin
 the coordinator's new leader after its old one died between the decision and the
 markers. RocketMQ's: half messages committed and rolled back by HALF_END, check-back
 answered by a raw client registered with PRODUCER_HEARTBEAT (and never sent for a decided
-half), expiry after `tx_check_max` checks. Bad input for every new op, and TX_MARKER from
-a client refused.
+half), its count going on at a new leader after a failover, expiry after `tx_check_max`
+checks. Orphaned prepared data resolved through TX_STATUS. Bad input for every new op,
+and TX_MARKER from a client refused.
 """
 
 from __future__ import annotations
@@ -288,6 +289,7 @@ class CheckListener:
     def __init__(self, live: Live, pg: str, answers: dict[str, str]) -> None:
         self.answers = answers
         self.asked: list[str] = []
+        self.numbers: list[tuple[str, int]] = []  # (txid, the check's number) as asked
         self.lock = threading.Lock()
         self.raws = [Raw(live.addr(n), timeout=30) for n in live.cluster.node_ids]
         for raw in self.raws:
@@ -312,6 +314,7 @@ class CheckListener:
                 continue
             with self.lock:
                 self.asked.append(h["txid"])
+                self.numbers.append((h["txid"], h["checks"]))
             state = self.answers.get(h["txid"], "unknown")
             raw.send(encode_frame({"id": h["id"], "code": 0, "state": state}))
 
@@ -342,6 +345,36 @@ def test_check_back_asks_a_live_producer_and_never_a_decided_half(live: Live) ->
         assert rows[commit] == (True, "check") and rows[rollback] == (False, "check")
     finally:
         listener.close()
+
+
+def test_the_check_count_survives_a_leader_failover(live: Live) -> None:
+    """Each check is logged before it is sent, so the group's next leader goes on
+    counting where the last one stopped: the numbers a producer is asked with only grow,
+    and the half is rolled back after `tx_check_max` checks in all."""
+    topic = live.new_topic("tx-check-failover")
+    txid = uuid.uuid4().hex
+    listener = CheckListener(live, "pg-count", {txid: "unknown"})
+    leader = live.leader("g2")
+    try:
+        live.produce(topic, 2, [b"undecided"], half=(txid, "pg-count"))
+        wait_for(lambda: listener.numbers, 20, "the first check-back")
+        live.cluster.kill(leader)
+
+        def expired() -> dict[str, Any] | None:
+            rows = live.ask("g2", Op.TX_LIST, tx=txid)["decided"]
+            return rows[0] if rows else None
+
+        row = wait_for(expired, 30, "the half message expired")
+        assert (row["commit"], row["source"]) == (False, "expired")
+        with listener.lock:
+            numbers = [n for t, n in listener.numbers if t == txid]
+        assert numbers == sorted(set(numbers)) and numbers[-1] <= CHECK_MAX, numbers
+        assert live.bodies(topic, 2) == []
+    finally:
+        listener.close()
+        live.cluster.unexpected_exits()
+        assert live.cluster.restart_and_wait(leader) is None
+        live.settle()
 
 
 def test_an_unanswered_half_expires_after_the_last_check(live: Live) -> None:

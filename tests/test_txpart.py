@@ -197,6 +197,21 @@ def test_prepared_batches_stay_out_of_queues_until_a_commit_marker(r: Replica) -
     assert r.bodies("t", 0) == [b"plain", b"a", b"b"]
 
 
+def test_a_committed_message_is_found_by_its_id(r: Replica) -> None:
+    batch = encode_batch("t", 0, [b"a", b"b"], tx=("tid", 0, 0))
+    r.batch("t", 0, [b"before"])
+    r.apply(EntryType.MESSAGES, STORED_PREFIX.pack(1) + batch)
+    prepared_at = r.index
+    for k in range(50):
+        r.batch("t", 0, [b"%d" % k])
+    r.control(TxMarker("tid", 0, 0, True, 0).encode())
+    r.batch("t", 0, [b"after"])
+    assert r.state.locate("t", 0, prepared_at, batch.starts[1]) == 52
+    assert r.state.locate("t", 0, prepared_at - 1, encode_batch("t", 0, [b"before"]).starts[0]) == 0
+    with pytest.raises(RequestError):
+        r.state.locate("t", 0, prepared_at, batch.starts[1] + 1)
+
+
 def test_an_abort_marker_drops_prepared_batches_and_offsets(r: Replica) -> None:
     r.batch("t", 0, [b"a"], tx=("tid", 0, 0))
     r.control(TxOffsets("tid", 0, 0, "cg", (("t", 0, 5),), 10).encode())
@@ -310,8 +325,8 @@ def test_limits_refuse_and_change_nothing(r: Replica, monkeypatch: pytest.Monkey
             STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"c", b"d"], tx=("tid", 0, 0)),
             Code.TX_LIMIT)
     refused(r, EntryType.MESSAGES,
-            STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"x" * 300], tx=("tid", 0, 1)),
-            Code.TX_LIMIT)
+            STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"x" * 300], tx=("tid", 1, 1)),
+            Code.TX_LIMIT)  # its newer epoch does not raise the fence either
     r.batch("t", 0, [b"h"], half=("h1", "pg"))
     refused(r, EntryType.MESSAGES,
             STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"x"], half=("h2", "pg")),
@@ -491,3 +506,28 @@ def test_the_decision_ring_forgets_the_oldest(r: Replica,
     for n in range(5):
         r.control(TxMarker("tid", 0, n, True, 0).encode())
     assert [k[3] for k in r.state.txpart.decided] == [2, 3, 4]
+
+
+# ---------------------------------------------------------------------- mutations
+
+
+def test_a_node_hands_the_transaction_mutations_to_its_states(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.config import cluster_configs
+    from broker.node import Node
+
+    monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")
+    cfg = cluster_configs(tmp_path, nodes=3, groups=1, port_base=21300,
+                          env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
+                          test_mutations=["serve-prepared", "no-fencing",
+                                          "commit-before-durable-prepare"])[0]
+    node = Node(cfg)
+    state = node.groups["g0"].machine
+    assert state.mutations == {"serve-prepared", "no-fencing"}
+    assert state.txpart.serve_prepared and state.txpart.no_fencing and state.txcoord.no_fencing
+    restored = node._restore_state("g0", state.snapshot())  # a snapshot install or restart
+    assert restored.txpart.serve_prepared and restored.txcoord.no_fencing
+    plain = Node(cluster_configs(tmp_path / "p", nodes=3, groups=1, port_base=21300)[0])
+    p = plain.groups["g0"].machine
+    assert not (p.mutations or p.txpart.serve_prepared or p.txpart.no_fencing)

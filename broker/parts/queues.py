@@ -49,6 +49,7 @@ __all__ = ["CHUNK_RECORDS", "KEY_HISTORY", "Queues"]
 
 KEY_HISTORY = 64  # newest (queue, offset) pairs kept per (topic, key)
 CHUNK_RECORDS = 65_536  # records per sealed ConsumeQueue chunk (1.75 MiB)
+LATE_WINDOW = 65_536  # records looked at either side for a committed transaction's record
 _REC = CQ_RECORD.size
 
 
@@ -182,7 +183,8 @@ class Queues(Part):
 
     def locate(self, topic: str, queue: int, index: int, start: int) -> int:
         # Along a queue (index, start) only grows: entries in log order, and inside an
-        # entry its batches and their records in data order. So: binary search.
+        # entry its batches and their records in data order. So: binary search (but for
+        # committed transactions' records, see below).
         cq = self.queue(topic, queue)
         lo = cq.first_offset_at_or_after_index(index)
         hi = cq.first_offset_at_or_after_index(index + 1)
@@ -196,6 +198,12 @@ class Queues(Part):
             e = cq.get(lo)
             if e.index == index and e.start == start:
                 return lo
+        # A committed transaction's records enter the queue at their decision, pointing
+        # at the older entry that holds them, so there (index, start) breaks the order:
+        # look near the place the search found, within a bound (no unbounded scan).
+        found = cq.find_near(lo, index, start, LATE_WINDOW)
+        if found is not None:
+            return found
         raise RequestError(
             Code.NOT_FOUND, f"no message at {start} of entry {index} in {topic}/{queue}"
         )

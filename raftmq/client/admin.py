@@ -30,6 +30,7 @@ __all__ = ["TX_LISTS", "Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInf
 
 TX_LISTS = ("halves", "txns", "decided", "done")
 """The lists of a TX_LIST answer (see `Admin.tx_list`)."""
+TX_LIST_ROUNDS = 5  # rounds of TX_LIST asking again for groups no leader answered for
 
 
 @dataclass(frozen=True, slots=True)
@@ -594,8 +595,9 @@ class Admin(_ClientBase):
         (the coordinators' latest finished transactions). `id` keeps only the rows of
         one transactional id or half message txid; `group` one broker group.
 
-        Raises `IncompleteError` when some group's leader did not answer (`partial` is
-        what the others said)."""
+        Raises `IncompleteError` when some group's leader did not answer, even asked
+        again over a few rounds (a leader may be moving); `partial` is what the others
+        said."""
         if group is not None:
             validate_group_name(group)
         if limit < 1:
@@ -608,7 +610,7 @@ class Admin(_ClientBase):
         if group is not None:
             header["g"] = group
         if id is not None:
-            header["id"] = id
+            header["tx"] = id  # the filter ("id" is every request's own number)
 
         async def one(addr: str) -> None:
             try:
@@ -618,20 +620,27 @@ class Admin(_ClientBase):
                 failures.append(f"{addr}: {exc.code.name}")
                 return
             h = frame.header
-            read.update(str(g) for g in h.get("led") or [])
+            fresh = {str(g) for g in h.get("led") or []} - read  # each group's rows once
+            read.update(fresh)
             for key in TX_LISTS:
-                out[key] += [dict(row) for row in h.get(key) or [] if isinstance(row, dict)]
+                out[key] += [dict(row) for row in h.get(key) or []
+                             if isinstance(row, dict) and str(row.get("g")) in fresh]
 
-        async with anyio.create_task_group() as tg:
-            for addr in node_addresses(cluster):
-                tg.start_soon(one, addr)
+        wanted = [str(g) for g in (cluster.get("groups") or {})
+                  if group is None or str(g) == group]
+        for attempt in range(1, TX_LIST_ROUNDS + 1):  # a leader may be moving: ask again
+            failures.clear()
+            async with anyio.create_task_group() as tg:
+                for addr in node_addresses(cluster):
+                    tg.start_soon(one, addr)
+            if all(g in read for g in wanted) or attempt == TX_LIST_ROUNDS:
+                break
+            await anyio.sleep(backoff_delay(attempt, base=0.2))
         out["halves"].sort(key=lambda r: (r.get("prepared_ms", 0), str(r.get("txid"))))
         out["txns"].sort(key=lambda r: (str(r.get("tid")), r.get("epoch", 0), r.get("n", 0)))
         out["decided"].sort(key=lambda r: (str(r.get("g")), -int(r.get("index") or 0)))
         out["done"].sort(key=lambda r: (str(r.get("tid")), -int(r.get("epoch") or 0),
                                         -int(r.get("n") or 0)))
-        wanted = [str(g) for g in (cluster.get("groups") or {})
-                  if group is None or str(g) == group]
         missing = sorted(g for g in wanted if g not in read)
         if missing:
             why = f" (unanswered: {', '.join(sorted(failures))})" if failures else ""

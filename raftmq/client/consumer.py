@@ -59,6 +59,7 @@ log = logging.getLogger("raftmq.client.consumer")
 LONG_POLL_MS = 15_000  # RocketMQ's broker-side hold for a pull at the end of a queue
 FETCH_GRACE = 5.0  # seconds a fetch may take beyond its hold before it counts as lost
 PULL_BATCH = 32
+PENDING_OFFSETS_WAIT = 60.0  # seconds a committed-offset query waits for a transaction
 FETCH_MAX_BYTES = 1 << 20
 FLOW_CONTROL_DELAY = 0.05  # RocketMQ's pause before re-checking a queue over its threshold
 
@@ -272,11 +273,23 @@ async def queue_bounds(routes: Routes, topic: str, queue: int) -> tuple[int, int
 
 
 async def query_offset(routes: Routes, group: str, topic: str, queue: int) -> int:
-    """The committed offset of a consumer group on a queue, -1 when it has none."""
-    _, frame = await routes.call_queue(
-        topic, queue, Op.QUERY_OFFSET, {"cg": group, "topic": topic, "queue": queue}
-    )
-    return int(frame.header.get("offset", -1))
+    """The committed offset of a consumer group on a queue, -1 when it has none.
+
+    While a transaction that sends offsets of that queue is undecided (TX_PENDING), its
+    outcome decides the answer: asked again until it is, for up to `PENDING_OFFSETS_WAIT`
+    seconds (a consume-transform-produce loop restarting after a crash so resumes where
+    the last committed transaction left it, never before)."""
+    deadline = anyio.current_time() + PENDING_OFFSETS_WAIT
+    while True:
+        try:
+            _, frame = await routes.call_queue(
+                topic, queue, Op.QUERY_OFFSET, {"cg": group, "topic": topic, "queue": queue}
+            )
+            return int(frame.header.get("offset", -1))
+        except RequestError as exc:
+            if exc.code != Code.TX_PENDING or anyio.current_time() > deadline:
+                raise
+        await anyio.sleep(0.1)
 
 
 async def commit_offsets(

@@ -82,10 +82,11 @@ class OutcomeUnknownError(RequestError):
 
 
 class TransactionError(RequestError):
-    """A transaction (Kafka model) or a half message (RocketMQ model) cannot go on as
-    asked: committed or aborted already, unknown to the coordinator, over a limit. `code`
-    is the broker's (TX_UNKNOWN, TX_DECIDED, TX_LIMIT, ...), or INVALID_STATE-like
-    misuse found by the client itself (MALFORMED)."""
+    """A transaction (Kafka's model) or a half message (RocketMQ's) cannot go on as
+    asked. `code` says why: TX_DECIDED (committed or aborted already, also when the client
+    itself knows it), TX_UNKNOWN (no such transaction), TX_LIMIT (too many messages,
+    bytes or groups, or a timeout over the maximum), MALFORMED (a call out of turn, such
+    as `begin` while a transaction is open). Nothing was changed by the refused call."""
 
 
 class ProducerFencedError(TransactionError):

@@ -993,10 +993,8 @@ class Producer:
                     state = self._sequence(topic, queue)
                     pid, seq = state.pid, state.next_seq
                     state.next_seq += 1
-                data = (encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born)
-                        if self._tx_stamp is None else
-                        encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born,
-                                     tx=self._tx_stamp))
+                data = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born,
+                                    tx=self._tx_stamp)  # the open transaction's, if any
                 batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born))
         gs.in_flight += 1
         self._tg.start_soon(self._send_request, gs, self._routes.target(gs.acc.group),
@@ -1222,9 +1220,10 @@ class Producer:
         ids = batch_message_ids(group, index, batch, shift)
         if n != len(ids):
             raise RequestError(Code.MALFORMED, f"PRODUCE stored {n} of {len(ids)} messages")
-        if base < 0:  # a prepared batch (not in a queue yet), or a forgotten duplicate
-            return [SendResult(mid if index >= 0 else None, topic, queue, -1, group, dup)
-                    for mid in ids]
+        if base < 0:
+            if self._txn is not None and index >= 0:  # prepared: in no queue yet
+                return [SendResult(mid, topic, queue, -1, group, dup) for mid in ids]
+            return [SendResult(None, topic, queue, -1, group, dup) for _ in ids]
         return [SendResult(mid, topic, queue, base + i, group, dup) for i, mid in enumerate(ids)]
 
 

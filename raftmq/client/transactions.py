@@ -37,6 +37,7 @@ import anyio
 from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from broker.records import OutgoingMessage, encode_batch
 from broker.txn import coordinator_group
+from transport.connection import is_retriable
 
 from .errors import (
     ProducerFencedError,
@@ -56,7 +57,7 @@ from .producer import (
     new_producer_id,
     record_size,
 )
-from .routes import node_addresses
+from .routes import backoff_delay, node_addresses
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
@@ -85,6 +86,14 @@ HEARTBEAT_TTL_MS = 30_000  # a member not heard from for this long is not asked
 BUSY_PATIENCE = 30.0  # seconds a coordinator request is retried while it answers BUSY
 #                     (the previous transaction of the id is still completing)
 MAX_TID = 255
+TX_ATTEMPTS = 8
+"""Tries of a transaction request (TX_INIT/ADD/OFFSETS/END, HALF_END) before giving up:
+more than other requests' 4, so one outlasts a group's election after its leader died
+(the backoff grows to 1 s); a redirect to a newer leader is not a try."""
+HALF_LANES = 8
+"""Half messages one producer has in flight to one queue at most: each lane is a producer
+id of its own whose halves go one at a time (idempotent, so a retry is never stored
+twice), and a queue's lanes go side by side."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +137,8 @@ def verdict(value: object) -> Verdict:
     return "unknown"
 
 
-async def decide(fn: Callable[[Any], Any], arg: Any, what: str) -> tuple[Verdict, BaseException | None]:
+async def decide(fn: Callable[[Any], Any], arg: Any,
+                 what: str) -> tuple[Verdict, BaseException | None]:
     """Run a listener (async, or plain in a worker thread so it may block on its
     database) and return its verdict; one that raises says "unknown" (and why)."""
     try:
@@ -219,7 +229,8 @@ class TransactionalSends:
         while True:
             try:
                 return await routes.call_group(g, op, {"g": g, "tid": self.tid, **fields},
-                                               write=write, timeout=self.producer.send_timeout)
+                                               write=write, timeout=self.producer.send_timeout,
+                                               attempts=TX_ATTEMPTS)
             except RequestError as exc:
                 if exc.code == Code.NOT_COORDINATOR and not redirected:
                     redirected = True
@@ -249,7 +260,8 @@ class TransactionalSends:
         self.producer._check_open()
         self.check_usable()
         async with self._lock:
-            if self.current is not None and self.current.state == "open":
+            if self.current is not None and self.current.state in ("open", "committing",
+                                                                   "aborting"):
                 raise TransactionError(Code.MALFORMED, "a transaction is already open on "
                                        "this producer: commit or abort it first")
             if self.epoch < 0:
@@ -292,7 +304,10 @@ class TransactionalSends:
             self.n = tx.n + 1
 
 
-TxState = Literal["open", "committing", "aborting", "committed", "aborted"]
+TxState = Literal["open", "committing", "aborting", "committed", "aborted", "unknown"]
+"""`unknown`: the decision request failed without an answer (`OutcomeUnknownError`); the
+coordinator may have taken it. The producer registers again before its next one, which
+aborts this one if it is still open."""
 
 
 class Transaction:
@@ -309,6 +324,8 @@ class Transaction:
         self.state: TxState = "open"
         self.groups: set[str] = set()  # participants the coordinator knows of
         self._adding: dict[str, anyio.Event] = {}
+        self._wanted: list[str] = []  # groups waiting for the next TX_ADD
+        self._adder = False  # a task is sending TX_ADDs for the waiting groups
         self._added_any = False  # a TX_ADD was sent: the coordinator may know this one
         self._futures: list[SendFuture[Any]] = []
         self._error: BaseException | None = None
@@ -329,31 +346,58 @@ class Transaction:
 
     async def _join(self, group: str) -> None:
         """Make sure the coordinator lists `group` as a participant before anything of
-        this transaction is sent there."""
+        this transaction is sent there. Groups asked for at about the same time (sends
+        started together) go in one TX_ADD: one entry in the coordinator's log."""
         while group not in self.groups:
             event = self._adding.get(group)
-            if event is not None:
-                await event.wait()
-                if group not in self.groups and self._error is not None:
-                    raise TransactionError(Code.TX_UNKNOWN, f"adding group {group} to the "
-                                           f"transaction failed: {self._error}")
-                continue
-            event = self._adding[group] = anyio.Event()
-            try:
-                self._added_any = True
-                await self.owner.call(Op.TX_ADD, {"epoch": self.epoch, "n": self.n,
-                                                  "groups": [group]})
-                self.groups.add(group)
-            except BaseException as exc:
-                if isinstance(exc, Exception):
-                    self._error = self._error or exc
-                raise
-            finally:
-                del self._adding[group]
-                event.set()
+            if event is None:
+                event = self._adding[group] = anyio.Event()
+                self._wanted.append(group)
+                if not self._adder:
+                    await self._add_wanted()
+                    continue
+            await event.wait()
+            if group not in self.groups and self._error is not None:
+                raise TransactionError(Code.TX_UNKNOWN, f"adding group {group} to the "
+                                       f"transaction failed: {self._error}")
+
+    async def _add_wanted(self) -> None:
+        """Send TX_ADD for every group waiting to join, until none is."""
+        self._adder = True
+        try:
+            await anyio.sleep(0)  # let sends started together ask for their groups too
+            while self._wanted:
+                groups, self._wanted = sorted(set(self._wanted)), []
+                try:
+                    self._added_any = True
+                    await self.owner.call(Op.TX_ADD, {"epoch": self.epoch, "n": self.n,
+                                                      "groups": groups})
+                    self.groups.update(groups)
+                except BaseException as exc:
+                    if isinstance(exc, Exception):
+                        self._error = self._error or exc
+                    raise
+                finally:
+                    for g in groups:
+                        self._adding.pop(g).set()
+        finally:
+            self._adder = False
+            for g in self._wanted:  # asked for while a failure ended this: asked again
+                self._adding.pop(g).set()
+            self._wanted = []
 
     async def _group_of(self, topic: str, queue: int) -> str:
-        return await self.producer._check_open().group_of(topic, queue)
+        """The group of a queue the cached route does not place (a registration gap:
+        asked again, as the producer does for its own sends)."""
+        attempt = 0
+        while True:
+            try:
+                return await self.producer._check_open().group_of(topic, queue)
+            except RequestError as exc:
+                attempt += 1
+                if not is_retriable(exc) or attempt > max(self.producer.retries, 5):
+                    raise
+            await anyio.sleep(backoff_delay(attempt))
 
     async def send_async(
         self,
@@ -393,7 +437,10 @@ class Transaction:
         """Send within the transaction and wait until the message is stored (prepared)."""
         fut = await self.send_async(topic, message, key=key, tags=tags,
                                     properties=properties, queue=queue)
-        return await fut
+        try:
+            return await fut
+        except RequestError as exc:
+            raise self.owner.failed(exc) from exc
 
     async def send_batch(
         self,
@@ -422,8 +469,11 @@ class Transaction:
             await p._enqueue(topic, q, False, PendingSend(chunk, size, fut, False,
                                                           p._on_settled))
         results: list[SendResult] = []
-        for fut in futs:
-            results += await fut
+        try:
+            for fut in futs:
+                results += await fut
+        except RequestError as exc:
+            raise self.owner.failed(exc) from exc
         return results
 
     async def send_offsets(self, consumer_group: str,
@@ -451,7 +501,8 @@ class Transaction:
                       "cg": cg, "offsets": rows}
             try:
                 await routes.call_group(group, Op.TX_OFFSETS, header, write=True,
-                                        timeout=self.producer.send_timeout)
+                                        timeout=self.producer.send_timeout,
+                                        attempts=TX_ATTEMPTS)
             except RequestError as exc:
                 err = self.owner.failed(exc)
                 self._error = self._error or err
@@ -512,20 +563,20 @@ class Transaction:
             f"(the coordinator says {state or 'nothing'}: its timeout passed or it was fenced)")
 
     def _fail(self, exc: BaseException) -> None:
-        """The decision request failed: whether it was taken is not known here."""
-        self.state = "aborted"
-        if isinstance(exc, ProducerFencedError):
-            self.owner.finished(self, started=True, sure=True)
-        else:
-            self.owner.finished(self, started=True, sure=False)
+        """The decision request failed: refused (the transaction is over, aborted), or
+        unanswered (whether it was taken is not known here)."""
+        refused = isinstance(exc, TransactionError)
+        self.state = "aborted" if refused else "unknown"
+        self.owner.finished(self, started=True, sure=isinstance(exc, ProducerFencedError))
 
     async def _abort_after(self, failure: BaseException) -> None:
         """A send or an offsets request failed: abort and raise why."""
         try:
             await self._decide_abort()
-        except RequestError as exc:
-            log.warning("aborting transaction %d of %r after a failed send: %s",
-                        self.n, self.tid, exc)
+        except RequestError as exc:  # never committed: its timeout or the next
+            log.warning("aborting transaction %d of %r after a failed send: %s "
+                        "(it is aborted at its timeout)", self.n, self.tid, exc)
+            self.state = "aborted"
         raise TransactionAbortedError(
             Code.TX_DECIDED, f"transaction {self.n} of {self.tid!r} was aborted: one of its "
             f"requests failed ({failure})") from failure
@@ -583,10 +634,32 @@ async def transaction_scope(owner: TransactionalSends) -> AsyncIterator[Transact
 # ---------------------------------------------------------------- RocketMQ's model
 
 
-@dataclass(slots=True)
-class _HalfSeq:
-    pid: int
-    next_seq: int = 0
+class _Lane:
+    """One producer id's sequence of half messages on one queue: its halves go one at a
+    time, so they arrive in sequence order and a retry is recognised as a repeat."""
+
+    __slots__ = ("lock", "next_seq", "pid")
+
+    def __init__(self) -> None:
+        self.pid = new_producer_id()
+        self.next_seq = 0
+        self.lock = anyio.Lock()
+
+    def restart(self) -> None:
+        """A half's fate is unknown: the next ones start a new sequence."""
+        self.pid, self.next_seq = new_producer_id(), 0
+
+
+def _free_lane(lanes: list[_Lane], turn: int) -> _Lane:
+    """An idle lane, a new one while there are fewer than `HALF_LANES`, else the next in
+    turn (to wait for)."""
+    for lane in lanes:
+        if not lane.lock.locked():
+            return lane
+    if len(lanes) < HALF_LANES:
+        lanes.append(_Lane())
+        return lanes[-1]
+    return lanes[turn % len(lanes)]
 
 
 class HalfHandle:
@@ -618,8 +691,8 @@ class HalfHandle:
 
 
 class HalfMessages:
-    """The RocketMQ side of a producer: half messages (one idempotent producer id of
-    their own, one half in flight per queue so sequences stay in order), the answers to
+    """The RocketMQ side of a producer: half messages (idempotent, in up to
+    `HALF_LANES` lanes per queue, see `_Lane`), the answers to
     the broker's check-backs and the heartbeats that make them possible."""
 
     def __init__(self, producer: Producer, producer_group: str,
@@ -628,8 +701,8 @@ class HalfMessages:
         self.producer_group = validate_group_name(producer_group)
         self.check_listener = check_listener
         self.client_id = f"{uuid.uuid4().hex[:12]}"
-        self._seqs: dict[tuple[str, int], _HalfSeq] = {}
-        self._locks: dict[tuple[str, int], anyio.Lock] = {}
+        self._lanes: dict[tuple[str, int], list[_Lane]] = {}
+        self._turn = 0
         self.checks_answered = 0
 
     async def start(self) -> None:
@@ -694,12 +767,10 @@ class HalfMessages:
         check_message(msg, p.max_message_bytes)
         _route, q, _ = await p._choose_queue(topic, msg, queue)
         txid = uuid.uuid4().hex
-        lock = self._locks.setdefault((topic, q), anyio.Lock())
-        async with lock:
-            seq = self._seqs.get((topic, q))
-            if seq is None:
-                seq = self._seqs[(topic, q)] = _HalfSeq(new_producer_id())
-            data = encode_batch(topic, q, [msg], pid=seq.pid, seq=seq.next_seq,
+        self._turn += 1
+        lane = _free_lane(self._lanes.setdefault((topic, q), []), self._turn)
+        async with lane.lock:
+            data = encode_batch(topic, q, [msg], pid=lane.pid, seq=lane.next_seq,
                                 born_ms=_now_ms(), half=(txid, self.producer_group))
             try:
                 group, frame = await routes.call_queue(
@@ -707,10 +778,9 @@ class HalfMessages:
                     timeout=p.send_timeout, attempts=p.retries + 1)
                 base, n, index, dup, shift = _stored_fields(frame.header)
             except BaseException:
-                # its fate may be unknown: later halves of the queue start a new sequence
-                self._seqs[(topic, q)] = _HalfSeq(new_producer_id())
+                lane.restart()
                 raise
-            seq.next_seq += 1
+            lane.next_seq += 1
         ids = batch_message_ids(group, index, data, shift) if index >= 0 else [None]
         return HalfHandle(self, txid, SendResult(ids[0], topic, q, -1, group, dup))
 
@@ -720,7 +790,8 @@ class HalfMessages:
                   "pg": self.producer_group, "source": "client"}
         try:
             frame = await routes.call_group(group, Op.HALF_END, header, write=True,
-                                            timeout=self.producer.send_timeout)
+                                            timeout=self.producer.send_timeout,
+                                            attempts=TX_ATTEMPTS)
         except RequestError as exc:
             raise as_tx_error(exc) from exc
         return bool(frame.header.get("dup", False))

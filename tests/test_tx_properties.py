@@ -1,0 +1,316 @@
+"""Property tests of the transaction parts: random interleavings of prepares, markers,
+half-message ends and checks, offsets, coordinator records, snapshots and restores.
+
+Two replicas apply the same entries, one of them restored from its own snapshot at
+random points: their results and snapshots must be identical. A model of what was
+prepared and decided checks the queues after every step: nothing of an aborted or
+rolled-back transaction, nor anything undecided, ever enters a ConsumeQueue; every
+committed record enters exactly once, in its transaction's order; no batch of a fenced
+epoch is accepted; and no decision ever flips."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.parts.base import ControlResult, ErrorResult, ProduceResult
+from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxInit
+from broker.parts.txpart import HalfChecked, HalfEnd, TxMarker, TxOffsets
+from broker.records import STORED_PREFIX, decode_record, encode_batch
+from broker.statemachine import BrokerState, control_create_topic, control_delete_topic
+from broker.txn import TxKey, half_key, kafka_key
+from raftlog.types import Entry, EntryType
+
+TIDS = ("ta", "tb")
+TXIDS = ("h0", "h1", "h2")
+PGS = ("pg0", "pg1")
+QUEUES = (("t", 0), ("t", 1), ("u", 0))
+U = 2  # the queue of topic u, which is deleted and created again
+
+small = st.integers(0, 1)
+queue = st.integers(0, len(QUEUES) - 1)
+delta = st.sampled_from((0, 0, 0, -1, 1))  # from the coordinator's current epoch
+OPS = st.one_of(
+    # decide the i-th prepared transaction (what markers and ends mostly are)
+    st.tuples(st.just("decide"), st.integers(0, 5), st.booleans()),
+    st.tuples(st.just("decide"), st.integers(0, 5), st.booleans()),
+    st.tuples(st.just("decide"), st.integers(0, 5), st.booleans()),
+    st.tuples(st.just("kbatch"), st.sampled_from(TIDS), small, small, queue, st.integers(1, 3)),
+    st.tuples(st.just("half"), st.sampled_from(TXIDS), st.sampled_from(PGS), queue,
+              st.integers(1, 2)),
+    st.tuples(st.just("add_cur"), st.sampled_from(TIDS), delta, small,
+              st.lists(st.sampled_from(("g1", "g2", "g3")), max_size=2)),
+    st.tuples(st.just("end_cur"), st.sampled_from(TIDS), delta, small, st.booleans()),
+    st.tuples(st.just("complete_cur"), st.sampled_from(TIDS)),
+    st.tuples(st.just("kbatch"), st.sampled_from(TIDS), small, small, queue, st.integers(1, 3)),
+    st.tuples(st.just("half"), st.sampled_from(TXIDS), st.sampled_from(PGS), queue,
+              st.integers(1, 2)),
+    st.tuples(st.just("plain"), queue),
+    st.tuples(st.just("marker"), st.sampled_from(TIDS), small, small, st.booleans(),
+              st.integers(0, 1)),
+    st.tuples(st.just("half_end"), st.sampled_from(TXIDS), st.booleans(),
+              st.sampled_from(("client", "check", "expired", "operator")),
+              st.sampled_from((*PGS, ""))),
+    st.tuples(st.just("half_checked"), st.sampled_from(TXIDS)),
+    st.tuples(st.just("offsets"), st.sampled_from(TIDS), small, small, queue,
+              st.integers(0, 50)),
+    st.tuples(st.just("init"), st.sampled_from(TIDS)),
+    st.tuples(st.just("add"), st.sampled_from(TIDS), small, small,
+              st.lists(st.sampled_from(("g1", "g2", "g3")), max_size=2)),
+    st.tuples(st.just("end"), st.sampled_from(TIDS), small, small, st.booleans()),
+    st.tuples(st.just("complete"), st.sampled_from(TIDS), small, small),
+    st.tuples(st.just("restore")),
+    st.tuples(st.just("recreate_u")),  # delete topic u (and what hangs off it), create it anew
+)
+
+
+class Run:
+    """Two replicas fed the same entries, and the model checks."""
+
+    def __init__(self, mutations: tuple[str, ...] = ()) -> None:
+        self.mutations = mutations
+        self.a = BrokerState("g1", mutations=mutations)
+        self.b = BrokerState("g1", mutations=mutations)
+        self.index = 0
+        self.data: dict[int, bytes] = {}
+        self.body_no = 0
+        self.ordinary: dict[bytes, int] = {}  # body -> queue no
+        self.prepared: dict[TxKey, list[tuple[int, bytes]]] = {}  # key -> (queue no, body)
+        self.decisions: dict[TxKey, bool] = {}
+        self.coord: dict[tuple[str, int, int], bool] = {}
+        self.fence: dict[str, int] = {}
+        self.violations: list[str] = []
+        self.entry(EntryType.CONTROL, control_create_topic("t", 2, [0, 1]))
+        self.entry(EntryType.CONTROL, control_create_topic("u", 1, [0]))
+
+    def entry(self, etype: EntryType, data: bytes) -> Any:
+        self.index += 1
+        if etype == EntryType.MESSAGES:
+            self.data[self.index] = data
+        e = Entry(self.index, 1, etype, data)
+        before = [p.section() for p in self.a.parts]
+        ra, rb = self.a.apply(e), self.b.apply(e)
+        assert ra == rb, (ra, rb)
+        if isinstance(ra, ErrorResult) and [p.section() for p in self.a.parts] != before:
+            self.violations.append(f"refused {ra} changed the state")
+        return ra
+
+    def bodies(self, n: int) -> list[bytes]:
+        out = []
+        for _ in range(n):
+            self.body_no += 1
+            out.append(f"m{self.body_no}".encode())
+        return out
+
+    def batch(self, q: int, bodies: list[bytes], **kw: Any) -> Any:
+        topic, qn = QUEUES[q]
+        return self.entry(EntryType.MESSAGES, STORED_PREFIX.pack(self.index) + encode_batch(
+            topic, qn, bodies, **kw))
+
+    def step(self, op: tuple[Any, ...]) -> None:
+        kind = op[0]
+        if kind == "kbatch":
+            _, tid, epoch, n, q, count = op
+            bodies = self.bodies(count)
+            res = self.batch(q, bodies, tx=(tid, epoch, n))
+            if isinstance(res, ProduceResult):
+                if epoch < self.fence.get(tid, -1):
+                    self.violations.append(f"a batch of fenced epoch {epoch} of {tid} stored")
+                self.fence[tid] = max(self.fence.get(tid, -1), epoch)
+                self.prepared.setdefault(kafka_key(tid, epoch, n), []).extend(
+                    (q, b) for b in bodies)
+        elif kind == "half":
+            _, txid, pg, q, count = op
+            bodies = self.bodies(count)
+            res = self.batch(q, bodies, half=(txid, pg))
+            if isinstance(res, ProduceResult):
+                self.prepared.setdefault(half_key(txid), []).extend((q, b) for b in bodies)
+        elif kind == "plain":
+            bodies = self.bodies(1)
+            self.batch(op[1], bodies)
+            self.ordinary[bodies[0]] = op[1]
+        elif kind == "marker":
+            _, tid, epoch, n, commit, extra = op
+            retry = self.a.txpart.decision(kafka_key(tid, epoch, n)) is not None
+            self.entry(EntryType.CONTROL, TxMarker(tid, epoch, n, commit, epoch + extra).encode())
+            if not retry:  # a retried marker changes nothing, its fence neither
+                self.fence[tid] = max(self.fence.get(tid, -1), epoch + extra)
+        elif kind == "half_end":
+            _, txid, commit, source, pg = op
+            if pg == "" and source not in ("expired", "operator"):
+                pg = "pg0"
+            self.entry(EntryType.CONTROL, HalfEnd(txid, commit, source, pg).encode())
+        elif kind == "half_checked":
+            self.entry(EntryType.CONTROL, HalfChecked(op[1], self.index).encode())
+        elif kind == "offsets":
+            _, tid, epoch, n, q, offset = op
+            topic, qn = QUEUES[q]
+            res = self.entry(EntryType.CONTROL, TxOffsets(tid, epoch, n, "cg",
+                                                          ((topic, qn, offset),), 1).encode())
+            if isinstance(res, ControlResult):
+                if epoch < self.fence.get(tid, -1):
+                    self.violations.append(f"offsets of fenced epoch {epoch} of {tid} stored")
+                self.fence[tid] = max(self.fence.get(tid, -1), epoch)
+        elif kind == "init":
+            self.entry(EntryType.CONTROL, TxInit(op[1], 60_000, self.index).encode())
+        elif kind == "add":
+            _, tid, epoch, n, groups = op
+            self.entry(EntryType.CONTROL, TxAdd(tid, epoch, n, tuple(groups), self.index).encode())
+        elif kind == "end":
+            _, tid, epoch, n, commit = op
+            self.entry(EntryType.CONTROL, TxEnd(tid, epoch, n, commit, self.index,
+                                                "client").encode())
+        elif kind == "complete":
+            _, tid, epoch, n = op
+            self.entry(EntryType.CONTROL, TxComplete(tid, epoch, n).encode())
+        elif kind == "decide":
+            _, i, commit = op
+            # the undecided ones mostly; now and then a retry of a decided one
+            keys = sorted(k for k in self.prepared if k not in self.decisions)
+            if not keys or i == 5:
+                keys = sorted(self.prepared)
+            if keys:
+                key = keys[i % len(keys)]
+                if key[0] == "k":
+                    _k, tid, epoch, n = key  # type: ignore[misc]
+                    self.step(("marker", tid, epoch, n, commit, 0))
+                else:
+                    pg = self.a.txpart.half(key[1])
+                    self.step(("half_end", key[1], commit, "client",
+                               pg.producer_group if pg is not None else "pg0"))
+        elif kind in ("add_cur", "end_cur"):
+            t = self.a.txcoord.txn(op[1])
+            if t is None:
+                self.step(("init", op[1]))
+                t = self.a.txcoord.txn(op[1])
+            epoch = max(0, (t.epoch if t is not None else 0) + op[2])
+            if kind == "add_cur":
+                self.step(("add", op[1], epoch, op[3], op[4]))
+            else:
+                self.step(("end", op[1], epoch, op[3], op[4]))
+        elif kind == "complete_cur":
+            for u in self.a.txcoord.unfinished():
+                if u.tid == op[1]:
+                    self.step(("complete", u.tid, u.epoch, u.n))
+                    break
+        elif kind == "recreate_u":
+            self.entry(EntryType.CONTROL, control_delete_topic("u"))
+            self.entry(EntryType.CONTROL, control_create_topic("u", 1, [0]))
+            self.ordinary = {b: q for b, q in self.ordinary.items() if q != U}
+            for key, items in self.prepared.items():
+                self.prepared[key] = [(q, b) for q, b in items if q != U]
+        elif kind == "restore":
+            snap = self.b.snapshot()
+            assert snap == self.a.snapshot()
+            self.b = BrokerState.restore("g1", snap, mutations=self.mutations)
+        self.check()
+
+    def queue_bodies(self, q: int) -> list[bytes]:
+        topic, qn = QUEUES[q]
+        lo, end = self.a.queue_range(topic, qn)
+        if lo == end:
+            return []
+        entries, _ = self.a.lookup(topic, qn, lo, end - lo, 1 << 40)
+        out = []
+        for e in entries:
+            msg, _ = decode_record(self.data[e.index], e.start, topic=topic, queue=qn,
+                                   offset=e.offset, store_ms=e.store_ms, msg_id="")
+            out.append(msg.body)
+        return out
+
+    def check(self) -> None:
+        # decisions never flip, in the participant and in the coordinator
+        for key in self.prepared.keys() | self.decisions.keys():
+            d = self.a.txpart.decision(key)
+            if d is None:
+                if key in self.decisions:
+                    self.violations.append(f"decision of {key} forgotten")
+                continue
+            if self.decisions.setdefault(key, d.commit) != d.commit:
+                self.violations.append(f"decision of {key} flipped")
+        for tid in TIDS:
+            t = self.a.txcoord.txn(tid)
+            states = [t] if t is not None else []
+            states += [u for u in self.a.txcoord.unfinished() if u.tid == tid]
+            for u in states:
+                if u.decided and self.coord.setdefault((u.tid, u.epoch, u.n), u.commit) != u.commit:
+                    self.violations.append(f"coordinator decision of {u} flipped")
+        # what the queues hold
+        seen: dict[bytes, int] = {}
+        for q in range(len(QUEUES)):
+            for pos, body in enumerate(self.queue_bodies(q)):
+                if body in seen:
+                    self.violations.append(f"{body!r} in a queue twice")
+                seen[body] = pos
+        for key, items in self.prepared.items():
+            commit = self.decisions.get(key)
+            for _q, body in items:
+                if commit is True and body not in seen:
+                    self.violations.append(f"committed {body!r} of {key} lost")
+                if commit is not True and body in seen:
+                    what = "aborted" if commit is False else "undecided"
+                    self.violations.append(f"{what} {body!r} of {key} visible")
+            if commit:
+                for q in {q for q, _ in items}:
+                    order = [seen[b] for qq, b in items if qq == q and b in seen]
+                    if order != sorted(order):
+                        self.violations.append(f"records of {key} reordered in queue {q}")
+        prepared_bodies = {b for items in self.prepared.values() for _, b in items}
+        for body in seen:
+            if body not in self.ordinary and body not in prepared_bodies:
+                self.violations.append(f"unexpected {body!r}")
+
+    def finish(self) -> None:
+        assert self.a.snapshot() == self.b.snapshot()
+        restored = BrokerState.restore("g1", self.a.snapshot(), mutations=self.mutations)
+        assert restored.snapshot() == self.a.snapshot()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OPS, min_size=10, max_size=50))
+def test_random_interleavings_keep_replicas_identical_and_queues_committed_only(
+    ops: list[tuple[Any, ...]],
+) -> None:
+    run = Run()
+    for op in ops:
+        run.step(op)
+    assert run.violations == []
+    run.finish()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(TXIDS), min_size=1, max_size=4, unique=True),
+       st.lists(st.tuples(st.sampled_from(TXIDS), st.booleans()), max_size=12))
+def test_half_messages_are_decided_once(txids: list[str], ends: list[tuple[str, bool]]) -> None:
+    run = Run()
+    for i, txid in enumerate(txids):
+        run.step(("half", txid, "pg0", i % len(QUEUES), 1))
+    for txid, commit in ends:
+        before = run.a.txpart.decision(half_key(txid))
+        res = run.entry(EntryType.CONTROL, HalfEnd(txid, commit, "client", "pg0").encode())
+        if before is not None and before.commit != commit:
+            assert isinstance(res, ErrorResult)
+        run.check()
+    assert run.violations == []
+
+
+# ---------------------------------------------------------------------- the checks can fail
+
+
+def test_the_checks_catch_served_prepared_data() -> None:
+    run = Run(mutations=("serve-prepared",))
+    for op in [("kbatch", "ta", 0, 0, 0, 2), ("marker", "ta", 0, 0, False, 0)]:
+        run.step(op)
+    assert any("aborted" in v for v in run.violations), run.violations
+    run = Run(mutations=("serve-prepared",))
+    run.step(("half", "h0", "pg0", 1, 1))
+    assert any("undecided" in v for v in run.violations), run.violations
+
+
+def test_the_checks_catch_missing_fencing() -> None:
+    run = Run(mutations=("no-fencing",))
+    for op in [("kbatch", "ta", 2, 0, 0, 1), ("kbatch", "ta", 1, 0, 0, 1)]:
+        run.step(op)
+    assert any("fenced" in v for v in run.violations), run.violations
