@@ -13,14 +13,16 @@ comes out valid, and each deliberate transactional bug makes the run invalid.
 - `commit-before-durable-prepare` (a participant acknowledges prepared batches before
   they are committed in its group): a partition isolating a group leader that keeps
   acknowledging prepared batches no majority holds; the coordinator commits, and the
-  new leader has nothing to make visible — lost committed writes. The seed opens the
-  run with that partition (as for `ack-before-commit` in tests/test_chaos_run.py).
+  new leader has nothing to make visible — lost committed writes. The seed makes both
+  faults of the run such partitions (as for `ack-before-commit` in
+  tests/test_chaos_run.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ import pytest
 from broker.config import ALLOW_MUTATIONS_ENV
 from chaos.cli import EXIT_USAGE, check_main, run_main
 from chaos.histories import parse_faults
+from chaos.nemesis import LEADER_BIAS
 from chaos.run import RunOptions, nemesis_plan, run_chaos
 
 TXN_SECONDS = float(os.environ.get("CHAOS_TXN_SECONDS", "15"))
@@ -38,7 +41,7 @@ CAUGHT_BY: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "serve-prepared": ("none", "1", ("aborted_reads", "uncommitted_reads",
                                      "half_rolled_back_reads", "half_early_reads")),
     "no-fencing": ("none", "1", ("zombie_commits",)),
-    "commit-before-durable-prepare": ("partition-node,kill", "1", ("lost_committed", "torn")),
+    "commit-before-durable-prepare": ("partition-node", "21", ("lost_committed", "torn")),
 }
 
 
@@ -67,11 +70,17 @@ def test_txn_workload_needs_nodes_the_harness_starts(
     assert "--workload txn needs nodes the harness starts" in capsys.readouterr().err
 
 
-def test_commit_before_durable_prepare_run_opens_with_a_leader_partition() -> None:
+def test_commit_before_durable_prepare_run_isolates_a_leader_twice() -> None:
+    """Two partitions, each of a node that leads a group (the fault's first draw sends
+    it to a leader), both over before the load ends: two windows in which a leader cut
+    off from its peers acknowledges prepared batches."""
     nemesis, seed, _kinds = CAUGHT_BY["commit-before-durable-prepare"]
     steps = nemesis_plan(RunOptions(out=Path("unused"), time=TXN_SECONDS, seed=int(seed),
                                     nemesis=tuple(nemesis.split(","))))
-    assert steps[0].kind == "partition-node" and steps[0].end < TXN_SECONDS, steps
+    assert len(steps) == 2, steps
+    for step in steps:
+        assert step.kind == "partition-node" and step.end < TXN_SECONDS, steps
+        assert random.Random(step.seed).random() < LEADER_BIAS, step
 
 
 @pytest.mark.live
@@ -116,6 +125,9 @@ def test_a_transactional_bug_is_caught(
     assert tx["valid"] is False
     assert any(tx[k] for k in kinds), json.dumps(tx, indent=1)[:4000]
     assert any(p.startswith("transactions: ") for p in results["problems"])
+    if nemesis != "none":  # the planned partitions did cut group leaders off
+        faults = parse_faults(out / "history.jsonl")
+        assert faults and all(f.f == "partition-node" and f.value["leaders"] for f in faults)
     html = (out / "report.html").read_text()
     assert "Transactions" in html and "invalid" in html
     _recheck(out, 1, capsys)
