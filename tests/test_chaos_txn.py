@@ -224,3 +224,22 @@ def test_worker_lines_are_forwarded_at_their_own_time(tmp_path: Path) -> None:
     lines = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
     assert lines == [{"type": "invoke", "f": "tx-init", "key": "w", "value": None,
                       "time": 5.5, "process": 42}]
+
+
+def test_report_shows_the_transactional_verdict() -> None:
+    """A transactional violation opens the report, with its examples; a valid verdict is
+    shown after the queue sections."""
+    from chaos.linearizability import CheckInfo, CheckResult
+    from chaos.models import QueueLogModel
+    from chaos.report import render_html
+    from chaos.txcheck import check_lines
+
+    empty = CheckInfo(CheckResult.OK, [], 0.0, False, 0)
+    valid = check_lines([])
+    page = render_html(QueueLogModel(), empty, transactions=valid)
+    assert page.index("<h2>Timeline") < page.index("<h2>Transactions")
+    bad = {**valid, "valid": False, "zombie_commits": 1,
+           "examples": {"zombie_commits": [{"id": "k7", "fenced_by": 3}]}}
+    page = render_html(QueueLogModel(), empty, transactions=bad)
+    assert page.index("<h2>Transactions") < page.index("<h2>Timeline")
+    assert "zombie_commits: 1" in page and "fenced_by" in page and "invalid" in page
