@@ -157,6 +157,21 @@ def test_human_summary_names_the_transactional_findings(
         assert text in out, (text, out)
 
 
+@pytest.mark.chaos
+@pytest.mark.live
+def test_long_txn_run_with_every_nemesis(tmp_path: Path) -> None:
+    """Opt-in (`pytest -m chaos`): the issue's five minutes of `--workload txn
+    --nemesis all` (CHAOS_SECONDS, CHAOS_SEED, CHAOS_OUT as for the queue workload's)."""
+    out = Path(os.environ.get("CHAOS_OUT", tmp_path / "run"))
+    code = run_main([
+        "--out", str(out), "--workload", "txn", "--time", os.environ.get("CHAOS_SECONDS", "300"),
+        "--seed", os.environ.get("CHAOS_SEED", "11"), "--nemesis", "all", "--json",
+    ])
+    results = _results(out)
+    assert code == 0, json.dumps(results, indent=1)[:4000]
+    assert results["transactions"]["transactions"]["committed"] > 0
+
+
 def _line(process: object, kind: str, f: str, key: object, value: object, t: float) -> str:
     return json.dumps({"process": process, "type": kind, "f": f, "key": key, "value": value,
                        "time": t})
