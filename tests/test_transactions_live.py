@@ -10,6 +10,8 @@ consumer reads is what read-committed delivers: the only isolation there is.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from functools import partial
@@ -465,6 +467,12 @@ def test_tx_cli_lists_shows_and_decides_half_messages(
     code, out, _ = cli("show", rollback_id, "--json")
     [decision] = [d for d in json.loads(out)["decided"] if d["id"] == rollback_id]
     assert decision["source"] == "operator" and decision["commit"] is False
+    # the installed command routes to the same code
+    proc = subprocess.run([sys.executable, "-m", "raftmq", "tx", "show", commit_id, "--json",
+                           "--namesrv", ns], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    [decision] = [d for d in json.loads(proc.stdout)["decided"] if d["id"] == commit_id]
+    assert decision["source"] == "operator" and decision["commit"] is True
     assert run(lambda: read_all(ns, topic)) == [b"by-operator"]
 
 
