@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint sim bench bench-spark bench-peers bench-peers-deps clean
+.PHONY: run test lint sim fuzz bench bench-spark bench-peers bench-peers-deps clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,17 @@ test: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest
+
+# Coverage-guided fuzzing (atheris) of the frame/request decoders, the batch parser,
+# snapshot restore and CommitLog recovery over damaged files; grows tests/fuzz/corpus,
+# which the default suite replays. FUZZ_RUNS inputs per target.
+FUZZ_RUNS ?= 250000
+$(VENV)/.fuzz: $(VENV)/.test
+	$(PY) -m pip install -q -e '.[fuzz]'
+	touch $@
+
+fuzz: $(VENV)/.fuzz
+	$(PY) -m tests.fuzz --all --runs $(FUZZ_RUNS)
 
 sim: $(VENV)/.base
 	$(PY) -m raftlog.sim --seeds 200 --steps 3000 --json

@@ -344,6 +344,7 @@ def target_cluster(
     tick_ms: int | None = None,
     node_overrides: dict[str | int, Any] | None = None,
     settle: bool = True,
+    tls: bool = False,
 ) -> Iterator[Target]:
     """The running cluster of `--namesrv`, or a local one started here and stopped (with
     its data removed) on the way out, whatever happens in between. With `settle`, a local
@@ -361,12 +362,12 @@ def target_cluster(
     extra: dict[str, Any] = {} if tick_ms is None else {"tick_ms": tick_ms}
     with tempfile.TemporaryDirectory(prefix="raftmq-bench-", dir=parent) as tmp:
         with LocalCluster(Path(tmp), nodes=3, groups=args.groups, fsync=args.fsync,
-                          node_overrides=node_overrides, **extra) as cluster:
+                          node_overrides=node_overrides, tls=tls, **extra) as cluster:
             cluster.wait_ready(timeout=READY_TIMEOUT)
             if settle:
                 cluster.wait_preferred_leaders(READY_TIMEOUT)
             info = {"cluster": "local", "nodes": 3, "groups": args.groups, "replicas": 3,
-                    "fsync": args.fsync}
+                    "fsync": args.fsync, "tls": tls}
             yield Target(cluster.namesrv_addr, info, cluster, [c.data for c in cluster.configs],
                          conditions)
 

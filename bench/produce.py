@@ -7,6 +7,10 @@ process, and stops every process it started. `--namesrv` points it at a running 
 instead. An acknowledgement means the message's batch is fsynced on a majority of its
 group. Output: one JSON object (`--json`) or a short table.
 
+`--tls` runs the benchmark twice in one invocation, on a plain local cluster and then on
+one with TLS on every link (`raftmq dev --tls`'s certificates), and reports both and their
+ratios (`tls_vs_plain`).
+
 `--api` says how the messages are handed to the producer, and the result says which:
 `single` (default) calls `send_async` once per message with at most `--in-flight`
 unacknowledged and lets the producer form batches (`--batch` messages at most, after
@@ -156,11 +160,47 @@ class _Cost:
 
 
 def run_produce(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the benchmark against `--namesrv` or a local cluster started (and stopped) here."""
-    with target_cluster(args, settle=False) as target:
+    """Run the benchmark against `--namesrv` or a local cluster started (and stopped) here;
+    with `--tls`, twice in one run: a plain local cluster, then one with TLS on every
+    link (clients, peers, name server), and the ratios between them."""
+    if not getattr(args, "tls", False):
+        return _run_once(args, tls=False)
+    if args.namesrv:
+        raise SystemExit("raftmq bench produce: --tls compares two local clusters it starts; "
+                         "drop --namesrv")
+    plain = _run_once(args, tls=False)
+    secured = _run_once(args, tls=True)
+    lat = "latency_ms"
+    return {
+        "plain": plain, "tls": secured,
+        "tls_vs_plain": {
+            "msgs_per_s": round(secured["msgs_per_s"] / plain["msgs_per_s"], 3),
+            "p99_ms": round(secured[lat]["p99"] / plain[lat]["p99"], 3)
+            if plain[lat]["p99"] else None,
+        },
+        "messages": plain["messages"] + secured["messages"],
+        "errors": plain["errors"] + secured["errors"],
+    }
+
+
+def _run_once(args: argparse.Namespace, *, tls: bool) -> dict[str, Any]:
+    import os
+
+    from transport.tls import CA_ENV
+
+    with target_cluster(args, settle=False, tls=tls) as target:
         local = target.local
         node_cpu = None if local is None else (lambda: cpu_seconds(local.node_pids()))
-        result = anyio.run(drive, target.namesrv, args.topic, args, node_cpu)
+        saved = os.environ.get(CA_ENV)
+        if tls and local is not None and local.tls_ca is not None:
+            os.environ[CA_ENV] = str(local.tls_ca)  # the SDK's pools dial with TLS
+        try:
+            result = anyio.run(drive, target.namesrv, args.topic, args, node_cpu)
+        finally:
+            if saved is None:
+                os.environ.pop(CA_ENV, None)
+            else:
+                os.environ[CA_ENV] = saved
         result.update(target.info)
         return result
 
@@ -171,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=100, help="message body bytes (default 100)")
     p.add_argument("--topic", default="bench")
     p.add_argument("--queues", type=int, default=12)
+    p.add_argument("--tls", action="store_true",
+                   help="run twice, without and with TLS on every link, and compare")
     add_api_arg(p)
     add_producer_args(p)
     add_cluster_args(p)
@@ -182,6 +224,21 @@ def main(argv: list[str] | None = None) -> int:
     result = run_produce(args)
     if args.json:
         print(json.dumps(result))
+    elif args.tls:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"produce, TLS against plain: {result['plain']['messages']:,} x "
+                        f"{args.size} B each, fsync={args.fsync}")
+        for col in ("links", "msgs/s", "p50 ms", "p99 ms", "errors"):
+            t.add_column(col, justify="right")
+        for name in ("plain", "tls"):
+            r = result[name]
+            t.add_row(name, f"{r['msgs_per_s']:,.0f}", str(r["latency_ms"]["p50"]),
+                      str(r["latency_ms"]["p99"]), str(r["errors"]))
+        Console().print(t)
+        print(f"TLS/plain: throughput x{result['tls_vs_plain']['msgs_per_s']}, "
+              f"p99 x{result['tls_vs_plain']['p99_ms']}")
     else:
         from rich.console import Console
         from rich.table import Table

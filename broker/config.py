@@ -52,6 +52,7 @@ __all__ = [
     "ConfigError",
     "GroupConfig",
     "NodeConfig",
+    "check_tls",
     "cluster_configs",
     "dump_config",
     "load_config",
@@ -127,6 +128,32 @@ class NodeConfig:
     # Peers prove they know it before they may send Raft traffic (`transport.peerauth`);
     # the default suits local and test clusters only.
     cluster_secret: str = DEV_CLUSTER_SECRET
+    # TLS on every link (`transport.tls`): this node's certificate and key, and the
+    # cluster CA that signs every node's certificate (PEM files; all three or none). With
+    # them the listener speaks TLS only, peers must present a certificate from the CA
+    # (mutual TLS), and the node dials its peers and name servers over TLS.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    # Client authentication and authorization (`broker.security`): with `authenticate`
+    # every client proves a user's password by SCRAM-SHA-256 before any other request;
+    # with `authorize` too, each request needs an ACL allowing it (default deny), except
+    # for the `superusers`. `superuser_scram` is a SCRAM verifier (`raftmq user
+    # verifier`) a superuser logs in with before any user is stored in the cluster.
+    # Limits (`broker.node`): client connections served at once (peers' connections do
+    # not count, so a flood of clients cannot starve the Raft links), requests in flight
+    # and their request bytes, and answer bytes queued per connection (reading stops,
+    # pushing back through TCP),
+    # and how long a client may take no answer bytes before it is disconnected.
+    max_connections: int = 10_000
+    max_inflight_per_connection: int = 1024
+    max_pending_bytes_per_connection: int = 1 << 20
+    max_inflight_bytes_per_connection: int = 64 << 20
+    slow_client_timeout: float = 30.0
+    authenticate: bool = False
+    authorize: bool = False
+    superusers: tuple[str, ...] = ()
+    superuser_scram: str = ""
     test_mutations: tuple[str, ...] = ()
     # Host no group at the first start (no `hosted.json` in `data` yet), whatever `groups`
     # says: this node's disk was replaced, or it is new; it hosts the groups it is then
@@ -156,6 +183,18 @@ class NodeConfig:
     def hosted_groups(self) -> tuple[GroupConfig, ...]:
         """The groups this node holds a replica of."""
         return tuple(g for g in self.groups if self.node_id in g.replicas)
+
+    @property
+    def metadata_group(self) -> str | None:
+        """The group whose log holds cluster metadata (users, ACLs): the lowest group id
+        of the config. Every node's file lists the same groups, so all agree on it
+        without asking anyone, and it exists from the cluster's first start."""
+        return min((g.id for g in self.groups), default=None)
+
+    @property
+    def tls(self) -> bool:
+        """Whether every link of this node is TLS."""
+        return bool(self.tls_cert)
 
     @property
     def address(self) -> str:
@@ -330,6 +369,57 @@ def _sync_marks(value: object, env: Mapping[str, str]) -> bool:
     return value
 
 
+_TLS_KEYS = ("tls_cert", "tls_key", "tls_ca")
+
+
+def _tls_files(d: Mapping[str, Any]) -> dict[str, str]:
+    """The TLS file keys: all three or none, each a string (checked for use at start)."""
+    files = {k: _str(d.get(k, ""), k) for k in _TLS_KEYS}
+    given = [k for k in _TLS_KEYS if files[k]]
+    if given and len(given) != len(_TLS_KEYS):
+        missing = [k for k in _TLS_KEYS if not files[k]]
+        raise ConfigError(f"TLS needs tls_cert, tls_key and tls_ca together; {', '.join(given)} "
+                          f"given without {', '.join(missing)}")
+    return files
+
+
+def _security(d: Mapping[str, Any]) -> dict[str, Any]:
+    from broker.parts.base import Refused
+    from broker.parts.users import parse_verifier, validate_user_name
+
+    authenticate = _bool(d.get("authenticate", False), "authenticate")
+    authorize = _bool(d.get("authorize", False), "authorize")
+    if authorize and not authenticate:
+        raise ConfigError("authorize = true needs authenticate = true (ACLs name users)")
+    supers = _list(d.get("superusers", []), "superusers")
+    scram = _str(d.get("superuser_scram", ""), "superuser_scram")
+    try:
+        names = tuple(validate_user_name(n) for n in supers)
+        if scram:
+            parse_verifier(scram)
+    except Refused as exc:
+        raise ConfigError(f"superusers/superuser_scram: {exc.message}") from None
+    if scram and len(names) != 1:
+        raise ConfigError("superuser_scram is the verifier of the one user in superusers; "
+                          f"superusers names {len(names)}")
+    return {"authenticate": authenticate, "authorize": authorize, "superusers": names,
+            "superuser_scram": scram}
+
+
+def check_tls(cfg: NodeConfig) -> None:
+    """Load the TLS files of `cfg` once, so a missing or mismatched file is a clear
+    `ConfigError` naming it before the node starts (not a failed handshake later)."""
+    if not cfg.tls:
+        return
+    from transport.tls import TlsConfigError, client_context, server_context
+
+    try:
+        server_context(cfg.tls_cert, cfg.tls_key, cfg.tls_ca, what="tls_cert/tls_key/tls_ca")
+        client_context(cfg.tls_ca, cfg.tls_cert, cfg.tls_key, what="tls_cert/tls_key/tls_ca")
+    except TlsConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
     if not isinstance(d, Mapping):
         raise ConfigError(f"a node configuration must be a table, got {type(d).__name__}")
@@ -360,6 +450,8 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
     if ratio > 1:
         raise ConfigError(f"retention_disk_ratio must be in (0, 1], got {ratio}")
 
+    tls = _tls_files(d)
+    security = _security(d)
     return NodeConfig(
         node_id=node_id,
         listen=_address(d["listen"], "listen"),
@@ -391,6 +483,22 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
             d.get("consume_queue_chunk", CHUNK_RECORDS), "consume_queue_chunk", minimum=1
         ),
         cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
+        max_connections=_int(d.get("max_connections", 10_000), "max_connections", minimum=1),
+        max_inflight_per_connection=_int(d.get("max_inflight_per_connection", 1024),
+                                         "max_inflight_per_connection", minimum=1),
+        max_pending_bytes_per_connection=_int(d.get("max_pending_bytes_per_connection", 1 << 20),
+                                              "max_pending_bytes_per_connection", minimum=1024),
+        max_inflight_bytes_per_connection=_int(
+            d.get("max_inflight_bytes_per_connection", 64 << 20),
+            "max_inflight_bytes_per_connection", minimum=1024),
+        slow_client_timeout=_float(d.get("slow_client_timeout", 30.0), "slow_client_timeout"),
+        tls_cert=tls["tls_cert"],
+        tls_key=tls["tls_key"],
+        tls_ca=tls["tls_ca"],
+        authenticate=security["authenticate"],
+        authorize=security["authorize"],
+        superusers=security["superusers"],
+        superuser_scram=security["superuser_scram"],
         test_mutations=_mutations(d.get("test_mutations", []), env),
         test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
         join=_bool(d.get("join", False), "join"),
@@ -435,6 +543,14 @@ def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
         raise ConfigError(f"{p}: {exc}") from None
     if not cfg.data.is_absolute():
         cfg = replace(cfg, data=p.resolve().parent / cfg.data)
+    here = p.resolve().parent  # relative TLS files, like `data`, are beside the file
+    if cfg.tls:
+        cfg = replace(cfg, tls_cert=str(here / cfg.tls_cert), tls_key=str(here / cfg.tls_key),
+                      tls_ca=str(here / cfg.tls_ca))  # (an absolute path stays as it is)
+    try:
+        check_tls(cfg)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
     return cfg
 
 

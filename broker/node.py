@@ -11,10 +11,13 @@ A node owns, in one trio nursery:
   `raftmq cluster add-replica`) and closes and deletes one it was removed from
   (DROP_GROUP), each group running in a cancel scope of its own;
 * `PeerLinks`: one TCP connection per node pair carrying every group's Raft messages;
-* one listener on `listen` for both peers and clients: a connection whose first frame is
-  HELLO becomes a peer's only once the peer handshake (`transport.peerauth`, a
-  challenge-response over the cluster secret) succeeds; a client can never send Raft
-  traffic or read raw entries;
+* one listener on `listen` for both peers and clients (TLS only when the config names
+  `tls_cert`/`tls_key`/`tls_ca`): a connection whose first frame is HELLO becomes a
+  peer's only once the peer handshake (`transport.peerauth`, a challenge-response over
+  the cluster secret) succeeds, and, with TLS, only if it presented a certificate from
+  the cluster CA; a client can never send Raft traffic or read raw entries, and every
+  client request passes the guard (`broker.security`: login, ACLs) and the per-node
+  limits (`max_connections`, ...);
 * the ticker driving every group's logical clock;
 * the name-server registrar (`broker.registrar`: every `register_interval`, and at once
   on a leader change or a topic change);
@@ -60,11 +63,13 @@ from broker.protocol import (
     Frame,
     Op,
     ProtocolError,
+    error_header,
     frame_limit,
     parse_address,
 )
 from broker.registrar import Registrar
 from broker.retention import RetentionPolicy, run_retention
+from broker.security import Guard
 from broker.service import BrokerService
 from broker.statemachine import BrokerState, TopicConfig, chunk_refs
 from broker.txservice import TxService
@@ -74,13 +79,22 @@ from raftlog.fsutil import disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
 from raftlog.types import Message, MsgType, Role
 from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
-from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer
-from transport.tls import TLS_HANDSHAKE_TIMEOUT, accept_tls
+from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer, refuse_peer
+from transport.tls import (
+    TLS_HANDSHAKE_TIMEOUT,
+    PlaintextRefused,
+    accept_tls,
+    client_context,
+    peer_certificate,
+    server_context,
+)
 
 __all__ = ["Node", "main"]
 
 log = logging.getLogger("raftmq.node")
 
+#: How long a new connection may take to send its first frame before it is closed.
+FIRST_FRAME_TIMEOUT = 10.0
 #: Frames between nodes may carry a whole group snapshot (`raftlog` InstallSnapshot).
 PEER_MAX_FRAME = 1 << 30
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -97,6 +111,9 @@ class Node:
         Give both or neither: peers share one listener with clients."""
         if (ssl_context is None) != (peer_ssl_context is None):
             raise ValueError("give both ssl_context and peer_ssl_context, or neither")
+        if ssl_context is None and config.tls:  # the config's files (`tls_cert`, ...)
+            ssl_context = server_context(config.tls_cert, config.tls_key, config.tls_ca)
+            peer_ssl_context = client_context(config.tls_ca, config.tls_cert, config.tls_key)
         self.config = config
         self._ssl = ssl_context
         self._peer_ssl = peer_ssl_context
@@ -114,6 +131,14 @@ class Node:
                                         "Corrupt log entries repaired from a peer's copy",
                                         ["group"], registry=self.metrics.registry)
         self._repaired_seen: dict[str, int] = {}
+        # connections turned away, by why: `plaintext` (no TLS on a TLS port), `tls` (a
+        # failed handshake: untrusted or expired certificate), `peer_certificate` (a HELLO
+        # without a certificate from the cluster CA), `peer_handshake` (a failed HELLO);
+        # requests: `auth` (a wrong password), `unauthenticated` (a request before AUTH),
+        # `acl` (not allowed; `broker.security`); `connections` (over max_connections)
+        self.refused_counter = Counter("raftmq_connections_refused",
+                                       "Connections refused before any request was served",
+                                       ["reason"], registry=self.metrics.registry)
         self.refill_lost_gauge = Gauge("raftmq_refill_lost_entries",
                                        "Entries the state references that no replica's log "
                                        "held when a refill was abandoned",
@@ -152,7 +177,10 @@ class Node:
             max_frame=max(self.max_frame, PEER_MAX_FRAME), ssl_context=peer_ssl_context))
         self.service.tx.finisher = self.txtasks
         self.registrar = Registrar(config.namesrv, config.register_interval,
-                                   self._registration_view)
+                                   self._registration_view, ssl_context=peer_ssl_context)
+        # every request on a served connection passes the guard first (`broker.security`)
+        self.guard = Guard(self)
+        self._handle = self.guard.wrap(self.service.handle)
         self.ack_before_commit = "ack-before-commit" in mutations
         # prepared (transactional, half) batches answered before they commit
         self.commit_before_durable_prepare = "commit-before-durable-prepare" in mutations
@@ -163,6 +191,7 @@ class Node:
         self.duplicate_every = DUPLICATE_EVERY if "duplicate-batch" in mutations else 0
         self.batches_led = 0
         self._nursery: trio.Nursery | None = None
+        self.client_connections = 0  # served now (`max_connections`)
 
     def _new_group(self, gid: str, voters: tuple[int, ...]) -> GroupRuntime[BrokerState]:
         """The runtime of this node's replica of `gid` (not opened yet); `voters` is the
@@ -313,6 +342,10 @@ class Node:
         if g is not None and g.is_open:
             g.step(replace(m, snapshot=data))
 
+    def count_refusal(self, reason: str) -> None:
+        """One more connection or request turned away for `reason` (see refused_counter)."""
+        self.refused_counter.labels(reason).inc()
+
     def _peer_lost(self, peer: int) -> None:
         for g in self.groups.values():
             g.peer_lost(peer)  # a group `peer` led elects a new leader sooner
@@ -445,40 +478,69 @@ class Node:
             try:
                 with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                     stream = await accept_tls(stream, self._ssl)
-            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+            except (trio.BrokenResourceError, trio.TooSlowError, PlaintextRefused) as exc:
+                plain = isinstance(exc, PlaintextRefused)
+                self.refused_counter.labels("plaintext" if plain else "tls").inc()
                 log.info("TLS handshake failed", extra={"fields": {"error": repr(exc)}})
                 await trio.aclose_forcefully(stream)
                 return
         fs = FrameStream(stream, max_frame=self.max_frame)
+        first = None
         try:
-            first = await fs.receive()
+            with trio.move_on_after(FIRST_FRAME_TIMEOUT):  # an idle connection holds nothing
+                first = await fs.receive()
         except Exception:  # noqa: BLE001 - a broken first frame ends only this connection
-            first = None
-            await serve_frames(fs, self.service.handle)  # answers the protocol error
+            await serve_frames(fs, self._handle)  # answers the protocol error
             return
         if first is None:
-            await fs.aclose()
+            await trio.aclose_forcefully(fs.stream)
             return
-        if first.header.get("op") == Op.HELLO:
+        if first.header.get("op") == Op.HELLO:  # peers are not counted: never crowded out
             await self._serve_peer(fs, first)
             return
-        await serve_frames(fs, self.service.handle, first=first)
+        cfg = self.config
+        if self.client_connections >= cfg.max_connections:
+            self.count_refusal("connections")
+            with trio.move_on_after(2):
+                try:
+                    await fs.send(error_header(0, Code.BUSY, f"node {self.node_id} serves at "
+                                               f"most {cfg.max_connections} client connections"))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            await trio.aclose_forcefully(fs.stream)
+            return
+        self.client_connections += 1
+        try:
+            await serve_frames(fs, self._handle, first=first,
+                               max_inflight=cfg.max_inflight_per_connection,
+                               max_pending=cfg.max_pending_bytes_per_connection,
+                               max_inflight_bytes=cfg.max_inflight_bytes_per_connection,
+                               write_timeout=cfg.slow_client_timeout)
+        finally:
+            self.client_connections -= 1
 
     async def _serve_peer(self, fs: FrameStream, hello: Frame) -> None:
         """A connection that opened with HELLO: the peer handshake, then the Raft link
         (purpose `raft`) or requests answered as from that peer (`rpc`: READ_RAW)."""
         try:
+            if self._ssl is not None and peer_certificate(fs.stream) is None:
+                # mutual TLS: a node proves it is one with a certificate from the cluster CA
+                self.refused_counter.labels("peer_certificate").inc()
+                await refuse_peer(fs, "a peer connection must present a certificate signed by "
+                                  "the cluster CA (tls_cert/tls_key in its node config)")
+                return
             try:
                 peer, purpose = await accept_peer(fs, hello, self._secret, self.node_id,
                                                   self.config.peers)
             except (PeerRefused, ProtocolError, trio.BrokenResourceError,
                     trio.ClosedResourceError) as exc:
+                self.refused_counter.labels("peer_handshake").inc()
                 log.info("peer connection refused", extra={"fields": {"error": str(exc)}})
                 return
             if purpose == "rpc":
                 caller = caller_of(fs.stream)
                 caller.peer = peer
-                await serve_frames(fs, self.service.handle, caller=caller)
+                await serve_frames(fs, self._handle, caller=caller)
                 return
             await self.peers.accept(peer, fs.stream, fs.decoder)
         finally:

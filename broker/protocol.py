@@ -82,6 +82,9 @@ class Op(IntEnum):
     """Request types. Fields in parentheses are header keys; "body" is the raw body."""
 
     HELLO = 1  # peer handshake, first frame only (node, nonce, purpose); see transport.peerauth
+    AUTH = 4  # client authentication, SCRAM-SHA-256 (RFC 5802/7677) in two rounds: (step:
+    #   "first", msg: client-first) -> (msg: server-first); (step: "final", msg:
+    #   client-final) -> (msg: server-final, user); see broker.security
     RAFT = 2  # (g: group, m: message fields) body: stored entries; one-way
     READ_RAW = 3  # node to node, for repairing a corrupt entry: (g, index) -> (term)
     #               body: the entry's stored bytes; NOT_FOUND (gone: retention removed it)
@@ -144,6 +147,15 @@ class Op(IntEnum):
     #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see namesrv.registry
     ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])
     CLUSTER = 42  # name server: (topics: bool) -> (nodes, groups) + topic listing in the body
+    # users and ACLs, kept in the metadata group (see broker.security)
+    USER_PUT = 80  # (user, salt, iterations, stored_key, server_key): create a user or
+    #   replace its SCRAM verifier, in the metadata group -> ()
+    USER_DELETE = 81  # (user) -> (deleted: bool)
+    USER_LIST = 82  # () -> (users: [names])
+    ACL_ADD = 83  # (principal, kind, pattern, name, operation, permission) -> (added: bool);
+    #   see broker.parts.acls
+    ACL_REMOVE = 84  # (the same fields) -> (removed: bool)
+    ACL_LIST = 85  # () -> (acls: [[principal, kind, pattern, name, operation, permission]])
 
 
 class Code(IntEnum):
@@ -172,6 +184,7 @@ class Code(IntEnum):
     CONNECTION_LOST = 21  # retriable: the connection failed after the request left
     # On the wire again:
     FORBIDDEN = 22  # the caller may not make this request (peer-only ops from a client)
+    UNAUTHENTICATED = 23  # authenticate first (AUTH), or the credentials were wrong
     NOT_A_MEMBER = 40  # the node named is not a member (or voter) of the group as asked
     MEMBERSHIP_REFUSED = 41  # the membership change would lose quorum, or one is under way
     TX_FENCED = 42  # a newer producer (higher epoch) holds this transactional id

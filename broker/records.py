@@ -52,6 +52,7 @@ __all__ = [
     "EncodedBatch",
     "WalkedBatch",
     "WalkedEntry",
+    "batch_header",
     "decode_record",
     "encode_batch",
     "record_size",
@@ -545,3 +546,20 @@ def iter_records(data: bytes | memoryview) -> Iterator[tuple[int, int]]:
             raise _bad("record sizes do not add up")
         yield pos, size
         pos += size
+
+
+def batch_header(batch: bytes | memoryview) -> BatchHeader:
+    """The header of the batch `batch` starts with, read without walking its records
+    (authorization needs the topic before anything else is done). Raises RequestError
+    (MALFORMED) like `walk_batch`."""
+    mv = memoryview(batch)
+    if len(mv) < _BATCH_PREFIX.size:
+        raise _bad("shorter than its prefix")
+    magic, version, _flags, hlen = _BATCH_PREFIX.unpack_from(mv, 0)
+    if magic != MAGIC or version != VERSION:
+        raise _bad(f"bad magic/version {bytes(magic)!r}/{version}")
+    if _BATCH_PREFIX.size + hlen > len(mv):
+        raise _bad("header runs past the end")
+    raw = bytes(mv[_BATCH_PREFIX.size : _BATCH_PREFIX.size + hlen])
+    header = _HEADERS.get(raw)
+    return header if header is not None else _decode_header(raw)

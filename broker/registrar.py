@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -90,8 +91,10 @@ class TopicTableLog:
 class Registrar:
     """Registers a node with its name servers; `wake` asks for a registration now."""
 
-    def __init__(self, namesrv: Sequence[str], interval: float, view: GroupsView) -> None:
+    def __init__(self, namesrv: Sequence[str], interval: float, view: GroupsView, *,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self._namesrv = list(namesrv)
+        self._ssl = ssl_context  # name servers are dialled over TLS with it
         self._interval = interval
         self._view = view
         self._now = trio.Event()
@@ -120,7 +123,7 @@ class Registrar:
         acked = self._ns_acked.setdefault(ns, {})
         with trio.move_on_after(REGISTER_TIMEOUT):
             try:
-                fs = await open_frame_stream(ns)
+                fs = await open_frame_stream(ns, ssl_context=self._ssl)
                 async with fs:
                     for rid in (1, 2):  # the second round answers a `resend`
                         hdr, body, sent = self._registration_for(header, acked)

@@ -23,7 +23,10 @@ state, its control records, their apply handlers, its queries and its snapshot s
 - `TxParticipant`: transactions' prepared batches and offsets, fences and decisions
   (tx_offsets, tx_marker, half_end, half_checked);
 - `TxCoordinator`: the Kafka-style transactions this group coordinates (tx_init, tx_add,
-  tx_end, tx_complete).
+  tx_end, tx_complete);
+- `Users`: client credentials (SCRAM verifiers) in the metadata group (user_put, user_del).
+- `Acls`: who may publish/subscribe/administer what, in the metadata group (acl_add,
+  acl_remove).
 
 A new part (transactions, timers, retries, queue locks, users) is a `Part` subclass added
 to `PARTS` (or to a subclass's `part_types`): its records join the dispatch table, it hears the broadcasts (topic created
@@ -66,6 +69,7 @@ import msgpack
 
 from broker.consumequeue import CQEntry
 from broker.cqchunks import ChunkRef, ChunkStore, MemoryChunkStore
+from broker.parts.acls import Acls
 from broker.parts.base import (
     MAX_QUEUES,
     ApplyResult,
@@ -90,6 +94,7 @@ from broker.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
 from broker.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
 from broker.parts.txcoord import TxCoordinator
 from broker.parts.txpart import TxParticipant
+from broker.parts.users import Users
 from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
 from broker.records import (
     STORED_PREFIX,
@@ -137,7 +142,7 @@ __all__ = [
 
 #: The parts, in the order they hear broadcasts and appear in snapshots.
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
-                                 Leadership, TxParticipant, TxCoordinator)
+                                 Leadership, TxParticipant, TxCoordinator, Users, Acls)
 #: The test mutations the state machine itself carries out (see `broker.config`).
 STATE_MUTATIONS = frozenset({"serve-prepared", "no-fencing"})
 SNAPSHOT_VERSION = 3  # 3: a section per part; 2 added "clients" to 1's flat map

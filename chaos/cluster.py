@@ -24,6 +24,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -132,11 +133,29 @@ class LocalCluster:
         env: Mapping[str, str] | None = None,
         node_overrides: Mapping[str | int, Any] | None = None,
         host: str = "127.0.0.1",
+        tls: bool = False,
     ) -> None:
         self.base_dir = Path(base_dir).resolve()
         self.env = dict(env or {})
         self.host = host
         common: dict[str, Any] = {"fsync": fsync, "tick_ms": tick_ms}
+        # TLS on every link: a development CA and certificates under base_dir/tls
+        # (`raftmq.devtls`, made at `write_configs`); clients trust `tls_ca`
+        self.tls_dir = self.base_dir / "tls" if tls else None
+        self.tls_ca: Path | None = None
+        self._client_ssl: ssl.SSLContext | None = None
+        if self.tls_dir is not None:
+            from raftmq.devtls import pki_paths
+
+            pki = pki_paths(self.tls_dir, [NAMESRV, *(_node_name(i) for i in range(1, nodes + 1))])
+            self.tls_ca = pki.ca
+            self._pki = pki
+            for i in range(1, nodes + 1):
+                cert_path, key_path = pki.pairs[_node_name(i)]
+                per = {"tls_cert": str(cert_path), "tls_key": str(key_path),
+                       "tls_ca": str(pki.ca)}
+                node_overrides = {**(node_overrides or {}),
+                                  i: {**per, **dict((node_overrides or {}).get(i, {}))}}
         per_node: dict[int, dict[str, Any]] = {}
         for key, value in (node_overrides or {}).items():
             if isinstance(key, int):
@@ -220,7 +239,21 @@ class LocalCluster:
     # ------------------------------------------------------------ commands
 
     def namesrv_command(self) -> list[str]:
-        return [sys.executable, "-m", "namesrv", "--listen", self._namesrv_addr]
+        cmd = [sys.executable, "-m", "namesrv", "--listen", self._namesrv_addr]
+        if self.tls_ca is not None:
+            cert, key = self._pki.pairs[NAMESRV]
+            cmd += ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(self.tls_ca)]
+        return cmd
+
+    def client_ssl_context(self) -> ssl.SSLContext | None:
+        """What a client of this cluster dials with: TLS trusting its CA, or None."""
+        if self.tls_ca is None:
+            return None
+        if self._client_ssl is None:
+            from transport.tls import client_context
+
+            self._client_ssl = client_context(str(self.tls_ca))
+        return self._client_ssl
 
     def node_command(self, i: int) -> list[str]:
         return [sys.executable, "-m", "raftmq", "node", "--config", str(self.config_path(i))]
@@ -246,6 +279,10 @@ class LocalCluster:
         """
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self._check_existing_layout()
+        if self.tls_dir is not None:
+            from raftmq.devtls import make_dev_pki
+
+            make_dev_pki(self.tls_dir, list(self._pki.pairs), self.host)
         for cfg in self.configs:
             cfg.data.mkdir(parents=True, exist_ok=True)
             path = self.config_path(cfg.node_id)
@@ -514,7 +551,7 @@ class LocalCluster:
         With `topics=False` groups do not list their topics (only `topic_count`), which
         keeps the answer small and quick with thousands of topics."""
         header, body = request(self._namesrv_addr, {"op": int(Op.CLUSTER), "topics": topics},
-                               timeout=timeout)
+                               timeout=timeout, ssl_context=self.client_ssl_context())
         info = {k: v for k, v in header.items() if k not in ("id", "code")}
         if topics:
             merge_cluster_topics(info, body)

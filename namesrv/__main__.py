@@ -7,6 +7,7 @@ start it on port 0 and learn the real address.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 
@@ -14,6 +15,7 @@ import trio
 
 from broker.protocol import DEFAULT_NAMESRV, parse_address
 from transport.logs import configure_logging
+from transport.tls import TlsConfigError, server_context
 
 from .registry import DEFAULT_EXPIRY
 from .server import run_until_signalled
@@ -30,6 +32,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="address to listen on; port 0 picks a free one (default %(default)s)")
     p.add_argument("--expiry", type=float, default=DEFAULT_EXPIRY, metavar="SECONDS",
                    help="forget a node after this long without a registration (default %(default)s)")
+    p.add_argument("--tls-cert", default="", metavar="PEM",
+                   help="serve TLS only, with this certificate (and --tls-key, --tls-ca)")
+    p.add_argument("--tls-key", default="", metavar="PEM", help="the certificate's key")
+    p.add_argument("--tls-ca", default="", metavar="PEM",
+                   help="the cluster CA: client certificates offered must chain to it")
     p.add_argument("--log-level", default="INFO", metavar="LEVEL",
                    help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
     return p
@@ -54,13 +61,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raftmq namesrv: --expiry must be a positive number, got {args.expiry}",
               file=sys.stderr)
         return 2
+    tls = (args.tls_cert, args.tls_key, args.tls_ca)
+    ssl_context = None
+    if any(tls):
+        if not all(tls):
+            print("raftmq namesrv: TLS needs --tls-cert, --tls-key and --tls-ca together",
+                  file=sys.stderr)
+            return 2
+        try:
+            ssl_context = server_context(*tls, what="raftmq namesrv")
+        except TlsConfigError as exc:
+            print(f"raftmq namesrv: {exc}", file=sys.stderr)
+            return 2
     configure_logging("namesrv", args.log_level)
 
     def ready(addr: str) -> None:
         print(f"ready {addr}", flush=True)
 
     try:
-        trio.run(run_until_signalled, host, port, args.expiry, ready)
+        trio.run(functools.partial(run_until_signalled, host, port, args.expiry, ready,
+                                    ssl_context=ssl_context))
     except OSError as exc:  # typically the address is in use
         print(f"raftmq namesrv: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 1

@@ -1,6 +1,8 @@
 """The name server's network service: REGISTER, ROUTE and CLUSTER over the frame protocol.
 
-REGISTER: see `namesrv.registry` for the header and body; the answer may list `resend`
+REGISTER: see `namesrv.registry` for the header and body; with TLS only a caller holding
+a certificate from the cluster CA (a node) may register, so no one else can redirect
+routes. ROUTE and CLUSTER are routing metadata any client needs, and hold no data; the answer may list `resend`
 (groups whose topic table the node must send whole). ROUTE: (topic) -> (total, queues,
 replicas, terms). CLUSTER: (topics: bool, default true) -> (nodes, groups: {gid: {leader,
 leader_addr, term, replicas, topic_count, commit, applied, members}}); with topics the
@@ -60,6 +62,10 @@ class NameServer:
             raise RequestError(Code.MALFORMED, f"request needs an integer op, got {op!r}")
         now = self.clock()
         if op == Op.REGISTER:
+            if self.ssl_context is not None and caller.certificate is None:
+                # only a node (a certificate from the cluster CA) may say where routes go
+                raise RequestError(Code.FORBIDDEN, "REGISTER takes a node's certificate from "
+                                   "the cluster CA (mutual TLS)")
             reg = parse_registration(h, frame.body)
             if not self.registry.is_live(reg.node, now):
                 log.info("node %d registered from %s with %d groups", reg.node, reg.addr,
@@ -124,12 +130,13 @@ def listener_address(listener: trio.SocketListener) -> str:
 
 
 async def run_until_signalled(
-    host: str, port: int, expiry: float, on_ready: Callable[[str], None]
+    host: str, port: int, expiry: float, on_ready: Callable[[str], None], *,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then return normally so the process exits with 0."""
     if not (expiry > 0 and math.isfinite(expiry)):
         raise ValueError(f"expiry must be a positive number of seconds, got {expiry}")
-    server = NameServer(expiry)
+    server = NameServer(expiry, ssl_context=ssl_context)
     listeners = await trio.open_tcp_listeners(port, host=host)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:

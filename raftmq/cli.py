@@ -3,6 +3,7 @@ only routes, so `raftmq --help` is the one map of everything a user can run."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -114,6 +115,18 @@ def _cluster(argv: list[str]) -> int:
     return cluster_main(argv)
 
 
+def _user(argv: list[str]) -> int:
+    from raftmq.commands.user import main as user_main
+
+    return user_main(argv)
+
+
+def _acl(argv: list[str]) -> int:
+    from raftmq.commands.acl import main as acl_main
+
+    return acl_main(argv)
+
+
 def _bench(argv: list[str]) -> int:
     from raftmq.commands.bench import main as bench_main
 
@@ -134,6 +147,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "send": (_send, "send a message (`send --topic T TEXT`) or a load (`--count N --size B`)"),
     "consume": (_consume, "consume a topic in a consumer group, committing offsets"),
     "lag": (_lag, "how far a consumer group is behind, per queue"),
+    "user": (_user, "users clients log in as (SCRAM-SHA-256): add, remove, list, verifier"),
+    "acl": (_acl, "who may publish, subscribe or administer what: add, remove, list"),
     "group": (_group, "consumer groups: list, describe, reset-offsets, delete"),
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
     "tx": (_tx, "transactions: list, show; commit or roll back a half message"),
@@ -147,10 +162,47 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
 }
 
 
+def _global_options(argv: list[str]) -> list[str] | None:
+    """Take the options that come before the command into the environment, where the
+    client's connections read them: `--tls-ca FILE` (every connection is TLS trusting
+    that CA; RAFTMQ_TLS_CA), `--user NAME` and `--password-file FILE` (log in with
+    SCRAM-SHA-256; RAFTMQ_USER, RAFTMQ_PASSWORD). None when one is malformed."""
+    from transport.scram import PASSWORD_ENV, USER_ENV
+    from transport.tls import CA_ENV
+
+    while argv and argv[0].startswith(("--tls-ca", "--user", "--password-file")):
+        opt, eq, value = argv[0].partition("=")
+        if opt not in ("--tls-ca", "--user", "--password-file"):
+            break
+        if not eq:
+            if len(argv) < 2:
+                print(f"raftmq: {opt} needs a value", file=sys.stderr)
+                return None
+            value, argv = argv[1], argv[1:]
+        argv = argv[1:]
+        if opt == "--user":
+            os.environ[USER_ENV] = value
+            continue
+        if not os.path.isfile(value):
+            print(f"raftmq: {opt}: file {value!r} does not exist", file=sys.stderr)
+            return None
+        if opt == "--tls-ca":
+            os.environ[CA_ENV] = value
+        else:
+            with open(value, encoding="utf-8") as f:
+                os.environ[PASSWORD_ENV] = f.read().rstrip("\n")
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    rest = _global_options(argv)
+    if rest is None:
+        return 2
+    argv = rest
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: raftmq COMMAND [ARGS]\n\ncommands:")
+        print("usage: raftmq [--tls-ca FILE] [--user NAME [--password-file FILE]] COMMAND [ARGS]"
+              "\n\ncommands:")
         for name, (_, summary) in COMMANDS.items():
             print(f"  {name:<8} {summary}")
         return 0 if argv else 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import signal
 import sys
 import threading
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from broker.config import ConfigError
 
@@ -114,12 +115,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fsync", choices=("always", "interval"), default="always",
                    help="'interval' acknowledges before data reaches the disk "
                         "(page-cache durability; default %(default)s)")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS on every link, mutual between nodes: makes a development CA and "
+                        "certificates under DATA/tls (needs trustme: pip install 'raftmq[tls]')")
+    p.add_argument("--auth", action="store_true",
+                   help="clients must log in (SCRAM-SHA-256) and ACLs apply (default deny); "
+                        "the superuser 'admin' gets a password written to DATA/admin.password")
     p.add_argument("--showcase", action="store_true",
                    help="once ready, run a producer and a consumer against the cluster")
     p.add_argument("--exit-after-showcase", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ready-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="give up if the cluster has no leaders by then (default %(default)s)")
     return p
+
+
+def _admin_password(data: str) -> str:
+    """The dev superuser's password: made once (random), kept in DATA/admin.password."""
+    import secrets
+    from pathlib import Path
+
+    path = Path(data) / "admin.password"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(18) + "\n")
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def _auth_overrides(data: str) -> dict[str | int, Any]:
+    """Node config keys of a dev cluster with authentication and ACLs: superuser 'admin'
+    logging in with the verifier of its password (the nodes never see the password)."""
+    from broker.parts.users import format_verifier
+    from broker.security import make_credential
+
+    verifier = format_verifier(make_credential(_admin_password(data)))
+    return {"authenticate": True, "authorize": True, "superusers": ["admin"],
+            "superuser_scram": verifier}
 
 
 def _summary(cluster: LocalCluster, leaders: dict[str, int]) -> None:
@@ -188,8 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     from chaos.cluster import ClusterError, LocalCluster
 
     try:
+        overrides = _auth_overrides(args.data) if args.auth else None
         cluster = LocalCluster(args.data, nodes=args.nodes, groups=args.groups,
-                               port_base=args.port_base, fsync=args.fsync)
+                               port_base=args.port_base, fsync=args.fsync, tls=args.tls,
+                               node_overrides=overrides)
     except (ConfigError, ValueError) as exc:
         print(f"raftmq dev: {exc}", file=sys.stderr)
         return 2
@@ -198,12 +231,30 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 cluster.start()
                 leaders = cluster.wait_ready(timeout=args.ready_timeout)
-            except (ClusterError, TimeoutError, OSError) as exc:
+            except (ClusterError, TimeoutError, OSError, RuntimeError) as exc:
                 print(f"raftmq dev: the cluster did not start: {exc}", file=sys.stderr)
                 print(f"raftmq dev: logs are in {cluster.base_dir / 'logs'}", file=sys.stderr)
                 return 1
             print(f"ready {cluster.namesrv_addr}", flush=True)
             _summary(cluster, leaders)
+            if args.auth:  # the showcase logs in as the superuser
+                from transport.scram import PASSWORD_ENV, USER_ENV
+
+                os.environ[USER_ENV] = "admin"
+                os.environ[PASSWORD_ENV] = _admin_password(args.data)
+                print(f"clients log in: `raftmq --user admin --password-file "
+                      f"{os.path.join(args.data, 'admin.password')} ...` (or RAFTMQ_USER and "
+                      "RAFTMQ_PASSWORD); `raftmq user add` and `raftmq acl add` make more",
+                      file=sys.stderr, flush=True)
+            tls = ""
+            if cluster.tls_ca is not None:  # the showcase and the hints dial with TLS
+                from transport.tls import CA_ENV
+
+                os.environ[CA_ENV] = str(cluster.tls_ca)
+                tls = f"--tls-ca {cluster.tls_ca} "
+                print(f"TLS on every link; clients trust {cluster.tls_ca} "
+                      f"(`raftmq --tls-ca FILE ...` or {CA_ENV}=FILE)", file=sys.stderr,
+                      flush=True)
             if args.showcase or args.exit_after_showcase:
                 from raftmq.showcase import run_showcase
 
@@ -211,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.exit_after_showcase:
                     return 0 if ok else 1
                 print(f"the cluster keeps running; try in another shell:\n"
-                      f"  .venv/bin/raftmq status --namesrv {cluster.namesrv_addr}\n"
-                      f"  .venv/bin/raftmq send --namesrv {cluster.namesrv_addr} --topic showcase hello\n"
-                      f"  .venv/bin/raftmq consume --namesrv {cluster.namesrv_addr} --group me "
+                      f"  .venv/bin/raftmq {tls}status --namesrv {cluster.namesrv_addr}\n"
+                      f"  .venv/bin/raftmq {tls}send --namesrv {cluster.namesrv_addr} --topic showcase hello\n"
+                      f"  .venv/bin/raftmq {tls}consume --namesrv {cluster.namesrv_addr} --group me "
                       f"--topic showcase --count 5", file=sys.stderr, flush=True)
             _supervise(cluster)
         except _Interrupted:

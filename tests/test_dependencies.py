@@ -4,7 +4,8 @@
 * The client SDK (`raftmq.client`) reaches into the broker only for the shared wire
   modules: what it imports, and everything those import in turn, stays within
   `broker.protocol`, `broker.records` and `broker.produce_wire`, plus the client side of the shared transport
-  (`transport.connection` and the errors it raises, `transport.errors`).
+  (`transport.connection` and the errors it raises, `transport.errors`; the client's
+  sides of TLS and SCRAM, `transport.tls` and `transport.scram`).
 * The transport (`transport`) sits below the broker, the name server and the SDK: of
   them it imports only the frame format, `broker.protocol`.
 * Nothing in the product imports `tests`.
@@ -31,7 +32,9 @@ PACKAGES = ("raftlog", "transport", "broker", "namesrv", "raftmq", "chaos", "ben
 ABOVE_RAFTLOG = ("transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
 CLIENT_MAY_USE = {  # pinned: widen on purpose
     "broker", "broker.protocol", "broker.records", "broker.produce_wire",
+    "broker.txn",  # the coordinator hash client and broker must compute alike
     "transport", "transport.connection", "transport.errors",
+    "transport.tls", "transport.scram",  # the client's sides of TLS and SCRAM-SHA-256
 }
 TRANSPORT_MAY_USE = {"broker", "broker.protocol"}  # pinned: widen on purpose
 

@@ -41,15 +41,22 @@ def _port_base() -> int:
     raise RuntimeError("no free port range")
 
 
-def test_dev_showcase_produces_and_consumes_every_message(tmp_path):
+@pytest.mark.parametrize("secured", [[], ["--tls", "--auth"]], ids=["plain", "tls-auth"])
+def test_dev_showcase_produces_and_consumes_every_message(tmp_path, secured):
+    """`make run`'s plain start, and the secured one of docs/security.md (TLS on every
+    link, logins and ACLs), whose showcase logs in as the generated superuser."""
     proc = subprocess.run(
         [sys.executable, "-m", "raftmq", "dev", "--data", str(tmp_path / "dev"),
-         "--port-base", str(_port_base()), "--exit-after-showcase"],
+         "--port-base", str(_port_base()), *secured, "--exit-after-showcase"],
         capture_output=True, text=True, timeout=180, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ready 127.0.0.1:")
     assert "every acknowledged message came back" in " ".join(proc.stderr.split())
+    if secured:
+        assert (tmp_path / "dev" / "tls" / "ca.pem").is_file()
+        assert (tmp_path / "dev" / "admin.password").is_file()
+        assert "TLS on every link" in proc.stderr
 
 
 def test_readme_python_example_runs_as_written(tmp_path):

@@ -1,6 +1,7 @@
 """The TLS hook of the transport: given an `ssl.SSLContext`, the serving loop, the client
 pool and the blocking client speak frames over TLS (certificates made by trustme); a
-client without TLS, or one that does not trust the server, gets no answer."""
+client without TLS is told why and closed; one that does not trust the server gets no
+answer."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import trio
 import trustme
 
-from broker.protocol import Frame, ProtocolError
+from broker.protocol import Frame, RequestError
 from transport import blocking
 from transport.connection import ConnectionPool, TransportError
 from transport.framing import Caller, Response, serve_frames
@@ -83,7 +84,7 @@ def test_a_plain_or_distrustful_client_gets_no_answer(ca: trustme.CA) -> None:
     async def main() -> None:
         async with tls_server(server_context(ca)) as addr:
             async with ConnectionPool() as pool:  # no TLS: the server reads no frame
-                with pytest.raises(TransportError):
+                with pytest.raises(TransportError, match="TLS connections only"):
                     await pool.request(addr, OP, {}, timeout=10)
             stranger = client_context(trustme.CA())  # trusts another CA
             async with ConnectionPool(ssl_context=stranger) as pool:
@@ -94,10 +95,31 @@ def test_a_plain_or_distrustful_client_gets_no_answer(ca: trustme.CA) -> None:
             def plain_blocking() -> None:
                 blocking.request(addr, {"op": OP}, timeout=10)
 
-            with pytest.raises((OSError, ProtocolError)):
+            with pytest.raises(RequestError, match="TLS connections only"):  # told why
                 await trio.to_thread.run_sync(plain_blocking)
             with pytest.raises(ssl.SSLError):
                 await trio.to_thread.run_sync(
                     lambda: blocking.request(addr, {"op": OP}, ssl_context=stranger))
+
+    trio.run(main)
+
+
+def test_a_server_with_an_expired_certificate_is_refused(ca: trustme.CA) -> None:
+    import datetime
+
+    past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", not_before=past - datetime.timedelta(days=30),
+                  not_after=past).configure_cert(ctx)
+
+    async def main() -> None:
+        async with tls_server(ctx) as addr:
+            with pytest.raises(ssl.SSLCertVerificationError, match="expired"):
+                await trio.to_thread.run_sync(
+                    lambda: blocking.request(addr, {"op": OP}, ssl_context=client_context(ca)))
+            async with ConnectionPool(ssl_context=client_context(ca)) as pool:
+                with pytest.raises(TransportError) as info:
+                    await pool.request(addr, OP, {}, timeout=10)
+                assert info.value.sent is False and "expired" in str(info.value)
 
     trio.run(main)

@@ -24,6 +24,9 @@ from broker.protocol import (
     parse_address,
 )
 
+from .scram import Credentials, credentials_from_env, exchange
+from .tls import context_from_env
+
 __all__ = ["Connection", "request"]
 
 _ids = itertools.count(1)
@@ -53,7 +56,7 @@ class Connection:
 
     def __init__(
         self, addr: str | tuple[str, int], *, timeout: float = 5.0, max_frame: int = DEFAULT_MAX_FRAME,
-        ssl_context: ssl.SSLContext | None = None,
+        ssl_context: ssl.SSLContext | None = None, credentials: Credentials | None = None,
     ) -> None:
         host, port = parse_address(addr) if isinstance(addr, str) else addr
         self.addr = f"{host}:{port}"
@@ -61,6 +64,8 @@ class Connection:
         self._decoder = FrameDecoder(max_frame)
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if ssl_context is None:
+            ssl_context = context_from_env()  # RAFTMQ_TLS_CA, for tools; plain when unset
         if ssl_context is not None:  # a failed handshake raises ssl.SSLError, an OSError
             try:
                 sock = ssl_context.wrap_socket(sock, server_hostname=host)
@@ -68,6 +73,14 @@ class Connection:
                 sock.close()
                 raise
         self._sock: socket.socket | None = sock
+        if credentials is None:
+            credentials = credentials_from_env()  # RAFTMQ_USER/PASSWORD, for tools
+        if credentials is not None:
+            try:
+                exchange(credentials, lambda h: self.request(h)[0])
+            except BaseException:
+                self.close()
+                raise
 
     def request(
         self,
@@ -102,6 +115,9 @@ class Connection:
                         raise ConnectionError(f"{self.addr} closed the connection")
                     self._decoder.feed(data)
                     continue
+                if frame.header.get("id") == 0 and frame.header.get("code"):
+                    self.close()  # the server's last words before it closes (TLS only, ...)
+                    raise _error(frame.header)
                 if frame.header.get("id") != rid:
                     continue  # an answer to an earlier request that timed out
                 break
@@ -132,6 +148,7 @@ def request(
     timeout: float = 5.0,
     *,
     ssl_context: ssl.SSLContext | None = None,
+    credentials: Credentials | None = None,
 ) -> tuple[dict[str, Any], bytes]:
     """One request on a fresh connection: the response's (header, body).
 
@@ -140,5 +157,6 @@ def request(
     reached or does not answer within `timeout` seconds (connect included).
     """
     deadline = time.monotonic() + timeout
-    with Connection(addr, timeout=timeout, ssl_context=ssl_context) as conn:
+    with Connection(addr, timeout=timeout, ssl_context=ssl_context,
+                    credentials=credentials) as conn:
         return conn.request(header, body, timeout=max(0.001, deadline - time.monotonic()))

@@ -45,6 +45,8 @@ from broker.protocol import (
 )
 
 from .errors import ClientClosedError, TransportError, close_stack
+from .scram import Credentials, Exchange, credentials_from_env
+from .tls import context_from_env
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -146,9 +148,11 @@ class Connection:
         max_frame: int = DEFAULT_MAX_FRAME,
         handlers: Mapping[int, RequestHandler] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.addr = addr
         self._ssl = ssl_context
+        self._credentials = credentials
         self._host, self._port = parse_address(addr)
         self._spawn = spawn
         self._max_frame = max_frame
@@ -229,10 +233,45 @@ class Connection:
             except (OSError, anyio.BrokenResourceError) as exc:
                 raise TransportError(f"cannot connect to {self.addr}: {exc}", sent=False) from exc
             link = _Link(self.addr, stream)
-            self._link = link
             self.connects += 1
             self._spawn(self._read, link)
+            if self._credentials is not None:  # before anyone else may use the link
+                try:
+                    await self._authenticate(link, self._credentials)
+                except BaseException:
+                    link.fail("authentication did not complete")
+                    raise
+            self._link = link
             return link
+
+    async def _authenticate(self, link: _Link, creds: Credentials) -> None:
+        """SCRAM-SHA-256 on a fresh link (`transport.scram`); a server that does not
+        authenticate (a name server answers UNKNOWN_OP) is used as it is."""
+        ex = Exchange(creds)
+        try:
+            h = (await self._on_link(link, ex.first())).header
+        except RequestError as exc:
+            if exc.code == Code.UNKNOWN_OP:
+                return
+            raise
+        ex.check((await self._on_link(link, ex.final(h.get("msg")))).header.get("msg"))
+
+    async def _on_link(self, link: _Link, header: dict[str, Any]) -> Frame:
+        req_id = next(self._ids)
+        waiter = _Waiter()
+        link.waiters[req_id] = waiter
+        try:
+            with anyio.fail_after(DEFAULT_TIMEOUT):
+                await self._send(link, encode_frame({**header, "id": req_id}))
+                await waiter.event.wait()
+        except TimeoutError:
+            raise RequestError(Code.TIMEOUT, f"AUTH to {self.addr}: no answer in time") from None
+        finally:
+            link.waiters.pop(req_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        assert waiter.frame is not None
+        return raise_for_code(waiter.frame)
 
     async def _dial(self) -> anyio.abc.ByteStream:
         if self._ssl is None:
@@ -340,14 +379,21 @@ class ConnectionPool:
 
     Use as `async with ConnectionPool() as pool:`; reader tasks run in the pool's task
     group and end when the block exits. With `ssl_context` every connection is TLS
-    (the server's certificate is checked against it and the address's host).
+    (the server's certificate is checked against it and the address's host); without
+    one, the environment decides (`transport.tls.context_from_env`: `RAFTMQ_TLS_CA`).
+    With `credentials` (default: `RAFTMQ_USER`/`RAFTMQ_PASSWORD`) every connection to a
+    node authenticates with SCRAM-SHA-256 before its first request.
     """
 
     def __init__(
-        self, *, max_frame: int = DEFAULT_MAX_FRAME, ssl_context: ssl.SSLContext | None = None
+        self, *, max_frame: int = DEFAULT_MAX_FRAME, ssl_context: ssl.SSLContext | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self._max_frame = max_frame
-        self._ssl = ssl_context
+        # without a context of its own, the one RAFTMQ_TLS_CA names (plain when unset)
+        self._ssl = ssl_context if ssl_context is not None else context_from_env()
+        # every connection logs in first (SCRAM-SHA-256); default RAFTMQ_USER/PASSWORD
+        self._credentials = credentials if credentials is not None else credentials_from_env()
         self._handlers: dict[int, RequestHandler] = {}
         self._conns: dict[str, Connection] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -381,7 +427,8 @@ class ConnectionPool:
         conn = self._conns.get(addr)
         if conn is None:
             conn = Connection(addr, self._tg.start_soon, max_frame=self._max_frame,
-                              handlers=self._handlers, ssl_context=self._ssl)
+                              handlers=self._handlers, ssl_context=self._ssl,
+                              credentials=self._credentials)
             self._conns[addr] = conn
         return conn
 

@@ -51,10 +51,18 @@ from broker.protocol import (
 )
 
 from .connection import raise_for_code
-from .tls import TLS_HANDSHAKE_TIMEOUT, accept_tls, connect_tls, socket_of
+from .tls import (
+    TLS_HANDSHAKE_TIMEOUT,
+    PlaintextRefused,
+    accept_tls,
+    connect_tls,
+    peer_certificate,
+    socket_of,
+)
 
 __all__ = [
     "DEFAULT_MAX_INFLIGHT",
+    "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MAX_PENDING",
     "Caller",
     "CallerGone",
@@ -75,6 +83,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_INFLIGHT = 1024
 DEFAULT_MAX_PENDING = 1 << 20  # queued answer bytes per connection before senders wait
+DEFAULT_MAX_INFLIGHT_BYTES = 64 << 20  # request bodies running per connection before reads stop
 _RECEIVE_SIZE = 1 << 16
 _ERROR_SEND_TIMEOUT = 5.0
 
@@ -206,16 +215,20 @@ class FrameWriter:
     `max_pending` bytes are queued or being written (a frame is admitted whole, so the
     total can pass the cap by one frame), and otherwise waits for the writer to catch up.
     `run()` is the only task that writes: it takes everything queued so far, writes it with
-    one `send_all`, and repeats. If a write fails, `run()` records it and returns; waiting
+    one `send_all`, and repeats; with `write_timeout`, a write the other end does not
+    take within that many seconds fails the writer (a client that stopped reading is
+    disconnected rather than holding its requests' tasks and buffers forever). If a write fails, `run()` records it and returns; waiting
     and later `send()` calls raise `trio.BrokenResourceError` (`trio.ClosedResourceError`
     once `run()` has ended otherwise, e.g. by cancellation).
     """
 
-    def __init__(self, stream: trio.abc.SendStream, *, max_pending: int = DEFAULT_MAX_PENDING) -> None:
+    def __init__(self, stream: trio.abc.SendStream, *, max_pending: int = DEFAULT_MAX_PENDING,
+                 write_timeout: float | None = None) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be positive, got {max_pending}")
         self._stream = stream
         self._max_pending = max_pending
+        self._write_timeout = write_timeout  # a write stuck this long: the reader is gone
         self._queue: list[bytes | memoryview] = []
         self._pending = 0  # bytes queued plus bytes being written
         self._has_data = trio.lowlevel.ParkingLot()
@@ -224,6 +237,7 @@ class FrameWriter:
         self._failure: BaseException | None = None
         self._stopped = False
         self._writing = False  # run() is in a send_all
+        self._stop_requested = False
 
     @property
     def pending(self) -> int:
@@ -262,18 +276,34 @@ class FrameWriter:
             await self._drained.park()
             self._check()
 
+    def stop(self) -> None:
+        """Make `run()` return once what is queued now is written (the connection ends)."""
+        self._stop_requested = True
+        self._has_data.unpark_all()
+
     async def run(self) -> None:
-        """Write queued frames until cancelled or a write fails."""
+        """Write queued frames until cancelled, stopped or a write fails."""
         try:
             while True:
                 while not self._queue:
+                    if self._stop_requested:
+                        return
                     await self._has_data.park()
                 batch, self._queue = self._queue, []
                 data = batch[0] if len(batch) == 1 else b"".join(batch)
                 self._writing = True
                 try:
-                    await self._stream.send_all(data)
+                    if self._write_timeout is None:
+                        await self._stream.send_all(data)
+                    else:
+                        with trio.fail_after(self._write_timeout):
+                            await self._stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._failure = exc
+                    return
+                except trio.TooSlowError as exc:  # it stopped reading: let it go
+                    log.info("closing connection: the other end took no bytes for %g s",
+                             self._write_timeout)
                     self._failure = exc
                     return
                 finally:
@@ -312,10 +342,14 @@ class Caller:
         self.remote = remote
         self.peer = peer
         self.principal = principal
+        # the TLS client certificate the handshake verified against the CA (None: plain
+        # TCP, or none offered); a name server takes registrations only from its holders
+        self.certificate: dict[str, object] | None = None
         self._out: FrameWriter | None = None
         self._ids = itertools.count(-1, -1)  # negative: never a client's own request id
         self._waiters: dict[int, list[Any]] = {}  # id -> [event, frame or None]
         self._gone: str | None = None
+        self._hang_up = False
 
     @property
     def is_peer(self) -> bool:
@@ -367,6 +401,11 @@ class Caller:
             raise CallerGone(f"{self.describe()}: {self._gone}")
         return raise_for_code(frame)
 
+    def hang_up(self) -> None:
+        """End this connection once the answer to the current request is written (a
+        client whose login failed gets its answer, then must connect again)."""
+        self._hang_up = True
+
     def _bind(self, out: FrameWriter) -> None:
         self._out = out
         self._gone = None
@@ -412,8 +451,33 @@ def request_id(frame: Frame) -> int:
     return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
 
 
+class _Admission:
+    """What a connection may have in flight: at most `max_inflight` requests, and no new
+    one read while the bodies of those running add up to `max_bytes` or more (a request
+    is admitted whole, so one larger than the cap still runs, alone)."""
+
+    def __init__(self, max_inflight: int, max_bytes: int) -> None:
+        self._slots = trio.Semaphore(max_inflight)
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._freed = trio.lowlevel.ParkingLot()
+
+    async def acquire(self) -> None:
+        await self._slots.acquire()
+        while self._bytes >= self._max_bytes:
+            await self._freed.park()
+
+    def charge(self, nbytes: int) -> None:
+        self._bytes += nbytes
+
+    def release(self, nbytes: int = 0) -> None:
+        self._bytes -= nbytes
+        self._slots.release()
+        self._freed.unpark_all()
+
+
 async def _answer(
-    out: FrameWriter, handler: Handler, caller: Caller, frame: Frame, slots: trio.Semaphore
+    out: FrameWriter, handler: Handler, caller: Caller, frame: Frame, slots: _Admission
 ) -> None:
     try:
         rid = request_id(frame)
@@ -432,8 +496,10 @@ async def _answer(
             await out.send(header, body)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the writer's failure ends the connection
+        if caller._hang_up:
+            out.stop()  # the writer ends after this answer, and with it the connection
     finally:
-        slots.release()
+        slots.release(len(frame.body))
 
 
 async def serve_frames(
@@ -443,9 +509,11 @@ async def serve_frames(
     max_frame: int = DEFAULT_MAX_FRAME,
     max_inflight: int = DEFAULT_MAX_INFLIGHT,
     max_pending: int = DEFAULT_MAX_PENDING,
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     first: Frame | None = None,
     caller: Caller | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    write_timeout: float | None = None,
 ) -> None:
     """Answer requests on one connection until the peer leaves or breaks the framing.
 
@@ -463,6 +531,9 @@ async def serve_frames(
     peers from clients). `caller` says who is on the other end (default: a client known by
     its address); answers to its `request` calls are taken from the stream here. With
     `ssl_context` a raw stream is wrapped in TLS first; a failed handshake closes it.
+    `write_timeout` disconnects a caller that takes no answer bytes for that long.
+    Reading stops while `max_inflight` requests, or request bodies of `max_inflight_bytes`
+    or more, are running (TCP then pushes back on the client).
     """
     if ssl_context is not None:
         if isinstance(stream, FrameStream):
@@ -470,15 +541,16 @@ async def serve_frames(
         try:
             with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
                 stream = await accept_tls(stream, ssl_context)
-        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+        except (trio.BrokenResourceError, trio.TooSlowError, PlaintextRefused) as exc:
             log.info("closing connection: TLS handshake failed: %r", exc)
             await trio.aclose_forcefully(stream)
             return
     fs = stream if isinstance(stream, FrameStream) else FrameStream(stream, max_frame=max_frame)
     if caller is None:
         caller = caller_of(fs.stream)
-    slots = trio.Semaphore(max_inflight)
-    out = FrameWriter(fs.stream, max_pending=max_pending)
+    caller.certificate = peer_certificate(fs.stream)
+    slots = _Admission(max_inflight, max_inflight_bytes)
+    out = FrameWriter(fs.stream, max_pending=max_pending, write_timeout=write_timeout)
     caller._bind(out)
     try:
         await _serve(fs, out, handler, caller, slots, first)
@@ -496,12 +568,13 @@ async def _write(out: FrameWriter, scope: trio.CancelScope) -> None:
 
 async def _serve(
     fs: FrameStream, out: FrameWriter, handler: Handler, caller: Caller,
-    slots: trio.Semaphore, first: Frame | None,
+    slots: _Admission, first: Frame | None,
 ) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, out, nursery.cancel_scope)
         if first is not None:  # a frame the caller read to decide who is calling
             await slots.acquire()
+            slots.charge(len(first.body))
             nursery.start_soon(_answer, out, handler, caller, first, slots)
         try:
             while True:
@@ -512,6 +585,7 @@ async def _serve(
                 if caller._resolve(frame):  # the answer to a `caller.request`
                     slots.release()
                     continue
+                slots.charge(len(frame.body))
                 nursery.start_soon(_answer, out, handler, caller, frame, slots)
         except ProtocolError as exc:
             log.info("closing connection: %s", exc)

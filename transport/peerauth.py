@@ -15,8 +15,9 @@ be replayed, and the direction label keeps one side's proof from serving as the 
 link) or `rpc` (requests such as READ_RAW, answered as from a peer).
 
 The HMAC arithmetic is pure (`proof`, `check`); `dial_peer` and `accept_peer` run it
-over a `FrameStream`. Mutual TLS between peers replaces the secret in the security work;
-the shape (who is a peer is decided here, once per connection) stays.
+over a `FrameStream`. With TLS configured, a node also refuses a HELLO from a connection
+that did not present a certificate from the cluster CA (`broker.node`, mutual TLS), so a
+would-be peer needs both the certificate and the secret.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ __all__ = [
     "check",
     "dial_peer",
     "proof",
+    "refuse_peer",
 ]
 
 log = logging.getLogger(__name__)
@@ -142,6 +144,14 @@ async def accept_peer(fs: FrameStream, hello: Frame, secret: bytes, me: int,
     with trio.move_on_after(timeout):
         await fs.send(ok_header(0))
     return peer, str(purpose)
+
+
+async def refuse_peer(fs: FrameStream, message: str) -> None:
+    """Turn away a would-be peer before the handshake (FORBIDDEN, with `message`)."""
+    try:
+        await _refuse(fs, Code.FORBIDDEN, message)
+    except PeerRefused:
+        pass
 
 
 async def _refuse(fs: FrameStream, code: Code, message: str) -> None:

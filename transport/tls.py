@@ -2,20 +2,123 @@
 
 Every place that opens or accepts a connection (the serving loop, the client pool, the
 blocking client, the peer links) takes an optional context and goes through here, so
-turning TLS on is configuration, not new code. Which certificates, mutual TLS between
-peers and client authentication belong to the security work; without a context nothing
-changes on the wire.
+turning TLS on is configuration, not new code.
+
+The contexts themselves are made here too, from PEM files:
+
+* `server_context(cert, key, ca)` for a listener: it presents the node's certificate and
+  *asks* for the other end's (`CERT_OPTIONAL`). Clients need none (they authenticate
+  with SCRAM over the encrypted link); a certificate that is offered must chain to `ca`,
+  and a connection that wants to be a peer must have offered one (`peer_certificate`),
+  which is how mutual TLS between nodes shares one listener with clients.
+* `client_context(ca, cert, key)` for a dialer: trusts `ca` only and checks the host
+  name; a node dials its peers with its own certificate loaded.
+* `context_from_env()`: the client context `RAFTMQ_TLS_CA` (and optionally
+  `RAFTMQ_TLS_CERT`/`RAFTMQ_TLS_KEY`) describe, for tools and the SDK's default pool.
+
+A plaintext client that reaches a TLS listener is told so in a plain error frame before
+the connection closes (`accept_tls` peeks at the first byte: every TLS connection starts
+with a handshake record, 0x16), instead of a silent close.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import ssl
+from collections.abc import Mapping
 
 import trio
 
-__all__ = ["TLS_HANDSHAKE_TIMEOUT", "accept_tls", "connect_tls", "socket_of"]
+from broker.protocol import Code, encode_frame, error_header
+
+__all__ = [
+    "CA_ENV",
+    "CERT_ENV",
+    "KEY_ENV",
+    "TLS_HANDSHAKE_TIMEOUT",
+    "PlaintextRefused",
+    "TlsConfigError",
+    "accept_tls",
+    "client_context",
+    "connect_tls",
+    "context_from_env",
+    "peer_certificate",
+    "server_context",
+    "socket_of",
+]
 
 TLS_HANDSHAKE_TIMEOUT = 10.0
+CA_ENV = "RAFTMQ_TLS_CA"
+CERT_ENV = "RAFTMQ_TLS_CERT"
+KEY_ENV = "RAFTMQ_TLS_KEY"
+_TLS_HANDSHAKE_RECORD = 0x16
+#: What a plaintext client reads from a TLS port (then the connection closes).
+PLAINTEXT_MESSAGE = (f"this port accepts TLS connections only: connect with TLS trusting the "
+                     f"cluster's CA (`raftmq --tls-ca FILE`, {CA_ENV}, or an ssl_context)")
+
+
+class TlsConfigError(ValueError):
+    """A certificate, key or CA file is missing or unusable; the message names it."""
+
+
+class PlaintextRefused(Exception):
+    """A client spoke plaintext to a TLS listener (it was told so, and is closed)."""
+
+
+def _load_ca(ctx: ssl.SSLContext, ca: str, what: str) -> None:
+    try:
+        ctx.load_verify_locations(cafile=ca)
+    except FileNotFoundError:
+        raise TlsConfigError(f"{what}: CA file {ca!r} does not exist") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise TlsConfigError(f"{what}: CA file {ca!r} holds no usable PEM certificate "
+                             f"({exc})") from None
+
+
+def _load_chain(ctx: ssl.SSLContext, cert: str, key: str, what: str) -> None:
+    for path, kind in ((cert, "certificate"), (key, "key")):
+        if not os.path.isfile(path):
+            raise TlsConfigError(f"{what}: {kind} file {path!r} does not exist")
+    try:
+        ctx.load_cert_chain(certfile=cert, keyfile=key)
+    except (ssl.SSLError, OSError) as exc:
+        raise TlsConfigError(f"{what}: certificate {cert!r} and key {key!r} do not load as a "
+                             f"PEM pair that belongs together ({exc})") from None
+
+
+def server_context(cert: str, key: str, ca: str, *, what: str = "tls") -> ssl.SSLContext:
+    """The listener's context: presents `cert`, verifies any certificate offered against
+    `ca` (a peer must offer one; a client may). Raises `TlsConfigError`."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_chain(ctx, cert, key, what)
+    _load_ca(ctx, ca, what)
+    ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
+def client_context(ca: str, cert: str | None = None, key: str | None = None, *,
+                   what: str = "tls") -> ssl.SSLContext:
+    """A dialer's context trusting only `ca` (host names are checked); with `cert` and
+    `key` it also proves who it is (a node dialing its peers). Raises `TlsConfigError`."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load_ca(ctx, ca, what)
+    if cert or key:
+        if not (cert and key):
+            raise TlsConfigError(f"{what}: a client certificate needs both a cert and a key file")
+        _load_chain(ctx, cert, key, what)
+    return ctx
+
+
+def context_from_env(env: Mapping[str, str] | None = None) -> ssl.SSLContext | None:
+    """The client context `RAFTMQ_TLS_CA` names, or None when it is unset or empty."""
+    env = os.environ if env is None else env
+    ca = env.get(CA_ENV, "")
+    if not ca:
+        return None
+    return client_context(ca, env.get(CERT_ENV) or None, env.get(KEY_ENV) or None, what=CA_ENV)
 
 
 async def connect_tls(stream: trio.abc.Stream, context: ssl.SSLContext,
@@ -30,10 +133,42 @@ async def connect_tls(stream: trio.abc.Stream, context: ssl.SSLContext,
 
 async def accept_tls(stream: trio.abc.Stream,
                      context: ssl.SSLContext) -> trio.SSLStream[trio.abc.Stream]:
-    """The server side over an accepted `stream`, handshake done."""
+    """The server side over an accepted `stream`, handshake done.
+
+    Raises `PlaintextRefused` (after telling the client in a plain error frame) when the
+    first byte is not a TLS handshake record, and `trio.BrokenResourceError` when the
+    handshake fails (an untrusted or expired certificate)."""
+    sock = socket_of(stream)
+    if sock is not None:
+        try:
+            first = await sock.recv(1, socket.MSG_PEEK)
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"reading the first byte failed: {exc!r}") from exc
+        if not first:
+            raise trio.BrokenResourceError("closed before the TLS handshake")
+        if first[0] != _TLS_HANDSHAKE_RECORD:
+            await _tell_plaintext(stream)
+            raise PlaintextRefused("a plaintext client on the TLS port")
     tls = trio.SSLStream(stream, context, server_side=True, https_compatible=False)
     await tls.do_handshake()
     return tls
+
+
+async def _tell_plaintext(stream: trio.abc.Stream) -> None:
+    with trio.move_on_after(2):
+        try:
+            await stream.send_all(encode_frame(error_header(0, Code.FORBIDDEN, PLAINTEXT_MESSAGE)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+def peer_certificate(stream: trio.abc.Stream) -> dict[str, object] | None:
+    """The certificate the other end of a TLS `stream` presented and the handshake
+    verified against the CA; None for a plain stream or when it offered none."""
+    if not isinstance(stream, trio.SSLStream):
+        return None
+    cert = stream.getpeercert()
+    return dict(cert) if cert else None
 
 
 def socket_of(stream: trio.abc.Stream) -> trio.socket.SocketType | None:

@@ -263,7 +263,9 @@ class _Segments:
             seg_end = self._starts[k] + self._sizes[k]
             n = min(end, seg_end) - start
             if n <= 0:
-                if k + 1 >= len(self._starts):
+                # past this segment's end: go on only if the next one starts right here
+                # (a damaged segment shorter than its successor's start leaves a gap)
+                if k + 1 >= len(self._starts) or start < self._starts[k + 1]:
                     if strict:
                         raise CorruptEntry(
                             self._seg_path(k), start, "data missing past segment end"

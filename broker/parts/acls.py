@@ -1,0 +1,183 @@
+"""Access control lists, replicated: who may do what to which topic, consumer group or
+the cluster.
+
+An entry says: `principal` (a user name, or `*` for every authenticated user) is
+`allow`ed or `deny`ed `operation` (publish, subscribe or admin) on resources of `kind`
+(topic, group, cluster) whose name equals `name` (pattern `literal`) or starts with it
+(pattern `prefix`; an empty prefix matches every name). A request is allowed when some
+entry allows it and none denies it: deny wins, and with no entry at all the answer is
+no (default deny). Superusers are the node config's, not entries here.
+
+Like users, ACLs live in the metadata group (`broker.security`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused
+from broker.parts.users import validate_user_name
+from broker.protocol import Code
+
+__all__ = ["KINDS", "OPERATIONS", "Acl", "AclAdd", "AclRemove", "Acls", "acl_from_fields"]
+
+KINDS = ("topic", "group", "cluster")
+OPERATIONS = ("publish", "subscribe", "admin")
+PATTERNS = ("literal", "prefix")
+PERMISSIONS = ("allow", "deny")
+MAX_ACLS = 100_000
+_NAME = re.compile(r"[A-Za-z0-9_%|.-]{0,255}")
+
+
+def _choice(field: str, v: object, choices: tuple[str, ...]) -> str:
+    if v not in choices:
+        raise Refused(Code.MALFORMED, f"{field} must be one of {', '.join(choices)}; got {v!r}")
+    return str(v)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Acl:
+    """One entry (see the module docstring)."""
+
+    principal: str
+    kind: str
+    pattern: str
+    name: str
+    operation: str
+    permission: str
+
+    def validate(self) -> None:
+        if self.principal != "*":
+            validate_user_name(self.principal)
+        _choice("kind", self.kind, KINDS)
+        _choice("pattern", self.pattern, PATTERNS)
+        _choice("operation", self.operation, OPERATIONS)
+        _choice("permission", self.permission, PERMISSIONS)
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise Refused(Code.INVALID_NAME, f"resource name must be 0-255 characters of "
+                          f"letters, digits and _%|.-; got {self.name!r}")
+        if self.kind == "cluster" and (self.pattern, self.name) != ("literal", ""):
+            raise Refused(Code.MALFORMED, "the cluster resource has no name: literal ''")
+        if self.pattern == "literal" and self.kind != "cluster" and not self.name:
+            raise Refused(Code.MALFORMED, "a literal pattern needs a name (a prefix '' "
+                          "matches every name)")
+
+    def matches(self, principal: str, kind: str, name: str, operation: str) -> bool:
+        return (self.principal in ("*", principal) and self.kind == kind
+                and self.operation == operation
+                and (name == self.name if self.pattern == "literal"
+                     else name.startswith(self.name)))
+
+    def to_list(self) -> list[str]:
+        return [self.principal, self.kind, self.pattern, self.name, self.operation,
+                self.permission]
+
+    def describe(self) -> str:
+        what = "cluster" if self.kind == "cluster" else (
+            f"{self.kind} {self.name!r}" + (" (prefix)" if self.pattern == "prefix" else ""))
+        return f"{self.permission} {self.principal} {self.operation} on {what}"
+
+
+def _acl(d: Mapping[str, Any]) -> Acl:
+    acl = Acl(d.get("principal"), d.get("kind"), d.get("pattern"),  # type: ignore[arg-type]
+              d.get("name"), d.get("operation"), d.get("permission"))  # type: ignore[arg-type]
+    acl.validate()
+    return acl
+
+
+@dataclass(frozen=True, slots=True)
+class AclAdd(ControlRecord):
+    op: ClassVar[str] = "acl_add"
+    acl: Acl
+
+    def validate(self) -> None:
+        self.acl.validate()
+
+    def to_map(self) -> dict[str, Any]:
+        return {"acl": self.acl.to_list()}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> AclAdd:
+        return cls(_from_list(d.get("acl")))
+
+
+@dataclass(frozen=True, slots=True)
+class AclRemove(ControlRecord):
+    op: ClassVar[str] = "acl_remove"
+    acl: Acl
+
+    def validate(self) -> None:
+        self.acl.validate()
+
+    def to_map(self) -> dict[str, Any]:
+        return {"acl": self.acl.to_list()}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> AclRemove:
+        return cls(_from_list(d.get("acl")))
+
+
+def _from_list(v: object) -> Acl:
+    if not isinstance(v, list) or len(v) != 6:
+        raise Refused(Code.MALFORMED, "an ACL is [principal, kind, pattern, name, operation, "
+                      "permission]")
+    return _acl(dict(zip(("principal", "kind", "pattern", "name", "operation", "permission"),
+                         v, strict=True)))
+
+
+def acl_from_fields(d: Mapping[str, Any]) -> Acl:
+    """An ACL from request fields; Refused naming the bad one."""
+    return _acl(d)
+
+
+class Acls(Part):
+    """The set of ACL entries."""
+
+    name = "acls"
+    version = 1
+    records = (AclAdd, AclRemove)
+
+    def __init__(self, state: Any) -> None:
+        super().__init__(state)
+        self._acls: set[Acl] = set()
+
+    def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
+        return {AclAdd.op: (AclAdd, self._add), AclRemove.op: (AclRemove, self._remove)}
+
+    def _add(self, rec: AclAdd, index: int) -> ControlResult:
+        if rec.acl in self._acls:
+            return ControlResult(AclAdd.op, 0)
+        if len(self._acls) >= MAX_ACLS:
+            raise Refused(Code.MALFORMED, f"at most {MAX_ACLS} ACL entries")
+        self._acls.add(rec.acl)
+        return ControlResult(AclAdd.op, 1)
+
+    def _remove(self, rec: AclRemove, index: int) -> ControlResult:
+        if rec.acl not in self._acls:
+            return ControlResult(AclRemove.op, 0)
+        self._acls.discard(rec.acl)
+        return ControlResult(AclRemove.op, 1)
+
+    def entries(self) -> list[Acl]:
+        return sorted(self._acls)
+
+    def allowed(self, principal: str, kind: str, name: str, operation: str) -> bool:
+        """Deny wins; no matching entry is a no."""
+        verdict = False
+        for acl in self._acls:
+            if acl.matches(principal, kind, name, operation):
+                if acl.permission == "deny":
+                    return False
+                verdict = True
+        return verdict
+
+    def section(self) -> Any:
+        return [a.to_list() for a in sorted(self._acls)]
+
+    def load(self, version: int, section: Any) -> None:
+        if version != 1:
+            raise ValueError(f"unsupported acls section version {version!r}")
+        self._acls = {_from_list(v) for v in section}

@@ -1,0 +1,176 @@
+"""Client credentials, replicated: SCRAM-SHA-256 verifiers, never passwords.
+
+A user is stored as RFC 5802's server-side verifier: a random salt, the PBKDF2 iteration
+count, `StoredKey = H(HMAC(SaltedPassword, "Client Key"))` and `ServerKey =
+HMAC(SaltedPassword, "Server Key")`. From these a node can check a client's proof and
+prove itself to the client, but cannot recover the password or log in as the user (the
+proof needs `ClientKey`, which StoredKey is a hash of). The client computes the verifier
+(`raftmq user add` does, with scramp) so the password never leaves it either.
+
+Users live in the cluster's metadata group (`NodeConfig.metadata_group`, see
+`broker.security`); this part exists in every group's state but only that group's
+records are proposed and read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
+from broker.protocol import Code
+
+__all__ = ["Credential", "UserDelete", "UserPut", "Users", "format_verifier", "parse_verifier",
+           "validate_user_name"]
+
+_USER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+MIN_ITERATIONS = 4096  # RFC 7677's minimum for SCRAM-SHA-256
+MAX_ITERATIONS = 10_000_000
+_KEY = 32  # SHA-256 digest size
+
+
+def validate_user_name(name: object) -> str:
+    """A user name: 1-64 of letters, digits and `_ . @ -` (Refused(INVALID_NAME) if not)."""
+    if not isinstance(name, str) or not _USER.fullmatch(name):
+        raise Refused(Code.INVALID_NAME, f"a user name is 1-64 characters of letters, digits "
+                      f"and _.@-; got {name!r}")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """A user's SCRAM-SHA-256 verifier."""
+
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+
+
+_PREFIX = "SCRAM-SHA-256$"
+
+
+def format_verifier(c: Credential) -> str:
+    """PostgreSQL's text form of a verifier: `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:
+    <ServerKey>` (base64), for a node config's `superuser_scram`."""
+    def b(x: bytes) -> str:
+        return base64.b64encode(x).decode()
+    return f"{_PREFIX}{c.iterations}:{b(c.salt)}${b(c.stored_key)}:{b(c.server_key)}"
+
+
+def parse_verifier(text: str) -> Credential:
+    """`format_verifier`'s output back; Refused(MALFORMED) naming what is wrong."""
+    try:
+        if not text.startswith(_PREFIX):
+            raise ValueError(f"does not start with {_PREFIX!r}")
+        head, keys = text[len(_PREFIX):].split("$")
+        iterations, salt = head.split(":")
+        stored, server = keys.split(":")
+        rec = UserPut("x", base64.b64decode(salt, validate=True), int(iterations),
+                      base64.b64decode(stored, validate=True),
+                      base64.b64decode(server, validate=True))
+    except (ValueError, binascii.Error) as exc:
+        raise Refused(Code.MALFORMED, f"not a SCRAM-SHA-256 verifier "
+                      f"(SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>): {exc}") from None
+    return rec.credential
+
+
+def _bytes(name: str, v: object, lo: int, hi: int) -> bytes:
+    if not isinstance(v, bytes) or not lo <= len(v) <= hi:
+        raise Refused(Code.MALFORMED, f"{name} must be {lo}..{hi} bytes")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class UserPut(ControlRecord):
+    """Create user `name`, or replace its credential (a password change)."""
+
+    op: ClassVar[str] = "user_put"
+    name: str
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+
+    def validate(self) -> None:
+        validate_user_name(self.name)
+        _bytes("salt", self.salt, 16, 64)
+        int_field("iterations", self.iterations, MIN_ITERATIONS, MAX_ITERATIONS)
+        _bytes("stored_key", self.stored_key, _KEY, _KEY)
+        _bytes("server_key", self.server_key, _KEY, _KEY)
+
+    def to_map(self) -> dict[str, Any]:
+        return {"name": self.name, "salt": self.salt, "iterations": self.iterations,
+                "stored_key": self.stored_key, "server_key": self.server_key}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> UserPut:
+        return cls(d.get("name"), d.get("salt"), d.get("iterations"),  # type: ignore[arg-type]
+                   d.get("stored_key"), d.get("server_key"))  # type: ignore[arg-type]
+
+    @property
+    def credential(self) -> Credential:
+        return Credential(self.salt, self.iterations, self.stored_key, self.server_key)
+
+
+@dataclass(frozen=True, slots=True)
+class UserDelete(ControlRecord):
+    """Remove user `name` (applied=0 when there was none)."""
+
+    op: ClassVar[str] = "user_del"
+    name: str
+
+    def validate(self) -> None:
+        validate_user_name(self.name)
+
+    def to_map(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> UserDelete:
+        return cls(d.get("name"))  # type: ignore[arg-type]
+
+
+class Users(Part):
+    """name -> SCRAM verifier."""
+
+    name = "users"
+    version = 1
+    records = (UserPut, UserDelete)
+
+    def __init__(self, state: Any) -> None:
+        super().__init__(state)
+        self._users: dict[str, Credential] = {}
+
+    def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
+        return {UserPut.op: (UserPut, self._put), UserDelete.op: (UserDelete, self._delete)}
+
+    def _put(self, rec: UserPut, index: int) -> ControlResult:
+        self._users[rec.name] = rec.credential
+        return ControlResult(UserPut.op, 1)
+
+    def _delete(self, rec: UserDelete, index: int) -> ControlResult:
+        return ControlResult(UserDelete.op, int(self._users.pop(rec.name, None) is not None))
+
+    def credential(self, name: str) -> Credential | None:
+        return self._users.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._users)
+
+    def section(self) -> Any:
+        return [[n, c.salt, c.iterations, c.stored_key, c.server_key]
+                for n, c in sorted(self._users.items())]
+
+    def load(self, version: int, section: Any) -> None:
+        if version != 1:
+            raise ValueError(f"unsupported users section version {version!r}")
+        users: dict[str, Credential] = {}
+        for name, salt, iterations, stored_key, server_key in section:
+            rec = UserPut(name, salt, iterations, stored_key, server_key)  # validates
+            users[rec.name] = rec.credential
+        self._users = users

@@ -1,0 +1,413 @@
+"""Who may ask a node what: client authentication at connection start, then one check per
+request, in front of every handler (`Guard.wrap` wraps the service's `handle`; no handler
+checks anything itself, so a request type cannot slip past by forgetting to).
+
+Authentication is SCRAM-SHA-256 (RFC 5802 with RFC 7677's hash), Kafka's and
+PostgreSQL's mechanism, through the `scramp` package on both sides. It was chosen over
+RocketMQ's access-key scheme (an HMAC-SHA1 signature of every request under a secret
+key) because the node then stores no secret a thief could use: a SCRAM verifier
+(salt, iterations, StoredKey, ServerKey; `broker.parts.users`) checks a client's proof
+but cannot produce one, while an access-key server must keep every secret key itself.
+SCRAM also authenticates the node to the client (the server signature) and costs one
+round trip per connection rather than a signature per request; with TLS underneath,
+nothing of it can be replayed or read.
+
+The exchange, before any other request on a client connection::
+
+    client -> AUTH (step: "first", msg: client-first-message)
+    node   -> OK   (msg: server-first-message)           salt, iterations, nonce
+    client -> AUTH (step: "final", msg: client-final-message)   the proof
+    node   -> OK   (msg: server-final-message, user)     or UNAUTHENTICATED
+
+Users live in the cluster's metadata group (`NodeConfig.metadata_group`): a node checks
+a proof against its own replica of that group, so every node must host one (the default
+layout replicates every group on three nodes). Before any user is stored, the one
+configured superuser logs in with `superuser_scram`, a verifier in the node config.
+An unknown user gets a made-up salt (derived from a secret of this node), so the
+exchange looks the same as for a known one and fails only at the proof. A failed login
+is answered, then the connection is closed: each guess costs a new connection (and
+`max_connections` bounds those).
+
+Authorization (`authorize = true`): every request type maps to the resources it touches
+and the operation it needs on each (`RULES`: topic, consumer group or cluster; publish,
+subscribe or admin), checked against the ACLs of the metadata group
+(`broker.parts.acls`; deny wins, default deny); configured superusers pass. A request
+type without a rule is refused, so one added later is closed until someone maps it.
+
+Peers (the peer handshake, mutual TLS) are never asked: they are nodes of the cluster.
+Refusals are counted in `raftmq_connections_refused_total` (reasons `auth`,
+`unauthenticated`, `acl`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NoReturn, Protocol
+
+import scramp
+
+from broker.config import NodeConfig
+from broker.parts.acls import Acl, AclAdd, AclRemove, Acls, acl_from_fields
+from broker.parts.base import ErrorResult, Refused
+from broker.parts.users import Credential, UserDelete, UserPut, Users, parse_verifier
+from broker.produce_wire import split_batches
+from broker.protocol import Code, Frame, Op, RequestError, ok_header
+from broker.records import batch_header
+from broker.statemachine import BrokerState
+from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
+from raftlog.types import EntryType
+from transport.framing import Caller, Response
+
+__all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "RULES", "Guard",
+           "make_credential"]
+
+log = logging.getLogger("raftmq.security")
+
+MECHANISM = "SCRAM-SHA-256"
+ITERATIONS = 4096
+_MECH = scramp.ScramMechanism(MECHANISM)
+
+FrameHandler = Callable[[Caller, Frame], Awaitable[Response | None]]
+
+
+def make_credential(password: str, iterations: int = ITERATIONS) -> Credential:
+    """A fresh verifier of `password` (random salt): what the client sends to store."""
+    salt, stored_key, server_key, n = _MECH.make_auth_info(password, iteration_count=iterations)
+    return Credential(salt, n, stored_key, server_key)
+
+
+# ---------------------------------------------------------------------- the rules
+
+#: Markers for requests that name no resource: `ANY_USER` may be made by any
+#: authenticated user (cluster metadata every client needs to find its way: routes,
+#: topic shapes, node status); `PEER_ONLY` only by nodes (the service refuses clients
+#: too); `NOT_A_REQUEST` is never a client's request to a node (the name server's own
+#: ops, requests a node sends to a client), so it is refused here.
+ANY_USER = "any-user"
+PEER_ONLY = "peer-only"
+NOT_A_REQUEST = "not-a-request"
+
+Need = tuple[str, str, str]  # (kind, resource name, operation)
+Resolver = Callable[[Mapping[str, Any], bytes], list[Need]]
+
+def _text(h: Mapping[str, Any], name: str) -> str:
+    v = h.get(name)
+    if not isinstance(v, str):
+        raise RequestError(Code.MALFORMED, f"field {name!r} must be a string")
+    return v
+
+
+def _on(kind: str, field: str, operation: str) -> Resolver:
+    return lambda h, _b: [(kind, _text(h, field), operation)]
+
+
+def _cluster(operation: str) -> Resolver:
+    return lambda _h, _b: [("cluster", "", operation)]
+
+
+def _produce(h: Mapping[str, Any], body: bytes) -> list[Need]:
+    """Publish on the topic of every batch in the request (one or several)."""
+    batches = [memoryview(body)] if "sizes" not in h else split_batches(h["sizes"], body)
+    return [("topic", batch_header(b).topic, "publish") for b in batches]
+
+
+def _offset_topics(h: Mapping[str, Any], _b: bytes) -> list[Need]:
+    """Subscribe on the group and on every topic whose offsets are committed."""
+    rows = h.get("offsets")
+    if not isinstance(rows, list):
+        raise RequestError(Code.MALFORMED, "field 'offsets' must be a list")
+    needs: list[Need] = [("group", _text(h, "cg"), "subscribe")]
+    for row in rows:
+        if not isinstance(row, list) or not row or not isinstance(row[0], str):
+            raise RequestError(Code.MALFORMED, "an offsets row is [topic, queue, offset]")
+        needs.append(("topic", row[0], "subscribe"))
+    return needs
+
+
+def _offsets(h: Mapping[str, Any], _b: bytes) -> list[Need]:
+    """One group's offsets: subscribe on it; every group's: cluster admin."""
+    if h.get("cg") is None:
+        return [("cluster", "", "admin")]
+    return [("group", _text(h, "cg"), "subscribe")]
+
+
+RULES: dict[int, Resolver | str] = {
+    Op.HELLO: PEER_ONLY, Op.RAFT: PEER_ONLY, Op.READ_RAW: PEER_ONLY,
+    Op.AUTH: ANY_USER,  # (handled before authentication is asked for)
+    Op.PRODUCE: _produce,
+    Op.FETCH: _on("topic", "topic", "subscribe"),
+    Op.COMMIT_OFFSET: _offset_topics,
+    Op.QUERY_OFFSET: _on("group", "cg", "subscribe"),
+    Op.CREATE_TOPIC: _on("topic", "topic", "admin"),
+    Op.DELETE_TOPIC: _on("topic", "topic", "admin"),
+    Op.GROW_TOPIC: _on("topic", "topic", "admin"),
+    Op.TOPICS: ANY_USER, Op.STATUS: ANY_USER,
+    Op.GET_MESSAGE: _cluster("subscribe"),  # by id: any topic's message
+    Op.QUERY_KEY: _on("topic", "topic", "subscribe"),
+    Op.TRANSFER_LEADER: _cluster("admin"),
+    Op.OFFSETS: _offsets,
+    Op.DELETE_GROUP: _on("group", "cg", "admin"),
+    Op.HEARTBEAT: _on("group", "cg", "subscribe"),
+    Op.CONSUMERS: _on("group", "cg", "subscribe"),
+    Op.MEMBERSHIP: _cluster("admin"), Op.HOST_GROUP: _cluster("admin"),
+    Op.DROP_GROUP: _cluster("admin"),
+    Op.USER_PUT: _cluster("admin"), Op.USER_DELETE: _cluster("admin"),
+    Op.USER_LIST: _cluster("admin"),
+    Op.ACL_ADD: _cluster("admin"), Op.ACL_REMOVE: _cluster("admin"),
+    Op.ACL_LIST: _cluster("admin"),
+    Op.REGISTER: NOT_A_REQUEST, Op.ROUTE: NOT_A_REQUEST, Op.CLUSTER: NOT_A_REQUEST,
+    # transactions: a transactional producer publishes on the cluster (its transactional
+    # id and producer group are not topics); the offsets it commits are the group's
+    Op.TX_INIT: _cluster("publish"), Op.TX_ADD: _cluster("publish"),
+    Op.TX_OFFSETS: _offset_topics, Op.TX_END: _cluster("publish"),
+    Op.TX_MARKER: PEER_ONLY, Op.TX_STATUS: _cluster("publish"),
+    Op.HALF_END: _cluster("publish"), Op.TX_LIST: _cluster("admin"),
+    Op.TX_CHECK: NOT_A_REQUEST,  # the node asks the producer, never the other way
+    Op.PRODUCER_HEARTBEAT: _cluster("publish"),
+}
+
+
+class GuardHost(Protocol):
+    """What the guard needs of its node."""
+
+    config: NodeConfig
+
+    @property
+    def groups(self) -> Mapping[str, GroupRuntime[BrokerState]]: ...
+
+    def peer_addr(self, node: int | None) -> str | None: ...
+
+    def count_refusal(self, reason: str) -> None: ...
+
+
+class Guard:
+    """Authentication (and, when configured, authorization) in front of a node's service."""
+
+    def __init__(self, node: GuardHost) -> None:
+        self.node = node
+        cfg = node.config
+        self.authenticate = cfg.authenticate
+        self.authorize = cfg.authorize
+        self.superusers = frozenset(cfg.superusers)
+        self._bootstrap: dict[str, Credential] = {}
+        if cfg.superuser_scram:
+            self._bootstrap[cfg.superusers[0]] = parse_verifier(cfg.superuser_scram)
+        self._fake_key = secrets.token_bytes(32)  # made-up salts for unknown users
+        self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
+        self._own: dict[int, Callable[[Caller, dict[str, Any]], Awaitable[Response]]] = {
+            Op.AUTH: self._auth,
+            Op.USER_PUT: self._user_put,
+            Op.USER_DELETE: self._user_delete,
+            Op.USER_LIST: self._user_list,
+            Op.ACL_ADD: self._acl_add,
+            Op.ACL_REMOVE: self._acl_remove,
+            Op.ACL_LIST: self._acl_list,
+        }
+
+    @property
+    def owned_ops(self) -> frozenset[int]:
+        """The request types the guard answers itself."""
+        return frozenset(self._own)
+
+    def wrap(self, handler: FrameHandler) -> FrameHandler:
+        """`handler` behind the checks: what the node serves client connections with."""
+
+        async def guarded(caller: Caller, frame: Frame) -> Response | None:
+            h = frame.header
+            op = h.get("op")
+            if isinstance(op, int) and not isinstance(op, bool):
+                self.check(caller, op, h, frame.body)
+                own = self._own.get(op)
+                if own is not None:
+                    header, body = await own(caller, h)
+                    header["id"] = h.get("id", 0)
+                    return header, body
+            return await handler(caller, frame)
+
+        return guarded
+
+    # ------------------------------------------------------------------ the check
+
+    def check(self, caller: Caller, op: int, header: Mapping[str, Any],
+              body: bytes = b"") -> None:
+        """Raise unless `caller` may make request `op` now: authenticated first (when
+        authentication is on), except for AUTH itself; then, with authorization on,
+        allowed by the ACLs on every resource `RULES` maps it to (superusers always
+        are). Peers always may. Without authorization, managing users and ACLs still
+        takes a superuser."""
+        if caller.is_peer or op == Op.AUTH:
+            return
+        if not self.authenticate:
+            return
+        user = caller.principal
+        if user is None:
+            self.node.count_refusal("unauthenticated")
+            raise RequestError(Code.UNAUTHENTICATED, "authenticate first: this cluster takes "
+                               f"requests from {MECHANISM}-authenticated users only (AUTH)")
+        if user in self.superusers:
+            return
+        if not self.authorize:
+            if op in _SECURITY_OPS:
+                self._deny(user, op, "only a superuser may manage users and ACLs")
+            return
+        rule = RULES.get(op)
+        if rule is None or rule in (PEER_ONLY, NOT_A_REQUEST):
+            self._deny(user, op, "this request type is not one a client may make here")
+        if rule == ANY_USER:
+            return
+        assert callable(rule)
+        acls = self._acls()
+        for kind, name, operation in rule(header, body):
+            if not acls.allowed(user, kind, name, operation):
+                where = "the cluster" if kind == "cluster" else f"{kind} {name!r}"
+                self._deny(user, op, f"no ACL allows {operation} on {where}")
+
+    def _deny(self, user: str, op: int, why: str) -> NoReturn:
+        self.node.count_refusal("acl")
+        raise RequestError(Code.FORBIDDEN, f"{_op_name(op)}: user {user!r}: {why}")
+
+    # ------------------------------------------------------------------ AUTH
+
+    def _metadata(self) -> BrokerState:
+        gid = self.node.config.metadata_group
+        g = self.node.groups.get(gid) if gid is not None else None
+        if g is None:
+            raise RequestError(Code.UNKNOWN_GROUP, f"this node holds no replica of the "
+                               f"metadata group {gid!r}, where users and ACLs are kept; "
+                               "connect to a node that does")
+        return g.machine
+
+    def _users(self) -> Users:
+        return self._metadata().part(Users)
+
+    def _acls(self) -> Acls:
+        return self._metadata().part(Acls)
+
+    def _lookup(self, name: str) -> Credential:
+        cred = self._users().credential(name) or self._bootstrap.get(name)
+        if cred is not None:
+            return cred
+        fake = hmac.new(self._fake_key, name.encode(), hashlib.sha256).digest()
+        return Credential(fake[:16], ITERATIONS, fake, fake)  # no password matches it
+
+    async def _auth(self, caller: Caller, h: dict[str, Any]) -> Response:
+        step, msg = h.get("step"), h.get("msg")
+        if not isinstance(msg, str) or step not in ("first", "final"):
+            raise RequestError(Code.MALFORMED, "AUTH needs step 'first' or 'final' and msg")
+        if caller.principal is not None:
+            raise RequestError(Code.MALFORMED, f"already authenticated as {caller.principal!r}")
+        if step == "first":
+            self._users()  # fails before anything when this node cannot check
+            found: dict[str, str] = {}
+
+            def auth_fn(name: str) -> tuple[bytes, bytes, bytes, int]:
+                found["user"] = name
+                c = self._lookup(name)
+                return c.salt, c.stored_key, c.server_key, c.iterations
+
+            server = _MECH.make_server(auth_fn)
+            try:
+                server.set_client_first(msg)
+                first = server.get_server_first()
+            except scramp.ScramException as exc:
+                raise RequestError(Code.MALFORMED, f"AUTH: {exc}") from None
+            self._pending[caller] = (server, found.get("user", ""))
+            return ok_header(0, msg=first), b""
+        pending = self._pending.pop(caller, None)
+        if pending is None:
+            raise RequestError(Code.MALFORMED, "AUTH step 'final' without a 'first'")
+        server, user = pending
+        try:
+            server.set_client_final(msg)
+            final = server.get_server_final()
+        except scramp.ScramException:
+            self.node.count_refusal("auth")
+            caller.hang_up()  # one try per connection: guessing costs a new connection
+            log.info("authentication failed", extra={"fields": {"user": user,
+                                                                "remote": caller.remote}})
+            raise RequestError(Code.UNAUTHENTICATED, "authentication failed: unknown user or "
+                               "wrong password") from None
+        caller.principal = user
+        return ok_header(0, msg=final, user=user), b""
+
+    # ------------------------------------------------------------------ users
+
+    def _metadata_leader(self) -> GroupRuntime[BrokerState]:
+        gid = self.node.config.metadata_group
+        g = self.node.groups.get(gid) if gid is not None else None
+        if g is None:
+            raise RequestError(Code.UNKNOWN_GROUP, f"this node holds no replica of the "
+                               f"metadata group {gid!r}")
+        if not g.is_leader:
+            raise RequestError(Code.NOT_LEADER, f"this node does not lead the metadata group "
+                               f"{gid}", leader=self.node.peer_addr(g.leader), g=gid)
+        return g
+
+    async def propose(self, data: bytes) -> Any:
+        """Propose a control record to the metadata group; its result, or RequestError."""
+        g = self._metadata_leader()
+        try:
+            result = await g.propose(data, EntryType.CONTROL)
+        except NotLeader as exc:
+            raise RequestError(Code.NOT_LEADER, "leadership moved",
+                               leader=self.node.peer_addr(exc.leader), g=g.group_id) from None
+        except (ProposalDropped, ProposalLost) as exc:
+            raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None
+        if isinstance(result, ErrorResult):
+            raise RequestError(result.code, result.message)
+        return result
+
+    async def _user_put(self, caller: Caller, h: dict[str, Any]) -> Response:
+        try:
+            rec = UserPut(h.get("user"), h.get("salt"), h.get("iterations"),  # type: ignore[arg-type]
+                          h.get("stored_key"), h.get("server_key"))  # type: ignore[arg-type]
+        except Refused as exc:
+            raise RequestError(exc.code, exc.message) from None
+        await self.propose(rec.encode())
+        return ok_header(0), b""
+
+    async def _user_delete(self, caller: Caller, h: dict[str, Any]) -> Response:
+        try:
+            rec = UserDelete(h.get("user"))  # type: ignore[arg-type]
+        except Refused as exc:
+            raise RequestError(exc.code, exc.message) from None
+        result = await self.propose(rec.encode())
+        return ok_header(0, deleted=bool(result.applied)), b""
+
+    async def _user_list(self, caller: Caller, h: dict[str, Any]) -> Response:
+        return ok_header(0, users=self._users().names()), b""
+
+    # ------------------------------------------------------------------ ACLs
+
+    def _acl(self, h: dict[str, Any]) -> Acl:
+        try:
+            return acl_from_fields(h)
+        except Refused as exc:
+            raise RequestError(exc.code, exc.message) from None
+
+    async def _acl_add(self, caller: Caller, h: dict[str, Any]) -> Response:
+        result = await self.propose(AclAdd(self._acl(h)).encode())
+        return ok_header(0, added=bool(result.applied)), b""
+
+    async def _acl_remove(self, caller: Caller, h: dict[str, Any]) -> Response:
+        result = await self.propose(AclRemove(self._acl(h)).encode())
+        return ok_header(0, removed=bool(result.applied)), b""
+
+    async def _acl_list(self, caller: Caller, h: dict[str, Any]) -> Response:
+        return ok_header(0, acls=[a.to_list() for a in self._acls().entries()]), b""
+
+
+_SECURITY_OPS = frozenset({Op.USER_PUT, Op.USER_DELETE, Op.USER_LIST, Op.ACL_ADD,
+                           Op.ACL_REMOVE, Op.ACL_LIST})
+
+
+def _op_name(op: int) -> str:
+    try:
+        return Op(op).name
+    except ValueError:
+        return f"op {op}"

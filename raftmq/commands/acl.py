@@ -1,0 +1,96 @@
+"""`raftmq acl add|remove|list`: who may publish, subscribe or administer what.
+
+    raftmq acl add --user alice --allow publish --topic orders. --prefix
+    raftmq acl add --user alice --deny subscribe --topic orders.secret
+    raftmq acl add --user '*' --allow subscribe --group analytics
+    raftmq acl add --user ops --allow admin --cluster
+    raftmq acl list
+
+Entries are logged in the cluster's metadata group; deny wins over allow, and with
+authorization on (`authorize = true`) a request no entry allows is refused. These
+commands need a superuser's (or a cluster-admin's) login: `raftmq --user NAME ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from broker.parts.acls import OPERATIONS
+from broker.protocol import Op, RequestError
+
+from . import add_namesrv_argument, namesrv_addresses, print_json
+from .user import metadata_request
+
+__all__ = ["main"]
+
+PROG = "raftmq acl"
+FIELDS = ("principal", "kind", "pattern", "name", "operation", "permission")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="ACLs: who may do what (deny wins).")
+    sub = p.add_subparsers(dest="action")
+    for name in ("add", "remove"):
+        sp = sub.add_parser(name, help=f"{name} an entry")
+        sp.add_argument("--user", required=True, help="a user name, or '*' for every user")
+        verdict = sp.add_mutually_exclusive_group(required=True)
+        verdict.add_argument("--allow", choices=OPERATIONS, metavar="OPERATION",
+                             help=f"allow OPERATION ({', '.join(OPERATIONS)})")
+        verdict.add_argument("--deny", choices=OPERATIONS, metavar="OPERATION",
+                             help="deny OPERATION (deny wins over any allow)")
+        what = sp.add_mutually_exclusive_group(required=True)
+        what.add_argument("--topic", metavar="NAME")
+        what.add_argument("--group", metavar="NAME", help="a consumer group")
+        what.add_argument("--cluster", action="store_true",
+                          help="the cluster (topics' creation, replicas, users, ACLs, ...)")
+        sp.add_argument("--prefix", action="store_true",
+                        help="NAME is a prefix: every topic or group starting with it")
+        sp.add_argument("--json", action="store_true")
+        add_namesrv_argument(sp)
+    sp = sub.add_parser("list", help="list the entries")
+    sp.add_argument("--json", action="store_true")
+    add_namesrv_argument(sp)
+    return p
+
+
+def _entry(args: argparse.Namespace) -> dict[str, Any]:
+    kind, name = ("cluster", "") if args.cluster else (
+        ("topic", args.topic) if args.topic is not None else ("group", args.group))
+    return {"principal": args.user, "kind": kind,
+            "pattern": "prefix" if args.prefix else "literal", "name": name,
+            "operation": args.allow or args.deny,
+            "permission": "allow" if args.allow else "deny"}
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.action is None:
+        parser.print_help()
+        return 2
+    namesrv = namesrv_addresses(parser, args.namesrv)
+    try:
+        if args.action == "list":
+            out = metadata_request(namesrv, {"op": int(Op.ACL_LIST)})
+            rows = [dict(zip(FIELDS, a, strict=True)) for a in out.get("acls", [])]
+            if args.json:
+                print_json({"acls": rows})
+            for r in [] if args.json else rows:
+                what = "cluster" if r["kind"] == "cluster" else (
+                    f"{r['kind']} {r['name']}" + ("*" if r["pattern"] == "prefix" else ""))
+                print(f"{r['permission']:<5} {r['principal']:<16} {r['operation']:<9} {what}")
+            return 0
+        entry = _entry(args)
+        op = Op.ACL_ADD if args.action == "add" else Op.ACL_REMOVE
+        out = metadata_request(namesrv, {"op": int(op), **entry})
+    except (RequestError, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    done = bool(out.get("added" if args.action == "add" else "removed"))
+    if args.json:
+        print_json({**entry, "changed": done})
+    elif not done:
+        print("already there" if args.action == "add" else "no such entry")
+    return 0
