@@ -278,7 +278,9 @@ def test_tx_end_names_groups_never_registered(live: Live) -> None:
     live.produce(topic, 2, [b"aborted-2"], tx=(tid, epoch, 1))
     end = live.ask(c, Op.TX_END, tid=tid, epoch=epoch, n=1, commit=False, groups=["g2"])
     assert end["state"] == "complete_abort"
-    st = live.ask(c, Op.TX_STATUS, tid=tid)
+    # (TX_END answers once the markers are applied; tx_complete is logged right after)
+    st = wait_for(lambda: (s := live.ask(c, Op.TX_STATUS, tid=tid))["state"] != (
+        "prepare_abort") and s, 30, "transaction 1 logged complete")
     assert (st["n"], st["state"], st["participants"]) == (1, "complete_abort", ["g2"])
     [row] = [d for d in live.ask("g2", Op.TX_LIST, tx=tid)["decided"] if d["n"] == 1]
     assert row["commit"] is False
