@@ -1,8 +1,8 @@
 """A FETCH answer straight into one Arrow record batch of the source's schema.
 
 The SDK's `decode_fetch` builds a `Message` per record, and the Arrow columns were then
-built from those objects again: some 20 µs of Python per row, the whole cost of a Spark
-read. Here the records are located in one pass (none at all when every record has the
+built from those objects again: some 5 µs of CPU per 100-byte message, most of what a
+Spark worker spent per row. Here the records are located in one pass (none at all when every record has the
 same size, as a producer's bare bodies do), their headers are read as one NumPy array,
 and each column is made from buffers: the bodies, keys and tags are cut out of the
 answer's body by Arrow (`take` over an offsets buffer laid on it, no Python per row), the
