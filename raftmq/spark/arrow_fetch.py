@@ -2,9 +2,9 @@
 
 The SDK's `decode_fetch` builds a `Message` per record, and the Arrow columns were then
 built from those objects again: some 5 µs of CPU per 100-byte message, most of what a
-Spark worker spent per row. Here the records are located in one pass (none at all when every record has the
-same size, as a producer's bare bodies do), their headers are read as one NumPy array,
-and each column is made from buffers: the bodies, keys and tags are cut out of the
+Spark worker spent per row. Here the records are located in one pass (none at all when
+every record has the same size, as a producer's bare bodies do), their headers are read
+as one NumPy array, and each column is made from buffers: the bodies, keys and tags are cut out of the
 answer's body by Arrow (`take` over an offsets buffer laid on it, no Python per row), the
 times, offsets and message ids come from the answer header's rows as arrays. Only
 properties, where a record has any, are decoded one by one (they are msgpack maps).
