@@ -49,6 +49,7 @@ __all__ = [
     "commit_offsets",
     "decode_fetch",
     "fetch",
+    "fetch_answer",
     "parse_tags",
     "query_offset",
     "queue_bounds",
@@ -222,6 +223,34 @@ def decode_fetch(
 # ---------------------------------------------------------------- requests
 
 
+async def fetch_answer(
+    routes: Routes,
+    topic: str,
+    queue: int,
+    offset: int,
+    *,
+    max_messages: int = PULL_BATCH,
+    max_bytes: int = FETCH_MAX_BYTES,
+    wait_ms: int = LONG_POLL_MS,
+    tags: Sequence[str] | None = None,
+    attempts: int = 3,
+) -> tuple[str, Mapping[str, Any], bytes]:
+    """`fetch` without decoding: (the hosting group, the answer header, the records), for
+    readers that decode records in bulk (`decode_fetch` says what the answer holds).
+    Tags select by hash on the broker; the exact match is the caller's."""
+    header: dict[str, Any] = {
+        "topic": topic, "queue": queue, "offset": offset, "max": max_messages,
+        "max_bytes": max_bytes, "wait_ms": int(wait_ms),
+    }
+    if tags:
+        header["tags"] = list(tags)
+    group, frame = await routes.call_queue(
+        topic, queue, Op.FETCH, header, timeout=wait_ms / 1000 + FETCH_GRACE, attempts=attempts
+    )
+    h = frame.header
+    return str(h.get("g") or group), h, frame.body
+
+
 async def fetch(
     routes: Routes,
     topic: str,
@@ -239,17 +268,10 @@ async def fetch(
     OFFSET_TOO_SMALL / OFFSET_TOO_LARGE are raised to the caller with `min` and `end`
     in `RequestError.extra`.
     """
-    header: dict[str, Any] = {
-        "topic": topic, "queue": queue, "offset": offset, "max": max_messages,
-        "max_bytes": max_bytes, "wait_ms": int(wait_ms),
-    }
-    if tags:
-        header["tags"] = list(tags)
-    group, frame = await routes.call_queue(
-        topic, queue, Op.FETCH, header, timeout=wait_ms / 1000 + FETCH_GRACE, attempts=attempts
-    )
-    h = frame.header
-    msgs = decode_fetch(topic, queue, str(h.get("g") or group), h, frame.body)
+    group, h, body = await fetch_answer(routes, topic, queue, offset, max_messages=max_messages,
+                                        max_bytes=max_bytes, wait_ms=wait_ms, tags=tags,
+                                        attempts=attempts)
+    msgs = decode_fetch(topic, queue, group, h, body)
     if tags:
         wanted = set(tags)
         msgs = [m for m in msgs if m.tags in wanted]

@@ -5,7 +5,7 @@ registration)::
 
     import raftmq.spark; raftmq.spark.register(spark)
 
-Needs the `spark` extra (`pip install 'raftmq[spark]'`: PySpark 4 and pyarrow) and Java 17.
+Needs the `spark` extra (`pip install 'raftmq[spark]'`: PySpark 4, pyarrow, NumPy) and Java 17.
 Options, offsets and the schema are Spark's Kafka source's: see `raftmq.spark.options` and
 `raftmq.spark.schema`.
 """
@@ -13,11 +13,12 @@ Options, offsets and the schema are Spark's Kafka source's: see `raftmq.spark.op
 from __future__ import annotations
 
 try:
+    import numpy  # noqa: F401
     import pyarrow  # noqa: F401
     import pyspark  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
-        f"raftmq.spark needs PySpark 4 and pyarrow ({exc}); install them with "
+        f"raftmq.spark needs PySpark 4, pyarrow and NumPy ({exc}); install them with "
         "pip install 'raftmq[spark]'"
     ) from exc
 

@@ -22,12 +22,12 @@ from anyio.from_thread import start_blocking_portal
 
 from broker.protocol import Code, RequestError
 from raftmq.client import Admin
-from raftmq.client.consumer import PullResult, fetch, queue_bounds
+from raftmq.client.consumer import fetch_answer, queue_bounds
 from raftmq.client.routes import Routes
 from transport.connection import is_retriable
 
+from .arrow_fetch import fetch_to_batch
 from .options import OptionError, QueueRange, SourceOptions
-from .schema import messages_to_batch
 
 __all__ = ["DataLossError", "discover", "read_range"]
 
@@ -112,16 +112,22 @@ def discover(opts: SourceOptions) -> Bounds:
 
 async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_loss: bool,
                       timeout: float, tags: tuple[str, ...] | None
-                      ) -> tuple[PullResult | None, int]:
-    """The next messages of `r` at `offset`: (answer, where to continue). Waits out a new
-    leader that has not applied up to `r.end` yet (the range was committed, so it will);
-    a start removed by retention is a `DataLossError` or a skip to the earliest offset."""
+                      ) -> tuple[pa.RecordBatch | None, int]:
+    """The next messages of `r` at `offset` as a record batch (decoded straight from the
+    answer, `fetch_to_batch`), and where to continue. Waits out a new leader that has not
+    applied up to `r.end` yet (the range was committed, so it will); a start removed by
+    retention is a `DataLossError` or a skip to the earliest offset."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            res = await fetch(routes, r.topic, r.queue, offset,
-                              max_messages=min(FETCH_COUNT, r.end - offset),
-                              max_bytes=FETCH_BYTES, wait_ms=0, tags=tags)
+            group, h, body = await fetch_answer(
+                routes, r.topic, r.queue, offset, max_messages=min(FETCH_COUNT, r.end - offset),
+                max_bytes=FETCH_BYTES, wait_ms=0, tags=tags)
+            rows = h.get("msgs") or []
+            nxt = int(h.get("next", int(rows[-1][0]) + 1 if rows else offset))
+            if rows or nxt > offset:  # (with tags, a FETCH may skip without a match)
+                return fetch_to_batch(r.topic, r.queue, group, h, body, tags=tags,
+                                      end=r.end), nxt
         except RequestError as exc:
             if exc.code == Code.OFFSET_TOO_SMALL and "min" in exc.extra:
                 lo = min(int(exc.extra["min"]), r.end)
@@ -140,9 +146,6 @@ async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_l
                 return None, r.end
             if exc.code != Code.OFFSET_TOO_LARGE and not is_retriable(exc):
                 raise
-            res = None
-        if res is not None and (res.messages or res.next_offset > offset):
-            return res, res.next_offset  # (with tags, a FETCH may skip without a match)
         if time.monotonic() > deadline:
             raise TimeoutError(f"{r.topic} queue {r.queue}: no message at committed offset "
                                f"{offset} (of {r.start}..{r.end - 1}) within {timeout:g} s")
@@ -152,8 +155,9 @@ async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_l
 def read_range(r: QueueRange, namesrv: tuple[str, ...], *, fail_on_data_loss: bool,
                timeout: float, tags: tuple[str, ...] | None = None
                ) -> Iterator[pa.RecordBatch]:
-    """The messages of `r` as Arrow record batches, one per FETCH. The next FETCH is
-    already under way (on the client's own event-loop thread) while a batch is built."""
+    """The messages of `r` as Arrow record batches, one per FETCH. The next FETCH (and
+    its decoding) is already under way on the client's own event-loop thread while Spark
+    takes a batch."""
     with start_blocking_portal() as portal:
         with portal.wrap_async_context_manager(Admin(list(namesrv))) as admin:
             def start(offset: int) -> Future[Any]:
@@ -163,12 +167,10 @@ def read_range(r: QueueRange, namesrv: tuple[str, ...], *, fail_on_data_loss: bo
             pending = start(r.start) if r.start < r.end else None
             try:
                 while pending is not None:
-                    res, nxt = pending.result()
+                    batch, nxt = pending.result()
                     pending = start(nxt) if nxt < r.end else None
-                    if res is not None:
-                        msgs = [m for m in res.messages if m.offset < r.end]
-                        if msgs:
-                            yield messages_to_batch(msgs)
+                    if batch is not None and batch.num_rows:
+                        yield batch
             finally:
                 if pending is not None:  # the reader stopped early (a LIMIT, a failure)
                     pending.cancel()
