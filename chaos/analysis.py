@@ -657,6 +657,11 @@ class _Tally:
                     self.allowed[(key, msg)] = allowed.get((key, msg), 0)
 
     def unavailability(self) -> list[Unavailability]:
+        """How long each leader loss kept its groups from acknowledging queue appends;
+        nothing when the history holds no queue append at all (a `txn`-only run, whose
+        availability this measure cannot see: every fault would look unrecovered)."""
+        if not self.acks:
+            return []
         return _unavailability(self.acks, self.faults)
 
     def load(self) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:

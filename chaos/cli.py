@@ -384,7 +384,9 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
     table.add_row("checker", f"{results.get('checker_seconds', 0):.1f} s")
     worst = results.get("longest_unavailability")
     table.add_row("longest unavailability after a leader loss",
-                  "none" if worst is None else f"{worst:.2f} s")
+                  f"{worst:.2f} s" if worst is not None
+                  else "not measured (no queue appends)" if not results.get("linearizable")
+                  else "none")
     table.add_row("files", f"{out}/history.jsonl, results.json, report.html")
     Console().print(table)
     again = _repeat_command(results.get("options"))

@@ -209,6 +209,21 @@ def test_unavailability_after_leader_loss(tmp_path: Path) -> None:
     assert [name for _s, _e, name in a.report_faults] == ["kill [1]", "pause [2]", "partition"]
 
 
+def test_without_queue_appends_availability_is_not_measured(tmp_path: Path) -> None:
+    """A history with faults but no queue append (a `--workload txn` run) says nothing
+    about availability, rather than every fault looking unrecovered to the end."""
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.at(10).fault_start("kill", {"nodes": [1], "leaders": {"g0": 1}})
+    s.at(15).fault_end("kill", {"nodes": [1]})
+    s.at(60).fault_start("pause", {"nodes": [2], "leaders": {"g1": 2}})
+    s.at(61).fault_end("pause")
+    r = run(h).results
+    assert r["faults"] == {"kill": 1, "pause": 1}
+    assert r["unavailability"] == [] and r["longest_unavailability"] is None
+    assert r["unrecovered_faults"] == 0 and r["liveness_violations"] == []
+
+
 @pytest.mark.parametrize("back_after", [3.0, None, 25.0])
 def test_a_group_that_accepts_no_write_within_the_bound_after_a_heal_is_invalid(
     tmp_path: Path, back_after: float | None
