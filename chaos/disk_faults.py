@@ -42,7 +42,13 @@ from typing import Any
 import crc32c
 
 from raftlog.commitlog import HEADER_SIZE, MAGIC
-from raftlog.fsutil import iter_data_files, load_sync_marks, reset_sync_marks, sync_marks_path
+from raftlog.fsutil import (
+    iter_data_files,
+    load_sync_marks,
+    mark_synced,
+    reset_sync_marks,
+    sync_marks_path,
+)
 
 __all__ = [
     "FILE_KINDS",
@@ -245,6 +251,7 @@ class Damage:
     size: int  # before
     detail: dict[str, Any]
     original: bytes = field(repr=False)
+    root: Path | None = None  # the node's data directory, whose sync marks it updates
 
     def describe(self) -> dict[str, Any]:
         return {"how": self.how, "kind": self.kind, "file": str(self.path), "size": self.size,
@@ -260,6 +267,10 @@ class Damage:
             f.truncate(len(self.original))
             f.flush()
             os.fsync(f.fileno())
+        if self.root is not None:
+            # the node's last start recorded the damaged size as durable; say the
+            # restored bytes are, or a later `crash-unsynced` cuts them off again
+            mark_synced(self.root, self.path)
 
 
 def damage_file(
@@ -294,7 +305,7 @@ def damage_file(
         with path.open("r+b") as f:
             f.write(data)
         detail = {"bits": bits}
-    return Damage(how, kind, path, size, detail, original)
+    return Damage(how, kind, path, size, detail, original, Path(data_dir))
 
 
 # ------------------------------------------------------------------ a disk that fills up

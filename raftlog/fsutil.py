@@ -75,6 +75,7 @@ __all__ = [
     "fsync_fd",
     "iter_data_files",
     "load_sync_marks",
+    "mark_synced",
     "reset_sync_marks",
     "seal",
     "sync_marks_path",
@@ -268,6 +269,22 @@ def reset_sync_marks(data_dir: str | os.PathLike[str]) -> dict[str, int]:
     # a rename, so a SIGKILL mid-way leaves the old marks or the whole new baseline
     os.replace(tmp, os.path.join(data_dir, SYNC_MARKS_NAME))
     return names
+
+
+def mark_synced(data_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Record in `data_dir`'s sync marks, when it has any, that the file at `path` is
+    durable at its present size. For a harness that fsynced a file while no node ran
+    (a damaged file put back): the marks a node wrote on its last start describe the
+    file as it found it, and a later simulated power loss must not cut it back to that.
+    Not while a process records marks there. The line starts on a line of its own: the
+    file may end in the NUL room a node reserved."""
+    marks = sync_marks_path(data_dir)
+    if not marks.exists():
+        return
+    st = os.stat(path)
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(data_dir))
+    with open(marks, "ab") as f:
+        f.write(b"\n" + _encode([["s", rel, st.st_ino, st.st_size]]))
 
 
 def _encode(lines: list[list[object]]) -> bytes:

@@ -587,6 +587,22 @@ def test_damage_file_changes_one_file_and_restore_puts_it_back(tmp_path: Path, h
     with pytest.raises(ValueError, match="unknown"):
         damage_file(data, random.Random(0), "melt")
 
+def test_a_restored_file_survives_a_later_simulated_power_loss(tmp_path: Path) -> None:
+    """A node that refuses to start on a truncated file has already recorded, on start,
+    the truncated size as durable; the restore must say the bytes put back are durable
+    too, or a `crash-unsynced` before the node's next start cuts them off again."""
+    data = tmp_path / "n1"
+    _group_with_snapshot(data)
+    for seed in range(6):
+        d = damage_file(data, random.Random(seed), "truncate")
+        assert d is not None
+        enable_sync_marks(data)  # the node's start: marks what it found, then it refuses
+        disable_sync_marks(data)
+        d.restore()
+        discard_unsynced(data)  # a power loss while the node is still down
+        assert d.path.read_bytes() == d.original, d.describe()
+
+
 @pytest.mark.live
 
 def test_a_node_refuses_a_damaged_snapshot_and_starts_once_it_is_restored(tmp_path: Path) -> None:
