@@ -106,6 +106,7 @@ from .models import (
     pin_read_appends,
     quiescent_segments,
 )
+from .txcheck import TX_OPS, check_file
 from .workload import TOPIC_KEY_PREFIX, TOPIC_OPS, is_idempotent_message
 
 __all__ = [
@@ -229,6 +230,7 @@ class Analysis:
             path, model, info, title=title, faults=self.report_faults,
             accounting=self.accounting, throughput=throughput, latency=latency,
             unavailability=self.results.get("unavailability_by_fault"),
+            transactions=self.results.get("transactions"),
         )
 
 
@@ -257,10 +259,27 @@ def analyze(
     faults = parse_faults(path)
     with _spill_dir(path) as spill:
         routes = _spill_by_key(path, spill)
-        return _analyze_spilled(
+        analysis = _analyze_spilled(
             routes, faults, queue_groups=queue_groups, check_timeout=check_timeout,
             idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
         )
+    _add_transactions(analysis, check_file(path))
+    return analysis
+
+
+def _add_transactions(analysis: Analysis, tx: dict[str, Any]) -> None:
+    """The transactional checker's verdict (`chaos.txcheck`) joins the run's: section
+    ``transactions`` of results.json, its problems prefixed ``transactions:``. A history
+    without transactional records gets no section."""
+    if not (tx["messages"] or sum(tx["transactions"].values()) or tx["malformed"]):
+        return
+    results = analysis.results
+    results["transactions"] = tx
+    if tx["problems"]:
+        results["problems"] = [*results["problems"],
+                               *(f"transactions: {p}" for p in tx["problems"])]
+        results["valid"] = False
+        results["verdict"] = analysis.verdict = "invalid"
 
 
 def _analyze_spilled(
@@ -420,6 +439,7 @@ def _spill_by_key(history: Path, into: Path) -> list[tuple[str, Path]]:
         return found[1]
 
     sink(_ORPHAN)
+    skipped: set[Any] = set()  # processes whose open operation is a transactional one
     try:
         with history.open(encoding="utf-8") as lines:
             for number, line in enumerate(lines, start=1):
@@ -436,8 +456,17 @@ def _spill_by_key(history: Path, into: Path) -> list[tuple[str, Path]]:
                     if process == NEMESIS:
                         continue
                     if isinstance(process, (int, str)):
+                        if kind == "invoke" and entry.get("f") in TX_OPS:
+                            skipped.add(process)  # `chaos.txcheck` reads these
+                            open_route.pop(process, None)
+                            continue
                         if kind == "invoke":
+                            skipped.discard(process)
                             route = open_route[process] = json.dumps(entry.get("key"))
+                        elif process in skipped:
+                            if kind in ("ok", "fail", "info"):
+                                skipped.discard(process)
+                            continue
                         else:
                             route = open_route.get(process, _ORPHAN)
                             if kind in ("ok", "fail", "info"):

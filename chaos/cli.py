@@ -273,6 +273,7 @@ def _run_parser() -> argparse.ArgumentParser:
     from broker.config import KNOWN_MUTATIONS
 
     from .nemesis import NEMESES
+    from .run import WORKLOADS
 
     p = argparse.ArgumentParser(
         prog="raftmq chaos run",
@@ -292,7 +293,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="how long faults and load run before the final heal (default 60)")
     p.add_argument("--nemesis", default="kill,partition-node", metavar="LIST",
                    help=f"comma-separated faults, all, or none: {', '.join(NEMESES)}")
-    p.add_argument("--workload", default="queue", choices=("queue",))
+    p.add_argument("--workload", default="queue", choices=WORKLOADS,
+                   help="queue (default), txn (transactions, half messages, a pipeline) "
+                   "or all (both side by side)")
     p.add_argument("--seed", type=int, default=0, help="decides the fault schedule")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="history.jsonl, results.json, report.html and the cluster's files")
@@ -368,6 +371,16 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
     ))
     lin = results.get("linearizable", {})
     table.add_row("linearizable queues", f"{sum(v is True for v in lin.values())} of {len(lin)}")
+    tx = results.get("transactions")
+    if isinstance(tx, dict):
+        outcomes = tx.get("transactions", {})
+        pipeline = tx.get("pipeline", {})
+        table.add_row("transactions", (
+            ", ".join(f"{n} {kind}" for kind, n in outcomes.items())
+            + "; half messages " + ", ".join(f"{n} {k}" for k, n in tx.get("halves", {}).items())
+            + f"; {tx.get('checks', {}).get('answered', 0)} check-backs answered"
+            + f"; pipeline inputs committed {pipeline.get('inputs_committed', 0)}"
+        ))
     table.add_row("checker", f"{results.get('checker_seconds', 0):.1f} s")
     worst = results.get("longest_unavailability")
     table.add_row("longest unavailability after a leader loss",
@@ -388,6 +401,8 @@ def _repeat_command(options: Any) -> str | None:
     parts = ["raftmq chaos run", f"--seed {options['seed']}", f"--time {options.get('time')}",
              f"--nemesis {nemesis}", f"--nodes {options.get('nodes')}",
              f"--groups {options.get('groups')}"]
+    if options.get("workload", "queue") != "queue":
+        parts.append(f"--workload {options['workload']}")
     parts += [f"--mutation {m}" for m in options.get("mutations") or ()]
     if options.get("cluster"):
         parts.append(f"--cluster {options['cluster']}")

@@ -251,11 +251,15 @@ class Damage:
                 **self.detail}
 
     def restore(self) -> None:
-        """Put the original bytes back (temp file and rename, so a crash leaves one or
-        the other)."""
-        tmp = self.path.with_name(self.path.name + ".restore")
-        tmp.write_bytes(self.original)
-        os.replace(tmp, self.path)
+        """Put the original bytes back into the same file, fsynced: a restored backup is
+        as durable as the file was. (A new file renamed over it would be a name the
+        node's sync marks never saw fsynced, so a later `crash-unsynced` would delete a
+        file the node's snapshot needs.)"""
+        with self.path.open("r+b") as f:
+            f.write(self.original)
+            f.truncate(len(self.original))
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def damage_file(

@@ -58,6 +58,18 @@ class Recorder:
         return self._write({"process": process, "type": "attempt", "f": f, "key": key,
                             "value": value})
 
+    def forward(self, entry: dict[str, Any]) -> None:
+        """Write a line another process recorded (`chaos.pipeline`'s worker), at the time
+        it gave (same machine, same monotonic clock); without one, now."""
+        kind, f = str(entry.get("type")), str(entry.get("f"))
+        if kind in _TYPES:
+            self.counts[(f, kind)] = self.counts.get((f, kind), 0) + 1
+        if not isinstance(entry.get("time"), (int, float)):
+            self._write(dict(entry))
+            return
+        self._out.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        self._out.flush()
+
     def fault_start(self, f: str, value: Any = None) -> float:
         """A nemesis fault begins (closed by `fault_end` with the same `f`)."""
         self.counts[(f, "fault")] = self.counts.get((f, "fault"), 0) + 1

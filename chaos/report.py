@@ -490,6 +490,33 @@ def _unavailability(table: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def _transactions(tx: dict[str, Any]) -> str:
+    """The transactional checker's verdict: every violation count (red when not zero),
+    outcomes, and the first examples of each violation found."""
+    from .txcheck import VIOLATIONS
+
+    badge = ("<span class='badge ok'>valid</span>" if tx.get("valid")
+             else "<span class='badge illegal'>invalid</span>")
+    counts = "".join(
+        f"<div class='{'bad' if tx.get(kind) else ''}'>{_esc(kind)}: {_esc(tx.get(kind, 0))}</div>"
+        for kind in VIOLATIONS
+    )
+    facts = [("transactions", tx.get("transactions")), ("half messages", tx.get("halves")),
+             ("check-backs", tx.get("checks")), ("pipeline", tx.get("pipeline")),
+             ("undrained queues", tx.get("undrained_queues"))]
+    rows = "".join(f"<tr><td>{_esc(k)}</td><td><code>{_clip(json.dumps(v), 400)}</code></td></tr>"
+                   for k, v in facts)
+    examples = "".join(
+        f"<tr class=fail><td>{_esc(kind)}</td><td><code class=long>"
+        f"{_esc(json.dumps(items, indent=1))}</code></td></tr>"
+        for kind, items in (tx.get("examples") or {}).items()
+    )
+    return (
+        f"<h2>Transactions {badge}</h2><div class=box><div class=acct>{counts}</div>"
+        f"<table>{rows}{examples}</table></div>"
+    )
+
+
 def render_html(
     model: Model,
     info: CheckInfo,
@@ -500,13 +527,15 @@ def render_html(
     latency: Sequence[tuple[float, float]] | None = None,
     accounting: dict[str, Any] | None = None,
     unavailability: dict[str, dict[str, Any]] | None = None,
+    transactions: dict[str, Any] | None = None,
     max_ops: int = 4000,
 ) -> str:
     """The report as one HTML string; faults are (start, end, name) in the history's time unit.
 
     ``throughput``/``latency`` are (time, value) series; when neither is given they are
     derived from the operations themselves. ``unavailability`` is a chaos run's
-    ``unavailability_by_fault`` (one row per fault kind).
+    ``unavailability_by_fault`` (one row per fault kind); ``transactions`` its
+    transactional verdict (`chaos.txcheck`), shown first when it found a violation.
     """
     chosen, note = _focus(info, max_ops)
     if throughput is None and latency is None:
@@ -519,6 +548,8 @@ def render_html(
         f"{' (timed out)' if info.timed_out else ''}."
     )
     body = [f"<h1>{_esc(title)}</h1><p>{summary}</p>"]
+    if transactions is not None and not transactions.get("valid", True):
+        body.append(_transactions(transactions))
     failure = info.first_failure
     if failure is not None:
         body.append(_failure_section(model, failure))
@@ -539,6 +570,8 @@ def render_html(
     )
     if accounting is not None:
         body.append(f"<h2>Accounting</h2><div class=box>{_accounting(accounting)}</div>")
+    if transactions is not None and transactions.get("valid", True):
+        body.append(_transactions(transactions))
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>{''.join(body)}<script>{_JS}</script></body></html>"

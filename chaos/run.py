@@ -48,11 +48,12 @@ from .nemesis import NEMESES, Nemesis, Step, plan
 from .proxy import ProxyNet
 from .recorder import Recorder
 from .remote import REMOTE_NEMESES, RemoteCluster
+from .txworkload import TX_NODE_SETTINGS, TxWorkload
 from .workload import Workload
 
 __all__ = ["RunOptions", "nemesis_plan", "run_chaos"]
 
-WORKLOADS = ("queue",)
+WORKLOADS = ("queue", "txn", "all")
 TOPIC = "chaos"
 
 
@@ -119,6 +120,9 @@ class RunOptions:
                 )
             if self.mutations:
                 raise ValueError("--mutation needs nodes the harness starts, not --cluster")
+            if self.workload != "queue":
+                raise ValueError("--workload txn needs nodes the harness starts (with short "
+                                 "check-back timings), not --cluster")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
             raise ValueError(
                 f"--mutation makes nodes misbehave on purpose; set {ALLOW_MUTATIONS_ENV}=1 "
@@ -160,6 +164,8 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
         "consume_queue_chunk": CHAOS_CQ_CHUNK,
     }
     env: dict[str, str] = {}
+    if opts.workload in ("txn", "all"):
+        overrides.update(TX_NODE_SETTINGS)
     if opts.mutations:
         overrides["test_mutations"] = list(opts.mutations)
     if "crash-unsynced" in opts.nemesis:
@@ -185,12 +191,21 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             await trio.to_thread.run_sync(cluster.start)
             await trio.to_thread.run_sync(cluster.wait_ready, opts.ready_timeout)
             queues = opts.queues_per_group * opts.groups
-            workload = Workload(
-                cluster.namesrv_addr, TOPIC, queues, recorder=recorder, rng=rng,
-                producers=opts.producers, idempotent_producers=opts.idempotent_producers,
-                readers=opts.readers,
-            )
-            facts["queue_groups"] = await workload.setup()
+            workload: Workload | None = None
+            facts["queue_groups"] = {}
+            if opts.workload in ("queue", "all"):
+                workload = Workload(
+                    cluster.namesrv_addr, TOPIC, queues, recorder=recorder, rng=rng,
+                    producers=opts.producers, idempotent_producers=opts.idempotent_producers,
+                    readers=opts.readers,
+                )
+                facts["queue_groups"] = await workload.setup()
+            txload: TxWorkload | None = None
+            if opts.workload in ("txn", "all"):
+                txload = TxWorkload(cluster.namesrv_addr, TOPIC, opts.groups,
+                                    recorder=recorder, rng=random.Random(rng.getrandbits(64)),
+                                    log=opts.out / "cluster" / "pipeline.log")
+                facts["tx_queue_groups"] = await txload.setup()
             nemesis = (
                 Nemesis(cluster, net, recorder, rng=random.Random(nemesis_seed),
                         enabled=opts.nemesis, disks=disks, probe=workload)
@@ -198,8 +213,8 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             )
             # a node that died on its own is reported (unexpected_exits), not raised
             ready = functools.partial(cluster.wait_ready, opts.ready_timeout, raise_on_exit=False)
-            await _load_heal_drain(opts, workload, nemesis, ready, cluster.unexpected_exits,
-                                   facts)
+            await _load_heal_drain(opts, _Loads(workload, txload), nemesis, ready,
+                                   cluster.unexpected_exits, facts)
         finally:
             await trio.to_thread.run_sync(cluster.stop)
             for disk in disks.values():
@@ -208,9 +223,33 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     return facts
 
 
+class _Loads:
+    """The queue workload, the transactional one, or both side by side."""
+
+    def __init__(self, queue: Workload | None, tx: TxWorkload | None) -> None:
+        self.loads: list[Workload | TxWorkload] = [w for w in (queue, tx) if w is not None]
+        self.tx = tx
+
+    async def run(self, stop_at: float) -> None:
+        async with trio.open_nursery() as nursery:
+            for load in self.loads:
+                nursery.start_soon(load.run, stop_at)
+
+    async def drain(self, timeout: float) -> bool:
+        done: list[bool] = []
+
+        async def one(load: Workload | TxWorkload) -> None:
+            done.append(await load.drain(timeout))
+
+        async with trio.open_nursery() as nursery:
+            for load in self.loads:
+                nursery.start_soon(one, load)
+        return all(done)
+
+
 async def _load_heal_drain(
     opts: RunOptions,
-    workload: Workload,
+    workload: Workload | _Loads,
     nemesis: Nemesis | None,
     ready: Callable[[], object],
     exits: Callable[[], dict[str, int]],
@@ -240,6 +279,8 @@ async def _load_heal_drain(
         "drain_seconds": round(time.monotonic() - healed, 3),
     }
     facts["unexpected_exits"] = exits()
+    if isinstance(workload, _Loads) and workload.tx is not None:
+        facts["tx_load"] = {**workload.tx.stats, "pipeline_starts": workload.tx.pipeline_starts}
 
 
 async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:

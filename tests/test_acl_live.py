@@ -105,6 +105,11 @@ def test_publishing_without_permission_is_refused_and_stores_nothing(
     (Op.COMMIT_OFFSET, {"cg": "readers", "offsets": [["orders.eu", 0, 0]]}, True),
     (Op.COMMIT_OFFSET, {"cg": "others", "offsets": [["orders.eu", 0, 0]]}, False),
     (Op.COMMIT_OFFSET, {"cg": "readers", "offsets": [["payments", 0, 0]]}, False),
+    # a transaction's offsets need subscribe on the consumer group, as a commit does
+    (Op.TX_OFFSETS, {"g": "g0", "tid": "alice-t", "epoch": 0, "n": 0, "cg": "others",
+                     "offsets": [["orders.eu", 0, 0]]}, False),
+    (Op.TX_OFFSETS, {"g": "g0", "tid": "alice-t", "epoch": 0, "n": 0, "cg": "readers",
+                     "offsets": [["payments", 0, 0]]}, False),
     (Op.CREATE_TOPIC, {"g": "g0", "topic": "orders.new", "queues": 1, "hosted": [0]}, False),
     (Op.DELETE_TOPIC, {"g": "g0", "topic": "orders.eu"}, False),
     (Op.TRANSFER_LEADER, {"g": "g0", "to": 1}, False),

@@ -564,6 +564,7 @@ def test_damage_file_changes_one_file_and_restore_puts_it_back(tmp_path: Path, h
     assert kinds == {"segment", "index", "snapshot", "chunk"}  # never a leftover *.tmp
     before = {p: p.read_bytes() for _, p in damageable_files(data)}
     seen = set()
+    inodes = {p: p.stat().st_ino for p in before}
     for seed in range(12):
         d = damage_file(data, random.Random(seed), how)
         assert d is not None and d.how == how and d.kind in kinds
@@ -577,6 +578,8 @@ def test_damage_file_changes_one_file_and_restore_puts_it_back(tmp_path: Path, h
         assert json.loads(json.dumps(d.describe()))["file"] == str(d.path)
         d.restore()
         assert all(p.read_bytes() == b for p, b in before.items())
+        # the same files: what sync marks say of them (by inode) still holds
+        assert all(p.stat().st_ino == inodes[p] for p in before)
     assert seen == kinds
     only = damage_file(data, random.Random(0), how, ("snapshot",))
     assert only is not None and only.kind == "snapshot"
