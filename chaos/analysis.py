@@ -694,7 +694,9 @@ def analyze_run(
     `facts` is what the run learned besides the history (results.json's ``run``):
     ``queue_groups`` (queue key -> group), ``unexpected_exits`` (nodes that exited without
     the nemesis) and ``drained`` (whether the final drain reached every queue's end). A
-    node exiting on its own or an unfinished drain makes the run invalid. None: only the
+    node exiting on its own or an unfinished drain makes the run invalid, unless
+    ``harness_degraded`` says the harness left the cluster short of voters: then only
+    the history or a node's exit can make it invalid; otherwise it is unknown. None: only the
     history is known (availability is not measured per group, the harness not judged).
     Malformed facts raise ValueError.
     """
@@ -720,8 +722,20 @@ def analyze_run(
         harness.append("the final drain did not reach the end of every queue")
     if facts.get("not_ready"):
         harness.append(f"not ready after the final heal: {facts['not_ready']}")
-    if harness:
-        results = analysis.results
+    degraded = facts.get("harness_degraded")
+    results = analysis.results
+    if degraded:
+        # The harness itself left groups short of voters (a membership change it could not
+        # finish): a group without a leader or an unfinished drain is then its doing, not
+        # the product's, and the run proves nothing either way (unknown, unless the
+        # history itself shows a violation or a node exited on its own).
+        results["valid"] = False
+        results["problems"] = [*results.get("problems", []),
+                               f"the harness left the cluster degraded: {degraded}",
+                               *harness]
+        if analysis.verdict != "invalid":
+            results["verdict"] = analysis.verdict = "invalid" if exits else "unknown"
+    elif harness:
         results["valid"] = False
         results["verdict"] = analysis.verdict = "invalid"
         results["problems"] = [*results.get("problems", []), *harness]

@@ -59,6 +59,14 @@ the affected `nodes` and, as `leaders`, the group leaders that it took away
   at the end starts it empty (`join = true`) and re-creates its replica of every group
   it held (`replace-replica G N N`). The value names the memberships seen after each
   change (`removed`, `added`, `replaced`) and any step that failed (`errors`).
+  A change never destroys a majority: it starts only when every group involved has its
+  full voter set, no learner, and its other voters up, heard from and caught up
+  (`membership_blocker`); otherwise it is skipped and the reason recorded
+  (`skipped`). Its heal finishes what it began, retried until the group is back to its
+  full voter set; what a heal could not finish is tried again before every later step
+  and at the final heal, and what even that leaves is reported (`Nemesis.degraded`,
+  results.json's ``run.harness_degraded``): the harness left the cluster degraded, and
+  the verdict does not blame the product for it.
 
 Blocking `LocalCluster` calls run in worker threads: the event loop also runs the proxies
 and the workload and must never stall.
@@ -80,6 +88,7 @@ import trio
 
 from broker.protocol import Op, RequestError
 from raftmq.client.admin import Admin
+from raftmq.client.membership import GroupMembers
 from transport.blocking import request
 
 from . import topology
@@ -126,7 +135,11 @@ NEMESES = (
     "membership",
 )
 MEMBERSHIP_ACTIONS = ("remove-add", "replace-disk")  # taken in turn by `membership` faults
-MEMBERSHIP_TIMEOUT = 60.0  # seconds a membership change (a catch-up included) may take
+# Seconds a membership change may take, a catch-up included: the group holding the most
+# data is caught up by a chunked InstallSnapshot, under whatever faults are running.
+MEMBERSHIP_TIMEOUT = 300.0
+RESTORE_TIMEOUT = 600.0  # seconds the final heal spends finishing membership changes
+CAUGHT_UP_LAG = 2000  # entries a voter may lack and still count as caught up
 DELAY = (0.1, 0.05)  # seconds per chunk, and the jitter either side
 LOSS = 0.05  # chunks lost per chunk forwarded
 # faults that need a ProxyNet besides PARTITIONS
@@ -260,6 +273,44 @@ async def _nothing() -> None:
     return None
 
 
+def membership_blocker(group: str, full: Sequence[int], target: int,
+                       m: GroupMembers | None, live: Iterable[int]) -> str | None:
+    """Why changing `target`'s replica of `group` must not start now (None: it may).
+
+    Removing or wiping a replica leaves the other voters to carry the group: they must
+    be every voter but `target` of the full set, all up, heard from by the leader and
+    caught up, so that no other failure during the change loses the majority."""
+    if m is None:
+        return f"group {group} has no leader"
+    if sorted(m.voters) != sorted(full) or m.learners:
+        return (f"group {group} has voters {sorted(m.voters)} (learners "
+                f"{sorted(m.learners)}), not its full set {sorted(full)}")
+    up = set(live)
+    for n in sorted(full):
+        if n == target:
+            continue
+        if n not in up:
+            return f"node {n} of group {group} is down"
+        if n != m.leader and n not in m.active:
+            return f"node {n} of group {group} is not heard from by its leader"
+        lag = m.lag(n)
+        if lag is None or lag > CAUGHT_UP_LAG:
+            return f"node {n} of group {group} lags {lag} entries"
+    return None
+
+
+def restore_action(todo: str, node: int, m: GroupMembers | None) -> str:
+    """What finishing `todo` ("add" or "replace") of `node` needs, given the group's
+    membership `m`: "done", "wait" (no leader now), "add" (the node is no voter: add it
+    back, resuming a learner's catch-up) or "replace" (it still votes with an old or wiped
+    replica: re-create it)."""
+    if m is None:
+        return "wait"
+    if node in m.voters:
+        return "done" if todo == "add" else "replace"
+    return "add"
+
+
 class Nemesis:
     """Injects the enabled faults into `cluster` (and `net`, for partitions) on the
     schedule `rng` decides, recording each one with `recorder`.
@@ -310,6 +361,9 @@ class Nemesis:
         self._killed: set[int] = set()
         self._paused: set[int] = set()
         self._membership_turns = 0
+        self._full = {g.id: tuple(g.replicas) for g in cluster.groups}  # configured voters
+        # membership changes begun and not finished: (group, node) -> "add" | "replace"
+        self._pending: dict[tuple[str, int], str] = {}
         self.history: list[dict[str, Any]] = []  # one entry per fault, for tests and logs
         self._starters: dict[str, Callable[[Step, random.Random], Awaitable[_Active | None]]] = {
             "kill": self._kill,
@@ -345,6 +399,7 @@ class Nemesis:
 
     async def _play(self, step: Step, deadline: float) -> None:
         rng = random.Random(step.seed)
+        await self._restore_before_step()
         active = await self._starters[step.kind](step, rng)
         if active is None:
             log.info("nemesis %s skipped: no target", step.kind)
@@ -371,6 +426,13 @@ class Nemesis:
             self.net.heal()
         for disk in self.disks.values():
             await trio.to_thread.run_sync(disk.free)
+        if self._pending:
+            value: dict[str, Any] = {"action": "restore", "todo": self._pending_text()}
+            self._begin("membership", value, _nothing)
+            try:
+                await self._restore(RESTORE_TIMEOUT, value)
+            finally:
+                await self._end()
         await self._wait_ready()
 
     def _begin(
@@ -602,15 +664,18 @@ class Nemesis:
         leaders = await self._leaders()
         if action == "remove-add":
             group = rng.choice(groups)
-            voters = [g.replicas for g in self.cluster.groups if g.id == group][0]
+            voters = self._full[group]
             followers = [n for n in voters if n != leaders.get(group) and n in self._live()]
             if not followers:
                 return None
             node = rng.choice(followers)
             value: dict[str, Any] = {"action": action, "groups": [group], "nodes": [node],
                                      "leaders": {}}
+            if why := await self._membership_blocked([group], node):
+                return self._skip_membership(value, why)
             active = self._begin("membership", value,
-                                 functools.partial(self._add_back, group, node, value))
+                                 functools.partial(self._heal_membership, [], value))
+            self._pending[(group, node)] = "add"  # first: a cancelled removal is healed too
             await self._admin_step(value, "removed", group, "remove_replica", group, node)
             return active
         nodes = self._pick(rng, leaders, 1)
@@ -620,11 +685,49 @@ class Nemesis:
         held = [g.id for g in self.cluster.groups if node in g.replicas]
         value = {"action": action, "groups": held, "nodes": nodes,
                  "leaders": self._on(leaders, nodes)}
+        if why := await self._membership_blocked(held, node):
+            return self._skip_membership(value, why)
         active = self._begin("membership", value,
-                             functools.partial(self._replace_disk, node, held, value))
+                             functools.partial(self._heal_membership, nodes, value))
+        for group in held:
+            self._pending[(group, node)] = "replace"
         await self._kill_now(nodes)
         value["wiped"] = await trio.to_thread.run_sync(self._wipe, node)
         return active
+
+    async def _members(self, group: str) -> GroupMembers | None:
+        """`group`'s membership from its leader (None: no leader answered)."""
+        try:
+            with trio.fail_after(30.0):
+                async with Admin(self.cluster.namesrv_addr, timeout=5.0) as admin:
+                    return await admin.group_members(group, wait=10.0)
+        except (RequestError, OSError, trio.TooSlowError):
+            return None
+
+    async def _membership_blocked(self, groups: Sequence[str], node: int) -> str | None:
+        """Why a change of `node` in `groups` must not start now (`membership_blocker`)."""
+        if self._pending:
+            return f"membership changes not finished yet: {self._pending_text()}"
+        for group in groups:
+            m = await self._members(group)
+            why = membership_blocker(group, self._full[group], node, m, self._live())
+            if why is not None:
+                return why
+        return None
+
+    def _skip_membership(self, value: dict[str, Any], why: str) -> _Active | None:
+        """Record a membership fault not made, and why (a zero-length fault); None: no
+        fault is active."""
+        value["skipped"] = why
+        self.recorder.fault_start("membership", value)
+        self.recorder.fault_end("membership", value)
+        now = time.monotonic()
+        self.history.append({"f": "membership", "value": value, "start": now, "end": now})
+        log.info("nemesis membership skipped: %s", why)
+        return None
+
+    def _pending_text(self) -> str:
+        return ", ".join(f"{todo} node {n} in {g}" for (g, n), todo in sorted(self._pending.items()))
 
     async def _admin_step(self, value: dict[str, Any], key: str, group: str, op: str,
                           *args: Any, **kwargs: Any) -> None:
@@ -645,9 +748,76 @@ class Nemesis:
             await trio.sleep(0.5)
         value.setdefault("errors", []).append(error)
 
-    async def _add_back(self, group: str, node: int, value: dict[str, Any]) -> None:
-        await self._admin_step(value, "added", group, "add_replica", group, node,
-                               catch_up_timeout=MEMBERSHIP_TIMEOUT)
+    async def _heal_membership(self, wiped: list[int], value: dict[str, Any]) -> None:
+        """Start the wiped node (empty, hosting nothing) and finish every change begun."""
+        await self._restart(wiped)
+        await self._restore(MEMBERSHIP_TIMEOUT, value)
+
+    async def _restore(self, timeout: float, value: dict[str, Any]) -> None:
+        """Finish the pending membership changes, each retried until `timeout` is spent:
+        a replica added back or re-created (`replace-replica N N`) on its node, until
+        the group has its full voter set again. What is left stays pending."""
+        deadline = time.monotonic() + timeout
+        for key in sorted(self._pending):
+            while key in self._pending and time.monotonic() < deadline:
+                await self._restore_one(*key, deadline, value)
+        if self._pending:
+            value["pending"] = self._pending_text()
+            log.warning("membership left unfinished: %s", value["pending"])
+
+    async def _restore_one(self, group: str, node: int, deadline: float,
+                           value: dict[str, Any]) -> None:
+        """One attempt at finishing `node`'s change in `group` (see `restore_action`)."""
+        todo = self._pending[(group, node)]
+        m = await self._members(group)
+        action = restore_action(todo, node, m)
+        if action == "done":
+            assert m is not None
+            value.setdefault("added" if todo == "add" else "replaced", {})[group] = list(m.voters)
+            del self._pending[(group, node)]
+            return
+        if action == "wait":
+            await trio.sleep(1.0)
+            return
+        self._pending[(group, node)] = action
+        op, args = (("replace_replica", (group, node, node)) if action == "replace"
+                    else ("add_replica", (group, node)))
+        left = max(1.0, deadline - time.monotonic())
+        try:
+            with trio.fail_after(left):
+                async with Admin(self.cluster.namesrv_addr, timeout=5.0) as admin:
+                    m = await getattr(admin, op)(*args, catch_up_timeout=left)
+        except (RequestError, OSError, trio.TooSlowError) as exc:
+            errors = value.setdefault("errors", [])
+            if len(errors) < 20:
+                errors.append(f"{op} {group}: {exc!r}")
+            log.info("membership restore failed, retrying: %s %s: %r", op, group, exc)
+            await trio.sleep(1.0)
+            return
+        value.setdefault("added" if action == "add" else "replaced", {})[group] = list(m.voters)
+        del self._pending[(group, node)]
+
+    async def _restore_before_step(self) -> None:
+        """Before any step: finish what an earlier membership heal could not (recorded as
+        a membership fault of its own, `action: restore`)."""
+        if not self._pending:
+            return
+        groups = sorted({g for g, _ in self._pending})
+        nodes = sorted({n for _, n in self._pending})
+        value: dict[str, Any] = {"action": "restore", "groups": groups, "nodes": nodes,
+                                 "todo": self._pending_text()}
+        self._begin("membership", value, _nothing)
+        try:
+            await self._restore(MEMBERSHIP_TIMEOUT, value)
+        finally:
+            await self._end()
+
+    @property
+    def degraded(self) -> list[str]:
+        """Membership changes the harness began and could not finish: the cluster is left
+        with fewer voters than configured by the harness, not by the product."""
+        return [f"group {g}: {todo} of node {n} not finished"
+                for (g, n), todo in sorted(self._pending.items())]
 
     def _wipe(self, node: int) -> int:
         """Delete everything in `node`'s data directory (a new disk), and have it start
@@ -663,13 +833,6 @@ class Nemesis:
         self.cluster.configs[node - 1] = dataclasses.replace(cfg, join=True)
         self.cluster.write_configs()
         return removed
-
-    async def _replace_disk(self, node: int, groups: list[str], value: dict[str, Any]) -> None:
-        """Start the wiped node (it hosts nothing) and re-create its replicas."""
-        await self._restart([node])
-        for group in groups:
-            await self._admin_step(value, "replaced", group, "replace_replica", group, node,
-                                   node, catch_up_timeout=MEMBERSHIP_TIMEOUT)
 
     # ------------------------------------------------------------ network faults
 

@@ -266,6 +266,8 @@ async def _load_heal_drain(
             load.start_soon(nemesis.run, stop_at)
     if nemesis is not None:
         await nemesis.heal()
+        if nemesis.degraded:
+            facts["harness_degraded"] = nemesis.degraded
     try:
         await trio.to_thread.run_sync(ready)
     except TimeoutError as exc:

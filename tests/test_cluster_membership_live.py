@@ -314,3 +314,43 @@ def test_a_replica_added_after_retention_is_caught_up_by_the_leaders_snapshot(
         anyio.run(prefer_4)
         _wait("node 4 leading g0", lambda: _leader(c, "g0") == 4)
         check_everything_readable(live, 4, lo)
+
+
+def test_a_replace_stopped_half_way_is_finished_by_running_it_again(
+        cluster4: LocalCluster) -> None:
+    """`replace-replica` and `add-replica` stopped half way (a timeout, a node down) leave
+    the group a voter short; the same command run again finishes the job."""
+    c = cluster4
+    seen: dict[str, GroupMembers] = {}
+
+    async def add_learner(admin: Admin, node: int) -> None:
+        # what an add stopped after its learner was logged leaves (the node lost the
+        # replica since, or never built it): a learner the node does not host
+        await admin.routes.call_group("g0", Op.MEMBERSHIP,
+                                      {"g": "g0", "action": "add-learner", "node": node})
+
+    async def steps() -> None:
+        async with Admin(c.namesrv_addr, timeout=5.0) as admin:
+            await anyio.to_thread.run_sync(_restart_empty, c, 3)
+            await anyio.to_thread.run_sync(lambda: _wait(
+                "the empty node serving", lambda: _status(c, 3)["groups"] == {}))
+            # `replace-replica g0 3 3` stopped after removing node 3 and adding its learner
+            await admin.remove_replica("g0", 3)
+            await add_learner(admin, 3)
+            seen["short"] = await admin.group_members("g0")
+            seen["again"] = await admin.replace_replica("g0", 3, 3, catch_up_timeout=WAIT)
+            # `replace-replica g0 3 4` whose answer was lost: running it again is a no-op
+            seen["moved"] = await admin.replace_replica("g0", 3, 4, catch_up_timeout=WAIT)
+            seen["moved_again"] = await admin.replace_replica("g0", 3, 4)
+            # `add-replica g0 3` stopped at its learner: running it again resumes
+            await add_learner(admin, 3)
+            seen["added"] = await admin.add_replica("g0", 3, catch_up_timeout=WAIT)
+
+    anyio.run(steps)
+    assert seen["short"].voters == (1, 2) and seen["short"].learners == (3,)
+    assert seen["again"].voters == (1, 2, 3) and not seen["again"].learners
+    assert seen["moved"].voters == (1, 2, 4)
+    assert seen["moved_again"].voters == (1, 2, 4)
+    assert seen["added"].voters == (1, 2, 3, 4) and not seen["added"].learners
+    _wait("node 3 following g0",
+          lambda: _status(c, 3)["groups"].get("g0", {}).get("role") == "follower")

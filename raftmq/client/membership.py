@@ -15,7 +15,11 @@ Every change is a single-server membership change in the group's Raft log (thesi
 
 A step that fails leaves the group in a valid membership (each step is one logged
 change); adding or removing again resumes where it stopped, since every step accepts
-the state it would produce.
+the state it would produce. A replace that stopped half way may leave the group one
+voter short (a node replaced by itself is removed before it is added back); running the
+same replace again finishes it: a node that is no voter any more is only added back (a
+learner's catch-up resumed), and a replace by another node whose old node is gone
+already is done.
 """
 
 from __future__ import annotations
@@ -153,6 +157,11 @@ async def add_replica(routes: Routes, group: str, node: int, *,
         await _node_request(routes, m, node, Op.HOST_GROUP,
                             {"g": group, "voters": list(m.voters)}, routes.timeout)
         m = await _change(routes, group, "add-learner", node)
+    else:
+        # an earlier add stopped half way: resume its catch-up. HOST_GROUP again (a no-op
+        # when the node hosts it) in case the node came back without it (a new disk).
+        await _node_request(routes, m, node, Op.HOST_GROUP,
+                            {"g": group, "voters": list(m.voters)}, routes.timeout)
     with anyio.fail_after(catch_up_timeout):
         while True:
             m = await group_members(routes, group)
@@ -201,12 +210,17 @@ async def replace_replica(routes: Routes, group: str, old: int, new: int, *,
     _check_node(m, old)
     _check_node(m, new)
     if old != new and old not in m.voters:
+        if new in m.voters and old not in m.learners:
+            return m  # done already (an earlier run that lost its answer): nothing to do
         raise RequestError(Code.NOT_A_MEMBER, f"node {old} is not a voter of group {group} "
                            f"(voters: {list(m.voters)}): nothing to replace")
     if old == new:
         # Leadership leaves it for now only: once its replica is back it is the preferred
-        # leader again, as before, and leaders stay spread.
-        await _remove_not_leading(routes, group, old, prefer=False)
+        # leader again, as before, and leaders stay spread. A node that is no voter any
+        # more (an earlier run removed it and stopped) is only added back, a learner's
+        # catch-up resumed.
+        if old in m.voters:
+            await _remove_not_leading(routes, group, old, prefer=False)
         return await add_replica(routes, group, new, catch_up_timeout=catch_up_timeout)
     if new not in m.voters:
         await add_replica(routes, group, new, catch_up_timeout=catch_up_timeout)
