@@ -660,7 +660,7 @@ class _Tally:
         """How long each leader loss kept its groups from acknowledging queue appends;
         nothing when the history holds no queue append at all (a `txn`-only run, whose
         availability this measure cannot see: every fault would look unrecovered)."""
-        if not self.acks:
+        if self.last_append_call == -INFINITY:
             return []
         return _unavailability(self.acks, self.faults)
 
