@@ -339,9 +339,14 @@ def test_a_replace_stopped_half_way_is_finished_by_running_it_again(
             await add_learner(admin, 3)
             seen["short"] = await admin.group_members("g0")
             seen["again"] = await admin.replace_replica("g0", 3, 3, catch_up_timeout=WAIT)
-            # `replace-replica g0 3 4` whose answer was lost: running it again is a no-op
+            # `replace-replica g0 3 4` whose answer was lost: running it again changes
+            # nothing and says the new node votes already (a bad request looks the same)
             seen["moved"] = await admin.replace_replica("g0", 3, 4, catch_up_timeout=WAIT)
-            seen["moved_again"] = await admin.replace_replica("g0", 3, 4)
+            with pytest.raises(RequestError) as again:
+                await admin.replace_replica("g0", 3, 4)
+            assert again.value.code == Code.NOT_A_MEMBER
+            assert "node 4 votes already" in again.value.message
+            seen["moved_again"] = await admin.group_members("g0")
             # `add-replica g0 3` stopped at its learner: running it again resumes
             await add_learner(admin, 3)
             seen["added"] = await admin.add_replica("g0", 3, catch_up_timeout=WAIT)

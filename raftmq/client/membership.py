@@ -18,8 +18,8 @@ change); adding or removing again resumes where it stopped, since every step acc
 the state it would produce. A replace that stopped half way may leave the group one
 voter short (a node replaced by itself is removed before it is added back); running the
 same replace again finishes it: a node that is no voter any more is only added back (a
-learner's catch-up resumed), and a replace by another node whose old node is gone
-already is done.
+learner's catch-up resumed); a replace by another node whose old node is gone already
+is refused, saying that the new node votes (it may have been done by the earlier run).
 """
 
 from __future__ import annotations
@@ -210,10 +210,12 @@ async def replace_replica(routes: Routes, group: str, old: int, new: int, *,
     _check_node(m, old)
     _check_node(m, new)
     if old != new and old not in m.voters:
-        if new in m.voters and old not in m.learners:
-            return m  # done already (an earlier run that lost its answer): nothing to do
+        # A bad request and an earlier run that lost its answer look alike here: refuse,
+        # saying which, rather than answer success to a request that named the wrong node.
+        done = (f"; node {new} votes already, so a replace of {old} by {new} that stopped "
+                "after its last step is complete" if new in m.voters else "")
         raise RequestError(Code.NOT_A_MEMBER, f"node {old} is not a voter of group {group} "
-                           f"(voters: {list(m.voters)}): nothing to replace")
+                           f"(voters: {list(m.voters)}): nothing to replace{done}")
     if old == new:
         # Leadership leaves it for now only: once its replica is back it is the preferred
         # leader again, as before, and leaders stay spread. A node that is no voter any
