@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused
 from broker.parts.users import validate_user_name
@@ -89,8 +89,9 @@ def _acl(d: Mapping[str, Any]) -> Acl:
 
 
 @dataclass(frozen=True, slots=True)
-class AclAdd(ControlRecord):
-    op: ClassVar[str] = "acl_add"
+class _AclChange(ControlRecord):
+    """An entry added to or removed from the ACLs (the subclass says which)."""
+
     acl: Acl
 
     def validate(self) -> None:
@@ -100,24 +101,18 @@ class AclAdd(ControlRecord):
         return {"acl": self.acl.to_list()}
 
     @classmethod
-    def from_map(cls, d: Mapping[str, Any]) -> AclAdd:
+    def from_map(cls, d: Mapping[str, Any]) -> Self:
         return cls(_from_list(d.get("acl")))
 
 
 @dataclass(frozen=True, slots=True)
-class AclRemove(ControlRecord):
+class AclAdd(_AclChange):
+    op: ClassVar[str] = "acl_add"
+
+
+@dataclass(frozen=True, slots=True)
+class AclRemove(_AclChange):
     op: ClassVar[str] = "acl_remove"
-    acl: Acl
-
-    def validate(self) -> None:
-        self.acl.validate()
-
-    def to_map(self) -> dict[str, Any]:
-        return {"acl": self.acl.to_list()}
-
-    @classmethod
-    def from_map(cls, d: Mapping[str, Any]) -> AclRemove:
-        return cls(_from_list(d.get("acl")))
 
 
 def _from_list(v: object) -> Acl:
