@@ -283,6 +283,8 @@ class TransactionalSends:
             try:
                 await tx.abort()
             except Exception as exc:
+                if isinstance(exc, RequestError) and exc.code == Code.TX_FENCED:
+                    return  # a newer producer took the id over and aborted it already
                 log.warning("aborting transaction %d of %r on close failed: %s",
                             tx.n, self.tid, exc)
 
