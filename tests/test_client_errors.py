@@ -7,16 +7,21 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from broker.protocol import Code, RequestError
+from broker.protocol import Code, Op, RequestError
 from raftmq import Admin, Producer, PullConsumer
 from raftmq.client.errors import (
     OutcomeUnknownError,
+    ProducerFencedError,
     RaftMQError,
+    TransactionError,
     TransportError,
     UnavailableError,
+    as_sdk_error,
     give_up,
     may_have_applied,
 )
+from raftmq.client.routes import Routes, parse_route
+from transport.connection import ConnectionPool
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -50,6 +55,48 @@ def test_spent_retries_say_unknown_unavailable_or_the_refusal() -> None:
     assert give_up(refusal, "send") is refusal
     for cls in (OutcomeUnknownError, UnavailableError, TransportError):
         assert issubclass(cls, RequestError) and issubclass(cls, RaftMQError)
+
+
+def test_transaction_refusals_are_the_sdks_transaction_errors() -> None:
+    fenced = as_sdk_error(RequestError(Code.TX_FENCED, "newer epoch 3"))
+    assert isinstance(fenced, ProducerFencedError) and fenced.code == Code.TX_FENCED
+    for code in (Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT):
+        err = as_sdk_error(RequestError(code, "no"))
+        assert type(err) is TransactionError and err.code == code
+        assert type(give_up(RequestError(code, "no"), "send")) is TransactionError
+    other = RequestError(Code.NOT_LEADER, "elsewhere")
+    assert as_sdk_error(other) is other
+
+
+class _Refusing(ConnectionPool):
+    """Every node answers with one refusal (the broker's answer, without a broker)."""
+
+    def __init__(self, code: Code) -> None:
+        super().__init__()
+        self.code = code
+
+    async def request(self, addr: str, op: object, header: object = None,
+                      body: object = b"", **_: object) -> object:
+        raise RequestError(self.code, f"{addr} refuses", detail=1)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("code", "cls"), [(Code.TX_FENCED, ProducerFencedError),
+                                          (Code.TX_LIMIT, TransactionError),
+                                          (Code.TX_UNKNOWN, TransactionError)])
+async def test_any_call_meeting_a_transaction_refusal_raises_the_sdks_type(
+        anyio_backend: str, code: Code, cls: type) -> None:
+    """A PRODUCE (a half message, a transaction's batch) refused with a transaction code
+    raises the same type as the transaction calls do, itself, not wrapped."""
+    routes = Routes(_Refusing(code), ["ns:1"])
+    route = parse_route("t", {"total": 1, "queues": [[0, "g1", "a:1"]],
+                              "replicas": {"g1": ["a:1"]}}, 100.0)
+    routes._topics["t"] = route
+    routes.learn_route(route, 100.0)
+    with pytest.raises(cls) as caught:
+        await routes.call_queue("t", 0, Op.PRODUCE, {"g": "g1"}, b"x", write=True)
+    assert type(caught.value) is cls and caught.value.code == code
+    assert caught.value.extra == {"detail": 1}
 
 
 @pytest.mark.anyio

@@ -10,12 +10,11 @@ import pytest
 from broker.protocol import Code, RequestError
 from raftmq.client import (
     Producer,
-    ProducerFencedError,
     PullConsumer,
     PushConsumer,
     TransactionError,
 )
-from raftmq.client.transactions import CheckRequest, as_tx_error, decide, verdict
+from raftmq.client.transactions import CheckRequest, decide, verdict
 from raftmq.commands.tx import main as tx_main
 
 NS = "127.0.0.1:1"
@@ -60,16 +59,6 @@ async def test_listeners_may_be_plain_or_async_and_their_failures_say_unknown() 
     answer, error = await decide(raises, REQ, "x")
     assert answer == "unknown" and isinstance(error, RuntimeError)
     assert await decide(bad, REQ, "x") == ("unknown", None)
-
-
-def test_broker_refusals_become_the_sdks_transaction_errors() -> None:
-    fenced = as_tx_error(RequestError(Code.TX_FENCED, "newer epoch 3"))
-    assert isinstance(fenced, ProducerFencedError) and fenced.code == Code.TX_FENCED
-    for code in (Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT):
-        err = as_tx_error(RequestError(code, "no"))
-        assert type(err) is TransactionError and err.code == code
-    other = RequestError(Code.NOT_LEADER, "elsewhere")
-    assert as_tx_error(other) is other
 
 
 def test_bad_transaction_arguments_are_refused_up_front() -> None:

@@ -23,7 +23,6 @@ from .consumer import _ClientBase, commit_offsets, decode_fetch, fetch, query_of
 from .errors import IncompleteError, TransactionError, may_have_applied
 from .membership import GroupMembers
 from .routes import TopicRoute, backoff_delay, node_addresses
-from .transactions import as_tx_error
 
 __all__ = ["TX_LISTS", "Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo",
            "place_queues"]
@@ -684,10 +683,7 @@ class Admin(_ClientBase):
                                    "or their timeout)")
         header = {"g": groups[0], "txid": txid, "commit": commit, "pg": "",
                   "source": "operator"}
-        try:
-            frame = await self.routes.call_group(groups[0], Op.HALF_END, header, write=True)
-        except RequestError as exc:
-            raise as_tx_error(exc) from exc
+        frame = await self.routes.call_group(groups[0], Op.HALF_END, header, write=True)
         return bool(frame.header.get("dup", False))
 
     async def transfer_leader(self, group: str, to: int, *, prefer: bool = True) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "TransportError",
     "UnavailableError",
     "close_stack",
+    "as_sdk_error",
     "give_up",
     "leaves",
     "may_have_applied",
@@ -122,13 +123,27 @@ def may_have_applied(exc: RequestError) -> bool:
     return exc.code in (Code.TIMEOUT, Code.STALE_REQUEST) or bool(exc.extra.get("unknown"))
 
 
+def as_sdk_error(exc: RequestError) -> RequestError:
+    """A broker refusal as the SDK's own type, whichever call met it: TX_FENCED is a
+    `ProducerFencedError`; TX_UNKNOWN, TX_DECIDED and TX_LIMIT are `TransactionError`s;
+    anything else is returned as it is."""
+    if isinstance(exc, TransactionError):
+        return exc
+    if exc.code == Code.TX_FENCED:
+        return ProducerFencedError(exc.message, **exc.extra)
+    if exc.code in (Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT):
+        return TransactionError(exc.code, exc.message, **exc.extra)
+    return exc
+
+
 def give_up(exc: RequestError, what: str, *, uncertain: bool = False) -> RequestError:
     """The error to raise once a request's retries are spent on `exc`.
 
     A write any of whose attempts may have been applied (`uncertain`) is an
     `OutcomeUnknownError`; a request no leader answered (no node reachable, none leading,
     answers that never came) is an `UnavailableError`, whatever the last attempt met, so a
-    lost quorum reads the same in every command; any other error is raised as it is.
+    lost quorum reads the same in every command; any other error is raised as the
+    SDK's type for its code (`as_sdk_error`).
     """
     if isinstance(exc, (OutcomeUnknownError, UnavailableError)):
         return exc
@@ -138,4 +153,4 @@ def give_up(exc: RequestError, what: str, *, uncertain: bool = False) -> Request
             "been: check before sending it again", **exc.extra)
     if isinstance(exc, TransportError) or exc.code in _NO_LEADER:
         return UnavailableError(f"{what}: no leader answered ({exc.message})", **exc.extra)
-    return exc
+    return as_sdk_error(exc)

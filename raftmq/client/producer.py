@@ -63,7 +63,7 @@ from broker.records import (
 from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 
 from .accumulator import BatchAccumulator, GroupAccumulator, QueueBuffer
-from .errors import TransactionError, close_stack, give_up, may_have_applied
+from .errors import TransactionError, as_sdk_error, close_stack, give_up, may_have_applied
 from .routes import (
     Routes,
     TopicRoute,
@@ -1197,7 +1197,7 @@ class Producer:
         if spent or b.uncertain:
             b.fail(give_up(exc, f"send to {b.topic} queue {b.queue}", uncertain=b.uncertain))
         else:
-            b.fail(exc)
+            b.fail(as_sdk_error(exc))
 
     def _abandon(self, topic: str, queue: int) -> None:
         """After a batch of an idempotent producer fails for good, its outcome may be

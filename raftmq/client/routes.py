@@ -554,9 +554,10 @@ class Routes:
             except RequestError as exc:
                 uncertain = write and (uncertain or may_have_applied(exc))
                 if not is_retriable(exc):
-                    if uncertain:
-                        raise give_up(exc, f"{op.name} to group {group}", uncertain=True) from exc
-                    raise
+                    final = give_up(exc, f"{op.name} to group {group}", uncertain=uncertain)
+                    if final is exc:
+                        raise
+                    raise final from exc
                 if group is not None and addr is not None:
                     if self.on_error(group, addr, exc) and redirects < max_redirects:
                         redirects += 1

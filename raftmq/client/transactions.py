@@ -44,6 +44,7 @@ from .errors import (
     ProducerFencedError,
     TransactionAbortedError,
     TransactionError,
+    as_sdk_error,
 )
 from .producer import (
     PendingSend,
@@ -72,7 +73,6 @@ __all__ = [
     "TransactionalSends",
     "TransactionResult",
     "Verdict",
-    "as_tx_error",
     "decide",
     "verdict",
 ]
@@ -160,17 +160,6 @@ async def decide(fn: Callable[[Any], Any], arg: Any,
     return answer, None
 
 
-def as_tx_error(exc: RequestError) -> RequestError:
-    """A broker refusal about a transaction as the SDK's own error type."""
-    if isinstance(exc, TransactionError):
-        return exc
-    if exc.code == Code.TX_FENCED:
-        return ProducerFencedError(exc.message, **exc.extra)
-    if exc.code in (Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT):
-        return TransactionError(exc.code, exc.message, **exc.extra)
-    return exc
-
-
 def _check_tid(tid: str) -> str:
     if not isinstance(tid, str) or not tid or len(tid) > MAX_TID or not tid.isprintable():
         raise ValueError(f"a transactional id is 1..{MAX_TID} printable characters, not {tid!r}")
@@ -206,7 +195,7 @@ class TransactionalSends:
 
     def failed(self, exc: RequestError) -> RequestError:
         """Map a refusal to the SDK's type, and remember a fencing for good."""
-        err = as_tx_error(exc)
+        err = as_sdk_error(exc)
         if isinstance(err, ProducerFencedError):
             self.fenced = self.fenced or err
         return err
@@ -243,7 +232,10 @@ class TransactionalSends:
                     # the previous transaction's markers are still going out
                     await anyio.sleep(0.05)
                     continue
-                raise self.failed(exc) from exc
+                err = self.failed(exc)
+                if err is exc:
+                    raise
+                raise err from exc
 
     async def init(self) -> None:
         """Register the transactional id (TX_INIT): a new epoch, which fences any older
@@ -826,12 +818,9 @@ class HalfMessages:
         routes = self.producer._check_open()
         header = {"g": group, "txid": txid, "commit": commit,
                   "pg": self.producer_group, "source": "client"}
-        try:
-            frame = await routes.call_group(group, Op.HALF_END, header, write=True,
-                                            timeout=self.producer.send_timeout,
-                                            attempts=TX_ATTEMPTS)
-        except RequestError as exc:
-            raise as_tx_error(exc) from exc
+        frame = await routes.call_group(group, Op.HALF_END, header, write=True,
+                                        timeout=self.producer.send_timeout,
+                                        attempts=TX_ATTEMPTS)
         return bool(frame.header.get("dup", False))
 
     async def send_in_transaction(
