@@ -29,6 +29,7 @@ from raftmq.client import (
     Producer,
     RaftMQError,
     RequestError,
+    TransactionError,
     key_queue,
 )
 
@@ -83,6 +84,17 @@ def test_a_lost_quorum_is_outcome_unknown_for_writes_and_unavailable_for_reads(
             anyio.run(send)
         assert isinstance(info.value, RequestError) and isinstance(info.value, RaftMQError)
         assert "may have" in info.value.message
+        assert info.value.txid is None
+
+        async def prepare() -> None:
+            async with Producer(cluster.namesrv_addr, send_timeout=1.0, retries=1,
+                                producer_group="pg") as producer:
+                await producer.prepare(TOPIC, b"half in doubt", queue=0)
+
+        with pytest.raises(OutcomeUnknownError) as half:
+            anyio.run(prepare)
+        txid = half.value.txid  # the half message may be stored: it can still be decided
+        assert isinstance(txid, str) and len(txid) == 32, txid
 
         out = raftmq(cluster, "send", "--topic", TOPIC, "--key", key_for(0), "in doubt too")
         assert out.returncode == 1
@@ -111,6 +123,17 @@ def test_a_lost_quorum_is_outcome_unknown_for_writes_and_unavailable_for_reads(
             return (await producer.send(TOPIC, b"after", queue=0)).offset
 
     assert anyio.run(send_again) >= 0
+
+    async def roll_back() -> None:
+        async with Admin(cluster.namesrv_addr) as admin:
+            try:
+                await admin.tx_rollback(txid)  # it was stored: rolled back by its id
+            except TransactionError as exc:  # it never was: no group knows the id
+                assert exc.code == Code.TX_UNKNOWN, exc
+                return
+            assert not (await admin.tx_show(txid))["halves"]
+
+    anyio.run(roll_back)
     ok = raftmq(cluster, "consume", "--group", "cg2", "--topic", TOPIC, "--timeout", "1")
     assert ok.returncode == 0, ok.stderr
     assert "could not read" not in ok.stderr

@@ -8,7 +8,8 @@
     │   │   └── IncompleteError   an answer gathered from several groups misses some:
     │   │                         `.unreadable` names them, `.partial` is what was read
     │   ├── OutcomeUnknownError   a write may or may not have been applied (a timeout, a
-    │   │                         connection lost after sending): check before resending
+    │   │                         connection lost after sending): check before resending;
+    │   │                         `.txid` names a half message whose `prepare` it was
     │   └── TransactionError      a transaction cannot go on (`.code` says why)
     │       ├── ProducerFencedError   a newer producer holds the transactional id (TX_FENCED):
     │       │                         this producer can no longer begin, send or commit
@@ -76,10 +77,16 @@ class OutcomeUnknownError(RequestError):
     """A write was sent but no answer says whether it was applied (a timeout, a
     connection lost after sending, a leader lost before the entry committed). The write
     may have been stored: look for it (by key or id) before sending it again, or use an
-    idempotent producer, whose retries are never stored twice."""
+    idempotent producer, whose retries are never stored twice.
 
-    def __init__(self, message: str, **extra: object) -> None:
+    `txid` is set when the write was a half message (`Producer.prepare`,
+    `send_in_transaction`): it may be stored, so commit or roll it back by that id
+    (`Admin.tx_commit` / `tx_rollback`, `raftmq tx`), look it up (`Admin.tx_show`), or
+    let the broker's check-back ask the check listener about it. None otherwise."""
+
+    def __init__(self, message: str, *, txid: str | None = None, **extra: object) -> None:
         super().__init__(Code.TIMEOUT, message, **extra)
+        self.txid = txid
 
 
 class TransactionError(RequestError):

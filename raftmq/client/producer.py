@@ -756,7 +756,9 @@ class Producer:
     ) -> TransactionResult:
         """RocketMQ's transactional send: store a half message, run
         `local_transaction(message)` ("commit" / "rollback" / "unknown", plain or async),
-        then commit or roll it back; "unknown" or an exception leaves it to check-back."""
+        then commit or roll it back; "unknown" or an exception leaves it to check-back.
+        A half message whose storing is in doubt raises `OutcomeUnknownError` with its
+        `txid` (the local transaction is not run)."""
         return await self._half_messages().send_in_transaction(
             topic, message, local_transaction, key=key, tags=tags, properties=properties,
             queue=queue)
@@ -772,7 +774,8 @@ class Producer:
         queue: int | None = None,
     ) -> HalfHandle:
         """Store a half message and return its handle, to `commit()` or `rollback()`
-        later (the broker's check-back decides if neither comes)."""
+        later (the broker's check-back decides if neither comes). If it may or may not
+        have been stored, `OutcomeUnknownError.txid` names it, to decide or look up."""
         return await self._half_messages().prepare(
             topic, message, key=key, tags=tags, properties=properties, queue=queue)
 

@@ -41,6 +41,7 @@ from broker.txn import coordinator_group
 from transport.connection import is_retriable
 
 from .errors import (
+    OutcomeUnknownError,
     ProducerFencedError,
     TransactionAbortedError,
     TransactionError,
@@ -790,7 +791,8 @@ class HalfMessages:
                       key: str | None = None, tags: str | None = None,
                       properties: dict[str, str] | None = None,
                       queue: int | None = None) -> HalfHandle:
-        """Store `message` as a half message (invisible until committed)."""
+        """Store `message` as a half message (invisible until committed). When no answer
+        says whether it was stored, the `OutcomeUnknownError` raised carries its `txid`."""
         p = self.producer
         routes = p._check_open()
         msg = as_payload(message, key=key, tags=tags, properties=properties)
@@ -807,6 +809,10 @@ class HalfMessages:
                     topic, q, Op.PRODUCE, lambda g: {"g": g}, data, write=True,
                     timeout=p.send_timeout, attempts=p.retries + 1)
                 base, n, index, dup, shift = _stored_fields(frame.header)
+            except OutcomeUnknownError as exc:
+                lane.restart()
+                exc.txid = txid  # it may be stored: the caller can still decide it
+                raise
             except BaseException:
                 lane.restart()
                 raise
