@@ -181,10 +181,12 @@ def test_a_second_producer_of_the_id_fences_the_first(cluster: LocalCluster) -> 
             async with Producer(ns, transactional_id=tid) as p2:
                 async with p2.transaction() as tx:  # TX_INIT: a new epoch
                     await tx.send(topic, b"new", queue=1)
-                with pytest.raises(ProducerFencedError):
+                with pytest.raises(ProducerFencedError) as send_err:
                     await old.send(topic, b"zombie-2", queue=1)
-                with pytest.raises(ProducerFencedError):
+                with pytest.raises(ProducerFencedError) as commit_err:
                     await old.commit()
+                for err in (send_err.value, commit_err.value):  # raised as itself
+                    assert err.__cause__ is not err and err.__context__ is not err
                 assert zombie.fenced
                 with pytest.raises(ProducerFencedError):
                     await zombie.begin()

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, NoReturn, cast
 
 import anyio
 
@@ -201,6 +201,14 @@ class TransactionalSends:
             self.fenced = self.fenced or err
         return err
 
+    def reraise(self, exc: RequestError) -> NoReturn:
+        """Raise `exc` as `failed` shapes it: itself when it has the SDK's type already
+        (as errors from routed calls and sends do), never chained to itself."""
+        err = self.failed(exc)
+        if err is exc:
+            raise exc
+        raise err from exc
+
     async def coordinator(self, refresh: bool = False) -> str:
         if self._coordinator is None or refresh:
             cluster = await self.producer._check_open().cluster()
@@ -233,10 +241,7 @@ class TransactionalSends:
                     # the previous transaction's markers are still going out
                     await anyio.sleep(0.05)
                     continue
-                err = self.failed(exc)
-                if err is exc:
-                    raise
-                raise err from exc
+                self.reraise(exc)
 
     async def init(self) -> None:
         """Register the transactional id (TX_INIT): a new epoch, which fences any older
@@ -463,7 +468,7 @@ class Transaction:
         try:
             return await fut
         except RequestError as exc:
-            raise self.owner.failed(exc) from exc
+            self.owner.reraise(exc)
 
     async def send_batch(
         self,
@@ -496,7 +501,7 @@ class Transaction:
             for fut in futs:
                 results += await fut
         except RequestError as exc:
-            raise self.owner.failed(exc) from exc
+            self.owner.reraise(exc)
         return results
 
     async def send_offsets(self, consumer_group: str,
@@ -527,9 +532,8 @@ class Transaction:
                                         timeout=self.producer.send_timeout,
                                         attempts=TX_ATTEMPTS)
             except RequestError as exc:
-                err = self.owner.failed(exc)
-                self._error = self._error or err
-                raise err from exc
+                self._error = self._error or self.owner.failed(exc)
+                self.owner.reraise(exc)
 
     async def _settle(self) -> BaseException | None:
         """Wait for every send and TX_ADD of the transaction; the first failure, if any."""
