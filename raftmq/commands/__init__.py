@@ -12,18 +12,32 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
+from rich.table import Table
 
 from broker.protocol import DEFAULT_NAMESRV, NAMESRV_ENV, RequestError
-from raftmq.client.errors import OutcomeUnknownError, TransportError, UnavailableError, leaves
+from raftmq.client.errors import (
+    IncompleteError,
+    OutcomeUnknownError,
+    TransportError,
+    UnavailableError,
+    leaves,
+)
 from raftmq.client.routes import normalize_addresses
+
+if TYPE_CHECKING:
+    from raftmq.client import Admin
 
 __all__ = [
     "DEFAULT_NAMESRV",
     "add_namesrv_argument",
+    "cell",
+    "incomplete_exit",
+    "make_table",
+    "run_admin_action",
     "first_request_error",
     "no_action",
     "namesrv_addresses",
@@ -128,3 +142,64 @@ def no_action(parser: argparse.ArgumentParser, prog: str, choices: str) -> int:
 def print_json(obj: Any) -> None:
     """One JSON document on one line (keys of any type become strings)."""
     print(json.dumps(obj, default=str), flush=True)
+
+
+AdminAction = Callable[[argparse.Namespace, "Admin"], Awaitable[int]]
+
+
+def run_admin_action(parser: argparse.ArgumentParser, args: argparse.Namespace, prog: str,
+                     actions: Mapping[str, AdminAction]) -> int:
+    """Run the subcommand `args.action` of a command with subcommands (`raftmq group`,
+    `raftmq tx`) with an `Admin` of the cluster, under the CLI's exit codes: usage (2)
+    when none is chosen, 1 when a request fails."""
+    if args.action is None:
+        *rest, last = list(actions)
+        return no_action(parser, prog, f"{', '.join(rest)} or {last}" if rest else last)
+    namesrv = namesrv_addresses(parser, args.namesrv)
+    action = actions[args.action]
+
+    async def run() -> int:
+        from raftmq.client import Admin
+
+        async with Admin(namesrv) as admin:
+            return await action(args, admin)
+
+    return run_async(run, namesrv)
+
+
+def incomplete_exit(prog: str, exc: IncompleteError | None) -> int:
+    """After printing what was read: say what could not be, and fail (exit 1); 0 when
+    everything was read."""
+    if exc is None:
+        return 0
+    print(f"{prog}: INCOMPLETE: {exc.message}; what is shown leaves them out",
+          file=sys.stderr)
+    return EXIT_FAILURE
+
+
+def cell(value: object) -> str:
+    """A table cell: "-" for nothing, lists joined with commas."""
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(x) for x in value) or "-"
+    return str(value)
+
+
+def make_table(heads: Sequence[str], rows: Iterable[Sequence[object]], *,
+               title: str | None = None, right: Collection[str] = (),
+               whole: Collection[str] = ()) -> Table:
+    """A table of `rows` (cells as `cell` shows them) under `heads`: the columns named
+    in `right` are right-justified (numbers), those in `whole` never cut or wrapped (ids
+    that are copied into commands)."""
+    lines = [[cell(v) for v in row] for row in rows]
+    table = Table(title=title, title_justify="left")
+    for i, head in enumerate(heads):
+        if head in whole:
+            width = max([len(head)] + [len(line[i]) for line in lines])
+            table.add_column(head, no_wrap=True, min_width=width)
+        else:
+            table.add_column(head, justify="right" if head in right else "left")
+    for line in lines:
+        table.add_row(*line)
+    return table

@@ -13,22 +13,19 @@ TIME is ISO 8601 (`2026-11-25T17:00:00Z`; no zone means UTC) or `@<epoch ms>`.
 from __future__ import annotations
 
 import argparse
-import sys
 from datetime import UTC, datetime
 from typing import cast
 
 from rich.console import Console
-from rich.table import Table
 
 from raftmq.client import Admin, GroupQueue, IncompleteError
 
 from . import (
-    EXIT_FAILURE,
     add_namesrv_argument,
-    namesrv_addresses,
-    no_action,
+    incomplete_exit,
+    make_table,
     print_json,
-    run_async,
+    run_admin_action,
 )
 
 __all__ = ["main", "parse_target"]
@@ -79,15 +76,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _incomplete(exc: IncompleteError | None) -> int:
-    """After printing what was read: say what could not be, and fail."""
-    if exc is None:
-        return 0
-    print(f"{PROG}: INCOMPLETE: {exc.message}; what is shown leaves them out",
-          file=sys.stderr)
-    return EXIT_FAILURE
-
-
 async def _list(args: argparse.Namespace, admin: Admin) -> int:
     incomplete: IncompleteError | None = None
     try:
@@ -97,12 +85,12 @@ async def _list(args: argparse.Namespace, admin: Admin) -> int:
         groups = cast(dict[str, dict[tuple[str, int], int]], exc.partial)
     if args.json:
         print_json({cg: sorted({t for t, _ in offs}) for cg, offs in groups.items()})
-        return _incomplete(incomplete)
+        return incomplete_exit(PROG, incomplete)
     if not groups and incomplete is None:
         print("no consumer group has committed an offset")
     for cg, offs in groups.items():
         print(f"{cg}  topics: {', '.join(sorted({t for t, _ in offs}))}")
-    return _incomplete(incomplete)
+    return incomplete_exit(PROG, incomplete)
 
 
 async def _describe(args: argparse.Namespace, admin: Admin) -> int:
@@ -117,24 +105,20 @@ async def _describe(args: argparse.Namespace, admin: Admin) -> int:
             {"topic": r.topic, "queue": r.queue, "committed": r.committed,
              "min": r.min_offset, "end": r.end_offset, "lag": r.lag} for r in rows],
             "unreadable": [] if incomplete is None else incomplete.unreadable})
-        return _incomplete(incomplete)
+        return incomplete_exit(PROG, incomplete)
     console = Console()
     console.print(f"consumer group {args.group}: {len(members)} live member(s)"
                   + (f": {', '.join(members)}" if members else ""))
     if not rows:
         if incomplete is None:
             console.print("no committed offsets (no such group, or it never committed)")
-        return _incomplete(incomplete)
-    table = Table()
-    for col in ("topic", "queue", "committed", "min", "end", "lag"):
-        table.add_column(col, justify="left" if col == "topic" else "right")
-    for r in rows:
-        table.add_row(r.topic, str(r.queue), str(r.committed),
-                      "-" if r.min_offset is None else str(r.min_offset),
-                      "-" if r.end_offset is None else str(r.end_offset),
-                      "-" if r.lag is None else f"{r.lag:,}")
-    console.print(table)
-    return _incomplete(incomplete)
+        return incomplete_exit(PROG, incomplete)
+    console.print(make_table(
+        ("topic", "queue", "committed", "min", "end", "lag"),
+        [(r.topic, r.queue, r.committed, r.min_offset, r.end_offset,
+          None if r.lag is None else f"{r.lag:,}") for r in rows],
+        right=("queue", "committed", "min", "end", "lag")))
+    return incomplete_exit(PROG, incomplete)
 
 
 async def _reset(args: argparse.Namespace, admin: Admin) -> int:
@@ -162,15 +146,5 @@ async def _delete(args: argparse.Namespace, admin: Admin) -> int:
 
 def main(argv: list[str]) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
-    if args.action is None:
-        return no_action(parser, PROG, "list, describe, reset-offsets or delete")
-    namesrv = namesrv_addresses(parser, args.namesrv)
-    action = {"list": _list, "describe": _describe, "reset-offsets": _reset,
-              "delete": _delete}[args.action]
-
-    async def run() -> int:
-        async with Admin(namesrv) as admin:
-            return await action(args, admin)
-
-    return run_async(run, namesrv)
+    return run_admin_action(parser, parser.parse_args(argv), PROG, {
+        "list": _list, "describe": _describe, "reset-offsets": _reset, "delete": _delete})

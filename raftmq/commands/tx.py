@@ -16,7 +16,6 @@ same way twice is harmless, the other way is refused (TX_DECIDED).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -27,13 +26,12 @@ from rich.table import Table
 from raftmq.client import Admin, IncompleteError
 
 from . import (
-    EXIT_FAILURE,
     add_namesrv_argument,
-    namesrv_addresses,
-    no_action,
+    incomplete_exit,
+    make_table,
     positive_int,
     print_json,
-    run_async,
+    run_admin_action,
 )
 
 __all__ = ["main"]
@@ -72,26 +70,12 @@ def _when(ms: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
 
 
-def _cell(v: object) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, (list, tuple)):
-        return ",".join(str(x) for x in v) or "-"
-    return str(v)
-
-
 def _table(title: str, rows: Sequence[dict[str, Any]], cols: Sequence[tuple[str, str]]) -> Table:
-    table = Table(title=title, title_justify="left")
-    for key, head in cols:
-        if key in ID_KEYS:  # ids are copied into commands: never cut one short
-            width = max([len(head)] + [len(_cell(r.get(key))) for r in rows])
-            table.add_column(head, no_wrap=True, min_width=width)
-        else:
-            table.add_column(head)
-    for r in rows:
-        table.add_row(*[_when(r.get(k)) if k.endswith("_ms") and k != "timeout_ms"
-                        else _cell(r.get(k)) for k, _ in cols])
-    return table
+    # ids are copied into commands: never cut one short
+    return make_table([head for _, head in cols],
+                      [[_when(r.get(k)) if k.endswith("_ms") and k != "timeout_ms"
+                        else r.get(k) for k, _ in cols] for r in rows],
+                      title=title, whole=[head for key, head in cols if key in ID_KEYS])
 
 
 ID_KEYS = ("txid", "tid", "id")
@@ -122,13 +106,6 @@ def _print_listing(rows: Listing, console: Console) -> None:
         console.print("no transactions")
 
 
-def _incomplete(exc: IncompleteError | None) -> int:
-    if exc is None:
-        return 0
-    print(f"{PROG}: INCOMPLETE: {exc.message}; what is shown leaves them out", file=sys.stderr)
-    return EXIT_FAILURE
-
-
 async def _list(args: argparse.Namespace, admin: Admin) -> int:
     incomplete: IncompleteError | None = None
     try:
@@ -140,7 +117,7 @@ async def _list(args: argparse.Namespace, admin: Admin) -> int:
         print_json({**rows, "unreadable": [] if incomplete is None else incomplete.unreadable})
     else:
         _print_listing(rows, Console())
-    return _incomplete(incomplete)
+    return incomplete_exit(PROG, incomplete)
 
 
 async def _show(args: argparse.Namespace, admin: Admin) -> int:
@@ -173,15 +150,5 @@ async def _rollback(args: argparse.Namespace, admin: Admin) -> int:
 
 def main(argv: list[str]) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
-    if args.action is None:
-        return no_action(parser, PROG, "list, show, commit or rollback")
-    namesrv = namesrv_addresses(parser, args.namesrv)
-    action = {"list": _list, "show": _show, "commit": _commit,
-              "rollback": _rollback}[args.action]
-
-    async def run() -> int:
-        async with Admin(namesrv) as admin:
-            return await action(args, admin)
-
-    return run_async(run, namesrv)
+    return run_admin_action(parser, parser.parse_args(argv), PROG, {
+        "list": _list, "show": _show, "commit": _commit, "rollback": _rollback})
