@@ -35,7 +35,7 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import Callable, Container, Generator, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Container, Generator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -648,17 +648,30 @@ class Producer:
         """
         if self._txn is not None:
             self._not_transactional()
-        msg = as_payload(message, key=key, tags=tags, properties=properties)
-        check_message(msg, self.max_message_bytes)
         fut: SendFuture[SendResult] = SendFuture()
         if callback is not None:
             fut.add_done_callback(callback)
+        await self._send_one(topic, as_payload(message, key=key, tags=tags,
+                                               properties=properties), queue, fut)
+        return fut
+
+    async def _send_one(self, topic: str, msg: Payload, queue: int | None,
+                        fut: SendFuture[SendResult], *,
+                        joining: Callable[[TopicRoute, int], Awaitable[None]] | None = None,
+                        ) -> None:
+        """Check a message, choose its queue and hand it over, to complete `fut`: the one
+        way a single send goes, plain or within a transaction. A transaction's send
+        (`joining`, awaited once the queue is chosen) stays on its queue: a retry may not
+        move it to another group the transaction has not joined."""
+        check_message(msg, self.max_message_bytes)
         route, q, movable = await self._choose_queue(topic, msg, queue)
+        if joining is not None:
+            await joining(route, q)
+            movable = False
         await self._enqueue(
             topic, q, movable, PendingSend([msg], record_size(msg), fut, True, self._on_settled),
             route,
         )
-        return fut
 
     async def send_oneway(
         self,

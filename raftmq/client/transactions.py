@@ -58,9 +58,8 @@ from .producer import (
     check_message,
     make_message,
     new_producer_id,
-    record_size,
 )
-from .routes import backoff_delay, node_addresses
+from .routes import TopicRoute, backoff_delay, node_addresses
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
@@ -440,16 +439,16 @@ class Transaction:
         """Hand a message to the transaction; the future completes when it is stored
         (invisible until the commit: its `offset` is -1)."""
         self._check_open()
-        p = self.producer
-        msg = as_payload(message, key=key, tags=tags, properties=properties)
-        check_message(msg, p.max_message_bytes)
-        route, q, _ = await p._choose_queue(topic, msg, queue)
-        await self._join(route.group_of(q) or await self._group_of(topic, q), wait=False)
-        self._check_open()
         fut: SendFuture[SendResult] = SendFuture()
-        self._futures.append(fut)
-        await p._enqueue(topic, q, False,
-                         PendingSend([msg], record_size(msg), fut, True, p._on_settled), route)
+
+        async def joining(route: TopicRoute, q: int) -> None:
+            await self._join(route.group_of(q) or await self._group_of(topic, q), wait=False)
+            self._check_open()
+            self._futures.append(fut)
+
+        await self.producer._send_one(
+            topic, as_payload(message, key=key, tags=tags, properties=properties), queue, fut,
+            joining=joining)
         return fut
 
     async def send(
