@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -53,6 +54,45 @@ NAME = "txn"
 SEQUENTIAL = 50  # half messages timed one at a time, step by step
 
 
+class Rounds:
+    """`count` rounds shared by any number of tasks, each running `take` until none is
+    left: every round is taken once, timed (`latencies`, successes only), and one that
+    fails is counted (`errors`) and reported while the run goes on."""
+
+    def __init__(self, count: int, what: str) -> None:
+        self.count = count
+        self.left = count
+        self.what = what
+        self.errors = 0
+        self.latencies: list[float] = []
+
+    async def take(self, step: Callable[[int], Awaitable[object]],
+                   pace: Callable[[int], Awaitable[None]] | None = None) -> None:
+        """Run `step(k)` for the next round k until none is left; `pace(k)`, if given,
+        is awaited first, outside the timing (a paced run's wait for its start)."""
+        while self.left > 0:
+            self.left -= 1
+            k = self.count - self.left - 1
+            if pace is not None:
+                await pace(k)
+            t0 = time.perf_counter()
+            try:
+                await step(k)
+            except Exception as exc:  # noqa: BLE001 - counted, the run goes on
+                self.errors += 1
+                progress(NAME, f"{self.what} failed: {exc!r}")
+                continue
+            self.latencies.append(time.perf_counter() - t0)
+
+    async def run(self, workers: int, step: Callable[[int], Awaitable[object]]) -> float:
+        """`workers` tasks taking the rounds side by side; the seconds they took."""
+        t_start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(workers):
+                tg.start_soon(self.take, step)
+        return time.perf_counter() - t_start
+
+
 def _split(messages: int, span: int) -> list[int]:
     """`messages` over `span` queues as evenly as can be (10 over 3: 4, 3, 3)."""
     return [messages // span + (1 if i < messages % span else 0) for i in range(span)]
@@ -67,15 +107,17 @@ async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: 
 
     sizes = _split(messages, span)
     commit_s: list[float] = []
-    whole_s: list[float] = []
-    left = [rounds]
-    errors = 0
+    rounds_ = Rounds(rounds, "transaction")
     ready = anyio.Event()
     warm = [0]
     t_start = 0.0
 
+    async def start(k: int) -> None:  # transaction k starts at t_start + k / rate
+        if rate:
+            await anyio.sleep(max(0.0, t_start + k / rate - time.perf_counter()))
+
     async def one(i: int) -> None:
-        nonlocal errors, t_start
+        nonlocal t_start
         async with Producer(namesrv, transactional_id=f"bench-{tag}-{messages}-{span}-{i}"
                             f"-{int(rate)}", send_timeout=10.0) as p:
             async with p.transaction() as tx:  # warm-up: registers the id, learns routes
@@ -86,40 +128,31 @@ async def _txn_case(namesrv: str, topic: str, messages: int, span: int, rounds: 
                 t_start = time.perf_counter()
                 ready.set()
             await ready.wait()
-            while left[0] > 0:
-                left[0] -= 1
-                if rate:  # transaction k starts at t_start + k / rate
-                    k = rounds - left[0] - 1
-                    await anyio.sleep(max(0.0, t_start + k / rate - time.perf_counter()))
-                t0 = time.perf_counter()
-                try:
-                    tx = await p.begin()
-                    async with anyio.create_task_group() as tg:
-                        for q, n in enumerate(sizes):
-                            tg.start_soon(partial(tx.send_batch, topic, [payload] * n, queue=q))
-                    t1 = time.perf_counter()
-                    await tx.commit(wait_visible=wait_visible)
-                except Exception as exc:  # noqa: BLE001 - counted, the run goes on
-                    errors += 1
-                    progress(NAME, f"transaction failed: {exc!r}")
-                    continue
-                t2 = time.perf_counter()
-                commit_s.append(t2 - t1)
-                whole_s.append(t2 - t0)
+
+            async def transaction(_k: int) -> None:
+                tx = await p.begin()
+                async with anyio.create_task_group() as tg:
+                    for q, n in enumerate(sizes):
+                        tg.start_soon(partial(tx.send_batch, topic, [payload] * n, queue=q))
+                t1 = time.perf_counter()
+                await tx.commit(wait_visible=wait_visible)
+                commit_s.append(time.perf_counter() - t1)
+
+            await rounds_.take(transaction, pace=start)
 
     async with anyio.create_task_group() as tg:
         for i in range(producers):
             tg.start_soon(one, i)
     elapsed = time.perf_counter() - t_start
-    done = len(commit_s)
+    done = len(rounds_.latencies)
     return {
         **({"rate_txn_per_s": rate} if rate else {}),
         "transactions": done,
-        "errors": errors,
+        "errors": rounds_.errors,
         "txn_per_s": round(done / elapsed, 1) if elapsed else None,
         "msgs_per_s": round(done * messages / elapsed, 1) if elapsed else None,
         "commit_latency_ms": latency_ms(commit_s, ("p50", "p99", "max")),
-        "txn_latency_ms": latency_ms(whole_s, ("p50", "p99", "max")),
+        "txn_latency_ms": latency_ms(rounds_.latencies, ("p50", "p99", "max")),
     }
 
 
@@ -129,42 +162,26 @@ async def _batch_case(namesrv: str, topic: str, messages: int, span: int, rounds
     from raftmq.client import Producer
 
     sizes = _split(messages, span)
-    round_s: list[float] = []
-    left = [rounds]
-    errors = 0
+    rounds_ = Rounds(rounds, "send_batch")
 
     async with Producer(namesrv, idempotent=True, send_timeout=10.0,
                         max_pending=100_000) as p:
         for q, n in enumerate(sizes):  # warm-up: routes and connections
             await p.send_batch(topic, [payload] * n, queue=q)
 
-        async def one() -> None:
-            nonlocal errors
-            while left[0] > 0:
-                left[0] -= 1
-                t0 = time.perf_counter()
-                try:
-                    async with anyio.create_task_group() as tg:
-                        for q, n in enumerate(sizes):
-                            tg.start_soon(partial(p.send_batch, topic, [payload] * n, queue=q))
-                except Exception as exc:  # noqa: BLE001 - counted, the run goes on
-                    errors += 1
-                    progress(NAME, f"send_batch failed: {exc!r}")
-                    continue
-                round_s.append(time.perf_counter() - t0)
+        async def one(_k: int) -> None:
+            async with anyio.create_task_group() as tg:
+                for q, n in enumerate(sizes):
+                    tg.start_soon(partial(p.send_batch, topic, [payload] * n, queue=q))
 
-        t_start = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for _ in range(producers):
-                tg.start_soon(one)
-        elapsed = time.perf_counter() - t_start
-    done = len(round_s)
+        elapsed = await rounds_.run(producers, one)
+    done = len(rounds_.latencies)
     return {
         "rounds": done,
-        "errors": errors,
+        "errors": rounds_.errors,
         "rounds_per_s": round(done / elapsed, 1) if elapsed else None,
         "msgs_per_s": round(done * messages / elapsed, 1) if elapsed else None,
-        "round_latency_ms": latency_ms(round_s, ("p50", "p99", "max")),
+        "round_latency_ms": latency_ms(rounds_.latencies, ("p50", "p99", "max")),
     }
 
 
@@ -183,28 +200,9 @@ async def _halves(namesrv: str, topic: str, count: int, concurrency: int,
         return "commit"
 
     async def timed(fn: Any) -> tuple[float, list[float], int]:
-        lat: list[float] = []
-        left = [count]
-        errors = 0
-
-        async def worker() -> None:
-            nonlocal errors
-            while left[0] > 0:
-                left[0] -= 1
-                t0 = time.perf_counter()
-                try:
-                    await fn()
-                except Exception as exc:  # noqa: BLE001 - counted
-                    errors += 1
-                    progress(NAME, f"send failed: {exc!r}")
-                    continue
-                lat.append(time.perf_counter() - t0)
-
-        t_start = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for _ in range(concurrency):
-                tg.start_soon(worker)
-        return time.perf_counter() - t_start, lat, errors
+        rounds_ = Rounds(count, "send")
+        elapsed = await rounds_.run(concurrency, lambda _k: fn())
+        return elapsed, rounds_.latencies, rounds_.errors
 
     out: dict[str, Any] = {"messages": count, "concurrency": concurrency}
     async with Producer(namesrv, producer_group=f"bench-{tag}", check_listener=listener,

@@ -7,15 +7,46 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import pytest
 
-from bench.txn import _split
+from bench.txn import Rounds, _split
 from raftmq.commands.bench import BENCHMARKS
 from raftmq.commands.bench import main as bench_main
 
 
 def test_messages_split_evenly_over_the_groups() -> None:
     assert _split(10, 3) == [4, 3, 3] and _split(100, 1) == [100] and _split(2, 3) == [1, 1, 0]
+
+
+def test_rounds_are_shared_taken_once_each_and_failures_counted() -> None:
+    taken: list[int] = []
+    paced: list[int] = []
+
+    async def step(k: int) -> None:
+        taken.append(k)
+        await anyio.sleep(0)  # let the other workers take theirs
+        if k % 3 == 2:
+            raise RuntimeError(f"round {k} fails")
+
+    async def pace(k: int) -> None:
+        paced.append(k)
+
+    async def main() -> tuple[Rounds, Rounds]:
+        shared = Rounds(10, "round")
+        await shared.run(4, step)
+        paced_rounds = Rounds(4, "round")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(paced_rounds.take, step, pace)
+            tg.start_soon(paced_rounds.take, step, pace)
+        return shared, paced_rounds
+
+    shared, paced_rounds = anyio.run(main)
+    assert sorted(taken[:10]) == list(range(10))  # each round once, over all workers
+    assert shared.errors == 3 and len(shared.latencies) == 7  # rounds 2, 5, 8 failed
+    assert all(t >= 0 for t in shared.latencies)
+    assert sorted(paced) == sorted(taken[10:]) == [0, 1, 2, 3]
+    assert paced_rounds.errors == 1 and len(paced_rounds.latencies) == 3
 
 
 @pytest.mark.live
