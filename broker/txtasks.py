@@ -213,24 +213,18 @@ class TxTasks:
             coord = coordinator(state)
             for txn in coord.unfinished():
                 self._finish_job(gid, txn.tid, txn.epoch, txn.n)
-            for txn in coord.ongoing():
-                if now > txn.started_ms + txn.timeout_ms:
-                    key = (gid, txn.tid, txn.epoch, txn.n)
-                    self._spawn(("timeout", *key), partial(self._time_out, *key))
+            for txn in coord.timed_out(now):
+                key = (gid, txn.tid, txn.epoch, txn.n)
+                self._spawn(("timeout", *key), partial(self._time_out, *key))
             part = participant(state)
-            orphan_ms = self.config.tx_orphan_ms
-            for tid, epoch, n, prepared_ms, _first in part.pending_kafka():
-                if now - prepared_ms > orphan_ms:
-                    self._spawn(("orphan", gid, tid, epoch, n),
-                                partial(self._orphan, gid, tid, epoch, n))
-            for half in part.pending_halves():
-                if self._check_due(half, now):
-                    self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
-
-    def _check_due(self, half: Any, now: int) -> bool:
-        if half.checks == 0:
-            return now >= half.prepared_ms + self.config.tx_check_first_ms
-        return now >= half.last_check_ms + self.config.tx_check_interval_ms
+            # only what is due: a tick costs O(due log n), not a sort of every transaction
+            for tid, epoch, n, _prepared_ms, _first in part.kafka_due(
+                    now - self.config.tx_orphan_ms):
+                self._spawn(("orphan", gid, tid, epoch, n),
+                            partial(self._orphan, gid, tid, epoch, n))
+            for half in part.halves_due(now, self.config.tx_check_first_ms,
+                                        self.config.tx_check_interval_ms):
+                self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
 
     def _leading(self, gid: str) -> Any:
         """The state of `gid` while this node leads it, else NotLeader."""

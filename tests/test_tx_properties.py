@@ -207,6 +207,39 @@ class Run:
             self.b = BrokerState.restore("g1", snap, mutations=self.mutations)
         self.check()
 
+    def check_due(self, state: BrokerState) -> None:
+        """What a leader's tick finds due is what filtering every prepared transaction
+        finds, at every time that matters (each one's own, and one before and after)."""
+        part = state.txpart
+        kafka, halves = part.pending_kafka(), part.pending_halves()
+        times = {t + d for k in kafka for t in (k[3],) for d in (-1, 0, 1)}
+        times |= {t + d for h in halves for t in (h.prepared_ms, h.last_check_ms)
+                  for d in (-1, 0, 1)}
+        for now in sorted(times)[:12]:
+            for orphan_ms in (0, 5):
+                want = [k for k in kafka if now - k[3] > orphan_ms]
+                if part.kafka_due(now - orphan_ms) != want:
+                    self.violations.append(f"kafka due at {now}: {part.kafka_due(now)}")
+            for first, every in ((0, 0), (1, 2), (3, 1)):
+                want_h = [h for h in halves if (now >= h.prepared_ms + first if h.checks == 0
+                                                else now >= h.last_check_ms + every)]
+                if part.halves_due(now, first, every) != want_h:
+                    self.violations.append(f"halves due at {now}: "
+                                           f"{part.halves_due(now, first, every)}")
+        coord = state.txcoord
+        ongoing = coord.ongoing()
+        for t in ongoing:
+            for now in (t.started_ms + t.timeout_ms + d for d in (0, 1)):
+                want_t = [u for u in ongoing if now > u.started_ms + u.timeout_ms]
+                if coord.timed_out(now) != want_t:
+                    self.violations.append(f"timed out at {now}: {coord.timed_out(now)}")
+        deciding = [t for t in coord.txns.values()
+                    if t.state in ("prepare_commit", "prepare_abort")]
+        want_u = sorted([*deciding, *coord.fenced.values(), *coord.completing.values()],
+                        key=lambda t: (t.tid, t.epoch, t.n))
+        if coord.unfinished() != want_u:
+            self.violations.append(f"unfinished {coord.unfinished()} != {want_u}")
+
     def queue_bodies(self, q: int) -> list[bytes]:
         topic, qn = QUEUES[q]
         lo, end = self.a.queue_range(topic, qn)
@@ -221,6 +254,8 @@ class Run:
         return out
 
     def check(self) -> None:
+        self.check_due(self.a)
+        self.check_due(self.b)  # restored from snapshots at times: its heaps rebuilt
         # decisions never flip, in the participant and in the coordinator
         for key in self.prepared.keys() | self.decisions.keys():
             d = self.a.txpart.decision(key)

@@ -261,3 +261,23 @@ def test_a_version_1_section_still_loads_and_a_later_one_is_refused() -> None:
     part[1] = 3
     with pytest.raises(ValueError, match="txcoord"):
         BrokerState.restore("g1", msgpack.packb(snap))
+
+
+def test_what_a_tick_finds_due_survives_a_restore() -> None:
+    """`timed_out` and `unfinished` are kept aside (by deadline, by state) rather than
+    found by scanning every transactional id: a restored replica rebuilds them."""
+    r = Replica()
+    for tid, timeout in (("a", 100), ("b", 50), ("c", 100)):
+        ctl(r, TxInit(tid, timeout, 0))
+        ctl(r, TxAdd(tid, 0, 0, ("g2",), 10))
+    ctl(r, TxEnd("c", 0, 0, True, 20, "client"))  # decided: not ongoing, unfinished
+    for coord in (r.state.txcoord,
+                  BrokerState.restore("g1", r.state.snapshot()).txcoord):
+        assert coord.timed_out(60) == []
+        assert [t.tid for t in coord.timed_out(61)] == ["b"]
+        assert [t.tid for t in coord.timed_out(111)] == ["a", "b"]
+        assert [t.tid for t in coord.unfinished()] == ["c"]
+    ctl(r, TxAdd("b", 0, 0, ("g3",), 30))  # more participants: the same deadline
+    ctl(r, TxEnd("a", 0, 0, False, 40, "client"))
+    assert [t.tid for t in r.state.txcoord.timed_out(1000)] == ["b"]
+    assert [t.tid for t in r.state.txcoord.unfinished()] == ["a", "c"]

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from broker.dueheap import DueHeap
 from broker.parts.base import (
     ControlRecord,
     ControlResult,
@@ -347,6 +348,12 @@ class TxParticipant(Part):
         self.decided: OrderedDict[TxKey, Decision] = OrderedDict()
         # (cg, topic, queue) -> undecided prepared offsets on it (`pending_offsets`)
         self._offset_pins: dict[tuple[str, str, int], int] = {}
+        # what a leader's tick asks for (`kafka_due`, `halves_due`), by due time; derived
+        # from `prepared`, never snapshotted: Kafka transactions by prepared_ms, halves
+        # not checked yet by prepared_ms, checked ones by last_check_ms
+        self._kafka_due: DueHeap[TxKey] = DueHeap(self._kafka_time)
+        self._unchecked_due: DueHeap[TxKey] = DueHeap(self._unchecked_time)
+        self._checked_due: DueHeap[TxKey] = DueHeap(self._checked_time)
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
         return {TxOffsets.op: (TxOffsets, self._offsets),
@@ -406,6 +413,7 @@ class TxParticipant(Part):
             self.fences[header.tx[0]] = max(self.fences.get(header.tx[0], -1), header.tx[1])
         if p is None:
             p = self.prepared[key] = Prepared(index, store_ms, pg)
+            self._track(key, p)
         p.batches.append(PreparedBatch(header.topic, header.queue, index, store_ms,
                                        tuple(refs)))
         p.messages += len(refs)
@@ -431,6 +439,7 @@ class TxParticipant(Part):
         self.fences[rec.tid] = max(self.fences.get(rec.tid, -1), rec.epoch)
         if p is None:
             p = self.prepared[key] = Prepared(index, rec.ts)
+            self._track(key, p)
         for topic, queue, offset in rec.offsets:
             p.offsets.append((rec.cg, topic, queue, offset))
             pin = (rec.cg, topic, queue)
@@ -482,6 +491,7 @@ class TxParticipant(Part):
             return ControlResult(HalfChecked.op, dup=True)
         p.checks += 1
         p.last_check_ms = rec.ts
+        self._checked_due.push(p.last_check_ms, half_key(rec.txid))
         return ControlResult(HalfChecked.op, 1)
 
     def _end(self, key: TxKey, p: Prepared, commit: bool, source: str,
@@ -544,12 +554,43 @@ class TxParticipant(Part):
 
     # retained(): prepared data is pinned (`pinned_index`), retention never goes past it
 
+    # ------------------------------------------------------------------ due times
+
+    def _track(self, key: TxKey, p: Prepared) -> None:
+        """Put a prepared transaction where a tick finds it once it is due."""
+        if key[0] == "k":
+            self._kafka_due.push(p.prepared_ms, key)
+        elif p.checks == 0:
+            self._unchecked_due.push(p.prepared_ms, key)
+        else:
+            self._checked_due.push(p.last_check_ms, key)
+
+    def _kafka_time(self, key: TxKey) -> int | None:
+        p = self.prepared.get(key)
+        return None if p is None else p.prepared_ms
+
+    def _unchecked_time(self, key: TxKey) -> int | None:
+        p = self.prepared.get(key)
+        return None if p is None or p.checks else p.prepared_ms
+
+    def _checked_time(self, key: TxKey) -> int | None:
+        p = self.prepared.get(key)
+        return None if p is None or not p.checks else p.last_check_ms
+
     # ------------------------------------------------------------------ queries
 
     def pending_halves(self) -> list[HalfView]:
         """Every undecided half message, by txid."""
         return [v for key in sorted(k for k in self.prepared if k[0] == "h")
                 if (v := self.half(key[1])) is not None]
+
+    def halves_due(self, now: int, first_ms: int, interval_ms: int) -> list[HalfView]:
+        """The undecided half messages whose check-back is due at `now`, by txid: the
+        first `first_ms` after it was prepared, then every `interval_ms` after the last.
+        Costs O(due log n): a leader asks on every tick."""
+        keys = sorted(self._unchecked_due.due(now - first_ms)
+                      + self._checked_due.due(now - interval_ms))
+        return [v for key in keys if (v := self.half(key[1])) is not None]
 
     def half(self, txid: str) -> HalfView | None:
         """The pending half message `txid` (None: decided, unknown, or its topic gone)."""
@@ -569,6 +610,16 @@ class TxParticipant(Part):
         """(tid, epoch, n, prepared_ms, first_index) of every undecided Kafka transaction."""
         out = []
         for key in sorted(k for k in self.prepared if k[0] == "k"):
+            p = self.prepared[key]
+            _k, tid, epoch, n = key  # type: ignore[misc]
+            out.append((tid, epoch, n, p.prepared_ms, p.first_index))
+        return out
+
+    def kafka_due(self, prepared_before: int) -> list[tuple[str, int, int, int, int]]:
+        """`pending_kafka` of the transactions prepared before `prepared_before` (ms)
+        only, in the same order; O(due log n), for a leader's every tick."""
+        out = []
+        for key in self._kafka_due.due(prepared_before - 1):
             p = self.prepared[key]
             _k, tid, epoch, n = key  # type: ignore[misc]
             out.append((tid, epoch, n, p.prepared_ms, p.first_index))
@@ -628,6 +679,12 @@ class TxParticipant(Part):
             if k in self.prepared:
                 raise ValueError(f"prepared transaction {key!r} twice")
             self.prepared[k] = p
+        kafka = [(p.prepared_ms, k) for k, p in self.prepared.items() if k[0] == "k"]
+        self._kafka_due.rebuild(kafka)
+        self._unchecked_due.rebuild((p.prepared_ms, k) for k, p in self.prepared.items()
+                                    if k[0] == "h" and not p.checks)
+        self._checked_due.rebuild((p.last_check_ms, k) for k, p in self.prepared.items()
+                                  if k[0] == "h" and p.checks)
         for tid, epoch in section["fences"]:
             self.fences[str(tid)] = int(epoch)
         for key, commit, source, index, messages in section["decided"]:
