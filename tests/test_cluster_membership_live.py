@@ -359,3 +359,29 @@ def test_a_replace_stopped_half_way_is_finished_by_running_it_again(
     assert seen["added"].voters == (1, 2, 3, 4) and not seen["added"].learners
     _wait("node 3 following g0",
           lambda: _status(c, 3)["groups"].get("g0", {}).get("role") == "follower")
+
+
+def test_replace_replica_outlasts_the_re_created_node_restarting(
+        cluster4: LocalCluster) -> None:
+    """`raftmq cluster replace-replica g0 3 3` while node 3 is down, started again only
+    after the command removed its replica: the command's request to it fails on the way
+    (CONNECTION_LOST) and the replace resumes once the node is back, within --timeout,
+    instead of failing."""
+    c = cluster4
+    c.kill(3)
+    proc = subprocess.Popen([sys.executable, "-m", "raftmq", "cluster", "replace-replica",
+                             "g0", "3", "3", "--timeout", "120", "--json",
+                             "--namesrv", c.namesrv_addr],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait("node 3 removed from g0 by the command", lambda: _members(c, "g0").voters == (1, 2))
+        time.sleep(2.0)  # its next request, to the node still down, fails meanwhile
+        c.start_node(3)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert json.loads(out)["voters"] == [1, 2, 3]
+    assert _members(c, "g0").voters == (1, 2, 3)

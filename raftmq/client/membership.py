@@ -20,17 +20,21 @@ voter short (a node replaced by itself is removed before it is added back); runn
 same replace again finishes it: a node that is no voter any more is only added back (a
 learner's catch-up resumed); a replace by another node whose old node is gone already
 is refused, saying that the new node votes (it may have been done by the earlier run).
+Within one `replace_replica` call, a run stopped by a failure that may pass (a node
+restarting, an election) is resumed that way until the call's time is spent.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
 from broker.protocol import Code, Frame, Op, RequestError, validate_group_name
+from transport.connection import is_retriable
 
 from .routes import Routes
 
@@ -45,6 +49,9 @@ _POLL = 0.2
 # election timeout or two): one that has just taken over may refuse a removal that its
 # next heartbeats would allow, so a refusal for reachability is asked again this long.
 REACHABLE_WAIT = 10.0
+_RETRY_WAIT = 0.5  # seconds between runs of a replace a passing failure stopped
+
+log = logging.getLogger("raftmq.client.membership")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,10 +212,35 @@ async def _drop(routes: Routes, m: GroupMembers, node: int) -> bool:
 async def replace_replica(routes: Routes, group: str, old: int, new: int, *,
                           catch_up_timeout: float = CATCH_UP_TIMEOUT) -> GroupMembers:
     """Replace `old`'s replica of `group` by one on `new` (or by a fresh one on `old`
-    itself, when `new == old`: a replaced disk). Leadership leaves `old` first."""
+    itself, when `new == old`: a replaced disk). Leadership leaves `old` first.
+
+    A step that fails for a reason that may pass (the node being re-created restarts
+    under it: CONNECTION_LOST; an election) is not the end: the replace runs again,
+    resuming where it stopped, until `catch_up_timeout` seconds from the start are
+    spent; then the last error is raised."""
+    deadline = anyio.current_time() + catch_up_timeout
+    resumed = False
+    while True:
+        try:
+            return await _replace(routes, group, old, new, resumed=resumed,
+                                  catch_up_timeout=max(_POLL, deadline - anyio.current_time()))
+        except RequestError as exc:
+            if not is_retriable(exc) or anyio.current_time() + _RETRY_WAIT >= deadline:
+                raise
+            log.info("replace-replica %s %d %d: %s; resuming", group, old, new, exc)
+            resumed = True
+        await anyio.sleep(_RETRY_WAIT)
+
+
+async def _replace(routes: Routes, group: str, old: int, new: int, *, resumed: bool,
+                   catch_up_timeout: float) -> GroupMembers:
+    """One run of `replace_replica`; `resumed`: an earlier run of this same call
+    stopped, so a replace found done was done by it."""
     m = await group_members(routes, group)
     _check_node(m, old)
     _check_node(m, new)
+    if resumed and old != new and old not in m.voters and new in m.voters:
+        return m  # the earlier run finished but lost the last answer
     if old != new and old not in m.voters:
         # A bad request and an earlier run that lost its answer look alike here: refuse,
         # saying which, rather than answer success to a request that named the wrong node.
