@@ -5,6 +5,7 @@ change nothing and are counted."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -157,3 +158,27 @@ def test_user_commands_need_a_superuser_and_valid_names(
     monkeypatch.delenv(USER_ENV)
     assert user_cmd.main(["list", "--namesrv", cluster.namesrv_addr]) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
+
+
+def test_status_without_a_login_says_one_is_needed_not_that_nodes_are_down(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from raftmq.commands import status as status_cmd
+
+    monkeypatch.delenv(USER_ENV, raising=False)
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    assert status_cmd.main(["--namesrv", cluster.namesrv_addr]) == 1
+    out, err = capsys.readouterr()
+    assert "needs a login" in out and "down" not in out, out
+    assert "without a login" in err and "raftmq --user NAME" in err, err
+    assert status_cmd.main(["--json", "--namesrv", cluster.namesrv_addr]) == 1
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    assert nodes and all(n["login_needed"] and not n["reachable"] for n in nodes.values())
+    as_user(monkeypatch, ADMIN)  # logged in: every node is up
+    assert status_cmd.main(["--json", "--namesrv", cluster.namesrv_addr]) == 0
+    nodes = json.loads(capsys.readouterr().out)["nodes"]
+    assert all(n["reachable"] and not n["login_needed"] for n in nodes.values())
+    monkeypatch.setenv(PASSWORD_ENV, "not the password")  # a wrong password says so
+    assert status_cmd.main(["--namesrv", cluster.namesrv_addr]) == 1
+    assert "login as 'admin' was refused" in capsys.readouterr().err
+

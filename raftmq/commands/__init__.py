@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from rich.table import Table
 
-from broker.protocol import DEFAULT_NAMESRV, NAMESRV_ENV, RequestError
+from broker.protocol import DEFAULT_NAMESRV, NAMESRV_ENV, Code, RequestError
 from raftmq.client.errors import (
     IncompleteError,
     OutcomeUnknownError,
@@ -27,6 +27,7 @@ from raftmq.client.errors import (
     leaves,
 )
 from raftmq.client.routes import normalize_addresses
+from transport.scram import USER_ENV
 
 if TYPE_CHECKING:
     from raftmq.client import Admin
@@ -36,6 +37,7 @@ __all__ = [
     "add_namesrv_argument",
     "cell",
     "incomplete_exit",
+    "login_hint",
     "make_table",
     "run_admin_action",
     "first_request_error",
@@ -97,12 +99,25 @@ def report_error(prog: str, exc: RequestError, namesrv: list[str] | None = None)
         print(f"{prog}: OUTCOME UNKNOWN: {exc.message}. The write MAY HAVE BEEN STORED: "
               "look for it (`raftmq message key`, `raftmq consume`) before sending it again",
               file=sys.stderr)
+    elif exc.code == Code.UNAUTHENTICATED:
+        print(f"{prog}: UNAUTHENTICATED: {exc.message}; {login_hint()}", file=sys.stderr)
     elif isinstance(exc, UnavailableError):
         print(f"{prog}: UNAVAILABLE: {exc.message} (nothing was written; the group may have "
               "lost its quorum: see `raftmq status`)", file=sys.stderr)
     else:
         print(f"{prog}: {exc.code.name}: {exc.message}", file=sys.stderr)
     return EXIT_FAILURE
+
+
+def login_hint(command: str = "COMMAND") -> str:
+    """How to log in, for a request refused with UNAUTHENTICATED: a cluster whose nodes
+    authenticate clients answers nothing else without a login."""
+    user = os.environ.get(USER_ENV, "")
+    if user:
+        return (f"the login as {user!r} was refused: check the user name and password "
+                "(--user NAME --password-file FILE, or RAFTMQ_USER and RAFTMQ_PASSWORD)")
+    return (f"this cluster needs a login: `raftmq --user NAME --password-file FILE {command}` "
+            "(or set RAFTMQ_USER and RAFTMQ_PASSWORD)")
 
 
 def run_async(fn: Callable[[], Awaitable[int]], namesrv: list[str] | None = None,

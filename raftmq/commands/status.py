@@ -18,14 +18,15 @@ import anyio
 from rich.console import Console
 from rich.table import Table
 
-from broker.protocol import RequestError
+from broker.protocol import Code, RequestError
 from raftmq.client import Admin
 
-from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+from . import add_namesrv_argument, login_hint, namesrv_addresses, print_json, run_async
 
 __all__ = ["cluster_status", "main"]
 
 PROG = "raftmq status"
+LOGIN_REFUSED = Code.UNAUTHENTICATED.name
 NODE_TIMEOUT = 2.0
 
 
@@ -74,6 +75,8 @@ def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | s
             "registration_age": round(float(reg.get("age", 0.0)), 3) if reg else None,
             "reachable": isinstance(st, dict),
             "error": st if isinstance(st, str) else None,
+            # it answers, but nothing without a login: not down
+            "login_needed": isinstance(st, str) and st.startswith(f"{LOGIN_REFUSED}:"),
             "peers_connected": list(st.get("peers_connected") or []) if isinstance(st, dict)
             else None,
             "leads": [],
@@ -191,7 +194,8 @@ def _render(status: dict[str, Any]) -> None:
         reg = (f"yes ({n['registration_age']:.1f} s ago)" if n["registered"]
                else "[red]no[/]")
         reason = str(n["error"] or "").split(":", 1)[0]  # the code; JSON has the rest
-        state = "[green]up[/]" if n["reachable"] else f"[red]down[/] ({reason})"
+        state = ("[green]up[/]" if n["reachable"] else "[yellow]up, needs a login[/]"
+                 if n["login_needed"] else f"[red]down[/] ({reason})")
         peers = ",".join(map(str, n["peers_connected"])) if n["peers_connected"] is not None \
             else "-"
         nodes.add_row(str(nid), n["addr"], reg, state, peers, ", ".join(n["leads"]) or "-")
@@ -222,6 +226,11 @@ def main(argv: list[str]) -> int:
             print_json(status)
         else:
             _render(status)
+        refused = [str(n) for n, v in status["nodes"].items() if v["login_needed"]]
+        if refused:  # what is shown comes from the name server only
+            print(f"{PROG}: node(s) {', '.join(refused)} answer nothing without a login, so "
+                  f"their state is unknown; {login_hint('status')}", file=sys.stderr)
+            return 1
         if not status["ok"]:
             missing = [g for g, v in status["groups"].items() if v["leader"] is None]
             why = f"no leader in {', '.join(missing)}" if missing else "no groups known"
