@@ -21,7 +21,7 @@ from chaos.cluster import LocalCluster
 from raftmq.client import Admin
 from raftmq.commands import user as user_cmd
 from tests.live_cluster import scrape_metrics
-from transport.blocking import request
+from transport.blocking import Connection, request
 from transport.connection import ConnectionPool
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
 
@@ -182,3 +182,19 @@ def test_status_without_a_login_says_one_is_needed_not_that_nodes_are_down(
     assert status_cmd.main(["--namesrv", cluster.namesrv_addr]) == 1
     assert "login as 'admin' was refused" in capsys.readouterr().err
 
+
+def test_a_removed_users_open_connection_stays_logged_in_new_ones_are_refused(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What the README's guarantees say: a login is checked when a connection starts,
+    against the node's own replica of the users."""
+    bob = Credentials("bob", "bob's password")
+    assert run_user(monkeypatch, cluster, tmp_path, "add", "bob", password=bob.password) == 0
+    leader = cluster.leaders()["g0"]  # the metadata group: applied there before the answer
+    assert leader is not None
+    with Connection(cluster.node_addr(leader), credentials=bob) as conn:
+        assert conn.request({"op": int(Op.STATUS)})[0]["node"] == leader
+        assert run_user(monkeypatch, cluster, tmp_path, "remove", "bob") == 0
+        with pytest.raises(RequestError) as info:
+            request(cluster.node_addr(leader), {"op": int(Op.STATUS)}, credentials=bob)
+        assert info.value.code == Code.UNAUTHENTICATED
+        assert conn.request({"op": int(Op.STATUS)})[0]["node"] == leader  # still logged in
