@@ -56,10 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("group")
     rp.add_argument("old", type=_node)
     rp.add_argument("new", type=_node)
-    for sp in (ad, rp):
-        sp.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                        help="seconds the new replica may take to catch up "
-                        "(default %(default)s)")
+    ad.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                    help="seconds the new replica may take to catch up (default %(default)s)")
+    rp.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                    help="seconds the replace may take: the new replica's catch-up, and "
+                    "its steps tried again while a node restarts or a group elects "
+                    "(default %(default)s)")
     for sp in (st, tl, ad, rm, rp):
         sp.add_argument("--json", action="store_true", help="print JSON")
         add_namesrv_argument(sp)
