@@ -131,3 +131,24 @@ def test_a_history_line_that_is_not_json_stops_the_audit(tmp_path: Path) -> None
                        '"value": "m1", "time": 1.0}\n{"process": 0, "type": "ok", "f"\n')
     with pytest.raises(Exception, match="(?i)malformed"):
         audit(spark(), str(history), "127.0.0.1:1")
+
+
+@pytest.mark.slow  # a minute of Spark jobs on this 2-core machine: opt-in with -m slow
+def test_the_audit_benchmark_accounts_for_every_message_it_sent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`raftmq bench audit` at a tiny size: the history it writes is one the audit reads
+    whole (every message acknowledged and read, nothing else), and its JSON says so."""
+    from bench import audit as audit_bench
+
+    spark()  # the module's session: the benchmark's getOrCreate reuses it
+    with live_cluster(tmp_path / "cluster", groups=2) as cluster:
+        code = audit_bench.main(["--namesrv", cluster.namesrv_addr, "--events", "2000",
+                                 "--queues", "3", "--batch", "64", "--json"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0
+    assert result["events"] == 2000 and result["messages"] == 1000
+    totals = result["totals"]
+    assert totals["acknowledged"] == totals["read"] == totals["attempted"] == 1000
+    assert all(totals[c] == 0 for c in ("lost", "duplicated", "unexpected", "reordered",
+                                        "ack_mismatches"))
+    assert result["valid"] is True and result["audit_s"] > 0

@@ -60,6 +60,12 @@ def _spark(argv: list[str]) -> int:
     return spark_main(argv)
 
 
+def _audit(argv: list[str]) -> int:
+    from bench.audit import main as audit_main
+
+    return audit_main(argv)
+
+
 # Each benchmark is imported only when run: they pull in the cluster harness and rich.
 BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "produce": (_produce, "produce throughput and ack latency (SDK Producer, real nodes)"),
@@ -69,6 +75,7 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "failover": (_failover, "kill -9 a group leader under load: time until acks resume"),
     "txn": (_txn, "transactions (10/100 msgs, 1/3 groups) and half messages vs plain sends"),
     "spark": (_spark, "PySpark `raftmq` source: batch and streaming read rows/s"),
+    "audit": (_audit, "`raftmq audit` on Spark over a history of --events lines"),
 }
 
 
