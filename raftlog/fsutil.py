@@ -379,13 +379,20 @@ def _marked_dir(path: str | os.PathLike[str], names: dict[str, int]) -> None:
     root, prefix = found
     unbound: list[list[object]] = []
     bound: list[list[object]] = []
+    moved: list[list[object]] = []
+    alive = set(names.values())
     with root.lock:
-        # every removal first: an inode freed here may be reused by a name bound here
+        # Removals of files that are gone come first: an inode freed here may be reused
+        # by a name bound here. A name whose inode lives on under another name (the
+        # source of a rename) is dropped only after that name is bound, so the file
+        # keeps the size its fsyncs made durable: replayed the other way round, the
+        # inode would look freed and the renamed file empty.
         for rel in [rel for rel in root.names
                     if rel.startswith(prefix) and os.sep not in rel[len(prefix):]
                     and rel[len(prefix):] not in names]:
-            root.unbind(rel)
-            unbound.append(["u", rel])
+            (moved if root.names[rel] in alive else unbound).append(["u", rel])
+        for line in unbound:
+            root.unbind(str(line[1]))
         for name, ino in names.items():
             rel = prefix + name
             if rel in (SYNC_MARKS_NAME, _MARKS_TMP) or root.names.get(rel) == ino:
@@ -394,7 +401,9 @@ def _marked_dir(path: str | os.PathLike[str], names: dict[str, int]) -> None:
                 unbound.append(["u", rel])
             root.bind(rel, ino)
             bound.append(["b", rel, ino])
-        root.write(unbound + bound)
+        for line in moved:
+            root.unbind(str(line[1]))
+        root.write(unbound + bound + moved)
 
 
 @dataclass

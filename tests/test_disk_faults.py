@@ -193,6 +193,27 @@ def test_renames_and_directory_fsyncs(tmp_path: Path) -> None:
     assert "doomed" not in state.names
 
 
+def test_an_atomic_write_whose_temp_name_was_bound_keeps_its_contents(tmp_path: Path) -> None:
+    """A directory fsync made while an atomic write's temp file existed binds the temp
+    name; the write's own directory fsync then moves the binding to the real name. The
+    file keeps its fsynced contents through a power loss: a zero-length snapshot or
+    hard state is a state no real crash leaves (a node refused to start on one)."""
+    data = tmp_path / "n1"
+    with marks(data):
+        atomic_write(data / "snapshot", b"old snapshot")
+        fd = os.open(data / "snapshot.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, b"new snapshot, written in a worker thread")
+        atomic_write(data / "hardstate", b"term 7")  # its directory fsync binds snapshot.tmp
+        fsync_fd(fd, data / "snapshot.tmp")
+        os.close(fd)
+        os.replace(data / "snapshot.tmp", data / "snapshot")
+        fsync_dir(data)
+    summary = discard_unsynced(data)
+    assert (data / "snapshot").read_bytes() == b"new snapshot, written in a worker thread"
+    assert (data / "hardstate").read_bytes() == b"term 7"
+    assert summary["files_truncated"] == 0 and not summary["deleted"], summary
+
+
 def test_a_name_no_directory_fsync_bound_vanishes_even_when_fsynced(tmp_path: Path) -> None:
     """Directory durability: a file created, or renamed to a new name, is not durable
     until its directory is fsynced, however much of its content was."""
