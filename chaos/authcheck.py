@@ -34,8 +34,9 @@ Observations by test users, through any node:
     (the login failed: not an authorization outcome), ``info`` (unknown).
 ``sec-final`` (key = node)
     After the final heal, what the node's own replica holds: ``ok {"users": [names],
-    "acls": [[...], ...]}``. The last read of each node counts. ``final`` logins and
-    authorization probes are made after these reads agreed on every node.
+    "acls": [[...], ...]}``. The last read of each node counts. The workload reads until
+    every node agrees and holds a last acknowledged entry (a barrier: every change
+    before it is applied there); ``final`` logins and authorization probes come after.
 
 What is checked
 ---------------

@@ -20,9 +20,11 @@ in the environment the SDK reads). The records are those `chaos.authcheck` descr
   (``authz``). The node's guard answers before the request's own handler, so any
   answer but FORBIDDEN means the ACLs allowed it (the topics need not exist: nothing is
   stored);
-- after the final heal (`drain`), every node's users and ACLs are read until all nodes
-  agree (``sec-final``, the last reads count), then every test user logs in and probes
-  every topic through every node (``final``: judged against the final state).
+- after the final heal (`drain`), the admin adds one more entry (a barrier), every
+  node's users and ACLs are read until all nodes agree and hold the barrier, so each
+  has applied every change (``sec-final``, the last reads count), then every test user
+  logs in and probes every topic through every node (``final``: judged against the
+  final state).
 """
 
 from __future__ import annotations
@@ -300,14 +302,22 @@ class SecurityWorkload:
     # ------------------------------------------------------------------ after the heal
 
     async def drain(self, timeout: float) -> bool:
-        """Read every node's users and ACLs until all agree (or `timeout` passes), then
-        make the final logins and probes; True when the nodes agreed."""
+        """Make a barrier change, read every node's users and ACLs until all agree and
+        hold the barrier (or `timeout` passes), then make the final logins and probes;
+        True when the nodes agreed.
+
+        The barrier is one more acknowledged ACL entry (an `admin` on a topic nobody
+        probes): a node that applied it applied every change before it, password changes
+        included, which the lists read cannot show."""
         deadline = time.monotonic() + timeout
         agreed = False
         async with ConnectionPool() as pool:
+            barrier = await self._barrier(pool, deadline)
             while not agreed:
                 reads = [await self._final_read(pool, node) for node in self.nodes]
-                agreed = all(r is not None for r in reads) and all(r == reads[0] for r in reads)
+                agreed = (all(r is not None and (barrier is None or barrier in r["acls"])
+                              for r in reads)
+                          and all(r == reads[0] for r in reads))
                 if agreed or time.monotonic() >= deadline:
                     break
                 await trio.sleep(0.5)
@@ -323,6 +333,18 @@ class SecurityWorkload:
                         await self.authz(process, user, self._password(user), node, topic,
                                          operation, final=True)
         return agreed
+
+    async def _barrier(self, pool: ConnectionPool, deadline: float) -> list[str] | None:
+        """An ACL entry of its own, added until an add is acknowledged (None: not
+        before `deadline`)."""
+        while time.monotonic() < deadline:
+            self._seq += 1
+            acl = ["*", "topic", "literal", f"sec-barrier-{self._seq}", "admin", "allow"]
+            await self._acl(pool, "add", acl)
+            if tuple(acl) in self.present:
+                return acl
+            await trio.sleep(0.5)
+        return None
 
     async def _final_read(self, pool: ConnectionPool, node: int) -> dict[str, Any] | None:
         rec = self.recorder
