@@ -20,7 +20,8 @@ in the environment the SDK reads). The records are those `chaos.authcheck` descr
   (``authz``). The node's guard answers before the request's own handler, so any
   answer but FORBIDDEN means the ACLs allowed it (the topics need not exist: nothing is
   stored);
-- after the final heal (`drain`), the admin adds one more entry (a barrier), every
+- after the final heal (`drain`), the admin gives every test user a new password and
+  adds one more entry (a barrier), every
   node's users and ACLs are read until all nodes agree and hold the barrier, so each
   has applied every change (``sec-final``, the last reads count), then every test user
   logs in and probes every topic through every node (``final``: judged against the
@@ -144,11 +145,14 @@ class SecurityWorkload:
                 user = rng.choice(USERS)
                 if roll < 0.3:
                     await self._user_put(pool, user)
-                elif roll < 0.42:
+                elif roll < 0.38:
                     await self._change(pool, "user-remove", user, None, Op.USER_DELETE,
                                        {"user": user})
-                elif roll < 0.75:
-                    await self._acl(pool, "add", rng.choice(self.acls))
+                elif roll < 0.72:
+                    # mostly allows: deny wins, so a few denies already refuse most requests
+                    wanted = "allow" if rng.random() < 0.8 else "deny"
+                    await self._acl(pool, "add", rng.choice(
+                        [a for a in self.acls if a[5] == wanted]))
                 else:
                     known = sorted(self.present)
                     acl = list(rng.choice(known)) if known and rng.random() < 0.8 else (
@@ -302,9 +306,10 @@ class SecurityWorkload:
     # ------------------------------------------------------------------ after the heal
 
     async def drain(self, timeout: float) -> bool:
-        """Make a barrier change, read every node's users and ACLs until all agree and
-        hold the barrier (or `timeout` passes), then make the final logins and probes;
-        True when the nodes agreed.
+        """Give every test user a new password (so the final logins and probes have users
+        to log in as), make a barrier change, read every node's users and ACLs until all
+        agree and hold the barrier (or `timeout` passes), then make the final logins and
+        probes; True when the nodes agreed.
 
         The barrier is one more acknowledged ACL entry (an `admin` on a topic nobody
         probes): a node that applied it applied every change before it, password changes
@@ -312,6 +317,8 @@ class SecurityWorkload:
         deadline = time.monotonic() + timeout
         agreed = False
         async with ConnectionPool() as pool:
+            for user in USERS:  # every test user exists again, with a new password
+                await self._user_put(pool, user)
             barrier = await self._barrier(pool, deadline)
             while not agreed:
                 reads = [await self._final_read(pool, node) for node in self.nodes]
