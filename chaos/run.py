@@ -254,6 +254,7 @@ class _Loads:
         self.loads: list[Workload | TxWorkload | SecurityWorkload] = [
             w for w in (queue, tx, security) if w is not None]
         self.tx = tx
+        self.security = security
 
     async def run(self, stop_at: float) -> None:
         async with trio.open_nursery() as nursery:
@@ -306,6 +307,8 @@ async def _load_heal_drain(
     facts["unexpected_exits"] = exits()
     if isinstance(workload, _Loads) and workload.tx is not None:
         facts["tx_load"] = {**workload.tx.stats, "pipeline_starts": workload.tx.pipeline_starts}
+    if isinstance(workload, _Loads) and workload.security is not None:
+        facts["security_converged"] = workload.security.converged
 
 
 async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:

@@ -126,6 +126,7 @@ class SecurityWorkload:
         self.current: dict[str, str | None] = {}  # user -> acknowledged password (None: removed)
         self.passwords: dict[str, list[str]] = {}  # user -> every password ever put
         self.present: set[tuple[str, ...]] = set()  # entries whose add was acknowledged
+        self.converged: bool | None = None  # whether the final reads agreed (after drain)
         self._leader = 0  # index into the node list of the last node that took a change
         self._seq = 0
 
@@ -309,7 +310,8 @@ class SecurityWorkload:
         """Give every test user a new password (so the final logins and probes have users
         to log in as), make a barrier change, read every node's users and ACLs until all
         agree and hold the barrier (or `timeout` passes), then make the final logins and
-        probes; True when the nodes agreed.
+        probes. Returns True: reading queues to their end is not this workload's part;
+        `converged` says whether the nodes agreed (the checker judges what they hold).
 
         The barrier is one more acknowledged ACL entry (an `admin` on a topic nobody
         probes): a node that applied it applied every change before it, password changes
@@ -339,7 +341,8 @@ class SecurityWorkload:
                     for operation in ("publish", "subscribe"):
                         await self.authz(process, user, self._password(user), node, topic,
                                          operation, final=True)
-        return agreed
+        self.converged = agreed
+        return True
 
     async def _barrier(self, pool: ConnectionPool, deadline: float) -> list[str] | None:
         """An ACL entry of its own, added until an add is acknowledged (None: not

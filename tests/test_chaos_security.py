@@ -169,6 +169,7 @@ def test_security_smoke_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert any(row.get("ok", 0) for row in sec["authz"].values()), sec["authz"]
     assert any(row.get("fail", 0) for row in sec["authz"].values()), sec["authz"]
     assert sec["final_nodes"] == ["1", "2", "3"]
+    assert results["run"]["security_converged"] is True  # every node held the barrier
     assert {f.f for f in parse_faults(out / "history.jsonl")} <= set(NEMESES)
     assert "Users and ACLs" in (out / "report.html").read_text()
     _recheck(out, 0, capsys)
