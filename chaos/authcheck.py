@@ -243,15 +243,19 @@ class _Checker:
         found: dict[str, list[Any]] = {kind: [] for kind in VIOLATIONS}
         final_values = {e: _possible(cs) for e, cs in self.history.by_element.items()}
         self._final_state(found, final_values)
-        puts: dict[str, list[_Change]] = {}
+        first_put: dict[str, float] = {}  # user -> when a put of it was first asked
+        password_set: dict[tuple[str, str], float] = {}  # (user, password) -> same
         for c in self.history.changes:
             if c.element[0] == "user" and c.value is not ABSENT:
-                puts.setdefault(c.element[1], []).append(c)
+                first_put.setdefault(c.element[1], c.call)
+                password_set.setdefault((c.element[1], c.value), c.call)
+        allowed_from = self._allowed_from({
+            _triple(p) for p in self.probes if p.f == "authz" and p.status == "ok"})
         for p in self.probes:
             if p.f == "login":
-                self._login(found, p, puts, final_values)
+                self._login(found, p, first_put, password_set, final_values)
             else:
-                self._authz(found, p, final_values)
+                self._authz(found, p, final_values, allowed_from)
         counts = {kind: len(items) for kind, items in found.items()}
         problems = [f"{kind}: {n}" for kind, n in counts.items() if n]
         problems += [f"malformed security record: {m}" for m in self.malformed[:_EXAMPLES]]
@@ -307,16 +311,16 @@ class _Checker:
                 last = f"{'put' if c.value is not ABSENT else 'remove'} #{c.seq}"
         return last
 
-    def _login(self, found: dict[str, list[Any]], p: _Probe, puts: dict[str, list[_Change]],
+    def _login(self, found: dict[str, list[Any]], p: _Probe, first_put: dict[str, float],
+               password_set: dict[tuple[str, str], float],
                final_values: dict[Element, set[Any]]) -> None:
         password = p.value["password"]
         name = {"user": p.user, "node": p.value.get("node"), "password": password,
                 "final": bool(p.value.get("final"))}
-        before = [c for c in puts.get(p.user, ()) if c.call < p.ret]
         if p.status == "ok":
-            if not before:
+            if not first_put.get(p.user, math.inf) < p.ret:
                 found["login_never_added"].append(name)
-            elif all(c.value != password for c in before):
+            elif not password_set.get((p.user, password), math.inf) < p.ret:
                 found["login_bad_password"].append(name)
         if not p.value.get("final"):
             return
@@ -326,20 +330,19 @@ class _Checker:
         elif p.status == "fail" and possible == {password}:
             found["login_refused_valid"].append(name)
 
-    def _relevant(self, p: _Probe) -> list[Element]:
-        user, topic, op = p.user, p.value["topic"], p.value["operation"]
-        return [e for e in self.history.by_element
-                if e[0] == "acl" and _matches(e[1], user, topic, op)]
+    def _relevant(self, triple: tuple[str, str, str]) -> list[Element]:
+        return [e for e in self.history.by_element if e[0] == "acl" and _matches(e[1], *triple)]
 
     def _authz(self, found: dict[str, list[Any]], p: _Probe,
-               final_values: dict[Element, set[Any]]) -> None:
+               final_values: dict[Element, set[Any]],
+               allowed_from: dict[tuple[str, str, str], float]) -> None:
         denied = p.status == "fail" and isinstance(p.result, dict) and p.result.get("denied")
         if p.status != "ok" and not denied:
             return
         name = {"user": p.user, "node": p.value.get("node"), "topic": p.value["topic"],
                 "operation": p.value["operation"], "final": bool(p.value.get("final"))}
-        relevant = self._relevant(p)
         if p.value.get("final"):
+            relevant = self._relevant(_triple(p))
             allow = [final_values[e] for e in relevant if e[1][5] == "allow"]
             deny = [final_values[e] for e in relevant if e[1][5] == "deny"]
             can_allow = (any(True in v for v in allow)
@@ -350,27 +353,43 @@ class _Checker:
             elif denied and not can_deny:
                 found["authz_wrongly_denied"].append(name)
             return
-        if p.status == "ok" and not self._ever_allowed(relevant, p.ret):
+        if p.status == "ok" and not allowed_from.get(_triple(p), math.inf) < p.ret:
             found["authz_wrongly_allowed"].append(name)
 
-    def _ever_allowed(self, relevant: list[Element], before: float) -> bool:
-        """Whether some state of the ACLs up to time `before` (a prefix of the changes
-        invoked by then, each unknown one in or out) allows the operation."""
-        possible: dict[Element, set[Any]] = {e: {ABSENT} for e in relevant}
-        wanted = set(relevant)
+    def _allowed_from(self, triples: set[tuple[str, str, str]]
+                      ) -> dict[tuple[str, str, str], float]:
+        """Per (user, topic, operation), when the first change was asked after which some
+        state of the ACLs (a prefix of the changes, each unknown one in or out) allows
+        it; absent: none ever did. One sweep over the changes, so a request that
+        returned at t passed rightly iff that time is before t."""
+        relevant = {t: self._relevant(t) for t in triples}
+        touches: dict[Element, list[tuple[str, str, str]]] = {}
+        for t, elements in relevant.items():
+            for e in elements:
+                touches.setdefault(e, []).append(t)
+        possible: dict[Element, set[Any]] = {e: {ABSENT} for e in touches}
+        out: dict[tuple[str, str, str], float] = {}
         for c in self.history.changes:
-            if c.call >= before:
+            if len(out) == len(triples):
                 break
-            if c.element not in wanted:
+            hit = touches.get(c.element)
+            if not hit:
                 continue
             if c.status == "ok":
                 possible[c.element] = {c.value}
             elif c.status != "fail":
                 possible[c.element].add(c.value)
-            if (any(True in v for e, v in possible.items() if e[1][5] == "allow")
-                    and all(ABSENT in v for e, v in possible.items() if e[1][5] == "deny")):
-                return True
-        return False
+            for t in hit:
+                if t not in out and (
+                        any(True in possible[e] for e in relevant[t] if e[1][5] == "allow")
+                        and all(ABSENT in possible[e] for e in relevant[t]
+                                if e[1][5] == "deny")):
+                    out[t] = c.call
+        return out
+
+
+def _triple(p: _Probe) -> tuple[str, str, str]:
+    return p.user, p.value["topic"], p.value["operation"]
 
 
 def _probe_kind(p: _Probe) -> str:
