@@ -36,7 +36,8 @@ Observations by test users, through any node:
     After the final heal, what the node's own replica holds: ``ok {"users": [names],
     "acls": [[...], ...]}``. The last read of each node counts. The workload reads until
     every node agrees and holds a last acknowledged entry (a barrier: every change
-    before it is applied there); ``final`` logins and authorization probes come after.
+    before it is applied there); ``final`` logins and authorization probes come after,
+    and are judged against the state every change asked before them makes.
 
 What is checked
 ---------------
@@ -52,13 +53,16 @@ Counted violations (`VIOLATIONS`):
 - ``replicas_disagree``: the final reads of two nodes differ;
 - ``login_never_added``: a login succeeded for a user whose creation was never asked;
 - ``login_bad_password``: a login succeeded with a password never set for that user;
-- ``login_stale``: a final login succeeded with a password (or for a user) the final
-  state cannot have; ``login_refused_valid``: a final login was refused with the one
-  password the final state can have;
+- ``login_stale``: a final login succeeded with a password (or for a user) the settled
+  state cannot have (a removed user, a replaced password); ``login_refused_valid``: a
+  final login was refused with the one password the settled state can have;
 - ``authz_wrongly_allowed``: an operation passed that every ACL state a replica could be
   in at the time denies (a replica may lag, so any earlier state counts; a final probe:
-  every possible final state); ``authz_wrongly_denied``: a final probe was refused that
-  every possible final state allows.
+  every possible settled state); ``authz_wrongly_denied``: a final probe was refused
+  that every possible settled state allows.
+
+The settled state of a final probe is the one every change asked before it makes (each
+unknown one in or out): the nodes had all applied them when it was made.
 
 Logins and operations during the run are judged against every state up to their time,
 never a later one: followers lag behind (a node checks a login against its own replica),
@@ -67,6 +71,7 @@ so a removed user may still log in on a lagging node for a while (docs/security.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -253,9 +258,9 @@ class _Checker:
             _triple(p) for p in self.probes if p.f == "authz" and p.status == "ok"})
         for p in self.probes:
             if p.f == "login":
-                self._login(found, p, first_put, password_set, final_values)
+                self._login(found, p, first_put, password_set)
             else:
-                self._authz(found, p, final_values, allowed_from)
+                self._authz(found, p, allowed_from)
         counts = {kind: len(items) for kind, items in found.items()}
         problems = [f"{kind}: {n}" for kind, n in counts.items() if n]
         problems += [f"malformed security record: {m}" for m in self.malformed[:_EXAMPLES]]
@@ -312,8 +317,7 @@ class _Checker:
         return last
 
     def _login(self, found: dict[str, list[Any]], p: _Probe, first_put: dict[str, float],
-               password_set: dict[tuple[str, str], float],
-               final_values: dict[Element, set[Any]]) -> None:
+               password_set: dict[tuple[str, str], float]) -> None:
         password = p.value["password"]
         name = {"user": p.user, "node": p.value.get("node"), "password": password,
                 "final": bool(p.value.get("final"))}
@@ -324,17 +328,22 @@ class _Checker:
                 found["login_bad_password"].append(name)
         if not p.value.get("final"):
             return
-        possible = final_values.get(("user", p.user), {ABSENT})
+        possible = self._values_at(("user", p.user), p.call)
         if p.status == "ok" and password not in possible:
             found["login_stale"].append({**name, "possible": sorted(map(str, possible))})
         elif p.status == "fail" and possible == {password}:
             found["login_refused_valid"].append(name)
 
+    def _values_at(self, e: Element, t: float) -> set[Any]:
+        """The values `e` can have once every change asked before `t` is applied (a
+        final probe's time: the nodes had settled on every change before it)."""
+        changes = self.history.by_element.get(e, [])
+        return _possible(changes[:bisect.bisect_left([c.call for c in changes], t)])
+
     def _relevant(self, triple: tuple[str, str, str]) -> list[Element]:
         return [e for e in self.history.by_element if e[0] == "acl" and _matches(e[1], *triple)]
 
     def _authz(self, found: dict[str, list[Any]], p: _Probe,
-               final_values: dict[Element, set[Any]],
                allowed_from: dict[tuple[str, str, str], float]) -> None:
         denied = p.status == "fail" and isinstance(p.result, dict) and p.result.get("denied")
         if p.status != "ok" and not denied:
@@ -343,8 +352,8 @@ class _Checker:
                 "operation": p.value["operation"], "final": bool(p.value.get("final"))}
         if p.value.get("final"):
             relevant = self._relevant(_triple(p))
-            allow = [final_values[e] for e in relevant if e[1][5] == "allow"]
-            deny = [final_values[e] for e in relevant if e[1][5] == "deny"]
+            allow = [self._values_at(e, p.call) for e in relevant if e[1][5] == "allow"]
+            deny = [self._values_at(e, p.call) for e in relevant if e[1][5] == "deny"]
             can_allow = (any(True in v for v in allow)
                          and all(ABSENT in v for v in deny))
             can_deny = (all(ABSENT in v for v in allow) or any(True in v for v in deny))

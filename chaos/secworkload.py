@@ -20,12 +20,12 @@ in the environment the SDK reads). The records are those `chaos.authcheck` descr
   (``authz``). The node's guard answers before the request's own handler, so any
   answer but FORBIDDEN means the ACLs allowed it (the topics need not exist: nothing is
   stored);
-- after the final heal (`drain`), the admin gives every test user a new password and
-  adds one more entry (a barrier), every
-  node's users and ACLs are read until all nodes agree and hold the barrier, so each
-  has applied every change (``sec-final``, the last reads count), then every test user
-  logs in and probes every topic through every node (``final``: judged against the
-  final state).
+- after the final heal (`drain`), the admin adds one more entry (a barrier) and every
+  node's users and ACLs are read until all nodes agree and hold it, so each has applied
+  every change (``sec-final``, the last reads count); every user then logs in on every
+  node with its last passwords. The admin gives every test user a new password, the
+  nodes settle again, and every test user logs in and probes every topic through every
+  node (``final``: judged against the state every node then holds).
 """
 
 from __future__ import annotations
@@ -307,42 +307,52 @@ class SecurityWorkload:
     # ------------------------------------------------------------------ after the heal
 
     async def drain(self, timeout: float) -> bool:
-        """Give every test user a new password (so the final logins and probes have users
-        to log in as), make a barrier change, read every node's users and ACLs until all
-        agree and hold the barrier (or `timeout` passes), then make the final logins and
-        probes. Returns True: reading queues to their end is not this workload's part;
-        `converged` says whether the nodes agreed (the checker judges what they hold).
+        """After the heal: settle (below), log in as every user (and `mallory`) on every
+        node with its last passwords, judged against the state the run left; then give
+        every test user a new password, settle again, and log in and probe every topic
+        on every node (so the probes have users to log in as). Returns True: reading
+        queues to their end is not this workload's part; `converged` says whether the
+        nodes settled both times (the checker judges what they hold).
 
-        The barrier is one more acknowledged ACL entry (an `admin` on a topic nobody
-        probes): a node that applied it applied every change before it, password changes
-        included, which the lists read cannot show."""
+        To settle is to add a barrier (one more ACL entry: `admin` on a topic nobody
+        probes) and read every node's users and ACLs until all agree and hold it: a node
+        that applied it applied every change before it, password changes included, which
+        the lists cannot show."""
         deadline = time.monotonic() + timeout
-        agreed = False
+        process = "sec-final"
         async with ConnectionPool() as pool:
+            settled = await self._settle(pool, deadline)
+            await self._final_logins(process)
             for user in USERS:  # every test user exists again, with a new password
                 await self._user_put(pool, user)
-            barrier = await self._barrier(pool, deadline)
-            while not agreed:
-                reads = [await self._final_read(pool, node) for node in self.nodes]
-                agreed = (all(r is not None and (barrier is None or barrier in r["acls"])
-                              for r in reads)
-                          and all(r == reads[0] for r in reads))
-                if agreed or time.monotonic() >= deadline:
-                    break
-                await trio.sleep(0.5)
-        process = "sec-final"
+            settled = await self._settle(pool, deadline) and settled
+        await self._final_logins(process)
         for node in self.nodes:
-            for user in (*USERS, GHOST):
-                tried = {self._password(user), *self.passwords.get(user, [])[-2:]}
-                for password in sorted(tried):
-                    await self.login(process, user, password, node, final=True)
             for user in USERS:
                 for topic in TOPICS:
                     for operation in ("publish", "subscribe"):
                         await self.authz(process, user, self._password(user), node, topic,
                                          operation, final=True)
-        self.converged = agreed
+        self.converged = settled
         return True
+
+    async def _final_logins(self, process: str) -> None:
+        for node in self.nodes:
+            for user in (*USERS, GHOST):
+                tried = {self._password(user), *self.passwords.get(user, [])[-2:]}
+                for password in sorted(tried):
+                    await self.login(process, user, password, node, final=True)
+
+    async def _settle(self, pool: ConnectionPool, deadline: float) -> bool:
+        barrier = await self._barrier(pool, deadline)
+        while True:
+            reads = [await self._final_read(pool, node) for node in self.nodes]
+            if (all(r is not None and (barrier is None or barrier in r["acls"]) for r in reads)
+                    and all(r == reads[0] for r in reads)):
+                return barrier is not None
+            if time.monotonic() >= deadline:
+                return False
+            await trio.sleep(0.5)
 
     async def _barrier(self, pool: ConnectionPool, deadline: float) -> list[str] | None:
         """An ACL entry of its own, added until an add is acknowledged (None: not

@@ -160,6 +160,28 @@ def test_a_removed_user_may_log_in_on_a_lagging_node_but_not_after_the_final_rea
     assert h.check()["valid"]
 
 
+def test_final_probes_are_judged_against_the_state_at_their_time() -> None:
+    """The workload settles twice: final logins with the run's last passwords, then new
+    passwords for everyone and final logins and probes again. Each is judged against
+    the changes asked before it, so the later puts do not make the earlier ones stale,
+    and a removed user logging in after the settle is found."""
+    h = H().put("alice", "a1").put("bob", "b1").remove("bob")
+    _finals(h, ["alice"], [])
+    h.login("alice", "a1", "ok", final=True).login("bob", "b1", "fail", final=True)
+    h.put("alice", "a2").put("bob", "b2")
+    _finals(h, ["alice", "bob"], [])
+    h.login("alice", "a2", "ok", final=True).login("alice", "a1", "fail", final=True)
+    h.login("bob", "b2", "ok", final=True)
+    assert h.check()["valid"]
+    h = H().put("bob", "b1").remove("bob")
+    _finals(h, [], []).login("bob", "b1", "ok", final=True)  # removed, settled, still in
+    h.put("bob", "b2")
+    _finals(h, ["bob"], [])
+    result = h.check()
+    assert _violations(result) == {"login_stale": 1}
+    assert result["examples"]["login_stale"][0]["possible"] == ["None"]
+
+
 def test_an_operation_no_acl_state_allowed_is_found() -> None:
     h = (H().authz("alice", "sec-a", "publish", "ok")  # nothing allows it yet
          .acl("add", ALLOW_PREFIX)
