@@ -192,3 +192,25 @@ def test_drop_acl_remove_is_caught(
     html = (out / "report.html").read_text()
     assert "Users and ACLs" in html and "invalid" in html
     _recheck(out, 1, capsys)
+
+
+def test_human_summary_names_the_security_findings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from chaos.cli import _print_run
+
+    monkeypatch.setenv("COLUMNS", "400")  # one table row a line
+    _print_run({
+        "valid": False, "verdict": "invalid", "problems": ["security: lost_changes: 3"],
+        "operations": {}, "faults": {}, "linearizable": {},
+        "security": {"changes": {"acl-remove": {"ok": 9, "info": 1}},
+                     "logins": {"login": {"ok": 4, "fail": 2}},
+                     "authz": {"publish": {"fail": 5}}, "final_nodes": ["1", "2", "3"]},
+        "options": {"seed": 2, "time": 20.0, "nemesis": ["kill"], "nodes": 3, "groups": 3,
+                    "workload": "security", "mutations": ["drop-acl-remove"]},
+    }, tmp_path)
+    out = " ".join(capsys.readouterr().out.split())
+    for text in ("INVALID", "security: lost_changes: 3", "acl-remove 9 ok/1 info",
+                 "login 4 ok/2 fail", "publish 5 fail", "read at the end on nodes 1, 2, 3",
+                 "--workload security --mutation drop-acl-remove"):
+        assert text in out, (text, out)
