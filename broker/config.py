@@ -70,9 +70,11 @@ ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # Transactions: commit-before-durable-prepare answers a prepared produce before it is
 # committed; serve-prepared puts prepared batches in their queues at once (consumers read
 # uncommitted and aborted data); no-fencing ignores transactional epochs.
+# Security: drop-acl-remove acknowledges every 5th removal of an ACL entry but keeps it.
 KNOWN_MUTATIONS = frozenset({
     "ack-before-commit", "skip-fsync", "duplicate-batch", "skip-read-barrier",
     "crash-before-answer", "commit-before-durable-prepare", "serve-prepared", "no-fencing",
+    "drop-acl-remove",
 })
 
 # Port layout of `cluster_configs`: node i listens at base+i, serves metrics at

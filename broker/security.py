@@ -22,7 +22,11 @@ The exchange, before any other request on a client connection::
 Users live in the cluster's metadata group (`NodeConfig.metadata_group`): a node checks
 a proof against its own replica of that group, so every node must host one (the default
 layout replicates every group on three nodes). Before any user is stored, the one
-configured superuser logs in with `superuser_scram`, a verifier in the node config.
+configured superuser logs in with `superuser_scram`, a verifier in the node config. A
+node that holds no replica of the metadata group (a membership change moved it away)
+refuses every other login with UNKNOWN_GROUP but still takes that superuser's, checked
+against its config, so the group can be hosted there again (HOST_GROUP goes to that
+node).
 An unknown user gets a made-up salt (derived from a secret of this node), so the
 exchange looks the same as for a known one and fails only at the proof. A failed login
 is answered, then the connection is closed: each guess costs a new connection (and
@@ -289,7 +293,16 @@ class Guard:
         return self._metadata().part(Acls)
 
     def _lookup(self, name: str) -> Credential:
-        cred = self._users().credential(name) or self._bootstrap.get(name)
+        try:
+            users: Users | None = self._users()
+        except RequestError:
+            # No metadata replica here (it was moved away, or is being re-created): only
+            # the configured superuser, whose verifier is this node's own config, can be
+            # checked, so an operator can still host the metadata group here again.
+            if name not in self._bootstrap:
+                raise
+            users = None
+        cred = (users.credential(name) if users is not None else None) or self._bootstrap.get(name)
         if cred is not None:
             return cred
         fake = hmac.new(self._fake_key, name.encode(), hashlib.sha256).digest()
@@ -302,12 +315,18 @@ class Guard:
         if caller.principal is not None:
             raise RequestError(Code.MALFORMED, f"already authenticated as {caller.principal!r}")
         if step == "first":
-            self._users()  # fails before anything when this node cannot check
+            if not self._bootstrap:
+                self._users()  # fails before anything when this node cannot check
             found: dict[str, str] = {}
+            cannot: list[RequestError] = []  # scramp would wrap it: raised below instead
 
             def auth_fn(name: str) -> tuple[bytes, bytes, bytes, int]:
                 found["user"] = name
-                c = self._lookup(name)
+                try:
+                    c = self._lookup(name)
+                except RequestError as exc:
+                    cannot.append(exc)
+                    raise
                 return c.salt, c.stored_key, c.server_key, c.iterations
 
             server = _MECH.make_server(auth_fn)
@@ -315,6 +334,8 @@ class Guard:
                 server.set_client_first(msg)
                 first = server.get_server_first()
             except scramp.ScramException as exc:
+                if cannot:
+                    raise cannot[0] from None
                 raise RequestError(Code.MALFORMED, f"AUTH: {exc}") from None
             self._pending[caller] = (server, found.get("user", ""))
             return ok_header(0, msg=first), b""

@@ -86,6 +86,8 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from .accounting import ERROR_KINDS, account_queue_history, combine_accounts
+from .authcheck import SEC_OPS
+from .authcheck import check_file as check_security_file
 from .histories import (
     NEMESIS,
     Fault,
@@ -231,6 +233,7 @@ class Analysis:
             accounting=self.accounting, throughput=throughput, latency=latency,
             unavailability=self.results.get("unavailability_by_fault"),
             transactions=self.results.get("transactions"),
+            security=self.results.get("security"),
         )
 
 
@@ -264,7 +267,24 @@ def analyze(
             idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
         )
     _add_transactions(analysis, check_file(path))
+    _add_security(analysis, check_security_file(path))
     return analysis
+
+
+def _add_security(analysis: Analysis, sec: dict[str, Any]) -> None:
+    """The security checker's verdict (`chaos.authcheck`) joins the run's: section
+    ``security`` of results.json, its problems prefixed ``security:``. A history without
+    security records gets no section."""
+    if not (sec["changes"] or sec["logins"] or sec["authz"] or sec["final_nodes"]
+            or sec["malformed"]):
+        return
+    results = analysis.results
+    results["security"] = sec
+    if sec["problems"]:
+        results["problems"] = [*results["problems"],
+                               *(f"security: {p}" for p in sec["problems"])]
+        results["valid"] = False
+        results["verdict"] = analysis.verdict = "invalid"
 
 
 def _add_transactions(analysis: Analysis, tx: dict[str, Any]) -> None:
@@ -456,8 +476,9 @@ def _spill_by_key(history: Path, into: Path) -> list[tuple[str, Path]]:
                     if process == NEMESIS:
                         continue
                     if isinstance(process, (int, str)):
-                        if kind == "invoke" and entry.get("f") in TX_OPS:
-                            skipped.add(process)  # `chaos.txcheck` reads these
+                        if kind == "invoke" and (entry.get("f") in TX_OPS
+                                                 or entry.get("f") in SEC_OPS):
+                            skipped.add(process)  # `chaos.txcheck`/`authcheck` read these
                             open_route.pop(process, None)
                             continue
                         if kind == "invoke":

@@ -294,8 +294,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--nemesis", default="kill,partition-node", metavar="LIST",
                    help=f"comma-separated faults, all, or none: {', '.join(NEMESES)}")
     p.add_argument("--workload", default="queue", choices=WORKLOADS,
-                   help="queue (default), txn (transactions, half messages, a pipeline) "
-                   "or all (both side by side)")
+                   help="queue (default), txn (transactions, half messages, a pipeline), "
+                   "security (users and ACLs changed under faults, on a cluster with logins "
+                   "and ACLs on) or all (the three side by side)")
     p.add_argument("--seed", type=int, default=0, help="decides the fault schedule")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="history.jsonl, results.json, report.html and the cluster's files")
@@ -380,6 +381,16 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
             + "; half messages " + ", ".join(f"{n} {k}" for k, n in tx.get("halves", {}).items())
             + f"; {tx.get('checks', {}).get('answered', 0)} check-backs answered"
             + f"; pipeline inputs committed {pipeline.get('inputs_committed', 0)}"
+        ))
+    sec = results.get("security")
+    if isinstance(sec, dict):
+        def outcomes(rows: Any) -> str:
+            return ", ".join(f"{kind} " + "/".join(f"{n} {k}" for k, n in row.items())
+                             for kind, row in (rows or {}).items())
+        table.add_row("users and ACLs", (
+            f"changes: {outcomes(sec.get('changes'))}; logins: {outcomes(sec.get('logins'))}; "
+            f"operations: {outcomes(sec.get('authz'))}; "
+            f"read at the end on nodes {', '.join(sec.get('final_nodes') or []) or 'none'}"
         ))
     table.add_row("checker", f"{results.get('checker_seconds', 0):.1f} s")
     worst = results.get("longest_unavailability")

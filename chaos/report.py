@@ -517,6 +517,32 @@ def _transactions(tx: dict[str, Any]) -> str:
     )
 
 
+def _security(sec: dict[str, Any]) -> str:
+    """The security checker's verdict (`chaos.authcheck`), shaped like `_transactions`."""
+    from .authcheck import VIOLATIONS
+
+    badge = ("<span class='badge ok'>valid</span>" if sec.get("valid")
+             else "<span class='badge illegal'>invalid</span>")
+    counts = "".join(
+        f"<div class='{'bad' if sec.get(kind) else ''}'>{_esc(kind)}: {_esc(sec.get(kind, 0))}</div>"
+        for kind in VIOLATIONS
+    )
+    facts = [("changes", sec.get("changes")), ("logins", sec.get("logins")),
+             ("operations", sec.get("authz")), ("nodes read at the end", sec.get("final_nodes")),
+             ("problems", sec.get("problems"))]
+    rows = "".join(f"<tr><td>{_esc(k)}</td><td><code>{_clip(json.dumps(v), 400)}</code></td></tr>"
+                   for k, v in facts)
+    examples = "".join(
+        f"<tr class=fail><td>{_esc(kind)}</td><td><code class=long>"
+        f"{_esc(json.dumps(items, indent=1))}</code></td></tr>"
+        for kind, items in (sec.get("examples") or {}).items()
+    )
+    return (
+        f"<h2>Users and ACLs {badge}</h2><div class=box><div class=acct>{counts}</div>"
+        f"<table>{rows}{examples}</table></div>"
+    )
+
+
 def render_html(
     model: Model,
     info: CheckInfo,
@@ -528,6 +554,7 @@ def render_html(
     accounting: dict[str, Any] | None = None,
     unavailability: dict[str, dict[str, Any]] | None = None,
     transactions: dict[str, Any] | None = None,
+    security: dict[str, Any] | None = None,
     max_ops: int = 4000,
 ) -> str:
     """The report as one HTML string; faults are (start, end, name) in the history's time unit.
@@ -535,7 +562,8 @@ def render_html(
     ``throughput``/``latency`` are (time, value) series; when neither is given they are
     derived from the operations themselves. ``unavailability`` is a chaos run's
     ``unavailability_by_fault`` (one row per fault kind); ``transactions`` its
-    transactional verdict (`chaos.txcheck`), shown first when it found a violation.
+    transactional verdict (`chaos.txcheck`) and ``security`` that of users and ACLs
+    (`chaos.authcheck`), each shown first when it found a violation.
     """
     chosen, note = _focus(info, max_ops)
     if throughput is None and latency is None:
@@ -550,6 +578,8 @@ def render_html(
     body = [f"<h1>{_esc(title)}</h1><p>{summary}</p>"]
     if transactions is not None and not transactions.get("valid", True):
         body.append(_transactions(transactions))
+    if security is not None and not security.get("valid", True):
+        body.append(_security(security))
     failure = info.first_failure
     if failure is not None:
         body.append(_failure_section(model, failure))
@@ -572,6 +602,8 @@ def render_html(
         body.append(f"<h2>Accounting</h2><div class=box>{_accounting(accounting)}</div>")
     if transactions is not None and transactions.get("valid", True):
         body.append(_transactions(transactions))
+    if security is not None and security.get("valid", True):
+        body.append(_security(security))
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>{''.join(body)}<script>{_JS}</script></body></html>"

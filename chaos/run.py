@@ -13,6 +13,10 @@ One trio program in this process runs everything that is not a node:
    linearizability check per queue, the longest unavailability after a leader loss, and
    the bound on writes after every heal (`chaos.analysis.LIVENESS_BOUND`).
 
+With `--workload security` (or `all`) the nodes run with logins and ACLs on and a
+bootstrap superuser whose login every client of the harness uses (`chaos.secworkload`);
+the default queue workload's cluster has neither.
+
 Nodes run with small segments and frequent snapshots (`RunOptions.segment_size`,
 `snapshot_every_entries`), so segments roll and snapshots are taken under faults. With
 `disk-full` enabled, each node's data directory is a loop-mounted ext4 image
@@ -40,6 +44,7 @@ from typing import Any, cast
 import trio
 
 from broker.config import ALLOW_MUTATIONS_ENV, KNOWN_MUTATIONS
+from transport.scram import USER_ENV
 
 from .analysis import Analysis, analyze_run
 from .cluster import LocalCluster
@@ -48,12 +53,16 @@ from .nemesis import NEMESES, Nemesis, Step, plan
 from .proxy import ProxyNet
 from .recorder import Recorder
 from .remote import REMOTE_NEMESES, RemoteCluster
+from .secworkload import SecurityWorkload, harness_login, harness_superuser
 from .txworkload import TX_NODE_SETTINGS, TxWorkload
 from .workload import Workload
 
 __all__ = ["RunOptions", "nemesis_plan", "run_chaos"]
 
-WORKLOADS = ("queue", "txn", "all")
+WORKLOADS = ("queue", "txn", "security", "all")
+SECURE_WORKLOADS = ("security", "all")
+"""Workloads whose cluster runs with logins and ACLs on (`chaos.secworkload`); every
+client of the harness then logs in as its superuser."""
 TOPIC = "chaos"
 
 
@@ -121,8 +130,10 @@ class RunOptions:
             if self.mutations:
                 raise ValueError("--mutation needs nodes the harness starts, not --cluster")
             if self.workload != "queue":
-                raise ValueError("--workload txn needs nodes the harness starts (with short "
-                                 "check-back timings), not --cluster")
+                why = ("with logins and ACLs on" if self.workload == "security"
+                       else "with short check-back timings")
+                raise ValueError(f"--workload {self.workload} needs nodes the harness starts "
+                                 f"({why}), not --cluster")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
             raise ValueError(
                 f"--mutation makes nodes misbehave on purpose; set {ALLOW_MUTATIONS_ENV}=1 "
@@ -150,8 +161,10 @@ def nemesis_plan(opts: RunOptions) -> list[Step]:
 CHAOS_CQ_CHUNK = 64  # ConsumeQueue records per chunk file in the clusters a run starts
 
 
-async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
-    """Steps 1-4 of the module docstring; returns facts the analysis needs."""
+async def _run(opts: RunOptions, recorder: Recorder,
+               security: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Steps 1-4 of the module docstring; returns facts the analysis needs. `security`:
+    the node config keys of logins and ACLs (`harness_superuser`), or None."""
     if opts.cluster is not None:
         return await _run_remote(opts, recorder)
     rng = random.Random(opts.seed)
@@ -166,6 +179,9 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
     env: dict[str, str] = {}
     if opts.workload in ("txn", "all"):
         overrides.update(TX_NODE_SETTINGS)
+    if security is not None:
+        overrides.update(security)
+        env[USER_ENV] = ""  # the nodes themselves log in nowhere as the harness
     if opts.mutations:
         overrides["test_mutations"] = list(opts.mutations)
     if "crash-unsynced" in opts.nemesis:
@@ -206,6 +222,12 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
                                     recorder=recorder, rng=random.Random(rng.getrandbits(64)),
                                     log=opts.out / "cluster" / "pipeline.log")
                 facts["tx_queue_groups"] = await txload.setup()
+            secload: SecurityWorkload | None = None
+            if opts.workload in SECURE_WORKLOADS:
+                secload = SecurityWorkload(
+                    {i: cluster.client_addr(i) for i in cluster.node_ids},
+                    min(g.id for g in cluster.groups), recorder=recorder,
+                    rng=random.Random(rng.getrandbits(64)))
             nemesis = (
                 Nemesis(cluster, net, recorder, rng=random.Random(nemesis_seed),
                         enabled=opts.nemesis, disks=disks, probe=workload)
@@ -213,7 +235,7 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
             )
             # a node that died on its own is reported (unexpected_exits), not raised
             ready = functools.partial(cluster.wait_ready, opts.ready_timeout, raise_on_exit=False)
-            await _load_heal_drain(opts, _Loads(workload, txload), nemesis, ready,
+            await _load_heal_drain(opts, _Loads(workload, txload, secload), nemesis, ready,
                                    cluster.unexpected_exits, facts)
         finally:
             await trio.to_thread.run_sync(cluster.stop)
@@ -224,11 +246,15 @@ async def _run(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
 
 
 class _Loads:
-    """The queue workload, the transactional one, or both side by side."""
+    """The queue workload, the transactional one, the security one, or several side by
+    side."""
 
-    def __init__(self, queue: Workload | None, tx: TxWorkload | None) -> None:
-        self.loads: list[Workload | TxWorkload] = [w for w in (queue, tx) if w is not None]
+    def __init__(self, queue: Workload | None, tx: TxWorkload | None,
+                 security: SecurityWorkload | None = None) -> None:
+        self.loads: list[Workload | TxWorkload | SecurityWorkload] = [
+            w for w in (queue, tx, security) if w is not None]
         self.tx = tx
+        self.security = security
 
     async def run(self, stop_at: float) -> None:
         async with trio.open_nursery() as nursery:
@@ -238,7 +264,7 @@ class _Loads:
     async def drain(self, timeout: float) -> bool:
         done: list[bool] = []
 
-        async def one(load: Workload | TxWorkload) -> None:
+        async def one(load: Workload | TxWorkload | SecurityWorkload) -> None:
             done.append(await load.drain(timeout))
 
         async with trio.open_nursery() as nursery:
@@ -281,6 +307,8 @@ async def _load_heal_drain(
     facts["unexpected_exits"] = exits()
     if isinstance(workload, _Loads) and workload.tx is not None:
         facts["tx_load"] = {**workload.tx.stats, "pipeline_starts": workload.tx.pipeline_starts}
+    if isinstance(workload, _Loads) and workload.security is not None:
+        facts["security_converged"] = workload.security.converged
 
 
 async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
@@ -321,7 +349,12 @@ def run_chaos(opts: RunOptions) -> dict[str, Any]:
     out = _prepare_out(opts.out)
     began = time.monotonic()
     with Recorder(out / "history.jsonl") as recorder:
-        facts = trio.run(_run, opts, recorder)
+        if opts.workload in SECURE_WORKLOADS:
+            creds, security = harness_superuser()
+            with harness_login(creds):
+                facts = trio.run(_run, opts, recorder, security)
+        else:
+            facts = trio.run(_run, opts, recorder)
     analysis: Analysis = analyze_run(
         out / "history.jsonl", facts, check_timeout=opts.check_timeout
     )

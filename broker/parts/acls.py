@@ -9,6 +9,10 @@ entry allows it and none denies it: deny wins, and with no entry at all the answ
 no (default deny). Superusers are the node config's, not entries here.
 
 Like users, ACLs live in the metadata group (`broker.security`).
+
+The test mutation `drop-acl-remove` (the state's `mutations`) acknowledges every
+`DROP_REMOVE_EVERY`-th removal of a present entry but keeps the entry: a lost change the
+chaos workload `security` (`chaos.authcheck`) must catch.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ OPERATIONS = ("publish", "subscribe", "admin")
 PATTERNS = ("literal", "prefix")
 PERMISSIONS = ("allow", "deny")
 MAX_ACLS = 100_000
+DROP_REMOVE_EVERY = 5  # the `drop-acl-remove` test mutation's period
 _NAME = re.compile(r"[A-Za-z0-9_%|.-]{0,255}")
 
 
@@ -138,6 +143,9 @@ class Acls(Part):
     def __init__(self, state: Any) -> None:
         super().__init__(state)
         self._acls: set[Acl] = set()
+        mutations: frozenset[str] = getattr(state, "mutations", frozenset())
+        self._drop_every = DROP_REMOVE_EVERY if "drop-acl-remove" in mutations else 0
+        self._removes = 0
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
         return {AclAdd.op: (AclAdd, self._add), AclRemove.op: (AclRemove, self._remove)}
@@ -153,6 +161,10 @@ class Acls(Part):
     def _remove(self, rec: AclRemove, index: int) -> ControlResult:
         if rec.acl not in self._acls:
             return ControlResult(AclRemove.op, 0)
+        if self._drop_every:
+            self._removes += 1
+            if self._removes % self._drop_every == 0:  # test mutation: acknowledged, kept
+                return ControlResult(AclRemove.op, 1)
         self._acls.discard(rec.acl)
         return ControlResult(AclRemove.op, 1)
 
