@@ -246,6 +246,9 @@ class _Search:
         "best_entries",
         "low",
         "blocker",
+        "hard_w",
+        "hard",
+        "inf_from",
     )
 
     def __init__(
@@ -286,9 +289,18 @@ class _Search:
         self.twin = [0] * size
         self.ro = [False] * size
         self.kind = [0] * size  # call entries: 1, or 2 when the operation is pending forever
+        # Operations pending forever that the model accepts in any state (``always_legal``)
+        # can all go last: once every operation that returns is linearized (the first
+        # entry left is a return at +inf, from ``inf_from`` on) and ``hard`` (those pending
+        # forever that are not always legal and not yet linearized) is 0, the search is done.
+        self.hard_w = [0] * size  # 1 for the call entries ``hard`` counts
+        self.hard = 0
+        self.inf_from = size - 1
         last_twin: dict[Any, int] = {}
         call_pos = [0] * n
-        for pos, (_t, kind, j) in enumerate(items, start=1):
+        for pos, (at, kind, j) in enumerate(items, start=1):
+            if kind == 1 and at == INFINITY and self.inf_from == size - 1:
+                self.inf_from = pos
             if kind == 0:
                 call_pos[j] = pos
                 op = ops[include[j]]
@@ -298,6 +310,9 @@ class _Search:
                 self.ro[pos] = model.is_read_only(self.inp[pos], op.output)
                 self.kind[pos] = 2 if op.return_ == INFINITY else 1
                 if op.return_ == INFINITY:
+                    if not model.always_legal(self.inp[pos], op.output):
+                        self.hard_w[pos] = 1
+                        self.hard += 1
                     try:
                         key = (self.inp[pos], op.output)
                         self.twin[pos] = last_twin.get(key, 0)
@@ -372,6 +387,9 @@ class _Search:
         low = self.low
         opid = self.opid
         two_passes = self.has_pending
+        hard_w = self.hard_w
+        hard = self.hard
+        inf_from = self.inf_from
         result: bool | None = None
         used = 0
         for _ in repeat(None, budget):
@@ -404,6 +422,7 @@ class _Search:
                         seen(key)
                         push((e, state, lin, lin_p))
                         taken[e] = True
+                        hard -= hard_w[e]
                         state = new_state
                         lin = new_lin
                         lin_p = new_lin_p
@@ -433,6 +452,10 @@ class _Search:
                     continue
                 e = nxt[e]
             elif want == 1 and two_passes:
+                if e >= inf_from and not hard:
+                    # only operations pending forever are left, each legal in any state
+                    result = True
+                    break
                 # now the operations pending forever (see the class docstring)
                 want = 2
                 e = nxt[0]
@@ -455,6 +478,7 @@ class _Search:
                     self._record_partial(depth)
                 e, state, lin, lin_p = pop()
                 taken[e] = False
+                hard += hard_w[e]
                 if depth <= low:
                     low = depth - 1
                 m = match[e]
@@ -474,6 +498,7 @@ class _Search:
                     want = kind[e]  # resume the pass that had picked this operation
                     e = q
         self.steps += used
+        self.hard = hard
         self.low = low
         self.want = want
         self.entry = e
@@ -486,7 +511,12 @@ class _Search:
             self.ok = result
             if result:
                 best[:] = [c[0] for c in calls]
-                self.best_len = len(calls)
+                e = nxt[0]
+                while e != tail:  # the operations left to go last, if any
+                    if match[e]:
+                        best.append(e)
+                    e = nxt[e]
+                self.best_len = len(best)
                 if longest is not None:
                     for j in range(len(longest)):
                         longest[j] = self.best

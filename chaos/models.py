@@ -115,6 +115,9 @@ class CasRegisterModel(Model[Any, tuple, Any]):
         # a cas known to have failed leaves the register as it was
         return input[0] == READ or (input[0] == CAS and output is False)
 
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return output is UNKNOWN or input[0] == WRITE
+
     def describe_operation(self, input: tuple, output: Any) -> str:
         op = input[0]
         if op == READ:
@@ -170,6 +173,9 @@ class KeyValueModel(Model[Any, tuple, Any]):
 
     def is_read_only(self, input: tuple, output: Any) -> bool:
         return input[0] == GET
+
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return output is UNKNOWN or input[0] in (PUT, APPEND)
 
     def describe_operation(self, input: tuple, output: Any) -> str:
         op, key = input[0], input[1]
@@ -366,6 +372,9 @@ class QueueLogModel(Model[LogState, tuple, Any]):
 
     def is_read_only(self, input: tuple, output: Any) -> bool:
         return input[0] == READ
+
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return output is UNKNOWN
 
     def describe_operation(self, input: tuple, output: Any) -> str:
         if input[0] == APPEND:
@@ -567,6 +576,9 @@ class ConsumerOffsetModel(Model[Any, tuple, Any]):
     def is_read_only(self, input: tuple, output: Any) -> bool:
         return input[0] == READ
 
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return input[0] in (COMMIT, DELETE) or output is UNKNOWN
+
     def describe_operation(self, input: tuple, output: Any) -> str:
         if input[0] == COMMIT:
             return f"commit({_show(input[1])}, {input[2]})"
@@ -614,6 +626,9 @@ class TopicConfigModel(Model[Any, tuple, Any]):
 
     def is_read_only(self, input: tuple, output: Any) -> bool:
         return input[0] == READ
+
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return output is UNKNOWN and input[0] in (READ, CREATE, GROW, DELETE)
 
     def describe_operation(self, input: tuple, output: Any) -> str:
         args = ", ".join(_show(a) for a in input[1:])
