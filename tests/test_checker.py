@@ -402,6 +402,52 @@ def test_pinning_read_appends_keeps_the_verdict(ops: list[Operation]) -> None:
     assert (check_operations(model, pinned).result is CheckResult.OK) == _reference(model, ops)
 
 
+@st.composite
+def _retried_queue_history(draw: st.DrawFn) -> list[Operation]:
+    """A real log where timed-out sends were retried: each attempt of a retried message is
+    an append of unknown outcome that landed at once or never, between acknowledged
+    appends; reads may miss some offsets; maybe one read is broken."""
+    rnd = draw(st.randoms(use_true_random=False))
+    log: list[str] = []
+    ops: list[Operation] = []
+    for t in range(draw(st.integers(2, 7))):
+        if rnd.random() < 0.6:
+            msg = rnd.choice(["r0", "r1"])
+            if rnd.random() < 0.7:
+                log.append(msg)
+            ops.append(_op(int(msg[1]), ("append", "q", msg), t, UNKNOWN, INFINITY))
+        else:
+            log.append(f"a{t}")
+            ops.append(_op(5, ("append", "q", f"a{t}"), t, len(log) - 1, t + 0.5))
+    for r in range(draw(st.integers(1, 3))):
+        offset, count = rnd.randint(0, len(log)), rnd.randint(1, 4)
+        got = tuple(log[offset:offset + count])
+        if r == 0 and got and draw(st.booleans()):
+            got = got[::-1] if len(got) > 1 else (*got, "r0")
+        ops.append(_op(10 + r, ("read", "q", offset, count), 9 + r, got, 9.5 + r))
+    return ops
+
+
+@settings(max_examples=300, deadline=None)
+@given(_retried_queue_history())
+def test_pinning_retried_copies_keeps_the_verdict(ops: list[Operation]) -> None:
+    model = QueueLogModel()
+    pinned = pin_read_appends(ops)
+    assert (check_operations(model, pinned).result is CheckResult.OK) == _reference(model, ops)
+
+
+def test_retried_copies_are_pinned_in_call_order_when_each_has_an_offset() -> None:
+    ops = [_op(1, ("append", "q", "a"), k, UNKNOWN, INFINITY) for k in (0, 2, 1)]
+    ops.append(_op(2, ("append", "q", "b"), 3, 1, 4))
+    ops.append(_op(3, ("read", "q", 0, 8), 10, ("a", "b", "a", "a"), 11))
+    pinned = pin_read_appends(ops)
+    assert [op.output for op in pinned[:3]] == [0, 3, 2]  # called at 0, 2, 1
+    assert all(op.pending for op in pinned[:3]) and pinned[3:] == ops[3:]
+    # three attempts for two copies: the third may have landed unread, or never
+    fewer = [*ops[:3], ops[3], _op(3, ("read", "q", 0, 8), 10, ("a", "b", "a"), 11)]
+    assert pin_read_appends(fewer) == fewer
+
+
 def test_a_recovered_append_is_pinned_where_reads_saw_it() -> None:
     ops = [_op(1, ("append", "q", "a"), 0, UNKNOWN, INFINITY)]
     ops += [_op(2, ("append", "q", f"m{i}"), 1 + i, i, 1.5 + i) for i in range(3)]
