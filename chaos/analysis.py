@@ -40,7 +40,10 @@ linearizability check each explained extra copy becomes one more append of the s
 message with unknown outcome, issued when its attempt was (`queue_operations`). A search
 that ran out of time makes the verdict *unknown* (not valid, but no violation found
 either). Both searches together take about `check_timeout` seconds at most: the offsets
-search gets what the queue search left (at least a second).
+search gets what the queue search left (at least a second). Memory is bounded too: a
+search whose cache of explored configurations would outgrow `search_memory` bytes is
+given up, and its key's verdict is unknown as well. ``unknown`` in results.json says,
+per queue or committed offset without a verdict, why.
 
 `analyze_run` adds what the harness itself saw (nodes that exited on their own, a drain
 that did not finish): it is the verdict of `raftmq chaos run`, and `raftmq chaos check DIR`
@@ -61,7 +64,8 @@ reads as ``read-offset``), ``faults`` (injected, per kind), the accounting total
 with a matching retry, ``duplicated_unretried`` without), ``unexpected``, ``failed_but_read``,
 ``offset_conflicts``, ``ack_mismatches``, ``ack_conflicts``, ``reordered``, ``recovered``,
 ``unread``), ``drained`` per queue, ``linearizable`` per queue and ``offsets_linearizable``
-per ``group:queue`` (true, false, or null when unknown), the checker summaries
+per ``group:queue`` (true, false, or null when unknown), ``unknown`` (per queue, committed
+offset or topic without a verdict: why the search gave up), the checker summaries
 (``linearizability``, ``offsets_linearizability``, ``checker_seconds``,
 ``checked_segments``),
 ``longest_unavailability`` (seconds; null without leader loss; a group that never came
@@ -139,6 +143,10 @@ MAJORITY_CONNECTED = frozenset({
 (`crash-unsynced` too when its scope is one node); `partition-clients` and `disk-full`
 are not among them: the nodes that lost their clients or their disk may keep leading."""
 _REPORT_OPS = 4000  # operations of each passing partition kept for the report's timeline
+SEARCH_MEMORY = 1 << 30
+"""Bytes one linearizability search may spend on its cache of explored configurations."""
+CONFIGURATION_BYTES = 400
+"""What one cached configuration costs, about (its key: two small tuples and a log node)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,11 +249,13 @@ def analyze(
     check_timeout: float,
     idempotent_processes: Collection[int] | None = None,
     liveness_bound: float = LIVENESS_BOUND,
+    search_memory: int = SEARCH_MEMORY,
 ) -> Analysis:
     """Account, check and measure a run's history (see the module docstring).
 
     `queue_groups` maps queue keys to the Raft group hosting them (for availability);
-    `check_timeout` bounds the linearizability search in seconds.
+    `check_timeout` bounds the linearizability search in seconds, `search_memory` each
+    search's cache in bytes (`CONFIGURATION_BYTES` per explored configuration).
 
     Memory is bounded by the largest queue's (or committed offset's) history, not by the
     run's: one pass splits the file into one spill file per key (`_spill_by_key`), then
@@ -262,6 +272,7 @@ def analyze(
         analysis = _analyze_spilled(
             routes, faults, queue_groups=queue_groups, check_timeout=check_timeout,
             idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
+            max_cached=max(1, search_memory // CONFIGURATION_BYTES),
         )
     _add_transactions(analysis, check_file(path))
     return analysis
@@ -290,13 +301,14 @@ def _analyze_spilled(
     check_timeout: float,
     idempotent_processes: Collection[int] | None,
     liveness_bound: float,
+    max_cached: int,
 ) -> Analysis:
     topic_routes = [(r, f) for r, f in routes if r.startswith(json.dumps(TOPIC_KEY_PREFIX)[:-1])]
     offset_routes = [(r, f) for r, f in routes if r.startswith("[")]
     queue_routes = [(r, f) for r, f in routes
                     if (r, f) not in topic_routes and not r.startswith("[")]
     tally = _Tally(queue_groups, faults)
-    queues = _Checks(QueueLogModel(), segmented=True)
+    queues = _Checks(QueueLogModel(), segmented=True, max_cached=max_cached)
     budget_started = time.monotonic()
     for left, (_route, file) in zip(range(len(queue_routes), 0, -1), queue_routes, strict=True):
         records, _none = split_records(_parse_spilled(file))  # not a list key: a queue
@@ -311,7 +323,7 @@ def _analyze_spilled(
     info = queues.info()
     model = cast(QueueLogModel, queues.failure_model)
     offsets_model = ConsumerOffsetModel()
-    offsets = _Checks(offsets_model)
+    offsets = _Checks(offsets_model, max_cached=max_cached)
     offsets_budget = max(1.0, check_timeout - info.elapsed)
     budget_started = time.monotonic()
     for left, (_route, file) in zip(range(len(offset_routes), 0, -1), offset_routes, strict=True):
@@ -322,7 +334,7 @@ def _analyze_spilled(
         remaining = offsets_budget - (time.monotonic() - budget_started)
         offsets.check(offset_ops, max(1e-3, remaining / left))
         del offset_ops
-    topics = _Checks(TopicConfigModel())
+    topics = _Checks(TopicConfigModel(), max_cached=max_cached)
     for _route, file in topic_routes:  # a few hundred operations: no budget of their own
         records = topic_records(_parse_spilled(file))
         tally.add_offset_records(records)
@@ -382,6 +394,7 @@ def _analyze_spilled(
         "offsets_linearizable": per_offset,
         "offsets_linearizability": offsets_info.to_dict(offsets_model),
         "topics_linearizable": per_topic,
+        "unknown": {**queues.reasons, **offsets.reasons, **topics.reasons},
         "checker_seconds": round(info.elapsed + offsets_info.elapsed + topics_info.elapsed, 3),
         "checked_segments": queues.segments,
         "longest_unavailability": (
@@ -497,8 +510,12 @@ class _Checks:
     its segment started from). With `segmented`, each queue is checked one quiescent
     segment at a time (`quiescent_segments`), and its partition is the failing segment."""
 
-    def __init__(self, model: Model, *, segmented: bool = False) -> None:
+    def __init__(self, model: Model, *, segmented: bool = False,
+                 max_cached: int | None = None) -> None:
         self.model = model
+        self.max_cached = max_cached
+        self.reasons: dict[str, str] = {}
+        """Why each key without a verdict has none (time limit or memory budget)."""
         self.failure_model = model
         self.segmented = segmented
         self.partitions: list[PartitionResult] = []
@@ -511,7 +528,8 @@ class _Checks:
 
     def check(self, ops: list[Operation], timeout: float) -> None:
         if not self.segmented:
-            info = check_operations(self.model, ops, timeout=timeout, stop_early=False)
+            info = check_operations(self.model, ops, timeout=timeout, stop_early=False,
+                                    max_cached=self.max_cached)
             self._add(info.partitions, info, self.model)
             return
         deadline = time.monotonic() + timeout
@@ -520,15 +538,17 @@ class _Checks:
         results: list[PartitionResult] = []
         failure: tuple[PartitionResult, Model] | None = None
         steps = dropped = 0
-        unknown = False
-        for initial, segment in segments:
+        unknown: str | None = None
+        for number, (initial, segment) in enumerate(segments, start=1):
             model = QueueLogModel(initial=initial)
             left = deadline - time.monotonic()
             if left <= 0:
-                unknown = True
+                unknown = (f"time limit: {timeout:g} s ran out before segment {number} of "
+                           f"{len(segments)}")
                 self.timed_out = True
                 break
-            info = check_operations(model, segment, timeout=left, stop_early=False)
+            info = check_operations(model, segment, timeout=left, stop_early=False,
+                                    max_cached=self.max_cached)
             self.elapsed += info.elapsed
             self.timed_out |= info.timed_out
             self.steps += info.steps
@@ -537,8 +557,9 @@ class _Checks:
                 dropped += p.dropped
                 if p.result is CheckResult.ILLEGAL:
                     failure = (p, model)
-                elif p.result is CheckResult.UNKNOWN:
-                    unknown = True
+                elif p.result is CheckResult.UNKNOWN and unknown is None:
+                    unknown = (f"segment {number} of {len(segments)} ({len(segment)} "
+                               f"operations): {p.reason}")
             if failure is not None:
                 break
         self.counted += len(ops)
@@ -547,9 +568,10 @@ class _Checks:
             part.steps = steps
             results = [part]
         elif ops:
-            result = CheckResult.UNKNOWN if unknown else CheckResult.OK
+            result = CheckResult.UNKNOWN if unknown is not None else CheckResult.OK
             key = self.model.partition_key(ops[0].input)
-            results = [PartitionResult(0, key, ops, result, steps=steps, dropped=dropped)]
+            results = [PartitionResult(0, key, ops, result, steps=steps, dropped=dropped,
+                                       reason=unknown)]
         self._add(results, None, failure[1] if failure is not None else self.model)
 
     def _add(self, partitions: list[PartitionResult], info: CheckInfo | None,
@@ -561,6 +583,8 @@ class _Checks:
             self.counted += info.operations
         for p in partitions:
             p.index = len(self.partitions)
+            if p.result is CheckResult.UNKNOWN:
+                self.reasons[_offset_name(p.key)] = p.reason or "not searched to the end"
             if p.result is CheckResult.ILLEGAL and not self.failure_kept:
                 self.failure_kept = True
                 self.failure_model = model
@@ -569,6 +593,7 @@ class _Checks:
             window = sorted(p.operations, key=lambda op: op.call)[:_REPORT_OPS]
             self.partitions.append(PartitionResult(
                 p.index, p.key, window, p.result, steps=p.steps, dropped=p.dropped,
+                reason=p.reason,
             ))
 
     def info(self) -> CheckInfo:
@@ -688,6 +713,7 @@ def analyze_run(
     facts: Mapping[str, Any] | None,
     *,
     check_timeout: float,
+    search_memory: int = SEARCH_MEMORY,
 ) -> Analysis:
     """The verdict of a `raftmq chaos run`: `analyze`, plus the harness's own findings.
 
@@ -708,7 +734,8 @@ def analyze_run(
         isinstance(k, str) and isinstance(v, str) for k, v in groups.items()
     ):
         raise ValueError(f"queue_groups must map queue keys to group names, got {groups!r}")
-    analysis = analyze(history_path, queue_groups=groups, check_timeout=check_timeout)
+    analysis = analyze(history_path, queue_groups=groups, check_timeout=check_timeout,
+                       search_memory=search_memory)
     if not facts:
         return analysis
     exits = facts.get("unexpected_exits")

@@ -9,7 +9,9 @@ operations, model state) pairs already explored prunes the search; the bitset is
 
 Partitions (P-compositionality) are searched in round-robin slices, so one easy illegal
 partition is found quickly even next to a hard one, the search stops at the first illegal
-partition, and a deadline turns an unfinished search into UNKNOWN instead of hanging.
+partition, and a deadline turns an unfinished search into UNKNOWN instead of hanging. So does a
+memory budget: a search whose cache of explored configurations outgrows ``max_cached`` is
+given up (UNKNOWN, with that reason) rather than taking the machine's memory.
 
 Beyond Porcupine, four prunings keep chaos histories (many concurrent reads, many timed-out
 writes) from exploding; each keeps the verdict exact:
@@ -80,6 +82,8 @@ class PartitionResult:
     steps: int = 0
     dropped: int = 0
     """Read-only operations with unknown output, legal anywhere and left out of the search."""
+    reason: str | None = None
+    """For UNKNOWN: why the search did not finish (time limit or memory budget)."""
 
     def states(self, model: Model) -> list[Any]:
         """Model state after each operation of ``linearization``, starting from ``init``."""
@@ -560,11 +564,15 @@ def check_operations(
     timeout: float | None = None,
     compute_partial: bool = False,
     stop_early: bool = True,
+    max_cached: int | None = None,
 ) -> CheckInfo:
     """Check a history of operations; ``timeout`` seconds bound the search (UNKNOWN after).
 
     With ``stop_early`` (the default) the search ends at the first illegal partition and the
-    partitions not finished by then are reported UNKNOWN.
+    partitions not finished by then are reported UNKNOWN. ``max_cached`` bounds each
+    partition's cache of explored configurations, which is what a search's memory grows
+    with (the rest is proportional to the partition): a partition whose cache outgrows it
+    is given up, UNKNOWN, so a hard history costs a verdict, never the machine's memory.
     """
     started = time.monotonic()
     deadline = started + timeout if timeout is not None and timeout > 0 else None
@@ -589,8 +597,19 @@ def check_operations(
     while active:
         still: list[int] = []
         for i in active:
-            verdict = searches[i].run(_SLICE)
+            search = searches[i]
+            budget = _SLICE
+            if max_cached is not None:  # a step caches one configuration at most
+                budget = min(budget, max(1, max_cached + 1 - len(search.cache)))
+            verdict = search.run(budget)
             if verdict is None:
+                if max_cached is not None and len(search.cache) > max_cached:
+                    results[i].reason = (
+                        f"memory budget: more than {max_cached} configurations explored "
+                        f"after {search.steps} steps"
+                    )
+                    search.cache = set()  # given up: free it now
+                    continue
                 still.append(i)
             elif not verdict:
                 illegal = True
@@ -604,6 +623,7 @@ def check_operations(
         active = still
     timed_out = timed_out and not all(s.done for s in searches)
 
+    elapsed = time.monotonic() - started
     for res, search in zip(results, searches, strict=True):
         res.steps = search.steps
         res.linearization = search.best
@@ -611,6 +631,12 @@ def check_operations(
             res.result = CheckResult.OK if search.ok else CheckResult.ILLEGAL
             if not search.ok:
                 res.failing = search.failing()
+        elif res.reason is None:
+            res.reason = (
+                f"time limit: {timeout:g} s ran out after {search.steps} steps"
+                if timed_out and timeout is not None
+                else "not searched to the end: another partition is not linearizable"
+            )
         res.partials = search.partials()
 
     if any(r.result is CheckResult.ILLEGAL for r in results):
@@ -619,9 +645,7 @@ def check_operations(
         overall = CheckResult.OK
     else:
         overall = CheckResult.UNKNOWN
-    return CheckInfo(
-        overall, results, time.monotonic() - started, timed_out, sum(r.steps for r in results)
-    )
+    return CheckInfo(overall, results, elapsed, timed_out, sum(r.steps for r in results))
 
 
 def check_events(

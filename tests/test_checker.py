@@ -87,6 +87,27 @@ def test_tiny_timeout_is_unknown() -> None:
     assert info.result is CheckResult.UNKNOWN
     assert info.timed_out
     assert info.partitions[0].result is CheckResult.UNKNOWN
+    assert (info.partitions[0].reason or "").startswith("time limit: 0.0001 s ran out after")
+
+
+def test_a_search_over_its_memory_budget_gives_up_with_the_reason() -> None:
+    """The cache of explored configurations is what grows: 14 writers cost about 20 MB
+    without a budget (ILLEGAL after 2 million steps); within one of 2,000 configurations
+    the partition is given up early, UNKNOWN with the reason, and memory stays small."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        info = check_operations(CasRegisterModel(), _hard_history(14), max_cached=2000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.result is CheckResult.UNKNOWN and not info.timed_out
+    reason = info.partitions[0].reason
+    assert reason is not None and reason.startswith("memory budget: more than 2000"), reason
+    assert peak < 4 << 20, peak
+    assert check_operations(CasRegisterModel(), _hard_history(8), max_cached=2000).result is (
+        CheckResult.ILLEGAL)  # a search that fits still gets its verdict
 
 
 def test_hard_history_without_timeout_is_illegal() -> None:

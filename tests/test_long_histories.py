@@ -231,6 +231,24 @@ def test_a_synthetic_history_is_valid_and_each_corruption_is_caught(tmp_path: An
         assert results["faults"] == {"kill": 2} and results["operations"]["append"]["info"] > 0
 
 
+def test_a_queue_whose_search_outgrows_its_memory_budget_has_no_verdict_and_says_why(
+    tmp_path: Any,
+) -> None:
+    from chaos.analysis import CONFIGURATION_BYTES, analyze_run
+    from chaos.synthetic import write_history
+
+    path = tmp_path / "history.jsonl"
+    write_history(path, seconds=4, seed=3, fault_every=2.0)
+    assert analyze_run(path, FACTS, check_timeout=60).results["verdict"] == "valid"
+    results = analyze_run(path, FACTS, check_timeout=60,
+                          search_memory=50 * CONFIGURATION_BYTES).results
+    assert results["verdict"] == "unknown" and not results["problems"], results["problems"]
+    assert set(results["linearizable"].values()) == {None}
+    assert set(results["unknown"]) == set(results["linearizable"]), results["unknown"]
+    assert all("memory budget: more than 50 configurations" in reason
+               for reason in results["unknown"].values()), results["unknown"]
+
+
 def test_operations_of_one_process_over_several_queues_pair_as_in_one_file(
     tmp_path: Any,
 ) -> None:
