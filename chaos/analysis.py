@@ -960,7 +960,9 @@ def _fault_liveness(
     """Per fault kind: count and worst seconds to a write during and after the fault;
     and one problem line per group that accepted no write within `bound` seconds of a
     heal (judged only when no other fault began and appends went on that long).
-    `acks` as for `_unavailability`; `last_call` is when the last append was invoked."""
+    `acks` as for `_unavailability`; `last_call` is when the last append was invoked.
+    Only groups that `queue_groups` names are judged: the appends of any other group
+    (all of them, for a history checked without its run's facts) cannot be told apart."""
     index = _ack_index(acks)
     every = sorted(set(queue_groups.values()))
     starts = sorted(f.start for f in faults)
@@ -972,7 +974,8 @@ def _fault_liveness(
         row["faults"] += 1
         value = fault.start_value
         leaders = value.get("leaders") if isinstance(value, dict) else None
-        hit = sorted(str(g) for g in leaders) if isinstance(leaders, dict) and leaders else every
+        hit = (sorted(str(g) for g in leaders if str(g) in every)
+               if isinstance(leaders, dict) and leaders else every)
         later = starts[bisect.bisect_right(starts, fault.start):]
         window = min(later[:1] + [last_call]) - fault.start
         majority = fault.f in MAJORITY_CONNECTED or (
