@@ -249,6 +249,74 @@ def test_a_queue_whose_search_outgrows_its_memory_budget_has_no_verdict_and_says
                for reason in results["unknown"].values()), results["unknown"]
 
 
+def test_a_group_that_lost_its_quorum_for_good_is_checked_in_linear_steps(
+    tmp_path: Any,
+) -> None:
+    """Group g0 dies 5 s into a 30 s history: its queues collect about 650 timed-out
+    appends each that nobody read and that cannot be left out (the drain never read those
+    queues). Every queue still gets a verdict, the search's steps stay within a few per
+    operation (about 440,000 when each of those appends was linearized on its own), and
+    the run is invalid for what happened: its drain did not finish."""
+    from chaos.analysis import analyze_run
+    from chaos.synthetic import write_history
+
+    path = tmp_path / "history.jsonl"
+    facts = write_history(path, seconds=30, seed=4, dead_after=5.0)
+    del facts["lines"]
+    results = analyze_run(path, facts, check_timeout=600).results
+    assert results["operations"]["append"]["info"] > 1000
+    assert set(results["linearizable"].values()) == {True}, results["unknown"]
+    lin = results["linearizability"]
+    assert lin["steps"] < 3 * lin["operations"], lin
+    assert results["verdict"] == "invalid"
+    assert results["problems"] == ["the final drain did not reach the end of every queue"]
+
+
+def test_the_analysis_holds_one_queue_at_a_time(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever the history's length, memory follows its largest queue: when a queue's
+    operations are built, the only records alive are that queue's, and when it is
+    checked, the only operations alive are its own and the report's small windows of the
+    queues before it."""
+    import gc
+
+    from chaos import analysis as module
+    from chaos.histories import HistoryRecord
+    from chaos.model import Operation
+    from chaos.synthetic import write_history
+
+    path = tmp_path / "history.jsonl"
+    facts = write_history(path, seconds=3, seed=5)
+    del facts["lines"]
+    monkeypatch.setattr(module, "_REPORT_OPS", 10)
+    alive: list[tuple[str, int, int]] = []
+
+    def count(kind: type) -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o) is kind)
+
+    build = module.queue_operations
+    check = module._Checks.check
+
+    def building(records: Any) -> Any:
+        alive.append(("records", len(records), count(HistoryRecord)))
+        return build(records)
+
+    def checking(self: Any, ops: Any, timeout: float) -> None:
+        if self.segmented:
+            kept = sum(len(p.operations) for p in self.partitions)
+            alive.append(("operations", len(ops) + kept, count(Operation)))
+        check(self, ops, timeout)
+
+    monkeypatch.setattr(module, "queue_operations", building)
+    monkeypatch.setattr(module._Checks, "check", checking)
+    assert module.analyze_run(path, facts, check_timeout=60).results["verdict"] == "valid"
+    assert len(alive) == 12, alive  # six queues, each built and checked
+    for what, own, live in alive:
+        assert live == own, (what, own, live, alive)
+
+
 def test_operations_of_one_process_over_several_queues_pair_as_in_one_file(
     tmp_path: Any,
 ) -> None:
