@@ -67,7 +67,9 @@ with a matching retry, ``duplicated_unretried`` without), ``unexpected``, ``fail
 per ``group:queue`` (true, false, or null when unknown), ``unknown`` (per queue, committed
 offset or topic without a verdict: why the search gave up), the checker summaries
 (``linearizability``, ``offsets_linearizability``, ``checker_seconds``,
-``checked_segments``),
+``checked_segments``), ``analysis_seconds`` (per phase: spill, parse, operations,
+accounting, queue_search, offsets_search, topics_search, availability, transactions;
+and total),
 ``longest_unavailability`` (seconds; null without leader loss; a group that never came
 back counts until the history ends), ``unrecovered_faults``, ``unavailability`` per fault,
 ``examples`` of each error per queue, and the history's ``first_time``/``last_time``/
@@ -266,16 +268,43 @@ def analyze(
     per-second load figures.
     """
     path = Path(history_path)
-    faults = parse_faults(path)
+    clock = _Clock()
     with _spill_dir(path) as spill:
-        routes = _spill_by_key(path, spill)
+        with clock("spill"):
+            faults = parse_faults(path)
+            routes = _spill_by_key(path, spill)
         analysis = _analyze_spilled(
             routes, faults, queue_groups=queue_groups, check_timeout=check_timeout,
             idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
-            max_cached=max(1, search_memory // CONFIGURATION_BYTES),
+            max_cached=max(1, search_memory // CONFIGURATION_BYTES), clock=clock,
         )
-    _add_transactions(analysis, check_file(path))
+    with clock("transactions"):
+        tx = check_file(path)
+    _add_transactions(analysis, tx)
+    analysis.results["analysis_seconds"] = clock.summary()
     return analysis
+
+
+class _Clock:
+    """Seconds spent per phase of the analysis (results.json's ``analysis_seconds``), so a
+    long run's figures say where its time went."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.monotonic() - began
+
+    def summary(self) -> dict[str, float]:
+        out = {phase: round(s, 3) for phase, s in self.seconds.items()}
+        out["total"] = round(time.monotonic() - self.started, 3)
+        return out
 
 
 def _add_transactions(analysis: Analysis, tx: dict[str, Any]) -> None:
@@ -302,6 +331,7 @@ def _analyze_spilled(
     idempotent_processes: Collection[int] | None,
     liveness_bound: float,
     max_cached: int,
+    clock: _Clock,
 ) -> Analysis:
     topic_routes = [(r, f) for r, f in routes if r.startswith(json.dumps(TOPIC_KEY_PREFIX)[:-1])]
     offset_routes = [(r, f) for r, f in routes if r.startswith("[")]
@@ -311,14 +341,18 @@ def _analyze_spilled(
     queues = _Checks(QueueLogModel(), segmented=True, max_cached=max_cached)
     budget_started = time.monotonic()
     for left, (_route, file) in zip(range(len(queue_routes), 0, -1), queue_routes, strict=True):
-        records, _none = split_records(_parse_spilled(file))  # not a list key: a queue
+        with clock("parse"):
+            records, _none = split_records(_parse_spilled(file))  # not a list key: a queue
         if not records:
             continue
-        ops = queue_operations(records)  # first: it checks the values the accounting reads
-        tally.add_queue_records(records, idempotent_processes)
+        with clock("operations"):
+            ops = queue_operations(records)  # first: it checks the values accounting reads
+        with clock("accounting"):
+            tally.add_queue_records(records, idempotent_processes)
         del records
         remaining = check_timeout - (time.monotonic() - budget_started)
-        queues.check(ops, max(1e-3, remaining / left))
+        with clock("queue_search"):
+            queues.check(ops, max(1e-3, remaining / left))
         del ops
     info = queues.info()
     model = cast(QueueLogModel, queues.failure_model)
@@ -327,20 +361,25 @@ def _analyze_spilled(
     offsets_budget = max(1.0, check_timeout - info.elapsed)
     budget_started = time.monotonic()
     for left, (_route, file) in zip(range(len(offset_routes), 0, -1), offset_routes, strict=True):
-        _none, offset_records = split_records(_parse_spilled(file))  # a list key: offsets
+        with clock("parse"):
+            _none, offset_records = split_records(_parse_spilled(file))  # a list key: offsets
         tally.add_offset_records(offset_records)
         offset_ops = offset_operations(offset_records)
         del offset_records
         remaining = offsets_budget - (time.monotonic() - budget_started)
-        offsets.check(offset_ops, max(1e-3, remaining / left))
+        with clock("offsets_search"):
+            offsets.check(offset_ops, max(1e-3, remaining / left))
         del offset_ops
     topics = _Checks(TopicConfigModel(), max_cached=max_cached)
     for _route, file in topic_routes:  # a few hundred operations: no budget of their own
-        records = topic_records(_parse_spilled(file))
+        with clock("parse"):
+            records = topic_records(_parse_spilled(file))
         tally.add_offset_records(records)
-        topics.check(topic_operations(records), max(1.0, offsets_budget / 4))
+        with clock("topics_search"):
+            topics.check(topic_operations(records), max(1.0, offsets_budget / 4))
     topics_info = topics.info()
     offsets_info = offsets.info()
+    availability_began = time.monotonic()
 
     accounting = combine_accounts(tally.queues)
     totals = dict(accounting["totals"])
@@ -358,6 +397,7 @@ def _analyze_spilled(
     unavailable = tally.unavailability()
     by_fault, slow = _fault_liveness(
         tally.acks, faults, queue_groups, liveness_bound, tally.last_append_call)
+    clock.seconds["availability"] = time.monotonic() - availability_began
 
     problems = [f"{kind}: {totals[kind]}" for kind in INVALIDATING if totals.get(kind, 0)]
     problems += slow
