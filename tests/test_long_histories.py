@@ -380,6 +380,24 @@ def test_memory_of_the_analysis_grows_with_the_largest_queue_not_faster(tmp_path
     assert long["report_bytes"] < 1.2 * short["report_bytes"], rows  # a window, not all
 
 
+@pytest.mark.live  # the analysis runs in a process of its own, for its peak memory
+def test_the_long_analysis_benchmark_prints_one_json_row_per_length(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from bench.long_analysis import main as bench
+
+    assert bench(["--seconds", "3", "--dead-after", "1", "--json", "--dir", str(tmp_path)]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    after = row["after"]
+    assert row["seconds"] == 3 and row["lines"] > 1000
+    assert after["verdict"] == "invalid" and after["unknown"] == {}
+    assert after["problems"] == ["the final drain did not reach the end of every queue"]
+    assert after["peak_rss_mb"] > 0 and after["operations"] > 1000
+    assert after["phases"]["total"] > 0 and "queue_search" in after["phases"]
+
+
 def test_the_report_keeps_a_window_of_each_passing_queue(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
