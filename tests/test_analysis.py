@@ -410,3 +410,22 @@ def test_admin_changes_are_checked_and_a_lost_one_is_invalid(
     assert a.valid is (lost is None), r["problems"]
     if lost in ("grow", "delete"):
         assert r["problems"] == [f"topic config not linearizable: {topic}"]
+
+
+def test_first_acknowledgement_after_a_time_matches_a_plain_scan() -> None:
+    """The availability index (sorted calls, suffix minima of the acknowledgements) answers
+    what scanning every acknowledged append would."""
+    import random
+    from array import array
+
+    from chaos.analysis import _ack_index, _first_ack_after
+
+    rng = random.Random(7)
+    pairs = [(c, c + rng.random() * 3) for c in (rng.uniform(0, 50) for _ in range(400))]
+    pairs += [(10.0, 11.0), (10.0, 10.5)]  # equal calls
+    flat = array("d", [x for pair in pairs for x in pair])
+    index = _ack_index({"g0": flat})
+    for t in [rng.uniform(-1, 52) for _ in range(300)] + [10.0, 50.0]:
+        expected = min((r for c, r in pairs if c >= t), default=None)
+        assert _first_ack_after(index, "g0", t) == expected, t
+    assert _first_ack_after(index, "g1", 0.0) is None
