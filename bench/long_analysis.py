@@ -1,13 +1,18 @@
 """Memory and time of a chaos run's analysis as the history grows.
 
-    python -m bench.long_analysis --seconds 60,120,240,480 [--before REV] [--json]
+    python -m bench.long_analysis --seconds 60,120,240,480 [--dead-after S] [--before REV]
+        [--json]
 
 For each length a history is simulated by `chaos.synthetic.write_history` (the workload's
 record shapes and rates, faults every 15 s, a final drain), then `analyze_run` runs on it
 in a fresh process whose peak resident memory (``ru_maxrss``) and wall time are
-reported, with the history's size, operations checked and search steps. With
-`--before REV` the analysis of git revision REV (its `chaos` package, extracted to a
-temporary directory) is measured on the same files, for a before/after table.
+reported, with the history's size, operations checked, search steps, the verdict, the
+seconds per phase (results.json's ``analysis_seconds``) and why any key has no verdict.
+`--dead-after S` has group g0 lose its quorum for good S seconds in (its queues then
+collect appends that timed out, and the drain cannot read them: the run is invalid),
+the shape of a two-hour run whose harness lost a group. With `--before REV` the
+analysis of git revision REV (its `chaos` package, extracted to a temporary directory)
+is measured on the same files, for a before/after table.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ a.write_report(sys.argv[4])
 r = a.results
 print(json.dumps({"verdict": r["verdict"], "seconds": round(seconds, 1),
   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-  "operations": r["linearizability"]["operations"], "steps": r["linearizability"]["steps"]}))
+  "operations": r["linearizability"]["operations"], "steps": r["linearizability"]["steps"],
+  "phases": r.get("analysis_seconds"), "unknown": r.get("unknown"),
+  "problems": r["problems"][:3]}))
 """
 
 
@@ -56,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", default="60,120,240,480",
                         help="comma-separated history lengths in seconds")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--dead-after", type=float, default=None, metavar="S",
+                        help="group g0 loses its quorum for good S seconds in")
     parser.add_argument("--before", default=None, metavar="REV",
                         help="also measure the analysis of this git revision")
     parser.add_argument("--check-timeout", type=float, default=3600.0)
@@ -81,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 (old / name).write_text(text)
         for seconds in (float(s) for s in args.seconds.split(",")):
             history = work / f"history-{seconds:g}s.jsonl"
-            facts = write_history(history, seconds=seconds, seed=args.seed)
+            facts = write_history(history, seconds=seconds, seed=args.seed,
+                                  dead_after=args.dead_after)
             lines = facts.pop("lines")
             row: dict[str, Any] = {"seconds": seconds, "history_mb": round(
                 history.stat().st_size / 2**20, 1), "lines": lines}

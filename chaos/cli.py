@@ -76,6 +76,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OUT.html",
         help="write a self-contained HTML report",
     )
+    parser.add_argument(
+        "--search-memory",
+        type=int,
+        default=None,
+        metavar="MB",
+        help="a run's check: give a queue, committed offset or topic up (verdict unknown) "
+        "when its search would cache more than MB megabytes (default 1024)",
+    )
     return parser
 
 
@@ -93,6 +101,11 @@ def check_main(argv: list[str]) -> int:
     target: Path = args.file if args.file is not None else args.history
     if args.timeout is not None and not args.timeout >= 0:
         print(f"raftmq chaos check: --timeout must not be negative, got {args.timeout}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.search_memory is not None and (args.search_memory < 1 or args.model is not None):
+        print("raftmq chaos check: --search-memory takes a run's history and at least 1 MB, "
+              f"got {args.search_memory}" + (" with --model" if args.model else ""),
               file=sys.stderr)
         return EXIT_USAGE
     try:
@@ -129,7 +142,7 @@ def _run_files(target: Path) -> tuple[Path, dict[str, Any] | None]:
 
 def _check_run(target: Path, args: argparse.Namespace) -> int:
     """A run's verdict again, by the run's own analysis (`analyze_run`)."""
-    from .analysis import analyze_run
+    from .analysis import SEARCH_MEMORY, analyze_run
 
     history, saved = _run_files(target)
     facts = saved.get("run") if saved is not None else None
@@ -141,7 +154,8 @@ def _check_run(target: Path, args: argparse.Namespace) -> int:
             timeout = DEFAULT_CHECK_TIMEOUT
     if saved is not None and not isinstance(facts, dict):
         raise ValueError(f"{history.parent / 'results.json'}: no 'run' facts")
-    analysis = analyze_run(history, facts, check_timeout=float(timeout))
+    memory = SEARCH_MEMORY if args.search_memory is None else args.search_memory << 20  # MB
+    analysis = analyze_run(history, facts, check_timeout=float(timeout), search_memory=memory)
     results = dict(analysis.results)
     results["history"] = str(history)
     results["check_timeout"] = timeout
@@ -350,10 +364,13 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
     table.add_column("field", style="bold")
     table.add_column("value")
     verdict = results.get("verdict") or ("valid" if results.get("valid") else "invalid")
-    shown = {"valid": "[green]valid[/]", "unknown": "[yellow]UNKNOWN[/] (checker out of time)"}
+    shown = {"valid": "[green]valid[/]",
+             "unknown": "[yellow]UNKNOWN[/] (the checker gave up: see no verdict)"}
     table.add_row("verdict", shown.get(verdict, "[red]INVALID[/]"))
     for problem in results.get("problems", []):
         table.add_row("problem", f"[red]{problem}[/]")
+    for key, reason in results.get("unknown", {}).items():
+        table.add_row("no verdict", f"[yellow]{key}: {reason}[/]")
     ops = results.get("operations", {})
     table.add_row("operations", ", ".join(
         f"{f} " + "/".join(f"{n} {kind}" for kind, n in counts.items() if n)

@@ -9,7 +9,9 @@ operations, model state) pairs already explored prunes the search; the bitset is
 
 Partitions (P-compositionality) are searched in round-robin slices, so one easy illegal
 partition is found quickly even next to a hard one, the search stops at the first illegal
-partition, and a deadline turns an unfinished search into UNKNOWN instead of hanging.
+partition, and a deadline turns an unfinished search into UNKNOWN instead of hanging. So does a
+memory budget: a search whose cache of explored configurations outgrows ``max_cached`` is
+given up (UNKNOWN, with that reason) rather than taking the machine's memory.
 
 Beyond Porcupine, four prunings keep chaos histories (many concurrent reads, many timed-out
 writes) from exploding; each keeps the verdict exact:
@@ -80,6 +82,8 @@ class PartitionResult:
     steps: int = 0
     dropped: int = 0
     """Read-only operations with unknown output, legal anywhere and left out of the search."""
+    reason: str | None = None
+    """For UNKNOWN: why the search did not finish (time limit or memory budget)."""
 
     def states(self, model: Model) -> list[Any]:
         """Model state after each operation of ``linearization``, starting from ``init``."""
@@ -246,6 +250,9 @@ class _Search:
         "best_entries",
         "low",
         "blocker",
+        "hard_w",
+        "hard",
+        "inf_from",
     )
 
     def __init__(
@@ -286,9 +293,18 @@ class _Search:
         self.twin = [0] * size
         self.ro = [False] * size
         self.kind = [0] * size  # call entries: 1, or 2 when the operation is pending forever
+        # Operations pending forever that the model accepts in any state (``always_legal``)
+        # can all go last: once every operation that returns is linearized (the first
+        # entry left is a return at +inf, from ``inf_from`` on) and ``hard`` (those pending
+        # forever that are not always legal and not yet linearized) is 0, the search is done.
+        self.hard_w = [0] * size  # 1 for the call entries ``hard`` counts
+        self.hard = 0
+        self.inf_from = size - 1
         last_twin: dict[Any, int] = {}
         call_pos = [0] * n
-        for pos, (_t, kind, j) in enumerate(items, start=1):
+        for pos, (at, kind, j) in enumerate(items, start=1):
+            if kind == 1 and at == INFINITY and self.inf_from == size - 1:
+                self.inf_from = pos
             if kind == 0:
                 call_pos[j] = pos
                 op = ops[include[j]]
@@ -298,6 +314,9 @@ class _Search:
                 self.ro[pos] = model.is_read_only(self.inp[pos], op.output)
                 self.kind[pos] = 2 if op.return_ == INFINITY else 1
                 if op.return_ == INFINITY:
+                    if not model.always_legal(self.inp[pos], op.output):
+                        self.hard_w[pos] = 1
+                        self.hard += 1
                     try:
                         key = (self.inp[pos], op.output)
                         self.twin[pos] = last_twin.get(key, 0)
@@ -372,6 +391,9 @@ class _Search:
         low = self.low
         opid = self.opid
         two_passes = self.has_pending
+        hard_w = self.hard_w
+        hard = self.hard
+        inf_from = self.inf_from
         result: bool | None = None
         used = 0
         for _ in repeat(None, budget):
@@ -404,6 +426,7 @@ class _Search:
                         seen(key)
                         push((e, state, lin, lin_p))
                         taken[e] = True
+                        hard -= hard_w[e]
                         state = new_state
                         lin = new_lin
                         lin_p = new_lin_p
@@ -433,6 +456,10 @@ class _Search:
                     continue
                 e = nxt[e]
             elif want == 1 and two_passes:
+                if e >= inf_from and not hard:
+                    # only operations pending forever are left, each legal in any state
+                    result = True
+                    break
                 # now the operations pending forever (see the class docstring)
                 want = 2
                 e = nxt[0]
@@ -455,6 +482,7 @@ class _Search:
                     self._record_partial(depth)
                 e, state, lin, lin_p = pop()
                 taken[e] = False
+                hard += hard_w[e]
                 if depth <= low:
                     low = depth - 1
                 m = match[e]
@@ -474,6 +502,7 @@ class _Search:
                     want = kind[e]  # resume the pass that had picked this operation
                     e = q
         self.steps += used
+        self.hard = hard
         self.low = low
         self.want = want
         self.entry = e
@@ -486,7 +515,12 @@ class _Search:
             self.ok = result
             if result:
                 best[:] = [c[0] for c in calls]
-                self.best_len = len(calls)
+                e = nxt[0]
+                while e != tail:  # the operations left to go last, if any
+                    if match[e]:
+                        best.append(e)
+                    e = nxt[e]
+                self.best_len = len(best)
                 if longest is not None:
                     for j in range(len(longest)):
                         longest[j] = self.best
@@ -530,11 +564,15 @@ def check_operations(
     timeout: float | None = None,
     compute_partial: bool = False,
     stop_early: bool = True,
+    max_cached: int | None = None,
 ) -> CheckInfo:
     """Check a history of operations; ``timeout`` seconds bound the search (UNKNOWN after).
 
     With ``stop_early`` (the default) the search ends at the first illegal partition and the
-    partitions not finished by then are reported UNKNOWN.
+    partitions not finished by then are reported UNKNOWN. ``max_cached`` bounds each
+    partition's cache of explored configurations, which is what a search's memory grows
+    with (the rest is proportional to the partition): a partition whose cache outgrows it
+    is given up, UNKNOWN, so a hard history costs a verdict, never the machine's memory.
     """
     started = time.monotonic()
     deadline = started + timeout if timeout is not None and timeout > 0 else None
@@ -559,8 +597,19 @@ def check_operations(
     while active:
         still: list[int] = []
         for i in active:
-            verdict = searches[i].run(_SLICE)
+            search = searches[i]
+            budget = _SLICE
+            if max_cached is not None:  # a step caches one configuration at most
+                budget = min(budget, max(1, max_cached + 1 - len(search.cache)))
+            verdict = search.run(budget)
             if verdict is None:
+                if max_cached is not None and len(search.cache) > max_cached:
+                    results[i].reason = (
+                        f"memory budget: more than {max_cached} configurations explored "
+                        f"after {search.steps} steps"
+                    )
+                    search.cache = set()  # given up: free it now
+                    continue
                 still.append(i)
             elif not verdict:
                 illegal = True
@@ -574,6 +623,7 @@ def check_operations(
         active = still
     timed_out = timed_out and not all(s.done for s in searches)
 
+    elapsed = time.monotonic() - started
     for res, search in zip(results, searches, strict=True):
         res.steps = search.steps
         res.linearization = search.best
@@ -581,6 +631,12 @@ def check_operations(
             res.result = CheckResult.OK if search.ok else CheckResult.ILLEGAL
             if not search.ok:
                 res.failing = search.failing()
+        elif res.reason is None:
+            res.reason = (
+                f"time limit: {timeout:g} s ran out after {search.steps} steps"
+                if timed_out and timeout is not None
+                else "not searched to the end: another partition is not linearizable"
+            )
         res.partials = search.partials()
 
     if any(r.result is CheckResult.ILLEGAL for r in results):
@@ -589,9 +645,7 @@ def check_operations(
         overall = CheckResult.OK
     else:
         overall = CheckResult.UNKNOWN
-    return CheckInfo(
-        overall, results, time.monotonic() - started, timed_out, sum(r.steps for r in results)
-    )
+    return CheckInfo(overall, results, elapsed, timed_out, sum(r.steps for r in results))
 
 
 def check_events(

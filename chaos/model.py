@@ -158,6 +158,17 @@ class Model(Generic[S, I, O]):
         """
         return False
 
+    def always_legal(self, input: I, output: O) -> bool:
+        """True if ``step`` accepts this operation, with this output, in every state.
+
+        Operations pending forever that are always legal can all take effect after the
+        others, in any order: once every operation that returned is linearized, the search
+        stops there instead of linearizing them one by one (each step of which walks every
+        entry still listed, so a run with a hundred thousand timed-out appends never ended).
+        The default (never) is always safe.
+        """
+        return False
+
     def prepare(self, history: Sequence[Operation[I, O]]) -> list[I]:
         """Inputs the search uses for one partition, aligned with ``history``.
 

@@ -115,6 +115,9 @@ class CasRegisterModel(Model[Any, tuple, Any]):
         # a cas known to have failed leaves the register as it was
         return input[0] == READ or (input[0] == CAS and output is False)
 
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return output is UNKNOWN or input[0] == WRITE
+
     def describe_operation(self, input: tuple, output: Any) -> str:
         op = input[0]
         if op == READ:
@@ -170,6 +173,9 @@ class KeyValueModel(Model[Any, tuple, Any]):
 
     def is_read_only(self, input: tuple, output: Any) -> bool:
         return input[0] == GET
+
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return output is UNKNOWN or input[0] in (PUT, APPEND)
 
     def describe_operation(self, input: tuple, output: Any) -> str:
         op, key = input[0], input[1]
@@ -367,6 +373,9 @@ class QueueLogModel(Model[LogState, tuple, Any]):
     def is_read_only(self, input: tuple, output: Any) -> bool:
         return input[0] == READ
 
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return output is UNKNOWN
+
     def describe_operation(self, input: tuple, output: Any) -> str:
         if input[0] == APPEND:
             return f"append({_show(input[1])}, {_show(input[2])}) -> {_show(output)}"
@@ -403,6 +412,17 @@ def pin_read_appends(ops: Sequence[Operation]) -> list[Operation]:
     linearizations unchanged, but the search no longer tries the append at every point
     before a read pins it, which is what explodes on chaos histories with recovered
     appends and at-least-once duplicates.
+
+    The same holds for k > 1 copies: when reads saw m at exactly k offsets X1 < ... < Xk
+    that no acknowledged append of m took, and m has exactly k appends of unknown
+    outcome, all pending forever, then each Xi needs one of them, so all k take effect,
+    one per offset. Pending appends with one input and output are interchangeable (a
+    linearization that has a later-called one take effect first stays valid with the two
+    swapped), so some linearization has them take effect in call order, at ascending
+    offsets: the i-th called is pinned to Xi. A producer that retried a send after
+    timeouts leaves such copies, each an append of unknown outcome (`queue_operations`);
+    unpinned, the search tried every order of every retried message's copies at every
+    point between their sends and the read that saw them.
     """
     seen: dict[tuple[Hashable, Any], set[int]] = {}
     acked: dict[tuple[Hashable, Any], set[int]] = {}
@@ -420,11 +440,14 @@ def pin_read_appends(ops: Sequence[Operation]) -> list[Operation]:
                 acked.setdefault(slot, set()).add(op.output)
     out = list(ops)
     for slot, indexes in unknown.items():
-        left = seen.get(slot, set()) - acked.get(slot, set())
-        if len(indexes) == 1 and len(left) == 1:
-            op = ops[indexes[0]]
-            out[indexes[0]] = Operation(op.client_id, op.input, op.call, next(iter(left)),
-                                        op.return_)
+        left = sorted(seen.get(slot, set()) - acked.get(slot, set()))
+        if len(indexes) != len(left) or (
+            len(indexes) > 1 and not all(ops[i].pending for i in indexes)
+        ):
+            continue
+        for i, offset in zip(sorted(indexes, key=lambda i: ops[i].call), left, strict=True):
+            op = ops[i]
+            out[i] = Operation(op.client_id, op.input, op.call, offset, op.return_)
     return out
 
 
@@ -567,6 +590,9 @@ class ConsumerOffsetModel(Model[Any, tuple, Any]):
     def is_read_only(self, input: tuple, output: Any) -> bool:
         return input[0] == READ
 
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return input[0] in (COMMIT, DELETE) or output is UNKNOWN
+
     def describe_operation(self, input: tuple, output: Any) -> str:
         if input[0] == COMMIT:
             return f"commit({_show(input[1])}, {input[2]})"
@@ -614,6 +640,9 @@ class TopicConfigModel(Model[Any, tuple, Any]):
 
     def is_read_only(self, input: tuple, output: Any) -> bool:
         return input[0] == READ
+
+    def always_legal(self, input: tuple, output: Any) -> bool:
+        return output is UNKNOWN and input[0] in (READ, CREATE, GROW, DELETE)
 
     def describe_operation(self, input: tuple, output: Any) -> str:
         args = ", ".join(_show(a) for a in input[1:])

@@ -9,7 +9,10 @@ its call and its return, in one global time order, so the history is linearizabl
 every acknowledged message is in the drained log; `corrupt` makes it otherwise on purpose.
 The lines are written as they happen (in time order), so memory stays small whatever the
 length. Shapes and rates follow a real 60 s run of `raftmq chaos run` (about 2,000
-operations a second on 6 queues).
+operations a second on 6 queues). With `dead_after`, group g0 (queues 0, 3, ...) loses its
+quorum for good that many seconds in: from then on every append to its queues times out
+without taking effect, its reads fail, and the final drain cannot read them (as in a
+two-hour run whose harness lost a group's quorum: 116,000 timed-out appends a queue).
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ _DRAIN_N = 256
 
 class _Sim:
     def __init__(self, out: IO[str], rng: random.Random, queues: int, seconds: float,
-                 fault_every: float, corrupt: str | None) -> None:
+                 fault_every: float, corrupt: str | None, dead_after: float | None) -> None:
         self.out = out
+        self.dead_after = dead_after
+        self.dead_at = float("inf")
         self.rng = rng
         self.queues = [f"chaos/{q}" for q in range(queues)]
         self.logs: dict[str, list[str]] = {q: [] for q in self.queues}
@@ -57,6 +62,10 @@ class _Sim:
         base = self.rng.expovariate(1 / 0.02)
         return base + (self.rng.uniform(0.0, 0.5) if at < self.faulty_until else 0.0)
 
+    def dead(self, queue: str, at: float) -> bool:
+        """Whether `queue`'s group has lost its quorum for good at `at` (group g0's)."""
+        return at >= self.dead_at and self.queues.index(queue) % 3 == 0
+
     def operation(self, process: int, role: str, at: float) -> Iterator[tuple[float, Any]]:
         """One operation of `process` as (time, action) steps; actions write or apply."""
         rng = self.rng
@@ -68,6 +77,9 @@ class _Sim:
             lat = self.latency(at)
             timed_out = at < self.faulty_until and rng.random() < 0.05
             effect = not timed_out or rng.random() < 0.5
+            dead = self.dead(queue, at)
+            if dead:
+                timed_out, effect = True, False
             self.write({"process": process, "type": "invoke", "f": "append", "key": queue,
                         "value": msg, "time": at})
             if role == "plain":
@@ -76,8 +88,9 @@ class _Sim:
             box: dict[str, int] = {}
             if effect:
                 yield at + rng.uniform(0, lat), ("append", queue, msg, box)
-            if timed_out:
-                yield at + lat + 3.0, ("info", process, "append", queue, {"error": "timeout"})
+            if timed_out:  # a dead group's requests are refused: the client gives up soon
+                wait = 0.2 if dead else 3.0
+                yield at + lat + wait, ("info", process, "append", queue, {"error": "timeout"})
             else:
                 yield at + lat, ("ack", process, queue, box)
         elif role == "reader":
@@ -91,6 +104,9 @@ class _Sim:
             self.write({"process": process, "type": "invoke", "f": "read", "key": queue,
                         "value": spec, "time": at})
             lat = self.latency(at)
+            if self.dead(queue, at):
+                yield at + lat, ("fail", process, "read", queue, {"error": "unavailable"})
+                return
             box2: dict[str, list[str]] = {}
             yield at + rng.uniform(0, lat), ("read", queue, offset, _READ_N, box2)
             yield at + lat, ("ok-read", process, queue, box2)
@@ -139,9 +155,9 @@ class _Sim:
                 self.logs[queue][offset] = "lost"  # acknowledged, then overwritten
             self.write({"process": process, "type": "ok", "f": "append", "key": queue,
                         "value": {"offset": offset}, "time": self.now})
-        elif kind == "info":
+        elif kind in ("info", "fail"):
             _, process, f, key, value = action
-            self.write({"process": process, "type": "info", "f": f, "key": key,
+            self.write({"process": process, "type": kind, "f": f, "key": key,
                         "value": value, "time": self.now})
         elif kind == "ok-read":
             _, process, queue, box = action
@@ -161,6 +177,8 @@ class _Sim:
         for process, _role in enumerate(roles):
             self.push(start + self.rng.uniform(0, 0.01), ("next", process))
         next_fault = start + self.fault_every
+        if self.dead_after is not None:
+            self.dead_at = start + self.dead_after
         fault_no = 0
         end = start + self.seconds
         self.now = start
@@ -200,6 +218,12 @@ class _Sim:
         for k, queue in enumerate(self.queues):
             process = first_process + k
             offset = 0
+            if self.dead(queue, at):
+                self.write({"process": process, "type": "invoke", "f": "read", "key": queue,
+                            "value": {"offset": 0, "n": _DRAIN_N}, "time": at})
+                self.write({"process": process, "type": "fail", "f": "read", "key": queue,
+                            "value": {"error": "unavailable"}, "time": at + 0.001})
+                continue
             while True:
                 got = self.logs[queue][offset : offset + _DRAIN_N]
                 self.write({"process": process, "type": "invoke", "f": "read", "key": queue,
@@ -220,19 +244,24 @@ def write_history(
     queues: int = 6,
     fault_every: float = 15.0,
     corrupt: str | None = None,
+    dead_after: float | None = None,
 ) -> dict[str, Any]:
     """Write a `seconds`-long history to `path` and return the run facts `analyze_run` takes.
 
     `corrupt`: None (a correct cluster), "lost" (an acknowledged message overwritten),
     "duplicate" (one message stored twice without a retry) or "stale" (rare short reads in
-    the middle of the log, which only the linearizability check sees)."""
+    the middle of the log, which only the linearizability check sees). `dead_after`:
+    seconds after which group g0 loses its quorum for good (see the module docstring); the
+    facts then say the drain did not finish."""
     if corrupt not in (None, "lost", "duplicate", "stale"):
         raise ValueError(f"unknown corruption {corrupt!r}")
     roles = (["plain"] * 8 + ["idempotent"] * 8 + ["reader"] * 3 + ["offsets"] * 2)
     rng = random.Random(seed)
     with Path(path).open("w", encoding="utf-8") as out:
-        sim = _Sim(out, rng, queues, seconds, fault_every, corrupt)
+        sim = _Sim(out, rng, queues, seconds, fault_every, corrupt, dead_after)
         end = sim.run(roles, 1000.0)
         sim.drain(end + 1.0, len(roles))
     groups = {q: f"g{k % 3}" for k, q in enumerate(sim.queues)}
-    return {"queue_groups": groups, "unexpected_exits": {}, "drained": True, "lines": sim.lines}
+    drained = dead_after is None or dead_after >= seconds
+    return {"queue_groups": groups, "unexpected_exits": {}, "drained": drained,
+            "lines": sim.lines}

@@ -263,6 +263,23 @@ def test_a_group_that_accepts_no_write_within_the_bound_after_a_heal_is_invalid(
         assert len(r["liveness_violations"]) == 2 and row["unrecovered"] == 2
 
 
+def test_without_the_runs_groups_liveness_is_not_judged(tmp_path: Path) -> None:
+    """A history re-checked without its results.json cannot tell which group acknowledged
+    an append: no group is said to have accepted no write (every one was, before)."""
+    h = tmp_path / "h.jsonl"
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 0, 1, 0)
+    s.at(2).fault_start("partition-node", {"nodes": [1], "leaders": {"g0": 1}})
+    s.at(5).fault_end("partition-node")
+    for k in range(30):
+        s.append(0, "t/0", f"p0-{k + 1}", 5.5 + k, 5.6 + k, k + 1)
+    s.read(5, "t/0", 0, 256, 40, 41, [f"p0-{k}" for k in range(31)])
+    r = analyze(h, queue_groups={}, check_timeout=10.0, liveness_bound=10.0).results
+    assert r["valid"] and r["liveness_violations"] == [], r["problems"]
+    judged = run(h, liveness_bound=10.0).results["liveness_violations"]
+    assert judged and not any("group g0" in p for p in judged), judged  # g0 came back
+
+
 def test_while_a_majority_is_connected_a_group_must_accept_writes_within_the_bound(
     tmp_path: Path,
 ) -> None:
@@ -393,3 +410,22 @@ def test_admin_changes_are_checked_and_a_lost_one_is_invalid(
     assert a.valid is (lost is None), r["problems"]
     if lost in ("grow", "delete"):
         assert r["problems"] == [f"topic config not linearizable: {topic}"]
+
+
+def test_first_acknowledgement_after_a_time_matches_a_plain_scan() -> None:
+    """The availability index (sorted calls, suffix minima of the acknowledgements) answers
+    what scanning every acknowledged append would."""
+    import random
+    from array import array
+
+    from chaos.analysis import _ack_index, _first_ack_after
+
+    rng = random.Random(7)
+    pairs = [(c, c + rng.random() * 3) for c in (rng.uniform(0, 50) for _ in range(400))]
+    pairs += [(10.0, 11.0), (10.0, 10.5)]  # equal calls
+    flat = array("d", [x for pair in pairs for x in pair])
+    index = _ack_index({"g0": flat})
+    for t in [rng.uniform(-1, 52) for _ in range(300)] + [10.0, 50.0]:
+        expected = min((r for c, r in pairs if c >= t), default=None)
+        assert _first_ack_after(index, "g0", t) == expected, t
+    assert _first_ack_after(index, "g1", 0.0) is None

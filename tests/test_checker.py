@@ -87,6 +87,27 @@ def test_tiny_timeout_is_unknown() -> None:
     assert info.result is CheckResult.UNKNOWN
     assert info.timed_out
     assert info.partitions[0].result is CheckResult.UNKNOWN
+    assert (info.partitions[0].reason or "").startswith("time limit: 0.0001 s ran out after")
+
+
+def test_a_search_over_its_memory_budget_gives_up_with_the_reason() -> None:
+    """The cache of explored configurations is what grows: 14 writers cost about 20 MB
+    without a budget (ILLEGAL after 2 million steps); within one of 2,000 configurations
+    the partition is given up early, UNKNOWN with the reason, and memory stays small."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        info = check_operations(CasRegisterModel(), _hard_history(14), max_cached=2000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.result is CheckResult.UNKNOWN and not info.timed_out
+    reason = info.partitions[0].reason
+    assert reason is not None and reason.startswith("memory budget: more than 2000"), reason
+    assert peak < 4 << 20, peak
+    assert check_operations(CasRegisterModel(), _hard_history(8), max_cached=2000).result is (
+        CheckResult.ILLEGAL)  # a search that fits still gets its verdict
 
 
 def test_hard_history_without_timeout_is_illegal() -> None:
@@ -400,6 +421,52 @@ def test_pinning_read_appends_keeps_the_verdict(ops: list[Operation]) -> None:
     model = QueueLogModel()
     pinned = pin_read_appends(ops)
     assert (check_operations(model, pinned).result is CheckResult.OK) == _reference(model, ops)
+
+
+@st.composite
+def _retried_queue_history(draw: st.DrawFn) -> list[Operation]:
+    """A real log where timed-out sends were retried: each attempt of a retried message is
+    an append of unknown outcome that landed at once or never, between acknowledged
+    appends; reads may miss some offsets; maybe one read is broken."""
+    rnd = draw(st.randoms(use_true_random=False))
+    log: list[str] = []
+    ops: list[Operation] = []
+    for t in range(draw(st.integers(2, 7))):
+        if rnd.random() < 0.6:
+            msg = rnd.choice(["r0", "r1"])
+            if rnd.random() < 0.7:
+                log.append(msg)
+            ops.append(_op(int(msg[1]), ("append", "q", msg), t, UNKNOWN, INFINITY))
+        else:
+            log.append(f"a{t}")
+            ops.append(_op(5, ("append", "q", f"a{t}"), t, len(log) - 1, t + 0.5))
+    for r in range(draw(st.integers(1, 3))):
+        offset, count = rnd.randint(0, len(log)), rnd.randint(1, 4)
+        got = tuple(log[offset:offset + count])
+        if r == 0 and got and draw(st.booleans()):
+            got = got[::-1] if len(got) > 1 else (*got, "r0")
+        ops.append(_op(10 + r, ("read", "q", offset, count), 9 + r, got, 9.5 + r))
+    return ops
+
+
+@settings(max_examples=300, deadline=None)
+@given(_retried_queue_history())
+def test_pinning_retried_copies_keeps_the_verdict(ops: list[Operation]) -> None:
+    model = QueueLogModel()
+    pinned = pin_read_appends(ops)
+    assert (check_operations(model, pinned).result is CheckResult.OK) == _reference(model, ops)
+
+
+def test_retried_copies_are_pinned_in_call_order_when_each_has_an_offset() -> None:
+    ops = [_op(1, ("append", "q", "a"), k, UNKNOWN, INFINITY) for k in (0, 2, 1)]
+    ops.append(_op(2, ("append", "q", "b"), 3, 1, 4))
+    ops.append(_op(3, ("read", "q", 0, 8), 10, ("a", "b", "a", "a"), 11))
+    pinned = pin_read_appends(ops)
+    assert [op.output for op in pinned[:3]] == [0, 3, 2]  # called at 0, 2, 1
+    assert all(op.pending for op in pinned[:3]) and pinned[3:] == ops[3:]
+    # three attempts for two copies: the third may have landed unread, or never
+    fewer = [*ops[:3], ops[3], _op(3, ("read", "q", 0, 8), 10, ("a", "b", "a"), 11)]
+    assert pin_read_appends(fewer) == fewer
 
 
 def test_a_recovered_append_is_pinned_where_reads_saw_it() -> None:

@@ -168,7 +168,7 @@ def _run_dir(tmp_path: Path, *, attempts: tuple[float, ...], **facts: object) ->
     return out
 
 
-_TIMING = ("checker_seconds", "linearizability", "offsets_linearizability")
+_TIMING = ("checker_seconds", "linearizability", "offsets_linearizability", "analysis_seconds")
 
 
 def _same_verdict(saved: dict, rechecked: dict) -> None:

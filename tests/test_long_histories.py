@@ -159,6 +159,40 @@ def test_an_unseen_append_that_fills_an_unread_offset_is_kept() -> None:
     assert drop_unseen_appends(drained) == drained[1:]
 
 
+def _dead_group_history(pending: int) -> list[Operation]:
+    """A queue whose group lost its quorum for good: 40 appends acknowledged and read, then
+    `pending` appends that timed out, which nobody read (the drain never got through, so
+    none can be left out: the reads do not cover offsets 40 and 41)."""
+    ops = [Operation(k % 4, ("append", "q", f"a{k}"), float(k), k, k + 0.5) for k in range(42)]
+    ops += [Operation(5, ("read", "q", 0, 40), 42.0, tuple(f"a{k}" for k in range(40)), 42.5)]
+    ops += [Operation(k % 8, ("append", "q", f"t{k}"), 43.0 + k, UNKNOWN, INFINITY)
+            for k in range(pending)]
+    return ops
+
+
+def test_appends_pending_after_everything_else_cost_one_step_each_at_most() -> None:
+    """Appends of unknown outcome left after the last operation that returned all go last
+    at once: linearizing them one by one walked every entry still listed each time, so a
+    group that lost its quorum (116,000 of them in a two-hour run) never finished."""
+    ops = drop_unseen_appends(pin_read_appends(_dead_group_history(3000)))
+    assert len(ops) == 3043
+    model = QueueLogModel()
+    info = check_operations(model, ops)
+    assert info.result is CheckResult.OK
+    assert info.steps < 10 * len(ops), info.steps  # quadratic: about 4.5 million
+    part = info.partitions[0]
+    assert sorted(part.linearization) == list(range(len(ops)))  # complete, and it replays
+    state = model.init()
+    for i in part.linearization:
+        ok, state = model.step(state, ops[i].input, ops[i].output)
+        assert ok
+    # an append pinned to an offset is no free one: it still has to fit, and here cannot
+    stale = [*ops, Operation(9, ("append", "q", "a0"), 50.0, 0, INFINITY)]
+    assert check_operations(model, stale).result is CheckResult.ILLEGAL
+    late = [*ops[:43], Operation(9, ("append", "q", "x"), 50.0, 42, INFINITY), *ops[43:]]
+    assert check_operations(model, late).result is CheckResult.OK
+
+
 def test_log_state_reads_any_offset() -> None:
     messages = [f"m{i}" for i in range(1000)]
     state = LogState.of(messages)
@@ -195,6 +229,99 @@ def test_a_synthetic_history_is_valid_and_each_corruption_is_caught(tmp_path: An
             assert any(p.startswith(problem) for p in results["problems"]), (corrupt, results)
         assert results["verdict"] == ("valid" if corrupt is None else "invalid"), results
         assert results["faults"] == {"kill": 2} and results["operations"]["append"]["info"] > 0
+
+
+def test_a_queue_whose_search_outgrows_its_memory_budget_has_no_verdict_and_says_why(
+    tmp_path: Any,
+) -> None:
+    from chaos.analysis import CONFIGURATION_BYTES, analyze_run
+    from chaos.synthetic import write_history
+
+    path = tmp_path / "history.jsonl"
+    write_history(path, seconds=4, seed=3, fault_every=2.0)
+    assert analyze_run(path, FACTS, check_timeout=60).results["verdict"] == "valid"
+    results = analyze_run(path, FACTS, check_timeout=60,
+                          search_memory=50 * CONFIGURATION_BYTES).results
+    assert results["verdict"] == "unknown" and not results["problems"], results["problems"]
+    assert set(results["linearizable"].values()) == {None}
+    assert set(results["unknown"]) == set(results["linearizable"]), results["unknown"]
+    assert all("memory budget: more than 50 configurations" in reason
+               for reason in results["unknown"].values()), results["unknown"]
+
+
+def test_a_group_that_lost_its_quorum_for_good_is_checked_in_linear_steps(
+    tmp_path: Any,
+) -> None:
+    """Group g0 dies 5 s into a 30 s history: its queues collect about 650 timed-out
+    appends each that nobody read and that cannot be left out (the drain never read those
+    queues). Every queue still gets a verdict, the search's steps stay within a few per
+    operation (about 440,000 when each of those appends was linearized on its own), and
+    the run is invalid for what happened: its drain did not finish."""
+    from chaos.analysis import analyze_run
+    from chaos.synthetic import write_history
+
+    path = tmp_path / "history.jsonl"
+    facts = write_history(path, seconds=30, seed=4, dead_after=5.0)
+    del facts["lines"]
+    results = analyze_run(path, facts, check_timeout=600).results
+    assert results["operations"]["append"]["info"] > 1000
+    assert set(results["linearizable"].values()) == {True}, results["unknown"]
+    lin = results["linearizability"]
+    assert lin["steps"] < 3 * lin["operations"], lin
+    assert results["verdict"] == "invalid"
+    assert results["problems"] == ["the final drain did not reach the end of every queue"]
+    phases = results["analysis_seconds"]  # where the time went, for long runs' figures
+    assert {"spill", "parse", "operations", "accounting", "queue_search", "offsets_search",
+            "availability", "total"} <= set(phases), phases
+    assert sum(v for k, v in phases.items() if k != "total") <= phases["total"]
+
+
+def test_the_analysis_holds_one_queue_at_a_time(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever the history's length, memory follows its largest queue: when a queue's
+    operations are built, the only records alive are that queue's, and when it is
+    checked, the only operations alive are its own and the report's small windows of the
+    queues before it."""
+    import gc
+
+    from chaos import analysis as module
+    from chaos.histories import HistoryRecord
+    from chaos.model import Operation
+    from chaos.synthetic import write_history
+
+    path = tmp_path / "history.jsonl"
+    facts = write_history(path, seconds=3, seed=5)
+    del facts["lines"]
+    monkeypatch.setattr(module, "_REPORT_OPS", 10)
+    alive: list[tuple[str, int, int]] = []
+
+    def count(kind: type) -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o) is kind) - before[kind]
+
+    before = {HistoryRecord: 0, Operation: 0}  # whatever earlier tests left alive
+    before = {kind: count(kind) for kind in before}
+
+    build = module.queue_operations
+    check = module._Checks.check
+
+    def building(records: Any) -> Any:
+        alive.append(("records", len(records), count(HistoryRecord)))
+        return build(records)
+
+    def checking(self: Any, ops: Any, timeout: float) -> None:
+        if self.segmented:
+            kept = sum(len(p.operations) for p in self.partitions)
+            alive.append(("operations", len(ops) + kept, count(Operation)))
+        check(self, ops, timeout)
+
+    monkeypatch.setattr(module, "queue_operations", building)
+    monkeypatch.setattr(module._Checks, "check", checking)
+    assert module.analyze_run(path, facts, check_timeout=60).results["verdict"] == "valid"
+    assert len(alive) == 12, alive  # six queues, each built and checked
+    for what, own, live in alive:
+        assert live == own, (what, own, live, alive)
 
 
 def test_operations_of_one_process_over_several_queues_pair_as_in_one_file(
@@ -254,6 +381,24 @@ def test_memory_of_the_analysis_grows_with_the_largest_queue_not_faster(tmp_path
     assert long["peak_rss_mb"] < 2.5 * short["peak_rss_mb"], rows
     assert long["steps"] < 6 * short["steps"], rows  # linear search: 4x the operations
     assert long["report_bytes"] < 1.2 * short["report_bytes"], rows  # a window, not all
+
+
+@pytest.mark.live  # the analysis runs in a process of its own, for its peak memory
+def test_the_long_analysis_benchmark_prints_one_json_row_per_length(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    from bench.long_analysis import main as bench
+
+    assert bench(["--seconds", "3", "--dead-after", "1", "--json", "--dir", str(tmp_path)]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    after = row["after"]
+    assert row["seconds"] == 3 and row["lines"] > 1000
+    assert after["verdict"] == "invalid" and after["unknown"] == {}
+    assert after["problems"] == ["the final drain did not reach the end of every queue"]
+    assert after["peak_rss_mb"] > 0 and after["operations"] > 1000
+    assert after["phases"]["total"] > 0 and "queue_search" in after["phases"]
 
 
 def test_the_report_keeps_a_window_of_each_passing_queue(
