@@ -156,6 +156,27 @@ def test_a_user_given_schema_reads_only_its_columns_in_its_order(sent: Sent) -> 
         if tags == "even"}
 
 
+def test_messages_sent_in_batches_read_back_whole_with_their_ids(sent: Sent) -> None:
+    # a batch's records lie end to end in its entry, and a FETCH answers each run of
+    # them as one slice of the entry: every record must come back whole, with its id
+    topic = "batched"
+    with connect_admin(sent.namesrv) as admin:
+        admin.create_topic(topic, 2)
+    want: dict[tuple[int, int], tuple[bytes, str, str | None]] = {}
+    with connect_producer(sent.namesrv) as p:
+        for i, size in enumerate([1, 7, 300, 2, 900, 1, 40]):
+            msgs = [OutgoingMessage(f"b{i}-{j}.".encode() * (j % 5 + 1),
+                                    key=f"k{j}" if j % 3 else "", tags="t" if j % 2 else "",
+                                    properties={"j": str(j)} if j % 4 == 0 else {})
+                    for j in range(size)]
+            for m, r in zip(msgs, p.send_batch(topic, msgs, queue=i % 2), strict=True):
+                want[(r.queue, r.offset)] = (m.body, m.key, r.msg_id)
+    df = read(sent, "queue INT, offset LONG, value BINARY, key STRING, msg_id STRING",
+              subscribe=topic)
+    got = {(r.queue, r.offset): (bytes(r.value), r.key, r.msg_id) for r in df.collect()}
+    assert got == want
+
+
 @pytest.mark.parametrize(("schema", "message"), [
     ("queue INT, partition INT", "no column 'partition'; the schema may have any of key"),
     ("offset INT", "column 'offset' is INT, not BIGINT"),
