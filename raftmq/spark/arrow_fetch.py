@@ -9,7 +9,10 @@ answer's body by Arrow (`take` over an offsets buffer laid on it, no Python per 
 times, offsets and message ids come from the answer header's rows as arrays. Only
 properties, where a record has any, are decoded one by one (they are msgpack maps).
 
-The rows are exactly those of `decode_fetch` followed by `schema.messages_to_batch`.
+The rows are exactly those of `decode_fetch` followed by `schema.messages_to_batch`. A
+user-given schema (`schema.columns`) narrows the batch: only its columns are made, and
+when none of them comes from the records (`queue`, `offset`, `timestamp`, `msg_id`,
+`topic`) and no tag is asked for, the body is not even looked at.
 """
 
 from __future__ import annotations
