@@ -18,8 +18,10 @@ reference (`broker.cqchunks`).
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from itertools import accumulate
+from typing import NamedTuple
 
 from broker.protocol import Code, RequestError
 from broker.records import RecordRef
@@ -33,12 +35,13 @@ _INDEX_START = struct.Struct(">QI")
 _INDEX_START_REC = struct.Struct(">QI16x")  # a whole record, its index and start only
 
 
-@dataclass(frozen=True, slots=True)
-class CQEntry:
-    """One message's place: queue offset, Raft index, slice of the entry data, filter data."""
+class CQEntry(NamedTuple):
+    """One message's place: queue offset, Raft index, slice of the entry data, filter data.
+    (A tuple: a large read makes a thousand of them, and a tuple is made several times
+    faster than a frozen dataclass.)"""
 
     offset: int
-    index: int
+    index: int  # type: ignore[assignment]  # (shadows tuple.index, which nothing uses)
     start: int
     size: int
     tag_hash: int
@@ -216,10 +219,15 @@ class ConsumeQueue:
             stop = min(end, offset + scan)
         lo = (offset - self._min) * _SIZE
         hi = (stop - self._min) * _SIZE
+        # Copy the slice: a live memoryview would pin the bytearray's size.
+        if not tag_hashes:  # every record up to the count, then the byte bound: no loop
+            recs = list(CQ_RECORD.iter_unpack(self._buf[lo:hi]))
+            n = min(len(recs), max(1, bisect_right(list(accumulate(r[2] for r in recs)),
+                                                   max_bytes)))
+            return [CQEntry(o, *r) for o, r in enumerate(recs[:n], offset)], offset + n
         out: list[CQEntry] = []
         used = 0
         nxt = offset
-        # Copy the slice: a live memoryview would pin the bytearray's size.
         for rec in CQ_RECORD.iter_unpack(self._buf[lo:hi]):
             if tag_hashes and rec[3] not in tag_hashes:
                 nxt += 1

@@ -512,14 +512,23 @@ class BrokerService:
     async def _answer_fetch(
         self, g: GroupRuntime, found: list, nxt: int, lo: int, end: int
     ) -> Response:
+        # one slice per run of records that lie end to end in one entry (a batch's
+        # records do), not one per message; rows as tuples (msgpack arrays all the same)
         parts: list[bytes | memoryview] = []
         msgs = []
         cached_index, cached = -1, memoryview(b"")
-        for e in found:
-            if e.index != cached_index:
-                cached_index, cached = e.index, memoryview(await self._read(g, e.index))
-            parts.append(cached[e.start : e.start + e.size])
-            msgs.append([e.offset, e.index, e.start, e.store_ms])
+        run_start = run_end = 0
+        for offset, index, start, size, _tag_hash, store_ms in found:
+            if index != cached_index or start != run_end:
+                if run_end > run_start:
+                    parts.append(cached[run_start:run_end])
+                if index != cached_index:
+                    cached_index, cached = index, memoryview(await self._read(g, index))
+                run_start = start
+            run_end = start + size
+            msgs.append((offset, index, start, store_ms))
+        if run_end > run_start:
+            parts.append(cached[run_start:run_end])
         body = b"".join(parts)
         nmsgs, nbytes = self.node.metrics.fetch_series(g.group_id)
         nmsgs.inc(len(msgs))

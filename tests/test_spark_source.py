@@ -80,8 +80,10 @@ def sent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sent]:
         yield s
 
 
-def read(sent: Any, **options: str) -> Any:
+def read(sent: Any, schema: str | None = None, **options: str) -> Any:
     reader = spark().read.format("raftmq").option("namesrv", sent.namesrv)
+    if schema is not None:
+        reader = reader.schema(schema)
     for k, v in options.items():
         reader = reader.option(k, v)
     return reader.load()
@@ -140,6 +142,55 @@ def test_min_partitions_splits_queue_ranges_without_changing_the_rows(sent: Sent
     assert counts == dict.fromkeys(range(QUEUES), PER_QUEUE)
 
 
+def test_a_user_given_schema_reads_only_its_columns_in_its_order(sent: Sent) -> None:
+    df = read(sent, "offset LONG, queue INT, value BINARY", subscribe=TOPIC)
+    assert [f.name for f in df.schema.fields] == ["offset", "queue", "value"]
+    assert {(r.queue, r.offset, bytes(r.value)) for r in df.collect()} == {
+        (q, o, body) for (_t, q, o, body, *_rest) in sent.expected(TOPIC)}
+    counts = read(sent, "queue INT", subscribe=TOPIC).groupBy("queue").count().collect()
+    assert {r.queue: r["count"] for r in counts} == dict.fromkeys(range(QUEUES), PER_QUEUE)
+    # tags select on a column the schema leaves out; keys may be read as bytes
+    tagged = read(sent, "key BINARY, offset LONG, queue INT", subscribe=TOPIC, tags="even")
+    assert {(r.queue, r.offset, bytes(r.key)) for r in tagged.collect()} == {
+        (q, o, key.encode()) for (_t, q, o, _b, key, tags, _p) in sent.expected(TOPIC)
+        if tags == "even"}
+
+
+def test_messages_sent_in_batches_read_back_whole_with_their_ids(sent: Sent) -> None:
+    # a batch's records lie end to end in its entry, and a FETCH answers each run of
+    # them as one slice of the entry: every record must come back whole, with its id
+    topic = "batched"
+    with connect_admin(sent.namesrv) as admin:
+        admin.create_topic(topic, 2)
+    want: dict[tuple[int, int], tuple[bytes, str, str | None]] = {}
+    with connect_producer(sent.namesrv) as p:
+        for i, size in enumerate([1, 7, 300, 2, 900, 1, 40]):
+            msgs = [OutgoingMessage(f"b{i}-{j}.".encode() * (j % 5 + 1),
+                                    key=f"k{j}" if j % 3 else "", tags="t" if j % 2 else "",
+                                    properties={"j": str(j)} if j % 4 == 0 else {})
+                    for j in range(size)]
+            for m, r in zip(msgs, p.send_batch(topic, msgs, queue=i % 2), strict=True):
+                want[(r.queue, r.offset)] = (m.body, m.key, r.msg_id)
+    df = read(sent, "queue INT, offset LONG, value BINARY, key STRING, msg_id STRING",
+              subscribe=topic)
+    got = {(r.queue, r.offset): (bytes(r.value), r.key, r.msg_id) for r in df.collect()}
+    assert got == want
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ("queue INT, partition INT", "no column 'partition'; the schema may have any of key"),
+    ("offset INT", "column 'offset' is INT, not BIGINT"),
+])
+def test_a_bad_schema_is_refused_before_the_cluster_is_asked(schema: str, message: str) -> None:
+    nowhere = SimpleNamespace(namesrv="127.0.0.1:9")  # nothing listens: no read could start
+    with pytest.raises(Exception, match=message):
+        read(nowhere, schema, subscribe=TOPIC).collect()
+    with pytest.raises(Exception, match=message):
+        (spark().readStream.format("raftmq").schema(schema).option("namesrv", nowhere.namesrv)
+         .option("subscribe", TOPIC).load().writeStream.format("noop").start()
+         .awaitTermination(120))
+
+
 # (every malformed option is refused without Spark in tests/test_spark_options.py; these
 # are the refusals that need the cluster, and one that shows how Spark reports them)
 @pytest.mark.parametrize(("options", "message"), [
@@ -194,6 +245,27 @@ def test_max_offsets_per_trigger_caps_each_micro_batch_and_a_replay_reads_the_sa
     run_stream(sent, tmp_path / "cp", again, subscribe=TOPIC, startingOffsets="earliest",
                maxOffsetsPerTrigger="50")
     assert again[0] == (last_id, last_rows)
+
+
+def test_a_stream_with_a_user_given_schema_reads_only_its_columns(
+    sent: Sent, tmp_path: Path
+) -> None:
+    got: list[tuple[Any, ...]] = []
+    names: list[list[str]] = []
+
+    def each(df: Any, _batch_id: int) -> None:
+        names.append(df.columns)
+        got.extend((r.queue, r.offset, r.value) for r in df.collect())
+
+    query = (spark().readStream.format("raftmq").schema("queue INT, offset LONG, value STRING")
+             .option("namesrv", sent.namesrv).option("subscribe", OTHER)
+             .option("startingOffsets", "earliest").load()
+             .writeStream.foreachBatch(each).option("checkpointLocation", str(tmp_path / "cp"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    assert names and all(n == ["queue", "offset", "value"] for n in names)
+    assert sorted(got) == [(1, i, f"eu-{i}") for i in range(5)]
 
 
 def test_a_stream_reads_on_across_a_leader_kill(sent: Sent, tmp_path: Path) -> None:

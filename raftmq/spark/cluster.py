@@ -28,6 +28,7 @@ from transport.connection import is_retriable
 
 from .arrow_fetch import fetch_to_batch
 from .options import OptionError, QueueRange, SourceOptions
+from .schema import ALL_COLUMNS, Columns
 
 __all__ = ["DataLossError", "discover", "read_range"]
 
@@ -111,8 +112,8 @@ def discover(opts: SourceOptions) -> Bounds:
 
 
 async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_loss: bool,
-                      timeout: float, tags: tuple[str, ...] | None
-                      ) -> tuple[pa.RecordBatch | None, int]:
+                      timeout: float, tags: tuple[str, ...] | None,
+                      columns: Columns = ALL_COLUMNS) -> tuple[pa.RecordBatch | None, int]:
     """The next messages of `r` at `offset` as a record batch (decoded straight from the
     answer, `fetch_to_batch`), and where to continue. Waits out a new leader that has not
     applied up to `r.end` yet (the range was committed, so it will); a start removed by
@@ -127,7 +128,7 @@ async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_l
             nxt = int(h.get("next", int(rows[-1][0]) + 1 if rows else offset))
             if rows or nxt > offset:  # (with tags, a FETCH may skip without a match)
                 return fetch_to_batch(r.topic, r.queue, group, h, body, tags=tags,
-                                      end=r.end), nxt
+                                      end=r.end, columns=columns), nxt
         except RequestError as exc:
             if exc.code == Code.OFFSET_TOO_SMALL and "min" in exc.extra:
                 lo = min(int(exc.extra["min"]), r.end)
@@ -153,16 +154,16 @@ async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_l
 
 
 def read_range(r: QueueRange, namesrv: tuple[str, ...], *, fail_on_data_loss: bool,
-               timeout: float, tags: tuple[str, ...] | None = None
-               ) -> Iterator[pa.RecordBatch]:
-    """The messages of `r` as Arrow record batches, one per FETCH. The next FETCH (and
+               timeout: float, tags: tuple[str, ...] | None = None,
+               columns: Columns = ALL_COLUMNS) -> Iterator[pa.RecordBatch]:
+    """The messages of `r` as Arrow record batches of `columns`, one per FETCH. The next FETCH (and
     its decoding) is already under way on the client's own event-loop thread while Spark
     takes a batch."""
     with start_blocking_portal() as portal:
         with portal.wrap_async_context_manager(Admin(list(namesrv))) as admin:
             def start(offset: int) -> Future[Any]:
                 return portal.start_task_soon(_fetch_from, admin.routes, r, offset,
-                                              fail_on_data_loss, timeout, tags)
+                                              fail_on_data_loss, timeout, tags, columns)
 
             pending = start(r.start) if r.start < r.end else None
             try:

@@ -6,7 +6,8 @@ A batch read plans one Spark partition per queue range (more with `minPartitions
 stream's offsets are the JSON ``{"topic": {"queue": next offset}}`` Spark checkpoints, so a
 restarted query replays a micro-batch from the same immutable offsets and gets the same
 rows. Planning asks the queues' leaders for their bounds on the driver; executors fetch
-their ranges with the SDK and hand Spark Arrow batches.
+their ranges with the SDK and hand Spark Arrow batches of the user-given schema's columns
+(`.schema("queue INT, offset LONG")`, checked before anything is read) or of all of them.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .options import (
     resolve,
     split_ranges,
 )
-from .schema import SCHEMA
+from .schema import ALL_COLUMNS, SCHEMA, Columns, columns
 
 try:  # PySpark >= 4.2: read limits (admission control) and Trigger.AvailableNow
     from pyspark.sql.streaming.datasource import (
@@ -77,8 +78,9 @@ def _check_start(r: QueueRange, lo: int, fail_on_data_loss: bool) -> QueueRange:
 
 
 class RaftmqBatchReader(DataSourceReader):
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, cols: Columns = ALL_COLUMNS) -> None:
         self.opts = opts
+        self.cols = cols
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
@@ -101,7 +103,8 @@ class RaftmqBatchReader(DataSourceReader):
         assert isinstance(partition, RangePartition)
         yield from read_range(partition.range, self.opts.namesrv,
                               fail_on_data_loss=self.opts.fail_on_data_loss,
-                              timeout=self.opts.fetch_timeout, tags=self.opts.tags)
+                              timeout=self.opts.fetch_timeout, tags=self.opts.tags,
+                              columns=self.cols)
 
 
 class RaftmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -109,8 +112,9 @@ class RaftmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     grew, or a new topic matches `subscribePattern`) are read from their earliest offset,
     as Spark's Kafka source does with new partitions."""
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, cols: Columns = ALL_COLUMNS) -> None:
         self.opts = opts
+        self.cols = cols
         self._last: Offsets | None = None  # the end last handed out (PySpark < 4.2 only)
         self._target: Offsets | None = None  # Trigger.AvailableNow: the ends at its start
 
@@ -184,7 +188,8 @@ class RaftmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, RangePartition)
         yield from read_range(partition.range, self.opts.namesrv,
                               fail_on_data_loss=self.opts.fail_on_data_loss,
-                              timeout=self.opts.fetch_timeout, tags=self.opts.tags)
+                              timeout=self.opts.fetch_timeout, tags=self.opts.tags,
+                              columns=self.cols)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._last = parse_offsets_dict(end, "end offset")
@@ -201,10 +206,10 @@ class RaftmqDataSource(DataSource):
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return RaftmqBatchReader(parse_options(self.options, batch=True))
+        return RaftmqBatchReader(parse_options(self.options, batch=True), columns(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return RaftmqStreamReader(parse_options(self.options, batch=False))
+        return RaftmqStreamReader(parse_options(self.options, batch=False), columns(schema))
 
 
 def register(spark: Any) -> None:
