@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     raftmq.spark.register(spark)
     rows = (spark.readStream.format("raftmq").option("namesrv", namesrv)
             .option("subscribe", source).option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", "100").load()
+            .option("maxOffsetsPerTrigger", "120").load()
             .selectExpr("value", "key"))
     query = (rows.writeStream.format("raftmq").option("namesrv", namesrv)
              .option("topic", out).option("queryName", query)

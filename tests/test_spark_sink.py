@@ -230,9 +230,9 @@ def fill(cluster: LocalCluster, name: str, n: int, queues: int = 4) -> list[byte
     topic(cluster, name, queues)
     values = [f"{name}-{i}".encode() for i in range(n)]
     with connect_producer(cluster.namesrv_addr) as p:
-        for i, v in enumerate(values):
-            p.send_async(name, v, queue=i % queues)
-        p.flush()
+        for q in range(queues):
+            p.send_batch(name, values[q::queues], queue=q)
+    assert len(stored(cluster, name)) == n
     return values
 
 
@@ -242,6 +242,8 @@ def stream(cluster: LocalCluster, src: str, out: str, checkpoint: Path, **option
          .option("maxOffsetsPerTrigger", "40").load().select("value")
          .writeStream.format("raftmq").option("namesrv", cluster.namesrv_addr)
          .option("topic", out).option("checkpointLocation", str(checkpoint)))
+    if "queryName" in options:  # Spark's own queryName() reaches the sink as the option
+        q = q.queryName(options.pop("queryName"))
     for k, v in options.items():
         q = q.option(k, v)
     query = q.trigger(availableNow=True).start()
@@ -297,7 +299,7 @@ def kill_and_restart(cluster: LocalCluster, tmp_path: Path, guarantee: str, *, k
     the input, what the output holds, and how many kills landed before the end."""
     rnd = random.Random(seed)
     src, out = f"sink-kill-src-{guarantee}", f"sink-kill-out-{guarantee}"
-    values = fill(cluster, src, 400)
+    values = fill(cluster, src, 240)
     topic(cluster, out)
     cp, log = tmp_path / "cp", tmp_path / "job.log"
     landed = 0
