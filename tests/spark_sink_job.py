@@ -13,7 +13,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-    namesrv, source, out, checkpoint, query, guarantee, pause_ms = argv
+    namesrv, source, out, checkpoint, name, guarantee, pause_ms = argv
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
             .option("maxOffsetsPerTrigger", "120").load()
             .selectExpr("value", "key"))
     query = (rows.writeStream.format("raftmq").option("namesrv", namesrv)
-             .option("topic", out).option("queryName", query)
+             .option("topic", out).option("queryName", name)
              .option("deliveryGuarantee", guarantee).option("transactionRows", "10")
              .option("testPauseMs", pause_ms)
              .option("checkpointLocation", checkpoint)

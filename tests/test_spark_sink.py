@@ -128,6 +128,8 @@ def test_string_values_and_keys_pick_queues_like_the_sdk(cluster: LocalCluster) 
     with connect_producer(cluster.namesrv_addr) as p:
         for k, qs in queue_of_key.items():
             assert p.send(out, OutgoingMessage(b"probe", key=k)).queue in qs
+    with connect_admin(cluster.namesrv_addr) as admin:  # an unnamed job leaves no progress
+        assert [t for t in admin.list_topics() if t.startswith("raftmq-spark.job-")] == []
 
 
 def test_a_read_dataframe_is_written_back_unchanged(cluster: LocalCluster) -> None:
@@ -206,6 +208,9 @@ def test_a_batch_id_written_again_is_not_written_twice(cluster: LocalCluster) ->
     opts = {"topic": out, "queryName": "replay-job", "transactionRows": "8"}
     write(values_df(values), cluster, batchId="5", **opts)
     assert bodies(cluster, out) == Counter(values)
+    with connect_admin(cluster.namesrv_addr) as admin:  # a named one keeps its progress
+        assert {"raftmq-spark.replay-job.0", "raftmq-spark.replay-job.2"} <= set(
+            admin.list_topics())
     write(values_df(values), cluster, batchId="5", **opts)  # the same batch again
     assert bodies(cluster, out) == Counter(values)
     write(values_df(values), cluster, batchId="6", **opts)  # the next batch

@@ -87,7 +87,9 @@ from .sink_options import SinkOptions, check_schema, parse_sink_options
 try:  # PySpark >= 4.1: a stream writer handed Arrow batches
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
 except ImportError:  # pragma: no cover - PySpark 4.0: rows
-    from pyspark.sql.datasource import DataSourceStreamWriter as _StreamWriterBase
+    from pyspark.sql.datasource import (  # type: ignore[assignment]
+        DataSourceStreamWriter as _StreamWriterBase,
+    )
 
 __all__ = ["RaftmqBatchWriter", "RaftmqStreamWriter", "SinkCommit", "SinkError",
            "batch_writer", "stream_writer"]
