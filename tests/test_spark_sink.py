@@ -340,3 +340,69 @@ def test_a_stream_killed_mid_batch_and_restarted_writes_every_row_exactly_once(
                                            seed=15)
     assert landed == 2  # both kills hit a running query
     assert got == Counter(values)
+
+
+# ---------------------------------------------------------------- the protocol, task by task
+
+
+def _task(cluster: LocalCluster, out: str, query: str, **options: str) -> Any:
+    from raftmq.spark.sink import Task
+    from raftmq.spark.sink_options import parse_sink_options
+
+    opts = parse_sink_options({"namesrv": cluster.namesrv_addr, "topic": out,
+                               "queryName": query, "transactionRows": "10", **options},
+                              stream=True)
+    return Task(opts, ("value",), query, batch_id=4, partition=0, attempt=0)
+
+
+def _batches(values: list[bytes], crash_after: int | None = None) -> Iterator[Any]:
+    import pyarrow as pa
+
+    for i in range(0, len(values), 10):
+        if crash_after is not None and i >= crash_after:
+            raise RuntimeError("the executor is lost")
+        yield pa.RecordBatch.from_pydict({"value": pa.array(values[i:i + 10], pa.binary())})
+
+
+def test_a_task_retried_after_a_crash_writes_only_what_it_had_not_committed(
+        cluster: LocalCluster) -> None:
+    from raftmq.spark.sink import run_task
+
+    out = topic(cluster, "sink-task-retry")
+    values = [f"t{i}".encode() for i in range(25)]
+    task = _task(cluster, out, "retried")
+    with pytest.raises(RuntimeError, match="executor is lost"):
+        run_task(task, _batches(values, crash_after=20))  # two chunks committed, then lost
+    assert bodies(cluster, out) == Counter(values[:20])
+    again = run_task(task, _batches(values))
+    assert (again.skipped, again.written) == (20, 5)
+    assert bodies(cluster, out) == Counter(values)
+
+
+def test_two_attempts_of_one_task_at_once_write_its_rows_once(cluster: LocalCluster) -> None:
+    import anyio
+
+    from raftmq.client.errors import ProducerFencedError, TransactionAbortedError
+    from raftmq.spark.sink import write_exactly_once
+
+    out = topic(cluster, "sink-speculative")
+    values = [f"s{i}".encode() for i in range(30)]
+    task = _task(cluster, out, "speculated", testPauseMs="200")
+    outcomes: list[Any] = []
+
+    async def attempt(delay: float) -> None:
+        await anyio.sleep(delay)
+        try:
+            outcomes.append(await write_exactly_once(task, list(_batches(values))))
+        except (ProducerFencedError, TransactionAbortedError) as exc:
+            outcomes.append(exc)
+
+    async def both() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attempt, 0.0)
+            tg.start_soon(attempt, 0.5)  # starts while the first is between its chunks
+
+    anyio.run(both)
+    assert bodies(cluster, out) == Counter(values)
+    finished = [o for o in outcomes if not isinstance(o, Exception)]
+    assert finished and finished[-1].skipped + finished[-1].written == len(values)
