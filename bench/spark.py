@@ -7,7 +7,10 @@ local SparkSession (`--master`, `local[2]` by default: this is a 2-core machine)
   `groupBy("queue").count()`: rows/s of each (wall time of the action, planning included);
 - streaming: `readStream` of the same topic from earliest with `Trigger.AvailableNow` and
   `maxOffsetsPerTrigger` into the `noop` sink: rows/s end to end and the micro-batch
-  latency (each trigger's `triggerExecution` time) percentiles.
+  latency (each trigger's `triggerExecution` time) percentiles;
+- exactly-once streaming write: `--write-messages` messages of a second topic read as a
+  stream and written to a third through the `raftmq` sink (exactly-once, the default):
+  rows/s end to end, and a check that the output holds exactly that many.
 
 The session starts before the clock does (a JVM takes seconds to start); the figures
 include Spark's Python workers, the FETCHes and the Arrow batches handed to the JVM.
@@ -49,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default="local[2]", help="Spark master")
     p.add_argument("--max-per-trigger", type=positive_int, default=200_000,
                    help="the stream's maxOffsetsPerTrigger")
+    p.add_argument("--write-messages", type=positive_int, default=200_000,
+                   help="messages the exactly-once streaming write copies")
     return p
 
 
@@ -167,6 +172,32 @@ def measure(spark: Any, namesrv: str, topic: str, messages: int, max_per_trigger
     }
 
 
+def measure_write(spark: Any, namesrv: str, source: str, out: str, messages: int,
+                  max_per_trigger: int, checkpoint: str) -> dict[str, Any]:
+    """`source` copied to `out` by a stream through the exactly-once sink."""
+    from raftmq.client import Admin
+
+    stream = (spark.readStream.format("raftmq").option("namesrv", namesrv)
+              .option("subscribe", source).option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(max_per_trigger)).load()
+              .select("value", "key"))
+    t0 = time.perf_counter()
+    query = (stream.writeStream.format("raftmq").queryName(f"bench-{out}")
+             .option("namesrv", namesrv).option("topic", out)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    query.awaitTermination()
+    write_s = time.perf_counter() - t0
+
+    async def stored() -> int:
+        async with Admin(namesrv) as admin:
+            info = await admin.describe_topic(out)
+            return sum((q.end_offset or 0) - (q.min_offset or 0) for q in info.queues)
+
+    written = anyio.run(stored)
+    return {"rows": written, "expected": messages,
+            "write_eo_rows_per_s": round(written / write_s), "write_eo_s": round(write_s, 3)}
+
+
 def _table(result: dict[str, Any]) -> Any:
     from rich.table import Table
 
@@ -175,7 +206,7 @@ def _table(result: dict[str, Any]) -> Any:
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key in ("batch_count_rows_per_s", "batch_group_by_rows_per_s", "stream_rows_per_s",
-                "stream_micro_batches", "fill_s"):
+                "stream_micro_batches", "write_eo_rows_per_s", "fill_s"):
         table.add_row(key, f"{result[key]:,}")
     table.add_row("stream micro-batch ms p50 / max",
                   " / ".join(f"{v:,.0f}" for v in result["stream_micro_batch_ms"].values()
@@ -190,23 +221,36 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import tempfile
 
+    from raftmq.client import Admin
+
     from .common import run_id
 
     topic = f"spark-bench-{run_id()}"
 
     async def drive(target: Target, a: argparse.Namespace) -> dict[str, Any]:
         fill_s = await fill(target.namesrv, topic, a.queues, a.messages, a.size)
+        await fill(target.namesrv, f"{topic}-w", a.queues, a.write_messages, a.size)
+        async with Admin(target.namesrv) as admin:
+            await admin.create_topic(f"{topic}-out", a.queues)
         spark = await anyio.to_thread.run_sync(spark_session, a.master)
         with tempfile.TemporaryDirectory(prefix="raftmq-spark-bench-") as cp:
             figures = await anyio.to_thread.run_sync(
-                measure, spark, target.namesrv, topic, a.messages, a.max_per_trigger, cp)
+                measure, spark, target.namesrv, topic, a.messages, a.max_per_trigger,
+                f"{cp}/read")
+            write = await anyio.to_thread.run_sync(
+                measure_write, spark, target.namesrv, f"{topic}-w", f"{topic}-out",
+                a.write_messages, a.max_per_trigger, f"{cp}/write")
+        figures["rows"]["written_eo"] = write.pop("rows")
+        figures["rows"]["expected_written"] = write.pop("expected")
         return {"benchmark": "spark", "messages": a.messages, "size": a.size,
-                "queues": a.queues, "master": a.master, "fill_s": round(fill_s, 3), **figures}
+                "queues": a.queues, "master": a.master, "fill_s": round(fill_s, 3),
+                **figures, **write}
 
     result = run_on_target(args, drive)
     emit(result, args.json, _table)
     rows = result["rows"]
-    return 0 if rows["count"] == rows["group_by_queue"] == rows["streamed"] == args.messages else 1
+    read_ok = rows["count"] == rows["group_by_queue"] == rows["streamed"] == args.messages
+    return 0 if read_ok and rows["written_eo"] == args.write_messages else 1
 
 
 if __name__ == "__main__":

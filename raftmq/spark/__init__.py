@@ -1,4 +1,5 @@
-"""raftmq for PySpark: `spark.read.format("raftmq")` and `spark.readStream.format("raftmq")`.
+"""raftmq for PySpark: `spark.read.format("raftmq")` and `spark.readStream.format("raftmq")`,
+`df.write.format("raftmq")` and `df.writeStream.format("raftmq")` (exactly-once by default).
 
 Register the source once per SparkSession (PySpark finds Python data sources only by
 registration)::
@@ -7,7 +8,8 @@ registration)::
 
 Needs the `spark` extra (`pip install 'raftmq[spark]'`: PySpark 4, pyarrow, NumPy) and Java 17.
 Options, offsets and the schema are Spark's Kafka source's: see `raftmq.spark.options` and
-`raftmq.spark.schema`.
+`raftmq.spark.schema`; the sink's are in `raftmq.spark.sink_options`, its exactly-once
+protocol in `raftmq.spark.sink`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`spark.read.format("raftmq")` and `spark.readStream.format("raftmq")`: a PySpark Python
 Data Source over raftmq queues, with the options and offsets of Spark's Kafka source
-(`raftmq.spark.options`).
+(`raftmq.spark.options`). Its writes are `raftmq.spark.sink`'s.
 
 A batch read plans one Spark partition per queue range (more with `minPartitions`); a
 stream's offsets are the JSON ``{"topic": {"queue": next offset}}`` Spark checkpoints, so a
@@ -21,6 +21,8 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.types import StructType
@@ -210,6 +212,16 @@ class RaftmqDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return RaftmqStreamReader(parse_options(self.options, batch=False), columns(schema))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from .sink import batch_writer  # (the sink: raftmq.spark.sink)
+
+        return batch_writer(dict(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from .sink import stream_writer
+
+        return stream_writer(dict(self.options), schema)
 
 
 def register(spark: Any) -> None:
