@@ -204,6 +204,33 @@ def test_blocking_push_consumer_runs_a_plain_handler_over_every_message(
     assert threads and loop_thread not in threads and threading.get_ident() not in threads
 
 
+def test_blocking_send_async_then_flush_waits_for_every_message_in_order(
+    cluster: LocalCluster,
+) -> None:
+    """`BlockingProducer.send_async` hands the message over before it returns: `flush()`
+    right after waits for every one (none is still on its way to the producer, to be
+    cancelled by `close()`), and one thread's sends to a queue keep their order."""
+    topic = fresh("blocking-async")
+    want = bodies(60)
+    run(lambda: create_topic(cluster, topic))
+    with BlockingProducer(cluster.namesrv_addr) as producer:
+        futures = [producer.send_async(topic, body, queue=0) for body in want]
+        producer.flush()
+        assert all(f.done() for f in futures), sum(not f.done() for f in futures)
+        offsets = [f.result().offset for f in futures]
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(want)
+
+    async def read_back() -> list[bytes]:
+        async with PullConsumer(cluster.namesrv_addr, fresh("cg")) as consumer:
+            got = await consumer.pull(topic, 0, offset=0, max=len(want) + 1, wait_ms=0)
+        return [m.body for m in got.messages]
+
+    assert run(read_back) == want
+    with BlockingProducer(cluster.namesrv_addr) as producer, \
+            pytest.raises(Exception, match="(?i)unknown|topic"):
+        producer.send_async(fresh("no-such-topic"), b"x")
+
+
 def test_poll_returns_messages_from_every_assigned_queue_that_has_some(
     cluster: LocalCluster,
 ) -> None:

@@ -23,7 +23,7 @@ from broker.records import Message, OutgoingMessage
 from .admin import Admin, GroupQueue, QueueLag, TopicInfo
 from .consumer import PullConsumer, PullResult, PushConsumer, Tags
 from .membership import GroupMembers
-from .producer import Producer, SendResult
+from .producer import Producer, SendFuture, SendResult
 from .transactions import HalfHandle, Transaction, TransactionResult
 
 __all__ = [
@@ -112,12 +112,28 @@ class BlockingProducer(_Blocking[Producer]):
     def send_async(
         self, topic: str, message: OutgoingMessage | bytes | str, **kwargs: Any
     ) -> concurrent.futures.Future[SendResult]:
-        """Start a send; the returned `concurrent.futures.Future` completes on the ack."""
-        if self._closed:
-            raise RuntimeError("BlockingProducer is closed")
-        return self._portal.start_task_soon(
-            functools.partial(self._client.send, topic, message, **kwargs)
-        )
+        """Hand the message over and return a `concurrent.futures.Future` completed on
+        its acknowledgement (or failure).
+
+        As `Producer.send_async`: returns once the producer holds the message (waiting
+        only for a route or for room), so messages sent from one thread keep their order
+        and `flush()` / `close()` wait for every one; a bad message, name or unknown
+        topic raises here."""
+        out: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+
+        def settle(fut: SendFuture[SendResult]) -> None:
+            error = fut.exception()
+            if error is not None:
+                out.set_exception(error)
+            else:
+                out.set_result(fut.result())
+
+        async def hand_over() -> None:
+            fut = await self._client.send_async(topic, message, **kwargs)
+            fut.add_done_callback(settle)
+
+        self._call(hand_over)
+        return out
 
     def send_oneway(self, topic: str, message: OutgoingMessage | bytes | str, **kwargs: Any) -> None:
         self._call(self._client.send_oneway, topic, message, **kwargs)
