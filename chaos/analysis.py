@@ -611,8 +611,8 @@ class _Checks:
             model = QueueLogModel(initial=initial)
             left = deadline - time.monotonic()
             if left <= 0:
-                unknown = (f"time limit: {timeout:g} s ran out before segment {number} of "
-                           f"{len(segments)}")
+                unknown = unknown or (f"time limit: {timeout:g} s ran out before segment "
+                                      f"{number} of {len(segments)}")
                 self.timed_out = True
                 break
             info = check_operations(model, segment, timeout=left, stop_early=False,

@@ -346,3 +346,7 @@ def test_check_usage_errors_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture
     assert check_main([str(out), "--history", str(out / "history.jsonl")]) == EXIT_USAGE
     assert check_main([str(out), "--format", "edn-kv"]) == EXIT_USAGE
     assert check_main([str(out), "--timeout", "-1"]) == EXIT_USAGE
+    assert check_main([str(out), "--search-memory", "0"]) == EXIT_USAGE
+    history = str(out / "history.jsonl")
+    assert check_main(["--model", "queue-log", history, "--search-memory", "5"]) == EXIT_USAGE
+    assert "--search-memory takes a run's history" in capsys.readouterr().err

@@ -247,6 +247,9 @@ def test_a_queue_whose_search_outgrows_its_memory_budget_has_no_verdict_and_says
     assert set(results["unknown"]) == set(results["linearizable"]), results["unknown"]
     assert all("memory budget: more than 50 configurations" in reason
                for reason in results["unknown"].values()), results["unknown"]
+    late = analyze_run(path, FACTS, check_timeout=1e-9).results  # and out of time
+    assert late["verdict"] == "unknown" and set(late["unknown"]) == set(late["linearizable"])
+    assert all("time limit" in reason for reason in late["unknown"].values()), late["unknown"]
 
 
 def test_a_group_that_lost_its_quorum_for_good_is_checked_in_linear_steps(
