@@ -4,6 +4,7 @@ applies or sends past them, and repairs them from its peers."""
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_mark
 from raftlog.runtime import EntryUnavailable, FetchRaw
 from raftlog.types import Entry, EntryType
 from tests.runtime_harness import Group, core_of, log_of
-from tests.test_commitlog import SEG, crash, flip, locate, make
+from tests.test_commitlog import SEG, crash, flip, locate, make, seg_files
 
 
 def _pair(tmp: Path, n: int = 20) -> tuple[CommitLog, CommitLog, list[Entry]]:
@@ -279,3 +280,62 @@ def test_a_leader_meeting_a_corrupt_entry_while_sending_has_it_repaired(
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_middle_segment_cut_short_is_reported_and_repaired_in_place(tmp_path: Path) -> None:
+    """The chaos `truncate-file` nemesis cut a middle segment of a stopped node: every
+    entry past the cut is reported at open and put back where the index says it was,
+    extending the file, never into the next segment."""
+    local, peer, entries = _pair(tmp_path, n=600)
+    local.close()
+    files = seg_files(tmp_path / "local")
+    assert len(files) >= 3
+    victim = files[1]
+    os.truncate(victim, victim.stat().st_size * 2 // 3)
+    end = int(victim.name) + victim.stat().st_size
+    nxt = int(files[2].name)
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        lost = [i for i in range(1, 601)
+                if log.position_of(i) < nxt and log.position_of(i) + 300 + HEADER_SIZE > end]
+        assert len(lost) > 2
+        assert log.recovery.corrupt == lost  # reported at open, not on first read
+        assert log.last_index() == 600  # nothing truncated
+        for i in lost:
+            with pytest.raises(CorruptEntry):
+                log.entries(i, i + 1, 1 << 20)
+        # the last lost entry first: the file grows past a hole of the others
+        for i in [lost[-1], *lost[:-1]]:
+            assert log.repair(i, peer.read_raw(i, i + 1)) is True
+            assert log.entries(i, i + 1, 1 << 20) == [entries[i - 1]]
+            if i == lost[-1]:
+                with pytest.raises(CorruptEntry):  # the hole stays unreadable until repaired
+                    log.entries(lost[0], lost[0] + 1, 1 << 20)
+        assert log.recovery.corrupt == []
+        assert victim.stat().st_size == nxt - int(victim.name)
+        assert log.entries(1, 601, 1 << 30) == entries
+        assert bytes(log.read_raw(1, 601)) == bytes(peer.read_raw(1, 601))
+        assert log.verify() == []
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.recovery.corrupt == [] and log.verify() == []
+        assert bytes(log.read_raw(1, 601)) == bytes(peer.read_raw(1, 601))
+    peer.close()
+
+
+def test_repair_never_writes_into_the_next_segment(tmp_path: Path) -> None:
+    local, peer, _ = _pair(tmp_path, n=600)
+    local.close()
+    files = seg_files(tmp_path / "local")
+    os.truncate(files[1], files[1].stat().st_size - 100)
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        bad = log.recovery.corrupt[-1]
+        # an index record moved into the next segment's extent (as a damaged index
+        # could say) must not let a repair overwrite the head of that segment
+        pos, term, size, etype = log._record(bad)
+        nxt = int(files[2].name)
+        rec = (nxt - size + 1, term, size, etype)
+        before = files[2].read_bytes()
+        log._record = lambda i: rec if i == bad else CommitLog._record(log, i)  # type: ignore[method-assign]
+        with pytest.raises(CommitLogError, match="next segment"):
+            log.repair(bad, peer.read_raw(bad, bad + 1))
+        assert files[2].read_bytes() == before
+    peer.close()

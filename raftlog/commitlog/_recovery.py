@@ -14,7 +14,9 @@
    kept, reported in `RecoveryReport.corrupt`, and reads of it raise `CorruptEntry` so
    the Raft layer refetches it from a peer (`repair`). When the whole index had to be
    rebuilt, segments before the last two are walked by headers only (header CRCs and
-   contiguity); their bodies are still checked on every read.
+   contiguity); their bodies are still checked on every read. A middle segment whose
+   file ends before its successor starts was cut (the index vouches for entries past
+   its end): those entries are kept and reported corrupt too, for `repair` to put back.
 4. Truncate data, fsync the segments from the last vouched entry on (earlier ones were
    fsynced before that entry's index record was written) and the directory, then rewrite
    the index suffix and fsync it. Everything present after `open` is durable.
@@ -160,6 +162,9 @@ class _Recovery(_Retention):
         self._written = valid
         self._last = expect - 1
         self._last_term = prev_term
+        cut_short = self._cut_short_entries(valid)
+        if cut_short:
+            rep.corrupt = sorted(set(rep.corrupt) | set(cut_short))
 
         # 3. walk forward through the data past what the index vouched for
         verify_from = scan_pos if valid else self._starts[max(0, len(self._starts) - 2)]
@@ -246,6 +251,32 @@ class _Recovery(_Retention):
             self.recovery.deletion_finished.append(name)
             os.unlink(os.path.join(self.dir, name))
         fsync_dir(self.dir)
+
+    def _cut_short_entries(self, vouched: int) -> list[int]:
+        """Entries among the first `vouched` whose bytes lie past the end of a middle
+        segment cut short (its file ends before its successor starts): kept, as corrupt.
+        The index says where each belongs, so `repair` can put it back there."""
+        out: list[int] = []
+        first, stop = self._first, self._first + vouched
+        for k in range(len(self._starts) - 1):
+            end, nxt = self._starts[k] + self._sizes[k], self._starts[k + 1]
+            if end >= nxt:
+                continue
+            lo, hi = first, stop  # the first vouched entry ending past `end`
+            while lo < hi:
+                mid = (lo + hi) // 2
+                pos, _t, size, _y = self._disk_record(mid)
+                if pos + size <= end:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            while lo < stop:
+                pos, _t, _s, _y = self._disk_record(lo)
+                if pos >= nxt:
+                    break
+                out.append(lo)
+                lo += 1
+        return out
 
     def _probe_entry(self, pos: int, index: int, term: int, size: int, etype: int) -> str | None:
         """Why the entry an index record points at is not intact (None if it is)."""
