@@ -303,6 +303,10 @@ def test_a_middle_segment_cut_short_is_reported_and_repaired_in_place(tmp_path: 
         for i in lost:
             with pytest.raises(CorruptEntry):
                 log.entries(i, i + 1, 1 << 20)
+        # reads and checks running from intact entries into the cut end cleanly
+        assert log.entries(1, 601, 1 << 30) == entries[: lost[0] - 1]
+        assert bytes(log.read_raw(1, 601)) == bytes(peer.read_raw(1, lost[0]))
+        assert [c.index for c in log.verify()] == lost
         # the last lost entry first: the file grows past a hole of the others
         for i in [lost[-1], *lost[:-1]]:
             assert log.repair(i, peer.read_raw(i, i + 1)) is True
@@ -339,3 +343,4 @@ def test_repair_never_writes_into_the_next_segment(tmp_path: Path) -> None:
             log.repair(bad, peer.read_raw(bad, bad + 1))
         assert files[2].read_bytes() == before
     peer.close()
+

@@ -507,9 +507,9 @@ class CommitLog(_Recovery):
                 take += 1
             recs = recs[:take]
             base = recs[0][0]
-            buf = bytearray()
-            for _p, chunk in self._read_span(base, span_end, strict=False):
-                buf += chunk
+            buf = bytearray(span_end - base)  # missing bytes stay zero: they fail the checks
+            for cpos, chunk in self._read_span(base, span_end, strict=False):
+                buf[cpos - base : cpos - base + len(chunk)] = chunk
             mv = memoryview(buf)
             for j, (pos, term, size, etype) in enumerate(recs):
                 problem = check_stored(mv, pos - base, i + j, term, size, etype)
