@@ -436,3 +436,47 @@ def test_a_repair_the_log_refuses_leaves_the_entry_unreadable_and_the_replica_ru
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("damage", ["cut-active-segment", "cut-index", "cut-index-and-middle"])
+def test_a_replica_started_on_a_cut_log_or_index_recovers_and_catches_up(
+    tmp_path: Path, damage: str
+) -> None:
+    """The other files the `truncate-file` nemesis cuts: recovery truncates or rebuilds,
+    the replica runs and gets back what it lost from the leader."""
+
+    async def main() -> None:
+        r = _Repairing(tmp_path)
+        r.opts["segment_size"] = 8 << 10
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            for k in range(150):
+                await leader.propose(b"m%03d" % k + b"." * 200)
+            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
+            await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
+                         >= log_of(leader).last_index())
+            await r.stop_and_wait(victim)
+            data = tmp_path / f"n{victim}" / "g"
+            files = seg_files(data)
+            if damage == "cut-active-segment":
+                os.truncate(files[-1], files[-1].stat().st_size // 2)
+            else:
+                index = data / "commitlog" / "index"
+                os.truncate(index, index.stat().st_size // 3)
+                if damage == "cut-index-and-middle":
+                    _cut_a_middle_segment(data)
+
+            await r.start(n, victim)
+            rt = r.runtimes[victim]
+            await leader.propose(b"after the damage")
+            last = log_of(leader).last_index()
+            await r.wait(lambda: len(r.machines[victim].applied) >= last)
+            assert rt.is_open and not rt.unrepaired
+            assert r.machines[victim].applied == r.machines[leader.node_id].applied[:last]
+            assert (bytes(log_of(rt).read_raw(1, last + 1))
+                    == bytes(log_of(leader).read_raw(1, last + 1)))
+            n.cancel_scope.cancel()
+
+    trio.run(main)
