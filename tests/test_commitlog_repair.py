@@ -309,6 +309,8 @@ def test_a_middle_segment_cut_short_is_reported_and_repaired_in_place(tmp_path: 
         assert log.entries(1, 601, 1 << 30) == entries[: lost[0] - 1]
         assert bytes(log.read_raw(1, 601)) == bytes(peer.read_raw(1, lost[0]))
         assert [c.index for c in log.verify()] == lost
+        with pytest.raises(CorruptEntry):
+            log.read_at(log.position_of(lost[-1]))
         # the last lost entry first: the file grows past a hole of the others
         for i in [lost[-1], *lost[:-1]]:
             assert log.repair(i, peer.read_raw(i, i + 1)) is True

@@ -467,6 +467,8 @@ class CommitLog(_Recovery):
         fd, path = self._fd(k), self._seg_path(k)
         seg_end = self._starts[k] + self._sizes[k]
         rel = position - self._starts[k]
+        if position >= seg_end:  # in the lost tail of a segment cut short
+            raise CorruptEntry(path, position, "data missing past segment end")
         hdr = memoryview(pread_exact(fd, min(HEADER_SIZE, seg_end - position), rel))
         if len(hdr) < HEADER_SIZE:
             raise CorruptEntry(path, position, "no entry header at this position")
