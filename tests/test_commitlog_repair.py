@@ -482,3 +482,25 @@ def test_a_replica_started_on_a_cut_log_or_index_recovers_and_catches_up(
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_crash_between_repairs_of_a_cut_segment_leaves_the_rest_reported(
+    tmp_path: Path,
+) -> None:
+    local, peer, entries = _pair(tmp_path, n=600)
+    local.close()
+    files = seg_files(tmp_path / "local")
+    os.truncate(files[1], files[1].stat().st_size * 2 // 3)
+    log = CommitLog.open(tmp_path / "local", segment_size=SEG)
+    lost = list(log.recovery.corrupt)
+    assert len(lost) > 2
+    assert log.repair(lost[-1], peer.read_raw(lost[-1], lost[-1] + 1))  # past a hole
+    crash(log)
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.recovery.corrupt == lost[:-1]  # the hole's entries, found at open
+        for i in lost[:-1]:
+            assert log.repair(i, peer.read_raw(i, i + 1))
+        assert log.entries(1, 601, 1 << 30) == entries
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.recovery.corrupt == [] and log.verify() == []
+    peer.close()
