@@ -78,9 +78,11 @@ the node's READ_RAW request; any replica's entry with the same index and term is
 same entry), has `CommitLog.repair` check and write them, tells the core
 (`entry_repaired`), and retries across peers with backoff until it succeeds.
 
-An entry no peer holds any more (every peer answers that retention removed it) is logged
-as an error and retried rarely: it stays unreadable, and if it lies above the snapshot
-this replica cannot apply past it.
+An entry no peer holds any more (every peer answers that retention removed it), or one
+`CommitLog.repair` refuses to write back in this log (its index record places it where
+it cannot go), is logged as an error and retried rarely: it stays unreadable, and if it
+lies above the snapshot this replica cannot apply past it. Only a repair whose write or
+fsync failed (the CommitLog closes itself) ends the group, as a failed sync does.
 """
 
 from __future__ import annotations
@@ -492,6 +494,7 @@ class GroupRuntime(Generic[M]):
         self._frozen = False  # what `core.frozen` was last seen as (for the logs)
         self._repair_rounds = 0
         self._gone_logged: set[int] = set()
+        self._refused_logged: set[int] = set()
         self._syncer: SyncThread | None = None  # run()'s thread for group commits
         # The rule for the CommitLog (not thread-safe) and the core (which reads it):
         # while a task holds `_hold`, only that task touches either. Blocking disk work
@@ -1102,7 +1105,7 @@ class GroupRuntime(Generic[M]):
             outcomes = [await self._repair_one(i) for i in sorted(self.unrepaired)]
             if not self.unrepaired:
                 continue
-            if outcomes and all(o == "gone" for o in outcomes):
+            if outcomes and all(o in ("gone", "refused") for o in outcomes):
                 wait = _REPAIR_GONE_PAUSE
             else:
                 wait, pause = pause, min(pause * 2, _REPAIR_BACKOFF[1])
@@ -1117,7 +1120,9 @@ class GroupRuntime(Generic[M]):
 
     async def _repair_one(self, index: int) -> str:
         """One round over the peers for entry `index`: "repaired", "dropped" (no longer
-        in the log), "gone" (every peer said retention removed it) or "failed"."""
+        in the log), "gone" (every peer said retention removed it), "refused" (this log
+        cannot take the entry back: it stays unreadable, retried rarely; a log closed by
+        a failed write or fsync still ends the group) or "failed"."""
         lg, core = self._log, self._core
         assert lg is not None and core is not None
         await self._log_free()
@@ -1160,6 +1165,16 @@ class GroupRuntime(Generic[M]):
                         "group": self.group_id, "index": index, "peer": peer,
                         "error": str(exc)}})
                     continue
+                except CommitLogError as exc:
+                    if lg.closed:
+                        raise  # a failed write or fsync: only a restart's recovery can tell
+                    if index not in self._refused_logged:
+                        self._refused_logged.add(index)
+                        log.error("corrupt entry cannot be repaired in this log; it stays "
+                                  "unreadable and is retried later", extra={"fields": {
+                                      "group": self.group_id, "index": index,
+                                      "error": str(exc)}})
+                    return "refused"
                 self._repaired(index)
             finally:
                 self._let_go()

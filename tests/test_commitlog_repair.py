@@ -4,8 +4,11 @@ applies or sends past them, and repairs them from its peers."""
 
 from __future__ import annotations
 
+import os
 import random
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -23,7 +26,7 @@ from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_mark
 from raftlog.runtime import EntryUnavailable, FetchRaw
 from raftlog.types import Entry, EntryType
 from tests.runtime_harness import Group, core_of, log_of
-from tests.test_commitlog import SEG, crash, flip, locate, make
+from tests.test_commitlog import SEG, crash, flip, locate, make, seg_files
 
 
 def _pair(tmp: Path, n: int = 20) -> tuple[CommitLog, CommitLog, list[Entry]]:
@@ -279,3 +282,225 @@ def test_a_leader_meeting_a_corrupt_entry_while_sending_has_it_repaired(
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_middle_segment_cut_short_is_reported_and_repaired_in_place(tmp_path: Path) -> None:
+    """The chaos `truncate-file` nemesis cut a middle segment of a stopped node: every
+    entry past the cut is reported at open and put back where the index says it was,
+    extending the file, never into the next segment."""
+    local, peer, entries = _pair(tmp_path, n=600)
+    local.close()
+    files = seg_files(tmp_path / "local")
+    assert len(files) >= 3
+    victim = files[1]
+    os.truncate(victim, victim.stat().st_size * 2 // 3)
+    end = int(victim.name) + victim.stat().st_size
+    nxt = int(files[2].name)
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        lost = [i for i in range(1, 601)
+                if log.position_of(i) < nxt and log.position_of(i) + 300 + HEADER_SIZE > end]
+        assert len(lost) > 2
+        assert log.recovery.corrupt == lost  # reported at open, not on first read
+        assert log.last_index() == 600  # nothing truncated
+        for i in lost:
+            with pytest.raises(CorruptEntry):
+                log.entries(i, i + 1, 1 << 20)
+        # reads and checks running from intact entries into the cut end cleanly
+        assert log.entries(1, 601, 1 << 30) == entries[: lost[0] - 1]
+        assert bytes(log.read_raw(1, 601)) == bytes(peer.read_raw(1, lost[0]))
+        assert [c.index for c in log.verify()] == lost
+        with pytest.raises(CorruptEntry):
+            log.read_at(log.position_of(lost[-1]))
+        # the last lost entry first: the file grows past a hole of the others
+        for i in [lost[-1], *lost[:-1]]:
+            assert log.repair(i, peer.read_raw(i, i + 1)) is True
+            assert log.entries(i, i + 1, 1 << 20) == [entries[i - 1]]
+            if i == lost[-1]:
+                with pytest.raises(CorruptEntry):  # the hole stays unreadable until repaired
+                    log.entries(lost[0], lost[0] + 1, 1 << 20)
+        assert log.recovery.corrupt == []
+        assert victim.stat().st_size == nxt - int(victim.name)
+        assert log.entries(1, 601, 1 << 30) == entries
+        assert bytes(log.read_raw(1, 601)) == bytes(peer.read_raw(1, 601))
+        assert log.verify() == []
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.recovery.corrupt == [] and log.verify() == []
+        assert bytes(log.read_raw(1, 601)) == bytes(peer.read_raw(1, 601))
+    peer.close()
+
+
+def test_repair_never_writes_into_the_next_segment(tmp_path: Path) -> None:
+    local, peer, _ = _pair(tmp_path, n=600)
+    local.close()
+    files = seg_files(tmp_path / "local")
+    os.truncate(files[1], files[1].stat().st_size - 100)
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        bad = log.recovery.corrupt[-1]
+        # an index record moved into the next segment's extent (as a damaged index
+        # could say) must not let a repair overwrite the head of that segment
+        pos, term, size, etype = log._record(bad)
+        nxt = int(files[2].name)
+        rec = (nxt - size + 1, term, size, etype)
+        before = files[2].read_bytes()
+        log._record = lambda i: rec if i == bad else CommitLog._record(log, i)  # type: ignore[method-assign]
+        with pytest.raises(CommitLogError, match="next segment"):
+            log.repair(bad, peer.read_raw(bad, bad + 1))
+        assert files[2].read_bytes() == before
+    peer.close()
+
+
+def _cut_a_middle_segment(data: Path) -> None:
+    """What the chaos `truncate-file` nemesis did to a stopped node's log."""
+    files = seg_files(data)
+    assert len(files) >= 3
+    os.truncate(files[1], files[1].stat().st_size // 2)
+
+
+def test_a_replica_started_on_a_cut_middle_segment_repairs_it_from_its_peers(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        r = _Repairing(tmp_path)
+        r.opts["segment_size"] = 8 << 10
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            for k in range(150):
+                await leader.propose(b"m%03d" % k + b"." * 200)
+            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
+            await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
+                         >= log_of(leader).last_index())
+            await r.stop_and_wait(victim)
+            _cut_a_middle_segment(tmp_path / f"n{victim}" / "g")
+
+            await r.start(n, victim)
+            rt = r.runtimes[victim]
+            lost = list(log_of(rt).recovery.corrupt)
+            assert lost and rt.unrepaired == set(lost)  # found at open, before any read
+            await r.wait(lambda: not rt.unrepaired)
+            assert rt.repaired == len(lost) and rt.is_open
+            await leader.propose(b"after the repair")
+            last = log_of(leader).last_index()
+            await r.wait(lambda: len(r.machines[victim].applied) >= last)
+            assert r.machines[victim].applied == r.machines[leader.node_id].applied[:last]
+            assert (bytes(log_of(rt).read_raw(1, last + 1))
+                    == bytes(log_of(leader).read_raw(1, last + 1)))
+            assert log_of(rt).verify() == []
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_repair_the_log_refuses_leaves_the_entry_unreadable_and_the_replica_running(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        r = _Repairing(tmp_path)
+        r.opts["segment_size"] = 8 << 10
+        refused: list[int] = []
+
+        def refusing(fn: Callable[[], Any]) -> Any:
+            # the log's own refusal (an index record placing the entry where it cannot
+            # be written), through the runtime's disk-call seam; the log stays open
+            if getattr(getattr(fn, "func", None), "__name__", "") == "repair":
+                refused.append(fn.args[0])  # type: ignore[attr-defined]
+                raise CommitLogError(f"entry {fn.args[0]} would run past the next segment")  # type: ignore[attr-defined]
+            return fn()
+
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            for k in range(150):
+                await leader.propose(b"m%03d" % k + b"." * 200)
+            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
+            other = next(i for i in (1, 2, 3) if i not in (victim, leader.node_id))
+            await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
+                         >= log_of(leader).last_index())
+            await r.stop_and_wait(victim)
+            _cut_a_middle_segment(tmp_path / f"n{victim}" / "g")
+
+            r.disk_calls[victim] = refusing
+            await r.start(n, victim)
+            rt = r.runtimes[victim]
+            lost = set(log_of(rt).recovery.corrupt)
+            await r.wait(lambda: set(refused) == lost)
+            assert rt.is_open and not rt.closed and rt.unrepaired == lost
+            with pytest.raises(CorruptEntry):
+                await rt.read_raw(min(lost))
+            # still a working replica: with the other follower stopped its
+            # acknowledgements alone let the leader commit
+            await r.stop_and_wait(other)
+            with trio.fail_after(5):
+                await leader.propose(b"with the damaged replica's ack")
+            assert rt.is_open and rt.unrepaired == lost
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("damage", ["cut-active-segment", "cut-index", "cut-index-and-middle"])
+def test_a_replica_started_on_a_cut_log_or_index_recovers_and_catches_up(
+    tmp_path: Path, damage: str
+) -> None:
+    """The other files the `truncate-file` nemesis cuts: recovery truncates or rebuilds,
+    the replica runs and gets back what it lost from the leader."""
+
+    async def main() -> None:
+        r = _Repairing(tmp_path)
+        r.opts["segment_size"] = 8 << 10
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            for k in range(150):
+                await leader.propose(b"m%03d" % k + b"." * 200)
+            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
+            await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
+                         >= log_of(leader).last_index())
+            await r.stop_and_wait(victim)
+            data = tmp_path / f"n{victim}" / "g"
+            files = seg_files(data)
+            if damage == "cut-active-segment":
+                os.truncate(files[-1], files[-1].stat().st_size // 2)
+            else:
+                index = data / "commitlog" / "index"
+                os.truncate(index, index.stat().st_size // 3)
+                if damage == "cut-index-and-middle":
+                    _cut_a_middle_segment(data)
+
+            await r.start(n, victim)
+            rt = r.runtimes[victim]
+            await leader.propose(b"after the damage")
+            last = log_of(leader).last_index()
+            await r.wait(lambda: len(r.machines[victim].applied) >= last)
+            assert rt.is_open and not rt.unrepaired
+            assert r.machines[victim].applied == r.machines[leader.node_id].applied[:last]
+            assert (bytes(log_of(rt).read_raw(1, last + 1))
+                    == bytes(log_of(leader).read_raw(1, last + 1)))
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_crash_between_repairs_of_a_cut_segment_leaves_the_rest_reported(
+    tmp_path: Path,
+) -> None:
+    local, peer, entries = _pair(tmp_path, n=600)
+    local.close()
+    files = seg_files(tmp_path / "local")
+    os.truncate(files[1], files[1].stat().st_size * 2 // 3)
+    log = CommitLog.open(tmp_path / "local", segment_size=SEG)
+    lost = list(log.recovery.corrupt)
+    assert len(lost) > 2
+    assert log.repair(lost[-1], peer.read_raw(lost[-1], lost[-1] + 1))  # past a hole
+    crash(log)
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.recovery.corrupt == lost[:-1]  # the hole's entries, found at open
+        for i in lost[:-1]:
+            assert log.repair(i, peer.read_raw(i, i + 1))
+        assert log.entries(1, 601, 1 << 30) == entries
+    with CommitLog.open(tmp_path / "local", segment_size=SEG) as log:
+        assert log.recovery.corrupt == [] and log.verify() == []
+    peer.close()

@@ -24,8 +24,11 @@ Repair (`repair`)
     the local index record exactly (index, term, type, size) and pass both CRCs. The
     overwrite is fsynced before `repair` returns; a crash in between leaves a mix of
     old and new bytes: the intact entry, or one that still fails its CRCs and is
-    repaired again. Only entries that recovery scanned are checked at `open`
-    (`RecoveryReport.corrupt`); the ones the index vouches for are checked on every
+    repaired again. An entry lost with the tail of a middle segment cut short is put
+    back where its index record says, extending the file (never into the next
+    segment's extent). Only entries that recovery scanned, and those the index places
+    past the end of a cut middle segment, are checked at `open`
+    (`RecoveryReport.corrupt`); the others the index vouches for are checked on every
     read, and `verify` checks a range.
 """
 
@@ -464,6 +467,8 @@ class CommitLog(_Recovery):
         fd, path = self._fd(k), self._seg_path(k)
         seg_end = self._starts[k] + self._sizes[k]
         rel = position - self._starts[k]
+        if position >= seg_end:  # in the lost tail of a segment cut short
+            raise CorruptEntry(path, position, "data missing past segment end")
         hdr = memoryview(pread_exact(fd, min(HEADER_SIZE, seg_end - position), rel))
         if len(hdr) < HEADER_SIZE:
             raise CorruptEntry(path, position, "no entry header at this position")
@@ -504,9 +509,9 @@ class CommitLog(_Recovery):
                 take += 1
             recs = recs[:take]
             base = recs[0][0]
-            buf = bytearray()
-            for _p, chunk in self._read_span(base, span_end, strict=False):
-                buf += chunk
+            buf = bytearray(span_end - base)  # missing bytes stay zero: they fail the checks
+            for cpos, chunk in self._read_span(base, span_end, strict=False):
+                buf[cpos - base : cpos - base + len(chunk)] = chunk
             mv = memoryview(buf)
             for j, (pos, term, size, etype) in enumerate(recs):
                 problem = check_stored(mv, pos - base, i + j, term, size, etype)
@@ -524,8 +529,10 @@ class CommitLog(_Recovery):
         `raw` must be exactly one entry whose CRCs verify and whose index, term, type and
         size equal this log's record of `index` (and its header, where that is intact).
         Raises CorruptEntry when `raw` fails its CRCs, ValueError when it is another
-        entry (nothing is written in either case), OutOfRange outside the log. A failed
-        write or fsync closes the log, as a failed `sync` does.
+        entry (nothing is written in either case), OutOfRange outside the log, and
+        CommitLogError (the log stays open) when the index places the entry where it
+        cannot be written: across the next segment's start or past the log's end. A
+        failed write or fsync closes the log, as a failed `sync` does.
         """
         self._check_open()
         if not self._first <= index <= self._last:
@@ -547,9 +554,18 @@ class CommitLog(_Recovery):
         if crc32c.crc32c(mv[HEADER_SIZE:]) != bcrc:
             raise CorruptEntry(src, 0, "body CRC mismatch", index)
         k = bisect.bisect_right(self._starts, pos) - 1
+        if k < 0:
+            raise CommitLogError(f"{self.dir}: entry {index} lies before the first segment")
         rel = pos - self._starts[k]
-        if k < 0 or rel + size > self._sizes[k]:
-            raise CommitLogError(f"{self.dir}: entry {index} lies outside its segment")
+        # a middle segment cut short (its successor starts past its end) lost its tail:
+        # the index says where each lost entry belongs, up to the next segment's start
+        limit = self._starts[k + 1] if k + 1 < len(self._starts) else self._end
+        if pos + size > limit:
+            raise CommitLogError(
+                f"{self.dir}: entry {index} ({size} bytes at {pos}) would run past "
+                f"{'the next segment' if k + 1 < len(self._starts) else 'the log end'} "
+                f"at {limit}"
+            )
         fd = self._fd(k)
         local = memoryview(pread_exact(fd, size, rel))
         if local == mv:
@@ -570,6 +586,9 @@ class CommitLog(_Recovery):
                 f"repairing entry {index} in {self._seg_path(k)} failed: {exc}; the log is "
                 "closed, reopen it to recover"
             ) from exc
+        # written past the end of a cut segment: the file (maybe with a hole of other
+        # lost entries before this one, unreadable until repaired too) now ends later
+        self._sizes[k] = max(self._sizes[k], rel + size)
         if index in self.recovery.corrupt:
             self.recovery.corrupt.remove(index)
         return True

@@ -14,7 +14,10 @@
    kept, reported in `RecoveryReport.corrupt`, and reads of it raise `CorruptEntry` so
    the Raft layer refetches it from a peer (`repair`). When the whole index had to be
    rebuilt, segments before the last two are walked by headers only (header CRCs and
-   contiguity); their bodies are still checked on every read.
+   contiguity); their bodies are still checked on every read. A middle segment whose
+   file ends before its successor starts was cut (the index vouches for entries past
+   its end): those entries are kept and reported corrupt too, for `repair` to put back
+   (as are those in a hole a crash left between such repairs).
 4. Truncate data, fsync the segments from the last vouched entry on (earlier ones were
    fsynced before that entry's index record was written) and the directory, then rewrite
    the index suffix and fsync it. Everything present after `open` is durable.
@@ -160,6 +163,9 @@ class _Recovery(_Retention):
         self._written = valid
         self._last = expect - 1
         self._last_term = prev_term
+        cut_short = self._cut_short_entries(valid)
+        if cut_short:
+            rep.corrupt = sorted(set(rep.corrupt) | set(cut_short))
 
         # 3. walk forward through the data past what the index vouched for
         verify_from = scan_pos if valid else self._starts[max(0, len(self._starts) - 2)]
@@ -246,6 +252,51 @@ class _Recovery(_Retention):
             self.recovery.deletion_finished.append(name)
             os.unlink(os.path.join(self.dir, name))
         fsync_dir(self.dir)
+
+    def _cut_short_entries(self, vouched: int) -> list[int]:
+        """Entries among the first `vouched` whose bytes lie past the end of a middle
+        segment cut short (its file ends before its successor starts), or in a hole a
+        crash left between such entries' repairs: kept, as corrupt. The index says
+        where each belongs, so `repair` can put it back there."""
+        out: list[int] = []
+        first, stop = self._first, self._first + vouched
+        for k in range(len(self._starts) - 1):
+            end, nxt = self._starts[k] + self._sizes[k], self._starts[k + 1]
+            hole = self._first_hole(k)
+            if end >= nxt and hole is None:
+                continue
+            frm = end if hole is None else min(end, hole)
+            lo, hi = first, stop  # the first vouched entry ending past `frm`
+            while lo < hi:
+                mid = (lo + hi) // 2
+                pos, _t, size, _y = self._disk_record(mid)
+                if pos + size <= frm:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            while lo < stop:
+                pos, term, size, etype = self._disk_record(lo)
+                if pos >= nxt:
+                    break
+                if self._probe_entry(pos, lo, term, size, etype) is not None:
+                    out.append(lo)
+                lo += 1
+        return out
+
+    def _first_hole(self, k: int) -> int | None:
+        """Where never-written bytes may start inside segment `k` (None if the file
+        system says it has no hole: segments are written densely, only a repair past a
+        cut end leaves one)."""
+        fd = self._fd(k)
+        try:
+            off = os.lseek(fd, 0, os.SEEK_HOLE)
+        except (AttributeError, OSError):  # pragma: no cover - no SEEK_HOLE here
+            return None
+        if off >= self._sizes[k]:
+            return None
+        # a hole starts at a block boundary; the block before it may end in zeros too
+        # (the file was cut inside it before the repair wrote past it)
+        return self._starts[k] + max(0, off - os.fstat(fd).st_blksize)
 
     def _probe_entry(self, pos: int, index: int, term: int, size: int, etype: int) -> str | None:
         """Why the entry an index record points at is not intact (None if it is)."""

@@ -257,20 +257,25 @@ class _Segments:
             pass
 
     def _read_span(self, start: int, end: int, strict: bool = True) -> Iterator[tuple[int, bytes]]:
-        """Bytes [start, end) as one chunk per segment: (position, bytes)."""
+        """Bytes [start, end) as one chunk per segment: (position, bytes).
+
+        Bytes missing (a damaged segment shorter than its successor's start leaves a
+        gap) raise CorruptEntry when `strict`, else are skipped: each chunk then says
+        where its bytes belong."""
         k = bisect.bisect_right(self._starts, start) - 1
         while start < end:
             seg_end = self._starts[k] + self._sizes[k]
             n = min(end, seg_end) - start
             if n <= 0:
-                # past this segment's end: go on only if the next one starts right here
-                # (a damaged segment shorter than its successor's start leaves a gap)
+                # past this segment's end: go on if the next one starts right here
                 if k + 1 >= len(self._starts) or start < self._starts[k + 1]:
                     if strict:
                         raise CorruptEntry(
                             self._seg_path(k), start, "data missing past segment end"
                         )
-                    return
+                    if k + 1 >= len(self._starts):
+                        return
+                    start = self._starts[k + 1]  # skip the gap
                 k += 1
                 continue
             data = pread_exact(self._fd(k), n, start - self._starts[k])
@@ -278,11 +283,9 @@ class _Segments:
                 raise CorruptEntry(
                     self._seg_path(k), start + len(data), "segment shorter than expected"
                 )
-            yield start, data
-            if len(data) != n:
-                return
-            start += n
-            k += 1
+            if data:
+                yield start, data
+            start += n  # the check above moves on to the next segment, or stops at a gap
 
     def _locate(self, pos: int) -> int:
         """Segment holding the entry starting at `pos` (-1 if none)."""
