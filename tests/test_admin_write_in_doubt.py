@@ -75,3 +75,32 @@ def test_a_topic_write_appended_before_the_leader_stepped_down_is_of_unknown_out
             assert isinstance(exc, OutcomeUnknownError), exc
             return
         pytest.fail(f"no round answered with the write in doubt: {seen}")
+
+
+async def _create_alone(cluster: LocalCluster, live: LiveCluster) -> BaseException | None:
+    """`Admin.create_topic` (its own retries) sent to g0's leader right after both its
+    followers were killed: what it raised, or None."""
+    async with Admin(cluster.namesrv_addr, timeout=30.0) as admin:
+        leader = live.leader("g0")
+        await admin.routes.call_group("g0", Op.TOPICS, {"g": "g0"})  # learn g0's leader
+        for i in cluster.node_ids:
+            if i != leader:
+                cluster.kill(i)
+        try:
+            await admin.create_topic("alone", 1, wait=0)
+        except RequestError as exc:
+            return exc
+    return None
+
+
+def test_create_topic_whose_first_try_is_in_doubt_never_says_nothing_was_written(
+    tmp_path,
+) -> None:
+    """The first try is appended by a leader that then steps down (in doubt); the later
+    ones find no leader at all (UNAVAILABLE). The error raised must still say the topic
+    may have been created, not the last try's "nothing was written"."""
+    with LocalCluster(tmp_path, groups=1) as cluster:
+        cluster.wait_ready(timeout=60)
+        live = LiveCluster(cluster, TOPIC, 1)
+        exc = trio.run(_create_alone, cluster, live)
+        assert isinstance(exc, OutcomeUnknownError), repr(exc)
