@@ -19,6 +19,8 @@ Header fields (short keys on purpose, they are on every frame):
     code  status (`Code`) on responses; 0 is OK
     msg   human-readable error text when code != 0
     leader  on NOT_LEADER: the address of the leader the node believes in (or None)
+    unknown on NOT_LEADER: true when the write was appended before leadership was lost;
+            the next leader may still commit it (`client.errors.may_have_applied`)
 
 Requests and their fields are listed on `Op`; a response to request `id` carries the
 same `id` and no `op`. Raft traffic between nodes (`Op.RAFT`) is one-way. A server may

@@ -63,7 +63,7 @@ from broker.produce_wire import split_batches
 from broker.protocol import Code, Frame, Op, RequestError, ok_header
 from broker.records import batch_header
 from broker.statemachine import BrokerState
-from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
+from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalInDoubt, ProposalLost
 from raftlog.types import EntryType
 from transport.framing import Caller, Response
 
@@ -374,9 +374,11 @@ class Guard:
         g = self._metadata_leader()
         try:
             result = await g.propose(data, EntryType.CONTROL)
-        except NotLeader as exc:
+        except NotLeader as exc:  # after the append (ProposalInDoubt) it may yet commit
             raise RequestError(Code.NOT_LEADER, "leadership moved",
-                               leader=self.node.peer_addr(exc.leader), g=g.group_id) from None
+                               leader=self.node.peer_addr(exc.leader), g=g.group_id,
+                               **({"unknown": True} if isinstance(exc, ProposalInDoubt) else {}),
+                               ) from None
         except (ProposalDropped, ProposalLost) as exc:
             raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None
         if isinstance(result, ErrorResult):

@@ -66,7 +66,14 @@ from broker.statemachine import (
 )
 from broker.txservice import TxService
 from raftlog.commitlog import CommitLogError, CorruptEntry
-from raftlog.runtime import DiskFull, GroupRuntime, NotLeader, ProposalDropped, ProposalLost
+from raftlog.runtime import (
+    DiskFull,
+    GroupRuntime,
+    NotLeader,
+    ProposalDropped,
+    ProposalInDoubt,
+    ProposalLost,
+)
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
 
@@ -224,6 +231,11 @@ class BrokerService:
                 # the answer, so the client must retry a write that is already committed.
                 log.critical("crash-before-answer: exiting before answering %s", Op(op).name)
                 os._exit(CRASH_BEFORE_ANSWER_EXIT)
+        except ProposalInDoubt as exc:  # appended, then leadership lost: it may yet commit
+            raise RequestError(
+                Code.NOT_LEADER, str(exc), leader=self.groups.peer_addr(exc.leader), term=exc.term,
+                unknown=True,
+            ) from None
         except NotLeader as exc:
             why = str(exc) if isinstance(exc, DiskFull) else "this node does not lead that group"
             raise RequestError(

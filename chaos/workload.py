@@ -153,14 +153,17 @@ def topic_key(topic: str) -> str:
 
 
 def _written_for_sure_not(exc: BaseException) -> bool:
-    """Whether a write that failed with `exc` was certainly not applied: the first error
-    of the chain is a connection that sent nothing, or a NOT_LEADER / UNKNOWN_GROUP
-    answered before any proposal. Anything else may hide a write (PROPOSAL_DROPPED too:
-    a leader may lose its term after appending)."""
-    while isinstance(exc.__cause__, RequestError):
+    """Whether a write that failed with `exc` was certainly not applied: no error of the
+    chain says it may have been (an OutcomeUnknownError raised after several tries names
+    only the last one as its cause), and the first is a connection that sent nothing,
+    or a NOT_LEADER / UNKNOWN_GROUP answered before any proposal. Anything else may hide
+    a write (PROPOSAL_DROPPED too: a leader may lose its term after appending)."""
+    while True:
+        if not isinstance(exc, RequestError) or may_have_applied(exc):
+            return False
+        if not isinstance(exc.__cause__, RequestError):
+            break
         exc = exc.__cause__
-    if not isinstance(exc, RequestError) or may_have_applied(exc):
-        return False
     if isinstance(exc, TransportError):
         return not exc.sent
     return exc.code in (Code.NOT_LEADER, Code.UNKNOWN_GROUP, Code.UNAVAILABLE)

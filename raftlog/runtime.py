@@ -127,6 +127,7 @@ __all__ = [
     "MissingEntries",
     "NotLeader",
     "ProposalDropped",
+    "ProposalInDoubt",
     "ProposalLost",
     "StateMachine",
 ]
@@ -155,6 +156,18 @@ class MissingEntries(Exception):
 
 class ProposalLost(Exception):
     """Another entry took the proposal's place in the log: it was never committed."""
+
+
+class ProposalInDoubt(NotLeader):
+    """Leadership was lost (or the replica stopped, or its disk filled) after the
+    proposal was appended to this replica's log and before it committed: followers may
+    hold it, so the next leader may still commit it. A NotLeader like any other for
+    routing (`leader`, `term`), but the proposal's outcome is unknown, not nothing."""
+
+    def __init__(self, cause: NotLeader) -> None:
+        super().__init__(cause.leader, cause.term)
+        self.args = (f"leadership was lost before the proposal committed; it may still "
+                     f"commit ({cause})",)
 
 
 class DiskFull(NotLeader):
@@ -768,8 +781,8 @@ class GroupRuntime(Generic[M]):
         should it commit as proposed (see `StateMachine`).
 
         Raises NotLeader (with a hint) or ProposalDropped before anything is written, and
-        NotLeader or ProposalLost when leadership was lost before the entry committed
-        (the outcome is then unknown to the caller, or known to be nothing).
+        ProposalInDoubt (a NotLeader) or ProposalLost when leadership was lost before the
+        entry committed (the outcome is then unknown to the caller, or known to be nothing).
         """
         core = self._core
         assert core is not None
@@ -780,6 +793,8 @@ class GroupRuntime(Generic[M]):
         self._uncommitted += w.size
         self._wakeup.set()
         await w.event.wait()
+        if isinstance(w.error, NotLeader):
+            raise ProposalInDoubt(w.error) from w.error
         if w.error is not None:
             raise w.error
         return w.result

@@ -53,6 +53,11 @@ def test_spent_retries_say_unknown_unavailable_or_the_refusal() -> None:
         assert isinstance(err, UnavailableError) and err.code == Code.UNAVAILABLE
     refusal = RequestError(Code.MESSAGE_TOO_LARGE, "big")
     assert give_up(refusal, "send") is refusal
+    # a later try that found no leader proves nothing of an earlier one that may have
+    # been stored (a route lookup, or a caller's own loop over one-attempt calls)
+    nobody = UnavailableError("send: no leader answered")
+    assert give_up(nobody, "send") is nobody
+    assert isinstance(give_up(nobody, "send", uncertain=True), OutcomeUnknownError)
     for cls in (OutcomeUnknownError, UnavailableError, TransportError):
         assert issubclass(cls, RequestError) and issubclass(cls, RaftMQError)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from raftlog.runtime import GroupRuntime, NotLeader
+from raftlog.runtime import GroupRuntime, NotLeader, ProposalInDoubt
 from raftlog.types import Entry, EntryType, Role
 from tests.runtime_harness import Group, core_of
 
@@ -203,6 +203,44 @@ def test_propose_many_returns_each_entrys_own_result_with_its_context(tmp_path):
                 await follower.propose_many([b"never"])
             with pytest.raises(ValueError):
                 await leader.propose_many([b"a", b"b"], contexts=["only one"])
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+class _DeafLeaderGroup(Group):
+    """A Group whose replicas in `deaf` hear nothing, but still send."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.deaf: set[int] = set()
+
+    def send(self, group: str, m) -> None:
+        if m.dst not in self.deaf:
+            super().send(group, m)
+
+
+def test_a_proposal_cut_off_after_reaching_the_followers_is_in_doubt_and_may_commit(tmp_path):
+    """The leader appends and sends the entry, then hears no acknowledgement and steps
+    down: its caller must not be told "not leader, nothing written", since the followers
+    hold the entry and the next leader commits it."""
+
+    async def main() -> None:
+        g = _DeafLeaderGroup(tmp_path, Recorder)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await g.start(n, i)
+            old = await g.leader()
+            await old.propose(b"before")
+            g.deaf.add(old.node_id)
+            with pytest.raises(NotLeader) as info:
+                with trio.fail_after(10):
+                    await old.propose(b"in doubt")
+            assert isinstance(info.value, ProposalInDoubt), info.value
+            g.deaf.clear()
+            new = await g.leader(exclude={old.node_id})
+            await new.read_barrier()  # the new leader's term committed what it holds
+            assert b"in doubt" in [d for _, d in new.machine.applied]
             n.cancel_scope.cancel()
 
     trio.run(main)

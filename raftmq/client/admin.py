@@ -20,7 +20,7 @@ from transport.connection import ConnectionPool, is_retriable
 
 from . import membership
 from .consumer import _ClientBase, commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
-from .errors import IncompleteError, TransactionError, may_have_applied
+from .errors import IncompleteError, TransactionError, give_up, may_have_applied
 from .membership import GroupMembers
 from .routes import TopicRoute, backoff_delay, node_addresses
 
@@ -170,13 +170,15 @@ class Admin(_ClientBase):
                     if not exc.extra.get("same"):
                         raise  # a different configuration: never "ok", even with exist_ok
                     return not uncertain
-                if not is_retriable(exc):
-                    raise
-                attempt += 1
-                if attempt > 5:
-                    raise
-                # a timed-out try may have been applied: a later TOPIC_EXISTS is ours
+                # a timed-out try may have been applied: a later TOPIC_EXISTS is ours,
+                # and a later failure says nothing of it (`give_up`)
                 uncertain = uncertain or may_have_applied(exc)
+                attempt += 1
+                if not is_retriable(exc) or attempt > 5:
+                    final = give_up(exc, f"CREATE_TOPIC to group {group}", uncertain=uncertain)
+                    if final is exc:
+                        raise
+                    raise final from exc
                 await anyio.sleep(backoff_delay(attempt))
 
     async def _wait_routed(self, topic: str, total: int, wait: float) -> TopicRoute:

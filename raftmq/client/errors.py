@@ -150,14 +150,18 @@ def give_up(exc: RequestError, what: str, *, uncertain: bool = False) -> Request
     `OutcomeUnknownError`; a request no leader answered (no node reachable, none leading,
     answers that never came) is an `UnavailableError`, whatever the last attempt met, so a
     lost quorum reads the same in every command; any other error is raised as the
-    SDK's type for its code (`as_sdk_error`).
+    SDK's type for its code (`as_sdk_error`). An `UnavailableError` met after a try that
+    may have been applied is no proof that nothing was: it becomes an
+    `OutcomeUnknownError` too.
     """
-    if isinstance(exc, (OutcomeUnknownError, UnavailableError)):
+    if isinstance(exc, OutcomeUnknownError):
         return exc
     if uncertain:
         return OutcomeUnknownError(
             f"{what}: no answer says whether it was stored ({exc.message}); it may have "
             "been: check before sending it again", **exc.extra)
+    if isinstance(exc, UnavailableError):
+        return exc
     if isinstance(exc, TransportError) or exc.code in _NO_LEADER:
         return UnavailableError(f"{what}: no leader answered ({exc.message})", **exc.extra)
     return as_sdk_error(exc)
