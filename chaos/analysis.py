@@ -288,22 +288,6 @@ def analyze(
     return analysis
 
 
-def _add_security(analysis: Analysis, sec: dict[str, Any]) -> None:
-    """The security checker's verdict (`chaos.authcheck`) joins the run's: section
-    ``security`` of results.json, its problems prefixed ``security:``. A history without
-    security records gets no section."""
-    if not (sec["changes"] or sec["logins"] or sec["authz"] or sec["final_nodes"]
-            or sec["malformed"]):
-        return
-    results = analysis.results
-    results["security"] = sec
-    if sec["problems"]:
-        results["problems"] = [*results["problems"],
-                               *(f"security: {p}" for p in sec["problems"])]
-        results["valid"] = False
-        results["verdict"] = analysis.verdict = "invalid"
-
-
 class _Clock:
     """Seconds spent per phase of the analysis (results.json's ``analysis_seconds``), so a
     long run's figures say where its time went."""
@@ -327,16 +311,31 @@ class _Clock:
 
 
 def _add_transactions(analysis: Analysis, tx: dict[str, Any]) -> None:
-    """The transactional checker's verdict (`chaos.txcheck`) joins the run's: section
-    ``transactions`` of results.json, its problems prefixed ``transactions:``. A history
-    without transactional records gets no section."""
-    if not (tx["messages"] or sum(tx["transactions"].values()) or tx["malformed"]):
+    """The transactional checker's verdict (`chaos.txcheck`): section ``transactions``,
+    for a history with transactional records."""
+    _add_section(analysis, "transactions", tx,
+                 bool(tx["messages"] or sum(tx["transactions"].values()) or tx["malformed"]))
+
+
+def _add_security(analysis: Analysis, sec: dict[str, Any]) -> None:
+    """The security checker's verdict (`chaos.authcheck`): section ``security``, for a
+    history with security records."""
+    _add_section(analysis, "security", sec, bool(
+        sec["changes"] or sec["logins"] or sec["authz"] or sec["final_nodes"]
+        or sec["malformed"]))
+
+
+def _add_section(analysis: Analysis, name: str, section: dict[str, Any], present: bool) -> None:
+    """Another checker's verdict joins the run's: section `name` of results.json, its
+    problems prefixed ``name:``, each one making the run invalid. A history without that
+    checker's records gets no section."""
+    if not present:
         return
     results = analysis.results
-    results["transactions"] = tx
-    if tx["problems"]:
+    results[name] = section
+    if section["problems"]:
         results["problems"] = [*results["problems"],
-                               *(f"transactions: {p}" for p in tx["problems"])]
+                               *(f"{name}: {p}" for p in section["problems"])]
         results["valid"] = False
         results["verdict"] = analysis.verdict = "invalid"
 
