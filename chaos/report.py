@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -491,54 +491,45 @@ def _unavailability(table: dict[str, dict[str, Any]]) -> str:
 
 
 def _transactions(tx: dict[str, Any]) -> str:
-    """The transactional checker's verdict: every violation count (red when not zero),
-    outcomes, and the first examples of each violation found."""
+    """The transactional checker's verdict (`chaos.txcheck`)."""
     from .txcheck import VIOLATIONS
 
-    badge = ("<span class='badge ok'>valid</span>" if tx.get("valid")
-             else "<span class='badge illegal'>invalid</span>")
-    counts = "".join(
-        f"<div class='{'bad' if tx.get(kind) else ''}'>{_esc(kind)}: {_esc(tx.get(kind, 0))}</div>"
-        for kind in VIOLATIONS
-    )
-    facts = [("transactions", tx.get("transactions")), ("half messages", tx.get("halves")),
-             ("check-backs", tx.get("checks")), ("pipeline", tx.get("pipeline")),
-             ("undrained queues", tx.get("undrained_queues"))]
-    rows = "".join(f"<tr><td>{_esc(k)}</td><td><code>{_clip(json.dumps(v), 400)}</code></td></tr>"
-                   for k, v in facts)
-    examples = "".join(
-        f"<tr class=fail><td>{_esc(kind)}</td><td><code class=long>"
-        f"{_esc(json.dumps(items, indent=1))}</code></td></tr>"
-        for kind, items in (tx.get("examples") or {}).items()
-    )
-    return (
-        f"<h2>Transactions {badge}</h2><div class=box><div class=acct>{counts}</div>"
-        f"<table>{rows}{examples}</table></div>"
-    )
+    return _checker_section("Transactions", tx, VIOLATIONS, [
+        ("transactions", tx.get("transactions")), ("half messages", tx.get("halves")),
+        ("check-backs", tx.get("checks")), ("pipeline", tx.get("pipeline")),
+        ("undrained queues", tx.get("undrained_queues"))])
 
 
 def _security(sec: dict[str, Any]) -> str:
-    """The security checker's verdict (`chaos.authcheck`), shaped like `_transactions`."""
+    """The security checker's verdict (`chaos.authcheck`)."""
     from .authcheck import VIOLATIONS
 
-    badge = ("<span class='badge ok'>valid</span>" if sec.get("valid")
+    return _checker_section("Users and ACLs", sec, VIOLATIONS, [
+        ("changes", sec.get("changes")), ("logins", sec.get("logins")),
+        ("operations", sec.get("authz")), ("nodes read at the end", sec.get("final_nodes")),
+        ("problems", sec.get("problems"))])
+
+
+def _checker_section(title: str, verdict: dict[str, Any], violations: Iterable[str],
+                     facts: list[tuple[str, Any]]) -> str:
+    """A checker's verdict: every violation count (red when not zero), its facts, and the
+    first examples of each violation found."""
+    badge = ("<span class='badge ok'>valid</span>" if verdict.get("valid")
              else "<span class='badge illegal'>invalid</span>")
     counts = "".join(
-        f"<div class='{'bad' if sec.get(kind) else ''}'>{_esc(kind)}: {_esc(sec.get(kind, 0))}</div>"
-        for kind in VIOLATIONS
+        f"<div class='{'bad' if verdict.get(kind) else ''}'>{_esc(kind)}: "
+        f"{_esc(verdict.get(kind, 0))}</div>"
+        for kind in violations
     )
-    facts = [("changes", sec.get("changes")), ("logins", sec.get("logins")),
-             ("operations", sec.get("authz")), ("nodes read at the end", sec.get("final_nodes")),
-             ("problems", sec.get("problems"))]
     rows = "".join(f"<tr><td>{_esc(k)}</td><td><code>{_clip(json.dumps(v), 400)}</code></td></tr>"
                    for k, v in facts)
     examples = "".join(
         f"<tr class=fail><td>{_esc(kind)}</td><td><code class=long>"
         f"{_esc(json.dumps(items, indent=1))}</code></td></tr>"
-        for kind, items in (sec.get("examples") or {}).items()
+        for kind, items in (verdict.get("examples") or {}).items()
     )
     return (
-        f"<h2>Users and ACLs {badge}</h2><div class=box><div class=acct>{counts}</div>"
+        f"<h2>{_esc(title)} {badge}</h2><div class=box><div class=acct>{counts}</div>"
         f"<table>{rows}{examples}</table></div>"
     )
 
