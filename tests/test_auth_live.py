@@ -167,6 +167,7 @@ def test_status_without_a_login_says_one_is_needed_not_that_nodes_are_down(
 
     monkeypatch.delenv(USER_ENV, raising=False)
     monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")  # the status cell on one line, whatever the terminal
     assert status_cmd.main(["--namesrv", cluster.namesrv_addr]) == 1
     out, err = capsys.readouterr()
     assert "needs a login" in out and "down" not in out, out

@@ -27,12 +27,12 @@ from chaos.histories import parse_faults
 from chaos.run import RunOptions, run_chaos
 from chaos.secworkload import SUPERUSER, harness_login, harness_superuser
 from raftlog.types import Entry, EntryType
+from tests.test_chaos_run import _TIMING
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials, credentials_from_env
 
 SEC_SECONDS = float(os.environ.get("CHAOS_SEC_SECONDS", "20"))
 SEED = 2
 NEMESES = ("kill", "partition-node")
-_TIMING = ("checker_seconds", "linearizability", "offsets_linearizability", "options", "run")
 
 
 def _results(out: Path) -> dict[str, Any]:

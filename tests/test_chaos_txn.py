@@ -32,9 +32,9 @@ from chaos.cli import EXIT_USAGE, check_main, run_main
 from chaos.histories import parse_faults
 from chaos.nemesis import LEADER_BIAS
 from chaos.run import RunOptions, nemesis_plan, run_chaos
+from tests.test_chaos_run import _TIMING
 
 TXN_SECONDS = float(os.environ.get("CHAOS_TXN_SECONDS", "15"))
-_TIMING = ("checker_seconds", "linearizability", "offsets_linearizability", "options", "run")
 
 # mutation: (nemeses, seed, violations of which at least one must be found)
 CAUGHT_BY: dict[str, tuple[str, str, tuple[str, ...]]] = {
