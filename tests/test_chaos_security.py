@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,12 +21,12 @@ from broker.config import ALLOW_MUTATIONS_ENV
 from broker.parts.acls import DROP_REMOVE_EVERY, Acl, AclAdd, AclRemove, Acls
 from broker.parts.base import ControlResult
 from broker.statemachine import BrokerState
-from chaos.cli import EXIT_USAGE, check_main, run_main
+from chaos.cli import EXIT_USAGE, run_main
 from chaos.histories import parse_faults
 from chaos.run import RunOptions, run_chaos
 from chaos.secworkload import SUPERUSER, harness_login, harness_superuser
 from raftlog.types import Entry, EntryType
-from tests.test_chaos_run import _TIMING
+from tests.test_chaos_run import _recheck, _results
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials, credentials_from_env
 
 SEC_SECONDS = float(os.environ.get("CHAOS_SEC_SECONDS", "20"))
@@ -35,18 +34,6 @@ SEED = 2
 NEMESES = ("kill", "partition-node")
 
 
-def _results(out: Path) -> dict[str, Any]:
-    return json.loads((out / "results.json").read_text())
-
-
-def _recheck(out: Path, code: int, capsys: pytest.CaptureFixture[str]) -> None:
-    """`raftmq chaos check DIR` gives the run's verdict and security findings again."""
-    capsys.readouterr()
-    assert check_main([str(out), "--json"]) == code
-    rechecked = json.loads(capsys.readouterr().out)
-    for key, value in _results(out).items():
-        if key not in _TIMING:
-            assert rechecked[key] == value, key
 
 
 def test_drop_acl_remove_acknowledges_every_fifth_removal_and_keeps_the_entry() -> None:

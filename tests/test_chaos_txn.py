@@ -28,11 +28,11 @@ from pathlib import Path
 import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from chaos.cli import EXIT_USAGE, check_main, run_main
+from chaos.cli import EXIT_USAGE, run_main
 from chaos.histories import parse_faults
 from chaos.nemesis import LEADER_BIAS
 from chaos.run import RunOptions, nemesis_plan, run_chaos
-from tests.test_chaos_run import _TIMING
+from tests.test_chaos_run import _recheck, _results
 
 TXN_SECONDS = float(os.environ.get("CHAOS_TXN_SECONDS", "15"))
 
@@ -45,18 +45,6 @@ CAUGHT_BY: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
-def _results(out: Path) -> dict:
-    return json.loads((out / "results.json").read_text())
-
-
-def _recheck(out: Path, code: int, capsys: pytest.CaptureFixture[str]) -> None:
-    """`raftmq chaos check DIR` gives the run's verdict and transactional findings."""
-    capsys.readouterr()
-    assert check_main([str(out), "--json"]) == code
-    rechecked = json.loads(capsys.readouterr().out)
-    for key, value in _results(out).items():
-        if key not in _TIMING:
-            assert rechecked[key] == value, key
 
 
 def test_txn_workload_needs_nodes_the_harness_starts(
