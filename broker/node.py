@@ -434,7 +434,7 @@ class Node:
 
     async def _run(self, task_status: trio.TaskStatus[str]) -> None:
         for g in self.groups.values():
-            g.open()
+            await g.open_when_space()  # a full disk at start: wait for space, not exit
         if self._hosted_file_missing:  # from now on the node hosts what this file says
             save_hosted(self.config.data, self._hosted)
             self._hosted_file_missing = False

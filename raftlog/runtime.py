@@ -529,7 +529,10 @@ class GroupRuntime(Generic[M]):
     # ------------------------------------------------------------------ lifecycle
 
     def open(self) -> None:
-        """Recover the CommitLog and hard state from disk (bootstrapping a new group)."""
+        """Recover the CommitLog and hard state from disk (bootstrapping a new group).
+
+        A failure leaves the group unopened, its files closed, so `open` may be called
+        again (`open_when_space` does, after a full disk)."""
         os.makedirs(self.path, exist_ok=True)
         self._log = CommitLog.open(
             self.path,
@@ -537,6 +540,45 @@ class GroupRuntime(Generic[M]):
             fsync=self.options.fsync,
             fsync_interval=self.options.fsync_interval,
         )
+        try:
+            self._open_on_log()
+        except BaseException:
+            lg, self._log, self._core, self._guard = self._log, None, None, None
+            if not lg.closed:
+                try:
+                    lg.close()
+                except OSError:  # a failed close must not mask the cause
+                    log.exception("closing the CommitLog failed")
+            raise
+
+    async def open_when_space(self) -> None:
+        """`open` in a worker thread (recovery reads and may rewrite whole files, which
+        must not stall the node's other groups). On a full disk (ENOSPC, EDQUOT: recovery
+        rewrites index records, a new group saves its hard state) the group waits and
+        tries again until space is freed, as a running group does, rather than the
+        node exiting."""
+        pause, waiting = _SPACE_RETRY[0], False
+        while True:
+            try:
+                await trio.to_thread.run_sync(self.open)
+            except OSError as exc:
+                if exc.errno not in _NO_SPACE:
+                    raise
+                if not waiting:
+                    waiting = True
+                    log.error("disk full while opening the group: it waits for space",
+                              extra={"fields": {"group": self.group_id, "error": str(exc)}})
+                await trio.sleep(pause)
+                pause = min(pause * 2, _SPACE_RETRY[1])
+                continue
+            if waiting:
+                log.warning("disk space is back: the group opened", extra={"fields": {
+                    "group": self.group_id}})
+            return
+
+    def _open_on_log(self) -> None:
+        lg = self._log
+        assert lg is not None
         self._hs = HardStateFile(os.path.join(self.path, "hardstate"))
         hs = self._hs.load()
         if not hs.configs:
@@ -544,7 +586,7 @@ class GroupRuntime(Generic[M]):
             self._hs.save(hs)
         snap = self._load_snapshot()
         applied = snap.index if snap is not None else 0
-        self._guard = _GuardedLog(self._log)
+        self._guard = _GuardedLog(lg)
         self._core = RaftNode(
             self.node_id, self._guard, hs, self.options.raft, rng=self._rng, applied=applied
         )
@@ -553,8 +595,8 @@ class GroupRuntime(Generic[M]):
         self._find_corrupt(applied)
         self._seen = (self._core.role, self._core.leader, self._core.term)
         log.info("group opened", extra={"fields": {
-            "group": self.group_id, "last_index": self._log.last_index(), "term": hs.term,
-            "recovery": repr(self._log.recovery)}})
+            "group": self.group_id, "last_index": lg.last_index(), "term": hs.term,
+            "recovery": repr(lg.recovery)}})
 
     def _find_corrupt(self, applied: int) -> None:
         """Tell the core of the corrupt entries recovery kept, and check every entry the

@@ -191,6 +191,58 @@ def test_a_node_whose_disk_is_full_refuses_writes_and_catches_up_once_space_is_f
 
 
 @pytest.mark.live
+@pytest.mark.skipif(NO_SMALL_DISK is not None, reason=f"disk-full cannot run: {NO_SMALL_DISK}")
+def test_a_node_started_on_a_full_disk_waits_for_space_and_then_serves(
+    tmp_path: Path,
+) -> None:
+    """A node restarted while its disk is full cannot finish recovery (it rewrites its
+    index, here removed) but waits for space, still running, instead of exiting; once
+    space is freed it opens its group, catches up and nothing acknowledged is lost."""
+    cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
+    data = cluster.configs[0].data
+    disk = SmallDisk(data, tmp_path / "n1.img", 64 << 20)
+    disk.mount()
+    try:
+        with cluster:
+            cluster.wait_ready(30.0)
+            namesrv = cluster.namesrv_addr
+            acked = trio.run(_produce, namesrv, "a", 20)
+            assert len(acked) == 20
+            cluster.kill(1)
+            (cluster.configs[0].group_dir("g0") / "commitlog" / "index").unlink()  # rebuilt at open
+            disk.fill()
+            log1 = cluster.base_dir / "logs" / "n1.log"
+            cluster.restart(1)
+            wait_for(lambda: "disk full while opening the group" in log1.read_text(), 30.0,
+                     "node 1 says it waits for space while opening")
+            acked += trio.run(_produce, namesrv, "b", 5)  # nodes 2 and 3 carry on
+            assert cluster.is_running(1), "node 1 exited on a full disk:\n" + log1.read_text()
+            disk.free()
+            wait_for(lambda: "disk space is back: the group opened" in log1.read_text(), 30.0,
+                     "node 1 opens its group once space is freed")
+            cluster.wait_ready(30.0)
+
+            def caught_up() -> bool:
+                leader = group_leader(cluster, "g0")
+                if leader is None:
+                    return False
+                commit = node_status(cluster, leader, "g0").get("commit", 0)
+                return node_status(cluster, 1, "g0").get("applied", -1) >= commit
+
+            wait_for(caught_up, 60.0, "node 1 catches up")
+            assert cluster.unexpected_exits() == {}
+            got = trio.run(_read_queue, namesrv)
+            assert set(acked) <= set(got), "an acknowledged message was lost"
+        lg = CommitLog.open(cluster.configs[0].group_dir("g0"))
+        try:
+            assert lg.verify() == [] and lg.last_index() >= len(acked)
+        finally:
+            lg.close()
+    finally:
+        disk.unmount()
+
+
+@pytest.mark.live
 def test_membership_nemesis_removes_adds_and_replaces_a_disk_and_the_run_is_valid(
         tmp_path: Path) -> None:
     results = _run(tmp_path, ("membership",), seed=1)
