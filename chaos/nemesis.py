@@ -365,6 +365,9 @@ class Nemesis:
         # membership changes begun and not finished: (group, node) -> "add" | "replace"
         self._pending: dict[tuple[str, int], str] = {}
         self.history: list[dict[str, Any]] = []  # one entry per fault, for tests and logs
+        # nodes that exited on their own, restarted once the fault in force was healed
+        self.exited: list[dict[str, Any]] = []
+        self._origin = time.monotonic()
         self._starters: dict[str, Callable[[Step, random.Random], Awaitable[_Active | None]]] = {
             "kill": self._kill,
             "pause": self._pause,
@@ -388,7 +391,7 @@ class Nemesis:
 
         A step starts at its planned time or, when the previous heal took longer, as soon
         as it is over; a step that would not end by `until` is not started."""
-        origin = time.monotonic()
+        origin = self._origin = time.monotonic()
         for step in self._steps:
             start = max(origin + step.at, time.monotonic())
             if start + step.length > until:
@@ -409,8 +412,32 @@ class Nemesis:
         else:
             await _sleep_until(deadline)
         await self._end()
+        await self._restart_exited()
         took, problem = await self._wait_ready()
         self.history[-1].update(ready_after=took, problem=problem)
+
+    async def _restart_exited(self) -> None:
+        """Start again every node that exited on its own (a finding that makes the run
+        invalid, reported in `exited`), once the fault in force is healed: the rest of
+        the run then still puts a whole cluster under faults, instead of going on with a
+        group short of a voter or of its quorum."""
+        gone = await trio.to_thread.run_sync(self.cluster.unexpected_exits)
+        for name, code in sorted(gone.items()):
+            node = next((i for i in self.cluster.node_ids if f"n{i}" == name), None)
+            entry: dict[str, Any] = {"node": name, "code": code,
+                                     "at": round(time.monotonic() - self._origin, 3)}
+            self.exited.append(entry)
+            log.error("node %s exited on its own (code %s): started again", name, code)
+            if node is None:
+                entry["restarted"] = False
+                continue
+            try:
+                await trio.to_thread.run_sync(self.cluster.restart, node)
+            except (ClusterError, OSError) as exc:
+                entry["restarted"] = False
+                entry["error"] = str(exc)
+            else:
+                entry["restarted"] = True
 
     async def heal(self) -> None:
         """End every fault: the one in progress, then anything left behind (resume
@@ -426,6 +453,7 @@ class Nemesis:
             self.net.heal()
         for disk in self.disks.values():
             await trio.to_thread.run_sync(disk.free)
+        await self._restart_exited()
         if self._pending:
             value: dict[str, Any] = {"action": "restore", "todo": self._pending_text()}
             self._begin("membership", value, _nothing)

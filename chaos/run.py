@@ -304,7 +304,10 @@ async def _load_heal_drain(
         "load_seconds": round(healed - started, 3),
         "drain_seconds": round(time.monotonic() - healed, 3),
     }
-    facts["unexpected_exits"] = exits()
+    restarted = nemesis.exited if nemesis is not None else []
+    facts["unexpected_exits"] = {**{e["node"]: e["code"] for e in restarted}, **exits()}
+    if restarted:
+        facts["restarted_after_exit"] = restarted
     if isinstance(workload, _Loads) and workload.tx is not None:
         facts["tx_load"] = {**workload.tx.stats, "pipeline_starts": workload.tx.pipeline_starts}
     if isinstance(workload, _Loads) and workload.security is not None:

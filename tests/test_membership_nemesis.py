@@ -143,7 +143,8 @@ def test_live_a_failed_replace_disk_is_finished_by_the_heal(
             out["hosted"] = {g: node_status(cluster, node, g) for g in groups}
             out["node"], out["held"] = node, active.value["groups"]
             out["full"] = {g.id: sorted(g.replicas) for g in cluster.groups}
-            out["exits"] = cluster.unexpected_exits()
+            out["exits"] = {**{e["node"]: e["code"] for e in nemesis.exited},
+                            **cluster.unexpected_exits()}
         finally:
             await trio.to_thread.run_sync(cluster.stop)
 

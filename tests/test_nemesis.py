@@ -3,7 +3,9 @@ cluster wired through the fault proxies."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -140,6 +142,7 @@ async def _run_nemesis(
             leaders = await trio.to_thread.run_sync(cluster.wait_ready, 20.0)
             exits = cluster.unexpected_exits()
             assert exits == {}, "no node exits except by the nemesis' hand"
+            assert nemesis.exited == [], "no node exited on its own during the run"
             assert net.blocked_pairs() == set()
             if produce:
                 assert await _stored(cluster.namesrv_addr, produce) >= produce
@@ -212,3 +215,35 @@ def test_live_power_loss_and_corruption_keep_acknowledged_messages(tmp_path: Pat
     assert sorted(crash["discarded"]) == [str(n) for n in crash["nodes"]]
     corrupt = faults["corrupt"].value
     assert corrupt["corrupted"] is not None and corrupt["corrupted"]["group"] in ("g0", "g1", "g2")
+
+
+@pytest.mark.live
+def test_a_node_that_exits_on_its_own_is_started_again_at_the_heal_and_reported(
+    tmp_path: Path,
+) -> None:
+    """A node dying by no fault's hand (here a SIGKILL the nemesis did not send) is a
+    finding: the heal reports it in `exited` and starts the node again, so the cluster is
+    whole for what follows."""
+    async def main() -> None:
+        cluster = LocalCluster(tmp_path / "cluster", tick_ms=50)
+        try:
+            await trio.to_thread.run_sync(cluster.start)
+            await trio.to_thread.run_sync(cluster.wait_ready, 30.0)
+            with Recorder(tmp_path / "history.jsonl") as rec:
+                nemesis = Nemesis(cluster, None, rec, rng=random.Random(1), enabled=["kill"],
+                                  cadence=FAST, ready_timeout=20.0)
+                pid = cluster.pid(2)
+                assert pid is not None
+                os.kill(pid, signal.SIGKILL)
+                while cluster.is_running(2):
+                    await trio.sleep(0.05)
+                await nemesis.heal()
+            assert [(e["node"], e["code"], e["restarted"]) for e in nemesis.exited] == [
+                ("n2", -signal.SIGKILL, True)]
+            assert cluster.is_running(2)
+            await trio.to_thread.run_sync(cluster.wait_ready, 20.0)
+            assert cluster.unexpected_exits() == {}  # reported once, by the nemesis
+        finally:
+            await trio.to_thread.run_sync(cluster.stop)
+
+    trio.run(main)
