@@ -798,6 +798,7 @@ def analyze_run(
     ``harness_degraded`` says the harness left the cluster short of voters: then only
     the history or a node's exit can make it invalid; otherwise it is unknown. None: only the
     history is known (availability is not measured per group, the harness not judged).
+    Either way acknowledged messages no read reached make a valid history unknown.
     Malformed facts raise ValueError.
     """
     facts = {} if facts is None else facts
@@ -810,6 +811,7 @@ def analyze_run(
         raise ValueError(f"queue_groups must map queue keys to group names, got {groups!r}")
     analysis = analyze(history_path, queue_groups=groups, check_timeout=check_timeout,
                        search_memory=search_memory)
+    _unread_is_unknown(analysis)
     if not facts:
         return analysis
     exits = facts.get("unexpected_exits")
@@ -818,7 +820,10 @@ def analyze_run(
         raise ValueError(f"drained must be true or false, got {drained!r}")
     harness = []
     if exits:
-        harness.append(f"nodes exited on their own: {exits}")
+        restarted = facts.get("restarted_after_exit") or []
+        again = "".join(f"; {e.get('node')} was started again {e.get('at')} s into the run"
+                        for e in restarted if isinstance(e, dict) and e.get("restarted"))
+        harness.append(f"nodes exited on their own: {exits}{again}")
     if not drained:
         harness.append("the final drain did not reach the end of every queue")
     if facts.get("not_ready"):
@@ -841,6 +846,20 @@ def analyze_run(
         results["verdict"] = analysis.verdict = "invalid"
         results["problems"] = [*results.get("problems", []), *harness]
     return analysis
+
+
+def _unread_is_unknown(analysis: Analysis) -> None:
+    """Acknowledged messages no read reached (the queue was not drained to its end: a
+    history without its run's facts, or a run stopped early) are neither lost nor kept,
+    so a history that shows no violation is unknown, not valid, while any is left."""
+    results = analysis.results
+    unread = results.get("unread", 0)
+    if unread and analysis.verdict == "valid":
+        results["valid"] = False
+        results["verdict"] = analysis.verdict = "unknown"
+        results["unknown"] = {**results.get("unknown", {}), "unread": (
+            f"{unread} acknowledged messages were never read back (the queues were not "
+            "drained to their ends): whether they were kept is not known")}
 
 
 def split_records(

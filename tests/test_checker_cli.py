@@ -207,6 +207,35 @@ def test_a_run_is_rechecked_with_its_own_verdict(
     assert f"{saved['duplicated_retried']} with a matching retry" in text
 
 
+def test_an_undrained_history_without_its_facts_is_unknown_not_valid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An acknowledged message no read reached (its queue was never drained): it is
+    neither lost nor kept, so the verdict is unknown and says why, not valid; once a
+    read after the acknowledgement reaches the queue's end without it, it is lost."""
+
+    def run(tmp: Path, *, drain_t0: bool) -> Path:
+        out = tmp / ("drained" if drain_t0 else "undrained")
+        out.mkdir()
+        with Recorder(out / "history.jsonl", clock=iter(range(100)).__next__) as rec:
+            rec.invoke(0, "append", "t/0", "p0-0")
+            rec.complete(0, "ok", "append", "t/0", {"offset": 0})
+            rec.invoke(1, "append", "t/1", "p1-0")
+            rec.complete(1, "ok", "append", "t/1", {"offset": 0})
+            for q, got in (("t/1", ["p1-0"]), ("t/0", [])) if drain_t0 else (("t/1", ["p1-0"]),):
+                rec.invoke(2, "read", q, {"offset": 0, "n": 256})
+                rec.complete(2, "ok", "read", q, got)
+        return out
+
+    assert check_main([str(run(tmp_path, drain_t0=False)), "--json"]) == 2
+    results = json.loads(capsys.readouterr().out)
+    assert results["verdict"] == "unknown" and results["unread"] == 1
+    assert "never read back" in results["unknown"]["unread"]
+    assert check_main([str(run(tmp_path, drain_t0=True)), "--json"]) == 1
+    results = json.loads(capsys.readouterr().out)
+    assert results["verdict"] == "invalid" and results["lost"] == 1
+
+
 def test_a_runs_history_mixes_queues_and_offsets_for_one_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
