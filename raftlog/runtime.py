@@ -210,6 +210,19 @@ _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _SPACE_RETRY = (0.05, 1.0)  # first and longest pause between writes on a full disk
 
 
+def _for_lack_of_space(exc: BaseException) -> bool:
+    """Whether `exc`, or an error it was raised from (the CommitLog wraps some), is a
+    full disk."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain, not a cycle
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.errno in _NO_SPACE:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class _GuardedLog:
     """The CommitLog as the core sees it: a corrupt entry is reported to the core as
     `EntryUnreadable` (the core then never asks for it again until it is repaired).
@@ -561,8 +574,8 @@ class GroupRuntime(Generic[M]):
         while True:
             try:
                 await trio.to_thread.run_sync(self.open)
-            except OSError as exc:
-                if exc.errno not in _NO_SPACE:
+            except (OSError, CommitLogError) as exc:
+                if not _for_lack_of_space(exc):
                     raise
                 if not waiting:
                     waiting = True

@@ -3,10 +3,13 @@ wired by an in-memory message bus, driven by real timers and real fsyncs."""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 import trio
 
-from raftlog.runtime import GroupRuntime, NotLeader, ProposalInDoubt
+from raftlog.commitlog import CommitLogError
+from raftlog.runtime import GroupRuntime, NotLeader, ProposalInDoubt, _for_lack_of_space
 from raftlog.types import Entry, EntryType, Role
 from tests.runtime_harness import Group, core_of
 
@@ -244,3 +247,20 @@ def test_a_proposal_cut_off_after_reaching_the_followers_is_in_doubt_and_may_com
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_full_disk_is_recognised_behind_the_commitlogs_own_errors() -> None:
+    """`open_when_space` waits on a full disk also when the CommitLog wrapped the ENOSPC
+    in its own error (rewriting the index does), and on nothing else."""
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert _for_lack_of_space(full)
+    assert _for_lack_of_space(OSError(errno.EDQUOT, "Disk quota exceeded"))
+    try:
+        try:
+            raise full
+        except OSError as exc:
+            raise CommitLogError(f"creating index.tmp failed: {exc}") from exc
+    except CommitLogError as wrapped:
+        assert _for_lack_of_space(wrapped)
+    assert not _for_lack_of_space(OSError(errno.EIO, "I/O error"))
+    assert not _for_lack_of_space(CommitLogError("entry 7 lies outside its segment"))
