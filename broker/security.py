@@ -62,8 +62,9 @@ from broker.parts.users import Credential, UserDelete, UserPut, Users, parse_ver
 from broker.produce_wire import split_batches
 from broker.protocol import Code, Frame, Op, RequestError, ok_header
 from broker.records import batch_header
+from broker.refusals import refusal
 from broker.statemachine import BrokerState
-from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalInDoubt, ProposalLost
+from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import EntryType
 from transport.framing import Caller, Response
 
@@ -374,13 +375,8 @@ class Guard:
         g = self._metadata_leader()
         try:
             result = await g.propose(data, EntryType.CONTROL)
-        except NotLeader as exc:  # after the append (ProposalInDoubt) it may yet commit
-            raise RequestError(Code.NOT_LEADER, "leadership moved",
-                               leader=self.node.peer_addr(exc.leader), g=g.group_id,
-                               **({"unknown": True} if isinstance(exc, ProposalInDoubt) else {}),
-                               ) from None
-        except (ProposalDropped, ProposalLost) as exc:
-            raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None
+        except (NotLeader, ProposalDropped, ProposalLost) as exc:
+            raise refusal(exc, self.node.peer_addr, g=g.group_id) from None
         if isinstance(result, ErrorResult):
             raise RequestError(result.code, result.message)
         return result

@@ -49,6 +49,7 @@ from broker.records import (
     walk_batch,
     walk_entry,
 )
+from broker.refusals import refusal
 from broker.statemachine import (
     MAX_QUEUES,
     BatchOutcomes,
@@ -67,11 +68,9 @@ from broker.statemachine import (
 from broker.txservice import TxService
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import (
-    DiskFull,
     GroupRuntime,
     NotLeader,
     ProposalDropped,
-    ProposalInDoubt,
     ProposalLost,
 )
 from raftlog.types import Entry, EntryType
@@ -231,18 +230,8 @@ class BrokerService:
                 # the answer, so the client must retry a write that is already committed.
                 log.critical("crash-before-answer: exiting before answering %s", Op(op).name)
                 os._exit(CRASH_BEFORE_ANSWER_EXIT)
-        except ProposalInDoubt as exc:  # appended, then leadership lost: it may yet commit
-            raise RequestError(
-                Code.NOT_LEADER, str(exc), leader=self.groups.peer_addr(exc.leader), term=exc.term,
-                unknown=True,
-            ) from None
-        except NotLeader as exc:
-            why = str(exc) if isinstance(exc, DiskFull) else "this node does not lead that group"
-            raise RequestError(
-                Code.NOT_LEADER, why, leader=self.groups.peer_addr(exc.leader), term=exc.term,
-            ) from None
-        except (ProposalDropped, ProposalLost) as exc:
-            raise RequestError(Code.PROPOSAL_DROPPED, str(exc)) from None
+        except (NotLeader, ProposalDropped, ProposalLost) as exc:
+            raise refusal(exc, self.groups.peer_addr) from None
         header["id"] = rid
         return header, body
 
@@ -439,13 +428,9 @@ class BrokerService:
         if isinstance(result, ErrorResult):
             return RequestError(result.code, result.message)
         if isinstance(result, NotLeader):  # the batch is in this node's log and may yet commit
-            return RequestError(
-                Code.NOT_LEADER, "leadership was lost before the batch committed; it may "
-                "still be stored", leader=self.groups.peer_addr(result.leader), term=result.term,
-                unknown=True,
-            )
+            return refusal(result, self.groups.peer_addr, in_doubt=True)
         if isinstance(result, (ProposalDropped, ProposalLost)):
-            return RequestError(Code.PROPOSAL_DROPPED, str(result))
+            return refusal(result, self.groups.peer_addr)
         if isinstance(result, BaseException):
             raise result
         return RequestError(Code.INTERNAL, f"unexpected result {result!r} for a batch")

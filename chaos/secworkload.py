@@ -102,13 +102,13 @@ _ACL_FIELDS = ("principal", "kind", "pattern", "name", "operation", "permission"
 
 def _definite_refusal(exc: BaseException) -> bool:
     """Whether a change's request certainly proposed nothing: this node does not lead
-    (said before proposing; "leadership moved" is said after), holds no metadata
-    replica, or the connection never opened."""
+    (NOT_LEADER without ``unknown``: a proposal appended before leadership was lost is
+    answered with it set), holds no metadata replica, or the connection never opened."""
     if isinstance(exc, TransportError):
         return not exc.sent
     if isinstance(exc, RequestError):
         return (exc.code == Code.UNKNOWN_GROUP
-                or (exc.code == Code.NOT_LEADER and "does not lead" in exc.message))
+                or (exc.code == Code.NOT_LEADER and not exc.extra.get("unknown")))
     return False
 
 
