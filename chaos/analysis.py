@@ -93,7 +93,8 @@ from typing import IO, Any, cast
 
 from .accounting import ERROR_KINDS, account_queue_history, combine_accounts
 from .authcheck import SEC_OPS
-from .authcheck import check_file as check_security_file
+from .authcheck import Checker as SecurityChecker
+from .entrychecks import EntryChecker, feed
 from .histories import (
     NEMESIS,
     Fault,
@@ -114,7 +115,8 @@ from .models import (
     pin_read_appends,
     quiescent_segments,
 )
-from .txcheck import TX_OPS, check_records
+from .txcheck import TX_OPS
+from .txcheck import Checker as TxChecker
 from .workload import TOPIC_KEY_PREFIX, TOPIC_OPS, is_idempotent_message
 
 __all__ = [
@@ -275,15 +277,14 @@ def analyze(
     with _spill_dir(path) as spill:
         with clock("spill"):  # and the transactional check, in the same pass
             faults = parse_faults(path)
-            routes, tx = _spill_by_key(path, spill)
+            routes, (tx, sec) = _spill_by_key(path, spill, (TxChecker(), SecurityChecker()))
         analysis = _analyze_spilled(
             routes, faults, queue_groups=queue_groups, check_timeout=check_timeout,
             idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
             max_cached=max(1, search_memory // CONFIGURATION_BYTES), clock=clock,
         )
     _add_transactions(analysis, tx)
-    with clock("security"):
-        _add_security(analysis, check_security_file(path))
+    _add_security(analysis, sec)
     analysis.results["analysis_seconds"] = clock.summary()
     return analysis
 
@@ -491,11 +492,14 @@ def _spill_dir(history: Path) -> Iterator[Path]:
         yield Path(name)
 
 
-def _spill_by_key(history: Path, into: Path) -> tuple[list[tuple[str, Path]], dict[str, Any]]:
+def _spill_by_key(
+    history: Path, into: Path, checkers: Sequence[EntryChecker] = (),
+) -> tuple[list[tuple[str, Path]], list[dict[str, Any]]]:
     """Copy each operation line of `history` to its key's spill file, as ``N<TAB>line``
     (N: the line's number in the history), and return (key as JSON, file) pairs, with the
-    transactional checker's verdict (`chaos.txcheck.check_records`, fed every decoded
-    line as it goes by, as `check_file` would: the history is read and decoded once).
+    verdict of each of `checkers` (the transactional and security ones, fed every
+    decoded line as it goes by, as their `check_file` would: the history is read and
+    decoded once).
 
     A completion or attempt goes where its process's open invoke went, as `parse_jsonl`
     pairs them; lines that pair with nothing (or are not JSON objects) go to a file of
@@ -514,7 +518,7 @@ def _spill_by_key(history: Path, into: Path) -> tuple[list[tuple[str, Path]], di
     sink(_ORPHAN)
     skipped: set[Any] = set()  # processes whose open operation is a transactional one
 
-    def entries() -> Iterator[Any]:
+    def entries() -> Iterator[tuple[int, Any]]:
         with history.open(encoding="utf-8") as lines:
             for number, line in enumerate(lines, start=1):
                 text = line.strip()
@@ -526,7 +530,7 @@ def _spill_by_key(history: Path, into: Path) -> tuple[list[tuple[str, Path]], di
                 except json.JSONDecodeError:
                     entry = None
                 else:
-                    yield entry
+                    yield number, entry
                 if isinstance(entry, dict):
                     process, kind = entry.get("process"), entry.get("type")
                     if process == NEMESIS:
@@ -551,11 +555,12 @@ def _spill_by_key(history: Path, into: Path) -> tuple[list[tuple[str, Path]], di
                 sink(route).write(f"{number}\t{text}\n")
 
     try:
-        tx = check_records(entries())
+        feed(checkers, entries())
     finally:
         for _file, handle in files.values():
             handle.close()
-    return [(route, file) for route, (file, _handle) in files.items()], tx
+    return ([(route, file) for route, (file, _handle) in files.items()],
+            [checker.result() for checker in checkers])
 
 
 def _parse_spilled(file: Path) -> list[HistoryRecord]:

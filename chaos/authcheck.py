@@ -72,14 +72,15 @@ so a removed user may still log in on a lagging node for a while (docs/security.
 from __future__ import annotations
 
 import bisect
-import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SEC_OPS", "VIOLATIONS", "check_file", "check_lines", "check_records"]
+from . import entrychecks
+
+__all__ = ["Checker", "SEC_OPS", "VIOLATIONS", "check_file", "check_lines", "check_records"]
 
 CHANGE_OPS = frozenset({"user-put", "user-remove", "acl-add", "acl-remove"})
 SEC_OPS = CHANGE_OPS | {"login", "authz", "sec-final"}
@@ -154,7 +155,9 @@ def _matches(acl: tuple[str, ...], user: str, topic: str, operation: str) -> boo
             and (topic == name if pattern == "literal" else topic.startswith(name)))
 
 
-class _Checker:
+class Checker:
+    """Fed one history entry at a time (`chaos.entrychecks`), judged by `result`."""
+
     def __init__(self) -> None:
         self.open: dict[Any, tuple[_Op, Any]] = {}
         self.history = _History()
@@ -408,35 +411,15 @@ def _probe_kind(p: _Probe) -> str:
 
 def check_records(entries: Iterable[Any]) -> dict[str, Any]:
     """The verdict over history entries (decoded JSON objects), in history order."""
-    checker = _Checker()
-    for number, entry in enumerate(entries, start=1):
-        checker.line(entry, f"entry {number}")
-    return checker.result()
+    return entrychecks.check_records(Checker(), entries)
 
 
 def check_lines(lines: Iterable[str]) -> dict[str, Any]:
     """The verdict over the JSON lines of a history; lines that are not JSON are skipped
     (the queue analysis reports them)."""
-    return check_records(_decoded(lines))
-
-
-_NAMES = tuple(f'"{f}"' for f in sorted(SEC_OPS))
-
-
-def _decoded(lines: Iterable[str]) -> Iterator[Any]:
-    """The JSON objects of the lines that may be security records: a line naming none
-    of `SEC_OPS` is not decoded, so a long queue history costs a substring scan."""
-    for line in lines:
-        text = line.strip()
-        if not text or not any(name in text for name in _NAMES):
-            continue
-        try:
-            yield json.loads(text)
-        except json.JSONDecodeError:
-            continue
+    return entrychecks.check_lines(Checker(), lines, SEC_OPS)
 
 
 def check_file(path: str | Path) -> dict[str, Any]:
     """`check_lines` over a history file, read as it is walked."""
-    with Path(path).open(encoding="utf-8") as lines:
-        return check_lines(lines)
+    return entrychecks.check_file(Checker(), path, SEC_OPS)

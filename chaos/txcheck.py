@@ -92,14 +92,15 @@ Counted violations (`VIOLATIONS`):
 from __future__ import annotations
 
 import bisect
-import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TX_OPS", "VIOLATIONS", "check_file", "check_lines", "check_records"]
+from . import entrychecks
+
+__all__ = ["Checker", "TX_OPS", "VIOLATIONS", "check_file", "check_lines", "check_records"]
 
 TX_OPS = frozenset({
     "tx-init", "txn", "half", "check", "half-status", "pipe-in", "pipe-offsets", "tx-read",
@@ -183,7 +184,9 @@ class _Queue:
     end: int | None = None  # offset where a short drain read stopped
 
 
-class _Checker:
+class Checker:
+    """Fed one history entry at a time (`chaos.entrychecks`), judged by `result`."""
+
     def __init__(self) -> None:
         self.open: dict[Any, _Op] = {}
         self.inits: dict[str, list[tuple[float, int]]] = {}  # tid -> (ok time, epoch)
@@ -541,30 +544,15 @@ class _Checker:
 
 def check_records(entries: Iterable[Any]) -> dict[str, Any]:
     """The verdict over history entries (decoded JSON objects), in history order."""
-    checker = _Checker()
-    for number, entry in enumerate(entries, start=1):
-        checker.line(entry, f"entry {number}")
-    return checker.result()
+    return entrychecks.check_records(Checker(), entries)
 
 
 def check_lines(lines: Iterable[str]) -> dict[str, Any]:
     """The verdict over the JSON lines of a history; lines that are not JSON are skipped
     (the queue analysis reports them)."""
-    return check_records(_decoded(lines))
-
-
-def _decoded(lines: Iterable[str]) -> Iterator[Any]:
-    for line in lines:
-        text = line.strip()
-        if not text:
-            continue
-        try:
-            yield json.loads(text)
-        except json.JSONDecodeError:
-            continue
+    return entrychecks.check_lines(Checker(), lines)
 
 
 def check_file(path: str | Path) -> dict[str, Any]:
     """`check_lines` over a history file, read as it is walked."""
-    with Path(path).open(encoding="utf-8") as lines:
-        return check_lines(lines)
+    return entrychecks.check_file(Checker(), path)

@@ -83,6 +83,7 @@ def test_the_run_verdict_includes_the_security_one(tmp_path: Path) -> None:
     """Queue operations and security records in one history: the queue analysis reads its
     own, `chaos.authcheck` the others, and a lost change makes the run invalid."""
     from chaos.analysis import analyze_run
+    from chaos.authcheck import check_file
 
     acl = ["alice", "topic", "literal", "sec-a", "publish", "allow"]
 
@@ -109,6 +110,10 @@ def test_the_run_verdict_includes_the_security_one(tmp_path: Path) -> None:
     bad = analyze_run(history([]), facts, check_timeout=5).results
     assert bad["verdict"] == "invalid"
     assert bad["problems"] == ["security: lost_changes: 1"]
+    for path, results in ((history([acl]), good), (history([]), bad)):
+        # fed from the analysis' one pass over the history, the checker says what it
+        # says over the file alone, word for word
+        assert results["security"] == check_file(path)
     queue_only = tmp_path / "q.jsonl"
     queue_only.write_text(_line(1, "invoke", "append", "q/0", "p1-0", 1.0) + "\n")
     assert "security" not in analyze_run(queue_only, None, check_timeout=5).results
