@@ -241,7 +241,8 @@ class Guard:
     def check(self, caller: Caller, op: int, header: Mapping[str, Any],
               body: bytes = b"") -> None:
         """Raise unless `caller` may make request `op` now: authenticated first (when
-        authentication is on), except for AUTH itself; then, with authorization on,
+        authentication is on), except for AUTH itself, as a user this node's replica
+        still has (a removed user's open connection is logged out); then, with authorization on,
         allowed by the ACLs on every resource `RULES` maps it to (superusers always
         are). Peers always may. Without authorization, managing users and ACLs still
         takes a superuser."""
@@ -256,6 +257,12 @@ class Guard:
                                f"requests from {MECHANISM}-authenticated users only (AUTH)")
         if user in self.superusers:
             return
+        if self._users().credential(user) is None:
+            # removed since this connection logged in: the login no longer holds
+            caller.principal = None
+            self.node.count_refusal("unauthenticated")
+            raise RequestError(Code.UNAUTHENTICATED, f"user {user!r} was removed after this "
+                               "connection logged in: authenticate again (AUTH)")
         if not self.authorize:
             if op in _SECURITY_OPS:
                 self._deny(user, op, "only a superuser may manage users and ACLs")

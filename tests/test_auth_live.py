@@ -184,10 +184,10 @@ def test_status_without_a_login_says_one_is_needed_not_that_nodes_are_down(
     assert "login as 'admin' was refused" in capsys.readouterr().err
 
 
-def test_a_removed_users_open_connection_stays_logged_in_new_ones_are_refused(
+def test_a_removed_users_open_connection_is_logged_out_and_new_ones_are_refused(
         cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """What the README's guarantees say: a login is checked when a connection starts,
-    against the node's own replica of the users."""
+    """What the README's guarantees say: every request checks that its connection's user
+    still exists in the node's own replica of the users."""
     bob = Credentials("bob", "bob's password")
     assert run_user(monkeypatch, cluster, tmp_path, "add", "bob", password=bob.password) == 0
     leader = cluster.leaders()["g0"]  # the metadata group: applied there before the answer
@@ -198,4 +198,11 @@ def test_a_removed_users_open_connection_stays_logged_in_new_ones_are_refused(
         with pytest.raises(RequestError) as info:
             request(cluster.node_addr(leader), {"op": int(Op.STATUS)}, credentials=bob)
         assert info.value.code == Code.UNAUTHENTICATED
-        assert conn.request({"op": int(Op.STATUS)})[0]["node"] == leader  # still logged in
+        before = refused(cluster, leader, "unauthenticated")
+        with pytest.raises(RequestError) as info:
+            conn.request({"op": int(Op.STATUS)})
+        assert info.value.code == Code.UNAUTHENTICATED and "was removed" in info.value.message
+        with pytest.raises(RequestError) as info:  # logged out: not only the first request
+            conn.request({"op": int(Op.STATUS)})
+        assert info.value.code == Code.UNAUTHENTICATED
+        assert refused(cluster, leader, "unauthenticated") == before + 2
