@@ -25,6 +25,8 @@ from chaos.nemesis import NEMESES
 from chaos.run import RunOptions, parse_list, run_chaos
 from raftlog.commitlog import CommitLog
 from raftmq.client import Admin, Producer, PullConsumer
+from raftmq.commands.status import _render as render_status
+from raftmq.commands.status import cluster_status
 from tests.conftest import group_leader, node_status, wait_for
 
 SECONDS = float(os.environ.get("CHAOS_NEMESES_SECONDS", "30"))
@@ -140,10 +142,11 @@ async def _read_queue(namesrv: str) -> list[bytes]:
 @pytest.mark.live
 @pytest.mark.skipif(NO_SMALL_DISK is not None, reason=f"disk-full cannot run: {NO_SMALL_DISK}")
 def test_a_node_whose_disk_is_full_refuses_writes_and_catches_up_once_space_is_freed(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """While node 1's file system is full, its group writes and acknowledges nothing
-    there (the node says why and stays up) and the other two carry on; nothing
+    there (the node says why, `raftmq status` shows it, and it stays up) and the other
+    two carry on; nothing
     acknowledged is lost; once space is freed node 1 catches up by itself, without a
     restart, and its CommitLog holds no torn entry."""
     cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
@@ -163,6 +166,10 @@ def test_a_node_whose_disk_is_full_refuses_writes_and_catches_up_once_space_is_f
             log1 = cluster.base_dir / "logs" / "n1.log"
             wait_for(lambda: "disk full: the group writes and acknowledges nothing"
                      in log1.read_text(), 30.0, "node 1 says its disk is full")
+            shown = trio.run(cluster_status, [namesrv])
+            assert shown["groups"]["g0"]["members"][1]["disk_full"] is True
+            render_status(shown)
+            assert "g0: node 1's disk is full" in capsys.readouterr().out
             disk.free()
             after = trio.run(_produce, namesrv, "c", 5)
             assert after

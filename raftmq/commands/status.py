@@ -120,6 +120,8 @@ def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | s
                 "source": m_source,
                 # entries lost when a refill no replica could supply was abandoned
                 "refill_gap": m.get("refill_gap"),
+                # its disk is full: it writes, votes for and acknowledges nothing for now
+                "disk_full": bool(m.get("disk_full")),
             }
         if leader is not None and leader in nodes:
             nodes[leader]["leads"].append(gid)
@@ -184,6 +186,8 @@ def _render(status: dict[str, Any]) -> None:
                        _cell(max(lags) if lags else None))
         for nid, m in g["members"].items():
             role = _cell(m["role"]) + (" (namesrv)" if m["source"] == "namesrv" else "")
+            if m.get("disk_full"):
+                role += " [bold red](disk full)[/]"
             lag = "-" if m["lag"] is None else f"[yellow]{m['lag']}[/]" if m["lag"] else "0"
             replicas.add_row(gid, str(nid), role, _cell(m["term"]), _cell(m["commit"]),
                              _cell(m["applied"]), lag)
@@ -209,6 +213,9 @@ def _render(status: dict[str, Any]) -> None:
         console.print(f"[red]no leader: {', '.join(missing)}[/]")
     for gid, g in status["groups"].items():
         for nid, m in g["members"].items():
+            if m.get("disk_full"):
+                console.print(f"[red]{gid}: node {nid}'s disk is full: that replica writes "
+                              "and acknowledges nothing until space is freed[/]")
             gap = m.get("refill_gap")
             if gap:
                 console.print(f"[red]{gid}: node {nid} lost entries {gap[0]}..{gap[1]} "
