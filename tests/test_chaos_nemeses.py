@@ -9,9 +9,11 @@ fills one node's disk and frees it again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -139,6 +141,37 @@ async def _read_queue(namesrv: str) -> list[bytes]:
             offset = res.next_offset
 
 
+@contextlib.contextmanager
+def _node_1_on_a_small_disk(tmp_path: Path) -> Iterator[tuple[LocalCluster, SmallDisk]]:
+    """A ready 3-node, 1-group cluster whose node 1 keeps its data on a 64 MiB file
+    system of its own; on the way out node 1's CommitLog is checked for torn entries
+    (the cluster stopped cleanly) and the file system goes."""
+    cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
+    disk = SmallDisk(cluster.configs[0].data, tmp_path / "n1.img", 64 << 20)
+    disk.mount()
+    try:
+        with cluster:
+            cluster.wait_ready(30.0)
+            yield cluster, disk
+            assert cluster.unexpected_exits() == {}
+        lg = CommitLog.open(cluster.configs[0].group_dir("g0"))
+        try:
+            assert lg.verify() == [] and lg.recovery.truncated_from_index is None
+        finally:
+            lg.close()
+    finally:
+        disk.unmount()
+
+
+def _node_1_caught_up(cluster: LocalCluster) -> bool:
+    leader = group_leader(cluster, "g0")
+    if leader is None:
+        return False
+    commit = node_status(cluster, leader, "g0").get("commit", 0)
+    s1 = node_status(cluster, 1, "g0")
+    return not s1.get("disk_full", True) and s1.get("applied", -1) >= commit
+
+
 @pytest.mark.live
 @pytest.mark.skipif(NO_SMALL_DISK is not None, reason=f"disk-full cannot run: {NO_SMALL_DISK}")
 def test_a_node_whose_disk_is_full_refuses_writes_and_catches_up_once_space_is_freed(
@@ -146,55 +179,32 @@ def test_a_node_whose_disk_is_full_refuses_writes_and_catches_up_once_space_is_f
 ) -> None:
     """While node 1's file system is full, its group writes and acknowledges nothing
     there (the node says why, `raftmq status` shows it, and it stays up) and the other
-    two carry on; nothing
-    acknowledged is lost; once space is freed node 1 catches up by itself, without a
-    restart, and its CommitLog holds no torn entry."""
-    cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
-    data = cluster.configs[0].data
-    disk = SmallDisk(data, tmp_path / "n1.img", 64 << 20)
-    disk.mount()
-    try:
-        with cluster:
-            cluster.wait_ready(30.0)
-            namesrv = cluster.namesrv_addr
-            acked = trio.run(_produce, namesrv, "a", 5)
-            assert len(acked) == 5
-            disk.fill()
-            during = trio.run(_produce, namesrv, "b", 20)
-            assert during, "nodes 2 and 3 acknowledged nothing while node 1's disk was full"
-            acked += during
-            log1 = cluster.base_dir / "logs" / "n1.log"
-            wait_for(lambda: "disk full: the group writes and acknowledges nothing"
-                     in log1.read_text(), 30.0, "node 1 says its disk is full")
-            shown = trio.run(cluster_status, [namesrv])
-            assert shown["groups"]["g0"]["members"][1]["disk_full"] is True
-            render_status(shown)
-            assert "g0: node 1's disk is full" in capsys.readouterr().out
-            disk.free()
-            after = trio.run(_produce, namesrv, "c", 5)
-            assert after
-            acked += after
-
-            def caught_up() -> bool:
-                leader = group_leader(cluster, "g0")
-                if leader is None:
-                    return False
-                commit = node_status(cluster, leader, "g0").get("commit", 0)
-                s1 = node_status(cluster, 1, "g0")
-                return not s1.get("disk_full", True) and s1.get("applied", -1) >= commit
-
-            wait_for(caught_up, 60.0, "node 1 catches up once space is freed")
-            assert cluster.unexpected_exits() == {}
-            got = trio.run(_read_queue, namesrv)
-            assert set(acked) <= set(got), "an acknowledged message was lost"
-            assert [m for m in dict.fromkeys(got) if m in set(acked)] == acked
-        lg = CommitLog.open(cluster.configs[0].group_dir("g0"))  # node 1: stopped cleanly
-        try:
-            assert lg.verify() == [] and lg.recovery.truncated_from_index is None
-        finally:
-            lg.close()
-    finally:
-        disk.unmount()
+    two carry on; nothing acknowledged is lost; once space is freed node 1 catches up by
+    itself, without a restart, and its CommitLog holds no torn entry."""
+    with _node_1_on_a_small_disk(tmp_path) as (cluster, disk):
+        namesrv = cluster.namesrv_addr
+        acked = trio.run(_produce, namesrv, "a", 5)
+        assert len(acked) == 5
+        disk.fill()
+        during = trio.run(_produce, namesrv, "b", 20)
+        assert during, "nodes 2 and 3 acknowledged nothing while node 1's disk was full"
+        acked += during
+        log1 = cluster.base_dir / "logs" / "n1.log"
+        wait_for(lambda: "disk full: the group writes and acknowledges nothing"
+                 in log1.read_text(), 30.0, "node 1 says its disk is full")
+        shown = trio.run(cluster_status, [namesrv])
+        assert shown["groups"]["g0"]["members"][1]["disk_full"] is True
+        render_status(shown)
+        assert "g0: node 1's disk is full" in capsys.readouterr().out
+        disk.free()
+        after = trio.run(_produce, namesrv, "c", 5)
+        assert after
+        acked += after
+        wait_for(lambda: _node_1_caught_up(cluster), 60.0,
+                 "node 1 catches up once space is freed")
+        got = trio.run(_read_queue, namesrv)
+        assert set(acked) <= set(got), "an acknowledged message was lost"
+        assert [m for m in dict.fromkeys(got) if m in set(acked)] == acked
 
 
 @pytest.mark.live
@@ -205,48 +215,26 @@ def test_a_node_started_on_a_full_disk_waits_for_space_and_then_serves(
     """A node restarted while its disk is full cannot finish recovery (it rewrites its
     index, here removed) but waits for space, still running, instead of exiting; once
     space is freed it opens its group, catches up and nothing acknowledged is lost."""
-    cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
-    data = cluster.configs[0].data
-    disk = SmallDisk(data, tmp_path / "n1.img", 64 << 20)
-    disk.mount()
-    try:
-        with cluster:
-            cluster.wait_ready(30.0)
-            namesrv = cluster.namesrv_addr
-            acked = trio.run(_produce, namesrv, "a", 20)
-            assert len(acked) == 20
-            cluster.kill(1)
-            (cluster.configs[0].group_dir("g0") / "commitlog" / "index").unlink()  # rebuilt at open
-            disk.fill()
-            log1 = cluster.base_dir / "logs" / "n1.log"
-            cluster.restart(1)
-            wait_for(lambda: "disk full while opening the group" in log1.read_text(), 30.0,
-                     "node 1 says it waits for space while opening")
-            acked += trio.run(_produce, namesrv, "b", 5)  # nodes 2 and 3 carry on
-            assert cluster.is_running(1), "node 1 exited on a full disk:\n" + log1.read_text()
-            disk.free()
-            wait_for(lambda: "disk space is back: the group opened" in log1.read_text(), 30.0,
-                     "node 1 opens its group once space is freed")
-            cluster.wait_ready(30.0)
-
-            def caught_up() -> bool:
-                leader = group_leader(cluster, "g0")
-                if leader is None:
-                    return False
-                commit = node_status(cluster, leader, "g0").get("commit", 0)
-                return node_status(cluster, 1, "g0").get("applied", -1) >= commit
-
-            wait_for(caught_up, 60.0, "node 1 catches up")
-            assert cluster.unexpected_exits() == {}
-            got = trio.run(_read_queue, namesrv)
-            assert set(acked) <= set(got), "an acknowledged message was lost"
-        lg = CommitLog.open(cluster.configs[0].group_dir("g0"))
-        try:
-            assert lg.verify() == [] and lg.last_index() >= len(acked)
-        finally:
-            lg.close()
-    finally:
-        disk.unmount()
+    with _node_1_on_a_small_disk(tmp_path) as (cluster, disk):
+        namesrv = cluster.namesrv_addr
+        acked = trio.run(_produce, namesrv, "a", 20)
+        assert len(acked) == 20
+        cluster.kill(1)
+        (cluster.configs[0].group_dir("g0") / "commitlog" / "index").unlink()  # rebuilt at open
+        disk.fill()
+        log1 = cluster.base_dir / "logs" / "n1.log"
+        cluster.restart(1)
+        wait_for(lambda: "disk full while opening the group" in log1.read_text(), 30.0,
+                 "node 1 says it waits for space while opening")
+        acked += trio.run(_produce, namesrv, "b", 5)  # nodes 2 and 3 carry on
+        assert cluster.is_running(1), "node 1 exited on a full disk:\n" + log1.read_text()
+        disk.free()
+        wait_for(lambda: "disk space is back: the group opened" in log1.read_text(), 30.0,
+                 "node 1 opens its group once space is freed")
+        cluster.wait_ready(30.0)
+        wait_for(lambda: _node_1_caught_up(cluster), 60.0, "node 1 catches up")
+        got = trio.run(_read_queue, namesrv)
+        assert set(acked) <= set(got), "an acknowledged message was lost"
 
 
 @pytest.mark.live
