@@ -17,9 +17,10 @@ import trio
 
 from broker.config import NodeConfig
 from broker.parts.acls import Acl, AclAdd, Acls
+from broker.parts.users import UserPut
 from broker.protocol import Code, Frame, Op, RequestError
 from broker.records import OutgoingMessage, encode_batch
-from broker.security import ANY_USER, NOT_A_REQUEST, PEER_ONLY, RULES, Guard
+from broker.security import ANY_USER, NOT_A_REQUEST, PEER_ONLY, RULES, Guard, make_credential
 from broker.statemachine import BrokerState
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
@@ -55,6 +56,9 @@ class Host:
             "authenticate": True, "authorize": True, "superusers": ["root"]})
         self.g0 = Group()
         self.groups = {"g0": self.g0}
+        cred = make_credential("nobody's password", iterations=4096)
+        self.g0.apply(UserPut("nobody", cred.salt, cred.iterations, cred.stored_key,
+                              cred.server_key).encode())
         self.refusals: list[str] = []
 
     def peer_addr(self, node: int | None) -> str | None:
@@ -117,6 +121,10 @@ def test_no_request_type_reaches_its_handler_unchecked(tmp_path: Path, op: int) 
     reached, err = call(guard, nobody, op)
     assert reached and err is None, (op, err)
     assert call(guard, Caller("peer", peer=2), op)[0]  # nodes are never asked
+    ghost = Caller("test", principal="ghost")  # logged in, then removed: logged out
+    reached, err = call(guard, ghost, op)
+    assert not reached and err is not None and err.code == Code.UNAUTHENTICATED, (op, err)
+    assert ghost.principal is None and host.refusals[-1] == "unauthenticated"
 
 
 def test_an_unknown_request_type_is_refused(tmp_path: Path) -> None:
