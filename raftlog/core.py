@@ -1024,6 +1024,9 @@ class RaftNode:
             and self._transferee is None
             and self._committed_in_term()
             and self._progress[pref].match == self._last_index
+            # heard from lately: a down or cut-off node can take nothing over, and each
+            # attempt would refuse proposals for an election timeout
+            and pref in self.recently_active()
         ):
             self.transfer_leadership(pref)
 

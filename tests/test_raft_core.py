@@ -218,6 +218,31 @@ def test_preferred_leader_takes_over_once_caught_up():
     assert c.leader().id == 3
 
 
+def test_a_preferred_leader_that_went_silent_is_not_handed_leadership():
+    """A caught-up preferred leader that stopped answering (down, cut off) is not made
+    the transfer target again and again: each attempt refuses proposals for an election
+    timeout. One attempt may start before the leader notices the silence (it was heard
+    within the last election timeout); none after. Once it answers again, it takes over."""
+    c = Cluster(3, config=lambda i: RaftConfig(preferred_leader=3))
+    c.campaign(1)
+    leader = c.leader()
+    assert leader.id == 1
+    c.tick(2)
+    assert c.nodes[3].last_index == leader.last_index  # caught up, then silent
+    c.isolate(3)
+    timeout = c.nodes[1].cfg.election_ticks
+    moving = []
+    for k in range(timeout * 6):
+        if leader.transferee is not None:
+            moving.append(k)
+        c.tick(1)
+    assert len(moving) <= timeout and all(k < 3 * timeout for k in moving), moving
+    leader.propose(b"taken")  # not refused with ProposalDropped
+    c.heal()
+    c.tick(c.nodes[1].cfg.election_ticks * 3)
+    assert c.leader().id == 3
+
+
 def test_thesis_6_4_read_index_is_answered_after_a_quorum_heartbeat():
     c = Cluster(3)
     leader = c.elect()
