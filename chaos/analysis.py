@@ -816,8 +816,8 @@ def analyze_run(
         raise ValueError(f"queue_groups must map queue keys to group names, got {groups!r}")
     analysis = analyze(history_path, queue_groups=groups, check_timeout=check_timeout,
                        search_memory=search_memory)
-    _unread_is_unknown(analysis)
     if not facts:
+        _unread_is_unknown(analysis)
         return analysis
     exits = facts.get("unexpected_exits")
     drained = facts.get("drained", False)
@@ -850,6 +850,7 @@ def analyze_run(
         results["valid"] = False
         results["verdict"] = analysis.verdict = "invalid"
         results["problems"] = [*results.get("problems", []), *harness]
+    _unread_is_unknown(analysis)  # after the harness's findings: only a valid one turns
     return analysis
 
 
