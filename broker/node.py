@@ -76,7 +76,7 @@ from broker.txservice import TxService
 from broker.txtasks import TxTasks
 from raftlog.core import RaftConfig
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks
-from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime
+from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime, when_space
 from raftlog.types import Message, MsgType, Role
 from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
 from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer, refuse_peer
@@ -424,7 +424,9 @@ class Node:
         if not self.config.test_sync_marks:
             await self._run(task_status)
             return
-        path = enable_sync_marks(self.config.data)
+        # its file lives on the disk it describes: on a full disk, wait as the groups do
+        path = await when_space(functools.partial(enable_sync_marks, self.config.data),
+                                "while starting the record of fsyncs", "fsyncs recorded")
         log.warning("recording every fsync for simulated power losses (test_sync_marks)",
                     extra={"fields": {"marks": str(path)}})
         try:

@@ -120,6 +120,7 @@ from raftlog.types import (
 __all__ = [
     "DiskCall",
     "DiskFull",
+    "when_space",
     "EntryUnavailable",
     "FetchRaw",
     "GroupOptions",
@@ -208,6 +209,34 @@ _REPAIR_GONE_PAUSE = 60.0  # between rounds once every peer said the entry is go
 _RECENT_BYTES = 32 << 20  # written-but-unapplied entry data served from memory
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _SPACE_RETRY = (0.05, 1.0)  # first and longest pause between writes on a full disk
+
+
+T = TypeVar("T")
+
+
+async def when_space(work: Callable[[], T], doing: str, done: str, **fields: Any) -> T:
+    """``work()`` in a worker thread, tried again and again while it fails for lack of
+    space (ENOSPC, EDQUOT; `work` must be safe to retry), with a pause that grows to a
+    second: a node that meets a full disk waits for space to be freed instead of
+    exiting. Says once that it waits (``disk full <doing>``), and once the work is
+    done after waiting (``disk space is back: <done>``)."""
+    pause, waiting = _SPACE_RETRY[0], False
+    while True:
+        try:
+            result = await trio.to_thread.run_sync(work)
+        except (OSError, CommitLogError) as exc:
+            if not _for_lack_of_space(exc):
+                raise
+            if not waiting:
+                waiting = True
+                log.error(f"disk full {doing}: it waits for space",
+                          extra={"fields": {**fields, "error": str(exc)}})
+            await trio.sleep(pause)
+            pause = min(pause * 2, _SPACE_RETRY[1])
+            continue
+        if waiting:
+            log.warning(f"disk space is back: {done}", extra={"fields": fields})
+        return result
 
 
 def _for_lack_of_space(exc: BaseException) -> bool:
@@ -570,24 +599,8 @@ class GroupRuntime(Generic[M]):
         rewrites index records, a new group saves its hard state) the group waits and
         tries again until space is freed, as a running group does, rather than the
         node exiting."""
-        pause, waiting = _SPACE_RETRY[0], False
-        while True:
-            try:
-                await trio.to_thread.run_sync(self.open)
-            except (OSError, CommitLogError) as exc:
-                if not _for_lack_of_space(exc):
-                    raise
-                if not waiting:
-                    waiting = True
-                    log.error("disk full while opening the group: it waits for space",
-                              extra={"fields": {"group": self.group_id, "error": str(exc)}})
-                await trio.sleep(pause)
-                pause = min(pause * 2, _SPACE_RETRY[1])
-                continue
-            if waiting:
-                log.warning("disk space is back: the group opened", extra={"fields": {
-                    "group": self.group_id}})
-            return
+        await when_space(self.open, "while opening the group", "the group opened",
+                         group=self.group_id)
 
     def _open_on_log(self) -> None:
         lg = self._log

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from broker.config import ALLOW_MUTATIONS_ENV
 from broker.protocol import RequestError
 from chaos.cluster import LocalCluster
 from chaos.disk_faults import SmallDisk
@@ -142,11 +143,17 @@ async def _read_queue(namesrv: str) -> list[bytes]:
 
 
 @contextlib.contextmanager
-def _node_1_on_a_small_disk(tmp_path: Path) -> Iterator[tuple[LocalCluster, SmallDisk]]:
+def _node_1_on_a_small_disk(
+    tmp_path: Path, *, sync_marks: bool = False,
+) -> Iterator[tuple[LocalCluster, SmallDisk]]:
     """A ready 3-node, 1-group cluster whose node 1 keeps its data on a 64 MiB file
-    system of its own; on the way out node 1's CommitLog is checked for torn entries
-    (the cluster stopped cleanly) and the file system goes."""
-    cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50)
+    system of its own (`sync_marks`: every node records its fsyncs, as under chaos);
+    on the way out node 1's CommitLog is checked for torn entries (the cluster stopped
+    cleanly) and the file system goes."""
+    marks = {"node_overrides": {"test_sync_marks": True},
+             "env": {ALLOW_MUTATIONS_ENV: "1"}} if sync_marks else {}
+    cluster = LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50,
+                           **marks)  # type: ignore[arg-type]
     disk = SmallDisk(cluster.configs[0].data, tmp_path / "n1.img", 64 << 20)
     disk.mount()
     try:
@@ -209,13 +216,15 @@ def test_a_node_whose_disk_is_full_refuses_writes_and_catches_up_once_space_is_f
 
 @pytest.mark.live
 @pytest.mark.skipif(NO_SMALL_DISK is not None, reason=f"disk-full cannot run: {NO_SMALL_DISK}")
+@pytest.mark.parametrize("sync_marks", [False, True], ids=["plain", "recording-fsyncs"])
 def test_a_node_started_on_a_full_disk_waits_for_space_and_then_serves(
-    tmp_path: Path,
+    tmp_path: Path, sync_marks: bool,
 ) -> None:
     """A node restarted while its disk is full cannot finish recovery (it rewrites its
     index, here removed) but waits for space, still running, instead of exiting; once
-    space is freed it opens its group, catches up and nothing acknowledged is lost."""
-    with _node_1_on_a_small_disk(tmp_path) as (cluster, disk):
+    space is freed it opens its group, catches up and nothing acknowledged is lost.
+    Under chaos (`sync_marks`) the record of its fsyncs, rewritten first, waits too."""
+    with _node_1_on_a_small_disk(tmp_path, sync_marks=sync_marks) as (cluster, disk):
         namesrv = cluster.namesrv_addr
         acked = trio.run(_produce, namesrv, "a", 20)
         assert len(acked) == 20
@@ -224,13 +233,15 @@ def test_a_node_started_on_a_full_disk_waits_for_space_and_then_serves(
         disk.fill()
         log1 = cluster.base_dir / "logs" / "n1.log"
         cluster.restart(1)
-        wait_for(lambda: "disk full while opening the group" in log1.read_text(), 30.0,
-                 "node 1 says it waits for space while opening")
+        first = "starting the record of fsyncs" if sync_marks else "opening the group"
+        wait_for(lambda: f"disk full while {first}" in log1.read_text(), 30.0,
+                 "node 1 says it waits for space while starting")
         acked += trio.run(_produce, namesrv, "b", 5)  # nodes 2 and 3 carry on
         assert cluster.is_running(1), "node 1 exited on a full disk:\n" + log1.read_text()
         disk.free()
-        wait_for(lambda: "disk space is back: the group opened" in log1.read_text(), 30.0,
-                 "node 1 opens its group once space is freed")
+        back = "fsyncs recorded" if sync_marks else "the group opened"
+        wait_for(lambda: f"disk space is back: {back}" in log1.read_text(), 30.0,
+                 "node 1 goes on once space is freed")
         cluster.wait_ready(30.0)
         wait_for(lambda: _node_1_caught_up(cluster), 60.0, "node 1 catches up")
         got = trio.run(_read_queue, namesrv)
