@@ -307,6 +307,9 @@ def test_kill_together_and_a_wait_that_leaves_exits_to_the_harness(tmp_path: Pat
     with StandInCluster(tmp_path, crash=(3,)) as c:
         with pytest.raises(TimeoutError, match="g2"):
             c.wait_ready(timeout=1.0, raise_on_exit=False)
+        deadline = time.monotonic() + 30  # a loaded machine may start node 3 slowly
+        while c.is_running(3) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert c.unexpected_exits() == {"n3": 3}  # still there for whoever checks
         pids = [c.pid(1), c.pid(2)]
         c.kill_together([1, 2])
