@@ -102,8 +102,15 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def _node_name(i: int) -> str:
+def node_name(i: int) -> str:
+    """A node's name in logs, certificates and `unexpected_exits`."""
     return f"n{i}"
+
+
+def node_of(name: str) -> int | None:
+    """The node id `node_name` gave `name` (None for the name server or anything else)."""
+    digits = name[1:]
+    return int(digits) if name.startswith("n") and digits.isdigit() else None
 
 
 class LocalCluster:
@@ -147,11 +154,11 @@ class LocalCluster:
         if self.tls_dir is not None:
             from raftmq.devtls import pki_paths
 
-            pki = pki_paths(self.tls_dir, [NAMESRV, *(_node_name(i) for i in range(1, nodes + 1))])
+            pki = pki_paths(self.tls_dir, [NAMESRV, *(node_name(i) for i in range(1, nodes + 1))])
             self.tls_ca = pki.ca
             self._pki = pki
             for i in range(1, nodes + 1):
-                cert_path, key_path = pki.pairs[_node_name(i)]
+                cert_path, key_path = pki.pairs[node_name(i)]
                 per = {"tls_cert": str(cert_path), "tls_key": str(key_path),
                        "tls_ca": str(pki.ca)}
                 node_overrides = {**(node_overrides or {}),
@@ -234,7 +241,7 @@ class LocalCluster:
         return self.configs[i - 1]
 
     def _name(self, i: int) -> str:
-        return _node_name(self._config(i).node_id)
+        return node_name(self._config(i).node_id)
 
     # ------------------------------------------------------------ commands
 

@@ -92,7 +92,7 @@ from raftmq.client.membership import GroupMembers
 from transport.blocking import request
 
 from . import topology
-from .cluster import ClusterError, LocalCluster
+from .cluster import ClusterError, LocalCluster, node_of
 from .disk_faults import Damage, SmallDisk, corrupt_entry, damage_file, discard_unsynced
 from .proxy import ProxyNet
 from .recorder import Recorder
@@ -423,12 +423,12 @@ class Nemesis:
         group short of a voter or of its quorum."""
         gone = await trio.to_thread.run_sync(self.cluster.unexpected_exits)
         for name, code in sorted(gone.items()):
-            node = next((i for i in self.cluster.node_ids if f"n{i}" == name), None)
+            node = node_of(name)
             entry: dict[str, Any] = {"node": name, "code": code,
                                      "at": round(time.monotonic() - self._origin, 3)}
             self.exited.append(entry)
             log.error("node %s exited on its own (code %s): started again", name, code)
-            if node is None:
+            if node is None or node not in self.cluster.node_ids:
                 entry["restarted"] = False
                 continue
             try:

@@ -34,7 +34,7 @@ from broker.protocol import Op, RequestError
 from transport.blocking import request
 
 from .agent import agent_request
-from .cluster import ClusterError, _leaders
+from .cluster import ClusterError, _leaders, node_name
 
 __all__ = ["REMOTE_NEMESES", "RemoteCluster"]
 
@@ -146,10 +146,10 @@ class RemoteCluster:
             try:
                 exits = self._ask(i, "status", timeout=5.0)["exits"]
             except ClusterError:
-                gone[f"n{i}"] = -1
+                gone[node_name(i)] = -1
                 continue
             if exits:
-                gone[f"n{i}"] = exits[-1]
+                gone[node_name(i)] = exits[-1]
         return gone
 
     def stop(self, timeout: float = 10.0) -> None:
