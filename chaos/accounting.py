@@ -5,13 +5,17 @@ with which message, and stays cheap on histories too large to search. Per queue 
 
 - ``lost``: acknowledged appends never seen by any read, when either the queue was drained
   (below) or some read covered the acknowledged offset and found another message there.
-- ``unread``: acknowledged appends never seen where no read could have seen them (not an error).
+- ``unread``: acknowledged appends never seen where no read could have seen them, and those
+  read elsewhere whose acknowledged offset no read covered (a retry may have stored a second
+  copy there, or the ack named the wrong offset: unknown until a read covers it). Not an error.
 - ``duplicated``: messages seen at two or more different offsets.
 - ``unexpected``: messages read that were never appended to that queue.
 - ``recovered``: appends whose outcome was unknown (``info``) but that were read (not an error).
 - ``failed_but_read``: appends that definitely failed (``fail``) yet were read.
 - ``offset_conflicts``: one offset read as different messages by different reads.
-- ``ack_mismatches``: a message acknowledged at one offset but read at another.
+- ``ack_mismatches``: a message acknowledged at one offset but read at another, where a read
+  saw another message at the acknowledged offset or a read called after the acknowledgement
+  ended below it (the log did not reach it).
 - ``ack_conflicts``: two messages acknowledged at the same offset.
 - ``reordered``: for a process's successive acknowledged appends to a queue (each sent after
   the previous one was acknowledged), a later message at a lower offset than an earlier one.
@@ -23,7 +27,9 @@ covered every offset below where it stopped.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import bisect
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,17 +149,42 @@ def _drained(q: _Queue) -> bool:
     return all(covered)
 
 
+def _short_read_ends(q: _Queue) -> Callable[[float], float]:
+    """A function of time t: the lowest offset at which a read called at or after t came
+    back short (the end of the log it saw, which only grows), or +inf if none did."""
+    short = []
+    for r in q.reads:
+        spec = r.value or {}
+        n = spec.get("n")
+        got = len(r.result or ())
+        if n is not None and got < int(n):
+            short.append((r.call, int(spec.get("offset", 0)) + got))
+    short.sort()
+    calls = [call for call, _end in short]
+    lowest = [math.inf] * (len(short) + 1)  # lowest[i]: min end of short[i:]
+    for i in range(len(short) - 1, -1, -1):
+        lowest[i] = min(lowest[i + 1], short[i][1])
+
+    def after(t: float) -> float:
+        return lowest[bisect.bisect_left(calls, t)]
+
+    return after
+
+
 def _account(q: _Queue, sends: dict[tuple[int, Any], list[HistoryRecord]]) -> dict[str, Any]:
     drained = _drained(q)
     status: dict[Any, str] = {}
     acked_offset: dict[Any, int] = {}
+    acked_when: dict[Any, float] = {}
     for msg, attempts in q.appends.items():
         kinds = {a.status for a in attempts}
         status[msg] = "ok" if "ok" in kinds else ("info" if "info" in kinds else "fail")
         for a in attempts:
             offset = _ack_offset(a.result) if a.status == "ok" else None
-            if offset is not None:
-                acked_offset.setdefault(msg, offset)
+            if offset is not None and msg not in acked_offset:
+                acked_offset[msg] = offset
+                acked_when[msg] = a.return_
+    short_end_after = _short_read_ends(q)
 
     lost: list = []
     unread: list = []
@@ -170,7 +201,11 @@ def _account(q: _Queue, sends: dict[tuple[int, Any], list[HistoryRecord]]) -> di
                 else:
                     unread.append(msg)
             elif offset is not None and offset not in read_at:
-                mismatches.append({"message": msg, "acked": offset, "read_at": sorted(read_at)})
+                if offset in q.seen or short_end_after(acked_when[msg]) <= offset:
+                    mismatches.append(
+                        {"message": msg, "acked": offset, "read_at": sorted(read_at)})
+                else:  # the acknowledged copy was never read: a retry's second copy, or not
+                    unread.append(msg)
         elif read_at:
             (recovered if state == "info" else failed_but_read).append(msg)
 

@@ -864,8 +864,9 @@ def _unread_is_unknown(analysis: Analysis) -> None:
         results["valid"] = False
         results["verdict"] = analysis.verdict = "unknown"
         results["unknown"] = {**results.get("unknown", {}), "unread": (
-            f"{unread} acknowledged messages were never read back (the queues were not "
-            "drained to their ends): whether they were kept is not known")}
+            f"{unread} acknowledged messages were never read back at the offsets "
+            "acknowledged (the queues were not drained to their ends): whether they were "
+            "kept there is not known")}
 
 
 def split_records(
@@ -921,20 +922,26 @@ def queue_operations(records: Sequence[HistoryRecord]) -> list[Operation]:
 
     An append with recorded attempts takes effect no earlier than the request that did
     it: the acknowledged copy comes from the last attempt, an unknown one from the first
-    or a later one. Each message read at c > 1 offsets was stored c times, which only
-    requests of its own can explain: its operation stands for one copy, and up to c - 1
-    more become appends of unknown outcome, issued at the operation's earliest other
-    attempts, so each copy has an attempt of its own that came no later. Copies beyond the
-    attempts get none, and fail the check. Appends whose offset the reads prove are
-    pinned there (`pin_read_appends`), and unknown-outcome appends nobody read are left
-    out when the reads cover the queue (`drop_unseen_appends`).
+    or a later one. Each message read or acknowledged at c > 1 offsets in all was stored
+    c times (an acknowledged offset no read covered counts too: the copy read may be a
+    retry's earlier one), which only requests of its own can explain: its operation stands
+    for one copy, and up to c - 1 more become appends of unknown outcome, issued at the
+    operation's earliest other attempts, so each copy has an attempt of its own that came
+    no later. Copies beyond the attempts get none, and fail the check. Appends whose offset
+    the reads prove are pinned there (`pin_read_appends`), and unknown-outcome appends
+    nobody read are left out when the reads cover the queue (`drop_unseen_appends`).
     """
     ops = records_to_operations(records, "queue-log")
-    seen: dict[tuple[Any, Any], set[int]] = {}
+    seen: dict[tuple[Any, Any], set[int]] = {}  # (key, message) -> offsets it is stored at
     for op in ops:
         if op.input[0] == "read" and isinstance(op.output, tuple):
             for k, msg in enumerate(op.output):
                 seen.setdefault((op.input[1], msg), set()).add(op.input[2] + k)
+    for op in ops:
+        if op.input[0] == "append" and isinstance(op.output, int) and not op.pending:
+            slot = (op.input[1], op.input[2])
+            if slot in seen:  # an acknowledged message nobody read needs no copy
+                seen[slot].add(op.output)
     sends: dict[tuple[Any, Any], list[Operation]] = {}
     later: dict[tuple[Any, Any], list[float]] = {}
     live = [r for r in records if r.status != "fail"]

@@ -429,3 +429,40 @@ def test_first_acknowledgement_after_a_time_matches_a_plain_scan() -> None:
         expected = min((r for c, r in pairs if c >= t), default=None)
         assert _first_ack_after(index, "g0", t) == expected, t
     assert _first_ack_after(index, "g1", 0.0) is None
+
+
+def _retried_send_read_at_its_first_copy(h: Path) -> Script:
+    """A plain producer's send timed out (its first copy landed at 0) and was retried;
+    the retry was acknowledged at 2. A read covered 0 and 1, nothing covered 2 yet."""
+    s = Script(h)
+    s.append(0, "t/0", "p0-0", 1, 5, 2, attempts=(1.1, 3.0))
+    s.append(1, "t/0", "p1-0", 1.5, 2, 1, attempts=(1.6,))
+    s.read(5, "t/0", 0, 2, 6, 7, ["p0-0", "p1-0"])
+    return s
+
+
+def test_an_acknowledged_offset_no_read_covered_is_unread_not_a_mismatch(
+        tmp_path: Path) -> None:
+    """The copy read (at 0) is the retry's first; the acknowledged one (at 2) was never
+    read, so the acknowledgement is not contradicted: the message counts as unread (which
+    `chaos check` turns into an unknown verdict), and the queue is linearizable, one copy
+    per attempt."""
+    h = tmp_path / "h.jsonl"
+    _retried_send_read_at_its_first_copy(h)
+    a = run(h)
+    r = a.results
+    assert r["ack_mismatches"] == 0 and r["unread"] == 1, r["problems"]
+    assert r["linearizable"]["t/0"] is True
+    assert a.valid and r["problems"] == []
+
+
+def test_an_acknowledged_offset_past_the_end_a_later_read_saw_is_a_mismatch(
+        tmp_path: Path) -> None:
+    """The same, but a read called after the acknowledgement came back short at 2: the
+    log never reached the offset acknowledged, so the acknowledgement was wrong."""
+    h = tmp_path / "h.jsonl"
+    s = _retried_send_read_at_its_first_copy(h)
+    s.read(6, "t/0", 0, 256, 8, 9, ["p0-0", "p1-0"])
+    r = run(h).results
+    assert r["ack_mismatches"] == 1 and r["unread"] == 0
+    assert r["linearizable"]["t/0"] is False and not r["valid"]
