@@ -29,6 +29,8 @@ __all__ = ["TX_LISTS", "Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInf
 
 TX_LISTS = ("halves", "txns", "decided", "done")
 """The lists of a TX_LIST answer (see `Admin.tx_list`)."""
+LEADER_WAIT = 10.0  # seconds a topic change keeps retrying a group with no leader: an
+# election takes one or two election timeouts (1-2 s by default), more on a busy machine
 TX_LIST_ROUNDS = 5  # rounds of TX_LIST asking again for groups no leader answered for
 
 
@@ -157,9 +159,12 @@ class Admin(_ClientBase):
         return placement
 
     async def _create_in_group(self, group: str, header: dict[str, Any]) -> bool:
-        """Send CREATE_TOPIC to the group's leader; True if it already existed before."""
+        """Send CREATE_TOPIC to the group's leader; True if it already existed before.
+        Retriable failures are retried for `LEADER_WAIT` seconds, so the request rides
+        out an election (a few tries would give up before the group has a new leader)."""
         uncertain = False
         attempt = 0
+        deadline = anyio.current_time() + LEADER_WAIT
         while True:
             try:
                 await self.routes.call_group(group, Op.CREATE_TOPIC, header, attempts=1,
@@ -174,12 +179,12 @@ class Admin(_ClientBase):
                 # and a later failure says nothing of it (`give_up`)
                 uncertain = uncertain or may_have_applied(exc)
                 attempt += 1
-                if not is_retriable(exc) or attempt > 5:
+                if not is_retriable(exc) or anyio.current_time() >= deadline:
                     final = give_up(exc, f"CREATE_TOPIC to group {group}", uncertain=uncertain)
                     if final is exc:
                         raise
                     raise final from exc
-                await anyio.sleep(backoff_delay(attempt))
+                await self.routes.wait_backoff(group, backoff_delay(attempt))
 
     async def _wait_routed(self, topic: str, total: int, wait: float) -> TopicRoute:
         attempt = 0
