@@ -548,6 +548,7 @@ class GroupRuntime(Generic[M]):
         self._repair_needed = trio.Event()
         self._frozen = False  # what `core.frozen` was last seen as (for the logs)
         self._repair_rounds = 0
+        self._repair_source: int | None = None  # the peer that supplied the last repair
         self._gone_logged: set[int] = set()
         self._refused_logged: set[int] = set()
         self._syncer: SyncThread | None = None  # run()'s thread for group commits
@@ -1185,7 +1186,8 @@ class GroupRuntime(Generic[M]):
                 pause = _REPAIR_BACKOFF[0]
                 continue
             self._repair_needed = trio.Event()
-            outcomes = [await self._repair_one(i) for i in sorted(self.unrepaired)]
+            unanswered: set[int] = set()  # peers that failed this round are asked last
+            outcomes = [await self._repair_one(i, unanswered) for i in sorted(self.unrepaired)]
             if not self.unrepaired:
                 continue
             if outcomes and all(o in ("gone", "refused") for o in outcomes):
@@ -1201,11 +1203,16 @@ class GroupRuntime(Generic[M]):
         self._core.entry_repaired(index)
         self._wakeup.set()
 
-    async def _repair_one(self, index: int) -> str:
+    async def _repair_one(self, index: int, unanswered: set[int]) -> str:
         """One round over the peers for entry `index`: "repaired", "dropped" (no longer
         in the log), "gone" (every peer said retention removed it), "refused" (this log
         cannot take the entry back: it stays unreadable, retried rarely; a log closed by
-        a failed write or fsync still ends the group) or "failed"."""
+        a failed write or fsync still ends the group) or "failed".
+
+        The peer that supplied the last entry is asked first, and peers in `unanswered`
+        (they failed or timed out earlier in this round; one is added here when it
+        fails) last: a damaged segment holds hundreds of entries, and a peer that is
+        down would otherwise cost a timeout for each of them."""
         lg, core = self._log, self._core
         assert lg is not None and core is not None
         await self._log_free()
@@ -1217,9 +1224,10 @@ class GroupRuntime(Generic[M]):
                        if p != self.node_id)
         if self._fetch_raw is None or not peers:
             return "failed"
-        k = (index + self._repair_rounds) % len(peers)  # spread the asking over the peers
+        k = self._repair_rounds % len(peers)  # spread the asking over the peers
         peers = peers[k:] + peers[:k]
         self._repair_rounds += 1
+        peers.sort(key=lambda p: (p in unanswered, p != self._repair_source))
         gone = 0
         for peer in peers:
             try:
@@ -1231,6 +1239,7 @@ class GroupRuntime(Generic[M]):
                     "group": self.group_id, "index": index, "peer": peer, "error": str(exc)}})
                 continue
             except Exception as exc:  # noqa: BLE001 - any failure of one peer: ask the next
+                unanswered.add(peer)
                 log.debug("fetching the entry failed", extra={"fields": {
                     "group": self.group_id, "index": index, "peer": peer, "error": repr(exc)}})
                 continue
@@ -1262,6 +1271,7 @@ class GroupRuntime(Generic[M]):
             finally:
                 self._let_go()
             self.repaired += 1
+            self._repair_source = peer
             log.info("entry repaired from a peer", extra={"fields": {
                 "group": self.group_id, "index": index, "term": term, "peer": peer}})
             self._wakeup.set()

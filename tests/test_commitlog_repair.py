@@ -177,17 +177,21 @@ class _Applied:
 
 class _Repairing(Group[_Applied]):
     """The test harness' group, each replica in ``n{i}/g`` and able to fetch entries from
-    the others' CommitLogs the way READ_RAW does; `blocked` peers answer nothing."""
+    the others' CommitLogs the way READ_RAW does; `blocked` peers answer nothing, and
+    `hung` ones never answer (a paused process: the asker's timeout ends the wait)."""
 
     def __init__(self, tmp: Path) -> None:
         super().__init__(tmp, _Applied, node_dirs=True)
         self.blocked: set[int] = set()
+        self.hung: set[int] = set()
         self.fetches: list[tuple[int, int, int]] = []  # (asker, peer, index)
 
     def fetcher(self, asker: int) -> FetchRaw | None:
         async def fetch(peer: int, index: int) -> bytes:
             await trio.sleep(0)
             self.fetches.append((asker, peer, index))
+            if peer in self.hung:
+                await trio.sleep_forever()
             rt = self.runtimes.get(peer)
             if peer in self.blocked or peer in self.down or rt is None or not rt.is_open:
                 raise OSError("unreachable")
@@ -387,6 +391,44 @@ def test_a_replica_started_on_a_cut_middle_segment_repairs_it_from_its_peers(
             assert (bytes(log_of(rt).read_raw(1, last + 1))
                     == bytes(log_of(leader).read_raw(1, last + 1)))
             assert log_of(rt).verify() == []
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("hung_peer", ["leader", "follower"])
+def test_a_peer_that_never_answers_costs_one_timeout_not_one_per_entry(
+    tmp_path: Path, hung_peer: str,
+) -> None:
+    """A cut segment leaves dozens of entries to repair; with one of the two peers
+    paused, the repair asks it once, times out, and takes the rest from the other peer
+    (asking it first for each entry would cost a timeout per entry: minutes)."""
+    async def main() -> None:
+        r = _Repairing(tmp_path)
+        r.opts["segment_size"] = 8 << 10
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            for k in range(150):
+                await leader.propose(b"m%03d" % k + b"." * 200)
+            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
+            other = next(i for i in (1, 2, 3) if i not in (victim, leader.node_id))
+            await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
+                         >= log_of(leader).last_index())
+            await r.stop_and_wait(victim)
+            _cut_a_middle_segment(tmp_path / f"n{victim}" / "g")
+            hung = leader.node_id if hung_peer == "leader" else other
+            r.hung = {hung}
+
+            await r.start(n, victim)
+            rt = r.runtimes[victim]
+            lost = list(log_of(rt).recovery.corrupt)
+            assert len(lost) >= 10 and rt.unrepaired == set(lost)
+            await r.wait(lambda: not rt.unrepaired)  # 10 s; a timeout is 3 s
+            asked = [p for asker, p, _i in r.fetches if asker == victim]
+            assert asked.count(hung) <= 1, asked
+            assert rt.repaired == len(lost)
             n.cancel_scope.cancel()
 
     trio.run(main)
