@@ -320,9 +320,10 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-timeout", type=float, default=None, metavar="S",
                    help="linearizability check time limit (verdict unknown after it; "
                    "default: --time, at least 120)")
-    p.add_argument("--drain-timeout", type=float, default=120.0, metavar="S",
+    p.add_argument("--drain-timeout", type=float, default=None, metavar="S",
                    help="how long the final drain may take to read every queue to its end "
-                   "(an unfinished drain makes the run invalid; default 120)")
+                   "(an unfinished drain makes the run invalid; default: a twentieth of "
+                   "--time, at least 120)")
     p.add_argument("--json", action="store_true", help="print results.json to stdout")
     return p
 

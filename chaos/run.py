@@ -86,7 +86,9 @@ class RunOptions:
     """The linearizability search's limit in seconds; None: the run's `time`, at least
     120 s (the search of a long run takes a few percent of its length)."""
     ready_timeout: float = 60.0
-    drain_timeout: float = 120.0
+    drain_timeout: float | None = None
+    """How long the final drain may read; None: a twentieth of the run's `time`, at least
+    120 s (the drain reads every queue from its start, so it grows with the run)."""
     tick_ms: int = 100
     # small, so segments roll and snapshots are taken (and damaged) during a short run
     segment_size: int = 256 << 10
@@ -95,12 +97,17 @@ class RunOptions:
     cluster: Path | None = None
     """A cluster the harness did not start (`chaos.remote`): its CONFIG file."""
 
+    @property
+    def drain_seconds(self) -> float:
+        """`drain_timeout`, or its default for the run's length."""
+        return self.drain_timeout if self.drain_timeout is not None else max(120.0, self.time / 20)
+
     def validate(self) -> None:
         if self.nodes not in (3, 5):
             raise ValueError(f"--nodes must be 3 or 5, got {self.nodes}")
         if self.groups < 1:
             raise ValueError(f"--groups must be at least 1, got {self.groups}")
-        if not self.drain_timeout > 0:
+        if self.drain_timeout is not None and not self.drain_timeout > 0:
             raise ValueError(f"--drain-timeout must be positive, got {self.drain_timeout}")
         if not self.time > 0:
             raise ValueError(f"--time must be positive, got {self.time}")
@@ -299,7 +306,7 @@ async def _load_heal_drain(
     except TimeoutError as exc:
         facts["not_ready"] = str(exc)
     healed = time.monotonic()
-    facts["drained"] = await workload.drain(opts.drain_timeout)
+    facts["drained"] = await workload.drain(opts.drain_seconds)
     facts["timings"] = {
         "load_seconds": round(healed - started, 3),
         "drain_seconds": round(time.monotonic() - healed, 3),

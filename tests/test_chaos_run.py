@@ -75,6 +75,15 @@ def test_bad_options_exit_3_and_start_nothing(
     assert not (out / "cluster").exists()
 
 
+def test_the_drain_may_take_longer_in_a_longer_run(tmp_path: Path) -> None:
+    """The drain reads every queue from its start: its default time grows with --time."""
+    assert RunOptions(out=tmp_path, time=60).drain_seconds == 120.0
+    assert RunOptions(out=tmp_path, time=7200).drain_seconds == 360.0
+    assert RunOptions(out=tmp_path, time=7200, drain_timeout=30).drain_seconds == 30.0
+    with pytest.raises(ValueError, match="positive"):
+        RunOptions(out=tmp_path, drain_timeout=0).validate()
+
+
 def test_mutations_need_the_explicit_test_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
