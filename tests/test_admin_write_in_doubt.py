@@ -104,36 +104,3 @@ def test_create_topic_whose_first_try_is_in_doubt_never_says_nothing_was_written
         live = LiveCluster(cluster, TOPIC, 1)
         exc = trio.run(_create_alone, cluster, live)
         assert isinstance(exc, OutcomeUnknownError), repr(exc)
-
-
-async def _create_during_election(cluster: LocalCluster, live: LiveCluster) -> None:
-    """`Admin.create_topic` sent right after g0's leader was killed and one follower
-    paused: the group has no leader until the follower is resumed, 3 s later."""
-    async with Admin(cluster.namesrv_addr) as admin:
-        leader = live.leader("g0")
-        await admin.routes.call_group("g0", Op.TOPICS, {"g": "g0"})  # learn g0's leader
-        follower = next(i for i in cluster.node_ids if i != leader)
-        cluster.kill(leader)
-        cluster.pause(follower)
-
-        async def resume_later() -> None:
-            try:
-                await trio.sleep(3.0)
-            finally:
-                cluster.resume(follower)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(resume_later)
-            await admin.create_topic("elected", 1, wait=0)
-        with pytest.raises(RequestError) as exists:
-            await admin.create_topic("elected", 1, wait=0)
-        assert exists.value.code == Code.TOPIC_EXISTS
-
-
-def test_create_topic_rides_out_an_election(tmp_path) -> None:
-    """A topic created while its group elects a new leader is created once the group has
-    one, rather than failing after a few quick tries (the election takes seconds)."""
-    with LocalCluster(tmp_path, groups=1) as cluster:
-        cluster.wait_ready(timeout=60)
-        live = LiveCluster(cluster, TOPIC, 1)
-        trio.run(_create_during_election, cluster, live)

@@ -22,15 +22,13 @@ from . import membership
 from .consumer import _ClientBase, commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
 from .errors import IncompleteError, TransactionError, give_up, may_have_applied
 from .membership import GroupMembers
-from .routes import TopicRoute, backoff_delay, node_addresses
+from .routes import LEADER_WAIT, TopicRoute, backoff_delay, node_addresses
 
 __all__ = ["TX_LISTS", "Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo",
            "place_queues"]
 
 TX_LISTS = ("halves", "txns", "decided", "done")
 """The lists of a TX_LIST answer (see `Admin.tx_list`)."""
-LEADER_WAIT = 10.0  # seconds a topic change keeps retrying a group with no leader: an
-# election takes one or two election timeouts (1-2 s by default), more on a busy machine
 TX_LIST_ROUNDS = 5  # rounds of TX_LIST asking again for groups no leader answered for
 
 

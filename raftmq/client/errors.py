@@ -48,6 +48,7 @@ __all__ = [
     "close_stack",
     "as_sdk_error",
     "give_up",
+    "leaderless",
     "leaves",
     "may_have_applied",
     "unwrap",
@@ -128,6 +129,12 @@ def may_have_applied(exc: RequestError) -> bool:
     if isinstance(exc, TransportError):
         return exc.sent
     return exc.code in (Code.TIMEOUT, Code.STALE_REQUEST) or bool(exc.extra.get("unknown"))
+
+
+def leaderless(exc: RequestError) -> bool:
+    """Whether `exc` is what an election looks like from a client: no replica leads the
+    group now (NOT_LEADER with nobody to follow) or the one that did cannot be reached."""
+    return exc.code in (Code.NOT_LEADER, Code.UNAVAILABLE)
 
 
 def as_sdk_error(exc: RequestError) -> RequestError:

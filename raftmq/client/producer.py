@@ -19,12 +19,14 @@ others, so a queue with a batch in flight sends nothing more until that batch is
 stored, failed for good, or back at the front of its queue for a retry.
 
 Retries follow RocketMQ: a send that fails with a retriable error is tried again up to
-`retries` more times, after refreshing the route. Learning of a newer leader (a
-NOT_LEADER hint of a newer term, the route naming another leader) is not a failure: the
-send goes there at once, without counting an attempt or finishing its backoff; and when
-the leader's connection fails, another replica is asked at once who leads now (see
-`raftmq.client.routes`). A round-robin send of a
-non-idempotent producer moves to a queue of another group ("avoid the failed broker").
+`retries` more times, after refreshing the route; while its group has no leader (an
+election), it goes on being retried for up to `routes.LEADER_WAIT` seconds from its
+first failure. Learning of a newer leader (a NOT_LEADER hint of a newer term, the route
+naming another leader) is not a failure: the send goes there at once, without counting
+an attempt or finishing its backoff; and when the leader's connection fails, another
+replica is asked at once who leads now (see `raftmq.client.routes`). A round-robin send
+of a non-idempotent producer moves to a queue of another group ("avoid the failed
+broker").
 An idempotent producer instead resends the same bytes (same producer id and sequence) to
 the same queue, and the state machine drops the copy if the first try was written.
 """
@@ -63,8 +65,16 @@ from broker.records import (
 from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 
 from .accumulator import BatchAccumulator, GroupAccumulator, QueueBuffer
-from .errors import TransactionError, as_sdk_error, close_stack, give_up, may_have_applied
+from .errors import (
+    TransactionError,
+    as_sdk_error,
+    close_stack,
+    give_up,
+    leaderless,
+    may_have_applied,
+)
 from .routes import (
+    LEADER_WAIT,
     Routes,
     TopicRoute,
     backoff_delay,
@@ -384,8 +394,8 @@ class _Batch:
     (failed attempts, requests made, redirects followed, whether one may have stored
     it, the groups that failed it)."""
 
-    __slots__ = ("attempts", "born", "data", "failed_groups", "messages", "movable", "qb",
-                 "queue", "redirects", "sends", "sent", "topic", "uncertain")
+    __slots__ = ("attempts", "born", "data", "failed_groups", "first_failed", "messages",
+                 "movable", "qb", "queue", "redirects", "sends", "sent", "topic", "uncertain")
 
     def __init__(self, qb: _Queue, topic: str, queue: int, movable: bool,
                  sends: list[PendingSend], messages: list[Payload], data: EncodedBatch,
@@ -403,6 +413,7 @@ class _Batch:
         self.redirects = 0
         self.uncertain = False
         self.failed_groups: set[str] = set()
+        self.first_failed: float | None = None  # client clock of its first failed attempt
 
     @property
     def nbytes(self) -> int:
@@ -585,7 +596,8 @@ class Producer:
         assert self._stack is not None and self._tg is not None
         try:
             if exc_type is None:
-                with anyio.move_on_after(self.send_timeout * (self.retries + 1) + 1):
+                with anyio.move_on_after(self.send_timeout * (self.retries + 1) + 1
+                                         + LEADER_WAIT):
                     await self.flush()
             if self._txn is not None:
                 await self._txn.close()
@@ -1157,7 +1169,10 @@ class Producer:
             for b, exc in items:
                 b.attempts += 1
                 b.failed_groups.add(group)
-                if b.attempts > self.retries:
+                if b.first_failed is None:
+                    b.first_failed = now
+                electing = leaderless(exc) and now - b.first_failed < LEADER_WAIT
+                if b.attempts > self.retries and not electing:
                     self._give_up(b, exc, spent=True)
                 else:
                     keep.append(b)

@@ -35,11 +35,12 @@ import msgpack
 from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, parse_address
 from transport.connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
 
-from .errors import give_up, may_have_applied
+from .errors import give_up, leaderless, may_have_applied
 
 __all__ = [
     "FAILED_TTL",
     "HINT_TTL",
+    "LEADER_WAIT",
     "ROUTE_REFRESH",
     "QueueRoute",
     "Routes",
@@ -58,6 +59,11 @@ ROUTE_REFRESH = 30.0  # RocketMQ's client route refresh period
 HINT_TTL = 10.0  # how long a NOT_LEADER hint outranks the name servers' leader
 FAILED_TTL = 5.0  # how long an address that failed for a group is not re-learned as leader
 DEFAULT_ATTEMPTS = 4
+LEADER_WAIT = 10.0
+"""Seconds a request with retries keeps retrying while its group has no leader (`errors.
+leaderless`), its attempts spent or not: an election takes one or two election
+timeouts (1-2 s by default), more on a busy machine, and a few quick attempts alone
+would give up before it ends."""
 
 clock = time.monotonic
 """The client's clock. It only measures intervals (route age, hint and failure ages,
@@ -531,13 +537,16 @@ class Routes:
         """Send to the leader of the group `resolve()` names, retrying retriable errors.
 
         Following a NOT_LEADER hint does not use up an attempt (up to `max_redirects`);
-        other retriable failures back off and count. Returns (group, answer). When the
+        other retriable failures back off and count, and with `attempts` > 1 a group
+        without a leader is retried for `LEADER_WAIT` s however many attempts that
+        takes. Returns (group, answer). When the
         attempts are spent, see `errors.give_up`: a `write` that may have been applied
         raises `OutcomeUnknownError`, a request no leader answered `UnavailableError`.
         """
         timeout = self.timeout if timeout is None else timeout
         attempt = redirects = 0
         uncertain = False
+        started = clock()
         while True:
             group: str | None = None
             addr: str | None = None
@@ -563,7 +572,8 @@ class Routes:
                         redirects += 1
                         continue
                 attempt += 1
-                if attempt >= attempts:
+                electing = attempts > 1 and leaderless(exc) and clock() - started < LEADER_WAIT
+                if attempt >= attempts and not electing:
                     raise give_up(exc, f"{op.name} to group {group}", uncertain=uncertain) from exc
                 log.debug("%s to %s failed (%s); retry %d", op.name, addr, exc, attempt)
                 await self.wait_backoff(group, backoff_delay(attempt))
