@@ -89,6 +89,7 @@ MUTATIONS = frozenset({"commit-old-term", "no-prevote-term-check", "snapshot-no-
 
 _VOTE_RESPONSE = {MsgType.PREVOTE: MsgType.PREVOTE_RESP, MsgType.VOTE: MsgType.VOTE_RESP}
 _FROM_LEADER = frozenset({MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT})
+_HANDBACK_BACKOFF_MAX = 5  # failed hand-backs wait 2, 4, ... 32 election timeouts at most
 
 
 class NotLeader(Exception):
@@ -186,6 +187,10 @@ class RaftNode:
         self._pending_conf_index = 0
         self._transferee: int | None = None
         self._transfer_elapsed = 0
+        # Hand-backs to the preferred leader that it never took (it could not: repairing
+        # entries, refilling its log): each makes the next wait twice as long (`_tick_leader`).
+        self._handbacks_failed = 0
+        self._handback_wait = 0  # ticks before the next hand-back may start
         self._active_before: frozenset[int] = frozenset()  # heard from in the last round
         # Where leadership goes back to once that node has caught up: the config's at
         # first; the shell may change it (a replicated setting above the core).
@@ -746,6 +751,7 @@ class RaftNode:
         me.recent_active = True
         # Any earlier membership entry may be uncommitted: allow no change until ours commits.
         self._pending_conf_index = self._last_index + 1
+        self._handbacks_failed = self._handback_wait = 0
         self._append_new(EntryType.NOOP, b"")  # §5.4.2: lets this term commit older entries
 
     def _reset_timers(self) -> None:
@@ -994,9 +1000,17 @@ class RaftNode:
         for pr in self._progress.values():
             if pr.snapshot:
                 pr.snapshot_tick(retry)  # lost: back to probe, resent on the next contact
+        if self._handback_wait > 0:
+            self._handback_wait -= 1
         if self._transferee is not None:
             self._transfer_elapsed += 1
             if self._transfer_elapsed >= self.cfg.election_ticks:
+                if self._transferee == self.preferred_leader:
+                    # it was caught up and answering, yet did not campaign: it cannot
+                    # lead now, and each attempt refuses proposals for an election timeout
+                    self._handbacks_failed += 1
+                    self._handback_wait = self.cfg.election_ticks * (
+                        2 ** min(self._handbacks_failed, _HANDBACK_BACKOFF_MAX))
                 self._transferee = None  # the target never took over: resume service
         if self._election_elapsed >= self.cfg.election_ticks:
             self._election_elapsed = 0
@@ -1022,6 +1036,7 @@ class RaftNode:
             and pref != self.id
             and pref in self.membership.voters
             and self._transferee is None
+            and self._handback_wait == 0
             and self._committed_in_term()
             and self._progress[pref].match == self._last_index
             # heard from lately: a down or cut-off node can take nothing over, and each

@@ -457,3 +457,28 @@ def test_propose_many_is_all_or_nothing_when_refused():
     assert leader.last_index == last
     with pytest.raises(ValueError):
         Cluster(1).elect().propose_many([])
+
+
+def test_a_preferred_leader_that_cannot_take_over_is_asked_less_and_less_often():
+    """A preferred leader that answers and is caught up but cannot lead (an entry of its
+    log awaits repair, so it ignores TimeoutNow) must not be handed leadership over and
+    over: each hand-back refuses proposals for an election timeout, and back to back
+    they kept the group from taking any write. Failed hand-backs wait longer and longer;
+    once it can lead again, it does."""
+    c = Cluster(3, config=lambda i: RaftConfig(preferred_leader=3))
+    c.campaign(1)
+    leader = c.leader()
+    assert leader.id == 1
+    c.tick(2)
+    assert c.nodes[3].last_index == leader.last_index  # caught up, and answering
+    c.nodes[3].entry_unreadable(1)
+    timeout = leader.cfg.election_ticks
+    moving = 0
+    for _ in range(timeout * 40):
+        moving += leader.transferee is not None
+        c.tick(1)
+    assert c.leader() is leader
+    assert moving <= 6 * timeout, moving  # without the back-off: nearly every tick
+    c.nodes[3].entry_repaired(1)
+    c.tick(timeout * 70)  # the longest wait, then a hand-back that succeeds
+    assert c.leader().id == 3
