@@ -23,7 +23,7 @@ from raftlog.commitlog import (
     encode_entry,
 )
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_marks
-from raftlog.runtime import EntryUnavailable, FetchRaw
+from raftlog.runtime import EntryUnavailable, FetchRaw, GroupRuntime
 from raftlog.types import Entry, EntryType
 from tests.runtime_harness import Group, core_of, log_of
 from tests.test_commitlog import SEG, crash, flip, locate, make, seg_files
@@ -360,6 +360,27 @@ def _cut_a_middle_segment(data: Path) -> None:
     os.truncate(files[1], files[1].stat().st_size // 2)
 
 
+async def _cut_one_follower(
+    r: _Repairing, n: trio.Nursery, tmp_path: Path,
+    damage: Callable[[Path], None] = _cut_a_middle_segment,
+) -> tuple[GroupRuntime, int, int]:
+    """Start the group, store 150 entries over several segments, stop a follower once it
+    holds them all and `damage` its data (by default, cut a middle segment of its log
+    short): (leader, that follower, the other follower). The follower is left stopped."""
+    for i in (1, 2, 3):
+        await r.start(n, i)
+    leader = await r.leader()
+    for k in range(150):
+        await leader.propose(b"m%03d" % k + b"." * 200)
+    victim = next(i for i in (1, 2, 3) if i != leader.node_id)
+    other = next(i for i in (1, 2, 3) if i not in (victim, leader.node_id))
+    await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
+                 >= log_of(leader).last_index())
+    await r.stop_and_wait(victim)
+    damage(tmp_path / f"n{victim}" / "g")
+    return leader, victim, other
+
+
 def test_a_replica_started_on_a_cut_middle_segment_repairs_it_from_its_peers(
     tmp_path: Path,
 ) -> None:
@@ -367,16 +388,7 @@ def test_a_replica_started_on_a_cut_middle_segment_repairs_it_from_its_peers(
         r = _Repairing(tmp_path)
         r.opts["segment_size"] = 8 << 10
         async with trio.open_nursery() as n:
-            for i in (1, 2, 3):
-                await r.start(n, i)
-            leader = await r.leader()
-            for k in range(150):
-                await leader.propose(b"m%03d" % k + b"." * 200)
-            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
-            await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
-                         >= log_of(leader).last_index())
-            await r.stop_and_wait(victim)
-            _cut_a_middle_segment(tmp_path / f"n{victim}" / "g")
+            leader, victim, _other = await _cut_one_follower(r, n, tmp_path)
 
             await r.start(n, victim)
             rt = r.runtimes[victim]
@@ -407,17 +419,7 @@ def test_a_peer_that_never_answers_costs_one_timeout_not_one_per_entry(
         r = _Repairing(tmp_path)
         r.opts["segment_size"] = 8 << 10
         async with trio.open_nursery() as n:
-            for i in (1, 2, 3):
-                await r.start(n, i)
-            leader = await r.leader()
-            for k in range(150):
-                await leader.propose(b"m%03d" % k + b"." * 200)
-            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
-            other = next(i for i in (1, 2, 3) if i not in (victim, leader.node_id))
-            await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
-                         >= log_of(leader).last_index())
-            await r.stop_and_wait(victim)
-            _cut_a_middle_segment(tmp_path / f"n{victim}" / "g")
+            leader, victim, other = await _cut_one_follower(r, n, tmp_path)
             hung = leader.node_id if hung_peer == "leader" else other
             r.hung = {hung}
 
@@ -451,17 +453,7 @@ def test_a_repair_the_log_refuses_leaves_the_entry_unreadable_and_the_replica_ru
             return fn()
 
         async with trio.open_nursery() as n:
-            for i in (1, 2, 3):
-                await r.start(n, i)
-            leader = await r.leader()
-            for k in range(150):
-                await leader.propose(b"m%03d" % k + b"." * 200)
-            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
-            other = next(i for i in (1, 2, 3) if i not in (victim, leader.node_id))
-            await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
-                         >= log_of(leader).last_index())
-            await r.stop_and_wait(victim)
-            _cut_a_middle_segment(tmp_path / f"n{victim}" / "g")
+            leader, victim, other = await _cut_one_follower(r, n, tmp_path)
 
             r.disk_calls[victim] = refusing
             await r.start(n, victim)
@@ -492,17 +484,7 @@ def test_a_replica_started_on_a_cut_log_or_index_recovers_and_catches_up(
     async def main() -> None:
         r = _Repairing(tmp_path)
         r.opts["segment_size"] = 8 << 10
-        async with trio.open_nursery() as n:
-            for i in (1, 2, 3):
-                await r.start(n, i)
-            leader = await r.leader()
-            for k in range(150):
-                await leader.propose(b"m%03d" % k + b"." * 200)
-            victim = next(i for i in (1, 2, 3) if i != leader.node_id)
-            await r.wait(lambda: log_of(r.runtimes[victim]).durable_index()
-                         >= log_of(leader).last_index())
-            await r.stop_and_wait(victim)
-            data = tmp_path / f"n{victim}" / "g"
+        def cut(data: Path) -> None:
             files = seg_files(data)
             if damage == "cut-active-segment":
                 os.truncate(files[-1], files[-1].stat().st_size // 2)
@@ -512,6 +494,8 @@ def test_a_replica_started_on_a_cut_log_or_index_recovers_and_catches_up(
                 if damage == "cut-index-and-middle":
                     _cut_a_middle_segment(data)
 
+        async with trio.open_nursery() as n:
+            leader, victim, _other = await _cut_one_follower(r, n, tmp_path, cut)
             await r.start(n, victim)
             rt = r.runtimes[victim]
             await leader.propose(b"after the damage")

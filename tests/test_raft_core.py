@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raftlog.core import NotLeader, ProposalDropped, RaftConfig
+from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.driver import carry_out
 from raftlog.types import EntryType, HardState, Membership, Message, MsgType, Role
 from tests.raft_harness import Cluster, _NodeShell
@@ -218,17 +218,23 @@ def test_preferred_leader_takes_over_once_caught_up():
     assert c.leader().id == 3
 
 
-def test_a_preferred_leader_that_went_silent_is_not_handed_leadership():
-    """A caught-up preferred leader that stopped answering (down, cut off) is not made
-    the transfer target again and again: each attempt refuses proposals for an election
-    timeout. One attempt may start before the leader notices the silence (it was heard
-    within the last election timeout); none after. Once it answers again, it takes over."""
+def _led_by_1_preferring_3_caught_up() -> tuple[Cluster, RaftNode]:
+    """A group led by node 1 whose preferred leader, node 3, holds every entry."""
     c = Cluster(3, config=lambda i: RaftConfig(preferred_leader=3))
     c.campaign(1)
     leader = c.leader()
     assert leader.id == 1
     c.tick(2)
-    assert c.nodes[3].last_index == leader.last_index  # caught up, then silent
+    assert c.nodes[3].last_index == leader.last_index
+    return c, leader
+
+
+def test_a_preferred_leader_that_went_silent_is_not_handed_leadership():
+    """A caught-up preferred leader that stopped answering (down, cut off) is not made
+    the transfer target again and again: each attempt refuses proposals for an election
+    timeout. One attempt may start before the leader notices the silence (it was heard
+    within the last election timeout); none after. Once it answers again, it takes over."""
+    c, leader = _led_by_1_preferring_3_caught_up()
     c.isolate(3)
     timeout = c.nodes[1].cfg.election_ticks
     moving = []
@@ -465,12 +471,7 @@ def test_a_preferred_leader_that_cannot_take_over_is_asked_less_and_less_often()
     over: each hand-back refuses proposals for an election timeout, and back to back
     they kept the group from taking any write. Failed hand-backs wait longer and longer;
     once it can lead again, it does."""
-    c = Cluster(3, config=lambda i: RaftConfig(preferred_leader=3))
-    c.campaign(1)
-    leader = c.leader()
-    assert leader.id == 1
-    c.tick(2)
-    assert c.nodes[3].last_index == leader.last_index  # caught up, and answering
+    c, leader = _led_by_1_preferring_3_caught_up()
     c.nodes[3].entry_unreadable(1)
     timeout = leader.cfg.election_ticks
     moving = 0
