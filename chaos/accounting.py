@@ -129,14 +129,20 @@ def combine_accounts(per_queue: dict[str, Any]) -> dict[str, Any]:
     return {"valid": valid, "totals": totals, "queues": per_queue}
 
 
-def _drained(q: _Queue) -> bool:
-    ends = []
+def _short_reads(q: _Queue) -> list[tuple[float, int]]:
+    """(call time, end of the log it saw) of each read that came back short."""
+    short = []
     for r in q.reads:
         spec = r.value or {}
         n = spec.get("n")
         got = len(r.result or ())
-        if r.call >= q.last_definite_return and n is not None and got < int(n):
-            ends.append(int(spec.get("offset", 0)) + got)
+        if n is not None and got < int(n):
+            short.append((r.call, int(spec.get("offset", 0)) + got))
+    return short
+
+
+def _drained(q: _Queue) -> bool:
+    ends = [end for call, end in _short_reads(q) if call >= q.last_definite_return]
     if not ends:
         return False
     end = max(ends)
@@ -152,14 +158,7 @@ def _drained(q: _Queue) -> bool:
 def _short_read_ends(q: _Queue) -> Callable[[float], float]:
     """A function of time t: the lowest offset at which a read called at or after t came
     back short (the end of the log it saw, which only grows), or +inf if none did."""
-    short = []
-    for r in q.reads:
-        spec = r.value or {}
-        n = spec.get("n")
-        got = len(r.result or ())
-        if n is not None and got < int(n):
-            short.append((r.call, int(spec.get("offset", 0)) + got))
-    short.sort()
+    short = sorted(_short_reads(q))
     calls = [call for call, _end in short]
     lowest = [math.inf] * (len(short) + 1)  # lowest[i]: min end of short[i:]
     for i in range(len(short) - 1, -1, -1):

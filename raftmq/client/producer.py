@@ -70,7 +70,6 @@ from .errors import (
     as_sdk_error,
     close_stack,
     give_up,
-    leaderless,
     may_have_applied,
 )
 from .routes import (
@@ -79,6 +78,7 @@ from .routes import (
     TopicRoute,
     backoff_delay,
     clock,
+    electing,
     normalize_addresses,
     open_routes,
 )
@@ -1171,8 +1171,7 @@ class Producer:
                 b.failed_groups.add(group)
                 if b.first_failed is None:
                     b.first_failed = now
-                electing = leaderless(exc) and now - b.first_failed < LEADER_WAIT
-                if b.attempts > self.retries and not electing:
+                if b.attempts > self.retries and not electing(exc, b.first_failed):
                     self._give_up(b, exc, spent=True)
                 else:
                     keep.append(b)

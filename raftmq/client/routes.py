@@ -46,6 +46,7 @@ __all__ = [
     "Routes",
     "TopicRoute",
     "backoff_delay",
+    "electing",
     "merge_cluster_topics",
     "node_addresses",
     "normalize_addresses",
@@ -157,6 +158,12 @@ def merge_cluster_topics(cluster: dict[str, Any], body: bytes) -> None:
                 g["topics"] = dict(sorted(topics.items()))
     except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
         raise RequestError(Code.MALFORMED, f"bad CLUSTER topic listing: {exc!r}") from None
+
+
+def electing(exc: RequestError, since: float) -> bool:
+    """Whether a request that failed with `exc`, first tried at `since` (`clock`), is
+    still within `LEADER_WAIT` of an election: retried whatever its attempt count."""
+    return leaderless(exc) and clock() - since < LEADER_WAIT
 
 
 def backoff_delay(attempt: int, base: float = 0.05, cap: float = 1.0) -> float:
@@ -572,8 +579,7 @@ class Routes:
                         redirects += 1
                         continue
                 attempt += 1
-                electing = attempts > 1 and leaderless(exc) and clock() - started < LEADER_WAIT
-                if attempt >= attempts and not electing:
+                if attempt >= attempts and not (attempts > 1 and electing(exc, started)):
                     raise give_up(exc, f"{op.name} to group {group}", uncertain=uncertain) from exc
                 log.debug("%s to %s failed (%s); retry %d", op.name, addr, exc, attempt)
                 await self.wait_backoff(group, backoff_delay(attempt))
