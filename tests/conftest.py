@@ -5,7 +5,8 @@ quick unit tier); a test without it that starts one fails, naming the marker. Te
 `slow` or `chaos` run only when the `-m` expression names that marker (`pytest -m chaos`),
 so `-m "not live"` does not bring them in. The cluster family:
 
-* `live_cluster(base, ...)`: a started, ready `LocalCluster` (a context manager);
+* `live_cluster(base, ...)`: a started `LocalCluster` (a context manager) whose groups are
+  led by their preferred leaders, so the hand-back after a start does not land mid-test;
 * `proxied_cluster(base, ...)`: the same wired through fault proxies (`chaos.proxy.ProxyNet`)
   run by a trio loop in a background thread, so a plain test can cut Raft links;
 * `node_status(cluster, node, group)`: a group as that node itself reports it;
@@ -107,10 +108,13 @@ def group_leader(cluster: LocalCluster, group: str, among: list[int] | None = No
 @contextmanager
 def live_cluster(base: Path, **kwargs: Any) -> Iterator[LocalCluster]:
     """A started cluster (LocalCluster's keyword arguments; tick 50 ms unless given) whose
-    groups all have a leader."""
+    groups all have a leader, and the preferred one: whoever wins the first election hands
+    leadership to the preferred leader about half a second later, and a test that counts
+    entries or requests must not meet that move."""
     kwargs.setdefault("tick_ms", 50)
     with LocalCluster(base, **kwargs) as cluster:
         cluster.wait_ready(timeout=READY_TIMEOUT)
+        cluster.wait_preferred_leaders(timeout=READY_TIMEOUT)
         yield cluster
 
 

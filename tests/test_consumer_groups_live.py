@@ -35,7 +35,6 @@ BOUND = 60.0  # a safety net for event waits, never a measurement
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with live_cluster(tmp_path_factory.mktemp("groups")) as c:
-        c.wait_preferred_leaders(timeout=60)
         yield c
 
 

@@ -22,7 +22,6 @@ pytestmark = pytest.mark.live
 def test_a_commit_survives_the_death_of_the_coordinators_leader(tmp_path: Path) -> None:
     tid = "failover-tid"
     with live_cluster(tmp_path, groups=3) as cluster:
-        cluster.wait_preferred_leaders(60)
         coord = coordinator_group(tid, [g.id for g in cluster.groups])
         found = wait_for(lambda: group_leader(cluster, coord), 30, f"a leader of {coord}")
         assert found is not None
