@@ -103,6 +103,7 @@ _WRITES = frozenset({
 #: consumer's view, Raft traffic belongs on the peer link (never a request), and a
 #: transaction marker is the coordinator's decision, never a client's.
 _PEER_ONLY = frozenset({int(Op.READ_RAW), int(Op.RAFT), int(Op.TX_MARKER)})
+_UNKNOWN = frozenset({Code.UNKNOWN_TOPIC, Code.UNKNOWN_QUEUE})  # refused after `_caught_up`
 
 
 def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
@@ -255,8 +256,38 @@ class BrokerService:
             raise NotLeader(g.leader)
         return self.groups.states[g.group_id]
 
-    def _hosting(self, topic: str, queue: int) -> GroupRuntime:
-        """The group on this node that hosts (topic, queue)."""
+    async def _hosting(self, topic: str, queue: int) -> GroupRuntime:
+        """The group on this node that hosts (topic, queue); a topic or queue it does not
+        know is refused only once the groups it leads have applied what they committed
+        (`_caught_up`)."""
+        try:
+            return self._hosted(topic, queue)
+        except RequestError as exc:
+            if exc.code not in _UNKNOWN:
+                raise
+        await self._caught_up([g for g in self.groups.values() if g.is_leader])
+        return self._hosted(topic, queue)
+
+    async def _caught_up(self, led: Sequence[GroupRuntime]) -> None:
+        """Apply everything the groups in `led` committed before now (a read barrier each,
+        together), before refusing a topic or queue as unknown. The commit index is not
+        stored: a leader elected a moment ago may hold its predecessor's CREATE_TOPIC
+        unapplied until its own first entry commits, and a client told UNKNOWN_TOPIC gives
+        up instead of retrying. A group that lost its leadership meanwhile is skipped: the
+        refusal stands for the groups still led here."""
+
+        async def barrier(g: GroupRuntime) -> None:
+            try:
+                await g.read_barrier()
+            except NotLeader:
+                pass
+
+        async with trio.open_nursery() as nursery:
+            for g in led:
+                nursery.start_soon(barrier, g)
+
+    def _hosted(self, topic: str, queue: int) -> GroupRuntime:
+        """The group on this node that hosts (topic, queue), by the state applied so far."""
         known = False
         for gid, state in self.groups.states.items():
             cfg = state.topic(topic)
@@ -366,13 +397,22 @@ class BrokerService:
         slots: list[int] = []  # request position of each batch in the entry
         spans: list[tuple[int, int]] = []  # its place in the entry's data
         pos = STORED_PREFIX.size
+        caught_up = False  # a read barrier was passed (`_caught_up`)
         for i, body in enumerate(bodies):
             end = pos + len(body)
             data[pos:end] = body
             try:
                 header, refs = walk_batch(data[:end], pos, max_bytes, check_properties=True)
                 validate_topic_name(header.topic)
-                state.queue_range(header.topic, header.queue)  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
+                try:
+                    state.queue_range(header.topic, header.queue)
+                except RequestError as exc:  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
+                    if exc.code not in _UNKNOWN or caught_up:
+                        raise
+                    await self._caught_up([g])
+                    caught_up = True
+                    state = self._leading(g)
+                    state.queue_range(header.topic, header.queue)
             except RequestError as exc:
                 outcomes[i] = exc
                 continue
@@ -457,7 +497,7 @@ class BrokerService:
         wait_ms = min(max(_field(h, "wait_ms", int, DEFAULT_WAIT_MS), 0), MAX_WAIT_MS)
         tags = _field(h, "tags", list, [])
         tag_hashes = {_tag_hash(t) for t in tags} if tags else None
-        g = self._hosting(topic, queue)
+        g = await self._hosting(topic, queue)
         deadline = trio.current_time() + wait_ms / 1000
         # Whatever depends on where the queue ends (a short answer, an empty one, "offset
         # too large") is only said once a majority confirmed this node still leads
@@ -548,7 +588,7 @@ class BrokerService:
                     or not _is_int(item[1]) or not _is_int(item[2]) or item[2] < 0):
                 raise RequestError(Code.MALFORMED, "offsets must be [[topic, queue, offset>=0], ...]")
             topic = validate_topic_name(item[0])
-            g = self._hosting(topic, _check_queue(item[1]))
+            g = await self._hosting(topic, _check_queue(item[1]))
             self._leading(g)
             self.tx.check_no_pending(self.groups.states[g.group_id], cg, topic, item[1])
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
@@ -586,7 +626,7 @@ class BrokerService:
         cg = _cg(h)
         topic = _topic(h)
         queue = _queue_id(h)
-        g = self._hosting(topic, queue)
+        g = await self._hosting(topic, queue)
         self._leading(g)
         await self._read_barrier(g)  # a committed offset is never read back older than it is
         state = self.groups.states[g.group_id]
@@ -839,7 +879,9 @@ class BrokerService:
         parts: list[bytes] = []
         msgs: list[list[Any]] = []
         if not any(state.topic(topic) for state in self.groups.states.values()):
-            raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+            await self._caught_up([g for g in self.groups.values() if g.is_leader])
+            if not any(state.topic(topic) for state in self.groups.states.values()):
+                raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
         hosting = [gid for gid, state in self.groups.states.items() if state.topic(topic)]
         led = [gid for gid in hosting if self.groups[gid].is_leader]
         if not led:
