@@ -250,7 +250,7 @@ class Node:
             await trio.to_thread.run_sync(functools.partial(shutil.rmtree, path,
                                                             ignore_errors=True))
             g = self._new_group(gid, voters)
-            g.open()
+            await trio.to_thread.run_sync(g.open)  # creates and fsyncs files: off the loop
             hosted = {**self._hosted, gid: voters}
             try:
                 await trio.to_thread.run_sync(save_hosted, self.config.data, hosted)
