@@ -9,6 +9,7 @@ so `-m "not live"` does not bring them in. The cluster family:
   led by their preferred leaders, so the hand-back after a start does not land mid-test;
 * `proxied_cluster(base, ...)`: the same wired through fault proxies (`chaos.proxy.ProxyNet`)
   run by a trio loop in a background thread, so a plain test can cut Raft links;
+* `steady_leaders(cluster)`: what `live_cluster` waits for, for a cluster started otherwise;
 * `node_status(cluster, node, group)`: a group as that node itself reports it;
 * `wait_for(predicate, timeout, what)`: poll an event instead of sleeping a fixed time.
 """
@@ -113,9 +114,17 @@ def live_cluster(base: Path, **kwargs: Any) -> Iterator[LocalCluster]:
     entries or requests must not meet that move."""
     kwargs.setdefault("tick_ms", 50)
     with LocalCluster(base, **kwargs) as cluster:
-        cluster.wait_ready(timeout=READY_TIMEOUT)
-        cluster.wait_preferred_leaders(timeout=READY_TIMEOUT)
+        steady_leaders(cluster)
         yield cluster
+
+
+def steady_leaders(cluster: LocalCluster) -> dict[str, int]:
+    """Wait until every group of a started cluster is led by its preferred leader (see
+    `live_cluster`); the leaders. A test that acts on "the leader" (kills it, pauses its
+    followers, sends it raw requests) takes it from here, not from `wait_ready`."""
+    cluster.wait_ready(timeout=READY_TIMEOUT)
+    cluster.wait_preferred_leaders(timeout=READY_TIMEOUT)
+    return {g: n for g, n in cluster.leaders().items() if n is not None}
 
 
 class ProxyThread:

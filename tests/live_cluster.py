@@ -85,14 +85,10 @@ class LiveCluster:
                 raise TimeoutError(f"no leader for {gid}")
             time.sleep(0.05)
 
-    def settle(self, timeout: float = 10.0) -> None:
-        """Wait (a while) for each group's preferred leader to take over, so fewer
-        requests meet a leadership hand-over."""
-        deadline = time.monotonic() + timeout
-        for g in self.cluster.groups:
-            while (g.preferred_leader is not None and self.leader(g.id) != g.preferred_leader
-                   and time.monotonic() < deadline):
-                time.sleep(0.05)
+    def settle(self, timeout: float = 60.0) -> None:
+        """Wait for each group's preferred leader to take over, so requests do not meet a
+        leadership hand-over; TimeoutError if that does not happen in `timeout`."""
+        self.cluster.wait_preferred_leaders(timeout)
 
     def call_leader(
         self, gid: str, header: dict[str, Any], body: bytes = b"", timeout: float = 20.0

@@ -19,6 +19,7 @@ from broker.protocol import Code, Op
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin
 from raftmq.client.errors import OutcomeUnknownError, RequestError, may_have_applied
+from tests.conftest import steady_leaders
 from tests.live_cluster import LiveCluster
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
@@ -51,7 +52,7 @@ def test_a_topic_write_appended_before_the_leader_stepped_down_is_of_unknown_out
     tmp_path,
 ) -> None:
     with LocalCluster(tmp_path, groups=1) as cluster:
-        cluster.wait_ready(timeout=60)
+        steady_leaders(cluster)  # the leader looked up below still leads
         live = LiveCluster(cluster, TOPIC, 1)
         seen = []
         for _ in range(ROUNDS):
@@ -100,7 +101,7 @@ def test_create_topic_whose_first_try_is_in_doubt_never_says_nothing_was_written
     ones find no leader at all (UNAVAILABLE). The error raised must still say the topic
     may have been created, not the last try's "nothing was written"."""
     with LocalCluster(tmp_path, groups=1) as cluster:
-        cluster.wait_ready(timeout=60)
+        steady_leaders(cluster)  # the leader looked up below still leads
         live = LiveCluster(cluster, TOPIC, 1)
         exc = trio.run(_create_alone, cluster, live)
         assert isinstance(exc, OutcomeUnknownError), repr(exc)

@@ -20,6 +20,7 @@ from broker.security import make_credential
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin
 from raftmq.commands import user as user_cmd
+from tests.conftest import steady_leaders
 from tests.live_cluster import scrape_metrics
 from transport.blocking import Connection, request
 from transport.connection import ConnectionPool
@@ -37,7 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     keys = {"authenticate": True, "superusers": ["admin"], "superuser_scram": verifier}
     with LocalCluster(tmp_path_factory.mktemp("auth"), nodes=3, groups=2, tick_ms=50,
                       node_overrides=keys) as c:
-        c.wait_ready(timeout=60)
+        steady_leaders(c)  # `raftmq user` below meets no hand-over
         yield c
 
 

@@ -380,6 +380,7 @@ async def test_committed_offsets_survive_failover(cluster: LocalCluster) -> None
         for q in range(3):
             await producer.send_batch(topic, [f"q{q}-{i}" for i in range(200)], queue=q)
 
+    await anyio.to_thread.run_sync(wait_balanced, cluster)  # the victim below still leads
     leaders = cluster.leaders()
     queue = 1
     g = placement_group(queue)

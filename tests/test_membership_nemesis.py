@@ -20,7 +20,7 @@ from chaos.nemesis import Nemesis, Step, membership_blocker, restore_action
 from chaos.recorder import Recorder
 from raftmq.client.admin import Admin
 from raftmq.client.membership import GroupMembers
-from tests.conftest import node_status
+from tests.conftest import node_status, steady_leaders
 
 FULL = (1, 2, 3)
 
@@ -121,7 +121,7 @@ def test_live_a_failed_replace_disk_is_finished_by_the_heal(
         cluster = LocalCluster(tmp_path / "cluster", tick_ms=50)
         try:
             await trio.to_thread.run_sync(cluster.start)
-            await trio.to_thread.run_sync(cluster.wait_ready, 30.0)
+            await trio.to_thread.run_sync(steady_leaders, cluster)  # leaders in touch
             groups = sorted(g.id for g in cluster.groups)
             with Recorder(tmp_path / "history.jsonl") as rec:
                 nemesis = Nemesis(cluster, None, rec, rng=random.Random(1),

@@ -17,6 +17,7 @@ from chaos.cluster import LocalCluster
 from raftlog.core import RaftConfig
 from raftlog.runtime import GroupOptions, GroupRuntime
 from raftlog.types import Entry, Message
+from tests.conftest import steady_leaders
 from transport.blocking import request
 
 
@@ -31,8 +32,7 @@ def test_ack_before_commit_acknowledges_what_a_leader_crash_then_loses(tmp_path,
     monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")
     with LocalCluster(tmp_path, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
                       node_overrides={"test_mutations": ["ack-before-commit"]}) as cluster:
-        leaders = cluster.wait_ready(timeout=60)
-        leader = leaders["g0"]
+        leader = steady_leaders(cluster)["g0"]
         addr = cluster.node_addr(leader)
         request(addr, {"op": Op.CREATE_TOPIC, "g": "g0", "topic": "m", "queues": 1,
                        "hosted": [0]})
@@ -59,7 +59,7 @@ def test_duplicate_batch_stores_every_eighth_batch_twice(tmp_path, monkeypatch):
     monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")
     with LocalCluster(tmp_path, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
                       node_overrides={"test_mutations": ["duplicate-batch"]}) as cluster:
-        addr = cluster.node_addr(cluster.wait_ready(timeout=60)["g0"])
+        addr = cluster.node_addr(steady_leaders(cluster)["g0"])
         request(addr, {"op": Op.CREATE_TOPIC, "g": "g0", "topic": "m", "queues": 1,
                        "hosted": [0]})
         for i in range(DUPLICATE_EVERY):  # one request each, never retried

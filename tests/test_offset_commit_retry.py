@@ -18,6 +18,7 @@ from broker.protocol import Op
 from broker.records import OutgoingMessage, encode_batch
 from broker.service import CRASH_BEFORE_ANSWER_EXIT
 from chaos.cluster import LocalCluster
+from tests.conftest import steady_leaders
 from tests.live_cluster import LiveCluster
 from transport.blocking import request
 
@@ -86,7 +87,7 @@ def test_the_sdk_sends_each_commit_with_a_request_id_a_retry_would_reuse(tmp_pat
     from raftmq.client import Admin, PullConsumer
 
     with LocalCluster(tmp_path, groups=1) as cluster:
-        cluster.wait_ready(timeout=60)
+        steady_leaders(cluster)  # the leader looked up below still leads
         live = LiveCluster(cluster, TOPIC, 1)
 
         async def main() -> tuple[int, int]:

@@ -19,6 +19,7 @@ from broker.config import load_config
 from broker.protocol import Op, RequestError, encode_frame, parse_address
 from chaos.cluster import LocalCluster, free_ports
 from chaos.proxy import Proxy, ProxyNet
+from tests.conftest import steady_leaders
 from transport.blocking import request
 
 QUIET = 0.3  # how long "nothing arrives" is watched for
@@ -365,7 +366,7 @@ def test_live_cluster_through_proxies_fails_over_when_the_leader_is_isolated(
             cluster = LocalCluster(tmp_path, tick_ms=50, node_overrides=net.node_overrides())
             try:
                 await trio.to_thread.run_sync(cluster.start)
-                leaders = await trio.to_thread.run_sync(cluster.wait_ready, 30.0)
+                await trio.to_thread.run_sync(steady_leaders, cluster)
                 with trio.fail_after(15):  # a node leading nothing may register last
                     info = await trio.to_thread.run_sync(cluster.cluster_info)
                     while len(info["nodes"]) < 3:
@@ -381,7 +382,7 @@ def test_live_cluster_through_proxies_fails_over_when_the_leader_is_isolated(
                         await producer.send("t", f"m{k}")
                 assert sum(net.client(i).accepted for i in (1, 2, 3)) > 0
 
-                old = leaders["g0"]
+                old = (await trio.to_thread.run_sync(steady_leaders, cluster))["g0"]
                 others = [i for i in (1, 2, 3) if i != old]
                 net.set_partition({frozenset({old, j}) for j in others})
                 t0 = time.monotonic()

@@ -12,6 +12,7 @@ import pytest
 from broker.protocol import Op, RequestError
 from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
+from tests.conftest import steady_leaders
 from transport.blocking import request
 
 
@@ -21,7 +22,7 @@ def test_prepared_batches_are_answered_with_no_majority_alive(tmp_path, monkeypa
     with LocalCluster(tmp_path, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
                       node_overrides={"test_mutations": ["commit-before-durable-prepare"]}
                       ) as cluster:
-        leader = cluster.wait_ready(timeout=60)["g0"]
+        leader = steady_leaders(cluster)["g0"]
         addr = cluster.node_addr(leader)
         request(addr, {"op": Op.CREATE_TOPIC, "g": "g0", "topic": "m", "queues": 1,
                        "hosted": [0]})
