@@ -1,6 +1,7 @@
 """Requests sent while their group elects a new leader wait for it (over real node
-processes): a send or a topic creation is retried for `routes.LEADER_WAIT` seconds while
-no replica leads, instead of failing after a few quick tries, which an election outlasts.
+processes): a send, a topic creation or an operator's `raftmq user` command is retried
+for `routes.LEADER_WAIT` seconds while no replica leads, instead of failing after a few
+quick tries, which an election outlasts.
 
 Each scenario kills the group's leader and pauses one follower, so the group can elect
 nobody until the follower is resumed 3 s later: longer than the few attempts alone
@@ -19,6 +20,7 @@ from broker.protocol import Code, Op
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer, PullConsumer
 from raftmq.client.errors import RequestError
+from raftmq.commands import user as user_cmd
 from tests.live_cluster import LiveCluster
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
@@ -96,3 +98,26 @@ def test_create_topic_rides_out_an_election(tmp_path: Path) -> None:
 
 async def _create(admin: Admin) -> None:
     await admin.create_topic("elected", 1, wait=0)
+
+
+def test_a_user_command_rides_out_an_election_of_the_metadata_group(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`raftmq user add` while the metadata group (g0) elects: the user is added once the
+    group has a leader, and the command says so with exit status 0."""
+    password = tmp_path / "pw"
+    password.write_text("bob's password\n")
+    with LocalCluster(tmp_path / "c", groups=1) as cluster:
+        cluster.wait_ready(timeout=60)
+        live = LiveCluster(cluster, TOPIC, 1)
+        status: list[int] = []
+
+        async def add() -> None:
+            status.append(await trio.to_thread.run_sync(user_cmd.main, [
+                "add", "bob", "--password-file", str(password), "--namesrv",
+                cluster.namesrv_addr]))
+
+        trio.run(_while_leaderless, cluster, live, add)
+        assert status == [0], capsys.readouterr().err
+        capsys.readouterr()
+        assert user_cmd.main(["list", "--namesrv", cluster.namesrv_addr]) == 0
+        assert capsys.readouterr().out.split() == ["bob"]

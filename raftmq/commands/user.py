@@ -14,12 +14,14 @@ import argparse
 import getpass
 import os
 import sys
+import time
 from typing import Any
 
 from broker.parts.base import Refused
 from broker.parts.users import format_verifier, validate_user_name
 from broker.protocol import Code, Op, RequestError
 from broker.security import make_credential
+from raftmq.client.routes import LEADER_WAIT, backoff_delay
 from transport.blocking import request
 
 from . import add_namesrv_argument, namesrv_addresses, print_json
@@ -29,6 +31,8 @@ __all__ = ["main", "metadata_request"]
 PROG = "raftmq user"
 NEW_PASSWORD_ENV = "RAFTMQ_NEW_PASSWORD"
 _HOPS = 5
+# what an election or a hand-over looks like here; nothing was written
+_ELECTING = frozenset({Code.NOT_LEADER, Code.PROPOSAL_DROPPED, Code.UNAVAILABLE})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,7 +67,41 @@ def _password(args: argparse.Namespace) -> str:
 
 def metadata_request(namesrv: list[str], header: dict[str, Any]) -> dict[str, Any]:
     """Send `header` to the leader of the cluster's metadata group (the lowest group id,
-    found through the name server), following NOT_LEADER hints."""
+    found through the name server), following NOT_LEADER hints.
+
+    While the group elects or hands leadership over (NOT_LEADER with nobody to follow,
+    PROPOSAL_DROPPED, no leader known, the leader's port closed: nothing was written) it
+    asks again for up to `LEADER_WAIT` seconds, as the SDK's clients do, rather than
+    failing an operator's command a moment after a leader died."""
+    deadline = time.monotonic() + LEADER_WAIT
+    attempt = 0
+    while True:
+        gid, addr = _metadata_leader(namesrv)
+        try:
+            for _ in range(_HOPS):
+                if not addr:
+                    raise RequestError(Code.UNAVAILABLE,
+                                       f"metadata group {gid} has no known leader")
+                try:
+                    return request(addr, header)[0]
+                except RequestError as exc:
+                    if exc.code != Code.NOT_LEADER or not exc.extra.get("leader"):
+                        raise
+                    addr = exc.extra["leader"]
+            raise RequestError(Code.UNAVAILABLE, f"metadata group {gid}: leadership keeps "
+                               "moving")
+        except RequestError as exc:
+            if exc.code not in _ELECTING or time.monotonic() >= deadline:
+                raise
+        except ConnectionRefusedError:  # a leader that just died: nothing was sent
+            if time.monotonic() >= deadline:
+                raise
+        attempt += 1
+        time.sleep(backoff_delay(attempt))
+
+
+def _metadata_leader(namesrv: list[str]) -> tuple[str, str | None]:
+    """The metadata group's id and its leader's address as the name server knows it."""
     info: dict[str, Any] | None = None
     for ns in namesrv:
         try:
@@ -77,17 +115,7 @@ def metadata_request(namesrv: list[str], header: dict[str, Any]) -> dict[str, An
     if not groups:
         raise RequestError(Code.UNAVAILABLE, "the name server knows no groups yet")
     gid = min(groups)
-    addr = groups[gid].get("leader_addr")
-    for _ in range(_HOPS):
-        if not addr:
-            raise RequestError(Code.UNAVAILABLE, f"metadata group {gid} has no known leader")
-        try:
-            return request(addr, header)[0]
-        except RequestError as exc:
-            if exc.code != Code.NOT_LEADER:
-                raise
-            addr = exc.extra.get("leader")
-    raise RequestError(Code.UNAVAILABLE, f"metadata group {gid}: leadership keeps moving")
+    return gid, groups[gid].get("leader_addr")
 
 
 def main(argv: list[str]) -> int:
