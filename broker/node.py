@@ -74,8 +74,9 @@ from broker.service import BrokerService
 from broker.statemachine import BrokerState, TopicConfig, chunk_refs
 from broker.txservice import TxService
 from broker.txtasks import TxTasks
+from raftlog.commitlog import CommitLogError
 from raftlog.core import RaftConfig
-from raftlog.fsutil import disable_sync_marks, enable_sync_marks
+from raftlog.fsutil import CorruptFile, disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime, when_space
 from raftlog.types import Message, MsgType, Role
 from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
@@ -653,10 +654,39 @@ def _listen_address(addr: str) -> tuple[str, int]:
 GIL_SWITCH_INTERVAL = 0.0005
 
 
-async def _run_until_signalled(node: Node) -> None:
+DAMAGED_DATA_EXIT = 3
+"""Exit status of a node that refused to start on damaged files (`_refusal`)."""
+
+_DAMAGED_ADVICE = (
+    "The node does not serve from files it cannot trust; nothing was changed. Put the "
+    "damaged file back from a backup and start the node again, or start it on an empty "
+    "data directory with join = true and re-create its replicas from their peers "
+    "(raftmq cluster replace-replica GROUP N N; docs/operations.md, Replacing a node)."
+)
+
+
+def _damage(exc: BaseException) -> BaseException | None:
+    """The damaged-file error (a corrupt snapshot, ConsumeQueue chunk or CommitLog) inside
+    `exc`, an error that ended the node, if there is one."""
+    if isinstance(exc, (CorruptFile, CommitLogError)):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _damage(inner)
+            if found is not None:
+                return found
+    return None
+
+
+def _refusal(exc: BaseException) -> str:
+    return f"raftmq node: refusing to start: {exc}\n{_DAMAGED_ADVICE}"
+
+
+async def _run_until_signalled(node: Node, started: list[str]) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             addr = await nursery.start(node.run)
+            started.append(addr)
             # What opening the groups built lives as long as the node: the collector
             # need not walk it again on every full collection.
             pygc.collect()
@@ -690,5 +720,14 @@ def main(argv: list[str]) -> int:
     except HostedError as exc:
         print(f"raftmq node: {exc}", file=sys.stderr)
         return 2
-    trio.run(_run_until_signalled, node)
+    started: list[str] = []
+    try:
+        trio.run(_run_until_signalled, node, started)
+    except BaseException as exc:
+        damaged = None if started else _damage(exc)
+        if damaged is None:
+            raise
+        log.error("refusing to start on damaged files", exc_info=damaged)
+        print(_refusal(damaged), file=sys.stderr)
+        return DAMAGED_DATA_EXIT
     return 0

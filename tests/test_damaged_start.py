@@ -1,0 +1,90 @@
+"""A node started on damaged files refuses with a clear message (a real node process).
+
+It does not serve from a snapshot, ConsumeQueue chunk or CommitLog it cannot trust (the
+file nemeses of `raftmq chaos run` rely on that); the operator reads why on stderr, what
+to do about it, and a distinct exit status, not a traceback.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from broker.config import NodeConfig
+from broker.node import DAMAGED_DATA_EXIT
+from broker.statemachine import BrokerState, control_create_topic
+from chaos.cluster import free_ports
+from raftlog.snapshot import Snapshot, save_snapshot
+from raftlog.types import Entry, EntryType, Membership
+
+pytestmark = pytest.mark.live
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = """\
+node_id = 1
+listen = "127.0.0.1:{port}"
+data = "{data}"
+[peers]
+1 = "127.0.0.1:{port}"
+2 = "127.0.0.1:7102"
+3 = "127.0.0.1:7103"
+[[groups]]
+id = "g0"
+replicas = [1, 2, 3]
+"""
+
+
+def _node_with_snapshot(tmp_path: Path) -> tuple[Path, Path]:
+    """A node config whose group g0 has a snapshot on disk: (config, snapshot file)."""
+    data = tmp_path / "data"
+    (port,) = free_ports(1)
+    text = CONFIG.format(data=data, port=port)
+    config = tmp_path / "n1.toml"
+    config.write_text(text)
+    group_dir = Path(NodeConfig.from_dict(tomllib.loads(text), env={}).group_dir("g0"))
+    group_dir.mkdir(parents=True)
+    state = BrokerState("g0")
+    state.apply(Entry(5, 1, EntryType.CONTROL, control_create_topic("t", 1, [0])))
+    snapshot = group_dir / "snapshot"
+    save_snapshot(snapshot, Snapshot(5, 1, state.snapshot(), Membership(frozenset({1, 2, 3}))))
+    return config, snapshot
+
+
+def _start(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "raftmq", "node", "--config", str(config)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+def test_a_node_on_a_damaged_snapshot_refuses_to_start_and_says_what_to_do(
+        tmp_path: Path) -> None:
+    config, snapshot = _node_with_snapshot(tmp_path)
+    good = snapshot.read_bytes()
+    snapshot.write_bytes(good[: len(good) // 2])  # cut short, as `truncate-file` does
+
+    proc = _start(config)
+
+    assert proc.returncode == DAMAGED_DATA_EXIT, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if not line.startswith("{")]  # not logs
+    assert said[0].startswith(f"raftmq node: refusing to start: corrupt snapshot {snapshot}")
+    assert "replace-replica" in said[1] and "backup" in said[1], said
+    assert len(said) == 2, said  # no traceback
+    assert snapshot.read_bytes() == good[: len(good) // 2]  # nothing was changed
+
+
+def test_a_node_whose_data_is_whole_is_not_taken_for_damaged(tmp_path: Path) -> None:
+    """The same node with its snapshot intact starts (and is stopped by the test)."""
+    config, _snapshot = _node_with_snapshot(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "raftmq", "node", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("ready ")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
