@@ -446,7 +446,7 @@ class Node:
             log.warning("the built-in cluster_secret is used on a non-loopback address: "
                         "anyone who knows it can join as a peer; set cluster_secret",
                         extra={"fields": {"listen": self.config.listen}})
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        listeners = await _listen(port, host, "listen", self.config.listen)
         if port == 0:  # any free port: one listener, and everyone is told its real port
             for extra in listeners[1:]:
                 await extra.aclose()
@@ -470,7 +470,7 @@ class Node:
                                self.config.retention_check_interval)
             if self.config.metrics:
                 mhost, mport = parse_address(self.config.metrics)
-                mlisteners = await trio.open_tcp_listeners(mport, host=mhost)
+                mlisteners = await _listen(mport, mhost, "metrics", self.config.metrics)
                 await nursery.start(serve_metrics, mlisteners, self.metrics)
             log.info("node ready", extra={"fields": {"addr": self.addr,
                                                      "groups": sorted(self.groups)}})
@@ -640,6 +640,20 @@ class Node:
             await trio.sleep(1.0)
 
 
+class ListenError(Exception):
+    """The node cannot listen where its config says (the port is taken, the address is
+    not this host's): a start refused before serving anything."""
+
+
+async def _listen(port: int, host: str, key: str, addr: str) -> list[trio.SocketListener]:
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {addr} (config key {key!r}): {exc.strerror or exc}"
+                          " -- another process holds the port, or the address is not "
+                          "this host's") from exc
+
+
 def _listen_address(addr: str) -> tuple[str, int]:
     """`parse_address`, except that port 0 (any free port) is allowed for listening."""
     host, sep, port = addr.rpartition(":")
@@ -665,14 +679,13 @@ _DAMAGED_ADVICE = (
 )
 
 
-def _damage(exc: BaseException) -> BaseException | None:
-    """The damaged-file error (a corrupt snapshot, ConsumeQueue chunk or CommitLog) inside
-    `exc`, an error that ended the node, if there is one."""
-    if isinstance(exc, (CorruptFile, CommitLogError)):
+def _found(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The error of one of `kinds` inside `exc`, an error that ended the node, if any."""
+    if isinstance(exc, kinds):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = _damage(inner)
+            found = _found(inner, kinds)
             if found is not None:
                 return found
     return None
@@ -724,7 +737,13 @@ def main(argv: list[str]) -> int:
     try:
         trio.run(_run_until_signalled, node, started)
     except BaseException as exc:
-        damaged = None if started else _damage(exc)
+        if started:
+            raise
+        listen = _found(exc, (ListenError,))
+        if listen is not None:
+            print(f"raftmq node: {listen}", file=sys.stderr)
+            return 2
+        damaged = _found(exc, (CorruptFile, CommitLogError))
         if damaged is None:
             raise
         log.error("refusing to start on damaged files", exc_info=damaged)

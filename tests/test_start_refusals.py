@@ -1,12 +1,14 @@
-"""A node started on damaged files refuses with a clear message (a real node process).
+"""A node that cannot start says why, in a line, not a traceback (real node processes).
 
-It does not serve from a snapshot, ConsumeQueue chunk or CommitLog it cannot trust (the
-file nemeses of `raftmq chaos run` rely on that); the operator reads why on stderr, what
-to do about it, and a distinct exit status, not a traceback.
+On damaged files: it does not serve from a snapshot, ConsumeQueue chunk or CommitLog it
+cannot trust (the file nemeses of `raftmq chaos run` rely on that); the operator reads
+why, what to do about it, and exit status 3. On a port another process holds: which
+address, from which config key, and exit status 2, like any other config error.
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import tomllib
@@ -88,3 +90,18 @@ def test_a_node_whose_data_is_whole_is_not_taken_for_damaged(tmp_path: Path) -> 
         proc.terminate()
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+def test_a_node_whose_port_is_taken_says_so(tmp_path: Path) -> None:
+    config, _snapshot = _node_with_snapshot(tmp_path)
+    listen = tomllib.loads(config.read_text())["listen"]
+    host, port = listen.rsplit(":", 1)
+    with socket.socket() as holder:
+        holder.bind((host, int(port)))
+        holder.listen()
+        proc = _start(config)
+    assert proc.returncode == 2, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if not line.startswith("{")]
+    assert said == [f"raftmq node: cannot listen on {listen} (config key 'listen'): Address "
+                    "already in use -- another process holds the port, or the address is "
+                    "not this host's"], said
