@@ -140,7 +140,18 @@ def test_live_a_failed_replace_disk_is_finished_by_the_heal(
                 out["after_heal"] = list(nemesis.degraded)
             await trio.to_thread.run_sync(cluster.wait_ready, 30.0)
             out["members"] = await _voters(cluster.namesrv_addr, groups)
-            out["hosted"] = {g: node_status(cluster, node, g) for g in groups}
+
+            async def settled(g: str) -> dict[str, Any]:
+                """`g` as the wiped node reports it once it follows or leads: a hand-back
+                of leadership to it finds it campaigning for a moment."""
+                st = await trio.to_thread.run_sync(node_status, cluster, node, g)
+                with trio.move_on_after(30):
+                    while st.get("role") not in ("leader", "follower"):
+                        await trio.sleep(0.1)
+                        st = await trio.to_thread.run_sync(node_status, cluster, node, g)
+                return st
+
+            out["hosted"] = {g: await settled(g) for g in active.value["groups"]}
             out["node"], out["held"] = node, active.value["groups"]
             out["full"] = {g.id: sorted(g.replicas) for g in cluster.groups}
             out["exits"] = {**{e["node"]: e["code"] for e in nemesis.exited},
