@@ -363,6 +363,25 @@ def test_a_node_style_restore_from_files_reads_every_chunk(tmp_path: Path) -> No
                             chunk_records=N)
 
 
+def test_a_chunk_file_no_snapshot_checked_is_written_again_not_adopted(tmp_path: Path) -> None:
+    """A file already on disk under the name of a chunk a snapshot is about to reference,
+    which no snapshot of this state checked (one a snapshot wrote before its own file
+    failed to be written, damaged while the node was down), is replaced: adopting it by
+    its name made the snapshot, and so every later start, refuse."""
+    counts = [(0, 9)] * 5
+    names = {name for name, _, _ in chunk_refs(fed(counts).state.snapshot())}
+    path = tmp_path / "cq"
+    path.mkdir()
+    for name in names:
+        (path / name).write_bytes(b"damaged")
+    f = fed(counts, store=FileChunkStore(path))
+    later = f.state.snapshot_later()
+    data = later()
+    later.saved()
+    again = BrokerState.restore("g", data, chunk_store=FileChunkStore(path), chunk_records=N)
+    assert again.snapshot() == data and records_of(again, 0) == records_of(f.state, 0)
+
+
 def test_the_key_index_is_rebuilt_newest_first_across_queues_and_retention() -> None:
     f = fed([])
     for i in range(40):  # a hot key over both queues, more than KEY_HISTORY in all

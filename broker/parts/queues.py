@@ -243,8 +243,11 @@ class Queues(Part):
                     data = cq.records_between(first, first + n) + pack(
                         [[o - first, k] for o, k in keyed.between(first, first + n)])
                     crc, length = crc32c.crc32c(data), len(data)
-                    if not store.has(name):
-                        new.append((name, data))
+                    # Written even where a file of that name exists: no snapshot of this
+                    # state checked it (one left by a snapshot whose file was never
+                    # written may have been damaged since), and a snapshot referencing
+                    # a bad copy would be refused at every later start.
+                    new.append((name, data))
                 crcs[name] = (crc, length)
                 refs.append([index, start, crc, length])
             queues.append([t, q, lo, end, cq.records_between(lo, a), keyed.between(lo, a),
@@ -258,7 +261,7 @@ class Queues(Part):
 
         def write() -> None:
             for name, data in new:
-                store.put(name, data)
+                store.put(name, data, overwrite=True)
             gone = [name for name in crcs if not store.has(name)]
             if gone:
                 raise ChunkGone(f"chunks {gone[:3]} ({len(gone)}) were deleted meanwhile")
