@@ -17,9 +17,11 @@ in the environment the SDK reads). The records are those `chaos.authcheck` descr
 - client processes log in as a test user (or as ``mallory``, never created) with its
   current password, an older one or one never set, against a random node (``login``),
   or make a request needing publish (PRODUCE) or subscribe (FETCH) on a topic
-  (``authz``). The node's guard answers before the request's own handler, so any
-  answer but FORBIDDEN means the ACLs allowed it (the topics need not exist: nothing is
-  stored);
+  (``authz``), after logging in with a STATUS (a login the node could not complete is
+  no authorization outcome). The node's guard answers before the request's own handler,
+  so an answer only the handler gives means the ACLs allowed it (the topics need not
+  exist: nothing is stored); FORBIDDEN means they did not; a code the guard shares with
+  the handler (UNKNOWN_GROUP: the node holds no metadata replica) is unknown;
 - after the final heal (`drain`), the admin adds one more entry (a barrier) and every
   node's users and ACLs are read until all nodes agree and hold it, so each has applied
   every change (``sec-final``, the last reads count); every user then logs in on every
@@ -59,6 +61,10 @@ GHOST = "mallory"  # never created: no login of it may succeed
 TOPICS = ("sec-a", "sec-b", "other")  # the ACLs name sec-a, sec-b and the prefix sec-
 _REQUEST_TIMEOUT = 3.0
 _UNKNOWN_CODES = frozenset({Code.TIMEOUT, Code.CONNECTION_LOST, Code.UNAVAILABLE, Code.BUSY})
+# Codes the guard itself may answer besides FORBIDDEN and UNAUTHENTICATED (a node that holds
+# no replica of the metadata group cannot check anyone, `broker.security.Guard`), which the
+# PRODUCE handler gives too: such an answer says nothing about the ACLs.
+_GUARD_OR_HANDLER_CODES = frozenset({Code.UNKNOWN_GROUP, Code.MALFORMED})
 
 
 def harness_superuser() -> tuple[Credentials, dict[str, Any]]:
@@ -283,17 +289,27 @@ class SecurityWorkload:
         else:
             op, header, body = Op.FETCH, {"topic": topic, "queue": 0, "offset": 0, "max": 1,
                                           "max_bytes": 1 << 16, "wait_ms": 0}, b""
+        logged_in = False
         try:
             async with ConnectionPool(credentials=Credentials(user, password)) as pool:
+                # Log in first, with a request any user may make: a login refused for any
+                # reason (UNKNOWN_GROUP from a node whose metadata replica was just moved
+                # away, among others) is then never mistaken for the guard letting the
+                # operation through.
+                await pool.request(self.nodes[node], Op.STATUS, {}, timeout=_REQUEST_TIMEOUT)
+                logged_in = True
                 await pool.request(self.nodes[node], op, header, body, timeout=_REQUEST_TIMEOUT)
         except RequestError as exc:
-            if exc.code == Code.FORBIDDEN:
+            if not logged_in:
+                kind = "fail" if exc.code == Code.UNAUTHENTICATED else "info"
+                rec.complete(process, kind, "authz", user, {"error": str(exc)})
+            elif exc.code == Code.FORBIDDEN:
                 rec.complete(process, "fail", "authz", user, {"denied": True, "error": str(exc)})
             elif exc.code == Code.UNAUTHENTICATED:
                 rec.complete(process, "fail", "authz", user, {"error": str(exc)})
-            elif exc.code in _UNKNOWN_CODES:
+            elif exc.code in _UNKNOWN_CODES or exc.code in _GUARD_OR_HANDLER_CODES:
                 rec.complete(process, "info", "authz", user, {"error": str(exc)})
-            else:  # the guard let it through to the handler, which refused it
+            else:  # only the handler gives this code: the guard let the request through
                 rec.complete(process, "ok", "authz", user, {"code": int(exc.code)})
             return
         except Exception as exc:  # noqa: BLE001 - no answer: unknown
