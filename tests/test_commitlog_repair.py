@@ -21,7 +21,9 @@ from raftlog.commitlog import (
     CorruptEntry,
     OutOfRange,
     encode_entry,
+    split_stored,
 )
+from raftlog.commitlog import _log as commitlog_log
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_marks
 from raftlog.runtime import EntryUnavailable, FetchRaw, GroupRuntime
 from raftlog.types import Entry, EntryType
@@ -157,6 +159,44 @@ def test_repair_is_fsynced_through_the_sync_marks(tmp_path: Path) -> None:
     finally:
         disable_sync_marks(tmp_path / "local")
     assert load_sync_marks(tmp_path / "local").sizes[seg.stat().st_ino] == size
+    local.close()
+    peer.close()
+
+
+def test_repair_many_writes_each_good_copy_and_fsyncs_once_per_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged run repaired from a peer's range: every entry is checked on its own (a
+    wrong copy is refused, an intact local one left alone), the good ones written, and
+    the whole round made durable with one fsync per segment, not one per entry."""
+    local, peer, entries = _pair(tmp_path, n=400)
+    damaged = range(5, 300)
+    segs = set()
+    for i in damaged:
+        seg, off = locate(local, i)
+        flip(seg, off + HEADER_SIZE + 7)
+        segs.add(seg)
+    assert len(segs) >= 2  # the run crosses a segment boundary
+    syncs: list[int] = []
+    real = commitlog_log._datasync
+
+    def counting(fd: int) -> None:
+        syncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(commitlog_log, "_datasync", counting)
+    frames = split_stored(peer.read_raw(4, 301), 4, 301)
+    assert [i for i, _f in frames] == list(range(4, 301))
+    frames[61] = (65, frames[62][1])  # entry 65 offered entry 66's bytes
+    outcome = local.repair_many(frames)
+    assert outcome[4] is False and outcome[300] is False  # intact here: nothing written
+    assert isinstance(outcome[64], bool) and outcome[64]
+    assert isinstance(outcome[65], ValueError)
+    assert all(outcome[i] is True for i in damaged if i != 65)
+    assert len(syncs) == len(segs)
+    assert [c.index for c in local.verify()] == [65]  # the refused one stays corrupt
+    assert local.repair(65, peer.read_raw(65, 66)) is True
+    assert local.entries(1, 401, 1 << 30) == entries
     local.close()
     peer.close()
 
