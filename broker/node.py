@@ -25,9 +25,11 @@ A node owns, in one trio nursery:
 * the retention policy (`broker.retention`), every `retention_check_interval`.
 
 A group that finds corrupt entries in its CommitLog fetches them from its peer replicas
-with READ_RAW requests on their listeners (`_fetch_raw`; see `raftlog.runtime`), over a
-connection opened with the peer handshake (purpose `rpc`), which every node serves
-whatever it is doing, so two nodes repairing from each other never wait on one another.
+with READ_RAW requests on their listeners, a range of entries per request (`_fetch_raw`;
+see `raftlog.runtime`), over the node's one request connection per peer (`PeerRPC`,
+opened with the peer handshake, purpose `rpc`, and shared with the transaction tasks),
+which every node serves whatever it is doing, so two nodes repairing from each other
+never wait on one another.
 
 With `test_sync_marks` (tests only) every fsync under the data directory is recorded
 before the groups open (`raftlog.fsutil.enable_sync_marks`), for simulated power losses.
@@ -63,6 +65,7 @@ from broker.protocol import (
     Frame,
     Op,
     ProtocolError,
+    RequestError,
     error_header,
     frame_limit,
     parse_address,
@@ -79,8 +82,8 @@ from raftlog.core import RaftConfig
 from raftlog.fsutil import CorruptFile, disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime, when_space
 from raftlog.types import Message, MsgType, Role
-from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
-from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer, refuse_peer
+from transport.framing import FrameStream, caller_of, serve_frames
+from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, refuse_peer
 from transport.tls import (
     TLS_HANDSHAKE_TIMEOUT,
     PlaintextRefused,
@@ -98,6 +101,8 @@ log = logging.getLogger("raftmq.node")
 FIRST_FRAME_TIMEOUT = 10.0
 #: Frames between nodes may carry a whole group snapshot (`raftlog` InstallSnapshot).
 PEER_MAX_FRAME = 1 << 30
+#: How long a READ_RAW may take (the repair's own per-peer timeout is shorter).
+READ_RAW_TIMEOUT = 10.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: The deliberate `duplicate-batch` test mutation stores every this-many-th batch a
 #: leader accepts twice: often enough that a few seconds of load store several.
@@ -173,9 +178,11 @@ class Node:
         for gid, voters in sorted(hosted.items()):
             self.groups[gid] = self._new_group(gid, voters)
         self.service = BrokerService(self.registry, self)
-        self.txtasks = TxTasks(self, PeerRPC(
-            config.node_id, self._secret, self.addresses,
-            max_frame=max(self.max_frame, PEER_MAX_FRAME), ssl_context=peer_ssl_context))
+        # requests to other nodes as a peer: READ_RAW for repairs, the transaction tasks'
+        self.rpc = PeerRPC(config.node_id, self._secret, self.addresses,
+                           max_frame=max(self.max_frame, PEER_MAX_FRAME),
+                           ssl_context=peer_ssl_context)
+        self.txtasks = TxTasks(self, self.rpc)
         self.service.tx.finisher = self.txtasks
         self.registrar = Registrar(config.namesrv, config.register_interval,
                                    self._registration_view, ssl_context=peer_ssl_context)
@@ -364,25 +371,18 @@ class Node:
                                    chunk_store=store, chunk_records=self.config.consume_queue_chunk,
                                    mutations=self._mutations)
 
-    async def _fetch_raw(self, group: str, peer: int, index: int) -> bytes:
-        """Entry `index` of `group` as stored by `peer` (READ_RAW on its listener)."""
-        addr = self.peer_addr(peer)
-        if addr is None:
-            raise EntryUnavailable(f"node {peer} is not a peer")
-        fs = await open_frame_stream(addr, max_frame=max(self.max_frame, PEER_MAX_FRAME),
-                                     ssl_context=self._peer_ssl)
-        async with fs:
-            try:
-                await dial_peer(fs, self._secret, self.node_id, peer, purpose="rpc")
-            except (PeerRefused, trio.TooSlowError) as exc:
-                raise EntryUnavailable(f"node {peer}: {exc}") from None
-            await fs.send({"op": int(Op.READ_RAW), "id": 1, "g": group, "index": index})
-            frame = await fs.receive()
-        if frame is None:
-            raise EntryUnavailable(f"node {peer} closed the connection")
-        h = frame.header
-        if h.get("code") != Code.OK:
-            raise EntryUnavailable(f"node {peer}: {h.get('msg')}", gone=h.get("gone") is True)
+    async def _fetch_raw(self, group: str, peer: int, lo: int, hi: int) -> bytes:
+        """Entries [lo, hi) of `group` as stored by `peer`, a prefix holding at least `lo`
+        (READ_RAW over this node's one request connection to that peer)."""
+        try:
+            frame = await self.rpc.request(
+                peer, {"op": int(Op.READ_RAW), "g": group, "index": lo, "hi": hi},
+                timeout=READ_RAW_TIMEOUT)
+        except RequestError as exc:
+            if exc.code in (Code.UNAVAILABLE, Code.TIMEOUT, Code.CONNECTION_LOST):
+                raise  # the peer did not answer: asked last for the rest of the round
+            raise EntryUnavailable(f"node {peer}: {exc.message}",
+                                   gone=exc.extra.get("gone") is True) from None
         return frame.body
 
     def _on_change(self, g: GroupRuntime) -> None:
@@ -455,6 +455,7 @@ class Node:
             self.addresses[self.node_id] = self.addr
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self.rpc.run)  # before the groups' repairs use it
             for g in self.groups.values():
                 nursery.start_soon(self._run_group, g)
             nursery.start_soon(self.peers.run)

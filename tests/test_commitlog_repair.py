@@ -224,23 +224,24 @@ class _Repairing(Group[_Applied]):
         super().__init__(tmp, _Applied, node_dirs=True)
         self.blocked: set[int] = set()
         self.hung: set[int] = set()
-        self.fetches: list[tuple[int, int, int]] = []  # (asker, peer, index)
+        self.fetches: list[tuple[int, int, int]] = []  # (asker, peer, first index asked)
+        self.max_bytes = 1 << 20  # of one answer, as READ_RAW_MAX_BYTES bounds a node's
 
     def fetcher(self, asker: int) -> FetchRaw | None:
-        async def fetch(peer: int, index: int) -> bytes:
+        async def fetch(peer: int, lo: int, hi: int) -> bytes:
             await trio.sleep(0)
-            self.fetches.append((asker, peer, index))
+            self.fetches.append((asker, peer, lo))
             if peer in self.hung:
                 await trio.sleep_forever()
             rt = self.runtimes.get(peer)
             if peer in self.blocked or peer in self.down or rt is None or not rt.is_open:
                 raise OSError("unreachable")
             lg = log_of(rt)
-            if index < lg.first_index():
+            if lo < lg.first_index():
                 raise EntryUnavailable("removed", gone=True)
-            if index > lg.last_index() or index in rt.unrepaired:
+            if lo > lg.last_index() or lo in rt.unrepaired:
                 raise EntryUnavailable("not here")
-            return bytes(lg.read_raw(index, index + 1))
+            return (await rt.read_raw(lo, hi, self.max_bytes))[1]
 
         return fetch
 
@@ -487,9 +488,11 @@ def test_a_repair_the_log_refuses_leaves_the_entry_unreadable_and_the_replica_ru
         def refusing(fn: Callable[[], Any]) -> Any:
             # the log's own refusal (an index record placing the entry where it cannot
             # be written), through the runtime's disk-call seam; the log stays open
-            if getattr(getattr(fn, "func", None), "__name__", "") == "repair":
-                refused.append(fn.args[0])  # type: ignore[attr-defined]
-                raise CommitLogError(f"entry {fn.args[0]} would run past the next segment")  # type: ignore[attr-defined]
+            if getattr(getattr(fn, "func", None), "__name__", "") == "repair_many":
+                indexes = [i for i, _raw in fn.args[0]]  # type: ignore[attr-defined]
+                refused.extend(indexes)
+                return {i: CommitLogError(f"entry {i} would run past the next segment")
+                        for i in indexes}
             return fn()
 
         async with trio.open_nursery() as n:
