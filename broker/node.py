@@ -99,8 +99,10 @@ log = logging.getLogger("raftmq.node")
 
 #: How long a new connection may take to send its first frame before it is closed.
 FIRST_FRAME_TIMEOUT = 10.0
-#: Frames between nodes may carry a whole group snapshot (`raftlog` InstallSnapshot).
-PEER_MAX_FRAME = 1 << 30
+#: Peer frames may be this much larger than a client's: the largest entry a client's
+#: request makes still fits once re-framed as a Raft append (or a READ_RAW answer). A
+#: snapshot larger than a frame travels in chunks (`broker.peers`).
+PEER_FRAME_HEADROOM = 1 << 20
 #: How long a READ_RAW may take (the repair's own per-peer timeout is shorter).
 READ_RAW_TIMEOUT = 10.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -150,11 +152,12 @@ class Node:
                                        "held when a refill was abandoned",
                                        ["group"], registry=self.metrics.registry)
         self.max_frame = frame_limit(config.max_message_bytes)
+        self.peer_max_frame = self.max_frame + PEER_FRAME_HEADROOM
         from broker.peers import PeerLinks
 
         self._secret = config.cluster_secret.encode()
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
-                               max_frame=max(self.max_frame, PEER_MAX_FRAME),
+                               max_frame=self.peer_max_frame,
                                secret=self._secret, on_lost=self._peer_lost,
                                ssl_context=peer_ssl_context)
         self.groups: dict[str, GroupRuntime[BrokerState]] = {}
@@ -180,7 +183,7 @@ class Node:
         self.service = BrokerService(self.registry, self)
         # requests to other nodes as a peer: READ_RAW for repairs, the transaction tasks'
         self.rpc = PeerRPC(config.node_id, self._secret, self.addresses,
-                           max_frame=max(self.max_frame, PEER_MAX_FRAME),
+                           max_frame=self.peer_max_frame,
                            ssl_context=peer_ssl_context)
         self.txtasks = TxTasks(self, self.rpc)
         self.service.tx.finisher = self.txtasks
@@ -307,7 +310,8 @@ class Node:
         return self.registry.peer_addr(node)
 
     def _send(self, group: str, m: Message) -> None:
-        if m.type == MsgType.SNAPSHOT and chunk_refs(m.snapshot):
+        if m.type == MsgType.SNAPSHOT and (len(m.snapshot) > self.peers.chunk_bytes
+                                           or chunk_refs(m.snapshot)):
             assert self._nursery is not None  # groups run in it
             self._nursery.start_soon(self._ship_snapshot, group, m)
             return
@@ -315,17 +319,21 @@ class Node:
 
     async def _ship_snapshot(self, group: str, m: Message) -> None:
         """Send a snapshot with the chunks it references (read and checked off the event
-        loop): the follower has none of them. A chunk of ours that is damaged, or gone
+        loop): the follower has none of them; one larger than a peer frame goes in
+        chunks (`PeerLinks.send_snapshot`). A chunk of ours that is damaged, or gone
         because a newer snapshot replaced this one meanwhile, is never shipped: the
         leader sends its snapshot again later."""
         refs = chunk_refs(m.snapshot)
-        try:
-            data = await trio.to_thread.run_sync(ship, m.snapshot, refs, self.chunk_stores[group])
-        except (CorruptChunk, OSError) as exc:
-            log.warning("snapshot not sent: a chunk it references is unusable", extra={
-                "fields": {"group": group, "peer": m.dst, "error": str(exc)}})
-            return
-        self.peers.send(group, replace(m, snapshot=data))
+        if refs:
+            try:
+                data = await trio.to_thread.run_sync(ship, m.snapshot, refs,
+                                                     self.chunk_stores[group])
+            except (CorruptChunk, OSError) as exc:
+                log.warning("snapshot not sent: a chunk it references is unusable", extra={
+                    "fields": {"group": group, "peer": m.dst, "error": str(exc)}})
+                return
+            m = replace(m, snapshot=data)
+        await self.peers.send_snapshot(group, m)
 
     def _deliver(self, group: str, m: Message) -> None:
         g = self.groups.get(group)
