@@ -25,9 +25,11 @@ A node owns, in one trio nursery:
 * the retention policy (`broker.retention`), every `retention_check_interval`.
 
 A group that finds corrupt entries in its CommitLog fetches them from its peer replicas
-with READ_RAW requests on their listeners (`_fetch_raw`; see `raftlog.runtime`), over a
-connection opened with the peer handshake (purpose `rpc`), which every node serves
-whatever it is doing, so two nodes repairing from each other never wait on one another.
+with READ_RAW requests on their listeners, a range of entries per request (`_fetch_raw`;
+see `raftlog.runtime`), over the node's one request connection per peer (`PeerRPC`,
+opened with the peer handshake, purpose `rpc`, and shared with the transaction tasks),
+which every node serves whatever it is doing, so two nodes repairing from each other
+never wait on one another.
 
 With `test_sync_marks` (tests only) every fsync under the data directory is recorded
 before the groups open (`raftlog.fsutil.enable_sync_marks`), for simulated power losses.
@@ -63,6 +65,7 @@ from broker.protocol import (
     Frame,
     Op,
     ProtocolError,
+    RequestError,
     error_header,
     frame_limit,
     parse_address,
@@ -79,8 +82,8 @@ from raftlog.core import RaftConfig
 from raftlog.fsutil import CorruptFile, disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime, when_space
 from raftlog.types import Message, MsgType, Role
-from transport.framing import FrameStream, caller_of, open_frame_stream, serve_frames
-from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, dial_peer, refuse_peer
+from transport.framing import FrameStream, caller_of, serve_frames
+from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, refuse_peer
 from transport.tls import (
     TLS_HANDSHAKE_TIMEOUT,
     PlaintextRefused,
@@ -96,8 +99,12 @@ log = logging.getLogger("raftmq.node")
 
 #: How long a new connection may take to send its first frame before it is closed.
 FIRST_FRAME_TIMEOUT = 10.0
-#: Frames between nodes may carry a whole group snapshot (`raftlog` InstallSnapshot).
-PEER_MAX_FRAME = 1 << 30
+#: Peer frames may be this much larger than a client's: the largest entry a client's
+#: request makes still fits once re-framed as a Raft append (or a READ_RAW answer). A
+#: snapshot larger than a frame travels in chunks (`broker.peers`).
+PEER_FRAME_HEADROOM = 1 << 20
+#: How long a READ_RAW may take (the repair's own per-peer timeout is shorter).
+READ_RAW_TIMEOUT = 10.0
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: The deliberate `duplicate-batch` test mutation stores every this-many-th batch a
 #: leader accepts twice: often enough that a few seconds of load store several.
@@ -145,11 +152,12 @@ class Node:
                                        "held when a refill was abandoned",
                                        ["group"], registry=self.metrics.registry)
         self.max_frame = frame_limit(config.max_message_bytes)
+        self.peer_max_frame = self.max_frame + PEER_FRAME_HEADROOM
         from broker.peers import PeerLinks
 
         self._secret = config.cluster_secret.encode()
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
-                               max_frame=max(self.max_frame, PEER_MAX_FRAME),
+                               max_frame=self.peer_max_frame,
                                secret=self._secret, on_lost=self._peer_lost,
                                ssl_context=peer_ssl_context)
         self.groups: dict[str, GroupRuntime[BrokerState]] = {}
@@ -173,9 +181,11 @@ class Node:
         for gid, voters in sorted(hosted.items()):
             self.groups[gid] = self._new_group(gid, voters)
         self.service = BrokerService(self.registry, self)
-        self.txtasks = TxTasks(self, PeerRPC(
-            config.node_id, self._secret, self.addresses,
-            max_frame=max(self.max_frame, PEER_MAX_FRAME), ssl_context=peer_ssl_context))
+        # requests to other nodes as a peer: READ_RAW for repairs, the transaction tasks'
+        self.rpc = PeerRPC(config.node_id, self._secret, self.addresses,
+                           max_frame=self.peer_max_frame,
+                           ssl_context=peer_ssl_context)
+        self.txtasks = TxTasks(self, self.rpc)
         self.service.tx.finisher = self.txtasks
         self.registrar = Registrar(config.namesrv, config.register_interval,
                                    self._registration_view, ssl_context=peer_ssl_context)
@@ -300,7 +310,8 @@ class Node:
         return self.registry.peer_addr(node)
 
     def _send(self, group: str, m: Message) -> None:
-        if m.type == MsgType.SNAPSHOT and chunk_refs(m.snapshot):
+        if m.type == MsgType.SNAPSHOT and (len(m.snapshot) > self.peers.chunk_bytes
+                                           or chunk_refs(m.snapshot)):
             assert self._nursery is not None  # groups run in it
             self._nursery.start_soon(self._ship_snapshot, group, m)
             return
@@ -308,17 +319,21 @@ class Node:
 
     async def _ship_snapshot(self, group: str, m: Message) -> None:
         """Send a snapshot with the chunks it references (read and checked off the event
-        loop): the follower has none of them. A chunk of ours that is damaged, or gone
+        loop): the follower has none of them; one larger than a peer frame goes in
+        chunks (`PeerLinks.send_snapshot`). A chunk of ours that is damaged, or gone
         because a newer snapshot replaced this one meanwhile, is never shipped: the
         leader sends its snapshot again later."""
         refs = chunk_refs(m.snapshot)
-        try:
-            data = await trio.to_thread.run_sync(ship, m.snapshot, refs, self.chunk_stores[group])
-        except (CorruptChunk, OSError) as exc:
-            log.warning("snapshot not sent: a chunk it references is unusable", extra={
-                "fields": {"group": group, "peer": m.dst, "error": str(exc)}})
-            return
-        self.peers.send(group, replace(m, snapshot=data))
+        if refs:
+            try:
+                data = await trio.to_thread.run_sync(ship, m.snapshot, refs,
+                                                     self.chunk_stores[group])
+            except (CorruptChunk, OSError) as exc:
+                log.warning("snapshot not sent: a chunk it references is unusable", extra={
+                    "fields": {"group": group, "peer": m.dst, "error": str(exc)}})
+                return
+            m = replace(m, snapshot=data)
+        await self.peers.send_snapshot(group, m)
 
     def _deliver(self, group: str, m: Message) -> None:
         g = self.groups.get(group)
@@ -364,25 +379,18 @@ class Node:
                                    chunk_store=store, chunk_records=self.config.consume_queue_chunk,
                                    mutations=self._mutations)
 
-    async def _fetch_raw(self, group: str, peer: int, index: int) -> bytes:
-        """Entry `index` of `group` as stored by `peer` (READ_RAW on its listener)."""
-        addr = self.peer_addr(peer)
-        if addr is None:
-            raise EntryUnavailable(f"node {peer} is not a peer")
-        fs = await open_frame_stream(addr, max_frame=max(self.max_frame, PEER_MAX_FRAME),
-                                     ssl_context=self._peer_ssl)
-        async with fs:
-            try:
-                await dial_peer(fs, self._secret, self.node_id, peer, purpose="rpc")
-            except (PeerRefused, trio.TooSlowError) as exc:
-                raise EntryUnavailable(f"node {peer}: {exc}") from None
-            await fs.send({"op": int(Op.READ_RAW), "id": 1, "g": group, "index": index})
-            frame = await fs.receive()
-        if frame is None:
-            raise EntryUnavailable(f"node {peer} closed the connection")
-        h = frame.header
-        if h.get("code") != Code.OK:
-            raise EntryUnavailable(f"node {peer}: {h.get('msg')}", gone=h.get("gone") is True)
+    async def _fetch_raw(self, group: str, peer: int, lo: int, hi: int) -> bytes:
+        """Entries [lo, hi) of `group` as stored by `peer`, a prefix holding at least `lo`
+        (READ_RAW over this node's one request connection to that peer)."""
+        try:
+            frame = await self.rpc.request(
+                peer, {"op": int(Op.READ_RAW), "g": group, "index": lo, "hi": hi},
+                timeout=READ_RAW_TIMEOUT)
+        except RequestError as exc:
+            if exc.code in (Code.UNAVAILABLE, Code.TIMEOUT, Code.CONNECTION_LOST):
+                raise  # the peer did not answer: asked last for the rest of the round
+            raise EntryUnavailable(f"node {peer}: {exc.message}",
+                                   gone=exc.extra.get("gone") is True) from None
         return frame.body
 
     def _on_change(self, g: GroupRuntime) -> None:
@@ -455,6 +463,7 @@ class Node:
             self.addresses[self.node_id] = self.addr
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            await nursery.start(self.rpc.run)  # before the groups' repairs use it
             for g in self.groups.values():
                 nursery.start_soon(self._run_group, g)
             nursery.start_soon(self.peers.run)

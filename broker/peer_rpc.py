@@ -1,7 +1,8 @@
 """Requests from this node to other nodes' listeners, as a proven peer.
 
-The transaction coordinator sends TX_MARKER (peer-only) and a participant asks TX_STATUS
-of other groups' leaders. Each goes over one connection per peer node, opened with the
+The transaction coordinator sends TX_MARKER (peer-only), a participant asks TX_STATUS
+of other groups' leaders, and a group repairing corrupt entries asks READ_RAW of its
+peer replicas (`broker.node`). Each goes over one connection per peer node, opened with the
 peer handshake (purpose `rpc`, `transport.peerauth`) on first use and kept open, with any
 number of requests in flight on it (matched by id); a connection that fails is dropped
 and the next request dials again. Reader tasks live in the nursery `run` holds, so

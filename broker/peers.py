@@ -18,9 +18,17 @@ dialled one is closed before the handshake completes (a dead peer behind a proxy
 out the election timeout. A quiet link never counts as lost; nor does a connection the
 peer replaced with a newer one.
 
-Frames on a peer link may be larger than a client's (`max_frame`): a Raft snapshot
-travels whole in one message. One that exceeds even that limit is not sent (the
-receiver would have to reset the link); it is logged, and the follower stays behind.
+Frames on a peer link are bounded like a client's (`max_frame`). A Raft snapshot that
+does not fit in one frame travels in chunks (`send_snapshot`, the thesis' chunked
+InstallSnapshot: each chunk a frame with the message's fields, its byte offset `off` and
+the snapshot's size `total`), written one after another as the link drains, with other
+groups' messages and heartbeats between them. The receiver appends each chunk to the
+transfer it continues and hands the core the whole message once the last byte arrived:
+the sans-I/O core sees one SNAPSHOT as before. A chunk that does not continue the
+transfer in progress (a chunk the sender's full queue dropped, a new snapshot) ends
+that transfer; the connection's end ends every one. The core resends a snapshot nobody
+acknowledged, so a transfer cut short costs a retry, never a wrong state. A node older
+than chunked transfers cannot take a snapshot larger than one frame.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -43,6 +52,9 @@ __all__ = ["PeerLinks"]
 log = logging.getLogger("raftmq.peers")
 
 _MAX_QUEUED = 64 << 20  # per peer; beyond this new messages are dropped (Raft retries)
+#: The largest snapshot a receiver assembles from chunks (a peer proved who it is; this
+#: only stops a bad size from reserving unbounded memory).
+MAX_SNAPSHOT_BYTES = 1 << 40
 _READ_CHUNK = 1 << 18
 
 
@@ -64,6 +76,7 @@ class _Link:
         self.connected = trio.Event()
         self.dropped = 0
         self.writing = False  # the writer task is in a send_all
+        self.wrote = trio.Event()  # set after each send_all: the queue went to the socket
 
     def enqueue(self, frame: bytes | memoryview) -> None:
         if self.stream is None or self.queued > _MAX_QUEUED:
@@ -96,6 +109,45 @@ class _Link:
         return True
 
 
+class _Transfer:
+    """A snapshot arriving in chunks: its message fields, size and the bytes so far."""
+
+    __slots__ = ("data", "fields", "total")
+
+    def __init__(self, fields: list[Any], total: int) -> None:
+        self.fields = fields
+        self.total = total
+        self.data = bytearray()
+
+
+def _take_chunk(transfers: dict[str, _Transfer], peer: int, h: dict[str, Any],
+                body: bytes) -> bytes | None:
+    """Add one snapshot chunk (header `h`) to its group's transfer; the whole snapshot
+    once this chunk completes it. WireError for a chunk no sender makes (the link is
+    reset); a chunk that does not continue the transfer in progress ends it."""
+    group, fields, off, total = h["g"], h.get("m"), h.get("off"), h.get("total")
+    if (not isinstance(fields, list) or not isinstance(off, int) or not isinstance(total, int)
+            or isinstance(off, bool) or isinstance(total, bool)
+            or not 0 <= off < total <= MAX_SNAPSHOT_BYTES or not body
+            or off + len(body) > total):
+        raise WireError(f"bad snapshot chunk for {group!r}: off {off!r}, total {total!r}, "
+                        f"{len(body)} bytes")
+    t = transfers.get(group)
+    if off == 0:
+        t = transfers[group] = _Transfer(fields, total)
+    elif t is None or off != len(t.data) or t.fields != fields or t.total != total:
+        transfers.pop(group, None)
+        log.info("snapshot chunk out of sequence; transfer dropped", extra={"fields": {
+            "peer": peer, "group": group, "off": off,
+            "have": len(t.data) if t is not None else None}})
+        return None
+    t.data += body
+    if len(t.data) < total:
+        return None
+    del transfers[group]
+    return bytes(t.data)
+
+
 class PeerLinks:
     """All of a node's peer connections. `send` never blocks."""
 
@@ -111,6 +163,10 @@ class PeerLinks:
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.node_id = node_id
+        #: the snapshot bytes one chunk frame carries: half a frame, room for the header
+        self.chunk_bytes = max_frame // 2
+        # (peer, group) -> ((index, term, size) of the snapshot being sent, its transfer)
+        self._transfers: dict[tuple[int, str], tuple[tuple[int, int, int], object]] = {}
         self._secret = secret
         self._ssl = ssl_context  # dial peers over TLS with it (their listener's context)
         self._deliver = deliver
@@ -130,6 +186,52 @@ class PeerLinks:
                 "max_frame": self._max_frame}})
             return
         link.enqueue(frame)
+
+    async def send_snapshot(self, group: str, m: Message) -> int:
+        """Send a SNAPSHOT message, in chunks when it is larger than `chunk_bytes`: each
+        written once the link has taken the one before, so a large snapshot never fills
+        the queue other messages share. Returns the snapshot bytes this call queued, once
+        the last chunk is queued, or early when the connection changes, a chunk is
+        dropped or a newer snapshot for the peer and group takes over (the core resends
+        later); 0 for a retry of the transfer under way, which goes on undisturbed (a
+        restart at each retry would never finish a transfer longer than the retry time)."""
+        fields, body = message_to_wire(m)
+        if len(body) <= self.chunk_bytes:
+            self.send(group, m)
+            return len(body)
+        link = self._links.get(m.dst)
+        if link is None or link.stream is None:
+            return 0
+        view = memoryview(body)
+        total = len(view)
+        key, what = (m.dst, group), (m.log_index, m.log_term, total)
+        current = self._transfers.get(key)
+        if current is not None and current[0] == what:
+            return 0  # the core's retry of a transfer still under way: let that one finish
+        token = object()  # a newer snapshot for this peer and group ends an older transfer
+        self._transfers[key] = (what, token)
+        stream, dropped = link.stream, link.dropped
+        sent = 0
+        try:
+            for off in range(0, total, self.chunk_bytes):
+                while link.queue and link.stream is stream:  # the last chunk still queued
+                    with trio.move_on_after(1.0):  # a link detached meanwhile writes nothing
+                        await link.wrote.wait()
+                if (link.stream is not stream or link.dropped != dropped
+                        or self._transfers.get(key, (None, None))[1] is not token):
+                    log.info("snapshot transfer cut short; the leader resends it", extra={
+                        "fields": {"peer": m.dst, "group": group, "sent": off,
+                                   "total": total}})
+                    return sent
+                piece = view[off : off + self.chunk_bytes]
+                link.enqueue(encode_frame({"op": Op.RAFT, "g": group, "m": fields,
+                                           "off": off, "total": total}, piece))
+                sent += len(piece)
+                await trio.lowlevel.checkpoint()
+            return sent
+        finally:
+            if self._transfers.get(key, (None, None))[1] is token:
+                del self._transfers[key]
 
     def connected_peers(self) -> list[int]:
         return sorted(p for p, link in self._links.items() if link.stream is not None)
@@ -187,12 +289,18 @@ class PeerLinks:
     async def _reader(
         self, link: _Link, stream: trio.abc.Stream, decoder: FrameDecoder
     ) -> None:
+        transfers: dict[str, _Transfer] = {}  # group -> snapshot chunks so far
         try:
             while True:
                 while (frame := decoder.next_frame()) is not None:
                     h = frame.header
                     if h.get("op") != Op.RAFT or not isinstance(h.get("g"), str):
                         raise WireError(f"unexpected frame on a peer link: {h.get('op')!r}")
+                    if "off" in h:
+                        whole = _take_chunk(transfers, link.peer, h, frame.body)
+                        if whole is not None:
+                            self._deliver(h["g"], message_from_wire(h["m"], whole))
+                        continue
                     self._deliver(h["g"], message_from_wire(h.get("m"), frame.body))
                 data = await read_some(stream, _READ_CHUNK)
                 if not data:
@@ -234,3 +342,5 @@ class PeerLinks:
                 _hard_close(stream)
             finally:
                 link.writing = False
+                link.wrote.set()
+                link.wrote = trio.Event()

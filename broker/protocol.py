@@ -88,8 +88,11 @@ class Op(IntEnum):
     #   "first", msg: client-first) -> (msg: server-first); (step: "final", msg:
     #   client-final) -> (msg: server-final, user); see broker.security
     RAFT = 2  # (g: group, m: message fields) body: stored entries; one-way
-    READ_RAW = 3  # node to node, for repairing a corrupt entry: (g, index) -> (term)
-    #               body: the entry's stored bytes; NOT_FOUND (gone: retention removed it)
+    READ_RAW = 3  # node to node, for repairing corrupt entries: (g, index, hi?) -> (term)
+    #   body: the stored bytes of entries [index, index + n), 1 <= n <= hi - index (hi
+    #   defaults to index + 1; the answer ends before the answering replica's own next
+    #   unreadable entry, and within broker.service.READ_RAW_MAX_BYTES); NOT_FOUND (gone: retention removed
+    #   entry `index`)
     PRODUCE = 10  # (g) body: a batch (broker.records) -> (base, n, index, dup); or
     #   (g, sizes) body: batches back to back -> (results: an outcome per batch); see
     #   broker.produce_wire

@@ -87,6 +87,9 @@ Handler = Callable[[Caller, dict[str, Any], bytes], Awaitable[Response]]
 
 MAX_FETCH_COUNT = 1024
 MAX_FETCH_BYTES = 8 << 20
+#: A READ_RAW answer holds entries up to this size (and always its first entry), well
+#: under the client frame limit.
+READ_RAW_MAX_BYTES = 4 << 20
 MAX_WAIT_MS = 60_000
 DEFAULT_WAIT_MS = 15_000  # RocketMQ's long-poll hold
 READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
@@ -899,10 +902,15 @@ class BrokerService:
         return ok_header(0, msgs=msgs, searched=led), b"".join(parts)
 
     async def _read_raw(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        """A peer repairing entry `index` asks for its stored bytes (any replica's copy
-        of an entry with the same index and term is the same: Log Matching)."""
+        """A peer repairing entries [index, hi) asks for their stored bytes (any replica's
+        copy of an entry with the same index and term is the same: Log Matching); it gets
+        a prefix of the range, at least entry `index`, one request for a damaged segment's
+        hundreds of entries rather than one each."""
         g = self._group(h.get("g"))
         index = _field(h, "index", int)
+        hi = _field(h, "hi", int, index + 1)
+        if hi <= index:
+            raise RequestError(Code.MALFORMED, f"hi {hi} must be above index {index}")
         if not g.is_open:
             raise RequestError(Code.BUSY, f"group {g.group_id} is not open")
         first, last = g.log_bounds()
@@ -913,7 +921,7 @@ class BrokerService:
             raise RequestError(Code.NOT_FOUND, f"entry {index} is not readable here (last is "
                                f"{last})", gone=False)
         try:
-            term, raw = await g.read_raw(index)
+            term, raw = await g.read_raw(index, hi, READ_RAW_MAX_BYTES)
         except CorruptEntry:  # already sent for repair
             raise RequestError(Code.NOT_FOUND, f"entry {index} is corrupt here too",
                                gone=False) from None

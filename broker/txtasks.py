@@ -111,8 +111,7 @@ class TxTasks:
         return [gc.id for gc in self.config.groups]
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.rpc.run)
+        async with trio.open_nursery() as nursery:  # `rpc` runs in the node's nursery
             self._nursery = nursery
             task_status.started()
             try:

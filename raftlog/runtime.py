@@ -73,10 +73,11 @@ it, no campaigning, frozen once it is the next to apply), which learns of them a
 (the CommitLog's recovery report plus a `verify` of every entry the replay will apply,
 those after the snapshot), whenever a read meets one (the core's own reads through the
 guard below, and `report_corrupt` for other readers), and lists them in `Ready.repair`.
-A repair task fetches each one's stored bytes from a peer replica (`fetch_raw`, e.g.
-the node's READ_RAW request; any replica's entry with the same index and term is the
-same entry), has `CommitLog.repair` check and write them, tells the core
-(`entry_repaired`), and retries across peers with backoff until it succeeds.
+A repair task fetches their stored bytes from a peer replica a run of consecutive
+entries at a time (`fetch_raw`, e.g. the node's READ_RAW request, which answers a prefix
+of the run; any replica's entry with the same index and term is the same entry), has
+`CommitLog.repair_many` check each and write them with one fsync, tells the core
+(`entry_repaired`), and retries across peers with backoff until each is repaired.
 
 An entry no peer holds any more (every peer answers that retention removed it), or one
 `CommitLog.repair` refuses to write back in this log (its index record places it where
@@ -99,7 +100,14 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
 
-from raftlog.commitlog import CommitLog, CommitLogError, CorruptEntry, EntryDraft, SegmentInfo
+from raftlog.commitlog import (
+    CommitLog,
+    CommitLogError,
+    CorruptEntry,
+    EntryDraft,
+    SegmentInfo,
+    split_stored,
+)
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.driver import Blocking, drain_async
 from raftlog.hardstate import HardStateFile
@@ -191,9 +199,10 @@ class EntryUnavailable(Exception):
         self.gone = gone
 
 
-#: (peer node id, Raft index) -> that entry's stored bytes at the peer (`read_raw`);
-#: raises EntryUnavailable or any transport error.
-FetchRaw = Callable[[int, int], Awaitable[bytes]]
+#: (peer node id, lo, hi) -> the stored bytes at the peer of entries [lo, hi) (`read_raw`),
+#: a prefix of that range holding at least entry `lo`; raises EntryUnavailable (the peer
+#: cannot supply `lo`) or any transport error.
+FetchRaw = Callable[[int, int, int], Awaitable[bytes]]
 
 #: How a worker thread makes one blocking disk call for a group: ``disk_call(fn)``
 #: returns ``fn()``. The default is exactly that; a test may slow the call down.
@@ -204,6 +213,7 @@ def _call(fn: Callable[[], Any]) -> Any:
     return fn()
 
 _REPAIR_TIMEOUT = 3.0  # seconds for one fetch from one peer
+_REPAIR_RANGE = 4096  # entries asked for at most in one fetch (the peer bounds the bytes)
 _REPAIR_BACKOFF = (0.05, 5.0)  # first and longest pause between rounds over the peers
 _REPAIR_GONE_PAUSE = 60.0  # between rounds once every peer said the entry is gone
 _RECENT_BYTES = 32 << 20  # written-but-unapplied entry data served from memory
@@ -545,6 +555,7 @@ class GroupRuntime(Generic[M]):
         self._guard: _GuardedLog | None = None
         self._nursery: trio.Nursery | None = None  # run()'s: snapshot installs run in it
         self.repaired = 0  # entries repaired from a peer since start
+        self.repair_requests = 0  # fetches from peers the repairs made since start
         self._repair_needed = trio.Event()
         self._frozen = False  # what `core.frozen` was last seen as (for the logs)
         self._repair_rounds = 0
@@ -990,6 +1001,7 @@ class GroupRuntime(Generic[M]):
             "refilling": core.refilling,
             "unrepaired": sorted(core.unreadable),
             "repaired": self.repaired,
+            "repair_requests": self.repair_requests,
             "refill_gap": list(self.refill_gap) if self.refill_gap is not None else None,
             "disk_full": self.disk_full,
         }
@@ -1034,16 +1046,22 @@ class GroupRuntime(Generic[M]):
             raise
         return entries[0]
 
-    async def read_raw(self, index: int) -> tuple[int, bytes]:
-        """(term, stored bytes) of entry `index`, for a peer repairing its copy (any
-        replica's entry with the same index and term is the same), read in a worker
-        thread. A corrupt one is sent for repair here too and `CorruptEntry` raised."""
+    async def read_raw(self, index: int, hi: int | None = None,
+                       max_bytes: int = 1 << 62) -> tuple[int, bytes]:
+        """(term of `index`, stored bytes of entries [index, hi)), for a peer repairing its
+        copies (any replica's entry with the same index and term is the same), read in a
+        worker thread: entry `index` always, then those after it up to `hi` (default: just
+        `index`) that fit in `max_bytes`, ending before this replica's own next unreadable
+        entry. A corrupt `index` is sent for repair here too and `CorruptEntry` raised."""
         lg = self._log
         assert lg is not None
         await self._writable()
+        hi = index + 1 if hi is None else max(hi, index + 1)
+        later = [i for i in self.unrepaired if index < i < hi]
+        hi = min([hi, lg.last_index() + 1, *later])
 
         def read() -> tuple[int, bytes]:
-            return lg.term(index), bytes(lg.read_raw(index, index + 1))
+            return lg.term(index), bytes(lg.read_raw(index, hi, max_bytes=max_bytes))
 
         try:
             found: tuple[int, bytes] = await self._with_log(read)
@@ -1187,7 +1205,18 @@ class GroupRuntime(Generic[M]):
                 continue
             self._repair_needed = trio.Event()
             unanswered: set[int] = set()  # peers that failed this round are asked last
-            outcomes = [await self._repair_one(i, unanswered) for i in sorted(self.unrepaired)]
+            outcomes: list[str] = []
+            cursor = 0
+            while True:  # a run of consecutive unrepaired entries at a time, in order
+                left = [i for i in self.unrepaired if i >= cursor]
+                if not left:
+                    break
+                lo = min(left)
+                hi = lo + 1
+                while hi in self.unrepaired:
+                    hi += 1
+                outcomes.append(await self._repair_range(lo, hi, unanswered))
+                cursor = lo + 1  # what the range repaired left `unrepaired` meanwhile
             if not self.unrepaired:
                 continue
             if outcomes and all(o in ("gone", "refused") for o in outcomes):
@@ -1203,23 +1232,28 @@ class GroupRuntime(Generic[M]):
         self._core.entry_repaired(index)
         self._wakeup.set()
 
-    async def _repair_one(self, index: int, unanswered: set[int]) -> str:
-        """One round over the peers for entry `index`: "repaired", "dropped" (no longer
-        in the log), "gone" (every peer said retention removed it), "refused" (this log
-        cannot take the entry back: it stays unreadable, retried rarely; a log closed by
-        a failed write or fsync still ends the group) or "failed".
+    async def _repair_range(self, lo: int, hi: int, unanswered: set[int]) -> str:
+        """One round over the peers for the unrepaired entries [lo, hi): each peer is
+        asked for the range (it answers a prefix of it, at least entry `lo`: up to its own
+        first unreadable entry, or a size bound), whatever it supplies is written with
+        one fsync, and the next peer is asked only while `lo` itself is not settled.
+        Returns what became of `lo`: "repaired", "dropped" (no longer in the log),
+        "gone" (every peer said retention removed it), "refused" (this log cannot take
+        the entry back: it stays unreadable, retried rarely; a log closed by a failed
+        write or fsync still ends the group) or "failed".
 
-        The peer that supplied the last entry is asked first, and peers in `unanswered`
-        (they failed or timed out earlier in this round; one is added here when it
-        fails) last: a damaged segment holds hundreds of entries, and a peer that is
-        down would otherwise cost a timeout for each of them."""
+        The peer that supplied the last entries is asked first, and peers in
+        `unanswered` (they failed or timed out earlier in this round; one is added here
+        when it fails) last: a damaged segment holds hundreds of entries, and a peer that
+        is down would otherwise cost a timeout for each range."""
         lg, core = self._log, self._core
         assert lg is not None and core is not None
         await self._log_free()
-        if not lg.first_index() <= index <= lg.last_index():
-            self._repaired(index)
+        if not lg.first_index() <= lo <= lg.last_index():
+            self._repaired(lo)
             return "dropped"
-        term = lg.term(index)
+        hi = min(hi, lg.last_index() + 1, lo + _REPAIR_RANGE)
+        terms = {i: lg.term(i) for i in range(lo, hi)}
         peers = sorted(p for p in core.membership.members | set(self.replicas)
                        if p != self.node_id)
         if self._fetch_raw is None or not peers:
@@ -1230,60 +1264,86 @@ class GroupRuntime(Generic[M]):
         peers.sort(key=lambda p: (p in unanswered, p != self._repair_source))
         gone = 0
         for peer in peers:
+            self.repair_requests += 1
             try:
                 with trio.fail_after(_REPAIR_TIMEOUT):
-                    raw = await self._fetch_raw(peer, index)
+                    raw = await self._fetch_raw(peer, lo, hi)
             except EntryUnavailable as exc:
                 gone += exc.gone
                 log.debug("peer cannot supply the entry", extra={"fields": {
-                    "group": self.group_id, "index": index, "peer": peer, "error": str(exc)}})
+                    "group": self.group_id, "index": lo, "peer": peer, "error": str(exc)}})
                 continue
             except Exception as exc:  # noqa: BLE001 - any failure of one peer: ask the next
                 unanswered.add(peer)
                 log.debug("fetching the entry failed", extra={"fields": {
-                    "group": self.group_id, "index": index, "peer": peer, "error": repr(exc)}})
+                    "group": self.group_id, "index": lo, "peer": peer, "error": repr(exc)}})
                 continue
-            await self._hold.take()
-            try:
-                if index not in self.unrepaired:
-                    return "dropped"  # overwritten or dropped while we waited
-                if not lg.first_index() <= index <= lg.last_index() or lg.term(index) != term:
-                    self._repaired(index)
-                    return "dropped"
-                try:
-                    await self._offload(partial(lg.repair, index, raw))
-                except (CorruptEntry, ValueError) as exc:
-                    log.warning("a peer's copy of the entry was rejected", extra={"fields": {
-                        "group": self.group_id, "index": index, "peer": peer,
-                        "error": str(exc)}})
-                    continue
-                except CommitLogError as exc:
-                    if lg.closed:
-                        raise  # a failed write or fsync: only a restart's recovery can tell
-                    if index not in self._refused_logged:
-                        self._refused_logged.add(index)
-                        log.error("corrupt entry cannot be repaired in this log; it stays "
-                                  "unreadable and is retried later", extra={"fields": {
-                                      "group": self.group_id, "index": index,
-                                      "error": str(exc)}})
-                    return "refused"
-                self._repaired(index)
-            finally:
-                self._let_go()
-            self.repaired += 1
-            self._repair_source = peer
-            log.info("entry repaired from a peer", extra={"fields": {
-                "group": self.group_id, "index": index, "term": term, "peer": peer}})
-            self._wakeup.set()
-            return "repaired"
+            # a first entry whose header fails goes to `repair` whole, which says why
+            frames = split_stored(raw, lo, hi) or [(lo, memoryview(raw).cast("B"))]
+            outcome = await self._write_repairs(peer, lo, frames, terms)
+            if outcome is not None:
+                return outcome
         if gone == len(peers):
-            if index not in self._gone_logged:
-                self._gone_logged.add(index)
+            if lo not in self._gone_logged:
+                self._gone_logged.add(lo)
                 log.error("corrupt entry cannot be repaired: no peer holds it any more (retention "
                           "removed it); it stays unreadable", extra={"fields": {
-                              "group": self.group_id, "index": index, "applied": core.applied}})
+                              "group": self.group_id, "index": lo, "applied": core.applied}})
             return "gone"
         return "failed"
+
+    async def _write_repairs(self, peer: int, lo: int, frames: list[tuple[int, memoryview]],
+                             terms: dict[int, int]) -> str | None:
+        """Write the entries `peer` supplied (`CommitLog.repair_many`: one fsync) that are
+        still unrepaired and still the entries of `terms`; what became of `lo` ("repaired",
+        "dropped", "refused"), None when it is still to be asked of another peer."""
+        lg = self._log
+        assert lg is not None
+        await self._hold.take()
+        try:
+            if lo not in self.unrepaired:
+                return "dropped"  # overwritten or dropped while we waited
+            todo: list[tuple[int, memoryview]] = []
+            for index, frame in frames:
+                if index not in self.unrepaired:
+                    continue
+                if (not lg.first_index() <= index <= lg.last_index()
+                        or lg.term(index) != terms[index]):
+                    self._repaired(index)  # overwritten: the new entry was never damaged
+                    continue
+                todo.append((index, frame))
+            if lo not in self.unrepaired:
+                return "dropped"
+            results = await self._offload(partial(lg.repair_many, todo)) if todo else {}
+        finally:
+            self._let_go()
+        outcome: str | None = None
+        for index, result in sorted(results.items()):
+            if isinstance(result, bool):
+                self._repaired(index)
+                self.repaired += 1
+                self._repair_source = peer
+                log.info("entry repaired from a peer", extra={"fields": {
+                    "group": self.group_id, "index": index, "term": terms[index],
+                    "peer": peer}})
+                if index == lo:
+                    outcome = "repaired"
+            elif isinstance(result, (CorruptEntry, ValueError)):
+                log.warning("a peer's copy of the entry was rejected", extra={"fields": {
+                    "group": self.group_id, "index": index, "peer": peer,
+                    "error": str(result)}})
+            else:  # the index places it where this log cannot write it
+                if index not in self._refused_logged:
+                    self._refused_logged.add(index)
+                    log.error("corrupt entry cannot be repaired in this log; it stays "
+                              "unreadable and is retried later", extra={"fields": {
+                                  "group": self.group_id, "index": index,
+                                  "error": str(result)}})
+                if index == lo:
+                    outcome = "refused"
+        if results:
+            self._wakeup.set()
+        return outcome
 
     async def _sync_loop(self) -> None:
         core, lg = self._core, self._log

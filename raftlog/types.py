@@ -235,11 +235,12 @@ class Message:
     - REFILL_PROBE_RESP: `context` echoed; `reject` when the sender cannot refill it (it
       is refilling or installing too, or its log ends before that entry).
 
-    The whole snapshot travels in one message, which keeps the protocol simple while
-    states are small next to what a link carries in an election timeout. Large states
-    would want the thesis' chunked transfer (offset + done flag, acknowledged per chunk),
-    so that one transfer neither holds the whole image in one buffer nor delays the
-    heartbeats that share the link.
+    The core hands out the whole snapshot in one message, which keeps the protocol
+    simple; the shell's transport may carry it in chunks (the node's peer links do, with
+    each chunk's offset and the total size, heartbeats passing between chunks) and
+    steps the receiver's core with the reassembled message. The image is held whole in
+    memory at both ends; the thesis' per-chunk acknowledgements are not needed over one
+    ordered connection, and a transfer cut short is resent whole like a lost message.
     """
 
     type: MsgType

@@ -21,7 +21,9 @@ from raftlog.commitlog import (
     CorruptEntry,
     OutOfRange,
     encode_entry,
+    split_stored,
 )
+from raftlog.commitlog import _log as commitlog_log
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_marks
 from raftlog.runtime import EntryUnavailable, FetchRaw, GroupRuntime
 from raftlog.types import Entry, EntryType
@@ -161,6 +163,44 @@ def test_repair_is_fsynced_through_the_sync_marks(tmp_path: Path) -> None:
     peer.close()
 
 
+def test_repair_many_writes_each_good_copy_and_fsyncs_once_per_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged run repaired from a peer's range: every entry is checked on its own (a
+    wrong copy is refused, an intact local one left alone), the good ones written, and
+    the whole round made durable with one fsync per segment, not one per entry."""
+    local, peer, entries = _pair(tmp_path, n=400)
+    damaged = range(5, 300)
+    segs = set()
+    for i in damaged:
+        seg, off = locate(local, i)
+        flip(seg, off + HEADER_SIZE + 7)
+        segs.add(seg)
+    assert len(segs) >= 2  # the run crosses a segment boundary
+    syncs: list[int] = []
+    real = commitlog_log._datasync
+
+    def counting(fd: int) -> None:
+        syncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(commitlog_log, "_datasync", counting)
+    frames = split_stored(peer.read_raw(4, 301), 4, 301)
+    assert [i for i, _f in frames] == list(range(4, 301))
+    frames[61] = (65, frames[62][1])  # entry 65 offered entry 66's bytes
+    outcome = local.repair_many(frames)
+    assert outcome[4] is False and outcome[300] is False  # intact here: nothing written
+    assert isinstance(outcome[64], bool) and outcome[64]
+    assert isinstance(outcome[65], ValueError)
+    assert all(outcome[i] is True for i in damaged if i != 65)
+    assert len(syncs) == len(segs)
+    assert [c.index for c in local.verify()] == [65]  # the refused one stays corrupt
+    assert local.repair(65, peer.read_raw(65, 66)) is True
+    assert local.entries(1, 401, 1 << 30) == entries
+    local.close()
+    peer.close()
+
+
 # --------------------------------------------------------------------------- runtime
 
 
@@ -184,23 +224,24 @@ class _Repairing(Group[_Applied]):
         super().__init__(tmp, _Applied, node_dirs=True)
         self.blocked: set[int] = set()
         self.hung: set[int] = set()
-        self.fetches: list[tuple[int, int, int]] = []  # (asker, peer, index)
+        self.fetches: list[tuple[int, int, int]] = []  # (asker, peer, first index asked)
+        self.max_bytes = 1 << 20  # of one answer, as READ_RAW_MAX_BYTES bounds a node's
 
     def fetcher(self, asker: int) -> FetchRaw | None:
-        async def fetch(peer: int, index: int) -> bytes:
+        async def fetch(peer: int, lo: int, hi: int) -> bytes:
             await trio.sleep(0)
-            self.fetches.append((asker, peer, index))
+            self.fetches.append((asker, peer, lo))
             if peer in self.hung:
                 await trio.sleep_forever()
             rt = self.runtimes.get(peer)
             if peer in self.blocked or peer in self.down or rt is None or not rt.is_open:
                 raise OSError("unreachable")
             lg = log_of(rt)
-            if index < lg.first_index():
+            if lo < lg.first_index():
                 raise EntryUnavailable("removed", gone=True)
-            if index > lg.last_index() or index in rt.unrepaired:
+            if lo > lg.last_index() or lo in rt.unrepaired:
                 raise EntryUnavailable("not here")
-            return bytes(lg.read_raw(index, index + 1))
+            return (await rt.read_raw(lo, hi, self.max_bytes))[1]
 
         return fetch
 
@@ -447,9 +488,11 @@ def test_a_repair_the_log_refuses_leaves_the_entry_unreadable_and_the_replica_ru
         def refusing(fn: Callable[[], Any]) -> Any:
             # the log's own refusal (an index record placing the entry where it cannot
             # be written), through the runtime's disk-call seam; the log stays open
-            if getattr(getattr(fn, "func", None), "__name__", "") == "repair":
-                refused.append(fn.args[0])  # type: ignore[attr-defined]
-                raise CommitLogError(f"entry {fn.args[0]} would run past the next segment")  # type: ignore[attr-defined]
+            if getattr(getattr(fn, "func", None), "__name__", "") == "repair_many":
+                indexes = [i for i, _raw in fn.args[0]]  # type: ignore[attr-defined]
+                refused.extend(indexes)
+                return {i: CommitLogError(f"entry {i} would run past the next segment")
+                        for i in indexes}
             return fn()
 
         async with trio.open_nursery() as n:

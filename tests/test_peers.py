@@ -6,16 +6,17 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 import trustme
 
-from broker.peers import PeerLinks
+from broker.peers import PeerLinks, _take_chunk
 from broker.protocol import FrameDecoder
 from chaos.cluster import free_ports
 from chaos.proxy import Proxy
 from raftlog.types import Membership, Message, MsgType, Role
-from raftlog.wire import message_from_wire
+from raftlog.wire import WireError, message_from_wire, message_to_wire
 from tests.raft_harness import Cluster
 from transport.framing import FrameStream
 from transport.peerauth import PeerRefused, accept_peer
@@ -198,3 +199,82 @@ def test_peer_links_run_over_tls_when_given_a_context() -> None:
     stranger = ssl.create_default_context()  # trusts no certificate of ours
     got1, got2 = _pair(SECRET, SECRET, server_tls=server, client_tls=stranger)
     assert got1 == [] and got2 == []
+
+
+def test_a_snapshot_larger_than_a_frame_arrives_whole_in_chunks_between_heartbeats() -> None:
+    """Chunked InstallSnapshot at the link: a snapshot five times the frame limit leaves
+    in chunks, heartbeats of the same link pass between them, a retry of the same
+    snapshot while it is under way does not start a second transfer over it, and the
+    receiver hands over one SNAPSHOT message, byte for byte the one sent."""
+    got: list[Message] = []
+    members = Membership(frozenset({1, 2}), frozenset({3}))
+    data = bytes(range(256)) * (5 * 4096 + 7)  # ~5 MiB, not a multiple of a chunk
+    snap = Message(MsgType.SNAPSHOT, 1, 2, 7, log_index=900, log_term=6, commit=880,
+                   hint_index=400, hint_term=5, snapshot=data, membership=members)
+    sent: list[int] = []
+    retried: list[int] = []
+
+    async def main() -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        addr = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        one = PeerLinks(1, {1: "127.0.0.1:1", 2: addr}, lambda g, m: None,
+                        max_frame=1 << 20, secret=SECRET)
+        two = PeerLinks(2, {1: "127.0.0.1:1", 2: addr}, lambda g, m: got.append(m),
+                        max_frame=1 << 20, secret=SECRET)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners,
+                               lambda s: _accepting(two, SECRET, s, None), listeners)
+            nursery.start_soon(one.run)
+            nursery.start_soon(two.run)
+            while not got:
+                one.send("g", Message(MsgType.HEARTBEAT, 1, 2, 7, commit=0))
+                await trio.sleep(0.01)
+            assert len(data) > 4 * (1 << 20) and one.chunk_bytes <= 1 << 19
+            one.send("g", snap)  # too large for one frame: `send` alone drops it
+            done = trio.Event()
+
+            async def send(to: list[int]) -> None:
+                to.append(await one.send_snapshot("g", snap))
+                if len(sent) + len(retried) == 2:
+                    done.set()
+
+            nursery.start_soon(send, sent)
+            while not one._transfers:  # under way
+                await trio.sleep(0)
+            nursery.start_soon(send, retried)  # the core's retry meanwhile
+            while not any(m.type == MsgType.SNAPSHOT for m in got):
+                one.send("g", Message(MsgType.HEARTBEAT, 1, 2, 7, commit=1))
+                await trio.sleep(0)
+            await done.wait()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    snaps = [i for i, m in enumerate(got) if m.type == MsgType.SNAPSHOT]
+    assert len(snaps) == 1 and got[snaps[0]] == snap
+    beats = [m.commit for m in got[: snaps[0]] if m.type == MsgType.HEARTBEAT]
+    assert 1 in beats  # heartbeats sent after the first chunk arrived before the last
+    assert sent == [len(data)] and retried == [0]  # one transfer, sent once
+
+
+def test_a_chunk_that_does_not_continue_its_transfer_ends_it() -> None:
+    members = Membership(frozenset({1, 2}))
+    m = Message(MsgType.SNAPSHOT, 1, 2, 3, log_index=9, log_term=3, snapshot=b"abcdef",
+                membership=members)
+    fields, _ = message_to_wire(m)
+
+    def chunk(off: int, total: int = 6) -> dict[str, Any]:
+        return {"op": 2, "g": "g", "m": fields, "off": off, "total": total}
+
+    transfers: dict[str, Any] = {}
+    assert _take_chunk(transfers, 1, chunk(0), b"ab") is None
+    assert _take_chunk(transfers, 1, chunk(4), b"ef") is None  # "cd" was lost
+    assert transfers == {}
+    assert _take_chunk(transfers, 1, chunk(2), b"cd") is None  # nothing to continue
+    assert _take_chunk(transfers, 1, chunk(0), b"abc") is None
+    whole = _take_chunk(transfers, 1, chunk(3), b"def")
+    assert whole == b"abcdef" and transfers == {}
+    assert message_from_wire(fields, whole) == m
+    for off, body, total in ((6, b"x", 6), (0, b"", 6), (5, b"xy", 6), (-1, b"x", 6),
+                             (0, b"x", 1 << 41)):
+        with pytest.raises(WireError):
+            _take_chunk(transfers, 1, chunk(off, total), body)

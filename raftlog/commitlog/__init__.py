@@ -35,6 +35,7 @@ from raftlog.commitlog._format import (
     OutOfRange,
     decode_entries,
     encode_entry,
+    split_stored,
 )
 from raftlog.commitlog._index import INDEX_RECORD_SIZE
 from raftlog.commitlog._log import CommitLog, SyncPlan
@@ -56,4 +57,5 @@ __all__ = [
     "SyncPlan",
     "decode_entries",
     "encode_entry",
+    "split_stored",
 ]

@@ -34,6 +34,7 @@ __all__ = [
     "check_stored",
     "decode_entries",
     "encode_entry",
+    "split_stored",
 ]
 
 MAGIC = 0x31514D52  # b"RMQ1" read as a little-endian u32
@@ -171,6 +172,24 @@ def decode_entries(data: bytes | memoryview, *, source: str = "<buffer>") -> lis
         frame = mv[off : off + size]
         out.append(Entry(index, term, TYPES[etype], body, frame=frame))
         off += size
+    return out
+
+
+def split_stored(data: bytes | memoryview, lo: int, hi: int) -> list[tuple[int, memoryview]]:
+    """(index, stored bytes) of the consecutive entries [lo, hi) at the start of `data`
+    (a peer's `read_raw` output), cut by their headers; stops at the first header that
+    does not verify or holds another index. Bodies are not checked here: whoever writes
+    an entry checks it whole (`CommitLog.repair`)."""
+    mv = memoryview(data).cast("B")
+    out: list[tuple[int, memoryview]] = []
+    off, expect, n = 0, lo, len(mv)
+    while expect < hi and n - off >= HEADER_SIZE:
+        err, (_m, size, _term, index, _etype, _bcrc) = check_header(mv, off)
+        if err or index != expect or off + size > n:
+            break
+        out.append((index, mv[off : off + size]))
+        off += size
+        expect += 1
     return out
 
 

@@ -534,7 +534,67 @@ class CommitLog(_Recovery):
         cannot be written: across the next segment's start or past the log's end. A
         failed write or fsync closes the log, as a failed `sync` does.
         """
+        outcome = self.repair_many([(index, raw)])[index]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def repair_many(
+        self, raws: Sequence[tuple[int, bytes | memoryview]]
+    ) -> dict[int, bool | CommitLogError | ValueError]:
+        """`repair` for several entries, (index, that entry's stored bytes from a peer)
+        each, written in turn and then made durable with one fsync per segment written:
+        a damaged segment holds hundreds of entries, and an fsync each costs more than
+        the writes. Each entry is checked on its own, as `repair` checks it: the outcome
+        per index is True (written), False (intact already) or the exception `repair`
+        would raise for it (nothing of that entry is written; the others still are). A
+        failed write or fsync closes the log and raises CommitLogError; a reopen's
+        recovery then says which of the entries are whole."""
         self._check_open()
+        outcome: dict[int, bool | CommitLogError | ValueError] = {}
+        written: list[tuple[int, int, int]] = []  # (index, segment, its end in the segment)
+        for index, raw in raws:
+            try:
+                plan = self._repair_plan(index, raw)
+            except (CommitLogError, ValueError) as exc:  # CorruptEntry is a CommitLogError
+                outcome[index] = exc
+                continue
+            if plan is None:
+                outcome[index] = False
+                continue
+            k, rel, mv = plan
+            try:
+                pwritev_all(self._fd(k), [mv], rel)
+            except OSError as exc:
+                self._close_fds()
+                raise CommitLogError(
+                    f"repairing entry {index} in {self._seg_path(k)} failed: {exc}; the log "
+                    "is closed, reopen it to recover"
+                ) from exc
+            written.append((index, k, rel + len(mv)))
+        for k in sorted({k for _i, k, _e in written}):
+            try:
+                _datasync(self._fd(k))  # a descriptor evicted meanwhile syncs the same file
+            except OSError as exc:
+                self._close_fds()
+                raise CommitLogError(
+                    f"syncing repaired entries in {self._seg_path(k)} failed: {exc}; the log "
+                    "is closed, reopen it to recover"
+                ) from exc
+        for index, k, end in written:
+            # written past the end of a cut segment: the file (maybe with a hole of other
+            # lost entries before this one, unreadable until repaired too) now ends later
+            self._sizes[k] = max(self._sizes[k], end)
+            if index in self.recovery.corrupt:
+                self.recovery.corrupt.remove(index)
+            outcome[index] = True
+        return outcome
+
+    def _repair_plan(
+        self, index: int, raw: bytes | memoryview
+    ) -> tuple[int, int, memoryview] | None:
+        """Where `raw` goes to repair entry `index`: (segment, offset in it, the bytes),
+        None when the local copy is intact already; raises as `repair` documents."""
         if not self._first <= index <= self._last:
             raise OutOfRange(f"index {index} outside [{self._first}, {self._last}]")
         pos, term, size, etype = self._record(index)
@@ -566,10 +626,9 @@ class CommitLog(_Recovery):
                 f"{'the next segment' if k + 1 < len(self._starts) else 'the log end'} "
                 f"at {limit}"
             )
-        fd = self._fd(k)
-        local = memoryview(pread_exact(fd, size, rel))
+        local = memoryview(pread_exact(self._fd(k), size, rel))
         if local == mv:
-            return False
+            return None
         if len(local) >= HEADER_SIZE:
             lerr, (_lm, lsize, lterm, lindex, ltype, _lb) = check_header(local, 0)
             if lerr is None and (lindex, lterm, lsize, ltype) != (index, term, size, etype):
@@ -577,21 +636,7 @@ class CommitLog(_Recovery):
                     f"entry {index}: its intact header (index {lindex}, term {lterm}) "
                     "disagrees with the index; not repairing over it"
                 )
-        try:
-            pwritev_all(fd, [mv], rel)
-            _datasync(fd)
-        except OSError as exc:
-            self._close_fds()
-            raise CommitLogError(
-                f"repairing entry {index} in {self._seg_path(k)} failed: {exc}; the log is "
-                "closed, reopen it to recover"
-            ) from exc
-        # written past the end of a cut segment: the file (maybe with a hole of other
-        # lost entries before this one, unreadable until repaired too) now ends later
-        self._sizes[k] = max(self._sizes[k], rel + size)
-        if index in self.recovery.corrupt:
-            self.recovery.corrupt.remove(index)
-        return True
+        return k, rel, mv
 
     def _walk(
         self,
