@@ -21,6 +21,8 @@ Header fields (short keys on purpose, they are on every frame):
     leader  on NOT_LEADER: the address of the leader the node believes in (or None)
     unknown on NOT_LEADER: true when the write was appended before leadership was lost;
             the next leader may still commit it (`client.errors.may_have_applied`)
+    ready   on NOT_LEADER: false when the node named in `leader` is this very node, elected
+            a moment ago and still applying what its predecessor committed: retry it
 
 Requests and their fields are listed on `Op`; a response to request `id` carries the
 same `id` and no `op`. Raft traffic between nodes (`Op.RAFT`) is one-way. A server may
@@ -96,9 +98,10 @@ class Op(IntEnum):
     PRODUCE = 10  # (g) body: a batch (broker.records) -> (base, n, index, dup); or
     #   (g, sizes) body: batches back to back -> (results: an outcome per batch); see
     #   broker.produce_wire
-    FETCH = 11  # (topic, queue, offset, max, max_bytes, wait_ms) -> (next, min, end, msgs) body
+    FETCH = 11  # (topic, queue, offset, max, max_bytes, wait_ms, g?) -> (next, min, end, msgs)
+    #   body; g: the group the client's route names (answered by its ready leader only)
     COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...], req?: [client, seq]) -> (dup)
-    QUERY_OFFSET = 13  # (cg, topic, queue) -> (offset: int, -1 when none)
+    QUERY_OFFSET = 13  # (cg, topic, queue, g?) -> (offset: int, -1 when none)
     CREATE_TOPIC = 20  # (g, topic, queues: total, hosted: [queue ids]) -> ()
     TOPICS = 21  # (g?) -> (topics: {name: {queues, hosted: {group: [q...]}}}); g: leader, linearizable
     STATUS = 22  # () -> (node, groups: {group: {...}})

@@ -4,6 +4,9 @@ One place, so every request that proposes (produce, topic and offset writes,
 transactions, users and ACLs) tells the client the same thing about the same outcome:
 - not appended here (no leader here, a full disk): ``NOT_LEADER``, safe to retry
   elsewhere;
+- a leader elected a moment ago that has not applied an entry of its own term yet
+  (`NotReady`): ``NOT_LEADER`` naming itself as the leader, with ``ready`` false: retry
+  there shortly, as after an election;
 - appended here, then leadership lost (`ProposalInDoubt`): ``NOT_LEADER`` with
   ``unknown`` set, since the next leader may still commit it: a client must not report
   it as not written;
@@ -16,7 +19,14 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.protocol import Code, RequestError
-from raftlog.runtime import DiskFull, NotLeader, ProposalDropped, ProposalInDoubt, ProposalLost
+from raftlog.runtime import (
+    DiskFull,
+    NotLeader,
+    NotReady,
+    ProposalDropped,
+    ProposalInDoubt,
+    ProposalLost,
+)
 
 
 def refusal(
@@ -31,6 +41,9 @@ def refusal(
     (a batch of `propose_many`), whatever the exception says."""
     if isinstance(exc, NotLeader):
         unknown = in_doubt or isinstance(exc, ProposalInDoubt)
+        if isinstance(exc, NotReady):
+            return RequestError(Code.NOT_LEADER, str(exc), leader=peer_addr(exc.leader),
+                                term=exc.term, ready=False, **fields)
         if isinstance(exc, (ProposalInDoubt, DiskFull)):
             why = str(exc)
         elif unknown:

@@ -375,6 +375,10 @@ class Guard:
         if not g.is_leader:
             raise RequestError(Code.NOT_LEADER, f"this node does not lead the metadata group "
                                f"{gid}", leader=self.node.peer_addr(g.leader), g=gid)
+        try:
+            g.check_ready()  # elected a moment ago: NOT_LEADER naming itself, ready false
+        except NotLeader as exc:
+            raise refusal(exc, self.node.peer_addr, g=g.group_id) from None
         return g
 
     async def propose(self, data: bytes) -> Any:

@@ -106,7 +106,7 @@ _WRITES = frozenset({
 #: consumer's view, Raft traffic belongs on the peer link (never a request), and a
 #: transaction marker is the coordinator's decision, never a client's.
 _PEER_ONLY = frozenset({int(Op.READ_RAW), int(Op.RAFT), int(Op.TX_MARKER)})
-_UNKNOWN = frozenset({Code.UNKNOWN_TOPIC, Code.UNKNOWN_QUEUE})  # refused after `_caught_up`
+_UNKNOWN = frozenset({Code.UNKNOWN_TOPIC, Code.UNKNOWN_QUEUE})  # confirmed before refused
 
 
 def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
@@ -255,39 +255,68 @@ class BrokerService:
         return g
 
     def _leading(self, g: GroupRuntime) -> BrokerState:
-        if not g.is_leader:
-            raise NotLeader(g.leader)
+        """The state of `g` while this node leads it and is ready (`GroupRuntime.
+        check_ready`): a leader elected a moment ago answers NOT_LEADER naming itself,
+        with ready false, until it applied an entry of its own term. Every request that
+        reads or writes a group's state passes here first; one check per request."""
+        g.check_ready()
         return self.groups.states[g.group_id]
 
-    async def _hosting(self, topic: str, queue: int) -> GroupRuntime:
-        """The group on this node that hosts (topic, queue); a topic or queue it does not
-        know is refused only once the groups it leads have applied what they committed
-        (`_caught_up`)."""
-        try:
-            return self._hosted(topic, queue)
-        except RequestError as exc:
-            if exc.code not in _UNKNOWN:
-                raise
-        await self._caught_up([g for g in self.groups.values() if g.is_leader])
-        return self._hosted(topic, queue)
+    async def _hosting(self, topic: str, queue: int, gid: object = None, *,
+                       confirm: bool = True) -> GroupRuntime:
+        """The group led (and ready) here that hosts (topic, queue). With `confirm`, a
+        majority has also confirmed this node still leads it (ReadIndex) before the
+        caller answers from its state, so a deposed leader that does not know it yet
+        neither serves a topic deleted meanwhile nor calls one created meanwhile
+        unknown.
 
-    async def _caught_up(self, led: Sequence[GroupRuntime]) -> None:
-        """Apply everything the groups in `led` committed before now (a read barrier each,
-        together), before refusing a topic or queue as unknown. The commit index is not
-        stored: a leader elected a moment ago may hold its predecessor's CREATE_TOPIC
-        unapplied until its own first entry commits, and a client told UNKNOWN_TOPIC gives
-        up instead of retrying. A group that lost its leadership meanwhile is skipped: the
-        refusal stands for the groups still led here."""
-
-        async def barrier(g: GroupRuntime) -> None:
+        `gid` is the group the client's route names (the SDK sends it): only that
+        group's ready leader answers, so a follower whose state lags never calls a topic
+        unknown. Without it (older clients), the topic is looked up in every group
+        hosted here, and an unknown topic or queue is refused only by a node that leads
+        a group, once each group it leads is ready and confirmed (`_confirm_led`): a
+        lagging follower of a group this node does not lead can still miss a topic."""
+        if gid is not None:
+            g = self._group(gid)
+            state = self._leading(g)
+            if not state.hosts(topic, queue):
+                await g.read_barrier()  # confirmed before it refuses, whatever `confirm`
+                cfg = self._leading(g).topic(topic)
+                if cfg is None:
+                    raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+                if queue >= cfg.queues:
+                    raise RequestError(Code.UNKNOWN_QUEUE, f"topic {topic!r} has no queue "
+                                       f"{queue}: its queues are 0..{cfg.queues - 1}")
+                if queue not in cfg.hosted:  # the route is stale: look where it lives here
+                    return await self._hosting(topic, queue, confirm=confirm)
+                return g  # created meanwhile, and confirmed just now
+        else:
             try:
-                await g.read_barrier()
-            except NotLeader:
-                pass
+                g = self._hosted(topic, queue)
+            except RequestError as exc:
+                if exc.code not in _UNKNOWN:
+                    raise
+                await self._confirm_led()
+                g = self._hosted(topic, queue)
+            self._leading(g)
+        if confirm:
+            await self._read_barrier(g)
+        return g
 
+    async def _confirm_led(self) -> None:
+        """Before a topic or queue missing from this node's state is refused as unknown:
+        this node leads a group (else NOT_LEADER, naming a leader of a group it hosts),
+        every group it leads is ready (else NOT_LEADER with ready false), and a majority
+        confirmed each (ReadIndex, together; NotLeader if one was lost meanwhile)."""
+        led = [g for g in self.groups.values() if g.is_leader]
+        if not led:
+            hint = next((g.leader for g in self.groups.values() if g.leader is not None), None)
+            raise NotLeader(hint)
+        for g in led:
+            g.check_ready()
         async with trio.open_nursery() as nursery:
             for g in led:
-                nursery.start_soon(barrier, g)
+                nursery.start_soon(g.read_barrier)
 
     def _hosted(self, topic: str, queue: int) -> GroupRuntime:
         """The group on this node that hosts (topic, queue), by the state applied so far."""
@@ -400,7 +429,7 @@ class BrokerService:
         slots: list[int] = []  # request position of each batch in the entry
         spans: list[tuple[int, int]] = []  # its place in the entry's data
         pos = STORED_PREFIX.size
-        caught_up = False  # a read barrier was passed (`_caught_up`)
+        confirmed = False  # a majority confirmed this node leads (read barrier)
         for i, body in enumerate(bodies):
             end = pos + len(body)
             data[pos:end] = body
@@ -410,10 +439,12 @@ class BrokerService:
                 try:
                     state.queue_range(header.topic, header.queue)
                 except RequestError as exc:  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
-                    if exc.code not in _UNKNOWN or caught_up:
+                    if exc.code not in _UNKNOWN or confirmed:
                         raise
-                    await self._caught_up([g])
-                    caught_up = True
+                    # a deposed leader that does not know it yet must not refuse a topic
+                    # its successor created: confirmed first (the refusal path only)
+                    await g.read_barrier()
+                    confirmed = True
                     state = self._leading(g)
                     state.queue_range(header.topic, header.queue)
             except RequestError as exc:
@@ -500,13 +531,10 @@ class BrokerService:
         wait_ms = min(max(_field(h, "wait_ms", int, DEFAULT_WAIT_MS), 0), MAX_WAIT_MS)
         tags = _field(h, "tags", list, [])
         tag_hashes = {_tag_hash(t) for t in tags} if tags else None
-        g = await self._hosting(topic, queue)
+        # confirmed leader (ReadIndex) before answering: a leader replaced without knowing
+        # it yet must neither report an old end nor serve a topic deleted meanwhile
+        g = await self._hosting(topic, queue, h.get("g"))
         deadline = trio.current_time() + wait_ms / 1000
-        # Whatever depends on where the queue ends (a short answer, an empty one, "offset
-        # too large") is only said once a majority confirmed this node still leads
-        # (ReadIndex): a replaced leader must not report an old end. A full answer does
-        # not depend on it: its messages are committed, the same in every later state.
-        confirmed = False
         while True:
             state = self._leading(g)
             lo, end = state.queue_range(topic, queue)
@@ -514,11 +542,13 @@ class BrokerService:
                 raise RequestError(Code.OFFSET_TOO_SMALL,
                                    f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
                                    min=lo, end=end)
-            found: list = []
-            nxt = offset
+            if offset > end:
+                raise RequestError(Code.OFFSET_TOO_LARGE,
+                                   f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
+                                   min=lo, end=end)
             if offset < end:
                 found, nxt = state.lookup(topic, queue, offset, max_count, max_bytes, tag_hashes)
-                if found and (confirmed or nxt < end or len(found) >= max_count):
+                if found:
                     try:
                         return await self._answer_fetch(g, found, nxt, lo, end)
                     except RequestError as exc:
@@ -531,19 +561,9 @@ class BrokerService:
                         raise RequestError(
                             Code.OFFSET_TOO_SMALL, f"offset {offset} of {topic}/{queue}: "
                             f"{exc.message}", min=max(skip, offset + 1), end=end) from None
-                if not found and nxt < end:
-                    offset = nxt  # only filtered-out messages so far
+                offset = nxt  # only filtered-out messages up to `nxt`
+                if nxt < end:
                     continue
-            if not confirmed:
-                await self._read_barrier(g)
-                confirmed = True
-                continue
-            if offset > end:
-                raise RequestError(Code.OFFSET_TOO_LARGE,
-                                   f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
-                                   min=lo, end=end)
-            if nxt > offset:
-                offset = nxt  # skipped filtered-out messages up to the end
             with trio.move_on_at(deadline):
                 await g.wait_applied_change()
                 continue
@@ -591,8 +611,7 @@ class BrokerService:
                     or not _is_int(item[1]) or not _is_int(item[2]) or item[2] < 0):
                 raise RequestError(Code.MALFORMED, "offsets must be [[topic, queue, offset>=0], ...]")
             topic = validate_topic_name(item[0])
-            g = await self._hosting(topic, _check_queue(item[1]))
-            self._leading(g)
+            g = await self._hosting(topic, _check_queue(item[1]), confirm=False)  # a write
             self.tx.check_no_pending(self.groups.states[g.group_id], cg, topic, item[1])
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
         dup = False
@@ -629,10 +648,9 @@ class BrokerService:
         cg = _cg(h)
         topic = _topic(h)
         queue = _queue_id(h)
-        g = await self._hosting(topic, queue)
-        self._leading(g)
-        await self._read_barrier(g)  # a committed offset is never read back older than it is
-        state = self.groups.states[g.group_id]
+        # confirmed (ReadIndex): a committed offset is never read back older than it is
+        g = await self._hosting(topic, queue, h.get("g"))
+        state = self._leading(g)
         self.tx.check_no_pending(state, cg, topic, queue)
         off = state.consumer_offset(cg, topic, queue)
         return ok_header(0, offset=-1 if off is None else off), b""
@@ -882,13 +900,15 @@ class BrokerService:
         parts: list[bytes] = []
         msgs: list[list[Any]] = []
         if not any(state.topic(topic) for state in self.groups.states.values()):
-            await self._caught_up([g for g in self.groups.values() if g.is_leader])
+            await self._confirm_led()
             if not any(state.topic(topic) for state in self.groups.states.values()):
                 raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
         hosting = [gid for gid, state in self.groups.states.items() if state.topic(topic)]
         led = [gid for gid in hosting if self.groups[gid].is_leader]
         if not led:
             self._leading(self.groups[hosting[0]])  # NOT_LEADER with a hint
+        for gid in led:
+            self._leading(self.groups[gid])  # each one ready (else NOT_LEADER, ready false)
         for gid in led:  # the groups led elsewhere answer there: "searched" tells which
             state, g = self.groups.states[gid], self.groups[gid]
             for queue, offset in state.keys(topic, key)[-limit:]:

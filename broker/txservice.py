@@ -258,16 +258,18 @@ class TxService:
         if not raw:
             raise RequestError(Code.MALFORMED, "offsets must list at least one offset")
         offsets: list[tuple[str, int, int]] = []
-        caught_up = False
+        confirmed = False
         for item in raw:
             if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str)
                     or not _is_int(item[1]) or not _is_int(item[2]) or item[2] < 0):
                 raise RequestError(Code.MALFORMED,
                                    "offsets must be [[topic, queue, offset>=0], ...]")
             topic = validate_topic_name(item[0])
-            if not state.hosts(topic, item[1]) and not caught_up:
-                await self.svc._caught_up([g])  # a new leader applies before it refuses
-                caught_up, state = True, self.svc._leading(g)
+            if not state.hosts(topic, item[1]) and not confirmed:
+                # a deposed leader that does not know it yet must not refuse a queue its
+                # successor created: confirmed (ReadIndex) before refusing
+                await g.read_barrier()
+                confirmed, state = True, self.svc._leading(g)
             if state.topic(topic) is None:
                 raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} is not in group "
                                    f"{g.group_id}: send its offsets to the group hosting it")

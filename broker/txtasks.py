@@ -378,7 +378,9 @@ class TxTasks:
         except RequestError as exc:
             if exc.code == Code.NOT_LEADER:
                 hint = self.rpc.node_at(exc.extra.get("leader"))
-                if hint is not None and hint != node:
+                if exc.extra.get("ready") is False:
+                    self._leader_hint[gid] = node  # leads, not ready yet: ask it again
+                elif hint is not None and hint != node:
                     self._leader_hint[gid] = hint
                 else:
                     self._next_guess(gid, node)

@@ -135,6 +135,7 @@ __all__ = [
     "GroupRuntime",
     "MissingEntries",
     "NotLeader",
+    "NotReady",
     "ProposalDropped",
     "ProposalInDoubt",
     "ProposalLost",
@@ -165,6 +166,18 @@ class MissingEntries(Exception):
 
 class ProposalLost(Exception):
     """Another entry took the proposal's place in the log: it was never committed."""
+
+
+class NotReady(NotLeader):
+    """This replica leads the group but has not yet applied an entry of its own term, so
+    its state may lack what its predecessor committed (the commit index is not stored;
+    a new leader learns it only once its first entry commits). Retriable, at this same
+    replica (`leader` names it), usually within a heartbeat round trip."""
+
+    def __init__(self, leader: int, term: int) -> None:
+        super().__init__(leader, term)
+        self.args = (f"leader of term {term}, not ready yet: entries committed before the "
+                     "election are still being applied",)
 
 
 class ProposalInDoubt(NotLeader):
@@ -533,6 +546,9 @@ class GroupRuntime(Generic[M]):
         self._waiters: dict[int, _Waiter] = {}
         self._read_waiters: dict[int, _Waiter] = {}
         self._read_seq = 0
+        # term of the last entry the machine applied: once it is the leader's own term,
+        # every entry committed before the election is applied too (`is_ready`)
+        self._applied_term = 0
         self._uncommitted = 0
         self._seen: tuple[Role, int | None, int] = (Role.FOLLOWER, None, 0)
         self.fsyncs = 0
@@ -967,6 +983,25 @@ class GroupRuntime(Generic[M]):
         return self._core is not None and self._core.role == Role.LEADER
 
     @property
+    def is_ready(self) -> bool:
+        """Leading, with an entry of its own term applied (Raft thesis §6.4: a new
+        leader's state is complete only once its first entry commits); until then its
+        state may lack entries its predecessor committed. One comparison: requests check
+        it on every call (`check_ready`)."""
+        core = self._core
+        return core is not None and core.role == Role.LEADER and self._applied_term == core.term
+
+    def check_ready(self) -> None:
+        """Raise NotLeader (with the hint) unless leading, NotReady unless `is_ready`:
+        the one check every request answered from this group's state makes first."""
+        core = self._core
+        assert core is not None
+        if core.role != Role.LEADER:
+            raise NotLeader(core.leader, core.term)
+        if self._applied_term != core.term:
+            raise NotReady(self.node_id, core.term)
+
+    @property
     def leader(self) -> int | None:
         assert self._core is not None
         return self._core.leader
@@ -981,6 +1016,7 @@ class GroupRuntime(Generic[M]):
         assert core is not None and lg is not None
         return {
             "role": core.role.name.lower().replace("_", "-"),
+            "ready": self.is_ready,
             "term": core.term,
             "leader": core.leader,
             "commit": core.commit,
@@ -1390,6 +1426,7 @@ class GroupRuntime(Generic[M]):
                 w.resolve(result)
             else:
                 w.resolve(error=ProposalLost(f"entry {e.index} was replaced by a newer leader"))
+        self._applied_term = entries[-1].term
         if self._guard is not None:
             self._guard.applied(entries[-1].index)
         self._applied_changed.set()

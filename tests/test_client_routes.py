@@ -14,6 +14,8 @@ from raftmq.client.routes import (
     FAILED_TTL,
     HINT_TTL,
     Routes,
+    clock,
+    electing,
     node_addresses,
     normalize_addresses,
     parse_route,
@@ -278,3 +280,21 @@ def test_an_old_route_serves_sends_while_one_background_refresh_runs() -> None:
     old.stale = True
     assert routes.usable("orders", lambda *a: spawned.append(a)) is None
     assert routes.usable("unknown", lambda *a: spawned.append(a)) is None
+
+
+def test_a_leader_not_ready_yet_is_kept_and_retried_after_a_backoff() -> None:
+    routes = routes_with(_termed("a:1", 5))
+    # c:1 won term 6 a moment ago and still applies what a:1 committed: it names itself
+    early = RequestError(Code.NOT_LEADER, "not ready", leader="c:1", term=6, ready=False)
+    assert electing(early, clock())  # retried like an election, its attempts spent or not
+    assert not routes.on_error("g1", "c:1", early, now=101.0)  # a counted, backed-off try
+    assert routes.target("g1") == "c:1"  # ...at the same leader
+    assert not routes._topics["orders"].stale  # the route is right: no refresh
+    assert "c:1" not in routes._group("g1").failed
+    # the name servers' view of the old term does not take it back
+    routes.learn_route(parse_route("orders", _termed("a:1", 5), 102.0), 102.0)
+    assert routes.target("g1") == "c:1"
+    # the same answer without `ready`, naming the node that refused, is no hint at all
+    plain = RequestError(Code.NOT_LEADER, "?", leader="c:1", term=6)
+    assert not routes.on_error("g1", "c:1", plain, now=103.0)
+    assert routes.leader("g1") is None

@@ -11,7 +11,7 @@ from broker.protocol import Code, RequestError
 from broker.refusals import refusal
 from chaos.secworkload import _definite_refusal
 from raftlog.core import NotLeader, ProposalDropped
-from raftlog.runtime import DiskFull, ProposalInDoubt, ProposalLost
+from raftlog.runtime import DiskFull, NotReady, ProposalInDoubt, ProposalLost
 
 ADDRS = {2: "127.0.0.1:9002"}
 
@@ -57,3 +57,10 @@ def test_dropped_or_lost_proposals_are_proposal_dropped(exc: Exception) -> None:
 
 def test_extra_fields_reach_the_client() -> None:
     assert _answer(NotLeader(2, 1), g="g0").extra["g"] == "g0"
+
+
+def test_a_leader_not_ready_yet_names_itself_and_says_so() -> None:
+    err = _answer(NotReady(2, 9))
+    assert err.code == Code.NOT_LEADER and "not ready" in err.message
+    assert err.extra == {"leader": "127.0.0.1:9002", "term": 9, "ready": False}
+    assert err.retriable and _definite_refusal(err)

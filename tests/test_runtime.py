@@ -9,7 +9,13 @@ import pytest
 import trio
 
 from raftlog.commitlog import CommitLogError
-from raftlog.runtime import GroupRuntime, NotLeader, ProposalInDoubt, _for_lack_of_space
+from raftlog.runtime import (
+    GroupRuntime,
+    NotLeader,
+    NotReady,
+    ProposalInDoubt,
+    _for_lack_of_space,
+)
 from raftlog.types import Entry, EntryType, Role
 from tests.runtime_harness import Group, core_of
 
@@ -172,6 +178,66 @@ def test_read_barrier_confirms_leadership_and_never_serves_a_cut_off_leader(tmp_
             await new.propose(b"after the cut")
             await new.read_barrier()
             assert new.machine.applied[-1][1] == b"after the cut"
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+class ReadinessProbe(Recorder):
+    """A Recorder that notes, as it applies each entry, what its runtime (`rt`, set once
+    started) then answers a request: None when ready, else the exception's name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rt: GroupRuntime | None = None
+        # (index, term, refusal, the leader it names)
+        self.seen: list[tuple[int, int, str | None, int | None]] = []
+
+    def apply(self, entry: Entry) -> int:
+        if self.rt is not None:
+            try:
+                self.rt.check_ready()
+                refusal, named = None, None
+            except NotLeader as exc:
+                refusal, named = type(exc).__name__, exc.leader
+            self.seen.append((entry.index, entry.term, refusal, named))
+        return super().apply(entry)
+
+
+def test_a_new_leader_is_ready_only_once_an_entry_of_its_own_term_is_applied(tmp_path):
+    """Raft thesis §6.4: a leader's state is complete only once an entry of its term
+    commits. After a restart of every replica nothing is known committed, so the new
+    leader applies its predecessor's entries only after its own NOOP commits; until its
+    machine applied that far it refuses (NotReady, naming itself), and then it is ready."""
+    async def main() -> None:
+        g = Group(tmp_path, ReadinessProbe)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await g.start(n, i)
+            old = await g.leader()
+            await g.wait(lambda: old.is_ready)
+            for k in range(20):
+                await old.propose(f"r{k}".encode())
+            for i in (1, 2, 3):
+                await g.stop_and_wait(i)
+            for i in (1, 2, 3):
+                await g.start(n, i)
+                g.machines[i].rt = g.runtimes[i]
+            new = await g.leader()
+            await g.wait(lambda: new.is_ready)
+            probe = g.machines[new.node_id]
+            assert len(probe.applied) == 20  # all its predecessor committed, before ready
+            old_entries = [s for s in probe.seen if s[1] < new.term]
+            assert len(old_entries) >= 20
+            # meanwhile it refused, naming itself as the leader to retry
+            assert {(r, named) for *_, r, named in old_entries} == {("NotReady", new.node_id)}
+            new.check_ready()  # ready now: no refusal
+            for i in (1, 2, 3):
+                if i != new.node_id:
+                    assert not g.runtimes[i].is_ready
+                    with pytest.raises(NotLeader) as refused:
+                        g.runtimes[i].check_ready()
+                    assert not isinstance(refused.value, NotReady)
             n.cancel_scope.cancel()
 
     trio.run(main)

@@ -244,8 +244,11 @@ async def fetch_answer(
     }
     if tags:
         header["tags"] = list(tags)
+    # the group the route names goes along: only its (ready) leader answers, so a
+    # replica whose state lags never calls the topic unknown
     group, frame = await routes.call_queue(
-        topic, queue, Op.FETCH, header, timeout=wait_ms / 1000 + FETCH_GRACE, attempts=attempts
+        topic, queue, Op.FETCH, lambda g: {**header, "g": g},
+        timeout=wait_ms / 1000 + FETCH_GRACE, attempts=attempts,
     )
     h = frame.header
     return str(h.get("g") or group), h, frame.body
@@ -305,7 +308,8 @@ async def query_offset(routes: Routes, group: str, topic: str, queue: int) -> in
     while True:
         try:
             _, frame = await routes.call_queue(
-                topic, queue, Op.QUERY_OFFSET, {"cg": group, "topic": topic, "queue": queue}
+                topic, queue, Op.QUERY_OFFSET,
+                lambda g: {"cg": group, "topic": topic, "queue": queue, "g": g},
             )
             return int(frame.header.get("offset", -1))
         except RequestError as exc:

@@ -14,6 +14,11 @@ names the new leader as soon as it knows it (with the term, and a newer term is 
 at once even to an address that failed in an older one). Until then the request backs
 off as usual, but a backoff ends early when the group's leader changes (`wait_backoff`),
 whichever request or route refresh learned it.
+
+A leader elected a moment ago answers NOT_LEADER naming itself with `ready` false until
+it has applied an entry of its own term (its state may lack what its predecessor
+committed): the request stays with that leader and is retried after a backoff, within
+`LEADER_WAIT` like any election, so no caller sees it.
 """
 
 from __future__ import annotations
@@ -452,6 +457,18 @@ class Routes:
         """
         now = clock() if now is None else now
         g = self._group(group)
+        if exc.code == Code.NOT_LEADER and exc.extra.get("ready") is False:
+            # the leader itself, elected a moment ago and still applying what its
+            # predecessor committed: right address, retried after a backoff (an election)
+            hint_term = exc.extra.get("term")
+            if isinstance(hint_term, int) and hint_term > g.term:
+                g.term = hint_term
+                if g.leader != addr:
+                    _leader_changed(g)
+            g.leader = addr
+            g.hinted_at = now
+            g.failed.pop(addr, None)
+            return False
         if exc.code == Code.NOT_LEADER and not isinstance(exc, TransportError):
             self._mark_stale(group)
             hint = exc.extra.get("leader")

@@ -85,7 +85,8 @@ def metadata_request(namesrv: list[str], header: dict[str, Any]) -> dict[str, An
                 try:
                     return request(addr, header)[0]
                 except RequestError as exc:
-                    if exc.code != Code.NOT_LEADER or not exc.extra.get("leader"):
+                    if (exc.code != Code.NOT_LEADER or not exc.extra.get("leader")
+                            or exc.extra.get("ready") is False):  # not ready: back off
                         raise
                     addr = exc.extra["leader"]
             raise RequestError(Code.UNAVAILABLE, f"metadata group {gid}: leadership keeps "
