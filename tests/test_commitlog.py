@@ -24,6 +24,7 @@ from raftlog.commitlog import (
     decode_entries,
     encode_entry,
 )
+from raftlog.commitlog._index import index_record
 from raftlog.types import Entry, EntryType
 
 SEG = 64 << 10
@@ -418,6 +419,40 @@ def _check_vouched_entry_kept(path: Path, ents: list[Entry]) -> None:
         assert log.repair(last.index, encode_entry(last))
         check_all(log, [*ents, after])
         assert log.verify() == []
+
+
+@pytest.mark.parametrize("how", ["interval", "skip-fsync", "old-format"])
+def test_an_entry_whose_record_vouches_for_nothing_is_cut_as_a_torn_tail(
+    path: Path, how: str
+) -> None:
+    """Index records of an `interval` log, of one that skipped an fsync (the test
+    mutation), and of files written before the flag existed do not say the entry was
+    fsynced first: a damaged last entry there is a torn tail, as it always was."""
+    ents = make(1, 21)
+    log = CommitLog.open(path, segment_size=SEG, fsync="interval" if how == "interval"
+                         else "always")
+    log.append(ents)
+    if how == "skip-fsync":
+        plan = log.begin_sync(fsync=False)
+        assert plan is not None
+        log.finish_sync(plan)
+    log.close()  # fsyncs the data, then writes every index record
+    idx = index_file(path).read_bytes()
+    assert len(idx) == 20 * INDEX_RECORD_SIZE
+    if how == "old-format":  # records as written before the flags byte: zero, CRC redone
+        assert idx[21] == 1  # VOUCHED, by this always-fsync log
+        old = bytearray()
+        for i in range(20):
+            pos, term, size, etype = struct.unpack_from("<QQIB", idx, i * INDEX_RECORD_SIZE)
+            old += index_record(i + 1, pos, term, size, etype)
+        index_file(path).write_bytes(bytes(old))
+    else:
+        assert idx[21] == 0
+    last = seg_files(path)[-1]
+    os.truncate(last, last.stat().st_size - 3)
+    with CommitLog.open(path, segment_size=SEG) as log:
+        check_all(log, ents[:-1])
+        assert log.recovery.truncated_from_index == 20 and log.recovery.corrupt == []
 
 
 @pytest.mark.parametrize("clean", [True, False])

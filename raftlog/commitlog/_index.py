@@ -193,6 +193,15 @@ class _Index(_Segments):
                 hi = mid
         return lo
 
+    def _unvouch_pending(self) -> None:
+        """Clear `VOUCHED` on the records not yet in the index file (the log stopped
+        counting entries persisted only after their fsync); later ones carry 0."""
+        self._index_flags = 0
+        for i in range(max(self._first + self._written, self._tail_first), self._last + 1):
+            off = (i - self._tail_first) * INDEX_RECORD_SIZE
+            pos, term, size, etype, _flags, _crc = IREC.unpack_from(self._tail, off)
+            self._tail[off : off + INDEX_RECORD_SIZE] = index_record(i, pos, term, size, etype)
+
     def _drop_records_from(self, index: int) -> None:
         if index >= self._tail_first:
             del self._tail[(index - self._tail_first) * INDEX_RECORD_SIZE :]

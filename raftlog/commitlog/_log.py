@@ -385,8 +385,8 @@ class CommitLog(_Recovery):
         self._check_open()
         now = time.monotonic() if now is None else now
         due = self.fsync_mode == "always" or now - self._last_fsync >= self.fsync_interval
-        if not fsync:
-            self._index_flags = 0  # entries counted persisted unfsynced: vouch for none
+        if not fsync and self._index_flags:
+            self._unvouch_pending()  # entries counted persisted unfsynced: vouch for none
         if not (self._dirty or self._dir_dirty):
             return None  # every write is covered by a completed or in-flight fsync
         if not due or not fsync:
