@@ -111,6 +111,7 @@ from raftlog.commitlog import (
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.driver import Blocking, drain_async
 from raftlog.hardstate import HardStateFile
+from raftlog.refillgap import load_refill_gap, save_refill_gap
 from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
 from raftlog.syncthread import SyncThread
 from raftlog.types import (
@@ -559,8 +560,10 @@ class GroupRuntime(Generic[M]):
         self.snapshots_written = 0
         self.snapshots_installed = 0
         # entries (first, last) the state references that no log held any more when a
-        # refill was abandoned (`raftlog.core`, "Refilling"), since this process started
+        # refill was last abandoned (`raftlog.core`, "Refilling"); kept on disk
+        # (`raftlog.refillgap`), so a restart still reports it
         self.refill_gap: tuple[int, int] | None = None
+        self.refill_gap_path = os.path.join(self.path, "refill-gap")
         self._retain_seen = 0
         self._snapshot_taken = 0  # index of the last snapshot taken or installed
         self._snapshot_due: _DueSnapshot | None = None
@@ -639,6 +642,7 @@ class GroupRuntime(Generic[M]):
             hs = HardState(hs.term, hs.vote, ((0, 0, Membership(frozenset(self.replicas))),))
             self._hs.save(hs)
         snap = self._load_snapshot()
+        self.refill_gap = load_refill_gap(self.refill_gap_path)
         applied = snap.index if snap is not None else 0
         self._guard = _GuardedLog(lg)
         self._core = RaftNode(
@@ -1552,6 +1556,8 @@ class GroupRuntime(Generic[M]):
         async with self._snapshot_lock:
             # first: a snapshot it refuses is not saved
             machine = await self._offload(partial(restore, snap.data))
+            if snap.lost is not None:  # recorded before the install gives up on them
+                await self._offload(partial(save_refill_gap, self.refill_gap_path, snap.lost))
             await self._offload(partial(save_snapshot, self.snapshot_path, snap))
             base, base_term = snap.base if snap.base is not None else (snap.index, snap.term)
             await self._hold.take()  # the core hears of it before it reads the log again

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from raftlog.commitlog import (
     decode_entries,
     encode_entry,
 )
+from raftlog.commitlog._index import index_record
 from raftlog.types import Entry, EntryType
 
 SEG = 64 << 10
@@ -68,6 +70,17 @@ def locate(log: CommitLog, index: int) -> tuple[Path, int]:
     starts = [int(p.name) for p in seg_files(Path(log.path))]
     start = max(s for s in starts if s <= pos)
     return Path(log.dir) / f"{start:020d}", pos - start
+
+
+def vouched_end(path: Path) -> int:
+    """Position after the last entry the index file vouches for (0 for none): what a
+    crash cannot take, since each was fsynced before its record was written."""
+    data = index_file(path).read_bytes()
+    n = len(data) // INDEX_RECORD_SIZE
+    if not n:
+        return 0
+    pos, _term, size = struct.unpack_from("<QQI", data, (n - 1) * INDEX_RECORD_SIZE)
+    return int(pos + size)
 
 
 def check_all(log: CommitLog, expected: list[Entry]) -> None:
@@ -386,6 +399,62 @@ def _torn_tail_setup(path: Path, clean: bool) -> list[Entry]:
     return ents
 
 
+def _check_vouched_entry_kept(path: Path, ents: list[Entry]) -> None:
+    """The damaged last entry, which the index vouches for, is kept as corrupt (the log
+    end and last term unchanged), appends go after it, and `repair` puts it back."""
+    last = ents[-1]
+    after = Entry(last.index + 1, 9, EntryType.NOOP, b"after")
+    with CommitLog.open(path, segment_size=SEG) as log:
+        assert log.last_index() == last.index and log.term(last.index) == last.term
+        assert log.recovery.corrupt == [last.index]
+        assert log.recovery.truncated_from_index is None
+        assert [c.index for c in log.verify()] == [last.index]
+        with pytest.raises(CorruptEntry):
+            log.entries(last.index, last.index + 1, 1 << 20)
+        log.append([after])
+        log.sync()
+    with CommitLog.open(path, segment_size=SEG) as log:
+        assert log.last_index() == after.index
+        assert [c.index for c in log.verify()] == [last.index]
+        assert log.repair(last.index, encode_entry(last))
+        check_all(log, [*ents, after])
+        assert log.verify() == []
+
+
+@pytest.mark.parametrize("how", ["interval", "skip-fsync", "old-format"])
+def test_an_entry_whose_record_vouches_for_nothing_is_cut_as_a_torn_tail(
+    path: Path, how: str
+) -> None:
+    """Index records of an `interval` log, of one that skipped an fsync (the test
+    mutation), and of files written before the flag existed do not say the entry was
+    fsynced first: a damaged last entry there is a torn tail, as it always was."""
+    ents = make(1, 21)
+    log = CommitLog.open(path, segment_size=SEG, fsync="interval" if how == "interval"
+                         else "always")
+    log.append(ents)
+    if how == "skip-fsync":
+        plan = log.begin_sync(fsync=False)
+        assert plan is not None
+        log.finish_sync(plan)
+    log.close()  # fsyncs the data, then writes every index record
+    idx = index_file(path).read_bytes()
+    assert len(idx) == 20 * INDEX_RECORD_SIZE
+    if how == "old-format":  # records as written before the flags byte: zero, CRC redone
+        assert idx[21] == 1  # VOUCHED, by this always-fsync log
+        old = bytearray()
+        for i in range(20):
+            pos, term, size, etype = struct.unpack_from("<QQIB", idx, i * INDEX_RECORD_SIZE)
+            old += index_record(i + 1, pos, term, size, etype)
+        index_file(path).write_bytes(bytes(old))
+    else:
+        assert idx[21] == 0
+    last = seg_files(path)[-1]
+    os.truncate(last, last.stat().st_size - 3)
+    with CommitLog.open(path, segment_size=SEG) as log:
+        check_all(log, ents[:-1])
+        assert log.recovery.truncated_from_index == 20 and log.recovery.corrupt == []
+
+
 @pytest.mark.parametrize("clean", [True, False])
 @pytest.mark.parametrize(
     "damage", ["cut_mid_body", "cut_mid_header", "garbage", "flip_body", "flip_header", "zeros"]
@@ -414,6 +483,11 @@ def test_torn_tail(path: Path, clean: bool, damage: str) -> None:
         flip(last, size - 1 if len(enc) > HEADER_SIZE else start + 5)
     elif damage == "flip_header":
         flip(last, start + 12)
+    if clean and expect is not ents:
+        # a clean close fsynced the entry before its index record vouched for it: its
+        # loss is damage, not a torn write
+        _check_vouched_entry_kept(path, ents)
+        return
     with CommitLog.open(path, segment_size=SEG) as log:
         check_all(log, expect)
         assert log.verify() == []
@@ -794,12 +868,13 @@ def _run_model(ops: list[tuple[str, object, int]]) -> None:
                         crash(log)
                     log = CommitLog.open(p, segment_size=seg)
                 elif op == "torn":
-                    # a crash that loses the last `a` bytes written to the data
+                    # a crash that loses the last `a` bytes written to the data, of
+                    # those no index record vouches for (a vouched entry was fsynced)
                     assert isinstance(a, int)
                     crash(log)
                     last = seg_files(p)[-1]
                     size = last.stat().st_size
-                    cut = max(0, size - a)
+                    cut = max(0, size - a, vouched_end(p) - int(last.name))
                     os.truncate(last, cut)
                     new_end = int(last.name) + cut
                     while (

@@ -6,8 +6,9 @@ unsynced log is what the policy allows; a group that never comes back is not.
 Each node's snapshot was written durably (temp, fsync, rename) while its CommitLog
 never was, so every replica restarts with a state ahead of an empty log: refilling, and
 no voter holds the entries to refill it from. The group must abandon the refill,
-elect, say what was lost (status and metrics), answer reads of the lost messages with
-OFFSET_TOO_SMALL naming where the data starts again, and accept writes.
+elect, say what was lost (status and metrics, and again after a restart), answer reads
+of the lost messages with OFFSET_TOO_SMALL naming where the data starts again, and
+accept writes.
 """
 
 from __future__ import annotations
@@ -105,3 +106,15 @@ def test_a_group_whose_every_log_was_lost_elects_reports_the_gap_and_accepts_wri
                 return msgs[0].offset
 
         assert anyio.run(consume_from_a_lost_offset, backend="trio") == lo
+
+        # what was lost is still reported after a restart (status and metrics)
+        for i in NODES:
+            assert c.restart_and_wait(i) is None
+        for i, gap in zip(NODES, gaps, strict=True):
+            assert wait_for(lambda i=i: node_status(c, i, "g0") or None, 10,
+                            "the status")["refill_gap"] == gap
+            if gap:
+                _wait_lost_metric(c.configs[i - 1].metrics, gap[1] - gap[0] + 1)
+        status = anyio.run(cluster_status, [c.namesrv_addr], backend="trio")
+        shown = {n: m["refill_gap"] for n, m in status["groups"]["g0"]["members"].items()}
+        assert shown == {i: gap for i, gap in zip(NODES, gaps, strict=True)}, shown

@@ -2,10 +2,14 @@
 
 Record ``i`` lives at ``(i - first_index) * 32``::
 
-    position u64 | term u64 | size u32 | type u8 | 7 zero bytes | crc32c u32
+    position u64 | term u64 | size u32 | type u8 | flags u8 | 6 zero bytes | crc32c u32
 
 The record CRC covers the 28 bytes before it and is seeded with the Raft index, so a
-garbled or misplaced record is detected. `term()` reads only the index (an in-memory tail
+garbled or misplaced record is detected. Flag `VOUCHED` says the record was written by a
+log under ``fsync="always"`` that never skipped an fsync: its entry was fsynced before
+the record, and the Raft layer counted that fsync, so recovery treats such an entry
+missing from the data as damage to repair, never as a torn tail. Records of older files
+(whose flags byte is zero), and of ``interval`` or ``skip-fsync`` logs, are not vouched. `term()` reads only the index (an in-memory tail
 of recent records, else one ``pread``), never an entry body.
 
 Only fsynced entries get their index records written, so the index on disk never vouches
@@ -33,11 +37,12 @@ from raftlog.commitlog._format import (
 from raftlog.commitlog._segments import _Segments, copy_range, pread_exact, pwritev_all
 from raftlog.fsutil import fsync_dir, fsync_fd
 
-__all__ = ["INDEX_RECORD_SIZE"]
+__all__ = ["INDEX_RECORD_SIZE", "VOUCHED"]
 
-IREC_HEAD = struct.Struct("<QQIB7x")  # the part the record CRC covers (28 bytes)
+IREC_HEAD = struct.Struct("<QQIBB6x")  # the part the record CRC covers (28 bytes)
 IREC_TAIL = struct.Struct("<I")
-IREC = struct.Struct("<QQIB7xI")
+IREC = struct.Struct("<QQIBB6xI")
+VOUCHED = 1  # flags: the entry was fsynced under fsync="always" before this record was written
 IREC_CRC_AT = IREC_HEAD.size
 INDEX_RECORD_SIZE = IREC.size  # 32
 M32 = 0xFFFFFFFF
@@ -54,9 +59,9 @@ _INDEX_CHUNK = 1 << 15  # records per read while validating the index
 
 
 
-def index_record(index: int, pos: int, term: int, size: int, etype: int) -> bytes:
+def index_record(index: int, pos: int, term: int, size: int, etype: int, flags: int = 0) -> bytes:
     """One index record: what `IREC` unpacks, its CRC seeded with the Raft index."""
-    head = IREC_HEAD.pack(pos, term, size, etype)
+    head = IREC_HEAD.pack(pos, term, size, etype, flags)
     return head + IREC_TAIL.pack(crc32c.crc32c(head, index & M32))
 
 
@@ -74,9 +79,11 @@ class _Index(_Segments):
     _index_unsynced: int  # records written to the index file since its fsync
     _tail: bytearray  # records [tail_first, last] in memory
     _tail_first: int
+    _index_flags: int  # flags of the records this log writes (VOUCHED or 0)
 
     def __init__(self, path: str, segment_size: int) -> None:
         super().__init__(path, segment_size)
+        self._index_flags = 0
         self._first = 1
         self._base = (0, 0)
         self._last = 0
@@ -126,14 +133,14 @@ class _Index(_Segments):
         if not (self._first <= index <= self._last):
             raise OutOfRange(f"index {index} outside [{self._first}, {self._last}]")
         if index >= self._tail_first:
-            pos, term, size, etype, _crc = IREC.unpack_from(
+            pos, term, size, etype, _fl, _crc = IREC.unpack_from(
                 self._tail, (index - self._tail_first) * INDEX_RECORD_SIZE
             )
             return pos, term, size, etype
         raw = os.pread(self._ifd, INDEX_RECORD_SIZE, (index - self._first) * INDEX_RECORD_SIZE)
         if len(raw) != INDEX_RECORD_SIZE:
             raise CorruptIndex(f"{self.dir}/index: record {index} missing")
-        pos, term, size, etype, crc = IREC.unpack(raw)
+        pos, term, size, etype, _fl, crc = IREC.unpack(raw)
         if crc != crc32c.crc32c(raw[: IREC_HEAD.size], index & M32):
             raise CorruptIndex(
                 f"{self.dir}/index: record {index} fails its CRC; reopen to rebuild the index"
@@ -154,7 +161,7 @@ class _Index(_Segments):
             )
             if len(raw) != (disk_hi - lo) * INDEX_RECORD_SIZE:
                 raise CorruptIndex(f"{self.dir}/index: records {lo}..{disk_hi - 1} missing")
-            for j, (pos, term, size, etype, crc) in enumerate(IREC.iter_unpack(raw)):
+            for j, (pos, term, size, etype, _fl, crc) in enumerate(IREC.iter_unpack(raw)):
                 off = j * INDEX_RECORD_SIZE
                 if crc != crc32c.crc32c(raw[off : off + IREC_CRC_AT], (lo + j) & M32):
                     raise CorruptIndex(
@@ -163,7 +170,7 @@ class _Index(_Segments):
                     )
                 out.append((pos, term, size, etype))
         for j in range(max(lo, self._tail_first), hi):
-            pos, term, size, etype, _crc = IREC.unpack_from(
+            pos, term, size, etype, _fl, _crc = IREC.unpack_from(
                 self._tail, (j - self._tail_first) * INDEX_RECORD_SIZE
             )
             out.append((pos, term, size, etype))
@@ -185,6 +192,15 @@ class _Index(_Segments):
             else:
                 hi = mid
         return lo
+
+    def _unvouch_pending(self) -> None:
+        """Clear `VOUCHED` on the records not yet in the index file (the log stopped
+        counting entries persisted only after their fsync); later ones carry 0."""
+        self._index_flags = 0
+        for i in range(max(self._first + self._written, self._tail_first), self._last + 1):
+            off = (i - self._tail_first) * INDEX_RECORD_SIZE
+            pos, term, size, etype, _flags, _crc = IREC.unpack_from(self._tail, off)
+            self._tail[off : off + INDEX_RECORD_SIZE] = index_record(i, pos, term, size, etype)
 
     def _drop_records_from(self, index: int) -> None:
         if index >= self._tail_first:
@@ -266,9 +282,13 @@ class _Index(_Segments):
             ) from exc
 
     def _disk_record(self, index: int) -> tuple[int, int, int, int]:
+        return self._disk_record_flags(index)[:4]
+
+    def _disk_record_flags(self, index: int) -> tuple[int, int, int, int, int]:
+        """(position, term, size, type, flags) of `index` as the index file holds it."""
         raw = pread_exact(self._ifd, INDEX_RECORD_SIZE, (index - self._first) * INDEX_RECORD_SIZE)
-        pos, term, size, etype, _crc = IREC.unpack(raw)
-        return pos, term, size, etype
+        pos, term, size, etype, flags, _crc = IREC.unpack(raw)
+        return pos, term, size, etype, flags
 
     def _valid_index_prefix(self, nrec: int, data_start: int, check_all: bool) -> int:
         """Number of leading index records whose CRC verifies and whose positions chain."""
@@ -281,14 +301,15 @@ class _Index(_Segments):
                 else b""
             )
             if nrec > 1 and len(raw) == 2 * INDEX_RECORD_SIZE:
-                p0, t0, s0, _y0, c0 = IREC.unpack_from(raw, 0)
-                p1, t1, _s1, y1, c1 = IREC.unpack_from(raw, INDEX_RECORD_SIZE)
+                p0, t0, s0, _y0, _f0, c0 = IREC.unpack_from(raw, 0)
+                p1, t1, _s1, y1, f1, c1 = IREC.unpack_from(raw, INDEX_RECORD_SIZE)
                 ok0 = c0 == crc32c.crc32c(raw[:IREC_CRC_AT], (first + nrec - 2) & M32)
                 ok1 = c1 == crc32c.crc32c(
                     raw[INDEX_RECORD_SIZE : INDEX_RECORD_SIZE + IREC_CRC_AT],
                     (first + nrec - 1) & M32,
                 )
-                if ok0 and ok1 and p1 == p0 + s0 and t1 >= t0 and y1 <= MAX_TYPE:
+                if (ok0 and ok1 and p1 == p0 + s0 and t1 >= t0 and y1 <= MAX_TYPE
+                        and not f1 & ~VOUCHED):
                     return nrec
         valid = 0
         expect_pos = data_start
@@ -300,12 +321,15 @@ class _Index(_Segments):
             )
             i = first + valid
             off = 0
-            for pos, term, size, etype, crc in IREC.iter_unpack(buf[: (len(buf) // 32) * 32]):
+            for pos, term, size, etype, flags, crc in IREC.iter_unpack(
+                buf[: (len(buf) // 32) * 32]
+            ):
                 if (
                     pos != expect_pos
                     or term < prev_term
                     or size < HEADER_SIZE
                     or etype > MAX_TYPE
+                    or flags & ~VOUCHED
                     or crc != crc32c.crc32c(buf[off : off + IREC_CRC_AT], i & M32)
                 ):
                     return valid

@@ -26,8 +26,9 @@ Repair (`repair`)
     old and new bytes: the intact entry, or one that still fails its CRCs and is
     repaired again. An entry lost with the tail of a middle segment cut short is put
     back where its index record says, extending the file (never into the next
-    segment's extent). Only entries that recovery scanned, and those the index places
-    past the end of a cut middle segment, are checked at `open`
+    segment's extent); one lost with the vouched tail of the last segment is put back
+    in the hole recovery extended that segment by. Only entries that recovery scanned,
+    and those the index places past the end of a cut segment, are checked at `open`
     (`RecoveryReport.corrupt`); the others the index vouches for are checked on every
     read, and `verify` checks a range.
 """
@@ -57,7 +58,7 @@ from raftlog.commitlog._format import (
     check_header,
     check_stored,
 )
-from raftlog.commitlog._index import IREC_HEAD, M32
+from raftlog.commitlog._index import IREC_HEAD, M32, VOUCHED
 from raftlog.commitlog._recovery import _Recovery
 from raftlog.commitlog._segments import SCAN_CHUNK, pread_exact, pwritev_all, segment_name
 from raftlog.fsutil import fdatasync_fd, fsync_dir
@@ -138,6 +139,9 @@ class CommitLog(_Recovery):
         self.fsync_mode = fsync
         self.fsync_interval = fsync_interval
         self._last_fsync = float("-inf")
+        # the flags of the index records this log writes (see `_index`): only a log
+        # that fsyncs every entry before counting it persisted vouches for its entries
+        self._index_flags = VOUCHED if fsync == "always" else 0
 
     @classmethod
     def open(
@@ -247,6 +251,7 @@ class CommitLog(_Recovery):
         positions: list[int] = []
         records: list[bytes] = []
         head_pack, u32, crc, rec_pack = HEAD.pack, U32.pack, crc32c.crc32c, IREC_HEAD.pack
+        flags = self._index_flags
         for e in entries:
             term = e.term
             if e.index != index:
@@ -280,7 +285,7 @@ class CommitLog(_Recovery):
                 if body:
                     parts.append(body)
             positions.append(pos)
-            rec = rec_pack(pos, term, size, etype)
+            rec = rec_pack(pos, term, size, etype, flags)
             records.append(rec)
             records.append(u32(crc(rec, index & M32)))
             pos += size
@@ -380,6 +385,8 @@ class CommitLog(_Recovery):
         self._check_open()
         now = time.monotonic() if now is None else now
         due = self.fsync_mode == "always" or now - self._last_fsync >= self.fsync_interval
+        if not fsync and self._index_flags:
+            self._unvouch_pending()  # entries counted persisted unfsynced: vouch for none
         if not (self._dirty or self._dir_dirty):
             return None  # every write is covered by a completed or in-flight fsync
         if not due or not fsync:

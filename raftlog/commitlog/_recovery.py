@@ -5,7 +5,13 @@
    missing index simply yields a shorter prefix; the rest is rebuilt from data.
 2. Verify the entry of the last vouched record (both CRCs, and that it matches the
    record). If it is bad and no valid entry follows it, it is a torn tail: drop the
-   record and try the one before.
+   record and try the one before -- unless the record is flagged `VOUCHED` (written
+   under ``fsync="always"`` after its entry's fsync): then the entry was damaged after
+   it was durable (a cut file, a bad disk), and dropping it would let this replica vote
+   as if it never had it. It is kept as corrupt, as are the vouched entries before it
+   that lie past the end of the last segment, which is extended to where the index says
+   they end (a hole, read as zeros, until `repair` writes them back); the log goes on
+   after them.
 3. Walk forward from there through the remaining data, verifying header and body CRCs of
    every entry, index contiguity (i+1 after i), non-decreasing terms, and that each
    segment starts where the previous one ends. The first entry that fails ends the log
@@ -46,6 +52,7 @@ from raftlog.commitlog._index import (
     IREC_CRC_AT,
     M32,
     TMP,
+    VOUCHED,
     index_record,
 )
 from raftlog.commitlog._retention import BASE_NAME, _Retention
@@ -146,24 +153,28 @@ class _Recovery(_Retention):
         valid = self._valid_index_prefix(nrec, data_start, check_index)
         rep.index_records_valid = valid
 
-        # 2. walk back over a torn tail the index still vouches for
+        # 2. walk back over a torn tail the index still lists; an entry whose record
+        # says it was fsynced first (`VOUCHED`) was damaged, not torn: it stays
         scan_pos, expect, prev_term = data_start, self._first, self._base_term_or_zero()
+        lost_tail = False
         while valid > 0:
             idx = self._first + valid - 1
-            pos, term, size, etype = self._disk_record(idx)
+            pos, term, size, etype, flags = self._disk_record_flags(idx)
             problem = self._probe_entry(pos, idx, term, size, etype)
             if problem is None:
                 scan_pos, expect, prev_term = pos + size, idx + 1, term
                 break
-            if self._follows_valid(pos, size, idx, term):
+            vouched = bool(flags & VOUCHED)
+            if vouched or self._follows_valid(pos, size, idx, term):
                 rep.corrupt.append(idx)
                 scan_pos, expect, prev_term = pos + size, idx + 1, term
+                lost_tail = vouched and pos + size > self._starts[-1] + self._sizes[-1]
                 break
             valid -= 1
         self._written = valid
         self._last = expect - 1
         self._last_term = prev_term
-        cut_short = self._cut_short_entries(valid)
+        cut_short = self._cut_short_entries(valid, scan_pos if lost_tail else None)
         if cut_short:
             rep.corrupt = sorted(set(rep.corrupt) | set(cut_short))
 
@@ -177,6 +188,13 @@ class _Recovery(_Retention):
         # 4. cut the data, make everything durable, then fix the index
         if self._cut_data(cut, k):
             rep.truncated_from_index = next_index
+        if lost_tail:
+            # the last segment lost vouched entries: it is extended to where they end
+            # (a hole that reads as zeros, so they fail their checks until `repair`
+            # writes them back), and the log goes on after them
+            k = len(self._starts) - 1
+            self._sizes[k] = cut - self._starts[k]
+            os.ftruncate(self._fd(k), self._sizes[k])
         # segments before the one holding the last vouched entry were fsynced before that
         # entry's index record was written; the rest may hold page-cache-only data
         for j in range(max(0, bisect.bisect_right(self._starts, scan_pos) - 2), len(self._starts)):
@@ -242,7 +260,7 @@ class _Recovery(_Retention):
             # the index may still start at the old first entry (step 2 not done)
             raw = pread_exact(self._ifd, INDEX_RECORD_SIZE, 0)
             if len(raw) == INDEX_RECORD_SIZE:
-                pos, _t, _s, _y, crc = IREC.unpack(raw)
+                pos, _t, _s, _y, _f, crc = IREC.unpack(raw)
                 if pos == old_start and crc == crc32c.crc32c(raw[:IREC_CRC_AT], old_first & M32):
                     nrec = os.fstat(self._ifd).st_size // INDEX_RECORD_SIZE
                     skip = new_first - old_first
@@ -253,15 +271,18 @@ class _Recovery(_Retention):
             os.unlink(os.path.join(self.dir, name))
         fsync_dir(self.dir)
 
-    def _cut_short_entries(self, vouched: int) -> list[int]:
+    def _cut_short_entries(self, vouched: int, extent: int | None = None) -> list[int]:
         """Entries among the first `vouched` whose bytes lie past the end of a middle
-        segment cut short (its file ends before its successor starts), or in a hole a
-        crash left between such entries' repairs: kept, as corrupt. The index says
-        where each belongs, so `repair` can put it back there."""
+        segment cut short (its file ends before its successor starts), past the end of
+        the last segment when its vouched entries reach `extent`, or in a hole a crash
+        left between such entries' repairs: kept, as corrupt. The index says where each
+        belongs, so `repair` can put it back there."""
         out: list[int] = []
         first, stop = self._first, self._first + vouched
-        for k in range(len(self._starts) - 1):
-            end, nxt = self._starts[k] + self._sizes[k], self._starts[k + 1]
+        last = len(self._starts) - 1
+        for k in range(len(self._starts)):
+            end = self._starts[k] + self._sizes[k]
+            nxt = self._starts[k + 1] if k < last else max(end, extent or 0)
             hole = self._first_hole(k)
             if end >= nxt and hole is None:
                 continue
@@ -378,7 +399,7 @@ class _Recovery(_Retention):
                     rep.corrupt.append(index)
             else:
                 readahead = HEADER_SIZE if size >= SCAN_CHUNK // 4 else SCAN_CHUNK
-            records += index_record(index, pos, term, size, etype)
+            records += index_record(index, pos, term, size, etype, self._index_flags)
             pos += size
             expect += 1
             prev_term = term
