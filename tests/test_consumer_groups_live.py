@@ -249,3 +249,59 @@ def test_poll_returns_messages_from_every_assigned_queue_that_has_some(
         return {m.queue for m in got}
 
     assert run(main) == set(range(QUEUES))
+
+
+def test_a_message_the_handler_keeps_failing_is_passed_only_once_on_give_up_completed(
+        cluster: LocalCluster) -> None:
+    """An async `on_give_up` is awaited to its end before the offset passes the message;
+    without one (or when it raises) the message is tried again, never skipped."""
+    topic, group = fresh("giveup"), fresh("cg-giveup")
+    parked: list[bytes] = []
+    calls: dict[bytes, int] = {}
+
+    async def handler(msgs: list[Message]) -> bool:
+        for m in msgs:
+            calls[m.body] = calls.get(m.body, 0) + 1
+        return msgs[0].body != b"poison"
+
+    async def park(msgs: list[Message]) -> None:
+        await anyio.sleep(0.3)  # a real forward awaits a send
+        parked.extend(m.body for m in msgs)
+
+    failing_once = {"left": 1}
+
+    async def flaky_park(msgs: list[Message]) -> None:
+        if failing_once["left"]:
+            failing_once["left"] -= 1
+            raise RuntimeError("cannot park right now")
+        await park(msgs)
+
+    async def offsets(cg: str) -> dict[int, int]:
+        async with Admin(cluster.namesrv_addr) as admin:
+            rows = (await admin.group_offsets(cg)).get(cg, {})
+        return {q: o for (t, q), o in rows.items() if t == topic}
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        async with Producer(cluster.namesrv_addr) as producer:
+            poison = await producer.send(topic, b"poison", key="k")
+            await producer.send(topic, b"fine", key="k")  # same queue, after it
+        async with PushConsumer(cluster.namesrv_addr, group, [topic], handler,
+                                max_reconsume_times=1, reconsume_delay=0.05,
+                                on_give_up=flaky_park, **FAST) as consumer:
+            await until(lambda: parked == [b"poison"], "poison parked")
+            await consumer.commit_now()
+        assert calls[b"poison"] >= 3  # tried, retried, retried again after the failed park
+        assert (await offsets(group)).get(poison.queue) == poison.offset + 2
+
+        # no on_give_up: tried again and again, the committed offset stays at the message
+        group2 = fresh("cg-nogiveup")
+        calls.clear()
+        async with PushConsumer(cluster.namesrv_addr, group2, [topic], handler,
+                                max_reconsume_times=1, reconsume_delay=0.05,
+                                **FAST) as consumer:
+            await until(lambda: calls.get(b"poison", 0) >= 3, "poison retried past the max")
+            await consumer.commit_now()
+        assert (await offsets(group2)).get(poison.queue, 0) <= poison.offset
+
+    anyio.run(main)

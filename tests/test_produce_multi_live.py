@@ -169,3 +169,28 @@ def test_the_producer_spreading_over_many_queues_keeps_each_queues_order(cluster
 
     by_id = anyio.run(ids, backend="trio")
     assert [by_id.get(mid or "") for _, _, mid in acked] == [f"{k}".encode() for k in range(320)]
+
+
+def test_send_batch_puts_each_keyed_message_on_its_keys_queue(cluster: LocalCluster) -> None:
+    """`send_batch` keeps the rule "a key keeps its queue": keys alice, bob and carol in
+    one batch land where single sends of those keys land; keyless ones go together."""
+    from raftmq.client import OutgoingMessage, key_queue
+
+    _create(cluster, "batch-keys", 8)
+
+    async def main() -> None:
+        async with Producer(cluster.namesrv_addr) as producer:
+            keyed = [OutgoingMessage(f"{k}-{i}".encode(), key=k)
+                     for i in range(3) for k in ("alice", "bob", "carol")]
+            batch = await producer.send_batch("batch-keys", [*keyed, b"plain-1", b"plain-2"])
+            single = await producer.send("batch-keys", b"bob-again", key="bob")
+        assert [r.queue for r in batch[:9]] == [key_queue(m.key or "", 8) for m in keyed]
+        assert len({key_queue(k, 8) for k in ("alice", "bob", "carol")}) == 3
+        assert batch[9].queue == batch[10].queue and batch[10].offset == batch[9].offset + 1
+        assert single.queue == key_queue("bob", 8)
+        by_queue: dict[int, list[int]] = {}
+        for r in batch:
+            by_queue.setdefault(r.queue, []).append(r.offset)
+        assert all(offs == sorted(offs) for offs in by_queue.values())  # order kept
+
+    anyio.run(main)

@@ -701,7 +701,9 @@ class PushConsumer(_ClientBase):
     The handler receives a list of messages (at most `consume_batch`, default 1) and
     may be a plain or an async function; plain ones run in worker threads. It fails by
     raising or returning False: the messages are redelivered in place after a backoff,
-    up to `max_reconsume_times`, then passed to `on_give_up` (default: logged).
+    up to `max_reconsume_times`, then passed to `on_give_up` (plain or async; awaited).
+    The offset passes a message only once the handler or `on_give_up` completed on it:
+    with no `on_give_up`, or one that raises, it is retried (backoff capped at 60 s).
     Up to `consume_concurrency` handler calls run at once; a queue stops being pulled
     while more than `per_queue_threshold` of its messages are unfinished.
 
@@ -1058,10 +1060,8 @@ class PushConsumer(_ClientBase):
                     st.running -= 1
                     if st.running == 0 and st.idle is not None:
                         st.idle.set()
-                if ok:
-                    self._finish(st, work.messages)
-                elif 0 <= self.max_reconsume_times <= work.attempt:
-                    self._give_up(work.messages)
+                if ok or (0 <= self.max_reconsume_times <= work.attempt
+                          and await self._give_up(work.messages)):
                     self._finish(st, work.messages)
                 else:
                     assert self._tg is not None
@@ -1073,15 +1073,31 @@ class PushConsumer(_ClientBase):
         for m in msgs:
             st.window.done(m.offset)
 
-    def _give_up(self, msgs: list[Message]) -> None:
-        if self.on_give_up is not None:
-            try:
-                self.on_give_up(msgs)
-                return
-            except Exception:
-                log.exception("on_give_up failed")
-        log.error("%s: giving up on %s after %d attempts", self.client_id,
-                  [m.msg_id for m in msgs], self.max_reconsume_times + 1)
+    async def _give_up(self, msgs: list[Message]) -> bool:
+        """Hand messages the handler kept failing to `on_give_up` (awaited when it is a
+        coroutine function or returns an awaitable, run in a worker thread when plain);
+        whether it ran to completion. Only then may the offset pass them: without an
+        `on_give_up`, or when it raises, they stay unfinished and are tried again at the
+        capped backoff, holding back their queue's committed offset: nothing is skipped
+        that user code has not handled."""
+        ids = [m.msg_id for m in msgs]
+        if self.on_give_up is None:
+            log.error("%s: %s failed %d times and no on_give_up is set: trying again (the "
+                      "queue's committed offset stays below them)", self.client_id, ids,
+                      self.max_reconsume_times + 1)
+            return False
+        try:
+            if _is_async_callable(self.on_give_up):
+                await self.on_give_up(msgs)
+            else:
+                result = await anyio.to_thread.run_sync(self.on_give_up, msgs,
+                                                        limiter=self._limiter)
+                if inspect.isawaitable(result):
+                    await result
+        except Exception:
+            log.exception("%s: on_give_up failed on %s: trying them again", self.client_id, ids)
+            return False
+        return True
 
     async def _reconsume_later(self, work: _Work) -> None:
         await anyio.sleep(min(60.0, self.reconsume_delay * 2 ** (work.attempt - 1)))

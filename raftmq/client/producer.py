@@ -708,11 +708,15 @@ class Producer:
         *,
         queue: int | None = None,
     ) -> list[SendResult]:
-        """Send messages to one queue and wait for all acknowledgements, in order.
+        """Send messages and wait for all acknowledgements; results in the order given.
 
-        The queue is `queue`, else the selector's choice for the first message. Messages
-        within the batch size bounds go in one PRODUCE request (atomically); a larger
-        list is split into several.
+        Each message goes where `send` would put it: to `queue` when given, else a keyed
+        message to its key's queue (or the callable selector's choice), and the keyless
+        ones together to one queue (the selector's choice for the first of them). The
+        messages bound for one queue keep their order and go in one PRODUCE request
+        (atomically) while within the batch bounds (`batch_max_messages`,
+        `batch_max_bytes`); more are split into several requests, each atomic on its own,
+        and a batch over several queues is atomic per request only.
         """
         if self._txn is not None:
             self._not_transactional()
@@ -721,16 +725,37 @@ class Producer:
             return []
         for m in msgs:
             check_message(m, self.max_message_bytes)
-        _route, q, movable = await self._choose_queue(topic, msgs[0], queue)
-        futs: list[SendFuture[list[SendResult]]] = []
-        for chunk, size in self._chunks(msgs):
-            fut: SendFuture[list[SendResult]] = SendFuture()
-            futs.append(fut)
-            await self._enqueue(topic, q, movable, PendingSend(chunk, size, fut, False, self._on_settled))
-        results: list[SendResult] = []
-        for fut in futs:
-            results += await fut
-        return results
+        plan: dict[tuple[int, bool], list[int]] = {}
+        keyless: tuple[int, bool] | None = None
+        for i, m in enumerate(msgs):
+            if queue is None and not self._chooses_own_queue(m):
+                if keyless is None:
+                    _route, q, movable = await self._choose_queue(topic, m, None)
+                    keyless = (q, movable)
+                plan.setdefault(keyless, []).append(i)
+            else:
+                _route, q, movable = await self._choose_queue(topic, m, queue)
+                plan.setdefault((q, movable), []).append(i)
+        futs: list[tuple[list[int], SendFuture[list[SendResult]]]] = []
+        for (q, movable), indexes in plan.items():
+            done = 0
+            for chunk, size in self._chunks([msgs[i] for i in indexes]):
+                fut: SendFuture[list[SendResult]] = SendFuture()
+                futs.append((indexes[done:done + len(chunk)], fut))
+                done += len(chunk)
+                await self._enqueue(topic, q, movable,
+                                    PendingSend(chunk, size, fut, False, self._on_settled))
+        results: list[SendResult | None] = [None] * len(msgs)
+        for indexes, fut in futs:
+            for i, result in zip(indexes, await fut, strict=True):
+                results[i] = result
+        return [r for r in results if r is not None]
+
+    def _chooses_own_queue(self, msg: Payload) -> bool:
+        """Whether `msg`'s queue is its own (its key's, or a callable selector's), not the
+        one its keyless neighbours share."""
+        return callable(self.selector) or (
+            self.selector == "key" and isinstance(msg, OutgoingMessage) and bool(msg.key))
 
     def _not_transactional(self) -> None:
         raise TransactionError(
