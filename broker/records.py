@@ -130,6 +130,18 @@ class Message:
     msg_id: str
 
 
+def tag_problem(tag: str) -> str | None:
+    """Why `tag` could never be selected by a subscription (`"TagA || TagB"`, or a list of
+    tags), None when it can be: a message carries one tag, a word without spaces, '|',
+    '*' or ','. Producers and subscriptions check tags by this one rule."""
+    if not tag:
+        return "a tag is not empty"
+    if any(c.isspace() or c in "|*," for c in tag):
+        return (f"tag {tag!r} has a space, '|', '*' or ',': a message carries one tag, "
+                "and a subscription selects several as 'TagA || TagB' or a list")
+    return None
+
+
 def tag_hash(tags: str) -> int:
     """32-bit hash kept in the ConsumeQueue so tag filtering needs no CommitLog read."""
     return zlib.crc32(tags.encode()) if tags else 0

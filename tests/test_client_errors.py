@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from broker.protocol import Code, Op, RequestError
-from raftmq import Admin, Producer, PullConsumer
+from raftmq import Admin, OutgoingMessage, Producer, PullConsumer
 from raftmq.client.errors import (
     OutcomeUnknownError,
     ProducerFencedError,
@@ -117,3 +117,84 @@ async def test_leaving_a_client_block_keeps_errors_and_cancellations_as_they_are
         with pytest.raises(KeyError):
             async with make():
                 raise KeyError("mine")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:  # bound, never listening: connections to it are refused
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.anyio
+async def test_no_name_server_answering_is_an_unavailable_error() -> None:
+    """`except UnavailableError` catches "the cluster is down", name servers included."""
+    dead = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    async with Producer(dead, retries=0) as producer:
+        with pytest.raises(UnavailableError, match="no name server answered") as info:
+            await producer.send("t", b"x")
+    assert isinstance(info.value.__cause__, TransportError)
+    assert not may_have_applied(info.value)
+    async with Admin(dead) as admin:
+        with pytest.raises(UnavailableError):
+            await admin.describe_cluster()
+
+
+@pytest.mark.anyio
+async def test_a_producer_used_before_its_block_says_so() -> None:
+    from raftmq.client.errors import ClientClosedError
+
+    producer = Producer("127.0.0.1:1")
+    for call in (lambda: producer.send("t", b"x"), lambda: producer.send_async("t", b"x"),
+                 lambda: producer.send_batch("t", [b"x"])):
+        with pytest.raises(ClientClosedError, match="async with Producer"):
+            await call()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("fields", "error", "match"), [
+    ({"key": b"k"}, TypeError, "key is a str"),
+    ({"key": ["a"]}, TypeError, "key is a str"),
+    ({"tags": ["A", "B"]}, TypeError, "one tag"),
+    ({"tags": "A,B"}, ValueError, "one tag"),
+    ({"tags": "Tag A"}, ValueError, "one tag"),
+    ({"tags": "A || B"}, ValueError, "one tag"),
+    ({"properties": {"a": 1}}, TypeError, "str to str"),
+])
+async def test_a_message_no_subscription_could_select_is_refused_before_sending(
+    fields: dict, error: type[Exception], match: str,
+) -> None:
+    async with Producer("127.0.0.1:1", retries=0) as producer:  # never reached
+        with pytest.raises(error, match=match):
+            await producer.send("t", b"x", **fields)
+        with pytest.raises(error, match=match):
+            await producer.send_batch("t", [b"ok", OutgoingMessage(b"x", **fields)])
+
+
+@pytest.mark.parametrize(("answer", "verdict"), [
+    ("commit", "commit"), ("COMMIT", "commit"), (" Rollback ", "rollback"),
+    ("COMMIT_MESSAGE", "commit"), ("ROLLBACK_MESSAGE", "rollback"), ("UNKNOW", "unknown"),
+    (None, "unknown"), ("unknown", "unknown"),
+    (True, None), (1, None), ("yes", None), (b"commit", None),
+])
+def test_listener_answers_read_as_verdicts_or_not_at_all(answer: object, verdict: object) -> None:
+    import enum
+
+    from raftmq.client.transactions import verdict as read_verdict
+
+    assert read_verdict(answer) == verdict
+
+    class State(enum.Enum):
+        COMMIT_MESSAGE = 1
+        ROLLBACK = "rollback"
+        OTHER = 3
+
+    assert [read_verdict(s) for s in State] == ["commit", "rollback", None]
+
+
+@pytest.mark.parametrize("expr", ["TagA,TagB", "Tag A", ["A", "B,C"], "A || *"])
+def test_a_subscription_no_message_could_match_is_a_value_error(expr: object) -> None:
+    from raftmq.client.consumer import parse_tags
+
+    with pytest.raises(ValueError, match="bad tag subscription"):
+        parse_tags(expr)  # type: ignore[arg-type]

@@ -36,8 +36,10 @@ from raftmq.client import (
     PullConsumer,
     PushConsumer,
     TransportError,
+    UnavailableError,
     key_queue,
 )
+from raftmq.client.errors import may_have_applied
 from transport.blocking import request
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
@@ -133,9 +135,10 @@ def test_connection_refused_is_unavailable_not_a_timeout(cluster: LocalCluster) 
         async with Admin("127.0.0.1:1") as admin:
             await admin.list_topics()
 
-    with pytest.raises(TransportError) as info:
+    with pytest.raises(UnavailableError) as info:
         anyio.run(main)
-    assert info.value.code == Code.UNAVAILABLE and not info.value.sent
+    assert info.value.code == Code.UNAVAILABLE and not may_have_applied(info.value)
+    assert isinstance(info.value.__cause__, TransportError) and not info.value.__cause__.sent
 
 
 # ------------------------------------------------------------------ 2. tags

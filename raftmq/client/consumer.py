@@ -31,7 +31,7 @@ import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from broker.protocol import Code, Op, RequestError, validate_group_name, validate_topic_name
-from broker.records import Message, decode_record, iter_records, message_id
+from broker.records import Message, decode_record, iter_records, message_id, tag_problem
 from transport.connection import ClientClosedError, ConnectionPool, is_retriable
 
 from .errors import UnavailableError, close_stack
@@ -192,10 +192,10 @@ def parse_tags(tags: Tags) -> list[str] | None:
     if not items:
         raise ValueError("an empty list of tags selects nothing: pass None or '*' for all")
     for t in items:
-        if not t or "|" in t or "*" in t or any(c.isspace() for c in t):
+        problem = tag_problem(t)
+        if problem is not None:
             raise ValueError(f"bad tag subscription {tags!r}: use '*', 'TagA', "
-                             "'TagA || TagB' or a list of tags (no spaces, '|' or '*' "
-                             "inside a tag)")
+                             f"'TagA || TagB' or a list of tags ({problem})")
     return sorted(set(items))
 
 

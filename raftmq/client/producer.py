@@ -61,6 +61,7 @@ from broker.records import (
     OutgoingMessage,
     encode_batch,
     record_size,
+    tag_problem,
 )
 from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 
@@ -293,7 +294,23 @@ def check_message(msg: Payload, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
             Code.MESSAGE_TOO_LARGE,
             f"message body of {len(body)} bytes exceeds the limit of {max_bytes}",
         )
-    if isinstance(msg, OutgoingMessage) and msg.properties:
+    if isinstance(msg, OutgoingMessage):
+        _check_fields(msg)
+
+
+def _check_fields(msg: OutgoingMessage) -> None:
+    """A key, tag and properties the broker can store and a subscription can select:
+    a TypeError or ValueError here, before anything is sent."""
+    if not isinstance(msg.key, str):
+        raise TypeError(f"a message key is a str, not {type(msg.key).__name__}")
+    if not isinstance(msg.tags, str):
+        raise TypeError(f"a message's tag is one str, not {type(msg.tags).__name__} "
+                        "(a message carries one tag; subscriptions select several)")
+    if msg.tags and (problem := tag_problem(msg.tags)) is not None:
+        raise ValueError(problem)
+    if msg.properties:
+        if not isinstance(msg.properties, dict):
+            raise TypeError("message properties are a dict of str to str")
         for k, v in msg.properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError("message properties map str to str")
@@ -863,9 +880,10 @@ class Producer:
         self, topic: str, msg: Payload, queue: int | None
     ) -> tuple[TopicRoute, int, bool]:
         """The topic's route, the queue a send goes to, and whether a retry may move it."""
+        routes = self._check_open()
         assert self._tg is not None
         # the per-message fast path, no I/O: a known route, refreshed in the background
-        route = self._check_open().usable(topic, self._tg.start_soon)
+        route = routes.usable(topic, self._tg.start_soon)
         if route is None:
             route = await self._fetch_route(topic)
         if queue is not None:

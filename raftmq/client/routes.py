@@ -40,7 +40,7 @@ import msgpack
 from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, parse_address
 from transport.connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
 
-from .errors import give_up, leaderless, may_have_applied
+from .errors import UnavailableError, give_up, leaderless, may_have_applied
 
 __all__ = [
     "FAILED_TTL",
@@ -291,7 +291,12 @@ class Routes:
         for err in errors:
             if err.code == Code.UNKNOWN_TOPIC:
                 raise err
-        raise errors[-1]
+        # A name server request is a read: none answering is "unavailable", never an
+        # unknown outcome, whatever the connection last did.
+        raise UnavailableError(
+            f"no name server answered ({', '.join(self.namesrv)}): {errors[-1].message}",
+            name_servers=list(self.namesrv),
+        ) from errors[-1]
 
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The route of `topic`, refreshed when asked, stale, or older than the period.

@@ -24,6 +24,7 @@ When it never says, the broker asks a live member of the producer group
 
 from __future__ import annotations
 
+import enum
 import inspect
 import logging
 import time
@@ -31,7 +32,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, cast
+from typing import Any, Literal, NoReturn
 
 import anyio
 
@@ -131,11 +132,28 @@ class TransactionResult:
     error: BaseException | None = None
 
 
-def verdict(value: object) -> Verdict:
-    """A listener's answer as one of the three verdicts; anything else is "unknown"."""
-    if isinstance(value, str) and value in VERDICTS:
-        return cast(Verdict, value)
-    return "unknown"
+_VERDICT_NAMES: dict[str, Verdict] = {
+    "commit": "commit", "rollback": "rollback", "unknown": "unknown",
+    # RocketMQ's LocalTransactionState names, as users coming from it return them
+    "commit_message": "commit", "rollback_message": "rollback", "unknow": "unknown",
+}
+
+
+def verdict(value: object) -> Verdict | None:
+    """A listener's answer as one of the three verdicts: "commit", "rollback" or
+    "unknown" in any case (or RocketMQ's COMMIT_MESSAGE, ROLLBACK_MESSAGE, UNKNOW), an
+    enum member whose value or name is one of those, or None ("unknown": the listener
+    does not know yet). None for anything else (True, 1, ...): not an answer."""
+    if value is None:
+        return "unknown"
+    if isinstance(value, enum.Enum):
+        for v in (value.value, value.name):
+            if isinstance(v, str) and v.lower() in _VERDICT_NAMES:
+                return _VERDICT_NAMES[v.lower()]
+        return None
+    if isinstance(value, str):
+        return _VERDICT_NAMES.get(value.strip().lower())
+    return None
 
 
 async def decide(fn: Callable[[Any], Any], arg: Any,
@@ -154,9 +172,10 @@ async def decide(fn: Callable[[Any], Any], arg: Any,
         log.warning("%s raised %r: the answer is 'unknown'", what, exc)
         return "unknown", exc
     answer = verdict(value)
-    if answer == "unknown" and value != "unknown":
-        log.warning("%s answered %r, not commit/rollback/unknown: taken as 'unknown'",
-                    what, value)
+    if answer is None:  # a bug in the listener: said every time, loudly
+        log.error("%s answered %r, which is not a verdict: return 'commit', 'rollback' or "
+                  "'unknown'; taken as 'unknown' (the broker asks again)", what, value)
+        return "unknown", TypeError(f"{what} answered {value!r}, not a verdict")
     return answer, None
 
 
@@ -705,23 +724,29 @@ class HalfHandle:
         self.txid = txid
         self.result = result
         self.state: Verdict = "unknown"
+        #: The last commit()/rollback() found it decided that way already (a retry).
+        self.repeated = False
 
     @property
     def group(self) -> str:
         return self.result.group
 
     async def commit(self) -> bool:
-        """Deliver the half message; True if it had been committed already (a retry)."""
-        return await self._end(True)
+        """Deliver the half message. Returns True once it is committed (also when an
+        earlier call or a check-back had committed it: `repeated` says so); deciding it
+        the other way after a rollback raises `TransactionError` (TX_DECIDED)."""
+        await self._end(True)
+        return True
 
     async def rollback(self) -> bool:
-        """Drop the half message; True if it had been rolled back already."""
-        return await self._end(False)
+        """Drop the half message. Returns True once it is rolled back (`repeated`: it
+        had been already); after a commit, `TransactionError` (TX_DECIDED)."""
+        await self._end(False)
+        return True
 
-    async def _end(self, commit: bool) -> bool:
-        dup = await self._halves.end(self.group, self.txid, commit)
+    async def _end(self, commit: bool) -> None:
+        self.repeated = await self._halves.end(self.group, self.txid, commit)
         self.state = "commit" if commit else "rollback"
-        return dup
 
 
 class HalfMessages:

@@ -89,7 +89,8 @@ def first_request_error(exc: BaseException) -> RequestError | None:
 
 def report_error(prog: str, exc: RequestError, namesrv: list[str] | None = None) -> int:
     """Print one line for a failed request and return the exit status (1)."""
-    if isinstance(exc, TransportError) and namesrv and any(a in exc.message for a in namesrv):
+    if namesrv and (exc.extra.get("name_servers") or (
+            isinstance(exc, TransportError) and any(a in exc.message for a in namesrv))):
         print(
             f"{prog}: cannot reach the name server at {','.join(namesrv)} ({exc.message}); "
             "start a cluster with `raftmq dev` or pass --namesrv / set RAFTMQ_NAMESRV",
