@@ -65,7 +65,6 @@ def test_network_nemeses_act_and_the_run_is_valid(tmp_path: Path) -> None:
     assert set(results["unavailability_by_fault"]) == set(kinds)
 
 @pytest.mark.live
-
 def test_damaged_file_nemeses_are_repaired_or_refused_and_lose_nothing(tmp_path: Path) -> None:
     kinds = ("truncate-file", "bitflip-file", "snapshot-corrupt")
     results = _run(tmp_path, kinds, seed=1, snapshot_every_entries=100)
