@@ -281,3 +281,19 @@ def test_what_a_tick_finds_due_survives_a_restore() -> None:
     ctl(r, TxEnd("a", 0, 0, False, 40, "client"))
     assert [t.tid for t in r.state.txcoord.timed_out(1000)] == ["b"]
     assert [t.tid for t in r.state.txcoord.unfinished()] == ["a", "c"]
+
+
+def test_a_commit_after_the_timeout_abort_says_it_was_the_timeout() -> None:
+    """A producer that commits too late learns why its transaction is gone: aborted by
+    the coordinator at its transaction timeout, which the refusal names."""
+    r = Replica()
+    ctl(r, TxInit("tid", 1_500, 0))
+    ctl(r, TxAdd("tid", 0, 0, ("g1",), 10))
+    ctl(r, TxEnd("tid", 0, 0, False, 1_600, "timeout"))
+    res = r.control(TxEnd("tid", 0, 0, True, 2_000, "client").encode())
+    assert isinstance(res, ErrorResult) and res.code == Code.TX_DECIDED
+    assert "aborted by the coordinator" in res.message
+    assert "transaction timeout of 1500 ms" in res.message
+    ctl(r, TxComplete("tid", 0, 0))
+    res = r.control(TxEnd("tid", 0, 0, True, 2_100, "client").encode())
+    assert isinstance(res, ErrorResult) and "transaction timeout of 1500 ms" in res.message

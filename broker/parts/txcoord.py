@@ -253,6 +253,26 @@ def _state_of(row: Any) -> TxnState:
                     int(started), int(timeout), int(decided), str(reason))
 
 
+
+_WHY = {
+    "client": "by its producer",
+    "operator": "by an operator",
+    "fenced": "when a newer producer took over its transactional id (its init fenced it)",
+}
+
+
+def _already_decided(t: TxnState) -> str:
+    """Why a request for decided transaction `t` is refused, in words a user can act on:
+    a commit refused because the coordinator aborted at the transaction's timeout says so,
+    with the timeout."""
+    what = "committed" if t.commit else "aborted"
+    if t.reason == "timeout":
+        why = (f"by the coordinator: it was not committed within its transaction timeout "
+               f"of {t.timeout_ms} ms (transaction_timeout_ms)")
+    else:
+        why = _WHY.get(t.reason, "")
+    return f"transaction {t.n} of {t.tid!r} was already {what}" + (f" {why}" if why else "")
+
 class TxCoordinator(Part):
     """Transactional ids coordinated by this group: their current transactions, the
     fenced ones still aborting, and the ring of finished ones."""
@@ -363,8 +383,7 @@ class TxCoordinator(Part):
     def _refuse_other(self, cur: TxnState, n: int) -> None:
         """Refuse a request for transaction `n` that is not the current open one."""
         if n == cur.n and cur.decided:
-            raise Refused(Code.TX_DECIDED, f"transaction {n} of {cur.tid!r} was already "
-                                           f"{'committed' if cur.commit else 'aborted'}")
+            raise Refused(Code.TX_DECIDED, _already_decided(cur))
         if n == cur.n + 1 and (cur.state in ("prepare_commit", "prepare_abort")
                                or cur.tid in self.completing):
             raise Refused(Code.BUSY, "previous transaction still completing")
@@ -392,8 +411,7 @@ class TxCoordinator(Part):
         if rec.n == cur.n and cur.decided:
             if cur.commit == rec.commit:
                 return ControlResult(TxEnd.op, dup=True)
-            raise Refused(Code.TX_DECIDED, f"transaction {rec.n} of {rec.tid!r} was already "
-                                           f"{'committed' if cur.commit else 'aborted'}")
+            raise Refused(Code.TX_DECIDED, _already_decided(cur))
         if self._expects(cur, rec.n):  # never added: decided at once (done, if nothing sent)
             started = self._start(cur, rec.n, parts, rec.ts)
             decided = replace(started, state="prepare_commit" if rec.commit else
