@@ -407,7 +407,11 @@ class TxWorkload:
             self._undecided[handle.txid] = body
             rec.complete(process, "ok", "half", key, {"outcome": "prepared", "txid": handle.txid})
             return
-        await trio.sleep(self.rng.uniform(0.05, 0.3))  # prepared for a while: readers look
+        try:
+            await trio.sleep(self.rng.uniform(0.05, 0.3))  # prepared for a while: readers look
+        except BaseException:  # the listener knows it: check-back may commit it
+            rec.complete(process, "info", "half", key, {"error": "cancelled", "txid": handle.txid})
+            raise
         rec.attempt(process, "half", key, None)
         try:
             if plan == "commit":
@@ -419,7 +423,7 @@ class TxWorkload:
             rec.complete(process, "info", "half", key, {"error": repr(exc), "txid": handle.txid})
             return
         except BaseException:
-            rec.complete(process, "info", "half", key, {"error": "cancelled"})
+            rec.complete(process, "info", "half", key, {"error": "cancelled", "txid": handle.txid})
             raise
         rec.complete(process, "ok", "half", key, {"outcome": plan, "txid": handle.txid})
 
