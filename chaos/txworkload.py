@@ -19,7 +19,11 @@ own, each with queues in every group: ``<base>-tx`` (transactions and half messa
   check listener answers for it, always; most halves are ended by the producer as the
   local transaction said (after holding it prepared a moment, for readers to find if it
   were served), the others never (a crash: check-back decides; an "unknown" one expires
-  and is rolled back). Every check-back answered is a ``check`` record.
+  and is rolled back). Every check-back answered is a ``check`` record. Some are held
+  past the first check-back, so checks race the end; a check-back of a half whose end
+  the broker already acknowledged is answered the *opposite* of the local outcome half
+  the time: it must change nothing (the checker then finds the half lost, or a rolled-back
+  one delivered, if a decision ever flipped).
 - The pipeline: a feeder produces inputs to ``<base>-txin``; a worker, a separate OS
   process (`chaos.pipeline`, run with ``python -m``), reads them with the consumer
   group's committed offset, writes one output per input to ``<base>-txout`` and commits
@@ -79,6 +83,8 @@ GRACE = 10.0  # seconds after the end of the load before what is still going is 
 _PLANS = (("commit", 0.75), ("abort", 0.15), ("abandon", 0.1))
 ZOMBIES = 0.3  # share of an epoch's first transactions that turn zombie
 _LOCALS = (("commit", 0.45), ("rollback", 0.35), ("unknown", 0.2))
+_FLIP = 0.5  # a check-back of a half already ended: how often the listener answers opposite
+_HOLD_LONG = 0.15  # halves held prepared past the first check-back (1 s in these runs)
 
 
 def _draw(rng: random.Random, table: tuple[tuple[str, float], ...]) -> str:
@@ -137,6 +143,7 @@ class TxWorkload:
         self._next_process = 1_000_000  # apart from the queue workload's process ids
         self._txns = 0
         self._local: dict[str, tuple[str, str]] = {}  # txid -> (body, local outcome)
+        self._ended: set[str] = set()  # halves whose end the broker acknowledged
         self._undecided: dict[str, str] = {}  # txid -> body of halves the producer left
         self._tails: dict[str, int] = {}
         self.pipeline_starts = 0
@@ -361,6 +368,10 @@ class TxWorkload:
     def _listener(self, process: int) -> Callable[[CheckRequest], Any]:
         async def answer(req: CheckRequest) -> str:
             body, local = self._local.get(req.txid, (None, "unknown"))
+            if req.txid in self._ended and self.rng.random() < _FLIP:
+                # decided and acknowledged: a check-back now (one that was in flight) must
+                # change nothing whatever it hears, so it sometimes hears the opposite
+                local = {"commit": "rollback", "rollback": "commit"}.get(local, local)
             key = queue_key(req.topic, req.queue)
             self.recorder.invoke(process, "check", key,
                                  {"body": body, "txid": req.txid, "checks": req.checks})
@@ -407,8 +418,12 @@ class TxWorkload:
             self._undecided[handle.txid] = body
             rec.complete(process, "ok", "half", key, {"outcome": "prepared", "txid": handle.txid})
             return
+        # prepared for a while, for readers to look; now and then past the first
+        # check-back, so that checks race the producer's end
+        hold = (self.rng.uniform(0.8, 1.5) if self.rng.random() < _HOLD_LONG
+                else self.rng.uniform(0.05, 0.3))
         try:
-            await trio.sleep(self.rng.uniform(0.05, 0.3))  # prepared for a while: readers look
+            await trio.sleep(hold)
         except BaseException:  # the listener knows it: check-back may commit it
             rec.complete(process, "info", "half", key, {"error": "cancelled", "txid": handle.txid})
             raise
@@ -425,6 +440,7 @@ class TxWorkload:
         except BaseException:
             rec.complete(process, "info", "half", key, {"error": "cancelled", "txid": handle.txid})
             raise
+        self._ended.add(handle.txid)
         rec.complete(process, "ok", "half", key, {"outcome": plan, "txid": handle.txid})
 
     # ---------------- readers

@@ -555,3 +555,24 @@ def test_empty_history_is_valid() -> None:
     result = check_lines([])
     _only(result)
     assert result["messages"] == 0
+
+
+@pytest.mark.parametrize("ended", ["commit", "rollback"])
+def test_a_late_check_back_that_flips_a_decision_is_caught(h: History, ended: str) -> None:
+    """The listener answers a check-back of a half already ended the opposite way (as the
+    workload sometimes does); a broker that applied that answer is caught."""
+    h.half("f", "f", local=ended, plan=ended)
+    h.check("f", "rollback" if ended == "commit" else "commit")
+    if ended == "rollback":
+        h.store(T, 0, "f")  # the flipped commit delivered it
+    h.drain((T, 0))
+    result = h.check_it()
+    _only(result, "half_lost" if ended == "commit" else "half_rolled_back_reads")
+
+
+def test_a_late_opposite_answer_that_changed_nothing_is_valid(h: History) -> None:
+    h.half("f", "f", local="commit", plan="commit")
+    h.check("f", "rollback")
+    h.store(T, 0, "f")
+    h.drain((T, 0))
+    _only(h.check_it())
