@@ -23,7 +23,10 @@ Every `tx_tick_ms`, for each group this node leads, from the group's applied sta
   nothing more until the next interval.
 
 TX_END and TX_INIT do not wait for a tick: they call `finish`, which runs the same
-marker work at once (one run per transaction, shared by every waiter). A leadership
+marker work at once (one run per transaction, shared by every waiter). The markers of
+one transactional id go out in its transactions' order: a transaction's wait for every
+earlier one of the same id to be written first, so a producer's transactions enter each
+queue in the order it made them. A leadership
 change ticks at once too (`wake`), so a new leader takes over without delay.
 
 Every task lives in the nursery `run` holds (structured concurrency): nothing outlives
@@ -247,6 +250,8 @@ class TxTasks:
         return None
 
     async def _complete(self, gid: str, tid: str, epoch: int, n: int) -> None:
+        if not await self._after_earlier(gid, tid, epoch, n):
+            return
         txn = self._unfinished(gid, tid, epoch, n)
         if txn is None:
             return
@@ -267,6 +272,27 @@ class TxTasks:
         self._delivered.setdefault(("finish", gid, tid, epoch, n), trio.Event()).set()
         await self.tx._propose(self.groups[gid], {"op": "tx_complete", "tid": tid,
                                                   "epoch": epoch, "n": n})
+
+    async def _after_earlier(self, gid: str, tid: str, epoch: int, n: int) -> bool:
+        """Wait until no earlier transaction of `tid` has markers left to write; False if
+        one is left when its job ended (leadership moved, or it failed: the next tick
+        starts them again, in order).
+
+        A producer's transactions enter every queue in their order, as Kafka keeps a
+        producer's order within a partition: the markers of (epoch, n) never go before
+        those of an earlier transaction of the same id. Without this wait, a new
+        coordinator leader that finds transactions n and n+1 both decided starts both
+        marker jobs in one tick, and trio's scheduling order (random on purpose) may put
+        n+1's markers first in a participant's outbox, so its records enter first."""
+        while True:
+            earlier = [t for t in coordinator(self._leading(gid)).unfinished()
+                       if t.tid == tid and (t.epoch, t.n) < (epoch, n)]
+            if not earlier:
+                return True
+            first = min(earlier, key=lambda t: (t.epoch, t.n))
+            await self._finish_job(gid, tid, first.epoch, first.n).wait()
+            if self._unfinished(gid, tid, first.epoch, first.n) is not None:
+                return False
 
     async def _deliver(self, pgid: str, header: dict[str, Any],
                        still: Callable[[], bool]) -> None:
