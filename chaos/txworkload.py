@@ -30,6 +30,9 @@ own, each with queues in every group: ``<base>-tx`` (transactions and half messa
   the input offsets in the same transaction. The harness SIGKILLs it every few seconds
   and starts a new one with the same transactional id; its records come through its
   stdout, with its own times (the monotonic clock is the machine's).
+- Producers killed between their first send and its TX_ADD (`_killed_before_add`):
+  each a fresh transactional id whose one prepared batch the coordinator never hears of;
+  it must never become visible.
 - Readers fetch (read committed, the only isolation served) from every queue during the
   run (``tx-read``), so a message served before its commit, or never committed, is seen.
 
@@ -55,7 +58,8 @@ from typing import Any
 
 import trio
 
-from broker.protocol import Code, RequestError
+from broker.protocol import Code, Op, RequestError
+from broker.records import OutgoingMessage, encode_batch
 from raftmq.client import Admin, Producer, PullConsumer
 from raftmq.client.consumer import fetch, query_offset
 from raftmq.client.errors import ProducerFencedError, TransactionAbortedError
@@ -111,6 +115,7 @@ class TxWorkload:
         half_producers: int = 2,
         readers: int = 2,
         pipeline: bool = True,
+        killed_before_add: bool = True,
         pipeline_kill_every: tuple[float, float] = (3.0, 7.0),
         send_timeout: float = 3.0,
         pause: float = 0.02,
@@ -131,6 +136,7 @@ class TxWorkload:
         self.half_producers = half_producers
         self.readers = readers
         self.pipeline = pipeline
+        self.killed_before_add = killed_before_add
         self.pipeline_kill_every = pipeline_kill_every
         self.send_timeout = send_timeout
         self.pause = pause
@@ -203,6 +209,8 @@ class TxWorkload:
             if self.pipeline:
                 nursery.start_soon(self._feeder, stop_at)
                 nursery.start_soon(self._pipeline, stop_at)
+            if self.killed_before_add:
+                nursery.start_soon(self._killed_before_add, stop_at)
 
     # ---------------- Kafka's model
 
@@ -234,6 +242,48 @@ class TxWorkload:
             tx, old_process, plan = left
             if plan == "zombie":
                 await self._zombie(tx, old_process, tid, stop_at)
+
+    async def _killed_before_add(self, stop_at: float) -> None:
+        """Producers killed between their first send and its TX_ADD, each with an id never
+        used again (as Spark jobs without a `queryName` make): the prepared batch is
+        stored, the coordinator never hears of the group. Nothing but its producer's
+        commit could commit it, so it must never be read (the checker's aborted reads);
+        how the cluster resolves such data is the product's business, not this one's."""
+        process = self._process()
+        k = 0
+        while time.monotonic() < stop_at:
+            k += 1
+            await self._one_killed_before_add(process, f"{self.topic}-gone-{process}-{k}")
+            await trio.sleep(self.rng.uniform(1.0, 3.0))
+
+    async def _one_killed_before_add(self, process: int, tid: str) -> None:
+        async with Producer(self.namesrv, transactional_id=tid, send_timeout=self.send_timeout,
+                            transaction_timeout_ms=self.transaction_timeout_ms) as producer:
+            tx = await self._begin(producer, process, tid)
+            if tx is None:
+                return
+            queue = self.rng.randrange(self.queues[self.topic])
+            body = f"{tid}-0"
+            rec = self.recorder
+            rec.invoke(process, "txn", tid, {"id": body, "epoch": tx.epoch, "n": tx.n,
+                                             "sends": [[self.topic, queue, body]],
+                                             "plan": "abandon"})
+            # the transaction's first send, as the SDK makes it, without the TX_ADD the
+            # SDK sends beside it
+            data = encode_batch(self.topic, queue, [OutgoingMessage(body.encode())],
+                                tx=(tid, tx.epoch, tx.n))
+            try:
+                await producer._check_open().call_queue(
+                    self.topic, queue, Op.PRODUCE, lambda g: {"g": g}, data, write=True,
+                    timeout=self.send_timeout)
+            except Exception:  # noqa: BLE001, S110 - stored or not, it is never committed
+                pass
+            finally:
+                self._count("killed-before-add")
+                rec.complete(process, "fail", "txn", tid,
+                             {"error": "killed between its first send and TX_ADD"})
+                # killed: it sends nothing more, not even the abort a closing producer sends
+                tx.state = "aborted"
 
     async def _begin(self, producer: Producer, process: int, tid: str) -> Transaction | None:
         """Begin a transaction, recording the init (``tx-init``) when it registers the id."""
