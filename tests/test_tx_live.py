@@ -479,6 +479,39 @@ def test_a_check_back_answered_after_the_commit_changes_nothing(live: Live) -> N
         live.settle()
 
 
+def test_check_immunity_delays_the_first_check_back(live: Live) -> None:
+    """A half message whose CHECK_IMMUNITY_TIME_IN_SECONDS property says its local
+    transaction takes an hour is not checked while one stored beside it without the
+    property is checked again and again."""
+    topic = live.new_topic("tx-immune")
+    plain, immune = uuid.uuid4().hex, uuid.uuid4().hex
+    listener = CheckListener(live, "pg-immune", {})
+    try:
+        live.produce(topic, 1, [b"plain"], half=(plain, "pg-immune"))
+        batch = encode_batch(topic, 1, [OutgoingMessage(
+            b"immune", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "3600"})],
+            half=(immune, "pg-immune"))
+        h, _ = live.call_leader("g1", {"op": int(Op.PRODUCE), "g": "g1"}, batch)
+        assert h["code"] == 0, h
+
+        def plain_checks() -> int:
+            with listener.lock:
+                return sum(1 for t, _n in listener.numbers if t == plain)
+
+        wait_for(lambda: plain_checks() >= 2, 30, "two check-backs of the plain half")
+        with listener.lock:
+            assert immune not in listener.asked
+        rows = {r["txid"]: r for r in live.ask("g1", Op.TX_LIST)["halves"]}
+        assert rows[immune]["checks"] == 0
+    finally:
+        listener.close()
+        for txid in (plain, immune):  # leave nothing pending for the other tests
+            try:
+                live.ask("g1", Op.HALF_END, txid=txid, commit=False, pg="pg-immune")
+            except RequestError:
+                pass  # expired already
+
+
 def test_an_unanswered_half_expires_after_the_last_check(live: Live) -> None:
     topic = live.new_topic("tx-expire")
     txid = uuid.uuid4().hex
