@@ -28,7 +28,8 @@ from __future__ import annotations
 import struct
 from bisect import bisect_right
 from collections.abc import Collection, Sequence
-from itertools import accumulate
+from itertools import accumulate, chain, compress
+from operator import lt
 from typing import NamedTuple
 
 from broker.protocol import Code, RequestError
@@ -41,7 +42,20 @@ _SIZE = CQ_RECORD.size
 _INDEX = struct.Struct(">Q")  # the leading field alone, for binary search
 _INDEX_START = struct.Struct(">QI")
 _INDEX_START_REC = struct.Struct(">QI16x")  # a whole record, its index and start only
-_INDEX_ONLY_REC = struct.Struct(">Q20x")  # a whole record, its index only
+
+
+_CHUNK = 4096
+_INDEX_CHUNK = struct.Struct(">" + "Q20x" * _CHUNK)  # the indexes of _CHUNK whole records
+
+
+def _indexes(buf: bytearray) -> list[int]:
+    """The Raft index of every record in `buf`, unpacked _CHUNK records per call."""
+    n = len(buf) // _SIZE
+    full = n // _CHUNK * _CHUNK
+    out = list(chain.from_iterable(_INDEX_CHUNK.iter_unpack(memoryview(buf)[: full * _SIZE])))
+    if n > full:
+        out += struct.unpack_from(">" + "Q20x" * (n - full), buf, full * _SIZE)
+    return out
 
 
 class CQEntry(NamedTuple):
@@ -72,12 +86,28 @@ class ConsumeQueue:
         self._late: list[list[int]] = []
         self._late_first: list[int] = []  # their first offsets, for bisect
         if records:
-            indexes = [i for (i,) in _INDEX_ONLY_REC.iter_unpack(self._buf)]
-            tops = list(accumulate(indexes, max))
-            for k, index in enumerate(indexes):
-                if k and index < tops[k - 1]:
-                    self._note_late(min_offset + k, 1, index, tops[k - 1])
-            self._top = tops[-1]
+            self._find_late(min_offset)
+
+    def _find_late(self, min_offset: int) -> None:
+        """Late records of restored `records`: those below the highest index before them.
+        A late stretch starts where the index drops, so only drops are looked for record
+        by record; the rest are C-level passes (a restore of millions of records stays
+        quick, late records being few)."""
+        indexes = _indexes(self._buf)
+        n = len(indexes)
+        if indexes == sorted(indexes):  # no late record (timsort: one pass when sorted)
+            self._top = indexes[-1]
+            return
+        top, pos = -1, 0
+        for k in compress(range(1, n), map(lt, indexes[1:], indexes)):
+            if k < pos:
+                continue  # inside a late stretch already walked
+            top = max(top, max(indexes[pos:k]))
+            while k < n and indexes[k] < top:
+                self._note_late(min_offset + k, 1, indexes[k], top)
+                k += 1
+            pos = k
+        self._top = max(top, max(indexes[pos:], default=-1))
 
     # ------------------------------------------------------------------ shape
 
