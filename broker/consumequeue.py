@@ -10,6 +10,14 @@ packed in one `bytearray` rather than as a Python object per message: a queue ho
 millions of messages costs 28 bytes each. Offsets keep counting across retention; only the
 dropped prefix's storage is released.
 
+Raft indexes grow along a queue except at *late* records: a committed transaction's
+records (and a late-decided half message's) enter at their decision, pointing back at the
+older entry that holds them. The queue remembers them as runs (first offset, end offset,
+their index, the highest index appended before them) so that its searches go by the
+running maximum of the index -- which does grow -- and so that retention can avoid a cut
+that would delete a late record's entry while keeping a record before it
+(`late_spans`).
+
 Everything here is pure and deterministic: the broker state machine owns the queues and
 snapshots them as `min_offset` plus the raw record bytes, those of sealed chunks by
 reference (`broker.cqchunks`).
@@ -20,7 +28,8 @@ from __future__ import annotations
 import struct
 from bisect import bisect_right
 from collections.abc import Collection, Sequence
-from itertools import accumulate
+from itertools import accumulate, chain, compress
+from operator import lt
 from typing import NamedTuple
 
 from broker.protocol import Code, RequestError
@@ -33,6 +42,20 @@ _SIZE = CQ_RECORD.size
 _INDEX = struct.Struct(">Q")  # the leading field alone, for binary search
 _INDEX_START = struct.Struct(">QI")
 _INDEX_START_REC = struct.Struct(">QI16x")  # a whole record, its index and start only
+
+
+_CHUNK = 4096
+_INDEX_CHUNK = struct.Struct(">" + "Q20x" * _CHUNK)  # the indexes of _CHUNK whole records
+
+
+def _indexes(buf: bytearray) -> list[int]:
+    """The Raft index of every record in `buf`, unpacked _CHUNK records per call."""
+    n = len(buf) // _SIZE
+    full = n // _CHUNK * _CHUNK
+    out = list(chain.from_iterable(_INDEX_CHUNK.iter_unpack(memoryview(buf)[: full * _SIZE])))
+    if n > full:
+        out += struct.unpack_from(">" + "Q20x" * (n - full), buf, full * _SIZE)
+    return out
 
 
 class CQEntry(NamedTuple):
@@ -51,13 +74,40 @@ class CQEntry(NamedTuple):
 class ConsumeQueue:
     """Append-only array of fixed-size records addressed by queue offset."""
 
-    __slots__ = ("_buf", "_min")
+    __slots__ = ("_buf", "_late", "_late_first", "_min", "_top")
 
     def __init__(self, min_offset: int = 0, records: bytes | bytearray = b"") -> None:
         if min_offset < 0 or len(records) % _SIZE:
             raise ValueError("bad consume queue state: negative offset or partial record")
         self._min = min_offset
         self._buf = bytearray(records)
+        self._top = -1  # the highest Raft index appended (retained ones, after a restore)
+        # runs of late records, in offset order: [first, end, index, top before them]
+        self._late: list[list[int]] = []
+        self._late_first: list[int] = []  # their first offsets, for bisect
+        if records:
+            self._find_late(min_offset)
+
+    def _find_late(self, min_offset: int) -> None:
+        """Late records of restored `records`: those below the highest index before them.
+        A late stretch starts where the index drops, so only drops are looked for record
+        by record; the rest are C-level passes (a restore of millions of records stays
+        quick, late records being few)."""
+        indexes = _indexes(self._buf)
+        n = len(indexes)
+        if indexes == sorted(indexes):  # no late record (timsort: one pass when sorted)
+            self._top = indexes[-1]
+            return
+        top, pos = -1, 0
+        for k in compress(range(1, n), map(lt, indexes[1:], indexes)):
+            if k < pos:
+                continue  # inside a late stretch already walked
+            top = max(top, max(indexes[pos:k]))
+            while k < n and indexes[k] < top:
+                self._note_late(min_offset + k, 1, indexes[k], top)
+                k += 1
+            pos = k
+        self._top = max(top, max(indexes[pos:], default=-1))
 
     # ------------------------------------------------------------------ shape
 
@@ -97,6 +147,7 @@ class ConsumeQueue:
         """Add one message; returns the offset it was given."""
         offset = self.end_offset
         self._buf += CQ_RECORD.pack(index, start, size, tag_hash, store_ms)
+        self._appended(offset, 1, index)
         return offset
 
     def extend(self, index: int, refs: Sequence[RecordRef], store_ms: int) -> int:
@@ -110,7 +161,22 @@ class ConsumeQueue:
         else:
             self._buf += b"".join([pack(index, r.start, r.size, r.tag_hash, store_ms)
                                    for r in refs])
+        self._appended(offset, len(refs), index)
         return offset
+
+    def _appended(self, offset: int, n: int, index: int) -> None:
+        if index >= self._top:
+            self._top = index
+        else:
+            self._note_late(offset, n, index, self._top)
+
+    def _note_late(self, offset: int, n: int, index: int, top: int) -> None:
+        last = self._late[-1] if self._late else None
+        if last is not None and last[1] == offset and last[2:] == [index, top]:
+            last[1] += n  # the same batch, or one more record of it
+        else:
+            self._late.append([offset, offset + n, index, top])
+            self._late_first.append(offset)
 
     def drop_before(self, offset: int) -> int:
         """Forget offsets below `offset` (never moves backwards); returns how many went.
@@ -124,26 +190,50 @@ class ConsumeQueue:
             return 0
         self._buf = self._buf[n * _SIZE :]
         self._min = offset
+        gone = 0
+        for run in self._late:
+            if run[1] > offset:
+                run[0] = max(run[0], offset)
+                break
+            gone += 1
+        del self._late[:gone]
+        self._late_first = [run[0] for run in self._late]
         return n
+
+    def late_spans(self) -> list[tuple[int, int]]:
+        """(index, top) of each retained run of late records: a retention cut `m` with
+        index < m <= top would delete their entry yet keep the record at index `top`
+        before them, so the queue could not pass them and they would read as gone. A cut
+        at or below `index`, or above `top`, removes them with everything before them or
+        keeps them."""
+        return [(run[2], run[3]) for run in self._late]
 
     # ------------------------------------------------------------------ reads
 
-    def _index_at(self, i: int) -> int:
+    def _top_at(self, i: int) -> int:
+        """The highest Raft index among the retained records up to position `i`: the
+        record's own, or for a late record the one it came after (which grows along the
+        queue where the indexes themselves need not)."""
+        offset = self._min + i
+        k = bisect_right(self._late_first, offset) - 1
+        if k >= 0 and offset < self._late[k][1]:
+            return self._late[k][3]
         return int(_INDEX.unpack_from(self._buf, i * _SIZE)[0])
 
     def first_offset_at_or_after_index(self, index: int) -> int:
-        """The first retained offset whose Raft index is >= `index` (`end_offset` if none).
+        """The first retained offset whose Raft index, or that of a record before it, is
+        >= `index` (`end_offset` if none): every record below it is stored below `index`.
 
-        Raft indexes only grow along a queue, so this is a binary search; retention and
-        message-id resolution both rely on it. (Except where a committed transaction's
-        records entered: they point at the older entry holding them. See `find_near` for
-        ids; for retention, such a record whose entry was deleted reads as gone, and a
-        fetch skips it like any expired message.)
+        This is where retention's cut at `index` leaves the queue's minimum, and where a
+        message-id search starts. It is a binary search over the running maximum of the
+        indexes, which grows although a late record's own index does not: a cut inside a
+        transaction's prepare-to-commit window on the queue then keeps the records after
+        the late one's prepare entry, rather than dropping them with it.
         """
         lo, hi = 0, len(self)
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._index_at(mid) < index:
+            if self._top_at(mid) < index:
                 lo = mid + 1
             else:
                 hi = mid

@@ -22,9 +22,13 @@ records) falls back to its file mtime.
 Never past: the commit index, the lowest match index of any follower (voter or
 learner), what the leader's state has applied, and the lowest index still holding
 undecided prepared data of a transaction (`BrokerState.pinned_index`): a prepared batch
-must stay readable until its decision makes it visible or drops it. (A committed
-transaction's records point at its older entries; when retention deletes those, the
-records read as gone and a fetch skips them like any expired message.) A follower that needs deleted entries can still catch up -- the leader sends
+must stay readable until its decision makes it visible or drops it. Nor inside a *gap*
+(`BrokerState.retention_gaps`): a committed transaction's records (and a late-decided
+half message's) enter their queue at the decision, after records stored later than
+their own prepare entry; a cut between the two would delete their entry while the
+records queued before them stay, so the queue's minimum could not pass them and they
+would read as gone. The cut waits below such a gap until the segments past it may go
+too (the window is a transaction's prepare-to-commit time, normally seconds). A follower that needs deleted entries can still catch up -- the leader sends
 it the group's whole snapshot (`raftlog` InstallSnapshot) -- but that is a transfer of
 the entire state, so retention does not cause it for a follower that is merely behind.
 The flip side: a follower that is down keeps the leader from deleting anything it lacks,
@@ -38,7 +42,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 import trio
@@ -79,12 +83,16 @@ def choose_retain_index(
     limit: int,
     expired: Callable[[SegmentInfo], bool],
     excess_bytes: int = 0,
+    gaps: Collection[tuple[int, int]] = (),
 ) -> int | None:
     """The first index to keep, or None if no segment can go.
 
     Deletes a prefix of `segments` (the last one, the active segment, always stays):
     each may go while `excess_bytes` are not yet freed or if it has `expired`, and only
-    if every entry in it is below `limit`. The answer is the next segment's first index.
+    if every entry in it is below `limit`. The answer is the next segment's first index,
+    never one inside a gap (lo, hi] of `gaps` (`BrokerState.retention_gaps`: a cut there
+    would delete a late transactional record's entry but not the records queued before
+    it); the cut then stays at an earlier boundary until one past the gap may go.
     """
     chosen: int | None = None
     freed = 0
@@ -93,7 +101,8 @@ def choose_retain_index(
             break
         if freed < excess_bytes or expired(seg):
             freed += seg.size
-            chosen = nxt.first_index
+            if not any(lo < nxt.first_index <= hi for lo, hi in gaps):
+                chosen = nxt.first_index
         else:
             break
     return chosen
@@ -146,10 +155,11 @@ class RetentionPolicy:
 
     async def candidate(
         self, lg: CommittedLog, *, commit: int, min_match: int, retained: int, now_ms: int,
-        pinned: int | None = None,
+        pinned: int | None = None, gaps: Collection[tuple[int, int]] = (),
     ) -> int | None:
         """The retain index to propose now, or None (nothing new may go); nothing at or
-        above `pinned` (the lowest index still holding undecided prepared data) goes."""
+        above `pinned` (the lowest index still holding undecided prepared data) goes, and
+        no cut falls inside one of `gaps` (see `choose_retain_index`)."""
         segments = await lg.segment_bounds()
         live = {s.path for s in segments}
         for p in [p for p in self._ages if p not in live]:
@@ -168,7 +178,8 @@ class RetentionPolicy:
             return now_ms - self._ages[seg.path] > self.retention_ms
 
         excess = await trio.to_thread.run_sync(self.excess_bytes)  # a statvfs
-        chosen = choose_retain_index(segments, limit=limit, expired=expired, excess_bytes=excess)
+        chosen = choose_retain_index(segments, limit=limit, expired=expired, excess_bytes=excess,
+                                     gaps=gaps)
         if chosen is None or chosen <= max(retained, lg.log_bounds()[0]):
             return None
         return chosen
@@ -191,6 +202,7 @@ async def retain_once(policy: RetentionPolicy, g: GroupRuntime, state: BrokerSta
         retained=state.retained_index,
         now_ms=int(time.time() * 1000),
         pinned=applied if pinned is None else min(pinned, applied),
+        gaps=state.retention_gaps(),
     )
     if index is None:
         return None

@@ -279,6 +279,12 @@ class BrokerState:
         retention must not delete it (`broker.retention` keeps its limit below)."""
         return self.txpart.pinned_index()
 
+    def retention_gaps(self) -> list[tuple[int, int]]:
+        """The (lo, hi] ranges a retention cut must not fall in: each queue's late
+        records, stored at index lo but queued after a record stored at hi
+        (`ConsumeQueue.late_spans`), merged and sorted."""
+        return self.queues.retention_gaps()
+
     @property
     def messages_applied(self) -> int:
         """Records appended to consume queues, ever."""

@@ -433,7 +433,10 @@ class TxService:
     def _list_group(gid: str, state: BrokerState, ident: str, limit: int,
                     out: dict[str, list[Any]]) -> None:
         part, coord = participant(state), coordinator(state)
-        halves = [row(v, g=gid) for v in part.pending_halves() if not ident or v.txid == ident]
+        halves = [row(v, g=gid) for v in part.pending_halves()
+                  if not ident or v.txid == ident]
+        for h in halves:
+            h.pop("start", None)  # internal: where its record lies in its entry
         out["halves"] += halves[:limit]
         txns = [t for t in [*coord.txns.values(), *coord.fenced.values()]
                 if t.state != "empty" and (not ident or t.tid == ident)]

@@ -19,11 +19,16 @@ Every `tx_tick_ms`, for each group this node leads, from the group's applied sta
   count survives a failover and the state read after it has applied everything before
   it), the state is read again (a decided half is never checked), and a live member of
   its producer group connected to this node is asked (TX_CHECK); a commit or rollback
-  answer is logged as the decision (source "check"). No member, no answer or "unknown":
+  answer is logged as the decision (source "check"). A half message whose property
+  `CHECK_IMMUNITY_TIME_IN_SECONDS` says its local transaction takes longer is first
+  checked that many seconds after it was stored (RocketMQ's check immunity). No member, no answer or "unknown":
   nothing more until the next interval.
 
 TX_END and TX_INIT do not wait for a tick: they call `finish`, which runs the same
-marker work at once (one run per transaction, shared by every waiter). A leadership
+marker work at once (one run per transaction, shared by every waiter). The markers of
+one transactional id go out in its transactions' order: a transaction's wait for every
+earlier one of the same id to be written first, so a producer's transactions enter each
+queue in the order it made them. A leadership
 change ticks at once too (`wake`), so a new leader takes over without delay.
 
 Every task lives in the nursery `run` holds (structured concurrency): nothing outlives
@@ -45,6 +50,7 @@ from broker.groups import GroupRegistry
 from broker.parts.txpart import MAX_MARKERS
 from broker.peer_rpc import PeerRPC
 from broker.protocol import Code, Op, RequestError
+from broker.records import decode_record
 from broker.txn import coordinator_group
 from broker.txservice import TxService, coordinator, now_ms, participant
 from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
@@ -54,6 +60,9 @@ __all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks"]
 
 log = logging.getLogger("raftmq.tx")
 
+CHECK_IMMUNITY = "CHECK_IMMUNITY_TIME_IN_SECONDS"  # a half message's property, RocketMQ's
+MAX_IMMUNITY_S = 86_400
+IMMUNITY_CACHE = 10_000
 RPC_TIMEOUT_S = 5.0
 CHECK_TIMEOUT_S = 3.0
 BACKOFF_MIN_S = 0.02
@@ -101,6 +110,8 @@ class TxTasks:
         self._outbox: dict[str, list[_Outgoing]] = {}  # participant -> markers to send
         self._senders: set[str] = set()  # participants a `_send_markers` task serves
         self._wake = trio.Event()
+        # half txid -> until when it is immune from check-back (read from its record once)
+        self._immunity: dict[str, int] = {}
 
     @property
     def tx(self) -> TxService:
@@ -205,6 +216,8 @@ class TxTasks:
     def tick(self) -> None:
         """Start whatever is due in the groups this node leads."""
         now = now_ms()
+        if len(self._immunity) > IMMUNITY_CACHE:  # halves decided while immune: read again
+            self._immunity.clear()
         for gid, g in list(self.groups.items()):
             if not g.is_leader:
                 continue
@@ -246,6 +259,8 @@ class TxTasks:
         return None
 
     async def _complete(self, gid: str, tid: str, epoch: int, n: int) -> None:
+        if not await self._after_earlier(gid, tid, epoch, n):
+            return
         txn = self._unfinished(gid, tid, epoch, n)
         if txn is None:
             return
@@ -266,6 +281,27 @@ class TxTasks:
         self._delivered.setdefault(("finish", gid, tid, epoch, n), trio.Event()).set()
         await self.tx._propose(self.groups[gid], {"op": "tx_complete", "tid": tid,
                                                   "epoch": epoch, "n": n})
+
+    async def _after_earlier(self, gid: str, tid: str, epoch: int, n: int) -> bool:
+        """Wait until no earlier transaction of `tid` has markers left to write; False if
+        one is left when its job ended (leadership moved, or it failed: the next tick
+        starts them again, in order).
+
+        A producer's transactions enter every queue in their order, as Kafka keeps a
+        producer's order within a partition: the markers of (epoch, n) never go before
+        those of an earlier transaction of the same id. Without this wait, a new
+        coordinator leader that finds transactions n and n+1 both decided starts both
+        marker jobs in one tick, and trio's scheduling order (random on purpose) may put
+        n+1's markers first in a participant's outbox, so its records enter first."""
+        while True:
+            earlier = [t for t in coordinator(self._leading(gid)).unfinished()
+                       if t.tid == tid and (t.epoch, t.n) < (epoch, n)]
+            if not earlier:
+                return True
+            first = min(earlier, key=lambda t: (t.epoch, t.n))
+            await self._finish_job(gid, tid, first.epoch, first.n).wait()
+            if self._unfinished(gid, tid, first.epoch, first.n) is not None:
+                return False
 
     async def _deliver(self, pgid: str, header: dict[str, Any],
                        still: Callable[[], bool]) -> None:
@@ -432,12 +468,32 @@ class TxTasks:
 
     # ------------------------------------------------------------------ check-back
 
+    async def _immune_until(self, g: Any, half: Any) -> int:
+        """Until when (ms) half message `half` is not checked: its store time plus its
+        `CHECK_IMMUNITY_TIME_IN_SECONDS` property (RocketMQ's: a local transaction known
+        to take longer than the first check's delay). Read once from the stored record
+        and remembered while it is pending here; a value that is not a whole number of
+        seconds in 0..MAX_IMMUNITY_S counts as none."""
+        until = self._immunity.get(half.txid)
+        if until is None:
+            entry = await g.read_committed(half.index)
+            msg, _ = decode_record(entry.data, half.start, topic=half.topic, queue=half.queue,
+                                   offset=0, store_ms=0, msg_id=half.msg_id)
+            raw = msg.properties.get(CHECK_IMMUNITY, "")
+            seconds = int(raw) if raw.isdigit() and int(raw) <= MAX_IMMUNITY_S else 0
+            until = self._immunity[half.txid] = half.prepared_ms + 1000 * seconds
+        return until
+
     async def _check(self, gid: str, txid: str) -> None:
         part = participant(self._leading(gid))
         half = part.half(txid)
         if half is None:
+            self._immunity.pop(txid, None)
             return
         g = self.groups[gid]
+        if half.checks == 0 and now_ms() < await self._immune_until(g, half):
+            return  # a long local transaction: not asked yet
+        self._immunity.pop(txid, None)
         if half.checks >= self.config.tx_check_max:
             log.info("half message expired: rolled back", extra={"fields": {
                 "group": gid, "txid": txid, "checks": half.checks}})

@@ -36,7 +36,10 @@ strings; every message of these topics is sent by exactly one record below.
     "plan": "commit" | "rollback" | "crash" (never ended: check-back decides)}``; an
     ``attempt`` line before the end request; ``ok {"outcome": "commit" | "rollback" |
     "prepared", "txid"}`` ("prepared": stored and left for check-back), ``fail``
-    (certainly never stored), ``info`` (unknown: prepare or end).
+    (certainly never stored), ``info`` (unknown: prepare or end; with ``"txid"`` when the
+    prepare returned). The listener learns a half only when its prepare returns, so a half
+    whose prepare outcome is unknown (``info`` without a txid and no ``attempt``) can
+    only be rolled back: check-back gets "unknown" for it until it expires.
 
 ``check`` (key = ``"topic/queue"``)
     A check-back the listener answered: invoke value ``{"body", "txid", "checks"}``,
@@ -314,7 +317,8 @@ class Checker:
             half.end_sent = op.attempts[0]
         if kind == "ok":
             half.outcome = str(result["outcome"])
-            half.txid = result.get("txid")
+        if isinstance(result, dict) and result.get("txid") is not None:
+            half.txid = str(result["txid"])  # the prepare returned: the listener knows it
         self.halves.append(half)
 
     def _read(self, f: str, queue: str, offset: int, n: int, bodies: list[str], t: float) -> None:
@@ -469,9 +473,12 @@ class Checker:
             elif h.status == "fail":
                 ends = {"rollback"}  # never stored
             else:
-                # check-back answers `local`; expiry (or a refused prepare) rolls back
+                # check-back answers `local` for a half the listener knows, that is one
+                # whose prepare returned (a txid, or an end request sent after it); for any
+                # other it answers unknown, so expiry (or a refused prepare) rolls it back
                 ends = {"rollback"}
-                if h.local == "commit" or (h.plan == "commit" and not math.isinf(h.end_sent)):
+                registered = h.txid is not None or not math.isinf(h.end_sent)
+                if registered and (h.local == "commit" or h.plan == "commit"):
                     ends.add("commit")
             if h.broker is not None and h.broker[0] is not None and h.status != "fail":
                 said = "commit" if h.broker[0] else "rollback"

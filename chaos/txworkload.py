@@ -19,13 +19,20 @@ own, each with queues in every group: ``<base>-tx`` (transactions and half messa
   check listener answers for it, always; most halves are ended by the producer as the
   local transaction said (after holding it prepared a moment, for readers to find if it
   were served), the others never (a crash: check-back decides; an "unknown" one expires
-  and is rolled back). Every check-back answered is a ``check`` record.
+  and is rolled back). Every check-back answered is a ``check`` record. Some are held
+  past the first check-back, so checks race the end; a check-back of a half whose end
+  the broker already acknowledged is answered the *opposite* of the local outcome half
+  the time: it must change nothing (the checker then finds the half lost, or a rolled-back
+  one delivered, if a decision ever flipped).
 - The pipeline: a feeder produces inputs to ``<base>-txin``; a worker, a separate OS
   process (`chaos.pipeline`, run with ``python -m``), reads them with the consumer
   group's committed offset, writes one output per input to ``<base>-txout`` and commits
   the input offsets in the same transaction. The harness SIGKILLs it every few seconds
   and starts a new one with the same transactional id; its records come through its
   stdout, with its own times (the monotonic clock is the machine's).
+- Producers killed between their first send and its TX_ADD (`_killed_before_add`):
+  each a fresh transactional id whose one prepared batch the coordinator never hears of;
+  it must never become visible.
 - Readers fetch (read committed, the only isolation served) from every queue during the
   run (``tx-read``), so a message served before its commit, or never committed, is seen.
 
@@ -51,7 +58,8 @@ from typing import Any
 
 import trio
 
-from broker.protocol import Code, RequestError
+from broker.protocol import Code, Op, RequestError
+from broker.records import OutgoingMessage, encode_batch
 from raftmq.client import Admin, Producer, PullConsumer
 from raftmq.client.consumer import fetch, query_offset
 from raftmq.client.errors import ProducerFencedError, TransactionAbortedError
@@ -79,6 +87,8 @@ GRACE = 10.0  # seconds after the end of the load before what is still going is 
 _PLANS = (("commit", 0.75), ("abort", 0.15), ("abandon", 0.1))
 ZOMBIES = 0.3  # share of an epoch's first transactions that turn zombie
 _LOCALS = (("commit", 0.45), ("rollback", 0.35), ("unknown", 0.2))
+_FLIP = 0.5  # a check-back of a half already ended: how often the listener answers opposite
+_HOLD_LONG = 0.15  # halves held prepared past the first check-back (1 s in these runs)
 
 
 def _draw(rng: random.Random, table: tuple[tuple[str, float], ...]) -> str:
@@ -105,6 +115,7 @@ class TxWorkload:
         half_producers: int = 2,
         readers: int = 2,
         pipeline: bool = True,
+        killed_before_add: bool = True,
         pipeline_kill_every: tuple[float, float] = (3.0, 7.0),
         send_timeout: float = 3.0,
         pause: float = 0.02,
@@ -125,6 +136,7 @@ class TxWorkload:
         self.half_producers = half_producers
         self.readers = readers
         self.pipeline = pipeline
+        self.killed_before_add = killed_before_add
         self.pipeline_kill_every = pipeline_kill_every
         self.send_timeout = send_timeout
         self.pause = pause
@@ -137,6 +149,7 @@ class TxWorkload:
         self._next_process = 1_000_000  # apart from the queue workload's process ids
         self._txns = 0
         self._local: dict[str, tuple[str, str]] = {}  # txid -> (body, local outcome)
+        self._ended: set[str] = set()  # halves whose end the broker acknowledged
         self._undecided: dict[str, str] = {}  # txid -> body of halves the producer left
         self._tails: dict[str, int] = {}
         self.pipeline_starts = 0
@@ -196,6 +209,8 @@ class TxWorkload:
             if self.pipeline:
                 nursery.start_soon(self._feeder, stop_at)
                 nursery.start_soon(self._pipeline, stop_at)
+            if self.killed_before_add:
+                nursery.start_soon(self._killed_before_add, stop_at)
 
     # ---------------- Kafka's model
 
@@ -227,6 +242,48 @@ class TxWorkload:
             tx, old_process, plan = left
             if plan == "zombie":
                 await self._zombie(tx, old_process, tid, stop_at)
+
+    async def _killed_before_add(self, stop_at: float) -> None:
+        """Producers killed between their first send and its TX_ADD, each with an id never
+        used again (as Spark jobs without a `queryName` make): the prepared batch is
+        stored, the coordinator never hears of the group. Nothing but its producer's
+        commit could commit it, so it must never be read (the checker's aborted reads);
+        how the cluster resolves such data is the product's business, not this one's."""
+        process = self._process()
+        k = 0
+        while time.monotonic() < stop_at:
+            k += 1
+            await self._one_killed_before_add(process, f"{self.topic}-gone-{process}-{k}")
+            await trio.sleep(self.rng.uniform(1.0, 3.0))
+
+    async def _one_killed_before_add(self, process: int, tid: str) -> None:
+        async with Producer(self.namesrv, transactional_id=tid, send_timeout=self.send_timeout,
+                            transaction_timeout_ms=self.transaction_timeout_ms) as producer:
+            tx = await self._begin(producer, process, tid)
+            if tx is None:
+                return
+            queue = self.rng.randrange(self.queues[self.topic])
+            body = f"{tid}-0"
+            rec = self.recorder
+            rec.invoke(process, "txn", tid, {"id": body, "epoch": tx.epoch, "n": tx.n,
+                                             "sends": [[self.topic, queue, body]],
+                                             "plan": "abandon"})
+            # the transaction's first send, as the SDK makes it, without the TX_ADD the
+            # SDK sends beside it
+            data = encode_batch(self.topic, queue, [OutgoingMessage(body.encode())],
+                                tx=(tid, tx.epoch, tx.n))
+            try:
+                await producer._check_open().call_queue(
+                    self.topic, queue, Op.PRODUCE, lambda g: {"g": g}, data, write=True,
+                    timeout=self.send_timeout)
+            except Exception:  # noqa: BLE001, S110 - stored or not, it is never committed
+                pass
+            finally:
+                self._count("killed-before-add")
+                rec.complete(process, "fail", "txn", tid,
+                             {"error": "killed between its first send and TX_ADD"})
+                # killed: it sends nothing more, not even the abort a closing producer sends
+                tx.state = "aborted"
 
     async def _begin(self, producer: Producer, process: int, tid: str) -> Transaction | None:
         """Begin a transaction, recording the init (``tx-init``) when it registers the id."""
@@ -361,6 +418,10 @@ class TxWorkload:
     def _listener(self, process: int) -> Callable[[CheckRequest], Any]:
         async def answer(req: CheckRequest) -> str:
             body, local = self._local.get(req.txid, (None, "unknown"))
+            if req.txid in self._ended and self.rng.random() < _FLIP:
+                # decided and acknowledged: a check-back now (one that was in flight) must
+                # change nothing whatever it hears, so it sometimes hears the opposite
+                local = {"commit": "rollback", "rollback": "commit"}.get(local, local)
             key = queue_key(req.topic, req.queue)
             self.recorder.invoke(process, "check", key,
                                  {"body": body, "txid": req.txid, "checks": req.checks})
@@ -407,7 +468,15 @@ class TxWorkload:
             self._undecided[handle.txid] = body
             rec.complete(process, "ok", "half", key, {"outcome": "prepared", "txid": handle.txid})
             return
-        await trio.sleep(self.rng.uniform(0.05, 0.3))  # prepared for a while: readers look
+        # prepared for a while, for readers to look; now and then past the first
+        # check-back, so that checks race the producer's end
+        hold = (self.rng.uniform(0.8, 1.5) if self.rng.random() < _HOLD_LONG
+                else self.rng.uniform(0.05, 0.3))
+        try:
+            await trio.sleep(hold)
+        except BaseException:  # the listener knows it: check-back may commit it
+            rec.complete(process, "info", "half", key, {"error": "cancelled", "txid": handle.txid})
+            raise
         rec.attempt(process, "half", key, None)
         try:
             if plan == "commit":
@@ -419,8 +488,9 @@ class TxWorkload:
             rec.complete(process, "info", "half", key, {"error": repr(exc), "txid": handle.txid})
             return
         except BaseException:
-            rec.complete(process, "info", "half", key, {"error": "cancelled"})
+            rec.complete(process, "info", "half", key, {"error": "cancelled", "txid": handle.txid})
             raise
+        self._ended.add(handle.txid)
         rec.complete(process, "ok", "half", key, {"outcome": plan, "txid": handle.txid})
 
     # ---------------- readers

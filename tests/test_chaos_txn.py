@@ -88,6 +88,7 @@ def test_txn_smoke_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     load = results["run"]["tx_load"]
     assert load["pipeline_starts"] >= 2  # killed and restarted
     assert load.get("zombie", 0) > 0  # zombies tried to commit after being fenced
+    assert load.get("killed-before-add", 0) > 0  # prepared data the coordinator never heard of
     assert tx["undrained_queues"] == []
     assert {f.f for f in parse_faults(out / "history.jsonl")} == {"kill"}
     assert (out / "report.html").read_text().count("Transactions") >= 1

@@ -345,9 +345,12 @@ class CheckListener:
     PRODUCER_HEARTBEAT, then answers each TX_CHECK from `answers` (txid -> state) and
     records the txids it was asked about."""
 
-    def __init__(self, live: Live, pg: str, answers: dict[str, str]) -> None:
+    def __init__(self, live: Live, pg: str, answers: dict[str, str],
+                 hold: threading.Event | None = None) -> None:
         self.answers = answers
+        self.hold = hold  # set: answers wait for it
         self.asked: list[str] = []
+        self.answered: list[str] = []
         self.numbers: list[tuple[str, int]] = []  # (txid, the check's number) as asked
         self.lock = threading.Lock()
         self.raws = [Raw(live.addr(n), timeout=30) for n in live.cluster.node_ids]
@@ -375,7 +378,11 @@ class CheckListener:
                 self.asked.append(h["txid"])
                 self.numbers.append((h["txid"], h["checks"]))
             state = self.answers.get(h["txid"], "unknown")
+            if self.hold is not None:
+                self.hold.wait()
             raw.send(encode_frame({"id": h["id"], "code": 0, "state": state}))
+            with self.lock:
+                self.answered.append(h["txid"])
 
     def close(self) -> None:
         for raw in self.raws:
@@ -434,6 +441,75 @@ def test_the_check_count_survives_a_leader_failover(live: Live) -> None:
         live.cluster.unexpected_exits()
         assert live.cluster.restart_and_wait(leader) is None
         live.settle()
+
+
+def test_a_check_back_answered_after_the_commit_changes_nothing(live: Live) -> None:
+    """A check-back in flight while the producer commits, answered "rollback" after the
+    commit, then a failover: the half stays committed, delivered once, and neither the
+    old leader's late answer, the new leader nor a client's late rollback decides it the
+    other way (and the new leader never checks it)."""
+    topic = live.new_topic("tx-late-check")
+    txid = uuid.uuid4().hex
+    hold = threading.Event()
+    listener = CheckListener(live, "pg-late", {txid: "rollback"}, hold=hold)
+    leader = live.leader("g1")
+    try:
+        live.produce(topic, 1, [b"late"], half=(txid, "pg-late"))
+        wait_for(lambda: listener.asked, 20, "the first check-back")  # its answer held
+        assert live.ask("g1", Op.HALF_END, txid=txid, commit=True, pg="pg-late")["dup"] is False
+        hold.set()  # the held answer goes out: rollback, after the commit
+        wait_for(lambda: listener.answered, 20, "the late answer sent")
+        time.sleep(3 * max(CHECK_MS, TICK_MS) / 1000)  # the old leader's ticks act on it
+        assert live.bodies(topic, 1) == [b"late"]
+        live.cluster.kill(leader)
+        assert live.leader("g1") != leader
+        refused(Code.TX_DECIDED, live.ask, "g1", Op.HALF_END, txid=txid, commit=False,
+                pg="pg-late")
+        time.sleep(3 * max(CHECK_MS, TICK_MS) / 1000)  # the new leader's ticks: no check
+        assert live.bodies(topic, 1) == [b"late"]
+        rows = live.ask("g1", Op.TX_LIST, tx=txid)["decided"]
+        assert [(r["commit"], r["source"]) for r in rows] == [(True, "client")]
+        with listener.lock:
+            assert listener.asked == [txid]
+    finally:
+        hold.set()
+        listener.close()
+        live.cluster.unexpected_exits()
+        assert live.cluster.restart_and_wait(leader) is None
+        live.settle()
+
+
+def test_check_immunity_delays_the_first_check_back(live: Live) -> None:
+    """A half message whose CHECK_IMMUNITY_TIME_IN_SECONDS property says its local
+    transaction takes an hour is not checked while one stored beside it without the
+    property is checked again and again."""
+    topic = live.new_topic("tx-immune")
+    plain, immune = uuid.uuid4().hex, uuid.uuid4().hex
+    listener = CheckListener(live, "pg-immune", {})
+    try:
+        live.produce(topic, 1, [b"plain"], half=(plain, "pg-immune"))
+        batch = encode_batch(topic, 1, [OutgoingMessage(
+            b"immune", properties={"CHECK_IMMUNITY_TIME_IN_SECONDS": "3600"})],
+            half=(immune, "pg-immune"))
+        h, _ = live.call_leader("g1", {"op": int(Op.PRODUCE), "g": "g1"}, batch)
+        assert h["code"] == 0, h
+
+        def plain_checks() -> int:
+            with listener.lock:
+                return sum(1 for t, _n in listener.numbers if t == plain)
+
+        wait_for(lambda: plain_checks() >= 2, 30, "two check-backs of the plain half")
+        with listener.lock:
+            assert immune not in listener.asked
+        rows = {r["txid"]: r for r in live.ask("g1", Op.TX_LIST)["halves"]}
+        assert rows[immune]["checks"] == 0
+    finally:
+        listener.close()
+        for txid in (plain, immune):  # leave nothing pending for the other tests
+            try:
+                live.ask("g1", Op.HALF_END, txid=txid, commit=False, pg="pg-immune")
+            except RequestError:
+                pass  # expired already
 
 
 def test_an_unanswered_half_expires_after_the_last_check(live: Live) -> None:

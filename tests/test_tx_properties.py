@@ -15,9 +15,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.parts import txpart
 from broker.parts.base import ControlResult, ErrorResult, ProduceResult
 from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxInit
 from broker.parts.txpart import HalfChecked, HalfEnd, TxMarker, TxOffsets
+from broker.protocol import Code
 from broker.records import STORED_PREFIX, decode_record, encode_batch
 from broker.statemachine import BrokerState, control_create_topic, control_delete_topic
 from broker.txn import TxKey, half_key, kafka_key
@@ -349,3 +351,76 @@ def test_the_checks_catch_missing_fencing() -> None:
     for op in [("kbatch", "ta", 2, 0, 0, 1), ("kbatch", "ta", 1, 0, 0, 1)]:
         run.step(op)
     assert any("fenced" in v for v in run.violations), run.violations
+
+
+# ---------------------------------------------------------------------- decided halves
+
+LATE = st.one_of(
+    # a late decision from any source: the client's retried end, a check-back answered
+    # after the decision, an expiry or an operator's, either way
+    st.tuples(st.just("end"), st.booleans(),
+              st.sampled_from(("client", "check", "expired", "operator"))),
+    st.tuples(st.just("checked")),  # a check logged by a leader that had not applied it yet
+    st.tuples(st.just("others"), st.integers(1, 3)),  # decisions of other halves
+    st.tuples(st.just("restore")),
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.booleans(), st.sampled_from(("client", "check", "expired", "operator")),
+       st.lists(LATE, max_size=12))
+def test_a_decided_half_is_never_decided_the_other_way(
+    commit: bool, source: str, late: list[tuple[Any, ...]],
+) -> None:
+    """Once a half message is decided, whatever comes after -- the opposite decision from
+    any source, a check logged late, the decision leaving the ring of remembered ones,
+    a restore -- leaves its queue as the decision made it, and the decision itself."""
+    saved = txpart.DECISIONS
+    txpart.DECISIONS = 4  # small: late ends also arrive after it is forgotten
+    try:
+        run = Run()
+        run.step(("half", "h0", "pg0", 0, 2))
+        if not commit and source in ("expired", "operator"):
+            pg = ""
+        else:
+            pg = "pg0"
+        if commit and source == "expired":
+            source = "check"  # an expiry only rolls back
+        res = run.entry(EntryType.CONTROL, HalfEnd("h0", commit, source, pg).encode())
+        assert isinstance(res, ControlResult) and not res.dup
+        held = run.queue_bodies(0)
+        others = 0
+        for op in late:
+            if op[0] == "end":
+                _, c, src = op
+                before = [p.section() for p in run.a.parts]
+                res = run.entry(EntryType.CONTROL, HalfEnd(
+                    "h0", c, src, "" if src in ("expired", "operator") else "pg0").encode())
+                if isinstance(res, ControlResult):
+                    assert res.dup and c == commit, res  # only a retry of the same decision
+                else:
+                    assert res.code in (Code.TX_DECIDED, Code.TX_UNKNOWN), res
+                    if res.code == Code.TX_DECIDED:
+                        assert c != commit
+                    assert [p.section() for p in run.a.parts] == before
+            elif op[0] == "checked":
+                before = [run.a.txpart.section(), run.a.queues.section()]
+                run.entry(EntryType.CONTROL, HalfChecked("h0", run.index).encode())
+                assert [run.a.txpart.section(), run.a.queues.section()] == before
+            elif op[0] == "others":
+                for _ in range(op[1]):
+                    others += 1
+                    txid = f"o{others}"
+                    run.batch(1, run.bodies(1), half=(txid, "pg0"))
+                    run.entry(EntryType.CONTROL, HalfEnd(txid, False, "client", "pg0").encode())
+            else:
+                snap = run.a.snapshot()
+                run.a = BrokerState.restore("g1", snap)
+                run.b = BrokerState.restore("g1", snap)
+            assert run.queue_bodies(0) == held
+            d = run.a.txpart.decision(half_key("h0"))
+            assert d is None or (d.commit, d.source) == (commit, source)
+            assert run.a.txpart.half("h0") is None  # never pending again
+        assert (held != []) == commit
+    finally:
+        txpart.DECISIONS = saved

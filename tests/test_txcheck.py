@@ -427,10 +427,36 @@ def test_check_back_decided_against_the_local_transaction(h: History) -> None:
 
 
 def test_broker_says_committed_but_the_drain_lacks_it(h: History) -> None:
-    h.half("u", "u", local="commit", plan="crash", kind="info")
+    h.half("u", "u", local="commit", plan="commit", kind="info")  # the end's answer lost
     h.status("u", True, "check")
     h.drain((T, 0))
     _only(h.check_it(), "half_lost")
+
+
+@pytest.mark.parametrize("plan", ["commit", "crash"])
+def test_a_half_whose_prepare_is_unknown_is_only_rolled_back(h: History, plan: str) -> None:
+    """The listener learns a half only when its prepare returns: one whose prepare's
+    answer was lost is answered "unknown" at every check-back and expires, so a commit
+    of it is wrong although its local transaction said commit."""
+    h.half("z", "z", local="commit", plan=plan, kind="info", end=False)
+    h.store(T, 0, "z")
+    h.drain((T, 0))
+    result = h.check_it()
+    _only(result, "half_rolled_back_reads")
+    assert result["examples"]["half_rolled_back_reads"][0]["body"] == "z"
+
+
+def test_a_half_whose_prepare_returned_may_be_committed_by_check_back(h: History) -> None:
+    p = h.process()
+    key = f"{T}/0"
+    h.rec.invoke(p, "half", key, {"id": "y", "topic": T, "queue": 0, "body": "y",
+                                  "local": "commit", "plan": "commit"})
+    # the prepare returned (its txid is known), then the run was cancelled before the end
+    h.rec.complete(p, "info", "half", key, {"error": "cancelled", "txid": "x-y"})
+    h.check("y", "commit")
+    h.store(T, 0, "y")
+    h.drain((T, 0))
+    _only(h.check_it())
 
 
 def test_unknown_half_visible_then_gone(h: History) -> None:
@@ -529,3 +555,24 @@ def test_empty_history_is_valid() -> None:
     result = check_lines([])
     _only(result)
     assert result["messages"] == 0
+
+
+@pytest.mark.parametrize("ended", ["commit", "rollback"])
+def test_a_late_check_back_that_flips_a_decision_is_caught(h: History, ended: str) -> None:
+    """The listener answers a check-back of a half already ended the opposite way (as the
+    workload sometimes does); a broker that applied that answer is caught."""
+    h.half("f", "f", local=ended, plan=ended)
+    h.check("f", "rollback" if ended == "commit" else "commit")
+    if ended == "rollback":
+        h.store(T, 0, "f")  # the flipped commit delivered it
+    h.drain((T, 0))
+    result = h.check_it()
+    _only(result, "half_lost" if ended == "commit" else "half_rolled_back_reads")
+
+
+def test_a_late_opposite_answer_that_changed_nothing_is_valid(h: History) -> None:
+    h.half("f", "f", local="commit", plan="commit")
+    h.check("f", "rollback")
+    h.store(T, 0, "f")
+    h.drain((T, 0))
+    _only(h.check_it())

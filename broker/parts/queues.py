@@ -171,6 +171,17 @@ class Queues(Part):
 
     # ------------------------------------------------------------------ queries
 
+    def retention_gaps(self) -> list[tuple[int, int]]:
+        """Every queue's late spans, overlapping ones merged, in order."""
+        spans = sorted({s for cq in self.queues.values() for s in cq.late_spans()})
+        merged: list[tuple[int, int]] = []
+        for lo, hi in spans:
+            if merged and lo <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        return merged
+
     def queue(self, topic: str, queue: int) -> ConsumeQueue:
         cq = self.queues.get((topic, queue))
         if cq is None:

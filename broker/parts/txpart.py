@@ -325,6 +325,7 @@ class HalfView:
     last_check_ms: int
     messages: int
     msg_id: str  # the id of its first message
+    start: int = 0  # where its first record lies in the data of entry `index`
 
 
 def _batch_bytes(refs: tuple[RecordRef, ...] | list[RecordRef]) -> int:
@@ -600,7 +601,8 @@ class TxParticipant(Part):
         b = p.batches[0]
         return HalfView(txid, p.producer_group, b.topic, b.queue, b.index, p.prepared_ms,
                         p.checks, p.last_check_ms, p.messages,
-                        message_id(self.state.group, b.index, b.refs[0].start))
+                        message_id(self.state.group, b.index, b.refs[0].start),
+                        b.refs[0].start)
 
     def decision(self, key: TxKey) -> Decision | None:
         """How the transaction `key` was decided here, if it still is in the ring."""
