@@ -305,3 +305,65 @@ def test_a_message_the_handler_keeps_failing_is_passed_only_once_on_give_up_comp
         assert (await offsets(group2)).get(poison.queue, 0) <= poison.offset
 
     anyio.run(main)
+
+
+def test_one_keys_messages_are_handled_one_at_a_time_in_order_retries_included(
+        cluster: LocalCluster) -> None:
+    """The push consumer keeps each key's order at its default concurrency: a key's next
+    message starts only after the previous one finished, a failed one holds its place
+    until its redelivery succeeds, while other keys (and keyless messages) run beside."""
+    topic, group = fresh("keyorder"), fresh("cg-keyorder")
+    keys = ["alice", "bob", "carol"]
+    per_key = 40
+    started: dict[str, list[int]] = {k: [] for k in [*keys, ""]}
+    running: dict[str, int] = {k: 0 for k in keys}
+    overlaps: list[str] = []
+    failed_once: set[int] = set()
+    done = anyio.Event()
+    handled: set[int] = set()
+
+    async def handler(msgs: list[Message]) -> bool:
+        (m,) = msgs
+        n = int(m.body)
+        key = m.key
+        started[key].append(n)
+        if key:
+            running[key] += 1
+            if running[key] > 1:
+                overlaps.append(key)
+        try:
+            await anyio.sleep((n * 7919 % 13) / 1000)  # uneven handling times
+            if n % 9 == 4 and n not in failed_once:  # fails once, then succeeds
+                failed_once.add(n)
+                return False
+            handled.add(n)
+            if len(handled) == len(keys) * per_key + 20:
+                done.set()
+            return True
+        finally:
+            if key:
+                running[key] -= 1
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        async with Producer(cluster.namesrv_addr) as producer:
+            n = 0
+            for i in range(per_key):
+                for k in keys:
+                    await producer.send(topic, str(n).encode(), key=k)
+                    n += 1
+                if i % 2:
+                    await producer.send(topic, str(10_000 + i).encode())
+        async with PushConsumer(cluster.namesrv_addr, group, [topic], handler,
+                                reconsume_delay=0.05, **FAST):
+            with anyio.fail_after(BOUND):
+                await done.wait()
+
+    anyio.run(main)
+    assert not overlaps
+    assert failed_once
+    for k in keys:
+        seq = started[k]
+        # each failed message is started again right after itself, never after a later one
+        assert [n for i, n in enumerate(seq) if i == 0 or seq[i - 1] != n] == sorted(set(seq)), k
+        assert len(set(seq)) == per_key

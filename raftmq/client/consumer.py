@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -682,6 +683,9 @@ class _QueueState:
     released: bool = False
     running: int = 0
     idle: anyio.Event | None = None
+    # message key -> this queue's unfinished works holding it, oldest first: a work runs
+    # only at the head of each of its keys' lines (see `PushConsumer._submit`)
+    lines: dict[str, deque[_Work]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -693,6 +697,10 @@ class _Work:
     state: _QueueState
     messages: list[Message]
     attempt: int = 0
+
+    @property
+    def keys(self) -> set[str]:
+        return {m.key for m in self.messages if m.key}
 
 
 class PushConsumer(_ClientBase):
@@ -706,6 +714,11 @@ class PushConsumer(_ClientBase):
     with no `on_give_up`, or one that raises, it is retried (backoff capped at 60 s).
     Up to `consume_concurrency` handler calls run at once; a queue stops being pulled
     while more than `per_queue_threshold` of its messages are unfinished.
+
+    Order: messages with the same key are handled one at a time in their queue's order,
+    retries included: while a message waits for its redelivery, the later messages of its
+    key wait behind it (other keys go on). Keyless messages have no order among
+    themselves. (A producer sends one key to one queue, so this is the key's send order.)
 
     `mode="clustering"` shares the queues among the group's consumers (`strategy`
     "average" or "round_robin", recomputed every `rebalance_interval` from the clients
@@ -1045,7 +1058,45 @@ class PushConsumer(_ClientBase):
                 st.window.advance(res.next_offset)
                 st.offset = max(st.offset, res.next_offset)
                 for i in range(0, len(msgs), self.consume_batch):
-                    self._work_send.send_nowait(_Work(st, msgs[i : i + self.consume_batch]))
+                    self._submit(_Work(st, msgs[i : i + self.consume_batch]))
+
+    def _submit(self, work: _Work) -> None:
+        """Queue `work` behind the unfinished works of its queue that share a message key
+        with it, or hand it to the workers now if none does: one key's messages are
+        handled one at a time, in offset order, a retry holding its place."""
+        st = work.state
+        for k in work.keys:
+            st.lines.setdefault(k, deque()).append(work)
+        if self._at_head(work):
+            self._dispatch(work)
+
+    @staticmethod
+    def _at_head(work: _Work) -> bool:
+        return all(work.state.lines[k][0] is work for k in work.keys)
+
+    def _dispatch(self, work: _Work) -> None:
+        if work.state.released or self._work_send is None:
+            return
+        try:
+            self._work_send.send_nowait(work)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    def _done(self, work: _Work) -> None:
+        """`work` is finished: the next work of each of its keys may run."""
+        st = work.state
+        self._finish(st, work.messages)
+        nexts: list[_Work] = []
+        for k in work.keys:
+            line = st.lines[k]
+            line.popleft()
+            if line:
+                nexts.append(line[0])
+            else:
+                del st.lines[k]
+        for nxt in {id(w): w for w in nexts}.values():
+            if self._at_head(nxt):
+                self._dispatch(nxt)
 
     async def _worker(self, receive: MemoryObjectReceiveStream[_Work]) -> None:
         async with receive:
@@ -1062,11 +1113,11 @@ class PushConsumer(_ClientBase):
                         st.idle.set()
                 if ok or (0 <= self.max_reconsume_times <= work.attempt
                           and await self._give_up(work.messages)):
-                    self._finish(st, work.messages)
+                    self._done(work)
                 else:
                     assert self._tg is not None
-                    self._tg.start_soon(self._reconsume_later, _Work(st, work.messages,
-                                                                     work.attempt + 1))
+                    work.attempt += 1  # the same work: it keeps its place in its keys' lines
+                    self._tg.start_soon(self._reconsume_later, work)
 
     @staticmethod
     def _finish(st: _QueueState, msgs: list[Message]) -> None:
@@ -1101,11 +1152,7 @@ class PushConsumer(_ClientBase):
 
     async def _reconsume_later(self, work: _Work) -> None:
         await anyio.sleep(min(60.0, self.reconsume_delay * 2 ** (work.attempt - 1)))
-        if not work.state.released and self._work_send is not None:
-            try:
-                self._work_send.send_nowait(work)
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                pass
+        self._dispatch(work)
 
     async def _invoke(self, msgs: list[Message]) -> bool:
         try:
