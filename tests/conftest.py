@@ -54,6 +54,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _broadcast_offsets_in_a_temporary_directory(
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Broadcast consumers keep their offsets in `~/.raftmq/offsets` by default: the
+    suite keeps them out of the user's home."""
+    before = os.environ.get("RAFTMQ_OFFSETS_DIR")
+    os.environ["RAFTMQ_OFFSETS_DIR"] = str(tmp_path_factory.mktemp("broadcast-offsets"))
+    yield
+    if before is None:
+        del os.environ["RAFTMQ_OFFSETS_DIR"]
+    else:
+        os.environ["RAFTMQ_OFFSETS_DIR"] = before
+
+
 @pytest.fixture(autouse=True)
 def _processes_only_in_live_tests(request: pytest.FixtureRequest,
                                   monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -21,6 +22,7 @@ from broker.protocol import Op
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Message, Producer, PullConsumer, PushConsumer
 from raftmq.client.blocking import BlockingProducer, BlockingPushConsumer
+from raftmq.client.localoffsets import OffsetsInUseError
 from tests.conftest import live_cluster
 from transport.blocking import request
 
@@ -147,7 +149,8 @@ def test_a_member_that_stops_heartbeating_expires_and_its_queues_move(
     run(main)
 
 
-def test_broadcast_mode_gives_every_consumer_every_message(cluster: LocalCluster) -> None:
+def test_broadcast_mode_gives_every_consumer_every_message(cluster: LocalCluster,
+                                                           tmp_path: Path) -> None:
     topic, group = fresh("bcast"), fresh("cg")
     want = set(bodies(40))
     got: dict[str, set[bytes]] = {"A": set(), "B": set()}
@@ -162,9 +165,9 @@ def test_broadcast_mode_gives_every_consumer_every_message(cluster: LocalCluster
         await create_topic(cluster, topic)
         everything = {(topic, q) for q in range(QUEUES)}
         async with PushConsumer(cluster.namesrv_addr, group, [topic], handler("A"),
-                                mode="broadcast", **FAST) as a, \
+                                mode="broadcast", offsets_dir=tmp_path / "A", **FAST) as a, \
                 PushConsumer(cluster.namesrv_addr, group, [topic], handler("B"),
-                             mode="broadcast", **FAST) as b:
+                             mode="broadcast", offsets_dir=tmp_path / "B", **FAST) as b:
             await until(lambda: set(a.assignment()) == set(b.assignment()) == everything,
                         "both reading every queue")
             await send(cluster, topic, sorted(want))
@@ -367,3 +370,43 @@ def test_one_keys_messages_are_handled_one_at_a_time_in_order_retries_included(
         # each failed message is started again right after itself, never after a later one
         assert [n for i, n in enumerate(seq) if i == 0 or seq[i - 1] != n] == sorted(set(seq)), k
         assert len(set(seq)) == per_key
+
+
+def test_a_broadcast_consumer_goes_on_where_it_stopped_after_a_restart(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    """Broadcast offsets live in a local file: a restarted consumer reads only what came
+    after its last commit; a second live consumer of the group on the same file is
+    refused; a file that is not ours is refused by name and left as it is."""
+    topic, group = fresh("bcast-restart"), fresh("cg")
+    first, later = set(bodies(20)), {b"later-%d" % i for i in range(10)}
+    got: list[bytes] = []
+
+    async def handle(msgs: list[Message]) -> bool:
+        got.extend(m.body for m in msgs)
+        return True
+
+    def consumer() -> PushConsumer:
+        return PushConsumer(cluster.namesrv_addr, group, [topic], handle, mode="broadcast",
+                            offsets_dir=tmp_path, **FAST)
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        await send(cluster, topic, sorted(first))
+        async with consumer():
+            await until(lambda: set(got) == first, "the first messages")
+            with pytest.raises(OffsetsInUseError, match=group):
+                async with consumer():
+                    pass
+        got.clear()
+        await send(cluster, topic, sorted(later))
+        async with consumer():
+            await until(lambda: set(got) == later, "the later messages")
+            await anyio.sleep(1.0)  # time enough to read anything old again
+        assert sorted(got) == sorted(later)  # nothing of the first batch again
+
+    run(main)
+    path = tmp_path / f"{group}.json"
+    path.write_bytes(b"{not json")
+    with pytest.raises(ValueError, match="move it aside"):
+        run(lambda: consumer().__aenter__())
+    assert path.read_bytes() == b"{not json"

@@ -38,6 +38,7 @@ from .errors import (
     TransportError,
     UnavailableError,
 )
+from .localoffsets import OffsetsInUseError
 from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult, key_queue
 from .routes import Routes, TopicRoute
@@ -62,6 +63,7 @@ __all__ = [
     "IncompleteError",
     "Message",
     "OffsetWindow",
+    "OffsetsInUseError",
     "OutcomeUnknownError",
     "OutgoingMessage",
     "Producer",

@@ -6,7 +6,7 @@ one request per hold period per queue.
 
 Offsets follow RocketMQ: a committed offset is the next offset to consume. Clustering
 groups commit through the Raft log (COMMIT_OFFSET), so a failover never rewinds them;
-broadcast consumers keep their offsets in memory.
+broadcast consumers keep their offsets in a local file (`raftmq.client.localoffsets`).
 
 The push consumer hands messages to the handler concurrently, so they finish out of
 order; an `OffsetWindow` per queue commits only the lowest unfinished offset, which
@@ -36,6 +36,7 @@ from broker.records import Message, decode_record, iter_records, message_id, tag
 from transport.connection import ClientClosedError, ConnectionPool, is_retriable
 
 from .errors import UnavailableError, close_stack
+from .localoffsets import LocalOffsets, default_offsets_dir
 from .routes import Routes, backoff_delay, node_addresses, normalize_addresses, open_routes
 
 __all__ = [
@@ -724,7 +725,9 @@ class PushConsumer(_ClientBase):
     "average" or "round_robin", recomputed every `rebalance_interval` from the clients
     seen by heartbeats) and commits offsets through the log every `commit_interval`
     and when a queue is released. `mode="broadcast"` reads every queue in every
-    consumer and keeps offsets in memory only.
+    consumer and keeps its offsets in a file of its own on this host, in `offsets_dir`
+    (default `$RAFTMQ_OFFSETS_DIR` or `~/.raftmq/offsets`), so a restart goes on where it
+    stopped; two live broadcast consumers of one group need different directories.
 
     `topics` is a list, or a mapping topic -> tags to filter on: None or "*" (all
     messages), "TagA", "TagA || TagB" or a list of tags (see `parse_tags`).
@@ -757,10 +760,14 @@ class PushConsumer(_ClientBase):
         timeout: float = 3.0,
         pool: ConnectionPool | None = None,
         isolation: str = "read_committed",
+        offsets_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(namesrv, pool, timeout)
         self.isolation = check_isolation(isolation)
         self.group = validate_group_name(group)
+        self._offset_file = LocalOffsets(
+            offsets_dir if offsets_dir is not None else default_offsets_dir(), self.group
+        ) if mode == "broadcast" else None
         if isinstance(topics, Mapping):
             self.topics = {t: parse_tags(v) for t, v in topics.items()}
         elif isinstance(topics, str):
@@ -815,7 +822,14 @@ class PushConsumer(_ClientBase):
     # ------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> PushConsumer:
-        await self._open()
+        if self._offset_file is not None:
+            self._local_offsets = await anyio.to_thread.run_sync(self._offset_file.open)
+        try:
+            await self._open()
+        except BaseException:
+            if self._offset_file is not None:
+                self._offset_file.close()
+            raise
         assert self._tg is not None
         self._rebalance_lock = anyio.Lock()
         self._limiter = anyio.CapacityLimiter(self.consume_concurrency)
@@ -844,6 +858,8 @@ class PushConsumer(_ClientBase):
         finally:
             if self._work_send is not None:
                 self._work_send.close()
+            if self._offset_file is not None:
+                self._offset_file.close()
         return await self._close(exc_type, exc, tb)
 
     async def run(self) -> None:
@@ -1012,8 +1028,10 @@ class PushConsumer(_ClientBase):
         if self.clustering:
             await commit_offsets(self.routes, self.group, {k: off for k, (_, off) in todo.items()})
         else:
-            for k, (_, off) in todo.items():
-                self._local_offsets[k] = off
+            assert self._offset_file is not None
+            offsets = {**self._local_offsets, **{k: off for k, (_, off) in todo.items()}}
+            await anyio.to_thread.run_sync(self._offset_file.save, offsets)
+            self._local_offsets = offsets
         for st, off in todo.values():
             st.committed = max(st.committed, off)
 

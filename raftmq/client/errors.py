@@ -15,7 +15,9 @@
     │       │                         this producer can no longer begin, send or commit
     │       └── TransactionAbortedError  the transaction was aborted, not committed (its
     │                                 timeout passed, a send failed, or it was fenced)
-    └── ClientClosedError         the client object is closed, or was never opened
+    ├── ClientClosedError         the client object is closed, or was never opened
+    └── OffsetsInUseError         another live broadcast consumer of the group holds its
+                                  local offsets file (`raftmq.client.localoffsets`)
 
 A definite refusal is a `RequestError` with the broker's code (UNKNOWN_TOPIC,
 MESSAGE_TOO_LARGE, OFFSET_TOO_LARGE, ...): nothing was written. `RequestError.retriable`
