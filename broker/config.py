@@ -128,7 +128,8 @@ class NodeConfig:
     # every replica of a group should use the same; small values are for tests
     consume_queue_chunk: int = CHUNK_RECORDS
     # Peers prove they know it before they may send Raft traffic (`transport.peerauth`);
-    # the default suits local and test clusters only.
+    # the default suits plain local and test clusters only (a TLS config must set one).
+    # It also keys the made-up salts of unknown users (`broker.security`).
     cluster_secret: str = DEV_CLUSTER_SECRET
     # TLS on every link (`transport.tls`): this node's certificate and key, and the
     # cluster CA that signs every node's certificate (PEM files; all three or none). With
@@ -454,6 +455,13 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
 
     tls = _tls_files(d)
     security = _security(d)
+    secret = _secret(d.get("cluster_secret", DEV_CLUSTER_SECRET))
+    if tls["tls_cert"] and secret == DEV_CLUSTER_SECRET:
+        # the built-in secret is public: on a TLS cluster it would leave the CA alone
+        # standing between any certificate holder and the peers
+        raise ConfigError("a TLS cluster needs its own cluster_secret (the same long random "
+                          "string on every node); the built-in one is for plain local "
+                          "clusters only")
     return NodeConfig(
         node_id=node_id,
         listen=_address(d["listen"], "listen"),
@@ -484,7 +492,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         consume_queue_chunk=_int(
             d.get("consume_queue_chunk", CHUNK_RECORDS), "consume_queue_chunk", minimum=1
         ),
-        cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
+        cluster_secret=secret,
         max_connections=_int(d.get("max_connections", 10_000), "max_connections", minimum=1),
         max_inflight_per_connection=_int(d.get("max_inflight_per_connection", 1024),
                                          "max_inflight_per_connection", minimum=1),

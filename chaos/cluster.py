@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import os
 import random
+import secrets
 import signal
 import socket
 import ssl
@@ -155,6 +156,9 @@ class LocalCluster:
             from raftmq.devtls import pki_paths
 
             pki = pki_paths(self.tls_dir, [NAMESRV, *(node_name(i) for i in range(1, nodes + 1))])
+            if "cluster_secret" not in (node_overrides or {}):
+                # a TLS cluster has a secret of its own (the built-in one is public)
+                common["cluster_secret"] = secrets.token_urlsafe(24)
             self.tls_ca = pki.ca
             self._pki = pki
             for i in range(1, nodes + 1):

@@ -1,8 +1,8 @@
 """The name server's network service: REGISTER, ROUTE and CLUSTER over the frame protocol.
 
 REGISTER: see `namesrv.registry` for the header and body; with TLS only a caller holding
-a certificate from the cluster CA (a node) may register, so no one else can redirect
-routes. ROUTE and CLUSTER are routing metadata any client needs, and hold no data; the answer may list `resend`
+a certificate from the cluster CA that names the registering node (`transport.peerauth`)
+may register, so no one else can redirect routes. ROUTE and CLUSTER are routing metadata any client needs, and hold no data; the answer may list `resend`
 (groups whose topic table the node must send whole). ROUTE: (topic) -> (total, queues,
 replicas, terms). CLUSTER: (topics: bool, default true) -> (nodes, groups: {gid: {leader,
 leader_addr, term, replicas, topic_count, commit, applied, members}}); with topics the
@@ -27,6 +27,7 @@ import trio
 
 from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, ok_header
 from transport.framing import Caller, Response, request_id, serve_frames
+from transport.peerauth import certificate_node, node_certificate_name
 
 from .registry import DEFAULT_EXPIRY, Registry, parse_registration
 
@@ -67,6 +68,12 @@ class NameServer:
                 raise RequestError(Code.FORBIDDEN, "REGISTER takes a node's certificate from "
                                    "the cluster CA (mutual TLS)")
             reg = parse_registration(h, frame.body)
+            if self.ssl_context is not None and certificate_node(caller.certificate) != reg.node:
+                # and only for itself: another node's (or a name server's) certificate
+                # cannot move node `reg.node`'s routes
+                raise RequestError(Code.FORBIDDEN, f"REGISTER as node {reg.node} takes that "
+                                   f"node's certificate (subject CN "
+                                   f"{node_certificate_name(reg.node)!r})")
             if not self.registry.is_live(reg.node, now):
                 log.info("node %d registered from %s with %d groups", reg.node, reg.addr,
                          len(reg.groups))
