@@ -27,8 +27,10 @@ node that holds no replica of the metadata group (a membership change moved it a
 refuses every other login with UNKNOWN_GROUP but still takes that superuser's, checked
 against its config, so the group can be hosted there again (HOST_GROUP goes to that
 node).
-An unknown user gets a made-up salt (derived from a secret of this node), so the
-exchange looks the same as for a known one and fails only at the proof. A failed login
+An unknown user gets a made-up salt, derived from the cluster secret (`cluster_secret`,
+the same in every node's config) and the name, so the exchange looks the same as for a
+known one and fails only at the proof, and every node makes up the same salt for the same
+name: asking two nodes does not tell a stored user from an unknown one. A failed login
 is answered, then the connection is closed: each guess costs a new connection (and
 `max_connections` bounds those).
 
@@ -48,7 +50,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import secrets
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, Protocol
@@ -69,7 +70,7 @@ from raftlog.types import EntryType
 from transport.framing import Caller, Response
 
 __all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "RULES", "Guard",
-           "make_credential"]
+           "fake_salt_key", "make_credential"]
 
 log = logging.getLogger("raftmq.security")
 
@@ -84,6 +85,14 @@ def make_credential(password: str, iterations: int = ITERATIONS) -> Credential:
     """A fresh verifier of `password` (random salt): what the client sends to store."""
     salt, stored_key, server_key, n = _MECH.make_auth_info(password, iteration_count=iterations)
     return Credential(salt, n, stored_key, server_key)
+
+
+def fake_salt_key(cluster_secret: str) -> bytes:
+    """The key behind the made-up salts of unknown users: derived from the cluster secret,
+    so every node of a cluster makes up the same salt for a name (a random key per
+    process would tell unknown names apart by asking two nodes)."""
+    return hmac.new(cluster_secret.encode(), b"raftmq-unknown-user-salt",
+                    hashlib.sha256).digest()
 
 
 # ---------------------------------------------------------------------- the rules
@@ -202,7 +211,7 @@ class Guard:
         self._bootstrap: dict[str, Credential] = {}
         if cfg.superuser_scram:
             self._bootstrap[cfg.superusers[0]] = parse_verifier(cfg.superuser_scram)
-        self._fake_key = secrets.token_bytes(32)  # made-up salts for unknown users
+        self._fake_key = fake_salt_key(cfg.cluster_secret)  # made-up salts, unknown users
         self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
         self._own: dict[int, Callable[[Caller, dict[str, Any]], Awaitable[Response]]] = {
             Op.AUTH: self._auth,
