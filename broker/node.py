@@ -462,6 +462,7 @@ class Node:
             nursery.start_soon(self._ticker)
             nursery.start_soon(self.registrar.run)
             nursery.start_soon(self._refresh_metrics)
+            nursery.start_soon(self.guard.run)  # closes removed users' connections
             await nursery.start(self.txtasks.run)
             policy = RetentionPolicy(retention_hours=self.config.retention_hours,
                                      disk_ratio=self.config.retention_disk_ratio,

@@ -55,6 +55,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
 import scramp
+import trio
 
 from broker.config import NodeConfig
 from broker.parts.acls import Acl, AclAdd, AclRemove, Acls, acl_from_fields
@@ -213,6 +214,8 @@ class Guard:
             self._bootstrap[cfg.superusers[0]] = parse_verifier(cfg.superuser_scram)
         self._fake_key = fake_salt_key(cfg.cluster_secret)  # made-up salts, unknown users
         self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
+        # the open connections logged in as each user, closed when the user is removed
+        self._sessions: dict[str, weakref.WeakSet[Caller]] = {}
         self._own: dict[int, Callable[[Caller, dict[str, Any]], Awaitable[Response]]] = {
             Op.AUTH: self._auth,
             Op.USER_PUT: self._user_put,
@@ -287,6 +290,13 @@ class Guard:
             if not acls.allowed(user, kind, name, operation):
                 where = "the cluster" if kind == "cluster" else f"{kind} {name!r}"
                 self._deny(user, op, f"no ACL allows {operation} on {where}")
+
+    def check_answer(self, caller: Caller, op: int, header: Mapping[str, Any]) -> None:
+        """Raise unless the answer `caller` gave to this node's own request may act as
+        request `op` with `header` would (a TX_CHECK's commit or rollback is a HALF_END):
+        checked now, when it would take effect, as the connection's user, so a user
+        removed or denied since it registered cannot decide anything."""
+        self.check(caller, op, header)
 
     def _deny(self, user: str, op: int, why: str) -> NoReturn:
         self.node.count_refusal("acl")
@@ -371,7 +381,50 @@ class Guard:
             raise RequestError(Code.UNAUTHENTICATED, "authentication failed: unknown user or "
                                "wrong password") from None
         caller.principal = user
+        self._sessions.setdefault(user, weakref.WeakSet()).add(caller)
         return ok_header(0, msg=final, user=user), b""
+
+    # ------------------------------------------------------------------ revocation
+
+    def close_removed(self) -> int:
+        """Close every open connection logged in as a user this node's replica no longer
+        has (the configured superusers excepted); how many were closed."""
+        try:
+            users = self._users()
+        except RequestError:
+            return 0  # no replica to judge by: the per-request check still holds
+        closed = 0
+        for user in list(self._sessions):
+            if user in self.superusers:  # as in `check`: they pass whatever the table says
+                continue
+            callers = self._sessions[user]
+            if users.credential(user) is not None and len(callers):
+                continue
+            del self._sessions[user]
+            for caller in list(callers):
+                if caller.principal == user:
+                    caller.principal = None
+                    caller.disconnect()
+                    closed += 1
+        if closed:
+            log.info("closed the connections of removed users", extra={"fields": {
+                "connections": closed}})
+        return closed
+
+    async def run(self) -> None:
+        """The guard's duty: after every change the metadata group applies, close the
+        connections of users it removed, so a removed user's open connection can neither
+        make requests nor answer the node's own (TX_CHECK)."""
+        if not self.authenticate:
+            return
+        while True:
+            gid = self.node.config.metadata_group
+            g = self.node.groups.get(gid) if gid is not None else None
+            with trio.move_on_after(1.0):  # the group may come and go (membership)
+                if g is None:
+                    await trio.sleep_forever()
+                await g.wait_applied_change()
+            self.close_removed()
 
     # ------------------------------------------------------------------ users
 
