@@ -291,6 +291,29 @@ class Guard:
                 where = "the cluster" if kind == "cluster" else f"{kind} {name!r}"
                 self._deny(user, op, f"no ACL allows {operation} on {where}")
 
+    def visibility(self, caller: Caller) -> Callable[[str, str], bool] | None:
+        """What `caller` may see of the topics and consumer groups in an answer that
+        lists them (STATUS): None for everything (no authorization, a peer, a superuser,
+        cluster admin), else a test `(kind, name) -> bool`: a topic it may publish,
+        subscribe or administer; a group it may subscribe to or administer (what OFFSETS
+        of one group asks)."""
+        user = caller.principal
+        if caller.is_peer or not self.authorize:
+            return None
+        if user is None:  # (the check before any handler refuses it first)
+            return lambda _kind, _name: False
+        if user in self.superusers:
+            return None
+        acls = self._acls()
+        if acls.allowed(user, "cluster", "", "admin"):
+            return None
+
+        def see(kind: str, name: str) -> bool:
+            ops = ("publish", "subscribe", "admin") if kind == "topic" else ("subscribe", "admin")
+            return any(acls.allowed(user, kind, name, op) for op in ops)
+
+        return see
+
     def check_answer(self, caller: Caller, op: int, header: Mapping[str, Any]) -> None:
         """Raise unless the answer `caller` gave to this node's own request may act as
         request `op` with `header` would (a TX_CHECK's commit or rollback is a HALF_END):

@@ -294,6 +294,32 @@ def test_a_removed_users_open_connection_is_closed(cluster: LocalCluster) -> Non
             conn.close()
 
 
+# ---------------------------------------------------------------------- what STATUS shows
+
+
+def test_status_shows_only_the_topics_and_groups_the_user_may_see(cluster: LocalCluster) -> None:
+    """Erin may subscribe to one topic and one group: STATUS lists that topic's queue
+    range and that group's offsets, not the others' (root still sees everything)."""
+    user = Credentials("erin", "erin's password")
+    add_user(cluster, user, {"operation": "subscribe", "kind": "topic", "name": "erin-topic"},
+             {"operation": "subscribe", "kind": "group", "name": "erin-group"})
+    for topic in ("erin-topic", "hidden-topic"):
+        as_root(cluster, {"op": int(Op.CREATE_TOPIC), "g": "g0", "topic": topic,
+                          "queues": 1, "hosted": [0]})
+    for cg, topic in (("erin-group", "erin-topic"), ("hidden-group", "hidden-topic")):
+        as_root(cluster, {"op": int(Op.COMMIT_OFFSET), "cg": cg, "offsets": [[topic, 0, 0]]})
+    leader = cluster.leaders()["g0"]
+    assert leader is not None
+    mine, _ = request(cluster.node_addr(leader), {"op": int(Op.STATUS)}, ssl_context=ctx(cluster),
+                      credentials=user)
+    everything = as_root(cluster, {"op": int(Op.STATUS)}, node=leader)
+    g0, all_g0 = mine["groups"]["g0"], everything["groups"]["g0"]
+    assert {"erin-topic", "hidden-topic"} <= set(all_g0["queues"])
+    assert {"erin-group", "hidden-group"} <= set(all_g0["offsets"])
+    assert set(g0["queues"]) == {"erin-topic"}
+    assert set(g0["offsets"]) == {"erin-group"}
+
+
 # ---------------------------------------------------------------------- caps
 
 
