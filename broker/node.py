@@ -592,7 +592,16 @@ class Node:
                 "commit": st["commit"],
                 "applied": st["applied"],
             }, self.states[gid].topics())
-        return {"node": self.node_id, "addr": self.addr, "metrics": self.config.metrics}, groups
+        fields: dict[str, Any] = {"node": self.node_id, "addr": self.addr,
+                                  "metrics": self.config.metrics}
+        auth = self.guard.registration_auth()
+        if auth is not None:  # the name servers check logins against these
+            fields["auth"] = auth
+        return fields, groups
+
+    def users_changed(self) -> None:
+        """The users of the metadata group changed: tell the name servers now."""
+        self.registrar.wake()
 
     def status(self, caller: Caller | None = None) -> dict[str, Any]:
         """What STATUS answers: every group's Raft state, queue ranges and committed

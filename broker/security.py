@@ -199,6 +199,8 @@ class GuardHost(Protocol):
 
     def count_refusal(self, reason: str) -> None: ...
 
+    def users_changed(self) -> None: ...
+
 
 class Guard:
     """Authentication (and, when configured, authorization) in front of a node's service."""
@@ -435,11 +437,13 @@ class Guard:
         return closed
 
     async def run(self) -> None:
-        """The guard's duty: after every change the metadata group applies, close the
-        connections of users it removed, so a removed user's open connection can neither
-        make requests nor answer the node's own (TX_CHECK)."""
+        """The guard's duty: when the users the metadata group holds change, close the
+        connections of users it removed (so a removed user's open connection can neither
+        make requests nor answer the node's own, TX_CHECK) and register with the name
+        servers at once (they check logins against the users nodes register)."""
         if not self.authenticate:
             return
+        seen = -1
         while True:
             gid = self.node.config.metadata_group
             g = self.node.groups.get(gid) if gid is not None else None
@@ -447,7 +451,35 @@ class Guard:
                 if g is None:
                     await trio.sleep_forever()
                 await g.wait_applied_change()
-            self.close_removed()
+            if g is None or not g.is_open:
+                continue
+            changes = g.machine.part(Users).changes
+            if changes != seen:
+                seen = changes
+                self.close_removed()
+                self.node.users_changed()
+
+    def registration_auth(self) -> dict[str, Any] | None:
+        """What a name server needs to check logins itself (None with authentication off):
+        every user's SCRAM verifier (and the configured superuser's), the applied index
+        of this node's metadata replica they come from (a name server believes the
+        freshest), and the key of the made-up salts of unknown users, so a name server
+        answers the first login step as every node does. Registrations travel over TLS
+        to name servers that took this node's certificate (`namesrv.server`)."""
+        if not self.authenticate:
+            return None
+        users: dict[str, list[Any]] = {}
+        at = -1
+        gid = self.node.config.metadata_group
+        g = self.node.groups.get(gid) if gid is not None else None
+        if g is not None and g.is_open:
+            at = int(g.status()["applied"])
+            for name, *verifier in g.machine.part(Users).section():
+                users[name] = verifier
+        for name, c in self._bootstrap.items():
+            users.setdefault(name, [c.salt, c.iterations, c.stored_key, c.server_key])
+        return {"at": at, "users": [[n, *v] for n, v in sorted(users.items())],
+                "salt_key": self._fake_key}
 
     # ------------------------------------------------------------------ users
 

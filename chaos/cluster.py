@@ -44,6 +44,7 @@ from broker.config import (
 from broker.protocol import Op, RequestError
 from raftmq.client.routes import merge_cluster_topics
 from transport.blocking import request
+from transport.scram import Credentials, credentials_from_env
 
 __all__ = ["ClusterError", "LocalCluster", "free_ports"]
 
@@ -142,8 +143,12 @@ class LocalCluster:
         node_overrides: Mapping[str | int, Any] | None = None,
         host: str = "127.0.0.1",
         tls: bool = False,
+        credentials: Credentials | None = None,
     ) -> None:
         self.base_dir = Path(base_dir).resolve()
+        # who the harness logs in as to ask the name server (with logins on, lookups need
+        # one); None: RAFTMQ_USER/RAFTMQ_PASSWORD when set, else no login
+        self.credentials = credentials
         self.env = dict(env or {})
         self.host = host
         common: dict[str, Any] = {"fsync": fsync, "tick_ms": tick_ms}
@@ -562,7 +567,8 @@ class LocalCluster:
         With `topics=False` groups do not list their topics (only `topic_count`), which
         keeps the answer small and quick with thousands of topics."""
         header, body = request(self._namesrv_addr, {"op": int(Op.CLUSTER), "topics": topics},
-                               timeout=timeout, ssl_context=self.client_ssl_context())
+                               timeout=timeout, ssl_context=self.client_ssl_context(),
+                               credentials=self.credentials or credentials_from_env())
         info = {k: v for k, v in header.items() if k not in ("id", "code")}
         if topics:
             merge_cluster_topics(info, body)

@@ -41,7 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             "superuser_scram": format_verifier(make_credential(ROOT.password)),
             "tx_check_first_ms": 300, "tx_check_interval_ms": 300}
     with LocalCluster(tmp_path_factory.mktemp("identity"), nodes=3, groups=1, tick_ms=50,
-                      tls=True, node_overrides=keys) as c:
+                      tls=True, node_overrides=keys, credentials=ROOT) as c:
         c.wait_ready(timeout=60)
         c.wait_preferred_leaders(timeout=60)
         yield c
@@ -166,8 +166,10 @@ def test_only_a_node_registers_for_itself(cluster: LocalCluster) -> None:
 
 
 def server_first(c: LocalCluster, node: int, user: str) -> dict[str, str]:
+    """The server-first message's fields from node `node` (0: the name server)."""
     client = scramp.ScramClient(["SCRAM-SHA-256"], user, "any password")
-    h, _ = request(c.node_addr(node), {"op": int(Op.AUTH), "step": "first",
+    addr = c.node_addr(node) if node else c.namesrv_addr
+    h, _ = request(addr, {"op": int(Op.AUTH), "step": "first",
                                        "msg": client.get_client_first()},
                    ssl_context=ctx(c), timeout=10)
     return dict(part.split("=", 1) for part in str(h["msg"]).split(","))
@@ -318,6 +320,51 @@ def test_status_shows_only_the_topics_and_groups_the_user_may_see(cluster: Local
     assert {"erin-group", "hidden-group"} <= set(all_g0["offsets"])
     assert set(g0["queues"]) == {"erin-topic"}
     assert set(g0["offsets"]) == {"erin-group"}
+
+
+# ---------------------------------------------------------------------- the name server
+
+
+def test_name_server_lookups_need_a_login(cluster: LocalCluster) -> None:
+    """ROUTE and CLUSTER without a login are UNAUTHENTICATED (they list every topic and
+    node); the superuser logs in there as on a node; an unknown name gets the nodes' own
+    made-up salt; a user added on the nodes logs in there too once a node registered it,
+    and is refused there once removed."""
+    ns = cluster.namesrv_addr
+    for header in ({"op": int(Op.ROUTE), "topic": "anything"}, {"op": int(Op.CLUSTER)}):
+        with pytest.raises(RequestError) as info:
+            request(ns, header, ssl_context=ctx(cluster))
+        assert info.value.code == Code.UNAUTHENTICATED and "authenticate first" in info.value.message
+    h, _ = request(ns, {"op": int(Op.CLUSTER), "topics": False}, ssl_context=ctx(cluster),
+                   credentials=ROOT)
+    assert set(h["nodes"]) == {1, 2, 3}
+    with pytest.raises(RequestError) as info:
+        request(ns, {"op": int(Op.CLUSTER)}, ssl_context=ctx(cluster),
+                credentials=Credentials(ROOT.user, "a guess"))
+    assert info.value.code == Code.UNAUTHENTICATED
+    assert server_first(cluster, 0, "nobody-at-all")["s"] == server_first(
+        cluster, 1, "nobody-at-all")["s"]
+    grace = Credentials("grace", "grace's password")
+    add_user(cluster, grace)
+    wait_lookup(cluster, grace, works=True)
+    as_root(cluster, {"op": int(Op.USER_DELETE), "user": grace.user})
+    wait_lookup(cluster, grace, works=False)
+
+
+def wait_lookup(c: LocalCluster, creds: Credentials, *, works: bool) -> None:
+    deadline = time.monotonic() + 60  # a registration at once, or at the next round
+    while True:
+        try:
+            request(c.namesrv_addr, {"op": int(Op.ROUTE), "topic": "t"}, ssl_context=ctx(c),
+                    credentials=creds)
+            ok = True
+        except RequestError as exc:
+            assert exc.code in (Code.UNAUTHENTICATED, Code.UNKNOWN_TOPIC), exc
+            ok = exc.code != Code.UNAUTHENTICATED
+        if ok == works:
+            return
+        assert time.monotonic() < deadline, f"name server login of {creds.user} still {ok}"
+        time.sleep(0.2)
 
 
 # ---------------------------------------------------------------------- caps
