@@ -70,13 +70,23 @@ from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLo
 from raftlog.types import EntryType
 from transport.framing import Caller, Response
 
-__all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "RULES", "Guard",
-           "fake_salt_key", "make_credential"]
+__all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "REGISTERED_USERS_BYTES",
+           "RULES", "Guard", "fake_salt_key", "make_credential"]
 
 log = logging.getLogger("raftmq.security")
 
 MECHANISM = "SCRAM-SHA-256"
 ITERATIONS = 4096
+#: What the users' verifiers may take of a registration to the name servers: they ride in
+#: its header (at most 1 MiB, beside the groups' reports), some 100 bytes a user with a
+#: name of ten characters (about 5,000 users), at most 206 (about 2,500 users with the
+#: longest names and salts). With more, a registration carries none but the configured
+#: superuser's, and the name servers refuse every other login (fail closed) rather than
+#: the registration failing whole and the node's routes expiring there.
+REGISTERED_USERS_BYTES = 512 << 10
+# msgpack of one [name, salt, iterations, StoredKey, ServerKey] row beside its name and
+# salt (user names are ASCII): array, string and bin headers, an int, two 32-byte keys
+_ROW_OVERHEAD = 1 + 2 + 2 + 5 + 2 * (2 + 32)
 _MECH = scramp.ScramMechanism(MECHANISM)
 
 FrameHandler = Callable[[Caller, Frame], Awaitable[Response | None]]
@@ -218,6 +228,7 @@ class Guard:
         self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
         # the open connections logged in as each user, closed when the user is removed
         self._sessions: dict[str, weakref.WeakSet[Caller]] = {}
+        self._registered_over = False  # the users outgrew a registration (logged once)
         self._own: dict[int, Callable[[Caller, dict[str, Any]], Awaitable[Response]]] = {
             Op.AUTH: self._auth,
             Op.USER_PUT: self._user_put,
@@ -472,14 +483,26 @@ class Guard:
         at = -1
         gid = self.node.config.metadata_group
         g = self.node.groups.get(gid) if gid is not None else None
+        over = False
         if g is not None and g.is_open:
             at = int(g.status()["applied"])
-            for name, *verifier in g.machine.part(Users).section():
-                users[name] = verifier
+            table = g.machine.part(Users).section()
+            size = sum(len(row[0]) + len(row[1]) + _ROW_OVERHEAD for row in table)
+            over = size > REGISTERED_USERS_BYTES
+            if over != self._registered_over:  # said once, when it starts (or stops)
+                self._registered_over = over
+                if over:
+                    log.warning("the users' verifiers exceed what a registration carries: "
+                                "the name servers take only the configured superuser's "
+                                "login", extra={"fields": {"users": len(table), "bytes": size,
+                                                           "max": REGISTERED_USERS_BYTES}})
+            if not over:
+                for name, *verifier in table:
+                    users[name] = verifier
         for name, c in self._bootstrap.items():
             users.setdefault(name, [c.salt, c.iterations, c.stored_key, c.server_key])
         return {"at": at, "users": [[n, *v] for n, v in sorted(users.items())],
-                "salt_key": self._fake_key}
+                "salt_key": self._fake_key, "over": over}
 
     # ------------------------------------------------------------------ users
 

@@ -65,6 +65,7 @@ class RegisteredAuth:
     at: int  # the applied index of the node's metadata replica
     users: Mapping[str, tuple[bytes, int, bytes, bytes]]  # name -> salt, n, StoredKey, ServerKey
     salt_key: bytes  # the key of the made-up salts of unknown users
+    over: bool = False  # the node had more users than a registration carries
 
 
 @dataclass(slots=True, frozen=True)
@@ -309,7 +310,8 @@ def _auth(value: object) -> RegisteredAuth:
                          _bytes(row[3], "a StoredKey", 32, 32),
                          _bytes(row[4], "a ServerKey", 32, 32))
     return RegisteredAuth(_int(a.get("at"), "auth at", minimum=-1), users,
-                          _bytes(a.get("salt_key"), "auth salt_key", 32, 32))
+                          _bytes(a.get("salt_key"), "auth salt_key", 32, 32),
+                          a.get("over") is True)
 
 
 # ------------------------------------------------------------------ registry

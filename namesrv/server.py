@@ -143,6 +143,10 @@ class NameServer:
                                f"answers lookups of {MECHANISM}-authenticated users only (AUTH)")
         if user not in auth.users:
             caller.principal = None
+            if auth.over:
+                raise RequestError(Code.UNAUTHENTICATED, f"user {user!r} is not among the "
+                                   "users the nodes register here (they have more than a "
+                                   "registration carries): ask the nodes directly")
             raise RequestError(Code.UNAUTHENTICATED, f"user {user!r} was removed after this "
                                "connection logged in: authenticate again (AUTH)")
 
@@ -187,8 +191,10 @@ class NameServer:
         except scramp.ScramException:
             caller.hang_up()  # one try per connection, as on a node
             log.info("authentication failed for %r from %s", user, caller.remote)
+            why = ("; the nodes have more users than a registration carries, so this name "
+                   "server checks only the configured superuser" if auth.over else "")
             raise RequestError(Code.UNAUTHENTICATED, "authentication failed: unknown user or "
-                               "wrong password") from None
+                               "wrong password" + why) from None
         caller.principal = user
         return ok_header(request_id_of(h), msg=final, user=user), b""
 
