@@ -484,6 +484,12 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         raise ConfigError("a TLS cluster needs its own cluster_secret (the same long random "
                           "string on every node); the built-in one is for plain local "
                           "clusters only")
+    if security["authenticate"] and secret == DEV_CLUSTER_SECRET:
+        # the built-in secret is public: anyone could do the peer handshake and read the
+        # users' verifiers (READ_RAW), and tell stored user names from unknown ones by the
+        # made-up salts it keys (`broker.security.fake_salt_key`)
+        raise ConfigError("authenticate = true needs a cluster_secret of its own (the same "
+                          "long random string on every node); the built-in one is public")
     return NodeConfig(
         node_id=node_id,
         listen=_address(d["listen"], "listen"),

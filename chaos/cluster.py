@@ -161,9 +161,6 @@ class LocalCluster:
             from raftmq.devtls import pki_paths
 
             pki = pki_paths(self.tls_dir, [NAMESRV, *(node_name(i) for i in range(1, nodes + 1))])
-            if "cluster_secret" not in (node_overrides or {}):
-                # a TLS cluster has a secret of its own (the built-in one is public)
-                common["cluster_secret"] = secrets.token_urlsafe(24)
             self.tls_ca = pki.ca
             self._pki = pki
             for i in range(1, nodes + 1):
@@ -178,6 +175,10 @@ class LocalCluster:
                 per_node[key] = dict(value)
             else:
                 common[key] = value
+        if (tls or common.get("authenticate")) and "cluster_secret" not in common:
+            # a TLS cluster, or one with logins, has a secret of its own (the built-in
+            # one is public)
+            common["cluster_secret"] = secrets.token_urlsafe(24)
         unknown = sorted(set(per_node) - set(range(1, nodes + 1)))
         if unknown:
             raise ValueError(f"node_overrides for unknown node(s) {unknown} (nodes 1..{nodes})")

@@ -521,7 +521,7 @@ class _AuthNode:
         self.config = NodeConfig.from_dict({
             "node_id": 1, "listen": "127.0.0.1:7101", "data": "/nonexistent",
             "peers": {1: "127.0.0.1:7101"}, "groups": [{"id": "g0", "replicas": [1]}],
-            "authenticate": True, "superusers": ["root"],
+            "authenticate": True, "superusers": ["root"], "cluster_secret": "s" * 24,
             "superuser_scram": format_verifier(make_credential(root_password))})
         self.groups = {"g0": _Metadata(rows)}
 
