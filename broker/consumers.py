@@ -7,6 +7,11 @@ Membership is soft state on each node, never replicated: a restarted node knows 
 members again after one heartbeat round. Queue locks for ordered consumption will live
 here too.
 
+A member learns of a change without polling: CONSUMERS with the list it `known`s and a
+`wait_ms` is held until the node's list differs (a new member's first heartbeat, a
+leaving one's ttl of 0, an expiry) or the wait ends (`broker.service`; this registry says
+when the next expiry is due).
+
 What a client chooses is bounded, since the node keeps it for up to `MAX_TTL_MS`: a
 client id is 1-255 printable characters (`broker.protocol.validate_client_id`), a group
 has at most `MAX_GROUP_MEMBERS` live members and the node at most `MAX_MEMBERS` in all;
@@ -43,6 +48,9 @@ class ConsumerRegistry:
         Raises RequestError: MALFORMED for a bad client id, BUSY for a new member over
         the caps."""
         validate_client_id(client)
+        if ttl_ms == 0:  # leaving: gone at once, so the others rebalance now
+            self.leave(cg, client)
+            return
         ttl = min(max(ttl_ms, MIN_TTL_MS), MAX_TTL_MS)
         members = self._expiry.get(cg)
         if members is None or client not in members:
@@ -72,6 +80,19 @@ class ConsumerRegistry:
         if not members:
             self._expiry.pop(cg, None)
         return sorted(members)
+
+    def leave(self, cg: str, client: str) -> None:
+        """`client` left `cg` (a last heartbeat with a ttl of 0)."""
+        members = self._expiry.get(cg)
+        if members is not None and members.pop(client, None) is not None:
+            self._count -= 1
+            if not members:
+                del self._expiry[cg]
+
+    def next_expiry(self, cg: str) -> float | None:
+        """When the first live member of `cg` expires, if it has any."""
+        members = self._expiry.get(cg)
+        return min(members.values()) if members else None
 
     def _sweep(self, now: float) -> None:
         for cg in list(self._expiry):

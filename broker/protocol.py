@@ -118,7 +118,7 @@ class Op(IntEnum):
     #   groups this node leads
     DELETE_GROUP = 33  # (g, cg) -> (deleted: n): forget cg's committed offsets in group g
     HEARTBEAT = 30  # (cg, client, topics: [...]) -> ()
-    CONSUMERS = 31  # (cg) -> (clients: sorted [client ids])
+    CONSUMERS = 31  # (cg, known?, wait_ms?) -> (clients: sorted [client ids]); held while == known
     MEMBERSHIP = 50  # (g, action: show|add-learner|promote|remove, node?) at the leader ->
     #   (leader, voters, learners, matches: {node: match index}, active: [nodes heard from
     #   lately], commit, last, preferred,

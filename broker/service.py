@@ -190,6 +190,7 @@ class BrokerService:
         self.groups = groups
         self.node = node
         self.consumers = ConsumerRegistry()
+        self._member_waits: dict[str, trio.Event] = {}  # cg -> set when its members change
         self._read_cache: OrderedDict[tuple[str, int], bytes | memoryview] = OrderedDict()
         self._read_cached = 0  # bytes held by _read_cache
         self._handlers: dict[int, Handler] = {
@@ -954,12 +955,38 @@ class BrokerService:
     async def _heartbeat(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
         client = _field(h, "client", str)  # checked and bounded by the registry
-        self.consumers.heartbeat(cg, client, _field(h, "ttl_ms", int, 30_000), time.monotonic())
+        now = time.monotonic()
+        before = self.consumers.members(cg, now)
+        self.consumers.heartbeat(cg, client, _field(h, "ttl_ms", int, 30_000), now)
+        if self.consumers.members(cg, now) != before:
+            self._members_changed(cg)
         return ok_header(0), b""
 
+    def _members_changed(self, cg: str) -> None:
+        """Wake the CONSUMERS requests held for `cg` (see `_consumers_of`)."""
+        changed = self._member_waits.pop(cg, None)
+        if changed is not None:
+            changed.set()
+
     async def _consumers_of(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        """The live members of a group. With `known` (the list the caller last saw) and
+        `wait_ms`, the answer waits until the list differs from it, or the wait ends: a
+        member learns of a join or a leave when it happens, not at its next poll."""
         cg = _cg(h)
-        return ok_header(0, clients=self.consumers.members(cg, time.monotonic())), b""
+        known = h.get("known")
+        wait_ms = _field(h, "wait_ms", int, 0)
+        if not 0 <= wait_ms <= MAX_WAIT_MS:
+            raise RequestError(Code.MALFORMED, f"wait_ms must be 0-{MAX_WAIT_MS}")
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            now = time.monotonic()
+            members = self.consumers.members(cg, now)
+            if not isinstance(known, list) or members != known or now >= deadline:
+                return ok_header(0, clients=members), b""
+            expiry = self.consumers.next_expiry(cg)
+            changed = self._member_waits.setdefault(cg, trio.Event())
+            with trio.move_on_at(min(deadline, expiry + 0.001 if expiry else deadline)):
+                await changed.wait()
 
 
 def _is_int(v: object) -> bool:

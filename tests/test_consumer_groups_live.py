@@ -410,3 +410,28 @@ def test_a_broadcast_consumer_goes_on_where_it_stopped_after_a_restart(
     with pytest.raises(ValueError, match="move it aside"):
         run(lambda: consumer().__aenter__())
     assert path.read_bytes() == b"{not json"
+
+
+def test_members_learn_of_a_join_and_a_leave_without_waiting_for_their_poll(
+        cluster: LocalCluster) -> None:
+    """The nodes tell a group's members when its membership changes: with the periodic
+    rebalance an hour away, a join and a leave still move the queues at once."""
+    topic, group = fresh("notify"), fresh("cg")
+    slow = {**FAST, "rebalance_interval": 3600.0}
+
+    async def handle(msgs: list[Message]) -> bool:
+        return True
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        everything = {(topic, q) for q in range(QUEUES)}
+        async with PushConsumer(cluster.namesrv_addr, group, [topic], handle, **slow) as a:
+            await until(lambda: set(a.assignment()) == everything, "a alone reads everything")
+            async with PushConsumer(cluster.namesrv_addr, group, [topic], handle,
+                                    **slow) as b:
+                await until(lambda: len(a.assignment()) == len(b.assignment()) == QUEUES // 2
+                            and set(a.assignment()) | set(b.assignment()) == everything,
+                            "a gave b half the queues")
+            await until(lambda: set(a.assignment()) == everything, "a took them back")
+
+    run(main)

@@ -20,7 +20,7 @@ def test_a_member_lives_until_its_ttl_and_is_then_forgotten() -> None:
 
 def test_the_ttl_is_clamped() -> None:
     r = ConsumerRegistry()
-    r.heartbeat("cg", "short", 0, now=0.0)
+    r.heartbeat("cg", "short", 1, now=0.0)
     r.heartbeat("cg", "long", 10**9, now=0.0)
     assert r.members("cg", now=MIN_TTL_MS / 1000) == ["long", "short"]
     assert r.members("cg", now=MIN_TTL_MS / 1000 + 0.001) == ["long"]
@@ -54,3 +54,18 @@ def test_client_ids_and_members_are_capped() -> None:
     assert info.value.code == Code.BUSY and r.members("third", now=0.6) == []
     r.heartbeat("third", "e", 1_000, now=1.6)  # "a" and "d" expired meanwhile
     assert r.members("third", now=1.6) == ["e"] and len(r) == 2
+
+
+def test_a_ttl_of_0_leaves_at_once_and_the_next_expiry_is_known() -> None:
+    """A leaving consumer's last heartbeat (ttl 0) removes it now, so the members that
+    wait for a change (CONSUMERS with `known`) learn of it at once; `next_expiry` says
+    when to look again for a member that just stops beating."""
+    r = ConsumerRegistry()
+    r.heartbeat("cg", "a", 5_000, now=10.0)
+    r.heartbeat("cg", "b", 1_000, now=10.0)
+    assert r.next_expiry("cg") == 11.0 and r.next_expiry("nobody") is None
+    r.heartbeat("cg", "b", 0, now=10.5)
+    assert r.members("cg", now=10.5) == ["a"] and len(r) == 1
+    r.heartbeat("cg", "zzz", 0, now=10.5)  # leaving without having joined: nothing
+    r.leave("cg", "a")
+    assert r.members("cg", now=10.5) == [] and len(r) == 0 and r.next_expiry("cg") is None

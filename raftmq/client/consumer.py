@@ -71,6 +71,7 @@ FETCH_GRACE = 5.0  # seconds a fetch may take beyond its hold before it counts a
 PULL_BATCH = 32
 PENDING_OFFSETS_WAIT = 60.0  # seconds a committed-offset query waits for a transaction
 FETCH_MAX_BYTES = 1 << 20
+MEMBERS_WAIT_MS = 20_000  # how long a node holds a CONSUMERS request with nothing new
 FLOW_CONTROL_DELAY = 0.05  # RocketMQ's pause before re-checking a queue over its threshold
 
 Q = TypeVar("Q")
@@ -729,8 +730,8 @@ class PushConsumer(_ClientBase):
     themselves. (A producer sends one key to one queue, so this is the key's send order.)
 
     `mode="clustering"` shares the queues among the group's consumers (`strategy`
-    "average" or "round_robin", recomputed every `rebalance_interval` from the clients
-    seen by heartbeats) and commits offsets through the log every `commit_interval`
+    "average" or "round_robin", recomputed from the clients seen by heartbeats as soon
+    as a node reports that the group's members changed, and every `rebalance_interval`) and commits offsets through the log every `commit_interval`
     and when a queue is released. `mode="broadcast"` reads every queue in every
     consumer and keeps its offsets in a file of its own on this host, in `offsets_dir`
     (default `$RAFTMQ_OFFSETS_DIR` or `~/.raftmq/offsets`), so a restart goes on where it
@@ -821,6 +822,7 @@ class PushConsumer(_ClientBase):
         self._states: dict[tuple[str, int], _QueueState] = {}
         self._local_offsets: dict[tuple[str, int], int] = {}
         self._rebalance_lock: anyio.Lock | None = None
+        self._members_changed: anyio.Event | _NeverSet = _NeverSet()  # an Event once running
         self._work_send: MemoryObjectSendStream[_Work] | None = None
         self._control: anyio.CancelScope | None = None
         self._limiter: anyio.CapacityLimiter | None = None
@@ -893,8 +895,60 @@ class PushConsumer(_ClientBase):
                 if self.clustering:
                     await self._heartbeat()
                     tg.start_soon(self._every, self.heartbeat_interval, self._heartbeat)
-                tg.start_soon(self._every, self.rebalance_interval, self.rebalance, True)
+                    tg.start_soon(self._watch_members, tg)
+                tg.start_soon(self._rebalance_loop)
                 tg.start_soon(self._every, self.commit_interval, self.commit_now, False)
+
+    async def _rebalance_loop(self) -> None:
+        """Rebalance now, then as soon as a node says the group's members changed
+        (`_watch_node`), and every `rebalance_interval` in any case."""
+        while True:
+            self._members_changed = anyio.Event()
+            try:
+                await self.rebalance()
+            except Exception as exc:
+                log.warning("%s: rebalance failed: %s", self.client_id, exc)
+            with anyio.move_on_after(self.rebalance_interval):
+                await self._members_changed.wait()
+
+    async def _watch_members(self, tg: anyio.abc.TaskGroup) -> None:
+        """Keep one `_watch_node` per node of the cluster (nodes added later too)."""
+        watched: set[str] = set()
+        while True:
+            try:
+                for addr in node_addresses(await self.routes.cluster()):
+                    if addr not in watched:
+                        watched.add(addr)
+                        tg.start_soon(self._watch_node, addr)
+            except RequestError as exc:
+                log.debug("%s: no cluster view to watch (%s)", self.client_id, exc)
+            await anyio.sleep(self.rebalance_interval)
+
+    async def _watch_node(self, addr: str) -> None:
+        """Hold a CONSUMERS request at `addr` that the node answers when the group's
+        members differ from what this client saw there (a join, a leave, an expiry):
+        the rebalance follows at once, instead of at the next `rebalance_interval`."""
+        known: list[str] | None = None
+        failures = 0
+        while True:
+            asked = anyio.current_time()
+            try:
+                frame = await self.routes.pool.request(
+                    addr, Op.CONSUMERS,
+                    {"cg": self.group, "known": known or [], "wait_ms": MEMBERS_WAIT_MS},
+                    timeout=self.timeout + MEMBERS_WAIT_MS / 1000)
+            except RequestError as exc:
+                failures += 1
+                log.debug("%s: watching members at %s: %s", self.client_id, addr, exc)
+                await anyio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
+                continue
+            failures = 0
+            members = [str(c) for c in frame.header.get("clients") or []]
+            if known is not None and members != known:
+                self._members_changed.set()
+            elif known is not None and anyio.current_time() - asked < MEMBERS_WAIT_MS / 10_000:
+                await anyio.sleep(1.0)  # answered at once with nothing new: do not spin
+            known = members
 
     async def _every(
         self, period: float, fn: Callable[[], Awaitable[Any]], immediately: bool = False
@@ -1194,6 +1248,13 @@ class PushConsumer(_ClientBase):
             log.exception("%s: handler failed on %s", self.client_id, [m.msg_id for m in msgs])
             return False
         return result is not False
+
+
+class _NeverSet:
+    """Stands for an event before there is an event loop to make one in."""
+
+    def set(self) -> None:
+        pass
 
 
 def _is_async_callable(fn: Any) -> bool:
