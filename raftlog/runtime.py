@@ -110,6 +110,7 @@ from raftlog.commitlog import (
 )
 from raftlog.core import NotLeader, ProposalDropped, RaftConfig, RaftNode
 from raftlog.driver import Blocking, drain_async
+from raftlog.fsutil import CorruptFile, fsync_dir
 from raftlog.hardstate import HardStateFile
 from raftlog.refillgap import load_refill_gap, save_refill_gap
 from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
@@ -564,6 +565,8 @@ class GroupRuntime(Generic[M]):
         # (`raftlog.refillgap`), so a restart still reports it
         self.refill_gap: tuple[int, int] | None = None
         self.refill_gap_path = os.path.join(self.path, "refill-gap")
+        # why the last open set a damaged snapshot aside and replays the log ("" if not)
+        self.rebuilt_from_log = ""
         self._retain_seen = 0
         self._snapshot_taken = 0  # index of the last snapshot taken or installed
         self._snapshot_due: _DueSnapshot | None = None
@@ -675,16 +678,31 @@ class GroupRuntime(Generic[M]):
         Restarts an install a crash interrupted (the log does not hold the installed
         snapshot's entries from its base on: reset the log to the base). Refuses to
         start when the log begins after the snapshot: replay would skip entries.
+
+        A damaged snapshot (or a file it references, which `restore` checks) is set
+        aside when the log still begins at entry 1: the state is a function of the
+        committed log, so replaying it, and receiving from the leader what the log
+        lacks at its end, rebuilds the very same state. When retention (or an install)
+        has cut the log's beginning, the snapshot was the only local copy of that part
+        of the state: the damage is raised and the node refuses to start on it.
         """
         lg = self._log
         assert lg is not None
-        snap = load_snapshot(self.snapshot_path)
+        try:
+            snap = load_snapshot(self.snapshot_path)
+            if snap is not None:
+                if self._restore is None:
+                    lg.close()
+                    raise MissingEntries(
+                        f"{self.snapshot_path} exists but no restore is configured")
+                self._machine = self._restore(snap.data)
+        except CorruptFile as exc:
+            if lg.first_index() > 1:
+                raise
+            self._set_aside(exc)
+            snap = None
         index = 0
         if snap is not None:
-            if self._restore is None:
-                lg.close()
-                raise MissingEntries(f"{self.snapshot_path} exists but no restore is configured")
-            self._machine = self._restore(snap.data)
             index = self.snapshot_index = self._snapshot_taken = snap.index
             first, last = lg.first_index(), lg.last_index()
             if snap.base is not None:
@@ -710,6 +728,18 @@ class GroupRuntime(Generic[M]):
                 f"covers only up to {index}: entries {index + 1}..{first - 1} are lost"
             )
         return snap
+
+    def _set_aside(self, damage: CorruptFile) -> None:
+        """Move a damaged snapshot out of the way (kept as `snapshot.damaged` for a
+        look), durably, so the group starts from its log instead; `rebuilt_from_log`
+        says so in the group's status."""
+        aside = self.snapshot_path + ".damaged"
+        if os.path.exists(self.snapshot_path):
+            os.replace(self.snapshot_path, aside)
+            fsync_dir(self.path)
+        self.rebuilt_from_log = str(damage)
+        log.warning("damaged snapshot set aside: the state is rebuilt from the log", extra={
+            "fields": {"group": self.group_id, "damage": str(damage), "kept_as": aside}})
 
     def close_log(self) -> None:
         """Close the CommitLog of a group opened but never run (`run` closes its own)."""
@@ -1044,6 +1074,7 @@ class GroupRuntime(Generic[M]):
             "repair_requests": self.repair_requests,
             "refill_gap": list(self.refill_gap) if self.refill_gap is not None else None,
             "disk_full": self.disk_full,
+            "rebuilt_from_log": self.rebuilt_from_log,
         }
 
     # ------------------------------------------------------------------ the log, read-only

@@ -71,16 +71,24 @@ def test_damaged_file_nemeses_are_repaired_or_refused_and_lose_nothing(tmp_path:
     faults = parse_faults(tmp_path / "history.jsonl")
     assert {f.f for f in faults} == set(kinds)
     logs = tmp_path / "cluster" / "logs"
+    rebuilt: set[int] = set()  # nodes that set a damaged snapshot aside, rebuilding
     for f in faults:
         (node,) = f.value["nodes"]
         damaged = f.value["damaged"][str(node)]
-        assert damaged is not None, f  # with snapshots every 100 entries there is a file
+        if damaged is None:
+            # with snapshots every 100 entries there is a file, unless an earlier fault's
+            # snapshot was set aside and the node has not yet replayed far enough to write
+            # a new one
+            assert f.f == "snapshot-corrupt" and node in rebuilt, f
+            continue
         if f.f == "snapshot-corrupt":
             assert damaged["kind"] in ("snapshot", "chunk")
         assert damaged["how"] == {"truncate-file": "truncate", "bitflip-file": "bitflip"}.get(
             f.f, damaged["how"])
         outcome = f.value["outcome"][str(node)]
         assert outcome in ("started", "refused")
+        if outcome == "started" and damaged["kind"] in ("snapshot", "chunk"):
+            rebuilt.add(node)  # a damaged snapshot over a whole log: set aside, replayed
         if outcome == "refused":  # the node said why, and came back once restored
             assert "corrupt" in f.value["refusals"][str(node)]
         assert (logs / f"n{node}.log").read_text().count("group opened") >= 2

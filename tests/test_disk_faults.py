@@ -59,9 +59,10 @@ from raftlog.fsutil import (
     sync_marks_path,
 )
 from raftlog.hardstate import HardStateFile
-from raftlog.snapshot import save_snapshot
+from raftlog.snapshot import load_snapshot, save_snapshot
 from raftlog.types import HardState, Snapshot
 from raftmq.client import Admin, Producer
+from tests.conftest import group_leader, node_status, wait_for
 from tests.live_cluster import LiveCluster, scrape_metrics
 from tests.test_commitlog import SEG, crash, make
 from transport.blocking import request
@@ -626,21 +627,25 @@ def test_a_restored_file_survives_a_later_simulated_power_loss(tmp_path: Path) -
 
 @pytest.mark.live
 
-def test_a_node_refuses_a_damaged_snapshot_and_starts_once_it_is_restored(tmp_path: Path) -> None:
-    """What the file nemeses rely on: the node says no (it does not serve from a log whose
-    prefix the snapshot stood for), and starts once the bytes are back."""
+def test_a_node_rebuilds_a_damaged_snapshot_from_a_log_that_begins_at_entry_1(
+        tmp_path: Path) -> None:
+    """What the file nemeses rely on: a node whose snapshot is cut, while its log still
+    holds every entry from the first, sets the snapshot aside and replays its log: it
+    starts, serves every message, and its next snapshot is whole. (Over a log retention
+    has cut, it refuses: tests/test_start_refusals.py, tests/test_snapshot_rebuild.py.)"""
     with LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50,
                       node_overrides={"snapshot_every_entries": 5}) as cluster:
         cluster.wait_ready(30.0)
 
-        async def produce() -> None:
-            async with Admin(cluster.namesrv_addr) as admin:
-                await admin.create_topic("t", 1)
+        async def produce(lo: int, hi: int) -> None:
+            if lo == 0:
+                async with Admin(cluster.namesrv_addr) as admin:
+                    await admin.create_topic("t", 1)
             async with Producer(cluster.namesrv_addr) as p:
-                for k in range(30):
+                for k in range(lo, hi):
                     await p.send("t", f"m{k}")
 
-        trio.run(produce)
+        trio.run(produce, 0, 30)
         snap = cluster.configs[0].data / "g0" / "snapshot"
         deadline = time.monotonic() + 20
         while not snap.exists() and time.monotonic() < deadline:
@@ -648,9 +653,17 @@ def test_a_node_refuses_a_damaged_snapshot_and_starts_once_it_is_restored(tmp_pa
         cluster.kill(1)
         d = damage_file(cluster.configs[0].data, random.Random(1), "truncate", ("snapshot",))
         assert d is not None
-        refused = cluster.restart_and_wait(1, 30.0)
-        assert refused is not None and "corrupt snapshot" in refused
-        assert cluster.unexpected_exits() == {}  # a refusal the caller saw is no surprise
-        d.restore()
+        assert cluster.restart_and_wait(1, 30.0) is None  # no refusal
+        cluster.wait_ready(30.0)
+        assert (snap.parent / "snapshot.damaged").exists()
+        st = node_status(cluster, 1, "g0")
+        assert "corrupt snapshot" in st["rebuilt_from_log"], st
+        trio.run(produce, 30, 40)  # five more snapshots' worth: a whole one is written
+        wait_for(lambda: node_status(cluster, 1, "g0").get("applied", 0)
+                 >= node_status(cluster, group_leader(cluster, "g0") or 1, "g0")["commit"]
+                 and load_snapshot(snap) is not None, 30, "a new snapshot on node 1")
+        cluster.kill(1)
         assert cluster.restart_and_wait(1, 30.0) is None
         cluster.wait_ready(30.0)
+        assert node_status(cluster, 1, "g0")["rebuilt_from_log"] == ""
+        assert node_status(cluster, 1, "g0")["queues"]["t"][0] == [0, 40]

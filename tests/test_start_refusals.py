@@ -20,6 +20,7 @@ from broker.config import NodeConfig
 from broker.node import DAMAGED_DATA_EXIT
 from broker.statemachine import BrokerState, control_create_topic
 from chaos.cluster import free_ports
+from raftlog.commitlog import CommitLog
 from raftlog.snapshot import Snapshot, save_snapshot
 from raftlog.types import Entry, EntryType, Membership
 
@@ -41,7 +42,10 @@ replicas = [1, 2, 3]
 
 
 def _node_with_snapshot(tmp_path: Path) -> tuple[Path, Path]:
-    """A node config whose group g0 has a snapshot on disk: (config, snapshot file)."""
+    """A node config whose group g0 has a snapshot on disk and a log that begins after it,
+    as an install or retention leaves it: (config, snapshot file). The snapshot is then
+    the only local copy of entries 1-5 (a damaged one over a log that still begins at
+    entry 1 is rebuilt from the log instead: tests/test_snapshot_rebuild.py)."""
     data = tmp_path / "data"
     (port,) = free_ports(1)
     text = CONFIG.format(data=data, port=port)
@@ -53,6 +57,9 @@ def _node_with_snapshot(tmp_path: Path) -> tuple[Path, Path]:
     state.apply(Entry(5, 1, EntryType.CONTROL, control_create_topic("t", 1, [0])))
     snapshot = group_dir / "snapshot"
     save_snapshot(snapshot, Snapshot(5, 1, state.snapshot(), Membership(frozenset({1, 2, 3}))))
+    log = CommitLog.open(group_dir)
+    log.reset_to(5, 1)
+    log.close()
     return config, snapshot
 
 
