@@ -12,6 +12,11 @@ A member learns of a change without polling: CONSUMERS with the list it `known`s
 leaving one's ttl of 0, an expiry) or the wait ends (`broker.service`; this registry says
 when the next expiry is due).
 
+A consumer with manual assignment (a pull consumer: it reads the queues it chose)
+heartbeats with `manual`: it is a live member for whoever asks (an offset reset refuses
+while it runs) but not one a rebalance shares queues with (`members` leaves it out,
+`manual_members` lists it).
+
 What a client chooses is bounded, since the node keeps it for up to `MAX_TTL_MS`: a
 client id is 1-255 printable characters (`broker.protocol.validate_client_id`), a group
 has at most `MAX_GROUP_MEMBERS` live members and the node at most `MAX_MEMBERS` in all;
@@ -36,6 +41,7 @@ class ConsumerRegistry:
     def __init__(self, *, max_group_members: int = MAX_GROUP_MEMBERS,
                  max_members: int = MAX_MEMBERS) -> None:
         self._expiry: dict[str, dict[str, float]] = {}  # cg -> client -> expiry
+        self._manual: dict[str, set[str]] = {}  # cg -> its members with manual assignment
         self._count = 0  # members of every group
         self.max_group_members = max_group_members
         self.max_members = max_members
@@ -43,7 +49,8 @@ class ConsumerRegistry:
     def __len__(self) -> int:
         return self._count
 
-    def heartbeat(self, cg: str, client: str, ttl_ms: int, now: float) -> None:
+    def heartbeat(self, cg: str, client: str, ttl_ms: int, now: float, *,
+                  manual: bool = False) -> None:
         """`client` of `cg` is alive until `now` plus `ttl_ms` (clamped to a sane range).
         Raises RequestError: MALFORMED for a bad client id, BUSY for a new member over
         the caps."""
@@ -69,23 +76,47 @@ class ConsumerRegistry:
             members = self._expiry.setdefault(cg, {})
             self._count += 1
         members[client] = now + ttl / 1000
+        if manual:
+            self._manual.setdefault(cg, set()).add(client)
+        elif cg in self._manual:
+            self._forget_manual(cg, client)
+
+    def _forget_manual(self, cg: str, client: str) -> None:
+        manual = self._manual.get(cg)
+        if manual is not None:
+            manual.discard(client)
+            if not manual:
+                del self._manual[cg]
 
     def members(self, cg: str, now: float) -> list[str]:
-        """The clients of `cg` whose heartbeat has not expired at `now`, sorted (every
-        member allocates from the same list); the expired ones are forgotten."""
+        """The clients of `cg` whose heartbeat has not expired at `now` and that take
+        part in rebalances, sorted (every member allocates from the same list); the
+        expired ones are forgotten."""
+        live = self._live(cg, now)
+        manual = self._manual.get(cg, ())
+        return sorted(c for c in live if c not in manual)
+
+    def manual_members(self, cg: str, now: float) -> list[str]:
+        """The live clients of `cg` with manual assignment, sorted."""
+        self._live(cg, now)
+        return sorted(self._manual.get(cg, ()))
+
+    def _live(self, cg: str, now: float) -> dict[str, float]:
         members = self._expiry.get(cg, {})
         for client in [c for c, exp in members.items() if exp < now]:
             del members[client]
             self._count -= 1
+            self._forget_manual(cg, client)
         if not members:
             self._expiry.pop(cg, None)
-        return sorted(members)
+        return members
 
     def leave(self, cg: str, client: str) -> None:
         """`client` left `cg` (a last heartbeat with a ttl of 0)."""
         members = self._expiry.get(cg)
         if members is not None and members.pop(client, None) is not None:
             self._count -= 1
+            self._forget_manual(cg, client)
             if not members:
                 del self._expiry[cg]
 

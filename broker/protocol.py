@@ -117,8 +117,8 @@ class Op(IntEnum):
     OFFSETS = 32  # (cg?: one group) -> (rows: [[g, cg, topic, queue, offset]...]) for the
     #   groups this node leads
     DELETE_GROUP = 33  # (g, cg) -> (deleted: n): forget cg's committed offsets in group g
-    HEARTBEAT = 30  # (cg, client, topics: [...]) -> ()
-    CONSUMERS = 31  # (cg, known?, wait_ms?) -> (clients: sorted [client ids]); held while == known
+    HEARTBEAT = 30  # (cg, client, topics: [...], ttl_ms, manual?) -> ()
+    CONSUMERS = 31  # (cg, known?, wait_ms?) -> (clients, manual): held while clients == known
     MEMBERSHIP = 50  # (g, action: show|add-learner|promote|remove, node?) at the leader ->
     #   (leader, voters, learners, matches: {node: match index}, active: [nodes heard from
     #   lately], commit, last, preferred,

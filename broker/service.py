@@ -957,7 +957,8 @@ class BrokerService:
         client = _field(h, "client", str)  # checked and bounded by the registry
         now = time.monotonic()
         before = self.consumers.members(cg, now)
-        self.consumers.heartbeat(cg, client, _field(h, "ttl_ms", int, 30_000), now)
+        self.consumers.heartbeat(cg, client, _field(h, "ttl_ms", int, 30_000), now,
+                                 manual=_field(h, "manual", bool, False))
         if self.consumers.members(cg, now) != before:
             self._members_changed(cg)
         return ok_header(0), b""
@@ -982,7 +983,8 @@ class BrokerService:
             now = time.monotonic()
             members = self.consumers.members(cg, now)
             if not isinstance(known, list) or members != known or now >= deadline:
-                return ok_header(0, clients=members), b""
+                return ok_header(0, clients=members,
+                                 manual=self.consumers.manual_members(cg, now)), b""
             expiry = self.consumers.next_expiry(cg)
             changed = self._member_waits.setdefault(cg, trio.Event())
             with trio.move_on_at(min(deadline, expiry + 0.001 if expiry else deadline)):

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.protocol import Op
+from broker.protocol import Code, Op, RequestError
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Message, Producer, PullConsumer, PushConsumer
 from raftmq.client.blocking import BlockingProducer, BlockingPushConsumer
@@ -435,3 +435,41 @@ def test_members_learn_of_a_join_and_a_leave_without_waiting_for_their_poll(
             await until(lambda: set(a.assignment()) == everything, "a took them back")
 
     run(main)
+
+
+def test_a_pull_consumer_is_a_member_its_group_sees_but_shares_no_queues(
+        cluster: LocalCluster) -> None:
+    """An offset reset refuses while a pull consumer of the group runs (it would undo
+    the reset at its next commit), goes ahead once it closed; a push consumer of the
+    same group keeps every queue for itself."""
+    topic, group = fresh("pullmember"), fresh("cg")
+
+    async def handle(msgs: list[Message]) -> bool:
+        return True
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        async with Admin(cluster.namesrv_addr) as admin:
+            async with PullConsumer(cluster.namesrv_addr, group, client_id="puller-1",
+                                    heartbeat_interval=0.2) as pull:
+                pull.assign(topic)
+                await until_async(lambda: admin.consumers(group), "the pull consumer seen")
+                assert await admin.consumers(group) == ["puller-1"]
+                with pytest.raises(RequestError) as refused:
+                    await admin.reset_offsets(group, topic, "latest")
+                assert refused.value.code == Code.BUSY and "puller-1" in refused.value.message
+                async with PushConsumer(cluster.namesrv_addr, group, [topic], handle,
+                                        **FAST) as push:
+                    await until(lambda: len(push.assignment()) == QUEUES,
+                                "the push consumer reads every queue")
+                    assert sorted(await push.clients()) == [push.client_id]
+            plan = await admin.reset_offsets(group, topic, "latest")  # it left at once
+            assert set(plan) == set(range(QUEUES))
+
+    run(main)
+
+
+async def until_async(get: Any, what: str) -> None:
+    with anyio.fail_after(BOUND):
+        while not await get():
+            await anyio.sleep(0.05)

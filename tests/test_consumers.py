@@ -69,3 +69,18 @@ def test_a_ttl_of_0_leaves_at_once_and_the_next_expiry_is_known() -> None:
     r.heartbeat("cg", "zzz", 0, now=10.5)  # leaving without having joined: nothing
     r.leave("cg", "a")
     assert r.members("cg", now=10.5) == [] and len(r) == 0 and r.next_expiry("cg") is None
+
+
+def test_members_with_manual_assignment_are_live_but_share_no_queues() -> None:
+    r = ConsumerRegistry()
+    r.heartbeat("cg", "push", 5_000, now=0.0)
+    r.heartbeat("cg", "pull", 1_000, now=0.0, manual=True)
+    assert r.members("cg", now=0.5) == ["push"]
+    assert r.manual_members("cg", now=0.5) == ["pull"]
+    assert r.manual_members("cg", now=1.5) == []  # expired: gone from both views
+    r.heartbeat("cg", "pull", 1_000, now=2.0, manual=True)
+    r.heartbeat("cg", "pull", 0, now=2.1, manual=True)  # leaving
+    assert r.manual_members("cg", now=2.1) == [] and len(r) == 1
+    r.heartbeat("cg", "x", 1_000, now=3.0, manual=True)
+    r.heartbeat("cg", "x", 1_000, now=3.1)  # the same client now takes part
+    assert r.members("cg", now=3.2) == ["push", "x"] and r.manual_members("cg", now=3.2) == []

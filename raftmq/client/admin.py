@@ -274,7 +274,8 @@ class Admin(_ClientBase):
         return _fields(frame)
 
     async def consumers(self, group: str) -> list[str]:
-        """The consumer group's live clients: the union over every reachable node."""
+        """The consumer group's live clients, pull consumers (manual assignment)
+        included: the union over every reachable node."""
         cluster = await self.routes.cluster()
         seen: set[str] = set()
 
@@ -285,6 +286,7 @@ class Admin(_ClientBase):
             except RequestError:
                 return
             seen.update(str(c) for c in frame.header.get("clients") or [])
+            seen.update(str(c) for c in frame.header.get("manual") or [])
 
         async with anyio.create_task_group() as tg:
             for addr in node_addresses(cluster):

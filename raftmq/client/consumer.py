@@ -361,6 +361,15 @@ def default_client_id() -> str:
     return f"{socket.gethostname()[:200]}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
+def checked_client_id(client_id: str | None) -> str:
+    """`client_id`, or a unique one when None; ValueError for one the nodes would refuse
+    (MALFORMED), said before anything starts."""
+    client_id = client_id or default_client_id()
+    if not (len(client_id) <= MAX_CLIENT_CHARS and client_id.isprintable()):
+        raise ValueError(f"client_id must be 1-{MAX_CLIENT_CHARS} printable characters")
+    return client_id
+
+
 def check_isolation(isolation: str) -> str:
     """Consumers read committed data only: a transaction's messages reach a queue when
     it commits (and never when it aborts), so there is nothing else to read."""
@@ -423,6 +432,26 @@ class _ClientBase:
         return self._routes
 
 
+async def heartbeat(routes: Routes, header: dict[str, Any], timeout: float) -> None:
+    """One HEARTBEAT to every node of the cluster; a failure is only logged (the next
+    beat tries again, and the ttl covers three of them)."""
+    try:
+        cluster = await routes.cluster()
+    except RequestError as exc:
+        log.debug("heartbeat: no cluster view (%s)", exc)
+        return
+
+    async def one(addr: str) -> None:
+        try:
+            await routes.pool.request(addr, Op.HEARTBEAT, header, timeout=timeout)
+        except RequestError as exc:
+            log.debug("heartbeat to %s failed: %s", addr, exc)
+
+    async with anyio.create_task_group() as tg:
+        for addr in node_addresses(cluster):
+            tg.start_soon(one, addr)
+
+
 # ---------------------------------------------------------------- pull consumer
 
 
@@ -434,6 +463,13 @@ class PullConsumer(_ClientBase):
     queue's first retained offset (`start_from="first"`) or its end (`"last"`).
     `commit_all` commits the position after the last message returned.
     `isolation` is "read_committed", the only level served (`check_isolation`).
+
+    Assignment is manual (Kafka's `assign`): two pull consumers of one group each read
+    what they assign, the group does not share queues among them (a `PushConsumer`'s
+    group does). While open, a pull consumer is still a member its group can see: it
+    heartbeats every `heartbeat_interval` as a consumer with manual assignment, so
+    `Admin.reset_offsets` and `delete_group` refuse while it runs, and a push consumer
+    of the same group never counts it when sharing queues.
     """
 
     def __init__(
@@ -447,12 +483,18 @@ class PullConsumer(_ClientBase):
         timeout: float = 3.0,
         pool: ConnectionPool | None = None,
         isolation: str = "read_committed",
+        client_id: str | None = None,
+        heartbeat_interval: float = 10.0,
     ) -> None:
         super().__init__(namesrv, pool, timeout)
         self.isolation = check_isolation(isolation)
         self.group = validate_group_name(group)
         if start_from not in ("first", "last"):
             raise ValueError("start_from is 'first' or 'last'")
+        self.client_id = checked_client_id(client_id)
+        if not heartbeat_interval > 0:
+            raise ValueError("heartbeat_interval must be > 0")
+        self.heartbeat_interval = heartbeat_interval
         self.start_from = start_from
         self.wait_ms = wait_ms
         self.max_bytes = max_bytes
@@ -460,6 +502,35 @@ class PullConsumer(_ClientBase):
         self._positions: dict[tuple[str, int], int] = {}
         self.unreadable: dict[tuple[str, int], RequestError] = {}
         """Queues the last polls could not read (no leader reachable), with the error."""
+
+    async def __aenter__(self) -> Self:
+        await self._open()
+        assert self._tg is not None
+        self._tg.start_soon(self._beat)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        if self._routes is not None and not self._closed:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeout):
+                await self._heartbeat(0)  # gone from its group now, not at its expiry
+        return await self._close(exc_type, exc, tb)
+
+    async def _beat(self) -> None:
+        while True:
+            await self._heartbeat(int(self.heartbeat_interval * 3000))
+            await anyio.sleep(self.heartbeat_interval)
+
+    async def _heartbeat(self, ttl_ms: int) -> None:
+        """A heartbeat as a member with manual assignment: visible to its group (an
+        offset reset refuses), never given queues by a push consumer's rebalance."""
+        await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
+                                      "topics": sorted(self._assigned), "ttl_ms": ttl_ms,
+                                      "manual": True}, self.timeout)
 
     def assign(
         self, topic: str, queues: Iterable[int] | None = None, *, tags: Tags = None
@@ -814,10 +885,7 @@ class PushConsumer(_ClientBase):
         self.reconsume_delay = reconsume_delay
         self.on_give_up = on_give_up
         self.shutdown_timeout = shutdown_timeout
-        self.client_id = client_id or default_client_id()
-        if not (len(self.client_id) <= MAX_CLIENT_CHARS and self.client_id.isprintable()):
-            # the nodes refuse such a heartbeat (MALFORMED): say so before starting
-            raise ValueError(f"client_id must be 1-{MAX_CLIENT_CHARS} printable characters")
+        self.client_id = checked_client_id(client_id)
         self._handler_is_async = _is_async_callable(handler)
         self._states: dict[tuple[str, int], _QueueState] = {}
         self._local_offsets: dict[tuple[str, int], int] = {}
@@ -964,27 +1032,10 @@ class PushConsumer(_ClientBase):
 
     async def _heartbeat(self, leaving: bool = False) -> None:
         """Tell every node this client is alive (ttl 0 when leaving, so it drops us now)."""
-        try:
-            cluster = await self.routes.cluster()
-        except RequestError as exc:
-            log.debug("heartbeat: no cluster view (%s)", exc)
-            return
         ttl_ms = 0 if leaving else int(self.heartbeat_interval * 3000)
-        header = {
-            "cg": self.group, "client": self.client_id, "topics": sorted(self.topics),
-            "ttl_ms": ttl_ms,
-        }
-        pool = self.routes.pool
-
-        async def one(addr: str) -> None:
-            try:
-                await pool.request(addr, Op.HEARTBEAT, header, timeout=self.timeout)
-            except RequestError as exc:
-                log.debug("heartbeat to %s failed: %s", addr, exc)
-
-        async with anyio.create_task_group() as tg:
-            for addr in node_addresses(cluster):
-                tg.start_soon(one, addr)
+        await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
+                                      "topics": sorted(self.topics), "ttl_ms": ttl_ms},
+                        self.timeout)
 
     async def clients(self) -> list[str]:
         """The group's live consumers: the union of what every reachable node has seen,
