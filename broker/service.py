@@ -413,6 +413,9 @@ class BrokerService:
                     caught_up = True
                     state = self._leading(g)
                     state.queue_range(header.topic, header.queue)
+                if header.tx is not None:  # the client's word: only a granted epoch
+                    await self.tx.check_granted(g, header.tx[0], header.tx[1])
+                    state = self._leading(g)
             except RequestError as exc:
                 outcomes[i] = exc
                 continue

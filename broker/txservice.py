@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -68,6 +69,7 @@ log = logging.getLogger("raftmq.tx")
 CRASH_BEFORE_ANSWER_EXIT = 70  # as broker.service's (that module imports this one)
 END_WAIT_S = 5.0  # TX_END / TX_INIT wait this long for markers before answering prepare_*
 MAX_PARTICIPANTS = 64
+GRANTED_KEPT = 100_000  # transactional ids whose granted epoch a node remembers
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10_000
 SOURCES = ("client", "operator")  # what a HALF_END request may say it comes from
@@ -85,6 +87,8 @@ class Finisher(Protocol):
     async def markers_applied(self, gid: str, tid: str, epoch: int, n: int) -> bool: ...
 
     def send_markers(self, gid: str, tid: str, epoch: int, n: int) -> None: ...
+
+    async def coordinator_epoch(self, tid: str) -> int: ...
 
 
 def coordinator(state: BrokerState) -> TxCoordinator:
@@ -149,6 +153,10 @@ class TxService:
         self.node = service.node
         self.producers = ProducerRegistry()
         self.finisher: Finisher | None = None  # the node's `TxTasks`, once running
+        # tid -> the highest epoch its coordinator said it granted (`check_granted`);
+        # epochs only grow there, so a remembered one stays true; least recently used
+        # first, at most GRANTED_KEPT
+        self._granted: OrderedDict[str, int] = OrderedDict()
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -204,6 +212,40 @@ class TxService:
             return
         with trio.move_on_after(END_WAIT_S):
             await self.finisher.finish(gid, tid)
+
+    async def check_granted(self, g: GroupRuntime, tid: str, epoch: int) -> None:
+        """Refuse (TX_UNKNOWN) a client's transactional `epoch` of `tid` that its
+        coordinator never granted, before data of it is prepared in participant `g`
+        (led here). A batch header or TX_OFFSETS is the client's word; only the
+        coordinator grants epochs (TX_INIT), so a made-up one must not reach the log,
+        where it would pin retention under someone else's id. Known from the
+        coordinator's markers here (the participant's fence), from an earlier answer, or
+        asked (TX_STATUS): UNAVAILABLE, retriable, when the coordinator cannot be asked."""
+        known = max(participant(self.svc._leading(g)).fence(tid), self._granted.get(tid, -1))
+        if epoch <= known:
+            if tid in self._granted:
+                self._granted.move_to_end(tid)
+            return
+        if self.finisher is None:
+            raise RequestError(Code.UNAVAILABLE, "this node cannot ask transaction "
+                               "coordinators yet; retry")
+        try:
+            granted = await self.finisher.coordinator_epoch(tid)
+        except RequestError as exc:
+            raise RequestError(Code.UNAVAILABLE, f"could not ask the coordinator of "
+                               f"transactional id {tid!r} which epoch it granted "
+                               f"({exc.code.name}: {exc.message}); retry") from None
+        if granted >= 0:
+            self._granted[tid] = max(granted, self._granted.get(tid, -1))
+            self._granted.move_to_end(tid)
+            while len(self._granted) > GRANTED_KEPT:
+                self._granted.popitem(last=False)
+        if epoch > granted:
+            raise RequestError(Code.TX_UNKNOWN, f"transactional id {tid!r} has no epoch "
+                               f"{epoch}: " + (f"its coordinator granted epochs up to "
+                                               f"{granted}" if granted >= 0 else
+                                               "it was never initialised (TX_INIT)"))
+        self.svc._leading(g)
 
     # ------------------------------------------------------------------ Kafka's model
 
@@ -277,6 +319,7 @@ class TxService:
                                    "group hosting it")
             offsets.append((topic, item[1], item[2]))
         await self.svc._check_commit_bounds(g, offsets)
+        await self.check_granted(g, tid, epoch)
         await self._propose(g, {"op": "tx_offsets", "tid": tid, "epoch": epoch, "n": n,
                                 "cg": cg, "offsets": [list(o) for o in offsets],
                                 "ts": now_ms()})
@@ -413,8 +456,8 @@ class TxService:
         limit = _field(h, "limit", int, DEFAULT_LIST_LIMIT)
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise RequestError(Code.MALFORMED, f"limit must be 1..{MAX_LIST_LIMIT}")
-        out: dict[str, list[Any]] = {"led": [], "halves": [], "txns": [], "decided": [],
-                                     "done": []}
+        out: dict[str, list[Any]] = {"led": [], "halves": [], "prepared": [], "txns": [],
+                                     "decided": [], "done": []}
         for gid, g in list(self.groups.items()):
             if (only is not None and gid != only) or not g.is_leader:
                 continue
@@ -433,6 +476,8 @@ class TxService:
         part, coord = participant(state), coordinator(state)
         halves = [row(v, g=gid) for v in part.pending_halves() if not ident or v.txid == ident]
         out["halves"] += halves[:limit]
+        # Kafka transactions' data held here undecided: what pins this group's log
+        out["prepared"] += [row(v, g=gid) for v in part.prepared_kafka(ident)[:limit]]
         txns = [t for t in [*coord.txns.values(), *coord.fenced.values()]
                 if t.state != "empty" and (not ident or t.tid == ident)]
         txns.sort(key=lambda t: (t.tid, t.epoch, t.n))

@@ -50,7 +50,7 @@ from broker.txservice import TxService, coordinator, now_ms, participant
 from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
 from transport.framing import CallerGone
 
-__all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks"]
+__all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks", "orphan_verdict"]
 
 log = logging.getLogger("raftmq.tx")
 
@@ -59,6 +59,32 @@ CHECK_TIMEOUT_S = 3.0
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 1.0
 _LOST = (NotLeader, ProposalDropped, ProposalLost)
+
+
+def orphan_verdict(epoch: int, n: int, status: dict[str, Any]) -> tuple[bool, int] | None:
+    """What to do with prepared data of transaction (epoch, n) of an id no marker came
+    for, given its coordinator's TX_STATUS answer: (commit, fence) for the marker to log
+    in the participant, or None to ask again later. The fence is the coordinator's epoch,
+    never the data's own: an epoch in a batch header is a client's word.
+
+    Whatever the epochs say, data is resolved once the coordinator can say: an epoch it
+    never granted (or an id it never heard of) is aborted, so such data cannot pin the
+    log forever."""
+    ce, cn, st = status["epoch"], status["n"], status["state"]
+    if any(list(u[:2]) == [epoch, n] for u in status.get("unfinished") or ()):
+        return None  # decided, its markers still going out: they will come
+    fence = max(ce, 0)
+    if (ce, cn) == (epoch, n):
+        if st not in ("complete_commit", "complete_abort"):
+            return None  # still open or completing: its markers will come
+        return st == "complete_commit", fence
+    if epoch > ce:
+        # an epoch the coordinator never granted (or an id it never heard of): data
+        # prepared before brokers checked epochs (`TxService.check_granted`)
+        return False, fence
+    if (ce, cn) > (epoch, n):
+        return False, fence  # the coordinator moved past it
+    return None  # the coordinator has not got there yet
 
 
 class _Outgoing:
@@ -390,6 +416,13 @@ class TxTasks:
         self._leader_hint[gid] = node
         return frame.header
 
+    async def coordinator_epoch(self, tid: str) -> int:
+        """The last epoch `tid`'s coordinator granted (-1: never initialised), read
+        linearizably there (TX_STATUS); RequestError when it cannot be asked now."""
+        cg = coordinator_group(tid, self.group_ids)
+        h = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
+        return int(h["epoch"])
+
     async def _local(self, gid: str, h: dict[str, Any]) -> dict[str, Any]:
         g = self.groups[gid]
         try:
@@ -411,23 +444,16 @@ class TxTasks:
     async def _orphan(self, gid: str, tid: str, epoch: int, n: int) -> None:
         """Resolve prepared data of (tid, epoch, n) left without a marker."""
         cg = coordinator_group(tid, self.group_ids)
-        h = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
-        ce, cn, st = h["epoch"], h["n"], h["state"]
-        if any(list(u[:2]) == [epoch, n] for u in h.get("unfinished") or ()):
-            return  # decided, its markers still going out: they will come
-        if (ce, cn) == (epoch, n):
-            if st not in ("complete_commit", "complete_abort"):
-                return  # still open or completing: its markers will come
-            commit = st == "complete_commit"
-        elif ce == -1 or (ce, cn) > (epoch, n):
-            commit = False  # the coordinator moved past it (or never heard of it)
-        else:
-            return  # the coordinator has not got there yet
+        status = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
+        verdict = orphan_verdict(epoch, n, status)
+        if verdict is None:
+            return
+        commit, fence = verdict
         g = self.groups[gid]
         self._leading(gid)
         log.info("orphaned transaction data resolved", extra={"fields": {
             "group": gid, "tid": tid, "epoch": epoch, "n": n, "commit": commit}})
-        await self.tx.marker(g, tid, epoch, n, commit, max(epoch, ce))
+        await self.tx.marker(g, tid, epoch, n, commit, fence)
 
     # ------------------------------------------------------------------ check-back
 

@@ -11,8 +11,12 @@ Prepared consumer offsets (`tx_offsets`, a transaction's send_offsets) are appli
 through the Offsets part on commit. So a consumer reads committed data by construction,
 and an aborted message never enters a ConsumeQueue.
 
-Fencing: the highest producer epoch seen per transactional id (from batches, offsets
-and markers); prepared data of an older epoch is refused with TX_FENCED. Decisions are
+Fencing: per transactional id, the highest epoch its coordinator told this group of
+(a marker's `fence`, the coordinator's epoch for the id); prepared data of an older epoch
+is refused with TX_FENCED. A fence is never raised from what a client wrote (a batch
+header's or TX_OFFSETS' epoch): a client could claim any epoch and lock the id's owner
+out. The broker accepts a `tx` header only for an epoch the coordinator granted
+(`broker.txservice.TxService.check_granted`); the state machine only trusts markers. Decisions are
 kept in a ring of the last `DECISIONS` (key -> commit, source, index, messages) so
 retried markers and ends are answered alike and a decision never flips.
 
@@ -66,6 +70,7 @@ __all__ = [
     "HalfChecked",
     "HalfEnd",
     "HalfView",
+    "KafkaView",
     "Prepared",
     "PreparedBatch",
     "TxMarker",
@@ -149,8 +154,10 @@ class TxOffsets(ControlRecord):
 @dataclass(frozen=True, slots=True)
 class TxMarker(ControlRecord):
     """The coordinator's decision on transaction `n` of `tid` at `epoch`, for this group:
-    `commit` or abort; `fence` is the coordinator's epoch for `tid` (>= epoch), which
-    fences older producers here too."""
+    `commit` or abort; `fence` is the coordinator's epoch for `tid`, which fences older
+    producers here too. It is below `epoch` only when the coordinator never granted
+    `epoch` (data a client prepared under an epoch it made up, aborted): the made-up
+    epoch raises no fence."""
 
     op: ClassVar[str] = "tx_marker"
     tid: str
@@ -163,7 +170,7 @@ class TxMarker(ControlRecord):
         tid_field("tid", self.tid)
         epoch_fields(self.epoch, self.n)
         bool_field("commit", self.commit)
-        int_field("fence", self.fence, self.epoch, (1 << 63) - 1)
+        int_field("fence", self.fence, 0, (1 << 63) - 1)
 
     def to_map(self) -> dict[str, Any]:
         return {"tid": self.tid, "epoch": self.epoch, "n": self.n, "commit": self.commit,
@@ -327,6 +334,21 @@ class HalfView:
     msg_id: str  # the id of its first message
 
 
+@dataclass(frozen=True, slots=True)
+class KafkaView:
+    """An undecided Kafka-style transaction's data held here, for `tx list`: what an
+    operator needs to see what pins this group's log."""
+
+    tid: str
+    epoch: int
+    n: int
+    prepared_ms: int
+    first_index: int  # the lowest Raft index it holds (retention waits for it)
+    messages: int
+    offsets: int  # prepared consumer offsets
+    queues: tuple[str, ...]  # "topic/queue" it prepared batches on, sorted
+
+
 def _batch_bytes(refs: tuple[RecordRef, ...] | list[RecordRef]) -> int:
     return refs[-1].start + refs[-1].size - refs[0].start
 
@@ -408,9 +430,7 @@ class TxParticipant(Part):
         if p is not None and header.half is not None and p.producer_group != pg:
             raise Refused(Code.FORBIDDEN, f"half message {key[1]!r} belongs to producer group "
                                           f"{p.producer_group!r}")
-        # valid: change things
-        if header.tx is not None:
-            self.fences[header.tx[0]] = max(self.fences.get(header.tx[0], -1), header.tx[1])
+        # valid: change things (a header's epoch raises no fence: only markers do)
         if p is None:
             p = self.prepared[key] = Prepared(index, store_ms, pg)
             self._track(key, p)
@@ -435,8 +455,7 @@ class TxParticipant(Part):
         if len(rec.offsets) + (len(p.offsets) if p is not None else 0) > MAX_TX_MESSAGES:
             raise Refused(Code.TX_LIMIT, f"a transaction holds at most {MAX_TX_MESSAGES} "
                                          f"offsets per group")
-        # valid: change things
-        self.fences[rec.tid] = max(self.fences.get(rec.tid, -1), rec.epoch)
+        # valid: change things (the client's epoch raises no fence: only markers do)
         if p is None:
             p = self.prepared[key] = Prepared(index, rec.ts)
             self._track(key, p)
@@ -450,7 +469,7 @@ class TxParticipant(Part):
         key = kafka_key(rec.tid, rec.epoch, rec.n)
         if key in self.decided:  # a retried marker: the decision stands, nothing changes
             return ControlResult(TxMarker.op, dup=True)
-        self.fences[rec.tid] = max(self.fences.get(rec.tid, -1), rec.fence, rec.epoch)
+        self.fences[rec.tid] = max(self.fences.get(rec.tid, -1), rec.fence)
         p = self.prepared.get(key)
         if p is None:  # nothing prepared here (yet): a late batch of it is refused
             self._decide(key, Decision(rec.commit, "marker", index, 0))
@@ -613,6 +632,18 @@ class TxParticipant(Part):
             p = self.prepared[key]
             _k, tid, epoch, n = key  # type: ignore[misc]
             out.append((tid, epoch, n, p.prepared_ms, p.first_index))
+        return out
+
+    def prepared_kafka(self, tid: str = "") -> list[KafkaView]:
+        """Every undecided Kafka transaction's data here (only `tid`'s, when given), by
+        key."""
+        out = []
+        for key in sorted(k for k in self.prepared if k[0] == "k" and (not tid or k[1] == tid)):
+            p = self.prepared[key]
+            _k, t, epoch, n = key  # type: ignore[misc]
+            queues = tuple(sorted({f"{b.topic}/{b.queue}" for b in p.batches}))
+            out.append(KafkaView(t, epoch, n, p.prepared_ms, p.first_index, p.messages,
+                                 len(p.offsets), queues))
         return out
 
     def kafka_due(self, prepared_before: int) -> list[tuple[str, int, int, int, int]]:
