@@ -413,8 +413,8 @@ class BrokerService:
                     caught_up = True
                     state = self._leading(g)
                     state.queue_range(header.topic, header.queue)
-                if header.tx is not None:  # the client's word: only a granted epoch
-                    await self.tx.check_granted(g, header.tx[0], header.tx[1])
+                if header.tx is not None:  # the client's word: the coordinator decides
+                    await self.tx.register(g, *header.tx)
                     state = self._leading(g)
             except RequestError as exc:
                 outcomes[i] = exc

@@ -69,7 +69,10 @@ log = logging.getLogger("raftmq.tx")
 CRASH_BEFORE_ANSWER_EXIT = 70  # as broker.service's (that module imports this one)
 END_WAIT_S = 5.0  # TX_END / TX_INIT wait this long for markers before answering prepare_*
 MAX_PARTICIPANTS = 64
-GRANTED_KEPT = 100_000  # transactional ids whose granted epoch a node remembers
+REGISTERED_KEPT = 100_000  # (transaction, group) registrations a node remembers
+# what a coordinator answers TX_ADD with that the client must see as is
+_REGISTER_REFUSALS = (Code.TX_FENCED, Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT,
+                      Code.UNKNOWN_GROUP, Code.MALFORMED)
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10_000
 SOURCES = ("client", "operator")  # what a HALF_END request may say it comes from
@@ -88,7 +91,7 @@ class Finisher(Protocol):
 
     def send_markers(self, gid: str, tid: str, epoch: int, n: int) -> None: ...
 
-    async def coordinator_epoch(self, tid: str) -> int: ...
+    async def register(self, tid: str, epoch: int, n: int, gid: str) -> None: ...
 
 
 def coordinator(state: BrokerState) -> TxCoordinator:
@@ -153,10 +156,9 @@ class TxService:
         self.node = service.node
         self.producers = ProducerRegistry()
         self.finisher: Finisher | None = None  # the node's `TxTasks`, once running
-        # tid -> the highest epoch its coordinator said it granted (`check_granted`);
-        # epochs only grow there, so a remembered one stays true; least recently used
-        # first, at most GRANTED_KEPT
-        self._granted: OrderedDict[str, int] = OrderedDict()
+        # (tid, epoch, n, group) this node registered with the coordinator (`register`),
+        # least recently used first, at most REGISTERED_KEPT
+        self._registered: OrderedDict[tuple[str, int, int, str], None] = OrderedDict()
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -213,38 +215,36 @@ class TxService:
         with trio.move_on_after(END_WAIT_S):
             await self.finisher.finish(gid, tid)
 
-    async def check_granted(self, g: GroupRuntime, tid: str, epoch: int) -> None:
-        """Refuse (TX_UNKNOWN) a client's transactional `epoch` of `tid` that its
-        coordinator never granted, before data of it is prepared in participant `g`
-        (led here). A batch header or TX_OFFSETS is the client's word; only the
-        coordinator grants epochs (TX_INIT), so a made-up one must not reach the log,
-        where it would pin retention under someone else's id. Known from the
-        coordinator's markers here (the participant's fence), from an earlier answer, or
-        asked (TX_STATUS): UNAVAILABLE, retriable, when the coordinator cannot be asked."""
-        known = max(participant(self.svc._leading(g)).fence(tid), self._granted.get(tid, -1))
-        if epoch <= known:
-            if tid in self._granted:
-                self._granted.move_to_end(tid)
+    async def register(self, g: GroupRuntime, tid: str, epoch: int, n: int) -> None:
+        """Make participant `g` (led here) part of transaction (epoch, n) of `tid` at its
+        coordinator (TX_ADD, sent by this node) before data of it is prepared here.
+
+        A batch header or TX_OFFSETS is the client's word; the coordinator's answer
+        decides: an epoch it never granted is refused (TX_UNKNOWN), an older one
+        (TX_FENCED), a decided transaction (TX_DECIDED). Registered data always gets its
+        decision's marker, so a commit is never torn by an orphan check (a client need
+        not name the group in TX_END) and no data hangs waiting for a TX_ADD that never
+        comes: the coordinator knows the transaction and aborts it at its timeout. Done
+        once per transaction and group on this node; UNAVAILABLE (retriable) when the
+        coordinator cannot be asked."""
+        key = (tid, epoch, n, g.group_id)
+        if key in self._registered:
+            self._registered.move_to_end(key)
             return
         if self.finisher is None:
-            raise RequestError(Code.UNAVAILABLE, "this node cannot ask transaction "
+            raise RequestError(Code.UNAVAILABLE, "this node cannot reach transaction "
                                "coordinators yet; retry")
         try:
-            granted = await self.finisher.coordinator_epoch(tid)
+            await self.finisher.register(tid, epoch, n, g.group_id)
         except RequestError as exc:
-            raise RequestError(Code.UNAVAILABLE, f"could not ask the coordinator of "
-                               f"transactional id {tid!r} which epoch it granted "
+            if exc.code in _REGISTER_REFUSALS:
+                raise
+            raise RequestError(Code.UNAVAILABLE, f"could not register group {g.group_id} "
+                               f"with the coordinator of transactional id {tid!r} "
                                f"({exc.code.name}: {exc.message}); retry") from None
-        if granted >= 0:
-            self._granted[tid] = max(granted, self._granted.get(tid, -1))
-            self._granted.move_to_end(tid)
-            while len(self._granted) > GRANTED_KEPT:
-                self._granted.popitem(last=False)
-        if epoch > granted:
-            raise RequestError(Code.TX_UNKNOWN, f"transactional id {tid!r} has no epoch "
-                               f"{epoch}: " + (f"its coordinator granted epochs up to "
-                                               f"{granted}" if granted >= 0 else
-                                               "it was never initialised (TX_INIT)"))
+        self._registered[key] = None
+        while len(self._registered) > REGISTERED_KEPT:
+            self._registered.popitem(last=False)
         self.svc._leading(g)
 
     # ------------------------------------------------------------------ Kafka's model
@@ -280,15 +280,26 @@ class TxService:
             raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
                                f"groups, not {len(groups)}")
         g = self._coordinating(h, tid)
+        await self.add(g, tid, epoch, n, groups)
+        return ok_header(0), b""
+
+    async def add(self, g: GroupRuntime, tid: str, epoch: int, n: int,
+                  groups: list[str]) -> None:
+        """Transaction (epoch, n) of `tid` (coordinator `g`, led here) spans `groups`
+        (sorted, known): logged unless the state read after a barrier says so already (a
+        participant registering the group its client registered too adds no entry)."""
+        await self.svc._read_barrier(g)
         coord = coordinator(self.svc._leading(g))
         txn = coord.txn(tid)
+        if (txn is not None and txn.state == "ongoing" and (txn.epoch, txn.n) == (epoch, n)
+                and set(groups) <= set(txn.participants)):
+            return  # participants of an open transaction only grow: true until decided
         if txn is not None and txn.state in UNFINISHED and tid in coord.completing:
             # two earlier transactions still completing: the older must finish first
             # (one previous transaction may complete while the next one runs)
             await self._finish(g.group_id, tid)
         await self._propose(g, {"op": "tx_add", "tid": tid, "epoch": epoch, "n": n,
                                 "groups": groups, "ts": now_ms()})
-        return ok_header(0), b""
 
     async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
@@ -319,7 +330,7 @@ class TxService:
                                    "group hosting it")
             offsets.append((topic, item[1], item[2]))
         await self.svc._check_commit_bounds(g, offsets)
-        await self.check_granted(g, tid, epoch)
+        await self.register(g, tid, epoch, n)
         await self._propose(g, {"op": "tx_offsets", "tid": tid, "epoch": epoch, "n": n,
                                 "cg": cg, "offsets": [list(o) for o in offsets],
                                 "ts": now_ms()})

@@ -11,8 +11,10 @@ Every `tx_tick_ms`, for each group this node leads, from the group's applied sta
 * participant: a Kafka transaction's prepared data older than `tx_orphan_ms` asks its
   coordinator (TX_STATUS, linearizable) and aborts the data if the coordinator has moved
   past it (another epoch or transaction number, or never heard of it), commits it if the
-  coordinator says it committed. Such orphans come from clients that sent without
-  TX_ADD; they must not pin the log forever.
+  coordinator says it committed. A participant registers itself with the coordinator
+  before it prepares a transaction's first data (`TxService.register`), so the
+  decision's markers reach it; orphans are data prepared before that rule (or whose
+  marker came while its batch was in flight long ago): they must not pin the log forever.
 * check-back: each pending half message due for a check (`tx_check_first_ms` after it
   was prepared, then every `tx_check_interval_ms`) is rolled back ("expired") after
   `tx_check_max` checks; otherwise one more check is logged first (half_checked, so the
@@ -416,12 +418,12 @@ class TxTasks:
         self._leader_hint[gid] = node
         return frame.header
 
-    async def coordinator_epoch(self, tid: str) -> int:
-        """The last epoch `tid`'s coordinator granted (-1: never initialised), read
-        linearizably there (TX_STATUS); RequestError when it cannot be asked now."""
+    async def register(self, tid: str, epoch: int, n: int, gid: str) -> None:
+        """Have `tid`'s coordinator add participant `gid` to transaction (epoch, n)
+        (TX_ADD, one attempt); its refusal (TX_FENCED, TX_UNKNOWN, ...) as RequestError."""
         cg = coordinator_group(tid, self.group_ids)
-        h = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
-        return int(h["epoch"])
+        await self.call_group(cg, {"op": int(Op.TX_ADD), "g": cg, "tid": tid, "epoch": epoch,
+                                   "n": n, "groups": [gid]})
 
     async def _local(self, gid: str, h: dict[str, Any]) -> dict[str, Any]:
         g = self.groups[gid]
@@ -435,6 +437,9 @@ class TxTasks:
                 return {"code": 0, "dup": r.dup}
             if h["op"] == Op.TX_STATUS:
                 return {"code": 0, **await self.tx.status(g, h["tid"])}
+            if h["op"] == Op.TX_ADD:
+                await self.tx.add(g, h["tid"], h["epoch"], h["n"], h["groups"])
+                return {"code": 0}
         except _LOST as exc:
             raise RequestError(Code.NOT_LEADER, str(exc) or "leadership moved") from None
         raise ValueError(f"no local path for op {h['op']}")
