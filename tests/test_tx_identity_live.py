@@ -5,7 +5,9 @@ one (and fence the id's owner), and `raftmq tx list` shows what participants hol
 One cluster (three nodes, groups g0 and g1, `authorize = true`) serves the module. The
 victim's transactional id is coordinated by g0; the topic both write to lives in g1, so
 the participant asks the coordinator over the peer link. The victim runs as the
-superuser; mallory may only publish to that one topic.
+superuser; mallory may only publish to that one topic; twin may also publish on the
+victim's transactional id (another instance of the same application, say), so its made-up
+epochs reach the coordinator's check past the ACLs.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ pytestmark = pytest.mark.live
 
 ROOT = Credentials("root", "root's long password")
 MALLORY = Credentials("mallory", "mallory's password")
+TWIN = Credentials("twin", "twin's password")
 TOPIC = "shared"  # one queue, in g1
 VICTIM = "victim-tid"
 TOP_EPOCH = (1 << 63) - 1
@@ -51,11 +54,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         mp = pytest.MonkeyPatch()
         mp.setenv(USER_ENV, ROOT.user)
         mp.setenv(PASSWORD_ENV, ROOT.password)
-        mp.setenv("RAFTMQ_NEW_PASSWORD", MALLORY.password)
         ns = ["--namesrv", c.namesrv_addr]
-        assert user_cmd.main(["add", "mallory", *ns]) == 0
-        assert acl_cmd.main(["add", "--user", "mallory", "--allow", "publish",
-                             "--topic", TOPIC, *ns]) == 0
+        for who in (MALLORY, TWIN):
+            mp.setenv("RAFTMQ_NEW_PASSWORD", who.password)
+            assert user_cmd.main(["add", who.user, *ns]) == 0
+            assert acl_cmd.main(["add", "--user", who.user, "--allow", "publish",
+                                 "--topic", TOPIC, *ns]) == 0
+        assert acl_cmd.main(["add", "--user", "twin", "--allow", "publish",
+                             "--transactional-id", VICTIM, *ns]) == 0
         request(leader(c), {"op": int(Op.CREATE_TOPIC), "g": "g1", "topic": TOPIC,
                             "queues": 1, "hosted": [0]}, credentials=ROOT)
         mp.undo()
@@ -73,14 +79,30 @@ def end_of(c: LocalCluster) -> int:
     return int(h["end"])
 
 
-def attack(c: LocalCluster, epoch: int, n: int = 0) -> RequestError:
-    """Mallory's PRODUCE to the topic it may publish to, its batch header claiming the
-    victim's transactional id at `epoch`: the refusal it gets."""
-    batch = encode_batch(TOPIC, 0, [OutgoingMessage(b"evil")], tx=(VICTIM, epoch, n))
+def attack(c: LocalCluster, epoch: int, who: Credentials = TWIN) -> RequestError:
+    """A PRODUCE to the topic `who` may publish to, its batch header claiming the victim's
+    transactional id at `epoch`: the refusal it gets."""
+    batch = encode_batch(TOPIC, 0, [OutgoingMessage(b"evil")], tx=(VICTIM, epoch, 0))
     with pytest.raises(RequestError) as info:
         request(leader(c), {"op": int(Op.PRODUCE), "g": "g1"}, bytes(batch),
-                credentials=MALLORY, timeout=30.0)
+                credentials=who, timeout=30.0)
     return info.value
+
+
+def attacks_refused(c: LocalCluster) -> None:
+    """Mallory is stopped by the ACLs (no right on the victim's id); twin, allowed on
+    it, by the coordinator: it never granted that epoch."""
+    err = attack(c, TOP_EPOCH, MALLORY)
+    assert err.code == Code.FORBIDDEN, err
+    for epoch in (TOP_EPOCH, victim_epoch(c) + 1):  # the next epoch: not granted either
+        err = attack(c, epoch)
+        assert err.code == Code.TX_UNKNOWN and f"has no epoch {epoch}" in err.message, err
+
+
+def victim_epoch(c: LocalCluster) -> int:
+    h, _ = request(leader(c, "g0"), {"op": int(Op.TX_STATUS), "g": "g0", "tid": VICTIM},
+                   credentials=ROOT, timeout=30.0)
+    return int(h["epoch"])
 
 
 def victim_commits(c: LocalCluster, body: bytes) -> None:
@@ -107,26 +129,23 @@ def test_a_batch_header_cannot_claim_an_epoch_the_coordinator_never_granted(
         cluster: LocalCluster) -> None:
     """Issue 24 #3: a PRODUCE whose header claims `tx: [victim, 2**63-1, 0]` used to be
     prepared and raise the participant's fence for the victim's id, so every later send
-    of the victim there got TX_FENCED, across restarts. Now it is refused (TX_UNKNOWN),
-    holds nothing, and the victim's transactions go on, also after a full restart."""
+    of the victim there got TX_FENCED, across restarts. Now it is refused (FORBIDDEN
+    without a right on the id, TX_UNKNOWN with one), holds nothing, and the victim's
+    transactions go on, also after a full restart."""
     assert coordinator_group(VICTIM, ["g0", "g1"]) == "g0"  # asked over the peer link
     victim_commits(cluster, b"first")
     before = end_of(cluster)
-    for epoch in (TOP_EPOCH, 1):  # 1: the victim's next epoch, not granted yet either
-        err = attack(cluster, epoch)
-        assert err.code == Code.TX_UNKNOWN and f"has no epoch {epoch}" in err.message, err
-    assert tx_list(cluster, VICTIM)["prepared"] == []  # nothing held for the attacker
+    attacks_refused(cluster)
+    assert tx_list(cluster, VICTIM)["prepared"] == []  # nothing held for the attackers
     victim_commits(cluster, b"second")  # epoch 1 now
     assert end_of(cluster) == before + 1
-    err = attack(cluster, TOP_EPOCH)
-    assert err.code == Code.TX_UNKNOWN, err
+    attacks_refused(cluster)
 
     cluster.kill_together(cluster.node_ids)
     for i in cluster.node_ids:  # each serving before the next starts (its "ready" line)
         assert cluster.restart_and_wait(i, timeout=60) is None
     steady_leaders(cluster)
-    err = attack(cluster, TOP_EPOCH)
-    assert err.code == Code.TX_UNKNOWN, err
+    attacks_refused(cluster)
     victim_commits(cluster, b"after restart")
     assert end_of(cluster) == before + 2
     assert tx_list(cluster, VICTIM)["prepared"] == []
