@@ -11,7 +11,10 @@ Every `tx_tick_ms`, for each group this node leads, from the group's applied sta
 * participant: a Kafka transaction's prepared data older than `tx_orphan_ms` asks its
   coordinator (TX_STATUS, linearizable) and aborts the data if the coordinator has moved
   past it (another epoch or transaction number, or never heard of it), commits it if the
-  coordinator says it committed. A participant registers itself with the coordinator
+  coordinator says it committed, and aborts it when the coordinator has not started its
+  transaction within the longest transaction timeout (`tx_timeout_max_ms`: hanging). An
+  unresolved one is asked about again after a doubling delay (1 s .. 60 s), not at every
+  tick. A participant registers itself with the coordinator
   before it prepares a transaction's first data (`TxService.register`), so the
   decision's markers reach it; orphans are data prepared before that rule (or whose
   marker came while its batch was in flight long ago): they must not pin the log forever.
@@ -52,7 +55,7 @@ from broker.txservice import TxService, coordinator, now_ms, participant
 from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
 from transport.framing import CallerGone
 
-__all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks", "orphan_verdict"]
+__all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks", "orphan_retry", "orphan_verdict"]
 
 log = logging.getLogger("raftmq.tx")
 
@@ -60,10 +63,13 @@ RPC_TIMEOUT_S = 5.0
 CHECK_TIMEOUT_S = 3.0
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 1.0
+ORPHAN_RETRY_MIN_MS = 1_000  # an orphan the coordinator says to wait for: asked again after
+ORPHAN_RETRY_MAX_MS = 60_000  # ... doubling up to this
 _LOST = (NotLeader, ProposalDropped, ProposalLost)
 
 
-def orphan_verdict(epoch: int, n: int, status: dict[str, Any]) -> tuple[bool, int] | None:
+def orphan_verdict(epoch: int, n: int, status: dict[str, Any], *,
+                   stale: bool = False) -> tuple[bool, int] | None:
     """What to do with prepared data of transaction (epoch, n) of an id no marker came
     for, given its coordinator's TX_STATUS answer: (commit, fence) for the marker to log
     in the participant, or None to ask again later. The fence is the coordinator's epoch,
@@ -71,7 +77,11 @@ def orphan_verdict(epoch: int, n: int, status: dict[str, Any]) -> tuple[bool, in
 
     Whatever the epochs say, data is resolved once the coordinator can say: an epoch it
     never granted (or an id it never heard of) is aborted, so such data cannot pin the
-    log forever."""
+    log forever. `stale`: the data was prepared longer ago than the longest transaction
+    timeout; a transaction the coordinator has still not started by then never will be
+    with this data (its client would have registered it at once), so it is aborted
+    rather than waited for (a hanging transaction, Kafka's KIP-890). A later batch of it
+    is then refused here as decided, so no commit can include part of it."""
     ce, cn, st = status["epoch"], status["n"], status["state"]
     if any(list(u[:2]) == [epoch, n] for u in status.get("unfinished") or ()):
         return None  # decided, its markers still going out: they will come
@@ -86,7 +96,18 @@ def orphan_verdict(epoch: int, n: int, status: dict[str, Any]) -> tuple[bool, in
         return False, fence
     if (ce, cn) > (epoch, n):
         return False, fence  # the coordinator moved past it
+    if stale:
+        return False, fence  # the coordinator never got there: hanging, aborted
     return None  # the coordinator has not got there yet
+
+
+def orphan_retry(wait: tuple[int, int] | None, now: int) -> tuple[int, int]:
+    """(not before, delay), both ms, for an orphan asked about at `now`, whose previous
+    ask left `wait` (None: the first): the delay doubles from ORPHAN_RETRY_MIN_MS up to
+    ORPHAN_RETRY_MAX_MS, so a transaction open longer than `tx_orphan_ms` is not asked
+    about at every tick."""
+    delay = ORPHAN_RETRY_MIN_MS if wait is None else min(wait[1] * 2, ORPHAN_RETRY_MAX_MS)
+    return now + delay, delay
 
 
 class _Outgoing:
@@ -129,6 +150,8 @@ class TxTasks:
         self._outbox: dict[str, list[_Outgoing]] = {}  # participant -> markers to send
         self._senders: set[str] = set()  # participants a `_send_markers` task serves
         self._wake = trio.Event()
+        # orphan (gid, tid, epoch, n) -> (not asked again before, ms; the delay after it)
+        self._orphan_wait: dict[tuple[str, str, int, int], tuple[int, int]] = {}
 
     @property
     def tx(self) -> TxService:
@@ -234,6 +257,7 @@ class TxTasks:
     def tick(self) -> None:
         """Start whatever is due in the groups this node leads."""
         now = now_ms()
+        seen: set[tuple[str, str, int, int]] = set()  # orphans still due here
         for gid, g in list(self.groups.items()):
             if not g.is_leader:
                 continue
@@ -246,13 +270,19 @@ class TxTasks:
                 self._spawn(("timeout", *key), partial(self._time_out, *key))
             part = participant(state)
             # only what is due: a tick costs O(due log n), not a sort of every transaction
-            for tid, epoch, n, _prepared_ms, _first in part.kafka_due(
+            for tid, epoch, n, prepared_ms, _first in part.kafka_due(
                     now - self.config.tx_orphan_ms):
-                self._spawn(("orphan", gid, tid, epoch, n),
-                            partial(self._orphan, gid, tid, epoch, n))
+                key = (gid, tid, epoch, n)
+                seen.add(key)
+                if now < self._orphan_wait.get(key, (0, 0))[0]:
+                    continue  # asked a moment ago: not again at every tick
+                self._spawn(("orphan", *key),
+                            partial(self._orphan, gid, tid, epoch, n, prepared_ms))
             for half in part.halves_due(now, self.config.tx_check_first_ms,
                                         self.config.tx_check_interval_ms):
                 self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
+        if len(seen) != len(self._orphan_wait):  # resolved, or no longer led here
+            self._orphan_wait = {k: v for k, v in self._orphan_wait.items() if k in seen}
 
     def _leading(self, gid: str) -> Any:
         """The state of `gid` while this node leads it, else NotLeader."""
@@ -446,11 +476,16 @@ class TxTasks:
 
     # ------------------------------------------------------------------ participant
 
-    async def _orphan(self, gid: str, tid: str, epoch: int, n: int) -> None:
-        """Resolve prepared data of (tid, epoch, n) left without a marker."""
+    async def _orphan(self, gid: str, tid: str, epoch: int, n: int, prepared_ms: int) -> None:
+        """Resolve prepared data of (tid, epoch, n) left without a marker. Unresolved
+        (the coordinator says wait, or cannot be asked), it is asked again after a
+        delay that doubles up to ORPHAN_RETRY_MAX_MS, not at every tick."""
+        key = (gid, tid, epoch, n)
+        self._orphan_wait[key] = orphan_retry(self._orphan_wait.get(key), now_ms())
         cg = coordinator_group(tid, self.group_ids)
         status = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
-        verdict = orphan_verdict(epoch, n, status)
+        stale = now_ms() - prepared_ms > self.config.tx_timeout_max_ms
+        verdict = orphan_verdict(epoch, n, status, stale=stale)
         if verdict is None:
             return
         commit, fence = verdict
