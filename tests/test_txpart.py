@@ -584,3 +584,33 @@ def test_a_node_hands_the_transaction_mutations_to_its_states(
     plain = Node(cluster_configs(tmp_path / "p", nodes=3, groups=1, port_base=21300)[0])
     p = plain.groups["g0"].machine
     assert not (p.mutations or p.txpart.serve_prepared or p.txpart.no_fencing)
+
+
+def test_one_producer_group_cannot_fill_the_groups_open_slots(
+        r: Replica, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25 #5: a producer group that prepares half messages and never ends them
+    filled all MAX_OPEN slots of the group, and every other producer's transactional
+    send got TX_LIMIT. Each producer group holds at most MAX_OPEN_HALVES undecided."""
+    monkeypatch.setattr(txpart, "MAX_OPEN_HALVES", 2)
+    r.batch("t", 0, [b"a"], half=("a1", "greedy"))
+    r.batch("t", 0, [b"b"], half=("a2", "greedy"))
+    refused(r, EntryType.MESSAGES,
+            STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"c"], half=("a3", "greedy")),
+            Code.TX_LIMIT)
+    assert r.batch("t", 0, [b"more of a1"], half=("a1", "greedy")).base_offset == -1
+    assert r.batch("t", 0, [b"x"], half=("b1", "polite")).base_offset == -1
+    assert r.batch("t", 1, [b"k"], tx=("tid", 0, 0)).base_offset == -1
+    # a decision frees a slot; the count survives a snapshot (it is derived on load)
+    r.control(HalfEnd("a1", False, "client", "greedy").encode())
+    restored = Replica()
+    restored.state = BrokerState.restore("g1", r.state.snapshot())
+    restored.index, restored.data = r.index, r.data
+    for rep in (r, restored):
+        assert rep.batch("t", 0, [b"c"], half=("a3", "greedy")).base_offset == -1
+        refused(rep, EntryType.MESSAGES,
+                STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"d"], half=("a4", "greedy")),
+                Code.TX_LIMIT)
+    # a deleted topic's halves free their slots too
+    r.control(control_delete_topic("t"))
+    r.control(control_create_topic("t", 2, [0, 1]))
+    assert r.batch("t", 0, [b"e"], half=("a5", "greedy")).base_offset == -1

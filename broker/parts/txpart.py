@@ -64,6 +64,7 @@ __all__ = [
     "HALF_SOURCES",
     "MAX_MARKERS",
     "MAX_OPEN",
+    "MAX_OPEN_HALVES",
     "MAX_TX_BYTES",
     "MAX_TX_MESSAGES",
     "Decision",
@@ -83,6 +84,7 @@ DECISIONS = 10_000  # decisions remembered, for idempotent answers and `tx show`
 MAX_TX_MESSAGES = 10_000  # messages per prepared transaction
 MAX_TX_BYTES = 64 << 20  # record bytes per prepared transaction
 MAX_OPEN = 100_000  # open prepared transactions per group
+MAX_OPEN_HALVES = 10_000  # undecided half messages of one producer group, per group
 MAX_MS = 1 << 62
 HALF_SOURCES = ("client", "check", "expired", "operator")
 
@@ -370,6 +372,9 @@ class TxParticipant(Part):
         self.decided: OrderedDict[TxKey, Decision] = OrderedDict()
         # (cg, topic, queue) -> undecided prepared offsets on it (`pending_offsets`)
         self._offset_pins: dict[tuple[str, str, int], int] = {}
+        # producer group -> its undecided half messages here (`MAX_OPEN_HALVES`): derived
+        # from `prepared`, never snapshotted
+        self._halves_of: dict[str, int] = {}
         # what a leader's tick asks for (`kafka_due`, `halves_due`), by due time; derived
         # from `prepared`, never snapshotted: Kafka transactions by prepared_ms, halves
         # not checked yet by prepared_ms, checked ones by last_check_ms
@@ -430,10 +435,18 @@ class TxParticipant(Part):
         if p is not None and header.half is not None and p.producer_group != pg:
             raise Refused(Code.FORBIDDEN, f"half message {key[1]!r} belongs to producer group "
                                           f"{p.producer_group!r}")
+        if p is None and header.half is not None and (
+                self._halves_of.get(pg, 0) >= MAX_OPEN_HALVES):
+            # one producer group that never decides its halves must not fill the group's
+            # MAX_OPEN slots for every other producer
+            raise Refused(Code.TX_LIMIT, f"producer group {pg!r} has {MAX_OPEN_HALVES} "
+                                         f"undecided half messages in this group already")
         # valid: change things (a header's epoch raises no fence: only markers do)
         if p is None:
             p = self.prepared[key] = Prepared(index, store_ms, pg)
             self._track(key, p)
+            if header.half is not None:
+                self._halves_of[pg] = self._halves_of.get(pg, 0) + 1
         p.batches.append(PreparedBatch(header.topic, header.queue, index, store_ms,
                                        tuple(refs)))
         p.messages += len(refs)
@@ -517,8 +530,7 @@ class TxParticipant(Part):
              index: int) -> tuple[int, int]:
         """Decide prepared `p`: commit makes its batches visible in prepare order and
         applies its offsets; returns (messages appended, messages skipped)."""
-        del self.prepared[key]
-        self._unpin(p)
+        self._forget(key, p)
         applied = skipped = 0
         if commit:
             queues = self.state.queues
@@ -543,6 +555,18 @@ class TxParticipant(Part):
         while len(self.decided) > DECISIONS:
             self.decided.popitem(last=False)
 
+    def _forget(self, key: TxKey, p: Prepared, *, unpin: bool = True) -> None:
+        """`key` (prepared `p`) is no longer undecided here."""
+        del self.prepared[key]
+        if unpin:
+            self._unpin(p)
+        if key[0] == "h":
+            left = self._halves_of[p.producer_group] - 1
+            if left:
+                self._halves_of[p.producer_group] = left
+            else:
+                del self._halves_of[p.producer_group]
+
     def _unpin(self, p: Prepared) -> None:
         for cg, topic, queue, _o in p.offsets:
             pin = (cg, topic, queue)
@@ -563,7 +587,7 @@ class TxParticipant(Part):
             p.batches = [b for b in p.batches if b.topic != config.name]
             p.offsets = [o for o in p.offsets if o[1] != config.name]
             if not p.batches and not p.offsets:
-                del self.prepared[key]
+                self._forget(key, p, unpin=False)  # unpinned above
                 continue
             for cg, topic, queue, _o in p.offsets:
                 pin = (cg, topic, queue)
@@ -710,6 +734,8 @@ class TxParticipant(Part):
             if k in self.prepared:
                 raise ValueError(f"prepared transaction {key!r} twice")
             self.prepared[k] = p
+            if k[0] == "h":
+                self._halves_of[p.producer_group] = self._halves_of.get(p.producer_group, 0) + 1
         kafka = [(p.prepared_ms, k) for k, p in self.prepared.items() if k[0] == "k"]
         self._kafka_due.rebuild(kafka)
         self._unchecked_due.rebuild((p.prepared_ms, k) for k, p in self.prepared.items()
