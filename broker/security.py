@@ -34,9 +34,10 @@ is answered, then the connection is closed: each guess costs a new connection (a
 
 Authorization (`authorize = true`): every request type maps to the resources it touches
 and the operation it needs on each (`RULES`: topic, consumer group, transactional id,
-producer group or cluster; publish, subscribe or admin), checked against the ACLs of the metadata group
-(`broker.parts.acls`; deny wins, default deny); configured superusers pass. A request
-type without a rule is refused, so one added later is closed until someone maps it.
+producer group or cluster; publish, subscribe or admin), checked against the ACLs of the
+metadata group (`broker.parts.acls`; deny wins, default deny); configured superusers
+pass. A request type without a rule is refused, so one added later is closed until
+someone maps it.
 
 Peers (the peer handshake, mutual TLS) are never asked: they are nodes of the cluster.
 Refusals are counted in `raftmq_connections_refused_total` (reasons `auth`,

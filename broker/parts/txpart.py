@@ -15,10 +15,12 @@ Fencing: per transactional id, the highest epoch its coordinator told this group
 (a marker's `fence`, the coordinator's epoch for the id); prepared data of an older epoch
 is refused with TX_FENCED. A fence is never raised from what a client wrote (a batch
 header's or TX_OFFSETS' epoch): a client could claim any epoch and lock the id's owner
-out. The broker accepts a `tx` header only for an epoch the coordinator granted
-(`broker.txservice.TxService.check_granted`); the state machine only trusts markers. Decisions are
-kept in a ring of the last `DECISIONS` (key -> commit, source, index, messages) so
-retried markers and ends are answered alike and a decision never flips.
+out. The broker prepares a `tx` batch only once the coordinator has this group in that
+transaction, which refuses an epoch it never granted (`TxService.register`); the state
+machine trusts markers only. Decisions are kept in a ring of the last `DECISIONS`
+(key -> commit, source, index, messages) so retried markers and ends are answered alike
+and a decision never flips. One producer group holds at most `MAX_OPEN_HALVES` undecided
+half messages here, so it cannot fill the group's `MAX_OPEN` slots for everyone.
 
 Everything is validated before anything changes; bad input is refused and changes
 nothing. The test mutations `serve-prepared` (prepared batches enter their queues at
