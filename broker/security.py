@@ -35,10 +35,11 @@ is answered, then the connection is closed: each guess costs a new connection (a
 `max_connections` bounds those).
 
 Authorization (`authorize = true`): every request type maps to the resources it touches
-and the operation it needs on each (`RULES`: topic, consumer group or cluster; publish,
-subscribe or admin), checked against the ACLs of the metadata group
-(`broker.parts.acls`; deny wins, default deny); configured superusers pass. A request
-type without a rule is refused, so one added later is closed until someone maps it.
+and the operation it needs on each (`RULES`: topic, consumer group, transactional id,
+producer group or cluster; publish, subscribe or admin), checked against the ACLs of the
+metadata group (`broker.parts.acls`; deny wins, default deny); configured superusers
+pass. A request type without a rule is refused, so one added later is closed until
+someone maps it.
 
 Peers (the peer handshake, mutual TLS) are never asked: they are nodes of the cluster.
 Refusals are counted in `raftmq_connections_refused_total` (reasons `auth`,
@@ -136,9 +137,32 @@ def _cluster(operation: str) -> Resolver:
 
 
 def _produce(h: Mapping[str, Any], body: bytes) -> list[Need]:
-    """Publish on the topic of every batch in the request (one or several)."""
+    """Publish on the topic of every batch in the request (one or several), and on the
+    transactional id of a transaction's batch or the producer group of a half message:
+    a batch header naming someone else's id is no way around their ACLs."""
     batches = [memoryview(body)] if "sizes" not in h else split_batches(h["sizes"], body)
-    return [("topic", batch_header(b).topic, "publish") for b in batches]
+    needs: list[Need] = []
+    for b in batches:
+        header = batch_header(b)
+        needs.append(("topic", header.topic, "publish"))
+        if header.tx is not None:
+            needs.append(("transactional-id", header.tx[0], "publish"))
+        if header.half is not None:
+            needs.append(("producer-group", header.half[1], "publish"))
+    return needs
+
+
+def _tx_offsets(h: Mapping[str, Any], b: bytes) -> list[Need]:
+    """A transaction's offsets: a commit's needs, and publish on its transactional id."""
+    return [*_offset_topics(h, b), ("transactional-id", _text(h, "tid"), "publish")]
+
+
+def _half_end(h: Mapping[str, Any], _b: bytes) -> list[Need]:
+    """Publish on the half message's producer group; deciding as the operator (any
+    producer group's, or none) is cluster admin."""
+    if h.get("source") == "operator":
+        return [("cluster", "", "admin")]
+    return [("producer-group", _text(h, "pg"), "publish")]
 
 
 def _offset_topics(h: Mapping[str, Any], _b: bytes) -> list[Need]:
@@ -186,14 +210,15 @@ RULES: dict[int, Resolver | str] = {
     Op.ACL_ADD: _cluster("admin"), Op.ACL_REMOVE: _cluster("admin"),
     Op.ACL_LIST: _cluster("admin"),
     Op.REGISTER: NOT_A_REQUEST, Op.ROUTE: NOT_A_REQUEST, Op.CLUSTER: NOT_A_REQUEST,
-    # transactions: a transactional producer publishes on the cluster (its transactional
-    # id and producer group are not topics); the offsets it commits are the group's
-    Op.TX_INIT: _cluster("publish"), Op.TX_ADD: _cluster("publish"),
-    Op.TX_OFFSETS: _offset_topics, Op.TX_END: _cluster("publish"),
-    Op.TX_MARKER: PEER_ONLY, Op.TX_STATUS: _cluster("publish"),
-    Op.HALF_END: _cluster("publish"), Op.TX_LIST: _cluster("admin"),
+    # transactions: a transactional id is a resource of its own (Kafka's TransactionalId
+    # write: TX_INIT fences the id's producer), a half message's producer group too
+    Op.TX_INIT: _on("transactional-id", "tid", "publish"),
+    Op.TX_ADD: _on("transactional-id", "tid", "publish"),
+    Op.TX_OFFSETS: _tx_offsets, Op.TX_END: _on("transactional-id", "tid", "publish"),
+    Op.TX_MARKER: PEER_ONLY, Op.TX_STATUS: _on("transactional-id", "tid", "publish"),
+    Op.HALF_END: _half_end, Op.TX_LIST: _cluster("admin"),
     Op.TX_CHECK: NOT_A_REQUEST,  # the node asks the producer, never the other way
-    Op.PRODUCER_HEARTBEAT: _cluster("publish"),
+    Op.PRODUCER_HEARTBEAT: _on("producer-group", "pg", "publish"),
 }
 
 

@@ -448,6 +448,9 @@ class BrokerService:
                     confirmed = True
                     state = self._leading(g)
                     state.queue_range(header.topic, header.queue)
+                if header.tx is not None:  # the client's word: the coordinator decides
+                    await self.tx.register(g, *header.tx)
+                    state = self._leading(g)
             except RequestError as exc:
                 outcomes[i] = exc
                 continue

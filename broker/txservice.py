@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -69,6 +70,10 @@ log = logging.getLogger("raftmq.tx")
 CRASH_BEFORE_ANSWER_EXIT = 70  # as broker.service's (that module imports this one)
 END_WAIT_S = 5.0  # TX_END / TX_INIT wait this long for markers before answering prepare_*
 MAX_PARTICIPANTS = 64
+REGISTERED_KEPT = 100_000  # (transaction, group) registrations a node remembers
+# what a coordinator answers TX_ADD with that the client must see as is
+_REGISTER_REFUSALS = (Code.TX_FENCED, Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT,
+                      Code.UNKNOWN_GROUP, Code.MALFORMED)
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10_000
 SOURCES = ("client", "operator")  # what a HALF_END request may say it comes from
@@ -86,6 +91,8 @@ class Finisher(Protocol):
     async def markers_applied(self, gid: str, tid: str, epoch: int, n: int) -> bool: ...
 
     def send_markers(self, gid: str, tid: str, epoch: int, n: int) -> None: ...
+
+    async def register(self, tid: str, epoch: int, n: int, gid: str) -> None: ...
 
 
 def coordinator(state: BrokerState) -> TxCoordinator:
@@ -150,6 +157,9 @@ class TxService:
         self.node = service.node
         self.producers = ProducerRegistry()
         self.finisher: Finisher | None = None  # the node's `TxTasks`, once running
+        # (tid, epoch, n, group) this node registered with the coordinator (`register`),
+        # least recently used first, at most REGISTERED_KEPT
+        self._registered: OrderedDict[tuple[str, int, int, str], None] = OrderedDict()
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -206,6 +216,38 @@ class TxService:
         with trio.move_on_after(END_WAIT_S):
             await self.finisher.finish(gid, tid)
 
+    async def register(self, g: GroupRuntime, tid: str, epoch: int, n: int) -> None:
+        """Make participant `g` (led here) part of transaction (epoch, n) of `tid` at its
+        coordinator (TX_ADD, sent by this node) before data of it is prepared here.
+
+        A batch header or TX_OFFSETS is the client's word; the coordinator's answer
+        decides: an epoch it never granted is refused (TX_UNKNOWN), an older one
+        (TX_FENCED), a decided transaction (TX_DECIDED). Registered data always gets its
+        decision's marker, so a commit is never torn by an orphan check (a client need
+        not name the group in TX_END) and no data hangs waiting for a TX_ADD that never
+        comes: the coordinator knows the transaction and aborts it at its timeout. Done
+        once per transaction and group on this node; UNAVAILABLE (retriable) when the
+        coordinator cannot be asked."""
+        key = (tid, epoch, n, g.group_id)
+        if key in self._registered:
+            self._registered.move_to_end(key)
+            return
+        if self.finisher is None:
+            raise RequestError(Code.UNAVAILABLE, "this node cannot reach transaction "
+                               "coordinators yet; retry")
+        try:
+            await self.finisher.register(tid, epoch, n, g.group_id)
+        except RequestError as exc:
+            if exc.code in _REGISTER_REFUSALS:
+                raise
+            raise RequestError(Code.UNAVAILABLE, f"could not register group {g.group_id} "
+                               f"with the coordinator of transactional id {tid!r} "
+                               f"({exc.code.name}: {exc.message}); retry") from None
+        self._registered[key] = None
+        while len(self._registered) > REGISTERED_KEPT:
+            self._registered.popitem(last=False)
+        self.svc._leading(g)
+
     # ------------------------------------------------------------------ Kafka's model
 
     async def _init(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
@@ -239,15 +281,26 @@ class TxService:
             raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
                                f"groups, not {len(groups)}")
         g = self._coordinating(h, tid)
+        await self.add(g, tid, epoch, n, groups)
+        return ok_header(0), b""
+
+    async def add(self, g: GroupRuntime, tid: str, epoch: int, n: int,
+                  groups: list[str]) -> None:
+        """Transaction (epoch, n) of `tid` (coordinator `g`, led here) spans `groups`
+        (sorted, known): logged unless the state read after a barrier says so already (a
+        participant registering the group its client registered too adds no entry)."""
+        await self.svc._read_barrier(g)
         coord = coordinator(self.svc._leading(g))
         txn = coord.txn(tid)
+        if (txn is not None and txn.state == "ongoing" and (txn.epoch, txn.n) == (epoch, n)
+                and set(groups) <= set(txn.participants)):
+            return  # participants of an open transaction only grow: true until decided
         if txn is not None and txn.state in UNFINISHED and tid in coord.completing:
             # two earlier transactions still completing: the older must finish first
             # (one previous transaction may complete while the next one runs)
             await self._finish(g.group_id, tid)
         await self._propose(g, {"op": "tx_add", "tid": tid, "epoch": epoch, "n": n,
                                 "groups": groups, "ts": now_ms()})
-        return ok_header(0), b""
 
     async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
@@ -280,6 +333,7 @@ class TxService:
                                    "group hosting it")
             offsets.append((topic, item[1], item[2]))
         await self.svc._check_commit_bounds(g, offsets)
+        await self.register(g, tid, epoch, n)
         await self._propose(g, {"op": "tx_offsets", "tid": tid, "epoch": epoch, "n": n,
                                 "cg": cg, "offsets": [list(o) for o in offsets],
                                 "ts": now_ms()})
@@ -414,8 +468,8 @@ class TxService:
         limit = _field(h, "limit", int, DEFAULT_LIST_LIMIT)
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise RequestError(Code.MALFORMED, f"limit must be 1..{MAX_LIST_LIMIT}")
-        out: dict[str, list[Any]] = {"led": [], "halves": [], "txns": [], "decided": [],
-                                     "done": []}
+        out: dict[str, list[Any]] = {"led": [], "halves": [], "prepared": [], "txns": [],
+                                     "decided": [], "done": []}
         for gid, g in list(self.groups.items()):
             if (only is not None and gid != only) or not g.is_leader:
                 continue
@@ -437,6 +491,8 @@ class TxService:
         for h in halves:
             h.pop("start", None)  # internal: where its record lies in its entry
         out["halves"] += halves[:limit]
+        # Kafka transactions' data held here undecided: what pins this group's log
+        out["prepared"] += [row(v, g=gid) for v in part.prepared_kafka(ident)[:limit]]
         txns = [t for t in [*coord.txns.values(), *coord.fenced.values()]
                 if t.state != "empty" and (not ident or t.tid == ident)]
         txns.sort(key=lambda t: (t.tid, t.epoch, t.n))

@@ -11,8 +11,13 @@ Every `tx_tick_ms`, for each group this node leads, from the group's applied sta
 * participant: a Kafka transaction's prepared data older than `tx_orphan_ms` asks its
   coordinator (TX_STATUS, linearizable) and aborts the data if the coordinator has moved
   past it (another epoch or transaction number, or never heard of it), commits it if the
-  coordinator says it committed. Such orphans come from clients that sent without
-  TX_ADD; they must not pin the log forever.
+  coordinator says it committed, and aborts it when the coordinator has not started its
+  transaction within the longest transaction timeout (`tx_timeout_max_ms`: hanging). An
+  unresolved one is asked about again after a doubling delay (1 s .. 60 s), not at every
+  tick. A participant registers itself with the coordinator
+  before it prepares a transaction's first data (`TxService.register`), so the
+  decision's markers reach it; orphans are data prepared before that rule (or whose
+  marker came while its batch was in flight long ago): they must not pin the log forever.
 * check-back: each pending half message due for a check (`tx_check_first_ms` after it
   was prepared, then every `tx_check_interval_ms`) is rolled back ("expired") after
   `tx_check_max` checks; otherwise one more check is logged first (half_checked, so the
@@ -59,7 +64,7 @@ from transport.framing import CallerGone
 if TYPE_CHECKING:
     from broker.security import Guard
 
-__all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks"]
+__all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks", "orphan_retry", "orphan_verdict"]
 
 log = logging.getLogger("raftmq.tx")
 
@@ -70,7 +75,51 @@ RPC_TIMEOUT_S = 5.0
 CHECK_TIMEOUT_S = 3.0
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 1.0
+ORPHAN_RETRY_MIN_MS = 1_000  # an orphan the coordinator says to wait for: asked again after
+ORPHAN_RETRY_MAX_MS = 60_000  # ... doubling up to this
 _LOST = (NotLeader, ProposalDropped, ProposalLost)
+
+
+def orphan_verdict(epoch: int, n: int, status: dict[str, Any], *,
+                   stale: bool = False) -> tuple[bool, int] | None:
+    """What to do with prepared data of transaction (epoch, n) of an id no marker came
+    for, given its coordinator's TX_STATUS answer: (commit, fence) for the marker to log
+    in the participant, or None to ask again later. The fence is the coordinator's epoch,
+    never the data's own: an epoch in a batch header is a client's word.
+
+    Whatever the epochs say, data is resolved once the coordinator can say: an epoch it
+    never granted (or an id it never heard of) is aborted, so such data cannot pin the
+    log forever. `stale`: the data was prepared longer ago than the longest transaction
+    timeout; a transaction the coordinator has still not started by then never will be
+    with this data (its client would have registered it at once), so it is aborted
+    rather than waited for (a hanging transaction, Kafka's KIP-890). A later batch of it
+    is then refused here as decided, so no commit can include part of it."""
+    ce, cn, st = status["epoch"], status["n"], status["state"]
+    if any(list(u[:2]) == [epoch, n] for u in status.get("unfinished") or ()):
+        return None  # decided, its markers still going out: they will come
+    fence = max(ce, 0)
+    if (ce, cn) == (epoch, n):
+        if st not in ("complete_commit", "complete_abort"):
+            return None  # still open or completing: its markers will come
+        return st == "complete_commit", fence
+    if epoch > ce:
+        # an epoch the coordinator never granted (or an id it never heard of): data
+        # prepared before brokers checked epochs (`TxService.check_granted`)
+        return False, fence
+    if (ce, cn) > (epoch, n):
+        return False, fence  # the coordinator moved past it
+    if stale:
+        return False, fence  # the coordinator never got there: hanging, aborted
+    return None  # the coordinator has not got there yet
+
+
+def orphan_retry(wait: tuple[int, int] | None, now: int) -> tuple[int, int]:
+    """(not before, delay), both ms, for an orphan asked about at `now`, whose previous
+    ask left `wait` (None: the first): the delay doubles from ORPHAN_RETRY_MIN_MS up to
+    ORPHAN_RETRY_MAX_MS, so a transaction open longer than `tx_orphan_ms` is not asked
+    about at every tick."""
+    delay = ORPHAN_RETRY_MIN_MS if wait is None else min(wait[1] * 2, ORPHAN_RETRY_MAX_MS)
+    return now + delay, delay
 
 
 class _Outgoing:
@@ -118,6 +167,8 @@ class TxTasks:
         self._wake = trio.Event()
         # half txid -> until when it is immune from check-back (read from its record once)
         self._immunity: dict[str, int] = {}
+        # orphan (gid, tid, epoch, n) -> (not asked again before, ms; the delay after it)
+        self._orphan_wait: dict[tuple[str, str, int, int], tuple[int, int]] = {}
 
     @property
     def tx(self) -> TxService:
@@ -224,6 +275,7 @@ class TxTasks:
         now = now_ms()
         if len(self._immunity) > IMMUNITY_CACHE:  # halves decided while immune: read again
             self._immunity.clear()
+        seen: set[tuple[str, str, int, int]] = set()  # orphans still due here
         for gid, g in list(self.groups.items()):
             if not g.is_leader:
                 continue
@@ -236,13 +288,19 @@ class TxTasks:
                 self._spawn(("timeout", *key), partial(self._time_out, *key))
             part = participant(state)
             # only what is due: a tick costs O(due log n), not a sort of every transaction
-            for tid, epoch, n, _prepared_ms, _first in part.kafka_due(
+            for tid, epoch, n, prepared_ms, _first in part.kafka_due(
                     now - self.config.tx_orphan_ms):
-                self._spawn(("orphan", gid, tid, epoch, n),
-                            partial(self._orphan, gid, tid, epoch, n))
+                key = (gid, tid, epoch, n)
+                seen.add(key)
+                if now < self._orphan_wait.get(key, (0, 0))[0]:
+                    continue  # asked a moment ago: not again at every tick
+                self._spawn(("orphan", *key),
+                            partial(self._orphan, gid, tid, epoch, n, prepared_ms))
             for half in part.halves_due(now, self.config.tx_check_first_ms,
                                         self.config.tx_check_interval_ms):
                 self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
+        if len(seen) != len(self._orphan_wait):  # resolved, or no longer led here
+            self._orphan_wait = {k: v for k, v in self._orphan_wait.items() if k in seen}
 
     def _leading(self, gid: str) -> Any:
         """The state of `gid` while this node leads it, else NotLeader."""
@@ -433,6 +491,13 @@ class TxTasks:
         self._leader_hint[gid] = node
         return frame.header
 
+    async def register(self, tid: str, epoch: int, n: int, gid: str) -> None:
+        """Have `tid`'s coordinator add participant `gid` to transaction (epoch, n)
+        (TX_ADD, one attempt); its refusal (TX_FENCED, TX_UNKNOWN, ...) as RequestError."""
+        cg = coordinator_group(tid, self.group_ids)
+        await self.call_group(cg, {"op": int(Op.TX_ADD), "g": cg, "tid": tid, "epoch": epoch,
+                                   "n": n, "groups": [gid]})
+
     async def _local(self, gid: str, h: dict[str, Any]) -> dict[str, Any]:
         g = self.groups[gid]
         try:
@@ -445,32 +510,33 @@ class TxTasks:
                 return {"code": 0, "dup": r.dup}
             if h["op"] == Op.TX_STATUS:
                 return {"code": 0, **await self.tx.status(g, h["tid"])}
+            if h["op"] == Op.TX_ADD:
+                await self.tx.add(g, h["tid"], h["epoch"], h["n"], h["groups"])
+                return {"code": 0}
         except _LOST as exc:
             raise RequestError(Code.NOT_LEADER, str(exc) or "leadership moved") from None
         raise ValueError(f"no local path for op {h['op']}")
 
     # ------------------------------------------------------------------ participant
 
-    async def _orphan(self, gid: str, tid: str, epoch: int, n: int) -> None:
-        """Resolve prepared data of (tid, epoch, n) left without a marker."""
+    async def _orphan(self, gid: str, tid: str, epoch: int, n: int, prepared_ms: int) -> None:
+        """Resolve prepared data of (tid, epoch, n) left without a marker. Unresolved
+        (the coordinator says wait, or cannot be asked), it is asked again after a
+        delay that doubles up to ORPHAN_RETRY_MAX_MS, not at every tick."""
+        key = (gid, tid, epoch, n)
+        self._orphan_wait[key] = orphan_retry(self._orphan_wait.get(key), now_ms())
         cg = coordinator_group(tid, self.group_ids)
-        h = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
-        ce, cn, st = h["epoch"], h["n"], h["state"]
-        if any(list(u[:2]) == [epoch, n] for u in h.get("unfinished") or ()):
-            return  # decided, its markers still going out: they will come
-        if (ce, cn) == (epoch, n):
-            if st not in ("complete_commit", "complete_abort"):
-                return  # still open or completing: its markers will come
-            commit = st == "complete_commit"
-        elif ce == -1 or (ce, cn) > (epoch, n):
-            commit = False  # the coordinator moved past it (or never heard of it)
-        else:
-            return  # the coordinator has not got there yet
+        status = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
+        stale = now_ms() - prepared_ms > self.config.tx_timeout_max_ms
+        verdict = orphan_verdict(epoch, n, status, stale=stale)
+        if verdict is None:
+            return
+        commit, fence = verdict
         g = self.groups[gid]
         self._leading(gid)
         log.info("orphaned transaction data resolved", extra={"fields": {
             "group": gid, "tid": tid, "epoch": epoch, "n": n, "commit": commit}})
-        await self.tx.marker(g, tid, epoch, n, commit, max(epoch, ce))
+        await self.tx.marker(g, tid, epoch, n, commit, fence)
 
     # ------------------------------------------------------------------ check-back
 

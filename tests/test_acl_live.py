@@ -146,34 +146,66 @@ def test_acl_list_shows_the_entries(cluster: LocalCluster, monkeypatch: pytest.M
     assert acl_cmd.main(["add", *args]) == 0
 
 
-def test_transactions_need_publish_on_the_cluster(cluster: LocalCluster,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A Kafka-style transaction by a logged-in user: refused (FORBIDDEN, nothing
-    visible) until an ACL allows publish on the cluster, then it commits."""
+def test_transactions_need_publish_on_their_transactional_id(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24 #8: publish on the cluster let any user TX_INIT any transactional id
+    (fencing another application's producer) and decide any half message as the
+    operator. A transaction now needs publish on its transactional id (Kafka's
+    TransactionalId write), in every request and batch naming it; a half message's end
+    publish on its producer group; an operator's decision admin on the cluster."""
     import trio
 
     from raftmq.client import Producer
     from transport.connection import ConnectionPool
 
-    async def transact() -> None:
+    async def transact(tid: str) -> None:
         async with ConnectionPool(credentials=ALICE) as pool, \
-                Producer(cluster.namesrv_addr, pool=pool, transactional_id="alice-1") as p:
+                Producer(cluster.namesrv_addr, pool=pool, transactional_id=tid) as p:
             async with p.transaction() as tx:
                 await tx.send("orders.eu", b"in a transaction")
 
-    before = end_of(cluster, "orders.eu")
-    with pytest.raises(Exception) as info:  # noqa: PT011 - the SDK may wrap it
-        trio.run(transact)
-    assert "FORBIDDEN" in repr(info.value) or "FORBIDDEN" in str(info.value.__cause__), info
+    def as_alice(header: dict[str, object], body: bytes = b"") -> Code | None:
+        try:
+            request(leader(cluster)[0], header, body, credentials=ALICE)
+        except RequestError as exc:
+            return exc.code
+        return None
+
     monkeypatch.setenv(USER_ENV, ROOT.user)
     monkeypatch.setenv(PASSWORD_ENV, ROOT.password)
     ns = ["--namesrv", cluster.namesrv_addr]
-    assert acl_cmd.main(["add", "--user", "alice", "--allow", "publish", "--cluster", *ns]) == 0
+    added = [["--allow", "publish", "--cluster"],  # the old rule: no longer enough
+             ["--allow", "publish", "--transactional-id", "alice-", "--prefix"],
+             ["--allow", "publish", "--producer-group", "pg-alice"]]
+    assert acl_cmd.main(["add", "--user", "alice", *added[0], *ns]) == 0
+    before = end_of(cluster, "orders.eu")
+    with pytest.raises(Exception) as info:  # noqa: PT011 - the SDK may wrap it
+        trio.run(transact, "alice-1")
+    assert "FORBIDDEN" in repr(info.value) or "FORBIDDEN" in str(info.value.__cause__), info
     assert end_of(cluster, "orders.eu") == before  # the refused one left nothing
-    trio.run(transact)
+    assert acl_cmd.main(["add", "--user", "alice", *added[1], *ns]) == 0
+    trio.run(transact, "alice-1")
     deadline = time.monotonic() + 20  # the commit marker lands in the queue's group
     while end_of(cluster, "orders.eu") != before + 1:
         assert time.monotonic() < deadline, end_of(cluster, "orders.eu")
         time.sleep(0.05)
-    assert acl_cmd.main(["remove", "--user", "alice", "--allow", "publish", "--cluster",
-                         *ns]) == 0
+    # another application's id stays closed: its init, and a batch naming it on a topic
+    # alice may publish to
+    assert as_alice({"op": int(Op.TX_INIT), "g": "g0", "tid": "bob-1",
+                     "timeout_ms": 60_000}) == Code.FORBIDDEN
+    batch = encode_batch("orders.eu", 0, [OutgoingMessage(b"x")], tx=("bob-1", 0, 0))
+    assert as_alice({"op": int(Op.PRODUCE), "g": "g0"}, bytes(batch)) == Code.FORBIDDEN
+    # half messages: their producer group's publish; the operator's say: cluster admin
+    end = {"op": int(Op.HALF_END), "g": "g0", "txid": "h-1", "commit": False}
+    assert as_alice({**end, "pg": "pg-alice"}) == Code.FORBIDDEN
+    assert acl_cmd.main(["add", "--user", "alice", *added[2], *ns]) == 0
+    assert as_alice({**end, "pg": "pg-alice"}) == Code.TX_UNKNOWN  # allowed: no such half
+    assert as_alice({**end, "pg": "pg-bob"}) == Code.FORBIDDEN
+    assert as_alice({**end, "pg": "", "source": "operator"}) == Code.FORBIDDEN
+    half = encode_batch("orders.eu", 0, [OutgoingMessage(b"x")], half=("h-2", "pg-bob"))
+    assert as_alice({"op": int(Op.PRODUCE), "g": "g0"}, bytes(half)) == Code.FORBIDDEN
+    assert as_alice({"op": int(Op.PRODUCER_HEARTBEAT), "pg": "pg-bob",
+                     "client": "c"}) == Code.FORBIDDEN
+    assert end_of(cluster, "orders.eu") == before + 1
+    for args in added:
+        assert acl_cmd.main(["remove", "--user", "alice", *args, *ns]) == 0

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from broker.config import NodeConfig
-from broker.parts.acls import Acl, AclAdd, Acls
+from broker.parts.acls import KINDS, Acl, AclAdd, Acls
 from broker.parts.users import UserPut
 from broker.protocol import Code, Frame, Op, RequestError
 from broker.records import OutgoingMessage, encode_batch
@@ -75,7 +75,8 @@ BATCH = encode_batch("t.orders", 0, [OutgoingMessage(b"x")])
 def request(op: int) -> Frame:
     """A request of type `op` with every field some rule reads."""
     header: dict[str, Any] = {"op": op, "id": 7, "topic": "t.orders", "cg": "cg.main",
-                              "offsets": [["t.orders", 0, 1]], "g": "g0"}
+                              "offsets": [["t.orders", 0, 1]], "g": "g0", "tid": "app-1",
+                              "pg": "pg.main"}
     return Frame(header, bytes(BATCH) if op == Op.PRODUCE else b"")
 
 
@@ -114,7 +115,7 @@ def test_no_request_type_reaches_its_handler_unchecked(tmp_path: Path, op: int) 
     assert host.refusals[-1] == "acl"
     if rule in (PEER_ONLY, NOT_A_REQUEST) or owned:
         return
-    for kind in ("topic", "group", "cluster"):  # the ACLs the rule asks for: now it passes
+    for kind in KINDS:  # the ACLs the rule asks for: now it passes
         for operation in ("publish", "subscribe", "admin"):
             pattern, name = ("literal", "") if kind == "cluster" else ("prefix", "")
             host.g0.apply(AclAdd(Acl("nobody", kind, pattern, name, operation,
@@ -126,6 +127,44 @@ def test_no_request_type_reaches_its_handler_unchecked(tmp_path: Path, op: int) 
     reached, err = call(guard, ghost, op)
     assert not reached and err is not None and err.code == Code.UNAUTHENTICATED, (op, err)
     assert ghost.principal is None and host.refusals[-1] == "unauthenticated"
+
+
+def needs(op: Op, header: dict[str, Any], body: bytes = b"") -> list[tuple[str, str, str]]:
+    rule = RULES[op]
+    assert callable(rule)
+    return rule(header, body)
+
+
+def test_a_transactional_id_and_a_producer_group_are_resources() -> None:
+    """Issue 24 #8: publish on the cluster let a user TX_INIT any transactional id and
+    decide any half message as the operator. Now every request and batch naming an id
+    needs publish on that id, a half message's end its producer group, and an
+    operator's decision cluster admin."""
+    tid = ("transactional-id", "app-1", "publish")
+    for op in (Op.TX_INIT, Op.TX_ADD, Op.TX_END, Op.TX_STATUS):
+        assert needs(op, {"tid": "app-1"}) == [tid], op
+    assert tid in needs(Op.TX_OFFSETS, {"tid": "app-1", "cg": "cg", "offsets": [["t", 0, 1]]})
+    tx_batch = encode_batch("t", 0, [b"x"], tx=("app-1", 0, 0))
+    half = encode_batch("t", 0, [b"x"], half=("h1", "pg.a"))
+    assert needs(Op.PRODUCE, {}, bytes(tx_batch)) == [("topic", "t", "publish"), tid]
+    assert needs(Op.PRODUCE, {"sizes": [len(half)]}, bytes(half)) == [
+        ("topic", "t", "publish"), ("producer-group", "pg.a", "publish")]
+    pg = [("producer-group", "pg.a", "publish")]
+    assert needs(Op.HALF_END, {"pg": "pg.a"}) == pg
+    assert needs(Op.HALF_END, {"pg": "pg.a", "source": "client"}) == pg
+    assert needs(Op.PRODUCER_HEARTBEAT, {"pg": "pg.a"}) == pg
+    for header in ({"pg": "", "source": "operator"}, {"pg": "pg.a", "source": "operator"}):
+        assert needs(Op.HALF_END, header) == [("cluster", "", "admin")]
+
+
+def test_a_transactional_id_acl_takes_any_printable_id() -> None:
+    s = BrokerState("g0")
+    acl = Acl("etl", "transactional-id", "literal", "spark job: 7/2", "publish", "allow")
+    s.apply(Entry(term=1, index=1, type=EntryType.CONTROL, data=AclAdd(acl).encode()))
+    acls = BrokerState.restore("g0", s.snapshot()).part(Acls)
+    assert acls.allowed("etl", "transactional-id", "spark job: 7/2", "publish")
+    assert not acls.allowed("etl", "transactional-id", "spark job: 7/3", "publish")
+    assert not acls.allowed("etl", "topic", "spark job: 7/2", "publish")
 
 
 def test_an_unknown_request_type_is_refused(tmp_path: Path) -> None:

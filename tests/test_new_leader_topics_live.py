@@ -51,6 +51,10 @@ def _create_and_fill(cluster: LocalCluster) -> int:
     leader = wait_for(lambda: group_leader(cluster, "g0"), 30, "a leader of g0")
     assert leader is not None
     _produce(cluster, leader, b"before")
+    # the transactional id of the offsets below: only an epoch its coordinator granted
+    # may prepare anything
+    request(cluster.node_addr(leader), {"op": int(Op.TX_INIT), "g": "g0", "tid": "t1",
+                                        "timeout_ms": 60_000}, timeout=30.0)
     return leader
 
 

@@ -12,7 +12,8 @@ the coordinator's new leader after its old one died between the decision and the
 markers. RocketMQ's: half messages committed and rolled back by HALF_END, check-back
 answered by a raw client registered with PRODUCER_HEARTBEAT (and never sent for a decided
 half), its count going on at a new leader after a failover, expiry after `tx_check_max`
-checks. Orphaned prepared data resolved through TX_STATUS. Bad input for every new op,
+checks. Data sent to a group no request named registers that group with the coordinator
+(so a commit reaches it, and a fenced transaction's data is aborted). Bad input for every new op,
 and TX_MARKER from a client refused.
 """
 
@@ -229,32 +230,55 @@ def test_a_new_coordinator_leader_finishes_the_markers(live: Live) -> None:
         live.settle()
 
 
-def test_orphaned_prepared_data_is_resolved_by_asking_the_coordinator(live: Live) -> None:
-    """Data a client sent without registering its group with TX_ADD gets no marker; after
-    `tx_orphan_ms` its group asks the coordinator: committed with the transaction it
-    names when that one committed, aborted once the coordinator moved past it."""
+def test_a_commit_reaches_a_group_no_request_named(live: Live) -> None:
+    """Issue 25 #3: data sent to a group no TX_ADD named, with a TX_END naming no groups,
+    got no marker; once the next transaction started, the orphan check aborted it
+    although the coordinator had recorded the commit (a torn transaction). The group now
+    registers itself with the coordinator before it prepares the data, so the commit's
+    markers reach it, and the next transaction changes nothing."""
+    topic = live.new_topic("tx-torn")
+    tid = new_tid("torn")
+    c = coord(tid)
+    epoch = live.ask(c, Op.TX_INIT, tid=tid, timeout_ms=60_000)["epoch"]
+    live.ask(c, Op.TX_ADD, tid=tid, epoch=epoch, n=0, groups=["g0"])
+    live.produce(topic, 0, [b"named"], tx=(tid, epoch, 0))
+    live.produce(topic, 1, [b"never named"], tx=(tid, epoch, 0))
+    assert live.ask(c, Op.TX_END, tid=tid, epoch=epoch, n=0, commit=True)["state"] == (
+        "complete_commit")
+    live.ask(c, Op.TX_ADD, tid=tid, epoch=epoch, n=1, groups=["g0"])  # the next one starts
+
+    def decided() -> list[dict[str, Any]]:
+        return [d for d in live.ask("g1", Op.TX_LIST, tx=tid)["decided"] if d["n"] == 0]
+
+    [row] = wait_for(decided, 30, "g1's decision on transaction 0")
+    assert (row["commit"], row["messages"]) == (True, 1), row
+    assert live.bodies(topic, 0) == [b"named"] and live.bodies(topic, 1) == [b"never named"]
+
+
+def test_data_of_a_transaction_no_client_registered_is_aborted_with_it(live: Live) -> None:
+    """Data is the first word the coordinator hears of transaction 1 (its client never
+    sent TX_ADD): the group registers it, so a new epoch's TX_INIT aborts it like any
+    open transaction and the group's data goes with it, nothing waiting for an orphan
+    check."""
     topic = live.new_topic("tx-orphan")
     tid = new_tid("orphan")
     c = coord(tid)
     epoch = live.ask(c, Op.TX_INIT, tid=tid, timeout_ms=60_000)["epoch"]
-    live.ask(c, Op.TX_ADD, tid=tid, epoch=epoch, n=0, groups=["g0"])
-    live.produce(topic, 0, [b"registered"], tx=(tid, epoch, 0))
-    live.produce(topic, 1, [b"unregistered"], tx=(tid, epoch, 0))
-    assert live.ask(c, Op.TX_END, tid=tid, epoch=epoch, n=0, commit=True)["state"] == (
-        "complete_commit")
-    assert live.bodies(topic, 0) == [b"registered"] and live.bodies(topic, 1) == []
-    wait_for(lambda: live.bodies(topic, 1) == [b"unregistered"], 30,
-             "the orphan of a committed transaction committed")
-    # transaction 1 is never registered anywhere; a new epoch moves the coordinator past it
-    live.produce(topic, 2, [b"left-behind"], tx=(tid, epoch, 1))
+    live.produce(topic, 2, [b"left-behind"], tx=(tid, epoch, 0))
+    st = live.ask(c, Op.TX_STATUS, tid=tid)
+    assert (st["n"], st["state"], st["participants"]) == (0, "ongoing", ["g2"])
     assert live.ask(c, Op.TX_INIT, tid=tid, timeout_ms=60_000)["epoch"] == epoch + 1
 
     def resolved() -> list[dict[str, Any]]:
-        return [d for d in live.ask("g2", Op.TX_LIST, tx=tid)["decided"] if d["n"] == 1]
+        return [d for d in live.ask("g2", Op.TX_LIST, tx=tid)["decided"] if d["n"] == 0]
 
-    row = wait_for(resolved, 30, "the orphan of a fenced producer aborted")[0]
+    row = wait_for(resolved, 30, "the data of the fenced producer aborted")[0]
     assert (row["kind"], row["epoch"], row["commit"]) == ("kafka", epoch, False)
     assert live.bodies(topic, 2) == []
+    # a made-up epoch or a transaction already decided prepares nothing
+    refused(Code.TX_UNKNOWN, live.produce, topic, 2, [b"x"], tx=(tid, epoch + 5, 0))
+    refused(Code.TX_FENCED, live.produce, topic, 2, [b"x"], tx=(tid, epoch, 1))
+    assert live.ask("g2", Op.TX_LIST, tx=tid)["prepared"] == []
 
 
 def test_tx_end_names_groups_never_registered(live: Live) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from broker.protocol import Op, RequestError
 from broker.records import OutgoingMessage, encode_batch
+from broker.txn import coordinator_group
 from chaos.cluster import LocalCluster
 from tests.conftest import steady_leaders
 from transport.blocking import request
@@ -22,10 +23,18 @@ def test_prepared_batches_are_answered_with_no_majority_alive(tmp_path, monkeypa
     with LocalCluster(tmp_path, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},
                       node_overrides={"test_mutations": ["commit-before-durable-prepare"]}
                       ) as cluster:
-        leader = steady_leaders(cluster)["g0"]
+        leaders = steady_leaders(cluster)
+        leader = leaders["g0"]
         addr = cluster.node_addr(leader)
         request(addr, {"op": Op.CREATE_TOPIC, "g": "g0", "topic": "m", "queues": 1,
                        "hosted": [0]})
+        # the transaction's id initialised, and its first batch sent while a majority is
+        # up: the group then knows the epoch is granted without asking the coordinator
+        cg = coordinator_group("tid-1", list(leaders))
+        request(cluster.node_addr(leaders[cg]), {"op": Op.TX_INIT, "g": cg, "tid": "tid-1",
+                                                 "timeout_ms": 60_000})
+        first = encode_batch("m", 0, [OutgoingMessage(b"first")], tx=("tid-1", 0, 0))
+        request(addr, {"op": Op.PRODUCE, "g": "g0"}, first, timeout=30)
         followers = [n for n in cluster.node_ids if n != leader]
         for f in followers:
             cluster.pause(f)

@@ -304,13 +304,14 @@ def test_a_marker_only_touches_its_own_transaction(r: Replica) -> None:
 
 
 def test_fencing_refuses_older_epochs_and_nothing_changes(r: Replica) -> None:
-    r.batch("t", 0, [b"a"], tx=("tid", 2, 0))
+    r.control(TxMarker("tid", 2, 9, False, 2).encode())  # the coordinator's epoch: 2
     assert r.state.txpart.fence("tid") == 2
     refused(r, EntryType.MESSAGES,
             STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"z"], tx=("tid", 1, 5)),
             Code.TX_FENCED)
     refused(r, EntryType.CONTROL, TxOffsets("tid", 1, 5, "cg", (("t", 0, 1),), 1).encode(),
             Code.TX_FENCED)
+    r.batch("t", 0, [b"a"], tx=("tid", 2, 0))
     # a marker raises the fence: the coordinator's newer epoch
     r.control(TxMarker("tid", 2, 0, False, 4).encode())
     assert r.state.txpart.fence("tid") == 4
@@ -320,10 +321,29 @@ def test_fencing_refuses_older_epochs_and_nothing_changes(r: Replica) -> None:
     assert r.batch("t", 0, [b"ok"], tx=("tid", 4, 0)).base_offset == -1
 
 
+def test_a_clients_epoch_never_raises_the_fence(r: Replica) -> None:
+    """A batch header or TX_OFFSETS claiming the highest epoch of someone else's id
+    raises no fence: only the coordinator's markers do, so the id's owner keeps
+    preparing data at its own epoch."""
+    top = (1 << 63) - 1
+    r.batch("t", 0, [b"evil"], tx=("victim", top, 0))
+    r.control(TxOffsets("victim", top, 0, "cg", (("t", 0, 1),), 1).encode())
+    assert r.state.txpart.fence("victim") == -1
+    assert r.batch("t", 0, [b"mine"], tx=("victim", 0, 0)).base_offset == -1
+    r.control(TxMarker("victim", 0, 0, True, 0).encode())
+    assert r.bodies("t", 0) == [b"mine"]
+    # the made-up epoch's data is aborted by a marker carrying the coordinator's epoch
+    # (below the made-up one), which raises the fence to that epoch only
+    assert r.control(TxMarker("victim", top, 0, False, 0).encode()) == ControlResult(
+        "tx_marker", 0)
+    assert r.state.txpart.fence("victim") == 0 and r.state.pinned_index() is None
+    assert r.batch("t", 0, [b"next"], tx=("victim", 0, 1)).base_offset == -1
+
+
 def test_no_fencing_mutation_accepts_older_epochs() -> None:
     rep = Replica(mutations=("no-fencing",))
     rep.control(control_create_topic("t", 1, [0]))
-    rep.batch("t", 0, [b"a"], tx=("tid", 2, 0))
+    rep.control(TxMarker("tid", 2, 9, False, 2).encode())
     assert rep.batch("t", 0, [b"z"], tx=("tid", 1, 0)) == ProduceResult(-1, 1, rep.index)
     assert isinstance(rep.control(TxOffsets("tid", 0, 0, "cg", (("t", 0, 1),), 1).encode()),
                       ControlResult)
@@ -439,8 +459,8 @@ def test_check_backs_are_counted_until_decided(r: Replica) -> None:
 BAD_RECORDS: list[tuple[dict[str, Any], Code]] = [
     ({"op": "tx_marker", "tid": "", "epoch": 0, "n": 0, "commit": True, "fence": 0},
      Code.MALFORMED),
-    ({"op": "tx_marker", "tid": "a", "epoch": 1, "n": 0, "commit": True, "fence": 0},
-     Code.MALFORMED),  # fence below the epoch
+    ({"op": "tx_marker", "tid": "a", "epoch": 1, "n": 0, "commit": True, "fence": -1},
+     Code.MALFORMED),  # a negative fence
     ({"op": "tx_marker", "tid": "a", "epoch": 0, "n": 0, "commit": 1, "fence": 0},
      Code.MALFORMED),
     ({"op": "tx_marker", "tid": "a", "epoch": "0", "n": 0, "commit": True, "fence": 0},
@@ -564,3 +584,33 @@ def test_a_node_hands_the_transaction_mutations_to_its_states(
     plain = Node(cluster_configs(tmp_path / "p", nodes=3, groups=1, port_base=21300)[0])
     p = plain.groups["g0"].machine
     assert not (p.mutations or p.txpart.serve_prepared or p.txpart.no_fencing)
+
+
+def test_one_producer_group_cannot_fill_the_groups_open_slots(
+        r: Replica, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25 #5: a producer group that prepares half messages and never ends them
+    filled all MAX_OPEN slots of the group, and every other producer's transactional
+    send got TX_LIMIT. Each producer group holds at most MAX_OPEN_HALVES undecided."""
+    monkeypatch.setattr(txpart, "MAX_OPEN_HALVES", 2)
+    r.batch("t", 0, [b"a"], half=("a1", "greedy"))
+    r.batch("t", 0, [b"b"], half=("a2", "greedy"))
+    refused(r, EntryType.MESSAGES,
+            STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"c"], half=("a3", "greedy")),
+            Code.TX_LIMIT)
+    assert r.batch("t", 0, [b"more of a1"], half=("a1", "greedy")).base_offset == -1
+    assert r.batch("t", 0, [b"x"], half=("b1", "polite")).base_offset == -1
+    assert r.batch("t", 1, [b"k"], tx=("tid", 0, 0)).base_offset == -1
+    # a decision frees a slot; the count survives a snapshot (it is derived on load)
+    r.control(HalfEnd("a1", False, "client", "greedy").encode())
+    restored = Replica()
+    restored.state = BrokerState.restore("g1", r.state.snapshot())
+    restored.index, restored.data = r.index, r.data
+    for rep in (r, restored):
+        assert rep.batch("t", 0, [b"c"], half=("a3", "greedy")).base_offset == -1
+        refused(rep, EntryType.MESSAGES,
+                STORED_PREFIX.pack(1) + encode_batch("t", 0, [b"d"], half=("a4", "greedy")),
+                Code.TX_LIMIT)
+    # a deleted topic's halves free their slots too
+    r.control(control_delete_topic("t"))
+    r.control(control_create_topic("t", 2, [0, 1]))
+    assert r.batch("t", 0, [b"e"], half=("a5", "greedy")).base_offset == -1

@@ -1,9 +1,10 @@
-"""Access control lists, replicated: who may do what to which topic, consumer group or
-the cluster.
+"""Access control lists, replicated: who may do what to which topic, consumer group,
+transactional id, producer group or the cluster.
 
 An entry says: `principal` (a user name, or `*` for every authenticated user) is
 `allow`ed or `deny`ed `operation` (publish, subscribe or admin) on resources of `kind`
-(topic, group, cluster) whose name equals `name` (pattern `literal`) or starts with it
+(topic, group, cluster, transactional-id, producer-group: a half message's) whose name
+equals `name` (pattern `literal`) or starts with it
 (pattern `prefix`; an empty prefix matches every name). A request is allowed when some
 entry allows it and none denies it: deny wins, and with no entry at all the answer is
 no (default deny). Superusers are the node config's, not entries here.
@@ -28,7 +29,7 @@ from broker.protocol import Code
 
 __all__ = ["KINDS", "OPERATIONS", "Acl", "AclAdd", "AclRemove", "Acls", "acl_from_fields"]
 
-KINDS = ("topic", "group", "cluster")
+KINDS = ("topic", "group", "cluster", "transactional-id", "producer-group")
 OPERATIONS = ("publish", "subscribe", "admin")
 PATTERNS = ("literal", "prefix")
 PERMISSIONS = ("allow", "deny")
@@ -61,7 +62,12 @@ class Acl:
         _choice("pattern", self.pattern, PATTERNS)
         _choice("operation", self.operation, OPERATIONS)
         _choice("permission", self.permission, PERMISSIONS)
-        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+        if self.kind == "transactional-id":  # any id a producer may use, or a prefix
+            if not isinstance(self.name, str) or len(self.name) > 255 or not (
+                    self.name.isprintable()):
+                raise Refused(Code.INVALID_NAME, f"a transactional id is 0-255 printable "
+                              f"characters; got {self.name!r}")
+        elif not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
             raise Refused(Code.INVALID_NAME, f"resource name must be 0-255 characters of "
                           f"letters, digits and _%|.-; got {self.name!r}")
         if self.kind == "cluster" and (self.pattern, self.name) != ("literal", ""):
@@ -137,7 +143,7 @@ class Acls(Part):
     """The set of ACL entries."""
 
     name = "acls"
-    version = 1
+    version = 2  # 2: the kinds transactional-id and producer-group (an older reader refuses)
     records = (AclAdd, AclRemove)
 
     def __init__(self, state: Any) -> None:
@@ -185,6 +191,6 @@ class Acls(Part):
         return [a.to_list() for a in sorted(self._acls)]
 
     def load(self, version: int, section: Any) -> None:
-        if version != 1:
+        if version not in (1, 2):  # 1: the same rows, of the first three kinds only
             raise ValueError(f"unsupported acls section version {version!r}")
         self._acls = {_from_list(v) for v in section}

@@ -11,10 +11,16 @@ Prepared consumer offsets (`tx_offsets`, a transaction's send_offsets) are appli
 through the Offsets part on commit. So a consumer reads committed data by construction,
 and an aborted message never enters a ConsumeQueue.
 
-Fencing: the highest producer epoch seen per transactional id (from batches, offsets
-and markers); prepared data of an older epoch is refused with TX_FENCED. Decisions are
-kept in a ring of the last `DECISIONS` (key -> commit, source, index, messages) so
-retried markers and ends are answered alike and a decision never flips.
+Fencing: per transactional id, the highest epoch its coordinator told this group of
+(a marker's `fence`, the coordinator's epoch for the id); prepared data of an older epoch
+is refused with TX_FENCED. A fence is never raised from what a client wrote (a batch
+header's or TX_OFFSETS' epoch): a client could claim any epoch and lock the id's owner
+out. The broker prepares a `tx` batch only once the coordinator has this group in that
+transaction, which refuses an epoch it never granted (`TxService.register`); the state
+machine trusts markers only. Decisions are kept in a ring of the last `DECISIONS`
+(key -> commit, source, index, messages) so retried markers and ends are answered alike
+and a decision never flips. One producer group holds at most `MAX_OPEN_HALVES` undecided
+half messages here, so it cannot fill the group's `MAX_OPEN` slots for everyone.
 
 Everything is validated before anything changes; bad input is refused and changes
 nothing. The test mutations `serve-prepared` (prepared batches enter their queues at
@@ -60,12 +66,14 @@ __all__ = [
     "HALF_SOURCES",
     "MAX_MARKERS",
     "MAX_OPEN",
+    "MAX_OPEN_HALVES",
     "MAX_TX_BYTES",
     "MAX_TX_MESSAGES",
     "Decision",
     "HalfChecked",
     "HalfEnd",
     "HalfView",
+    "KafkaView",
     "Prepared",
     "PreparedBatch",
     "TxMarker",
@@ -78,6 +86,7 @@ DECISIONS = 10_000  # decisions remembered, for idempotent answers and `tx show`
 MAX_TX_MESSAGES = 10_000  # messages per prepared transaction
 MAX_TX_BYTES = 64 << 20  # record bytes per prepared transaction
 MAX_OPEN = 100_000  # open prepared transactions per group
+MAX_OPEN_HALVES = 10_000  # undecided half messages of one producer group, per group
 MAX_MS = 1 << 62
 HALF_SOURCES = ("client", "check", "expired", "operator")
 
@@ -149,8 +158,10 @@ class TxOffsets(ControlRecord):
 @dataclass(frozen=True, slots=True)
 class TxMarker(ControlRecord):
     """The coordinator's decision on transaction `n` of `tid` at `epoch`, for this group:
-    `commit` or abort; `fence` is the coordinator's epoch for `tid` (>= epoch), which
-    fences older producers here too."""
+    `commit` or abort; `fence` is the coordinator's epoch for `tid`, which fences older
+    producers here too. It is below `epoch` only when the coordinator never granted
+    `epoch` (data a client prepared under an epoch it made up, aborted): the made-up
+    epoch raises no fence."""
 
     op: ClassVar[str] = "tx_marker"
     tid: str
@@ -163,7 +174,7 @@ class TxMarker(ControlRecord):
         tid_field("tid", self.tid)
         epoch_fields(self.epoch, self.n)
         bool_field("commit", self.commit)
-        int_field("fence", self.fence, self.epoch, (1 << 63) - 1)
+        int_field("fence", self.fence, 0, (1 << 63) - 1)
 
     def to_map(self) -> dict[str, Any]:
         return {"tid": self.tid, "epoch": self.epoch, "n": self.n, "commit": self.commit,
@@ -328,6 +339,21 @@ class HalfView:
     start: int = 0  # where its first record lies in the data of entry `index`
 
 
+@dataclass(frozen=True, slots=True)
+class KafkaView:
+    """An undecided Kafka-style transaction's data held here, for `tx list`: what an
+    operator needs to see what pins this group's log."""
+
+    tid: str
+    epoch: int
+    n: int
+    prepared_ms: int
+    first_index: int  # the lowest Raft index it holds (retention waits for it)
+    messages: int
+    offsets: int  # prepared consumer offsets
+    queues: tuple[str, ...]  # "topic/queue" it prepared batches on, sorted
+
+
 def _batch_bytes(refs: tuple[RecordRef, ...] | list[RecordRef]) -> int:
     return refs[-1].start + refs[-1].size - refs[0].start
 
@@ -349,6 +375,9 @@ class TxParticipant(Part):
         self.decided: OrderedDict[TxKey, Decision] = OrderedDict()
         # (cg, topic, queue) -> undecided prepared offsets on it (`pending_offsets`)
         self._offset_pins: dict[tuple[str, str, int], int] = {}
+        # producer group -> its undecided half messages here (`MAX_OPEN_HALVES`): derived
+        # from `prepared`, never snapshotted
+        self._halves_of: dict[str, int] = {}
         # what a leader's tick asks for (`kafka_due`, `halves_due`), by due time; derived
         # from `prepared`, never snapshotted: Kafka transactions by prepared_ms, halves
         # not checked yet by prepared_ms, checked ones by last_check_ms
@@ -409,12 +438,18 @@ class TxParticipant(Part):
         if p is not None and header.half is not None and p.producer_group != pg:
             raise Refused(Code.FORBIDDEN, f"half message {key[1]!r} belongs to producer group "
                                           f"{p.producer_group!r}")
-        # valid: change things
-        if header.tx is not None:
-            self.fences[header.tx[0]] = max(self.fences.get(header.tx[0], -1), header.tx[1])
+        if p is None and header.half is not None and (
+                self._halves_of.get(pg, 0) >= MAX_OPEN_HALVES):
+            # one producer group that never decides its halves must not fill the group's
+            # MAX_OPEN slots for every other producer
+            raise Refused(Code.TX_LIMIT, f"producer group {pg!r} has {MAX_OPEN_HALVES} "
+                                         f"undecided half messages in this group already")
+        # valid: change things (a header's epoch raises no fence: only markers do)
         if p is None:
             p = self.prepared[key] = Prepared(index, store_ms, pg)
             self._track(key, p)
+            if header.half is not None:
+                self._halves_of[pg] = self._halves_of.get(pg, 0) + 1
         p.batches.append(PreparedBatch(header.topic, header.queue, index, store_ms,
                                        tuple(refs)))
         p.messages += len(refs)
@@ -436,8 +471,7 @@ class TxParticipant(Part):
         if len(rec.offsets) + (len(p.offsets) if p is not None else 0) > MAX_TX_MESSAGES:
             raise Refused(Code.TX_LIMIT, f"a transaction holds at most {MAX_TX_MESSAGES} "
                                          f"offsets per group")
-        # valid: change things
-        self.fences[rec.tid] = max(self.fences.get(rec.tid, -1), rec.epoch)
+        # valid: change things (the client's epoch raises no fence: only markers do)
         if p is None:
             p = self.prepared[key] = Prepared(index, rec.ts)
             self._track(key, p)
@@ -451,7 +485,7 @@ class TxParticipant(Part):
         key = kafka_key(rec.tid, rec.epoch, rec.n)
         if key in self.decided:  # a retried marker: the decision stands, nothing changes
             return ControlResult(TxMarker.op, dup=True)
-        self.fences[rec.tid] = max(self.fences.get(rec.tid, -1), rec.fence, rec.epoch)
+        self.fences[rec.tid] = max(self.fences.get(rec.tid, -1), rec.fence)
         p = self.prepared.get(key)
         if p is None:  # nothing prepared here (yet): a late batch of it is refused
             self._decide(key, Decision(rec.commit, "marker", index, 0))
@@ -499,8 +533,7 @@ class TxParticipant(Part):
              index: int) -> tuple[int, int]:
         """Decide prepared `p`: commit makes its batches visible in prepare order and
         applies its offsets; returns (messages appended, messages skipped)."""
-        del self.prepared[key]
-        self._unpin(p)
+        self._forget(key, p)
         applied = skipped = 0
         if commit:
             queues = self.state.queues
@@ -525,6 +558,18 @@ class TxParticipant(Part):
         while len(self.decided) > DECISIONS:
             self.decided.popitem(last=False)
 
+    def _forget(self, key: TxKey, p: Prepared, *, unpin: bool = True) -> None:
+        """`key` (prepared `p`) is no longer undecided here."""
+        del self.prepared[key]
+        if unpin:
+            self._unpin(p)
+        if key[0] == "h":
+            left = self._halves_of[p.producer_group] - 1
+            if left:
+                self._halves_of[p.producer_group] = left
+            else:
+                del self._halves_of[p.producer_group]
+
     def _unpin(self, p: Prepared) -> None:
         for cg, topic, queue, _o in p.offsets:
             pin = (cg, topic, queue)
@@ -545,7 +590,7 @@ class TxParticipant(Part):
             p.batches = [b for b in p.batches if b.topic != config.name]
             p.offsets = [o for o in p.offsets if o[1] != config.name]
             if not p.batches and not p.offsets:
-                del self.prepared[key]
+                self._forget(key, p, unpin=False)  # unpinned above
                 continue
             for cg, topic, queue, _o in p.offsets:
                 pin = (cg, topic, queue)
@@ -617,6 +662,18 @@ class TxParticipant(Part):
             out.append((tid, epoch, n, p.prepared_ms, p.first_index))
         return out
 
+    def prepared_kafka(self, tid: str = "") -> list[KafkaView]:
+        """Every undecided Kafka transaction's data here (only `tid`'s, when given), by
+        key."""
+        out = []
+        for key in sorted(k for k in self.prepared if k[0] == "k" and (not tid or k[1] == tid)):
+            p = self.prepared[key]
+            _k, t, epoch, n = key  # type: ignore[misc]
+            queues = tuple(sorted({f"{b.topic}/{b.queue}" for b in p.batches}))
+            out.append(KafkaView(t, epoch, n, p.prepared_ms, p.first_index, p.messages,
+                                 len(p.offsets), queues))
+        return out
+
     def kafka_due(self, prepared_before: int) -> list[tuple[str, int, int, int, int]]:
         """`pending_kafka` of the transactions prepared before `prepared_before` (ms)
         only, in the same order; O(due log n), for a leader's every tick."""
@@ -681,6 +738,8 @@ class TxParticipant(Part):
             if k in self.prepared:
                 raise ValueError(f"prepared transaction {key!r} twice")
             self.prepared[k] = p
+            if k[0] == "h":
+                self._halves_of[p.producer_group] = self._halves_of.get(p.producer_group, 0) + 1
         kafka = [(p.prepared_ms, k) for k, p in self.prepared.items() if k[0] == "k"]
         self._kafka_due.rebuild(kafka)
         self._unchecked_due.rebuild((p.prepared_ms, k) for k, p in self.prepared.items()

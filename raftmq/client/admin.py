@@ -27,7 +27,7 @@ from .routes import LEADER_WAIT, TopicRoute, backoff_delay, node_addresses
 __all__ = ["TX_LISTS", "Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo",
            "place_queues"]
 
-TX_LISTS = ("halves", "txns", "decided", "done")
+TX_LISTS = ("halves", "prepared", "txns", "decided", "done")
 """The lists of a TX_LIST answer (see `Admin.tx_list`)."""
 TX_LIST_ROUNDS = 5  # rounds of TX_LIST asking again for groups no leader answered for
 
@@ -597,7 +597,9 @@ class Admin(_ClientBase):
         """What the cluster knows of transactions, from the leader of every group (one
         TX_LIST per node): `halves` (half messages waiting for a decision), `txns`
         (transactions the coordinators hold, not finished or recently finished),
-        `decided` (the latest decisions of each participant, newest first) and `done`
+        `prepared` (Kafka-style transactions' data each participant holds undecided:
+        what keeps retention from passing it), `decided` (the latest decisions of each
+        participant, newest first) and `done`
         (the coordinators' latest finished transactions). `id` keeps only the rows of
         one transactional id or half message txid; `group` one broker group.
 
@@ -643,6 +645,8 @@ class Admin(_ClientBase):
                 break
             await anyio.sleep(backoff_delay(attempt, base=0.2))
         out["halves"].sort(key=lambda r: (r.get("prepared_ms", 0), str(r.get("txid"))))
+        out["prepared"].sort(key=lambda r: (str(r.get("g")), str(r.get("tid")),
+                                            r.get("epoch", 0), r.get("n", 0)))
         out["txns"].sort(key=lambda r: (str(r.get("tid")), r.get("epoch", 0), r.get("n", 0)))
         out["decided"].sort(key=lambda r: (str(r.get("g")), -int(r.get("index") or 0)))
         out["done"].sort(key=lambda r: (str(r.get("tid")), -int(r.get("epoch") or 0),

@@ -4,6 +4,8 @@
     raftmq acl add --user alice --deny subscribe --topic orders.secret
     raftmq acl add --user '*' --allow subscribe --group analytics
     raftmq acl add --user ops --allow admin --cluster
+    raftmq acl add --user etl --allow publish --transactional-id etl- --prefix
+    raftmq acl add --user shop --allow publish --producer-group shop-orders
     raftmq acl list
 
 Entries are logged in the cluster's metadata group; deny wins over allow, and with
@@ -43,10 +45,14 @@ def _parser() -> argparse.ArgumentParser:
         what = sp.add_mutually_exclusive_group(required=True)
         what.add_argument("--topic", metavar="NAME")
         what.add_argument("--group", metavar="NAME", help="a consumer group")
+        what.add_argument("--transactional-id", metavar="NAME",
+                          help="a transactional id (TX_INIT with it fences its producer)")
+        what.add_argument("--producer-group", metavar="NAME",
+                          help="a producer group of half messages")
         what.add_argument("--cluster", action="store_true",
                           help="the cluster (topics' creation, replicas, users, ACLs, ...)")
         sp.add_argument("--prefix", action="store_true",
-                        help="NAME is a prefix: every topic or group starting with it")
+                        help="NAME is a prefix: every resource of the kind starting with it")
         sp.add_argument("--json", action="store_true")
         add_namesrv_argument(sp)
     sp = sub.add_parser("list", help="list the entries")
@@ -56,8 +62,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _entry(args: argparse.Namespace) -> dict[str, Any]:
-    kind, name = ("cluster", "") if args.cluster else (
-        ("topic", args.topic) if args.topic is not None else ("group", args.group))
+    kind, name = "cluster", ""
+    for kind_, given in (("topic", args.topic), ("group", args.group),
+                         ("transactional-id", args.transactional_id),
+                         ("producer-group", args.producer_group)):
+        if given is not None:
+            kind, name = kind_, given
     return {"principal": args.user, "kind": kind,
             "pattern": "prefix" if args.prefix else "literal", "name": name,
             "operation": args.allow or args.deny,

@@ -1,8 +1,9 @@
 """`raftmq tx`: transactions as an operator sees them, and the operator's decisions.
 
     raftmq tx list [--group G] [--limit N] [--json]
-                                   half messages waiting for a decision, the coordinators'
-                                   transactions, and the latest decisions
+                                   half messages waiting for a decision, transactions'
+                                   data the participants hold undecided, the
+                                   coordinators' transactions, and the latest decisions
     raftmq tx show ID [--json]     everything known of one transactional id or txid
     raftmq tx commit TXID          deliver a half message no producer decided
     raftmq tx rollback TXID        drop a half message no producer decided
@@ -82,6 +83,10 @@ ID_KEYS = ("txid", "tid", "id")
 HALF_COLS = [("txid", "txid"), ("g", "group"), ("producer_group", "producer group"), ("topic", "topic"),
              ("queue", "queue"), ("messages", "msgs"), ("prepared_ms", "prepared"),
              ("checks", "checks"), ("last_check_ms", "last check")]
+PREPARED_COLS = [("tid", "transactional id"), ("g", "group"), ("epoch", "epoch"),
+                 ("n", "n"), ("queues", "queues"), ("messages", "msgs"),
+                 ("offsets", "offsets"), ("prepared_ms", "prepared"),
+                 ("first_index", "first index")]
 TXN_COLS = [("tid", "transactional id"), ("g", "coordinator"), ("epoch", "epoch"),
             ("n", "n"), ("state", "state"), ("participants", "participants"),
             ("started_ms", "started"), ("timeout_ms", "timeout ms"), ("reason", "reason")]
@@ -96,6 +101,8 @@ DONE_COLS = [("tid", "transactional id"), ("g", "coordinator"), ("epoch", "epoch
 def _print_listing(rows: Listing, console: Console) -> None:
     shown = False
     for key, title, cols in (("halves", "half messages waiting for a decision", HALF_COLS),
+                             ("prepared", "transactions' data held undecided "
+                                          "(participants)", PREPARED_COLS),
                              ("txns", "transactions (coordinators)", TXN_COLS),
                              ("decided", "latest decisions (participants)", DECIDED_COLS),
                              ("done", "finished transactions (coordinators)", DONE_COLS)):
