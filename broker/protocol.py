@@ -289,6 +289,13 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf) - self._pos
 
+    def discard(self) -> None:
+        """Drop whatever is buffered (the connection is closing): its memory goes now,
+        not when the last reference to the decoder does."""
+        self._buf = bytearray()
+        self._pos = 0
+        self._checked = -1
+
     def pending_frame(self) -> int | None:
         """The size on the wire of the frame begun in the buffer, once its length prefix
         is in (so a reader can set memory aside for it before reading its body)."""

@@ -656,6 +656,9 @@ async def serve_frames(
         log.exception("connection handler failed")
     finally:
         slots.unreserve()  # a frame cut off: what was set aside for it goes back
+        fs.decoder.discard()  # and its bytes (the caller may outlive the connection)
+        if watch is not None:
+            watch.reserve = None  # (a cycle through `slots`)
         caller._close("connection closed")
         await trio.aclose_forcefully(fs.stream)  # a TLS goodbye must not hang on a dead peer
 
