@@ -466,3 +466,17 @@ def test_the_node_table_log_sends_changes_since_any_recent_version():
     for i in range(TopicTableLog.KEEP + 1):
         log.update(_configs([f"x{i}"]))
     assert log.changes_since(4) is None  # too far behind: the whole table goes instead
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--frame-timeout", "0"], "--frame-timeout must be a positive number"),
+    (["--idle-timeout", "nan"], "--idle-timeout must be a positive number"),
+    (["--max-connections", "0"], "--max-connections must be positive"),
+    (["--max-buffered-bytes", "-1"], "--max-buffered-bytes must be positive"),
+])
+def test_the_budget_flags_are_checked_before_listening(
+        flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from namesrv.__main__ import main
+
+    assert main(["--listen", "127.0.0.1:0", *flags]) == 2
+    assert message in capsys.readouterr().err
