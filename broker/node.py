@@ -542,11 +542,12 @@ class Node:
         if first is None:
             await trio.aclose_forcefully(fs.stream)
             return
-        fs.decoder.max_frame = self.max_frame  # (the budget lowers it again until a login)
         if first.header.get("op") == Op.HELLO:  # peers are not counted: never crowded out
-            self.admission.peer(ticket)
-            await self._serve_peer(fs, first)
+            # (the handshake's frames are small; until it succeeds this is any connection)
+            fs.decoder.max_frame = min(self.max_frame, cfg.login_max_frame)
+            await self._serve_peer(fs, first, ticket)
             return
+        fs.decoder.max_frame = self.max_frame  # (the budget lowers it again until a login)
         caller = caller_of(fs.stream)
         if cfg.authenticate:  # counted once logged in (the guard's AUTH calls `log_in`)
             caller.on_login(functools.partial(self._logged_in, ticket))
@@ -582,9 +583,11 @@ class Node:
         except RequestError as exc:
             raise RequestError(exc.code, f"node {self.node_id}: {exc.message}") from None
 
-    async def _serve_peer(self, fs: FrameStream, hello: Frame) -> None:
+    async def _serve_peer(self, fs: FrameStream, hello: Frame, ticket: Ticket) -> None:
         """A connection that opened with HELLO: the peer handshake, then the Raft link
-        (purpose `raft`) or requests answered as from that peer (`rpc`: READ_RAW)."""
+        (purpose `raft`) or requests answered as from that peer (`rpc`: READ_RAW). Only a
+        completed handshake takes it out of the connections not identified yet, so a
+        HELLO that goes no further is bounded and evicted like them."""
         try:
             if self._ssl is not None and peer_certificate(fs.stream) is None:
                 # mutual TLS: a node proves it is one with a certificate from the cluster CA
@@ -600,6 +603,8 @@ class Node:
                 self.refused_counter.labels("peer_handshake").inc()
                 log.info("peer connection refused", extra={"fields": {"error": str(exc)}})
                 return
+            self.admission.peer(ticket)
+            fs.decoder.max_frame = self.max_frame  # (the Raft link raises it to its own)
             if purpose == "rpc":
                 caller = caller_of(fs.stream)
                 caller.peer = peer

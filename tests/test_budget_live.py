@@ -8,6 +8,7 @@ under and after the attacks are printed (run with `-s` to see them)."""
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 import sys
@@ -234,6 +235,41 @@ def test_connections_that_never_log_in_do_not_lock_out_the_superuser(
             s.close()
     assert scrape_metrics(metrics).get(
         'raftmq_connections_refused_total{reason="unidentified_evicted"}', 0) >= 40 - 16
+
+
+def test_a_hello_that_goes_no_further_is_bounded_like_any_connection_not_logged_in(
+        cluster: LocalCluster) -> None:
+    """A HELLO alone does not make a peer: until the handshake completes the connection
+    is kept among those not identified (at most 16 here, the oldest evicted) and its
+    frames are small, so would-be peers that stall cannot pile up memory; the real
+    peers' links keep replicating."""
+    node, addr = leader_addr(cluster)
+    other = next(n for n in cluster.configs[node - 1].peers if n != node)
+    metrics = cluster.configs[node - 1].metrics or ""
+    key = 'raftmq_connections_refused_total{reason="unidentified_evicted"}'
+    before = scrape_metrics(metrics).get(key, 0)
+    socks = [connect(addr) for _ in range(24)]
+    try:
+        for s in socks:
+            s.sendall(encode_frame({"op": int(Op.HELLO), "node": other,
+                                    "nonce": secrets.token_bytes(16), "purpose": "raft"}))
+        answered = [next_frame(s, FrameDecoder(1 << 20)) for s in socks]
+        assert all(f is None or f.header["code"] == 0 for f in answered)
+        assert scrape_metrics(metrics).get(key, 0) >= before + 24 - 16
+        # a large frame in the handshake is refused at its length, never read (not
+        # answered as a wrong proof, FORBIDDEN, as it would be once read whole)
+        socks[-1].sendall(encode_frame({"op": int(Op.HELLO), "node": other}, bytes(1 << 20)))
+        headers = frames_until_closed(socks[-1])
+        assert all(h["code"] == Code.FRAME_TOO_LARGE for h in headers), headers
+        with Connection(addr, credentials=ADMIN) as admin:
+            admin.request({"op": int(Op.CREATE_TOPIC), "g": "g0", "topic": "hello",
+                           "queues": 1, "hosted": [0]})
+            h, _ = admin.request({"op": int(Op.PRODUCE), "g": "g0"},
+                                 bytes(encode_batch("hello", 0, [OutgoingMessage(b"m")])))
+            assert h["n"] == 1  # committed: the peers' links are up
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_failed_logins_in_a_row_are_slowed_and_a_right_password_still_works(
