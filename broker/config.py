@@ -160,10 +160,11 @@ class NodeConfig:
     # `max_unauthenticated_connections` connections not (yet) logged in are kept (a new
     # one closes the oldest; they do not count against `max_connections`, so they cannot
     # lock out a login). Request bodies in flight on all the connections of one user
-    # together stop being read at `max_inflight_bytes_per_user`. A failed login from an
-    # address (`login_failures_before_delay` failures in a row, remembered for at most
-    # 4096 addresses) delays the next answer to a login from there, doubling up to
-    # `login_delay_max` seconds.
+    # (and the large frames they are reading) stop being read at
+    # `max_inflight_bytes_per_user`. After `login_failures_before_delay` failed logins
+    # in a row from an address (remembered for at most 4096 addresses), each next
+    # failure from there is answered later, doubling up to `login_delay_max` seconds
+    # (a right password is never delayed).
     frame_timeout: float = 120.0
     idle_timeout: float = 3600.0
     login_timeout: float = 30.0

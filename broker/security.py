@@ -354,19 +354,21 @@ class Guard:
         if pending is None:
             raise RequestError(Code.MALFORMED, "AUTH step 'final' without a 'first'")
         server, user = pending
-        delay = self.failures.delay(caller.remote)
-        if delay:  # guesses from there failed in a row: each next one costs more time
-            self.node.count_refusal("login_delayed")
-            await trio.sleep(delay)
         try:
             server.set_client_final(msg)
             final = server.get_server_final()
         except scramp.ScramException:
+            # guesses from there failed in a row: each next failure is answered later (a
+            # right password never waits, so no one is locked out by another's guesses)
+            delay = self.failures.delay(caller.remote)
             self.failures.failed(caller.remote)
             self.node.count_refusal("auth")
             caller.hang_up()  # one try per connection: guessing costs a new connection
             log.info("authentication failed", extra={"fields": {"user": user,
                                                                 "remote": caller.remote}})
+            if delay:
+                self.node.count_refusal("login_delayed")
+                await trio.sleep(delay)
             raise RequestError(Code.UNAUTHENTICATED, "authentication failed: unknown user or "
                                "wrong password") from None
         self.failures.succeeded(caller.remote)
@@ -452,11 +454,14 @@ _SECURITY_OPS = frozenset({Op.USER_PUT, Op.USER_DELETE, Op.USER_LIST, Op.ACL_ADD
 class LoginFailures:
     """Failed logins in a row per remote host, for slowing the next ones down.
 
-    After `free` failures in a row from one host, each further login from there is
-    answered only after a delay that doubles with every failure, from 0.1 s up to
-    `max_delay`; a success forgets the host. At most `capacity` hosts are remembered
-    (the least recently seen is forgotten first), so the bookkeeping is bounded however
-    many addresses an attacker has."""
+    After `free` failures in a row from one host, each further failed login from
+    there is answered only after a delay that doubles with every failure, from 0.1 s
+    up to `max_delay`; a success (never delayed: a right password must not wait on
+    someone else's guesses, nor time out and so never reset the count) forgets the
+    host. This slows guesses made one after another; guesses in parallel are bounded
+    by the connections a node keeps before a login. At most `capacity` hosts are
+    remembered (the least recently seen is forgotten first), so the bookkeeping is
+    bounded however many addresses an attacker has."""
 
     def __init__(self, free: int, max_delay: float, capacity: int = 4096) -> None:
         self.free = free
@@ -472,7 +477,7 @@ class LoginFailures:
         return remote.rpartition(":")[0] or remote
 
     def delay(self, remote: str) -> float:
-        """Seconds to wait before answering a login from `remote` (0: none)."""
+        """Seconds to wait before answering a failed login from `remote` (0: none)."""
         n = self._failed.get(self._host(remote), 0)
         if n < self.free:
             return 0.0
