@@ -30,6 +30,7 @@ not silently fall back to a default), and every problem names its key. Example::
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import os
 import tomllib
@@ -113,6 +114,10 @@ class NodeConfig:
     groups: tuple[GroupConfig, ...] = ()
     namesrv: tuple[str, ...] = ()
     metrics: str | None = None
+    # The metrics endpoint is plain HTTP without a login (node, group and topic names,
+    # Raft state, refusals): it binds to a loopback address unless this says it may be
+    # served on another one (behind a firewall, or for a scraper on another host).
+    metrics_public: bool = False
     fsync: str = "always"
     fsync_interval: float = 1.0
     segment_size: int = 1 << 30
@@ -128,7 +133,8 @@ class NodeConfig:
     # every replica of a group should use the same; small values are for tests
     consume_queue_chunk: int = CHUNK_RECORDS
     # Peers prove they know it before they may send Raft traffic (`transport.peerauth`);
-    # the default suits local and test clusters only.
+    # the default suits plain local and test clusters only (a TLS config must set one).
+    # It also keys the made-up salts of unknown users (`broker.security`).
     cluster_secret: str = DEV_CLUSTER_SECRET
     # TLS on every link (`transport.tls`): this node's certificate and key, and the
     # cluster CA that signs every node's certificate (PEM files; all three or none). With
@@ -286,6 +292,17 @@ def _address(value: object, key: str) -> str:
     except ValueError as exc:
         raise ConfigError(f"{key}: {exc}") from None
     return s
+
+
+def _loopback(address: str) -> bool:
+    """Whether `address` ("host:port") names this machine only."""
+    host = parse_address(address)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _secret(value: object) -> str:
@@ -473,8 +490,27 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
     if ratio > 1:
         raise ConfigError(f"retention_disk_ratio must be in (0, 1], got {ratio}")
 
+    metrics_public = _bool(d.get("metrics_public", False), "metrics_public")
+    if metrics is not None and not metrics_public and not _loopback(_address(metrics, "metrics")):
+        raise ConfigError(f"metrics = {metrics!r} is not a loopback address: the metrics "
+                          "endpoint is plain HTTP without a login, so it binds to loopback "
+                          "(127.0.0.1, ::1, localhost) unless metrics_public = true says "
+                          "it may be served there")
     tls = _tls_files(d)
     security = _security(d)
+    secret = _secret(d.get("cluster_secret", DEV_CLUSTER_SECRET))
+    if tls["tls_cert"] and secret == DEV_CLUSTER_SECRET:
+        # the built-in secret is public: on a TLS cluster it would leave the CA alone
+        # standing between any certificate holder and the peers
+        raise ConfigError("a TLS cluster needs its own cluster_secret (the same long random "
+                          "string on every node); the built-in one is for plain local "
+                          "clusters only")
+    if security["authenticate"] and secret == DEV_CLUSTER_SECRET:
+        # the built-in secret is public: anyone could do the peer handshake and read the
+        # users' verifiers (READ_RAW), and tell stored user names from unknown ones by the
+        # made-up salts it keys (`broker.security.fake_salt_key`)
+        raise ConfigError("authenticate = true needs a cluster_secret of its own (the same "
+                          "long random string on every node); the built-in one is public")
     return NodeConfig(
         node_id=node_id,
         listen=_address(d["listen"], "listen"),
@@ -485,6 +521,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
             _address(a, "namesrv entry") for a in _list(d.get("namesrv", []), "namesrv")
         ),
         metrics=None if metrics is None else _address(metrics, "metrics"),
+        metrics_public=metrics_public,
         fsync=fsync,
         fsync_interval=_float(d.get("fsync_interval", 1.0), "fsync_interval"),
         segment_size=_int(d.get("segment_size", 1 << 30), "segment_size", minimum=1024),
@@ -505,7 +542,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         consume_queue_chunk=_int(
             d.get("consume_queue_chunk", CHUNK_RECORDS), "consume_queue_chunk", minimum=1
         ),
-        cluster_secret=_secret(d.get("cluster_secret", DEV_CLUSTER_SECRET)),
+        cluster_secret=secret,
         max_connections=_int(d.get("max_connections", 10_000), "max_connections", minimum=1),
         max_inflight_per_connection=_int(d.get("max_inflight_per_connection", 1024),
                                          "max_inflight_per_connection", minimum=1),
@@ -628,9 +665,12 @@ def dump_config(cfg: NodeConfig) -> str:
     lines = [f"node_id = {cfg.node_id}", f"listen = {_toml_value(cfg.listen)}"]
     if cfg.metrics is not None:
         lines.append(f"metrics = {_toml_value(cfg.metrics)}")
+    if cfg.metrics_public:
+        lines.append("metrics_public = true")
     lines.append(f"data = {_toml_value(cfg.data)}")
     lines.append(f"namesrv = {_toml_value(cfg.namesrv)}")
-    skip = {"node_id", "listen", "metrics", "data", "namesrv", "peers", "groups"}
+    skip = {"node_id", "listen", "metrics", "metrics_public", "data", "namesrv", "peers",
+            "groups"}
     for name in _TOP_KEYS:
         if name not in skip:
             lines.append(f"{name} = {_toml_value(getattr(cfg, name))}")

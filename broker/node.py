@@ -488,6 +488,7 @@ class Node:
             nursery.start_soon(self._ticker)
             nursery.start_soon(self.registrar.run)
             nursery.start_soon(self._refresh_metrics)
+            nursery.start_soon(self.guard.run)  # closes removed users' connections
             await nursery.start(self.txtasks.run)
             policy = RetentionPolicy(retention_hours=self.config.retention_hours,
                                      disk_ratio=self.config.retention_disk_ratio,
@@ -656,19 +657,34 @@ class Node:
                 "commit": st["commit"],
                 "applied": st["applied"],
             }, self.states[gid].topics())
-        return {"node": self.node_id, "addr": self.addr, "metrics": self.config.metrics}, groups
+        fields: dict[str, Any] = {"node": self.node_id, "addr": self.addr,
+                                  "metrics": self.config.metrics}
+        auth = self.guard.registration_auth()
+        if auth is not None:  # the name servers check logins against these
+            fields["auth"] = auth
+        return fields, groups
 
-    def status(self) -> dict[str, Any]:
+    def users_changed(self) -> None:
+        """The users of the metadata group changed: tell the name servers now."""
+        self.registrar.wake()
+
+    def status(self, caller: Caller | None = None) -> dict[str, Any]:
+        """What STATUS answers: every group's Raft state, queue ranges and committed
+        consumer offsets; for `caller`, only the topics and consumer groups its ACLs let
+        it see (`Guard.visibility`)."""
+        see = self.guard.visibility(caller) if caller is not None else None
         groups: dict[str, Any] = {}
         for gid, g in self.groups.items():
             st = g.status()
             state = self.states[gid]
             queues: dict[str, dict[int, list[int]]] = {}
             for name, cfg in state.topics().items():
-                queues[name] = {q: list(state.queue_range(name, q)) for q in cfg.hosted}
+                if see is None or see("topic", name):
+                    queues[name] = {q: list(state.queue_range(name, q)) for q in cfg.hosted}
             offsets: dict[str, dict[str, dict[int, int]]] = {}
             for (cg, topic, q), off in state.consumer_offsets().items():
-                offsets.setdefault(cg, {}).setdefault(topic, {})[q] = off
+                if see is None or see("group", cg):
+                    offsets.setdefault(cg, {}).setdefault(topic, {})[q] = off
             groups[gid] = {**st, "leader_addr": self.peer_addr(st["leader"]), "queues": queues,
                            "offsets": offsets}
         return {"node": self.node_id, "addr": self.addr, "groups": groups,

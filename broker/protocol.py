@@ -51,6 +51,7 @@ __all__ = [
     "Code",
     "Frame",
     "FrameDecoder",
+    "MAX_CLIENT_CHARS",
     "Op",
     "ProtocolError",
     "RaftMQError",
@@ -61,6 +62,7 @@ __all__ = [
     "ok_header",
     "parse_address",
     "topic_shapes",
+    "validate_client_id",
     "validate_group_name",
     "validate_topic_name",
 ]
@@ -367,6 +369,22 @@ def validate_topic_name(name: object) -> str:
 def validate_group_name(name: object) -> str:
     """The same rule as for topics."""
     return _validate_name("group", name)
+
+
+MAX_CLIENT_CHARS = 255  # a client id a node keeps (HEARTBEAT, PRODUCER_HEARTBEAT)
+
+
+def validate_client_id(client: object) -> str:
+    """A client id the broker keeps for a while (a heartbeat's): 1-255 printable
+    characters, so one client cannot make a node hold (or a CONSUMERS answer carry)
+    megabytes of id; MALFORMED otherwise."""
+    if not (isinstance(client, str) and 0 < len(client) <= MAX_CLIENT_CHARS
+            and client.isprintable()):
+        shown = repr(client)[:40] if isinstance(client, str) else type(client).__name__
+        raise RequestError(Code.MALFORMED, f"a client id is 1-{MAX_CLIENT_CHARS} printable "
+                           f"characters; got {shown}"
+                           + (f" ({len(client)} characters)" if isinstance(client, str) else ""))
+    return client
 
 
 def parse_address(addr: str) -> tuple[str, int]:

@@ -43,6 +43,9 @@ import msgpack
 from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError, validate_group_name
 
 __all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_PROPERTIES_BYTES",
+    "MAX_TAGS_BYTES",
     "RECORD_HEADER",
     "STORED_PREFIX",
     "BatchHeader",
@@ -66,6 +69,12 @@ __all__ = [
 ]
 
 MAX_TID_CHARS = 255  # a transactional id or half-message txid
+# What one record may carry besides its body, checked where a producer's batch comes in
+# (`walk_batch(check_properties=True)`): keys are kept in every replica's key index in
+# memory, so their size is bounded; properties follow RocketMQ's 32 KiB.
+MAX_KEY_BYTES = 1024
+MAX_TAGS_BYTES = 255
+MAX_PROPERTIES_BYTES = 32 << 10
 
 MAGIC = b"RB"
 VERSION = 1
@@ -327,9 +336,13 @@ def walk_batch(
                 Code.MESSAGE_TOO_LARGE,
                 f"message body of {blen} bytes exceeds the limit of {max_message_bytes}",
             )
-        if plen and check_properties and bad_props < 0:
+        if check_properties and (plen or klen or tlen):
+            if klen > MAX_KEY_BYTES or tlen > MAX_TAGS_BYTES or plen > MAX_PROPERTIES_BYTES:
+                raise _bad(f"record {i}: key, tags and properties are limited to "
+                           f"{MAX_KEY_BYTES}, {MAX_TAGS_BYTES} and {MAX_PROPERTIES_BYTES} "
+                           f"bytes; it has {klen}, {tlen} and {plen}")
             p = pos + hsize + klen + tlen
-            if not _string_map(mv[p : p + plen]):
+            if plen and bad_props < 0 and not _string_map(mv[p : p + plen]):
                 bad_props = i
         if klen or tlen:
             kstart = pos + hsize
@@ -420,11 +433,15 @@ def walk_entry(
 
 # Decoded batch headers by their bytes. A producer without idempotence sends the same
 # header for every batch of a queue with the same count, so most batches skip the msgpack
-# decode and the checks. Only valid headers are kept; bounded by clearing when full, and
-# sized for a producer spreading single messages over 10,000 topics of 4 queues (some
-# 20 MB at most): a smaller table cycled through by 40,000 headers hits nothing.
+# decode and the checks. Only valid headers of at most `_HEADER_CACHED_BYTES` are kept
+# (a real one is under 700 bytes even with a 255-character transactional id; a client
+# padding headers with unknown keys up to 64 KiB must not make the table hold 4 GiB);
+# bounded by clearing when full, and sized for a producer spreading single messages over
+# 10,000 topics of 4 queues (some 20 MB at most, 64 MiB of keys at worst): a smaller
+# table cycled through by 40,000 headers hits nothing.
 _HEADERS: dict[bytes, BatchHeader] = {}
 _HEADERS_MAX = 1 << 16
+_HEADER_CACHED_BYTES = 1024
 
 
 def _decode_header(raw: bytes) -> BatchHeader:
@@ -435,6 +452,8 @@ def _decode_header(raw: bytes) -> BatchHeader:
     if not isinstance(h, dict):
         raise _bad("header is not a map")
     header = _header(h)
+    if len(raw) > _HEADER_CACHED_BYTES:
+        return header
     if len(_HEADERS) >= _HEADERS_MAX:
         _HEADERS.clear()
     _HEADERS[raw] = header

@@ -27,8 +27,10 @@ node that holds no replica of the metadata group (a membership change moved it a
 refuses every other login with UNKNOWN_GROUP but still takes that superuser's, checked
 against its config, so the group can be hosted there again (HOST_GROUP goes to that
 node).
-An unknown user gets a made-up salt (derived from a secret of this node), so the
-exchange looks the same as for a known one and fails only at the proof. A failed login
+An unknown user gets a made-up salt, derived from the cluster secret (`cluster_secret`,
+the same in every node's config) and the name, so the exchange looks the same as for a
+known one and fails only at the proof, and every node makes up the same salt for the same
+name: asking two nodes does not tell a stored user from an unknown one. A failed login
 is answered, then the connection is closed: each guess costs a new connection (and
 `max_connections` bounds those).
 
@@ -48,7 +50,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import secrets
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -70,13 +71,23 @@ from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLo
 from raftlog.types import EntryType
 from transport.framing import Caller, Response
 
-__all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "RULES", "Guard",
-           "make_credential"]
+__all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "REGISTERED_USERS_BYTES",
+           "RULES", "Guard", "fake_salt_key", "make_credential"]
 
 log = logging.getLogger("raftmq.security")
 
 MECHANISM = "SCRAM-SHA-256"
 ITERATIONS = 4096
+#: What the users' verifiers may take of a registration to the name servers: they ride in
+#: its header (at most 1 MiB, beside the groups' reports), some 100 bytes a user with a
+#: name of ten characters (about 5,000 users), at most 206 (about 2,500 users with the
+#: longest names and salts). With more, a registration carries none but the configured
+#: superuser's, and the name servers refuse every other login (fail closed) rather than
+#: the registration failing whole and the node's routes expiring there.
+REGISTERED_USERS_BYTES = 512 << 10
+# msgpack of one [name, salt, iterations, StoredKey, ServerKey] row beside its name and
+# salt (user names are ASCII): array, string and bin headers, an int, two 32-byte keys
+_ROW_OVERHEAD = 1 + 2 + 2 + 5 + 2 * (2 + 32)
 _MECH = scramp.ScramMechanism(MECHANISM)
 
 FrameHandler = Callable[[Caller, Frame], Awaitable[Response | None]]
@@ -86,6 +97,14 @@ def make_credential(password: str, iterations: int = ITERATIONS) -> Credential:
     """A fresh verifier of `password` (random salt): what the client sends to store."""
     salt, stored_key, server_key, n = _MECH.make_auth_info(password, iteration_count=iterations)
     return Credential(salt, n, stored_key, server_key)
+
+
+def fake_salt_key(cluster_secret: str) -> bytes:
+    """The key behind the made-up salts of unknown users: derived from the cluster secret,
+    so every node of a cluster makes up the same salt for a name (a random key per
+    process would tell unknown names apart by asking two nodes)."""
+    return hmac.new(cluster_secret.encode(), b"raftmq-unknown-user-salt",
+                    hashlib.sha256).digest()
 
 
 # ---------------------------------------------------------------------- the rules
@@ -191,6 +210,8 @@ class GuardHost(Protocol):
 
     def count_refusal(self, reason: str) -> None: ...
 
+    def users_changed(self) -> None: ...
+
 
 class Guard:
     """Authentication (and, when configured, authorization) in front of a node's service."""
@@ -204,9 +225,12 @@ class Guard:
         self._bootstrap: dict[str, Credential] = {}
         if cfg.superuser_scram:
             self._bootstrap[cfg.superusers[0]] = parse_verifier(cfg.superuser_scram)
-        self._fake_key = secrets.token_bytes(32)  # made-up salts for unknown users
+        self._fake_key = fake_salt_key(cfg.cluster_secret)  # made-up salts, unknown users
         self.failures = LoginFailures(cfg.login_failures_before_delay, cfg.login_delay_max)
         self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
+        # the open connections logged in as each user, closed when the user is removed
+        self._sessions: dict[str, weakref.WeakSet[Caller]] = {}
+        self._registered_over = False  # the users outgrew a registration (logged once)
         self._own: dict[int, Callable[[Caller, dict[str, Any]], Awaitable[Response]]] = {
             Op.AUTH: self._auth,
             Op.USER_PUT: self._user_put,
@@ -281,6 +305,36 @@ class Guard:
             if not acls.allowed(user, kind, name, operation):
                 where = "the cluster" if kind == "cluster" else f"{kind} {name!r}"
                 self._deny(user, op, f"no ACL allows {operation} on {where}")
+
+    def visibility(self, caller: Caller) -> Callable[[str, str], bool] | None:
+        """What `caller` may see of the topics and consumer groups in an answer that
+        lists them (STATUS): None for everything (no authorization, a peer, a superuser,
+        cluster admin), else a test `(kind, name) -> bool`: a topic it may publish,
+        subscribe or administer; a group it may subscribe to or administer (what OFFSETS
+        of one group asks)."""
+        user = caller.principal
+        if caller.is_peer or not self.authorize:
+            return None
+        if user is None:  # (the check before any handler refuses it first)
+            return lambda _kind, _name: False
+        if user in self.superusers:
+            return None
+        acls = self._acls()
+        if acls.allowed(user, "cluster", "", "admin"):
+            return None
+
+        def see(kind: str, name: str) -> bool:
+            ops = ("publish", "subscribe", "admin") if kind == "topic" else ("subscribe", "admin")
+            return any(acls.allowed(user, kind, name, op) for op in ops)
+
+        return see
+
+    def check_answer(self, caller: Caller, op: int, header: Mapping[str, Any]) -> None:
+        """Raise unless the answer `caller` gave to this node's own request may act as
+        request `op` with `header` would (a TX_CHECK's commit or rollback is a HALF_END):
+        checked now, when it would take effect, as the connection's user, so a user
+        removed or denied since it registered cannot decide anything."""
+        self.check(caller, op, header)
 
     def _deny(self, user: str, op: int, why: str) -> NoReturn:
         self.node.count_refusal("acl")
@@ -377,7 +431,92 @@ class Guard:
         except RequestError:
             caller.hang_up()
             raise
+        self._sessions.setdefault(user, weakref.WeakSet()).add(caller)
         return ok_header(0, msg=final, user=user), b""
+
+    # ------------------------------------------------------------------ revocation
+
+    def close_removed(self) -> int:
+        """Close every open connection logged in as a user this node's replica no longer
+        has (the configured superusers excepted); how many were closed."""
+        try:
+            users = self._users()
+        except RequestError:
+            return 0  # no replica to judge by: the per-request check still holds
+        closed = 0
+        for user in list(self._sessions):
+            if user in self.superusers:  # as in `check`: they pass whatever the table says
+                continue
+            callers = self._sessions[user]
+            if users.credential(user) is not None and len(callers):
+                continue
+            del self._sessions[user]
+            for caller in list(callers):
+                if caller.principal == user:
+                    caller.principal = None
+                    caller.disconnect()
+                    closed += 1
+        if closed:
+            log.info("closed the connections of removed users", extra={"fields": {
+                "connections": closed}})
+        return closed
+
+    async def run(self) -> None:
+        """The guard's duty: when the users the metadata group holds change, close the
+        connections of users it removed (so a removed user's open connection can neither
+        make requests nor answer the node's own, TX_CHECK) and register with the name
+        servers at once (they check logins against the users nodes register)."""
+        if not self.authenticate:
+            return
+        seen = -1
+        while True:
+            gid = self.node.config.metadata_group
+            g = self.node.groups.get(gid) if gid is not None else None
+            with trio.move_on_after(1.0):  # the group may come and go (membership)
+                if g is None:
+                    await trio.sleep_forever()
+                await g.wait_applied_change()
+            if g is None or not g.is_open:
+                continue
+            changes = g.machine.part(Users).changes
+            if changes != seen:
+                seen = changes
+                self.close_removed()
+                self.node.users_changed()
+
+    def registration_auth(self) -> dict[str, Any] | None:
+        """What a name server needs to check logins itself (None with authentication off):
+        every user's SCRAM verifier (and the configured superuser's), the applied index
+        of this node's metadata replica they come from (a name server believes the
+        freshest), and the key of the made-up salts of unknown users, so a name server
+        answers the first login step as every node does. Registrations travel over TLS
+        to name servers that took this node's certificate (`namesrv.server`)."""
+        if not self.authenticate:
+            return None
+        users: dict[str, list[Any]] = {}
+        at = -1
+        gid = self.node.config.metadata_group
+        g = self.node.groups.get(gid) if gid is not None else None
+        over = False
+        if g is not None and g.is_open:
+            at = int(g.status()["applied"])
+            table = g.machine.part(Users).section()
+            size = sum(len(row[0]) + len(row[1]) + _ROW_OVERHEAD for row in table)
+            over = size > REGISTERED_USERS_BYTES
+            if over != self._registered_over:  # said once, when it starts (or stops)
+                self._registered_over = over
+                if over:
+                    log.warning("the users' verifiers exceed what a registration carries: "
+                                "the name servers take only the configured superuser's "
+                                "login", extra={"fields": {"users": len(table), "bytes": size,
+                                                           "max": REGISTERED_USERS_BYTES}})
+            if not over:
+                for name, *verifier in table:
+                    users[name] = verifier
+        for name, c in self._bootstrap.items():
+            users.setdefault(name, [c.salt, c.iterations, c.stored_key, c.server_key])
+        return {"at": at, "users": [[n, *v] for n, v in sorted(users.items())],
+                "salt_key": self._fake_key, "over": over}
 
     # ------------------------------------------------------------------ users
 

@@ -180,7 +180,7 @@ class BrokerHost(Protocol):
 
     async def drop_group(self, gid: str) -> bool: ...
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self, caller: Caller | None = None) -> dict[str, Any]: ...
 
 
 class BrokerService:
@@ -745,8 +745,8 @@ class BrokerService:
                 t["hosted"][gid] = list(cfg.hosted)
         return ok_header(0, topics=topics), b""
 
-    async def _status(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        return ok_header(0, **self.node.status()), b""
+    async def _status(self, caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        return ok_header(0, **self.node.status(caller)), b""
 
     async def _transfer_leader(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Move the group's leadership to node `to`; with `prefer`, first log `to` as the
@@ -953,7 +953,7 @@ class BrokerService:
 
     async def _heartbeat(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
-        client = _field(h, "client", str)
+        client = _field(h, "client", str)  # checked and bounded by the registry
         self.consumers.heartbeat(cg, client, _field(h, "ttl_ms", int, 30_000), time.monotonic())
         return ok_header(0), b""
 

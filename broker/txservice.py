@@ -41,6 +41,7 @@ from broker.protocol import (
     Op,
     RequestError,
     ok_header,
+    validate_client_id,
     validate_group_name,
     validate_topic_name,
 )
@@ -400,9 +401,7 @@ class TxService:
     async def _producer_heartbeat(self, caller: Caller, h: dict[str, Any],
                                   _body: bytes) -> Response:
         pg = validate_group_name(_field(h, "pg", str))
-        client = _field(h, "client", str)
-        if not client or len(client) > 255:
-            raise RequestError(Code.MALFORMED, "client must be 1-255 characters")
+        client = validate_client_id(h.get("client"))
         ttl_ms = _field(h, "ttl_ms", int, 30_000)
         self.producers.heartbeat(pg, client, caller, ttl_ms, time.monotonic())
         return ok_header(0), b""

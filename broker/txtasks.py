@@ -41,7 +41,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from functools import partial
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -55,6 +55,9 @@ from broker.txn import coordinator_group
 from broker.txservice import TxService, coordinator, now_ms, participant
 from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
 from transport.framing import CallerGone
+
+if TYPE_CHECKING:
+    from broker.security import Guard
 
 __all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks"]
 
@@ -91,6 +94,9 @@ class TxHost(Protocol):
 
     @property
     def tx_service(self) -> TxService: ...
+
+    @property
+    def guard(self) -> Guard: ...
 
 
 class TxTasks:
@@ -520,6 +526,15 @@ class TxTasks:
             return
         answer = frame.header.get("state")
         if answer not in ("commit", "rollback"):
+            return
+        try:  # the answer decides as its connection's user, checked now like a HALF_END
+            self.host.guard.check_answer(member.caller, Op.HALF_END, {
+                "g": gid, "txid": txid, "commit": answer == "commit", "source": "check",
+                "pg": half.producer_group})
+        except RequestError as exc:
+            self.tx.producers.forget(half.producer_group, member.client)
+            log.info("check-back answer refused", extra={"fields": {
+                "txid": txid, "client": member.client, "error": exc.message}})
             return
         try:
             await self.tx.half_end(self.groups[gid], txid, answer == "commit", "check",

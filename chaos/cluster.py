@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import os
 import random
+import secrets
 import signal
 import socket
 import ssl
@@ -43,6 +44,7 @@ from broker.config import (
 from broker.protocol import Op, RequestError
 from raftmq.client.routes import merge_cluster_topics
 from transport.blocking import request
+from transport.scram import Credentials, credentials_from_env
 
 __all__ = ["ClusterError", "LocalCluster", "free_ports"]
 
@@ -141,8 +143,12 @@ class LocalCluster:
         node_overrides: Mapping[str | int, Any] | None = None,
         host: str = "127.0.0.1",
         tls: bool = False,
+        credentials: Credentials | None = None,
     ) -> None:
         self.base_dir = Path(base_dir).resolve()
+        # who the harness logs in as to ask the name server (with logins on, lookups need
+        # one); None: RAFTMQ_USER/RAFTMQ_PASSWORD when set, else no login
+        self.credentials = credentials
         self.env = dict(env or {})
         self.host = host
         common: dict[str, Any] = {"fsync": fsync, "tick_ms": tick_ms}
@@ -169,6 +175,10 @@ class LocalCluster:
                 per_node[key] = dict(value)
             else:
                 common[key] = value
+        if (tls or common.get("authenticate")) and "cluster_secret" not in common:
+            # a TLS cluster, or one with logins, has a secret of its own (the built-in
+            # one is public)
+            common["cluster_secret"] = secrets.token_urlsafe(24)
         unknown = sorted(set(per_node) - set(range(1, nodes + 1)))
         if unknown:
             raise ValueError(f"node_overrides for unknown node(s) {unknown} (nodes 1..{nodes})")
@@ -558,7 +568,8 @@ class LocalCluster:
         With `topics=False` groups do not list their topics (only `topic_count`), which
         keeps the answer small and quick with thousands of topics."""
         header, body = request(self._namesrv_addr, {"op": int(Op.CLUSTER), "topics": topics},
-                               timeout=timeout, ssl_context=self.client_ssl_context())
+                               timeout=timeout, ssl_context=self.client_ssl_context(),
+                               credentials=self.credentials or credentials_from_env())
         info = {k: v for k, v in header.items() if k not in ("id", "code")}
         if topics:
             merge_cluster_topics(info, body)

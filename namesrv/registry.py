@@ -19,6 +19,11 @@ once a name server holds a node's table, only the changes since the version it h
     body    msgpack {gid: {"set": [[queues, [hosted queue ids], [topic names]], ...],
                            "del": [topic names]}}   (empty: no changes for any group)
 
+With logins on, the header also carries `auth` (`broker.security.Guard.registration_auth`):
+{at: the applied index of the node's metadata replica, users: [[name, salt, iterations,
+StoredKey, ServerKey], ...], salt_key: the key of unknown users' made-up salts}. The name
+server checks logins against the freshest `auth` of a live registration (`Registry.auth`).
+
 Topics are grouped by their (queues, hosted) shape, which thousands of topics share, so
 the table costs little more than its names on the wire and to decode. A change whose
 `base` is not the version held here (a lost registration, a restarted name server, a
@@ -39,7 +44,9 @@ from broker.protocol import Code, RequestError, parse_address, topic_shapes
 
 __all__ = [
     "DEFAULT_EXPIRY",
+    "MAX_USERS",
     "GroupReport",
+    "RegisteredAuth",
     "Registration",
     "Registry",
     "TableChange",
@@ -48,6 +55,17 @@ __all__ = [
 ]
 
 DEFAULT_EXPIRY = 120.0  # RocketMQ's broker channel expiry
+MAX_USERS = 100_000  # users one registration may carry
+
+
+@dataclass(slots=True, frozen=True)
+class RegisteredAuth:
+    """The users a node registered (SCRAM verifiers by name) and where they come from."""
+
+    at: int  # the applied index of the node's metadata replica
+    users: Mapping[str, tuple[bytes, int, bytes, bytes]]  # name -> salt, n, StoredKey, ServerKey
+    salt_key: bytes  # the key of the made-up salts of unknown users
+    over: bool = False  # the node had more users than a registration carries
 
 
 @dataclass(slots=True, frozen=True)
@@ -95,6 +113,7 @@ class Registration:
     groups: dict[str, GroupReport]
     at: float = 0.0
     inc: int | None = None  # the node's incarnation; table versions count within it
+    auth: RegisteredAuth | None = None  # with logins on: the users it knows
     changes: dict[str, TableChange] = field(default_factory=dict)  # resolved by `register`
 
 
@@ -265,8 +284,34 @@ def parse_registration(header: Mapping[str, Any], body: bytes = b"") -> Registra
         groups[gid], change = _group(gid, g, tables.get(gid))
         if change is not None:
             changes[gid] = change
+    auth = _auth(header["auth"]) if header.get("auth") is not None else None
     return Registration(node=node, addr=addr, metrics=metrics, groups=groups, inc=inc,
-                        changes=changes)
+                        changes=changes, auth=auth)
+
+
+def _bytes(value: object, what: str, lo: int, hi: int) -> bytes:
+    if not isinstance(value, bytes) or not lo <= len(value) <= hi:
+        raise _malformed(f"{what} must be {lo}-{hi} bytes")
+    return value
+
+
+def _auth(value: object) -> RegisteredAuth:
+    a = _map(value, "auth")
+    rows = a.get("users")
+    if not isinstance(rows, list) or len(rows) > MAX_USERS:
+        raise _malformed(f"auth users must be a list of at most {MAX_USERS}")
+    users: dict[str, tuple[bytes, int, bytes, bytes]] = {}
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 5 and isinstance(row[0], str)
+                and 0 < len(row[0]) <= 64):
+            raise _malformed("an auth user is [name, salt, iterations, StoredKey, ServerKey]")
+        users[row[0]] = (_bytes(row[1], "a salt", 1, 1024),
+                         _int(row[2], "iterations", minimum=1),
+                         _bytes(row[3], "a StoredKey", 32, 32),
+                         _bytes(row[4], "a ServerKey", 32, 32))
+    return RegisteredAuth(_int(a.get("at"), "auth at", minimum=-1), users,
+                          _bytes(a.get("salt_key"), "auth salt_key", 32, 32),
+                          a.get("over") is True)
 
 
 # ------------------------------------------------------------------ registry
@@ -316,6 +361,12 @@ class Registry:
         for n in dead:
             del self._nodes[n]
         return sorted(dead)
+
+    def auth(self, now: float) -> RegisteredAuth | None:
+        """The users of the freshest live registration that carries any (the highest
+        metadata index; None when no live node has logins on: nothing to check)."""
+        found = [r.auth for r in self.live(now) if r.auth is not None]
+        return max(found, key=lambda a: a.at) if found else None
 
     def is_live(self, node: int, now: float) -> bool:
         reg = self._nodes.get(node)

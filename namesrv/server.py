@@ -1,8 +1,16 @@
 """The name server's network service: REGISTER, ROUTE and CLUSTER over the frame protocol.
 
 REGISTER: see `namesrv.registry` for the header and body; with TLS only a caller holding
-a certificate from the cluster CA (a node) may register, so no one else can redirect
-routes. ROUTE and CLUSTER are routing metadata any client needs, and hold no data; the answer may list `resend`
+a certificate from the cluster CA that names the registering node (`transport.peerauth`)
+may register, so no one else can redirect routes. ROUTE and CLUSTER are routing metadata
+any client needs, and hold no data; when the nodes have logins on, they need one here too:
+AUTH runs the same SCRAM-SHA-256 exchange as a node (`broker.security`), checked against
+the users the nodes register (their verifiers, never passwords, from the freshest live
+registration: a user added or removed counts here once a node registers it, at once after
+the change or at the next registration), and unknown users get the same made-up salt as
+from the nodes. A connection whose certificate names a node needs no login. Without any
+registration that has logins on, AUTH is UNKNOWN_OP, as it always was, and lookups are
+open: there is nothing to look up yet either. A REGISTER answer may list `resend`
 (groups whose topic table the node must send whole). ROUTE: (topic) -> (total, queues,
 replicas, terms). CLUSTER: (topics: bool, default true) -> (nodes, groups: {gid: {leader,
 leader_addr, term, replicas, topic_count, commit, applied, members}}); with topics the
@@ -15,14 +23,18 @@ asks for routes.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import math
 import signal
 import ssl
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
+import scramp
 import trio
 
 from broker.protocol import (
@@ -36,6 +48,7 @@ from broker.protocol import (
 )
 from transport.budget import Budget, BytePool
 from transport.framing import Caller, FrameStream, Response, caller_of, request_id, serve_frames
+from transport.peerauth import certificate_node, node_certificate_name
 from transport.tls import TLS_HANDSHAKE_TIMEOUT, PlaintextRefused, accept_tls
 
 from .registry import DEFAULT_EXPIRY, Registry, parse_registration
@@ -60,6 +73,14 @@ DEFAULT_IDLE_TIMEOUT = 600.0
 #: registration at a time, the others wait their turn (the steady registrations that
 #: follow are small and never wait).
 DEFAULT_MAX_BUFFERED = NAMESRV_MAX_FRAME
+MECHANISM = "SCRAM-SHA-256"
+_MECH = scramp.ScramMechanism(MECHANISM)
+_FAKE_ITERATIONS = 4096  # what a node gives an unknown user too (`broker.security`)
+
+
+def request_id_of(h: Mapping[str, Any]) -> int:
+    rid = h.get("id", 0)
+    return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
 
 
 class NameServer:
@@ -89,6 +110,7 @@ class NameServer:
         self.large_frames = BytePool(max_buffered)
         self.connections = 0  # served now, TLS handshakes included
         self.refused = 0  # turned away over max_connections
+        self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
 
     async def handle(self, caller: Caller, frame: Frame) -> Response:
         """Answer one request; `RequestError` becomes an error response in `serve_frames`."""
@@ -104,6 +126,12 @@ class NameServer:
                 raise RequestError(Code.FORBIDDEN, "REGISTER takes a node's certificate from "
                                    "the cluster CA (mutual TLS)")
             reg = parse_registration(h, frame.body)
+            if self.ssl_context is not None and certificate_node(caller.certificate) != reg.node:
+                # and only for itself: another node's (or a name server's) certificate
+                # cannot move node `reg.node`'s routes
+                raise RequestError(Code.FORBIDDEN, f"REGISTER as node {reg.node} takes that "
+                                   f"node's certificate (subject CN "
+                                   f"{node_certificate_name(reg.node)!r})")
             if not self.registry.is_live(reg.node, now):
                 log.info("node %d registered from %s with %d groups", reg.node, reg.addr,
                          len(reg.groups))
@@ -112,6 +140,10 @@ class NameServer:
                 log.info("node %d: topic tables of %s must be resent whole", reg.node, resend)
                 return ok_header(rid, resend=resend), b""
             return ok_header(rid), b""
+        if op == Op.AUTH:
+            return await self._auth(caller, h, now)
+        if op in (Op.ROUTE, Op.CLUSTER):
+            self._check_login(caller, now)
         if op == Op.ROUTE:
             topic = h.get("topic")
             if not isinstance(topic, str):
@@ -132,6 +164,76 @@ class NameServer:
             f"unknown op {op}: a name server answers REGISTER ({int(Op.REGISTER)}), "
             f"ROUTE ({int(Op.ROUTE)}) and CLUSTER ({int(Op.CLUSTER)})",
         )
+
+    # ------------------------------------------------------------------ logins
+
+    def _check_login(self, caller: Caller, now: float) -> None:
+        """Raise UNAUTHENTICATED unless lookups are open (no node has logins on), the
+        caller is a node (its certificate names one), or it logged in as a user the
+        freshest registration still has."""
+        auth = self.registry.auth(now)
+        if auth is None or certificate_node(caller.certificate) is not None:
+            return
+        user = caller.principal
+        if user is None:
+            raise RequestError(Code.UNAUTHENTICATED, "authenticate first: this cluster "
+                               f"answers lookups of {MECHANISM}-authenticated users only (AUTH)")
+        if user not in auth.users:
+            caller.principal = None
+            if auth.over:
+                raise RequestError(Code.UNAUTHENTICATED, f"user {user!r} is not among the "
+                                   "users the nodes register here (they have more than a "
+                                   "registration carries): ask the nodes directly")
+            raise RequestError(Code.UNAUTHENTICATED, f"user {user!r} was removed after this "
+                               "connection logged in: authenticate again (AUTH)")
+
+    async def _auth(self, caller: Caller, h: dict[str, Any], now: float) -> Response:
+        """One step of the SCRAM exchange (see the module docstring)."""
+        auth = self.registry.auth(now)
+        if auth is None:
+            raise RequestError(Code.UNKNOWN_OP, "this name server takes no logins: no node "
+                               "registered with logins on")
+        step, msg = h.get("step"), h.get("msg")
+        if not isinstance(msg, str) or step not in ("first", "final"):
+            raise RequestError(Code.MALFORMED, "AUTH needs step 'first' or 'final' and msg")
+        if caller.principal is not None:
+            raise RequestError(Code.MALFORMED, f"already authenticated as {caller.principal!r}")
+        if step == "first":
+            found: dict[str, str] = {}
+
+            def lookup(name: str) -> tuple[bytes, bytes, bytes, int]:
+                found["user"] = name
+                known = auth.users.get(name)
+                if known is not None:
+                    salt, iterations, stored_key, server_key = known
+                    return salt, stored_key, server_key, iterations
+                fake = hmac.new(auth.salt_key, name.encode(), hashlib.sha256).digest()
+                return fake[:16], fake, fake, _FAKE_ITERATIONS  # no password matches it
+
+            server = _MECH.make_server(lookup)
+            try:
+                server.set_client_first(msg)
+                first = server.get_server_first()
+            except scramp.ScramException as exc:
+                raise RequestError(Code.MALFORMED, f"AUTH: {exc}") from None
+            self._pending[caller] = (server, found.get("user", ""))
+            return ok_header(request_id_of(h), msg=first), b""
+        pending = self._pending.pop(caller, None)
+        if pending is None:
+            raise RequestError(Code.MALFORMED, "AUTH step 'final' without a 'first'")
+        server, user = pending
+        try:
+            server.set_client_final(msg)
+            final = server.get_server_final()
+        except scramp.ScramException:
+            caller.hang_up()  # one try per connection, as on a node
+            log.info("authentication failed for %r from %s", user, caller.remote)
+            why = ("; the nodes have more users than a registration carries, so this name "
+                   "server checks only the configured superuser" if auth.over else "")
+            raise RequestError(Code.UNAUTHENTICATED, "authentication failed: unknown user or "
+                               "wrong password" + why) from None
+        caller.principal = user
+        return ok_header(request_id_of(h), msg=final, user=user), b""
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         self.connections += 1

@@ -217,12 +217,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     # imported here: the harness pulls in subprocess management the SDK does not need
     from chaos.cluster import ClusterError, LocalCluster
+    from transport.scram import Credentials
 
     try:
         overrides = _auth_overrides(args.data) if args.auth else None
+        # the harness asks the name server as the superuser (lookups need a login then)
+        admin = Credentials("admin", _admin_password(args.data)) if args.auth else None
         cluster = LocalCluster(args.data, nodes=args.nodes, groups=args.groups,
                                port_base=args.port_base, fsync=args.fsync, tls=args.tls,
-                               node_overrides=overrides)
+                               node_overrides=overrides, credentials=admin)
     except (ConfigError, ValueError) as exc:
         print(f"raftmq dev: {exc}", file=sys.stderr)
         return 2

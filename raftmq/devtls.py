@@ -5,6 +5,11 @@ for the cluster's host (and `localhost`), written as PEM files into one director
 files are reused when present, so a restarted dev cluster keeps its CA and every client
 that trusts it. Development only: the CA's key is written beside the certificates and the
 certificates are trustme's (valid for years, no revocation).
+
+A node's certificate names it: the subject common name of name `n<i>` is `raftmq-n<i>`,
+which is how peers and the name server tell node i's certificate from any other
+(`transport.peerauth.certificate_node`); the name server's (`raftmq-namesrv`) names no
+node, so it can never act as one.
 """
 
 from __future__ import annotations

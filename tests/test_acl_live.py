@@ -32,7 +32,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     keys = {"authenticate": True, "authorize": True, "superusers": ["root"],
             "superuser_scram": format_verifier(make_credential(ROOT.password))}
     base = tmp_path_factory.mktemp("acl")
-    with LocalCluster(base, nodes=3, groups=1, tick_ms=50, node_overrides=keys) as c:
+    with LocalCluster(base, nodes=3, groups=1, tick_ms=50, node_overrides=keys, credentials=ROOT) as c:
         c.wait_ready(timeout=60)
         c.wait_preferred_leaders(timeout=60)  # no hand-back in the middle of a test
         mp = pytest.MonkeyPatch()

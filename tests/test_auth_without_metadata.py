@@ -27,7 +27,8 @@ class Bare:
     """A node hosting no group at all (so no metadata replica)."""
 
     def __init__(self, tmp: Path, *, bootstrap: bool) -> None:
-        keys: dict[str, Any] = {"authenticate": True, "authorize": True, "superusers": ["root"]}
+        keys: dict[str, Any] = {"authenticate": True, "authorize": True, "superusers": ["root"],
+                                "cluster_secret": "this test node's own secret"}
         if bootstrap:
             keys["superuser_scram"] = format_verifier(make_credential("root-pw"))
         self.config = NodeConfig.from_dict({

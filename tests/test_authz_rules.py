@@ -53,7 +53,8 @@ class Host:
         self.config = NodeConfig.from_dict({
             "node_id": 1, "listen": "127.0.0.1:7101", "data": str(tmp),
             "peers": {1: "127.0.0.1:7101"}, "groups": [{"id": "g0", "replicas": [1]}],
-            "authenticate": True, "authorize": True, "superusers": ["root"]})
+            "authenticate": True, "authorize": True, "superusers": ["root"],
+            "cluster_secret": "this test node's own secret"})
         self.g0 = Group()
         self.groups = {"g0": self.g0}
         cred = make_credential("nobody's password", iterations=4096)

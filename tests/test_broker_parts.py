@@ -308,3 +308,38 @@ def test_a_part_must_handle_exactly_the_records_it_declares() -> None:
 
     with pytest.raises(TypeError, match="silent"):
         Mute("g1")
+
+
+def test_committed_offsets_are_kept_for_a_bounded_number_of_consumer_groups(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consumer group names are the client's choice and every replica keeps their offsets:
+    a commit for one group more than `MAX_CONSUMER_GROUPS` is refused (MALFORMED) and
+    changes nothing; known groups keep committing; deleting a group (or a topic) makes
+    room; a restored snapshot counts the same."""
+    from broker.parts import offsets
+    from broker.parts.base import ErrorResult
+    from broker.statemachine import control_delete_group
+
+    monkeypatch.setattr(offsets, "MAX_CONSUMER_GROUPS", 2)
+    s = BrokerState("g1")
+    _run(s, [(EntryType.CONTROL, control_create_topic("t", 2, [0, 1])),
+             (EntryType.CONTROL, control_create_topic("u", 1, [0])),
+             (EntryType.CONTROL, control_offsets("a", [("t", 0, 0), ("t", 1, 0)])),
+             (EntryType.CONTROL, control_offsets("b", [("t", 0, 0)]))])
+    before = s.consumer_offsets()
+    [refused] = _run(s, [(EntryType.CONTROL, control_offsets("c", [("t", 0, 0)]))], 5)
+    assert isinstance(refused, ErrorResult) and refused.code == Code.MALFORMED
+    assert "at most 2 consumer groups" in refused.message
+    assert s.consumer_offset("c", "t", 0) is None and s.consumer_offsets() == before
+    again = _run(s, [(EntryType.CONTROL, control_offsets("a", [("t", 0, 0), ("u", 0, 0)]))], 6)
+    assert not isinstance(again[0], ErrorResult)
+    restored = BrokerState.restore("g1", s.snapshot())
+    for state in (s, restored):
+        _run(state, [(EntryType.CONTROL, control_delete_group("b"))], 7)
+        [ok] = _run(state, [(EntryType.CONTROL, control_offsets("c", [("t", 0, 0)]))], 8)
+        assert not isinstance(ok, ErrorResult) and state.consumer_offset("c", "t", 0) == 0
+        [full] = _run(state, [(EntryType.CONTROL, control_offsets("d", [("t", 0, 0)]))], 9)
+        assert isinstance(full, ErrorResult)
+        _run(state, [(EntryType.CONTROL, control_delete_topic("t"))], 10)  # c had only t
+        [room] = _run(state, [(EntryType.CONTROL, control_offsets("d", [("u", 0, 0)]))], 11)
+        assert not isinstance(room, ErrorResult)

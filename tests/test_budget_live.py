@@ -44,7 +44,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             "frame_timeout": 3.0, "login_timeout": 20.0,
             "max_inflight_bytes_per_user": 32 << 20}
     with LocalCluster(tmp_path_factory.mktemp("budget"), nodes=3, groups=1, tick_ms=50,
-                      node_overrides=keys) as c:
+                      node_overrides=keys, credentials=ADMIN) as c:
         steady_leaders(c)
         yield c
 

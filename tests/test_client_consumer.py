@@ -172,6 +172,8 @@ def test_push_consumer_validates_its_arguments() -> None:
         PushConsumer("127.0.0.1:9876", "cg", ["t"], handler, strategy="sticky")  # type: ignore[arg-type]
     with pytest.raises(RequestError):
         PushConsumer("127.0.0.1:9876", "bad group!", ["t"], handler)
+    with pytest.raises(ValueError, match="client_id"):  # what the nodes would refuse
+        PushConsumer("127.0.0.1:9876", "cg", ["t"], handler, client_id="c" * 256)
     c = PushConsumer("127.0.0.1:9876", "cg", {"t": ["A", "B"], "u": None}, handler)
     assert c.topics == {"t": ["A", "B"], "u": None}
     assert not c._handler_is_async

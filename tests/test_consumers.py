@@ -26,3 +26,31 @@ def test_the_ttl_is_clamped() -> None:
     assert r.members("cg", now=MIN_TTL_MS / 1000 + 0.001) == ["long"]
     assert r.members("cg", now=MAX_TTL_MS / 1000) == ["long"]
     assert r.members("cg", now=MAX_TTL_MS / 1000 + 0.001) == []
+
+
+def test_client_ids_and_members_are_capped() -> None:
+    """What a client chooses and the node keeps is bounded: a long or unprintable client
+    id is MALFORMED; a new member over the group's or the node's cap is BUSY (and kept
+    nowhere) until others expire; members already known keep beating."""
+    import pytest
+
+    from broker.protocol import Code, RequestError
+
+    r = ConsumerRegistry(max_group_members=2, max_members=3)
+    for bad in ("", "x" * 256, "tab\there", 7):
+        with pytest.raises(RequestError) as info:
+            r.heartbeat("cg", bad, 1_000, now=0.0)  # type: ignore[arg-type]
+        assert info.value.code == Code.MALFORMED
+    assert len(r) == 0
+    r.heartbeat("cg", "a", 1_000, now=0.0)
+    r.heartbeat("cg", "b", 5_000, now=0.0)
+    with pytest.raises(RequestError) as info:
+        r.heartbeat("cg", "c", 1_000, now=0.5)
+    assert info.value.code == Code.BUSY and r.members("cg", now=0.5) == ["a", "b"]
+    r.heartbeat("cg", "a", 1_000, now=0.5)  # a known member beats on
+    r.heartbeat("other", "d", 1_000, now=0.5)
+    with pytest.raises(RequestError) as info:
+        r.heartbeat("third", "e", 1_000, now=0.6)  # the node's cap
+    assert info.value.code == Code.BUSY and r.members("third", now=0.6) == []
+    r.heartbeat("third", "e", 1_000, now=1.6)  # "a" and "d" expired meanwhile
+    assert r.members("third", now=1.6) == ["e"] and len(r) == 2

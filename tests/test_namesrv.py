@@ -468,6 +468,107 @@ def test_the_node_table_log_sends_changes_since_any_recent_version():
     assert log.changes_since(4) is None  # too far behind: the whole table goes instead
 
 
+def test_logins_are_checked_against_the_freshest_registered_users():
+    """With logins on, a registration carries the users' verifiers; the name server
+    believes the live registration of the highest metadata index, and none without any
+    (lookups open, as before); a malformed user list is refused, changing nothing."""
+    key, v = b"k" * 32, [b"salt", 4096, b"s" * 32, b"S" * 32]
+    r = Registry(expiry=120)
+    register(r, reg(1, {}), now=0)
+    assert r.auth(now=0) is None
+    register(r, {**reg(1, {}), "auth": {"at": 7, "users": [["ann", *v]], "salt_key": key}}, 0)
+    register(r, {**reg(2, {}), "auth": {"at": 9, "users": [], "salt_key": key}}, 1)
+    auth = r.auth(now=1)
+    assert auth is not None and auth.at == 9 and "ann" not in auth.users  # removed at 9
+    assert r.auth(now=120.5) is not None and r.auth(now=120.5).at == 9  # node 1 expired
+    assert r.auth(now=122) is None
+    for bad in ({"at": 1, "users": [["ann", b"", 4096, b"s" * 32, b"S" * 32]], "salt_key": key},
+                {"at": 1, "users": [["ann", *v]], "salt_key": b"short"},
+                {"at": 1, "users": "ann", "salt_key": key}):
+        with pytest.raises(RequestError) as info:
+            parse_registration({**reg(3, {}), "auth": bad})
+        assert info.value.code == Code.MALFORMED
+
+
+class _Metadata:
+    """A node's open metadata replica as `Guard.registration_auth` reads it: its applied
+    index and its users part (the real one, loaded from a section)."""
+
+    is_open = True
+
+    def __init__(self, rows: list[list[Any]]) -> None:
+        from broker.parts.users import Users
+
+        self.users = Users(None)  # type: ignore[arg-type]  # the part needs no state here
+        self.users.load(1, rows)
+        self.machine = self
+
+    def part(self, _kind: type) -> Any:
+        return self.users
+
+    def status(self) -> dict[str, Any]:
+        return {"applied": 42}
+
+
+class _AuthNode:
+    """A node with logins on whose metadata replica holds `rows` (for `Guard`)."""
+
+    def __init__(self, rows: list[list[Any]], root_password: str) -> None:
+        from broker.config import NodeConfig
+        from broker.parts.users import format_verifier
+        from broker.security import make_credential
+
+        self.config = NodeConfig.from_dict({
+            "node_id": 1, "listen": "127.0.0.1:7101", "data": "/nonexistent",
+            "peers": {1: "127.0.0.1:7101"}, "groups": [{"id": "g0", "replicas": [1]}],
+            "authenticate": True, "superusers": ["root"], "cluster_secret": "s" * 24,
+            "superuser_scram": format_verifier(make_credential(root_password))})
+        self.groups = {"g0": _Metadata(rows)}
+
+
+@pytest.mark.live
+@pytest.mark.parametrize("crowd", [0, 6_000])
+def test_users_beyond_what_a_registration_carries_fail_closed_at_the_name_server(
+        namesrv_proc, crowd):
+    """A node registers its users' verifiers in the REGISTER header (1 MiB at most).
+    With few users a stored one logs in at the name server; with 6,000 of the longest
+    names and salts (some 1.2 MB of verifiers) the registration still fits and is taken
+    (the node's routes do not expire), carrying only the configured superuser's
+    verifier: the superuser logs in, a stored user is refused, saying why."""
+    import os
+
+    from broker.protocol import MAX_HEADER
+    from broker.security import Guard, make_credential
+    from transport.blocking import request
+    from transport.scram import Credentials
+
+    _, addr = namesrv_proc
+    ann = make_credential("ann's password")
+    rows = [["ann", ann.salt, ann.iterations, ann.stored_key, ann.server_key]]
+    rows += [[f"u{i:05d}" + "x" * 58, os.urandom(64), 4096, os.urandom(32), os.urandom(32)]
+             for i in range(crowd)]
+    guard = Guard(_AuthNode(rows, "root's password"))  # type: ignore[arg-type]
+    auth = guard.registration_auth()
+    assert auth is not None
+    header = reg(1, {"g0": group("leader", 2, leader=1)}) | {"auth": auth}
+    size = len(encode_frame(header))
+    assert size < MAX_HEADER, f"a registration of {size} bytes"
+    answer, _ = request(addr, header)
+    assert answer["code"] == 0
+
+    ok, _ = request(addr, {"op": int(Op.CLUSTER), "topics": False},
+                    credentials=Credentials("root", "root's password"))
+    assert set(ok["nodes"]) == {1}
+    ann_login = Credentials("ann", "ann's password")
+    if not crowd:
+        request(addr, {"op": int(Op.ROUTE), "topic": "orders"}, credentials=ann_login)
+        return
+    with pytest.raises(RequestError) as info:
+        request(addr, {"op": int(Op.ROUTE), "topic": "orders"}, credentials=ann_login)
+    assert info.value.code == Code.UNAUTHENTICATED
+    assert "more users than a registration carries" in info.value.message
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--frame-timeout", "0"], "--frame-timeout must be a positive number"),
     (["--idle-timeout", "nan"], "--idle-timeout must be a positive number"),

@@ -89,3 +89,19 @@ def test_an_unknown_purpose_or_a_missing_nonce_is_malformed() -> None:
             assert answer is not None and answer.header["code"] == Code.MALFORMED
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("subject, node", [
+    ((((("commonName", "raftmq-n2"),),)), 2),
+    (((("organizationName", "x"),), (("commonName", "raftmq-n17"),)), 17),
+    (((("commonName", "raftmq-namesrv"),),), None),
+    (((("commonName", "raftmq-n02"),),), None),
+    (((("commonName", "raftmq-n"),),), None),
+    (((("commonName", "raftmq-n1"),), (("commonName", "raftmq-n2"),)), None),
+    (((("organizationName", "raftmq-n2"),),), None),
+])
+def test_a_certificate_names_a_node_by_its_common_name(subject: object, node: int | None) -> None:
+    from transport.peerauth import certificate_node, node_certificate_name
+
+    assert certificate_node({"subject": subject}) == node
+    assert certificate_node(None) is None and node_certificate_name(5) == "raftmq-n5"

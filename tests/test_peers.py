@@ -188,12 +188,24 @@ def test_peers_with_different_secrets_never_exchange_a_message() -> None:
     assert got1 == [] and got2 == []
 
 
-def test_peer_links_run_over_tls_when_given_a_context() -> None:
-    ca = trustme.CA()
+def _node_tls(ca: trustme.CA, node: int) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """Node `node`'s listening and dialing contexts (mutual TLS, as `transport.tls` makes
+    them), with a certificate whose subject names the node (`raftmq-n<id>`)."""
+    cert = ca.issue_cert("127.0.0.1", common_name=f"raftmq-n{node}")
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(server)
+    cert.configure_cert(server)
+    ca.configure_trust(server)
+    server.verify_mode = ssl.CERT_OPTIONAL
     client = ssl.create_default_context()
     ca.configure_trust(client)
+    cert.configure_cert(client)
+    return server, client
+
+
+def test_peer_links_run_over_tls_when_given_a_context() -> None:
+    ca = trustme.CA()
+    server, _ = _node_tls(ca, 2)
+    _, client = _node_tls(ca, 1)
     got1, got2 = _pair(SECRET, SECRET, server_tls=server, client_tls=client)
     assert got1 and got2
     stranger = ssl.create_default_context()  # trusts no certificate of ours
@@ -278,3 +290,15 @@ def test_a_chunk_that_does_not_continue_its_transfer_ends_it() -> None:
                              (0, b"x", 1 << 41)):
         with pytest.raises(WireError):
             _take_chunk(transfers, 1, chunk(off, total), body)
+
+
+def test_a_peer_certificate_naming_another_node_never_links() -> None:
+    """Node 1 dialing with node 3's certificate (the secret is right), or node 2
+    answering with node 3's: no message passes either way."""
+    ca = trustme.CA()
+    server2, _ = _node_tls(ca, 2)
+    server3, client3 = _node_tls(ca, 3)
+    _, client1 = _node_tls(ca, 1)
+    for server, client in ((server2, client3), (server3, client1)):
+        got1, got2 = _pair(SECRET, SECRET, server_tls=server, client_tls=client)
+        assert got1 == [] and got2 == []

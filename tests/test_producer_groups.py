@@ -90,3 +90,32 @@ def test_transaction_settings_default_and_validate() -> None:
             NodeConfig.from_dict({**BASE, key: 0}, env={})
         with pytest.raises(ConfigError, match=f"{key} must be an integer"):
             NodeConfig.from_dict({**BASE, key: "5"}, env={})
+
+
+def test_client_ids_and_members_are_capped() -> None:
+    """A long client id is MALFORMED; a new member over the group's or the node's cap is
+    BUSY until one leaves (its connection closes)."""
+    from broker.protocol import Code, RequestError
+
+    def connected() -> Caller:
+        caller = Caller()
+        caller._bind(FrameWriter(trio.testing.memory_stream_pair()[0]))
+        return caller
+
+    registry = ProducerRegistry(max_group_members=2, max_members=3)
+    with pytest.raises(RequestError) as info:
+        registry.heartbeat("pg", "x" * 256, connected(), 1_000, 0.0)
+    assert info.value.code == Code.MALFORMED and len(registry) == 0
+    a, b = connected(), connected()
+    registry.heartbeat("pg", "a", a, 1_000, 0.0)
+    registry.heartbeat("pg", "b", b, 1_000, 0.0)
+    with pytest.raises(RequestError) as info:
+        registry.heartbeat("pg", "c", connected(), 1_000, 0.0)
+    assert info.value.code == Code.BUSY
+    registry.heartbeat("other", "d", connected(), 1_000, 0.0)
+    with pytest.raises(RequestError) as info:
+        registry.heartbeat("third", "e", connected(), 1_000, 0.0)
+    assert info.value.code == Code.BUSY
+    b._close("gone")
+    registry.heartbeat("third", "e", connected(), 1_000, 0.0)
+    assert [m.client for m in registry.members("pg", 0.0)] == ["a"] and len(registry) == 3

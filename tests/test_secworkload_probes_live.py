@@ -41,6 +41,7 @@ data = "{data}"
 tick_ms = 50
 authenticate = true
 authorize = true
+cluster_secret = "this test cluster's own secret"
 superusers = ["root"]
 superuser_scram = "{scram}"
 [peers]

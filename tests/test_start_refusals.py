@@ -105,3 +105,39 @@ def test_a_node_whose_port_is_taken_says_so(tmp_path: Path) -> None:
     assert said == [f"raftmq node: cannot listen on {listen} (config key 'listen'): Address "
                     "already in use -- another process holds the port, or the address is "
                     "not this host's"], said
+
+
+def test_a_metrics_endpoint_off_loopback_needs_saying_so(tmp_path: Path) -> None:
+    """The metrics endpoint is plain HTTP without a login: a config that would serve it
+    on every interface is refused at start (exit status 2, saying why and how), before
+    anything listens; `metrics_public = true` says it may."""
+    (port, mport) = free_ports(2)
+    text = f'metrics = "0.0.0.0:{mport}"\n' + CONFIG.format(data=tmp_path / "data", port=port)
+    config = tmp_path / "n1.toml"
+    config.write_text(text)
+
+    proc = _start(config)
+
+    assert proc.returncode == 2, proc.stderr
+    assert "not a loopback address" in proc.stderr and "metrics_public" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    public = NodeConfig.from_dict({**tomllib.loads(text), "metrics_public": True}, env={})
+    assert public.metrics == f"0.0.0.0:{mport}" and public.metrics_public
+
+
+def test_logins_on_the_built_in_cluster_secret_are_refused(tmp_path: Path) -> None:
+    """The built-in cluster secret is public: with it, anyone could do the peer handshake
+    (and read the users' verifiers with READ_RAW), and compute the made-up salt of any
+    name, telling stored users from unknown ones. A node with `authenticate = true` and
+    no cluster_secret of its own is refused at start (exit status 2, saying why)."""
+    (port,) = free_ports(1)
+    text = "authenticate = true\n" + CONFIG.format(data=tmp_path / "data", port=port)
+    config = tmp_path / "n1.toml"
+    config.write_text(text)
+
+    proc = _start(config)
+
+    assert proc.returncode == 2, proc.stderr
+    assert "needs a cluster_secret of its own" in proc.stderr, proc.stderr
+    own = NodeConfig.from_dict({**tomllib.loads(text), "cluster_secret": "x" * 24}, env={})
+    assert own.authenticate

@@ -14,6 +14,7 @@ from raftmq.cli import _global_options
 from transport.tls import CA_ENV, TlsConfigError, client_context, context_from_env
 
 BASE = 'node_id = 1\nlisten = "127.0.0.1:7101"\ndata = "d"\n[peers]\n1 = "127.0.0.1:7101"\n'
+SECRET = 'cluster_secret = "the long random secret of this test"\n'
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def write(d: Path, extra: str) -> Path:
 
 def test_relative_tls_files_are_beside_the_config(tmp_path: Path, ca: trustme.CA) -> None:
     pki(ca, tmp_path)
-    cfg = load_config(write(tmp_path, 'tls_cert = "n1.pem"\ntls_key = "n1.key"\n'
+    cfg = load_config(write(tmp_path, SECRET + 'tls_cert = "n1.pem"\ntls_key = "n1.key"\n'
                                       'tls_ca = "ca.pem"\n'))
     assert cfg.tls and cfg.tls_ca == str(tmp_path / "ca.pem")
 
@@ -45,6 +46,16 @@ def test_tls_keys_come_together(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tls_cert, tls_key and tls_ca together"):
         NodeConfig.from_dict({"node_id": 1, "listen": "127.0.0.1:7101", "data": "d",
                               "peers": {1: "127.0.0.1:7101"}, "tls_cert": "n1.pem"})
+
+
+def test_a_tls_cluster_needs_its_own_secret(tmp_path: Path, ca: trustme.CA) -> None:
+    """The built-in cluster secret is public: with TLS on, a config without its own is
+    refused, saying so."""
+    pki(ca, tmp_path)
+    for extra in ("", 'cluster_secret = "raftmq-dev-cluster-secret"\n'):
+        with pytest.raises(ConfigError, match="a TLS cluster needs its own cluster_secret"):
+            load_config(write(tmp_path, extra + 'tls_cert = "n1.pem"\ntls_key = "n1.key"\n'
+                                                'tls_ca = "ca.pem"\n'))
 
 
 @pytest.mark.parametrize("broken, match", [
@@ -64,7 +75,7 @@ def test_an_unusable_tls_file_is_named_at_load(tmp_path: Path, ca: trustme.CA, b
         ca.issue_cert("other").private_key_pem.write_to_path(str(tmp_path / "n1.key"))
     else:
         (tmp_path / "ca.pem").write_text("not a certificate\n")
-    p = write(tmp_path, 'tls_cert = "n1.pem"\ntls_key = "n1.key"\ntls_ca = "ca.pem"\n')
+    p = write(tmp_path, SECRET + 'tls_cert = "n1.pem"\ntls_key = "n1.key"\ntls_ca = "ca.pem"\n')
     with pytest.raises(ConfigError, match=match) as info:
         load_config(p)
     assert str(p) in str(info.value)

@@ -77,8 +77,13 @@ BASE = {"node_id": 1, "listen": "127.0.0.1:7101", "data": "d", "peers": {1: "127
 def test_security_config_keys_are_checked() -> None:
     v = format_verifier(make_credential("pw"))
     cfg = NodeConfig.from_dict({**BASE, "authenticate": True, "authorize": True,
-                                "superusers": ["admin"], "superuser_scram": v})
+                                "superusers": ["admin"], "superuser_scram": v,
+                                "cluster_secret": "this cluster's own secret"})
     assert cfg.superusers == ("admin",) and cfg.authorize
+    # the built-in secret is public: it would key the made-up salts of unknown users
+    # (telling them from stored ones) and let anyone read the verifiers as a peer
+    with pytest.raises(ConfigError, match="needs a cluster_secret of its own"):
+        NodeConfig.from_dict({**BASE, "authenticate": True})
     with pytest.raises(ConfigError, match="needs authenticate"):
         NodeConfig.from_dict({**BASE, "authorize": True})
     with pytest.raises(ConfigError, match="SCRAM-SHA-256 verifier"):

@@ -433,6 +433,13 @@ class Caller:
         client whose login failed gets its answer, then must connect again)."""
         self._hang_up = True
 
+    def disconnect(self) -> None:
+        """End this connection now, after the answers already queued (a user removed
+        while it was logged in: its connection must not outlive the login)."""
+        self._hang_up = True
+        if self._out is not None:
+            self._out.stop()
+
     def _bind(self, out: FrameWriter) -> None:
         self._out = out
         self._gone = None

@@ -18,6 +18,13 @@ The HMAC arithmetic is pure (`proof`, `check`); `dial_peer` and `accept_peer` ru
 over a `FrameStream`. With TLS configured, a node also refuses a HELLO from a connection
 that did not present a certificate from the cluster CA (`broker.node`, mutual TLS), so a
 would-be peer needs both the certificate and the secret.
+
+Over TLS the certificate also says *which* node it belongs to: its subject's common name
+is `raftmq-n<id>` (`node_certificate_name`; `raftmq dev --tls` issues them so). Both ends
+check it against the node id the handshake claims (`certificate_node`): the acceptor
+against the HELLO's `node`, the dialer against the node it meant to reach. A certificate
+naming another node, or none (the name server's `raftmq-namesrv`, a client's), cannot act
+as a node, whatever secret comes with it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import trio
 from broker.protocol import Code, Frame, Op, error_header, ok_header
 
 from .framing import FrameStream
+from .tls import peer_certificate
 
 __all__ = [
     "DEV_CLUSTER_SECRET",
@@ -41,8 +49,10 @@ __all__ = [
     "PeerGone",
     "PeerRefused",
     "accept_peer",
+    "certificate_node",
     "check",
     "dial_peer",
+    "node_certificate_name",
     "proof",
     "refuse_peer",
 ]
@@ -83,6 +93,50 @@ def check(secret: bytes, given: object, role: str, dialer: int, acceptor: int,
     return hmac.compare_digest(given, want)
 
 
+_NAME_PREFIX = "raftmq-n"
+
+
+def node_certificate_name(node: int) -> str:
+    """The subject common name a certificate of node `node` carries."""
+    return f"{_NAME_PREFIX}{node}"
+
+
+def certificate_node(cert: Mapping[str, object] | None) -> int | None:
+    """The node id a verified peer certificate (`ssl.SSLSocket.getpeercert()`'s form)
+    names in its subject's common name, or None when it names no node (a name server's,
+    a client's, or none at all). Several common names naming different nodes name none."""
+    if not cert:
+        return None
+    found: set[int] = set()
+    subject = cert.get("subject", ())
+    for rdn in subject if isinstance(subject, tuple) else ():
+        for attr in rdn if isinstance(rdn, tuple) else ():
+            if not (isinstance(attr, tuple) and len(attr) == 2 and attr[0] == "commonName"):
+                continue
+            value = attr[1]
+            digits = value[len(_NAME_PREFIX):] if isinstance(value, str) else ""
+            if (isinstance(value, str) and value.startswith(_NAME_PREFIX) and digits.isdigit()
+                    and digits.isascii() and not (len(digits) > 1 and digits[0] == "0")):
+                found.add(int(digits))
+    return found.pop() if len(found) == 1 else None
+
+
+def _identity_mismatch(fs: FrameStream, node: int) -> str | None:
+    """Why the TLS certificate of `fs`'s other end does not name `node` (None when it
+    does, or when the stream is plain: without TLS the secret alone identifies peers)."""
+    if not isinstance(fs.stream, trio.SSLStream):
+        return None
+    cert = peer_certificate(fs.stream)
+    named = certificate_node(cert)
+    if named == node:
+        return None
+    if cert is None:
+        return f"node {node} presented no certificate"
+    shown = "no node" if named is None else f"node {named}"
+    return (f"the certificate names {shown}, not node {node} (a node's certificate "
+            f"has the subject CN {node_certificate_name(node)!r})")
+
+
 def _node(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -108,6 +162,9 @@ async def dial_peer(fs: FrameStream, secret: bytes, me: int, peer: int, *,
         na = h.get("nonce")
         if h.get("node") != peer or not isinstance(na, bytes) or len(na) != _NONCE:
             raise PeerRefused(f"node {peer} answered the handshake as {h.get('node')!r}")
+        mismatch = _identity_mismatch(fs, peer)
+        if mismatch is not None:
+            raise PeerRefused(f"dialing node {peer}: {mismatch}")
         if not check(secret, h.get("proof"), "accept", me, peer, nd, na):
             raise PeerRefused(f"node {peer} does not know the cluster secret")
         await fs.send({"op": int(Op.HELLO), "node": me,
@@ -129,6 +186,9 @@ async def accept_peer(fs: FrameStream, hello: Frame, secret: bytes, me: int,
         await _refuse(fs, Code.MALFORMED, f"HELLO from node {peer}: needs a {_NONCE}-byte "
                       f"nonce and a purpose in {PURPOSES}")
     assert isinstance(nd, bytes)
+    mismatch = _identity_mismatch(fs, peer)
+    if mismatch is not None:
+        await _refuse(fs, Code.FORBIDDEN, f"HELLO as node {peer}: {mismatch}")
     na = secrets.token_bytes(_NONCE)
     try:
         with trio.fail_after(timeout):

@@ -1,8 +1,16 @@
 """Consumer offsets of clustering groups, committed through the log so failover never
-rewinds them. Last write wins; offsets of queues not hosted here are skipped."""
+rewinds them. Last write wins; offsets of queues not hosted here are skipped.
+
+Consumer group names are the client's choice and every replica keeps their offsets in
+memory until the group is deleted, so a broker group keeps offsets of at most
+`MAX_CONSUMER_GROUPS` consumer groups: a commit of one more is refused (MALFORMED,
+nothing changed) until one is deleted. Committed transactions' offsets are applied
+whatever the count (a decided transaction cannot fail).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -19,7 +27,9 @@ from broker.parts.base import (
 )
 from broker.protocol import Code, validate_group_name
 
-__all__ = ["CommitOffsets", "DeleteGroup", "Offsets"]
+__all__ = ["MAX_CONSUMER_GROUPS", "CommitOffsets", "DeleteGroup", "Offsets"]
+
+MAX_CONSUMER_GROUPS = 100_000  # consumer groups with committed offsets, per broker group
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +98,7 @@ class Offsets(Part):
     def __init__(self, state: Any) -> None:
         super().__init__(state)
         self.offsets: dict[tuple[str, str, int], int] = {}
+        self._groups: Counter[str] = Counter()  # cg -> its (topic, queue) entries
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
         return {CommitOffsets.op: (CommitOffsets, self._commit),
@@ -96,10 +107,14 @@ class Offsets(Part):
     def _delete_group(self, rec: DeleteGroup, index: int) -> ControlResult:
         gone = [k for k in self.offsets if k[0] == rec.cg]
         for k in gone:
-            del self.offsets[k]
+            self._drop(k)
         return ControlResult(DeleteGroup.op, len(gone))
 
     def _commit(self, rec: CommitOffsets, index: int) -> ControlResult:
+        if rec.cg not in self._groups and len(self._groups) >= MAX_CONSUMER_GROUPS:
+            raise Refused(Code.MALFORMED, f"this broker group keeps committed offsets of at "
+                          f"most {MAX_CONSUMER_GROUPS} consumer groups: delete unused ones "
+                          f"(DELETE_GROUP) before committing for {rec.cg!r}")
         applied, skipped = self.put(rec.cg, rec.offsets)
         return ControlResult(CommitOffsets.op, applied, skipped)
 
@@ -110,6 +125,8 @@ class Offsets(Part):
         applied = skipped = 0
         for topic, queue, offset in offsets:
             if self.state.hosts(topic, queue):
+                if (cg, topic, queue) not in self.offsets:
+                    self._groups[cg] += 1
                 self.offsets[(cg, topic, queue)] = offset
                 applied += 1
             else:
@@ -124,7 +141,13 @@ class Offsets(Part):
 
     def topic_deleted(self, config: TopicConfig) -> None:
         for k in [k for k in self.offsets if k[1] == config.name]:
-            del self.offsets[k]
+            self._drop(k)
+
+    def _drop(self, key: tuple[str, str, int]) -> None:
+        del self.offsets[key]
+        self._groups[key[0]] -= 1
+        if not self._groups[key[0]]:
+            del self._groups[key[0]]
 
     def section(self) -> Any:
         return [[cg, t, q, o] for (cg, t, q), o in sorted(self.offsets.items())]
@@ -133,4 +156,6 @@ class Offsets(Part):
         if version != 1:
             raise ValueError(f"unsupported offsets section version {version!r}")
         for cg, t, q, o in section:
+            if (cg, t, q) not in self.offsets:
+                self._groups[cg] += 1
             self.offsets[(cg, t, q)] = o

@@ -145,15 +145,20 @@ class Users(Part):
     def __init__(self, state: Any) -> None:
         super().__init__(state)
         self._users: dict[str, Credential] = {}
+        # how often the table changed in this process (not replicated: a cheap way for
+        # the node to notice a change, e.g. to tell the name servers)
+        self.changes = 0
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
         return {UserPut.op: (UserPut, self._put), UserDelete.op: (UserDelete, self._delete)}
 
     def _put(self, rec: UserPut, index: int) -> ControlResult:
         self._users[rec.name] = rec.credential
+        self.changes += 1
         return ControlResult(UserPut.op, 1)
 
     def _delete(self, rec: UserDelete, index: int) -> ControlResult:
+        self.changes += 1
         return ControlResult(UserDelete.op, int(self._users.pop(rec.name, None) is not None))
 
     def credential(self, name: str) -> Credential | None:
@@ -174,3 +179,4 @@ class Users(Part):
             rec = UserPut(name, salt, iterations, stored_key, server_key)  # validates
             users[rec.name] = rec.credential
         self._users = users
+        self.changes += 1

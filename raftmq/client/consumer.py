@@ -31,7 +31,14 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from broker.protocol import Code, Op, RequestError, validate_group_name, validate_topic_name
+from broker.protocol import (
+    MAX_CLIENT_CHARS,
+    Code,
+    Op,
+    RequestError,
+    validate_group_name,
+    validate_topic_name,
+)
 from broker.records import Message, decode_record, iter_records, message_id, tag_problem
 from transport.connection import ClientClosedError, ConnectionPool, is_retriable
 
@@ -350,7 +357,7 @@ async def commit_offsets(
 
 def default_client_id() -> str:
     """Unique per consumer instance, readable in CONSUMERS answers: host@pid@random."""
-    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+    return f"{socket.gethostname()[:200]}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
 def check_isolation(isolation: str) -> str:
@@ -807,6 +814,9 @@ class PushConsumer(_ClientBase):
         self.on_give_up = on_give_up
         self.shutdown_timeout = shutdown_timeout
         self.client_id = client_id or default_client_id()
+        if not (len(self.client_id) <= MAX_CLIENT_CHARS and self.client_id.isprintable()):
+            # the nodes refuse such a heartbeat (MALFORMED): say so before starting
+            raise ValueError(f"client_id must be 1-{MAX_CLIENT_CHARS} printable characters")
         self._handler_is_async = _is_async_callable(handler)
         self._states: dict[tuple[str, int], _QueueState] = {}
         self._local_offsets: dict[tuple[str, int], int] = {}
