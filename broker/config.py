@@ -158,6 +158,27 @@ class NodeConfig:
     max_pending_bytes_per_connection: int = 1 << 20
     max_inflight_bytes_per_connection: int = 64 << 20
     slow_client_timeout: float = 30.0
+    # The time and memory budget of a client connection (`transport.budget`,
+    # docs/security.md): a frame must be complete `frame_timeout` seconds after its first
+    # byte; a connection with nothing in flight is closed after `idle_timeout`. With
+    # `authenticate`, a connection must log in within `login_timeout` of connecting, its
+    # frames until then hold at most `login_max_frame` bytes, and at most
+    # `max_unauthenticated_connections` connections not (yet) logged in are kept (a new
+    # one closes the oldest; they do not count against `max_connections`, so they cannot
+    # lock out a login). Request bodies in flight on all the connections of one user
+    # (and the large frames they are reading) stop being read at
+    # `max_inflight_bytes_per_user`. After `login_failures_before_delay` failed logins
+    # in a row from an address (remembered for at most 4096 addresses), each next
+    # failure from there is answered later, doubling up to `login_delay_max` seconds
+    # (a right password is never delayed).
+    frame_timeout: float = 120.0
+    idle_timeout: float = 3600.0
+    login_timeout: float = 30.0
+    login_max_frame: int = 64 << 10
+    max_unauthenticated_connections: int = 512
+    max_inflight_bytes_per_user: int = 256 << 20
+    login_failures_before_delay: int = 3
+    login_delay_max: float = 5.0
     authenticate: bool = False
     authorize: bool = False
     superusers: tuple[str, ...] = ()
@@ -531,6 +552,18 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
             d.get("max_inflight_bytes_per_connection", 64 << 20),
             "max_inflight_bytes_per_connection", minimum=1024),
         slow_client_timeout=_float(d.get("slow_client_timeout", 30.0), "slow_client_timeout"),
+        frame_timeout=_float(d.get("frame_timeout", 120.0), "frame_timeout"),
+        idle_timeout=_float(d.get("idle_timeout", 3600.0), "idle_timeout"),
+        login_timeout=_float(d.get("login_timeout", 30.0), "login_timeout"),
+        login_max_frame=_int(d.get("login_max_frame", 64 << 10), "login_max_frame",
+                             minimum=4096),
+        max_unauthenticated_connections=_int(d.get("max_unauthenticated_connections", 512),
+                                             "max_unauthenticated_connections", minimum=1),
+        max_inflight_bytes_per_user=_int(d.get("max_inflight_bytes_per_user", 256 << 20),
+                                         "max_inflight_bytes_per_user", minimum=1024),
+        login_failures_before_delay=_int(d.get("login_failures_before_delay", 3),
+                                         "login_failures_before_delay", minimum=1),
+        login_delay_max=_float(d.get("login_delay_max", 5.0), "login_delay_max"),
         tls_cert=tls["tls_cert"],
         tls_key=tls["tls_key"],
         tls_ca=tls["tls_ca"],

@@ -54,6 +54,7 @@ from typing import Any
 import trio
 from prometheus_client import Counter, Gauge
 
+from broker.admission import ClientAdmission, Ticket
 from broker.config import NodeConfig, load_config
 from broker.cqchunks import CorruptChunk, FileChunkStore, is_shipped, provide, ship, unship
 from broker.groups import GroupRegistry
@@ -82,6 +83,7 @@ from raftlog.core import RaftConfig
 from raftlog.fsutil import CorruptFile, disable_sync_marks, enable_sync_marks
 from raftlog.runtime import EntryUnavailable, GroupOptions, GroupRuntime, when_space
 from raftlog.types import Message, MsgType, Role
+from transport.budget import Budget, BytePool
 from transport.framing import Caller, FrameStream, caller_of, serve_frames
 from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, accept_peer, refuse_peer
 from transport.tls import (
@@ -202,7 +204,22 @@ class Node:
         self.duplicate_every = DUPLICATE_EVERY if "duplicate-batch" in mutations else 0
         self.batches_led = 0
         self._nursery: trio.Nursery | None = None
-        self.client_connections = 0  # served now (`max_connections`)
+        cfg = config
+        # which client connections are kept (`broker.admission`), and each one's budget
+        self.admission = ClientAdmission(
+            max_connections=cfg.max_connections,
+            max_unidentified=cfg.max_unauthenticated_connections,
+            max_bytes_per_user=cfg.max_inflight_bytes_per_user,
+            superusers=frozenset(cfg.superusers), on_refusal=self.count_refusal)
+        self.budget = Budget(
+            frame_timeout=cfg.frame_timeout, idle_timeout=cfg.idle_timeout,
+            login_timeout=cfg.login_timeout if cfg.authenticate else None,
+            login_max_frame=cfg.login_max_frame if cfg.authenticate else None)
+
+    @property
+    def client_connections(self) -> int:
+        """Client connections counted against `max_connections` now."""
+        return self.admission.clients
 
     def _new_group(self, gid: str, voters: tuple[int, ...]) -> GroupRuntime[BrokerState]:
         """The runtime of this node's replica of `gid` (not opened yet); `voters` is the
@@ -487,6 +504,18 @@ class Node:
             task_status.started(self.addr)
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
+        with trio.CancelScope() as scope:  # (cancelled: evicted, see `broker.admission`)
+            ticket = self.admission.arrive(scope)
+            try:
+                await self._serve_accepted(stream, ticket)
+            finally:
+                self.admission.leave(ticket)
+        if scope.cancelled_caught:
+            log.info("closed the oldest connection that had not logged in, for a new one")
+            await trio.aclose_forcefully(stream)
+
+    async def _serve_accepted(self, stream: trio.abc.Stream, ticket: Ticket) -> None:
+        since = trio.current_time()
         if self._ssl is not None:
             try:
                 with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
@@ -497,10 +526,16 @@ class Node:
                 log.info("TLS handshake failed", extra={"fields": {"error": repr(exc)}})
                 await trio.aclose_forcefully(stream)
                 return
+        cfg = self.config
         fs = FrameStream(stream, max_frame=self.max_frame)
+        if cfg.authenticate:  # the first frame is a HELLO or an AUTH: both small
+            fs.decoder.max_frame = min(self.max_frame, cfg.login_max_frame)
         first = None
+        first_timeout = FIRST_FRAME_TIMEOUT
+        if cfg.authenticate:
+            first_timeout = min(first_timeout, cfg.login_timeout)
         try:
-            with trio.move_on_after(FIRST_FRAME_TIMEOUT):  # an idle connection holds nothing
+            with trio.move_on_after(first_timeout):  # an idle connection holds nothing
                 first = await fs.receive()
         except Exception:  # noqa: BLE001 - a broken first frame ends only this connection
             await serve_frames(fs, self._handle)  # answers the protocol error
@@ -509,32 +544,51 @@ class Node:
             await trio.aclose_forcefully(fs.stream)
             return
         if first.header.get("op") == Op.HELLO:  # peers are not counted: never crowded out
-            await self._serve_peer(fs, first)
+            # (the handshake's frames are small; until it succeeds this is any connection)
+            fs.decoder.max_frame = min(self.max_frame, cfg.login_max_frame)
+            await self._serve_peer(fs, first, ticket)
             return
-        cfg = self.config
-        if self.client_connections >= cfg.max_connections:
-            self.count_refusal("connections")
-            with trio.move_on_after(2):
-                try:
-                    await fs.send(error_header(0, Code.BUSY, f"node {self.node_id} serves at "
-                                               f"most {cfg.max_connections} client connections"))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-            await trio.aclose_forcefully(fs.stream)
-            return
-        self.client_connections += 1
-        try:
-            await serve_frames(fs, self._handle, first=first,
-                               max_inflight=cfg.max_inflight_per_connection,
-                               max_pending=cfg.max_pending_bytes_per_connection,
-                               max_inflight_bytes=cfg.max_inflight_bytes_per_connection,
-                               write_timeout=cfg.slow_client_timeout)
-        finally:
-            self.client_connections -= 1
+        fs.decoder.max_frame = self.max_frame  # (the budget lowers it again until a login)
+        caller = caller_of(fs.stream)
+        if cfg.authenticate:  # counted once logged in (the guard's AUTH calls `log_in`)
+            caller.on_login(functools.partial(self._logged_in, ticket))
+        else:
+            try:
+                self.admission.client(ticket)
+            except RequestError as exc:
+                with trio.move_on_after(2):
+                    try:
+                        await fs.send(error_header(0, exc.code, f"node {self.node_id}: "
+                                                   f"{exc.message}"))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+                await trio.aclose_forcefully(fs.stream)
+                return
+        await serve_frames(fs, self._handle, first=first, caller=caller,
+                           max_inflight=cfg.max_inflight_per_connection,
+                           max_pending=cfg.max_pending_bytes_per_connection,
+                           max_inflight_bytes=cfg.max_inflight_bytes_per_connection,
+                           write_timeout=cfg.slow_client_timeout, budget=self.budget,
+                           pool_of=self._pool_of, frame_pool_of=self._pool_of, since=since)
 
-    async def _serve_peer(self, fs: FrameStream, hello: Frame) -> None:
+    def _pool_of(self, caller: Caller) -> BytePool | None:
+        """The request bytes (bodies running, frames being read) `caller` shares with its
+        user's other connections: `max_inflight_bytes_per_user`."""
+        return self.admission.pool(caller.principal)
+
+    def _logged_in(self, ticket: Ticket, user: str) -> None:
+        """A client connection logged in as `user`: it now counts as that user's, or
+        the login is refused with BUSY when the node has no room for it."""
+        try:
+            self.admission.client(ticket, user)
+        except RequestError as exc:
+            raise RequestError(exc.code, f"node {self.node_id}: {exc.message}") from None
+
+    async def _serve_peer(self, fs: FrameStream, hello: Frame, ticket: Ticket) -> None:
         """A connection that opened with HELLO: the peer handshake, then the Raft link
-        (purpose `raft`) or requests answered as from that peer (`rpc`: READ_RAW)."""
+        (purpose `raft`) or requests answered as from that peer (`rpc`: READ_RAW). Only a
+        completed handshake takes it out of the connections not identified yet, so a
+        HELLO that goes no further is bounded and evicted like them."""
         try:
             if self._ssl is not None and peer_certificate(fs.stream) is None:
                 # mutual TLS: a node proves it is one with a certificate from the cluster CA
@@ -550,6 +604,8 @@ class Node:
                 self.refused_counter.labels("peer_handshake").inc()
                 log.info("peer connection refused", extra={"fields": {"error": str(exc)}})
                 return
+            self.admission.peer(ticket)
+            fs.decoder.max_frame = self.max_frame  # (the Raft link raises it to its own)
             if purpose == "rpc":
                 caller = caller_of(fs.stream)
                 caller.peer = peer

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
@@ -268,20 +268,42 @@ class FrameDecoder:
     resynchronised; the caller closes the connection (other connections are unaffected).
     """
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, *, small_frame: int | None = None,
+                 large_ok: Callable[[dict[Any, Any]], bool] | None = None) -> None:
         self.max_frame = max_frame
+        # with `large_ok`: a frame over `small_frame` bytes must have a header it accepts,
+        # checked as soon as the header is in (a request type that is always small cannot
+        # make the reader buffer a large frame)
+        self.small_frame = small_frame
+        self.large_ok = large_ok
+        self._checked = -1  # the position of the large frame whose header was accepted
         self._buf = bytearray()
         self._pos = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._pos and self._pos > len(self._buf) // 2:
             del self._buf[: self._pos]
+            self._checked = 0 if self._checked == self._pos else -1
             self._pos = 0
         self._buf += data
 
     @property
     def buffered(self) -> int:
         return len(self._buf) - self._pos
+
+    def discard(self) -> None:
+        """Drop whatever is buffered (the connection is closing): its memory goes now,
+        not when the last reference to the decoder does."""
+        self._buf = bytearray()
+        self._pos = 0
+        self._checked = -1
+
+    def pending_frame(self) -> int | None:
+        """The size on the wire of the frame begun in the buffer, once its length prefix
+        is in (so a reader can set memory aside for it before reading its body)."""
+        if self.buffered < 4:
+            return None
+        return 4 + int(_PREFIX.unpack_from(self._buf, self._pos)[0])
 
     def next_frame(self) -> Frame | None:
         buf, pos = self._buf, self._pos
@@ -297,9 +319,11 @@ class FrameDecoder:
                 Code.MALFORMED, f"header length {header_len} does not fit frame length {frame_len}"
             )
         end = pos + 4 + frame_len
-        if len(buf) < end:
-            return None
         hstart = pos + 8
+        gated = (self.large_ok is not None and self.small_frame is not None
+                 and frame_len > self.small_frame and self._checked != pos)
+        if len(buf) < end and not (gated and len(buf) >= hstart + header_len):
+            return None
         try:
             header = msgpack.unpackb(
                 bytes(buf[hstart : hstart + header_len]), raw=False, strict_map_key=False
@@ -308,8 +332,18 @@ class FrameDecoder:
             raise ProtocolError(Code.MALFORMED, f"undecodable frame header: {exc}") from exc
         if not isinstance(header, dict):
             raise ProtocolError(Code.MALFORMED, "frame header is not a map")
+        if gated:
+            assert self.large_ok is not None
+            if not self.large_ok(header):
+                raise ProtocolError(
+                    Code.FRAME_TOO_LARGE, f"frame of {frame_len} bytes exceeds the limit "
+                    f"{self.small_frame} for this request (op {header.get('op')!r})")
+            self._checked = pos
+            if len(buf) < end:
+                return None
         body = bytes(buf[hstart + header_len : end])
         self._pos = end
+        self._checked = -1
         return Frame(header, body, 4 + frame_len)
 
 

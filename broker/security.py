@@ -52,6 +52,7 @@ import hashlib
 import hmac
 import logging
 import weakref
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
@@ -250,6 +251,7 @@ class Guard:
         if cfg.superuser_scram:
             self._bootstrap[cfg.superusers[0]] = parse_verifier(cfg.superuser_scram)
         self._fake_key = fake_salt_key(cfg.cluster_secret)  # made-up salts, unknown users
+        self.failures = LoginFailures(cfg.login_failures_before_delay, cfg.login_delay_max)
         self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
         # the open connections logged in as each user, closed when the user is removed
         self._sessions: dict[str, weakref.WeakSet[Caller]] = {}
@@ -435,13 +437,25 @@ class Guard:
             server.set_client_final(msg)
             final = server.get_server_final()
         except scramp.ScramException:
+            # guesses from there failed in a row: each next failure is answered later (a
+            # right password never waits, so no one is locked out by another's guesses)
+            delay = self.failures.delay(caller.remote)
+            self.failures.failed(caller.remote)
             self.node.count_refusal("auth")
             caller.hang_up()  # one try per connection: guessing costs a new connection
             log.info("authentication failed", extra={"fields": {"user": user,
                                                                 "remote": caller.remote}})
+            if delay:
+                self.node.count_refusal("login_delayed")
+                await trio.sleep(delay)
             raise RequestError(Code.UNAUTHENTICATED, "authentication failed: unknown user or "
                                "wrong password") from None
-        caller.principal = user
+        self.failures.succeeded(caller.remote)
+        try:
+            caller.log_in(user)  # the node's limits for logged-in connections apply now
+        except RequestError:
+            caller.hang_up()
+            raise
         self._sessions.setdefault(user, weakref.WeakSet()).add(caller)
         return ok_header(0, msg=final, user=user), b""
 
@@ -599,6 +613,48 @@ class Guard:
 
 _SECURITY_OPS = frozenset({Op.USER_PUT, Op.USER_DELETE, Op.USER_LIST, Op.ACL_ADD,
                            Op.ACL_REMOVE, Op.ACL_LIST})
+
+
+class LoginFailures:
+    """Failed logins in a row per remote host, for slowing the next ones down.
+
+    After `free` failures in a row from one host, each further failed login from
+    there is answered only after a delay that doubles with every failure, from 0.1 s
+    up to `max_delay`; a success (never delayed: a right password must not wait on
+    someone else's guesses, nor time out and so never reset the count) forgets the
+    host. This slows guesses made one after another; guesses in parallel are bounded
+    by the connections a node keeps before a login. At most `capacity` hosts are
+    remembered (the least recently seen is forgotten first), so the bookkeeping is
+    bounded however many addresses an attacker has."""
+
+    def __init__(self, free: int, max_delay: float, capacity: int = 4096) -> None:
+        self.free = free
+        self.max_delay = max_delay
+        self.capacity = capacity
+        self._failed: OrderedDict[str, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._failed)
+
+    @staticmethod
+    def _host(remote: str) -> str:
+        return remote.rpartition(":")[0] or remote
+
+    def delay(self, remote: str) -> float:
+        """Seconds to wait before answering a failed login from `remote` (0: none)."""
+        n = self._failed.get(self._host(remote), 0)
+        if n < self.free:
+            return 0.0
+        return min(self.max_delay, 0.1 * 2.0 ** min(n - self.free, 32))
+
+    def failed(self, remote: str) -> None:
+        host = self._host(remote)
+        self._failed[host] = self._failed.pop(host, 0) + 1
+        while len(self._failed) > self.capacity:
+            self._failed.popitem(last=False)
+
+    def succeeded(self, remote: str) -> None:
+        self._failed.pop(self._host(remote), None)
 
 
 def _op_name(op: int) -> str:

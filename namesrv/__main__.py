@@ -18,7 +18,13 @@ from transport.logs import configure_logging
 from transport.tls import TlsConfigError, server_context
 
 from .registry import DEFAULT_EXPIRY
-from .server import run_until_signalled
+from .server import (
+    DEFAULT_FRAME_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_BUFFERED,
+    DEFAULT_MAX_CONNECTIONS,
+    run_until_signalled,
+)
 
 __all__ = ["main"]
 
@@ -37,6 +43,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", default="", metavar="PEM", help="the certificate's key")
     p.add_argument("--tls-ca", default="", metavar="PEM",
                    help="the cluster CA: client certificates offered must chain to it")
+    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
+                   help="connections served at once; more are answered BUSY and closed "
+                        "(default %(default)s)")
+    p.add_argument("--frame-timeout", type=float, default=DEFAULT_FRAME_TIMEOUT,
+                   metavar="SECONDS", help="close a connection whose frame is not complete "
+                   "this long after its first byte (default %(default)s)")
+    p.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT,
+                   metavar="SECONDS", help="close a connection idle this long with nothing "
+                   "in flight (default %(default)s)")
+    p.add_argument("--max-buffered-bytes", type=int, default=DEFAULT_MAX_BUFFERED, metavar="N",
+                   help="bytes of large frames (full registrations) read at once over all "
+                        "connections; more wait their turn (default %(default)s)")
     p.add_argument("--log-level", default="INFO", metavar="LEVEL",
                    help="DEBUG, INFO, WARNING or ERROR (default %(default)s)")
     return p
@@ -61,6 +79,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raftmq namesrv: --expiry must be a positive number, got {args.expiry}",
               file=sys.stderr)
         return 2
+    for name in ("frame_timeout", "idle_timeout"):
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):
+            flag = "--" + name.replace("_", "-")
+            print(f"raftmq namesrv: {flag} must be a positive number, got {value}",
+                  file=sys.stderr)
+            return 2
+    if args.max_buffered_bytes < 1:
+        print("raftmq namesrv: --max-buffered-bytes must be positive, got "
+              f"{args.max_buffered_bytes}", file=sys.stderr)
+        return 2
+    if args.max_connections < 1:
+        print(f"raftmq namesrv: --max-connections must be positive, got {args.max_connections}",
+              file=sys.stderr)
+        return 2
     tls = (args.tls_cert, args.tls_key, args.tls_ca)
     ssl_context = None
     if any(tls):
@@ -80,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         trio.run(functools.partial(run_until_signalled, host, port, args.expiry, ready,
-                                    ssl_context=ssl_context))
+                                    ssl_context=ssl_context,
+                                    max_connections=args.max_connections,
+                                    frame_timeout=args.frame_timeout,
+                                    idle_timeout=args.idle_timeout,
+                                    max_buffered=args.max_buffered_bytes))
     except OSError as exc:  # typically the address is in use
         print(f"raftmq namesrv: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 1

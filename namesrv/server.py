@@ -37,9 +37,19 @@ import msgpack
 import scramp
 import trio
 
-from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, ok_header
-from transport.framing import Caller, Response, request_id, serve_frames
+from broker.protocol import (
+    DEFAULT_MAX_FRAME,
+    Code,
+    Frame,
+    Op,
+    RequestError,
+    error_header,
+    ok_header,
+)
+from transport.budget import Budget, BytePool
+from transport.framing import Caller, FrameStream, Response, caller_of, request_id, serve_frames
 from transport.peerauth import certificate_node, node_certificate_name
+from transport.tls import TLS_HANDSHAKE_TIMEOUT, PlaintextRefused, accept_tls
 
 from .registry import DEFAULT_EXPIRY, Registry, parse_registration
 
@@ -50,6 +60,19 @@ log = logging.getLogger(__name__)
 # A registration carries whole topic tables in its body when a name server has none yet:
 # 100,000 topics with names of 127 characters in each of three groups is about 40 MB.
 NAMESRV_MAX_FRAME = max(DEFAULT_MAX_FRAME, 64 << 20)
+#: Every other request (ROUTE, CLUSTER) is a small header; so is a REGISTER without TLS
+#: from a caller without a node's certificate, when TLS is on.
+NAMESRV_SMALL_FRAME = 64 << 10
+#: The name server's connection budget (`transport.budget`): nodes register every 30 s
+#: and clients refresh routes every 30 s, so a connection idle for 10 minutes is gone;
+#: a frame, even a whole registration, arrives well within a minute on any working link.
+DEFAULT_MAX_CONNECTIONS = 1024
+DEFAULT_FRAME_TIMEOUT = 60.0
+DEFAULT_IDLE_TIMEOUT = 600.0
+#: Large frames (full registrations) read at once over all connections: one full-size
+#: registration at a time, the others wait their turn (the steady registrations that
+#: follow are small and never wait).
+DEFAULT_MAX_BUFFERED = NAMESRV_MAX_FRAME
 MECHANISM = "SCRAM-SHA-256"
 _MECH = scramp.ScramMechanism(MECHANISM)
 _FAKE_ITERATIONS = 4096  # what a node gives an unknown user too (`broker.security`)
@@ -69,10 +92,24 @@ class NameServer:
         *,
         clock: Callable[[], float] = trio.current_time,
         ssl_context: ssl.SSLContext | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        frame_timeout: float = DEFAULT_FRAME_TIMEOUT,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        max_buffered: int = DEFAULT_MAX_BUFFERED,
     ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be positive, got {max_connections}")
+        if max_buffered < 1:
+            raise ValueError(f"max_buffered must be positive, got {max_buffered}")
         self.registry = Registry(expiry)
         self.clock = clock
         self.ssl_context = ssl_context  # TLS on every connection when given
+        self.max_connections = max_connections
+        self.budget = Budget(frame_timeout=frame_timeout, idle_timeout=idle_timeout)
+        # the large frames being read or handled, all connections together
+        self.large_frames = BytePool(max_buffered)
+        self.connections = 0  # served now, TLS handshakes included
+        self.refused = 0  # turned away over max_connections
         self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
 
     async def handle(self, caller: Caller, frame: Frame) -> Response:
@@ -199,8 +236,43 @@ class NameServer:
         return ok_header(request_id_of(h), msg=final, user=user), b""
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        await serve_frames(stream, self.handle, max_frame=NAMESRV_MAX_FRAME,
-                           ssl_context=self.ssl_context)
+        self.connections += 1
+        try:
+            await self._serve(stream)
+        finally:
+            self.connections -= 1
+
+    async def _serve(self, raw: trio.SocketStream) -> None:
+        stream: trio.abc.Stream = raw
+        if self.ssl_context is not None:
+            try:
+                with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                    stream = await accept_tls(raw, self.ssl_context)
+            except (trio.BrokenResourceError, trio.TooSlowError, PlaintextRefused) as exc:
+                log.info("closing connection: TLS handshake failed: %r", exc)
+                await trio.aclose_forcefully(raw)
+                return
+        caller = caller_of(stream)
+        fs = FrameStream(stream, max_frame=NAMESRV_MAX_FRAME)
+        if self.connections > self.max_connections:
+            self.refused += 1
+            with trio.move_on_after(2):
+                try:
+                    await fs.send(error_header(0, Code.BUSY, f"this name server serves at most "
+                                               f"{self.max_connections} connections"))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            await trio.aclose_forcefully(stream)
+            return
+        fs.decoder.small_frame = NAMESRV_SMALL_FRAME  # only a registration may be large
+
+        def large_ok(header: dict[Any, Any]) -> bool:
+            return header.get("op") == Op.REGISTER and (
+                self.ssl_context is None or caller.certificate is not None)
+
+        fs.decoder.large_ok = large_ok
+        await serve_frames(fs, self.handle, caller=caller, budget=self.budget,
+                           frame_pool_of=lambda _caller: self.large_frames)
 
     async def _sweep(self) -> None:
         period = max(0.05, self.registry.expiry / 4)
@@ -233,12 +305,16 @@ def listener_address(listener: trio.SocketListener) -> str:
 
 async def run_until_signalled(
     host: str, port: int, expiry: float, on_ready: Callable[[str], None], *,
-    ssl_context: ssl.SSLContext | None = None,
+    ssl_context: ssl.SSLContext | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    frame_timeout: float = DEFAULT_FRAME_TIMEOUT, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    max_buffered: int = DEFAULT_MAX_BUFFERED,
 ) -> None:
     """Serve until SIGINT or SIGTERM, then return normally so the process exits with 0."""
     if not (expiry > 0 and math.isfinite(expiry)):
         raise ValueError(f"expiry must be a positive number of seconds, got {expiry}")
-    server = NameServer(expiry, ssl_context=ssl_context)
+    server = NameServer(expiry, ssl_context=ssl_context, max_connections=max_connections,
+                        frame_timeout=frame_timeout, idle_timeout=idle_timeout,
+                        max_buffered=max_buffered)
     listeners = await trio.open_tcp_listeners(port, host=host)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:

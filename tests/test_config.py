@@ -120,7 +120,9 @@ def test_roundtrip_every_field_off_default(tmp_path: Path) -> None:
         election_ticks=7, register_interval=2, max_message_bytes=1000,
         retention_hours=0.5, retention_disk_ratio=1, test_mutations=["skip-fsync"],
         snapshot_every_entries=0, consume_queue_chunk=16,
-        cluster_secret='a "quoted" secret\\ of ours',
+        cluster_secret='a "quoted" secret\\ of ours', frame_timeout=5.5, idle_timeout=60,
+        login_timeout=2, login_max_frame=8192, max_unauthenticated_connections=3,
+        max_inflight_bytes_per_user=1 << 20, login_failures_before_delay=1, login_delay_max=0.5,
     )
     d["groups"].append({"id": "%RETRY%x|y.z-1_", "replicas": [3]})
     del d["metrics"]
@@ -206,6 +208,14 @@ INVALID = [
     ("empty data", _set("data", ""), "data must name a directory"),
     ("short secret", _set("cluster_secret", "hunter2"), "cluster_secret must be at least 16"),
     ("secret not a string", _set("cluster_secret", 1234), "cluster_secret must be a string"),
+    ("no frame deadline", _set("frame_timeout", 0), "frame_timeout must be a positive"),
+    ("idle deadline inf", _set("idle_timeout", float("inf")), "idle_timeout must be a positive"),
+    ("login deadline", _set("login_timeout", -1), "login_timeout must be a positive"),
+    ("tiny login frame", _set("login_max_frame", 100), "login_max_frame must be >= 4096"),
+    ("no unauthenticated", _set("max_unauthenticated_connections", 0),
+     "max_unauthenticated_connections must be >= 1"),
+    ("user bytes", _set("max_inflight_bytes_per_user", 10), "max_inflight_bytes_per_user must be"),
+    ("free failures", _set("login_failures_before_delay", 0), "login_failures_before_delay must"),
 ]
 
 

@@ -567,3 +567,17 @@ def test_users_beyond_what_a_registration_carries_fail_closed_at_the_name_server
         request(addr, {"op": int(Op.ROUTE), "topic": "orders"}, credentials=ann_login)
     assert info.value.code == Code.UNAUTHENTICATED
     assert "more users than a registration carries" in info.value.message
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--frame-timeout", "0"], "--frame-timeout must be a positive number"),
+    (["--idle-timeout", "nan"], "--idle-timeout must be a positive number"),
+    (["--max-connections", "0"], "--max-connections must be positive"),
+    (["--max-buffered-bytes", "-1"], "--max-buffered-bytes must be positive"),
+])
+def test_the_budget_flags_are_checked_before_listening(
+        flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from namesrv.__main__ import main
+
+    assert main(["--listen", "127.0.0.1:0", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -50,6 +50,7 @@ from broker.protocol import (
     parse_address,
 )
 
+from .budget import Budget, BytePool, Watch
 from .connection import raise_for_code
 from .tls import (
     TLS_HANDSHAKE_TIMEOUT,
@@ -61,6 +62,8 @@ from .tls import (
 )
 
 __all__ = [
+    "Budget",
+    "BytePool",
     "DEFAULT_MAX_INFLIGHT",
     "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MAX_PENDING",
@@ -111,14 +114,17 @@ class FrameStream:
         async with self._send_lock:
             await self.stream.send_all(data)
 
-    async def receive(self) -> Frame | None:
+    async def receive(self, watch: Watch | None = None) -> Frame | None:
         """The next frame, or None at a clean end of stream (or a reset connection).
 
-        Raises `ProtocolError` for a broken stream, including one that ends mid-frame.
+        Raises `ProtocolError` for a broken stream, including one that ends mid-frame,
+        and (with a `watch`) for a deadline of the connection's budget that passed.
         """
         while True:
             frame = self._decoder.next_frame()
             if frame is not None:
+                if watch is not None:
+                    watch.frame_done()
                 return frame
             if self._eof:  # raised again on every call, like the decoder's own errors
                 if self._decoder.buffered:
@@ -127,14 +133,21 @@ class FrameStream:
                         f"connection closed inside a frame ({self._decoder.buffered} bytes pending)",
                     )
                 return None
+            if watch is not None:
+                await watch.before_read()  # a large frame's memory is set aside first
             try:
-                data = await read_some(self.stream, _RECEIVE_SIZE)
+                if watch is None:
+                    data = await read_some(self.stream, _RECEIVE_SIZE)
+                else:
+                    data = await watch.read(self.stream, _RECEIVE_SIZE)
             except trio.BrokenResourceError:
                 data = b""
             if not data:
                 self._eof = True
                 continue
             self._decoder.feed(data)
+            if watch is not None:
+                watch.received()  # the first byte of a frame starts its deadline
 
     @property
     def decoder(self) -> FrameDecoder:
@@ -350,6 +363,20 @@ class Caller:
         self._waiters: dict[int, list[Any]] = {}  # id -> [event, frame or None]
         self._gone: str | None = None
         self._hang_up = False
+        self._on_login: list[Callable[[str], None]] = []  # the connection's budget, the node
+
+    def log_in(self, user: str) -> None:
+        """The caller proved it is `user`: from now on the connection is served as that
+        user's (the limits before a login are lifted, the user's own apply). Raises what
+        a listener raises (`RequestError(BUSY)`: no room for another of its connections),
+        the login then not taking effect."""
+        for hook in self._on_login:
+            hook(user)
+        self.principal = user
+
+    def on_login(self, hook: Callable[[str], None]) -> None:
+        """Call `hook(user)` when this caller logs in (before it counts as logged in)."""
+        self._on_login.append(hook)
 
     @property
     def is_peer(self) -> bool:
@@ -461,30 +488,80 @@ def request_id(frame: Frame) -> int:
 class _Admission:
     """What a connection may have in flight: at most `max_inflight` requests, and no new
     one read while the bodies of those running add up to `max_bytes` or more (a request
-    is admitted whole, so one larger than the cap still runs, alone)."""
+    is admitted whole, so one larger than the cap still runs, alone), nor while the
+    pool the caller shares with its other connections (`pool_of`: its user's) is full.
+    A large frame is taken from `frame_pool_of`'s pool when its length is known, before
+    its body is read (`reserve`), and stays charged there while its request runs.
+    It also tells the connection's `Watch` what is in flight (nothing: the idle clock
+    runs)."""
 
-    def __init__(self, max_inflight: int, max_bytes: int) -> None:
+    def __init__(self, max_inflight: int, max_bytes: int, watch: Watch | None = None,
+                 pool_of: Callable[[], BytePool | None] | None = None,
+                 frame_pool_of: Callable[[], BytePool | None] | None = None) -> None:
         self._slots = trio.Semaphore(max_inflight)
         self._max_bytes = max_bytes
         self._bytes = 0
         self._freed = trio.lowlevel.ParkingLot()
+        self._watch = watch
+        self._pool_of = pool_of
+        self._frame_pool_of = frame_pool_of
+        self._reserved: tuple[int, BytePool] | None = None  # for the frame being read
 
     async def acquire(self) -> None:
         await self._slots.acquire()
         while self._bytes >= self._max_bytes:
             await self._freed.park()
+        pool = self._pool_of() if self._pool_of is not None else None
+        if pool is not None:
+            await pool.wait_room()
 
-    def charge(self, nbytes: int) -> None:
+    async def reserve(self, nbytes: int) -> bool:
+        """A frame of `nbytes` began: take it from the frame pool (waiting until it fits)
+        before its body is read. True when it had to wait."""
+        pool = self._frame_pool_of() if self._frame_pool_of is not None else None
+        if pool is None:
+            return False
+        waited = await pool.take_fitting(nbytes)
+        self._reserved = (nbytes, pool)
+        return waited
+
+    def unreserve(self) -> BytePool | None:
+        """Give back what was set aside for the frame being read (taken whole, or the
+        connection closing inside it); the pool it came from."""
+        reserved, self._reserved = self._reserved, None
+        if reserved is None:
+            return None
+        reserved[1].give(reserved[0])
+        return reserved[1]
+
+    def charge(self, nbytes: int) -> BytePool | None:
+        """Count a request's body as running; returns the shared pool it was drawn from
+        (to give it back to the same pool, whatever the caller became since): the one
+        its frame was set aside in, if it was."""
         self._bytes += nbytes
+        if self._watch is not None:
+            self._watch.started()
+        pool = self.unreserve()
+        if pool is None and self._pool_of is not None:
+            pool = self._pool_of()
+        if pool is not None:
+            pool.take(nbytes)
+        return pool
 
-    def release(self, nbytes: int = 0) -> None:
+    def release(self, nbytes: int = 0, pool: BytePool | None = None, *,
+                ran: bool = True) -> None:
         self._bytes -= nbytes
+        if pool is not None:
+            pool.give(nbytes)
         self._slots.release()
         self._freed.unpark_all()
+        if ran and self._watch is not None:
+            self._watch.finished()
 
 
 async def _answer(
-    out: FrameWriter, handler: Handler, caller: Caller, frame: Frame, slots: _Admission
+    out: FrameWriter, handler: Handler, caller: Caller, frame: Frame, slots: _Admission,
+    pool: BytePool | None = None,
 ) -> None:
     try:
         rid = request_id(frame)
@@ -506,7 +583,7 @@ async def _answer(
         if caller._hang_up:
             out.stop()  # the writer ends after this answer, and with it the connection
     finally:
-        slots.release(len(frame.body))
+        slots.release(len(frame.body), pool)
 
 
 async def serve_frames(
@@ -521,6 +598,10 @@ async def serve_frames(
     caller: Caller | None = None,
     ssl_context: ssl.SSLContext | None = None,
     write_timeout: float | None = None,
+    budget: Budget | None = None,
+    pool_of: Callable[[Caller], BytePool | None] | None = None,
+    frame_pool_of: Callable[[Caller], BytePool | None] | None = None,
+    since: float | None = None,
 ) -> None:
     """Answer requests on one connection until the peer leaves or breaks the framing.
 
@@ -540,7 +621,16 @@ async def serve_frames(
     `ssl_context` a raw stream is wrapped in TLS first; a failed handshake closes it.
     `write_timeout` disconnects a caller that takes no answer bytes for that long.
     Reading stops while `max_inflight` requests, or request bodies of `max_inflight_bytes`
-    or more, are running (TCP then pushes back on the client).
+    or more, are running (TCP then pushes back on the client), or while the `BytePool`
+    that `pool_of(caller)` names (shared with the caller's other connections) is full.
+    A frame over `RESERVE_OVER` bytes is taken from `frame_pool_of(caller)`'s pool as
+    soon as its length is known, before its body is read (waiting until it fits in that
+    pool), so connections sharing a pool also share a bound on the frames they are
+    reading; it is given back when the request ends or the connection closes.
+    `budget` bounds the connection in time (`transport.budget`: a frame's deadline
+    once started, idle and login deadlines, a smaller frame limit until the login);
+    a deadline that passes closes the connection with a TIMEOUT error frame; `since`
+    (trio time) is when the connection began, if before this call (its login deadline).
     """
     if ssl_context is not None:
         if isinstance(stream, FrameStream):
@@ -556,14 +646,26 @@ async def serve_frames(
     if caller is None:
         caller = caller_of(fs.stream)
     caller.certificate = peer_certificate(fs.stream)
-    slots = _Admission(max_inflight, max_inflight_bytes)
+    watch = None
+    if budget is not None or frame_pool_of is not None:
+        watch = Watch(budget or Budget(), fs.decoder, since=since)
+        caller.on_login(lambda _user: watch.log_in())
+    slots = _Admission(max_inflight, max_inflight_bytes, watch,
+                       None if pool_of is None else lambda: pool_of(caller),
+                       None if frame_pool_of is None else lambda: frame_pool_of(caller))
+    if watch is not None and frame_pool_of is not None:
+        watch.reserve = slots.reserve
     out = FrameWriter(fs.stream, max_pending=max_pending, write_timeout=write_timeout)
     caller._bind(out)
     try:
-        await _serve(fs, out, handler, caller, slots, first)
+        await _serve(fs, out, handler, caller, slots, first, watch)
     except Exception:  # under trio.serve_listeners an escaping error would stop the server
         log.exception("connection handler failed")
     finally:
+        slots.unreserve()  # a frame cut off: what was set aside for it goes back
+        fs.decoder.discard()  # and its bytes (the caller may outlive the connection)
+        if watch is not None:
+            watch.reserve = None  # (a cycle through `slots`)
         caller._close("connection closed")
         await trio.aclose_forcefully(fs.stream)  # a TLS goodbye must not hang on a dead peer
 
@@ -575,25 +677,26 @@ async def _write(out: FrameWriter, scope: trio.CancelScope) -> None:
 
 async def _serve(
     fs: FrameStream, out: FrameWriter, handler: Handler, caller: Caller,
-    slots: _Admission, first: Frame | None,
+    slots: _Admission, first: Frame | None, watch: Watch | None,
 ) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_write, out, nursery.cancel_scope)
         if first is not None:  # a frame the caller read to decide who is calling
             await slots.acquire()
-            slots.charge(len(first.body))
-            nursery.start_soon(_answer, out, handler, caller, first, slots)
+            pool = slots.charge(len(first.body))
+            nursery.start_soon(_answer, out, handler, caller, first, slots, pool)
         try:
             while True:
                 await slots.acquire()
-                frame = await fs.receive()
+                frame = await fs.receive(watch)
                 if frame is None:
                     break
                 if caller._resolve(frame):  # the answer to a `caller.request`
-                    slots.release()
+                    slots.unreserve()
+                    slots.release(ran=False)
                     continue
-                slots.charge(len(frame.body))
-                nursery.start_soon(_answer, out, handler, caller, frame, slots)
+                pool = slots.charge(len(frame.body))
+                nursery.start_soon(_answer, out, handler, caller, frame, slots, pool)
         except ProtocolError as exc:
             log.info("closing connection: %s", exc)
             with trio.move_on_after(_ERROR_SEND_TIMEOUT):  # a peer that never reads
