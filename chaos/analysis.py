@@ -323,7 +323,7 @@ def _add_security(analysis: Analysis, sec: dict[str, Any]) -> None:
     history with security records."""
     _add_section(analysis, "security", sec, bool(
         sec["changes"] or sec["logins"] or sec["authz"] or sec["final_nodes"]
-        or sec["malformed"]))
+        or sec["malformed"] or sec["attacks"] or sec["rss_mib_max"]))
 
 
 def _add_section(analysis: Analysis, name: str, section: dict[str, Any], present: bool) -> None:

@@ -56,6 +56,9 @@ Counted violations (`VIOLATIONS`):
 - ``login_stale``: a final login succeeded with a password (or for a user) the settled
   state cannot have (a removed user, a replaced password); ``login_refused_valid``: a
   final login was refused with the one password the settled state can have;
+- ``attacks_got_through``: an attack of `chaos.attackers` (``attack`` records) got past
+  what must stop it (``fail``); ``memory_over_bound``: a node's resident memory
+  (``node-memory`` records) went over `chaos.attackers.MEMORY_BOUND_MIB`;
 - ``authz_wrongly_allowed``: an operation passed that every ACL state a replica could be
   in at the time denies (a replica may lag, so any earlier state counts; a final probe:
   every possible settled state); ``authz_wrongly_denied``: a final probe was refused
@@ -79,12 +82,16 @@ from pathlib import Path
 from typing import Any
 
 from . import entrychecks
+from .attackers import MEMORY_BOUND_MIB
 
 __all__ = ["Checker", "SEC_OPS", "VIOLATIONS", "check_file", "check_lines", "check_records"]
 
 CHANGE_OPS = frozenset({"user-put", "user-remove", "acl-add", "acl-remove"})
-SEC_OPS = CHANGE_OPS | {"login", "authz", "sec-final"}
+ATTACK_OPS = frozenset({"attack", "node-memory"})
+SEC_OPS = CHANGE_OPS | ATTACK_OPS | {"login", "authz", "sec-final"}
 VIOLATIONS = (
+    "attacks_got_through",
+    "memory_over_bound",
     "lost_changes",
     "replicas_disagree",
     "login_never_added",
@@ -131,6 +138,12 @@ class _Probe:
 
 
 @dataclass(slots=True)
+class _Tallied:
+    kind: str
+    status: str
+
+
+@dataclass(slots=True)
 class _History:
     """Every change in invocation order, and each element's own changes in that order."""
 
@@ -165,6 +178,8 @@ class Checker:
         self.final: dict[str, dict[str, Any]] = {}  # node -> last read
         self.final_read_at = math.inf
         self.malformed: list[str] = []
+        self.attacks: list[tuple[str, str, Any]] = []  # (kind, status, completion value)
+        self.rss_mib: dict[str, float] = {}  # node -> the most it was seen to hold
 
     def line(self, entry: Any, where: str) -> None:
         if not isinstance(entry, dict):
@@ -223,10 +238,17 @@ class Checker:
             probe = _Probe(f, key, value, t)
             self.probes.append(probe)
             return probe
-        return None  # sec-final: the completion carries it
+        return None  # sec-final, attack, node-memory: the completion carries it
 
     def _end(self, op: _Op, thing: Any, kind: str, value: Any, t: float) -> None:
-        if isinstance(thing, _Change):
+        if op.f == "attack":
+            self.attacks.append((str(op.key), kind, value))
+        elif op.f == "node-memory":
+            rss = value.get("rss_mib") if isinstance(value, dict) else None
+            if kind == "ok" and isinstance(rss, (int, float)):
+                node = str(op.key)
+                self.rss_mib[node] = max(self.rss_mib.get(node, 0.0), float(rss))
+        elif isinstance(thing, _Change):
             thing.status = kind
         elif isinstance(thing, _Probe):
             thing.status, thing.ret, thing.result = kind, t, value
@@ -244,11 +266,17 @@ class Checker:
     # ------------------------------------------------------------------ verdict
 
     def result(self) -> dict[str, Any]:
-        for _op, thing in self.open.values():  # never completed: unknown
+        for op, thing in self.open.values():  # never completed: unknown
             if isinstance(thing, (_Change, _Probe)):
                 thing.status = "info"
+            elif op.f == "attack":
+                self.attacks.append((str(op.key), "info", None))
         self.open.clear()
         found: dict[str, list[Any]] = {kind: [] for kind in VIOLATIONS}
+        found["attacks_got_through"] = [f"{k}: {v}" for k, status, v in self.attacks
+                                        if status == "fail"]
+        found["memory_over_bound"] = [f"node {n}: {mib:.0f} MiB" for n, mib in
+                                      sorted(self.rss_mib.items()) if mib > MEMORY_BOUND_MIB]
         final_values = {e: _possible(cs) for e, cs in self.history.by_element.items()}
         self._final_state(found, final_values)
         first_put: dict[str, float] = {}  # user -> when a put of it was first asked
@@ -277,6 +305,10 @@ class Checker:
             "logins": self._tally([p for p in self.probes if p.f == "login"], _probe_kind),
             "authz": self._tally([p for p in self.probes if p.f == "authz"], _probe_kind),
             "final_nodes": sorted(self.final),
+            "attacks": self._tally([_Tallied(k, st) for k, st, _ in self.attacks],
+                                   lambda a: a.kind),
+            "rss_mib_max": dict(sorted(self.rss_mib.items())),
+            "memory_bound_mib": MEMORY_BOUND_MIB,
             "malformed": len(self.malformed),
             "examples": {kind: items[:_EXAMPLES] for kind, items in found.items() if items},
         }

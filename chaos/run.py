@@ -47,6 +47,7 @@ from broker.config import ALLOW_MUTATIONS_ENV, KNOWN_MUTATIONS
 from transport.scram import USER_ENV
 
 from .analysis import Analysis, analyze_run
+from .attackers import Attackers, node_rss_mib
 from .cluster import LocalCluster
 from .disk_faults import SmallDisk
 from .nemesis import NEMESES, Nemesis, Step, plan
@@ -235,6 +236,13 @@ async def _run(opts: RunOptions, recorder: Recorder,
                     {i: cluster.client_addr(i) for i in cluster.node_ids},
                     min(g.id for g in cluster.groups), recorder=recorder,
                     rng=random.Random(rng.getrandbits(64)))
+                secload.attackers = Attackers(
+                    {i: cluster.client_addr(i) for i in cluster.node_ids},
+                    min(g.id for g in cluster.groups), cluster.namesrv_addr, opts.groups,
+                    recorder=recorder, rng=random.Random(rng.getrandbits(64)),
+                    credentials=secload.some_login,
+                    rss_mib=(functools.partial(node_rss_mib, cluster)
+                             if isinstance(cluster, LocalCluster) else None))
             nemesis = (
                 Nemesis(cluster, net, recorder, rng=random.Random(nemesis_seed),
                         enabled=opts.nemesis, disks=disks, probe=workload)

@@ -50,6 +50,7 @@ from transport.connection import ConnectionPool
 from transport.errors import TransportError
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
 
+from .attackers import Attackers
 from .recorder import Recorder
 
 __all__ = ["GHOST", "SUPERUSER", "TOPICS", "USERS", "SecurityWorkload", "harness_login",
@@ -134,6 +135,7 @@ class SecurityWorkload:
         self.present: set[tuple[str, ...]] = set()  # entries whose add was acknowledged
         self.converged: bool | None = None  # whether the final reads agreed (after drain)
         self._leader = 0  # index into the node list of the last node that took a change
+        self.attackers: Attackers | None = None  # `chaos.attackers`, beside the clients
         self._seq = 0
 
     # ------------------------------------------------------------------ run
@@ -141,6 +143,8 @@ class SecurityWorkload:
     async def run(self, stop_at: float) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._admin, stop_at)
+            if self.attackers is not None:
+                nursery.start_soon(self.attackers.run, stop_at)
             for i in range(self.clients):
                 nursery.start_soon(self._client, f"sec-client-{i + 1}", stop_at)
 
@@ -240,6 +244,11 @@ class SecurityWorkload:
                 await self.authz(process, user, self._password(user), node,
                                  rng.choice(TOPICS), rng.choice(("publish", "subscribe")))
             await trio.sleep(rng.uniform(0.02, 0.1))
+
+    def some_login(self) -> Credentials:
+        """A test user's login as the workload knows it now (it may have been removed)."""
+        user = self.rng.choice(USERS)
+        return Credentials(user, self._password(user))
 
     def _password(self, user: str) -> str:
         """The user's acknowledged password, else the last one asked for, else a guess."""

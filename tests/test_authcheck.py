@@ -239,3 +239,32 @@ def test_other_workloads_records_are_skipped() -> None:
                          "value": {"offset": 0}, "time": 2.0}), "not json"]
     result = check_lines(lines)
     assert result["valid"] and result["changes"] == {} and result["final_nodes"] == []
+
+
+def test_an_attack_that_got_through_and_a_node_over_its_memory_bound_are_violations() -> None:
+    """What `chaos.attackers` records: an attack the node stopped (ok) or could not be
+    judged (info, or never completed) is no violation; one that got through (fail) is,
+    and so is a node whose resident memory went over the stated bound."""
+    from chaos.attackers import MEMORY_BOUND_MIB
+
+    h = H()
+    h.op("attacker", "attack", "half-frame", {"node": 1}, "ok", {"held": "closed"})
+    h.op("attacker", "attack", "idle-flood", {"node": 2}, "info", {"error": "down"})
+    h.op("attacker-memory", "node-memory", 1, None, "ok", {"rss_mib": 100.0})
+    h.op("attacker-memory", "node-memory", 1, None, "ok", {"rss_mib": 150.0})
+    h.op("attacker", "attack", "forged-fence", {"node": 3}, "open")
+    r = h.check()
+    assert r["valid"], r["problems"]
+    assert r["attacks_got_through"] == 0 and r["memory_over_bound"] == 0
+    assert r["attacks"] == {"forged-fence": {"info": 1}, "half-frame": {"ok": 1},
+                            "idle-flood": {"info": 1}}
+    assert r["rss_mib_max"] == {"1": 150.0}
+
+    h = H()
+    h.op("attacker", "attack", "forged-fence", {"node": 3}, "fail",
+         {"through": "answered OK"})
+    h.op("attacker-memory", "node-memory", 2, None, "ok", {"rss_mib": MEMORY_BOUND_MIB + 1})
+    r = h.check()
+    assert not r["valid"]
+    assert r["attacks_got_through"] == 1 and r["memory_over_bound"] == 1
+    assert set(r["problems"]) == {"attacks_got_through: 1", "memory_over_bound: 1"}

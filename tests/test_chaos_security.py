@@ -21,6 +21,7 @@ from broker.config import ALLOW_MUTATIONS_ENV
 from broker.parts.acls import DROP_REMOVE_EVERY, Acl, AclAdd, AclRemove, Acls
 from broker.parts.base import ControlResult
 from broker.statemachine import BrokerState
+from chaos.attackers import ATTACKS
 from chaos.cli import EXIT_USAGE, run_main
 from chaos.histories import parse_faults
 from chaos.run import RunOptions, run_chaos
@@ -162,6 +163,11 @@ def test_security_smoke_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert any(row.get("fail", 0) for row in sec["authz"].values()), sec["authz"]
     assert sec["final_nodes"] == ["1", "2", "3"]
     assert results["run"]["security_converged"] is True  # every node held the barrier
+    # the attackers ran beside the clients and were stopped each time they could be judged
+    assert set(sec["attacks"]) == set(ATTACKS), sec["attacks"]
+    assert sum(row.get("ok", 0) for row in sec["attacks"].values()) > 0, sec["attacks"]
+    assert sec["attacks_got_through"] == 0 and sec["memory_over_bound"] == 0
+    assert set(sec["rss_mib_max"]) == {"1", "2", "3"}
     assert {f.f for f in parse_faults(out / "history.jsonl")} <= set(NEMESES)
     assert "Users and ACLs" in (out / "report.html").read_text()
     _recheck(out, 0, capsys)
