@@ -359,17 +359,22 @@ class BlockingPullConsumer(_Blocking[PullConsumer]):
         """Queues the last polls could not read (see `PullConsumer.unreadable`)."""
         return self._call_sync(lambda: dict(self._client.unreadable))
 
+    def silent(self) -> list[tuple[str, int]]:
+        """Queues not answering yet, not for long enough to be unreadable."""
+        return self._call_sync(self._client.silent)
+
     def poll(self, timeout: float = 1.0, **kwargs: Any) -> list[Message]:
         return self._call(self._client.poll, timeout, **kwargs)
 
     def pull(self, topic: str, queue: int, offset: int | None = None, **kwargs: Any) -> PullResult:
         return self._call(self._client.pull, topic, queue, offset, **kwargs)
 
-    def commit(self, topic: str, queue: int, offset: int) -> None:
-        self._call(self._client.commit, topic, queue, offset)
+    def commit(self, topic: str, queue: int, offset: int, *,
+               timeout: float | None = None) -> None:
+        self._call(self._client.commit, topic, queue, offset, timeout=timeout)
 
-    def commit_all(self) -> None:
-        self._call(self._client.commit_all)
+    def commit_all(self, *, timeout: float | None = None) -> None:
+        self._call(self._client.commit_all, timeout=timeout)
 
     def committed(self, topic: str, queue: int) -> int:
         return self._call(self._client.committed, topic, queue)

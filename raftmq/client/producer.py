@@ -67,7 +67,9 @@ from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionP
 
 from .accumulator import BatchAccumulator, GroupAccumulator, QueueBuffer
 from .errors import (
+    OutcomeUnknownError,
     TransactionError,
+    UnavailableError,
     as_sdk_error,
     close_stack,
     give_up,
@@ -96,6 +98,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "DELIVERY_TIMEOUT",
     "BatchAccumulator",
     "PendingSend",
     "Payload",
@@ -124,6 +127,11 @@ Payload = OutgoingMessage | bytes
 """A message on its way to a batch: a plain body (the common case: no key, tags or
 properties) stays bytes, which spares an object per message on the send path."""
 
+DELIVERY_TIMEOUT = 30.0
+"""Default bound, in seconds, on a whole send (Kafka's `delivery.timeout.ms`): above the
+attempts at the default `send_timeout` plus an election's `LEADER_WAIT`, so it only
+bounds what used to be unbounded."""
+MIN_REQUEST_TIMEOUT = 0.05  # a last try just before the delivery deadline still gets this
 FAULT_WINDOW = 5.0  # seconds a failed group is avoided by round-robin selection
 MAX_BATCH_BYTES = DEFAULT_MAX_FRAME - (1 << 20)  # leave room for the frame header
 REQUESTS_IN_FLIGHT = 4
@@ -411,12 +419,13 @@ class _Batch:
     (failed attempts, requests made, redirects followed, whether one may have stored
     it, the groups that failed it)."""
 
-    __slots__ = ("attempts", "born", "data", "failed_groups", "first_failed", "messages",
-                 "movable", "qb", "queue", "redirects", "sends", "sent", "topic", "uncertain")
+    __slots__ = ("attempts", "born", "data", "deadline", "failed_groups", "first_failed",
+                 "messages", "movable", "qb", "queue", "redirects", "sends", "sent", "topic",
+                 "uncertain")
 
     def __init__(self, qb: _Queue, topic: str, queue: int, movable: bool,
                  sends: list[PendingSend], messages: list[Payload], data: EncodedBatch,
-                 born: int) -> None:
+                 born: int, deadline: float) -> None:
         self.qb = qb  # the queue it is held by (and goes back to for a retry)
         self.topic = topic
         self.queue = queue
@@ -425,6 +434,7 @@ class _Batch:
         self.messages = messages
         self.data = data
         self.born = born
+        self.deadline = deadline  # client clock: no try starts after it, none outlasts it
         self.attempts = 0
         self.sent = 0
         self.redirects = 0
@@ -497,6 +507,12 @@ class Producer:
     latency for batch size when the load is light; a synchronous `send` waits for it too. Leaving the `async with` block waits (up
     to the send timeout times the attempts) for buffered messages to be acknowledged.
 
+    `delivery_timeout` bounds a whole send (Kafka's `delivery.timeout.ms`, RocketMQ's
+    send timeout): the route lookup, waiting for room, every attempt, backoff and
+    election wait. `send_timeout` bounds one PRODUCE request (Kafka's
+    `request.timeout.ms`); a send makes up to `retries + 1` of them within its delivery
+    timeout. See `send` for what reaching it raises.
+
     `on_attempt`, when given, is called with a `SendAttempt` just before every PRODUCE
     request leaves, retries and redirects included (it must not block or raise).
 
@@ -519,6 +535,7 @@ class Producer:
         max_in_flight: int = 1,
         send_timeout: float = DEFAULT_TIMEOUT,
         retries: int = 2,
+        delivery_timeout: float = DELIVERY_TIMEOUT,
         selector: Literal["round_robin", "key"] | QueueSelector = "key",
         max_pending: int = 10_000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
@@ -531,8 +548,9 @@ class Producer:
     ) -> None:
         if transactional_id is not None:
             idempotent, max_in_flight = True, 1  # transactional batches are idempotent
-        if linger_ms < 0 or send_timeout <= 0 or retries < 0:
-            raise ValueError("linger_ms, send_timeout and retries must not be negative")
+        if linger_ms < 0 or send_timeout <= 0 or retries < 0 or delivery_timeout <= 0:
+            raise ValueError("linger_ms and retries must not be negative, send_timeout and "
+                             "delivery_timeout must be positive")
         if batch_max_messages < 1 or not 0 < batch_max_bytes <= MAX_BATCH_BYTES:
             raise ValueError(
                 f"batch_max_messages must be >= 1 and batch_max_bytes in 1..{MAX_BATCH_BYTES}"
@@ -552,6 +570,7 @@ class Producer:
         self.max_in_flight = 1 if idempotent else max_in_flight
         self.send_timeout = send_timeout
         self.retries = retries
+        self.delivery_timeout = delivery_timeout
         self.selector = selector
         self.max_pending = max_pending
         self.max_message_bytes = max_message_bytes
@@ -613,8 +632,8 @@ class Producer:
         assert self._stack is not None and self._tg is not None
         try:
             if exc_type is None:
-                with anyio.move_on_after(self.send_timeout * (self.retries + 1) + 1
-                                         + LEADER_WAIT):
+                with anyio.move_on_after(min(self.send_timeout * (self.retries + 1)
+                                             + LEADER_WAIT, self.delivery_timeout) + 1):
                     await self.flush()
             if self._txn is not None:
                 await self._txn.close()
@@ -653,11 +672,31 @@ class Producer:
         properties: dict[str, str] | None = None,
         queue: int | None = None,
     ) -> SendResult:
-        """Send and wait for the acknowledgement (the message is committed in its group)."""
-        fut = await self.send_async(
-            topic, message, key=key, tags=tags, properties=properties, queue=queue
-        )
-        return await fut
+        """Send and wait for the acknowledgement (the message is committed in its group).
+
+        Returns or raises within `delivery_timeout`: past it, `OutcomeUnknownError` once
+        the producer held the message (it may still be stored), `UnavailableError` when
+        it never did (no route, or no room: nothing was sent)."""
+        fut: SendFuture[SendResult] | None = None
+        with anyio.move_on_after(self.delivery_timeout):
+            fut = await self.send_async(
+                topic, message, key=key, tags=tags, properties=properties, queue=queue
+            )
+            return await fut
+        if fut is not None and fut.done():
+            return fut.result()
+        raise self._expired(topic, handed_over=fut is not None)
+
+    def _expired(self, topic: str, *, handed_over: bool) -> RequestError:
+        """What a send that reached its `delivery_timeout` raises."""
+        if handed_over:
+            return OutcomeUnknownError(
+                f"send to {topic}: not acknowledged within delivery_timeout "
+                f"{self.delivery_timeout:.3g} s; it may still be stored: check before "
+                "sending it again")
+        return UnavailableError(
+            f"send to {topic}: not handed over within delivery_timeout "
+            f"{self.delivery_timeout:.3g} s (no route or no room); nothing was sent")
 
     async def send_async(
         self,
@@ -742,6 +781,18 @@ class Producer:
             return []
         for m in msgs:
             check_message(m, self.max_message_bytes)
+        futs: list[tuple[list[int], SendFuture[list[SendResult]]]] = []
+        with anyio.move_on_after(self.delivery_timeout):
+            return await self._send_batch(topic, msgs, queue, futs)
+        if futs and all(f.done() for _, f in futs):
+            return await self._send_batch_results(len(msgs), futs)
+        raise self._expired(topic, handed_over=bool(futs))
+
+    async def _send_batch(
+        self, topic: str, msgs: list[Payload], queue: int | None,
+        futs: list[tuple[list[int], SendFuture[list[SendResult]]]],
+    ) -> list[SendResult]:
+        """`send_batch` within its bound; `futs` collects the sends handed over."""
         plan: dict[tuple[int, bool], list[int]] = {}
         keyless: tuple[int, bool] | None = None
         for i, m in enumerate(msgs):
@@ -753,7 +804,6 @@ class Producer:
             else:
                 _route, q, movable = await self._choose_queue(topic, m, queue)
                 plan.setdefault((q, movable), []).append(i)
-        futs: list[tuple[list[int], SendFuture[list[SendResult]]]] = []
         for (q, movable), indexes in plan.items():
             done = 0
             for chunk, size in self._chunks([msgs[i] for i in indexes]):
@@ -762,7 +812,13 @@ class Producer:
                 done += len(chunk)
                 await self._enqueue(topic, q, movable,
                                     PendingSend(chunk, size, fut, False, self._on_settled))
-        results: list[SendResult | None] = [None] * len(msgs)
+        return await self._send_batch_results(len(msgs), futs)
+
+    @staticmethod
+    async def _send_batch_results(
+        n: int, futs: list[tuple[list[int], SendFuture[list[SendResult]]]],
+    ) -> list[SendResult]:
+        results: list[SendResult | None] = [None] * n
         for indexes, fut in futs:
             for i, result in zip(indexes, await fut, strict=True):
                 results[i] = result
@@ -1049,6 +1105,7 @@ class Producer:
         """Drain the group's accumulator into one request and send it."""
         assert self._tg is not None and self._routes is not None
         born = int(time.time() * 1000)
+        deadline = clock() + self.delivery_timeout
         batches: list[_Batch] = []
         queues: list[_Queue] = []
         for taken in gs.acc.drain():
@@ -1066,7 +1123,8 @@ class Producer:
                     state.next_seq += 1
                 data = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born,
                                     tx=self._tx_stamp)  # the open transaction's, if any
-                batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born))
+                batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born,
+                                      deadline))
         gs.in_flight += 1
         self._tg.start_soon(self._send_request, gs, self._routes.target(gs.acc.group),
                             batches, queues)
@@ -1128,16 +1186,19 @@ class Producer:
                 b.sent += 1
                 self.on_attempt(SendAttempt(b.topic, b.queue, group, addr, b.sent, b.messages))
         pool = self._check_open().pool
+        # no request outlasts the delivery timeout of a batch it carries
+        timeout = max(MIN_REQUEST_TIMEOUT,
+                      min(self.send_timeout, min(b.deadline for b in batches) - clock()))
         if len(batches) == 1:
             frame = await pool.request(addr, Op.PRODUCE, {"g": group}, batches[0].data,
-                                       timeout=self.send_timeout)
+                                       timeout=timeout)
             try:
                 return [_stored_fields(frame.header)]
             except RequestError as exc:
                 return [exc]
         frame = await pool.request(
             addr, Op.PRODUCE, {"g": group, "sizes": [b.nbytes for b in batches]},
-            b"".join([b.data for b in batches]), timeout=self.send_timeout)
+            b"".join([b.data for b in batches]), timeout=timeout)
         results = frame.header.get("results")
         if not isinstance(results, list) or len(results) != len(batches):
             raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {frame.header!r}")
@@ -1214,14 +1275,17 @@ class Producer:
                 b.failed_groups.add(group)
                 if b.first_failed is None:
                     b.first_failed = now
-                if b.attempts > self.retries and not electing(exc, b.first_failed):
+                if now >= b.deadline or (b.attempts > self.retries
+                                         and not electing(exc, b.first_failed)):
                     self._give_up(b, exc, spent=True)
                 else:
                     keep.append(b)
             if keep:
                 log.debug("send to group %s failed (%s); retry %d", group, exc0,
                           max(b.attempts for b in keep))
-                await routes.wait_backoff(group, backoff_delay(max(b.attempts for b in keep)))
+                left = min(b.deadline for b in keep) - now
+                await routes.wait_backoff(
+                    group, min(left, backoff_delay(max(b.attempts for b in keep))))
         own: dict[int, list[_Batch]] = {}
         for b in keep:
             if b.movable and not redirect:
