@@ -6,6 +6,7 @@ the producer sends where after each kind of failure; they say nothing about a no
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from raftmq.client.producer import (
     Producer,
     SendAttempt,
     SendFuture,
+    SendNotDoneError,
     as_payload,
     batch_message_ids,
     check_message,
@@ -193,6 +195,45 @@ async def test_send_future_outcomes_and_callbacks() -> None:
     assert isinstance(bad.exception(), RequestError)
     with pytest.raises(RequestError):
         await bad
+
+
+def test_asyncio_takes_a_send_future_for_a_future() -> None:
+    """§ issue 28.11: `asyncio.wait([fut])` failed (no `remove_done_callback`) and
+    `fut.result(timeout=...)` was a TypeError."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        a: SendFuture[int] = SendFuture()
+        b: SendFuture[int] = SendFuture()
+        c: SendFuture[int] = SendFuture()
+        loop.call_soon(a.set_result, 1)
+        done, pending = await asyncio.wait([a, b, c], return_when=asyncio.FIRST_COMPLETED)
+        assert done == {a} and pending == {b, c}
+        assert b.remove_done_callback(print) == 0  # asyncio.wait took its callbacks back
+        with pytest.raises(SendNotDoneError, match="await"):
+            b.result(timeout=5)  # never waits: that would stop the loop the send needs
+        with pytest.raises(asyncio.InvalidStateError):
+            b.exception()
+        assert not b.cancel() and not b.cancelled()
+        loop.call_soon(b.set_exception, RequestError(Code.MESSAGE_TOO_LARGE, "big"))
+        loop.call_soon(c.set_result, 3)
+        done, pending = await asyncio.wait([a, b, c])
+        assert done == {a, b, c} and not pending
+        assert isinstance(b.exception(timeout=1), RequestError) and c.result(timeout=1) == 3
+        assert await asyncio.gather(a, c) == [1, 3]
+        assert await asyncio.wait_for(a, 10) == 1
+        assert sorted([await f for f in asyncio.as_completed([a, c])]) == [1, 3]
+
+    asyncio.run(main())
+
+
+@pytest.mark.anyio
+async def test_a_send_future_wait_is_bounded_when_asked() -> None:
+    fut: SendFuture[int] = SendFuture()
+    with pytest.raises(TimeoutError):
+        await fut.wait(timeout=0.01)
+    fut.set_result(7)
+    assert await fut.wait(timeout=0.01) == 7 and fut.result() == 7
 
 
 # ---------------------------------------------------------------- with a scripted transport

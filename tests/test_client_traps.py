@@ -17,6 +17,7 @@ Faults (a lost quorum) are in `test_client_faults.py`, whose clusters are their 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from raftmq.client import (
     Producer,
     PullConsumer,
     PushConsumer,
+    SendNotDoneError,
     TransportError,
     UnavailableError,
     key_queue,
@@ -207,6 +209,33 @@ async def test_a_key_chooses_its_queue_in_the_sdk_and_the_cli(
     out = raftmq(cluster, "send", "--topic", topic, "--key", "customer-7", "--json", "cli order")
     assert out.returncode == 0, out.stderr
     assert f'"queue": {key_queue("customer-7", 6)}' in out.stdout
+
+
+@pytest.mark.anyio
+async def test_send_async_futures_are_what_asyncio_and_trio_code_awaits(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.11: `asyncio.wait` on the futures of `send_async` failed, and
+    `result(timeout=)` was a TypeError. One await hands a message over (its future is
+    then the producer's to complete, also when nobody awaits it); `send` is one await."""
+    topic = f"traps-futures-{anyio_backend}"
+    await create(cluster, topic, 3)
+    async with Producer(cluster.namesrv_addr) as producer:
+        futs = [await producer.send_async(topic, f"f{i}", key="k") for i in range(10)]
+        for fut in futs:
+            try:
+                fut.result(timeout=5)  # done already, or says to await it
+            except SendNotDoneError as exc:
+                assert "await" in str(exc)
+        if anyio_backend == "asyncio":
+            done, pending = await asyncio.wait(futs)  # type: ignore[type-var]
+            assert len(done) == 10 and not pending
+        else:
+            for fut in futs:
+                await fut.wait(timeout=60)
+        offsets = [f.result().offset for f in futs]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 10
+        one = await producer.send(topic, b"one await", key="k")
+        assert one.offset == offsets[-1] + 1
 
 
 # ------------------------------------------------------------------ 4. poll

@@ -39,7 +39,7 @@ from .errors import (
     UnavailableError,
 )
 from .membership import GroupMembers
-from .producer import Producer, SendFuture, SendResult, key_queue
+from .producer import Producer, SendFuture, SendNotDoneError, SendResult, key_queue
 from .routes import Routes, TopicRoute
 from .transactions import CheckRequest, HalfHandle, Transaction, TransactionResult
 
@@ -75,6 +75,7 @@ __all__ = [
     "RequestError",
     "Routes",
     "SendFuture",
+    "SendNotDoneError",
     "SendResult",
     "TopicInfo",
     "TopicRoute",

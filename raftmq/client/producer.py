@@ -33,6 +33,7 @@ the same queue, and the state machine drops the copy if the first try was writte
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -106,6 +107,7 @@ __all__ = [
     "QueueSelector",
     "SendAttempt",
     "SendFuture",
+    "SendNotDoneError",
     "SendResult",
     "as_payload",
     "batch_message_ids",
@@ -176,15 +178,31 @@ class SendAttempt:
 
 
 _Callback = Callable[["SendFuture[T]"], Any]
+_NOT_DONE = ("the send is not finished yet: await the future (`await fut`, or "
+             "`await fut.wait(timeout)`) rather than calling result() on it")
+
+
+class SendNotDoneError(RuntimeError, asyncio.InvalidStateError):
+    """`result()` or `exception()` of a send still under way: await the future instead.
+    A `RuntimeError`, and asyncio's `InvalidStateError` as an asyncio future raises."""
 
 
 class SendFuture(Generic[T]):
     """The outcome of an asynchronous send; `await` it, or poll `done()`/`result()`.
 
-    Works under any anyio backend (it is not an asyncio future). Callbacks added with
-    `add_done_callback` run in the event loop as soon as the outcome is known, with the
-    future as their argument. One is made per message, so it allocates nothing more
-    until someone awaits it or adds a second callback.
+    Works under any anyio backend. It has the interface of an asyncio future that
+    cannot be cancelled (a message handed over is sent: `cancel()` returns False), so
+    `asyncio.wait`, `asyncio.gather`, `asyncio.wait_for` and `asyncio.as_completed`
+    take it; under trio, `await` it (`await fut.wait(timeout)` bounds the wait). Neither
+    `result()` nor `exception()` waits: like an asyncio future's, they raise
+    `SendNotDoneError` while the send is under way (`result(timeout=...)` is
+    `concurrent.futures`' blocking call, which would stop the event loop the send needs:
+    it is taken and does not wait; the blocking producer's `send_async` returns a
+    `concurrent.futures.Future`, whose `result(timeout)` waits).
+
+    Callbacks added with `add_done_callback` run in the event loop as soon as the
+    outcome is known, with the future as their argument. One is made per message, so it
+    allocates nothing more until someone awaits it or adds a second callback.
     """
 
     __slots__ = ("_callbacks", "_done", "_error", "_event", "_result")
@@ -199,17 +217,31 @@ class SendFuture(Generic[T]):
     def done(self) -> bool:
         return self._done
 
-    def result(self) -> T:
-        """The result; raises the send's error, or `RuntimeError` while still pending."""
+    def cancelled(self) -> bool:
+        """False: a send cannot be cancelled (asyncio's future interface)."""
+        return False
+
+    def cancel(self, msg: Any = None) -> bool:
+        """A message handed over is sent, so this cancels nothing and returns False (as
+        `concurrent.futures.Future.cancel` does for a call already running)."""
+        return False
+
+    def result(self, timeout: float | None = None) -> T:
+        """The result; raises the send's error, or `SendNotDoneError` while pending.
+
+        Never waits, whatever `timeout` says (it is taken so that code written for
+        `concurrent.futures` gets this answer rather than a TypeError): waiting here would
+        stop the event loop the send needs. `await fut.wait(timeout)` waits."""
         if not self._done:
-            raise RuntimeError("the send is not finished yet")
+            raise SendNotDoneError(_NOT_DONE)
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[return-value]
 
-    def exception(self) -> BaseException | None:
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The send's error (None if it succeeded); never waits, as `result`."""
         if not self._done:
-            raise RuntimeError("the send is not finished yet")
+            raise SendNotDoneError(_NOT_DONE)
         return self._error
 
     def add_done_callback(self, fn: Callable[[SendFuture[T]], Any]) -> None:
@@ -222,11 +254,31 @@ class SendFuture(Generic[T]):
         else:
             self._callbacks = [self._callbacks, fn]
 
-    async def wait(self) -> T:
+    def remove_done_callback(self, fn: Callable[[SendFuture[T]], Any]) -> int:
+        """Remove every registration of `fn`; how many there were (asyncio's interface)."""
+        callbacks = self._callbacks
+        if callbacks is None:
+            return 0
+        if not isinstance(callbacks, list):
+            if callbacks == fn:
+                self._callbacks = None
+                return 1
+            return 0
+        kept = [cb for cb in callbacks if cb != fn]
+        self._callbacks = kept or None
+        return len(callbacks) - len(kept)
+
+    async def wait(self, timeout: float | None = None) -> T:
+        """The result, once the send is done; `TimeoutError` after `timeout` seconds
+        (the send goes on: its outcome is this future's, later)."""
         if not self._done:
             if self._event is None:
                 self._event = anyio.Event()
-            await self._event.wait()
+            if timeout is None:
+                await self._event.wait()
+            else:
+                with anyio.fail_after(timeout):
+                    await self._event.wait()
         return self.result()
 
     def __await__(self) -> Generator[Any, None, T]:
