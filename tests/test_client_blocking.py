@@ -111,3 +111,22 @@ def test_exit_flushes_what_a_producer_left_open_held(cluster: LocalCluster) -> N
             if b"left in the producer" in bodies:
                 break
         assert b"left in the producer" in bodies
+
+
+def test_the_blocking_twins_offer_what_their_async_clients_do(cluster: LocalCluster) -> None:
+    """§ issue 28.14: the blocking pull consumer lacked `bounds`, `assignment` and
+    `unassign`, and `BlockingAdmin` could not look a message up by id or key."""
+    ns = cluster.namesrv_addr
+    with BlockingProducer(ns) as producer:
+        sent = producer.send(TOPIC, b"look me up", key="lookup")
+    with BlockingAdmin(ns) as admin:
+        assert admin.get_message(str(sent.msg_id)).body == b"look me up"
+        assert sent.msg_id in {m.msg_id for m in admin.query_key(TOPIC, "lookup")}
+        assert admin.committed_offset("twins", TOPIC, sent.queue) == -1
+    with BlockingPullConsumer(ns, "twins") as consumer:
+        consumer.assign(TOPIC, [sent.queue])
+        assert consumer.assignment() == [(TOPIC, sent.queue)]
+        lo, end = consumer.bounds(TOPIC, sent.queue)
+        assert lo <= sent.offset < end
+        consumer.unassign(TOPIC)
+        assert consumer.assignment() == []

@@ -354,6 +354,18 @@ class BlockingPullConsumer(_Blocking[PullConsumer]):
                tags: Tags = None) -> None:
         self._call_sync(self._client.assign, topic, queues, tags=tags)
 
+    def unassign(self, topic: str) -> None:
+        """Stop reading `topic` (its positions are forgotten)."""
+        self._call_sync(self._client.unassign, topic)
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, queue) pairs assigned (all of a topic's queues when none were named)."""
+        return self._call(self._client.assignment)
+
+    def bounds(self, topic: str, queue: int) -> tuple[int, int]:
+        """(earliest retained offset, end offset) of a queue."""
+        return self._call(self._client.bounds, topic, queue)
+
     @property
     def unreadable(self) -> dict[tuple[str, int], RequestError]:
         """Queues the last polls could not read (see `PullConsumer.unreadable`)."""
@@ -429,6 +441,17 @@ class BlockingAdmin(_Blocking[Admin]):
 
     def describe_cluster(self) -> dict[str, Any]:
         return self._call(self._client.describe_cluster)
+
+    def get_message(self, msg_id: str) -> Message:
+        """The message with this id (see `Admin.get_message`)."""
+        return self._call(self._client.get_message, msg_id)
+
+    def query_key(self, topic: str, key: str, **kwargs: Any) -> list[Message]:
+        """Messages of `topic` with this key (see `Admin.query_key`)."""
+        return self._call(self._client.query_key, topic, key, **kwargs)
+
+    def committed_offset(self, group: str, topic: str, queue: int) -> int:
+        return self._call(self._client.committed_offset, group, topic, queue)
 
     def consumer_lag(self, group: str, topic: str) -> dict[int, QueueLag]:
         return self._call(self._client.consumer_lag, group, topic)
