@@ -10,7 +10,8 @@
 * a request larger than a frame is refused with its reason, not retried into a timeout;
 * COMMIT_OFFSET beyond a queue's end is refused (OFFSET_TOO_LARGE);
 * `raftmq consume --from last` commits where a new group started;
-* error codes name the real problem (an unknown group, a queue that does not exist).
+* error codes name the real problem (an unknown group, a queue that does not exist);
+* a table piped to a file (`raftmq tx list > file`) is written whole, not cut to 80 columns.
 
 Faults (a lost quorum) are in `test_client_faults.py`, whose clusters are their own.
 """
@@ -363,3 +364,28 @@ def test_error_codes_name_the_real_problem(cluster: LocalCluster) -> None:
                                           "queue": 99, "offset": 0, "wait_ms": 0})
     assert info.value.code == Code.UNKNOWN_QUEUE
     assert "no queue 99" in info.value.message and "0..5" in info.value.message
+
+
+# ------------------------------------------------------------------ 14. tables in a pipe
+
+
+def test_a_table_piped_to_a_file_is_not_cut(cluster: LocalCluster) -> None:
+    """§ issue 28.14: `raftmq tx list > file` cut every column but the ids to "ha…":
+    rich assumes 80 columns when it does not write to a terminal."""
+    topic, group = "traps-tx-list-a-topic-with-a-long-name", "traps-a-producer-group-named-at-length"
+
+    async def prepare() -> str:
+        await create(cluster, topic, 1)
+        async with Producer(cluster.namesrv_addr, producer_group=group,
+                            check_listener=lambda request: "unknown") as producer:
+            return (await producer.prepare(topic, b"undecided", queue=0)).txid
+
+    txid = anyio.run(prepare)
+    try:
+        out = raftmq(cluster, "tx", "list")  # stdout is a pipe
+        assert out.returncode == 0, out.stderr
+        line = next(line for line in out.stdout.splitlines() if txid in line)
+        assert topic in line and group in line, out.stdout
+        assert "…" not in out.stdout, out.stdout
+    finally:
+        assert raftmq(cluster, "tx", "rollback", txid).returncode == 0

@@ -32,6 +32,7 @@ from . import (
     positive_int,
     print_json,
     run_admin_action,
+    table_console,
 )
 
 __all__ = ["main"]
@@ -116,7 +117,7 @@ async def _list(args: argparse.Namespace, admin: Admin) -> int:
     if args.json:
         print_json({**rows, "unreadable": [] if incomplete is None else incomplete.unreadable})
     else:
-        _print_listing(rows, Console())
+        _print_listing(rows, table_console())
     return incomplete_exit(PROG, incomplete)
 
 
@@ -125,7 +126,7 @@ async def _show(args: argparse.Namespace, admin: Admin) -> int:
     if args.json:
         print_json({"id": args.id, **rows})
     else:
-        _print_listing(rows, Console())
+        _print_listing(rows, table_console())
     return 0
 
 
