@@ -11,7 +11,8 @@ every group has lost its majority and a request can reach a leader that will not
 * with every node paused, each documented timeout bounds its whole call (route lookups,
   connects, retries and backoffs included) and the call raises the documented error;
 * closing a `PushConsumer` whose plain handler is stuck takes `2 * shutdown_timeout` at
-  most: the handler's thread is abandoned and its message is not committed.
+  most: the handler's thread is abandoned and its message is not committed;
+* leaving a `Producer` block by an exception fails its sends, saying which may be stored.
 
 The bounds asserted are generous correctness bounds (a call must end, well within twice
 its timeout plus a few seconds), not speed targets: under the old code the same calls
@@ -36,12 +37,14 @@ from broker.protocol import Code
 from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
+    ClientClosedError,
     OutcomeUnknownError,
     Producer,
     PullConsumer,
     PushConsumer,
     RaftMQError,
     RequestError,
+    SendFuture,
     TransactionError,
     UnavailableError,
     key_queue,
@@ -266,3 +269,37 @@ def test_closing_a_push_consumer_abandons_a_stuck_plain_handler(cluster: LocalCl
             return await reader.committed(TOPIC, 0)
 
     assert anyio.run(committed) <= 0  # not past the unfinished message
+
+
+def test_leaving_a_producer_block_by_an_exception_says_which_sends_may_be_stored(
+        cluster: LocalCluster) -> None:
+    """§ issue 28.14: leaving the block by an exception does not wait for buffered sends:
+    they fail. One never sent fails with `ClientClosedError`; one whose request was out
+    (every node paused, no answer) with `OutcomeUnknownError`, since it may be stored;
+    it used to fail with `ClientClosedError` too, as if it had never left."""
+    futs: dict[str, SendFuture[Any]] = {}
+
+    async def main() -> None:
+        out = anyio.Event()
+        async with Producer(cluster.namesrv_addr, on_attempt=lambda a: out.set()) as sender, \
+                Producer(cluster.namesrv_addr, linger_ms=600_000) as holder:
+            await sender.send(TOPIC, b"routes and connections", queue=0)
+            out = anyio.Event()
+            futs["held"] = await holder.send_async(TOPIC, b"held back", queue=1)
+            for node in cluster.node_ids:
+                cluster.pause(node)
+            futs["out"] = await sender.send_async(TOPIC, b"in doubt", queue=0)
+            await out.wait()  # its PRODUCE is leaving
+            await anyio.sleep(0.5)  # and has left; no node answers it
+            raise KeyError("the block fails")
+
+    try:
+        with pytest.raises(KeyError):
+            anyio.run(main)
+    finally:
+        for node in cluster.node_ids:
+            cluster.resume(node)
+    held, out = futs["held"].exception(), futs["out"].exception()
+    assert isinstance(held, ClientClosedError) and not isinstance(held, OutcomeUnknownError)
+    assert isinstance(out, OutcomeUnknownError), repr(out)
+    assert "may have been stored" in out.message

@@ -53,6 +53,7 @@ from broker.protocol import (
     MAX_MESSAGE_BYTES,
     Code,
     Op,
+    RaftMQError,
     RequestError,
     frame_limit,
     validate_topic_name,
@@ -472,8 +473,8 @@ class _Batch:
     it, the groups that failed it)."""
 
     __slots__ = ("attempts", "born", "data", "deadline", "failed_groups", "first_failed",
-                 "messages", "movable", "qb", "queue", "redirects", "sends", "sent", "topic",
-                 "uncertain")
+                 "messages", "movable", "out", "qb", "queue", "redirects", "sends", "sent",
+                 "topic", "uncertain")
 
     def __init__(self, qb: _Queue, topic: str, queue: int, movable: bool,
                  sends: list[PendingSend], messages: list[Payload], data: EncodedBatch,
@@ -491,6 +492,7 @@ class _Batch:
         self.sent = 0
         self.redirects = 0
         self.uncertain = False
+        self.out = False  # a request carrying it is out, unanswered
         self.failed_groups: set[str] = set()
         self.first_failed: float | None = None  # client clock of its first failed attempt
 
@@ -696,7 +698,7 @@ class Producer:
                 for send in qb.pending:
                     send.resolve(None, closed)
                 for batch in qb.formed:
-                    batch.fail(closed)
+                    batch.fail(self._closed_error(batch))
             self._tg.cancel_scope.cancel()
         return await close_stack(self._stack, exc)
 
@@ -1202,6 +1204,8 @@ class Producer:
                     self._release(qb)
 
         try:
+            for b in batches:
+                b.out = True
             try:
                 outcomes = await self._request(group, addr, batches)
             except RequestError as exc:  # the request as a whole: every batch's fate
@@ -1209,6 +1213,8 @@ class Producer:
             finally:
                 gs.in_flight -= 1
                 gs.wakeup.set()
+            for b in batches:
+                b.out = False
             retry = self._settle(group, batches, outcomes)
             if retry:
                 waiting = {id(b.qb) for b, _ in retry}
@@ -1220,10 +1226,20 @@ class Producer:
                 b.fail(exc)
             release(queues)
         except BaseException:  # cancelled as the producer closes
-            closed = ClientClosedError("the producer closed before the ack")
             for b in batches:
-                b.fail(closed)
+                b.fail(self._closed_error(b))
             raise
+
+    @staticmethod
+    def _closed_error(b: _Batch) -> RaftMQError:
+        """What a batch the closing producer abandons fails with: when a request of it
+        may be stored (one is out, or an earlier one may have been) its outcome is
+        unknown; else it was never sent."""
+        if b.out or b.uncertain:
+            return OutcomeUnknownError(
+                f"send to {b.topic} queue {b.queue}: the producer closed before the answer; "
+                "it may have been stored: check before sending it again")
+        return ClientClosedError("the producer closed before the message was sent")
 
     async def _request(self, group: str, addr: str | None,
                        batches: list[_Batch]) -> list[_Stored | RequestError]:
