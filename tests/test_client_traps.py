@@ -19,6 +19,7 @@ Faults (a lost quorum) are in `test_client_faults.py`, whose clusters are their 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import subprocess
 import sys
@@ -267,6 +268,27 @@ async def test_one_poll_returns_what_every_queue_has(
         rest = await drain(consumer, 35)
         bodies = sorted(m.body for m in first + rest)
         assert bodies == sorted(f"{q}-{i}".encode() for q in range(6) for i in range(10))
+
+
+@pytest.mark.anyio
+async def test_a_new_group_starts_at_the_first_message_unless_told_last(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.14, a documented choice pinned: a group with no committed offset starts
+    at the first retained message (Kafka and RocketMQ default to the end)."""
+    ns = cluster.namesrv_addr
+    topic = f"traps-start-{anyio_backend}"
+    await create(cluster, topic, 1)
+    async with Producer(ns) as producer:
+        await producer.send(topic, b"before the group", queue=0)
+    for client in (PullConsumer, PushConsumer):
+        assert inspect.signature(client).parameters["start_from"].default == "first"
+    async with PullConsumer(ns, f"{topic}-default") as consumer:
+        consumer.assign(topic)
+        assert [m.body for m in await drain(consumer, 1)] == [b"before the group"]
+    async with PullConsumer(ns, f"{topic}-last", start_from="last") as consumer:
+        consumer.assign(topic)
+        assert await consumer.poll(timeout=0.5) == []
+        assert consumer.position(topic, 0) == 1
 
 
 # ------------------------------------------------------------------ 6. oversized frames
