@@ -128,5 +128,10 @@ def test_the_blocking_twins_offer_what_their_async_clients_do(cluster: LocalClus
         assert consumer.assignment() == [(TOPIC, sent.queue)]
         lo, end = consumer.bounds(TOPIC, sent.queue)
         assert lo <= sent.offset < end
+        consumer.pause(TOPIC)
+        assert consumer.paused() == [(TOPIC, None)]
+        assert consumer.poll(timeout=0.2) == []
+        consumer.resume(TOPIC)
+        assert consumer.paused() == []
         consumer.unassign(TOPIC)
         assert consumer.assignment() == []

@@ -11,7 +11,8 @@
 * COMMIT_OFFSET beyond a queue's end is refused (OFFSET_TOO_LARGE);
 * `raftmq consume --from last` commits where a new group started;
 * error codes name the real problem (an unknown group, a queue that does not exist);
-* a table piped to a file (`raftmq tx list > file`) is written whole, not cut to 80 columns.
+* a table piped to a file (`raftmq tx list > file`) is written whole, not cut to 80 columns;
+* clients open and close with `start()`/`close()` as well as `async with`; consumers pause.
 
 Faults (a lost quorum) are in `test_client_faults.py`, whose clusters are their own.
 """
@@ -35,6 +36,7 @@ from broker.records import Message
 from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
+    ClientClosedError,
     Producer,
     PullConsumer,
     PushConsumer,
@@ -411,3 +413,87 @@ def test_a_table_piped_to_a_file_is_not_cut(cluster: LocalCluster) -> None:
         assert "…" not in out.stdout, out.stdout
     finally:
         assert raftmq(cluster, "tx", "rollback", txid).returncode == 0
+
+
+# ------------------------------------------------------------------ 14. start/close, pause
+
+
+@pytest.mark.anyio
+async def test_clients_start_and_close_without_a_block(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.14: `start()`/`close()` beside `async with` (for startup and shutdown
+    hooks); `close()` leaves as the end of the block does, once."""
+    ns = cluster.namesrv_addr
+    topic = f"traps-start-close-{anyio_backend}"
+    admin = await Admin(ns).start()
+    await admin.create_topic(topic, queues=1, exist_ok=True)
+    await admin.close()
+    producer = await Producer(ns).start()
+    fut = await producer.send_async(topic, b"handed over", queue=0)
+    await producer.close()  # waits for what it holds, as leaving the block does
+    assert fut.result().offset == 0
+    await producer.close()  # a second close does nothing
+    consumer = await PullConsumer(ns, f"{topic}-group").start()
+    consumer.assign(topic)
+    assert [m.body for m in await drain(consumer, 1)] == [b"handed over"]
+    await consumer.commit_all()
+    await consumer.close()
+    with pytest.raises(ClientClosedError):
+        await consumer.poll(timeout=0.1)
+    async with Admin(ns) as check:
+        assert await check.committed_offset(f"{topic}-group", topic, 0) == 1
+
+
+@pytest.mark.anyio
+async def test_a_pull_consumer_pauses_queues_and_resumes_them(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.14: Kafka's `pause`/`resume`: `poll` skips a paused queue and keeps
+    its position."""
+    ns = cluster.namesrv_addr
+    topic = f"traps-pause-pull-{anyio_backend}"
+    await create(cluster, topic, 2)
+    async with Producer(ns) as producer:
+        for q in (0, 1):
+            await producer.send(topic, f"queue {q}", queue=q)
+    async with PullConsumer(ns, f"{topic}-group") as consumer:
+        consumer.assign(topic)
+        consumer.pause(topic, [0])
+        assert consumer.paused() == [(topic, 0)]
+        assert [m.queue for m in await drain(consumer, 1)] == [1]
+        assert await consumer.poll(timeout=0.2) == []  # queue 0 still has its message
+        consumer.resume(topic)
+        assert consumer.paused() == []
+        assert [m.body for m in await drain(consumer, 1)] == [b"queue 0"]
+
+
+@pytest.mark.anyio
+async def test_a_push_consumer_pauses_and_resumes(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.14: RocketMQ's `suspend`/`resume`: while paused the handler is given
+    nothing; on resuming it is given what came meanwhile."""
+    ns = cluster.namesrv_addr
+    topic = f"traps-pause-push-{anyio_backend}"
+    await create(cluster, topic, 2)
+    handled: list[bytes] = []
+
+    async def handler(msgs: list[Message]) -> None:
+        handled.extend(m.body for m in msgs)
+
+    async def until(count: int) -> None:
+        with anyio.fail_after(60):
+            while len(handled) < count:
+                await anyio.sleep(0.05)
+
+    async with Producer(ns) as producer, \
+            PushConsumer(ns, f"{topic}-group", [topic], handler, rebalance_interval=1.0) as consumer:
+        await producer.send(topic, b"before the pause")
+        await until(1)
+        consumer.pause()
+        assert consumer.paused
+        for i in range(3):
+            await producer.send(topic, f"while paused {i}")
+        await anyio.sleep(2.0)  # time to have pulled and handled them, were it not paused
+        assert handled == [b"before the pause"]
+        consumer.resume()
+        await until(4)
+        assert sorted(handled[1:]) == [f"while paused {i}".encode() for i in range(3)]

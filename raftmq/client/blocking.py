@@ -371,6 +371,16 @@ class BlockingPullConsumer(_Blocking[PullConsumer]):
         """Queues the last polls could not read (see `PullConsumer.unreadable`)."""
         return self._call_sync(lambda: dict(self._client.unreadable))
 
+    def pause(self, topic: str, queues: Iterable[int] | None = None) -> None:
+        """`poll` skips these queues until `resume` (see `PullConsumer.pause`)."""
+        self._call_sync(self._client.pause, topic, queues)
+
+    def resume(self, topic: str, queues: Iterable[int] | None = None) -> None:
+        self._call_sync(self._client.resume, topic, queues)
+
+    def paused(self) -> list[tuple[str, int | None]]:
+        return self._call_sync(self._client.paused)
+
     def silent(self) -> list[tuple[str, int]]:
         """Queues not answering yet, not for long enough to be unreadable."""
         return self._call_sync(self._client.silent)
@@ -414,6 +424,17 @@ class BlockingPushConsumer(_Blocking[PushConsumer]):
 
     def rebalance(self) -> None:
         self._call(self._client.rebalance)
+
+    def pause(self) -> None:
+        """Hand the handler no more messages until `resume()` (see `PushConsumer.pause`)."""
+        self._call_sync(self._client.pause)
+
+    def resume(self) -> None:
+        self._call_sync(self._client.resume)
+
+    @property
+    def paused(self) -> bool:
+        return self._call_sync(lambda: self._client.paused)
 
     def commit_now(self) -> None:
         self._call(self._client.commit_now)

@@ -36,6 +36,7 @@ from broker.records import Message, decode_record, iter_records, message_id, tag
 from transport.connection import ClientClosedError, ConnectionPool, is_retriable
 
 from .errors import UnavailableError, close_stack
+from .lifecycle import StartClose
 from .routes import (
     Routes,
     backoff_delay,
@@ -382,8 +383,9 @@ def check_isolation(isolation: str) -> str:
     return isolation
 
 
-class _ClientBase:
-    """Owns a connection pool (unless given one), route cache and task group."""
+class _ClientBase(StartClose):
+    """Owns a connection pool (unless given one), route cache and task group; open it
+    with `async with` or `start()`/`close()`."""
 
     def __init__(
         self, namesrv: Sequence[str] | str, pool: ConnectionPool | None, timeout: float
@@ -472,6 +474,31 @@ class PullConsumer(_ClientBase):
         """Queues the last polls could not read (no leader reachable, or no answer for
         the consumer's `timeout`), with the error."""
         self._silent: dict[tuple[str, int], float] = {}  # unanswered since (`clock`)
+        self._paused: set[tuple[str, int | None]] = set()  # (topic, None): all its queues
+
+    def pause(self, topic: str, queues: Iterable[int] | None = None) -> None:
+        """`poll` skips these queues of `topic` (all of them when None) until `resume`
+        (Kafka's `pause`); their positions stay where they are. `pull` still reads them."""
+        validate_topic_name(topic)
+        if queues is None:
+            self._paused.add((topic, None))
+        else:
+            self._paused.update((topic, int(q)) for q in queues)
+
+    def resume(self, topic: str, queues: Iterable[int] | None = None) -> None:
+        """Undo `pause`: every pause of `topic` when `queues` is None, else those queues'
+        own (a pause of the whole topic is lifted by `resume(topic)` only)."""
+        if queues is None:
+            self._paused = {k for k in self._paused if k[0] != topic}
+        else:
+            self._paused.difference_update((topic, int(q)) for q in queues)
+
+    def paused(self) -> list[tuple[str, int | None]]:
+        """What is paused: (topic, queue), or (topic, None) for all of a topic's queues."""
+        return sorted(self._paused, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+
+    def _is_paused(self, key: tuple[str, int]) -> bool:
+        return (key[0], None) in self._paused or key in self._paused
 
     def silent(self) -> list[tuple[str, int]]:
         """Queues no poll has had an answer from since they were last read, but not yet
@@ -602,8 +629,10 @@ class PullConsumer(_ClientBase):
         deadline = clock() + (timeout if timeout > 0 else self.timeout)
         targets: list[tuple[str, int]] = []
         with anyio.move_on_after(deadline - clock()):
-            targets = await self.assignment()
-        if not targets:
+            targets = [k for k in await self.assignment() if not self._is_paused(k)]
+        if not targets:  # everything paused: wait as a poll with nothing to read does
+            if timeout > 0:
+                await anyio.sleep(max(0.0, deadline - clock()))
             return []
         found = await self._sweep(targets, max_messages, 0, deadline, first_only=False)
         left = deadline - clock()
@@ -852,6 +881,7 @@ class PushConsumer(_ClientBase):
         self._work_send: MemoryObjectSendStream[_Work] | None = None
         self._control: anyio.CancelScope | None = None
         self._limiter: anyio.CapacityLimiter | None = None
+        self._resumed: anyio.Event | None = None  # unset while paused
 
     @property
     def clustering(self) -> bool:
@@ -899,6 +929,27 @@ class PushConsumer(_ClientBase):
     def assignment(self) -> list[tuple[str, int]]:
         """The (topic, queue) pairs this consumer currently reads."""
         return sorted(self._states)
+
+    def pause(self) -> None:
+        """Hand the handler no more messages until `resume()` (RocketMQ's `suspend`):
+        calls already running finish, nothing more is pulled, and offsets stay where the
+        finished messages put them. Heartbeats and rebalancing go on, so the consumer
+        keeps its queues; a queue it loses meanwhile is released as usual."""
+        if self._resumed is None or self._resumed.is_set():
+            self._resumed = anyio.Event()
+
+    def resume(self) -> None:
+        """Go on after `pause()`."""
+        if self._resumed is not None:
+            self._resumed.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._resumed is not None and not self._resumed.is_set()
+
+    async def _unpaused(self) -> None:
+        while self._resumed is not None and not self._resumed.is_set():
+            await self._resumed.wait()
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """The committable offset of every queue read (the lowest unfinished one)."""
@@ -1069,6 +1120,9 @@ class PushConsumer(_ClientBase):
         failures = 0
         with st.scope:
             while not st.released:
+                if self.paused:
+                    await self._unpaused()
+                    continue
                 if len(st.window) > self.per_queue_threshold:
                     await anyio.sleep(FLOW_CONTROL_DELAY)
                     continue
@@ -1109,6 +1163,7 @@ class PushConsumer(_ClientBase):
         async with receive:
             async for work in receive:
                 st = work.state
+                await self._unpaused()
                 if st.released:
                     continue
                 st.running += 1

@@ -77,6 +77,7 @@ from .errors import (
     give_up,
     may_have_applied,
 )
+from .lifecycle import StartClose
 from .routes import (
     LEADER_WAIT,
     Routes,
@@ -546,8 +547,9 @@ class _GroupSender:
         self.in_flight = 0
 
 
-class Producer:
-    """Sends messages to topics; use as `async with Producer(namesrv) as p:`.
+class Producer(StartClose):
+    """Sends messages to topics; use as `async with Producer(namesrv) as p:` (or
+    `await p.start()` ... `await p.close()` in one task, see `raftmq.client.lifecycle`).
 
     `selector` is "key" (the default: a message with a key goes to its key's queue, a
     stable hash of the key, so one key keeps its order on one queue; keyless messages go
