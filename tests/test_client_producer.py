@@ -315,6 +315,20 @@ def fail_first(n: int, error: Callable[[], RequestError], then: Script) -> Scrip
 
 
 @pytest.mark.anyio
+async def test_flush_and_close_do_not_wait_out_the_linger() -> None:
+    """A flush (and leaving the block, which flushes) sends what lingers at once: it
+    used to wait `linger_ms` out, and leaving the block gave up on such sends after its
+    bound and failed them unsent. The bounds below end a hang; they measure nothing."""
+    with anyio.fail_after(30):
+        async with scripted(ok_produce(base=7), linger_ms=600_000) as (producer, pool):
+            fut = await producer.send_async("orders", b"lingering", queue=1)
+            await producer.flush()
+            assert fut.result().offset == 7 and len(pool.produced()) == 1
+            late = await producer.send_async("orders", b"left for the block's end", queue=1)
+    assert late.result().offset == 7 and len(pool.produced()) == 2
+
+
+@pytest.mark.anyio
 async def test_concurrent_sends_to_a_queue_share_one_request() -> None:
     async with scripted(ok_produce(base=100), linger_ms=200) as (producer, pool):
         futs = [await producer.send_async("orders", f"m{i}", queue=1) for i in range(20)]

@@ -642,6 +642,7 @@ class Producer(StartClose):
         self._sticky: dict[str, int] = {}  # topic -> queue whose batch is filling
         self._faults: dict[str, float] = {}
         self._outstanding = 0
+        self._flushing = 0  # flush() calls waiting: no lingering while any does
         self._drained: anyio.Event | None = None
         self._pending_slots: anyio.Semaphore | None = None
         self._closed = False
@@ -705,11 +706,19 @@ class Producer(StartClose):
         return await close_stack(self._stack, exc)
 
     async def flush(self) -> None:
-        """Wait until every message handed to the producer so far is acknowledged or failed."""
-        while self._outstanding:
-            if self._drained is None:
-                self._drained = anyio.Event()
-            await self._drained.wait()
+        """Wait until every message handed to the producer so far is acknowledged or
+        failed. Nothing lingers meanwhile (`linger_ms`): what is held leaves at once, as
+        Kafka's `flush` makes every buffered record sendable."""
+        self._flushing += 1
+        try:
+            for gs in self._groups.values():
+                gs.wakeup.set()
+            while self._outstanding:
+                if self._drained is None:
+                    self._drained = anyio.Event()
+                await self._drained.wait()
+        finally:
+            self._flushing -= 1
 
     def _check_open(self) -> Routes:
         if self._routes is None or self._closed:
@@ -1147,7 +1156,7 @@ class Producer(StartClose):
         while True:
             now = clock()
             if gs.in_flight < REQUESTS_IN_FLIGHT and acc.sendable:
-                if acc.ready(now):
+                if self._flushing or acc.ready(now):
                     self._start_request(gs)
                     continue
                 gs.wakeup = anyio.Event()
