@@ -24,6 +24,7 @@ from broker.records import (
     encode_batch,
     walk_batch,
 )
+from raftmq.client.errors import UnavailableError
 from raftmq.client.producer import (
     BatchAccumulator,
     PendingSend,
@@ -326,6 +327,37 @@ async def test_flush_and_close_do_not_wait_out_the_linger() -> None:
             assert fut.result().offset == 7 and len(pool.produced()) == 1
             late = await producer.send_async("orders", b"left for the block's end", queue=1)
     assert late.result().offset == 7 and len(pool.produced()) == 2
+
+
+@pytest.mark.anyio
+async def test_a_send_whose_delivery_timeout_ends_before_it_leaves_is_never_sent() -> None:
+    """A send waiting behind its queue's batch in flight, past its `delivery_timeout`,
+    fails with `UnavailableError` (nothing was sent) instead of being sent late; the
+    batch in flight is answered after its own deadline (a slow node)."""
+    slow, out = anyio.Event(), anyio.Event()
+
+    class SlowFirstAnswer(ScriptedPool):
+        async def request(self, addr: str, op: Any, header: Any = None, body: Any = b"", *,
+                          timeout: float = 3.0) -> Frame:
+            if int(op) == Op.PRODUCE and not out.is_set():
+                out.set()
+                await slow.wait()
+            return await super().request(addr, op, header, body, timeout=timeout)
+
+    async with scripted(ok_produce(base=3), delivery_timeout=0.5) as (producer, pool):
+        slow_pool = SlowFirstAnswer(pool.script)
+        assert producer._routes is not None
+        producer._routes.pool = slow_pool  # type: ignore[assignment]
+        first = await producer.send_async("orders", b"first", queue=1)
+        await out.wait()  # the first's request is out: its queue is busy
+        second = await producer.send_async("orders", b"second", queue=1)
+        await anyio.sleep(1.0)  # past the second's delivery timeout, behind the first
+        slow.set()
+        with anyio.fail_after(30):
+            await producer.flush()
+    assert first.result().offset == 3
+    assert isinstance(second.exception(), UnavailableError), second.exception()
+    assert [b"second" in body for _, _, body in slow_pool.produced()] == [False]
 
 
 @pytest.mark.anyio

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 import zlib
@@ -439,7 +440,8 @@ class PendingSend:
 
     `future` gets the outcome: the first message's result for a single-message send
     (`single`), else the list. `settled` is the producer's own bookkeeping (its pending
-    window), run once before the future completes.
+    window), run once before the future completes. `deadline` (client clock) is when
+    its delivery timeout ends, counted from the hand-over.
     """
 
     messages: list[Payload]
@@ -448,6 +450,7 @@ class PendingSend:
     single: bool = False
     settled: Callable[[], None] | None = None
     resolved: bool = False
+    deadline: float = math.inf
 
     def resolve(self, results: list[SendResult] | None, error: BaseException | None) -> None:
         if self.resolved:
@@ -1067,14 +1070,16 @@ class Producer(StartClose):
             self._check_open()
             route = None
         self._outstanding += 1
+        now = clock()
+        send.deadline = now + self.delivery_timeout
         key = (topic, queue, movable)
         qb = self._queues.get(key)
         if qb is None:
             qb = self._queues[key] = self._new_queue(key, route)
         group = qb.group
         if group is None:  # its group is being looked up: it waits
-            qb.add(send, clock())
-        elif group.add(qb, send, clock()):
+            qb.add(send, now)
+        elif group.add(qb, send, now):
             self._groups[group.group].wakeup.set()
 
     def _new_queue(self, key: QueueKey, route: TopicRoute | None = None) -> _Queue:
@@ -1170,7 +1175,7 @@ class Producer(StartClose):
         """Drain the group's accumulator into one request and send it."""
         assert self._tg is not None and self._routes is not None
         born = int(time.time() * 1000)
-        deadline = clock() + self.delivery_timeout
+        now = clock()
         batches: list[_Batch] = []
         queues: list[_Queue] = []
         for taken in gs.acc.drain():
@@ -1179,6 +1184,10 @@ class Producer(StartClose):
             batches += taken.formed
             topic, queue, movable = qb.key
             for sends in taken.new:
+                if sends[0].deadline <= now:  # the oldest first: expired ones lead
+                    sends = self._expire(topic, sends, now)
+                    if not sends:
+                        continue
                 msgs = sends[0].messages if len(sends) == 1 else [
                     m for s in sends for m in s.messages]
                 pid, seq = 0, -1
@@ -1189,10 +1198,28 @@ class Producer(StartClose):
                 data = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born,
                                     tx=self._tx_stamp)  # the open transaction's, if any
                 batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born,
-                                      deadline))
+                                      sends[0].deadline))  # the oldest send's
+        if not batches:  # all expired: nothing to send, the queues are free again
+            for qb in queues:
+                self._release(qb)
+            return
         gs.in_flight += 1
         self._tg.start_soon(self._send_request, gs, self._routes.target(gs.acc.group),
                             batches, queues)
+
+    def _expire(self, topic: str, sends: list[PendingSend], now: float) -> list[PendingSend]:
+        """Fail the sends whose delivery timeout ended before they were ever sent
+        (`UnavailableError`: nothing of them was sent); the others, to send."""
+        keep: list[PendingSend] = []
+        for send in sends:
+            if send.deadline <= now:
+                send.resolve(None, UnavailableError(
+                    f"send to {topic}: not sent within delivery_timeout "
+                    f"{self.delivery_timeout:.3g} s (its queue was busy or had no leader); "
+                    "nothing was sent"))
+            else:
+                keep.append(send)
+        return keep
 
     def _sequence(self, topic: str, queue: int) -> _Sequence:
         seq = self._seqs.get((topic, queue))
