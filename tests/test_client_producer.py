@@ -6,6 +6,7 @@ the producer sends where after each kind of failure; they say nothing about a no
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,12 +24,14 @@ from broker.records import (
     encode_batch,
     walk_batch,
 )
+from raftmq.client.errors import UnavailableError
 from raftmq.client.producer import (
     BatchAccumulator,
     PendingSend,
     Producer,
     SendAttempt,
     SendFuture,
+    SendNotDoneError,
     as_payload,
     batch_message_ids,
     check_message,
@@ -195,6 +198,45 @@ async def test_send_future_outcomes_and_callbacks() -> None:
         await bad
 
 
+def test_asyncio_takes_a_send_future_for_a_future() -> None:
+    """§ issue 28.11: `asyncio.wait([fut])` failed (no `remove_done_callback`) and
+    `fut.result(timeout=...)` was a TypeError."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        a: SendFuture[int] = SendFuture()
+        b: SendFuture[int] = SendFuture()
+        c: SendFuture[int] = SendFuture()
+        loop.call_soon(a.set_result, 1)
+        done, pending = await asyncio.wait([a, b, c], return_when=asyncio.FIRST_COMPLETED)
+        assert done == {a} and pending == {b, c}
+        assert b.remove_done_callback(print) == 0  # asyncio.wait took its callbacks back
+        with pytest.raises(SendNotDoneError, match="await"):
+            b.result(timeout=5)  # never waits: that would stop the loop the send needs
+        with pytest.raises(asyncio.InvalidStateError):
+            b.exception()
+        assert not b.cancel() and not b.cancelled()
+        loop.call_soon(b.set_exception, RequestError(Code.MESSAGE_TOO_LARGE, "big"))
+        loop.call_soon(c.set_result, 3)
+        done, pending = await asyncio.wait([a, b, c])
+        assert done == {a, b, c} and not pending
+        assert isinstance(b.exception(timeout=1), RequestError) and c.result(timeout=1) == 3
+        assert await asyncio.gather(a, c) == [1, 3]
+        assert await asyncio.wait_for(a, 10) == 1
+        assert sorted([await f for f in asyncio.as_completed([a, c])]) == [1, 3]
+
+    asyncio.run(main())
+
+
+@pytest.mark.anyio
+async def test_a_send_future_wait_is_bounded_when_asked() -> None:
+    fut: SendFuture[int] = SendFuture()
+    with pytest.raises(TimeoutError):
+        await fut.wait(timeout=0.01)
+    fut.set_result(7)
+    assert await fut.wait(timeout=0.01) == 7 and fut.result() == 7
+
+
 # ---------------------------------------------------------------- with a scripted transport
 
 
@@ -271,6 +313,51 @@ def fail_first(n: int, error: Callable[[], RequestError], then: Script) -> Scrip
         return then(addr, op, h, body)
 
     return answer
+
+
+@pytest.mark.anyio
+async def test_flush_and_close_do_not_wait_out_the_linger() -> None:
+    """A flush (and leaving the block, which flushes) sends what lingers at once: it
+    used to wait `linger_ms` out, and leaving the block gave up on such sends after its
+    bound and failed them unsent. The bounds below end a hang; they measure nothing."""
+    with anyio.fail_after(30):
+        async with scripted(ok_produce(base=7), linger_ms=600_000) as (producer, pool):
+            fut = await producer.send_async("orders", b"lingering", queue=1)
+            await producer.flush()
+            assert fut.result().offset == 7 and len(pool.produced()) == 1
+            late = await producer.send_async("orders", b"left for the block's end", queue=1)
+    assert late.result().offset == 7 and len(pool.produced()) == 2
+
+
+@pytest.mark.anyio
+async def test_a_send_whose_delivery_timeout_ends_before_it_leaves_is_never_sent() -> None:
+    """A send waiting behind its queue's batch in flight, past its `delivery_timeout`,
+    fails with `UnavailableError` (nothing was sent) instead of being sent late; the
+    batch in flight is answered after its own deadline (a slow node)."""
+    slow, out = anyio.Event(), anyio.Event()
+
+    class SlowFirstAnswer(ScriptedPool):
+        async def request(self, addr: str, op: Any, header: Any = None, body: Any = b"", *,
+                          timeout: float = 3.0) -> Frame:
+            if int(op) == Op.PRODUCE and not out.is_set():
+                out.set()
+                await slow.wait()
+            return await super().request(addr, op, header, body, timeout=timeout)
+
+    async with scripted(ok_produce(base=3), delivery_timeout=0.5) as (producer, pool):
+        slow_pool = SlowFirstAnswer(pool.script)
+        assert producer._routes is not None
+        producer._routes.pool = slow_pool  # type: ignore[assignment]
+        first = await producer.send_async("orders", b"first", queue=1)
+        await out.wait()  # the first's request is out: its queue is busy
+        second = await producer.send_async("orders", b"second", queue=1)
+        await anyio.sleep(1.0)  # past the second's delivery timeout, behind the first
+        slow.set()
+        with anyio.fail_after(30):
+            await producer.flush()
+    assert first.result().offset == 3
+    assert isinstance(second.exception(), UnavailableError), second.exception()
+    assert [b"second" in body for _, _, body in slow_pool.produced()] == [False]
 
 
 @pytest.mark.anyio

@@ -10,13 +10,17 @@
 * a request larger than a frame is refused with its reason, not retried into a timeout;
 * COMMIT_OFFSET beyond a queue's end is refused (OFFSET_TOO_LARGE);
 * `raftmq consume --from last` commits where a new group started;
-* error codes name the real problem (an unknown group, a queue that does not exist).
+* error codes name the real problem (an unknown group, a queue that does not exist);
+* a table piped to a file (`raftmq tx list > file`) is written whole, not cut to 80 columns;
+* clients open and close with `start()`/`close()` as well as `async with`; consumers pause.
 
 Faults (a lost quorum) are in `test_client_faults.py`, whose clusters are their own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import subprocess
 import sys
@@ -32,9 +36,11 @@ from broker.records import Message
 from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
+    ClientClosedError,
     Producer,
     PullConsumer,
     PushConsumer,
+    SendNotDoneError,
     TransportError,
     UnavailableError,
     key_queue,
@@ -209,6 +215,33 @@ async def test_a_key_chooses_its_queue_in_the_sdk_and_the_cli(
     assert f'"queue": {key_queue("customer-7", 6)}' in out.stdout
 
 
+@pytest.mark.anyio
+async def test_send_async_futures_are_what_asyncio_and_trio_code_awaits(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.11: `asyncio.wait` on the futures of `send_async` failed, and
+    `result(timeout=)` was a TypeError. One await hands a message over (its future is
+    then the producer's to complete, also when nobody awaits it); `send` is one await."""
+    topic = f"traps-futures-{anyio_backend}"
+    await create(cluster, topic, 3)
+    async with Producer(cluster.namesrv_addr) as producer:
+        futs = [await producer.send_async(topic, f"f{i}", key="k") for i in range(10)]
+        for fut in futs:
+            try:
+                fut.result(timeout=5)  # done already, or says to await it
+            except SendNotDoneError as exc:
+                assert "await" in str(exc)
+        if anyio_backend == "asyncio":
+            done, pending = await asyncio.wait(futs)  # type: ignore[type-var]
+            assert len(done) == 10 and not pending
+        else:
+            for fut in futs:
+                await fut.wait(timeout=60)
+        offsets = [f.result().offset for f in futs]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 10
+        one = await producer.send(topic, b"one await", key="k")
+        assert one.offset == offsets[-1] + 1
+
+
 # ------------------------------------------------------------------ 4. poll
 
 
@@ -237,6 +270,27 @@ async def test_one_poll_returns_what_every_queue_has(
         rest = await drain(consumer, 35)
         bodies = sorted(m.body for m in first + rest)
         assert bodies == sorted(f"{q}-{i}".encode() for q in range(6) for i in range(10))
+
+
+@pytest.mark.anyio
+async def test_a_new_group_starts_at_the_first_message_unless_told_last(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.14, a documented choice pinned: a group with no committed offset starts
+    at the first retained message (Kafka and RocketMQ default to the end)."""
+    ns = cluster.namesrv_addr
+    topic = f"traps-start-{anyio_backend}"
+    await create(cluster, topic, 1)
+    async with Producer(ns) as producer:
+        await producer.send(topic, b"before the group", queue=0)
+    for client in (PullConsumer, PushConsumer):
+        assert inspect.signature(client).parameters["start_from"].default == "first"
+    async with PullConsumer(ns, f"{topic}-default") as consumer:
+        consumer.assign(topic)
+        assert [m.body for m in await drain(consumer, 1)] == [b"before the group"]
+    async with PullConsumer(ns, f"{topic}-last", start_from="last") as consumer:
+        consumer.assign(topic)
+        assert await consumer.poll(timeout=0.5) == []
+        assert consumer.position(topic, 0) == 1
 
 
 # ------------------------------------------------------------------ 6. oversized frames
@@ -334,3 +388,112 @@ def test_error_codes_name_the_real_problem(cluster: LocalCluster) -> None:
                                           "queue": 99, "offset": 0, "wait_ms": 0})
     assert info.value.code == Code.UNKNOWN_QUEUE
     assert "no queue 99" in info.value.message and "0..5" in info.value.message
+
+
+# ------------------------------------------------------------------ 14. tables in a pipe
+
+
+def test_a_table_piped_to_a_file_is_not_cut(cluster: LocalCluster) -> None:
+    """§ issue 28.14: `raftmq tx list > file` cut every column but the ids to "ha…":
+    rich assumes 80 columns when it does not write to a terminal."""
+    topic, group = "traps-tx-list-a-topic-with-a-long-name", "traps-a-producer-group-named-at-length"
+
+    async def prepare() -> str:
+        await create(cluster, topic, 1)
+        async with Producer(cluster.namesrv_addr, producer_group=group,
+                            check_listener=lambda request: "unknown") as producer:
+            return (await producer.prepare(topic, b"undecided", queue=0)).txid
+
+    txid = anyio.run(prepare)
+    try:
+        out = raftmq(cluster, "tx", "list")  # stdout is a pipe
+        assert out.returncode == 0, out.stderr
+        line = next(line for line in out.stdout.splitlines() if txid in line)
+        assert topic in line and group in line, out.stdout
+        assert "…" not in out.stdout, out.stdout
+    finally:
+        assert raftmq(cluster, "tx", "rollback", txid).returncode == 0
+
+
+# ------------------------------------------------------------------ 14. start/close, pause
+
+
+@pytest.mark.anyio
+async def test_clients_start_and_close_without_a_block(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.14: `start()`/`close()` beside `async with` (for startup and shutdown
+    hooks); `close()` leaves as the end of the block does, once."""
+    ns = cluster.namesrv_addr
+    topic = f"traps-start-close-{anyio_backend}"
+    admin = await Admin(ns).start()
+    await admin.create_topic(topic, queues=1, exist_ok=True)
+    await admin.close()
+    producer = await Producer(ns).start()
+    fut = await producer.send_async(topic, b"handed over", queue=0)
+    await producer.close()  # waits for what it holds, as leaving the block does
+    assert fut.result().offset == 0
+    await producer.close()  # a second close does nothing
+    consumer = await PullConsumer(ns, f"{topic}-group").start()
+    consumer.assign(topic)
+    assert [m.body for m in await drain(consumer, 1)] == [b"handed over"]
+    await consumer.commit_all()
+    await consumer.close()
+    with pytest.raises(ClientClosedError):
+        await consumer.poll(timeout=0.1)
+    async with Admin(ns) as check:
+        assert await check.committed_offset(f"{topic}-group", topic, 0) == 1
+
+
+@pytest.mark.anyio
+async def test_a_pull_consumer_pauses_queues_and_resumes_them(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.14: Kafka's `pause`/`resume`: `poll` skips a paused queue and keeps
+    its position."""
+    ns = cluster.namesrv_addr
+    topic = f"traps-pause-pull-{anyio_backend}"
+    await create(cluster, topic, 2)
+    async with Producer(ns) as producer:
+        for q in (0, 1):
+            await producer.send(topic, f"queue {q}", queue=q)
+    async with PullConsumer(ns, f"{topic}-group") as consumer:
+        consumer.assign(topic)
+        consumer.pause(topic, [0])
+        assert consumer.paused() == [(topic, 0)]
+        assert [m.queue for m in await drain(consumer, 1)] == [1]
+        assert await consumer.poll(timeout=0.2) == []  # queue 0 still has its message
+        consumer.resume(topic)
+        assert consumer.paused() == []
+        assert [m.body for m in await drain(consumer, 1)] == [b"queue 0"]
+
+
+@pytest.mark.anyio
+async def test_a_push_consumer_pauses_and_resumes(
+        cluster: LocalCluster, anyio_backend: str) -> None:
+    """§ issue 28.14: RocketMQ's `suspend`/`resume`: while paused the handler is given
+    nothing; on resuming it is given what came meanwhile."""
+    ns = cluster.namesrv_addr
+    topic = f"traps-pause-push-{anyio_backend}"
+    await create(cluster, topic, 2)
+    handled: list[bytes] = []
+
+    async def handler(msgs: list[Message]) -> None:
+        handled.extend(m.body for m in msgs)
+
+    async def until(count: int) -> None:
+        with anyio.fail_after(60):
+            while len(handled) < count:
+                await anyio.sleep(0.05)
+
+    async with Producer(ns) as producer, \
+            PushConsumer(ns, f"{topic}-group", [topic], handler, rebalance_interval=1.0) as consumer:
+        await producer.send(topic, b"before the pause")
+        await until(1)
+        consumer.pause()
+        assert consumer.paused
+        for i in range(3):
+            await producer.send(topic, f"while paused {i}")
+        await anyio.sleep(2.0)  # time to have pulled and handled them, were it not paused
+        assert handled == [b"before the pause"]
+        consumer.resume()
+        await until(4)
+        assert sorted(handled[1:]) == [f"while paused {i}".encode() for i in range(3)]

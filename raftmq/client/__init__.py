@@ -40,7 +40,7 @@ from .errors import (
 )
 from .localoffsets import OffsetsInUseError
 from .membership import GroupMembers
-from .producer import Producer, SendFuture, SendResult, key_queue
+from .producer import Producer, SendFuture, SendNotDoneError, SendResult, key_queue
 from .routes import Routes, TopicRoute
 from .transactions import CheckRequest, HalfHandle, Transaction, TransactionResult
 
@@ -77,6 +77,7 @@ __all__ = [
     "RequestError",
     "Routes",
     "SendFuture",
+    "SendNotDoneError",
     "SendResult",
     "TopicInfo",
     "TopicRoute",

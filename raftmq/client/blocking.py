@@ -1,21 +1,27 @@
 """Blocking wrappers for code without an event loop (scripts, notebooks, threads).
 
-Each wrapper runs its async client in an event loop on a private thread (an anyio
-blocking portal) and forwards calls to it, so it can be used from any number of threads.
-Use them as context managers or call `close()`; the loop thread ends with the client.
+Each wrapper runs its async client in an event loop on a private daemon thread (serving an
+anyio blocking portal) and forwards calls to it, so it can be used from any number of
+threads. Use them as context managers or call `close()`; the loop thread ends with the
+client. A client still open when the interpreter exits is closed then (flushing and
+committing as `close()` does, for at most `EXIT_CLOSE_TIMEOUT` seconds, with a
+`ResourceWarning`), so a script that forgets `close()` still ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import functools
-import sys
+import threading
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+import anyio
+from anyio.from_thread import BlockingPortal
 
 from broker.protocol import RequestError
 from broker.records import Message, OutgoingMessage
@@ -27,6 +33,7 @@ from .producer import Producer, SendFuture, SendResult
 from .transactions import HalfHandle, Transaction, TransactionResult
 
 __all__ = [
+    "EXIT_CLOSE_TIMEOUT",
     "BlockingAdmin",
     "BlockingHalfHandle",
     "BlockingProducer",
@@ -42,27 +49,134 @@ __all__ = [
 C = TypeVar("C")
 R = TypeVar("R")
 
+EXIT_CLOSE_TIMEOUT = 10.0
+"""How long the interpreter's exit waits for each client left open to close."""
+
+_STOP_TIMEOUT = 5.0  # for the loop to end once its client is out or given up on
+
+
+class _Loop(Generic[C]):
+    """An event loop on a daemon thread holding one entered async client.
+
+    Not `anyio.from_thread.start_blocking_portal`: its context manager, left open, is
+    finalised while the interpreter shuts down, when the loop thread can no longer run,
+    and waits for that thread forever. This one is stopped by `close()` or by the exit
+    hook, both with a bound where asked, and nothing waits on it after that."""
+
+    def __init__(self, client: AbstractAsyncContextManager[C], backend: str,
+                 name: str) -> None:
+        self.name = name
+        self.closed = False
+        started: concurrent.futures.Future[BlockingPortal] = concurrent.futures.Future()
+
+        async def serve() -> None:
+            async with BlockingPortal() as portal:
+                started.set_result(portal)
+                await portal.sleep_until_stopped()
+
+        def main() -> None:
+            try:
+                anyio.run(serve, backend=backend)
+            except BaseException as exc:  # noqa: BLE001 - handed to the starting thread
+                if not started.done():
+                    started.set_exception(exc)
+
+        self._thread = threading.Thread(target=main, daemon=True, name=f"raftmq-{name}")
+        self._thread.start()
+        self.portal = started.result()
+        self._entered: concurrent.futures.Future[C] = concurrent.futures.Future()
+        self._leave: anyio.Event | None = None
+        self._exc_info: tuple[Any, Any, Any] = (None, None, None)
+        self._left = self.portal.start_task_soon(self._hold, client)
+        try:
+            self.client: C = self._entered.result()
+        except BaseException:
+            self._stop(cancel=True, timeout=_STOP_TIMEOUT)
+            raise
+
+    async def _hold(self, client: AbstractAsyncContextManager[C]) -> None:
+        """Enter the client, wait for `close()`, leave it (errors go to `close()`)."""
+        self._leave = anyio.Event()
+        try:
+            value = await client.__aenter__()
+        except BaseException as exc:
+            self._entered.set_exception(exc)
+            return
+        self._entered.set_result(value)
+        try:
+            await self._leave.wait()
+        finally:
+            await client.__aexit__(*self._exc_info)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Leave the client and stop the loop; False when the client did not finish
+        leaving within `timeout` (its remaining work is then cancelled)."""
+        if self.closed:
+            return True
+        self.closed = True
+        _OPEN.pop(self, None)
+        assert self._leave is not None
+        try:
+            self.portal.call(self._leave.set)
+            self._left.result(timeout)
+        except concurrent.futures.TimeoutError:
+            self._stop(cancel=True, timeout=_STOP_TIMEOUT)
+            return False
+        except BaseException:
+            self._stop(cancel=True, timeout=_STOP_TIMEOUT)
+            raise
+        self._stop(cancel=False, timeout=timeout)
+        return True
+
+    def _stop(self, cancel: bool, timeout: float | None) -> None:
+        try:
+            self.portal.call(self.portal.stop, cancel)
+        except RuntimeError:  # the loop already ended
+            pass
+        self._thread.join(timeout)
+
+
+_OPEN: dict[_Loop[Any], None] = {}  # in opening order; closed at exit newest first
+
+
+def _close_left_open() -> None:
+    """At interpreter exit: close every client nobody closed, each within
+    `EXIT_CLOSE_TIMEOUT` (the loops are daemon threads: nothing waits on them after)."""
+    for loop in reversed(list(_OPEN)):
+        warnings.warn(f"raftmq: {loop.name} was not closed; closing it at exit",
+                      ResourceWarning, stacklevel=1)
+        try:
+            done = loop.close(EXIT_CLOSE_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - every other client still gets closed
+            warnings.warn(f"raftmq: closing {loop.name} at exit failed: {exc!r}",
+                          RuntimeWarning, stacklevel=1)
+            continue
+        if not done:
+            warnings.warn(f"raftmq: {loop.name} did not close within {EXIT_CLOSE_TIMEOUT} s "
+                          f"at exit; what it had not finished was abandoned",
+                          RuntimeWarning, stacklevel=1)
+
+
+atexit.register(_close_left_open)
+
 
 class _Blocking(Generic[C]):
-    """Owns the portal thread and the async client entered inside it."""
+    """Owns the loop thread and the async client entered inside it."""
 
     def __init__(self, client: AbstractAsyncContextManager[C], backend: str) -> None:
-        self._portal_cm = start_blocking_portal(backend)
-        self._portal: BlockingPortal = self._portal_cm.__enter__()
-        try:
-            self._client_cm: AbstractContextManager[C] = self._portal.wrap_async_context_manager(
-                client
-            )
-            self._client: C = self._client_cm.__enter__()
-        except BaseException:
-            self._portal_cm.__exit__(*sys.exc_info())
-            raise
-        self._closed = False
+        self._loop = _Loop(client, backend, type(self).__name__)
+        _OPEN[self._loop] = None
+        self._portal: BlockingPortal = self._loop.portal
+        self._client: C = self._loop.client
 
     @property
     def client(self) -> C:
         """The async client, for use from inside the portal's loop only."""
         return self._client
+
+    @property
+    def _closed(self) -> bool:
+        return self._loop.closed
 
     def _call(self, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
         if self._closed:
@@ -75,13 +189,7 @@ class _Blocking(Generic[C]):
 
     def close(self) -> None:
         """Leave the async client (flushing, committing as it does) and stop the thread."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._client_cm.__exit__(None, None, None)
-        finally:
-            self._portal_cm.__exit__(None, None, None)
+        self._loop.close()
 
     def __enter__(self: Any) -> Any:
         return self
@@ -246,10 +354,36 @@ class BlockingPullConsumer(_Blocking[PullConsumer]):
                tags: Tags = None) -> None:
         self._call_sync(self._client.assign, topic, queues, tags=tags)
 
+    def unassign(self, topic: str) -> None:
+        """Stop reading `topic` (its positions are forgotten)."""
+        self._call_sync(self._client.unassign, topic)
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, queue) pairs assigned (all of a topic's queues when none were named)."""
+        return self._call(self._client.assignment)
+
+    def bounds(self, topic: str, queue: int) -> tuple[int, int]:
+        """(earliest retained offset, end offset) of a queue."""
+        return self._call(self._client.bounds, topic, queue)
+
     @property
     def unreadable(self) -> dict[tuple[str, int], RequestError]:
         """Queues the last polls could not read (see `PullConsumer.unreadable`)."""
         return self._call_sync(lambda: dict(self._client.unreadable))
+
+    def pause(self, topic: str, queues: Iterable[int] | None = None) -> None:
+        """`poll` skips these queues until `resume` (see `PullConsumer.pause`)."""
+        self._call_sync(self._client.pause, topic, queues)
+
+    def resume(self, topic: str, queues: Iterable[int] | None = None) -> None:
+        self._call_sync(self._client.resume, topic, queues)
+
+    def paused(self) -> list[tuple[str, int | None]]:
+        return self._call_sync(self._client.paused)
+
+    def silent(self) -> list[tuple[str, int]]:
+        """Queues not answering yet, not for long enough to be unreadable."""
+        return self._call_sync(self._client.silent)
 
     def poll(self, timeout: float = 1.0, **kwargs: Any) -> list[Message]:
         return self._call(self._client.poll, timeout, **kwargs)
@@ -257,11 +391,12 @@ class BlockingPullConsumer(_Blocking[PullConsumer]):
     def pull(self, topic: str, queue: int, offset: int | None = None, **kwargs: Any) -> PullResult:
         return self._call(self._client.pull, topic, queue, offset, **kwargs)
 
-    def commit(self, topic: str, queue: int, offset: int) -> None:
-        self._call(self._client.commit, topic, queue, offset)
+    def commit(self, topic: str, queue: int, offset: int, *,
+               timeout: float | None = None) -> None:
+        self._call(self._client.commit, topic, queue, offset, timeout=timeout)
 
-    def commit_all(self) -> None:
-        self._call(self._client.commit_all)
+    def commit_all(self, *, timeout: float | None = None) -> None:
+        self._call(self._client.commit_all, timeout=timeout)
 
     def committed(self, topic: str, queue: int) -> int:
         return self._call(self._client.committed, topic, queue)
@@ -290,6 +425,17 @@ class BlockingPushConsumer(_Blocking[PushConsumer]):
     def rebalance(self) -> None:
         self._call(self._client.rebalance)
 
+    def pause(self) -> None:
+        """Hand the handler no more messages until `resume()` (see `PushConsumer.pause`)."""
+        self._call_sync(self._client.pause)
+
+    def resume(self) -> None:
+        self._call_sync(self._client.resume)
+
+    @property
+    def paused(self) -> bool:
+        return self._call_sync(lambda: self._client.paused)
+
     def commit_now(self) -> None:
         self._call(self._client.commit_now)
 
@@ -316,6 +462,17 @@ class BlockingAdmin(_Blocking[Admin]):
 
     def describe_cluster(self) -> dict[str, Any]:
         return self._call(self._client.describe_cluster)
+
+    def get_message(self, msg_id: str) -> Message:
+        """The message with this id (see `Admin.get_message`)."""
+        return self._call(self._client.get_message, msg_id)
+
+    def query_key(self, topic: str, key: str, **kwargs: Any) -> list[Message]:
+        """Messages of `topic` with this key (see `Admin.query_key`)."""
+        return self._call(self._client.query_key, topic, key, **kwargs)
+
+    def committed_offset(self, group: str, topic: str, queue: int) -> int:
+        return self._call(self._client.committed_offset, group, topic, queue)
 
     def consumer_lag(self, group: str, topic: str) -> dict[int, QueueLag]:
         return self._call(self._client.consumer_lag, group, topic)

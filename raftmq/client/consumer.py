@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 import socket
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Container, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -43,10 +44,19 @@ from broker.records import Message, decode_record, iter_records, message_id, tag
 from transport.connection import ClientClosedError, ConnectionPool, is_retriable
 
 from .errors import UnavailableError, close_stack
+from .lifecycle import StartClose
 from .localoffsets import LocalOffsets, default_offsets_dir
-from .routes import Routes, backoff_delay, node_addresses, normalize_addresses, open_routes
+from .routes import (
+    Routes,
+    backoff_delay,
+    clock,
+    node_addresses,
+    normalize_addresses,
+    open_routes,
+)
 
 __all__ = [
+    "CALL_TIMEOUT",
     "LONG_POLL_MS",
     "OffsetWindow",
     "PullConsumer",
@@ -68,6 +78,8 @@ log = logging.getLogger("raftmq.client.consumer")
 
 LONG_POLL_MS = 15_000  # RocketMQ's broker-side hold for a pull at the end of a queue
 FETCH_GRACE = 5.0  # seconds a fetch may take beyond its hold before it counts as lost
+CALL_TIMEOUT = 30.0  # default bound of a whole commit: outlasts an election's retries
+POLL_MARGIN = 0.2  # seconds of a poll's timeout left for the answer to a held fetch
 PULL_BATCH = 32
 PENDING_OFFSETS_WAIT = 60.0  # seconds a committed-offset query waits for a transaction
 FETCH_MAX_BYTES = 1 << 20
@@ -329,15 +341,24 @@ async def query_offset(routes: Routes, group: str, topic: str, queue: int) -> in
 
 
 async def commit_offsets(
-    routes: Routes, group: str, offsets: Mapping[tuple[str, int], int]
+    routes: Routes, group: str, offsets: Mapping[tuple[str, int], int], *,
+    timeout: float | None = None,
 ) -> None:
     """Commit offsets through the Raft log: one COMMIT_OFFSET per hosting group, sent
     concurrently, each safe to retry (it carries a request id the broker deduplicates).
-    Raises the first failure after all were tried."""
+    Raises the first failure after all were tried. `timeout` bounds the whole call:
+    reaching it fails the groups not answered yet (`UnavailableError` when nothing of
+    theirs was sent, else `OutcomeUnknownError`)."""
+    deadline = None if timeout is None else clock() + timeout
     by_group: dict[str, list[list[Any]]] = {}
-    for (topic, queue), offset in sorted(offsets.items()):
-        g = await routes.group_of(topic, queue)
-        by_group.setdefault(g, []).append([topic, queue, int(offset)])
+    with anyio.move_on_after(math.inf if timeout is None else timeout) as lookup:
+        for (topic, queue), offset in sorted(offsets.items()):
+            g = await routes.group_of(topic, queue)
+            by_group.setdefault(g, []).append([topic, queue, int(offset)])
+    if lookup.cancelled_caught:
+        assert timeout is not None
+        raise UnavailableError(f"COMMIT_OFFSET for {group}: no route within {timeout:.3g} s; "
+                               "nothing was committed")
     errors: list[RequestError] = []
 
     async def one(g: str, rows: list[list[Any]]) -> None:
@@ -345,7 +366,7 @@ async def commit_offsets(
         # new leader) must not roll back a commit made in between
         header = {"cg": group, "offsets": rows, "req": list(routes.request_id())}
         try:
-            await routes.call_group(g, Op.COMMIT_OFFSET, header, write=True)
+            await routes.call_group(g, Op.COMMIT_OFFSET, header, write=True, deadline=deadline)
         except RequestError as exc:
             errors.append(exc)
 
@@ -381,8 +402,9 @@ def check_isolation(isolation: str) -> str:
     return isolation
 
 
-class _ClientBase:
-    """Owns a connection pool (unless given one), route cache and task group."""
+class _ClientBase(StartClose):
+    """Owns a connection pool (unless given one), route cache and task group; open it
+    with `async with` or `start()`/`close()`."""
 
     def __init__(
         self, namesrv: Sequence[str] | str, pool: ConnectionPool | None, timeout: float
@@ -501,7 +523,40 @@ class PullConsumer(_ClientBase):
         self._assigned: dict[str, tuple[list[int] | None, list[str] | None]] = {}
         self._positions: dict[tuple[str, int], int] = {}
         self.unreadable: dict[tuple[str, int], RequestError] = {}
-        """Queues the last polls could not read (no leader reachable), with the error."""
+        """Queues the last polls could not read (no leader reachable, or no answer for
+        the consumer's `timeout`), with the error."""
+        self._silent: dict[tuple[str, int], float] = {}  # unanswered since (`clock`)
+        self._paused: set[tuple[str, int | None]] = set()  # (topic, None): all its queues
+
+    def pause(self, topic: str, queues: Iterable[int] | None = None) -> None:
+        """`poll` skips these queues of `topic` (all of them when None) until `resume`
+        (Kafka's `pause`); their positions stay where they are. `pull` still reads them."""
+        validate_topic_name(topic)
+        if queues is None:
+            self._paused.add((topic, None))
+        else:
+            self._paused.update((topic, int(q)) for q in queues)
+
+    def resume(self, topic: str, queues: Iterable[int] | None = None) -> None:
+        """Undo `pause`: every pause of `topic` when `queues` is None, else those queues'
+        own (a pause of the whole topic is lifted by `resume(topic)` only)."""
+        if queues is None:
+            self._paused = {k for k in self._paused if k[0] != topic}
+        else:
+            self._paused.difference_update((topic, int(q)) for q in queues)
+
+    def paused(self) -> list[tuple[str, int | None]]:
+        """What is paused: (topic, queue), or (topic, None) for all of a topic's queues."""
+        return sorted(self._paused, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+
+    def _is_paused(self, key: tuple[str, int]) -> bool:
+        return (key[0], None) in self._paused or key in self._paused
+
+    def silent(self) -> list[tuple[str, int]]:
+        """Queues no poll has had an answer from since they were last read, but not yet
+        for long enough to count as `unreadable` (a poll shorter than the consumer's
+        `timeout` does not decide that a queue cannot be read)."""
+        return sorted(k for k in self._silent if k not in self.unreadable)
 
     async def __aenter__(self) -> Self:
         await self._open()
@@ -634,38 +689,58 @@ class PullConsumer(_ClientBase):
     async def poll(self, timeout: float = 1.0, *, max_messages: int = PULL_BATCH) -> list[Message]:
         """What is available now across every assigned queue, up to `max_messages` in all
         (Kafka's `poll`): every queue is read at once, and when none has anything the
-        call waits up to `timeout` s for the first message, then collects what the other
-        queues have by then. Queues take turns, so a deep one cannot starve the rest.
+        call waits for the first message, then collects what the other queues have by
+        then. Queues take turns, so a deep one cannot starve the rest.
+
+        `timeout` bounds the whole call (route lookups, connects and retries included;
+        0 makes one sweep that does not wait, bounded by the consumer's `timeout`).
 
         Messages come sorted by (topic, queue, offset), and each queue's position moves
         past exactly the messages returned. A queue that cannot be read now (no leader
-        reachable) is skipped and listed in `unreadable` until a poll reads it; other
-        errors are raised when no queue returned anything.
+        reachable, or no answer to the polls for the consumer's `timeout`) is skipped and
+        listed in `unreadable` until a poll reads it (one not answering for less long is
+        in `silent()`); other errors are raised when no queue returned anything.
         """
         if not self._assigned:
             raise RuntimeError("assign() a topic before polling")
         if max_messages < 1:
             raise ValueError("max_messages must be >= 1")
-        targets = await self.assignment()
-        found = await self._sweep(targets, max_messages, 0, first_only=False)
-        if not any(r.messages for r in found.values()) and timeout > 0:
-            waited = await self._sweep(targets, max_messages, int(timeout * 1000),
-                                       first_only=True)
+        if timeout < 0:
+            raise ValueError("timeout must not be negative")
+        deadline = clock() + (timeout if timeout > 0 else self.timeout)
+        targets: list[tuple[str, int]] = []
+        with anyio.move_on_after(deadline - clock()):
+            targets = [k for k in await self.assignment() if not self._is_paused(k)]
+        if not targets:  # everything paused: wait as a poll with nothing to read does
+            if timeout > 0:
+                await anyio.sleep(max(0.0, deadline - clock()))
+            return []
+        found = await self._sweep(targets, max_messages, 0, deadline, first_only=False)
+        left = deadline - clock()
+        hold = left - min(POLL_MARGIN, left / 4)
+        if not any(r.messages for r in found.values()) and timeout > 0 and hold > 0:
+            waited = await self._sweep(targets, max_messages, int(hold * 1000), deadline,
+                                       first_only=True, answered=set(found))
             found.update(waited)
-            if any(r.messages for r in waited.values()):
+            if any(r.messages for r in waited.values()) and clock() < deadline:
                 rest = [k for k in targets if k not in waited or not waited[k].messages]
-                found.update(await self._sweep(rest, max_messages, 0, first_only=False))
+                # only collecting: a queue the deadline cuts off here is not unreadable
+                found.update(await self._sweep(rest, max_messages, 0, deadline,
+                                               first_only=False, answered=set(rest)))
         return self._take(found, max_messages)
 
     async def _sweep(
-        self, targets: list[tuple[str, int]], max_messages: int, wait_ms: int, *,
-        first_only: bool,
+        self, targets: list[tuple[str, int]], max_messages: int, wait_ms: int,
+        deadline: float, *, first_only: bool, answered: Container[tuple[str, int]] = (),
     ) -> dict[tuple[str, int], PullResult]:
-        """Read every target at once; with `first_only`, stop the others as soon as one
-        answers with messages (their positions do not move)."""
+        """Read every target at once, until `deadline` (`clock()`) at the latest; with
+        `first_only`, stop the others as soon as one answers with messages (their
+        positions do not move). A target that gave no answer is unreadable for now,
+        unless it is in `answered` (it did answer earlier in the same poll)."""
         results: dict[tuple[str, int], PullResult] = {}
         errors: list[RequestError] = []
         failed: set[tuple[str, int]] = set()
+        began = clock()
 
         async def one(topic: str, queue: int, scope: anyio.CancelScope) -> None:
             try:
@@ -679,20 +754,24 @@ class PullConsumer(_ClientBase):
                     errors.append(exc)
                 return
             self.unreadable.pop((topic, queue), None)
+            self._silent.pop((topic, queue), None)
             results[(topic, queue)] = res
             if first_only and res.messages:
                 scope.cancel()
 
-        limit = wait_ms / 1000 + FETCH_GRACE
-        with anyio.move_on_after(limit) as deadline:
+        limit = min(wait_ms / 1000 + FETCH_GRACE, deadline - clock())
+        with anyio.move_on_after(limit) as cut:
             async with anyio.create_task_group() as tg:
                 for topic, queue in targets:
                     tg.start_soon(one, topic, queue, tg.cancel_scope)
-        if deadline.cancelled_caught:  # queues still unanswered are unreadable for now
-            for topic, queue in targets:
-                if (topic, queue) not in results and (topic, queue) not in failed:
-                    self.unreadable[(topic, queue)] = UnavailableError(
-                        f"no answer for {topic}/{queue} within {limit:g} s")
+        if cut.cancelled_caught:  # unanswered for the consumer's timeout: unreadable
+            now = clock()
+            for key in targets:
+                if key not in results and key not in failed and key not in answered:
+                    since = self._silent.setdefault(key, began)
+                    if now - since >= self.timeout:
+                        self.unreadable[key] = UnavailableError(
+                            f"no answer for {key[0]}/{key[1]} for {now - since:.3g} s")
         if errors and not any(r.messages for r in results.values()):
             raise errors[0]
         return results
@@ -722,14 +801,22 @@ class PullConsumer(_ClientBase):
                     res.messages[0].offset)
         return out
 
-    async def commit(self, topic: str, queue: int, offset: int) -> None:
-        """Commit `offset` (the next one to consume) for the group, through the Raft log."""
-        await commit_offsets(self.routes, self.group, {(topic, queue): offset})
+    async def commit(self, topic: str, queue: int, offset: int, *,
+                     timeout: float | None = None) -> None:
+        """Commit `offset` (the next one to consume) for the group, through the Raft log.
 
-    async def commit_all(self) -> None:
-        """Commit the current position of every queue read so far."""
+        `timeout` (default `CALL_TIMEOUT`) bounds the whole call, retries during an
+        election included: past it, `UnavailableError` (nothing committed) or
+        `OutcomeUnknownError` (a request was out: committing again is safe)."""
+        await commit_offsets(self.routes, self.group, {(topic, queue): offset},
+                             timeout=CALL_TIMEOUT if timeout is None else timeout)
+
+    async def commit_all(self, *, timeout: float | None = None) -> None:
+        """Commit the current position of every queue read so far (`timeout` as for
+        `commit`)."""
         if self._positions:
-            await commit_offsets(self.routes, self.group, dict(self._positions))
+            await commit_offsets(self.routes, self.group, dict(self._positions),
+                                 timeout=CALL_TIMEOUT if timeout is None else timeout)
 
 
 def _out_of_range(exc: RequestError, topic: str, queue: int, offset: int) -> int | None:
@@ -894,6 +981,7 @@ class PushConsumer(_ClientBase):
         self._work_send: MemoryObjectSendStream[_Work] | None = None
         self._control: anyio.CancelScope | None = None
         self._limiter: anyio.CapacityLimiter | None = None
+        self._resumed: anyio.Event | None = None  # unset while paused
 
     @property
     def clustering(self) -> bool:
@@ -950,6 +1038,27 @@ class PushConsumer(_ClientBase):
     def assignment(self) -> list[tuple[str, int]]:
         """The (topic, queue) pairs this consumer currently reads."""
         return sorted(self._states)
+
+    def pause(self) -> None:
+        """Hand the handler no more messages until `resume()` (RocketMQ's `suspend`):
+        calls already running finish, nothing more is pulled, and offsets stay where the
+        finished messages put them. Heartbeats and rebalancing go on, so the consumer
+        keeps its queues; a queue it loses meanwhile is released as usual."""
+        if self._resumed is None or self._resumed.is_set():
+            self._resumed = anyio.Event()
+
+    def resume(self) -> None:
+        """Go on after `pause()`."""
+        if self._resumed is not None:
+            self._resumed.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._resumed is not None and not self._resumed.is_set()
+
+    async def _unpaused(self) -> None:
+        while self._resumed is not None and not self._resumed.is_set():
+            await self._resumed.wait()
 
     def offsets(self) -> dict[tuple[str, int], int]:
         """The committable offset of every queue read (the lowest unfinished one)."""
@@ -1157,6 +1266,9 @@ class PushConsumer(_ClientBase):
         failures = 0
         with st.scope:
             while not st.released:
+                if self.paused:
+                    await self._unpaused()
+                    continue
                 if len(st.window) > self.per_queue_threshold:
                     await anyio.sleep(FLOW_CONTROL_DELAY)
                     continue
@@ -1235,6 +1347,7 @@ class PushConsumer(_ClientBase):
         async with receive:
             async for work in receive:
                 st = work.state
+                await self._unpaused()
                 if st.released:
                     continue
                 st.running += 1
@@ -1275,7 +1388,8 @@ class PushConsumer(_ClientBase):
                 await self.on_give_up(msgs)
             else:
                 result = await anyio.to_thread.run_sync(self.on_give_up, msgs,
-                                                        limiter=self._limiter)
+                                                        limiter=self._limiter,
+                                                        abandon_on_cancel=True)
                 if inspect.isawaitable(result):
                     await result
         except Exception:
@@ -1292,7 +1406,11 @@ class PushConsumer(_ClientBase):
             if self._handler_is_async:
                 result = await self.handler(msgs)
             else:
-                result = await anyio.to_thread.run_sync(self.handler, msgs, limiter=self._limiter)
+                # abandoned when the consumer closes (after `shutdown_timeout`): a stuck
+                # handler must not hold the close; its messages stay unfinished, so their
+                # offsets are not committed and they are delivered again
+                result = await anyio.to_thread.run_sync(self.handler, msgs, limiter=self._limiter,
+                                                        abandon_on_cancel=True)
                 if inspect.isawaitable(result):
                     result = await result
         except Exception:

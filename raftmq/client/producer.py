@@ -33,7 +33,9 @@ the same queue, and the state machine drops the copy if the first try was writte
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import random
 import time
 import zlib
@@ -52,6 +54,7 @@ from broker.protocol import (
     MAX_MESSAGE_BYTES,
     Code,
     Op,
+    RaftMQError,
     RequestError,
     frame_limit,
     validate_topic_name,
@@ -67,12 +70,15 @@ from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionP
 
 from .accumulator import BatchAccumulator, GroupAccumulator, QueueBuffer
 from .errors import (
+    OutcomeUnknownError,
     TransactionError,
+    UnavailableError,
     as_sdk_error,
     close_stack,
     give_up,
     may_have_applied,
 )
+from .lifecycle import StartClose
 from .routes import (
     LEADER_WAIT,
     Routes,
@@ -96,6 +102,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "DELIVERY_TIMEOUT",
     "BatchAccumulator",
     "PendingSend",
     "Payload",
@@ -103,6 +110,7 @@ __all__ = [
     "QueueSelector",
     "SendAttempt",
     "SendFuture",
+    "SendNotDoneError",
     "SendResult",
     "as_payload",
     "batch_message_ids",
@@ -124,6 +132,11 @@ Payload = OutgoingMessage | bytes
 """A message on its way to a batch: a plain body (the common case: no key, tags or
 properties) stays bytes, which spares an object per message on the send path."""
 
+DELIVERY_TIMEOUT = 30.0
+"""Default bound, in seconds, on a whole send (Kafka's `delivery.timeout.ms`): above the
+attempts at the default `send_timeout` plus an election's `LEADER_WAIT`, so it only
+bounds what used to be unbounded."""
+MIN_REQUEST_TIMEOUT = 0.05  # a last try just before the delivery deadline still gets this
 FAULT_WINDOW = 5.0  # seconds a failed group is avoided by round-robin selection
 MAX_BATCH_BYTES = DEFAULT_MAX_FRAME - (1 << 20)  # leave room for the frame header
 REQUESTS_IN_FLIGHT = 4
@@ -168,15 +181,31 @@ class SendAttempt:
 
 
 _Callback = Callable[["SendFuture[T]"], Any]
+_NOT_DONE = ("the send is not finished yet: await the future (`await fut`, or "
+             "`await fut.wait(timeout)`) rather than calling result() on it")
+
+
+class SendNotDoneError(RuntimeError, asyncio.InvalidStateError):
+    """`result()` or `exception()` of a send still under way: await the future instead.
+    A `RuntimeError`, and asyncio's `InvalidStateError` as an asyncio future raises."""
 
 
 class SendFuture(Generic[T]):
     """The outcome of an asynchronous send; `await` it, or poll `done()`/`result()`.
 
-    Works under any anyio backend (it is not an asyncio future). Callbacks added with
-    `add_done_callback` run in the event loop as soon as the outcome is known, with the
-    future as their argument. One is made per message, so it allocates nothing more
-    until someone awaits it or adds a second callback.
+    Works under any anyio backend. It has the interface of an asyncio future that
+    cannot be cancelled (a message handed over is sent: `cancel()` returns False), so
+    `asyncio.wait`, `asyncio.gather`, `asyncio.wait_for` and `asyncio.as_completed`
+    take it; under trio, `await` it (`await fut.wait(timeout)` bounds the wait). Neither
+    `result()` nor `exception()` waits: like an asyncio future's, they raise
+    `SendNotDoneError` while the send is under way (`result(timeout=...)` is
+    `concurrent.futures`' blocking call, which would stop the event loop the send needs:
+    it is taken and does not wait; the blocking producer's `send_async` returns a
+    `concurrent.futures.Future`, whose `result(timeout)` waits).
+
+    Callbacks added with `add_done_callback` run in the event loop as soon as the
+    outcome is known, with the future as their argument. One is made per message, so it
+    allocates nothing more until someone awaits it or adds a second callback.
     """
 
     __slots__ = ("_callbacks", "_done", "_error", "_event", "_result")
@@ -191,17 +220,31 @@ class SendFuture(Generic[T]):
     def done(self) -> bool:
         return self._done
 
-    def result(self) -> T:
-        """The result; raises the send's error, or `RuntimeError` while still pending."""
+    def cancelled(self) -> bool:
+        """False: a send cannot be cancelled (asyncio's future interface)."""
+        return False
+
+    def cancel(self, msg: Any = None) -> bool:
+        """A message handed over is sent, so this cancels nothing and returns False (as
+        `concurrent.futures.Future.cancel` does for a call already running)."""
+        return False
+
+    def result(self, timeout: float | None = None) -> T:
+        """The result; raises the send's error, or `SendNotDoneError` while pending.
+
+        Never waits, whatever `timeout` says (it is taken so that code written for
+        `concurrent.futures` gets this answer rather than a TypeError): waiting here would
+        stop the event loop the send needs. `await fut.wait(timeout)` waits."""
         if not self._done:
-            raise RuntimeError("the send is not finished yet")
+            raise SendNotDoneError(_NOT_DONE)
         if self._error is not None:
             raise self._error
         return self._result  # type: ignore[return-value]
 
-    def exception(self) -> BaseException | None:
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The send's error (None if it succeeded); never waits, as `result`."""
         if not self._done:
-            raise RuntimeError("the send is not finished yet")
+            raise SendNotDoneError(_NOT_DONE)
         return self._error
 
     def add_done_callback(self, fn: Callable[[SendFuture[T]], Any]) -> None:
@@ -214,11 +257,31 @@ class SendFuture(Generic[T]):
         else:
             self._callbacks = [self._callbacks, fn]
 
-    async def wait(self) -> T:
+    def remove_done_callback(self, fn: Callable[[SendFuture[T]], Any]) -> int:
+        """Remove every registration of `fn`; how many there were (asyncio's interface)."""
+        callbacks = self._callbacks
+        if callbacks is None:
+            return 0
+        if not isinstance(callbacks, list):
+            if callbacks == fn:
+                self._callbacks = None
+                return 1
+            return 0
+        kept = [cb for cb in callbacks if cb != fn]
+        self._callbacks = kept or None
+        return len(callbacks) - len(kept)
+
+    async def wait(self, timeout: float | None = None) -> T:
+        """The result, once the send is done; `TimeoutError` after `timeout` seconds
+        (the send goes on: its outcome is this future's, later)."""
         if not self._done:
             if self._event is None:
                 self._event = anyio.Event()
-            await self._event.wait()
+            if timeout is None:
+                await self._event.wait()
+            else:
+                with anyio.fail_after(timeout):
+                    await self._event.wait()
         return self.result()
 
     def __await__(self) -> Generator[Any, None, T]:
@@ -377,7 +440,8 @@ class PendingSend:
 
     `future` gets the outcome: the first message's result for a single-message send
     (`single`), else the list. `settled` is the producer's own bookkeeping (its pending
-    window), run once before the future completes.
+    window), run once before the future completes. `deadline` (client clock) is when
+    its delivery timeout ends, counted from the hand-over.
     """
 
     messages: list[Payload]
@@ -386,6 +450,7 @@ class PendingSend:
     single: bool = False
     settled: Callable[[], None] | None = None
     resolved: bool = False
+    deadline: float = math.inf
 
     def resolve(self, results: list[SendResult] | None, error: BaseException | None) -> None:
         if self.resolved:
@@ -411,12 +476,13 @@ class _Batch:
     (failed attempts, requests made, redirects followed, whether one may have stored
     it, the groups that failed it)."""
 
-    __slots__ = ("attempts", "born", "data", "failed_groups", "first_failed", "messages",
-                 "movable", "qb", "queue", "redirects", "sends", "sent", "topic", "uncertain")
+    __slots__ = ("attempts", "born", "data", "deadline", "failed_groups", "first_failed",
+                 "messages", "movable", "out", "qb", "queue", "redirects", "sends", "sent",
+                 "topic", "uncertain")
 
     def __init__(self, qb: _Queue, topic: str, queue: int, movable: bool,
                  sends: list[PendingSend], messages: list[Payload], data: EncodedBatch,
-                 born: int) -> None:
+                 born: int, deadline: float) -> None:
         self.qb = qb  # the queue it is held by (and goes back to for a retry)
         self.topic = topic
         self.queue = queue
@@ -425,10 +491,12 @@ class _Batch:
         self.messages = messages
         self.data = data
         self.born = born
+        self.deadline = deadline  # client clock: no try starts after it, none outlasts it
         self.attempts = 0
         self.sent = 0
         self.redirects = 0
         self.uncertain = False
+        self.out = False  # a request carrying it is out, unanswered
         self.failed_groups: set[str] = set()
         self.first_failed: float | None = None  # client clock of its first failed attempt
 
@@ -482,8 +550,9 @@ class _GroupSender:
         self.in_flight = 0
 
 
-class Producer:
-    """Sends messages to topics; use as `async with Producer(namesrv) as p:`.
+class Producer(StartClose):
+    """Sends messages to topics; use as `async with Producer(namesrv) as p:` (or
+    `await p.start()` ... `await p.close()` in one task, see `raftmq.client.lifecycle`).
 
     `selector` is "key" (the default: a message with a key goes to its key's queue, a
     stable hash of the key, so one key keeps its order on one queue; keyless messages go
@@ -496,6 +565,12 @@ class Producer:
     docstring); an idempotent producer always uses 1. `linger_ms` (default 0) trades
     latency for batch size when the load is light; a synchronous `send` waits for it too. Leaving the `async with` block waits (up
     to the send timeout times the attempts) for buffered messages to be acknowledged.
+
+    `delivery_timeout` bounds a whole send (Kafka's `delivery.timeout.ms`, RocketMQ's
+    send timeout): the route lookup, waiting for room, every attempt, backoff and
+    election wait. `send_timeout` bounds one PRODUCE request (Kafka's
+    `request.timeout.ms`); a send makes up to `retries + 1` of them within its delivery
+    timeout. See `send` for what reaching it raises.
 
     `on_attempt`, when given, is called with a `SendAttempt` just before every PRODUCE
     request leaves, retries and redirects included (it must not block or raise).
@@ -519,6 +594,7 @@ class Producer:
         max_in_flight: int = 1,
         send_timeout: float = DEFAULT_TIMEOUT,
         retries: int = 2,
+        delivery_timeout: float = DELIVERY_TIMEOUT,
         selector: Literal["round_robin", "key"] | QueueSelector = "key",
         max_pending: int = 10_000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
@@ -531,8 +607,9 @@ class Producer:
     ) -> None:
         if transactional_id is not None:
             idempotent, max_in_flight = True, 1  # transactional batches are idempotent
-        if linger_ms < 0 or send_timeout <= 0 or retries < 0:
-            raise ValueError("linger_ms, send_timeout and retries must not be negative")
+        if linger_ms < 0 or send_timeout <= 0 or retries < 0 or delivery_timeout <= 0:
+            raise ValueError("linger_ms and retries must not be negative, send_timeout and "
+                             "delivery_timeout must be positive")
         if batch_max_messages < 1 or not 0 < batch_max_bytes <= MAX_BATCH_BYTES:
             raise ValueError(
                 f"batch_max_messages must be >= 1 and batch_max_bytes in 1..{MAX_BATCH_BYTES}"
@@ -552,6 +629,7 @@ class Producer:
         self.max_in_flight = 1 if idempotent else max_in_flight
         self.send_timeout = send_timeout
         self.retries = retries
+        self.delivery_timeout = delivery_timeout
         self.selector = selector
         self.max_pending = max_pending
         self.max_message_bytes = max_message_bytes
@@ -567,6 +645,7 @@ class Producer:
         self._sticky: dict[str, int] = {}  # topic -> queue whose batch is filling
         self._faults: dict[str, float] = {}
         self._outstanding = 0
+        self._flushing = 0  # flush() calls waiting: no lingering while any does
         self._drained: anyio.Event | None = None
         self._pending_slots: anyio.Semaphore | None = None
         self._closed = False
@@ -613,8 +692,8 @@ class Producer:
         assert self._stack is not None and self._tg is not None
         try:
             if exc_type is None:
-                with anyio.move_on_after(self.send_timeout * (self.retries + 1) + 1
-                                         + LEADER_WAIT):
+                with anyio.move_on_after(min(self.send_timeout * (self.retries + 1)
+                                             + LEADER_WAIT, self.delivery_timeout) + 1):
                     await self.flush()
             if self._txn is not None:
                 await self._txn.close()
@@ -625,16 +704,24 @@ class Producer:
                 for send in qb.pending:
                     send.resolve(None, closed)
                 for batch in qb.formed:
-                    batch.fail(closed)
+                    batch.fail(self._closed_error(batch))
             self._tg.cancel_scope.cancel()
         return await close_stack(self._stack, exc)
 
     async def flush(self) -> None:
-        """Wait until every message handed to the producer so far is acknowledged or failed."""
-        while self._outstanding:
-            if self._drained is None:
-                self._drained = anyio.Event()
-            await self._drained.wait()
+        """Wait until every message handed to the producer so far is acknowledged or
+        failed. Nothing lingers meanwhile (`linger_ms`): what is held leaves at once, as
+        Kafka's `flush` makes every buffered record sendable."""
+        self._flushing += 1
+        try:
+            for gs in self._groups.values():
+                gs.wakeup.set()
+            while self._outstanding:
+                if self._drained is None:
+                    self._drained = anyio.Event()
+                await self._drained.wait()
+        finally:
+            self._flushing -= 1
 
     def _check_open(self) -> Routes:
         if self._routes is None or self._closed:
@@ -653,11 +740,31 @@ class Producer:
         properties: dict[str, str] | None = None,
         queue: int | None = None,
     ) -> SendResult:
-        """Send and wait for the acknowledgement (the message is committed in its group)."""
-        fut = await self.send_async(
-            topic, message, key=key, tags=tags, properties=properties, queue=queue
-        )
-        return await fut
+        """Send and wait for the acknowledgement (the message is committed in its group).
+
+        Returns or raises within `delivery_timeout`: past it, `OutcomeUnknownError` once
+        the producer held the message (it may still be stored), `UnavailableError` when
+        it never did (no route, or no room: nothing was sent)."""
+        fut: SendFuture[SendResult] | None = None
+        with anyio.move_on_after(self.delivery_timeout):
+            fut = await self.send_async(
+                topic, message, key=key, tags=tags, properties=properties, queue=queue
+            )
+            return await fut
+        if fut is not None and fut.done():
+            return fut.result()
+        raise self._expired(topic, handed_over=fut is not None)
+
+    def _expired(self, topic: str, *, handed_over: bool) -> RequestError:
+        """What a send that reached its `delivery_timeout` raises."""
+        if handed_over:
+            return OutcomeUnknownError(
+                f"send to {topic}: not acknowledged within delivery_timeout "
+                f"{self.delivery_timeout:.3g} s; it may still be stored: check before "
+                "sending it again")
+        return UnavailableError(
+            f"send to {topic}: not handed over within delivery_timeout "
+            f"{self.delivery_timeout:.3g} s (no route or no room); nothing was sent")
 
     async def send_async(
         self,
@@ -742,6 +849,18 @@ class Producer:
             return []
         for m in msgs:
             check_message(m, self.max_message_bytes)
+        futs: list[tuple[list[int], SendFuture[list[SendResult]]]] = []
+        with anyio.move_on_after(self.delivery_timeout):
+            return await self._send_batch(topic, msgs, queue, futs)
+        if futs and all(f.done() for _, f in futs):
+            return await self._send_batch_results(len(msgs), futs)
+        raise self._expired(topic, handed_over=bool(futs))
+
+    async def _send_batch(
+        self, topic: str, msgs: list[Payload], queue: int | None,
+        futs: list[tuple[list[int], SendFuture[list[SendResult]]]],
+    ) -> list[SendResult]:
+        """`send_batch` within its bound; `futs` collects the sends handed over."""
         plan: dict[tuple[int, bool], list[int]] = {}
         keyless: tuple[int, bool] | None = None
         for i, m in enumerate(msgs):
@@ -753,7 +872,6 @@ class Producer:
             else:
                 _route, q, movable = await self._choose_queue(topic, m, queue)
                 plan.setdefault((q, movable), []).append(i)
-        futs: list[tuple[list[int], SendFuture[list[SendResult]]]] = []
         for (q, movable), indexes in plan.items():
             done = 0
             for chunk, size in self._chunks([msgs[i] for i in indexes]):
@@ -762,7 +880,13 @@ class Producer:
                 done += len(chunk)
                 await self._enqueue(topic, q, movable,
                                     PendingSend(chunk, size, fut, False, self._on_settled))
-        results: list[SendResult | None] = [None] * len(msgs)
+        return await self._send_batch_results(len(msgs), futs)
+
+    @staticmethod
+    async def _send_batch_results(
+        n: int, futs: list[tuple[list[int], SendFuture[list[SendResult]]]],
+    ) -> list[SendResult]:
+        results: list[SendResult | None] = [None] * n
         for indexes, fut in futs:
             for i, result in zip(indexes, await fut, strict=True):
                 results[i] = result
@@ -946,14 +1070,16 @@ class Producer:
             self._check_open()
             route = None
         self._outstanding += 1
+        now = clock()
+        send.deadline = now + self.delivery_timeout
         key = (topic, queue, movable)
         qb = self._queues.get(key)
         if qb is None:
             qb = self._queues[key] = self._new_queue(key, route)
         group = qb.group
         if group is None:  # its group is being looked up: it waits
-            qb.add(send, clock())
-        elif group.add(qb, send, clock()):
+            qb.add(send, now)
+        elif group.add(qb, send, now):
             self._groups[group.group].wakeup.set()
 
     def _new_queue(self, key: QueueKey, route: TopicRoute | None = None) -> _Queue:
@@ -1035,7 +1161,7 @@ class Producer:
         while True:
             now = clock()
             if gs.in_flight < REQUESTS_IN_FLIGHT and acc.sendable:
-                if acc.ready(now):
+                if self._flushing or acc.ready(now):
                     self._start_request(gs)
                     continue
                 gs.wakeup = anyio.Event()
@@ -1049,6 +1175,7 @@ class Producer:
         """Drain the group's accumulator into one request and send it."""
         assert self._tg is not None and self._routes is not None
         born = int(time.time() * 1000)
+        now = clock()
         batches: list[_Batch] = []
         queues: list[_Queue] = []
         for taken in gs.acc.drain():
@@ -1057,6 +1184,10 @@ class Producer:
             batches += taken.formed
             topic, queue, movable = qb.key
             for sends in taken.new:
+                if sends[0].deadline <= now:  # the oldest first: expired ones lead
+                    sends = self._expire(topic, sends, now)
+                    if not sends:
+                        continue
                 msgs = sends[0].messages if len(sends) == 1 else [
                     m for s in sends for m in s.messages]
                 pid, seq = 0, -1
@@ -1066,10 +1197,29 @@ class Producer:
                     state.next_seq += 1
                 data = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born,
                                     tx=self._tx_stamp)  # the open transaction's, if any
-                batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born))
+                batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born,
+                                      sends[0].deadline))  # the oldest send's
+        if not batches:  # all expired: nothing to send, the queues are free again
+            for qb in queues:
+                self._release(qb)
+            return
         gs.in_flight += 1
         self._tg.start_soon(self._send_request, gs, self._routes.target(gs.acc.group),
                             batches, queues)
+
+    def _expire(self, topic: str, sends: list[PendingSend], now: float) -> list[PendingSend]:
+        """Fail the sends whose delivery timeout ended before they were ever sent
+        (`UnavailableError`: nothing of them was sent); the others, to send."""
+        keep: list[PendingSend] = []
+        for send in sends:
+            if send.deadline <= now:
+                send.resolve(None, UnavailableError(
+                    f"send to {topic}: not sent within delivery_timeout "
+                    f"{self.delivery_timeout:.3g} s (its queue was busy or had no leader); "
+                    "nothing was sent"))
+            else:
+                keep.append(send)
+        return keep
 
     def _sequence(self, topic: str, queue: int) -> _Sequence:
         seq = self._seqs.get((topic, queue))
@@ -1092,6 +1242,8 @@ class Producer:
                     self._release(qb)
 
         try:
+            for b in batches:
+                b.out = True
             try:
                 outcomes = await self._request(group, addr, batches)
             except RequestError as exc:  # the request as a whole: every batch's fate
@@ -1099,6 +1251,8 @@ class Producer:
             finally:
                 gs.in_flight -= 1
                 gs.wakeup.set()
+            for b in batches:
+                b.out = False
             retry = self._settle(group, batches, outcomes)
             if retry:
                 waiting = {id(b.qb) for b, _ in retry}
@@ -1110,10 +1264,20 @@ class Producer:
                 b.fail(exc)
             release(queues)
         except BaseException:  # cancelled as the producer closes
-            closed = ClientClosedError("the producer closed before the ack")
             for b in batches:
-                b.fail(closed)
+                b.fail(self._closed_error(b))
             raise
+
+    @staticmethod
+    def _closed_error(b: _Batch) -> RaftMQError:
+        """What a batch the closing producer abandons fails with: when a request of it
+        may be stored (one is out, or an earlier one may have been) its outcome is
+        unknown; else it was never sent."""
+        if b.out or b.uncertain:
+            return OutcomeUnknownError(
+                f"send to {b.topic} queue {b.queue}: the producer closed before the answer; "
+                "it may have been stored: check before sending it again")
+        return ClientClosedError("the producer closed before the message was sent")
 
     async def _request(self, group: str, addr: str | None,
                        batches: list[_Batch]) -> list[_Stored | RequestError]:
@@ -1128,16 +1292,19 @@ class Producer:
                 b.sent += 1
                 self.on_attempt(SendAttempt(b.topic, b.queue, group, addr, b.sent, b.messages))
         pool = self._check_open().pool
+        # no request outlasts the delivery timeout of a batch it carries
+        timeout = max(MIN_REQUEST_TIMEOUT,
+                      min(self.send_timeout, min(b.deadline for b in batches) - clock()))
         if len(batches) == 1:
             frame = await pool.request(addr, Op.PRODUCE, {"g": group}, batches[0].data,
-                                       timeout=self.send_timeout)
+                                       timeout=timeout)
             try:
                 return [_stored_fields(frame.header)]
             except RequestError as exc:
                 return [exc]
         frame = await pool.request(
             addr, Op.PRODUCE, {"g": group, "sizes": [b.nbytes for b in batches]},
-            b"".join([b.data for b in batches]), timeout=self.send_timeout)
+            b"".join([b.data for b in batches]), timeout=timeout)
         results = frame.header.get("results")
         if not isinstance(results, list) or len(results) != len(batches):
             raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {frame.header!r}")
@@ -1214,14 +1381,17 @@ class Producer:
                 b.failed_groups.add(group)
                 if b.first_failed is None:
                     b.first_failed = now
-                if b.attempts > self.retries and not electing(exc, b.first_failed):
+                if now >= b.deadline or (b.attempts > self.retries
+                                         and not electing(exc, b.first_failed)):
                     self._give_up(b, exc, spent=True)
                 else:
                     keep.append(b)
             if keep:
                 log.debug("send to group %s failed (%s); retry %d", group, exc0,
                           max(b.attempts for b in keep))
-                await routes.wait_backoff(group, backoff_delay(max(b.attempts for b in keep)))
+                left = min(b.deadline for b in keep) - now
+                await routes.wait_backoff(
+                    group, min(left, backoff_delay(max(b.attempts for b in keep))))
         own: dict[int, list[_Batch]] = {}
         for b in keep:
             if b.movable and not redirect:

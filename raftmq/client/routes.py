@@ -562,6 +562,7 @@ class Routes:
         attempts: int = DEFAULT_ATTEMPTS,
         max_redirects: int = 5,
         write: bool = False,
+        deadline: float | None = None,
     ) -> tuple[str, Frame]:
         """Send to the leader of the group `resolve()` names, retrying retriable errors.
 
@@ -571,40 +572,56 @@ class Routes:
         takes. Returns (group, answer). When the
         attempts are spent, see `errors.give_up`: a `write` that may have been applied
         raises `OutcomeUnknownError`, a request no leader answered `UnavailableError`.
+
+        `deadline` (a `clock()` time) bounds the whole call: route lookups, connects,
+        every attempt (each request gets at most the time left) and backoffs. Reaching
+        it ends the call as spent attempts do, a write caught in flight being in doubt.
         """
         timeout = self.timeout if timeout is None else timeout
         attempt = redirects = 0
-        uncertain = False
+        uncertain = sending = False
         started = clock()
-        while True:
-            group: str | None = None
-            addr: str | None = None
-            try:
-                group = await resolve()
-                addr = self.target(group)
-                if addr is None:
-                    self._mark_stale(group)
-                    raise RequestError(
-                        Code.NOT_LEADER, f"no known replica of group {group}", transient=True
-                    )
-                hdr = header(group) if callable(header) else header
-                return group, await self.pool.request(addr, op, hdr, body, timeout=timeout)
-            except RequestError as exc:
-                uncertain = write and (uncertain or may_have_applied(exc))
-                if not is_retriable(exc):
-                    final = give_up(exc, f"{op.name} to group {group}", uncertain=uncertain)
-                    if final is exc:
-                        raise
-                    raise final from exc
-                if group is not None and addr is not None:
-                    if self.on_error(group, addr, exc) and redirects < max_redirects:
-                        redirects += 1
-                        continue
-                attempt += 1
-                if attempt >= attempts and not (attempts > 1 and electing(exc, started)):
-                    raise give_up(exc, f"{op.name} to group {group}", uncertain=uncertain) from exc
-                log.debug("%s to %s failed (%s); retry %d", op.name, addr, exc, attempt)
-                await self.wait_backoff(group, backoff_delay(attempt))
+        group: str | None = None
+        last: RequestError | None = None
+        with anyio.move_on_after(math.inf if deadline is None else deadline - started):
+            while True:
+                addr: str | None = None
+                try:
+                    group = await resolve()
+                    addr = self.target(group)
+                    if addr is None:
+                        self._mark_stale(group)
+                        raise RequestError(
+                            Code.NOT_LEADER, f"no known replica of group {group}", transient=True
+                        )
+                    hdr = header(group) if callable(header) else header
+                    wait = timeout if deadline is None else min(timeout, deadline - clock())
+                    sending = True
+                    return group, await self.pool.request(addr, op, hdr, body, timeout=wait)
+                except RequestError as exc:
+                    sending = False
+                    last = exc
+                    uncertain = write and (uncertain or may_have_applied(exc))
+                    if not is_retriable(exc):
+                        final = give_up(exc, f"{op.name} to group {group}", uncertain=uncertain)
+                        if final is exc:
+                            raise
+                        raise final from exc
+                    if group is not None and addr is not None:
+                        if self.on_error(group, addr, exc) and redirects < max_redirects:
+                            redirects += 1
+                            continue
+                    attempt += 1
+                    if attempt >= attempts and not (attempts > 1 and electing(exc, started)):
+                        raise give_up(exc, f"{op.name} to group {group}",
+                                      uncertain=uncertain) from exc
+                    log.debug("%s to %s failed (%s); retry %d", op.name, addr, exc, attempt)
+                    await self.wait_backoff(group, backoff_delay(attempt))
+        bound = (deadline or started) - started
+        cause = RequestError(Code.TIMEOUT, f"no answer within the call's {bound:.3g} s"
+                             + ("" if last is None else f"; last: {last.message}"))
+        raise give_up(cause, f"{op.name} to group {group}",
+                      uncertain=write and (uncertain or sending)) from last
 
     async def call_queue(
         self,

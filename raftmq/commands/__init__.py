@@ -13,9 +13,10 @@ import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
+from rich.console import Console
 from rich.table import Table
 
 from broker.protocol import DEFAULT_NAMESRV, NAMESRV_ENV, Code, RequestError
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_NAMESRV",
     "add_namesrv_argument",
     "cell",
+    "table_console",
     "incomplete_exit",
     "login_hint",
     "make_table",
@@ -200,6 +202,20 @@ def cell(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(str(x) for x in value) or "-"
     return str(value)
+
+
+PIPE_WIDTH = 1000
+"""Columns a table may use when printed to a pipe or a file: rich would assume 80 and cut
+every column but the ids to a few characters ("ha…"), which no reader can undo."""
+
+
+def table_console(file: TextIO | None = None) -> Console:
+    """Where the commands print tables: a terminal's own width, else (a pipe, a file)
+    `PIPE_WIDTH`, so a table is written whole for whoever reads or parses it."""
+    out = sys.stdout if file is None else file
+    if out.isatty():
+        return Console(file=file)
+    return Console(file=file, width=PIPE_WIDTH)
 
 
 def make_table(heads: Sequence[str], rows: Iterable[Sequence[object]], *,

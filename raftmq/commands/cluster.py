@@ -16,13 +16,19 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
 from rich.table import Table
 
 from broker.protocol import Code, RequestError
 from raftmq.client import Admin, GroupMembers
 
-from . import add_namesrv_argument, namesrv_addresses, no_action, print_json, run_async
+from . import (
+    add_namesrv_argument,
+    namesrv_addresses,
+    no_action,
+    print_json,
+    run_async,
+    table_console,
+)
 
 __all__ = ["main"]
 
@@ -88,7 +94,7 @@ def _print(members: dict[str, GroupMembers | RequestError], as_json: bool) -> No
         lag = " ".join(f"{n}:{m.lag(n)}" for n in (*m.voters, *m.learners))
         table.add_row(g, str(m.leader), "-" if m.preferred is None else str(m.preferred),
                       _ids(m.voters), _ids(m.learners), lag)
-    Console().print(table)
+    table_console().print(table)
 
 
 async def _status(args: argparse.Namespace, admin: Admin) -> int:

@@ -137,8 +137,9 @@ async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
                 reason = f"{args.count} messages"
                 break
             left = idle_until - time.monotonic()
-            if left <= 0 and polled:
-                break
+            if left <= 0 and polled and not consumer.silent():
+                break  # (a queue that has not answered yet is waited for until it is
+                #          read or unreadable: "nothing new" must be true of every queue)
             polled = True
             want = BATCH if args.count is None else min(BATCH, args.count - consumed)
             batch = await consumer.poll(max(0.0, min(left, POLL_SLICE)), max_messages=want)

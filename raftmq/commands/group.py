@@ -16,8 +16,6 @@ import argparse
 from datetime import UTC, datetime
 from typing import cast
 
-from rich.console import Console
-
 from raftmq.client import Admin, GroupQueue, IncompleteError
 
 from . import (
@@ -26,6 +24,7 @@ from . import (
     make_table,
     print_json,
     run_admin_action,
+    table_console,
 )
 
 __all__ = ["main", "parse_target"]
@@ -106,7 +105,7 @@ async def _describe(args: argparse.Namespace, admin: Admin) -> int:
              "min": r.min_offset, "end": r.end_offset, "lag": r.lag} for r in rows],
             "unreadable": [] if incomplete is None else incomplete.unreadable})
         return incomplete_exit(PROG, incomplete)
-    console = Console()
+    console = table_console()
     console.print(f"consumer group {args.group}: {len(members)} live member(s)"
                   + (f": {', '.join(members)}" if members else ""))
     if not rows:

@@ -9,12 +9,11 @@ import argparse
 import sys
 from dataclasses import asdict
 
-from rich.console import Console
 from rich.table import Table
 
 from raftmq.client import Admin
 
-from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
+from . import add_namesrv_argument, namesrv_addresses, print_json, run_async, table_console
 
 __all__ = ["main"]
 
@@ -50,7 +49,7 @@ def main(argv: list[str]) -> int:
             table.add_row(str(q.queue), "-" if q.committed < 0 else str(q.committed),
                           str(q.min_offset), str(q.end_offset), f"{q.lag:,}")
         table.add_row("all", "", "", "", f"{sum(q.lag for q in lags.values()):,}")
-        Console().print(table)
+        table_console().print(table)
         if never:
             print(f"raftmq lag: group {args.group!r} has committed no offset on "
                   f"{args.topic!r} (no such group, or it never committed): its lag is "

@@ -15,13 +15,19 @@ import sys
 from typing import Any
 
 import anyio
-from rich.console import Console
 from rich.table import Table
 
 from broker.protocol import Code, RequestError
 from raftmq.client import Admin
 
-from . import add_namesrv_argument, login_hint, namesrv_addresses, print_json, run_async
+from . import (
+    add_namesrv_argument,
+    login_hint,
+    namesrv_addresses,
+    print_json,
+    run_async,
+    table_console,
+)
 
 __all__ = ["cluster_status", "main"]
 
@@ -167,7 +173,7 @@ def _cell(v: Any) -> str:
 
 
 def _render(status: dict[str, Any]) -> None:
-    console = Console()
+    console = table_console()
     groups = Table(title="groups", title_justify="left")
     for col in ("group", "leader", "address", "term", "commit", "applied", "last", "max lag"):
         groups.add_column(col, justify="left" if col in ("group", "leader", "address")

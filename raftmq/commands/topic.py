@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import sys
 
-from rich.console import Console
 from rich.table import Table
 
 from broker.protocol import Code, RequestError
@@ -25,6 +24,7 @@ from . import (
     positive_int,
     print_json,
     run_async,
+    table_console,
 )
 
 __all__ = ["main"]
@@ -83,7 +83,7 @@ async def _create(args: argparse.Namespace, namesrv: list[str]) -> int:
     if args.json:
         print_json({"topic": args.name, "queues": args.queues, "placement": placement})
         return 0
-    console = Console()
+    console = table_console()
     done = "created" if existing is None else "already had"
     console.print(f"{done} topic {args.name} with {args.queues} queues")
     table = Table()
@@ -111,7 +111,7 @@ async def _list(args: argparse.Namespace, namesrv: list[str]) -> int:
         hosted = info.get("hosted") or {}
         where = "  ".join(f"{g}: {_ranges(qs)}" for g, qs in sorted(hosted.items()))
         table.add_row(name, str(info.get("queues", 0)), where)
-    Console().print(table)
+    table_console().print(table)
     return 0
 
 
@@ -131,7 +131,7 @@ async def _describe(args: argparse.Namespace, namesrv: list[str]) -> int:
         table.add_row(str(q.queue), q.group or "-", q.leader or "-",
                       "-" if q.min_offset is None else str(q.min_offset),
                       "-" if q.end_offset is None else str(q.end_offset), stored)
-    console = Console()
+    console = table_console()
     console.print(table)
     for g, addrs in sorted(info.replicas.items()):
         console.print(f"{g} replicas: {', '.join(addrs)}")

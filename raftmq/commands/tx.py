@@ -33,6 +33,7 @@ from . import (
     positive_int,
     print_json,
     run_admin_action,
+    table_console,
 )
 
 __all__ = ["main"]
@@ -123,7 +124,7 @@ async def _list(args: argparse.Namespace, admin: Admin) -> int:
     if args.json:
         print_json({**rows, "unreadable": [] if incomplete is None else incomplete.unreadable})
     else:
-        _print_listing(rows, Console())
+        _print_listing(rows, table_console())
     return incomplete_exit(PROG, incomplete)
 
 
@@ -132,7 +133,7 @@ async def _show(args: argparse.Namespace, admin: Admin) -> int:
     if args.json:
         print_json({"id": args.id, **rows})
     else:
-        _print_listing(rows, Console())
+        _print_listing(rows, table_console())
     return 0
 
 
