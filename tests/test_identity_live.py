@@ -187,14 +187,14 @@ def test_an_unknown_user_gets_the_same_salt_from_every_node(cluster: LocalCluste
 # ---------------------------------------------------------------------- answers
 
 
-def wait_denied(c: LocalCluster, creds: Credentials) -> None:
-    """Until a PRODUCER_HEARTBEAT (publish on the cluster) of `creds` is FORBIDDEN on
-    every node: each node's replica applied the ACL's removal."""
+def wait_denied(c: LocalCluster, creds: Credentials, pg: str = "probe-pg") -> None:
+    """Until a PRODUCER_HEARTBEAT (publish on producer group `pg`) of `creds` is
+    FORBIDDEN on every node: each node's replica applied the ACL's removal."""
     deadline = time.monotonic() + 30
     for n in c.node_ids:
         while True:
             try:
-                request(c.node_addr(n), {"op": int(Op.PRODUCER_HEARTBEAT), "pg": "probe-pg",
+                request(c.node_addr(n), {"op": int(Op.PRODUCER_HEARTBEAT), "pg": pg,
                                          "client": "probe", "ttl_ms": 100},
                         ssl_context=ctx(c), credentials=creds, timeout=10)
             except RequestError as exc:
@@ -209,14 +209,14 @@ def wait_denied(c: LocalCluster, creds: Credentials) -> None:
 def test_a_revoked_user_cannot_decide_its_half_message(cluster: LocalCluster,
                                                         revoke: str) -> None:
     """A producer prepares a half message and answers check-backs with "commit", but only
-    after root removed the user (or the ACL that lets it publish on the cluster) and every
+    after root removed the user (or the ACL that lets it publish on its producer group) and every
     node applied it: the node never takes the answer (a removed user's connections are
     closed; a denied one's answer is refused), so the half message is rolled back when
     its checks run out, and nothing is visible."""
     user = Credentials(f"dave-{revoke}", "dave's password")
     topic, pg = f"dave-topic-{revoke}", f"dave-pg-{revoke}"
-    cluster_acl = {"operation": "publish", "kind": "cluster", "name": ""}
-    add_user(cluster, user, cluster_acl, {"operation": "publish", "kind": "topic", "name": topic})
+    pg_acl = {"operation": "publish", "kind": "producer-group", "name": pg}
+    add_user(cluster, user, pg_acl, {"operation": "publish", "kind": "topic", "name": topic})
     as_root(cluster, {"op": int(Op.CREATE_TOPIC), "g": "g0", "topic": topic,
                       "queues": 1, "hosted": [0]})
     revoked = anyio.Event()
@@ -233,8 +233,8 @@ def test_a_revoked_user_cannot_decide_its_half_message(cluster: LocalCluster,
             wait_login(cluster, user, works=False)
         else:
             as_root(cluster, {"op": int(Op.ACL_REMOVE), "principal": user.user,
-                              "pattern": "literal", "permission": "allow", **cluster_acl})
-            wait_denied(cluster, user)
+                              "pattern": "literal", "permission": "allow", **pg_acl})
+            wait_denied(cluster, user, pg)
 
     async def main() -> dict[str, Any]:
         async with ConnectionPool(ssl_context=ctx(cluster), credentials=user) as pool, \
