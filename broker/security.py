@@ -71,6 +71,7 @@ from broker.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import EntryType
 from transport.framing import Caller, Response
+from transport.scram import LoginFailed, ServerLogins
 
 __all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "REGISTERED_USERS_BYTES",
            "RULES", "Guard", "fake_salt_key", "make_credential"]
@@ -252,7 +253,7 @@ class Guard:
             self._bootstrap[cfg.superusers[0]] = parse_verifier(cfg.superuser_scram)
         self._fake_key = fake_salt_key(cfg.cluster_secret)  # made-up salts, unknown users
         self.failures = LoginFailures(cfg.login_failures_before_delay, cfg.login_delay_max)
-        self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
+        self._logins = ServerLogins()
         # the open connections logged in as each user, closed when the user is removed
         self._sessions: dict[str, weakref.WeakSet[Caller]] = {}
         self._registered_over = False  # the users outgrew a registration (logged once)
@@ -399,51 +400,26 @@ class Guard:
         return Credential(fake[:16], ITERATIONS, fake, fake)  # no password matches it
 
     async def _auth(self, caller: Caller, h: dict[str, Any]) -> Response:
-        step, msg = h.get("step"), h.get("msg")
-        if not isinstance(msg, str) or step not in ("first", "final"):
-            raise RequestError(Code.MALFORMED, "AUTH needs step 'first' or 'final' and msg")
-        if caller.principal is not None:
-            raise RequestError(Code.MALFORMED, f"already authenticated as {caller.principal!r}")
+        step, msg = self._logins.step(caller, h)
         if step == "first":
             if not self._bootstrap:
                 self._users()  # fails before anything when this node cannot check
-            found: dict[str, str] = {}
-            cannot: list[RequestError] = []  # scramp would wrap it: raised below instead
 
-            def auth_fn(name: str) -> tuple[bytes, bytes, bytes, int]:
-                found["user"] = name
-                try:
-                    c = self._lookup(name)
-                except RequestError as exc:
-                    cannot.append(exc)
-                    raise
+            def lookup(name: str) -> tuple[bytes, bytes, bytes, int]:
+                c = self._lookup(name)
                 return c.salt, c.stored_key, c.server_key, c.iterations
 
-            server = _MECH.make_server(auth_fn)
-            try:
-                server.set_client_first(msg)
-                first = server.get_server_first()
-            except scramp.ScramException as exc:
-                if cannot:
-                    raise cannot[0] from None
-                raise RequestError(Code.MALFORMED, f"AUTH: {exc}") from None
-            self._pending[caller] = (server, found.get("user", ""))
-            return ok_header(0, msg=first), b""
-        pending = self._pending.pop(caller, None)
-        if pending is None:
-            raise RequestError(Code.MALFORMED, "AUTH step 'final' without a 'first'")
-        server, user = pending
+            return ok_header(0, msg=self._logins.first(caller, msg, lookup)), b""
         try:
-            server.set_client_final(msg)
-            final = server.get_server_final()
-        except scramp.ScramException:
+            user, final = self._logins.final(caller, msg)
+        except LoginFailed as failed:
             # guesses from there failed in a row: each next failure is answered later (a
             # right password never waits, so no one is locked out by another's guesses)
             delay = self.failures.delay(caller.remote)
             self.failures.failed(caller.remote)
             self.node.count_refusal("auth")
             caller.hang_up()  # one try per connection: guessing costs a new connection
-            log.info("authentication failed", extra={"fields": {"user": user,
+            log.info("authentication failed", extra={"fields": {"user": failed.user,
                                                                 "remote": caller.remote}})
             if delay:
                 self.node.count_refusal("login_delayed")

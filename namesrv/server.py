@@ -29,12 +29,10 @@ import logging
 import math
 import signal
 import ssl
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
-import scramp
 import trio
 
 from broker.protocol import (
@@ -49,6 +47,7 @@ from broker.protocol import (
 from transport.budget import Budget, BytePool
 from transport.framing import Caller, FrameStream, Response, caller_of, request_id, serve_frames
 from transport.peerauth import certificate_node, node_certificate_name
+from transport.scram import MECHANISM, LoginFailed, ServerLogins
 from transport.tls import TLS_HANDSHAKE_TIMEOUT, PlaintextRefused, accept_tls
 
 from .registry import DEFAULT_EXPIRY, Registry, parse_registration
@@ -73,8 +72,6 @@ DEFAULT_IDLE_TIMEOUT = 600.0
 #: registration at a time, the others wait their turn (the steady registrations that
 #: follow are small and never wait).
 DEFAULT_MAX_BUFFERED = NAMESRV_MAX_FRAME
-MECHANISM = "SCRAM-SHA-256"
-_MECH = scramp.ScramMechanism(MECHANISM)
 _FAKE_ITERATIONS = 4096  # what a node gives an unknown user too (`broker.security`)
 
 
@@ -110,7 +107,7 @@ class NameServer:
         self.large_frames = BytePool(max_buffered)
         self.connections = 0  # served now, TLS handshakes included
         self.refused = 0  # turned away over max_connections
-        self._pending: weakref.WeakKeyDictionary[Caller, Any] = weakref.WeakKeyDictionary()
+        self._logins = ServerLogins()
 
     async def handle(self, caller: Caller, frame: Frame) -> Response:
         """Answer one request; `RequestError` becomes an error response in `serve_frames`."""
@@ -193,16 +190,9 @@ class NameServer:
         if auth is None:
             raise RequestError(Code.UNKNOWN_OP, "this name server takes no logins: no node "
                                "registered with logins on")
-        step, msg = h.get("step"), h.get("msg")
-        if not isinstance(msg, str) or step not in ("first", "final"):
-            raise RequestError(Code.MALFORMED, "AUTH needs step 'first' or 'final' and msg")
-        if caller.principal is not None:
-            raise RequestError(Code.MALFORMED, f"already authenticated as {caller.principal!r}")
+        step, msg = self._logins.step(caller, h)
         if step == "first":
-            found: dict[str, str] = {}
-
             def lookup(name: str) -> tuple[bytes, bytes, bytes, int]:
-                found["user"] = name
                 known = auth.users.get(name)
                 if known is not None:
                     salt, iterations, stored_key, server_key = known
@@ -210,24 +200,12 @@ class NameServer:
                 fake = hmac.new(auth.salt_key, name.encode(), hashlib.sha256).digest()
                 return fake[:16], fake, fake, _FAKE_ITERATIONS  # no password matches it
 
-            server = _MECH.make_server(lookup)
-            try:
-                server.set_client_first(msg)
-                first = server.get_server_first()
-            except scramp.ScramException as exc:
-                raise RequestError(Code.MALFORMED, f"AUTH: {exc}") from None
-            self._pending[caller] = (server, found.get("user", ""))
-            return ok_header(request_id_of(h), msg=first), b""
-        pending = self._pending.pop(caller, None)
-        if pending is None:
-            raise RequestError(Code.MALFORMED, "AUTH step 'final' without a 'first'")
-        server, user = pending
+            return ok_header(request_id_of(h), msg=self._logins.first(caller, msg, lookup)), b""
         try:
-            server.set_client_final(msg)
-            final = server.get_server_final()
-        except scramp.ScramException:
+            user, final = self._logins.final(caller, msg)
+        except LoginFailed as failed:
             caller.hang_up()  # one try per connection, as on a node
-            log.info("authentication failed for %r from %s", user, caller.remote)
+            log.info("authentication failed for %r from %s", failed.user, caller.remote)
             why = ("; the nodes have more users than a registration carries, so this name "
                    "server checks only the configured superuser" if auth.over else "")
             raise RequestError(Code.UNAUTHENTICATED, "authentication failed: unknown user or "
