@@ -36,9 +36,9 @@ OVERRIDES = {
     "snapshot_every_entries": 4,
     "retention_hours": 1 / 3600,
 }
-KEY_BYTES = 60_000
-KEYED_BATCHES = 16
-PER_BATCH = 32
+KEY_BYTES = 1_000  # under the 1 KiB a key may hold (`broker.records.MAX_KEY_BYTES`)
+KEYED_BATCHES = 30
+PER_BATCH = 1_000
 
 
 async def _announce_frame(addr: str, secret: bytes, me: int, peer: int, size: int) -> None:
