@@ -49,7 +49,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             "superuser_scram": format_verifier(make_credential(ROOT.password)),
             "tx_orphan_ms": 1000, "tx_tick_ms": 200}
     base = tmp_path_factory.mktemp("txid")
-    with LocalCluster(base, nodes=3, groups=2, tick_ms=50, node_overrides=keys) as c:
+    with LocalCluster(base, nodes=3, groups=2, tick_ms=50, node_overrides=keys,
+                      credentials=ROOT) as c:
         steady_leaders(c)
         mp = pytest.MonkeyPatch()
         mp.setenv(USER_ENV, ROOT.user)
