@@ -70,6 +70,7 @@ __all__ = [
 MAX_MESSAGE_BYTES = 4 << 20  # RocketMQ's default maximum message body
 DEFAULT_MAX_FRAME = 16 << 20  # a few maximal messages plus headers
 _PREFIX = struct.Struct(">II")
+_FRAME_LEN = struct.Struct(">I")  # the prefix's first half, readable before the second
 MAX_HEADER = 1 << 20
 # Where every tool looks for a name server unless told: `raftmq namesrv` listens there and
 # `raftmq dev` puts its name server there (port base 7100 + 76); the first of these
@@ -303,7 +304,7 @@ class FrameDecoder:
         is in (so a reader can set memory aside for it before reading its body)."""
         if self.buffered < 4:
             return None
-        return 4 + int(_PREFIX.unpack_from(self._buf, self._pos)[0])
+        return 4 + int(_FRAME_LEN.unpack_from(self._buf, self._pos)[0])
 
     def next_frame(self) -> Frame | None:
         buf, pos = self._buf, self._pos

@@ -243,3 +243,35 @@ async def _first_answer(client: trio.abc.Stream) -> dict[str, object]:
     while (f := dec.next_frame()) is None:
         dec.feed(await client.receive_some(65536))
     return f.header
+
+
+def test_a_large_frame_whose_prefix_arrives_in_pieces_is_read_whole() -> None:
+    """The length prefix of a large frame split over reads (4 to 7 bytes in first) once
+    broke the memory reservation; every split point now sets the frame aside once and
+    answers it."""
+    pool = BytePool(1 << 20)
+    frame = encode_frame({"op": 90, "id": 7}, bytes(100_000))
+
+    async def main() -> None:
+        for cut in range(1, 9):
+            client, server = trio.testing.memory_stream_pair()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: serve_frames(
+                    server, _ok, caller=Caller("c"), budget=Budget(frame_timeout=5),
+                    frame_pool_of=lambda _c: pool))
+                await client.send_all(frame[:cut])
+                await trio.testing.wait_all_tasks_blocked()
+                await client.send_all(frame[cut:])
+                assert (await _first_answer(client))["code"] == 0
+                nursery.cancel_scope.cancel()
+        assert pool.held == 0
+
+    _run(main)
+
+
+@pytest.mark.parametrize("have", range(9))
+def test_the_pending_frame_size_is_known_once_its_length_is_in(have: int) -> None:
+    frame = encode_frame({"op": 90}, bytes(1000))
+    dec = FrameDecoder(1 << 20)
+    dec.feed(frame[:have])
+    assert dec.pending_frame() == (None if have < 4 else len(frame))
