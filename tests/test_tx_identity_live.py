@@ -65,8 +65,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
                              "--transactional-id", VICTIM, *ns]) == 0
         request(leader(c), {"op": int(Op.CREATE_TOPIC), "g": "g1", "topic": TOPIC,
                             "queues": 1, "hosted": [0]}, credentials=ROOT)
+        wait_for(lambda: routed(c), 30, f"the name server routing {TOPIC}")
         mp.undo()
         yield c
+
+
+def routed(c: LocalCluster) -> bool:
+    """Whether the name server routes TOPIC yet (a node registers a new topic there on
+    its next heartbeat; the SDK's `Admin.create_topic` waits for it, a raw request not)."""
+    try:
+        request(c.namesrv_addr, {"op": int(Op.ROUTE), "topic": TOPIC}, credentials=ROOT)
+    except RequestError:
+        return False
+    return True
 
 
 def leader(c: LocalCluster, gid: str = "g1") -> str:
