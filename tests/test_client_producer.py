@@ -869,3 +869,14 @@ async def test_each_batch_outcome_of_a_multi_batch_answer_is_read_on_its_own() -
     assert isinstance(error, RequestError) and error.code == Code.MALFORMED
     assert (d.result().offset, d.result().queue, d.result().msg_id) == (
         40, 2, f"g1:11:{start + 3 * size}")
+
+
+@pytest.mark.anyio
+async def test_a_send_rides_out_a_leadership_transfer_past_its_retries() -> None:
+    """PROPOSAL_DROPPED ("leadership is moving") is an election in slow motion: the
+    send is retried while it lasts (within LEADER_WAIT), not failed after `retries`."""
+    script = fail_first(6, lambda: RequestError(Code.PROPOSAL_DROPPED,
+                                                "leadership is moving to 2"), ok_produce())
+    async with scripted(script, retries=1, idempotent=True) as (producer, pool):
+        result = await producer.send("orders", b"x", queue=0)
+    assert result.queue == 0 and len(pool.produced()) == 7

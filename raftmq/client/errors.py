@@ -135,8 +135,10 @@ def may_have_applied(exc: RequestError) -> bool:
 
 def leaderless(exc: RequestError) -> bool:
     """Whether `exc` is what an election looks like from a client: no replica leads the
-    group now (NOT_LEADER with nobody to follow) or the one that did cannot be reached."""
-    return exc.code in (Code.NOT_LEADER, Code.UNAVAILABLE)
+    group now (NOT_LEADER with nobody to follow), the one that did cannot be reached, or
+    it is handing leadership over (PROPOSAL_DROPPED: a transfer or membership change under
+    way, nothing written), which ends in an election's time too."""
+    return exc.code in (Code.NOT_LEADER, Code.UNAVAILABLE, Code.PROPOSAL_DROPPED)
 
 
 def as_sdk_error(exc: RequestError) -> RequestError:

@@ -20,7 +20,7 @@ stored, failed for good, or back at the front of its queue for a retry.
 
 Retries follow RocketMQ: a send that fails with a retriable error is tried again up to
 `retries` more times, after refreshing the route; while its group has no leader (an
-election), it goes on being retried for up to `routes.LEADER_WAIT` seconds from its
+election, or a leadership transfer under way), it goes on being retried for up to `routes.LEADER_WAIT` seconds from its
 first failure. Learning of a newer leader (a NOT_LEADER hint of a newer term, the route
 naming another leader) is not a failure: the send goes there at once, without counting
 an attempt or finishing its backoff; and when the leader's connection fails, another
