@@ -118,6 +118,10 @@ class NodeConfig:
     # Raft state, refusals): it binds to a loopback address unless this says it may be
     # served on another one (behind a firewall, or for a scraper on another host).
     metrics_public: bool = False
+    # How long a start keeps trying a listen or metrics port that another process holds
+    # (EADDRINUSE) before refusing; 0 refuses at once. A harness restarting nodes on a
+    # shared host sets it: a port free a moment ago may be held for a while by a stranger.
+    listen_retry_s: float = 0.0
     fsync: str = "always"
     fsync_interval: float = 1.0
     segment_size: int = 1 << 30
@@ -276,6 +280,13 @@ def _float(value: object, key: str, *, positive: bool = True) -> float:
     f = float(value)
     if not math.isfinite(f) or (positive and f <= 0):
         raise ConfigError(f"{key} must be a positive finite number, got {value!r}")
+    return f
+
+
+def _not_negative(value: object, key: str) -> float:
+    f = _float(value, key, positive=False)
+    if f < 0:
+        raise ConfigError(f"{key} must not be negative, got {value!r}")
     return f
 
 
@@ -522,6 +533,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         ),
         metrics=None if metrics is None else _address(metrics, "metrics"),
         metrics_public=metrics_public,
+        listen_retry_s=_not_negative(d.get("listen_retry_s", 0.0), "listen_retry_s"),
         fsync=fsync,
         fsync_interval=_float(d.get("fsync_interval", 1.0), "fsync_interval"),
         segment_size=_int(d.get("segment_size", 1 << 30), "segment_size", minimum=1024),

@@ -39,6 +39,7 @@ Cancelling the nursery (SIGINT/SIGTERM) closes every CommitLog cleanly.
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc as pygc
 import logging
@@ -107,6 +108,7 @@ FIRST_FRAME_TIMEOUT = 10.0
 PEER_FRAME_HEADROOM = 1 << 20
 #: How long a READ_RAW may take (the repair's own per-peer timeout is shorter).
 READ_RAW_TIMEOUT = 10.0
+LISTEN_RETRY_PAUSE = 0.5  # seconds between tries of a port another process holds
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: The deliberate `duplicate-batch` test mutation stores every this-many-th batch a
 #: leader accepts twice: often enough that a few seconds of load store several.
@@ -471,7 +473,8 @@ class Node:
             log.warning("the built-in cluster_secret is used on a non-loopback address: "
                         "anyone who knows it can join as a peer; set cluster_secret",
                         extra={"fields": {"listen": self.config.listen}})
-        listeners = await _listen(port, host, "listen", self.config.listen)
+        listeners = await _listen(port, host, "listen", self.config.listen,
+                                  self.config.listen_retry_s)
         if port == 0:  # any free port: one listener, and everyone is told its real port
             for extra in listeners[1:]:
                 await extra.aclose()
@@ -497,7 +500,8 @@ class Node:
                                self.config.retention_check_interval)
             if self.config.metrics:
                 mhost, mport = parse_address(self.config.metrics)
-                mlisteners = await _listen(mport, mhost, "metrics", self.config.metrics)
+                mlisteners = await _listen(mport, mhost, "metrics", self.config.metrics,
+                                            self.config.listen_retry_s)
                 await nursery.start(serve_metrics, mlisteners, self.metrics)
             log.info("node ready", extra={"fields": {"addr": self.addr,
                                                      "groups": sorted(self.groups)}})
@@ -726,13 +730,26 @@ class ListenError(Exception):
     not this host's): a start refused before serving anything."""
 
 
-async def _listen(port: int, host: str, key: str, addr: str) -> list[trio.SocketListener]:
-    try:
-        return await trio.open_tcp_listeners(port, host=host)
-    except OSError as exc:
-        raise ListenError(f"cannot listen on {addr} (config key {key!r}): {exc.strerror or exc}"
-                          " -- another process holds the port, or the address is not "
-                          "this host's") from exc
+async def _listen(port: int, host: str, key: str, addr: str,
+                  retry_s: float = 0.0) -> list[trio.SocketListener]:
+    """Listeners on `host:port`; a port another process holds is tried again every
+    half second for `retry_s` seconds (`listen_retry_s`) before the start is refused."""
+    deadline = trio.current_time() + retry_s
+    warned = False
+    while True:
+        try:
+            return await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE and trio.current_time() < deadline:
+                if not warned:
+                    log.warning("port held by another process; trying again", extra={
+                        "fields": {"addr": addr, "key": key, "retry_s": retry_s}})
+                    warned = True
+                await trio.sleep(LISTEN_RETRY_PAUSE)
+                continue
+            raise ListenError(f"cannot listen on {addr} (config key {key!r}): "
+                              f"{exc.strerror or exc} -- another process holds the port, "
+                              "or the address is not this host's") from exc
 
 
 def _listen_address(addr: str) -> tuple[str, int]:

@@ -167,6 +167,7 @@ def nemesis_plan(opts: RunOptions) -> list[Step]:
 
 
 CHAOS_CQ_CHUNK = 64  # ConsumeQueue records per chunk file in the clusters a run starts
+CHAOS_LISTEN_RETRY_S = 30.0  # seconds a restarted node waits for a port another process holds
 
 
 async def _run(opts: RunOptions, recorder: Recorder,
@@ -183,6 +184,9 @@ async def _run(opts: RunOptions, recorder: Recorder,
         "snapshot_every_entries": opts.snapshot_every_entries,
         # small, so snapshots reference ConsumeQueue chunk files under faults too
         "consume_queue_chunk": CHAOS_CQ_CHUNK,
+        # a restarted node whose port a stranger on this host took meanwhile (a test
+        # cluster's, say) waits for it rather than exiting as if it had crashed
+        "listen_retry_s": CHAOS_LISTEN_RETRY_S,
     }
     env: dict[str, str] = {}
     if opts.workload in ("txn", "all"):

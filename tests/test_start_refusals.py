@@ -114,6 +114,33 @@ def test_a_node_whose_port_is_taken_says_so(tmp_path: Path) -> None:
                     "not this host's"], said
 
 
+def test_a_node_told_to_wait_for_its_port_starts_once_the_holder_lets_go(
+        tmp_path: Path) -> None:
+    """`listen_retry_s`: a restart whose port a stranger took meanwhile (a harness on a
+    shared host) waits for it, saying so, and starts once it is free."""
+    config, _snapshot = _node_with_snapshot(tmp_path)
+    config.write_text("listen_retry_s = 30.0\n" + config.read_text())
+    listen = tomllib.loads(config.read_text())["listen"]
+    host, port = listen.rsplit(":", 1)
+    holder = socket.socket()
+    holder.bind((host, int(port)))
+    holder.listen()
+    proc = subprocess.Popen([sys.executable, "-m", "raftmq", "node", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        lines = iter(proc.stdout.readline, "")
+        assert any("port held by another process" in line for line in lines)
+        assert proc.poll() is None
+        holder.close()
+        assert any(line.startswith("ready ") for line in lines)
+    finally:
+        holder.close()
+        proc.terminate()
+        proc.wait(30)
+
+
 def test_a_metrics_endpoint_off_loopback_needs_saying_so(tmp_path: Path) -> None:
     """The metrics endpoint is plain HTTP without a login: a config that would serve it
     on every interface is refused at start (exit status 2, saying why and how), before
