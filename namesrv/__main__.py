@@ -44,8 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", default="", metavar="PEM",
                    help="the cluster CA: client certificates offered must chain to it")
     p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS, metavar="N",
-                   help="connections served at once; more are answered BUSY and closed "
-                        "(default %(default)s)")
+                   help="connections served at once; one more closes the least recently "
+                        "active idle one (default %(default)s)")
     p.add_argument("--frame-timeout", type=float, default=DEFAULT_FRAME_TIMEOUT,
                    metavar="SECONDS", help="close a connection whose frame is not complete "
                    "this long after its first byte (default %(default)s)")

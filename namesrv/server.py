@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import logging
 import math
 import signal
 import ssl
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -106,7 +108,12 @@ class NameServer:
         # the large frames being read or handled, all connections together
         self.large_frames = BytePool(max_buffered)
         self.connections = 0  # served now, TLS handshakes included
-        self.refused = 0  # turned away over max_connections
+        self.refused = 0  # turned away over max_connections: none was idle to close
+        self.evicted = 0  # idle connections closed to make room for a new one
+        # served connections, least recently active first, and the ones handling a request
+        self._open: OrderedDict[int, trio.CancelScope] = OrderedDict()
+        self._busy: set[int] = set()
+        self._keys = itertools.count()
         self._logins = ServerLogins()
 
     async def handle(self, caller: Caller, frame: Frame) -> Response:
@@ -232,7 +239,7 @@ class NameServer:
                 return
         caller = caller_of(stream)
         fs = FrameStream(stream, max_frame=NAMESRV_MAX_FRAME)
-        if self.connections > self.max_connections:
+        if self.connections > self.max_connections and not self._evict_idle():
             self.refused += 1
             with trio.move_on_after(2):
                 try:
@@ -249,8 +256,37 @@ class NameServer:
                 self.ssl_context is None or caller.certificate is not None)
 
         fs.decoder.large_ok = large_ok
-        await serve_frames(fs, self.handle, caller=caller, budget=self.budget,
-                           frame_pool_of=lambda _caller: self.large_frames)
+        key = next(self._keys)
+
+        async def handle(c: Caller, frame: Frame) -> Response:
+            self._open.move_to_end(key)
+            self._busy.add(key)
+            try:
+                return await self.handle(c, frame)
+            finally:
+                self._busy.discard(key)
+
+        with trio.CancelScope() as scope:
+            self._open[key] = scope
+            try:
+                await serve_frames(fs, handle, caller=caller, budget=self.budget,
+                                   frame_pool_of=lambda _caller: self.large_frames)
+            finally:
+                self._open.pop(key, None)  # `_evict_idle` may have taken it already
+        if scope.cancelled_caught:
+            await trio.aclose_forcefully(stream)
+
+    def _evict_idle(self) -> bool:
+        """Make room for a new connection by closing the one least recently active with
+        no request being handled: idle connections (which need no login) then cannot lock
+        nodes and clients out until the idle timeout; whoever was closed reconnects."""
+        for key, scope in self._open.items():
+            if key not in self._busy:
+                del self._open[key]
+                scope.cancel()
+                self.evicted += 1
+                return True
+        return False
 
     async def _sweep(self) -> None:
         period = max(0.05, self.registry.expiry / 4)

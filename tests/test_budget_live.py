@@ -306,14 +306,27 @@ def namesrv(tmp_path: Path) -> Iterator[tuple[str, int]]:
 
 
 def test_the_name_server_bounds_its_connections(namesrv: tuple[str, int]) -> None:
+    """At --max-connections, a new connection closes the least recently active one
+    rather than being turned away: connections that never send anything (no login is
+    needed here) cannot lock nodes and clients out until the idle timeout."""
     addr, _ = namesrv
     idle = [connect(addr) for _ in range(4)]  # --max-connections 4
     try:
-        with connect(addr) as fifth:
-            assert frames_until_closed(fifth)[0]["code"] == Code.BUSY
+        time.sleep(0.2)  # all four accepted, in this order
         idle[0].sendall(encode_frame({"op": int(Op.CLUSTER), "id": 1}))
         f = next_frame(idle[0], FrameDecoder(1 << 20))
-        assert f is not None and f.header["code"] == 0  # those admitted are served
+        assert f is not None and f.header["code"] == 0  # now the most recently active
+        for _ in range(3):  # each newcomer is served; the idle ones go, oldest first
+            newcomer = connect(addr)
+            idle.append(newcomer)
+            newcomer.sendall(encode_frame({"op": int(Op.CLUSTER), "id": 2}))
+            f = next_frame(newcomer, FrameDecoder(1 << 20))
+            assert f is not None and f.header["code"] == 0
+        for s in idle[1:4]:
+            assert frames_until_closed(s) == []  # closed without a word
+        idle[0].sendall(encode_frame({"op": int(Op.CLUSTER), "id": 3}))
+        f = next_frame(idle[0], FrameDecoder(1 << 20))
+        assert f is not None and f.header["code"] == 0  # the active one stayed
     finally:
         for s in idle:
             s.close()
