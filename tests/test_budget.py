@@ -256,8 +256,8 @@ def test_a_large_frame_whose_prefix_arrives_in_pieces_is_read_whole() -> None:
         for cut in range(1, 9):
             client, server = trio.testing.memory_stream_pair()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: serve_frames(
-                    server, _ok, caller=Caller("c"), budget=Budget(frame_timeout=5),
+                nursery.start_soon(lambda s=server: serve_frames(
+                    s, _ok, caller=Caller("c"), budget=Budget(frame_timeout=5),
                     frame_pool_of=lambda _c: pool))
                 await client.send_all(frame[:cut])
                 await trio.testing.wait_all_tasks_blocked()
