@@ -158,10 +158,12 @@ def _written_for_sure_not(exc: BaseException) -> bool:
     only the last one as its cause), and the first is a connection that sent nothing,
     or a NOT_LEADER / UNKNOWN_GROUP answered before any proposal. Anything else may hide
     a write (PROPOSAL_DROPPED too: a leader may lose its term after appending)."""
+    seen: set[int] = set()  # a chain may loop back on itself: walk each link once
     while True:
         if not isinstance(exc, RequestError) or may_have_applied(exc):
             return False
-        if not isinstance(exc.__cause__, RequestError):
+        seen.add(id(exc))
+        if not isinstance(exc.__cause__, RequestError) or id(exc.__cause__) in seen:
             break
         exc = exc.__cause__
     if isinstance(exc, TransportError):

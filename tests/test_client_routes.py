@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
+from broker.protocol import MAX_MESSAGE_BYTES, Code, Op, RequestError
 from raftmq.client import connect_admin, connect_producer, connect_pull_consumer
 from raftmq.client.admin import place_queues
+from raftmq.client.errors import UnavailableError
 from raftmq.client.routes import (
     FAILED_TTL,
     HINT_TTL,
@@ -298,3 +299,28 @@ def test_a_leader_not_ready_yet_is_kept_and_retried_after_a_backoff() -> None:
     plain = RequestError(Code.NOT_LEADER, "?", leader="c:1", term=6)
     assert not routes.on_error("g1", "c:1", plain, now=103.0)
     assert routes.leader("g1") is None
+
+
+@pytest.mark.anyio
+async def test_a_spent_call_raises_an_error_whose_cause_chain_ends() -> None:
+    """`give_up` may hand back the very error it met (an UnavailableError raised below):
+    raising it "from" itself made `__cause__` a loop, and code that walks the chain (the
+    chaos harness's "surely not written") spun forever on it."""
+    routes = routes_with(ROUTE)
+    met = UnavailableError("no leader answered (test)")
+
+    async def failing(*_args: object, **_kwargs: object) -> None:
+        raise met
+
+    routes.pool.request = failing  # type: ignore[method-assign]
+
+    async def resolve() -> str:
+        return "g1"
+
+    with pytest.raises(UnavailableError) as info:
+        await routes.call(resolve, Op.FETCH, {}, attempts=1)
+    seen, exc = set(), info.value
+    while exc is not None:
+        assert id(exc) not in seen, "the cause chain loops"
+        seen.add(id(exc))
+        exc = exc.__cause__

@@ -36,3 +36,14 @@ def test_spent_tries_of_which_an_earlier_one_may_have_applied_are_no_refusal() -
     final = give_up(last, "PRODUCE", uncertain=True)
     assert isinstance(final, OutcomeUnknownError)
     assert not _written_for_sure_not(_raised(final, last))
+
+
+def test_a_cause_chain_that_loops_is_walked_once() -> None:
+    """A chain that comes back to an error already seen (`raise e from e`, as the
+    client once did) ends the walk there instead of spinning the harness forever."""
+    unavailable = RequestError(Code.UNAVAILABLE, "no leader answered")
+    unavailable.__cause__ = unavailable
+    assert _written_for_sure_not(unavailable)
+    a, b = RequestError(Code.NOT_LEADER, "a"), RequestError(Code.NOT_LEADER, "b")
+    a.__cause__, b.__cause__ = b, a
+    assert _written_for_sure_not(a)

@@ -171,6 +171,15 @@ def electing(exc: RequestError, since: float) -> bool:
     return leaderless(exc) and clock() - since < LEADER_WAIT
 
 
+def _chained(final: RequestError, cause: BaseException | None) -> RequestError:
+    """`final`, caused by `cause` unless it is `cause` itself: `give_up` may hand back the
+    error it was given, and `raise e from e` makes a chain that never ends, which anyone
+    walking `__cause__` would follow forever."""
+    if final is not cause:
+        final.__cause__ = cause
+    return final
+
+
 def backoff_delay(attempt: int, base: float = 0.05, cap: float = 1.0) -> float:
     """Exponential backoff with jitter, so clients retrying after one failure spread out."""
     return min(cap, base * (2 ** max(0, attempt - 1))) * (0.5 + random.random() / 2)
@@ -613,15 +622,15 @@ class Routes:
                             continue
                     attempt += 1
                     if attempt >= attempts and not (attempts > 1 and electing(exc, started)):
-                        raise give_up(exc, f"{op.name} to group {group}",
-                                      uncertain=uncertain) from exc
+                        raise _chained(give_up(exc, f"{op.name} to group {group}",
+                                               uncertain=uncertain), exc)
                     log.debug("%s to %s failed (%s); retry %d", op.name, addr, exc, attempt)
                     await self.wait_backoff(group, backoff_delay(attempt))
         bound = (deadline or started) - started
         cause = RequestError(Code.TIMEOUT, f"no answer within the call's {bound:.3g} s"
                              + ("" if last is None else f"; last: {last.message}"))
-        raise give_up(cause, f"{op.name} to group {group}",
-                      uncertain=write and (uncertain or sending)) from last
+        raise _chained(give_up(cause, f"{op.name} to group {group}",
+                               uncertain=write and (uncertain or sending)), last)
 
     async def call_queue(
         self,
