@@ -171,15 +171,6 @@ def electing(exc: RequestError, since: float) -> bool:
     return leaderless(exc) and clock() - since < LEADER_WAIT
 
 
-def _chained(final: RequestError, cause: BaseException | None) -> RequestError:
-    """`final`, caused by `cause` unless it is `cause` itself: `give_up` may hand back the
-    error it was given, and `raise e from e` makes a chain that never ends, which anyone
-    walking `__cause__` would follow forever."""
-    if final is not cause:
-        final.__cause__ = cause
-    return final
-
-
 def backoff_delay(attempt: int, base: float = 0.05, cap: float = 1.0) -> float:
     """Exponential backoff with jitter, so clients retrying after one failure spread out."""
     return min(cap, base * (2 ** max(0, attempt - 1))) * (0.5 + random.random() / 2)
@@ -611,26 +602,25 @@ class Routes:
                     sending = False
                     last = exc
                     uncertain = write and (uncertain or may_have_applied(exc))
-                    if not is_retriable(exc):
-                        final = give_up(exc, f"{op.name} to group {group}", uncertain=uncertain)
-                        if final is exc:
-                            raise
-                        raise final from exc
-                    if group is not None and addr is not None:
+                    retriable = is_retriable(exc)
+                    if retriable and group is not None and addr is not None:
                         if self.on_error(group, addr, exc) and redirects < max_redirects:
                             redirects += 1
                             continue
                     attempt += 1
-                    if attempt >= attempts and not (attempts > 1 and electing(exc, started)):
-                        raise _chained(give_up(exc, f"{op.name} to group {group}",
-                                               uncertain=uncertain), exc)
+                    if not retriable or (attempt >= attempts
+                                         and not (attempts > 1 and electing(exc, started))):
+                        final = give_up(exc, f"{op.name} to group {group}", uncertain=uncertain)
+                        if final is exc:
+                            raise  # not "from exc": a chain from itself never ends
+                        raise final from exc
                     log.debug("%s to %s failed (%s); retry %d", op.name, addr, exc, attempt)
                     await self.wait_backoff(group, backoff_delay(attempt))
         bound = (deadline or started) - started
         cause = RequestError(Code.TIMEOUT, f"no answer within the call's {bound:.3g} s"
                              + ("" if last is None else f"; last: {last.message}"))
-        raise _chained(give_up(cause, f"{op.name} to group {group}",
-                               uncertain=write and (uncertain or sending)), last)
+        raise give_up(cause, f"{op.name} to group {group}",
+                      uncertain=write and (uncertain or sending)) from last
 
     async def call_queue(
         self,
