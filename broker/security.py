@@ -256,6 +256,10 @@ class Guard:
         self._logins = ServerLogins()
         # the open connections logged in as each user, closed when the user is removed
         self._sessions: dict[str, weakref.WeakSet[Caller]] = {}
+        # the verifier (stored key) each connection proved its password against: a login
+        # holds only while the user still has it, so removing a user and adding it again,
+        # or changing its password, also ends the logins made before
+        self._proved: weakref.WeakKeyDictionary[Caller, bytes] = weakref.WeakKeyDictionary()
         self._registered_over = False  # the users outgrew a registration (logged once)
         self._own: dict[int, Callable[[Caller, dict[str, Any]], Awaitable[Response]]] = {
             Op.AUTH: self._auth,
@@ -310,12 +314,12 @@ class Guard:
                                f"requests from {MECHANISM}-authenticated users only (AUTH)")
         if user in self.superusers:
             return
-        if self._users().credential(user) is None:
-            # removed since this connection logged in: the login no longer holds
+        if not self._login_holds(caller, user, self._users()):
             caller.principal = None
             self.node.count_refusal("unauthenticated")
-            raise RequestError(Code.UNAUTHENTICATED, f"user {user!r} was removed after this "
-                               "connection logged in: authenticate again (AUTH)")
+            raise RequestError(Code.UNAUTHENTICATED, f"user {user!r} was removed or its "
+                               "password changed after this connection logged in: "
+                               "authenticate again (AUTH)")
         if not self.authorize:
             if op in _SECURITY_OPS:
                 self._deny(user, op, "only a superuser may manage users and ACLs")
@@ -407,6 +411,7 @@ class Guard:
 
             def lookup(name: str) -> tuple[bytes, bytes, bytes, int]:
                 c = self._lookup(name)
+                self._proved[caller] = c.stored_key  # what the final step proves
                 return c.salt, c.stored_key, c.server_key, c.iterations
 
             return ok_header(0, msg=self._logins.first(caller, msg, lookup)), b""
@@ -437,6 +442,13 @@ class Guard:
 
     # ------------------------------------------------------------------ revocation
 
+    def _login_holds(self, caller: Caller, user: str, users: Users) -> bool:
+        """Whether `caller`'s login as `user` still holds: the user exists with the
+        verifier the login proved (removed and added again, or a new password, is not
+        the login's user any more)."""
+        cred = users.credential(user)
+        return cred is not None and self._proved.get(caller) == cred.stored_key
+
     def close_removed(self) -> int:
         """Close every open connection logged in as a user this node's replica no longer
         has (the configured superusers excepted); how many were closed."""
@@ -449,14 +461,15 @@ class Guard:
             if user in self.superusers:  # as in `check`: they pass whatever the table says
                 continue
             callers = self._sessions[user]
-            if users.credential(user) is not None and len(callers):
-                continue
-            del self._sessions[user]
-            for caller in list(callers):
-                if caller.principal == user:
-                    caller.principal = None
-                    caller.disconnect()
-                    closed += 1
+            gone = [c for c in list(callers)
+                    if c.principal == user and not self._login_holds(c, user, users)]
+            for caller in gone:
+                callers.discard(caller)
+                caller.principal = None
+                caller.disconnect()
+                closed += 1
+            if not len(callers):
+                del self._sessions[user]
         if closed:
             log.info("closed the connections of removed users", extra={"fields": {
                 "connections": closed}})

@@ -212,3 +212,36 @@ def test_a_removed_users_open_connection_is_closed_and_new_ones_are_refused(
             sock.settimeout(30)
             with contextlib.suppress(ConnectionError):
                 assert sock.recv(1) == b""
+
+
+@pytest.mark.parametrize("change", ["remove and add again", "new password"])
+def test_a_login_holds_only_while_its_user_keeps_the_password_it_proved(
+        cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        change: str) -> None:
+    """A user removed and added again (even in one batch, with the same password) is a
+    new user, and a changed password revokes what the old one let in: the open
+    connection's requests are refused or it is closed; a new login works."""
+    carol = Credentials(f"carol-{len(change)}", "carol's password")
+    assert run_user(monkeypatch, cluster, tmp_path, "add", carol.user,
+                    password=carol.password) == 0
+    leader = cluster.leaders()["g0"]
+    assert leader is not None
+    with Connection(cluster.node_addr(leader), credentials=carol, timeout=10) as conn:
+        assert conn.request({"op": int(Op.STATUS)})[0]["node"] == leader
+        new = carol
+        if change == "new password":
+            new = Credentials(carol.user, "carol's new password")
+        else:
+            assert run_user(monkeypatch, cluster, tmp_path, "remove", carol.user) == 0
+        assert run_user(monkeypatch, cluster, tmp_path, "add", carol.user,
+                        password=new.password) == 0
+        try:
+            conn.request({"op": int(Op.STATUS)})
+        except RequestError as exc:
+            assert exc.code == Code.UNAUTHENTICATED and "password changed" in exc.message
+        except OSError:
+            pass  # closed as the change was applied
+        else:
+            raise AssertionError("the old login still held")
+    assert request(cluster.node_addr(leader), {"op": int(Op.STATUS)},
+                   credentials=new)[0]["node"] == leader

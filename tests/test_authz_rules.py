@@ -24,6 +24,7 @@ from broker.security import ANY_USER, NOT_A_REQUEST, PEER_ONLY, RULES, Guard, ma
 from broker.statemachine import BrokerState
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
+from transport.scram import Credentials, Exchange
 
 ALL_OPS = sorted(int(op) for op in Op)
 TX_OPS = range(60, 70)  # the transaction ops (issue 14)
@@ -98,6 +99,29 @@ def call(guard: Guard, caller: Caller, op: int) -> tuple[bool, RequestError | No
     return bool(reached), err
 
 
+NOBODY = Credentials("nobody", "nobody's password")
+
+
+def logged_in(guard: Guard, creds: Credentials = NOBODY) -> Caller:
+    """A connection that logged in as `creds` through the guard's own AUTH steps (a
+    login holds only while its user keeps the verifier it proved)."""
+    caller = Caller("test")
+    ex = Exchange(creds)
+
+    async def handler(_c: Caller, _frame: Frame) -> tuple[dict[str, Any], bytes]:
+        raise AssertionError("AUTH is the guard's own")
+
+    async def main() -> None:
+        step = guard.wrap(handler)
+        first, _ = await step(caller, Frame(ex.first(), b""))
+        final, _ = await step(caller, Frame(ex.final(first["msg"]), b""))
+        ex.check(final["msg"])
+
+    trio.run(main)
+    assert caller.principal == creds.user
+    return caller
+
+
 @pytest.mark.parametrize("op", ALL_OPS)
 def test_no_request_type_reaches_its_handler_unchecked(tmp_path: Path, op: int) -> None:
     host = Host(tmp_path)
@@ -106,7 +130,7 @@ def test_no_request_type_reaches_its_handler_unchecked(tmp_path: Path, op: int) 
     if op != Op.AUTH:  # anyone may try to log in
         reached, err = call(guard, Caller("test"), op)
         assert not reached and err is not None and err.code == Code.UNAUTHENTICATED, op
-    nobody = Caller("test", principal="nobody")
+    nobody = logged_in(guard)
     reached, err = call(guard, nobody, op)
     rule = RULES[op]
     if rule == ANY_USER:
@@ -169,7 +193,7 @@ def test_a_transactional_id_acl_takes_any_printable_id() -> None:
 
 def test_an_unknown_request_type_is_refused(tmp_path: Path) -> None:
     guard = Guard(Host(tmp_path))
-    reached, err = call(guard, Caller("test", principal="nobody"), 250)
+    reached, err = call(guard, logged_in(guard), 250)
     assert not reached and err is not None and err.code == Code.FORBIDDEN
     assert call(guard, Caller("test", principal="root"), 250)[0]  # a superuser passes
 
@@ -190,3 +214,20 @@ def test_acls_literal_prefix_and_deny_wins() -> None:
     assert not acls.allowed("bob", "topic", "orders.eu", "publish")
     assert acls.allowed("bob", "group", "readers", "subscribe")  # '*': every user
     assert not acls.allowed("bob", "group", "readers2", "subscribe")  # literal is exact
+
+
+def test_a_login_ends_when_its_user_is_put_again_with_another_verifier(
+        tmp_path: Path) -> None:
+    """Removed and added again, or a new password: the login proved a verifier the user
+    no longer has, so it no longer holds, whatever the order the changes applied in."""
+    host = Host(tmp_path)
+    guard = Guard(host)
+    caller = logged_in(guard)
+    assert call(guard, caller, Op.STATUS)[0]
+    same = make_credential(NOBODY.password, iterations=4096)  # same password, new salt
+    host.g0.apply(UserPut("nobody", same.salt, same.iterations, same.stored_key,
+                          same.server_key).encode())
+    reached, err = call(guard, caller, Op.STATUS)
+    assert not reached and err is not None and err.code == Code.UNAUTHENTICATED
+    assert "password changed" in err.message and caller.principal is None
+    assert call(guard, logged_in(guard), Op.STATUS)[0]  # a new login proves the new one
