@@ -473,3 +473,83 @@ async def until_async(get: Any, what: str) -> None:
     with anyio.fail_after(BOUND):
         while not await get():
             await anyio.sleep(0.05)
+
+
+def test_subscribed_pull_consumers_share_a_groups_queues_and_hand_them_over(
+        cluster: LocalCluster) -> None:
+    """Kafka's `subscribe` for the pull consumer: two subscribed pull consumers and a
+    push consumer of one group split the queues between them (disjoint, every queue
+    once); each message is read by one member only; when one member leaves, the others
+    take its queues over at a poll, `on_revoke` running before the queues go (and
+    committing there) and `on_assign` after they come; assign and subscribe exclude
+    each other."""
+    topic, group = fresh("pullsub"), fresh("cg")
+    calls: list[tuple[str, str, list[tuple[str, int]]]] = []
+    got: dict[str, list[bytes]] = {"A": [], "B": [], "P": []}
+
+    def consumer(name: str) -> PullConsumer:
+        c = PullConsumer(cluster.namesrv_addr, group, client_id=f"{name}-{group}",
+                         heartbeat_interval=0.2, rebalance_interval=0.2, wait_ms=100)
+
+        async def on_revoke(qs: list[tuple[str, int]]) -> None:
+            calls.append((name, "revoke", qs))
+            await c.commit_all()
+
+        def on_assign(qs: list[tuple[str, int]]) -> None:  # plain: run in a thread
+            calls.append((name, "assign", qs))
+
+        c.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
+        return c
+
+    async def handle(msgs: list[Message]) -> bool:
+        got["P"] += [m.body for m in msgs]
+        return True
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        a, b = consumer("A"), consumer("B")
+        with pytest.raises(ValueError, match="subscribed"):
+            a.assign(topic)
+        async with a, b, PushConsumer(cluster.namesrv_addr, group, [topic], handle,
+                                      **FAST) as push:
+            async def shares() -> list[set[tuple[str, int]]]:
+                await a.poll(0)
+                await b.poll(0)
+                return [set(await a.assignment()), set(await b.assignment()),
+                        set(push.assignment())]
+
+            async def split() -> bool:
+                sa, sb, sp = await shares()
+                return (len(sa) + len(sb) + len(sp) == QUEUES and not (sa & sb)
+                        and not (sa & sp) and not (sb & sp) and all((sa, sb, sp)))
+
+            await until_async(split, "the queues split three ways")
+            await send(cluster, topic, bodies(60))
+            with anyio.fail_after(BOUND):
+                while len(got["A"]) + len(got["B"]) + len(got["P"]) < 60:
+                    got["A"] += [m.body for m in await a.poll(0.2)]
+                    got["B"] += [m.body for m in await b.poll(0.2)]
+            await a.commit_all()
+            await b.commit_all()
+            everything = got["A"] + got["B"] + got["P"]
+            assert sorted(everything) == sorted(bodies(60))  # each read by one member
+            b_had = set(await b.assignment())
+            await b.unsubscribe()  # gives its share up: on_revoke, then it is no member
+            assert calls[-1] == ("B", "revoke", sorted(b_had))
+
+            async def a_took_over() -> bool:
+                await a.poll(0)
+                return set(await a.assignment()) | set(push.assignment()) == {
+                    (topic, q) for q in range(QUEUES)}
+
+            await until_async(a_took_over, "A and the push consumer take B's queues")
+            after = calls[calls.index(("B", "revoke", sorted(b_had))) + 1:]
+            assert any(who == "A" and what == "assign" for who, what, _ in after)  # 2 -> 3
+            await send(cluster, topic, bodies(30, "late"))
+            late: list[bytes] = []
+            with anyio.fail_after(BOUND):
+                while len(late) + sum(b.startswith(b"late") for b in got["P"]) < 30:
+                    late += [m.body for m in await a.poll(0.2)]
+            assert not any(x.startswith(b"late") for x in got["B"])
+
+    run(main)

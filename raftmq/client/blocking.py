@@ -27,7 +27,7 @@ from broker.protocol import RequestError
 from broker.records import Message, OutgoingMessage
 
 from .admin import Admin, GroupQueue, QueueLag, TopicInfo
-from .consumer import PullConsumer, PullResult, PushConsumer, Tags
+from .consumer import PullConsumer, PullResult, PushConsumer, QueuesCallback, Tags
 from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult
 from .transactions import HalfHandle, Transaction, TransactionResult
@@ -357,6 +357,17 @@ class BlockingPullConsumer(_Blocking[PullConsumer]):
     def unassign(self, topic: str) -> None:
         """Stop reading `topic` (its positions are forgotten)."""
         self._call_sync(self._client.unassign, topic)
+
+    def subscribe(self, topics: Sequence[str] | Mapping[str, Tags], *,
+                  on_assign: QueuesCallback | None = None,
+                  on_revoke: QueuesCallback | None = None) -> None:
+        """Let the group share `topics`' queues (see `PullConsumer.subscribe`); plain
+        callbacks run in a worker thread, so they may call this consumer's methods."""
+        self._call_sync(self._client.subscribe, topics, on_assign=on_assign,
+                        on_revoke=on_revoke)
+
+    def unsubscribe(self) -> None:
+        self._call(self._client.unsubscribe)
 
     def assignment(self) -> list[tuple[str, int]]:
         """The (topic, queue) pairs assigned (all of a topic's queues when none were named)."""

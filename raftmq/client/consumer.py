@@ -474,10 +474,109 @@ async def heartbeat(routes: Routes, header: dict[str, Any], timeout: float) -> N
             tg.start_soon(one, addr)
 
 
+QueuesCallback = Callable[[list[tuple[str, int]]], Any]
+"""`on_assign` / `on_revoke`: called with the (topic, queue) pairs gained or given up."""
+
+
+def _strategy(strategy: str | Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    if callable(strategy):
+        return strategy
+    if strategy in STRATEGIES:
+        return STRATEGIES[strategy]
+    raise ValueError(f"unknown strategy {strategy!r}: 'average' or 'round_robin'")
+
+
+async def _call_back(fn: QueuesCallback | None, queues: list[tuple[str, int]]) -> None:
+    """Run a rebalance callback to completion: awaited when async, in a worker thread
+    when plain (so it may make a blocking client's calls, which need the loop free)."""
+    if fn is None:
+        return
+    if _is_async_callable(fn):
+        await fn(list(queues))
+    else:
+        await anyio.to_thread.run_sync(fn, list(queues))
+
+
+class _GroupClient(_ClientBase):
+    """What a consumer sharing its group's queues with others needs: the group's live
+    members, and a watch that sets `_members_changed` as soon as a node says they
+    changed. Subclasses set `group`, `client_id` and `rebalance_interval`."""
+
+    group: str
+    client_id: str
+    rebalance_interval: float
+
+    def __init__(
+        self, namesrv: Sequence[str] | str, pool: ConnectionPool | None, timeout: float
+    ) -> None:
+        super().__init__(namesrv, pool, timeout)
+        self._members_changed: anyio.Event | _NeverSet = _NeverSet()  # an Event once running
+
+    async def _watch_members(self, tg: anyio.abc.TaskGroup) -> None:
+        """Keep one `_watch_node` per node of the cluster (nodes added later too)."""
+        watched: set[str] = set()
+        while True:
+            try:
+                for addr in node_addresses(await self.routes.cluster()):
+                    if addr not in watched:
+                        watched.add(addr)
+                        tg.start_soon(self._watch_node, addr)
+            except RequestError as exc:
+                log.debug("%s: no cluster view to watch (%s)", self.client_id, exc)
+            await anyio.sleep(self.rebalance_interval)
+
+    async def _watch_node(self, addr: str) -> None:
+        """Hold a CONSUMERS request at `addr` that the node answers when the group's
+        members differ from what this client saw there (a join, a leave, an expiry):
+        the rebalance follows at once, instead of at the next `rebalance_interval`."""
+        known: list[str] | None = None
+        failures = 0
+        while True:
+            asked = anyio.current_time()
+            try:
+                frame = await self.routes.pool.request(
+                    addr, Op.CONSUMERS,
+                    {"cg": self.group, "known": known or [], "wait_ms": MEMBERS_WAIT_MS},
+                    timeout=self.timeout + MEMBERS_WAIT_MS / 1000)
+            except RequestError as exc:
+                failures += 1
+                log.debug("%s: watching members at %s: %s", self.client_id, addr, exc)
+                await anyio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
+                continue
+            failures = 0
+            members = [str(c) for c in frame.header.get("clients") or []]
+            if known is not None and members != known:
+                self._members_changed.set()
+            elif known is not None and anyio.current_time() - asked < MEMBERS_WAIT_MS / 10_000:
+                await anyio.sleep(1.0)  # answered at once with nothing new: do not spin
+            known = members
+
+    async def clients(self) -> list[str]:
+        """The group's live consumers: the union of what every reachable node has seen,
+        plus this one (its heartbeat may not have arrived everywhere yet)."""
+        cluster = await self.routes.cluster()
+        seen: set[str] = {self.client_id}
+        pool = self.routes.pool
+
+        async def one(addr: str) -> None:
+            try:
+                frame = await pool.request(addr, Op.CONSUMERS, {"cg": self.group},
+                                           timeout=self.timeout)
+            except RequestError as exc:
+                log.debug("CONSUMERS from %s failed: %s", addr, exc)
+                return
+            seen.update(str(c) for c in frame.header.get("clients") or [])
+
+        async with anyio.create_task_group() as tg:
+            for addr in node_addresses(cluster):
+                tg.start_soon(one, addr)
+        return sorted(seen)
+
+
 # ---------------------------------------------------------------- pull consumer
 
 
-class PullConsumer(_ClientBase):
+class PullConsumer(_GroupClient):
     """Reads queues at positions the caller controls; use as `async with`.
 
     `assign` the queues to read, then `poll` (all assigned queues) or `pull` (one).
@@ -486,12 +585,16 @@ class PullConsumer(_ClientBase):
     `commit_all` commits the position after the last message returned.
     `isolation` is "read_committed", the only level served (`check_isolation`).
 
-    Assignment is manual (Kafka's `assign`): two pull consumers of one group each read
-    what they assign, the group does not share queues among them (a `PushConsumer`'s
-    group does). While open, a pull consumer is still a member its group can see: it
-    heartbeats every `heartbeat_interval` as a consumer with manual assignment, so
-    `Admin.reset_offsets` and `delete_group` refuse while it runs, and a push consumer
-    of the same group never counts it when sharing queues.
+    Queues come one of two ways, as in Kafka. `assign` is manual: two pull consumers
+    of one group each read what they assign, the group does not share queues among them.
+    `subscribe` lets the group share its topics' queues among its subscribed members
+    (pull and push consumers alike, by `strategy`): the share is recomputed inside
+    `poll`, as soon as a node reports that the members changed and every
+    `rebalance_interval`, calling `on_revoke` with the queues given up (commit them
+    there) before `on_assign` with the queues gained. A consumer does one or the other.
+    While open, a pull consumer is a member its group can see (it heartbeats every
+    `heartbeat_interval`), so `Admin.reset_offsets` and `delete_group` refuse while it
+    runs; with manual assignment a push consumer never counts it when sharing queues.
     """
 
     def __init__(
@@ -507,6 +610,8 @@ class PullConsumer(_ClientBase):
         isolation: str = "read_committed",
         client_id: str | None = None,
         heartbeat_interval: float = 10.0,
+        rebalance_interval: float = 10.0,
+        strategy: Literal["average", "round_robin"] | Callable[..., list[Any]] = "average",
     ) -> None:
         super().__init__(namesrv, pool, timeout)
         self.isolation = check_isolation(isolation)
@@ -514,9 +619,19 @@ class PullConsumer(_ClientBase):
         if start_from not in ("first", "last"):
             raise ValueError("start_from is 'first' or 'last'")
         self.client_id = checked_client_id(client_id)
-        if not heartbeat_interval > 0:
-            raise ValueError("heartbeat_interval must be > 0")
+        if not heartbeat_interval > 0 or not rebalance_interval > 0:
+            raise ValueError("heartbeat_interval and rebalance_interval must be > 0")
         self.heartbeat_interval = heartbeat_interval
+        self.rebalance_interval = rebalance_interval
+        self._allocate = _strategy(strategy)
+        # group-managed assignment (`subscribe`): topic -> tags, the queues the group gave
+        # this consumer, the callbacks, and when the share was last computed
+        self._subscribed: dict[str, list[str] | None] = {}
+        self._owned: list[tuple[str, int]] = []
+        self._on_assign: QueuesCallback | None = None
+        self._on_revoke: QueuesCallback | None = None
+        self._shared_at = -math.inf
+        self._watching = False
         self.start_from = start_from
         self.wait_ms = wait_ms
         self.max_bytes = max_bytes
@@ -561,8 +676,16 @@ class PullConsumer(_ClientBase):
     async def __aenter__(self) -> Self:
         await self._open()
         assert self._tg is not None
+        self._members_changed = anyio.Event()
         self._tg.start_soon(self._beat)
+        if self._subscribed:
+            self._watch()
         return self
+
+    def _watch(self) -> None:
+        if not self._watching and self._tg is not None:
+            self._watching = True
+            self._tg.start_soon(self._watch_members, self._tg)
 
     async def __aexit__(
         self,
@@ -581,11 +704,17 @@ class PullConsumer(_ClientBase):
             await anyio.sleep(self.heartbeat_interval)
 
     async def _heartbeat(self, ttl_ms: int) -> None:
-        """A heartbeat as a member with manual assignment: visible to its group (an
-        offset reset refuses), never given queues by a push consumer's rebalance."""
-        await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
-                                      "topics": sorted(self._assigned), "ttl_ms": ttl_ms,
-                                      "manual": True}, self.timeout)
+        """A heartbeat: as a subscribed member, counted when the group shares queues; with
+        manual assignment, visible to its group (an offset reset refuses) but never given
+        queues by another member's rebalance."""
+        if self._subscribed:
+            await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
+                                          "topics": sorted(self._subscribed),
+                                          "ttl_ms": ttl_ms}, self.timeout)
+        else:
+            await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
+                                          "topics": sorted(self._assigned), "ttl_ms": ttl_ms,
+                                          "manual": True}, self.timeout)
 
     def assign(
         self, topic: str, queues: Iterable[int] | None = None, *, tags: Tags = None
@@ -594,6 +723,9 @@ class PullConsumer(_ClientBase):
         `tags` when given ("*", "TagA", "TagA || TagB" or a list; see `parse_tags`).
         Replaces an earlier assignment of the topic."""
         validate_topic_name(topic)
+        if self._subscribed:
+            raise ValueError("this consumer subscribed: its group assigns its queues "
+                             "(unsubscribe() first to assign queues yourself)")
         self._assigned[topic] = (
             sorted(set(queues)) if queues is not None else None,
             parse_tags(tags),
@@ -604,8 +736,90 @@ class PullConsumer(_ClientBase):
         for key in [k for k in self._positions if k[0] == topic]:
             del self._positions[key]
 
+    def subscribe(
+        self,
+        topics: Sequence[str] | Mapping[str, Tags],
+        *,
+        on_assign: QueuesCallback | None = None,
+        on_revoke: QueuesCallback | None = None,
+    ) -> None:
+        """Let the group share the queues of `topics` (a list, or topic -> tags as for a
+        `PushConsumer`) among its subscribed members (Kafka's `subscribe`). Each `poll`
+        first takes up a new share when the members changed: `on_revoke(queues)` runs
+        with the (topic, queue) pairs given up, before they go (commit what you have
+        processed of them there: the next owner starts at the committed offset), then
+        `on_assign(queues)` with those gained. Callbacks may be async; plain ones run in
+        a worker thread, so a blocking client's own calls work inside them. Replaces an
+        earlier subscription."""
+        if self._assigned:
+            raise ValueError("this consumer assigned queues itself: unassign() them "
+                             "before subscribing")
+        if isinstance(topics, str):
+            raise ValueError(f"topics is a list of topics or a mapping topic -> tags, not "
+                             f"the string {topics!r}")
+        wanted: dict[str, list[str] | None] = (
+            {t: parse_tags(v) for t, v in topics.items()} if isinstance(topics, Mapping)
+            else dict.fromkeys(topics))
+        if not wanted:
+            raise ValueError("subscribe to at least one topic")
+        for t in wanted:
+            validate_topic_name(t)
+        self._subscribed = wanted
+        self._on_assign, self._on_revoke = on_assign, on_revoke
+        self._shared_at = -math.inf  # share at the next poll
+        self._watch()
+        if self._tg is not None:  # known to the others now, not at the next beat
+            self._tg.start_soon(self._heartbeat, int(self.heartbeat_interval * 3000))
+
+    async def unsubscribe(self) -> None:
+        """Give up the group's share: `on_revoke` with every queue owned, then this
+        consumer leaves the group's sharing (it stays visible, with nothing assigned)."""
+        owned, self._owned = self._owned, []
+        if owned:
+            await _call_back(self._on_revoke, owned)
+        for key in owned:
+            self._positions.pop(key, None)
+        self._subscribed = {}
+        if self._routes is not None and not self._closed:
+            await self._heartbeat(int(self.heartbeat_interval * 3000))
+
+    async def _share(self) -> None:
+        """Take up the group's current share of the subscribed topics' queues (see
+        `subscribe`); a topic without a route keeps the queues owned of it."""
+        clients = await self.clients()
+        desired: set[tuple[str, int]] = set()
+        known: set[str] = set()
+        for topic in sorted(self._subscribed):
+            try:
+                route = await self.routes.route(topic)
+            except RequestError as exc:
+                log.warning("%s: no route for %s (%s)", self.client_id, topic, exc)
+                continue
+            known.add(topic)
+            mine = self._allocate(list(range(route.total)), clients, self.client_id)
+            desired.update((topic, q) for q in mine)
+        desired.update(k for k in self._owned if k[0] not in known)
+        with anyio.CancelScope(shield=True):  # all of a new share, or none of it
+            lost = sorted(set(self._owned) - desired)
+            gained = sorted(desired - set(self._owned))
+            if lost or gained:
+                log.info("%s: new share among %d clients: -%s +%s", self.client_id,
+                         len(clients), lost, gained)
+            if lost:
+                await _call_back(self._on_revoke, lost)
+                for key in lost:
+                    self._positions.pop(key, None)
+                    self.unreadable.pop(key, None)
+                    self._silent.pop(key, None)
+            self._owned = sorted(desired)
+            if gained:
+                await _call_back(self._on_assign, gained)
+
     async def assignment(self) -> list[tuple[str, int]]:
-        """The (topic, queue) pairs `poll` reads, with "all queues" resolved by route."""
+        """The (topic, queue) pairs `poll` reads, with "all queues" resolved by route
+        (subscribed: the group's share, as of the last `poll`)."""
+        if self._subscribed:
+            return list(self._owned)
         out: list[tuple[str, int]] = []
         for topic, (queues, _tags) in sorted(self._assigned.items()):
             if queues is None:
@@ -672,6 +886,8 @@ class PullConsumer(_ClientBase):
         selected = parse_tags(tags)
         if tags is None and topic in self._assigned:
             selected = self._assigned[topic][1]
+        elif tags is None and topic in self._subscribed:
+            selected = self._subscribed[topic]
         wait = self.wait_ms if wait_ms is None else wait_ms
         for _ in range(3):
             try:
@@ -701,8 +917,8 @@ class PullConsumer(_ClientBase):
         listed in `unreadable` until a poll reads it (one not answering for less long is
         in `silent()`); other errors are raised when no queue returned anything.
         """
-        if not self._assigned:
-            raise RuntimeError("assign() a topic before polling")
+        if not self._assigned and not self._subscribed:
+            raise RuntimeError("assign() or subscribe() to a topic before polling")
         if max_messages < 1:
             raise ValueError("max_messages must be >= 1")
         if timeout < 0:
@@ -710,6 +926,16 @@ class PullConsumer(_ClientBase):
         deadline = clock() + (timeout if timeout > 0 else self.timeout)
         targets: list[tuple[str, int]] = []
         with anyio.move_on_after(deadline - clock()):
+            if self._subscribed and (self._members_changed.is_set()
+                                     or clock() - self._shared_at >= self.rebalance_interval):
+                self._members_changed = anyio.Event()
+                self._shared_at = clock()
+                try:
+                    await self._share()
+                except RequestError as exc:
+                    log.warning("%s: sharing the group's queues failed: %s",
+                                self.client_id, exc)
+                    self._shared_at = -math.inf
             targets = [k for k in await self.assignment() if not self._is_paused(k)]
         if not targets:  # everything paused: wait as a poll with nothing to read does
             if timeout > 0:
@@ -870,7 +1096,7 @@ class _Work:
         return {m.key for m in self.messages if m.key}
 
 
-class PushConsumer(_ClientBase):
+class PushConsumer(_GroupClient):
     """Calls `handler` for every message of `topics`; use `async with` or `await run()`.
 
     The handler receives a list of messages (at most `consume_batch`, default 1) and
@@ -947,12 +1173,7 @@ class PushConsumer(_ClientBase):
             validate_topic_name(t)
         if mode not in ("clustering", "broadcast"):
             raise ValueError("mode is 'clustering' or 'broadcast'")
-        if callable(strategy):
-            self._allocate = strategy
-        elif strategy in STRATEGIES:
-            self._allocate = STRATEGIES[strategy]
-        else:
-            raise ValueError(f"unknown strategy {strategy!r}: 'average' or 'round_robin'")
+        self._allocate = _strategy(strategy)
         if start_from not in ("first", "last"):
             raise ValueError("start_from is 'first' or 'last'")
         if min(pull_batch, per_queue_threshold, consume_batch, consume_concurrency) < 1:
@@ -977,7 +1198,6 @@ class PushConsumer(_ClientBase):
         self._states: dict[tuple[str, int], _QueueState] = {}
         self._local_offsets: dict[tuple[str, int], int] = {}
         self._rebalance_lock: anyio.Lock | None = None
-        self._members_changed: anyio.Event | _NeverSet = _NeverSet()  # an Event once running
         self._work_send: MemoryObjectSendStream[_Work] | None = None
         self._control: anyio.CancelScope | None = None
         self._limiter: anyio.CapacityLimiter | None = None
@@ -1088,45 +1308,6 @@ class PushConsumer(_ClientBase):
             with anyio.move_on_after(self.rebalance_interval):
                 await self._members_changed.wait()
 
-    async def _watch_members(self, tg: anyio.abc.TaskGroup) -> None:
-        """Keep one `_watch_node` per node of the cluster (nodes added later too)."""
-        watched: set[str] = set()
-        while True:
-            try:
-                for addr in node_addresses(await self.routes.cluster()):
-                    if addr not in watched:
-                        watched.add(addr)
-                        tg.start_soon(self._watch_node, addr)
-            except RequestError as exc:
-                log.debug("%s: no cluster view to watch (%s)", self.client_id, exc)
-            await anyio.sleep(self.rebalance_interval)
-
-    async def _watch_node(self, addr: str) -> None:
-        """Hold a CONSUMERS request at `addr` that the node answers when the group's
-        members differ from what this client saw there (a join, a leave, an expiry):
-        the rebalance follows at once, instead of at the next `rebalance_interval`."""
-        known: list[str] | None = None
-        failures = 0
-        while True:
-            asked = anyio.current_time()
-            try:
-                frame = await self.routes.pool.request(
-                    addr, Op.CONSUMERS,
-                    {"cg": self.group, "known": known or [], "wait_ms": MEMBERS_WAIT_MS},
-                    timeout=self.timeout + MEMBERS_WAIT_MS / 1000)
-            except RequestError as exc:
-                failures += 1
-                log.debug("%s: watching members at %s: %s", self.client_id, addr, exc)
-                await anyio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
-                continue
-            failures = 0
-            members = [str(c) for c in frame.header.get("clients") or []]
-            if known is not None and members != known:
-                self._members_changed.set()
-            elif known is not None and anyio.current_time() - asked < MEMBERS_WAIT_MS / 10_000:
-                await anyio.sleep(1.0)  # answered at once with nothing new: do not spin
-            known = members
-
     async def _every(
         self, period: float, fn: Callable[[], Awaitable[Any]], immediately: bool = False
     ) -> None:
@@ -1145,27 +1326,6 @@ class PushConsumer(_ClientBase):
         await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
                                       "topics": sorted(self.topics), "ttl_ms": ttl_ms},
                         self.timeout)
-
-    async def clients(self) -> list[str]:
-        """The group's live consumers: the union of what every reachable node has seen,
-        plus this one (its heartbeat may not have arrived everywhere yet)."""
-        cluster = await self.routes.cluster()
-        seen: set[str] = {self.client_id}
-        pool = self.routes.pool
-
-        async def one(addr: str) -> None:
-            try:
-                frame = await pool.request(addr, Op.CONSUMERS, {"cg": self.group},
-                                           timeout=self.timeout)
-            except RequestError as exc:
-                log.debug("CONSUMERS from %s failed: %s", addr, exc)
-                return
-            seen.update(str(c) for c in frame.header.get("clients") or [])
-
-        async with anyio.create_task_group() as tg:
-            for addr in node_addresses(cluster):
-                tg.start_soon(one, addr)
-        return sorted(seen)
 
     async def rebalance(self) -> None:
         """Recompute this consumer's queues now; release lost ones before taking new ones
@@ -1424,6 +1584,9 @@ class _NeverSet:
 
     def set(self) -> None:
         pass
+
+    def is_set(self) -> bool:
+        return False
 
 
 def _is_async_callable(fn: Any) -> bool:
