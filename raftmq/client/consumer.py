@@ -505,6 +505,7 @@ class _GroupClient(_ClientBase):
     group: str
     client_id: str
     rebalance_interval: float
+    _allocate: Callable[..., list[Any]]
 
     def __init__(
         self, namesrv: Sequence[str] | str, pool: ConnectionPool | None, timeout: float
@@ -550,6 +551,26 @@ class _GroupClient(_ClientBase):
             elif known is not None and anyio.current_time() - asked < MEMBERS_WAIT_MS / 10_000:
                 await anyio.sleep(1.0)  # answered at once with nothing new: do not spin
             known = members
+
+    async def _desired(
+        self, topics: Iterable[str], clients: list[str], *, share: bool = True
+    ) -> tuple[set[tuple[str, int]], set[str]]:
+        """This member's share of `topics`' queues among `clients` (every queue without
+        `share`: broadcast), and the topics whose route was known: a topic without one
+        says nothing of the queues held of it."""
+        desired: set[tuple[str, int]] = set()
+        known: set[str] = set()
+        for topic in sorted(topics):
+            try:
+                route = await self.routes.route(topic)
+            except RequestError as exc:
+                log.warning("%s: no route for %s (%s)", self.client_id, topic, exc)
+                continue
+            known.add(topic)
+            queues = list(range(route.total))
+            mine = self._allocate(queues, clients, self.client_id) if share else queues
+            desired.update((topic, q) for q in mine)
+        return desired, known
 
     async def clients(self) -> list[str]:
         """The group's live consumers: the union of what every reachable node has seen,
@@ -787,17 +808,7 @@ class PullConsumer(_GroupClient):
         """Take up the group's current share of the subscribed topics' queues (see
         `subscribe`); a topic without a route keeps the queues owned of it."""
         clients = await self.clients()
-        desired: set[tuple[str, int]] = set()
-        known: set[str] = set()
-        for topic in sorted(self._subscribed):
-            try:
-                route = await self.routes.route(topic)
-            except RequestError as exc:
-                log.warning("%s: no route for %s (%s)", self.client_id, topic, exc)
-                continue
-            known.add(topic)
-            mine = self._allocate(list(range(route.total)), clients, self.client_id)
-            desired.update((topic, q) for q in mine)
+        desired, known = await self._desired(self._subscribed, clients)
         desired.update(k for k in self._owned if k[0] not in known)
         with anyio.CancelScope(shield=True):  # all of a new share, or none of it
             lost = sorted(set(self._owned) - desired)
@@ -1333,20 +1344,7 @@ class PushConsumer(_GroupClient):
         assert self._rebalance_lock is not None
         async with self._rebalance_lock:
             clients = await self.clients() if self.clustering else [self.client_id]
-            desired: set[tuple[str, int]] = set()
-            known: set[str] = set()
-            for topic in sorted(self.topics):
-                try:
-                    route = await self.routes.route(topic)
-                except RequestError as exc:
-                    log.warning("%s: no route for %s (%s)", self.client_id, topic, exc)
-                    continue
-                known.add(topic)
-                queues = list(range(route.total))
-                mine = queues if not self.clustering else self._allocate(
-                    queues, clients, self.client_id
-                )
-                desired.update((topic, q) for q in mine)
+            desired, known = await self._desired(self.topics, clients, share=self.clustering)
             current = set(self._states)
             lost = {k for k in current - desired if k[0] in known}
             gained = sorted(desired - current)
