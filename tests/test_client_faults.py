@@ -231,6 +231,34 @@ def test_timeouts_bound_their_calls_with_every_node_paused(cluster: LocalCluster
                 cluster.resume(node)
 
 
+def test_admin_calls_are_bounded_by_call_timeout_with_every_node_paused(
+        cluster: LocalCluster) -> None:
+    """With every node paused, Admin calls went on for 12-30 s (retries, the leader
+    wait, create_topic's wait for routes) whatever the caller wanted. `call_timeout`
+    bounds each whole call: a read is then unavailable, a change of unknown outcome."""
+
+    async def main() -> None:
+        async with Admin(cluster.namesrv_addr, call_timeout=2.0) as admin:
+            await admin.describe_topic(TOPIC)  # routes known, connections open
+            for node in cluster.node_ids:
+                cluster.pause(node)
+            try:
+                for call, error in (
+                        (lambda: admin.describe_topic(TOPIC), UnavailableError),
+                        (lambda: admin.consumer_lag("paused-admin", TOPIC), UnavailableError),
+                        (lambda: admin.create_topic("admin-bound", 3), OutcomeUnknownError),
+                        (lambda: admin.delete_group("paused-admin"), OutcomeUnknownError)):
+                    start = time.monotonic()
+                    with pytest.raises(error, match="call_timeout"):
+                        await call()
+                    assert time.monotonic() - start < bound(2.0)
+            finally:
+                for node in cluster.node_ids:
+                    cluster.resume(node)
+
+    anyio.run(main)
+
+
 def test_closing_a_push_consumer_abandons_a_stuck_plain_handler(cluster: LocalCluster) -> None:
     """§ issue 28.10: close waited for a plain handler stuck in its thread, whatever
     `shutdown_timeout` said. Now it waits `shutdown_timeout` for it, then abandons the

@@ -8,9 +8,10 @@ clients can route to it, so `create_topic` waits for that by default.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 
@@ -19,8 +20,23 @@ from broker.records import Message, decode_record, iter_records, message_id, par
 from transport.connection import ConnectionPool, is_retriable
 
 from . import membership
-from .consumer import _ClientBase, commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
-from .errors import IncompleteError, TransactionError, give_up, may_have_applied
+from .consumer import (
+    CALL_TIMEOUT,
+    _ClientBase,
+    commit_offsets,
+    decode_fetch,
+    fetch,
+    query_offset,
+    queue_bounds,
+)
+from .errors import (
+    IncompleteError,
+    OutcomeUnknownError,
+    TransactionError,
+    UnavailableError,
+    give_up,
+    may_have_applied,
+)
 from .membership import GroupMembers
 from .routes import LEADER_WAIT, TopicRoute, backoff_delay, node_addresses
 
@@ -91,18 +107,55 @@ def place_queues(total: int, groups: Sequence[str]) -> dict[str, list[int]]:
     return placement
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _bounded(write: bool) -> Callable[
+        [Callable[Concatenate[Admin, _P], Awaitable[_R]]],
+        Callable[Concatenate[Admin, _P], Awaitable[_R]]]:
+    """Bound a whole Admin call, retries and waits included, by the Admin's
+    `call_timeout`: past it a read raises `UnavailableError`, a change
+    `OutcomeUnknownError` (a request may have been out: look before repeating it)."""
+    def wrap(fn: Callable[Concatenate[Admin, _P], Awaitable[_R]]
+             ) -> Callable[Concatenate[Admin, _P], Awaitable[_R]]:
+        @functools.wraps(fn)
+        async def bounded(self: Admin, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            with anyio.move_on_after(self.call_timeout):
+                return await fn(self, *args, **kwargs)
+            what = (f"{fn.__name__}: not finished within the Admin's call_timeout "
+                    f"({self.call_timeout:.3g} s)")
+            if write:
+                raise OutcomeUnknownError(f"{what}; it may have been applied: check before "
+                                          "doing it again")
+            raise UnavailableError(what)
+        return bounded
+    return wrap
+
+
 class Admin(_ClientBase):
-    """Administrative requests; use as `async with Admin(namesrv) as admin:`."""
+    """Administrative requests; use as `async with Admin(namesrv) as admin:`.
+
+    `timeout` bounds each request; `call_timeout` each whole call, retries during an
+    election and waits (`create_topic`'s `wait`) included: past it a read raises
+    `UnavailableError`, a change `OutcomeUnknownError`. Membership changes
+    (`add_replica`, `remove_replica`, `replace_replica`) and `group_members` are bounded
+    by their own `catch_up_timeout` and `wait` instead: a catch-up may take minutes."""
 
     def __init__(
         self,
         namesrv: Sequence[str] | str,
         *,
         timeout: float = 3.0,
+        call_timeout: float = CALL_TIMEOUT,
         pool: ConnectionPool | None = None,
     ) -> None:
+        if not call_timeout > 0:
+            raise ValueError("call_timeout must be > 0")
         super().__init__(namesrv, pool, timeout)
+        self.call_timeout = call_timeout
 
+    @_bounded(write=True)
     async def create_topic(
         self,
         topic: str,
@@ -205,6 +258,7 @@ class Admin(_ClientBase):
             f"after {wait:g} s ({last})",
         )
 
+    @_bounded(write=False)
     async def describe_topic(self, topic: str) -> TopicInfo:
         """The route of a topic with each queue's min and end offset (None when its
         leader cannot be reached)."""
@@ -229,6 +283,7 @@ class Admin(_ClientBase):
         return TopicInfo(topic, route.total, [infos[q] for q in sorted(infos)],
                          dict(route.replicas))
 
+    @_bounded(write=False)
     async def list_topics(self) -> dict[str, dict[str, Any]]:
         """{topic: {"queues": total, "hosted": {group: [queues]}}}, merged from the TOPICS
         answer of every reachable node (fresher than the name servers' registrations)."""
@@ -262,17 +317,20 @@ class Admin(_ClientBase):
                     merge(str(name), info)
         return dict(sorted(merged.items()))
 
+    @_bounded(write=False)
     async def describe_cluster(self, *, topics: bool = True) -> dict[str, Any]:
         """The CLUSTER answer: nodes (addr, metrics, age) and groups (leader, term,
         replicas, topic_count, commit/applied, members, and with `topics` every topic).
         `topics=False` keeps the answer small when there are many topics."""
         return await self.routes.cluster(topics=topics)
 
+    @_bounded(write=False)
     async def node_status(self, addr: str) -> dict[str, Any]:
         """One node's STATUS answer."""
         frame = await self.routes.pool.request(addr, Op.STATUS, {}, timeout=self.timeout)
         return _fields(frame)
 
+    @_bounded(write=False)
     async def consumers(self, group: str) -> list[str]:
         """The consumer group's live clients, pull consumers (manual assignment)
         included: the union over every reachable node."""
@@ -293,10 +351,12 @@ class Admin(_ClientBase):
                 tg.start_soon(one, addr)
         return sorted(seen)
 
+    @_bounded(write=False)
     async def committed_offset(self, group: str, topic: str, queue: int) -> int:
         """A consumer group's committed offset of one queue (-1 when none)."""
         return await query_offset(self.routes, group, topic, queue)
 
+    @_bounded(write=False)
     async def get_message(self, msg_id: str) -> Message:
         """The message with id `msg_id` (ids name their group, so one request answers),
         or RequestError NOT_FOUND."""
@@ -308,6 +368,7 @@ class Admin(_ClientBase):
             raise RequestError(Code.MALFORMED, f"GET_MESSAGE answered {len(msgs)} messages")
         return msgs[0]
 
+    @_bounded(write=False)
     async def query_key(self, topic: str, key: str, *, max_per_group: int = 32) -> list[Message]:
         """The newest messages with `key` in `topic` (RocketMQ's key index), oldest first
         per queue; every group hosting the topic is asked at its leader."""
@@ -340,6 +401,7 @@ class Admin(_ClientBase):
             raise errors[0]
         return sorted(found, key=lambda m: (m.queue, m.offset))
 
+    @_bounded(write=False)
     async def consumer_lag(self, group: str, topic: str) -> dict[int, QueueLag]:
         """Per queue: committed offset, bounds and how many retained messages are left."""
         route = await self.routes.route(topic)
@@ -364,6 +426,7 @@ class Admin(_ClientBase):
 
     # ------------------------------------------------------------ topic changes
 
+    @_bounded(write=True)
     async def delete_topic(self, topic: str, *, wait: float = 10.0) -> list[str]:
         """Delete `topic` in every group hosting it (its messages become unreachable, its
         consumer offsets and key index go); returns those groups. Waits up to `wait` s
@@ -393,6 +456,7 @@ class Admin(_ClientBase):
                 await anyio.sleep(backoff_delay(attempt, base=0.05, cap=0.5))
         return groups
 
+    @_bounded(write=True)
     async def add_queues(self, topic: str, queues: int, *, wait: float = 10.0
                          ) -> dict[str, list[int]]:
         """Grow `topic` to `queues` queues in total; the new ones are placed over every
@@ -429,6 +493,7 @@ class Admin(_ClientBase):
 
     # ------------------------------------------------------------ consumer groups
 
+    @_bounded(write=False)
     async def group_offsets(self, group: str | None = None) -> dict[str, dict[tuple[str, int], int]]:
         """Committed offsets by consumer group: {cg: {(topic, queue): offset}}, from the
         leader of every broker group (one OFFSETS request per node).
@@ -466,6 +531,7 @@ class Admin(_ClientBase):
                 f"they hold are not included{why}", unreadable=missing, partial=result)
         return result
 
+    @_bounded(write=False)
     async def describe_group(self, group: str) -> tuple[list[str], list[GroupQueue]]:
         """(live members, each queue the group committed on with bounds and lag).
 
@@ -512,6 +578,7 @@ class Admin(_ClientBase):
                 Code.BUSY, f"consumer group {group!r} has {len(members)} live member(s) "
                 f"({', '.join(members)}): stop them first")
 
+    @_bounded(write=True)
     async def reset_offsets(
         self, group: str, topic: str, to: str | int, *, dry_run: bool = False,
     ) -> dict[int, tuple[int, int]]:
@@ -577,6 +644,7 @@ class Admin(_ClientBase):
                 a = max(mid, m.offset) + 1
         return a
 
+    @_bounded(write=True)
     async def delete_group(self, group: str) -> int:
         """Forget every offset `group` committed, in every broker group; only while it has
         no live members. Returns how many offsets were deleted."""
@@ -592,6 +660,7 @@ class Admin(_ClientBase):
 
     # ------------------------------------------------------------ transactions
 
+    @_bounded(write=False)
     async def tx_list(self, id: str | None = None, *, group: str | None = None,
                       limit: int = 1000) -> dict[str, list[dict[str, Any]]]:
         """What the cluster knows of transactions, from the leader of every group (one
@@ -659,6 +728,7 @@ class Admin(_ClientBase):
                 f"transactions are not included{why}", unreadable=missing, partial=out)
         return out
 
+    @_bounded(write=False)
     async def tx_show(self, id: str) -> dict[str, list[dict[str, Any]]]:
         """Every row `tx_list` has about one transactional id or half message txid;
         TX_UNKNOWN when no group knows it (never seen, or forgotten long ago)."""
@@ -672,12 +742,14 @@ class Admin(_ClientBase):
                                    "(never seen, or decided long ago and forgotten)")
         return rows
 
+    @_bounded(write=True)
     async def tx_commit(self, txid: str) -> bool:
         """Deliver a half message no producer decided (the operator's decision).
         True if it was committed already; TX_DECIDED if rolled back, TX_UNKNOWN if no
         group knows it."""
         return await self._end_half(txid, True)
 
+    @_bounded(write=True)
     async def tx_rollback(self, txid: str) -> bool:
         """Drop a half message no producer decided. True if it was rolled back already;
         TX_DECIDED if it was committed, TX_UNKNOWN if no group knows it."""
@@ -697,6 +769,7 @@ class Admin(_ClientBase):
         frame = await self.routes.call_group(groups[0], Op.HALF_END, header, write=True)
         return bool(frame.header.get("dup", False))
 
+    @_bounded(write=True)
     async def transfer_leader(self, group: str, to: int, *, prefer: bool = True) -> None:
         """Move `group`'s leadership to node `to`, a voter of it. With `prefer` (the
         default) `to` becomes the group's preferred leader, through the log, so the move
