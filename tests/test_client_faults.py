@@ -231,7 +231,7 @@ def test_timeouts_bound_their_calls_with_every_node_paused(cluster: LocalCluster
                 cluster.resume(node)
 
 
-def test_admin_calls_are_bounded_by_call_timeout_with_every_node_paused(
+def test_admin_and_transaction_calls_are_bounded_with_every_node_paused(
         cluster: LocalCluster) -> None:
     """With every node paused, Admin calls went on for 12-30 s (retries, the leader
     wait, create_topic's wait for routes) whatever the caller wanted. `call_timeout`
@@ -252,6 +252,13 @@ def test_admin_calls_are_bounded_by_call_timeout_with_every_node_paused(
                     with pytest.raises(error, match="call_timeout"):
                         await call()
                     assert time.monotonic() - start < bound(2.0)
+                # a transactional producer's coordinator calls: within delivery_timeout
+                start = time.monotonic()
+                with pytest.raises(OutcomeUnknownError, match="TX_INIT"):
+                    async with Producer(cluster.namesrv_addr, transactional_id="paused-tx",
+                                        delivery_timeout=2.0) as tx_producer:
+                        await tx_producer.begin()  # TX_INIT, at the first transaction
+                assert time.monotonic() - start < bound(2.0)
             finally:
                 for node in cluster.node_ids:
                     cluster.resume(node)

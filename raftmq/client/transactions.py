@@ -60,7 +60,7 @@ from .producer import (
     make_message,
     new_producer_id,
 )
-from .routes import TopicRoute, backoff_delay, node_addresses
+from .routes import TopicRoute, backoff_delay, clock, node_addresses
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
@@ -238,8 +238,11 @@ class TransactionalSends:
 
     async def call(self, op: Op, fields: Mapping[str, Any], *, write: bool = True) -> Frame:
         """A request to the coordinator; when the group asked says it is not the
-        coordinator (the cluster's groups changed), once more to the one it names."""
+        coordinator (the cluster's groups changed), once more to the one it names. The
+        producer's `delivery_timeout` bounds the whole call, retries and waits included
+        (past it: `OutcomeUnknownError` for a change, `UnavailableError` for a read)."""
         routes = self.producer._check_open()
+        deadline = clock() + self.producer.delivery_timeout
         g = await self.coordinator()
         redirected = False
         busy_until = time.monotonic() + BUSY_PATIENCE
@@ -247,7 +250,7 @@ class TransactionalSends:
             try:
                 return await routes.call_group(g, op, {"g": g, "tid": self.tid, **fields},
                                                write=write, timeout=self.producer.send_timeout,
-                                               attempts=TX_ATTEMPTS)
+                                               attempts=TX_ATTEMPTS, deadline=deadline)
             except RequestError as exc:
                 if exc.code == Code.NOT_COORDINATOR and not redirected:
                     redirected = True
