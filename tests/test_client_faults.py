@@ -252,6 +252,16 @@ def test_admin_and_transaction_calls_are_bounded_with_every_node_paused(
                     with pytest.raises(error, match="call_timeout"):
                         await call()
                     assert time.monotonic() - start < bound(2.0)
+                # send_async's hand-over: a send waiting for room gives up in time too
+                async with Producer(cluster.namesrv_addr, delivery_timeout=2.0,
+                                    max_pending=1) as tight:
+                    held = await tight.send_async(TOPIC, b"holds the one slot", queue=0)
+                    start = time.monotonic()
+                    with pytest.raises(UnavailableError, match="not handed over"):
+                        await tight.send_async(TOPIC, b"no room", queue=0)
+                    assert time.monotonic() - start < bound(2.0)
+                    with pytest.raises(OutcomeUnknownError):
+                        await held
                 # a transactional producer's coordinator calls: within delivery_timeout
                 start = time.monotonic()
                 with pytest.raises(OutcomeUnknownError, match="TX_INIT"):

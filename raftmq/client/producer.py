@@ -780,16 +780,19 @@ class Producer(StartClose):
         """Hand the message over and return at once with a future of its `SendResult`.
 
         Waits only to learn the route (first use of a topic) or when `max_pending` sends
-        are already outstanding. Bad messages, names and unknown topics raise here.
+        are already outstanding, for `delivery_timeout` at most (then `UnavailableError`:
+        nothing was sent). Bad messages, names and unknown topics raise here.
         """
         if self._txn is not None:
             self._not_transactional()
         fut: SendFuture[SendResult] = SendFuture()
         if callback is not None:
             fut.add_done_callback(callback)
-        await self._send_one(topic, as_payload(message, key=key, tags=tags,
-                                               properties=properties), queue, fut)
-        return fut
+        with anyio.move_on_after(self.delivery_timeout):
+            await self._send_one(topic, as_payload(message, key=key, tags=tags,
+                                                   properties=properties), queue, fut)
+            return fut
+        raise self._expired(topic, handed_over=False)
 
     async def _send_one(self, topic: str, msg: Payload, queue: int | None,
                         fut: SendFuture[SendResult], *,
