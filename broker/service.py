@@ -183,6 +183,12 @@ class BrokerHost(Protocol):
     def status(self, caller: Caller | None = None) -> dict[str, Any]: ...
 
 
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception in `group` that is not itself a group."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 class BrokerService:
     """Dispatches client requests for one node."""
 
@@ -315,9 +321,17 @@ class BrokerService:
             raise NotLeader(hint)
         for g in led:
             g.check_ready()
-        async with trio.open_nursery() as nursery:
-            for g in led:
-                nursery.start_soon(g.read_barrier)
+        try:
+            async with trio.open_nursery() as nursery:
+                for g in led:
+                    nursery.start_soon(g.read_barrier)
+        except BaseExceptionGroup as group:
+            # a barrier refused (leadership lost, a full disk) is the request's refusal,
+            # as one group's would be; anything else stays the error it is
+            lost, rest = group.split(NotLeader)
+            if lost is None or rest is not None:
+                raise
+            raise _first_leaf(lost) from None
 
     def _hosted(self, topic: str, queue: int) -> GroupRuntime:
         """The group on this node that hosts (topic, queue), by the state applied so far."""

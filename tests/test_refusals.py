@@ -64,3 +64,41 @@ def test_a_leader_not_ready_yet_names_itself_and_says_so() -> None:
     assert err.code == Code.NOT_LEADER and "not ready" in err.message
     assert err.extra == {"leader": "127.0.0.1:9002", "term": 9, "ready": False}
     assert err.retriable and _definite_refusal(err)
+
+
+class _Led:
+    """A group this node leads whose read barrier fails with `exc` (or succeeds)."""
+
+    def __init__(self, exc: BaseException | None) -> None:
+        self.is_leader, self.leader, self.exc = True, 1, exc
+
+    def check_ready(self) -> None:
+        pass
+
+    async def read_barrier(self) -> None:
+        if self.exc is not None:
+            raise self.exc
+
+
+def test_a_barrier_refused_while_confirming_leadership_is_the_requests_refusal() -> None:
+    """A FETCH of a topic this node does not know yet confirms every group it leads
+    (ReadIndex, together). A full disk or a lost leadership there reached the client as
+    an internal error (the nursery's exception group), logged as a failed request; it is
+    the refusal it would be for one group."""
+    import types
+
+    import trio
+
+    from broker.service import BrokerService
+
+    def confirm(*groups: _Led) -> None:
+        host = types.SimpleNamespace(groups={f"g{i}": g for i, g in enumerate(groups)})
+        trio.run(BrokerService._confirm_led, host)  # type: ignore[arg-type]
+
+    confirm(_Led(None), _Led(None))
+    with pytest.raises(DiskFull):
+        confirm(_Led(None), _Led(DiskFull("g1")))
+    with pytest.raises(NotLeader):
+        confirm(_Led(NotLeader(2)), _Led(DiskFull("g1")))
+    with pytest.raises(BaseExceptionGroup):  # anything else stays what it is
+        confirm(_Led(ValueError("a bug")), _Led(None))
