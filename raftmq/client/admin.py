@@ -138,9 +138,10 @@ class Admin(_ClientBase):
 
     `timeout` bounds each request; `call_timeout` each whole call, retries during an
     election and waits (`create_topic`'s `wait`) included: past it a read raises
-    `UnavailableError`, a change `OutcomeUnknownError`. Membership changes
-    (`add_replica`, `remove_replica`, `replace_replica`) and `group_members` are bounded
-    by their own `catch_up_timeout` and `wait` instead: a catch-up may take minutes."""
+    `UnavailableError`, a change `OutcomeUnknownError`. Leadership and membership changes
+    (`transfer_leader`, `add_replica`, `remove_replica`, `replace_replica`) and
+    `group_members` are bounded by their own waits instead (`membership.LEADER_WAIT`,
+    `catch_up_timeout`, `wait`): a catch-up may take minutes."""
 
     def __init__(
         self,
@@ -769,7 +770,6 @@ class Admin(_ClientBase):
         frame = await self.routes.call_group(groups[0], Op.HALF_END, header, write=True)
         return bool(frame.header.get("dup", False))
 
-    @_bounded(write=True)
     async def transfer_leader(self, group: str, to: int, *, prefer: bool = True) -> None:
         """Move `group`'s leadership to node `to`, a voter of it. With `prefer` (the
         default) `to` becomes the group's preferred leader, through the log, so the move
