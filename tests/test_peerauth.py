@@ -105,3 +105,18 @@ def test_a_certificate_names_a_node_by_its_common_name(subject: object, node: in
 
     assert certificate_node({"subject": subject}) == node
     assert certificate_node(None) is None and node_certificate_name(5) == "raftmq-n5"
+
+
+@pytest.mark.parametrize("alt, node", [
+    ((("DNS", "raftmq-n3"), ("DNS", "host3.example")), 3),  # a SAN names it
+    ((("DNS", "raftmq-n2"),), 2),  # agrees with the common name
+    ((("DNS", "raftmq-n4"),), None),  # disagrees: names no node
+    ((("IP Address", "127.0.0.1"),), 2),  # other SAN kinds say nothing
+    ((("URI", "raftmq-n4"),), 2),
+])
+def test_a_certificate_may_name_its_node_in_a_dns_subject_alternative_name(
+        alt: object, node: int | None) -> None:
+    from transport.peerauth import certificate_node
+
+    subject = ((("commonName", "raftmq-n2"),),) if node != 3 else ((("commonName", "h"),),)
+    assert certificate_node({"subject": subject, "subjectAltName": alt}) == node

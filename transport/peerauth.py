@@ -103,22 +103,34 @@ def node_certificate_name(node: int) -> str:
 
 def certificate_node(cert: Mapping[str, object] | None) -> int | None:
     """The node id a verified peer certificate (`ssl.SSLSocket.getpeercert()`'s form)
-    names in its subject's common name, or None when it names no node (a name server's,
-    a client's, or none at all). Several common names naming different nodes name none."""
+    names, in its subject's common name or a DNS subject alternative name
+    (`raftmq-n<id>`, as certificates issued for hosts carry their names in SANs); None
+    when it names no node (a name server's, a client's, or none at all). Names that
+    name different nodes name none."""
     if not cert:
         return None
-    found: set[int] = set()
+    names: list[object] = []
     subject = cert.get("subject", ())
     for rdn in subject if isinstance(subject, tuple) else ():
         for attr in rdn if isinstance(rdn, tuple) else ():
-            if not (isinstance(attr, tuple) and len(attr) == 2 and attr[0] == "commonName"):
-                continue
-            value = attr[1]
-            digits = value[len(_NAME_PREFIX):] if isinstance(value, str) else ""
-            if (isinstance(value, str) and value.startswith(_NAME_PREFIX) and digits.isdigit()
-                    and digits.isascii() and not (len(digits) > 1 and digits[0] == "0")):
-                found.add(int(digits))
+            if isinstance(attr, tuple) and len(attr) == 2 and attr[0] == "commonName":
+                names.append(attr[1])
+    alt = cert.get("subjectAltName", ())
+    for entry in alt if isinstance(alt, tuple) else ():
+        if isinstance(entry, tuple) and len(entry) == 2 and entry[0] == "DNS":
+            names.append(entry[1])
+    found = {n for n in map(_node_of_name, names) if n is not None}
     return found.pop() if len(found) == 1 else None
+
+
+def _node_of_name(value: object) -> int | None:
+    """The id in a name `raftmq-n<id>` (decimal, no leading zero), else None."""
+    if not isinstance(value, str) or not value.startswith(_NAME_PREFIX):
+        return None
+    digits = value[len(_NAME_PREFIX):]
+    if digits.isdigit() and digits.isascii() and not (len(digits) > 1 and digits[0] == "0"):
+        return int(digits)
+    return None
 
 
 def _identity_mismatch(fs: FrameStream, node: int) -> str | None:
