@@ -422,6 +422,17 @@ class Registry:
         return max(regs, key=lambda r: (r.groups[gid].applied, r.groups[gid].term, r.at))
 
     @staticmethod
+    def _topics_view(gid: str, regs: list[Registration], view: Registration) -> Registration:
+        """The member whose topic table to trust: `view` (the leader's) unless another
+        member has applied more of the log. A leader elected a moment ago (after a
+        full restart, say) may not have applied what its predecessor committed yet, and
+        its table then lacks topics that exist; applied entries are committed, so the
+        member that applied most has the newest table."""
+        regs = [r for r in regs if r.groups[gid].synced] or regs
+        best = max(regs, key=lambda r: (r.groups[gid].applied, r.groups[gid].term, r.at))
+        return best if best.groups[gid].applied > view.groups[gid].applied else view
+
+    @staticmethod
     def _replicas(
         gid: str, regs: list[Registration], view: Registration
     ) -> dict[int, str]:
@@ -455,7 +466,7 @@ class Registry:
         for gid, regs in sorted(self._members(now).items()):
             claim = self._claim(gid, regs)
             view = self._view(gid, regs, claim)
-            t = view.groups[gid].topics.get(topic)
+            t = self._topics_view(gid, regs, view).groups[gid].topics.get(topic)
             if t is None:
                 continue
             replicas = self._replicas(gid, regs, view)
@@ -500,7 +511,7 @@ class Registry:
         for gid, regs in sorted(self._members(now).items()):
             claim = self._claim(gid, regs)
             view = self._view(gid, regs, claim)
-            vg = view.groups[gid]
+            vg = self._topics_view(gid, regs, view).groups[gid]
             replicas = self._replicas(gid, regs, view)
             groups[gid] = {
                 "leader": claim.leader,

@@ -121,6 +121,24 @@ def test_routes_span_groups_sorted_by_queue():
     }
 
 
+def test_a_new_leader_that_has_not_applied_its_predecessors_entries_yet_hides_no_topic():
+    """After a full restart the first leader may register before it has applied what
+    was committed (its table then lacks topics): the member that applied most is
+    believed for topics, so a route does not answer UNKNOWN_TOPIC for a topic that
+    exists; once the leader has applied as much, its own table is used again."""
+    r = Registry(expiry=120)
+    register(r, reg(1, {"g0": group("leader", 4, leader=1, topics={}, applied=3)}), now=0)
+    register(r, reg(2, {"g0": group("follower", 4, leader=1, applied=10)}), now=0)
+    route = r.route("orders", now=1)
+    assert route["queues"][0] == [0, "g0", "127.0.0.1:7001"]  # led by the new leader
+    assert r.cluster(now=1)["groups"]["g0"]["topic_count"] == 1
+    # the leader catches up and deletes the topic: its newer table wins again
+    register(r, reg(1, {"g0": group("leader", 4, leader=1, topics={}, applied=12)}), now=2)
+    with pytest.raises(RequestError) as err:
+        r.route("orders", now=3)
+    assert err.value.code == Code.UNKNOWN_TOPIC
+
+
 def test_unknown_topic_is_a_clear_error():
     r = Registry()
     register(r, reg(1, {"g0": group("leader", 1, leader=1)}), now=0)
