@@ -112,6 +112,9 @@ class RaftConfig:
     max_append_bytes: int = 1 << 20
     max_inflight: int = 64
     max_apply_bytes: int = 16 << 20
+    # entries one Ready applies at most: the shell applies them in place, so a backlog of
+    # small entries (a state rebuilt from the log) goes in batches other work runs between
+    max_apply_entries: int = 1024
     check_quorum: bool = True
     pre_vote: bool = True
     preferred_leader: int | None = None
@@ -635,7 +638,8 @@ class RaftNode:
             rd.hard_state = HardState(self.term, self.vote, tuple(self._configs))
             self._hs_dirty = False
         if self.commit > self.applied and not installing:
-            rd.apply = self._entries(self.applied + 1, self.commit + 1, self.cfg.max_apply_bytes)
+            upto = min(self.commit, self.applied + self.cfg.max_apply_entries)
+            rd.apply = self._entries(self.applied + 1, upto + 1, self.cfg.max_apply_bytes)
             if rd.apply:  # else the next one is unreadable: frozen until it is repaired
                 self.applied = rd.apply[-1].index
         if not installing:

@@ -131,8 +131,12 @@ def drain(core: Core, shell: Shell, *, alive: Callable[[], bool] | None = None) 
     return n
 
 
-async def drain_async(core: Core, shell: Shell, offload: Offload) -> int:
-    """`drain` for a shell that offloads blocking work (the trio runtime)."""
+async def drain_async(core: Core, shell: Shell, offload: Offload,
+                      pause: Callable[[], Awaitable[None]] | None = None) -> int:
+    """`drain` for a shell that offloads blocking work (the trio runtime). `pause` runs
+    after each Ready that applied entries: applying runs in place, and a long backlog (a
+    state rebuilt from the log, a follower far behind) must leave the rest of the process
+    (ticks, peers, other groups) turns between its batches."""
     n = 0
     while True:
         rd = core.ready()
@@ -140,4 +144,6 @@ async def drain_async(core: Core, shell: Shell, offload: Offload) -> int:
             break
         await carry_out_async(rd, shell, offload)
         n += 1
+        if rd.apply and pause is not None:
+            await pause()
     return n

@@ -1240,7 +1240,8 @@ class GroupRuntime(Generic[M]):
                 while True:
                     self._hand_over_deferred()
                     # the Ready sequence shared with the simulator
-                    await drain_async(core, shell, self._offload_until_space)
+                    await drain_async(core, shell, self._offload_until_space,
+                                      trio.lowlevel.checkpoint)
                     if not self._deferred:
                         break
             finally:

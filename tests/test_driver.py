@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from raftlog.driver import carry_out, drain
+import trio
+
+from raftlog.driver import carry_out, drain, drain_async
 from raftlog.types import (
     Entry,
     EntryType,
@@ -82,3 +84,21 @@ def test_drain_runs_until_the_core_has_nothing_or_the_shell_died() -> None:
     shell = _Recorder()
     assert drain(core, shell, alive=lambda: not shell.calls) == 1
     assert core.readies  # the rest is left for the next incarnation
+
+
+def test_drain_async_pauses_after_each_ready_that_applied() -> None:
+    """The runtime applies in place, so `drain_async` hands the loop back (`pause`) after
+    every Ready with committed entries: other groups and the peers' messages are served
+    between the batches of a long backlog, not after all of it."""
+    e = Entry(1, 1, EntryType.MESSAGES, b"x")
+    shell = _Recorder()
+    core = _Core([Ready(apply=[e]), Ready(reads=[ReadState(1, 0)]), Ready(apply=[e])])
+
+    async def offload(work: object) -> None:
+        raise AssertionError("nothing blocking here")
+
+    async def pause() -> None:
+        shell.calls.append("pause")
+
+    assert trio.run(drain_async, core, shell, offload, pause) == 3
+    assert shell.calls == ["apply", "pause", "read 1", "apply", "pause"]

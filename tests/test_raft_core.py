@@ -483,3 +483,38 @@ def test_a_preferred_leader_that_cannot_take_over_is_asked_less_and_less_often()
     c.nodes[3].entry_repaired(1)
     c.tick(timeout * 70)  # the longest wait, then a hand-back that succeeds
     assert c.leader().id == 3
+
+
+def test_a_backlog_of_committed_entries_is_applied_in_bounded_batches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica that restarts without a snapshot applies its whole log again: each Ready
+    carries at most `max_apply_entries` of it (the shell applies them in place, and the
+    rest of its process runs between batches), and every entry still arrives, in order."""
+    batches: list[tuple[int, int]] = []
+    apply = _NodeShell.apply_entries
+
+    def counted(self: _NodeShell, entries: list) -> None:
+        batches.append((self.i, len(entries)))
+        apply(self, entries)
+
+    monkeypatch.setattr(_NodeShell, "apply_entries", counted)
+    c = Cluster(3, config=lambda i: RaftConfig(max_apply_entries=4))
+    c.elect()
+    follower = next(i for i in c.nodes if c.nodes[i].role != Role.LEADER)
+    c.isolate(follower)
+    for k in range(30):
+        c.propose(b"m%d" % k)
+    c.heal()
+    batches.clear()
+    c.tick(3)  # the isolated replica catches up on 30 committed entries at once
+    want = [b"m%d" % k for k in range(30)]
+    assert all(c.payloads(i) == want for i in c.nodes)
+    mine = [n for i, n in batches if i == follower]
+    assert sum(mine) >= 30 and max(mine) == 4, mine
+    c.crash(follower)  # and again from its log after a restart
+    c.start(follower)
+    batches.clear()
+    c.tick(3)
+    assert c.payloads(follower) == want
+    mine = [n for i, n in batches if i == follower]
+    assert sum(mine) >= 30 and max(mine) == 4, mine
