@@ -148,8 +148,9 @@ class Op(IntEnum):
     #   unfinished: [[epoch, n, state]...] earlier transactions still writing markers)
     HALF_END = 66  # (g, txid, commit: bool, pg, source?: client|operator) -> (dup): commit
     #   or roll back a half message
-    TX_LIST = 67  # (g?, tx?: a tid or txid, limit?) -> (halves, txns, decided, done, led):
-    #   rows (maps) of the groups this node leads
+    TX_LIST = 67  # (g?, tx?: a tid or txid, limit?) -> (halves, txns, decided, done, led,
+    #   limit, truncated): rows (maps) of the groups this node leads, at most `limit` per
+    #   list and group; `truncated` when the answer's size made the node cut that lower
     TX_CHECK = 68  # node to client, on a producer's connection: (g, txid, topic, queue,
     #   msg_id, pg, checks) -> (state: commit|rollback|unknown)
     PRODUCER_HEARTBEAT = 69  # (pg, client, ttl_ms?) -> (): this connection is a live
@@ -315,7 +316,11 @@ class FrameDecoder:
             raise ProtocolError(
                 Code.FRAME_TOO_LARGE, f"frame of {frame_len} bytes exceeds the limit {self.max_frame}"
             )
-        if header_len > frame_len - 4 or header_len > MAX_HEADER or header_len == 0:
+        if header_len > MAX_HEADER:
+            raise ProtocolError(
+                Code.MALFORMED, f"frame header of {header_len} bytes exceeds the limit {MAX_HEADER}"
+            )
+        if header_len > frame_len - 4 or header_len == 0:
             raise ProtocolError(
                 Code.MALFORMED, f"header length {header_len} does not fit frame length {frame_len}"
             )

@@ -38,6 +38,7 @@ from broker.parts.txcoord import TxCoordinator
 from broker.parts.txpart import MAX_MARKERS, TxParticipant
 from broker.producer_groups import ProducerRegistry
 from broker.protocol import (
+    MAX_HEADER,
     Code,
     Op,
     RequestError,
@@ -76,6 +77,9 @@ _REGISTER_REFUSALS = (Code.TX_FENCED, Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_
                       Code.UNKNOWN_GROUP, Code.MALFORMED)
 DEFAULT_LIST_LIMIT = 1000
 MAX_LIST_LIMIT = 10_000
+# a TX_LIST answer's rows travel in its header, which a reader refuses over MAX_HEADER:
+# past this size the rows of each list are cut to fewer (and the answer says `truncated`)
+LIST_HEADER_BUDGET = MAX_HEADER // 2
 SOURCES = ("client", "operator")  # what a HALF_END request may say it comes from
 UNFINISHED = ("prepare_commit", "prepare_abort")
 
@@ -468,8 +472,7 @@ class TxService:
         limit = _field(h, "limit", int, DEFAULT_LIST_LIMIT)
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise RequestError(Code.MALFORMED, f"limit must be 1..{MAX_LIST_LIMIT}")
-        out: dict[str, list[Any]] = {"led": [], "halves": [], "prepared": [], "txns": [],
-                                     "decided": [], "done": []}
+        led: list[str] = []
         for gid, g in list(self.groups.items()):
             if (only is not None and gid != only) or not g.is_leader:
                 continue
@@ -477,41 +480,9 @@ class TxService:
                 await g.read_barrier()
             except Exception:  # noqa: BLE001 - NotLeader: another node answers for it
                 continue
-            out["led"].append(gid)
-            state = self.groups.states[gid]
-            self._list_group(gid, state, ident, limit, out)
-        return ok_header(0, **out), b""
-
-    @staticmethod
-    def _list_group(gid: str, state: BrokerState, ident: str, limit: int,
-                    out: dict[str, list[Any]]) -> None:
-        part, coord = participant(state), coordinator(state)
-        halves = [row(v, g=gid) for v in part.pending_halves()
-                  if not ident or v.txid == ident]
-        for h in halves:
-            h.pop("start", None)  # internal: where its record lies in its entry
-        out["halves"] += halves[:limit]
-        # Kafka transactions' data held here undecided: what pins this group's log
-        out["prepared"] += [row(v, g=gid) for v in part.prepared_kafka(ident)[:limit]]
-        txns = [t for t in [*coord.txns.values(), *coord.fenced.values()]
-                if t.state != "empty" and (not ident or t.tid == ident)]
-        txns.sort(key=lambda t: (t.tid, t.epoch, t.n))
-        out["txns"] += [row(t, g=gid) for t in txns[:limit]]
-        decided: list[dict[str, Any]] = []
-        for key, d in reversed(part.decided.items()):  # newest first
-            if len(decided) >= limit:
-                break
-            if ident and key[1] != ident:
-                continue
-            r: dict[str, Any] = {"g": gid, "kind": "kafka" if key[0] == "k" else "half",
-                                 "id": key[1]}
-            if key[0] == "k":
-                r["epoch"], r["n"] = key[2], key[3]  # type: ignore[misc]
-            decided.append({**r, **row(d)})
-        out["decided"] += decided
-        done = [row(d, g=gid) for d in reversed(coord.done_ring())
-                if not ident or d.tid == ident]
-        out["done"] += done[:limit]
+            led.append(gid)
+        listing = tx_listing([(gid, self.groups.states[gid]) for gid in led], ident, limit)
+        return ok_header(0, **listing), b""
 
     # ------------------------------------------------------------------ offsets
 
@@ -520,6 +491,54 @@ class TxService:
         if participant(state).pending_offsets(cg, topic, queue):
             raise RequestError(Code.TX_PENDING, f"offsets of {cg} on {topic}/{queue} are part "
                                "of a transaction not decided yet; ask again shortly")
+
+
+def tx_listing(states: list[tuple[str, BrokerState]], ident: str, limit: int,
+               budget: int = LIST_HEADER_BUDGET) -> dict[str, Any]:
+    """The fields of a TX_LIST answer about `states` (group id, state): at most `limit`
+    rows per list and group, fewer (`truncated`) when that many would not fit `budget`
+    bytes of header, which a reader refuses, closing the connection."""
+    wanted = limit
+    while True:
+        out: dict[str, Any] = {"led": [gid for gid, _ in states], "halves": [],
+                               "prepared": [], "txns": [], "decided": [], "done": []}
+        for gid, state in states:
+            _list_group(gid, state, ident, limit, out)
+        size = len(pack(out))
+        if size <= budget or limit == 1:
+            return {**out, "limit": limit, "truncated": limit < wanted}
+        limit = max(1, min(limit // 2, limit * budget // size))
+
+
+def _list_group(gid: str, state: BrokerState, ident: str, limit: int,
+                out: dict[str, list[Any]]) -> None:
+    part, coord = participant(state), coordinator(state)
+    halves = [row(v, g=gid) for v in part.pending_halves()
+              if not ident or v.txid == ident]
+    for h in halves:
+        h.pop("start", None)  # internal: where its record lies in its entry
+    out["halves"] += halves[:limit]
+    # Kafka transactions' data held here undecided: what pins this group's log
+    out["prepared"] += [row(v, g=gid) for v in part.prepared_kafka(ident)[:limit]]
+    txns = [t for t in [*coord.txns.values(), *coord.fenced.values()]
+            if t.state != "empty" and (not ident or t.tid == ident)]
+    txns.sort(key=lambda t: (t.tid, t.epoch, t.n))
+    out["txns"] += [row(t, g=gid) for t in txns[:limit]]
+    decided: list[dict[str, Any]] = []
+    for key, d in reversed(part.decided.items()):  # newest first
+        if len(decided) >= limit:
+            break
+        if ident and key[1] != ident:
+            continue
+        r: dict[str, Any] = {"g": gid, "kind": "kafka" if key[0] == "k" else "half",
+                             "id": key[1]}
+        if key[0] == "k":
+            r["epoch"], r["n"] = key[2], key[3]  # type: ignore[misc]
+        decided.append({**r, **row(d)})
+    out["decided"] += decided
+    done = [row(d, g=gid) for d in reversed(coord.done_ring())
+            if not ident or d.tid == ident]
+    out["done"] += done[:limit]
 
 
 def parse_markers(raw: object) -> list[list[Any]]:

@@ -665,7 +665,8 @@ class TxWorkload:
 
     async def _half_status(self) -> None:
         """How each half its producer did not end was decided (``half-status``), from
-        the participants' rings of decisions (one `tx_list`, retried until it answers)."""
+        the participants' rings of decisions (one `tx_list`, retried until it answers;
+        when its lists were cut to fit, one more for each half it did not name)."""
         if not self._undecided:
             return
         async with Admin(self.namesrv) as admin:
@@ -675,7 +676,10 @@ class TxWorkload:
                     break
                 except Exception:  # noqa: BLE001 - a group without a leader: again
                     await trio.sleep(0.5)
-        decided = {str(r.get("id")): r for r in rows.get("decided", [])}
+            decided = {str(r.get("id")): r for r in rows.get("decided", [])}
+            if rows.truncated:  # cut to fit one answer: ask about the rest
+                for txid in sorted(set(self._undecided) - set(decided)):
+                    decided.update(await self._decided_rows(admin, txid))
         process = self._process()
         rec = self.recorder
         for txid, body in sorted(self._undecided.items()):
@@ -686,6 +690,18 @@ class TxWorkload:
             else:
                 rec.complete(process, "ok", "half-status", txid,
                              {"commit": bool(row.get("commit")), "source": row.get("source")})
+
+    @staticmethod
+    async def _decided_rows(admin: Admin, txid: str) -> dict[str, dict[str, Any]]:
+        """The participants' decision about one half message, by its txid (retried until
+        every group answers)."""
+        while True:
+            try:
+                rows = await admin.tx_list(txid)
+                return {str(r.get("id")): r for r in rows.get("decided", [])
+                        if str(r.get("id")) == txid}
+            except Exception:  # noqa: BLE001 - a group without a leader: again
+                await trio.sleep(0.5)
 
     async def _pipe_offsets(self, consumer: PullConsumer) -> None:
         """The pipeline group's committed offsets (``pipe-offsets``); retried until

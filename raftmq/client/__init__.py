@@ -6,7 +6,7 @@ from broker.protocol import Code, RequestError
 from broker.records import Message, OutgoingMessage
 from transport.connection import Connection, ConnectionPool
 
-from .admin import Admin, GroupQueue, QueueInfo, QueueLag, TopicInfo, place_queues
+from .admin import Admin, GroupQueue, QueueInfo, QueueLag, TopicInfo, TxListing, place_queues
 from .blocking import (
     BlockingAdmin,
     BlockingHalfHandle,
@@ -86,6 +86,7 @@ __all__ = [
     "TransactionError",
     "TransactionResult",
     "TransportError",
+    "TxListing",
     "UnavailableError",
     "allocate_average",
     "allocate_round_robin",

@@ -41,11 +41,19 @@ from .membership import GroupMembers
 from .routes import LEADER_WAIT, TopicRoute, backoff_delay, node_addresses
 
 __all__ = ["TX_LISTS", "Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo",
-           "place_queues"]
+           "TxListing", "place_queues"]
 
 TX_LISTS = ("halves", "prepared", "txns", "decided", "done")
 """The lists of a TX_LIST answer (see `Admin.tx_list`)."""
 TX_LIST_ROUNDS = 5  # rounds of TX_LIST asking again for groups no leader answered for
+
+
+class TxListing(dict[str, list[dict[str, Any]]]):
+    """What `Admin.tx_list` answers: the lists by name, and `truncated`, true when some
+    node cut its lists below the limit asked for so its answer fitted in one frame header
+    (ask about one id, or one group, for the rest)."""
+
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -663,7 +671,7 @@ class Admin(_ClientBase):
 
     @_bounded(write=False)
     async def tx_list(self, id: str | None = None, *, group: str | None = None,
-                      limit: int = 1000) -> dict[str, list[dict[str, Any]]]:
+                      limit: int = 1000) -> TxListing:
         """What the cluster knows of transactions, from the leader of every group (one
         TX_LIST per node): `halves` (half messages waiting for a decision), `txns`
         (transactions the coordinators hold, not finished or recently finished),
@@ -681,7 +689,7 @@ class Admin(_ClientBase):
         if limit < 1:
             raise ValueError("limit is at least 1")
         cluster = await self.routes.cluster()
-        out: dict[str, list[dict[str, Any]]] = {k: [] for k in TX_LISTS}
+        out = TxListing({k: [] for k in TX_LISTS})
         read: set[str] = set()
         failures: list[str] = []
         header: dict[str, Any] = {"limit": limit}
@@ -700,6 +708,8 @@ class Admin(_ClientBase):
             h = frame.header
             fresh = {str(g) for g in h.get("led") or []} - read  # each group's rows once
             read.update(fresh)
+            if fresh and h.get("truncated"):
+                out.truncated = True
             for key in TX_LISTS:
                 out[key] += [dict(row) for row in h.get(key) or []
                              if isinstance(row, dict) and str(row.get("g")) in fresh]
@@ -735,9 +745,9 @@ class Admin(_ClientBase):
         TX_UNKNOWN when no group knows it (never seen, or forgotten long ago)."""
         if not isinstance(id, str) or not id:
             raise ValueError("a transactional id or txid is a non-empty string")
-        rows = await self.tx_list(id)
+        listed = await self.tx_list(id)
         rows = {k: [r for r in v if id in (r.get("txid"), r.get("tid"), r.get("id"))]
-                for k, v in rows.items()}
+                for k, v in listed.items()}
         if not any(rows.values()):
             raise TransactionError(Code.TX_UNKNOWN, f"no group knows a transaction {id!r} "
                                    "(never seen, or decided long ago and forgotten)")

@@ -26,7 +26,7 @@ from anyio.from_thread import BlockingPortal
 from broker.protocol import RequestError
 from broker.records import Message, OutgoingMessage
 
-from .admin import Admin, GroupQueue, QueueLag, TopicInfo
+from .admin import Admin, GroupQueue, QueueLag, TopicInfo, TxListing
 from .consumer import PullConsumer, PullResult, PushConsumer, QueuesCallback, Tags
 from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult
@@ -528,7 +528,7 @@ class BlockingAdmin(_Blocking[Admin]):
     def delete_group(self, group: str) -> int:
         return self._call(self._client.delete_group, group)
 
-    def tx_list(self, id: str | None = None, **kwargs: Any) -> dict[str, list[dict[str, Any]]]:
+    def tx_list(self, id: str | None = None, **kwargs: Any) -> TxListing:
         return self._call(self._client.tx_list, id, **kwargs)
 
     def tx_show(self, id: str) -> dict[str, list[dict[str, Any]]]:

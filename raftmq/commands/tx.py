@@ -17,6 +17,7 @@ same way twice is harmless, the other way is refused (TX_DECIDED).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -116,15 +117,21 @@ def _print_listing(rows: Listing, console: Console) -> None:
 
 async def _list(args: argparse.Namespace, admin: Admin) -> int:
     incomplete: IncompleteError | None = None
+    rows: Listing
     try:
         rows = await admin.tx_list(group=args.group, limit=args.limit)
     except IncompleteError as exc:
         incomplete = exc
         rows = cast(Listing, exc.partial)
+    truncated = bool(getattr(rows, "truncated", False))
     if args.json:
-        print_json({**rows, "unreadable": [] if incomplete is None else incomplete.unreadable})
+        print_json({**rows, "unreadable": [] if incomplete is None else incomplete.unreadable,
+                    "truncated": truncated})
     else:
         _print_listing(rows, table_console())
+        if truncated:
+            print(f"{PROG}: some lists were cut below --limit to fit one answer; "
+                  "narrow with --group or `tx show ID`", file=sys.stderr)
     return incomplete_exit(PROG, incomplete)
 
 
