@@ -83,6 +83,8 @@ def wait_login(c: LocalCluster, creds: Credentials, *, works: bool) -> None:
             except RequestError as exc:
                 assert exc.code == Code.UNAUTHENTICATED, exc
                 ok = False
+            except OSError:  # closed or slow before any answer (a busy machine): no verdict
+                ok = not works
             if ok == works:
                 break
             assert time.monotonic() < deadline, f"node {n}: login of {creds.user} still {ok}"

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from broker.protocol import Op, RequestError
+from broker.protocol import Code, Op, RequestError
 from broker.records import OutgoingMessage, iter_records, message_id
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster
@@ -115,9 +115,30 @@ def lead(live: LiveCluster, node: int) -> None:
     wait_for(leading, 60, f"node {node} taking over g0", interval=0.5)
 
 
+def serving(live: LiveCluster, node: int, lo: int) -> None:
+    """Until `node` leads g0 and is ready to serve reads: a leader elected a moment ago
+    refuses them (NOT_LEADER, not ready) while it applies what came before its term, and
+    on a busy machine an election may move the leadership meanwhile (it is asked back)."""
+
+    def ready() -> bool:
+        try:
+            ask(live, node, {"op": int(Op.FETCH), "topic": "t", "queue": 0, "offset": lo,
+                             "max": 1, "wait_ms": 0})
+            return True
+        except RequestError as exc:
+            if exc.code != Code.NOT_LEADER:
+                raise
+        if live.leader("g0") != node:
+            lead(live, node)
+        return False
+
+    wait_for(ready, 60, f"node {node} serving reads of g0", interval=0.2)
+
+
 def check_everything_readable(live: LiveCluster, node: int, lo: int) -> None:
     """`node` leads g0 and serves every acknowledged message from `lo` on: FETCH,
     GET_MESSAGE by id, and QUERY_KEY."""
+    serving(live, node, lo)
     got = read_all(live, node, lo)
     acked = live.acked[0]
     assert sorted(got) == [o for o in sorted(acked) if o >= lo]
