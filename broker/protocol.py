@@ -51,6 +51,7 @@ __all__ = [
     "Code",
     "Frame",
     "FrameDecoder",
+    "HeaderTooLarge",
     "MAX_CLIENT_CHARS",
     "Op",
     "ProtocolError",
@@ -249,8 +250,15 @@ class Frame:
     size: int = field(default=0)  # bytes on the wire, for metrics
 
 
+class HeaderTooLarge(ValueError):
+    """A frame whose header is over `MAX_HEADER`: every reader would refuse it and close
+    the connection, so it is never sent (the sender answers with an error instead)."""
+
+
 def encode_frame(header: dict[str, Any], body: bytes | bytearray | memoryview = b"") -> bytes:
     h = msgpack.packb(header, use_bin_type=True)
+    if len(h) > MAX_HEADER:
+        raise HeaderTooLarge(f"frame header of {len(h)} bytes exceeds the limit {MAX_HEADER}")
     return b"".join((_PREFIX.pack(4 + len(h) + len(body), len(h)), h, body))
 
 

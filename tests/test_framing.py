@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.protocol import Frame, FrameDecoder, encode_frame
+from broker.protocol import MAX_HEADER, Code, Frame, FrameDecoder, HeaderTooLarge, encode_frame
 from transport.framing import Caller, FrameWriter, read_some, serve_frames
 
 
@@ -323,3 +323,33 @@ def test_read_some_waits_for_data_and_reports_the_end() -> None:
             await read_some(a, 1024)
 
     trio.run(main)
+
+
+def test_an_answer_whose_header_no_reader_takes_becomes_an_error_and_the_rest_flow() -> None:
+    """A handler that builds an answer header over MAX_HEADER (rows in the header) gets an
+    INTERNAL error sent in its place: the client's reader would refuse the frame and close
+    the connection, failing every other request on it."""
+
+    async def lists(caller: Caller, frame: Frame) -> tuple[dict[str, Any], bytes]:
+        await trio.lowlevel.checkpoint()
+        if frame.header["id"] == 1:
+            return {"code": 0, "rows": ["x" * 100] * (MAX_HEADER // 100 + 10)}, b""
+        return {"code": 0}, frame.body
+
+    async def main() -> None:
+        requests = b"".join(encode_frame({"op": 1, "id": i}, b"p%d" % i) for i in range(3))
+        send = RecordingStream()
+        with trio.move_on_after(1):
+            await serve_frames(trio.StapledStream(send, QuietReceive(requests)), lists)
+        frames = {f.header["id"]: f for f in frames_of(b"".join(send.writes))}
+        assert sorted(frames) == [0, 1, 2]
+        assert frames[1].header["code"] == Code.INTERNAL
+        assert "exceeds the limit" in frames[1].header["msg"]
+        assert frames[0].header["code"] == frames[2].header["code"] == 0
+
+    trio.run(main)
+
+
+def test_a_header_over_the_limit_is_never_encoded() -> None:
+    with pytest.raises(HeaderTooLarge):
+        encode_frame({"op": 1, "rows": ["x" * 100] * (MAX_HEADER // 100 + 10)})

@@ -42,6 +42,7 @@ from broker.protocol import (
     Code,
     Frame,
     FrameDecoder,
+    HeaderTooLarge,
     Op,
     ProtocolError,
     RequestError,
@@ -577,7 +578,11 @@ async def _answer(
         header, body = response
         header.setdefault("id", rid)
         try:
-            await out.send(header, body)
+            try:
+                await out.send(header, body)
+            except HeaderTooLarge as exc:  # a handler's bug: an answer no reader takes
+                log.error("request %r: %s", frame.header.get("op"), exc)
+                await out.send(error_header(rid, Code.INTERNAL, f"internal error: {exc}"))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the writer's failure ends the connection
         if caller._hang_up:
