@@ -326,7 +326,7 @@ class FrameDecoder:
             )
         if header_len > MAX_HEADER:
             raise ProtocolError(
-                Code.MALFORMED, f"frame header of {header_len} bytes exceeds the limit {MAX_HEADER}"
+                Code.MALFORMED, f"header length {header_len} exceeds the limit {MAX_HEADER}"
             )
         if header_len > frame_len - 4 or header_len == 0:
             raise ProtocolError(
