@@ -379,6 +379,12 @@ class Guard:
             raise RequestError(Code.UNKNOWN_GROUP, f"this node holds no replica of the "
                                f"metadata group {gid!r}, where users and ACLs are kept; "
                                "connect to a node that does")
+        if not g.is_current:
+            # after a restart its users and ACLs are an old state until the commit index
+            # is learned again: a user added since would be "unknown", a grant "missing"
+            raise RequestError(Code.UNAVAILABLE, f"this node's replica of the metadata "
+                               f"group {gid!r}, where users and ACLs are kept, is catching "
+                               "up with its leader; retry")
         return g.machine
 
     def _users(self) -> Users:

@@ -1025,6 +1025,18 @@ class GroupRuntime(Generic[M]):
         core = self._core
         return core is not None and core.role == Role.LEADER and self._applied_term == core.term
 
+    @property
+    def is_current(self) -> bool:
+        """Whether this replica, leader or follower, has applied an entry of its current
+        term and knows that term's leader. The commit index is not stored, so after a
+        restart (or while an election is under way) a replica's state may lack entries
+        committed long ago; once it applies the leader's first entry of the term, all of
+        them are applied too. State answered from any replica (the users and ACLs every
+        node checks requests against) is served only when this holds."""
+        core = self._core
+        return (core is not None and core.leader is not None
+                and self._applied_term == core.term)
+
     def check_ready(self) -> None:
         """Raise NotLeader (with the hint) unless leading, NotReady unless `is_ready`:
         the one check every request answered from this group's state makes first."""

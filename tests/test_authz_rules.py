@@ -40,6 +40,7 @@ class Group:
     def __init__(self) -> None:
         self.machine = BrokerState("g0")
         self.is_leader = True
+        self.is_current = True  # has applied an entry of its term (see the test below)
         self.leader = 1
         self.group_id = "g0"
         self.index = 0
@@ -231,3 +232,25 @@ def test_a_login_ends_when_its_user_is_put_again_with_another_verifier(
     assert not reached and err is not None and err.code == Code.UNAUTHENTICATED
     assert "password changed" in err.message and caller.principal is None
     assert call(guard, logged_in(guard), Op.STATUS)[0]  # a new login proves the new one
+
+
+def test_a_replica_catching_up_answers_retry_not_unknown_user_or_forbidden(
+        tmp_path: Path) -> None:
+    """Until the metadata replica has applied an entry of its current term (after a
+    restart the commit index must be learned again), its users and ACLs may be an old
+    state: a login and a request are answered UNAVAILABLE, to be retried, instead of a
+    verdict drawn from that state."""
+    host = Host(tmp_path)
+    guard = Guard(host)
+    caller = logged_in(guard)
+    host.g0.is_current = False
+    reached, err = call(guard, caller, Op.STATUS)
+    assert not reached and err is not None and err.code == Code.UNAVAILABLE, err
+    assert err.retriable and "catching up" in err.message
+    assert caller.principal == "nobody"  # not logged out on an old state's say-so
+    with pytest.raises(RequestError) as info:
+        logged_in(guard)
+    assert info.value.code == Code.UNAVAILABLE and host.refusals.count("auth") == 0
+    host.g0.is_current = True
+    assert call(guard, caller, Op.STATUS)[0]
+    assert call(guard, logged_in(guard), Op.STATUS)[0]
