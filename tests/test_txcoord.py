@@ -10,7 +10,7 @@ import pytest
 
 from broker.parts import txcoord
 from broker.parts.base import ControlResult, ErrorResult
-from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxInit, TxnState
+from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxExpire, TxInit, TxnState
 from broker.protocol import Code
 from broker.statemachine import BrokerState
 from raftlog.types import Entry, EntryType
@@ -195,6 +195,12 @@ BAD = [
      "reason": "client"},
     {"op": "tx_end", "tid": "a", "epoch": 0, "n": 0, "commit": True, "ts": 0, "reason": "why"},
     {"op": "tx_complete", "tid": "a", "epoch": 0},
+    {"op": "tx_expire", "tids": [], "ts": 10, "after_ms": 1},
+    {"op": "tx_expire", "tids": "a", "ts": 10, "after_ms": 1},
+    {"op": "tx_expire", "tids": ["a", ""], "ts": 10, "after_ms": 1},
+    {"op": "tx_expire", "tids": ["a"] * (txcoord.EXPIRE_BATCH + 1), "ts": 10, "after_ms": 1},
+    {"op": "tx_expire", "tids": ["a"], "ts": 10, "after_ms": 0},
+    {"op": "tx_expire", "tids": ["a"], "ts": -1, "after_ms": 1},
 ]
 
 
@@ -220,7 +226,7 @@ def test_too_many_groups_in_one_record_is_a_limit() -> None:
 @pytest.mark.parametrize("rec", [
     TxInit("a", 5, 6), TxAdd("a", 1, 2, ("g1", "g2"), 3), TxEnd("a", 1, 2, False, 3, "timeout"),
     TxEnd("a", 1, 2, True, 3, "client", ("g1", "g2")),
-    TxComplete("a", 1, 2),
+    TxComplete("a", 1, 2), TxExpire(("a", "b"), 7, 8),
 ])
 def test_records_round_trip(rec: Any) -> None:
     assert type(rec).decode(rec.encode()) == rec
@@ -254,11 +260,12 @@ def test_a_version_1_section_still_loads_and_a_later_one_is_refused() -> None:
     ctl(r, TxAdd("a", 0, 0, ("g1",), 1))
     snap = msgpack.unpackb(r.state.snapshot(), raw=False)
     [part] = [p for p in snap["parts"] if p[0] == "txcoord"]
-    assert part[1] == 2 and "completing" not in part[2]
-    part[1] = 1  # as written before `completing` existed
-    restored = BrokerState.restore("g1", msgpack.packb(snap))
-    assert restored.txcoord.txn("a") == r.state.txcoord.txn("a")
-    part[1] = 3
+    assert part[1] == 3 and "completing" not in part[2] and "floor" not in part[2]
+    for older in (1, 2):  # as written before `completing`, and before `floor`, existed
+        part[1] = older
+        restored = BrokerState.restore("g1", msgpack.packb(snap))
+        assert restored.txcoord.txn("a") == r.state.txcoord.txn("a")
+    part[1] = 4
     with pytest.raises(ValueError, match="txcoord"):
         BrokerState.restore("g1", msgpack.packb(snap))
 
@@ -297,3 +304,89 @@ def test_a_commit_after_the_timeout_abort_says_it_was_the_timeout() -> None:
     ctl(r, TxComplete("tid", 0, 0))
     res = r.control(TxEnd("tid", 0, 0, True, 2_100, "client").encode())
     assert isinstance(res, ErrorResult) and "transaction timeout of 1500 ms" in res.message
+
+
+DAY = 86_400_000
+
+
+def test_an_id_idle_for_the_expiration_is_forgotten_and_its_next_epoch_is_higher() -> None:
+    """Kafka's transactional.id.expiration.ms: an id with nothing open, idle that long,
+    goes (memory, snapshot); its next producer gets an epoch above any it had, so one
+    of an old epoch stays fenced."""
+    r = Replica()
+    coord = r.state.txcoord
+    for _ in range(3):  # epochs 0, 1, 2
+        ctl(r, TxInit("old", 60_000, 1_000))
+    ctl(r, TxAdd("old", 2, 0, ("g2",), 2_000))
+    ctl(r, TxEnd("old", 2, 0, True, 3_000, "client"))
+    ctl(r, TxComplete("old", 2, 0))  # idle since its decision at 3,000
+    ctl(r, TxInit("fresh", 60_000, 5_000))  # idle since its init
+    assert coord.idle_ids(3_000 - 1) == []
+    assert coord.idle_ids(3_000) == ["old"]
+    assert coord.idle_ids(5_000) == ["fresh", "old"]
+    # a record whose time is short of the expiration for an id leaves that id alone
+    assert ctl(r, TxExpire(("old", "fresh"), 3_000 + DAY - 1, DAY)).dup
+    assert ctl(r, TxExpire(("old", "fresh", "never"), 4_000 + DAY, DAY)) == \
+        ControlResult("tx_expire", 1)
+    assert coord.txn("old") is None and coord.txn("fresh") is not None
+    assert coord.floor == 3
+    refused(r, TxAdd("old", 2, 1, ("g2",), 9_000).encode(), Code.TX_UNKNOWN)
+    ctl(r, TxInit("old", 60_000, 10_000))
+    assert state(r, "old").epoch == 3  # above all it had: the old producer stays fenced
+    refused(r, TxAdd("old", 2, 1, ("g2",), 11_000).encode(), Code.TX_FENCED)
+    ctl(r, TxInit("brand-new", 60_000, 10_000))
+    assert state(r, "brand-new").epoch == 3  # the floor is one number for every id
+    snap = r.state.snapshot()
+    assert BrokerState.restore("g1", snap).txcoord.floor == 3
+
+
+@pytest.mark.parametrize("busy", ["ongoing", "deciding", "completing", "fenced"])
+def test_an_id_with_anything_open_or_unwritten_is_not_forgotten(busy: str) -> None:
+    r = Replica()
+    coord = r.state.txcoord
+    ctl(r, TxInit("t", 60_000, 1_000))
+    ctl(r, TxAdd("t", 0, 0, ("g2",), 2_000))
+    if busy in ("deciding", "completing"):
+        ctl(r, TxEnd("t", 0, 0, True, 3_000, "client"))  # markers still going out
+    if busy == "completing":
+        ctl(r, TxAdd("t", 0, 1, ("g2",), 4_000))  # the next one runs meanwhile
+        ctl(r, TxEnd("t", 0, 1, False, 5_000, "client"))
+        ctl(r, TxComplete("t", 0, 1))  # the current one complete, the first still aside
+    if busy == "fenced":
+        ctl(r, TxInit("t", 60_000, 3_000))  # fences the ongoing one, aborting aside
+    far = 100 * DAY
+    assert coord.idle_ids(far) == []
+    before = sections(r.state)
+    assert ctl(r, TxExpire(("t",), far, DAY)).dup
+    assert sections(r.state) == before
+    # once everything of it is written, it is idle from then on
+    if busy == "ongoing":
+        ctl(r, TxEnd("t", 0, 0, False, 6_000, "client"))
+    cur = coord.txn("t")
+    assert cur is not None
+    for t in coord.unfinished():
+        ctl(r, TxComplete("t", t.epoch, t.n))
+    assert coord.idle_ids(far) == ["t"]
+    assert ctl(r, TxExpire(("t",), far, DAY)) == ControlResult("tx_expire", 1)
+
+
+def test_an_id_used_again_before_the_record_applies_stays() -> None:
+    r = Replica()
+    ctl(r, TxInit("t", 60_000, 1_000))
+    due = r.state.txcoord.idle_ids(1_000)
+    assert due == ["t"]
+    ctl(r, TxAdd("t", 0, 0, ("g2",), 2 * DAY))  # its producer came back meanwhile
+    assert ctl(r, TxExpire(tuple(due), 1_000 + DAY, DAY)).dup
+    assert state(r, "t").state == "ongoing"
+
+
+def test_what_went_idle_survives_a_restore_and_an_init_of_before_is_never_forgotten() -> None:
+    r = Replica()
+    ctl(r, TxInit("a", 60_000, 1_000))
+    ctl(r, TxInit("b", 60_000, 2_000))
+    ctl(r, TxInit("c", 60_000, 0))  # time unknown (a record from before): kept
+    restored = BrokerState.restore("g1", r.state.snapshot()).txcoord
+    for coord in (r.state.txcoord, restored):
+        assert coord.idle_ids(1_500) == ["a"]
+        assert coord.idle_ids(100 * DAY) == ["a", "b"]
+        assert coord.idle_ids(100 * DAY, limit=1) == ["a"]

@@ -10,7 +10,14 @@ import pytest
 
 from broker.parts import txpart
 from broker.parts.base import ControlResult, ErrorResult, ProduceResult, Refused
-from broker.parts.txpart import HalfChecked, HalfEnd, TxMarker, TxMarkers, TxOffsets
+from broker.parts.txpart import (
+    HalfChecked,
+    HalfEnd,
+    TxForgetFences,
+    TxMarker,
+    TxMarkers,
+    TxOffsets,
+)
 from broker.protocol import Code, RequestError
 from broker.records import (
     STORED_PREFIX,
@@ -614,3 +621,64 @@ def test_one_producer_group_cannot_fill_the_groups_open_slots(
     r.control(control_delete_topic("t"))
     r.control(control_create_topic("t", 2, [0, 1]))
     assert r.batch("t", 0, [b"e"], half=("a5", "greedy")).base_offset == -1
+
+
+# ---------------------------------------------------------------------- idle fences
+
+DAY = 86_400_000
+
+
+def test_a_fence_idle_for_the_expiration_with_nothing_prepared_is_forgotten(r: Replica) -> None:
+    """Each marker stamps its id's fence with the leader's clock; `tx_forget_fences`
+    drops the fences idle that long, never one whose id still has data prepared here."""
+    part = r.state.txpart
+    r.control(TxMarker("done", 0, 0, True, 3, ts=1_000).encode())
+    r.batch("t", 0, [b"a"], tx=("busy", 1, 0))
+    r.control(TxMarker("busy", 1, 0, True, 1, ts=2_000).encode())
+    r.batch("t", 0, [b"b"], tx=("busy", 1, 1))  # its next transaction: still prepared
+    r.control(TxMarkers((TxMarker("other", 0, 0, False, 0),), ts=3_000).encode())
+    r.control(TxMarker("legacy", 0, 0, False, 5).encode())  # no time: never forgotten
+    assert part.idle_fences(100 * DAY) == ["done", "other"]
+    assert part.idle_fences(100 * DAY, limit=1) == ["done"]
+    restored = BrokerState.restore("g1", r.state.snapshot()).txpart
+    assert restored.idle_fences(100 * DAY) == ["done", "other"]
+    assert r.control(TxForgetFences(("done", "other"), 1_000 + DAY - 1, DAY).encode()).dup
+    res = r.control(TxForgetFences(("done", "busy", "other", "legacy", "never"), 2_000 + DAY,
+                                   DAY).encode())
+    assert res == ControlResult("tx_forget_fences", 1)
+    assert (part.fence("done"), part.fence("busy"), part.fence("other"),
+            part.fence("legacy")) == (-1, 1, 0, 5)
+    # once its data is decided, busy's fence is idle from its last marker
+    r.control(TxMarker("busy", 1, 1, False, 1, ts=4_000).encode())
+    assert part.idle_fences(100 * DAY) == ["busy", "other"]
+    assert r.control(TxForgetFences(("busy", "other"), 4_000 + DAY, DAY).encode()).applied == 2
+    assert part.fences == {"legacy": 5} and part.idle_fences(100 * DAY) == []
+
+
+def test_fences_written_without_their_time_still_load(r: Replica) -> None:
+    r.control(TxMarker("a", 0, 0, True, 2, ts=1_000).encode())
+    snap = msgpack.unpackb(r.state.snapshot(), raw=False)
+    [part] = [p for p in snap["parts"] if p[0] == "txpart"]
+    assert part[1] == 2 and part[2]["fences"] == [["a", 2, 1_000]]
+    part[1], part[2]["fences"] = 1, [["a", 2]]
+    old = BrokerState.restore("g1", msgpack.packb(snap)).txpart
+    assert old.fence("a") == 2 and old.idle_fences(100 * DAY) == []
+    part[1] = 3
+    with pytest.raises(ValueError, match="txpart"):
+        BrokerState.restore("g1", msgpack.packb(snap))
+
+
+@pytest.mark.parametrize("record", [
+    {"op": "tx_forget_fences", "tids": [], "ts": 1, "after_ms": 1},
+    {"op": "tx_forget_fences", "tids": ["a"], "ts": 1, "after_ms": 0},
+    {"op": "tx_forget_fences", "tids": [7], "ts": 1, "after_ms": 1},
+    {"op": "tx_marker", "tid": "a", "epoch": 0, "n": 0, "commit": True, "fence": 0, "ts": -1},
+    {"op": "tx_markers", "markers": [["a", 0, 0, True, 0]], "ts": "now"},
+])
+def test_a_malformed_expiry_or_marker_time_is_refused_and_changes_nothing(
+        r: Replica, record: dict[str, Any]) -> None:
+    r.control(TxMarker("a", 0, 0, True, 0, ts=5).encode())
+    before = sections(r.state)
+    res = r.control(msgpack.packb(record))
+    assert isinstance(res, ErrorResult) and res.code == Code.MALFORMED, res
+    assert sections(r.state) == before

@@ -20,16 +20,29 @@ the client sent to (`groups`): the decision's participants are their union with 
 registered ones, so a group sent to before its `tx_add` applied still gets its marker. Finished transactions enter the
 `done` ring of the last `DONE` for `tx list/show`.
 
-Every record is validated before anything changes. The test mutation `no-fencing`
-(the state's `mutations`) makes an older epoch count as the current one.
+An id idle for `tx_id_expiration_ms` (Kafka's `transactional.id.expiration.ms`: no
+transaction open or completing, none begun or ended that long; 7 days by default) is
+forgotten: the leader's tick proposes `tx_expire` for it, and the record applies only to
+ids still idle that long at the record's time. So the memory and snapshot space of ids that
+are not used again (a job that made its own ids, say) come back. The next TX_INIT of a
+forgotten id gets an epoch above every epoch this part ever granted to an id it forgot
+(`floor`), so a producer of the old epoch stays fenced, here and in every participant. An
+"empty" state's `started_ms` is when its TX_INIT applied (0 in records from before: such
+an id is never forgotten).
 
-Snapshot section, version 2 (version 1, without "completing", still loads)::
+Every record is validated before anything changes. The test mutations (the state's
+`mutations`): `no-fencing` makes an older epoch count as the current one;
+`forget-epochs` starts a forgotten id at epoch 0 again (no floor).
+
+Snapshot section, version 3 (version 2, without "floor", and 1, without "completing"
+either, still load)::
 
     {"txns": [[tid, epoch, n, state, [participants], started_ms, timeout_ms, decided_ms,
                reason]...],                       (sorted by tid)
      "fenced": [... the same ...],               (sorted by tid)
      "completing": [... the same ...],           (sorted by tid; absent when none)
-     "done": [[tid, epoch, n, commit, reason, [participants], decided_ms]...]} (oldest first)
+     "done": [[tid, epoch, n, commit, reason, [participants], decided_ms]...], (oldest first)
+     "floor": epoch}                   (above every epoch of a forgotten id; absent when 0)
 """
 
 from __future__ import annotations
@@ -49,7 +62,7 @@ from broker.parts.base import (
     int_field,
     name_field,
 )
-from broker.parts.txpart import MAX_MS, bool_field, epoch_fields, tid_field
+from broker.parts.txpart import EXPIRE_BATCH, MAX_MS, IdleIds, bool_field, epoch_fields, tid_field
 from broker.protocol import Code, validate_group_name
 
 __all__ = [
@@ -63,6 +76,7 @@ __all__ = [
     "TxComplete",
     "TxCoordinator",
     "TxEnd",
+    "TxExpire",
     "TxInit",
     "TxnState",
 ]
@@ -202,6 +216,13 @@ class TxComplete(ControlRecord):
         return cls(d.get("tid"), d.get("epoch"), d.get("n"))  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class TxExpire(IdleIds):
+    """Transactional ids idle that long are forgotten here (see the module docstring)."""
+
+    op: ClassVar[str] = "tx_expire"
+
+
 # ---------------------------------------------------------------------- state
 
 
@@ -278,12 +299,14 @@ class TxCoordinator(Part):
     fenced ones still aborting, and the ring of finished ones."""
 
     name = "txcoord"
-    version = 2
-    records = (TxInit, TxAdd, TxEnd, TxComplete)
+    version = 3
+    records = (TxInit, TxAdd, TxEnd, TxComplete, TxExpire)
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
-        self.no_fencing = "no-fencing" in getattr(state, "mutations", frozenset())
+        mutations: frozenset[str] = getattr(state, "mutations", frozenset())
+        self.no_fencing = "no-fencing" in mutations
+        self.forget_epochs = "forget-epochs" in mutations
         self.txns: dict[str, TxnState] = {}
         self.fenced: dict[str, TxnState] = {}  # prepare_abort of an older epoch
         # the previous transaction of the same epoch, decided, its markers still going out
@@ -294,6 +317,9 @@ class TxCoordinator(Part):
         # from `txns`, never snapshotted
         self._deadlines: DueHeap[str] = DueHeap(self._deadline)
         self._deciding: set[str] = set()  # ids whose current transaction is prepare_*
+        self.floor = 0  # the first epoch of an id: above every epoch of one forgotten
+        # ids by the time they went idle (`idle_ids`): derived, never snapshotted
+        self._idle: DueHeap[str] = DueHeap(self._idle_since)
 
     def _set(self, t: TxnState) -> None:
         """`t` is its id's current transaction now."""
@@ -304,6 +330,23 @@ class TxCoordinator(Part):
             self._deciding.add(t.tid)
         else:
             self._deciding.discard(t.tid)
+        self._track_idle(t.tid)
+
+    def _idle_since(self, tid: str) -> int | None:
+        """Since when `tid` is idle (ms): initialised and unused since its TX_INIT, or
+        its last transaction complete since its decision; None while anything of it is
+        open or still writing markers, or its time is unknown (0)."""
+        t = self.txns.get(tid)
+        if t is None or tid in self.fenced or tid in self.completing:
+            return None
+        at = (t.started_ms if t.state == "empty" else
+              t.decided_ms if t.state in ("complete_commit", "complete_abort") else 0)
+        return at or None
+
+    def _track_idle(self, tid: str) -> None:
+        at = self._idle_since(tid)
+        if at is not None:
+            self._idle.push(at, tid)
 
     def _deadline(self, tid: str) -> int | None:
         t = self.txns.get(tid)
@@ -311,7 +354,8 @@ class TxCoordinator(Part):
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
         return {TxInit.op: (TxInit, self._init), TxAdd.op: (TxAdd, self._add),
-                TxEnd.op: (TxEnd, self._end), TxComplete.op: (TxComplete, self._complete)}
+                TxEnd.op: (TxEnd, self._end), TxComplete.op: (TxComplete, self._complete),
+                TxExpire.op: (TxExpire, self._expire)}
 
     # ------------------------------------------------------------------ apply
 
@@ -320,7 +364,7 @@ class TxCoordinator(Part):
         if rec.tid in self.fenced or rec.tid in self.completing or (
                 cur is not None and cur.state in ("prepare_commit", "prepare_abort")):
             raise Refused(Code.BUSY, "previous transaction still completing")
-        epoch = 0 if cur is None else cur.epoch + 1
+        epoch = (0 if self.forget_epochs else self.floor) if cur is None else cur.epoch + 1
         if cur is not None and cur.state == "ongoing":
             if cur.participants:
                 self.fenced[rec.tid] = replace(cur, state="prepare_abort", decided_ms=rec.ts,
@@ -328,15 +372,18 @@ class TxCoordinator(Part):
             else:
                 self._finish(replace(cur, state="complete_abort", decided_ms=rec.ts,
                                      reason="fenced"))
-        self._set(TxnState(rec.tid, epoch, 0, "empty", (), 0, rec.timeout_ms, 0, ""))
+        self._set(TxnState(rec.tid, epoch, 0, "empty", (), rec.ts, rec.timeout_ms, 0, ""))
         return ControlResult(TxInit.op, 1)
 
     def _current(self, tid: str, epoch: int) -> TxnState:
         """The current transaction of `tid` if `epoch` is its epoch (or `no-fencing`)."""
         cur = self.txns.get(tid)
         if cur is None:
-            raise Refused(Code.TX_UNKNOWN, f"transactional id {tid!r} was never initialised "
-                                           f"here")
+            raise Refused(Code.TX_UNKNOWN, f"transactional id {tid!r} is not initialised "
+                                           f"here (never, or it expired after "
+                                           f"tx_id_expiration_ms idle): register it again "
+                                           f"(TX_INIT; the SDK's producer does so before "
+                                           f"its next transaction)")
         if epoch < cur.epoch and not self.no_fencing:
             raise Refused(Code.TX_FENCED, f"transactional id {tid!r} epoch {epoch} is fenced "
                                           f"by epoch {cur.epoch}: a newer producer holds it")
@@ -432,8 +479,19 @@ class TxCoordinator(Part):
             if old is not None and (old.epoch, old.n) == (rec.epoch, rec.n):
                 del aside[rec.tid]
                 self._finish(old)
+                self._track_idle(rec.tid)  # nothing of it aside any more: idle, maybe
                 return ControlResult(TxComplete.op, 1)
         return ControlResult(TxComplete.op, dup=True)  # completed already, or unknown
+
+    def _expire(self, rec: TxExpire, index: int) -> ControlResult:
+        gone = 0
+        for tid in rec.tids:
+            at = self._idle_since(tid)
+            if at is not None and at + rec.after_ms <= rec.ts:
+                t = self.txns.pop(tid)
+                self.floor = max(self.floor, t.epoch + 1)
+                gone += 1
+        return ControlResult(TxExpire.op, gone, dup=not gone)
 
     def _finish(self, t: TxnState) -> TxnState:
         """`t` (decided) completed: its complete_* state, recorded in the done ring."""
@@ -476,6 +534,11 @@ class TxCoordinator(Part):
         `ongoing()` filtered, in O(due log n), for a leader's every tick."""
         return [self.txns[tid] for tid in self._deadlines.due(now - 1)]
 
+    def idle_ids(self, until: int, limit: int = EXPIRE_BATCH) -> list[str]:
+        """Up to `limit` ids idle since `until` (ms) or before, by tid; O(due log n), for
+        a leader's every tick."""
+        return self._idle.due(until)[:limit]
+
     def done_ring(self) -> list[DoneTxn]:
         """The last finished transactions, oldest first."""
         return list(self.done)
@@ -490,10 +553,11 @@ class TxCoordinator(Part):
                if self.completing else {}),
             "done": [[d.tid, d.epoch, d.n, d.commit, d.reason, list(d.participants),
                       d.decided_ms] for d in self.done],
+            **({"floor": self.floor} if self.floor else {}),
         }
 
     def load(self, version: int, section: Any) -> None:
-        if version not in (1, 2):  # 2 added `completing`: a version 1 reader must refuse it
+        if version not in (1, 2, 3):  # 2 added `completing`, 3 `floor`: older readers refuse
             raise ValueError(f"unsupported txcoord section version {version!r}")
         for row in section["txns"]:
             t = _state_of(row)
@@ -517,3 +581,6 @@ class TxCoordinator(Part):
                 raise ValueError(f"bad finished transaction of {tid!r}")
             self.done.append(DoneTxn(str(tid), int(epoch), int(n), commit, str(reason),
                                      tuple(str(g) for g in parts), int(decided)))
+        self.floor = int(section.get("floor", 0))
+        self._idle.rebuild((at, tid) for tid in self.txns
+                           if (at := self._idle_since(tid)) is not None)

@@ -22,17 +22,24 @@ machine trusts markers only. Decisions are kept in a ring of the last `DECISIONS
 and a decision never flips. One producer group holds at most `MAX_OPEN_HALVES` undecided
 half messages here, so it cannot fill the group's `MAX_OPEN` slots for everyone.
 
+A fence is kept while the id is in use: each marker stamps it with the participant leader's
+clock (`ts`), and `tx_forget_fences`, proposed by the leader's tick for the ids idle
+longer than `tx_id_expiration_ms` with nothing prepared here, drops it. That is safe
+because the coordinator, which expires an idle id after the same time, gives the id's next
+producer an epoch above every epoch it ever granted (`TxCoordinator.floor`), and the
+coordinator refuses an older epoch before anything is prepared here anyway.
+
 Everything is validated before anything changes; bad input is refused and changes
 nothing. The test mutations `serve-prepared` (prepared batches enter their queues at
 prepare time; commit does not append them again) and `no-fencing` (epochs ignored) are
 read from the state's `mutations`.
 
-Snapshot section, version 1::
+Snapshot section, version 2 (version 1, fences without their time, still loads)::
 
     {"prepared": [[key, [[topic, queue, index, store_ms, [[start, size, key, tag_hash]...]]...],
                    [[cg, topic, queue, offset]...], first_index, prepared_ms,
                    producer_group, checks, last_check_ms]...]      (sorted by key)
-     "fences": [[tid, epoch]...]                                  (sorted)
+     "fences": [[tid, epoch, ms]...]                              (sorted)
      "decided": [[key, commit, source, index, messages]...]}      (oldest first)
 
 where a key is ["k", tid, epoch, n] or ["h", txid].
@@ -42,7 +49,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from broker.dueheap import DueHeap
@@ -63,6 +70,7 @@ from broker.txn import TxKey, half_key, kafka_key
 
 __all__ = [
     "DECISIONS",
+    "EXPIRE_BATCH",
     "HALF_SOURCES",
     "MAX_MARKERS",
     "MAX_OPEN",
@@ -73,10 +81,12 @@ __all__ = [
     "HalfChecked",
     "HalfEnd",
     "HalfView",
+    "IdleIds",
     "KafkaView",
     "Prepared",
     "PreparedBatch",
     "TxMarker",
+    "TxForgetFences",
     "TxMarkers",
     "TxOffsets",
     "TxParticipant",
@@ -89,6 +99,7 @@ MAX_OPEN = 100_000  # open prepared transactions per group
 MAX_OPEN_HALVES = 10_000  # undecided half messages of one producer group, per group
 MAX_MS = 1 << 62
 HALF_SOURCES = ("client", "check", "expired", "operator")
+EXPIRE_BATCH = 1_000  # ids one expiry record names
 
 
 # ---------------------------------------------------------------------- field checks
@@ -169,16 +180,21 @@ class TxMarker(ControlRecord):
     n: int
     commit: bool
     fence: int
+    ts: int = 0  # this group's leader's clock when proposed (0: a record from before it)
 
     def validate(self) -> None:
         tid_field("tid", self.tid)
         epoch_fields(self.epoch, self.n)
         bool_field("commit", self.commit)
         int_field("fence", self.fence, 0, (1 << 63) - 1)
+        int_field("ts", self.ts, 0, MAX_MS)
 
     def to_map(self) -> dict[str, Any]:
-        return {"tid": self.tid, "epoch": self.epoch, "n": self.n, "commit": self.commit,
-                "fence": self.fence}
+        m = {"tid": self.tid, "epoch": self.epoch, "n": self.n, "commit": self.commit,
+             "fence": self.fence}
+        if self.ts:
+            m["ts"] = self.ts
+        return m
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> TxMarker:
@@ -186,7 +202,8 @@ class TxMarker(ControlRecord):
         fence = d.get("fence")
         if not is_int(epoch):  # report the epoch, not the fence bound it makes
             epoch_fields(epoch, d.get("n"))
-        return cls(d.get("tid"), epoch, d.get("n"), d.get("commit"), fence)  # type: ignore[arg-type]
+        return cls(d.get("tid"), epoch, d.get("n"), d.get("commit"), fence,  # type: ignore[arg-type]
+                   d.get("ts", 0))  # type: ignore[arg-type]
 
 
 MAX_MARKERS = 1024  # markers in one tx_markers record
@@ -200,6 +217,7 @@ class TxMarkers(ControlRecord):
 
     op: ClassVar[str] = "tx_markers"
     markers: tuple[TxMarker, ...]
+    ts: int = 0  # as `TxMarker.ts`, for them all
 
     def validate(self) -> None:
         if not isinstance(self.markers, tuple) or not 1 <= len(self.markers) <= MAX_MARKERS:
@@ -207,9 +225,14 @@ class TxMarkers(ControlRecord):
         for m in self.markers:
             if not isinstance(m, TxMarker):
                 raise Refused(Code.MALFORMED, "markers must be [tid, epoch, n, commit, fence]")
+        int_field("ts", self.ts, 0, MAX_MS)
 
     def to_map(self) -> dict[str, Any]:
-        return {"markers": [[m.tid, m.epoch, m.n, m.commit, m.fence] for m in self.markers]}
+        m: dict[str, Any] = {
+            "markers": [[m.tid, m.epoch, m.n, m.commit, m.fence] for m in self.markers]}
+        if self.ts:
+            m["ts"] = self.ts
+        return m
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> TxMarkers:
@@ -223,7 +246,45 @@ class TxMarkers(ControlRecord):
             tid, epoch, n, commit, fence = item
             out.append(TxMarker.from_map({"tid": tid, "epoch": epoch, "n": n,
                                           "commit": commit, "fence": fence}))
-        return cls(tuple(out))
+        return cls(tuple(out), d.get("ts", 0))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class IdleIds(ControlRecord):
+    """Transactional ids a leader found idle for `after_ms` at its clock `ts`: each one
+    still idle that long when the record applies is forgotten (what that means is the
+    part's: `TxForgetFences` here, `TxExpire` at the coordinator). The record carries the
+    time and the setting, so every replica decides alike whatever its own config."""
+
+    op: ClassVar[str] = ""
+    tids: tuple[str, ...]
+    ts: int
+    after_ms: int
+
+    def validate(self) -> None:
+        if not isinstance(self.tids, tuple) or not 1 <= len(self.tids) <= EXPIRE_BATCH:
+            raise Refused(Code.MALFORMED, f"tids must list 1..{EXPIRE_BATCH} transactional ids")
+        for tid in self.tids:
+            tid_field("tid", tid)
+        int_field("ts", self.ts, 0, MAX_MS)
+        int_field("after_ms", self.after_ms, 1, MAX_MS)
+
+    def to_map(self) -> dict[str, Any]:
+        return {"tids": list(self.tids), "ts": self.ts, "after_ms": self.after_ms}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> IdleIds:
+        tids = d.get("tids")
+        if isinstance(tids, list):
+            tids = tuple(tids)
+        return cls(tids, d.get("ts"), d.get("after_ms"))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class TxForgetFences(IdleIds):
+    """This group's fences of ids idle that long, with nothing prepared here, go."""
+
+    op: ClassVar[str] = "tx_forget_fences"
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,8 +423,8 @@ class TxParticipant(Part):
     """Prepared batches and offsets, fences and decisions of this group's transactions."""
 
     name = "txpart"
-    version = 1
-    records = (TxOffsets, TxMarker, TxMarkers, HalfEnd, HalfChecked)
+    version = 2  # 2 added each fence's time: a version 1 reader must refuse it
+    records = (TxOffsets, TxMarker, TxMarkers, HalfEnd, HalfChecked, TxForgetFences)
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
@@ -372,6 +433,8 @@ class TxParticipant(Part):
         self.no_fencing = "no-fencing" in mutations
         self.prepared: dict[TxKey, Prepared] = {}
         self.fences: dict[str, int] = {}
+        # tid -> the leader's clock at its last marker here (0: unknown, never forgotten)
+        self.fence_ms: dict[str, int] = {}
         self.decided: OrderedDict[TxKey, Decision] = OrderedDict()
         # (cg, topic, queue) -> undecided prepared offsets on it (`pending_offsets`)
         self._offset_pins: dict[tuple[str, str, int], int] = {}
@@ -384,13 +447,18 @@ class TxParticipant(Part):
         self._kafka_due: DueHeap[TxKey] = DueHeap(self._kafka_time)
         self._unchecked_due: DueHeap[TxKey] = DueHeap(self._unchecked_time)
         self._checked_due: DueHeap[TxKey] = DueHeap(self._checked_time)
+        # tid -> its undecided Kafka transactions here; fences by the time they went idle
+        # (`idle_fences`): both derived, never snapshotted
+        self._open_of: dict[str, int] = {}
+        self._idle_fences: DueHeap[str] = DueHeap(self._fence_time)
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
         return {TxOffsets.op: (TxOffsets, self._offsets),
                 TxMarker.op: (TxMarker, self._marker),
                 TxMarkers.op: (TxMarkers, self._markers),
                 HalfEnd.op: (HalfEnd, self._half_end),
-                HalfChecked.op: (HalfChecked, self._half_checked)}
+                HalfChecked.op: (HalfChecked, self._half_checked),
+                TxForgetFences.op: (TxForgetFences, self._forget_fences)}
 
     # ------------------------------------------------------------------ apply
 
@@ -448,6 +516,7 @@ class TxParticipant(Part):
         if p is None:
             p = self.prepared[key] = Prepared(index, store_ms, pg)
             self._track(key, p)
+            self._opened(key)
             if header.half is not None:
                 self._halves_of[pg] = self._halves_of.get(pg, 0) + 1
         p.batches.append(PreparedBatch(header.topic, header.queue, index, store_ms,
@@ -475,6 +544,7 @@ class TxParticipant(Part):
         if p is None:
             p = self.prepared[key] = Prepared(index, rec.ts)
             self._track(key, p)
+            self._opened(key)
         for topic, queue, offset in rec.offsets:
             p.offsets.append((rec.cg, topic, queue, offset))
             pin = (rec.cg, topic, queue)
@@ -486,6 +556,9 @@ class TxParticipant(Part):
         if key in self.decided:  # a retried marker: the decision stands, nothing changes
             return ControlResult(TxMarker.op, dup=True)
         self.fences[rec.tid] = max(self.fences.get(rec.tid, -1), rec.fence)
+        if rec.ts > self.fence_ms.get(rec.tid, 0):
+            self.fence_ms[rec.tid] = rec.ts
+            self._idle_fences.push(rec.ts, rec.tid)
         p = self.prepared.get(key)
         if p is None:  # nothing prepared here (yet): a late batch of it is refused
             self._decide(key, Decision(rec.commit, "marker", index, 0))
@@ -497,7 +570,7 @@ class TxParticipant(Part):
         applied = skipped = 0
         dup = True
         for m in rec.markers:  # a marker never refuses once valid: all apply, in order
-            r = self._marker(m, index)
+            r = self._marker(replace(m, ts=rec.ts) if rec.ts else m, index)
             applied, skipped, dup = applied + r.applied, skipped + r.skipped, dup and r.dup
         return ControlResult(TxMarkers.op, applied, skipped, dup)
 
@@ -528,6 +601,15 @@ class TxParticipant(Part):
         p.last_check_ms = rec.ts
         self._checked_due.push(p.last_check_ms, half_key(rec.txid))
         return ControlResult(HalfChecked.op, 1)
+
+    def _forget_fences(self, rec: TxForgetFences, index: int) -> ControlResult:
+        gone = 0
+        for tid in rec.tids:
+            at = self._fence_time(tid)
+            if at is not None and at + rec.after_ms <= rec.ts:
+                del self.fences[tid], self.fence_ms[tid]
+                gone += 1
+        return ControlResult(TxForgetFences.op, gone, dup=not gone)
 
     def _end(self, key: TxKey, p: Prepared, commit: bool, source: str,
              index: int) -> tuple[int, int]:
@@ -563,6 +645,15 @@ class TxParticipant(Part):
         del self.prepared[key]
         if unpin:
             self._unpin(p)
+        if key[0] == "k":
+            tid = key[1]
+            left = self._open_of[tid] - 1
+            if left:
+                self._open_of[tid] = left
+            else:
+                del self._open_of[tid]
+                if (at := self._fence_time(tid)) is not None:
+                    self._idle_fences.push(at, tid)  # idle again from its last marker
         if key[0] == "h":
             left = self._halves_of[p.producer_group] - 1
             if left:
@@ -610,6 +701,17 @@ class TxParticipant(Part):
             self._unchecked_due.push(p.prepared_ms, key)
         else:
             self._checked_due.push(p.last_check_ms, key)
+
+    def _opened(self, key: TxKey) -> None:
+        """A new undecided transaction `key` is held here."""
+        if key[0] == "k":
+            self._open_of[key[1]] = self._open_of.get(key[1], 0) + 1
+
+    def _fence_time(self, tid: str) -> int | None:
+        """Since when `tid`'s fence here is idle: its last marker's time, if known and
+        nothing of `tid` is prepared here (None: not to be forgotten)."""
+        at = self.fence_ms.get(tid, 0)
+        return at if at and tid in self.fences and tid not in self._open_of else None
 
     def _kafka_time(self, key: TxKey) -> int | None:
         p = self.prepared.get(key)
@@ -692,6 +794,11 @@ class TxParticipant(Part):
         """The highest epoch seen for `tid` here (-1: none)."""
         return self.fences.get(tid, -1)
 
+    def idle_fences(self, until: int, limit: int = EXPIRE_BATCH) -> list[str]:
+        """Up to `limit` ids whose fence is idle since `until` (ms) or before, by tid;
+        O(due log n), for a leader's every tick."""
+        return self._idle_fences.due(until)[:limit]
+
     def pinned_index(self) -> int | None:
         """The lowest Raft index any undecided prepared batch lies at (None: none)."""
         return min((i for p in self.prepared.values() if (i := p.pinned()) is not None),
@@ -712,13 +819,13 @@ class TxParticipant(Part):
             ])
         return {
             "prepared": prepared,
-            "fences": [[t, e] for t, e in sorted(self.fences.items())],
+            "fences": [[t, e, self.fence_ms.get(t, 0)] for t, e in sorted(self.fences.items())],
             "decided": [[list(k), d.commit, d.source, d.index, d.messages]
                         for k, d in self.decided.items()],
         }
 
     def load(self, version: int, section: Any) -> None:
-        if version != 1:
+        if version not in (1, 2):
             raise ValueError(f"unsupported txpart section version {version!r}")
         for key, batches, offsets, first, pms, pg, checks, last in section["prepared"]:
             k = _key(key)
@@ -738,6 +845,7 @@ class TxParticipant(Part):
             if k in self.prepared:
                 raise ValueError(f"prepared transaction {key!r} twice")
             self.prepared[k] = p
+            self._opened(k)
             if k[0] == "h":
                 self._halves_of[p.producer_group] = self._halves_of.get(p.producer_group, 0) + 1
         kafka = [(p.prepared_ms, k) for k, p in self.prepared.items() if k[0] == "k"]
@@ -746,8 +854,13 @@ class TxParticipant(Part):
                                     if k[0] == "h" and not p.checks)
         self._checked_due.rebuild((p.last_check_ms, k) for k, p in self.prepared.items()
                                   if k[0] == "h" and p.checks)
-        for tid, epoch in section["fences"]:
+        for row in section["fences"]:
+            tid, epoch, ms = row if version > 1 else (*row, 0)
             self.fences[str(tid)] = int(epoch)
+            if ms:
+                self.fence_ms[str(tid)] = int(ms)
+        self._idle_fences.rebuild((at, tid) for tid in self.fences
+                                  if (at := self._fence_time(tid)) is not None)
         for key, commit, source, index, messages in section["decided"]:
             if not isinstance(commit, bool):
                 raise ValueError(f"bad decision {key!r}")
