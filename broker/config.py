@@ -70,12 +70,13 @@ ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # retry it (TX_END: once its decision is committed, before any marker goes out).
 # Transactions: commit-before-durable-prepare answers a prepared produce before it is
 # committed; serve-prepared puts prepared batches in their queues at once (consumers read
-# uncommitted and aborted data); no-fencing ignores transactional epochs.
+# uncommitted and aborted data); no-fencing ignores transactional epochs; forget-epochs
+# starts an expired transactional id at epoch 0 again (its old producers' epochs count).
 # Security: drop-acl-remove acknowledges every 5th removal of an ACL entry but keeps it.
 KNOWN_MUTATIONS = frozenset({
     "ack-before-commit", "skip-fsync", "duplicate-batch", "skip-read-barrier",
     "crash-before-answer", "commit-before-durable-prepare", "serve-prepared", "no-fencing",
-    "drop-acl-remove",
+    "forget-epochs", "drop-acl-remove",
 })
 
 # Port layout of `cluster_configs`: node i listens at base+i, serves metrics at
@@ -200,13 +201,15 @@ class NodeConfig:
     # and rolled back after `tx_check_max` checks;
     # a client may ask for a transaction timeout of at most `tx_timeout_max_ms`; prepared
     # data of a Kafka transaction older than `tx_orphan_ms` asks its coordinator whether
-    # it was left behind; the leaders look for due work every `tx_tick_ms`.
+    # it was left behind; the leaders look for due work every `tx_tick_ms`. A
+    # transactional id idle for `tx_id_expiration_ms` (7 days, Kafka's default) is forgotten.
     tx_check_first_ms: int = 6_000
     tx_check_interval_ms: int = 30_000
     tx_check_max: int = 15
     tx_timeout_max_ms: int = 900_000
     tx_orphan_ms: int = 120_000
     tx_tick_ms: int = 200
+    tx_id_expiration_ms: int = 604_800_000
 
     def __post_init__(self) -> None:
         # a read-only view, so a "frozen" config cannot be changed through its peers table
@@ -599,6 +602,7 @@ _TX_SETTINGS = {
     "tx_timeout_max_ms": (900_000, 1),
     "tx_orphan_ms": (120_000, 1),
     "tx_tick_ms": (200, 1),
+    "tx_id_expiration_ms": (604_800_000, 1),
 }
 
 

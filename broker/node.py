@@ -689,8 +689,11 @@ class Node:
             for (cg, topic, q), off in state.consumer_offsets().items():
                 if see is None or see("group", cg):
                     offsets.setdefault(cg, {}).setdefault(topic, {})[q] = off
+            # what transactional ids cost here: ids coordinated, fences kept (both are
+            # forgotten after tx_id_expiration_ms idle)
+            tx_ids, tx_fences = len(state.txcoord.txns), len(state.txpart.fences)
             groups[gid] = {**st, "leader_addr": self.peer_addr(st["leader"]), "queues": queues,
-                           "offsets": offsets}
+                           "offsets": offsets, "tx_ids": tx_ids, "tx_fences": tx_fences}
         return {"node": self.node_id, "addr": self.addr, "groups": groups,
                 "peers_connected": self.peers.connected_peers()}
 

@@ -404,13 +404,13 @@ class TxService:
     async def markers(self, g: GroupRuntime, markers: list[list[Any]]) -> ControlResult:
         """Apply several decisions ([tid, epoch, n, commit, fence] each) in participant
         `g` (led here) as one entry."""
-        return await self._propose(g, {"op": "tx_markers", "markers": markers})
+        return await self._propose(g, {"op": "tx_markers", "markers": markers, "ts": now_ms()})
 
     async def marker(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool,
                      fence: int) -> ControlResult:
         """Apply a coordinator's decision in participant `g` (led here)."""
         return await self._propose(g, {"op": "tx_marker", "tid": tid, "epoch": epoch, "n": n,
-                                       "commit": commit, "fence": fence})
+                                       "commit": commit, "fence": fence, "ts": now_ms()})
 
     async def _status(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)

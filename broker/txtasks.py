@@ -29,6 +29,10 @@ Every `tx_tick_ms`, for each group this node leads, from the group's applied sta
   checked that many seconds after it was stored (RocketMQ's check immunity). No member, no answer or "unknown":
   nothing more until the next interval.
 
+* expiry: transactional ids idle for `tx_id_expiration_ms` are forgotten by their
+  coordinator (tx_expire) and their fences by each participant (tx_forget_fences), at
+  most `EXPIRE_BATCH` ids per record, one record at a time per group.
+
 TX_END and TX_INIT do not wait for a tick: they call `finish`, which runs the same
 marker work at once (one run per transaction, shared by every waiter). The markers of
 one transactional id go out in its transactions' order: a transaction's wait for every
@@ -299,6 +303,11 @@ class TxTasks:
             for half in part.halves_due(now, self.config.tx_check_first_ms,
                                         self.config.tx_check_interval_ms):
                 self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
+            idle_since = now - self.config.tx_id_expiration_ms
+            for op, tids in (("tx_expire", coord.idle_ids(idle_since)),
+                             ("tx_forget_fences", part.idle_fences(idle_since))):
+                if tids:
+                    self._spawn((op, gid), partial(self._forget_idle, gid, op, tids, now))
         if len(seen) != len(self._orphan_wait):  # resolved, or no longer led here
             self._orphan_wait = {k: v for k, v in self._orphan_wait.items() if k in seen}
 
@@ -441,6 +450,15 @@ class TxTasks:
         log.info("transaction timed out: aborted", extra={"fields": {
             "tid": tid, "epoch": epoch, "n": n}})
         await self._complete(gid, tid, epoch, n)
+
+    async def _forget_idle(self, gid: str, op: str, tids: list[str], now: int) -> None:
+        """Log that `tids`, idle in `gid` since `tx_id_expiration_ms` before `now`, are
+        forgotten (`op`: tx_expire or tx_forget_fences); an id used meanwhile stays."""
+        self._leading(gid)
+        result = await self.tx._propose(self.groups[gid], {
+            "op": op, "tids": tids, "ts": now, "after_ms": self.config.tx_id_expiration_ms})
+        log.info("idle transactional ids forgotten", extra={"fields": {
+            "group": gid, "record": op, "ids": result.applied}})
 
     # ------------------------------------------------------------------ peers
 

@@ -217,6 +217,11 @@ class TransactionalSends:
         err = as_sdk_error(exc)
         if isinstance(err, ProducerFencedError):
             self.fenced = self.fenced or err
+        elif exc.code == Code.TX_UNKNOWN:
+            # the coordinator does not know this epoch or transaction (the id expired
+            # after the cluster's tx_id_expiration_ms idle): register again before the
+            # next transaction, which gets a new epoch
+            self.epoch = -1
         return err
 
     def reraise(self, exc: RequestError) -> NoReturn:
