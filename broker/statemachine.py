@@ -144,7 +144,8 @@ __all__ = [
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
                                  Leadership, TxParticipant, TxCoordinator, Users, Acls)
 #: The test mutations the state machine itself carries out (see `broker.config`).
-STATE_MUTATIONS = frozenset({"serve-prepared", "no-fencing", "drop-acl-remove"})
+STATE_MUTATIONS = frozenset({"serve-prepared", "no-fencing", "forget-epochs",
+                             "drop-acl-remove"})
 SNAPSHOT_VERSION = 3  # 3: a section per part; 2 added "clients" to 1's flat map
 _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
 

@@ -15,7 +15,9 @@ strings; every message of these topics is sent by exactly one record below.
 
 ``tx-init`` (key = transactional id)
     A producer took the id: ``ok {"epoch": e}`` once the coordinator answered. Used for
-    zombies: from the ``ok`` on, epochs below ``e`` of that id can no longer commit.
+    zombies: from the ``ok`` on, epochs below ``e`` of that id can no longer commit. Two
+    inits of one id are never granted the same epoch, also when the cluster forgot the
+    id in between (``epochs_reused``): a producer of the old epoch would act as the new.
 
 ``txn`` (key = transactional id)
     Invoke value ``{"id": run-unique name, "epoch": e, "n": n, "sends": [[topic, queue,
@@ -79,6 +81,7 @@ Counted violations (`VIOLATIONS`):
 - ``reordered``: two messages of one transaction in one queue in the other order;
 - ``zombie_commits``: a commit acknowledged to epoch e of an id after an init of that id
   with a higher epoch had completed before the commit was sent;
+- ``epochs_reused``: two inits of one id answered with the same epoch;
 - ``half_early_reads``: a half message read before a commit of it could exist (the end
   request, or a check-back answering commit); ``half_rolled_back_reads``: a half that
   ended rolled back (acknowledged, never stored, or whose every possible outcome is a
@@ -119,6 +122,7 @@ VIOLATIONS = (
     "unexpected",
     "reordered",
     "zombie_commits",
+    "epochs_reused",
     "half_early_reads",
     "half_rolled_back_reads",
     "half_lost",
@@ -445,6 +449,12 @@ class Checker:
                 last[queue] = max(last.get(queue, -1), min(spots))
             if state == COMMITTED and self._fenced_before(txn) is not None:
                 found["zombie_commits"].append({**name, "fenced_by": self._fenced_before(txn)})
+        for tid, inits in sorted(self.inits.items()):
+            granted: dict[int, int] = {}
+            for _t, epoch in inits:
+                granted[epoch] = granted.get(epoch, 0) + 1
+            found["epochs_reused"] += [{"tid": tid, "epoch": e, "inits": n}
+                                       for e, n in sorted(granted.items()) if n > 1]
         halves = self._halves(found, present, read_at_all)
         pipeline = self._pipeline(found, where, ends)
         counts = {kind: len(items) for kind, items in found.items()}

@@ -76,6 +76,8 @@ TX_NODE_SETTINGS = {
     "tx_check_interval_ms": 1_000,
     "tx_check_max": 3,
     "tx_orphan_ms": 10_000,
+    # idle ids (the killed producers' below) are forgotten, and come back, within a run
+    "tx_id_expiration_ms": 5_000,
 }
 """Node settings of a run with the txn workload."""
 
@@ -89,6 +91,10 @@ ZOMBIES = 0.3  # share of an epoch's first transactions that turn zombie
 _LOCALS = (("commit", 0.45), ("rollback", 0.35), ("unknown", 0.2))
 _FLIP = 0.5  # a check-back of a half already ended: how often the listener answers opposite
 _HOLD_LONG = 0.15  # halves held prepared past the first check-back (1 s in these runs)
+KILLED_TIMEOUT_MS = 2_000  # transaction timeout of the producers killed before TX_ADD
+# an id of one of those is used again this long after, by then aborted at its timeout and
+# idle past tx_id_expiration_ms: forgotten, unless faults held that up
+REUSE_AFTER = 10.0
 
 
 def _draw(rng: random.Random, table: tuple[tuple[str, float], ...]) -> str:
@@ -244,26 +250,35 @@ class TxWorkload:
                 await self._zombie(tx, old_process, tid, stop_at)
 
     async def _killed_before_add(self, stop_at: float) -> None:
-        """Producers killed between their first send and its TX_ADD, each with an id never
-        used again (as Spark jobs without a `queryName` make): the prepared batch is
+        """Producers killed between their first send and its TX_ADD, most with an id never
+        used before (as Spark jobs without a `queryName` make): the prepared batch is
         stored, the coordinator never hears of the group. Nothing but its producer's
         commit could commit it, so it must never be read (the checker's aborted reads);
-        how the cluster resolves such data is the product's business, not this one's."""
+        how the cluster resolves such data is the product's business, not this one's.
+        Every other one, when there is one, takes the id of the oldest one at least
+        `REUSE_AFTER` old (a job run again under its old id after a pause): by then the
+        cluster has usually forgotten the id, and its new epoch must still be above every
+        earlier one (the checker's reused epochs)."""
         process = self._process()
         k = 0
+        used: list[tuple[float, str]] = []  # (when, id) of the ids not reused yet
         while time.monotonic() < stop_at:
             k += 1
-            await self._one_killed_before_add(process, f"{self.topic}-gone-{process}-{k}")
+            tid = f"{self.topic}-gone-{process}-{k}"
+            if used and used[0][0] < time.monotonic() - REUSE_AFTER and k % 2:
+                tid = used.pop(0)[1]
+                self._count("id-reused")
+            used.append((time.monotonic(), tid))
+            await self._one_killed_before_add(process, tid, f"{tid}-{k}")
             await trio.sleep(self.rng.uniform(1.0, 3.0))
 
-    async def _one_killed_before_add(self, process: int, tid: str) -> None:
+    async def _one_killed_before_add(self, process: int, tid: str, body: str) -> None:
         async with Producer(self.namesrv, transactional_id=tid, send_timeout=self.send_timeout,
-                            transaction_timeout_ms=self.transaction_timeout_ms) as producer:
+                            transaction_timeout_ms=KILLED_TIMEOUT_MS) as producer:
             tx = await self._begin(producer, process, tid)
             if tx is None:
                 return
             queue = self.rng.randrange(self.queues[self.topic])
-            body = f"{tid}-0"
             rec = self.recorder
             rec.invoke(process, "txn", tid, {"id": body, "epoch": tx.epoch, "n": tx.n,
                                              "sends": [[self.topic, queue, body]],

@@ -43,6 +43,7 @@ CAUGHT_BY: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "serve-prepared": ("none", "1", ("aborted_reads", "uncommitted_reads",
                                      "half_rolled_back_reads", "half_early_reads")),
     "no-fencing": ("none", "1", ("zombie_commits",)),
+    "forget-epochs": ("none", "1,2", ("epochs_reused",)),
     "commit-before-durable-prepare": ("partition-node", "21,12", ("lost_committed", "torn")),
 }
 
