@@ -80,6 +80,11 @@ class NodeMetrics:
                                       g, registry=r)
         self.fetch_bytes = Counter("raftmq_fetch_bytes", "Bytes returned by fetches", g,
                                    registry=r)
+        self.tx_ids = Gauge("raftmq_tx_ids", "Transactional ids this group coordinates "
+                            "(forgotten after tx_id_expiration_ms idle)", g, registry=r)
+        self.tx_fences = Gauge("raftmq_tx_fences", "Transactional ids this group keeps a "
+                               "fence of (forgotten after tx_id_expiration_ms idle)", g,
+                               registry=r)
         self.consumer_lag = Gauge("raftmq_consumer_lag",
                                   "Messages between a consumer group's offset and the queue end",
                                   ["group", "cg", "topic", "queue"], registry=r)
@@ -129,7 +134,8 @@ class NodeMetrics:
         for metric in (self.role, self.term, self.commit_index, self.applied_index,
                        self.last_index, self.durable_index, self.fsync_seconds, self.elections,
                        self.leader_changes, self.produce_messages, self.produce_bytes,
-                       self.produce_latency, self.fetch_messages, self.fetch_bytes):
+                       self.produce_latency, self.fetch_messages, self.fetch_bytes,
+                       self.tx_ids, self.tx_fences):
             try:
                 metric.remove(group)
             except KeyError:

@@ -714,6 +714,8 @@ class Node:
                     self.repaired_counter.labels(gid).inc(repaired)
                     self._repaired_seen[gid] = st["repaired"]
                 state = self.states[gid]
+                self.metrics.tx_ids.labels(gid).set(len(state.txcoord.txns))
+                self.metrics.tx_fences.labels(gid).set(len(state.txpart.fences))
                 ntopics = state.topic_count
                 if seen_topics.get(gid, ntopics) != ntopics:
                     self.registrar.wake()

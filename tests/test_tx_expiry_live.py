@@ -20,6 +20,7 @@ from broker.txn import coordinator_group
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer, PullConsumer, TransactionError
 from tests.conftest import node_status, steady_leaders, wait_for
+from tests.live_cluster import scrape_metrics
 from transport.blocking import request
 
 pytestmark = pytest.mark.live
@@ -97,6 +98,11 @@ def test_an_idle_id_is_forgotten_everywhere_and_comes_back_with_a_higher_epoch(
     first = commit_one(cluster, b"one")
     assert (1, 1) in held(cluster)  # the leaders hold the id and its fence
     wait_for(lambda: forgotten(cluster), 60, "the id and its fence forgotten on every node")
+    for cfg in cluster.configs:  # the metrics say so too (refreshed every second)
+        assert cfg.metrics is not None
+        wait_for(lambda m=cfg.metrics: scrape_metrics(m).get('raftmq_tx_ids{group="g0"}') == 0
+                 and scrape_metrics(m).get('raftmq_tx_fences{group="g1"}') == 0, 30,
+                 "the gauges at zero")
     assert epoch_of(cluster) == -1  # unknown to its coordinator now
     err = old_epoch_refused(cluster, first)
     assert err.code == Code.TX_UNKNOWN and "not initialised" in err.message, err
