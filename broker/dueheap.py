@@ -45,12 +45,14 @@ class DueHeap(Generic[K]):
         heapq.heapify(self._heap)
         self._limit = 2 * len(self._heap) + _SLACK
 
-    def due(self, until: int) -> list[K]:
-        """The keys due at or before `until`, each once, in key order. They stay held
-        (still due at the next call until their owner re-times or drops them)."""
+    def due(self, until: int, limit: int | None = None) -> list[K]:
+        """The keys due at or before `until`, each once, in key order; with `limit`, only
+        the `limit` due first, so a tick that handles a few at a time looks at no more
+        (O(limit log n) however many are due). They stay held (still due at the next call
+        until their owner re-times or drops them)."""
         found: dict[K, int] = {}
         heap = self._heap
-        while heap and heap[0][0] <= until:
+        while heap and heap[0][0] <= until and (limit is None or len(found) < limit):
             at, key = heapq.heappop(heap)
             if key not in found and self._current(key) == at:
                 found[key] = at

@@ -304,9 +304,9 @@ class TxTasks:
                                         self.config.tx_check_interval_ms):
                 self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
             idle_since = now - self.config.tx_id_expiration_ms
-            for op, tids in (("tx_expire", coord.idle_ids(idle_since)),
-                             ("tx_forget_fences", part.idle_fences(idle_since))):
-                if tids:
+            for op, idle in (("tx_expire", coord.idle_ids), ("tx_forget_fences",
+                                                             part.idle_fences)):
+                if (op, gid) not in self._running and (tids := idle(idle_since)):
                     self._spawn((op, gid), partial(self._forget_idle, gid, op, tids, now))
         if len(seen) != len(self._orphan_wait):  # resolved, or no longer led here
             self._orphan_wait = {k: v for k, v in self._orphan_wait.items() if k in seen}

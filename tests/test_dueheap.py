@@ -28,6 +28,27 @@ def test_due_looks_only_at_the_due_keys_and_keeps_them_until_retimed() -> None:
     assert heap.due(5000)[:2] == ["k00000", "k00002"] and "k00001" not in heap.due(5000)
 
 
+def test_a_limit_looks_at_only_that_many_of_the_due_keys() -> None:
+    """1,000 ids may fall due at once (an expiry); a tick taking 10 a time pops 10."""
+    times = {f"k{i:05}": 1000 - i for i in range(1000)}  # the last key is due first
+    asked: list[str] = []
+
+    def current(key: str) -> int | None:
+        asked.append(key)
+        return times.get(key)
+
+    heap: DueHeap[str] = DueHeap(current)
+    for key, at in times.items():
+        heap.push(at, key)
+    asked.clear()
+    first = heap.due(10**9, limit=10)
+    assert first == sorted(f"k{i:05}" for i in range(990, 1000)) and len(asked) == 10
+    for key in first:
+        del times[key]  # handled: gone
+    assert heap.due(10**9, limit=10) == sorted(f"k{i:05}" for i in range(980, 990))
+    assert len(heap.due(10**9)) == 990
+
+
 def test_stale_entries_do_not_pile_up_where_nobody_asks() -> None:
     times: dict[str, int] = {}
     heap: DueHeap[str] = DueHeap(times.get)

@@ -537,7 +537,7 @@ class TxCoordinator(Part):
     def idle_ids(self, until: int, limit: int = EXPIRE_BATCH) -> list[str]:
         """Up to `limit` ids idle since `until` (ms) or before, by tid; O(due log n), for
         a leader's every tick."""
-        return self._idle.due(until)[:limit]
+        return self._idle.due(until, limit)
 
     def done_ring(self) -> list[DoneTxn]:
         """The last finished transactions, oldest first."""

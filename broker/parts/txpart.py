@@ -797,7 +797,7 @@ class TxParticipant(Part):
     def idle_fences(self, until: int, limit: int = EXPIRE_BATCH) -> list[str]:
         """Up to `limit` ids whose fence is idle since `until` (ms) or before, by tid;
         O(due log n), for a leader's every tick."""
-        return self._idle_fences.due(until)[:limit]
+        return self._idle_fences.due(until, limit)
 
     def pinned_index(self) -> int | None:
         """The lowest Raft index any undecided prepared batch lies at (None: none)."""
