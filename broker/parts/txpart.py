@@ -558,11 +558,12 @@ class TxParticipant(Part):
         self.fences[rec.tid] = max(self.fences.get(rec.tid, -1), rec.fence)
         if rec.ts > self.fence_ms.get(rec.tid, 0):
             self.fence_ms[rec.tid] = rec.ts
-            self._idle_fences.push(rec.ts, rec.tid)
         p = self.prepared.get(key)
         if p is None:  # nothing prepared here (yet): a late batch of it is refused
             self._decide(key, Decision(rec.commit, "marker", index, 0))
+            self._track_fence(rec.tid)
             return ControlResult(TxMarker.op, dup=True)
+        # deciding it (`_end`) tracks the fence once nothing of the id is left open
         applied, skipped = self._end(key, p, rec.commit, "marker", index)
         return ControlResult(TxMarker.op, applied, skipped)
 
@@ -652,8 +653,7 @@ class TxParticipant(Part):
                 self._open_of[tid] = left
             else:
                 del self._open_of[tid]
-                if (at := self._fence_time(tid)) is not None:
-                    self._idle_fences.push(at, tid)  # idle again from its last marker
+                self._track_fence(tid)  # idle from its last marker
         if key[0] == "h":
             left = self._halves_of[p.producer_group] - 1
             if left:
@@ -712,6 +712,11 @@ class TxParticipant(Part):
         nothing of `tid` is prepared here (None: not to be forgotten)."""
         at = self.fence_ms.get(tid, 0)
         return at if at and tid in self.fences and tid not in self._open_of else None
+
+    def _track_fence(self, tid: str) -> None:
+        """Put `tid`'s fence where a tick finds it once it has been idle long enough."""
+        if (at := self._fence_time(tid)) is not None:
+            self._idle_fences.push(at, tid)
 
     def _kafka_time(self, key: TxKey) -> int | None:
         p = self.prepared.get(key)
