@@ -689,9 +689,7 @@ class Node:
             for (cg, topic, q), off in state.consumer_offsets().items():
                 if see is None or see("group", cg):
                     offsets.setdefault(cg, {}).setdefault(topic, {})[q] = off
-            # what transactional ids cost here: ids coordinated, fences kept (both are
-            # forgotten after tx_id_expiration_ms idle)
-            tx_ids, tx_fences = len(state.txcoord.txns), len(state.txpart.fences)
+            tx_ids, tx_fences = _tx_held(state)
             groups[gid] = {**st, "leader_addr": self.peer_addr(st["leader"]), "queues": queues,
                            "offsets": offsets, "tx_ids": tx_ids, "tx_fences": tx_fences}
         return {"node": self.node_id, "addr": self.addr, "groups": groups,
@@ -714,8 +712,9 @@ class Node:
                     self.repaired_counter.labels(gid).inc(repaired)
                     self._repaired_seen[gid] = st["repaired"]
                 state = self.states[gid]
-                self.metrics.tx_ids.labels(gid).set(len(state.txcoord.txns))
-                self.metrics.tx_fences.labels(gid).set(len(state.txpart.fences))
+                tx_ids, tx_fences = _tx_held(state)
+                self.metrics.tx_ids.labels(gid).set(tx_ids)
+                self.metrics.tx_fences.labels(gid).set(tx_fences)
                 ntopics = state.topic_count
                 if seen_topics.get(gid, ntopics) != ntopics:
                     self.registrar.wake()
@@ -728,6 +727,12 @@ class Node:
                             continue
                         self.metrics.consumer_lag.labels(gid, cg, topic, str(q)).set(end - off)
             await trio.sleep(1.0)
+
+
+def _tx_held(state: BrokerState) -> tuple[int, int]:
+    """What transactional ids cost a group (STATUS and the metrics): the ids it
+    coordinates and the fences it keeps, both forgotten after tx_id_expiration_ms idle."""
+    return len(state.txcoord.txns), len(state.txpart.fences)
 
 
 class ListenError(Exception):

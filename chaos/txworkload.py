@@ -308,8 +308,7 @@ class TxWorkload:
                 self._count("killed-before-add")
                 rec.complete(process, "fail", "txn", tid,
                              {"error": "killed between its first send and TX_ADD"})
-                # killed: it sends nothing more, not even the abort a closing producer sends
-                tx.state = "aborted"
+                _never_ended(tx)  # killed: not even the abort a closing producer sends
 
     async def _begin(self, producer: Producer, process: int, tid: str) -> Transaction | None:
         """Begin a transaction, recording the init (``tx-init``) when it registers the id."""
