@@ -788,6 +788,9 @@ class BrokerService:
     # ------------------------------------------------------------------ membership
 
     def _members_view(self, g: GroupRuntime) -> dict[str, Any]:
+        """The membership as this leader sees it; NOT_LEADER (retriable, with the hint)
+        when it lost the leadership while the request waited (a barrier, a change)."""
+        self._leading(g)
         m = g.membership
         st = g.status()
         nodes = sorted(self.node.config.peers)

@@ -91,9 +91,6 @@ class GroupMembers:
 
 def _members(group: str, frame: Frame) -> GroupMembers:
     h = frame.header
-    if h.get("leader") is None:  # answered by a replica that lost its leadership meanwhile
-        raise RequestError(Code.UNAVAILABLE, f"group {group} has no leader at the moment "
-                           "(an election is under way)")
     return GroupMembers(
         group=group, leader=int(h["leader"]), voters=tuple(h["voters"]),
         learners=tuple(h["learners"]),
