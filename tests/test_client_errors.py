@@ -119,6 +119,36 @@ async def test_leaving_a_client_block_keeps_errors_and_cancellations_as_they_are
                 raise KeyError("mine")
 
 
+@pytest.mark.anyio
+async def test_a_task_that_meets_its_clients_close_is_no_failure_but_a_real_one_is(
+        anyio_backend: str) -> None:
+    """A client's task woken just before the close runs on to its next checkpoint and may
+    find the client closed: leaving the block must not raise that; a real failure of a
+    client task still comes out as itself."""
+    from contextlib import AsyncExitStack
+
+    from raftmq.client.errors import ClientClosedError, close_stack
+
+    async def leave_with(error: Exception) -> None:
+        woken = anyio.Event()
+
+        async def task() -> None:
+            await woken.wait()
+            raise error  # no checkpoint between the wake-up and this
+
+        stack = AsyncExitStack()
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        tg.start_soon(task)
+        await anyio.sleep(0.01)
+        woken.set()
+        tg.cancel_scope.cancel()
+        await close_stack(stack, None)
+
+    await leave_with(ClientClosedError("the PullConsumer is not open"))
+    with pytest.raises(KeyError):
+        await leave_with(KeyError("a real one"))
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:  # bound, never listening: connections to it are refused

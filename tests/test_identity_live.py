@@ -219,8 +219,6 @@ def test_a_revoked_user_cannot_decide_its_half_message(cluster: LocalCluster,
     topic, pg = f"dave-topic-{revoke}", f"dave-pg-{revoke}"
     pg_acl = {"operation": "publish", "kind": "producer-group", "name": pg}
     add_user(cluster, user, pg_acl, {"operation": "publish", "kind": "topic", "name": topic})
-    as_root(cluster, {"op": int(Op.CREATE_TOPIC), "g": "g0", "topic": topic,
-                      "queues": 1, "hosted": [0]})
     revoked = anyio.Event()
     asked: list[CheckRequest] = []
 
@@ -244,6 +242,7 @@ def test_a_revoked_user_cannot_decide_its_half_message(cluster: LocalCluster,
                 Producer(cluster.namesrv_addr, producer_group=pg, pool=pool,
                          check_listener=listener) as producer, \
                 Admin(cluster.namesrv_addr, pool=root_pool) as admin:
+            await admin.create_topic(topic, 1, ["g0"])  # and waits until it is routed
             half = await producer.prepare(topic, b"a half message", queue=0)
             with anyio.fail_after(60):
                 while not asked:

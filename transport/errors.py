@@ -61,15 +61,20 @@ async def close_stack(stack: AbstractAsyncContextManager[Any], exc: BaseExceptio
     The stack sees the error (its task group cancels its tasks), and the exception group
     that comes back is dropped in favour of the caller's own error. When the block
     succeeded, a failure of the client's own tasks is raised, unwrapped if it is one.
+    A task that ran on between the close and its cancellation and met the closed client
+    (`ClientClosedError`) did not fail: the close is what it met.
     Returns what the stack returned (True: `exc` was a cancellation it absorbed).
     """
     try:
         return bool(await stack.__aexit__(
             type(exc) if exc else None, exc, exc.__traceback__ if exc else None))
-    except BaseExceptionGroup as group:
+    except BaseExceptionGroup as whole:
         if exc is not None:
             return False  # the caller's error goes on as it was raised
+        _, group = whole.split(ClientClosedError)
+        if group is None:
+            return False
         real = unwrap(group)
-        if real is group:
+        if real is whole:
             raise
         raise real from None
