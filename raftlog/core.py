@@ -1053,6 +1053,7 @@ class RaftNode:
         ctx = self._reads.pending_ctx
         for peer, pr in self._progress.items():
             if peer != self.id:
+                pr.beat = True
                 self._send(MsgType.HEARTBEAT, peer, commit=min(pr.match, self.commit), context=ctx)
 
     def _check_can_propose(self) -> None:
@@ -1108,10 +1109,9 @@ class RaftNode:
         elif t == MsgType.HEARTBEAT_RESP:
             if m.reject:
                 pr.lost(m.hint_index)
-            pr.paused = False
-            if pr.replicating and len(pr.inflight) >= self.cfg.max_inflight:
-                pr.inflight.popleft()  # an ack may have been lost: let one more through
-            if pr.match < self._last_index:
+            # once per heartbeat interval, not per answer: ReadIndex rounds bring many,
+            # and each must not cost a follower far behind another append read and sent
+            if pr.beat_answered(self.cfg.max_inflight) and pr.match < self._last_index:
                 self._send_append(m.src, empty_ok=True)
             if m.context:
                 self._ack_read_rounds(m.src, m.context)

@@ -5,6 +5,12 @@ reply (it does not know where the follower's log diverges); in REPLICATE it stre
 appends optimistically, at most `max_inflight` unacknowledged at once (pipelining); in
 SNAPSHOT (`snapshot` > 0) it has sent its snapshot and sends nothing else until the
 follower acknowledges it, or until `snapshot_elapsed` says the transfer was lost.
+
+Heartbeat answers come far more often than heartbeats (every ReadIndex round sends one),
+so what an answer may trigger (a probe resent, one append past a full window when its
+acknowledgements stopped) happens once per heartbeat interval: `beat` says a heartbeat
+went out since the last such answer, `acked_since_beat` that appends were acknowledged
+meanwhile (the window is moving: no acknowledgement is lost).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ class Progress:
         "recent_active",
         "snapshot",
         "snapshot_elapsed",
+        "beat",
+        "acked_since_beat",
     )
 
     def __init__(self, next_index: int) -> None:
@@ -35,6 +43,8 @@ class Progress:
         self.recent_active = False  # heard from since the last check-quorum round
         self.snapshot = 0  # SNAPSHOT only: index of the snapshot sent (0: not in SNAPSHOT)
         self.snapshot_elapsed = 0  # ticks since it was sent
+        self.beat = False  # a heartbeat went out since the last answer that acted on one
+        self.acked_since_beat = False  # an append was acknowledged since then
 
     def become_probe(self) -> None:
         self.replicating = False
@@ -80,6 +90,7 @@ class Progress:
         self.paused = False
         while self.inflight and self.inflight[0] <= index:
             self.inflight.popleft()
+            self.acked_since_beat = True
         if self.snapshot and index >= self.snapshot:
             self.snapshot = 0  # installed: the caller moves on to replicating
         if index <= self.match:
@@ -117,12 +128,31 @@ class Progress:
     def lost(self, next_hint: int) -> None:
         """The follower says its log ends before `match` (its disk was replaced): forget
         the match and probe from where its log ends. Ignored while a snapshot is on its
-        way (the follower holds nothing until it is installed)."""
+        way (the follower holds nothing until it is installed), and when already probing
+        from there (every heartbeat answer says it again: a probe under way stays the
+        one outstanding)."""
         if self.snapshot:
+            return
+        if not self.replicating and self.match == 0 and self.next == max(1, next_hint):
             return
         self.match = 0
         self.become_probe()
         self.next = max(1, next_hint)
+
+    def beat_answered(self, max_inflight: int) -> bool:
+        """A heartbeat answer arrived. True for the first one after a heartbeat went out:
+        the probe may be resent, and a full window whose acknowledgements stopped lets one
+        append more through (an acknowledgement may have been lost). False for the rest:
+        they change nothing here."""
+        if not self.beat:
+            return False
+        self.beat = False
+        self.paused = False
+        if (self.replicating and len(self.inflight) >= max_inflight
+                and not self.acked_since_beat):
+            self.inflight.popleft()
+        self.acked_since_beat = False
+        return True
 
     def snapshot_tick(self, retry_ticks: int) -> bool:
         """One tick in SNAPSHOT; True when the transfer is given up as lost (back to

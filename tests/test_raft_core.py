@@ -518,3 +518,50 @@ def test_a_backlog_of_committed_entries_is_applied_in_bounded_batches(
     assert c.payloads(follower) == want
     mine = [n for i, n in batches if i == follower]
     assert sum(mine) >= 30 and max(mine) == 4, mine
+
+
+def test_heartbeat_answers_cost_a_follower_far_behind_one_append_per_heartbeat():
+    """Every ReadIndex round sends a heartbeat, so a leader serving reads gets answers far
+    more often than it beats. An answer may resend a lost probe, or let one append past a
+    full window whose acknowledgements stopped, but only the first answer after each
+    heartbeat: otherwise a follower catching up costs the leader another append read and
+    sent per read, faster than the follower takes them (a leader under reads grew to
+    gigabytes while a replaced disk caught up)."""
+    c = Cluster(3, config=lambda i: RaftConfig(max_append_bytes=1, max_inflight=2))
+    leader = c.elect()
+    c.tick(2)
+    f = next(i for i in c.nodes if i != leader.id)
+    # f takes appends but its acknowledgements are lost: the window to it fills
+    for k in range(6):
+        leader.propose(b"m%d" % k)
+        c.deliver(keep=lambda m: not (m.src == f and m.type == MsgType.APPEND_RESP))
+    c.process_all()
+    assert len(leader._progress[f].inflight) == 2  # full, and nothing comes back
+
+    def appends_to_f_after(answers: int, *, reject: bool = False) -> int:
+        c.mailbox.clear()
+        for _ in range(answers):
+            leader.step(Message(MsgType.HEARTBEAT_RESP, f, leader.id, leader.term,
+                                reject=reject, hint_index=1 if reject else 0))
+        c.process(leader.id)
+        return sum(m.dst == f and m.type == MsgType.APPEND for m in c.mailbox)
+
+    def beat() -> None:
+        leader.tick()
+        c.process(leader.id)
+        c.mailbox.clear()  # the heartbeats themselves (their answers are scripted)
+
+    beat()
+    assert appends_to_f_after(50) == 1  # one append past the stalled window
+    assert appends_to_f_after(50) == 0  # no heartbeat since: the answers change nothing
+    beat()
+    assert appends_to_f_after(50) == 1
+    # f says its log ends at 0 (a replaced disk): one probe, resent once per heartbeat
+    beat()
+    assert appends_to_f_after(50, reject=True) == 1
+    assert appends_to_f_after(50, reject=True) == 0
+    beat()
+    assert appends_to_f_after(50, reject=True) == 1
+    # the cluster still converges once messages flow again
+    c.tick(3)
+    assert c.payloads(f) == [b"m%d" % k for k in range(6)]
