@@ -54,6 +54,12 @@ def _txn(argv: list[str]) -> int:
     return txn_main(argv)
 
 
+def _catchup(argv: list[str]) -> int:
+    from bench.catchup import main as catchup_main
+
+    return catchup_main(argv)
+
+
 def _spark(argv: list[str]) -> int:
     from bench.spark import main as spark_main
 
@@ -73,6 +79,7 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "consume": (_consume, "consume throughput, hot and cold data; --catch-up under load"),
     "topics": (_topics, "produce throughput over 1 ... 10,000 topics, and creation time"),
     "failover": (_failover, "kill -9 a group leader under load: time until acks resume"),
+    "catchup": (_catchup, "a new replica catches up under reads: leader memory, answers"),
     "txn": (_txn, "transactions (10/100 msgs, 1/3 groups) and half messages vs plain sends"),
     "spark": (_spark, "PySpark `raftmq` source: batch and streaming read rows/s"),
     "audit": (_audit, "`raftmq audit` on Spark over a history of --events lines"),
