@@ -41,6 +41,7 @@ import crc32c
 import msgpack
 
 from raftlog.fsutil import CorruptFile, atomic_write, fsync_dir
+from raftlog.snapshot import SnapshotSkipped
 
 __all__ = [
     "ChunkGone",
@@ -66,7 +67,7 @@ class CorruptChunk(CorruptFile):
     what = "consume queue chunk"
 
 
-class ChunkGone(OSError):
+class ChunkGone(SnapshotSkipped):
     """A chunk a snapshot being written references left the store after the state was
     detached (a snapshot of a state an install replaced was saved meanwhile): this
     snapshot is not written; the next one copies the chunk again."""

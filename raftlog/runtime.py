@@ -113,7 +113,7 @@ from raftlog.driver import Blocking, drain_async
 from raftlog.fsutil import CorruptFile, fsync_dir
 from raftlog.hardstate import HardStateFile
 from raftlog.refillgap import load_refill_gap, save_refill_gap
-from raftlog.snapshot import Snapshot, load_snapshot, save_snapshot
+from raftlog.snapshot import Snapshot, SnapshotSkipped, load_snapshot, save_snapshot
 from raftlog.syncthread import SyncThread
 from raftlog.types import (
     Entry,
@@ -1550,6 +1550,10 @@ class GroupRuntime(Generic[M]):
                 if due.index > self.snapshot_index:  # else an install got ahead of it
                     try:
                         snap = await self._offload(partial(self._write_snapshot, due))
+                    except SnapshotSkipped as exc:
+                        log.info("snapshot skipped; the next one covers it", extra={"fields": {
+                            "group": self.group_id, "snapshot": due.index, "why": str(exc)}})
+                        continue
                     except OSError:
                         # nothing was deleted; the next retain entry (or period) retries
                         log.exception("writing the snapshot failed", extra={"fields": {

@@ -32,7 +32,15 @@ import struct
 from raftlog.fsutil import CorruptFile, atomic_write, seal, unseal
 from raftlog.types import Membership, Snapshot
 
-__all__ = ["CorruptSnapshot", "Snapshot", "load_snapshot", "save_snapshot"]
+__all__ = ["CorruptSnapshot", "Snapshot", "SnapshotSkipped", "load_snapshot", "save_snapshot"]
+
+
+
+class SnapshotSkipped(OSError):
+    """This snapshot cannot be written and need not be: the state it would save moved on
+    meanwhile (the state machine raises a subclass), and the next snapshot covers it.
+    Routine, unlike a failed write."""
+
 
 _MAGIC = b"RMSN"
 _VERSION = 3
