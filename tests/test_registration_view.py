@@ -12,7 +12,7 @@ import trio
 
 from broker.config import GroupConfig, NodeConfig
 from broker.node import Node
-from broker.protocol import Op
+from broker.protocol import Code, Op, RequestError
 from transport.connection import ConnectionPool
 
 
@@ -46,8 +46,16 @@ def test_a_registration_reports_the_applied_index_of_the_table_it_carries(
                 done = trio.Event()
                 nursery.start_soon(sample, done)
                 for i in range(40):
-                    await pool.request(addr, Op.CREATE_TOPIC, {
-                        "g": "g0", "topic": f"t{i}", "queues": 1, "hosted": [0]})
+                    with trio.fail_after(30):
+                        while True:  # a new leader answers once it applied what came before
+                            try:
+                                await pool.request(addr, Op.CREATE_TOPIC, {
+                                    "g": "g0", "topic": f"t{i}", "queues": 1, "hosted": [0]})
+                                break
+                            except RequestError as exc:
+                                if exc.code != Code.NOT_LEADER:
+                                    raise
+                                await trio.sleep(0.02)
                 done.set()
             assert len(node.states["g0"].topics()) == 40
             nursery.cancel_scope.cancel()
