@@ -164,7 +164,12 @@ class FileChunkStore:
                 except FileNotFoundError:
                     entries = []
                 for tmp in (e for e in entries if e.endswith(".tmp")):
-                    os.unlink(os.path.join(self.path, tmp))  # a write a crash cut short
+                    try:  # a write a crash cut short
+                        os.unlink(os.path.join(self.path, tmp))
+                    except FileNotFoundError:
+                        # a write finishing meanwhile (renamed): the store of a replica
+                        # this one replaced may still be saving its last snapshot here
+                        pass
                 self._names = {e for e in entries if not e.endswith(".tmp")}
             return self._names
 

@@ -345,6 +345,21 @@ def test_the_file_store_round_trips_and_cleans_up(tmp_path: Path) -> None:
     assert sorted(os.listdir(path)) == ["a"]
 
 
+def test_a_temporary_file_finished_while_the_store_lists_is_no_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store's first listing sweeps the temporary files of writes a crash cut short. A
+    replica hosted again in the same directory lists it while the replica it replaced may
+    still be saving its last snapshot there: a temporary file listed may be renamed by
+    its writer before the sweep reaches it (a long run's node exited on that)."""
+    path = tmp_path / "cq"
+    path.mkdir()
+    (path / "a").write_bytes(b"1")
+    real = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p: [*real(p), "renamed-meanwhile.tmp"])
+    store = FileChunkStore(path)
+    assert store.names() == {"a"}
+
+
 def test_a_node_style_restore_from_files_reads_every_chunk(tmp_path: Path) -> None:
     store = FileChunkStore(tmp_path / "cq")
     f = fed([(0, 9)] * 5, store=store)
