@@ -659,10 +659,8 @@ class Node:
                              sorted(g.membership.members | {self.node_id})
                              if n in self.addresses},
                 "commit": st["commit"],
-                # what the state the table comes from has applied: the core's count runs
-                # ahead while a Ready's entries wait to be stored and applied, and a name
-                # server trusts the table of the member that applied most
-                "applied": self.states[gid].applied_index,
+                "applied": st["applied"],  # that of the table beside it (a name server
+                # trusts the table of the member that applied most)
             }, self.states[gid].topics())
         fields: dict[str, Any] = {"node": self.node_id, "addr": self.addr,
                                   "metrics": self.config.metrics}

@@ -519,9 +519,7 @@ class Guard:
         g = self.node.groups.get(gid) if gid is not None else None
         over = False
         if g is not None and g.is_open:
-            # the index of the table sent, not the core's, which runs ahead while a
-            # Ready's entries wait to be applied: a name server believes the highest
-            at = g.machine.applied_index
+            at = int(g.status()["applied"])  # that of this table: name servers trust the highest
             table = g.machine.part(Users).section()
             size = sum(len(row[0]) + len(row[1]) + _ROW_OVERHEAD for row in table)
             over = size > REGISTERED_USERS_BYTES

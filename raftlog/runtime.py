@@ -551,6 +551,10 @@ class GroupRuntime(Generic[M]):
         # term of the last entry the machine applied: once it is the leader's own term,
         # every entry committed before the election is applied too (`is_ready`)
         self._applied_term = 0
+        # index of the last entry the machine applied (or its snapshot covers): the core
+        # counts a Ready's entries as applied when it hands them out, and the Ready may
+        # store overlapping entries in a worker thread before it applies them
+        self._applied_index = 0
         self._uncommitted = 0
         self._seen: tuple[Role, int | None, int] = (Role.FOLLOWER, None, 0)
         self.fsyncs = 0
@@ -653,6 +657,7 @@ class GroupRuntime(Generic[M]):
         )
         if snap is not None:
             self._core.set_snapshot(snap)
+        self._applied_index = applied
         self._find_corrupt(applied)
         self._seen = (self._core.role, self._core.leader, self._core.term)
         log.info("group opened", extra={"fields": {
@@ -1066,7 +1071,7 @@ class GroupRuntime(Generic[M]):
             "term": core.term,
             "leader": core.leader,
             "commit": core.commit,
-            "applied": core.applied,
+            "applied": self._applied_index,  # what the machine holds, not what is on its way
             "last": lg.last_index(),
             "durable": lg.durable_index(),
             "first": lg.first_index(),
@@ -1475,6 +1480,7 @@ class GroupRuntime(Generic[M]):
             else:
                 w.resolve(error=ProposalLost(f"entry {e.index} was replaced by a newer leader"))
         self._applied_term = entries[-1].term
+        self._applied_index = entries[-1].index
         if self._guard is not None:
             self._guard.applied(entries[-1].index)
         self._applied_changed.set()
@@ -1614,6 +1620,7 @@ class GroupRuntime(Generic[M]):
                 if self._guard is not None:
                     self._guard.clear()
                 self._machine = machine
+                self._applied_index = snap.index
                 self.snapshot_index = self._snapshot_taken = snap.index
                 self._retain_seen = int(getattr(machine, "retained_index", 0))
                 self._snapshot_due = None  # detached from the state just replaced

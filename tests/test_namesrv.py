@@ -509,11 +509,10 @@ def test_logins_are_checked_against_the_freshest_registered_users():
 
 
 class _Metadata:
-    """A node's open metadata replica as `Guard.registration_auth` reads it: the applied
-    index of its state and its users part (the real one, loaded from a section)."""
+    """A node's open metadata replica as `Guard.registration_auth` reads it: its applied
+    index and its users part (the real one, loaded from a section)."""
 
     is_open = True
-    applied_index = 42
 
     def __init__(self, rows: list[list[Any]]) -> None:
         from broker.parts.users import Users
@@ -524,6 +523,9 @@ class _Metadata:
 
     def part(self, _kind: type) -> Any:
         return self.users
+
+    def status(self) -> dict[str, Any]:
+        return {"applied": 42}
 
 
 class _AuthNode:
