@@ -29,7 +29,7 @@ from broker.protocol import Op, RequestError
 from raftmq import Admin, OutgoingMessage, Producer
 from transport.connection import ConnectionPool
 
-from .common import READY_TIMEOUT, emit, latency_ms, machine, progress, target_cluster
+from .common import READY_TIMEOUT, emit, latency_ms, progress, target_cluster
 
 __all__ = ["build_parser", "main", "run_catchup"]
 
@@ -141,12 +141,11 @@ def run_catchup(args: argparse.Namespace) -> dict[str, Any]:
     if args.namesrv:
         raise ValueError("the catch-up benchmark changes a group's membership, so it needs "
                          "a cluster it starts itself: drop --namesrv")
-    args.groups = 1
     with target_cluster(args) as target:
         assert target.local is not None
         target.local.wait_ready(READY_TIMEOUT)
         result = anyio.run(_catch_up, target.local, args)
-        result.update(target.info, machine=target.machine or machine())
+        result.update(target.info, machine=target.machine)
         return result
 
 

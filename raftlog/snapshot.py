@@ -35,7 +35,6 @@ from raftlog.types import Membership, Snapshot
 __all__ = ["CorruptSnapshot", "Snapshot", "SnapshotSkipped", "load_snapshot", "save_snapshot"]
 
 
-
 class SnapshotSkipped(OSError):
     """This snapshot cannot be written and need not be: the state it would save moved on
     meanwhile (the state machine raises a subclass), and the next snapshot covers it.
