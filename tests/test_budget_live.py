@@ -146,6 +146,46 @@ def test_half_frames_before_a_login_are_refused_at_their_length(cluster: LocalCl
           f"under attack {under:.0f} MiB, after {after:.0f} MiB")
 
 
+def test_the_half_frame_attack_does_not_blame_a_node_paused_through_its_window(
+        cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chaos attacker's half frame against a node stopped (SIGSTOP: `pause`,
+    `stale-leader`) for nearly all of the window it allows: the node reads the frame's
+    length, and closes the connection, once it runs again. A seed-21 run counted it as an
+    attack that got through because it asked the node for an answer and gave up on the
+    connection in the same moment."""
+    import random
+
+    import trio
+
+    from chaos import attackers
+    from chaos.recorder import Recorder
+
+    monkeypatch.setattr(attackers, "CLOSE_WAIT", 3.0)
+    monkeypatch.setenv("RAFTMQ_USER", ADMIN.user)  # how the harness's own requests log in
+    monkeypatch.setenv("RAFTMQ_PASSWORD", ADMIN.password)
+    node, addr = leader_addr(cluster)
+    a = attackers.Attackers({node: addr}, "g0", cluster.namesrv_addr, 1,
+                            recorder=Recorder(tmp_path / "history.jsonl"),
+                            rng=random.Random(1), credentials=lambda: ADMIN)
+
+    async def main() -> tuple[str, str]:
+        async with trio.open_nursery() as nursery:
+            async def pause_through_the_window() -> None:
+                await trio.sleep(0.2)
+                cluster.pause(node)
+                try:
+                    await trio.sleep(6.8)  # past both waits (the send may block as long)
+                finally:
+                    cluster.resume(node)
+
+            nursery.start_soon(pause_through_the_window)
+            await trio.sleep(0.5)  # the node stopped before the half frame reaches it
+            return await a._half_frame(addr)
+
+    verdict, why = trio.run(main)
+    assert verdict == "ok", why
+
+
 def test_half_frames_after_a_login_are_dropped_at_the_frame_deadline(
         cluster: LocalCluster) -> None:
     node, addr = leader_addr(cluster)
