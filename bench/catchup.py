@@ -25,9 +25,9 @@ from typing import Any
 
 import anyio
 
-from broker.protocol import Op, RequestError
 from raftmq import Admin, OutgoingMessage, Producer
 from transport.connection import ConnectionPool
+from wire.protocol import Op, RequestError
 
 from .common import READY_TIMEOUT, emit, latency_ms, progress, target_cluster
 

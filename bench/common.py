@@ -385,8 +385,8 @@ async def create_topics(
     every creation (`create_s`), then to see every route (`route_s`), and how many of
     the topics the name servers route (`routed`) when `wait` ran out before all were.
     """
-    from broker.protocol import Code, Op, RequestError
     from raftmq.client.admin import place_queues
+    from wire.protocol import Code, Op, RequestError
 
     cluster = await admin.describe_cluster(topics=False)
     groups = sorted(str(g) for g in (cluster.get("groups") or {}))
@@ -438,8 +438,8 @@ async def raft_progress(admin: Admin) -> dict[str, Any]:
     """Each group's highest term and commit index and the fsyncs of every replica, from
     every node's STATUS: two of these around a run say how many Raft entries (hence
     messages per entry), elections and fsyncs the run cost."""
-    from broker.protocol import RequestError
     from raftmq.client.routes import node_addresses
+    from wire.protocol import RequestError
 
     terms: dict[str, int] = {}
     commits: dict[str, int] = {}

@@ -85,7 +85,7 @@ class _Load:
 
 def _poll_new_leader(cluster: LocalCluster, group: str, old: int, timeout: float) -> int | None:
     """The node the name server names as `group`'s leader once it is not `old`."""
-    from broker.protocol import RequestError
+    from wire.protocol import RequestError
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -42,9 +42,9 @@ from typing import Any
 import msgpack
 
 from broker.cqchunks import FileChunkStore
-from broker.records import STORED_PREFIX, OutgoingMessage, WalkedBatch, encode_batch, walk_batch
 from broker.statemachine import BrokerState, control_create_topic
 from raftlog.types import Entry, EntryType
+from wire.records import STORED_PREFIX, OutgoingMessage, WalkedBatch, encode_batch, walk_batch
 
 TOPIC = "bench"
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import trio
 
-from broker.protocol import Code, RequestError
 from transport.budget import BytePool
+from wire.protocol import Code, RequestError
 
 __all__ = ["ClientAdmission", "Ticket"]
 

@@ -41,8 +41,8 @@ from types import MappingProxyType
 from typing import Any
 
 from broker.parts.queues import CHUNK_RECORDS
-from broker.protocol import MAX_MESSAGE_BYTES, RequestError, parse_address, validate_group_name
 from transport.peerauth import DEV_CLUSTER_SECRET
+from wire.protocol import MAX_MESSAGE_BYTES, RequestError, parse_address, validate_group_name
 
 __all__ = [
     "ALLOW_MUTATIONS_ENV",

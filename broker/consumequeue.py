@@ -32,8 +32,8 @@ from itertools import accumulate, chain, compress
 from operator import lt
 from typing import NamedTuple
 
-from broker.protocol import Code, RequestError
-from broker.records import RecordRef
+from wire.protocol import Code, RequestError
+from wire.records import RecordRef
 
 __all__ = ["CQ_RECORD", "CQEntry", "ConsumeQueue"]
 

@@ -18,14 +18,14 @@ while it runs) but not one a rebalance shares queues with (`members` leaves it o
 `manual_members` lists it).
 
 What a client chooses is bounded, since the node keeps it for up to `MAX_TTL_MS`: a
-client id is 1-255 printable characters (`broker.protocol.validate_client_id`), a group
+client id is 1-255 printable characters (`wire.protocol.validate_client_id`), a group
 has at most `MAX_GROUP_MEMBERS` live members and the node at most `MAX_MEMBERS` in all;
 a new member beyond either is refused with BUSY (members already known keep beating).
 """
 
 from __future__ import annotations
 
-from broker.protocol import Code, RequestError, validate_client_id
+from wire.protocol import Code, RequestError, validate_client_id
 
 __all__ = ["MAX_GROUP_MEMBERS", "MAX_MEMBERS", "MAX_TTL_MS", "MIN_TTL_MS", "ConsumerRegistry"]
 

@@ -62,16 +62,6 @@ from broker.groups import GroupRegistry
 from broker.hosted import HostedError, load_hosted, save_hosted
 from broker.metrics import NodeMetrics, serve_metrics
 from broker.peer_rpc import PeerRPC
-from broker.protocol import (
-    Code,
-    Frame,
-    Op,
-    ProtocolError,
-    RequestError,
-    error_header,
-    frame_limit,
-    parse_address,
-)
 from broker.registrar import Registrar
 from broker.retention import RetentionPolicy, run_retention
 from broker.security import Guard
@@ -94,6 +84,16 @@ from transport.tls import (
     client_context,
     peer_certificate,
     server_context,
+)
+from wire.protocol import (
+    Code,
+    Frame,
+    Op,
+    ProtocolError,
+    RequestError,
+    error_header,
+    frame_limit,
+    parse_address,
 )
 
 __all__ = ["Node", "main"]

@@ -19,10 +19,10 @@ from typing import Any
 
 import trio
 
-from broker.protocol import Code, Frame, RequestError
 from transport.connection import raise_for_code
 from transport.framing import FrameStream, open_frame_stream
 from transport.peerauth import PeerRefused, dial_peer
+from wire.protocol import Code, Frame, RequestError
 
 __all__ = ["PeerRPC"]
 

@@ -40,12 +40,12 @@ from typing import Any
 
 import trio
 
-from broker.protocol import FrameDecoder, Op, ProtocolError, encode_frame, parse_address
 from raftlog.types import Message
 from raftlog.wire import WireError, message_from_wire, message_to_wire
 from transport.framing import FrameStream, read_some, write_now
 from transport.peerauth import PeerGone, PeerRefused, dial_peer
 from transport.tls import TLS_HANDSHAKE_TIMEOUT, connect_tls, socket_of
+from wire.protocol import FrameDecoder, Op, ProtocolError, encode_frame, parse_address
 
 __all__ = ["PeerLinks"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from broker.protocol import Code, RequestError, validate_client_id
 from transport.framing import Caller
+from wire.protocol import Code, RequestError, validate_client_id
 
 __all__ = ["MAX_GROUP_MEMBERS", "MAX_MEMBERS", "MAX_TTL_MS", "MIN_TTL_MS", "Member",
            "ProducerRegistry"]

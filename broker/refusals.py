@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from broker.protocol import Code, RequestError
 from raftlog.runtime import (
     DiskFull,
     NotLeader,
@@ -27,6 +26,7 @@ from raftlog.runtime import (
     ProposalInDoubt,
     ProposalLost,
 )
+from wire.protocol import Code, RequestError
 
 
 def refusal(

@@ -20,9 +20,9 @@ from typing import Any
 import msgpack
 import trio
 
-from broker.protocol import Code, Op, topic_shapes
 from broker.statemachine import TopicConfig
 from transport.framing import open_frame_stream
+from wire.protocol import Code, Op, topic_shapes
 
 __all__ = ["REGISTER_TIMEOUT", "GroupsView", "Registrar", "TopicTableLog"]
 

@@ -47,11 +47,11 @@ from typing import Protocol
 
 import trio
 
-from broker.records import STORED_PREFIX
 from broker.statemachine import BrokerState, control_retain
 from raftlog.commitlog import CommitLogError, SegmentInfo
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType
+from wire.records import STORED_PREFIX
 
 __all__ = [
     "CommittedLog",

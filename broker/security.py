@@ -63,15 +63,15 @@ from broker.config import NodeConfig
 from broker.parts.acls import Acl, AclAdd, AclRemove, Acls, acl_from_fields
 from broker.parts.base import ErrorResult, Refused
 from broker.parts.users import Credential, UserDelete, UserPut, Users, parse_verifier
-from broker.produce_wire import split_batches
-from broker.protocol import Code, Frame, Op, RequestError, ok_header
-from broker.records import batch_header
 from broker.refusals import refusal
 from broker.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import EntryType
 from transport.framing import Caller, Response
 from transport.scram import LoginFailed, ServerLogins
+from wire.produce import split_batches
+from wire.protocol import Code, Frame, Op, RequestError, ok_header
+from wire.records import batch_header
 
 __all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "REGISTERED_USERS_BYTES",
            "RULES", "Guard", "fake_salt_key", "make_credential"]

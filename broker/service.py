@@ -30,25 +30,6 @@ from broker.config import NodeConfig
 from broker.consumers import ConsumerRegistry
 from broker.groups import GroupRegistry
 from broker.metrics import NodeMetrics
-from broker.produce_wire import encode_error, encode_ok, split_batches
-from broker.protocol import (
-    Code,
-    Frame,
-    Op,
-    RequestError,
-    ok_header,
-    validate_group_name,
-    validate_topic_name,
-)
-from broker.records import (
-    STORED_PREFIX,
-    BatchHeader,
-    RecordRef,
-    WalkedEntry,
-    parse_message_id,
-    walk_batch,
-    walk_entry,
-)
 from broker.refusals import refusal
 from broker.statemachine import (
     MAX_QUEUES,
@@ -75,6 +56,25 @@ from raftlog.runtime import (
 )
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
+from wire.produce import encode_error, encode_ok, split_batches
+from wire.protocol import (
+    Code,
+    Frame,
+    Op,
+    RequestError,
+    ok_header,
+    validate_group_name,
+    validate_topic_name,
+)
+from wire.records import (
+    STORED_PREFIX,
+    BatchHeader,
+    RecordRef,
+    WalkedEntry,
+    parse_message_id,
+    walk_batch,
+    walk_entry,
+)
 
 __all__ = ["CRASH_BEFORE_ANSWER_EXIT", "BrokerService"]
 
@@ -1016,7 +1016,7 @@ def _is_int(v: object) -> bool:
 
 
 def _tag_hash(tag: object) -> int:
-    from broker.records import tag_hash
+    from wire.records import tag_hash
 
     if not isinstance(tag, str):
         raise RequestError(Code.MALFORMED, "tags must be strings")

@@ -37,7 +37,7 @@ Entries applied:
 
 - NOOP, CONFIG: nothing (result None).
 - MESSAGES: `STORED_PREFIX` (store_ms) + one or more producer batches back to back
-  (`broker.records`), for any queues of the group. Each record gets the next offset of
+  (`wire.records`), for any queues of the group. Each record gets the next offset of
   its (topic, queue); keyed records enter the key index. Idempotent producers (pid != 0)
   are deduplicated per (pid, topic, queue) by sequence. Each batch stands alone: one
   refused (its topic deleted meanwhile, a sequence gap) or skipped as a duplicate leaves
@@ -95,8 +95,10 @@ from broker.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_r
 from broker.parts.txcoord import TxCoordinator
 from broker.parts.txpart import TxParticipant
 from broker.parts.users import Users
-from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError
-from broker.records import (
+from raftlog.fsutil import CorruptFile
+from raftlog.types import Entry, EntryType
+from wire.protocol import MAX_MESSAGE_BYTES, Code, RequestError
+from wire.records import (
     STORED_PREFIX,
     BatchHeader,
     RecordRef,
@@ -104,8 +106,6 @@ from broker.records import (
     WalkedEntry,
     walk_entry,
 )
-from raftlog.fsutil import CorruptFile
-from raftlog.types import Entry, EntryType
 
 __all__ = [
     "CHUNK_RECORDS",

@@ -1,7 +1,7 @@
 """The broker's transaction requests: both models' ops, answered for `BrokerService`.
 
 Kafka's model (TX_INIT, TX_ADD, TX_OFFSETS, TX_END, TX_STATUS) talks to the group that
-coordinates a transactional id (`broker.txn.coordinator_group`, over every group of the
+coordinates a transactional id (`wire.txn.coordinator_group`, over every group of the
 cluster config), except TX_OFFSETS, which goes to the participant group hosting those
 queues. RocketMQ's model decides a half message with HALF_END in the group holding it;
 PRODUCER_HEARTBEAT registers the connection of a producer that answers check-backs
@@ -37,7 +37,11 @@ from broker.parts.base import ControlResult, pack
 from broker.parts.txcoord import TxCoordinator
 from broker.parts.txpart import MAX_MARKERS, TxParticipant
 from broker.producer_groups import ProducerRegistry
-from broker.protocol import (
+from broker.statemachine import BrokerState, ErrorResult
+from raftlog.runtime import GroupRuntime
+from raftlog.types import EntryType
+from transport.framing import Caller
+from wire.protocol import (
     MAX_HEADER,
     Code,
     Op,
@@ -47,12 +51,8 @@ from broker.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.records import valid_tid
-from broker.statemachine import BrokerState, ErrorResult
-from broker.txn import coordinator_group
-from raftlog.runtime import GroupRuntime
-from raftlog.types import EntryType
-from transport.framing import Caller
+from wire.records import valid_tid
+from wire.txn import coordinator_group
 
 if TYPE_CHECKING:
     from broker.service import BrokerService

@@ -58,12 +58,12 @@ from broker.config import NodeConfig
 from broker.groups import GroupRegistry
 from broker.parts.txpart import MAX_MARKERS
 from broker.peer_rpc import PeerRPC
-from broker.protocol import Code, Op, RequestError
-from broker.records import decode_record
-from broker.txn import coordinator_group
 from broker.txservice import TxService, coordinator, now_ms, participant
 from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
 from transport.framing import CallerGone
+from wire.protocol import Code, Op, RequestError
+from wire.records import decode_record
+from wire.txn import coordinator_group
 
 if TYPE_CHECKING:
     from broker.security import Guard

@@ -34,11 +34,11 @@ from typing import Any
 
 import trio
 
-from broker.protocol import Code, Op, RequestError, encode_frame
-from broker.records import OutgoingMessage, encode_batch
 from raftmq.client import Admin
 from transport.connection import ConnectionPool
 from transport.scram import Credentials
+from wire.protocol import Code, Op, RequestError, encode_frame
+from wire.records import OutgoingMessage, encode_batch
 
 from .recorder import Recorder
 from .workload import queue_groups

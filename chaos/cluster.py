@@ -41,10 +41,10 @@ from broker.config import (
     cluster_configs,
     dump_config,
 )
-from broker.protocol import Op, RequestError
 from raftmq.client.routes import merge_cluster_topics
 from transport.blocking import request
 from transport.scram import Credentials, credentials_from_env
+from wire.protocol import Op, RequestError
 
 __all__ = ["ClusterError", "LocalCluster", "free_ports"]
 

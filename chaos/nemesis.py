@@ -86,10 +86,10 @@ from typing import Any, Protocol
 
 import trio
 
-from broker.protocol import Op, RequestError
 from raftmq.client.admin import Admin
 from raftmq.client.membership import GroupMembers
 from transport.blocking import request
+from wire.protocol import Op, RequestError
 
 from . import topology
 from .cluster import ClusterError, LocalCluster, node_of

@@ -24,10 +24,10 @@ from typing import Any
 
 import anyio
 
-from broker.protocol import Code, RequestError
 from raftmq.client import Producer, PullConsumer
 from raftmq.client.consumer import fetch, query_offset
 from raftmq.client.errors import ProducerFencedError, TransactionAbortedError
+from wire.protocol import Code, RequestError
 
 BATCH = 5  # inputs per transaction, at most
 

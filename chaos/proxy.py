@@ -45,7 +45,7 @@ from typing import Any
 import msgpack
 import trio
 
-from broker.protocol import Op, parse_address
+from wire.protocol import Op, parse_address
 
 from .cluster import free_ports
 from .topology import Pair

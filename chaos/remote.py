@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import GroupConfig
-from broker.protocol import Op, RequestError
 from transport.blocking import request
+from wire.protocol import Op, RequestError
 
 from .agent import agent_request
 from .cluster import ClusterError, _leaders, node_name

@@ -58,12 +58,12 @@ from typing import Any
 
 import trio
 
-from broker.protocol import Code, Op, RequestError
-from broker.records import OutgoingMessage, encode_batch
 from raftmq.client import Admin, Producer, PullConsumer
 from raftmq.client.consumer import fetch, query_offset
 from raftmq.client.errors import ProducerFencedError, TransactionAbortedError
 from raftmq.client.transactions import CheckRequest, Transaction
+from wire.protocol import Code, Op, RequestError
+from wire.records import OutgoingMessage, encode_batch
 
 from .recorder import Recorder
 from .workload import _written_for_sure_not, queue_groups, queue_key

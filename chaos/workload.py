@@ -88,13 +88,13 @@ from typing import Any
 
 import trio
 
-from broker.protocol import Code, Op, RequestError
 from broker.service import MAX_FETCH_BYTES, MAX_FETCH_COUNT
 from raftmq.client import Admin, ClientClosedError, Producer, PullConsumer, TransportError
 from raftmq.client.consumer import commit_offsets, decode_fetch, fetch, query_offset
 from raftmq.client.errors import may_have_applied
 from raftmq.client.producer import SendAttempt
 from transport.connection import is_retriable
+from wire.protocol import Code, Op, RequestError
 
 from .recorder import Recorder
 

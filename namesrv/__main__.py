@@ -13,9 +13,9 @@ import sys
 
 import trio
 
-from broker.protocol import DEFAULT_NAMESRV, parse_address
 from transport.logs import configure_logging
 from transport.tls import TlsConfigError, server_context
+from wire.protocol import DEFAULT_NAMESRV, parse_address
 
 from .registry import DEFAULT_EXPIRY
 from .server import (

@@ -40,7 +40,7 @@ from typing import Any
 
 import msgpack
 
-from broker.protocol import Code, RequestError, parse_address, topic_shapes
+from wire.protocol import Code, RequestError, parse_address, topic_shapes
 
 __all__ = [
     "DEFAULT_EXPIRY",

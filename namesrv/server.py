@@ -37,7 +37,12 @@ from typing import Any
 import msgpack
 import trio
 
-from broker.protocol import (
+from transport.budget import Budget, BytePool
+from transport.framing import Caller, FrameStream, Response, caller_of, request_id, serve_frames
+from transport.peerauth import certificate_node, node_certificate_name
+from transport.scram import MECHANISM, LoginFailed, ServerLogins
+from transport.tls import TLS_HANDSHAKE_TIMEOUT, PlaintextRefused, accept_tls
+from wire.protocol import (
     DEFAULT_MAX_FRAME,
     Code,
     Frame,
@@ -46,11 +51,6 @@ from broker.protocol import (
     error_header,
     ok_header,
 )
-from transport.budget import Budget, BytePool
-from transport.framing import Caller, FrameStream, Response, caller_of, request_id, serve_frames
-from transport.peerauth import certificate_node, node_certificate_name
-from transport.scram import MECHANISM, LoginFailed, ServerLogins
-from transport.tls import TLS_HANDSHAKE_TIMEOUT, PlaintextRefused, accept_tls
 
 from .registry import DEFAULT_EXPIRY, Registry, parse_registration
 

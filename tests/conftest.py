@@ -28,10 +28,10 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from broker.protocol import Op, RequestError
 from chaos.cluster import LocalCluster
 from chaos.proxy import ProxyNet
 from transport.blocking import request
+from wire.protocol import Op, RequestError
 
 T = TypeVar("T")
 

@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 
 import anyio
 
-from broker.protocol import Frame, FrameDecoder, Op, RequestError, encode_frame
-from broker.records import OutgoingMessage, encode_batch, iter_records, walk_batch
 from chaos.cluster import LocalCluster
 from raftmq.client import Message, Producer, PullConsumer, SendFuture, SendResult
 from transport.blocking import request
 from transport.connection import DEFAULT_TIMEOUT, ConnectionPool
+from wire.protocol import Frame, FrameDecoder, Op, RequestError, encode_frame
+from wire.records import OutgoingMessage, encode_batch, iter_records, walk_batch
 
 __all__ = [
     "DRAIN_TIMEOUT",

@@ -11,8 +11,6 @@ from collections.abc import Iterator
 import pytest
 
 from broker.parts.users import format_verifier
-from broker.protocol import Code, Op, RequestError
-from broker.records import OutgoingMessage, encode_batch
 from broker.security import make_credential
 from chaos.cluster import LocalCluster
 from raftmq.commands import acl as acl_cmd
@@ -20,6 +18,8 @@ from raftmq.commands import user as user_cmd
 from tests.live_cluster import scrape_metrics
 from transport.blocking import request
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
+from wire.protocol import Code, Op, RequestError
+from wire.records import OutgoingMessage, encode_batch
 
 pytestmark = pytest.mark.live
 

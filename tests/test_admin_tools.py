@@ -16,10 +16,10 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.protocol import Code, Op
 from chaos.cluster import LocalCluster
 from raftmq.client import Producer, PullConsumer, RequestError
 from transport.blocking import request
+from wire.protocol import Code, Op
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

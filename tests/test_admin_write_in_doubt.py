@@ -15,12 +15,12 @@ from __future__ import annotations
 import pytest
 import trio
 
-from broker.protocol import Code, Op
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin
 from raftmq.client.errors import OutcomeUnknownError, RequestError, may_have_applied
 from tests.conftest import steady_leaders
 from tests.live_cluster import LiveCluster
+from wire.protocol import Code, Op
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 from broker.admission import ClientAdmission
-from broker.protocol import Code, RequestError
 from broker.security import LoginFailures
+from wire.protocol import Code, RequestError
 
 
 def _run(main: object) -> None:

@@ -16,7 +16,6 @@ import pytest
 import trio
 
 from broker.parts.users import format_verifier
-from broker.protocol import Code, Op, RequestError
 from broker.security import make_credential
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin
@@ -26,6 +25,7 @@ from tests.live_cluster import scrape_metrics
 from transport.blocking import Connection, request
 from transport.connection import ConnectionPool
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
+from wire.protocol import Code, Op, RequestError
 
 pytestmark = pytest.mark.live
 
@@ -88,7 +88,7 @@ def test_a_failed_login_ends_the_connection(cluster: LocalCluster) -> None:
     """One guess per connection: after the refusal the node closes it."""
     import scramp
 
-    from broker.protocol import FrameDecoder, encode_frame
+    from wire.protocol import FrameDecoder, encode_frame
 
     host, port = cluster.node_addr(1).rsplit(":", 1)
     client = scramp.ScramClient(["SCRAM-SHA-256"], "admin", "a guess")

@@ -18,9 +18,9 @@ import trio
 
 from broker.config import NodeConfig
 from broker.parts.users import format_verifier
-from broker.protocol import Code, Op, RequestError
 from broker.security import MECHANISM, Guard, make_credential
 from transport.framing import Caller
+from wire.protocol import Code, Op, RequestError
 
 
 class Bare:
@@ -52,7 +52,7 @@ def login(guard: Guard, user: str, password: str) -> Caller:
     async def ask(header: dict[str, Any]) -> dict[str, Any]:
         async def unreachable(_c: Caller, _f: Any) -> None:
             raise AssertionError("AUTH is answered by the guard")
-        from broker.protocol import Frame
+        from wire.protocol import Frame
         answered = await guard.wrap(unreachable)(caller, Frame({**header, "id": 1}, b""))
         assert answered is not None
         return answered[0]

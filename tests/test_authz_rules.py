@@ -18,13 +18,13 @@ import trio
 from broker.config import NodeConfig
 from broker.parts.acls import KINDS, Acl, AclAdd, Acls
 from broker.parts.users import UserPut
-from broker.protocol import Code, Frame, Op, RequestError
-from broker.records import OutgoingMessage, encode_batch
 from broker.security import ANY_USER, NOT_A_REQUEST, PEER_ONLY, RULES, Guard, make_credential
 from broker.statemachine import BrokerState
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
 from transport.scram import Credentials, Exchange
+from wire.protocol import Code, Frame, Op, RequestError
+from wire.records import OutgoingMessage, encode_batch
 
 ALL_OPS = sorted(int(op) for op in Op)
 TX_OPS = range(60, 70)  # the transaction ops (issue 14)

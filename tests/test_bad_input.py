@@ -20,7 +20,14 @@ import msgpack
 import pytest
 import trio
 
-from broker.protocol import (
+from chaos.cluster import LocalCluster
+from raftlog.types import Message, MsgType
+from raftlog.wire import message_to_wire
+from tests.live_cluster import LiveCluster, Raw, running
+from transport.blocking import Connection, request
+from transport.framing import open_frame_stream
+from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, dial_peer
+from wire.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_MESSAGE_BYTES,
     Code,
@@ -29,14 +36,7 @@ from broker.protocol import (
     RequestError,
     encode_frame,
 )
-from broker.records import OutgoingMessage, encode_batch
-from chaos.cluster import LocalCluster
-from raftlog.types import Message, MsgType
-from raftlog.wire import message_to_wire
-from tests.live_cluster import LiveCluster, Raw, running
-from transport.blocking import Connection, request
-from transport.framing import open_frame_stream
-from transport.peerauth import DEV_CLUSTER_SECRET, PeerRefused, dial_peer
+from wire.records import OutgoingMessage, encode_batch
 
 pytestmark = pytest.mark.live
 

@@ -3,7 +3,6 @@ group's offsets, as control entries every replica applies alike."""
 
 from __future__ import annotations
 
-from broker.protocol import Code
 from broker.statemachine import (
     ControlResult,
     ErrorResult,
@@ -15,6 +14,7 @@ from broker.statemachine import (
 )
 from raftlog.types import EntryType
 from tests.test_broker_statemachine import Feed, assert_no_change, with_topic
+from wire.protocol import Code
 
 
 def test_grow_topic_adds_queues_and_keeps_what_was_there() -> None:

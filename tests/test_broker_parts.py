@@ -13,8 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
-from broker.protocol import Code
-from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch
 from broker.statemachine import (
     PARTS,
     BrokerState,
@@ -31,6 +29,8 @@ from broker.statemachine import (
 )
 from raftlog.types import Entry, EntryType
 from tests.test_broker_statemachine import PRELUDE, _op_entry, ops
+from wire.protocol import Code
+from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch
 
 # Written by the release before parts (snapshot version 2) after these entries:
 # create_topic t (2 queues, both hosted); t/0: 2 messages (key k, tags x), pid 7 seq 0;

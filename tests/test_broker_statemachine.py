@@ -11,8 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.consumequeue import CQ_RECORD, ConsumeQueue
-from broker.protocol import Code, RequestError
-from broker.records import STORED_PREFIX, OutgoingMessage, decode_record, encode_batch, tag_hash
 from broker.statemachine import (
     DEDUP_WINDOW,
     KEY_HISTORY,
@@ -31,6 +29,8 @@ from broker.statemachine import (
     control_retain,
 )
 from raftlog.types import Entry, EntryType
+from wire.protocol import Code, RequestError
+from wire.records import STORED_PREFIX, OutgoingMessage, decode_record, encode_batch, tag_hash
 
 
 class Feed:

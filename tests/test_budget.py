@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-from broker.protocol import Code, Frame, FrameDecoder, Op, ProtocolError, RequestError, encode_frame
 from transport.budget import Budget, BytePool
 from transport.framing import Caller, Response, serve_frames
+from wire.protocol import Code, Frame, FrameDecoder, Op, ProtocolError, RequestError, encode_frame
 
 
 async def _ok(_caller: Caller, frame: Frame) -> Response:

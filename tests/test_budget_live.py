@@ -20,14 +20,14 @@ import pytest
 import scramp
 
 from broker.parts.users import format_verifier
-from broker.protocol import Code, Frame, FrameDecoder, Op, encode_frame
-from broker.records import OutgoingMessage, encode_batch
 from broker.security import make_credential
 from chaos.cluster import LocalCluster
 from tests.conftest import steady_leaders
 from tests.live_cluster import scrape_metrics
 from transport.blocking import Connection, request
 from transport.scram import Credentials
+from wire.protocol import Code, Frame, FrameDecoder, Op, encode_frame
+from wire.records import OutgoingMessage, encode_batch
 
 pytestmark = pytest.mark.live
 

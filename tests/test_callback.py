@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import trio
 
-from broker.protocol import Code, Frame, RequestError
 from transport.connection import ConnectionPool
 from transport.framing import Caller, CallerGone, FrameStream, Response, serve_frames
+from wire.protocol import Code, Frame, RequestError
 
 ASK = 90  # client -> server: "ask me back"
 CHECK = 91  # server -> client: the question (as a transaction check-back will be)

@@ -20,7 +20,6 @@ import pytest
 import trio
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from broker.protocol import RequestError
 from chaos.cluster import LocalCluster
 from chaos.disk_faults import SmallDisk
 from chaos.histories import parse_faults
@@ -31,6 +30,7 @@ from raftmq.client import Admin, Producer, PullConsumer
 from raftmq.commands.status import _render as render_status
 from raftmq.commands.status import cluster_status
 from tests.conftest import group_leader, node_status, wait_for
+from wire.protocol import RequestError
 
 SECONDS = float(os.environ.get("CHAOS_NEMESES_SECONDS", "30"))
 NO_SMALL_DISK = SmallDisk.supported(Path(tempfile.gettempdir()))  # None: disk-full can run

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from broker.records import Message
 from chaos.cluster import LocalCluster, free_ports
 from raftmq.commands.consume import message_json
 from raftmq.commands.send import generated_body
+from wire.records import Message
 
 ROOT = Path(__file__).resolve().parents[1]
 

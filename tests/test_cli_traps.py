@@ -32,9 +32,9 @@ from pathlib import Path
 import pytest
 
 from broker.config import NAMESRV_PORT_OFFSET
-from broker.protocol import DEFAULT_NAMESRV, Op, RequestError
 from chaos.cluster import LocalCluster
 from transport.blocking import request
+from wire.protocol import DEFAULT_NAMESRV, Op, RequestError
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

@@ -16,8 +16,8 @@ import anyio
 import anyio.abc
 import pytest
 
-from broker.protocol import Code, FrameDecoder, Op, RequestError, encode_frame
 from transport.connection import ClientClosedError, ConnectionPool, TransportError
+from wire.protocol import Code, FrameDecoder, Op, RequestError, encode_frame
 
 
 @pytest.fixture(params=["asyncio", "trio"])

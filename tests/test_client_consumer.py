@@ -8,8 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.protocol import Code, RequestError
-from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch, walk_batch
 from raftmq.client.consumer import (
     OffsetWindow,
     PushConsumer,
@@ -18,6 +16,8 @@ from raftmq.client.consumer import (
     decode_fetch,
 )
 from raftmq.client.producer import batch_message_ids
+from wire.protocol import Code, RequestError
+from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch, walk_batch
 
 STRATEGIES = [allocate_average, allocate_round_robin]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from broker.protocol import Code, Op, RequestError
 from raftmq import Admin, OutgoingMessage, Producer, PullConsumer
 from raftmq.client.errors import (
     OutcomeUnknownError,
@@ -22,6 +21,7 @@ from raftmq.client.errors import (
 )
 from raftmq.client.routes import Routes, parse_route
 from transport.connection import ConnectionPool
+from wire.protocol import Code, Op, RequestError
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -33,7 +33,6 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.protocol import Code
 from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
@@ -50,6 +49,7 @@ from raftmq.client import (
     key_queue,
 )
 from raftmq.client.blocking import BlockingPullConsumer
+from wire.protocol import Code
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

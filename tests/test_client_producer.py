@@ -15,15 +15,6 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.produce_wire import encode_ok, split_batches
-from broker.protocol import MAX_MESSAGE_BYTES, Code, Frame, Op, RequestError
-from broker.records import (
-    STORED_PREFIX,
-    OutgoingMessage,
-    decode_record,
-    encode_batch,
-    walk_batch,
-)
 from raftmq.client.errors import UnavailableError
 from raftmq.client.producer import (
     BatchAccumulator,
@@ -42,6 +33,15 @@ from raftmq.client.producer import (
 )
 from raftmq.client.routes import QueueRoute, TopicRoute, clock, parse_route
 from transport.connection import ClientClosedError, TransportError
+from wire.produce import encode_ok, split_batches
+from wire.protocol import MAX_MESSAGE_BYTES, Code, Frame, Op, RequestError
+from wire.records import (
+    STORED_PREFIX,
+    OutgoingMessage,
+    decode_record,
+    encode_batch,
+    walk_batch,
+)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

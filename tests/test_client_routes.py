@@ -7,7 +7,6 @@ import threading
 
 import pytest
 
-from broker.protocol import MAX_MESSAGE_BYTES, Code, Op, RequestError
 from raftmq.client import connect_admin, connect_producer, connect_pull_consumer
 from raftmq.client.admin import place_queues
 from raftmq.client.errors import UnavailableError
@@ -22,6 +21,7 @@ from raftmq.client.routes import (
     parse_route,
 )
 from transport.connection import ConnectionPool, TransportError
+from wire.protocol import MAX_MESSAGE_BYTES, Code, Op, RequestError
 
 ROUTE = {
     "total": 3,

@@ -7,7 +7,6 @@ import threading
 
 import pytest
 
-from broker.protocol import Code, RequestError
 from raftmq.client import (
     Producer,
     PullConsumer,
@@ -16,6 +15,7 @@ from raftmq.client import (
 )
 from raftmq.client.transactions import CheckRequest, decide, verdict
 from raftmq.commands.tx import main as tx_main
+from wire.protocol import Code, RequestError
 
 NS = "127.0.0.1:1"
 

@@ -31,8 +31,6 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.protocol import Code, Op, RaftMQError, RequestError
-from broker.records import Message
 from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
@@ -47,6 +45,8 @@ from raftmq.client import (
 )
 from raftmq.client.errors import may_have_applied
 from transport.blocking import request
+from wire.protocol import Code, Op, RaftMQError, RequestError
+from wire.records import Message
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from broker.config import load_config
-from broker.protocol import Code, FrameDecoder, RequestError, encode_frame
 from chaos.cluster import ClusterError, LocalCluster, free_ports
 from transport.blocking import Connection, request
+from wire.protocol import Code, FrameDecoder, RequestError, encode_frame
 
 
 def gone(pid: int) -> bool:
@@ -171,7 +171,7 @@ def test_free_ports_layout_uses_distinct_ports(tmp_path: Path) -> None:
 FAKE_NODE = """
 import signal, sys, time, tomllib
 from transport.blocking import request
-from broker.protocol import Op
+from wire.protocol import Op
 
 cfg = tomllib.load(open(sys.argv[1], "rb"))
 if "--crash" in sys.argv:

@@ -18,11 +18,11 @@ import anyio
 import pytest
 
 from broker.hosted import HOSTED_FILE
-from broker.protocol import Code, Op, RequestError
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, GroupMembers, Producer
 from tests.live_cluster import SendLog, check_log, drain, produce_until
 from transport.blocking import request
+from wire.protocol import Code, Op, RequestError
 
 pytestmark = pytest.mark.live
 

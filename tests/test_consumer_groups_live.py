@@ -18,13 +18,13 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.protocol import Code, Op, RequestError
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Message, Producer, PullConsumer, PushConsumer
 from raftmq.client.blocking import BlockingProducer, BlockingPushConsumer
 from raftmq.client.localoffsets import OffsetsInUseError
 from tests.conftest import live_cluster
 from transport.blocking import request
+from wire.protocol import Code, Op, RequestError
 
 pytestmark = pytest.mark.live
 

@@ -34,7 +34,7 @@ def test_client_ids_and_members_are_capped() -> None:
     nowhere) until others expire; members already known keep beating."""
     import pytest
 
-    from broker.protocol import Code, RequestError
+    from wire.protocol import Code, RequestError
 
     r = ConsumerRegistry(max_group_members=2, max_members=3)
     for bad in ("", "x" * 256, "tab\there", 7):

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.protocol import Code, Op, RequestError
-from broker.records import OutgoingMessage, iter_records
 from chaos.disk_faults import corrupt_entry
 from raftlog.commitlog import HEADER_SIZE
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster
 from transport.blocking import request
+from wire.protocol import Code, Op, RequestError
+from wire.records import OutgoingMessage, iter_records
 
 pytestmark = pytest.mark.live
 

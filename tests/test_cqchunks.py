@@ -22,7 +22,6 @@ from broker.cqchunks import (
     ship,
     unship,
 )
-from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch
 from broker.statemachine import (
     BrokerState,
     chunk_refs,
@@ -33,6 +32,7 @@ from broker.statemachine import (
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_marks
 from raftlog.snapshot import SnapshotSkipped
 from raftlog.types import Entry, EntryType
+from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch
 
 N = 4  # records per chunk: small, so a few dozen messages make several chunks
 REC = 28

@@ -1,13 +1,14 @@
 """The dependency rules of DESIGN.md, held by reading every import statement.
 
 * `raftlog` imports nothing above it (broker, namesrv, raftmq, chaos, bench).
-* The client SDK (`raftmq.client`) reaches into the broker only for the shared wire
-  modules: what it imports, and everything those import in turn, stays within
-  `broker.protocol`, `broker.records` and `broker.produce_wire`, plus the client side of the shared transport
-  (`transport.connection` and the errors it raises, `transport.errors`; the client's
-  sides of TLS and SCRAM, `transport.tls` and `transport.scram`).
+* The wire (`wire`: frames, codes, the batch format) is the bottom layer of the protocol
+  side: it imports no other raftmq package.
+* The client SDK (`raftmq.client`) never reaches the broker: what it imports, and
+  everything those import in turn, stays within the wire, plus the client side of the
+  shared transport (`transport.connection` and the errors it raises, `transport.errors`;
+  the client's sides of TLS and SCRAM, `transport.tls` and `transport.scram`).
 * The transport (`transport`) sits below the broker, the name server and the SDK: of
-  them it imports only the frame format, `broker.protocol`.
+  them it imports only the frame format, `wire.protocol`.
 * Nothing in the product imports `tests`.
 * The broker, the name server and the transport reach a group's log and Raft core only
   through `GroupRuntime`'s door (`read_committed`, `read_raw`, `log_bounds`, ...): no
@@ -28,15 +29,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("raftlog", "transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
-ABOVE_RAFTLOG = ("transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
+PACKAGES = ("raftlog", "wire", "transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
+ABOVE_RAFTLOG = ("wire", "transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
 CLIENT_MAY_USE = {  # pinned: widen on purpose
-    "broker", "broker.protocol", "broker.records", "broker.produce_wire",
-    "broker.txn",  # the coordinator hash client and broker must compute alike
+    "wire", "wire.protocol", "wire.records", "wire.produce",
+    "wire.txn",  # the coordinator hash client and broker must compute alike
     "transport", "transport.connection", "transport.errors",
     "transport.tls", "transport.scram",  # the client's sides of TLS and SCRAM-SHA-256
 }
-TRANSPORT_MAY_USE = {"broker", "broker.protocol"}  # pinned: widen on purpose
+TRANSPORT_MAY_USE = {"wire", "wire.protocol"}  # pinned: widen on purpose
 
 
 @cache
@@ -113,7 +114,13 @@ def test_raftlog_imports_nothing_above_it(module: str) -> None:
     assert above == [], f"{module} imports {above}"
 
 
-def test_the_client_uses_only_the_shared_wire_modules_of_the_broker() -> None:
+@pytest.mark.parametrize("module", sorted(m for m in modules() if top(m) == "wire"))
+def test_the_wire_imports_no_other_raftmq_package(module: str) -> None:
+    other = sorted(m for m in imports(module) if top(m) != "wire")
+    assert other == [], f"{module} imports {other}"
+
+
+def test_the_client_uses_the_wire_and_never_the_broker() -> None:
     client = {m for m in modules() if m == "raftmq.client" or m.startswith("raftmq.client.")}
     reached = closure(client)
     outside = sorted(reached - client - CLIENT_MAY_USE - {"raftmq"})  # raftmq: the SDK's package

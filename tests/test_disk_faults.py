@@ -35,8 +35,6 @@ from broker.config import (
     cluster_configs,
     dump_config,
 )
-from broker.protocol import Code, Op, RequestError
-from broker.records import OutgoingMessage, iter_records
 from chaos.cluster import LocalCluster
 from chaos.disk_faults import (
     KEEP_TAIL,
@@ -66,6 +64,8 @@ from tests.conftest import group_leader, node_status, wait_for
 from tests.live_cluster import LiveCluster, scrape_metrics
 from tests.test_commitlog import SEG, crash, make
 from transport.blocking import request
+from wire.protocol import Code, Op, RequestError
+from wire.records import OutgoingMessage, iter_records
 
 ALLOW = {ALLOW_MUTATIONS_ENV: "1"}
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.protocol import DEFAULT_NAMESRV
 from chaos.cluster import LocalCluster
+from wire.protocol import DEFAULT_NAMESRV
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = [

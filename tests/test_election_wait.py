@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.protocol import Code, Op
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer, PullConsumer
 from raftmq.client.errors import RequestError
 from raftmq.commands import user as user_cmd
 from tests.live_cluster import LiveCluster
+from wire.protocol import Code, Op
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

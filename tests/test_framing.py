@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from broker.protocol import MAX_HEADER, Code, Frame, FrameDecoder, HeaderTooLarge, encode_frame
 from transport.framing import Caller, FrameWriter, read_some, serve_frames
+from wire.protocol import MAX_HEADER, Code, Frame, FrameDecoder, HeaderTooLarge, encode_frame
 
 
 class RecordingStream(trio.abc.SendStream):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from broker.protocol import Frame, FrameDecoder, encode_frame
 from transport.framing import Caller, Response, serve_frames
+from wire.protocol import Frame, FrameDecoder, encode_frame
 
 
 def test_request_bytes_in_flight_stop_reading_until_one_finishes() -> None:

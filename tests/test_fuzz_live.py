@@ -28,7 +28,9 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from broker.protocol import (
+from chaos.cluster import LocalCluster
+from tests.live_cluster import LiveCluster, Raw, running
+from wire.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_MESSAGE_BYTES,
     Code,
@@ -39,14 +41,12 @@ from broker.protocol import (
     RequestError,
     encode_frame,
 )
-from broker.records import (
+from wire.records import (
     OutgoingMessage,
     decode_record,
     encode_batch,
     walk_batch,
 )
-from chaos.cluster import LocalCluster
-from tests.live_cluster import LiveCluster, Raw, running
 
 pytestmark = pytest.mark.live
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 
 from broker.metrics import NodeMetrics
-from broker.records import (
+from broker.statemachine import BrokerState, ProduceResult, control_create_topic
+from raftlog.commitlog import CommitLog, EntryDraft, encode_entry
+from raftlog.runtime import _GuardedLog
+from raftlog.types import Entry, EntryType, EntryUnreadable, Message, MsgType
+from raftlog.wire import WireError, message_from_wire, message_to_wire
+from wire.records import (
     STORED_PREFIX,
     OutgoingMessage,
     WalkedBatch,
     encode_batch,
     walk_batch,
 )
-from broker.statemachine import BrokerState, ProduceResult, control_create_topic
-from raftlog.commitlog import CommitLog, EntryDraft, encode_entry
-from raftlog.runtime import _GuardedLog
-from raftlog.types import Entry, EntryType, EntryUnreadable, Message, MsgType
-from raftlog.wire import WireError, message_from_wire, message_to_wire
 
 
 def _state() -> BrokerState:
@@ -178,7 +178,7 @@ def test_produce_series_are_cached_per_group_and_dropped_with_it() -> None:
 
 @pytest.mark.parametrize("n", [1, 3])
 def test_walk_results_do_not_depend_on_the_header_cache(n: int) -> None:
-    import broker.records as records
+    import wire.records as records
 
     batch = encode_batch("t", 0, [OutgoingMessage(b"x" * i) for i in range(n)])
     records._HEADERS.clear()

@@ -18,8 +18,6 @@ import pytest
 import scramp
 
 from broker.parts.users import format_verifier
-from broker.protocol import Code, FrameDecoder, Op, RequestError, encode_frame
-from broker.records import OutgoingMessage, encode_batch
 from broker.security import make_credential
 from chaos.cluster import NAMESRV, LocalCluster, node_name
 from raftmq.client import Admin, Producer
@@ -29,6 +27,8 @@ from transport.connection import ConnectionPool
 from transport.peerauth import proof
 from transport.scram import Credentials
 from transport.tls import client_context
+from wire.protocol import Code, FrameDecoder, Op, RequestError, encode_frame
+from wire.records import OutgoingMessage, encode_batch
 
 pytestmark = pytest.mark.live
 

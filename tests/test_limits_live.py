@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from broker.protocol import Code, FrameDecoder, Op, RequestError, encode_frame
-from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
 from tests.live_cluster import scrape_metrics
 from transport.blocking import Connection, request
+from wire.protocol import Code, FrameDecoder, Op, RequestError, encode_frame
+from wire.records import OutgoingMessage, encode_batch
 
 pytestmark = pytest.mark.live
 

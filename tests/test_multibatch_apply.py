@@ -13,16 +13,6 @@ from typing import Any
 
 import pytest
 
-from broker.protocol import Code, RequestError
-from broker.records import (
-    STORED_PREFIX,
-    EncodedBatch,
-    OutgoingMessage,
-    WalkedEntry,
-    decode_record,
-    encode_batch,
-    walk_entry,
-)
 from broker.statemachine import (
     BatchOutcomes,
     BrokerState,
@@ -32,6 +22,16 @@ from broker.statemachine import (
     control_delete_topic,
 )
 from raftlog.types import Entry, EntryType
+from wire.protocol import Code, RequestError
+from wire.records import (
+    STORED_PREFIX,
+    EncodedBatch,
+    OutgoingMessage,
+    WalkedEntry,
+    decode_record,
+    encode_batch,
+    walk_entry,
+)
 
 
 def _state() -> BrokerState:

@@ -11,14 +11,14 @@ import trio
 
 from broker.config import ConfigError
 from broker.node import DUPLICATE_EVERY
-from broker.protocol import Op
-from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
 from raftlog.core import RaftConfig
 from raftlog.runtime import GroupOptions, GroupRuntime, NotLeader
 from raftlog.types import Entry, Message
 from tests.conftest import steady_leaders
 from transport.blocking import request
+from wire.protocol import Op
+from wire.records import OutgoingMessage, encode_batch
 
 
 def test_mutations_are_refused_without_the_flag(tmp_path, monkeypatch):
@@ -134,8 +134,8 @@ def test_crash_before_answer_exits_after_any_write_that_asks_and_only_then(
 ):
     """One switch for every write: each of these requests, sent with `test_exit`, is
     committed (seen after the restart) and never answered; without it, none is affected."""
-    from broker.protocol import RequestError
     from broker.service import CRASH_BEFORE_ANSWER_EXIT
+    from wire.protocol import RequestError
 
     monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")
     with LocalCluster(tmp_path, nodes=1, groups=1, tick_ms=50, env={"RAFTMQ_ALLOW_MUTATIONS": "1"},

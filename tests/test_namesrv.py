@@ -12,7 +12,9 @@ import pytest
 import trio
 import trio.testing
 
-from broker.protocol import (
+from namesrv.registry import Registry, parse_registration
+from transport.framing import Caller, FrameStream, open_frame_stream, serve_frames
+from wire.protocol import (
     Code,
     Frame,
     Op,
@@ -21,8 +23,6 @@ from broker.protocol import (
     ok_header,
     parse_address,
 )
-from namesrv.registry import Registry, parse_registration
-from transport.framing import Caller, FrameStream, open_frame_stream, serve_frames
 
 
 def group(role: str, term: int, *, leader: int | None = None, topics: Any = None,
@@ -338,7 +338,7 @@ def versioned(node: int, tables: dict[str, tuple[int, dict]], *, inc: int = 7,
     """A REGISTER as a node sends it: versions in the header, tables (or changes) in the body."""
     import msgpack
 
-    from broker.protocol import topic_shapes
+    from wire.protocol import topic_shapes
 
     groups: dict[str, Any] = {}
     body: dict[str, Any] = {}
@@ -356,8 +356,8 @@ def versioned(node: int, tables: dict[str, tuple[int, dict]], *, inc: int = 7,
 
 
 def test_a_registration_of_20000_topics_fits_and_is_handled():
-    from broker.protocol import MAX_HEADER, FrameDecoder
     from namesrv.server import NAMESRV_MAX_FRAME, NameServer
+    from wire.protocol import MAX_HEADER, FrameDecoder
 
     names = [f"orders-{i:06d}" for i in range(20_000)]
     tables = {g: (1, _configs(names)) for g in ("g0", "g1", "g2")}
@@ -555,10 +555,10 @@ def test_users_beyond_what_a_registration_carries_fail_closed_at_the_name_server
     verifier: the superuser logs in, a stored user is refused, saying why."""
     import os
 
-    from broker.protocol import MAX_HEADER
     from broker.security import Guard, make_credential
     from transport.blocking import request
     from transport.scram import Credentials
+    from wire.protocol import MAX_HEADER
 
     _, addr = namesrv_proc
     ann = make_credential("ann's password")

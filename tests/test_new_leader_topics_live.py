@@ -23,14 +23,14 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.produce_wire import decode_outcome
-from broker.protocol import Code, Op, RequestError
-from broker.records import encode_batch
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, OutgoingMessage, Producer, PullConsumer
 from raftmq.client.consumer import fetch as sdk_fetch
 from tests.conftest import ProxyThread, group_leader, node_status, proxied_cluster, wait_for
 from transport.blocking import request
+from wire.produce import decode_outcome
+from wire.protocol import Code, Op, RequestError
+from wire.records import encode_batch
 
 pytestmark = pytest.mark.live
 

@@ -12,8 +12,8 @@ import trustme
 
 from broker.config import GroupConfig, NodeConfig
 from broker.node import Node
-from broker.protocol import Op
 from transport.connection import ConnectionPool, TransportError
+from wire.protocol import Op
 
 
 def one_node(data: Path) -> NodeConfig:

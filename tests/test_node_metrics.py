@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from broker.protocol import Op
-from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
 from tests.live_cluster import scrape_metrics as _scrape
 from transport.blocking import request
+from wire.protocol import Op
+from wire.records import OutgoingMessage, encode_batch
 
 pytestmark = pytest.mark.live
 

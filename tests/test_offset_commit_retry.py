@@ -14,13 +14,13 @@ import time
 
 import pytest
 
-from broker.protocol import Op
-from broker.records import OutgoingMessage, encode_batch
 from broker.service import CRASH_BEFORE_ANSWER_EXIT
 from chaos.cluster import LocalCluster
 from tests.conftest import steady_leaders
 from tests.live_cluster import LiveCluster
 from transport.blocking import request
+from wire.protocol import Op
+from wire.records import OutgoingMessage, encode_batch
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

@@ -6,7 +6,6 @@ import msgpack
 import pytest
 
 from broker.parts.base import Refused
-from broker.protocol import Code
 from broker.statemachine import (
     BrokerState,
     ControlResult,
@@ -15,6 +14,7 @@ from broker.statemachine import (
     control_prefer_leader,
 )
 from raftlog.types import Entry, EntryType
+from wire.protocol import Code
 
 
 def _apply(state: BrokerState, index: int, data: bytes) -> object:

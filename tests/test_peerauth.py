@@ -7,9 +7,9 @@ import pytest
 import trio
 import trio.testing
 
-from broker.protocol import Code
 from transport.framing import FrameStream
 from transport.peerauth import PeerRefused, accept_peer, check, dial_peer, proof
+from wire.protocol import Code
 
 S = b"the cluster secret of this test"
 ND, NA = b"d" * 16, b"a" * 16

@@ -12,7 +12,6 @@ import trio.testing
 import trustme
 
 from broker.peers import PeerLinks, _take_chunk
-from broker.protocol import FrameDecoder
 from chaos.cluster import free_ports
 from chaos.proxy import Proxy
 from raftlog.types import Membership, Message, MsgType, Role
@@ -21,6 +20,7 @@ from tests.raft_harness import Cluster
 from transport.framing import FrameStream
 from transport.peerauth import PeerRefused, accept_peer
 from transport.tls import accept_tls
+from wire.protocol import FrameDecoder
 
 SECRET = b"a secret of the test cluster"
 

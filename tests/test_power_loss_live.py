@@ -19,13 +19,13 @@ import anyio
 import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from broker.protocol import Code, RequestError
-from broker.records import OutgoingMessage
 from chaos.disk_faults import discard_unsynced
 from raftmq.client import PullConsumer
 from raftmq.commands.status import cluster_status
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster, scrape_metrics
+from wire.protocol import Code, RequestError
+from wire.records import OutgoingMessage
 
 pytestmark = pytest.mark.live
 

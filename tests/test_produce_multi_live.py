@@ -11,13 +11,13 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.produce_wire import decode_outcome
-from broker.protocol import Code, Op, RequestError
-from broker.records import encode_batch
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer, PullConsumer
 from tests.conftest import group_leader, live_cluster, wait_for
 from transport.blocking import request
+from wire.produce import decode_outcome
+from wire.protocol import Code, Op, RequestError
+from wire.records import encode_batch
 
 pytestmark = pytest.mark.live
 

@@ -1,22 +1,22 @@
-"""The multi-batch PRODUCE request's encoding (`broker.produce_wire`), and the outcomes
+"""The multi-batch PRODUCE request's encoding (`wire.produce`), and the outcomes
 the state machine gives the batches of one request, each on its own."""
 
 from __future__ import annotations
 
 import pytest
 
-from broker.produce_wire import (
+from broker.statemachine import BrokerState, ErrorResult, ProduceResult, control_create_topic
+from raftlog.types import Entry, EntryType
+from raftmq.client.errors import may_have_applied
+from wire.produce import (
     MAX_BATCHES,
     decode_outcome,
     encode_error,
     encode_ok,
     split_batches,
 )
-from broker.protocol import Code, RequestError
-from broker.records import STORED_PREFIX, encode_batch
-from broker.statemachine import BrokerState, ErrorResult, ProduceResult, control_create_topic
-from raftlog.types import Entry, EntryType
-from raftmq.client.errors import may_have_applied
+from wire.protocol import Code, RequestError
+from wire.records import STORED_PREFIX, encode_batch
 
 
 def test_split_batches_cuts_the_body_at_the_given_sizes():

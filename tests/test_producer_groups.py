@@ -11,8 +11,8 @@ import trio.testing
 
 from broker.config import ConfigError, NodeConfig, dump_config
 from broker.producer_groups import MAX_TTL_MS, ProducerRegistry
-from broker.protocol import Frame, FrameDecoder, Op, encode_frame
 from transport.framing import Caller, FrameWriter, serve_frames
+from wire.protocol import Frame, FrameDecoder, Op, encode_frame
 
 BASE: dict[str, Any] = {"node_id": 1, "listen": "127.0.0.1:7101", "data": "/tmp/n1",
                         "peers": {"1": "127.0.0.1:7101"}}
@@ -95,7 +95,7 @@ def test_transaction_settings_default_and_validate() -> None:
 def test_client_ids_and_members_are_capped() -> None:
     """A long client id is MALFORMED; a new member over the group's or the node's cap is
     BUSY until one leaves (its connection closes)."""
-    from broker.protocol import Code, RequestError
+    from wire.protocol import Code, RequestError
 
     def connected() -> Caller:
         caller = Caller()

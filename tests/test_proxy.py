@@ -16,11 +16,11 @@ import pytest
 import trio
 
 from broker.config import load_config
-from broker.protocol import Op, RequestError, encode_frame, parse_address
 from chaos.cluster import LocalCluster, free_ports
 from chaos.proxy import Proxy, ProxyNet
 from tests.conftest import steady_leaders
 from transport.blocking import request
+from wire.protocol import Op, RequestError, encode_frame, parse_address
 
 QUIET = 0.3  # how long "nothing arrives" is watched for
 

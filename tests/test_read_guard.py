@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from broker.protocol import Op, RequestError
-from broker.records import OutgoingMessage, encode_batch
 from chaos.cluster import LocalCluster
 from tests.conftest import group_leader, node_status, proxied_cluster, wait_for
 from transport.blocking import request
+from wire.protocol import Op, RequestError
+from wire.records import OutgoingMessage, encode_batch
 
 pytestmark = pytest.mark.live
 

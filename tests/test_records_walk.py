@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import broker.records as records
-from broker.protocol import RequestError
-from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch, walk_batch
+import wire.records as records
+from wire.protocol import RequestError
+from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch, walk_batch
 
 MAX = 40  # a small message size limit, so some batches break it
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from broker.protocol import Code, RequestError
 from broker.refusals import refusal
 from chaos.secworkload import _definite_refusal
 from raftlog.core import NotLeader, ProposalDropped
 from raftlog.runtime import DiskFull, NotReady, ProposalInDoubt, ProposalLost
+from wire.protocol import Code, RequestError
 
 ADDRS = {2: "127.0.0.1:9002"}
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.protocol import Op
-from broker.records import OutgoingMessage, encode_batch, walk_batch
 from chaos.disk_faults import stored_entries
 from raftlog.commitlog import HEADER_SIZE
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster
 from transport.blocking import request
+from wire.protocol import Op
+from wire.records import OutgoingMessage, encode_batch, walk_batch
 
 pytestmark = pytest.mark.live
 

@@ -12,8 +12,6 @@ import pytest
 import trio
 
 from broker.config import ConfigError, NodeConfig
-from broker.protocol import Code, RequestError
-from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch
 from broker.retention import RetentionPolicy, choose_retain_index, retain_once
 from broker.statemachine import BrokerState, control_create_topic
 from raftlog.commitlog import CommitLog, SegmentInfo
@@ -21,6 +19,8 @@ from raftlog.runtime import GroupOptions, GroupRuntime, MissingEntries
 from raftlog.snapshot import CorruptSnapshot, Snapshot, load_snapshot, save_snapshot
 from raftlog.types import Entry, EntryType
 from tests.runtime_harness import Group, core_of, log_of
+from wire.protocol import Code, RequestError
+from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch
 
 SEG = 64 << 10
 HOUR_MS = 3600 * 1000

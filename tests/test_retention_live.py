@@ -22,11 +22,11 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.protocol import Code, RequestError
-from broker.records import OutgoingMessage
 from raftmq.client import PullConsumer
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster
+from wire.protocol import Code, RequestError
+from wire.records import OutgoingMessage
 
 pytestmark = pytest.mark.live
 

@@ -23,13 +23,13 @@ import pytest
 import trio
 
 from broker.parts.users import format_verifier
-from broker.protocol import Op
 from broker.security import make_credential
 from chaos.cluster import free_ports
 from chaos.recorder import Recorder
 from chaos.secworkload import SecurityWorkload
 from transport.connection import ConnectionPool
 from transport.scram import Credentials
+from wire.protocol import Op
 
 pytestmark = pytest.mark.live
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.records import OutgoingMessage
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster
+from wire.records import OutgoingMessage
 
 pytestmark = pytest.mark.live
 

@@ -20,13 +20,13 @@ import pytest
 import trio
 
 from broker.node import PEER_FRAME_HEADROOM
-from broker.protocol import MAX_MESSAGE_BYTES, frame_limit
-from broker.records import OutgoingMessage
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster
 from tests.test_snapshot_install_live import horizon, lead, read_all
 from transport.framing import open_frame_stream
 from transport.peerauth import dial_peer
+from wire.protocol import MAX_MESSAGE_BYTES, frame_limit
+from wire.records import OutgoingMessage
 
 pytestmark = pytest.mark.live
 
@@ -36,7 +36,7 @@ OVERRIDES = {
     "snapshot_every_entries": 4,
     "retention_hours": 1 / 3600,
 }
-KEY_BYTES = 1_000  # under the 1 KiB a key may hold (`broker.records.MAX_KEY_BYTES`)
+KEY_BYTES = 1_000  # under the 1 KiB a key may hold (`wire.records.MAX_KEY_BYTES`)
 KEYED_BATCHES = 30
 PER_BATCH = 1_000
 

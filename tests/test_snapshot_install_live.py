@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from broker.protocol import Code, Op, RequestError
-from broker.records import OutgoingMessage, iter_records, message_id
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster
 from transport.blocking import request
+from wire.protocol import Code, Op, RequestError
+from wire.records import OutgoingMessage, iter_records, message_id
 
 pytestmark = pytest.mark.live
 

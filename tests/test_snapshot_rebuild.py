@@ -14,7 +14,6 @@ import pytest
 import trio
 
 from broker.cqchunks import ChunkGone, CorruptChunk, FileChunkStore
-from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch
 from broker.retention import RetentionPolicy, retain_once
 from broker.statemachine import BrokerState, control_create_topic
 from raftlog.fsutil import CorruptFile
@@ -22,6 +21,7 @@ from raftlog.runtime import GroupRuntime
 from raftlog.snapshot import CorruptSnapshot, load_snapshot
 from raftlog.types import EntryType
 from tests.runtime_harness import Group, core_of, log_of
+from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch
 
 SEG = 64 << 10
 HOUR_MS = 3_600_000

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.protocol import Code, RequestError
-from broker.records import RECORD_HEADER, STORED_PREFIX, OutgoingMessage, encode_batch
 from raftmq.client.consumer import decode_fetch
 from raftmq.spark.arrow_fetch import fetch_to_batch
 from raftmq.spark.schema import ARROW_SCHEMA, messages_to_batch
+from wire.protocol import Code, RequestError
+from wire.records import RECORD_HEADER, STORED_PREFIX, OutgoingMessage, encode_batch
 
 TOPIC, QUEUE, GROUP = "orders", 3, "g2"
 BORN_MS, STORE_MS = 1_700_000_000_123, 1_700_000_000_456

@@ -24,11 +24,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from broker.protocol import Code, RequestError
-from broker.records import OutgoingMessage
 from raftmq.spark.arrow_fetch import fetch_to_batch
 from raftmq.spark.schema import ALL_COLUMNS, SCHEMA, SchemaError, columns
 from tests.test_spark_arrow_fetch import GROUP, QUEUE, TOPIC, Answer, answer, arrow, batches
+from wire.protocol import Code, RequestError
+from wire.records import OutgoingMessage
 
 NAMES = SCHEMA.fieldNames()
 

@@ -31,11 +31,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from broker.records import Message, OutgoingMessage
 from chaos.cluster import LocalCluster
 from raftmq.client.blocking import connect_admin, connect_producer, connect_pull_consumer
 from tests.conftest import live_cluster
 from tests.spark_support import requires_java, spark
+from wire.records import Message, OutgoingMessage
 
 pytestmark = [pytest.mark.live, requires_java]
 

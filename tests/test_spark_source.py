@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from broker.records import OutgoingMessage
 from chaos.cluster import LocalCluster
 from raftmq.client.blocking import connect_admin, connect_producer
 from tests.conftest import live_cluster, wait_for
 from tests.spark_support import requires_java, spark
+from wire.records import OutgoingMessage
 
 pytestmark = [pytest.mark.live, requires_java]
 

@@ -14,10 +14,10 @@ import pytest
 import trio
 import trustme
 
-from broker.protocol import Frame, RequestError
 from transport import blocking
 from transport.connection import ConnectionPool, TransportError
 from transport.framing import Caller, Response, serve_frames
+from wire.protocol import Frame, RequestError
 
 OP = 90
 BACK = 91

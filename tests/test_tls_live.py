@@ -17,12 +17,12 @@ import pytest
 import trio
 import trustme
 
-from broker.protocol import Code, FrameDecoder, Op, RequestError, encode_frame
 from chaos.cluster import LocalCluster
 from raftmq.client import Producer
 from tests.live_cluster import scrape_metrics
 from transport.blocking import request
 from transport.tls import CA_ENV, client_context
+from wire.protocol import Code, FrameDecoder, Op, RequestError, encode_frame
 
 pytestmark = pytest.mark.live
 

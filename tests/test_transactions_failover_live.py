@@ -12,9 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from broker.txn import coordinator_group
 from raftmq.client import Admin, Producer, PullConsumer
 from tests.conftest import group_leader, live_cluster, wait_for
+from wire.txn import coordinator_group
 
 pytestmark = pytest.mark.live
 

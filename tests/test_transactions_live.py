@@ -21,7 +21,6 @@ import anyio
 import pytest
 
 from broker.parts.txpart import MAX_TX_MESSAGES
-from broker.protocol import Code, Op, RequestError
 from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
@@ -37,6 +36,7 @@ from raftmq.client import (
 )
 from raftmq.commands.tx import main as tx_main
 from tests.conftest import live_cluster
+from wire.protocol import Code, Op, RequestError
 
 pytestmark = pytest.mark.live
 

@@ -14,14 +14,14 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from broker.protocol import Code, Op, RequestError
-from broker.records import OutgoingMessage, encode_batch
-from broker.txn import coordinator_group
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer, PullConsumer, TransactionError
 from tests.conftest import node_status, steady_leaders, wait_for
 from tests.live_cluster import scrape_metrics
 from transport.blocking import request
+from wire.protocol import Code, Op, RequestError
+from wire.records import OutgoingMessage, encode_batch
+from wire.txn import coordinator_group
 
 pytestmark = pytest.mark.live
 

@@ -20,10 +20,7 @@ import anyio
 import pytest
 
 from broker.parts.users import format_verifier
-from broker.protocol import Code, Op, RequestError
-from broker.records import OutgoingMessage, encode_batch
 from broker.security import make_credential
-from broker.txn import coordinator_group
 from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer
 from raftmq.commands import acl as acl_cmd
@@ -32,6 +29,9 @@ from tests.conftest import steady_leaders, wait_for
 from transport.blocking import request
 from transport.connection import ConnectionPool
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
+from wire.protocol import Code, Op, RequestError
+from wire.records import OutgoingMessage, encode_batch
+from wire.txn import coordinator_group
 
 pytestmark = pytest.mark.live
 

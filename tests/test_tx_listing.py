@@ -6,9 +6,9 @@ never list transactions again while that node leads the groups)."""
 from __future__ import annotations
 
 from broker.parts.txpart import Decision
-from broker.protocol import MAX_HEADER, FrameDecoder, encode_frame, ok_header
 from broker.statemachine import BrokerState
 from broker.txservice import LIST_HEADER_BUDGET, participant, tx_listing
+from wire.protocol import MAX_HEADER, FrameDecoder, encode_frame, ok_header
 
 
 def remembering(gid: str, decisions: int) -> BrokerState:

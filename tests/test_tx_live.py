@@ -27,12 +27,12 @@ from typing import Any
 
 import pytest
 
-from broker.protocol import Code, Op, RequestError, encode_frame
-from broker.records import OutgoingMessage, decode_record, encode_batch
-from broker.txn import coordinator_group
 from chaos.cluster import LocalCluster
 from tests.conftest import wait_for
 from tests.live_cluster import LiveCluster, Raw, running
+from wire.protocol import Code, Op, RequestError, encode_frame
+from wire.records import OutgoingMessage, decode_record, encode_batch
+from wire.txn import coordinator_group
 
 pytestmark = pytest.mark.live
 

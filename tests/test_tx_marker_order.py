@@ -19,10 +19,10 @@ from broker.config import GroupConfig, NodeConfig
 from broker.node import Node
 from broker.parts.base import ControlResult, ProduceResult
 from broker.parts.txcoord import TxAdd, TxEnd, TxInit
-from broker.records import STORED_PREFIX, OutgoingMessage, decode_record, encode_batch
 from broker.statemachine import control_create_topic
-from broker.txn import coordinator_group
 from raftlog.types import EntryType
+from wire.records import STORED_PREFIX, OutgoingMessage, decode_record, encode_batch
+from wire.txn import coordinator_group
 
 ROUNDS = 10  # each round, before the fix: a later transaction first half the time
 PER_ROUND = 2  # a coordinator keeps at most n and n + 1 of one id undelivered

@@ -9,12 +9,12 @@ import uuid
 
 import pytest
 
-from broker.protocol import Op, RequestError
-from broker.records import OutgoingMessage, encode_batch
-from broker.txn import coordinator_group
 from chaos.cluster import LocalCluster
 from tests.conftest import steady_leaders
 from transport.blocking import request
+from wire.protocol import Op, RequestError
+from wire.records import OutgoingMessage, encode_batch
+from wire.txn import coordinator_group
 
 
 @pytest.mark.live

@@ -20,11 +20,11 @@ from broker.parts import txpart
 from broker.parts.base import ControlResult, ErrorResult, ProduceResult
 from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxInit
 from broker.parts.txpart import HalfChecked, HalfEnd, TxMarker, TxOffsets
-from broker.protocol import Code
-from broker.records import STORED_PREFIX, decode_record, encode_batch
 from broker.statemachine import BrokerState, control_create_topic, control_delete_topic
-from broker.txn import TxKey, half_key, kafka_key
 from raftlog.types import Entry, EntryType
+from wire.protocol import Code
+from wire.records import STORED_PREFIX, decode_record, encode_batch
+from wire.txn import TxKey, half_key, kafka_key
 
 TIDS = ("ta", "tb")
 TXIDS = ("h0", "h1", "h2")

@@ -14,7 +14,6 @@ import trio
 
 from broker.consumequeue import ConsumeQueue
 from broker.parts.txpart import TxMarker
-from broker.records import STORED_PREFIX, OutgoingMessage, encode_batch
 from broker.retention import RetentionPolicy, choose_retain_index, retain_once
 from broker.statemachine import BrokerState, control_create_topic, control_retain
 from raftlog.commitlog import CommitLog
@@ -22,6 +21,7 @@ from raftlog.types import Entry, EntryType
 from tests.runtime_harness import core_of, log_of
 from tests.test_retention import SEG, _Committed, replicas, segs
 from tests.test_txpart import Replica
+from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch
 
 HOUR_MS = 3600 * 1000
 

@@ -11,10 +11,10 @@ import pytest
 from broker.parts import txcoord
 from broker.parts.base import ControlResult, ErrorResult
 from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxExpire, TxInit, TxnState
-from broker.protocol import Code
 from broker.statemachine import BrokerState
 from raftlog.types import Entry, EntryType
 from tests.test_txpart import Replica, sections
+from wire.protocol import Code
 
 
 def ctl(rep: Replica, rec: Any) -> Any:

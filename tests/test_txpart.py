@@ -18,8 +18,10 @@ from broker.parts.txpart import (
     TxMarkers,
     TxOffsets,
 )
-from broker.protocol import Code, RequestError
-from broker.records import (
+from broker.statemachine import BrokerState, control_create_topic, control_delete_topic
+from raftlog.types import Entry, EntryType
+from wire.protocol import Code, RequestError
+from wire.records import (
     STORED_PREFIX,
     BatchHeader,
     OutgoingMessage,
@@ -27,9 +29,7 @@ from broker.records import (
     encode_batch,
     walk_batch,
 )
-from broker.statemachine import BrokerState, control_create_topic, control_delete_topic
-from broker.txn import coordinator_group, half_key, kafka_key
-from raftlog.types import Entry, EntryType
+from wire.txn import coordinator_group, half_key, kafka_key
 
 
 class Replica:

@@ -11,10 +11,10 @@ import scramp
 from broker.config import ConfigError, NodeConfig
 from broker.parts.base import Refused
 from broker.parts.users import UserDelete, UserPut, Users, format_verifier, parse_verifier
-from broker.protocol import Code
 from broker.security import make_credential
 from broker.statemachine import BrokerState
 from raftlog.types import Entry, EntryType
+from wire.protocol import Code
 
 
 def put(name: str, password: str) -> UserPut:

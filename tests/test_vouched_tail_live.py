@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.records import OutgoingMessage
 from chaos.disk_faults import stored_entries
 from tests.conftest import group_leader, live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster
+from wire.records import OutgoingMessage
 
 pytestmark = pytest.mark.live
 

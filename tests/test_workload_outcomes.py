@@ -3,9 +3,9 @@ when no error of the chain says the write may have been applied."""
 
 from __future__ import annotations
 
-from broker.protocol import Code
 from chaos.workload import _written_for_sure_not
 from raftmq.client.errors import OutcomeUnknownError, RequestError, TransportError, give_up
+from wire.protocol import Code
 
 
 def _raised(final: RequestError, cause: RequestError) -> RequestError:

@@ -13,5 +13,5 @@ Clients, nodes and name servers all import it:
 * `tls` — the SSL-context hook every way in and out goes through;
 * `logs` — the JSON-lines logging of every server process.
 
-The frame format itself is `broker.protocol`.
+The frame format itself is `wire.protocol`.
 """

@@ -14,7 +14,7 @@ import ssl
 import time
 from typing import Any
 
-from broker.protocol import (
+from wire.protocol import (
     DEFAULT_MAX_FRAME,
     Code,
     FrameDecoder,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import trio
 
-from broker.protocol import Code, FrameDecoder, ProtocolError
+from wire.protocol import Code, FrameDecoder, ProtocolError
 
 __all__ = ["RESERVE_OVER", "Budget", "BytePool", "Watch"]
 

@@ -31,7 +31,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from broker.protocol import (
+from wire.protocol import (
     DEFAULT_MAX_FRAME,
     Code,
     Frame,

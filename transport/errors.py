@@ -3,7 +3,7 @@
 They live here, below the client SDK, because `connection` raises them; the SDK's error
 hierarchy (`raftmq.client.errors`) re-exports them beside its own.
 
-    RaftMQError (broker.protocol)
+    RaftMQError (wire.protocol)
     ├── RequestError
     │   └── TransportError        the connection failed (`.sent`: the request had left)
     └── ClientClosedError         the client object is closed, or was never opened
@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from broker.protocol import Code, RaftMQError, RequestError
+from wire.protocol import Code, RaftMQError, RequestError
 
 __all__ = ["ClientClosedError", "TransportError", "close_stack", "leaves", "unwrap"]
 

@@ -1,6 +1,6 @@
 """Frames over trio streams: one request loop shared by the node and the name server.
 
-`FrameStream` turns a byte stream into frames (`broker.protocol`) and serialises writes,
+`FrameStream` turns a byte stream into frames (`wire.protocol`) and serialises writes,
 so any number of tasks may answer on one connection. `serve_frames` is the server side:
 it reads requests and runs each one in its own task, because a long-polling FETCH must not
 hold up a PRODUCE pipelined behind it on the same connection. A cap on requests in flight
@@ -37,7 +37,7 @@ from typing import Any
 
 import trio
 
-from broker.protocol import (
+from wire.protocol import (
     DEFAULT_MAX_FRAME,
     Code,
     Frame,

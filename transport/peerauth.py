@@ -37,7 +37,7 @@ from collections.abc import Mapping
 
 import trio
 
-from broker.protocol import Code, Frame, Op, error_header, ok_header
+from wire.protocol import Code, Frame, Op, error_header, ok_header
 
 from .framing import FrameStream
 from .tls import peer_certificate

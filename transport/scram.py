@@ -13,7 +13,7 @@ from typing import Any
 
 import scramp
 
-from broker.protocol import Code, Op, RequestError
+from wire.protocol import Code, Op, RequestError
 
 __all__ = ["PASSWORD_ENV", "USER_ENV", "Credentials", "LoginFailed", "Lookup", "ServerLogins",
            "credentials_from_env", "exchange"]

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import trio
 
-from broker.protocol import Code, encode_frame, error_header
+from wire.protocol import Code, encode_frame, error_header
 
 __all__ = [
     "CA_ENV",

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Self
 
 from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused
 from broker.parts.users import validate_user_name
-from broker.protocol import Code
+from wire.protocol import Code
 
 __all__ = ["KINDS", "OPERATIONS", "Acl", "AclAdd", "AclRemove", "Acls", "acl_from_fields"]
 

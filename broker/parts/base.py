@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import msgpack
 
-from broker.protocol import Code, RequestError
+from wire.protocol import Code, RequestError
 
 if TYPE_CHECKING:
     from broker.statemachine import BrokerState
@@ -153,7 +153,7 @@ def int_field(name: str, v: object, lo: int, hi: int | None = None) -> int:
 
 
 def name_field(validate: Callable[[Any], str], value: object) -> str:
-    """`value` checked by one of `broker.protocol`'s name validators."""
+    """`value` checked by one of `wire.protocol`'s name validators."""
     try:
         return validate(value)
     except RequestError as exc:

@@ -23,7 +23,7 @@ from broker.parts.base import (
     is_int,
     name_field,
 )
-from broker.protocol import Code, validate_topic_name
+from wire.protocol import Code, validate_topic_name
 
 __all__ = ["Catalog", "CreateTopic", "DeleteTopic", "GrowTopic"]
 

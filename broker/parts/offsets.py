@@ -25,7 +25,7 @@ from broker.parts.base import (
     is_int,
     name_field,
 )
-from broker.protocol import Code, validate_group_name
+from wire.protocol import Code, validate_group_name
 
 __all__ = ["MAX_CONSUMER_GROUPS", "CommitOffsets", "DeleteGroup", "Offsets"]
 

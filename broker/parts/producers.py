@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.parts.base import Part, ProduceResult, Refused, TopicConfig
-from broker.protocol import Code
-from broker.records import BatchHeader
+from wire.protocol import Code
+from wire.records import BatchHeader
 
 __all__ = ["DEDUP_WINDOW", "Producers"]
 

@@ -42,8 +42,8 @@ import msgpack
 from broker.consumequeue import CQ_RECORD, ConsumeQueue, CQEntry
 from broker.cqchunks import ChunkGone, ChunkRef, chunk_name, load_chunk
 from broker.parts.base import MAX_QUEUES, Detached, Part, TopicConfig, pack
-from broker.protocol import Code, RequestError
-from broker.records import RecordRef
+from wire.protocol import Code, RequestError
+from wire.records import RecordRef
 
 __all__ = ["CHUNK_RECORDS", "KEY_HISTORY", "Queues"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.parts.base import ApplyResult, ControlResult, Part, Refused, is_int
-from broker.protocol import Code
+from wire.protocol import Code
 
 __all__ = ["MAX_CLIENTS", "REQUEST_WINDOW", "Requests", "valid_request_id"]
 

@@ -1,6 +1,6 @@
 """The Kafka-style transaction coordinator's state, kept in the coordinator group's log.
 
-The group `broker.txn.coordinator_group` picks for a transactional id logs its
+The group `wire.txn.coordinator_group` picks for a transactional id logs its
 transactions here: `tx_init` (a producer starts, or restarts: epoch + 1, fencing an
 ongoing transaction of the old epoch, which is aborted), `tx_add` (transaction `n`
 starts, or gains participant groups), `tx_end` (THE COMMIT POINT: commit or abort is
@@ -63,7 +63,7 @@ from broker.parts.base import (
     name_field,
 )
 from broker.parts.txpart import EXPIRE_BATCH, MAX_MS, IdleIds, bool_field, epoch_fields, tid_field
-from broker.protocol import Code, validate_group_name
+from wire.protocol import Code, validate_group_name
 
 __all__ = [
     "DONE",

@@ -64,9 +64,9 @@ from broker.parts.base import (
     is_int,
     name_field,
 )
-from broker.protocol import Code, validate_group_name
-from broker.records import BatchHeader, RecordRef, message_id, valid_tid
-from broker.txn import TxKey, half_key, kafka_key
+from wire.protocol import Code, validate_group_name
+from wire.records import BatchHeader, RecordRef, message_id, valid_tid
+from wire.txn import TxKey, half_key, kafka_key
 
 __all__ = [
     "DECISIONS",

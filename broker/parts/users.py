@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
-from broker.protocol import Code
+from wire.protocol import Code
 
 __all__ = ["Credential", "UserDelete", "UserPut", "Users", "format_verifier", "parse_verifier",
            "validate_user_name"]

@@ -1,10 +1,10 @@
 """The raftmq client SDK: async (anyio: asyncio or trio) producer, consumers and admin,
-plus blocking wrappers. It speaks only the wire protocol of `broker.protocol` and the
-batch format of `broker.records`."""
+plus blocking wrappers. It speaks only the wire protocol of `wire.protocol` and the
+batch format of `wire.records`."""
 
-from broker.protocol import Code, RequestError
-from broker.records import Message, OutgoingMessage
 from transport.connection import Connection, ConnectionPool
+from wire.protocol import Code, RequestError
+from wire.records import Message, OutgoingMessage
 
 from .admin import Admin, GroupQueue, QueueInfo, QueueLag, TopicInfo, TxListing, place_queues
 from .blocking import (

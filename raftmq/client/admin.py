@@ -15,9 +15,9 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import anyio
 
-from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
-from broker.records import Message, decode_record, iter_records, message_id, parse_message_id
 from transport.connection import ConnectionPool, is_retriable
+from wire.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
+from wire.records import Message, decode_record, iter_records, message_id, parse_message_id
 
 from . import membership
 from .consumer import (

@@ -23,8 +23,8 @@ from typing import Any, Generic, TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from broker.protocol import RequestError
-from broker.records import Message, OutgoingMessage
+from wire.protocol import RequestError
+from wire.records import Message, OutgoingMessage
 
 from .admin import Admin, GroupQueue, QueueLag, TopicInfo, TxListing
 from .consumer import PullConsumer, PullResult, PushConsumer, QueuesCallback, Tags

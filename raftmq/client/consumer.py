@@ -32,7 +32,8 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from broker.protocol import (
+from transport.connection import ClientClosedError, ConnectionPool, is_retriable
+from wire.protocol import (
     MAX_CLIENT_CHARS,
     Code,
     Op,
@@ -40,8 +41,7 @@ from broker.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from broker.records import Message, decode_record, iter_records, message_id, tag_problem
-from transport.connection import ClientClosedError, ConnectionPool, is_retriable
+from wire.records import Message, decode_record, iter_records, message_id, tag_problem
 
 from .errors import UnavailableError, close_stack
 from .lifecycle import StartClose

@@ -33,8 +33,8 @@ connection layer that raises them (`transport.errors`) and re-exported here.
 
 from __future__ import annotations
 
-from broker.protocol import Code, RaftMQError, RequestError
 from transport.errors import ClientClosedError, TransportError, close_stack, leaves, unwrap
+from wire.protocol import Code, RaftMQError, RequestError
 
 __all__ = [
     "ClientClosedError",

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import IO
 
-from broker.protocol import RaftMQError
+from wire.protocol import RaftMQError
 
 __all__ = ["LocalOffsets", "OffsetsInUseError", "default_offsets_dir"]
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import anyio
 
-from broker.protocol import Code, Frame, Op, RequestError, validate_group_name
 from transport.connection import is_retriable
+from wire.protocol import Code, Frame, Op, RequestError, validate_group_name
 
 from .routes import Routes
 

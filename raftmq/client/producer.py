@@ -48,8 +48,9 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 import anyio
 import anyio.abc
 
-from broker.produce_wire import MAX_BATCHES, decode_outcome
-from broker.protocol import (
+from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
+from wire.produce import MAX_BATCHES, decode_outcome
+from wire.protocol import (
     DEFAULT_MAX_FRAME,
     MAX_MESSAGE_BYTES,
     Code,
@@ -59,14 +60,13 @@ from broker.protocol import (
     frame_limit,
     validate_topic_name,
 )
-from broker.records import (
+from wire.records import (
     EncodedBatch,
     OutgoingMessage,
     encode_batch,
     record_size,
     tag_problem,
 )
-from transport.connection import DEFAULT_TIMEOUT, ClientClosedError, ConnectionPool, is_retriable
 
 from .accumulator import BatchAccumulator, GroupAccumulator, QueueBuffer
 from .errors import (

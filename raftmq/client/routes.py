@@ -37,8 +37,8 @@ import anyio
 import anyio.abc
 import msgpack
 
-from broker.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, parse_address
 from transport.connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
+from wire.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, parse_address
 
 from .errors import UnavailableError, give_up, leaderless, may_have_applied
 

@@ -1,7 +1,7 @@
 """Transactions from the producer's side, in both models raftmq serves.
 
 Kafka's model (`Producer(transactional_id=...)`): the producer registers its
-transactional id with the coordinator group (`broker.txn.coordinator_group`, a hash of
+transactional id with the coordinator group (`wire.txn.coordinator_group`, a hash of
 the id over the cluster's groups) and gets an epoch; a later producer with the same id
 gets a higher one, which fences this one. Each transaction is numbered within the epoch
 (0, 1, 2, ...), and (id, epoch, number) names it exactly. With its first send to a
@@ -36,10 +36,10 @@ from typing import Any, Literal, NoReturn
 
 import anyio
 
-from broker.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
-from broker.records import OutgoingMessage, encode_batch
-from broker.txn import coordinator_group
 from transport.connection import is_retriable
+from wire.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
+from wire.records import OutgoingMessage, encode_batch
+from wire.txn import coordinator_group
 
 from .errors import (
     OutcomeUnknownError,

@@ -19,7 +19,6 @@ import anyio
 from rich.console import Console
 from rich.table import Table
 
-from broker.protocol import DEFAULT_NAMESRV, NAMESRV_ENV, Code, RequestError
 from raftmq.client.errors import (
     IncompleteError,
     OutcomeUnknownError,
@@ -29,6 +28,7 @@ from raftmq.client.errors import (
 )
 from raftmq.client.routes import normalize_addresses
 from transport.scram import USER_ENV
+from wire.protocol import DEFAULT_NAMESRV, NAMESRV_ENV, Code, RequestError
 
 if TYPE_CHECKING:
     from raftmq.client import Admin

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from broker.parts.acls import OPERATIONS
-from broker.protocol import Op, RequestError
+from wire.protocol import Op, RequestError
 
 from . import add_namesrv_argument, namesrv_addresses, print_json
 from .user import metadata_request

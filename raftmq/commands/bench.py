@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from broker.protocol import RequestError
+from wire.protocol import RequestError
 
 from . import first_request_error, report_error
 

@@ -18,8 +18,8 @@ import argparse
 
 from rich.table import Table
 
-from broker.protocol import Code, RequestError
 from raftmq.client import Admin, GroupMembers
+from wire.protocol import Code, RequestError
 
 from . import (
     add_namesrv_argument,

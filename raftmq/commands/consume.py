@@ -14,9 +14,9 @@ import sys
 import time
 from typing import Any
 
-from broker.records import Message
 from raftmq.client import PullConsumer
 from raftmq.client.consumer import commit_offsets
+from wire.records import Message
 
 from . import (
     EXIT_FAILURE,

@@ -17,8 +17,8 @@ from typing import Any
 import anyio
 from rich.table import Table
 
-from broker.protocol import Code, RequestError
 from raftmq.client import Admin
+from wire.protocol import Code, RequestError
 
 from . import (
     add_namesrv_argument,

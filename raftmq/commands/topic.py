@@ -14,8 +14,8 @@ import sys
 
 from rich.table import Table
 
-from broker.protocol import Code, RequestError
 from raftmq.client import Admin
+from wire.protocol import Code, RequestError
 
 from . import (
     add_namesrv_argument,

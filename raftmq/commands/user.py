@@ -19,10 +19,10 @@ from typing import Any
 
 from broker.parts.base import Refused
 from broker.parts.users import format_verifier, validate_user_name
-from broker.protocol import Code, Op, RequestError
 from broker.security import make_credential
 from raftmq.client.routes import LEADER_WAIT, backoff_delay
 from transport.blocking import request
+from wire.protocol import Code, Op, RequestError
 
 from . import add_namesrv_argument, namesrv_addresses, print_json
 

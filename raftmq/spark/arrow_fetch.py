@@ -28,14 +28,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker.protocol import Code, RequestError
-from broker.records import RECORD_HEADER
+from wire.protocol import Code, RequestError
+from wire.records import RECORD_HEADER
 
 from .schema import ALL_COLUMNS, ARROW_SCHEMA, Columns
 
 __all__ = ["fetch_to_batch"]
 
-# the record header of `broker.records` (big-endian), as one NumPy record per message
+# the record header of `wire.records` (big-endian), as one NumPy record per message
 _HEADER = np.dtype([("size", ">u4"), ("born", ">u8"), ("klen", ">u2"), ("tlen", ">u2"),
                     ("plen", ">u4"), ("blen", ">u4")])
 _HSIZE = RECORD_HEADER.size

@@ -20,11 +20,11 @@ import anyio
 import pyarrow as pa
 from anyio.from_thread import start_blocking_portal
 
-from broker.protocol import Code, RequestError
 from raftmq.client import Admin
 from raftmq.client.consumer import fetch_answer, queue_bounds
 from raftmq.client.routes import Routes
 from transport.connection import is_retriable
+from wire.protocol import Code, RequestError
 
 from .arrow_fetch import fetch_to_batch
 from .options import OptionError, QueueRange, SourceOptions

@@ -29,7 +29,7 @@ from pyspark.sql.types import (
 )
 from pyspark.sql.types import DataType as SparkType
 
-from broker.records import Message
+from wire.records import Message
 
 __all__ = ["ALL_COLUMNS", "ARROW_SCHEMA", "SCHEMA", "Columns", "SchemaError", "columns",
            "messages_to_batch"]

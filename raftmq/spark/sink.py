@@ -75,11 +75,11 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from broker.protocol import Code, RequestError
-from broker.records import OutgoingMessage
 from raftmq.client import Admin, Producer
 from raftmq.client.consumer import fetch
 from raftmq.client.routes import TopicRoute
+from wire.protocol import Code, RequestError
+from wire.records import OutgoingMessage
 
 from .options import OptionError
 from .sink_options import SinkOptions, check_schema, parse_sink_options

@@ -44,7 +44,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from broker.protocol import RequestError, validate_topic_name
+from wire.protocol import RequestError, validate_topic_name
 
 from .options import OptionError
 

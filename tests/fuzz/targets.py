@@ -13,14 +13,14 @@ from typing import Any
 import msgpack
 
 from broker.cqchunks import CorruptChunk
-from broker.produce_wire import split_batches
-from broker.protocol import FrameDecoder, ProtocolError, RequestError
-from broker.records import STORED_PREFIX, batch_header, decode_record, walk_batch, walk_entry
 from broker.security import RULES
 from broker.statemachine import BrokerState
 from namesrv.registry import parse_registration
 from raftlog.commitlog import CommitLog, CommitLogError
 from raftlog.fsutil import CorruptFile
+from wire.produce import split_batches
+from wire.protocol import FrameDecoder, ProtocolError, RequestError
+from wire.records import STORED_PREFIX, batch_header, decode_record, walk_batch, walk_entry
 
 __all__ = ["TARGETS", "batch", "commitlog", "frame", "seeds", "snapshot"]
 
@@ -86,9 +86,9 @@ def batch(data: bytes) -> None:
 def _seed_state() -> BrokerState:
     from broker.parts.acls import Acl, AclAdd
     from broker.parts.users import UserPut
-    from broker.records import OutgoingMessage, encode_batch
     from broker.statemachine import control_create_topic, control_offsets
     from raftlog.types import Entry, EntryType
+    from wire.records import OutgoingMessage, encode_batch
 
     s = BrokerState("g0", chunk_records=4)
     datas: list[tuple[EntryType, bytes]] = [
@@ -205,8 +205,8 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
 
 def seeds(name: str) -> list[bytes]:
     """Valid inputs to start from (the corpus grows from them)."""
-    from broker.protocol import encode_frame
-    from broker.records import OutgoingMessage, encode_batch
+    from wire.protocol import encode_frame
+    from wire.records import OutgoingMessage, encode_batch
 
     b = bytes(encode_batch("t", 0, [OutgoingMessage(b"hello", key="k", tags="x",
                                                     properties={"a": "b"})] * 3))

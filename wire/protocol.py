@@ -99,9 +99,9 @@ class Op(IntEnum):
     #   defaults to index + 1; the answer ends before the answering replica's own next
     #   unreadable entry, and within broker.service.READ_RAW_MAX_BYTES); NOT_FOUND (gone: retention removed
     #   entry `index`)
-    PRODUCE = 10  # (g) body: a batch (broker.records) -> (base, n, index, dup); or
+    PRODUCE = 10  # (g) body: a batch (wire.records) -> (base, n, index, dup); or
     #   (g, sizes) body: batches back to back -> (results: an outcome per batch); see
-    #   broker.produce_wire
+    #   wire.produce
     FETCH = 11  # (topic, queue, offset, max, max_bytes, wait_ms, g?) -> (next, min, end, msgs)
     #   body; g: the group the client's route names (answered by its ready leader only)
     COMMIT_OFFSET = 12  # (cg, offsets: [[topic, queue, offset]...], req?: [client, seq]) -> (dup)

@@ -7,14 +7,14 @@ does, one request carries batches for many queues of one group, and the leader p
 them together: one Ready, one fsync and one AppendEntries per follower for them all.
 
     request   header {op: PRODUCE, g: group, sizes: [bytes of batch 0, 1, ...]}
-              body   the batches back to back, each exactly as `broker.records` frames it
+              body   the batches back to back, each exactly as `wire.records` frames it
     answer    header {results: [outcome 0, 1, ...]}, in request order, where an outcome is
               [0, base, n, index, dup, shift]    the batch is stored (or was a duplicate)
               [code, message, extra]             it is not, for this reason (`Code`);
                                                  `extra` holds e.g. `unknown`: True when it
                                                  may still be stored, and a `leader` hint
 
-The leader stores the batches it accepts as one MESSAGES entry (`broker.records`), so
+The leader stores the batches it accepts as one MESSAGES entry (`wire.records`), so
 their messages' ids share the entry's index; `shift` is how far beyond the place of the
 entry's first batch the batch sits (0 for that one, and when not given: older nodes),
 to add to the record positions `encode_batch` gives. The single-batch answer carries it
@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from broker.protocol import Code, RequestError
+from wire.protocol import Code, RequestError
 
 __all__ = [
     "MAX_BATCHES",

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
-from broker.protocol import MAX_MESSAGE_BYTES, Code, RequestError, validate_group_name
+from wire.protocol import MAX_MESSAGE_BYTES, Code, RequestError, validate_group_name
 
 __all__ = [
     "MAX_KEY_BYTES",
