@@ -574,6 +574,8 @@ class GroupRuntime(Generic[M]):
         self._retain_seen = 0
         self._snapshot_taken = 0  # index of the last snapshot taken or installed
         self._snapshot_due: _DueSnapshot | None = None
+        self._snapshot_writing = False  # the writer is saving a detached state
+        self._snapshot_deferred = False  # one came due meanwhile (`_maybe_snapshot`)
         self._snapshot_needed = trio.Event()
         self._snapshot_lock = trio.Lock()  # one snapshot write (or install) at a time
         self._lagging: frozenset[int] = frozenset()
@@ -1485,16 +1487,24 @@ class GroupRuntime(Generic[M]):
             self._guard.applied(entries[-1].index)
         self._applied_changed.set()
         self._applied_changed = trio.Event()
-        self._maybe_snapshot(entries[-1])
+        self._maybe_snapshot(entries[-1].index, entries[-1].term)
 
-    def _maybe_snapshot(self, last: Entry) -> None:
-        """Detach the state at `last` when retention or the periodic policy wants a
-        snapshot; `_snapshot_loop` serialises and writes it."""
+    def _maybe_snapshot(self, index: int, term: int) -> None:
+        """Detach the state at `index` when retention or the periodic policy wants a
+        snapshot; `_snapshot_loop` serialises and writes it.
+
+        While a detached state waits for the writer or is being written, a new one is not
+        detached: detaching costs the loop time in proportion to the state, and a replica
+        replaying a long log would otherwise detach after every batch only for the writer
+        to drop all but the last. It is deferred, and taken when the writer is free."""
         retained = int(getattr(self.machine, "retained_index", 0))
         retain_due = retained > self._retain_seen
         every = self.options.snapshot_every_entries
-        periodic_due = every > 0 and last.index - self._snapshot_taken >= every
+        periodic_due = every > 0 and index - self._snapshot_taken >= every
         if not (retain_due or periodic_due):
+            return
+        if self._snapshot_due is not None or self._snapshot_writing:
+            self._snapshot_deferred = True
             return
         serialise = self._serialiser()
         if serialise is None:
@@ -1502,17 +1512,16 @@ class GroupRuntime(Generic[M]):
         core = self._core
         assert core is not None
         self._retain_seen = max(self._retain_seen, retained)
-        self._snapshot_taken = last.index
-        prev = self._snapshot_due
+        self._snapshot_taken = index
         lg = self._log
         assert lg is not None
         base = max(retained, lg.first_index(), 1) - 1  # the log holds everything after it
         self._snapshot_due = _DueSnapshot(
-            last.index,
-            last.term,
-            core.membership_at(last.index),
+            index,
+            term,
+            core.membership_at(index),
             serialise,
-            max(retained if retain_due else 0, prev.retained if prev is not None else 0),
+            retained if retain_due else 0,
             (base, lg.term(base)),
         )
         self._snapshot_needed.set()
@@ -1544,48 +1553,59 @@ class GroupRuntime(Generic[M]):
     async def _snapshot_loop(self) -> None:
         """Write due snapshots durably (off the event loop), hand them to the core, and
         for retention then delete the log segments they cover."""
-        lg, core = self._log, self._core
-        assert lg is not None and core is not None
         while True:
             await self._snapshot_needed.wait()
             self._snapshot_needed = trio.Event()
             due, self._snapshot_due = self._snapshot_due, None
             if due is None:
                 continue
-            async with self._snapshot_lock:
-                if due.index > self.snapshot_index:  # else an install got ahead of it
-                    try:
-                        snap = await self._offload(partial(self._write_snapshot, due))
-                    except SnapshotSkipped as exc:
-                        log.info("snapshot skipped; the next one covers it", extra={"fields": {
-                            "group": self.group_id, "snapshot": due.index, "why": str(exc)}})
-                        continue
-                    except OSError:
-                        # nothing was deleted; the next retain entry (or period) retries
-                        log.exception("writing the snapshot failed", extra={"fields": {
-                            "group": self.group_id, "snapshot": due.index}})
-                        continue
-                    self.snapshot_index = snap.index
-                    self.snapshots_written += 1
-                    await self._log_free()
-                    core.set_snapshot(snap)
-                    log.info("snapshot written", extra={"fields": {
-                        "group": self.group_id, "snapshot": snap.index,
-                        "bytes": len(snap.data)}})
-                if not due.retained:
-                    continue
+            self._snapshot_writing = True
+            try:
+                await self._save_due(due)
+            finally:
+                self._snapshot_writing = False
+            if self._snapshot_deferred:
+                self._snapshot_deferred = False
+                self._maybe_snapshot(self._applied_index, self._applied_term)
+
+    async def _save_due(self, due: _DueSnapshot) -> None:
+        """Write one detached state, then apply the retention it carries."""
+        lg, core = self._log, self._core
+        assert lg is not None and core is not None
+        async with self._snapshot_lock:
+            if due.index > self.snapshot_index:  # else an install got ahead of it
                 try:
-                    first = await self._with_log(
-                        lg.delete_before, min(due.retained, self.snapshot_index + 1))
-                except CommitLogError:
-                    if lg.closed:
-                        raise
-                    log.exception("retention failed; the next retain retries",
-                                  extra={"fields": {"group": self.group_id}})
-                    continue
-                log.info("retention", extra={"fields": {
-                    "group": self.group_id, "snapshot": self.snapshot_index,
-                    "retained": due.retained, "first_index": first}})
+                    snap = await self._offload(partial(self._write_snapshot, due))
+                except SnapshotSkipped as exc:
+                    log.info("snapshot skipped; the next one covers it", extra={"fields": {
+                        "group": self.group_id, "snapshot": due.index, "why": str(exc)}})
+                    return
+                except OSError:
+                    # nothing was deleted; the next retain entry (or period) retries
+                    log.exception("writing the snapshot failed", extra={"fields": {
+                        "group": self.group_id, "snapshot": due.index}})
+                    return
+                self.snapshot_index = snap.index
+                self.snapshots_written += 1
+                await self._log_free()
+                core.set_snapshot(snap)
+                log.info("snapshot written", extra={"fields": {
+                    "group": self.group_id, "snapshot": snap.index,
+                    "bytes": len(snap.data)}})
+            if not due.retained:
+                return
+            try:
+                first = await self._with_log(
+                    lg.delete_before, min(due.retained, self.snapshot_index + 1))
+            except CommitLogError:
+                if lg.closed:
+                    raise
+                log.exception("retention failed; the next retain retries",
+                              extra={"fields": {"group": self.group_id}})
+                return
+            log.info("retention", extra={"fields": {
+                "group": self.group_id, "snapshot": self.snapshot_index,
+                "retained": due.retained, "first_index": first}})
 
     async def _install(self, snap: Snapshot) -> None:
         """Carry out `Ready.snapshot`: restore, save, reset the log, tell the core."""
@@ -1620,7 +1640,7 @@ class GroupRuntime(Generic[M]):
                 if self._guard is not None:
                     self._guard.clear()
                 self._machine = machine
-                self._applied_index = snap.index
+                self._applied_index, self._applied_term = snap.index, snap.term
                 self.snapshot_index = self._snapshot_taken = snap.index
                 self._retain_seen = int(getattr(machine, "retained_index", 0))
                 self._snapshot_due = None  # detached from the state just replaced

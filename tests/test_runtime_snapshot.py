@@ -315,3 +315,55 @@ def test_a_serialiser_hears_saved_once_its_snapshot_file_is_durable(tmp_path: Pa
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+class _SlowSerialised:
+    """A detached state whose serialising takes a while, as a large one's does."""
+
+    def __init__(self, applied: int, total: int) -> None:
+        self.applied, self.total = applied, total
+
+    def __call__(self) -> bytes:
+        time.sleep(0.2)  # in the writer's worker thread
+        data: bytes = msgpack.packb([self.applied, self.total])
+        return data
+
+
+class TallyCountingDetaches(Tally):
+    def __init__(self, applied: int = 0, total: int = 0) -> None:
+        super().__init__(applied, total)
+        self.detached: list[int] = []
+
+    def snapshot_later(self) -> _SlowSerialised:
+        self.detached.append(self.applied)  # detaching costs the event loop
+        return _SlowSerialised(self.applied, self.total)
+
+
+def test_no_state_is_detached_while_the_writer_is_busy_and_the_deferred_one_is_taken(
+        tmp_path: Path) -> None:
+    """Seed 21: a replica replaying a long log detached its state after every batch while
+    the writer was still saving an earlier one, and the writer dropped all but the last;
+    the detaching starved the node. One is detached per write, and none is lost: the one
+    that came due meanwhile is taken when the writer is free."""
+    every = 5
+
+    async def main() -> None:
+        r: Group[TallyCountingDetaches] = Group(tmp_path, TallyCountingDetaches,
+                                                segment_size=SEG, snapshot_every_entries=every)
+        async with trio.open_nursery() as n:
+            for i in (1, 2, 3):
+                await r.start(n, i)
+            leader = await r.leader()
+            machine = r.machines[leader.node_id]
+            for k in range(1, 151):
+                await leader.propose(b"%d" % k)
+            target = core_of(leader).commit
+            # the last period's snapshot is taken once the writer is free
+            await r.wait(lambda: leader.snapshot_index >= target - every + 1)
+            written = leader.snapshots_written
+            assert written >= 2
+            # without deferring: one per `every` entries (30), most of them thrown away
+            assert len(machine.detached) <= written + 1, (machine.detached, written)
+            n.cancel_scope.cancel()
+
+    trio.run(main)
