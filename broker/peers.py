@@ -275,8 +275,8 @@ class PeerLinks:
             except PeerGone:
                 self._lost(link.peer)  # accepted and closed at once: as a link that died
             except (PeerRefused, ProtocolError, trio.TooSlowError) as exc:
-                log.warning("peer handshake failed", extra={"fields": {
-                    "peer": link.peer, "error": str(exc)}})
+                log.warning("peer handshake failed", extra={"fields": {  # TooSlowError says
+                    "peer": link.peer, "error": str(exc) or type(exc).__name__}})  # nothing
                 await trio.sleep(delay)  # a misconfigured peer is not redialled in a loop
                 delay = min(delay * 2, 1.0)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
