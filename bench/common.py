@@ -30,8 +30,8 @@ import anyio
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from chaos.cluster import LocalCluster
     from raftmq.client import Admin, Producer
+    from raftmq.localcluster import LocalCluster
 
 __all__ = [
     "APIS",
@@ -354,7 +354,7 @@ def target_cluster(
         yield Target(args.namesrv, {"cluster": "external", "namesrv": args.namesrv},
                      machine=conditions)
         return
-    from chaos.cluster import LocalCluster
+    from raftmq.localcluster import LocalCluster
 
     parent = getattr(args, "data_dir", None)
     if parent is not None:

@@ -44,7 +44,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from chaos.cluster import LocalCluster
+    from raftmq.localcluster import LocalCluster
 
 __all__ = ["build_parser", "main", "run_failover"]
 

@@ -238,7 +238,7 @@ class Attackers:
 
 
 def node_rss_mib(cluster: Any, node: int) -> float | None:
-    """Resident memory of node `node` of a `chaos.cluster.LocalCluster` (None when it is
+    """Resident memory of node `node` of a `raftmq.localcluster.LocalCluster` (None when it is
     not running)."""
     pid = cluster.pid(node)
     if pid is None:

@@ -88,11 +88,11 @@ import trio
 
 from raftmq.client.admin import Admin
 from raftmq.client.membership import GroupMembers
+from raftmq.localcluster import ClusterError, LocalCluster, node_of
 from transport.blocking import request
 from wire.protocol import Op, RequestError
 
 from . import topology
-from .cluster import ClusterError, LocalCluster, node_of
 from .disk_faults import Damage, SmallDisk, corrupt_entry, damage_file, discard_unsynced
 from .proxy import ProxyNet
 from .recorder import Recorder

@@ -45,9 +45,9 @@ from typing import Any
 import msgpack
 import trio
 
+from raftmq.localcluster import free_ports
 from wire.protocol import Op, parse_address
 
-from .cluster import free_ports
 from .topology import Pair
 
 __all__ = ["Link", "Proxy", "ProxyNet"]

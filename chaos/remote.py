@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from broker.config import GroupConfig
+from raftmq.localcluster import ClusterError, leaders_by_group, node_name
 from transport.blocking import request
 from wire.protocol import Op, RequestError
 
 from .agent import agent_request
-from .cluster import ClusterError, _leaders, node_name
 
 __all__ = ["REMOTE_NEMESES", "RemoteCluster"]
 
@@ -171,7 +171,7 @@ class RemoteCluster:
         return info
 
     def leaders(self, timeout: float = 5.0) -> dict[str, int | None]:
-        return _leaders(self.cluster_info(timeout), self.groups)
+        return leaders_by_group(self.cluster_info(timeout), self.groups)
 
     def wait_ready(self, timeout: float = 30.0, *, raise_on_exit: bool = True) -> dict[str, int]:
         """Block until the name server names a leader for every group and each leader's

@@ -44,11 +44,11 @@ from typing import Any, cast
 import trio
 
 from broker.config import ALLOW_MUTATIONS_ENV, KNOWN_MUTATIONS
+from raftmq.localcluster import LocalCluster
 from transport.scram import USER_ENV
 
 from .analysis import Analysis, analyze_run
 from .attackers import Attackers, node_rss_mib
-from .cluster import LocalCluster
 from .disk_faults import SmallDisk
 from .nemesis import NEMESES, Nemesis, Step, plan
 from .proxy import ProxyNet

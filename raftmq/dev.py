@@ -1,6 +1,6 @@
 """`raftmq dev`: a whole cluster on this machine with one command, for trying things out.
 
-Starts a name server and the nodes as child processes (see `chaos.cluster.LocalCluster`),
+Starts a name server and the nodes as child processes (see `raftmq.localcluster.LocalCluster`),
 waits until every group has a leader, prints exactly one line `ready <namesrv host:port>`
 on stdout (for scripts), a summary table on stderr (for people), and runs until SIGINT or
 SIGTERM, then stops every child, says which, and exits 0. A child that dies meanwhile is
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from broker.config import ConfigError
 
 if TYPE_CHECKING:
-    from chaos.cluster import LocalCluster
+    from raftmq.localcluster import LocalCluster
 
 __all__ = ["main"]
 
@@ -182,7 +182,7 @@ def _summary(cluster: LocalCluster, leaders: dict[str, int]) -> None:
 
 def _supervise(cluster: LocalCluster) -> NoReturn:
     """Until interrupted: start again, after a backoff, every child that died."""
-    from chaos.cluster import NAMESRV, ClusterError
+    from raftmq.localcluster import NAMESRV, ClusterError
 
     starters: dict[str, Callable[[], object]] = {NAMESRV: cluster.start_namesrv}
     for i in cluster.node_ids:
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the dev cluster; 0 after a clean stop on SIGINT/SIGTERM, 1 if it cannot start."""
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     # imported here: the harness pulls in subprocess management the SDK does not need
-    from chaos.cluster import ClusterError, LocalCluster
+    from raftmq.localcluster import ClusterError, LocalCluster
     from transport.scram import Credentials
 
     try:

@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from chaos.cluster import LocalCluster
 from chaos.proxy import ProxyNet
+from raftmq.localcluster import LocalCluster
 from transport.blocking import request
 from wire.protocol import Op, RequestError
 

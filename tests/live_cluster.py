@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import anyio
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Message, Producer, PullConsumer, SendFuture, SendResult
+from raftmq.localcluster import LocalCluster
 from transport.blocking import request
 from transport.connection import DEFAULT_TIMEOUT, ConnectionPool
 from wire.protocol import Frame, FrameDecoder, Op, RequestError, encode_frame

@@ -12,9 +12,9 @@ import pytest
 
 from broker.parts.users import format_verifier
 from broker.security import make_credential
-from chaos.cluster import LocalCluster
 from raftmq.commands import acl as acl_cmd
 from raftmq.commands import user as user_cmd
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import scrape_metrics
 from transport.blocking import request
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials

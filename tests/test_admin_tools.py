@@ -16,8 +16,8 @@ from typing import Any
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Producer, PullConsumer, RequestError
+from raftmq.localcluster import LocalCluster
 from transport.blocking import request
 from wire.protocol import Code, Op
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, IncompleteError, PullConsumer
+from raftmq.localcluster import LocalCluster
 
 pytestmark = pytest.mark.live
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import trio
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin
 from raftmq.client.errors import OutcomeUnknownError, RequestError, may_have_applied
+from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders
 from tests.live_cluster import LiveCluster
 from wire.protocol import Code, Op

@@ -17,9 +17,9 @@ import trio
 
 from broker.parts.users import format_verifier
 from broker.security import make_credential
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin
 from raftmq.commands import user as user_cmd
+from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders
 from tests.live_cluster import scrape_metrics
 from transport.blocking import Connection, request

@@ -20,9 +20,9 @@ import msgpack
 import pytest
 import trio
 
-from chaos.cluster import LocalCluster
 from raftlog.types import Message, MsgType
 from raftlog.wire import message_to_wire
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import LiveCluster, Raw, running
 from transport.blocking import Connection, request
 from transport.framing import open_frame_stream

@@ -28,9 +28,9 @@ from bench.common import (
     percentile,
     send_batches,
 )
-from chaos.cluster import LocalCluster
 from raftmq.commands.bench import BENCHMARKS
 from raftmq.commands.bench import main as bench_main
+from raftmq.localcluster import LocalCluster
 
 READY_TIMEOUT = 60.0
 

@@ -21,7 +21,7 @@ import scramp
 
 from broker.parts.users import format_verifier
 from broker.security import make_credential
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders
 from tests.live_cluster import scrape_metrics
 from transport.blocking import Connection, request

@@ -18,8 +18,8 @@ import pytest
 from broker.config import cluster_configs, dump_config
 from chaos.agent import Agent, agent_request
 from chaos.cli import EXIT_USAGE, check_main, run_main
-from chaos.cluster import free_ports
 from chaos.histories import parse_faults
+from raftmq.localcluster import free_ports
 
 pytestmark = pytest.mark.live
 

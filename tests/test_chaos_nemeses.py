@@ -20,7 +20,6 @@ import pytest
 import trio
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from chaos.cluster import LocalCluster
 from chaos.disk_faults import SmallDisk
 from chaos.histories import parse_faults
 from chaos.nemesis import NEMESES
@@ -29,6 +28,7 @@ from raftlog.commitlog import CommitLog
 from raftmq.client import Admin, Producer, PullConsumer
 from raftmq.commands.status import _render as render_status
 from raftmq.commands.status import cluster_status
+from raftmq.localcluster import LocalCluster
 from tests.conftest import group_leader, node_status, wait_for
 from wire.protocol import RequestError
 

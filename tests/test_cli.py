@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from chaos.cluster import LocalCluster, free_ports
 from raftmq.commands.consume import message_json
 from raftmq.commands.send import generated_body
+from raftmq.localcluster import LocalCluster, free_ports
 from wire.records import Message
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from broker.config import NAMESRV_PORT_OFFSET
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from transport.blocking import request
 from wire.protocol import DEFAULT_NAMESRV, Op, RequestError
 

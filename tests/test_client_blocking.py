@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client.blocking import BlockingAdmin, BlockingProducer, BlockingPullConsumer
+from raftmq.localcluster import LocalCluster
 
 pytestmark = pytest.mark.live  # every test here starts a cluster
 

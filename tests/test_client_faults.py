@@ -33,7 +33,6 @@ from typing import Any
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
     ClientClosedError,
@@ -49,6 +48,7 @@ from raftmq.client import (
     key_queue,
 )
 from raftmq.client.blocking import BlockingPullConsumer
+from raftmq.localcluster import LocalCluster
 from wire.protocol import Code
 
 pytestmark = pytest.mark.live  # every test here starts a cluster

@@ -31,7 +31,6 @@ from typing import Any
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
     ClientClosedError,
@@ -44,6 +43,7 @@ from raftmq.client import (
     key_queue,
 )
 from raftmq.client.errors import may_have_applied
+from raftmq.localcluster import LocalCluster
 from transport.blocking import request
 from wire.protocol import Code, Op, RaftMQError, RequestError
 from wire.records import Message

@@ -29,8 +29,8 @@ from typing import Any
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Message, Producer, PullConsumer, PushConsumer, RequestError
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import (
     DRAIN_TIMEOUT,
     SendLog,

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from broker.config import load_config
-from chaos.cluster import ClusterError, LocalCluster, free_ports
+from raftmq.localcluster import ClusterError, LocalCluster, free_ports
 from transport.blocking import Connection, request
 from wire.protocol import Code, FrameDecoder, RequestError, encode_frame
 

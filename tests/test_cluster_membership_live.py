@@ -18,8 +18,8 @@ import anyio
 import pytest
 
 from broker.hosted import HOSTED_FILE
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, GroupMembers, Producer
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import SendLog, check_log, drain, produce_until
 from transport.blocking import request
 from wire.protocol import Code, Op, RequestError

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from chaos.cluster import LocalCluster
 from chaos.disk_faults import stored_entries
 from raftlog.snapshot import load_snapshot
 from raftmq.client import Admin, Producer, PullConsumer
 from raftmq.client.consumer import fetch
+from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders
 
 MESSAGES = 60

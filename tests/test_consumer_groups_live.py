@@ -18,10 +18,10 @@ from typing import Any
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Message, Producer, PullConsumer, PushConsumer
 from raftmq.client.blocking import BlockingProducer, BlockingPushConsumer
 from raftmq.client.localoffsets import OffsetsInUseError
+from raftmq.localcluster import LocalCluster
 from tests.conftest import live_cluster
 from transport.blocking import request
 from wire.protocol import Code, Op, RequestError

@@ -9,6 +9,8 @@
   the client's sides of TLS and SCRAM, `transport.tls` and `transport.scram`).
 * The transport (`transport`) sits below the broker, the name server and the SDK: of
   them it imports only the frame format, `wire.protocol`.
+* The `raftmq` package (the SDK, `raftmq dev`, the cluster launcher) never reaches
+  `chaos` or `bench`; only the CLI dispatches its `chaos` and `bench` commands to them.
 * Nothing in the product imports `tests`.
 * The broker, the name server and the transport reach a group's log and Raft core only
   through `GroupRuntime`'s door (`read_committed`, `read_raw`, `log_bounds`, ...): no
@@ -125,6 +127,19 @@ def test_the_client_uses_the_wire_and_never_the_broker() -> None:
     reached = closure(client)
     outside = sorted(reached - client - CLIENT_MAY_USE - {"raftmq"})  # raftmq: the SDK's package
     assert outside == [], f"the client SDK reaches {outside}"
+
+
+# the `raftmq` command and its `bench` subcommand: they dispatch to `chaos` and `bench`
+CLI_DISPATCHERS = {"raftmq.cli", "raftmq.__main__", "raftmq.commands.bench"}
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in modules() if top(m) == "raftmq" and m not in CLI_DISPATCHERS))
+def test_the_product_package_never_reaches_the_harness_or_the_benchmarks(module: str) -> None:
+    """`raftmq dev`, the SDK and the cluster launcher stand on their own; only the CLI's
+    `chaos` and `bench` commands dispatch to those packages."""
+    reached = sorted(m for m in closure({module}) if top(m) in ("chaos", "bench"))
+    assert reached == [], f"{module} reaches {reached}"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in modules() if top(m) == "transport"))

@@ -35,7 +35,6 @@ from broker.config import (
     cluster_configs,
     dump_config,
 )
-from chaos.cluster import LocalCluster
 from chaos.disk_faults import (
     KEEP_TAIL,
     corrupt_entry,
@@ -60,6 +59,7 @@ from raftlog.hardstate import HardStateFile
 from raftlog.snapshot import load_snapshot, save_snapshot
 from raftlog.types import HardState, Snapshot
 from raftmq.client import Admin, Producer
+from raftmq.localcluster import LocalCluster
 from tests.conftest import group_leader, node_status, wait_for
 from tests.live_cluster import LiveCluster, scrape_metrics
 from tests.test_commitlog import SEG, crash, make

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from wire.protocol import DEFAULT_NAMESRV
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer, PullConsumer
 from raftmq.client.errors import RequestError
 from raftmq.commands import user as user_cmd
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import LiveCluster
 from wire.protocol import Code, Op
 

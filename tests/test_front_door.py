@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 
 pytestmark = pytest.mark.live
 

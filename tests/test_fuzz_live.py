@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import LiveCluster, Raw, running
 from wire.protocol import (
     DEFAULT_MAX_FRAME,

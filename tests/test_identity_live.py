@@ -19,9 +19,9 @@ import scramp
 
 from broker.parts.users import format_verifier
 from broker.security import make_credential
-from chaos.cluster import NAMESRV, LocalCluster, node_name
 from raftmq.client import Admin, Producer
 from raftmq.client.transactions import CheckRequest
+from raftmq.localcluster import NAMESRV, LocalCluster, node_name
 from transport.blocking import Connection, request
 from transport.connection import ConnectionPool
 from transport.peerauth import proof

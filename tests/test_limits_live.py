@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import scrape_metrics
 from transport.blocking import Connection, request
 from wire.protocol import Code, FrameDecoder, Op, RequestError, encode_frame

@@ -11,8 +11,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin
+from raftmq.localcluster import LocalCluster
 
 pytestmark = pytest.mark.live
 

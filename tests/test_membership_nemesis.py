@@ -14,12 +14,12 @@ import trio
 
 import chaos.nemesis as nemesis_module
 from chaos.analysis import analyze_run
-from chaos.cluster import LocalCluster
 from chaos.histories import parse_faults
 from chaos.nemesis import Nemesis, Step, membership_blocker, restore_action
 from chaos.recorder import Recorder
 from raftmq.client.admin import Admin
 from raftmq.client.membership import GroupMembers
+from raftmq.localcluster import LocalCluster
 from tests.conftest import node_status, steady_leaders
 
 FULL = (1, 2, 3)

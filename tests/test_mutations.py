@@ -11,10 +11,10 @@ import trio
 
 from broker.config import ConfigError
 from broker.node import DUPLICATE_EVERY
-from chaos.cluster import LocalCluster
 from raftlog.core import RaftConfig
 from raftlog.runtime import GroupOptions, GroupRuntime, NotLeader
 from raftlog.types import Entry, Message
+from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders
 from transport.blocking import request
 from wire.protocol import Op

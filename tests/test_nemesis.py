@@ -17,11 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from chaos.cluster import LocalCluster
 from chaos.histories import Fault, parse_faults
 from chaos.nemesis import CRASH_SCOPES, NEMESES, Cadence, Nemesis, Step, plan, schedule
 from chaos.proxy import ProxyNet
 from chaos.recorder import Recorder
+from raftmq.localcluster import LocalCluster
 
 # ------------------------------------------------------------------ the schedule
 

@@ -23,9 +23,9 @@ from typing import Any
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, OutgoingMessage, Producer, PullConsumer
 from raftmq.client.consumer import fetch as sdk_fetch
+from raftmq.localcluster import LocalCluster
 from tests.conftest import ProxyThread, group_leader, node_status, proxied_cluster, wait_for
 from transport.blocking import request
 from wire.produce import decode_outcome

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import scrape_metrics as _scrape
 from transport.blocking import request
 from wire.protocol import Op

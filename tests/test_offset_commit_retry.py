@@ -15,7 +15,7 @@ import time
 import pytest
 
 from broker.service import CRASH_BEFORE_ANSWER_EXIT
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders
 from tests.live_cluster import LiveCluster
 from transport.blocking import request

@@ -12,10 +12,10 @@ import trio.testing
 import trustme
 
 from broker.peers import PeerLinks, _take_chunk
-from chaos.cluster import free_ports
 from chaos.proxy import Proxy
 from raftlog.types import Membership, Message, MsgType, Role
 from raftlog.wire import WireError, message_from_wire, message_to_wire
+from raftmq.localcluster import free_ports
 from tests.raft_harness import Cluster
 from transport.framing import FrameStream
 from transport.peerauth import PeerRefused, accept_peer

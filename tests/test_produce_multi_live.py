@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer, PullConsumer
+from raftmq.localcluster import LocalCluster
 from tests.conftest import group_leader, live_cluster, wait_for
 from transport.blocking import request
 from wire.produce import decode_outcome

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from broker.config import load_config
-from chaos.cluster import LocalCluster, free_ports
 from chaos.proxy import Proxy, ProxyNet
+from raftmq.localcluster import LocalCluster, free_ports
 from tests.conftest import steady_leaders
 from transport.blocking import request
 from wire.protocol import Op, RequestError, encode_frame, parse_address

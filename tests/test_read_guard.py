@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from tests.conftest import group_leader, node_status, proxied_cluster, wait_for
 from transport.blocking import request
 from wire.protocol import Op, RequestError

@@ -24,9 +24,9 @@ import trio
 
 from broker.parts.users import format_verifier
 from broker.security import make_credential
-from chaos.cluster import free_ports
 from chaos.recorder import Recorder
 from chaos.secworkload import SecurityWorkload
+from raftmq.localcluster import free_ports
 from transport.connection import ConnectionPool
 from transport.scram import Credentials
 from wire.protocol import Op

@@ -20,8 +20,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Message, Producer, PushConsumer, RequestError
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import (
     SendLog,
     assert_no_unexpected_exits,

@@ -35,7 +35,7 @@ LOAD_SECONDS = 8.0
 
 
 def run_workload(cluster: object, history: Path) -> None:
-    from chaos.cluster import LocalCluster
+    from raftmq.localcluster import LocalCluster
 
     assert isinstance(cluster, LocalCluster)
 

@@ -31,8 +31,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from chaos.cluster import LocalCluster
 from raftmq.client.blocking import connect_admin, connect_producer, connect_pull_consumer
+from raftmq.localcluster import LocalCluster
 from tests.conftest import live_cluster
 from tests.spark_support import requires_java, spark
 from wire.records import Message, OutgoingMessage

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client.blocking import connect_admin, connect_producer
+from raftmq.localcluster import LocalCluster
 from tests.conftest import live_cluster, wait_for
 from tests.spark_support import requires_java, spark
 from wire.records import OutgoingMessage

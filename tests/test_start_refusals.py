@@ -19,10 +19,10 @@ import pytest
 from broker.config import NodeConfig
 from broker.node import DAMAGED_DATA_EXIT
 from broker.statemachine import BrokerState, control_create_topic
-from chaos.cluster import free_ports
 from raftlog.commitlog import CommitLog
 from raftlog.snapshot import Snapshot, save_snapshot
 from raftlog.types import Entry, EntryType, Membership
+from raftmq.localcluster import free_ports
 
 pytestmark = pytest.mark.live
 

@@ -17,8 +17,8 @@ import pytest
 import trio
 import trustme
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Producer
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import scrape_metrics
 from transport.blocking import request
 from transport.tls import CA_ENV, client_context

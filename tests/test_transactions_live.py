@@ -21,7 +21,6 @@ import anyio
 import pytest
 
 from broker.parts.txpart import MAX_TX_MESSAGES
-from chaos.cluster import LocalCluster
 from raftmq.client import (
     Admin,
     CheckRequest,
@@ -35,6 +34,7 @@ from raftmq.client import (
     connect_producer,
 )
 from raftmq.commands.tx import main as tx_main
+from raftmq.localcluster import LocalCluster
 from tests.conftest import live_cluster
 from wire.protocol import Code, Op, RequestError
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer, PullConsumer, TransactionError
+from raftmq.localcluster import LocalCluster
 from tests.conftest import node_status, steady_leaders, wait_for
 from tests.live_cluster import scrape_metrics
 from transport.blocking import request

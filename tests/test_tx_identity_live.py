@@ -21,10 +21,10 @@ import pytest
 
 from broker.parts.users import format_verifier
 from broker.security import make_credential
-from chaos.cluster import LocalCluster
 from raftmq.client import Admin, Producer
 from raftmq.commands import acl as acl_cmd
 from raftmq.commands import user as user_cmd
+from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders, wait_for
 from transport.blocking import request
 from transport.connection import ConnectionPool

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from tests.conftest import wait_for
 from tests.live_cluster import LiveCluster, Raw, running
 from wire.protocol import Code, Op, RequestError, encode_frame

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from chaos.cluster import LocalCluster
+from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders
 from transport.blocking import request
 from wire.protocol import Op, RequestError

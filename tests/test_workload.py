@@ -21,10 +21,10 @@ import anyio
 import pytest
 
 from chaos.analysis import Analysis, analyze
-from chaos.cluster import LocalCluster
 from chaos.recorder import Recorder
 from chaos.workload import ADMIN, IDEMPOTENT, OFFSETS, PLAIN, READER, Workload
 from raftmq.client import RequestError
+from raftmq.localcluster import LocalCluster
 from tests.live_cluster import wait_balanced
 
 pytestmark = pytest.mark.live

@@ -31,7 +31,7 @@ from typing import IO, Any, ClassVar, TypeVar
 
 # The same percentiles and GC handling as our own benchmark, so columns compare like for like.
 from bench.common import freeze_gc, latency_ms
-from chaos.cluster import free_ports  # below the ephemeral range: restarts can re-bind
+from raftmq.localcluster import free_ports  # below the ephemeral range: restarts can re-bind
 
 __all__ = [
     "WARMUP", "LoadSpec", "LoadStats", "Peer", "PeerError", "Procs", "drive", "find_binary",

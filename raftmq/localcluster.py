@@ -1,4 +1,5 @@
-"""A raftmq cluster of real processes on loopback, for tests, chaos runs and `raftmq dev`.
+"""A raftmq cluster of real processes on loopback: `raftmq dev` runs one, and the tests,
+the benchmarks and the chaos harness start theirs through it.
 
 `LocalCluster` writes one TOML config per node (`base_dir/n{i}.toml`), starts a name
 server and the nodes as child processes and hands out the faults a nemesis needs: kill
@@ -577,7 +578,7 @@ class LocalCluster:
 
     def leaders(self, timeout: float = 5.0) -> dict[str, int | None]:
         """Group -> leader node id according to the name server (None: no leader known)."""
-        return _leaders(self.cluster_info(timeout, topics=False), self.groups)
+        return leaders_by_group(self.cluster_info(timeout, topics=False), self.groups)
 
     def _is_alive(self, node: object) -> bool:
         return (
@@ -589,7 +590,7 @@ class LocalCluster:
 
     def _readiness_problem(self, info: Mapping[str, Any]) -> str | None:
         registered = {_as_int(n) for n in (info.get("nodes") or {})}
-        for gid, leader in _leaders(info, self.groups).items():
+        for gid, leader in leaders_by_group(info, self.groups).items():
             if leader is None:
                 return f"group {gid} has no leader"
             if not self._is_alive(leader):
@@ -644,7 +645,7 @@ class LocalCluster:
             else:
                 found = self._readiness_problem(info)
                 if found is None:
-                    return {g: n for g, n in _leaders(info, self.groups).items() if n is not None}
+                    return {g: n for g, n in leaders_by_group(info, self.groups).items() if n is not None}
                 problem = found
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"cluster not ready after {timeout} s: {problem}")
@@ -657,7 +658,9 @@ def _as_int(v: object) -> object:
     return v
 
 
-def _leaders(info: Mapping[str, Any], groups: Sequence[GroupConfig]) -> dict[str, int | None]:
+def leaders_by_group(
+    info: Mapping[str, Any], groups: Sequence[GroupConfig]
+) -> dict[str, int | None]:
     """Group -> leader node id from a CLUSTER answer, covering the configured groups too."""
     out: dict[str, int | None] = {g.id: None for g in groups}
     for gid, g in (info.get("groups") or {}).items():
