@@ -62,6 +62,7 @@ from wire.protocol import (
     Frame,
     Op,
     RequestError,
+    header_field,
     ok_header,
     validate_group_name,
     validate_topic_name,
@@ -109,17 +110,6 @@ _PEER_ONLY = frozenset({int(Op.READ_RAW), int(Op.RAFT), int(Op.TX_MARKER)})
 _UNKNOWN = frozenset({Code.UNKNOWN_TOPIC, Code.UNKNOWN_QUEUE})  # confirmed before refused
 
 
-def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
-    v = h.get(name, default)
-    if v is ...:
-        raise RequestError(Code.MALFORMED, f"missing field {name!r}")
-    if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
-        raise RequestError(Code.MALFORMED, f"field {name!r} must be an integer")
-    if kind is not int and not isinstance(v, kind):
-        raise RequestError(Code.MALFORMED, f"field {name!r} must be {kind.__name__}")
-    return v
-
-
 def _check_queue(q: int) -> int:
     if not 0 <= q < MAX_QUEUES:
         raise RequestError(Code.UNKNOWN_QUEUE, f"queue {q} is out of range")
@@ -127,17 +117,17 @@ def _check_queue(q: int) -> int:
 
 
 def _queue_id(h: dict[str, Any]) -> int:
-    return _check_queue(_field(h, "queue", int))
+    return _check_queue(header_field(h, "queue", int))
 
 
 def _topic(h: dict[str, Any]) -> str:
     """The "topic" field: MALFORMED when missing or not a string, INVALID_NAME if bad."""
-    return validate_topic_name(_field(h, "topic", str))
+    return validate_topic_name(header_field(h, "topic", str))
 
 
 def _cg(h: dict[str, Any]) -> str:
     """The consumer group field "cg", checked like `_topic`."""
-    return validate_group_name(_field(h, "cg", str))
+    return validate_group_name(header_field(h, "cg", str))
 
 
 def _request_id(h: dict[str, Any]) -> tuple[int, int] | None:
@@ -543,11 +533,11 @@ class BrokerService:
     async def _fetch(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         topic = _topic(h)
         queue = _queue_id(h)
-        offset = _field(h, "offset", int)
-        max_count = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
-        max_bytes = min(max(_field(h, "max_bytes", int, 1 << 20), 1), MAX_FETCH_BYTES)
-        wait_ms = min(max(_field(h, "wait_ms", int, DEFAULT_WAIT_MS), 0), MAX_WAIT_MS)
-        tags = _field(h, "tags", list, [])
+        offset = header_field(h, "offset", int)
+        max_count = min(max(header_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
+        max_bytes = min(max(header_field(h, "max_bytes", int, 1 << 20), 1), MAX_FETCH_BYTES)
+        wait_ms = min(max(header_field(h, "wait_ms", int, DEFAULT_WAIT_MS), 0), MAX_WAIT_MS)
+        tags = header_field(h, "tags", list, [])
         tag_hashes = {_tag_hash(t) for t in tags} if tags else None
         # confirmed leader (ReadIndex) before answering: a leader replaced without knowing
         # it yet must neither report an old end nor serve a topic deleted meanwhile
@@ -622,7 +612,7 @@ class BrokerService:
         new leader) must not overwrite an offset committed in between."""
         cg = _cg(h)
         req = _request_id(h)
-        raw = _field(h, "offsets", list)
+        raw = header_field(h, "offsets", list)
         by_group: dict[str, list[tuple[str, int, int]]] = {}
         for item in raw:
             if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str)
@@ -678,8 +668,8 @@ class BrokerService:
     async def _create_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         topic = _topic(h)
-        queues = _field(h, "queues", int)
-        hosted = _field(h, "hosted", list)
+        queues = header_field(h, "queues", int)
+        hosted = header_field(h, "hosted", list)
         if not 1 <= queues <= MAX_QUEUES:
             raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
         if not hosted or any(not _is_int(q) or not 0 <= q < queues for q in hosted):
@@ -707,8 +697,8 @@ class BrokerService:
     async def _grow_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self._group(h.get("g"))
         topic = _topic(h)
-        queues = _field(h, "queues", int)
-        hosted = _field(h, "hosted", list)
+        queues = header_field(h, "queues", int)
+        hosted = header_field(h, "hosted", list)
         if not 1 <= queues <= MAX_QUEUES:
             raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
         if any(not _is_int(q) or not 0 <= q < queues for q in hosted):
@@ -770,8 +760,8 @@ class BrokerService:
         """Move the group's leadership to node `to`; with `prefer`, first log `to` as the
         group's preferred leader, so the core does not hand leadership back."""
         g = self._group(h.get("g"))
-        to = _field(h, "to", int)
-        prefer = _field(h, "prefer", bool, False)
+        to = header_field(h, "to", int)
+        prefer = header_field(h, "prefer", bool, False)
         self._leading(g)
         voters = sorted(g.membership.voters)
         if to not in voters:
@@ -809,7 +799,7 @@ class BrokerService:
         when it would leave the group without a reachable majority. Changes already made
         answer OK (a retried request must not fail for having worked)."""
         g = self._group(h.get("g"))
-        action = _field(h, "action", str)
+        action = header_field(h, "action", str)
         if action not in ("show", "add-learner", "promote", "remove"):
             raise RequestError(Code.MALFORMED, f"action must be show, add-learner, promote or "
                                f"remove, not {action!r}")
@@ -817,7 +807,7 @@ class BrokerService:
         if action == "show":
             await g.read_barrier()  # still the leader, as a majority confirms
             return ok_header(0, **self._members_view(g)), b""
-        node = _field(h, "node", int)
+        node = header_field(h, "node", int)
         me = self.node.config.node_id
         if node not in self.node.config.peers:
             raise RequestError(Code.NOT_A_MEMBER, f"node {node} is not in the cluster's peers "
@@ -867,12 +857,12 @@ class BrokerService:
                                "stops. Bring a node back (or add one) first")
 
     async def _host_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        gid = validate_group_name(_field(h, "g", str))
+        gid = validate_group_name(header_field(h, "g", str))
         known = sorted(gc.id for gc in self.node.config.groups)
         if gid not in known:
             raise RequestError(Code.UNKNOWN_GROUP, f"no group {gid!r} in the cluster "
                                f"(known: {known})")
-        raw = _field(h, "voters", list)
+        raw = header_field(h, "voters", list)
         if not raw or not all(_is_int(v) and v in self.node.config.peers for v in raw):
             raise RequestError(Code.MALFORMED, f"voters must be node ids of the cluster's "
                                f"peers {sorted(self.node.config.peers)}, got {raw!r}")
@@ -880,7 +870,7 @@ class BrokerService:
         return ok_header(0, created=created), b""
 
     async def _drop_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        gid = validate_group_name(_field(h, "g", str))
+        gid = validate_group_name(header_field(h, "g", str))
         try:
             dropped = await self.node.drop_group(gid)
         except ValueError as exc:
@@ -891,7 +881,7 @@ class BrokerService:
     # ------------------------------------------------------------------ lookups
 
     async def _get_message(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        msg_id = _field(h, "msg_id", str)
+        msg_id = header_field(h, "msg_id", str)
         gid, index, start = parse_message_id(msg_id)
         g = self._group(gid)
         state = self._leading(g)
@@ -916,8 +906,8 @@ class BrokerService:
 
     async def _query_key(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         topic = _topic(h)
-        key = _field(h, "key", str)
-        limit = min(max(_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
+        key = header_field(h, "key", str)
+        limit = min(max(header_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
         parts: list[bytes] = []
         msgs: list[list[Any]] = []
         if not any(state.topic(topic) for state in self.groups.states.values()):
@@ -948,8 +938,8 @@ class BrokerService:
         a prefix of the range, at least entry `index`, one request for a damaged segment's
         hundreds of entries rather than one each."""
         g = self._group(h.get("g"))
-        index = _field(h, "index", int)
-        hi = _field(h, "hi", int, index + 1)
+        index = header_field(h, "index", int)
+        hi = header_field(h, "hi", int, index + 1)
         if hi <= index:
             raise RequestError(Code.MALFORMED, f"hi {hi} must be above index {index}")
         if not g.is_open:
@@ -974,11 +964,11 @@ class BrokerService:
 
     async def _heartbeat(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
-        client = _field(h, "client", str)  # checked and bounded by the registry
+        client = header_field(h, "client", str)  # checked and bounded by the registry
         now = time.monotonic()
         before = self.consumers.members(cg, now)
-        self.consumers.heartbeat(cg, client, _field(h, "ttl_ms", int, 30_000), now,
-                                 manual=_field(h, "manual", bool, False))
+        self.consumers.heartbeat(cg, client, header_field(h, "ttl_ms", int, 30_000), now,
+                                 manual=header_field(h, "manual", bool, False))
         if self.consumers.members(cg, now) != before:
             self._members_changed(cg)
         return ok_header(0), b""
@@ -995,7 +985,7 @@ class BrokerService:
         member learns of a join or a leave when it happens, not at its next poll."""
         cg = _cg(h)
         known = h.get("known")
-        wait_ms = _field(h, "wait_ms", int, 0)
+        wait_ms = header_field(h, "wait_ms", int, 0)
         if not 0 <= wait_ms <= MAX_WAIT_MS:
             raise RequestError(Code.MALFORMED, f"wait_ms must be 0-{MAX_WAIT_MS}")
         deadline = time.monotonic() + wait_ms / 1000

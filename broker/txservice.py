@@ -46,6 +46,7 @@ from wire.protocol import (
     Code,
     Op,
     RequestError,
+    header_field,
     ok_header,
     validate_client_id,
     validate_group_name,
@@ -111,27 +112,16 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _field(h: dict[str, Any], name: str, kind: type, default: Any = ...) -> Any:
-    v = h.get(name, default)
-    if v is ...:
-        raise RequestError(Code.MALFORMED, f"missing field {name!r}")
-    if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
-        raise RequestError(Code.MALFORMED, f"field {name!r} must be an integer")
-    if kind is not int and not isinstance(v, kind):
-        raise RequestError(Code.MALFORMED, f"field {name!r} must be {kind.__name__}")
-    return v
-
-
 def _count(h: dict[str, Any], name: str) -> int:
     """An epoch or a transaction number: an integer in 0..2**63-1."""
-    v = _field(h, name, int)
+    v = header_field(h, name, int)
     if not 0 <= v < 1 << 63:
         raise RequestError(Code.MALFORMED, f"field {name!r} must be an integer >= 0, got {v}")
     return v
 
 
 def _tid(h: dict[str, Any], name: str = "tid") -> str:
-    v = _field(h, name, str)
+    v = header_field(h, name, str)
     if not valid_tid(v):
         raise RequestError(Code.MALFORMED, f"field {name!r}: bad id {v!r}: 1-255 printable "
                            "characters, no leading or trailing space")
@@ -256,7 +246,7 @@ class TxService:
 
     async def _init(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
-        timeout_ms = _field(h, "timeout_ms", int)
+        timeout_ms = header_field(h, "timeout_ms", int)
         limit = self.node.config.tx_timeout_max_ms
         if timeout_ms < 1:
             raise RequestError(Code.MALFORMED, f"timeout_ms must be >= 1, got {timeout_ms}")
@@ -277,7 +267,7 @@ class TxService:
     async def _add(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
         epoch, n = _count(h, "epoch"), _count(h, "n")
-        raw = _field(h, "groups", list)
+        raw = header_field(h, "groups", list)
         if not raw:
             raise RequestError(Code.MALFORMED, "groups must name at least one group")
         groups = sorted({self._known_group(x) for x in raw})
@@ -309,10 +299,10 @@ class TxService:
     async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
         epoch, n = _count(h, "epoch"), _count(h, "n")
-        cg = validate_group_name(_field(h, "cg", str))
+        cg = validate_group_name(header_field(h, "cg", str))
         g = self.svc._group(h.get("g"))
         state = self.svc._leading(g)
-        raw = _field(h, "offsets", list)
+        raw = header_field(h, "offsets", list)
         if not raw:
             raise RequestError(Code.MALFORMED, "offsets must list at least one offset")
         offsets: list[tuple[str, int, int]] = []
@@ -346,11 +336,11 @@ class TxService:
     async def _end(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
         epoch, n = _count(h, "epoch"), _count(h, "n")
-        commit = _field(h, "commit", bool)
+        commit = header_field(h, "commit", bool)
         # wait=false: answer once decided (prepare_*), the markers going out meanwhile
-        wait = _field(h, "wait", bool, True)
+        wait = header_field(h, "wait", bool, True)
         # the groups the client sent to: participants whether or not a TX_ADD named them
-        groups = sorted({self._known_group(x) for x in _field(h, "groups", list, [])})
+        groups = sorted({self._known_group(x) for x in header_field(h, "groups", list, [])})
         if len(groups) > MAX_PARTICIPANTS:
             raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
                                f"groups, not {len(groups)}")
@@ -395,7 +385,7 @@ class TxService:
             return ok_header(0, dup=result.dup), b""
         tid = _tid(h)
         epoch, n, fence = _count(h, "epoch"), _count(h, "n"), _count(h, "fence")
-        commit = _field(h, "commit", bool)
+        commit = header_field(h, "commit", bool)
         g = self.svc._group(h.get("g"))
         self.svc._leading(g)
         result = await self.marker(g, tid, epoch, n, commit, fence)
@@ -438,12 +428,12 @@ class TxService:
 
     async def _half_end(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         txid = _tid(h, "txid")
-        commit = _field(h, "commit", bool)
-        source = _field(h, "source", str, "client")
+        commit = header_field(h, "commit", bool)
+        source = header_field(h, "source", str, "client")
         if source not in SOURCES:
             raise RequestError(Code.MALFORMED, f"source must be one of {', '.join(SOURCES)}, "
                                f"not {source!r}")
-        pg = _field(h, "pg", str)
+        pg = header_field(h, "pg", str)
         if pg or source != "operator":
             validate_group_name(pg)
         g = self.svc._group(h.get("g"))
@@ -458,9 +448,9 @@ class TxService:
 
     async def _producer_heartbeat(self, caller: Caller, h: dict[str, Any],
                                   _body: bytes) -> Response:
-        pg = validate_group_name(_field(h, "pg", str))
+        pg = validate_group_name(header_field(h, "pg", str))
         client = validate_client_id(h.get("client"))
-        ttl_ms = _field(h, "ttl_ms", int, 30_000)
+        ttl_ms = header_field(h, "ttl_ms", int, 30_000)
         self.producers.heartbeat(pg, client, caller, ttl_ms, time.monotonic())
         return ok_header(0), b""
 
@@ -468,8 +458,8 @@ class TxService:
 
     async def _list(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         only = self._known_group(h["g"]) if h.get("g") is not None else None
-        ident = _field(h, "tx", str, "")  # one tid or txid ("id" is the request's)
-        limit = _field(h, "limit", int, DEFAULT_LIST_LIMIT)
+        ident = header_field(h, "tx", str, "")  # one tid or txid ("id" is the request's)
+        limit = header_field(h, "limit", int, DEFAULT_LIST_LIMIT)
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise RequestError(Code.MALFORMED, f"limit must be 1..{MAX_LIST_LIMIT}")
         led: list[str] = []
@@ -551,7 +541,7 @@ def parse_markers(raw: object) -> list[list[Any]]:
             raise RequestError(Code.MALFORMED, "markers must be [[tid, epoch, n, commit, "
                                "fence], ...]")
         m = dict(zip(("tid", "epoch", "n", "commit", "fence"), item, strict=True))
-        out.append([_tid(m), _count(m, "epoch"), _count(m, "n"), _field(m, "commit", bool),
+        out.append([_tid(m), _count(m, "epoch"), _count(m, "n"), header_field(m, "commit", bool),
                     _count(m, "fence")])
     return out
 

@@ -270,6 +270,20 @@ def error_header(req_id: int, code: Code, message: str, **fields: Any) -> dict[s
     return {"id": req_id, "code": int(code), "msg": message, **fields}
 
 
+def header_field(h: Mapping[str, Any], name: str, kind: type, default: Any = ...) -> Any:
+    """Field `name` of a request header, checked to be a `kind` (an int is never a bool):
+    a header comes from an untrusted peer, and a missing or mistyped field is answered
+    MALFORMED with its name rather than failing deep inside a handler."""
+    v = h.get(name, default)
+    if v is ...:
+        raise RequestError(Code.MALFORMED, f"missing field {name!r}")
+    if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
+        raise RequestError(Code.MALFORMED, f"field {name!r} must be an integer")
+    if kind is not int and not isinstance(v, kind):
+        raise RequestError(Code.MALFORMED, f"field {name!r} must be {kind.__name__}")
+    return v
+
+
 class FrameDecoder:
     """Incremental frame parser: `feed()` bytes, then take frames with `next_frame()`.
 
