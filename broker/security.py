@@ -56,7 +56,6 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
-import scramp
 import trio
 
 from broker.config import NodeConfig
@@ -72,14 +71,13 @@ from transport.scram import LoginFailed, ServerLogins
 from wire.produce import split_batches
 from wire.protocol import Code, Frame, Op, RequestError, ok_header
 from wire.records import batch_header
+from wire.security import ITERATIONS, MECHANISM, make_credential
 
 __all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "REGISTERED_USERS_BYTES",
            "RULES", "Guard", "fake_salt_key", "make_credential"]
 
 log = logging.getLogger("raftmq.security")
 
-MECHANISM = "SCRAM-SHA-256"
-ITERATIONS = 4096
 #: What the users' verifiers may take of a registration to the name servers: they ride in
 #: its header (at most 1 MiB, beside the groups' reports), some 100 bytes a user with a
 #: name of ten characters (about 5,000 users), at most 206 (about 2,500 users with the
@@ -90,15 +88,8 @@ REGISTERED_USERS_BYTES = 512 << 10
 # msgpack of one [name, salt, iterations, StoredKey, ServerKey] row beside its name and
 # salt (user names are ASCII): array, string and bin headers, an int, two 32-byte keys
 _ROW_OVERHEAD = 1 + 2 + 2 + 5 + 2 * (2 + 32)
-_MECH = scramp.ScramMechanism(MECHANISM)
 
 FrameHandler = Callable[[Caller, Frame], Awaitable[Response | None]]
-
-
-def make_credential(password: str, iterations: int = ITERATIONS) -> Credential:
-    """A fresh verifier of `password` (random salt): what the client sends to store."""
-    salt, stored_key, server_key, n = _MECH.make_auth_info(password, iteration_count=iterations)
-    return Credential(salt, n, stored_key, server_key)
 
 
 def fake_salt_key(cluster_secret: str) -> bytes:

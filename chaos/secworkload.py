@@ -42,13 +42,12 @@ from typing import Any
 
 import trio
 
-from broker.parts.users import format_verifier
-from broker.security import make_credential
 from transport.connection import ConnectionPool
 from transport.errors import TransportError
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
 from wire.protocol import Code, Op, RequestError
 from wire.records import encode_batch
+from wire.security import format_verifier, make_credential
 
 from .attackers import Attackers
 from .recorder import Recorder

@@ -145,8 +145,7 @@ def _admin_password(data: str) -> str:
 def _auth_overrides(data: str) -> dict[str | int, Any]:
     """Node config keys of a dev cluster with authentication and ACLs: superuser 'admin'
     logging in with the verifier of its password (the nodes never see the password)."""
-    from broker.parts.users import format_verifier
-    from broker.security import make_credential
+    from wire.security import format_verifier, make_credential
 
     verifier = format_verifier(make_credential(_admin_password(data)))
     return {"authenticate": True, "authorize": True, "superusers": ["admin"],

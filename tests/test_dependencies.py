@@ -11,6 +11,8 @@
   them it imports only the frame format, `wire.protocol`.
 * The `raftmq` package (the SDK, `raftmq dev`, the cluster launcher) never reaches
   `chaos` or `bench`; only the CLI dispatches its `chaos` and `bench` commands to them.
+* The CLI's client commands (`raftmq user`, `acl`, `send`, ...) never reach the broker,
+  the name server or Raft.
 * Nothing in the product imports `tests`.
 * The broker, the name server and the transport reach a group's log and Raft core only
   through `GroupRuntime`'s door (`read_committed`, `read_raw`, `log_bounds`, ...): no
@@ -139,6 +141,15 @@ def test_the_product_package_never_reaches_the_harness_or_the_benchmarks(module:
     """`raftmq dev`, the SDK and the cluster launcher stand on their own; only the CLI's
     `chaos` and `bench` commands dispatch to those packages."""
     reached = sorted(m for m in closure({module}) if top(m) in ("chaos", "bench"))
+    assert reached == [], f"{module} reaches {reached}"
+
+
+@pytest.mark.parametrize("module", sorted(
+    m for m in modules() if m.startswith("raftmq.commands.") and m not in CLI_DISPATCHERS))
+def test_the_clis_client_commands_never_reach_the_server_side(module: str) -> None:
+    """`raftmq user`, `raftmq acl`, `raftmq send`, ... talk to a cluster as clients: user
+    names, verifiers and ACL operations come from the wire, not from the broker."""
+    reached = sorted(m for m in closure({module}) if top(m) in ("broker", "raftlog", "namesrv"))
     assert reached == [], f"{module} reaches {reached}"
 
 

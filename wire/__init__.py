@@ -2,6 +2,7 @@
 transport and the SDK.
 
 `protocol` (frames, op codes, error codes, name rules), `records` (the batch format,
-stored as sent), `produce` (the multi-batch PRODUCE request) and `txn` (which group
-coordinates a transactional id). Nothing here imports another raftmq package.
+stored as sent), `produce` (the multi-batch PRODUCE request), `txn` (which group
+coordinates a transactional id) and `security` (user names, SCRAM verifiers, ACL
+operations). Nothing here imports another raftmq package.
 """

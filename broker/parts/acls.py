@@ -26,11 +26,11 @@ from typing import Any, ClassVar, Self
 from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused
 from broker.parts.users import validate_user_name
 from wire.protocol import Code
+from wire.security import OPERATIONS
 
 __all__ = ["KINDS", "OPERATIONS", "Acl", "AclAdd", "AclRemove", "Acls", "acl_from_fields"]
 
 KINDS = ("topic", "group", "cluster", "transactional-id", "producer-group")
-OPERATIONS = ("publish", "subscribe", "admin")
 PATTERNS = ("literal", "prefix")
 PERMISSIONS = ("allow", "deny")
 MAX_ACLS = 100_000

@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
 from wire.protocol import Code
+from wire.security import VERIFIER_PREFIX, Credential, format_verifier, user_name_problem
 
 __all__ = ["Credential", "UserDelete", "UserPut", "Users", "format_verifier", "parse_verifier",
            "validate_user_name"]
 
-_USER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 MIN_ITERATIONS = 4096  # RFC 7677's minimum for SCRAM-SHA-256
 MAX_ITERATIONS = 10_000_000
 _KEY = 32  # SHA-256 digest size
@@ -35,39 +34,19 @@ _KEY = 32  # SHA-256 digest size
 
 def validate_user_name(name: object) -> str:
     """A user name: 1-64 of letters, digits and `_ . @ -` (Refused(INVALID_NAME) if not)."""
-    if not isinstance(name, str) or not _USER.fullmatch(name):
-        raise Refused(Code.INVALID_NAME, f"a user name is 1-64 characters of letters, digits "
-                      f"and _.@-; got {name!r}")
+    problem = user_name_problem(name)
+    if problem is not None:
+        raise Refused(Code.INVALID_NAME, problem)
+    assert isinstance(name, str)
     return name
-
-
-@dataclass(frozen=True, slots=True)
-class Credential:
-    """A user's SCRAM-SHA-256 verifier."""
-
-    salt: bytes
-    iterations: int
-    stored_key: bytes
-    server_key: bytes
-
-
-_PREFIX = "SCRAM-SHA-256$"
-
-
-def format_verifier(c: Credential) -> str:
-    """PostgreSQL's text form of a verifier: `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:
-    <ServerKey>` (base64), for a node config's `superuser_scram`."""
-    def b(x: bytes) -> str:
-        return base64.b64encode(x).decode()
-    return f"{_PREFIX}{c.iterations}:{b(c.salt)}${b(c.stored_key)}:{b(c.server_key)}"
 
 
 def parse_verifier(text: str) -> Credential:
     """`format_verifier`'s output back; Refused(MALFORMED) naming what is wrong."""
     try:
-        if not text.startswith(_PREFIX):
-            raise ValueError(f"does not start with {_PREFIX!r}")
-        head, keys = text[len(_PREFIX):].split("$")
+        if not text.startswith(VERIFIER_PREFIX):
+            raise ValueError(f"does not start with {VERIFIER_PREFIX!r}")
+        head, keys = text[len(VERIFIER_PREFIX):].split("$")
         iterations, salt = head.split(":")
         stored, server = keys.split(":")
         rec = UserPut("x", base64.b64decode(salt, validate=True), int(iterations),

@@ -19,8 +19,8 @@ import argparse
 import sys
 from typing import Any
 
-from broker.parts.acls import OPERATIONS
 from wire.protocol import Op, RequestError
+from wire.security import OPERATIONS
 
 from . import add_namesrv_argument, namesrv_addresses, print_json
 from .user import metadata_request

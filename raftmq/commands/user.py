@@ -17,12 +17,10 @@ import sys
 import time
 from typing import Any
 
-from broker.parts.base import Refused
-from broker.parts.users import format_verifier, validate_user_name
-from broker.security import make_credential
 from raftmq.client.routes import LEADER_WAIT, backoff_delay
 from transport.blocking import request
 from wire.protocol import Code, Op, RequestError
+from wire.security import format_verifier, make_credential, user_name_problem
 
 from . import add_namesrv_argument, namesrv_addresses, print_json
 
@@ -126,8 +124,11 @@ def main(argv: list[str]) -> int:
         parser.print_help()
         return 2
     try:
-        if args.action in ("add", "remove", "verifier"):
-            validate_user_name(args.name)
+        problem = user_name_problem(args.name) if args.action in (
+            "add", "remove", "verifier") else None
+        if problem is not None:
+            print(f"{PROG}: {problem}", file=sys.stderr)
+            return 2
         if args.action == "verifier":
             print(format_verifier(make_credential(_password(args))))
             return 0
@@ -145,9 +146,6 @@ def main(argv: list[str]) -> int:
         else:
             out = metadata_request(namesrv, {"op": int(Op.USER_LIST)})
             result = {"users": out.get("users", [])}
-    except Refused as exc:
-        print(f"{PROG}: {exc.message}", file=sys.stderr)
-        return 2
     except (ValueError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,58 @@
+"""What clients, the CLI and nodes share about users and ACLs: the rule for user names, a
+SCRAM-SHA-256 verifier and its text form, and the names of ACL operations.
+
+They sit below the broker so that `raftmq user`, `raftmq acl` and `raftmq dev` make and
+check verifiers without loading the state machine and the Raft runtime; the broker's
+users and ACL parts take these same definitions.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+
+import scramp
+
+__all__ = ["ITERATIONS", "MECHANISM", "OPERATIONS", "Credential", "format_verifier",
+           "make_credential", "user_name_problem"]
+
+MECHANISM = "SCRAM-SHA-256"
+ITERATIONS = 4096  # RFC 7677's minimum, what `raftmq user add` uses
+OPERATIONS = ("publish", "subscribe", "admin")  # what an ACL allows or denies
+
+_USER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+VERIFIER_PREFIX = "SCRAM-SHA-256$"
+_MECH = scramp.ScramMechanism(MECHANISM)
+
+
+def user_name_problem(name: object) -> str | None:
+    """Why `name` is no user name (1-64 of letters, digits and `_ . @ -`), or None."""
+    if isinstance(name, str) and _USER.fullmatch(name):
+        return None
+    return f"a user name is 1-64 characters of letters, digits and _.@-; got {name!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """A user's SCRAM-SHA-256 verifier."""
+
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+
+
+def make_credential(password: str, iterations: int = ITERATIONS) -> Credential:
+    """A fresh verifier of `password` (random salt): what the client sends to store, so
+    the password never leaves it."""
+    salt, stored_key, server_key, n = _MECH.make_auth_info(password, iteration_count=iterations)
+    return Credential(salt, n, stored_key, server_key)
+
+
+def format_verifier(c: Credential) -> str:
+    """PostgreSQL's text form of a verifier: `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:
+    <ServerKey>` (base64), for a node config's `superuser_scram`."""
+    def b(x: bytes) -> str:
+        return base64.b64encode(x).decode()
+    return f"{VERIFIER_PREFIX}{c.iterations}:{b(c.salt)}${b(c.stored_key)}:{b(c.server_key)}"
