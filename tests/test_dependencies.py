@@ -8,7 +8,8 @@
   shared transport (`transport.connection` and the errors it raises, `transport.errors`;
   the client's sides of TLS and SCRAM, `transport.tls` and `transport.scram`).
 * The transport (`transport`) sits below the broker, the name server and the SDK: of
-  them it imports only the frame format, `wire.protocol`.
+  them it imports only the frame format, `wire.protocol`, and the SCRAM mechanism's
+  name, `wire.security`.
 * The `raftmq` package (the SDK, `raftmq dev`, the cluster launcher) never reaches
   `chaos` or `bench`; only the CLI dispatches its `chaos` and `bench` commands to them.
 * The CLI's client commands (`raftmq user`, `acl`, `send`, ...) never reach the broker,
@@ -41,7 +42,10 @@ CLIENT_MAY_USE = {  # pinned: widen on purpose
     "transport", "transport.connection", "transport.errors",
     "transport.tls", "transport.scram",  # the client's sides of TLS and SCRAM-SHA-256
 }
-TRANSPORT_MAY_USE = {"wire", "wire.protocol"}  # pinned: widen on purpose
+TRANSPORT_MAY_USE = {  # pinned: widen on purpose
+    "wire", "wire.protocol",
+    "wire.security",  # the SCRAM mechanism both sides name
+}
 
 
 @cache

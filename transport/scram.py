@@ -14,13 +14,13 @@ from typing import Any
 import scramp
 
 from wire.protocol import Code, Op, RequestError
+from wire.security import MECHANISM
 
 __all__ = ["PASSWORD_ENV", "USER_ENV", "Credentials", "LoginFailed", "Lookup", "ServerLogins",
            "credentials_from_env", "exchange"]
 
 USER_ENV = "RAFTMQ_USER"
 PASSWORD_ENV = "RAFTMQ_PASSWORD"
-MECHANISM = "SCRAM-SHA-256"
 
 
 @dataclass(frozen=True)
