@@ -6,7 +6,8 @@
 * The client SDK (`raftmq.client`) never reaches the broker: what it imports, and
   everything those import in turn, stays within the wire, plus the client side of the
   shared transport (`transport.connection` and the errors it raises, `transport.errors`;
-  the client's sides of TLS and SCRAM, `transport.tls` and `transport.scram`).
+  the client's sides of TLS and SCRAM, `transport.tls` and `transport.scram`, and the
+  SCRAM mechanism's name, `wire.security`).
 * The transport (`transport`) sits below the broker, the name server and the SDK: of
   them it imports only the frame format, `wire.protocol`, and the SCRAM mechanism's
   name, `wire.security`.
@@ -41,6 +42,7 @@ CLIENT_MAY_USE = {  # pinned: widen on purpose
     "wire.txn",  # the coordinator hash client and broker must compute alike
     "transport", "transport.connection", "transport.errors",
     "transport.tls", "transport.scram",  # the client's sides of TLS and SCRAM-SHA-256
+    "wire.security",  # the SCRAM mechanism's name, as the node names it
 }
 TRANSPORT_MAY_USE = {  # pinned: widen on purpose
     "wire", "wire.protocol",
