@@ -575,7 +575,6 @@ class GroupRuntime(Generic[M]):
         self._snapshot_taken = 0  # index of the last snapshot taken or installed
         self._snapshot_due: _DueSnapshot | None = None
         self._snapshot_writing = False  # the writer is saving a detached state
-        self._snapshot_deferred = False  # one came due meanwhile (`_maybe_snapshot`)
         self._snapshot_needed = trio.Event()
         self._snapshot_lock = trio.Lock()  # one snapshot write (or install) at a time
         self._lagging: frozenset[int] = frozenset()
@@ -1496,7 +1495,7 @@ class GroupRuntime(Generic[M]):
         While a detached state waits for the writer or is being written, a new one is not
         detached: detaching costs the loop time in proportion to the state, and a replica
         replaying a long log would otherwise detach after every batch only for the writer
-        to drop all but the last. It is deferred, and taken when the writer is free."""
+        to drop all but the last. The writer calls this again once it is free."""
         retained = int(getattr(self.machine, "retained_index", 0))
         retain_due = retained > self._retain_seen
         every = self.options.snapshot_every_entries
@@ -1504,8 +1503,7 @@ class GroupRuntime(Generic[M]):
         if not (retain_due or periodic_due):
             return
         if self._snapshot_due is not None or self._snapshot_writing:
-            self._snapshot_deferred = True
-            return
+            return  # the writer looks again when it is done (`_snapshot_loop`)
         serialise = self._serialiser()
         if serialise is None:
             return  # this state machine cannot be snapshotted
@@ -1564,9 +1562,8 @@ class GroupRuntime(Generic[M]):
                 await self._save_due(due)
             finally:
                 self._snapshot_writing = False
-            if self._snapshot_deferred:
-                self._snapshot_deferred = False
-                self._maybe_snapshot(self._applied_index, self._applied_term)
+            # what came due meanwhile (it was not detached then)
+            self._maybe_snapshot(self._applied_index, self._applied_term)
 
     async def _save_due(self, due: _DueSnapshot) -> None:
         """Write one detached state, then apply the retention it carries."""

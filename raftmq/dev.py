@@ -214,7 +214,7 @@ def _supervise(cluster: LocalCluster) -> NoReturn:
 def main(argv: list[str] | None = None) -> int:
     """Run the dev cluster; 0 after a clean stop on SIGINT/SIGTERM, 1 if it cannot start."""
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    # imported here: the harness pulls in subprocess management the SDK does not need
+    # imported here: the launcher pulls in subprocess management the SDK does not need
     from raftmq.localcluster import ClusterError, LocalCluster
     from transport.scram import Credentials
 
