@@ -55,6 +55,30 @@ replica abandons the refill and reinstalls its own snapshot with the base at its
 them). Its log then ends at the snapshot's entry, it is whole again and campaigns. A
 replica that can be refilled is still refilled, and a leader never holds a hole it
 could have filled.
+
+Lost state: a replica whose log is intact but whose state is gone (its snapshot, or a
+file the snapshot references, was damaged) starts `stateless`. Its log, and with it its
+votes and acknowledgements, stays exactly as it was: nothing acknowledged is dropped.
+It stores, acknowledges and commits appends as any follower does, but applies nothing,
+and every heartbeat answer asks the leader for a state (`WANTS_STATE`, with its log's
+first index). It votes on its log as before, and campaigns after twice the election
+timeout (a replica with a state wins first): its log may be the only up-to-date one of a
+quorum that is left. Elected, it serves nothing (proposals and reads are refused for
+now), hands leadership to the first voter whose log caught up with its own, and steps
+down when a voter lacks entries only a snapshot (which it does not hold) could bring. The leader offers its snapshot once the
+follower's log is known to hold the snapshot's last entry (its match reached it) and
+everything the state references (the follower's first index is at most the snapshot's
+base + 1); until then the follower catches up through ordinary appends, and when the
+leader's snapshot is missing or too old for the follower's log, `state_wanted` asks the
+shell for a fresh one. The follower installs the offered snapshot without touching its
+log (`Snapshot.keep_log`) and applies on from its index. Rebuilding from a leader costs
+one transfer instead of a replay of the whole log. A snapshot whose last entry its log
+lacks (it is behind the leader's first index, or holds another entry there) is
+installed as any follower installs one: log reset to the base and refilled. A stateless
+replica whose log still begins at entry 1 and is offered nothing for
+`_STATELESS_PATIENCE` election timeouts (every replica lost its state, or no peer is
+reachable) gives up waiting and replays its log from the first entry: its log alone
+rebuilds the same state.
 """
 
 from __future__ import annotations
@@ -82,7 +106,7 @@ from raftlog.types import (
     Snapshot,
 )
 
-__all__ = ["NotLeader", "ProposalDropped", "RaftConfig", "RaftNode", "MUTATIONS"]
+__all__ = ["NotLeader", "ProposalDropped", "RaftConfig", "RaftNode", "MUTATIONS", "WANTS_STATE"]
 
 #: Deliberately wrong behaviours, switched on only to prove the checkers catch them.
 MUTATIONS = frozenset({"commit-old-term", "no-prevote-term-check", "snapshot-no-base"})
@@ -90,6 +114,11 @@ MUTATIONS = frozenset({"commit-old-term", "no-prevote-term-check", "snapshot-no-
 _VOTE_RESPONSE = {MsgType.PREVOTE: MsgType.PREVOTE_RESP, MsgType.VOTE: MsgType.VOTE_RESP}
 _FROM_LEADER = frozenset({MsgType.APPEND, MsgType.HEARTBEAT, MsgType.SNAPSHOT})
 _HANDBACK_BACKOFF_MAX = 5  # failed hand-backs wait 2, 4, ... 32 election timeouts at most
+#: In a HEARTBEAT_RESP's `hint_term`: this replica lost its state and asks for a snapshot.
+WANTS_STATE = 1
+#: Election timeouts a stateless replica whose log begins at entry 1 waits for an offer
+#: before it replays its log instead.
+_STATELESS_PATIENCE = 10
 
 
 class NotLeader(Exception):
@@ -148,7 +177,12 @@ class RaftNode:
         *,
         rng: random.Random,
         applied: int = 0,
+        stateless: bool = False,
     ) -> None:
+        """`stateless`: the shell holds this replica's log but lost its state (see the
+        module docstring, "Lost state"); `applied` is then 0."""
+        if stateless and applied:
+            raise ValueError("a stateless replica has applied nothing")
         self.id = node_id
         self.cfg = config or RaftConfig()
         self._store = store
@@ -164,6 +198,11 @@ class RaftNode:
             for i, t, m in hard_state.configs
             if i == 0 or i < first or i <= applied or (i <= last and store.term(i) == t)
         ]
+        if not self._configs and stateless and hard_state.configs:
+            # Every record lies past a log that an install reset and a crash cut short:
+            # the oldest is the installed snapshot's (committed), which the lost state
+            # would have vouched for.
+            self._configs = [min(hard_state.configs)]
         if not self._configs:
             raise ValueError("hard state holds no membership: bootstrap it first")
         self._pending: list[Entry] = []  # appended here, not yet handed to the shell
@@ -174,6 +213,8 @@ class RaftNode:
         # docstring): a state restored beyond the log's end is committed there.
         self.commit = applied
         self.applied = applied
+        if stateless:
+            self.commit = max(0, first - 1)  # entries go from a log once applied: committed
         self.role = Role.FOLLOWER
         self.leader: int | None = None
         self._hs_dirty = False
@@ -217,6 +258,12 @@ class RaftNode:
         self._refill_round = 0
         self._refill_refused: set[int] = set()
         self.refill_gap: tuple[int, int] | None = None
+        # Lost state (see the module docstring): this replica waits for a leader's offer;
+        # as leader, the peers whose state needs a snapshot newer than the one held.
+        self.stateless = stateless
+        self._stateless_ticks = 0  # ticks since it was last offered a state
+        self._lacking_state: set[int] = set()  # peers whose heartbeat answers ask for one
+        self._state_wanted: dict[int, int] = {}  # peer -> its log's first index
         self._step_role: dict[Role, Callable[[Message], None]] = {
             Role.FOLLOWER: self._step_follower,
             Role.PRE_CANDIDATE: self._step_candidate,
@@ -248,6 +295,14 @@ class RaftNode:
         index and no snapshot covering them was handed to `set_snapshot`. They get
         heartbeats only."""
         return frozenset(self._needs_snapshot)
+
+    @property
+    def state_wanted(self) -> dict[int, int]:
+        """Peers that lost their state and need a snapshot newer than the one this
+        leader holds (or it holds none), each with its log's first index: the shell
+        takes one whose base (the entry before the first its state references) is at
+        least the index before that first one."""
+        return dict(self._state_wanted)
 
     @property
     def sending_snapshot(self) -> dict[int, int]:
@@ -379,11 +434,17 @@ class RaftNode:
                 # instead of waiting on a leader that cannot serve them.
                 self._become_follower(self.term, None)
             return
+        if self.stateless and self._installing is None:
+            self._stateless_ticks += 1
+            if (self._stateless_ticks >= _STATELESS_PATIENCE * self.cfg.election_ticks
+                    and self._store.first_index() == 1):
+                self.stateless = False  # replay the whole log: applied is 0
         if self.role == Role.LEADER:
             self._tick_leader()
         else:
             self._election_elapsed += 1
-            if self._election_elapsed >= self._timeout:
+            # a stateless replica waits twice as long: a replica with a state wins first
+            if self._election_elapsed >= self._timeout * (2 if self.stateless else 1):
                 if self._can_campaign():
                     self._campaign(MsgType.PREVOTE if self.cfg.pre_vote else MsgType.VOTE)
                 elif self._may_probe_refill():
@@ -493,7 +554,7 @@ class RaftNode:
 
     def persisted(self, index: int, term: int) -> None:
         """The store has fsynced everything up to `index`, whose term was `term`."""
-        if self._installing is not None:
+        if self._installing is not None and not self._installing.keep_log:
             return  # the log it speaks of is being replaced
         if index <= self._persisted or index > self._last_index or self.term_at(index) != term:
             return  # stale: already known, or that entry has since been replaced
@@ -534,8 +595,12 @@ class RaftNode:
         if snap is None or (snap.index, snap.term) != (index, term):
             raise ValueError(f"no snapshot {index}@{term} is being installed")
         assert snap.membership is not None and snap.base is not None
+        if snap.keep_log:
+            self._state_installed(snap)
+            return
         self._installing = None
         self._snapshot = snap
+        self.stateless = False
         self._pending = []
         self._unreadable.clear()  # every old entry went with the log
         self._last_index, self._last_term = snap.base
@@ -549,6 +614,18 @@ class RaftNode:
             self._ack_index = self._last_index
             self._acked = 0
             self._flush_ack()
+
+    def _state_installed(self, snap: Snapshot) -> None:
+        """A stateless replica has its state again; its log is as it was."""
+        self._installing = None
+        self._snapshot = replace(snap, keep_log=False)
+        self.stateless = False
+        self.applied = snap.index
+        self.commit = max(self.commit, snap.index)
+        if self.leader is not None:
+            self._ack_to = self.leader
+            self._ack_index = max(self._ack_index, snap.index)
+            self._flush_ack(repeat=True)
 
     def entry_unreadable(self, index: int) -> None:
         """The store holds entry `index` but cannot read it (its bytes fail their checks;
@@ -591,6 +668,8 @@ class RaftNode:
         """Ask for a linearizable read point; answered later as a `ReadState`."""
         if self.role != Role.LEADER:
             raise NotLeader(self.leader, self.term)
+        if self.stateless:
+            raise ProposalDropped("this leader lost its state: leadership moves to a peer")
         self._reads.request(request_id, self._committed_in_term())
 
     def add_learner(self, node: int) -> int:
@@ -637,7 +716,7 @@ class RaftNode:
         if self._hs_dirty:
             rd.hard_state = HardState(self.term, self.vote, tuple(self._configs))
             self._hs_dirty = False
-        if self.commit > self.applied and not installing:
+        if self.commit > self.applied and not installing and not self.stateless:
             upto = min(self.commit, self.applied + self.cfg.max_apply_entries)
             rd.apply = self._entries(self.applied + 1, upto + 1, self.cfg.max_apply_bytes)
             if rd.apply:  # else the next one is unreadable: frozen until it is repaired
@@ -672,6 +751,8 @@ class RaftNode:
         self._progress = {}
         self._active_before = frozenset()
         self._needs_snapshot.clear()
+        self._lacking_state.clear()
+        self._state_wanted.clear()
         self._transferee = None
         self._needs_broadcast = False
         self._reads.clear()
@@ -883,11 +964,16 @@ class RaftNode:
                 return
             if self._installing is None:
                 self._commit_to(m.commit)
-            self._send(MsgType.HEARTBEAT_RESP, m.src, context=m.context)
+            if self.stateless and self._installing is None:
+                self._send(MsgType.HEARTBEAT_RESP, m.src, context=m.context,
+                           hint_term=WANTS_STATE, hint_index=self._store.first_index())
+            else:
+                self._send(MsgType.HEARTBEAT_RESP, m.src, context=m.context)
         elif t == MsgType.SNAPSHOT:
             self._heard_from_leader(m.src)
             self._handle_snapshot(m)
-        elif t == MsgType.TIMEOUT_NOW and self._can_campaign():
+        elif t == MsgType.TIMEOUT_NOW and self._can_campaign() and not self.stateless:
+            # (a stateless replica would only hand leadership on again)
             self._campaign(MsgType.VOTE, transfer=True)
 
     def _heard_from_leader(self, leader: int) -> None:
@@ -929,7 +1015,12 @@ class RaftNode:
         if self._installing is not None or m.membership is None:
             return  # one install at a time (the leader resends if this one was lost)
         index, term = m.log_index, m.log_term
-        base = (m.hint_index, m.hint_term) if 0 < m.hint_index <= index else (index, term)
+        if self.stateless:
+            if self._handle_state_offer(m):
+                return
+            base = (m.hint_index, m.hint_term)  # an offer's base 0 is entry 0: from entry 1
+        else:
+            base = (m.hint_index, m.hint_term) if 0 < m.hint_index <= index else (index, term)
         if self.refilling and index <= self.commit and self._last_index >= base[0]:
             # Our state is newer and the leader holds the entry our refill needs next:
             # acknowledge our log's end (committed entries, so matching) and go on.
@@ -949,10 +1040,38 @@ class RaftNode:
             return
         self._start_install(Snapshot(index, term, m.snapshot, m.membership, base))
 
+    def _handle_state_offer(self, m: Message) -> bool:
+        """A snapshot sent to this stateless replica (see the module docstring, "Lost
+        state"). When the log holds its last entry it is installed over the log as it
+        is, if the log also holds everything from just after its base (`hint_index`, 0
+        for a log from entry 1); if not, it is answered as an append there and a newer
+        one is asked for. A snapshot older than the log's beginning is ignored. A log
+        holding entries beyond a snapshot's last entry is never reset: it may hold
+        acknowledged entries a commit counted. Returns False when the log lacks the
+        snapshot's entry: the caller installs it as any follower does."""
+        index, term = m.log_index, m.log_term
+        first = self._store.first_index()
+        if m.hint_index > index or index < first - 1:
+            return True
+        self._stateless_ticks = 0
+        if not self._matches(index, term):
+            return False
+        if first <= m.hint_index + 1:
+            self._start_install(Snapshot(index, term, m.snapshot, m.membership,
+                                         (m.hint_index, m.hint_term), keep_log=True))
+        else:
+            self._handle_append(
+                Message(MsgType.APPEND, m.src, m.dst, m.term, log_index=index, log_term=term,
+                        commit=m.commit)
+            )
+        return True
+
     def _start_install(self, snap: Snapshot) -> None:
         assert snap.membership is not None
         index, term = snap.index, snap.term
         self._installing = self._snapshot_out = snap
+        if snap.keep_log:
+            return  # the log, its acknowledgements and its memberships stay as they are
         # The log is frozen until the shell reports back: no entries handed out (what is
         # pending dies with the log), no acknowledgements, commits or campaigns.
         self._ack_to = None
@@ -1021,10 +1140,17 @@ class RaftNode:
             if self.cfg.check_quorum and not self._quorum_active():
                 self._become_follower(self.term, None)
                 return
+            if self.stateless and self._needs_snapshot & self.membership.voters:
+                # a voter lacks entries only a snapshot covers, and we hold none: make way
+                # for a replica that can bring it up to date
+                self._become_follower(self.term, None)
+                return
             self._consider_preferred_leader()
         if self._heartbeat_elapsed >= self.cfg.heartbeat_ticks:
             self._heartbeat_elapsed = 0
             self._broadcast_heartbeat()
+            if self.stateless:
+                self._hand_off()
 
     def _quorum_active(self) -> bool:
         active = [p for p, pr in self._progress.items() if pr.recent_active or p == self.id]
@@ -1046,6 +1172,7 @@ class RaftNode:
             # heard from lately: a down or cut-off node can take nothing over, and each
             # attempt would refuse proposals for an election timeout
             and pref in self.recently_active()
+            and pref not in self._lacking_state  # it could serve nothing
         ):
             self.transfer_leadership(pref)
 
@@ -1061,6 +1188,8 @@ class RaftNode:
             raise NotLeader(self.leader, self.term)
         if self._transferee is not None:
             raise ProposalDropped(f"leadership is moving to {self._transferee}")
+        if self.stateless:
+            raise ProposalDropped("this leader lost its state: leadership moves to a peer")
 
     def _propose_config(self, new: Membership) -> int:
         self._check_can_propose()
@@ -1106,9 +1235,17 @@ class RaftNode:
                 elif was_probe and not pr.snapshot and pr.match == self._last_index:
                     pr.become_replicate()
                 self._send_append(m.src, fill=True)
+                if self.stateless:
+                    self._hand_off()
         elif t == MsgType.HEARTBEAT_RESP:
             if m.reject:
                 pr.lost(m.hint_index)
+            elif m.hint_term == WANTS_STATE:
+                self._lacking_state.add(m.src)
+                self._offer_state(m.src, pr, m.hint_index)
+            else:
+                self._lacking_state.discard(m.src)
+                self._state_wanted.pop(m.src, None)
             # once per heartbeat interval, not per answer: ReadIndex rounds bring many,
             # and each must not cost a follower far behind another append read and sent
             if pr.beat_answered(self.cfg.max_inflight) and pr.match < self._last_index:
@@ -1193,6 +1330,50 @@ class RaftNode:
             )
         )
         pr.become_snapshot(snap.index)
+
+    def _hand_off(self) -> None:
+        """A leader without state serves nothing: hand leadership to the first voter
+        whose log caught up with ours (it may lack a state too: the transfer then times
+        out and the next one is tried)."""
+        if self._transferee is not None:
+            return
+        for peer in sorted(self.membership.voters - {self.id}):
+            if self._progress[peer].match == self._last_index and peer not in self._lacking_state:
+                self.transfer_leadership(peer)
+                return
+
+    def _offer_state(self, peer: int, pr: Progress, their_first: int) -> None:
+        """`peer` lost its state but kept its log (see the module docstring, "Lost
+        state"): send it our snapshot once its log holds what that snapshot needs."""
+        if pr.snapshot:
+            return  # one on its way already
+        snap = self._snapshot
+        first = self._store.first_index()
+        base = first - 1  # everything our state references lies above both bases
+        if snap is not None and snap.base is not None:
+            base = max(base, snap.base[0])
+        if snap is None or their_first > base + 1:
+            self._state_wanted[peer] = their_first  # none, or its log was cut above our base
+            return
+        self._state_wanted.pop(peer, None)
+        if pr.match < snap.index:
+            return  # its log does not hold the snapshot's entry yet: appends bring it
+        self._out.append(
+            Message(
+                MsgType.SNAPSHOT,
+                self.id,
+                peer,
+                self.term,
+                log_index=snap.index,
+                log_term=snap.term,
+                commit=self.commit,
+                snapshot=snap.data,
+                membership=snap.membership,
+                hint_index=base,
+                hint_term=self._store.term(base),
+            )
+        )
+        pr.offer_state(snap.index)
 
     def _maybe_commit(self) -> None:
         match = {p: pr.match for p, pr in self._progress.items()}

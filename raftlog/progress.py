@@ -69,6 +69,17 @@ class Progress:
         self.snapshot_elapsed = 0
         self.next = index + 1
 
+    def offer_state(self, index: int) -> None:
+        """Our snapshot up to `index` (at most `match`) is on its way to a follower that
+        lost its state and kept its log: wait for its acknowledgement, then probe on from
+        `match`, which the install leaves as it was."""
+        self.replicating = False
+        self.paused = False
+        self.inflight.clear()
+        self.snapshot = index
+        self.snapshot_elapsed = 0
+        self.next = self.match + 1
+
     def can_send(self, max_inflight: int) -> bool:
         if self.snapshot:
             return False

@@ -234,6 +234,7 @@ _REPAIR_GONE_PAUSE = 60.0  # between rounds once every peer said the entry is go
 _RECENT_BYTES = 32 << 20  # written-but-unapplied entry data served from memory
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 _SPACE_RETRY = (0.05, 1.0)  # first and longest pause between writes on a full disk
+FORCED_SNAPSHOT_INTERVAL = 5.0  # seconds between snapshots taken for a follower's lost state
 
 
 T = TypeVar("T")
@@ -569,8 +570,12 @@ class GroupRuntime(Generic[M]):
         # (`raftlog.refillgap`), so a restart still reports it
         self.refill_gap: tuple[int, int] | None = None
         self.refill_gap_path = os.path.join(self.path, "refill-gap")
-        # why the last open set a damaged snapshot aside and replays the log ("" if not)
-        self.rebuilt_from_log = ""
+        # why the last open set a damaged snapshot aside ("" if it did not): the state
+        # then comes from a leader's snapshot over the log kept as it was, or, for a
+        # replica alone in its group, from a replay of the log
+        self.snapshot_set_aside = ""
+        self._stateless = False  # the core is told so when it is built
+        self._forced_snapshot_at = float("-inf")  # when a peer's lost state last forced one
         self._retain_seen = 0
         self._snapshot_taken = 0  # index of the last snapshot taken or installed
         self._snapshot_due: _DueSnapshot | None = None
@@ -649,12 +654,14 @@ class GroupRuntime(Generic[M]):
         if not hs.configs:
             hs = HardState(hs.term, hs.vote, ((0, 0, Membership(frozenset(self.replicas))),))
             self._hs.save(hs)
-        snap = self._load_snapshot()
+        peers = hs.configs[-1][2].voters | hs.configs[-1][2].learners
+        snap = self._load_snapshot(helped=bool(peers - {self.node_id}))
         self.refill_gap = load_refill_gap(self.refill_gap_path)
         applied = snap.index if snap is not None else 0
         self._guard = _GuardedLog(lg)
         self._core = RaftNode(
-            self.node_id, self._guard, hs, self.options.raft, rng=self._rng, applied=applied
+            self.node_id, self._guard, hs, self.options.raft, rng=self._rng, applied=applied,
+            stateless=self._stateless,
         )
         if snap is not None:
             self._core.set_snapshot(snap)
@@ -678,7 +685,7 @@ class GroupRuntime(Generic[M]):
         for i in sorted(bad):
             core.entry_unreadable(i)  # listed in the first Ready's `repair`
 
-    def _load_snapshot(self) -> Snapshot | None:
+    def _load_snapshot(self, *, helped: bool) -> Snapshot | None:
         """Restore the state machine from the snapshot file, if there is one.
 
         Restarts an install a crash interrupted (the log does not hold the installed
@@ -686,11 +693,16 @@ class GroupRuntime(Generic[M]):
         start when the log begins after the snapshot: replay would skip entries.
 
         A damaged snapshot (or a file it references, which `restore` checks) is set
-        aside when the log still begins at entry 1: the state is a function of the
-        committed log, so replaying it, and receiving from the leader what the log
-        lacks at its end, rebuilds the very same state. When retention (or an install)
-        has cut the log's beginning, the snapshot was the only local copy of that part
-        of the state: the damage is raised and the node refuses to start on it.
+        aside, and the log is kept exactly as it is (it may hold entries this replica
+        acknowledged and a commit counted). In a group with peers (`helped`) the replica
+        starts stateless: a leader sends it a snapshot that it installs over that log
+        (`raftlog.core`, "Lost state"), one transfer instead of a replay of the whole
+        log. It starts stateless again until a snapshot file exists anew (a restart
+        before the install came: the set-aside file is still there and no snapshot; or
+        no snapshot at all over a log retention cut). Alone in its group, it replays the log when the log still begins at entry 1
+        (the state is a function of the committed log); once retention (or an install)
+        has cut the log's beginning, the snapshot was the only copy of that part of the
+        state: the damage is raised and the node refuses to start on it.
         """
         lg = self._log
         assert lg is not None
@@ -703,10 +715,17 @@ class GroupRuntime(Generic[M]):
                         f"{self.snapshot_path} exists but no restore is configured")
                 self._machine = self._restore(snap.data)
         except CorruptFile as exc:
-            if lg.first_index() > 1:
+            if lg.first_index() > 1 and not helped:
                 raise
-            self._set_aside(exc)
-            snap = None
+            self._set_aside(exc, stateless=helped)
+            return None
+        if snap is None and helped and (
+                lg.first_index() > 1 or os.path.exists(self.snapshot_path + ".damaged")):
+            self.snapshot_set_aside = "no snapshot, and the state is still to come"
+            self._stateless = True
+            log.warning("no snapshot: the state is rebuilt from a leader's snapshot, over "
+                        "the log as it is", extra={"fields": {"group": self.group_id}})
+            return None
         index = 0
         if snap is not None:
             index = self.snapshot_index = self._snapshot_taken = snap.index
@@ -735,16 +754,18 @@ class GroupRuntime(Generic[M]):
             )
         return snap
 
-    def _set_aside(self, damage: CorruptFile) -> None:
+    def _set_aside(self, damage: CorruptFile, *, stateless: bool) -> None:
         """Move a damaged snapshot out of the way (kept as `snapshot.damaged` for a
-        look), durably, so the group starts from its log instead; `rebuilt_from_log`
-        says so in the group's status."""
+        look), durably; `snapshot_set_aside` says why in the group's status, and
+        `stateless` whether the state is still to come from a leader."""
         aside = self.snapshot_path + ".damaged"
         if os.path.exists(self.snapshot_path):
             os.replace(self.snapshot_path, aside)
             fsync_dir(self.path)
-        self.rebuilt_from_log = str(damage)
-        log.warning("damaged snapshot set aside: the state is rebuilt from the log", extra={
+        self.snapshot_set_aside = str(damage)
+        self._stateless = stateless
+        how = "from a leader's snapshot, over the log as it is" if stateless else "from the log"
+        log.warning(f"damaged snapshot set aside: the state is rebuilt {how}", extra={
             "fields": {"group": self.group_id, "damage": str(damage), "kept_as": aside}})
 
     def close_log(self) -> None:
@@ -1092,7 +1113,8 @@ class GroupRuntime(Generic[M]):
             "repair_requests": self.repair_requests,
             "refill_gap": list(self.refill_gap) if self.refill_gap is not None else None,
             "disk_full": self.disk_full,
-            "rebuilt_from_log": self.rebuilt_from_log,
+            "snapshot_set_aside": self.snapshot_set_aside,
+            "stateless": core.stateless,
         }
 
     # ------------------------------------------------------------------ the log, read-only
@@ -1267,6 +1289,7 @@ class GroupRuntime(Generic[M]):
             self._notice_frozen()
             self._notice_changes()
             self._notice_lagging()
+            self._notice_state_wanted()
             await trio.lowlevel.checkpoint()
 
     def _notice_frozen(self) -> None:
@@ -1488,25 +1511,28 @@ class GroupRuntime(Generic[M]):
         self._applied_changed = trio.Event()
         self._maybe_snapshot(entries[-1].index, entries[-1].term)
 
-    def _maybe_snapshot(self, index: int, term: int) -> None:
+    def _maybe_snapshot(self, index: int, term: int, *, forced: bool = False) -> bool:
         """Detach the state at `index` when retention or the periodic policy wants a
         snapshot; `_snapshot_loop` serialises and writes it.
 
         While a detached state waits for the writer or is being written, a new one is not
         detached: detaching costs the loop time in proportion to the state, and a replica
         replaying a long log would otherwise detach after every batch only for the writer
-        to drop all but the last. The writer calls this again once it is free."""
+        to drop all but the last. The writer calls this again once it is free.
+
+        `forced`: due whatever the policies say (a follower that lost its state needs
+        one). Returns whether a state was detached."""
         retained = int(getattr(self.machine, "retained_index", 0))
         retain_due = retained > self._retain_seen
         every = self.options.snapshot_every_entries
         periodic_due = every > 0 and index - self._snapshot_taken >= every
-        if not (retain_due or periodic_due):
-            return
+        if not (retain_due or periodic_due or forced):
+            return False
         if self._snapshot_due is not None or self._snapshot_writing:
-            return  # the writer looks again when it is done (`_snapshot_loop`)
+            return False  # the writer looks again when it is done (`_snapshot_loop`)
         serialise = self._serialiser()
         if serialise is None:
-            return  # this state machine cannot be snapshotted
+            return False  # this state machine cannot be snapshotted
         core = self._core
         assert core is not None
         self._retain_seen = max(self._retain_seen, retained)
@@ -1523,6 +1549,7 @@ class GroupRuntime(Generic[M]):
             (base, lg.term(base)),
         )
         self._snapshot_needed.set()
+        return True
 
     def _serialiser(self) -> Callable[[], bytes] | None:
         later = getattr(self.machine, "snapshot_later", None)
@@ -1633,9 +1660,10 @@ class GroupRuntime(Generic[M]):
             base, base_term = snap.base if snap.base is not None else (snap.index, snap.term)
             await self._hold.take()  # the core hears of it before it reads the log again
             try:
-                await self._offload(partial(lg.reset_to, base, base_term))
-                if self._guard is not None:
-                    self._guard.clear()
+                if not snap.keep_log:  # else the log already holds what the state references
+                    await self._offload(partial(lg.reset_to, base, base_term))
+                    if self._guard is not None:
+                        self._guard.clear()
                 self._machine = machine
                 self._applied_index, self._applied_term = snap.index, snap.term
                 self.snapshot_index = self._snapshot_taken = snap.index
@@ -1663,6 +1691,23 @@ class GroupRuntime(Generic[M]):
                                 "first_index": self._log.first_index() if self._log else None,
                                 "snapshot": core.snapshot_index}})
             self._lagging = lagging
+
+    def _notice_state_wanted(self) -> None:
+        """A follower lost its state and our snapshot cannot rebuild it (there is none,
+        or its log was cut above our snapshot's base): take a fresh one, at most every
+        `FORCED_SNAPSHOT_INTERVAL` seconds (each costs a serialisation of the state)."""
+        core = self._core
+        assert core is not None
+        if not core.state_wanted or self._applied_index <= self._snapshot_taken:
+            return
+        now = trio.current_time()
+        if now - self._forced_snapshot_at < FORCED_SNAPSHOT_INTERVAL:
+            return
+        if self._maybe_snapshot(self._applied_index, self._applied_term, forced=True):
+            self._forced_snapshot_at = now
+            log.info("snapshot taken for a follower that lost its state", extra={"fields": {
+                "group": self.group_id, "peers": sorted(core.state_wanted),
+                "snapshot": self._applied_index}})
 
     def _release(self, w: _Waiter) -> None:
         self._uncommitted -= w.size

@@ -159,6 +159,11 @@ class Snapshot:
     `lost` is set only on the snapshot a replica reinstalls from itself when it abandons
     a refill no voter can supply (`raftlog.core`, "Refilling"): the entries (first, last)
     its state references that are gone from every log. Not saved with the file.
+
+    `keep_log` is set only on a snapshot a leader offered a replica that lost its state
+    but kept its log (`raftlog.core`, "Lost state"): the shell restores the state and
+    keeps the log as it is, which already holds everything the state references. Not
+    saved with the file.
     """
 
     index: int
@@ -167,6 +172,7 @@ class Snapshot:
     membership: Membership | None = None
     base: tuple[int, int] | None = None
     lost: tuple[int, int] | None = None
+    keep_log: bool = False
 
     def __post_init__(self) -> None:
         if self.base is not None and not 0 <= self.base[0] <= self.index:
@@ -220,7 +226,9 @@ class Message:
     - HEARTBEAT: `commit` (never above the follower's match), `context` = ReadIndex round.
     - HEARTBEAT_RESP: `context` echoed; `reject` when the heartbeat's commit lies beyond
       the follower's log (it lost entries it had acknowledged: a replaced disk), with
-      `hint_index` = its last index + 1.
+      `hint_index` = its last index + 1. Otherwise `hint_term` = `WANTS_STATE` when the
+      follower lost its state but kept its log (`raftlog.core`, "Lost state"), with
+      `hint_index` = its log's first index: the leader offers it a snapshot.
     - SNAPSHOT (InstallSnapshot: paper §7, thesis §5.1): `log_index`/`log_term` = the
       last entry the snapshot includes, `membership` = the configuration in force there,
       `snapshot` = the state machine's bytes, `commit` = the leader's, `hint_index`/

@@ -6,7 +6,8 @@ Storage is the simulator's in-memory disk: `persist()` is an fsync, `crash()` dr
 was never fsynced. Each node's state machine is the list of MESSAGES payloads it applied
 (`state`); `snapshot(i)` saves it at node i's applied index and compacts its log, and a
 snapshot a leader sends is installed at once, or held until `install(i)` when
-`auto_install` is off. `corrupt(i, index)` damages an entry on node i's disk; the core
+`auto_install` is off. `lose_state(i)` restarts node i without its snapshot and state
+but with its log, as a node whose snapshot was damaged starts. `corrupt(i, index)` damages an entry on node i's disk; the core
 lists it in `Ready.repair` once it meets it (`to_repair`), and `repair(i)` copies the
 entries it awaits from a peer that holds them intact.
 """
@@ -60,12 +61,12 @@ class Cluster:
             self.stores[i] = SimStore(HardState(configs=((0, 0, members),)))
             self.start(i)
 
-    def start(self, i: int) -> None:
+    def start(self, i: int, *, stateless: bool = False) -> None:
         st = self.stores[i]
         snap = st.snapshot
         self.nodes[i] = RaftNode(
             i, st, st.hard_state, self.config(i), rng=random.Random(self.rng.random()),
-            applied=snap.index if snap is not None else 0,
+            applied=snap.index if snap is not None else 0, stateless=stateless,
         )
         self.state[i] = _decode_state(snap.data) if snap is not None else []
         if snap is not None:
@@ -82,6 +83,12 @@ class Cluster:
         del self.nodes[i]
         self.mailbox = [m for m in self.mailbox if m.dst != i and m.src != i]
 
+    def lose_state(self, i: int) -> None:
+        """Crash node i and start it again with its log but without its snapshot."""
+        self.crash(i)
+        self.stores[i].snapshot = None
+        self.start(i, stateless=True)
+
     def process(self, i: int) -> None:
         """Carry out node i's next Ready with the driver the runtime and simulator use."""
         node = self.nodes.get(i)
@@ -97,7 +104,8 @@ class Cluster:
     def _installed(self, i: int) -> None:
         snap = self.installing.pop(i)
         assert snap.base is not None
-        self.stores[i].reset_to(*snap.base)
+        if not snap.keep_log:
+            self.stores[i].reset_to(*snap.base)
         self.state[i] = _decode_state(snap.data)
         self.installed[i].append(snap)
         self.nodes[i].snapshot_installed(snap.index, snap.term)

@@ -77,8 +77,8 @@ def test_damaged_file_nemeses_are_repaired_or_refused_and_lose_nothing(tmp_path:
         damaged = f.value["damaged"][str(node)]
         if damaged is None:
             # with snapshots every 100 entries there is a file, unless an earlier fault's
-            # snapshot was set aside and the node has not yet replayed far enough to write
-            # a new one
+            # snapshot was set aside and the node has not yet applied far enough past the
+            # leader's snapshot it installed to write a new one
             assert f.f == "snapshot-corrupt" and node in rebuilt, f
             continue
         if f.f == "snapshot-corrupt":
@@ -88,7 +88,7 @@ def test_damaged_file_nemeses_are_repaired_or_refused_and_lose_nothing(tmp_path:
         outcome = f.value["outcome"][str(node)]
         assert outcome in ("started", "refused")
         if outcome == "started" and damaged["kind"] in ("snapshot", "chunk"):
-            rebuilt.add(node)  # a damaged snapshot over a whole log: set aside, replayed
+            rebuilt.add(node)  # a damaged snapshot: set aside, the leader's installed
         if outcome == "refused":  # the node said why, and came back once restored
             assert "corrupt" in f.value["refusals"][str(node)]
         assert (logs / f"n{node}.log").read_text().count("group opened") >= 2

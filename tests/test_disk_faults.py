@@ -627,11 +627,10 @@ def test_a_restored_file_survives_a_later_simulated_power_loss(tmp_path: Path) -
 
 @pytest.mark.live
 
-def test_a_node_rebuilds_a_damaged_snapshot_from_a_log_that_begins_at_entry_1(
-        tmp_path: Path) -> None:
-    """What the file nemeses rely on: a node whose snapshot is cut, while its log still
-    holds every entry from the first, sets the snapshot aside and replays its log: it
-    starts, serves every message, and its next snapshot is whole. (Over a log retention
+def test_a_node_rebuilds_a_damaged_snapshot_from_the_leader(tmp_path: Path) -> None:
+    """What the file nemeses rely on: a node whose snapshot is cut sets it aside, keeps
+    its log as it is and installs the leader's snapshot over it: it starts, serves every
+    message, and its next snapshot is whole. (Alone in its group over a log retention
     has cut, it refuses: tests/test_start_refusals.py, tests/test_snapshot_rebuild.py.)"""
     with LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50,
                       node_overrides={"snapshot_every_entries": 5}) as cluster:
@@ -657,7 +656,9 @@ def test_a_node_rebuilds_a_damaged_snapshot_from_a_log_that_begins_at_entry_1(
         cluster.wait_ready(30.0)
         assert (snap.parent / "snapshot.damaged").exists()
         st = node_status(cluster, 1, "g0")
-        assert "corrupt snapshot" in st["rebuilt_from_log"], st
+        assert "corrupt snapshot" in st["snapshot_set_aside"], st
+        wait_for(lambda: not node_status(cluster, 1, "g0")["stateless"], 30,
+                 "node 1's state from the leader")
         trio.run(produce, 30, 40)  # five more snapshots' worth: a whole one is written
         wait_for(lambda: node_status(cluster, 1, "g0").get("applied", 0)
                  >= node_status(cluster, group_leader(cluster, "g0") or 1, "g0")["commit"]
@@ -665,7 +666,7 @@ def test_a_node_rebuilds_a_damaged_snapshot_from_a_log_that_begins_at_entry_1(
         cluster.kill(1)
         assert cluster.restart_and_wait(1, 30.0) is None
         cluster.wait_ready(30.0)
-        assert node_status(cluster, 1, "g0")["rebuilt_from_log"] == ""
+        assert node_status(cluster, 1, "g0")["snapshot_set_aside"] == ""
         # restarted, it learns the commit index from its leader before it applies the
         # last entries again
         wait_for(lambda: node_status(cluster, 1, "g0").get("queues", {}).get("t", {})

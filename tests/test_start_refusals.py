@@ -37,18 +37,20 @@ data = "{data}"
 3 = "127.0.0.1:7103"
 [[groups]]
 id = "g0"
-replicas = [1, 2, 3]
+replicas = {replicas}
 """
 
 
-def _node_with_snapshot(tmp_path: Path) -> tuple[Path, Path]:
+def _node_with_snapshot(tmp_path: Path, replicas: tuple[int, ...] = (1, 2, 3),
+                        ) -> tuple[Path, Path]:
     """A node config whose group g0 has a snapshot on disk and a log that begins after it,
     as an install or retention leaves it: (config, snapshot file). The snapshot is then
-    the only local copy of entries 1-5 (a damaged one over a log that still begins at
-    entry 1 is rebuilt from the log instead: tests/test_snapshot_rebuild.py)."""
+    the only local copy of entries 1-5. (With peers, a damaged one is rebuilt from the
+    leader; alone, over a log that still begins at entry 1, from the log:
+    tests/test_snapshot_rebuild.py.)"""
     data = tmp_path / "data"
     (port,) = free_ports(1)
-    text = CONFIG.format(data=data, port=port)
+    text = CONFIG.format(data=data, port=port, replicas=list(replicas))
     config = tmp_path / "n1.toml"
     config.write_text(text)
     group_dir = Path(NodeConfig.from_dict(tomllib.loads(text), env={}).group_dir("g0"))
@@ -56,7 +58,7 @@ def _node_with_snapshot(tmp_path: Path) -> tuple[Path, Path]:
     state = BrokerState("g0")
     state.apply(Entry(5, 1, EntryType.CONTROL, control_create_topic("t", 1, [0])))
     snapshot = group_dir / "snapshot"
-    save_snapshot(snapshot, Snapshot(5, 1, state.snapshot(), Membership(frozenset({1, 2, 3}))))
+    save_snapshot(snapshot, Snapshot(5, 1, state.snapshot(), Membership(frozenset(replicas))))
     log = CommitLog.open(group_dir)
     log.reset_to(5, 1)
     log.close()
@@ -70,7 +72,8 @@ def _start(config: Path) -> subprocess.CompletedProcess[str]:
 
 def test_a_node_on_a_damaged_snapshot_refuses_to_start_and_says_what_to_do(
         tmp_path: Path) -> None:
-    config, snapshot = _node_with_snapshot(tmp_path)
+    """Alone in its group, no peer can send the state the snapshot held."""
+    config, snapshot = _node_with_snapshot(tmp_path, replicas=(1,))
     good = snapshot.read_bytes()
     snapshot.write_bytes(good[: len(good) // 2])  # cut short, as `truncate-file` does
 
@@ -82,6 +85,27 @@ def test_a_node_on_a_damaged_snapshot_refuses_to_start_and_says_what_to_do(
     assert "replace-replica" in said[1] and "backup" in said[1], said
     assert len(said) == 2, said  # no traceback
     assert snapshot.read_bytes() == good[: len(good) // 2]  # nothing was changed
+
+
+def test_a_node_with_peers_starts_on_a_damaged_snapshot_and_waits_for_their_state(
+        tmp_path: Path) -> None:
+    """In a group with peers the same damage is not refused: the node starts, keeps the
+    log as it is, and its group waits for a leader's snapshot (none comes here)."""
+    config, snapshot = _node_with_snapshot(tmp_path)
+    good = snapshot.read_bytes()
+    snapshot.write_bytes(good[: len(good) // 2])
+    proc = subprocess.Popen([sys.executable, "-m", "raftmq", "node", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("ready ")
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "from a leader's snapshot, over the log as it is" in err
+    assert (snapshot.parent / "snapshot.damaged").read_bytes() == good[: len(good) // 2]
 
 
 def test_a_node_whose_data_is_whole_is_not_taken_for_damaged(tmp_path: Path) -> None:
@@ -146,7 +170,7 @@ def test_a_metrics_endpoint_off_loopback_needs_saying_so(tmp_path: Path) -> None
     on every interface is refused at start (exit status 2, saying why and how), before
     anything listens; `metrics_public = true` says it may."""
     (port, mport) = free_ports(2)
-    text = f'metrics = "0.0.0.0:{mport}"\n' + CONFIG.format(data=tmp_path / "data", port=port)
+    text = f'metrics = "0.0.0.0:{mport}"\n' + CONFIG.format(data=tmp_path / "data", port=port, replicas=[1, 2, 3])
     config = tmp_path / "n1.toml"
     config.write_text(text)
 
@@ -165,7 +189,7 @@ def test_logins_on_the_built_in_cluster_secret_are_refused(tmp_path: Path) -> No
     name, telling stored users from unknown ones. A node with `authenticate = true` and
     no cluster_secret of its own is refused at start (exit status 2, saying why)."""
     (port,) = free_ports(1)
-    text = "authenticate = true\n" + CONFIG.format(data=tmp_path / "data", port=port)
+    text = "authenticate = true\n" + CONFIG.format(data=tmp_path / "data", port=port, replicas=[1, 2, 3])
     config = tmp_path / "n1.toml"
     config.write_text(text)
 

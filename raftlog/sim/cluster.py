@@ -68,6 +68,7 @@ class FaultStats:
     installs: int = 0  # snapshots from a leader installed
     link_drops: int = 0  # "link to X dropped" reports handed to a core
     corruptions: int = 0  # entries damaged on a replica's disk
+    states_lost: int = 0  # restarts without the snapshot and state, the log kept
     repairs: int = 0  # of those, repaired from a peer's copy
     refills_abandoned: int = 0  # refills no voter could supply (entries lost everywhere)
 
@@ -84,6 +85,7 @@ class SimNode:
         "retired",
         "paused_until",
         "incarnation",
+        "lose_state",
         "applied",
         "applied_term",
         "state",
@@ -107,6 +109,7 @@ class SimNode:
         self.applied_term = 0
         self.state = GENESIS
         self.horizon = 1  # the first entry the state references
+        self.lose_state = False  # its snapshot is set aside: it starts stateless
         k = cluster.knobs
         self.tick_period = int(k.tick_us * (1 + cluster.rng.uniform(-k.tick_skew, k.tick_skew)))
 
@@ -120,6 +123,9 @@ class SimNode:
         reset to the base, and the core refills it."""
         c = self.cluster
         store = self.store
+        stateless = self.lose_state  # until a snapshot is saved again, restarts included
+        if stateless:
+            store.snapshot = None  # set aside: the log stays as it is
         snap = store.snapshot
         self.applied, self.applied_term, self.state, self.horizon = 0, 0, GENESIS, 1
         if snap is not None:
@@ -131,6 +137,8 @@ class SimNode:
                 store.reset_to(b, bt)
             self.applied, self.applied_term = snap.index, snap.term
             self.state, self.horizon = unpack(snap.data)
+        if stateless:
+            self.horizon = store.first_index()  # no state: it references nothing yet
         self.raft = c.core.RaftNode(
             self.id,
             store,
@@ -138,6 +146,7 @@ class SimNode:
             c.raft_config,
             rng=random.Random(c.rng.getrandbits(64)),
             applied=self.applied,
+            **({"stateless": True} if stateless else {}),
         )
         if snap is not None and hasattr(self.raft, "set_snapshot"):
             self.raft.set_snapshot(snap)
@@ -187,6 +196,14 @@ class SimNode:
         raft = self.raft
         if raft is not None:
             drain(raft, self, alive=lambda: self.raft is raft)
+            wanted = getattr(raft, "state_wanted", None) if self.raft is raft else None
+            if wanted:
+                # a follower lost its state: a fresh snapshot, the log kept, whose state
+                # lets go of what that follower's log no longer holds (the runtime's
+                # states let go by the replicated retention horizon instead)
+                self.horizon = max(self.horizon, min(min(wanted.values()), self.applied + 1))
+                if self.take_snapshot(keep=len(self.store.log) + 1) is not None:
+                    drain(raft, self, alive=lambda: self.raft is raft)
         if not self.cluster.manual and self.up:
             self._maybe_sync()
 
@@ -264,6 +281,7 @@ class SimNode:
             self.raft.membership_at(self.applied), (base, store.term(base)),
         )
         store.save_snapshot(snap)
+        self.lose_state = False
         self.raft.set_snapshot(snap)
         if upto > store.base[0]:
             store.compact(upto)
@@ -285,7 +303,9 @@ class SimNode:
 
     def finish_install(self, snap: Snapshot) -> None:
         assert snap.base is not None
-        self.store.reset_to(*snap.base)
+        if not snap.keep_log:  # else the log already holds what the state references
+            self.store.reset_to(*snap.base)
+        self.lose_state = False
         self.applied, self.applied_term = snap.index, snap.term
         self.state, self.horizon = unpack(snap.data)
         self.cluster.faults.installs += 1
@@ -551,6 +571,7 @@ class Cluster:
             self.events.push(node.paused_until, self._install_saved, node, incarnation, snap)
             return
         node.store.save_snapshot(snap)
+        node.lose_state = False  # a restart now finds this snapshot
         k = self.knobs  # restoring the state and resetting the log take disk time too
         at = self.now + self.rng.randint(k.fsync_min_us, k.fsync_max_us)
         self.events.push(at, self._install_done, node, incarnation, snap)
@@ -621,6 +642,7 @@ class Cluster:
         node.incarnation += 1
         st = node.store
         st.wipe()
+        node.lose_state = False  # nothing left to set aside: an empty replica
         st.hard_state = HardState(st.hard_state.term, st.hard_state.vote,
                                   ((0, 0, self.committed_members),))
         self.faults.wipes += 1

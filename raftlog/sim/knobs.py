@@ -62,6 +62,10 @@ class Knobs:
     # Disk corruption: every `corrupt_mean_us` on average (0: never) an entry on one
     # replica's disk goes bad while peers still hold it intact (see the nemesis).
     corrupt_mean_us: int
+    # Lost state: every `lose_state_mean_us` on average (0: never) a replica restarts
+    # with its log but without its snapshot and state (a damaged snapshot file), and
+    # rebuilds from a leader's snapshot (`raftlog.core`, "Lost state").
+    lose_state_mean_us: int
     # Clients.
     client_mean_us: int
     op_weights: tuple[tuple[str, int], ...]
@@ -131,6 +135,8 @@ class Knobs:
         k["corrupt_mean_us"] = corrupts.choice((0, 0, 100 * MS, 400 * MS))
         if mutation == "serve-corrupt":
             k["corrupt_mean_us"] = 20 * MS  # the mutation only shows where disks go bad
+        k["lose_state_mean_us"] = random.Random(f"lost-state/{seed}").choice(
+            (0, 0, 300 * MS, 1000 * MS))
         PROFILES[profile](rng, k)
         k.update(overrides)
         return cls(**k)  # type: ignore[arg-type]

@@ -2,7 +2,9 @@
 
 Only faults Raft promises to survive: crashes that lose unsynced writes (optionally
 with a torn tail), process pauses, network partitions of every shape, replaced disks,
-and entries corrupted on one disk while peers hold them intact. Each action is a table entry, name → handler; the knobs' weights choose among them.
+entries corrupted on one disk while peers hold them intact, and states lost (a node
+restarts with its log but without its snapshot, as a damaged snapshot file leaves it, one
+node at a time). Each action is a table entry, name → handler; the knobs' weights choose among them.
 
 A replaced disk (`wipe`) loses the log, the snapshot and the state machine, and the node
 comes back empty, to be caught up by a snapshot or the log. It keeps its hard state
@@ -36,6 +38,7 @@ class Nemesis:
         self._partition_gen = 0
         self._links = random.Random(f"link-drops/{cluster.knobs.seed}/nemesis")
         self._corrupts = random.Random(f"corruption/{cluster.knobs.seed}/nemesis")
+        self._losses = random.Random(f"lost-state/{cluster.knobs.seed}/nemesis")
         self._actions: dict[str, Callable[[], None]] = {
             "crash": self.crash,
             "crash_leader": self.crash_leader,
@@ -65,6 +68,39 @@ class Nemesis:
             self._schedule_link_drop()
         if self.c.knobs.corrupt_mean_us:
             self._schedule_corruption()
+        if self.c.knobs.lose_state_mean_us:
+            self._schedule_state_loss()
+
+    def _schedule_state_loss(self) -> None:
+        mean = self.c.knobs.lose_state_mean_us
+        self.c.events.push(
+            self.c.now + int(self._losses.expovariate(1 / mean)) + 1, self._lose_state
+        )
+
+    def _lose_state(self) -> None:
+        """Crash one replica and start it again without its snapshot and state, its log
+        kept (it rebuilds from a leader's snapshot, or from a log that begins at entry
+        1). One at a time: a group whose every replica lost its state and whose logs
+        were compacted has nothing left to rebuild from. Its own PRNG keeps the other
+        faults of a seed where they were."""
+        if not self.active:
+            return
+        self._schedule_state_loss()
+        nodes = self.c.nodes.values()
+        if any(n.lose_state or (n.raft is not None and getattr(n.raft, "stateless", False))
+               for n in nodes):
+            return
+        up = [n for n in self.c.live if not n.retired]
+        if not up:
+            return
+        node = self._losses.choice(up)
+        self.c.crash(node)
+        node.lose_state = True
+        self.c.faults.states_lost += 1
+        self.c.note("lose-state", node.id)
+        self.c.events.push(
+            self.c.now + int(self._losses.expovariate(1 / self.c.knobs.down_mean_us)) + 1,
+            self._restart, node)
 
     def _schedule_corruption(self) -> None:
         mean = self.c.knobs.corrupt_mean_us

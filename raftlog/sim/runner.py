@@ -266,7 +266,8 @@ def _refill_all(cluster: Cluster) -> None:
     the entries it needs may be held by the very node about to be cut off alone (seen at
     seed 268: both others refilling; they rightly wait for it rather than give up what
     it holds). All healed, a leader must refill every replica within the election and
-    catch-up bound."""
+    catch-up bound. Likewise for replicas that lost their state: a leader must send them
+    one within that bound (a stateless leader serves no reads)."""
     k = cluster.knobs
     bound = (ELECT_WITHIN * k.election_timeout_us + 4 * (k.latency_max_us + k.fsync_max_us)
              + _catch_up_us(cluster))
@@ -275,13 +276,20 @@ def _refill_all(cluster: Cluster) -> None:
     def refilling() -> list[int]:
         return sorted(n.id for n in cluster.live if getattr(n.raft, "refilling", False))
 
-    while waiting := refilling():
+    def stateless() -> list[int]:
+        return sorted(n.id for n in cluster.live if getattr(n.raft, "stateless", False))
+
+    while (waiting := refilling()) or (lost := stateless()):
         if cluster.now >= deadline:
-            raise Violation("liveness-refill",
-                            f"replicas {waiting} still refilling {bound / 1000:.0f}ms of "
+            if waiting:
+                raise Violation("liveness-refill",
+                                f"replicas {waiting} still refilling {bound / 1000:.0f}ms of "
+                                "virtual time after healing, every peer reachable")
+            raise Violation("liveness-state",
+                            f"replicas {lost} still without a state {bound / 1000:.0f}ms of "
                             "virtual time after healing, every peer reachable")
         cluster.step()
-    cluster.note("liveness", "no replica refilling")
+    cluster.note("liveness", "no replica refilling or without a state")
 
 
 class _Reads(Checker):
@@ -333,7 +341,7 @@ def _produce_then_read(
                 try:
                     first = ask(leader)
                     second = -1
-                except cluster.core.NotLeader:
+                except (cluster.core.NotLeader, cluster.core.ProposalDropped):
                     serving = None
             if leader is not None and not index and cluster.now >= next_try:
                 next_try = cluster.now + cluster.knobs.election_timeout_us
@@ -347,7 +355,7 @@ def _produce_then_read(
                     and serving == (leader.id, leader.raft.term)):
                 try:
                     second = ask(leader)
-                except cluster.core.NotLeader:
+                except (cluster.core.NotLeader, cluster.core.ProposalDropped):
                     serving = None
             answer = reads.got.get(second)
             if answer is not None and first in reads.got:
