@@ -255,6 +255,9 @@ class BrokerState:
                 if op in self._dispatch:
                     raise TypeError(f"control op {op!r} claimed by two parts")
                 self._dispatch[op] = handler
+        # the apply seam: parts that hold some batches themselves (`Part.claims_batch`)
+        self._claimers = tuple(p for p in self.parts
+                               if type(p).claims_batch is not Part.claims_batch)
 
     def part(self, kind: type[P]) -> P:
         """This state's part of type `kind` (KeyError if it has none)."""
@@ -366,10 +369,11 @@ class BrokerState:
         dup = self.producers.check_batch(header, len(refs))
         if dup is not None:
             return dup
-        if header.tx is not None or header.half is not None:
-            self.txpart.prepare(header, refs, index, store_ms)
-            self.producers.stored(header, -1, len(refs), index, shift)
-            return ProduceResult(-1, len(refs), index, shift=shift)
+        for part in self._claimers:
+            if part.claims_batch(header):
+                part.hold_batch(header, refs, index, store_ms)
+                self.producers.stored(header, -1, len(refs), index, shift)
+                return ProduceResult(-1, len(refs), index, shift=shift)
         base = self.queues.append(topic, queue, index, refs, store_ms)
         self.producers.stored(header, base, len(refs), index, shift)
         return ProduceResult(base, len(refs), index, shift=shift)

@@ -249,6 +249,66 @@ def test_two_parts_claiming_one_op_is_an_error() -> None:
         Clash("g1")
 
 
+class Holder(Part):
+    """A part that holds the batches of topic "held" itself (the apply seam), as a timer
+    or retry part will hold the batches addressed to it; at most 3 messages a batch."""
+
+    name = "holder"
+
+    def __init__(self, state: Any) -> None:
+        super().__init__(state)
+        self.held: list[tuple[int, int]] = []  # (index, messages)
+
+    def claims_batch(self, header: Any) -> bool:
+        return bool(header.topic == "held")
+
+    def hold_batch(self, header: Any, refs: list[Any], index: int, store_ms: int) -> None:
+        if len(refs) > 3:
+            raise Refused(Code.MALFORMED, "at most 3 held messages a batch")
+        self.held.append((index, len(refs)))
+
+    def section(self) -> Any:
+        return [list(h) for h in self.held]
+
+    def load(self, version: int, section: Any) -> None:
+        self.held = [(i, n) for i, n in section]
+
+
+class WithHolder(BrokerState):
+    part_types = (*PARTS, Holder)
+
+
+def test_a_part_holds_the_batches_it_claims_after_the_composite_checked_them() -> None:
+    s = WithHolder("g1")
+
+    def batch(topic: str, n: int, seq: int) -> tuple[EntryType, bytes]:
+        return EntryType.MESSAGES, STORED_PREFIX.pack(1000) + encode_batch(
+            topic, 0, [OutgoingMessage(b"m%d" % i) for i in range(n)], pid=7, seq=seq)
+
+    entries = [(EntryType.CONTROL, control_create_topic("held", 1, [0])),
+               (EntryType.CONTROL, control_create_topic("t", 1, [0])),
+               batch("held", 2, 0),
+               batch("held", 2, 0),  # a producer's retry: the composite's dedup answers it
+               batch("held", 4, 1),  # refused by the part: changes nothing
+               batch("held", 1, 1),
+               batch("t", 1, 0)]
+    results = _run(s, entries)
+    assert results[2] == ProduceResult(-1, 2, 3)
+    assert isinstance(results[3], ProduceResult) and results[3].dup
+    assert isinstance(results[4], ErrorResult) and results[4].code == Code.MALFORMED
+    assert results[5] == ProduceResult(-1, 1, 6)  # seq 1 still free: the refusal took none
+    assert results[6] == ProduceResult(0, 1, 7)  # other topics go to their queues
+    assert s.part(Holder).held == [(3, 2), (6, 1)]
+    assert s.queue_range("held", 0) == (0, 0)
+    again = WithHolder.restore("g1", s.snapshot())
+    assert again.part(Holder).held == s.part(Holder).held
+    # without the part, the same batches go to their queue
+    plain = BrokerState("g1")
+    assert _run(plain, entries)[2] == ProduceResult(0, 2, 3)
+    # and a transaction's prepared batch is claimed by the participant through the seam
+    assert s.txpart.claims_batch(type("H", (), {"tx": ("tid", 0, 1), "half": None})())
+
+
 # ---------------------------------------------------------------------- properties
 
 _tally_ops = st.one_of(

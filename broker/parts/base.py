@@ -9,6 +9,11 @@ them). It declares:
   part's (two parts claiming one op is a programming error, found at construction);
 * hooks the composite broadcasts to every part, in part order: a topic was created or
   deleted, the retention horizon moved;
+* optionally, the batches it holds itself instead of their queue (`claims_batch` and
+  `hold_batch`: the apply seam): a MESSAGES batch whose header names the part (a
+  transaction's prepared batch names its transaction) is validated and deduplicated by
+  the composite as any batch, then handed to the first part, in part order, that
+  claims it;
 * `section()` / `load(version, section)`: its own versioned section of the snapshot
   (`detach()` when the section references data kept outside it, see `Detached`).
 
@@ -28,6 +33,7 @@ from wire.protocol import Code, RequestError
 
 if TYPE_CHECKING:
     from broker.statemachine import BrokerState
+    from wire.records import BatchHeader, RecordRef
 
 __all__ = [
     "MAX_QUEUES",
@@ -247,6 +253,18 @@ class Part:
         """Nothing below Raft index `min_index` is referenced any more; returns how many
         messages this part dropped (only the queues count)."""
         return 0
+
+    # the apply seam: batches held by a part instead of their queue
+
+    def claims_batch(self, header: BatchHeader) -> bool:
+        """Whether this part holds batches with `header` itself (pure: the header only)."""
+        return False
+
+    def hold_batch(self, header: BatchHeader, refs: list[RecordRef], index: int,
+                   store_ms: int) -> None:
+        """Hold a batch this part claims, of the entry at `index`: its topic and queue
+        exist here and it is no duplicate. Validates first; Refused changes nothing."""
+        raise NotImplementedError(f"part {self.name!r} claims batches it cannot hold")
 
     # snapshot section
 

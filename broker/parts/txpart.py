@@ -486,9 +486,13 @@ class TxParticipant(Part):
                                          f"per group")
         return p
 
-    def prepare(self, header: BatchHeader, refs: list[RecordRef], index: int,
-                store_ms: int) -> None:
-        """Hold the batch of the entry at `index` (whose topic and queue exist here and
+    def claims_batch(self, header: BatchHeader) -> bool:
+        """A transaction's batch: prepared here until its transaction is decided."""
+        return header.tx is not None or header.half is not None
+
+    def hold_batch(self, header: BatchHeader, refs: list[RecordRef], index: int,
+                   store_ms: int) -> None:
+        """Prepare the batch of the entry at `index` (whose topic and queue exist here and
         which is no duplicate) for its transaction; Refused changes nothing."""
         pg = ""
         if header.tx is not None:
