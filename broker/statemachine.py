@@ -88,6 +88,7 @@ from broker.parts.base import (
 from broker.parts.catalog import Catalog, CreateTopic, DeleteTopic, GrowTopic
 from broker.parts.horizon import Horizon, Retain
 from broker.parts.leadership import Leadership, PreferLeader
+from broker.parts.moves import MoveMessage, Moves
 from broker.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.parts.producers import DEDUP_WINDOW, Producers
 from broker.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
@@ -127,6 +128,8 @@ __all__ = [
     "GrowTopic",
     "ProduceResult",
     "PreferLeader",
+    "MoveMessage",
+    "Moves",
     "Retain",
     "TopicConfig",
     "chunk_refs",
@@ -142,7 +145,7 @@ __all__ = [
 
 #: The parts, in the order they hear broadcasts and appear in snapshots.
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
-                                 Leadership, TxParticipant, TxCoordinator, Users, Acls)
+                                 Leadership, TxParticipant, TxCoordinator, Users, Acls, Moves)
 #: The test mutations the state machine itself carries out (see `broker.config`).
 STATE_MUTATIONS = frozenset({"serve-prepared", "no-fencing", "forget-epochs",
                              "drop-acl-remove"})
@@ -246,6 +249,7 @@ class BrokerState:
         self.horizon = self.part(Horizon)
         self.txpart = self.part(TxParticipant)
         self.txcoord = self.part(TxCoordinator)
+        self.moves = self.part(Moves)
         self._dispatch: dict[str, tuple[type[ControlRecord], Handler]] = {}
         for part in self.parts:
             handlers = part.handlers()
