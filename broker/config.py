@@ -40,9 +40,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from broker.parts.queues import CHUNK_RECORDS
+from broker.cqchunks import CHUNK_RECORDS
 from transport.peerauth import DEV_CLUSTER_SECRET
 from wire.protocol import MAX_MESSAGE_BYTES, RequestError, parse_address, validate_group_name
+from wire.security import read_verifier, user_name_problem
 
 __all__ = [
     "ALLOW_MUTATIONS_ENV",
@@ -438,21 +439,21 @@ def _tls_files(d: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _security(d: Mapping[str, Any]) -> dict[str, Any]:
-    from broker.parts.base import Refused
-    from broker.parts.users import parse_verifier, validate_user_name
-
     authenticate = _bool(d.get("authenticate", False), "authenticate")
     authorize = _bool(d.get("authorize", False), "authorize")
     if authorize and not authenticate:
         raise ConfigError("authorize = true needs authenticate = true (ACLs name users)")
     supers = _list(d.get("superusers", []), "superusers")
     scram = _str(d.get("superuser_scram", ""), "superuser_scram")
-    try:
-        names = tuple(validate_user_name(n) for n in supers)
-        if scram:
-            parse_verifier(scram)
-    except Refused as exc:
-        raise ConfigError(f"superusers/superuser_scram: {exc.message}") from None
+    problems = [p for p in map(user_name_problem, supers) if p is not None]
+    if problems:
+        raise ConfigError(f"superusers/superuser_scram: {problems[0]}")
+    names = tuple(supers)
+    if scram:
+        try:
+            read_verifier(scram)
+        except ValueError as exc:
+            raise ConfigError(f"superusers/superuser_scram: {exc}") from None
     if scram and len(names) != 1:
         raise ConfigError("superuser_scram is the verifier of the one user in superusers; "
                           f"superusers names {len(names)}")

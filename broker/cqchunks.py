@@ -44,6 +44,7 @@ from raftlog.fsutil import CorruptFile, atomic_write, fsync_dir
 from raftlog.snapshot import SnapshotSkipped
 
 __all__ = [
+    "CHUNK_RECORDS",
     "ChunkGone",
     "ChunkRef",
     "ChunkStore",
@@ -58,6 +59,7 @@ __all__ = [
     "unship",
 ]
 
+CHUNK_RECORDS = 65_536  # records per sealed ConsumeQueue chunk (1.75 MiB): the default
 _SHIP_MAGIC = b"RMCQSHIP"  # never the start of a msgpack map (a snapshot)
 
 

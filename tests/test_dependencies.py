@@ -194,3 +194,11 @@ def test_the_node_builds_the_service_and_the_registrar_not_the_other_way() -> No
     for module in ("broker.service", "broker.groups", "broker.registrar", "broker.consumers",
                    "broker.retention"):
         assert "broker.node" not in closure({module}), f"{module} reaches broker.node"
+
+
+def test_a_nodes_configuration_loads_without_the_state_machine() -> None:
+    """`raftmq dev` and every tool that reads a node's config load `broker.config`: the
+    ConsumeQueue chunk size it defaults comes from the chunk format, not from the parts."""
+    reached = sorted(m for m in closure({"broker.config"})
+                     if m == "broker.statemachine" or m.startswith("broker.parts"))
+    assert reached == [], f"broker.config reaches {reached}"

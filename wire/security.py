@@ -9,17 +9,23 @@ users and ACL parts take these same definitions.
 from __future__ import annotations
 
 import base64
+import binascii
 import re
 from dataclasses import dataclass
 
 import scramp
 
-__all__ = ["ITERATIONS", "MECHANISM", "OPERATIONS", "Credential", "format_verifier",
-           "make_credential", "user_name_problem"]
+__all__ = ["ITERATIONS", "KEY_BYTES", "MAX_ITERATIONS", "MECHANISM", "MIN_ITERATIONS",
+           "OPERATIONS", "SALT_BYTES", "Credential", "credential_problem", "format_verifier",
+           "make_credential", "read_verifier", "user_name_problem"]
 
 MECHANISM = "SCRAM-SHA-256"
 ITERATIONS = 4096  # RFC 7677's minimum, what `raftmq user add` uses
 OPERATIONS = ("publish", "subscribe", "admin")  # what an ACL allows or denies
+MIN_ITERATIONS = 4096  # RFC 7677's minimum for SCRAM-SHA-256
+MAX_ITERATIONS = 10_000_000
+KEY_BYTES = 32  # SHA-256 digest size: StoredKey and ServerKey
+SALT_BYTES = (16, 64)
 
 _USER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 VERIFIER_PREFIX = "SCRAM-SHA-256$"
@@ -56,3 +62,37 @@ def format_verifier(c: Credential) -> str:
     def b(x: bytes) -> str:
         return base64.b64encode(x).decode()
     return f"{VERIFIER_PREFIX}{c.iterations}:{b(c.salt)}${b(c.stored_key)}:{b(c.server_key)}"
+
+
+def credential_problem(c: Credential) -> str | None:
+    """Why `c` is no usable verifier (field sizes and iteration bounds), or None."""
+    lo, hi = SALT_BYTES
+    if not lo <= len(c.salt) <= hi:
+        return f"salt must be {lo}..{hi} bytes"
+    if not MIN_ITERATIONS <= c.iterations <= MAX_ITERATIONS:
+        return f"iterations must be an integer {MIN_ITERATIONS}..{MAX_ITERATIONS}"
+    for name, key in (("stored_key", c.stored_key), ("server_key", c.server_key)):
+        if len(key) != KEY_BYTES:
+            return f"{name} must be {KEY_BYTES}..{KEY_BYTES} bytes"
+    return None
+
+
+def read_verifier(text: str) -> Credential:
+    """`format_verifier`'s output back; ValueError naming what is wrong."""
+    try:
+        if not text.startswith(VERIFIER_PREFIX):
+            raise ValueError(f"does not start with {VERIFIER_PREFIX!r}")
+        head, keys = text[len(VERIFIER_PREFIX):].split("$")
+        iterations, salt = head.split(":")
+        stored, server = keys.split(":")
+        c = Credential(base64.b64decode(salt, validate=True), int(iterations),
+                       base64.b64decode(stored, validate=True),
+                       base64.b64decode(server, validate=True))
+        problem = credential_problem(c)
+        if problem is not None:
+            raise ValueError(problem)
+    except (ValueError, binascii.Error) as exc:
+        raise ValueError(f"not a SCRAM-SHA-256 verifier "
+                         f"(SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>): "
+                         f"{exc}") from None
+    return c

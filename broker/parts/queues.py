@@ -40,7 +40,7 @@ import crc32c
 import msgpack
 
 from broker.consumequeue import CQ_RECORD, ConsumeQueue, CQEntry
-from broker.cqchunks import ChunkGone, ChunkRef, chunk_name, load_chunk
+from broker.cqchunks import CHUNK_RECORDS, ChunkGone, ChunkRef, chunk_name, load_chunk
 from broker.parts.base import MAX_QUEUES, Detached, Part, TopicConfig, pack
 from wire.protocol import Code, RequestError
 from wire.records import RecordRef
@@ -48,7 +48,6 @@ from wire.records import RecordRef
 __all__ = ["CHUNK_RECORDS", "KEY_HISTORY", "Queues"]
 
 KEY_HISTORY = 64  # newest (queue, offset) pairs kept per (topic, key)
-CHUNK_RECORDS = 65_536  # records per sealed ConsumeQueue chunk (1.75 MiB)
 LATE_WINDOW = 65_536  # records looked at either side for a committed transaction's record
 _REC = CQ_RECORD.size
 

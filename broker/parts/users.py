@@ -14,22 +14,25 @@ records are proposed and read.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
 from wire.protocol import Code
-from wire.security import VERIFIER_PREFIX, Credential, format_verifier, user_name_problem
+from wire.security import (
+    KEY_BYTES,
+    MAX_ITERATIONS,
+    MIN_ITERATIONS,
+    SALT_BYTES,
+    Credential,
+    format_verifier,
+    read_verifier,
+    user_name_problem,
+)
 
 __all__ = ["Credential", "UserDelete", "UserPut", "Users", "format_verifier", "parse_verifier",
            "validate_user_name"]
-
-MIN_ITERATIONS = 4096  # RFC 7677's minimum for SCRAM-SHA-256
-MAX_ITERATIONS = 10_000_000
-_KEY = 32  # SHA-256 digest size
 
 
 def validate_user_name(name: object) -> str:
@@ -44,18 +47,9 @@ def validate_user_name(name: object) -> str:
 def parse_verifier(text: str) -> Credential:
     """`format_verifier`'s output back; Refused(MALFORMED) naming what is wrong."""
     try:
-        if not text.startswith(VERIFIER_PREFIX):
-            raise ValueError(f"does not start with {VERIFIER_PREFIX!r}")
-        head, keys = text[len(VERIFIER_PREFIX):].split("$")
-        iterations, salt = head.split(":")
-        stored, server = keys.split(":")
-        rec = UserPut("x", base64.b64decode(salt, validate=True), int(iterations),
-                      base64.b64decode(stored, validate=True),
-                      base64.b64decode(server, validate=True))
-    except (ValueError, binascii.Error) as exc:
-        raise Refused(Code.MALFORMED, f"not a SCRAM-SHA-256 verifier "
-                      f"(SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>): {exc}") from None
-    return rec.credential
+        return read_verifier(text)
+    except ValueError as exc:
+        raise Refused(Code.MALFORMED, str(exc)) from None
 
 
 def _bytes(name: str, v: object, lo: int, hi: int) -> bytes:
@@ -77,10 +71,10 @@ class UserPut(ControlRecord):
 
     def validate(self) -> None:
         validate_user_name(self.name)
-        _bytes("salt", self.salt, 16, 64)
+        _bytes("salt", self.salt, *SALT_BYTES)
         int_field("iterations", self.iterations, MIN_ITERATIONS, MAX_ITERATIONS)
-        _bytes("stored_key", self.stored_key, _KEY, _KEY)
-        _bytes("server_key", self.server_key, _KEY, _KEY)
+        _bytes("stored_key", self.stored_key, KEY_BYTES, KEY_BYTES)
+        _bytes("server_key", self.server_key, KEY_BYTES, KEY_BYTES)
 
     def to_map(self) -> dict[str, Any]:
         return {"name": self.name, "salt": self.salt, "iterations": self.iterations,
