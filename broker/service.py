@@ -29,6 +29,7 @@ import trio
 from broker.config import NodeConfig
 from broker.consumers import ConsumerRegistry
 from broker.groups import GroupRegistry
+from broker.leading import GroupLead
 from broker.metrics import NodeMetrics
 from broker.refusals import refusal
 from broker.statemachine import (
@@ -211,6 +212,8 @@ class BrokerService:
             Op.HOST_GROUP: self._host_group,
             Op.DROP_GROUP: self._drop_group,
         }
+        self.lead = GroupLead(groups, lambda gid: any(gc.id == gid for gc in node.config.groups),
+                              lambda: node.skip_read_barrier)
         self.tx = TxService(self)
         self._handlers.update(self.tx.handlers())
 
@@ -238,27 +241,6 @@ class BrokerService:
 
     # ------------------------------------------------------------------ helpers
 
-    def _group(self, gid: object) -> GroupRuntime:
-        if not isinstance(gid, str):
-            raise RequestError(Code.MALFORMED, f"field 'g' must be a group id string, got {gid!r}")
-        g = self.groups.get(gid)
-        if g is None:
-            if any(gc.id == gid for gc in self.node.config.groups):
-                # a group of the cluster whose replica moved away (`raftmq cluster`): the
-                # client's route is stale, the group lives on elsewhere
-                raise RequestError(Code.NOT_LEADER, f"group {gid!r} has no replica on this "
-                                   "node (any more)", leader=None)
-            raise RequestError(Code.UNKNOWN_GROUP, f"group {gid!r} is not hosted on this node")
-        return g
-
-    def _leading(self, g: GroupRuntime) -> BrokerState:
-        """The state of `g` while this node leads it and is ready (`GroupRuntime.
-        check_ready`): a leader elected a moment ago answers NOT_LEADER naming itself,
-        with ready false, until it applied an entry of its own term. Every request that
-        reads or writes a group's state passes here first; one check per request."""
-        g.check_ready()
-        return self.groups.states[g.group_id]
-
     async def _hosting(self, topic: str, queue: int, gid: object = None, *,
                        confirm: bool = True) -> GroupRuntime:
         """The group led (and ready) here that hosts (topic, queue). With `confirm`, a
@@ -274,11 +256,11 @@ class BrokerService:
         a group, once each group it leads is ready and confirmed (`_confirm_led`): a
         lagging follower of a group this node does not lead can still miss a topic."""
         if gid is not None:
-            g = self._group(gid)
-            state = self._leading(g)
+            g = self.lead.group(gid)
+            state = self.lead.leading(g)
             if not state.hosts(topic, queue):
                 await g.read_barrier()  # confirmed before it refuses, whatever `confirm`
-                cfg = self._leading(g).topic(topic)
+                cfg = self.lead.leading(g).topic(topic)
                 if cfg is None:
                     raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
                 if queue >= cfg.queues:
@@ -295,9 +277,9 @@ class BrokerService:
                     raise
                 await self._confirm_led()
                 g = self._hosted(topic, queue)
-            self._leading(g)
+            self.lead.leading(g)
         if confirm:
-            await self._read_barrier(g)
+            await self.lead.read_barrier(g)
         return g
 
     async def _confirm_led(self) -> None:
@@ -342,12 +324,6 @@ class BrokerService:
             raise RequestError(Code.NOT_LEADER, f"{topic}/{queue} is not hosted on this node",
                                leader=None)
         raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
-
-    async def _read_barrier(self, g: GroupRuntime) -> None:
-        """ReadIndex before an answer that depends on the latest state (skipped only by
-        the deliberate `skip-read-barrier` test mutation)."""
-        if not self.node.skip_read_barrier:
-            await g.read_barrier()
 
     @staticmethod
     def _result(result: Any) -> Any:
@@ -398,8 +374,8 @@ class BrokerService:
     # ------------------------------------------------------------------ produce
 
     async def _produce(self, _caller: Caller, h: dict[str, Any], body: bytes) -> Response:
-        g = self._group(h.get("g"))
-        state = self._leading(g)
+        g = self.lead.group(h.get("g"))
+        state = self.lead.leading(g)
         if "sizes" not in h:  # the single-batch request of older clients
             (outcome,) = await self._produce_batches(g, state, [body])
             if isinstance(outcome, RequestError):
@@ -450,11 +426,11 @@ class BrokerService:
                     # its successor created: confirmed first (the refusal path only)
                     await g.read_barrier()
                     confirmed = True
-                    state = self._leading(g)
+                    state = self.lead.leading(g)
                     state.queue_range(header.topic, header.queue)
                 if header.tx is not None:  # the client's word: the coordinator decides
                     await self.tx.register(g, *header.tx)
-                    state = self._leading(g)
+                    state = self.lead.leading(g)
             except RequestError as exc:
                 outcomes[i] = exc
                 continue
@@ -544,7 +520,7 @@ class BrokerService:
         g = await self._hosting(topic, queue, h.get("g"))
         deadline = trio.current_time() + wait_ms / 1000
         while True:
-            state = self._leading(g)
+            state = self.lead.leading(g)
             lo, end = state.queue_range(topic, queue)
             if offset < lo:  # the earliest offset only grows: true for newer states too
                 raise RequestError(Code.OFFSET_TOO_SMALL,
@@ -624,33 +600,12 @@ class BrokerService:
             by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
         dup = False
         for gid, offs in by_group.items():
-            await self._check_commit_bounds(self.groups[gid], offs)
+            await self.lead.check_commit_bounds(self.groups[gid], offs)
         for gid, offs in by_group.items():
             result = self._result(await self.groups[gid].propose(
                 control_offsets(cg, offs, req), EntryType.CONTROL))
             dup = dup or (isinstance(result, ControlResult) and result.dup)
         return ok_header(0, dup=dup), b""
-
-    async def _check_commit_bounds(self, g: GroupRuntime,
-                                   offsets: list[tuple[str, int, int]]) -> None:
-        """OFFSET_TOO_LARGE for an offset beyond its queue's end: it cannot be a position
-        any consumer read up to. The end is checked again after a read barrier before
-        refusing, so a leader still applying its predecessor's entries refuses nothing a
-        consumer really read."""
-        confirmed = False
-        while True:
-            state = self._leading(g)
-            beyond = [(t, q, o, *state.queue_range(t, q)) for t, q, o in offsets
-                      if o > state.queue_range(t, q)[1]]
-            if not beyond:
-                return
-            if confirmed:
-                t, q, o, lo, end = beyond[0]
-                raise RequestError(Code.OFFSET_TOO_LARGE,
-                                   f"offset {o} is beyond the end {end} of {t}/{q}",
-                                   min=lo, end=end)
-            await g.read_barrier()
-            confirmed = True
 
     async def _query_offset(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         cg = _cg(h)
@@ -658,7 +613,7 @@ class BrokerService:
         queue = _queue_id(h)
         # confirmed (ReadIndex): a committed offset is never read back older than it is
         g = await self._hosting(topic, queue, h.get("g"))
-        state = self._leading(g)
+        state = self.lead.leading(g)
         self.tx.check_no_pending(state, cg, topic, queue)
         off = state.consumer_offset(cg, topic, queue)
         return ok_header(0, offset=-1 if off is None else off), b""
@@ -666,7 +621,7 @@ class BrokerService:
     # ------------------------------------------------------------------ admin
 
     async def _create_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        g = self._group(h.get("g"))
+        g = self.lead.group(h.get("g"))
         topic = _topic(h)
         queues = header_field(h, "queues", int)
         hosted = header_field(h, "hosted", list)
@@ -674,7 +629,7 @@ class BrokerService:
             raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
         if not hosted or any(not _is_int(q) or not 0 <= q < queues for q in hosted):
             raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
-        self._leading(g)
+        self.lead.leading(g)
         result = self._result(await g.propose(
             control_create_topic(topic, queues, sorted(set(hosted))), EntryType.CONTROL))
         assert isinstance(result, ControlResult)
@@ -686,16 +641,16 @@ class BrokerService:
         return ok_header(0), b""
 
     async def _delete_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        g = self._group(h.get("g"))
+        g = self.lead.group(h.get("g"))
         topic = _topic(h)
         req = _request_id(h)
-        self._leading(g)
+        self.lead.leading(g)
         self._result(await g.propose(control_delete_topic(topic, req), EntryType.CONTROL))
         self.node.topics_changed()
         return ok_header(0), b""
 
     async def _grow_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        g = self._group(h.get("g"))
+        g = self.lead.group(h.get("g"))
         topic = _topic(h)
         queues = header_field(h, "queues", int)
         hosted = header_field(h, "hosted", list)
@@ -704,7 +659,7 @@ class BrokerService:
         if any(not _is_int(q) or not 0 <= q < queues for q in hosted):
             raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
         req = _request_id(h)
-        self._leading(g)
+        self.lead.leading(g)
         self._result(await g.propose(control_grow_topic(topic, queues, hosted, req),
                                      EntryType.CONTROL))
         self.node.topics_changed()
@@ -728,10 +683,10 @@ class BrokerService:
         return ok_header(0, rows=rows, led=led), b""
 
     async def _delete_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        g = self._group(h.get("g"))
+        g = self.lead.group(h.get("g"))
         cg = _cg(h)
         req = _request_id(h)
-        self._leading(g)
+        self.lead.leading(g)
         result = self._result(await g.propose(control_delete_group(cg, req), EntryType.CONTROL))
         assert isinstance(result, ControlResult)
         return ok_header(0, deleted=result.applied), b""
@@ -743,10 +698,10 @@ class BrokerService:
         topics: dict[str, dict[str, Any]] = {}
         states = self.groups.states
         if "g" in h:
-            g = self._group(h.get("g"))
-            self._leading(g)
-            await self._read_barrier(g)
-            states = {g.group_id: self._leading(g)}
+            g = self.lead.group(h.get("g"))
+            self.lead.leading(g)
+            await self.lead.read_barrier(g)
+            states = {g.group_id: self.lead.leading(g)}
         for gid, state in states.items():
             for name, cfg in state.topics().items():
                 t = topics.setdefault(name, {"queues": cfg.queues, "hosted": {}})
@@ -759,10 +714,10 @@ class BrokerService:
     async def _transfer_leader(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Move the group's leadership to node `to`; with `prefer`, first log `to` as the
         group's preferred leader, so the core does not hand leadership back."""
-        g = self._group(h.get("g"))
+        g = self.lead.group(h.get("g"))
         to = header_field(h, "to", int)
         prefer = header_field(h, "prefer", bool, False)
-        self._leading(g)
+        self.lead.leading(g)
         voters = sorted(g.membership.voters)
         if to not in voters:
             raise RequestError(Code.NOT_A_MEMBER, f"node {to} is not a voter of group "
@@ -780,7 +735,7 @@ class BrokerService:
     def _members_view(self, g: GroupRuntime) -> dict[str, Any]:
         """The membership as this leader sees it; NOT_LEADER (retriable, with the hint)
         when it lost the leadership while the request waited (a barrier, a change)."""
-        self._leading(g)
+        self.lead.leading(g)
         m = g.membership
         st = g.status()
         nodes = sorted(self.node.config.peers)
@@ -798,12 +753,12 @@ class BrokerService:
         (add a learner, promote a caught-up learner, remove a member) at a time, refused
         when it would leave the group without a reachable majority. Changes already made
         answer OK (a retried request must not fail for having worked)."""
-        g = self._group(h.get("g"))
+        g = self.lead.group(h.get("g"))
         action = header_field(h, "action", str)
         if action not in ("show", "add-learner", "promote", "remove"):
             raise RequestError(Code.MALFORMED, f"action must be show, add-learner, promote or "
                                f"remove, not {action!r}")
-        self._leading(g)
+        self.lead.leading(g)
         if action == "show":
             await g.read_barrier()  # still the leader, as a majority confirms
             return ok_header(0, **self._members_view(g)), b""
@@ -883,8 +838,8 @@ class BrokerService:
     async def _get_message(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         msg_id = header_field(h, "msg_id", str)
         gid, index, start = parse_message_id(msg_id)
-        g = self._group(gid)
-        state = self._leading(g)
+        g = self.lead.group(gid)
+        state = self.lead.leading(g)
         first, last = g.log_bounds()
         if not first <= index <= min(last, state.applied_index):
             raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
@@ -917,9 +872,9 @@ class BrokerService:
         hosting = [gid for gid, state in self.groups.states.items() if state.topic(topic)]
         led = [gid for gid in hosting if self.groups[gid].is_leader]
         if not led:
-            self._leading(self.groups[hosting[0]])  # NOT_LEADER with a hint
+            self.lead.leading(self.groups[hosting[0]])  # NOT_LEADER with a hint
         for gid in led:
-            self._leading(self.groups[gid])  # each one ready (else NOT_LEADER, ready false)
+            self.lead.leading(self.groups[gid])  # each one ready (else NOT_LEADER, ready false)
         for gid in led:  # the groups led elsewhere answer there: "searched" tells which
             state, g = self.groups.states[gid], self.groups[gid]
             for queue, offset in state.keys(topic, key)[-limit:]:
@@ -937,7 +892,7 @@ class BrokerService:
         copy of an entry with the same index and term is the same: Log Matching); it gets
         a prefix of the range, at least entry `index`, one request for a damaged segment's
         hundreds of entries rather than one each."""
-        g = self._group(h.get("g"))
+        g = self.lead.group(h.get("g"))
         index = header_field(h, "index", int)
         hi = header_field(h, "hi", int, index + 1)
         if hi <= index:

@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from broker.leading import control_record
 from broker.parts.base import ControlResult, pack
 from broker.parts.txcoord import TxCoordinator
 from broker.parts.txpart import MAX_MARKERS, TxParticipant
 from broker.producer_groups import ProducerRegistry
-from broker.statemachine import BrokerState, ErrorResult
+from broker.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime
-from raftlog.types import EntryType
 from transport.framing import Caller
 from wire.protocol import (
     MAX_HEADER,
@@ -147,6 +147,7 @@ class TxService:
 
     def __init__(self, service: BrokerService) -> None:
         self.svc = service
+        self.lead = service.lead
         self.groups = service.groups
         self.node = service.node
         self.producers = ProducerRegistry()
@@ -187,21 +188,14 @@ class TxService:
     def _coordinating(self, h: dict[str, Any], tid: str) -> GroupRuntime:
         """The group `g` of the request, checked to coordinate `tid` (and led here)."""
         gid = h.get("g")
-        g = self.svc._group(gid)
+        g = self.lead.group(gid)
         want = coordinator_group(tid, self.group_ids)
         if g.group_id != want:
             raise RequestError(Code.NOT_COORDINATOR, f"group {g.group_id} does not coordinate "
                                f"transactional id {tid!r}: group {want} does",
                                coordinator=want)
-        self.svc._leading(g)
+        self.lead.leading(g)
         return g
-
-    async def _propose(self, g: GroupRuntime, record: dict[str, Any]) -> ControlResult:
-        result = await g.propose(pack(record), EntryType.CONTROL)
-        if isinstance(result, ErrorResult):
-            raise RequestError(result.code, result.message)
-        assert isinstance(result, ControlResult), result
-        return result
 
     async def _finish(self, gid: str, tid: str) -> None:
         """Drive `tid`'s markers from its coordinator `gid`, for at most END_WAIT_S."""
@@ -240,7 +234,7 @@ class TxService:
         self._registered[key] = None
         while len(self._registered) > REGISTERED_KEPT:
             self._registered.popitem(last=False)
-        self.svc._leading(g)
+        self.lead.leading(g)
 
     # ------------------------------------------------------------------ Kafka's model
 
@@ -256,9 +250,9 @@ class TxService:
         g = self._coordinating(h, tid)
         gid = g.group_id
         await self._finish(gid, tid)  # a previous transaction still completing goes first
-        await self._propose(g, {"op": "tx_init", "tid": tid, "timeout_ms": timeout_ms,
-                                "ts": now_ms()})
-        txn = coordinator(self.svc._leading(g)).txn(tid)
+        await self.lead.propose(g, control_record({
+            "op": "tx_init", "tid": tid, "timeout_ms": timeout_ms, "ts": now_ms()}))
+        txn = coordinator(self.lead.leading(g)).txn(tid)
         assert txn is not None
         epoch = txn.epoch
         await self._finish(gid, tid)  # the abort of a transaction the new epoch fenced
@@ -283,8 +277,8 @@ class TxService:
         """Transaction (epoch, n) of `tid` (coordinator `g`, led here) spans `groups`
         (sorted, known): logged unless the state read after a barrier says so already (a
         participant registering the group its client registered too adds no entry)."""
-        await self.svc._read_barrier(g)
-        coord = coordinator(self.svc._leading(g))
+        await self.lead.read_barrier(g)
+        coord = coordinator(self.lead.leading(g))
         txn = coord.txn(tid)
         if (txn is not None and txn.state == "ongoing" and (txn.epoch, txn.n) == (epoch, n)
                 and set(groups) <= set(txn.participants)):
@@ -293,15 +287,16 @@ class TxService:
             # two earlier transactions still completing: the older must finish first
             # (one previous transaction may complete while the next one runs)
             await self._finish(g.group_id, tid)
-        await self._propose(g, {"op": "tx_add", "tid": tid, "epoch": epoch, "n": n,
-                                "groups": groups, "ts": now_ms()})
+        await self.lead.propose(g, control_record({
+            "op": "tx_add", "tid": tid, "epoch": epoch, "n": n, "groups": groups,
+            "ts": now_ms()}))
 
     async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
         epoch, n = _count(h, "epoch"), _count(h, "n")
         cg = validate_group_name(header_field(h, "cg", str))
-        g = self.svc._group(h.get("g"))
-        state = self.svc._leading(g)
+        g = self.lead.group(h.get("g"))
+        state = self.lead.leading(g)
         raw = header_field(h, "offsets", list)
         if not raw:
             raise RequestError(Code.MALFORMED, "offsets must list at least one offset")
@@ -317,7 +312,7 @@ class TxService:
                 # a deposed leader that does not know it yet must not refuse a queue its
                 # successor created: confirmed (ReadIndex) before refusing
                 await g.read_barrier()
-                confirmed, state = True, self.svc._leading(g)
+                confirmed, state = True, self.lead.leading(g)
             if state.topic(topic) is None:
                 raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} is not in group "
                                    f"{g.group_id}: send its offsets to the group hosting it")
@@ -326,11 +321,11 @@ class TxService:
                                    f"hosted by group {g.group_id}: send its offsets to the "
                                    "group hosting it")
             offsets.append((topic, item[1], item[2]))
-        await self.svc._check_commit_bounds(g, offsets)
+        await self.lead.check_commit_bounds(g, offsets)
         await self.register(g, tid, epoch, n)
-        await self._propose(g, {"op": "tx_offsets", "tid": tid, "epoch": epoch, "n": n,
-                                "cg": cg, "offsets": [list(o) for o in offsets],
-                                "ts": now_ms()})
+        await self.lead.propose(g, control_record({
+            "op": "tx_offsets", "tid": tid, "epoch": epoch, "n": n, "cg": cg,
+            "offsets": [list(o) for o in offsets], "ts": now_ms()}))
         return ok_header(0), b""
 
     async def _end(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
@@ -349,7 +344,7 @@ class TxService:
                   "ts": now_ms(), "reason": "client"}
         if groups:
             record["groups"] = groups
-        result = await self._propose(g, record)
+        result = await self.lead.propose(g, control_record(record))
         if self.node.crash_before_answer and h.get("test_exit") is True:
             # Deliberately (tests only, on request): die once the decision is committed,
             # before any marker is sent, so a new leader must finish the transaction.
@@ -371,7 +366,7 @@ class TxService:
 
     def _end_state(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool) -> str:
         """Where transaction (epoch, n) of `tid` stands after its decision `commit`."""
-        txn = coordinator(self.svc._leading(g)).find(tid, epoch, n)
+        txn = coordinator(self.lead.leading(g)).find(tid, epoch, n)
         if txn is not None:
             return str(txn.state)
         # moved on since (a new transaction began): this one was completed
@@ -379,28 +374,30 @@ class TxService:
 
     async def _marker(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         if "markers" in h:  # several transactions' markers for this group: one entry
-            g = self.svc._group(h.get("g"))
-            self.svc._leading(g)
+            g = self.lead.group(h.get("g"))
+            self.lead.leading(g)
             result = await self.markers(g, parse_markers(h.get("markers")))
             return ok_header(0, dup=result.dup), b""
         tid = _tid(h)
         epoch, n, fence = _count(h, "epoch"), _count(h, "n"), _count(h, "fence")
         commit = header_field(h, "commit", bool)
-        g = self.svc._group(h.get("g"))
-        self.svc._leading(g)
+        g = self.lead.group(h.get("g"))
+        self.lead.leading(g)
         result = await self.marker(g, tid, epoch, n, commit, fence)
         return ok_header(0, dup=result.dup), b""
 
     async def markers(self, g: GroupRuntime, markers: list[list[Any]]) -> ControlResult:
         """Apply several decisions ([tid, epoch, n, commit, fence] each) in participant
         `g` (led here) as one entry."""
-        return await self._propose(g, {"op": "tx_markers", "markers": markers, "ts": now_ms()})
+        return await self.lead.propose(g, control_record({
+            "op": "tx_markers", "markers": markers, "ts": now_ms()}))
 
     async def marker(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool,
                      fence: int) -> ControlResult:
         """Apply a coordinator's decision in participant `g` (led here)."""
-        return await self._propose(g, {"op": "tx_marker", "tid": tid, "epoch": epoch, "n": n,
-                                       "commit": commit, "fence": fence, "ts": now_ms()})
+        return await self.lead.propose(g, control_record({
+            "op": "tx_marker", "tid": tid, "epoch": epoch, "n": n, "commit": commit,
+            "fence": fence, "ts": now_ms()}))
 
     async def _status(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
@@ -410,8 +407,8 @@ class TxService:
     async def status(self, g: GroupRuntime, tid: str) -> dict[str, Any]:
         """`tid` as its coordinator `g` (led here) knows it, after a read barrier: a
         participant resolving an orphan must not act on a deposed leader's view."""
-        await self.svc._read_barrier(g)
-        coord = coordinator(self.svc._leading(g))
+        await self.lead.read_barrier(g)
+        coord = coordinator(self.lead.leading(g))
         txn = coord.txn(tid)
         if txn is None:
             return {"epoch": -1, "n": -1, "state": "empty", "participants": [],
@@ -436,15 +433,16 @@ class TxService:
         pg = header_field(h, "pg", str)
         if pg or source != "operator":
             validate_group_name(pg)
-        g = self.svc._group(h.get("g"))
-        self.svc._leading(g)
+        g = self.lead.group(h.get("g"))
+        self.lead.leading(g)
         result = await self.half_end(g, txid, commit, source, pg)
         return ok_header(0, dup=result.dup), b""
 
     async def half_end(self, g: GroupRuntime, txid: str, commit: bool, source: str,
                        pg: str) -> ControlResult:
-        return await self._propose(g, {"op": "half_end", "txid": txid, "commit": commit,
-                                       "source": source, "producer_group": pg})
+        return await self.lead.propose(g, control_record({
+            "op": "half_end", "txid": txid, "commit": commit, "source": source,
+            "producer_group": pg}))
 
     async def _producer_heartbeat(self, caller: Caller, h: dict[str, Any],
                                   _body: bytes) -> Response:

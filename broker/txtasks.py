@@ -56,6 +56,7 @@ import trio
 
 from broker.config import NodeConfig
 from broker.groups import GroupRegistry
+from broker.leading import GroupLead, control_record
 from broker.parts.txpart import MAX_MARKERS
 from broker.peer_rpc import PeerRPC
 from broker.txservice import TxService, coordinator, now_ms, participant
@@ -177,6 +178,10 @@ class TxTasks:
     @property
     def tx(self) -> TxService:
         return self.host.tx_service
+
+    @property
+    def lead(self) -> GroupLead:
+        return self.host.tx_service.lead
 
     @property
     def group_ids(self) -> list[str]:
@@ -311,13 +316,6 @@ class TxTasks:
         if len(seen) != len(self._orphan_wait):  # resolved, or no longer led here
             self._orphan_wait = {k: v for k, v in self._orphan_wait.items() if k in seen}
 
-    def _leading(self, gid: str) -> Any:
-        """The state of `gid` while this node leads it, else NotLeader."""
-        g = self.groups.get(gid)
-        if g is None or not g.is_leader:
-            raise NotLeader(None)
-        return self.groups.states[gid]
-
     # ------------------------------------------------------------------ coordinator
 
     def _unfinished(self, gid: str, tid: str, epoch: int, n: int) -> Any:
@@ -352,8 +350,8 @@ class TxTasks:
         if not still():
             return
         self._delivered.setdefault(("finish", gid, tid, epoch, n), trio.Event()).set()
-        await self.tx._propose(self.groups[gid], {"op": "tx_complete", "tid": tid,
-                                                  "epoch": epoch, "n": n})
+        await self.lead.propose(self.groups[gid], control_record({
+            "op": "tx_complete", "tid": tid, "epoch": epoch, "n": n}))
 
     async def _after_earlier(self, gid: str, tid: str, epoch: int, n: int) -> bool:
         """Wait until no earlier transaction of `tid` has markers left to write; False if
@@ -367,7 +365,7 @@ class TxTasks:
         marker jobs in one tick, and trio's scheduling order (random on purpose) may put
         n+1's markers first in a participant's outbox, so its records enter first."""
         while True:
-            earlier = [t for t in coordinator(self._leading(gid)).unfinished()
+            earlier = [t for t in coordinator(self.lead.led_state(gid)).unfinished()
                        if t.tid == tid and (t.epoch, t.n) < (epoch, n)]
             if not earlier:
                 return True
@@ -436,13 +434,13 @@ class TxTasks:
             box.clear()
 
     async def _time_out(self, gid: str, tid: str, epoch: int, n: int) -> None:
-        txn = coordinator(self._leading(gid)).txn(tid)
+        txn = coordinator(self.lead.led_state(gid)).txn(tid)
         if txn is None or txn.state != "ongoing" or (txn.epoch, txn.n) != (epoch, n):
             return
         try:
-            await self.tx._propose(self.groups[gid], {
+            await self.lead.propose(self.groups[gid], control_record({
                 "op": "tx_end", "tid": tid, "epoch": epoch, "n": n, "commit": False,
-                "ts": now_ms(), "reason": "timeout"})
+                "ts": now_ms(), "reason": "timeout"}))
         except RequestError as exc:  # decided meanwhile by its client
             log.info("timeout abort refused", extra={"fields": {"tid": tid,
                                                                 "error": exc.message}})
@@ -454,9 +452,9 @@ class TxTasks:
     async def _forget_idle(self, gid: str, op: str, tids: list[str], now: int) -> None:
         """Log that `tids`, idle in `gid` since `tx_id_expiration_ms` before `now`, are
         forgotten (`op`: tx_expire or tx_forget_fences); an id used meanwhile stays."""
-        self._leading(gid)
-        result = await self.tx._propose(self.groups[gid], {
-            "op": op, "tids": tids, "ts": now, "after_ms": self.config.tx_id_expiration_ms})
+        self.lead.led_state(gid)
+        result = await self.lead.propose(self.groups[gid], control_record({
+            "op": op, "tids": tids, "ts": now, "after_ms": self.config.tx_id_expiration_ms}))
         log.info("idle transactional ids forgotten", extra={"fields": {
             "group": gid, "record": op, "ids": result.applied}})
 
@@ -551,7 +549,7 @@ class TxTasks:
             return
         commit, fence = verdict
         g = self.groups[gid]
-        self._leading(gid)
+        self.lead.led_state(gid)
         log.info("orphaned transaction data resolved", extra={"fields": {
             "group": gid, "tid": tid, "epoch": epoch, "n": n, "commit": commit}})
         await self.tx.marker(g, tid, epoch, n, commit, fence)
@@ -575,7 +573,7 @@ class TxTasks:
         return until
 
     async def _check(self, gid: str, txid: str) -> None:
-        part = participant(self._leading(gid))
+        part = participant(self.lead.led_state(gid))
         half = part.half(txid)
         if half is None:
             self._immunity.pop(txid, None)
@@ -589,8 +587,9 @@ class TxTasks:
                 "group": gid, "txid": txid, "checks": half.checks}})
             await self.tx.half_end(g, txid, False, "expired", "")
             return
-        await self.tx._propose(g, {"op": "half_checked", "txid": txid, "ts": now_ms()})
-        half = participant(self._leading(gid)).half(txid)
+        await self.lead.propose(g, control_record({"op": "half_checked", "txid": txid,
+                                                   "ts": now_ms()}))
+        half = participant(self.lead.led_state(gid)).half(txid)
         if half is None:  # decided meanwhile: never check a decided transaction
             return
         member = self.tx.producers.pick(half.producer_group, time.monotonic())

@@ -1,0 +1,123 @@
+"""The one way request doors and leader-side duties reach a group of this node.
+
+Find a hosted group by id, check this node leads it (and is ready to serve it), read
+with a ReadIndex barrier, propose a control record: every door (`service.py`,
+`txservice.py`) and every duty (`txtasks.py`) goes through a `GroupLead`, so none reaches
+into another's private helpers and the rules live in one place.
+
+A control record reaches the log one way: its typed record (`broker.parts`), built and
+validated here, then encoded. A record that its type refuses never reaches the log: the
+caller gets the very error code apply would have given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from broker.groups import GroupRegistry
+from broker.parts.base import ControlRecord, ControlResult, ErrorResult, Refused
+from broker.statemachine import PARTS, BrokerState
+from raftlog.core import NotLeader
+from raftlog.runtime import GroupRuntime
+from raftlog.types import EntryType
+from wire.protocol import Code, RequestError
+
+__all__ = ["GroupLead", "control_record"]
+
+#: Every control record type of the state machine, by its op.
+RECORD_TYPES: dict[str, type[ControlRecord]] = {
+    rec.op: rec for part in PARTS for rec in part.records if rec.op
+}
+
+
+def control_record(d: Mapping[str, Any]) -> ControlRecord:
+    """The typed record the map `d` (with its "op") describes; RequestError with the code
+    apply would answer when its type refuses it."""
+    op = d.get("op")
+    kind = RECORD_TYPES.get(op) if isinstance(op, str) else None
+    if kind is None:
+        raise RequestError(Code.MALFORMED, f"unknown control op {op!r}")
+    try:
+        return kind.from_map(d)
+    except Refused as exc:
+        raise RequestError(exc.code, exc.message) from None
+
+
+class GroupLead:
+    """Doors' and duties' access to the groups hosted here (see the module docstring)."""
+
+    def __init__(self, groups: GroupRegistry, is_cluster_group: Callable[[str], bool],
+                 skip_read_barrier: Callable[[], bool]) -> None:
+        """`is_cluster_group(gid)`: a group of the cluster, hosted here or not;
+        `skip_read_barrier()`: the deliberate test mutation of that name is on."""
+        self.groups = groups
+        self._is_cluster_group = is_cluster_group
+        self._skip_read_barrier = skip_read_barrier
+
+    def group(self, gid: object) -> GroupRuntime[BrokerState]:
+        """The group a request names in its "g" field."""
+        if not isinstance(gid, str):
+            raise RequestError(Code.MALFORMED, f"field 'g' must be a group id string, got {gid!r}")
+        g = self.groups.get(gid)
+        if g is None:
+            if self._is_cluster_group(gid):
+                # a group of the cluster whose replica moved away (`raftmq cluster`): the
+                # client's route is stale, the group lives on elsewhere
+                raise RequestError(Code.NOT_LEADER, f"group {gid!r} has no replica on this "
+                                   "node (any more)", leader=None)
+            raise RequestError(Code.UNKNOWN_GROUP, f"group {gid!r} is not hosted on this node")
+        return g
+
+    def leading(self, g: GroupRuntime[BrokerState]) -> BrokerState:
+        """The state of `g` while this node leads it and is ready (`GroupRuntime.
+        check_ready`): a leader elected a moment ago answers NOT_LEADER naming itself,
+        with ready false, until it applied an entry of its own term. Every request that
+        reads or writes a group's state passes here first; one check per request."""
+        g.check_ready()
+        return self.groups.states[g.group_id]
+
+    def led_state(self, gid: str) -> BrokerState:
+        """For duties: the state of `gid` while this node leads it, else NotLeader (a
+        duty's work is proposed, and a proposal waits for the leader to be ready)."""
+        g = self.groups.get(gid)
+        if g is None or not g.is_leader:
+            raise NotLeader(None)
+        return self.groups.states[gid]
+
+    async def read_barrier(self, g: GroupRuntime[BrokerState]) -> None:
+        """ReadIndex before an answer that depends on the latest state (skipped only by
+        the deliberate `skip-read-barrier` test mutation)."""
+        if not self._skip_read_barrier():
+            await g.read_barrier()
+
+    async def check_commit_bounds(self, g: GroupRuntime[BrokerState],
+                                  offsets: list[tuple[str, int, int]]) -> None:
+        """OFFSET_TOO_LARGE for an offset beyond its queue's end: it cannot be a position
+        any consumer read up to. The end is checked again after a read barrier before
+        refusing, so a leader still applying its predecessor's entries refuses nothing a
+        consumer really read."""
+        confirmed = False
+        while True:
+            state = self.leading(g)
+            beyond = [(t, q, o, *state.queue_range(t, q)) for t, q, o in offsets
+                      if o > state.queue_range(t, q)[1]]
+            if not beyond:
+                return
+            if confirmed:
+                t, q, o, lo, end = beyond[0]
+                raise RequestError(Code.OFFSET_TOO_LARGE,
+                                   f"offset {o} is beyond the end {end} of {t}/{q}",
+                                   min=lo, end=end)
+            await g.read_barrier()
+            confirmed = True
+
+    async def propose(self, g: GroupRuntime[BrokerState], record: ControlRecord,
+                      req: tuple[int, int] | None = None) -> ControlResult:
+        """Propose `record` (with the client's request id `req`, if it may be retried)
+        and wait until it is applied; its refusal is raised as RequestError."""
+        result = await g.propose(record.encode(req), EntryType.CONTROL)
+        if isinstance(result, ErrorResult):
+            raise RequestError(result.code, result.message)
+        assert isinstance(result, ControlResult), result
+        return result
