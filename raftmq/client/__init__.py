@@ -7,6 +7,7 @@ from wire.protocol import Code, RequestError
 from wire.records import Message, OutgoingMessage
 
 from .admin import Admin, GroupQueue, QueueInfo, QueueLag, TopicInfo, TxListing, place_queues
+from .allocation import allocate_average, allocate_round_robin
 from .blocking import (
     BlockingAdmin,
     BlockingHalfHandle,
@@ -18,14 +19,6 @@ from .blocking import (
     connect_producer,
     connect_pull_consumer,
     connect_push_consumer,
-)
-from .consumer import (
-    OffsetWindow,
-    PullConsumer,
-    PullResult,
-    PushConsumer,
-    allocate_average,
-    allocate_round_robin,
 )
 from .errors import (
     ClientClosedError,
@@ -40,7 +33,11 @@ from .errors import (
 )
 from .localoffsets import OffsetsInUseError
 from .membership import GroupMembers
+from .offsetwindow import OffsetWindow
 from .producer import Producer, SendFuture, SendNotDoneError, SendResult, key_queue
+from .pull import PullConsumer
+from .push import PushConsumer
+from .reads import PullResult
 from .routes import Routes, TopicRoute
 from .transactions import CheckRequest, HalfHandle, Transaction, TransactionResult
 

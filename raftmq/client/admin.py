@@ -20,15 +20,6 @@ from wire.protocol import Code, Frame, Op, RequestError, validate_group_name, va
 from wire.records import Message, decode_record, iter_records, message_id, parse_message_id
 
 from . import membership
-from .consumer import (
-    CALL_TIMEOUT,
-    _ClientBase,
-    commit_offsets,
-    decode_fetch,
-    fetch,
-    query_offset,
-    queue_bounds,
-)
 from .errors import (
     IncompleteError,
     OutcomeUnknownError,
@@ -37,7 +28,10 @@ from .errors import (
     give_up,
     may_have_applied,
 )
+from .groupclient import ClientBase
 from .membership import GroupMembers
+from .pull import CALL_TIMEOUT
+from .reads import commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
 from .routes import LEADER_WAIT, TopicRoute, backoff_delay, node_addresses
 
 __all__ = ["TX_LISTS", "Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo",
@@ -141,7 +135,7 @@ def _bounded(write: bool) -> Callable[
     return wrap
 
 
-class Admin(_ClientBase):
+class Admin(ClientBase):
     """Administrative requests; use as `async with Admin(namesrv) as admin:`.
 
     `timeout` bounds each request; `call_timeout` each whole call, retries during an

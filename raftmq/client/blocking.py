@@ -27,9 +27,12 @@ from wire.protocol import RequestError
 from wire.records import Message, OutgoingMessage
 
 from .admin import Admin, GroupQueue, QueueLag, TopicInfo, TxListing
-from .consumer import PullConsumer, PullResult, PushConsumer, QueuesCallback, Tags
+from .groupclient import QueuesCallback
 from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult
+from .pull import PullConsumer
+from .push import PushConsumer
+from .reads import PullResult, Tags
 from .transactions import HalfHandle, Transaction, TransactionResult
 
 __all__ = [

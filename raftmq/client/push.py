@@ -1,0 +1,555 @@
+"""The push consumer, built on the pull side: handlers run concurrently, an `OffsetWindow`
+per queue commits only the lowest unfinished offset (at least once, never a skip).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from transport.connection import ConnectionPool, is_retriable
+from wire.protocol import Code, RequestError, validate_group_name, validate_topic_name
+from wire.records import Message
+
+from .allocation import strategy_of
+from .groupclient import (
+    GroupClient,
+    check_isolation,
+    checked_client_id,
+    heartbeat,
+    is_async_callable,
+)
+from .localoffsets import LocalOffsets, default_offsets_dir
+from .offsetwindow import OffsetWindow
+from .pull import StartFrom
+from .reads import (
+    LONG_POLL_MS,
+    PULL_BATCH,
+    Tags,
+    commit_offsets,
+    fetch,
+    out_of_range_offset,
+    parse_tags,
+    query_offset,
+    queue_bounds,
+)
+from .routes import backoff_delay
+
+log = logging.getLogger("raftmq.client.consumer")
+
+FLOW_CONTROL_DELAY = 0.05  # RocketMQ's pause before re-checking a queue over its threshold
+Handler = Callable[[list[Message]], Any]
+
+
+@dataclass(eq=False)
+class _QueueState:
+    topic: str
+    queue: int
+    tags: list[str] | None
+    offset: int
+    window: OffsetWindow
+    committed: int
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    released: bool = False
+    running: int = 0
+    idle: anyio.Event | None = None
+    # message key -> this queue's unfinished works holding it, oldest first: a work runs
+    # only at the head of each of its keys' lines (see `PushConsumer._submit`)
+    lines: dict[str, deque[_Work]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.queue)
+
+
+@dataclass(slots=True)
+class _Work:
+    state: _QueueState
+    messages: list[Message]
+    attempt: int = 0
+
+    @property
+    def keys(self) -> set[str]:
+        return {m.key for m in self.messages if m.key}
+
+
+class PushConsumer(GroupClient):
+    """Calls `handler` for every message of `topics`; use `async with` or `await run()`.
+
+    The handler receives a list of messages (at most `consume_batch`, default 1) and
+    may be a plain or an async function; plain ones run in worker threads. It fails by
+    raising or returning False: the messages are redelivered in place after a backoff,
+    up to `max_reconsume_times`, then passed to `on_give_up` (plain or async; awaited).
+    The offset passes a message only once the handler or `on_give_up` completed on it:
+    with no `on_give_up`, or one that raises, it is retried (backoff capped at 60 s).
+    Up to `consume_concurrency` handler calls run at once; a queue stops being pulled
+    while more than `per_queue_threshold` of its messages are unfinished.
+
+    Order: messages with the same key are handled one at a time in their queue's order,
+    retries included: while a message waits for its redelivery, the later messages of its
+    key wait behind it (other keys go on). Keyless messages have no order among
+    themselves. (A producer sends one key to one queue, so this is the key's send order.)
+
+    `mode="clustering"` shares the queues among the group's consumers (`strategy`
+    "average" or "round_robin", recomputed from the clients seen by heartbeats as soon
+    as a node reports that the group's members changed, and every `rebalance_interval`) and commits offsets through the log every `commit_interval`
+    and when a queue is released. `mode="broadcast"` reads every queue in every
+    consumer and keeps its offsets in a file of its own on this host, in `offsets_dir`
+    (default `$RAFTMQ_OFFSETS_DIR` or `~/.raftmq/offsets`), so a restart goes on where it
+    stopped; two live broadcast consumers of one group need different directories.
+
+    `topics` is a list, or a mapping topic -> tags to filter on: None or "*" (all
+    messages), "TagA", "TagA || TagB" or a list of tags (see `parse_tags`).
+    `isolation` is "read_committed", the only level served (`check_isolation`).
+    """
+
+    def __init__(
+        self,
+        namesrv: Sequence[str] | str,
+        group: str,
+        topics: Sequence[str] | Mapping[str, Tags],
+        handler: Handler,
+        *,
+        mode: Literal["clustering", "broadcast"] = "clustering",
+        strategy: Literal["average", "round_robin"] | Callable[..., list[Any]] = "average",
+        pull_batch: int = PULL_BATCH,
+        per_queue_threshold: int = 1000,
+        consume_batch: int = 1,
+        consume_concurrency: int = 20,
+        commit_interval: float = 5.0,
+        heartbeat_interval: float = 10.0,
+        rebalance_interval: float = 10.0,
+        start_from: StartFrom = "first",
+        long_poll_ms: int = LONG_POLL_MS,
+        max_reconsume_times: int = 16,
+        reconsume_delay: float = 1.0,
+        on_give_up: Callable[[list[Message]], Any] | None = None,
+        shutdown_timeout: float = 5.0,
+        client_id: str | None = None,
+        timeout: float = 3.0,
+        pool: ConnectionPool | None = None,
+        isolation: str = "read_committed",
+        offsets_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        super().__init__(namesrv, pool, timeout)
+        self.isolation = check_isolation(isolation)
+        self.group = validate_group_name(group)
+        self._offset_file = LocalOffsets(
+            offsets_dir if offsets_dir is not None else default_offsets_dir(), self.group
+        ) if mode == "broadcast" else None
+        if isinstance(topics, Mapping):
+            self.topics = {t: parse_tags(v) for t, v in topics.items()}
+        elif isinstance(topics, str):
+            raise ValueError(f"topics is a list of topics or a mapping topic -> tags, not "
+                             f"the string {topics!r}")
+        else:
+            self.topics = {t: None for t in topics}
+        if not self.topics:
+            raise ValueError("subscribe to at least one topic")
+        for t in self.topics:
+            validate_topic_name(t)
+        if mode not in ("clustering", "broadcast"):
+            raise ValueError("mode is 'clustering' or 'broadcast'")
+        self._allocate = strategy_of(strategy)
+        if start_from not in ("first", "last"):
+            raise ValueError("start_from is 'first' or 'last'")
+        if min(pull_batch, per_queue_threshold, consume_batch, consume_concurrency) < 1:
+            raise ValueError("batch sizes, threshold and concurrency must be >= 1")
+        self.handler = handler
+        self.mode = mode
+        self.pull_batch = pull_batch
+        self.per_queue_threshold = per_queue_threshold
+        self.consume_batch = consume_batch
+        self.consume_concurrency = consume_concurrency
+        self.commit_interval = commit_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.rebalance_interval = rebalance_interval
+        self.start_from = start_from
+        self.long_poll_ms = long_poll_ms
+        self.max_reconsume_times = max_reconsume_times
+        self.reconsume_delay = reconsume_delay
+        self.on_give_up = on_give_up
+        self.shutdown_timeout = shutdown_timeout
+        self.client_id = checked_client_id(client_id)
+        self._handler_is_async = is_async_callable(handler)
+        self._states: dict[tuple[str, int], _QueueState] = {}
+        self._local_offsets: dict[tuple[str, int], int] = {}
+        self._rebalance_lock: anyio.Lock | None = None
+        self._work_send: MemoryObjectSendStream[_Work] | None = None
+        self._control: anyio.CancelScope | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._resumed: anyio.Event | None = None  # unset while paused
+
+    @property
+    def clustering(self) -> bool:
+        return self.mode == "clustering"
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> PushConsumer:
+        if self._offset_file is not None:
+            self._local_offsets = await anyio.to_thread.run_sync(self._offset_file.open)
+        try:
+            await self._open()
+        except BaseException:
+            if self._offset_file is not None:
+                self._offset_file.close()
+            raise
+        assert self._tg is not None
+        self._rebalance_lock = anyio.Lock()
+        self._limiter = anyio.CapacityLimiter(self.consume_concurrency)
+        send, receive = anyio.create_memory_object_stream[_Work](float("inf"))
+        self._work_send = send
+        for _ in range(self.consume_concurrency):
+            self._tg.start_soon(self._worker, receive.clone())
+        receive.close()
+        self._control = anyio.CancelScope()
+        self._tg.start_soon(self._control_loops, self._control)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        try:
+            if self._control is not None:
+                self._control.cancel()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.shutdown_timeout * 2):
+                await self._release_all()
+                if self.clustering:
+                    await self._heartbeat(leaving=True)
+        finally:
+            if self._work_send is not None:
+                self._work_send.close()
+            if self._offset_file is not None:
+                self._offset_file.close()
+        return await self._close(exc_type, exc, tb)
+
+    async def run(self) -> None:
+        """Consume until cancelled."""
+        async with self:
+            await anyio.sleep_forever()
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The (topic, queue) pairs this consumer currently reads."""
+        return sorted(self._states)
+
+    def pause(self) -> None:
+        """Hand the handler no more messages until `resume()` (RocketMQ's `suspend`):
+        calls already running finish, nothing more is pulled, and offsets stay where the
+        finished messages put them. Heartbeats and rebalancing go on, so the consumer
+        keeps its queues; a queue it loses meanwhile is released as usual."""
+        if self._resumed is None or self._resumed.is_set():
+            self._resumed = anyio.Event()
+
+    def resume(self) -> None:
+        """Go on after `pause()`."""
+        if self._resumed is not None:
+            self._resumed.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._resumed is not None and not self._resumed.is_set()
+
+    async def _unpaused(self) -> None:
+        while self._resumed is not None and not self._resumed.is_set():
+            await self._resumed.wait()
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        """The committable offset of every queue read (the lowest unfinished one)."""
+        return {k: st.window.committable() for k, st in sorted(self._states.items())}
+
+    # ------------------------------------------------------------ membership
+
+    async def _control_loops(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            async with anyio.create_task_group() as tg:
+                if self.clustering:
+                    await self._heartbeat()
+                    tg.start_soon(self._every, self.heartbeat_interval, self._heartbeat)
+                    tg.start_soon(self._watch_members, tg)
+                tg.start_soon(self._rebalance_loop)
+                tg.start_soon(self._every, self.commit_interval, self.commit_now, False)
+
+    async def _rebalance_loop(self) -> None:
+        """Rebalance now, then as soon as a node says the group's members changed
+        (`_watch_node`), and every `rebalance_interval` in any case."""
+        while True:
+            self._members_changed = anyio.Event()
+            try:
+                await self.rebalance()
+            except Exception as exc:
+                log.warning("%s: rebalance failed: %s", self.client_id, exc)
+            with anyio.move_on_after(self.rebalance_interval):
+                await self._members_changed.wait()
+
+    async def _every(
+        self, period: float, fn: Callable[[], Awaitable[Any]], immediately: bool = False
+    ) -> None:
+        if not immediately:
+            await anyio.sleep(period)
+        while True:
+            try:
+                await fn()
+            except Exception as exc:
+                log.warning("%s: %s failed: %s", self.client_id, getattr(fn, "__name__", fn), exc)
+            await anyio.sleep(period)
+
+    async def _heartbeat(self, leaving: bool = False) -> None:
+        """Tell every node this client is alive (ttl 0 when leaving, so it drops us now)."""
+        ttl_ms = 0 if leaving else int(self.heartbeat_interval * 3000)
+        await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
+                                      "topics": sorted(self.topics), "ttl_ms": ttl_ms},
+                        self.timeout)
+
+    async def rebalance(self) -> None:
+        """Recompute this consumer's queues now; release lost ones before taking new ones
+        (so the previous owner's final commit is in before a new owner reads)."""
+        assert self._rebalance_lock is not None
+        async with self._rebalance_lock:
+            clients = await self.clients() if self.clustering else [self.client_id]
+            desired, known = await self._desired(self.topics, clients, share=self.clustering)
+            current = set(self._states)
+            lost = {k for k in current - desired if k[0] in known}
+            gained = sorted(desired - current)
+            if lost or gained:
+                log.info("%s: rebalance among %d clients: -%s +%s", self.client_id,
+                         len(clients), sorted(lost), gained)
+            if lost:
+                await self._release([self._states[k] for k in lost])
+            for topic, queue in gained:
+                try:
+                    await self._acquire(topic, queue)
+                except RequestError as exc:
+                    log.warning("%s: cannot start %s:%d yet: %s", self.client_id, topic, queue, exc)
+
+    async def _acquire(self, topic: str, queue: int) -> None:
+        assert self._tg is not None
+        if self.clustering:
+            committed = await query_offset(self.routes, self.group, topic, queue)
+        else:
+            committed = self._local_offsets.get((topic, queue), -1)
+        start = committed
+        if start < 0:
+            lo, end = await queue_bounds(self.routes, topic, queue)
+            start = lo if self.start_from == "first" else end
+        st = _QueueState(topic, queue, self.topics[topic], start, OffsetWindow(start), committed)
+        self._states[st.key] = st
+        self._tg.start_soon(self._pull_loop, st)
+
+    async def _release(self, states: Sequence[_QueueState]) -> None:
+        for st in states:
+            st.released = True
+            st.scope.cancel()
+        with anyio.move_on_after(self.shutdown_timeout):
+            for st in states:
+                if st.running:
+                    st.idle = anyio.Event()
+                    await st.idle.wait()
+        try:
+            await self._commit(states)
+        except Exception as exc:
+            log.warning("%s: final commit of released queues failed: %s", self.client_id, exc)
+        for st in states:
+            if self._states.get(st.key) is st:
+                del self._states[st.key]
+
+    async def _release_all(self) -> None:
+        if self._rebalance_lock is None:
+            return
+        async with self._rebalance_lock:
+            await self._release(list(self._states.values()))
+
+    # ------------------------------------------------------------ offsets
+
+    async def commit_now(self) -> None:
+        """Commit every owned queue's committable offset that moved since the last commit."""
+        await self._commit(list(self._states.values()))
+
+    async def _commit(self, states: Sequence[_QueueState]) -> None:
+        todo = {st.key: (st, st.window.committable()) for st in states}
+        todo = {k: v for k, v in todo.items() if v[1] > v[0].committed}
+        if not todo:
+            return
+        if self.clustering:
+            await commit_offsets(self.routes, self.group, {k: off for k, (_, off) in todo.items()})
+        else:
+            assert self._offset_file is not None
+            offsets = {**self._local_offsets, **{k: off for k, (_, off) in todo.items()}}
+            await anyio.to_thread.run_sync(self._offset_file.save, offsets)
+            self._local_offsets = offsets
+        for st, off in todo.values():
+            st.committed = max(st.committed, off)
+
+    # ------------------------------------------------------------ pulling and consuming
+
+    async def _pull_loop(self, st: _QueueState) -> None:
+        assert self._work_send is not None
+        failures = 0
+        with st.scope:
+            while not st.released:
+                if self.paused:
+                    await self._unpaused()
+                    continue
+                if len(st.window) > self.per_queue_threshold:
+                    await anyio.sleep(FLOW_CONTROL_DELAY)
+                    continue
+                try:
+                    res = await fetch(
+                        self.routes, st.topic, st.queue, st.offset,
+                        max_messages=self.pull_batch, wait_ms=self.long_poll_ms, tags=st.tags,
+                    )
+                except Exception as exc:
+                    if not isinstance(exc, RequestError):
+                        log.exception("%s: pull %s:%d", self.client_id, st.topic, st.queue)
+                        exc = RequestError(Code.INTERNAL, repr(exc))
+                    jump = out_of_range_offset(exc, st.topic, st.queue, st.offset)
+                    if jump is not None:
+                        # messages still in flight were below the retained range anyway
+                        st.offset = jump
+                        st.window.reset(jump)
+                        continue
+                    failures += 1
+                    level = logging.DEBUG if is_retriable(exc) else logging.WARNING
+                    log.log(level, "%s: pull %s:%d failed: %s", self.client_id, st.topic,
+                            st.queue, exc)
+                    await anyio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
+                    continue
+                failures = 0
+                if res.next_offset < st.offset:
+                    log.warning("%s: %s:%d answered next %d below %d; ignoring", self.client_id,
+                                st.topic, st.queue, res.next_offset, st.offset)
+                msgs = [m for m in res.messages if m.offset >= st.window.end]
+                for m in msgs:
+                    st.window.add(m.offset)
+                st.window.advance(res.next_offset)
+                st.offset = max(st.offset, res.next_offset)
+                for i in range(0, len(msgs), self.consume_batch):
+                    self._submit(_Work(st, msgs[i : i + self.consume_batch]))
+
+    def _submit(self, work: _Work) -> None:
+        """Queue `work` behind the unfinished works of its queue that share a message key
+        with it, or hand it to the workers now if none does: one key's messages are
+        handled one at a time, in offset order, a retry holding its place."""
+        st = work.state
+        for k in work.keys:
+            st.lines.setdefault(k, deque()).append(work)
+        if self._at_head(work):
+            self._dispatch(work)
+
+    @staticmethod
+    def _at_head(work: _Work) -> bool:
+        return all(work.state.lines[k][0] is work for k in work.keys)
+
+    def _dispatch(self, work: _Work) -> None:
+        if work.state.released or self._work_send is None:
+            return
+        try:
+            self._work_send.send_nowait(work)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+
+    def _done(self, work: _Work) -> None:
+        """`work` is finished: the next work of each of its keys may run."""
+        st = work.state
+        self._finish(st, work.messages)
+        nexts: list[_Work] = []
+        for k in work.keys:
+            line = st.lines[k]
+            line.popleft()
+            if line:
+                nexts.append(line[0])
+            else:
+                del st.lines[k]
+        for nxt in {id(w): w for w in nexts}.values():
+            if self._at_head(nxt):
+                self._dispatch(nxt)
+
+    async def _worker(self, receive: MemoryObjectReceiveStream[_Work]) -> None:
+        async with receive:
+            async for work in receive:
+                st = work.state
+                await self._unpaused()
+                if st.released:
+                    continue
+                st.running += 1
+                try:
+                    ok = await self._invoke(work.messages)
+                finally:
+                    st.running -= 1
+                    if st.running == 0 and st.idle is not None:
+                        st.idle.set()
+                if ok or (0 <= self.max_reconsume_times <= work.attempt
+                          and await self._give_up(work.messages)):
+                    self._done(work)
+                else:
+                    assert self._tg is not None
+                    work.attempt += 1  # the same work: it keeps its place in its keys' lines
+                    self._tg.start_soon(self._reconsume_later, work)
+
+    @staticmethod
+    def _finish(st: _QueueState, msgs: list[Message]) -> None:
+        for m in msgs:
+            st.window.done(m.offset)
+
+    async def _give_up(self, msgs: list[Message]) -> bool:
+        """Hand messages the handler kept failing to `on_give_up` (awaited when it is a
+        coroutine function or returns an awaitable, run in a worker thread when plain);
+        whether it ran to completion. Only then may the offset pass them: without an
+        `on_give_up`, or when it raises, they stay unfinished and are tried again at the
+        capped backoff, holding back their queue's committed offset: nothing is skipped
+        that user code has not handled."""
+        ids = [m.msg_id for m in msgs]
+        if self.on_give_up is None:
+            log.error("%s: %s failed %d times and no on_give_up is set: trying again (the "
+                      "queue's committed offset stays below them)", self.client_id, ids,
+                      self.max_reconsume_times + 1)
+            return False
+        try:
+            if is_async_callable(self.on_give_up):
+                await self.on_give_up(msgs)
+            else:
+                result = await anyio.to_thread.run_sync(self.on_give_up, msgs,
+                                                        limiter=self._limiter,
+                                                        abandon_on_cancel=True)
+                if inspect.isawaitable(result):
+                    await result
+        except Exception:
+            log.exception("%s: on_give_up failed on %s: trying them again", self.client_id, ids)
+            return False
+        return True
+
+    async def _reconsume_later(self, work: _Work) -> None:
+        await anyio.sleep(min(60.0, self.reconsume_delay * 2 ** (work.attempt - 1)))
+        self._dispatch(work)
+
+    async def _invoke(self, msgs: list[Message]) -> bool:
+        try:
+            if self._handler_is_async:
+                result = await self.handler(msgs)
+            else:
+                # abandoned when the consumer closes (after `shutdown_timeout`): a stuck
+                # handler must not hold the close; its messages stay unfinished, so their
+                # offsets are not committed and they are delivered again
+                result = await anyio.to_thread.run_sync(self.handler, msgs, limiter=self._limiter,
+                                                        abandon_on_cancel=True)
+                if inspect.isawaitable(result):
+                    result = await result
+        except Exception:
+            log.exception("%s: handler failed on %s", self.client_id, [m.msg_id for m in msgs])
+            return False
+        return result is not False
+
+
