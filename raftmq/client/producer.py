@@ -39,7 +39,15 @@ import math
 import random
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Container, Generator, Iterable, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Container,
+    Coroutine,
+    Generator,
+    Iterable,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -550,6 +558,57 @@ class _GroupSender:
         self.in_flight = 0
 
 
+class SendPath:
+    """What the two transaction models (`raftmq.client.transactions`) use of their
+    producer: its routes and task group, the one send path of a single message, a batch
+    for one queue, and the transaction stamp every batch sent meanwhile carries. Plain
+    sends, Kafka-style transactions and half messages thus all go the same way."""
+
+    def __init__(self, producer: Producer) -> None:
+        self._p = producer
+
+    def routes(self) -> Routes:
+        """The producer's routes (ClientClosedError once it is closed)."""
+        return self._p._check_open()
+
+    def spawn(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Run `fn` in the producer's task group (it ends when the producer closes)."""
+        tg = self._p._tg
+        assert tg is not None
+        tg.start_soon(fn)
+
+    def stamp(self, tx: tuple[str, int, int] | None) -> None:
+        """Batches sent from now on belong to transaction (tid, epoch, n) (None: to none)."""
+        self._p._tx_stamp = tx
+
+    async def choose_queue(self, topic: str, msg: Payload,
+                           queue: int | None) -> tuple[TopicRoute, int, bool]:
+        """The topic's route, the queue a send goes to, and whether a retry may move it."""
+        return await self._p._choose_queue(topic, msg, queue)
+
+    async def send_one(self, topic: str, msg: Payload, queue: int | None,
+                       fut: SendFuture[SendResult], *,
+                       joining: Callable[[TopicRoute, int], Awaitable[None]] | None = None,
+                       ) -> None:
+        """The producer's send of one message (see `Producer._send_one`)."""
+        await self._p._send_one(topic, msg, queue, fut, joining=joining)
+
+    async def send_batch(self, topic: str, q: int, msgs: list[Payload],
+                         track: Callable[[SendFuture[list[SendResult]]], None],
+                         ) -> list[SendFuture[list[SendResult]]]:
+        """Hand `msgs` (checked) to queue `q`, in as many batches as the size limits
+        make; one future per batch, each given to `track` before its batch goes."""
+        p = self._p
+        futs: list[SendFuture[list[SendResult]]] = []
+        for chunk, size in p._chunks(msgs):
+            fut: SendFuture[list[SendResult]] = SendFuture()
+            futs.append(fut)
+            track(fut)
+            await p._enqueue(topic, q, False, PendingSend(chunk, size, fut, False,
+                                                          p._on_settled))
+        return futs
+
+
 class Producer(StartClose):
     """Sends messages to topics; use as `async with Producer(namesrv) as p:` (or
     `await p.start()` ... `await p.close()` in one task, see `raftmq.client.lifecycle`).
@@ -651,6 +710,7 @@ class Producer(StartClose):
         self._closed = False
         self._on_settled = self._settled  # bound once: every message's send carries it
         self._tx_stamp: tuple[str, int, int] | None = None  # (tid, epoch, n) of the open txn
+        self.send_path = SendPath(self)  # what the transaction models use
         self._txn: TransactionalSends | None = None
         self._halves: HalfMessages | None = None
         if transactional_id is not None or producer_group is not None:

@@ -49,7 +49,6 @@ from .errors import (
     as_sdk_error,
 )
 from .producer import (
-    PendingSend,
     Producer,
     SendFuture,
     SendResult,
@@ -197,6 +196,7 @@ class TransactionalSends:
         if not isinstance(timeout_ms, int) or timeout_ms < 1:
             raise ValueError("transaction_timeout_ms is a positive number of milliseconds")
         self.producer = producer
+        self.sender = producer.send_path
         self.tid = _check_tid(tid)
         self.timeout_ms = timeout_ms
         self.epoch = -1  # not registered yet (or again: a failure left its state unsure)
@@ -234,7 +234,7 @@ class TransactionalSends:
 
     async def coordinator(self, refresh: bool = False) -> str:
         if self._coordinator is None or refresh:
-            cluster = await self.producer._check_open().cluster()
+            cluster = await self.sender.routes().cluster()
             groups = sorted(str(g) for g in cluster.get("groups") or {})
             if not groups:
                 raise RequestError(Code.UNKNOWN_GROUP, "the name servers know no live group")
@@ -246,7 +246,7 @@ class TransactionalSends:
         coordinator (the cluster's groups changed), once more to the one it names. The
         producer's `delivery_timeout` bounds the whole call, retries and waits included
         (past it: `OutcomeUnknownError` for a change, `UnavailableError` for a read)."""
-        routes = self.producer._check_open()
+        routes = self.sender.routes()
         deadline = clock() + self.producer.delivery_timeout
         g = await self.coordinator()
         redirected = False
@@ -279,10 +279,10 @@ class TransactionalSends:
         except (KeyError, TypeError, ValueError):
             raise RequestError(Code.MALFORMED, f"bad TX_INIT answer {frame.header!r}") from None
         self.epoch, self.n = epoch, 0
-        self.producer._tx_stamp = None
+        self.sender.stamp(None)
 
     async def begin(self) -> Transaction:
-        self.producer._check_open()
+        self.sender.routes()
         self.check_usable()
         async with self._lock:
             if self.current is not None and self.current.state in ("open", "committing",
@@ -293,7 +293,7 @@ class TransactionalSends:
                 await self.init()
             tx = Transaction(self, self.epoch, self.n)
             self.current = tx
-            self.producer._tx_stamp = (self.tid, self.epoch, self.n)
+            self.sender.stamp((self.tid, self.epoch, self.n))
             return tx
 
     async def close(self) -> None:
@@ -324,7 +324,7 @@ class TransactionalSends:
         coordinator; when its outcome is not known the id is registered again first."""
         if self.current is tx:
             self.current = None
-            self.producer._tx_stamp = None
+            self.sender.stamp(None)
         if not sure:
             self.epoch = -1
         elif started and tx.epoch == self.epoch:
@@ -345,6 +345,7 @@ class Transaction:
     def __init__(self, owner: TransactionalSends, epoch: int, n: int) -> None:
         self.owner = owner
         self.producer = owner.producer
+        self.sender = owner.sender
         self.tid = owner.tid
         self.epoch = epoch
         self.n = n
@@ -386,10 +387,8 @@ class Transaction:
                 self._adding[group] = anyio.Event()
                 self._wanted.append(group)
                 if not self._adder:
-                    tg = self.producer._tg
-                    assert tg is not None
                     self._adder = True
-                    tg.start_soon(self._add_in_background)
+                    self.sender.spawn(self._add_in_background)
             return
         while group not in self.groups:
             event = self._adding.get(group)
@@ -446,7 +445,7 @@ class Transaction:
         attempt = 0
         while True:
             try:
-                return await self.producer._check_open().group_of(topic, queue)
+                return await self.sender.routes().group_of(topic, queue)
             except RequestError as exc:
                 attempt += 1
                 if not is_retriable(exc) or attempt > max(self.producer.retries, 5):
@@ -473,7 +472,7 @@ class Transaction:
             self._check_open()
             self._futures.append(fut)
 
-        await self.producer._send_one(
+        await self.sender.send_one(
             topic, as_payload(message, key=key, tags=tags, properties=properties), queue, fut,
             joining=joining)
         return fut
@@ -512,16 +511,10 @@ class Transaction:
             return []
         for m in msgs:
             check_message(m, p.max_message_bytes)
-        route, q, _ = await p._choose_queue(topic, msgs[0], queue)
+        route, q, _ = await self.sender.choose_queue(topic, msgs[0], queue)
         await self._join(route.group_of(q) or await self._group_of(topic, q), wait=False)
         self._check_open()
-        futs: list[SendFuture[list[SendResult]]] = []
-        for chunk, size in p._chunks(msgs):
-            fut: SendFuture[list[SendResult]] = SendFuture()
-            futs.append(fut)
-            self._futures.append(fut)
-            await p._enqueue(topic, q, False, PendingSend(chunk, size, fut, False,
-                                                          p._on_settled))
+        futs = await self.sender.send_batch(topic, q, msgs, self._futures.append)
         results: list[SendResult] = []
         try:
             for fut in futs:
@@ -547,7 +540,7 @@ class Transaction:
                 [topic, queue, offset])
         if not by_group:
             return
-        routes = self.producer._check_open()
+        routes = self.sender.routes()
         for group, rows in by_group.items():
             await self._join(group)
             self._check_open()
@@ -765,6 +758,7 @@ class HalfMessages:
     def __init__(self, producer: Producer, producer_group: str,
                  check_listener: CheckListener | None) -> None:
         self.producer = producer
+        self.sender = producer.send_path
         self.producer_group = validate_group_name(producer_group)
         self.check_listener = check_listener
         self.client_id = f"{uuid.uuid4().hex[:12]}"
@@ -777,14 +771,13 @@ class HalfMessages:
         (the first round before returning, so a check can find this producer)."""
         if self.check_listener is None:
             return
-        routes = self.producer._check_open()
+        routes = self.sender.routes()
         routes.pool.on_request(Op.TX_CHECK, self._on_check)
         await self.heartbeat()
-        assert self.producer._tg is not None
-        self.producer._tg.start_soon(self._heartbeats)
+        self.sender.spawn(self._heartbeats)
 
     async def heartbeat(self) -> None:
-        routes = self.producer._check_open()
+        routes = self.sender.routes()
         try:
             addrs = node_addresses(await routes.cluster())
         except RequestError as exc:
@@ -830,10 +823,10 @@ class HalfMessages:
         """Store `message` as a half message (invisible until committed). When no answer
         says whether it was stored, the `OutcomeUnknownError` raised carries its `txid`."""
         p = self.producer
-        routes = p._check_open()
+        routes = self.sender.routes()
         msg = as_payload(message, key=key, tags=tags, properties=properties)
         check_message(msg, p.max_message_bytes)
-        _route, q, _ = await p._choose_queue(topic, msg, queue)
+        _route, q, _ = await self.sender.choose_queue(topic, msg, queue)
         txid = uuid.uuid4().hex
         self._turn += 1
         lane = _free_lane(self._lanes.setdefault((topic, q), []), self._turn)
@@ -857,7 +850,7 @@ class HalfMessages:
         return HalfHandle(self, txid, SendResult(ids[0], topic, q, -1, group, dup))
 
     async def end(self, group: str, txid: str, commit: bool) -> bool:
-        routes = self.producer._check_open()
+        routes = self.sender.routes()
         header = {"g": group, "txid": txid, "commit": commit,
                   "pg": self.producer_group, "source": "client"}
         frame = await routes.call_group(group, Op.HALF_END, header, write=True,
