@@ -5,8 +5,9 @@ messages, proposals and "persisted up to N" reports, and carries out what `ready
 returns (see `raftlog.types` for that contract). Sections cited are from the Raft paper
 (Ongaro & Ousterhout 2014) and Ongaro's thesis.
 
-Implemented: PreVote (thesis §9.6) and randomized election timeouts; check-quorum with
-leader lease (thesis §6.2); pipelined, batched replication with xTerm/xIndex fast backup;
+Implemented: PreVote (thesis §9.6) and randomized election timeouts (doubled for a
+replica far behind in applying, or without a state, so one that can serve sooner wins);
+check-quorum with leader lease (thesis §6.2); pipelined, batched replication with xTerm/xIndex fast backup;
 a NOOP on election and commit counting only current-term entries (§5.4.2); leadership
 transfer by TimeoutNow (thesis §3.10) and a preferred leader; ReadIndex (thesis §6.4);
 single-server membership changes with learners (thesis §4.1-4.2); InstallSnapshot
@@ -144,6 +145,9 @@ class RaftConfig:
     # entries one Ready applies at most: the shell applies them in place, so a backlog of
     # small entries (a state rebuilt from the log) goes in batches other work runs between
     max_apply_entries: int = 1024
+    # a replica this many committed entries behind in applying (replaying a long log)
+    # campaigns after twice its election timeout: one that could serve sooner wins first
+    slow_apply_entries: int = 10_000
     check_quorum: bool = True
     pre_vote: bool = True
     preferred_leader: int | None = None
@@ -443,8 +447,10 @@ class RaftNode:
             self._tick_leader()
         else:
             self._election_elapsed += 1
-            # a stateless replica waits twice as long: a replica with a state wins first
-            if self._election_elapsed >= self._timeout * (2 if self.stateless else 1):
+            # a stateless replica, or one far behind in applying, waits twice as long: a
+            # replica that could serve sooner wins first (only timing: never safety)
+            slow = self.stateless or self.commit - self.applied > self.cfg.slow_apply_entries
+            if self._election_elapsed >= self._timeout * (2 if slow else 1):
                 if self._can_campaign():
                     self._campaign(MsgType.PREVOTE if self.cfg.pre_vote else MsgType.VOTE)
                 elif self._may_probe_refill():

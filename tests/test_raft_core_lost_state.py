@@ -248,3 +248,28 @@ def test_a_stateless_follower_asks_in_every_heartbeat_answer_and_stops_once_whol
     c.process_all()
     c.deliver(lambda m: m.type == MsgType.HEARTBEAT)
     assert not _wants(c, f)
+
+
+def test_a_replica_far_behind_in_applying_campaigns_later_than_one_that_is_not() -> None:
+    """Only timing: a replica replaying a long backlog would sit as a leader that is not
+    ready to serve; it waits twice its election timeout, so one that applied more wins."""
+    from raftlog.core import RaftConfig
+
+    c = Cluster(3, seed=29, config=lambda i: RaftConfig(slow_apply_entries=2))
+    lead = c.elect().id
+    for k in range(6):
+        c.propose(b"s%d" % k)
+    c.tick(2)
+    f = next(i for i in c.nodes if i != lead)
+    c.crash(f)
+    c.start(f)  # applied 0 again, its log whole: it replays once it knows the commit
+    node = c.nodes[f]
+    node.commit = node.last_index  # as a heartbeat from the old leader would tell it
+    c.isolate(f)
+    elapsed_needed = None
+    for t in range(1, 4 * node.cfg.election_ticks + 1):
+        node.tick()
+        if node.role != Role.FOLLOWER:
+            elapsed_needed = t
+            break
+    assert elapsed_needed is not None and elapsed_needed >= 2 * node.cfg.election_ticks

@@ -86,11 +86,12 @@ class Nemesis:
         if not self.active:
             return
         self._schedule_state_loss()
-        nodes = self.c.nodes.values()
-        if any(n.lose_state or (n.raft is not None and getattr(n.raft, "stateless", False))
-               for n in nodes):
+        if any(self._stateless(n) for n in self.c.nodes.values()):
             return
-        up = [n for n in self.c.live if not n.retired]
+        # what a replica holds only in its state (its compacted prefix) must be held by
+        # a quorum of the others, as for a wiped disk
+        up = [n for n in self.c.live if not n.retired
+              and self._held_by_quorum_of_others(n, *self._only_in_state(n))]
         if not up:
             return
         node = self._losses.choice(up)
@@ -255,11 +256,19 @@ class Nemesis:
         )
 
     def _wipe_safe(self, x: SimNode) -> bool:
+        """What x holds: its durable log, or a snapshot beyond it (a replica refilling
+        its log holds the entries up to its snapshot's index only in its state)."""
+        st = x.store
+        d = st.durable_len
+        held = max(self._only_in_state(x), (d, st.term(d) if d else 0))
+        return self._held_by_quorum_of_others(x, *held)
+
+    def _held_by_quorum_of_others(self, x: SimNode, d: int, term: int) -> bool:
+        """Whether a quorum of the voters other than `x` hold entry `d` (of `term`)
+        durably (in their logs, or inside a state they still have)."""
         voters = self.c.committed_members.voters
-        d = x.store.durable_len
         if x.id not in voters or d == 0:
             return True
-        term = x.store.term(d)
         ledger = self.c.ledger.entries
         committed = d <= len(ledger) and ledger[d - 1].term == term
         holders = 0
@@ -268,10 +277,25 @@ class Nemesis:
                 continue
             st = n.store
             if d <= st.base[0] or (st.snapshot is not None and d <= st.snapshot.index):
-                holders += committed  # inside its snapshot, which is the committed prefix
+                # inside its snapshot, which is the committed prefix, unless it lost its
+                # state (the compacted prefix went with it)
+                holders += committed and not self._stateless(n)
             else:
                 holders += d <= st.durable_len and st.term(d) == term
         return holders >= len(voters) // 2 + 1
+
+    @staticmethod
+    def _only_in_state(n: SimNode) -> tuple[int, int]:
+        """The last entry `n` holds in its state but not in its durable log: its
+        snapshot's when that lies beyond the log (a refill), else its log's base."""
+        st = n.store
+        if st.snapshot is not None and st.snapshot.index > st.durable_len:
+            return st.snapshot.index, st.snapshot.term
+        return st.base
+
+    @staticmethod
+    def _stateless(n: SimNode) -> bool:
+        return n.lose_state or (n.raft is not None and getattr(n.raft, "stateless", False))
 
     def pause(self) -> None:
         up = self._up()
