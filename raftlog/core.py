@@ -1320,6 +1320,10 @@ class RaftNode:
         base = (first - 1, self._store.term(first - 1))
         if "snapshot-no-base" in self.cfg.mutations:
             base = (snap.index, snap.term)  # the follower keeps no entry its state points at
+        self._send_snapshot_message(peer, snap, base)  # the follower's log restarts after it
+        pr.become_snapshot(snap.index)
+
+    def _send_snapshot_message(self, peer: int, snap: Snapshot, base: tuple[int, int]) -> None:
         self._out.append(
             Message(
                 MsgType.SNAPSHOT,
@@ -1331,11 +1335,10 @@ class RaftNode:
                 commit=self.commit,
                 snapshot=snap.data,
                 membership=snap.membership,
-                hint_index=base[0],  # the follower's log restarts after it
+                hint_index=base[0],
                 hint_term=base[1],
             )
         )
-        pr.become_snapshot(snap.index)
 
     def _hand_off(self) -> None:
         """A leader without state serves nothing: hand leadership to the first voter
@@ -1364,21 +1367,7 @@ class RaftNode:
         self._state_wanted.pop(peer, None)
         if pr.match < snap.index:
             return  # its log does not hold the snapshot's entry yet: appends bring it
-        self._out.append(
-            Message(
-                MsgType.SNAPSHOT,
-                self.id,
-                peer,
-                self.term,
-                log_index=snap.index,
-                log_term=snap.term,
-                commit=self.commit,
-                snapshot=snap.data,
-                membership=snap.membership,
-                hint_index=base,
-                hint_term=self._store.term(base),
-            )
-        )
+        self._send_snapshot_message(peer, snap, (base, self._store.term(base)))
         pr.offer_state(snap.index)
 
     def _maybe_commit(self) -> None:
