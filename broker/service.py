@@ -74,8 +74,16 @@ from wire.records import (
     RecordRef,
     WalkedEntry,
     parse_message_id,
+    tag_hash,
     walk_batch,
     walk_entry,
+)
+from wire.requests import (
+    CommitOffsetAnswer,
+    CommitOffsetRequest,
+    FetchRequest,
+    QueryOffsetAnswer,
+    QueryOffsetRequest,
 )
 
 __all__ = ["CRASH_BEFORE_ANSWER_EXIT", "BrokerService"]
@@ -507,17 +515,15 @@ class BrokerService:
     # ------------------------------------------------------------------ fetch
 
     async def _fetch(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        topic = _topic(h)
-        queue = _queue_id(h)
-        offset = header_field(h, "offset", int)
-        max_count = min(max(header_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
-        max_bytes = min(max(header_field(h, "max_bytes", int, 1 << 20), 1), MAX_FETCH_BYTES)
-        wait_ms = min(max(header_field(h, "wait_ms", int, DEFAULT_WAIT_MS), 0), MAX_WAIT_MS)
-        tags = header_field(h, "tags", list, [])
-        tag_hashes = {_tag_hash(t) for t in tags} if tags else None
+        req = FetchRequest.decode(h)
+        topic, queue, offset = req.topic, _check_queue(req.queue), req.offset
+        max_count = min(max(req.max, 1), MAX_FETCH_COUNT)
+        max_bytes = min(max(req.max_bytes, 1), MAX_FETCH_BYTES)
+        wait_ms = min(max(req.wait_ms, 0), MAX_WAIT_MS)
+        tag_hashes = {tag_hash(t) for t in req.tags} if req.tags else None
         # confirmed leader (ReadIndex) before answering: a leader replaced without knowing
         # it yet must neither report an old end nor serve a topic deleted meanwhile
-        g = await self._hosting(topic, queue, h.get("g"))
+        g = await self._hosting(topic, queue, req.g)
         deadline = trio.current_time() + wait_ms / 1000
         while True:
             state = self.lead.leading(g)
@@ -586,18 +592,13 @@ class BrokerService:
         not get, so a commit carries a request id ("req": [client id, sequence]) that the
         state machine deduplicates: a retry whose first copy was committed after all (by a
         new leader) must not overwrite an offset committed in between."""
-        cg = _cg(h)
-        req = _request_id(h)
-        raw = header_field(h, "offsets", list)
+        commit = CommitOffsetRequest.decode(h)
+        cg, req = commit.cg, commit.req
         by_group: dict[str, list[tuple[str, int, int]]] = {}
-        for item in raw:
-            if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str)
-                    or not _is_int(item[1]) or not _is_int(item[2]) or item[2] < 0):
-                raise RequestError(Code.MALFORMED, "offsets must be [[topic, queue, offset>=0], ...]")
-            topic = validate_topic_name(item[0])
-            g = await self._hosting(topic, _check_queue(item[1]), confirm=False)  # a write
-            self.tx.check_no_pending(self.groups.states[g.group_id], cg, topic, item[1])
-            by_group.setdefault(g.group_id, []).append((topic, item[1], item[2]))
+        for topic, queue, offset in commit.offsets:
+            g = await self._hosting(topic, _check_queue(queue), confirm=False)  # a write
+            self.tx.check_no_pending(self.groups.states[g.group_id], cg, topic, queue)
+            by_group.setdefault(g.group_id, []).append((topic, queue, offset))
         dup = False
         for gid, offs in by_group.items():
             await self.lead.check_commit_bounds(self.groups[gid], offs)
@@ -605,18 +606,18 @@ class BrokerService:
             result = self._result(await self.groups[gid].propose(
                 control_offsets(cg, offs, req), EntryType.CONTROL))
             dup = dup or (isinstance(result, ControlResult) and result.dup)
-        return ok_header(0, dup=dup), b""
+        return ok_header(0, **CommitOffsetAnswer(dup=dup).header()), b""
 
     async def _query_offset(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        cg = _cg(h)
-        topic = _topic(h)
-        queue = _queue_id(h)
+        q = QueryOffsetRequest.decode(h)
+        cg, topic, queue = q.cg, q.topic, _check_queue(q.queue)
         # confirmed (ReadIndex): a committed offset is never read back older than it is
-        g = await self._hosting(topic, queue, h.get("g"))
+        g = await self._hosting(topic, queue, q.g)
         state = self.lead.leading(g)
         self.tx.check_no_pending(state, cg, topic, queue)
         off = state.consumer_offset(cg, topic, queue)
-        return ok_header(0, offset=-1 if off is None else off), b""
+        answer = QueryOffsetAnswer(offset=-1 if off is None else off)
+        return ok_header(0, **answer.header()), b""
 
     # ------------------------------------------------------------------ admin
 
@@ -960,9 +961,3 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _tag_hash(tag: object) -> int:
-    from wire.records import tag_hash
-
-    if not isinstance(tag, str):
-        raise RequestError(Code.MALFORMED, "tags must be strings")
-    return tag_hash(tag)

@@ -39,6 +39,7 @@ PACKAGES = ("raftlog", "wire", "transport", "broker", "namesrv", "raftmq", "chao
 ABOVE_RAFTLOG = ("wire", "transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
 CLIENT_MAY_USE = {  # pinned: widen on purpose
     "wire", "wire.protocol", "wire.records", "wire.produce",
+    "wire.requests",  # the typed requests and answers both ends build and decode
     "wire.txn",  # the coordinator hash client and broker must compute alike
     "transport", "transport.connection", "transport.errors",
     "transport.tls", "transport.scram",  # the client's sides of TLS and SCRAM-SHA-256

@@ -15,6 +15,12 @@ import anyio.abc
 
 from wire.protocol import Code, Op, RequestError
 from wire.records import Message, decode_record, iter_records, message_id, tag_problem
+from wire.requests import (
+    CommitOffsetRequest,
+    FetchRequest,
+    QueryOffsetAnswer,
+    QueryOffsetRequest,
+)
 
 from .errors import UnavailableError
 from .routes import Routes, clock
@@ -115,12 +121,9 @@ async def fetch_answer(
     """`fetch` without decoding: (the hosting group, the answer header, the records), for
     readers that decode records in bulk (`decode_fetch` says what the answer holds).
     Tags select by hash on the broker; the exact match is the caller's."""
-    header: dict[str, Any] = {
-        "topic": topic, "queue": queue, "offset": offset, "max": max_messages,
-        "max_bytes": max_bytes, "wait_ms": int(wait_ms),
-    }
-    if tags:
-        header["tags"] = list(tags)
+    header = FetchRequest(topic=topic, queue=queue, offset=offset, max=max_messages,
+                          max_bytes=max_bytes, wait_ms=int(wait_ms),
+                          tags=tuple(tags or ())).header()
     # the group the route names goes along: only its (ready) leader answers, so a
     # replica whose state lags never calls the topic unknown
     group, frame = await routes.call_queue(
@@ -186,9 +189,9 @@ async def query_offset(routes: Routes, group: str, topic: str, queue: int) -> in
         try:
             _, frame = await routes.call_queue(
                 topic, queue, Op.QUERY_OFFSET,
-                lambda g: {"cg": group, "topic": topic, "queue": queue, "g": g},
+                lambda g: QueryOffsetRequest(cg=group, topic=topic, queue=queue, g=g).header(),
             )
-            return int(frame.header.get("offset", -1))
+            return QueryOffsetAnswer.decode(frame.header).offset
         except RequestError as exc:
             if exc.code != Code.TX_PENDING or anyio.current_time() > deadline:
                 raise
@@ -219,7 +222,9 @@ async def commit_offsets(
     async def one(g: str, rows: list[list[Any]]) -> None:
         # one id for all attempts: a retry whose first copy was committed after all (by a
         # new leader) must not roll back a commit made in between
-        header = {"cg": group, "offsets": rows, "req": list(routes.request_id())}
+        header = CommitOffsetRequest(
+            cg=group, offsets=tuple((t, q, o) for t, q, o in rows),
+            req=routes.request_id()).header()
         try:
             await routes.call_group(g, Op.COMMIT_OFFSET, header, write=True, deadline=deadline)
         except RequestError as exc:
