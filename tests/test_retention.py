@@ -15,9 +15,10 @@ from broker.config import ConfigError, NodeConfig
 from broker.retention import RetentionPolicy, choose_retain_index, retain_once
 from broker.statemachine import BrokerState, control_create_topic
 from raftlog.commitlog import CommitLog, SegmentInfo
+from raftlog.hardstate import HardStateFile
 from raftlog.runtime import GroupOptions, GroupRuntime, MissingEntries
 from raftlog.snapshot import CorruptSnapshot, Snapshot, load_snapshot, save_snapshot
-from raftlog.types import Entry, EntryType
+from raftlog.types import Entry, EntryType, HardState, Membership
 from tests.runtime_harness import Group, core_of, log_of
 from wire.protocol import Code, RequestError
 from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch
@@ -250,9 +251,20 @@ def test_retention_deletes_on_every_replica_and_a_restart_restores_the_snapshot(
             n.cancel_scope.cancel()
 
     trio.run(main)
-    # a replica whose snapshot vanished refuses to start instead of replaying a hole
+    # a replica whose snapshot vanished never replays a hole: with peers it opens
+    # stateless, its log kept, and waits for a leader's snapshot (tests/
+    # test_snapshot_rebuild.py); alone in its group it refuses to start
     os.unlink(tmp_path / "n1" / "snapshot")
     rt = GroupRuntime("g", 1, tmp_path / "n1", (1, 2, 3), BrokerState("g"),
                       lambda g, m: None, GroupOptions(segment_size=SEG))
+    rt.open()
+    assert rt.status()["stateless"] and rt.status()["applied"] == 0
+    assert _first(rt) > 1
+    rt.close_log()
+    hs_file = HardStateFile(str(tmp_path / "n1" / "hardstate"))
+    hs = hs_file.load()
+    hs_file.save(HardState(hs.term, hs.vote, ((0, 0, Membership(frozenset({1}))),)))
+    alone = GroupRuntime("g", 1, tmp_path / "n1", (1,), BrokerState("g"),
+                         lambda g, m: None, GroupOptions(segment_size=SEG))
     with pytest.raises(MissingEntries):
-        rt.open()
+        alone.open()
