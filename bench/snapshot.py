@@ -16,8 +16,8 @@ the median of the repeats is reported, with the bytes of each part's section of 
 snapshot and of the chunk files.
 
 With `--before REV` the same is measured, in the same process, with the state machine of
-git revision REV (`broker/statemachine.py`, `broker/consumequeue.py`,
-`broker/parts/queues.py` and `broker/cqchunks.py` as they were there, where they were,
+git revision REV (`broker/state/statemachine.py`, `broker/state/consumequeue.py`,
+`broker/state/parts/queues.py` and `broker/state/cqchunks.py` as they were there, where they were,
 loaded under private module names), so the two columns compare like with like.
 """
 
@@ -41,8 +41,8 @@ from typing import Any
 
 import msgpack
 
-from broker.cqchunks import FileChunkStore
-from broker.statemachine import BrokerState, control_create_topic
+from broker.state.cqchunks import FileChunkStore
+from broker.state.statemachine import BrokerState, control_create_topic
 from raftlog.types import Entry, EntryType
 from wire.records import STORED_PREFIX, OutgoingMessage, WalkedBatch, encode_batch, walk_batch
 
@@ -54,7 +54,7 @@ def load_revision(rev: str) -> Any:
     part of that revision (when it has one)."""
     def source(path: str) -> str | None:
         done = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True)
-        if done.returncode != 0 and path != "broker/statemachine.py":
+        if done.returncode != 0 and path != "broker/state/statemachine.py":
             return None
         done.check_returncode()
         return done.stdout
@@ -69,9 +69,9 @@ def load_revision(rev: str) -> Any:
 
     tag = "".join(c for c in rev if c.isalnum())
     renames: dict[str, str] = {}
-    for mod, path in (("consumequeue", "broker/consumequeue.py"),
-                      ("cqchunks", "broker/cqchunks.py"),
-                      ("queues", "broker/parts/queues.py")):
+    for mod, path in (("consumequeue", "broker/state/consumequeue.py"),
+                      ("cqchunks", "broker/state/cqchunks.py"),
+                      ("queues", "broker/state/parts/queues.py")):
         text = source(path)
         if text is None:
             continue
@@ -80,11 +80,11 @@ def load_revision(rev: str) -> Any:
         name = f"_bench_before_{tag}_{mod}"
         load(name, path, text)
         renames[path[:-3].replace("/", ".")] = name
-    text = source("broker/statemachine.py")
+    text = source("broker/state/statemachine.py")
     assert text is not None
     for old, new in renames.items():
         text = text.replace(f"from {old} import", f"from {new} import")
-    return load(f"_bench_before_{tag}_statemachine", "broker/statemachine.py", text).BrokerState
+    return load(f"_bench_before_{tag}_statemachine", "broker/state/statemachine.py", text).BrokerState
 
 
 def build(make: Callable[[], Any], messages: int, batch: int, body: int, queues: int) -> Any:

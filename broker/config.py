@@ -3,7 +3,7 @@
 Every node of a cluster gets the same `[peers]` table and the same `[[groups]]` list (the
 cluster's layout as first started); at its first start a node hosts the groups whose
 `replicas` name its `node_id` (`NodeConfig.hosted_groups`), or none with `join = true`;
-from then on `DATA/hosted.json` says what it hosts (`broker.hosted`), since replicas
+from then on `DATA/hosted.json` says what it hosts (`broker.runtime.hosted`), since replicas
 move at run time (`raftmq cluster`). Keeping the whole layout in each file lets a node reach the
 leader of any group and lets tools check that all files describe one cluster.
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from broker.cqchunks import CHUNK_RECORDS
+from broker.state.cqchunks import CHUNK_RECORDS
 from transport.peerauth import DEV_CLUSTER_SECRET
 from wire.protocol import MAX_MESSAGE_BYTES, RequestError, parse_address, validate_group_name
 from wire.security import read_verifier, user_name_problem
@@ -135,12 +135,12 @@ class NodeConfig:
     retention_disk_ratio: float = 0.90
     retention_check_interval: float = 60.0  # seconds between retention policy runs
     snapshot_every_entries: int = 100_000  # a group snapshot per this many applied (0: off)
-    # ConsumeQueue records per sealed chunk file snapshots reference (`broker.cqchunks`);
+    # ConsumeQueue records per sealed chunk file snapshots reference (`broker.state.cqchunks`);
     # every replica of a group should use the same; small values are for tests
     consume_queue_chunk: int = CHUNK_RECORDS
     # Peers prove they know it before they may send Raft traffic (`transport.peerauth`);
     # the default suits plain local and test clusters only (a TLS config must set one).
-    # It also keys the made-up salts of unknown users (`broker.security`).
+    # It also keys the made-up salts of unknown users (`broker.doors.security`).
     cluster_secret: str = DEV_CLUSTER_SECRET
     # TLS on every link (`transport.tls`): this node's certificate and key, and the
     # cluster CA that signs every node's certificate (PEM files; all three or none). With
@@ -149,7 +149,7 @@ class NodeConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_ca: str = ""
-    # Client authentication and authorization (`broker.security`): with `authenticate`
+    # Client authentication and authorization (`broker.doors.security`): with `authenticate`
     # every client proves a user's password by SCRAM-SHA-256 before any other request;
     # with `authorize` too, each request needs an ACL allowing it (default deny), except
     # for the `superusers`. `superuser_scram` is a SCRAM verifier (`raftmq user
@@ -197,7 +197,7 @@ class NodeConfig:
     # Record every fsync in <data>/.sync-marks (`raftlog.fsutil`), so a chaos run can
     # simulate a power loss (`chaos.disk_faults.discard_unsynced`); tests only.
     test_sync_marks: bool = False
-    # Transactions (`broker.txtasks`): a half message is first checked back with its
+    # Transactions (`broker.duties.transactions`): a half message is first checked back with its
     # producer group this long after it was stored, then every `tx_check_interval_ms`,
     # and rolled back after `tx_check_max` checks;
     # a client may ask for a transaction timeout of at most `tx_timeout_max_ms`; prepared
@@ -523,7 +523,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
     if security["authenticate"] and secret == DEV_CLUSTER_SECRET:
         # the built-in secret is public: anyone could do the peer handshake and read the
         # users' verifiers (READ_RAW), and tell stored user names from unknown ones by the
-        # made-up salts it keys (`broker.security.fake_salt_key`)
+        # made-up salts it keys (`broker.doors.security.fake_salt_key`)
         raise ConfigError("authenticate = true needs a cluster_secret of its own (the same "
                           "long random string on every node); the built-in one is public")
     return NodeConfig(

@@ -5,9 +5,9 @@ A node owns, in one trio nursery:
 * a `GroupRuntime` + `BrokerState` per hosted group (Multi-Raft: each group elects on its
   own; a preferred leader per group spreads leaders across nodes, and the core hands
   leadership back to it once it has caught up after a restart). The preferred leader is
-  the config's unless one was logged (`broker.parts.leadership`), pushed to the core on
+  the config's unless one was logged (`broker.state.parts.leadership`), pushed to the core on
   every tick. Which groups are hosted is recorded in `DATA/hosted.json`
-  (`broker.hosted`): a node starts hosting an empty replica when told (HOST_GROUP, from
+  (`broker.runtime.hosted`): a node starts hosting an empty replica when told (HOST_GROUP, from
   `raftmq cluster add-replica`) and closes and deletes one it was removed from
   (DROP_GROUP), each group running in a cancel scope of its own;
 * `PeerLinks`: one TCP connection per node pair carrying every group's Raft messages;
@@ -16,13 +16,13 @@ A node owns, in one trio nursery:
   peer's only once the peer handshake (`transport.peerauth`, a challenge-response over
   the cluster secret) succeeds, and, with TLS, only if it presented a certificate from
   the cluster CA; a client can never send Raft traffic or read raw entries, and every
-  client request passes the guard (`broker.security`: login, ACLs) and the per-node
+  client request passes the guard (`broker.doors.security`: login, ACLs) and the per-node
   limits (`max_connections`, ...);
 * the ticker driving every group's logical clock;
-* the name-server registrar (`broker.registrar`: every `register_interval`, and at once
+* the name-server registrar (`broker.runtime.registrar`: every `register_interval`, and at once
   on a leader change or a topic change);
 * the Prometheus endpoint and the gauges behind it;
-* the retention policy (`broker.retention`), every `retention_check_interval`.
+* the retention policy (`broker.duties.retention`), every `retention_check_interval`.
 
 A group that finds corrupt entries in its CommitLog fetches them from its peer replicas
 with READ_RAW requests on their listeners, a range of entries per request (`_fetch_raw`;
@@ -55,20 +55,20 @@ from typing import Any
 import trio
 from prometheus_client import Counter, Gauge
 
-from broker.admission import ClientAdmission, Ticket
 from broker.config import NodeConfig, load_config
-from broker.cqchunks import CorruptChunk, FileChunkStore, is_shipped, provide, ship, unship
-from broker.groups import GroupRegistry
-from broker.hosted import HostedError, load_hosted, save_hosted
-from broker.metrics import NodeMetrics, serve_metrics
-from broker.peer_rpc import PeerRPC
-from broker.registrar import Registrar
-from broker.retention import RetentionPolicy, run_retention
-from broker.security import Guard
-from broker.service import BrokerService
-from broker.statemachine import BrokerState, TopicConfig, chunk_refs
-from broker.txservice import TxService
-from broker.txtasks import TxTasks
+from broker.doors.security import Guard
+from broker.doors.service import BrokerService
+from broker.doors.transactions import TxService
+from broker.duties.retention import RetentionPolicy, run_retention
+from broker.duties.transactions import TxTasks
+from broker.runtime.admission import ClientAdmission, Ticket
+from broker.runtime.groups import GroupRegistry
+from broker.runtime.hosted import HostedError, load_hosted, save_hosted
+from broker.runtime.metrics import NodeMetrics, serve_metrics
+from broker.runtime.peer_rpc import PeerRPC
+from broker.runtime.registrar import Registrar
+from broker.state.cqchunks import CorruptChunk, FileChunkStore, is_shipped, provide, ship, unship
+from broker.state.statemachine import BrokerState, TopicConfig, chunk_refs
 from raftlog.commitlog import CommitLogError
 from raftlog.core import RaftConfig
 from raftlog.fsutil import CorruptFile, disable_sync_marks, enable_sync_marks
@@ -104,7 +104,7 @@ log = logging.getLogger("raftmq.node")
 FIRST_FRAME_TIMEOUT = 10.0
 #: Peer frames may be this much larger than a client's: the largest entry a client's
 #: request makes still fits once re-framed as a Raft append (or a READ_RAW answer). A
-#: snapshot larger than a frame travels in chunks (`broker.peers`).
+#: snapshot larger than a frame travels in chunks (`broker.runtime.peers`).
 PEER_FRAME_HEADROOM = 1 << 20
 #: How long a READ_RAW may take (the repair's own per-peer timeout is shorter).
 READ_RAW_TIMEOUT = 10.0
@@ -147,7 +147,7 @@ class Node:
         # failed handshake: untrusted or expired certificate), `peer_certificate` (a HELLO
         # without a certificate from the cluster CA), `peer_handshake` (a failed HELLO);
         # requests: `auth` (a wrong password), `unauthenticated` (a request before AUTH),
-        # `acl` (not allowed; `broker.security`); `connections` (over max_connections)
+        # `acl` (not allowed; `broker.doors.security`); `connections` (over max_connections)
         self.refused_counter = Counter("raftmq_connections_refused",
                                        "Connections refused before any request was served",
                                        ["reason"], registry=self.metrics.registry)
@@ -157,7 +157,7 @@ class Node:
                                        ["group"], registry=self.metrics.registry)
         self.max_frame = frame_limit(config.max_message_bytes)
         self.peer_max_frame = self.max_frame + PEER_FRAME_HEADROOM
-        from broker.peers import PeerLinks
+        from broker.runtime.peers import PeerLinks
 
         self._secret = config.cluster_secret.encode()
         self.peers = PeerLinks(config.node_id, dict(config.peers), self._deliver,
@@ -193,7 +193,7 @@ class Node:
         self.service.tx.finisher = self.txtasks
         self.registrar = Registrar(config.namesrv, config.register_interval,
                                    self._registration_view, ssl_context=peer_ssl_context)
-        # every request on a served connection passes the guard first (`broker.security`)
+        # every request on a served connection passes the guard first (`broker.doors.security`)
         self.guard = Guard(self)
         self._handle = self.guard.wrap(self.service.handle)
         self.ack_before_commit = "ack-before-commit" in mutations
@@ -207,7 +207,7 @@ class Node:
         self.batches_led = 0
         self._nursery: trio.Nursery | None = None
         cfg = config
-        # which client connections are kept (`broker.admission`), and each one's budget
+        # which client connections are kept (`broker.runtime.admission`), and each one's budget
         self.admission = ClientAdmission(
             max_connections=cfg.max_connections,
             max_unidentified=cfg.max_unauthenticated_connections,
@@ -508,7 +508,7 @@ class Node:
             task_status.started(self.addr)
 
     async def _serve_connection(self, stream: trio.abc.Stream) -> None:
-        with trio.CancelScope() as scope:  # (cancelled: evicted, see `broker.admission`)
+        with trio.CancelScope() as scope:  # (cancelled: evicted, see `broker.runtime.admission`)
             ticket = self.admission.arrive(scope)
             try:
                 await self._serve_accepted(stream, ticket)
@@ -642,7 +642,7 @@ class Node:
         return pref
 
     def registration(self) -> dict[str, Any]:
-        """The REGISTER header the registrar sends now (see `broker.registrar`)."""
+        """The REGISTER header the registrar sends now (see `broker.runtime.registrar`)."""
         return self.registrar.registration()
 
     def _registration_view(

@@ -1,5 +1,5 @@
 """The security checker of a chaos run: what a `--workload security` history proves about
-the replicated users and ACLs (`broker.parts.users`, `broker.parts.acls`).
+the replicated users and ACLs (`broker.state.parts.users`, `broker.state.parts.acls`).
 
 Pure: `check_lines` takes the JSON lines of a history (any other lines are skipped, so a
 run of `--workload all` is checked in the same pass) and returns a JSON-able dict;

@@ -62,7 +62,7 @@ TOPICS = ("sec-a", "sec-b", "other")  # the ACLs name sec-a, sec-b and the prefi
 _REQUEST_TIMEOUT = 3.0
 _UNKNOWN_CODES = frozenset({Code.TIMEOUT, Code.CONNECTION_LOST, Code.UNAVAILABLE, Code.BUSY})
 # Codes the guard itself may answer besides FORBIDDEN and UNAUTHENTICATED (a node that holds
-# no replica of the metadata group cannot check anyone, `broker.security.Guard`), which the
+# no replica of the metadata group cannot check anyone, `broker.doors.security.Guard`), which the
 # PRODUCE handler gives too: such an answer says nothing about the ACLs.
 _GUARD_OR_HANDLER_CODES = frozenset({Code.UNKNOWN_GROUP, Code.MALFORMED})
 

@@ -19,7 +19,7 @@ once a name server holds a node's table, only the changes since the version it h
     body    msgpack {gid: {"set": [[queues, [hosted queue ids], [topic names]], ...],
                            "del": [topic names]}}   (empty: no changes for any group)
 
-With logins on, the header also carries `auth` (`broker.security.Guard.registration_auth`):
+With logins on, the header also carries `auth` (`broker.doors.security.Guard.registration_auth`):
 {at: the applied index of the node's metadata replica, users: [[name, salt, iterations,
 StoredKey, ServerKey], ...], salt_key: the key of unknown users' made-up salts}. The name
 server checks logins against the freshest `auth` of a live registration (`Registry.auth`).

@@ -4,7 +4,7 @@ REGISTER: see `namesrv.registry` for the header and body; with TLS only a caller
 a certificate from the cluster CA that names the registering node (`transport.peerauth`)
 may register, so no one else can redirect routes. ROUTE and CLUSTER are routing metadata
 any client needs, and hold no data; when the nodes have logins on, they need one here too:
-AUTH runs the same SCRAM-SHA-256 exchange as a node (`broker.security`), checked against
+AUTH runs the same SCRAM-SHA-256 exchange as a node (`broker.doors.security`), checked against
 the users the nodes register (their verifiers, never passwords, from the freshest live
 registration: a user added or removed counts here once a node registers it, at once after
 the change or at the next registration), and unknown users get the same made-up salt as
@@ -74,7 +74,7 @@ DEFAULT_IDLE_TIMEOUT = 600.0
 #: registration at a time, the others wait their turn (the steady registrations that
 #: follow are small and never wait).
 DEFAULT_MAX_BUFFERED = NAMESRV_MAX_FRAME
-_FAKE_ITERATIONS = 4096  # what a node gives an unknown user too (`broker.security`)
+_FAKE_ITERATIONS = 4096  # what a node gives an unknown user too (`broker.doors.security`)
 
 
 def request_id_of(h: Mapping[str, Any]) -> int:

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.parts.users import format_verifier
-from broker.security import make_credential
+from broker.doors.security import make_credential
+from broker.state.parts.users import format_verifier
 from raftmq.commands import acl as acl_cmd
 from raftmq.commands import user as user_cmd
 from raftmq.localcluster import LocalCluster

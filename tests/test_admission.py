@@ -1,7 +1,7 @@
-"""Which client connections a node keeps (`broker.admission`): connections that have not
+"""Which client connections a node keeps (`broker.runtime.admission`): connections that have not
 proved who they are are bounded apart from `max_connections` (the oldest evicted), so they
 never lock out a login; a superuser always gets in; a connection logging in again is counted
-once. And the delay of failed logins in a row (`broker.security.LoginFailures`)."""
+once. And the delay of failed logins in a row (`broker.doors.security.LoginFailures`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from broker.admission import ClientAdmission
-from broker.security import LoginFailures
+from broker.doors.security import LoginFailures
+from broker.runtime.admission import ClientAdmission
 from wire.protocol import Code, RequestError
 
 

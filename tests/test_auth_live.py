@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.parts.users import format_verifier
-from broker.security import make_credential
+from broker.doors.security import make_credential
+from broker.state.parts.users import format_verifier
 from raftmq.client import Admin
 from raftmq.commands import user as user_cmd
 from raftmq.localcluster import LocalCluster

@@ -17,8 +17,8 @@ import scramp
 import trio
 
 from broker.config import NodeConfig
-from broker.parts.users import format_verifier
-from broker.security import MECHANISM, Guard, make_credential
+from broker.doors.security import MECHANISM, Guard, make_credential
+from broker.state.parts.users import format_verifier
 from transport.framing import Caller
 from wire.protocol import Code, Op, RequestError
 

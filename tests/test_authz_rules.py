@@ -1,4 +1,4 @@
-"""Every request type is behind its check (`broker.security.RULES`).
+"""Every request type is behind its check (`broker.doors.security.RULES`).
 
 The protocol's request types are enumerated (the transactions' included): each must
 have a rule, and for each the guard
@@ -16,10 +16,10 @@ import pytest
 import trio
 
 from broker.config import NodeConfig
-from broker.parts.acls import KINDS, Acl, AclAdd, Acls
-from broker.parts.users import UserPut
-from broker.security import ANY_USER, NOT_A_REQUEST, PEER_ONLY, RULES, Guard, make_credential
-from broker.statemachine import BrokerState
+from broker.doors.security import ANY_USER, NOT_A_REQUEST, PEER_ONLY, RULES, Guard, make_credential
+from broker.state.parts.acls import KINDS, Acl, AclAdd, Acls
+from broker.state.parts.users import UserPut
+from broker.state.statemachine import BrokerState
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
 from transport.scram import Credentials, Exchange

@@ -3,7 +3,7 @@ group's offsets, as control entries every replica applies alike."""
 
 from __future__ import annotations
 
-from broker.statemachine import (
+from broker.state.statemachine import (
     ControlResult,
     ErrorResult,
     control_create_topic,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
-from broker.statemachine import (
+from broker.state.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
+from broker.state.statemachine import (
     PARTS,
     BrokerState,
     CommitOffsets,
@@ -376,9 +376,9 @@ def test_committed_offsets_are_kept_for_a_bounded_number_of_consumer_groups(
     a commit for one group more than `MAX_CONSUMER_GROUPS` is refused (MALFORMED) and
     changes nothing; known groups keep committing; deleting a group (or a topic) makes
     room; a restored snapshot counts the same."""
-    from broker.parts import offsets
-    from broker.parts.base import ErrorResult
-    from broker.statemachine import control_delete_group
+    from broker.state.parts import offsets
+    from broker.state.parts.base import ErrorResult
+    from broker.state.statemachine import control_delete_group
 
     monkeypatch.setattr(offsets, "MAX_CONSUMER_GROUPS", 2)
     s = BrokerState("g1")

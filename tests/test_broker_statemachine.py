@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.consumequeue import CQ_RECORD, ConsumeQueue
-from broker.statemachine import (
+from broker.state.consumequeue import CQ_RECORD, ConsumeQueue
+from broker.state.statemachine import (
     DEDUP_WINDOW,
     KEY_HISTORY,
     MAX_CLIENTS,
@@ -587,7 +587,7 @@ def test_clients_are_forgotten_past_retention_and_beyond_the_cap(monkeypatch) ->
     f.control(control_retain(f.index + 1))  # client 1 silent since before the horizon
     assert f.control(control_offsets("cg", [("t", 0, 2)], req=(1, 1))) == ControlResult(
         "offsets", 1, 0)
-    monkeypatch.setattr("broker.parts.requests.MAX_CLIENTS", 2)
+    monkeypatch.setattr("broker.state.parts.requests.MAX_CLIENTS", 2)
     for cid in (2, 3):
         f.control(control_offsets("cg", [("t", 0, cid)], req=(cid, 1)))
     # client 1 was the least recently seen of three: forgotten, so its request applies again

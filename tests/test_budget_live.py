@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import scramp
 
-from broker.parts.users import format_verifier
-from broker.security import make_credential
+from broker.doors.security import make_credential
+from broker.state.parts.users import format_verifier
 from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders
 from tests.live_cluster import scrape_metrics

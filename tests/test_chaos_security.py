@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from broker.parts.acls import DROP_REMOVE_EVERY, Acl, AclAdd, AclRemove, Acls
-from broker.parts.base import ControlResult
-from broker.statemachine import BrokerState
+from broker.state.parts.acls import DROP_REMOVE_EVERY, Acl, AclAdd, AclRemove, Acls
+from broker.state.parts.base import ControlResult
+from broker.state.statemachine import BrokerState
 from chaos.attackers import ATTACKS
 from chaos.cli import EXIT_USAGE, run_main
 from chaos.histories import parse_faults

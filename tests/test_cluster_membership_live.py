@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.hosted import HOSTED_FILE
+from broker.runtime.hosted import HOSTED_FILE
 from raftmq.client import Admin, GroupMembers, Producer
 from raftmq.localcluster import LocalCluster
 from tests.live_cluster import SendLog, check_log, drain, produce_until

@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.consumequeue import ConsumeQueue, CQEntry
+from broker.state.consumequeue import ConsumeQueue, CQEntry
 
 
 def model(records: list[tuple[int, int, int, int, int]], first: int, offset: int,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.consumers import MAX_TTL_MS, MIN_TTL_MS, ConsumerRegistry
+from broker.doors.consumers import MAX_TTL_MS, MIN_TTL_MS, ConsumerRegistry
 
 
 def test_a_member_lives_until_its_ttl_and_is_then_forgotten() -> None:

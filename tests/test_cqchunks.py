@@ -1,5 +1,5 @@
 """ConsumeQueue chunks: snapshots that reference sealed chunks instead of copying them
-(`broker.cqchunks`, the queues part's section version 2)."""
+(`broker.state.cqchunks`, the queues part's section version 2)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.cqchunks import (
+from broker.state.cqchunks import (
     ChunkGone,
     CorruptChunk,
     FileChunkStore,
@@ -22,7 +22,7 @@ from broker.cqchunks import (
     ship,
     unship,
 )
-from broker.statemachine import (
+from broker.state.statemachine import (
     BrokerState,
     chunk_refs,
     control_create_topic,

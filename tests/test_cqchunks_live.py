@@ -17,7 +17,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from broker.statemachine import chunk_refs
+from broker.state.statemachine import chunk_refs
 from raftlog.snapshot import load_snapshot
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster

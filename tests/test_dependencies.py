@@ -21,6 +21,10 @@
   `.log` or `.core` attribute is read anywhere in them.
 * The node builds the service, the registrar and retention; none of them imports the
   node (the service states what it uses of its host as a protocol).
+* The broker's layers (`docs/architecture.md`): `broker.state` imports nothing else of
+  the broker; `broker.runtime` only the state and the config; the doors and the duties
+  only those below them (and the duties the transaction operations of
+  `broker.doors.transactions`, pinned); only `broker.node` composes them.
 
 Imports are read with `ast` wherever they appear (module level, inside functions, under
 ``TYPE_CHECKING``), relative ones resolved, so a lazy import cannot slip past.
@@ -192,14 +196,118 @@ def test_the_broker_reads_a_group_only_through_the_runtimes_door(module: str) ->
 
 
 def test_the_node_builds_the_service_and_the_registrar_not_the_other_way() -> None:
-    for module in ("broker.service", "broker.groups", "broker.registrar", "broker.consumers",
-                   "broker.retention"):
+    for module in ("broker.doors.service", "broker.runtime.groups", "broker.runtime.registrar", "broker.doors.consumers",
+                   "broker.duties.retention"):
         assert "broker.node" not in closure({module}), f"{module} reaches broker.node"
+
+
+# what each broker layer may import of the broker besides itself and the package roots
+BROKER_LAYERS = {
+    "broker.state": {"broker.state"},
+    "broker.runtime": {"broker.state", "broker.config"},
+    "broker.doors": {"broker.state", "broker.runtime", "broker.config"},
+    "broker.duties": {"broker.state", "broker.runtime", "broker.config",
+                      # pinned: the markers, check-back and status the duties drive are
+                      # the transaction operations the doors answer with
+                      "broker.doors.transactions", "broker.doors.security"},
+}
+
+
+def _layer(module: str) -> str | None:
+    return next((layer for layer in BROKER_LAYERS
+                 if module == layer or module.startswith(layer + ".")), None)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if _layer(m)))
+def test_each_broker_layer_imports_only_the_layers_below_it(module: str) -> None:
+    layer = _layer(module)
+    assert layer is not None
+    allowed = BROKER_LAYERS[layer] | {layer}
+    bad = sorted(m for m in imports(module) if top(m) == "broker" and m != "broker"
+                 and not any(m == a or m.startswith(a + ".") for a in allowed)
+                 and m not in {a.rpartition(".")[0] for a in allowed})
+    assert bad == [], f"{module} ({layer}) imports {bad}"
+
+
+def test_the_layer_rule_catches_an_upward_import() -> None:
+    found = imports_of("from broker.doors.service import BrokerService\n",
+                       "broker.state.statemachine")
+    assert "broker.doors.service" in found
+    assert not any(m.startswith("broker.doors") for m in BROKER_LAYERS["broker.state"])
+
+
+def test_the_broker_is_the_four_layers_the_config_and_the_node() -> None:
+    top_level = {m for m in modules() if top(m) == "broker" and m.count(".") == 1}
+    assert top_level == {*BROKER_LAYERS, "broker.config", "broker.node"}
 
 
 def test_a_nodes_configuration_loads_without_the_state_machine() -> None:
     """`raftmq dev` and every tool that reads a node's config load `broker.config`: the
     ConsumeQueue chunk size it defaults comes from the chunk format, not from the parts."""
     reached = sorted(m for m in closure({"broker.config"})
-                     if m == "broker.statemachine" or m.startswith("broker.parts"))
+                     if m == "broker.state.statemachine" or m.startswith("broker.state.parts"))
     assert reached == [], f"broker.config reaches {reached}"
+
+
+def runtime_imports(module: str) -> set[str]:
+    """What importing `module` imports at once: module-level statements, not those inside
+    functions or under ``if TYPE_CHECKING:``."""
+    path = modules()[module]
+    tree = ast.parse(path.read_text())
+    kept: list[ast.stmt] = []
+    for stmt in tree.body:
+        if isinstance(stmt, ast.If) and "TYPE_CHECKING" in ast.unparse(stmt.test):
+            kept.extend(stmt.orelse)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom, ast.If, ast.Try)):
+            kept.append(stmt)
+    return imports_of(ast.unparse(ast.Module(body=kept, type_ignores=[])), module,
+                      path.name == "__init__.py")
+
+
+def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_at_run_time() -> None:
+    """Module-level imports form no circle (a package importing its own submodules, as
+    ``__init__`` re-exports do, is not one); circles that exist only for type checking
+    are allowed."""
+    edges = {m: {d for d in runtime_imports(m) if d != m and not m.startswith(d + ".")}
+             for m in modules() if top(m) != "tests"}
+    assert import_cycles(edges) == []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.dueheap import DueHeap
+from broker.state.dueheap import DueHeap
 
 
 def test_due_looks_only_at_the_due_keys_and_keeps_them_until_retimed() -> None:

@@ -1,4 +1,4 @@
-"""The hosted-groups file (`broker.hosted`) and how a node uses it at start."""
+"""The hosted-groups file (`broker.runtime.hosted`) and how a node uses it at start."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from broker.config import cluster_configs, dump_config, load_config
-from broker.hosted import HOSTED_FILE, HostedError, load_hosted, save_hosted
 from broker.node import Node
+from broker.runtime.hosted import HOSTED_FILE, HostedError, load_hosted, save_hosted
 
 
 def test_no_file_yet_is_none_and_a_saved_list_reads_back(tmp_path: Path) -> None:

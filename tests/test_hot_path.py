@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.metrics import NodeMetrics
-from broker.statemachine import BrokerState, ProduceResult, control_create_topic
+from broker.runtime.metrics import NodeMetrics
+from broker.state.statemachine import BrokerState, ProduceResult, control_create_topic
 from raftlog.commitlog import CommitLog, EntryDraft, encode_entry
 from raftlog.runtime import _GuardedLog
 from raftlog.types import Entry, EntryType, EntryUnreadable, Message, MsgType

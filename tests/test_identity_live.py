@@ -17,8 +17,8 @@ import anyio
 import pytest
 import scramp
 
-from broker.parts.users import format_verifier
-from broker.security import make_credential
+from broker.doors.security import make_credential
+from broker.state.parts.users import format_verifier
 from raftmq.client import Admin, Producer
 from raftmq.client.transactions import CheckRequest
 from raftmq.localcluster import NAMESRV, LocalCluster, node_name

@@ -9,7 +9,7 @@ import logging
 import pytest
 import trio
 
-from broker.metrics import NodeMetrics, serve_metrics
+from broker.runtime.metrics import NodeMetrics, serve_metrics
 from transport.logs import configure_logging
 
 

@@ -1,4 +1,4 @@
-"""The internal produce path (`broker.parts.moves`): a duty moves stored messages into
+"""The internal produce path (`broker.state.parts.moves`): a duty moves stored messages into
 another queue of its group exactly once, however often leaders change and restart it,
 and every replica applying the same log holds the same queues."""
 
@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.parts.base import ControlResult, ErrorResult
-from broker.statemachine import BrokerState, MoveMessage, control_create_topic
+from broker.state.parts.base import ControlResult, ErrorResult
+from broker.state.statemachine import BrokerState, MoveMessage, control_create_topic
 from raftlog.types import Entry, EntryType
 from wire.protocol import Code
 from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch

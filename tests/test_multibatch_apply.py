@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker.statemachine import (
+from broker.state.statemachine import (
     BatchOutcomes,
     BrokerState,
     ErrorResult,

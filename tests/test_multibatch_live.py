@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
-from broker.service import CRASH_BEFORE_ANSWER_EXIT
+from broker.doors.service import CRASH_BEFORE_ANSWER_EXIT
 from raftmq.client import Admin, OutgoingMessage, Producer, PullConsumer, SendResult
 from raftmq.client.producer import SendAttempt
 from tests.conftest import group_leader, live_cluster, wait_for

@@ -134,7 +134,7 @@ def test_crash_before_answer_exits_after_any_write_that_asks_and_only_then(
 ):
     """One switch for every write: each of these requests, sent with `test_exit`, is
     committed (seen after the restart) and never answered; without it, none is affected."""
-    from broker.service import CRASH_BEFORE_ANSWER_EXIT
+    from broker.doors.service import CRASH_BEFORE_ANSWER_EXIT
     from wire.protocol import RequestError
 
     monkeypatch.setenv("RAFTMQ_ALLOW_MUTATIONS", "1")

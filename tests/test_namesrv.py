@@ -327,7 +327,7 @@ def test_encode_frame_round_trips_through_the_stream():
 
 
 def _configs(names: list[str], queues: int = 4, hosted: tuple[int, ...] = (0, 3)) -> dict:
-    from broker.statemachine import TopicConfig
+    from broker.state.statemachine import TopicConfig
 
     return {n: TopicConfig(n, queues, hosted) for n in names}
 
@@ -467,7 +467,7 @@ def test_cluster_without_topics_stays_small_and_with_topics_uses_the_body():
 
 
 def test_the_node_table_log_sends_changes_since_any_recent_version():
-    from broker.registrar import TopicTableLog
+    from broker.runtime.registrar import TopicTableLog
 
     log = TopicTableLog()
     assert log.update(_configs(["a", "b"])) == 1
@@ -515,7 +515,7 @@ class _Metadata:
     is_open = True
 
     def __init__(self, rows: list[list[Any]]) -> None:
-        from broker.parts.users import Users
+        from broker.state.parts.users import Users
 
         self.users = Users(None)  # type: ignore[arg-type]  # the part needs no state here
         self.users.load(1, rows)
@@ -533,8 +533,8 @@ class _AuthNode:
 
     def __init__(self, rows: list[list[Any]], root_password: str) -> None:
         from broker.config import NodeConfig
-        from broker.parts.users import format_verifier
-        from broker.security import make_credential
+        from broker.doors.security import make_credential
+        from broker.state.parts.users import format_verifier
 
         self.config = NodeConfig.from_dict({
             "node_id": 1, "listen": "127.0.0.1:7101", "data": "/nonexistent",
@@ -555,7 +555,7 @@ def test_users_beyond_what_a_registration_carries_fail_closed_at_the_name_server
     verifier: the superuser logs in, a stored user is refused, saying why."""
     import os
 
-    from broker.security import Guard, make_credential
+    from broker.doors.security import Guard, make_credential
     from transport.blocking import request
     from transport.scram import Credentials
     from wire.protocol import MAX_HEADER

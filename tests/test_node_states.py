@@ -12,7 +12,7 @@ import trio
 
 from broker.config import NodeConfig
 from broker.node import Node
-from broker.statemachine import BrokerState, control_create_topic
+from broker.state.statemachine import BrokerState, control_create_topic
 from raftlog.snapshot import Snapshot, save_snapshot
 from raftlog.types import Entry, EntryType, Membership
 from tests.runtime_harness import log_of

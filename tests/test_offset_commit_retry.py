@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from broker.service import CRASH_BEFORE_ANSWER_EXIT
+from broker.doors.service import CRASH_BEFORE_ANSWER_EXIT
 from raftmq.localcluster import LocalCluster
 from tests.conftest import steady_leaders
 from tests.live_cluster import LiveCluster

@@ -1,12 +1,12 @@
-"""The preferred leader as a replicated setting (`broker.parts.leadership`)."""
+"""The preferred leader as a replicated setting (`broker.state.parts.leadership`)."""
 
 from __future__ import annotations
 
 import msgpack
 import pytest
 
-from broker.parts.base import Refused
-from broker.statemachine import (
+from broker.state.parts.base import Refused
+from broker.state.statemachine import (
     BrokerState,
     ControlResult,
     ErrorResult,

@@ -11,7 +11,7 @@ import trio
 import trio.testing
 import trustme
 
-from broker.peers import PeerLinks, _take_chunk
+from broker.runtime.peers import PeerLinks, _take_chunk
 from chaos.proxy import Proxy
 from raftlog.types import Membership, Message, MsgType, Role
 from raftlog.wire import WireError, message_from_wire, message_to_wire

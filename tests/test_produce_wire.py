@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.statemachine import BrokerState, ErrorResult, ProduceResult, control_create_topic
+from broker.state.statemachine import BrokerState, ErrorResult, ProduceResult, control_create_topic
 from raftlog.types import Entry, EntryType
 from raftmq.client.errors import may_have_applied
 from wire.produce import (

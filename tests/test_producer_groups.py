@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from broker.config import ConfigError, NodeConfig, dump_config
-from broker.producer_groups import MAX_TTL_MS, ProducerRegistry
+from broker.doors.producer_groups import MAX_TTL_MS, ProducerRegistry
 from transport.framing import Caller, FrameWriter, serve_frames
 from wire.protocol import Frame, FrameDecoder, Op, encode_frame
 

@@ -1,4 +1,4 @@
-"""How a write Raft refused or could not finish is answered (`broker.refusals`): one
+"""How a write Raft refused or could not finish is answered (`broker.doors.refusals`): one
 mapping for every request that proposes, so a client can tell "not written, retry
 elsewhere" from "may still be written" the same way for produce, admin, transactional
 and security writes."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.refusals import refusal
+from broker.doors.refusals import refusal
 from chaos.secworkload import _definite_refusal
 from raftlog.core import NotLeader, ProposalDropped
 from raftlog.runtime import DiskFull, NotReady, ProposalInDoubt, ProposalLost
@@ -89,7 +89,7 @@ def test_a_barrier_refused_while_confirming_leadership_is_the_requests_refusal()
 
     import trio
 
-    from broker.service import BrokerService
+    from broker.doors.service import BrokerService
 
     def confirm(*groups: _Led) -> None:
         host = types.SimpleNamespace(groups={f"g{i}": g for i, g in enumerate(groups)})

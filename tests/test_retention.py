@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from broker.config import ConfigError, NodeConfig
-from broker.retention import RetentionPolicy, choose_retain_index, retain_once
-from broker.statemachine import BrokerState, control_create_topic
+from broker.duties.retention import RetentionPolicy, choose_retain_index, retain_once
+from broker.state.statemachine import BrokerState, control_create_topic
 from raftlog.commitlog import CommitLog, SegmentInfo
 from raftlog.hardstate import HardStateFile
 from raftlog.runtime import GroupOptions, GroupRuntime, MissingEntries
@@ -37,7 +37,7 @@ def batch(k: int, store_ms: int, size: int = 3000) -> bytes:
 
 class _Committed:
     """A CommitLog whose entries all count as committed, read as retention reads a
-    group's log (`broker.retention.CommittedLog`)."""
+    group's log (`broker.duties.retention.CommittedLog`)."""
 
     def __init__(self, lg: CommitLog) -> None:
         self._lg = lg

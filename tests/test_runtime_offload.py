@@ -21,8 +21,8 @@ from typing import Any
 
 import trio
 
-from broker.retention import RetentionPolicy, retain_once
-from broker.statemachine import BrokerState, control_create_topic
+from broker.duties.retention import RetentionPolicy, retain_once
+from broker.state.statemachine import BrokerState, control_create_topic
 from raftlog.types import Entry, EntryType, Message, Role
 from tests.runtime_harness import Group, core_of, log_of
 from tests.test_retention import HOUR_MS, SEG, batch

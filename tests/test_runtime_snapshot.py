@@ -14,8 +14,8 @@ import crc32c
 import msgpack
 import trio
 
-from broker.retention import RetentionPolicy, retain_once
-from broker.statemachine import BrokerState, control_create_topic
+from broker.duties.retention import RetentionPolicy, retain_once
+from broker.state.statemachine import BrokerState, control_create_topic
 from raftlog.commitlog import CommitLog
 from raftlog.runtime import GroupOptions, GroupRuntime
 from raftlog.snapshot import load_snapshot, save_snapshot

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.parts.users import format_verifier
-from broker.security import make_credential
+from broker.doors.security import make_credential
+from broker.state.parts.users import format_verifier
 from chaos.recorder import Recorder
 from chaos.secworkload import SecurityWorkload
 from raftmq.localcluster import free_ports

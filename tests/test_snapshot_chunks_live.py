@@ -2,7 +2,7 @@
 
 Peer frames are bounded like a client's (plus room for the Raft header), so a group's
 shipped snapshot (its state and the ConsumeQueue chunks it references) may be larger than
-one frame: it travels in chunks (`broker.peers`). Here the state holds ~30 MiB of message
+one frame: it travels in chunks (`broker.runtime.peers`). Here the state holds ~30 MiB of message
 keys (keys of up to 64 KiB are stored in the snapshot with their records), retention has
 deleted the log prefix, and a follower that lost its disk must be caught up by
 InstallSnapshot. It installs the snapshot, refills the retained entries, and serves

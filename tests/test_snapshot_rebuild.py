@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.cqchunks import ChunkGone, CorruptChunk, FileChunkStore, provide, ship, unship
-from broker.retention import RetentionPolicy, retain_once
-from broker.statemachine import BrokerState, chunk_refs, control_create_topic
+from broker.duties.retention import RetentionPolicy, retain_once
+from broker.state.cqchunks import ChunkGone, CorruptChunk, FileChunkStore, provide, ship, unship
+from broker.state.statemachine import BrokerState, chunk_refs, control_create_topic
 from raftlog.fsutil import CorruptFile
 from raftlog.hardstate import HardStateFile
 from raftlog.runtime import GroupRuntime

@@ -18,7 +18,7 @@ import pytest
 
 from broker.config import NodeConfig
 from broker.node import DAMAGED_DATA_EXIT
-from broker.statemachine import BrokerState, control_create_topic
+from broker.state.statemachine import BrokerState, control_create_topic
 from raftlog.commitlog import CommitLog
 from raftlog.snapshot import Snapshot, save_snapshot
 from raftlog.types import Entry, EntryType, Membership

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 
-from broker.parts.txpart import MAX_TX_MESSAGES
+from broker.state.parts.txpart import MAX_TX_MESSAGES
 from raftmq.client import (
     Admin,
     CheckRequest,

@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 import pytest
 
-from broker.parts.users import format_verifier
-from broker.security import make_credential
+from broker.doors.security import make_credential
+from broker.state.parts.users import format_verifier
 from raftmq.client import Admin, Producer
 from raftmq.commands import acl as acl_cmd
 from raftmq.commands import user as user_cmd

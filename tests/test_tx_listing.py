@@ -5,9 +5,9 @@ never list transactions again while that node leads the groups)."""
 
 from __future__ import annotations
 
-from broker.parts.txpart import Decision
-from broker.statemachine import BrokerState
-from broker.txservice import LIST_HEADER_BUDGET, participant, tx_listing
+from broker.doors.transactions import LIST_HEADER_BUDGET, participant, tx_listing
+from broker.state.parts.txpart import Decision
+from broker.state.statemachine import BrokerState
 from wire.protocol import MAX_HEADER, FrameDecoder, encode_frame, ok_header
 
 

@@ -17,9 +17,9 @@ import trio
 
 from broker.config import GroupConfig, NodeConfig
 from broker.node import Node
-from broker.parts.base import ControlResult, ProduceResult
-from broker.parts.txcoord import TxAdd, TxEnd, TxInit
-from broker.statemachine import control_create_topic
+from broker.state.parts.base import ControlResult, ProduceResult
+from broker.state.parts.txcoord import TxAdd, TxEnd, TxInit
+from broker.state.statemachine import control_create_topic
 from raftlog.types import EntryType
 from wire.records import STORED_PREFIX, OutgoingMessage, decode_record, encode_batch
 from wire.txn import coordinator_group

@@ -16,11 +16,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.parts import txpart
-from broker.parts.base import ControlResult, ErrorResult, ProduceResult
-from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxInit
-from broker.parts.txpart import HalfChecked, HalfEnd, TxMarker, TxOffsets
-from broker.statemachine import BrokerState, control_create_topic, control_delete_topic
+from broker.state.parts import txpart
+from broker.state.parts.base import ControlResult, ErrorResult, ProduceResult
+from broker.state.parts.txcoord import TxAdd, TxComplete, TxEnd, TxInit
+from broker.state.parts.txpart import HalfChecked, HalfEnd, TxMarker, TxOffsets
+from broker.state.statemachine import BrokerState, control_create_topic, control_delete_topic
 from raftlog.types import Entry, EntryType
 from wire.protocol import Code
 from wire.records import STORED_PREFIX, decode_record, encode_batch

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import trio
 
-from broker.consumequeue import ConsumeQueue
-from broker.parts.txpart import TxMarker
-from broker.retention import RetentionPolicy, choose_retain_index, retain_once
-from broker.statemachine import BrokerState, control_create_topic, control_retain
+from broker.duties.retention import RetentionPolicy, choose_retain_index, retain_once
+from broker.state.consumequeue import ConsumeQueue
+from broker.state.parts.txpart import TxMarker
+from broker.state.statemachine import BrokerState, control_create_topic, control_retain
 from raftlog.commitlog import CommitLog
 from raftlog.types import Entry, EntryType
 from tests.runtime_harness import core_of, log_of

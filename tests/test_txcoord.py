@@ -8,10 +8,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from broker.parts import txcoord
-from broker.parts.base import ControlResult, ErrorResult
-from broker.parts.txcoord import TxAdd, TxComplete, TxEnd, TxExpire, TxInit, TxnState
-from broker.statemachine import BrokerState
+from broker.state.parts import txcoord
+from broker.state.parts.base import ControlResult, ErrorResult
+from broker.state.parts.txcoord import TxAdd, TxComplete, TxEnd, TxExpire, TxInit, TxnState
+from broker.state.statemachine import BrokerState
 from raftlog.types import Entry, EntryType
 from tests.test_txpart import Replica, sections
 from wire.protocol import Code

@@ -8,9 +8,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from broker.parts import txpart
-from broker.parts.base import ControlResult, ErrorResult, ProduceResult, Refused
-from broker.parts.txpart import (
+from broker.state.parts import txpart
+from broker.state.parts.base import ControlResult, ErrorResult, ProduceResult, Refused
+from broker.state.parts.txpart import (
     HalfChecked,
     HalfEnd,
     TxForgetFences,
@@ -18,7 +18,7 @@ from broker.parts.txpart import (
     TxMarkers,
     TxOffsets,
 )
-from broker.statemachine import BrokerState, control_create_topic, control_delete_topic
+from broker.state.statemachine import BrokerState, control_create_topic, control_delete_topic
 from raftlog.types import Entry, EntryType
 from wire.protocol import Code, RequestError
 from wire.records import (

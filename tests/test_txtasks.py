@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker.txtasks import ORPHAN_RETRY_MAX_MS, orphan_retry, orphan_verdict
+from broker.duties.transactions import ORPHAN_RETRY_MAX_MS, orphan_retry, orphan_verdict
 
 TOP = (1 << 63) - 1
 

@@ -9,10 +9,10 @@ import pytest
 import scramp
 
 from broker.config import ConfigError, NodeConfig
-from broker.parts.base import Refused
-from broker.parts.users import UserDelete, UserPut, Users, format_verifier, parse_verifier
-from broker.security import make_credential
-from broker.statemachine import BrokerState
+from broker.doors.security import make_credential
+from broker.state.parts.base import Refused
+from broker.state.parts.users import UserDelete, UserPut, Users, format_verifier, parse_verifier
+from broker.state.statemachine import BrokerState
 from raftlog.types import Entry, EntryType
 from wire.protocol import Code
 

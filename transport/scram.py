@@ -1,4 +1,4 @@
-"""SCRAM-SHA-256 authentication (see `broker.security` for why SCRAM): on the client side,
+"""SCRAM-SHA-256 authentication (see `broker.doors.security` for why SCRAM): on the client side,
 credentials, where they come from, and the two AUTH round trips over any request
 function, so the async pool and the blocking client share one exchange; on the server
 side (`ServerLogins`), the two steps a node and the name server answer alike."""

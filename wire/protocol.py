@@ -92,12 +92,12 @@ class Op(IntEnum):
     HELLO = 1  # peer handshake, first frame only (node, nonce, purpose); see transport.peerauth
     AUTH = 4  # client authentication, SCRAM-SHA-256 (RFC 5802/7677) in two rounds: (step:
     #   "first", msg: client-first) -> (msg: server-first); (step: "final", msg:
-    #   client-final) -> (msg: server-final, user); see broker.security
+    #   client-final) -> (msg: server-final, user); see broker.doors.security
     RAFT = 2  # (g: group, m: message fields) body: stored entries; one-way
     READ_RAW = 3  # node to node, for repairing corrupt entries: (g, index, hi?) -> (term)
     #   body: the stored bytes of entries [index, index + n), 1 <= n <= hi - index (hi
     #   defaults to index + 1; the answer ends before the answering replica's own next
-    #   unreadable entry, and within broker.service.READ_RAW_MAX_BYTES); NOT_FOUND (gone: retention removed
+    #   unreadable entry, and within broker.doors.service.READ_RAW_MAX_BYTES); NOT_FOUND (gone: retention removed
     #   entry `index`)
     PRODUCE = 10  # (g) body: a batch (wire.records) -> (base, n, index, dup); or
     #   (g, sizes) body: batches back to back -> (results: an outcome per batch); see
@@ -112,7 +112,7 @@ class Op(IntEnum):
     GET_MESSAGE = 23  # (msg_id) -> (msgs) body
     QUERY_KEY = 24  # (topic, key, max) -> (msgs) body
     TRANSFER_LEADER = 25  # (g, to: node id, prefer?: bool) -> (voters); `prefer` logs `to`
-    #   as the group's preferred leader first (broker.parts.leadership)
+    #   as the group's preferred leader first (broker.state.parts.leadership)
     DELETE_TOPIC = 26  # (g, topic) -> (): the topic, its queues, offsets and keys, in group g
     GROW_TOPIC = 27  # (g, topic, queues: new total, hosted: [queue ids]) -> (); see
     #   BrokerState._grow_topic: existing queues stay, a new group may join
@@ -128,7 +128,7 @@ class Op(IntEnum):
     HOST_GROUP = 51  # (g, voters: [node ids]) -> (created: bool): start hosting an empty
     #   replica of g, caught up by its leader once added as a learner
     DROP_GROUP = 52  # (g) -> (dropped: bool): stop hosting g (removed from it), delete its data
-    # Transactions (see broker.txservice and broker.txtasks): g is the group asked. Kafka's
+    # Transactions (see broker.doors.transactions and broker.duties.transactions): g is the group asked. Kafka's
     # model: tid = transactional id, epoch fences older producers of it, n numbers the
     # transactions of one epoch (0, 1, ...). RocketMQ's: txid names one half message,
     # pg its producer group.
@@ -160,13 +160,13 @@ class Op(IntEnum):
     #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see namesrv.registry
     ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])
     CLUSTER = 42  # name server: (topics: bool) -> (nodes, groups) + topic listing in the body
-    # users and ACLs, kept in the metadata group (see broker.security)
+    # users and ACLs, kept in the metadata group (see broker.doors.security)
     USER_PUT = 80  # (user, salt, iterations, stored_key, server_key): create a user or
     #   replace its SCRAM verifier, in the metadata group -> ()
     USER_DELETE = 81  # (user) -> (deleted: bool)
     USER_LIST = 82  # () -> (users: [names])
     ACL_ADD = 83  # (principal, kind, pattern, name, operation, permission) -> (added: bool);
-    #   see broker.parts.acls
+    #   see broker.state.parts.acls
     ACL_REMOVE = 84  # (the same fields) -> (removed: bool)
     ACL_LIST = 85  # () -> (acls: [[principal, kind, pattern, name, operation, permission]])
 

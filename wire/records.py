@@ -20,7 +20,7 @@ batch's outcome.
                tx?: [tid: str, epoch: int, n: int], half?: [txid: str, producer_group: str]}
                pid/seq are 0/-1 for a producer without idempotence; `tx` (a transaction's
                batch) or `half` (a half message), never both, make it a prepared batch
-               (`broker.parts.txpart`); an ordinary batch has neither
+               (`broker.state.parts.txpart`); an ordinary batch has neither
     record  := u32 size u64 born_ms u16 key_len u16 tags_len u32 props_len u32 body_len
                key tags props body            (size counts the whole record)
                props is a msgpack map of str -> str, or empty

@@ -34,7 +34,7 @@ __all__ = ["DataLossError", "discover", "read_range"]
 
 log = logging.getLogger("raftmq.spark")
 
-FETCH_COUNT = 1024  # the broker's most messages per FETCH (broker.service.MAX_FETCH_COUNT)
+FETCH_COUNT = 1024  # the broker's most messages per FETCH (broker.doors.service.MAX_FETCH_COUNT)
 FETCH_BYTES = 8 << 20  # the broker's most bytes per FETCH
 _BOUNDS_CONCURRENCY = 32
 _RETRY_PAUSE = 0.1

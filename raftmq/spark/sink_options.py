@@ -57,7 +57,7 @@ __all__ = [
     "parse_sink_options",
 ]
 
-MAX_TRANSACTION_ROWS = 10_000  # broker.parts.txpart.MAX_TX_MESSAGES
+MAX_TRANSACTION_ROWS = 10_000  # broker.state.parts.txpart.MAX_TX_MESSAGES
 DEFAULT_TRANSACTION_ROWS = 5_000
 _QUERY = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 _MAX_BATCH = (1 << 62) - 1

@@ -12,9 +12,9 @@ from typing import Any
 
 import msgpack
 
-from broker.cqchunks import CorruptChunk
-from broker.security import RULES
-from broker.statemachine import BrokerState
+from broker.doors.security import RULES
+from broker.state.cqchunks import CorruptChunk
+from broker.state.statemachine import BrokerState
 from namesrv.registry import parse_registration
 from raftlog.commitlog import CommitLog, CommitLogError
 from raftlog.fsutil import CorruptFile
@@ -84,9 +84,9 @@ def batch(data: bytes) -> None:
 
 
 def _seed_state() -> BrokerState:
-    from broker.parts.acls import Acl, AclAdd
-    from broker.parts.users import UserPut
-    from broker.statemachine import control_create_topic, control_offsets
+    from broker.state.parts.acls import Acl, AclAdd
+    from broker.state.parts.users import UserPut
+    from broker.state.statemachine import control_create_topic, control_offsets
     from raftlog.types import Entry, EntryType
     from wire.records import OutgoingMessage, encode_batch
 

@@ -1,6 +1,6 @@
 """What every part of the broker state machine shares: results, refusals, records, the hooks.
 
-A part owns one slice of a group's replicated state (`broker.statemachine` composes
+A part owns one slice of a group's replicated state (`broker.state.statemachine` composes
 them). It declares:
 
 * `records`: the control records it owns, frozen and validated dataclasses that encode to
@@ -32,7 +32,7 @@ import msgpack
 from wire.protocol import Code, RequestError
 
 if TYPE_CHECKING:
-    from broker.statemachine import BrokerState
+    from broker.state.statemachine import BrokerState
     from wire.records import BatchHeader, RecordRef
 
 __all__ = [

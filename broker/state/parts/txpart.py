@@ -52,8 +52,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from broker.dueheap import DueHeap
-from broker.parts.base import (
+from broker.state.dueheap import DueHeap
+from broker.state.parts.base import (
     ControlRecord,
     ControlResult,
     Handler,

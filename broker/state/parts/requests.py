@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.parts.base import ApplyResult, ControlResult, Part, Refused, is_int
+from broker.state.parts.base import ApplyResult, ControlResult, Part, Refused, is_int
 from wire.protocol import Code
 
 __all__ = ["MAX_CLIENTS", "REQUEST_WINDOW", "Requests", "valid_request_id"]

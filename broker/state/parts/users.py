@@ -8,7 +8,7 @@ proof needs `ClientKey`, which StoredKey is a hash of). The client computes the 
 (`raftmq user add` does, with scramp) so the password never leaves it either.
 
 Users live in the cluster's metadata group (`NodeConfig.metadata_group`, see
-`broker.security`); this part exists in every group's state but only that group's
+`broker.doors.security`); this part exists in every group's state but only that group's
 records are proposed and read.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
+from broker.state.parts.base import ControlRecord, ControlResult, Handler, Part, Refused, int_field
 from wire.protocol import Code
 from wire.security import (
     KEY_BYTES,

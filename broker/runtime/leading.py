@@ -5,7 +5,7 @@ with a ReadIndex barrier, propose a control record: every door (`service.py`,
 `txservice.py`) and every duty (`txtasks.py`) goes through a `GroupLead`, so none reaches
 into another's private helpers and the rules live in one place.
 
-A control record reaches the log one way: its typed record (`broker.parts`), built and
+A control record reaches the log one way: its typed record (`broker.state.parts`), built and
 validated here, then encoded. A record that its type refuses never reaches the log: the
 caller gets the very error code apply would have given.
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from broker.groups import GroupRegistry
-from broker.parts.base import ControlRecord, ControlResult, ErrorResult, Refused
-from broker.statemachine import PARTS, BrokerState
+from broker.runtime.groups import GroupRegistry
+from broker.state.parts.base import ControlRecord, ControlResult, ErrorResult, Refused
+from broker.state.statemachine import PARTS, BrokerState
 from raftlog.core import NotLeader
 from raftlog.runtime import GroupRuntime
 from raftlog.types import EntryType

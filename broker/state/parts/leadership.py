@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from broker.parts.base import ControlRecord, ControlResult, Handler, Part, int_field
+from broker.state.parts.base import ControlRecord, ControlResult, Handler, Part, int_field
 
 __all__ = ["Leadership", "PreferLeader"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import trio
 
-from broker.statemachine import TopicConfig
+from broker.state.statemachine import TopicConfig
 from transport.framing import open_frame_stream
 from wire.protocol import Code, Op, topic_shapes
 

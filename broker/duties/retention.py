@@ -47,7 +47,7 @@ from typing import Protocol
 
 import trio
 
-from broker.statemachine import BrokerState, control_retain
+from broker.state.statemachine import BrokerState, control_retain
 from raftlog.commitlog import CommitLogError, SegmentInfo
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType

@@ -4,7 +4,7 @@ Every `tx_tick_ms`, for each group this node leads, from the group's applied sta
 
 * coordinator: every decided transaction whose markers are not all written
   (prepare_commit / prepare_abort) gets TX_MARKER sent to each participant's leader
-  (over `broker.peer_rpc`, or proposed here directly when this node leads that
+  (over `broker.runtime.peer_rpc`, or proposed here directly when this node leads that
   participant too), retried with backoff until each is applied, then tx_complete is
   proposed; every ongoing transaction past its timeout is aborted (tx_end, reason
   "timeout"). A new leader picks all this up at its first tick: the state is in the log.
@@ -55,11 +55,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from broker.config import NodeConfig
-from broker.groups import GroupRegistry
-from broker.leading import GroupLead, control_record
-from broker.parts.txpart import MAX_MARKERS
-from broker.peer_rpc import PeerRPC
-from broker.txservice import TxService, coordinator, now_ms, participant
+from broker.doors.transactions import TxService, coordinator, now_ms, participant
+from broker.runtime.groups import GroupRegistry
+from broker.runtime.leading import GroupLead, control_record
+from broker.runtime.peer_rpc import PeerRPC
+from broker.state.parts.txpart import MAX_MARKERS
 from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
 from transport.framing import CallerGone
 from wire.protocol import Code, Op, RequestError
@@ -67,7 +67,7 @@ from wire.records import decode_record
 from wire.txn import coordinator_group
 
 if TYPE_CHECKING:
-    from broker.security import Guard
+    from broker.doors.security import Guard
 
 __all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks", "orphan_retry", "orphan_verdict"]
 

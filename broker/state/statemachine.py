@@ -10,7 +10,7 @@ entries), no randomness, and it never raises for bad entry data. The leader vali
 before proposing, but whatever reaches the log must have one deterministic outcome, which
 for garbage is an `ErrorResult` and no change.
 
-`BrokerState` is a composition of parts (`broker.parts`), each owning a slice of the
+`BrokerState` is a composition of parts (`broker.state.parts`), each owning a slice of the
 state, its control records, their apply handlers, its queries and its snapshot section:
 
 - `Catalog`: topics and the queues of each hosted here (create_topic, delete_topic);
@@ -55,7 +55,7 @@ Entries applied:
 Snapshots (version 3) are {"v", "group", "applied", "parts": [[name, version, section]]},
 one section per part in `PARTS` order; versions 1 and 2 (one flat map) still restore, and
 a part missing from a snapshot starts empty. The queues section references the sealed
-chunks of the ConsumeQueues instead of copying them (`broker.cqchunks`): they live in the
+chunks of the ConsumeQueues instead of copying them (`broker.state.cqchunks`): they live in the
 state's chunk store, which the serialiser returned by `snapshot_later` writes before it
 makes the bytes, and restoring reads and checks them.
 """
@@ -67,10 +67,10 @@ from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
-from broker.consumequeue import CQEntry
-from broker.cqchunks import ChunkRef, ChunkStore, MemoryChunkStore
-from broker.parts.acls import Acls
-from broker.parts.base import (
+from broker.state.consumequeue import CQEntry
+from broker.state.cqchunks import ChunkRef, ChunkStore, MemoryChunkStore
+from broker.state.parts.acls import Acls
+from broker.state.parts.base import (
     MAX_QUEUES,
     ApplyResult,
     BatchOutcomes,
@@ -85,17 +85,17 @@ from broker.parts.base import (
     TopicConfig,
     pack,
 )
-from broker.parts.catalog import Catalog, CreateTopic, DeleteTopic, GrowTopic
-from broker.parts.horizon import Horizon, Retain
-from broker.parts.leadership import Leadership, PreferLeader
-from broker.parts.moves import MoveMessage, Moves
-from broker.parts.offsets import CommitOffsets, DeleteGroup, Offsets
-from broker.parts.producers import DEDUP_WINDOW, Producers
-from broker.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
-from broker.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
-from broker.parts.txcoord import TxCoordinator
-from broker.parts.txpart import TxParticipant
-from broker.parts.users import Users
+from broker.state.parts.catalog import Catalog, CreateTopic, DeleteTopic, GrowTopic
+from broker.state.parts.horizon import Horizon, Retain
+from broker.state.parts.leadership import Leadership, PreferLeader
+from broker.state.parts.moves import MoveMessage, Moves
+from broker.state.parts.offsets import CommitOffsets, DeleteGroup, Offsets
+from broker.state.parts.producers import DEDUP_WINDOW, Producers
+from broker.state.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
+from broker.state.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
+from broker.state.parts.txcoord import TxCoordinator
+from broker.state.parts.txpart import TxParticipant
+from broker.state.parts.users import Users
 from raftlog.fsutil import CorruptFile
 from raftlog.types import Entry, EntryType
 from wire.protocol import MAX_MESSAGE_BYTES, Code, RequestError
@@ -284,7 +284,7 @@ class BrokerState:
 
     def pinned_index(self) -> int | None:
         """The lowest Raft index still holding undecided prepared data (None: none):
-        retention must not delete it (`broker.retention` keeps its limit below)."""
+        retention must not delete it (`broker.duties.retention` keeps its limit below)."""
         return self.txpart.pinned_index()
 
     def retention_gaps(self) -> list[tuple[int, int]]:
@@ -524,7 +524,7 @@ class BrokerState:
     ) -> BrokerState:
         """Rebuild a state from `snapshot()` bytes (of this version or of 1 and 2), reading
         the chunks they reference from `chunk_store`; ValueError if they are not one of
-        ours, `broker.cqchunks.CorruptChunk` if a chunk is missing or damaged."""
+        ours, `broker.state.cqchunks.CorruptChunk` if a chunk is missing or damaged."""
         try:
             d = msgpack.unpackb(data, raw=False, strict_map_key=False)
             version = d["v"]

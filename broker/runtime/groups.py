@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from broker.statemachine import BrokerState
+from broker.state.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime
 
 __all__ = ["GroupRegistry"]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from broker.parts.base import (
+from broker.state.parts.base import (
     MAX_QUEUES,
     ControlRecord,
     ControlResult,

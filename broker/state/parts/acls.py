@@ -9,7 +9,7 @@ equals `name` (pattern `literal`) or starts with it
 entry allows it and none denies it: deny wins, and with no entry at all the answer is
 no (default deny). Superusers are the node config's, not entries here.
 
-Like users, ACLs live in the metadata group (`broker.security`).
+Like users, ACLs live in the metadata group (`broker.doors.security`).
 
 The test mutation `drop-acl-remove` (the state's `mutations`) acknowledges every
 `DROP_REMOVE_EVERY`-th removal of a present entry but keeps the entry: a lost change the
@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
-from broker.parts.base import ControlRecord, ControlResult, Handler, Part, Refused
-from broker.parts.users import validate_user_name
+from broker.state.parts.base import ControlRecord, ControlResult, Handler, Part, Refused
+from broker.state.parts.users import validate_user_name
 from wire.protocol import Code
 from wire.security import OPERATIONS
 

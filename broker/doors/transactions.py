@@ -5,17 +5,17 @@ coordinates a transactional id (`wire.txn.coordinator_group`, over every group o
 cluster config), except TX_OFFSETS, which goes to the participant group hosting those
 queues. RocketMQ's model decides a half message with HALF_END in the group holding it;
 PRODUCER_HEARTBEAT registers the connection of a producer that answers check-backs
-(TX_CHECK, sent by `broker.txtasks`). TX_MARKER is the coordinator's decision, sent
+(TX_CHECK, sent by `broker.duties.transactions`). TX_MARKER is the coordinator's decision, sent
 node to node only. TX_LIST shows what the groups this node leads hold.
 
 As everywhere in the service, a request is validated fully before anything is
 proposed, so bad input gets a precise error and never reaches the log; the state machine
-(`broker.parts.txcoord`, `broker.parts.txpart`) then refuses what depends on the state
+(`broker.state.parts.txcoord`, `broker.state.parts.txpart`) then refuses what depends on the state
 (fenced epochs, decided transactions) as a Refused result that changed nothing.
 
 TX_END is answered once the decision is committed and every participant applied its
 marker (or, when the request says `wait: false`, once the decision is committed: the
-outcome is fixed, the messages become visible a marker round later) (driven at once by `broker.txtasks.TxTasks`, not at the next tick; the
+outcome is fixed, the messages become visible a marker round later) (driven at once by `broker.duties.transactions.TxTasks`, not at the next tick; the
 transaction is logged complete right after, and a TX_ADD or TX_INIT of the same id
 waits for that), or after `END_WAIT_S` with the decision committed and the markers still
 going out: the coordinator's leader finishes them whatever happens to this request.
@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from broker.leading import control_record
-from broker.parts.base import ControlResult, pack
-from broker.parts.txcoord import TxCoordinator
-from broker.parts.txpart import MAX_MARKERS, TxParticipant
-from broker.producer_groups import ProducerRegistry
-from broker.statemachine import BrokerState
+from broker.doors.producer_groups import ProducerRegistry
+from broker.runtime.leading import control_record
+from broker.state.parts.base import ControlResult, pack
+from broker.state.parts.txcoord import TxCoordinator
+from broker.state.parts.txpart import MAX_MARKERS, TxParticipant
+from broker.state.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime
 from transport.framing import Caller
 from wire.protocol import (
@@ -56,7 +56,7 @@ from wire.records import valid_tid
 from wire.txn import coordinator_group
 
 if TYPE_CHECKING:
-    from broker.service import BrokerService
+    from broker.doors.service import BrokerService
 
 __all__ = [
     "END_WAIT_S",
@@ -69,7 +69,7 @@ __all__ = [
 
 log = logging.getLogger("raftmq.tx")
 
-CRASH_BEFORE_ANSWER_EXIT = 70  # as broker.service's (that module imports this one)
+CRASH_BEFORE_ANSWER_EXIT = 70  # as broker.doors.service's (that module imports this one)
 END_WAIT_S = 5.0  # TX_END / TX_INIT wait this long for markers before answering prepare_*
 MAX_PARTICIPANTS = 64
 REGISTERED_KEPT = 100_000  # (transaction, group) registrations a node remembers
@@ -89,7 +89,7 @@ Handler = Callable[[Caller, dict[str, Any], bytes], Awaitable[Response]]
 
 
 class Finisher(Protocol):
-    """What drives a decided transaction's markers (`broker.txtasks.TxTasks`)."""
+    """What drives a decided transaction's markers (`broker.duties.transactions.TxTasks`)."""
 
     async def finish(self, gid: str, tid: str) -> None: ...
 

@@ -6,7 +6,7 @@ Authentication is SCRAM-SHA-256 (RFC 5802 with RFC 7677's hash), Kafka's and
 PostgreSQL's mechanism, through the `scramp` package on both sides. It was chosen over
 RocketMQ's access-key scheme (an HMAC-SHA1 signature of every request under a secret
 key) because the node then stores no secret a thief could use: a SCRAM verifier
-(salt, iterations, StoredKey, ServerKey; `broker.parts.users`) checks a client's proof
+(salt, iterations, StoredKey, ServerKey; `broker.state.parts.users`) checks a client's proof
 but cannot produce one, while an access-key server must keep every secret key itself.
 SCRAM also authenticates the node to the client (the server signature) and costs one
 round trip per connection rather than a signature per request; with TLS underneath,
@@ -37,7 +37,7 @@ is answered, then the connection is closed: each guess costs a new connection (a
 Authorization (`authorize = true`): every request type maps to the resources it touches
 and the operation it needs on each (`RULES`: topic, consumer group, transactional id,
 producer group or cluster; publish, subscribe or admin), checked against the ACLs of the
-metadata group (`broker.parts.acls`; deny wins, default deny); configured superusers
+metadata group (`broker.state.parts.acls`; deny wins, default deny); configured superusers
 pass. A request type without a rule is refused, so one added later is closed until
 someone maps it.
 
@@ -59,11 +59,11 @@ from typing import Any, NoReturn, Protocol
 import trio
 
 from broker.config import NodeConfig
-from broker.parts.acls import Acl, AclAdd, AclRemove, Acls, acl_from_fields
-from broker.parts.base import ErrorResult, Refused
-from broker.parts.users import Credential, UserDelete, UserPut, Users, parse_verifier
-from broker.refusals import refusal
-from broker.statemachine import BrokerState
+from broker.doors.refusals import refusal
+from broker.state.parts.acls import Acl, AclAdd, AclRemove, Acls, acl_from_fields
+from broker.state.parts.base import ErrorResult, Refused
+from broker.state.parts.users import Credential, UserDelete, UserPut, Users, parse_verifier
+from broker.state.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import EntryType
 from transport.framing import Caller, Response

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from broker.parts.base import (
+from broker.state.parts.base import (
     ControlRecord,
     ControlResult,
     Handler,

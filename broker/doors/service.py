@@ -27,12 +27,13 @@ from typing import Any, Protocol
 import trio
 
 from broker.config import NodeConfig
-from broker.consumers import ConsumerRegistry
-from broker.groups import GroupRegistry
-from broker.leading import GroupLead
-from broker.metrics import NodeMetrics
-from broker.refusals import refusal
-from broker.statemachine import (
+from broker.doors.consumers import ConsumerRegistry
+from broker.doors.refusals import refusal
+from broker.doors.transactions import TxService
+from broker.runtime.groups import GroupRegistry
+from broker.runtime.leading import GroupLead
+from broker.runtime.metrics import NodeMetrics
+from broker.state.statemachine import (
     MAX_QUEUES,
     BatchOutcomes,
     BrokerState,
@@ -47,7 +48,6 @@ from broker.statemachine import (
     control_prefer_leader,
     valid_request_id,
 )
-from broker.txservice import TxService
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import (
     GroupRuntime,

@@ -2,7 +2,7 @@
 
 A ConsumeQueue's records are a pure function of the applied log, so its records
 ``[k * n, (k + 1) * n)`` (chunk `k`, `n` records of 28 bytes, followed by the keys of its
-keyed records: see `broker.parts.queues`) are the same bytes on every replica once the
+keyed records: see `broker.state.parts.queues`) are the same bytes on every replica once the
 queue has grown past them. A snapshot names each such sealed chunk (by its first
 record's Raft index and start, which no other chunk of the group shares, and `n`) with
 its length and CRC32C, and carries only the queue's open ends inline (under two chunks'

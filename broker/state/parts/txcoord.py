@@ -52,8 +52,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from broker.dueheap import DueHeap
-from broker.parts.base import (
+from broker.state.dueheap import DueHeap
+from broker.state.parts.base import (
     ControlRecord,
     ControlResult,
     Handler,
@@ -62,7 +62,14 @@ from broker.parts.base import (
     int_field,
     name_field,
 )
-from broker.parts.txpart import EXPIRE_BATCH, MAX_MS, IdleIds, bool_field, epoch_fields, tid_field
+from broker.state.parts.txpart import (
+    EXPIRE_BATCH,
+    MAX_MS,
+    IdleIds,
+    bool_field,
+    epoch_fields,
+    tid_field,
+)
 from wire.protocol import Code, validate_group_name
 
 __all__ = [

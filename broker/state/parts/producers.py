@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from broker.parts.base import Part, ProduceResult, Refused, TopicConfig
+from broker.state.parts.base import Part, ProduceResult, Refused, TopicConfig
 from wire.protocol import Code
 from wire.records import BatchHeader
 

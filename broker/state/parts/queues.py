@@ -18,7 +18,7 @@ loads)::
 
 A queue's records from `min_offset` on are `head` (inline, up to the first chunk
 boundary at or above `min_offset`), then its sealed chunks of `n` records each, by
-reference (`broker.cqchunks`: named by their first record's Raft index and start, checked
+reference (`broker.state.cqchunks`: named by their first record's Raft index and start, checked
 by length and CRC32C, stored in the state's chunk store), then `tail` (inline, the open
 chunk). `head_keys` and `tail_keys` are the [offset, key] of the keyed records inline; a
 chunk is its `n` records followed by the msgpack list of [offset - first offset, key] of
@@ -39,9 +39,9 @@ from typing import Any
 import crc32c
 import msgpack
 
-from broker.consumequeue import CQ_RECORD, ConsumeQueue, CQEntry
-from broker.cqchunks import CHUNK_RECORDS, ChunkGone, ChunkRef, chunk_name, load_chunk
-from broker.parts.base import MAX_QUEUES, Detached, Part, TopicConfig, pack
+from broker.state.consumequeue import CQ_RECORD, ConsumeQueue, CQEntry
+from broker.state.cqchunks import CHUNK_RECORDS, ChunkGone, ChunkRef, chunk_name, load_chunk
+from broker.state.parts.base import MAX_QUEUES, Detached, Part, TopicConfig, pack
 from wire.protocol import Code, RequestError
 from wire.records import RecordRef
 

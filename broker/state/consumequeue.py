@@ -20,7 +20,7 @@ that would delete a late record's entry while keeping a record before it
 
 Everything here is pure and deterministic: the broker state machine owns the queues and
 snapshots them as `min_offset` plus the raw record bytes, those of sealed chunks by
-reference (`broker.cqchunks`).
+reference (`broker.state.cqchunks`).
 """
 
 from __future__ import annotations

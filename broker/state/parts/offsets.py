@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from broker.parts.base import (
+from broker.state.parts.base import (
     ControlRecord,
     ControlResult,
     Handler,

@@ -1,0 +1,6 @@
+"""Leader-side duties: small tasks beside the state machine of each group this node leads.
+
+A duty reads its group's applied state and proposes control records (or, through
+`broker.state.parts.moves`, messages) through `GroupLead`; what it decides is in the log,
+so a new leader's duty carries on from there.
+"""

@@ -1,1 +1,0 @@
-"""The parts the broker state machine is composed of (see `broker.parts.base`)."""
