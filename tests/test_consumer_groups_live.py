@@ -469,6 +469,26 @@ def test_a_pull_consumer_is_a_member_its_group_sees_but_shares_no_queues(
     run(main)
 
 
+def test_a_closed_pull_consumer_is_gone_from_its_group_at_once(cluster: LocalCluster) -> None:
+    """Closing sends a leaving heartbeat; no periodic beat may follow it (one that did
+    would make the consumer a member again, and an offset reset would refuse until its
+    ttl ran out). Beats every 5 ms keep one in flight at almost every close."""
+    topic, group = fresh("pullleave"), fresh("cg")
+
+    async def main() -> None:
+        await create_topic(cluster, topic)
+        async with Admin(cluster.namesrv_addr) as admin:
+            for i in range(8):
+                async with PullConsumer(cluster.namesrv_addr, group, client_id=f"p{i}",
+                                        heartbeat_interval=0.005) as pull:
+                    pull.assign(topic)
+                    await until_async(lambda: admin.consumers(group), "the consumer seen")
+                    await anyio.sleep(0.05 * (i % 3))
+                assert await admin.consumers(group) == [], f"close {i}"
+
+    run(main)
+
+
 async def until_async(get: Any, what: str) -> None:
     with anyio.fail_after(BOUND):
         while not await get():

@@ -106,9 +106,39 @@ class ClientBase(StartClose):
         return self._routes
 
 
-async def heartbeat(routes: Routes, header: dict[str, Any], timeout: float) -> None:
-    """One HEARTBEAT to every node of the cluster; a failure is only logged (the next
-    beat tries again, and the ttl covers three of them)."""
+class Heartbeats:
+    """One group member's heartbeats, each to every node of the cluster, with the rule
+    that nothing follows the leave.
+
+    A beat still on its way when the member leaves could reach a node after the leaving
+    beat (a node handles a connection's requests concurrently) and make the member a
+    member again until its ttl ran out: its group would wait for it (a rebalance, an
+    offset reset). So beats do not overlap (a lock), a beat in flight is not cancelled
+    midway (it finishes or times out), and once the leave started no beat is sent.
+    """
+
+    def __init__(self) -> None:
+        self._lock = anyio.Lock()
+        self._left = False
+
+    async def beat(self, routes: Routes, header: dict[str, Any], timeout: float) -> None:
+        """One heartbeat (a failure is only logged: the next beat tries again, and the
+        ttl covers three of them)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(timeout):
+            async with self._lock:
+                if not self._left:
+                    await _to_every_node(routes, header, timeout)
+
+    async def leave(self, routes: Routes, header: dict[str, Any], timeout: float) -> None:
+        """The last heartbeat, with a ttl of 0: the member is gone at once, not at its
+        expiry. Waits for a beat in flight first."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2 * timeout):
+            async with self._lock:
+                self._left = True
+                await _to_every_node(routes, {**header, "ttl_ms": 0}, timeout)
+
+
+async def _to_every_node(routes: Routes, header: dict[str, Any], timeout: float) -> None:
     try:
         cluster = await routes.cluster()
     except RequestError as exc:
@@ -155,6 +185,7 @@ class GroupClient(ClientBase):
         self, namesrv: Sequence[str] | str, pool: ConnectionPool | None, timeout: float
     ) -> None:
         super().__init__(namesrv, pool, timeout)
+        self._beats = Heartbeats()
         self._members_changed: anyio.Event | NeverSet = NeverSet()  # an Event once running
 
     async def _watch_members(self, tg: anyio.abc.TaskGroup) -> None:

@@ -23,7 +23,6 @@ from .groupclient import (
     call_back,
     check_isolation,
     checked_client_id,
-    heartbeat,
 )
 from .reads import (
     FETCH_GRACE,
@@ -166,27 +165,28 @@ class PullConsumer(GroupClient):
         tb: TracebackType | None,
     ) -> bool | None:
         if self._routes is not None and not self._closed:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeout):
-                await self._heartbeat(0)  # gone from its group now, not at its expiry
+            # gone from its group now, not at its expiry
+            await self._beats.leave(self.routes, self._member(), self.timeout)
         return await self._close(exc_type, exc, tb)
 
     async def _beat(self) -> None:
         while True:
-            await self._heartbeat(int(self.heartbeat_interval * 3000))
+            await self._heartbeat()
             await anyio.sleep(self.heartbeat_interval)
 
-    async def _heartbeat(self, ttl_ms: int) -> None:
-        """A heartbeat: as a subscribed member, counted when the group shares queues; with
-        manual assignment, visible to its group (an offset reset refuses) but never given
-        queues by another member's rebalance."""
+    async def _heartbeat(self) -> None:
+        await self._beats.beat(self.routes, self._member(), self.timeout)
+
+    def _member(self) -> dict[str, Any]:
+        """A heartbeat's header: as a subscribed member, counted when the group shares
+        queues; with manual assignment, visible to its group (an offset reset refuses)
+        but never given queues by another member's rebalance."""
+        ttl_ms = int(self.heartbeat_interval * 3000)
         if self._subscribed:
-            await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
-                                          "topics": sorted(self._subscribed),
-                                          "ttl_ms": ttl_ms}, self.timeout)
-        else:
-            await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
-                                          "topics": sorted(self._assigned), "ttl_ms": ttl_ms,
-                                          "manual": True}, self.timeout)
+            return {"cg": self.group, "client": self.client_id,
+                    "topics": sorted(self._subscribed), "ttl_ms": ttl_ms}
+        return {"cg": self.group, "client": self.client_id,
+                "topics": sorted(self._assigned), "ttl_ms": ttl_ms, "manual": True}
 
     def assign(
         self, topic: str, queues: Iterable[int] | None = None, *, tags: Tags = None
@@ -241,7 +241,7 @@ class PullConsumer(GroupClient):
         self._shared_at = -math.inf  # share at the next poll
         self._watch()
         if self._tg is not None:  # known to the others now, not at the next beat
-            self._tg.start_soon(self._heartbeat, int(self.heartbeat_interval * 3000))
+            self._tg.start_soon(self._heartbeat)
 
     async def unsubscribe(self) -> None:
         """Give up the group's share: `on_revoke` with every queue owned, then this
@@ -253,7 +253,7 @@ class PullConsumer(GroupClient):
             self._positions.pop(key, None)
         self._subscribed = {}
         if self._routes is not None and not self._closed:
-            await self._heartbeat(int(self.heartbeat_interval * 3000))
+            await self._heartbeat()
 
     async def _share(self) -> None:
         """Take up the group's current share of the subscribed topics' queues (see

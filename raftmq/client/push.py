@@ -26,7 +26,6 @@ from .groupclient import (
     GroupClient,
     check_isolation,
     checked_client_id,
-    heartbeat,
     is_async_callable,
 )
 from .localoffsets import LocalOffsets, default_offsets_dir
@@ -309,10 +308,12 @@ class PushConsumer(GroupClient):
 
     async def _heartbeat(self, leaving: bool = False) -> None:
         """Tell every node this client is alive (ttl 0 when leaving, so it drops us now)."""
-        ttl_ms = 0 if leaving else int(self.heartbeat_interval * 3000)
-        await heartbeat(self.routes, {"cg": self.group, "client": self.client_id,
-                                      "topics": sorted(self.topics), "ttl_ms": ttl_ms},
-                        self.timeout)
+        header = {"cg": self.group, "client": self.client_id, "topics": sorted(self.topics),
+                  "ttl_ms": int(self.heartbeat_interval * 3000)}
+        if leaving:
+            await self._beats.leave(self.routes, header, self.timeout)
+        else:
+            await self._beats.beat(self.routes, header, self.timeout)
 
     async def rebalance(self) -> None:
         """Recompute this consumer's queues now; release lost ones before taking new ones
