@@ -29,10 +29,14 @@ run: $(VENV)/.base
 	$(VENV)/bin/raftmq dev --data .raftmq-dev --showcase
 
 # Spark's Python workers run the venv's interpreter, where raftmq and pyarrow are.
+# The live tests mostly wait (elections, timeouts, fsyncs), so TEST_WORKERS pytest workers
+# share even two cores well; a worker takes a whole file at a time, so a module's shared
+# cluster starts once. `make test TEST_WORKERS=0` runs everything in one process.
+TEST_WORKERS ?= 4
 test: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(PY) -m mypy
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Coverage-guided fuzzing (atheris) of the frame/request decoders, the batch parser,
 # snapshot restore and CommitLog recovery over damaged files; grows tests/fuzz/corpus,

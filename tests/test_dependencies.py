@@ -38,7 +38,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import REPO_ROOT as ROOT
+
 PACKAGES = ("raftlog", "wire", "transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
 ABOVE_RAFTLOG = ("wire", "transport", "broker", "namesrv", "raftmq", "chaos", "bench", "tests")
 CLIENT_MAY_USE = {  # pinned: widen on purpose
@@ -311,3 +312,24 @@ def test_no_import_circle_at_run_time() -> None:
     edges = {m: {d for d in runtime_imports(m) if d != m and not m.startswith(d + ".")}
              for m in modules() if top(m) != "tests"}
     assert import_cycles(edges) == []
+
+
+# test folders that gather one feature across the layers of a package
+FEATURE_FOLDERS = {
+    "tests/broker/security": "users, ACLs and authentication: parts, the guard, live nodes",
+    "tests/broker/transactions": "both transaction models: parts, doors, duties, live nodes",
+    "tests/cli": "the `raftmq` command and `raftmq dev` (raftmq.cli, raftmq.commands)",
+    "tests/client": "the SDK (raftmq.client)",
+    "tests/fuzz": "the fuzzing targets and their saved corpus",
+}
+
+
+def test_test_folders_mirror_the_packages() -> None:
+    """A test of `broker/state/...` is under `tests/broker/state/`; the few folders that
+    gather a feature across layers say so above."""
+    folders = {p.parent.relative_to(ROOT).as_posix()
+               for p in (ROOT / "tests").rglob("test_*.py") if "corpus" not in p.parts}
+    strays = sorted(f for f in folders - {"tests"} - set(FEATURE_FOLDERS)
+                    if not (ROOT / f.removeprefix("tests/")).is_dir()
+                    and not (ROOT / "raftmq" / f.removeprefix("tests/")).is_dir())
+    assert strays == [], f"test folders that mirror no package: {strays}"

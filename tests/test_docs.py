@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from raftmq.localcluster import LocalCluster
+from tests.paths import REPO_ROOT as ROOT
 from wire.protocol import DEFAULT_NAMESRV
 
-ROOT = Path(__file__).resolve().parents[1]
 BLOCKS = [
     pytest.param(code, id=f"{path.name}-{i}")
     for path in sorted((ROOT / "docs").glob("*.md"))

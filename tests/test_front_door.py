@@ -8,15 +8,14 @@ import re
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from raftmq.localcluster import LocalCluster
+from tests.paths import REPO_ROOT as ROOT
 
 pytestmark = pytest.mark.live
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _port_base() -> int:

@@ -5,11 +5,11 @@ is not there (or one that was renamed)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import raftmq.client
+from tests.paths import REPO_ROOT
 
-SDK_MD = Path(__file__).resolve().parents[1] / "docs" / "sdk.md"
+SDK_MD = REPO_ROOT / "docs" / "sdk.md"
 
 
 def raftmq_names() -> list[str]:

@@ -4,6 +4,6 @@
 the errors that parser documents for bad input (anything else, a hang or a runaway
 allocation is a bug). `python -m tests.fuzz TARGET --runs N` (or `make fuzz`) drives them
 with atheris (libFuzzer's coverage guidance), growing `corpus/TARGET/`; the default suite
-replays every saved input (`tests/test_fuzz_corpus.py`), so an input that once found a
+replays every saved input (`tests/fuzz/test_corpus.py`), so an input that once found a
 bug stays a regression test.
 """
