@@ -39,7 +39,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import msgpack
 
@@ -56,16 +56,21 @@ __all__ = [
     "Op",
     "ProtocolError",
     "RaftMQError",
+    "REQUEST_ID_RULE",
     "RequestError",
+    "check_request_id",
     "encode_frame",
     "error_header",
     "frame_limit",
+    "is_int",
     "ok_header",
     "parse_address",
+    "request_id_field",
     "topic_shapes",
     "validate_client_id",
     "validate_group_name",
     "validate_topic_name",
+    "valid_request_id",
 ]
 
 MAX_MESSAGE_BYTES = 4 << 20  # RocketMQ's default maximum message body
@@ -277,11 +282,51 @@ def header_field(h: Mapping[str, Any], name: str, kind: type, default: Any = ...
     v = h.get(name, default)
     if v is ...:
         raise RequestError(Code.MALFORMED, f"missing field {name!r}")
-    if kind is int and (not isinstance(v, int) or isinstance(v, bool)):
+    if kind is int and not is_int(v):
         raise RequestError(Code.MALFORMED, f"field {name!r} must be an integer")
     if kind is not int and not isinstance(v, kind):
         raise RequestError(Code.MALFORMED, f"field {name!r} must be {kind.__name__}")
     return v
+
+
+# ---------------------------------------------------------------------- field rules
+# Here, at the bottom, so the typed requests (`wire.requests`), the doors and the state
+# machine's records apply one rule each, not copies that could drift apart.
+
+
+def is_int(v: object) -> TypeGuard[int]:
+    """An integer field as msgpack decodes one: Python's bool is an int, a client's
+    ``true`` is not."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+REQUEST_ID_RULE = "req must be [client id > 0, sequence >= 0]"
+
+
+def valid_request_id(req: object) -> tuple[int, int] | None:
+    """A request id ([client id, sequence] of a write the client may retry, which the
+    state machine applies once however often it arrives) as (client id > 0,
+    sequence >= 0), both under 2**64; None when `req` is not one."""
+    if (isinstance(req, list | tuple) and len(req) == 2 and is_int(req[0]) and is_int(req[1])
+            and 0 < req[0] < 1 << 64 and 0 <= req[1] < 1 << 64):
+        return int(req[0]), int(req[1])
+    return None
+
+
+def check_request_id(req: object) -> tuple[int, int]:
+    """`req` as a request id (`valid_request_id`), or MALFORMED."""
+    valid = valid_request_id(req)
+    if valid is None:
+        raise RequestError(Code.MALFORMED, REQUEST_ID_RULE)
+    return valid
+
+
+def request_id_field(h: Mapping[str, Any]) -> tuple[int, int] | None:
+    """A request header's optional "req" field: None when it is left out, MALFORMED when
+    it is there and not a request id (a null included)."""
+    if "req" not in h:
+        return None
+    return check_request_id(h["req"])
 
 
 class FrameDecoder:

@@ -25,7 +25,9 @@ from wire.protocol import (
     Code,
     Op,
     RequestError,
+    check_request_id,
     header_field,
+    is_int,
     validate_group_name,
     validate_topic_name,
 )
@@ -39,6 +41,7 @@ __all__ = [
     "QueryOffsetAnswer",
     "QueryOffsetRequest",
     "WireType",
+    "is_offset_item",
     "reference",
 ]
 
@@ -66,25 +69,21 @@ def _str_list(name: str) -> Check:
     return check
 
 
+def is_offset_item(item: object, kind: type[list[Any]] | type[tuple[Any, ...]] = list) -> bool:
+    """One committed offset, [topic, queue, offset >= 0], as a `kind`: a list as it
+    travels in COMMIT_OFFSET, a tuple as the state machine's `CommitOffsets` record holds
+    it (its `validate` applies this same rule)."""
+    return (isinstance(item, kind) and len(item) == 3 and isinstance(item[0], str)
+            and is_int(item[1]) and is_int(item[2]) and item[2] >= 0)
+
+
 def _offset_items(v: Any) -> tuple[tuple[str, int, int], ...]:
     out = []
     for item in v:
-        if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str)
-                or not _is_int(item[1]) or not _is_int(item[2]) or item[2] < 0):
+        if not is_offset_item(item):
             raise RequestError(Code.MALFORMED, "offsets must be [[topic, queue, offset>=0], ...]")
         out.append((validate_topic_name(item[0]), item[1], item[2]))
     return tuple(out)
-
-
-def _request_id(v: Any) -> tuple[int, int]:
-    if (len(v) != 2 or not _is_int(v[0]) or not _is_int(v[1])
-            or not 0 < v[0] < 1 << 64 or not 0 <= v[1] < 1 << 64):
-        raise RequestError(Code.MALFORMED, "req must be [client id > 0, sequence >= 0]")
-    return v[0], v[1]
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 _KIND_NAMES = {int: "integer", str: "string", bool: "boolean", list: "list", dict: "map"}
@@ -203,7 +202,7 @@ class CommitOffsetRequest(WireType):
         check=_offset_items)
     req: tuple[int, int] | None = spec(
         list, "`[client id, sequence]`: a retried commit is applied once", default=None,
-        check=_request_id)
+        check=check_request_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,7 +46,6 @@ from broker.state.statemachine import (
     control_grow_topic,
     control_offsets,
     control_prefer_leader,
-    valid_request_id,
 )
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import (
@@ -64,7 +63,9 @@ from wire.protocol import (
     Op,
     RequestError,
     header_field,
+    is_int,
     ok_header,
+    request_id_field,
     validate_group_name,
     validate_topic_name,
 )
@@ -137,17 +138,6 @@ def _topic(h: dict[str, Any]) -> str:
 def _cg(h: dict[str, Any]) -> str:
     """The consumer group field "cg", checked like `_topic`."""
     return validate_group_name(header_field(h, "cg", str))
-
-
-def _request_id(h: dict[str, Any]) -> tuple[int, int] | None:
-    """The optional "req" field ([client id, sequence]) of a write the client may retry;
-    the state machine applies such a write once, however often it arrives."""
-    if "req" not in h:
-        return None
-    req = valid_request_id(h["req"])
-    if req is None:
-        raise RequestError(Code.MALFORMED, "req must be [client id > 0, sequence >= 0]")
-    return req
 
 
 class BrokerHost(Protocol):
@@ -628,7 +618,7 @@ class BrokerService:
         hosted = header_field(h, "hosted", list)
         if not 1 <= queues <= MAX_QUEUES:
             raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
-        if not hosted or any(not _is_int(q) or not 0 <= q < queues for q in hosted):
+        if not hosted or any(not is_int(q) or not 0 <= q < queues for q in hosted):
             raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
         self.lead.leading(g)
         result = self._result(await g.propose(
@@ -644,7 +634,7 @@ class BrokerService:
     async def _delete_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self.lead.group(h.get("g"))
         topic = _topic(h)
-        req = _request_id(h)
+        req = request_id_field(h)
         self.lead.leading(g)
         self._result(await g.propose(control_delete_topic(topic, req), EntryType.CONTROL))
         self.node.topics_changed()
@@ -657,9 +647,9 @@ class BrokerService:
         hosted = header_field(h, "hosted", list)
         if not 1 <= queues <= MAX_QUEUES:
             raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
-        if any(not _is_int(q) or not 0 <= q < queues for q in hosted):
+        if any(not is_int(q) or not 0 <= q < queues for q in hosted):
             raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
-        req = _request_id(h)
+        req = request_id_field(h)
         self.lead.leading(g)
         self._result(await g.propose(control_grow_topic(topic, queues, hosted, req),
                                      EntryType.CONTROL))
@@ -686,7 +676,7 @@ class BrokerService:
     async def _delete_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         g = self.lead.group(h.get("g"))
         cg = _cg(h)
-        req = _request_id(h)
+        req = request_id_field(h)
         self.lead.leading(g)
         result = self._result(await g.propose(control_delete_group(cg, req), EntryType.CONTROL))
         assert isinstance(result, ControlResult)
@@ -819,7 +809,7 @@ class BrokerService:
             raise RequestError(Code.UNKNOWN_GROUP, f"no group {gid!r} in the cluster "
                                f"(known: {known})")
         raw = header_field(h, "voters", list)
-        if not raw or not all(_is_int(v) and v in self.node.config.peers for v in raw):
+        if not raw or not all(is_int(v) and v in self.node.config.peers for v in raw):
             raise RequestError(Code.MALFORMED, f"voters must be node ids of the cluster's "
                                f"peers {sorted(self.node.config.peers)}, got {raw!r}")
         created = await self.node.host_group(gid, tuple(sorted(set(raw))))
@@ -955,9 +945,5 @@ class BrokerService:
             changed = self._member_waits.setdefault(cg, trio.Event())
             with trio.move_on_at(min(deadline, expiry + 0.001 if expiry else deadline)):
                 await changed.wait()
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 

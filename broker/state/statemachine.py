@@ -92,7 +92,7 @@ from broker.state.parts.moves import MoveMessage, Moves
 from broker.state.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.state.parts.producers import DEDUP_WINDOW, Producers
 from broker.state.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
-from broker.state.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests, valid_request_id
+from broker.state.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests
 from broker.state.parts.txcoord import TxCoordinator
 from broker.state.parts.txpart import TxParticipant
 from broker.state.parts.users import Users
@@ -140,7 +140,6 @@ __all__ = [
     "control_offsets",
     "control_prefer_leader",
     "control_retain",
-    "valid_request_id",
 ]
 
 #: The parts, in the order they hear broadcasts and appear in snapshots.

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import msgpack
 
-from wire.protocol import Code, RequestError
+from wire.protocol import Code, RequestError, is_int  # is_int: the parts take it from here
 
 if TYPE_CHECKING:
     from broker.state.statemachine import BrokerState
@@ -146,13 +146,9 @@ def pack(obj: Any) -> bytes:
     return data
 
 
-def is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def int_field(name: str, v: object, lo: int, hi: int | None = None) -> int:
     """`v` as an int in lo..hi, or Refused(MALFORMED) naming field `name`."""
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+    if not is_int(v) or v < lo or (hi is not None and v > hi):
         bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
         raise Refused(Code.MALFORMED, f"{name} must be an integer {bound}, got {v!r}")
     return v

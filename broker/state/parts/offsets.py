@@ -22,10 +22,10 @@ from broker.state.parts.base import (
     Part,
     Refused,
     TopicConfig,
-    is_int,
     name_field,
 )
 from wire.protocol import Code, validate_group_name
+from wire.requests import is_offset_item
 
 __all__ = ["MAX_CONSUMER_GROUPS", "CommitOffsets", "DeleteGroup", "Offsets"]
 
@@ -45,14 +45,7 @@ class CommitOffsets(ControlRecord):
         if not isinstance(self.offsets, tuple):
             raise Refused(Code.MALFORMED, "offsets must be a list of [topic, queue, offset]")
         for it in self.offsets:
-            if (
-                not isinstance(it, tuple)
-                or len(it) != 3
-                or not isinstance(it[0], str)
-                or not is_int(it[1])
-                or not is_int(it[2])
-                or it[2] < 0
-            ):
+            if not is_offset_item(it, tuple):  # the rule COMMIT_OFFSET's items pass
                 raise Refused(Code.MALFORMED, f"bad offset item {list(it)!r}")
 
     def to_map(self) -> dict[str, Any]:

@@ -19,21 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from broker.state.parts.base import ApplyResult, ControlResult, Part, Refused, is_int
-from wire.protocol import Code
+from broker.state.parts.base import ApplyResult, ControlResult, Part, Refused
+from wire.protocol import REQUEST_ID_RULE, Code, valid_request_id
 
-__all__ = ["MAX_CLIENTS", "REQUEST_WINDOW", "Requests", "valid_request_id"]
+__all__ = ["MAX_CLIENTS", "REQUEST_WINDOW", "Requests"]
 
 REQUEST_WINDOW = 64  # control requests remembered per client (retries outlive no more)
 MAX_CLIENTS = 1 << 16  # clients remembered at all; the least recently seen go first
-
-
-def valid_request_id(req: object) -> tuple[int, int] | None:
-    """A `req` field as (client id > 0, sequence >= 0), or None if it is not one."""
-    if (isinstance(req, list | tuple) and len(req) == 2 and is_int(req[0]) and is_int(req[1])
-            and 0 < req[0] < 1 << 64 and 0 <= req[1] < 1 << 64):
-        return int(req[0]), int(req[1])
-    return None
 
 
 @dataclass(slots=True)
@@ -62,8 +54,7 @@ class Requests(Part):
         before; Refused for a malformed id or a forgotten sequence, and when `apply` is."""
         req = valid_request_id(raw_req)
         if req is None:
-            raise Refused(Code.MALFORMED, f"req must be [client id > 0, sequence >= 0], "
-                          f"got {raw_req!r}")
+            raise Refused(Code.MALFORMED, f"{REQUEST_ID_RULE}, got {raw_req!r}")
         cid, seq = req
         client = self._clients.get(cid)
         seen = client.results.get(seq) if client is not None else None
