@@ -34,10 +34,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from broker.doors.producer_groups import ProducerRegistry
-from broker.runtime.leading import control_record
+from broker.runtime.leading import checked
 from broker.state.parts.base import ControlResult, pack
-from broker.state.parts.txcoord import TxCoordinator
-from broker.state.parts.txpart import MAX_MARKERS, TxParticipant
+from broker.state.parts.txcoord import TxAdd, TxCoordinator, TxEnd, TxInit
+from broker.state.parts.txpart import (
+    MAX_MARKERS,
+    HalfEnd,
+    TxMarker,
+    TxMarkers,
+    TxOffsets,
+    TxParticipant,
+)
 from broker.state.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime
 from transport.framing import Caller
@@ -250,8 +257,8 @@ class TxService:
         g = self._coordinating(h, tid)
         gid = g.group_id
         await self._finish(gid, tid)  # a previous transaction still completing goes first
-        await self.lead.propose(g, control_record({
-            "op": "tx_init", "tid": tid, "timeout_ms": timeout_ms, "ts": now_ms()}))
+        await self.lead.propose(g, checked(TxInit, tid=tid, timeout_ms=timeout_ms,
+                                           ts=now_ms()))
         txn = coordinator(self.lead.leading(g)).txn(tid)
         assert txn is not None
         epoch = txn.epoch
@@ -287,9 +294,8 @@ class TxService:
             # two earlier transactions still completing: the older must finish first
             # (one previous transaction may complete while the next one runs)
             await self._finish(g.group_id, tid)
-        await self.lead.propose(g, control_record({
-            "op": "tx_add", "tid": tid, "epoch": epoch, "n": n, "groups": groups,
-            "ts": now_ms()}))
+        await self.lead.propose(g, checked(TxAdd, tid=tid, epoch=epoch, n=n,
+                                           groups=tuple(groups), ts=now_ms()))
 
     async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
@@ -323,9 +329,8 @@ class TxService:
             offsets.append((topic, item[1], item[2]))
         await self.lead.check_commit_bounds(g, offsets)
         await self.register(g, tid, epoch, n)
-        await self.lead.propose(g, control_record({
-            "op": "tx_offsets", "tid": tid, "epoch": epoch, "n": n, "cg": cg,
-            "offsets": [list(o) for o in offsets], "ts": now_ms()}))
+        await self.lead.propose(g, checked(TxOffsets, tid=tid, epoch=epoch, n=n, cg=cg,
+                                           offsets=tuple(offsets), ts=now_ms()))
         return ok_header(0), b""
 
     async def _end(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
@@ -340,11 +345,9 @@ class TxService:
             raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
                                f"groups, not {len(groups)}")
         g = self._coordinating(h, tid)
-        record = {"op": "tx_end", "tid": tid, "epoch": epoch, "n": n, "commit": commit,
-                  "ts": now_ms(), "reason": "client"}
-        if groups:
-            record["groups"] = groups
-        result = await self.lead.propose(g, control_record(record))
+        result = await self.lead.propose(g, checked(
+            TxEnd, tid=tid, epoch=epoch, n=n, commit=commit, ts=now_ms(), reason="client",
+            groups=tuple(groups)))
         if self.node.crash_before_answer and h.get("test_exit") is True:
             # Deliberately (tests only, on request): die once the decision is committed,
             # before any marker is sent, so a new leader must finish the transaction.
@@ -389,15 +392,14 @@ class TxService:
     async def markers(self, g: GroupRuntime, markers: list[list[Any]]) -> ControlResult:
         """Apply several decisions ([tid, epoch, n, commit, fence] each) in participant
         `g` (led here) as one entry."""
-        return await self.lead.propose(g, control_record({
-            "op": "tx_markers", "markers": markers, "ts": now_ms()}))
+        return await self.lead.propose(g, checked(
+            TxMarkers, markers=tuple(checked(TxMarker, *m) for m in markers), ts=now_ms()))
 
     async def marker(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool,
                      fence: int) -> ControlResult:
         """Apply a coordinator's decision in participant `g` (led here)."""
-        return await self.lead.propose(g, control_record({
-            "op": "tx_marker", "tid": tid, "epoch": epoch, "n": n, "commit": commit,
-            "fence": fence, "ts": now_ms()}))
+        return await self.lead.propose(g, checked(
+            TxMarker, tid=tid, epoch=epoch, n=n, commit=commit, fence=fence, ts=now_ms()))
 
     async def _status(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         tid = _tid(h)
@@ -440,9 +442,8 @@ class TxService:
 
     async def half_end(self, g: GroupRuntime, txid: str, commit: bool, source: str,
                        pg: str) -> ControlResult:
-        return await self.lead.propose(g, control_record({
-            "op": "half_end", "txid": txid, "commit": commit, "source": source,
-            "producer_group": pg}))
+        return await self.lead.propose(g, checked(
+            HalfEnd, txid=txid, commit=commit, source=source, producer_group=pg))
 
     async def _producer_heartbeat(self, caller: Caller, h: dict[str, Any],
                                   _body: bytes) -> Response:

@@ -1,7 +1,7 @@
 """Retention policy: which prefix of a group's log its leader proposes to drop.
 
 Every `retention_check_interval` seconds, the leader of each group picks the first index
-to keep and proposes `control_retain(min_index)`. Applying that entry moves every queue's
+to keep and proposes `Retain(min_index)`. Applying that entry moves every queue's
 minimum offset past it (reads below get OFFSET_TOO_SMALL) on every replica, and each
 replica's runtime then snapshots its state and deletes the log segments below (see
 `raftlog.runtime`). The leader only *chooses*; the deletion is replicated like any entry.
@@ -47,7 +47,7 @@ from typing import Protocol
 
 import trio
 
-from broker.state.statemachine import BrokerState, control_retain
+from broker.state.statemachine import BrokerState, Retain
 from raftlog.commitlog import CommitLogError, SegmentInfo
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import Entry, EntryType
@@ -206,7 +206,7 @@ async def retain_once(policy: RetentionPolicy, g: GroupRuntime, state: BrokerSta
     )
     if index is None:
         return None
-    await g.propose(control_retain(index), EntryType.CONTROL)
+    await g.propose(Retain(index).encode(), EntryType.CONTROL)
     log.info("retain proposed", extra={"fields": {"group": g.group_id, "min_index": index}})
     return index
 

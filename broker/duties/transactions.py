@@ -57,9 +57,10 @@ import trio
 from broker.config import NodeConfig
 from broker.doors.transactions import TxService, coordinator, now_ms, participant
 from broker.runtime.groups import GroupRegistry
-from broker.runtime.leading import GroupLead, control_record
+from broker.runtime.leading import GroupLead
 from broker.runtime.peer_rpc import PeerRPC
-from broker.state.parts.txpart import MAX_MARKERS
+from broker.state.parts.txcoord import TxComplete, TxEnd, TxExpire
+from broker.state.parts.txpart import MAX_MARKERS, HalfChecked, IdleIds, TxForgetFences
 from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
 from transport.framing import CallerGone
 from wire.protocol import Code, Op, RequestError
@@ -309,10 +310,9 @@ class TxTasks:
                                         self.config.tx_check_interval_ms):
                 self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
             idle_since = now - self.config.tx_id_expiration_ms
-            for op, idle in (("tx_expire", coord.idle_ids), ("tx_forget_fences",
-                                                             part.idle_fences)):
-                if (op, gid) not in self._running and (tids := idle(idle_since)):
-                    self._spawn((op, gid), partial(self._forget_idle, gid, op, tids, now))
+            for kind, idle in ((TxExpire, coord.idle_ids), (TxForgetFences, part.idle_fences)):
+                if (kind.op, gid) not in self._running and (tids := idle(idle_since)):
+                    self._spawn((kind.op, gid), partial(self._forget_idle, gid, kind, tids, now))
         if len(seen) != len(self._orphan_wait):  # resolved, or no longer led here
             self._orphan_wait = {k: v for k, v in self._orphan_wait.items() if k in seen}
 
@@ -350,8 +350,7 @@ class TxTasks:
         if not still():
             return
         self._delivered.setdefault(("finish", gid, tid, epoch, n), trio.Event()).set()
-        await self.lead.propose(self.groups[gid], control_record({
-            "op": "tx_complete", "tid": tid, "epoch": epoch, "n": n}))
+        await self.lead.propose(self.groups[gid], TxComplete(tid=tid, epoch=epoch, n=n))
 
     async def _after_earlier(self, gid: str, tid: str, epoch: int, n: int) -> bool:
         """Wait until no earlier transaction of `tid` has markers left to write; False if
@@ -438,9 +437,8 @@ class TxTasks:
         if txn is None or txn.state != "ongoing" or (txn.epoch, txn.n) != (epoch, n):
             return
         try:
-            await self.lead.propose(self.groups[gid], control_record({
-                "op": "tx_end", "tid": tid, "epoch": epoch, "n": n, "commit": False,
-                "ts": now_ms(), "reason": "timeout"}))
+            await self.lead.propose(self.groups[gid], TxEnd(
+                tid=tid, epoch=epoch, n=n, commit=False, ts=now_ms(), reason="timeout"))
         except RequestError as exc:  # decided meanwhile by its client
             log.info("timeout abort refused", extra={"fields": {"tid": tid,
                                                                 "error": exc.message}})
@@ -449,14 +447,15 @@ class TxTasks:
             "tid": tid, "epoch": epoch, "n": n}})
         await self._complete(gid, tid, epoch, n)
 
-    async def _forget_idle(self, gid: str, op: str, tids: list[str], now: int) -> None:
+    async def _forget_idle(self, gid: str, kind: type[IdleIds], tids: list[str],
+                           now: int) -> None:
         """Log that `tids`, idle in `gid` since `tx_id_expiration_ms` before `now`, are
-        forgotten (`op`: tx_expire or tx_forget_fences); an id used meanwhile stays."""
+        forgotten (`kind`: TxExpire or TxForgetFences); an id used meanwhile stays."""
         self.lead.led_state(gid)
-        result = await self.lead.propose(self.groups[gid], control_record({
-            "op": op, "tids": tids, "ts": now, "after_ms": self.config.tx_id_expiration_ms}))
+        result = await self.lead.propose(self.groups[gid], kind(
+            tids=tuple(tids), ts=now, after_ms=self.config.tx_id_expiration_ms))
         log.info("idle transactional ids forgotten", extra={"fields": {
-            "group": gid, "record": op, "ids": result.applied}})
+            "group": gid, "record": kind.op, "ids": result.applied}})
 
     # ------------------------------------------------------------------ peers
 
@@ -587,8 +586,7 @@ class TxTasks:
                 "group": gid, "txid": txid, "checks": half.checks}})
             await self.tx.half_end(g, txid, False, "expired", "")
             return
-        await self.lead.propose(g, control_record({"op": "half_checked", "txid": txid,
-                                                   "ts": now_ms()}))
+        await self.lead.propose(g, HalfChecked(txid=txid, ts=now_ms()))
         half = participant(self.lead.led_state(gid)).half(txid)
         if half is None:  # decided meanwhile: never check a decided transaction
             return

@@ -1,45 +1,41 @@
 """The one way request doors and leader-side duties reach a group of this node.
 
 Find a hosted group by id, check this node leads it (and is ready to serve it), read
-with a ReadIndex barrier, propose a control record: every door (`service.py`,
-`txservice.py`) and every duty (`txtasks.py`) goes through a `GroupLead`, so none reaches
-into another's private helpers and the rules live in one place.
+with a ReadIndex barrier, propose a control record: every door (`broker.doors`) and every
+duty (`broker.duties`) goes through a `GroupLead`, so none reaches into another's private
+helpers and the rules live in one place.
 
-A control record reaches the log one way: its typed record (`broker.state.parts`), built and
-validated here, then encoded. A record that its type refuses never reaches the log: the
-caller gets the very error code apply would have given.
+A control record reaches the log one way: its typed record (`broker.state.parts`),
+constructed (which validates it) and handed to `GroupLead.propose`, which encodes it. A
+record its type refuses never reaches the log: built from a request's fields with
+`checked`, the caller gets the very error code apply would have given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 from broker.runtime.groups import GroupRegistry
 from broker.state.parts.base import ControlRecord, ControlResult, ErrorResult, Refused
-from broker.state.statemachine import PARTS, BrokerState
+from broker.state.statemachine import BrokerState
 from raftlog.core import NotLeader
 from raftlog.runtime import GroupRuntime
 from raftlog.types import EntryType
 from wire.protocol import Code, RequestError
 
-__all__ = ["GroupLead", "control_record"]
+__all__ = ["GroupLead", "checked"]
 
-#: Every control record type of the state machine, by its op.
-RECORD_TYPES: dict[str, type[ControlRecord]] = {
-    rec.op: rec for part in PARTS for rec in part.records if rec.op
-}
+P = ParamSpec("P")
+R = TypeVar("R", bound=ControlRecord)
 
 
-def control_record(d: Mapping[str, Any]) -> ControlRecord:
-    """The typed record the map `d` (with its "op") describes; RequestError with the code
-    apply would answer when its type refuses it."""
-    op = d.get("op")
-    kind = RECORD_TYPES.get(op) if isinstance(op, str) else None
-    if kind is None:
-        raise RequestError(Code.MALFORMED, f"unknown control op {op!r}")
+def checked(kind: Callable[P, R], *args: P.args, **fields: P.kwargs) -> R:
+    """The record `kind(*args, **fields)`; RequestError with the code and message apply
+    would answer when its type refuses the fields (a door builds records from a request:
+    bad input is answered as it always was, and never proposed)."""
     try:
-        return kind.from_map(d)
+        return kind(*args, **fields)
     except Refused as exc:
         raise RequestError(exc.code, exc.message) from None
 
@@ -115,7 +111,11 @@ class GroupLead:
     async def propose(self, g: GroupRuntime[BrokerState], record: ControlRecord,
                       req: tuple[int, int] | None = None) -> ControlResult:
         """Propose `record` (with the client's request id `req`, if it may be retried)
-        and wait until it is applied; its refusal is raised as RequestError."""
+        and wait until it is applied; its refusal is raised as RequestError. Only a typed
+        record goes: it validated its fields when it was made (a raw map never does)."""
+        if not isinstance(record, ControlRecord):
+            raise TypeError(f"propose takes a control record (broker.state.parts), not "
+                            f"{type(record).__name__}")
         result = await g.propose(record.encode(req), EntryType.CONTROL)
         if isinstance(result, ErrorResult):
             raise RequestError(result.code, result.message)

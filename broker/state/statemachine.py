@@ -46,8 +46,8 @@ Entries applied:
   into well-formed batches is refused whole and changes nothing. A batch whose header
   carries `tx` or `half` is prepared instead (`TxParticipant.prepare`): stored, not in any
   queue until its transaction commits; its result has base offset -1.
-- CONTROL: a msgpack map whose "op" names a control record (see the parts and the
-  `control_*` encoders). A control entry a client may send twice (a retry after a leader
+- CONTROL: a msgpack map whose "op" names a control record (see the parts: a record's
+  `encode` makes it). A control entry a client may send twice (a retry after a leader
   change, whose first copy was committed after all) carries `req`: [client id, sequence];
   the second copy is answered with the first one's result and changes nothing, so a retried
   offset commit can never roll back a later one.
@@ -139,7 +139,6 @@ __all__ = [
     "control_grow_topic",
     "control_offsets",
     "control_prefer_leader",
-    "control_retain",
 ]
 
 #: The parts, in the order they hear broadcasts and appear in snapshots.
@@ -153,33 +152,32 @@ _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
 
 
 # ---------------------------------------------------------------------- control encoders
-# The on-log shape of each record; they do not validate (the state machine does, at
-# apply), so tests can build entries it must refuse. The records' `encode` gives the
-# same bytes for valid fields.
+# What the consumer-offset and admin doors still call: each builds its typed record (which
+# validates it: `Refused` for fields apply would refuse) and encodes it. Anything else
+# proposes the record itself (`broker.runtime.leading.GroupLead.propose`); a test that
+# needs an entry apply must refuse packs the map itself.
 
 
 def control_create_topic(topic: str, queues: int, hosted: Iterable[int]) -> bytes:
     """CONTROL data creating `topic` with `queues` in total, `hosted` of them in this group."""
-    return pack({"op": CreateTopic.op, "topic": topic, "queues": queues,
-                 "hosted": sorted(hosted)})
+    return CreateTopic(topic, queues, tuple(sorted(hosted))).encode()
 
 
 def control_delete_topic(topic: str, req: tuple[int, int] | None = None) -> bytes:
     """CONTROL data deleting `topic` with its queues, consumer offsets and key index."""
-    return _with_request({"op": DeleteTopic.op, "topic": topic}, req)
+    return DeleteTopic(topic).encode(req)
 
 
 def control_grow_topic(topic: str, queues: int, hosted: Iterable[int],
                        req: tuple[int, int] | None = None) -> bytes:
     """CONTROL data giving `topic` `queues` in total, `hosted` of them in this group: a
     superset of what it hosted (the topic is created here if this group had none)."""
-    return _with_request({"op": GrowTopic.op, "topic": topic, "queues": queues,
-                          "hosted": sorted(set(hosted))}, req)
+    return GrowTopic(topic, queues, tuple(sorted(set(hosted)))).encode(req)
 
 
 def control_delete_group(cg: str, req: tuple[int, int] | None = None) -> bytes:
     """CONTROL data forgetting every offset consumer group `cg` committed in this group."""
-    return _with_request({"op": DeleteGroup.op, "cg": cg}, req)
+    return DeleteGroup(cg).encode(req)
 
 
 def control_offsets(
@@ -187,27 +185,12 @@ def control_offsets(
 ) -> bytes:
     """CONTROL data committing consumer offsets [(topic, queue, offset), ...] of group `cg`;
     `req` (client id, sequence) makes a retried commit a no-op (see the module docstring)."""
-    return _with_request({"op": CommitOffsets.op, "cg": cg,
-                          "offsets": [[t, q, o] for t, q, o in offsets]}, req)
-
-
-def _with_request(d: dict[str, Any], req: tuple[int, int] | None) -> bytes:
-    """Pack control record `d`, tagged with request id `req` when the client sent one: a
-    write the client may retry (its answer lost) is then applied once, and a retry is
-    answered with the first copy's result instead of undoing what came in between."""
-    if req is not None:
-        d["req"] = list(req)
-    return pack(d)
-
-
-def control_retain(min_index: int) -> bytes:
-    """CONTROL data dropping every message stored below Raft index `min_index`."""
-    return pack({"op": Retain.op, "min_index": min_index})
+    return CommitOffsets(cg, tuple((t, q, o) for t, q, o in offsets)).encode(req)
 
 
 def control_prefer_leader(node: int) -> bytes:
     """CONTROL data making `node` the group's preferred leader (0: the configured one)."""
-    return pack({"op": PreferLeader.op, "node": node})
+    return PreferLeader(node).encode()
 
 
 # ---------------------------------------------------------------------- the state

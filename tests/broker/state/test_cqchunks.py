@@ -24,10 +24,10 @@ from broker.state.cqchunks import (
 )
 from broker.state.statemachine import (
     BrokerState,
+    Retain,
     chunk_refs,
     control_create_topic,
     control_delete_topic,
-    control_retain,
 )
 from raftlog.fsutil import disable_sync_marks, enable_sync_marks, load_sync_marks
 from raftlog.snapshot import SnapshotSkipped
@@ -95,7 +95,7 @@ def test_a_restored_state_equals_the_original(counts: list[tuple[int, int]],
                                                retains: list[int]) -> None:
     f = fed(counts)
     for r in sorted(retains):
-        f.entry(EntryType.CONTROL, control_retain(r))
+        f.entry(EntryType.CONTROL, Retain(r).encode())
         f.messages(0, 3)
     data = f.state.snapshot()
     again = BrokerState.restore("g", data, chunk_store=f.store, chunk_records=N)
@@ -131,8 +131,8 @@ def test_replicas_snapshot_the_same_bytes_whenever_they_wrote_chunks() -> None:
         b.messages(q, n)
         a.state.snapshot()
         if i == 20:
-            a.entry(EntryType.CONTROL, control_retain(9))
-            b.entry(EntryType.CONTROL, control_retain(9))
+            a.entry(EntryType.CONTROL, Retain(9).encode())
+            b.entry(EntryType.CONTROL, Retain(9).encode())
             c = Feed()
             c.state = BrokerState.restore("g", b.state.snapshot(), chunk_store=b.store,
                                           chunk_records=N)
@@ -187,7 +187,7 @@ def test_retention_deletes_chunks_once_a_snapshot_without_them_is_saved() -> Non
     f.state.snapshot_later()()
     before = set(f.store.chunks)
     assert len(before) == 9
-    f.entry(EntryType.CONTROL, control_retain(4))  # entries 2, 3 dropped: offsets 0..17
+    f.entry(EntryType.CONTROL, Retain(4).encode())  # entries 2, 3 dropped: offsets 0..17
     assert f.state.queue_range("t", 0) == (18, 36)
     later = f.state.snapshot_later()
     data = later()
@@ -220,7 +220,7 @@ def test_a_snapshot_whose_chunks_went_meanwhile_is_not_written() -> None:
 def test_queue_sections_of_version_1_still_load(hot: int) -> None:
     f = fed([(0, 9), (1, 2)])
     f.messages(1, hot, key="hot")  # more than KEY_HISTORY: version 1 kept the newest only
-    f.entry(EntryType.CONTROL, control_retain(3))
+    f.entry(EntryType.CONTROL, Retain(3).encode())
     part = f.state.queues
     v1 = {  # what the queues part wrote before chunks
         "counters": [part.messages_applied, part.bytes_applied],
@@ -256,7 +256,7 @@ def test_queue_sections_of_version_1_still_load(hot: int) -> None:
 ])
 def test_queue_sections_not_cut_at_chunk_boundaries_are_refused(mangle: Any) -> None:
     f = fed([(0, 6), (0, 9)])
-    f.entry(EntryType.CONTROL, control_retain(3))  # min_offset 6: head of 2 records
+    f.entry(EntryType.CONTROL, Retain(3).encode())  # min_offset 6: head of 2 records
     d = msgpack.unpackb(f.state.snapshot(), raw=False, strict_map_key=False)
     sec = next(s for name, _, s in d["parts"] if name == "queues")
     mangle(sec["queues"][0])
@@ -412,7 +412,7 @@ def test_the_key_index_is_rebuilt_newest_first_across_queues_and_retention() -> 
     assert again.keys("t", "cold") == f.state.keys("t", "cold") == [(0, 60), (0, 61)]
     # retention forgets what lies below the horizon, in the index and in what feeds it
     kept = len(f.state.queues._keyed[("t", 0)].offsets)
-    f.entry(EntryType.CONTROL, control_retain(30))
+    f.entry(EntryType.CONTROL, Retain(30).encode())
     assert len(f.state.queues._keyed[("t", 0)].offsets) < kept
     data = f.state.snapshot()
     again = BrokerState.restore("g", data, chunk_store=f.store, chunk_records=N)

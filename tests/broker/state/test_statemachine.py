@@ -22,11 +22,11 @@ from broker.state.statemachine import (
     ControlResult,
     ErrorResult,
     ProduceResult,
+    Retain,
     TopicConfig,
     control_create_topic,
     control_delete_topic,
     control_offsets,
-    control_retain,
 )
 from raftlog.types import Entry, EntryType
 from wire.protocol import Code, RequestError
@@ -358,7 +358,7 @@ def test_retention_moves_the_minimum_and_reads_below_it_fail() -> None:
     for _ in range(3):  # indexes 2..7, alternating queues
         f.produce("t", 0, 2, key="a")
         f.produce("t", 1, 1, key="a")
-    r = f.control(control_retain(4))  # drops index 2 (q0: 2 msgs) and 3 (q1: 1 msg)
+    r = f.control(Retain(4).encode())  # drops index 2 (q0: 2 msgs) and 3 (q1: 1 msg)
     assert r == ControlResult("retain", 3)
     assert f.state.retained_index == 4
     assert f.state.queue_range("t", 0) == (2, 6)
@@ -374,9 +374,9 @@ def test_retention_moves_the_minimum_and_reads_below_it_fail() -> None:
     assert [e.offset for e in entries] == [2, 3, 4, 5] and entries[0].index == 4
     assert f.state.keys("t", "a") == [(0, 2), (0, 3), (1, 1), (0, 4), (0, 5), (1, 2)]
     # Going back is a no-op; retaining past everything empties the queues, offsets continue.
-    assert f.control(control_retain(2)) == ControlResult("retain", 0)
+    assert f.control(Retain(2).encode()) == ControlResult("retain", 0)
     assert f.state.queue_range("t", 0) == (2, 6)
-    f.control(control_retain(100))
+    f.control(Retain(100).encode())
     assert f.state.queue_range("t", 0) == (6, 6)
     assert f.state.keys("t", "a") == []
     assert f.produce("t", 0) == ProduceResult(6, 1, f.index, False)
@@ -387,7 +387,7 @@ def test_retention_forgets_producers_idle_since_before_the_horizon() -> None:
     f = with_topic("t", 1, (0,))
     f.produce("t", 0, pid=1, seq=0)  # index 2
     f.produce("t", 0, pid=2, seq=0)  # index 3
-    f.control(control_retain(3))
+    f.control(Retain(3).encode())
     assert f.produce("t", 0, pid=1, seq=0) == ProduceResult(2, 1, 5, False)  # forgotten
     assert f.produce("t", 0, pid=2, seq=0) == ProduceResult(1, 1, 3, True)  # remembered
 
@@ -584,7 +584,7 @@ def test_malformed_request_ids_are_refused(req: Any) -> None:
 def test_clients_are_forgotten_past_retention_and_beyond_the_cap(monkeypatch) -> None:
     f = with_topic("t", 1, (0,))
     f.control(control_offsets("cg", [("t", 0, 1)], req=(1, 1)))
-    f.control(control_retain(f.index + 1))  # client 1 silent since before the horizon
+    f.control(Retain(f.index + 1).encode())  # client 1 silent since before the horizon
     assert f.control(control_offsets("cg", [("t", 0, 2)], req=(1, 1))) == ControlResult(
         "offsets", 1, 0)
     monkeypatch.setattr("broker.state.parts.requests.MAX_CLIENTS", 2)
@@ -603,7 +603,7 @@ def test_snapshot_round_trip_and_group_check() -> None:
     f = with_topic("t", 2, (0, 1))
     f.produce("t", 0, 3, key="k", tags="a", pid=5, seq=0)
     f.control(control_offsets("cg", [("t", 0, 2)]))
-    f.control(control_retain(3))
+    f.control(Retain(3).encode())
     snap = f.state.snapshot()
     r = BrokerState.restore("g1", snap)
     assert r.snapshot() == snap
@@ -620,22 +620,33 @@ def test_snapshot_round_trip_and_group_check() -> None:
 TOPICS = ["a", "b", "zz"]
 
 
+def _raw(**fields: Any) -> bytes:
+    """A CONTROL entry's map packed as is: the ops below may carry fields apply must
+    refuse, which a record (or its encoder) would not even let be made."""
+    data: bytes = msgpack.packb(fields, use_bin_type=True)
+    return data
+
+
 def _op_entry(op: tuple[Any, ...]) -> tuple[EntryType, bytes]:
     kind = op[0]
     if kind == "create":
         _, topic, total, hosted = op
-        return EntryType.CONTROL, control_create_topic(topic, total, hosted)
+        return EntryType.CONTROL, _raw(op="create_topic", topic=topic, queues=total,
+                                       hosted=sorted(hosted))
     if kind == "delete":
-        return EntryType.CONTROL, control_delete_topic(op[1])
+        return EntryType.CONTROL, _raw(op="delete_topic", topic=op[1])
     if kind == "produce":
         _, topic, queue, n, pid, seq, key, tags, store_ms = op
         msgs = [OutgoingMessage(b"v" * i, key=key, tags=tags) for i in range(n)]
         batch = encode_batch(topic, queue, msgs, pid=pid, seq=seq)
         return EntryType.MESSAGES, STORED_PREFIX.pack(store_ms) + batch
     if kind == "offsets":
-        return EntryType.CONTROL, control_offsets(op[1], op[2], op[3])
+        entry = {"op": "offsets", "cg": op[1], "offsets": [[t, q, o] for t, q, o in op[2]]}
+        if op[3] is not None:
+            entry["req"] = list(op[3])
+        return EntryType.CONTROL, _raw(**entry)
     if kind == "retain":
-        return EntryType.CONTROL, control_retain(op[1])
+        return EntryType.CONTROL, _raw(op="retain", min_index=op[1])
     if kind == "garbage":
         return op[1], op[2]
     return EntryType.NOOP, b""

@@ -15,7 +15,7 @@ import trio
 from broker.duties.retention import RetentionPolicy, choose_retain_index, retain_once
 from broker.state.consumequeue import ConsumeQueue
 from broker.state.parts.txpart import TxMarker
-from broker.state.statemachine import BrokerState, control_create_topic, control_retain
+from broker.state.statemachine import BrokerState, Retain, control_create_topic
 from raftlog.commitlog import CommitLog
 from raftlog.types import Entry, EntryType
 from tests.broker.duties.test_retention import SEG, _Committed, replicas, segs
@@ -126,12 +126,12 @@ def _late_queue() -> tuple[Replica, list[bytes]]:
 def test_a_cut_inside_a_transactions_window_keeps_what_is_stored_above_it() -> None:
     rep, bodies = _late_queue()
     assert rep.bodies("t", 0) == bodies
-    rep.control(control_retain(5))
+    rep.control(Retain(5).encode())
     # A-D (8-11) are still stored: the queue keeps them; only entries below 5 went
     assert rep.state.queue_range("t", 0) == (0, 8)
     assert rep.bodies("t", 0)[:4] == bodies[:4]
     # a cut past D removes everything queued up to X with it
-    rep.control(control_retain(12))
+    rep.control(Retain(12).encode())
     assert rep.state.queue_range("t", 0) == (5, 8)
     assert rep.bodies("t", 0) == bodies[5:]
 
@@ -146,7 +146,7 @@ def test_the_gap_a_late_record_opens_is_known_to_retention_and_survives_a_restor
     cq = restored.queues.queue("t", 0)
     assert cq.first_offset_at_or_after_index(5) == 0
     assert cq.first_offset_at_or_after_index(12) == 5
-    rep.control(control_retain(12))  # past the gap: X went with everything before it
+    rep.control(Retain(12).encode())  # past the gap: X went with everything before it
     assert rep.state.retention_gaps() == []
 
 
