@@ -69,8 +69,9 @@ def test_doc_example_runs(cluster: LocalCluster, code: str, tmp_path: Path) -> N
     assert repr(DEFAULT_NAMESRV).replace("'", '"') in code, "examples use the default address"
     script = tmp_path / "example.py"
     script.write_text(code.replace(f'"{DEFAULT_NAMESRV}"', repr(cluster.namesrv_addr)))
+    # a Spark example starts a JVM: minutes on a 2-core machine running other tests
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
+                          timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
