@@ -22,7 +22,9 @@ A node owns, in one trio nursery:
 * the name-server registrar (`broker.runtime.registrar`: every `register_interval`, and at once
   on a leader change or a topic change);
 * the Prometheus endpoint and the gauges behind it;
-* the retention policy (`broker.duties.retention`), every `retention_check_interval`.
+* the leader-side duties (`broker.duties.registry`: transactions, retention, ...), each
+  started for a group once this node leads it and is ready, cancelled when it stops
+  leading it.
 
 A group that finds corrupt entries in its CommitLog fetches them from its peer replicas
 with READ_RAW requests on their listeners, a range of entries per request (`_fetch_raw`;
@@ -59,7 +61,7 @@ from broker.config import NodeConfig, load_config
 from broker.doors.security import Guard
 from broker.doors.service import BrokerService
 from broker.doors.transactions import TxService
-from broker.duties.retention import RetentionPolicy, run_retention
+from broker.duties.registry import DUTIES, LeaderDuties
 from broker.duties.transactions import TxTasks
 from broker.runtime.admission import ClientAdmission, Ticket
 from broker.runtime.groups import GroupRegistry
@@ -189,7 +191,9 @@ class Node:
         self.rpc = PeerRPC(config.node_id, self._secret, self.addresses,
                            max_frame=self.peer_max_frame,
                            ssl_context=peer_ssl_context)
-        self.txtasks = TxTasks(self, self.rpc)
+        # the leader-side duties of every group this node leads (`broker.duties.registry`)
+        self.duties = LeaderDuties(self, DUTIES)
+        self.txtasks = self.duties.duty(TxTasks)
         self.service.tx.finisher = self.txtasks
         self.registrar = Registrar(config.namesrv, config.register_interval,
                                    self._registration_view, ssl_context=peer_ssl_context)
@@ -415,7 +419,7 @@ class Node:
     def _on_change(self, g: GroupRuntime) -> None:
         if g.role == Role.LEADER:
             self.metrics.leader_changes.labels(g.group_id).inc()
-            self.txtasks.wake()
+        self.duties.leadership_changed()
         self.registrar.wake()
 
     def spawn(self, work: Awaitable[Any]) -> None:
@@ -492,12 +496,7 @@ class Node:
             nursery.start_soon(self.registrar.run)
             nursery.start_soon(self._refresh_metrics)
             nursery.start_soon(self.guard.run)  # closes removed users' connections
-            await nursery.start(self.txtasks.run)
-            policy = RetentionPolicy(retention_hours=self.config.retention_hours,
-                                     disk_ratio=self.config.retention_disk_ratio,
-                                     data_dir=self.config.data)
-            nursery.start_soon(run_retention, self.groups, self.states, policy,
-                               self.config.retention_check_interval)
+            await nursery.start(self.duties.run)
             if self.config.metrics:
                 mhost, mport = parse_address(self.config.metrics)
                 mlisteners = await _listen(mport, mhost, "metrics", self.config.metrics,

@@ -1,7 +1,8 @@
 """Retention policy: which prefix of a group's log its leader proposes to drop.
 
 Every `retention_check_interval` seconds, the leader of each group picks the first index
-to keep and proposes `Retain(min_index)`. Applying that entry moves every queue's
+to keep and proposes `Retain(min_index)` (the registered duty `Retention`, run for each
+group this node leads). Applying that entry moves every queue's
 minimum offset past it (reads below get OFFSET_TOO_SMALL) on every replica, and each
 replica's runtime then snapshots its state and deletes the log segments below (see
 `raftlog.runtime`). The leader only *chooses*; the deletion is replicated like any entry.
@@ -42,11 +43,12 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 import trio
 
+from broker.duties.base import Duty, DutyHost
 from broker.state.statemachine import BrokerState, Retain
 from raftlog.commitlog import CommitLogError, SegmentInfo
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
@@ -55,9 +57,9 @@ from wire.records import STORED_PREFIX
 
 __all__ = [
     "CommittedLog",
+    "Retention",
     "RetentionPolicy",
     "choose_retain_index",
-    "run_retention",
     "segment_newest_ms",
 ]
 
@@ -211,20 +213,28 @@ async def retain_once(policy: RetentionPolicy, g: GroupRuntime, state: BrokerSta
     return index
 
 
-async def run_retention(
-    groups: Mapping[str, GroupRuntime],
-    states: Mapping[str, BrokerState],
-    policy: RetentionPolicy,
-    interval: float,
-) -> None:
-    """Run the policy on every group this node leads, every `interval` seconds."""
-    while True:
-        await trio.sleep(interval)
-        for gid, g in list(groups.items()):  # groups come and go (cluster add/remove-replica)
-            if not g.is_open:
+class Retention(Duty):
+    """The policy run on a group this node leads, every `retention_check_interval`."""
+
+    name = "retention"
+
+    def __init__(self, host: DutyHost) -> None:
+        super().__init__(host)
+        config = host.config
+        self.groups = host.registry
+        self.interval = config.retention_check_interval
+        self.policy = RetentionPolicy(retention_hours=config.retention_hours,
+                                      disk_ratio=config.retention_disk_ratio,
+                                      data_dir=config.data)
+
+    async def run(self, gid: str) -> None:
+        while True:
+            await trio.sleep(self.interval)
+            g = self.groups.get(gid)
+            if g is None or not g.is_open:
                 continue
             try:
-                await retain_once(policy, g, states[gid])
+                await retain_once(self.policy, g, self.groups.states[gid])
             except (NotLeader, ProposalDropped, ProposalLost) as exc:
                 log.debug("retain not proposed", extra={"fields": {"group": gid,
                                                                    "why": repr(exc)}})

@@ -1,6 +1,7 @@
 """The leader-side transaction duties of one node, beside the state machine.
 
-Every `tx_tick_ms`, for each group this node leads, from the group's applied state:
+A registered duty (`broker.duties.registry`): for each group this node leads, once it is
+ready, and every `tx_tick_ms` after, from the group's applied state:
 
 * coordinator: every decided transaction whose markers are not all written
   (prepare_commit / prepare_abort) gets TX_MARKER sent to each participant's leader
@@ -37,11 +38,12 @@ TX_END and TX_INIT do not wait for a tick: they call `finish`, which runs the sa
 marker work at once (one run per transaction, shared by every waiter). The markers of
 one transactional id go out in its transactions' order: a transaction's wait for every
 earlier one of the same id to be written first, so a producer's transactions enter each
-queue in the order it made them. A leadership
-change ticks at once too (`wake`), so a new leader takes over without delay.
+queue in the order it made them. A new leader's
+first tick comes as soon as its duties start, so it takes over without delay.
 
-Every task lives in the nursery `run` holds (structured concurrency): nothing outlives
-the node.
+Every task lives in the nursery `serve` holds (structured concurrency): nothing outlives
+the node. A group's ticks stop when this node stops leading it; a task already started
+for it ends by itself, as its proposals are refused and its `still()` turns False.
 """
 
 from __future__ import annotations
@@ -50,15 +52,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import trio
 
-from broker.config import NodeConfig
 from broker.doors.transactions import TxService, coordinator, now_ms, participant
-from broker.runtime.groups import GroupRegistry
+from broker.duties.base import Duty, DutyHost
 from broker.runtime.leading import GroupLead
-from broker.runtime.peer_rpc import PeerRPC
 from broker.state.parts.txcoord import TxComplete, TxEnd, TxExpire
 from broker.state.parts.txpart import MAX_MARKERS, HalfChecked, IdleIds, TxForgetFences
 from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
@@ -66,9 +66,6 @@ from transport.framing import CallerGone
 from wire.protocol import Code, Op, RequestError
 from wire.records import decode_record
 from wire.txn import coordinator_group
-
-if TYPE_CHECKING:
-    from broker.doors.security import Guard
 
 __all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks", "orphan_retry", "orphan_verdict"]
 
@@ -140,28 +137,17 @@ class _Outgoing:
         self.done = trio.Event()
 
 
-class TxHost(Protocol):
-    """What the tasks use of the node (`broker.node.Node` is one)."""
+class TxTasks(Duty):
+    """The transaction duties of one node: `serve` holds the tasks they start (for the
+    requests too: `TxService.finisher`), `run(gid)` ticks for a group led here."""
 
-    config: NodeConfig
-    node_id: int
-    registry: GroupRegistry
+    name = "transactions"
 
-    @property
-    def tx_service(self) -> TxService: ...
-
-    @property
-    def guard(self) -> Guard: ...
-
-
-class TxTasks:
-    """The transaction duties of one node; `run` them in the node's nursery."""
-
-    def __init__(self, host: TxHost, rpc: PeerRPC) -> None:
-        self.host = host
+    def __init__(self, host: DutyHost) -> None:
+        super().__init__(host)
         self.config = host.config
         self.groups = host.registry
-        self.rpc = rpc
+        self.rpc = host.rpc
         self._nursery: trio.Nursery | None = None
         self._running: dict[Hashable, trio.Event] = {}  # job key -> set when it ends
         # finish job key -> set once every participant applied the marker (waited on by
@@ -173,8 +159,9 @@ class TxTasks:
         self._wake = trio.Event()
         # half txid -> until when it is immune from check-back (read from its record once)
         self._immunity: dict[str, int] = {}
-        # orphan (gid, tid, epoch, n) -> (not asked again before, ms; the delay after it)
-        self._orphan_wait: dict[tuple[str, str, int, int], tuple[int, int]] = {}
+        # group -> its orphans (tid, epoch, n) -> (not asked again before, ms; the delay
+        # after it)
+        self._orphan_wait: dict[str, dict[tuple[str, int, int], tuple[int, int]]] = {}
 
     @property
     def tx(self) -> TxService:
@@ -188,23 +175,37 @@ class TxTasks:
     def group_ids(self) -> list[str]:
         return [gc.id for gc in self.config.groups]
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Hold the nursery every transaction task runs in, for the node's life: those a
+        tick starts and those a request starts (TX_END, TX_INIT: `finish`). A task of a
+        group no longer led here ends by itself (its proposals are refused, `still()`
+        says False), so one a request shares is not cut off while it is answered."""
         async with trio.open_nursery() as nursery:  # `rpc` runs in the node's nursery
             self._nursery = nursery
             task_status.started()
             try:
-                interval = self.config.tx_tick_ms / 1000
-                while True:
-                    with trio.move_on_after(interval):
-                        await self._wake.wait()
-                    self._wake = trio.Event()
-                    try:
-                        self.tick()
-                    except Exception:  # a bug here must not take the node down
-                        log.exception("transaction tick failed")
+                await trio.sleep_forever()
             finally:
                 self._nursery = None
                 nursery.cancel_scope.cancel()
+
+    async def run(self, gid: str) -> None:
+        """Tick for `gid`, led here: at once (a new leader takes over without delay), then
+        every `tx_tick_ms` or when woken."""
+        interval = self.config.tx_tick_ms / 1000
+        try:
+            while True:
+                wake = self._wake
+                try:
+                    self.tick(gid)
+                except Exception:  # a bug here must not stop the duty
+                    log.exception("transaction tick failed")
+                with trio.move_on_after(interval):
+                    await wake.wait()
+        finally:
+            # no longer led here: the next leader asks about its orphans afresh
+            self._orphan_wait.pop(gid, None)
 
     # ------------------------------------------------------------------ jobs
 
@@ -277,44 +278,45 @@ class TxTasks:
                            partial(self._complete, gid, tid, epoch, n))
 
     def wake(self) -> None:
-        """Tick now (a group's leadership changed: a new leader takes over at once)."""
+        """Tick now in every group led here."""
         self._wake.set()
+        self._wake = trio.Event()
 
-    def tick(self) -> None:
-        """Start whatever is due in the groups this node leads."""
+    def tick(self, gid: str) -> None:
+        """Start whatever is due in group `gid`, if this node leads it."""
         now = now_ms()
         if len(self._immunity) > IMMUNITY_CACHE:  # halves decided while immune: read again
             self._immunity.clear()
-        seen: set[tuple[str, str, int, int]] = set()  # orphans still due here
-        for gid, g in list(self.groups.items()):
-            if not g.is_leader:
-                continue
-            state = self.groups.states[gid]
-            coord = coordinator(state)
-            for txn in coord.unfinished():
-                self._finish_job(gid, txn.tid, txn.epoch, txn.n)
-            for txn in coord.timed_out(now):
-                key = (gid, txn.tid, txn.epoch, txn.n)
-                self._spawn(("timeout", *key), partial(self._time_out, *key))
-            part = participant(state)
-            # only what is due: a tick costs O(due log n), not a sort of every transaction
-            for tid, epoch, n, prepared_ms, _first in part.kafka_due(
-                    now - self.config.tx_orphan_ms):
-                key = (gid, tid, epoch, n)
-                seen.add(key)
-                if now < self._orphan_wait.get(key, (0, 0))[0]:
-                    continue  # asked a moment ago: not again at every tick
-                self._spawn(("orphan", *key),
-                            partial(self._orphan, gid, tid, epoch, n, prepared_ms))
-            for half in part.halves_due(now, self.config.tx_check_first_ms,
-                                        self.config.tx_check_interval_ms):
-                self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
-            idle_since = now - self.config.tx_id_expiration_ms
-            for kind, idle in ((TxExpire, coord.idle_ids), (TxForgetFences, part.idle_fences)):
-                if (kind.op, gid) not in self._running and (tids := idle(idle_since)):
-                    self._spawn((kind.op, gid), partial(self._forget_idle, gid, kind, tids, now))
-        if len(seen) != len(self._orphan_wait):  # resolved, or no longer led here
-            self._orphan_wait = {k: v for k, v in self._orphan_wait.items() if k in seen}
+        g = self.groups.get(gid)
+        if g is None or not g.is_leader:
+            return
+        state = self.groups.states[gid]
+        coord = coordinator(state)
+        for txn in coord.unfinished():
+            self._finish_job(gid, txn.tid, txn.epoch, txn.n)
+        for txn in coord.timed_out(now):
+            key = (gid, txn.tid, txn.epoch, txn.n)
+            self._spawn(("timeout", *key), partial(self._time_out, *key))
+        part = participant(state)
+        waits = self._orphan_wait.setdefault(gid, {})
+        seen: set[tuple[str, int, int]] = set()  # orphans still due here
+        # only what is due: a tick costs O(due log n), not a sort of every transaction
+        for tid, epoch, n, prepared_ms, _first in part.kafka_due(
+                now - self.config.tx_orphan_ms):
+            seen.add((tid, epoch, n))
+            if now < waits.get((tid, epoch, n), (0, 0))[0]:
+                continue  # asked a moment ago: not again at every tick
+            self._spawn(("orphan", gid, tid, epoch, n),
+                        partial(self._orphan, gid, tid, epoch, n, prepared_ms))
+        if len(seen) != len(waits):  # resolved meanwhile
+            self._orphan_wait[gid] = {k: v for k, v in waits.items() if k in seen}
+        for half in part.halves_due(now, self.config.tx_check_first_ms,
+                                    self.config.tx_check_interval_ms):
+            self._spawn(("check", gid, half.txid), partial(self._check, gid, half.txid))
+        idle_since = now - self.config.tx_id_expiration_ms
+        for kind, idle in ((TxExpire, coord.idle_ids), (TxForgetFences, part.idle_fences)):
+            if (kind.op, gid) not in self._running and (tids := idle(idle_since)):
+                self._spawn((kind.op, gid), partial(self._forget_idle, gid, kind, tids, now))
 
     # ------------------------------------------------------------------ coordinator
 
@@ -538,8 +540,8 @@ class TxTasks:
         """Resolve prepared data of (tid, epoch, n) left without a marker. Unresolved
         (the coordinator says wait, or cannot be asked), it is asked again after a
         delay that doubles up to ORPHAN_RETRY_MAX_MS, not at every tick."""
-        key = (gid, tid, epoch, n)
-        self._orphan_wait[key] = orphan_retry(self._orphan_wait.get(key), now_ms())
+        waits = self._orphan_wait.setdefault(gid, {})
+        waits[tid, epoch, n] = orphan_retry(waits.get((tid, epoch, n)), now_ms())
         cg = coordinator_group(tid, self.group_ids)
         status = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
         stale = now_ms() - prepared_ms > self.config.tx_timeout_max_ms
