@@ -1,0 +1,42 @@
+"""One frozen, validated type per request and per answer of the wire protocol.
+
+A request's header is a msgpack map from an untrusted peer. Its type says once which
+fields it has, of what kind, which are optional (and their defaults) and how each is
+checked, and `decode` turns a header into an instance or raises `RequestError` with the
+code and message a malformed header has always had (MALFORMED naming the field, or the
+field's own check's code, e.g. INVALID_NAME for a bad topic name). The node's doors
+decode at the trust boundary and use typed values from there on; the SDK builds its
+headers from the same types (`header()`), so both ends agree by construction; and
+`docs/protocol.md` is generated from them (`python -m wire.requests`, held current by a
+test).
+
+One module per area (`reads`, `offsets`, ...) holds its ops' types; `types.TYPES` lists
+them all. The ops not listed there yet are still described by the comments on
+`wire.protocol.Op`, which the generated reference quotes for them.
+"""
+
+from wire.requests.base import WireType
+from wire.requests.offsets import (
+    CommitOffsetAnswer,
+    CommitOffsetRequest,
+    QueryOffsetAnswer,
+    QueryOffsetRequest,
+    is_offset_item,
+)
+from wire.requests.reads import FetchAnswer, FetchRequest
+from wire.requests.reference import op_comments, reference
+from wire.requests.types import TYPES
+
+__all__ = [
+    "TYPES",
+    "CommitOffsetAnswer",
+    "CommitOffsetRequest",
+    "FetchAnswer",
+    "FetchRequest",
+    "QueryOffsetAnswer",
+    "QueryOffsetRequest",
+    "WireType",
+    "is_offset_item",
+    "op_comments",
+    "reference",
+]

@@ -1,0 +1,5 @@
+"""`python -m wire.requests > docs/protocol.md`."""
+
+from wire.requests.reference import main
+
+main()

@@ -1,0 +1,74 @@
+"""Consumer offsets: QUERY_OFFSET and COMMIT_OFFSET, and the rule for one committed
+offset that the state machine's record applies too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from wire.protocol import (
+    Code,
+    Op,
+    RequestError,
+    check_request_id,
+    is_int,
+    validate_group_name,
+    validate_topic_name,
+)
+from wire.requests.base import WireType, spec
+
+__all__ = ["CommitOffsetAnswer", "CommitOffsetRequest", "QueryOffsetAnswer",
+           "QueryOffsetRequest", "is_offset_item"]
+
+def is_offset_item(item: object, kind: type[list[Any]] | type[tuple[Any, ...]] = list) -> bool:
+    """One committed offset, [topic, queue, offset >= 0], as a `kind`: a list as it
+    travels in COMMIT_OFFSET, a tuple as the state machine's `CommitOffsets` record holds
+    it (its `validate` applies this same rule)."""
+    return (isinstance(item, kind) and len(item) == 3 and isinstance(item[0], str)
+            and is_int(item[1]) and is_int(item[2]) and item[2] >= 0)
+
+
+def _offset_items(v: Any) -> tuple[tuple[str, int, int], ...]:
+    out = []
+    for item in v:
+        if not is_offset_item(item):
+            raise RequestError(Code.MALFORMED, "offsets must be [[topic, queue, offset>=0], ...]")
+        out.append((validate_topic_name(item[0]), item[1], item[2]))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryOffsetRequest(WireType):
+    OP: ClassVar[Op] = Op.QUERY_OFFSET
+    ROLE: ClassVar[str] = "request"
+    cg: str = spec(str, "the consumer group", check=validate_group_name)
+    topic: str = spec(str, "the topic", check=validate_topic_name)
+    queue: int = spec(int, "the queue id")
+    g: str | None = spec(str, "the group the client's route names", default=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryOffsetAnswer(WireType):
+    OP: ClassVar[Op] = Op.QUERY_OFFSET
+    ROLE: ClassVar[str] = "answer"
+    offset: int = spec(int, "the committed offset (the next to consume), -1 when none")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitOffsetRequest(WireType):
+    OP: ClassVar[Op] = Op.COMMIT_OFFSET
+    ROLE: ClassVar[str] = "request"
+    cg: str = spec(str, "the consumer group", check=validate_group_name)
+    offsets: tuple[tuple[str, int, int], ...] = spec(
+        list, "`[topic, queue, offset]` each: the next offset to consume",
+        check=_offset_items)
+    req: tuple[int, int] | None = spec(
+        list, "`[client id, sequence]`: a retried commit is applied once", default=None,
+        check=check_request_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitOffsetAnswer(WireType):
+    OP: ClassVar[Op] = Op.COMMIT_OFFSET
+    ROLE: ClassVar[str] = "answer"
+    dup: bool = spec(bool, "a retry whose first copy was applied already")
