@@ -102,7 +102,7 @@ class Op(IntEnum):
     READ_RAW = 3  # node to node, for repairing corrupt entries: (g, index, hi?) -> (term)
     #   body: the stored bytes of entries [index, index + n), 1 <= n <= hi - index (hi
     #   defaults to index + 1; the answer ends before the answering replica's own next
-    #   unreadable entry, and within broker.doors.service.READ_RAW_MAX_BYTES); NOT_FOUND (gone: retention removed
+    #   unreadable entry, and within broker.doors.reads.READ_RAW_MAX_BYTES); NOT_FOUND (gone: retention removed
     #   entry `index`)
     PRODUCE = 10  # (g) body: a batch (wire.records) -> (base, n, index, dup); or
     #   (g, sizes) body: batches back to back -> (results: an outcome per batch); see

@@ -9,7 +9,7 @@ here too.
 
 A member learns of a change without polling: CONSUMERS with the list it `known`s and a
 `wait_ms` is held until the node's list differs (a new member's first heartbeat, a
-leaving one's ttl of 0, an expiry) or the wait ends (`broker.doors.service`; this registry says
+leaving one's ttl of 0, an expiry) or the wait ends (`broker.doors.heartbeats`; this registry says
 when the next expiry is due).
 
 A consumer with manual assignment (a pull consumer: it reads the queues it chose)

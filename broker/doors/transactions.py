@@ -63,7 +63,9 @@ from wire.records import valid_tid
 from wire.txn import coordinator_group
 
 if TYPE_CHECKING:
-    from broker.doors.service import BrokerService
+    from broker.doors.service import BrokerHost
+    from broker.runtime.groups import GroupRegistry
+    from broker.runtime.leading import GroupLead
 
 __all__ = [
     "END_WAIT_S",
@@ -152,11 +154,10 @@ def row(obj: Any, **extra: Any) -> dict[str, Any]:
 class TxService:
     """The transaction handlers of one node's `BrokerService`."""
 
-    def __init__(self, service: BrokerService) -> None:
-        self.svc = service
-        self.lead = service.lead
-        self.groups = service.groups
-        self.node = service.node
+    def __init__(self, lead: GroupLead, groups: GroupRegistry, node: BrokerHost) -> None:
+        self.lead = lead
+        self.groups = groups
+        self.node = node
         self.producers = ProducerRegistry()
         self.finisher: Finisher | None = None  # the node's `TxTasks`, once running
         # (tid, epoch, n, group) this node registered with the coordinator (`register`),

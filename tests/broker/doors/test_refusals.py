@@ -85,15 +85,12 @@ def test_a_barrier_refused_while_confirming_leadership_is_the_requests_refusal()
     (ReadIndex, together). A full disk or a lost leadership there reached the client as
     an internal error (the nursery's exception group), logged as a failed request; it is
     the refusal it would be for one group."""
-    import types
-
     import trio
 
-    from broker.doors.service import BrokerService
+    from broker.doors.base import confirm_led
 
     def confirm(*groups: _Led) -> None:
-        host = types.SimpleNamespace(groups={f"g{i}": g for i, g in enumerate(groups)})
-        trio.run(BrokerService._confirm_led, host)  # type: ignore[arg-type]
+        trio.run(confirm_led, {f"g{i}": g for i, g in enumerate(groups)})
 
     confirm(_Led(None), _Led(None))
     with pytest.raises(DiskFull):

@@ -29,7 +29,7 @@ from wire.records import OutgoingMessage, encode_batch, walk_batch
 pytestmark = pytest.mark.live
 
 DAMAGED = 500
-#: READ_RAW's answer holds at most this many bytes of entries (`broker.doors.service`); the
+#: READ_RAW's answer holds at most this many bytes of entries (`broker.doors.reads`); the
 #: entries here are ~300 bytes, so the bound is far above what a range repair needs
 RANGE_BYTES = 1 << 20
 

@@ -1,0 +1,196 @@
+"""The cluster's own shape: STATUS, TRANSFER_LEADER, MEMBERSHIP, HOST_GROUP, DROP_GROUP.
+
+What an operator asks of a node about its Raft groups rather than their data: the node's
+status, moving a group's leadership, showing or changing a group's members one server at
+a time, and starting or stopping a replica of a group here. A membership change is made
+at the group's leader and refused when it would leave the group without a reachable
+majority; a change already made answers OK, so a retried request does not fail for
+having worked. Starting and stopping a replica is the node's own business
+(`ClusterHost.host_group`, `drop_group`): this door checks the request and asks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from broker.config import NodeConfig
+from broker.doors.base import Handler, Response, applied
+from broker.runtime.groups import GroupRegistry
+from broker.runtime.leading import GroupLead
+from broker.state.statemachine import control_prefer_leader
+from raftlog.runtime import GroupRuntime
+from raftlog.types import EntryType
+from transport.framing import Caller
+from wire.protocol import (
+    Code,
+    Op,
+    RequestError,
+    header_field,
+    is_int,
+    ok_header,
+    validate_group_name,
+)
+
+__all__ = ["ClusterDoor", "ClusterHost"]
+
+
+class ClusterHost(Protocol):
+    """What the cluster requests use of their node: its config (its id, its peers, the
+    cluster's groups), its status, which peers it reaches, and the replicas it runs."""
+
+    config: NodeConfig
+
+    def reachable_peers(self) -> list[int]: ...
+
+    def preferred_leader(self, gid: str) -> int | None: ...
+
+    async def host_group(self, gid: str, voters: tuple[int, ...]) -> bool: ...
+
+    async def drop_group(self, gid: str) -> bool: ...
+
+    def status(self, caller: Caller | None = None) -> dict[str, Any]: ...
+
+
+class ClusterDoor:
+    """The cluster requests of one node."""
+
+    def __init__(self, lead: GroupLead, groups: GroupRegistry, host: ClusterHost) -> None:
+        self.lead = lead
+        self.groups = groups
+        self.host = host
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            Op.STATUS: self._status,
+            Op.TRANSFER_LEADER: self._transfer_leader,
+            Op.MEMBERSHIP: self._membership,
+            Op.HOST_GROUP: self._host_group,
+            Op.DROP_GROUP: self._drop_group,
+        }
+
+    async def _status(self, caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        return ok_header(0, **self.host.status(caller)), b""
+
+    async def _transfer_leader(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        """Move the group's leadership to node `to`; with `prefer`, first log `to` as the
+        group's preferred leader, so the core does not hand leadership back."""
+        g = self.lead.group(h.get("g"))
+        to = header_field(h, "to", int)
+        prefer = header_field(h, "prefer", bool, False)
+        self.lead.leading(g)
+        voters = sorted(g.membership.voters)
+        if to not in voters:
+            raise RequestError(Code.NOT_A_MEMBER, f"node {to} is not a voter of group "
+                               f"{g.group_id} (voters: {voters})")
+        if prefer:
+            applied(await g.propose(control_prefer_leader(to), EntryType.CONTROL))
+        try:
+            g.transfer_leadership(to)
+        except ValueError as exc:
+            raise RequestError(Code.NOT_A_MEMBER, str(exc)) from None
+        return ok_header(0, voters=voters), b""
+
+    # ------------------------------------------------------------------ membership
+
+    def _members_view(self, g: GroupRuntime) -> dict[str, Any]:
+        """The membership as this leader sees it; NOT_LEADER (retriable, with the hint)
+        when it lost the leadership while the request waited (a barrier, a change)."""
+        self.lead.leading(g)
+        m = g.membership
+        st = g.status()
+        nodes = sorted(self.host.config.peers)
+        return {
+            "leader": g.leader, "voters": sorted(m.voters), "learners": sorted(m.learners),
+            "matches": g.peer_matches(), "active": sorted(g.recently_active()),
+            "commit": st["commit"], "last": st["last"],
+            "preferred": self.host.preferred_leader(g.group_id),
+            "addresses": {n: self.groups.peer_addr(n) for n in nodes},
+            "peers": nodes,
+        }
+
+    async def _membership(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        """Show or change a group's membership, at its leader: one single-server change
+        (add a learner, promote a caught-up learner, remove a member) at a time, refused
+        when it would leave the group without a reachable majority. Changes already made
+        answer OK (a retried request must not fail for having worked)."""
+        g = self.lead.group(h.get("g"))
+        action = header_field(h, "action", str)
+        if action not in ("show", "add-learner", "promote", "remove"):
+            raise RequestError(Code.MALFORMED, f"action must be show, add-learner, promote or "
+                               f"remove, not {action!r}")
+        self.lead.leading(g)
+        if action == "show":
+            await g.read_barrier()  # still the leader, as a majority confirms
+            return ok_header(0, **self._members_view(g)), b""
+        node = header_field(h, "node", int)
+        me = self.host.config.node_id
+        if node not in self.host.config.peers:
+            raise RequestError(Code.NOT_A_MEMBER, f"node {node} is not in the cluster's peers "
+                               f"table (known nodes: {sorted(self.host.config.peers)})")
+        m = g.membership
+        voters = sorted(m.voters)
+        if action == "add-learner":
+            if node in m.voters:
+                raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is already a voter "
+                                   f"of group {g.group_id} (voters: {voters})")
+            if node in m.learners:
+                return ok_header(0, **self._members_view(g)), b""
+        elif action == "promote":
+            if node in m.voters:
+                return ok_header(0, **self._members_view(g)), b""
+            if node not in m.learners:
+                raise RequestError(Code.NOT_A_MEMBER, f"node {node} is not a learner of group "
+                                   f"{g.group_id} (learners: {sorted(m.learners)})")
+        else:
+            if node not in m.members:
+                return ok_header(0, **self._members_view(g)), b""
+            if node == me:
+                raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} leads group "
+                                   f"{g.group_id}: move its leadership to another voter first "
+                                   f"(raftmq cluster transfer-leader {g.group_id} NODE)")
+            if node in m.voters:
+                self._check_quorum_after_removal(g.group_id, node, voters)
+        try:
+            await g.change_membership(action, node)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, str(exc)) from None
+        return ok_header(0, **self._members_view(g)), b""
+
+    def _check_quorum_after_removal(self, gid: str, node: int, voters: list[int]) -> None:
+        rest = [v for v in voters if v != node]
+        if not rest:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is the last voter of "
+                               f"group {gid}: a group needs at least one")
+        me = self.host.config.node_id
+        # connected, and heard from lately (a paused node keeps its connections)
+        reachable = (set(self.host.reachable_peers()) | {me}) & self.groups[gid].recently_active()
+        live = [v for v in rest if v in reachable]
+        if len(live) < len(rest) // 2 + 1:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, f"removing node {node} from group {gid} "
+                               f"would leave voters {rest}, of which only {live} are reachable: "
+                               f"a majority ({len(rest) // 2 + 1}) must be, or the group "
+                               "stops. Bring a node back (or add one) first")
+
+    # ------------------------------------------------------------------ replicas here
+
+    async def _host_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        gid = validate_group_name(header_field(h, "g", str))
+        known = sorted(gc.id for gc in self.host.config.groups)
+        if gid not in known:
+            raise RequestError(Code.UNKNOWN_GROUP, f"no group {gid!r} in the cluster "
+                               f"(known: {known})")
+        raw = header_field(h, "voters", list)
+        if not raw or not all(is_int(v) and v in self.host.config.peers for v in raw):
+            raise RequestError(Code.MALFORMED, f"voters must be node ids of the cluster's "
+                               f"peers {sorted(self.host.config.peers)}, got {raw!r}")
+        created = await self.host.host_group(gid, tuple(sorted(set(raw))))
+        return ok_header(0, created=created), b""
+
+    async def _drop_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        gid = validate_group_name(header_field(h, "g", str))
+        try:
+            dropped = await self.host.drop_group(gid)
+        except ValueError as exc:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, f"{exc}: remove it from the group "
+                               "first (raftmq cluster remove-replica)") from None
+        return ok_header(0, dropped=dropped), b""

@@ -1,0 +1,273 @@
+"""The reads: FETCH, GET_MESSAGE, QUERY_KEY, and READ_RAW between nodes.
+
+Reads are served by the leader from its applied state and its own CommitLog, as the
+stored bytes, with long polling for consumers at the end of a queue. The leader answers
+once a majority confirmed it still leads (ReadIndex), so a leader replaced without
+knowing it yet neither reports an old end nor serves a topic deleted meanwhile. Every
+consumer group tails the same recent batches, so the entries read last stay in memory
+(`READ_CACHE_BYTES`) and each is read and verified once, not per fetch.
+
+A stored entry that fails its CRCs is never served: the read answers BUSY (retriable)
+and the group refetches the entry from a peer (`GroupRuntime.report_corrupt`). Peers
+ask for such entries with READ_RAW, answered from this node's CommitLog whatever its
+role, and served while the node repairs entries of its own, to peers only: the caller
+must have proved it is a node of the cluster (`transport.peerauth`; the service refuses
+a client FORBIDDEN before this door is asked).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import trio
+
+from broker.config import NodeConfig
+from broker.doors.base import (
+    MAX_WAIT_MS,
+    Handler,
+    QueueHosts,
+    Response,
+    check_queue,
+    confirm_led,
+    topic_field,
+)
+from broker.runtime.groups import GroupRegistry
+from broker.runtime.leading import GroupLead
+from broker.runtime.metrics import NodeMetrics
+from raftlog.commitlog import CommitLogError, CorruptEntry
+from raftlog.runtime import GroupRuntime
+from raftlog.types import Entry, EntryType
+from transport.framing import Caller
+from wire.protocol import Code, Op, RequestError, header_field, ok_header
+from wire.records import parse_message_id, tag_hash, walk_entry
+from wire.requests import FetchRequest
+
+__all__ = ["MAX_FETCH_BYTES", "MAX_FETCH_COUNT", "READ_CACHE_BYTES", "READ_RAW_MAX_BYTES",
+           "ReadDoor"]
+
+MAX_FETCH_COUNT = 1024
+MAX_FETCH_BYTES = 8 << 20
+#: A READ_RAW answer holds entries up to this size (and always its first entry), well
+#: under the client frame limit.
+READ_RAW_MAX_BYTES = 4 << 20
+READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
+
+
+class ReadDoor:
+    """The reads of one node, and the cache of entries they read last."""
+
+    def __init__(self, lead: GroupLead, groups: GroupRegistry, hosts: QueueHosts,
+                 config: NodeConfig, metrics: NodeMetrics) -> None:
+        self.lead = lead
+        self.groups = groups
+        self.hosts = hosts
+        self.config = config
+        self.metrics = metrics
+        self._cache: OrderedDict[tuple[str, int], bytes | memoryview] = OrderedDict()
+        self._cached = 0  # bytes held by _cache
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            Op.FETCH: self._fetch,
+            Op.GET_MESSAGE: self._get_message,
+            Op.QUERY_KEY: self._query_key,
+            Op.READ_RAW: self._read_raw,
+        }
+
+    async def _read(self, g: GroupRuntime, index: int) -> bytes | memoryview:
+        """The data of committed entry `index`, CRC-checked when read from the CommitLog.
+
+        Consumers fetch a producer's batch a few dozen messages at a time, and every
+        consumer group tails the same recent batches: the last `READ_CACHE_BYTES` of
+        entries read stay in memory so each is read and verified once, not per fetch.
+        Committed entries never change, so the cache needs no invalidation.
+        """
+        key = (g.group_id, index)
+        cache = self._cache
+        data = cache.get(key)
+        if data is not None:
+            cache.move_to_end(key)
+            return data
+        data = (await _entry(g, index)).data
+        cache[key] = data
+        self._cached += len(data)
+        while self._cached > READ_CACHE_BYTES and len(cache) > 1:
+            self._cached -= len(cache.popitem(last=False)[1])
+        return data
+
+    # ------------------------------------------------------------------ fetch
+
+    async def _fetch(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        req = FetchRequest.decode(h)
+        topic, queue, offset = req.topic, check_queue(req.queue), req.offset
+        max_count = min(max(req.max, 1), MAX_FETCH_COUNT)
+        max_bytes = min(max(req.max_bytes, 1), MAX_FETCH_BYTES)
+        wait_ms = min(max(req.wait_ms, 0), MAX_WAIT_MS)
+        tag_hashes = {tag_hash(t) for t in req.tags} if req.tags else None
+        # confirmed leader (ReadIndex) before answering: a leader replaced without knowing
+        # it yet must neither report an old end nor serve a topic deleted meanwhile
+        g = await self.hosts.led_group(topic, queue, req.g)
+        deadline = trio.current_time() + wait_ms / 1000
+        while True:
+            state = self.lead.leading(g)
+            lo, end = state.queue_range(topic, queue)
+            if offset < lo:  # the earliest offset only grows: true for newer states too
+                raise RequestError(Code.OFFSET_TOO_SMALL,
+                                   f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
+                                   min=lo, end=end)
+            if offset > end:
+                raise RequestError(Code.OFFSET_TOO_LARGE,
+                                   f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
+                                   min=lo, end=end)
+            if offset < end:
+                found, nxt = state.lookup(topic, queue, offset, max_count, max_bytes, tag_hashes)
+                if found:
+                    try:
+                        return await self._answer_fetch(g, found, nxt, lo, end)
+                    except RequestError as exc:
+                        if exc.code != Code.OFFSET_TOO_SMALL or "first" not in exc.extra:
+                            raise
+                        # its entry is gone from the log: skip to the first message whose
+                        # entry is still there
+                        skip = state.queues.queue(topic, queue).first_offset_at_or_after_index(
+                            int(exc.extra["first"]))
+                        raise RequestError(
+                            Code.OFFSET_TOO_SMALL, f"offset {offset} of {topic}/{queue}: "
+                            f"{exc.message}", min=max(skip, offset + 1), end=end) from None
+                offset = nxt  # only filtered-out messages up to `nxt`
+                if nxt < end:
+                    continue
+            with trio.move_on_at(deadline):
+                await g.wait_applied_change()
+                continue
+            return ok_header(0, g=g.group_id, next=offset, min=lo, end=end, msgs=[]), b""
+
+    async def _answer_fetch(
+        self, g: GroupRuntime, found: list, nxt: int, lo: int, end: int
+    ) -> Response:
+        # one slice per run of records that lie end to end in one entry (a batch's
+        # records do), not one per message; rows as tuples (msgpack arrays all the same)
+        parts: list[bytes | memoryview] = []
+        msgs = []
+        cached_index, cached = -1, memoryview(b"")
+        run_start = run_end = 0
+        for offset, index, start, size, _tag_hash, store_ms in found:
+            if index != cached_index or start != run_end:
+                if run_end > run_start:
+                    parts.append(cached[run_start:run_end])
+                if index != cached_index:
+                    cached_index, cached = index, memoryview(await self._read(g, index))
+                run_start = start
+            run_end = start + size
+            msgs.append((offset, index, start, store_ms))
+        if run_end > run_start:
+            parts.append(cached[run_start:run_end])
+        body = b"".join(parts)
+        nmsgs, nbytes = self.metrics.fetch_series(g.group_id)
+        nmsgs.inc(len(msgs))
+        nbytes.inc(len(body))
+        return ok_header(0, g=g.group_id, next=nxt, min=lo, end=end, msgs=msgs), body
+
+    # ------------------------------------------------------------------ lookups
+
+    async def _get_message(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        msg_id = header_field(h, "msg_id", str)
+        gid, index, start = parse_message_id(msg_id)
+        g = self.lead.group(gid)
+        state = self.lead.leading(g)
+        first, last = g.log_bounds()
+        if not first <= index <= min(last, state.applied_index):
+            raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
+        entry = await _entry(g, index)
+        if entry.type != EntryType.MESSAGES:
+            raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
+        found = [header for header, refs in walk_entry(entry.data,
+                                                       self.config.max_message_bytes)
+                 if any(r.start == start for r in refs)]
+        if not found:
+            raise RequestError(Code.NOT_FOUND, f"no message {msg_id}")
+        header = found[0]
+        offset = state.locate(header.topic, header.queue, index, start)
+        e = state.entry_of(header.topic, header.queue, offset)
+        h2, body = await self._answer_fetch(g, [e], offset + 1,
+                                            *state.queue_range(header.topic, header.queue))
+        return ok_header(0, topic=header.topic, queue=header.queue, **{
+            k: v for k, v in h2.items() if k in ("g", "msgs")}), body
+
+    async def _query_key(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        topic = topic_field(h)
+        key = header_field(h, "key", str)
+        limit = min(max(header_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
+        parts: list[bytes] = []
+        msgs: list[list[Any]] = []
+        if not any(state.topic(topic) for state in self.groups.states.values()):
+            await confirm_led(self.groups)
+            if not any(state.topic(topic) for state in self.groups.states.values()):
+                raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist")
+        hosting = [gid for gid, state in self.groups.states.items() if state.topic(topic)]
+        led = [gid for gid in hosting if self.groups[gid].is_leader]
+        if not led:
+            self.lead.leading(self.groups[hosting[0]])  # NOT_LEADER with a hint
+        for gid in led:
+            self.lead.leading(self.groups[gid])  # each one ready (else NOT_LEADER, ready false)
+        for gid in led:  # the groups led elsewhere answer there: "searched" tells which
+            state, g = self.groups.states[gid], self.groups[gid]
+            for queue, offset in state.keys(topic, key)[-limit:]:
+                lo, end = state.queue_range(topic, queue)
+                if not lo <= offset < end:
+                    continue
+                e = state.entry_of(topic, queue, offset)
+                hdr, body = await self._answer_fetch(g, [e], offset + 1, lo, end)
+                parts.append(body)
+                msgs.append([gid, queue, *hdr["msgs"][0]])
+        return ok_header(0, msgs=msgs, searched=led), b"".join(parts)
+
+    # ------------------------------------------------------------------ repairs
+
+    async def _read_raw(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        """A peer repairing entries [index, hi) asks for their stored bytes (any replica's
+        copy of an entry with the same index and term is the same: Log Matching); it gets
+        a prefix of the range, at least entry `index`, one request for a damaged segment's
+        hundreds of entries rather than one each."""
+        g = self.lead.group(h.get("g"))
+        index = header_field(h, "index", int)
+        hi = header_field(h, "hi", int, index + 1)
+        if hi <= index:
+            raise RequestError(Code.MALFORMED, f"hi {hi} must be above index {index}")
+        if not g.is_open:
+            raise RequestError(Code.BUSY, f"group {g.group_id} is not open")
+        first, last = g.log_bounds()
+        if index < first:
+            raise RequestError(Code.NOT_FOUND, f"entry {index} was removed (first is {first})",
+                               gone=True)
+        if index > last or index in g.unrepaired:
+            raise RequestError(Code.NOT_FOUND, f"entry {index} is not readable here (last is "
+                               f"{last})", gone=False)
+        try:
+            term, raw = await g.read_raw(index, hi, READ_RAW_MAX_BYTES)
+        except CorruptEntry:  # already sent for repair
+            raise RequestError(Code.NOT_FOUND, f"entry {index} is corrupt here too",
+                               gone=False) from None
+        except CommitLogError as exc:
+            raise RequestError(Code.BUSY, str(exc)) from None
+        return ok_header(0, term=term), raw
+
+
+async def _entry(g: GroupRuntime, index: int) -> Entry:
+    """Entry `index` from the CommitLog (read off the event loop); a corrupt one is
+    sent for repair (BUSY). One below the log's first index (retention removed it
+    after a ConsumeQueue lookup found it, maybe while the read waited for the log, or
+    a refill was abandoned: `raftlog.core`) is gone: OFFSET_TOO_SMALL, naming the
+    log's first index (`first`), so that the caller skips ahead."""
+    try:
+        return await g.read_committed(index)
+    except CorruptEntry:  # already sent for repair
+        raise RequestError(Code.BUSY, f"entry {index} of {g.group_id} is corrupt here and "
+                           "being repaired from a peer; retry") from None
+    except CommitLogError:
+        first, _last = g.log_bounds()
+        if index >= first:
+            raise
+        raise RequestError(Code.OFFSET_TOO_SMALL, f"entry {index} of {g.group_id} is no "
+                           f"longer in the log (it starts at {first})", first=first) from None
