@@ -17,9 +17,9 @@ import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
 from broker.doors.service import CRASH_BEFORE_ANSWER_EXIT
-from raftmq.client import Admin, Producer, PullConsumer
+from raftmq.client import Admin, Producer
 from tests.conftest import group_leader, live_cluster, wait_for
-from tests.live_cluster import CrashAskingPool
+from tests.live_cluster import CrashAskingPool, drain
 
 pytestmark = pytest.mark.live
 
@@ -40,11 +40,9 @@ def test_a_retried_committed_batch_is_deduplicated_after_the_leader_dies(
                 cluster.namesrv_addr, idempotent=True, retries=10, pool=pool
             ) as producer:
                 result = await producer.send("t", b"once")
-            async with PullConsumer(cluster.namesrv_addr, "c", wait_ms=0) as consumer:
-                consumer.assign("t")
-                bodies: list[bytes] = []
-                while batch := await consumer.poll(timeout=2.0):
-                    bodies += [m.body for m in batch]
+            # every queue up to its end, not up to the first empty poll
+            drained = await drain(cluster.namesrv_addr, "t", "c")
+            bodies = [m.body for msgs in drained.values() for m in msgs]
             return result, bodies
 
         result, bodies = anyio.run(main, backend="trio")

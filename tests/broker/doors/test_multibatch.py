@@ -20,23 +20,19 @@ import pytest
 
 from broker.config import ALLOW_MUTATIONS_ENV
 from broker.doors.service import CRASH_BEFORE_ANSWER_EXIT
-from raftmq.client import Admin, OutgoingMessage, Producer, PullConsumer, SendResult
+from raftmq.client import Admin, OutgoingMessage, Producer, SendResult
 from raftmq.client.producer import SendAttempt
 from tests.conftest import group_leader, live_cluster, wait_for
-from tests.live_cluster import CrashAskingPool
+from tests.live_cluster import CrashAskingPool, drain
 
 pytestmark = pytest.mark.live
 
 
 async def _read_all(namesrv: str, topic: str, cg: str) -> dict[int, list[tuple[int, bytes]]]:
-    """queue -> [(offset, body)] of everything stored in `topic`."""
-    async with PullConsumer(namesrv, cg, wait_ms=0) as consumer:
-        consumer.assign(topic)
-        out: dict[int, list[tuple[int, bytes]]] = {}
-        while batch := await consumer.poll(timeout=2.0):
-            for m in batch:
-                out.setdefault(m.queue, []).append((m.offset, m.body))
-        return {q: sorted(v) for q, v in out.items()}
+    """queue -> [(offset, body)] of everything stored in `topic`, read up to each queue's
+    end (not up to the first empty poll, which a busy machine can give early)."""
+    return {q: [(m.offset, m.body) for m in msgs]
+            for q, msgs in (await drain(namesrv, topic, cg)).items() if msgs}
 
 
 def test_many_queues_share_one_entry_and_every_id_and_key_resolves(tmp_path: Path) -> None:

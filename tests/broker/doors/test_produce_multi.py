@@ -11,9 +11,10 @@ from typing import Any
 import anyio
 import pytest
 
-from raftmq.client import Admin, Producer, PullConsumer
+from raftmq.client import Admin, Producer
 from raftmq.localcluster import LocalCluster
 from tests.conftest import group_leader, live_cluster, wait_for
+from tests.live_cluster import drain
 from transport.blocking import request
 from wire.produce import decode_outcome
 from wire.protocol import Code, Op, RequestError
@@ -54,13 +55,10 @@ def _produce(cluster: LocalCluster, batches: list[bytes]) -> list[dict[str, Any]
 def _stored(cluster: LocalCluster, topic: str) -> dict[int, list[tuple[int, bytes]]]:
     """queue -> [(offset, body)] of everything stored in `topic`."""
     async def main() -> dict[int, list[tuple[int, bytes]]]:
-        async with PullConsumer(cluster.namesrv_addr, f"check-{topic}", wait_ms=0) as consumer:
-            consumer.assign(topic)
-            out: dict[int, list[tuple[int, bytes]]] = {}
-            while batch := await consumer.poll(timeout=2.0):
-                for m in batch:
-                    out.setdefault(m.queue, []).append((m.offset, m.body))
-            return {q: sorted(v) for q, v in out.items()}
+        # up to each queue's end, not up to the first empty poll (early on a busy machine)
+        return {q: [(m.offset, m.body) for m in msgs]
+                for q, msgs in (await drain(cluster.namesrv_addr, topic, f"check-{topic}")
+                                ).items() if msgs}
 
     return anyio.run(main, backend="trio")
 
@@ -160,12 +158,8 @@ def test_the_producer_spreading_over_many_queues_keeps_each_queues_order(cluster
         assert records == [(i, f"{q + 32 * i}".encode()) for i in range(10)]
 
     async def ids() -> dict[str, bytes]:
-        async with PullConsumer(cluster.namesrv_addr, "ids", wait_ms=0) as consumer:
-            consumer.assign("spread")
-            out: dict[str, bytes] = {}
-            while batch := await consumer.poll(timeout=2.0):
-                out.update((m.msg_id, m.body) for m in batch)
-            return out
+        drained = await drain(cluster.namesrv_addr, "spread", "ids")
+        return {m.msg_id: m.body for msgs in drained.values() for m in msgs}
 
     by_id = anyio.run(ids, backend="trio")
     assert [by_id.get(mid or "") for _, _, mid in acked] == [f"{k}".encode() for k in range(320)]
