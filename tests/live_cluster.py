@@ -293,6 +293,17 @@ async def drain(
     return out
 
 
+async def poll_for(consumer: PullConsumer, n: int, timeout: float = DRAIN_TIMEOUT
+                   ) -> list[Message]:
+    """Poll until `n` messages came (or `timeout` passed): one poll can come back short
+    or empty on a busy machine while the rest is there to read."""
+    got: list[Message] = []
+    with anyio.move_on_after(timeout):
+        while len(got) < n:
+            got += await consumer.poll(timeout=1.0, max_messages=max(n - len(got), 1))
+    return got
+
+
 async def _retrying(fn: Callable[[], Any], attempts: int = 20) -> Any:
     for attempt in range(attempts):
         try:

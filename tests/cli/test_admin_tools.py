@@ -17,6 +17,7 @@ import pytest
 
 from raftmq.client import Producer, PullConsumer, RequestError
 from raftmq.localcluster import LocalCluster
+from tests.live_cluster import poll_for
 from tests.paths import REPO_ROOT as ROOT
 from transport.blocking import request
 from wire.protocol import Code, Op
@@ -130,7 +131,7 @@ def test_group_list_describe_reset_and_delete(cluster: LocalCluster) -> None:
     async def read_on() -> list[bytes]:
         async with PullConsumer(cluster.namesrv_addr, "billing") as consumer:
             consumer.assign("orders")
-            return sorted(m.body for m in await consumer.poll(timeout=2.0, max_messages=100))
+            return sorted(m.body for m in await poll_for(consumer, 6))
 
     assert anyio.run(read_on) == sorted(f"{q}-{i}".encode() for q in range(3) for i in range(2))
 

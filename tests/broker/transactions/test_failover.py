@@ -12,8 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from raftmq.client import Admin, Producer, PullConsumer
+from raftmq.client import Admin, Producer
 from tests.conftest import group_leader, live_cluster, wait_for
+from tests.live_cluster import drain
 from wire.txn import coordinator_group
 
 pytestmark = pytest.mark.live
@@ -43,12 +44,8 @@ def test_a_commit_survives_the_death_of_the_coordinators_leader(tmp_path: Path) 
         cluster.restart_and_wait(leader)
 
         async def read() -> list[bytes]:
-            bodies: list[bytes] = []
-            async with PullConsumer(cluster.namesrv_addr, "fo-reader", wait_ms=0) as c:
-                c.assign("fo")
-                while batch := await c.poll(timeout=2.0):
-                    bodies += [m.body for m in batch]
-            return sorted(bodies)
+            drained = await drain(cluster.namesrv_addr, "fo", "fo-reader")  # to each end
+            return sorted(m.body for msgs in drained.values() for m in msgs)
 
         assert anyio.run(read, backend="trio") == [b"m0", b"m1", b"m2"]
         assert cluster.unexpected_exits() == {}

@@ -36,6 +36,7 @@ from raftmq.client import (
 from raftmq.commands.tx import main as tx_main
 from raftmq.localcluster import LocalCluster
 from tests.conftest import live_cluster
+from tests.live_cluster import drain, poll_for
 from wire.protocol import Code, Op, RequestError
 
 pytestmark = pytest.mark.live
@@ -68,13 +69,10 @@ async def make_topic(ns: str, queues: int = 3) -> str:
 
 
 async def read_all(ns: str, topic: str) -> list[bytes]:
-    """Every message a new consumer group reads from the start of `topic` now."""
-    bodies: list[bytes] = []
-    async with PullConsumer(ns, name("reader"), wait_ms=0) as c:
-        c.assign(topic)
-        while batch := await c.poll(timeout=0.5, max_messages=1000):
-            bodies += [m.body for m in batch]
-    return sorted(bodies)
+    """Every message a new consumer group reads from the start of `topic` now: each queue
+    up to its end (prepared data is held out of the queues until decided)."""
+    drained = await drain(ns, topic, name("reader"))
+    return sorted(m.body for msgs in drained.values() for m in msgs)
 
 
 # ---------------------------------------------------------------- Kafka's model
@@ -214,10 +212,9 @@ def test_send_offsets_move_the_committed_offsets_only_with_the_commit(
             async with PullConsumer(ns, cg, wait_ms=0) as c, \
                     Producer(ns, transactional_id=f"{cg}-tid") as p:
                 c.assign(src)
-                msgs = await c.poll(timeout=1.0, max_messages=100)
-                while more := await c.poll(timeout=0.2, max_messages=100):
-                    msgs += more
+                msgs = await poll_for(c, 6)
                 assert len(msgs) == 6
+                assert await c.poll(timeout=0.2) == []  # and no more
                 tx = await p.begin()
                 for m in msgs:
                     await tx.send(dst, m.body.upper(), queue=m.queue)
