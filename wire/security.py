@@ -1,5 +1,5 @@
 """What clients, the CLI and nodes share about users and ACLs: the rule for user names, a
-SCRAM-SHA-256 verifier and its text form, and the names of ACL operations.
+SCRAM-SHA-256 verifier and its text form, and the rule for an ACL entry's fields.
 
 They sit below the broker so that `raftmq user`, `raftmq acl` and `raftmq dev` make and
 check verifiers without loading the state machine and the Raft runtime; the broker's
@@ -15,19 +15,27 @@ from dataclasses import dataclass
 
 import scramp
 
-__all__ = ["ITERATIONS", "KEY_BYTES", "MAX_ITERATIONS", "MECHANISM", "MIN_ITERATIONS",
-           "OPERATIONS", "SALT_BYTES", "Credential", "credential_problem", "format_verifier",
-           "make_credential", "read_verifier", "user_name_problem"]
+from wire.protocol import Code
+
+__all__ = ["ACL_FIELDS", "ACL_KINDS", "ACL_PATTERNS", "ACL_PERMISSIONS", "ITERATIONS",
+           "KEY_BYTES", "MAX_ITERATIONS", "MECHANISM", "MIN_ITERATIONS", "OPERATIONS",
+           "SALT_BYTES", "Credential", "acl_problem", "credential_problem",
+           "format_verifier", "make_credential", "read_verifier", "user_name_problem"]
 
 MECHANISM = "SCRAM-SHA-256"
 ITERATIONS = 4096  # RFC 7677's minimum, what `raftmq user add` uses
 OPERATIONS = ("publish", "subscribe", "admin")  # what an ACL allows or denies
+ACL_KINDS = ("topic", "group", "cluster", "transactional-id", "producer-group")
+ACL_PATTERNS = ("literal", "prefix")
+ACL_PERMISSIONS = ("allow", "deny")
+ACL_FIELDS = ("principal", "kind", "pattern", "name", "operation", "permission")
 MIN_ITERATIONS = 4096  # RFC 7677's minimum for SCRAM-SHA-256
 MAX_ITERATIONS = 10_000_000
 KEY_BYTES = 32  # SHA-256 digest size: StoredKey and ServerKey
 SALT_BYTES = (16, 64)
 
 _USER = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
+_RESOURCE = re.compile(r"[A-Za-z0-9_%|.-]{0,255}")
 VERIFIER_PREFIX = "SCRAM-SHA-256$"
 _MECH = scramp.ScramMechanism(MECHANISM)
 
@@ -96,3 +104,41 @@ def read_verifier(text: str) -> Credential:
                          f"(SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>): "
                          f"{exc}") from None
     return c
+
+
+def _choice_problem(field: str, v: object, choices: tuple[str, ...]) -> str | None:
+    if v in choices:
+        return None
+    return f"{field} must be one of {', '.join(choices)}; got {v!r}"
+
+
+def acl_problem(principal: object, kind: object, pattern: object, name: object,
+                operation: object, permission: object) -> tuple[Code, str] | None:
+    """Why these fields are no ACL entry (`broker.state.parts.acls`), as the code and
+    reason to refuse it with, or None. Checked in this order: the principal (`*` or a
+    user name: INVALID_NAME), the kind, pattern, operation and permission (MALFORMED),
+    the resource name (INVALID_NAME; a transactional id's is 0-255 printable
+    characters, any other 0-255 of letters, digits and `_%|.-`), then how they combine:
+    the cluster has no name (literal ''), any other literal pattern needs one."""
+    if principal != "*":
+        problem = user_name_problem(principal)
+        if problem is not None:
+            return Code.INVALID_NAME, problem
+    for field, v, choices in (("kind", kind, ACL_KINDS), ("pattern", pattern, ACL_PATTERNS),
+                              ("operation", operation, OPERATIONS),
+                              ("permission", permission, ACL_PERMISSIONS)):
+        problem = _choice_problem(field, v, choices)
+        if problem is not None:
+            return Code.MALFORMED, problem
+    if kind == "transactional-id":  # any id a producer may use, or a prefix
+        if not isinstance(name, str) or len(name) > 255 or not name.isprintable():
+            return Code.INVALID_NAME, ("a transactional id is 0-255 printable characters; "
+                                       f"got {name!r}")
+    elif not isinstance(name, str) or not _RESOURCE.fullmatch(name):
+        return Code.INVALID_NAME, ("resource name must be 0-255 characters of letters, "
+                                   f"digits and _%|.-; got {name!r}")
+    if kind == "cluster" and (pattern, name) != ("literal", ""):
+        return Code.MALFORMED, "the cluster resource has no name: literal ''"
+    if pattern == "literal" and kind != "cluster" and not name:
+        return Code.MALFORMED, "a literal pattern needs a name (a prefix '' matches every name)"
+    return None

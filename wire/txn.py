@@ -11,7 +11,10 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable
 
-__all__ = ["TxKey", "coordinator_group", "half_key", "kafka_key"]
+__all__ = ["MAX_MARKERS", "TxKey", "coordinator_group", "half_key", "kafka_key"]
+
+#: Coordinator decisions in one TX_MARKER request, applied as one entry (`tx_markers`).
+MAX_MARKERS = 1024
 
 #: The key of prepared data: ("k", tid, epoch, n) for a Kafka transaction, ("h", txid)
 #: for a half message.

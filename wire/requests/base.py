@@ -36,7 +36,8 @@ def str_list(name: str) -> Check:
     return check
 
 
-_KIND_NAMES = {int: "integer", str: "string", bool: "boolean", list: "list", dict: "map"}
+_KIND_NAMES = {int: "integer", str: "string", bool: "boolean", list: "list", dict: "map",
+               bytes: "binary"}
 
 
 class WireType:

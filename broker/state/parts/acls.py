@@ -18,30 +18,19 @@ chaos workload `security` (`chaos.authcheck`) must catch.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from broker.state.parts.base import ControlRecord, ControlResult, Handler, Part, Refused
-from broker.state.parts.users import validate_user_name
 from wire.protocol import Code
-from wire.security import OPERATIONS
+from wire.security import ACL_KINDS as KINDS
+from wire.security import OPERATIONS, acl_problem
 
 __all__ = ["KINDS", "OPERATIONS", "Acl", "AclAdd", "AclRemove", "Acls", "acl_from_fields"]
 
-KINDS = ("topic", "group", "cluster", "transactional-id", "producer-group")
-PATTERNS = ("literal", "prefix")
-PERMISSIONS = ("allow", "deny")
 MAX_ACLS = 100_000
 DROP_REMOVE_EVERY = 5  # the `drop-acl-remove` test mutation's period
-_NAME = re.compile(r"[A-Za-z0-9_%|.-]{0,255}")
-
-
-def _choice(field: str, v: object, choices: tuple[str, ...]) -> str:
-    if v not in choices:
-        raise Refused(Code.MALFORMED, f"{field} must be one of {', '.join(choices)}; got {v!r}")
-    return str(v)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -56,25 +45,10 @@ class Acl:
     permission: str
 
     def validate(self) -> None:
-        if self.principal != "*":
-            validate_user_name(self.principal)
-        _choice("kind", self.kind, KINDS)
-        _choice("pattern", self.pattern, PATTERNS)
-        _choice("operation", self.operation, OPERATIONS)
-        _choice("permission", self.permission, PERMISSIONS)
-        if self.kind == "transactional-id":  # any id a producer may use, or a prefix
-            if not isinstance(self.name, str) or len(self.name) > 255 or not (
-                    self.name.isprintable()):
-                raise Refused(Code.INVALID_NAME, f"a transactional id is 0-255 printable "
-                              f"characters; got {self.name!r}")
-        elif not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
-            raise Refused(Code.INVALID_NAME, f"resource name must be 0-255 characters of "
-                          f"letters, digits and _%|.-; got {self.name!r}")
-        if self.kind == "cluster" and (self.pattern, self.name) != ("literal", ""):
-            raise Refused(Code.MALFORMED, "the cluster resource has no name: literal ''")
-        if self.pattern == "literal" and self.kind != "cluster" and not self.name:
-            raise Refused(Code.MALFORMED, "a literal pattern needs a name (a prefix '' "
-                          "matches every name)")
+        problem = acl_problem(self.principal, self.kind, self.pattern, self.name,
+                              self.operation, self.permission)
+        if problem is not None:
+            raise Refused(*problem)
 
     def matches(self, principal: str, kind: str, name: str, operation: str) -> bool:
         return (self.principal in ("*", principal) and self.kind == kind

@@ -66,7 +66,7 @@ from broker.state.parts.base import (
 )
 from wire.protocol import Code, validate_group_name
 from wire.records import BatchHeader, RecordRef, message_id, valid_tid
-from wire.txn import TxKey, half_key, kafka_key
+from wire.txn import MAX_MARKERS, TxKey, half_key, kafka_key
 
 __all__ = [
     "DECISIONS",
@@ -204,9 +204,6 @@ class TxMarker(ControlRecord):
             epoch_fields(epoch, d.get("n"))
         return cls(d.get("tid"), epoch, d.get("n"), d.get("commit"), fence,  # type: ignore[arg-type]
                    d.get("ts", 0))  # type: ignore[arg-type]
-
-
-MAX_MARKERS = 1024  # markers in one tx_markers record
 
 
 @dataclass(frozen=True, slots=True)
