@@ -60,7 +60,7 @@ import trio
 
 from broker.config import NodeConfig
 from broker.doors.refusals import refusal
-from broker.state.parts.acls import Acl, AclAdd, AclRemove, Acls, acl_from_fields
+from broker.state.parts.acls import Acl, AclAdd, AclRemove, Acls
 from broker.state.parts.base import ErrorResult, Refused
 from broker.state.parts.users import Credential, UserDelete, UserPut, Users, parse_verifier
 from broker.state.statemachine import BrokerState
@@ -71,6 +71,22 @@ from transport.scram import LoginFailed, ServerLogins
 from wire.produce import split_batches
 from wire.protocol import Code, Frame, Op, RequestError, ok_header
 from wire.records import batch_header
+from wire.requests.security import (
+    AclAddAnswer,
+    AclAddRequest,
+    AclListAnswer,
+    AclListRequest,
+    AclRemoveAnswer,
+    AclRemoveRequest,
+    AuthAnswer,
+    AuthRequest,
+    UserDeleteAnswer,
+    UserDeleteRequest,
+    UserListAnswer,
+    UserListRequest,
+    UserPutAnswer,
+    UserPutRequest,
+)
 from wire.security import ITERATIONS, MECHANISM, make_credential
 
 __all__ = ["ANY_USER", "MECHANISM", "NOT_A_REQUEST", "PEER_ONLY", "REGISTERED_USERS_BYTES",
@@ -401,6 +417,7 @@ class Guard:
         return Credential(fake[:16], ITERATIONS, fake, fake)  # no password matches it
 
     async def _auth(self, caller: Caller, h: dict[str, Any]) -> Response:
+        AuthRequest.decode(h)  # the name server's logins (`ServerLogins.step`) check it alike
         step, msg = self._logins.step(caller, h)
         if step == "first":
             if not self._bootstrap:
@@ -411,7 +428,8 @@ class Guard:
                 self._proved[caller] = c.stored_key  # what the final step proves
                 return c.salt, c.stored_key, c.server_key, c.iterations
 
-            return ok_header(0, msg=self._logins.first(caller, msg, lookup)), b""
+            answer = AuthAnswer(msg=self._logins.first(caller, msg, lookup))
+            return ok_header(0, **answer.header()), b""
         try:
             user, final = self._logins.final(caller, msg)
         except LoginFailed as failed:
@@ -435,7 +453,7 @@ class Guard:
             caller.hang_up()
             raise
         self._sessions.setdefault(user, weakref.WeakSet()).add(caller)
-        return ok_header(0, msg=final, user=user), b""
+        return ok_header(0, **AuthAnswer(msg=final, user=user).header()), b""
 
     # ------------------------------------------------------------------ revocation
 
@@ -558,43 +576,55 @@ class Guard:
         return result
 
     async def _user_put(self, caller: Caller, h: dict[str, Any]) -> Response:
+        req = UserPutRequest.decode(h)
         try:
-            rec = UserPut(h.get("user"), h.get("salt"), h.get("iterations"),  # type: ignore[arg-type]
-                          h.get("stored_key"), h.get("server_key"))  # type: ignore[arg-type]
+            rec = UserPut(req.user, req.salt, req.iterations, req.stored_key, req.server_key)
         except Refused as exc:
             raise RequestError(exc.code, exc.message) from None
         await self.propose(rec.encode())
-        return ok_header(0), b""
+        return ok_header(0, **UserPutAnswer().header()), b""
 
     async def _user_delete(self, caller: Caller, h: dict[str, Any]) -> Response:
+        req = UserDeleteRequest.decode(h)
         try:
-            rec = UserDelete(h.get("user"))  # type: ignore[arg-type]
+            rec = UserDelete(req.user)
         except Refused as exc:
             raise RequestError(exc.code, exc.message) from None
         result = await self.propose(rec.encode())
-        return ok_header(0, deleted=bool(result.applied)), b""
+        return ok_header(0, **UserDeleteAnswer(deleted=bool(result.applied)).header()), b""
 
     async def _user_list(self, caller: Caller, h: dict[str, Any]) -> Response:
-        return ok_header(0, users=self._users().names()), b""
+        UserListRequest.decode(h)
+        answer = UserListAnswer(users=tuple(self._users().names()))
+        return ok_header(0, **answer.header()), b""
 
     # ------------------------------------------------------------------ ACLs
 
-    def _acl(self, h: dict[str, Any]) -> Acl:
+    @staticmethod
+    def _acl(req: AclAddRequest | AclRemoveRequest) -> Acl:
+        acl = Acl(*req.row())
         try:
-            return acl_from_fields(h)
+            acl.validate()  # the rule the request type applied: wire.security.acl_problem
         except Refused as exc:
             raise RequestError(exc.code, exc.message) from None
+        return acl
 
     async def _acl_add(self, caller: Caller, h: dict[str, Any]) -> Response:
-        result = await self.propose(AclAdd(self._acl(h)).encode())
-        return ok_header(0, added=bool(result.applied)), b""
+        acl = self._acl(AclAddRequest.decode(h))
+        result = await self.propose(AclAdd(acl).encode())
+        return ok_header(0, **AclAddAnswer(added=bool(result.applied)).header()), b""
 
     async def _acl_remove(self, caller: Caller, h: dict[str, Any]) -> Response:
-        result = await self.propose(AclRemove(self._acl(h)).encode())
-        return ok_header(0, removed=bool(result.applied)), b""
+        acl = self._acl(AclRemoveRequest.decode(h))
+        result = await self.propose(AclRemove(acl).encode())
+        return ok_header(0, **AclRemoveAnswer(removed=bool(result.applied)).header()), b""
 
     async def _acl_list(self, caller: Caller, h: dict[str, Any]) -> Response:
-        return ok_header(0, acls=[a.to_list() for a in self._acls().entries()]), b""
+        AclListRequest.decode(h)
+        answer = AclListAnswer(acls=tuple(
+            (a.principal, a.kind, a.pattern, a.name, a.operation, a.permission)
+            for a in self._acls().entries()))
+        return ok_header(0, **answer.header()), b""
 
 
 _SECURITY_OPS = frozenset({Op.USER_PUT, Op.USER_DELETE, Op.USER_LIST, Op.ACL_ADD,

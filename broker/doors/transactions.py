@@ -9,9 +9,12 @@ PRODUCER_HEARTBEAT registers the connection of a producer that answers check-bac
 node to node only. TX_LIST shows what the groups this node leads hold.
 
 As everywhere in the service, a request is validated fully before anything is
-proposed, so bad input gets a precise error and never reaches the log; the state machine
-(`broker.state.parts.txcoord`, `broker.state.parts.txpart`) then refuses what depends on the state
-(fenced epochs, decided transactions) as a Refused result that changed nothing.
+proposed, so bad input gets a precise error and never reaches the log: its header is
+decoded once, by its type in `wire.requests.transactions`, and what depends on the
+cluster (its groups, the coordinator of an id, the longest timeout) is checked here; the
+state machine (`broker.state.parts.txcoord`, `broker.state.parts.txpart`) then refuses
+what depends on the state (fenced epochs, decided transactions) as a Refused result that
+changed nothing.
 
 TX_END is answered once the decision is committed and every participant applied its
 marker (or, when the request says `wait: false`, once the decision is committed: the
@@ -38,7 +41,6 @@ from broker.runtime.leading import checked
 from broker.state.parts.base import ControlResult, pack
 from broker.state.parts.txcoord import TxAdd, TxCoordinator, TxEnd, TxInit
 from broker.state.parts.txpart import (
-    MAX_MARKERS,
     HalfEnd,
     TxMarker,
     TxMarkers,
@@ -48,18 +50,28 @@ from broker.state.parts.txpart import (
 from broker.state.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime
 from transport.framing import Caller
-from wire.protocol import (
-    MAX_HEADER,
-    Code,
-    Op,
-    RequestError,
-    header_field,
-    ok_header,
-    validate_client_id,
-    validate_group_name,
-    validate_topic_name,
+from wire.protocol import MAX_HEADER, Code, Op, RequestError, ok_header
+from wire.requests.transactions import (
+    HalfEndAnswer,
+    HalfEndRequest,
+    Marker,
+    ProducerHeartbeatAnswer,
+    ProducerHeartbeatRequest,
+    TxAddAnswer,
+    TxAddRequest,
+    TxEndAnswer,
+    TxEndRequest,
+    TxInitAnswer,
+    TxInitRequest,
+    TxListAnswer,
+    TxListRequest,
+    TxMarkerAnswer,
+    TxMarkerRequest,
+    TxOffsetsAnswer,
+    TxOffsetsRequest,
+    TxStatusAnswer,
+    TxStatusRequest,
 )
-from wire.records import valid_tid
 from wire.txn import coordinator_group
 
 if TYPE_CHECKING:
@@ -85,12 +97,9 @@ REGISTERED_KEPT = 100_000  # (transaction, group) registrations a node remembers
 # what a coordinator answers TX_ADD with that the client must see as is
 _REGISTER_REFUSALS = (Code.TX_FENCED, Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT,
                       Code.UNKNOWN_GROUP, Code.MALFORMED)
-DEFAULT_LIST_LIMIT = 1000
-MAX_LIST_LIMIT = 10_000
 # a TX_LIST answer's rows travel in its header, which a reader refuses over MAX_HEADER:
 # past this size the rows of each list are cut to fewer (and the answer says `truncated`)
 LIST_HEADER_BUDGET = MAX_HEADER // 2
-SOURCES = ("client", "operator")  # what a HALF_END request may say it comes from
 UNFINISHED = ("prepare_commit", "prepare_abort")
 
 Response = tuple[dict[str, Any], bytes]
@@ -119,22 +128,6 @@ def participant(state: BrokerState) -> TxParticipant:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _count(h: dict[str, Any], name: str) -> int:
-    """An epoch or a transaction number: an integer in 0..2**63-1."""
-    v = header_field(h, name, int)
-    if not 0 <= v < 1 << 63:
-        raise RequestError(Code.MALFORMED, f"field {name!r} must be an integer >= 0, got {v}")
-    return v
-
-
-def _tid(h: dict[str, Any], name: str = "tid") -> str:
-    v = header_field(h, name, str)
-    if not valid_tid(v):
-        raise RequestError(Code.MALFORMED, f"field {name!r}: bad id {v!r}: 1-255 printable "
-                           "characters, no leading or trailing space")
-    return v
 
 
 def row(obj: Any, **extra: Any) -> dict[str, Any]:
@@ -184,18 +177,25 @@ class TxService:
         """Every group of the cluster config: what the coordinator hash is taken over."""
         return [gc.id for gc in self.node.config.groups]
 
-    def _known_group(self, gid: object) -> str:
-        if not isinstance(gid, str):
-            raise RequestError(Code.MALFORMED, f"group ids must be strings, got {gid!r}")
-        validate_group_name(gid)
+    def _known_group(self, gid: str) -> str:
+        """`gid` (a valid group name: the request type checked it), a group of the
+        cluster's, or UNKNOWN_GROUP."""
         if gid not in self.group_ids:
             raise RequestError(Code.UNKNOWN_GROUP, f"no group {gid!r} in the cluster "
                                f"(groups: {sorted(self.group_ids)})")
         return gid
 
-    def _coordinating(self, h: dict[str, Any], tid: str) -> GroupRuntime:
-        """The group `g` of the request, checked to coordinate `tid` (and led here)."""
-        gid = h.get("g")
+    def _participants(self, groups: tuple[str, ...]) -> list[str]:
+        """A transaction's participant groups as a request names them: known, at most
+        MAX_PARTICIPANTS (TX_LIMIT), sorted."""
+        known = sorted({self._known_group(x) for x in groups})
+        if len(known) > MAX_PARTICIPANTS:
+            raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
+                               f"groups, not {len(known)}")
+        return known
+
+    def _coordinating(self, gid: str, tid: str) -> GroupRuntime:
+        """Group `gid` of the request, checked to coordinate `tid` (and led here)."""
         g = self.lead.group(gid)
         want = coordinator_group(tid, self.group_ids)
         if g.group_id != want:
@@ -247,15 +247,13 @@ class TxService:
     # ------------------------------------------------------------------ Kafka's model
 
     async def _init(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        tid = _tid(h)
-        timeout_ms = header_field(h, "timeout_ms", int)
+        req = TxInitRequest.decode(h)
+        tid, timeout_ms = req.tid, req.timeout_ms
         limit = self.node.config.tx_timeout_max_ms
-        if timeout_ms < 1:
-            raise RequestError(Code.MALFORMED, f"timeout_ms must be >= 1, got {timeout_ms}")
         if timeout_ms > limit:
             raise RequestError(Code.TX_LIMIT, f"timeout_ms {timeout_ms} is over this cluster's "
                                f"maximum transaction timeout ({limit} ms, tx_timeout_max_ms)")
-        g = self._coordinating(h, tid)
+        g = self._coordinating(req.g, tid)
         gid = g.group_id
         await self._finish(gid, tid)  # a previous transaction still completing goes first
         await self.lead.propose(g, checked(TxInit, tid=tid, timeout_ms=timeout_ms,
@@ -264,24 +262,17 @@ class TxService:
         assert txn is not None
         epoch = txn.epoch
         await self._finish(gid, tid)  # the abort of a transaction the new epoch fenced
-        return ok_header(0, epoch=epoch), b""
+        return ok_header(0, **TxInitAnswer(epoch=epoch).header()), b""
 
     async def _add(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        tid = _tid(h)
-        epoch, n = _count(h, "epoch"), _count(h, "n")
-        raw = header_field(h, "groups", list)
-        if not raw:
-            raise RequestError(Code.MALFORMED, "groups must name at least one group")
-        groups = sorted({self._known_group(x) for x in raw})
-        if len(groups) > MAX_PARTICIPANTS:
-            raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
-                               f"groups, not {len(groups)}")
-        g = self._coordinating(h, tid)
-        await self.add(g, tid, epoch, n, groups)
-        return ok_header(0), b""
+        req = TxAddRequest.decode(h)
+        groups = self._participants(req.groups)
+        g = self._coordinating(req.g, req.tid)
+        await self.add(g, req.tid, req.epoch, req.n, groups)
+        return ok_header(0, **TxAddAnswer().header()), b""
 
     async def add(self, g: GroupRuntime, tid: str, epoch: int, n: int,
-                  groups: list[str]) -> None:
+                  groups: list[str] | tuple[str, ...]) -> None:
         """Transaction (epoch, n) of `tid` (coordinator `g`, led here) spans `groups`
         (sorted, known): logged unless the state read after a barrier says so already (a
         participant registering the group its client registered too adds no entry)."""
@@ -299,23 +290,14 @@ class TxService:
                                            groups=tuple(groups), ts=now_ms()))
 
     async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        tid = _tid(h)
-        epoch, n = _count(h, "epoch"), _count(h, "n")
-        cg = validate_group_name(header_field(h, "cg", str))
-        g = self.lead.group(h.get("g"))
+        req = TxOffsetsRequest.decode(h)
+        tid, epoch, n, cg = req.tid, req.epoch, req.n, req.cg
+        g = self.lead.group(req.g)
         state = self.lead.leading(g)
-        raw = header_field(h, "offsets", list)
-        if not raw:
-            raise RequestError(Code.MALFORMED, "offsets must list at least one offset")
         offsets: list[tuple[str, int, int]] = []
         confirmed = False
-        for item in raw:
-            if (not isinstance(item, list) or len(item) != 3 or not isinstance(item[0], str)
-                    or not _is_int(item[1]) or not _is_int(item[2]) or item[2] < 0):
-                raise RequestError(Code.MALFORMED,
-                                   "offsets must be [[topic, queue, offset>=0], ...]")
-            topic = validate_topic_name(item[0])
-            if not state.hosts(topic, item[1]) and not confirmed:
+        for topic, queue, offset in req.offsets:
+            if not state.hosts(topic, queue) and not confirmed:
                 # a deposed leader that does not know it yet must not refuse a queue its
                 # successor created: confirmed (ReadIndex) before refusing
                 await g.read_barrier()
@@ -323,33 +305,29 @@ class TxService:
             if state.topic(topic) is None:
                 raise RequestError(Code.UNKNOWN_TOPIC, f"topic {topic!r} is not in group "
                                    f"{g.group_id}: send its offsets to the group hosting it")
-            if not state.hosts(topic, item[1]):
-                raise RequestError(Code.UNKNOWN_QUEUE, f"queue {item[1]} of {topic!r} is not "
+            if not state.hosts(topic, queue):
+                raise RequestError(Code.UNKNOWN_QUEUE, f"queue {queue} of {topic!r} is not "
                                    f"hosted by group {g.group_id}: send its offsets to the "
                                    "group hosting it")
-            offsets.append((topic, item[1], item[2]))
+            offsets.append((topic, queue, offset))
         await self.lead.check_commit_bounds(g, offsets)
         await self.register(g, tid, epoch, n)
         await self.lead.propose(g, checked(TxOffsets, tid=tid, epoch=epoch, n=n, cg=cg,
                                            offsets=tuple(offsets), ts=now_ms()))
-        return ok_header(0), b""
+        return ok_header(0, **TxOffsetsAnswer().header()), b""
 
     async def _end(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        tid = _tid(h)
-        epoch, n = _count(h, "epoch"), _count(h, "n")
-        commit = header_field(h, "commit", bool)
+        req = TxEndRequest.decode(h)
+        tid, epoch, n, commit = req.tid, req.epoch, req.n, req.commit
         # wait=false: answer once decided (prepare_*), the markers going out meanwhile
-        wait = header_field(h, "wait", bool, True)
+        wait = req.wait
         # the groups the client sent to: participants whether or not a TX_ADD named them
-        groups = sorted({self._known_group(x) for x in header_field(h, "groups", list, [])})
-        if len(groups) > MAX_PARTICIPANTS:
-            raise RequestError(Code.TX_LIMIT, f"a transaction spans at most {MAX_PARTICIPANTS} "
-                               f"groups, not {len(groups)}")
-        g = self._coordinating(h, tid)
+        groups = self._participants(req.groups)
+        g = self._coordinating(req.g, tid)
         result = await self.lead.propose(g, checked(
             TxEnd, tid=tid, epoch=epoch, n=n, commit=commit, ts=now_ms(), reason="client",
             groups=tuple(groups)))
-        if self.node.crash_before_answer and h.get("test_exit") is True:
+        if self.node.crash_before_answer and h.get("test_exit") is True:  # not the op's field
             # Deliberately (tests only, on request): die once the decision is committed,
             # before any marker is sent, so a new leader must finish the transaction.
             log.critical("crash-before-answer: exiting between a decision and its markers")
@@ -366,7 +344,7 @@ class TxService:
             state = self._end_state(g, tid, epoch, n, commit)
             if applied and state in UNFINISHED:
                 state = "complete_commit" if commit else "complete_abort"
-        return ok_header(0, state=state, dup=result.dup), b""
+        return ok_header(0, **TxEndAnswer(state=state, dup=result.dup).header()), b""
 
     def _end_state(self, g: GroupRuntime, tid: str, epoch: int, n: int, commit: bool) -> str:
         """Where transaction (epoch, n) of `tid` stands after its decision `commit`."""
@@ -377,20 +355,16 @@ class TxService:
         return "complete_commit" if commit else "complete_abort"
 
     async def _marker(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        if "markers" in h:  # several transactions' markers for this group: one entry
-            g = self.lead.group(h.get("g"))
-            self.lead.leading(g)
-            result = await self.markers(g, parse_markers(h.get("markers")))
-            return ok_header(0, dup=result.dup), b""
-        tid = _tid(h)
-        epoch, n, fence = _count(h, "epoch"), _count(h, "n"), _count(h, "fence")
-        commit = header_field(h, "commit", bool)
-        g = self.lead.group(h.get("g"))
+        req = TxMarkerRequest.decode(h)
+        g = self.lead.group(req.g)
         self.lead.leading(g)
-        result = await self.marker(g, tid, epoch, n, commit, fence)
-        return ok_header(0, dup=result.dup), b""
+        if req.markers is not None:  # several transactions' markers for this group: one entry
+            result = await self.markers(g, req.markers)
+        else:
+            result = await self.marker(g, *req.decisions()[0])
+        return ok_header(0, **TxMarkerAnswer(dup=result.dup).header()), b""
 
-    async def markers(self, g: GroupRuntime, markers: list[list[Any]]) -> ControlResult:
+    async def markers(self, g: GroupRuntime, markers: tuple[Marker, ...]) -> ControlResult:
         """Apply several decisions ([tid, epoch, n, commit, fence] each) in participant
         `g` (led here) as one entry."""
         return await self.lead.propose(g, checked(
@@ -403,43 +377,35 @@ class TxService:
             TxMarker, tid=tid, epoch=epoch, n=n, commit=commit, fence=fence, ts=now_ms()))
 
     async def _status(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        tid = _tid(h)
-        g = self._coordinating(h, tid)
-        return ok_header(0, **await self.status(g, tid)), b""
+        req = TxStatusRequest.decode(h)
+        g = self._coordinating(req.g, req.tid)
+        return ok_header(0, **(await self.status(g, req.tid)).header()), b""
 
-    async def status(self, g: GroupRuntime, tid: str) -> dict[str, Any]:
+    async def status(self, g: GroupRuntime, tid: str) -> TxStatusAnswer:
         """`tid` as its coordinator `g` (led here) knows it, after a read barrier: a
         participant resolving an orphan must not act on a deposed leader's view."""
         await self.lead.read_barrier(g)
         coord = coordinator(self.lead.leading(g))
         txn = coord.txn(tid)
         if txn is None:
-            return {"epoch": -1, "n": -1, "state": "empty", "participants": [],
-                    "timeout_ms": 0, "unfinished": []}
+            return TxStatusAnswer(epoch=-1, n=-1, state="empty", participants=(),
+                                  timeout_ms=0, unfinished=())
         # earlier transactions still writing their markers: a participant holding their
         # data must wait for those markers, not take the moved-on id for an abort
-        earlier = [[t.epoch, t.n, t.state] for t in (coord.completing.get(tid),
-                                                     coord.fenced.get(tid)) if t is not None]
-        return {"epoch": txn.epoch, "n": txn.n, "state": txn.state,
-                "participants": list(txn.participants), "timeout_ms": txn.timeout_ms,
-                "unfinished": earlier}
+        earlier = tuple((t.epoch, t.n, str(t.state)) for t in (
+            coord.completing.get(tid), coord.fenced.get(tid)) if t is not None)
+        return TxStatusAnswer(epoch=txn.epoch, n=txn.n, state=str(txn.state),
+                              participants=tuple(txn.participants),
+                              timeout_ms=txn.timeout_ms, unfinished=earlier)
 
     # ------------------------------------------------------------------ RocketMQ's model
 
     async def _half_end(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        txid = _tid(h, "txid")
-        commit = header_field(h, "commit", bool)
-        source = header_field(h, "source", str, "client")
-        if source not in SOURCES:
-            raise RequestError(Code.MALFORMED, f"source must be one of {', '.join(SOURCES)}, "
-                               f"not {source!r}")
-        pg = header_field(h, "pg", str)
-        if pg or source != "operator":
-            validate_group_name(pg)
-        g = self.lead.group(h.get("g"))
+        req = HalfEndRequest.decode(h)
+        g = self.lead.group(req.g)
         self.lead.leading(g)
-        result = await self.half_end(g, txid, commit, source, pg)
-        return ok_header(0, dup=result.dup), b""
+        result = await self.half_end(g, req.txid, req.commit, req.source, req.pg)
+        return ok_header(0, **HalfEndAnswer(dup=result.dup).header()), b""
 
     async def half_end(self, g: GroupRuntime, txid: str, commit: bool, source: str,
                        pg: str) -> ControlResult:
@@ -448,20 +414,15 @@ class TxService:
 
     async def _producer_heartbeat(self, caller: Caller, h: dict[str, Any],
                                   _body: bytes) -> Response:
-        pg = validate_group_name(header_field(h, "pg", str))
-        client = validate_client_id(h.get("client"))
-        ttl_ms = header_field(h, "ttl_ms", int, 30_000)
-        self.producers.heartbeat(pg, client, caller, ttl_ms, time.monotonic())
-        return ok_header(0), b""
+        req = ProducerHeartbeatRequest.decode(h)
+        self.producers.heartbeat(req.pg, req.client, caller, req.ttl_ms, time.monotonic())
+        return ok_header(0, **ProducerHeartbeatAnswer().header()), b""
 
     # ------------------------------------------------------------------ both
 
     async def _list(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        only = self._known_group(h["g"]) if h.get("g") is not None else None
-        ident = header_field(h, "tx", str, "")  # one tid or txid ("id" is the request's)
-        limit = header_field(h, "limit", int, DEFAULT_LIST_LIMIT)
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise RequestError(Code.MALFORMED, f"limit must be 1..{MAX_LIST_LIMIT}")
+        req = TxListRequest.decode(h)
+        only = self._known_group(req.g) if req.g is not None else None
         led: list[str] = []
         for gid, g in list(self.groups.items()):
             if (only is not None and gid != only) or not g.is_leader:
@@ -471,8 +432,13 @@ class TxService:
             except Exception:  # noqa: BLE001 - NotLeader: another node answers for it
                 continue
             led.append(gid)
-        listing = tx_listing([(gid, self.groups.states[gid]) for gid in led], ident, limit)
-        return ok_header(0, **listing), b""
+        listing = tx_listing([(gid, self.groups.states[gid]) for gid in led], req.tx, req.limit)
+        answer = TxListAnswer(
+            led=tuple(listing["led"]), halves=tuple(listing["halves"]),
+            prepared=tuple(listing["prepared"]), txns=tuple(listing["txns"]),
+            decided=tuple(listing["decided"]), done=tuple(listing["done"]),
+            limit=listing["limit"], truncated=listing["truncated"])
+        return ok_header(0, **answer.header()), b""
 
     # ------------------------------------------------------------------ offsets
 
@@ -529,22 +495,3 @@ def _list_group(gid: str, state: BrokerState, ident: str, limit: int,
     done = [row(d, g=gid) for d in reversed(coord.done_ring())
             if not ident or d.tid == ident]
     out["done"] += done[:limit]
-
-
-def parse_markers(raw: object) -> list[list[Any]]:
-    """A TX_MARKER request's `markers`: [[tid, epoch, n, commit, fence], ...], checked."""
-    if not isinstance(raw, list) or not 1 <= len(raw) <= MAX_MARKERS:
-        raise RequestError(Code.MALFORMED, f"markers must list 1..{MAX_MARKERS} markers")
-    out = []
-    for item in raw:
-        if not isinstance(item, list) or len(item) != 5:
-            raise RequestError(Code.MALFORMED, "markers must be [[tid, epoch, n, commit, "
-                               "fence], ...]")
-        m = dict(zip(("tid", "epoch", "n", "commit", "fence"), item, strict=True))
-        out.append([_tid(m), _count(m, "epoch"), _count(m, "n"), header_field(m, "commit", bool),
-                    _count(m, "fence")])
-    return out
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from functools import partial
 from typing import Any
 
@@ -65,6 +65,15 @@ from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
 from transport.framing import CallerGone
 from wire.protocol import Code, Op, RequestError
 from wire.records import decode_record
+from wire.requests.transactions import (
+    Marker,
+    TxAddRequest,
+    TxCheckAnswer,
+    TxCheckRequest,
+    TxMarkerRequest,
+    TxStatusAnswer,
+    TxStatusRequest,
+)
 from wire.txn import coordinator_group
 
 __all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks", "orphan_retry", "orphan_verdict"]
@@ -81,9 +90,11 @@ BACKOFF_MAX_S = 1.0
 ORPHAN_RETRY_MIN_MS = 1_000  # an orphan the coordinator says to wait for: asked again after
 ORPHAN_RETRY_MAX_MS = 60_000  # ... doubling up to this
 _LOST = (NotLeader, ProposalDropped, ProposalLost)
+#: What this node asks other groups' leaders (or itself, when it leads them too).
+PeerRequest = TxMarkerRequest | TxStatusRequest | TxAddRequest
 
 
-def orphan_verdict(epoch: int, n: int, status: dict[str, Any], *,
+def orphan_verdict(epoch: int, n: int, status: TxStatusAnswer | Mapping[str, Any], *,
                    stale: bool = False) -> tuple[bool, int] | None:
     """What to do with prepared data of transaction (epoch, n) of an id no marker came
     for, given its coordinator's TX_STATUS answer: (commit, fence) for the marker to log
@@ -97,8 +108,10 @@ def orphan_verdict(epoch: int, n: int, status: dict[str, Any], *,
     with this data (its client would have registered it at once), so it is aborted
     rather than waited for (a hanging transaction, Kafka's KIP-890). A later batch of it
     is then refused here as decided, so no commit can include part of it."""
-    ce, cn, st = status["epoch"], status["n"], status["state"]
-    if any(list(u[:2]) == [epoch, n] for u in status.get("unfinished") or ()):
+    if not isinstance(status, TxStatusAnswer):
+        status = TxStatusAnswer.decode(status)
+    ce, cn, st = status.epoch, status.n, status.state
+    if any((u[0], u[1]) == (epoch, n) for u in status.unfinished):
         return None  # decided, its markers still going out: they will come
     fence = max(ce, 0)
     if (ce, cn) == (epoch, n):
@@ -126,12 +139,12 @@ def orphan_retry(wait: tuple[int, int] | None, now: int) -> tuple[int, int]:
 
 
 class _Outgoing:
-    """A marker ([tid, epoch, n, commit, fence]) waiting to go to a participant; `done`
+    """A marker ((tid, epoch, n, commit, fence)) waiting to go to a participant; `done`
     is set once it is applied there, or no longer needs to be (`still` says False)."""
 
     __slots__ = ("done", "marker", "still")
 
-    def __init__(self, marker: list[Any], still: Callable[[], bool]) -> None:
+    def __init__(self, marker: Marker, still: Callable[[], bool]) -> None:
         self.marker = marker
         self.still = still
         self.done = trio.Event()
@@ -340,15 +353,14 @@ class TxTasks(Duty):
         cur = coordinator(self.groups.states[gid]).txn(tid)
         # a transaction fenced by a newer epoch carries that epoch to its participants
         fence = max(epoch, cur.epoch if cur is not None else epoch)
-        header = {"op": int(Op.TX_MARKER), "tid": tid, "epoch": epoch, "n": n,
-                  "commit": txn.state == "prepare_commit", "fence": fence}
+        marker: Marker = (tid, epoch, n, txn.state == "prepare_commit", fence)
 
         def still() -> bool:
             return self._unfinished(gid, tid, epoch, n) is not None
 
         async with trio.open_nursery() as nursery:
             for p in txn.participants:
-                nursery.start_soon(self._deliver, p, header, still)
+                nursery.start_soon(self._deliver, p, marker, still)
         if not still():
             return
         self._delivered.setdefault(("finish", gid, tid, epoch, n), trio.Event()).set()
@@ -375,14 +387,12 @@ class TxTasks(Duty):
             if self._unfinished(gid, tid, first.epoch, first.n) is not None:
                 return False
 
-    async def _deliver(self, pgid: str, header: dict[str, Any],
-                       still: Callable[[], bool]) -> None:
+    async def _deliver(self, pgid: str, marker: Marker, still: Callable[[], bool]) -> None:
         """Get the marker applied in participant `pgid`, retrying until it is (or this
         node stops leading the coordinator, or the markers are all written). Markers
         for one group wait in its outbox while a request to it is in flight, and the
         next request takes them all: one entry there for many transactions."""
-        item = _Outgoing([header["tid"], header["epoch"], header["n"], header["commit"],
-                          header["fence"]], still)
+        item = _Outgoing(marker, still)
         self._outbox.setdefault(pgid, []).append(item)
         if pgid not in self._senders:
             assert self._nursery is not None
@@ -406,14 +416,11 @@ class TxTasks(Duty):
                 if not batch:
                     continue
                 if len(batch) == 1:
-                    tid, epoch, n, commit, fence = batch[0].marker
-                    header = {"op": int(Op.TX_MARKER), "g": pgid, "tid": tid, "epoch": epoch,
-                              "n": n, "commit": commit, "fence": fence}
+                    req = TxMarkerRequest.single(pgid, batch[0].marker)
                 else:
-                    header = {"op": int(Op.TX_MARKER), "g": pgid,
-                              "markers": [item.marker for item in batch]}
+                    req = TxMarkerRequest(g=pgid, markers=tuple(item.marker for item in batch))
                 try:
-                    await self.call_group(pgid, header)
+                    await self.call_group(pgid, req)
                 except RequestError as exc:
                     if exc.code not in (Code.NOT_LEADER, Code.TIMEOUT, Code.UNAVAILABLE,
                                         Code.CONNECTION_LOST, Code.BUSY,
@@ -481,17 +488,19 @@ class TxTasks(Duty):
                 i = reps.index(tried) if tried in reps else -1
                 self._leader_hint[gid] = reps[(i + 1) % len(reps)]
 
-    async def call_group(self, gid: str, header: dict[str, Any]) -> dict[str, Any]:
-        """Send `header` to `gid`'s leader: handled here when this node leads it, else
-        over peer RPC. One attempt; a NOT_LEADER answer updates where the next goes."""
+    async def call_group(self, gid: str, req: PeerRequest) -> dict[str, Any]:
+        """Send `req` to `gid`'s leader: handled here when this node leads it, else over
+        peer RPC; the answer's header. One attempt; a NOT_LEADER answer updates where
+        the next goes."""
         g = self.groups.get(gid)
         if g is not None and g.is_leader:
-            return await self._local(gid, header)
+            return await self._local(gid, req)
         node = self._guess_leader(gid)
         if node is None or node == self.host.node_id:
             raise RequestError(Code.NOT_LEADER, f"no known leader of {gid}")
         try:
-            frame = await self.rpc.request(node, header, timeout=RPC_TIMEOUT_S)
+            frame = await self.rpc.request(node, {"op": int(req.OP), **req.header()},
+                                           timeout=RPC_TIMEOUT_S)
         except RequestError as exc:
             if exc.code == Code.NOT_LEADER:
                 hint = self.rpc.node_at(exc.extra.get("leader"))
@@ -512,27 +521,24 @@ class TxTasks(Duty):
         """Have `tid`'s coordinator add participant `gid` to transaction (epoch, n)
         (TX_ADD, one attempt); its refusal (TX_FENCED, TX_UNKNOWN, ...) as RequestError."""
         cg = coordinator_group(tid, self.group_ids)
-        await self.call_group(cg, {"op": int(Op.TX_ADD), "g": cg, "tid": tid, "epoch": epoch,
-                                   "n": n, "groups": [gid]})
+        await self.call_group(cg, TxAddRequest(g=cg, tid=tid, epoch=epoch, n=n, groups=(gid,)))
 
-    async def _local(self, gid: str, h: dict[str, Any]) -> dict[str, Any]:
+    async def _local(self, gid: str, req: PeerRequest) -> dict[str, Any]:
+        """`req` handled here, this node leading `gid`: what its door would answer."""
         g = self.groups[gid]
         try:
-            if h["op"] == Op.TX_MARKER and "markers" in h:
-                r = await self.tx.markers(g, h["markers"])
+            if isinstance(req, TxMarkerRequest) and req.markers is not None:
+                r = await self.tx.markers(g, req.markers)
                 return {"code": 0, "dup": r.dup}
-            if h["op"] == Op.TX_MARKER:
-                r = await self.tx.marker(g, h["tid"], h["epoch"], h["n"], h["commit"],
-                                         h["fence"])
+            if isinstance(req, TxMarkerRequest):
+                r = await self.tx.marker(g, *req.decisions()[0])
                 return {"code": 0, "dup": r.dup}
-            if h["op"] == Op.TX_STATUS:
-                return {"code": 0, **await self.tx.status(g, h["tid"])}
-            if h["op"] == Op.TX_ADD:
-                await self.tx.add(g, h["tid"], h["epoch"], h["n"], h["groups"])
-                return {"code": 0}
+            if isinstance(req, TxStatusRequest):
+                return {"code": 0, **(await self.tx.status(g, req.tid)).header()}
+            await self.tx.add(g, req.tid, req.epoch, req.n, req.groups)
+            return {"code": 0}
         except _LOST as exc:
             raise RequestError(Code.NOT_LEADER, str(exc) or "leadership moved") from None
-        raise ValueError(f"no local path for op {h['op']}")
 
     # ------------------------------------------------------------------ participant
 
@@ -543,7 +549,7 @@ class TxTasks(Duty):
         waits = self._orphan_wait.setdefault(gid, {})
         waits[tid, epoch, n] = orphan_retry(waits.get((tid, epoch, n)), now_ms())
         cg = coordinator_group(tid, self.group_ids)
-        status = await self.call_group(cg, {"op": int(Op.TX_STATUS), "g": cg, "tid": tid})
+        status = TxStatusAnswer.decode(await self.call_group(cg, TxStatusRequest(g=cg, tid=tid)))
         stale = now_ms() - prepared_ms > self.config.tx_timeout_max_ms
         verdict = orphan_verdict(epoch, n, status, stale=stale)
         if verdict is None:
@@ -595,11 +601,11 @@ class TxTasks(Duty):
         member = self.tx.producers.pick(half.producer_group, time.monotonic())
         if member is None:
             return
-        header = {"g": gid, "txid": txid, "topic": half.topic, "queue": half.queue,
-                  "msg_id": half.msg_id,
-                  "pg": half.producer_group, "checks": half.checks}
+        check = TxCheckRequest(g=gid, txid=txid, topic=half.topic, queue=half.queue,
+                               msg_id=half.msg_id, pg=half.producer_group, checks=half.checks)
         try:
-            frame = await member.caller.request(Op.TX_CHECK, header, timeout=CHECK_TIMEOUT_S)
+            frame = await member.caller.request(check.OP, check.header(),
+                                                timeout=CHECK_TIMEOUT_S)
         except CallerGone:
             self.tx.producers.forget(half.producer_group, member.client)
             return
@@ -607,7 +613,12 @@ class TxTasks(Duty):
             log.info("check-back unanswered", extra={"fields": {
                 "txid": txid, "client": member.client, "error": exc.message}})
             return
-        answer = frame.header.get("state")
+        try:
+            answer = TxCheckAnswer.decode(frame.header).state
+        except RequestError as exc:
+            log.info("check-back answer malformed", extra={"fields": {
+                "txid": txid, "client": member.client, "error": exc.message}})
+            return
         if answer not in ("commit", "rollback"):
             return
         try:  # the answer decides as its connection's user, checked now like a HALF_END
