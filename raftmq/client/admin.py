@@ -18,6 +18,7 @@ import anyio
 from transport.connection import ConnectionPool, is_retriable
 from wire.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from wire.records import Message, decode_record, iter_records, message_id, parse_message_id
+from wire.requests.transactions import HalfEndAnswer, HalfEndRequest, TxListAnswer, TxListRequest
 
 from . import membership
 from .errors import (
@@ -686,27 +687,23 @@ class Admin(ClientBase):
         out = TxListing({k: [] for k in TX_LISTS})
         read: set[str] = set()
         failures: list[str] = []
-        header: dict[str, Any] = {"limit": limit}
-        if group is not None:
-            header["g"] = group
-        if id is not None:
-            header["tx"] = id  # the filter ("id" is every request's own number)
+        req = TxListRequest(g=group, tx=id or "", limit=limit)
 
         async def one(addr: str) -> None:
             try:
-                frame = await self.routes.pool.request(addr, Op.TX_LIST, header,
+                frame = await self.routes.pool.request(addr, req.OP, req.header(),
                                                        timeout=self.timeout)
+                answer = TxListAnswer.decode(frame.header)
             except RequestError as exc:
                 failures.append(f"{addr}: {exc.code.name}")
                 return
-            h = frame.header
-            fresh = {str(g) for g in h.get("led") or []} - read  # each group's rows once
+            fresh = set(answer.led) - read  # each group's rows once
             read.update(fresh)
-            if fresh and h.get("truncated"):
+            if fresh and answer.truncated:
                 out.truncated = True
             for key in TX_LISTS:
-                out[key] += [dict(row) for row in h.get(key) or []
-                             if isinstance(row, dict) and str(row.get("g")) in fresh]
+                out[key] += [dict(row) for row in getattr(answer, key)
+                             if str(row.get("g")) in fresh]
 
         wanted = [str(g) for g in (cluster.get("groups") or {})
                   if group is None or str(g) == group]
@@ -769,10 +766,9 @@ class Admin(ClientBase):
             raise TransactionError(Code.TX_UNKNOWN, f"{txid!r} is not a half message "
                                    "(a transactional id? those are decided by their producer "
                                    "or their timeout)")
-        header = {"g": groups[0], "txid": txid, "commit": commit, "pg": "",
-                  "source": "operator"}
-        frame = await self.routes.call_group(groups[0], Op.HALF_END, header, write=True)
-        return bool(frame.header.get("dup", False))
+        req = HalfEndRequest(g=groups[0], txid=txid, commit=commit, pg="", source="operator")
+        frame = await self.routes.call_group(groups[0], req.OP, req.header(), write=True)
+        return HalfEndAnswer.decode(frame.header).dup
 
     async def transfer_leader(self, group: str, to: int, *, prefer: bool = True) -> None:
         """Move `group`'s leadership to node `to`, a voter of it. With `prefer` (the

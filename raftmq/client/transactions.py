@@ -32,6 +32,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, NoReturn
 
 import anyio
@@ -39,6 +40,20 @@ import anyio
 from transport.connection import is_retriable
 from wire.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from wire.records import OutgoingMessage, encode_batch
+from wire.requests.base import WireType
+from wire.requests.transactions import (
+    HalfEndAnswer,
+    HalfEndRequest,
+    ProducerHeartbeatRequest,
+    TxAddRequest,
+    TxCheckAnswer,
+    TxCheckRequest,
+    TxEndAnswer,
+    TxEndRequest,
+    TxInitAnswer,
+    TxInitRequest,
+    TxOffsetsRequest,
+)
 from wire.txn import coordinator_group
 
 from .errors import (
@@ -241,8 +256,9 @@ class TransactionalSends:
             self._coordinator = coordinator_group(self.tid, groups)
         return self._coordinator
 
-    async def call(self, op: Op, fields: Mapping[str, Any], *, write: bool = True) -> Frame:
-        """A request to the coordinator; when the group asked says it is not the
+    async def call(self, request: Callable[[str], WireType], *, write: bool = True) -> Frame:
+        """The request `request(group)` builds for the coordinator group (TX_INIT, TX_ADD,
+        TX_END); when the group asked says it is not the
         coordinator (the cluster's groups changed), once more to the one it names. The
         producer's `delivery_timeout` bounds the whole call, retries and waits included
         (past it: `OutcomeUnknownError` for a change, `UnavailableError` for a read)."""
@@ -253,7 +269,8 @@ class TransactionalSends:
         busy_until = time.monotonic() + BUSY_PATIENCE
         while True:
             try:
-                return await routes.call_group(g, op, {"g": g, "tid": self.tid, **fields},
+                req = request(g)
+                return await routes.call_group(g, req.OP, req.header(),
                                                write=write, timeout=self.producer.send_timeout,
                                                attempts=TX_ATTEMPTS, deadline=deadline)
             except RequestError as exc:
@@ -273,11 +290,9 @@ class TransactionalSends:
         """Register the transactional id (TX_INIT): a new epoch, which fences any older
         producer of the id and aborts its open transaction. Retried while that abort is
         still going out (BUSY)."""
-        frame = await self.call(Op.TX_INIT, {"timeout_ms": self.timeout_ms})
-        try:
-            epoch = int(frame.header["epoch"])
-        except (KeyError, TypeError, ValueError):
-            raise RequestError(Code.MALFORMED, f"bad TX_INIT answer {frame.header!r}") from None
+        frame = await self.call(lambda g: TxInitRequest(g=g, tid=self.tid,
+                                                        timeout_ms=self.timeout_ms))
+        epoch = TxInitAnswer.decode(frame.header).epoch
         self.epoch, self.n = epoch, 0
         self.sender.stamp(None)
 
@@ -415,6 +430,10 @@ class Transaction:
         while self._adding:
             await next(iter(self._adding.values())).wait()
 
+    def _add_request(self, groups: tuple[str, ...], coordinator: str) -> TxAddRequest:
+        return TxAddRequest(g=coordinator, tid=self.tid, epoch=self.epoch, n=self.n,
+                            groups=groups)
+
     async def _add_wanted(self) -> None:
         """Send TX_ADD for every group waiting to join, until none is."""
         self._adder = True
@@ -423,8 +442,7 @@ class Transaction:
             while self._wanted:
                 groups, self._wanted = sorted(set(self._wanted)), []
                 try:
-                    await self.owner.call(Op.TX_ADD, {"epoch": self.epoch, "n": self.n,
-                                                      "groups": groups})
+                    await self.owner.call(partial(self._add_request, tuple(groups)))
                     self.groups.update(groups)
                 except BaseException as exc:
                     if isinstance(exc, Exception):
@@ -530,24 +548,24 @@ class Transaction:
         consume-transform-produce loop of exactly-once processing)."""
         self._check_open()
         cg = validate_group_name(consumer_group)
-        by_group: dict[str, list[list[Any]]] = {}
+        by_group: dict[str, list[tuple[str, int, int]]] = {}
         for (topic, queue), offset in sorted(offsets.items()):
             validate_topic_name(topic)
             if not isinstance(queue, int) or not isinstance(offset, int) or offset < 0 or queue < 0:
                 raise ValueError(f"offsets map (topic, queue) to an offset >= 0, not "
                                  f"({topic!r}, {queue!r}) -> {offset!r}")
             by_group.setdefault(await self._group_of(topic, queue), []).append(
-                [topic, queue, offset])
+                (topic, queue, offset))
         if not by_group:
             return
         routes = self.sender.routes()
         for group, rows in by_group.items():
             await self._join(group)
             self._check_open()
-            header = {"g": group, "tid": self.tid, "epoch": self.epoch, "n": self.n,
-                      "cg": cg, "offsets": rows}
+            req = TxOffsetsRequest(g=group, tid=self.tid, epoch=self.epoch, n=self.n, cg=cg,
+                                   offsets=tuple(rows))
             try:
-                await routes.call_group(group, Op.TX_OFFSETS, header, write=True,
+                await routes.call_group(group, req.OP, req.header(), write=True,
                                         timeout=self.producer.send_timeout,
                                         attempts=TX_ATTEMPTS)
             except RequestError as exc:
@@ -568,12 +586,11 @@ class Transaction:
         return self._error or first
 
     async def _end(self, commit: bool, wait: bool = True) -> str:
-        fields: dict[str, Any] = {"epoch": self.epoch, "n": self.n, "commit": commit,
-                                  "groups": sorted(self.joined)}
-        if not wait:
-            fields["wait"] = False
-        frame = await self.owner.call(Op.TX_END, fields)
-        return str(frame.header.get("state", ""))
+        groups = tuple(sorted(self.joined))
+        frame = await self.owner.call(lambda g: TxEndRequest(
+            g=g, tid=self.tid, epoch=self.epoch, n=self.n, commit=commit, wait=wait,
+            groups=groups))
+        return TxEndAnswer.decode(frame.header).state
 
     async def commit(self, *, wait_visible: bool = True) -> None:
         """Wait for every send's acknowledgement, then commit: on return the messages are
@@ -783,8 +800,8 @@ class HalfMessages:
         except RequestError as exc:
             log.debug("producer heartbeat: no cluster view (%s)", exc)
             return
-        header = {"pg": self.producer_group, "client": self.client_id,
-                  "ttl_ms": HEARTBEAT_TTL_MS}
+        header = ProducerHeartbeatRequest(pg=self.producer_group, client=self.client_id,
+                                          ttl_ms=HEARTBEAT_TTL_MS).header()
 
         async def one(addr: str) -> None:
             try:
@@ -803,18 +820,14 @@ class HalfMessages:
             await self.heartbeat()
 
     async def _on_check(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
-        h = frame.header
-        try:
-            req = CheckRequest(str(h["txid"]), str(h.get("topic", "")), int(h.get("queue", -1)),
-                               str(h["msg_id"]) if h.get("msg_id") else None,
-                               str(h.get("g", "")), str(h.get("pg", "")), int(h.get("checks", 0)))
-        except (KeyError, TypeError, ValueError):
-            raise RequestError(Code.MALFORMED, f"bad TX_CHECK request {h!r}") from None
+        check = TxCheckRequest.decode(frame.header)  # the node's question, checked here too
+        req = CheckRequest(check.txid, check.topic, check.queue, check.msg_id or None,
+                           check.g, check.pg, check.checks)
         if req.producer_group != self.producer_group or self.check_listener is None:
-            return {"state": "unknown"}, b""
+            return TxCheckAnswer(state="unknown").header(), b""
         answer, _ = await decide(self.check_listener, req, "the check listener")
         self.checks_answered += 1
-        return {"state": answer}, b""
+        return TxCheckAnswer(state=answer).header(), b""
 
     async def prepare(self, topic: str, message: OutgoingMessage | bytes | str, *,
                       key: str | None = None, tags: str | None = None,
@@ -851,12 +864,11 @@ class HalfMessages:
 
     async def end(self, group: str, txid: str, commit: bool) -> bool:
         routes = self.sender.routes()
-        header = {"g": group, "txid": txid, "commit": commit,
-                  "pg": self.producer_group, "source": "client"}
-        frame = await routes.call_group(group, Op.HALF_END, header, write=True,
+        req = HalfEndRequest(g=group, txid=txid, commit=commit, pg=self.producer_group)
+        frame = await routes.call_group(group, req.OP, req.header(), write=True,
                                         timeout=self.producer.send_timeout,
                                         attempts=TX_ATTEMPTS)
-        return bool(frame.header.get("dup", False))
+        return HalfEndAnswer.decode(frame.header).dup
 
     async def send_in_transaction(
         self, topic: str, message: OutgoingMessage | bytes | str,

@@ -37,7 +37,8 @@ from raftmq.commands.tx import main as tx_main
 from raftmq.localcluster import LocalCluster
 from tests.conftest import live_cluster
 from tests.live_cluster import drain, poll_for
-from wire.protocol import Code, Op, RequestError
+from wire.protocol import Code, RequestError
+from wire.requests.transactions import TxAddRequest
 
 pytestmark = pytest.mark.live
 
@@ -150,10 +151,11 @@ def test_sends_started_together_add_their_groups_in_one_request(
             owner = p._transactional()
             call = owner.call
 
-            async def spy(op: Op, fields: Any, **kw: Any) -> Any:
-                if op == Op.TX_ADD:
-                    adds.append(list(fields["groups"]))
-                return await call(op, fields, **kw)
+            async def spy(request: Any, **kw: Any) -> Any:
+                req = request(await owner.coordinator())
+                if isinstance(req, TxAddRequest):
+                    adds.append(list(req.groups))
+                return await call(request, **kw)
 
             async with p.transaction() as tx:  # learns the topic's route
                 await tx.send(topic, b"first", queue=0)
