@@ -19,16 +19,24 @@ import argparse
 import sys
 from typing import Any
 
-from wire.protocol import Op, RequestError
+from wire.protocol import RequestError
+from wire.requests.security import (
+    AclAddAnswer,
+    AclAddRequest,
+    AclListAnswer,
+    AclListRequest,
+    AclRemoveAnswer,
+    AclRemoveRequest,
+)
+from wire.security import ACL_FIELDS as FIELDS
 from wire.security import OPERATIONS
 
 from . import add_namesrv_argument, namesrv_addresses, print_json
-from .user import metadata_request
+from .user import metadata_call
 
 __all__ = ["main"]
 
 PROG = "raftmq acl"
-FIELDS = ("principal", "kind", "pattern", "name", "operation", "permission")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,8 +91,8 @@ def main(argv: list[str]) -> int:
     namesrv = namesrv_addresses(parser, args.namesrv)
     try:
         if args.action == "list":
-            out = metadata_request(namesrv, {"op": int(Op.ACL_LIST)})
-            rows = [dict(zip(FIELDS, a, strict=True)) for a in out.get("acls", [])]
+            out = metadata_call(namesrv, AclListRequest())
+            rows = [dict(zip(FIELDS, a, strict=True)) for a in AclListAnswer.decode(out).acls]
             if args.json:
                 print_json({"acls": rows})
             for r in [] if args.json else rows:
@@ -93,12 +101,14 @@ def main(argv: list[str]) -> int:
                 print(f"{r['permission']:<5} {r['principal']:<16} {r['operation']:<9} {what}")
             return 0
         entry = _entry(args)
-        op = Op.ACL_ADD if args.action == "add" else Op.ACL_REMOVE
-        out = metadata_request(namesrv, {"op": int(op), **entry})
+        if args.action == "add":
+            done = AclAddAnswer.decode(metadata_call(namesrv, AclAddRequest(**entry))).added
+        else:
+            done = AclRemoveAnswer.decode(
+                metadata_call(namesrv, AclRemoveRequest(**entry))).removed
     except (RequestError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    done = bool(out.get("added" if args.action == "add" else "removed"))
     if args.json:
         print_json({**entry, "changed": done})
     elif not done:

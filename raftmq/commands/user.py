@@ -20,11 +20,20 @@ from typing import Any
 from raftmq.client.routes import LEADER_WAIT, backoff_delay
 from transport.blocking import request
 from wire.protocol import Code, Op, RequestError
+from wire.requests.base import WireType
+from wire.requests.security import (
+    UserDeleteAnswer,
+    UserDeleteRequest,
+    UserListAnswer,
+    UserListRequest,
+    UserPutAnswer,
+    UserPutRequest,
+)
 from wire.security import format_verifier, make_credential, user_name_problem
 
 from . import add_namesrv_argument, namesrv_addresses, print_json
 
-__all__ = ["main", "metadata_request"]
+__all__ = ["main", "metadata_call", "metadata_request"]
 
 PROG = "raftmq user"
 NEW_PASSWORD_ENV = "RAFTMQ_NEW_PASSWORD"
@@ -61,6 +70,11 @@ def _password(args: argparse.Namespace) -> str:
     if not pw:
         raise ValueError("the password is empty")
     return pw
+
+
+def metadata_call(namesrv: list[str], req: WireType) -> dict[str, Any]:
+    """`metadata_request` of a typed request: the answer's header."""
+    return metadata_request(namesrv, {"op": int(req.OP), **req.header()})
 
 
 def metadata_request(namesrv: list[str], header: dict[str, Any]) -> dict[str, Any]:
@@ -135,17 +149,14 @@ def main(argv: list[str]) -> int:
         namesrv = namesrv_addresses(parser, args.namesrv)
         if args.action == "add":
             c = make_credential(_password(args))
-            out = metadata_request(namesrv, {
-                "op": int(Op.USER_PUT), "user": args.name, "salt": c.salt,
-                "iterations": c.iterations, "stored_key": c.stored_key,
-                "server_key": c.server_key})
+            UserPutAnswer.decode(metadata_call(namesrv, UserPutRequest.of(args.name, c)))
             result: dict[str, Any] = {"user": args.name, "stored": True}
         elif args.action == "remove":
-            out = metadata_request(namesrv, {"op": int(Op.USER_DELETE), "user": args.name})
-            result = {"user": args.name, "deleted": bool(out.get("deleted"))}
+            out = metadata_call(namesrv, UserDeleteRequest(user=args.name))
+            result = {"user": args.name, "deleted": UserDeleteAnswer.decode(out).deleted}
         else:
-            out = metadata_request(namesrv, {"op": int(Op.USER_LIST)})
-            result = {"users": out.get("users", [])}
+            out = metadata_call(namesrv, UserListRequest())
+            result = {"users": list(UserListAnswer.decode(out).users)}
     except (ValueError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
