@@ -39,6 +39,7 @@ from transport.connection import ConnectionPool
 from transport.scram import Credentials
 from wire.protocol import Code, Op, RequestError, encode_frame
 from wire.records import OutgoingMessage, encode_batch
+from wire.requests.produce import ProduceRequest
 
 from .recorder import Recorder
 from .workload import queue_groups
@@ -181,8 +182,8 @@ class Attackers:
                                    tx=(self.victim, NEVER_GRANTED, 0)))
         verdict = ("info", "no node leads the group")
         for to in [addr, *(a for a in self.nodes.values() if a != addr)]:  # to its leader
-            verdict = await self._refused(to, Op.PRODUCE, {"g": group}, batch,
-                                          {Code.TX_UNKNOWN, Code.TX_FENCED}, None)
+            verdict = await self._refused(to, Op.PRODUCE, ProduceRequest(g=group).header(),
+                                          batch, {Code.TX_UNKNOWN, Code.TX_FENCED}, None)
             if not verdict[1].startswith("NOT_LEADER"):
                 break
         return verdict

@@ -47,6 +47,7 @@ from transport.errors import TransportError
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
 from wire.protocol import Code, Op, RequestError
 from wire.records import encode_batch
+from wire.requests.produce import ProduceRequest
 from wire.security import format_verifier, make_credential
 
 from .attackers import Attackers
@@ -292,7 +293,7 @@ class SecurityWorkload:
                                             "operation": operation, "final": final})
         header: dict[str, Any]
         if operation == "publish":
-            op, header = Op.PRODUCE, {"g": self.metadata_group}
+            op, header = Op.PRODUCE, ProduceRequest(g=self.metadata_group).header()
             body = bytes(encode_batch(topic, 0, [b"security probe"]))
         else:
             op, header, body = Op.FETCH, {"topic": topic, "queue": 0, "offset": 0, "max": 1,

@@ -64,6 +64,7 @@ from raftmq.client.errors import ProducerFencedError, TransactionAbortedError
 from raftmq.client.transactions import CheckRequest, Transaction
 from wire.protocol import Code, Op, RequestError
 from wire.records import OutgoingMessage, encode_batch
+from wire.requests import ProduceRequest
 
 from .recorder import Recorder
 from .workload import _written_for_sure_not, queue_groups, queue_key
@@ -300,7 +301,8 @@ class TxWorkload:
                                 tx=(tid, tx.epoch, tx.n))
             try:
                 await producer._check_open().call_queue(
-                    self.topic, queue, Op.PRODUCE, lambda g: {"g": g}, data, write=True,
+                    self.topic, queue, Op.PRODUCE, lambda g: ProduceRequest(g=g).header(),
+                    data, write=True,
                     timeout=self.send_timeout)
             except Exception:  # noqa: BLE001, S110 - stored or not, it is never committed
                 pass

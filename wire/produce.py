@@ -34,6 +34,8 @@ from wire.protocol import Code, RequestError
 
 __all__ = [
     "MAX_BATCHES",
+    "check_sizes",
+    "cut_batches",
     "decode_outcome",
     "encode_error",
     "encode_ok",
@@ -43,18 +45,24 @@ __all__ = [
 MAX_BATCHES = 4096  # batches in one request: bounds the answer and one proposal
 
 
-def split_batches(sizes: object, body: bytes) -> list[memoryview]:
-    """The batches of a multi-batch request body (views, no copies); MALFORMED (for the
-    whole request, nothing done) when `sizes` is not a list of positive sizes adding up
-    to the body."""
+def check_sizes(sizes: object) -> tuple[int, ...]:
+    """A multi-batch request's `sizes`: 1..`MAX_BATCHES` positive batch sizes, or
+    MALFORMED (for the whole request, nothing done)."""
     if not isinstance(sizes, list) or not 1 <= len(sizes) <= MAX_BATCHES:
         raise RequestError(Code.MALFORMED, f"field 'sizes' must list 1..{MAX_BATCHES} batch sizes")
+    for s in sizes:
+        if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
+            raise RequestError(Code.MALFORMED, f"batch size {s!r} is not a positive integer")
+    return tuple(sizes)
+
+
+def cut_batches(sizes: Sequence[int], body: bytes) -> list[memoryview]:
+    """The batches of a multi-batch request body (views, no copies), by sizes already
+    checked (`check_sizes`); MALFORMED when they do not add up to the body."""
     mv = memoryview(body)
     out: list[memoryview] = []
     pos = 0
     for s in sizes:
-        if not isinstance(s, int) or isinstance(s, bool) or s <= 0:
-            raise RequestError(Code.MALFORMED, f"batch size {s!r} is not a positive integer")
         out.append(mv[pos : pos + s])
         pos += s
     if pos != len(mv):
@@ -62,6 +70,13 @@ def split_batches(sizes: object, body: bytes) -> list[memoryview]:
             Code.MALFORMED, f"batch sizes add up to {pos} bytes, the body has {len(mv)}"
         )
     return out
+
+
+def split_batches(sizes: object, body: bytes) -> list[memoryview]:
+    """The batches of a multi-batch request body (views, no copies); MALFORMED (for the
+    whole request, nothing done) when `sizes` is not a list of positive sizes adding up
+    to the body."""
+    return cut_batches(check_sizes(sizes), body)
 
 
 def encode_ok(base: int, n: int, index: int, dup: bool, shift: int = 0) -> list[Any]:

@@ -31,9 +31,10 @@ from broker.state.statemachine import BatchOutcomes, BrokerState, ErrorResult, P
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
 from raftlog.types import EntryType
 from transport.framing import Caller
-from wire.produce import encode_error, encode_ok, split_batches
+from wire.produce import cut_batches, encode_error, encode_ok
 from wire.protocol import Code, Op, RequestError, ok_header, validate_topic_name
 from wire.records import STORED_PREFIX, BatchHeader, RecordRef, WalkedEntry, walk_batch
+from wire.requests import ProduceAnswer, ProduceRequest
 
 __all__ = ["ProduceDoor", "ProduceHost"]
 
@@ -66,20 +67,23 @@ class ProduceDoor:
         return {Op.PRODUCE: self._produce}
 
     async def _produce(self, _caller: Caller, h: dict[str, Any], body: bytes) -> Response:
+        # the group and its leadership first, before the fields, as always
         g = self.lead.group(h.get("g"))
         state = self.lead.leading(g)
-        if "sizes" not in h:  # the single-batch request of older clients
+        req = ProduceRequest.decode(h)
+        if not req.sizes:  # the single-batch form (older clients)
             (outcome,) = await self._produce_batches(g, state, [body])
             if isinstance(outcome, RequestError):
                 raise outcome
-            return ok_header(0, base=outcome.base_offset, n=outcome.count, index=outcome.index,
-                             dup=outcome.dup, shift=outcome.shift), b""
-        outcomes = await self._produce_batches(g, state, split_batches(h["sizes"], body))
-        return ok_header(0, results=[
+            answer = ProduceAnswer(base=outcome.base_offset, n=outcome.count,
+                                   index=outcome.index, dup=outcome.dup, shift=outcome.shift)
+            return ok_header(0, **answer.header()), b""
+        outcomes = await self._produce_batches(g, state, cut_batches(req.sizes, body))
+        return ok_header(0, **ProduceAnswer(results=tuple(
             encode_error(o) if isinstance(o, RequestError)
             else encode_ok(o.base_offset, o.count, o.index, o.dup, o.shift)
             for o in outcomes
-        ]), b""
+        )).header()), b""
 
     async def _produce_batches(
         self, g: GroupRuntime, state: BrokerState, bodies: Sequence[bytes | memoryview]

@@ -75,6 +75,7 @@ from wire.records import (
     record_size,
     tag_problem,
 )
+from wire.requests import ProduceRequest
 
 from .accumulator import BatchAccumulator, GroupAccumulator, QueueBuffer
 from .errors import (
@@ -1359,15 +1360,15 @@ class Producer(StartClose):
         timeout = max(MIN_REQUEST_TIMEOUT,
                       min(self.send_timeout, min(b.deadline for b in batches) - clock()))
         if len(batches) == 1:
-            frame = await pool.request(addr, Op.PRODUCE, {"g": group}, batches[0].data,
-                                       timeout=timeout)
+            frame = await pool.request(addr, Op.PRODUCE, ProduceRequest(g=group).header(),
+                                       batches[0].data, timeout=timeout)
             try:
                 return [_stored_fields(frame.header)]
             except RequestError as exc:
                 return [exc]
-        frame = await pool.request(
-            addr, Op.PRODUCE, {"g": group, "sizes": [b.nbytes for b in batches]},
-            b"".join([b.data for b in batches]), timeout=timeout)
+        req = ProduceRequest(g=group, sizes=tuple([b.nbytes for b in batches]))
+        frame = await pool.request(addr, Op.PRODUCE, req.header(),
+                                   b"".join([b.data for b in batches]), timeout=timeout)
         results = frame.header.get("results")
         if not isinstance(results, list) or len(results) != len(batches):
             raise RequestError(Code.MALFORMED, f"bad PRODUCE answer {frame.header!r}")

@@ -23,6 +23,7 @@ from wire.requests.offsets import (
     QueryOffsetRequest,
     is_offset_item,
 )
+from wire.requests.produce import ProduceAnswer, ProduceRequest
 from wire.requests.reads import FetchAnswer, FetchRequest
 from wire.requests.reference import op_comments, reference
 from wire.requests.security import (
@@ -111,4 +112,6 @@ __all__ = [
     "is_offset_item",
     "op_comments",
     "reference",
+    "ProduceAnswer",
+    "ProduceRequest",
 ]

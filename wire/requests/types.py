@@ -10,6 +10,7 @@ from wire.requests.offsets import (
     QueryOffsetAnswer,
     QueryOffsetRequest,
 )
+from wire.requests.produce import ProduceAnswer, ProduceRequest
 from wire.requests.reads import FetchAnswer, FetchRequest
 from wire.requests.security import (
     AclAddAnswer,
@@ -74,4 +75,5 @@ TYPES: dict[Op, tuple[type[WireType], type[WireType]]] = {
     Op.ACL_ADD: (AclAddRequest, AclAddAnswer),
     Op.ACL_REMOVE: (AclRemoveRequest, AclRemoveAnswer),
     Op.ACL_LIST: (AclListRequest, AclListAnswer),
+    Op.PRODUCE: (ProduceRequest, ProduceAnswer),
 }
