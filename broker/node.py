@@ -97,6 +97,7 @@ from wire.protocol import (
     frame_limit,
     parse_address,
 )
+from wire.requests import ReadRawRequest
 
 __all__ = ["Node", "main"]
 
@@ -406,9 +407,9 @@ class Node:
         """Entries [lo, hi) of `group` as stored by `peer`, a prefix holding at least `lo`
         (READ_RAW over this node's one request connection to that peer)."""
         try:
-            frame = await self.rpc.request(
-                peer, {"op": int(Op.READ_RAW), "g": group, "index": lo, "hi": hi},
-                timeout=READ_RAW_TIMEOUT)
+            ask = ReadRawRequest(g=group, index=lo, hi=hi)
+            frame = await self.rpc.request(peer, {"op": int(Op.READ_RAW), **ask.header()},
+                                           timeout=READ_RAW_TIMEOUT)
         except RequestError as exc:
             if exc.code in (Code.UNAVAILABLE, Code.TIMEOUT, Code.CONNECTION_LOST):
                 raise  # the peer did not answer: asked last for the rest of the round

@@ -30,7 +30,6 @@ from broker.doors.base import (
     Response,
     check_queue,
     confirm_led,
-    topic_field,
 )
 from broker.runtime.groups import GroupRegistry
 from broker.runtime.leading import GroupLead
@@ -39,9 +38,17 @@ from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import GroupRuntime
 from raftlog.types import Entry, EntryType
 from transport.framing import Caller
-from wire.protocol import Code, Op, RequestError, header_field, ok_header
-from wire.records import parse_message_id, tag_hash, walk_entry
-from wire.requests import FetchRequest
+from wire.protocol import Code, Op, RequestError, ok_header
+from wire.records import tag_hash, walk_entry
+from wire.requests import (
+    FetchRequest,
+    GetMessageAnswer,
+    GetMessageRequest,
+    QueryKeyAnswer,
+    QueryKeyRequest,
+    ReadRawAnswer,
+    ReadRawRequest,
+)
 
 __all__ = ["MAX_FETCH_BYTES", "MAX_FETCH_COUNT", "READ_CACHE_BYTES", "READ_RAW_MAX_BYTES",
            "ReadDoor"]
@@ -172,8 +179,9 @@ class ReadDoor:
     # ------------------------------------------------------------------ lookups
 
     async def _get_message(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        msg_id = header_field(h, "msg_id", str)
-        gid, index, start = parse_message_id(msg_id)
+        req = GetMessageRequest.decode(h)
+        msg_id = req.msg_id
+        gid, index, start = req.parts
         g = self.lead.group(gid)
         state = self.lead.leading(g)
         first, last = g.log_bounds()
@@ -192,13 +200,14 @@ class ReadDoor:
         e = state.entry_of(header.topic, header.queue, offset)
         h2, body = await self._answer_fetch(g, [e], offset + 1,
                                             *state.queue_range(header.topic, header.queue))
-        return ok_header(0, topic=header.topic, queue=header.queue, **{
-            k: v for k, v in h2.items() if k in ("g", "msgs")}), body
+        answer = GetMessageAnswer(topic=header.topic, queue=header.queue, g=h2["g"],
+                                  msgs=tuple(h2["msgs"]))
+        return ok_header(0, **answer.header()), body
 
     async def _query_key(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        topic = topic_field(h)
-        key = header_field(h, "key", str)
-        limit = min(max(header_field(h, "max", int, 32), 1), MAX_FETCH_COUNT)
+        req = QueryKeyRequest.decode(h)
+        topic, key = req.topic, req.key
+        limit = min(max(req.max, 1), MAX_FETCH_COUNT)
         parts: list[bytes] = []
         msgs: list[list[Any]] = []
         if not any(state.topic(topic) for state in self.groups.states.values()):
@@ -221,7 +230,8 @@ class ReadDoor:
                 hdr, body = await self._answer_fetch(g, [e], offset + 1, lo, end)
                 parts.append(body)
                 msgs.append([gid, queue, *hdr["msgs"][0]])
-        return ok_header(0, msgs=msgs, searched=led), b"".join(parts)
+        answer = QueryKeyAnswer(msgs=tuple(msgs), searched=tuple(led))
+        return ok_header(0, **answer.header()), b"".join(parts)
 
     # ------------------------------------------------------------------ repairs
 
@@ -230,11 +240,9 @@ class ReadDoor:
         copy of an entry with the same index and term is the same: Log Matching); it gets
         a prefix of the range, at least entry `index`, one request for a damaged segment's
         hundreds of entries rather than one each."""
-        g = self.lead.group(h.get("g"))
-        index = header_field(h, "index", int)
-        hi = header_field(h, "hi", int, index + 1)
-        if hi <= index:
-            raise RequestError(Code.MALFORMED, f"hi {hi} must be above index {index}")
+        g = self.lead.group(h.get("g"))  # the group first, before the fields, as always
+        req = ReadRawRequest.decode(h)
+        index, hi = req.index, req.end
         if not g.is_open:
             raise RequestError(Code.BUSY, f"group {g.group_id} is not open")
         first, last = g.log_bounds()
@@ -251,7 +259,7 @@ class ReadDoor:
                                gone=False) from None
         except CommitLogError as exc:
             raise RequestError(Code.BUSY, str(exc)) from None
-        return ok_header(0, term=term), raw
+        return ok_header(0, **ReadRawAnswer(term=term).header()), raw
 
 
 async def _entry(g: GroupRuntime, index: int) -> Entry:

@@ -18,6 +18,7 @@ import anyio
 from transport.connection import ConnectionPool, is_retriable
 from wire.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from wire.records import Message, decode_record, iter_records, message_id, parse_message_id
+from wire.requests import GetMessageAnswer, GetMessageRequest, QueryKeyAnswer, QueryKeyRequest
 from wire.requests.transactions import HalfEndAnswer, HalfEndRequest, TxListAnswer, TxListRequest
 
 from . import membership
@@ -365,9 +366,10 @@ class Admin(ClientBase):
         """The message with id `msg_id` (ids name their group, so one request answers),
         or RequestError NOT_FOUND."""
         group, _index, _start = parse_message_id(msg_id)
-        frame = await self.routes.call_group(group, Op.GET_MESSAGE, {"msg_id": msg_id})
-        h = frame.header
-        msgs = decode_fetch(str(h["topic"]), int(h["queue"]), group, h, frame.body)
+        req = GetMessageRequest(msg_id=msg_id)
+        frame = await self.routes.call_group(group, req.OP, req.header())
+        answer = GetMessageAnswer.decode(frame.header)
+        msgs = decode_fetch(answer.topic, answer.queue, group, frame.header, frame.body)
         if len(msgs) != 1:
             raise RequestError(Code.MALFORMED, f"GET_MESSAGE answered {len(msgs)} messages")
         return msgs[0]
@@ -380,14 +382,15 @@ class Admin(ClientBase):
         found: list[Message] = []
         errors: list[RequestError] = []
 
+        req = QueryKeyRequest(topic=topic, key=key, max=max_per_group)
+
         async def one(group: str) -> None:
             try:
-                frame = await self.routes.call_group(
-                    group, Op.QUERY_KEY, {"topic": topic, "key": key, "max": max_per_group})
+                frame = await self.routes.call_group(group, req.OP, req.header())
+                rows = QueryKeyAnswer.decode(frame.header).msgs
             except RequestError as exc:  # raised plainly below, not in an ExceptionGroup
                 errors.append(exc)
                 return
-            rows = frame.header.get("msgs") or []
             spans = list(iter_records(frame.body))
             for (gid, queue, offset, index, start, store_ms), (pos, _s) in zip(
                     rows, spans, strict=True):

@@ -24,7 +24,16 @@ from wire.requests.offsets import (
     is_offset_item,
 )
 from wire.requests.produce import ProduceAnswer, ProduceRequest
-from wire.requests.reads import FetchAnswer, FetchRequest
+from wire.requests.reads import (
+    FetchAnswer,
+    FetchRequest,
+    GetMessageAnswer,
+    GetMessageRequest,
+    QueryKeyAnswer,
+    QueryKeyRequest,
+    ReadRawAnswer,
+    ReadRawRequest,
+)
 from wire.requests.reference import op_comments, reference
 from wire.requests.security import (
     AclAddAnswer,
@@ -114,4 +123,10 @@ __all__ = [
     "reference",
     "ProduceAnswer",
     "ProduceRequest",
+    "GetMessageAnswer",
+    "GetMessageRequest",
+    "QueryKeyAnswer",
+    "QueryKeyRequest",
+    "ReadRawAnswer",
+    "ReadRawRequest",
 ]

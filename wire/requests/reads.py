@@ -1,14 +1,17 @@
-"""Reading a queue: FETCH."""
+"""The reads: FETCH (a queue), GET_MESSAGE (one message by id), QUERY_KEY (by key), and
+READ_RAW, a node asking a peer for stored entries to repair its own corrupt copies."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from wire.protocol import Op, validate_topic_name
+from wire.protocol import Code, Op, RequestError, validate_topic_name
+from wire.records import parse_message_id
 from wire.requests.base import WireType, spec, str_list
 
-__all__ = ["FetchAnswer", "FetchRequest"]
+__all__ = ["FetchAnswer", "FetchRequest", "GetMessageAnswer", "GetMessageRequest",
+           "QueryKeyAnswer", "QueryKeyRequest", "ReadRawAnswer", "ReadRawRequest"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FetchRequest(WireType):
@@ -38,3 +41,87 @@ class FetchAnswer(WireType):
     end: int = spec(int, "the queue's end offset")
     msgs: tuple[Any, ...] = spec(list, "one row per message: offset, Raft index, place "
                                  "in the body and store time; the body holds the records")
+
+
+def _message_id(v: str) -> str:
+    parse_message_id(v)  # MALFORMED, naming the id, when it is not "group:index:start"
+    return v
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetMessageRequest(WireType):
+    OP: ClassVar[Op] = Op.GET_MESSAGE
+    ROLE: ClassVar[str] = "request"
+    msg_id: str = spec(str, "the message id, `group:index:start` (its group's leader "
+                       "answers)", check=_message_id)
+
+    @property
+    def parts(self) -> tuple[str, int, int]:
+        """(group, Raft index of its entry, place in the entry)."""
+        return parse_message_id(self.msg_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetMessageAnswer(WireType):
+    OP: ClassVar[Op] = Op.GET_MESSAGE
+    ROLE: ClassVar[str] = "answer"
+    topic: str = spec(str, "the message's topic")
+    queue: int = spec(int, "its queue")
+    g: str = spec(str, "the group that answered")
+    msgs: tuple[Any, ...] = spec(list, "one row, as FETCH's: offset, Raft index, place in "
+                                 "the body and store time; the body holds the record",
+                                 check=tuple)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryKeyRequest(WireType):
+    OP: ClassVar[Op] = Op.QUERY_KEY
+    ROLE: ClassVar[str] = "request"
+    topic: str = spec(str, "the topic", check=validate_topic_name)
+    key: str = spec(str, "the message key")
+    max: int = spec(int, "the newest messages at most, per group (capped at 1,024)",
+                    default=32)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryKeyAnswer(WireType):
+    OP: ClassVar[Op] = Op.QUERY_KEY
+    ROLE: ClassVar[str] = "answer"
+    msgs: tuple[Any, ...] = spec(list, "one row per message: group, queue, then FETCH's "
+                                 "row (offset, Raft index, place in the body, store time); "
+                                 "the body holds the records", check=tuple)
+    searched: tuple[str, ...] = spec(list, "the groups searched: those hosting the topic "
+                                     "that this node leads (the others answer at their "
+                                     "leaders)", check=str_list("searched"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadRawRequest(WireType):
+    """Node to node only (FORBIDDEN to a client): entries a peer repairs."""
+
+    OP: ClassVar[Op] = Op.READ_RAW
+    ROLE: ClassVar[str] = "request"
+    g: str = spec(str, "the group")
+    index: int = spec(int, "the first entry wanted")
+    hi: int | None = spec(int, "the end of the range wanted (exclusive, above `index`); "
+                          "when left out, `index` + 1", default=None)
+
+    def __post_init__(self) -> None:
+        if self.hi is not None and self.hi <= self.index:
+            raise RequestError(Code.MALFORMED, f"hi {self.hi} must be above index {self.index}")
+
+    @property
+    def end(self) -> int:
+        """Where the range asked for ends (exclusive)."""
+        return self.index + 1 if self.hi is None else self.hi
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadRawAnswer(WireType):
+    OP: ClassVar[Op] = Op.READ_RAW
+    ROLE: ClassVar[str] = "answer"
+    term: int = spec(int, "the term of entry `index`; the body holds the stored bytes of "
+                     "entries [index, index + n), 1 <= n <= hi - index, ending before the "
+                     "answering replica's own next unreadable entry and within "
+                     "`broker.doors.reads.READ_RAW_MAX_BYTES`; NOT_FOUND (`gone`: true "
+                     "when retention removed entry `index`)")

@@ -11,7 +11,16 @@ from wire.requests.offsets import (
     QueryOffsetRequest,
 )
 from wire.requests.produce import ProduceAnswer, ProduceRequest
-from wire.requests.reads import FetchAnswer, FetchRequest
+from wire.requests.reads import (
+    FetchAnswer,
+    FetchRequest,
+    GetMessageAnswer,
+    GetMessageRequest,
+    QueryKeyAnswer,
+    QueryKeyRequest,
+    ReadRawAnswer,
+    ReadRawRequest,
+)
 from wire.requests.security import (
     AclAddAnswer,
     AclAddRequest,
@@ -76,4 +85,7 @@ TYPES: dict[Op, tuple[type[WireType], type[WireType]]] = {
     Op.ACL_REMOVE: (AclRemoveRequest, AclRemoveAnswer),
     Op.ACL_LIST: (AclListRequest, AclListAnswer),
     Op.PRODUCE: (ProduceRequest, ProduceAnswer),
+    Op.GET_MESSAGE: (GetMessageRequest, GetMessageAnswer),
+    Op.QUERY_KEY: (QueryKeyRequest, QueryKeyAnswer),
+    Op.READ_RAW: (ReadRawRequest, ReadRawAnswer),
 }
