@@ -40,6 +40,7 @@ from transport.scram import Credentials
 from wire.protocol import Code, Op, RequestError, encode_frame
 from wire.records import OutgoingMessage, encode_batch
 from wire.requests.produce import ProduceRequest
+from wire.requests.transactions import HalfEndRequest
 
 from .recorder import Recorder
 from .workload import queue_groups
@@ -193,9 +194,9 @@ class Attackers:
         return await self._refused(addr, Op.HEARTBEAT, header, b"", {Code.MALFORMED}, None)
 
     async def _operator_decision(self, addr: str) -> tuple[str, str]:
-        header = {"g": self.group, "txid": "0" * 24, "commit": True, "pg": "chaos-pg",
-                  "source": "operator"}
-        return await self._refused(addr, Op.HALF_END, header, b"",
+        req = HalfEndRequest(g=self.group, txid="0" * 24, commit=True, pg="chaos-pg",
+                             source="operator")
+        return await self._refused(addr, req.OP, req.header(), b"",
                                    {Code.FORBIDDEN, Code.UNAUTHENTICATED}, self.credentials())
 
     async def _refused(self, addr: str, op: Op, header: dict[str, Any], body: bytes,

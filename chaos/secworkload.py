@@ -47,7 +47,16 @@ from transport.errors import TransportError
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
 from wire.protocol import Code, Op, RequestError
 from wire.records import encode_batch
+from wire.requests.base import WireType
 from wire.requests.produce import ProduceRequest
+from wire.requests.security import (
+    AclAddRequest,
+    AclListRequest,
+    AclRemoveRequest,
+    UserDeleteRequest,
+    UserListRequest,
+    UserPutRequest,
+)
 from wire.security import format_verifier, make_credential
 
 from .attackers import Attackers
@@ -104,9 +113,6 @@ def acl_universe() -> list[list[str]]:
     return out
 
 
-_ACL_FIELDS = ("principal", "kind", "pattern", "name", "operation", "permission")
-
-
 def _definite_refusal(exc: BaseException) -> bool:
     """Whether a change's request certainly proposed nothing: this node does not lead
     (NOT_LEADER without ``unknown``: a proposal appended before leadership was lost is
@@ -157,8 +163,8 @@ class SecurityWorkload:
                 if roll < 0.3:
                     await self._user_put(pool, user)
                 elif roll < 0.38:
-                    await self._change(pool, "user-remove", user, None, Op.USER_DELETE,
-                                       {"user": user})
+                    await self._change(pool, "user-remove", user, None,
+                                       UserDeleteRequest(user=user))
                 elif roll < 0.72:
                     # mostly allows: deny wins, so a few denies already refuse most requests
                     wanted = "allow" if rng.random() < 0.8 else "deny"
@@ -176,17 +182,15 @@ class SecurityWorkload:
         password = f"{user}-{self._seq}-{self.rng.getrandbits(32):08x}"
         self.passwords.setdefault(user, []).append(password)
         c = make_credential(password)
-        await self._change(pool, "user-put", user, {"password": password}, Op.USER_PUT,
-                           {"user": user, "salt": c.salt, "iterations": c.iterations,
-                            "stored_key": c.stored_key, "server_key": c.server_key})
+        await self._change(pool, "user-put", user, {"password": password},
+                           UserPutRequest.of(user, c))
 
     async def _acl(self, pool: ConnectionPool, what: str, acl: list[str]) -> None:
-        await self._change(pool, f"acl-{what}", "/".join(acl), acl,
-                           Op.ACL_ADD if what == "add" else Op.ACL_REMOVE,
-                           dict(zip(_ACL_FIELDS, acl, strict=True)))
+        kind = AclAddRequest if what == "add" else AclRemoveRequest
+        await self._change(pool, f"acl-{what}", "/".join(acl), acl, kind.of(acl))
 
-    async def _change(self, pool: ConnectionPool, f: str, key: str, value: Any, op: Op,
-                      header: dict[str, Any]) -> None:
+    async def _change(self, pool: ConnectionPool, f: str, key: str, value: Any,
+                      req: WireType) -> None:
         rec = self.recorder
         process = "sec-admin"
         rec.invoke(process, f, key, value)
@@ -200,7 +204,8 @@ class SecurityWorkload:
                 last = exc
                 continue
             try:
-                frame = await pool.request(addrs[at], op, header, timeout=_REQUEST_TIMEOUT)
+                frame = await pool.request(addrs[at], req.OP, req.header(),
+                                           timeout=_REQUEST_TIMEOUT)
             except (RequestError, TransportError) as exc:
                 if _definite_refusal(exc):
                     last = exc
@@ -395,10 +400,10 @@ class SecurityWorkload:
         rec = self.recorder
         rec.invoke("sec-final", "sec-final", node, None)
         try:
-            users = await pool.request(self.nodes[node], Op.USER_LIST, {},
-                                       timeout=_REQUEST_TIMEOUT)
-            acls = await pool.request(self.nodes[node], Op.ACL_LIST, {},
-                                      timeout=_REQUEST_TIMEOUT)
+            users = await pool.request(self.nodes[node], Op.USER_LIST,
+                                       UserListRequest().header(), timeout=_REQUEST_TIMEOUT)
+            acls = await pool.request(self.nodes[node], Op.ACL_LIST,
+                                      AclListRequest().header(), timeout=_REQUEST_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - a read that failed says nothing
             rec.complete("sec-final", "fail", "sec-final", node, {"error": str(exc)})
             return None
