@@ -95,6 +95,7 @@ from raftmq.client.errors import may_have_applied
 from raftmq.client.producer import SendAttempt
 from transport.connection import is_retriable
 from wire.protocol import Code, Op, RequestError
+from wire.requests import DeleteGroupRequest
 
 from .recorder import Recorder
 
@@ -735,8 +736,9 @@ class Workload:
                 rec.invoke(process, "delete", key, None)
             kind, value = "ok", None
             try:
-                await admin.routes.call_group(g, Op.DELETE_GROUP, {"g": g, "cg": group},
-                                              write=True, attempts=1, max_redirects=0)
+                req = DeleteGroupRequest(g=g, cg=group)
+                await admin.routes.call_group(g, req.OP, req.header(), write=True, attempts=1,
+                                              max_redirects=0)
             except BaseException as exc:
                 kind = "fail" if _written_for_sure_not(exc) else "info"
                 value = {"error": str(exc) or "cancelled"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.doors.base import Handler, QueueHosts, Response, applied, cg_field, check_queue
+from broker.doors.base import Handler, QueueHosts, Response, applied, check_queue
 from broker.doors.transactions import TxService
 from broker.runtime.groups import GroupRegistry
 from broker.runtime.leading import GroupLead
@@ -20,10 +20,14 @@ from broker.state.statemachine import ControlResult, control_delete_group, contr
 from raftlog.runtime import NotLeader
 from raftlog.types import EntryType
 from transport.framing import Caller
-from wire.protocol import Op, ok_header, request_id_field, validate_group_name
+from wire.protocol import Op, ok_header
 from wire.requests import (
     CommitOffsetAnswer,
     CommitOffsetRequest,
+    DeleteGroupAnswer,
+    DeleteGroupRequest,
+    OffsetsAnswer,
+    OffsetsRequest,
     QueryOffsetAnswer,
     QueryOffsetRequest,
 )
@@ -83,8 +87,8 @@ class OffsetDoor:
 
     async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Committed offsets in the groups this node leads, read after a barrier each."""
-        only = validate_group_name(h["cg"]) if h.get("cg") is not None else None
-        rows: list[list[Any]] = []
+        only = OffsetsRequest.decode(h).cg
+        rows: list[tuple[str, str, str, int, int]] = []
         led: list[str] = []
         for gid, g in list(self.groups.items()):
             if not g.is_leader:
@@ -95,14 +99,14 @@ class OffsetDoor:
                 continue
             led.append(gid)
             for (cg, topic, queue), off in self.groups.states[gid].consumer_offsets(only).items():
-                rows.append([gid, cg, topic, queue, off])
-        return ok_header(0, rows=rows, led=led), b""
+                rows.append((gid, cg, topic, queue, off))
+        return ok_header(0, **OffsetsAnswer(rows=tuple(rows), led=tuple(led)).header()), b""
 
     async def _delete_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        g = self.lead.group(h.get("g"))
-        cg = cg_field(h)
-        req = request_id_field(h)
+        g = self.lead.group(h.get("g"))  # the group first, before the fields, as always
+        req = DeleteGroupRequest.decode(h)
         self.lead.leading(g)
-        result = applied(await g.propose(control_delete_group(cg, req), EntryType.CONTROL))
+        result = applied(await g.propose(control_delete_group(req.cg, req.req),
+                                         EntryType.CONTROL))
         assert isinstance(result, ControlResult)
-        return ok_header(0, deleted=result.applied), b""
+        return ok_header(0, **DeleteGroupAnswer(deleted=result.applied).header()), b""

@@ -18,7 +18,16 @@ import anyio
 from transport.connection import ConnectionPool, is_retriable
 from wire.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from wire.records import Message, decode_record, iter_records, message_id, parse_message_id
-from wire.requests import GetMessageAnswer, GetMessageRequest, QueryKeyAnswer, QueryKeyRequest
+from wire.requests import (
+    DeleteGroupAnswer,
+    DeleteGroupRequest,
+    GetMessageAnswer,
+    GetMessageRequest,
+    OffsetsAnswer,
+    OffsetsRequest,
+    QueryKeyAnswer,
+    QueryKeyRequest,
+)
 from wire.requests.transactions import HalfEndAnswer, HalfEndRequest, TxListAnswer, TxListRequest
 
 from . import membership
@@ -515,16 +524,19 @@ class Admin(ClientBase):
         read: set[str] = set()
         failures: list[str] = []
 
+        req = OffsetsRequest(cg=group)
+
         async def one(addr: str) -> None:
             try:
-                frame = await self.routes.pool.request(addr, Op.OFFSETS, {"cg": group},
+                frame = await self.routes.pool.request(addr, req.OP, req.header(),
                                                        timeout=self.timeout)
+                answer = OffsetsAnswer.decode(frame.header)
             except RequestError as exc:
                 failures.append(f"{addr}: {exc.code.name}")
                 return
-            read.update(str(g) for g in frame.header.get("led") or [])
-            for _gid, cg, topic, queue, offset in frame.header.get("rows") or []:
-                out.setdefault(str(cg), {})[(str(topic), int(queue))] = int(offset)
+            read.update(answer.led)
+            for _gid, cg, topic, queue, offset in answer.rows:
+                out.setdefault(cg, {})[(topic, queue)] = offset
 
         async with anyio.create_task_group() as tg:
             for addr in node_addresses(cluster):
@@ -660,9 +672,9 @@ class Admin(ClientBase):
         cluster = await self.routes.cluster()
         deleted = 0
         for gid in sorted(str(g) for g in (cluster.get("groups") or {})):
-            frame = await self.routes.call_group(gid, Op.DELETE_GROUP, {
-                "g": gid, "cg": group, "req": list(self.routes.request_id())}, write=True)
-            deleted += int(frame.header.get("deleted", 0))
+            req = DeleteGroupRequest(g=gid, cg=group, req=self.routes.request_id())
+            frame = await self.routes.call_group(gid, req.OP, req.header(), write=True)
+            deleted += DeleteGroupAnswer.decode(frame.header).deleted
         return deleted
 
     # ------------------------------------------------------------ transactions

@@ -19,6 +19,10 @@ from wire.requests.base import WireType
 from wire.requests.offsets import (
     CommitOffsetAnswer,
     CommitOffsetRequest,
+    DeleteGroupAnswer,
+    DeleteGroupRequest,
+    OffsetsAnswer,
+    OffsetsRequest,
     QueryOffsetAnswer,
     QueryOffsetRequest,
     is_offset_item,
@@ -129,4 +133,8 @@ __all__ = [
     "QueryKeyRequest",
     "ReadRawAnswer",
     "ReadRawRequest",
+    "DeleteGroupAnswer",
+    "DeleteGroupRequest",
+    "OffsetsAnswer",
+    "OffsetsRequest",
 ]

@@ -1,10 +1,12 @@
-"""Consumer offsets: QUERY_OFFSET and COMMIT_OFFSET, and the rule for one committed
-offset that the state machine's record applies too."""
+"""Consumer offsets: QUERY_OFFSET, COMMIT_OFFSET, OFFSETS (every committed offset a
+node's led groups hold) and DELETE_GROUP, and the rule for one committed offset that the
+state machine's record applies too."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from wire.protocol import (
     Code,
@@ -15,9 +17,10 @@ from wire.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from wire.requests.base import WireType, spec
+from wire.requests.base import WireType, spec, str_list
 
-__all__ = ["CommitOffsetAnswer", "CommitOffsetRequest", "QueryOffsetAnswer",
+__all__ = ["CommitOffsetAnswer", "CommitOffsetRequest", "DeleteGroupAnswer",
+           "DeleteGroupRequest", "OffsetsAnswer", "OffsetsRequest", "QueryOffsetAnswer",
            "QueryOffsetRequest", "is_offset_item"]
 
 def is_offset_item(item: object, kind: type[list[Any]] | type[tuple[Any, ...]] = list) -> bool:
@@ -72,3 +75,60 @@ class CommitOffsetAnswer(WireType):
     OP: ClassVar[Op] = Op.COMMIT_OFFSET
     ROLE: ClassVar[str] = "answer"
     dup: bool = spec(bool, "a retry whose first copy was applied already")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetsRequest(WireType):
+    OP: ClassVar[Op] = Op.OFFSETS
+    ROLE: ClassVar[str] = "request"
+    cg: str | None = spec(str, "only this consumer group's offsets (every group's when "
+                          "left out)", default=None, check=validate_group_name)
+
+    @classmethod
+    def decode(cls, h: Mapping[str, Any]) -> Self:
+        # a cg that is not a string is an invalid group name (INVALID_NAME), as it has
+        # always been answered, rather than a mistyped field
+        cg = h.get("cg")
+        return cls(cg=None if cg is None else validate_group_name(cg))
+
+
+def _offset_rows(v: Any) -> tuple[tuple[str, str, str, int, int], ...]:
+    out = []
+    for row in v:
+        if not (isinstance(row, list | tuple) and len(row) == 5
+                and all(isinstance(x, str) for x in row[:3]) and is_int(row[3])
+                and is_int(row[4])):
+            raise RequestError(Code.MALFORMED, "rows must be [[g, cg, topic, queue, offset], ...]")
+        out.append((row[0], row[1], row[2], row[3], row[4]))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetsAnswer(WireType):
+    OP: ClassVar[Op] = Op.OFFSETS
+    ROLE: ClassVar[str] = "answer"
+    rows: tuple[tuple[str, str, str, int, int], ...] = spec(
+        list, "`[group, consumer group, topic, queue, offset]` each, of the groups in `led`",
+        check=_offset_rows)
+    led: tuple[str, ...] = spec(list, "the groups this node leads and read (after a "
+                                "ReadIndex barrier each): the offsets of the others are "
+                                "their leaders' to answer", check=str_list("led"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteGroupRequest(WireType):
+    OP: ClassVar[Op] = Op.DELETE_GROUP
+    ROLE: ClassVar[str] = "request"
+    g: str = spec(str, "the group (its leader answers)")
+    cg: str = spec(str, "the consumer group whose committed offsets go",
+                   check=validate_group_name)
+    req: tuple[int, int] | None = spec(
+        list, "`[client id, sequence]`: a retried delete is applied once", default=None,
+        check=check_request_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteGroupAnswer(WireType):
+    OP: ClassVar[Op] = Op.DELETE_GROUP
+    ROLE: ClassVar[str] = "answer"
+    deleted: int = spec(int, "how many committed offsets were deleted")

@@ -7,6 +7,10 @@ from wire.requests.base import WireType
 from wire.requests.offsets import (
     CommitOffsetAnswer,
     CommitOffsetRequest,
+    DeleteGroupAnswer,
+    DeleteGroupRequest,
+    OffsetsAnswer,
+    OffsetsRequest,
     QueryOffsetAnswer,
     QueryOffsetRequest,
 )
@@ -88,4 +92,6 @@ TYPES: dict[Op, tuple[type[WireType], type[WireType]]] = {
     Op.GET_MESSAGE: (GetMessageRequest, GetMessageAnswer),
     Op.QUERY_KEY: (QueryKeyRequest, QueryKeyAnswer),
     Op.READ_RAW: (ReadRawRequest, ReadRawAnswer),
+    Op.OFFSETS: (OffsetsRequest, OffsetsAnswer),
+    Op.DELETE_GROUP: (DeleteGroupRequest, DeleteGroupAnswer),
 }
