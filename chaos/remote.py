@@ -33,6 +33,7 @@ from broker.config import GroupConfig
 from raftmq.localcluster import ClusterError, leaders_by_group, node_name
 from transport.blocking import request
 from wire.protocol import Op, RequestError
+from wire.requests.namesrv import ClusterRequest
 
 from .agent import agent_request
 
@@ -158,8 +159,8 @@ class RemoteCluster:
     # ------------------------------------------------------------ cluster view
 
     def cluster_info(self, timeout: float = 5.0) -> dict[str, Any]:
-        header, _body = request(self._namesrv_addr, {"op": int(Op.CLUSTER), "topics": False},
-                                timeout=timeout)
+        ask = {"op": int(Op.CLUSTER), **ClusterRequest(topics=False).header()}
+        header, _body = request(self._namesrv_addr, ask, timeout=timeout)
         info = {k: v for k, v in header.items() if k not in ("id", "code")}
         groups = []
         for gid, g in sorted((info.get("groups") or {}).items()):

@@ -9,7 +9,9 @@ Time is always passed in as `now` (seconds on any monotonic clock), never read h
 
 Topic tables are large (a node may host 100,000 topics) while registrations are frequent,
 so a REGISTER carries them in the frame *body* (the header is limited to 1 MiB) and,
-once a name server holds a node's table, only the changes since the version it holds:
+once a name server holds a node's table, only the changes since the version it holds
+(the REGISTER type, `wire.requests.namesrv.RegisterRequest`, checks every field of it;
+`registration` turns a checked one into a `Registration`):
 
     header  node, addr, metrics, inc (the node's incarnation: versions restart with it),
             groups: {gid: {role, leader, term, replicas, commit, applied,
@@ -38,9 +40,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import msgpack
-
-from wire.protocol import Code, RequestError, parse_address, topic_shapes
+from wire.protocol import Code, RequestError, topic_shapes
+from wire.requests.namesrv import (
+    MAX_USERS,
+    RegisterRequest,
+    RegisterTable,
+    RouteAnswer,
+    TopicShape,
+)
 
 __all__ = [
     "DEFAULT_EXPIRY",
@@ -52,10 +59,10 @@ __all__ = [
     "TableChange",
     "TopicReport",
     "parse_registration",
+    "registration",
 ]
 
 DEFAULT_EXPIRY = 120.0  # RocketMQ's broker channel expiry
-MAX_USERS = 100_000  # users one registration may carry
 
 
 @dataclass(slots=True, frozen=True)
@@ -126,192 +133,56 @@ class _Claim:
     reporter: Registration | None  # None when nobody reports a leader
 
 
-# ------------------------------------------------------------------ validation
+# ------------------------------------------------------------------ registrations
 
 
-def _malformed(message: str) -> RequestError:
-    return RequestError(Code.MALFORMED, message)
-
-
-def _int(value: object, what: str, *, minimum: int | None = 0) -> int:
-    # bool is an int subclass; a True node id is a client bug, not node 1
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _malformed(f"{what} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise _malformed(f"{what} must be >= {minimum}, got {value}")
-    return value
-
-
-def _addr(value: object, what: str) -> str:
-    if not isinstance(value, str):
-        raise _malformed(f"{what} must be a 'host:port' string, got {value!r}")
-    try:
-        parse_address(value)
-    except ValueError as exc:
-        raise _malformed(f"{what}: {exc}") from None
-    return value
-
-
-def _map(value: object, what: str) -> Mapping[Any, Any]:
-    if not isinstance(value, Mapping):
-        raise _malformed(f"{what} must be a map, got {type(value).__name__}")
-    return value
-
-
-def _topic(name: str, value: object, where: str) -> TopicReport:
-    t = _map(value, f"{where} topic {name!r}")
-    queues = _int(t.get("queues"), f"{where} topic {name!r} queues", minimum=1)
-    hosted_raw = t.get("hosted")
-    if not isinstance(hosted_raw, list | tuple):
-        raise _malformed(f"{where} topic {name!r} hosted must be a list of queue ids")
-    hosted = []
-    for q in hosted_raw:
-        q = _int(q, f"{where} topic {name!r} queue id")
-        if q >= queues:
-            raise _malformed(f"{where} topic {name!r} hosts queue {q} of only {queues}")
-        hosted.append(q)
-    return TopicReport(queues, tuple(sorted(set(hosted))))
-
-
-def _shapes(value: object, where: str) -> dict[str, TopicReport]:
-    """Decode `[[queues, hosted, names], ...]`: one validated `TopicReport` per shape,
-    shared by all its names, so a large table costs one pass over the names."""
-    if not isinstance(value, list | tuple):
-        raise _malformed(f"{where} set must be a list of [queues, hosted, names]")
+def _reports(shapes: tuple[TopicShape, ...]) -> dict[str, TopicReport]:
+    """A table by name: one `TopicReport` per shape, shared by all its names."""
     topics: dict[str, TopicReport] = {}
-    for item in value:
-        if not isinstance(item, list | tuple) or len(item) != 3:
-            raise _malformed(f"{where} set entries must be [queues, hosted, names]")
-        queues, hosted, names = item
-        if not isinstance(names, list | tuple):
-            raise _malformed(f"{where} set names must be a list of topic names")
-        report = _topic(str(names[0]) if names else "?",
-                        {"queues": queues, "hosted": hosted}, where)
-        if not all(type(n) is str for n in names):
-            raise _malformed(f"{where} topic names must be strings")
-        topics.update(dict.fromkeys(names, report))
+    for shape in shapes:
+        topics.update(dict.fromkeys(shape.names, _report(shape.queues, shape.hosted)))
     return topics
 
 
-def _body_tables(body: bytes, gids: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """The REGISTER body: {gid: {"set": [...], "del": [...]}} for groups in the header."""
-    if not body:
-        return {}
-    try:
-        tables = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise _malformed(f"undecodable REGISTER body: {exc}") from None
-    tables = _map(tables, "REGISTER body")
-    for gid, t in tables.items():
-        if gid not in gids:
-            raise _malformed(f"REGISTER body has a table for group {gid!r} not in the header")
-        _map(t, f"REGISTER body group {gid!r}")
-    return dict(tables)
+def _report(queues: int, hosted: tuple[int, ...]) -> TopicReport:
+    return TopicReport(queues, tuple(sorted(set(hosted))))
 
 
-def _group(
-    gid: object, value: object, table: Mapping[str, Any] | None
-) -> tuple[GroupReport, TableChange | None]:
-    if not isinstance(gid, str) or not gid:
-        raise _malformed(f"group ids must be non-empty strings, got {gid!r}")
-    where = f"group {gid!r}"
-    g = _map(value, where)
-    role = g.get("role")
-    if not isinstance(role, str):
-        raise _malformed(f"{where} role must be a string, got {role!r}")
-    leader = g.get("leader")
-    if leader is not None:
-        leader = _int(leader, f"{where} leader")
-    replicas = {
-        _int(n, f"{where} replica node id"): _addr(a, f"{where} replica {n!r} address")
-        for n, a in _map(g.get("replicas", {}), f"{where} replicas").items()
-    }
-    tv = g.get("tv")
-    change: TableChange | None = None
-    topics: dict[str, TopicReport] = {}
-    if tv is None:  # an inline table in the header
-        if table is not None:
-            raise _malformed(f"{where} has a table in the body but no version (tv)")
-        for name, t in _map(g.get("topics", {}), f"{where} topics").items():
-            if not isinstance(name, str):
-                raise _malformed(f"{where} topic names must be strings, got {name!r}")
-            topics[name] = _topic(name, t, where)
-    else:
-        tv = _int(tv, f"{where} tv")
-        table = table or {}
-        topics = _shapes(table.get("set", []), where)
-        dels_raw = table.get("del", [])
-        if not isinstance(dels_raw, list | tuple) or not all(type(n) is str for n in dels_raw):
-            raise _malformed(f"{where} del must be a list of topic names")
-        base = g.get("base")
-        if base is not None:
-            change = TableChange(_int(base, f"{where} base"), topics, tuple(dels_raw))
-            topics = {}
-        elif dels_raw:
-            raise _malformed(f"{where} deletes topics from a whole table (no base)")
-    report = GroupReport(
-        role=role,
-        leader=leader,
-        term=_int(g.get("term"), f"{where} term"),
-        replicas=replicas,
-        topics=topics,
-        commit=_int(g.get("commit", 0), f"{where} commit"),
-        applied=_int(g.get("applied", 0), f"{where} applied"),
-        tv=tv,
-    )
-    return report, change
+def registration(request: RegisterRequest, tables: Mapping[str, RegisterTable]) -> Registration:
+    """The registration a decoded REGISTER (`RegisterRequest.decode`, checked against the
+    wire's rules, and its body, `RegisterRequest.decode_body`) makes. Changes against an
+    earlier table version are kept aside for `Registry.register`."""
+    groups: dict[str, GroupReport] = {}
+    changes: dict[str, TableChange] = {}
+    for gid, g in request.groups.items():
+        if g.tv is None:  # an inline table
+            topics = {name: _report(q, hosted) for name, q, hosted in g.topics}
+        else:
+            table = tables.get(gid, RegisterTable())
+            topics = _reports(table.set)
+            if g.base is not None:
+                changes[gid] = TableChange(g.base, topics, table.dels)
+                topics = {}
+        groups[gid] = GroupReport(role=g.role, leader=g.leader, term=g.term,
+                                  replicas=dict(g.replicas), topics=topics, commit=g.commit,
+                                  applied=g.applied, tv=g.tv)
+    auth = None
+    if request.auth is not None:
+        a = request.auth
+        users = {name: (salt, n, stored, server) for name, salt, n, stored, server in a.users}
+        auth = RegisteredAuth(a.at, users, a.salt_key, a.over)
+    return Registration(node=request.node, addr=request.addr, metrics=request.metrics,
+                        groups=groups, inc=request.inc, changes=changes, auth=auth)
 
 
 def parse_registration(header: Mapping[str, Any], body: bytes = b"") -> Registration:
     """Validate a REGISTER (header and body) up front, so a bad node cannot poison the
-    table. Changes against an earlier version are kept aside for `Registry.register`.
+    table (the rules are the wire's: `wire.requests.namesrv`).
 
     Raises `RequestError(Code.MALFORMED)` naming the offending field.
     """
-    node = _int(header.get("node"), "node")
-    addr = _addr(header.get("addr"), "addr")
-    metrics = header.get("metrics")
-    if metrics is not None:
-        metrics = _addr(metrics, "metrics")
-    inc = header.get("inc")
-    if inc is not None:
-        inc = _int(inc, "inc", minimum=None)
-    raw_groups = _map(header.get("groups", {}), "groups")
-    tables = _body_tables(body, raw_groups)
-    groups: dict[str, GroupReport] = {}
-    changes: dict[str, TableChange] = {}
-    for gid, g in raw_groups.items():
-        groups[gid], change = _group(gid, g, tables.get(gid))
-        if change is not None:
-            changes[gid] = change
-    auth = _auth(header["auth"]) if header.get("auth") is not None else None
-    return Registration(node=node, addr=addr, metrics=metrics, groups=groups, inc=inc,
-                        changes=changes, auth=auth)
-
-
-def _bytes(value: object, what: str, lo: int, hi: int) -> bytes:
-    if not isinstance(value, bytes) or not lo <= len(value) <= hi:
-        raise _malformed(f"{what} must be {lo}-{hi} bytes")
-    return value
-
-
-def _auth(value: object) -> RegisteredAuth:
-    a = _map(value, "auth")
-    rows = a.get("users")
-    if not isinstance(rows, list) or len(rows) > MAX_USERS:
-        raise _malformed(f"auth users must be a list of at most {MAX_USERS}")
-    users: dict[str, tuple[bytes, int, bytes, bytes]] = {}
-    for row in rows:
-        if not (isinstance(row, list) and len(row) == 5 and isinstance(row[0], str)
-                and 0 < len(row[0]) <= 64):
-            raise _malformed("an auth user is [name, salt, iterations, StoredKey, ServerKey]")
-        users[row[0]] = (_bytes(row[1], "a salt", 1, 1024),
-                         _int(row[2], "iterations", minimum=1),
-                         _bytes(row[3], "a StoredKey", 32, 32),
-                         _bytes(row[4], "a ServerKey", 32, 32))
-    return RegisteredAuth(_int(a.get("at"), "auth at", minimum=-1), users,
-                          _bytes(a.get("salt_key"), "auth salt_key", 32, 32),
-                          a.get("over") is True)
+    request = RegisterRequest.decode(header)
+    return registration(request, request.decode_body(body))
 
 
 # ------------------------------------------------------------------ registry
@@ -454,8 +325,8 @@ class Registry:
                 return addr
         return replicas.get(claim.leader)
 
-    def route(self, topic: str, now: float) -> dict[str, Any]:
-        """ROUTE answer fields: every queue of `topic`, its group and that group's leader.
+    def route(self, topic: str, now: float) -> RouteAnswer:
+        """The ROUTE answer: every queue of `topic`, its group and that group's leader.
 
         Raises `RequestError(Code.UNKNOWN_TOPIC)` when no live node hosts the topic.
         """
@@ -485,12 +356,12 @@ class Registry:
                 Code.UNKNOWN_TOPIC,
                 f"topic {topic!r} is not hosted by any live node registered here",
             )
-        return {
-            "total": total,
-            "queues": [[q, gid, addr] for q, (_, gid, addr) in sorted(entries.items())],
-            "replicas": replica_addrs,
-            "terms": terms,  # the term of each group's leader claim: newer outranks older
-        }
+        return RouteAnswer(
+            total=total,
+            queues=tuple((q, gid, addr) for q, (_, gid, addr) in sorted(entries.items())),
+            replicas=replica_addrs,
+            terms=terms,  # the term of each group's leader claim: newer outranks older
+        )
 
     def cluster(
         self, now: float, *, topics: bool = True,

@@ -10,11 +10,11 @@ registration: a user added or removed counts here once a node registers it, at o
 the change or at the next registration), and unknown users get the same made-up salt as
 from the nodes. A connection whose certificate names a node needs no login. Without any
 registration that has logins on, AUTH is UNKNOWN_OP, as it always was, and lookups are
-open: there is nothing to look up yet either. A REGISTER answer may list `resend`
-(groups whose topic table the node must send whole). ROUTE: (topic) -> (total, queues,
-replicas, terms). CLUSTER: (topics: bool, default true) -> (nodes, groups: {gid: {leader,
-leader_addr, term, replicas, topic_count, commit, applied, members}}); with topics the
-body is msgpack {gid: [[queues, hosted, names], ...]}, every group's topics by shape.
+open: there is nothing to look up yet either. The requests and answers are the types of
+`wire.requests.namesrv`, decoded here at the trust boundary: a REGISTER answer may list
+`resend` (groups whose topic table the node must send whole); ROUTE answers (total,
+queues, replicas, terms); CLUSTER (nodes, groups) and, with `topics`, every group's
+topics by shape in the body.
 
 All route logic lives in `namesrv.registry`; this module only adds the clock, the TCP
 listener and a periodic sweep so expired nodes are logged and dropped even when nobody
@@ -34,7 +34,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import msgpack
 import trio
 
 from transport.budget import Budget, BytePool
@@ -51,8 +50,15 @@ from wire.protocol import (
     error_header,
     ok_header,
 )
+from wire.requests.namesrv import (
+    ClusterAnswer,
+    ClusterRequest,
+    RegisterAnswer,
+    RegisterRequest,
+    RouteRequest,
+)
 
-from .registry import DEFAULT_EXPIRY, Registry, parse_registration
+from .registry import DEFAULT_EXPIRY, Registry, registration
 
 __all__ = ["NameServer", "listener_address", "run_until_signalled"]
 
@@ -129,7 +135,8 @@ class NameServer:
                 # only a node (a certificate from the cluster CA) may say where routes go
                 raise RequestError(Code.FORBIDDEN, "REGISTER takes a node's certificate from "
                                    "the cluster CA (mutual TLS)")
-            reg = parse_registration(h, frame.body)
+            request = RegisterRequest.decode(h)
+            reg = registration(request, request.decode_body(frame.body))
             if self.ssl_context is not None and certificate_node(caller.certificate) != reg.node:
                 # and only for itself: another node's (or a name server's) certificate
                 # cannot move node `reg.node`'s routes
@@ -142,27 +149,23 @@ class NameServer:
             resend = self.registry.register(reg, now)
             if resend:
                 log.info("node %d: topic tables of %s must be resent whole", reg.node, resend)
-                return ok_header(rid, resend=resend), b""
-            return ok_header(rid), b""
+            return ok_header(rid, **RegisterAnswer(resend=tuple(resend)).header()), b""
         if op == Op.AUTH:
             return await self._auth(caller, h, now)
         if op in (Op.ROUTE, Op.CLUSTER):
             self._check_login(caller, now)
         if op == Op.ROUTE:
-            topic = h.get("topic")
-            if not isinstance(topic, str):
-                raise RequestError(Code.MALFORMED, f"ROUTE needs a topic string, got {topic!r}")
-            return ok_header(rid, **self.registry.route(topic, now)), b""
+            route = RouteRequest.decode(h)
+            return ok_header(rid, **self.registry.route(route.topic, now).header()), b""
         if op == Op.CLUSTER:
-            topics = h.get("topics", True)
-            if not isinstance(topics, bool):
-                raise RequestError(Code.MALFORMED, f"CLUSTER topics must be a bool, got {topics!r}")
+            topics = ClusterRequest.decode(h).topics
             # the topic listing grows with the topics: it goes in the body, not the header
             shapes: dict[str, list[list[Any]]] = {}
             fields = self.registry.cluster(now, topics=False, shapes=shapes if topics else None)
+            answer = ClusterAnswer(nodes=fields["nodes"], groups=fields["groups"]).header()
             if not topics:
-                return ok_header(rid, **fields), b""
-            return ok_header(rid, **fields), msgpack.packb(shapes, use_bin_type=True)
+                return ok_header(rid, **answer), b""
+            return ok_header(rid, **answer), ClusterAnswer.encode_body(shapes)
         raise RequestError(
             Code.UNKNOWN_OP,
             f"unknown op {op}: a name server answers REGISTER ({int(Op.REGISTER)}), "

@@ -46,6 +46,7 @@ from raftmq.client.routes import merge_cluster_topics
 from transport.blocking import request
 from transport.scram import Credentials, credentials_from_env
 from wire.protocol import Op, RequestError
+from wire.requests.namesrv import ClusterRequest
 
 __all__ = ["ClusterError", "LocalCluster", "free_ports"]
 
@@ -568,7 +569,8 @@ class LocalCluster:
 
         With `topics=False` groups do not list their topics (only `topic_count`), which
         keeps the answer small and quick with thousands of topics."""
-        header, body = request(self._namesrv_addr, {"op": int(Op.CLUSTER), "topics": topics},
+        ask = {"op": int(Op.CLUSTER), **ClusterRequest(topics=topics).header()}
+        header, body = request(self._namesrv_addr, ask,
                                timeout=timeout, ssl_context=self.client_ssl_context(),
                                credentials=self.credentials or credentials_from_env())
         info = {k: v for k, v in header.items() if k not in ("id", "code")}

@@ -162,7 +162,8 @@ class Op(IntEnum):
     PRODUCER_HEARTBEAT = 69  # (pg, client, ttl_ms?) -> (): this connection is a live
     #   member of producer group pg on this node (asked TX_CHECK)
     REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
-    #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see namesrv.registry
+    #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see
+    #   wire.requests.namesrv
     ROUTE = 41  # name server: (topic) -> (total, queues: [[queue, group, leader_addr]...])
     CLUSTER = 42  # name server: (topics: bool) -> (nodes, groups) + topic listing in the body
     # users and ACLs, kept in the metadata group (see broker.doors.security)

@@ -15,14 +15,22 @@ import random
 import ssl
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-import msgpack
 import trio
 
 from broker.state.statemachine import TopicConfig
 from transport.framing import open_frame_stream
-from wire.protocol import Code, Op, topic_shapes
+from wire.protocol import Code, Op, RequestError
+from wire.requests.namesrv import (
+    RegisterAnswer,
+    RegisterAuth,
+    RegisterGroup,
+    RegisterRequest,
+    RegisterTable,
+    shapes_of,
+)
 
 __all__ = ["REGISTER_TIMEOUT", "GroupsView", "Registrar", "TopicTableLog"]
 
@@ -112,12 +120,12 @@ class Registrar:
                 await self._now.wait()
                 await trio.sleep(0.02)  # coalesce a burst of changes
             self._now = trio.Event()
-            header = self.registration()
+            request = self.request()
             async with trio.open_nursery() as nursery:  # a dead name server delays no other
                 for ns in self._namesrv:
-                    nursery.start_soon(self._register_with, ns, header)
+                    nursery.start_soon(self._register_with, ns, request)
 
-    async def _register_with(self, ns: str, header: dict[str, Any]) -> None:
+    async def _register_with(self, ns: str, request: RegisterRequest) -> None:
         """REGISTER with one name server: each group's topic table changes since the version
         it acknowledged, or whole when it holds none (or asks with `resend`)."""
         acked = self._ns_acked.setdefault(ns, {})
@@ -126,17 +134,23 @@ class Registrar:
                 fs = await open_frame_stream(ns, ssl_context=self._ssl)
                 async with fs:
                     for rid in (1, 2):  # the second round answers a `resend`
-                        hdr, body, sent = self._registration_for(header, acked)
-                        await fs.send({"op": Op.REGISTER, "id": rid, **hdr}, body)
+                        req, body, sent = self._registration_for(request, acked)
+                        await fs.send({"op": Op.REGISTER, "id": rid, **req.header()}, body)
                         frame = await fs.receive()
                         if frame is None:
                             return
-                        if frame.header.get("code") != Code.OK:
+                        ok, error = frame.header.get("code") == Code.OK, frame.header.get("msg")
+                        resend: tuple[str, ...] = ()
+                        if ok:
+                            try:
+                                resend = RegisterAnswer.decode(frame.header).resend
+                            except RequestError as exc:
+                                ok, error = False, f"a malformed answer: {exc.message}"
+                        if not ok:
                             log.warning("name server refused the registration", extra={
-                                "fields": {"namesrv": ns, "error": frame.header.get("msg")}})
+                                "fields": {"namesrv": ns, "error": error}})
                             acked.clear()  # start over with whole tables
                             return
-                        resend = frame.header.get("resend") or []
                         for gid, version in sent.items():
                             if gid in resend:
                                 acked.pop(gid, None)
@@ -148,35 +162,45 @@ class Registrar:
                 log.debug("name server unreachable", extra={"fields": {"namesrv": ns}})
 
     def _registration_for(
-        self, header: dict[str, Any], acked: dict[str, int]
-    ) -> tuple[dict[str, Any], bytes, dict[str, int]]:
-        """The REGISTER header and body for a name server that acknowledged the table
+        self, request: RegisterRequest, acked: dict[str, int]
+    ) -> tuple[RegisterRequest, bytes, dict[str, int]]:
+        """The REGISTER request and body for a name server that acknowledged the table
         versions `acked`; also returns the version of each group's table sent."""
-        groups: dict[str, Any] = {}
-        tables: dict[str, Any] = {}
+        groups: dict[str, RegisterGroup] = {}
+        tables: dict[str, RegisterTable] = {}
         sent: dict[str, int] = {}
-        for gid, g in header["groups"].items():
+        for gid, g in request.groups.items():
             tlog = self._tables.setdefault(gid, TopicTableLog())
             base = acked.get(gid)
             delta = tlog.changes_since(base) if base is not None else None
             if delta is None:
                 groups[gid] = g
-                tables[gid] = {"set": topic_shapes(tlog.table)}
+                tables[gid] = RegisterTable(set=shapes_of(tlog.table))
             else:
-                groups[gid] = {**g, "base": base}
+                groups[gid] = replace(g, base=base)
                 changed, removed = delta
                 if changed or removed:
-                    tables[gid] = {"set": topic_shapes(changed), "del": removed}
+                    tables[gid] = RegisterTable(set=shapes_of(changed), dels=tuple(removed))
             sent[gid] = tlog.version
-        body = msgpack.packb(tables, use_bin_type=True) if tables else b""
-        return {**header, "groups": groups}, body, sent
+        return replace(request, groups=groups), RegisterRequest.encode_body(tables), sent
 
-    def registration(self) -> dict[str, Any]:
-        """The REGISTER header (without topic tables: they go in the body, per name server)
-        after bringing every group's table version up to date."""
+    def request(self) -> RegisterRequest:
+        """The REGISTER request (without topic tables: they go in the body, per name
+        server) after bringing every group's table version up to date."""
         fields, view = self._view()
-        groups: dict[str, Any] = {}
+        groups: dict[str, RegisterGroup] = {}
         for gid, (g, table) in view.items():
             tlog = self._tables.setdefault(gid, TopicTableLog())
-            groups[gid] = {**g, "tv": tlog.update(table)}
-        return {**fields, "inc": self._incarnation, "groups": groups}
+            groups[gid] = RegisterGroup(**g, tv=tlog.update(table))
+        auth = fields.get("auth")
+        return RegisterRequest(
+            node=fields["node"], addr=fields["addr"], metrics=fields.get("metrics"),
+            inc=self._incarnation, groups=groups,
+            auth=None if auth is None else RegisterAuth(
+                at=auth["at"], salt_key=auth["salt_key"], over=auth.get("over", False),
+                users=tuple((n, salt, i, stored, server)
+                            for n, salt, i, stored, server in auth["users"])))
+
+    def registration(self) -> dict[str, Any]:
+        """The REGISTER header `request` makes."""
+        return self.request().header()

@@ -35,10 +35,10 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import msgpack
 
 from transport.connection import DEFAULT_TIMEOUT, ConnectionPool, TransportError, is_retriable
 from wire.protocol import DEFAULT_MAX_FRAME, Code, Frame, Op, RequestError, parse_address
+from wire.requests.namesrv import ClusterAnswer, ClusterRequest, RouteAnswer, RouteRequest
 
 from .errors import UnavailableError, give_up, leaderless, may_have_applied
 
@@ -116,18 +116,14 @@ class TopicRoute:
 def parse_route(topic: str, header: Mapping[str, Any], now: float = 0.0) -> TopicRoute:
     """Build a `TopicRoute` from ROUTE answer fields, refusing malformed ones plainly."""
     try:
-        total = int(header["total"])
-        queues = {
-            int(q): QueueRoute(int(q), str(g), str(leader) if leader else None)
-            for q, g, leader in header.get("queues") or []
-        }
-        replicas = {
-            str(g): [str(a) for a in addrs] for g, addrs in (header.get("replicas") or {}).items()
-        }
-        terms = {str(g): int(t) for g, t in (header.get("terms") or {}).items()}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise RequestError(Code.MALFORMED, f"bad ROUTE answer for {topic!r}: {exc!r}") from None
-    return TopicRoute(topic, total, queues, replicas, now, terms=terms)
+        answer = RouteAnswer.decode(header)
+    except RequestError as exc:
+        raise RequestError(Code.MALFORMED, f"bad ROUTE answer for {topic!r}: "
+                           f"{exc.message}") from None
+    queues = {q: QueueRoute(q, g, leader or None) for q, g, leader in answer.queues}
+    replicas = {g: list(addrs) for g, addrs in (answer.replicas or {}).items()}
+    return TopicRoute(topic, answer.total, queues, replicas, now,
+                      terms=dict(answer.terms or {}))
 
 
 def normalize_addresses(addrs: Sequence[str] | str) -> list[str]:
@@ -151,18 +147,18 @@ def merge_cluster_topics(cluster: dict[str, Any], body: bytes) -> None:
     """Put the topic listing of a CLUSTER answer's body (`{gid: [[queues, hosted, names],
     ...]}`) into its groups as `topics: {name: {"queues", "hosted"}}`, sorted by name."""
     try:
-        tables = msgpack.unpackb(body, raw=False, strict_map_key=False) if body else {}
-        groups = cluster.setdefault("groups", {})
-        for gid, shapes in tables.items():
-            topics: dict[str, Any] = {}
-            for queues, hosted, names in shapes:
-                for name in names:
-                    topics[str(name)] = {"queues": int(queues), "hosted": list(hosted)}
-            g = groups.get(gid)
-            if isinstance(g, dict):
-                g["topics"] = dict(sorted(topics.items()))
-    except (ValueError, TypeError, AttributeError, msgpack.UnpackException) as exc:
-        raise RequestError(Code.MALFORMED, f"bad CLUSTER topic listing: {exc!r}") from None
+        listing = ClusterAnswer.decode_body(body)
+    except RequestError as exc:
+        raise RequestError(Code.MALFORMED, f"bad CLUSTER topic listing: {exc.message}") from None
+    groups = cluster.setdefault("groups", {})
+    for gid, shapes in listing.items():
+        topics: dict[str, Any] = {}
+        for queues, hosted, names in shapes:
+            for name in names:
+                topics[name] = {"queues": queues, "hosted": list(hosted)}
+        g = groups.get(gid)
+        if isinstance(g, dict):
+            g["topics"] = dict(sorted(topics.items()))
 
 
 def electing(exc: RequestError, since: float) -> bool:
@@ -313,7 +309,7 @@ class Routes:
             if current is not None and current is not cached and self._fresh(current):
                 return current
             try:
-                frame = await self.namesrv_request(Op.ROUTE, {"topic": topic})
+                frame = await self.namesrv_request(Op.ROUTE, RouteRequest(topic=topic).header())
             except RequestError as exc:
                 if exc.code == Code.UNKNOWN_TOPIC:
                     self._topics.pop(topic, None)
@@ -365,8 +361,12 @@ class Routes:
         `topics: {name: {queues, hosted}}`, an answer that grows with the topics, which
         leader look-ups and node lists do not need.
         """
-        frame = await self.namesrv_request(Op.CLUSTER, {"topics": topics})
-        cluster = {k: v for k, v in frame.header.items() if k not in ("id", "code")}
+        frame = await self.namesrv_request(Op.CLUSTER, ClusterRequest(topics=topics).header())
+        try:
+            answer = ClusterAnswer.decode(frame.header)
+        except RequestError as exc:
+            raise RequestError(Code.MALFORMED, f"bad CLUSTER answer: {exc.message}") from None
+        cluster = {"nodes": dict(answer.nodes), "groups": dict(answer.groups)}
         if topics:
             merge_cluster_topics(cluster, frame.body)
         self.learn_cluster(cluster)

@@ -21,6 +21,7 @@ from raftmq.client.routes import LEADER_WAIT, backoff_delay
 from transport.blocking import request
 from wire.protocol import Code, Op, RequestError
 from wire.requests.base import WireType
+from wire.requests.namesrv import ClusterRequest
 from wire.requests.security import (
     UserDeleteAnswer,
     UserDeleteRequest,
@@ -118,7 +119,7 @@ def _metadata_leader(namesrv: list[str]) -> tuple[str, str | None]:
     info: dict[str, Any] | None = None
     for ns in namesrv:
         try:
-            info, _ = request(ns, {"op": int(Op.CLUSTER), "topics": False})
+            info, _ = request(ns, {"op": int(Op.CLUSTER), **ClusterRequest(topics=False).header()})
             break
         except OSError:
             continue

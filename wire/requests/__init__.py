@@ -16,13 +16,23 @@ them all. The ops not listed there yet are still described by the comments on
 """
 
 from wire.requests.base import WireType
+from wire.requests.namesrv import (
+    ClusterAnswer,
+    ClusterRequest,
+    FrozenMap,
+    RegisterAnswer,
+    RegisterAuth,
+    RegisterGroup,
+    RegisterRequest,
+    RegisterTable,
+    RouteAnswer,
+    RouteRequest,
+    TopicShape,
+    shapes_of,
+)
 from wire.requests.offsets import (
     CommitOffsetAnswer,
     CommitOffsetRequest,
-    DeleteGroupAnswer,
-    DeleteGroupRequest,
-    OffsetsAnswer,
-    OffsetsRequest,
     QueryOffsetAnswer,
     QueryOffsetRequest,
     is_offset_item,
@@ -81,12 +91,23 @@ from wire.requests.types import TYPES
 
 __all__ = [
     "TYPES",
+    "ClusterAnswer",
+    "ClusterRequest",
     "CommitOffsetAnswer",
     "CommitOffsetRequest",
     "FetchAnswer",
     "FetchRequest",
+    "FrozenMap",
     "QueryOffsetAnswer",
     "QueryOffsetRequest",
+    "RegisterAnswer",
+    "RegisterAuth",
+    "RegisterGroup",
+    "RegisterRequest",
+    "RegisterTable",
+    "RouteAnswer",
+    "RouteRequest",
+    "TopicShape",
     "AclAddAnswer",
     "AclAddRequest",
     "AclListAnswer",
@@ -125,6 +146,7 @@ __all__ = [
     "is_offset_item",
     "op_comments",
     "reference",
+    "shapes_of",
     "ProduceAnswer",
     "ProduceRequest",
     "GetMessageAnswer",
@@ -133,8 +155,4 @@ __all__ = [
     "QueryKeyRequest",
     "ReadRawAnswer",
     "ReadRawRequest",
-    "DeleteGroupAnswer",
-    "DeleteGroupRequest",
-    "OffsetsAnswer",
-    "OffsetsRequest",
 ]

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from wire.protocol import Op
 from wire.requests.base import WireType
+from wire.requests.namesrv import (
+    ClusterAnswer,
+    ClusterRequest,
+    RegisterAnswer,
+    RegisterRequest,
+    RouteAnswer,
+    RouteRequest,
+)
 from wire.requests.offsets import (
     CommitOffsetAnswer,
     CommitOffsetRequest,
-    DeleteGroupAnswer,
-    DeleteGroupRequest,
-    OffsetsAnswer,
-    OffsetsRequest,
     QueryOffsetAnswer,
     QueryOffsetRequest,
 )
@@ -71,6 +75,9 @@ TYPES: dict[Op, tuple[type[WireType], type[WireType]]] = {
     Op.FETCH: (FetchRequest, FetchAnswer),
     Op.QUERY_OFFSET: (QueryOffsetRequest, QueryOffsetAnswer),
     Op.COMMIT_OFFSET: (CommitOffsetRequest, CommitOffsetAnswer),
+    Op.REGISTER: (RegisterRequest, RegisterAnswer),
+    Op.ROUTE: (RouteRequest, RouteAnswer),
+    Op.CLUSTER: (ClusterRequest, ClusterAnswer),
     Op.TX_INIT: (TxInitRequest, TxInitAnswer),
     Op.TX_ADD: (TxAddRequest, TxAddAnswer),
     Op.TX_OFFSETS: (TxOffsetsRequest, TxOffsetsAnswer),
@@ -92,6 +99,4 @@ TYPES: dict[Op, tuple[type[WireType], type[WireType]]] = {
     Op.GET_MESSAGE: (GetMessageRequest, GetMessageAnswer),
     Op.QUERY_KEY: (QueryKeyRequest, QueryKeyAnswer),
     Op.READ_RAW: (ReadRawRequest, ReadRawAnswer),
-    Op.OFFSETS: (OffsetsRequest, OffsetsAnswer),
-    Op.DELETE_GROUP: (DeleteGroupRequest, DeleteGroupAnswer),
 }
