@@ -33,6 +33,10 @@ from wire.requests.namesrv import (
 from wire.requests.offsets import (
     CommitOffsetAnswer,
     CommitOffsetRequest,
+    DeleteGroupAnswer,
+    DeleteGroupRequest,
+    OffsetsAnswer,
+    OffsetsRequest,
     QueryOffsetAnswer,
     QueryOffsetRequest,
     is_offset_item,
@@ -155,4 +159,8 @@ __all__ = [
     "QueryKeyRequest",
     "ReadRawAnswer",
     "ReadRawRequest",
+    "DeleteGroupAnswer",
+    "DeleteGroupRequest",
+    "OffsetsAnswer",
+    "OffsetsRequest",
 ]

@@ -15,6 +15,10 @@ from wire.requests.namesrv import (
 from wire.requests.offsets import (
     CommitOffsetAnswer,
     CommitOffsetRequest,
+    DeleteGroupAnswer,
+    DeleteGroupRequest,
+    OffsetsAnswer,
+    OffsetsRequest,
     QueryOffsetAnswer,
     QueryOffsetRequest,
 )
@@ -99,4 +103,6 @@ TYPES: dict[Op, tuple[type[WireType], type[WireType]]] = {
     Op.GET_MESSAGE: (GetMessageRequest, GetMessageAnswer),
     Op.QUERY_KEY: (QueryKeyRequest, QueryKeyAnswer),
     Op.READ_RAW: (ReadRawRequest, ReadRawAnswer),
+    Op.OFFSETS: (OffsetsRequest, OffsetsAnswer),
+    Op.DELETE_GROUP: (DeleteGroupRequest, DeleteGroupAnswer),
 }
