@@ -386,7 +386,8 @@ async def create_topics(
     the topics the name servers route (`routed`) when `wait` ran out before all were.
     """
     from raftmq.client.admin import place_queues
-    from wire.protocol import Code, Op, RequestError
+    from wire.protocol import Code, RequestError
+    from wire.requests import CreateTopicRequest
 
     cluster = await admin.describe_cluster(topics=False)
     groups = sorted(str(g) for g in (cluster.get("groups") or {}))
@@ -399,9 +400,10 @@ async def create_topics(
     async def create(topic: str) -> None:
         async with limiter:
             for group, hosted in placement.items():
-                header = {"g": group, "topic": topic, "queues": queues, "hosted": hosted}
+                req = CreateTopicRequest(g=group, topic=topic, queues=queues,
+                                         hosted=tuple(hosted))
                 try:
-                    await routes.call_group(group, Op.CREATE_TOPIC, header, attempts=6)
+                    await routes.call_group(group, req.OP, req.header(), attempts=6)
                 except RequestError as exc:  # a retried creation that had been applied
                     if exc.code != Code.TOPIC_EXISTS or not exc.extra.get("same"):
                         raise

@@ -95,7 +95,15 @@ from raftmq.client.errors import may_have_applied
 from raftmq.client.producer import SendAttempt
 from transport.connection import is_retriable
 from wire.protocol import Code, Op, RequestError
-from wire.requests import DeleteGroupRequest
+from wire.requests import (
+    CreateTopicRequest,
+    DeleteGroupRequest,
+    DeleteTopicRequest,
+    GrowTopicRequest,
+    TopicsAnswer,
+    TopicsRequest,
+    WireType,
+)
 
 from .recorder import Recorder
 
@@ -641,16 +649,18 @@ class Workload:
         key = topic_key(self.admin_topic)
         rec = self.recorder
         rec.invoke(client.process, READ, key, None)
+        req = TopicsRequest(g=group)
         try:
-            frame = await admin.routes.call_group(group, Op.TOPICS, {"g": group}, attempts=1,
+            frame = await admin.routes.call_group(group, req.OP, req.header(), attempts=1,
                                                   max_redirects=0)
+            topics = TopicsAnswer.decode(frame.header).topics
         except Exception as exc:  # noqa: BLE001 - a read that failed changed nothing
             rec.complete(client.process, "fail", READ, key, {"error": str(exc)})
             return False
         except BaseException:
             rec.complete(client.process, "fail", READ, key, {"error": "cancelled"})
             raise
-        info = (frame.header.get("topics") or {}).get(self.admin_topic)
+        info = topics.get(self.admin_topic)
         queues = None if info is None else int(info["queues"])
         rec.complete(client.process, "ok", READ, key, queues)
         return queues
@@ -659,14 +669,18 @@ class Workload:
                           queues: int | None = None) -> None:
         """One recorded create, grow or delete of the admin topic, one attempt."""
         key = topic_key(self.admin_topic)
-        header: dict[str, Any] = {"g": group, "topic": self.admin_topic}
-        if queues is not None:
-            header.update(queues=queues, hosted=list(range(queues)))
-        op = {"create": Op.CREATE_TOPIC, "grow": Op.GROW_TOPIC, "delete": Op.DELETE_TOPIC}[f]
+        req: WireType
+        if f == "delete":
+            req = DeleteTopicRequest(g=group, topic=self.admin_topic)
+        else:
+            assert queues is not None
+            kind = CreateTopicRequest if f == "create" else GrowTopicRequest
+            req = kind(g=group, topic=self.admin_topic, queues=queues,
+                       hosted=tuple(range(queues)))
         rec = self.recorder
         rec.invoke(client.process, f, key, queues)
         try:
-            await admin.routes.call_group(group, op, header, write=True, attempts=1,
+            await admin.routes.call_group(group, req.OP, req.header(), write=True, attempts=1,
                                           max_redirects=0)
         except RequestError as exc:
             seen = _REFUSAL_MEANS.get((f, exc.code))

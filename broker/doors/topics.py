@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from broker.doors.base import Handler, Response, applied, topic_field
+from broker.doors.base import Handler, Response, applied
 from broker.runtime.groups import GroupRegistry
 from broker.runtime.leading import GroupLead
 from broker.state.statemachine import (
@@ -25,7 +25,17 @@ from broker.state.statemachine import (
 )
 from raftlog.types import EntryType
 from transport.framing import Caller
-from wire.protocol import Code, Op, RequestError, header_field, is_int, ok_header, request_id_field
+from wire.protocol import Code, Op, RequestError, ok_header
+from wire.requests import (
+    CreateTopicAnswer,
+    CreateTopicRequest,
+    DeleteTopicAnswer,
+    DeleteTopicRequest,
+    GrowTopicAnswer,
+    GrowTopicRequest,
+    TopicsAnswer,
+    TopicsRequest,
+)
 
 __all__ = ["TopicDoor", "TopicHost"]
 
@@ -53,58 +63,50 @@ class TopicDoor:
         }
 
     async def _create_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        g = self.lead.group(h.get("g"))
-        topic = topic_field(h)
-        queues = header_field(h, "queues", int)
-        hosted = header_field(h, "hosted", list)
-        if not 1 <= queues <= MAX_QUEUES:
-            raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
-        if not hosted or any(not is_int(q) or not 0 <= q < queues for q in hosted):
-            raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
+        g = self.lead.group(h.get("g"))  # the group first, before the fields, as always
+        req = CreateTopicRequest.decode(h)
+        topic = req.topic
+        _check_queue_count(req.queues)
         self.lead.leading(g)
         result = applied(await g.propose(
-            control_create_topic(topic, queues, sorted(set(hosted))), EntryType.CONTROL))
+            control_create_topic(topic, req.queues, sorted(set(req.hosted))),
+            EntryType.CONTROL))
         assert isinstance(result, ControlResult)
         self.host.topics_changed()  # routes should not wait for the next heartbeat
         if result.applied == 0:  # the same topic, same queues, was already there
             raise RequestError(Code.TOPIC_EXISTS,
                                f"topic {topic!r} already exists here with this configuration",
                                same=True)
-        return ok_header(0), b""
+        return ok_header(0, **CreateTopicAnswer().header()), b""
 
     async def _delete_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        g = self.lead.group(h.get("g"))
-        topic = topic_field(h)
-        req = request_id_field(h)
+        g = self.lead.group(h.get("g"))  # the group first, before the fields, as always
+        req = DeleteTopicRequest.decode(h)
         self.lead.leading(g)
-        applied(await g.propose(control_delete_topic(topic, req), EntryType.CONTROL))
+        applied(await g.propose(control_delete_topic(req.topic, req.req), EntryType.CONTROL))
         self.host.topics_changed()
-        return ok_header(0), b""
+        return ok_header(0, **DeleteTopicAnswer().header()), b""
 
     async def _grow_topic(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        g = self.lead.group(h.get("g"))
-        topic = topic_field(h)
-        queues = header_field(h, "queues", int)
-        hosted = header_field(h, "hosted", list)
-        if not 1 <= queues <= MAX_QUEUES:
-            raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")
-        if any(not is_int(q) or not 0 <= q < queues for q in hosted):
-            raise RequestError(Code.MALFORMED, f"hosted must list queue ids in [0, {queues})")
-        req = request_id_field(h)
+        g = self.lead.group(h.get("g"))  # the group first, before the fields, as always
+        req = GrowTopicRequest.decode(h)
+        _check_queue_count(req.queues)
         self.lead.leading(g)
-        applied(await g.propose(control_grow_topic(topic, queues, hosted, req),
-                                EntryType.CONTROL))
+        applied(await g.propose(
+            control_grow_topic(req.topic, req.queues, list(req.hosted), req.req),
+            EntryType.CONTROL))
         self.host.topics_changed()
-        return ok_header(0), b""
+        return ok_header(0, **GrowTopicAnswer().header()), b""
 
     async def _topics(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Every topic of every group hosted here, as this node knows them; with "g", only
         that group's, from its leader once it confirmed its leadership (ReadIndex): a
         linearizable read of the group's topics."""
+        req = TopicsRequest.decode(h)
         topics: dict[str, dict[str, Any]] = {}
         states = self.groups.states
-        if "g" in h:
-            g = self.lead.group(h.get("g"))
+        if "g" in h:  # a g of null is no group (MALFORMED), as it always was
+            g = self.lead.group(req.g)
             self.lead.leading(g)
             await self.lead.read_barrier(g)
             states = {g.group_id: self.lead.leading(g)}
@@ -112,4 +114,10 @@ class TopicDoor:
             for name, cfg in state.topics().items():
                 t = topics.setdefault(name, {"queues": cfg.queues, "hosted": {}})
                 t["hosted"][gid] = list(cfg.hosted)
-        return ok_header(0, topics=topics), b""
+        return ok_header(0, **TopicsAnswer(topics=topics).header()), b""
+
+
+def _check_queue_count(queues: int) -> None:
+    """The node's own limit on queues per topic (the request type checked the rest)."""
+    if not 1 <= queues <= MAX_QUEUES:
+        raise RequestError(Code.MALFORMED, f"queues must be 1..{MAX_QUEUES}")

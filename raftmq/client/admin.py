@@ -19,14 +19,19 @@ from transport.connection import ConnectionPool, is_retriable
 from wire.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
 from wire.records import Message, decode_record, iter_records, message_id, parse_message_id
 from wire.requests import (
+    CreateTopicRequest,
     DeleteGroupAnswer,
     DeleteGroupRequest,
+    DeleteTopicRequest,
     GetMessageAnswer,
     GetMessageRequest,
+    GrowTopicRequest,
     OffsetsAnswer,
     OffsetsRequest,
     QueryKeyAnswer,
     QueryKeyRequest,
+    TopicsAnswer,
+    TopicsRequest,
 )
 from wire.requests.transactions import HalfEndAnswer, HalfEndRequest, TxListAnswer, TxListRequest
 
@@ -205,9 +210,9 @@ class Admin(ClientBase):
         errors: list[RequestError] = []
 
         async def one(group: str, hosted: list[int]) -> None:
-            header = {"g": group, "topic": topic, "queues": queues, "hosted": hosted}
+            req = CreateTopicRequest(g=group, topic=topic, queues=queues, hosted=tuple(hosted))
             try:
-                if await self._create_in_group(group, header):
+                if await self._create_in_group(req):
                     existed.append(group)
             except RequestError as exc:  # raised plainly below, not in an ExceptionGroup
                 errors.append(exc)
@@ -223,16 +228,17 @@ class Admin(ClientBase):
             await self._wait_routed(topic, queues, wait)
         return placement
 
-    async def _create_in_group(self, group: str, header: dict[str, Any]) -> bool:
+    async def _create_in_group(self, req: CreateTopicRequest) -> bool:
         """Send CREATE_TOPIC to the group's leader; True if it already existed before.
         Retriable failures are retried for `LEADER_WAIT` seconds, so the request rides
         out an election (a few tries would give up before the group has a new leader)."""
+        group = req.g
         uncertain = False
         attempt = 0
         deadline = anyio.current_time() + LEADER_WAIT
         while True:
             try:
-                await self.routes.call_group(group, Op.CREATE_TOPIC, header, attempts=1,
+                await self.routes.call_group(group, req.OP, req.header(), attempts=1,
                                              write=True)
                 return False
             except RequestError as exc:
@@ -311,11 +317,14 @@ class Admin(ClientBase):
                 t["hosted"][g] = sorted(set(t["hosted"].get(g, [])) | set(qs))
 
         async def one(addr: str) -> None:
+            req = TopicsRequest()
             try:
-                frame = await self.routes.pool.request(addr, Op.TOPICS, {}, timeout=self.timeout)
+                frame = await self.routes.pool.request(addr, req.OP, req.header(),
+                                                       timeout=self.timeout)
+                answer = TopicsAnswer.decode(frame.header)
             except RequestError:
                 return
-            for name, info in (frame.header.get("topics") or {}).items():
+            for name, info in answer.topics.items():
                 merge(str(name), info)
 
         async with anyio.create_task_group() as tg:
@@ -454,9 +463,8 @@ class Admin(ClientBase):
         groups = sorted(info.get("hosted") or {})
         for group in groups:
             try:
-                await self.routes.call_group(group, Op.DELETE_TOPIC, {
-                    "g": group, "topic": topic, "req": list(self.routes.request_id())},
-                    write=True)
+                req = DeleteTopicRequest(g=group, topic=topic, req=self.routes.request_id())
+                await self.routes.call_group(group, req.OP, req.header(), write=True)
             except RequestError as exc:
                 if exc.code != Code.UNKNOWN_TOPIC:  # gone already: a retried delete
                     raise
@@ -500,9 +508,9 @@ class Admin(ClientBase):
                 added[group] = new
                 hosted.setdefault(group, set()).update(new)
         for group, ids in sorted(hosted.items()):
-            await self.routes.call_group(group, Op.GROW_TOPIC, {
-                "g": group, "topic": topic, "queues": queues, "hosted": sorted(ids),
-                "req": list(self.routes.request_id())}, write=True)
+            grow = GrowTopicRequest(g=group, topic=topic, queues=queues,
+                                    hosted=tuple(sorted(ids)), req=self.routes.request_id())
+            await self.routes.call_group(group, grow.OP, grow.header(), write=True)
         if wait > 0:
             await self._wait_routed(topic, queues, wait)
         return added

@@ -69,6 +69,16 @@ from wire.requests.security import (
     UserPutAnswer,
     UserPutRequest,
 )
+from wire.requests.topics import (
+    CreateTopicAnswer,
+    CreateTopicRequest,
+    DeleteTopicAnswer,
+    DeleteTopicRequest,
+    GrowTopicAnswer,
+    GrowTopicRequest,
+    TopicsAnswer,
+    TopicsRequest,
+)
 from wire.requests.transactions import (
     HalfEndAnswer,
     HalfEndRequest,
@@ -163,4 +173,12 @@ __all__ = [
     "DeleteGroupRequest",
     "OffsetsAnswer",
     "OffsetsRequest",
+    "CreateTopicAnswer",
+    "CreateTopicRequest",
+    "DeleteTopicAnswer",
+    "DeleteTopicRequest",
+    "GrowTopicAnswer",
+    "GrowTopicRequest",
+    "TopicsAnswer",
+    "TopicsRequest",
 ]

@@ -49,6 +49,16 @@ from wire.requests.security import (
     UserPutAnswer,
     UserPutRequest,
 )
+from wire.requests.topics import (
+    CreateTopicAnswer,
+    CreateTopicRequest,
+    DeleteTopicAnswer,
+    DeleteTopicRequest,
+    GrowTopicAnswer,
+    GrowTopicRequest,
+    TopicsAnswer,
+    TopicsRequest,
+)
 from wire.requests.transactions import (
     HalfEndAnswer,
     HalfEndRequest,
@@ -105,4 +115,8 @@ TYPES: dict[Op, tuple[type[WireType], type[WireType]]] = {
     Op.READ_RAW: (ReadRawRequest, ReadRawAnswer),
     Op.OFFSETS: (OffsetsRequest, OffsetsAnswer),
     Op.DELETE_GROUP: (DeleteGroupRequest, DeleteGroupAnswer),
+    Op.CREATE_TOPIC: (CreateTopicRequest, CreateTopicAnswer),
+    Op.DELETE_TOPIC: (DeleteTopicRequest, DeleteTopicAnswer),
+    Op.GROW_TOPIC: (GrowTopicRequest, GrowTopicAnswer),
+    Op.TOPICS: (TopicsRequest, TopicsAnswer),
 }
