@@ -21,14 +21,18 @@ from broker.state.statemachine import control_prefer_leader
 from raftlog.runtime import GroupRuntime
 from raftlog.types import EntryType
 from transport.framing import Caller
-from wire.protocol import (
-    Code,
-    Op,
-    RequestError,
-    header_field,
-    is_int,
-    ok_header,
-    validate_group_name,
+from wire.protocol import Code, Op, RequestError, ok_header
+from wire.requests import (
+    DropGroupAnswer,
+    DropGroupRequest,
+    HostGroupAnswer,
+    HostGroupRequest,
+    MembershipAnswer,
+    MembershipRequest,
+    StatusAnswer,
+    StatusRequest,
+    TransferLeaderAnswer,
+    TransferLeaderRequest,
 )
 
 __all__ = ["ClusterDoor", "ClusterHost"]
@@ -48,7 +52,9 @@ class ClusterHost(Protocol):
 
     async def drop_group(self, gid: str) -> bool: ...
 
-    def status(self, caller: Caller | None = None) -> dict[str, Any]: ...
+    def status(self, caller: Caller | None = None) -> dict[str, Any]:
+        """The fields of `StatusAnswer`."""
+        ...
 
 
 class ClusterDoor:
@@ -69,60 +75,63 @@ class ClusterDoor:
         }
 
     async def _status(self, caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        return ok_header(0, **self.host.status(caller)), b""
+        StatusRequest.decode(h)
+        return ok_header(0, **StatusAnswer(**self.host.status(caller)).header()), b""
 
     async def _transfer_leader(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Move the group's leadership to node `to`; with `prefer`, first log `to` as the
         group's preferred leader, so the core does not hand leadership back."""
-        g = self.lead.group(h.get("g"))
-        to = header_field(h, "to", int)
-        prefer = header_field(h, "prefer", bool, False)
+        g = self.lead.group(h.get("g"))  # the group first, before the fields, as always
+        req = TransferLeaderRequest.decode(h)
+        to = req.to
         self.lead.leading(g)
         voters = sorted(g.membership.voters)
         if to not in voters:
             raise RequestError(Code.NOT_A_MEMBER, f"node {to} is not a voter of group "
                                f"{g.group_id} (voters: {voters})")
-        if prefer:
+        if req.prefer:
             applied(await g.propose(control_prefer_leader(to), EntryType.CONTROL))
         try:
             g.transfer_leadership(to)
         except ValueError as exc:
             raise RequestError(Code.NOT_A_MEMBER, str(exc)) from None
-        return ok_header(0, voters=voters), b""
+        return ok_header(0, **TransferLeaderAnswer(voters=tuple(voters)).header()), b""
 
     # ------------------------------------------------------------------ membership
 
-    def _members_view(self, g: GroupRuntime) -> dict[str, Any]:
+    def _members_view(self, g: GroupRuntime) -> Response:
         """The membership as this leader sees it; NOT_LEADER (retriable, with the hint)
         when it lost the leadership while the request waited (a barrier, a change)."""
         self.lead.leading(g)
         m = g.membership
         st = g.status()
-        nodes = sorted(self.host.config.peers)
-        return {
-            "leader": g.leader, "voters": sorted(m.voters), "learners": sorted(m.learners),
-            "matches": g.peer_matches(), "active": sorted(g.recently_active()),
-            "commit": st["commit"], "last": st["last"],
-            "preferred": self.host.preferred_leader(g.group_id),
-            "addresses": {n: self.groups.peer_addr(n) for n in nodes},
-            "peers": nodes,
-        }
+        nodes = tuple(sorted(self.host.config.peers))
+        assert g.leader is not None  # this node: it leads
+        answer = MembershipAnswer(
+            leader=g.leader, voters=tuple(sorted(m.voters)), learners=tuple(sorted(m.learners)),
+            matches=g.peer_matches(), active=tuple(sorted(g.recently_active())),
+            commit=st["commit"], last=st["last"],
+            preferred=self.host.preferred_leader(g.group_id),
+            addresses={n: self.groups.peer_addr(n) for n in nodes},
+            peers=nodes,
+        )
+        return ok_header(0, **answer.header()), b""
 
     async def _membership(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         """Show or change a group's membership, at its leader: one single-server change
         (add a learner, promote a caught-up learner, remove a member) at a time, refused
         when it would leave the group without a reachable majority. Changes already made
         answer OK (a retried request must not fail for having worked)."""
-        g = self.lead.group(h.get("g"))
-        action = header_field(h, "action", str)
-        if action not in ("show", "add-learner", "promote", "remove"):
-            raise RequestError(Code.MALFORMED, f"action must be show, add-learner, promote or "
-                               f"remove, not {action!r}")
+        g = self.lead.group(h.get("g"))  # the group first, before the fields, as always
+        req = MembershipRequest.decode(h)
+        action = req.action
         self.lead.leading(g)
         if action == "show":
             await g.read_barrier()  # still the leader, as a majority confirms
-            return ok_header(0, **self._members_view(g)), b""
-        node = header_field(h, "node", int)
+            return self._members_view(g)
+        node = req.node
+        if node is None:  # judged once this node knows it leads, as always
+            raise RequestError(Code.MALFORMED, f"missing field 'node' (to {action})")
         me = self.host.config.node_id
         if node not in self.host.config.peers:
             raise RequestError(Code.NOT_A_MEMBER, f"node {node} is not in the cluster's peers "
@@ -134,16 +143,16 @@ class ClusterDoor:
                 raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is already a voter "
                                    f"of group {g.group_id} (voters: {voters})")
             if node in m.learners:
-                return ok_header(0, **self._members_view(g)), b""
+                return self._members_view(g)
         elif action == "promote":
             if node in m.voters:
-                return ok_header(0, **self._members_view(g)), b""
+                return self._members_view(g)
             if node not in m.learners:
                 raise RequestError(Code.NOT_A_MEMBER, f"node {node} is not a learner of group "
                                    f"{g.group_id} (learners: {sorted(m.learners)})")
         else:
             if node not in m.members:
-                return ok_header(0, **self._members_view(g)), b""
+                return self._members_view(g)
             if node == me:
                 raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} leads group "
                                    f"{g.group_id}: move its leadership to another voter first "
@@ -154,7 +163,7 @@ class ClusterDoor:
             await g.change_membership(action, node)  # type: ignore[arg-type]
         except ValueError as exc:
             raise RequestError(Code.MEMBERSHIP_REFUSED, str(exc)) from None
-        return ok_header(0, **self._members_view(g)), b""
+        return self._members_view(g)
 
     def _check_quorum_after_removal(self, gid: str, node: int, voters: list[int]) -> None:
         rest = [v for v in voters if v != node]
@@ -174,23 +183,24 @@ class ClusterDoor:
     # ------------------------------------------------------------------ replicas here
 
     async def _host_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        gid = validate_group_name(header_field(h, "g", str))
+        req = HostGroupRequest.decode(h)
+        gid = req.g
         known = sorted(gc.id for gc in self.host.config.groups)
         if gid not in known:
             raise RequestError(Code.UNKNOWN_GROUP, f"no group {gid!r} in the cluster "
                                f"(known: {known})")
-        raw = header_field(h, "voters", list)
-        if not raw or not all(is_int(v) and v in self.host.config.peers for v in raw):
+        if not all(v in self.host.config.peers for v in req.voters):
             raise RequestError(Code.MALFORMED, f"voters must be node ids of the cluster's "
-                               f"peers {sorted(self.host.config.peers)}, got {raw!r}")
-        created = await self.host.host_group(gid, tuple(sorted(set(raw))))
-        return ok_header(0, created=created), b""
+                               f"peers {sorted(self.host.config.peers)}, got "
+                               f"{list(req.voters)!r}")
+        created = await self.host.host_group(gid, tuple(sorted(set(req.voters))))
+        return ok_header(0, **HostGroupAnswer(created=created).header()), b""
 
     async def _drop_group(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        gid = validate_group_name(header_field(h, "g", str))
+        gid = DropGroupRequest.decode(h).g
         try:
             dropped = await self.host.drop_group(gid)
         except ValueError as exc:
             raise RequestError(Code.MEMBERSHIP_REFUSED, f"{exc}: remove it from the group "
                                "first (raftmq cluster remove-replica)") from None
-        return ok_header(0, dropped=dropped), b""
+        return ok_header(0, **DropGroupAnswer(dropped=dropped).header()), b""

@@ -30,6 +30,8 @@ from wire.requests import (
     OffsetsRequest,
     QueryKeyAnswer,
     QueryKeyRequest,
+    StatusAnswer,
+    StatusRequest,
     TopicsAnswer,
     TopicsRequest,
 )
@@ -349,8 +351,10 @@ class Admin(ClientBase):
 
     @_bounded(write=False)
     async def node_status(self, addr: str) -> dict[str, Any]:
-        """One node's STATUS answer."""
-        frame = await self.routes.pool.request(addr, Op.STATUS, {}, timeout=self.timeout)
+        """One node's STATUS answer (`wire.requests.StatusAnswer`'s fields)."""
+        req = StatusRequest()
+        frame = await self.routes.pool.request(addr, req.OP, req.header(), timeout=self.timeout)
+        StatusAnswer.decode(frame.header)  # MALFORMED if it is not one
         return _fields(frame)
 
     @_bounded(write=False)

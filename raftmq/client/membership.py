@@ -34,7 +34,15 @@ from typing import Any
 import anyio
 
 from transport.connection import is_retriable
-from wire.protocol import Code, Frame, Op, RequestError, validate_group_name
+from wire.protocol import Code, Frame, RequestError, validate_group_name
+from wire.requests import (
+    DropGroupRequest,
+    HostGroupRequest,
+    MembershipAnswer,
+    MembershipRequest,
+    TransferLeaderRequest,
+    WireType,
+)
 
 from .routes import Routes
 
@@ -90,20 +98,17 @@ class GroupMembers:
 
 
 def _members(group: str, frame: Frame) -> GroupMembers:
-    h = frame.header
+    a = MembershipAnswer.decode(frame.header)
     return GroupMembers(
-        group=group, leader=int(h["leader"]), voters=tuple(h["voters"]),
-        learners=tuple(h["learners"]),
-        matches={int(k): int(v) for k, v in (h.get("matches") or {}).items()},
-        active=tuple(h.get("active") or ()),
-        commit=int(h["commit"]), last=int(h["last"]),
-        preferred=h.get("preferred"),
-        addresses={int(k): v for k, v in (h.get("addresses") or {}).items()},
-        peers=tuple(h.get("peers") or ()),
+        group=group, leader=a.leader, voters=a.voters, learners=a.learners,
+        matches={int(k): int(v) for k, v in a.matches.items()},
+        active=a.active, commit=a.commit, last=a.last, preferred=a.preferred,
+        addresses={int(k): v for k, v in a.addresses.items()},
+        peers=a.peers,
     )
 
 
-async def _at_leader(routes: Routes, group: str, header: dict[str, Any],
+async def _at_leader(routes: Routes, group: str, req: MembershipRequest,
                      wait: float = 0.0) -> GroupMembers:
     """MEMBERSHIP at `group`'s leader, retried up to `wait` seconds while none answers:
     an operator replacing a node that just died must not fail for the election still
@@ -111,7 +116,7 @@ async def _at_leader(routes: Routes, group: str, header: dict[str, Any],
     deadline = anyio.current_time() + wait
     while True:
         try:
-            return _members(group, await routes.call_group(group, Op.MEMBERSHIP, header))
+            return _members(group, await routes.call_group(group, req.OP, req.header()))
         except RequestError as exc:
             if not exc.retriable or anyio.current_time() >= deadline:
                 raise
@@ -123,11 +128,11 @@ async def group_members(routes: Routes, group: str, *, wait: float = LEADER_WAIT
     """The membership of `group`, from its leader (UNKNOWN_GROUP if there is none),
     waiting up to `wait` seconds for one."""
     validate_group_name(group)
-    return await _at_leader(routes, group, {"g": group, "action": "show"}, wait)
+    return await _at_leader(routes, group, MembershipRequest(g=group, action="show"), wait)
 
 
 async def _change(routes: Routes, group: str, action: str, node: int) -> GroupMembers:
-    return await _at_leader(routes, group, {"g": group, "action": action, "node": node},
+    return await _at_leader(routes, group, MembershipRequest(g=group, action=action, node=node),
                             LEADER_WAIT)
 
 
@@ -137,18 +142,19 @@ def _check_node(m: GroupMembers, node: int) -> None:
                            f"(known nodes: {list(m.peers)})")
 
 
-async def _node_request(routes: Routes, m: GroupMembers, node: int, op: Op,
-                        header: dict[str, Any], timeout: float) -> Frame:
+async def _node_request(routes: Routes, m: GroupMembers, node: int, req: WireType,
+                        timeout: float) -> Frame:
     addr = m.addresses.get(node)
     if addr is None:
         raise RequestError(Code.NOT_A_MEMBER, f"no address known for node {node}")
-    return await routes.pool.request(addr, op, header, timeout=timeout)
+    return await routes.pool.request(addr, req.OP, req.header(), timeout=timeout)
 
 
 async def transfer_leader(routes: Routes, group: str, to: int, *, prefer: bool = True) -> None:
     """See `Admin.transfer_leader`."""
     validate_group_name(group)
-    await routes.call_group(group, Op.TRANSFER_LEADER, {"g": group, "to": to, "prefer": prefer})
+    req = TransferLeaderRequest(g=group, to=to, prefer=prefer)
+    await routes.call_group(group, req.OP, req.header())
 
 
 async def add_replica(routes: Routes, group: str, node: int, *,
@@ -161,14 +167,14 @@ async def add_replica(routes: Routes, group: str, node: int, *,
                            f"group {group} (voters: {list(m.voters)})")
     if node not in m.learners:
         await _drop(routes, m, node)  # a replica left over from an earlier membership
-        await _node_request(routes, m, node, Op.HOST_GROUP,
-                            {"g": group, "voters": list(m.voters)}, routes.timeout)
+        await _node_request(routes, m, node, HostGroupRequest(g=group, voters=m.voters),
+                            routes.timeout)
         m = await _change(routes, group, "add-learner", node)
     else:
         # an earlier add stopped half way: resume its catch-up. HOST_GROUP again (a no-op
         # when the node hosts it) in case the node came back without it (a new disk).
-        await _node_request(routes, m, node, Op.HOST_GROUP,
-                            {"g": group, "voters": list(m.voters)}, routes.timeout)
+        await _node_request(routes, m, node, HostGroupRequest(g=group, voters=m.voters),
+                            routes.timeout)
     with anyio.fail_after(catch_up_timeout):
         while True:
             m = await group_members(routes, group)
@@ -199,7 +205,7 @@ async def _drop(routes: Routes, m: GroupMembers, node: int) -> bool:
     with anyio.move_on_after(_DROP_WAIT):
         while True:
             try:
-                await _node_request(routes, m, node, Op.DROP_GROUP, {"g": m.group},
+                await _node_request(routes, m, node, DropGroupRequest(g=m.group),
                                     routes.timeout)
                 return True
             except RequestError as exc:

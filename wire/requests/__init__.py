@@ -16,6 +16,18 @@ them all. The ops not listed there yet are still described by the comments on
 """
 
 from wire.requests.base import WireType
+from wire.requests.cluster import (
+    DropGroupAnswer,
+    DropGroupRequest,
+    HostGroupAnswer,
+    HostGroupRequest,
+    MembershipAnswer,
+    MembershipRequest,
+    StatusAnswer,
+    StatusRequest,
+    TransferLeaderAnswer,
+    TransferLeaderRequest,
+)
 from wire.requests.namesrv import (
     ClusterAnswer,
     ClusterRequest,
@@ -181,4 +193,14 @@ __all__ = [
     "GrowTopicRequest",
     "TopicsAnswer",
     "TopicsRequest",
+    "DropGroupAnswer",
+    "DropGroupRequest",
+    "HostGroupAnswer",
+    "HostGroupRequest",
+    "MembershipAnswer",
+    "MembershipRequest",
+    "StatusAnswer",
+    "StatusRequest",
+    "TransferLeaderAnswer",
+    "TransferLeaderRequest",
 ]

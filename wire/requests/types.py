@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from wire.protocol import Op
 from wire.requests.base import WireType
+from wire.requests.cluster import (
+    DropGroupAnswer,
+    DropGroupRequest,
+    HostGroupAnswer,
+    HostGroupRequest,
+    MembershipAnswer,
+    MembershipRequest,
+    StatusAnswer,
+    StatusRequest,
+    TransferLeaderAnswer,
+    TransferLeaderRequest,
+)
 from wire.requests.namesrv import (
     ClusterAnswer,
     ClusterRequest,
@@ -119,4 +131,9 @@ TYPES: dict[Op, tuple[type[WireType], type[WireType]]] = {
     Op.DELETE_TOPIC: (DeleteTopicRequest, DeleteTopicAnswer),
     Op.GROW_TOPIC: (GrowTopicRequest, GrowTopicAnswer),
     Op.TOPICS: (TopicsRequest, TopicsAnswer),
+    Op.STATUS: (StatusRequest, StatusAnswer),
+    Op.TRANSFER_LEADER: (TransferLeaderRequest, TransferLeaderAnswer),
+    Op.MEMBERSHIP: (MembershipRequest, MembershipAnswer),
+    Op.HOST_GROUP: (HostGroupRequest, HostGroupAnswer),
+    Op.DROP_GROUP: (DropGroupRequest, DropGroupAnswer),
 }
