@@ -15,10 +15,11 @@ from typing import Any
 
 import trio
 
-from broker.doors.base import MAX_WAIT_MS, Handler, Response, cg_field
+from broker.doors.base import MAX_WAIT_MS, Handler, Response
 from broker.doors.consumers import ConsumerRegistry
 from transport.framing import Caller
-from wire.protocol import Code, Op, RequestError, header_field, ok_header
+from wire.protocol import Code, Op, RequestError, ok_header
+from wire.requests import ConsumersAnswer, ConsumersRequest, HeartbeatAnswer, HeartbeatRequest
 
 __all__ = ["HeartbeatDoor"]
 
@@ -34,15 +35,14 @@ class HeartbeatDoor:
         return {Op.HEARTBEAT: self._heartbeat, Op.CONSUMERS: self._consumers_of}
 
     async def _heartbeat(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
-        cg = cg_field(h)
-        client = header_field(h, "client", str)  # checked and bounded by the registry
+        beat = HeartbeatRequest.decode(h)
+        cg = beat.cg
         now = time.monotonic()
         before = self.consumers.members(cg, now)
-        self.consumers.heartbeat(cg, client, header_field(h, "ttl_ms", int, 30_000), now,
-                                 manual=header_field(h, "manual", bool, False))
+        self.consumers.heartbeat(cg, beat.client, beat.ttl_ms, now, manual=beat.manual)
         if self.consumers.members(cg, now) != before:
             self._members_changed(cg)
-        return ok_header(0), b""
+        return ok_header(0, **HeartbeatAnswer().header()), b""
 
     def _members_changed(self, cg: str) -> None:
         """Wake the CONSUMERS requests held for `cg` (see `_consumers_of`)."""
@@ -54,18 +54,19 @@ class HeartbeatDoor:
         """The live members of a group. With `known` (the list the caller last saw) and
         `wait_ms`, the answer waits until the list differs from it, or the wait ends: a
         member learns of a join or a leave when it happens, not at its next poll."""
-        cg = cg_field(h)
-        known = h.get("known")
-        wait_ms = header_field(h, "wait_ms", int, 0)
-        if not 0 <= wait_ms <= MAX_WAIT_MS:
+        req = ConsumersRequest.decode(h)
+        cg = req.cg
+        known = None if req.known is None else list(req.known)
+        if not 0 <= req.wait_ms <= MAX_WAIT_MS:
             raise RequestError(Code.MALFORMED, f"wait_ms must be 0-{MAX_WAIT_MS}")
-        deadline = time.monotonic() + wait_ms / 1000
+        deadline = time.monotonic() + req.wait_ms / 1000
         while True:
             now = time.monotonic()
             members = self.consumers.members(cg, now)
-            if not isinstance(known, list) or members != known or now >= deadline:
-                return ok_header(0, clients=members,
-                                 manual=self.consumers.manual_members(cg, now)), b""
+            if known is None or members != known or now >= deadline:
+                answer = ConsumersAnswer(clients=tuple(members),
+                                         manual=tuple(self.consumers.manual_members(cg, now)))
+                return ok_header(0, **answer.header()), b""
             expiry = self.consumers.next_expiry(cg)
             changed = self._member_waits.setdefault(cg, trio.Event())
             with trio.move_on_at(min(deadline, expiry + 0.001 if expiry else deadline)):

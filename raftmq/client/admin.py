@@ -16,9 +16,11 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import anyio
 
 from transport.connection import ConnectionPool, is_retriable
-from wire.protocol import Code, Frame, Op, RequestError, validate_group_name, validate_topic_name
+from wire.protocol import Code, Frame, RequestError, validate_group_name, validate_topic_name
 from wire.records import Message, decode_record, iter_records, message_id, parse_message_id
 from wire.requests import (
+    ConsumersAnswer,
+    ConsumersRequest,
     CreateTopicRequest,
     DeleteGroupAnswer,
     DeleteGroupRequest,
@@ -364,14 +366,17 @@ class Admin(ClientBase):
         cluster = await self.routes.cluster()
         seen: set[str] = set()
 
+        req = ConsumersRequest(cg=group)
+
         async def one(addr: str) -> None:
             try:
-                frame = await self.routes.pool.request(addr, Op.CONSUMERS, {"cg": group},
+                frame = await self.routes.pool.request(addr, req.OP, req.header(),
                                                        timeout=self.timeout)
+                answer = ConsumersAnswer.decode(frame.header)
             except RequestError:
                 return
-            seen.update(str(c) for c in frame.header.get("clients") or [])
-            seen.update(str(c) for c in frame.header.get("manual") or [])
+            seen.update(answer.clients)
+            seen.update(answer.manual)
 
         async with anyio.create_task_group() as tg:
             for addr in node_addresses(cluster):

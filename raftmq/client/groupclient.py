@@ -11,6 +11,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self
 
@@ -18,7 +19,8 @@ import anyio
 import anyio.abc
 
 from transport.connection import ClientClosedError, ConnectionPool
-from wire.protocol import MAX_CLIENT_CHARS, Op, RequestError
+from wire.protocol import MAX_CLIENT_CHARS, RequestError
+from wire.requests import ConsumersAnswer, ConsumersRequest, HeartbeatRequest
 
 from .errors import close_stack
 from .lifecycle import StartClose
@@ -121,33 +123,34 @@ class Heartbeats:
         self._lock = anyio.Lock()
         self._left = False
 
-    async def beat(self, routes: Routes, header: dict[str, Any], timeout: float) -> None:
+    async def beat(self, routes: Routes, beat: HeartbeatRequest, timeout: float) -> None:
         """One heartbeat (a failure is only logged: the next beat tries again, and the
         ttl covers three of them)."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(timeout):
             async with self._lock:
                 if not self._left:
-                    await _to_every_node(routes, header, timeout)
+                    await _to_every_node(routes, beat, timeout)
 
-    async def leave(self, routes: Routes, header: dict[str, Any], timeout: float) -> None:
+    async def leave(self, routes: Routes, beat: HeartbeatRequest, timeout: float) -> None:
         """The last heartbeat, with a ttl of 0: the member is gone at once, not at its
         expiry. Waits for a beat in flight first."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(2 * timeout):
             async with self._lock:
                 self._left = True
-                await _to_every_node(routes, {**header, "ttl_ms": 0}, timeout)
+                await _to_every_node(routes, replace(beat, ttl_ms=0), timeout)
 
 
-async def _to_every_node(routes: Routes, header: dict[str, Any], timeout: float) -> None:
+async def _to_every_node(routes: Routes, beat: HeartbeatRequest, timeout: float) -> None:
     try:
         cluster = await routes.cluster()
     except RequestError as exc:
         log.debug("heartbeat: no cluster view (%s)", exc)
         return
+    header = beat.header()
 
     async def one(addr: str) -> None:
         try:
-            await routes.pool.request(addr, Op.HEARTBEAT, header, timeout=timeout)
+            await routes.pool.request(addr, beat.OP, header, timeout=timeout)
         except RequestError as exc:
             log.debug("heartbeat to %s failed: %s", addr, exc)
 
@@ -209,18 +212,18 @@ class GroupClient(ClientBase):
         failures = 0
         while True:
             asked = anyio.current_time()
+            req = ConsumersRequest(cg=self.group, known=tuple(known or ()),
+                                   wait_ms=MEMBERS_WAIT_MS)
             try:
                 frame = await self.routes.pool.request(
-                    addr, Op.CONSUMERS,
-                    {"cg": self.group, "known": known or [], "wait_ms": MEMBERS_WAIT_MS},
-                    timeout=self.timeout + MEMBERS_WAIT_MS / 1000)
+                    addr, req.OP, req.header(), timeout=self.timeout + MEMBERS_WAIT_MS / 1000)
+                members = list(ConsumersAnswer.decode(frame.header).clients)
             except RequestError as exc:
                 failures += 1
                 log.debug("%s: watching members at %s: %s", self.client_id, addr, exc)
                 await anyio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
                 continue
             failures = 0
-            members = [str(c) for c in frame.header.get("clients") or []]
             if known is not None and members != known:
                 self._members_changed.set()
             elif known is not None and anyio.current_time() - asked < MEMBERS_WAIT_MS / 10_000:
@@ -253,15 +256,16 @@ class GroupClient(ClientBase):
         cluster = await self.routes.cluster()
         seen: set[str] = {self.client_id}
         pool = self.routes.pool
+        req = ConsumersRequest(cg=self.group)
 
         async def one(addr: str) -> None:
             try:
-                frame = await pool.request(addr, Op.CONSUMERS, {"cg": self.group},
-                                           timeout=self.timeout)
+                frame = await pool.request(addr, req.OP, req.header(), timeout=self.timeout)
+                answer = ConsumersAnswer.decode(frame.header)
             except RequestError as exc:
                 log.debug("CONSUMERS from %s failed: %s", addr, exc)
                 return
-            seen.update(str(c) for c in frame.header.get("clients") or [])
+            seen.update(answer.clients)
 
         async with anyio.create_task_group() as tg:
             for addr in node_addresses(cluster):

@@ -14,6 +14,7 @@ import anyio.abc
 from transport.connection import ConnectionPool, is_retriable
 from wire.protocol import Code, RequestError, validate_group_name, validate_topic_name
 from wire.records import Message
+from wire.requests import HeartbeatRequest
 
 from .allocation import strategy_of
 from .errors import UnavailableError
@@ -177,16 +178,17 @@ class PullConsumer(GroupClient):
     async def _heartbeat(self) -> None:
         await self._beats.beat(self.routes, self._member(), self.timeout)
 
-    def _member(self) -> dict[str, Any]:
-        """A heartbeat's header: as a subscribed member, counted when the group shares
-        queues; with manual assignment, visible to its group (an offset reset refuses)
-        but never given queues by another member's rebalance."""
+    def _member(self) -> HeartbeatRequest:
+        """A heartbeat: as a subscribed member, counted when the group shares queues;
+        with manual assignment, visible to its group (an offset reset refuses) but never
+        given queues by another member's rebalance."""
         ttl_ms = int(self.heartbeat_interval * 3000)
         if self._subscribed:
-            return {"cg": self.group, "client": self.client_id,
-                    "topics": sorted(self._subscribed), "ttl_ms": ttl_ms}
-        return {"cg": self.group, "client": self.client_id,
-                "topics": sorted(self._assigned), "ttl_ms": ttl_ms, "manual": True}
+            return HeartbeatRequest(cg=self.group, client=self.client_id,
+                                    topics=tuple(sorted(self._subscribed)), ttl_ms=ttl_ms)
+        return HeartbeatRequest(cg=self.group, client=self.client_id,
+                                topics=tuple(sorted(self._assigned)), ttl_ms=ttl_ms,
+                                manual=True)
 
     def assign(
         self, topic: str, queues: Iterable[int] | None = None, *, tags: Tags = None

@@ -20,6 +20,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from transport.connection import ConnectionPool, is_retriable
 from wire.protocol import Code, RequestError, validate_group_name, validate_topic_name
 from wire.records import Message
+from wire.requests import HeartbeatRequest
 
 from .allocation import strategy_of
 from .groupclient import (
@@ -308,12 +309,13 @@ class PushConsumer(GroupClient):
 
     async def _heartbeat(self, leaving: bool = False) -> None:
         """Tell every node this client is alive (ttl 0 when leaving, so it drops us now)."""
-        header = {"cg": self.group, "client": self.client_id, "topics": sorted(self.topics),
-                  "ttl_ms": int(self.heartbeat_interval * 3000)}
+        beat = HeartbeatRequest(cg=self.group, client=self.client_id,
+                                topics=tuple(sorted(self.topics)),
+                                ttl_ms=int(self.heartbeat_interval * 3000))
         if leaving:
-            await self._beats.leave(self.routes, header, self.timeout)
+            await self._beats.leave(self.routes, beat, self.timeout)
         else:
-            await self._beats.beat(self.routes, header, self.timeout)
+            await self._beats.beat(self.routes, beat, self.timeout)
 
     async def rebalance(self) -> None:
         """Recompute this consumer's queues now; release lost ones before taking new ones

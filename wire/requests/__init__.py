@@ -28,6 +28,12 @@ from wire.requests.cluster import (
     TransferLeaderAnswer,
     TransferLeaderRequest,
 )
+from wire.requests.consumers import (
+    ConsumersAnswer,
+    ConsumersRequest,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+)
 from wire.requests.namesrv import (
     ClusterAnswer,
     ClusterRequest,
@@ -203,4 +209,8 @@ __all__ = [
     "StatusRequest",
     "TransferLeaderAnswer",
     "TransferLeaderRequest",
+    "ConsumersAnswer",
+    "ConsumersRequest",
+    "HeartbeatAnswer",
+    "HeartbeatRequest",
 ]

@@ -16,6 +16,12 @@ from wire.requests.cluster import (
     TransferLeaderAnswer,
     TransferLeaderRequest,
 )
+from wire.requests.consumers import (
+    ConsumersAnswer,
+    ConsumersRequest,
+    HeartbeatAnswer,
+    HeartbeatRequest,
+)
 from wire.requests.namesrv import (
     ClusterAnswer,
     ClusterRequest,
@@ -136,4 +142,6 @@ TYPES: dict[Op, tuple[type[WireType], type[WireType]]] = {
     Op.MEMBERSHIP: (MembershipRequest, MembershipAnswer),
     Op.HOST_GROUP: (HostGroupRequest, HostGroupAnswer),
     Op.DROP_GROUP: (DropGroupRequest, DropGroupAnswer),
+    Op.HEARTBEAT: (HeartbeatRequest, HeartbeatAnswer),
+    Op.CONSUMERS: (ConsumersRequest, ConsumersAnswer),
 }
