@@ -255,6 +255,24 @@ FIELD_CASES: list[tuple[str, Op, dict[str, Any], str]] = [
     ("heartbeat no client", Op.HEARTBEAT, {"cg": "c"}, "'client'"),
     ("heartbeat ttl str", Op.HEARTBEAT, {"cg": "c", "client": "c1", "ttl_ms": "5"}, "'ttl_ms'"),
     ("consumers no cg", Op.CONSUMERS, {}, "'cg'"),
+    ("consumers wait_ms str", Op.CONSUMERS, {"cg": "c", "wait_ms": "1"}, "'wait_ms'"),
+    ("consumers wait_ms huge", Op.CONSUMERS, {"cg": "c", "wait_ms": 1 << 40}, "wait_ms"),
+    ("produce sizes empty", Op.PRODUCE, {"g": "g0", "sizes": []}, "'sizes'"),
+    ("produce sizes null", Op.PRODUCE, {"g": "g0", "sizes": None}, "'sizes'"),
+    ("produce size zero", Op.PRODUCE, {"g": "g0", "sizes": [0]}, "batch size 0"),
+    ("delete topic no topic", Op.DELETE_TOPIC, {"g": "g0"}, "'topic'"),
+    ("delete topic bad req", Op.DELETE_TOPIC, {"g": "g0", "topic": "N", "req": [0, 1]}, "req"),
+    ("grow no queues", Op.GROW_TOPIC, {"g": "g0", "topic": TOPIC, "hosted": [0]}, "'queues'"),
+    ("grow queues 0", Op.GROW_TOPIC, {"g": "g0", "topic": TOPIC, "queues": 0, "hosted": []},
+     "queues must be"),
+    ("grow hosted out of range", Op.GROW_TOPIC, {"g": "g0", "topic": TOPIC, "queues": 3,
+                                                 "hosted": [3]}, "hosted"),
+    ("delete group no cg", Op.DELETE_GROUP, {"g": "g0"}, "'cg'"),
+    ("delete group bad req", Op.DELETE_GROUP, {"g": "g0", "cg": "c", "req": [1]}, "req"),
+    ("transfer prefer int", Op.TRANSFER_LEADER, {"g": "g0", "to": 1, "prefer": 1}, "'prefer'"),
+    ("membership no action", Op.MEMBERSHIP, {"g": "g0"}, "'action'"),
+    ("membership bad action", Op.MEMBERSHIP, {"g": "g0", "action": "grow"}, "action"),
+    ("membership no node", Op.MEMBERSHIP, {"g": "g0", "action": "remove"}, "'node'"),
 ]
 
 
@@ -374,6 +392,8 @@ def test_invalid_consumer_group_names(live: Live, cg: str) -> None:
         {"op": int(Op.COMMIT_OFFSET), "cg": cg, "offsets": [[TOPIC, 0, 1]]},
         {"op": int(Op.HEARTBEAT), "cg": cg, "client": "c1"},
         {"op": int(Op.CONSUMERS), "cg": cg},
+        {"op": int(Op.OFFSETS), "cg": cg},
+        {"op": int(Op.DELETE_GROUP), "g": "g0", "cg": cg},
     ):
         with pytest.raises(RequestError) as exc:
             live.call_leader("g0", header)
@@ -381,6 +401,12 @@ def test_invalid_consumer_group_names(live: Live, cg: str) -> None:
 
 
 # ---------------------------------------------------------------------- unknown things
+
+
+def test_a_consumer_group_that_is_no_string_is_an_invalid_name_in_offsets(live: Live) -> None:
+    with pytest.raises(RequestError) as exc:
+        live.call_leader("g0", {"op": int(Op.OFFSETS), "cg": 5})
+    expect(exc, Code.INVALID_NAME, "invalid group name")
 
 
 def test_unknown_topic(live: Live) -> None:
