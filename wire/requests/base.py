@@ -50,25 +50,24 @@ class WireType:
     def decode(cls, h: Mapping[str, Any]) -> Self:
         """The instance a header describes, each field checked in declaration order."""
         values: dict[str, Any] = {}
-        for f in fields(cls):  # type: ignore[arg-type]
-            kind, check = f.metadata["kind"], f.metadata["check"]
-            if f.name not in h or h[f.name] is None and f.default is None:
-                if f.default is MISSING:
-                    header_field(h, f.name, kind)  # raises: missing
-                values[f.name] = f.default
+        for name, kind, check, default in _plan(cls):
+            if name not in h or h[name] is None and default is None:
+                if default is MISSING:
+                    header_field(h, name, kind)  # raises: missing
+                values[name] = default
                 continue
-            v = header_field(h, f.name, kind)
-            values[f.name] = check(v) if check is not None else v
+            v = header_field(h, name, kind)
+            values[name] = check(v) if check is not None else v
         return cls(**values)
 
     def header(self) -> dict[str, Any]:
         """The header fields to send (those left at their defaults are left out)."""
         out: dict[str, Any] = {}
-        for f in fields(self):  # type: ignore[arg-type]
-            v = getattr(self, f.name)
-            if f.default is not MISSING and v == f.default:
+        for name, _kind, _check, default in _plan(type(self)):
+            v = getattr(self, name)
+            if default is not MISSING and v == default:
                 continue
-            out[f.name] = _plain(v)
+            out[name] = _plain(v)
         return out
 
     def describe(self) -> str:
@@ -84,6 +83,21 @@ class WireType:
             rows.append(f"| `{f.name}` | {_KIND_NAMES[f.metadata['kind']]} | {need} | "
                         f"{f.metadata['doc']} |")
         return rows
+
+
+_Plan = tuple[tuple[str, type, Check | None, Any], ...]
+_PLANS: dict[type, _Plan] = {}
+
+
+def _plan(cls: type[WireType]) -> _Plan:
+    """Each field's name, kind, check and default, read once per type: every request
+    a node serves is decoded with them, and `dataclasses.fields` costs more than the
+    checks themselves."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        plan = _PLANS[cls] = tuple((f.name, f.metadata["kind"], f.metadata["check"],
+                                    f.default) for f in fields(cls))  # type: ignore[arg-type]
+    return plan
 
 
 def _plain(v: Any) -> Any:
