@@ -183,8 +183,8 @@ def test_a_topic_write_of_unknown_outcome_moves_the_admin_on_to_a_new_topic(
     with Recorder(history) as rec:
         workload = Workload("127.0.0.1:1", TOPIC, QUEUES, recorder=rec)
         client = workload._new_process(ADMIN)
-        for f in ("create", "delete"):
-            anyio.run(workload.topic_write, _NoAnswer, client, "g0", f, None)
+        for f, queues in (("create", 1), ("delete", None)):
+            anyio.run(workload.topic_write, _NoAnswer, client, "g0", f, queues)
     assert workload.admin_topic == f"{TOPIC}-admin2"
     lines = [json.loads(line) for line in history.read_text().splitlines()]
     keys = [(e["type"], e["key"]) for e in lines]
