@@ -82,7 +82,8 @@ def horizon(live: LiveCluster) -> int:
 
     def settled() -> int | None:
         firsts = {n: node_status(live.cluster, n, "g0") for n in live.cluster.node_ids}
-        if any(not st for st in firsts.values()):
+        # a replica still applying (or rebuilding its state) may not list the topic yet
+        if any(not st or "t" not in st.get("queues", {}) for st in firsts.values()):
             return None
         los = {st["queues"]["t"][0][0] for st in firsts.values()}
         segs = {n: len(segments(live, n)) for n in firsts}
