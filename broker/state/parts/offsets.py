@@ -55,10 +55,10 @@ class CommitOffsets(ControlRecord):
     def from_map(cls, d: Mapping[str, Any]) -> CommitOffsets:
         items = d.get("offsets")
         if isinstance(items, list):
-            bad = next((it for it in items if not isinstance(it, list)), None)
-            if bad is not None:
+            bad = [it for it in items if not isinstance(it, list)]
+            if bad:  # a null item too: it is no offset item either
                 name_field(validate_group_name, d.get("cg"))  # the first error, as ever
-                raise Refused(Code.MALFORMED, f"bad offset item {bad!r}")
+                raise Refused(Code.MALFORMED, f"bad offset item {bad[0]!r}")
             items = tuple(tuple(it) for it in items)
         return cls(d.get("cg"), items)  # type: ignore[arg-type]
 

@@ -297,6 +297,7 @@ def test_create_topic_is_idempotent_and_conflicts_are_refused() -> None:
         ({"op": "offsets", "cg": "cg", "offsets": [["t", 0, 1], ["t", 0, -1]]}, Code.MALFORMED),
         ({"op": "offsets", "cg": "cg", "offsets": [["t", 0, 1], [1, 0, 1]]}, Code.MALFORMED),
         ({"op": "offsets", "cg": "cg", "offsets": {"t": 1}}, Code.MALFORMED),
+        ({"op": "offsets", "cg": "cg", "offsets": [["t", 0, 1], None]}, Code.MALFORMED),
         ({"op": "retain", "min_index": -1}, Code.MALFORMED),
         ({"op": "retain", "min_index": "3"}, Code.MALFORMED),
         ({"op": "frobnicate"}, Code.MALFORMED),
