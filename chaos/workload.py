@@ -88,7 +88,7 @@ from typing import Any
 
 import trio
 
-from broker.doors.service import MAX_FETCH_BYTES, MAX_FETCH_COUNT
+from broker.doors.reads import MAX_FETCH_BYTES, MAX_FETCH_COUNT
 from raftmq.client import Admin, ClientClosedError, Producer, PullConsumer, TransportError
 from raftmq.client.consumer import commit_offsets, decode_fetch, fetch, query_offset
 from raftmq.client.errors import may_have_applied

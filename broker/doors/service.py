@@ -27,7 +27,7 @@ from broker.doors.consumers import ConsumerRegistry
 from broker.doors.heartbeats import HeartbeatDoor
 from broker.doors.offsets import OffsetDoor
 from broker.doors.produce import ProduceDoor, ProduceHost
-from broker.doors.reads import MAX_FETCH_BYTES, MAX_FETCH_COUNT, ReadDoor
+from broker.doors.reads import ReadDoor
 from broker.doors.refusals import refusal
 from broker.doors.topics import TopicDoor, TopicHost
 from broker.doors.transactions import TxService
@@ -38,9 +38,7 @@ from raftlog.runtime import NotLeader, ProposalDropped, ProposalLost
 from transport.framing import Caller
 from wire.protocol import Code, Frame, Op, RequestError
 
-# MAX_FETCH_*: the fetch limits, which the chaos workload's reads name here
-__all__ = ["CRASH_BEFORE_ANSWER_EXIT", "MAX_FETCH_BYTES", "MAX_FETCH_COUNT", "BrokerHost",
-           "BrokerService"]
+__all__ = ["CRASH_BEFORE_ANSWER_EXIT", "BrokerHost", "BrokerService"]
 
 log = logging.getLogger("raftmq.service")
 
