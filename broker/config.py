@@ -80,6 +80,8 @@ KNOWN_MUTATIONS = frozenset({
     "forget-epochs", "drop-acl-remove",
 })
 
+MAX_DELAY_S = 30 * 24 * 3600.0  # the default longest delay of a delayed message: 30 days
+
 # Port layout of `cluster_configs`: node i listens at base+i, serves metrics at
 # base+100+i, and the name server sits at base+76 (7176 for the default base 7100).
 NAMESRV_PORT_OFFSET = 76
@@ -132,6 +134,9 @@ class NodeConfig:
     register_interval: float = 30.0
     max_message_bytes: int = MAX_MESSAGE_BYTES
     retention_hours: float = 72.0
+    # How far ahead a delayed message may be due (`delay` or `at` in its batch header);
+    # one later is refused (pending messages keep their entries from retention meanwhile)
+    max_delay_s: float = MAX_DELAY_S
     retention_disk_ratio: float = 0.90
     retention_check_interval: float = 60.0  # seconds between retention policy runs
     snapshot_every_entries: int = 100_000  # a group snapshot per this many applied (0: off)
@@ -548,6 +553,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
             d.get("max_message_bytes", MAX_MESSAGE_BYTES), "max_message_bytes", minimum=1
         ),
         retention_hours=_float(d.get("retention_hours", 72.0), "retention_hours"),
+        max_delay_s=_float(d.get("max_delay_s", MAX_DELAY_S), "max_delay_s"),
         retention_disk_ratio=ratio,
         retention_check_interval=_float(
             d.get("retention_check_interval", 60.0), "retention_check_interval"

@@ -17,10 +17,14 @@ batch's outcome.
 
     batch   := "RB" u8 version u8 flags u16 header_len header records
     header  := msgpack map {topic: str, queue: int, pid: int, seq: int, n: int,
-               tx?: [tid: str, epoch: int, n: int], half?: [txid: str, producer_group: str]}
+               tx?: [tid: str, epoch: int, n: int], half?: [txid: str, producer_group: str],
+               delay?: int, at?: int}
                pid/seq are 0/-1 for a producer without idempotence; `tx` (a transaction's
                batch) or `half` (a half message), never both, make it a prepared batch
-               (`broker.state.parts.txpart`); an ordinary batch has neither
+               (`broker.state.parts.txpart`); an ordinary batch has neither. `delay`
+               (ms after the store time) or `at` (ms since the epoch), never both, make
+               it a delayed batch: its messages enter their queue when due
+               (`broker.state.parts.timers`)
     record  := u32 size u64 born_ms u16 key_len u16 tags_len u32 props_len u32 body_len
                key tags props body            (size counts the whole record)
                props is a msgpack map of str -> str, or empty
@@ -43,6 +47,7 @@ import msgpack
 from wire.protocol import MAX_MESSAGE_BYTES, Code, RequestError, validate_group_name
 
 __all__ = [
+    "MAX_DUE_MS",
     "MAX_KEY_BYTES",
     "MAX_PROPERTIES_BYTES",
     "MAX_TAGS_BYTES",
@@ -62,6 +67,7 @@ __all__ = [
     "message_id",
     "parse_message_id",
     "tag_hash",
+    "validate_due",
     "validate_half",
     "validate_tx",
     "walk_batch",
@@ -75,6 +81,9 @@ MAX_TID_CHARS = 255  # a transactional id or half-message txid
 MAX_KEY_BYTES = 1024
 MAX_TAGS_BYTES = 255
 MAX_PROPERTIES_BYTES = 32 << 10
+# The largest `delay`/`at` a stored header may carry (year 2255 as a time); a node takes
+# delays up to its own configured maximum (`broker.config.NodeConfig.max_delay_s`).
+MAX_DUE_MS = 1 << 43
 
 MAGIC = b"RB"
 VERSION = 1
@@ -96,11 +105,22 @@ class BatchHeader:
     n: int = 0
     tx: tuple[str, int, int] | None = None  # (transactional id, epoch, transaction number)
     half: tuple[str, str] | None = None  # (txid, producer group) of a half message
+    delay_ms: int = 0  # due this long after the store time (0: not delayed this way)
+    deliver_ms: int = 0  # due at this time, ms since the epoch (0: not delayed this way)
 
     @property
     def prepared(self) -> bool:
         """A batch of a transaction or a half message: held until decided."""
         return self.tx is not None or self.half is not None
+
+    @property
+    def delayed(self) -> bool:
+        """A batch whose messages enter their queue when due, not when stored."""
+        return self.delay_ms > 0 or self.deliver_ms > 0
+
+    def due_ms(self, store_ms: int) -> int:
+        """When a delayed batch stored at `store_ms` falls due."""
+        return store_ms + self.delay_ms if self.delay_ms else self.deliver_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,11 +239,14 @@ def encode_batch(
     born_ms: int = 0,
     tx: tuple[str, int, int] | None = None,
     half: tuple[str, str] | None = None,
+    delay_ms: int = 0,
+    deliver_ms: int = 0,
 ) -> EncodedBatch:
     """The batch's bytes; `.starts` on them says where each record will sit in the
     stored entry. `tx` (tid, epoch, n) or `half` (txid, producer group) make it a
-    prepared batch (RequestError MALFORMED if invalid, or both are given)."""
-    if tx is None and half is None:
+    prepared batch (RequestError MALFORMED if invalid, or both are given); `delay_ms`
+    (after the store time) or `deliver_ms` (since the epoch) a delayed one."""
+    if tx is None and half is None and not delay_ms and not deliver_ms:
         header = _HEADER_PACKER.pack(
             {"topic": topic, "queue": queue, "pid": pid, "seq": seq, "n": len(messages)})
     else:
@@ -235,6 +258,12 @@ def encode_batch(
             h["tx"] = list(validate_tx(list(tx)))
         if half is not None:
             h["half"] = list(validate_half(list(half)))
+        if delay_ms and deliver_ms:
+            raise _bad("a batch is delayed either by a delay or to a time, not both")
+        if delay_ms:
+            h["delay"] = validate_due("delay", delay_ms)
+        if deliver_ms:
+            h["at"] = validate_due("at", deliver_ms)
         header = _HEADER_PACKER.pack(h)
     pos = STORED_PREFIX.size + _BATCH_PREFIX.size + len(header)
     if len(messages) == 1 and type(messages[0]) is bytes:
@@ -512,7 +541,7 @@ def _header(h: dict[str, Any]) -> BatchHeader:
     if (type(topic) is str and topic and type(queue) is int and type(pid) is int  # noqa: E721
             and type(seq) is int and type(n) is int  # noqa: E721
             and queue >= 0 and n >= 1 and pid >= 0 and seq >= -1 and (seq >= 0 or not pid)):
-        if "tx" not in h and "half" not in h:
+        if "tx" not in h and "half" not in h and "delay" not in h and "at" not in h:
             return BatchHeader(topic, queue, pid, seq, n)
         return _prepared_header(h, BatchHeader(topic, queue, pid, seq, n))
     if not isinstance(topic, str) or not topic:
@@ -531,8 +560,25 @@ def _header(h: dict[str, Any]) -> BatchHeader:
     return _prepared_header(h, BatchHeader(topic, queue, pid, seq, n))
 
 
+def validate_due(name: str, v: object) -> int:
+    """A header's `delay` or `at` value (ms): an integer in 1..MAX_DUE_MS, else MALFORMED.
+    (How far ahead a node accepts is its own limit, checked where a batch comes in.)"""
+    if type(v) is not int or not 0 < v <= MAX_DUE_MS:  # noqa: E721  (bool: refused)
+        raise _bad(f"{name} must be an integer number of ms in 1..{MAX_DUE_MS}, got {v!r}")
+    return v
+
+
 def _prepared_header(h: dict[str, Any], header: BatchHeader) -> BatchHeader:
-    """`header` with the `tx` or `half` field of `h` (MALFORMED if both, or bad)."""
+    """`header` with the `tx` or `half` field of `h` (MALFORMED if both, or bad), and
+    its `delay` or `at` field."""
+    if "delay" in h or "at" in h:
+        delay, at = h.get("delay"), h.get("at")
+        if delay is not None and at is not None:
+            raise _bad("a batch is delayed either by a delay or to a time, not both")
+        if delay is not None:
+            header = replace(header, delay_ms=validate_due("delay", delay))
+        elif at is not None:
+            header = replace(header, deliver_ms=validate_due("at", at))
     tx, half = h.get("tx"), h.get("half")
     if tx is None and half is None:
         return header

@@ -101,7 +101,9 @@ class ProduceDoor:
         max_bytes = self.host.config.max_message_bytes
         draft = g.draft(STORED_PREFIX.size + sum(len(b) for b in bodies))
         data = draft.data
-        STORED_PREFIX.pack_into(data, 0, int(time.time() * 1000))
+        now_ms = int(time.time() * 1000)
+        STORED_PREFIX.pack_into(data, 0, now_ms)
+        max_delay_ms = int(self.host.config.max_delay_s * 1000)
         walks: list[tuple[BatchHeader, list[RecordRef]]] = []
         slots: list[int] = []  # request position of each batch in the entry
         spans: list[tuple[int, int]] = []  # its place in the entry's data
@@ -113,6 +115,8 @@ class ProduceDoor:
             try:
                 header, refs = walk_batch(data[:end], pos, max_bytes, check_properties=True)
                 validate_topic_name(header.topic)
+                if header.delayed:
+                    check_delay(header, now_ms, max_delay_ms)
                 try:
                     state.queue_range(header.topic, header.queue)
                 except RequestError as exc:  # UNKNOWN_TOPIC / UNKNOWN_QUEUE
@@ -200,3 +204,15 @@ class ProduceDoor:
         stored_bytes.inc(nbytes)
         for _ in range(batches):
             latency.observe(latency_s)
+
+
+def check_delay(header: BatchHeader, now_ms: int, max_delay_ms: int) -> None:
+    """Refuse a delayed batch due further ahead than this node takes (MALFORMED, never
+    "deliver now"). A time already past is due at once: a producer's clock a little
+    ahead of the leader's must not fail its sends."""
+    ahead = header.delay_ms or header.deliver_ms - now_ms
+    if ahead > max_delay_ms:
+        what = (f"a delay of {header.delay_ms} ms" if header.delay_ms
+                else f"a delivery time {ahead} ms ahead")
+        raise RequestError(Code.MALFORMED, f"{what} is beyond this cluster's maximum delay "
+                                           f"of {max_delay_ms} ms (max_delay_s)")

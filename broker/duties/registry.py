@@ -26,6 +26,7 @@ import trio
 
 from broker.duties.base import Duty, DutyHost
 from broker.duties.retention import Retention
+from broker.duties.timers import DelayedDelivery
 from broker.duties.transactions import TxTasks
 from broker.state.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime, NotLeader, ProposalDropped, ProposalLost
@@ -35,7 +36,7 @@ __all__ = ["DUTIES", "RECHECK_S", "RESTART_PAUSE_S", "LeaderDuties"]
 log = logging.getLogger("raftmq.duties")
 
 #: Every leader-side duty, in the order they start in a group.
-DUTIES: tuple[type[Duty], ...] = (TxTasks, Retention)
+DUTIES: tuple[type[Duty], ...] = (TxTasks, Retention, DelayedDelivery)
 
 RECHECK_S = 1.0  # leaderships are looked at this often even without a role change
 RESTART_PAUSE_S = 1.0  # a duty that failed runs again after this

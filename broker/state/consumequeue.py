@@ -172,8 +172,13 @@ class ConsumeQueue:
 
     def _note_late(self, offset: int, n: int, index: int, top: int) -> None:
         last = self._late[-1] if self._late else None
-        if last is not None and last[1] == offset and last[2:] == [index, top]:
-            last[1] += n  # the same batch, or one more record of it
+        if last is not None and last[1] == offset and last[3] == top:
+            # the same batch, one more record of it, or another late one right after
+            # it (delayed messages falling due together): one run, whose lowest index
+            # is the one a retention cut must not pass while keeping `top`
+            last[1] += n
+            if index < last[2]:
+                last[2] = index
         else:
             self._late.append([offset, offset + n, index, top])
             self._late_first.append(offset)

@@ -24,6 +24,8 @@ state, its control records, their apply handlers, its queries and its snapshot s
   (tx_offsets, tx_marker, half_end, half_checked);
 - `TxCoordinator`: the Kafka-style transactions this group coordinates (tx_init, tx_add,
   tx_end, tx_complete);
+- `Moves`: the internal produce path, a stored message put into another queue (move);
+- `Timers`: delayed messages pending until due (deliver_due);
 - `Users`: client credentials (SCRAM verifiers) in the metadata group (user_put, user_del).
 - `Acls`: who may publish/subscribe/administer what, in the metadata group (acl_add,
   acl_remove).
@@ -93,6 +95,7 @@ from broker.state.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.state.parts.producers import DEDUP_WINDOW, Producers
 from broker.state.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
 from broker.state.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests
+from broker.state.parts.timers import DeliverDue, Timers
 from broker.state.parts.txcoord import TxCoordinator
 from broker.state.parts.txpart import TxParticipant
 from broker.state.parts.users import Users
@@ -122,6 +125,7 @@ __all__ = [
     "CommitOffsets",
     "ControlResult",
     "CreateTopic",
+    "DeliverDue",
     "DeleteGroup",
     "DeleteTopic",
     "ErrorResult",
@@ -143,7 +147,8 @@ __all__ = [
 
 #: The parts, in the order they hear broadcasts and appear in snapshots.
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
-                                 Leadership, TxParticipant, TxCoordinator, Users, Acls, Moves)
+                                 Leadership, TxParticipant, TxCoordinator, Users, Acls, Moves,
+                                 Timers)
 #: The test mutations the state machine itself carries out (see `broker.config`).
 STATE_MUTATIONS = frozenset({"serve-prepared", "no-fencing", "forget-epochs",
                              "drop-acl-remove"})
@@ -232,6 +237,7 @@ class BrokerState:
         self.txpart = self.part(TxParticipant)
         self.txcoord = self.part(TxCoordinator)
         self.moves = self.part(Moves)
+        self.timers = self.part(Timers)
         self._dispatch: dict[str, tuple[type[ControlRecord], Handler]] = {}
         for part in self.parts:
             handlers = part.handlers()
@@ -265,9 +271,11 @@ class BrokerState:
         return self.horizon.retained_index
 
     def pinned_index(self) -> int | None:
-        """The lowest Raft index still holding undecided prepared data (None: none):
-        retention must not delete it (`broker.duties.retention` keeps its limit below)."""
-        return self.txpart.pinned_index()
+        """The lowest Raft index still holding undecided prepared data or a delayed message
+        not yet due (None: none): retention must not delete it (`broker.duties.retention` keeps its limit below)."""
+        pins = [i for i in (self.txpart.pinned_index(), self.timers.pinned_index())
+                if i is not None]
+        return min(pins) if pins else None
 
     def retention_gaps(self) -> list[tuple[int, int]]:
         """The (lo, hi] ranges a retention cut must not fall in: each queue's late

@@ -250,10 +250,11 @@ class BlockingProducer(_Blocking[Producer]):
         self._call(self._client.send_oneway, topic, message, **kwargs)
 
     def send_batch(
-        self, topic: str, messages: Sequence[OutgoingMessage | bytes | str], *,
-        queue: int | None = None,
+        self, topic: str, messages: Sequence[OutgoingMessage | bytes | str], **kwargs: Any,
     ) -> list[SendResult]:
-        return self._call(self._client.send_batch, topic, messages, queue=queue)
+        """Send messages and wait for every acknowledgement (`Producer.send_batch`: its
+        keywords, `queue` and the delays, are the same)."""
+        return self._call(self._client.send_batch, topic, messages, **kwargs)
 
     def flush(self) -> None:
         self._call(self._client.flush)
@@ -313,9 +314,9 @@ class BlockingTransaction:
              **kwargs: Any) -> SendResult:
         return self._owner._call(self.tx.send, topic, message, **kwargs)
 
-    def send_batch(self, topic: str, messages: Sequence[OutgoingMessage | bytes | str], *,
-                   queue: int | None = None) -> list[SendResult]:
-        return self._owner._call(self.tx.send_batch, topic, messages, queue=queue)
+    def send_batch(self, topic: str, messages: Sequence[OutgoingMessage | bytes | str],
+                   **kwargs: Any) -> list[SendResult]:
+        return self._owner._call(self.tx.send_batch, topic, messages, **kwargs)
 
     def send_offsets(self, consumer_group: str, offsets: Mapping[tuple[str, int], int]) -> None:
         self._owner._call(self.tx.send_offsets, consumer_group, offsets)

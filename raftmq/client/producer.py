@@ -50,6 +50,7 @@ from collections.abc import (
 )
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, replace
+from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
@@ -78,6 +79,7 @@ from wire.records import (
 from wire.requests import ProduceRequest
 
 from .accumulator import BatchAccumulator, GroupAccumulator, QueueBuffer
+from .delays import NO_DUE, Due, due_fields
 from .errors import (
     OutcomeUnknownError,
     TransactionError,
@@ -154,7 +156,7 @@ max.in.flight.requests.per.connection is 5): each carries every batch of that gr
 when it leaves, so batches for thousands of queues share a few requests."""
 MAX_REDIRECTS = 5  # redirects to a newer leader one batch follows without counting them
 
-QueueKey = tuple[str, int, bool]
+QueueKey = tuple[str, int, bool, Due]  # topic, queue, movable, when due
 """A stream of batches: (topic, queue, movable). Sends that may move to another queue
 on a retry (keyless round robin of a plain producer) never share a batch with sends
 that must stay."""
@@ -590,13 +592,13 @@ class SendPath:
     async def send_one(self, topic: str, msg: Payload, queue: int | None,
                        fut: SendFuture[SendResult], *,
                        joining: Callable[[TopicRoute, int], Awaitable[None]] | None = None,
-                       ) -> None:
+                       due: Due = NO_DUE) -> None:
         """The producer's send of one message (see `Producer._send_one`)."""
-        await self._p._send_one(topic, msg, queue, fut, joining=joining)
+        await self._p._send_one(topic, msg, queue, fut, joining=joining, due=due)
 
     async def send_batch(self, topic: str, q: int, msgs: list[Payload],
                          track: Callable[[SendFuture[list[SendResult]]], None],
-                         ) -> list[SendFuture[list[SendResult]]]:
+                         due: Due = NO_DUE) -> list[SendFuture[list[SendResult]]]:
         """Hand `msgs` (checked) to queue `q`, in as many batches as the size limits
         make; one future per batch, each given to `track` before its batch goes."""
         p = self._p
@@ -606,7 +608,7 @@ class SendPath:
             futs.append(fut)
             track(fut)
             await p._enqueue(topic, q, False, PendingSend(chunk, size, fut, False,
-                                                          p._on_settled))
+                                                          p._on_settled), due=due)
         return futs
 
 
@@ -800,16 +802,23 @@ class Producer(StartClose):
         tags: str | None = None,
         properties: dict[str, str] | None = None,
         queue: int | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        delay_level: int | None = None,
     ) -> SendResult:
         """Send and wait for the acknowledgement (the message is committed in its group).
 
         Returns or raises within `delivery_timeout`: past it, `OutcomeUnknownError` once
         the producer held the message (it may still be stored), `UnavailableError` when
-        it never did (no route, or no room: nothing was sent)."""
+        it never did (no route, or no room: nothing was sent). `delay` (seconds after it
+        is stored), `deliver_at` (an aware datetime or epoch seconds) or `delay_level`
+        (1..18, RocketMQ's) make it a delayed message (`raftmq.client.delays`): stored
+        now, in its queue when due (its result's offset is then -1)."""
         fut: SendFuture[SendResult] | None = None
         with anyio.move_on_after(self.delivery_timeout):
             fut = await self.send_async(
-                topic, message, key=key, tags=tags, properties=properties, queue=queue
+                topic, message, key=key, tags=tags, properties=properties, queue=queue,
+                delay=delay, deliver_at=deliver_at, delay_level=delay_level,
             )
             return await fut
         if fut is not None and fut.done():
@@ -837,6 +846,9 @@ class Producer(StartClose):
         properties: dict[str, str] | None = None,
         queue: int | None = None,
         callback: Callable[[SendFuture[SendResult]], Any] | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        delay_level: int | None = None,
     ) -> SendFuture[SendResult]:
         """Hand the message over and return at once with a future of its `SendResult`.
 
@@ -846,23 +858,26 @@ class Producer(StartClose):
         """
         if self._txn is not None:
             self._not_transactional()
+        due = due_fields(delay, deliver_at, delay_level)
         fut: SendFuture[SendResult] = SendFuture()
         if callback is not None:
             fut.add_done_callback(callback)
         with anyio.move_on_after(self.delivery_timeout):
             await self._send_one(topic, as_payload(message, key=key, tags=tags,
-                                                   properties=properties), queue, fut)
+                                                   properties=properties), queue, fut,
+                                 due=due)
             return fut
         raise self._expired(topic, handed_over=False)
 
     async def _send_one(self, topic: str, msg: Payload, queue: int | None,
                         fut: SendFuture[SendResult], *,
                         joining: Callable[[TopicRoute, int], Awaitable[None]] | None = None,
-                        ) -> None:
+                        due: Due = NO_DUE) -> None:
         """Check a message, choose its queue and hand it over, to complete `fut`: the one
         way a single send goes, plain or within a transaction. A transaction's send
         (`joining`, awaited once the queue is chosen) stays on its queue: a retry may not
-        move it to another group the transaction has not joined."""
+        move it to another group the transaction has not joined. `due`: when a delayed
+        message falls due (`raftmq.client.delays`)."""
         check_message(msg, self.max_message_bytes)
         route, q, movable = await self._choose_queue(topic, msg, queue)
         if joining is not None:
@@ -870,7 +885,7 @@ class Producer(StartClose):
             movable = False
         await self._enqueue(
             topic, q, movable, PendingSend([msg], record_size(msg), fut, True, self._on_settled),
-            route,
+            route, due,
         )
 
     async def send_oneway(
@@ -882,11 +897,15 @@ class Producer(StartClose):
         tags: str | None = None,
         properties: dict[str, str] | None = None,
         queue: int | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        delay_level: int | None = None,
     ) -> None:
         """Fire and forget: no acknowledgement is awaited and failures are only logged."""
         await self.send_async(
             topic, message, key=key, tags=tags, properties=properties, queue=queue,
-            callback=_log_oneway_failure,
+            callback=_log_oneway_failure, delay=delay, deliver_at=deliver_at,
+            delay_level=delay_level,
         )
 
     async def send_batch(
@@ -895,6 +914,9 @@ class Producer(StartClose):
         messages: Sequence[OutgoingMessage | bytes | str],
         *,
         queue: int | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        delay_level: int | None = None,
     ) -> list[SendResult]:
         """Send messages and wait for all acknowledgements; results in the order given.
 
@@ -904,10 +926,12 @@ class Producer(StartClose):
         messages bound for one queue keep their order and go in one PRODUCE request
         (atomically) while within the batch bounds (`batch_max_messages`,
         `batch_max_bytes`); more are split into several requests, each atomic on its own,
-        and a batch over several queues is atomic per request only.
+        and a batch over several queues is atomic per request only. A delay applies to
+        every message of the batch (see `send`).
         """
         if self._txn is not None:
             self._not_transactional()
+        due = due_fields(delay, deliver_at, delay_level)
         msgs = [as_payload(m) for m in messages]
         if not msgs:
             return []
@@ -915,14 +939,14 @@ class Producer(StartClose):
             check_message(m, self.max_message_bytes)
         futs: list[tuple[list[int], SendFuture[list[SendResult]]]] = []
         with anyio.move_on_after(self.delivery_timeout):
-            return await self._send_batch(topic, msgs, queue, futs)
+            return await self._send_batch(topic, msgs, queue, futs, due)
         if futs and all(f.done() for _, f in futs):
             return await self._send_batch_results(len(msgs), futs)
         raise self._expired(topic, handed_over=bool(futs))
 
     async def _send_batch(
         self, topic: str, msgs: list[Payload], queue: int | None,
-        futs: list[tuple[list[int], SendFuture[list[SendResult]]]],
+        futs: list[tuple[list[int], SendFuture[list[SendResult]]]], due: Due = NO_DUE,
     ) -> list[SendResult]:
         """`send_batch` within its bound; `futs` collects the sends handed over."""
         plan: dict[tuple[int, bool], list[int]] = {}
@@ -943,7 +967,8 @@ class Producer(StartClose):
                 futs.append((indexes[done:done + len(chunk)], fut))
                 done += len(chunk)
                 await self._enqueue(topic, q, movable,
-                                    PendingSend(chunk, size, fut, False, self._on_settled))
+                                    PendingSend(chunk, size, fut, False, self._on_settled),
+                                    due=due)
         return await self._send_batch_results(len(msgs), futs)
 
     @staticmethod
@@ -1092,7 +1117,7 @@ class Producer(StartClose):
         make N batches of 1/N the size, and each batch costs the group a Raft entry."""
         q = self._sticky.get(route.topic)
         if q is not None and not self._faults and q < route.total:
-            qb = self._queues.get((route.topic, q, movable))
+            qb = self._queues.get((route.topic, q, movable, NO_DUE))
             if qb is not None and qb.pending and not qb.full:
                 return q
         q = self._round_robin(route)
@@ -1120,7 +1145,7 @@ class Producer(StartClose):
         return q
 
     async def _enqueue(self, topic: str, queue: int, movable: bool, send: PendingSend,
-                       route: TopicRoute | None = None) -> None:
+                       route: TopicRoute | None = None, due: Due = NO_DUE) -> None:
         """Take a place in the pending window (waiting only when it is full) and hand the
         send to its queue's place in the accumulator of the queue's group. `route` is the
         topic's route the caller just used, if any: it places a new queue without a second
@@ -1136,7 +1161,7 @@ class Producer(StartClose):
         self._outstanding += 1
         now = clock()
         send.deadline = now + self.delivery_timeout
-        key = (topic, queue, movable)
+        key = (topic, queue, movable, due)  # sends due at another time: another batch
         qb = self._queues.get(key)
         if qb is None:
             qb = self._queues[key] = self._new_queue(key, route)
@@ -1176,7 +1201,7 @@ class Producer(StartClose):
     async def _find_group(self, qb: _Queue) -> None:
         """Learn the group of a queue its route did not place (a gap while its group's
         registration lapsed), then let it send; its sends fail if that never works out."""
-        topic, queue, _ = qb.key
+        topic, queue = qb.key[:2]
         attempt = 0
         while True:
             try:
@@ -1246,7 +1271,7 @@ class Producer(StartClose):
             qb = taken.queue
             queues.append(qb)
             batches += taken.formed
-            topic, queue, movable = qb.key
+            topic, queue, movable, (delay_ms, deliver_ms) = qb.key
             for sends in taken.new:
                 if sends[0].deadline <= now:  # the oldest first: expired ones lead
                     sends = self._expire(topic, sends, now)
@@ -1260,7 +1285,8 @@ class Producer(StartClose):
                     pid, seq = state.pid, state.next_seq
                     state.next_seq += 1
                 data = encode_batch(topic, queue, msgs, pid=pid, seq=seq, born_ms=born,
-                                    tx=self._tx_stamp)  # the open transaction's, if any
+                                    tx=self._tx_stamp,  # the open transaction's, if any
+                                    delay_ms=delay_ms, deliver_ms=deliver_ms)
                 batches.append(_Batch(qb, topic, queue, movable, sends, msgs, data, born,
                                       sends[0].deadline))  # the oldest send's
         if not batches:  # all expired: nothing to send, the queues are free again
@@ -1475,8 +1501,10 @@ class Producer(StartClose):
         """A movable batch goes to `queue` of its topic (another group's, as a rule): it
         is encoded for that queue and waits there behind the batches made before it."""
         b.queue = queue
-        b.data = encode_batch(b.topic, queue, b.messages, born_ms=b.born)
-        key = (b.topic, queue, True)
+        due = b.qb.key[3]
+        b.data = encode_batch(b.topic, queue, b.messages, born_ms=b.born, delay_ms=due[0],
+                              deliver_ms=due[1])
+        key = (b.topic, queue, True, due)
         qb = self._queues.get(key)
         if qb is None:
             qb = self._queues[key] = self._new_queue(key)
@@ -1489,7 +1517,7 @@ class Producer(StartClose):
 
     async def _rehome(self, qb: _Queue) -> None:
         """A held queue the route now places in another group moves there."""
-        topic, queue, _ = qb.key
+        topic, queue = qb.key[:2]
         try:
             group = await self._check_open().group_of(topic, queue)
         except RequestError:
@@ -1528,7 +1556,9 @@ class Producer(StartClose):
         if n != len(ids):
             raise RequestError(Code.MALFORMED, f"PRODUCE stored {n} of {len(ids)} messages")
         if base < 0:
-            if self._txn is not None and index >= 0:  # prepared: in no queue yet
+            if index >= 0 and (self._txn is not None or not dup):
+                # prepared or delayed: stored, in no queue yet (a duplicate outside a
+                # transaction with base -1 is one too old to say where it went)
                 return [SendResult(mid, topic, queue, -1, group, dup) for mid in ids]
             return [SendResult(None, topic, queue, -1, group, dup) for _ in ids]
         return [SendResult(mid, topic, queue, base + i, group, dup) for i, mid in enumerate(ids)]

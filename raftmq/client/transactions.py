@@ -32,6 +32,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from typing import Any, Literal, NoReturn
 
@@ -56,6 +57,7 @@ from wire.requests.transactions import (
 )
 from wire.txn import coordinator_group
 
+from .delays import due_fields
 from .errors import (
     OutcomeUnknownError,
     ProducerFencedError,
@@ -479,10 +481,15 @@ class Transaction:
         tags: str | None = None,
         properties: dict[str, str] | None = None,
         queue: int | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        delay_level: int | None = None,
     ) -> SendFuture[SendResult]:
         """Hand a message to the transaction; the future completes when it is stored
-        (invisible until the commit: its `offset` is -1)."""
+        (invisible until the commit: its `offset` is -1). A delay (as `Producer.send`)
+        counts from when it is stored; committed, it enters its queue when due."""
         self._check_open()
+        due = due_fields(delay, deliver_at, delay_level)
         fut: SendFuture[SendResult] = SendFuture()
 
         async def joining(route: TopicRoute, q: int) -> None:
@@ -492,7 +499,7 @@ class Transaction:
 
         await self.sender.send_one(
             topic, as_payload(message, key=key, tags=tags, properties=properties), queue, fut,
-            joining=joining)
+            joining=joining, due=due)
         return fut
 
     async def send(
@@ -504,10 +511,14 @@ class Transaction:
         tags: str | None = None,
         properties: dict[str, str] | None = None,
         queue: int | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        delay_level: int | None = None,
     ) -> SendResult:
         """Send within the transaction and wait until the message is stored (prepared)."""
         fut = await self.send_async(topic, message, key=key, tags=tags,
-                                    properties=properties, queue=queue)
+                                    properties=properties, queue=queue, delay=delay,
+                                    deliver_at=deliver_at, delay_level=delay_level)
         try:
             return await fut
         except RequestError as exc:
@@ -519,10 +530,14 @@ class Transaction:
         messages: Sequence[OutgoingMessage | bytes | str],
         *,
         queue: int | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        delay_level: int | None = None,
     ) -> list[SendResult]:
         """Send messages to one queue within the transaction (as `Producer.send_batch`)
         and wait until they are stored."""
         self._check_open()
+        due = due_fields(delay, deliver_at, delay_level)
         p = self.producer
         msgs = [as_payload(m) for m in messages]
         if not msgs:
@@ -532,7 +547,7 @@ class Transaction:
         route, q, _ = await self.sender.choose_queue(topic, msgs[0], queue)
         await self._join(route.group_of(q) or await self._group_of(topic, q), wait=False)
         self._check_open()
-        futs = await self.sender.send_batch(topic, q, msgs, self._futures.append)
+        futs = await self.sender.send_batch(topic, q, msgs, self._futures.append, due)
         results: list[SendResult] = []
         try:
             for fut in futs:

@@ -5,22 +5,26 @@ again. The body is the MESSAGE argument, or read from stdin (`-`) or a file (`--
 whole (any bytes, any size up to the message limit: no "argument list too long") or one
 message per line (`--lines`). With `--count` the messages go through `send_async` so the
 producer batches them per queue the way an application would, and only a summary is
-printed.
+printed. `--delay`, `--delay-level` or `--deliver-at` make them delayed messages: stored
+now, in their queue when due.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
+from datetime import datetime
 from typing import Any
 
 from raftmq.client import Producer, SendFuture, SendResult
+from raftmq.client.delays import DELAY_LEVELS, due_fields
 
 from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
 
-__all__ = ["generated_body", "main"]
+__all__ = ["generated_body", "main", "parse_duration"]
 
 PROG = "raftmq send"
 
@@ -41,6 +45,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, metavar="N", help="send N generated messages")
     p.add_argument("--size", type=int, default=100, metavar="B",
                    help="body bytes of generated messages (default %(default)s)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=parse_duration, metavar="DURATION",
+                      help="deliver this long after it is stored: 250ms, 10s, 5m, 2h, 1d "
+                           "(plain numbers are seconds)")
+    when.add_argument("--delay-level", type=int, metavar="N",
+                      help=f"RocketMQ's delay level 1..{len(DELAY_LEVELS)} "
+                           "(1s 5s 10s 30s 1m 2m ... 2h)")
+    when.add_argument("--deliver-at", type=_parse_time, metavar="TIME",
+                      help="deliver at this ISO 8601 time (without a zone: local time)")
     p.add_argument("--idempotent", action="store_true",
                    help="producer id + sequence numbers: a retried batch is stored once")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -53,6 +66,31 @@ def generated_body(i: int, size: int) -> bytes:
     message is distinct and a consumer can check for loss or duplicates."""
     head = f"{i:010d}".encode()
     return head[:size] if size <= len(head) else head + b"x" * (size - len(head))
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """'250ms', '10s', '1.5m', '2h', '1d' or plain seconds, as seconds (argparse type)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*", text)
+    if m is None:
+        raise argparse.ArgumentTypeError(
+            f"not a duration: {text!r} (a number with ms, s, m, h or d)")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def _parse_time(text: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text).astimezone()  # a naive time is local time
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+
+
+def _delays(args: argparse.Namespace) -> dict[str, Any]:
+    """The send keywords of --delay, --delay-level or --deliver-at."""
+    return {"delay": args.delay, "delay_level": args.delay_level,
+            "deliver_at": args.deliver_at}
 
 
 def _result_dict(r: SendResult) -> dict[str, Any]:
@@ -86,8 +124,10 @@ def _print_result(args: argparse.Namespace, result: SendResult) -> None:
     if args.json:
         print_json(_result_dict(result))
     else:
+        where = (f"offset {result.offset}" if result.offset >= 0
+                 else "delayed: it gets its offset when due")
         print(f"sent {result.msg_id} to {result.topic} queue {result.queue} "
-              f"offset {result.offset} (group {result.group})")
+              f"{where} (group {result.group})")
 
 
 async def _send_one(args: argparse.Namespace, namesrv: list[str]) -> int:
@@ -98,9 +138,10 @@ async def _send_one(args: argparse.Namespace, namesrv: list[str]) -> int:
     async with _producer(args, namesrv) as producer:
         if len(bodies) == 1:
             _print_result(args, await producer.send(args.topic, bodies[0], key=args.key,
-                                                    tags=args.tags))
+                                                    tags=args.tags, **_delays(args)))
             return 0
-        futures = [await producer.send_async(args.topic, b, key=args.key, tags=args.tags)
+        futures = [await producer.send_async(args.topic, b, key=args.key, tags=args.tags,
+                                             **_delays(args))
                    for b in bodies]
         for fut in futures:  # in input order; the first failure ends the command
             _print_result(args, await fut)
@@ -126,7 +167,7 @@ async def _send_many(args: argparse.Namespace, namesrv: list[str]) -> int:
     async with _producer(args, namesrv) as producer:
         for i in range(args.count):
             await producer.send_async(args.topic, generated_body(i, args.size), key=args.key,
-                                      tags=args.tags, callback=done)
+                                      tags=args.tags, callback=done, **_delays(args))
         await producer.flush()
     seconds = time.perf_counter() - started
     summary = {
@@ -163,6 +204,10 @@ def main(argv: list[str]) -> int:
         parser.error("--count must be at least 1")
     if args.size < 0:
         parser.error("--size must not be negative")
+    try:
+        due_fields(**_delays(args))
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
     namesrv = namesrv_addresses(parser, args.namesrv)
     action = _send_one if args.count is None else _send_many
 

@@ -349,6 +349,7 @@ class PreparedBatch:
     index: int  # Raft index of the MESSAGES entry holding it
     store_ms: int
     refs: tuple[RecordRef, ...]
+    due_ms: int = 0  # a delayed batch: when its messages enter the queue once committed
 
 
 @dataclass(slots=True)
@@ -521,7 +522,8 @@ class TxParticipant(Part):
             if header.half is not None:
                 self._halves_of[pg] = self._halves_of.get(pg, 0) + 1
         p.batches.append(PreparedBatch(header.topic, header.queue, index, store_ms,
-                                       tuple(refs)))
+                                       tuple(refs),
+                                       header.due_ms(store_ms) if header.delayed else 0))
         p.messages += len(refs)
         p.bytes += nbytes
         if self.serve_prepared:  # test mutation: consumers see it before any decision
@@ -623,6 +625,10 @@ class TxParticipant(Part):
             queues = self.state.queues
             for b in p.batches:
                 if self.serve_prepared:  # already in the queue since prepare
+                    applied += len(b.refs)
+                elif queues.hosts(b.topic, b.queue) and b.due_ms:  # delayed: pending
+                    self.state.timers.hold(b.topic, b.queue, list(b.refs), b.index,
+                                           b.store_ms, b.due_ms)
                     applied += len(b.refs)
                 elif queues.hosts(b.topic, b.queue):
                     queues.append(b.topic, b.queue, b.index, b.refs, b.store_ms)
@@ -819,7 +825,7 @@ class TxParticipant(Part):
             prepared.append([
                 list(key),
                 [[b.topic, b.queue, b.index, b.store_ms, [list(r) for r in b.refs]]
-                 for b in p.batches],
+                 + ([b.due_ms] if b.due_ms else []) for b in p.batches],
                 [list(o) for o in p.offsets],
                 p.first_index, p.prepared_ms, p.producer_group, p.checks, p.last_check_ms,
             ])
@@ -837,11 +843,12 @@ class TxParticipant(Part):
             k = _key(key)
             p = Prepared(int(first), int(pms), str(pg), checks=int(checks),
                          last_check_ms=int(last))
-            for t, q, index, sms, refs in batches:
+            for t, q, index, sms, refs, *due in batches:
                 rr = tuple(RecordRef(int(s), int(z), str(kk), int(h)) for s, z, kk, h in refs)
                 if not rr:
                     raise ValueError("a prepared batch without records")
-                p.batches.append(PreparedBatch(str(t), int(q), int(index), int(sms), rr))
+                p.batches.append(PreparedBatch(str(t), int(q), int(index), int(sms), rr,
+                                               int(due[0]) if due else 0))
                 p.messages += len(rr)
                 p.bytes += _batch_bytes(rr)
             for cg, t, q, o in offsets:
