@@ -19,7 +19,7 @@ import time
 import trio
 
 from broker.duties.base import Duty, DutyHost
-from broker.state.parts.timers import DeliverDue
+from broker.state.parts.timers import DeliverDue, ForgetPending
 from raftlog.types import EntryType
 
 __all__ = ["DelayedDelivery", "MOVE_LIMIT"]
@@ -38,6 +38,9 @@ class DelayedDelivery(Duty):
         self.groups = host.registry
 
     async def run(self, gid: str) -> None:
+        if "volatile-timers" in self.groups.states[gid].mutations:
+            # Deliberately wrong (chaos tests only): a new leader knows nothing pending
+            await self.groups[gid].propose(ForgetPending().encode(), EntryType.CONTROL)
         while True:
             g = self.groups.get(gid)
             if g is None or not g.is_open:

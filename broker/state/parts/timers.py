@@ -24,6 +24,12 @@ be empty, and a bucket costs nothing until a message falls in it.)
 Pending messages pin their entries: retention keeps everything from the lowest Raft index
 still pending (`pinned_index`). A topic deleted drops its pending messages; a destination
 queue that is gone when its messages fall due drops them (counted as skipped).
+
+Two deliberate test mutations (`broker.config`), for the chaos checker to catch:
+`deliver-at-send` puts a delayed batch in its queue when stored, as if it had no delay;
+`volatile-timers` behaves as if the pending index lived only in the leader's memory: a
+leader starting its term drops everything pending (`ForgetPending`, which apply refuses
+unless the mutation is on).
 """
 
 from __future__ import annotations
@@ -39,13 +45,15 @@ from broker.state.parts.base import (
     ControlResult,
     Handler,
     Part,
+    Refused,
     TopicConfig,
     int_field,
     is_int,
 )
+from wire.protocol import Code
 from wire.records import BatchHeader, RecordRef
 
-__all__ = ["BUCKET_MS", "DELIVER_LIMIT", "DeliverDue", "Timers"]
+__all__ = ["BUCKET_MS", "DELIVER_LIMIT", "DeliverDue", "ForgetPending", "Timers"]
 
 BUCKET_MS = 100  # pending messages are grouped by due time in buckets this wide
 DELIVER_LIMIT = 65536  # the most messages one DeliverDue may move
@@ -72,6 +80,20 @@ class DeliverDue(ControlRecord):
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> DeliverDue:
         return cls(d.get("now"), d.get("limit"))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetPending(ControlRecord):
+    """Test mutation `volatile-timers` only: drop every pending message."""
+
+    op: ClassVar[str] = "forget_pending"
+
+    def to_map(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> ForgetPending:
+        return cls()
 
 
 class _Bucket:
@@ -139,10 +161,13 @@ class Timers(Part):
     """Pending delayed messages by due time (see the module docstring)."""
 
     name = "timers"
-    records = (DeliverDue,)
+    records = (DeliverDue, ForgetPending)
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
+        mutations: frozenset[str] = getattr(state, "mutations", frozenset())
+        self.deliver_at_send = "deliver-at-send" in mutations
+        self.volatile = "volatile-timers" in mutations
         self._buckets: dict[int, _Bucket] = {}
         self._keys_heap: list[int] = []  # bucket keys, each once
         self._dests: list[tuple[str, int]] = []  # destination id -> (topic, queue)
@@ -154,7 +179,8 @@ class Timers(Part):
         self.dropped = 0  # pending messages whose topic or queue went, ever
 
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
-        return {DeliverDue.op: (DeliverDue, self._deliver)}
+        return {DeliverDue.op: (DeliverDue, self._deliver),
+                ForgetPending.op: (ForgetPending, self._forget)}
 
     # ------------------------------------------------------------------ queries
 
@@ -178,7 +204,7 @@ class Timers(Part):
     # ------------------------------------------------------------------ the apply seam
 
     def claims_batch(self, header: BatchHeader) -> bool:
-        return header.delayed and not header.prepared
+        return header.delayed and not header.prepared and not self.deliver_at_send
 
     def hold_batch(self, header: BatchHeader, refs: list[RecordRef], index: int,
                    store_ms: int) -> None:
@@ -233,6 +259,18 @@ class Timers(Part):
         self.delivered += moved
         self.dropped += dropped
         return ControlResult(DeliverDue.op, moved, dropped)
+
+    def _forget(self, _rec: ForgetPending, _index: int) -> ControlResult:
+        if not self.volatile:
+            raise Refused(Code.MALFORMED, "forget_pending is a test mutation's record "
+                                          "(volatile-timers), and it is off")
+        gone = self._pending
+        self._buckets.clear()
+        self._keys_heap.clear()
+        self._msg_keys.clear()
+        self._pending = 0
+        self.dropped += gone
+        return ControlResult(ForgetPending.op, gone)
 
     def _enqueue(self, recs: list[tuple[int, ...]]) -> tuple[int, int]:
         """Append due records to their queues, runs of one entry and destination at a

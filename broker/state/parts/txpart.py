@@ -626,7 +626,8 @@ class TxParticipant(Part):
             for b in p.batches:
                 if self.serve_prepared:  # already in the queue since prepare
                     applied += len(b.refs)
-                elif queues.hosts(b.topic, b.queue) and b.due_ms:  # delayed: pending
+                elif (queues.hosts(b.topic, b.queue) and b.due_ms
+                      and not self.state.timers.deliver_at_send):  # delayed: pending
                     self.state.timers.hold(b.topic, b.queue, list(b.refs), b.index,
                                            b.store_ms, b.due_ms)
                     applied += len(b.refs)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.state.parts.base import ControlResult, ErrorResult, ProduceResult
-from broker.state.parts.timers import BUCKET_MS, DeliverDue
+from broker.state.parts.timers import BUCKET_MS, DeliverDue, ForgetPending
 from broker.state.statemachine import BrokerState, control_create_topic, control_delete_topic
 from raftlog.types import Entry, EntryType
 from wire.protocol import Code, RequestError
@@ -278,3 +278,19 @@ def _is_tick(d: bytes) -> bool:
     except Exception:
         return False
     return True
+
+
+def test_the_test_mutations_break_exactly_what_the_checker_looks_for() -> None:
+    log = Log()
+    log.send(T0, delay_ms=60_000)
+    early = BrokerState("g", mutations={"deliver-at-send"})
+    log.apply(early)
+    assert early.queue_range("t", 0) == (0, 1) and early.timers.pending == 0
+    log.entries.append((EntryType.CONTROL, ForgetPending().encode()))
+    honest = BrokerState("g")
+    r = log.apply(honest)[-1]
+    assert isinstance(r, ErrorResult) and r.code == Code.MALFORMED
+    assert honest.timers.pending == 1
+    volatile = BrokerState("g", mutations={"volatile-timers"})
+    r = log.apply(volatile)[-1]
+    assert r == ControlResult("forget_pending", 1) and volatile.timers.pending == 0
