@@ -297,11 +297,11 @@ async def send_singles(
 
 async def send_batches(
     producer: Producer, targets: Sequence[tuple[str, int]], batch: Sequence[bytes],
-    batches: int, tasks: int, acks: Acks,
+    batches: int, tasks: int, acks: Acks, **send_options: Any,
 ) -> None:
     """Make `batches` calls of `producer.send_batch(topic, batch, queue=q)` with `tasks`
     of them in flight, and record every message of a call with the call's latency (from
-    the call to its return) or failure.
+    the call to its return) or failure. `send_options` go to every call (a delay).
 
     Call `b` (0, 1, ...) goes to `targets[b % len(targets)]` and task `i` makes calls
     `i, i + tasks, i + 2 * tasks, ...`: every target gets its share of the calls, whether
@@ -315,7 +315,7 @@ async def send_batches(
             topic, queue = targets[b % n]
             t0 = time.perf_counter()
             try:
-                await producer.send_batch(topic, batch, queue=queue)
+                await producer.send_batch(topic, batch, queue=queue, **send_options)
             except Exception as exc:  # counted, reported; the run goes on
                 acks.failed(exc, messages)
             else:

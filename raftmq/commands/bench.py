@@ -30,6 +30,12 @@ def _e2e(argv: list[str]) -> int:
     return e2e_main(argv)
 
 
+def _delay(argv: list[str]) -> int:
+    from bench.delay import main as delay_main
+
+    return delay_main(argv)
+
+
 def _consume(argv: list[str]) -> int:
     from bench.consume import main as consume_main
 
@@ -80,6 +86,7 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "topics": (_topics, "produce throughput over 1 ... 10,000 topics, and creation time"),
     "failover": (_failover, "kill -9 a group leader under load: time until acks resume"),
     "catchup": (_catchup, "a new replica catches up under reads: leader memory, answers"),
+    "delay": (_delay, "delayed sends vs plain, memory of pending, lateness of a crowd"),
     "txn": (_txn, "transactions (10/100 msgs, 1/3 groups) and half messages vs plain sends"),
     "spark": (_spark, "PySpark `raftmq` source: batch and streaming read rows/s"),
     "audit": (_audit, "`raftmq audit` on Spark over a history of --events lines"),

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench import consume, e2e, failover, produce, topics
+from bench import consume, delay, e2e, failover, produce, topics
 from bench.common import (
     Acks,
     Pacer,
@@ -339,6 +339,24 @@ def test_topics_batch_api(cluster: LocalCluster, capsys: pytest.CaptureFixture[s
         # 10 calls of 10 messages; calls to queues of one group may share an entry
         assert p["raft_entries"] > 0 and p["msgs_per_entry"] > 0
         _positive_latencies(p["latency_ms"])
+
+
+@pytest.mark.live
+def test_delay(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(capsys, delay.main, ["--namesrv", cluster.namesrv_addr, "--messages", "512",
+                                  "--pending", "512", "--due", "512", "--lead", "1",
+                                  "--spread", "50", "--spread-rate", "200",
+                                  "--spread-delay", "0.5", "--timeout", "60", "--json"])
+    assert r["_exit"] == 0 and r["errors"] == 0
+    sends = r["sends"]
+    assert sends["plain"]["acknowledged"] == sends["delayed"]["acknowledged"] == 512
+    assert sends["delayed_vs_plain"] > 0
+    # every message read, none early (the warm-up message of each topic comes too)
+    assert r["lateness"]["read"] == 51 and r["lateness"]["early"] == 0
+    assert r["due_at_once"]["read"] == 513 and r["due_at_once"]["early"] == 0
+    assert r["due_at_once"]["delivered_msgs_per_s"] > 0
+    assert r["pending"]["messages"] == 512  # an external cluster: no node RSS here
+    assert r["pending"]["node_rss_mb_delta"] == []
 
 
 @pytest.mark.live

@@ -98,31 +98,35 @@ class ForgetPending(ControlRecord):
 
 class _Bucket:
     """The pending records of one bucket: `buf[pos:]` are pending; `ordered` when they
-    are sorted by due time (a bucket only partly due is sorted before it is drained)."""
+    are sorted by due time (a bucket only partly due is sorted before it is drained).
+    `min_due` and `min_index` are lower bounds of the pending ones' (exact after a
+    change), `max_due` an upper bound: a bucket whose `max_due` has come is wholly due
+    and needs no sorting, however many messages fell due in the same instant."""
 
-    __slots__ = ("buf", "min_due", "min_index", "ordered", "pos")
+    __slots__ = ("buf", "max_due", "min_due", "min_index", "ordered", "pos")
 
     def __init__(self, buf: bytearray, pos: int = 0, ordered: bool = False) -> None:
         self.buf = buf
         self.pos = pos
         self.ordered = ordered
-        self.min_due, self.min_index = self._mins()
+        self.min_due, self.max_due, self.min_index = self._bounds()
 
-    def _mins(self) -> tuple[int, int]:
-        dues = indexes = None
-        for due, index, *_ in _REC.iter_unpack(memoryview(self.buf)[self.pos:]):
-            dues = due if dues is None or due < dues else dues
-            indexes = index if indexes is None or index < indexes else indexes
-        return (dues or 0, indexes or 0)
+    def _bounds(self) -> tuple[int, int, int]:
+        recs = list(_REC.iter_unpack(memoryview(self.buf)[self.pos:]))
+        if not recs:
+            return 0, 0, 0
+        dues = [r[0] for r in recs]
+        return min(dues), max(dues), min(r[1] for r in recs)
 
     def __len__(self) -> int:
         return (len(self.buf) - self.pos) // _SIZE
 
     def add(self, packed: bytes, due: int, index: int) -> None:
         if not len(self):
-            self.min_due, self.min_index = due, index
+            self.min_due, self.max_due, self.min_index = due, due, index
         else:
             self.min_due = min(self.min_due, due)
+            self.max_due = max(self.max_due, due)
             self.min_index = min(self.min_index, index)
         self.buf += packed
         self.ordered = False
@@ -243,7 +247,7 @@ class Timers(Part):
             bucket = self._buckets[key]
             if bucket.min_due > now:
                 break
-            whole = (key + 1) * BUCKET_MS - 1 <= now
+            whole = bucket.max_due <= now
             recs = bucket.take(now, limit - moved - dropped, whole)
             if not recs:
                 break  # the earliest bucket's first due is beyond now: so is everything
