@@ -692,7 +692,8 @@ class Node:
                     offsets.setdefault(cg, {}).setdefault(topic, {})[q] = off
             tx_ids, tx_fences = _tx_held(state)
             groups[gid] = {**st, "leader_addr": self.peer_addr(st["leader"]), "queues": queues,
-                           "offsets": offsets, "tx_ids": tx_ids, "tx_fences": tx_fences}
+                           "offsets": offsets, "tx_ids": tx_ids, "tx_fences": tx_fences,
+                           "delayed_pending": state.timers.pending}
         return {"node": self.node_id, "addr": self.addr, "groups": groups,
                 "peers_connected": self.peers.connected_peers()}
 
@@ -716,6 +717,8 @@ class Node:
                 tx_ids, tx_fences = _tx_held(state)
                 self.metrics.tx_ids.labels(gid).set(tx_ids)
                 self.metrics.tx_fences.labels(gid).set(tx_fences)
+                self.metrics.delayed_pending.labels(gid).set(state.timers.pending)
+                self.metrics.delayed_delivered.labels(gid).set(state.timers.delivered)
                 ntopics = state.topic_count
                 if seen_topics.get(gid, ntopics) != ntopics:
                     self.registrar.wake()

@@ -85,6 +85,11 @@ class NodeMetrics:
         self.tx_fences = Gauge("raftmq_tx_fences", "Transactional ids this group keeps a "
                                "fence of (forgotten after tx_id_expiration_ms idle)", g,
                                registry=r)
+        self.delayed_pending = Gauge("raftmq_delayed_pending", "Delayed messages stored and "
+                                     "not yet due (broker.state.parts.timers)", g, registry=r)
+        self.delayed_delivered = Gauge("raftmq_delayed_delivered", "Delayed messages moved "
+                                       "into their queues since the group began", g,
+                                       registry=r)
         self.consumer_lag = Gauge("raftmq_consumer_lag",
                                   "Messages between a consumer group's offset and the queue end",
                                   ["group", "cg", "topic", "queue"], registry=r)
@@ -135,7 +140,8 @@ class NodeMetrics:
                        self.last_index, self.durable_index, self.fsync_seconds, self.elections,
                        self.leader_changes, self.produce_messages, self.produce_bytes,
                        self.produce_latency, self.fetch_messages, self.fetch_bytes,
-                       self.tx_ids, self.tx_fences):
+                       self.tx_ids, self.tx_fences, self.delayed_pending,
+                       self.delayed_delivered):
             try:
                 metric.remove(group)
             except KeyError:

@@ -19,6 +19,7 @@ import pytest
 from raftmq.client import Admin, Message, Producer, PullConsumer, RequestError
 from raftmq.client.blocking import BlockingProducer
 from raftmq.localcluster import LocalCluster
+from tests.conftest import node_status, wait_for
 from tests.live_cluster import assert_no_unexpected_exits, leader_of, wait_new_leader
 from tests.paths import REPO_ROOT
 from wire.protocol import Code
@@ -124,6 +125,9 @@ def test_a_delayed_message_survives_a_whole_cluster_power_loss(cluster: LocalClu
         before = now_ms()
         p.send_batch(TOPIC, [b"b0", b"b1"], delay_level=2)  # 5 s
         due.update({b"b0": before + 5000, b"b1": before + 5000})
+    # every replica holds what is pending (and says so), not only the leader
+    wait_for(lambda: [node_status(cluster, n, "g0").get("delayed_pending")
+                      for n in cluster.node_ids] == [len(due)] * 3, 10, "every replica pending")
     cluster.kill_together(cluster.node_ids)
     for i in cluster.node_ids:
         cluster.start_node(i)

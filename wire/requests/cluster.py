@@ -51,7 +51,8 @@ class StatusAnswer(WireType):
         dict, "`{group: {...}}`: each group's Raft state (role, term, leader, commit, "
         "applied, last, durable, ...; `raftlog.runtime.GroupRuntime.status`), "
         "`leader_addr`, `queues` (`{topic: {queue: [min, end]}}`), `offsets` (`{cg: "
-        "{topic: {queue: offset}}}`), `tx_ids` and `tx_fences`")
+        "{topic: {queue: offset}}}`), `tx_ids` and `tx_fences`, `delayed_pending` "
+        "(delayed messages stored, not yet due)")
     peers_connected: tuple[int, ...] = spec(list, "the peers this node holds a connection "
                                             "to", check=_node_ids("peers_connected"))
 
