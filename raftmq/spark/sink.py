@@ -67,6 +67,7 @@ import logging
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -141,18 +142,21 @@ def progress_topic(query: str, partition: int) -> str:
 # ---------------------------------------------------------------- rows
 
 
-Out = tuple[str | None, int | None, OutgoingMessage]
-"""One row to send: topic (None: the `topic` option), queue (None: the producer picks)."""
+Out = tuple[str | None, int | None, OutgoingMessage, datetime | None]
+"""One row to send: topic (None: the `topic` option), queue (None: the producer picks),
+the message, and when it is due (None: at once; the `deliverAt` column)."""
 
 
 def _columns(item: Any, columns: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    """Each row as {column name in lower case: value} (Spark's names are case-blind)."""
     if isinstance(item, pa.RecordBatch):
         names = item.schema.names
-        lists = {c: item.column(names.index(c)).to_pylist() for c in columns if c in names}
+        lists = {c.lower(): item.column(names.index(c)).to_pylist()
+                 for c in columns if c in names}
         for i in range(item.num_rows):
             yield {c: v[i] for c, v in lists.items()}
     else:  # a pyspark Row (PySpark 4.0's stream writer)
-        yield {c: item[c] for c in columns}
+        yield {c.lower(): item[c] for c in columns}
 
 
 def to_messages(items: Iterable[Any], columns: tuple[str, ...]) -> Iterator[Out]:
@@ -176,9 +180,12 @@ def to_messages(items: Iterable[Any], columns: tuple[str, ...]) -> Iterator[Out]
             queue = row.get("queue")
             if queue is not None and queue < 0:
                 raise SinkError(f"row {n}: queue {queue} is negative")
+            at = row.get("deliverat")
+            if at is not None and at.tzinfo is None:  # Arrow's UTC timestamps come naive
+                at = at.replace(tzinfo=UTC)
             yield row.get("topic"), queue, OutgoingMessage(
                 body, key=row.get("key") or "", tags=row.get("tags") or "",
-                properties=properties)
+                properties=properties), at
             n += 1
 
 
@@ -300,11 +307,11 @@ async def write_exactly_once(task: Task, items: Iterable[Any]) -> SinkCommit:
             if progress is not None and progress.done(task.batch_id, i):
                 skipped += len(chunk)
                 continue
-            sends = [(await targets.check(t, q), q, m) for t, q, m in chunk]
+            sends = [(await targets.check(t, q), q, m, due) for t, q, m, due in chunk]
             tx = tx or await producer.begin()
             try:
-                for t, q, m in sends:
-                    await tx.send_async(t, m, queue=q)
+                for t, q, m, due in sends:
+                    await tx.send_async(t, m, queue=q, deliver_at=due)
                 note = json.dumps({"batch": task.batch_id, "chunks": i + 1}).encode()
                 await tx.send_async(mark, note, queue=0)
                 await tx.send_offsets(mark, {(mark, 0): at})
@@ -335,8 +342,9 @@ async def write_at_least_once(task: Task, items: Iterable[Any]) -> SinkCommit:
             Producer(list(opts.namesrv), idempotent=True) as producer:
         targets = Targets(admin, opts.topic)
         pending: list[Any] = []
-        for t, q, m in to_messages(items, task.columns):
-            pending.append(await producer.send_async(await targets.check(t, q), m, queue=q))
+        for t, q, m, due in to_messages(items, task.columns):
+            pending.append(await producer.send_async(await targets.check(t, q), m, queue=q,
+                                                     deliver_at=due))
             if len(pending) >= MAX_PENDING_SENDS:
                 for fut in pending:
                     await fut

@@ -9,7 +9,10 @@ Columns (Spark's Kafka sink's, with raftmq's queue, tags and properties):
 - ``key``: string (RocketMQ's keys; with the default selector it picks the queue);
 - ``topic``: string; rows whose topic is null go to the ``topic`` option;
 - ``queue``: an integer column naming the queue (null: chosen by key or round robin);
-- ``tags``: string; ``properties``: map<string,string>.
+- ``tags``: string; ``properties``: map<string,string>;
+- ``deliverAt``: a timestamp: the row becomes a delayed message, in its queue at that
+  time, never before (null: at once; a time past: at once; beyond the cluster's
+  ``max_delay_s``: the write fails).
 
 The other columns of the `raftmq` source (``offset``, ``timestamp``, ``born_timestamp``,
 ``msg_id``) are ignored, so a stream read from raftmq can be written back unchanged; any
@@ -42,6 +45,8 @@ from pyspark.sql.types import (
     ShortType,
     StringType,
     StructType,
+    TimestampNTZType,
+    TimestampType,
 )
 
 from wire.protocol import RequestError, validate_topic_name
@@ -62,7 +67,7 @@ DEFAULT_TRANSACTION_ROWS = 5_000
 _QUERY = re.compile(r"[A-Za-z0-9_.-]{1,80}")
 _MAX_BATCH = (1 << 62) - 1
 
-COLUMNS = ("value", "key", "topic", "queue", "tags", "properties")
+COLUMNS = ("value", "key", "topic", "queue", "tags", "properties", "deliverat")
 IGNORED = ("offset", "timestamp", "born_timestamp", "msg_id")
 _KNOWN = {"namesrv", "topic", "deliveryguarantee", "queryname", "batchid", "transactionrows",
           "testpausems", "checkpointlocation", "path"}
@@ -163,6 +168,7 @@ _WANT: dict[str, tuple[str, object]] = {
     "properties": ("map<string,string>", lambda t: isinstance(t, MapType)
                    and isinstance(t.keyType, StringType)
                    and isinstance(t.valueType, StringType)),
+    "deliverat": ("a timestamp", lambda t: isinstance(t, TimestampType | TimestampNTZType)),
 }
 
 
@@ -186,4 +192,4 @@ def check_schema(schema: StructType, opts: SinkOptions) -> tuple[str, ...]:
     if "topic" not in fields and opts.topic is None:
         raise OptionError("no topic to write to: set the 'topic' option or add a 'topic' "
                           "column")
-    return tuple(c for c in COLUMNS if c in fields)
+    return tuple(fields[c].name for c in COLUMNS if c in fields)

@@ -18,6 +18,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,21 @@ def test_string_values_and_keys_pick_queues_like_the_sdk(cluster: LocalCluster) 
             assert p.send(out, OutgoingMessage(b"probe", key=k)).queue in qs
     with connect_admin(cluster.namesrv_addr) as admin:  # an unnamed job leaves no progress
         assert [t for t in admin.list_topics() if t.startswith("raftmq-spark.job-")] == []
+
+
+def test_a_deliver_at_column_writes_delayed_messages(cluster: LocalCluster) -> None:
+    out = topic(cluster, "sink-later", 2)
+    due = datetime.now(UTC) + timedelta(seconds=4)
+    df = spark().createDataFrame([(b"later", due), (b"now", None)],
+                                 "value binary, deliverAt timestamp")
+    write(df, cluster, topic=out)
+    assert bodies(cluster, out) == Counter({b"now": 1})  # the other waits for its time
+    while datetime.now(UTC) < due + timedelta(seconds=20):
+        if bodies(cluster, out)[b"later"]:
+            break
+        time.sleep(0.1)
+    assert datetime.now(UTC) >= due and bodies(cluster, out) == Counter({b"now": 1,
+                                                                        b"later": 1})
 
 
 def test_a_read_dataframe_is_written_back_unchanged(cluster: LocalCluster) -> None:

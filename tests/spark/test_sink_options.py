@@ -3,6 +3,8 @@ the progress rule. No Spark session, no cluster."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pyarrow as pa
 import pytest
 
@@ -16,6 +18,7 @@ from pyspark.sql.types import (  # noqa: E402
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from raftmq.spark.options import OptionError  # noqa: E402
@@ -79,11 +82,26 @@ def test_rows_become_messages_and_bad_rows_are_named() -> None:
         "properties": pa.array([[("x", "1")], None], pa.map_(pa.string(), pa.string())),
     })
     out = list(to_messages([batch], ("value", "key", "queue", "properties")))
-    assert [(t, q, m.body, m.key, m.properties) for t, q, m in out] == [
-        (None, 1, b"a", "k", {"x": "1"}), (None, None, b"b", "", {})]
+    assert [(t, q, m.body, m.key, m.properties, at) for t, q, m, at in out] == [
+        (None, 1, b"a", "k", {"x": "1"}, None), (None, None, b"b", "", {}, None)]
     bad = pa.RecordBatch.from_pydict({"value": pa.array([b"a", None])})
     with pytest.raises(SinkError, match="row 1 of this partition has a null 'value'"):
         list(to_messages([bad], ("value",)))
+
+
+def test_a_deliver_at_column_makes_delayed_messages_in_utc() -> None:
+    o = parse_sink_options({**NS, "topic": "t"}, stream=False)
+    cols = check_schema(_schema(("value", BinaryType()), ("deliverAt", TimestampType())), o)
+    assert cols == ("value", "deliverAt")  # the schema's own spelling, to read it by
+    with pytest.raises(OptionError, match="column 'deliverAt' must be a timestamp"):
+        check_schema(_schema(("value", BinaryType()), ("deliverAt", StringType())), o)
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    batch = pa.RecordBatch.from_pydict({
+        "value": pa.array([b"a", b"b"]),
+        "deliverAt": pa.array([when.replace(tzinfo=None), None], pa.timestamp("us")),
+    })
+    out = list(to_messages([batch], cols))
+    assert [(m.body, at) for _t, _q, m, at in out] == [(b"a", when), (b"b", None)]
 
 
 def test_chunks_cut_the_same_rows_the_same_way_and_progress_counts_them() -> None:
