@@ -1033,15 +1033,19 @@ class Producer(StartClose):
         tags: str | None = None,
         properties: dict[str, str] | None = None,
         queue: int | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        delay_level: int | None = None,
     ) -> TransactionResult:
         """RocketMQ's transactional send: store a half message, run
         `local_transaction(message)` ("commit" / "rollback" / "unknown", plain or async),
         then commit or roll it back; "unknown" or an exception leaves it to check-back.
         A half message whose storing is in doubt raises `OutcomeUnknownError` with its
-        `txid` (the local transaction is not run)."""
+        `txid` (the local transaction is not run). A delay (see `send`) counts from when
+        the half message is stored; committed, it enters its queue when due."""
         return await self._half_messages().send_in_transaction(
             topic, message, local_transaction, key=key, tags=tags, properties=properties,
-            queue=queue)
+            queue=queue, due=due_fields(delay, deliver_at, delay_level))
 
     async def prepare(
         self,
@@ -1052,12 +1056,17 @@ class Producer(StartClose):
         tags: str | None = None,
         properties: dict[str, str] | None = None,
         queue: int | None = None,
+        delay: float | None = None,
+        deliver_at: datetime | float | None = None,
+        delay_level: int | None = None,
     ) -> HalfHandle:
         """Store a half message and return its handle, to `commit()` or `rollback()`
         later (the broker's check-back decides if neither comes). If it may or may not
-        have been stored, `OutcomeUnknownError.txid` names it, to decide or look up."""
+        have been stored, `OutcomeUnknownError.txid` names it, to decide or look up. A
+        delay (see `send`) makes its message due that long after it is stored."""
         return await self._half_messages().prepare(
-            topic, message, key=key, tags=tags, properties=properties, queue=queue)
+            topic, message, key=key, tags=tags, properties=properties, queue=queue,
+            due=due_fields(delay, deliver_at, delay_level))
 
     def _chunks(self, msgs: list[Payload]) -> list[tuple[list[Payload], int]]:
         """`msgs` cut where a batch bound would be passed, each piece with its bytes."""

@@ -57,7 +57,7 @@ from wire.requests.transactions import (
 )
 from wire.txn import coordinator_group
 
-from .delays import due_fields
+from .delays import NO_DUE, Due, due_fields
 from .errors import (
     OutcomeUnknownError,
     ProducerFencedError,
@@ -847,9 +847,10 @@ class HalfMessages:
     async def prepare(self, topic: str, message: OutgoingMessage | bytes | str, *,
                       key: str | None = None, tags: str | None = None,
                       properties: dict[str, str] | None = None,
-                      queue: int | None = None) -> HalfHandle:
-        """Store `message` as a half message (invisible until committed). When no answer
-        says whether it was stored, the `OutcomeUnknownError` raised carries its `txid`."""
+                      queue: int | None = None, due: Due = NO_DUE) -> HalfHandle:
+        """Store `message` as a half message (invisible until committed; a delayed one,
+        `due`, in its queue once committed and due). When no answer says whether it was
+        stored, the `OutcomeUnknownError` raised carries its `txid`."""
         p = self.producer
         routes = self.sender.routes()
         msg = as_payload(message, key=key, tags=tags, properties=properties)
@@ -860,7 +861,8 @@ class HalfMessages:
         lane = _free_lane(self._lanes.setdefault((topic, q), []), self._turn)
         async with lane.lock:
             data = encode_batch(topic, q, [msg], pid=lane.pid, seq=lane.next_seq,
-                                born_ms=_now_ms(), half=(txid, self.producer_group))
+                                born_ms=_now_ms(), half=(txid, self.producer_group),
+                                delay_ms=due[0], deliver_ms=due[1])
             try:
                 group, frame = await routes.call_queue(
                     topic, q, Op.PRODUCE, lambda g: {"g": g}, data, write=True,
@@ -889,13 +891,13 @@ class HalfMessages:
         self, topic: str, message: OutgoingMessage | bytes | str,
         local_transaction: LocalTransaction, *, key: str | None = None,
         tags: str | None = None, properties: dict[str, str] | None = None,
-        queue: int | None = None,
+        queue: int | None = None, due: Due = NO_DUE,
     ) -> TransactionResult:
         """Prepare a half message, run `local_transaction(message)`, then commit or roll
         back as it says. "unknown" (or an exception) leaves the decision to the broker's
         check-back; so does a decision that cannot be delivered now."""
         full = make_message(message, key=key, tags=tags, properties=properties)
-        handle = await self.prepare(topic, full, queue=queue)
+        handle = await self.prepare(topic, full, queue=queue, due=due)
         answer, error = await decide(local_transaction, full, "the local transaction")
         if answer == "unknown":
             return TransactionResult(handle.result, handle.txid, "unknown", error)

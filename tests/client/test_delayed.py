@@ -170,9 +170,17 @@ def test_a_transactions_delayed_messages_wait_for_the_commit_and_their_time(
                 async with p.transaction() as tx:
                     await tx.send(TOPIC, b"tx-aborted", delay=0.5, queue=0)
                     raise RuntimeError("abort it")
-        seen = await watch(cluster.namesrv_addr, 2, timeout=30, during=1.5)
-        assert set(seen) == {b"tx-later", b"tx-now"}
+        async with Producer(cluster.namesrv_addr, producer_group="delayers") as p:
+            half_before = now_ms()
+            result = await p.send_in_transaction(TOPIC, b"half-later", delay=1.5,
+                                                 local_transaction=lambda _m: "commit")
+            assert result.state == "commit"
+            rolled = await p.prepare(TOPIC, b"half-rolled-back", delay=0.5)
+            await rolled.rollback()
+        seen = await watch(cluster.namesrv_addr, 3, timeout=30, during=1.5)
+        assert set(seen) == {b"tx-later", b"tx-now", b"half-later"}
         assert seen[b"tx-later"][0] >= before + 2000
+        assert seen[b"half-later"][0] >= half_before + 1500
 
     anyio.run(main)
 
