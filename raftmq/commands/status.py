@@ -142,6 +142,8 @@ def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | s
             "applied": lead.get("applied") if lead.get("applied") is not None
             else _int(ns.get("applied")),
             "last": last,
+            # delayed messages stored and not yet due, as the leader counts them
+            "delayed_pending": _int(lg.get("delayed_pending")) if lg else None,
             "members": members,
         }
     ok = bool(groups) and all(g["leader"] is not None for g in groups.values())
@@ -175,7 +177,8 @@ def _cell(v: Any) -> str:
 def _render(status: dict[str, Any]) -> None:
     console = table_console()
     groups = Table(title="groups", title_justify="left")
-    for col in ("group", "leader", "address", "term", "commit", "applied", "last", "max lag"):
+    for col in ("group", "leader", "address", "term", "commit", "applied", "last", "max lag",
+                "delayed"):
         groups.add_column(col, justify="left" if col in ("group", "leader", "address")
                           else "right")
     replicas = Table(title="replicas (lag: leader's last index - member's applied)",
@@ -189,7 +192,7 @@ def _render(status: dict[str, Any]) -> None:
         lags = [m["lag"] for m in g["members"].values() if m["lag"] is not None]
         groups.add_row(gid, leader, _cell(g["leader_addr"]), _cell(g["term"]),
                        _cell(g["commit"]), _cell(g["applied"]), _cell(g["last"]),
-                       _cell(max(lags) if lags else None))
+                       _cell(max(lags) if lags else None), _cell(g.get("delayed_pending")))
         for nid, m in g["members"].items():
             role = _cell(m["role"]) + (" (namesrv)" if m["source"] == "namesrv" else "")
             if m.get("disk_full"):

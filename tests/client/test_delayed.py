@@ -5,6 +5,7 @@ their time; `raftmq send --delay` works from the shell."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -128,6 +129,10 @@ def test_a_delayed_message_survives_a_whole_cluster_power_loss(cluster: LocalClu
     # every replica holds what is pending (and says so), not only the leader
     wait_for(lambda: [node_status(cluster, n, "g0").get("delayed_pending")
                       for n in cluster.node_ids] == [len(due)] * 3, 10, "every replica pending")
+    status = subprocess.run([sys.executable, "-m", "raftmq", "status", "--json"],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
+                            env={**os.environ, "RAFTMQ_NAMESRV": cluster.namesrv_addr})
+    assert json.loads(status.stdout)["groups"]["g0"]["delayed_pending"] == len(due)
     cluster.kill_together(cluster.node_ids)
     for i in cluster.node_ids:
         cluster.start_node(i)
