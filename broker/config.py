@@ -145,6 +145,11 @@ class NodeConfig:
     # ConsumeQueue records per sealed chunk file snapshots reference (`broker.state.cqchunks`);
     # every replica of a group should use the same; small values are for tests
     consume_queue_chunk: int = CHUNK_RECORDS
+    # Delayed messages pending in memory per group before those due further than the
+    # horizon ahead spill to files (`broker.state.parts.timers`); every replica of a group
+    # must use the same; small values are for tests
+    timer_memory_records: int = 262_144
+    timer_spill_horizon_s: float = 900.0
     # Peers prove they know it before they may send Raft traffic (`transport.peerauth`);
     # the default suits plain local and test clusters only (a TLS config must set one).
     # It also keys the made-up salts of unknown users (`broker.doors.security`).
@@ -563,6 +568,10 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         snapshot_every_entries=_int(
             d.get("snapshot_every_entries", 100_000), "snapshot_every_entries", minimum=0
         ),
+        timer_memory_records=_int(d.get("timer_memory_records", 262_144),
+                                  "timer_memory_records", minimum=1),
+        timer_spill_horizon_s=_float(d.get("timer_spill_horizon_s", 900.0),
+                                     "timer_spill_horizon_s"),
         consume_queue_chunk=_int(
             d.get("consume_queue_chunk", CHUNK_RECORDS), "consume_queue_chunk", minimum=1
         ),

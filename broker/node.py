@@ -70,7 +70,7 @@ from broker.runtime.metrics import NodeMetrics, serve_metrics
 from broker.runtime.peer_rpc import PeerRPC
 from broker.runtime.registrar import Registrar
 from broker.state.cqchunks import CorruptChunk, FileChunkStore, is_shipped, provide, ship, unship
-from broker.state.statemachine import BrokerState, TopicConfig, chunk_refs
+from broker.state.statemachine import BrokerState, TimerLimits, TopicConfig, chunk_refs
 from raftlog.commitlog import CommitLogError
 from raftlog.core import RaftConfig
 from raftlog.fsutil import CorruptFile, disable_sync_marks, enable_sync_marks
@@ -177,6 +177,8 @@ class Node:
         self.chunk_stores: dict[str, FileChunkStore] = {}
         self._shipped: dict[str, dict[str, bytes]] = {}
         self._mutations = mutations
+        self._timer_limits = TimerLimits(config.timer_memory_records,
+                                         round(config.timer_spill_horizon_s * 1000))
         hosted = load_hosted(config.data)
         self._hosted_file_missing = hosted is None
         if hosted is None:  # the first start: what the config says (nothing when joining)
@@ -235,7 +237,7 @@ class Node:
         store = self.chunk_stores[gid] = FileChunkStore(config.group_dir(gid) / "consumequeue")
         state = BrokerState(gid, max_message_bytes=config.max_message_bytes,
                             chunk_store=store, chunk_records=config.consume_queue_chunk,
-                            mutations=self._mutations)
+                            mutations=self._mutations, timer_limits=self._timer_limits)
         gc = self._group_configs.get(gid)
         options = GroupOptions(
             raft=RaftConfig(
@@ -401,7 +403,7 @@ class Node:
             provide(store, chunk_refs(data), shipped)
         return BrokerState.restore(group, data, max_message_bytes=self.config.max_message_bytes,
                                    chunk_store=store, chunk_records=self.config.consume_queue_chunk,
-                                   mutations=self._mutations)
+                                   mutations=self._mutations, timer_limits=self._timer_limits)
 
     async def _fetch_raw(self, group: str, peer: int, lo: int, hi: int) -> bytes:
         """Entries [lo, hi) of `group` as stored by `peer`, a prefix holding at least `lo`
@@ -693,7 +695,9 @@ class Node:
             tx_ids, tx_fences = _tx_held(state)
             groups[gid] = {**st, "leader_addr": self.peer_addr(st["leader"]), "queues": queues,
                            "offsets": offsets, "tx_ids": tx_ids, "tx_fences": tx_fences,
-                           "delayed_pending": state.timers.pending}
+                           "delayed_pending": state.timers.pending,
+                           "delayed_in_memory": state.timers.in_memory,
+                           "delayed_runs": state.timers.runs}
         return {"node": self.node_id, "addr": self.addr, "groups": groups,
                 "peers_connected": self.peers.connected_peers()}
 

@@ -33,6 +33,7 @@ chunks already on disk.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -52,6 +53,7 @@ __all__ = [
     "FileChunkStore",
     "MemoryChunkStore",
     "chunk_name",
+    "is_chunk_name",
     "is_shipped",
     "load_chunk",
     "provide",
@@ -78,6 +80,14 @@ class ChunkGone(SnapshotSkipped):
 ChunkRef = tuple[str, int, int]  # name, crc32c, length in bytes
 
 
+_CHUNK_NAME = re.compile(r"\d{20}-\d{10}-\d+")
+
+
+def is_chunk_name(name: str) -> bool:
+    """Whether `name` is a ConsumeQueue chunk's (`chunk_name`), not another part's file."""
+    return _CHUNK_NAME.fullmatch(name) is not None
+
+
 def chunk_name(index: int, start: int, records: int) -> str:
     """The name of the chunk of `records` records whose first record is the one at `start`
     in the entry at Raft `index` (one queue's records never share an entry with another's,
@@ -101,8 +111,13 @@ class ChunkStore(Protocol):
     def sync(self) -> None:
         """Make every `put` so far durable, names included."""
 
-    def keep_only(self, names: Iterable[str]) -> None:
-        """Delete every chunk not in `names`."""
+    def keep_only(self, names: Iterable[str],
+                  only: Callable[[str], bool] | None = None) -> None:
+        """Delete every chunk not in `names` (of those `only` accepts, when given: the
+        store also holds other parts' files, `broker.state.parts.timers`)."""
+
+    def discard(self, names: Iterable[str]) -> None:
+        """Delete the chunks named (those missing are no error)."""
 
     def names(self) -> set[str]: ...
 
@@ -140,10 +155,15 @@ class MemoryChunkStore:
     def sync(self) -> None:
         pass
 
-    def keep_only(self, names: Iterable[str]) -> None:
+    def keep_only(self, names: Iterable[str],
+                  only: Callable[[str], bool] | None = None) -> None:
         keep = set(names)
-        for name in [n for n in self.chunks if n not in keep]:
-            del self.chunks[name]
+        self.discard([n for n in self.chunks
+                      if n not in keep and (only is None or only(n))])
+
+    def discard(self, names: Iterable[str]) -> None:
+        for name in list(names):
+            self.chunks.pop(name, None)
 
     def names(self) -> set[str]:
         return set(self.chunks)
@@ -205,10 +225,15 @@ class FileChunkStore:
             fsync_dir(self.path)
             self._unsynced = False
 
-    def keep_only(self, names: Iterable[str]) -> None:
+    def keep_only(self, names: Iterable[str],
+                  only: Callable[[str], bool] | None = None) -> None:
         keep = set(names)
+        self.discard([n for n in list(self._listed())
+                      if n not in keep and (only is None or only(n))])
+
+    def discard(self, names: Iterable[str]) -> None:
         listed = self._listed()
-        gone = [n for n in listed if n not in keep]
+        gone = [n for n in names if n in listed]
         for name in gone:
             try:
                 os.unlink(os.path.join(self.path, name))

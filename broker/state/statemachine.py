@@ -95,7 +95,7 @@ from broker.state.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.state.parts.producers import DEDUP_WINDOW, Producers
 from broker.state.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
 from broker.state.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests
-from broker.state.parts.timers import DeliverDue, Timers
+from broker.state.parts.timers import DeliverDue, TimerLimits, Timers
 from broker.state.parts.txcoord import TxCoordinator
 from broker.state.parts.txpart import TxParticipant
 from broker.state.parts.users import Users
@@ -135,6 +135,7 @@ __all__ = [
     "MoveMessage",
     "Moves",
     "Retain",
+    "TimerLimits",
     "TopicConfig",
     "chunk_refs",
     "control_create_topic",
@@ -212,10 +213,14 @@ class BrokerState:
     def __init__(self, group: str, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
                  chunk_store: ChunkStore | None = None,
                  chunk_records: int = CHUNK_RECORDS,
-                 mutations: Iterable[str] = ()) -> None:
+                 mutations: Iterable[str] = (),
+                 timer_limits: TimerLimits | None = None) -> None:
         """`chunk_store` keeps the sealed ConsumeQueue chunks snapshots reference (a
-        private in-memory one by default); `chunk_records` sizes them (every replica of
-        a group should use the same, or their snapshots differ, though each restores).
+        private in-memory one by default), and the spilled runs of delayed messages;
+        `chunk_records` sizes the chunks (every replica of a group should use the same, or
+        their snapshots differ, though each restores); `timer_limits` how much of the
+        pending delayed messages stays in memory (every replica the same, or they spill
+        differently).
         `mutations`: the deliberate test mutations of `STATE_MUTATIONS` to carry out
         (others are ignored: they belong to the node)."""
         if chunk_records < 1:
@@ -226,6 +231,7 @@ class BrokerState:
         self.chunk_store: ChunkStore = chunk_store if chunk_store is not None else (
             MemoryChunkStore())
         self.chunk_records = chunk_records
+        self.timer_limits = timer_limits
         self._applied = 0
         self.parts: tuple[Part, ...] = tuple(part(self) for part in self.part_types)
         self.catalog = self.part(Catalog)
@@ -510,7 +516,7 @@ class BrokerState:
     def restore(
         cls, group: str, data: bytes, *, max_message_bytes: int = MAX_MESSAGE_BYTES,
         chunk_store: ChunkStore | None = None, chunk_records: int = CHUNK_RECORDS,
-        mutations: Iterable[str] = (),
+        mutations: Iterable[str] = (), timer_limits: TimerLimits | None = None,
     ) -> BrokerState:
         """Rebuild a state from `snapshot()` bytes (of this version or of 1 and 2), reading
         the chunks they reference from `chunk_store`; ValueError if they are not one of
@@ -524,7 +530,8 @@ class BrokerState:
                 raise ValueError(f"snapshot of group {d['group']!r}, not {group!r}")
             sections = _legacy_sections(d) if version in (1, 2) else d["parts"]
             s = cls(group, max_message_bytes=max_message_bytes, chunk_store=chunk_store,
-                    chunk_records=chunk_records, mutations=mutations)
+                    chunk_records=chunk_records, mutations=mutations,
+                    timer_limits=timer_limits)
             s._applied = int(d["applied"])
             by_name = {p.name: p for p in s.parts}
             seen: set[str] = set()
@@ -567,18 +574,21 @@ class _Serialiser:
 
 
 def chunk_refs(data: bytes) -> list[ChunkRef]:
-    """The ConsumeQueue chunks `snapshot()` bytes reference; ValueError if they are not
-    a snapshot."""
+    """The files of the chunk store `snapshot()` bytes reference (ConsumeQueue chunks and
+    spilled timer runs); ValueError if they are not a snapshot."""
     try:
         d = msgpack.unpackb(data, raw=False, strict_map_key=False)
         if d.get("v") != SNAPSHOT_VERSION:
             return []  # older snapshots copy every record
+        refs: list[ChunkRef] = []
         for name, version, section in d["parts"]:
             if name == Queues.name:
-                return Queues.chunk_refs(version, section)
+                refs += Queues.chunk_refs(version, section)
+            elif name == Timers.name:
+                refs += Timers.chunk_refs(version, section)
     except Exception as exc:
         raise ValueError(f"not a broker snapshot: {exc}") from exc
-    return []
+    return refs
 
 
 def _legacy_sections(d: dict[str, Any]) -> list[list[Any]]:

@@ -204,3 +204,44 @@ def test_raftmq_send_delay_from_the_shell(cluster: LocalCluster) -> None:
     assert bad.returncode == 2 and "not a duration" in bad.stderr
     seen = anyio.run(watch, cluster.namesrv_addr, 1, 30, 0.5)
     assert set(seen) == {b"shell-later"} and seen[b"shell-later"][0] >= before + 1500
+
+
+def test_delayed_messages_spilled_to_files_survive_restarts_snapshots_and_arrive_once(
+        tmp_path: Path) -> None:
+    """Nodes that keep 40 pending messages in memory and spill those due over 3 s ahead:
+    300 delayed messages go mostly to files, snapshots (every 40 entries) reference the
+    files, a follower restarted from its snapshot and the leader killed still deliver
+    each one on time, once."""
+    small = {"timer_memory_records": 40, "timer_spill_horizon_s": 3.0,
+             "snapshot_every_entries": 40}
+    with LocalCluster(tmp_path / "c", nodes=3, groups=1, tick_ms=50,
+                      node_overrides=small) as c:
+        c.wait_ready(timeout=60)
+
+        async def setup_and_send() -> dict[bytes, int]:
+            async with Admin(c.namesrv_addr) as admin:
+                await admin.create_topic(TOPIC, queues=2, groups=["g0"])
+            due: dict[bytes, int] = {}
+            async with Producer(c.namesrv_addr) as p:
+                for i in range(300):
+                    delay = 6 + (i % 60) / 10  # 6.0 .. 11.9 s
+                    before = now_ms()
+                    await p.send(TOPIC, b"s%d" % i, delay=delay, key=f"key-{i}")
+                    due[b"s%d" % i] = before + int(delay * 1000)
+            return due
+
+        due = anyio.run(setup_and_send)
+        status = wait_for(lambda: [node_status(c, n, "g0") for n in c.node_ids]
+                          if all(node_status(c, n, "g0").get("delayed_pending") == 300
+                                 for n in c.node_ids) else None, 20, "all pending")
+        for st in status:  # most of them are in files, on every replica
+            assert st["delayed_runs"] >= 1 and st["delayed_in_memory"] < 300, st
+        leader = leader_of(c, "g0")
+        follower = next(n for n in c.node_ids if n != leader)
+        assert c.restart_and_wait(follower, timeout=60) is None
+        c.kill(leader)
+        wait_new_leader(c, "g0", leader, timeout=30)
+        c.restart(leader)
+        seen = anyio.run(watch, c.namesrv_addr, 300, 120, 2.0)
+        assert_on_time(seen, due, late_bound_ms=60_000)
+        assert_no_unexpected_exits(c)

@@ -52,7 +52,8 @@ class StatusAnswer(WireType):
         "applied, last, durable, ...; `raftlog.runtime.GroupRuntime.status`), "
         "`leader_addr`, `queues` (`{topic: {queue: [min, end]}}`), `offsets` (`{cg: "
         "{topic: {queue: offset}}}`), `tx_ids` and `tx_fences`, `delayed_pending` "
-        "(delayed messages stored, not yet due)")
+        "(delayed messages stored, not yet due), `delayed_in_memory` (of which in "
+        "memory) and `delayed_runs` (files holding the others)")
     peers_connected: tuple[int, ...] = spec(list, "the peers this node holds a connection "
                                             "to", check=_node_ids("peers_connected"))
 

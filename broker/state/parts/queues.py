@@ -40,7 +40,14 @@ import crc32c
 import msgpack
 
 from broker.state.consumequeue import CQ_RECORD, ConsumeQueue, CQEntry
-from broker.state.cqchunks import CHUNK_RECORDS, ChunkGone, ChunkRef, chunk_name, load_chunk
+from broker.state.cqchunks import (
+    CHUNK_RECORDS,
+    ChunkGone,
+    ChunkRef,
+    chunk_name,
+    is_chunk_name,
+    load_chunk,
+)
 from broker.state.parts.base import MAX_QUEUES, Detached, Part, TopicConfig, pack
 from wire.protocol import Code, RequestError
 from wire.records import RecordRef
@@ -278,7 +285,7 @@ class Queues(Part):
             store.sync()
 
         def saved() -> None:
-            store.keep_only(crcs)
+            store.keep_only(crcs, only=is_chunk_name)
 
         return Detached(section, write, saved)
 

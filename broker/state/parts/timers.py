@@ -21,6 +21,16 @@ is kept beside it only when it has one. (A bucketed index rather than a timing w
 fixed slots: with delays up to the configured maximum, weeks, most slots of a wheel would
 be empty, and a bucket costs nothing until a message falls in it.)
 
+Memory stays flat however many are pending: once more than `TimerLimits.memory_records`
+records are in memory, those due later than its `horizon_ms` ahead go to a *run*, one file
+sorted by due time (`broker.state.timerruns`, in the group's chunk store, as RocketMQ keeps
+its TimerLog on disk), and only the run's few numbers stay. A `DeliverDue` first reads
+back, from each run whose next record is due within `load_ahead_ms`, the stretch due
+within `load_ahead_ms + load_span_ms` (the horizon lies beyond, so what is read back is
+not spilled again). Spilling and reading back are decided by the applied state alone, so
+every replica writes the same runs under the same names; a snapshot references the runs
+instead of copying them, and a restart reads their few numbers, not their messages.
+
 Pending messages pin their entries: retention keeps everything from the lowest Raft index
 still pending (`pinned_index`). A topic deleted drops its pending messages; a destination
 queue that is gone when its messages fall due drops them (counted as skipped).
@@ -35,14 +45,16 @@ unless the mutation is on).
 from __future__ import annotations
 
 import heapq
-import struct
+from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from broker.state.cqchunks import ChunkGone, ChunkRef, load_chunk
 from broker.state.parts.base import (
     ControlRecord,
     ControlResult,
+    Detached,
     Handler,
     Part,
     Refused,
@@ -50,15 +62,45 @@ from broker.state.parts.base import (
     int_field,
     is_int,
 )
+from broker.state.timerruns import RECORD, Run, encode_run, is_run_name, read_run, run_name, run_seq
 from wire.protocol import Code
 from wire.records import BatchHeader, RecordRef
 
-__all__ = ["BUCKET_MS", "DELIVER_LIMIT", "DeliverDue", "ForgetPending", "Timers"]
+__all__ = ["BUCKET_MS", "DELIVER_LIMIT", "DeliverDue", "ForgetPending", "TimerLimits", "Timers"]
 
 BUCKET_MS = 100  # pending messages are grouped by due time in buckets this wide
 DELIVER_LIMIT = 65536  # the most messages one DeliverDue may move
-_REC = struct.Struct(">QQIIIIQ")  # due_ms, index, start, size, tag hash, destination, store_ms
+SPILL_AT = 262_144  # records in memory beyond which the far ones spill to a run (10 MiB)
+SPILL_HORIZON_MS = 15 * 60_000  # records due further ahead than this may spill
+_REC = RECORD
 _SIZE = _REC.size
+
+
+@dataclass(frozen=True, slots=True)
+class TimerLimits:
+    """How much of the pending index stays in memory. Every replica of a group must use
+    the same (they decide the same spills from them), as with `consume_queue_chunk`."""
+
+    memory_records: int = 0  # 0: SPILL_AT, as the module says now
+    horizon_ms: int = 0  # 0: SPILL_HORIZON_MS
+
+    def resolved(self) -> TimerLimits:
+        return TimerLimits(self.memory_records or SPILL_AT, self.horizon_ms or SPILL_HORIZON_MS)
+
+    @property
+    def spill_min(self) -> int:
+        """The fewest far records worth a run of their own."""
+        return max(1, self.memory_records // 4)
+
+    @property
+    def load_ahead_ms(self) -> int:
+        """A run's next stretch is read back this long before it falls due."""
+        return self.horizon_ms // 15
+
+    @property
+    def load_span_ms(self) -> int:
+        """The stretch spans this long: ahead + span stays short of the horizon."""
+        return self.horizon_ms * 2 // 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +203,27 @@ class _Bucket:
         return bytes(self.buf[self.pos:])
 
 
+class _Dues:
+    """The due times of packed records, as a sequence `bisect` can search."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: memoryview) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records) // _SIZE
+
+    def __getitem__(self, i: int) -> int:
+        due: int = _REC.unpack_from(self.records, i * _SIZE)[0]
+        return due
+
+
 class Timers(Part):
     """Pending delayed messages by due time (see the module docstring)."""
 
     name = "timers"
+    version = 2  # 2: spilled runs; 1 held every pending record inline
     records = (DeliverDue, ForgetPending)
 
     def __init__(self, state: Any) -> None:
@@ -172,13 +231,20 @@ class Timers(Part):
         mutations: frozenset[str] = getattr(state, "mutations", frozenset())
         self.deliver_at_send = "deliver-at-send" in mutations
         self.volatile = "volatile-timers" in mutations
+        limits: TimerLimits = getattr(state, "timer_limits", None) or TimerLimits()
+        self.limits = limits.resolved()
         self._buckets: dict[int, _Bucket] = {}
         self._keys_heap: list[int] = []  # bucket keys, each once
         self._dests: list[tuple[str, int]] = []  # destination id -> (topic, queue)
-        self._dest_ids: dict[tuple[str, int], int] = {}
+        self._dest_ids: dict[tuple[str, int], int] = {}  # live ones (a deleted topic's go)
+        self._dead: set[int] = set()  # destination ids of deleted topics' queues
         self._msg_keys: dict[tuple[int, int], str] = {}  # (index, start) -> message key
-        self._pending = 0
+        self._runs: list[Run] = []  # spilled, in the order they were made
+        self._run_seq = 0  # the next run's number
+        self._in_memory = 0  # records in the buckets
+        self._pending = 0  # records in the buckets and unread in runs (live destinations)
         self.clock_ms = 0  # the highest time a DeliverDue carried
+        self.seen_ms = 0  # the highest of that and the store times of held messages
         self.delivered = 0  # messages moved into their queues, ever
         self.dropped = 0  # pending messages whose topic or queue went, ever
 
@@ -193,16 +259,28 @@ class Timers(Part):
         """Messages waiting for their time."""
         return self._pending
 
+    @property
+    def in_memory(self) -> int:
+        """Pending records held in memory (the others are in spilled runs)."""
+        return self._in_memory
+
+    @property
+    def runs(self) -> int:
+        """Spilled runs with records still to be read back."""
+        return len(self._runs)
+
     def next_due(self) -> int | None:
-        """A time at or before which the earliest pending message falls due (None: none
-        pending): the leader proposes `DeliverDue` once its clock reaches it."""
-        if not self._keys_heap:  # every key in it has a bucket holding something
-            return None
-        return self._buckets[self._keys_heap[0]].min_due
+        """A time at or before which the leader should propose `DeliverDue` (None: none
+        pending): the earliest pending message's due time, or the time a run's next
+        stretch is to be read back."""
+        times = [self._buckets[self._keys_heap[0]].min_due] if self._keys_heap else []
+        times += [r.min_due - self.limits.load_ahead_ms for r in self._runs]
+        return min(times) if times else None
 
     def pinned_index(self) -> int | None:
         """The lowest Raft index a pending message is stored at (None: none pending)."""
         found = [b.min_index for b in self._buckets.values() if len(b)]
+        found += [r.min_index for r in self._runs]
         return min(found) if found else None
 
     # ------------------------------------------------------------------ the apply seam
@@ -222,23 +300,104 @@ class Timers(Part):
         if dest is None:
             dest = self._dest_ids[(topic, queue)] = len(self._dests)
             self._dests.append((topic, queue))
-        key = due_ms // BUCKET_MS
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = _Bucket(bytearray())
-            heapq.heappush(self._keys_heap, key)
         packed = b"".join(_REC.pack(due_ms, index, r.start, r.size, r.tag_hash, dest, store_ms)
                           for r in refs)
-        bucket.add(packed, due_ms, index)
+        self._add(due_ms // BUCKET_MS, packed, due_ms, due_ms, index)
         for r in refs:
             if r.key:
                 self._msg_keys[(index, r.start)] = r.key
         self._pending += len(refs)
+        if store_ms > self.seen_ms:
+            self.seen_ms = store_ms
+        if self._in_memory > self.limits.memory_records:
+            self._spill()
+
+    def _add(self, key: int, packed: bytes, min_due: int, max_due: int,
+             min_index: int) -> None:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(bytearray())
+            heapq.heappush(self._keys_heap, key)
+        bucket.add(packed, min_due, min_index)
+        if max_due > bucket.max_due:
+            bucket.max_due = max_due
+        self._in_memory += len(packed) // _SIZE
+
+    # ------------------------------------------------------------------ runs
+
+    def _spill(self) -> None:
+        """Write the records due beyond the horizon to a new run, if there are enough."""
+        first = (self.seen_ms + self.limits.horizon_ms) // BUCKET_MS + 1
+        far = sorted(k for k in self._buckets if k >= first)
+        count = sum(len(self._buckets[k]) for k in far)
+        if count < self.limits.spill_min:
+            return
+        recs = sorted(rec for k in far
+                      for rec in _REC.iter_unpack(self._buckets[k].compact()))
+        keys: list[list[object]] = []
+        for rec in recs:
+            key = self._msg_keys.pop((rec[1], rec[2]), None)
+            if key is not None:
+                keys.append([rec[1], rec[2], key])
+        for k in far:
+            del self._buckets[k]
+        self._keys_heap = sorted(self._buckets)
+        self._in_memory -= count
+        data, run = encode_run(run_name(self._run_seq), b"".join(_REC.pack(*r) for r in recs),
+                               keys)
+        self._run_seq += 1
+        # written (and fsynced) at once: the records leave memory now; its directory
+        # entry is made durable before a snapshot references it (`detach`)
+        self.state.chunk_store.put(run.name, data, overwrite=True)
+        self._runs.append(run)
+
+    def _load(self, now: int) -> None:
+        """Read back from every run the stretch due within the load window of `now`."""
+        if not self._runs:
+            return
+        soon = now + self.limits.load_ahead_ms
+        until = soon + self.limits.load_span_ms
+        kept: list[Run] = []
+        for run in self._runs:
+            if run.min_due > soon:
+                kept.append(run)
+                continue
+            records, keys = read_run(self.state.chunk_store, run)
+            dues = _Dues(records)
+            end = bisect_right(dues, until, run.skip, run.count)
+            self._take(records[run.skip * _SIZE:end * _SIZE], keys)
+            run.skip = end
+            if run.skip < run.count:
+                run.min_due = _REC.unpack_from(records, end * _SIZE)[0]
+                kept.append(run)
+        self._runs = kept
+
+    def _take(self, records: memoryview, keys: dict[tuple[int, int], str]) -> None:
+        """Put records read back from a run (sorted by due time) into their buckets; a
+        deleted topic's are dropped (counted when it was deleted)."""
+        recs = [r for r in _REC.iter_unpack(records) if r[5] not in self._dead]
+        i = 0
+        while i < len(recs):
+            key = recs[i][0] // BUCKET_MS
+            j = i
+            while j < len(recs) and recs[j][0] // BUCKET_MS == key:
+                j += 1
+            group = recs[i:j]
+            self._add(key, b"".join(_REC.pack(*r) for r in group), group[0][0], group[-1][0],
+                      min(r[1] for r in group))
+            for r in group:
+                k = keys.get((r[1], r[2]))
+                if k is not None:
+                    self._msg_keys[(r[1], r[2])] = k
+            i = j
 
     # ------------------------------------------------------------------ apply
 
     def _deliver(self, rec: DeliverDue, _index: int) -> ControlResult:
         now = self.clock_ms = max(self.clock_ms, rec.now_ms)
+        if now > self.seen_ms:
+            self.seen_ms = now
+        self._load(now)
         moved = dropped = 0
         limit = rec.limit
         heap = self._keys_heap
@@ -254,6 +413,7 @@ class Timers(Part):
             m, d = self._enqueue(recs)
             moved += m
             dropped += d
+            self._in_memory -= len(recs)
             if not len(bucket):
                 heapq.heappop(heap)
                 del self._buckets[key]
@@ -272,7 +432,8 @@ class Timers(Part):
         self._buckets.clear()
         self._keys_heap.clear()
         self._msg_keys.clear()
-        self._pending = 0
+        self._runs.clear()
+        self._in_memory = self._pending = 0
         self.dropped += gone
         return ControlResult(ForgetPending.op, gone)
 
@@ -301,7 +462,7 @@ class Timers(Part):
     def _append(self, run_key: tuple[int, int, int], refs: list[RecordRef]) -> tuple[int, int]:
         dest, index, store_ms = run_key
         topic, queue = self._dests[dest]
-        if not self.state.queues.hosts(topic, queue):
+        if dest in self._dead or not self.state.queues.hosts(topic, queue):
             return 0, len(refs)
         self.state.queues.append(topic, queue, index, refs, store_ms)
         return len(refs), 0
@@ -309,15 +470,20 @@ class Timers(Part):
     # ------------------------------------------------------------------ hooks
 
     def topic_deleted(self, config: TopicConfig) -> None:
-        gone = {i for i, (t, _q) in enumerate(self._dests) if t == config.name}
+        gone = {i for i, (t, _q) in enumerate(self._dests)
+                if t == config.name and i not in self._dead}
         if not gone:
             return
+        for i in gone:  # a topic created again with this name gets new destinations
+            del self._dest_ids[self._dests[i]]
+        self._dead |= gone
         for key, bucket in list(self._buckets.items()):
             kept = []
-            for rec in _REC.iter_unpack(memoryview(bucket.buf)[bucket.pos:]):
+            for rec in _REC.iter_unpack(bucket.compact()):
                 if rec[5] in gone:
                     self._msg_keys.pop((rec[1], rec[2]), None)
                     self._pending -= 1
+                    self._in_memory -= 1
                     self.dropped += 1
                 else:
                     kept.append(_REC.pack(*rec))
@@ -326,20 +492,59 @@ class Timers(Part):
             elif len(kept) != len(bucket):
                 self._buckets[key] = _Bucket(bytearray(b"".join(kept)), 0, bucket.ordered)
         self._keys_heap = sorted(self._buckets)
+        for run in self._runs:  # their records stay in the file; counted as dropped now
+            records, _keys = read_run(self.state.chunk_store, run)
+            n = sum(1 for rec in _REC.iter_unpack(records[run.skip * _SIZE:])
+                    if rec[5] in gone)
+            self._pending -= n
+            self.dropped += n
 
     # ------------------------------------------------------------------ snapshot
 
     def section(self) -> Any:
         return {
             "clock": self.clock_ms,
+            "seen": self.seen_ms,
             "counts": [self.delivered, self.dropped],
-            "dests": [[t, q] for t, q in self._dests],
+            "dests": [[t, q, i in self._dead] for i, (t, q) in enumerate(self._dests)],
             "buckets": [[k, b.compact(), b.ordered]
                         for k, b in sorted(self._buckets.items()) if len(b)],
             "keys": [[i, s, k] for (i, s), k in sorted(self._msg_keys.items())],
+            "runs": [r.to_list() for r in self._runs],
+            "run_seq": self._run_seq,
+            "pending": self._pending,
         }
 
+    def detach(self) -> Detached:
+        section = self.section()
+        store = self.state.chunk_store
+        refs = [r.ref for r in self._runs]
+        seq = self._run_seq
+
+        def write() -> None:
+            gone = [name for name, _crc, _len in refs if not store.has(name)]
+            if gone:
+                raise ChunkGone(f"timer runs {gone[:3]} ({len(gone)}) were deleted meanwhile")
+            store.sync()
+
+        def saved() -> None:
+            # runs made before this snapshot and not in it were read back: no durable
+            # snapshot needs them any more (later ones may be live: left alone)
+            keep = {name for name, _crc, _len in refs}
+            store.keep_only(keep, only=lambda n: is_run_name(n) and run_seq(n) < seq)
+
+        return Detached(section, write, saved)
+
+    @staticmethod
+    def chunk_refs(version: int, section: Any) -> list[ChunkRef]:
+        """The run files a section of `version` references."""
+        if version < 2:
+            return []
+        return [Run.from_list(item).ref for item in section.get("runs", ())]
+
     def load(self, version: int, section: Any) -> None:
+        if version not in (1, 2):
+            raise ValueError(f"unsupported timers section version {version!r}")
         if not isinstance(section, dict):
             raise ValueError("timers section is not a map")
         clock, counts = section.get("clock"), section.get("counts")
@@ -347,13 +552,18 @@ class Timers(Part):
                                      and all(is_int(c) for c in counts)):
             raise ValueError("timers section: bad clock or counts")
         self.clock_ms = clock
+        self.seen_ms = section.get("seen", clock)
         self.delivered, self.dropped = counts
         for item in section.get("dests", ()):
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+            if not (isinstance(item, list) and len(item) in (2, 3) and isinstance(item[0], str)
                     and is_int(item[1])):
                 raise ValueError(f"bad timers destination {item!r}")
-            self._dest_ids[(item[0], item[1])] = len(self._dests)
+            i = len(self._dests)
             self._dests.append((item[0], item[1]))
+            if len(item) == 3 and item[2]:
+                self._dead.add(i)
+            else:
+                self._dest_ids[(item[0], item[1])] = i
         for item in section.get("buckets", ()):
             if not (isinstance(item, list) and len(item) == 3 and is_int(item[0])
                     and isinstance(item[1], bytes) and len(item[1]) % _SIZE == 0
@@ -364,15 +574,17 @@ class Timers(Part):
                    for rec in _REC.iter_unpack(item[1])):
                 raise ValueError("timers bucket names an unknown destination or time")
             self._buckets[item[0]] = bucket
-            self._pending += len(bucket)
+            self._in_memory += len(bucket)
         self._keys_heap = sorted(self._buckets)
         for item in section.get("keys", ()):
             if not (isinstance(item, list) and len(item) == 3 and is_int(item[0])
                     and is_int(item[1]) and isinstance(item[2], str)):
                 raise ValueError("bad timers key")
             self._msg_keys[(item[0], item[1])] = item[2]
-
-    def check(self) -> None:
-        for topic, queue in self._dests:
-            if queue < 0:
-                raise ValueError(f"timers destination {topic!r}/{queue} is no queue")
+        self._runs = [Run.from_list(item) for item in section.get("runs", ())]
+        for run in self._runs:  # present and whole: checked, not parsed
+            load_chunk(self.state.chunk_store, run.ref)
+        self._run_seq = section.get("run_seq", 0)
+        self._pending = section.get("pending", self._in_memory)
+        if not is_int(self._run_seq) or not is_int(self._pending):
+            raise ValueError("timers section: bad run_seq or pending")

@@ -4,12 +4,16 @@ each exactly once, the same on every replica and across snapshots."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.state.cqchunks import CorruptChunk, MemoryChunkStore
+from broker.state.parts import timers as timers_part
 from broker.state.parts.base import ControlResult, ErrorResult, ProduceResult
 from broker.state.parts.timers import BUCKET_MS, DeliverDue, ForgetPending
 from broker.state.statemachine import BrokerState, control_create_topic, control_delete_topic
@@ -238,10 +242,21 @@ def histories(draw: st.DrawFn) -> tuple[Log, list[int]]:
     return log, ticks
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def small_runs() -> Any:
+    """Spill thresholds small enough for a test's few messages to make runs."""
+    return mock.patch.multiple(timers_part, SPILL_AT=8, SPILL_HORIZON_MS=400)
+
+
+@pytest.mark.parametrize("spill", [False, True], ids=["in-memory", "spilled-runs"])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories(), st.data())
 def test_replicas_agree_nothing_is_early_and_everything_arrives_once(
-        h: tuple[Log, list[int]], data: st.DataObject) -> None:
+        spill: bool, h: tuple[Log, list[int]], data: st.DataObject) -> None:
+    with small_runs() if spill else contextlib.nullcontext():
+        check_history(h, data)
+
+
+def check_history(h: tuple[Log, list[int]], data: st.DataObject) -> None:
     log, _ticks = h
     a = BrokerState("g")
     log.apply(a)
@@ -250,7 +265,7 @@ def test_replicas_agree_nothing_is_early_and_everything_arrives_once(
     b = BrokerState("g")
     for i, (t, d) in enumerate(log.entries[:cut]):
         b.apply(Entry(i + 1, 1, t, d))
-    b = BrokerState.restore("g", b.snapshot())
+    b = BrokerState.restore("g", b.snapshot(), chunk_store=b.chunk_store)
     for i, (t, d) in enumerate(log.entries[cut:], start=cut):
         b.apply(Entry(i + 1, 1, t, d))
     assert a.snapshot() == b.snapshot()
@@ -294,3 +309,73 @@ def test_the_test_mutations_break_exactly_what_the_checker_looks_for() -> None:
     volatile = BrokerState("g", mutations={"volatile-timers"})
     r = log.apply(volatile)[-1]
     assert r == ControlResult("forget_pending", 1) and volatile.timers.pending == 0
+
+
+# ---------------------------------------------------------------------- spilled runs
+
+
+def test_memory_stays_flat_far_messages_spill_to_runs_and_come_back_in_time() -> None:
+    log = Log()
+    for k in range(60):  # 120 messages due 1..60 s ahead, sent over a second
+        log.send(T0 + k * 10, n=2, delay_ms=1000 * (60 - k), key=f"k{k}")
+    with small_runs():
+        s = BrokerState("g")
+        log.apply(s)
+        assert s.timers.pending == 120
+        assert s.timers.in_memory <= 8 + 2 and s.timers.runs >= 5  # the rest on "disk"
+        runs = {n for n in s.chunk_store.names() if n.startswith("timers-")}
+        assert len(runs) == s.timers.runs
+        assert s.pinned_index() == 3  # the first entry's messages are in a run
+        # a replica restored from a snapshot reads the runs' numbers, not their records
+        snap = s.snapshot()
+        copy = BrokerState.restore("g", snap, chunk_store=s.chunk_store)
+        assert copy.snapshot() == snap
+        for t in range(T0, T0 + 62_000, 250):
+            log.tick(t)
+        log.apply(s, start=62)
+        log.apply(copy, start=62)
+    assert s.snapshot() == copy.snapshot() and s.timers.pending == 0 and s.timers.runs == 0
+    got = queued(s, log=log)
+    assert sorted(got) == sorted(log.bodies)
+    assert [log.bodies[b] for b in got] == sorted(log.bodies[b] for b in got)  # in due order
+    assert s.keys("t", "k0") == [(0, 118), (0, 119)]  # keys came back from the run
+    # once a snapshot without them is durable, runs read back are deleted
+    s.snapshot_later().saved()
+    assert not {n for n in s.chunk_store.names() if n.startswith("timers-")}
+
+
+def test_a_missing_or_damaged_run_refuses_the_snapshot() -> None:
+    log = Log()
+    for k in range(20):
+        log.send(T0, delay_ms=60_000 + k)
+    with small_runs():
+        s = BrokerState("g")
+        log.apply(s)
+        snap = s.snapshot()
+        (name,) = [n for n in s.chunk_store.names() if n.startswith("timers-")][:1]
+        damaged = MemoryChunkStore()
+        damaged.chunks = dict(s.chunk_store.chunks)  # type: ignore[attr-defined]
+        damaged.chunks[name] = b"x" + damaged.chunks[name][1:]
+        with pytest.raises(CorruptChunk):
+            BrokerState.restore("g", snap, chunk_store=damaged)
+        del damaged.chunks[name]
+        with pytest.raises(CorruptChunk):
+            BrokerState.restore("g", snap, chunk_store=damaged)
+
+
+def test_a_deleted_topic_created_again_gets_none_of_its_spilled_messages() -> None:
+    log = Log()
+    for k in range(20):
+        log.send(T0, topic="u", delay_ms=60_000 + k)
+    kept = log.send(T0, delay_ms=60_000)
+    with small_runs():
+        s = BrokerState("g")
+        log.apply(s)
+        assert s.timers.runs and s.timers.pending == 21
+        log.entries.append((EntryType.CONTROL, control_delete_topic("u")))
+        log.entries.append((EntryType.CONTROL, control_create_topic("u", 1, [0])))
+        log.tick(T0 + 70_000)
+        log.tick(T0 + 70_000)
+        log.apply(s, start=23)
+    assert s.timers.pending == 0 and s.timers.dropped == 20
+    assert s.queue_range("u", 0) == (0, 0) and queued(s, log=log) == kept
