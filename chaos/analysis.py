@@ -94,6 +94,8 @@ from typing import IO, Any, cast
 from .accounting import ERROR_KINDS, account_queue_history, combine_accounts
 from .authcheck import SEC_OPS
 from .authcheck import Checker as SecurityChecker
+from .delaycheck import DELAY_OPS
+from .delaycheck import Checker as DelayChecker
 from .entrychecks import EntryChecker, feed
 from .histories import (
     NEMESIS,
@@ -246,6 +248,7 @@ class Analysis:
             unavailability=self.results.get("unavailability_by_fault"),
             transactions=self.results.get("transactions"),
             security=self.results.get("security"),
+            delays=self.results.get("delays"),
         )
 
 
@@ -275,9 +278,10 @@ def analyze(
     path = Path(history_path)
     clock = _Clock()
     with _spill_dir(path) as spill:
-        with clock("spill"):  # and the transactional check, in the same pass
+        with clock("spill"):  # and the transactional, security and delay checks, one pass
             faults = parse_faults(path)
-            routes, (tx, sec) = _spill_by_key(path, spill, (TxChecker(), SecurityChecker()))
+            routes, (tx, sec, delays) = _spill_by_key(
+                path, spill, (TxChecker(), SecurityChecker(), DelayChecker()))
         analysis = _analyze_spilled(
             routes, faults, queue_groups=queue_groups, check_timeout=check_timeout,
             idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
@@ -285,6 +289,7 @@ def analyze(
         )
     _add_transactions(analysis, tx)
     _add_security(analysis, sec)
+    _add_delays(analysis, delays)
     analysis.results["analysis_seconds"] = clock.summary()
     return analysis
 
@@ -324,6 +329,13 @@ def _add_security(analysis: Analysis, sec: dict[str, Any]) -> None:
     _add_section(analysis, "security", sec, bool(
         sec["changes"] or sec["logins"] or sec["authz"] or sec["final_nodes"]
         or sec["malformed"] or sec["attacks"] or sec["rss_mib_max"]))
+
+
+def _add_delays(analysis: Analysis, delays: dict[str, Any]) -> None:
+    """The delayed-message checker's verdict (`chaos.delaycheck`): section ``delays``, for
+    a history with delayed-message records."""
+    _add_section(analysis, "delays", delays,
+                 bool(delays["messages"]["sent"] or delays["malformed"]))
 
 
 def _add_section(analysis: Analysis, name: str, section: dict[str, Any], present: bool) -> None:
@@ -537,8 +549,10 @@ def _spill_by_key(
                         continue
                     if isinstance(process, (int, str)):
                         if kind == "invoke" and (entry.get("f") in TX_OPS
-                                                 or entry.get("f") in SEC_OPS):
-                            skipped.add(process)  # `chaos.txcheck`/`authcheck` read these
+                                                 or entry.get("f") in SEC_OPS
+                                                 or entry.get("f") in DELAY_OPS):
+                            # `chaos.txcheck`/`authcheck`/`delaycheck` read these
+                            skipped.add(process)
                             open_route.pop(process, None)
                             continue
                         if kind == "invoke":

@@ -410,6 +410,21 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
             f"operations: {outcomes(sec.get('authz'))}; "
             f"read at the end on nodes {', '.join(sec.get('final_nodes') or []) or 'none'}"
         ))
+    delays = results.get("delays")
+    if isinstance(delays, dict):
+        msgs = delays.get("messages", {})
+        late = delays.get("lateness_ms", {})
+
+        def ms(v: Any) -> str:
+            return "-" if v is None else f"{v:.0f}"
+
+        table.add_row("delayed messages", (
+            f"{msgs.get('sent', 0)} sent, {msgs.get('acknowledged', 0)} acknowledged, "
+            f"{msgs.get('delivered', 0)} delivered; late past due p50/p99/max "
+            f"{ms(late.get('p50'))}/{ms(late.get('p99'))}/{ms(late.get('max'))} ms; "
+            + ", ".join(f"{kind} {delays.get(kind, 0)}"
+                        for kind in ("early", "late", "lost", "duplicated", "phantom"))
+        ))
     table.add_row("checker", f"{results.get('checker_seconds', 0):.1f} s")
     worst = results.get("longest_unavailability")
     table.add_row("longest unavailability after a leader loss",

@@ -510,6 +510,23 @@ def _security(sec: dict[str, Any]) -> str:
         ("problems", sec.get("problems"))])
 
 
+def _delays(d: dict[str, Any]) -> str:
+    """The delayed-message checker's verdict (`chaos.delaycheck`), lateness included."""
+    from .delaycheck import VIOLATIONS
+
+    late = d.get("lateness_ms") or {}
+
+    def ms(v: Any) -> str:
+        return "none" if v is None else f"{v:,.0f} ms"
+
+    return _checker_section("Delayed messages", d, VIOLATIONS, [
+        ("messages", d.get("messages")), ("transactions", d.get("transactions")),
+        ("lateness past due", f"p50 {ms(late.get('p50'))}, p99 {ms(late.get('p99'))}, "
+                              f"max {ms(late.get('max'))} over {late.get('count', 0)} "
+                              f"messages (late beyond {ms(d.get('late_bound_ms'))})"),
+        ("undrained queues", d.get("undrained_queues"))])
+
+
 def _checker_section(title: str, verdict: dict[str, Any], violations: Iterable[str],
                      facts: list[tuple[str, Any]]) -> str:
     """A checker's verdict: every violation count (red when not zero), its facts, and the
@@ -546,6 +563,7 @@ def render_html(
     unavailability: dict[str, dict[str, Any]] | None = None,
     transactions: dict[str, Any] | None = None,
     security: dict[str, Any] | None = None,
+    delays: dict[str, Any] | None = None,
     max_ops: int = 4000,
 ) -> str:
     """The report as one HTML string; faults are (start, end, name) in the history's time unit.
@@ -553,8 +571,9 @@ def render_html(
     ``throughput``/``latency`` are (time, value) series; when neither is given they are
     derived from the operations themselves. ``unavailability`` is a chaos run's
     ``unavailability_by_fault`` (one row per fault kind); ``transactions`` its
-    transactional verdict (`chaos.txcheck`) and ``security`` that of users and ACLs
-    (`chaos.authcheck`), each shown first when it found a violation.
+    transactional verdict (`chaos.txcheck`), ``security`` that of users and ACLs
+    (`chaos.authcheck`) and ``delays`` that of delayed messages (`chaos.delaycheck`),
+    each shown first when it found a violation.
     """
     chosen, note = _focus(info, max_ops)
     if throughput is None and latency is None:
@@ -571,6 +590,8 @@ def render_html(
         body.append(_transactions(transactions))
     if security is not None and not security.get("valid", True):
         body.append(_security(security))
+    if delays is not None and not delays.get("valid", True):
+        body.append(_delays(delays))
     failure = info.first_failure
     if failure is not None:
         body.append(_failure_section(model, failure))
@@ -595,6 +616,8 @@ def render_html(
         body.append(_transactions(transactions))
     if security is not None and security.get("valid", True):
         body.append(_security(security))
+    if delays is not None and delays.get("valid", True):
+        body.append(_delays(delays))
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>{''.join(body)}<script>{_JS}</script></body></html>"
