@@ -13,7 +13,9 @@ One trio program in this process runs everything that is not a node:
    linearizability check per queue, the longest unavailability after a leader loss, and
    the bound on writes after every heal (`chaos.analysis.LIVENESS_BOUND`).
 
-With `--workload security` (or `all`) the nodes run with logins and ACLs on and a
+With `--workload delay` (or `all`) producers send delayed messages and readers follow
+their queues from the start to the drain (`chaos.delayworkload`), checked by
+`chaos.delaycheck`. With `--workload security` (or `all`) the nodes run with logins and ACLs on and a
 bootstrap superuser whose login every client of the harness uses (`chaos.secworkload`);
 the default queue workload's cluster has neither.
 
@@ -49,6 +51,7 @@ from transport.scram import USER_ENV
 
 from .analysis import Analysis, analyze_run
 from .attackers import Attackers, node_rss_mib
+from .delayworkload import DelayWorkload
 from .disk_faults import SmallDisk
 from .nemesis import NEMESES, Nemesis, Step, plan
 from .proxy import ProxyNet
@@ -60,7 +63,7 @@ from .workload import Workload
 
 __all__ = ["RunOptions", "nemesis_plan", "run_chaos"]
 
-WORKLOADS = ("queue", "txn", "security", "all")
+WORKLOADS = ("queue", "txn", "security", "delay", "all")
 SECURE_WORKLOADS = ("security", "all")
 """Workloads whose cluster runs with logins and ACLs on (`chaos.secworkload`); every
 client of the harness then logs in as its superuser."""
@@ -138,8 +141,9 @@ class RunOptions:
             if self.mutations:
                 raise ValueError("--mutation needs nodes the harness starts, not --cluster")
             if self.workload != "queue":
-                why = ("with logins and ACLs on" if self.workload == "security"
-                       else "with short check-back timings")
+                why = {"security": "with logins and ACLs on",
+                       "delay": "on the clock its readers read: due times are the nodes' "
+                                "wall clock"}.get(self.workload, "with short check-back timings")
                 raise ValueError(f"--workload {self.workload} needs nodes the harness starts "
                                  f"({why}), not --cluster")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
@@ -234,6 +238,12 @@ async def _run(opts: RunOptions, recorder: Recorder,
                                     recorder=recorder, rng=random.Random(rng.getrandbits(64)),
                                     log=opts.out / "cluster" / "pipeline.log")
                 facts["tx_queue_groups"] = await txload.setup()
+            delayload: DelayWorkload | None = None
+            if opts.workload in ("delay", "all"):
+                delayload = DelayWorkload(cluster.namesrv_addr, TOPIC, opts.groups,
+                                          recorder=recorder,
+                                          rng=random.Random(rng.getrandbits(64)))
+                facts["delay_queue_groups"] = await delayload.setup()
             secload: SecurityWorkload | None = None
             if opts.workload in SECURE_WORKLOADS:
                 secload = SecurityWorkload(
@@ -254,7 +264,7 @@ async def _run(opts: RunOptions, recorder: Recorder,
             )
             # a node that died on its own is reported (unexpected_exits), not raised
             ready = functools.partial(cluster.wait_ready, opts.ready_timeout, raise_on_exit=False)
-            await _load_heal_drain(opts, _Loads(workload, txload, secload), nemesis, ready,
+            await _load_heal_drain(opts, _Loads(workload, txload, secload, delayload), nemesis, ready,
                                    cluster.unexpected_exits, facts)
         finally:
             await trio.to_thread.run_sync(cluster.stop)
@@ -264,16 +274,26 @@ async def _run(opts: RunOptions, recorder: Recorder,
     return facts
 
 
+_Load = Workload | TxWorkload | SecurityWorkload | DelayWorkload
+
+
 class _Loads:
-    """The queue workload, the transactional one, the security one, or several side by
-    side."""
+    """The queue workload, the transactional one, the security one, the delayed-message
+    one, or several side by side."""
 
     def __init__(self, queue: Workload | None, tx: TxWorkload | None,
-                 security: SecurityWorkload | None = None) -> None:
-        self.loads: list[Workload | TxWorkload | SecurityWorkload] = [
-            w for w in (queue, tx, security) if w is not None]
+                 security: SecurityWorkload | None = None,
+                 delay: DelayWorkload | None = None) -> None:
+        self.loads: list[_Load] = [w for w in (queue, tx, security, delay) if w is not None]
         self.tx = tx
         self.security = security
+        self.delay = delay
+
+    async def follow(self) -> None:
+        """What watches the cluster from the load's start until the drain: the delayed
+        messages' readers (so a message due during the heal is seen when it arrives)."""
+        if self.delay is not None:
+            await self.delay.follow()
 
     async def run(self, stop_at: float) -> None:
         async with trio.open_nursery() as nursery:
@@ -283,7 +303,7 @@ class _Loads:
     async def drain(self, timeout: float) -> bool:
         done: list[bool] = []
 
-        async def one(load: Workload | TxWorkload | SecurityWorkload) -> None:
+        async def one(load: _Load) -> None:
             done.append(await load.drain(timeout))
 
         async with trio.open_nursery() as nursery:
@@ -305,20 +325,24 @@ async def _load_heal_drain(
     the drain's outcome and the nodes that exited on their own go into `facts`."""
     started = time.monotonic()
     stop_at = started + opts.time
-    async with trio.open_nursery() as load:
-        load.start_soon(workload.run, stop_at)
+    async with trio.open_nursery() as watching:
+        if isinstance(workload, _Loads):
+            watching.start_soon(workload.follow)
+        async with trio.open_nursery() as load:
+            load.start_soon(workload.run, stop_at)
+            if nemesis is not None:
+                load.start_soon(nemesis.run, stop_at)
         if nemesis is not None:
-            load.start_soon(nemesis.run, stop_at)
-    if nemesis is not None:
-        await nemesis.heal()
-        if nemesis.degraded:
-            facts["harness_degraded"] = nemesis.degraded
-    try:
-        await trio.to_thread.run_sync(ready)
-    except TimeoutError as exc:
-        facts["not_ready"] = str(exc)
-    healed = time.monotonic()
-    facts["drained"] = await workload.drain(opts.drain_seconds)
+            await nemesis.heal()
+            if nemesis.degraded:
+                facts["harness_degraded"] = nemesis.degraded
+        try:
+            await trio.to_thread.run_sync(ready)
+        except TimeoutError as exc:
+            facts["not_ready"] = str(exc)
+        healed = time.monotonic()
+        facts["drained"] = await workload.drain(opts.drain_seconds)
+        watching.cancel_scope.cancel()  # the drain stopped its own; anything else too
     facts["timings"] = {
         "load_seconds": round(healed - started, 3),
         "drain_seconds": round(time.monotonic() - healed, 3),
@@ -331,6 +355,8 @@ async def _load_heal_drain(
         facts["tx_load"] = {**workload.tx.stats, "pipeline_starts": workload.tx.pipeline_starts}
     if isinstance(workload, _Loads) and workload.security is not None:
         facts["security_converged"] = workload.security.converged
+    if isinstance(workload, _Loads) and workload.delay is not None:
+        facts["delay_load"] = dict(workload.delay.stats)
 
 
 async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:

@@ -1,15 +1,19 @@
-"""The delayed-message checker (`chaos.delaycheck`) on synthetic histories: each finding
-caught where it is, nothing found in a valid history; its verdict joins the run's, the
-report's and the summary's."""
+"""`raftmq chaos run --workload delay`: the delayed-message checker (`chaos.delaycheck`)
+on synthetic histories (each finding caught where it is, nothing found in a valid
+history; its verdict joins the run's, the report's and the summary's), and what the
+workload (`chaos.delayworkload`) sends."""
 
 from __future__ import annotations
 
 import json
+import random
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from chaos.cli import EXIT_USAGE, run_main
 from chaos.delaycheck import (
     EARLY_SLACK_MS,
     LATE_BOUND_MS,
@@ -353,3 +357,35 @@ def test_report_and_summary_show_the_delay_verdict(
     for text in ("delays: early: 1", "9 sent, 8 acknowledged, 7 delivered",
                  "p50/p99/max 12/480/480 ms", "early 1, late 0, lost 0"):
         assert text in out, (text, out)
+
+
+def test_delay_workload_needs_nodes_the_harness_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('namesrv = "127.0.0.1:1"\n[nodes.1]\nagent = "127.0.0.1:2"\n')
+    assert run_main(["--out", str(tmp_path / "out"), "--workload", "delay", "--cluster",
+                     str(cluster), "--nemesis", "kill"]) == EXIT_USAGE
+    assert "--workload delay needs nodes the harness starts" in capsys.readouterr().err
+
+
+def test_delays_near_the_end_of_the_load_fall_due_soon_after_it(tmp_path: Path) -> None:
+    """Early on, delays up to 20 s and every level; near the end, nothing due later than
+    `TAIL_S` after it (a run need not wait out 20 s delays after the heal)."""
+    from chaos.delayworkload import MAX_DELAY_S, TAIL_S, DelayWorkload
+
+    with Recorder(tmp_path / "h.jsonl") as rec:
+        load = DelayWorkload("127.0.0.1:1", "c", 3, recorder=rec, rng=random.Random(5))
+        load._stop_at = time.monotonic() + 600
+        early = [load._rule()[0] for _ in range(400)]
+        load._stop_at = time.monotonic() + 1
+        late = [load._rule()[0] for _ in range(400)]
+    assert {r.get("level") for r in early} == {None, 1, 2, 3}
+    delays = [r["delay_ms"] for r in early if "delay_ms" in r]
+    assert max(delays) > 15_000 and max(delays) <= MAX_DELAY_S * 1000
+    assert any(r["at_ms"] < time.time() * 1000 for r in early if "at_ms" in r)  # past ones
+    horizon = (time.time() + 1 + TAIL_S) * 1000 + 50
+    for r in late:
+        assert r.get("level") in (None, 1)
+        assert r.get("delay_ms", 0) <= (1 + TAIL_S) * 1000 + 50
+        assert r.get("at_ms", 0) <= horizon
