@@ -1,11 +1,18 @@
-"""`raftmq chaos run --workload delay`: the delayed-message checker (`chaos.delaycheck`)
-on synthetic histories (each finding caught where it is, nothing found in a valid
-history; its verdict joins the run's, the report's and the summary's), and what the
-workload (`chaos.delayworkload`) sends."""
+"""`raftmq chaos run --workload delay`: the delayed-message checker on synthetic histories
+(each finding caught where it is, nothing found in a valid history), and the workload on
+real nodes: a short run under `kill` is valid, and each deliberate bug is caught:
+
+- `deliver-at-send` (a delayed message queued when stored): seen long before it is due
+  (`early`), with no fault at all;
+- `volatile-timers` (a leader starting its term drops whatever is pending, as an index
+  kept in a leader's memory would): acknowledged messages never delivered (`lost`), under
+  `leader-transfer`, whose storms start new leader terms in every group.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -13,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from broker.config import ALLOW_MUTATIONS_ENV
 from chaos.cli import EXIT_USAGE, run_main
 from chaos.delaycheck import (
     EARLY_SLACK_MS,
@@ -22,8 +30,12 @@ from chaos.delaycheck import (
     check_lines,
     percentile,
 )
+from chaos.histories import parse_faults
 from chaos.recorder import Recorder
+from chaos.run import RunOptions, nemesis_plan, run_chaos
+from tests.chaos.test_run import _recheck, _results
 
+DELAY_SECONDS = float(os.environ.get("CHAOS_DELAY_SECONDS", "15"))
 T = "d"
 BASE = 1_800_000_000_000  # a wall-clock ms; every time below is relative to it
 
@@ -389,3 +401,66 @@ def test_delays_near_the_end_of_the_load_fall_due_soon_after_it(tmp_path: Path) 
         assert r.get("level") in (None, 1)
         assert r.get("delay_ms", 0) <= (1 + TAIL_S) * 1000 + 50
         assert r.get("at_ms", 0) <= horizon
+
+
+# ------------------------------------------------------------------ live runs
+
+# mutation: (nemeses, seed, the violation that must be found)
+CAUGHT_BY = {
+    "deliver-at-send": ("none", 1, "early"),
+    "volatile-timers": ("leader-transfer", 4, "lost"),
+}
+
+
+def test_the_volatile_timers_run_moves_leaders_while_messages_pend() -> None:
+    """The seed's first leader-transfer storm starts within the load, after seconds of
+    sends (pending ones among them), so a new leader term drops what is pending."""
+    nemesis, seed, _kind = CAUGHT_BY["volatile-timers"]
+    steps = nemesis_plan(RunOptions(out=Path("unused"), time=DELAY_SECONDS, seed=seed,
+                                    nemesis=(nemesis,)))
+    assert steps and steps[0].kind == nemesis
+    assert 2.0 <= steps[0].at and steps[0].end < DELAY_SECONDS - 2, steps
+
+
+@pytest.mark.live
+def test_delay_smoke_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code = run_main(["--out", str(out), "--workload", "delay", "--time", str(DELAY_SECONDS),
+                     "--seed", "3", "--nemesis", "kill", "--drain-timeout", "40", "--json"])
+    results = _results(out)
+    d = results["delays"]
+    assert code == 0, json.dumps(results, indent=1)[:4000]
+    assert results["valid"] is True and d["valid"] is True
+    msgs = d["messages"]
+    # every kind of send happened and was delivered, so the checks were not vacuous
+    assert msgs["acknowledged"] > 50 and msgs["delivered"] >= msgs["acknowledged"], msgs
+    assert set(msgs["by_rule"]) == {"at", "delay", "level"}, msgs
+    assert d["transactions"]["committed"] > 0 and d["transactions"]["aborted"] > 0, d
+    assert d["lateness_ms"]["count"] == msgs["delivered"]
+    assert d["undrained_queues"] == []
+    assert {f.f for f in parse_faults(out / "history.jsonl")} == {"kill"}
+    assert "Delayed messages" in (out / "report.html").read_text()
+    _recheck(out, 0, capsys)
+
+
+@pytest.mark.parametrize("mutation", sorted(CAUGHT_BY))
+@pytest.mark.live
+def test_a_delayed_message_bug_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    mutation: str,
+) -> None:
+    nemesis, seed, kind = CAUGHT_BY[mutation]
+    monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
+    out = tmp_path / "run"
+    results = run_chaos(RunOptions(
+        out=out, workload="delay", time=DELAY_SECONDS, seed=seed,
+        nemesis=() if nemesis == "none" else (nemesis,), mutations=(mutation,),
+        check_timeout=20, drain_timeout=40,
+    ))
+    d = results["delays"]
+    assert results["verdict"] == "invalid", json.dumps(results, indent=1)[:4000]
+    assert d["valid"] is False and d[kind] > 0, json.dumps(d, indent=1)[:4000]
+    assert f"delays: {kind}: {d[kind]}" in results["problems"]
+    html = (out / "report.html").read_text()
+    assert "Delayed messages" in html and "invalid" in html
+    _recheck(out, 1, capsys)
