@@ -212,6 +212,9 @@ class Code(IntEnum):
     TX_LIMIT = 45  # too many messages/bytes/participants/open transactions, or timeout too long
     NOT_COORDINATOR = 46  # this group is not the coordinator of that transactional id
     TX_PENDING = 47  # retriable: that queue's offsets are part of an undecided transaction
+    STALE_RECEIPT = 48  # a simple consumer's receipt names a delivery that is no longer
+    #                     current: the message was delivered again (its invisible time ran
+    #                     out), acked, or dead-lettered; nothing was changed for it
 
     @property
     def retriable(self) -> bool:

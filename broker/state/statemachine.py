@@ -29,6 +29,10 @@ state, its control records, their apply handlers, its queries and its snapshot s
 - `Users`: client credentials (SCRAM verifiers) in the metadata group (user_put, user_del).
 - `Acls`: who may publish/subscribe/administer what, in the metadata group (acl_add,
   acl_remove).
+- `Moves`: the internal produce path, a stored message into another queue (move).
+- `DeadLetters`: what simple consumer groups gave up on (dead_resend, dead_purge).
+- `Receipts`: simple consumer groups' per-message state: in flight, delivery counts,
+  handles (receive, ack, nack, change_invisible).
 
 A new part (transactions, timers, retries, queue locks, users) is a `Part` subclass added
 to `PARTS` (or to a subclass's `part_types`): its records join the dispatch table, it hears the broadcasts (topic created
@@ -88,12 +92,14 @@ from broker.state.parts.base import (
     pack,
 )
 from broker.state.parts.catalog import Catalog, CreateTopic, DeleteTopic, GrowTopic
+from broker.state.parts.deadletters import DeadLetters
 from broker.state.parts.horizon import Horizon, Retain
 from broker.state.parts.leadership import Leadership, PreferLeader
 from broker.state.parts.moves import MoveMessage, Moves
 from broker.state.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.state.parts.producers import DEDUP_WINDOW, Producers
 from broker.state.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
+from broker.state.parts.receipts import Receipts
 from broker.state.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests
 from broker.state.parts.timers import DeliverDue, TimerLimits, Timers
 from broker.state.parts.txcoord import TxCoordinator
@@ -149,7 +155,7 @@ __all__ = [
 #: The parts, in the order they hear broadcasts and appear in snapshots.
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
                                  Leadership, TxParticipant, TxCoordinator, Users, Acls, Moves,
-                                 Timers)
+                                 Timers, DeadLetters, Receipts)
 #: The test mutations the state machine itself carries out (see `broker.config`).
 STATE_MUTATIONS = frozenset({"serve-prepared", "no-fencing", "forget-epochs",
                              "drop-acl-remove", "deliver-at-send", "volatile-timers"})
@@ -244,6 +250,8 @@ class BrokerState:
         self.txcoord = self.part(TxCoordinator)
         self.moves = self.part(Moves)
         self.timers = self.part(Timers)
+        self.deadletters = self.part(DeadLetters)
+        self.receipts = self.part(Receipts)
         self._dispatch: dict[str, tuple[type[ControlRecord], Handler]] = {}
         for part in self.parts:
             handlers = part.handlers()

@@ -87,12 +87,18 @@ class ProduceResult:
 
 @dataclass(frozen=True, slots=True)
 class ControlResult:
-    """A control entry took effect: `applied` things changed, `skipped` were ignored."""
+    """A control entry took effect: `applied` things changed, `skipped` were ignored.
+
+    `items` is what a record's apply chose or found, for the door that proposed it (the
+    messages a `receive` handed out, the receipts an `ack` found stale): the apply is
+    where the choice is made, deterministically, so the door learns it from here. A
+    retried request's result (`dup`) does not carry them."""
 
     op: str
     applied: int = 0
     skipped: int = 0
     dup: bool = False  # a retried request: the first copy's result, nothing changed now
+    items: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
