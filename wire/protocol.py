@@ -161,6 +161,13 @@ class Op(IntEnum):
     #   msg_id, pg, checks) -> (state: commit|rollback|unknown)
     PRODUCER_HEARTBEAT = 69  # (pg, client, ttl_ms?) -> (): this connection is a live
     #   member of producer group pg on this node (asked TX_CHECK)
+    # the simple consumer (per-message acks) and its dead letters; see wire.requests.simple
+    RECEIVE = 70  # (cg, topic, queue, g?, max, invisible_ms, wait_ms, ...) -> (msgs) body
+    ACK = 71  # (cg, topic, queue, g?, items: [[offset, handle]...], req?) -> (acked, stale)
+    NACK = 72  # (cg, topic, queue, g?, items, delay_ms?, backoff_ms?, error?, dead?, req?)
+    #   -> (nacked, dead, stale)
+    CHANGE_INVISIBLE = 73  # (cg, topic, queue, g?, offset, handle, invisible_ms) -> (visible_ms)
+    DLQ = 74  # (action: list|show|resend|purge, cg, g?, ids?, req?) -> (rows, led, done)
     REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
     #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see
     #   wire.requests.namesrv

@@ -18,6 +18,7 @@ a client FORBIDDEN before this door is asked).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -34,6 +35,7 @@ from broker.doors.base import (
 from broker.runtime.groups import GroupRegistry
 from broker.runtime.leading import GroupLead
 from broker.runtime.metrics import NodeMetrics
+from broker.state.consumequeue import CQEntry
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import GroupRuntime
 from raftlog.types import Entry, EntryType
@@ -153,6 +155,18 @@ class ReadDoor:
     async def _answer_fetch(
         self, g: GroupRuntime, found: list, nxt: int, lo: int, end: int
     ) -> Response:
+        msgs, body = await self.records(g, found)
+        nmsgs, nbytes = self.metrics.fetch_series(g.group_id)
+        nmsgs.inc(len(msgs))
+        nbytes.inc(len(body))
+        return ok_header(0, g=g.group_id, next=nxt, min=lo, end=end, msgs=msgs), body
+
+    async def records(
+        self, g: GroupRuntime, found: Sequence[CQEntry]
+    ) -> tuple[list[tuple[int, int, int, int]], bytes]:
+        """The stored records of ConsumeQueue entries `found` of group `g` (through the
+        read cache), concatenated, and a FETCH row (offset, Raft index, start, store
+        time) for each: what every door that answers messages reads them with."""
         # one slice per run of records that lie end to end in one entry (a batch's
         # records do), not one per message; rows as tuples (msgpack arrays all the same)
         parts: list[bytes | memoryview] = []
@@ -170,11 +184,7 @@ class ReadDoor:
             msgs.append((offset, index, start, store_ms))
         if run_end > run_start:
             parts.append(cached[run_start:run_end])
-        body = b"".join(parts)
-        nmsgs, nbytes = self.metrics.fetch_series(g.group_id)
-        nmsgs.inc(len(msgs))
-        nbytes.inc(len(body))
-        return ok_header(0, g=g.group_id, next=nxt, min=lo, end=end, msgs=msgs), body
+        return msgs, b"".join(parts)
 
     # ------------------------------------------------------------------ lookups
 

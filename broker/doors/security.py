@@ -187,6 +187,20 @@ def _offset_topics(h: Mapping[str, Any], _b: bytes) -> list[Need]:
     return needs
 
 
+def _simple(h: Mapping[str, Any], _b: bytes) -> list[Need]:
+    """A simple consumer's receive, ack, nack or change of invisible time: subscribe on
+    its consumer group and on the topic."""
+    return [("group", _text(h, "cg"), "subscribe"), ("topic", _text(h, "topic"), "subscribe")]
+
+
+def _dlq(h: Mapping[str, Any], _b: bytes) -> list[Need]:
+    """A consumer group's dead letters: listing and showing them is the group's
+    (subscribe), resending and purging them its administrator's (admin, as deleting
+    the group is)."""
+    operation = "subscribe" if h.get("action") in ("list", "show") else "admin"
+    return [("group", _text(h, "cg"), operation)]
+
+
 def _offsets(h: Mapping[str, Any], _b: bytes) -> list[Need]:
     """One group's offsets: subscribe on it; every group's: cluster admin."""
     if h.get("cg") is None:
@@ -228,6 +242,8 @@ RULES: dict[int, Resolver | str] = {
     Op.HALF_END: _half_end, Op.TX_LIST: _cluster("admin"),
     Op.TX_CHECK: NOT_A_REQUEST,  # the node asks the producer, never the other way
     Op.PRODUCER_HEARTBEAT: _on("producer-group", "pg", "publish"),
+    Op.RECEIVE: _simple, Op.ACK: _simple, Op.NACK: _simple, Op.CHANGE_INVISIBLE: _simple,
+    Op.DLQ: _dlq,
 }
 
 

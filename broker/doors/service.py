@@ -2,7 +2,7 @@
 
 Each area of requests is a door of its own module, built here with what it needs:
 `produce` (PRODUCE), `reads` (FETCH, GET_MESSAGE, QUERY_KEY, READ_RAW), `offsets`
-(consumer offsets), `topics` (topic configuration), `cluster` (status, leadership,
+(consumer offsets), `simple` (the simple consumer and its dead letters), `topics` (topic configuration), `cluster` (status, leadership,
 membership, replicas), `heartbeats` (consumer group members) and `transactions` (both
 transaction models). Their op -> handler tables make the one table `handle` dispatches
 on; two doors claiming one op is a programming error, found at construction.
@@ -29,6 +29,7 @@ from broker.doors.offsets import OffsetDoor
 from broker.doors.produce import ProduceDoor, ProduceHost
 from broker.doors.reads import ReadDoor
 from broker.doors.refusals import refusal
+from broker.doors.simple import SimpleDoor
 from broker.doors.topics import TopicDoor, TopicHost
 from broker.doors.transactions import TxService
 from broker.runtime.groups import GroupRegistry
@@ -81,10 +82,12 @@ class BrokerService:
                               lambda: node.skip_read_barrier)
         self.tx = TxService(self.lead, groups, node)
         hosts = QueueHosts(groups, self.lead)
+        reads = ReadDoor(self.lead, groups, hosts, node.config, node.metrics)
         doors: list[Door] = [
             ProduceDoor(self.lead, groups, node, node.metrics, self.tx),
-            ReadDoor(self.lead, groups, hosts, node.config, node.metrics),
+            reads,
             OffsetDoor(self.lead, groups, hosts, self.tx),
+            SimpleDoor(self.lead, groups, hosts, reads),
             TopicDoor(self.lead, groups, node),
             ClusterDoor(self.lead, groups, node),
             HeartbeatDoor(self.consumers),

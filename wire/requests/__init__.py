@@ -87,6 +87,18 @@ from wire.requests.security import (
     UserPutAnswer,
     UserPutRequest,
 )
+from wire.requests.simple import (
+    AckAnswer,
+    AckRequest,
+    ChangeInvisibleAnswer,
+    ChangeInvisibleRequest,
+    DlqAnswer,
+    DlqRequest,
+    NackAnswer,
+    NackRequest,
+    ReceiveAnswer,
+    ReceiveRequest,
+)
 from wire.requests.topics import (
     CreateTopicAnswer,
     CreateTopicRequest,
@@ -213,4 +225,14 @@ __all__ = [
     "ConsumersRequest",
     "HeartbeatAnswer",
     "HeartbeatRequest",
+    "AckAnswer",
+    "AckRequest",
+    "ChangeInvisibleAnswer",
+    "ChangeInvisibleRequest",
+    "DlqAnswer",
+    "DlqRequest",
+    "NackAnswer",
+    "NackRequest",
+    "ReceiveAnswer",
+    "ReceiveRequest",
 ]

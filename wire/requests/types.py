@@ -18,6 +18,7 @@ from wire.requests import (
     produce,
     reads,
     security,
+    simple,
     topics,
     transactions,
 )
@@ -27,7 +28,8 @@ __all__ = ["AREAS", "TYPES"]
 
 #: The modules holding the types, one per request area.
 AREAS: tuple[ModuleType, ...] = (
-    produce, reads, offsets, topics, cluster, consumers, transactions, security, namesrv)
+    produce, reads, offsets, topics, cluster, consumers, transactions, security, namesrv,
+    simple)
 
 
 def _gather(areas: tuple[ModuleType, ...]) -> dict[Op, tuple[type[WireType], type[WireType]]]:

@@ -273,6 +273,51 @@ FIELD_CASES: list[tuple[str, Op, dict[str, Any], str]] = [
     ("membership no action", Op.MEMBERSHIP, {"g": "g0"}, "'action'"),
     ("membership bad action", Op.MEMBERSHIP, {"g": "g0", "action": "grow"}, "action"),
     ("membership no node", Op.MEMBERSHIP, {"g": "g0", "action": "remove"}, "'node'"),
+    ("receive no cg", Op.RECEIVE, {"topic": TOPIC, "queue": 0}, "'cg'"),
+    ("receive max str", Op.RECEIVE, {"cg": "c", "topic": TOPIC, "queue": 0, "max": "1"},
+     "'max'"),
+    ("receive max 0", Op.RECEIVE, {"cg": "c", "topic": TOPIC, "queue": 0, "max": 0},
+     "max must be"),
+    ("receive invisible 0", Op.RECEIVE, {"cg": "c", "topic": TOPIC, "queue": 0,
+                                         "invisible_ms": 0}, "invisible_ms must be"),
+    ("receive cap huge", Op.RECEIVE, {"cg": "c", "topic": TOPIC, "queue": 0, "cap": 1 << 20},
+     "cap must be"),
+    ("receive deliveries 0", Op.RECEIVE, {"cg": "c", "topic": TOPIC, "queue": 0,
+                                          "max_deliveries": 0}, "max_deliveries must be"),
+    ("receive client empty", Op.RECEIVE, {"cg": "c", "topic": TOPIC, "queue": 0,
+                                          "client": ""}, "client id"),
+    ("ack no items", Op.ACK, {"cg": "c", "topic": TOPIC, "queue": 0}, "'items'"),
+    ("ack items empty", Op.ACK, {"cg": "c", "topic": TOPIC, "queue": 0, "items": []},
+     "items must be"),
+    ("ack item short", Op.ACK, {"cg": "c", "topic": TOPIC, "queue": 0, "items": [[1]]},
+     "items must be"),
+    ("ack handle 0", Op.ACK, {"cg": "c", "topic": TOPIC, "queue": 0, "items": [[0, 0]]},
+     "items must be"),
+    ("ack bad req", Op.ACK, {"cg": "c", "topic": TOPIC, "queue": 0, "items": [[0, 1]],
+                             "req": [0]}, "req"),
+    ("nack backoff str", Op.NACK, {"cg": "c", "topic": TOPIC, "queue": 0, "items": [[0, 1]],
+                                   "backoff_ms": ["1"]}, "backoff_ms"),
+    ("nack backoff huge", Op.NACK, {"cg": "c", "topic": TOPIC, "queue": 0,
+                                    "items": [[0, 1]], "backoff_ms": [1 << 40]}, "backoff_ms"),
+    ("nack error long", Op.NACK, {"cg": "c", "topic": TOPIC, "queue": 0, "items": [[0, 1]],
+                                  "error": "x" * 2000}, "error must be"),
+    ("nack delay negative", Op.NACK, {"cg": "c", "topic": TOPIC, "queue": 0,
+                                      "items": [[0, 1]], "delay_ms": -1}, "delay_ms must be"),
+    ("nack dead int", Op.NACK, {"cg": "c", "topic": TOPIC, "queue": 0, "items": [[0, 1]],
+                                "dead": 1}, "'dead'"),
+    ("change no handle", Op.CHANGE_INVISIBLE, {"cg": "c", "topic": TOPIC, "queue": 0,
+                                               "offset": 0, "invisible_ms": 100}, "'handle'"),
+    ("change invisible huge", Op.CHANGE_INVISIBLE, {"cg": "c", "topic": TOPIC, "queue": 0,
+                                                    "offset": 0, "handle": 1,
+                                                    "invisible_ms": 1 << 40}, "invisible_ms"),
+    ("dlq bad action", Op.DLQ, {"action": "eat", "cg": "c"}, "action"),
+    ("dlq no cg", Op.DLQ, {"action": "list"}, "'cg'"),
+    ("dlq resend no g", Op.DLQ, {"action": "resend", "cg": "c", "ids": [1]}, "'g'"),
+    ("dlq resend no ids", Op.DLQ, {"action": "resend", "cg": "c", "g": "g0"}, "ids must be"),
+    ("dlq purge id 0", Op.DLQ, {"action": "purge", "cg": "c", "g": "g0", "ids": [0]},
+     "ids must be"),
+    ("dlq show ids str", Op.DLQ, {"action": "show", "cg": "c", "g": "g0", "ids": ["1"]},
+     "ids"),
 ]
 
 
@@ -375,6 +420,8 @@ def test_invalid_topic_names(live: Live, name: str) -> None:
         ({"op": int(Op.QUERY_OFFSET), "cg": "c", "topic": name, "queue": 0}, b""),
         ({"op": int(Op.COMMIT_OFFSET), "cg": "c", "offsets": [[name, 0, 1]]}, b""),
         ({"op": int(Op.QUERY_KEY), "topic": name, "key": "k"}, b""),
+        ({"op": int(Op.RECEIVE), "cg": "c", "topic": name, "queue": 0, "wait_ms": 0}, b""),
+        ({"op": int(Op.ACK), "cg": "c", "topic": name, "queue": 0, "items": [[0, 1]]}, b""),
     ]
     if name:  # an empty topic in a batch header is a missing field (MALFORMED)
         cases.append(({"op": int(Op.PRODUCE), "g": "g0"},
@@ -394,6 +441,9 @@ def test_invalid_consumer_group_names(live: Live, cg: str) -> None:
         {"op": int(Op.CONSUMERS), "cg": cg},
         {"op": int(Op.OFFSETS), "cg": cg},
         {"op": int(Op.DELETE_GROUP), "g": "g0", "cg": cg},
+        {"op": int(Op.RECEIVE), "cg": cg, "topic": TOPIC, "queue": 0, "wait_ms": 0},
+        {"op": int(Op.NACK), "cg": cg, "topic": TOPIC, "queue": 0, "items": [[0, 1]]},
+        {"op": int(Op.DLQ), "action": "list", "cg": cg},
     ):
         with pytest.raises(RequestError) as exc:
             live.call_leader("g0", header)
@@ -417,6 +467,10 @@ def test_unknown_topic(live: Live) -> None:
         ("g2", {"op": int(Op.QUERY_OFFSET), "cg": "c", "topic": nope, "queue": 0}, b""),
         ("g0", {"op": int(Op.COMMIT_OFFSET), "cg": "c", "offsets": [[nope, 0, 1]]}, b""),
         ("g0", {"op": int(Op.QUERY_KEY), "topic": nope, "key": "k"}, b""),
+        ("g1", {"op": int(Op.RECEIVE), "cg": "c", "topic": nope, "queue": 0, "wait_ms": 0},
+         b""),
+        ("g0", {"op": int(Op.ACK), "cg": "c", "topic": nope, "queue": 0, "items": [[0, 1]]},
+         b""),
     ):
         with pytest.raises(RequestError) as exc:
             live.call_leader(gid, header, body)
@@ -488,6 +542,26 @@ def test_fetch_outside_the_queue(live: Live) -> None:
     h, body = live.call_leader("g1", {"op": int(Op.FETCH), "topic": TOPIC, "queue": 1,
                                       "offset": end, "wait_ms": 0})
     assert h["msgs"] == [] and body == b"" and h["next"] == end
+
+
+def test_a_stale_receipt_is_named_and_changes_nothing(live: Live) -> None:
+    """An ack or nack of a delivery that is not current is answered with it named as
+    stale; a change of invisible time of one is refused STALE_RECEIPT."""
+    where = {"cg": "stale-cg", "topic": TOPIC, "queue": 2}
+    h, _ = live.call_leader("g2", {"op": int(Op.RECEIVE), **where, "max": 1, "wait_ms": 0})
+    [(offset, _index, _start, _store, deliveries, handle)] = h["msgs"]
+    assert (offset, deliveries) == (0, 1)
+    h, _ = live.call_leader("g2", {"op": int(Op.ACK), **where,
+                                   "items": [[offset, handle + 1], [5, handle]]})
+    assert h["acked"] == 0 and h["stale"] == [[offset, handle + 1], [5, handle]]
+    h, _ = live.call_leader("g2", {"op": int(Op.NACK), **where, "items": [[offset, 1]]})
+    assert h["nacked"] == 0 and h["stale"] == [[offset, 1]]
+    with pytest.raises(RequestError) as exc:
+        live.call_leader("g2", {"op": int(Op.CHANGE_INVISIBLE), **where, "offset": offset,
+                                "handle": handle + 1, "invisible_ms": 1000})
+    expect(exc, Code.STALE_RECEIPT, "not current")
+    h, _ = live.call_leader("g2", {"op": int(Op.ACK), **where, "items": [[offset, handle]]})
+    assert h["acked"] == 1 and "stale" not in h
 
 
 def test_get_message_that_does_not_exist(live: Live) -> None:

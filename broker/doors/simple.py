@@ -1,0 +1,235 @@
+"""The simple consumer's requests: RECEIVE, ACK, NACK, CHANGE_INVISIBLE and DLQ.
+
+Per-message consumption is replicated state (`broker.state.parts.receipts`): every
+receive, ack and nack is a record in the queue's group's log, so a failover loses no
+delivery count and never hands a message in flight to a second consumer. What a receive
+hands out is chosen where the record is applied, the same on every replica; the door
+learns it from the result, reads the records as FETCH does (`ReadDoor.records`) and
+answers them with their delivery counts and handles.
+
+RECEIVE is answered by the queue's leader. While the leader's applied state has nothing
+for the group (no new message, none in flight visible again), it holds the request (a
+long poll, woken by the next apply or by the moment the first message in flight becomes
+visible) before it proposes anything, so an idle consumer writes nothing to the log. The
+leader's clock goes into each record; the part never lets time go back.
+
+ACK carries the receipts of one queue, one record however many; a retried ACK or NACK
+carries a request id and is applied once. A stale receipt (its message delivered again,
+acked or dead-lettered since) is skipped and named in the answer. CHANGE_INVISIBLE of a
+stale one is refused STALE_RECEIPT.
+
+DLQ: `list` answers the dead letters of a consumer group held by the groups this node
+leads (after a barrier each, as OFFSETS does); `show`, `resend` and `purge` go to the
+leader of the group holding the ids.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import trio
+
+from broker.doors.base import MAX_WAIT_MS, Handler, QueueHosts, Response, check_queue
+from broker.runtime.groups import GroupRegistry
+from broker.runtime.leading import GroupLead, checked
+from broker.state.consumequeue import CQEntry
+from broker.state.parts.base import ControlResult
+from broker.state.parts.deadletters import PurgeDead, ResendDead
+from broker.state.parts.receipts import (
+    DEFAULT_BACKOFF_MS,
+    Ack,
+    ChangeInvisible,
+    Delivery,
+    Nack,
+    Receive,
+)
+from raftlog.runtime import GroupRuntime, NotLeader
+from transport.framing import Caller
+from wire.protocol import Code, Op, RequestError, ok_header
+from wire.requests import (
+    AckAnswer,
+    AckRequest,
+    ChangeInvisibleAnswer,
+    ChangeInvisibleRequest,
+    DlqAnswer,
+    DlqRequest,
+    NackAnswer,
+    NackRequest,
+    ReceiveAnswer,
+    ReceiveRequest,
+)
+
+__all__ = ["MAX_DLQ_ROWS", "RecordReader", "SimpleDoor", "now_ms"]
+
+MAX_DLQ_ROWS = 10_000  # dead letters one DLQ list answers per group at most
+
+
+def now_ms() -> int:
+    """The leader's clock, as the receipts' records carry it."""
+    return int(time.time() * 1000)
+
+
+class RecordReader(Protocol):
+    """How the door reads the records it hands out (`broker.doors.reads.ReadDoor`)."""
+
+    async def records(self, g: GroupRuntime, found: list[CQEntry]
+                      ) -> tuple[list[tuple[int, int, int, int]], bytes]: ...
+
+
+class SimpleDoor:
+    """The simple consumer requests of one node."""
+
+    def __init__(self, lead: GroupLead, groups: GroupRegistry, hosts: QueueHosts,
+                 reader: RecordReader) -> None:
+        self.lead = lead
+        self.groups = groups
+        self.hosts = hosts
+        self.reader = reader
+
+    def handlers(self) -> dict[int, Handler]:
+        return {
+            Op.RECEIVE: self._receive,
+            Op.ACK: self._ack,
+            Op.NACK: self._nack,
+            Op.CHANGE_INVISIBLE: self._change_invisible,
+            Op.DLQ: self._dlq,
+        }
+
+    # ------------------------------------------------------------------ receive
+
+    async def _receive(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        req = ReceiveRequest.decode(h)
+        topic, queue, cg = req.topic, check_queue(req.queue), req.cg
+
+        def record(now: int) -> Receive:  # bad bounds: the code apply would answer
+            return checked(Receive, cg, topic, queue, now, req.invisible_ms, req.max,
+                           req.client, req.max_deliveries, req.cap)
+
+        record(now_ms())
+        wait_ms = min(max(req.wait_ms, 0), MAX_WAIT_MS)
+        g = await self.hosts.led_group(topic, queue, req.g)
+        deadline = trio.current_time() + wait_ms / 1000
+        dead = 0
+        while True:
+            receipts = self.lead.leading(g).receipts
+            now = now_ms()
+            if receipts.available(cg, topic, queue, now, req.cap):
+                result = await self.lead.propose(g, record(now))
+                dead += result.skipped
+                if result.items:
+                    return await self._answer(g, result, dead)
+                continue  # only burials: look again (nothing more to write until a change)
+            wake = deadline
+            visible = receipts.next_visible_ms(cg, topic, queue)
+            if visible is not None:
+                wake = min(wake, trio.current_time() + max(visible - now, 1) / 1000)
+            if trio.current_time() >= deadline:
+                answer = ReceiveAnswer(g=g.group_id, msgs=(), dead=dead)
+                return ok_header(0, **answer.header()), b""
+            with trio.move_on_at(wake):
+                await g.wait_applied_change()
+
+    async def _answer(self, g: GroupRuntime, result: ControlResult, dead: int) -> Response:
+        chosen: list[Delivery] = list(result.items)
+        found = [CQEntry(d.offset, d.index, d.start, d.size, d.tag_hash, d.store_ms)
+                 for d in chosen]
+        rows, body = await self.reader.records(g, found)
+        msgs = tuple((*row, d.deliveries, d.handle) for row, d in zip(rows, chosen, strict=True))
+        answer = ReceiveAnswer(g=g.group_id, msgs=msgs, dead=dead)
+        return ok_header(0, **answer.header()), body
+
+    # ------------------------------------------------------------------ ack, nack
+
+    async def _ack(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        req = AckRequest.decode(h)
+        queue = check_queue(req.queue)
+        rec = checked(Ack, req.cg, req.topic, queue, req.items)
+        g = await self.hosts.led_group(req.topic, queue, req.g, confirm=False)  # a write
+        result = await self.lead.propose(g, rec, req.req)
+        answer = AckAnswer(acked=result.applied, stale=result.items, skipped=result.skipped,
+                           dup=result.dup)
+        return ok_header(0, **answer.header()), b""
+
+    async def _nack(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        req = NackRequest.decode(h)
+        queue = check_queue(req.queue)
+        rec = checked(Nack, req.cg, req.topic, queue, req.items, now_ms(), req.delay_ms,
+                      req.backoff_ms or DEFAULT_BACKOFF_MS, req.max_deliveries, req.error,
+                      req.dead)
+        g = await self.hosts.led_group(req.topic, queue, req.g, confirm=False)
+        result = await self.lead.propose(g, rec, req.req)
+        answer = NackAnswer(
+            nacked=result.applied, skipped=result.skipped, dup=result.dup,
+            dead=tuple(it[1] for it in result.items if it[0] == "dead"),
+            stale=tuple((it[1], it[2]) for it in result.items if it[0] == "stale"))
+        return ok_header(0, **answer.header()), b""
+
+    async def _change_invisible(self, _caller: Caller, h: dict[str, Any],
+                                _body: bytes) -> Response:
+        req = ChangeInvisibleRequest.decode(h)
+        queue = check_queue(req.queue)
+        rec = checked(ChangeInvisible, req.cg, req.topic, queue, req.offset, req.handle,
+                      now_ms(), req.invisible_ms)
+        g = await self.hosts.led_group(req.topic, queue, req.g, confirm=False)
+        result = await self.lead.propose(g, rec)
+        answer = ChangeInvisibleAnswer(visible_ms=result.items[0])
+        return ok_header(0, **answer.header()), b""
+
+    # ------------------------------------------------------------------ dead letters
+
+    async def _dlq(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        req = DlqRequest.decode(h)
+        if req.action == "list":
+            return await self._dlq_list(req)
+        if req.g is None:
+            raise RequestError(Code.MALFORMED, f"missing field 'g': DLQ {req.action} goes to "
+                               "the group holding the dead letters")
+        g = self.lead.group(req.g)
+        if req.action == "show":
+            return await self._dlq_show(g, req)
+        kind = ResendDead if req.action == "resend" else PurgeDead
+        rec = checked(kind, req.cg, req.ids)
+        self.lead.leading(g)
+        result = await self.lead.propose(g, rec, req.req)
+        offsets = result.items if req.action == "resend" else ()
+        answer = DlqAnswer(done=result.applied, offsets=offsets, dup=result.dup)
+        return ok_header(0, **answer.header()), b""
+
+    async def _dlq_list(self, req: DlqRequest) -> Response:
+        limit = min(max(req.limit, 1), MAX_DLQ_ROWS)
+        rows: list[tuple[Any, ...]] = []
+        led: list[str] = []
+        for gid, g in list(self.groups.items()):
+            if not g.is_leader or (req.g is not None and gid != req.g):
+                continue
+            try:
+                await g.read_barrier()
+            except NotLeader:
+                continue
+            led.append(gid)
+            state = self.groups.states[gid]
+            for n, (_cg, did, d) in enumerate(state.deadletters.of(req.cg)):
+                if n >= limit:
+                    break
+                rows.append(_row(gid, did, d))
+        return ok_header(0, **DlqAnswer(rows=tuple(rows), led=tuple(led)).header()), b""
+
+    async def _dlq_show(self, g: GroupRuntime, req: DlqRequest) -> Response:
+        if not 0 < len(req.ids) <= 1024:
+            raise RequestError(Code.MALFORMED, "ids must name 1-1024 dead letters")
+        self.lead.leading(g)
+        await self.lead.read_barrier(g)
+        state = self.lead.leading(g)
+        held = [(did, d) for did in req.ids
+                if (d := state.deadletters.get(req.cg, did)) is not None]
+        found = [CQEntry(d.offset, d.index, d.start, d.size, d.tag_hash, d.store_ms)
+                 for _did, d in held]
+        _rows, body = await self.reader.records(g, found)
+        answer = DlqAnswer(rows=tuple(_row(g.group_id, did, d) for did, d in held))
+        return ok_header(0, **answer.header()), body
+
+
+def _row(gid: str, did: int, d: Any) -> tuple[Any, ...]:
+    return (gid, did, d.topic, d.queue, d.offset, d.index, d.start, d.store_ms, d.deliveries,
+            d.error, d.dead_ms)
