@@ -103,6 +103,12 @@ def _tx(argv: list[str]) -> int:
     return tx_main(argv)
 
 
+def _dlq(argv: list[str]) -> int:
+    from raftmq.commands.dlq import main as dlq_main
+
+    return dlq_main(argv)
+
+
 def _status(argv: list[str]) -> int:
     from raftmq.commands.status import main as status_main
 
@@ -152,6 +158,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "group": (_group, "consumer groups: list, describe, reset-offsets, delete"),
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
     "tx": (_tx, "transactions: list, show; commit or roll back a half message"),
+    "dlq": (_dlq, "dead letters of a simple consumer group: list, show, resend, purge"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),
     "cluster": (_cluster, "group replicas: status, transfer-leader, add/remove/replace-replica"),
     "bench": (_bench, "benchmarks: `bench produce|e2e|consume|topics|failover|txn`"),

@@ -6,7 +6,16 @@ from transport.connection import Connection, ConnectionPool
 from wire.protocol import Code, RequestError
 from wire.records import Message, OutgoingMessage
 
-from .admin import Admin, GroupQueue, QueueInfo, QueueLag, TopicInfo, TxListing, place_queues
+from .admin import (
+    Admin,
+    DeadLetter,
+    GroupQueue,
+    QueueInfo,
+    QueueLag,
+    TopicInfo,
+    TxListing,
+    place_queues,
+)
 from .allocation import allocate_average, allocate_round_robin
 from .blocking import (
     BlockingAdmin,
@@ -14,11 +23,13 @@ from .blocking import (
     BlockingProducer,
     BlockingPullConsumer,
     BlockingPushConsumer,
+    BlockingSimpleConsumer,
     BlockingTransaction,
     connect_admin,
     connect_producer,
     connect_pull_consumer,
     connect_push_consumer,
+    connect_simple_consumer,
 )
 from .errors import (
     ClientClosedError,
@@ -26,6 +37,7 @@ from .errors import (
     OutcomeUnknownError,
     ProducerFencedError,
     RaftMQError,
+    StaleReceiptError,
     TransactionAbortedError,
     TransactionError,
     TransportError,
@@ -39,6 +51,7 @@ from .pull import PullConsumer
 from .push import PushConsumer
 from .reads import PullResult
 from .routes import Routes, TopicRoute
+from .simple import Receipt, ReceivedMessage, SimpleConsumer
 from .transactions import CheckRequest, HalfHandle, Transaction, TransactionResult
 
 __all__ = [
@@ -48,12 +61,14 @@ __all__ = [
     "BlockingProducer",
     "BlockingPullConsumer",
     "BlockingPushConsumer",
+    "BlockingSimpleConsumer",
     "BlockingTransaction",
     "CheckRequest",
     "ClientClosedError",
     "Code",
     "Connection",
     "ConnectionPool",
+    "DeadLetter",
     "GroupMembers",
     "GroupQueue",
     "HalfHandle",
@@ -71,11 +86,15 @@ __all__ = [
     "QueueInfo",
     "QueueLag",
     "RaftMQError",
+    "Receipt",
+    "ReceivedMessage",
     "RequestError",
     "Routes",
     "SendFuture",
     "SendNotDoneError",
     "SendResult",
+    "SimpleConsumer",
+    "StaleReceiptError",
     "TopicInfo",
     "TopicRoute",
     "Transaction",
@@ -91,6 +110,7 @@ __all__ = [
     "connect_producer",
     "connect_pull_consumer",
     "connect_push_consumer",
+    "connect_simple_consumer",
     "key_queue",
     "place_queues",
 ]

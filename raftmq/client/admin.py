@@ -25,6 +25,8 @@ from wire.requests import (
     DeleteGroupAnswer,
     DeleteGroupRequest,
     DeleteTopicRequest,
+    DlqAnswer,
+    DlqRequest,
     GetMessageAnswer,
     GetMessageRequest,
     GrowTopicRequest,
@@ -54,7 +56,7 @@ from .pull import CALL_TIMEOUT
 from .reads import commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
 from .routes import LEADER_WAIT, TopicRoute, backoff_delay, node_addresses
 
-__all__ = ["TX_LISTS", "Admin", "GroupQueue", "QueueInfo", "QueueLag", "TopicInfo",
+__all__ = ["TX_LISTS", "Admin", "DeadLetter", "GroupQueue", "dead_letter_id", "QueueInfo", "QueueLag", "TopicInfo",
            "TxListing", "place_queues"]
 
 TX_LISTS = ("halves", "prepared", "txns", "decided", "done")
@@ -113,6 +115,45 @@ class GroupQueue:
         if self.min_offset is None or self.end_offset is None:
             return None
         return max(0, self.end_offset - max(self.committed, self.min_offset))
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message a simple consumer group gave up on (`%DLQ%<group>`), as `Admin.dlq_list`
+    lists it: `id` is "<broker group>:<n>" (what `dlq_show`, `dlq_resend` and
+    `dlq_purge` take), the source queue and offset, the message's id, how many times it
+    was delivered, the last error a consumer gave and when it died (ms). `message` is
+    there when shown (`dlq_show`)."""
+
+    id: str
+    group: str
+    consumer_group: str
+    topic: str
+    queue: int
+    offset: int
+    msg_id: str
+    store_ms: int
+    deliveries: int
+    error: str
+    dead_ms: int
+    message: Message | None = None
+
+
+def _dead_letter(cg: str, row: Sequence[Any], message: Message | None = None) -> DeadLetter:
+    g, did, topic, queue, offset, index, start, store_ms, deliveries, error, dead_ms = row
+    return DeadLetter(f"{g}:{did}", str(g), cg, str(topic), int(queue), int(offset),
+                      message_id(str(g), int(index), int(start)), int(store_ms),
+                      int(deliveries), str(error), int(dead_ms), message)
+
+
+def dead_letter_id(dlq_id: str) -> tuple[str, int]:
+    """("<broker group>", n) of a dead letter's id "<broker group>:<n>"; ValueError for
+    anything else."""
+    g, sep, n = dlq_id.rpartition(":") if isinstance(dlq_id, str) else ("", "", "")
+    if not sep or not g or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"a dead letter's id is '<broker group>:<n>' (as dlq list shows), "
+                         f"got {dlq_id!r}")
+    return g, int(n)
 
 
 def place_queues(total: int, groups: Sequence[str]) -> dict[str, list[int]]:
@@ -693,6 +734,96 @@ class Admin(ClientBase):
             frame = await self.routes.call_group(gid, req.OP, req.header(), write=True)
             deleted += DeleteGroupAnswer.decode(frame.header).deleted
         return deleted
+
+    # ------------------------------------------------------------ dead letters
+
+    @_bounded(write=False)
+    async def dlq_list(self, group: str, *, limit: int = 1000) -> list[DeadLetter]:
+        """The dead letters of simple consumer group `group` (`%DLQ%<group>`), from the
+        leader of every broker group, by broker group and id; at most `limit` per broker
+        group. `IncompleteError` when some broker group's leader did not answer
+        (`partial`: the others')."""
+        validate_group_name(group)
+        cluster = await self.routes.cluster()
+        out: list[DeadLetter] = []
+        read: set[str] = set()
+        failures: list[str] = []
+        req = DlqRequest(action="list", cg=group, limit=limit)
+
+        async def one(addr: str) -> None:
+            try:
+                frame = await self.routes.pool.request(addr, req.OP, req.header(),
+                                                       timeout=self.timeout)
+                answer = DlqAnswer.decode(frame.header)
+            except RequestError as exc:
+                failures.append(f"{addr}: {exc.code.name}")
+                return
+            fresh = set(answer.led) - read
+            read.update(fresh)
+            out.extend(_dead_letter(group, row) for row in answer.rows if row[0] in fresh)
+
+        async with anyio.create_task_group() as tg:
+            for addr in node_addresses(cluster):
+                tg.start_soon(one, addr)
+        out.sort(key=lambda d: (d.group, dead_letter_id(d.id)[1]))
+        missing = sorted(str(g) for g in (cluster.get("groups") or {}) if str(g) not in read)
+        if missing:
+            why = f" (unanswered: {', '.join(sorted(failures))})" if failures else ""
+            raise IncompleteError(
+                f"no leader answered for broker group(s) {', '.join(missing)}: their dead "
+                f"letters are not included{why}", unreadable=missing, partial=out)
+        return out
+
+    @_bounded(write=False)
+    async def dlq_show(self, group: str, id: str) -> DeadLetter:
+        """One dead letter of `group` with its message; NOT_FOUND when it is not held
+        (never was, or resent, purged, or gone with retention)."""
+        validate_group_name(group)
+        g, n = dead_letter_id(id)
+        req = DlqRequest(action="show", cg=group, g=g, ids=(n,))
+        frame = await self.routes.call_group(g, req.OP, req.header())
+        answer = DlqAnswer.decode(frame.header)
+        if not answer.rows:
+            raise RequestError(Code.NOT_FOUND, f"no dead letter {id} of {group!r}")
+        row = answer.rows[0]
+        msg, _ = decode_record(frame.body, 0, topic=str(row[2]), queue=int(row[3]),
+                               offset=int(row[4]), store_ms=int(row[7]),
+                               msg_id=message_id(g, int(row[5]), int(row[6])))
+        return _dead_letter(group, row, msg)
+
+    @_bounded(write=True)
+    async def dlq_resend(self, group: str, ids: Sequence[str] | str) -> int:
+        """Put dead letters of `group` (their ids, or "all") back into their source queues
+        as new messages: the group's simple consumers receive them again, and so does
+        every other consumer group of the topic. Returns how many were resent (ids no
+        longer held are skipped)."""
+        return await self._dlq_change("resend", group, ids)
+
+    @_bounded(write=True)
+    async def dlq_purge(self, group: str, ids: Sequence[str] | str) -> int:
+        """Drop dead letters of `group` (their ids, or "all"); returns how many."""
+        return await self._dlq_change("purge", group, ids)
+
+    async def _dlq_change(self, action: str, group: str, ids: Sequence[str] | str) -> int:
+        validate_group_name(group)
+        if ids == "all":
+            chosen = [d.id for d in await self.dlq_list(group, limit=10_000)]
+        elif isinstance(ids, str):
+            raise ValueError('ids is a list of dead-letter ids, or "all"')
+        else:
+            chosen = list(ids)
+        by_group: dict[str, list[int]] = {}
+        for did in chosen:
+            g, n = dead_letter_id(did)
+            by_group.setdefault(g, []).append(n)
+        done = 0
+        for g, ns in sorted(by_group.items()):
+            for i in range(0, len(ns), 1024):
+                req = DlqRequest(action=action, cg=group, g=g, ids=tuple(ns[i:i + 1024]),
+                                 req=self.routes.request_id())
+                frame = await self.routes.call_group(g, req.OP, req.header(), write=True)
+                done += DlqAnswer.decode(frame.header).done
+        return done
 
     # ------------------------------------------------------------ transactions
 

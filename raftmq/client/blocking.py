@@ -26,13 +26,14 @@ from anyio.from_thread import BlockingPortal
 from wire.protocol import RequestError
 from wire.records import Message, OutgoingMessage
 
-from .admin import Admin, GroupQueue, QueueLag, TopicInfo, TxListing
+from .admin import Admin, DeadLetter, GroupQueue, QueueLag, TopicInfo, TxListing
 from .groupclient import QueuesCallback
 from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult
 from .pull import PullConsumer
 from .push import PushConsumer
 from .reads import PullResult, Tags
+from .simple import Receipt, ReceivedMessage, SimpleConsumer
 from .transactions import HalfHandle, Transaction, TransactionResult
 
 __all__ = [
@@ -42,11 +43,13 @@ __all__ = [
     "BlockingProducer",
     "BlockingPullConsumer",
     "BlockingPushConsumer",
+    "BlockingSimpleConsumer",
     "BlockingTransaction",
     "connect_admin",
     "connect_producer",
     "connect_pull_consumer",
     "connect_push_consumer",
+    "connect_simple_consumer",
 ]
 
 C = TypeVar("C")
@@ -455,6 +458,36 @@ class BlockingPushConsumer(_Blocking[PushConsumer]):
         self._call(self._client.commit_now)
 
 
+class BlockingSimpleConsumer(_Blocking[SimpleConsumer]):
+    """`SimpleConsumer` for blocking code; takes the same arguments plus `backend`. Its
+    calls may be made from several threads at once (acks of one queue made together
+    still go in one request)."""
+
+    def __init__(self, namesrv: Sequence[str] | str, group: str, *, backend: str = "asyncio",
+                 **kwargs: Any) -> None:
+        super().__init__(SimpleConsumer(namesrv, group, **kwargs), backend)
+
+    def __enter__(self) -> BlockingSimpleConsumer:
+        return self
+
+    def receive(self, topic: str, max: int = 32, *, invisible: float | None = None,
+                wait: float | None = None) -> list[ReceivedMessage]:
+        return self._call(self._client.receive, topic, max, invisible=invisible, wait=wait)
+
+    def ack(self, msg: ReceivedMessage | Receipt) -> None:
+        self._call(self._client.ack, msg)
+
+    def nack(self, msg: ReceivedMessage | Receipt, *, delay: float | None = None,
+             error: str | None = None) -> None:
+        self._call(self._client.nack, msg, delay=delay, error=error)
+
+    def change_invisible(self, msg: ReceivedMessage | Receipt, seconds: float) -> None:
+        self._call(self._client.change_invisible, msg, seconds)
+
+    def dead_letter(self, msg: ReceivedMessage | Receipt, error: str) -> None:
+        self._call(self._client.dead_letter, msg, error)
+
+
 class BlockingAdmin(_Blocking[Admin]):
     """`Admin` for blocking code; takes the same arguments plus `backend`."""
 
@@ -532,6 +565,18 @@ class BlockingAdmin(_Blocking[Admin]):
     def delete_group(self, group: str) -> int:
         return self._call(self._client.delete_group, group)
 
+    def dlq_list(self, group: str, **kwargs: Any) -> list[DeadLetter]:
+        return self._call(self._client.dlq_list, group, **kwargs)
+
+    def dlq_show(self, group: str, id: str) -> DeadLetter:
+        return self._call(self._client.dlq_show, group, id)
+
+    def dlq_resend(self, group: str, ids: Sequence[str] | str) -> int:
+        return self._call(self._client.dlq_resend, group, ids)
+
+    def dlq_purge(self, group: str, ids: Sequence[str] | str) -> int:
+        return self._call(self._client.dlq_purge, group, ids)
+
     def tx_list(self, id: str | None = None, **kwargs: Any) -> TxListing:
         return self._call(self._client.tx_list, id, **kwargs)
 
@@ -562,6 +607,12 @@ def connect_pull_consumer(namesrv: Sequence[str] | str, group: str,
 def connect_push_consumer(namesrv: Sequence[str] | str, group: str, topics: Any, handler: Any,
                           **kwargs: Any) -> BlockingPushConsumer:
     return BlockingPushConsumer(namesrv, group, topics, handler, **kwargs)
+
+
+def connect_simple_consumer(namesrv: Sequence[str] | str, group: str,
+                            **kwargs: Any) -> BlockingSimpleConsumer:
+    """A blocking simple consumer, open until `close()` (or the end of a `with` block)."""
+    return BlockingSimpleConsumer(namesrv, group, **kwargs)
 
 
 def connect_admin(namesrv: Sequence[str] | str, **kwargs: Any) -> BlockingAdmin:

@@ -10,6 +10,8 @@
     │   ├── OutcomeUnknownError   a write may or may not have been applied (a timeout, a
     │   │                         connection lost after sending): check before resending;
     │   │                         `.txid` names a half message whose `prepare` it was
+    │   ├── StaleReceiptError     a simple consumer's receipt names a delivery that is
+    │   │                         no longer current (delivered again, acked, dead-lettered)
     │   └── TransactionError      a transaction cannot go on (`.code` says why)
     │       ├── ProducerFencedError   a newer producer holds the transactional id (TX_FENCED):
     │       │                         this producer can no longer begin, send or commit
@@ -43,6 +45,7 @@ __all__ = [
     "RaftMQError",
     "ProducerFencedError",
     "RequestError",
+    "StaleReceiptError",
     "TransactionAbortedError",
     "TransactionError",
     "TransportError",
@@ -90,6 +93,16 @@ class OutcomeUnknownError(RequestError):
     def __init__(self, message: str, *, txid: str | None = None, **extra: object) -> None:
         super().__init__(Code.TIMEOUT, message, **extra)
         self.txid = txid
+
+
+class StaleReceiptError(RequestError):
+    """A simple consumer acked, nacked or re-timed a delivery that is no longer current:
+    its invisible time ran out and the message was delivered again (to this consumer or
+    another), or it was acked or sent to the dead letters already. Nothing was done for
+    it: the current delivery, if any, is its holder's to settle."""
+
+    def __init__(self, message: str, **extra: object) -> None:
+        super().__init__(Code.STALE_RECEIPT, message, **extra)
 
 
 class TransactionError(RequestError):
@@ -142,11 +155,13 @@ def leaderless(exc: RequestError) -> bool:
 
 
 def as_sdk_error(exc: RequestError) -> RequestError:
-    """A broker refusal as the SDK's own type, whichever call met it: TX_FENCED is a
-    `ProducerFencedError`; TX_UNKNOWN, TX_DECIDED and TX_LIMIT are `TransactionError`s;
+    """A broker refusal as the SDK's own type, whichever call met it: STALE_RECEIPT is a
+    `StaleReceiptError`; TX_FENCED is a `ProducerFencedError`; TX_UNKNOWN, TX_DECIDED and TX_LIMIT are `TransactionError`s;
     anything else is returned as it is."""
-    if isinstance(exc, TransactionError):
+    if isinstance(exc, TransactionError | StaleReceiptError):
         return exc
+    if exc.code == Code.STALE_RECEIPT:
+        return StaleReceiptError(exc.message, **exc.extra)
     if exc.code == Code.TX_FENCED:
         return ProducerFencedError(exc.message, **exc.extra)
     if exc.code in (Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT):
