@@ -137,6 +137,8 @@ class SimpleConsumer(ClientBase):
         # long polls that outlived the receive that started them: what they got waits here
         self._buffered: dict[str, list[ReceivedMessage]] = {}
         self._polling: dict[str, set[int]] = {}
+        self._wanted: dict[str, float] = {}  # topic -> polls go on until this time
+        self._waiting: dict[str, int] = {}  # topic -> receives waiting on its polls
         self._arrived: dict[str, anyio.Event] = {}
         self._acks: dict[tuple[str, int], list[_Waiter]] = {}
 
@@ -179,17 +181,26 @@ class SimpleConsumer(ClientBase):
             got += await self._receive_one(topic, q, max - len(got), invisible_ms, 0)
         if got or wait_ms == 0:
             return got
-        # nothing anywhere: long polls on every queue; what they bring is kept for the
-        # next receives when more than `max` came
-        arrived = self._arrived.setdefault(topic, anyio.Event())
-        assert self._tg is not None
-        polling = self._polling.setdefault(topic, set())
-        for q in order:
-            if q not in polling:
-                polling.add(q)
-                self._tg.start_soon(self._poll, topic, q, max, invisible_ms, wait_ms)
-        with anyio.move_on_after(wait_ms / 1000):
-            await arrived.wait()
+        # nothing anywhere: long polls on every queue until the wait is over; what they
+        # bring is kept for the next receives when more than `max` came
+        deadline = anyio.current_time() + wait_ms / 1000
+        before = self._wanted.get(topic, deadline)
+        self._wanted[topic] = before if before > deadline else deadline
+        self._waiting[topic] = self._waiting.get(topic, 0) + 1
+        try:
+            arrived = self._arrived.setdefault(topic, anyio.Event())
+            assert self._tg is not None
+            polling = self._polling.setdefault(topic, set())
+            for q in order:
+                if q not in polling:  # (one still running polls on till the new deadline)
+                    polling.add(q)
+                    self._tg.start_soon(self._poll, topic, q, max, invisible_ms)
+            with anyio.move_on_at(deadline):
+                await arrived.wait()
+        finally:
+            self._waiting[topic] -= 1
+            if not self._waiting[topic]:  # nobody waits: the polls ask no more
+                self._wanted[topic] = anyio.current_time()
         return self._take(topic, max)
 
     def _take(self, topic: str, max: int) -> list[ReceivedMessage]:
@@ -199,18 +210,27 @@ class SimpleConsumer(ClientBase):
         out, self._buffered[topic] = held[:max], held[max:]
         return out
 
-    async def _poll(self, topic: str, queue: int, max: int, invisible_ms: int,
-                    wait_ms: int) -> None:
+    async def _poll(self, topic: str, queue: int, max: int, invisible_ms: int) -> None:
+        """Long-poll one queue until a receive of the topic is no longer waiting (its
+        `_wanted` time) or messages came; a later receive that waits longer extends it."""
         try:
-            got = await self._receive_one(topic, queue, max, invisible_ms, wait_ms)
-        except RequestError as exc:
-            log.debug("receive from %s/%d failed: %s", topic, queue, exc)
-            got = []
+            while True:
+                left = self._wanted.get(topic, 0.0) - anyio.current_time()
+                if left < 0.001:
+                    return
+                try:
+                    got = await self._receive_one(topic, queue, max, invisible_ms,
+                                                  int(left * 1000))
+                except RequestError as exc:
+                    log.debug("receive from %s/%d failed: %s", topic, queue, exc)
+                    await anyio.sleep(min(0.1, left))
+                    continue
+                if got:
+                    self._buffered.setdefault(topic, []).extend(got)
+                    self._arrived.pop(topic, anyio.Event()).set()
+                    return
         finally:
             self._polling[topic].discard(queue)
-        if got:
-            self._buffered.setdefault(topic, []).extend(got)
-            self._arrived.pop(topic, anyio.Event()).set()
 
     async def _receive_one(self, topic: str, queue: int, max: int, invisible_ms: int,
                            wait_ms: int) -> list[ReceivedMessage]:

@@ -163,6 +163,20 @@ async def test_an_idle_receive_waits_without_writing_the_log(cluster: LocalClust
                 [m] = await c.receive(topic, 5, wait=8.0)
         assert m.body == b"wake"
         await c.ack(m)
+        # a receive given up early leaves its long polls in flight at the nodes: the
+        # next receive's wait still polls every queue until it is over
+        with anyio.move_on_after(0.2):
+            await c.receive(topic, 5, wait=1.0)
+
+        async def send_later() -> None:
+            await anyio.sleep(2.5)  # after the first receive's polls ended
+            await _send(ns, topic, [b"later"])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_later)
+            with anyio.fail_after(15):
+                [m] = await c.receive(topic, 5, wait=12.0)
+        assert m.body == b"later"
 
 
 @pytest.mark.anyio
