@@ -338,6 +338,8 @@ class Receipts(Part):
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
+        # test mutation (`broker.config`): an ack of an older delivery takes the current one
+        self.ack_later_delivery = "ack-later-delivery" in getattr(state, "mutations", ())
         self.now_ms = 0  # the highest leader time seen in a record
         self.dropped = 0  # in-flight messages retention dropped, ever
         self.slots: dict[tuple[str, str, int], _Slot] = {}
@@ -415,7 +417,9 @@ class Receipts(Part):
         stale = []
         done = 0
         for off, handle in rec.items:
-            if self._current(rec.cg, rec.topic, rec.queue, off, handle):
+            if self._current(rec.cg, rec.topic, rec.queue, off, handle) or (
+                    self.ack_later_delivery and handle < self.inflight(
+                        rec.cg, rec.topic, rec.queue).get(off, InFlight(0, 0, 0)).handle):
                 del self.slots[(rec.cg, rec.topic, rec.queue)].inflight[off]
                 done += 1
             else:

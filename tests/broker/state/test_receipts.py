@@ -381,3 +381,41 @@ def test_the_defaults_are_rocketmq_s() -> None:
     assert Receive(CG, "t", 0, 0).invisible_ms == 30_000
     assert Receive(CG, "t", 0, 0).max_deliveries == 16 and Receive(CG, "t", 0, 0).cap == 4096
     assert DeadLetters.name == "deadletters" and Receipts.name == "receipts"
+
+
+def test_the_ack_later_delivery_mutation_takes_a_stale_ack_for_the_current_delivery() -> None:
+    """The test mutation (`broker.config`) the simple-consumer chaos checker must catch:
+    an ack of an older delivery removes the message its later delivery holds. Nothing
+    else changes: a current ack, an ack of an acked or nacked message, nack and
+    change_invisible of a stale receipt are what they are without it."""
+
+    def run(mutations: set[str]) -> tuple[list[Any], dict[int, Any]]:
+        log = Log()
+        log.state = BrokerState("g", mutations=mutations)
+        log.control(control_create_topic("t", 1, [0]))
+        log.produce(4)
+        first = receive(log, 100, max=4, invisible=500)
+        again = receive(log, 600, max=3)  # offsets 0-2 delivered again; 3 is not visible
+        (o0, h0), (o1, h1), (o2, h2), (o3, h3) = receipts_of(first)
+        nacked = log.control(Nack(CG, "t", 0, ((o2, again.items[2].handle),), 601, 10_000))
+        out = [
+            log.control(Ack(CG, "t", 0, ((o0, h0),))),  # stale: offset 0 delivered again
+            log.control(Nack(CG, "t", 0, ((o1, h1),), 602)),  # stale nack
+            log.control(ChangeInvisible(CG, "t", 0, o1, h1, 603, 1000)),  # stale change
+            log.control(Ack(CG, "t", 0, ((o2, h2),))),  # stale: its later delivery nacked
+            log.control(Ack(CG, "t", 0, ((o3, h3),))),  # current: acked either way
+            nacked,
+        ]
+        return out, log.receipts.inflight(CG, "t", 0)
+
+    honest, honest_inflight = run(set())
+    broken, broken_inflight = run({"ack-later-delivery"})
+    assert honest[0] == ControlResult("ack", 0, 1, items=((0, 3),))
+    assert broken[0] == ControlResult("ack", 1, 0)  # the stale ack taken
+    assert set(honest_inflight) == {0, 1, 2} and set(broken_inflight) == {1, 2}
+    assert honest[1:] == broken[1:]  # everything else the same
+    assert isinstance(honest[2], ErrorResult) and honest[2].code == Code.STALE_RECEIPT
+    assert honest[3] == ControlResult("ack", 0, 1, items=((2, 3),))
+    assert honest[4] == ControlResult("ack", 1, 0)
+    assert BrokerState("g", mutations={"ack-later-delivery"}).receipts.ack_later_delivery
+    assert not BrokerState("g").receipts.ack_later_delivery
