@@ -168,6 +168,9 @@ class Op(IntEnum):
     #   -> (nacked, dead, stale)
     CHANGE_INVISIBLE = 73  # (cg, topic, queue, g?, offset, handle, invisible_ms) -> (visible_ms)
     DLQ = 74  # (action: list|show|resend|purge, cg, g?, ids?, req?) -> (rows, led, done)
+    SEND_BACK = 75  # (cg, topic, queue, g?, offset, backoff_ms?, max_deliveries, error?,
+    #   dead?, req?) -> (parked, dead, dup): a push consumer failed a message it read by
+    #   offset; the group's receipts deliver it again (RECEIVE retries) after the backoff
     REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
     #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see
     #   wire.requests.namesrv

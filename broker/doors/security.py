@@ -243,6 +243,7 @@ RULES: dict[int, Resolver | str] = {
     Op.TX_CHECK: NOT_A_REQUEST,  # the node asks the producer, never the other way
     Op.PRODUCER_HEARTBEAT: _on("producer-group", "pg", "publish"),
     Op.RECEIVE: _simple, Op.ACK: _simple, Op.NACK: _simple, Op.CHANGE_INVISIBLE: _simple,
+    Op.SEND_BACK: _simple,
     Op.DLQ: _dlq,
 }
 

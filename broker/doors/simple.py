@@ -43,6 +43,7 @@ from broker.state.parts.receipts import (
     Delivery,
     Nack,
     Receive,
+    SendBack,
 )
 from raftlog.runtime import GroupRuntime, NotLeader
 from transport.framing import Caller
@@ -58,6 +59,8 @@ from wire.requests import (
     NackRequest,
     ReceiveAnswer,
     ReceiveRequest,
+    SendBackAnswer,
+    SendBackRequest,
 )
 
 __all__ = ["MAX_DLQ_ROWS", "RecordReader", "SimpleDoor", "now_ms"]
@@ -94,6 +97,7 @@ class SimpleDoor:
             Op.NACK: self._nack,
             Op.CHANGE_INVISIBLE: self._change_invisible,
             Op.DLQ: self._dlq,
+            Op.SEND_BACK: self._send_back,
         }
 
     # ------------------------------------------------------------------ receive
@@ -104,7 +108,7 @@ class SimpleDoor:
 
         def record(now: int) -> Receive:  # bad bounds: the code apply would answer
             return checked(Receive, cg, topic, queue, now, req.invisible_ms, req.max,
-                           req.client, req.max_deliveries, req.cap)
+                           req.client, req.max_deliveries, req.cap, req.retries)
 
         record(now_ms())
         wait_ms = min(max(req.wait_ms, 0), MAX_WAIT_MS)
@@ -114,7 +118,7 @@ class SimpleDoor:
         while True:
             receipts = self.lead.leading(g).receipts
             now = now_ms()
-            if receipts.available(cg, topic, queue, now, req.cap):
+            if receipts.available(cg, topic, queue, now, req.cap, req.retries):
                 result = await self.lead.propose(g, record(now))
                 dead += result.skipped
                 if result.items:
@@ -163,6 +167,18 @@ class SimpleDoor:
             nacked=result.applied, skipped=result.skipped, dup=result.dup,
             dead=tuple(it[1] for it in result.items if it[0] == "dead"),
             stale=tuple((it[1], it[2]) for it in result.items if it[0] == "stale"))
+        return ok_header(0, **answer.header()), b""
+
+    async def _send_back(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
+        req = SendBackRequest.decode(h)
+        queue = check_queue(req.queue)
+        rec = checked(SendBack, req.cg, req.topic, queue, req.offset, now_ms(),
+                      req.backoff_ms or DEFAULT_BACKOFF_MS, req.max_deliveries, req.error,
+                      req.dead)
+        g = await self.hosts.led_group(req.topic, queue, req.g, confirm=False)  # a write
+        result = await self.lead.propose(g, rec, req.req)
+        answer = SendBackAnswer(parked=bool(result.applied), dup=result.dup,
+                                dead=any(it[0] == "dead" for it in result.items))
         return ok_header(0, **answer.header()), b""
 
     async def _change_invisible(self, _caller: Caller, h: dict[str, Any],

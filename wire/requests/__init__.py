@@ -98,6 +98,8 @@ from wire.requests.simple import (
     NackRequest,
     ReceiveAnswer,
     ReceiveRequest,
+    SendBackAnswer,
+    SendBackRequest,
 )
 from wire.requests.topics import (
     CreateTopicAnswer,
@@ -235,4 +237,6 @@ __all__ = [
     "NackRequest",
     "ReceiveAnswer",
     "ReceiveRequest",
+    "SendBackAnswer",
+    "SendBackRequest",
 ]

@@ -26,7 +26,7 @@ from wire.requests.base import WireType, spec, str_list
 
 __all__ = ["DLQ_ACTIONS", "AckAnswer", "AckRequest", "ChangeInvisibleAnswer",
            "ChangeInvisibleRequest", "DlqAnswer", "DlqRequest", "NackAnswer", "NackRequest",
-           "ReceiveAnswer", "ReceiveRequest"]
+           "ReceiveAnswer", "ReceiveRequest", "SendBackAnswer", "SendBackRequest"]
 
 DLQ_ACTIONS = ("list", "show", "resend", "purge")
 
@@ -85,6 +85,8 @@ class ReceiveRequest(WireType):
                     "(1..65,536)", default=4096)
     client: str = spec(str, "the consumer's client id (1-255 printable characters)",
                        default="-")
+    retries: bool = spec(bool, "only messages sent back and visible again (a push "
+                         "consumer's retries), never new ones", default=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,6 +171,39 @@ class NackAnswer(WireType):
         list, "`[offset, handle]` of the receipts that were not current: nothing was done "
         "for them", default=(), check=_int_rows("stale", 2))
     skipped: int = spec(int, "how many receipts were stale", default=0)
+    dup: bool = spec(bool, "a retry whose first copy was applied already", default=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendBackRequest(WireType):
+    OP: ClassVar[Op] = Op.SEND_BACK
+    ROLE: ClassVar[str] = "request"
+    cg: str = spec(str, "the consumer group", check=validate_group_name)
+    topic: str = spec(str, "the topic", check=validate_topic_name)
+    queue: int = spec(int, "the queue id")
+    g: str | None = spec(str, _G, default=None)
+    offset: int = spec(int, "the message a push consumer failed (read by offset)")
+    backoff_ms: tuple[int, ...] = spec(
+        list, "the delays by delivery count, the last repeating (1..64 steps of 0 .. 24 h); "
+        "when left out, RocketMQ's 10 s 30 s 1 m 2 m ... 1 h 2 h", default=(),
+        check=_int_list("backoff_ms"))
+    max_deliveries: int = spec(int, "a message delivered this many times goes to the dead "
+                               "letters instead (1..1,000)", default=16)
+    error: str = spec(str, "why it failed (kept with a dead letter; 1,024 characters at "
+                      "most)", default="")
+    dead: bool = spec(bool, "send it to the dead letters now (poison)", default=False)
+    req: tuple[int, int] | None = spec(
+        list, "`[client id, sequence]`: a retried send-back is applied once", default=None,
+        check=check_request_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendBackAnswer(WireType):
+    OP: ClassVar[Op] = Op.SEND_BACK
+    ROLE: ClassVar[str] = "answer"
+    parked: bool = spec(bool, "it is the group's to receive again (or a dead letter now); "
+                        "false: it was sent back before and is in flight already")
+    dead: bool = spec(bool, "it went to the dead letters", default=False)
     dup: bool = spec(bool, "a retry whose first copy was applied already", default=False)
 
 

@@ -36,6 +36,14 @@ The records:
   at once with the error given.
 * `ChangeInvisible`: a current delivery's invisible time is set again from now; a stale
   handle is refused (STALE_RECEIPT).
+* `SendBack`: a push consumer of the group read a message by offset (its queue's
+  assignment, not a receive) and its handler failed: the message enters the in-flight set
+  as delivered once, visible again after the first backoff step (or dead letters at once
+  when `dead` or `max_deliveries` is 1), and from then on it is the group's to receive
+  again like any other; `next` moves past it. A receive with `retries_only` (the push
+  consumer's) takes only such visible messages, never new ones: the push consumer reads
+  new messages by offset. One consumer group uses either the simple consumer or push
+  consumers on a topic, not both.
 
 The defaults below are the client's: every setting travels in the records, so each
 consumer group's clients choose theirs, within the bounds the records check.
@@ -91,6 +99,7 @@ __all__ = [
     "Nack",
     "Receipts",
     "Receive",
+    "SendBack",
 ]
 
 _S, _M, _H = 1000, 60_000, 3_600_000
@@ -198,6 +207,7 @@ class Receive(ControlRecord):
     consumer: str = "-"
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     cap: int = DEFAULT_INFLIGHT_CAP
+    retries_only: bool = False  # a push consumer's: messages sent back, never new ones
 
     def validate(self) -> None:
         _where(self.cg, self.topic, self.queue)
@@ -207,17 +217,22 @@ class Receive(ControlRecord):
         name_field(validate_client_id, self.consumer)
         int_field("max_deliveries", self.max_deliveries, 1, MAX_DELIVERIES)
         int_field("cap", self.cap, 1, MAX_INFLIGHT_CAP)
+        if not isinstance(self.retries_only, bool):
+            raise Refused(Code.MALFORMED, "retries_only must be a boolean")
 
     def to_map(self) -> dict[str, Any]:
-        return {"cg": self.cg, "t": self.topic, "q": self.queue, "now": self.now_ms,
-                "inv": self.invisible_ms, "max": self.max, "c": self.consumer,
-                "md": self.max_deliveries, "cap": self.cap}
+        d = {"cg": self.cg, "t": self.topic, "q": self.queue, "now": self.now_ms,
+             "inv": self.invisible_ms, "max": self.max, "c": self.consumer,
+             "md": self.max_deliveries, "cap": self.cap}
+        if self.retries_only:
+            d["ro"] = True
+        return d
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> Receive:
         return cls(d.get("cg"), d.get("t"), d.get("q"), d.get("now"),  # type: ignore[arg-type]
                    d.get("inv"), d.get("max"), d.get("c"),  # type: ignore[arg-type]
-                   d.get("md"), d.get("cap"))  # type: ignore[arg-type]
+                   d.get("md"), d.get("cap"), d.get("ro", False))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,15 +283,9 @@ class Nack(ControlRecord):
         _now(self.now_ms)
         if self.delay_ms is not None:
             int_field("delay_ms", self.delay_ms, 0, MAX_DELAY_MS)
-        if (not isinstance(self.backoff_ms, tuple)
-                or not 0 < len(self.backoff_ms) <= MAX_BACKOFF_STEPS
-                or not all(is_int(b) and 0 <= b <= MAX_DELAY_MS for b in self.backoff_ms)):
-            raise Refused(Code.MALFORMED, f"backoff_ms must be 1-{MAX_BACKOFF_STEPS} delays "
-                          f"of 0..{MAX_DELAY_MS} ms")
+        _backoff(self.backoff_ms)
         int_field("max_deliveries", self.max_deliveries, 1, MAX_DELIVERIES)
-        if not isinstance(self.error, str) or len(self.error) > MAX_ERROR_CHARS:
-            raise Refused(Code.MALFORMED, f"error must be a string of at most "
-                          f"{MAX_ERROR_CHARS} characters")
+        _error(self.error)
         if not isinstance(self.dead, bool):
             raise Refused(Code.MALFORMED, "dead must be a boolean")
 
@@ -326,6 +335,60 @@ class ChangeInvisible(ControlRecord):
                    d.get("h"), d.get("now"), d.get("inv"))  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class SendBack(ControlRecord):
+    """A push consumer of `cg` failed message `offset` of `topic`/`queue` (read by offset)
+    at the leader's time `now_ms`: delivered once, visible again after `backoff_ms[0]`, or
+    dead letters at once when `dead` or `max_deliveries` is 1."""
+
+    op: ClassVar[str] = "send_back"
+    cg: str
+    topic: str
+    queue: int
+    offset: int
+    now_ms: int
+    backoff_ms: tuple[int, ...] = DEFAULT_BACKOFF_MS
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    error: str = ""
+    dead: bool = False
+
+    def validate(self) -> None:
+        _where(self.cg, self.topic, self.queue)
+        int_field("offset", self.offset, 0)
+        _now(self.now_ms)
+        _backoff(self.backoff_ms)
+        int_field("max_deliveries", self.max_deliveries, 1, MAX_DELIVERIES)
+        _error(self.error)
+        if not isinstance(self.dead, bool):
+            raise Refused(Code.MALFORMED, "dead must be a boolean")
+
+    def to_map(self) -> dict[str, Any]:
+        return {"cg": self.cg, "t": self.topic, "q": self.queue, "o": self.offset,
+                "now": self.now_ms, "backoff": list(self.backoff_ms),
+                "md": self.max_deliveries, "err": self.error, "dead": self.dead}
+
+    @classmethod
+    def from_map(cls, d: Mapping[str, Any]) -> SendBack:
+        backoff = d.get("backoff")
+        return cls(d.get("cg"), d.get("t"), d.get("q"), d.get("o"),  # type: ignore[arg-type]
+                   d.get("now"),  # type: ignore[arg-type]
+                   tuple(backoff) if isinstance(backoff, list) else backoff,  # type: ignore[arg-type]
+                   d.get("md"), d.get("err"), d.get("dead"))  # type: ignore[arg-type]
+
+
+def _backoff(v: object) -> None:
+    if (not isinstance(v, tuple) or not 0 < len(v) <= MAX_BACKOFF_STEPS
+            or not all(is_int(b) and 0 <= b <= MAX_DELAY_MS for b in v)):
+        raise Refused(Code.MALFORMED, f"backoff_ms must be 1-{MAX_BACKOFF_STEPS} delays "
+                      f"of 0..{MAX_DELAY_MS} ms")
+
+
+def _error(v: object) -> None:
+    if not isinstance(v, str) or len(v) > MAX_ERROR_CHARS:
+        raise Refused(Code.MALFORMED, f"error must be a string of at most "
+                      f"{MAX_ERROR_CHARS} characters")
+
+
 # ---------------------------------------------------------------------- the part
 
 
@@ -334,7 +397,7 @@ class Receipts(Part):
 
     name = "receipts"
     version = 1
-    records = (Receive, Ack, Nack, ChangeInvisible)
+    records = (Receive, Ack, Nack, ChangeInvisible, SendBack)
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
@@ -347,7 +410,8 @@ class Receipts(Part):
     def handlers(self) -> Mapping[str, tuple[type[ControlRecord], Handler]]:
         return {Receive.op: (Receive, self._receive), Ack.op: (Ack, self._ack),
                 Nack.op: (Nack, self._nack),
-                ChangeInvisible.op: (ChangeInvisible, self._change_invisible)}
+                ChangeInvisible.op: (ChangeInvisible, self._change_invisible),
+                SendBack.op: (SendBack, self._send_back)}
 
     @property
     def deadletters(self) -> DeadLetters:
@@ -393,7 +457,7 @@ class Receipts(Part):
             elif len(chosen) < rec.max:
                 chosen.append(off)
         room = min(rec.max - len(chosen), rec.cap - len(slot.inflight), end - slot.next)
-        if room > 0:
+        if room > 0 and not rec.retries_only:
             chosen += range(slot.next, slot.next + room)
             slot.next += room
         visible = now + rec.invisible_ms
@@ -461,6 +525,27 @@ class Receipts(Part):
         slot.inflight[rec.offset] = f._replace(visible_ms=visible)
         return ControlResult(ChangeInvisible.op, 1, items=(visible,))
 
+    def _send_back(self, rec: SendBack, index: int) -> ControlResult:
+        """`items`: ("dead", offset) when it went to the dead letters at once. A message
+        already in flight for the group (sent back before) changes nothing (skipped)."""
+        lo, end = self._range(rec.topic, rec.queue)
+        if rec.offset < lo:
+            raise Refused(Code.OFFSET_TOO_SMALL, f"offset {rec.offset} of {rec.topic}/"
+                          f"{rec.queue} is below its first retained offset {lo}")
+        if rec.offset >= end:
+            raise Refused(Code.OFFSET_TOO_LARGE, f"offset {rec.offset} of {rec.topic}/"
+                          f"{rec.queue} is beyond its end {end}")
+        now = self._tick(rec.now_ms)
+        slot = self._slot(rec.cg, rec.topic, rec.queue, lo)
+        if rec.offset in slot.inflight:
+            return ControlResult(SendBack.op, 0, 1)
+        slot.next = max(slot.next, rec.offset + 1)
+        slot.inflight[rec.offset] = InFlight(now + rec.backoff_ms[0], 1, 0, rec.error)
+        if rec.dead or rec.max_deliveries <= 1:
+            self._bury(rec.cg, rec.topic, rec.queue, slot, rec.offset, rec.error, now)
+            return ControlResult(SendBack.op, 1, items=(("dead", rec.offset),))
+        return ControlResult(SendBack.op, 1)
+
     # ------------------------------------------------------------------ hooks
 
     def topic_deleted(self, config: TopicConfig) -> None:
@@ -499,7 +584,8 @@ class Receipts(Part):
             return self.next_offset(cg, topic, queue)
         return min(slot.inflight, default=slot.next)
 
-    def available(self, cg: str, topic: str, queue: int, now_ms: int, cap: int) -> bool:
+    def available(self, cg: str, topic: str, queue: int, now_ms: int, cap: int,
+                  retries_only: bool = False) -> bool:
         """Whether a `Receive` at `now_ms` would change anything: a message in flight is
         visible again (to deliver, or to bury), or a new one is there and the cap has room
         (what a door asks before it writes a receive to the log)."""
@@ -507,8 +593,8 @@ class Receipts(Part):
         lo, end = self.state.queue_range(topic, queue)
         slot = self.slots.get((cg, topic, queue))
         if slot is None:
-            return lo < end
-        if slot.next < end and len(slot.inflight) < cap:
+            return lo < end and not retries_only
+        if slot.next < end and len(slot.inflight) < cap and not retries_only:
             return True
         return any(f.visible_ms <= now for f in slot.inflight.values())
 
