@@ -105,6 +105,12 @@ class StaleReceiptError(RequestError):
         super().__init__(Code.STALE_RECEIPT, message, **extra)
 
 
+class PoisonMessage(Exception):  # noqa: N818 - what it is, not how it failed
+    """Raise it in a `PushConsumer` handler for messages known to be poison: they go to
+    the consumer group's dead letters at once, with this exception's text as their
+    error, instead of being retried."""
+
+
 class TransactionError(RequestError):
     """A transaction (Kafka's model) or a half message (RocketMQ's) cannot go on as
     asked. `code` says why: TX_DECIDED (committed or aborted already, also when the client

@@ -1,5 +1,12 @@
 """The push consumer, built on the pull side: handlers run concurrently, an `OffsetWindow`
 per queue commits only the lowest unfinished offset (at least once, never a skip).
+
+A message whose handler failed is retried by the broker by default (`retry="broker"`):
+it is sent back to the consumer group's replicated receipts (SEND_BACK) and the offset
+moves on; the consumer that owns its queue receives it again after the backoff, with
+its delivery count (a retries-only receive), and after `max_reconsume_times` retries it
+is a dead letter. With `retry="local"` (and always in broadcast mode) failed messages are
+retried in place, in memory, holding back their key's later messages.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from wire.records import Message
 from wire.requests import HeartbeatRequest
 
 from .allocation import strategy_of
+from .errors import PoisonMessage, StaleReceiptError
 from .groupclient import (
     GroupClient,
     check_isolation,
@@ -44,6 +52,7 @@ from .reads import (
     queue_bounds,
 )
 from .routes import backoff_delay
+from .simple import DEFAULT_BACKOFF, ReceivedMessage, SimpleConsumer
 
 log = logging.getLogger("raftmq.client.consumer")
 
@@ -60,6 +69,7 @@ class _QueueState:
     window: OffsetWindow
     committed: int
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    retry_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     released: bool = False
     running: int = 0
     idle: anyio.Event | None = None
@@ -88,17 +98,31 @@ class PushConsumer(GroupClient):
 
     The handler receives a list of messages (at most `consume_batch`, default 1) and
     may be a plain or an async function; plain ones run in worker threads. It fails by
-    raising or returning False: the messages are redelivered in place after a backoff,
-    up to `max_reconsume_times`, then passed to `on_give_up` (plain or async; awaited).
-    The offset passes a message only once the handler or `on_give_up` completed on it:
-    with no `on_give_up`, or one that raises, it is retried (backoff capped at 60 s).
+    raising or returning False; raising `PoisonMessage` sends its messages to the
+    group's dead letters at once.
+
+    Failed messages, `retry="broker"` (the default in clustering mode): each is sent back
+    to the broker, where the group's replicated receipts hold it (so a crash of this
+    consumer forgets nothing), and the offset moves on; the consumer owning its queue
+    receives it again after `retry_backoff` (RocketMQ's 10 s, 30 s, 1 m, ... 2 h by
+    delivery count), the message then carrying `deliveries` (2, 3, ...); after
+    `max_reconsume_times` retries (16) it goes to the dead letters (`raftmq dlq`). A
+    retried message is held for `retry_invisible` seconds while its handler runs. If
+    the broker cannot take it back now, it is retried here in the meantime.
+    `retry="local"` (always in broadcast mode): redelivered in place after a backoff, up
+    to `max_reconsume_times`, then passed to `on_give_up` (plain or async; awaited); the
+    offset passes a message only once the handler or `on_give_up` completed on it: with
+    no `on_give_up`, or one that raises, it is retried (backoff capped at 60 s).
     Up to `consume_concurrency` handler calls run at once; a queue stops being pulled
     while more than `per_queue_threshold` of its messages are unfinished.
 
-    Order: messages with the same key are handled one at a time in their queue's order,
-    retries included: while a message waits for its redelivery, the later messages of its
-    key wait behind it (other keys go on). Keyless messages have no order among
-    themselves. (A producer sends one key to one queue, so this is the key's send order.)
+    Order: messages with the same key are handled one at a time in their queue's order
+    (other keys go on). With local retries that includes retries: while a message waits
+    for its redelivery, the later messages of its key wait behind it. With broker
+    retries a failed message is retried later, after its key's later messages (as
+    RocketMQ's concurrent consumer does): use `retry="local"` when a key's order must
+    hold through failures. Keyless messages have no order among themselves. (A producer
+    sends one key to one queue, so this is the key's send order.)
 
     `mode="clustering"` shares the queues among the group's consumers (`strategy`
     "average" or "round_robin", recomputed from the clients seen by heartbeats as soon
@@ -134,6 +158,9 @@ class PushConsumer(GroupClient):
         max_reconsume_times: int = 16,
         reconsume_delay: float = 1.0,
         on_give_up: Callable[[list[Message]], Any] | None = None,
+        retry: Literal["broker", "local"] = "broker",
+        retry_backoff: Sequence[float] = DEFAULT_BACKOFF,
+        retry_invisible: float = 60.0,
         shutdown_timeout: float = 5.0,
         client_id: str | None = None,
         timeout: float = 3.0,
@@ -165,6 +192,13 @@ class PushConsumer(GroupClient):
             raise ValueError("start_from is 'first' or 'last'")
         if min(pull_batch, per_queue_threshold, consume_batch, consume_concurrency) < 1:
             raise ValueError("batch sizes, threshold and concurrency must be >= 1")
+        if retry not in ("broker", "local"):
+            raise ValueError("retry is 'broker' or 'local'")
+        # broadcast consumers each read every queue: a group's shared retries are not theirs
+        self.retry = retry if mode == "clustering" else "local"
+        self.retry_backoff = tuple(retry_backoff)
+        self.retry_invisible = retry_invisible
+        self._retries: SimpleConsumer | None = None
         self.handler = handler
         self.mode = mode
         self.pull_batch = pull_batch
@@ -205,7 +239,13 @@ class PushConsumer(GroupClient):
             if self._offset_file is not None:
                 self._offset_file.close()
             raise
-        assert self._tg is not None
+        assert self._tg is not None and self._stack is not None
+        if self.retry == "broker":
+            self._retries = await self._stack.enter_async_context(SimpleConsumer(
+                self.namesrv, self.group, invisible=self.retry_invisible,
+                max_deliveries=(self.max_reconsume_times + 1 if self.max_reconsume_times >= 0
+                                else 1000),
+                backoff=self.retry_backoff, timeout=self.timeout, client_id=self.client_id))
         self._rebalance_lock = anyio.Lock()
         self._limiter = anyio.CapacityLimiter(self.consume_concurrency)
         send, receive = anyio.create_memory_object_stream[_Work](float("inf"))
@@ -351,11 +391,14 @@ class PushConsumer(GroupClient):
         st = _QueueState(topic, queue, self.topics[topic], start, OffsetWindow(start), committed)
         self._states[st.key] = st
         self._tg.start_soon(self._pull_loop, st)
+        if self._retries is not None:
+            self._tg.start_soon(self._retry_loop, st)
 
     async def _release(self, states: Sequence[_QueueState]) -> None:
         for st in states:
             st.released = True
             st.scope.cancel()
+            st.retry_scope.cancel()
         with anyio.move_on_after(self.shutdown_timeout):
             for st in states:
                 if st.running:
@@ -489,13 +532,14 @@ class PushConsumer(GroupClient):
                     continue
                 st.running += 1
                 try:
-                    ok = await self._invoke(work.messages)
+                    ok, error, poison = await self._invoke(work.messages)
+                    sent_back = not ok and await self._send_back(work.messages, error, poison)
                 finally:
                     st.running -= 1
                     if st.running == 0 and st.idle is not None:
                         st.idle.set()
-                if ok or (0 <= self.max_reconsume_times <= work.attempt
-                          and await self._give_up(work.messages)):
+                if ok or sent_back or (0 <= self.max_reconsume_times <= work.attempt
+                                       and await self._give_up(work.messages)):
                     self._done(work)
                 else:
                     assert self._tg is not None
@@ -538,7 +582,72 @@ class PushConsumer(GroupClient):
         await anyio.sleep(min(60.0, self.reconsume_delay * 2 ** (work.attempt - 1)))
         self._dispatch(work)
 
-    async def _invoke(self, msgs: list[Message]) -> bool:
+    async def _send_back(self, msgs: list[Message], error: str, poison: bool) -> bool:
+        """Hand failed messages to the broker's retries; whether all were taken (else
+        they are retried here, and sent back again when they fail again)."""
+        if self._retries is None:
+            return False
+        try:
+            for m in msgs:  # one at a time: a retried request is applied once
+                await self._retries.send_back(m, error=error, dead=poison)
+        except Exception as exc:
+            log.warning("%s: sending %s back failed (retried here meanwhile): %s",
+                        self.client_id, [m.msg_id for m in msgs], exc)
+            return False
+        return True
+
+    async def _retry_loop(self, st: _QueueState) -> None:
+        """Receive the messages of this queue that were sent back and are due again, run
+        the handler on them and settle each (ack, nack, or dead letter)."""
+        assert self._retries is not None
+        failures = 0
+        with st.retry_scope:
+            while not st.released:
+                if self.paused:
+                    await self._unpaused()
+                    continue
+                try:
+                    msgs = await self._retries.receive_retries(
+                        st.topic, st.queue, max=self.consume_batch,
+                        wait=self.long_poll_ms / 1000)
+                except Exception as exc:
+                    failures += 1
+                    log.log(logging.DEBUG if isinstance(exc, RequestError) and is_retriable(exc)
+                            else logging.WARNING, "%s: retries of %s:%d: %s", self.client_id,
+                            st.topic, st.queue, exc)
+                    await anyio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
+                    continue
+                failures = 0
+                if not msgs:
+                    continue
+                st.running += 1
+                try:
+                    ok, error, poison = await self._invoke(list(msgs))
+                    await self._settle(msgs, ok, error, poison)
+                finally:
+                    st.running -= 1
+                    if st.running == 0 and st.idle is not None:
+                        st.idle.set()
+
+    async def _settle(self, msgs: Sequence[ReceivedMessage], ok: bool, error: str,
+                      poison: bool) -> None:
+        assert self._retries is not None
+        for m in msgs:
+            try:
+                if ok:
+                    await self._retries.ack(m)
+                elif poison:
+                    await self._retries.dead_letter(m, error)
+                else:
+                    await self._retries.nack(m, error=error)
+            except StaleReceiptError:
+                pass  # its invisible time ran out meanwhile: it comes again
+            except Exception as exc:
+                log.warning("%s: settling retry %s failed (it comes again after its "
+                            "invisible time): %s", self.client_id, m.msg_id, exc)
+
+    async def _invoke(self, msgs: list[Message]) -> tuple[bool, str, bool]:
+        """Run the handler: (it succeeded, the error when not, it raised PoisonMessage)."""
         try:
             if self._handler_is_async:
                 result = await self.handler(msgs)
@@ -550,9 +659,14 @@ class PushConsumer(GroupClient):
                                                         abandon_on_cancel=True)
                 if inspect.isawaitable(result):
                     result = await result
-        except Exception:
+        except PoisonMessage as exc:
+            log.warning("%s: poison %s: %s", self.client_id, [m.msg_id for m in msgs], exc)
+            return False, str(exc) or "poison", True
+        except Exception as exc:
             log.exception("%s: handler failed on %s", self.client_id, [m.msg_id for m in msgs])
-            return False
-        return result is not False
+            return False, f"{type(exc).__name__}: {exc}", False
+        if result is False:
+            return False, "the handler returned False", False
+        return True, "", False
 
 

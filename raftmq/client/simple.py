@@ -41,6 +41,8 @@ from wire.requests import (
     NackRequest,
     ReceiveAnswer,
     ReceiveRequest,
+    SendBackAnswer,
+    SendBackRequest,
 )
 
 from .errors import ClientClosedError, OutcomeUnknownError, StaleReceiptError
@@ -232,12 +234,41 @@ class SimpleConsumer(ClientBase):
         finally:
             self._polling[topic].discard(queue)
 
+    async def receive_retries(self, topic: str, queue: int, max: int = 32, *,
+                              invisible: float | None = None, wait: float = 0.0
+                              ) -> list[ReceivedMessage]:
+        """Up to `max` messages of one queue that were sent back (`send_back`) and are due
+        again, never new ones: how a push consumer, which reads new messages by offset,
+        gets its retries. Settle them as any received message."""
+        validate_topic_name(topic)
+        if not 1 <= max <= 1024:
+            raise ValueError("max must be 1..1024")
+        invisible_ms = self.invisible_ms if invisible is None else _seconds_ms(
+            "invisible", invisible)
+        return await self._receive_one(topic, queue, max, invisible_ms,
+                                       _seconds_ms("wait", wait), retries=True)
+
+    async def send_back(self, msg: Message, *, error: str = "", dead: bool = False) -> bool:
+        """Hand a message read by offset (a push consumer's) whose handling failed to the
+        group's broker-side retries: it is delivered again (`receive_retries`) after the
+        first backoff step, counting deliveries, and goes to the dead letters after
+        `max_deliveries`, or at once with `dead` (poison). Returns whether it went to the
+        dead letters now. A retry of the request is applied once."""
+        rid = self.routes.request_id()
+        _, frame = await self.routes.call_queue(
+            msg.topic, msg.queue, Op.SEND_BACK,
+            lambda g: SendBackRequest(cg=self.group, topic=msg.topic, queue=msg.queue, g=g,
+                                      offset=msg.offset, backoff_ms=self.backoff_ms,
+                                      max_deliveries=self.max_deliveries, error=error[:1024],
+                                      dead=dead, req=rid).header(), write=True)
+        return SendBackAnswer.decode(frame.header).dead
+
     async def _receive_one(self, topic: str, queue: int, max: int, invisible_ms: int,
-                           wait_ms: int) -> list[ReceivedMessage]:
+                           wait_ms: int, *, retries: bool = False) -> list[ReceivedMessage]:
         req = ReceiveRequest(cg=self.group, topic=topic, queue=queue, max=max,
                              invisible_ms=invisible_ms, wait_ms=wait_ms,
                              max_deliveries=self.max_deliveries, cap=self.inflight_cap,
-                             client=self.client_id)
+                             client=self.client_id, retries=retries)
         header = req.header()
         group, frame = await self.routes.call_queue(
             topic, queue, Op.RECEIVE, lambda g: {**header, "g": g},

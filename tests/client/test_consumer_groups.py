@@ -256,8 +256,9 @@ def test_poll_returns_messages_from_every_assigned_queue_that_has_some(
 
 def test_a_message_the_handler_keeps_failing_is_passed_only_once_on_give_up_completed(
         cluster: LocalCluster) -> None:
-    """An async `on_give_up` is awaited to its end before the offset passes the message;
-    without one (or when it raises) the message is tried again, never skipped."""
+    """With local retries, an async `on_give_up` is awaited to its end before the offset
+    passes the message; without one (or when it raises) the message is tried again, never
+    skipped."""
     topic, group = fresh("giveup"), fresh("cg-giveup")
     parked: list[bytes] = []
     calls: dict[bytes, int] = {}
@@ -291,7 +292,7 @@ def test_a_message_the_handler_keeps_failing_is_passed_only_once_on_give_up_comp
             await producer.send(topic, b"fine", key="k")  # same queue, after it
         async with PushConsumer(cluster.namesrv_addr, group, [topic], handler,
                                 max_reconsume_times=1, reconsume_delay=0.05,
-                                on_give_up=flaky_park, **FAST) as consumer:
+                                on_give_up=flaky_park, retry="local", **FAST) as consumer:
             await until(lambda: parked == [b"poison"], "poison parked")
             await consumer.commit_now()
         assert calls[b"poison"] >= 3  # tried, retried, retried again after the failed park
@@ -302,7 +303,7 @@ def test_a_message_the_handler_keeps_failing_is_passed_only_once_on_give_up_comp
         calls.clear()
         async with PushConsumer(cluster.namesrv_addr, group2, [topic], handler,
                                 max_reconsume_times=1, reconsume_delay=0.05,
-                                **FAST) as consumer:
+                                retry="local", **FAST) as consumer:
             await until(lambda: calls.get(b"poison", 0) >= 3, "poison retried past the max")
             await consumer.commit_now()
         assert (await offsets(group2)).get(poison.queue, 0) <= poison.offset
@@ -313,8 +314,9 @@ def test_a_message_the_handler_keeps_failing_is_passed_only_once_on_give_up_comp
 def test_one_keys_messages_are_handled_one_at_a_time_in_order_retries_included(
         cluster: LocalCluster) -> None:
     """The push consumer keeps each key's order at its default concurrency: a key's next
-    message starts only after the previous one finished, a failed one holds its place
-    until its redelivery succeeds, while other keys (and keyless messages) run beside."""
+    message starts only after the previous one finished, and with local retries a failed
+    one holds its place until its redelivery succeeds, while other keys (and keyless
+    messages) run beside."""
     topic, group = fresh("keyorder"), fresh("cg-keyorder")
     keys = ["alice", "bob", "carol"]
     per_key = 40
@@ -358,7 +360,7 @@ def test_one_keys_messages_are_handled_one_at_a_time_in_order_retries_included(
                 if i % 2:
                     await producer.send(topic, str(10_000 + i).encode())
         async with PushConsumer(cluster.namesrv_addr, group, [topic], handler,
-                                reconsume_delay=0.05, **FAST):
+                                reconsume_delay=0.05, retry="local", **FAST):
             with anyio.fail_after(BOUND):
                 await done.wait()
 
