@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench import consume, delay, e2e, failover, produce, topics
+from bench import ack, consume, delay, e2e, failover, produce, topics
 from bench.common import (
     Acks,
     Pacer,
@@ -357,6 +357,19 @@ def test_delay(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> Non
     assert r["due_at_once"]["delivered_msgs_per_s"] > 0
     assert r["pending"]["messages"] == 512  # an external cluster: no node RSS here
     assert r["pending"]["node_rss_mb_delta"] == []
+
+
+@pytest.mark.live
+def test_ack(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(capsys, ack.main, ["--namesrv", cluster.namesrv_addr, "--messages", "600",
+                                "--batch", "32", "--expire", "50", "--invisible", "0.5",
+                                "--retries", "50", "--retry-delay", "0.5", "--json"])
+    assert r["_exit"] == 0 and r["early"] == 0
+    assert r["pull_commit"]["messages"] == r["receive_ack"]["messages"] == 600
+    assert r["receive_ack_vs_pull_commit"] > 0
+    assert r["redelivery"]["messages"] == r["retries"]["messages"] == 50
+    _positive_latencies(r["redelivery"]["lateness_ms"])
+    assert r["retries"]["nacks_per_s"] > 0
 
 
 @pytest.mark.live
