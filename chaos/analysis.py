@@ -117,6 +117,8 @@ from .models import (
     pin_read_appends,
     quiescent_segments,
 )
+from .simplecheck import SIMPLE_OPS
+from .simplecheck import Checker as SimpleChecker
 from .txcheck import TX_OPS
 from .txcheck import Checker as TxChecker
 from .workload import TOPIC_KEY_PREFIX, TOPIC_OPS, is_idempotent_message
@@ -249,6 +251,7 @@ class Analysis:
             transactions=self.results.get("transactions"),
             security=self.results.get("security"),
             delays=self.results.get("delays"),
+            simple=self.results.get("simple"),
         )
 
 
@@ -278,10 +281,10 @@ def analyze(
     path = Path(history_path)
     clock = _Clock()
     with _spill_dir(path) as spill:
-        with clock("spill"):  # and the transactional, security and delay checks, one pass
+        with clock("spill"):  # and the transactional, security, delay and simple checks
             faults = parse_faults(path)
-            routes, (tx, sec, delays) = _spill_by_key(
-                path, spill, (TxChecker(), SecurityChecker(), DelayChecker()))
+            routes, (tx, sec, delays, simple) = _spill_by_key(
+                path, spill, (TxChecker(), SecurityChecker(), DelayChecker(), SimpleChecker()))
         analysis = _analyze_spilled(
             routes, faults, queue_groups=queue_groups, check_timeout=check_timeout,
             idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
@@ -290,6 +293,7 @@ def analyze(
     _add_transactions(analysis, tx)
     _add_security(analysis, sec)
     _add_delays(analysis, delays)
+    _add_simple(analysis, simple)
     analysis.results["analysis_seconds"] = clock.summary()
     return analysis
 
@@ -336,6 +340,13 @@ def _add_delays(analysis: Analysis, delays: dict[str, Any]) -> None:
     a history with delayed-message records."""
     _add_section(analysis, "delays", delays,
                  bool(delays["messages"]["sent"] or delays["malformed"]))
+
+
+def _add_simple(analysis: Analysis, simple: dict[str, Any]) -> None:
+    """The simple-consumer checker's verdict (`chaos.simplecheck`): section ``simple``,
+    for a history with simple-consumer records."""
+    _add_section(analysis, "simple", simple, bool(
+        simple["messages"]["sent"] or simple["receives"] or simple["malformed"]))
 
 
 def _add_section(analysis: Analysis, name: str, section: dict[str, Any], present: bool) -> None:
@@ -550,8 +561,9 @@ def _spill_by_key(
                     if isinstance(process, (int, str)):
                         if kind == "invoke" and (entry.get("f") in TX_OPS
                                                  or entry.get("f") in SEC_OPS
-                                                 or entry.get("f") in DELAY_OPS):
-                            # `chaos.txcheck`/`authcheck`/`delaycheck` read these
+                                                 or entry.get("f") in DELAY_OPS
+                                                 or entry.get("f") in SIMPLE_OPS):
+                            # `chaos.txcheck`/`authcheck`/`delaycheck`/`simplecheck` read these
                             skipped.add(process)
                             open_route.pop(process, None)
                             continue

@@ -426,6 +426,18 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
             + ", ".join(f"{kind} {delays.get(kind, 0)}"
                         for kind in ("early", "late", "lost", "duplicated", "phantom"))
         ))
+    simple = results.get("simple")
+    if isinstance(simple, dict):
+        msgs = simple.get("messages", {})
+        table.add_row("simple consumers", (
+            f"{msgs.get('sent', 0)} sent, {msgs.get('acknowledged', 0)} acknowledged, "
+            f"{msgs.get('deliveries', 0)} deliveries ({msgs.get('redeliveries', 0)} again), "
+            f"{msgs.get('acked', 0)} acked, {msgs.get('dead_letters', 0)} dead letters; "
+            + ", ".join(f"{kind} {simple.get(kind, 0)}"
+                        for kind in ("lost", "acked_then_delivered", "stale_acks_accepted",
+                                     "double_holding", "delivery_counts",
+                                     "dead_letters_wrong", "phantoms"))
+        ))
     table.add_row("checker", f"{results.get('checker_seconds', 0):.1f} s")
     worst = results.get("longest_unavailability")
     table.add_row("longest unavailability after a leader loss",

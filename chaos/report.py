@@ -527,6 +527,17 @@ def _delays(d: dict[str, Any]) -> str:
         ("undrained queues", d.get("undrained_queues"))])
 
 
+def _simple(s: dict[str, Any]) -> str:
+    """The simple-consumer checker's verdict (`chaos.simplecheck`)."""
+    from .simplecheck import VIOLATIONS
+
+    return _checker_section("Simple consumers", s, VIOLATIONS, [
+        ("messages", s.get("messages")), ("settled", s.get("settled")),
+        ("late acks", s.get("late_acks")), ("receives", s.get("receives")),
+        ("receive requests without an answer", s.get("lost_requests")),
+        ("dead letters read at the end", s.get("dlq_read"))])
+
+
 def _checker_section(title: str, verdict: dict[str, Any], violations: Iterable[str],
                      facts: list[tuple[str, Any]]) -> str:
     """A checker's verdict: every violation count (red when not zero), its facts, and the
@@ -564,6 +575,7 @@ def render_html(
     transactions: dict[str, Any] | None = None,
     security: dict[str, Any] | None = None,
     delays: dict[str, Any] | None = None,
+    simple: dict[str, Any] | None = None,
     max_ops: int = 4000,
 ) -> str:
     """The report as one HTML string; faults are (start, end, name) in the history's time unit.
@@ -572,8 +584,9 @@ def render_html(
     derived from the operations themselves. ``unavailability`` is a chaos run's
     ``unavailability_by_fault`` (one row per fault kind); ``transactions`` its
     transactional verdict (`chaos.txcheck`), ``security`` that of users and ACLs
-    (`chaos.authcheck`) and ``delays`` that of delayed messages (`chaos.delaycheck`),
-    each shown first when it found a violation.
+    (`chaos.authcheck`), ``delays`` that of delayed messages (`chaos.delaycheck`) and
+    ``simple`` that of simple consumers (`chaos.simplecheck`), each shown first when it
+    found a violation.
     """
     chosen, note = _focus(info, max_ops)
     if throughput is None and latency is None:
@@ -592,6 +605,8 @@ def render_html(
         body.append(_security(security))
     if delays is not None and not delays.get("valid", True):
         body.append(_delays(delays))
+    if simple is not None and not simple.get("valid", True):
+        body.append(_simple(simple))
     failure = info.first_failure
     if failure is not None:
         body.append(_failure_section(model, failure))
@@ -618,6 +633,8 @@ def render_html(
         body.append(_security(security))
     if delays is not None and delays.get("valid", True):
         body.append(_delays(delays))
+    if simple is not None and simple.get("valid", True):
+        body.append(_simple(simple))
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>{''.join(body)}<script>{_JS}</script></body></html>"
