@@ -310,8 +310,9 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", default="queue", choices=WORKLOADS,
                    help="queue (default), txn (transactions, half messages, a pipeline), "
                    "security (users and ACLs changed under faults, on a cluster with logins "
-                   "and ACLs on), delay (delayed messages: never early, never lost) or all "
-                   "(the four side by side)")
+                   "and ACLs on), delay (delayed messages: never early, never lost), simple "
+                   "(simple consumers: acks, retries, dead letters) or all (the five side "
+                   "by side)")
     p.add_argument("--seed", type=int, default=0, help="decides the fault schedule")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="history.jsonl, results.json, report.html and the cluster's files")

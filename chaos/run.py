@@ -15,7 +15,9 @@ One trio program in this process runs everything that is not a node:
 
 With `--workload delay` (or `all`) producers send delayed messages and readers follow
 their queues from the start to the drain (`chaos.delayworkload`), checked by
-`chaos.delaycheck`. With `--workload security` (or `all`) the nodes run with logins and ACLs on and a
+`chaos.delaycheck`. With `--workload simple` (or `all`) simple consumers of one group, one
+of them a process killed again and again, ack, nack, stall, re-time and dead-letter
+messages (`chaos.simpleworkload`), checked by `chaos.simplecheck`. With `--workload security` (or `all`) the nodes run with logins and ACLs on and a
 bootstrap superuser whose login every client of the harness uses (`chaos.secworkload`);
 the default queue workload's cluster has neither.
 
@@ -58,12 +60,13 @@ from .proxy import ProxyNet
 from .recorder import Recorder
 from .remote import REMOTE_NEMESES, RemoteCluster
 from .secworkload import SecurityWorkload, harness_login, harness_superuser
+from .simpleworkload import SimpleWorkload
 from .txworkload import TX_NODE_SETTINGS, TxWorkload
 from .workload import Workload
 
 __all__ = ["RunOptions", "nemesis_plan", "run_chaos"]
 
-WORKLOADS = ("queue", "txn", "security", "delay", "all")
+WORKLOADS = ("queue", "txn", "security", "delay", "simple", "all")
 SECURE_WORKLOADS = ("security", "all")
 """Workloads whose cluster runs with logins and ACLs on (`chaos.secworkload`); every
 client of the harness then logs in as its superuser."""
@@ -143,7 +146,9 @@ class RunOptions:
             if self.workload != "queue":
                 why = {"security": "with logins and ACLs on",
                        "delay": "on the clock its readers read: due times are the nodes' "
-                                "wall clock"}.get(self.workload, "with short check-back timings")
+                                "wall clock",
+                       "simple": "on the clock its consumers read: invisible times are the "
+                                 "nodes' wall clock"}.get(self.workload, "with short check-back timings")
                 raise ValueError(f"--workload {self.workload} needs nodes the harness starts "
                                  f"({why}), not --cluster")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
@@ -244,6 +249,13 @@ async def _run(opts: RunOptions, recorder: Recorder,
                                           recorder=recorder,
                                           rng=random.Random(rng.getrandbits(64)))
                 facts["delay_queue_groups"] = await delayload.setup()
+            simpleload: SimpleWorkload | None = None
+            if opts.workload in ("simple", "all"):
+                simpleload = SimpleWorkload(cluster.namesrv_addr, TOPIC, opts.groups,
+                                            recorder=recorder,
+                                            rng=random.Random(rng.getrandbits(64)),
+                                            log=opts.out / "cluster" / "simple-workers.log")
+                facts["simple_queue_groups"] = await simpleload.setup()
             secload: SecurityWorkload | None = None
             if opts.workload in SECURE_WORKLOADS:
                 secload = SecurityWorkload(
@@ -264,8 +276,8 @@ async def _run(opts: RunOptions, recorder: Recorder,
             )
             # a node that died on its own is reported (unexpected_exits), not raised
             ready = functools.partial(cluster.wait_ready, opts.ready_timeout, raise_on_exit=False)
-            await _load_heal_drain(opts, _Loads(workload, txload, secload, delayload), nemesis, ready,
-                                   cluster.unexpected_exits, facts)
+            loads = _Loads(workload, txload, secload, delayload, simpleload)
+            await _load_heal_drain(opts, loads, nemesis, ready, cluster.unexpected_exits, facts)
         finally:
             await trio.to_thread.run_sync(cluster.stop)
             for disk in disks.values():
@@ -274,26 +286,32 @@ async def _run(opts: RunOptions, recorder: Recorder,
     return facts
 
 
-_Load = Workload | TxWorkload | SecurityWorkload | DelayWorkload
+_Load = Workload | TxWorkload | SecurityWorkload | DelayWorkload | SimpleWorkload
 
 
 class _Loads:
     """The queue workload, the transactional one, the security one, the delayed-message
-    one, or several side by side."""
+    one, the simple-consumer one, or several side by side."""
 
     def __init__(self, queue: Workload | None, tx: TxWorkload | None,
                  security: SecurityWorkload | None = None,
-                 delay: DelayWorkload | None = None) -> None:
-        self.loads: list[_Load] = [w for w in (queue, tx, security, delay) if w is not None]
+                 delay: DelayWorkload | None = None,
+                 simple: SimpleWorkload | None = None) -> None:
+        self.loads: list[_Load] = [w for w in (queue, tx, security, delay, simple)
+                                   if w is not None]
         self.tx = tx
         self.security = security
         self.delay = delay
+        self.simple = simple
 
     async def follow(self) -> None:
         """What watches the cluster from the load's start until the drain: the delayed
-        messages' readers (so a message due during the heal is seen when it arrives)."""
-        if self.delay is not None:
-            await self.delay.follow()
+        messages' readers (so a message due during the heal is seen when it arrives) and
+        the simple consumers in the harness (they consume through the heal)."""
+        async with trio.open_nursery() as nursery:
+            for load in (self.delay, self.simple):
+                if load is not None:
+                    nursery.start_soon(load.follow)
 
     async def run(self, stop_at: float) -> None:
         async with trio.open_nursery() as nursery:
@@ -357,6 +375,9 @@ async def _load_heal_drain(
         facts["security_converged"] = workload.security.converged
     if isinstance(workload, _Loads) and workload.delay is not None:
         facts["delay_load"] = dict(workload.delay.stats)
+    if isinstance(workload, _Loads) and workload.simple is not None:
+        facts["simple_load"] = {**workload.simple.stats,
+                                "worker_starts": workload.simple.worker_starts}
 
 
 async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:

@@ -35,7 +35,8 @@ that made it: unique, and growing with each delivery of a message).
     One `SimpleConsumer.receive`: invoke ``{"cg", "consumer", "max", "invisible_ms",
     "max_deliveries", "since_ms"}``, ``since_ms`` no later than any receive request whose
     messages this call may return (a long poll started by an earlier call of the same
-    consumer may hand its messages to this one); ``ok {"ms", "messages": [[queue, offset,
+    consumer may hand its messages to this one) and ``invisible_ms`` the shortest
+    invisible time any of those asked for; ``ok {"ms", "messages": [[queue, offset,
     body, deliveries, handle], ...]}``; ``info {"error"}``: it raised, and any delivery of
     the topic's queues it made may be lost (the SDK drops what a sweep had got when a
     later queue of the sweep fails).

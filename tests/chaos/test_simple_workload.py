@@ -1,15 +1,26 @@
 """`raftmq chaos run --workload simple`: the simple-consumer checker on synthetic
-histories (each finding caught where it is, nothing found in a valid history)."""
+histories (each finding caught where it is, nothing found in a valid history), and the
+workload on real nodes: a short run under `kill` (a consumer process killed too) is
+valid, and `ack-later-delivery` (an ack of an older delivery applied to the current one)
+is caught as stale acks accepted, with no fault at all: stalled consumers' late acks
+meet messages delivered again meanwhile."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from broker.config import ALLOW_MUTATIONS_ENV
+from chaos.cli import EXIT_USAGE, run_main
+from chaos.histories import parse_faults
 from chaos.recorder import Recorder
+from chaos.run import RunOptions, run_chaos
 from chaos.simplecheck import CLOCK_SLACK_MS, VIOLATIONS, check_file, check_lines
+from tests.chaos.test_run import _recheck, _results
 
 T = "s"
 CG = "workers"
@@ -409,3 +420,64 @@ def test_report_and_summary_show_the_simple_verdict(
     for text in ("simple: double_holding: 1", "9 sent, 8 acknowledged, 12 deliveries (3 again), "
                  "6 acked, 2 dead letters", "lost 0, acked_then_delivered 0", "double_holding 1"):
         assert text in out, (text, out)
+
+
+# ------------------------------------------------------------------ live runs
+
+SIMPLE_SECONDS = float(os.environ.get("CHAOS_SIMPLE_SECONDS", "12"))
+
+
+def test_simple_workload_needs_nodes_the_harness_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('namesrv = "127.0.0.1:1"\n[nodes.1]\nagent = "127.0.0.1:2"\n')
+    assert run_main(["--out", str(tmp_path / "out"), "--workload", "simple", "--cluster",
+                     str(cluster), "--nemesis", "kill"]) == EXIT_USAGE
+    assert "--workload simple needs nodes the harness starts" in capsys.readouterr().err
+
+
+@pytest.mark.live
+def test_simple_smoke_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code = run_main(["--out", str(out), "--workload", "simple", "--time", str(SIMPLE_SECONDS),
+                     "--seed", "3", "--nemesis", "kill", "--drain-timeout", "40", "--json"])
+    results = _results(out)
+    s = results["simple"]
+    assert code == 0, json.dumps(results, indent=1)[:4000]
+    assert results["valid"] is True and s["valid"] is True
+    msgs = s["messages"]
+    # every way to settle happened, so the checks were not vacuous
+    assert msgs["acknowledged"] > 50 and msgs["redeliveries"] > 0, msgs
+    assert msgs["always_fail"] > 0 and msgs["max_deliveries_reached"] > 0, msgs
+    assert msgs["dead_letters"] >= msgs["max_deliveries_reached"], msgs
+    settled = s["settled"]
+    assert settled["ack"]["ok"] > 0 and settled["nack"]["ok"] > 0, settled
+    assert settled["dead"]["ok"] > 0 and settled["change"]["ok"] > 0, settled
+    assert sum(s["late_acks"].values()) > 0 and s["dlq_read"] is True, s
+    assert results["run"]["simple_load"]["worker_starts"] >= 2  # a consumer was killed
+    assert {f.f for f in parse_faults(out / "history.jsonl")} == {"kill"}
+    assert "Simple consumers" in (out / "report.html").read_text()
+    _recheck(out, 0, capsys)
+
+
+@pytest.mark.live
+def test_an_ack_applied_to_a_later_delivery_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`ack-later-delivery`: the late acks of stalled consumers, whose messages were
+    delivered again meanwhile, are answered ok (`stale_acks_accepted`), with no fault."""
+    monkeypatch.setenv(ALLOW_MUTATIONS_ENV, "1")
+    out = tmp_path / "run"
+    results = run_chaos(RunOptions(
+        out=out, workload="simple", time=SIMPLE_SECONDS, seed=1, nemesis=(),
+        mutations=("ack-later-delivery",), check_timeout=20, drain_timeout=40,
+    ))
+    s = results["simple"]
+    kind = "stale_acks_accepted"
+    assert results["verdict"] == "invalid", json.dumps(results, indent=1)[:4000]
+    assert s["valid"] is False and s[kind] > 0, json.dumps(s, indent=1)[:4000]
+    assert f"simple: {kind}: {s[kind]}" in results["problems"]
+    html = (out / "report.html").read_text()
+    assert "Simple consumers" in html and "invalid" in html
+    _recheck(out, 1, capsys)
