@@ -39,7 +39,7 @@ test: $(VENV)/.test
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # Coverage-guided fuzzing (atheris) of the frame/request decoders, the batch parser,
-# snapshot restore and CommitLog recovery over damaged files; grows tests/fuzz/corpus,
+# SQL92 filters, snapshot restore and CommitLog recovery over damaged files; grows tests/fuzz/corpus,
 # which the default suite replays. FUZZ_RUNS inputs per target.
 FUZZ_RUNS ?= 250000
 $(VENV)/.fuzz: $(VENV)/.test

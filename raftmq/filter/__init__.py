@@ -23,11 +23,15 @@ Syntax (`syntax.py`)
     `a = 1 )` is `a = 1` (`compile(..., strict=True)` refuses it instead).
   * Refused at compile time, as RocketMQ refuses them: `>`, `<`, `>=`, `<=` and
     BETWEEN with a literal that is not a number or with a condition; `=`/`<>` with a
-    NULL literal (use IS NULL) or TRUE/FALSE against another kind of literal; constant
-    BETWEEN bounds in the wrong order; IN without a property on its left, or with
-    anything but string literals in its list; CONTAINS & co. without a string literal;
-    NOT, AND, OR or the whole filter over something that is not a condition or a
-    property (`NOT 1`, `a AND 5`, `'x'`).
+    NULL literal (use IS NULL) or with TRUE/FALSE left of another kind of literal;
+    literal BETWEEN bounds in the wrong order or NULL; IN without a property on its
+    left, or with anything but string literals in its list; CONTAINS & co. without a
+    string literal; NOT, AND, OR or the whole filter over something that is not a
+    condition or a property (`NOT 1`, `a AND 5`, `'x'`). These checks look at the
+    literal as written: `-5`, `NOT NOT TRUE` are no longer literals and pass them.
+  * Binary operators nested more than `MAX_DEPTH` (200) deep are refused (RocketMQ's
+    recursive parser overflows its stack some hundreds of levels down); chains of NOT,
+    minus, AND, OR and parentheses around one operand have no limit.
 
 Values and comparisons (`values.py`, `compiler.py`)
   * Properties are strings, never converted on their own: a bare property used as a

@@ -483,6 +483,12 @@ PRECEDENCE_CASES: list[Case] = [
     ("NOT NOT (a = 1)", {"a": "1"}, True),
     ("NOT NOT NOT (a = 1)", {"a": "1"}, False),
     ("NOT NOT a", {"a": "1"}, False),
+    # NOT NOT x is no longer a literal, so the literal-only checks let it through
+    ("NOT NOT TRUE = 1", {}, False),
+    ("NOT (NOT NOT TRUE = 1)", {}, True),
+    ("NOT (a = NOT NOT NULL)", {"a": "1"}, True),
+    ("NOT NOT NULL = a", {"a": "1"}, False),
+    ("a = -(5)", {"a": "-5"}, True),
     # comparisons bind tighter than = and <>
     ("a > 1 = TRUE", {"a": "2"}, True),
     ("a > 1 = FALSE", {"a": "2"}, False),

@@ -24,7 +24,7 @@ def _run_one(name: str, runs: int, max_len: int) -> int:
 
     # everything the targets reach is imported here first, instrumented for coverage
     with atheris.instrument_imports(include=["broker", "raftlog", "namesrv", "transport",
-                                             "msgpack"]):
+                                             "msgpack", "raftmq.filter", "lark"]):
         from tests.fuzz import targets
     target = targets.TARGETS[name]
     corpus = CORPUS / name
@@ -43,7 +43,7 @@ def _run_one(name: str, runs: int, max_len: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.fuzz")
-    p.add_argument("target", nargs="?", help="frame, batch, snapshot or commitlog")
+    p.add_argument("target", nargs="?", help="frame, batch, snapshot, commitlog or filter")
     p.add_argument("--all", action="store_true", help="every target, one after another")
     p.add_argument("--runs", type=int, default=250_000, help="inputs per target")
     p.add_argument("--max-len", type=int, default=4096)

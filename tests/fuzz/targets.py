@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -18,11 +19,13 @@ from broker.state.statemachine import BrokerState
 from namesrv.registry import parse_registration
 from raftlog.commitlog import CommitLog, CommitLogError
 from raftlog.fsutil import CorruptFile
+from raftmq.filter import FilterError
+from raftmq.filter import compile as compile_filter
 from wire.produce import split_batches
 from wire.protocol import FrameDecoder, ProtocolError, RequestError
 from wire.records import STORED_PREFIX, batch_header, decode_record, walk_batch, walk_entry
 
-__all__ = ["TARGETS", "batch", "commitlog", "frame", "seeds", "snapshot"]
+__all__ = ["TARGETS", "batch", "commitlog", "filter_expression", "frame", "seeds", "snapshot"]
 
 MAX_FRAME = 1 << 20
 
@@ -198,8 +201,34 @@ def commitlog(data: bytes) -> None:
         log.close()
 
 
+# ---------------------------------------------------------------------- SQL92 filters
+
+_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
+_FILTER_VALUES = ("1", "5", "-0.0", "1.5", "NaN", "x", "", "true", " 7 ", "0x1p3",
+                  "3000000000", "\u0665", "'")
+
+
+def filter_expression(data: bytes) -> None:
+    """A consumer's SQL92 filter, as the broker receives it: compiling raises
+    FilterError or gives a predicate, which answers a bool for any properties (here
+    the names the text mentions, with values Java reads in different ways)."""
+    text = data.decode("utf-8", errors="replace")
+    for strict in (False, True):
+        try:
+            match = compile_filter(text, strict=strict)
+        except FilterError:
+            continue
+        names = _NAME.findall(text)
+        for shift in range(3):
+            props = {n: _FILTER_VALUES[(i + shift) % len(_FILTER_VALUES)]
+                     for i, n in enumerate(names)}
+            assert isinstance(match(props), bool)
+        assert match({}) in (True, False)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frame": frame, "batch": batch, "snapshot": snapshot, "commitlog": commitlog,
+    "filter": filter_expression,
 }
 
 
@@ -222,4 +251,11 @@ def seeds(name: str) -> list[bytes]:
         return [b]
     if name == "snapshot":
         return [_seed_state().snapshot()]
+    if name == "filter":
+        return [e.encode() for e in (
+            "a > 5 AND b = 'abc'", "a BETWEEN 1 AND 10 OR c IN ('x', 'y')",
+            "NOT (a IS NULL) AND a NOT CONTAINS 'z'", "a STARTSWITH 'x' OR a ENDSWITH 'y'",
+            "a = TRUE OR -b < 1.5e3 -- comment\n", "(a <> b) = (c >= 2147483648) /* c */",
+            "a = 1 )", "TRUE",
+        )]
     return [b"", b"\x00\x10\x00\x01", b"\x01\x00\x20\x40\x80"]
