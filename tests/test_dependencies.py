@@ -21,6 +21,11 @@
   `.log` or `.core` attribute is read anywhere in them.
 * The node builds the service, the registrar and retention; none of them imports the
   node (the service states what it uses of its host as a protocol).
+* The broker imports nothing of the `raftmq` package but the SQL92 filter compiler,
+  `raftmq.filter` (FETCH decides a consumer's filter on the node), and the compiler
+  imports nothing first-party outside itself, so the broker reaches no SDK code through
+  it. (Importing it runs `raftmq/__init__`, which loads the SDK's modules into a node;
+  they import nothing of the broker, so no circle.)
 * The broker's layers (`docs/architecture.md`): `broker.state` imports nothing else of
   the broker; `broker.runtime` only the state and the config; the doors and the duties
   only those below them (and the duties the transaction operations of
@@ -49,6 +54,13 @@ CLIENT_MAY_USE = {  # pinned: widen on purpose
     "transport", "transport.connection", "transport.errors",
     "transport.tls", "transport.scram",  # the client's sides of TLS and SCRAM-SHA-256
     "wire.security",  # the SCRAM mechanism's name, as the node names it
+    # the SQL92 filter compiler: selectors compile where the consumer subscribes
+    "raftmq.filter", "raftmq.filter.compiler", "raftmq.filter.syntax", "raftmq.filter.values",
+}
+# what the broker may import of the `raftmq` package (its root comes with any of it)
+BROKER_MAY_USE_OF_RAFTMQ = {  # pinned: widen on purpose
+    "raftmq", "raftmq.filter", "raftmq.filter.compiler", "raftmq.filter.syntax",
+    "raftmq.filter.values",
 }
 TRANSPORT_MAY_USE = {  # pinned: widen on purpose
     "wire", "wire.protocol",
@@ -171,6 +183,26 @@ def test_the_transport_uses_only_the_frame_format_above_it(module: str) -> None:
     above = sorted(m for m in imports(module) if top(m) != "transport"
                    and m not in TRANSPORT_MAY_USE)
     assert above == [], f"{module} imports {above}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if top(m) == "broker"))
+def test_the_broker_uses_of_raftmq_only_the_filter_compiler(module: str) -> None:
+    bad = sorted(m for m in imports(module)
+                 if top(m) == "raftmq" and m not in BROKER_MAY_USE_OF_RAFTMQ)
+    assert bad == [], f"{module} imports {bad}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules()
+                                          if m == "raftmq.filter" or m.startswith("raftmq.filter.")))
+def test_the_filter_compiler_imports_nothing_first_party_outside_itself(module: str) -> None:
+    bad = sorted(m for m in imports(module) if m not in BROKER_MAY_USE_OF_RAFTMQ)
+    assert bad == [], f"{module} imports {bad}"
+
+
+def test_the_broker_rule_catches_an_sdk_import() -> None:
+    found = imports_of("from raftmq.client.reads import fetch\n", "broker.doors.reads")
+    assert "raftmq.client.reads" in found
+    assert "raftmq.client.reads" not in BROKER_MAY_USE_OF_RAFTMQ
 
 
 @pytest.mark.parametrize("module", sorted(m for m in modules() if top(m) != "tests"))

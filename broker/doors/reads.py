@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import msgpack
 import trio
 
 from broker.config import NodeConfig
@@ -36,12 +37,15 @@ from broker.runtime.groups import GroupRegistry
 from broker.runtime.leading import GroupLead
 from broker.runtime.metrics import NodeMetrics
 from broker.state.consumequeue import CQEntry
+from broker.state.statemachine import BrokerState
 from raftlog.commitlog import CommitLogError, CorruptEntry
 from raftlog.runtime import GroupRuntime
 from raftlog.types import Entry, EntryType
+from raftmq.filter import FilterError, Predicate
+from raftmq.filter import compile as compile_filter
 from transport.framing import Caller
 from wire.protocol import Code, Op, RequestError, ok_header
-from wire.records import tag_hash, walk_entry
+from wire.records import RECORD_HEADER, tag_hash, walk_entry
 from wire.requests import (
     FetchRequest,
     GetMessageAnswer,
@@ -53,7 +57,7 @@ from wire.requests import (
 )
 
 __all__ = ["MAX_FETCH_BYTES", "MAX_FETCH_COUNT", "READ_CACHE_BYTES", "READ_RAW_MAX_BYTES",
-           "ReadDoor"]
+           "ReadDoor", "filter_properties", "filter_scan"]
 
 MAX_FETCH_COUNT = 1024
 MAX_FETCH_BYTES = 8 << 20
@@ -61,6 +65,13 @@ MAX_FETCH_BYTES = 8 << 20
 #: under the client frame limit.
 READ_RAW_MAX_BYTES = 4 << 20
 READ_CACHE_BYTES = 32 << 20  # recently read committed entries kept for the next fetches
+
+
+def filter_scan(max_count: int) -> int:
+    """How many ConsumeQueue entries one pass of a filtered fetch looks at, at most: as
+    many as a tag filter scans (`ConsumeQueue.read`), so a rare match costs the client
+    more requests, never one long one."""
+    return max(10 * max_count, 1000)
 
 
 class ReadDoor:
@@ -114,6 +125,12 @@ class ReadDoor:
         max_bytes = min(max(req.max_bytes, 1), MAX_FETCH_BYTES)
         wait_ms = min(max(req.wait_ms, 0), MAX_WAIT_MS)
         tag_hashes = {tag_hash(t) for t in req.tags} if req.tags else None
+        predicate: Predicate | None = None
+        if req.sql is not None:
+            try:  # strict: text after the expression is a mistake, not ignored
+                predicate = compile_filter(req.sql, strict=True)
+            except FilterError as exc:
+                raise RequestError(Code.MALFORMED, f"bad SQL92 filter: {exc}") from None
         # confirmed leader (ReadIndex) before answering: a leader replaced without knowing
         # it yet must neither report an old end nor serve a topic deleted meanwhile
         g = await self.hosts.led_group(topic, queue, req.g)
@@ -130,27 +147,85 @@ class ReadDoor:
                                    f"offset {offset} outside [{lo}, {end}] of {topic}/{queue}",
                                    min=lo, end=end)
             if offset < end:
-                found, nxt = state.lookup(topic, queue, offset, max_count, max_bytes, tag_hashes)
-                if found:
-                    try:
+                try:
+                    if predicate is None:
+                        found, nxt = state.lookup(topic, queue, offset, max_count, max_bytes,
+                                                  tag_hashes)
+                    else:
+                        found, nxt = await self._filtered(g, state, topic, queue, offset, end,
+                                                          max_count, max_bytes, tag_hashes,
+                                                          predicate)
+                    if found:
                         return await self._answer_fetch(g, found, nxt, lo, end)
-                    except RequestError as exc:
-                        if exc.code != Code.OFFSET_TOO_SMALL or "first" not in exc.extra:
-                            raise
-                        # its entry is gone from the log: skip to the first message whose
-                        # entry is still there
-                        skip = state.queues.queue(topic, queue).first_offset_at_or_after_index(
-                            int(exc.extra["first"]))
-                        raise RequestError(
-                            Code.OFFSET_TOO_SMALL, f"offset {offset} of {topic}/{queue}: "
-                            f"{exc.message}", min=max(skip, offset + 1), end=end) from None
+                except RequestError as exc:
+                    if exc.code != Code.OFFSET_TOO_SMALL or "first" not in exc.extra:
+                        raise
+                    # its entry is gone from the log: skip to the first message whose
+                    # entry is still there
+                    skip = state.queues.queue(topic, queue).first_offset_at_or_after_index(
+                        int(exc.extra["first"]))
+                    raise RequestError(
+                        Code.OFFSET_TOO_SMALL, f"offset {offset} of {topic}/{queue}: "
+                        f"{exc.message}", min=max(skip, offset + 1), end=end) from None
                 offset = nxt  # only filtered-out messages up to `nxt`
                 if nxt < end:
+                    if predicate is not None:
+                        # a SQL92 pass read its bounded share of records and found nothing:
+                        # answer now, past them, rather than read on in this request
+                        return ok_header(0, g=g.group_id, next=offset, min=lo, end=end,
+                                         msgs=[]), b""
                     continue
             with trio.move_on_at(deadline):
                 await g.wait_applied_change()
                 continue
             return ok_header(0, g=g.group_id, next=offset, min=lo, end=end, msgs=[]), b""
+
+    async def _filtered(
+        self, g: GroupRuntime, state: BrokerState, topic: str, queue: int, offset: int, end: int,
+        max_count: int, max_bytes: int, tag_hashes: set[int] | None, predicate: Predicate,
+    ) -> tuple[list[CQEntry], int]:
+        """The entries from `offset` whose records `predicate` (a SQL92 filter) matches,
+        as `lookup` gives them, and the offset to go on from: at most `max_count` of them
+        and `max_bytes` of records (at least one), looking at no more than
+        `filter_scan(max_count)` entries of the queue. Each candidate's properties are
+        read from its stored record (through the read cache), its body left alone."""
+        out: list[CQEntry] = []
+        used = filtered = 0
+        pos = offset
+        stop = min(end, offset + filter_scan(max_count))
+        data: bytes | memoryview = b""
+        data_index = -1
+        try:
+            while pos < stop:
+                found, nxt = state.lookup(topic, queue, pos, max_count, max_bytes, tag_hashes,
+                                          stop - pos)
+                full = False
+                for e in found:
+                    if e.offset >= stop:  # (a lookup without tags reads whole counts)
+                        nxt = e.offset
+                        break
+                    if e.index != data_index:
+                        data, data_index = await self._read(g, e.index), e.index
+                    if not predicate(filter_properties(data, e.start)):
+                        filtered += 1
+                        continue
+                    if out and used + e.size > max_bytes:
+                        nxt, full = e.offset, True  # the next fetch starts with it
+                        break
+                    out.append(e)
+                    used += e.size
+                    if len(out) >= max_count:
+                        nxt, full = e.offset + 1, True
+                        break
+                if nxt <= pos:  # (never: a lookup below the end moves on)
+                    break
+                pos = nxt
+                if full:
+                    break
+        finally:
+            if filtered:
+                self.metrics.fetch_filtered.labels(g.group_id).inc(filtered)
+        return out, pos
 
     async def _answer_fetch(
         self, g: GroupRuntime, found: list, nxt: int, lo: int, end: int
@@ -270,6 +345,34 @@ class ReadDoor:
         except CommitLogError as exc:
             raise RequestError(Code.BUSY, str(exc)) from None
         return ok_header(0, **ReadRawAnswer(term=term).header()), raw
+
+
+def filter_properties(data: bytes | memoryview, start: int) -> dict[str, str]:
+    """What a SQL92 filter sees of the stored record at `start` of `data`: its
+    properties, plus RocketMQ's system properties `TAGS` (its tag) and `KEYS` (its key)
+    when it has them. A property the producer set itself under either name is kept, as
+    the consumer receives it (it is never replaced by the system value). The body is not
+    read; undecodable properties (the produce path refuses them) count as none."""
+    _size, _born, klen, tlen, plen, _blen = RECORD_HEADER.unpack_from(data, start)
+    if not (klen or tlen or plen):
+        return {}
+    p = start + RECORD_HEADER.size
+    props: dict[str, str] = {}
+    if plen:
+        raw = memoryview(data)[p + klen + tlen : p + klen + tlen + plen]
+        try:
+            decoded = msgpack.unpackb(raw, raw=False)
+        except Exception:  # msgpack raises several unrelated types
+            decoded = None
+        if isinstance(decoded, dict):
+            props = {k: v for k, v in decoded.items() if isinstance(k, str)
+                     and isinstance(v, str)}
+    if tlen and "TAGS" not in props:
+        props["TAGS"] = str(memoryview(data)[p + klen : p + klen + tlen], "utf-8",
+                            "replace")
+    if klen and "KEYS" not in props:
+        props["KEYS"] = str(memoryview(data)[p : p + klen], "utf-8", "replace")
+    return props
 
 
 async def _entry(g: GroupRuntime, index: int) -> Entry:

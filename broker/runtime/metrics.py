@@ -80,6 +80,8 @@ class NodeMetrics:
                                       g, registry=r)
         self.fetch_bytes = Counter("raftmq_fetch_bytes", "Bytes returned by fetches", g,
                                    registry=r)
+        self.fetch_filtered = Counter("raftmq_fetch_filtered", "Messages a fetch's SQL92 "
+                                      "filter read and left out", g, registry=r)
         self.tx_ids = Gauge("raftmq_tx_ids", "Transactional ids this group coordinates "
                             "(forgotten after tx_id_expiration_ms idle)", g, registry=r)
         self.tx_fences = Gauge("raftmq_tx_fences", "Transactional ids this group keeps a "
@@ -140,6 +142,7 @@ class NodeMetrics:
                        self.last_index, self.durable_index, self.fsync_seconds, self.elections,
                        self.leader_changes, self.produce_messages, self.produce_bytes,
                        self.produce_latency, self.fetch_messages, self.fetch_bytes,
+                       self.fetch_filtered,
                        self.tx_ids, self.tx_fences, self.delayed_pending,
                        self.delayed_delivered):
             try:

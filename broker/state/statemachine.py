@@ -461,14 +461,17 @@ class BrokerState:
         max_count: int,
         max_bytes: int,
         tag_hashes: set[int] | None = None,
+        max_scan: int | None = None,
     ) -> tuple[list[CQEntry], int]:
         """ConsumeQueue entries from `offset` and the offset to continue from.
 
         OFFSET_TOO_SMALL below the minimum, OFFSET_TOO_LARGE beyond the end, ([], end) at
-        the end. With `tag_hashes` (None or empty = all tags) a bounded number of entries is
-        scanned, so an empty list with next > offset means "skipped, ask again".
+        the end. With `tag_hashes` (None or empty = all tags) a bounded number of entries
+        (`max_scan`, see `ConsumeQueue.read`) is scanned, so an empty list with
+        next > offset means "skipped, ask again".
         """
-        return self.queues.queue(topic, queue).read(offset, max_count, max_bytes, tag_hashes)
+        return self.queues.queue(topic, queue).read(offset, max_count, max_bytes, tag_hashes,
+                                                    max_scan)
 
     def entry_of(self, topic: str, queue: int, offset: int) -> CQEntry:
         """The ConsumeQueue entry of one message (OFFSET_TOO_SMALL/LARGE if none)."""

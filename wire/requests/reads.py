@@ -27,6 +27,11 @@ class FetchRequest(WireType):
     tags: tuple[str, ...] = spec(list, "only messages with one of these tags (by hash; "
                                  "the exact match is the client's)", default=(),
                                  check=str_list("tags"))
+    sql: str | None = spec(str, "only messages a SQL92 filter (RocketMQ's `bySql`) "
+                           "matches, decided on the node over the message's properties "
+                           "plus TAGS and KEYS; with `tags`, both must match. MALFORMED, "
+                           "naming line and column, when it does not compile",
+                           default=None)
     g: str | None = spec(str, "the group the client's route names: only that group's "
                          "ready leader answers", default=None)
 
@@ -36,7 +41,8 @@ class FetchAnswer(WireType):
     OP: ClassVar[Op] = Op.FETCH
     ROLE: ClassVar[str] = "answer"
     g: str = spec(str, "the group that answered")
-    next: int = spec(int, "where to fetch next (past messages a tag filter skipped)")
+    next: int = spec(int, "where to fetch next (past messages a tag or SQL92 filter "
+                     "skipped)")
     min: int = spec(int, "the queue's first readable offset")
     end: int = spec(int, "the queue's end offset")
     msgs: tuple[Any, ...] = spec(list, "one row per message: offset, Raft index, place "
