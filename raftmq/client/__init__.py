@@ -2,6 +2,7 @@
 plus blocking wrappers. It speaks only the wire protocol of `wire.protocol` and the
 batch format of `wire.records`."""
 
+from raftmq.filter import FilterError
 from transport.connection import Connection, ConnectionPool
 from wire.protocol import Code, RequestError
 from wire.records import Message, OutgoingMessage
@@ -50,7 +51,7 @@ from .offsetwindow import OffsetWindow
 from .producer import Producer, SendFuture, SendNotDoneError, SendResult, key_queue
 from .pull import PullConsumer
 from .push import PushConsumer
-from .reads import PullResult
+from .reads import MessageSelector, PullResult
 from .routes import Routes, TopicRoute
 from .simple import Receipt, ReceivedMessage, SimpleConsumer
 from .transactions import CheckRequest, HalfHandle, Transaction, TransactionResult
@@ -70,11 +71,13 @@ __all__ = [
     "Connection",
     "ConnectionPool",
     "DeadLetter",
+    "FilterError",
     "GroupMembers",
     "GroupQueue",
     "HalfHandle",
     "IncompleteError",
     "Message",
+    "MessageSelector",
     "OffsetWindow",
     "OffsetsInUseError",
     "OutcomeUnknownError",

@@ -32,7 +32,7 @@ from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult
 from .pull import PullConsumer
 from .push import PushConsumer
-from .reads import PullResult, Tags
+from .reads import PullResult, Selector
 from .simple import Receipt, ReceivedMessage, SimpleConsumer
 from .transactions import HalfHandle, Transaction, TransactionResult
 
@@ -358,14 +358,14 @@ class BlockingPullConsumer(_Blocking[PullConsumer]):
         return self
 
     def assign(self, topic: str, queues: Iterable[int] | None = None, *,
-               tags: Tags = None) -> None:
-        self._call_sync(self._client.assign, topic, queues, tags=tags)
+               tags: Selector = None, sql: str | None = None) -> None:
+        self._call_sync(self._client.assign, topic, queues, tags=tags, sql=sql)
 
     def unassign(self, topic: str) -> None:
         """Stop reading `topic` (its positions are forgotten)."""
         self._call_sync(self._client.unassign, topic)
 
-    def subscribe(self, topics: Sequence[str] | Mapping[str, Tags], *,
+    def subscribe(self, topics: Sequence[str] | Mapping[str, Selector], *,
                   on_assign: QueuesCallback | None = None,
                   on_revoke: QueuesCallback | None = None) -> None:
         """Let the group share `topics`' queues (see `PullConsumer.subscribe`); plain

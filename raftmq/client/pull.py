@@ -30,14 +30,15 @@ from .reads import (
     FETCH_MAX_BYTES,
     LONG_POLL_MS,
     PULL_BATCH,
+    MessageSelector,
     PullResult,
-    Tags,
+    Selector,
     commit_offsets,
     fetch,
     out_of_range_offset,
-    parse_tags,
     query_offset,
     queue_bounds,
+    selector_of,
 )
 from .routes import clock
 
@@ -96,9 +97,9 @@ class PullConsumer(GroupClient):
         self.heartbeat_interval = heartbeat_interval
         self.rebalance_interval = rebalance_interval
         self._allocate = strategy_of(strategy)
-        # group-managed assignment (`subscribe`): topic -> tags, the queues the group gave
-        # this consumer, the callbacks, and when the share was last computed
-        self._subscribed: dict[str, list[str] | None] = {}
+        # group-managed assignment (`subscribe`): topic -> selector, the queues the group
+        # gave this consumer, the callbacks, and when the share was last computed
+        self._subscribed: dict[str, MessageSelector] = {}
         self._owned: list[tuple[str, int]] = []
         self._on_assign: QueuesCallback | None = None
         self._on_revoke: QueuesCallback | None = None
@@ -107,7 +108,7 @@ class PullConsumer(GroupClient):
         self.start_from = start_from
         self.wait_ms = wait_ms
         self.max_bytes = max_bytes
-        self._assigned: dict[str, tuple[list[int] | None, list[str] | None]] = {}
+        self._assigned: dict[str, tuple[list[int] | None, MessageSelector]] = {}
         self._positions: dict[tuple[str, int], int] = {}
         self.unreadable: dict[tuple[str, int], RequestError] = {}
         """Queues the last polls could not read (no leader reachable, or no answer for
@@ -191,10 +192,13 @@ class PullConsumer(GroupClient):
                                 manual=True)
 
     def assign(
-        self, topic: str, queues: Iterable[int] | None = None, *, tags: Tags = None
+        self, topic: str, queues: Iterable[int] | None = None, *, tags: Selector = None,
+        sql: str | None = None,
     ) -> None:
         """Read `queues` of `topic` (all of them when None), only messages with one of
-        `tags` when given ("*", "TagA", "TagA || TagB" or a list; see `parse_tags`).
+        `tags` when given ("*", "TagA", "TagA || TagB" or a list; see `parse_tags`, or a
+        `MessageSelector`) and that the SQL92 filter `sql` matches when given (decided
+        on the node; `FilterError` here, naming the position, for a bad one).
         Replaces an earlier assignment of the topic."""
         validate_topic_name(topic)
         if self._subscribed:
@@ -202,7 +206,7 @@ class PullConsumer(GroupClient):
                              "(unsubscribe() first to assign queues yourself)")
         self._assigned[topic] = (
             sorted(set(queues)) if queues is not None else None,
-            parse_tags(tags),
+            _selection(tags, sql),
         )
 
     def unassign(self, topic: str) -> None:
@@ -212,13 +216,13 @@ class PullConsumer(GroupClient):
 
     def subscribe(
         self,
-        topics: Sequence[str] | Mapping[str, Tags],
+        topics: Sequence[str] | Mapping[str, Selector],
         *,
         on_assign: QueuesCallback | None = None,
         on_revoke: QueuesCallback | None = None,
     ) -> None:
-        """Let the group share the queues of `topics` (a list, or topic -> tags as for a
-        `PushConsumer`) among its subscribed members (Kafka's `subscribe`). Each `poll`
+        """Let the group share the queues of `topics` (a list, or topic -> tags or a
+        `MessageSelector` as for a `PushConsumer`) among its subscribed members (Kafka's `subscribe`). Each `poll`
         first takes up a new share when the members changed: `on_revoke(queues)` runs
         with the (topic, queue) pairs given up, before they go (commit what you have
         processed of them there: the next owner starts at the committed offset), then
@@ -231,9 +235,9 @@ class PullConsumer(GroupClient):
         if isinstance(topics, str):
             raise ValueError(f"topics is a list of topics or a mapping topic -> tags, not "
                              f"the string {topics!r}")
-        wanted: dict[str, list[str] | None] = (
-            {t: parse_tags(v) for t, v in topics.items()} if isinstance(topics, Mapping)
-            else dict.fromkeys(topics))
+        wanted: dict[str, MessageSelector] = (
+            {t: selector_of(v) for t, v in topics.items()} if isinstance(topics, Mapping)
+            else dict.fromkeys(topics, MessageSelector()))
         if not wanted:
             raise ValueError("subscribe to at least one topic")
         for t in wanted:
@@ -322,24 +326,29 @@ class PullConsumer(GroupClient):
         max: int = PULL_BATCH,
         wait_ms: int | None = None,
         *,
-        tags: Tags = None,
+        tags: Selector = None,
+        sql: str | None = None,
     ) -> PullResult:
         """Fetch up to `max` messages from `offset` (default: this consumer's position,
         initialised from the committed offset), holding up to `wait_ms` at the end.
+        `tags` and `sql` (a SQL92 filter, decided on the node) select messages as for
+        `assign`; without either, the queue's assignment or subscription selects them.
+        Messages a filter left out are skipped: `next_offset` lies past them.
 
         An offset below the earliest retained one jumps to it (with a warning), one
         beyond the end jumps to the end. The position moves to `next_offset`.
         """
         key = (topic, queue)
-        res = await self._read(topic, queue, offset, max, wait_ms, tags)
+        res = await self._read(topic, queue, offset, max, wait_ms,
+                               None if tags is None and sql is None else _selection(tags, sql))
         self._positions[key] = res.next_offset
         return res
 
     async def _read(
         self, topic: str, queue: int, offset: int | None, max: int, wait_ms: int | None,
-        tags: Tags,
+        selector: MessageSelector | None,
     ) -> PullResult:
-        """`pull` without moving the position."""
+        """`pull` without moving the position; `selector` None: the queue's own."""
         routes = self.routes
         key = (topic, queue)
         if offset is None:
@@ -347,17 +356,19 @@ class PullConsumer(GroupClient):
             if offset is None:
                 offset = await self._initial_position(topic, queue)
                 self._positions.setdefault(key, offset)
-        selected = parse_tags(tags)
-        if tags is None and topic in self._assigned:
+        selected = selector
+        if selected is None and topic in self._assigned:
             selected = self._assigned[topic][1]
-        elif tags is None and topic in self._subscribed:
+        elif selected is None and topic in self._subscribed:
             selected = self._subscribed[topic]
+        if selected is None:
+            selected = MessageSelector()
         wait = self.wait_ms if wait_ms is None else wait_ms
         for _ in range(3):
             try:
                 return await fetch(
                     routes, topic, queue, offset, max_messages=max, max_bytes=self.max_bytes,
-                    wait_ms=wait, tags=selected,
+                    wait_ms=wait, tags=selected.tag_list, sql=selected.sql,
                 )
             except RequestError as exc:
                 jump = out_of_range_offset(exc, topic, queue, offset)
@@ -507,3 +518,14 @@ class PullConsumer(GroupClient):
         if self._positions:
             await commit_offsets(self.routes, self.group, dict(self._positions),
                                  timeout=CALL_TIMEOUT if timeout is None else timeout)
+
+
+def _selection(tags: Selector, sql: str | None) -> MessageSelector:
+    """A call's `tags` (tags or a selector) and `sql` as one selector."""
+    if sql is None:
+        return selector_of(tags)
+    if isinstance(tags, MessageSelector):
+        if tags.sql is not None:
+            raise ValueError("give the SQL92 filter once: in the MessageSelector or as sql")
+        return MessageSelector(tags.tags, sql)
+    return MessageSelector(tags, sql)

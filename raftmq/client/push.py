@@ -43,13 +43,14 @@ from .pull import StartFrom
 from .reads import (
     LONG_POLL_MS,
     PULL_BATCH,
-    Tags,
+    MessageSelector,
+    Selector,
     commit_offsets,
     fetch,
     out_of_range_offset,
-    parse_tags,
     query_offset,
     queue_bounds,
+    selector_of,
 )
 from .routes import backoff_delay
 from .simple import DEFAULT_BACKOFF, ReceivedMessage, SimpleConsumer
@@ -64,7 +65,7 @@ Handler = Callable[[list[Message]], Any]
 class _QueueState:
     topic: str
     queue: int
-    tags: list[str] | None
+    selector: MessageSelector
     offset: int
     window: OffsetWindow
     committed: int
@@ -133,7 +134,11 @@ class PushConsumer(GroupClient):
     stopped; two live broadcast consumers of one group need different directories.
 
     `topics` is a list, or a mapping topic -> tags to filter on: None or "*" (all
-    messages), "TagA", "TagA || TagB" or a list of tags (see `parse_tags`).
+    messages), "TagA", "TagA || TagB" or a list of tags (see `parse_tags`), or a
+    `MessageSelector` (`MessageSelector.by_sql("a > 5")`: a SQL92 filter the node
+    decides, compiled here, so a bad one raises `FilterError` naming the position). The
+    messages a filter leaves out are never handed to the handler; the committed offset
+    moves past them. `topics` keeps topic -> tags, `selectors` topic -> selector.
     `isolation` is "read_committed", the only level served (`check_isolation`).
     """
 
@@ -141,7 +146,7 @@ class PushConsumer(GroupClient):
         self,
         namesrv: Sequence[str] | str,
         group: str,
-        topics: Sequence[str] | Mapping[str, Tags],
+        topics: Sequence[str] | Mapping[str, Selector],
         handler: Handler,
         *,
         mode: Literal["clustering", "broadcast"] = "clustering",
@@ -175,12 +180,13 @@ class PushConsumer(GroupClient):
             offsets_dir if offsets_dir is not None else default_offsets_dir(), self.group
         ) if mode == "broadcast" else None
         if isinstance(topics, Mapping):
-            self.topics = {t: parse_tags(v) for t, v in topics.items()}
+            self.selectors = {t: selector_of(v) for t, v in topics.items()}
         elif isinstance(topics, str):
             raise ValueError(f"topics is a list of topics or a mapping topic -> tags, not "
                              f"the string {topics!r}")
         else:
-            self.topics = {t: None for t in topics}
+            self.selectors = dict.fromkeys(topics, MessageSelector())
+        self.topics = {t: sel.tag_list for t, sel in self.selectors.items()}
         if not self.topics:
             raise ValueError("subscribe to at least one topic")
         for t in self.topics:
@@ -388,7 +394,8 @@ class PushConsumer(GroupClient):
         if start < 0:
             lo, end = await queue_bounds(self.routes, topic, queue)
             start = lo if self.start_from == "first" else end
-        st = _QueueState(topic, queue, self.topics[topic], start, OffsetWindow(start), committed)
+        st = _QueueState(topic, queue, self.selectors[topic], start, OffsetWindow(start),
+                         committed)
         self._states[st.key] = st
         self._tg.start_soon(self._pull_loop, st)
         if self._retries is not None:
@@ -455,7 +462,8 @@ class PushConsumer(GroupClient):
                 try:
                     res = await fetch(
                         self.routes, st.topic, st.queue, st.offset,
-                        max_messages=self.pull_batch, wait_ms=self.long_poll_ms, tags=st.tags,
+                        max_messages=self.pull_batch, wait_ms=self.long_poll_ms,
+                        tags=st.selector.tag_list, sql=st.selector.sql,
                     )
                 except Exception as exc:
                     if not isinstance(exc, RequestError):

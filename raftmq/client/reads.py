@@ -13,6 +13,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from raftmq.filter import FilterError
+from raftmq.filter import compile as compile_filter
 from wire.protocol import Code, Op, RequestError
 from wire.records import Message, decode_record, iter_records, message_id, tag_problem
 from wire.requests import (
@@ -82,6 +84,61 @@ def parse_tags(tags: Tags) -> list[str] | None:
     return sorted(set(items))
 
 
+@dataclass(frozen=True, slots=True, init=False)
+class MessageSelector:
+    """What a consumer reads of a topic (RocketMQ's `MessageSelector`): messages with one
+    of `tags` (None: any tag, or none) that the SQL92 filter `sql` matches (None: every
+    one); both must match when both are given. `MessageSelector.by_sql("a > 5")` is
+    RocketMQ's `bySql`, `MessageSelector.by_tag("TagA || TagB")` its `byTag`.
+
+    The filter is compiled here, strictly (`raftmq.filter.compile(..., strict=True)`): an
+    expression RocketMQ refuses, or one with text after it, raises `FilterError` naming
+    the line and column before anything is sent. The node decides it over each message's
+    properties, plus `TAGS` (its tag) and `KEYS` (its key) unless the producer set a
+    property of that name itself; what it leaves out is skipped, never delivered."""
+
+    tags: tuple[str, ...] | None
+    sql: str | None
+
+    def __init__(self, tags: Tags = None, sql: str | None = None) -> None:
+        parsed = parse_tags(tags)
+        if sql is not None:
+            compile_filter(sql, strict=True)  # FilterError, with the position
+        object.__setattr__(self, "tags", tuple(parsed) if parsed is not None else None)
+        object.__setattr__(self, "sql", sql)
+
+    @classmethod
+    def by_sql(cls, expression: str, *, tags: Tags = None) -> MessageSelector:
+        """The messages SQL92 filter `expression` matches (of `tags`, when given)."""
+        if not isinstance(expression, str):
+            raise FilterError(f"a filter is a string, not {type(expression).__name__}",
+                              0, 1, 1)
+        return cls(tags, expression)
+
+    @classmethod
+    def by_tag(cls, tags: Tags) -> MessageSelector:
+        """The messages of `tags` ("*", "TagA", "TagA || TagB" or a list)."""
+        return cls(tags)
+
+    @property
+    def tag_list(self) -> list[str] | None:
+        """The tags as a sorted list, None for any (what FETCH's `tags` carries)."""
+        return list(self.tags) if self.tags is not None else None
+
+
+Selector = Tags | MessageSelector
+"""What a consumer may subscribe a topic with: a tag subscription (see `Tags`) or a
+`MessageSelector` (tags and/or a SQL92 filter)."""
+
+
+def selector_of(selector: Selector) -> MessageSelector:
+    """`selector` as a `MessageSelector` (ValueError for bad tags, FilterError for a bad
+    filter)."""
+    if isinstance(selector, MessageSelector):
+        return selector
+    return MessageSelector(selector)
+
+
 def decode_fetch(
     topic: str, queue: int, group: str, header: Mapping[str, Any], body: bytes
 ) -> list[Message]:
@@ -116,14 +173,16 @@ async def fetch_answer(
     max_bytes: int = FETCH_MAX_BYTES,
     wait_ms: int = LONG_POLL_MS,
     tags: Sequence[str] | None = None,
+    sql: str | None = None,
     attempts: int = 3,
 ) -> tuple[str, Mapping[str, Any], bytes]:
     """`fetch` without decoding: (the hosting group, the answer header, the records), for
     readers that decode records in bulk (`decode_fetch` says what the answer holds).
-    Tags select by hash on the broker; the exact match is the caller's."""
+    Tags select by hash on the broker; the exact match is the caller's. A SQL92 filter
+    `sql` is decided on the broker, which sends only the messages it matches."""
     header = FetchRequest(topic=topic, queue=queue, offset=offset, max=max_messages,
                           max_bytes=max_bytes, wait_ms=int(wait_ms),
-                          tags=tuple(tags or ())).header()
+                          tags=tuple(tags or ()), sql=sql).header()
     # the group the route names goes along: only its (ready) leader answers, so a
     # replica whose state lags never calls the topic unknown
     group, frame = await routes.call_queue(
@@ -144,6 +203,7 @@ async def fetch(
     max_bytes: int = FETCH_MAX_BYTES,
     wait_ms: int = LONG_POLL_MS,
     tags: Sequence[str] | None = None,
+    sql: str | None = None,
     attempts: int = 3,
 ) -> PullResult:
     """One FETCH from the queue's leader (retrying retriable errors).
@@ -153,7 +213,7 @@ async def fetch(
     """
     group, h, body = await fetch_answer(routes, topic, queue, offset, max_messages=max_messages,
                                         max_bytes=max_bytes, wait_ms=wait_ms, tags=tags,
-                                        attempts=attempts)
+                                        sql=sql, attempts=attempts)
     msgs = decode_fetch(topic, queue, group, h, body)
     if tags:
         wanted = set(tags)

@@ -17,6 +17,10 @@ never applied to the newer delivery.
 
 Acks of one queue made within `ack_linger` seconds of each other go in one request; each
 `ack` returns once its ack is committed.
+
+A simple consumer takes no tag or SQL92 filter: which messages a `receive` hands out is
+decided when its receive record is applied, from the queues' positions alone, without
+reading the messages. Filter in the handler, or read with a pull or push consumer.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from raftmq.client import PullConsumer
+from raftmq.client import FilterError, MessageSelector, PullConsumer
 from raftmq.client.consumer import commit_offsets
 from wire.records import Message
 
@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tags", metavar="EXPR",
                    help="only messages with one of these tags: 'TagA', 'TagA || TagB' or "
                         "'TagA,TagB' ('*': all)")
+    p.add_argument("--sql", metavar="EXPR",
+                   help="only messages this SQL92 filter matches (RocketMQ's bySql, decided "
+                        "on the broker), e.g. \"region = 'eu' AND amount > 100\"; with "
+                        "--tags, both must match")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per message (body as UTF-8 text or base64)")
     p.add_argument("--full", action="store_true",
@@ -119,7 +123,10 @@ async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
     limit = None if args.full or args.json or not sys.stdout.isatty() else TRUNCATE
     async with PullConsumer(namesrv, args.group, start_from=args.start_from) as consumer:
         try:
-            consumer.assign(args.topic, tags=_tags(args.tags))
+            consumer.assign(args.topic, tags=_tags(args.tags), sql=args.sql)
+        except FilterError as exc:
+            print(f"{PROG}: --sql: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         except ValueError as exc:
             print(f"{PROG}: --tags: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -188,6 +195,11 @@ def main(argv: list[str]) -> int:
         parser.error("--count must be at least 1")
     if args.timeout < 0:
         parser.error("--timeout must not be negative")
+    if args.sql is not None:
+        try:  # before any connection: the position of the mistake, at once
+            MessageSelector.by_sql(args.sql)
+        except FilterError as exc:
+            parser.error(f"--sql: {exc}")
     namesrv = namesrv_addresses(parser, args.namesrv)
 
     async def run() -> int:
