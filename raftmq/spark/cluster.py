@@ -113,7 +113,8 @@ def discover(opts: SourceOptions) -> Bounds:
 
 async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_loss: bool,
                       timeout: float, tags: tuple[str, ...] | None,
-                      columns: Columns = ALL_COLUMNS) -> tuple[pa.RecordBatch | None, int]:
+                      columns: Columns = ALL_COLUMNS,
+                      sql: str | None = None) -> tuple[pa.RecordBatch | None, int]:
     """The next messages of `r` at `offset` as a record batch (decoded straight from the
     answer, `fetch_to_batch`), and where to continue. Waits out a new leader that has not
     applied up to `r.end` yet (the range was committed, so it will); a start removed by
@@ -123,10 +124,10 @@ async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_l
         try:
             group, h, body = await fetch_answer(
                 routes, r.topic, r.queue, offset, max_messages=min(FETCH_COUNT, r.end - offset),
-                max_bytes=FETCH_BYTES, wait_ms=0, tags=tags)
+                max_bytes=FETCH_BYTES, wait_ms=0, tags=tags, sql=sql)
             rows = h.get("msgs") or []
             nxt = int(h.get("next", int(rows[-1][0]) + 1 if rows else offset))
-            if rows or nxt > offset:  # (with tags, a FETCH may skip without a match)
+            if rows or nxt > offset:  # (a tag or SQL92 filter may skip without a match)
                 return fetch_to_batch(r.topic, r.queue, group, h, body, tags=tags,
                                       end=r.end, columns=columns), nxt
         except RequestError as exc:
@@ -155,15 +156,18 @@ async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_l
 
 def read_range(r: QueueRange, namesrv: tuple[str, ...], *, fail_on_data_loss: bool,
                timeout: float, tags: tuple[str, ...] | None = None,
-               columns: Columns = ALL_COLUMNS) -> Iterator[pa.RecordBatch]:
-    """The messages of `r` as Arrow record batches of `columns`, one per FETCH. The next FETCH (and
+               columns: Columns = ALL_COLUMNS,
+               sql: str | None = None) -> Iterator[pa.RecordBatch]:
+    """The messages of `r` as Arrow record batches of `columns`, one per FETCH (only those
+    SQL92 filter `sql` matches, decided on the broker, when given). The next FETCH (and
     its decoding) is already under way on the client's own event-loop thread while Spark
     takes a batch."""
     with start_blocking_portal() as portal:
         with portal.wrap_async_context_manager(Admin(list(namesrv))) as admin:
             def start(offset: int) -> Future[Any]:
                 return portal.start_task_soon(_fetch_from, admin.routes, r, offset,
-                                              fail_on_data_loss, timeout, tags, columns)
+                                              fail_on_data_loss, timeout, tags, columns,
+                                              sql)
 
             pending = start(r.start) if r.start < r.end else None
             try:

@@ -15,7 +15,11 @@ who knows `spark.read.format("kafka")` knows this one:
   queues in proportion to what each has waiting (Kafka's rule, small queues never starved);
 - ``minPartitions``: split the ranges so a read has at least this many Spark partitions;
 - ``tags``: RocketMQ's tag subscription (``TagA || TagB``, ``*`` for all), filtered on the
-  broker by the tag hash in the ConsumeQueue; offsets still count every message.
+  broker by the tag hash in the ConsumeQueue; offsets still count every message;
+- ``filter``: a SQL92 filter (RocketMQ's ``MessageSelector.bySql``, `raftmq.filter`)
+  decided on the broker over each message's properties (plus ``TAGS`` and ``KEYS``):
+  only the rows it matches are read; with ``tags``, both must match. A bad one is an
+  `OptionError` naming the line and column, when the query is defined.
 
 ``startingTimestamp``, ``startingOffsetsByTimestamp`` and ``endingTimestamp`` are refused:
 the broker has no way to find an offset by time (no time index, no request for it), and
@@ -32,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftmq.client.consumer import parse_tags
+from raftmq.filter import FilterError
+from raftmq.filter import compile as compile_filter
 
 __all__ = [
     "EARLIEST",
@@ -59,7 +65,7 @@ _TIME_OPTIONS = ("startingtimestamp", "startingoffsetsbytimestamp", "endingtimes
                  "endingoffsetsbytimestamp")
 _KNOWN = {"namesrv", "subscribe", "subscribepattern", "assign", "startingoffsets",
           "endingoffsets", "failondataloss", "maxoffsetspertrigger", "minpartitions",
-          "fetchtimeout", "tags", "path"}
+          "fetchtimeout", "tags", "filter", "path"}
 
 
 class OptionError(ValueError):
@@ -79,6 +85,7 @@ class SourceOptions:
     min_partitions: int | None
     fetch_timeout: float
     tags: tuple[str, ...] | None = None
+    sql: str | None = None  # the `filter` option
 
     def matches(self, topic: str) -> bool:
         """Whether `topic` is one this source reads (for subscribe and subscribePattern)."""
@@ -243,8 +250,14 @@ def parse_options(options: Mapping[str, str], *, batch: bool) -> SourceOptions:
         tags = parse_tags(opts["tags"]) if "tags" in opts else None
     except ValueError as exc:
         raise OptionError(f"tags: {exc}") from None
+    sql = opts.get("filter")
+    if sql is not None:
+        try:  # strict, as the node compiles it: a mistake is the caller's, named here
+            compile_filter(sql, strict=True)
+        except FilterError as exc:
+            raise OptionError(f"filter: {exc}") from None
     return SourceOptions(
-        tags=tuple(tags) if tags else None,
+        tags=tuple(tags) if tags else None, sql=sql,
         namesrv=namesrv, subscribe=subscribe, pattern=pattern, assign=assign,
         starting=starting, ending=ending,
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),

@@ -106,7 +106,7 @@ class RaftmqBatchReader(DataSourceReader):
         yield from read_range(partition.range, self.opts.namesrv,
                               fail_on_data_loss=self.opts.fail_on_data_loss,
                               timeout=self.opts.fetch_timeout, tags=self.opts.tags,
-                              columns=self.cols)
+                              columns=self.cols, sql=self.opts.sql)
 
 
 class RaftmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -191,7 +191,7 @@ class RaftmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield from read_range(partition.range, self.opts.namesrv,
                               fail_on_data_loss=self.opts.fail_on_data_loss,
                               timeout=self.opts.fetch_timeout, tags=self.opts.tags,
-                              columns=self.cols)
+                              columns=self.cols, sql=self.opts.sql)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._last = parse_offsets_dict(end, "end offset")

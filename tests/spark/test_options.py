@@ -32,6 +32,8 @@ def test_defaults_follow_the_kafka_source() -> None:
     assert opts.namesrv == ("a:1", "b:2")
     assert parse_options({**BASE, "tags": "B || A"}, batch=True).tags == ("A", "B")
     assert parse_options({**BASE, "tags": "*"}, batch=True).tags is None
+    assert parse_options({**BASE, "filter": "a > 5"}, batch=True).sql == "a > 5"
+    assert parse_options(BASE, batch=True).sql is None
     assert (opts.fail_on_data_loss, opts.max_offsets_per_trigger, opts.min_partitions) == (
         False, 100, 8)
 
@@ -57,6 +59,8 @@ def test_defaults_follow_the_kafka_source() -> None:
     ({**BASE, "maxOffsetsPerTrigger": "x"}, "positive integer"),
     ({**BASE, "kafka.bootstrap.servers": "x"}, "unknown option"),
     ({**BASE, "tags": "a b"}, "bad tag subscription"),
+    ({**BASE, "filter": "a > 'x'"}, r"filter: .*\(line 1, column 5\)"),
+    ({**BASE, "filter": "a = 1 )"}, r"filter: .*column 7"),
 ])
 def test_bad_options_are_refused_by_name(options: dict[str, str], message: str) -> None:
     with pytest.raises(OptionError, match=message):

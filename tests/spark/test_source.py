@@ -132,6 +132,18 @@ def test_tags_select_messages_on_the_broker(sent: Sent) -> None:
     assert rows(read(sent, subscribe=TOPIC, tags="even || odd")) == sent.expected(TOPIC)
 
 
+def test_a_sql92_filter_selects_messages_on_the_broker(sent: Sent) -> None:
+    def props(r: tuple[Any, ...]) -> dict[str, str]:
+        return dict(r[6])
+
+    df = read(sent, subscribe=TOPIC, filter="i >= 20 AND q IN ('1', '3')")
+    assert rows(df) == {r for r in sent.expected(TOPIC)
+                        if int(props(r)["i"]) >= 20 and props(r)["q"] in ("1", "3")}
+    both = read(sent, subscribe=TOPIC, tags="odd", filter="i < 9 AND KEYS <> 'k3'")
+    assert rows(both) == {r for r in sent.expected(TOPIC)
+                          if r[5] == "odd" and int(props(r)["i"]) < 9 and r[4] != "k3"}
+
+
 def test_min_partitions_splits_queue_ranges_without_changing_the_rows(sent: Sent) -> None:
     plain = read(sent, subscribe=TOPIC)
     split = read(sent, subscribe=TOPIC, minPartitions="9")
