@@ -36,6 +36,12 @@ def _delay(argv: list[str]) -> int:
     return delay_main(argv)
 
 
+def _filter(argv: list[str]) -> int:
+    from bench.filter import main as filter_main
+
+    return filter_main(argv)
+
+
 def _ack(argv: list[str]) -> int:
     from bench.ack import main as ack_main
 
@@ -93,6 +99,7 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "failover": (_failover, "kill -9 a group leader under load: time until acks resume"),
     "catchup": (_catchup, "a new replica catches up under reads: leader memory, answers"),
     "delay": (_delay, "delayed sends vs plain, memory of pending, lateness of a crowd"),
+    "filter": (_filter, "consume with a SQL92 filter matching 1%, 50%, 100% vs none"),
     "ack": (_ack, "simple consumer receive + ack vs pull + commit, redelivery, retries"),
     "txn": (_txn, "transactions (10/100 msgs, 1/3 groups) and half messages vs plain sends"),
     "spark": (_spark, "PySpark `raftmq` source: batch and streaming read rows/s"),

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench import ack, consume, delay, e2e, failover, produce, topics
+from bench import ack, consume, delay, e2e, failover, filter, produce, topics
 from bench.common import (
     Acks,
     Pacer,
@@ -357,6 +357,17 @@ def test_delay(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> Non
     assert r["due_at_once"]["delivered_msgs_per_s"] > 0
     assert r["pending"]["messages"] == 512  # an external cluster: no node RSS here
     assert r["pending"]["node_rss_mb_delta"] == []
+
+
+@pytest.mark.live
+def test_filter(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(capsys, filter.main, ["--namesrv", cluster.namesrv_addr, "--messages", "1200",
+                                   "--batch", "100", "--json"])
+    assert r["_exit"] == 0 and r["errors"] == 0 and r["messages"] == 1200
+    got = {name: (c["received"], c["scanned"]) for name, c in r["cases"].items()}
+    assert got == {"none": (1200, 1200), "all": (1200, 1200), "half": (600, 1200),
+                   "one_percent": (12, 1200)}
+    assert all(c["vs_none"] > 0 for name, c in r["cases"].items() if name != "none")
 
 
 @pytest.mark.live
