@@ -2,7 +2,9 @@
 
 `broker.state.parts.timers` holds messages due soon in memory and, once it holds more than
 it should, writes those due far ahead to a *run*: one immutable file of their 40-byte
-records sorted by due time, followed by the keys of the keyed ones. The part keeps only a
+records in the order of their buckets (by due time to the bucket: within one bucket in
+the order they were stored), followed by the keys of the keyed ones. Writing buckets as
+they are makes a spill a concatenation, no record unpacked or sorted. The part keeps only a
 `Run` (a few numbers) per file and reads a run's next stretch back, by due time, a while
 before it falls due. Every replica spills and loads at the same log positions (pure
 functions of the applied state), so runs are named by a sequence number the state keeps
@@ -51,8 +53,8 @@ def run_seq(name: str) -> int:
 @dataclass(slots=True)
 class Run:
     """One spilled run: `count` records in its file, of which the first `skip` were read
-    back already; `min_due` is the next one's due time, `max_due` the last one's, and
-    `min_index` the lowest Raft index among the rest (a lower bound)."""
+    back already; the rest are due within `min_due`..`max_due` and stored at Raft
+    indexes from `min_index` on (lower and upper bounds)."""
 
     name: str
     crc: int
@@ -88,15 +90,16 @@ class Run:
         return run
 
 
-def encode_run(name: str, records: bytes, keys: list[list[object]]) -> tuple[bytes, Run]:
-    """The file of `records` (packed, sorted by due time, at least one) and the keys of
-    the keyed ones ([index, start, key] each), and its `Run`."""
+def encode_run(name: str, records: bytes, keys: list[list[object]], min_due: int,
+               max_due: int) -> tuple[bytes, Run]:
+    """The file of `records` (packed, in bucket order, at least one), due within
+    `min_due`..`max_due`, and the keys of the keyed ones ([index, start, key] each), and
+    its `Run`."""
     n = len(records) // RECORD.size
     assert n and len(records) == n * RECORD.size
     data = records + msgpack.packb(keys, use_bin_type=True)
-    first, last = RECORD.unpack_from(records, 0), RECORD.unpack_from(records, len(records) - RECORD.size)
     min_index = min(r[1] for r in RECORD.iter_unpack(records))
-    return data, Run(name, crc32c.crc32c(data), len(data), n, 0, first[0], last[0], min_index)
+    return data, Run(name, crc32c.crc32c(data), len(data), n, 0, min_due, max_due, min_index)
 
 
 def read_run(store: ChunkStore, run: Run) -> tuple[memoryview, dict[tuple[int, int], str]]:

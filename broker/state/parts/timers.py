@@ -203,8 +203,9 @@ class _Bucket:
         return bytes(self.buf[self.pos:])
 
 
-class _Dues:
-    """The due times of packed records, as a sequence `bisect` can search."""
+class _BucketKeys:
+    """The bucket keys of packed records (due time // BUCKET_MS), as a sequence `bisect`
+    can search: a run's records are in bucket order."""
 
     __slots__ = ("records",)
 
@@ -216,7 +217,7 @@ class _Dues:
 
     def __getitem__(self, i: int) -> int:
         due: int = _REC.unpack_from(self.records, i * _SIZE)[0]
-        return due
+        return due // BUCKET_MS
 
 
 class Timers(Part):
@@ -332,19 +333,19 @@ class Timers(Part):
         count = sum(len(self._buckets[k]) for k in far)
         if count < self.limits.spill_min:
             return
-        recs = sorted(rec for k in far
-                      for rec in _REC.iter_unpack(self._buckets[k].compact()))
+        records = b"".join(self._buckets[k].compact() for k in far)
         keys: list[list[object]] = []
-        for rec in recs:
-            key = self._msg_keys.pop((rec[1], rec[2]), None)
-            if key is not None:
-                keys.append([rec[1], rec[2], key])
+        if self._msg_keys:  # (the common case, no keyed message pending, reads nothing)
+            for rec in _REC.iter_unpack(records):
+                key = self._msg_keys.pop((rec[1], rec[2]), None)
+                if key is not None:
+                    keys.append([rec[1], rec[2], key])
         for k in far:
             del self._buckets[k]
         self._keys_heap = sorted(self._buckets)
         self._in_memory -= count
-        data, run = encode_run(run_name(self._run_seq), b"".join(_REC.pack(*r) for r in recs),
-                               keys)
+        data, run = encode_run(run_name(self._run_seq), records, keys, far[0] * BUCKET_MS,
+                               (far[-1] + 1) * BUCKET_MS - 1)
         self._run_seq += 1
         # written (and fsynced) at once: the records leave memory now; its directory
         # entry is made durable before a snapshot references it (`detach`)
@@ -363,32 +364,38 @@ class Timers(Part):
                 kept.append(run)
                 continue
             records, keys = read_run(self.state.chunk_store, run)
-            dues = _Dues(records)
-            end = bisect_right(dues, until, run.skip, run.count)
-            self._take(records[run.skip * _SIZE:end * _SIZE], keys)
+            buckets = _BucketKeys(records)
+            end = bisect_right(buckets, until // BUCKET_MS, run.skip, run.count)
+            self._take(records[run.skip * _SIZE:end * _SIZE], keys, run.min_index)
             run.skip = end
             if run.skip < run.count:
-                run.min_due = _REC.unpack_from(records, end * _SIZE)[0]
+                run.min_due = buckets[end] * BUCKET_MS
                 kept.append(run)
         self._runs = kept
 
-    def _take(self, records: memoryview, keys: dict[tuple[int, int], str]) -> None:
-        """Put records read back from a run (sorted by due time) into their buckets; a
-        deleted topic's are dropped (counted when it was deleted)."""
-        recs = [r for r in _REC.iter_unpack(records) if r[5] not in self._dead]
+    def _take(self, records: memoryview, keys: dict[tuple[int, int], str],
+              min_index: int) -> None:
+        """Put records read back from a run (in bucket order) into their buckets, a
+        bucket's slice at a time; a deleted topic's are dropped (counted when it was
+        deleted). `min_index`: the run's, a lower bound of every record's."""
+        buckets = _BucketKeys(records)
+        n = len(buckets)
         i = 0
-        while i < len(recs):
-            key = recs[i][0] // BUCKET_MS
-            j = i
-            while j < len(recs) and recs[j][0] // BUCKET_MS == key:
-                j += 1
-            group = recs[i:j]
-            self._add(key, b"".join(_REC.pack(*r) for r in group), group[0][0], group[-1][0],
-                      min(r[1] for r in group))
-            for r in group:
-                k = keys.get((r[1], r[2]))
-                if k is not None:
-                    self._msg_keys[(r[1], r[2])] = k
+        while i < n:
+            key = buckets[i]
+            j = bisect_right(buckets, key, i, n)
+            chunk = records[i * _SIZE:j * _SIZE]
+            if self._dead or keys:
+                recs = [r for r in _REC.iter_unpack(chunk) if r[5] not in self._dead]
+                for r in recs:
+                    k = keys.get((r[1], r[2]))
+                    if k is not None:
+                        self._msg_keys[(r[1], r[2])] = k
+                packed = b"".join(_REC.pack(*r) for r in recs)
+            else:
+                packed = bytes(chunk)
+            if packed:
+                self._add(key, packed, key * BUCKET_MS, (key + 1) * BUCKET_MS - 1, min_index)
             i = j
 
     # ------------------------------------------------------------------ apply
