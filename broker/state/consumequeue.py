@@ -164,6 +164,14 @@ class ConsumeQueue:
         self._appended(offset, len(refs), index)
         return offset
 
+    def extend_packed(self, index: int, records: bytes, n: int) -> int:
+        """`extend` with the `n` records (all of the entry at Raft `index`) already
+        packed in this queue's record format; returns the offset of the first."""
+        offset = self.end_offset
+        self._buf += records
+        self._appended(offset, n, index)
+        return offset
+
     def _appended(self, offset: int, n: int, index: int) -> None:
         if index >= self._top:
             self._top = index

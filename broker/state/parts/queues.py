@@ -140,6 +140,19 @@ class Queues(Part):
         self.messages_applied += len(refs)
         return base
 
+    def append_packed(self, topic: str, queue: int, index: int,
+                      records: Sequence[tuple[int, ...]]) -> int:
+        """`append` for keyless records of the entry at `index` given as the delayed-
+        message part holds them ((due, index, start, size, tag hash, destination, store
+        time), contiguous in the entry): no `RecordRef` per record. Returns the first
+        offset."""
+        pack = CQ_RECORD.pack
+        data = b"".join([pack(index, r[2], r[3], r[4], r[6]) for r in records])
+        base = self.queues[(topic, queue)].extend_packed(index, data, len(records))
+        self.bytes_applied += records[-1][2] + records[-1][3] - records[0][2]  # contiguous
+        self.messages_applied += len(records)
+        return base
+
     def topic_created(self, config: TopicConfig) -> None:
         for q in config.hosted:
             self.queues[(config.name, q)] = ConsumeQueue()

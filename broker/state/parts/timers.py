@@ -181,14 +181,19 @@ class _Bucket:
             self.buf = bytearray(b"".join(_REC.pack(*r) for r in recs))
             self.pos = 0
             self.ordered = True
-        out: list[tuple[int, ...]] = []
         pos, end = self.pos, len(self.buf)
-        while pos < end and len(out) < limit:
-            rec = _REC.unpack_from(self.buf, pos)
-            if rec[0] > now_ms:
-                break  # ordered (or whole, and then nothing is beyond now)
-            out.append(rec)
-            pos += _SIZE
+        if whole:  # every one is due: the first `limit`, unpacked in one pass
+            stop = min(end, pos + limit * _SIZE)
+            out = list(_REC.iter_unpack(memoryview(self.buf)[pos:stop]))
+            pos = stop
+        else:
+            out = []
+            while pos < end and len(out) < limit:
+                rec = _REC.unpack_from(self.buf, pos)
+                if rec[0] > now_ms:
+                    break  # ordered: nothing after it is due either
+                out.append(rec)
+                pos += _SIZE
         self.pos = pos
         if pos * 2 > end and pos > 1 << 16:  # give back the drained front's memory
             del self.buf[:pos]
@@ -445,34 +450,38 @@ class Timers(Part):
         return ControlResult(ForgetPending.op, gone)
 
     def _enqueue(self, recs: list[tuple[int, ...]]) -> tuple[int, int]:
-        """Append due records to their queues, runs of one entry and destination at a
-        time (contiguous records of a batch go in one append); (moved, dropped)."""
+        """Append due records to their queues, a run of one entry and destination at a
+        time (a batch's records go in one append); (moved, dropped)."""
         moved = dropped = 0
-        run: list[RecordRef] = []
-        run_key: tuple[int, int, int] | None = None  # (dest, index, store_ms)
-        for _due, index, start, size, tag_hash, dest, store_ms in recs:
-            key = self._msg_keys.pop((index, start), "")
-            if run and (run_key != (dest, index, store_ms)
-                        or run[-1].start + run[-1].size != start):
-                m, d = self._append(run_key, run)  # type: ignore[arg-type]
-                moved += m
-                dropped += d
-                run = []
-            run_key = (dest, index, store_ms)
-            run.append(RecordRef(start, size, key, tag_hash))
-        if run:
-            m, d = self._append(run_key, run)  # type: ignore[arg-type]
+        first = 0
+        for i in range(1, len(recs) + 1):
+            if i < len(recs):
+                a, b = recs[i - 1], recs[i]
+                # same destination (5), entry (1) and store time (6), record after record
+                if a[5] == b[5] and a[1] == b[1] and a[6] == b[6] and a[2] + a[3] == b[2]:
+                    continue
+            m, d = self._append(recs[first:i])
             moved += m
             dropped += d
+            first = i
         return moved, dropped
 
-    def _append(self, run_key: tuple[int, int, int], refs: list[RecordRef]) -> tuple[int, int]:
-        dest, index, store_ms = run_key
+    def _append(self, run: list[tuple[int, ...]]) -> tuple[int, int]:
+        """One run of records of one entry for one destination into its queue."""
+        _due, index, _start, _size, _tag, dest, store_ms = run[0]
         topic, queue = self._dests[dest]
         if dest in self._dead or not self.state.queues.hosts(topic, queue):
-            return 0, len(refs)
-        self.state.queues.append(topic, queue, index, refs, store_ms)
-        return len(refs), 0
+            if self._msg_keys:
+                for r in run:
+                    self._msg_keys.pop((r[1], r[2]), None)
+            return 0, len(run)
+        keys = self._msg_keys
+        if keys and any((r[1], r[2]) in keys for r in run):
+            refs = [RecordRef(r[2], r[3], keys.pop((r[1], r[2]), ""), r[4]) for r in run]
+            self.state.queues.append(topic, queue, index, refs, store_ms)
+        else:  # keyless (the common case): the queue's records packed in one pass
+            self.state.queues.append_packed(topic, queue, index, run)
+        return len(run), 0
 
     # ------------------------------------------------------------------ hooks
 
