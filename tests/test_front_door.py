@@ -3,41 +3,17 @@ Python example in the README runs as written against a live cluster."""
 
 from __future__ import annotations
 
-import random
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from raftmq.localcluster import LocalCluster
+from tests.live_cluster import free_port_base
 from tests.paths import REPO_ROOT as ROOT
 
 pytestmark = pytest.mark.live
-
-
-
-def _port_base() -> int:
-    """A base whose node, metrics and name-server ports (base+1.., base+101.., base+76)
-    are all free right now."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000)
-        ports = [base + k for k in (1, 2, 3, 76, 101, 102, 103)]
-        socks = []
-        try:
-            for port in ports:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 @pytest.mark.parametrize("secured", [[], ["--tls", "--auth"]], ids=["plain", "tls-auth"])
@@ -46,7 +22,7 @@ def test_dev_showcase_produces_and_consumes_every_message(tmp_path, secured):
     link, logins and ACLs), whose showcase logs in as the generated superuser."""
     proc = subprocess.run(
         [sys.executable, "-m", "raftmq", "dev", "--data", str(tmp_path / "dev"),
-         "--port-base", str(_port_base()), *secured, "--exit-after-showcase"],
+         "--port-base", str(free_port_base()), *secured, "--exit-after-showcase"],
         capture_output=True, text=True, timeout=180, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -66,7 +42,7 @@ def test_a_second_showcase_on_the_same_data_finds_every_new_message(tmp_path):
     def showcase() -> str:
         proc = subprocess.run(
             [sys.executable, "-m", "raftmq", "dev", "--data", str(tmp_path / "dev"),
-             "--port-base", str(_port_base()), "--exit-after-showcase"],
+             "--port-base", str(free_port_base()), "--exit-after-showcase"],
             capture_output=True, text=True, timeout=180, cwd=ROOT,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -24,6 +24,7 @@ import pytest
 
 from broker.config import load_config
 from raftmq.localcluster import ClusterError, LocalCluster, free_ports
+from tests.live_cluster import free_port_base
 from transport.blocking import Connection, request
 from wire.protocol import Code, FrameDecoder, RequestError, encode_frame
 
@@ -321,19 +322,6 @@ def test_kill_together_and_a_wait_that_leaves_exits_to_the_harness(tmp_path: Pat
         assert c.is_running(1) and c.is_running(2)
 
 
-def _free_base() -> int:
-    """A port base whose whole dev layout (nodes, metrics, name server) is free now."""
-    for base in range(21000, 60000, 397):
-        try:
-            for port in (base + 1, base + 2, base + 3, base + 76, base + 101, base + 102, base + 103):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port base")
-
-
 @pytest.mark.live
 def test_dev_prints_ready_and_stops_cleanly_on_sigterm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -362,7 +350,7 @@ def test_dev_prints_ready_and_stops_cleanly_on_sigterm(
         if "ready" in out.getvalue():  # only then is dev's handler installed
             os.kill(os.getpid(), signal.SIGTERM)
 
-    base = _free_base()
+    base = free_port_base()
     threading.Thread(target=interrupt_when_ready, daemon=True).start()
     rc = dev.main(["--data", str(tmp_path / "dev"), "--port-base", str(base)])
     assert rc == 0

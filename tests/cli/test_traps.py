@@ -21,7 +21,6 @@ import pty
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ import pytest
 
 from broker.config import NAMESRV_PORT_OFFSET
 from raftmq.localcluster import LocalCluster
+from tests.live_cluster import free_port_base
 from tests.paths import REPO_ROOT as ROOT
 from transport.blocking import request
 from wire.protocol import DEFAULT_NAMESRV, Op, RequestError
@@ -177,25 +177,6 @@ def test_help_and_exit_codes_say_what_happened(cluster: LocalCluster) -> None:
 # ------------------------------------------------------------------ 14. raftmq dev
 
 
-def _port_base() -> int:
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000)
-        socks = []
-        try:
-            for port in (base + k for k in (1, 2, 3, 76, 101, 102, 103)):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
 def _children(pid: int) -> dict[int, str]:
     """Child processes of `pid`: pid -> command line."""
     out = {}
@@ -214,7 +195,7 @@ def _children(pid: int) -> dict[int, str]:
 
 
 def test_dev_restarts_a_node_that_died_and_says_what_it_stopped(tmp_path: Path) -> None:
-    base = _port_base()
+    base = free_port_base()
     proc = subprocess.Popen(
         [sys.executable, "-m", "raftmq", "dev", "--data", str(tmp_path / "dev"),
          "--port-base", str(base)],
