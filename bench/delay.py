@@ -18,9 +18,12 @@ figure beside the plain path it compares with:
 4. **due at once**: `--due` messages sent with one `deliver_at` a few seconds ahead of
    the end of their sending, read by long-polling pull consumers on every queue; each
    message's lateness is the time it was first read minus its due time (p50/p99/max;
-   nothing may be read early: `early` counts any), and the delivery rate (messages over
-   the time from due to the last one read) beside the same readers' rate over the plain
-   messages of step 1 read from offset 0 (the plain consume rate).
+   nothing may be read early: `early` counts any), and two delivery rates: into the
+   queues (the broker's side: the crowd over the time from due until every node's
+   STATUS shows none of it pending, polled every 10 ms; local cluster only) and to the
+   readers (the crowd over the time from due to the last one read), beside the same
+   readers' rate over the plain messages of step 1 read from offset 0 (the plain
+   consume rate).
 
 Lateness here is end to end: the leader's wake-up, the commit of the move, and the
 consumer's long poll returning. Same machine, one clock.
@@ -152,6 +155,35 @@ async def _spread(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def _pending(target: Target) -> list[int]:
+    """Delayed messages pending on each node of a local cluster (every node here holds a
+    replica of every group), from STATUS."""
+    from raftmq.client import Admin
+
+    assert target.local is not None
+    totals = []
+    async with Admin(target.namesrv) as admin:
+        for i in target.local.node_ids:
+            st = await admin.node_status(target.local.client_addr(i))
+            totals.append(sum(int(g.get("delayed_pending", 0)) for g in st["groups"].values()))
+    return totals
+
+
+async def _moved_at(target: Target, due_at: float, before: list[int], timeout: float,
+                    out: dict[str, float]) -> None:
+    """When every node's STATUS first shows no more pending than `before` the crowd was
+    sent: the crowd moved into its queues on every replica (gives up after `timeout`)."""
+    while time.time() < due_at:
+        await anyio.sleep(0.005)
+    with anyio.move_on_after(timeout):
+        while True:
+            now = await _pending(target)
+            if all(n <= b for n, b in zip(now, before, strict=True)):
+                out["at"] = time.time()
+                return
+            await anyio.sleep(0.01)
+
+
 async def _drive(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     from raftmq.client import Admin
 
@@ -183,10 +215,15 @@ async def _drive(target: Target, args: argparse.Namespace) -> dict[str, Any]:
     send_s = args.due / max(plain["msgs_per_s"], 1.0)
     due_at = time.time() + send_s * 1.5 + args.lead
     progress("delay", f"sending {args.due:,} due together in {due_at - time.time():.1f} s")
+    before = await _pending(target) if target.local is not None else []
     crowd = await _send(namesrv, "delay-due", args.due, args, deliver_at=due_at)
     sent_by = time.time()
-    seen_due, _ = await _read(namesrv, "delay-due", crowd["acknowledged"],
-                              max(args.timeout, due_at - time.time() + args.timeout))
+    moved: dict[str, float] = {}
+    async with anyio.create_task_group() as tg:
+        if target.local is not None:
+            tg.start_soon(_moved_at, target, due_at, before, args.timeout, moved)
+        seen_due, _ = await _read(namesrv, "delay-due", crowd["acknowledged"],
+                                  max(args.timeout, due_at - time.time() + args.timeout))
     late = sorted(t - due_at for t in seen_due)
     delivered_s = (max(seen_due) - due_at) if seen_due else None
     return {
@@ -218,6 +255,9 @@ async def _drive(target: Target, args: argparse.Namespace) -> dict[str, Any]:
             "read": len(seen_due),
             "early": sum(1 for x in late if x < 0),
             "lateness_ms": latency_ms([max(x, 0.0) for x in late], _POINTS),
+            "moved_into_queues_s": round(moved["at"] - due_at, 3) if moved else None,
+            "moved_msgs_per_s": round(crowd["acknowledged"] / (moved["at"] - due_at), 1)
+            if moved and moved["at"] > due_at else None,
             "delivered_msgs_per_s": round(len(seen_due) / delivered_s, 1)
             if delivered_s else None,
             "plain_consume_msgs_per_s": round(len(seen) / plain_read_s, 1)
