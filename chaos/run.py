@@ -177,6 +177,11 @@ def nemesis_plan(opts: RunOptions) -> list[Step]:
 
 CHAOS_CQ_CHUNK = 64  # ConsumeQueue records per chunk file in the clusters a run starts
 CHAOS_LISTEN_RETRY_S = 30.0  # seconds a restarted node waits for a port another process holds
+# Delayed messages a group keeps in memory, and the horizon past which the others spill
+# to run files: small, so the delay load's messages (due 0.5-20 s ahead) go through the
+# runs, their snapshots and their reading back under faults too
+CHAOS_TIMER_MEMORY_RECORDS = 32
+CHAOS_TIMER_SPILL_HORIZON_S = 3.0
 
 
 async def _run(opts: RunOptions, recorder: Recorder,
@@ -193,6 +198,8 @@ async def _run(opts: RunOptions, recorder: Recorder,
         "snapshot_every_entries": opts.snapshot_every_entries,
         # small, so snapshots reference ConsumeQueue chunk files under faults too
         "consume_queue_chunk": CHAOS_CQ_CHUNK,
+        "timer_memory_records": CHAOS_TIMER_MEMORY_RECORDS,
+        "timer_spill_horizon_s": CHAOS_TIMER_SPILL_HORIZON_S,
         # a restarted node whose port a stranger on this host took meanwhile (a test
         # cluster's, say) waits for it rather than exiting as if it had crashed
         "listen_retry_s": CHAOS_LISTEN_RETRY_S,
