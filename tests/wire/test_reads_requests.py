@@ -68,3 +68,18 @@ def test_a_raw_range_must_end_above_its_start(hi: int) -> None:
 
 def test_searched_groups_are_strings() -> None:
     refused(QueryKeyAnswer, {"msgs": [], "searched": [1]}, Code.MALFORMED, "searched")
+
+
+def test_a_fetch_filter_longer_than_the_cap_is_refused_naming_the_cap() -> None:
+    from wire.protocol import Code, RequestError
+    from wire.requests import FetchRequest
+    from wire.requests.reads import MAX_FILTER_CHARS
+
+    ok = "a = '" + "x" * (MAX_FILTER_CHARS - 6) + "'"
+    assert FetchRequest.decode({"topic": "t", "queue": 0, "offset": 0, "sql": ok}).sql == ok
+    try:
+        FetchRequest.decode({"topic": "t", "queue": 0, "offset": 0, "sql": ok + " "})
+    except RequestError as exc:
+        assert exc.code == Code.MALFORMED and str(MAX_FILTER_CHARS) in exc.message
+    else:
+        raise AssertionError("a filter over the cap was taken")

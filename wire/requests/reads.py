@@ -13,6 +13,16 @@ from wire.requests.base import WireType, spec, str_list
 __all__ = ["FetchAnswer", "FetchRequest", "GetMessageAnswer", "GetMessageRequest",
            "QueryKeyAnswer", "QueryKeyRequest", "ReadRawAnswer", "ReadRawRequest"]
 
+MAX_FILTER_CHARS = 4096  # a SQL92 filter's length: compiled on the node's event loop
+
+
+def _filter_text(v: str) -> str:
+    if len(v) > MAX_FILTER_CHARS:
+        raise RequestError(Code.MALFORMED, f"a SQL92 filter has at most {MAX_FILTER_CHARS} "
+                           f"characters, this one {len(v)}")
+    return v
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FetchRequest(WireType):
     OP: ClassVar[Op] = Op.FETCH
@@ -30,8 +40,9 @@ class FetchRequest(WireType):
     sql: str | None = spec(str, "only messages a SQL92 filter (RocketMQ's `bySql`) "
                            "matches, decided on the node over the message's properties "
                            "plus TAGS and KEYS; with `tags`, both must match. MALFORMED, "
-                           "naming line and column, when it does not compile",
-                           default=None)
+                           "naming line and column, when it does not compile "
+                           f"(at most {MAX_FILTER_CHARS:,} characters)",
+                           default=None, check=_filter_text)
     g: str | None = spec(str, "the group the client's route names: only that group's "
                          "ready leader answers", default=None)
 
