@@ -79,7 +79,9 @@ def test_five_hundred_corrupt_entries_are_repaired_a_range_per_request(tmp_path:
         assert st["repair_requests"] <= 2 * (segments + 2), st["repair_requests"]
 
         cluster.kill(other)  # the repaired replica's acknowledgements alone commit now
-        live.produce_batch(0, [OutgoingMessage(b"after the repair")], pid=0, seq=-1, born_ms=1)
+        # idempotent: the commit waits on the repaired replica and may outlast the first
+        # try, and a resend of a batch already committed must not store it twice
+        live.produce_batch(0, [OutgoingMessage(b"after the repair")], pid=77, seq=0, born_ms=1)
         assert live.fetch(0) == live.acked[0]
         st = node_status(cluster, victim, "g0")
         assert not st["unrepaired"], st

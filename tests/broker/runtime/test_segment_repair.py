@@ -45,7 +45,9 @@ def test_a_node_started_on_a_cut_middle_segment_repairs_it_and_runs_on(tmp_path:
             node_status(cluster, victim, "g0")) or None, 30, "the cut entries repaired")
         # the repaired replica's acknowledgements alone now let the leader commit
         cluster.kill(other)
-        live.produce_batch(0, [OutgoingMessage(b"after the repair")], pid=0, seq=-1, born_ms=1)
+        # idempotent: the commit waits on the repaired replica and may outlast the first
+        # try, and a resend of a batch already committed must not store it twice
+        live.produce_batch(0, [OutgoingMessage(b"after the repair")], pid=77, seq=0, born_ms=1)
         assert cluster.is_running(victim)
         assert live.fetch(0) == live.acked[0]
         st = node_status(cluster, victim, "g0")
