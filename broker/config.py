@@ -226,6 +226,9 @@ class NodeConfig:
     tx_orphan_ms: int = 120_000
     tx_tick_ms: int = 200
     tx_id_expiration_ms: int = 604_800_000
+    # Orderly consumption (`broker.state.parts.queuelocks`): how long a queue lock holds
+    # unrenewed when the client asks for no lease of its own (RocketMQ's 60 s).
+    queue_lock_lease_ms: int = 60_000
 
     def __post_init__(self) -> None:
         # a read-only view, so a "frozen" config cannot be changed through its peers table
@@ -610,6 +613,8 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         test_mutations=_mutations(d.get("test_mutations", []), env),
         test_sync_marks=_sync_marks(d.get("test_sync_marks", False), env),
         join=_bool(d.get("join", False), "join"),
+        queue_lock_lease_ms=_int(d.get("queue_lock_lease_ms", 60_000), "queue_lock_lease_ms",
+                                 minimum=100),
         **_tx_settings(d),
     )
 

@@ -171,6 +171,10 @@ class Op(IntEnum):
     SEND_BACK = 75  # (cg, topic, queue, g?, offset, backoff_ms?, max_deliveries, error?,
     #   dead?, req?) -> (parked, dead, dup): a push consumer failed a message it read by
     #   offset; the group's receipts deliver it again (RECEIVE retries) after the backoff
+    LOCK = 76  # (cg, topic, queues: [q...], client, lease_ms?, g?) -> (held: [q...],
+    #   expiry_ms): take or renew queue locks (broker.state.parts.queuelocks)
+    UNLOCK = 77  # (cg, topic, queues, client, g?) -> (freed: [q...]): only the client's own
+    LOCKS = 78  # (cg?) -> (rows: [[g, cg, topic, queue, client, expiry_ms, live]...], led)
     REGISTER = 40  # name server: (node, addr, inc, groups: {gid: {..., tv, base?}}) + body
     #   of topic tables (whole, or changes since `base`) -> (resend: [gid]); see
     #   wire.requests.namesrv
@@ -225,6 +229,8 @@ class Code(IntEnum):
     STALE_RECEIPT = 48  # a simple consumer's receipt names a delivery that is no longer
     #                     current: the message was delivered again (its invisible time ran
     #                     out), acked, or dead-lettered; nothing was changed for it
+    LOCK_LOST = 49  # the queue is locked in that consumer group by another client's live
+    #                 lease (orderly consumption): its offsets are that client's to commit
 
     @property
     def retriable(self) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.doors.base import Handler, QueueHosts, Response, applied, check_queue
+from broker.doors.simple import now_ms
 from broker.doors.transactions import TxService
 from broker.runtime.groups import GroupRegistry
 from broker.runtime.leading import GroupLead
@@ -69,8 +70,10 @@ class OffsetDoor:
         for gid, offs in by_group.items():
             await self.lead.check_commit_bounds(self.groups[gid], offs)
         for gid, offs in by_group.items():
+            # fenced by the queue locks, at this leader's clock (`parts.queuelocks`)
             result = applied(await self.groups[gid].propose(
-                control_offsets(cg, offs, req), EntryType.CONTROL))
+                control_offsets(cg, offs, req, client=commit.client, now_ms=now_ms()),
+                EntryType.CONTROL))
             dup = dup or (isinstance(result, ControlResult) and result.dup)
         return ok_header(0, **CommitOffsetAnswer(dup=dup).header()), b""
 

@@ -245,6 +245,8 @@ RULES: dict[int, Resolver | str] = {
     Op.RECEIVE: _simple, Op.ACK: _simple, Op.NACK: _simple, Op.CHANGE_INVISIBLE: _simple,
     Op.SEND_BACK: _simple,
     Op.DLQ: _dlq,
+    # queue locks fence offset commits: the permission a commit needs
+    Op.LOCK: _simple, Op.UNLOCK: _simple, Op.LOCKS: _offsets,
 }
 
 

@@ -25,6 +25,7 @@ from broker.doors.base import Door, Handler, QueueHosts, Response
 from broker.doors.cluster import ClusterDoor, ClusterHost
 from broker.doors.consumers import ConsumerRegistry
 from broker.doors.heartbeats import HeartbeatDoor
+from broker.doors.locks import LockDoor
 from broker.doors.offsets import OffsetDoor
 from broker.doors.produce import ProduceDoor, ProduceHost
 from broker.doors.reads import ReadDoor
@@ -48,7 +49,7 @@ CRASH_BEFORE_ANSWER_EXIT = 70  # exit code of the `crash-before-answer` test mut
 _WRITES = frozenset({
     Op.PRODUCE, Op.COMMIT_OFFSET, Op.CREATE_TOPIC, Op.DELETE_TOPIC, Op.GROW_TOPIC,
     Op.DELETE_GROUP, Op.TX_INIT, Op.TX_ADD, Op.TX_OFFSETS, Op.TX_END, Op.TX_MARKER,
-    Op.HALF_END,
+    Op.HALF_END, Op.LOCK, Op.UNLOCK,
 })
 
 
@@ -88,6 +89,7 @@ class BrokerService:
             reads,
             OffsetDoor(self.lead, groups, hosts, self.tx),
             SimpleDoor(self.lead, groups, hosts, reads),
+            LockDoor(self.lead, groups, hosts, node.config),
             TopicDoor(self.lead, groups, node),
             ClusterDoor(self.lead, groups, node),
             HeartbeatDoor(self.consumers),

@@ -33,6 +33,8 @@ state, its control records, their apply handlers, its queries and its snapshot s
 - `DeadLetters`: what simple consumer groups gave up on (dead_resend, dead_purge).
 - `Receipts`: simple consumer groups' per-message state: in flight, delivery counts,
   handles (receive, ack, nack, change_invisible).
+- `QueueLocks`: which client of a consumer group holds each queue, a lease (lock, unlock);
+  they fence the group's offset commits.
 
 A new part (transactions, timers, retries, queue locks, users) is a `Part` subclass added
 to `PARTS` (or to a subclass's `part_types`): its records join the dispatch table, it hears the broadcasts (topic created
@@ -98,6 +100,7 @@ from broker.state.parts.leadership import Leadership, PreferLeader
 from broker.state.parts.moves import MoveMessage, Moves
 from broker.state.parts.offsets import CommitOffsets, DeleteGroup, Offsets
 from broker.state.parts.producers import DEDUP_WINDOW, Producers
+from broker.state.parts.queuelocks import QueueLocks
 from broker.state.parts.queues import CHUNK_RECORDS, KEY_HISTORY, Queues
 from broker.state.parts.receipts import Receipts
 from broker.state.parts.requests import MAX_CLIENTS, REQUEST_WINDOW, Requests
@@ -155,7 +158,7 @@ __all__ = [
 #: The parts, in the order they hear broadcasts and appear in snapshots.
 PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, Horizon,
                                  Leadership, TxParticipant, TxCoordinator, Users, Acls, Moves,
-                                 Timers, DeadLetters, Receipts)
+                                 Timers, DeadLetters, Receipts, QueueLocks)
 #: The test mutations the state machine itself carries out (see `broker.config`).
 STATE_MUTATIONS = frozenset({"serve-prepared", "no-fencing", "forget-epochs",
                              "drop-acl-remove", "deliver-at-send", "volatile-timers",
@@ -194,11 +197,15 @@ def control_delete_group(cg: str, req: tuple[int, int] | None = None) -> bytes:
 
 
 def control_offsets(
-    cg: str, offsets: Iterable[tuple[str, int, int]], req: tuple[int, int] | None = None
+    cg: str, offsets: Iterable[tuple[str, int, int]], req: tuple[int, int] | None = None,
+    *, client: str | None = None, now_ms: int | None = None,
 ) -> bytes:
     """CONTROL data committing consumer offsets [(topic, queue, offset), ...] of group `cg`;
-    `req` (client id, sequence) makes a retried commit a no-op (see the module docstring)."""
-    return CommitOffsets(cg, tuple((t, q, o) for t, q, o in offsets)).encode(req)
+    `req` (client id, sequence) makes a retried commit a no-op (see the module docstring).
+    With `now_ms` (the leader's clock) the commit is fenced by the queue locks: refused
+    LOCK_LOST for a queue another client than `client` holds a live lease on."""
+    return CommitOffsets(cg, tuple((t, q, o) for t, q, o in offsets), client,
+                         now_ms).encode(req)
 
 
 def control_prefer_leader(node: int) -> bytes:
@@ -253,6 +260,7 @@ class BrokerState:
         self.timers = self.part(Timers)
         self.deadletters = self.part(DeadLetters)
         self.receipts = self.part(Receipts)
+        self.queuelocks = self.part(QueueLocks)
         self._dispatch: dict[str, tuple[type[ControlRecord], Handler]] = {}
         for part in self.parts:
             handlers = part.handlers()
@@ -420,6 +428,10 @@ class BrokerState:
     def broadcast_topic_deleted(self, config: TopicConfig) -> None:
         for part in self.parts:
             part.topic_deleted(config)
+
+    def broadcast_group_deleted(self, cg: str) -> None:
+        for part in self.parts:
+            part.group_deleted(cg)
 
     def broadcast_retained(self, min_index: int) -> int:
         """Every part forgets what lies below `min_index`; returns the messages dropped."""

@@ -35,6 +35,7 @@ from .blocking import (
 from .errors import (
     ClientClosedError,
     IncompleteError,
+    LockLostError,
     OutcomeUnknownError,
     PoisonMessage,
     ProducerFencedError,
@@ -99,6 +100,7 @@ __all__ = [
     "SendResult",
     "SimpleConsumer",
     "PoisonMessage",
+    "LockLostError",
     "StaleReceiptError",
     "TopicInfo",
     "TopicRoute",

@@ -41,6 +41,7 @@ from wire.protocol import Code, RaftMQError, RequestError
 __all__ = [
     "ClientClosedError",
     "IncompleteError",
+    "LockLostError",
     "OutcomeUnknownError",
     "RaftMQError",
     "ProducerFencedError",
@@ -105,6 +106,16 @@ class StaleReceiptError(RequestError):
         super().__init__(Code.STALE_RECEIPT, message, **extra)
 
 
+class LockLostError(RequestError):
+    """An offset commit for a queue that another client of the consumer group holds the
+    lock of now (orderly consumption): this client's lease ran out and the queue moved
+    on. Nothing was committed: what it handled since its last commit is the new holder's
+    to handle again."""
+
+    def __init__(self, message: str, **extra: object) -> None:
+        super().__init__(Code.LOCK_LOST, message, **extra)
+
+
 class PoisonMessage(Exception):  # noqa: N818 - what it is, not how it failed
     """Raise it in a `PushConsumer` handler for messages known to be poison: they go to
     the consumer group's dead letters at once, with this exception's text as their
@@ -162,12 +173,14 @@ def leaderless(exc: RequestError) -> bool:
 
 def as_sdk_error(exc: RequestError) -> RequestError:
     """A broker refusal as the SDK's own type, whichever call met it: STALE_RECEIPT is a
-    `StaleReceiptError`; TX_FENCED is a `ProducerFencedError`; TX_UNKNOWN, TX_DECIDED and TX_LIMIT are `TransactionError`s;
+    `StaleReceiptError`; LOCK_LOST a `LockLostError`; TX_FENCED is a `ProducerFencedError`; TX_UNKNOWN, TX_DECIDED and TX_LIMIT are `TransactionError`s;
     anything else is returned as it is."""
-    if isinstance(exc, TransactionError | StaleReceiptError):
+    if isinstance(exc, TransactionError | StaleReceiptError | LockLostError):
         return exc
     if exc.code == Code.STALE_RECEIPT:
         return StaleReceiptError(exc.message, **exc.extra)
+    if exc.code == Code.LOCK_LOST:
+        return LockLostError(exc.message, **exc.extra)
     if exc.code == Code.TX_FENCED:
         return ProducerFencedError(exc.message, **exc.extra)
     if exc.code in (Code.TX_UNKNOWN, Code.TX_DECIDED, Code.TX_LIMIT):

@@ -260,13 +260,14 @@ async def query_offset(routes: Routes, group: str, topic: str, queue: int) -> in
 
 async def commit_offsets(
     routes: Routes, group: str, offsets: Mapping[tuple[str, int], int], *,
-    timeout: float | None = None,
+    timeout: float | None = None, client: str | None = None,
 ) -> None:
     """Commit offsets through the Raft log: one COMMIT_OFFSET per hosting group, sent
     concurrently, each safe to retry (it carries a request id the broker deduplicates).
     Raises the first failure after all were tried. `timeout` bounds the whole call:
     reaching it fails the groups not answered yet (`UnavailableError` when nothing of
-    theirs was sent, else `OutcomeUnknownError`)."""
+    theirs was sent, else `OutcomeUnknownError`). `client`: the committing consumer's id,
+    which the queue locks fence (a queue another client holds refuses it, LOCK_LOST)."""
     deadline = None if timeout is None else clock() + timeout
     by_group: dict[str, list[list[Any]]] = {}
     with anyio.move_on_after(math.inf if timeout is None else timeout) as lookup:
@@ -284,7 +285,7 @@ async def commit_offsets(
         # new leader) must not roll back a commit made in between
         header = CommitOffsetRequest(
             cg=group, offsets=tuple((t, q, o) for t, q, o in rows),
-            req=routes.request_id()).header()
+            req=routes.request_id(), client=client).header()
         try:
             await routes.call_group(g, Op.COMMIT_OFFSET, header, write=True, deadline=deadline)
         except RequestError as exc:

@@ -34,6 +34,14 @@ from wire.requests.consumers import (
     HeartbeatAnswer,
     HeartbeatRequest,
 )
+from wire.requests.locks import (
+    LockAnswer,
+    LockRequest,
+    LocksAnswer,
+    LocksRequest,
+    UnlockAnswer,
+    UnlockRequest,
+)
 from wire.requests.namesrv import (
     ClusterAnswer,
     ClusterRequest,
@@ -189,6 +197,12 @@ __all__ = [
     "TxStatusAnswer",
     "TxStatusRequest",
     "WireType",
+    "LockAnswer",
+    "LockRequest",
+    "LocksAnswer",
+    "LocksRequest",
+    "UnlockAnswer",
+    "UnlockRequest",
     "is_offset_item",
     "op_comments",
     "reference",

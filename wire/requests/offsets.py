@@ -14,6 +14,7 @@ from wire.protocol import (
     RequestError,
     check_request_id,
     is_int,
+    validate_client_id,
     validate_group_name,
     validate_topic_name,
 )
@@ -68,6 +69,10 @@ class CommitOffsetRequest(WireType):
     req: tuple[int, int] | None = spec(
         list, "`[client id, sequence]`: a retried commit is applied once", default=None,
         check=check_request_id)
+    client: str | None = spec(
+        str, "the committing consumer's client id: a queue locked in the group by another "
+        "client's live lease refuses the commit (LOCK_LOST); an unlocked queue takes it "
+        "whoever commits", default=None, check=validate_client_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

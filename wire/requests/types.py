@@ -13,6 +13,7 @@ from wire.protocol import Op
 from wire.requests import (
     cluster,
     consumers,
+    locks,
     namesrv,
     offsets,
     produce,
@@ -29,7 +30,7 @@ __all__ = ["AREAS", "TYPES"]
 #: The modules holding the types, one per request area.
 AREAS: tuple[ModuleType, ...] = (
     produce, reads, offsets, topics, cluster, consumers, transactions, security, namesrv,
-    simple)
+    simple, locks)
 
 
 def _gather(areas: tuple[ModuleType, ...]) -> dict[Op, tuple[type[WireType], type[WireType]]]:

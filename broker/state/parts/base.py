@@ -251,6 +251,9 @@ class Part:
         """`config` was just removed: forget what hangs off the topic (a re-created topic
         starts from scratch)."""
 
+    def group_deleted(self, cg: str) -> None:
+        """Consumer group `cg` was just deleted (`delete_group`): forget what is its."""
+
     def retained(self, min_index: int) -> int:
         """Nothing below Raft index `min_index` is referenced any more; returns how many
         messages this part dropped (only the queues count)."""

@@ -22,9 +22,11 @@ from broker.state.parts.base import (
     Part,
     Refused,
     TopicConfig,
+    int_field,
     name_field,
 )
-from wire.protocol import Code, validate_group_name
+from broker.state.parts.queuelocks import QueueLocks
+from wire.protocol import Code, validate_client_id, validate_group_name
 from wire.requests import is_offset_item
 
 __all__ = ["MAX_CONSUMER_GROUPS", "CommitOffsets", "DeleteGroup", "Offsets"]
@@ -34,11 +36,18 @@ MAX_CONSUMER_GROUPS = 100_000  # consumer groups with committed offsets, per bro
 
 @dataclass(frozen=True, slots=True)
 class CommitOffsets(ControlRecord):
-    """Consumer group `cg` has consumed up to `offsets`: ((topic, queue, offset), ...)."""
+    """Consumer group `cg` has consumed up to `offsets`: ((topic, queue, offset), ...).
+
+    With `now_ms` (the leader's clock when it proposed the commit) the commit is fenced
+    by the queue locks (`broker.state.parts.queuelocks`): refused whole, LOCK_LOST, when
+    a queue of it is held by a live lease of another client than `client`. Commits
+    without it (older entries, transactions' offsets) are not fenced."""
 
     op: ClassVar[str] = "offsets"
     cg: str
     offsets: tuple[tuple[str, int, int], ...]
+    client: str | None = None
+    now_ms: int | None = None
 
     def validate(self) -> None:
         name_field(validate_group_name, self.cg)
@@ -47,9 +56,18 @@ class CommitOffsets(ControlRecord):
         for it in self.offsets:
             if not is_offset_item(it, tuple):  # the rule COMMIT_OFFSET's items pass
                 raise Refused(Code.MALFORMED, f"bad offset item {list(it)!r}")
+        if self.client is not None:
+            name_field(validate_client_id, self.client)
+        if self.now_ms is not None:
+            int_field("now_ms", self.now_ms, 0, (1 << 63) - 1)
 
     def to_map(self) -> dict[str, Any]:
-        return {"cg": self.cg, "offsets": [list(it) for it in self.offsets]}
+        d: dict[str, Any] = {"cg": self.cg, "offsets": [list(it) for it in self.offsets]}
+        if self.client is not None:
+            d["c"] = self.client
+        if self.now_ms is not None:
+            d["now"] = self.now_ms
+        return d
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> CommitOffsets:
@@ -60,7 +78,7 @@ class CommitOffsets(ControlRecord):
                 name_field(validate_group_name, d.get("cg"))  # the first error, as ever
                 raise Refused(Code.MALFORMED, f"bad offset item {bad[0]!r}")
             items = tuple(tuple(it) for it in items)
-        return cls(d.get("cg"), items)  # type: ignore[arg-type]
+        return cls(d.get("cg"), items, d.get("c"), d.get("now"))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +119,7 @@ class Offsets(Part):
         gone = [k for k in self.offsets if k[0] == rec.cg]
         for k in gone:
             self._drop(k)
+        self.state.broadcast_group_deleted(rec.cg)
         return ControlResult(DeleteGroup.op, len(gone))
 
     def _commit(self, rec: CommitOffsets, index: int) -> ControlResult:
@@ -108,8 +127,22 @@ class Offsets(Part):
             raise Refused(Code.MALFORMED, f"this broker group keeps committed offsets of at "
                           f"most {MAX_CONSUMER_GROUPS} consumer groups: delete unused ones "
                           f"(DELETE_GROUP) before committing for {rec.cg!r}")
+        if rec.now_ms is not None:
+            self._fence(rec)
         applied, skipped = self.put(rec.cg, rec.offsets)
         return ControlResult(CommitOffsets.op, applied, skipped)
+
+    def _fence(self, rec: CommitOffsets) -> None:
+        """Refuse the commit when another client holds a live lock on one of its queues
+        (the lock moved on: what the committer handled is the new holder's to commit)."""
+        assert rec.now_ms is not None
+        locks = self.state.part(QueueLocks)
+        for topic, queue, _offset in rec.offsets:
+            holder = locks.holder(rec.cg, topic, queue, rec.now_ms)
+            if holder is not None and holder != rec.client:
+                raise Refused(Code.LOCK_LOST, f"{topic}/{queue} is locked in {rec.cg!r} by "
+                              f"client {holder!r}, not {rec.client!r}: its offsets are that "
+                              "client's to commit")
 
     def put(self, cg: str, offsets: Iterable[tuple[str, int, int]]) -> tuple[int, int]:
         """Commit `offsets` [(topic, queue, offset)] of `cg` (last write wins), as an

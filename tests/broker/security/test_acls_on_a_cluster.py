@@ -110,6 +110,15 @@ def test_publishing_without_permission_is_refused_and_stores_nothing(
                      "offsets": [["orders.eu", 0, 0]]}, False),
     (Op.TX_OFFSETS, {"g": "g0", "tid": "alice-t", "epoch": 0, "n": 0, "cg": "readers",
                      "offsets": [["payments", 0, 0]]}, False),
+    # queue locks fence commits: the permission a commit needs, on the group and topic
+    (Op.LOCK, {"cg": "readers", "topic": "orders.eu", "queues": [0], "client": "a"}, True),
+    (Op.LOCK, {"cg": "others", "topic": "orders.eu", "queues": [0], "client": "a"}, False),
+    (Op.LOCK, {"cg": "readers", "topic": "payments", "queues": [0], "client": "a"}, False),
+    (Op.UNLOCK, {"cg": "others", "topic": "orders.eu", "queues": [0], "client": "a"}, False),
+    (Op.UNLOCK, {"cg": "readers", "topic": "orders.eu", "queues": [0], "client": "a"}, True),
+    (Op.LOCKS, {"cg": "readers"}, True),
+    (Op.LOCKS, {"cg": "others"}, False),
+    (Op.LOCKS, {}, False),  # every group's locks: cluster admin
     (Op.CREATE_TOPIC, {"g": "g0", "topic": "orders.new", "queues": 1, "hosted": [0]}, False),
     (Op.DELETE_TOPIC, {"g": "g0", "topic": "orders.eu"}, False),
     (Op.TRANSFER_LEADER, {"g": "g0", "to": 1}, False),
