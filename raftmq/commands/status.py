@@ -29,7 +29,7 @@ from . import (
     table_console,
 )
 
-__all__ = ["cluster_status", "main"]
+__all__ = ["build_status", "cluster_status", "gather_status", "main"]
 
 PROG = "raftmq status"
 LOGIN_REFUSED = Code.UNAUTHENTICATED.name
@@ -85,6 +85,8 @@ def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | s
             "login_needed": isinstance(st, str) and st.startswith(f"{LOGIN_REFUSED}:"),
             "peers_connected": list(st.get("peers_connected") or []) if isinstance(st, dict)
             else None,
+            # where its Prometheus metrics are served (fsync latency, produce/fetch counts)
+            "metrics": reg.get("metrics") if reg else None,
             "leads": [],
         }
     ns_groups: dict[str, Any] = cluster.get("groups") or {}
@@ -153,21 +155,27 @@ def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | s
 async def cluster_status(namesrv: list[str]) -> dict[str, Any]:
     """The merged view `build_status` makes, fetched concurrently."""
     async with Admin(namesrv, timeout=NODE_TIMEOUT) as admin:
-        cluster = await admin.describe_cluster(topics=False)
-        statuses: dict[int, dict[str, Any] | str] = {}
-
-        async def one(nid: int, addr: str) -> None:
-            try:
-                statuses[nid] = await admin.node_status(addr)
-            except RequestError as exc:
-                statuses[nid] = f"{exc.code.name}: {exc.message}"
-
-        async with anyio.create_task_group() as tg:
-            for nid, addr in _known_nodes(cluster).items():
-                tg.start_soon(one, nid, addr)
-    status = build_status(cluster, statuses)
+        status = await gather_status(admin)
     status["namesrv"] = namesrv
     return status
+
+
+async def gather_status(admin: Admin) -> dict[str, Any]:
+    """`build_status` of the CLUSTER answer and every known node's STATUS, asked through
+    `admin` (so a caller acting as some user, like the web console, sees what it may)."""
+    cluster = await admin.describe_cluster(topics=False)
+    statuses: dict[int, dict[str, Any] | str] = {}
+
+    async def one(nid: int, addr: str) -> None:
+        try:
+            statuses[nid] = await admin.node_status(addr)
+        except RequestError as exc:
+            statuses[nid] = f"{exc.code.name}: {exc.message}"
+
+    async with anyio.create_task_group() as tg:
+        for nid, addr in _known_nodes(cluster).items():
+            tg.start_soon(one, nid, addr)
+    return build_status(cluster, statuses)
 
 
 def _cell(v: Any) -> str:
