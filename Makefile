@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint sim fuzz bench bench-spark bench-peers bench-peers-deps clean
+.PHONY: run test lint sim fuzz bench bench-spark bench-peers bench-peers-deps browser clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,25 @@ $(VENV)/.fuzz: $(VENV)/.test
 
 fuzz: $(VENV)/.fuzz
 	$(PY) -m tests.fuzz --all --runs $(FUZZ_RUNS)
+
+# The web console in a real headless Chromium: the distribution's package (as root or
+# through sudo) and Playwright driving that executable (the `browser` extra; Playwright's
+# own browser download is never used). `make test` runs these tests when both are there
+# and skips them, saying why, when not. Screenshots of each page go to SCREENSHOTS.
+SCREENSHOTS ?= test-output/screenshots
+$(VENV)/.browser: $(VENV)/.test
+	$(PY) -m pip install -q -e '.[browser]'
+	touch $@
+
+browser: $(VENV)/.browser
+	@if command -v chromium >/dev/null 2>&1; then echo "browser: chromium already installed"; \
+	else if [ "$$(id -u)" -eq 0 ]; then SUDO=; \
+	elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
+	else echo "browser: run as root or install sudo to install chromium" >&2; exit 1; fi; \
+	set -x; $$SUDO apt-get update && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; fi
+	RAFTMQ_SCREENSHOTS=$(abspath $(SCREENSHOTS)) $(PY) -m pytest -p no:randomly tests/web/console/test_browser.py
+	@echo "screenshots: $(SCREENSHOTS)"
 
 sim: $(VENV)/.base
 	$(PY) -m raftlog.sim --seeds 200 --steps 3000 --json
