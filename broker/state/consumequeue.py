@@ -46,6 +46,7 @@ _INDEX_START_REC = struct.Struct(">QI16x")  # a whole record, its index and star
 
 _CHUNK = 4096
 _INDEX_CHUNK = struct.Struct(">" + "Q20x" * _CHUNK)  # the indexes of _CHUNK whole records
+_MS_CHUNK = struct.Struct(">" + "20xQ" * _CHUNK)  # the store times of _CHUNK whole records
 
 
 def _indexes(buf: bytearray) -> list[int]:
@@ -251,6 +252,32 @@ class ConsumeQueue:
             else:
                 hi = mid
         return self._min + lo
+
+    def first_offset_at_or_after_ms(self, ms: int) -> int:
+        """The first retained offset whose store time, or that of a record before it, is
+        >= `ms` (`end_offset` if none): every retained record below it was stored before
+        `ms`. Offsets below retention have no answer of their own, so a time older than
+        everything retained gives `min_offset`.
+
+        Store times are the leaders' clocks, so they may step back where leadership moved
+        (a new leader's clock behind the old one's): the search goes by the running
+        maximum of the store times, which does grow, as `first_offset_at_or_after_index`
+        goes by that of the indexes. The first place the running maximum reaches `ms` is
+        the first record stored at or after `ms`; finding it reads store times a chunk
+        at a time in C (`_MS_CHUNK`) and looks at single records only in the chunk that
+        holds it, so no Python work is done per record passed over.
+        """
+        n = len(self)
+        pos = 0
+        with memoryview(self._buf) as view:  # released: a live view pins the buffer's size
+            while pos < n:
+                k = min(_CHUNK, n - pos)
+                unpack = _MS_CHUNK if k == _CHUNK else struct.Struct(">" + "20xQ" * k)
+                times = unpack.unpack_from(view, pos * _SIZE)
+                if max(times) >= ms:
+                    return self._min + pos + next(i for i, t in enumerate(times) if t >= ms)
+                pos += k
+        return self.end_offset
 
     def find_near(self, offset: int, index: int, start: int, window: int) -> int | None:
         """The offset of the record (index, start) within `window` offsets of `offset`
