@@ -124,6 +124,8 @@ class Op(IntEnum):
     OFFSETS = 32  # (cg?: one group) -> (rows: [[g, cg, topic, queue, offset]...]) for the
     #   groups this node leads
     DELETE_GROUP = 33  # (g, cg) -> (deleted: n): forget cg's committed offsets in group g
+    OFFSET_FOR_TIME = 34  # (topic, queue, ms, g?) -> (offset, min, end): the first offset
+    #   stored at or after ms (end when none); see wire.requests.reads
     HEARTBEAT = 30  # (cg, client, topics: [...], ttl_ms, manual?) -> ()
     CONSUMERS = 31  # (cg, known?, wait_ms?) -> (clients, manual): held while clients == known
     MEMBERSHIP = 50  # (g, action: show|add-learner|promote|remove, node?) at the leader ->

@@ -1,4 +1,4 @@
-"""The reads: FETCH, GET_MESSAGE, QUERY_KEY, and READ_RAW between nodes.
+"""The reads: FETCH, GET_MESSAGE, QUERY_KEY, OFFSET_FOR_TIME, and READ_RAW between nodes.
 
 Reads are served by the leader from its applied state and its own CommitLog, as the
 stored bytes, with long polling for consumers at the end of a queue. The leader answers
@@ -50,6 +50,8 @@ from wire.requests import (
     FetchRequest,
     GetMessageAnswer,
     GetMessageRequest,
+    OffsetForTimeAnswer,
+    OffsetForTimeRequest,
     QueryKeyAnswer,
     QueryKeyRequest,
     ReadRawAnswer,
@@ -92,6 +94,7 @@ class ReadDoor:
             Op.FETCH: self._fetch,
             Op.GET_MESSAGE: self._get_message,
             Op.QUERY_KEY: self._query_key,
+            Op.OFFSET_FOR_TIME: self._offset_for_time,
             Op.READ_RAW: self._read_raw,
         }
 
@@ -317,6 +320,19 @@ class ReadDoor:
                 msgs.append([gid, queue, *hdr["msgs"][0]])
         answer = QueryKeyAnswer(msgs=tuple(msgs), searched=tuple(led))
         return ok_header(0, **answer.header()), b"".join(parts)
+
+    async def _offset_for_time(self, _caller: Caller, h: dict[str, Any],
+                               _body: bytes) -> Response:
+        """Where (topic, queue) reaches store time `ms`, from the confirmed leader's state
+        (ReadIndex, as FETCH): the ConsumeQueue records carry each message's store time,
+        so no entry is read from the log."""
+        req = OffsetForTimeRequest.decode(h)
+        topic, queue = req.topic, check_queue(req.queue)
+        g = await self.hosts.led_group(topic, queue, req.g)
+        cq = self.lead.leading(g).queues.queue(topic, queue)
+        answer = OffsetForTimeAnswer(g=g.group_id, offset=cq.first_offset_at_or_after_ms(req.ms),
+                                     min=cq.min_offset, end=cq.end_offset)
+        return ok_header(0, **answer.header()), b""
 
     # ------------------------------------------------------------------ repairs
 

@@ -221,6 +221,7 @@ RULES: dict[int, Resolver | str] = {
     Op.TOPICS: ANY_USER, Op.STATUS: ANY_USER,
     Op.GET_MESSAGE: _cluster("subscribe"),  # by id: any topic's message
     Op.QUERY_KEY: _on("topic", "topic", "subscribe"),
+    Op.OFFSET_FOR_TIME: _on("topic", "topic", "subscribe"),
     Op.TRANSFER_LEADER: _cluster("admin"),
     Op.OFFSETS: _offsets,
     Op.DELETE_GROUP: _on("group", "cg", "admin"),

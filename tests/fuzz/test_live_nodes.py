@@ -183,6 +183,7 @@ PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
     "to": st.integers(-1, 4),
     "client": st.text(max_size=6),
     "ttl_ms": st.integers(-5, 1 << 40),
+    "ms": st.integers(-5, 1 << 45),
 }
 OP_FIELDS: dict[Op, list[str]] = {
     Op.PRODUCE: ["g"],
@@ -194,6 +195,7 @@ OP_FIELDS: dict[Op, list[str]] = {
     Op.STATUS: [],
     Op.GET_MESSAGE: ["msg_id"],
     Op.QUERY_KEY: ["topic", "key", "max"],
+    Op.OFFSET_FOR_TIME: ["topic", "queue", "ms"],
     Op.TRANSFER_LEADER: ["g", "to"],
     Op.HEARTBEAT: ["cg", "client", "ttl_ms"],
     Op.CONSUMERS: ["cg"],

@@ -1,5 +1,6 @@
-"""The reads: FETCH (a queue), GET_MESSAGE (one message by id), QUERY_KEY (by key), and
-READ_RAW, a node asking a peer for stored entries to repair its own corrupt copies."""
+"""The reads: FETCH (a queue), GET_MESSAGE (one message by id), QUERY_KEY (by key),
+OFFSET_FOR_TIME (where a queue reaches a store time), and READ_RAW, a node asking a peer
+for stored entries to repair its own corrupt copies."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from wire.records import parse_message_id
 from wire.requests.base import WireType, spec, str_list
 
 __all__ = ["FetchAnswer", "FetchRequest", "GetMessageAnswer", "GetMessageRequest",
-           "QueryKeyAnswer", "QueryKeyRequest", "ReadRawAnswer", "ReadRawRequest"]
+           "OffsetForTimeAnswer", "OffsetForTimeRequest", "QueryKeyAnswer", "QueryKeyRequest",
+           "ReadRawAnswer", "ReadRawRequest"]
 
 MAX_FILTER_CHARS = 4096  # a SQL92 filter's length: compiled on the node's event loop
 
@@ -110,6 +112,39 @@ class QueryKeyAnswer(WireType):
     searched: tuple[str, ...] = spec(list, "the groups searched: those hosting the topic "
                                      "that this node leads (the others answer at their "
                                      "leaders)", check=str_list("searched"))
+
+
+def _epoch_ms(v: int) -> int:
+    if not 0 <= v < 1 << 63:
+        raise RequestError(Code.MALFORMED, f"ms must be epoch milliseconds >= 0, got {v}")
+    return v
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetForTimeRequest(WireType):
+    """Kafka's ListOffsets by timestamp for one queue: where a consumer starts to read
+    what was stored from a moment on."""
+
+    OP: ClassVar[Op] = Op.OFFSET_FOR_TIME
+    ROLE: ClassVar[str] = "request"
+    topic: str = spec(str, "the topic", check=validate_topic_name)
+    queue: int = spec(int, "the queue id")
+    ms: int = spec(int, "a store time, epoch milliseconds (>= 0)", check=_epoch_ms)
+    g: str | None = spec(str, "the group the client's route names: only that group's "
+                         "ready leader answers", default=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetForTimeAnswer(WireType):
+    OP: ClassVar[Op] = Op.OFFSET_FOR_TIME
+    ROLE: ClassVar[str] = "answer"
+    g: str = spec(str, "the group that answered")
+    offset: int = spec(int, "the first retained offset whose message, or one before it, "
+                       "was stored at or after `ms` (store times follow the leaders' "
+                       "clocks, so the search goes by their running maximum); `end` when "
+                       "none was, `min` when every retained one was")
+    min: int = spec(int, "the queue's first readable offset")
+    end: int = spec(int, "the queue's end offset")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,7 @@ from wire.protocol import Code, Frame, Op, RequestError
 #: The ops a node answers through its doors, by the door that answers each.
 DOORS = {
     "produce": {Op.PRODUCE},
-    "reads": {Op.FETCH, Op.GET_MESSAGE, Op.QUERY_KEY, Op.READ_RAW},
+    "reads": {Op.FETCH, Op.GET_MESSAGE, Op.QUERY_KEY, Op.OFFSET_FOR_TIME, Op.READ_RAW},
     "offsets": {Op.COMMIT_OFFSET, Op.QUERY_OFFSET, Op.OFFSETS, Op.DELETE_GROUP},
     "topics": {Op.CREATE_TOPIC, Op.DELETE_TOPIC, Op.GROW_TOPIC, Op.TOPICS},
     "cluster": {Op.STATUS, Op.TRANSFER_LEADER, Op.MEMBERSHIP, Op.HOST_GROUP, Op.DROP_GROUP},

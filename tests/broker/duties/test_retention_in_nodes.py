@@ -25,7 +25,7 @@ import pytest
 from raftmq.client import PullConsumer
 from tests.conftest import live_cluster, node_status, wait_for
 from tests.live_cluster import LiveCluster
-from wire.protocol import Code, RequestError
+from wire.protocol import Code, Op, RequestError
 from wire.records import OutgoingMessage
 
 pytestmark = pytest.mark.live
@@ -144,3 +144,18 @@ def test_a_consumer_skips_ahead_and_a_replaced_replica_gets_a_snapshot(tmp_path:
         wait_for(lambda: node_status(cluster, victim, "g0").get("queues", {}).get("t", {})
                  .get(0, [0, 0])[1] == max(end) + 1, 30, f"node {victim} replicating on")
         live.assert_nodes_healthy()
+
+
+def test_a_time_before_the_retention_cut_finds_the_earliest_retained_offset(
+        tmp_path: Path) -> None:
+    """OFFSET_FOR_TIME below what retention kept answers the earliest retained offset
+    (a time older than every message left), and a later time still finds its message."""
+    with cluster_with(tmp_path, BY_AGE) as live:
+        produce(live, 40)
+        wait_for(lambda: earliest_offset(live), 30, "retention deleting a prefix")
+        h, _ = live.call_leader("g0", {"op": int(Op.OFFSET_FOR_TIME), "topic": "t",
+                                       "queue": 0, "ms": 0})
+        assert h["offset"] == h["min"] > 0, h
+        h, _ = live.call_leader("g0", {"op": int(Op.OFFSET_FOR_TIME), "topic": "t",
+                                       "queue": 0, "ms": 1 << 50})
+        assert h["offset"] == h["end"] == 320, h

@@ -102,6 +102,8 @@ def test_publishing_without_permission_is_refused_and_stores_nothing(
 @pytest.mark.parametrize("op, header, allowed", [
     (Op.FETCH, {"topic": "orders.eu", "queue": 0, "offset": 0, "wait_ms": 0}, True),
     (Op.FETCH, {"topic": "payments", "queue": 0, "offset": 0, "wait_ms": 0}, False),
+    (Op.OFFSET_FOR_TIME, {"topic": "orders.eu", "queue": 0, "ms": 0}, True),
+    (Op.OFFSET_FOR_TIME, {"topic": "payments", "queue": 0, "ms": 0}, False),
     (Op.COMMIT_OFFSET, {"cg": "readers", "offsets": [["orders.eu", 0, 0]]}, True),
     (Op.COMMIT_OFFSET, {"cg": "others", "offsets": [["orders.eu", 0, 0]]}, False),
     (Op.COMMIT_OFFSET, {"cg": "readers", "offsets": [["payments", 0, 0]]}, False),
