@@ -9,7 +9,7 @@ clients can route to it, so `create_topic` waits for that by default.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -53,7 +53,14 @@ from .errors import (
 from .groupclient import ClientBase
 from .membership import GroupMembers
 from .pull import CALL_TIMEOUT
-from .reads import commit_offsets, decode_fetch, fetch, query_offset, queue_bounds
+from .reads import (
+    commit_offsets,
+    decode_fetch,
+    fetch,
+    offset_for_time,
+    query_offset,
+    queue_bounds,
+)
 from .routes import LEADER_WAIT, TopicRoute, backoff_delay, node_addresses
 
 __all__ = ["TX_LISTS", "Admin", "DeadLetter", "GroupQueue", "dead_letter_id", "QueueInfo", "QueueLag", "TopicInfo",
@@ -477,6 +484,68 @@ class Admin(ClientBase):
         return sorted(found, key=lambda m: (m.queue, m.offset))
 
     @_bounded(write=False)
+    async def offsets_for_times(
+        self, times: Mapping[tuple[str, int], int]
+    ) -> dict[tuple[str, int], int]:
+        """Kafka's `offsets_for_times`: for each (topic, queue), the first offset whose
+        message was stored at or after the time given (epoch ms); the queue's end offset
+        when none was, its earliest retained offset when every retained one was. One
+        request per queue, to its leader, all at once; the first failure is raised
+        (MALFORMED for a negative time, UNKNOWN_TOPIC, UNKNOWN_QUEUE)."""
+        for (topic, _queue), ms in times.items():
+            validate_topic_name(topic)
+            if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+                raise RequestError(Code.MALFORMED, f"{topic}: time must be epoch "
+                                   f"milliseconds >= 0, got {ms!r}")
+        found: dict[tuple[str, int], int] = {}
+        errors: list[RequestError] = []
+
+        async def one(topic: str, queue: int, ms: int) -> None:
+            try:
+                found[(topic, queue)] = await offset_for_time(self.routes, topic, queue, ms)
+            except RequestError as exc:  # raised plainly below, not in an ExceptionGroup
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for (topic, queue), ms in times.items():
+                tg.start_soon(one, topic, queue, ms)
+        if errors:
+            raise errors[0]
+        return {tq: found[tq] for tq in times}
+
+    @_bounded(write=False)
+    async def messages_stored_between(self, topic: str, start_ms: int, end_ms: int, *,
+                                      limit: int = 1000) -> list[Message]:
+        """The messages of every queue of `topic` stored at or after `start_ms` and
+        before `end_ms` (epoch ms): per queue, the offsets from where it reaches
+        `start_ms` to where it reaches `end_ms` (`offsets_for_times`). At most `limit`
+        per queue, the first ones; sorted by store time."""
+        if not (isinstance(start_ms, int) and isinstance(end_ms, int)) or end_ms < start_ms:
+            raise RequestError(Code.MALFORMED, f"the window {start_ms!r}..{end_ms!r} must be "
+                               "epoch milliseconds, its end not before its start")
+        route = await self.routes.route(topic)
+        queues = range(route.total)
+        starts = await self.offsets_for_times({(topic, q): start_ms for q in queues})
+        ends = await self.offsets_for_times({(topic, q): end_ms for q in queues})
+        found: list[Message] = []
+
+        async def one(q: int) -> None:
+            offset, stop = starts[(topic, q)], min(ends[(topic, q)],
+                                                   starts[(topic, q)] + limit)
+            while offset < stop:
+                res = await fetch(self.routes, topic, q, offset,
+                                  max_messages=min(stop - offset, 1024), wait_ms=0)
+                found.extend(m for m in res.messages if m.offset < stop)
+                if res.next_offset <= offset:
+                    break
+                offset = res.next_offset
+
+        async with anyio.create_task_group() as tg:
+            for q in queues:
+                tg.start_soon(one, q)
+        return sorted(found, key=lambda m: (m.store_ms, m.queue, m.offset))
+
+    @_bounded(write=False)
     async def consumer_lag(self, group: str, topic: str) -> dict[int, QueueLag]:
         """Per queue: committed offset, bounds and how many retained messages are left."""
         route = await self.routes.route(topic)
@@ -679,7 +748,7 @@ class Admin(ClientBase):
             elif isinstance(to, int):
                 new = min(max(to, lo), end)
             elif isinstance(to, str) and to.startswith("@") and to[1:].isdigit():
-                new = await self._offset_at_time(topic, q, int(to[1:]), lo, end)
+                new = await offset_for_time(self.routes, topic, q, int(to[1:]))
             else:
                 raise ValueError(f"reset to {to!r}: earliest, latest, an offset or @<epoch ms>")
             plan[q] = (old, new)
@@ -703,23 +772,6 @@ class Admin(ClientBase):
             await commit_offsets(self.routes, group, {(topic, q): new
                                                       for q, (_old, new) in plan.items()})
         return plan
-
-    async def _offset_at_time(self, topic: str, queue: int, ms: int, lo: int, end: int) -> int:
-        """The first offset in [lo, end) whose message was stored at or after `ms` (end if
-        none): a binary search with one-message fetches (store times grow with offsets)."""
-        a, b = lo, end
-        while a < b:
-            mid = (a + b) // 2
-            res = await fetch(self.routes, topic, queue, mid, max_messages=1, wait_ms=0)
-            if not res.messages:
-                b = mid
-                continue
-            m = res.messages[0]
-            if m.store_ms >= ms:
-                b = min(mid, m.offset)
-            else:
-                a = max(mid, m.offset) + 1
-        return a
 
     @_bounded(write=True)
     async def delete_group(self, group: str) -> int:

@@ -519,6 +519,17 @@ class BlockingAdmin(_Blocking[Admin]):
         """Messages of `topic` with this key (see `Admin.query_key`)."""
         return self._call(self._client.query_key, topic, key, **kwargs)
 
+    def offsets_for_times(self, times: Mapping[tuple[str, int], int]
+                          ) -> dict[tuple[str, int], int]:
+        """The first offset stored at or after each time (see `Admin.offsets_for_times`)."""
+        return self._call(self._client.offsets_for_times, times)
+
+    def messages_stored_between(self, topic: str, start_ms: int, end_ms: int,
+                                **kwargs: Any) -> list[Message]:
+        """Messages stored in a window (see `Admin.messages_stored_between`)."""
+        return self._call(self._client.messages_stored_between, topic, start_ms, end_ms,
+                          **kwargs)
+
     def committed_offset(self, group: str, topic: str, queue: int) -> int:
         return self._call(self._client.committed_offset, group, topic, queue)
 

@@ -20,6 +20,8 @@ from wire.records import Message, decode_record, iter_records, message_id, tag_p
 from wire.requests import (
     CommitOffsetRequest,
     FetchRequest,
+    OffsetForTimeAnswer,
+    OffsetForTimeRequest,
     QueryOffsetAnswer,
     QueryOffsetRequest,
 )
@@ -235,6 +237,19 @@ async def queue_bounds(routes: Routes, topic: str, queue: int) -> tuple[int, int
             return int(exc.extra["min"]), int(exc.extra.get("end", exc.extra["min"]))
         raise
     return res.min_offset, res.end_offset
+
+
+async def offset_for_time(routes: Routes, topic: str, queue: int, ms: int) -> int:
+    """The first offset of a queue stored at or after `ms` (epoch milliseconds), the end
+    offset when none was, the earliest retained one when all were (OFFSET_FOR_TIME, one
+    request to the queue's leader). MALFORMED for a negative `ms`, before anything is
+    sent."""
+    if isinstance(ms, bool) or not isinstance(ms, int) or ms < 0:
+        raise RequestError(Code.MALFORMED, f"ms must be epoch milliseconds >= 0, got {ms!r}")
+    header = OffsetForTimeRequest(topic=topic, queue=queue, ms=ms).header()
+    _group, frame = await routes.call_queue(topic, queue, Op.OFFSET_FOR_TIME,
+                                            lambda g: {**header, "g": g})
+    return OffsetForTimeAnswer.decode(frame.header).offset
 
 
 async def query_offset(routes: Routes, group: str, topic: str, queue: int) -> int:

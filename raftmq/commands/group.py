@@ -3,11 +3,15 @@
     raftmq group list [--json]
     raftmq group describe G [--json]          members, committed offsets, lag per queue
     raftmq group reset-offsets G --topic T --to earliest|latest|OFFSET|TIME [--dry-run]
+    raftmq group reset-offsets G --topic T --to-time TIME [--dry-run]
     raftmq group delete G
 
 Resetting and deleting change committed offsets through the Raft log, and only while the
 group has no live members (a running consumer would overwrite them at its next commit).
-TIME is ISO 8601 (`2026-11-25T17:00:00Z`; no zone means UTC) or `@<epoch ms>`.
+TIME is ISO 8601 (`2026-11-25T17:00:00Z`; no zone means UTC) or `@<epoch ms>`;
+`--to-time` also takes epoch milliseconds and times before now (`-10m`,
+`raftmq.commands.when`). A time moves each queue to its first message stored at or after
+it (the node's time index, OFFSET_FOR_TIME), or to its end when none was.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from . import (
     run_admin_action,
     table_console,
 )
+from .when import time_argument
 
 __all__ = ["main", "parse_target"]
 
@@ -63,8 +68,12 @@ def _parser() -> argparse.ArgumentParser:
                        "(no live members)")
     r.add_argument("group")
     r.add_argument("--topic", required=True)
-    r.add_argument("--to", required=True, type=parse_target, metavar="WHERE",
-                   help="earliest, latest, an offset, an ISO 8601 time or @<epoch ms>")
+    to = r.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to", type=parse_target, metavar="WHERE",
+                    help="earliest, latest, an offset, an ISO 8601 time or @<epoch ms>")
+    to.add_argument("--to-time", type=time_argument, metavar="TIME",
+                    help="the first message stored at or after TIME: ISO 8601, epoch ms, "
+                    "or before now (-10m, -2h)")
     r.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     r.add_argument("--json", action="store_true")
     rm = sub.add_parser("delete", help="forget a group's offsets (no live members)")
@@ -121,7 +130,8 @@ async def _describe(args: argparse.Namespace, admin: Admin) -> int:
 
 
 async def _reset(args: argparse.Namespace, admin: Admin) -> int:
-    plan = await admin.reset_offsets(args.group, args.topic, args.to, dry_run=args.dry_run)
+    to = args.to if args.to_time is None else f"@{args.to_time}"
+    plan = await admin.reset_offsets(args.group, args.topic, to, dry_run=args.dry_run)
     if args.json:
         print_json({"group": args.group, "topic": args.topic, "dry_run": args.dry_run,
                     "queues": {q: {"old": o, "new": n} for q, (o, n) in plan.items()}})
