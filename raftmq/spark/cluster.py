@@ -27,10 +27,10 @@ from transport.connection import is_retriable
 from wire.protocol import Code, RequestError
 
 from .arrow_fetch import fetch_to_batch
-from .options import OptionError, QueueRange, SourceOptions
+from .options import Offsets, OptionError, QueueRange, SourceOptions, Times, times_for
 from .schema import ALL_COLUMNS, Columns
 
-__all__ = ["DataLossError", "discover", "read_range"]
+__all__ = ["DataLossError", "discover", "offsets_at_times", "read_range"]
 
 log = logging.getLogger("raftmq.spark")
 
@@ -109,6 +109,39 @@ def discover(opts: SourceOptions) -> Bounds:
     """(topic, queue) -> (min, end) of every queue the options select, asked of the
     queues' leaders now (a blocking call, for the driver)."""
     return anyio.run(_discover, opts)
+
+
+async def _offsets_for_times(namesrv: tuple[str, ...], times: dict[tuple[str, int], int]
+                             ) -> dict[tuple[str, int], int]:
+    async with Admin(list(namesrv)) as admin:
+        return await admin.offsets_for_times(times)
+
+
+def offsets_at_times(opts: SourceOptions, bounds: Bounds, times: Times, *, ending: bool
+                     ) -> Offsets:
+    """The offsets a query starts (`ending` false) or ends at for store `times`, once,
+    on the driver, with the nodes' time index: the first offset stored at or after the
+    time. A queue `times` leaves out starts at its earliest offset or ends at `bounds`'
+    end; an end is kept within `bounds`. A start with nothing stored at or after its time
+    fails the query (`startingOffsetsByTimestampStrategy` error) or is the queue's end
+    (latest)."""
+    name = "endingTimestamp" if ending else "startingTimestamp"
+    wanted = times_for(times, bounds, name)
+    found = anyio.run(_offsets_for_times, opts.namesrv, wanted) if wanted else {}
+    out: Offsets = {}
+    for (topic, q), (lo, hi) in sorted(bounds.items()):
+        off = found.get((topic, q))
+        if off is None:
+            off = hi if ending else lo
+        elif ending:
+            off = min(off, hi)
+        elif off >= hi and opts.missing_start == "error":
+            raise OptionError(f"{name}: {topic!r} queue {q} has no message stored at or "
+                              f"after {wanted[(topic, q)]} (set "
+                              "startingOffsetsByTimestampStrategy to latest to start such "
+                              "a queue at its end)")
+        out.setdefault(topic, {})[q] = off
+    return out
 
 
 async def _fetch_from(routes: Routes, r: QueueRange, offset: int, fail_on_data_loss: bool,

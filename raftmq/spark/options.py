@@ -21,9 +21,16 @@ who knows `spark.read.format("kafka")` knows this one:
   only the rows it matches are read; with ``tags``, both must match. A bad one is an
   `OptionError` naming the line and column, when the query is defined.
 
-``startingTimestamp``, ``startingOffsetsByTimestamp`` and ``endingTimestamp`` are refused:
-the broker has no way to find an offset by time (no time index, no request for it), and
-scanning every queue from its start to guess one would be a silent full read.
+- ``startingTimestamp`` / ``endingTimestamp`` (epoch ms, every queue) and
+  ``startingOffsetsByTimestamp`` / ``endingOffsetsByTimestamp`` (JSON
+  ``{"topic": {"queue": ms}}``): as in Kafka's source, they win over
+  ``startingOffsets``/``endingOffsets`` (the single timestamp over the JSON), and are
+  mapped to offsets once, when the query starts, with the nodes' time index
+  (``Admin.offsets_for_times``): a queue starts at its first message stored at or after
+  the time, and ends before its first one stored at or after the ending time (at its end
+  when none was). A queue with no message at or after the starting time fails the query
+  (``startingOffsetsByTimestampStrategy`` = ``error``, Kafka's default) or starts at its
+  end (``latest``). Queues the JSON leaves out start at earliest and end at latest.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +53,7 @@ __all__ = [
     "OptionError",
     "QueueRange",
     "SourceOptions",
+    "Times",
     "admit",
     "offsets_from_json",
     "offsets_to_json",
@@ -53,6 +61,7 @@ __all__ = [
     "parse_options",
     "resolve",
     "split_ranges",
+    "times_for",
 ]
 
 EARLIEST = -2
@@ -61,11 +70,14 @@ LATEST = -1
 Offsets = dict[str, dict[int, int]]
 """topic -> queue -> offset (the next offset to read)."""
 
-_TIME_OPTIONS = ("startingtimestamp", "startingoffsetsbytimestamp", "endingtimestamp",
-                 "endingoffsetsbytimestamp")
 _KNOWN = {"namesrv", "subscribe", "subscribepattern", "assign", "startingoffsets",
           "endingoffsets", "failondataloss", "maxoffsetspertrigger", "minpartitions",
-          "fetchtimeout", "tags", "filter", "path"}
+          "fetchtimeout", "tags", "filter", "path", "startingtimestamp",
+          "startingoffsetsbytimestamp", "endingtimestamp", "endingoffsetsbytimestamp",
+          "startingoffsetsbytimestampstrategy"}
+
+Times = int | dict[str, dict[int, int]]
+"""Store times (epoch ms) to map to offsets: one for every queue, or topic -> queue -> ms."""
 
 
 class OptionError(ValueError):
@@ -86,6 +98,9 @@ class SourceOptions:
     fetch_timeout: float
     tags: tuple[str, ...] | None = None
     sql: str | None = None  # the `filter` option
+    starting_times: Times | None = None  # startingTimestamp / startingOffsetsByTimestamp
+    ending_times: Times | None = None  # endingTimestamp / endingOffsetsByTimestamp
+    missing_start: str = "error"  # startingOffsetsByTimestampStrategy: error | latest
 
     def matches(self, topic: str) -> bool:
         """Whether `topic` is one this source reads (for subscribe and subscribePattern)."""
@@ -187,12 +202,6 @@ def _offset_spec(name: str, text: str | None, default: str, *, batch: bool, endi
 def parse_options(options: Mapping[str, str], *, batch: bool) -> SourceOptions:
     """Check the source's options (names are case-insensitive, as Spark passes them)."""
     opts = {str(k).lower(): str(v) for k, v in options.items()}
-    for name in _TIME_OPTIONS:
-        if name in opts:
-            raise OptionError(
-                f"{name}: raftmq brokers cannot look an offset up by time (there is no time "
-                "index and no request for it), so this option is not supported; use "
-                "startingOffsets with explicit offsets instead")
     unknown = sorted(set(opts) - _KNOWN)
     if unknown:
         raise OptionError(f"unknown option(s) {unknown} of the raftmq source (known: "
@@ -235,6 +244,14 @@ def parse_options(options: Mapping[str, str], *, batch: bool) -> SourceOptions:
         raise OptionError("endingOffsets is for batch queries only (a stream has no end)")
     ending = _offset_spec("endingOffsets", opts.get("endingoffsets"), "latest", batch=batch,
                           ending=True)
+    starting_times = _times("startingTimestamp", "startingOffsetsByTimestamp", opts)
+    ending_times = _times("endingTimestamp", "endingOffsetsByTimestamp", opts)
+    if not batch and ending_times is not None:
+        raise OptionError("endingTimestamp is for batch queries only (a stream has no end)")
+    missing_start = opts.get("startingoffsetsbytimestampstrategy", "error").lower()
+    if missing_start not in ("error", "latest"):
+        raise OptionError("startingOffsetsByTimestampStrategy is 'error' or 'latest', not "
+                          f"{opts['startingoffsetsbytimestampstrategy']!r}")
     max_per_trigger = (_positive("maxOffsetsPerTrigger", opts["maxoffsetspertrigger"])
                        if "maxoffsetspertrigger" in opts else None)
     min_partitions = (_positive("minPartitions", opts["minpartitions"])
@@ -259,11 +276,48 @@ def parse_options(options: Mapping[str, str], *, batch: bool) -> SourceOptions:
     return SourceOptions(
         tags=tuple(tags) if tags else None, sql=sql,
         namesrv=namesrv, subscribe=subscribe, pattern=pattern, assign=assign,
-        starting=starting, ending=ending,
+        starting=starting, ending=ending, starting_times=starting_times,
+        ending_times=ending_times, missing_start=missing_start,
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
         max_offsets_per_trigger=max_per_trigger, min_partitions=min_partitions,
         fetch_timeout=fetch_timeout,
     )
+
+
+def _times(single: str, by_queue: str, opts: Mapping[str, str]) -> Times | None:
+    """The store times of `single` (epoch ms for every queue, which wins, as in Kafka)
+    or `by_queue` (JSON {"topic": {"queue": ms}}); None when neither is given."""
+    if single.lower() in opts:
+        text = opts[single.lower()].strip()
+        if not text.isdigit():
+            raise OptionError(f"{single} is epoch milliseconds (an integer >= 0), not "
+                              f"{opts[single.lower()]!r}")
+        return int(text)
+    if by_queue.lower() not in opts:
+        return None
+    per = offsets_from_json(opts[by_queue.lower()], by_queue)
+    for topic, queues in per.items():
+        for q, ms in queues.items():
+            if ms < 0:
+                raise OptionError(f"{by_queue}: {topic!r} queue {q}: a time is epoch "
+                                  f"milliseconds >= 0, not {ms}")
+    return per
+
+
+def times_for(times: Times, queues: Iterable[tuple[str, int]], name: str
+              ) -> dict[tuple[str, int], int]:
+    """The store time of each of `queues` that `times` gives one; a queue named in
+    `times` that is not read is an OptionError."""
+    queues = list(queues)
+    if isinstance(times, int):
+        return {tq: times for tq in queues}
+    read = set(queues)
+    for topic, per in times.items():
+        for q in per:
+            if (topic, q) not in read:
+                raise OptionError(f"{name} names {topic!r} queue {q}, which this query does "
+                                  "not read (not subscribed or no such queue)")
+    return {(t, q): times[t][q] for t, q in queues if q in times.get(t, {})}
 
 
 def resolve(spec: str | Offsets, bounds: Mapping[tuple[str, int], tuple[int, int]],

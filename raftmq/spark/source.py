@@ -27,7 +27,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from .cluster import DataLossError, data_loss_message, discover, read_range
+from .cluster import (
+    Bounds,
+    DataLossError,
+    data_loss_message,
+    discover,
+    offsets_at_times,
+    read_range,
+)
 from .options import (
     Offsets,
     OptionError,
@@ -79,6 +86,14 @@ def _check_start(r: QueueRange, lo: int, fail_on_data_loss: bool) -> QueueRange:
     return QueueRange(r.topic, r.queue, min(lo, r.end), r.end)
 
 
+def starting_offsets(opts: SourceOptions, bounds: Bounds) -> Offsets:
+    """Where a query starts: at `startingTimestamp` (or `startingOffsetsByTimestamp`),
+    mapped to offsets now, when given; else at `startingOffsets`."""
+    if opts.starting_times is not None:
+        return offsets_at_times(opts, bounds, opts.starting_times, ending=False)
+    return resolve(opts.starting, bounds, "startingOffsets")
+
+
 class RaftmqBatchReader(DataSourceReader):
     def __init__(self, opts: SourceOptions, cols: Columns = ALL_COLUMNS) -> None:
         self.opts = opts
@@ -87,8 +102,9 @@ class RaftmqBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         bounds = discover(opts)
-        start = resolve(opts.starting, bounds, "startingOffsets")
-        end = resolve(opts.ending, bounds, "endingOffsets")
+        start = starting_offsets(opts, bounds)
+        end = (resolve(opts.ending, bounds, "endingOffsets") if opts.ending_times is None
+               else offsets_at_times(opts, bounds, opts.ending_times, ending=True))
         ranges: list[QueueRange] = []
         for (topic, q), (lo, hi) in bounds.items():
             s, e = start[topic][q], end[topic][q]
@@ -102,7 +118,10 @@ class RaftmqBatchReader(DataSourceReader):
         return [RangePartition(r) for r in split_ranges(ranges, opts.min_partitions)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
+        if not isinstance(partition, RangePartition):
+            # no range holds a message (partitions() was empty): Spark still reads one
+            # partition of its own making, which has nothing to give
+            return
         yield from read_range(partition.range, self.opts.namesrv,
                               fail_on_data_loss=self.opts.fail_on_data_loss,
                               timeout=self.opts.fetch_timeout, tags=self.opts.tags,
@@ -128,8 +147,7 @@ class RaftmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ends, bounds
 
     def initialOffset(self) -> dict[str, Any]:
-        bounds = discover(self.opts)
-        return offsets_to_json(resolve(self.opts.starting, bounds, "startingOffsets"))
+        return offsets_to_json(starting_offsets(self.opts, discover(self.opts)))
 
     def getDefaultReadLimit(self) -> Any:
         if ReadMaxRows is not None and self.opts.max_offsets_per_trigger:

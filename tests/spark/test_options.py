@@ -15,6 +15,7 @@ from raftmq.spark.options import (
     parse_options,
     resolve,
     split_ranges,
+    times_for,
 )
 
 BASE = {"namesrv": "127.0.0.1:9876", "subscribe": "t"}
@@ -38,6 +39,23 @@ def test_defaults_follow_the_kafka_source() -> None:
         False, 100, 8)
 
 
+def test_timestamps_win_over_offsets_and_the_single_one_over_the_json() -> None:
+    opts = parse_options({**BASE, "startingTimestamp": "1700000000000",
+                          "startingOffsetsByTimestamp": '{"t": {"0": 5}}',
+                          "endingOffsetsByTimestamp": '{"t": {"1": 9}}',
+                          "startingOffsetsByTimestampStrategy": "LATEST"}, batch=True)
+    assert opts.starting_times == 1_700_000_000_000
+    assert opts.ending_times == {"t": {1: 9}}
+    assert opts.missing_start == "latest"
+    assert parse_options(BASE, batch=True).starting_times is None
+    assert times_for(9, [("t", 0), ("t", 1)], "x") == {("t", 0): 9, ("t", 1): 9}
+    assert times_for({"t": {1: 9}}, [("t", 0), ("t", 1)], "x") == {("t", 1): 9}
+    with pytest.raises(OptionError, match="does not read"):
+        times_for({"u": {0: 1}}, [("t", 0)], "endingOffsetsByTimestamp")
+    with pytest.raises(OptionError, match="batch queries only"):
+        parse_options({**BASE, "endingTimestamp": "5"}, batch=False)
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({"subscribe": "t"}, "'namesrv' is required"),
     ({"namesrv": "x:1"}, "exactly one of"),
@@ -45,8 +63,12 @@ def test_defaults_follow_the_kafka_source() -> None:
     ({"namesrv": "x:1", "subscribePattern": "("}, "not a regular expression"),
     ({"namesrv": "x:1", "assign": '{"t": 3}'}, "assign must be JSON"),
     ({"namesrv": "x:1", "assign": '{"t": [-1]}'}, "assign must be JSON"),
-    ({**BASE, "startingTimestamp": "1"}, "look an offset up by time"),
-    ({**BASE, "startingOffsetsByTimestamp": "{}"}, "look an offset up by time"),
+    ({**BASE, "startingTimestamp": "-1"}, "startingTimestamp is epoch milliseconds"),
+    ({**BASE, "endingTimestamp": "soon"}, "endingTimestamp is epoch milliseconds"),
+    ({**BASE, "startingOffsetsByTimestamp": '{"t": {"0": -1}}'}, "a time is epoch"),
+    ({**BASE, "startingOffsetsByTimestamp": "[1]"}, "must be an object of topics"),
+    ({**BASE, "startingTimestamp": "1", "startingOffsetsByTimestampStrategy": "never"},
+     "'error' or 'latest'"),
     ({**BASE, "startingOffsets": "latest"}, "not allowed in a batch query"),
     ({**BASE, "startingOffsets": '{"t": {"0": -1}}'}, "not allowed in a batch query"),
     ({**BASE, "endingOffsets": "earliest"}, "not allowed"),

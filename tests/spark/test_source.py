@@ -126,6 +126,34 @@ def test_starting_and_ending_offsets_bound_each_queue(sent: Sent) -> None:
                      endingOffsets="latest")) == sent.expected(TOPIC)
 
 
+def test_starting_and_ending_timestamps_map_to_offsets_when_the_query_starts(
+        sent: Sent) -> None:
+    """Kafka's startingTimestamp/endingTimestamp: each queue from its first message stored
+    at or after the start to before its first one at or after the end."""
+    stored = {(r.queue, r.offset): r.ms for r in read(sent, subscribe=TOPIC).selectExpr(
+        "queue", "offset", "unix_millis(timestamp) AS ms").collect()}
+    times = sorted(set(stored.values()))
+    lo, hi = times[len(times) // 3], times[2 * len(times) // 3]
+    # the fixture filled the queues one after the other: a queue filled before `lo`
+    # has nothing stored after it, and starts at its end (else the query would fail)
+    df = read(sent, subscribe=TOPIC, startingTimestamp=str(lo), endingTimestamp=str(hi),
+              startingOffsetsByTimestampStrategy="latest")
+    got = {(r.queue, r.offset) for r in df.collect()}
+    # one leader stamped them all, so each queue's store times grow with its offsets
+    assert got == {k for k, ms in stored.items() if lo <= ms < hi} and got
+    per_queue = read(sent, subscribe=TOPIC, startingOffsetsByTimestamp=json.dumps(
+        {TOPIC: {"1": hi}}), endingOffsetsByTimestamp=json.dumps({TOPIC: {"0": lo}}),
+        startingOffsetsByTimestampStrategy="latest")
+    assert {(r.queue, r.offset) for r in per_queue.collect()} == {
+        k for k, ms in stored.items()
+        if (k[0] != 1 or ms >= hi) and (k[0] != 0 or ms < lo)}
+    late = str(times[-1] + 1)
+    with pytest.raises(Exception, match="no message stored at or after"):
+        read(sent, subscribe=TOPIC, startingTimestamp=late).collect()
+    assert read(sent, subscribe=TOPIC, startingTimestamp=late,
+                startingOffsetsByTimestampStrategy="latest").count() == 0
+
+
 def test_tags_select_messages_on_the_broker(sent: Sent) -> None:
     df = read(sent, subscribe=TOPIC, tags="even")
     assert rows(df) == {r for r in sent.expected(TOPIC) if r[5] == "even"}
