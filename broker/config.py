@@ -77,12 +77,14 @@ ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # Delayed messages: deliver-at-send queues them when stored; volatile-timers loses what is
 # pending whenever a leader starts its term (as an index kept in a leader's memory would).
 # Simple consumers: ack-later-delivery applies an ack of an older delivery of a message to
-# its current one (a stale receipt taken, the message gone from its present holder).
+# its current one (a stale receipt taken, the message gone from its present holder);
+# fifo-ignore-inflight hands out a message group's next message while an earlier one is
+# still in flight.
 KNOWN_MUTATIONS = frozenset({
     "ack-before-commit", "skip-fsync", "duplicate-batch", "skip-read-barrier",
     "crash-before-answer", "commit-before-durable-prepare", "serve-prepared", "no-fencing",
     "forget-epochs", "drop-acl-remove", "deliver-at-send", "volatile-timers",
-    "ack-later-delivery",
+    "ack-later-delivery", "fifo-ignore-inflight",
 })
 
 MAX_DELAY_S = 30 * 24 * 3600.0  # the default longest delay of a delayed message: 30 days

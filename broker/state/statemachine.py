@@ -162,7 +162,7 @@ PARTS: tuple[type[Part], ...] = (Catalog, Queues, Producers, Offsets, Requests, 
 #: The test mutations the state machine itself carries out (see `broker.config`).
 STATE_MUTATIONS = frozenset({"serve-prepared", "no-fencing", "forget-epochs",
                              "drop-acl-remove", "deliver-at-send", "volatile-timers",
-                             "ack-later-delivery"})
+                             "ack-later-delivery", "fifo-ignore-inflight"})
 SNAPSHOT_VERSION = 3  # 3: a section per part; 2 added "clients" to 1's flat map
 _MAX_ENTRY_DATA = 0xFFFFFFFF  # record starts are u32 in the ConsumeQueue
 

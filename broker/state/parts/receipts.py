@@ -5,9 +5,23 @@ Per (consumer group, topic, queue) a group's simple consumers share, with no ass
 
 * `next`: the lowest offset never handed out to the group (a fresh group starts at the
   queue's first retained offset; retention moves it up to the new one);
-* in flight: offset -> (visible at, deliveries, handle, last error), the messages below
-  `next` handed out and not acked or dead-lettered yet. At most `cap` of them per queue
-  (the record carries the cap).
+* in flight: offset -> (visible at, deliveries, handle, last error, message group), the
+  messages below `next` handed out and not acked or dead-lettered yet;
+* held: message group -> offsets below `next` not handed out yet because an earlier
+  message of their group is in flight (FIFO message groups, below). In flight and held
+  together are at most `cap` per queue (the record carries the cap).
+
+FIFO message groups (RocketMQ 5's FIFO topics, SQS FIFO's message groups): a message
+carrying a message group (`wire.records.MESSAGE_GROUP_PROPERTY`) is handed out only while
+no earlier message of its group is in flight for the consumer group; it waits in `held`
+until that one is acked or dead-lettered, then goes out before anything new. A nacked or
+expired message stays in flight (its group blocked) and is redelivered first, so a group
+is consumed in order, one message at a time, while different groups proceed in parallel.
+Messages without a group are handed out as they come. The part reads no message: which
+group each message carries (and which ones a receive's filter leaves out) travels in the
+`Receive` record, read from the stored records by the leader that proposed it
+(`broker.doors.simple`); a message's properties never change, so any leader writes the
+same facts, and every replica applies the same record.
 
 Time: records carry the leader's clock (`now_ms`); the part keeps the highest it saw and
 uses the later of the two, so its time never goes back across leader changes. Nothing
@@ -18,7 +32,10 @@ The records:
 
 * `Receive`: apply *chooses*, deterministically: first the in-flight messages visible
   again, in offset order (redeliveries), then new ones from `next` on, up to `max` in
-  all and the cap. Each chosen one becomes invisible for `invisible_ms`, its delivery
+  all and the cap (then, with the record's `upto`, held messages of groups no longer
+  blocked, and new ones up to `upto` only, holding those of a blocked group and passing
+  those in `skip`, which the receiver's filter left out, for good). Each chosen one
+  becomes invisible for `invisible_ms`, its delivery
   count goes up by one, and its handle becomes this entry's Raft index, unique to this
   delivery. A visible message already delivered `max_deliveries` times is not delivered
   again: it goes to the dead letters (`broker.state.parts.deadletters`) in this apply.
@@ -48,8 +65,9 @@ The records:
 The defaults below are the client's: every setting travels in the records, so each
 consumer group's clients choose theirs, within the bounds the records check.
 
-Snapshot section, version 1: {"now": ms, "dropped": n, "queues": [[cg, topic, queue,
-next, [[offset, visible_ms, deliveries, handle, error], ...]], ...]} sorted.
+Snapshot section, version 2: {"now": ms, "dropped": n, "queues": [[cg, topic, queue,
+next, [[offset, visible_ms, deliveries, handle, error, group], ...], [[group, [offset,
+...]], ...]], ...]} sorted (version 1, without groups and held messages, still loads).
 """
 
 from __future__ import annotations
@@ -90,7 +108,9 @@ __all__ = [
     "MAX_DELIVERIES",
     "MAX_INFLIGHT_CAP",
     "MAX_INVISIBLE_MS",
+    "MAX_GROUP_CHARS",
     "MAX_RECEIVE",
+    "MAX_SCAN",
     "MIN_INVISIBLE_MS",
     "Ack",
     "ChangeInvisible",
@@ -125,17 +145,21 @@ DEFAULT_INFLIGHT_CAP = 4096
 MAX_INFLIGHT_CAP = 65_536
 MAX_RECEIVE = 1024  # messages one receive hands out at most
 MAX_ACK_ITEMS = 1024  # receipts one ack or nack carries at most
+#: Messages one receive record describes at most (`upto` - `next`): its groups and skips.
+MAX_SCAN = 65_536
+MAX_GROUP_CHARS = 255  # a message group's length (`wire.records.message_group_problem`)
 
 
 class InFlight(NamedTuple):
     """A message handed out and not acked: when it is visible again, how many times it
-    was delivered, the handle of its current delivery (0: none, it was nacked) and the
-    last error a consumer gave."""
+    was delivered, the handle of its current delivery (0: none, it was nacked), the
+    last error a consumer gave and its message group ("" for none)."""
 
     visible_ms: int
     deliveries: int
     handle: int
     error: str = ""
+    group: str = ""
 
 
 class Delivery(NamedTuple):
@@ -155,11 +179,19 @@ class Delivery(NamedTuple):
 class _Slot:
     """One consumer group's state on one queue."""
 
-    __slots__ = ("inflight", "next")
+    __slots__ = ("held", "inflight", "next")
 
     def __init__(self, nxt: int) -> None:
         self.next = nxt
         self.inflight: dict[int, InFlight] = {}
+        self.held: dict[str, list[int]] = {}  # message group -> offsets waiting, in order
+
+    def held_count(self) -> int:
+        return sum(len(v) for v in self.held.values())
+
+    def busy_groups(self) -> set[str]:
+        """The message groups with a message in flight."""
+        return {f.group for f in self.inflight.values() if f.group}
 
 
 # ---------------------------------------------------------------------- records
@@ -178,6 +210,18 @@ def _receipt_items(v: object) -> tuple[tuple[int, int], ...]:
         raise Refused(Code.MALFORMED, f"items must be 1-{MAX_ACK_ITEMS} receipts "
                       "[offset >= 0, handle > 0]")
     return v
+
+
+def _scan_facts(groups: object, skip: object) -> None:
+    if (not isinstance(groups, tuple) or len(groups) > MAX_SCAN
+            or not all(isinstance(it, tuple) and len(it) == 2 and is_int(it[0])
+                       and it[0] >= 0 and isinstance(it[1], str)
+                       and 0 < len(it[1]) <= MAX_GROUP_CHARS for it in groups)):
+        raise Refused(Code.MALFORMED, f"groups must be at most {MAX_SCAN} [offset >= 0, "
+                      f"message group of 1-{MAX_GROUP_CHARS} characters]")
+    if (not isinstance(skip, tuple) or len(skip) > MAX_SCAN
+            or not all(is_int(o) and o >= 0 for o in skip)):
+        raise Refused(Code.MALFORMED, f"skip must be at most {MAX_SCAN} offsets >= 0")
 
 
 def _pairs(v: object) -> object:
@@ -208,10 +252,22 @@ class Receive(ControlRecord):
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     cap: int = DEFAULT_INFLIGHT_CAP
     retries_only: bool = False  # a push consumer's: messages sent back, never new ones
+    #: The leader read the messages below `upto` (None: none read; every new message is
+    #: then taken as one without a group, as before message groups). `groups`: (offset,
+    #: message group) of those that carry one; `skip`: the offsets the receiver's filter
+    #: leaves out. New messages at `upto` and beyond wait for a later receive.
+    upto: int | None = None
+    groups: tuple[tuple[int, str], ...] = ()
+    skip: tuple[int, ...] = ()
 
     def validate(self) -> None:
         _where(self.cg, self.topic, self.queue)
         _now(self.now_ms)
+        if self.upto is not None:
+            int_field("upto", self.upto, 0)
+        elif self.groups or self.skip:
+            raise Refused(Code.MALFORMED, "groups and skip describe messages below upto")
+        _scan_facts(self.groups, self.skip)
         int_field("invisible_ms", self.invisible_ms, MIN_INVISIBLE_MS, MAX_INVISIBLE_MS)
         int_field("max", self.max, 1, MAX_RECEIVE)
         name_field(validate_client_id, self.consumer)
@@ -226,13 +282,22 @@ class Receive(ControlRecord):
              "md": self.max_deliveries, "cap": self.cap}
         if self.retries_only:
             d["ro"] = True
+        if self.upto is not None:
+            d["upto"] = self.upto
+        if self.groups:
+            d["grp"] = [list(it) for it in self.groups]
+        if self.skip:
+            d["skip"] = list(self.skip)
         return d
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> Receive:
+        skip = d.get("skip", ())
         return cls(d.get("cg"), d.get("t"), d.get("q"), d.get("now"),  # type: ignore[arg-type]
                    d.get("inv"), d.get("max"), d.get("c"),  # type: ignore[arg-type]
-                   d.get("md"), d.get("cap"), d.get("ro", False))  # type: ignore[arg-type]
+                   d.get("md"), d.get("cap"), d.get("ro", False),  # type: ignore[arg-type]
+                   d.get("upto"), _pairs(d.get("grp", ())),  # type: ignore[arg-type]
+                   tuple(skip) if isinstance(skip, list) else skip)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,13 +461,15 @@ class Receipts(Part):
     """(cg, topic, queue) -> next offset and the messages in flight; the part's clock."""
 
     name = "receipts"
-    version = 1
+    version = 2
     records = (Receive, Ack, Nack, ChangeInvisible, SendBack)
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
         # test mutation (`broker.config`): an ack of an older delivery takes the current one
         self.ack_later_delivery = "ack-later-delivery" in getattr(state, "mutations", ())
+        # test mutation: a message group's next message goes out while one is in flight
+        self.fifo_ignore_inflight = "fifo-ignore-inflight" in getattr(state, "mutations", ())
         self.now_ms = 0  # the highest leader time seen in a record
         self.dropped = 0  # in-flight messages retention dropped, ever
         self.slots: dict[tuple[str, str, int], _Slot] = {}
@@ -449,6 +516,7 @@ class Receipts(Part):
         now = self._tick(rec.now_ms)
         slot = self._slot(rec.cg, rec.topic, rec.queue, lo)
         chosen: list[int] = []
+        groups: dict[int, str] = {}  # chosen new (or held) messages' groups
         dead = 0
         for off in sorted(o for o, f in slot.inflight.items() if f.visible_ms <= now):
             if slot.inflight[off].deliveries >= rec.max_deliveries:
@@ -456,20 +524,69 @@ class Receipts(Part):
                 dead += 1
             elif len(chosen) < rec.max:
                 chosen.append(off)
-        room = min(rec.max - len(chosen), rec.cap - len(slot.inflight), end - slot.next)
-        if room > 0 and not rec.retries_only:
-            chosen += range(slot.next, slot.next + room)
-            slot.next += room
+        if not rec.retries_only:
+            if rec.upto is None:
+                room = min(rec.max - len(chosen),
+                           rec.cap - len(slot.inflight) - slot.held_count(), end - slot.next)
+                if room > 0:
+                    chosen += range(slot.next, slot.next + room)
+                    slot.next += room
+            else:
+                self._choose_new(rec, slot, min(end, rec.upto), chosen, groups)
         visible = now + rec.invisible_ms
         out = []
         for off in chosen:
             f = slot.inflight.get(off)
-            deliveries = 1 if f is None else f.deliveries + 1
-            slot.inflight[off] = InFlight(visible, deliveries, index, "" if f is None else f.error)
+            if f is None:
+                slot.inflight[off] = InFlight(visible, 1, index, "", groups.get(off, ""))
+            else:
+                slot.inflight[off] = f._replace(visible_ms=visible, deliveries=f.deliveries + 1,
+                                                handle=index)
+            deliveries = slot.inflight[off].deliveries
             e = self.state.entry_of(rec.topic, rec.queue, off)
             out.append(Delivery(off, deliveries, index, e.index, e.start, e.size, e.tag_hash,
                                 e.store_ms))
         return ControlResult(Receive.op, len(out), dead, items=tuple(out))
+
+    def _choose_new(self, rec: Receive, slot: _Slot, stop: int, chosen: list[int],
+                    groups: dict[int, str]) -> None:
+        """After the redeliveries in `chosen`: the held messages whose group is free again
+        (the first of each, in offset order), then new ones from `next` up to `stop`,
+        holding those of a group with one in flight (or chosen now) and passing those
+        the receiver's filter leaves out. In flight and held stay within the cap."""
+        busy = set() if self.fifo_ignore_inflight else slot.busy_groups()
+        for head, grp in sorted((offs[0], g) for g, offs in slot.held.items()):
+            if len(chosen) >= rec.max:
+                break
+            if grp in busy:
+                continue
+            offs = slot.held[grp]
+            offs.pop(0)
+            if not offs:
+                del slot.held[grp]
+            chosen.append(head)
+            groups[head] = grp
+            busy.add(grp)
+        facts = dict(rec.groups)
+        skip = set(rec.skip)
+        used = len(slot.inflight) + slot.held_count() + sum(
+            1 for o in chosen if o not in slot.inflight)
+        off = slot.next
+        while off < stop and len(chosen) < rec.max and used < rec.cap:
+            fact = facts.get(off)
+            if off in skip:
+                pass
+            elif fact is not None and fact in busy and not self.fifo_ignore_inflight:
+                slot.held.setdefault(fact, []).append(off)
+                used += 1
+            else:
+                chosen.append(off)
+                used += 1
+                if fact is not None:
+                    groups[off] = fact
+                    busy.add(fact)
+            off += 1
+        slot.next = max(slot.next, off)
 
     def _current(self, cg: str, topic: str, queue: int, offset: int, handle: int) -> bool:
         slot = self.slots.get((cg, topic, queue))
@@ -510,7 +627,8 @@ class Receipts(Part):
                 continue
             delay = rec.delay_ms if rec.delay_ms is not None else rec.backoff_ms[
                 min(f.deliveries, len(rec.backoff_ms)) - 1]
-            slot.inflight[off] = InFlight(now + delay, f.deliveries, 0, rec.error or f.error)
+            slot.inflight[off] = f._replace(visible_ms=now + delay, handle=0,
+                                            error=rec.error or f.error)
         return ControlResult(Nack.op, done, len(rec.items) - done, items=tuple(out))
 
     def _change_invisible(self, rec: ChangeInvisible, index: int) -> ControlResult:
@@ -560,6 +678,13 @@ class Receipts(Part):
             gone = [o for o in slot.inflight if o < lo]
             for o in gone:
                 del slot.inflight[o]
+            for grp in list(slot.held):
+                kept = [o for o in slot.held[grp] if o >= lo]
+                self.dropped += len(slot.held[grp]) - len(kept)
+                if kept:
+                    slot.held[grp] = kept
+                else:
+                    del slot.held[grp]
             self.dropped += len(gone)
             slot.next = max(slot.next, lo)
         return 0
@@ -582,7 +707,8 @@ class Receipts(Part):
         slot = self.slots.get((cg, topic, queue))
         if slot is None:
             return self.next_offset(cg, topic, queue)
-        return min(slot.inflight, default=slot.next)
+        return min(min(slot.inflight, default=slot.next),
+                   min((offs[0] for offs in slot.held.values()), default=slot.next))
 
     def available(self, cg: str, topic: str, queue: int, now_ms: int, cap: int,
                   retries_only: bool = False) -> bool:
@@ -594,9 +720,32 @@ class Receipts(Part):
         slot = self.slots.get((cg, topic, queue))
         if slot is None:
             return lo < end and not retries_only
-        if slot.next < end and len(slot.inflight) < cap and not retries_only:
+        if retries_only:
+            return any(f.visible_ms <= now for f in slot.inflight.values())
+        if slot.next < end and len(slot.inflight) + slot.held_count() < cap:
             return True
+        if slot.held and not set(slot.held) <= slot.busy_groups():
+            return True  # a held message whose group is free again
         return any(f.visible_ms <= now for f in slot.inflight.values())
+
+    def held(self, cg: str, topic: str, queue: int) -> dict[str, list[int]]:
+        """The group's messages held back on a queue behind an earlier message of their
+        message group in flight (a copy): message group -> offsets, in order."""
+        slot = self.slots.get((cg, topic, queue))
+        return {} if slot is None else {g: list(o) for g, o in sorted(slot.held.items())}
+
+    def fifo_summary(self, cg: str | None = None) -> dict[tuple[str, str, int], tuple[int, int]]:
+        """Per (consumer group, topic, queue) with message groups in play: how many
+        message groups have a message in flight, and how many messages are held behind
+        them (what STATUS shows)."""
+        out = {}
+        for key, slot in sorted(self.slots.items()):
+            if cg is not None and key[0] != cg:
+                continue
+            busy = len(slot.busy_groups())
+            if busy or slot.held:
+                out[key] = (busy, slot.held_count())
+        return out
 
     def next_visible_ms(self, cg: str, topic: str, queue: int) -> int | None:
         """When the first message in flight becomes visible again (None: none in flight)."""
@@ -609,28 +758,40 @@ class Receipts(Part):
 
     def section(self) -> Any:
         return {"now": self.now_ms, "dropped": self.dropped, "queues": [
-            [cg, t, q, slot.next, [[o, *f] for o, f in sorted(slot.inflight.items())]]
+            [cg, t, q, slot.next, [[o, *f] for o, f in sorted(slot.inflight.items())],
+             [[g, list(offs)] for g, offs in sorted(slot.held.items())]]
             for (cg, t, q), slot in sorted(self.slots.items())]}
 
     def load(self, version: int, section: Any) -> None:
-        if version != 1:
+        if version not in (1, 2):
             raise ValueError(f"unsupported receipts section version {version!r}")
         self.now_ms = int(section["now"])
         self.dropped = int(section["dropped"])
-        for cg, t, q, nxt, inflight in section["queues"]:
+        for row in section["queues"]:
+            cg, t, q, nxt, inflight = row[:5]
+            held = row[5] if version >= 2 else []
             if not (isinstance(cg, str) and isinstance(t, str) and is_int(q) and is_int(nxt)):
                 raise ValueError(f"bad receipts queue {[cg, t, q, nxt]!r}")
             slot = self.slots[(cg, t, q)] = _Slot(nxt)
-            for o, visible, deliveries, handle, error in inflight:
+            for o, visible, deliveries, handle, error, *group in inflight:
+                grp = group[0] if group else ""
                 if not (is_int(o) and is_int(visible) and is_int(deliveries) and is_int(handle)
-                        and isinstance(error, str) and deliveries > 0 and o < nxt):
+                        and isinstance(error, str) and isinstance(grp, str)
+                        and deliveries > 0 and o < nxt):
                     raise ValueError(f"bad in-flight message {o!r} of {cg!r} {t}/{q}")
-                slot.inflight[o] = InFlight(visible, deliveries, handle, error)
+                slot.inflight[o] = InFlight(visible, deliveries, handle, error, grp)
+            for grp, offs in held:
+                if not (isinstance(grp, str) and grp and offs
+                        and all(is_int(o) and o < nxt for o in offs)):
+                    raise ValueError(f"bad held messages {grp!r} of {cg!r} {t}/{q}")
+                slot.held[grp] = list(offs)
 
     def check(self) -> None:
         for (cg, t, q), slot in self.slots.items():
             if not self.state.hosts(t, q):
                 raise ValueError(f"receipts of {cg!r} on {t}/{q}, not hosted here")
             lo, end = self.state.queue_range(t, q)
-            if not lo <= slot.next <= end or any(o < lo for o in slot.inflight):
+            held = [o for offs in slot.held.values() for o in offs]
+            if (not lo <= slot.next <= end or any(o < lo for o in slot.inflight)
+                    or any(o < lo for o in held)):
                 raise ValueError(f"receipts of {cg!r} on {t}/{q} outside {lo}..{end}")
