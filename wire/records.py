@@ -49,6 +49,8 @@ from wire.protocol import MAX_MESSAGE_BYTES, Code, RequestError, validate_group_
 __all__ = [
     "MAX_DUE_MS",
     "MAX_KEY_BYTES",
+    "MAX_MESSAGE_GROUP_CHARS",
+    "MESSAGE_GROUP_PROPERTY",
     "MAX_PROPERTIES_BYTES",
     "MAX_TAGS_BYTES",
     "RECORD_HEADER",
@@ -62,6 +64,7 @@ __all__ = [
     "WalkedEntry",
     "batch_header",
     "decode_record",
+    "message_group_problem",
     "encode_batch",
     "record_size",
     "message_id",
@@ -84,6 +87,11 @@ MAX_PROPERTIES_BYTES = 32 << 10
 # The largest `delay`/`at` a stored header may carry (year 2255 as a time); a node takes
 # delays up to its own configured maximum (`broker.config.NodeConfig.max_delay_s`).
 MAX_DUE_MS = 1 << 43
+#: The property that carries a message's message group (FIFO message groups on the simple
+#: consumer, `broker.state.parts.receipts`): the name RocketMQ stores a message group
+#: (its sharding key) under, so a filter or a consumer sees it as any other property.
+MESSAGE_GROUP_PROPERTY = "__SHARDINGKEY"
+MAX_MESSAGE_GROUP_CHARS = 255
 
 MAGIC = b"RB"
 VERSION = 1
@@ -168,6 +176,20 @@ def tag_problem(tag: str) -> str | None:
     if any(c.isspace() or c in "|*," for c in tag):
         return (f"tag {tag!r} has a space, '|', '*' or ',': a message carries one tag, "
                 "and a subscription selects several as 'TagA || TagB' or a list")
+    return None
+
+
+def message_group_problem(group: object) -> str | None:
+    """Why `group` cannot be a message group, None when it can: a str of 1-255
+    characters. Producers check it before sending; a node receiving for a simple
+    consumer takes a stored value it would refuse as no group at all."""
+    if not isinstance(group, str):
+        return f"a message group is a str, not {type(group).__name__}"
+    if not group:
+        return "a message group is not empty"
+    if len(group) > MAX_MESSAGE_GROUP_CHARS:
+        return (f"a message group has at most {MAX_MESSAGE_GROUP_CHARS} characters, "
+                f"this one {len(group)}")
     return None
 
 

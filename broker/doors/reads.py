@@ -59,7 +59,7 @@ from wire.requests import (
 )
 
 __all__ = ["MAX_FETCH_BYTES", "MAX_FETCH_COUNT", "READ_CACHE_BYTES", "READ_RAW_MAX_BYTES",
-           "ReadDoor", "filter_properties", "filter_scan"]
+           "ReadDoor", "filter_properties", "filter_scan", "record_tag"]
 
 MAX_FETCH_COUNT = 1024
 MAX_FETCH_BYTES = 8 << 20
@@ -264,6 +264,21 @@ class ReadDoor:
             parts.append(cached[run_start:run_end])
         return msgs, b"".join(parts)
 
+    async def properties(self, g: GroupRuntime, found: Sequence[CQEntry]
+                         ) -> list[tuple[str, dict[str, str]]]:
+        """The tag and the filter properties (`filter_properties`) of each stored record
+        of `found` (through the read cache), bodies left alone: what a simple consumer's
+        receive learns of new messages before it proposes (their message groups, and
+        which ones its filter leaves out)."""
+        out = []
+        data: bytes | memoryview = b""
+        data_index = -1
+        for e in found:
+            if e.index != data_index:
+                data, data_index = await self._read(g, e.index), e.index
+            out.append((record_tag(data, e.start), filter_properties(data, e.start)))
+        return out
+
     # ------------------------------------------------------------------ lookups
 
     async def _get_message(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
@@ -389,6 +404,15 @@ def filter_properties(data: bytes | memoryview, start: int) -> dict[str, str]:
     if klen and "KEYS" not in props:
         props["KEYS"] = str(memoryview(data)[p : p + klen], "utf-8", "replace")
     return props
+
+
+def record_tag(data: bytes | memoryview, start: int) -> str:
+    """The tag of the stored record at `start` of `data` ("" for none)."""
+    _size, _born, klen, tlen, _plen, _blen = RECORD_HEADER.unpack_from(data, start)
+    if not tlen:
+        return ""
+    p = start + RECORD_HEADER.size + klen
+    return str(memoryview(data)[p : p + tlen], "utf-8", "replace")
 
 
 async def _entry(g: GroupRuntime, index: int) -> Entry:

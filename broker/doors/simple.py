@@ -7,7 +7,16 @@ hands out is chosen where the record is applied, the same on every replica; the 
 learns it from the result, reads the records as FETCH does (`ReadDoor.records`) and
 answers them with their delivery counts and handles.
 
-RECEIVE is answered by the queue's leader. While the leader's applied state has nothing
+RECEIVE is answered by the queue's leader. Before it proposes a receive, the leader reads
+the new messages it may hand out (their properties, through the read cache): which carry
+a message group (`wire.records.MESSAGE_GROUP_PROPERTY`) and which the receiver's filter
+(`tags`, `sql`, compiled once per request as FETCH does) leaves out. The record carries
+those facts up to where it read, so the part can hold a message group's next message while
+one is in flight, and pass filtered-out messages for the consumer group for good, the same
+on every replica. A receive that passed filtered-out messages and found nothing answers at
+once, as a filtered FETCH does, so one request reads a bounded share of the queue.
+
+ While the leader's applied state has nothing
 for the group (no new message, none in flight visible again), it holds the request (a
 long poll, woken by the next apply or by the moment the first message in flight becomes
 visible) before it proposes anything, so an idle consumer writes nothing to the log. The
@@ -31,6 +40,7 @@ from typing import Any, Protocol
 import trio
 
 from broker.doors.base import MAX_WAIT_MS, Handler, QueueHosts, Response, check_queue
+from broker.doors.reads import filter_scan
 from broker.runtime.groups import GroupRegistry
 from broker.runtime.leading import GroupLead, checked
 from broker.state.consumequeue import CQEntry
@@ -38,6 +48,7 @@ from broker.state.parts.base import ControlResult
 from broker.state.parts.deadletters import PurgeDead, ResendDead
 from broker.state.parts.receipts import (
     DEFAULT_BACKOFF_MS,
+    MAX_SCAN,
     Ack,
     ChangeInvisible,
     Delivery,
@@ -45,9 +56,13 @@ from broker.state.parts.receipts import (
     Receive,
     SendBack,
 )
+from broker.state.statemachine import BrokerState
 from raftlog.runtime import GroupRuntime, NotLeader
+from raftmq.filter import FilterError, Predicate
+from raftmq.filter import compile as compile_filter
 from transport.framing import Caller
 from wire.protocol import Code, Op, RequestError, ok_header
+from wire.records import MESSAGE_GROUP_PROPERTY, message_group_problem, tag_hash
 from wire.requests import (
     AckAnswer,
     AckRequest,
@@ -79,6 +94,31 @@ class RecordReader(Protocol):
     async def records(self, g: GroupRuntime, found: list[CQEntry]
                       ) -> tuple[list[tuple[int, int, int, int]], bytes]: ...
 
+    async def properties(self, g: GroupRuntime, found: list[CQEntry]
+                         ) -> list[tuple[str, dict[str, str]]]: ...
+
+
+class Selector:
+    """What one receive's filter keeps: a tag among `tags` (exactly) and a SQL92 match."""
+
+    def __init__(self, tags: tuple[str, ...], sql: str | None) -> None:
+        self.tags = frozenset(tags)
+        self.hashes = {tag_hash(t) for t in tags}
+        self.predicate: Predicate | None = None
+        if sql is not None:
+            try:  # strict: text after the expression is a mistake, not ignored
+                self.predicate = compile_filter(sql, strict=True)
+            except FilterError as exc:
+                raise RequestError(Code.MALFORMED, f"bad SQL92 filter: {exc}") from None
+
+    @property
+    def filters(self) -> bool:
+        return bool(self.tags) or self.predicate is not None
+
+    def keeps(self, tag: str, props: dict[str, str]) -> bool:
+        return ((not self.tags or tag in self.tags)
+                and (self.predicate is None or self.predicate(props)))
+
 
 class SimpleDoor:
     """The simple consumer requests of one node."""
@@ -106,11 +146,14 @@ class SimpleDoor:
         req = ReceiveRequest.decode(h)
         topic, queue, cg = req.topic, check_queue(req.queue), req.cg
 
-        def record(now: int) -> Receive:  # bad bounds: the code apply would answer
+        def record(now: int, facts: tuple[int | None, tuple[tuple[int, str], ...],
+                                          tuple[int, ...]] = (None, (), ())) -> Receive:
+            # bad bounds: the code apply would answer
             return checked(Receive, cg, topic, queue, now, req.invisible_ms, req.max,
-                           req.client, req.max_deliveries, req.cap, req.retries)
+                           req.client, req.max_deliveries, req.cap, req.retries, *facts)
 
         record(now_ms())
+        selector = Selector(req.tags, req.sql)
         wait_ms = min(max(req.wait_ms, 0), MAX_WAIT_MS)
         g = await self.hosts.led_group(topic, queue, req.g)
         deadline = trio.current_time() + wait_ms / 1000
@@ -119,11 +162,19 @@ class SimpleDoor:
             receipts = self.lead.leading(g).receipts
             now = now_ms()
             if receipts.available(cg, topic, queue, now, req.cap, req.retries):
-                result = await self.lead.propose(g, record(now))
+                facts = (None, (), ()) if req.retries else await self._scan(
+                    g, self.lead.leading(g), cg, topic, queue, req.max, req.cap, selector)
+                before = receipts.next_offset(cg, topic, queue)
+                result = await self.lead.propose(g, record(now, facts))
                 dead += result.skipped
                 if result.items:
                     return await self._answer(g, result, dead)
-                continue  # only burials: look again (nothing more to write until a change)
+                receipts = self.lead.leading(g).receipts
+                if selector.filters and receipts.next_offset(cg, topic, queue) > before:
+                    # passed a bounded share of filtered-out messages: answer now
+                    answer = ReceiveAnswer(g=g.group_id, msgs=(), dead=dead)
+                    return ok_header(0, **answer.header()), b""
+                continue  # burials or held messages only: look again
             wake = deadline
             visible = receipts.next_visible_ms(cg, topic, queue)
             if visible is not None:
@@ -133,6 +184,56 @@ class SimpleDoor:
                 return ok_header(0, **answer.header()), b""
             with trio.move_on_at(wake):
                 await g.wait_applied_change()
+
+    async def _scan(self, g: GroupRuntime, state: BrokerState, cg: str, topic: str,
+                    queue: int, want: int, cap: int, selector: Selector
+                    ) -> tuple[int, tuple[tuple[int, str], ...], tuple[int, ...]]:
+        """Read the new messages a receive may hand out, from the group's `next`: (upto,
+        their message groups, the offsets the filter leaves out), as far as the receive
+        can use them: until it would hand out `want` (a message of a group already in
+        flight or held waits and counts as none), the group's room under `cap` is used,
+        or, with a filter, `filter_scan(want)` messages were looked at."""
+        receipts = state.receipts
+        lo, end = state.queue_range(topic, queue)
+        start = max(receipts.next_offset(cg, topic, queue), lo)
+        room = receipts.room(cg, topic, queue, cap)
+        stop = min(end, start + min(filter_scan(want) if selector.filters else room, MAX_SCAN))
+        blocked = receipts.blocked_groups(cg, topic, queue)
+        groups: list[tuple[int, str]] = []
+        skip: list[int] = []
+        pos = start
+        handed = 0
+        try:
+            while pos < stop and handed < want and room > 0:
+                found, _nxt = state.lookup(topic, queue, pos, min(stop - pos, 256), 1 << 30)
+                if not found:
+                    break
+                facts = await self.reader.properties(g, found)
+                for e, (tag, props) in zip(found, facts, strict=True):
+                    if handed >= want or room <= 0:
+                        break
+                    pos = e.offset + 1
+                    if ((selector.hashes and e.tag_hash not in selector.hashes)
+                            or not selector.keeps(tag, props)):
+                        skip.append(e.offset)
+                        continue
+                    room -= 1
+                    grp = props.get(MESSAGE_GROUP_PROPERTY)
+                    if grp is None or message_group_problem(grp) is not None:
+                        handed += 1
+                        continue
+                    groups.append((e.offset, grp))
+                    if grp not in blocked:
+                        handed += 1
+                        blocked.add(grp)
+        except RequestError as exc:  # retention is removing what the scan reached
+            if exc.code != Code.OFFSET_TOO_SMALL:
+                raise
+            if pos == start:
+                raise RequestError(Code.BUSY, f"{topic}/{queue}: the messages from offset "
+                                   f"{pos} are being removed by retention; retry") from None
+            # what was read so far goes in the record
+        return pos, tuple(groups), tuple(skip)
 
     async def _answer(self, g: GroupRuntime, result: ControlResult, dead: int) -> Response:
         chosen: list[Delivery] = list(result.items)

@@ -5,7 +5,7 @@ batch format of `wire.records`."""
 from raftmq.filter import FilterError
 from transport.connection import Connection, ConnectionPool
 from wire.protocol import Code, RequestError
-from wire.records import Message, OutgoingMessage
+from wire.records import MESSAGE_GROUP_PROPERTY, Message, OutgoingMessage
 
 from .admin import (
     Admin,
@@ -74,6 +74,7 @@ __all__ = [
     "DeadLetter",
     "FilterError",
     "GroupMembers",
+    "MESSAGE_GROUP_PROPERTY",
     "GroupQueue",
     "HalfHandle",
     "IncompleteError",

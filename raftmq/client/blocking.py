@@ -471,8 +471,10 @@ class BlockingSimpleConsumer(_Blocking[SimpleConsumer]):
         return self
 
     def receive(self, topic: str, max: int = 32, *, invisible: float | None = None,
-                wait: float | None = None) -> list[ReceivedMessage]:
-        return self._call(self._client.receive, topic, max, invisible=invisible, wait=wait)
+                wait: float | None = None, selector: Selector | None = None
+                ) -> list[ReceivedMessage]:
+        return self._call(self._client.receive, topic, max, invisible=invisible, wait=wait,
+                          selector=selector)
 
     def ack(self, msg: ReceivedMessage | Receipt) -> None:
         self._call(self._client.ack, msg)

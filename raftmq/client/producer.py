@@ -70,9 +70,11 @@ from wire.protocol import (
     validate_topic_name,
 )
 from wire.records import (
+    MESSAGE_GROUP_PROPERTY,
     EncodedBatch,
     OutgoingMessage,
     encode_batch,
+    message_group_problem,
     record_size,
     tag_problem,
 )
@@ -335,10 +337,13 @@ def make_message(
     key: str | None = None,
     tags: str | None = None,
     properties: dict[str, str] | None = None,
+    message_group: str | None = None,
 ) -> OutgoingMessage:
     """Normalise what a caller passed to `send` into an `OutgoingMessage`.
 
     A str body is UTF-8 encoded; explicit key/tags/properties override the message's own.
+    `message_group` goes in as the `MESSAGE_GROUP_PROPERTY` property (FIFO message groups
+    on the simple consumer), over the properties'.
     """
     if isinstance(message, OutgoingMessage):
         msg = message
@@ -355,6 +360,11 @@ def make_message(
         changes["tags"] = tags
     if properties is not None:
         changes["properties"] = dict(properties)
+    if message_group is not None:
+        if (problem := message_group_problem(message_group)) is not None:
+            raise ValueError(problem)
+        changes["properties"] = {**changes.get("properties", msg.properties),
+                                 MESSAGE_GROUP_PROPERTY: message_group}
     return replace(msg, **changes) if changes else msg
 
 
@@ -388,6 +398,9 @@ def _check_fields(msg: OutgoingMessage) -> None:
         for k, v in msg.properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
                 raise TypeError("message properties map str to str")
+        group = msg.properties.get(MESSAGE_GROUP_PROPERTY)
+        if group is not None and (problem := message_group_problem(group)) is not None:
+            raise ValueError(problem)
 
 
 def as_payload(
@@ -396,12 +409,15 @@ def as_payload(
     key: str | None = None,
     tags: str | None = None,
     properties: dict[str, str] | None = None,
+    message_group: str | None = None,
 ) -> Payload:
     """What a send puts in a batch: the body alone when there is no key, tags or
     properties (the common case, one object fewer per message), else the message."""
-    if type(message) is bytes and key is None and tags is None and properties is None:
+    if (type(message) is bytes and key is None and tags is None and properties is None
+            and message_group is None):
         return message
-    msg = make_message(message, key=key, tags=tags, properties=properties)
+    msg = make_message(message, key=key, tags=tags, properties=properties,
+                       message_group=message_group)
     if type(msg.body) is bytes and not (msg.key or msg.tags or msg.properties):
         return msg.body
     return msg
@@ -801,6 +817,7 @@ class Producer(StartClose):
         key: str | None = None,
         tags: str | None = None,
         properties: dict[str, str] | None = None,
+        message_group: str | None = None,
         queue: int | None = None,
         delay: float | None = None,
         deliver_at: datetime | float | None = None,
@@ -817,7 +834,8 @@ class Producer(StartClose):
         fut: SendFuture[SendResult] | None = None
         with anyio.move_on_after(self.delivery_timeout):
             fut = await self.send_async(
-                topic, message, key=key, tags=tags, properties=properties, queue=queue,
+                topic, message, key=key, tags=tags, properties=properties,
+                message_group=message_group, queue=queue,
                 delay=delay, deliver_at=deliver_at, delay_level=delay_level,
             )
             return await fut
@@ -844,6 +862,7 @@ class Producer(StartClose):
         key: str | None = None,
         tags: str | None = None,
         properties: dict[str, str] | None = None,
+        message_group: str | None = None,
         queue: int | None = None,
         callback: Callable[[SendFuture[SendResult]], Any] | None = None,
         delay: float | None = None,
@@ -864,7 +883,8 @@ class Producer(StartClose):
             fut.add_done_callback(callback)
         with anyio.move_on_after(self.delivery_timeout):
             await self._send_one(topic, as_payload(message, key=key, tags=tags,
-                                                   properties=properties), queue, fut,
+                                                   properties=properties,
+                                                   message_group=message_group), queue, fut,
                                  due=due)
             return fut
         raise self._expired(topic, handed_over=False)
@@ -896,6 +916,7 @@ class Producer(StartClose):
         key: str | None = None,
         tags: str | None = None,
         properties: dict[str, str] | None = None,
+        message_group: str | None = None,
         queue: int | None = None,
         delay: float | None = None,
         deliver_at: datetime | float | None = None,
@@ -903,7 +924,8 @@ class Producer(StartClose):
     ) -> None:
         """Fire and forget: no acknowledgement is awaited and failures are only logged."""
         await self.send_async(
-            topic, message, key=key, tags=tags, properties=properties, queue=queue,
+            topic, message, key=key, tags=tags, properties=properties,
+            message_group=message_group, queue=queue,
             callback=_log_oneway_failure, delay=delay, deliver_at=deliver_at,
             delay_level=delay_level,
         )
@@ -1032,6 +1054,7 @@ class Producer(StartClose):
         key: str | None = None,
         tags: str | None = None,
         properties: dict[str, str] | None = None,
+        message_group: str | None = None,
         queue: int | None = None,
         delay: float | None = None,
         deliver_at: datetime | float | None = None,
@@ -1045,6 +1068,7 @@ class Producer(StartClose):
         the half message is stored; committed, it enters its queue when due."""
         return await self._half_messages().send_in_transaction(
             topic, message, local_transaction, key=key, tags=tags, properties=properties,
+            message_group=message_group,
             queue=queue, due=due_fields(delay, deliver_at, delay_level))
 
     async def prepare(
@@ -1055,6 +1079,7 @@ class Producer(StartClose):
         key: str | None = None,
         tags: str | None = None,
         properties: dict[str, str] | None = None,
+        message_group: str | None = None,
         queue: int | None = None,
         delay: float | None = None,
         deliver_at: datetime | float | None = None,
@@ -1065,7 +1090,8 @@ class Producer(StartClose):
         have been stored, `OutcomeUnknownError.txid` names it, to decide or look up. A
         delay (see `send`) makes its message due that long after it is stored."""
         return await self._half_messages().prepare(
-            topic, message, key=key, tags=tags, properties=properties, queue=queue,
+            topic, message, key=key, tags=tags, properties=properties,
+            message_group=message_group, queue=queue,
             due=due_fields(delay, deliver_at, delay_level))
 
     def _chunks(self, msgs: list[Payload]) -> list[tuple[list[Payload], int]]:

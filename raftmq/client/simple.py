@@ -18,9 +18,17 @@ never applied to the newer delivery.
 Acks of one queue made within `ack_linger` seconds of each other go in one request; each
 `ack` returns once its ack is committed.
 
-A simple consumer takes no tag or SQL92 filter: which messages a `receive` hands out is
-decided when its receive record is applied, from the queues' positions alone, without
-reading the messages. Filter in the handler, or read with a pull or push consumer.
+Filters: `receive(topic, selector=MessageSelector.by_sql(...))` (or `subscriptions=` at
+construction; a tag subscription works too) makes the node hand out only the messages the
+selector matches; the others are passed for the consumer group for good, as a FETCH
+advances past them. A consumer group's consumers should use one selector per topic: the
+messages one of them passes are passed for all.
+
+FIFO message groups: messages sent with a `message_group` (the `__SHARDINGKEY` property)
+are handed out one at a time per group, in the order they were stored in their queue:
+the next one of a group only once the one before was acked or dead-lettered (a nack or an
+expired invisible time delivers the same one again first). Different groups, and messages
+without one, go out in parallel to the group's consumers (`ReceivedMessage.message_group`).
 """
 
 from __future__ import annotations
@@ -36,7 +44,13 @@ import anyio.abc
 
 from transport.connection import ConnectionPool
 from wire.protocol import Code, Op, RequestError, validate_group_name, validate_topic_name
-from wire.records import Message, decode_record, iter_records, message_id
+from wire.records import (
+    MESSAGE_GROUP_PROPERTY,
+    Message,
+    decode_record,
+    iter_records,
+    message_id,
+)
 from wire.requests import (
     AckAnswer,
     AckRequest,
@@ -51,7 +65,7 @@ from wire.requests import (
 
 from .errors import ClientClosedError, OutcomeUnknownError, StaleReceiptError
 from .groupclient import ClientBase, checked_client_id
-from .reads import FETCH_GRACE
+from .reads import FETCH_GRACE, MessageSelector, Selector, selector_of
 
 __all__ = ["DEFAULT_BACKOFF", "Receipt", "ReceivedMessage", "SimpleConsumer"]
 
@@ -85,6 +99,11 @@ class ReceivedMessage(Message):
     deliveries: int
     receipt: Receipt
 
+    @property
+    def message_group(self) -> str | None:
+        """The message's FIFO message group, None when it was sent without one."""
+        return self.properties.get(MESSAGE_GROUP_PROPERTY)
+
 
 def _seconds_ms(name: str, seconds: float) -> int:
     if not seconds >= 0:
@@ -109,7 +128,9 @@ class SimpleConsumer(ClientBase):
     and `inflight_cap` (the group's messages in flight per queue, 4096) are this
     consumer's settings for its group: they travel with each request, so every consumer
     of a group should use the same. `wait` is how long a `receive` waits for a message
-    when there is none (15 s)."""
+    when there is none (15 s). `subscriptions` maps topics to a selector (tags, or a
+    `MessageSelector`): only matching messages are handed out (see the module's
+    docstring); `receive(..., selector=...)` sets a topic's too."""
 
     def __init__(
         self,
@@ -125,8 +146,11 @@ class SimpleConsumer(ClientBase):
         pool: ConnectionPool | None = None,
         client_id: str | None = None,
         ack_linger: float = ACK_LINGER,
+        subscriptions: dict[str, Selector] | None = None,
     ) -> None:
         super().__init__(namesrv, pool, timeout)
+        self._selectors: dict[str, MessageSelector] = {
+            validate_topic_name(t): selector_of(sel) for t, sel in (subscriptions or {}).items()}
         self.group = validate_group_name(group)
         self.client_id = checked_client_id(client_id)
         self.invisible_ms = _seconds_ms("invisible", invisible)
@@ -163,11 +187,16 @@ class SimpleConsumer(ClientBase):
     # ------------------------------------------------------------------ receive
 
     async def receive(self, topic: str, max: int = 32, *, invisible: float | None = None,
-                      wait: float | None = None) -> list[ReceivedMessage]:
+                      wait: float | None = None, selector: Selector | None = None
+                      ) -> list[ReceivedMessage]:
         """Up to `max` messages of `topic`'s queues that no consumer of the group holds,
         each invisible to the group for `invisible` seconds (the consumer's by default).
-        Waits up to `wait` seconds for one when there is none; [] when none came."""
+        Waits up to `wait` seconds for one when there is none; [] when none came.
+        `selector` (tags or a `MessageSelector`) becomes the topic's filter from now on
+        (ValueError or FilterError when bad, before anything is sent)."""
         validate_topic_name(topic)
+        if selector is not None:
+            self._selectors[topic] = selector_of(selector)
         if not 1 <= max <= 1024:
             raise ValueError("max must be 1..1024")
         invisible_ms = self.invisible_ms if invisible is None else _seconds_ms(
@@ -269,10 +298,13 @@ class SimpleConsumer(ClientBase):
 
     async def _receive_one(self, topic: str, queue: int, max: int, invisible_ms: int,
                            wait_ms: int, *, retries: bool = False) -> list[ReceivedMessage]:
+        sel = None if retries else self._selectors.get(topic)
         req = ReceiveRequest(cg=self.group, topic=topic, queue=queue, max=max,
                              invisible_ms=invisible_ms, wait_ms=wait_ms,
                              max_deliveries=self.max_deliveries, cap=self.inflight_cap,
-                             client=self.client_id, retries=retries)
+                             client=self.client_id, retries=retries,
+                             tags=tuple(sel.tags or ()) if sel is not None else (),
+                             sql=sel.sql if sel is not None else None)
         header = req.header()
         group, frame = await self.routes.call_queue(
             topic, queue, Op.RECEIVE, lambda g: {**header, "g": g},

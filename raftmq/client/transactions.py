@@ -480,6 +480,7 @@ class Transaction:
         key: str | None = None,
         tags: str | None = None,
         properties: dict[str, str] | None = None,
+        message_group: str | None = None,
         queue: int | None = None,
         delay: float | None = None,
         deliver_at: datetime | float | None = None,
@@ -498,7 +499,8 @@ class Transaction:
             self._futures.append(fut)
 
         await self.sender.send_one(
-            topic, as_payload(message, key=key, tags=tags, properties=properties), queue, fut,
+            topic, as_payload(message, key=key, tags=tags, properties=properties,
+                              message_group=message_group), queue, fut,
             joining=joining, due=due)
         return fut
 
@@ -510,6 +512,7 @@ class Transaction:
         key: str | None = None,
         tags: str | None = None,
         properties: dict[str, str] | None = None,
+        message_group: str | None = None,
         queue: int | None = None,
         delay: float | None = None,
         deliver_at: datetime | float | None = None,
@@ -517,7 +520,8 @@ class Transaction:
     ) -> SendResult:
         """Send within the transaction and wait until the message is stored (prepared)."""
         fut = await self.send_async(topic, message, key=key, tags=tags,
-                                    properties=properties, queue=queue, delay=delay,
+                                    properties=properties, message_group=message_group,
+                                    queue=queue, delay=delay,
                                     deliver_at=deliver_at, delay_level=delay_level)
         try:
             return await fut
@@ -847,13 +851,15 @@ class HalfMessages:
     async def prepare(self, topic: str, message: OutgoingMessage | bytes | str, *,
                       key: str | None = None, tags: str | None = None,
                       properties: dict[str, str] | None = None,
+                      message_group: str | None = None,
                       queue: int | None = None, due: Due = NO_DUE) -> HalfHandle:
         """Store `message` as a half message (invisible until committed; a delayed one,
         `due`, in its queue once committed and due). When no answer says whether it was
         stored, the `OutcomeUnknownError` raised carries its `txid`."""
         p = self.producer
         routes = self.sender.routes()
-        msg = as_payload(message, key=key, tags=tags, properties=properties)
+        msg = as_payload(message, key=key, tags=tags, properties=properties,
+                         message_group=message_group)
         check_message(msg, p.max_message_bytes)
         _route, q, _ = await self.sender.choose_queue(topic, msg, queue)
         txid = uuid.uuid4().hex
@@ -891,12 +897,13 @@ class HalfMessages:
         self, topic: str, message: OutgoingMessage | bytes | str,
         local_transaction: LocalTransaction, *, key: str | None = None,
         tags: str | None = None, properties: dict[str, str] | None = None,
-        queue: int | None = None, due: Due = NO_DUE,
+        message_group: str | None = None, queue: int | None = None, due: Due = NO_DUE,
     ) -> TransactionResult:
         """Prepare a half message, run `local_transaction(message)`, then commit or roll
         back as it says. "unknown" (or an exception) leaves the decision to the broker's
         check-back; so does a decision that cannot be delivered now."""
-        full = make_message(message, key=key, tags=tags, properties=properties)
+        full = make_message(message, key=key, tags=tags, properties=properties,
+                            message_group=message_group)
         handle = await self.prepare(topic, full, queue=queue, due=due)
         answer, error = await decide(local_transaction, full, "the local transaction")
         if answer == "unknown":

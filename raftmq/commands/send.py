@@ -6,7 +6,8 @@ whole (any bytes, any size up to the message limit: no "argument list too long")
 message per line (`--lines`). With `--count` the messages go through `send_async` so the
 producer batches them per queue the way an application would, and only a summary is
 printed. `--delay`, `--delay-level` or `--deliver-at` make them delayed messages: stored
-now, in their queue when due.
+now, in their queue when due. `--message-group` puts them in a FIFO message group: a
+simple consumer group receives a group's messages one at a time, in order.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from raftmq.client import Producer, SendFuture, SendResult
 from raftmq.client.delays import DELAY_LEVELS, due_fields
+from wire.records import message_group_problem
 
 from . import add_namesrv_argument, namesrv_addresses, print_json, run_async
 
@@ -42,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--topic", required=True)
     p.add_argument("--key", help="message key; messages with one key stay on one queue")
     p.add_argument("--tags", help="message tags (consumers can filter on them)")
+    p.add_argument("--message-group", metavar="GROUP",
+                   help="FIFO message group (1-255 characters): simple consumers receive a "
+                        "group's messages one at a time, in order")
     p.add_argument("--count", type=int, metavar="N", help="send N generated messages")
     p.add_argument("--size", type=int, default=100, metavar="B",
                    help="body bytes of generated messages (default %(default)s)")
@@ -88,9 +93,9 @@ def _parse_time(text: str) -> datetime:
 
 
 def _delays(args: argparse.Namespace) -> dict[str, Any]:
-    """The send keywords of --delay, --delay-level or --deliver-at."""
+    """The send keywords of --delay, --delay-level or --deliver-at, and --message-group."""
     return {"delay": args.delay, "delay_level": args.delay_level,
-            "deliver_at": args.deliver_at}
+            "deliver_at": args.deliver_at, "message_group": args.message_group}
 
 
 def _result_dict(r: SendResult) -> dict[str, Any]:
@@ -205,9 +210,12 @@ def main(argv: list[str]) -> int:
     if args.size < 0:
         parser.error("--size must not be negative")
     try:
-        due_fields(**_delays(args))
+        due_fields(args.delay, args.deliver_at, args.delay_level)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+    if args.message_group is not None and (
+            problem := message_group_problem(args.message_group)) is not None:
+        parser.error(f"--message-group: {problem}")
     namesrv = namesrv_addresses(parser, args.namesrv)
     action = _send_one if args.count is None else _send_many
 

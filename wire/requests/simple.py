@@ -23,6 +23,7 @@ from wire.protocol import (
     validate_topic_name,
 )
 from wire.requests.base import WireType, spec, str_list
+from wire.requests.reads import MAX_FILTER_CHARS, _filter_text
 
 __all__ = ["DLQ_ACTIONS", "AckAnswer", "AckRequest", "ChangeInvisibleAnswer",
            "ChangeInvisibleRequest", "DlqAnswer", "DlqRequest", "NackAnswer", "NackRequest",
@@ -87,6 +88,15 @@ class ReceiveRequest(WireType):
                        default="-")
     retries: bool = spec(bool, "only messages sent back and visible again (a push "
                          "consumer's retries), never new ones", default=False)
+    tags: tuple[str, ...] = spec(list, "only new messages with one of these tags (exactly, "
+                                 "on the node); the others are passed for the consumer "
+                                 "group for good, as a FETCH advances past them",
+                                 default=(), check=str_list("tags"))
+    sql: str | None = spec(str, "only new messages a SQL92 filter matches (as FETCH's "
+                           "`sql`); the others are passed for the consumer group for good. "
+                           "MALFORMED, naming line and column, when it does not compile "
+                           f"(at most {MAX_FILTER_CHARS:,} characters)",
+                           default=None, check=_filter_text)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -96,6 +96,7 @@ from wire.protocol import (
     validate_group_name,
     validate_topic_name,
 )
+from wire.records import MAX_MESSAGE_GROUP_CHARS
 
 __all__ = [
     "DEFAULT_BACKOFF_MS",
@@ -147,7 +148,7 @@ MAX_RECEIVE = 1024  # messages one receive hands out at most
 MAX_ACK_ITEMS = 1024  # receipts one ack or nack carries at most
 #: Messages one receive record describes at most (`upto` - `next`): its groups and skips.
 MAX_SCAN = 65_536
-MAX_GROUP_CHARS = 255  # a message group's length (`wire.records.message_group_problem`)
+MAX_GROUP_CHARS = MAX_MESSAGE_GROUP_CHARS  # (`wire.records.message_group_problem`)
 
 
 class InFlight(NamedTuple):
@@ -727,6 +728,17 @@ class Receipts(Part):
         if slot.held and not set(slot.held) <= slot.busy_groups():
             return True  # a held message whose group is free again
         return any(f.visible_ms <= now for f in slot.inflight.values())
+
+    def blocked_groups(self, cg: str, topic: str, queue: int) -> set[str]:
+        """The message groups whose new messages a receive holds back now: those with a
+        message in flight or held (what a door estimates a receive with)."""
+        slot = self.slots.get((cg, topic, queue))
+        return set() if slot is None else slot.busy_groups() | set(slot.held)
+
+    def room(self, cg: str, topic: str, queue: int, cap: int) -> int:
+        """How many more messages the group may have in flight or held under `cap`."""
+        slot = self.slots.get((cg, topic, queue))
+        return cap if slot is None else max(cap - len(slot.inflight) - slot.held_count(), 0)
 
     def held(self, cg: str, topic: str, queue: int) -> dict[str, list[int]]:
         """The group's messages held back on a queue behind an earlier message of their
