@@ -234,7 +234,6 @@ def test_a_bad_schema_is_refused_before_the_cluster_is_asked(schema: str, messag
 # (every malformed option is refused without Spark in tests/spark/test_options.py; these
 # are the refusals that need the cluster, and one that shows how Spark reports them)
 @pytest.mark.parametrize(("options", "message"), [
-    ({"subscribe": TOPIC, "startingTimestamp": "1700000000000"}, "look an offset up by time"),
     ({"subscribe": TOPIC, "endingOffsets": json.dumps({TOPIC: {"0": 999}})}, "ends at 30"),
     ({"subscribe": TOPIC, "startingOffsets": json.dumps({"nope": {"0": 1}})},
      "does not read"),

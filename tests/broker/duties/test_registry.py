@@ -135,6 +135,7 @@ def test_a_duty_starts_once_ready_is_cancelled_on_losing_leadership_and_restarts
             probe = duties[first.node_id].duty(_Probe)
             flaky = duties[first.node_id].duty(_Flaky)
             await _wait(lambda: duties[first.node_id].running("g") == {"probe", "flaky"})
+            await _wait(lambda: bool(probe.events))  # counted as running before it starts
             assert probe.events == [("start", "g", True)]  # ready: nothing committed missing
             await _wait(lambda: len(flaky.events) == 2)  # failed once, started again
             assert flaky.events == [("start", "g", True), ("start", "g", True)]
@@ -146,6 +147,7 @@ def test_a_duty_starts_once_ready_is_cancelled_on_losing_leadership_and_restarts
             first.transfer_leadership(to)
             await _wait(lambda: duties[to].running("g") == {"probe", "flaky"})
             await _wait(lambda: not duties[first.node_id].running("g"))
+            await _wait(lambda: bool(duties[to].duty(_Probe).events))
             # cancelled on the old leader once it no longer led
             assert probe.events == [("start", "g", True), ("cancelled", "g", False)]
             assert duties[to].duty(_Probe).events == [("start", "g", True)]

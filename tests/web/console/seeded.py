@@ -30,6 +30,7 @@ from wire.security import format_verifier, make_credential
 ROOT = Credentials("root", "root's long password")
 ALICE = Credentials("alice", "alice's password")
 TOPIC = "orders"
+DECIDED_TOPIC = "payments"  # the half message an action decides: TOPIC's counts stay put
 QUEUES = 4
 MESSAGES = 20
 GROUP = "billing"
@@ -43,6 +44,7 @@ class Seeded:
     msg_ids: list[str]
     keys: dict[str, list[str]]  # key -> its messages' ids
     txid: str
+    txid_to_decide: str
     extra: dict[str, Any] = field(default_factory=dict)
 
     def admin(self) -> BlockingAdmin:
@@ -81,6 +83,7 @@ def seeded_cluster(base: Path) -> Iterator[Seeded]:
                 os.environ.pop("RAFTMQ_NEW_PASSWORD", None)
             with BlockingAdmin(ns) as admin:
                 admin.create_topic(TOPIC, QUEUES)
+                admin.create_topic(DECIDED_TOPIC, 1)
             ids: list[str] = []
             by_key: dict[str, list[str]] = {}
             with BlockingProducer(ns) as producer:
@@ -94,10 +97,11 @@ def seeded_cluster(base: Path) -> Iterator[Seeded]:
                 admin.reset_offsets(GROUP, TOPIC, "earliest")
             with BlockingProducer(ns, producer_group=PRODUCER_GROUP) as producer:
                 txid = producer.prepare(TOPIC, "a half message nobody decides").txid
+                to_decide = producer.prepare(DECIDED_TOPIC, "a half an operator commits").txid
         chaos = base / "chaos"
         settings = WebSettings(namesrv=(cluster.namesrv_addr,), chaos_dir=chaos,
                                audit_log=base / "audit.jsonl")
-        yield Seeded(cluster, settings, ids, by_key, txid)
+        yield Seeded(cluster, settings, ids, by_key, txid, to_decide)
 
 
 def console_app(settings: WebSettings) -> Starlette:
