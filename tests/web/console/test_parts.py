@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 
 from raftmq.web.console import routes
 from raftmq.web.console.chaosruns import find_runs, run_dir, summary
-from raftmq.web.console.data import _health
+from raftmq.web.console.data import LAGGING_ENTRIES, _health
 from raftmq.web.console.login import BadLogin, login_of
 from raftmq.web.console.nodemetrics import summarize, totals
 from raftmq.web.settings import WebSettings
@@ -56,7 +56,8 @@ def _member(**kw: object) -> dict[str, object]:
     (None, [_member()], "no-leader"),
     (1, [_member(), _member(disk_full=True)], "disk-full"),
     (1, [_member(refill_gap=[5, 9])], "refill-gap"),
-    (1, [_member(), _member(lag=3)], "lagging"),
+    (1, [_member(), _member(lag=3)], "ok"),  # replication at work
+    (1, [_member(), _member(lag=LAGGING_ENTRIES)], "lagging"),
 ])
 def test_a_groups_health_in_a_word(leader: int | None, members: list[dict[str, object]],
                                    word: str) -> None:
