@@ -382,18 +382,21 @@ class ConnectionPool:
     (the server's certificate is checked against it and the address's host); without
     one, the environment decides (`transport.tls.context_from_env`: `RAFTMQ_TLS_CA`).
     With `credentials` (default: `RAFTMQ_USER`/`RAFTMQ_PASSWORD`) every connection to a
-    node authenticates with SCRAM-SHA-256 before its first request.
+    node authenticates with SCRAM-SHA-256 before its first request. `env_credentials=False`
+    keeps the environment's login out of a pool that acts for someone else (the HTTP API
+    serving a request that carries no login must not borrow the process's own).
     """
 
     def __init__(
         self, *, max_frame: int = DEFAULT_MAX_FRAME, ssl_context: ssl.SSLContext | None = None,
-        credentials: Credentials | None = None,
+        credentials: Credentials | None = None, env_credentials: bool = True,
     ) -> None:
         self._max_frame = max_frame
         # without a context of its own, the one RAFTMQ_TLS_CA names (plain when unset)
         self._ssl = ssl_context if ssl_context is not None else context_from_env()
         # every connection logs in first (SCRAM-SHA-256); default RAFTMQ_USER/PASSWORD
-        self._credentials = credentials if credentials is not None else credentials_from_env()
+        self._credentials = credentials if credentials is not None or not env_credentials \
+            else credentials_from_env()
         self._handlers: dict[int, RequestHandler] = {}
         self._conns: dict[str, Connection] = {}
         self._tg: anyio.abc.TaskGroup | None = None
