@@ -139,6 +139,12 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _console(argv: list[str]) -> int:
+    from raftmq.web.server import main as console_main
+
+    return console_main(argv)
+
+
 def _audit(argv: list[str]) -> int:
     from raftmq.spark.audit import main as audit_main
 
@@ -165,6 +171,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "demo": (_demo, "run a local 3-replica Raft group on real CommitLogs and show failover"),
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
     "chaos": (_chaos, "fault-injection runs (`chaos run`) and history checks (`chaos check`)"),
+    "console": (_console, "serve the HTTP API (/api/v1) and the web console: --listen HOST:PORT"),
     "audit": (_audit, "reconcile a chaos history with a full read of the cluster, on Spark"),
 }
 

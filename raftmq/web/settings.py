@@ -24,6 +24,8 @@ class WebSettings:
     `chaos_dir`: where the console looks for chaos run reports (None: the page says so).
     `audit_log`: the file every action taken through the console or the API is appended
     to as one JSON line (None: the standard logger only).
+    `max_body_bytes`: the largest request body the API reads (a larger one is a 413 and
+    changes nothing): room for a maximal message in base64 and a batch's JSON.
     """
 
     namesrv: tuple[str, ...]
@@ -31,3 +33,4 @@ class WebSettings:
     service_credentials: Credentials | None = field(default=None, repr=False)
     chaos_dir: Path | None = None
     audit_log: Path | None = None
+    max_body_bytes: int = 8 << 20
