@@ -145,6 +145,12 @@ def _console(argv: list[str]) -> int:
     return console_main(argv)
 
 
+def _mqtt(argv: list[str]) -> int:
+    from raftmq.mqtt.gateway import main as mqtt_main
+
+    return mqtt_main(argv)
+
+
 def _audit(argv: list[str]) -> int:
     from raftmq.spark.audit import main as audit_main
 
@@ -172,6 +178,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "sim": (_sim, "deterministic simulation of the Raft core (seeds, faults, mutations)"),
     "chaos": (_chaos, "fault-injection runs (`chaos run`) and history checks (`chaos check`)"),
     "console": (_console, "serve the HTTP API (/api/v1) and the web console: --listen HOST:PORT"),
+    "mqtt": (_mqtt, "an MQTT 3.1.1 gateway to the cluster: --listen HOST:PORT"),
     "audit": (_audit, "reconcile a chaos history with a full read of the cluster, on Spark"),
 }
 
