@@ -8,7 +8,9 @@ started again after a backoff (1 s, doubling up to 30 s while it keeps dying soo
 starting), with a line on stderr naming it and its log.
 
 Ports, for `--port-base B` (default 7100): node i listens at B+i, serves Prometheus
-metrics at B+100+i, and the name server listens at B+76 (7176 by default). Data and logs
+metrics at B+100+i, and the name server listens at B+76 (7176 by default). The web
+console and HTTP API (`raftmq console`) listen at B+80 and the MQTT gateway
+(`raftmq mqtt`) at B+83; both are child processes too, and their addresses are printed. Data and logs
 live under `--data`; running again with the same directory restarts the same cluster with
 its data.
 """
@@ -24,7 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -179,6 +181,53 @@ def _summary(cluster: LocalCluster, leaders: dict[str, int]) -> None:
     console.print(f"fsync: {fsync}{note}   Ctrl-C stops everything")
 
 
+FRONTENDS = (("console", 80), ("mqtt", 83))  # command, port offset from --port-base
+
+
+def _start_frontends(cluster: LocalCluster, args: argparse.Namespace,
+                     stack: ExitStack) -> list[str]:
+    """Start `raftmq console` and `raftmq mqtt` for the cluster as child processes, wait
+    for the address each prints, and print it; they stop with the cluster. A front end
+    that does not start is reported and left out (the cluster still runs)."""
+    import subprocess
+
+    started: list[str] = []
+    logs = cluster.base_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for command, offset in FRONTENDS:
+        listen = f"127.0.0.1:{args.port_base + offset}"
+        log = open(logs / f"{command}.log", "ab")  # noqa: SIM115 - closed by the stack
+        stack.callback(log.close)
+        env = dict(os.environ)
+        if args.auth:  # requests without a login stay anonymous: no borrowed superuser
+            env.pop("RAFTMQ_USER", None)
+            env.pop("RAFTMQ_PASSWORD", None)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raftmq", command, "--namesrv", cluster.namesrv_addr,
+             "--listen", listen], stdout=subprocess.PIPE, stderr=log, env=env, text=True)
+        stack.callback(_stop_child, proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if proc.poll() is not None or not line:
+            print(f"raftmq dev: {command} did not start (its log: {logs / (command + '.log')})",
+                  file=sys.stderr, flush=True)
+            continue
+        started.append(command)
+        print(line, file=sys.stderr, flush=True)
+    return started
+
+
+def _stop_child(proc: Any) -> None:
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _supervise(cluster: LocalCluster) -> NoReturn:
     """Until interrupted: start again, after a backoff, every child that died."""
     from raftmq.localcluster import NAMESRV, ClusterError
@@ -228,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"raftmq dev: {exc}", file=sys.stderr)
         return 2
+    stack = ExitStack()
     with _signals_interrupt():
         try:
             try:
@@ -257,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"TLS on every link; clients trust {cluster.tls_ca} "
                       f"(`raftmq --tls-ca FILE ...` or {CA_ENV}=FILE)", file=sys.stderr,
                       flush=True)
+            _start_frontends(cluster, args, stack)
             if args.showcase or args.exit_after_showcase:
                 from raftmq.showcase import run_showcase
 
@@ -272,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         except _Interrupted:
             return 0
         finally:
+            stack.close()
             running = cluster.pids()
             cluster.stop()
             if running:
