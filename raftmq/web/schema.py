@@ -38,8 +38,16 @@ def decode_base64(value: str, where: str) -> bytes:
         raise BadInput(f"{where}: not valid base64") from None
 
 
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+    # resolved once per class: evaluating the (string) annotations on every request
+    # was a fifth of a produce request's time in the application
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = get_type_hints(cls)
+    return hints
 
 
 def _optional(tp: Any) -> tuple[bool, Any]:
