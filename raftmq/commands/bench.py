@@ -90,6 +90,18 @@ def _audit(argv: list[str]) -> int:
     return audit_main(argv)
 
 
+def _http(argv: list[str]) -> int:
+    from bench.httpapi import main as http_main
+
+    return http_main(argv)
+
+
+def _mqtt(argv: list[str]) -> int:
+    from bench.mqtt import main as mqtt_main
+
+    return mqtt_main(argv)
+
+
 # Each benchmark is imported only when run: they pull in the cluster harness and rich.
 BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "produce": (_produce, "produce throughput and ack latency (SDK Producer, real nodes)"),
@@ -104,6 +116,8 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "txn": (_txn, "transactions (10/100 msgs, 1/3 groups) and half messages vs plain sends"),
     "spark": (_spark, "PySpark `raftmq` source: batch and streaming read rows/s"),
     "audit": (_audit, "`raftmq audit` on Spark over a history of --events lines"),
+    "http": (_http, "HTTP API produce vs the binary protocol, one per request and batched"),
+    "mqtt": (_mqtt, "MQTT QoS 1 publish (PUBACK once committed) vs the binary protocol"),
 }
 
 

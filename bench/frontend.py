@@ -1,0 +1,56 @@
+"""A `raftmq console` (HTTP API) or `raftmq mqtt` process for a benchmark: started on a
+free loopback port for the cluster being measured, its address read from the line it
+prints, stopped on the way out. A process of its own, as in a deployment: the gateway's
+work is not charged to the benchmark's client loop, nor the other way round."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["serving"]
+
+START_TIMEOUT = 60.0
+
+
+@contextmanager
+def serving(command: str, namesrv: str) -> Iterator[str]:
+    """Run `raftmq COMMAND --namesrv NAMESRV --listen 127.0.0.1:0`; yields the address it
+    printed (`http://host:port` for console, `host:port` for mqtt)."""
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "raftmq", command, "--namesrv", namesrv,
+             "--listen", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=log, env=dict(os.environ), text=True)
+        found: list[str] = []
+        done = threading.Event()
+
+        def first_address() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                m = re.search(r"(?:console|mqtt): (\S+?)/?\s", line + " ")
+                if m:
+                    found.append(m.group(1))
+                    break
+            done.set()
+
+        threading.Thread(target=first_address, daemon=True).start()
+        try:
+            if not done.wait(START_TIMEOUT) or not found:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"raftmq {command} did not start:\n{tail}")
+            yield found[0]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
