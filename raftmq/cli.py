@@ -91,6 +91,12 @@ def _message(argv: list[str]) -> int:
     return message_main(argv)
 
 
+def _trace(argv: list[str]) -> int:
+    from raftmq.commands.trace import main as trace_main
+
+    return trace_main(argv)
+
+
 def _consume(argv: list[str]) -> int:
     from raftmq.commands.consume import main as consume_main
 
@@ -169,6 +175,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "acl": (_acl, "who may publish, subscribe or administer what: add, remove, list"),
     "group": (_group, "consumer groups: list, describe, reset-offsets, delete"),
     "message": (_message, "look a message up by id (`message get ID`) or by key"),
+    "trace": (_trace, "the life of one traced message: sent, stored, delivered, acked"),
     "tx": (_tx, "transactions: list, show; commit or roll back a half message"),
     "dlq": (_dlq, "dead letters of a simple consumer group: list, show, resend, purge"),
     "status": (_status, "groups, leaders, terms, indexes, lag and node liveness"),

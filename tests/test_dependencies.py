@@ -51,6 +51,7 @@ CLIENT_MAY_USE = {  # pinned: widen on purpose
     "wire", "wire.protocol", "wire.records", "wire.produce",
     "wire.requests",  # the typed requests and answers both ends build and decode
     "wire.txn",  # the coordinator hash client and broker must compute alike
+    "wire.trace",  # trace records: the node writes them, the SDK reads them
     "transport", "transport.connection", "transport.errors",
     "transport.tls", "transport.scram",  # the client's sides of TLS and SCRAM-SHA-256
     "wire.security",  # the SCRAM mechanism's name, as the node names it

@@ -191,6 +191,10 @@ class Op(IntEnum):
     #   see broker.state.parts.acls
     ACL_REMOVE = 84  # (the same fields) -> (removed: bool)
     ACL_LIST = 85  # () -> (acls: [[principal, kind, pattern, name, operation, permission]])
+    # message trace (see broker.doors.trace): what traced clients report, appended to the
+    # trace topic of the group that stores the messages by that group's leader
+    TRACE = 86  # (g, topic, role: producer|consumer, client, cg?, slot, slots, events:
+    #   [[kind, queue, offset, ms, committed]...]) -> (written, missing)
 
 
 class Code(IntEnum):

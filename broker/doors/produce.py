@@ -85,6 +85,12 @@ class ProduceDoor:
             for o in outcomes
         )).header()), b""
 
+    async def store(self, g: GroupRuntime, state: BrokerState,
+                    bodies: Sequence[bytes | memoryview]) -> list[ProduceResult | RequestError]:
+        """Store batches the node itself wrote (trace records) exactly as a producer's are
+        stored: checked, proposed as one entry, counted; each batch's outcome."""
+        return await self._produce_batches(g, state, bodies)
+
     async def _produce_batches(
         self, g: GroupRuntime, state: BrokerState, bodies: Sequence[bytes | memoryview]
     ) -> list[ProduceResult | RequestError]:

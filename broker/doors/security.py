@@ -208,6 +208,15 @@ def _offsets(h: Mapping[str, Any], _b: bytes) -> list[Need]:
     return [("group", _text(h, "cg"), "subscribe")]
 
 
+def _trace(h: Mapping[str, Any], _b: bytes) -> list[Need]:
+    """A traced client's report: what its traced sends or reads needed -- publish on the
+    topic for a producer's, subscribe on the topic and the group for a consumer's. (The
+    trace topic itself is written by the node; reading it needs subscribe on it.)"""
+    if h.get("role") == "producer":
+        return [("topic", _text(h, "topic"), "publish")]
+    return [("group", _text(h, "cg"), "subscribe"), ("topic", _text(h, "topic"), "subscribe")]
+
+
 RULES: dict[int, Resolver | str] = {
     Op.HELLO: PEER_ONLY, Op.RAFT: PEER_ONLY, Op.READ_RAW: PEER_ONLY,
     Op.AUTH: ANY_USER,  # (handled before authentication is asked for)
@@ -248,6 +257,7 @@ RULES: dict[int, Resolver | str] = {
     Op.DLQ: _dlq,
     # queue locks fence offset commits: the permission a commit needs
     Op.LOCK: _simple, Op.UNLOCK: _simple, Op.LOCKS: _offsets,
+    Op.TRACE: _trace,
 }
 
 

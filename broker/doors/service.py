@@ -32,6 +32,7 @@ from broker.doors.reads import ReadDoor
 from broker.doors.refusals import refusal
 from broker.doors.simple import SimpleDoor
 from broker.doors.topics import TopicDoor, TopicHost
+from broker.doors.trace import TraceDoor
 from broker.doors.transactions import TxService
 from broker.runtime.groups import GroupRegistry
 from broker.runtime.leading import GroupLead
@@ -84,8 +85,10 @@ class BrokerService:
         self.tx = TxService(self.lead, groups, node)
         hosts = QueueHosts(groups, self.lead)
         reads = ReadDoor(self.lead, groups, hosts, node.config, node.metrics)
+        produce = ProduceDoor(self.lead, groups, node, node.metrics, self.tx)
         doors: list[Door] = [
-            ProduceDoor(self.lead, groups, node, node.metrics, self.tx),
+            produce,
+            TraceDoor(self.lead, produce, node),
             reads,
             OffsetDoor(self.lead, groups, hosts, self.tx),
             SimpleDoor(self.lead, groups, hosts, reads),

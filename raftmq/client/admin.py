@@ -40,6 +40,7 @@ from wire.requests import (
     TopicsRequest,
 )
 from wire.requests.transactions import HalfEndAnswer, HalfEndRequest, TxListAnswer, TxListRequest
+from wire.trace import TRACE_TOPIC, TraceRecord
 
 from . import membership
 from .errors import (
@@ -66,6 +67,7 @@ from .routes import LEADER_WAIT, TopicRoute, backoff_delay, node_addresses
 __all__ = ["TX_LISTS", "Admin", "DeadLetter", "GroupQueue", "dead_letter_id", "QueueInfo", "QueueLag", "TopicInfo",
            "TxListing", "place_queues"]
 
+MAX_TRACE_RECORDS = 1024  # one message's trace records read at most (QUERY_KEY's cap)
 TX_LISTS = ("halves", "prepared", "txns", "decided", "done")
 """The lists of a TX_LIST answer (see `Admin.tx_list`)."""
 TX_LIST_ROUNDS = 5  # rounds of TX_LIST asking again for groups no leader answered for
@@ -482,6 +484,32 @@ class Admin(ClientBase):
         if errors:
             raise errors[0]
         return sorted(found, key=lambda m: (m.queue, m.offset))
+
+    @_bounded(write=False)
+    async def trace(self, msg_id: str) -> list[TraceRecord]:
+        """The life of one traced message (`raftmq.client.trace`): its trace records,
+        sent and stored first, then deliveries and acks, each in time order; records a
+        retried report wrote twice appear once. [] when nothing traced it. The records
+        sit in the message's own group (its id names it), found by the key index; reading
+        them needs subscribe on the trace topic."""
+        group, _index, _start = parse_message_id(msg_id)
+        req = QueryKeyRequest(topic=TRACE_TOPIC, key=msg_id, max=MAX_TRACE_RECORDS)
+        try:
+            frame = await self.routes.call_group(group, req.OP, req.header())
+        except RequestError as exc:
+            if exc.code in (Code.UNKNOWN_TOPIC, Code.UNKNOWN_QUEUE):
+                return []  # nothing traced in that group yet
+            raise
+        rows = QueryKeyAnswer.decode(frame.header).msgs
+        seen: dict[TraceRecord, None] = {}
+        for row, (pos, _s) in zip(rows, iter_records(frame.body), strict=True):
+            if row[0] != group:
+                continue  # another group's answer, if this node leads it too
+            msg, _ = decode_record(frame.body, pos, topic=TRACE_TOPIC, queue=int(row[1]),
+                                   offset=int(row[2]), store_ms=int(row[5]), msg_id="")
+            if msg.key == msg_id:
+                seen.setdefault(TraceRecord.decode(msg.body), None)
+        return sorted(seen, key=TraceRecord.sort_key)
 
     @_bounded(write=False)
     async def offsets_for_times(

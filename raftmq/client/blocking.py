@@ -25,6 +25,7 @@ from anyio.from_thread import BlockingPortal
 
 from wire.protocol import RequestError
 from wire.records import Message, OutgoingMessage
+from wire.trace import TraceRecord
 
 from .admin import Admin, DeadLetter, GroupQueue, QueueLag, TopicInfo, TxListing
 from .groupclient import QueuesCallback
@@ -520,6 +521,10 @@ class BlockingAdmin(_Blocking[Admin]):
     def query_key(self, topic: str, key: str, **kwargs: Any) -> list[Message]:
         """Messages of `topic` with this key (see `Admin.query_key`)."""
         return self._call(self._client.query_key, topic, key, **kwargs)
+
+    def trace(self, msg_id: str) -> list[TraceRecord]:
+        """One traced message's trace records (see `Admin.trace`)."""
+        return self._call(self._client.trace, msg_id)
 
     def offsets_for_times(self, times: Mapping[tuple[str, int], int]
                           ) -> dict[tuple[str, int], int]:

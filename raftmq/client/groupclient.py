@@ -25,6 +25,7 @@ from wire.requests import ConsumersAnswer, ConsumersRequest, HeartbeatRequest
 from .errors import close_stack
 from .lifecycle import StartClose
 from .routes import Routes, backoff_delay, node_addresses, normalize_addresses, open_routes
+from .trace import Tracer
 
 log = logging.getLogger("raftmq.client.consumer")
 
@@ -70,6 +71,7 @@ class ClientBase(StartClose):
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._closed = False
+        self.tracer: Tracer | None = None  # message trace, when a subclass turns it on
 
     async def _open(self) -> None:
         if self._stack is not None:
@@ -77,6 +79,8 @@ class ClientBase(StartClose):
         self._stack, self._routes, self._tg = await open_routes(
             self._pool, self.namesrv, self.timeout
         )
+        if self.tracer is not None:
+            self.tracer.start(self._routes, self._tg)
 
     async def _close(
         self,
@@ -84,8 +88,11 @@ class ClientBase(StartClose):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
-        self._closed = True
         assert self._stack is not None and self._tg is not None
+        if self.tracer is not None and not self._closed:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeout):
+                await self.tracer.flush()  # the last steps, before the connections close
+        self._closed = True
         self._tg.cancel_scope.cancel()
         return await close_stack(self._stack, exc)
 

@@ -91,6 +91,7 @@ from .errors import (
     give_up,
     may_have_applied,
 )
+from .groupclient import default_client_id
 from .lifecycle import StartClose
 from .routes import (
     LEADER_WAIT,
@@ -102,6 +103,7 @@ from .routes import (
     normalize_addresses,
     open_routes,
 )
+from .trace import Tracer
 
 if TYPE_CHECKING:
     from .transactions import (
@@ -682,6 +684,7 @@ class Producer(StartClose):
         transaction_timeout_ms: int = 60_000,
         producer_group: str | None = None,
         check_listener: CheckListener | None = None,
+        trace: bool = False,
     ) -> None:
         if transactional_id is not None:
             idempotent, max_in_flight = True, 1  # transactional batches are idempotent
@@ -730,6 +733,8 @@ class Producer(StartClose):
         self._on_settled = self._settled  # bound once: every message's send carries it
         self._tx_stamp: tuple[str, int, int] | None = None  # (tid, epoch, n) of the open txn
         self.send_path = SendPath(self)  # what the transaction models use
+        # message trace (`raftmq.client.trace`): off unless asked for
+        self.tracer = Tracer("producer", default_client_id()) if trace else None
         self._txn: TransactionalSends | None = None
         self._halves: HalfMessages | None = None
         if transactional_id is not None or producer_group is not None:
@@ -752,6 +757,8 @@ class Producer(StartClose):
             max_frame=frame_limit(self.max_message_bytes),  # what nodes with this limit take
         )
         self._pending_slots = anyio.Semaphore(self.max_pending)
+        if self.tracer is not None:
+            self.tracer.start(self._routes, self._tg)
         if self._halves is not None:
             try:
                 await self._halves.start()
@@ -774,6 +781,8 @@ class Producer(StartClose):
                 with anyio.move_on_after(min(self.send_timeout * (self.retries + 1)
                                              + LEADER_WAIT, self.delivery_timeout) + 1):
                     await self.flush()
+                    if self.tracer is not None:
+                        await self.tracer.flush()
             if self._txn is not None:
                 await self._txn.close()
         finally:
@@ -1465,6 +1474,10 @@ class Producer(StartClose):
                 errors.append((i, b, exc))
                 continue
             b.succeed(results)
+            if self.tracer is not None:
+                self.tracer.add_many(group, b.topic, "sent",
+                                     ((r.queue, r.offset) for r in results if r.offset >= 0),
+                                     b.born)
             last_stored[id(b.qb)] = i
         retry: list[tuple[_Batch, RequestError]] = []
         for i, b, error in errors:
@@ -1625,3 +1638,4 @@ def _log_oneway_failure(fut: SendFuture[SendResult]) -> None:
     exc = fut.exception()
     if exc is not None:
         log.debug("one-way send failed: %s", exc)
+

@@ -41,6 +41,7 @@ from .reads import (
     selector_of,
 )
 from .routes import clock
+from .trace import Tracer
 
 log = logging.getLogger("raftmq.client.consumer")
 
@@ -85,6 +86,7 @@ class PullConsumer(GroupClient):
         heartbeat_interval: float = 10.0,
         rebalance_interval: float = 10.0,
         strategy: Literal["average", "round_robin"] | Callable[..., list[Any]] = "average",
+        trace: bool = False,
     ) -> None:
         super().__init__(namesrv, pool, timeout)
         self.isolation = check_isolation(isolation)
@@ -92,6 +94,8 @@ class PullConsumer(GroupClient):
         if start_from not in ("first", "last"):
             raise ValueError("start_from is 'first' or 'last'")
         self.client_id = checked_client_id(client_id)
+        if trace:
+            self.tracer = Tracer("consumer", self.client_id, self.group, commits=True)
         if not heartbeat_interval > 0 or not rebalance_interval > 0:
             raise ValueError("heartbeat_interval and rebalance_interval must be > 0")
         self.heartbeat_interval = heartbeat_interval
@@ -342,6 +346,8 @@ class PullConsumer(GroupClient):
         res = await self._read(topic, queue, offset, max, wait_ms,
                                None if tags is None and sql is None else _selection(tags, sql))
         self._positions[key] = res.next_offset
+        if self.tracer is not None:
+            self.tracer.delivered(res.messages)
         return res
 
     async def _read(
@@ -428,7 +434,10 @@ class PullConsumer(GroupClient):
                 # only collecting: a queue the deadline cuts off here is not unreadable
                 found.update(await self._sweep(rest, max_messages, 0, deadline,
                                                first_only=False, answered=set(rest)))
-        return self._take(found, max_messages)
+        taken = self._take(found, max_messages)
+        if self.tracer is not None:
+            self.tracer.delivered(taken)
+        return taken
 
     async def _sweep(
         self, targets: list[tuple[str, int]], max_messages: int, wait_ms: int,
@@ -511,13 +520,18 @@ class PullConsumer(GroupClient):
         `OutcomeUnknownError` (a request was out: committing again is safe)."""
         await commit_offsets(self.routes, self.group, {(topic, queue): offset},
                              timeout=CALL_TIMEOUT if timeout is None else timeout)
+        if self.tracer is not None:
+            self.tracer.committed({(topic, queue): offset})
 
     async def commit_all(self, *, timeout: float | None = None) -> None:
         """Commit the current position of every queue read so far (`timeout` as for
         `commit`)."""
         if self._positions:
-            await commit_offsets(self.routes, self.group, dict(self._positions),
+            offsets = dict(self._positions)
+            await commit_offsets(self.routes, self.group, offsets,
                                  timeout=CALL_TIMEOUT if timeout is None else timeout)
+            if self.tracer is not None:
+                self.tracer.committed(offsets)
 
 
 def _selection(tags: Selector, sql: str | None) -> MessageSelector:

@@ -54,6 +54,7 @@ from .reads import (
 )
 from .routes import backoff_delay
 from .simple import DEFAULT_BACKOFF, ReceivedMessage, SimpleConsumer
+from .trace import Tracer
 
 log = logging.getLogger("raftmq.client.consumer")
 
@@ -172,6 +173,7 @@ class PushConsumer(GroupClient):
         pool: ConnectionPool | None = None,
         isolation: str = "read_committed",
         offsets_dir: str | os.PathLike[str] | None = None,
+        trace: bool = False,
     ) -> None:
         super().__init__(namesrv, pool, timeout)
         self.isolation = check_isolation(isolation)
@@ -221,6 +223,8 @@ class PushConsumer(GroupClient):
         self.on_give_up = on_give_up
         self.shutdown_timeout = shutdown_timeout
         self.client_id = checked_client_id(client_id)
+        if trace:
+            self.tracer = Tracer("consumer", self.client_id, self.group, commits=True)
         self._handler_is_async = is_async_callable(handler)
         self._states: dict[tuple[str, int], _QueueState] = {}
         self._local_offsets: dict[tuple[str, int], int] = {}
@@ -445,6 +449,8 @@ class PushConsumer(GroupClient):
             self._local_offsets = offsets
         for st, off in todo.values():
             st.committed = max(st.committed, off)
+        if self.tracer is not None:
+            self.tracer.committed({k: off for k, (_, off) in todo.items()})
 
     # ------------------------------------------------------------ pulling and consuming
 
@@ -656,6 +662,8 @@ class PushConsumer(GroupClient):
 
     async def _invoke(self, msgs: list[Message]) -> tuple[bool, str, bool]:
         """Run the handler: (it succeeded, the error when not, it raised PoisonMessage)."""
+        if self.tracer is not None:
+            self.tracer.delivered(msgs)
         try:
             if self._handler_is_async:
                 result = await self.handler(msgs)

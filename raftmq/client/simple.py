@@ -66,6 +66,7 @@ from wire.requests import (
 from .errors import ClientClosedError, OutcomeUnknownError, StaleReceiptError
 from .groupclient import ClientBase, checked_client_id
 from .reads import FETCH_GRACE, MessageSelector, Selector, selector_of
+from .trace import Tracer
 
 __all__ = ["DEFAULT_BACKOFF", "Receipt", "ReceivedMessage", "SimpleConsumer"]
 
@@ -147,12 +148,15 @@ class SimpleConsumer(ClientBase):
         client_id: str | None = None,
         ack_linger: float = ACK_LINGER,
         subscriptions: dict[str, Selector] | None = None,
+        trace: bool = False,
     ) -> None:
         super().__init__(namesrv, pool, timeout)
         self._selectors: dict[str, MessageSelector] = {
             validate_topic_name(t): selector_of(sel) for t, sel in (subscriptions or {}).items()}
         self.group = validate_group_name(group)
         self.client_id = checked_client_id(client_id)
+        if trace:
+            self.tracer = Tracer("consumer", self.client_id, self.group)
         self.invisible_ms = _seconds_ms("invisible", invisible)
         self.wait_ms = _seconds_ms("wait", wait)
         if not 1 <= max_deliveries:
@@ -194,6 +198,13 @@ class SimpleConsumer(ClientBase):
         Waits up to `wait` seconds for one when there is none; [] when none came.
         `selector` (tags or a `MessageSelector`) becomes the topic's filter from now on
         (ValueError or FilterError when bad, before anything is sent)."""
+        got = await self._receive(topic, max, invisible, wait, selector)
+        if self.tracer is not None:
+            self.tracer.delivered(got)
+        return got
+
+    async def _receive(self, topic: str, max: int, invisible: float | None,
+                       wait: float | None, selector: Selector | None) -> list[ReceivedMessage]:
         validate_topic_name(topic)
         if selector is not None:
             self._selectors[topic] = selector_of(selector)
@@ -354,6 +365,8 @@ class SimpleConsumer(ClientBase):
         await waiter.done.wait()
         if waiter.error is not None:
             raise waiter.error
+        if self.tracer is not None:
+            self.tracer.acked(r.group, r.topic, r.queue, r.offset)
 
     async def _send_acks(self, key: tuple[str, int]) -> None:
         await anyio.sleep(self.ack_linger)

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from raftmq.client import Admin
 from wire.protocol import Code, RequestError
+from wire.trace import is_system_topic
 
 from . import (
     add_namesrv_argument,
@@ -47,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the placement as JSON")
     ls = sub.add_parser("list", help="every topic with its queues and hosting groups")
     ls.add_argument("--json", action="store_true")
+    ls.add_argument("--all", action="store_true",
+                    help="the cluster's own topics too (rmq_sys_*: the trace topic)")
     d = sub.add_parser("describe", help="each queue's group, leader and offsets")
     d.add_argument("name")
     d.add_argument("--json", action="store_true")
@@ -98,6 +101,8 @@ async def _create(args: argparse.Namespace, namesrv: list[str]) -> int:
 async def _list(args: argparse.Namespace, namesrv: list[str]) -> int:
     async with Admin(namesrv) as admin:
         topics = await admin.list_topics()
+    if not args.all:
+        topics = {name: info for name, info in topics.items() if not is_system_topic(name)}
     if args.json:
         print_json(topics)
         return 0

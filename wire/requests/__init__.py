@@ -121,6 +121,7 @@ from wire.requests.topics import (
     TopicsAnswer,
     TopicsRequest,
 )
+from wire.requests.trace import TraceAnswer, TraceRequest
 from wire.requests.transactions import (
     HalfEndAnswer,
     HalfEndRequest,
@@ -147,6 +148,8 @@ from wire.requests.types import TYPES
 
 __all__ = [
     "TYPES",
+    "TraceAnswer",
+    "TraceRequest",
     "ClusterAnswer",
     "ClusterRequest",
     "CommitOffsetAnswer",

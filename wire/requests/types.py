@@ -21,6 +21,7 @@ from wire.requests import (
     security,
     simple,
     topics,
+    trace,
     transactions,
 )
 from wire.requests.base import WireType
@@ -30,7 +31,7 @@ __all__ = ["AREAS", "TYPES"]
 #: The modules holding the types, one per request area.
 AREAS: tuple[ModuleType, ...] = (
     produce, reads, offsets, topics, cluster, consumers, transactions, security, namesrv,
-    simple, locks)
+    simple, locks, trace)
 
 
 def _gather(areas: tuple[ModuleType, ...]) -> dict[Op, tuple[type[WireType], type[WireType]]]:

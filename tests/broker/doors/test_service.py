@@ -23,6 +23,7 @@ DOORS = {
     "cluster": {Op.STATUS, Op.TRANSFER_LEADER, Op.MEMBERSHIP, Op.HOST_GROUP, Op.DROP_GROUP},
     "heartbeats": {Op.HEARTBEAT, Op.CONSUMERS},
     "locks": {Op.LOCK, Op.UNLOCK, Op.LOCKS},
+    "trace": {Op.TRACE},
     "simple": {Op.RECEIVE, Op.ACK, Op.NACK, Op.CHANGE_INVISIBLE, Op.DLQ, Op.SEND_BACK},
     "transactions": {Op.TX_INIT, Op.TX_ADD, Op.TX_OFFSETS, Op.TX_END, Op.TX_MARKER,
                      Op.TX_STATUS, Op.HALF_END, Op.TX_LIST, Op.PRODUCER_HEARTBEAT},

@@ -127,6 +127,19 @@ def test_publishing_without_permission_is_refused_and_stores_nothing(
     (Op.USER_LIST, {}, False),
     (Op.ACL_LIST, {}, False),
     (Op.STATUS, {}, True),
+    # a traced client's report needs what its traced sends or reads needed; reading the
+    # trace topic needs subscribe on it (alice has none)
+    (Op.TRACE, {"g": "g0", "topic": "orders.eu", "role": "producer", "client": "a",
+                "slot": 0, "slots": 1, "events": [["sent", 0, 0, 1, -1]]}, True),
+    (Op.TRACE, {"g": "g0", "topic": "payments", "role": "producer", "client": "a",
+                "slot": 0, "slots": 1, "events": [["sent", 0, 0, 1, -1]]}, False),
+    (Op.TRACE, {"g": "g0", "topic": "orders.eu", "role": "consumer", "cg": "readers",
+                "client": "a", "slot": 0, "slots": 1, "events": [["acked", 0, 0, 1, 1]]},
+     True),
+    (Op.TRACE, {"g": "g0", "topic": "orders.eu", "role": "consumer", "cg": "others",
+                "client": "a", "slot": 0, "slots": 1, "events": [["acked", 0, 0, 1, 1]]},
+     False),
+    (Op.QUERY_KEY, {"topic": "rmq_sys_trace", "key": "g0:1:8"}, False),
 ])
 def test_each_operation_needs_its_permission(cluster: LocalCluster, op: Op,
                                              header: dict[str, object], allowed: bool) -> None:
