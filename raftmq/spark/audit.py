@@ -22,6 +22,10 @@ send and the leader's at store, so on one machine this is send -> store); ack ->
 read, when the history's readers saw the message (the history's clock is monotonic and
 the cluster's is the wall clock, so store -> consume is measured from the ack, the
 nearest instant on the history's clock). Results: ``audit.json`` and ``audit.html``.
+
+With ``--trace`` the result also has ``trace``: what the trace topic's records say of the
+traced messages (`raftmq.spark.trace`: steps per kind, messages stored but never handed
+to a consumer, handed over but never acknowledged, handed over more than once).
 """
 
 from __future__ import annotations
@@ -126,9 +130,10 @@ def _latencies(frames: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return stats, hist
 
 
-def audit(spark: Any, history: str, namesrv: str, *, topics: list[str] | None = None
-          ) -> dict[str, Any]:
-    """The audit's JSON-able result (see the module docstring)."""
+def audit(spark: Any, history: str, namesrv: str, *, topics: list[str] | None = None,
+          trace: bool = False) -> dict[str, Any]:
+    """The audit's JSON-able result (see the module docstring); with `trace`, also what
+    the trace topic says of the traced messages (`raftmq.spark.trace.trace_summary`)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -227,7 +232,13 @@ def audit(spark: Any, history: str, namesrv: str, *, topics: list[str] | None = 
               .select("type", "f", (F.col("time") - origin).alias("t")).orderBy("id").collect())
     ops.unpersist()
     stored.unpersist()
+    extra: dict[str, Any] = {}
+    if trace:
+        from .trace import trace_frame, trace_summary
+
+        extra["trace"] = trace_summary(trace_frame(spark, namesrv))
     return {
+        **extra,
         "valid": all(totals[c] == 0 for c in ERROR_COUNTS),
         "totals": totals,
         "queues": queues,
@@ -282,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where audit.json and audit.html go (default: beside the history)")
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--trace", action="store_true",
+                        help="also account for the trace topic's records (message trace)")
     args = parser.parse_args(argv)
     history = Path(args.history)
     if history.is_dir():
@@ -290,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raftmq audit: no history file at {history}", file=sys.stderr)
         return 3
     spark = session(args.master)
-    result = audit(spark, str(history.resolve()), args.namesrv, topics=args.topics)
+    result = audit(spark, str(history.resolve()), args.namesrv, topics=args.topics,
+                   trace=args.trace)
     js, html = write_outputs(result, args.out or history.parent)
     if args.json:
         print(json.dumps(result, sort_keys=True))
