@@ -32,7 +32,7 @@ from .groupclient import QueuesCallback
 from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult
 from .pull import PullConsumer
-from .push import PushConsumer
+from .push import Held, PushConsumer
 from .reads import PullResult, Selector
 from .simple import Receipt, ReceivedMessage, SimpleConsumer
 from .transactions import HalfHandle, Transaction, TransactionResult
@@ -457,6 +457,11 @@ class BlockingPushConsumer(_Blocking[PushConsumer]):
 
     def commit_now(self) -> None:
         self._call(self._client.commit_now)
+
+    def held(self) -> list[Held]:
+        """The queues an orderly consumer holds at a failing message (see
+        `PushConsumer.held`)."""
+        return self._call_sync(self._client.held)
 
 
 class BlockingSimpleConsumer(_Blocking[SimpleConsumer]):

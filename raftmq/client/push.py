@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from wire.records import Message
 from wire.requests import HeartbeatRequest
 
 from .allocation import strategy_of
-from .errors import PoisonMessage, StaleReceiptError
+from .errors import LockLostError, PoisonMessage, StaleReceiptError
 from .groupclient import (
     GroupClient,
     check_isolation,
@@ -40,6 +41,7 @@ from .groupclient import (
 from .localoffsets import LocalOffsets, default_offsets_dir
 from .offsetwindow import OffsetWindow
 from .pull import StartFrom
+from .queuelocks import lock_queue, unlock_queue
 from .reads import (
     LONG_POLL_MS,
     PULL_BATCH,
@@ -59,6 +61,12 @@ from .trace import Tracer
 log = logging.getLogger("raftmq.client.consumer")
 
 FLOW_CONTROL_DELAY = 0.05  # RocketMQ's pause before re-checking a queue over its threshold
+LOCK_RETRY = 0.5  # seconds between tries to lock a queue another client still holds
+# RocketMQ's lock timings: the broker's lease (60 s, `queue_lock_lease_ms`), renewed every
+# 20 s; a client that could not renew for 30 s stops handling the queue by itself, a
+# margin against a clock skew between a failed-over leader and the client
+LOCK_RENEW_INTERVAL = 20.0
+LOCK_LOCAL_EXPIRY = 30.0
 Handler = Callable[[list[Message]], Any]
 
 
@@ -74,14 +82,37 @@ class _QueueState:
     retry_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     released: bool = False
     running: int = 0
+    queued: int = 0  # works handed to the workers and not picked up yet
     idle: anyio.Event | None = None
     # message key -> this queue's unfinished works holding it, oldest first: a work runs
     # only at the head of each of its keys' lines (see `PushConsumer._submit`)
     lines: dict[str, deque[_Work]] = field(default_factory=dict)
+    # the queue lock (clustering): this client may handle the queue's messages until
+    # `lock_until` (its clock), a margin below the broker's lease; renewed at `renewed`
+    lock_until: float = math.inf
+    renewed: float = 0.0
+    # orderly: the messages pulled and not handed to the handler yet, in offset order;
+    # the handler's calls run one at a time in `consume_scope`
+    pending: deque[Message] = field(default_factory=deque)
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    consume_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    holding: Held | None = None  # orderly, on_exhausted="hold": what blocks the queue
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.topic, self.queue)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A queue an orderly consumer holds at a message its handler kept failing
+    (`on_exhausted="hold"`): nothing after it is handled until the handler succeeds."""
+
+    topic: str
+    queue: int
+    offset: int
+    attempts: int
+    error: str
 
 
 @dataclass(slots=True)
@@ -141,6 +172,24 @@ class PushConsumer(GroupClient):
     messages a filter leaves out are never handed to the handler; the committed offset
     moves past them. `topics` keeps topic -> tags, `selectors` topic -> selector.
     `isolation` is "read_committed", the only level served (`check_isolation`).
+
+    Queue locks (clustering mode): a consumer reads a queue only while it holds the
+    queue's lock on the broker, a lease of `lock_lease` seconds (None: the node's
+    `queue_lock_lease_ms`, 60 s) renewed every `lock_renew_interval` (20 s). A queue
+    newly assigned starts once its previous owner let go of it (or its lease ran out);
+    a queue leaving the assignment stops being pulled, its running handlers finish, its
+    offset is committed, and only then is its lock released. So a rebalance without
+    failures hands no message to two consumers. A consumer that could not renew a lock
+    for `lock_local_expiry` seconds (30 s, below the lease) stops handling that queue by
+    itself. Broadcast consumers take no locks.
+
+    `orderly=True` (RocketMQ's orderly consumption): each queue's messages are handed
+    to the handler one call at a time (`consume_batch` messages at most), in offset
+    order, queues in parallel. A call that fails is made again with the same messages
+    after `suspend` seconds, never skipped; after `max_attempts` calls the messages go to
+    the group's dead letters (`on_exhausted="dlq"`), or stay and block their queue
+    (`on_exhausted="hold"`, logged and listed by `held()`) until the handler takes them.
+    `retry`, `max_reconsume_times` and `on_give_up` are the concurrent consumer's.
     """
 
     def __init__(
@@ -174,6 +223,13 @@ class PushConsumer(GroupClient):
         isolation: str = "read_committed",
         offsets_dir: str | os.PathLike[str] | None = None,
         trace: bool = False,
+        orderly: bool = False,
+        suspend: float = 1.0,
+        max_attempts: int = 16,
+        on_exhausted: Literal["dlq", "hold"] = "dlq",
+        lock_lease: float | None = None,
+        lock_renew_interval: float = LOCK_RENEW_INTERVAL,
+        lock_local_expiry: float = LOCK_LOCAL_EXPIRY,
     ) -> None:
         super().__init__(namesrv, pool, timeout)
         self.isolation = check_isolation(isolation)
@@ -226,6 +282,31 @@ class PushConsumer(GroupClient):
         if trace:
             self.tracer = Tracer("consumer", self.client_id, self.group, commits=True)
         self._handler_is_async = is_async_callable(handler)
+        if on_exhausted not in ("dlq", "hold"):
+            raise ValueError("on_exhausted is 'dlq' or 'hold'")
+        if max_attempts < 1 or suspend < 0:
+            raise ValueError("max_attempts must be >= 1 and suspend >= 0")
+        if lock_lease is not None and not 0.1 <= lock_lease <= 3600:
+            raise ValueError("lock_lease is 0.1 .. 3600 seconds (None: the node's)")
+        if not 0 < lock_renew_interval < lock_local_expiry:
+            raise ValueError("lock_renew_interval must be > 0 and below lock_local_expiry")
+        if lock_lease is not None and lock_local_expiry >= lock_lease:
+            raise ValueError("lock_local_expiry must be below lock_lease: the consumer "
+                             "stops before the broker hands the queue on")
+        self.orderly = orderly
+        self.suspend = suspend
+        self.max_attempts = max_attempts
+        # broadcast consumers have no dead letters of their own: they hold
+        self.on_exhausted = on_exhausted if mode == "clustering" else "hold"
+        self.lock_lease = lock_lease
+        self.lock_renew_interval = lock_renew_interval
+        self.lock_local_expiry = lock_local_expiry
+        # Deliberately wrong (chaos tests only, `release-before-commit`): a released
+        # queue's lock is let go of before its offset is committed.
+        self.release_before_commit = False
+        self._wanted: set[tuple[str, int]] = set()  # the assignment rebalance computed
+        self._taking: set[tuple[str, int]] = set()  # queues waiting for their lock
+        self._control_tg: anyio.abc.TaskGroup | None = None
         self._states: dict[tuple[str, int], _QueueState] = {}
         self._local_offsets: dict[tuple[str, int], int] = {}
         self._rebalance_lock: anyio.Lock | None = None
@@ -250,7 +331,8 @@ class PushConsumer(GroupClient):
                 self._offset_file.close()
             raise
         assert self._tg is not None and self._stack is not None
-        if self.retry == "broker":
+        if self.retry == "broker" or (self.orderly and self.clustering):
+            # orderly: only for the dead letters of messages that failed `max_attempts`
             self._retries = await self._stack.enter_async_context(SimpleConsumer(
                 self.namesrv, self.group, invisible=self.retry_invisible,
                 max_deliveries=(self.max_reconsume_times + 1 if self.max_reconsume_times >= 0
@@ -260,7 +342,7 @@ class PushConsumer(GroupClient):
         self._limiter = anyio.CapacityLimiter(self.consume_concurrency)
         send, receive = anyio.create_memory_object_stream[_Work](float("inf"))
         self._work_send = send
-        for _ in range(self.consume_concurrency):
+        for _ in range(0 if self.orderly else self.consume_concurrency):
             self._tg.start_soon(self._worker, receive.clone())
         receive.close()
         self._control = anyio.CancelScope()
@@ -326,10 +408,12 @@ class PushConsumer(GroupClient):
     async def _control_loops(self, scope: anyio.CancelScope) -> None:
         with scope:
             async with anyio.create_task_group() as tg:
+                self._control_tg = tg
                 if self.clustering:
                     await self._heartbeat()
                     tg.start_soon(self._every, self.heartbeat_interval, self._heartbeat)
                     tg.start_soon(self._watch_members, tg)
+                    tg.start_soon(self._keep_locks)
                 tg.start_soon(self._rebalance_loop)
                 tg.start_soon(self._every, self.commit_interval, self.commit_now, False)
 
@@ -369,26 +453,150 @@ class PushConsumer(GroupClient):
 
     async def rebalance(self) -> None:
         """Recompute this consumer's queues now; release lost ones before taking new ones
-        (so the previous owner's final commit is in before a new owner reads)."""
+        (so the previous owner's final commit is in before a new owner reads). In
+        clustering mode a new queue starts once its lock is held (`_take`)."""
         assert self._rebalance_lock is not None
         async with self._rebalance_lock:
             clients = await self.clients() if self.clustering else [self.client_id]
             desired, known = await self._desired(self.topics, clients, share=self.clustering)
             current = set(self._states)
             lost = {k for k in current - desired if k[0] in known}
-            gained = sorted(desired - current)
+            self._wanted = desired | {k for k in current if k[0] not in known}
+            gained = sorted(desired - current - self._taking)
             if lost or gained:
                 log.info("%s: rebalance among %d clients: -%s +%s", self.client_id,
                          len(clients), sorted(lost), gained)
             if lost:
                 await self._release([self._states[k] for k in lost])
             for topic, queue in gained:
+                if self.clustering:
+                    assert self._control_tg is not None
+                    self._taking.add((topic, queue))
+                    self._control_tg.start_soon(self._take, topic, queue)
+                    continue
                 try:
                     await self._acquire(topic, queue)
                 except RequestError as exc:
                     log.warning("%s: cannot start %s:%d yet: %s", self.client_id, topic, queue, exc)
 
-    async def _acquire(self, topic: str, queue: int) -> None:
+    async def _take(self, topic: str, queue: int) -> None:
+        """Lock a newly assigned queue, then start it; while another client holds the
+        lock (the previous owner finishing, or a crashed one's lease running out), try
+        again every `LOCK_RETRY` seconds, for as long as the queue stays assigned. A take
+        that ends without starting the queue (unassigned meanwhile, or the consumer
+        closing) lets go of the lock it may have got: a LOCK whose answer never came
+        may still have been applied."""
+        key = (topic, queue)
+        assert self._rebalance_lock is not None
+        failures = 0
+        waited = asked_for = False
+        try:
+            while key in self._wanted:
+                asked = anyio.current_time()
+                asked_for = True
+                try:
+                    expiry = await lock_queue(self.routes, self.group, topic, queue,
+                                              self.client_id, self._lease_ms)
+                except RequestError as exc:
+                    failures += 1
+                    log.log(logging.DEBUG if is_retriable(exc) else logging.WARNING,
+                            "%s: locking %s:%d: %s", self.client_id, topic, queue, exc)
+                    await anyio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
+                    continue
+                if expiry is None:
+                    if not waited:
+                        log.info("%s: %s:%d is still locked by another client: waiting",
+                                 self.client_id, topic, queue)
+                        waited = True
+                    await anyio.sleep(LOCK_RETRY)
+                    continue
+                async with self._rebalance_lock:
+                    if key not in self._wanted or key in self._states:
+                        break
+                    try:
+                        await self._acquire(topic, queue, locked_at=asked)
+                        return
+                    except RequestError as exc:
+                        failures += 1
+                        log.warning("%s: cannot start %s:%d yet: %s", self.client_id, topic,
+                                    queue, exc)
+                await anyio.sleep(backoff_delay(failures, base=0.1, cap=5.0))
+        finally:
+            self._taking.discard(key)
+            if asked_for and key not in self._states:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeout):
+                    await self._unlock(topic, queue)
+
+    @property
+    def _lease_ms(self) -> int | None:
+        return None if self.lock_lease is None else int(self.lock_lease * 1000)
+
+    async def _unlock(self, topic: str, queue: int) -> None:
+        try:
+            await unlock_queue(self.routes, self.group, topic, queue, self.client_id)
+        except RequestError as exc:
+            log.warning("%s: unlocking %s:%d failed (its lease runs out by itself): %s",
+                        self.client_id, topic, queue, exc)
+
+    async def _keep_locks(self) -> None:
+        """Renew the lock of every queue read, every `lock_renew_interval`; a queue whose
+        lock went to another client, or that could not be renewed for
+        `lock_local_expiry`, is let go of (`_lose`)."""
+        tick = min(1.0, self.lock_renew_interval)
+        while True:
+            await anyio.sleep(tick)
+            now = anyio.current_time()
+            for st in list(self._states.values()):
+                if st.released:
+                    continue
+                if now >= st.lock_until:
+                    log.warning("%s: the lock of %s:%d was not renewed for %.3g s: stopping "
+                                "it", self.client_id, st.topic, st.queue,
+                                self.lock_local_expiry)
+                    self._lose(st)
+                elif now - st.renewed >= self.lock_renew_interval:
+                    await self._renew(st)
+
+    async def _renew(self, st: _QueueState) -> None:
+        asked = anyio.current_time()
+        try:
+            expiry = await lock_queue(self.routes, self.group, st.topic, st.queue,
+                                      self.client_id, self._lease_ms)
+        except RequestError as exc:
+            log.log(logging.DEBUG if is_retriable(exc) else logging.WARNING,
+                    "%s: renewing the lock of %s:%d: %s", self.client_id, st.topic,
+                    st.queue, exc)
+            return  # tried again at the next tick
+        if expiry is None:
+            log.warning("%s: the lock of %s:%d is another client's now: stopping it",
+                        self.client_id, st.topic, st.queue)
+            self._lose(st)
+            return
+        st.renewed = asked
+        st.lock_until = asked + self.lock_local_expiry
+
+    def _lose(self, st: _QueueState) -> None:
+        """Stop reading a queue whose lock this client may not count on any more, as a
+        rebalance releases it; the next rebalance takes it again if it is still ours."""
+        if st.released:
+            return
+        st.lock_until = -math.inf  # no new handler call from now on
+        try:
+            assert self._control_tg is not None
+            self._control_tg.start_soon(self._release_lost, st)
+        except RuntimeError:
+            pass  # closing: every queue is being released anyway
+
+    async def _release_lost(self, st: _QueueState) -> None:
+        assert self._rebalance_lock is not None
+        async with self._rebalance_lock:
+            if self._states.get(st.key) is st:
+                await self._release([st])
+
+    def _may_handle(self, st: _QueueState) -> bool:
+        return not st.released and anyio.current_time() < st.lock_until
+
+    async def _acquire(self, topic: str, queue: int, locked_at: float | None = None) -> None:
         assert self._tg is not None
         if self.clustering:
             committed = await query_offset(self.routes, self.group, topic, queue)
@@ -400,32 +608,54 @@ class PushConsumer(GroupClient):
             start = lo if self.start_from == "first" else end
         st = _QueueState(topic, queue, self.selectors[topic], start, OffsetWindow(start),
                          committed)
+        if locked_at is not None:
+            st.renewed = locked_at
+            st.lock_until = locked_at + self.lock_local_expiry
         self._states[st.key] = st
         self._tg.start_soon(self._pull_loop, st)
-        if self._retries is not None:
+        if self.orderly:
+            self._tg.start_soon(self._orderly_loop, st)
+        elif self._retries is not None:
             self._tg.start_soon(self._retry_loop, st)
 
     async def _release(self, states: Sequence[_QueueState]) -> None:
+        """Stop pulling, let running handlers finish (up to `shutdown_timeout`), commit,
+        and only then let go of the locks: the next owner starts after what was handled
+        here is committed. A queue whose handler is still running keeps its lock (its
+        lease runs out) so that no other consumer handles it meanwhile."""
         for st in states:
             st.released = True
             st.scope.cancel()
             st.retry_scope.cancel()
+            st.wake.set()
         with anyio.move_on_after(self.shutdown_timeout):
             for st in states:
-                if st.running:
+                if st.running or st.queued:
                     st.idle = anyio.Event()
                     await st.idle.wait()
+        idle = [st for st in states if not st.running and not st.queued]
+        for st in states:
+            st.consume_scope.cancel()
+        if self.clustering and self.release_before_commit:
+            for st in idle:  # the deliberate mutation: the next owner may start too early
+                await self._unlock(st.topic, st.queue)
+        committed = True
         try:
-            await self._commit(states)
+            await self._commit(states, losing=False)
         except Exception as exc:
+            committed = False
             log.warning("%s: final commit of released queues failed: %s", self.client_id, exc)
         for st in states:
             if self._states.get(st.key) is st:
                 del self._states[st.key]
+        if self.clustering and committed and not self.release_before_commit:
+            for st in idle:
+                await self._unlock(st.topic, st.queue)
 
     async def _release_all(self) -> None:
         if self._rebalance_lock is None:
             return
+        self._wanted = set()
         async with self._rebalance_lock:
             await self._release(list(self._states.values()))
 
@@ -435,13 +665,31 @@ class PushConsumer(GroupClient):
         """Commit every owned queue's committable offset that moved since the last commit."""
         await self._commit(list(self._states.values()))
 
-    async def _commit(self, states: Sequence[_QueueState]) -> None:
+    async def _commit(self, states: Sequence[_QueueState], *, losing: bool = True) -> None:
+        """Commit what moved. A commit refused because another client holds a queue's
+        lock now (LOCK_LOST: this one's lease ran out) commits nothing for it; with
+        `losing` each queue is then committed alone and those refused are let go of."""
         todo = {st.key: (st, st.window.committable()) for st in states}
         todo = {k: v for k, v in todo.items() if v[1] > v[0].committed}
         if not todo:
             return
         if self.clustering:
-            await commit_offsets(self.routes, self.group, {k: off for k, (_, off) in todo.items()})
+            try:
+                await commit_offsets(self.routes, self.group,
+                                     {k: off for k, (_, off) in todo.items()},
+                                     client=self.client_id)
+            except LockLostError:
+                if not losing or len(todo) == 1:
+                    for st, _ in todo.values():
+                        if losing:
+                            self._lose(st)
+                    raise
+                for st, _ in todo.values():
+                    try:
+                        await self._commit([st], losing=True)
+                    except LockLostError as exc:
+                        log.warning("%s: %s", self.client_id, exc)
+                return
         else:
             assert self._offset_file is not None
             offsets = {**self._local_offsets, **{k: off for k, (_, off) in todo.items()}}
@@ -496,6 +744,10 @@ class PushConsumer(GroupClient):
                     st.window.add(m.offset)
                 st.window.advance(res.next_offset)
                 st.offset = max(st.offset, res.next_offset)
+                if self.orderly:
+                    st.pending.extend(msgs)
+                    st.wake.set()
+                    continue
                 for i in range(0, len(msgs), self.consume_batch):
                     self._submit(_Work(st, msgs[i : i + self.consume_batch]))
 
@@ -513,13 +765,23 @@ class PushConsumer(GroupClient):
     def _at_head(work: _Work) -> bool:
         return all(work.state.lines[k][0] is work for k in work.keys)
 
-    def _dispatch(self, work: _Work) -> None:
-        if work.state.released or self._work_send is None:
+    def _dispatch(self, work: _Work, *, retry: bool = False) -> None:
+        """Hand `work` to the workers: a released queue's too (what was pulled is handled
+        before its offset is committed), but for a retry (it stays unfinished)."""
+        if (retry and work.state.released) or self._work_send is None:
             return
         try:
             self._work_send.send_nowait(work)
+            work.state.queued += 1
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
+
+    @staticmethod
+    def _check_idle(st: _QueueState) -> None:
+        """Wake a release waiting for the queue to drain: no handler running and no work
+        waiting for a worker (works parked for a retry, and those behind them, stay)."""
+        if st.running == 0 and st.queued == 0 and st.idle is not None:
+            st.idle.set()
 
     def _done(self, work: _Work) -> None:
         """`work` is finished: the next work of each of its keys may run."""
@@ -541,24 +803,76 @@ class PushConsumer(GroupClient):
         async with receive:
             async for work in receive:
                 st = work.state
-                await self._unpaused()
-                if st.released:
-                    continue
-                st.running += 1
+                st.running += 1  # from here until it is done or parked for a retry
+                st.queued -= 1
                 try:
+                    await self._unpaused()
+                    # a queue being released drains what was handed out (so its next
+                    # owner handles nothing twice); one whose lock was lost does not
+                    if anyio.current_time() >= st.lock_until:
+                        continue  # unfinished, not committed: its next owner handles it
                     ok, error, poison = await self._invoke(work.messages)
                     sent_back = not ok and await self._send_back(work.messages, error, poison)
+                    if ok or sent_back or (0 <= self.max_reconsume_times <= work.attempt
+                                           and await self._give_up(work.messages)):
+                        self._done(work)
+                    elif not st.released:
+                        assert self._tg is not None
+                        work.attempt += 1  # the same work: it keeps its place in its lines
+                        self._tg.start_soon(self._reconsume_later, work)
                 finally:
                     st.running -= 1
-                    if st.running == 0 and st.idle is not None:
-                        st.idle.set()
-                if ok or sent_back or (0 <= self.max_reconsume_times <= work.attempt
-                                       and await self._give_up(work.messages)):
-                    self._done(work)
-                else:
-                    assert self._tg is not None
-                    work.attempt += 1  # the same work: it keeps its place in its keys' lines
-                    self._tg.start_soon(self._reconsume_later, work)
+                    self._check_idle(st)
+
+    # ------------------------------------------------------------ orderly
+
+    def held(self) -> list[Held]:
+        """The queues an orderly consumer holds at a message its handler kept failing
+        (`on_exhausted="hold"`)."""
+        return sorted((st.holding for st in self._states.values() if st.holding is not None),
+                      key=lambda h: (h.topic, h.queue))
+
+    async def _orderly_loop(self, st: _QueueState) -> None:
+        """Hand the queue's messages to the handler one call at a time, in offset order;
+        a failed call is made again after `suspend`, never skipped; after
+        `max_attempts` its messages go to the dead letters, or block the queue (hold)."""
+        with st.consume_scope:
+            while True:
+                while not st.pending and not st.released:
+                    st.wake = anyio.Event()
+                    await st.wake.wait()
+                if not self._may_handle(st):
+                    return
+                msgs = [st.pending[i] for i in range(min(self.consume_batch, len(st.pending)))]
+                attempts = 0
+                while True:
+                    await self._unpaused()  # a paused consumer makes no new call, retries too
+                    if not self._may_handle(st):
+                        return  # unfinished: not committed, the next owner handles them
+                    attempts += 1
+                    st.running += 1
+                    try:
+                        ok, error, poison = await self._invoke(msgs)
+                        if not ok and (poison or (attempts >= self.max_attempts
+                                                  and self.on_exhausted == "dlq")):
+                            ok = await self._send_back(msgs, error, True)
+                    finally:
+                        st.running -= 1
+                        self._check_idle(st)
+                    if ok:
+                        st.holding = None
+                        break
+                    if attempts >= self.max_attempts and self.on_exhausted == "hold":
+                        if st.holding is None:
+                            log.error("%s: %s failed %d times: holding %s:%d at offset %d "
+                                      "until the handler takes them (on_exhausted='hold')",
+                                      self.client_id, [m.msg_id for m in msgs], attempts,
+                                      st.topic, st.queue, msgs[0].offset)
+                        st.holding = Held(st.topic, st.queue, msgs[0].offset, attempts, error)
+                    await anyio.sleep(self.suspend)
+                for _ in msgs:
+                    st.pending.popleft()
+                self._finish(st, msgs)
 
     @staticmethod
     def _finish(st: _QueueState, msgs: list[Message]) -> None:
@@ -594,7 +908,7 @@ class PushConsumer(GroupClient):
 
     async def _reconsume_later(self, work: _Work) -> None:
         await anyio.sleep(min(60.0, self.reconsume_delay * 2 ** (work.attempt - 1)))
-        self._dispatch(work)
+        self._dispatch(work, retry=True)
 
     async def _send_back(self, msgs: list[Message], error: str, poison: bool) -> bool:
         """Hand failed messages to the broker's retries; whether all were taken (else
@@ -640,8 +954,7 @@ class PushConsumer(GroupClient):
                     await self._settle(msgs, ok, error, poison)
                 finally:
                     st.running -= 1
-                    if st.running == 0 and st.idle is not None:
-                        st.idle.set()
+                    self._check_idle(st)
 
     async def _settle(self, msgs: Sequence[ReceivedMessage], ok: bool, error: str,
                       poison: bool) -> None:
