@@ -54,6 +54,7 @@ from .errors import (
 from .groupclient import ClientBase
 from .membership import GroupMembers
 from .pull import CALL_TIMEOUT
+from .queuelocks import QueueLock, group_locks
 from .reads import (
     commit_offsets,
     decode_fetch,
@@ -663,6 +664,13 @@ class Admin(ClientBase):
         return added
 
     # ------------------------------------------------------------ consumer groups
+
+    @_bounded(write=False)
+    async def queue_locks(self, group: str | None = None) -> list[QueueLock]:
+        """The queue locks of consumer group `group` (every group's with None) that the
+        broker groups' leaders hold: who holds each queue, and until when (orderly
+        consumption and rebalances; expired ones too, `live` False)."""
+        return await group_locks(self.routes, group)
 
     @_bounded(write=False)
     async def group_offsets(self, group: str | None = None) -> dict[str, dict[tuple[str, int], int]]:

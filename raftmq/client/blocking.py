@@ -33,6 +33,7 @@ from .membership import GroupMembers
 from .producer import Producer, SendFuture, SendResult
 from .pull import PullConsumer
 from .push import Held, PushConsumer
+from .queuelocks import QueueLock
 from .reads import PullResult, Selector
 from .simple import Receipt, ReceivedMessage, SimpleConsumer
 from .transactions import HalfHandle, Transaction, TransactionResult
@@ -580,6 +581,9 @@ class BlockingAdmin(_Blocking[Admin]):
 
     def describe_group(self, group: str) -> tuple[list[str], list[GroupQueue]]:
         return self._call(self._client.describe_group, group)
+
+    def queue_locks(self, group: str | None = None) -> list[QueueLock]:
+        return self._call(self._client.queue_locks, group)
 
     def reset_offsets(self, group: str, topic: str, to: str | int, *,
                       dry_run: bool = False) -> dict[int, tuple[int, int]]:

@@ -5,6 +5,7 @@
     raftmq group reset-offsets G --topic T --to earliest|latest|OFFSET|TIME [--dry-run]
     raftmq group reset-offsets G --topic T --to-time TIME [--dry-run]
     raftmq group delete G
+    raftmq group locks G [--json]             who holds each queue's lock, until when
 
 Resetting and deleting change committed offsets through the Raft log, and only while the
 group has no live members (a running consumer would overwrite them at its next commit).
@@ -58,7 +59,8 @@ def parse_target(text: str) -> str | int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="List, describe, reset and delete "
                                 "consumer groups.")
-    sub = p.add_subparsers(dest="action", metavar="{list,describe,reset-offsets,delete}")
+    sub = p.add_subparsers(dest="action",
+                           metavar="{list,describe,reset-offsets,delete,locks}")
     ls = sub.add_parser("list", help="every consumer group with committed offsets")
     ls.add_argument("--json", action="store_true")
     d = sub.add_parser("describe", help="members, committed offsets and lag per queue")
@@ -79,7 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     rm = sub.add_parser("delete", help="forget a group's offsets (no live members)")
     rm.add_argument("group")
     rm.add_argument("--json", action="store_true")
-    for sp in (ls, d, r, rm):
+    lk = sub.add_parser("locks", help="the group's queue locks: holders and lease expiry")
+    lk.add_argument("group")
+    lk.add_argument("--json", action="store_true")
+    for sp in (ls, d, r, rm, lk):
         add_namesrv_argument(sp)
     return p
 
@@ -153,7 +158,26 @@ async def _delete(args: argparse.Namespace, admin: Admin) -> int:
     return 0
 
 
+async def _locks(args: argparse.Namespace, admin: Admin) -> int:
+    locks = await admin.queue_locks(args.group)
+    if args.json:
+        print_json({"group": args.group, "locks": [lk.to_json() for lk in locks]})
+        return 0
+    if not locks:
+        print(f"consumer group {args.group} holds no queue lock")
+        return 0
+    console = table_console()
+    console.print(make_table(
+        ("topic", "queue", "client", "lease expiry (UTC)", "live"),
+        [(lk.topic, lk.queue, lk.client,
+          datetime.fromtimestamp(lk.expiry_ms / 1000, UTC).isoformat(timespec="milliseconds"),
+          "yes" if lk.live else "expired") for lk in locks],
+        right=("queue",)))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     return run_admin_action(parser, parser.parse_args(argv), PROG, {
-        "list": _list, "describe": _describe, "reset-offsets": _reset, "delete": _delete})
+        "list": _list, "describe": _describe, "reset-offsets": _reset, "delete": _delete,
+        "locks": _locks})
