@@ -4,6 +4,10 @@ It is a pull consumer over every queue of the topic. Offsets are committed every
 and on the way out, and only up to the last message printed, so a second run in the same
 group continues exactly where the first stopped, and `--count N` consumes exactly N (a run
 killed in between sees the last second's messages again: at-least-once).
+
+With `--orderly` it is an orderly push consumer instead (`PushConsumer(orderly=True)`):
+a member of the group sharing the queues with the group's other consumers, each queue
+read only while this run holds its lock on the broker, in offset order.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import sys
 import time
 from typing import Any
 
-from raftmq.client import FilterError, MessageSelector, PullConsumer
+import anyio
+
+from raftmq.client import FilterError, MessageSelector, PullConsumer, PushConsumer
 from raftmq.client.consumer import commit_offsets
 from wire.records import Message
 
@@ -55,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="only messages this SQL92 filter matches (RocketMQ's bySql, decided "
                         "on the broker), e.g. \"region = 'eu' AND amount > 100\"; with "
                         "--tags, both must match")
+    p.add_argument("--orderly", action="store_true",
+                   help="consume as an orderly push consumer: share the queues with the "
+                        "group's other consumers, each queue read only while this run holds "
+                        "its lock on the broker, one message at a time in offset order")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per message (body as UTF-8 text or base64)")
     p.add_argument("--full", action="store_true",
@@ -188,6 +198,56 @@ async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
     return 0
 
 
+async def _consume_orderly(args: argparse.Namespace, namesrv: list[str]) -> int:
+    """--orderly: an orderly push consumer printing each message it is handed; a message
+    beyond --count is refused (left for the next run, uncommitted) and the consumer
+    paused, so exactly N are printed and committed."""
+    consumed = 0
+    limit = None if args.full or args.json or not sys.stdout.isatty() else TRUNCATE
+    last = time.monotonic()
+    enough = anyio.Event()
+    consumer: PushConsumer | None = None
+
+    async def handle(msgs: list[Message]) -> bool:
+        nonlocal consumed, last
+        if args.count is not None and consumed >= args.count:
+            return False
+        for m in msgs:
+            if args.json:
+                print_json(message_json(m))
+            else:
+                print(message_line(m, limit), flush=True)
+        consumed += len(msgs)
+        last = time.monotonic()
+        if args.count is not None and consumed >= args.count:
+            assert consumer is not None
+            consumer.pause()
+            enough.set()
+        return True
+
+    try:
+        selector = MessageSelector(tags=_tags(args.tags), sql=args.sql)
+        consumer = PushConsumer(namesrv, args.group, {args.topic: selector}, handle,
+                                orderly=True, start_from=args.start_from,
+                                commit_interval=COMMIT_INTERVAL)
+    except ValueError as exc:
+        print(f"{PROG}: --tags: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    reason = f"nothing new for {args.timeout:g} s"
+    async with consumer:
+        while not enough.is_set():
+            left = last + args.timeout - time.monotonic()
+            if left <= 0:
+                break
+            with anyio.move_on_after(min(left, POLL_SLICE)):
+                await enough.wait()
+        if enough.is_set():
+            reason = f"{args.count} messages"
+    print(f"{PROG}: {consumed} message(s) from {args.topic} in group {args.group} "
+          f"(orderly; stopped: {reason})", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -203,6 +263,8 @@ def main(argv: list[str]) -> int:
     namesrv = namesrv_addresses(parser, args.namesrv)
 
     async def run() -> int:
+        if args.orderly:
+            return await _consume_orderly(args, namesrv)
         return await _consume(args, namesrv)
 
     return run_async(run, namesrv)
