@@ -17,7 +17,7 @@ from wire.records import Message
 from wire.requests import HeartbeatRequest
 
 from .allocation import strategy_of
-from .errors import UnavailableError
+from .errors import LockLostError, UnavailableError
 from .groupclient import (
     GroupClient,
     QueuesCallback,
@@ -232,7 +232,9 @@ class PullConsumer(GroupClient):
         processed of them there: the next owner starts at the committed offset), then
         `on_assign(queues)` with those gained. Callbacks may be async; plain ones run in
         a worker thread, so a blocking client's own calls work inside them. Replaces an
-        earlier subscription."""
+        earlier subscription. Push consumers of the group hold queue locks: a commit of a
+        queue one of them has locked is refused (`LockLostError`); raised by `on_revoke`,
+        the queues are given up all the same."""
         if self._assigned:
             raise ValueError("this consumer assigned queues itself: unassign() them "
                              "before subscribing")
@@ -278,7 +280,13 @@ class PullConsumer(GroupClient):
                 log.info("%s: new share among %d clients: -%s +%s", self.client_id,
                          len(clients), lost, gained)
             if lost:
-                await call_back(self._on_revoke, lost)
+                try:
+                    await call_back(self._on_revoke, lost)
+                except LockLostError as exc:
+                    # a push consumer of the group locked a queue given up here before
+                    # on_revoke committed it: it is that consumer's now, read again
+                    # there from the last commit; retrying would only be refused again
+                    log.warning("%s: on_revoke: %s", self.client_id, exc)
                 for key in lost:
                     self._positions.pop(key, None)
                     self.unreadable.pop(key, None)
