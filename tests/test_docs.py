@@ -4,7 +4,11 @@ guides cannot drift from the SDK and the CLI.
 
 A block fenced as ```toml NAME is a file the page shows: it is written as NAME where the
 page's `sh` blocks run. A `sh` line ending in `&` runs in the background (its output to a
-log) until the block's other lines are done, then it is stopped."""
+log) until the block's other lines are done, then it is stopped. A `curl` line reaches
+the HTTP API of a `raftmq console` served for the cluster (the page's
+http://127.0.0.1:7180, where `raftmq dev` serves it, becomes that address), and a Python
+block that connects to MQTT at 127.0.0.1:7183 reaches a `raftmq mqtt` gateway of the
+cluster the same way."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import pytest
 
 from raftmq.localcluster import LocalCluster
 from tests.paths import REPO_ROOT as ROOT
+from tests.web.server_process import serving
 from wire.protocol import DEFAULT_NAMESRV
 
 BLOCKS = [
@@ -40,6 +45,8 @@ SHELL = [
     for i, code in enumerate(re.findall(r"```sh\n(.*?)```", path.read_text(), re.S))
 ]
 STOP_WAIT = 15.0  # seconds a background line gets to exit on SIGTERM
+HTTP_API = "http://127.0.0.1:7180"  # where the pages' examples find `raftmq dev`'s API
+MQTT_AT = '"127.0.0.1", 7183'  # and its MQTT gateway (paho's connect arguments)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +54,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("docs"), nodes=3, groups=3, tick_ms=50) as c:
         c.wait_ready(timeout=60)
         yield c
+
+
+@pytest.fixture(scope="module")
+def frontends(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[dict[str, str]]:
+    """The HTTP API and the MQTT gateway of the cluster, as the pages' addresses map."""
+    logs = tmp_path_factory.mktemp("docs-frontends")
+    with serving("console", cluster.namesrv_addr, logs / "console.log") as url, \
+            serving("mqtt", cluster.namesrv_addr, logs / "mqtt.log") as mqtt:
+        host, _, port = mqtt.rpartition(":")
+        yield {HTTP_API: url, MQTT_AT: f'"{host}", {port}'}
+
+
+def _served(code: str, frontends: dict[str, str]) -> str:
+    for page_address, served_address in frontends.items():
+        code = code.replace(page_address, served_address)
+    return code
 
 
 def test_the_docs_have_examples() -> None:
@@ -65,8 +89,11 @@ def test_every_block_is_run_or_written(path: Path) -> None:
 
 @pytest.mark.live
 @pytest.mark.parametrize("code", BLOCKS)
-def test_doc_example_runs(cluster: LocalCluster, code: str, tmp_path: Path) -> None:
+def test_doc_example_runs(cluster: LocalCluster, code: str, tmp_path: Path,
+                          request: pytest.FixtureRequest) -> None:
     assert repr(DEFAULT_NAMESRV).replace("'", '"') in code, "examples use the default address"
+    if MQTT_AT in code or HTTP_API in code:
+        code = _served(code, request.getfixturevalue("frontends"))
     script = tmp_path / "example.py"
     script.write_text(code.replace(f'"{DEFAULT_NAMESRV}"', repr(cluster.namesrv_addr)))
     # a Spark example starts a JVM: minutes on a 2-core machine running other tests
@@ -92,8 +119,11 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.mark.live
 @pytest.mark.parametrize(("code", "files"), SHELL)
 def test_doc_commands_run(
-    cluster: LocalCluster, code: str, files: dict[str, str], tmp_path: Path
+    cluster: LocalCluster, code: str, files: dict[str, str], tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
+    if HTTP_API in code:
+        code = _served(code, request.getfixturevalue("frontends"))
     env = {k: v for k, v in os.environ.items() if k not in ("RAFTMQ_NAMESRV", "NAMESRV_ADDR")}
     env["NAMESRV_ADDR"] = cluster.namesrv_addr
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -104,7 +134,7 @@ def test_doc_commands_run(
         for i, line in enumerate(code.splitlines()):
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            assert "raftmq " in line, line
+            assert "raftmq " in line or line.startswith("curl "), line
             if line.rstrip().endswith("&"):
                 with (tmp_path / f"background-{i}.log").open("wb") as log:
                     background.append(subprocess.Popen(
