@@ -9,8 +9,8 @@ gateway process for it (`--broker HOST:PORT` for a running one). Two cases, each
   uses), each publishing at QoS 1 and waiting for the PUBACK before the next publish;
   the gateway sends a PUBACK once the message is committed on a majority.
 
-A connection's publishes are one at a time, as the gateway keeps their order, so
-`--clients` is the concurrency of both cases. The result has each case's msgs/s and
+Each connection waits for a PUBACK before its next publish (a publish-and-wait device),
+so `--clients` is the concurrency of both cases. The result has each case's msgs/s and
 latency (publish to PUBACK, send call to ack) and `mqtt_vs_binary`. With authentication
 on the cluster, the MQTT clients log in as RAFTMQ_USER/RAFTMQ_PASSWORD.
 """
