@@ -22,6 +22,7 @@ from wire.protocol import Code, RequestError
 __all__ = ["TRACE_KINDS_IN_ORDER", "TRACE_TOPIC", "TraceRecord", "is_system_topic"]
 
 TRACE_TOPIC = "rmq_sys_trace"
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 SYSTEM_PREFIX = "rmq_sys_"
 #: The steps of a message's life in their order. Steps are shown in this order, then by
 #: time: their times come from different clocks (the producer's, the leader's, the
@@ -51,7 +52,12 @@ class TraceRecord:
     committed: int = -1
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        # by hand, not `asdict`: a node encodes one or two of these per traced message
+        return _ENCODER.encode({
+            "kind": self.kind, "msg_id": self.msg_id, "topic": self.topic,
+            "queue": self.queue, "offset": self.offset, "ms": self.ms,
+            "client": self.client, "cg": self.cg, "group": self.group, "index": self.index,
+            "committed": self.committed}).encode()
 
     @classmethod
     def decode(cls, body: bytes) -> TraceRecord:

@@ -55,6 +55,8 @@ class Tracer:
         self._routes: Routes | None = None
         self._wakeup: anyio.Event | None = None
         self._groups: list[str] = []  # the cluster's groups, sorted (the trace queues' order)
+        self._out = 0  # flushes whose reports are not all answered yet
+        self._settled: anyio.Event | None = None  # set (and replaced) when none is left
         # a committing consumer's delivered messages not yet covered by a commit:
         # (topic, queue) -> offset -> group
         self._unacked: dict[tuple[str, int], dict[int, str]] | None = {} if commits else None
@@ -63,6 +65,7 @@ class Tracer:
         """Report from a task of `tg` until it is cancelled."""
         self._routes = routes
         self._wakeup = anyio.Event()
+        self._settled = anyio.Event()
         tg.start_soon(self._run)
 
     def add(self, group: str, topic: str, kind: str, queue: int, offset: int, ms: int,
@@ -123,14 +126,24 @@ class Tracer:
 
     async def flush(self) -> None:
         """Report everything waiting now (each (group, topic) in requests of at most
-        `MAX_TRACE_EVENTS` events, at once)."""
-        if self._routes is None or not self._waiting:
+        `MAX_TRACE_EVENTS` events, at once), and wait for the reports already out."""
+        if self._routes is None or self._settled is None:
             return
         waiting, self._waiting, self._count = self._waiting, {}, 0
-        async with anyio.create_task_group() as tg:
-            for (group, topic), events in waiting.items():
-                for i in range(0, len(events), MAX_TRACE_EVENTS):
-                    tg.start_soon(self._report, group, topic, events[i:i + MAX_TRACE_EVENTS])
+        self._out += 1
+        try:
+            async with anyio.create_task_group() as tg:
+                for (group, topic), events in waiting.items():
+                    for i in range(0, len(events), MAX_TRACE_EVENTS):
+                        tg.start_soon(self._report, group, topic,
+                                      events[i:i + MAX_TRACE_EVENTS])
+        finally:
+            self._out -= 1
+            if not self._out:
+                self._settled.set()
+                self._settled = anyio.Event()
+        while self._out:  # another flush's reports are still out: they are ours too
+            await self._settled.wait()
 
     async def _report(self, group: str, topic: str, events: list[TraceEvent]) -> None:
         assert self._routes is not None
