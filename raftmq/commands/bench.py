@@ -42,6 +42,12 @@ def _filter(argv: list[str]) -> int:
     return filter_main(argv)
 
 
+def _trace(argv: list[str]) -> int:
+    from bench.trace import main as trace_main
+
+    return trace_main(argv)
+
+
 def _ack(argv: list[str]) -> int:
     from bench.ack import main as ack_main
 
@@ -112,6 +118,7 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "catchup": (_catchup, "a new replica catches up under reads: leader memory, answers"),
     "delay": (_delay, "delayed sends vs plain, memory of pending, lateness of a crowd"),
     "filter": (_filter, "consume with a SQL92 filter matching 1%, 50%, 100% vs none"),
+    "trace": (_trace, "message trace on vs off: produce and consume throughput, records"),
     "ack": (_ack, "simple consumer receive + ack vs pull + commit, redelivery, retries"),
     "txn": (_txn, "transactions (10/100 msgs, 1/3 groups) and half messages vs plain sends"),
     "spark": (_spark, "PySpark `raftmq` source: batch and streaming read rows/s"),

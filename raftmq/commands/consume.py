@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--group", required=True, help="consumer group (offsets are kept per group)")
     p.add_argument("--topic", required=True)
     p.add_argument("--count", type=int, metavar="N", help="stop after N messages")
+    p.add_argument("--trace", action="store_true",
+                   help="record each message's delivery and ack in the trace (raftmq trace)")
     p.add_argument("--from", dest="start_from", choices=("first", "last"), default="first",
                    help="where a group without committed offsets starts (default %(default)s)")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S",
@@ -127,11 +129,19 @@ async def _start_positions(consumer: PullConsumer, topic: str) -> dict[tuple[str
     return out
 
 
+async def _commit(consumer: PullConsumer, offsets: dict[tuple[str, int], int]) -> None:
+    """Commit the printed messages' queues at once (and, traced, report them acked)."""
+    await commit_offsets(consumer.routes, consumer.group, offsets)
+    if consumer.tracer is not None:
+        consumer.tracer.committed(offsets)
+
+
 async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
     consumed = 0
     reason = f"nothing new for {args.timeout:g} s"
     limit = None if args.full or args.json or not sys.stdout.isatty() else TRUNCATE
-    async with PullConsumer(namesrv, args.group, start_from=args.start_from) as consumer:
+    async with PullConsumer(namesrv, args.group, start_from=args.start_from,
+                            trace=args.trace) as consumer:
         try:
             consumer.assign(args.topic, tags=_tags(args.tags), sql=args.sql)
         except FilterError as exc:
@@ -179,12 +189,12 @@ async def _consume(args: argparse.Namespace, namesrv: list[str]) -> int:
                     offsets[key] = max(offsets[key], pos)
             pending.update(offsets)
             if time.monotonic() >= commit_at:  # through the Raft log: not per batch
-                await commit_offsets(consumer.routes, consumer.group, pending)
+                await _commit(consumer, pending)
                 pending.clear()
                 commit_at = time.monotonic() + COMMIT_INTERVAL
             idle_until = time.monotonic() + args.timeout
         if pending:
-            await commit_offsets(consumer.routes, consumer.group, pending)
+            await _commit(consumer, pending)
         unreadable = dict(sorted(consumer.unreadable.items()))
     print(f"{PROG}: {consumed} message(s) from {args.topic} in group {args.group} "
           f"(stopped: {reason})", file=sys.stderr)

@@ -61,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="deliver at this ISO 8601 time (without a zone: local time)")
     p.add_argument("--idempotent", action="store_true",
                    help="producer id + sequence numbers: a retried batch is stored once")
+    p.add_argument("--trace", action="store_true",
+                   help="record the messages' sends in the trace (raftmq trace MSG_ID)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_namesrv_argument(p)
     return p
@@ -106,7 +108,7 @@ def _result_dict(r: SendResult) -> dict[str, Any]:
 def _producer(args: argparse.Namespace, namesrv: list[str]) -> Producer:
     """With --key the key picks the queue (the SDK's default rule), so messages of one
     key stay in order."""
-    return Producer(namesrv, idempotent=args.idempotent)
+    return Producer(namesrv, idempotent=args.idempotent, trace=args.trace)
 
 
 def _read_bodies(args: argparse.Namespace) -> list[bytes | str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench import ack, consume, delay, e2e, failover, filter, produce, topics
+from bench import ack, consume, delay, e2e, failover, filter, produce, topics, trace
 from bench.common import (
     Acks,
     Pacer,
@@ -368,6 +368,20 @@ def test_filter(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> No
     assert got == {"none": (1200, 1200), "all": (1200, 1200), "half": (600, 1200),
                    "one_percent": (12, 1200)}
     assert all(c["vs_none"] > 0 for name, c in r["cases"].items() if name != "none")
+
+
+@pytest.mark.live
+def test_trace(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    r = _run(capsys, trace.main, ["--namesrv", cluster.namesrv_addr, "--messages", "1200",
+                                  "--batch", "100", "--json"])
+    assert r["_exit"] == 0 and r["errors"] == 0
+    off, on = r["cases"]["off"], r["cases"]["on"]
+    assert off["consume"]["received"] == on["consume"]["received"] == 1200
+    assert off["trace_records"] == 0
+    # sent and stored by the producer's reports, delivered and acked by the consumer's
+    assert (on["produce"]["trace_records"], on["consume"]["trace_records"]) == (2400, 2400)
+    assert on["records_per_message"] == 4
+    assert on["produce"]["vs_off"] > 0 and on["consume"]["vs_off"] > 0
 
 
 @pytest.mark.live
