@@ -97,6 +97,7 @@ from .authcheck import Checker as SecurityChecker
 from .delaycheck import DELAY_OPS
 from .delaycheck import Checker as DelayChecker
 from .entrychecks import EntryChecker, feed
+from .fifocheck import Checker as FifoChecker
 from .histories import (
     NEMESIS,
     Fault,
@@ -252,6 +253,7 @@ class Analysis:
             security=self.results.get("security"),
             delays=self.results.get("delays"),
             simple=self.results.get("simple"),
+            fifo=self.results.get("fifo"),
         )
 
 
@@ -281,10 +283,11 @@ def analyze(
     path = Path(history_path)
     clock = _Clock()
     with _spill_dir(path) as spill:
-        with clock("spill"):  # and the transactional, security, delay and simple checks
+        with clock("spill"):  # and the transactional, security, delay, simple, FIFO checks
             faults = parse_faults(path)
-            routes, (tx, sec, delays, simple) = _spill_by_key(
-                path, spill, (TxChecker(), SecurityChecker(), DelayChecker(), SimpleChecker()))
+            routes, (tx, sec, delays, simple, fifo) = _spill_by_key(
+                path, spill, (TxChecker(), SecurityChecker(), DelayChecker(), SimpleChecker(),
+                              FifoChecker()))
         analysis = _analyze_spilled(
             routes, faults, queue_groups=queue_groups, check_timeout=check_timeout,
             idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
@@ -294,6 +297,7 @@ def analyze(
     _add_security(analysis, sec)
     _add_delays(analysis, delays)
     _add_simple(analysis, simple)
+    _add_fifo(analysis, fifo)
     analysis.results["analysis_seconds"] = clock.summary()
     return analysis
 
@@ -347,6 +351,12 @@ def _add_simple(analysis: Analysis, simple: dict[str, Any]) -> None:
     for a history with simple-consumer records."""
     _add_section(analysis, "simple", simple, bool(
         simple["messages"]["sent"] or simple["receives"] or simple["malformed"]))
+
+
+def _add_fifo(analysis: Analysis, fifo: dict[str, Any]) -> None:
+    """The FIFO checker's verdict (`chaos.fifocheck`): section ``fifo``, for a history
+    with messages of FIFO message groups."""
+    _add_section(analysis, "fifo", fifo, bool(fifo["sent"] or fifo["message_groups"]))
 
 
 def _add_section(analysis: Analysis, name: str, section: dict[str, Any], present: bool) -> None:

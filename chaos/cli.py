@@ -311,8 +311,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="queue (default), txn (transactions, half messages, a pipeline), "
                    "security (users and ACLs changed under faults, on a cluster with logins "
                    "and ACLs on), delay (delayed messages: never early, never lost), simple "
-                   "(simple consumers: acks, retries, dead letters) or all (the five side "
-                   "by side)")
+                   "(simple consumers: acks, retries, dead letters), fifo (simple consumers "
+                   "of FIFO message groups: each group in order, one message at a time) or "
+                   "all (the six side by side)")
     p.add_argument("--seed", type=int, default=0, help="decides the fault schedule")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="history.jsonl, results.json, report.html and the cluster's files")
@@ -438,6 +439,14 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
                         for kind in ("lost", "acked_then_delivered", "stale_acks_accepted",
                                      "double_holding", "delivery_counts",
                                      "dead_letters_wrong", "phantoms"))
+        ))
+    fifo = results.get("fifo")
+    if isinstance(fifo, dict):
+        table.add_row("FIFO message groups", (
+            f"{fifo.get('message_groups', 0)} groups, {fifo.get('messages', 0)} messages, "
+            f"{fifo.get('deliveries', 0)} deliveries; "
+            + ", ".join(f"{kind} {fifo.get(kind, 0)}"
+                        for kind in ("out_of_order", "group_double_holding"))
         ))
     table.add_row("checker", f"{results.get('checker_seconds', 0):.1f} s")
     worst = results.get("longest_unavailability")

@@ -538,6 +538,16 @@ def _simple(s: dict[str, Any]) -> str:
         ("dead letters read at the end", s.get("dlq_read"))])
 
 
+def _fifo(f: dict[str, Any]) -> str:
+    """The FIFO checker's verdict per message group (`chaos.fifocheck`)."""
+    from .fifocheck import VIOLATIONS
+
+    return _checker_section("FIFO message groups", f, VIOLATIONS, [
+        ("message groups", f.get("message_groups")), ("messages", f.get("messages")),
+        ("largest group", f.get("largest_group")), ("deliveries", f.get("deliveries")),
+        ("dead letters read at the end", f.get("dlq_read"))])
+
+
 def _checker_section(title: str, verdict: dict[str, Any], violations: Iterable[str],
                      facts: list[tuple[str, Any]]) -> str:
     """A checker's verdict: every violation count (red when not zero), its facts, and the
@@ -576,6 +586,7 @@ def render_html(
     security: dict[str, Any] | None = None,
     delays: dict[str, Any] | None = None,
     simple: dict[str, Any] | None = None,
+    fifo: dict[str, Any] | None = None,
     max_ops: int = 4000,
 ) -> str:
     """The report as one HTML string; faults are (start, end, name) in the history's time unit.
@@ -585,8 +596,8 @@ def render_html(
     ``unavailability_by_fault`` (one row per fault kind); ``transactions`` its
     transactional verdict (`chaos.txcheck`), ``security`` that of users and ACLs
     (`chaos.authcheck`), ``delays`` that of delayed messages (`chaos.delaycheck`) and
-    ``simple`` that of simple consumers (`chaos.simplecheck`), each shown first when it
-    found a violation.
+    ``simple`` that of simple consumers (`chaos.simplecheck`), ``fifo`` that of FIFO
+    message groups (`chaos.fifocheck`), each shown first when it found a violation.
     """
     chosen, note = _focus(info, max_ops)
     if throughput is None and latency is None:
@@ -607,6 +618,8 @@ def render_html(
         body.append(_delays(delays))
     if simple is not None and not simple.get("valid", True):
         body.append(_simple(simple))
+    if fifo is not None and not fifo.get("valid", True):
+        body.append(_fifo(fifo))
     failure = info.first_failure
     if failure is not None:
         body.append(_failure_section(model, failure))
@@ -635,6 +648,8 @@ def render_html(
         body.append(_delays(delays))
     if simple is not None and simple.get("valid", True):
         body.append(_simple(simple))
+    if fifo is not None and fifo.get("valid", True):
+        body.append(_fifo(fifo))
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>{''.join(body)}<script>{_JS}</script></body></html>"

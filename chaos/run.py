@@ -17,7 +17,10 @@ With `--workload delay` (or `all`) producers send delayed messages and readers f
 their queues from the start to the drain (`chaos.delayworkload`), checked by
 `chaos.delaycheck`. With `--workload simple` (or `all`) simple consumers of one group, one
 of them a process killed again and again, ack, nack, stall, re-time and dead-letter
-messages (`chaos.simpleworkload`), checked by `chaos.simplecheck`. With `--workload security` (or `all`) the nodes run with logins and ACLs on and a
+messages (`chaos.simpleworkload`), checked by `chaos.simplecheck`. With `--workload fifo`
+(or `all`) the same on messages of FIFO message groups, checked by `chaos.simplecheck`
+and, per message group, `chaos.fifocheck`. With `--workload security` (or `all`) the
+nodes run with logins and ACLs on and a
 bootstrap superuser whose login every client of the harness uses (`chaos.secworkload`);
 the default queue workload's cluster has neither.
 
@@ -66,7 +69,7 @@ from .workload import Workload
 
 __all__ = ["RunOptions", "nemesis_plan", "run_chaos"]
 
-WORKLOADS = ("queue", "txn", "security", "delay", "simple", "all")
+WORKLOADS = ("queue", "txn", "security", "delay", "simple", "fifo", "all")
 SECURE_WORKLOADS = ("security", "all")
 """Workloads whose cluster runs with logins and ACLs on (`chaos.secworkload`); every
 client of the harness then logs in as its superuser."""
@@ -148,7 +151,9 @@ class RunOptions:
                        "delay": "on the clock its readers read: due times are the nodes' "
                                 "wall clock",
                        "simple": "on the clock its consumers read: invisible times are the "
-                                 "nodes' wall clock"}.get(self.workload, "with short check-back timings")
+                                 "nodes' wall clock",
+                       "fifo": "on the clock its consumers read: invisible times are the "
+                               "nodes' wall clock"}.get(self.workload, "with short check-back timings")
                 raise ValueError(f"--workload {self.workload} needs nodes the harness starts "
                                  f"({why}), not --cluster")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
@@ -263,6 +268,14 @@ async def _run(opts: RunOptions, recorder: Recorder,
                                             rng=random.Random(rng.getrandbits(64)),
                                             log=opts.out / "cluster" / "simple-workers.log")
                 facts["simple_queue_groups"] = await simpleload.setup()
+            fifoload: SimpleWorkload | None = None
+            if opts.workload in ("fifo", "all"):
+                fifoload = SimpleWorkload(cluster.namesrv_addr, TOPIC, opts.groups,
+                                          recorder=recorder,
+                                          rng=random.Random(rng.getrandbits(64)),
+                                          log=opts.out / "cluster" / "fifo-workers.log",
+                                          fifo=True)
+                facts["fifo_queue_groups"] = await fifoload.setup()
             secload: SecurityWorkload | None = None
             if opts.workload in SECURE_WORKLOADS:
                 secload = SecurityWorkload(
@@ -283,7 +296,7 @@ async def _run(opts: RunOptions, recorder: Recorder,
             )
             # a node that died on its own is reported (unexpected_exits), not raised
             ready = functools.partial(cluster.wait_ready, opts.ready_timeout, raise_on_exit=False)
-            loads = _Loads(workload, txload, secload, delayload, simpleload)
+            loads = _Loads(workload, txload, secload, delayload, simpleload, fifoload)
             await _load_heal_drain(opts, loads, nemesis, ready, cluster.unexpected_exits, facts)
         finally:
             await trio.to_thread.run_sync(cluster.stop)
@@ -298,25 +311,27 @@ _Load = Workload | TxWorkload | SecurityWorkload | DelayWorkload | SimpleWorkloa
 
 class _Loads:
     """The queue workload, the transactional one, the security one, the delayed-message
-    one, the simple-consumer one, or several side by side."""
+    one, the simple-consumer one, its FIFO twin, or several side by side."""
 
     def __init__(self, queue: Workload | None, tx: TxWorkload | None,
                  security: SecurityWorkload | None = None,
                  delay: DelayWorkload | None = None,
-                 simple: SimpleWorkload | None = None) -> None:
-        self.loads: list[_Load] = [w for w in (queue, tx, security, delay, simple)
+                 simple: SimpleWorkload | None = None,
+                 fifo: SimpleWorkload | None = None) -> None:
+        self.loads: list[_Load] = [w for w in (queue, tx, security, delay, simple, fifo)
                                    if w is not None]
         self.tx = tx
         self.security = security
         self.delay = delay
         self.simple = simple
+        self.fifo = fifo
 
     async def follow(self) -> None:
         """What watches the cluster from the load's start until the drain: the delayed
         messages' readers (so a message due during the heal is seen when it arrives) and
         the simple consumers in the harness (they consume through the heal)."""
         async with trio.open_nursery() as nursery:
-            for load in (self.delay, self.simple):
+            for load in (self.delay, self.simple, self.fifo):
                 if load is not None:
                     nursery.start_soon(load.follow)
 
@@ -385,6 +400,9 @@ async def _load_heal_drain(
     if isinstance(workload, _Loads) and workload.simple is not None:
         facts["simple_load"] = {**workload.simple.stats,
                                 "worker_starts": workload.simple.worker_starts}
+    if isinstance(workload, _Loads) and workload.fifo is not None:
+        facts["fifo_load"] = {**workload.fifo.stats,
+                              "worker_starts": workload.fifo.worker_starts}
 
 
 async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:

@@ -27,7 +27,8 @@ that made it: unique, and growing with each delivery of a message).
 
 ``simple-send`` (key = ``"topic/queue"``)
     A producer's send: invoke ``{"body", "producer": "plain" | "idempotent",
-    "always_fail"}``; ``attempt`` lines (plain producers, one per request);
+    "always_fail"}``, plus ``"group"`` and ``"seq"`` for a message of a FIFO message
+    group (`chaos.fifocheck` reads those); ``attempt`` lines (plain producers, one per request);
     ``ok {"offset"}`` (acknowledged), ``fail {"error"}`` (certainly never stored),
     ``info {"error"}`` (unknown).
 
@@ -132,6 +133,9 @@ class _Send:
     queue: str
     status: str = "open"  # ok | fail | info | open
     always_fail: bool = False
+    group: str = ""  # its FIFO message group, if any, and its number in the group
+    seq: int = 0
+    offset: int | None = None  # where an ok answer said it was stored
 
 
 @dataclass(slots=True)
@@ -232,8 +236,9 @@ class Checker:
             body = str(v["body"])
             if body in self.sends:
                 raise ValueError(f"body {body!r} sent twice")
-            op.value = self.sends[body] = _Send(body, str(op.key),
-                                                always_fail=bool(v.get("always_fail")))
+            op.value = self.sends[body] = _Send(
+                body, str(op.key), always_fail=bool(v.get("always_fail")),
+                group=str(v.get("group") or ""), seq=int(v.get("seq") or 0))
         elif op.f == "simple-receive":
             cg, md = str(v["cg"]), int(v["max_deliveries"])
             if self.max_deliveries.setdefault(cg, md) != md:
@@ -257,6 +262,8 @@ class Checker:
         if op.f == "simple-send":
             send: _Send = op.value
             send.status = kind
+            if kind == "ok" and isinstance(result, dict) and result.get("offset") is not None:
+                send.offset = int(result["offset"])
             self.send_outcomes[kind] = self.send_outcomes.get(kind, 0) + 1
         elif op.f == "simple-receive":
             self.receives[kind] = self.receives.get(kind, 0) + 1
@@ -311,7 +318,7 @@ class Checker:
 
     # ------------------------------------------------------------ verdict
 
-    def _deadline(self, d: _Delivery) -> float:
+    def deadline(self, d: _Delivery) -> float:
         """The earliest the delivery `d`'s invisible time could have run out: from its
         receive, or from a nack or change_invisible of it that may have been applied."""
         earliest = d.since_ms + d.invisible_ms
@@ -428,7 +435,7 @@ class Checker:
                     found["dead_letters_wrong"].append({
                         **name, "why": "delivered after dead_letter", "handle": d.handle})
                     poisoned = None
-                deadline = self._deadline(d)
+                deadline = self.deadline(d)
                 if deadline > latest_deadline:
                     latest_deadline, holder = deadline, d
                 for s in self.settles.get((msg, d.handle), []):

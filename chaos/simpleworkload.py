@@ -25,6 +25,13 @@ Every RECEIVE request that got no answer, or an error one, is recorded
 its answer carried was made and never seen, which the checker must know to tell a
 delivery count that skipped from one whose delivery was lost on the way.
 
+With ``fifo=True`` (`raftmq chaos run --workload fifo`) the same load runs on a topic
+and consumer group of its own (``<base>-fifo``, `FIFO_GROUP`) with FIFO message groups:
+each producer owns `FIFO_GROUPS` message groups, each always sent to one queue, and
+sends to one group at a time, numbering its messages 1, 2, 3 ... (the body is
+``<group>-<seq>``, the send record carries ``group`` and ``seq``), so the receipts part
+must hand each group out one message at a time, in offset order (`chaos.fifocheck`).
+
 The consumers in the harness go on after the load, through the heal, until `drain`
 stops them. `drain` first has them settle everything (acks, and nacks of always-fail
 bodies only) until every acknowledged message is acked or a dead letter, for
@@ -63,6 +70,9 @@ from .workload import _written_for_sure_not, queue_groups, queue_key
 __all__ = ["RecordingPool", "SimpleWorkload", "main"]
 
 GROUP = "chaos-simple"
+FIFO_GROUP = "chaos-fifo"
+FIFO_GROUPS = 16  # message groups per producer
+FIFO_PAUSE = (0.05, 0.25)  # between sends: a group's messages go out one at a time
 INVISIBLE_S = (1.0, 3.0)
 BACKOFF = (0.5, 1.0, 2.0)
 MAX_DELIVERIES = 4
@@ -114,8 +124,9 @@ class Consumer:
     everything but the always-fail bodies."""
 
     def __init__(self, namesrv: str, topic: str, name: str, emit: Emit, rng: random.Random,
-                 *, wait: float = 0.0) -> None:
+                 *, wait: float = 0.0, cg: str = GROUP) -> None:
         self.namesrv = namesrv
+        self.cg = cg
         self.topic = topic
         self.name = name
         self.emit = emit
@@ -133,14 +144,14 @@ class Consumer:
     def _lost(self, header: Mapping[str, Any], sent: int, error: str) -> None:
         key = queue_key(str(header.get("topic")), int(header.get("queue") or 0))
         p = f"{self.name}.lost"
-        self._entry(p, "invoke", "simple-lost", key, {"cg": GROUP, "sent_ms": sent})
+        self._entry(p, "invoke", "simple-lost", key, {"cg": self.cg, "sent_ms": sent})
         self._entry(p, "info", "simple-lost", key, {"error": error, "ms": wall_ms()})
 
     async def run(self) -> None:
         """Receive and settle until cancelled."""
         held = anyio.Semaphore(MAX_HELD)
         async with RecordingPool(self._lost) as pool, SimpleConsumer(
-                self.namesrv, GROUP, invisible=INVISIBLE_S[1], wait=self.wait,
+                self.namesrv, self.cg, invisible=INVISIBLE_S[1], wait=self.wait,
                 max_deliveries=MAX_DELIVERIES, backoff=BACKOFF,
                 pool=pool) as consumer, anyio.create_task_group() as tg:
             while True:
@@ -163,7 +174,7 @@ class Consumer:
         self._invisible_ms = min(self._invisible_ms, invisible_ms)
         p = self.name
         self._entry(p, "invoke", "simple-receive", self.topic, {
-            "cg": GROUP, "consumer": self.name, "max": RECEIVE_MAX,
+            "cg": self.cg, "consumer": self.name, "max": RECEIVE_MAX,
             "invisible_ms": self._invisible_ms, "max_deliveries": MAX_DELIVERIES,
             "since_ms": self._since})
         try:
@@ -235,7 +246,7 @@ class Consumer:
         p = f"{self.name}.{next(self._ids)}"
         key = queue_key(self.topic, m.queue)
         self._entry(p, "invoke", f, key, {
-            "cg": GROUP, "offset": m.offset, "handle": m.receipt.handle,
+            "cg": self.cg, "offset": m.offset, "handle": m.receipt.handle,
             "body": m.body.decode("utf-8", "replace"), "sent_ms": wall_ms(), **extra})
         try:
             await call()
@@ -278,18 +289,22 @@ class SimpleWorkload:
         send_timeout: float = 3.0,
         log: Path | None = None,
         python: str = sys.executable,
+        fifo: bool = False,
     ) -> None:
         if groups < 1:
             raise ValueError("groups must be at least 1")
         self.namesrv = namesrv
-        self.topic = f"{base}-simple"
+        self.fifo = fifo
+        self.cg = FIFO_GROUP if fifo else GROUP
+        self.prefix = "fifo" if fifo else "simple"  # of its topic and process names
+        self.topic = f"{base}-{self.prefix}"
         self.queues = 2 * groups
         self.recorder = recorder
         self.rng = rng
         self.producers = producers
         self.idempotent_producers = idempotent_producers
         self.workers = workers
-        self.pause = pause
+        self.pause = FIFO_PAUSE if fifo else pause
         self.send_timeout = send_timeout
         self.log = log
         self.python = python
@@ -297,8 +312,9 @@ class SimpleWorkload:
         self.stats: dict[str, int] = {}
         self.worker_starts = 0
         self.consumers = [
-            Consumer(namesrv, self.topic, f"simple-c{k}", self._record,
-                     random.Random(rng.getrandbits(64)), wait=LONG_POLL_S if k % 2 else 0.0)
+            Consumer(namesrv, self.topic, f"{self.prefix}-c{k}", self._record,
+                     random.Random(rng.getrandbits(64)), wait=LONG_POLL_S if k % 2 else 0.0,
+                     cg=self.cg)
             for k in range(consumers)]
         self._acknowledged: dict[tuple[str, int], str] = {}  # (queue, offset) -> body
         self._acked: set[tuple[str, int]] = set()
@@ -375,9 +391,10 @@ class SimpleWorkload:
             nursery.cancel_scope.deadline = trio.current_time() + max(
                 0.0, stop_at - time.monotonic()) + GRACE
             for k in range(self.producers):
-                nursery.start_soon(self._producer, f"simple-p{k}", False, stop_at)
+                nursery.start_soon(self._producer, f"{self.prefix}-p{k}", False, stop_at, k)
             for k in range(self.idempotent_producers):
-                nursery.start_soon(self._producer, f"simple-i{k}", True, stop_at)
+                nursery.start_soon(self._producer, f"{self.prefix}-i{k}", True, stop_at,
+                                   self.producers + k)
             if self.workers:
                 nursery.start_soon(self._workers, stop_at)
 
@@ -396,30 +413,47 @@ class SimpleWorkload:
                 process, key = sending
                 self.recorder.attempt(process, "simple-send", key, None)
 
-    async def _producer(self, process: str, idempotent: bool, stop_at: float) -> None:
+    async def _producer(self, process: str, idempotent: bool, stop_at: float,
+                        number: int) -> None:
+        """Send until `stop_at`; with `fifo`, the `number`-th producer's message groups
+        go to queues of their own in turn, each group numbered from 1."""
         seq = 0
+        seqs = [0] * FIFO_GROUPS
         async with Producer(self.namesrv, idempotent=idempotent, send_timeout=self.send_timeout,
                             on_attempt=None if idempotent else self._on_attempt) as producer:
             while time.monotonic() < stop_at:
-                seq += 1
                 always_fail = self.rng.randrange(ALWAYS_FAIL) == 0
-                body = f"{process}-{seq}" + ("-fail" if always_fail else "")
-                if not await self._send(producer, process, body, idempotent, always_fail):
+                fail = "-fail" if always_fail else ""
+                if self.fifo:
+                    k = self.rng.randrange(FIFO_GROUPS)
+                    seqs[k] += 1
+                    group = f"{process}-g{k}"
+                    queue = (number * FIFO_GROUPS + k) % self.queues
+                    sent = await self._send(producer, process, f"{group}-{seqs[k]}{fail}",
+                                            idempotent, always_fail, queue,
+                                            {"group": group, "seq": seqs[k]})
+                else:
+                    seq += 1
+                    sent = await self._send(producer, process, f"{process}-{seq}{fail}",
+                                            idempotent, always_fail,
+                                            self.rng.randrange(self.queues))
+                if not sent:
                     await trio.sleep(_PAUSE_AFTER_ERROR)
                 await trio.sleep(self.rng.uniform(*self.pause))
 
     async def _send(self, producer: Producer, process: str, body: str, idempotent: bool,
-                    always_fail: bool) -> bool:
-        queue = self.rng.randrange(self.queues)
+                    always_fail: bool, queue: int,
+                    fifo: dict[str, Any] | None = None) -> bool:
         key = queue_key(self.topic, queue)
         rec = self.recorder
         rec.invoke(process, "simple-send", key, {
             "body": body, "producer": "idempotent" if idempotent else "plain",
-            "always_fail": always_fail})
+            "always_fail": always_fail, **(fifo or {})})
         self._count("sent")
         self._sending[body.encode()] = (process, key)
         try:
-            result = await producer.send(self.topic, body, queue=queue)
+            result = await producer.send(self.topic, body, queue=queue,
+                                         message_group=None if fifo is None else fifo["group"])
         except Exception as exc:  # noqa: BLE001 - sorted into fail and unknown below
             sure = isinstance(exc, RequestError) and _written_for_sure_not(exc)
             rec.complete(process, "fail" if sure else "info", "simple-send", key,
@@ -440,7 +474,7 @@ class SimpleWorkload:
 
     def _worker_argv(self, name: str) -> list[str]:
         return [self.python, "-m", "chaos.simpleworkload", "--namesrv", self.namesrv,
-                "--topic", self.topic, "--name", name,
+                "--topic", self.topic, "--name", name, "--cg", self.cg,
                 "--seed", str(self.rng.getrandbits(32))]
 
     async def _workers(self, stop_at: float) -> None:
@@ -451,11 +485,11 @@ class SimpleWorkload:
 
     async def _one_worker(self, until: float) -> None:
         self.worker_starts += 1
-        name = f"simple-w{self.worker_starts}"
+        name = f"{self.prefix}-w{self.worker_starts}"
         env = dict(os.environ)
         if self.log is not None:
             with self.log.open("ab") as log:
-                log.write(f"--- simple consumer worker {name}\n".encode())
+                log.write(f"--- {self.prefix} consumer worker {name}\n".encode())
                 proc = await trio.lowlevel.open_process(
                     self._worker_argv(name), stdout=subprocess.PIPE, stderr=log, env=env,
                     start_new_session=True)
@@ -525,7 +559,7 @@ class SimpleWorkload:
                     break
                 try:
                     dead = {(queue_key(d.topic, d.queue), d.offset)
-                            for d in await admin.dlq_list(GROUP)}
+                            for d in await admin.dlq_list(self.cg)}
                 except RequestError:
                     dead = set()
                 if not left - dead:
@@ -539,16 +573,16 @@ class SimpleWorkload:
             return await self._read_dlq(admin, deadline)
 
     async def _read_dlq(self, admin: Admin, deadline: float) -> bool:
-        p = "simple-dlq"
+        p = f"{self.prefix}-dlq"
         rec = self.recorder
-        rec.invoke(p, "simple-dlq", GROUP, {"cg": GROUP, "max_deliveries": MAX_DELIVERIES})
+        rec.invoke(p, "simple-dlq", self.cg, {"cg": self.cg, "max_deliveries": MAX_DELIVERIES})
         error = "no time left"
         while time.monotonic() < deadline:
             try:
                 with trio.fail_after(max(0.1, deadline - time.monotonic())):
                     entries = []
-                    for d in await admin.dlq_list(GROUP, limit=10_000):
-                        shown = await admin.dlq_show(GROUP, d.id)
+                    for d in await admin.dlq_list(self.cg, limit=10_000):
+                        shown = await admin.dlq_show(self.cg, d.id)
                         body = (shown.message.body.decode("utf-8", "replace")
                                 if shown.message is not None else "")
                         entries.append([d.id, queue_key(d.topic, d.queue), d.offset, body,
@@ -557,10 +591,10 @@ class SimpleWorkload:
                 error = repr(exc)
                 await trio.sleep(_PAUSE_AFTER_ERROR)
                 continue
-            rec.complete(p, "ok", "simple-dlq", GROUP, {"ms": wall_ms(), "entries": entries})
+            rec.complete(p, "ok", "simple-dlq", self.cg, {"ms": wall_ms(), "entries": entries})
             self._count("dead-letters", len(entries))
             return True
-        rec.complete(p, "info", "simple-dlq", GROUP, {"error": error})
+        rec.complete(p, "info", "simple-dlq", self.cg, {"error": error})
         return False
 
 
@@ -573,18 +607,21 @@ def _print(entry: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m chaos.simpleworkload --namesrv A --topic T --name N --seed S``: one
-    simple consumer of `GROUP` (sweeping with ``wait=0``) that prints its history entries
-    as JSON lines on stdout, each stamped with `time.monotonic()`, the clock the harness
-    uses too, and its processes named ``N...``; it runs until killed."""
+    """``python -m chaos.simpleworkload --namesrv A --topic T --name N --cg G --seed S``:
+    one simple consumer of consumer group G (`GROUP` by default; sweeping with
+    ``wait=0``) that prints its history entries as JSON lines on stdout, each stamped
+    with `time.monotonic()`, the clock the harness uses too, and its processes named
+    ``N...``; it runs until killed."""
     parser = argparse.ArgumentParser(prog="python -m chaos.simpleworkload",
                                      description=main.__doc__)
     parser.add_argument("--namesrv", required=True)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--cg", default=GROUP)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    consumer = Consumer(args.namesrv, args.topic, args.name, _print, random.Random(args.seed))
+    consumer = Consumer(args.namesrv, args.topic, args.name, _print, random.Random(args.seed),
+                        cg=args.cg)
     anyio.run(consumer.run)
 
 
