@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 TRACE_BATCH = 512  # events that make a report leave at once
 TRACE_INTERVAL = 0.2  # seconds an event waits at most before it is reported
 MAX_WAITING = 100_000  # events held at most; past it new ones are dropped (and counted)
+MAX_UNACKED = 10_000  # deliveries per queue remembered until a commit covers them
 
 
 def now_ms() -> int:
@@ -97,7 +98,10 @@ class Tracer:
                 continue
             self.add(group, m.topic, "delivered", m.queue, m.offset, ms)
             if self._unacked is not None:
-                self._unacked.setdefault((m.topic, m.queue), {})[m.offset] = group
+                held = self._unacked.setdefault((m.topic, m.queue), {})
+                if len(held) >= MAX_UNACKED:  # a queue never committed (or revoked):
+                    del held[next(iter(held))]  # its oldest delivery goes unreported
+                held[m.offset] = group
 
     def committed(self, offsets: Mapping[tuple[str, int], int]) -> None:
         """The group's offsets committed now (the next offset to read, per queue): every

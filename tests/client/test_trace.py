@@ -22,7 +22,7 @@ from raftmq.client.blocking import BlockingAdmin, BlockingProducer, BlockingSimp
 from raftmq.commands import topic as topic_cmd
 from raftmq.commands import trace as trace_cmd
 from raftmq.localcluster import LocalCluster
-from tests.conftest import live_cluster
+from tests.conftest import live_cluster, wait_for
 from transport.blocking import request
 from wire.protocol import Code, Op, RequestError
 from wire.trace import TRACE_TOPIC, TraceRecord
@@ -196,3 +196,35 @@ def test_bad_reports_and_ids_are_refused_clearly(
     assert "bad message id" in capsys.readouterr().err
     assert trace_cmd.main(["g0:999999:8", "--namesrv", cluster.namesrv_addr]) == 1
     assert "no trace records" in capsys.readouterr().err
+
+
+def test_a_life_recorded_across_a_leader_failover(cluster: LocalCluster) -> None:
+    """Sent and stored by one leader, delivered and acked after its group moved to
+    another: the new leader appends to the same trace queue, and the old records stay."""
+    topic, group = fresh("moved"), fresh("after")
+    ids = anyio.run(lambda: send_traced(cluster, topic, 4))
+    old = cluster.leaders()["g0"]
+    assert old is not None
+    cluster.kill(old)
+    try:
+        wait_for(lambda: cluster.leaders().get("g0") not in (None, old), 30, "a new leader")
+
+        async def consume_and_read() -> dict[str, list[TraceRecord]]:
+            async with SimpleConsumer(cluster.namesrv_addr, group, trace=True,
+                                      client_id="late") as simple:
+                got: list[Message] = []
+                with anyio.fail_after(60):
+                    while len(got) < len(ids):
+                        for m in await simple.receive(topic, len(ids), wait=1):
+                            await simple.ack(m)
+                            got.append(m)
+            async with Admin(cluster.namesrv_addr) as admin:
+                return {i: await admin.trace(i) for i in ids}
+
+        traces = anyio.run(consume_and_read)
+    finally:
+        cluster.restart_and_wait(old)
+        cluster.wait_preferred_leaders(timeout=60)
+    for msg_id, records in traces.items():
+        assert kinds(records) == ["sent", "stored", "delivered", "acked"], (msg_id, records)
+        assert {r.client for r in records[2:]} == {"late"}
