@@ -433,6 +433,13 @@ def key_queue(key: str, total: int) -> int:
     return zlib.crc32(key.encode()) % total
 
 
+def _message_group(msg: Payload) -> str | None:
+    """The FIFO message group `msg` carries, if any."""
+    if type(msg) is bytes or not isinstance(msg, OutgoingMessage) or not msg.properties:
+        return None
+    return msg.properties.get(MESSAGE_GROUP_PROPERTY) or None
+
+
 def pick_round_robin(
     queues: Sequence[int], counter: int, avoid: Container[int] = ()
 ) -> tuple[int, int]:
@@ -637,8 +644,11 @@ class Producer(StartClose):
     `selector` is "key" (the default: a message with a key goes to its key's queue, a
     stable hash of the key, so one key keeps its order on one queue; keyless messages go
     round robin by batch, see the module docstring), "round_robin" (every message, keyed
-    or not) or a callable `(total_queues, message) -> queue`. Keyed sends, sends with a
-    callable and sends with an explicit `queue` stay on their queue when retried.
+    or not) or a callable `(total_queues, message) -> queue`. A message of a FIFO message
+    group (`message_group=`) goes to its group's queue, the same stable hash of the group,
+    whatever the selector but a callable one: a group is in order only within one queue.
+    Keyed sends, grouped ones, sends with a callable and sends with an explicit `queue`
+    stay on their queue when retried.
 
     `max_in_flight` is the number of batches one queue may have in flight at once (in
     one request: a queue's batches are never in two requests at once, see the module
@@ -952,7 +962,8 @@ class Producer(StartClose):
         """Send messages and wait for all acknowledgements; results in the order given.
 
         Each message goes where `send` would put it: to `queue` when given, else a keyed
-        message to its key's queue (or the callable selector's choice), and the keyless
+        message to its key's queue, a grouped one to its message group's (or the callable
+        selector's choice), and the keyless
         ones together to one queue (the selector's choice for the first of them). The
         messages bound for one queue keep their order and go in one PRODUCE request
         (atomically) while within the batch bounds (`batch_max_messages`,
@@ -1013,9 +1024,9 @@ class Producer(StartClose):
         return [r for r in results if r is not None]
 
     def _chooses_own_queue(self, msg: Payload) -> bool:
-        """Whether `msg`'s queue is its own (its key's, or a callable selector's), not the
-        one its keyless neighbours share."""
-        return callable(self.selector) or (
+        """Whether `msg`'s queue is its own (its key's, its message group's, or a callable
+        selector's), not the one its keyless neighbours share."""
+        return callable(self.selector) or _message_group(msg) is not None or (
             self.selector == "key" and isinstance(msg, OutgoingMessage) and bool(msg.key))
 
     def _not_transactional(self) -> None:
@@ -1149,6 +1160,8 @@ class Producer(StartClose):
             full = OutgoingMessage(msg) if type(msg) is bytes else msg
             assert isinstance(full, OutgoingMessage)
             return route, _checked_queue(topic, self.selector(route.total, full), route.total), False
+        if (group := _message_group(msg)) is not None:
+            return route, key_queue(group, route.total), False
         if self.selector == "key" and isinstance(msg, OutgoingMessage) and msg.key:
             return route, key_queue(msg.key, route.total), False
         movable = not self.idempotent

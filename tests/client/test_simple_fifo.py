@@ -26,6 +26,7 @@ from raftmq.client import (
     Producer,
     ReceivedMessage,
     SimpleConsumer,
+    key_queue,
 )
 from raftmq.localcluster import LocalCluster
 from tests.conftest import live_cluster
@@ -61,6 +62,31 @@ async def _topic(ns: str) -> str:
 
 def _names(msgs: list[ReceivedMessage]) -> list[bytes]:
     return [m.body for m in msgs]
+
+
+@pytest.mark.anyio
+async def test_a_message_group_stays_on_its_queue_whatever_the_selector(
+        cluster: LocalCluster) -> None:
+    """Without `queue=`, every message of a group goes to its group's queue (the stable
+    hash of the group), one by one or in a batch, with the default selector or round
+    robin: a group is in order only within one queue."""
+    ns = cluster.namesrv_addr
+    topic = fresh("fifo-q")
+    async with Admin(ns) as admin:
+        await admin.create_topic(topic, queues=4)
+    groups = [f"order-{k}" for k in range(6)]
+    assert len({key_queue(g, 4) for g in groups}) > 1  # the groups spread over queues
+    for selector in ("key", "round_robin"):
+        async with Producer(ns, selector=selector) as p:  # type: ignore[arg-type]
+            for g in groups:
+                for n in range(3):
+                    r = await p.send(topic, f"{g}-{n}", message_group=g, key=f"k{n}")
+                    assert r.queue == key_queue(g, 4), (selector, g, n)
+            rs = await p.send_batch(topic, [
+                OutgoingMessage(b"x", properties={MESSAGE_GROUP_PROPERTY: g}) for g in groups])
+            assert [r.queue for r in rs] == [key_queue(g, 4) for g in groups], selector
+    async with Producer(ns, selector=lambda total, m: 3) as p:  # a callable decides
+        assert (await p.send(topic, b"y", message_group=groups[0])).queue == 3
 
 
 @pytest.mark.anyio
