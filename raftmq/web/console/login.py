@@ -64,7 +64,9 @@ def user_of(request: Request, settings: WebSettings) -> str:
 async def admin_for(request: Request, settings: WebSettings) -> AsyncIterator[Admin]:
     """An `Admin` acting as the request's user, for the length of the request."""
     creds = login_of(request) or settings.service_credentials
-    async with ConnectionPool(ssl_context=settings.cluster_tls, credentials=creds) as pool, \
+    # never the console process's own RAFTMQ_USER: a request without a login is anonymous
+    async with ConnectionPool(ssl_context=settings.cluster_tls, credentials=creds,
+                              env_credentials=False) as pool, \
             Admin(list(settings.namesrv), timeout=NODE_TIMEOUT, call_timeout=CALL_TIMEOUT,
                   pool=pool) as admin:
         yield admin

@@ -13,7 +13,8 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
-from wire.protocol import Code, RequestError
+from raftmq.web.errors import status_of
+from wire.protocol import RequestError
 
 from .login import BadLogin
 
@@ -22,19 +23,6 @@ __all__ = ["HERE", "error_status", "failure", "json_answer", "page"]
 HERE = Path(__file__).parent
 REALM = 'Basic realm="raftmq console", charset="UTF-8"'
 
-STATUS_OF: dict[Code, int] = {
-    Code.UNAUTHENTICATED: 401,
-    Code.FORBIDDEN: 403,
-    Code.NOT_FOUND: 404, Code.UNKNOWN_TOPIC: 404, Code.UNKNOWN_GROUP: 404,
-    Code.UNKNOWN_QUEUE: 404, Code.TX_UNKNOWN: 404,
-    Code.MALFORMED: 400, Code.INVALID_NAME: 400, Code.OFFSET_TOO_SMALL: 400,
-    Code.OFFSET_TOO_LARGE: 400, Code.NOT_A_MEMBER: 400,
-    Code.TOPIC_EXISTS: 409, Code.TX_DECIDED: 409, Code.BUSY: 409,
-    Code.MEMBERSHIP_REFUSED: 409,
-    Code.UNAVAILABLE: 503, Code.TIMEOUT: 504,
-}
-"""The cluster's refusals as HTTP statuses; any other code is a 502 (the cluster, not
-the request, is at fault)."""
 
 
 def _when(ms: object) -> str:
@@ -80,7 +68,7 @@ def json_answer(data: Any, status: int = 200) -> JSONResponse:
 def error_status(exc: BaseException) -> tuple[int, str, str]:
     """(HTTP status, code name, message) of a failure a handler may meet."""
     if isinstance(exc, RequestError):
-        return STATUS_OF.get(exc.code, 502), exc.code.name, exc.message
+        return status_of(exc), exc.code.name, exc.message
     if isinstance(exc, BadLogin):
         return 401, "UNAUTHENTICATED", str(exc)
     return 400, "BAD_REQUEST", str(exc)  # ValueError: the input was wrong

@@ -22,6 +22,7 @@ from tests.web.console.seeded import (
     ROOT,
     TOPIC,
     Seeded,
+    as_user,
     console_app,
     seeded_cluster,
     served,
@@ -61,6 +62,12 @@ def test_a_page_without_a_login_asks_for_one(url: str) -> None:
             r = c.get(path)
             assert r.status_code == 401, path
             assert r.headers["www-authenticate"].startswith("Basic")
+
+
+def test_a_request_without_a_login_never_acts_as_the_console_process_user(url: str) -> None:
+    # RAFTMQ_USER/RAFTMQ_PASSWORD of the process serving the console are not a login
+    with as_user(ROOT), client(url, None) as c:
+        assert c.get("/console/cluster").status_code == 401
 
 
 def test_a_wrong_password_is_refused(url: str) -> None:
