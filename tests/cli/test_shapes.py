@@ -52,6 +52,6 @@ def test_an_incomplete_read_fails_after_showing_the_rest(
 def test_no_subcommand_is_a_usage_error_naming_the_choices(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert group_main([]) == EXIT_USAGE
-    assert "raftmq group: choose list, describe, reset-offsets or delete" in capsys.readouterr().err
+    assert "raftmq group: choose list, describe, reset-offsets, delete or locks" in capsys.readouterr().err
     assert tx_main([]) == EXIT_USAGE
     assert "raftmq tx: choose list, show, commit or rollback" in capsys.readouterr().err
