@@ -8,10 +8,11 @@ runs until the producer has closed, so the traced case pays for reporting every 
 Then one pull consumer per case (`trace` likewise) reads every queue from 0 to its end,
 up to `--pull` messages a FETCH, committing each queue's position every `--commit-every`
 pulls and at the end, until it has closed: the traced case reports a delivered step per
-message and an acked one per commit. Each case's trace records are counted afterwards
-from the reports' answers (`written`), so the JSON also says what tracing wrote:
-`records_per_message` is 4 when every step of every message was recorded (sent, stored,
-delivered, acked).
+message and an acked one per commit. Each case's trace records are counted from the
+reports' answers (`written`), so the JSON also says what tracing wrote: a record holds
+the steps one report brought for one message, so `records_per_message` is 3 when the
+delivered and acked steps left in different reports (sent + stored, delivered, acked), 2
+when they left together.
 
 `vs_off` is the traced case's rate over the untraced one's.
 """

@@ -1,25 +1,36 @@
-"""Trace records: what the trace topic holds, one message per step of a traced message's
-life, keyed by that message's id (so the key index finds them) and tagged by the step.
+"""Trace records: what the trace topic holds about traced messages, keyed by message id
+(so the key index finds one message's records) and tagged by their first step.
 
-A record's body is a JSON object (readable by any tool, Spark's `from_json` included)::
+One record holds the steps of one message that one report brought: a producer's report
+gives each message one record with two steps (sent, and stored, which the node adds from
+its own state), a consumer's one record with the steps it reported for that message
+(delivered, acked, or both). A record's body is a JSON object (readable by any tool,
+Spark's `from_json` included)::
 
-    {"kind": "sent"|"stored"|"delivered"|"acked", "msg_id", "topic", "queue", "offset",
-     "ms": when the step happened (epoch ms: born, stored, handed over, acknowledged),
-     "client": the reporting client ("" for stored), "cg": the consumer group or null,
-     "group": the Raft group storing the message, "index": its Raft index (stored only,
-     else -1), "committed": the consumer offset committed over it (acked by a push or pull
-     consumer; -1 for a simple consumer's ack and the other steps)}
+    {"msg_id", "topic", "queue", "offset", "group": the Raft group storing the message,
+     "steps": [{"kind": "sent"|"stored"|"delivered"|"acked",
+                "ms": when (epoch ms: born, stored, handed over, acknowledged),
+                "client": the reporting client ("" for stored),
+                "cg": the consumer group or null,
+                "index": the message's Raft index (stored only, else -1),
+                "committed": the consumer offset committed over it (acked by a push or
+                             pull consumer; -1 for a simple consumer's ack and the other
+                             steps)}, ...]}
+
+Readers see one `TraceRecord` per step (`decode_steps`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from wire.protocol import Code, RequestError
 
-__all__ = ["TRACE_KINDS_IN_ORDER", "TRACE_TOPIC", "TraceRecord", "is_system_topic"]
+__all__ = ["TRACE_KINDS_IN_ORDER", "TRACE_TOPIC", "TraceRecord", "decode_steps",
+           "encode_steps", "is_system_topic"]
 
 TRACE_TOPIC = "rmq_sys_trace"
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -51,28 +62,35 @@ class TraceRecord:
     index: int = -1
     committed: int = -1
 
-    def encode(self) -> bytes:
-        # by hand, not `asdict`: a node encodes one or two of these per traced message
-        return _ENCODER.encode({
-            "kind": self.kind, "msg_id": self.msg_id, "topic": self.topic,
-            "queue": self.queue, "offset": self.offset, "ms": self.ms,
-            "client": self.client, "cg": self.cg, "group": self.group, "index": self.index,
-            "committed": self.committed}).encode()
-
-    @classmethod
-    def decode(cls, body: bytes) -> TraceRecord:
-        """A record from a trace message's body; MALFORMED if it is none."""
-        try:
-            d: Any = json.loads(body)
-            rec = cls(**d)
-        except (ValueError, TypeError) as exc:
-            raise RequestError(Code.MALFORMED, f"not a trace record: {exc}") from None
-        if rec.kind not in TRACE_KINDS_IN_ORDER:
-            raise RequestError(Code.MALFORMED, f"unknown trace step {rec.kind!r}")
-        return rec
-
     def sort_key(self) -> tuple[int, int]:
         return TRACE_KINDS_IN_ORDER.index(self.kind), self.ms
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def encode_steps(steps: Sequence[TraceRecord]) -> bytes:
+    """The body of one record: `steps`, all of one message (the first one's)."""
+    first = steps[0]
+    # by hand, not `asdict`: a node encodes one of these per traced message and report
+    return _ENCODER.encode({
+        "msg_id": first.msg_id, "topic": first.topic, "queue": first.queue,
+        "offset": first.offset, "group": first.group,
+        "steps": [{"kind": s.kind, "ms": s.ms, "client": s.client, "cg": s.cg,
+                   "index": s.index, "committed": s.committed} for s in steps]}).encode()
+
+
+def decode_steps(body: bytes) -> list[TraceRecord]:
+    """The steps a record's body holds; MALFORMED if it is no trace record."""
+    try:
+        d: Any = json.loads(body)
+        where = (d["msg_id"], d["topic"], d["queue"], d["offset"])
+        out = [TraceRecord(s["kind"], *where, s["ms"], client=s["client"], cg=s["cg"],
+                           group=d["group"], index=s["index"], committed=s["committed"])
+               for s in d["steps"]]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise RequestError(Code.MALFORMED, f"not a trace record: {exc!r}") from None
+    for rec in out:
+        if rec.kind not in TRACE_KINDS_IN_ORDER:
+            raise RequestError(Code.MALFORMED, f"unknown trace step {rec.kind!r}")
+    return out

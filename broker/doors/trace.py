@@ -14,14 +14,16 @@ among the cluster's groups, sorted, as the client computed it: `slot` of `slots`
 message's records thus sit in the group that stores the message, are appended by the
 same produce path as any batch (checked, one entry per request, committed on a majority
 before the answer), and are keyed by the message id, so QUERY_KEY on the trace topic
-finds one message's life.
+finds one message's life. A request writes one record per message it names, holding
+that message's steps (a sent one and its stored one together): records, not steps, are
+what each costs the group (a key index entry, a walk, bytes).
 
 Permissions (`broker.doors.security`): a producer's report needs publish on the traced
 topic, a consumer's subscribe on the topic and its group -- what the traced sends and
 reads needed anyway. Reading the trace topic needs subscribe on it.
 
 Reports are at least once: a retried request may record its steps twice (readers drop
-records that repeat exactly).
+steps that repeat exactly).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from transport.framing import Caller
 from wire.protocol import Code, Op, RequestError, ok_header
 from wire.records import OutgoingMessage, encode_batch, message_id
 from wire.requests import TraceAnswer, TraceRequest
-from wire.trace import TRACE_TOPIC, TraceRecord
+from wire.trace import TRACE_TOPIC, TraceRecord, encode_steps
 
 __all__ = ["TraceDoor", "TraceHost"]
 
@@ -76,8 +78,9 @@ class TraceDoor:
         if not records:
             return ok_header(0, **TraceAnswer(written=0, missing=missing).header()), b""
         batch = encode_batch(TRACE_TOPIC, trace_queue,
-                             [OutgoingMessage(r.encode(), key=r.msg_id, tags=r.kind)
-                              for r in records], born_ms=int(time.time() * 1000))
+                             [OutgoingMessage(encode_steps(steps), key=steps[0].msg_id,
+                                              tags=steps[0].kind) for steps in records],
+                             born_ms=int(time.time() * 1000))
         (outcome,) = await self.produce.store(g, state, [batch])
         if isinstance(outcome, RequestError):
             raise outcome
@@ -99,22 +102,28 @@ class TraceDoor:
 
     @staticmethod
     def _records(group: str, state: BrokerState,
-                 req: TraceRequest) -> tuple[list[TraceRecord], int]:
-        """The records of the request's events (a stored one after each sent one), and how
-        many events named offsets this group does not hold."""
-        records: list[TraceRecord] = []
+                 req: TraceRequest) -> tuple[list[list[TraceRecord]], int]:
+        """The steps of the request's events, one list per message (a stored step after
+        each sent one), in the order the messages first appear; and how many events
+        named offsets this group does not hold."""
+        by_offset: dict[tuple[int, int], list[TraceRecord]] = {}
         missing = 0
         for kind, queue, offset, ms, committed in req.events:
-            try:
-                entry = state.queues.queue(req.topic, queue).get(offset)
-            except RequestError:  # an unknown queue, or an offset not (or no longer) held
-                missing += 1
-                continue
-            msg_id = message_id(group, entry.index, entry.start)
-            records.append(TraceRecord(kind, msg_id, req.topic, queue, offset, ms,
-                                       client=req.client, cg=req.cg, group=group,
-                                       committed=committed if kind == "acked" else -1))
+            steps = by_offset.get((queue, offset))
+            if steps is None:
+                try:
+                    entry = state.queues.queue(req.topic, queue).get(offset)
+                except RequestError:  # an unknown queue, or an offset not (or no longer) held
+                    missing += 1
+                    continue
+                msg_id = message_id(group, entry.index, entry.start)
+                steps = by_offset[(queue, offset)] = []
+            else:
+                msg_id = steps[0].msg_id
+            steps.append(TraceRecord(kind, msg_id, req.topic, queue, offset, ms,
+                                     client=req.client, cg=req.cg, group=group,
+                                     committed=committed if kind == "acked" else -1))
             if kind == "sent":
-                records.append(TraceRecord("stored", msg_id, req.topic, queue, offset,
-                                           entry.store_ms, group=group, index=entry.index))
-        return records, missing
+                steps.append(TraceRecord("stored", msg_id, req.topic, queue, offset,
+                                         entry.store_ms, group=group, index=entry.index))
+        return list(by_offset.values()), missing

@@ -40,7 +40,7 @@ from wire.requests import (
     TopicsRequest,
 )
 from wire.requests.transactions import HalfEndAnswer, HalfEndRequest, TxListAnswer, TxListRequest
-from wire.trace import TRACE_TOPIC, TraceRecord
+from wire.trace import TRACE_TOPIC, TraceRecord, decode_steps
 
 from . import membership
 from .errors import (
@@ -509,7 +509,7 @@ class Admin(ClientBase):
             msg, _ = decode_record(frame.body, pos, topic=TRACE_TOPIC, queue=int(row[1]),
                                    offset=int(row[2]), store_ms=int(row[5]), msg_id="")
             if msg.key == msg_id:
-                seen.setdefault(TraceRecord.decode(msg.body), None)
+                seen.update(dict.fromkeys(decode_steps(msg.body)))
         return sorted(seen, key=TraceRecord.sort_key)
 
     @_bounded(write=False)

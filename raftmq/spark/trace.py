@@ -6,7 +6,8 @@ into one row per step of a traced message's life, and the audit's account of the
     trace_summary(steps)                           # {"messages": ..., "steps": ...}
 
 The rows have the fields of `wire.trace.TraceRecord` (kind, msg_id, topic, queue, offset,
-ms, client, cg, group, index, committed) and the record's own place in the trace topic
+ms, client, cg, group, index, committed), one per step (a record holds the steps one report
+brought for one message), and the place of the record holding the step in the trace topic
 (trace_queue, trace_offset). Records a retried report wrote twice are dropped
 (`distinct`), as `raftmq trace` drops them.
 """
@@ -25,6 +26,10 @@ __all__ = ["TRACE_SCHEMA", "trace_frame", "trace_summary"]
 
 TRACE_SCHEMA = ("kind string, msg_id string, topic string, queue int, offset long, ms long, "
                 "client string, cg string, `group` string, index long, committed long")
+#: A record's body: one message's steps from one report (`wire.trace`).
+_RECORD_SCHEMA = ("msg_id string, topic string, queue int, offset long, `group` string, "
+                  "steps array<struct<kind: string, ms: long, client: string, cg: string, "
+                  "index: long, committed: long>>")
 
 
 def trace_frame(spark: Any, namesrv: str) -> Any:
@@ -36,12 +41,17 @@ def trace_frame(spark: Any, namesrv: str) -> Any:
         return spark.createDataFrame([], TRACE_SCHEMA + ", trace_queue int, trace_offset long")
     raw = (spark.read.format("raftmq").option("namesrv", namesrv)
            .option("subscribe", TRACE_TOPIC).option("failOnDataLoss", "false").load())
-    return (raw.select(F.from_json(F.col("value").cast("string"), TRACE_SCHEMA).alias("r"),
+    return (raw.select(F.from_json(F.col("value").cast("string"), _RECORD_SCHEMA).alias("r"),
                        F.col("queue").alias("trace_queue"),
                        F.col("offset").alias("trace_offset"))
             .select("r.*", "trace_queue", "trace_offset")
+            .select(F.explode("steps").alias("s"), "msg_id", "topic", "queue", "offset",
+                    "group", "trace_queue", "trace_offset")
+            .select(F.col("s.kind").alias("kind"), "msg_id", "topic", "queue", "offset",
+                    F.col("s.ms").alias("ms"), F.col("s.client").alias("client"),
+                    F.col("s.cg").alias("cg"), "group", F.col("s.index").alias("index"),
+                    F.col("s.committed").alias("committed"), "trace_queue", "trace_offset")
             .dropDuplicates(list(_FIELDS)))
-
 
 def _routed(namesrv: str) -> bool:
     """Whether the name servers route the trace topic (it is created on first use)."""

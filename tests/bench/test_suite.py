@@ -378,9 +378,11 @@ def test_trace(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> Non
     off, on = r["cases"]["off"], r["cases"]["on"]
     assert off["consume"]["received"] == on["consume"]["received"] == 1200
     assert off["trace_records"] == 0
-    # sent and stored by the producer's reports, delivered and acked by the consumer's
-    assert (on["produce"]["trace_records"], on["consume"]["trace_records"]) == (2400, 2400)
-    assert on["records_per_message"] == 4
+    # one record (sent and stored) per message from the producer's reports; delivered
+    # and acked steps from the consumer's, together when one report carried both
+    assert on["produce"]["trace_records"] == 1200
+    assert 1200 <= on["consume"]["trace_records"] <= 2400
+    assert 2 <= on["records_per_message"] <= 3
     assert on["produce"]["vs_off"] > 0 and on["consume"]["vs_off"] > 0
 
 
