@@ -676,8 +676,8 @@ class Node:
         self.registrar.wake()
 
     def status(self, caller: Caller | None = None) -> dict[str, Any]:
-        """What STATUS answers: every group's Raft state, queue ranges and committed
-        consumer offsets; for `caller`, only the topics and consumer groups its ACLs let
+        """What STATUS answers: every group's Raft state, queue ranges, committed
+        consumer offsets and FIFO message groups in flight; for `caller`, only the topics and consumer groups its ACLs let
         it see (`Guard.visibility`)."""
         see = self.guard.visibility(caller) if caller is not None else None
         groups: dict[str, Any] = {}
@@ -692,9 +692,14 @@ class Node:
             for (cg, topic, q), off in state.consumer_offsets().items():
                 if see is None or see("group", cg):
                     offsets.setdefault(cg, {}).setdefault(topic, {})[q] = off
+            fifo: dict[str, dict[str, dict[int, list[int]]]] = {}
+            for (cg, topic, q), (busy, held) in state.receipts.fifo_summary().items():
+                if see is None or (see("group", cg) and see("topic", topic)):
+                    fifo.setdefault(cg, {}).setdefault(topic, {})[q] = [busy, held]
             tx_ids, tx_fences = _tx_held(state)
             groups[gid] = {**st, "leader_addr": self.peer_addr(st["leader"]), "queues": queues,
-                           "offsets": offsets, "tx_ids": tx_ids, "tx_fences": tx_fences,
+                           "offsets": offsets, "fifo": fifo,
+                           "tx_ids": tx_ids, "tx_fences": tx_fences,
                            "delayed_pending": state.timers.pending,
                            "delayed_in_memory": state.timers.in_memory,
                            "delayed_runs": state.timers.runs}

@@ -146,6 +146,9 @@ def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | s
             "last": last,
             # delayed messages stored and not yet due, as the leader counts them
             "delayed_pending": _int(lg.get("delayed_pending")) if lg else None,
+            # simple consumer groups' FIFO message groups with a message in flight, and
+            # the messages held back behind them: {cg: {topic: {queue: [groups, held]}}}
+            "fifo": lg.get("fifo") or {} if lg else None,
             "members": members,
         }
     ok = bool(groups) and all(g["leader"] is not None for g in groups.values())
@@ -182,11 +185,22 @@ def _cell(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
+def _fifo_cell(fifo: Any) -> str:
+    """FIFO message groups in flight / messages held behind them, over a Raft group's
+    consumer groups and queues."""
+    if not isinstance(fifo, dict):
+        return "-"
+    pairs = [v for topics in fifo.values() if isinstance(topics, dict)
+             for queues in topics.values() if isinstance(queues, dict)
+             for v in queues.values() if isinstance(v, list) and len(v) == 2]
+    return f"{sum(int(b) for b, _ in pairs)}/{sum(int(h) for _, h in pairs)}"
+
+
 def _render(status: dict[str, Any]) -> None:
     console = table_console()
     groups = Table(title="groups", title_justify="left")
     for col in ("group", "leader", "address", "term", "commit", "applied", "last", "max lag",
-                "delayed"):
+                "delayed", "fifo groups/held"):
         groups.add_column(col, justify="left" if col in ("group", "leader", "address")
                           else "right")
     replicas = Table(title="replicas (lag: leader's last index - member's applied)",
@@ -200,7 +214,8 @@ def _render(status: dict[str, Any]) -> None:
         lags = [m["lag"] for m in g["members"].values() if m["lag"] is not None]
         groups.add_row(gid, leader, _cell(g["leader_addr"]), _cell(g["term"]),
                        _cell(g["commit"]), _cell(g["applied"]), _cell(g["last"]),
-                       _cell(max(lags) if lags else None), _cell(g.get("delayed_pending")))
+                       _cell(max(lags) if lags else None), _cell(g.get("delayed_pending")),
+                       _fifo_cell(g.get("fifo")))
         for nid, m in g["members"].items():
             role = _cell(m["role"]) + (" (namesrv)" if m["source"] == "namesrv" else "")
             if m.get("disk_full"):

@@ -7,10 +7,12 @@ the blocking twins and the CLI carry a message group."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -192,3 +194,35 @@ def test_the_blocking_twins_and_the_cli_carry_a_message_group(cluster: LocalClus
         c.ack(m)
         [m1] = c.receive(topic, 10, wait=2.0, selector=MessageSelector.by_tag("*"))
         assert (m1.body, m1.message_group) == (b"g1", "g")
+
+
+def test_status_shows_the_groups_in_flight_and_the_messages_held(
+        cluster: LocalCluster) -> None:
+    """STATUS (and `raftmq status`): per consumer group, topic and queue, how many
+    message groups have a message in flight and how many messages wait behind them."""
+    ns = cluster.namesrv_addr
+    topic = anyio.run(_topic, ns)
+    with BlockingProducer(ns) as p:
+        for body, group in ((b"a1", "a"), (b"a2", "a"), (b"a3", "a"), (b"b1", "b")):
+            p.send(topic, body, message_group=group)
+
+    def fifo() -> Any:
+        out = subprocess.run([sys.executable, "-m", "raftmq", "status", "--json",
+                              "--namesrv", ns], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["groups"]["g0"]["fifo"].get("status-fifo")
+
+    with BlockingSimpleConsumer(ns, "status-fifo") as c:
+        got = c.receive(topic, 10, wait=2.0)
+        assert sorted(_names(got)) == [b"a1", b"b1"]
+        assert fifo() == {topic: {"0": [2, 2]}}  # a2, a3 wait behind a1
+        for m in got:
+            c.ack(m)
+        assert fifo() == {topic: {"0": [0, 2]}}
+        assert _names(c.receive(topic, 10, wait=2.0)) == [b"a2"]
+        assert fifo() == {topic: {"0": [1, 1]}}
+    table = subprocess.run([sys.executable, "-m", "raftmq", "status", "--namesrv", ns],
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "COLUMNS": "200"})
+    assert "fifo groups/held" in table.stdout, table.stdout

@@ -51,7 +51,10 @@ class StatusAnswer(WireType):
         dict, "`{group: {...}}`: each group's Raft state (role, term, leader, commit, "
         "applied, last, durable, ...; `raftlog.runtime.GroupRuntime.status`), "
         "`leader_addr`, `queues` (`{topic: {queue: [min, end]}}`), `offsets` (`{cg: "
-        "{topic: {queue: offset}}}`), `tx_ids` and `tx_fences`, `delayed_pending` "
+        "{topic: {queue: offset}}}`), `fifo` (`{cg: {topic: {queue: [message groups "
+        "with a message in flight, messages held back behind them]}}}`: simple "
+        "consumer groups' FIFO message groups), `tx_ids` and `tx_fences`, "
+        "`delayed_pending` "
         "(delayed messages stored, not yet due), `delayed_in_memory` (of which in "
         "memory) and `delayed_runs` (files holding the others)")
     peers_connected: tuple[int, ...] = spec(list, "the peers this node holds a connection "
