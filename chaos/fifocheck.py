@@ -54,6 +54,10 @@ Group = tuple[str, str, str]  # (consumer group, "topic/queue", message group)
 class Checker(simplecheck.Checker):
     """`chaos.simplecheck.Checker`'s intake, judged per message group by `result`."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._dead: set[Msg] = set()  # the dead letters read at the end
+
     def _members(self) -> dict[Group, dict[int, tuple[str, int]]]:
         """Each message group's messages known to be stored: offset -> (body, seq), from
         sends answered ok, deliveries and dead letters."""
@@ -85,8 +89,7 @@ class Checker(simplecheck.Checker):
                 if s.may_apply and (s.kind in ("ack", "dead")
                                     or (s.kind == "nack" and d.count >= md)):
                     earliest = min(earliest, s.sent_ms)
-        dead = cg in self.dlq_unread or cg not in self.dlq or any(
-            e.msg == msg for e in self.dlq[cg])
+        dead = cg in self.dlq_unread or cg not in self.dlq or msg in self._dead
         if dead:  # buried by a receive once its last delivery timed out, or unknown
             earliest = min(earliest, self.deadline(seen[-1]) if seen else -math.inf)
         return earliest
@@ -174,6 +177,7 @@ class Checker(simplecheck.Checker):
         self.finish()
         found: dict[str, list[Any]] = {kind: [] for kind in VIOLATIONS}
         groups = self._members()
+        self._dead = {e.msg for entries in self.dlq.values() for e in entries}
         deliveries = 0
         for key in sorted(groups):
             deliveries += self._judge(key, groups[key], found)
