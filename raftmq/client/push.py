@@ -34,6 +34,8 @@ from .allocation import strategy_of
 from .errors import LockLostError, PoisonMessage, StaleReceiptError
 from .groupclient import (
     GroupClient,
+    QueuesCallback,
+    call_back,
     check_isolation,
     checked_client_id,
     is_async_callable,
@@ -67,6 +69,9 @@ LOCK_RETRY = 0.5  # seconds between tries to lock a queue another client still h
 # margin against a clock skew between a failed-over leader and the client
 LOCK_RENEW_INTERVAL = 20.0
 LOCK_LOCAL_EXPIRY = 30.0
+# `release-before-commit` (a test mutation): how long the final commit of a released queue
+# waits after its premature unlock, as a slow commit would, so a next owner can start
+RELEASE_BEFORE_COMMIT_PAUSE = 1.0
 Handler = Callable[[list[Message]], Any]
 
 
@@ -97,6 +102,8 @@ class _QueueState:
     wake: anyio.Event = field(default_factory=anyio.Event)
     consume_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     holding: Held | None = None  # orderly, on_exhausted="hold": what blocks the queue
+    renewing: bool = False  # a renewal of its lock is under way
+    unlocked: bool = False  # released, and its lock let go of
 
     @property
     def key(self) -> tuple[str, int]:
@@ -190,6 +197,13 @@ class PushConsumer(GroupClient):
     the group's dead letters (`on_exhausted="dlq"`), or stay and block their queue
     (`on_exhausted="hold"`, logged and listed by `held()`) until the handler takes them.
     `retry`, `max_reconsume_times` and `on_give_up` are the concurrent consumer's.
+
+    `on_assign(queues)` runs when queues start (their locks held, nothing handled yet),
+    `on_revoke(queues)` when they stop: the consumer hands them nothing more, and their
+    final commit is done (or given up: a queue whose lock this consumer can no longer
+    count on is not committed, its next owner handles the uncommitted messages again),
+    before their locks are released. Plain callbacks run in a worker thread, async ones
+    are awaited; one that raises is logged.
     """
 
     def __init__(
@@ -230,6 +244,8 @@ class PushConsumer(GroupClient):
         lock_lease: float | None = None,
         lock_renew_interval: float = LOCK_RENEW_INTERVAL,
         lock_local_expiry: float = LOCK_LOCAL_EXPIRY,
+        on_assign: QueuesCallback | None = None,
+        on_revoke: QueuesCallback | None = None,
     ) -> None:
         super().__init__(namesrv, pool, timeout)
         self.isolation = check_isolation(isolation)
@@ -301,6 +317,8 @@ class PushConsumer(GroupClient):
         self.lock_lease = lock_lease
         self.lock_renew_interval = lock_renew_interval
         self.lock_local_expiry = lock_local_expiry
+        self.on_assign = on_assign
+        self.on_revoke = on_revoke
         # Deliberately wrong (chaos tests only, `release-before-commit`): a released
         # queue's lock is let go of before its offset is committed.
         self.release_before_commit = False
@@ -460,7 +478,8 @@ class PushConsumer(GroupClient):
             clients = await self.clients() if self.clustering else [self.client_id]
             desired, known = await self._desired(self.topics, clients, share=self.clustering)
             current = set(self._states)
-            lost = {k for k in current - desired if k[0] in known}
+            lost = {k for k in current - desired
+                    if k[0] in known and not self._states[k].released}
             self._wanted = desired | {k for k in current if k[0] not in known}
             gained = sorted(desired - current - self._taking)
             if lost or gained:
@@ -541,8 +560,11 @@ class PushConsumer(GroupClient):
     async def _keep_locks(self) -> None:
         """Renew the lock of every queue read, every `lock_renew_interval`; a queue whose
         lock went to another client, or that could not be renewed for
-        `lock_local_expiry`, is let go of (`_lose`)."""
-        tick = min(1.0, self.lock_renew_interval)
+        `lock_local_expiry`, is let go of (`_lose`). Renewals run on their own, so one
+        that hangs in a failover delays neither the others nor letting go of a queue
+        whose lock ran out (its `on_revoke` comes soon after)."""
+        tick = min(0.5, self.lock_renew_interval / 2)
+        assert self._control_tg is not None
         while True:
             await anyio.sleep(tick)
             now = anyio.current_time()
@@ -554,10 +576,17 @@ class PushConsumer(GroupClient):
                                 "it", self.client_id, st.topic, st.queue,
                                 self.lock_local_expiry)
                     self._lose(st)
-                elif now - st.renewed >= self.lock_renew_interval:
-                    await self._renew(st)
+                elif now - st.renewed >= self.lock_renew_interval and not st.renewing:
+                    st.renewing = True
+                    self._control_tg.start_soon(self._renew, st)
 
     async def _renew(self, st: _QueueState) -> None:
+        try:
+            await self._renew_once(st)
+        finally:
+            st.renewing = False
+
+    async def _renew_once(self, st: _QueueState) -> None:
         asked = anyio.current_time()
         try:
             expiry = await lock_queue(self.routes, self.group, st.topic, st.queue,
@@ -571,6 +600,9 @@ class PushConsumer(GroupClient):
             log.warning("%s: the lock of %s:%d is another client's now: stopping it",
                         self.client_id, st.topic, st.queue)
             self._lose(st)
+            return
+        if st.unlocked:  # applied after the release's unlock: let go of it again
+            await self._unlock(st.topic, st.queue)
             return
         st.renewed = asked
         st.lock_until = asked + self.lock_local_expiry
@@ -588,9 +620,10 @@ class PushConsumer(GroupClient):
             pass  # closing: every queue is being released anyway
 
     async def _release_lost(self, st: _QueueState) -> None:
-        assert self._rebalance_lock is not None
-        async with self._rebalance_lock:
-            if self._states.get(st.key) is st:
+        """Release one queue at once, not behind a rebalance stuck in a failover (which
+        leaves a queue being released alone)."""
+        if self._states.get(st.key) is st and not st.released:
+            with anyio.CancelScope(shield=True):  # closing must not cut its on_revoke
                 await self._release([st])
 
     def _may_handle(self, st: _QueueState) -> bool:
@@ -612,6 +645,7 @@ class PushConsumer(GroupClient):
             st.renewed = locked_at
             st.lock_until = locked_at + self.lock_local_expiry
         self._states[st.key] = st
+        await self._call_back(self.on_assign, [st.key])
         self._tg.start_soon(self._pull_loop, st)
         if self.orderly:
             self._tg.start_soon(self._orderly_loop, st)
@@ -622,7 +656,10 @@ class PushConsumer(GroupClient):
         """Stop pulling, let running handlers finish (up to `shutdown_timeout`), commit,
         and only then let go of the locks: the next owner starts after what was handled
         here is committed. A queue whose handler is still running keeps its lock (its
-        lease runs out) so that no other consumer handles it meanwhile."""
+        lease runs out) so that no other consumer handles it meanwhile, and so does one
+        whose final commit failed. The final commit is given up when a queue's lock may
+        be another client's by then (`lock_until`): its next owner starts from the last
+        commit anyway, and `on_revoke` must not come after that owner started."""
         for st in states:
             st.released = True
             st.scope.cancel()
@@ -638,26 +675,61 @@ class PushConsumer(GroupClient):
             st.consume_scope.cancel()
         if self.clustering and self.release_before_commit:
             for st in idle:  # the deliberate mutation: the next owner may start too early
+                st.unlocked = True
                 await self._unlock(st.topic, st.queue)
-        committed = True
-        try:
-            await self._commit(states, losing=False)
-        except Exception as exc:
-            committed = False
-            log.warning("%s: final commit of released queues failed: %s", self.client_id, exc)
+            await anyio.sleep(RELEASE_BEFORE_COMMIT_PAUSE)
+        committed = await self._final_commit(states)
         for st in states:
             if self._states.get(st.key) is st:
                 del self._states[st.key]
-        if self.clustering and committed and not self.release_before_commit:
+        await self._call_back(self.on_revoke, sorted(st.key for st in states))
+        if self.clustering and not self.release_before_commit:
             for st in idle:
-                await self._unlock(st.topic, st.queue)
+                if st.key in committed:
+                    st.unlocked = True
+                    await self._unlock(st.topic, st.queue)
+
+    async def _final_commit(self, states: Sequence[_QueueState]) -> set[tuple[str, int]]:
+        """Commit released queues while their locks are surely still this client's; the
+        queues whose offsets are committed (or had nothing new)."""
+        now = anyio.current_time()
+        valid = [st for st in states if st.lock_until > now]
+        done: set[tuple[str, int]] = set()
+        if not valid:
+            return done
+        with anyio.move_on_after(min(st.lock_until for st in valid) - now):
+            try:
+                await self._commit(valid, losing=False)
+                done.update(st.key for st in valid)
+            except LockLostError:
+                for st in valid:  # one queue's lost lock must not keep the others locked
+                    try:
+                        await self._commit([st], losing=False)
+                        done.add(st.key)
+                    except Exception as exc:
+                        log.warning("%s: final commit of %s:%d failed: %s", self.client_id,
+                                    st.topic, st.queue, exc)
+            except Exception as exc:
+                log.warning("%s: final commit of released queues failed: %s",
+                            self.client_id, exc)
+        return done
+
+    async def _call_back(self, fn: QueuesCallback | None, queues: list[tuple[str, int]]
+                         ) -> None:
+        if fn is None or not queues:
+            return
+        try:
+            await call_back(fn, queues)
+        except Exception:
+            log.exception("%s: %s(%s) failed", self.client_id,
+                          getattr(fn, "__name__", fn), queues)
 
     async def _release_all(self) -> None:
         if self._rebalance_lock is None:
             return
         self._wanted = set()
         async with self._rebalance_lock:
-            await self._release(list(self._states.values()))
+            await self._release([st for st in self._states.values() if not st.released])
 
     # ------------------------------------------------------------ offsets
 

@@ -21,6 +21,7 @@ import pytest
 from raftmq.client import Admin, Message, Producer, PushConsumer
 from raftmq.client.blocking import BlockingPushConsumer
 from raftmq.client.queuelocks import group_locks, lock_queue
+from raftmq.client.reads import query_offset
 from raftmq.client.routes import open_routes
 from raftmq.localcluster import LocalCluster
 from tests.conftest import live_cluster
@@ -205,5 +206,43 @@ def test_a_queue_locked_by_another_client_waits_for_it(cluster: LocalCluster) ->
                 await anyio.sleep(1.0)
                 assert seen == [] and consumer.assignment() == []
                 await until(lambda: seen == [b"x"], "the lease running out")
+
+    anyio.run(main)
+
+
+def test_on_revoke_comes_after_the_final_commit_and_before_the_unlock(
+        cluster: LocalCluster) -> None:
+    group = fresh("cg")
+    calls: list[tuple[str, list[tuple[str, int]]]] = []
+    seen_at_revoke: list[tuple[int, list[str]]] = []
+    locked_at_assign: list[list[str]] = []
+
+    async def handle(msgs: list[Message]) -> bool:
+        return True
+
+    async def main() -> None:
+        topic = await _setup(cluster, [b"a", b"b", b"c"])
+        stack, routes, _tg = await open_routes(None, [cluster.namesrv_addr], 3.0)
+        async with stack:
+            async def on_assign(queues: list[tuple[str, int]]) -> None:
+                calls.append(("assign", queues))
+                locked_at_assign.append(
+                    [lk.client for lk in await group_locks(routes, group) if lk.live])
+
+            async def on_revoke(queues: list[tuple[str, int]]) -> None:
+                calls.append(("revoke", queues))
+                seen_at_revoke.append((
+                    await query_offset(routes, group, topic, 0),
+                    [lk.client for lk in await group_locks(routes, group) if lk.live]))
+
+            async with PushConsumer(cluster.namesrv_addr, group, [topic], handle,
+                                    orderly=True, client_id="holder", on_assign=on_assign,
+                                    on_revoke=on_revoke, **FAST) as consumer:
+                await until(lambda: consumer.offsets().get((topic, 0)) == 3, "all handled")
+            assert calls == [("assign", [(topic, 0)]), ("revoke", [(topic, 0)])]
+            assert locked_at_assign == [["holder"]]  # held before anything was handled
+            # committed, still locked by this consumer; unlocked once it closed
+            assert seen_at_revoke == [(3, ["holder"])]
+            assert [lk for lk in await group_locks(routes, group) if lk.live] == []
 
     anyio.run(main)
