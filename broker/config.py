@@ -80,11 +80,14 @@ ALLOW_MUTATIONS_ENV = "RAFTMQ_ALLOW_MUTATIONS"
 # its current one (a stale receipt taken, the message gone from its present holder);
 # fifo-ignore-inflight hands out a message group's next message while an earlier one is
 # still in flight.
+# Ordered consumption: release-before-commit is the consumers' (the chaos workload's
+# push consumers, not the nodes): a released queue's lock is let go of before its final
+# commit, so its next owner handles again what was handled and not committed yet.
 KNOWN_MUTATIONS = frozenset({
     "ack-before-commit", "skip-fsync", "duplicate-batch", "skip-read-barrier",
     "crash-before-answer", "commit-before-durable-prepare", "serve-prepared", "no-fencing",
     "forget-epochs", "drop-acl-remove", "deliver-at-send", "volatile-timers",
-    "ack-later-delivery", "fifo-ignore-inflight",
+    "ack-later-delivery", "fifo-ignore-inflight", "release-before-commit",
 })
 
 MAX_DELAY_S = 30 * 24 * 3600.0  # the default longest delay of a delayed message: 30 days

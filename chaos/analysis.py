@@ -118,6 +118,8 @@ from .models import (
     pin_read_appends,
     quiescent_segments,
 )
+from .ordercheck import ORDER_OPS
+from .ordercheck import Checker as OrderChecker
 from .simplecheck import SIMPLE_OPS
 from .simplecheck import Checker as SimpleChecker
 from .txcheck import TX_OPS
@@ -254,6 +256,7 @@ class Analysis:
             delays=self.results.get("delays"),
             simple=self.results.get("simple"),
             fifo=self.results.get("fifo"),
+            ordered=self.results.get("ordered"),
         )
 
 
@@ -285,9 +288,9 @@ def analyze(
     with _spill_dir(path) as spill:
         with clock("spill"):  # and the transactional, security, delay, simple, FIFO checks
             faults = parse_faults(path)
-            routes, (tx, sec, delays, simple, fifo) = _spill_by_key(
+            routes, (tx, sec, delays, simple, fifo, ordered) = _spill_by_key(
                 path, spill, (TxChecker(), SecurityChecker(), DelayChecker(), SimpleChecker(),
-                              FifoChecker()))
+                              FifoChecker(), OrderChecker()))
         analysis = _analyze_spilled(
             routes, faults, queue_groups=queue_groups, check_timeout=check_timeout,
             idempotent_processes=idempotent_processes, liveness_bound=liveness_bound,
@@ -298,6 +301,7 @@ def analyze(
     _add_delays(analysis, delays)
     _add_simple(analysis, simple)
     _add_fifo(analysis, fifo)
+    _add_ordered(analysis, ordered)
     analysis.results["analysis_seconds"] = clock.summary()
     return analysis
 
@@ -357,6 +361,13 @@ def _add_fifo(analysis: Analysis, fifo: dict[str, Any]) -> None:
     """The FIFO checker's verdict (`chaos.fifocheck`): section ``fifo``, for a history
     with messages of FIFO message groups."""
     _add_section(analysis, "fifo", fifo, bool(fifo["sent"] or fifo["message_groups"]))
+
+
+def _add_ordered(analysis: Analysis, ordered: dict[str, Any]) -> None:
+    """The ordering checker's verdict (`chaos.ordercheck`): section ``ordered``, for a
+    history with ordered-consumption records."""
+    _add_section(analysis, "ordered", ordered, bool(
+        ordered["keys"] or ordered["holders"] or ordered["malformed"]))
 
 
 def _add_section(analysis: Analysis, name: str, section: dict[str, Any], present: bool) -> None:
@@ -572,7 +583,8 @@ def _spill_by_key(
                         if kind == "invoke" and (entry.get("f") in TX_OPS
                                                  or entry.get("f") in SEC_OPS
                                                  or entry.get("f") in DELAY_OPS
-                                                 or entry.get("f") in SIMPLE_OPS):
+                                                 or entry.get("f") in SIMPLE_OPS
+                                                 or entry.get("f") in ORDER_OPS):
                             # `chaos.txcheck`/`authcheck`/`delaycheck`/`simplecheck` read these
                             skipped.add(process)
                             open_route.pop(process, None)

@@ -312,8 +312,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    "security (users and ACLs changed under faults, on a cluster with logins "
                    "and ACLs on), delay (delayed messages: never early, never lost), simple "
                    "(simple consumers: acks, retries, dead letters), fifo (simple consumers "
-                   "of FIFO message groups: each group in order, one message at a time) or "
-                   "all (the six side by side)")
+                   "of FIFO message groups: each group in order, one message at a time), "
+                   "ordered (orderly push consumers coming and going: in order per key, "
+                   "nothing handled twice while held) or all (the seven side by side)")
     p.add_argument("--seed", type=int, default=0, help="decides the fault schedule")
     p.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="history.jsonl, results.json, report.html and the cluster's files")
@@ -447,6 +448,16 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
             f"{fifo.get('deliveries', 0)} deliveries; "
             + ", ".join(f"{kind} {fifo.get(kind, 0)}"
                         for kind in ("out_of_order", "group_double_holding"))
+        ))
+    ordered = results.get("ordered")
+    if isinstance(ordered, dict):
+        table.add_row("ordered consumption", (
+            f"{ordered.get('expected', 0)} acknowledged, {ordered.get('handlings', 0)} "
+            f"handled ({ordered.get('handled_again', 0)} again) by "
+            f"{ordered.get('holders', 0)} holders, {ordered.get('failed_attempts', 0)} "
+            "failed attempts; "
+            + ", ".join(f"{kind} {ordered.get(kind, 0)}"
+                        for kind in ("out_of_order", "handled_twice", "skipped", "lost"))
         ))
     table.add_row("checker", f"{results.get('checker_seconds', 0):.1f} s")
     worst = results.get("longest_unavailability")

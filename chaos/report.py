@@ -548,6 +548,18 @@ def _fifo(f: dict[str, Any]) -> str:
         ("dead letters read at the end", f.get("dlq_read"))])
 
 
+def _ordered(o: dict[str, Any]) -> str:
+    """The ordering checker's verdict (`chaos.ordercheck`)."""
+    from .ordercheck import VIOLATIONS
+
+    return _checker_section("Ordered consumption", o, VIOLATIONS, [
+        ("keys", o.get("keys")), ("holders", o.get("holders")),
+        ("handlings", o.get("handlings")), ("handled again", o.get("handled_again")),
+        ("failed attempts", o.get("failed_attempts")),
+        ("unknown handlings", o.get("unknown_handlings")),
+        ("acknowledged sends", o.get("expected")), ("sends", o.get("sends"))])
+
+
 def _checker_section(title: str, verdict: dict[str, Any], violations: Iterable[str],
                      facts: list[tuple[str, Any]]) -> str:
     """A checker's verdict: every violation count (red when not zero), its facts, and the
@@ -587,6 +599,7 @@ def render_html(
     delays: dict[str, Any] | None = None,
     simple: dict[str, Any] | None = None,
     fifo: dict[str, Any] | None = None,
+    ordered: dict[str, Any] | None = None,
     max_ops: int = 4000,
 ) -> str:
     """The report as one HTML string; faults are (start, end, name) in the history's time unit.
@@ -597,7 +610,8 @@ def render_html(
     transactional verdict (`chaos.txcheck`), ``security`` that of users and ACLs
     (`chaos.authcheck`), ``delays`` that of delayed messages (`chaos.delaycheck`) and
     ``simple`` that of simple consumers (`chaos.simplecheck`), ``fifo`` that of FIFO
-    message groups (`chaos.fifocheck`), each shown first when it found a violation.
+    message groups (`chaos.fifocheck`) and ``ordered`` that of ordered consumption
+    (`chaos.ordercheck`), each shown first when it found a violation.
     """
     chosen, note = _focus(info, max_ops)
     if throughput is None and latency is None:
@@ -620,6 +634,8 @@ def render_html(
         body.append(_simple(simple))
     if fifo is not None and not fifo.get("valid", True):
         body.append(_fifo(fifo))
+    if ordered is not None and not ordered.get("valid", True):
+        body.append(_ordered(ordered))
     failure = info.first_failure
     if failure is not None:
         body.append(_failure_section(model, failure))
@@ -650,6 +666,8 @@ def render_html(
         body.append(_simple(simple))
     if fifo is not None and fifo.get("valid", True):
         body.append(_fifo(fifo))
+    if ordered is not None and ordered.get("valid", True):
+        body.append(_ordered(ordered))
     return (
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>{''.join(body)}<script>{_JS}</script></body></html>"

@@ -19,8 +19,11 @@ their queues from the start to the drain (`chaos.delayworkload`), checked by
 of them a process killed again and again, ack, nack, stall, re-time and dead-letter
 messages (`chaos.simpleworkload`), checked by `chaos.simplecheck`. With `--workload fifo`
 (or `all`) the same on messages of FIFO message groups, checked by `chaos.simplecheck`
-and, per message group, `chaos.fifocheck`. With `--workload security` (or `all`) the
-nodes run with logins and ACLs on and a
+and, per message group, `chaos.fifocheck`. With `--workload ordered` (or `all`) orderly
+push consumers in processes that are killed or closed again and again handle keyed,
+sequenced messages (`chaos.orderedworkload`), checked by `chaos.ordercheck`: in order
+per key, nothing handled twice while its holder held on. With `--workload security` (or
+`all`) the nodes run with logins and ACLs on and a
 bootstrap superuser whose login every client of the harness uses (`chaos.secworkload`);
 the default queue workload's cluster has neither.
 
@@ -59,6 +62,7 @@ from .attackers import Attackers, node_rss_mib
 from .delayworkload import DelayWorkload
 from .disk_faults import SmallDisk
 from .nemesis import NEMESES, Nemesis, Step, plan
+from .orderedworkload import OrderedWorkload
 from .proxy import ProxyNet
 from .recorder import Recorder
 from .remote import REMOTE_NEMESES, RemoteCluster
@@ -69,7 +73,7 @@ from .workload import Workload
 
 __all__ = ["RunOptions", "nemesis_plan", "run_chaos"]
 
-WORKLOADS = ("queue", "txn", "security", "delay", "simple", "fifo", "all")
+WORKLOADS = ("queue", "txn", "security", "delay", "simple", "fifo", "ordered", "all")
 SECURE_WORKLOADS = ("security", "all")
 """Workloads whose cluster runs with logins and ACLs on (`chaos.secworkload`); every
 client of the harness then logs in as its superuser."""
@@ -153,7 +157,8 @@ class RunOptions:
                        "simple": "on the clock its consumers read: invisible times are the "
                                  "nodes' wall clock",
                        "fifo": "on the clock its consumers read: invisible times are the "
-                               "nodes' wall clock"}.get(self.workload, "with short check-back timings")
+                               "nodes' wall clock",
+                       "ordered": "with consumer processes it starts and kills"}.get(self.workload, "with short check-back timings")
                 raise ValueError(f"--workload {self.workload} needs nodes the harness starts "
                                  f"({why}), not --cluster")
         if self.mutations and os.environ.get(ALLOW_MUTATIONS_ENV) != "1":
@@ -276,6 +281,13 @@ async def _run(opts: RunOptions, recorder: Recorder,
                                           log=opts.out / "cluster" / "fifo-workers.log",
                                           fifo=True)
                 facts["fifo_queue_groups"] = await fifoload.setup()
+            orderedload: OrderedWorkload | None = None
+            if opts.workload in ("ordered", "all"):
+                orderedload = OrderedWorkload(
+                    cluster.namesrv_addr, TOPIC, opts.groups, recorder=recorder,
+                    rng=random.Random(rng.getrandbits(64)), mutations=opts.mutations,
+                    log=opts.out / "cluster" / "ordered-consumers.log")
+                facts["ordered_queue_groups"] = await orderedload.setup()
             secload: SecurityWorkload | None = None
             if opts.workload in SECURE_WORKLOADS:
                 secload = SecurityWorkload(
@@ -296,7 +308,8 @@ async def _run(opts: RunOptions, recorder: Recorder,
             )
             # a node that died on its own is reported (unexpected_exits), not raised
             ready = functools.partial(cluster.wait_ready, opts.ready_timeout, raise_on_exit=False)
-            loads = _Loads(workload, txload, secload, delayload, simpleload, fifoload)
+            loads = _Loads(workload, txload, secload, delayload, simpleload, fifoload,
+                           orderedload)
             await _load_heal_drain(opts, loads, nemesis, ready, cluster.unexpected_exits, facts)
         finally:
             await trio.to_thread.run_sync(cluster.stop)
@@ -306,25 +319,30 @@ async def _run(opts: RunOptions, recorder: Recorder,
     return facts
 
 
-_Load = Workload | TxWorkload | SecurityWorkload | DelayWorkload | SimpleWorkload
+_Load = (Workload | TxWorkload | SecurityWorkload | DelayWorkload | SimpleWorkload
+         | OrderedWorkload)
 
 
 class _Loads:
     """The queue workload, the transactional one, the security one, the delayed-message
-    one, the simple-consumer one, its FIFO twin, or several side by side."""
+    one, the simple-consumer one, its FIFO twin, the ordered one, or several side by
+    side."""
 
     def __init__(self, queue: Workload | None, tx: TxWorkload | None,
                  security: SecurityWorkload | None = None,
                  delay: DelayWorkload | None = None,
                  simple: SimpleWorkload | None = None,
-                 fifo: SimpleWorkload | None = None) -> None:
-        self.loads: list[_Load] = [w for w in (queue, tx, security, delay, simple, fifo)
+                 fifo: SimpleWorkload | None = None,
+                 ordered: OrderedWorkload | None = None) -> None:
+        self.loads: list[_Load] = [w for w in (queue, tx, security, delay, simple, fifo,
+                                               ordered)
                                    if w is not None]
         self.tx = tx
         self.security = security
         self.delay = delay
         self.simple = simple
         self.fifo = fifo
+        self.ordered = ordered
 
     async def follow(self) -> None:
         """What watches the cluster from the load's start until the drain: the delayed
@@ -403,6 +421,9 @@ async def _load_heal_drain(
     if isinstance(workload, _Loads) and workload.fifo is not None:
         facts["fifo_load"] = {**workload.fifo.stats,
                               "worker_starts": workload.fifo.worker_starts}
+    if isinstance(workload, _Loads) and workload.ordered is not None:
+        facts["ordered_load"] = {**workload.ordered.stats,
+                                 "worker_starts": workload.ordered.worker_starts}
 
 
 async def _run_remote(opts: RunOptions, recorder: Recorder) -> dict[str, Any]:
