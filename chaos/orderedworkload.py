@@ -61,7 +61,7 @@ GRACE = 10.0
 _PAUSE = (0.01, 0.05)
 _PAUSE_AFTER_ERROR = 0.2
 CONSUMER_SETTINGS: dict[str, Any] = {
-    "heartbeat_interval": 0.5, "rebalance_interval": 1.0, "commit_interval": 1.0,
+    "heartbeat_interval": 0.5, "rebalance_interval": 1.0, "commit_interval": 3.0,
     "long_poll_ms": 500, "suspend": 0.05, "lock_lease": LEASE_S,
     "lock_renew_interval": RENEW_S, "lock_local_expiry": LOCAL_EXPIRY_S,
     "shutdown_timeout": 3.0,
