@@ -10,7 +10,8 @@ group, `GROUP`:
   before was acknowledged; a send of unknown outcome ends its order (a new key takes
   its place), a failed one is sent again;
 - **consumers**: `WORKERS` slots, each running an orderly `PushConsumer` in a separate
-  OS process (``python -m chaos.orderedworkload``) for a few seconds, then SIGKILLed or
+  OS process (``python -m chaos.orderedworkload``) for a few seconds once its consumer
+  is up (a process starts slowly on a busy machine), then SIGKILLed or
   (half of the time) closed, and started again. Short lock leases (`LEASE_S`, renewed
   every `RENEW_S`, given up locally after `LOCAL_EXPIRY_S`) so a killed consumer's
   queues move on within seconds. Its handler records each call and fails one in
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import signal
@@ -98,6 +100,7 @@ class OrderedWorkload:
         self._handled: set[tuple[str, int]] = set()
         self._opening: dict[str, tuple[str, int]] = {}  # open handle process -> (key, seq)
         self._holders: dict[str, dict[str, str]] = {}  # worker -> open holder process -> key
+        self._ready: dict[str, trio.Event] = {}  # worker -> set once its consumer is up
 
     def _count(self, what: str, n: int = 1) -> None:
         self.stats[what] = self.stats.get(what, 0) + n
@@ -181,7 +184,7 @@ class OrderedWorkload:
         while time.monotonic() < stop_at:
             life = self.rng.uniform(*WORKER_LIFE_S)
             graceful = self.rng.random() < 0.5
-            await self._one_worker(min(stop_at, time.monotonic() + life), graceful)
+            await self._one_worker(life, stop_at, graceful)
 
     # ------------------------------------------------------------ a consumer process
 
@@ -190,13 +193,15 @@ class OrderedWorkload:
                 "--topic", self.topic, "--name", name, "--seed", str(self.rng.getrandbits(32))]
         return argv + (["--mutation", MUTATION] if self.mutation else [])
 
-    async def _one_worker(self, until: float, graceful: bool,
+    async def _one_worker(self, life: float, stop_at: float, graceful: bool,
                           done: trio.Event | None = None) -> None:
-        """Run one consumer process until `until` (or `done`), then close it (`graceful`:
-        it lets go of its queues) or SIGKILL it."""
+        """Run one consumer process for `life` seconds once its consumer is up (a
+        process starts slowly on a loaded machine), until `stop_at` at the latest (or
+        `done`), then close it (`graceful`: it lets go of its queues) or SIGKILL it."""
         self.worker_starts += 1
         name = f"order-w{self.worker_starts}"
         self._holders[name] = {}
+        ready = self._ready[name] = trio.Event()
         stderr: Any = subprocess.DEVNULL
         if self.log is not None:
             with self.log.open("ab") as log:
@@ -226,11 +231,13 @@ class OrderedWorkload:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(read)
-                with trio.move_on_after(max(0.0, until - time.monotonic())):
-                    if done is not None:
-                        await done.wait()
-                    else:
-                        await trio.sleep_forever()
+                with trio.move_on_after(max(0.0, stop_at - time.monotonic())):
+                    await ready.wait()
+                    with trio.move_on_after(life):
+                        if done is not None:
+                            await done.wait()
+                        else:
+                            await trio.sleep_forever()
                 with trio.CancelScope(shield=True):
                     if graceful:
                         self._count("closes")
@@ -257,6 +264,7 @@ class OrderedWorkload:
                                            {"ms": dead, "died": True})
                 for process in [p for p in self._opening if p.startswith(f"{name}.")]:
                     del self._opening[process]
+                self._ready.pop(name, None)
 
     def _forward(self, name: str, line: bytes) -> None:
         """One line of a consumer process into the history (a torn last line of a killed
@@ -264,6 +272,9 @@ class OrderedWorkload:
         try:
             entry = json.loads(line)
         except ValueError:
+            return
+        if isinstance(entry, dict) and entry.get("ready") is True and name in self._ready:
+            self._ready[name].set()  # its consumer is up: its life begins
             return
         if (not isinstance(entry, dict)
                 or entry.get("type") not in ("invoke", "ok", "fail", "info")
@@ -301,7 +312,7 @@ class OrderedWorkload:
         until = time.monotonic() + min(SETTLE_WAIT_S, timeout / 2)
         async with trio.open_nursery() as nursery:
             for _ in range(self.workers):
-                nursery.start_soon(self._one_worker, until, True, done)
+                nursery.start_soon(self._one_worker, math.inf, until, True, done)
             while time.monotonic() < until and self.pending():
                 await trio.sleep(0.25)
             done.set()
@@ -381,6 +392,8 @@ def main(argv: list[str] | None = None) -> None:
                                 on_revoke=worker.on_revoke, **CONSUMER_SETTINGS)
         consumer.release_before_commit = MUTATION in args.mutation
         async with consumer:
+            sys.stdout.write('{"ready":true}\n')
+            sys.stdout.flush()
             await anyio.to_thread.run_sync(sys.stdin.buffer.read, abandon_on_cancel=True)
 
     anyio.run(run)

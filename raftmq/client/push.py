@@ -71,7 +71,7 @@ LOCK_RENEW_INTERVAL = 20.0
 LOCK_LOCAL_EXPIRY = 30.0
 # `release-before-commit` (a test mutation): how long the final commit of a released queue
 # waits after its premature unlock, as a slow commit would, so a next owner can start
-RELEASE_BEFORE_COMMIT_PAUSE = 1.0
+RELEASE_BEFORE_COMMIT_PAUSE = 3.0
 Handler = Callable[[list[Message]], Any]
 
 
