@@ -47,9 +47,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
                      ["--allow", "subscribe", "--group", "readers"]):
             assert acl_cmd.main(["add", "--user", "alice", *args, *ns]) == 0
         leader = c.node_addr(c.leaders()["g0"] or 1)
-        for topic in ("orders.eu", "orders.secret", "payments"):
+        # orders.eu's queue 1 is the one the lock cases take: a lock left held there
+        # must not fence the commit cases on queue 0, whatever order they run in
+        for topic, queues in (("orders.eu", 2), ("orders.secret", 1), ("payments", 1)):
             request(leader, {"op": int(Op.CREATE_TOPIC), "g": "g0", "topic": topic,
-                             "queues": 1, "hosted": [0]}, credentials=ROOT)
+                             "queues": queues, "hosted": list(range(queues))},
+                    credentials=ROOT)
         mp.undo()
         yield c
 
@@ -113,11 +116,11 @@ def test_publishing_without_permission_is_refused_and_stores_nothing(
     (Op.TX_OFFSETS, {"g": "g0", "tid": "alice-t", "epoch": 0, "n": 0, "cg": "readers",
                      "offsets": [["payments", 0, 0]]}, False),
     # queue locks fence commits: the permission a commit needs, on the group and topic
-    (Op.LOCK, {"cg": "readers", "topic": "orders.eu", "queues": [0], "client": "a"}, True),
-    (Op.LOCK, {"cg": "others", "topic": "orders.eu", "queues": [0], "client": "a"}, False),
+    (Op.LOCK, {"cg": "readers", "topic": "orders.eu", "queues": [1], "client": "a"}, True),
+    (Op.LOCK, {"cg": "others", "topic": "orders.eu", "queues": [1], "client": "a"}, False),
     (Op.LOCK, {"cg": "readers", "topic": "payments", "queues": [0], "client": "a"}, False),
-    (Op.UNLOCK, {"cg": "others", "topic": "orders.eu", "queues": [0], "client": "a"}, False),
-    (Op.UNLOCK, {"cg": "readers", "topic": "orders.eu", "queues": [0], "client": "a"}, True),
+    (Op.UNLOCK, {"cg": "others", "topic": "orders.eu", "queues": [1], "client": "a"}, False),
+    (Op.UNLOCK, {"cg": "readers", "topic": "orders.eu", "queues": [1], "client": "a"}, True),
     (Op.LOCKS, {"cg": "readers"}, True),
     (Op.LOCKS, {"cg": "others"}, False),
     (Op.LOCKS, {}, False),  # every group's locks: cluster admin
@@ -186,7 +189,7 @@ def test_transactions_need_publish_on_their_transactional_id(
         async with ConnectionPool(credentials=ALICE) as pool, \
                 Producer(cluster.namesrv_addr, pool=pool, transactional_id=tid) as p:
             async with p.transaction() as tx:
-                await tx.send("orders.eu", b"in a transaction")
+                await tx.send("orders.eu", b"in a transaction", queue=0)
 
     def as_alice(header: dict[str, object], body: bytes = b"") -> Code | None:
         try:
