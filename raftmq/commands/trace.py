@@ -47,8 +47,8 @@ def _row(r: TraceRecord) -> dict[str, Any]:
     return {**r.as_row(), "time": iso_ms(r.ms)}
 
 
-def _detail(r: TraceRecord) -> str:
-    """What the step says beyond its time, in words."""
+def step_detail(r: TraceRecord) -> str:
+    """What the step says beyond its time, in words (the CLI's table and the console's)."""
     if r.kind == "sent":
         return f"by producer {r.client}"
     if r.kind == "stored":
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
         first = records[0]
         table_console().print(make_table(
             ("step", "time", "queue", "offset", "detail"),
-            [(r.kind, iso_ms(r.ms), r.queue, r.offset, _detail(r)) for r in records],
+            [(r.kind, iso_ms(r.ms), r.queue, r.offset, step_detail(r)) for r in records],
             title=f"{args.msg_id}: {first.topic}, queue {first.queue}, offset {first.offset}",
             right=("queue", "offset")))
         return 0

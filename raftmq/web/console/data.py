@@ -15,6 +15,7 @@ from raftmq.client import Admin, GroupQueue, IncompleteError
 from raftmq.client.admin import DeadLetter
 from raftmq.commands.consume import message_json
 from raftmq.commands.status import gather_status
+from raftmq.commands.trace import step_detail
 from wire.protocol import Code, RequestError
 from wire.records import Message
 from wire.requests.security import AclListAnswer, AclListRequest, UserListAnswer, UserListRequest
@@ -130,7 +131,24 @@ async def message_view(admin: Admin, *, msg_id: str = "", topic: str = "",
             raise RequestError(Code.MALFORMED, str(exc)) from None
     else:
         found = await admin.query_key(topic, key)
-    return {"t": _now_ms(), "messages": [_message(m) for m in found]}
+    out: dict[str, Any] = {"t": _now_ms(), "messages": [_message(m) for m in found],
+                           "trace": None}
+    if msg_id:
+        out["trace"] = await trace_view(admin, msg_id)
+    return out
+
+
+async def trace_view(admin: Admin, msg_id: str) -> dict[str, Any]:
+    """`raftmq trace MSG_ID`: the message's steps, or why they cannot be shown (reading
+    the trace topic needs subscribe on it; a user without it still sees the message)."""
+    try:
+        records = await admin.trace(msg_id)
+    except RequestError as exc:
+        if exc.code != Code.FORBIDDEN:
+            raise
+        return {"steps": [], "refused": exc.message}
+    return {"steps": [{**r.as_row(), "time": _iso(r.ms), "detail": step_detail(r)}
+                      for r in records], "refused": None}
 
 
 def _dead_letter(d: DeadLetter) -> dict[str, Any]:

@@ -30,10 +30,10 @@ async def _messages(request: Request, admin: Admin) -> dict[str, Any]:
     msg_id, topic, key = q.get("id", "").strip(), q.get("topic", "").strip(), q.get("key", "")
     dlq = q.get("dlq", "").strip()
     out: dict[str, Any] = {"query": {"id": msg_id, "topic": topic, "key": key, "dlq": dlq},
-                           "messages": None, "dlq": None}
+                           "messages": None, "trace": None, "dlq": None}
     if msg_id or (topic and key):
-        out["messages"] = (await data.message_view(admin, msg_id=msg_id, topic=topic,
-                                                   key=key))["messages"]
+        found = await data.message_view(admin, msg_id=msg_id, topic=topic, key=key)
+        out["messages"], out["trace"] = found["messages"], found["trace"]
     elif topic or key:
         raise ValueError("a lookup by key needs both the topic and the key")
     if dlq:

@@ -30,6 +30,7 @@ from wire.security import format_verifier, make_credential
 ROOT = Credentials("root", "root's long password")
 ALICE = Credentials("alice", "alice's password")
 TOPIC = "orders"
+TRACED_TOPIC = "shipments"  # one message from a traced producer
 DECIDED_TOPIC = "payments"  # the half message an action decides: TOPIC's counts stay put
 QUEUES = 4
 MESSAGES = 20
@@ -84,6 +85,7 @@ def seeded_cluster(base: Path) -> Iterator[Seeded]:
             with BlockingAdmin(ns) as admin:
                 admin.create_topic(TOPIC, QUEUES)
                 admin.create_topic(DECIDED_TOPIC, 1)
+                admin.create_topic(TRACED_TOPIC, 1)
             ids: list[str] = []
             by_key: dict[str, list[str]] = {}
             with BlockingProducer(ns) as producer:
@@ -98,10 +100,12 @@ def seeded_cluster(base: Path) -> Iterator[Seeded]:
             with BlockingProducer(ns, producer_group=PRODUCER_GROUP) as producer:
                 txid = producer.prepare(TOPIC, "a half message nobody decides").txid
                 to_decide = producer.prepare(DECIDED_TOPIC, "a half an operator commits").txid
+            with BlockingProducer(ns, trace=True) as producer:
+                traced = producer.send(TRACED_TOPIC, "a traced shipment").msg_id
         chaos = base / "chaos"
         settings = WebSettings(namesrv=(cluster.namesrv_addr,), chaos_dir=chaos,
                                audit_log=base / "audit.jsonl")
-        yield Seeded(cluster, settings, ids, by_key, txid, to_decide)
+        yield Seeded(cluster, settings, ids, by_key, txid, to_decide, {"traced": traced})
 
 
 def console_app(settings: WebSettings) -> Starlette:

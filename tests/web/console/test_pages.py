@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -156,6 +157,25 @@ def test_messages_are_found_by_id_and_by_key(seeded: Seeded, url: str) -> None:
     assert sorted(m["msg_id"] for m in by_key["messages"]) == sorted(ids)
     assert missing.status_code == 400
     assert half.status_code == 400
+
+
+def test_a_message_page_shows_its_trace(seeded: Seeded, url: str) -> None:
+    traced = seeded.extra["traced"]
+    with client(url) as c:
+        untraced = c.get("/messages", params={"id": seeded.msg_ids[0]})
+        deadline = time.monotonic() + 30  # the node writes the trace records in batches
+        while True:
+            page = c.get("/messages", params={"id": traced})
+            steps = [row[0] for row in cells(page.text, "trace")]
+            if "stored" in steps or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        live = c.get("/console/messages", params={"id": traced}).json()
+    assert page.status_code == 200 and steps[:2] == ["sent", "stored"], steps
+    assert [s["kind"] for s in live["trace"]["steps"]][:2] == ["sent", "stored"]
+    assert live["trace"]["steps"][1]["detail"].startswith("group ")
+    assert "No trace" in untraced.text and cells(untraced.text, "trace") == [[
+        "No trace: neither its producer nor a consumer group reading it traces (trace=True)."]]
 
 
 def test_the_transactions_page_lists_the_undecided_half(seeded: Seeded, url: str) -> None:
