@@ -13,6 +13,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 __all__ = ["serving"]
 
@@ -20,14 +21,17 @@ START_TIMEOUT = 60.0
 
 
 @contextmanager
-def serving(command: str, namesrv: str) -> Iterator[str]:
-    """Run `raftmq COMMAND --namesrv NAMESRV --listen 127.0.0.1:0`; yields the address it
-    printed (`http://host:port` for console, `host:port` for mqtt)."""
-    with tempfile.TemporaryFile() as log:
+def serving(command: str, namesrv: str, *args: str, env: dict[str, str] | None = None,
+            log: Path | None = None) -> Iterator[str]:
+    """Run `raftmq COMMAND --namesrv NAMESRV --listen 127.0.0.1:0 ARGS...` with `env` (this
+    process's environment by default), its stderr to `log` (a temporary file by default);
+    yields the address it printed (`http://host:port` for console, `host:port` for mqtt)."""
+    with (log.open("w+b") if log is not None else tempfile.TemporaryFile()) as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "raftmq", command, "--namesrv", namesrv,
-             "--listen", "127.0.0.1:0"],
-            stdout=subprocess.PIPE, stderr=log, env=dict(os.environ), text=True)
+             "--listen", "127.0.0.1:0", *args],
+            stdout=subprocess.PIPE, stderr=err,
+            env=dict(os.environ) if env is None else env, text=True)
         found: list[str] = []
         done = threading.Event()
 
@@ -43,9 +47,10 @@ def serving(command: str, namesrv: str) -> Iterator[str]:
         threading.Thread(target=first_address, daemon=True).start()
         try:
             if not done.wait(START_TIMEOUT) or not found:
-                log.seek(0)
-                tail = log.read().decode(errors="replace")[-2000:]
-                raise RuntimeError(f"raftmq {command} did not start:\n{tail}")
+                err.seek(0)
+                tail = err.read().decode(errors="replace")[-3000:]
+                where = f" (its log: {log})" if log is not None else ""
+                raise RuntimeError(f"raftmq {command} did not start{where}:\n{tail}")
             yield found[0]
         finally:
             proc.terminate()
