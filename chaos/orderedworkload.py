@@ -42,11 +42,11 @@ from typing import Any
 import anyio
 import trio
 
-from raftmq.client import Admin, Message, Producer, PushConsumer
+from raftmq.client import Message, Producer, PushConsumer
 from wire.protocol import RequestError
 
 from .recorder import Recorder
-from .workload import _written_for_sure_not, queue_groups
+from .workload import _written_for_sure_not, create_topics
 
 __all__ = ["GROUP", "MUTATION", "OrderedWorkload", "main"]
 
@@ -107,21 +107,8 @@ class OrderedWorkload:
 
     async def setup(self, timeout: float = 30.0) -> dict[str, str]:
         """Create the topic (queues in every group) and learn queue -> group."""
-        deadline = time.monotonic() + timeout
-        attempt = 0
-        while True:
-            try:
-                async with Admin(self.namesrv) as admin:
-                    await admin.create_topic(self.topic, self.queues, exist_ok=True)
-                found = await queue_groups(self.namesrv, self.topic)
-                if len(found) == self.queues:
-                    self.queue_groups = found
-                    return dict(found)
-            except RequestError:
-                if time.monotonic() >= deadline:
-                    raise
-            attempt += 1
-            await trio.sleep(min(1.0, 0.1 * attempt))
+        self.queue_groups = await create_topics(self.namesrv, {self.topic: self.queues}, timeout)
+        return dict(self.queue_groups)
 
     # ------------------------------------------------------------ the run
 

@@ -65,7 +65,7 @@ from transport.connection import DEFAULT_TIMEOUT, ConnectionPool
 from wire.protocol import Code, Op, RequestError
 
 from .recorder import Recorder
-from .workload import _written_for_sure_not, queue_groups, queue_key
+from .workload import _written_for_sure_not, create_topics, queue_key
 
 __all__ = ["RecordingPool", "SimpleWorkload", "main"]
 
@@ -330,27 +330,8 @@ class SimpleWorkload:
 
     async def setup(self, timeout: float = 30.0) -> dict[str, str]:
         """Create the topic (queues in every group) and learn queue -> group."""
-        deadline = time.monotonic() + timeout
-        attempt = 0
-        while True:
-            failure: RequestError | None = None
-            try:
-                async with Admin(self.namesrv) as admin:
-                    try:
-                        await admin.create_topic(self.topic, self.queues, exist_ok=True)
-                    except RequestError as exc:
-                        failure = exc
-                if failure is not None:
-                    raise failure
-                found = await queue_groups(self.namesrv, self.topic)
-                if len(found) == self.queues:
-                    self.queue_groups = found
-                    return dict(found)
-            except RequestError:
-                if time.monotonic() >= deadline:
-                    raise
-            attempt += 1
-            await trio.sleep(min(1.0, 0.1 * attempt))
+        self.queue_groups = await create_topics(self.namesrv, {self.topic: self.queues}, timeout)
+        return dict(self.queue_groups)
 
     # ------------------------------------------------------------ the record
 

@@ -67,7 +67,7 @@ from wire.records import OutgoingMessage, encode_batch
 from wire.requests import ProduceRequest
 
 from .recorder import Recorder
-from .workload import _written_for_sure_not, queue_groups, queue_key
+from .workload import _written_for_sure_not, create_topics, queue_key
 
 __all__ = ["TX_NODE_SETTINGS", "TxWorkload"]
 
@@ -179,30 +179,8 @@ class TxWorkload:
 
     async def setup(self, timeout: float = 30.0) -> dict[str, str]:
         """Create the three topics (queues in every group) and learn queue -> group."""
-        deadline = time.monotonic() + timeout
-        attempt = 0
-        while True:
-            failure: RequestError | None = None
-            try:
-                async with Admin(self.namesrv) as admin:
-                    try:
-                        for topic, queues in self.queues.items():
-                            await admin.create_topic(topic, queues, exist_ok=True)
-                    except RequestError as exc:
-                        failure = exc
-                if failure is not None:
-                    raise failure
-                found: dict[str, str] = {}
-                for topic in self.queues:
-                    found.update(await queue_groups(self.namesrv, topic))
-                if len(found) == sum(self.queues.values()):
-                    self.queue_groups = found
-                    return dict(found)
-            except RequestError:
-                if time.monotonic() >= deadline:
-                    raise
-            attempt += 1
-            await trio.sleep(min(1.0, 0.1 * attempt))
+        self.queue_groups = await create_topics(self.namesrv, dict(self.queues), timeout)
+        return dict(self.queue_groups)
 
     # ------------------------------------------------------------ the run
 

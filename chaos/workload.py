@@ -208,6 +208,36 @@ async def queue_groups(namesrv: str, topic: str) -> dict[str, str]:
     return out
 
 
+async def create_topics(namesrv: str, queues: dict[str, int],
+                        timeout: float = 30.0) -> dict[str, str]:
+    """Create each topic with its number of queues (spread over every group; an existing
+    one is fine) and learn which group hosts each queue: queue key -> group. Everything
+    fails and is retried while the cluster settles, for up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    attempt = 0
+    while True:
+        failure: RequestError | None = None
+        try:
+            async with Admin(namesrv) as admin:
+                try:
+                    for topic, n in queues.items():
+                        await admin.create_topic(topic, n, exist_ok=True)
+                except RequestError as exc:  # raised out here, not in an ExceptionGroup
+                    failure = exc
+            if failure is not None:
+                raise failure
+            found: dict[str, str] = {}
+            for topic in queues:
+                found.update(await queue_groups(namesrv, topic))
+            if len(found) == sum(queues.values()):
+                return found
+        except RequestError:
+            if time.monotonic() >= deadline:
+                raise
+        attempt += 1
+        await trio.sleep(min(1.0, 0.1 * attempt))
+
+
 @dataclass(frozen=True, slots=True)
 class Process:
     """One logical client of the history: its id and what it does."""
