@@ -17,42 +17,24 @@ from typing import Any
 import httpx
 import pytest
 
-from broker.doors.security import make_credential
-from broker.state.parts.users import format_verifier
-from raftmq.client import connect_admin
-from raftmq.commands import acl as acl_cmd
-from raftmq.commands import user as user_cmd
 from raftmq.localcluster import LocalCluster
 from raftmq.web.api import ENDPOINTS, openapi_document
-from tests.conftest import live_cluster
+from tests.secured_cluster import ROOT, secured_cluster
 from tests.web.server_process import serving
-from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
+from transport.scram import Credentials
 
 pytestmark = pytest.mark.live
 
-ROOT = Credentials("root", "root's long password")
 ALICE = Credentials("alice", "alice's password")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    keys = {"authenticate": True, "authorize": True, "superusers": ["root"],
-            "superuser_scram": format_verifier(make_credential(ROOT.password))}
-    base = tmp_path_factory.mktemp("http")
-    with live_cluster(base, nodes=3, groups=2, node_overrides=keys, credentials=ROOT) as c:
-        mp = pytest.MonkeyPatch()
-        mp.setenv(USER_ENV, ROOT.user)
-        mp.setenv(PASSWORD_ENV, ROOT.password)
-        mp.setenv("RAFTMQ_NEW_PASSWORD", ALICE.password)
-        ns = ["--namesrv", c.namesrv_addr]
-        assert user_cmd.main(["add", "alice", *ns]) == 0
-        for args in (["--allow", "publish", "--topic", "open"],
-                     ["--allow", "subscribe", "--topic", "open"]):
-            assert acl_cmd.main(["add", "--user", "alice", *args, *ns]) == 0
-        with connect_admin(c.namesrv_addr) as admin:
-            for topic in ("web", "open", "closed", "simple", "batch", "poll"):
-                admin.create_topic(topic, 2)
-        mp.undo()
+    with secured_cluster(tmp_path_factory.mktemp("http"), groups=2, user=ALICE,
+                         rules=(["--allow", "publish", "--topic", "open"],
+                                ["--allow", "subscribe", "--topic", "open"]),
+                         topics=dict.fromkeys(("web", "open", "closed", "simple", "batch",
+                                               "poll"), 2)) as c:
         yield c
 
 

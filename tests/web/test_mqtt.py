@@ -14,41 +14,23 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from broker.doors.security import make_credential
-from broker.state.parts.users import format_verifier
 from raftmq.client import connect_admin, connect_producer
-from raftmq.commands import acl as acl_cmd
-from raftmq.commands import user as user_cmd
 from raftmq.localcluster import LocalCluster
-from tests.conftest import live_cluster
+from tests.secured_cluster import ROOT, secured_cluster
 from tests.web.server_process import serving
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
 
 pytestmark = pytest.mark.live
 
-ROOT = Credentials("root", "root's long password")
 DEVICE = Credentials("device", "device's password")
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    keys = {"authenticate": True, "authorize": True, "superusers": ["root"],
-            "superuser_scram": format_verifier(make_credential(ROOT.password))}
-    base = tmp_path_factory.mktemp("mqtt")
-    with live_cluster(base, nodes=3, groups=1, node_overrides=keys, credentials=ROOT) as c:
-        mp = pytest.MonkeyPatch()
-        mp.setenv(USER_ENV, ROOT.user)
-        mp.setenv(PASSWORD_ENV, ROOT.password)
-        mp.setenv("RAFTMQ_NEW_PASSWORD", DEVICE.password)
-        ns = ["--namesrv", c.namesrv_addr]
-        assert user_cmd.main(["add", "device", *ns]) == 0
-        for args in (["--allow", "publish", "--topic", "sensors"],
-                     ["--allow", "subscribe", "--topic", "sensors"]):
-            assert acl_cmd.main(["add", "--user", "device", *args, *ns]) == 0
-        with connect_admin(c.namesrv_addr) as admin:
-            for topic in ("sensors", "commands", "secret"):
-                admin.create_topic(topic, 2)
-        mp.undo()
+    with secured_cluster(tmp_path_factory.mktemp("mqtt"), groups=1, user=DEVICE,
+                         rules=(["--allow", "publish", "--topic", "sensors"],
+                                ["--allow", "subscribe", "--topic", "sensors"]),
+                         topics=dict.fromkeys(("sensors", "commands", "secret"), 2)) as c:
         yield c
 
 

@@ -19,15 +19,12 @@ from hypercorn.trio import serve
 from starlette.applications import Starlette
 
 from raftmq.client import BlockingAdmin, BlockingProducer
-from raftmq.commands import user as user_cmd
 from raftmq.localcluster import LocalCluster, free_ports
 from raftmq.web.console import routes
 from raftmq.web.settings import WebSettings
-from tests.conftest import live_cluster
+from tests.secured_cluster import ROOT, secured_cluster
 from transport.scram import PASSWORD_ENV, USER_ENV, Credentials
-from wire.security import format_verifier, make_credential
 
-ROOT = Credentials("root", "root's long password")
 ALICE = Credentials("alice", "alice's password")
 TOPIC = "orders"
 TRACED_TOPIC = "shipments"  # one message from a traced producer
@@ -71,21 +68,10 @@ def as_user(creds: Credentials) -> Iterator[None]:
 
 @contextmanager
 def seeded_cluster(base: Path) -> Iterator[Seeded]:
-    keys = {"authenticate": True, "authorize": True, "superusers": [ROOT.user],
-            "superuser_scram": format_verifier(make_credential(ROOT.password))}
-    with live_cluster(base / "cluster", nodes=3, groups=2, node_overrides=keys,
-                      credentials=ROOT) as cluster:
+    with secured_cluster(base / "cluster", groups=2, user=ALICE,
+                         topics={TOPIC: QUEUES, DECIDED_TOPIC: 1, TRACED_TOPIC: 1}) as cluster:
         ns = [cluster.namesrv_addr]
         with as_user(ROOT):
-            os.environ["RAFTMQ_NEW_PASSWORD"] = ALICE.password
-            try:
-                assert user_cmd.main(["add", ALICE.user, "--namesrv", ns[0]]) == 0
-            finally:
-                os.environ.pop("RAFTMQ_NEW_PASSWORD", None)
-            with BlockingAdmin(ns) as admin:
-                admin.create_topic(TOPIC, QUEUES)
-                admin.create_topic(DECIDED_TOPIC, 1)
-                admin.create_topic(TRACED_TOPIC, 1)
             ids: list[str] = []
             by_key: dict[str, list[str]] = {}
             with BlockingProducer(ns) as producer:
