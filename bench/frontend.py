@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["serving"]
+__all__ = ["gateway", "serving"]
 
 START_TIMEOUT = 60.0
 
@@ -59,3 +59,14 @@ def serving(command: str, namesrv: str, *args: str, env: dict[str, str] | None =
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def gateway(command: str, given: str | None, namesrv: str) -> Iterator[str]:
+    """The gateway a benchmark drives: the address given on its command line, or a
+    `raftmq COMMAND` started here for `namesrv`'s cluster."""
+    if given:
+        yield given
+        return
+    with serving(command, namesrv) as address:
+        yield address

@@ -26,8 +26,7 @@ import base64
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -42,6 +41,7 @@ from .common import (
     progress,
     run_on_target,
 )
+from .frontend import gateway
 
 __all__ = ["build_parser", "main", "run_http"]
 
@@ -179,22 +179,11 @@ async def _drive(namesrv: str, url: str, args: argparse.Namespace) -> dict[str, 
     }
 
 
-@contextmanager
-def _api(args: argparse.Namespace, namesrv: str) -> Iterator[str]:
-    if args.url:
-        yield args.url.rstrip("/")
-        return
-    from .frontend import serving
-
-    with serving("console", namesrv) as url:
-        yield url
-
-
 def run_http(args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark against `--namesrv` or a local cluster started (and stopped) here."""
 
     async def drive(target: Target, args: argparse.Namespace) -> dict[str, Any]:
-        with _api(args, target.namesrv) as url:
+        with gateway("console", args.url and args.url.rstrip("/"), target.namesrv) as url:
             result = await _drive(target.namesrv, url, args)
             result["api_url"] = url if args.url else "local raftmq console"
             return result

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from .common import (
@@ -33,6 +31,7 @@ from .common import (
     progress,
     run_on_target,
 )
+from .frontend import gateway
 from .httpapi import compare, timed_requests
 
 __all__ = ["build_parser", "main", "run_mqtt"]
@@ -102,22 +101,11 @@ async def _drive(namesrv: str, broker: str, args: argparse.Namespace) -> dict[st
     }
 
 
-@contextmanager
-def _gateway(args: argparse.Namespace, namesrv: str) -> Iterator[str]:
-    if args.broker:
-        yield args.broker
-        return
-    from .frontend import serving
-
-    with serving("mqtt", namesrv) as address:
-        yield address
-
-
 def run_mqtt(args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark against `--namesrv` or a local cluster started (and stopped) here."""
 
     async def drive(target: Target, args: argparse.Namespace) -> dict[str, Any]:
-        with _gateway(args, target.namesrv) as broker:
+        with gateway("mqtt", args.broker, target.namesrv) as broker:
             result = await _drive(target.namesrv, broker, args)
             result["broker"] = broker if args.broker else "local raftmq mqtt"
             return result
