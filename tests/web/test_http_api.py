@@ -289,3 +289,25 @@ def test_the_openapi_description_is_valid_and_covers_every_route(root: httpx.Cli
     assert served == json.loads(json.dumps(openapi_document()))
     for ep in ENDPOINTS:
         assert ep.method.lower() in served["paths"]["/api/v1" + ep.path], ep.name
+
+
+def test_https_serves_the_api_and_its_logins(cluster: LocalCluster, tmp_path: Path) -> None:
+    """`--tls-cert/--tls-key`: Basic logins travel inside TLS; a client that trusts the CA
+    gets in, plain HTTP to the same port gets no answer from the API."""
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    with serving("console", cluster.namesrv_addr, tmp_path / "console.log",
+                 "--tls-cert", str(cert_file), "--tls-key", str(key_file)) as address:
+        assert address.startswith("https://")
+        with ca.cert_pem.tempfile() as ca_file, \
+                httpx.Client(base_url=address + "/api/v1", verify=ca_file, timeout=30,
+                             auth=(ROOT.user, ROOT.password)) as c:
+            assert c.get("/topics").status_code == 200
+            assert c.get("/topics", auth=(ROOT.user, "wrong")).status_code == 401
+        plain = address.replace("https://", "http://", 1) + "/api/v1/topics"
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(plain, auth=(ROOT.user, ROOT.password), timeout=10)
