@@ -78,6 +78,10 @@ BACKOFF = (0.5, 1.0, 2.0)
 MAX_DELIVERIES = 4
 ALWAYS_FAIL = 15  # one body in this many always fails
 NACK, STALL, POISON, CHANGE = 0.10, 0.08, 0.04, 0.08  # shares of the messages received
+# a handler's time before it acks: a redelivered message is then held for a moment, so
+# the late ack of a stalled earlier delivery can meet it in flight (the window in which a
+# stale receipt must be refused)
+HANDLING_S = (0.0, 0.3)
 RECEIVE_MAX = 4
 MAX_HELD = 16  # messages a consumer holds unsettled at most before it receives more
 LONG_POLL_S = 1.0
@@ -231,6 +235,7 @@ class Consumer:
                     await anyio.sleep(self.rng.uniform(0.5, invisible))
                 await self._ack(consumer, m, got, invisible)
             else:
+                await anyio.sleep(self.rng.uniform(*HANDLING_S))
                 await self._ack(consumer, m, got, invisible)
         finally:
             held.release()
