@@ -143,7 +143,7 @@ class _Bucket:
     are sorted by due time (a bucket only partly due is sorted before it is drained).
     `min_due` and `min_index` are lower bounds of the pending ones' (exact after a
     change), `max_due` an upper bound: a bucket whose `max_due` has come is wholly due
-    and needs no sorting, however many messages fell due in the same instant."""
+    and is drained in one pass, however many messages fell due in the same instant."""
 
     __slots__ = ("buf", "max_due", "min_due", "min_index", "ordered", "pos")
 
@@ -174,9 +174,12 @@ class _Bucket:
         self.ordered = False
 
     def take(self, now_ms: int, limit: int, whole: bool) -> list[tuple[int, ...]]:
-        """Up to `limit` records due at or before `now_ms`, removed. `whole`: every record
-        of the bucket is due (no sorting needed)."""
-        if not whole and not self.ordered:
+        """Up to `limit` records due at or before `now_ms`, removed, in (due, log
+        position) order. `whole`: every record of the bucket is due. A bucket is sorted
+        even then: its records arrive in an order that depends on when each replica read
+        a run back (live, or after restoring a snapshot), and the order they enter their
+        queue must be the log's alone, the same on every replica."""
+        if not self.ordered:
             recs = sorted(_REC.iter_unpack(memoryview(self.buf)[self.pos:]))
             self.buf = bytearray(b"".join(_REC.pack(*r) for r in recs))
             self.pos = 0
