@@ -25,6 +25,20 @@ not silently fall back to a default), and every problem names its key. Example::
     id = "g0"
     replicas = [1, 2, 3]
     preferred_leader = 1
+
+A machine may run several node processes (*shards*: one Python process uses one core, so a
+16-core server runs up to 16). Each shard is a node in every respect (its own id, address,
+data and Raft identity; clients reach it directly); the `[hosts]` table says which shards
+share a machine, so that no group puts two replicas on one host (a host's failure takes
+all its shards at once) and tools can show and stop a host as one::
+
+    [hosts]
+    1 = "h1"
+    2 = "h1"
+    3 = "h2"
+    ...
+
+Without `[hosts]` every node is its own host.
 """
 
 from __future__ import annotations
@@ -34,7 +48,7 @@ import ipaddress
 import math
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -57,6 +71,7 @@ __all__ = [
     "check_tls",
     "cluster_configs",
     "dump_config",
+    "host_layout",
     "load_config",
 ]
 
@@ -126,6 +141,8 @@ class NodeConfig:
     data: Path
     peers: Mapping[int, str] = field(hash=False)
     groups: tuple[GroupConfig, ...] = ()
+    # node id -> the machine it runs on (`[hosts]`); empty: every node is its own host
+    hosts: Mapping[int, str] = field(default_factory=dict, hash=False)
     namesrv: tuple[str, ...] = ()
     metrics: str | None = None
     # The metrics endpoint is plain HTTP without a login (node, group and topic names,
@@ -238,6 +255,24 @@ class NodeConfig:
     def __post_init__(self) -> None:
         # a read-only view, so a "frozen" config cannot be changed through its peers table
         object.__setattr__(self, "peers", _frozen_peers(self.peers))
+        object.__setattr__(self, "hosts", MappingProxyType(dict(sorted(self.hosts.items()))))
+
+    def host_of(self, node: int) -> str:
+        """The host `node` runs on: its `[hosts]` entry, or its own name `n<id>` when the
+        config has no `[hosts]` table (every node its own machine)."""
+        return self.hosts.get(node) or f"n{node}"
+
+    @property
+    def host(self) -> str:
+        """The host this node runs on."""
+        return self.host_of(self.node_id)
+
+    def host_clash(self, node: int, members: Iterable[int]) -> int | None:
+        """A member of `members` (other than `node`) on the same host as `node`, if any:
+        a replica there would share a machine with that one."""
+        where = self.host_of(node)
+        return next((m for m in sorted(members) if m != node and self.host_of(m) == where),
+                    None)
 
     @property
     def hosted_groups(self) -> tuple[GroupConfig, ...]:
@@ -381,6 +416,46 @@ def _peers(value: object) -> dict[int, str]:
     return peers
 
 
+_HOST_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+MAX_HOST_NAME = 64
+
+
+def _hosts(value: object, peers: Mapping[int, str]) -> dict[int, str]:
+    """`[hosts]`: node id -> host name, naming every node of `peers` (a node left out
+    would be taken for a machine of its own, which is how two replicas end up on one)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"hosts must be a table of node id = \"host name\", got {value!r}")
+    hosts: dict[int, str] = {}
+    for k, v in value.items():
+        nid = _node_id(k, f"hosts key {k!r}")
+        if nid not in peers:
+            raise ConfigError(f"hosts: node {nid} is not in peers (known nodes: {sorted(peers)})")
+        name = _str(v, f"hosts.{nid}")
+        if not (0 < len(name) <= MAX_HOST_NAME and set(name) <= _HOST_NAME_CHARS):
+            raise ConfigError(f"hosts.{nid}: a host name is 1-{MAX_HOST_NAME} letters, digits, "
+                              f"'-', '_' or '.'; got {name!r}")
+        hosts[nid] = name
+    missing = sorted(set(peers) - set(hosts))
+    if hosts and missing:
+        raise ConfigError(f"hosts names no host for node(s) {missing}: a [hosts] table names "
+                          "the host of every node in peers")
+    return hosts
+
+
+def _check_placement(groups: Sequence[GroupConfig], hosts: Mapping[int, str]) -> None:
+    """No group with two replicas on one host: a host that fails takes all its shards."""
+    for g in groups:
+        seen: dict[str, int] = {}
+        for r in g.replicas:
+            where = hosts.get(r) or f"n{r}"
+            if where in seen:
+                raise ConfigError(
+                    f"group {g.id!r} has replicas on nodes {seen[where]} and {r}, both on host "
+                    f"{where!r}: a group keeps at most one replica per host (the host's "
+                    "failure would take both); place them on different hosts")
+            seen[where] = r
+
+
 def _group(value: object, index: int, peers: Mapping[int, str]) -> GroupConfig:
     where = f"groups[{index}]"
     if not isinstance(value, Mapping):
@@ -519,6 +594,8 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
     dup = sorted({g for g in ids if ids.count(g) > 1})
     if dup:
         raise ConfigError(f"group id(s) {dup} are defined more than once")
+    hosts = _hosts(d.get("hosts", {}), peers)
+    _check_placement(groups, hosts)
 
     metrics = d.get("metrics")
     fsync = _str(d.get("fsync", "always"), "fsync")
@@ -555,6 +632,7 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         data=Path(data),
         peers=peers,
         groups=groups,
+        hosts=hosts,
         namesrv=tuple(
             _address(a, "namesrv entry") for a in _list(d.get("namesrv", []), "namesrv")
         ),
@@ -717,7 +795,7 @@ def dump_config(cfg: NodeConfig) -> str:
     lines.append(f"data = {_toml_value(cfg.data)}")
     lines.append(f"namesrv = {_toml_value(cfg.namesrv)}")
     skip = {"node_id", "listen", "metrics", "metrics_public", "data", "namesrv", "peers",
-            "groups"}
+            "groups", "hosts"}
     for name in _TOP_KEYS:
         if name not in skip:
             lines.append(f"{name} = {_toml_value(getattr(cfg, name))}")
@@ -725,6 +803,11 @@ def dump_config(cfg: NodeConfig) -> str:
     lines.append("[peers]")
     for nid, addr in sorted(cfg.peers.items()):
         lines.append(f"{nid} = {_toml_value(addr)}")
+    if cfg.hosts:
+        lines.append("")
+        lines.append("[hosts]")
+        for nid, name in sorted(cfg.hosts.items()):
+            lines.append(f"{nid} = {_toml_value(name)}")
     for g in cfg.groups:
         lines.append("")
         lines.append("[[groups]]")
@@ -738,14 +821,65 @@ def dump_config(cfg: NodeConfig) -> str:
 # ------------------------------------------------------------------ clusters
 
 
-_PER_NODE_KEYS = frozenset({"node_id", "listen", "metrics", "data", "peers", "groups"})
+_PER_NODE_KEYS = frozenset({"node_id", "listen", "metrics", "data", "peers", "groups",
+                            "hosts"})
+
+
+def host_layout(hosts: int, shards: int) -> dict[int, str]:
+    """Node ids of `hosts` hosts with `shards` shards each: host `h{k}` (1-based) runs
+    nodes `(k-1)*shards+1 .. k*shards`."""
+    return {(k - 1) * shards + s: f"h{k}" for k in range(1, hosts + 1)
+            for s in range(1, shards + 1)}
+
+
+def _place_groups(groups: int, nodes: int, replication: int,
+                  hosts: Mapping[int, str]) -> list[dict[str, Any]]:
+    """Replicas and preferred leaders of `g0..g{groups-1}`.
+
+    Without hosts (every node its own): group k on `replication` consecutive nodes from
+    node `k mod nodes + 1`, which leads it. With hosts: group k's replicas are on
+    `replication` consecutive hosts from host `k mod H`, never two on one; its leader goes
+    round-robin over every shard of every host (host k mod H, its shard (k div H) mod S),
+    and each other replica takes the shard of its host holding the fewest replicas yet,
+    so replicas and leaders spread evenly over all the shards.
+    """
+    placed: list[dict[str, Any]] = []
+    if not hosts:
+        for k in range(groups):
+            first = k % nodes
+            replicas = sorted((first + j) % nodes + 1 for j in range(replication))
+            placed.append({"id": f"g{k}", "replicas": replicas, "preferred_leader": first + 1})
+        return placed
+    by_host: dict[str, list[int]] = {}
+    for nid, name in sorted(hosts.items()):
+        by_host.setdefault(name, []).append(nid)
+    names = list(by_host)
+    if replication > len(names):
+        raise ConfigError(f"replication {replication} needs {replication} hosts (a group keeps "
+                          f"at most one replica per host); there are {len(names)}")
+    load = dict.fromkeys(hosts, 0)
+    for k in range(groups):
+        first = k % len(names)
+        lead_shards = by_host[names[first]]
+        leader = lead_shards[(k // len(names)) % len(lead_shards)]
+        replicas = [leader]
+        load[leader] += 1
+        for j in range(1, replication):
+            shards = by_host[names[(first + j) % len(names)]]
+            pick = min(shards, key=lambda n: (load[n], n))
+            replicas.append(pick)
+            load[pick] += 1
+        placed.append({"id": f"g{k}", "replicas": sorted(replicas), "preferred_leader": leader})
+    return placed
 
 
 def cluster_configs(
     base_dir: str | os.PathLike[str],
     *,
-    nodes: int = 3,
+    nodes: int | None = None,
     groups: int = 3,
+    hosts: int | None = None,
+    shards: int = 1,
     host: str = "127.0.0.1",
     port_base: int = 7100,
     namesrv: Sequence[str] | None = None,
@@ -756,7 +890,8 @@ def cluster_configs(
     env: Mapping[str, str] | None = None,
     **overrides: Any,
 ) -> list[NodeConfig]:
-    """Configs for a local cluster of `nodes` nodes and `groups` groups `g0..g{groups-1}`.
+    """Configs for a local cluster of `nodes` nodes (3 by default) and `groups` groups
+    `g0..g{groups-1}`.
 
     Layout: node i (1-based) listens at `port_base+i`, serves metrics at `port_base+100+i`
     and keeps data in `base_dir/n{i}`; the name server defaults to `host:port_base+76`.
@@ -764,8 +899,23 @@ def cluster_configs(
     Group k is replicated on `replication` consecutive nodes starting at node
     `k mod nodes + 1` (wrapping around), which is also its preferred leader: preferred
     leaders go round-robin over the nodes, so 3 nodes x 3 groups give one per node.
+    With `hosts` (H machines of `shards` node processes each; `nodes` is then H x S), the
+    configs get a `[hosts]` table (`host_layout`) and groups are placed by host: never two
+    replicas on one, leaders over every shard (`_place_groups`).
     `overrides` set any other config key (e.g. `fsync="interval"`) on every node.
     """
+    if shards < 1:
+        raise ConfigError(f"a host runs at least one shard, got shards={shards}")
+    if hosts is not None:
+        if hosts < 1:
+            raise ConfigError(f"a cluster needs at least one host, got {hosts}")
+        if nodes is not None and nodes != hosts * shards:
+            raise ConfigError(f"nodes={nodes} does not match {hosts} hosts x {shards} shards")
+        nodes = hosts * shards
+    elif shards != 1:
+        raise ConfigError("shards needs hosts (how many machines the shards are spread over)")
+    if nodes is None:
+        nodes = 3
     if nodes < 1:
         raise ConfigError(f"a cluster needs at least one node, got {nodes}")
     if listen_ports is None and nodes > _MAX_NODES_FOR_LAYOUT:
@@ -794,11 +944,8 @@ def cluster_configs(
     peers = {i: f"{host}:{lports[i - 1]}" for i in ids}
     if namesrv is None:
         namesrv = [f"{host}:{port_base + NAMESRV_PORT_OFFSET}"]
-    group_list = []
-    for k in range(groups):
-        first = k % nodes
-        replicas = sorted((first + j) % nodes + 1 for j in range(replication))
-        group_list.append({"id": f"g{k}", "replicas": replicas, "preferred_leader": first + 1})
+    layout = host_layout(hosts, shards) if hosts is not None else {}
+    group_list = _place_groups(groups, nodes, replication, layout)
 
     configs = []
     for i in ids:
@@ -811,6 +958,8 @@ def cluster_configs(
             "groups": group_list,
             **overrides,
         }
+        if layout:
+            doc["hosts"] = layout
         if metrics:
             doc["metrics"] = f"{host}:{mports[i - 1]}"
         configs.append(NodeConfig.from_dict(doc, env=env))

@@ -665,7 +665,7 @@ class Node:
                 # trusts the table of the member that applied most)
             }, self.states[gid].topics())
         fields: dict[str, Any] = {"node": self.node_id, "addr": self.addr,
-                                  "metrics": self.config.metrics}
+                                  "metrics": self.config.metrics, "host": self.config.host}
         auth = self.guard.registration_auth()
         if auth is not None:  # the name servers check logins against these
             fields["auth"] = auth
@@ -703,8 +703,8 @@ class Node:
                            "delayed_pending": state.timers.pending,
                            "delayed_in_memory": state.timers.in_memory,
                            "delayed_runs": state.timers.runs}
-        return {"node": self.node_id, "addr": self.addr, "groups": groups,
-                "peers_connected": self.peers.connected_peers()}
+        return {"node": self.node_id, "addr": self.addr, "host": self.config.host,
+                "groups": groups, "peers_connected": self.peers.connected_peers()}
 
     async def _refresh_metrics(self) -> None:
         seen_topics: dict[str, int] = {}

@@ -119,6 +119,7 @@ class Registration:
     metrics: str | None
     groups: dict[str, GroupReport]
     at: float = 0.0
+    host: str | None = None  # the machine it runs on (shards of one host share it)
     inc: int | None = None  # the node's incarnation; table versions count within it
     auth: RegisteredAuth | None = None  # with logins on: the users it knows
     changes: dict[str, TableChange] = field(default_factory=dict)  # resolved by `register`
@@ -172,7 +173,8 @@ def registration(request: RegisterRequest, tables: Mapping[str, RegisterTable]) 
         users = {name: (salt, n, stored, server) for name, salt, n, stored, server in a.users}
         auth = RegisteredAuth(a.at, users, a.salt_key, a.over)
     return Registration(node=request.node, addr=request.addr, metrics=request.metrics,
-                        groups=groups, inc=request.inc, changes=changes, auth=auth)
+                        host=request.host, groups=groups, inc=request.inc, changes=changes,
+                        auth=auth)
 
 
 def parse_registration(header: Mapping[str, Any], body: bytes = b"") -> Registration:
@@ -375,7 +377,8 @@ class Registry:
         `topic_shapes` (the CLUSTER body), from the same pass over the groups.
         """
         nodes = {
-            reg.node: {"addr": reg.addr, "metrics": reg.metrics, "age": max(0.0, now - reg.at)}
+            reg.node: {"addr": reg.addr, "metrics": reg.metrics, "host": reg.host,
+                       "age": max(0.0, now - reg.at)}
             for reg in self.live(now)
         }
         groups: dict[str, Any] = {}

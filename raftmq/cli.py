@@ -49,6 +49,12 @@ def _node(argv: list[str]) -> int:
     return node_main(argv)
 
 
+def _host(argv: list[str]) -> int:
+    from raftmq.host import main as host_main
+
+    return host_main(argv)
+
+
 def _namesrv(argv: list[str]) -> int:
     from namesrv.__main__ import main as namesrv_main
 
@@ -166,6 +172,7 @@ def _audit(argv: list[str]) -> int:
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "dev": (_dev, "start a name server and three nodes on loopback; prints `ready ADDR`"),
     "node": (_node, "run one node (replicas of several Raft groups): --config node.toml"),
+    "host": (_host, "run one machine's shards (several nodes) as one service: --config ..."),
     "namesrv": (_namesrv, "run a name server (routes: which group leads which queues)"),
     "topic": (_topic, "create, list, describe, update and delete topics"),
     "send": (_send, "send a message (`send --topic T TEXT`) or a load (`--count N --size B`)"),

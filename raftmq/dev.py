@@ -111,9 +111,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port-base", type=int, default=7100, metavar="N",
                    help="node i at N+i, metrics at N+100+i, name server at N+76 "
                         "(default %(default)s)")
-    p.add_argument("--nodes", type=int, default=3, help="node processes (default %(default)s)")
-    p.add_argument("--groups", type=int, default=3,
-                   help="Raft groups, 3 replicas each (default %(default)s)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="node processes, each its own host (default 3; not with --hosts)")
+    p.add_argument("--hosts", type=int, default=None, metavar="H",
+                   help="simulated machines of --shards node processes each: no group puts "
+                        "two replicas on one host")
+    p.add_argument("--shards", type=int, default=None, metavar="S",
+                   help="node processes per host (with --hosts; default 1): one Python "
+                        "process uses one core, so a host of S shards can use S cores")
+    p.add_argument("--groups", type=int, default=None,
+                   help="Raft groups, 3 replicas each (default 3; with --hosts, one per "
+                        "shard, so every shard leads one)")
     p.add_argument("--fsync", choices=("always", "interval"), default="always",
                    help="'interval' acknowledges before data reaches the disk "
                         "(page-cache durability; default %(default)s)")
@@ -160,19 +168,21 @@ def _summary(cluster: LocalCluster, leaders: dict[str, int]) -> None:
 
     console = Console(stderr=True)
     nodes = Table(title=f"raftmq dev: name server {cluster.namesrv_addr}", title_justify="left")
-    for col in ("node", "address", "metrics", "pid", "leads"):
+    for col in ("host", "node", "address", "metrics", "pid", "leads"):
         nodes.add_column(col)
-    for i in cluster.node_ids:
-        cfg = cluster.configs[i - 1]
-        led = sorted(g for g, n in leaders.items() if n == i)
-        nodes.add_row(str(i), cfg.listen, cfg.metrics or "-", str(cluster.pid(i) or "-"),
-                      ", ".join(led) or "-")
+    for host, shards in cluster.hosts.items():
+        for i in shards:
+            cfg = cluster.configs[i - 1]
+            led = sorted(g for g, n in leaders.items() if n == i)
+            nodes.add_row(host, str(i), cfg.listen, cfg.metrics or "-",
+                          str(cluster.pid(i) or "-"), ", ".join(led) or "-")
     groups = Table()
-    for col in ("group", "replicas", "preferred", "leader"):
+    for col in ("group", "replicas", "hosts", "preferred", "leader"):
         groups.add_column(col)
     for g in cluster.groups:
-        groups.add_row(g.id, ", ".join(map(str, g.replicas)), str(g.preferred_leader or "-"),
-                       str(leaders.get(g.id, "-")))
+        groups.add_row(g.id, ", ".join(map(str, g.replicas)),
+                       ", ".join(cluster.host_of(r) for r in g.replicas),
+                       str(g.preferred_leader or "-"), str(leaders.get(g.id, "-")))
     console.print(nodes)
     console.print(groups)
     fsync = cluster.configs[0].fsync
@@ -271,7 +281,16 @@ def main(argv: list[str] | None = None) -> int:
         overrides = _auth_overrides(args.data) if args.auth else None
         # the harness asks the name server as the superuser (lookups need a login then)
         admin = Credentials("admin", _admin_password(args.data)) if args.auth else None
-        cluster = LocalCluster(args.data, nodes=args.nodes, groups=args.groups,
+        if args.hosts is None and args.shards is not None:
+            raise ValueError("--shards needs --hosts (the machines the shards run on)")
+        if args.hosts is not None and args.nodes is not None:
+            raise ValueError("--nodes and --hosts both say how many processes: give one "
+                             "(--hosts H --shards S runs H x S)")
+        layout: dict[str, Any] = ({"hosts": args.hosts, "shards": args.shards or 1}
+                                  if args.hosts is not None else {"nodes": args.nodes or 3})
+        groups = args.groups if args.groups is not None else (
+            args.hosts * (args.shards or 1) if args.hosts is not None else 3)
+        cluster = LocalCluster(args.data, **layout, groups=groups,
                                port_base=args.port_base, fsync=args.fsync, tls=args.tls,
                                node_overrides=overrides, credentials=admin)
     except (ConfigError, ValueError) as exc:

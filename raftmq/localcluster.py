@@ -120,6 +120,10 @@ def node_of(name: str) -> int | None:
 class LocalCluster:
     """Name server plus `nodes` node processes hosting `groups` 3-replica groups.
 
+    With `hosts` (and `shards`), the nodes are the shards of `hosts` simulated machines,
+    `shards` each (`broker.config.host_layout`): groups never put two replicas on one
+    host, and `kill_host` takes all of a host's shards down together.
+
     `port_base=None` picks free ports; with a fixed `port_base` the layout is that of
     `cluster_configs` (node i at port_base+i, metrics at port_base+100+i, name server at
     port_base+76). `env` is added to the children's environment. `node_overrides` sets
@@ -136,8 +140,10 @@ class LocalCluster:
         self,
         base_dir: str | os.PathLike[str],
         *,
-        nodes: int = 3,
+        nodes: int | None = None,
         groups: int = 3,
+        hosts: int | None = None,
+        shards: int = 1,
         port_base: int | None = None,
         fsync: str = "always",
         tick_ms: int = 100,
@@ -148,6 +154,14 @@ class LocalCluster:
         credentials: Credentials | None = None,
     ) -> None:
         self.base_dir = Path(base_dir).resolve()
+        if hosts is not None:
+            if nodes is not None and nodes != hosts * shards:
+                raise ValueError(f"nodes={nodes} does not match {hosts} hosts x {shards} shards")
+            nodes = hosts * shards
+        elif nodes is None:
+            nodes = 3
+        layout: dict[str, Any] = ({"hosts": hosts, "shards": shards} if hosts is not None
+                                  else {"nodes": nodes})
         # who the harness logs in as to ask the name server (with logins on, lookups need
         # one); None: RAFTMQ_USER/RAFTMQ_PASSWORD when set, else no login
         self.credentials = credentials
@@ -190,14 +204,14 @@ class LocalCluster:
             ports = free_ports(2 * nodes + 1, host)
             self._namesrv_addr = f"{host}:{ports[0]}"
             configs = cluster_configs(
-                self.base_dir, nodes=nodes, groups=groups, host=host,
+                self.base_dir, **layout, groups=groups, host=host,
                 namesrv=[self._namesrv_addr], listen_ports=ports[1 : nodes + 1],
                 metrics_ports=ports[nodes + 1 :], env=validation_env, **common,
             )
         else:
             self._namesrv_addr = f"{host}:{port_base + NAMESRV_PORT_OFFSET}"
             configs = cluster_configs(
-                self.base_dir, nodes=nodes, groups=groups, host=host, port_base=port_base,
+                self.base_dir, **layout, groups=groups, host=host, port_base=port_base,
                 env=validation_env, **common,
             )
         for i, extra in per_node.items():
@@ -254,6 +268,25 @@ class LocalCluster:
 
     def _name(self, i: int) -> str:
         return node_name(self._config(i).node_id)
+
+    def host_of(self, i: int) -> str:
+        """The host node i runs on (`n<i>` when the cluster has no `[hosts]` table)."""
+        return self._config(i).host
+
+    @property
+    def hosts(self) -> dict[str, list[int]]:
+        """Every host and the nodes (shards) it runs, in node order."""
+        out: dict[str, list[int]] = {}
+        for i in self.node_ids:
+            out.setdefault(self.host_of(i), []).append(i)
+        return out
+
+    def host_nodes(self, host: str) -> list[int]:
+        """The shards of `host`."""
+        try:
+            return self.hosts[host]
+        except KeyError:
+            raise ValueError(f"no host {host!r}: hosts are {sorted(self.hosts)}") from None
 
     # ------------------------------------------------------------ commands
 
@@ -461,6 +494,10 @@ class LocalCluster:
                 self._signal(proc, sig)
         for name in names:
             self._terminate(name, sig, timeout)
+
+    def kill_host(self, host: str, sig: int = signal.SIGKILL, timeout: float = 10.0) -> None:
+        """Take every shard of `host` down at once, as a machine's power loss would."""
+        self.kill_together(self.host_nodes(host), sig, timeout)
 
     def restart_and_wait(self, i: int, timeout: float = 30.0) -> str | None:
         """Restart node i and wait for its ``ready`` line. Returns None once it is ready,

@@ -114,6 +114,7 @@ class ClusterDoor:
             preferred=self.host.preferred_leader(g.group_id),
             addresses={n: self.groups.peer_addr(n) for n in nodes},
             peers=nodes,
+            hosts={n: self.host.config.host_of(n) for n in nodes},
         )
         return ok_header(0, **answer.header()), b""
 
@@ -144,6 +145,7 @@ class ClusterDoor:
                                    f"of group {g.group_id} (voters: {voters})")
             if node in m.learners:
                 return self._members_view(g)
+            self._check_host(g.group_id, node, set(m.members) - {req.replaces})
         elif action == "promote":
             if node in m.voters:
                 return self._members_view(g)
@@ -164,6 +166,17 @@ class ClusterDoor:
         except ValueError as exc:
             raise RequestError(Code.MEMBERSHIP_REFUSED, str(exc)) from None
         return self._members_view(g)
+
+    def _check_host(self, gid: str, node: int, members: set[int]) -> None:
+        """One replica of a group per host: a host's failure (its power, its disk, its
+        kernel) takes every shard on it at once, so two replicas there are one."""
+        cfg = self.host.config
+        clash = cfg.host_clash(node, members)
+        if clash is not None:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is on host "
+                               f"{cfg.host_of(node)!r}, where node {clash} holds a replica of "
+                               f"group {gid} already: a group keeps at most one replica per "
+                               "host (choose a node on another host, or replace that one)")
 
     def _check_quorum_after_removal(self, gid: str, node: int, voters: list[int]) -> None:
         rest = [v for v in voters if v != node]

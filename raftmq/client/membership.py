@@ -77,6 +77,7 @@ class GroupMembers:
     preferred: int | None
     addresses: dict[int, str | None]
     peers: tuple[int, ...]  # every node of the cluster (the leader's peers table)
+    hosts: dict[int, str] = dataclasses.field(default_factory=dict)  # node -> its host
     # after a removal: whether the node deleted its copy (False: it could not be reached;
     # it is no member, and running the removal again deletes it); None otherwise
     dropped: bool | None = None
@@ -94,6 +95,8 @@ class GroupMembers:
                 "active": list(self.active),
                 "commit": self.commit, "last": self.last,
                 "lag": {str(n): self.lag(n) for n in (*self.voters, *self.learners)},
+                "hosts": {str(n): self.hosts[n] for n in (*self.voters, *self.learners)
+                          if n in self.hosts},
                 **({} if self.dropped is None else {"dropped": self.dropped})}
 
 
@@ -105,6 +108,7 @@ def _members(group: str, frame: Frame) -> GroupMembers:
         active=a.active, commit=a.commit, last=a.last, preferred=a.preferred,
         addresses={int(k): v for k, v in a.addresses.items()},
         peers=a.peers,
+        hosts={int(k): str(v) for k, v in (a.hosts or {}).items()},
     )
 
 
@@ -131,9 +135,24 @@ async def group_members(routes: Routes, group: str, *, wait: float = LEADER_WAIT
     return await _at_leader(routes, group, MembershipRequest(g=group, action="show"), wait)
 
 
-async def _change(routes: Routes, group: str, action: str, node: int) -> GroupMembers:
-    return await _at_leader(routes, group, MembershipRequest(g=group, action=action, node=node),
-                            LEADER_WAIT)
+async def _change(routes: Routes, group: str, action: str, node: int,
+                  replaces: int | None = None) -> GroupMembers:
+    req = MembershipRequest(g=group, action=action, node=node, replaces=replaces)
+    return await _at_leader(routes, group, req, LEADER_WAIT)
+
+
+def _check_host(m: GroupMembers, node: int, replaces: int | None) -> None:
+    """Refuse before anything is made on `node` when its host holds a replica of the
+    group already (the leader refuses it too: this only spares an empty replica)."""
+    where = m.hosts.get(node)
+    if where is None:
+        return
+    for other in sorted({*m.voters, *m.learners} - {node, replaces}):
+        if m.hosts.get(other) == where:
+            raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is on host {where!r}, "
+                               f"where node {other} holds a replica of group {m.group} "
+                               "already: a group keeps at most one replica per host (choose "
+                               "a node on another host, or replace that one)")
 
 
 def _check_node(m: GroupMembers, node: int) -> None:
@@ -158,18 +177,21 @@ async def transfer_leader(routes: Routes, group: str, to: int, *, prefer: bool =
 
 
 async def add_replica(routes: Routes, group: str, node: int, *,
-                      catch_up_timeout: float = CATCH_UP_TIMEOUT) -> GroupMembers:
-    """Make `node` a voter of `group`: host, add as learner, catch up, promote."""
+                      catch_up_timeout: float = CATCH_UP_TIMEOUT,
+                      replaces: int | None = None) -> GroupMembers:
+    """Make `node` a voter of `group`: host, add as learner, catch up, promote. With
+    `replaces`, the member it is to replace may share its host."""
     m = await group_members(routes, group)
     _check_node(m, node)
     if node in m.voters:
         raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is already a voter of "
                            f"group {group} (voters: {list(m.voters)})")
     if node not in m.learners:
+        _check_host(m, node, replaces)
         await _drop(routes, m, node)  # a replica left over from an earlier membership
         await _node_request(routes, m, node, HostGroupRequest(g=group, voters=m.voters),
                             routes.timeout)
-        m = await _change(routes, group, "add-learner", node)
+        m = await _change(routes, group, "add-learner", node, replaces)
     else:
         # an earlier add stopped half way: resume its catch-up. HOST_GROUP again (a no-op
         # when the node hosts it) in case the node came back without it (a new disk).
@@ -263,7 +285,8 @@ async def _replace(routes: Routes, group: str, old: int, new: int, *, resumed: b
             await _remove_not_leading(routes, group, old, prefer=False)
         return await add_replica(routes, group, new, catch_up_timeout=catch_up_timeout)
     if new not in m.voters:
-        await add_replica(routes, group, new, catch_up_timeout=catch_up_timeout)
+        await add_replica(routes, group, new, catch_up_timeout=catch_up_timeout,
+                          replaces=old)
     return await _remove_not_leading(routes, group, old, prefer=True)
 
 

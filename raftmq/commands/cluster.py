@@ -85,15 +85,17 @@ def _print(members: dict[str, GroupMembers | RequestError], as_json: bool) -> No
                     for g, m in members.items()})
         return
     table = Table()
-    for col in ("group", "leader", "preferred", "voters", "learners", "lag"):
+    for col in ("group", "leader", "preferred", "voters", "learners", "hosts", "lag"):
         table.add_column(col)
     for g, m in members.items():
         if not isinstance(m, GroupMembers):
-            table.add_row(g, "-", "-", "-", "-", f"{m.code.name}: {m.message}")
+            table.add_row(g, "-", "-", "-", "-", "-", f"{m.code.name}: {m.message}")
             continue
         lag = " ".join(f"{n}:{m.lag(n)}" for n in (*m.voters, *m.learners))
+        hosts = " ".join(f"{n}@{m.hosts[n]}" for n in (*m.voters, *m.learners)
+                         if n in m.hosts) or "-"
         table.add_row(g, str(m.leader), "-" if m.preferred is None else str(m.preferred),
-                      _ids(m.voters), _ids(m.learners), lag)
+                      _ids(m.voters), _ids(m.learners), hosts, lag)
     table_console().print(table)
 
 

@@ -77,6 +77,9 @@ def build_status(cluster: dict[str, Any], statuses: dict[int, dict[str, Any] | s
         reg = registered.get(nid)
         nodes[nid] = {
             "addr": addr,
+            # the machine it runs on: shards of one host share it
+            "host": (st.get("host") if isinstance(st, dict) else None)
+            or (reg.get("host") if reg else None),
             "registered": reg is not None,
             "registration_age": round(float(reg.get("age", 0.0)), 3) if reg else None,
             "reachable": isinstance(st, dict),
@@ -224,9 +227,11 @@ def _render(status: dict[str, Any]) -> None:
             replicas.add_row(gid, str(nid), role, _cell(m["term"]), _cell(m["commit"]),
                              _cell(m["applied"]), lag)
     nodes = Table(title="nodes", title_justify="left")
-    for col in ("node", "address", "registered", "status", "peers", "leads"):
+    for col in ("host", "node", "address", "registered", "status", "peers", "leads"):
         nodes.add_column(col)
-    for nid, n in status["nodes"].items():
+    # a host's shards together
+    for nid, n in sorted(status["nodes"].items(), key=lambda kv: (str(kv[1]["host"] or ""),
+                                                                 kv[0])):
         reg = (f"yes ({n['registration_age']:.1f} s ago)" if n["registered"]
                else "[red]no[/]")
         reason = str(n["error"] or "").split(":", 1)[0]  # the code; JSON has the rest
@@ -234,7 +239,8 @@ def _render(status: dict[str, Any]) -> None:
                  if n["login_needed"] else f"[red]down[/] ({reason})")
         peers = ",".join(map(str, n["peers_connected"])) if n["peers_connected"] is not None \
             else "-"
-        nodes.add_row(str(nid), n["addr"], reg, state, peers, ", ".join(n["leads"]) or "-")
+        nodes.add_row(_cell(n["host"]), str(nid), n["addr"], reg, state, peers,
+                      ", ".join(n["leads"]) or "-")
     console.print(groups)
     console.print(replicas)
     console.print(nodes)

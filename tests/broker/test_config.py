@@ -216,6 +216,17 @@ INVALID = [
      "max_unauthenticated_connections must be >= 1"),
     ("user bytes", _set("max_inflight_bytes_per_user", 10), "max_inflight_bytes_per_user must be"),
     ("free failures", _set("login_failures_before_delay", 0), "login_failures_before_delay must"),
+    ("two replicas on one host", _set("hosts", {"1": "a", "2": "a", "3": "b"}),
+     "group 'g0' has replicas on nodes 1 and 2, both on host 'a'"),
+    ("a node of no host", _set("hosts", {"1": "a", "2": "b"}),
+     "hosts names no host for node(s) [3]"),
+    ("a host of no node", _set("hosts", {"1": "a", "2": "b", "3": "c", "4": "d"}),
+     "hosts: node 4 is not in peers"),
+    ("bad host name", _set("hosts", {"1": "a b", "2": "b", "3": "c"}), "hosts.1: a host name"),
+    ("empty host name", _set("hosts", {"1": "", "2": "b", "3": "c"}), "hosts.1: a host name"),
+    ("host not a string", _set("hosts", {"1": 1, "2": "b", "3": "c"}),
+     "hosts.1 must be a string"),
+    ("hosts not a table", _set("hosts", ["a"]), "hosts must be a table"),
 ]
 
 
@@ -335,4 +346,65 @@ def test_cluster_configs_refuses_bad_requests(
     tmp_path: Path, kwargs: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        cluster_configs(tmp_path, env=NO_ENV, **kwargs)
+
+
+# ------------------------------------------------------------------ hosts
+
+
+def test_hosts_round_trip_and_name_each_node() -> None:
+    d = base()
+    d["hosts"] = {"1": "rack1-a", "2": "rack1-b", "3": "rack2.a"}
+    cfg = NodeConfig.from_dict(d, env=NO_ENV)
+    assert cfg.host == "rack1-a" and cfg.host_of(3) == "rack2.a"
+    assert roundtrip(cfg) == cfg
+    assert "[hosts]" in dump_config(cfg)
+    plain = NodeConfig.from_dict(base(), env=NO_ENV)
+    assert plain.host_of(2) == "n2" and "[hosts]" not in dump_config(plain)
+    assert plain.host_clash(2, [1, 3]) is None
+
+
+def test_host_clash_names_the_member_sharing_a_host(tmp_path: Path) -> None:
+    cfg = cluster_configs(tmp_path, hosts=3, shards=2, groups=6, env=NO_ENV)[0]
+    assert cfg.host_clash(2, [1, 3, 5]) == 1  # nodes 1 and 2 are both h1
+    assert cfg.host_clash(2, [3, 5]) is None
+    assert cfg.host_clash(1, [1, 3, 5]) is None  # itself does not count
+
+
+@pytest.mark.parametrize(("hosts", "shards", "groups"), [(3, 1, 3), (3, 2, 6), (4, 3, 25),
+                                                         (5, 16, 80)])
+def test_host_layouts_spread_replicas_and_leaders_over_every_shard(
+        tmp_path: Path, hosts: int, shards: int, groups: int) -> None:
+    cfgs = cluster_configs(tmp_path, hosts=hosts, shards=shards, groups=groups,
+                           listen_ports=list(range(20000, 20000 + hosts * shards)),
+                           metrics_ports=list(range(30000, 30000 + hosts * shards)),
+                           env=NO_ENV)
+    cfg = cfgs[0]
+    assert len(cfgs) == hosts * shards
+    assert sorted(set(cfg.hosts.values())) == sorted(f"h{k}" for k in range(1, hosts + 1))
+    for g in cfg.groups:
+        assert len({cfg.host_of(r) for r in g.replicas}) == 3, g
+        assert g.preferred_leader in g.replicas
+    leads = Counter(g.preferred_leader for g in cfg.groups)
+    held = Counter(r for g in cfg.groups for r in g.replicas)
+    nodes = hosts * shards
+    # as even as the counts allow: no shard leads or holds more than one above another
+    assert max(leads.values()) - min(leads[n] for n in range(1, nodes + 1)) <= 1
+    assert max(held.values()) - min(held[n] for n in range(1, nodes + 1)) <= 1
+    assert all(roundtrip(c) == c for c in cfgs[:2])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"hosts": 2, "shards": 2}, "replication 3 needs 3 hosts"),
+        ({"hosts": 3, "shards": 0}, "at least one shard"),
+        ({"shards": 2}, "shards needs hosts"),
+        ({"hosts": 3, "shards": 2, "nodes": 5}, "nodes=5 does not match 3 hosts x 2 shards"),
+        ({"hosts": 0}, "at least one host"),
+    ],
+)
+def test_host_layouts_refuse_what_cannot_be_placed(
+        tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
         cluster_configs(tmp_path, env=NO_ENV, **kwargs)

@@ -47,6 +47,8 @@ class StatusAnswer(WireType):
     ROLE: ClassVar[str] = "answer"
     node: int = spec(int, "the node's id")
     addr: str = spec(str, "the node's address")
+    host: str | None = spec(str, "the machine it runs on (its `[hosts]` entry, `n<id>` "
+                            "without one)", default=None)
     groups: dict[str, Any] = spec(
         dict, "`{group: {...}}`: each group's Raft state (role, term, leader, commit, "
         "applied, last, durable, ...; `raftlog.runtime.GroupRuntime.status`), "
@@ -101,6 +103,9 @@ class MembershipRequest(WireType):
     action: str = spec(str, "`show`, `add-learner`, `promote` or `remove`", check=_action)
     node: int | None = spec(int, "the node a change is about (required but for `show`; "
                             "the leader checks it once it knows it leads)", default=None)
+    replaces: int | None = spec(int, "for `add-learner`: the member the new one is to "
+                                "replace, which may share its host (the other members may "
+                                "not: one replica per host)", default=None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,6 +129,9 @@ class MembershipAnswer(WireType):
                                             "cluster")
     peers: tuple[int, ...] = spec(list, "every node of the cluster (the leader's peers "
                                   "table)", check=_node_ids("peers"))
+    hosts: dict[int, str] | None = spec(dict, "`{node: host}`: the host of every node of "
+                                        "the cluster (from the leader's `[hosts]` table; "
+                                        "`n<id>` for a node of no named host)", default=None)
 
 
 # ------------------------------------------------------------------ replicas here

@@ -238,8 +238,9 @@ class ClusterAnswer(WireType):
 
     OP: ClassVar[Op] = Op.CLUSTER
     ROLE: ClassVar[str] = "answer"
-    nodes: Mapping[Any, Any] = spec(dict, "`{node id: {addr, metrics, age}}`: every live "
-                                    "node, `age` seconds since it registered")
+    nodes: Mapping[Any, Any] = spec(dict, "`{node id: {addr, metrics, host, age}}`: every "
+                                    "live node, the host it runs on (`None` from a node "
+                                    "that did not say), `age` seconds since it registered")
     groups: Mapping[Any, Any] = spec(
         dict, "`{group: {leader, leader_addr, term, replicas, topic_count, commit, "
         "applied, members: {node id: {role, term, commit, applied}}}}`")
@@ -383,6 +384,12 @@ class RegisterTable:
         return out
 
 
+def _host_name(v: Any) -> str:
+    if not (isinstance(v, str) and 0 < len(v) <= 64 and v.isprintable()):
+        raise RequestError(Code.MALFORMED, f"host must be 1-64 printable characters, got {v!r}")
+    return v
+
+
 def _address(name: str) -> Check:
     def check(v: Any) -> str:
         return _addr(v, name)
@@ -404,6 +411,8 @@ class RegisterRequest(WireType):
                      check=_address("addr"))
     metrics: str | None = spec(str, "its metrics endpoint, `host:port`", default=None,
                                check=_address("metrics"))
+    host: str | None = spec(str, "the machine it runs on (its config's `[hosts]` entry; "
+                            "shards of one host share it)", default=None, check=_host_name)
     inc: int | None = spec(int, "the node's incarnation: table versions count within one",
                            default=None)
     groups: Mapping[str, RegisterGroup] = spec(
