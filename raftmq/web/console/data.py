@@ -35,6 +35,9 @@ async def cluster_view(admin: Admin) -> dict[str, Any]:
     """`raftmq status`'s merged view, each group's health in a word, and what the nodes'
     metrics say (fsync latency, produce/fetch counters for the live rates)."""
     status = await gather_status(admin)
+    # a host's shards together
+    status["nodes"] = dict(sorted(status["nodes"].items(),
+                                  key=lambda kv: (str(kv[1].get("host") or ""), kv[0])))
     addresses = {int(n): v["metrics"] for n, v in status["nodes"].items() if v.get("metrics")}
     metrics = nodemetrics.totals(await nodemetrics.scrape(addresses))
     for gid, g in status["groups"].items():

@@ -93,9 +93,11 @@ def test_the_cluster_page_shows_each_group_as_the_nodes_report_it(seeded: Seeded
         for nid, m in g["members"].items():
             assert m["fsync_ms"] is not None and m["fsync_ms"] >= 0, (gid, nid)
     assert d["produced"] >= 20  # every message of the seed, counted by its leader
-    nodes = {r[0]: r for r in cells(page.text, "nodes")}
+    nodes = {r[1]: r for r in cells(page.text, "nodes")}
     assert sorted(nodes) == [str(n) for n in seeded.cluster.node_ids]
-    assert all(r[2] == "up" for r in nodes.values())
+    assert all(r[3] == "up" for r in nodes.values())
+    # each node's host: its own (`n<id>`) in a cluster without a [hosts] table
+    assert all(r[0] == f"n{nid}" for nid, r in nodes.items())
 
 
 @pytest.mark.anyio
