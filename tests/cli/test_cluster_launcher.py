@@ -375,3 +375,17 @@ def test_real_cluster_elects_and_fails_over(tmp_path: Path) -> None:
         pids = c.pids()
     assert all(gone(p) for p in pids.values())
 
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--shards", "2"], "--shards needs --hosts"),
+    (["--nodes", "3", "--hosts", "3"], "give one"),
+    (["--hosts", "2", "--shards", "2"], "replication 3 needs 3 hosts"),
+])
+def test_dev_refuses_layouts_it_cannot_run(tmp_path: Path, argv: list[str], message: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from raftmq import dev
+
+    assert dev.main(["--data", str(tmp_path / "dev"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "dev" / "n1.toml").exists()
