@@ -102,6 +102,12 @@ def _http(argv: list[str]) -> int:
     return http_main(argv)
 
 
+def _cpu(argv: list[str]) -> int:
+    from bench.cpu_per_entry import main as cpu_main
+
+    return cpu_main(argv)
+
+
 def _mqtt(argv: list[str]) -> int:
     from bench.mqtt import main as mqtt_main
 
@@ -125,6 +131,7 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "audit": (_audit, "`raftmq audit` on Spark over a history of --events lines"),
     "http": (_http, "HTTP API produce vs the binary protocol, one per request and batched"),
     "mqtt": (_mqtt, "MQTT QoS 1 publish (PUBACK once committed) vs the binary protocol"),
+    "cpu": (_cpu, "CPU per message per hop (client, leader, followers) at one in flight"),
 }
 
 
