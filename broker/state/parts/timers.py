@@ -14,12 +14,12 @@ time below the highest applied counts as that one).
 The pending index is packed, not a Python object per message: pending messages sit in
 buckets of `BUCKET_MS` by due time, each a `bytearray` of fixed 40-byte records (due,
 Raft index, start, size, tag hash, destination, store time) behind a read cursor, with
-the bucket keys in a heap. A bucket wholly due is drained from its cursor in the order
-its messages were stored; the one bucket only partly due is sorted by due time once and
-drained as far as due. A message's key, which queries by key need once it is delivered,
-is kept beside it only when it has one. (A bucketed index rather than a timing wheel of
-fixed slots: with delays up to the configured maximum, weeks, most slots of a wheel would
-be empty, and a bucket costs nothing until a message falls in it.)
+the bucket keys in a heap. A bucket with messages due is sorted by (due, log position)
+once and drained from its cursor as far as due (never in the order it was filled, which
+depends on when a replica read a run back). A message's key, which queries by key need
+once it is delivered, is kept beside it only when it has one. (A bucketed index rather
+than a timing wheel of fixed slots: with delays up to the configured maximum, weeks, most
+slots of a wheel would be empty, and a bucket costs nothing until a message falls in it.)
 
 Memory stays flat however many are pending: once more than `TimerLimits.memory_records`
 records are in memory, those due later than its `horizon_ms` ahead go to a *run*, one file
@@ -180,6 +180,13 @@ class _Bucket:
         a run back (live, or after restoring a snapshot), and the order they enter their
         queue must be the log's alone, the same on every replica."""
         if not self.ordered:
+            if not whole:  # none due yet (`min_due` may be a bound): left unsorted, as
+                # on a replica that restored a snapshot (exact bounds: it never asks)
+                # where this one read the bucket back from a run (its edges for bounds)
+                first = min(r[0] for r in _REC.iter_unpack(memoryview(self.buf)[self.pos:]))
+                if first > now_ms:
+                    self.min_due = first
+                    return []
             recs = sorted(_REC.iter_unpack(memoryview(self.buf)[self.pos:]))
             self.buf = bytearray(b"".join(_REC.pack(*r) for r in recs))
             self.pos = 0

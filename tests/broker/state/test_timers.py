@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from broker.state.cqchunks import CorruptChunk, MemoryChunkStore
 from broker.state.parts import timers as timers_part
 from broker.state.parts.base import ControlResult, ErrorResult, ProduceResult
-from broker.state.parts.timers import BUCKET_MS, DeliverDue, ForgetPending
+from broker.state.parts.timers import BUCKET_MS, DeliverDue, ForgetPending, TimerLimits
 from broker.state.statemachine import BrokerState, control_create_topic, control_delete_topic
 from raftlog.types import Entry, EntryType
 from wire.protocol import Code, RequestError
@@ -162,6 +162,31 @@ def test_a_wholly_due_bucket_gives_the_same_order_whatever_order_it_was_filled_i
     a, b = forward.take(now, 10, whole=True), backward.take(now, 10, whole=True)
     assert a == b == sorted(a)
     assert [r[0] for r in a] == [base + 4, base + 5, base + 7]
+
+
+def test_a_tick_before_a_read_back_bucket_is_due_leaves_it_alike_on_every_replica() -> None:
+    """A replica that read a run back live bounds the bucket by its edges; one that
+    restored a snapshot taken after, by its records' exact due times. A tick inside the
+    bucket but before its first due time must leave its records as they are on both: the
+    first sorted them (asked, as its bound said one might be due), and the two replicas'
+    snapshots differed at the same log position until the next tick drained them."""
+    limits = TimerLimits(1, 1500)  # (read back 100 ms ahead)
+    base = (T0 // BUCKET_MS + 20) * BUCKET_MS  # beyond the horizon: spilled
+    log = Log()
+    for d in (50, 20, 30):
+        log.send(T0, deliver_ms=base + d)
+    log.tick(base - 50)  # reads the run back
+    live = BrokerState("g", timer_limits=limits)
+    log.apply(live)
+    assert live.timers.runs == 0 and live.timers.in_memory == 3
+    restored = BrokerState.restore("g", live.snapshot(), chunk_store=live.chunk_store,
+                                   timer_limits=limits)
+    for now in (base + 5, base + 99):  # nothing due yet; then all of it
+        log.tick(now)
+        for s in (live, restored):
+            log.apply(s, start=len(log.entries) - 1)
+        assert live.snapshot() == restored.snapshot()
+    assert [log.bodies[b] - base for b in queued(live, log=log)] == [20, 30, 50]
 
 
 def test_a_deleted_topic_drops_its_pending_messages_and_keeps_the_others() -> None:
