@@ -134,16 +134,22 @@ def drain(core: Core, shell: Shell, *, alive: Callable[[], bool] | None = None) 
 async def drain_async(core: Core, shell: Shell, offload: Offload,
                       pause: Callable[[], Awaitable[None]] | None = None) -> int:
     """`drain` for a shell that offloads blocking work (the trio runtime). `pause` runs
-    after each Ready that applied entries: applying runs in place, and a long backlog (a
-    state rebuilt from the log, a follower far behind) must leave the rest of the process
-    (ticks, peers, other groups) turns between its batches."""
+    between a Ready that applied entries and the next Ready: applying runs in place, and
+    a long backlog (a state rebuilt from the log, a follower far behind) must leave the
+    rest of the process (ticks, peers, other groups) turns between its batches. After
+    the last Ready it does not run: the caller's next wait lets the others run anyway,
+    and one entry at a time would otherwise pay an extra turn of the event loop for it.
+    (Nothing reaches the core during a pause, so a Ready taken before it is the one that
+    would be taken after.)"""
     n = 0
+    applied = False
     while True:
         rd = core.ready()
         if not rd:
             break
+        if applied and pause is not None:
+            await pause()
         await carry_out_async(rd, shell, offload)
         n += 1
-        if rd.apply and pause is not None:
-            await pause()
+        applied = bool(rd.apply)
     return n

@@ -19,7 +19,10 @@ order `raftlog.types` prescribes:
   proposals waiting for them.
 
 One ready-loop task per group drains the core, so everything proposed while a loop
-iteration or an fsync was running lands in the next append and the next fsync.
+iteration or an fsync was running lands in the next append and the next fsync. The
+sync task drains it too, at once, after telling it what an fsync persisted when nothing
+newer waits for an fsync (the acknowledgement or commit that the fsync allows leaves
+without another task's turn; with more to sync, that fsync starts first).
 Back-pressure: proposals wait while the group holds more than `max_uncommitted_bytes`
 of proposed-but-unapplied data (slow followers or a slow disk).
 
@@ -599,9 +602,10 @@ class GroupRuntime(Generic[M]):
         # while a task holds `_hold`, only that task touches either. Blocking disk work
         # runs in a worker thread while that task awaits it (`_offload`, `_with_log`),
         # so a slow disk stalls this group only, never the event loop every group
-        # shares. The ready loop holds it while it carries out Readies; an event for
-        # the core that arrives while it is held (`step`, `tick`, ...) waits in
-        # `_deferred` and the ready loop hands it over, in order, before its next Ready.
+        # shares. The ready loop (or the sync loop, `_carry_out`) holds it while it
+        # carries out Readies; an event for the core that arrives while it is held
+        # (`step`, `tick`, ...) waits in `_deferred` and is handed over, in order,
+        # before the next Ready.
         self._hold = _LogHold()
         self._deferred: list[Callable[[], object]] = []
         self._disk_call: DiskCall = disk_call or _call
@@ -1268,29 +1272,38 @@ class GroupRuntime(Generic[M]):
         core = self._core
         assert core is not None
         shell = _Shell(self)
-        hold = self._hold
         while True:
             await self._wakeup.wait()
             self._wakeup = trio.Event()
-            if hold.held:
-                await hold.take()
-            else:
-                hold.held = True  # the usual case: no checkpoint on the hot path
-            try:
-                while True:
-                    self._hand_over_deferred()
-                    # the Ready sequence shared with the simulator
-                    await drain_async(core, shell, self._offload_until_space,
-                                      trio.lowlevel.checkpoint)
-                    if not self._deferred:
-                        break
-            finally:
-                hold.release()
-            self._notice_frozen()
-            self._notice_changes()
-            self._notice_lagging()
-            self._notice_state_wanted()
-            await trio.lowlevel.checkpoint()
+            await self._carry_out(core, shell)
+            # no checkpoint here: the wait above is one even when the event is already set
+
+    async def _carry_out(self, core: RaftNode, shell: _Shell) -> None:
+        """Hand the core the events that waited for the log, then do every Ready it has
+        (holding the log), then look at what changed. The ready loop's work; the sync
+        loop does it too, right after the core learns what was persisted when no other
+        write waits for an fsync, rather than waking the ready loop for it: the
+        acknowledgement (follower) or the commit (leader) that the fsync made possible
+        leaves one turn of the event loop sooner."""
+        hold = self._hold
+        if hold.held:
+            await hold.take()
+        else:
+            hold.held = True  # the usual case: no checkpoint on the hot path
+        try:
+            while True:
+                self._hand_over_deferred()
+                # the Ready sequence shared with the simulator
+                await drain_async(core, shell, self._offload_until_space,
+                                  trio.lowlevel.checkpoint)
+                if not self._deferred:
+                    break
+        finally:
+            hold.release()
+        self._notice_frozen()
+        self._notice_changes()
+        self._notice_lagging()
+        self._notice_state_wanted()
 
     def _notice_frozen(self) -> None:
         """Log when the core freezes on an unreadable next entry, and when it resumes."""
@@ -1461,6 +1474,7 @@ class GroupRuntime(Generic[M]):
     async def _sync_loop(self) -> None:
         core, lg = self._core, self._log
         assert core is not None and lg is not None
+        shell = _Shell(self)
         fsync = not self.options.skip_fsync
         syncer = self._syncer
         assert syncer is not None
@@ -1486,7 +1500,12 @@ class GroupRuntime(Generic[M]):
                     self._on_fsync(time.perf_counter() - t0)
             if persisted > 0:
                 core.persisted(persisted, lg.term(persisted))
-                self._wakeup.set()
+                if self._sync_needed.is_set():
+                    # more written meanwhile: its fsync starts first, while the ready
+                    # loop carries out what this one allowed (group commit keeps going)
+                    self._wakeup.set()
+                else:
+                    await self._carry_out(core, shell)  # (the log is free: no wait)
 
     def _apply(self, entries: list[Entry]) -> None:
         for e in entries:

@@ -59,12 +59,15 @@ class SyncThread:
         try:
             self._jobs.put(fn)
             with trio.CancelScope(shield=True):  # never abandon the call (see the docstring)
+                # wait first: the call (an fdatasync) is never done by now, and a read that
+                # fails costs a syscall; the pipe stays readable until the byte is read
                 while True:
+                    await trio.lowlevel.wait_readable(self._done_r)
                     try:
                         os.read(self._done_r, 1)
                         break
                     except BlockingIOError:
-                        await trio.lowlevel.wait_readable(self._done_r)
+                        continue
             result, self._result = self._result, None
         finally:
             self._busy = False
