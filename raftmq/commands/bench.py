@@ -108,6 +108,12 @@ def _cpu(argv: list[str]) -> int:
     return cpu_main(argv)
 
 
+def _scale(argv: list[str]) -> int:
+    from bench.scale import main as scale_main
+
+    return scale_main(argv)
+
+
 def _mqtt(argv: list[str]) -> int:
     from bench.mqtt import main as mqtt_main
 
@@ -132,6 +138,7 @@ BENCHMARKS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "http": (_http, "HTTP API produce vs the binary protocol, one per request and batched"),
     "mqtt": (_mqtt, "MQTT QoS 1 publish (PUBACK once committed) vs the binary protocol"),
     "cpu": (_cpu, "CPU per message per hop (client, leader, followers) at one in flight"),
+    "scale": (_scale, "H hosts x S shards on one machine: msgs/s, p99, CPU of every shard"),
 }
 
 

@@ -12,6 +12,11 @@ from typing import Any
 import pytest
 
 from bench import scale
+from raftmq.commands.bench import BENCHMARKS
+
+
+def test_scale_is_a_benchmark() -> None:
+    assert "scale" in BENCHMARKS
 
 
 def test_layouts_parse_and_label() -> None:
