@@ -150,10 +150,11 @@ majority, within which every group must acknowledge a write."""
 MAJORITY_CONNECTED = frozenset({
     "kill", "pause", "partition-node", "partition-halves", "bridge", "majority-ring",
     "corrupt", "leader-transfer", "delay", "loss", "truncate-file", "bitflip-file",
-    "snapshot-corrupt", "stale-leader", "membership",
+    "snapshot-corrupt", "stale-leader", "membership", "kill-host", "partition-host",
 })
 """Fault kinds after which a majority of every group still talks and serves clients
-(`crash-unsynced` too when its scope is one node); `partition-clients` and `disk-full`
+(`crash-unsynced` too when its scope is one node, or one host: a group keeps at most one
+replica per host); `partition-clients` and `disk-full`
 are not among them: the nodes that lost their clients or their disk may keep leading."""
 _REPORT_OPS = 4000  # operations of each passing partition kept for the report's timeline
 SEARCH_MEMORY = 1 << 30

@@ -301,7 +301,14 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="drive a cluster you started (nodes run by `raftmq chaos agent`; "
                    "see docs/chaos.md) instead of starting one; --nodes and --groups are "
                    "then the cluster's own")
-    p.add_argument("--nodes", type=int, default=3, choices=(3, 5))
+    p.add_argument("--nodes", type=int, default=None, choices=(3, 5),
+                   help="node processes, each its own host (default 3)")
+    p.add_argument("--hosts", type=int, default=None, metavar="H",
+                   help="instead of --nodes: H simulated machines (3 to 7) of --shards nodes "
+                   "each; no group puts two replicas on one host, node faults pick a minority "
+                   "of hosts, and kill-host / partition-host take a whole host")
+    p.add_argument("--shards", type=int, default=None, metavar="S",
+                   help="node processes per host with --hosts (1 to 4, default 1)")
     p.add_argument("--groups", type=int, default=3, help="Raft groups (default 3)")
     p.add_argument("--time", type=float, default=60.0, metavar="SECONDS",
                    help="how long faults and load run before the final heal (default 60)")
@@ -343,8 +350,14 @@ def run_main(argv: list[str]) -> int:
     except SystemExit as exc:
         return 0 if exc.code in (0, None) else EXIT_USAGE
     try:
+        if args.hosts is not None and args.nodes is not None:
+            raise ValueError("--nodes and --hosts exclude each other (with --hosts the nodes "
+                             "are hosts x shards)")
+        if args.shards is not None and args.hosts is None:
+            raise ValueError("--shards needs --hosts (the machines the shards run on)")
         opts = RunOptions(
-            out=args.out, nodes=args.nodes, groups=args.groups, time=args.time,
+            out=args.out, nodes=args.nodes or 3, hosts=args.hosts, shards=args.shards or 1,
+            groups=args.groups, time=args.time,
             nemesis=parse_list(args.nemesis, NEMESES, "nemesis"), workload=args.workload,
             seed=args.seed, mutations=tuple(args.mutation), check_timeout=args.check_timeout,
             cluster=args.cluster, drain_timeout=args.drain_timeout,
@@ -381,6 +394,11 @@ def _print_run(results: dict[str, Any], out: Path, *, title: str | None = None) 
         f"{f} " + "/".join(f"{n} {kind}" for kind, n in counts.items() if n)
         for f, counts in ops.items()
     ))
+    layout = (results.get("run") or {}).get("layout") or {}
+    if layout.get("hosts"):
+        table.add_row("cluster", "; ".join(
+            f"{host} runs node{'s' if len(ns) > 1 else ''} {', '.join(map(str, ns))}"
+            for host, ns in layout["hosts"].items()))
     faults = results.get("faults", {})
     table.add_row("faults", f"{sum(faults.values())}: " + ", ".join(
         f"{kind} {n}" for kind, n in faults.items()))
@@ -478,9 +496,10 @@ def _repeat_command(options: Any) -> str | None:
     if not isinstance(options, dict) or "seed" not in options:
         return None
     nemesis = ",".join(options.get("nemesis") or ()) or "none"
+    layout = (f"--hosts {options['hosts']} --shards {options.get('shards', 1)}"
+              if options.get("hosts") else f"--nodes {options.get('nodes')}")
     parts = ["raftmq chaos run", f"--seed {options['seed']}", f"--time {options.get('time')}",
-             f"--nemesis {nemesis}", f"--nodes {options.get('nodes')}",
-             f"--groups {options.get('groups')}"]
+             f"--nemesis {nemesis}", layout, f"--groups {options.get('groups')}"]
     if options.get("workload", "queue") != "queue":
         parts.append(f"--workload {options['workload']}")
     parts += [f"--mutation {m}" for m in options.get("mutations") or ()]

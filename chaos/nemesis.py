@@ -15,6 +15,11 @@ the affected `nodes` and, as `leaders`, the group leaders that it took away
 ({group: node}). The kinds:
 
 - `kill`: SIGKILL, restart at the end;
+- `kill-host`: SIGKILL of every shard of one host at once, a machine's power loss: with
+  sync marks on (`run` turns them on for it) what the shards had not fsynced is discarded
+  as by `crash-unsynced`; restarted at the end. Without hosts, one node;
+- `partition-host`: every shard of one host cut from every node on other hosts, while the
+  host's own shards still talk (`topology.on_hosts`). Without hosts, `partition-node`;
 - `pause`: SIGSTOP, SIGCONT at the end;
 - `partition-halves`, `partition-node`, `bridge`, `majority-ring`: a `chaos.topology`
   shape applied to the Raft links of a `ProxyNet`;
@@ -68,6 +73,19 @@ the affected `nodes` and, as `leaders`, the group leaders that it took away
   results.json's ``run.harness_degraded``): the harness left the cluster degraded, and
   the verdict does not blame the product for it.
 
+Hosts: on a cluster whose nodes are shards of a few hosts (`LocalCluster(hosts=, shards=)`)
+a node fault's targets are chosen over hosts (`pick_on_hosts`): the hosts as nodes were
+chosen before (a minority of them, the first a leader's), then one, some or every live
+shard of each. A group keeps at most one replica per host, so a minority of hosts takes
+at most that many replicas of any group, whichever shards are taken (never a majority
+with 3 or 4 hosts). `crash-unsynced` takes every shard of its hosts (a power loss takes
+the machine); `partition-halves`, `bridge` and `majority-ring` are drawn over hosts and
+expanded to their shards; `partition-node`, `corrupt`, `disk-full`, `stale-leader` and
+`membership` act on one node, a minority of every group wherever it is. `membership`
+re-creates a replica on the node that held it, so on a host holding no other replica of
+the group (`host_clash` guards it). With one node per host every draw is what it was
+before hosts existed, so a seed keeps its targets.
+
 Blocking `LocalCluster` calls run in worker threads: the event loop also runs the proxies
 and the workload and must never stall.
 """
@@ -108,8 +126,8 @@ class Probe(Protocol):
 
 
 __all__ = [
-    "CRASH_SCOPES", "LEADER_BIAS", "NEMESES", "Cadence", "Nemesis", "Probe", "Step", "plan",
-    "schedule",
+    "CRASH_SCOPES", "LEADER_BIAS", "NEMESES", "Cadence", "Nemesis", "Probe", "Step",
+    "host_clash", "minority_hosts", "pick_on_hosts", "plan", "schedule",
 ]
 
 log = logging.getLogger("raftmq.chaos.nemesis")
@@ -133,6 +151,8 @@ NEMESES = (
     "disk-full",
     "stale-leader",
     "membership",
+    "kill-host",
+    "partition-host",
 )
 MEMBERSHIP_ACTIONS = ("remove-add", "replace-disk")  # taken in turn by `membership` faults
 # Seconds a membership change may take, a catch-up included: the group holding the most
@@ -155,6 +175,7 @@ PARTITIONS: Mapping[str, Callable[..., topology.Partition]] = {
     "partition-node": topology.isolate,
     "bridge": topology.bridge,
     "majority-ring": topology.majority_ring,
+    "partition-host": topology.isolate,  # drawn over hosts: one host's shards together
 }
 CRASH_SCOPES = ("one", "majority", "all")
 STALE_WAIT = 30.0  # seconds stale-leader waits for writes acknowledged by the new leader
@@ -311,6 +332,71 @@ def restore_action(todo: str, node: int, m: GroupMembers | None) -> str:
     return "add"
 
 
+Hosts = Sequence[tuple[str, Sequence[int]]]
+"""A cluster's hosts in order of their first node: (name, its shards in node order). A
+cluster without a `[hosts]` table has one host per node, `n<id>`."""
+
+
+def minority_hosts(rng: random.Random, hosts: int) -> int:
+    """How many hosts a kill or pause takes: one, or up to a minority on 5+ hosts."""
+    return rng.randint(1, max(1, (hosts - 1) // 2))
+
+
+def pick_on_hosts(rng: random.Random, hosts: Hosts, live: Collection[int],
+                  leading: Collection[int], count: int, bias: float,
+                  shards: str = "one") -> list[int]:
+    """Nodes on `count` hosts that have a live shard: the first host is that of a live
+    group leader (`leading`) with probability `bias`, the others are drawn at random.
+    Which of a chosen host's live shards are taken: `shards` "one" (the leader drawn on
+    the first host, one at random on the others), "some" (a random non-empty subset,
+    the drawn leader among them) or "all".
+
+    Targets are shards of at most `count` hosts, and a group keeps at most one replica
+    per host, so a group loses at most `count` replicas whichever shards are taken: a
+    minority of hosts is a minority of every group that spans them all. With one shard
+    per host this draws exactly what choosing `count` nodes did before hosts existed
+    (the same values from `rng`, in the same order), so earlier seeds keep their targets.
+    """
+    if shards not in ("one", "some", "all"):
+        raise ValueError(f"shards is one, some or all, not {shards!r}")
+    up = set(live)
+    on = [(name, [n for n in ns if n in up]) for name, ns in hosts]
+    on = [(name, ns) for name, ns in on if ns]
+    live_nodes = sorted(n for _, ns in on for n in ns)
+    if not live_nodes or count < 1:
+        return []
+    leaders = sorted(set(leading) & up)
+    first = (rng.choice(leaders) if leaders and rng.random() < bias
+             else rng.choice(live_nodes))
+    (home,) = [i for i, (_, ns) in enumerate(on) if first in ns]
+    rest = [i for i in range(len(on)) if i != home]
+    chosen = [home, *rng.sample(rest, min(count - 1, len(rest)))]
+    picked: list[int] = []
+    for i in chosen:
+        ns = on[i][1]
+        if shards == "all" or len(ns) == 1:
+            picked += ns
+        elif i == home:
+            others = [n for n in ns if n != first]
+            picked += [first, *(rng.sample(others, rng.randint(0, len(others)))
+                                if shards == "some" else [])]
+        elif shards == "some":
+            picked += rng.sample(ns, rng.randint(1, len(ns)))
+        else:
+            picked.append(rng.choice(ns))
+    return sorted(picked)
+
+
+def host_clash(host_of: Mapping[int, str], voters: Iterable[int], old: int,
+               new: int) -> int | None:
+    """A voter of a group (other than `old`, whose replica `new` replaces or re-creates)
+    on `new`'s host: a replica on `new` would share a machine with it. None: `new` may
+    hold one (its host holds no other replica, or it is `old`'s own host)."""
+    where = host_of.get(new, f"n{new}")
+    return next((v for v in sorted(voters)
+                 if v not in (old, new) and host_of.get(v, f"n{v}") == where), None)
+
+
 class Nemesis:
     """Injects the enabled faults into `cluster` (and `net`, for partitions) on the
     schedule `rng` decides, recording each one with `recorder`.
@@ -364,6 +450,13 @@ class Nemesis:
         self._full = {g.id: tuple(g.replicas) for g in cluster.groups}  # configured voters
         # membership changes begun and not finished: (group, node) -> "add" | "replace"
         self._pending: dict[tuple[str, int], str] = {}
+        # (host, its shards) in node order; a cluster without hosts (or a RemoteCluster)
+        # has one host per node
+        hosts: Mapping[str, Sequence[int]] = getattr(cluster, "hosts", None) or {
+            f"n{i}": [i] for i in cluster.node_ids}
+        self.hosts: list[tuple[str, list[int]]] = [(h, list(ns)) for h, ns in hosts.items()]
+        self._host_of = {n: h for h, ns in self.hosts for n in ns}
+        self._sharded = any(len(ns) > 1 for _, ns in self.hosts)
         self.history: list[dict[str, Any]] = []  # one entry per fault, for tests and logs
         # nodes that exited on their own, restarted once the fault in force was healed
         self.exited: list[dict[str, Any]] = []
@@ -380,6 +473,7 @@ class Nemesis:
             "disk-full": self._disk_full,
             "stale-leader": self._stale_leader,
             "membership": self._membership,
+            "kill-host": self._kill_host,
             **{k: self._partition for k in PARTITIONS},
             **{k: self._damage for k in DAMAGE},
         }
@@ -520,22 +614,19 @@ class Nemesis:
         return [i for i in self.cluster.node_ids
                 if self.cluster.is_running(i) and not self.cluster.is_paused(i)]
 
-    def _pick(self, rng: random.Random, leaders: Mapping[str, int], count: int) -> list[int]:
-        """`count` live nodes; the first is a group leader with probability `leader_bias`."""
-        live = self._live()
-        if not live or count < 1:
-            return []
-        leading = sorted(set(leaders.values()) & set(live))
-        if leading and rng.random() < self.leader_bias:
-            first = rng.choice(leading)
-        else:
-            first = rng.choice(live)
-        rest = [i for i in live if i != first]
-        return sorted([first, *rng.sample(rest, min(count - 1, len(rest)))])
+    def _pick(self, rng: random.Random, leaders: Mapping[str, int], count: int,
+              shards: str = "one") -> list[int]:
+        """Live nodes on `count` hosts (`pick_on_hosts`; a host per node without hosts);
+        the first is a group leader with probability `leader_bias`."""
+        return pick_on_hosts(rng, self.hosts, self._live(), leaders.values(), count,
+                             self.leader_bias, shards)
 
     def _minority(self, rng: random.Random) -> int:
-        """How many nodes a kill or pause takes: one, or up to a minority on 5+ nodes."""
-        return rng.randint(1, max(1, (len(self.cluster.node_ids) - 1) // 2))
+        """How many hosts a kill or pause takes: one, or up to a minority on 5+ hosts."""
+        return minority_hosts(rng, len(self.hosts))
+
+    def _hosts_of(self, nodes: Iterable[int]) -> list[str]:
+        return sorted({self._host_of[n] for n in nodes})
 
     @staticmethod
     def _on(leaders: Mapping[str, int], nodes: Iterable[int]) -> dict[str, int]:
@@ -555,7 +646,7 @@ class Nemesis:
 
     async def _kill(self, step: Step, rng: random.Random) -> _Active | None:
         leaders = await self._leaders()
-        nodes = self._pick(rng, leaders, self._minority(rng))
+        nodes = self._pick(rng, leaders, self._minority(rng), "some")
         if not nodes:
             return None
         value = {"nodes": nodes, "leaders": self._on(leaders, nodes)}
@@ -565,7 +656,7 @@ class Nemesis:
 
     async def _pause(self, step: Step, rng: random.Random) -> _Active | None:
         leaders = await self._leaders()
-        nodes = self._pick(rng, leaders, self._minority(rng))
+        nodes = self._pick(rng, leaders, self._minority(rng), "some")
         if not nodes:
             return None
 
@@ -586,23 +677,46 @@ class Nemesis:
 
     async def _crash_unsynced(self, step: Step, rng: random.Random) -> _Active | None:
         scope = step.scope or "one"
-        n = len(self.cluster.node_ids)
+        n = len(self.hosts)  # a power loss takes a whole machine: every shard of a host
         count = {"one": 1, "majority": topology.majority(n), "all": n}[scope]
         leaders = await self._leaders()
-        nodes = self._pick(rng, leaders, count)
+        nodes = self._pick(rng, leaders, count, "all")
         if not nodes:
             return None
         value: dict[str, Any] = {
             "scope": scope, "nodes": nodes, "leaders": self._on(leaders, nodes),
         }
+        if self._sharded:
+            value["hosts"] = self._hosts_of(nodes)
         active = self._begin("crash-unsynced", value, functools.partial(self._restart, nodes))
         await self._kill_now(nodes)
+        value["discarded"] = await self._discard_unsynced(nodes)
+        return active
+
+    async def _discard_unsynced(self, nodes: Iterable[int]) -> dict[str, Any]:
+        """Throw away what each of `nodes` (killed) had written and not fsynced."""
         dirs = {i: self.cluster.configs[i - 1].data for i in nodes}
 
         def discard_all() -> dict[str, Any]:
             return {str(i): discard_unsynced(d) for i, d in dirs.items()}
 
-        value["discarded"] = await trio.to_thread.run_sync(discard_all)
+        return await trio.to_thread.run_sync(discard_all)
+
+    async def _kill_host(self, step: Step, rng: random.Random) -> _Active | None:
+        """Every shard of one host (leaders' hosts preferred) SIGKILLed at once, as a
+        machine's power loss does; with sync marks on every node, what they had not
+        fsynced is discarded too. Restarted at the end."""
+        leaders = await self._leaders()
+        nodes = self._pick(rng, leaders, 1, "all")
+        if not nodes:
+            return None
+        value: dict[str, Any] = {"host": self._host_of[nodes[0]], "nodes": nodes,
+                                 "leaders": self._on(leaders, nodes)}
+        active = self._begin("kill-host", value, functools.partial(self._restart, nodes))
+        await self._kill_now(nodes)
+        configs = getattr(self.cluster, "configs", None) or []
+        if configs and all(c.test_sync_marks for c in configs):
+            value["discarded"] = await self._discard_unsynced(nodes)
         return active
 
     async def _corrupt(self, step: Step, rng: random.Random) -> _Active | None:
@@ -622,7 +736,7 @@ class Nemesis:
     async def _damage(self, step: Step, rng: random.Random) -> _Active | None:
         how, kinds = DAMAGE[step.kind]
         leaders = await self._leaders()
-        nodes = self._pick(rng, leaders, self._minority(rng))
+        nodes = self._pick(rng, leaders, self._minority(rng), "some")
         if not nodes:
             return None
         value: dict[str, Any] = {"nodes": nodes, "leaders": self._on(leaders, nodes)}
@@ -699,7 +813,8 @@ class Nemesis:
             node = rng.choice(followers)
             value: dict[str, Any] = {"action": action, "groups": [group], "nodes": [node],
                                      "leaders": {}}
-            if why := await self._membership_blocked([group], node):
+            if why := (self._clash(group, node)
+                       or await self._membership_blocked([group], node)):
                 return self._skip_membership(value, why)
             active = self._begin("membership", value,
                                  functools.partial(self._heal_membership, [], value))
@@ -713,7 +828,8 @@ class Nemesis:
         held = [g.id for g in self.cluster.groups if node in g.replicas]
         value = {"action": action, "groups": held, "nodes": nodes,
                  "leaders": self._on(leaders, nodes)}
-        if why := await self._membership_blocked(held, node):
+        if why := (next(filter(None, (self._clash(g, node) for g in held)), None)
+                   or await self._membership_blocked(held, node)):
             return self._skip_membership(value, why)
         active = self._begin("membership", value,
                              functools.partial(self._heal_membership, nodes, value))
@@ -722,6 +838,15 @@ class Nemesis:
         await self._kill_now(nodes)
         value["wiped"] = await trio.to_thread.run_sync(self._wipe, node)
         return active
+
+    def _clash(self, group: str, node: int) -> str | None:
+        """Why `node` must not hold `group`'s replica it gets back (`host_clash`): the
+        nemesis re-creates a replica on the node that held it, so on its own host, which
+        holds no other replica of the group; this says so if that ever changes."""
+        other = host_clash(self._host_of, self._full[group], node, node)
+        return None if other is None else (
+            f"node {node} shares host {self._host_of.get(node)} with node {other} of "
+            f"group {group}")
 
     async def _members(self, group: str) -> GroupMembers | None:
         """`group`'s membership from its leader (None: no leader answered)."""
@@ -885,7 +1010,7 @@ class Nemesis:
         assert self.net is not None
         net = self.net
         leaders = await self._leaders()
-        nodes = self._pick(rng, leaders, self._minority(rng))
+        nodes = self._pick(rng, leaders, self._minority(rng), "some")
         if not nodes:
             return None
         value = {"nodes": nodes, "leaders": self._on(leaders, nodes)}
@@ -902,14 +1027,20 @@ class Nemesis:
         net = self.net
         leaders = await self._leaders()
         ids = self.cluster.node_ids
-        if step.kind == "partition-node":
+        if step.kind in ("partition-node", "partition-host"):
             target = self._pick(rng, leaders, 1) or [rng.choice(ids)]
-            shape = topology.isolate(ids, rng, target[0])
+            if step.kind == "partition-host" and self._sharded:
+                host = [i for i, (_, ns) in enumerate(self.hosts, 1) if target[0] in ns]
+                shape = self._over_hosts(topology.isolate, rng, host[0])
+            else:  # one shard alone (or a host of one node)
+                shape = topology.isolate(ids, rng, target[0])
         else:
-            shape = PARTITIONS[step.kind](ids, rng)
+            shape = self._over_hosts(PARTITIONS[step.kind], rng)
         value = {**shape.to_json(), "leaders": self._on(leaders, shape.cut_off)}
         if shape.cut_off:
             value["nodes"] = sorted(shape.cut_off)
+        if step.kind == "partition-host":
+            value["host"] = self._host_of[target[0]]
 
         async def unblock() -> None:
             net.set_partition(())
@@ -917,6 +1048,14 @@ class Nemesis:
         active = self._begin(step.kind, value, unblock)
         net.set_partition(shape.blocked)
         return active
+
+    def _over_hosts(self, shape: Callable[..., topology.Partition], rng: random.Random,
+                    *args: Any) -> topology.Partition:
+        """`shape` drawn over the hosts and expanded to their shards (`topology.on_hosts`):
+        a host's shards stay on one side together. Without hosts, over the nodes."""
+        if not self._sharded:
+            return shape(self.cluster.node_ids, rng, *args)
+        return topology.on_hosts(shape(range(1, len(self.hosts) + 1), rng, *args), self.hosts)
 
     async def _leader_transfer(self, step: Step, rng: random.Random) -> _Active | None:
         groups = list(self.cluster.groups)

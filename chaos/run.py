@@ -87,6 +87,12 @@ class RunOptions:
     out: Path
     nodes: int = 3
     groups: int = 3
+    hosts: int | None = None
+    """Simulated machines of `shards` nodes each (`LocalCluster(hosts=, shards=)`): no
+    group puts two replicas on one host, and node faults take hosts into account
+    (`chaos.nemesis.pick_on_hosts`). `nodes` is then hosts x shards. None: every node is
+    its own host."""
+    shards: int = 1
     time: float = 60.0
     nemesis: tuple[str, ...] = ("kill", "partition-node")  # () runs without faults
     workload: str = "queue"
@@ -111,14 +117,36 @@ class RunOptions:
     cluster: Path | None = None
     """A cluster the harness did not start (`chaos.remote`): its CONFIG file."""
 
+    def __post_init__(self) -> None:
+        if self.hosts is not None and self.hosts > 0 and self.shards > 0:
+            self.nodes = self.hosts * self.shards
+
+    @property
+    def layout(self) -> str:
+        """The cluster's shape in words: `3 nodes` or `3 hosts x 2 shards`."""
+        return (f"{self.nodes} nodes" if self.hosts is None
+                else f"{self.hosts} hosts x {self.shards} shards")
+
     @property
     def drain_seconds(self) -> float:
         """`drain_timeout`, or its default for the run's length."""
         return self.drain_timeout if self.drain_timeout is not None else max(120.0, self.time / 20)
 
     def validate(self) -> None:
-        if self.nodes not in (3, 5):
-            raise ValueError(f"--nodes must be 3 or 5, got {self.nodes}")
+        if self.hosts is None:
+            if self.nodes not in (3, 5):
+                raise ValueError(f"--nodes must be 3 or 5, got {self.nodes}")
+            if self.shards != 1:
+                raise ValueError("--shards needs --hosts (the machines the shards run on)")
+        else:
+            # a group's 3 replicas go to 3 different hosts
+            if not 3 <= self.hosts <= MAX_HOSTS:
+                raise ValueError(f"--hosts must be 3 to {MAX_HOSTS}, got {self.hosts}")
+            if not 1 <= self.shards <= MAX_SHARDS:
+                raise ValueError(f"--shards must be 1 to {MAX_SHARDS}, got {self.shards}")
+            if self.cluster is not None:
+                raise ValueError("--hosts needs nodes the harness starts, not --cluster "
+                                 "(whose hosts are its own)")
         if self.groups < 1:
             raise ValueError(f"--groups must be at least 1, got {self.groups}")
         if self.drain_timeout is not None and not self.drain_timeout > 0:
@@ -185,6 +213,8 @@ def nemesis_plan(opts: RunOptions) -> list[Step]:
     return plan(random.Random(random.Random(opts.seed).getrandbits(64)), opts.nemesis, opts.time)
 
 
+MAX_HOSTS = 7
+MAX_SHARDS = 4  # 28 node processes at most: every one is a real process on this machine
 CHAOS_CQ_CHUNK = 64  # ConsumeQueue records per chunk file in the clusters a run starts
 CHAOS_LISTEN_RETRY_S = 30.0  # seconds a restarted node waits for a port another process holds
 # Delayed messages a group keeps in memory, and the horizon past which the others spill
@@ -222,9 +252,11 @@ async def _run(opts: RunOptions, recorder: Recorder,
         env[USER_ENV] = ""  # the nodes themselves log in nowhere as the harness
     if opts.mutations:
         overrides["test_mutations"] = list(opts.mutations)
-    if "crash-unsynced" in opts.nemesis:
+    # power losses (a kill-host loses what its shards had not fsynced too)
+    power = {"crash-unsynced", "kill-host"} & set(opts.nemesis)
+    if power:
         overrides["test_sync_marks"] = True
-    if opts.mutations or "crash-unsynced" in opts.nemesis:
+    if opts.mutations or power:
         env[ALLOW_MUTATIONS_ENV] = "1"
     facts: dict[str, Any] = {}
     async with trio.open_nursery() as nursery:
@@ -232,8 +264,11 @@ async def _run(opts: RunOptions, recorder: Recorder,
         await nursery.start(net.serve)
         cluster = LocalCluster(
             opts.out / "cluster", nodes=opts.nodes, groups=opts.groups, tick_ms=opts.tick_ms,
+            hosts=opts.hosts, shards=opts.shards,
             env=env, node_overrides=net.node_overrides(overrides),
         )
+        facts["layout"] = {"hosts": cluster.hosts,
+                           "groups": {g.id: list(g.replicas) for g in cluster.groups}}
         disks: dict[int, SmallDisk] = {}
         try:
             if "disk-full" in opts.nemesis:

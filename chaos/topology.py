@@ -14,12 +14,18 @@ the same ids and seed always give the same shape. The shapes are Jepsen's:
 
 `Partition.cut_off` names the nodes that see no majority: a leader there cannot commit
 and the group has to elect another, which is what a run measures.
+
+On a cluster whose nodes are shards of a few hosts (`broker.config`'s `[hosts]`), a shape
+is drawn over the hosts and `on_hosts` expands it to their shards: a host's shards keep
+talking to each other (they share a machine) and are cut from a host's shards together.
+Such a partition's `cut_off` is counted in hosts: a group keeps at most one replica per
+host, so a host that sees a majority of the hosts keeps its groups' majorities.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -33,6 +39,7 @@ __all__ = [
     "isolate",
     "majority",
     "majority_ring",
+    "on_hosts",
     "pairs_between",
     "reachable",
 ]
@@ -70,22 +77,55 @@ class Partition:
     nodes: tuple[int, ...]
     blocked: frozenset[Pair]
     description: str
+    # the shards of each host, when the shape was drawn over hosts (`on_hosts`); () when
+    # every node is its own host
+    hosts: tuple[tuple[int, ...], ...] = ()
 
     @property
     def cut_off(self) -> frozenset[int]:
-        return cut_off(self.nodes, self.blocked)
+        if not self.hosts:
+            return cut_off(self.nodes, self.blocked)
+        # a host sees another when their shards talk (all of them or none: `on_hosts`)
+        firsts = [h[0] for h in self.hosts]
+        lost = cut_off(firsts, self.blocked)
+        return frozenset(n for h in self.hosts if h[0] in lost for n in h)
 
     def sees(self, node: int) -> frozenset[int]:
         return reachable(node, self.nodes, self.blocked)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-friendly value for the history (sorted, so equal shapes print equally)."""
-        return {
+        out: dict[str, Any] = {
             "kind": self.kind,
             "description": self.description,
             "blocked": sorted(sorted(p) for p in self.blocked),
             "cut_off": sorted(self.cut_off),
         }
+        if self.hosts:
+            out["hosts"] = [list(h) for h in self.hosts]
+        return out
+
+
+def on_hosts(shape: Partition, hosts: Sequence[tuple[str, Sequence[int]]]) -> Partition:
+    """`shape`, drawn over hosts numbered 1..H (the order of `hosts`: (name, its shards)),
+    expanded to the shards: every shard of host a is cut from every shard of host b when
+    a and b are, and shards of one host always talk. The description keeps the host
+    numbers and says which host each is (`1=h1[1, 2]`)."""
+    if sorted(shape.nodes) != list(range(1, len(hosts) + 1)):
+        raise ValueError(f"on_hosts: the shape is over {list(shape.nodes)}, "
+                         f"not hosts 1..{len(hosts)}")
+    shards = {k: tuple(sorted(ns)) for k, (_, ns) in enumerate(hosts, 1)}
+    every = [n for ns in shards.values() for n in ns]
+    if not all(shards.values()) or len(set(every)) != len(every):
+        raise ValueError(f"on_hosts: every host needs shards of its own, got {hosts}")
+    blocked = frozenset(p for pair in shape.blocked
+                        for p in pairs_between(*(shards[k] for k in sorted(pair))))
+    return Partition(
+        shape.kind, tuple(sorted(every)), blocked,
+        f"{shape.description} over hosts "
+        + ", ".join(f"{k}={name}{_side(ns)}" for k, (name, ns) in enumerate(hosts, 1)),
+        tuple(shards[k] for k in sorted(shards)),
+    )
 
 
 def _ids(nodes: Iterable[int], least: int, shape: str) -> list[int]:
