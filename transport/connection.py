@@ -30,6 +30,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from wire.protocol import (
     DEFAULT_MAX_FRAME,
@@ -235,6 +236,11 @@ class Connection:
             link = _Link(self.addr, stream)
             self.connects += 1
             self._spawn(self._read, link)
+            # let the reader start before anything is sent: on asyncio the transport
+            # reads only while a receive is pending, and a peer that refuses the first
+            # request says why just before it closes (see `_send`); shielded, so a
+            # cancellation cannot leave the new link running unowned
+            await anyio.lowlevel.cancel_shielded_checkpoint()
             if self._credentials is not None:  # before anyone else may use the link
                 try:
                     await self._authenticate(link, self._credentials)
@@ -280,7 +286,16 @@ class Connection:
                                        tls_standard_compatible=False)
 
     async def _send(self, link: _Link, data: bytes) -> None:
-        async with link.send_lock:
+        lock = link.send_lock
+        # A free lock is taken without the scheduling round `acquire` adds (one per
+        # request; the stream's send still yields once). As `acquire` would, a cancelled
+        # caller stops here, before the write, and the link stays usable.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        try:
+            lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await lock.acquire()
+        try:
             if link.closed:
                 raise TransportError(
                     f"connection to {self.addr} lost: {link.reason}", sent=False
@@ -304,6 +319,8 @@ class Connection:
                 if not done:
                     # interrupted mid-write (a timeout): the stream may hold half a frame
                     link.fail("a send was interrupted")
+        finally:
+            lock.release()
 
     async def _read(self, link: _Link) -> None:
         decoder = FrameDecoder(self._max_frame)
