@@ -4,7 +4,7 @@ each exactly once, the same on every replica and across snapshots."""
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Set as AbstractSet
 from typing import Any
 from unittest import mock
 
@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from broker.state.cqchunks import CorruptChunk, MemoryChunkStore
 from broker.state.parts import timers as timers_part
 from broker.state.parts.base import ControlResult, ErrorResult, ProduceResult
-from broker.state.parts.timers import BUCKET_MS, DeliverDue, ForgetPending, TimerLimits
+from broker.state.parts.timers import (
+    BUCKET_MS,
+    DELIVER_LIMIT,
+    DeliverDue,
+    ForgetPending,
+    TimerLimits,
+)
 from broker.state.statemachine import BrokerState, control_create_topic, control_delete_topic
 from raftlog.types import Entry, EntryType
 from wire.protocol import Code, RequestError
@@ -39,6 +45,12 @@ class Log:
             (EntryType.CONTROL, control_create_topic("t", 2, [0, 1])),
             (EntryType.CONTROL, control_create_topic("u", 1, [0]))]
         self.bodies: dict[bytes, int] = {}  # body -> its due time
+        self.delayed: set[bytes] = set()  # the bodies sent with a delay or a time
+        self.place: dict[bytes, tuple[int, int]] = {}  # body -> (Raft index, record)
+        self.script: list[str] = []  # what was written, for a falsifying example's report
+
+    def __repr__(self) -> str:
+        return "Log(T0 + ms: [\n  " + ",\n  ".join(self.script) + "])"
 
     def send(self, store_ms: int, *, queue: int = 0, topic: str = "t", n: int = 1,
              delay_ms: int = 0, deliver_ms: int = 0, key: str = "") -> list[bytes]:
@@ -49,10 +61,16 @@ class Log:
         self.entries.append((EntryType.MESSAGES, STORED_PREFIX.pack(store_ms) + batch))
         due = store_ms + delay_ms if delay_ms else (deliver_ms or store_ms)
         self.bodies.update({b: due for b in bodies})
+        self.place.update({b: (k + 1, i) for i, b in enumerate(bodies)})
+        if delay_ms or deliver_ms:
+            self.delayed.update(bodies)
+        self.script.append(f"{k + 1}: send {topic}/{queue} at {store_ms - T0} n={n}"
+                           + (f" due {due - T0}" if delay_ms or deliver_ms else ""))
         return bodies
 
     def tick(self, now_ms: int, limit: int = 65536) -> None:
         self.entries.append((EntryType.CONTROL, DeliverDue(now_ms, limit).encode()))
+        self.script.append(f"{len(self.entries)}: tick {now_ms - T0} limit={limit}")
 
     def apply(self, state: BrokerState, start: int = 0) -> list[Any]:
         return [state.apply(Entry(i + 1, 1, t, d))
@@ -83,7 +101,8 @@ def test_a_delayed_message_waits_for_its_time_and_then_enters_its_queue_once() -
     results = log.apply(s)
     assert isinstance(results[3], ProduceResult) and results[3].base_offset == -1
     assert queued(s, log=log) == plain
-    assert s.timers.pending == 2 and s.timers.next_due() <= T0 + 3000
+    due = s.timers.next_due()
+    assert s.timers.pending == 2 and due is not None and due <= T0 + 3000
     log.tick(T0 + 2999)
     log.tick(T0 + 3000)
     log.tick(T0 + 4999)
@@ -244,9 +263,9 @@ def test_bad_delay_fields_are_refused_whole() -> None:
         r = s.apply(Entry(2, 1, EntryType.MESSAGES, STORED_PREFIX.pack(T0) + body))
         assert isinstance(r, ErrorResult) and r.code == Code.MALFORMED, (field, r)
         assert s.timers.pending == 0 and s.queue_range("t", 0) == (0, 0)
-    for bad in ({"now": -1, "limit": 1}, {"now": 1, "limit": 0}, {"now": 1}):
+    for tick in ({"now": -1, "limit": 1}, {"now": 1, "limit": 0}, {"now": 1}):
         s = BrokerState("g")
-        r = s.apply(Entry(1, 1, EntryType.CONTROL, msgpack.packb({"op": "deliver_due", **bad})))
+        r = s.apply(Entry(1, 1, EntryType.CONTROL, msgpack.packb({"op": "deliver_due", **tick})))
         assert isinstance(r, ErrorResult) and r.code == Code.MALFORMED
 
 
@@ -295,44 +314,156 @@ def small_runs() -> Any:
     return mock.patch.multiple(timers_part, SPILL_AT=8, SPILL_HORIZON_MS=400)
 
 
+@st.composite
+def crowded_histories(draw: st.DrawFn) -> tuple[Log, TimerLimits]:
+    """Histories whose delayed messages crowd into one or two *hot* buckets, a few ms
+    apart and in any order: sent while their bucket is beyond the spill horizon (they go
+    to runs), as a run holding it is read back, and after (landing beside records read
+    back); the leader's clock waits for the hot buckets, then crawls through them, ticks
+    falling before, between and after their messages' due times, with small limits. The
+    spill limits (the same for every replica, as `TimerLimits` requires) are tiny enough
+    for a few messages to make runs."""
+    limits = TimerLimits(draw(st.sampled_from([1, 2, 4]), label="memory records"),
+                         draw(st.sampled_from([300, 600, 1500]), label="horizon ms"))
+    log = Log()
+    clock = T0
+    first = (T0 + limits.horizon_ms + 160) // BUCKET_MS + 1 + draw(st.integers(0, 3))
+    hot = sorted({first + d for d in draw(st.lists(st.integers(0, 3), min_size=1,
+                                                   max_size=2), label="hot buckets")})
+    near = hot[0] * BUCKET_MS - limits.load_ahead_ms - 50  # a run holding it is read back
+    limit = st.integers(1, 4) | st.just(DELIVER_LIMIT)
+
+    def step(clock: int) -> None:
+        kind = draw(st.sampled_from(["hot", "hot", "far", "plain", "tick", "tick"]))
+        n = draw(st.integers(1, 2))
+        q = draw(st.integers(0, 1))
+        if kind == "hot":
+            due = draw(st.sampled_from(hot)) * BUCKET_MS + draw(st.integers(0, 9)
+                                                                  | st.integers(0, 99))
+            if due > clock and draw(st.booleans()):
+                log.send(clock, queue=q, n=n, delay_ms=due - clock)
+            else:  # (or due already: it waits for the next tick all the same)
+                log.send(clock, queue=q, n=n, deliver_ms=due)
+        elif kind == "far":  # beyond the horizon: spills, and makes the hot ones spill
+            log.send(clock, queue=q, n=n,
+                     delay_ms=limits.horizon_ms + draw(st.integers(1, 2000)))
+        elif kind == "plain":
+            log.send(clock, queue=q, n=n)
+        else:  # now and then a leader whose clock is behind
+            log.tick(clock - draw(st.sampled_from([0, 0, 0, 150])), draw(limit))
+
+    for _ in range(draw(st.integers(0, 20))):  # while the hot buckets are far ahead
+        clock += draw(st.integers(0, 8))
+        step(clock)
+    # then the clock moves on to when a run holding them is read back, and crawls
+    # through them
+    clock = max(clock, near + draw(st.integers(0, limits.load_ahead_ms + 50)))
+    for _ in range(draw(st.integers(1, 40))):
+        step(clock)
+        clock += draw(st.integers(0, 15))
+    for _ in range(3):
+        log.tick(clock + 10_000)
+    return log, limits
+
+
 @pytest.mark.parametrize("spill", [False, True], ids=["in-memory", "spilled-runs"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(histories(), st.data())
 def test_replicas_agree_nothing_is_early_and_everything_arrives_once(
         spill: bool, h: tuple[Log, list[int]], data: st.DataObject) -> None:
-    with small_runs() if spill else contextlib.nullcontext():
-        check_history(h, data)
-
-
-def check_history(h: tuple[Log, list[int]], data: st.DataObject) -> None:
     log, _ticks = h
-    a = BrokerState("g")
-    log.apply(a)
-    # a replica that restored a snapshot taken at any point applies the rest the same
-    cut = data.draw(st.integers(0, len(log.entries)), label="snapshot at")
-    b = BrokerState("g")
-    for i, (t, d) in enumerate(log.entries[:cut]):
-        b.apply(Entry(i + 1, 1, t, d))
-    b = BrokerState.restore("g", b.snapshot(), chunk_store=b.chunk_store)
-    for i, (t, d) in enumerate(log.entries[cut:], start=cut):
-        b.apply(Entry(i + 1, 1, t, d))
-    assert a.snapshot() == b.snapshot()
+    check_replicas(log, TimerLimits(8, 400) if spill else None, data)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(crowded_histories(), st.data())
+def test_replicas_that_read_runs_back_at_different_moments_move_the_same_in_one_order(
+        h: tuple[Log, TimerLimits], data: st.DataObject) -> None:
+    """Replicas apply one log but hold a bucket's records in different orders and with
+    different bounds: one read a run back live (its bucket's bounds are the bucket's
+    edges), one restored a snapshot taken after (exact bounds), before every tick or at
+    a few points drawn; each moves the same messages into each queue at the same log
+    positions, in (due, log position) order (chaos seed 47 swapped two due 3 ms apart)."""
+    log, limits = h
+    check_replicas(log, limits, data)
+
+
+Move = tuple[int, str, int, int, bytes]  # log position, topic, queue, offset, body
+
+
+def replay(log: Log, limits: TimerLimits | None, restore_at: AbstractSet[int],
+           snap_at: AbstractSet[int] = frozenset(),
+           ) -> tuple[BrokerState, list[Move], dict[int, bytes]]:
+    """Apply the log to a new replica that, before applying the entry at each position
+    of `restore_at` (0: the first), snapshots and restores itself from it (the runs the
+    snapshot no longer needs deleted, as once it is durable); every message that enters
+    one of its queues, as it enters; and its snapshots before the positions `snap_at`."""
+    s = BrokerState("g", timer_limits=limits)
+    ends = dict.fromkeys(QUEUES, 0)
+    moves: list[Move] = []
+    snaps: dict[int, bytes] = {}
+    for i, (t, d) in enumerate([*log.entries, (None, b"")]):
+        if i in restore_at:
+            later = s.snapshot_later()
+            snaps[i] = later()
+            later.saved()
+            s = BrokerState.restore("g", snaps[i], chunk_store=s.chunk_store,
+                                    timer_limits=limits)
+        elif i in snap_at:
+            snaps[i] = s.snapshot()
+        if t is None:
+            break
+        s.apply(Entry(i + 1, 1, t, d))
+        for topic, q in QUEUES:
+            end = s.queue_range(topic, q)[1]
+            moves += [(i + 1, topic, q, o, body_at(s, log, topic, q, o))
+                      for o in range(ends[(topic, q)], end)]
+            ends[(topic, q)] = end
+    return s, moves, snaps
+
+
+QUEUES = (("t", 0), ("t", 1))
+
+
+def body_at(state: BrokerState, log: Log, topic: str, queue: int, offset: int) -> bytes:
+    e = state.entry_of(topic, queue, offset)
+    msg, _ = decode_record(log.entries[e.index - 1][1], e.start, topic=topic, queue=queue,
+                           offset=offset, store_ms=e.store_ms, msg_id="")
+    return msg.body
+
+
+def check_replicas(log: Log, limits: TimerLimits | None, data: st.DataObject) -> None:
+    """Three replicas of one log (live; restored at a few points drawn; restored before
+    every tick, so every bucket it holds read back from a run has exact bounds) make
+    the same moves, at the same positions, in one order, and the same snapshots; no
+    message moves before its time or out of (due, log position) order within a tick,
+    and every one moves exactly once."""
+    n = len(log.entries)
+    some = data.draw(st.sets(st.integers(0, n), min_size=1, max_size=3), label="restored at")
+    ticks = {i for i, (t, d) in enumerate(log.entries) if t == EntryType.CONTROL and _is_tick(d)}
+    a, moves, snaps = replay(log, limits, set(), some | ticks | {n})
+    for restore_at in (some, ticks):
+        r, other, other_snaps = replay(log, limits, restore_at, {n})
+        assert other == moves, f"restored before {sorted(restore_at)}: moved otherwise"
+        assert r.timers.pending == 0 and other_snaps[n] == snaps[n]
+        for i in sorted(restore_at):
+            assert other_snaps[i] == snaps[i], f"snapshots before entry {i} differ"
     # every message arrived exactly once (the last ticks are far past every due time)
-    got = queued(a, queue=0, log=log) + queued(a, queue=1, log=log)
-    assert sorted(got) == sorted(log.bodies) and a.timers.pending == 0
-    # and never before its time: replay and look at what each tick moved
-    c = BrokerState("g")
-    seen: set[bytes] = set()
-    clock = 0
-    for i, (t, d) in enumerate(log.entries):
-        c.apply(Entry(i + 1, 1, t, d))
-        if t == EntryType.CONTROL and _is_tick(d):
-            clock = max(clock, DeliverDue.decode(d).now_ms)
-        now = set(queued(c, queue=0, log=log) + queued(c, queue=1, log=log))
-        for body in now - seen:
-            if t == EntryType.CONTROL:
-                assert log.bodies[body] <= clock, "delivered before its time"
-        seen = now
+    assert sorted(m[4] for m in moves) == sorted(log.bodies) and a.timers.pending == 0
+    # never before its time, and those a tick moves in (due, log position) order
+    clock, clocks = 0, {}  # the highest time a tick carried, by the tick's log position
+    for i in sorted(ticks):
+        clock = clocks[i + 1] = max(clock, DeliverDue.decode(log.entries[i][1]).now_ms)
+    by_tick: dict[tuple[int, str, int], list[bytes]] = {}
+    for pos, topic, q, _o, body in moves:
+        if pos not in clocks:
+            assert body not in log.delayed, "a delayed message moved when stored"
+            continue
+        assert log.bodies[body] <= clocks[pos], "delivered before its time"
+        by_tick.setdefault((pos, topic, q), []).append(body)
+    for bodies in by_tick.values():
+        keys = [(log.bodies[b], *log.place[b]) for b in bodies]
+        assert keys == sorted(keys), "a tick moved messages out of (due, log position) order"
 
 
 def _is_tick(d: bytes) -> bool:
