@@ -1543,6 +1543,8 @@ class Producer(StartClose):
                 left = min(b.deadline for b in keep) - now
                 await routes.wait_backoff(
                     group, min(left, backoff_delay(max(b.attempts for b in keep))))
+        if not redirect and routes.doubted(group):
+            await routes.refresh_leaders()  # one CLUSTER for the group's leader, shared
         own: dict[int, list[_Batch]] = {}
         for b in keep:
             if b.movable and not redirect:

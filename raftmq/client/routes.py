@@ -63,6 +63,8 @@ log = logging.getLogger("raftmq.client")
 
 ROUTE_REFRESH = 30.0  # RocketMQ's client route refresh period
 HINT_TTL = 10.0  # how long a NOT_LEADER hint outranks the name servers' leader
+# the least time between two CLUSTER requests asking the name servers who leads now
+LEADERS_REFRESH_MIN = 0.1
 FAILED_TTL = 5.0  # how long an address that failed for a group is not re-learned as leader
 DEFAULT_ATTEMPTS = 4
 LEADER_WAIT = 10.0
@@ -172,48 +174,6 @@ def backoff_delay(attempt: int, base: float = 0.05, cap: float = 1.0) -> float:
     return min(cap, base * (2 ** max(0, attempt - 1))) * (0.5 + random.random() / 2)
 
 
-class _RouteTable(dict[str, TopicRoute]):
-    """Cached routes by topic, with an index of the topics each group appears in, so a
-    failure of one group marks only its routes stale (not a walk over every topic)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.by_group: dict[str, set[str]] = {}
-
-    @staticmethod
-    def _groups(route: TopicRoute) -> set[str]:
-        return set(route.replicas) | {q.group for q in route.queues.values()}
-
-    def _unindex(self, topic: str) -> None:
-        old = dict.get(self, topic)
-        if old is None:
-            return
-        for group in self._groups(old):
-            topics = self.by_group.get(group)
-            if topics is not None:
-                topics.discard(topic)
-                if not topics:
-                    del self.by_group[group]
-
-    def __setitem__(self, topic: str, route: TopicRoute) -> None:
-        self._unindex(topic)
-        super().__setitem__(topic, route)
-        for group in self._groups(route):
-            self.by_group.setdefault(group, set()).add(topic)
-
-    def __delitem__(self, topic: str) -> None:
-        self._unindex(topic)
-        super().__delitem__(topic)
-
-    def pop(self, topic: str, *default: Any) -> Any:  # type: ignore[override]
-        self._unindex(topic)
-        return super().pop(topic, *default)
-
-    def mark_stale(self, group: str) -> None:
-        for topic in self.by_group.get(group, ()):
-            self[topic].stale = True
-
-
 @dataclass(slots=True)
 class _Group:
     leader: str | None = None
@@ -223,6 +183,8 @@ class _Group:
     probe: int = 0
     failed: dict[str, float] = field(default_factory=dict)
     changed: anyio.Event | None = None  # made by a backoff waiting for a new leader
+    # its leader failed us, or none is known: ask the name servers before its next request
+    doubted: bool = False
 
 
 def _leader_changed(g: _Group) -> None:
@@ -248,10 +210,12 @@ class Routes:
         self.timeout = timeout
         self.refresh_interval = refresh_interval
         self._ns_index = 0
-        self._topics = _RouteTable()
+        self._topics: dict[str, TopicRoute] = {}
         self._groups: dict[str, _Group] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._refreshing: set[str] = set()  # topics whose route is refreshed in the background
+        self._leaders_refresh: anyio.Event | None = None  # a CLUSTER for leaders in flight
+        self._leaders_at = -math.inf  # when the last one ended
         self.client_id = random.getrandbits(63) | 1  # names this client's requests, > 0
         self._request_seq = 0
 
@@ -528,7 +492,43 @@ class Routes:
             g.hinted_at = -math.inf
 
     def _mark_stale(self, group: str) -> None:
-        self._topics.mark_stale(group)
+        """Leadership trouble in `group` (its leader failed us or none is known): ask the
+        name servers who leads it before its next request (`refresh_leaders`). The topics'
+        routes stay usable: a leader change moves no queue, and refetching every route of
+        the group, one ROUTE per topic on the send path, made a producer of 10,000 topics
+        stall for seconds after every election. A route whose shape is wrong is marked by
+        what finds it (a missing queue, an unknown topic)."""
+        self._group(group).doubted = True
+
+    def doubted(self, group: str) -> bool:
+        """Whether `group`'s leader should be asked of the name servers before its next
+        request (`refresh_leaders`)."""
+        g = self._groups.get(group)
+        return g is not None and g.doubted
+
+    async def refresh_leaders(self) -> None:
+        """Learn every group's leader and replicas from the name servers: one small CLUSTER
+        request (no topic listing), shared by all the callers that ask while it is out,
+        and at most one per `LEADERS_REFRESH_MIN` seconds. A name server that does not
+        answer leaves things as they were: the caller's retries go on probing replicas."""
+        pending = self._leaders_refresh
+        if pending is not None:
+            await pending.wait()
+            return
+        if clock() - self._leaders_at < LEADERS_REFRESH_MIN:
+            return
+        done = self._leaders_refresh = anyio.Event()
+        try:
+            with anyio.move_on_after(self.timeout):
+                await self.cluster()
+                for g in self._groups.values():
+                    g.doubted = False
+        except RequestError as exc:
+            log.debug("asking the name servers for leaders failed: %s", exc)
+        finally:
+            self._leaders_at = clock()
+            self._leaders_refresh = None
+            done.set()
 
     # ------------------------------------------------------------ calls with retries
 
@@ -588,6 +588,8 @@ class Routes:
                 addr: str | None = None
                 try:
                     group = await resolve()
+                    if self.doubted(group):
+                        await self.refresh_leaders()
                     addr = self.target(group)
                     if addr is None:
                         self._mark_stale(group)

@@ -68,7 +68,7 @@ def test_not_leader_hint_outranks_the_name_servers_for_a_while() -> None:
     hint = RequestError(Code.NOT_LEADER, "moved", leader="b:1")
     assert routes.on_error("g1", "a:1", hint, now=101.0)
     assert routes.target("g1") == "b:1"
-    assert routes._topics["orders"].stale
+    assert routes.doubted("g1") and not routes._topics["orders"].stale
     # a stale name server still says a:1: the hint wins until it ages out
     routes.learn_route(parse_route("orders", ROUTE, 102.0), 102.0)
     assert routes.target("g1") == "b:1"
@@ -245,22 +245,60 @@ async def test_a_backoff_wakes_when_the_group_learns_a_new_leader(anyio_backend:
     assert woke[0] < 1.0
 
 
-def test_a_failure_marks_stale_only_the_routes_of_its_group() -> None:
+def test_a_failure_doubts_its_group_s_leader_and_leaves_every_route_usable() -> None:
+    """A leader change moves no queue: the routes stay (sends go on without a ROUTE per
+    topic); the group is asked of the name servers once (`refresh_leaders`)."""
     routes = routes_with(ROUTE)
     other = {"total": 1, "queues": [[0, "g3", "e:1"]], "replicas": {"g3": ["e:1"]}}
     for i in range(1000):
         routes._topics[f"t{i}"] = parse_route(f"t{i}", other, 100.0)
-    assert routes._topics.by_group["g3"] == {f"t{i}" for i in range(1000)}
     routes.on_error("g2", "b:1", TransportError("gone", sent=False), now=101.0)
-    assert routes._topics["orders"].stale  # g2 hosts queue 1 of orders
-    assert not any(routes._topics[f"t{i}"].stale for i in range(1000))
-    # a route replaced or dropped leaves the index
-    routes._topics["orders"] = parse_route("orders", other, 102.0)
-    assert "orders" not in routes._topics.by_group.get("g1", set())
-    routes._topics.pop("orders")
-    routes.on_error("g3", "e:1", TransportError("gone", sent=False), now=103.0)
-    assert all(routes._topics[f"t{i}"].stale for i in range(1000))
-    assert "orders" not in routes._topics
+    assert routes.doubted("g2") and not routes.doubted("g1") and not routes.doubted("g3")
+    assert not routes._topics["orders"].stale
+    assert all(routes.usable(f"t{i}", lambda *a: None) is not None for i in range(1000))
+
+
+class _CountingNameServer:
+    """A name server that answers CLUSTER with `leaders` and counts each request kind."""
+
+    def __init__(self, leaders: dict[str, str]) -> None:
+        self.leaders = leaders
+        self.asked: dict[int, int] = {}
+        self.release = None
+
+    async def __call__(self, op: Op, header: dict, *args: object, **kw: object) -> object:
+        from wire.protocol import Frame
+
+        self.asked[int(op)] = self.asked.get(int(op), 0) + 1
+        if self.release is not None:
+            await self.release.wait()
+        groups = {g: {"leader": 1, "leader_addr": a, "term": 7, "replicas": {1: a}}
+                  for g, a in self.leaders.items()}
+        return Frame({"code": 0, "nodes": {}, "groups": groups}, b"")
+
+
+@pytest.mark.anyio
+async def test_doubted_leaders_are_asked_once_for_every_caller() -> None:
+    import anyio
+
+    routes = routes_with(ROUTE)
+    ns = _CountingNameServer({"g1": "z:1", "g2": "y:1"})
+    ns.release = anyio.Event()
+    routes.namesrv_request = ns  # type: ignore[method-assign]
+    routes.on_error("g1", "a:1", TransportError("gone", sent=False), now=clock())
+    routes.on_error("g2", "b:1", TransportError("gone", sent=False), now=clock())
+    async with anyio.create_task_group() as tg:
+        for _ in range(50):  # fifty requests waiting on the two groups at once
+            tg.start_soon(routes.refresh_leaders)
+        await anyio.sleep(0.01)
+        ns.release.set()
+    assert ns.asked == {int(Op.CLUSTER): 1}
+    assert not routes.doubted("g1") and not routes.doubted("g2")
+    assert routes.target("g2") == "y:1"
+    await routes.refresh_leaders()  # nothing doubted: no request
+    routes.on_error("g1", "z:1", TransportError("gone", sent=False), now=clock())
+    await routes.refresh_leaders()  # within LEADERS_REFRESH_MIN of the last: none either
+    assert ns.asked == {int(Op.CLUSTER): 1} and routes.doubted("g1")
 
 
 def test_an_old_route_serves_sends_while_one_background_refresh_runs() -> None:
