@@ -190,8 +190,21 @@ def test_a_replaced_leader_does_not_serve_a_topic_deleted_meanwhile(tmp_path: Pa
         others = [i for i in cluster.node_ids if i != old]
         new = wait_for(lambda: group_leader(cluster, "g0", others), 60, "a new leader of g0")
         assert new is not None
-        request(cluster.node_addr(new), {"op": int(Op.DELETE_TOPIC), "g": "g0",
-                                          "topic": TOPIC}, timeout=30.0)
+
+        def delete() -> bool:
+            """The new leader deletes the topic once it is ready: elected a moment ago,
+            it refuses (NOT_LEADER, not ready, nothing proposed) while it applies what
+            its predecessor committed."""
+            try:
+                request(cluster.node_addr(new), {"op": int(Op.DELETE_TOPIC), "g": "g0",
+                                                  "topic": TOPIC}, timeout=30.0)
+            except RequestError as exc:
+                if exc.code == Code.NOT_LEADER and exc.extra.get("ready") is False:
+                    return False
+                raise
+            return True
+
+        wait_for(delete, 60, "the new leader deleting the topic", interval=0.1)
         cluster.resume(old)
         assert node_status(cluster, old, "g0")["role"] == "leader"  # it does not know yet
         with ThreadPoolExecutor(3) as pool:
