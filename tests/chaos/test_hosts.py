@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.config import cluster_configs
-from chaos.cli import EXIT_USAGE, _repeat_command, run_main
+from chaos.cli import _repeat_command, run_main
 from chaos.histories import parse_faults
 from chaos.nemesis import NEMESES, host_clash, minority_hosts, pick_on_hosts
 from chaos.run import RunOptions
@@ -188,21 +188,6 @@ def test_the_host_nemeses_are_in_all_and_the_layout_is_an_option(tmp_path: Path)
                             "hosts": 3, "shards": 2, "groups": 3}) == (
         "raftmq chaos run --seed 4 --time 30.0 --nemesis kill-host --hosts 3 --shards 2 "
         "--groups 3")
-
-
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--hosts", "3", "--nodes", "5"], "exclude each other"),
-    (["--shards", "2"], "--shards needs --hosts"),
-    (["--hosts", "2", "--shards", "2"], "--hosts must be 3"),
-    (["--hosts", "3", "--shards", "9"], "--shards must be 1"),
-])
-def test_bad_host_options_exit_3_and_start_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
-) -> None:
-    out = tmp_path / "out"
-    assert run_main(["--out", str(out), *argv]) == EXIT_USAGE
-    assert message in capsys.readouterr().err
-    assert not (out / "cluster").exists()
 
 
 @pytest.mark.live

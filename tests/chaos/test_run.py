@@ -64,6 +64,10 @@ def _recheck(out: Path, code: int, capsys: pytest.CaptureFixture[str]) -> None:
         (["--time", "0"], "positive"),
         (["--workload", "bank"], "invalid choice"),
         (["--mutation", "eat-data"], "unknown mutation"),
+        (["--hosts", "3", "--nodes", "5"], "exclude each other"),
+        (["--shards", "2"], "--shards needs --hosts"),
+        (["--hosts", "2", "--shards", "2"], "--hosts must be 3"),
+        (["--hosts", "3", "--shards", "9"], "--shards must be 1"),
     ],
 )
 def test_bad_options_exit_3_and_start_nothing(
