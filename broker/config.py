@@ -72,6 +72,7 @@ __all__ = [
     "cluster_configs",
     "dump_config",
     "host_layout",
+    "place_groups",
     "load_config",
 ]
 
@@ -832,7 +833,7 @@ def host_layout(hosts: int, shards: int) -> dict[int, str]:
             for s in range(1, shards + 1)}
 
 
-def _place_groups(groups: int, nodes: int, replication: int,
+def place_groups(groups: int, nodes: int, replication: int,
                   hosts: Mapping[int, str]) -> list[dict[str, Any]]:
     """Replicas and preferred leaders of `g0..g{groups-1}`.
 
@@ -901,7 +902,7 @@ def cluster_configs(
     leaders go round-robin over the nodes, so 3 nodes x 3 groups give one per node.
     With `hosts` (H machines of `shards` node processes each; `nodes` is then H x S), the
     configs get a `[hosts]` table (`host_layout`) and groups are placed by host: never two
-    replicas on one, leaders over every shard (`_place_groups`).
+    replicas on one, leaders over every shard (`place_groups`).
     `overrides` set any other config key (e.g. `fsync="interval"`) on every node.
     """
     if shards < 1:
@@ -945,7 +946,7 @@ def cluster_configs(
     if namesrv is None:
         namesrv = [f"{host}:{port_base + NAMESRV_PORT_OFFSET}"]
     layout = host_layout(hosts, shards) if hosts is not None else {}
-    group_list = _place_groups(groups, nodes, replication, layout)
+    group_list = place_groups(groups, nodes, replication, layout)
 
     configs = []
     for i in ids:

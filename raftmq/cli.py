@@ -55,6 +55,12 @@ def _host(argv: list[str]) -> int:
     return host_main(argv)
 
 
+def _layout(argv: list[str]) -> int:
+    from raftmq.layout import main as layout_main
+
+    return layout_main(argv)
+
+
 def _namesrv(argv: list[str]) -> int:
     from namesrv.__main__ import main as namesrv_main
 
@@ -173,6 +179,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "dev": (_dev, "start a name server and three nodes on loopback; prints `ready ADDR`"),
     "node": (_node, "run one node (replicas of several Raft groups): --config node.toml"),
     "host": (_host, "run one machine's shards (several nodes) as one service: --config ..."),
+    "layout": (_layout, "write the node configs of hosts with shards, one folder per host"),
     "namesrv": (_namesrv, "run a name server (routes: which group leads which queues)"),
     "topic": (_topic, "create, list, describe, update and delete topics"),
     "send": (_send, "send a message (`send --topic T TEXT`) or a load (`--count N --size B`)"),

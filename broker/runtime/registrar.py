@@ -41,7 +41,7 @@ log = logging.getLogger("raftmq.node")
 REGISTER_TIMEOUT = 10.0
 
 #: What the node tells about itself at each registration: its own fields (node, addr,
-#: metrics), and per group the fields of its registration and its current topic table.
+#: metrics, host), and per group the fields of its registration and its current topic table.
 GroupsView = Callable[
     [], tuple[dict[str, Any], Mapping[str, tuple[dict[str, Any], dict[str, TopicConfig]]]]
 ]
@@ -195,7 +195,7 @@ class Registrar:
         auth = fields.get("auth")
         return RegisterRequest(
             node=fields["node"], addr=fields["addr"], metrics=fields.get("metrics"),
-            inc=self._incarnation, groups=groups,
+            host=fields.get("host"), inc=self._incarnation, groups=groups,
             auth=None if auth is None else RegisterAuth(
                 at=auth["at"], salt_key=auth["salt_key"], over=auth.get("over", False),
                 users=tuple((n, salt, i, stored, server)

@@ -234,3 +234,88 @@ def test_configs_of_two_hosts_are_refused_by_one_host_process(tmp_path: Path) ->
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "runs on host 'h2'" in out.stderr and "its own shards only" in out.stderr
+
+
+# ------------------------------------------------------------------ a deployment
+
+
+def test_a_cluster_deployed_from_raftmq_layout_runs_with_one_host_command_per_machine(
+        tmp_path: Path) -> None:
+    """What the deployment section says, on three loopback addresses standing for three
+    machines: `raftmq layout` writes a folder per host, a name server starts, and each
+    host runs `raftmq host --config FOLDER`; messages go in and come back."""
+    from tests.live_cluster import free_port_base
+
+    base = free_port_base()
+    namesrv = f"127.0.0.1:{base + 76}"
+    out = tmp_path / "layout"
+    made = subprocess.run(
+        [sys.executable, "-m", "raftmq", "layout", "--host", "h1=127.0.0.1",
+         "--host", "h2=127.0.0.2", "--host", "h3=127.0.0.3", "--shards", "2",
+         "--namesrv", namesrv, "--port", str(base + 1), "--metrics-port", str(base + 101),
+         "--data", str(tmp_path / "data"), "--out", str(out)],
+        capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["h1", "h2", "h3"]
+    assert sorted(p.name for p in (out / "h2").iterdir()) == ["n3.toml", "n4.toml"]
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    try:
+        with open(logs / "namesrv.log", "wb") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "raftmq", "namesrv", "--listen", namesrv],
+                stdout=log, stderr=subprocess.STDOUT))
+        for h in ("h1", "h2", "h3"):
+            with open(logs / f"{h}.log", "wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "raftmq", "host", "--config", str(out / h)],
+                    stdout=log, stderr=subprocess.STDOUT))
+        for h, nodes in (("h1", "1,2"), ("h2", "3,4"), ("h3", "5,6")):
+            _wait(f"host {h} ready", lambda h=h, nodes=nodes: f"ready {h} {nodes}" in
+                  (logs / f"{h}.log").read_text(errors="replace").splitlines())
+
+        async def run() -> None:
+            async with Admin(namesrv, timeout=10.0) as admin:
+                with anyio.fail_after(WAIT):
+                    while True:
+                        info = await admin.describe_cluster(topics=False)
+                        groups = info.get("groups") or {}
+                        if len(groups) == 6 and all(g.get("leader") for g in groups.values()):
+                            break
+                        await anyio.sleep(0.2)
+                assert {int(n): v["host"] for n, v in info["nodes"].items()} == {
+                    1: "h1", 2: "h1", 3: "h2", 4: "h2", 5: "h3", 6: "h3"}
+                await admin.create_topic("deployed", queues=6)
+            async with Producer(namesrv, send_timeout=10.0, retries=8) as p:
+                for q in range(6):
+                    await p.send("deployed", f"m{q}".encode(), queue=q)
+            queues = await drain(namesrv, "deployed", "reader")
+            assert sorted(m.body for msgs in queues.values() for m in msgs) == [
+                f"m{q}".encode() for q in range(6)]
+
+        anyio.run(run)
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_layout_refuses_what_it_cannot_place_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "layout"
+    common = ["--namesrv", "127.0.0.1:7176", "--out", str(out), "--shards", "2"]
+    for hosts, message in (
+        (["a=10.0.0.1", "b=10.0.0.2"], "replication 3 needs 3 hosts"),
+        (["a=10.0.0.1", "a=10.0.0.2", "c=10.0.0.3"], "host 'a' is given twice"),
+        (["a=10.0.0.1", "b=10.0.0.1", "c=10.0.0.3"], "address '10.0.0.1' is given twice"),
+    ):
+        argv = [a for h in hosts for a in ("--host", h)]
+        done = subprocess.run([sys.executable, "-m", "raftmq", "layout", *argv, *common],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert not out.exists()
