@@ -117,8 +117,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="simulated machines of --shards node processes each: no group puts "
                         "two replicas on one host")
     p.add_argument("--shards", type=int, default=None, metavar="S",
-                   help="node processes per host (with --hosts; default 1): one Python "
-                        "process uses one core, so a host of S shards can use S cores")
+                   help="node processes per host (with --hosts; default: this machine's "
+                        "cores shared out over the hosts, at least 1): one Python process "
+                        "uses one core, so a host of S shards can use S cores")
     p.add_argument("--groups", type=int, default=None,
                    help="Raft groups, 3 replicas each (default 3; with --hosts, one per "
                         "shard, so every shard leads one)")
@@ -286,7 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.hosts is not None and args.nodes is not None:
             raise ValueError("--nodes and --hosts both say how many processes: give one "
                              "(--hosts H --shards S runs H x S)")
-        layout: dict[str, Any] = ({"hosts": args.hosts, "shards": args.shards or 1}
+        if args.hosts is not None and args.shards is None:
+            from raftmq.layout import cores
+
+            args.shards = max(1, cores() // max(1, args.hosts))
+        layout: dict[str, Any] = ({"hosts": args.hosts, "shards": args.shards}
                                   if args.hosts is not None else {"nodes": args.nodes or 3})
         groups = args.groups if args.groups is not None else (
             args.hosts * (args.shards or 1) if args.hosts is not None else 3)
