@@ -71,8 +71,8 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     is used; a fixed `port_base` avoids that race. Falls back to kernel-chosen ports
     when the range below the ephemeral one is too small.
     """
-    lo = _ephemeral_low()
-    candidates = list(range(_LOW_PORT, lo)) if lo - _LOW_PORT >= 4 * n else []
+    low, lo = port_range()
+    candidates = list(range(low, lo)) if lo - low >= 4 * n else []
     random.SystemRandom().shuffle(candidates)
     socks: list[socket.socket] = []
     chosen: list[int] = []
@@ -95,6 +95,19 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 _LOW_PORT = 20000  # above the usual fixed service ports
+PORTS_ENV = "RAFTMQ_FREE_PORTS"
+
+
+def port_range() -> tuple[int, int]:
+    """The ports `free_ports` picks from, [low, high): below the kernel's ephemeral range,
+    or the slice `RAFTMQ_FREE_PORTS=LOW-HIGH` names. A test runner gives each of its
+    parallel workers a slice of its own: two harnesses picking at once may otherwise both
+    find a port free and both start a node on it (the second exits, EADDRINUSE)."""
+    spec = os.environ.get(PORTS_ENV, "")
+    low, sep, high = spec.partition("-")
+    if sep and low.isdigit() and high.isdigit() and 1024 <= int(low) < int(high) <= 65536:
+        return int(low), int(high)
+    return _LOW_PORT, _ephemeral_low()
 
 
 def _ephemeral_low() -> int:

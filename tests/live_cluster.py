@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import anyio
 
 from raftmq.client import Message, Producer, PullConsumer, SendFuture, SendResult
-from raftmq.localcluster import LocalCluster
+from raftmq.localcluster import LocalCluster, port_range
 from transport.blocking import request
 from transport.connection import DEFAULT_TIMEOUT, ConnectionPool
 from wire.protocol import Frame, FrameDecoder, Op, RequestError, encode_frame
@@ -59,7 +59,12 @@ REBALANCE_TIMEOUT = 60.0
 # port between the check and the node's bind (a node restarted later would then find its
 # port taken by a stranger).
 DEV_PORT_OFFSETS = (1, 2, 3, 76, 101, 102, 103)
-_BASES = range(20000, 32768 - 110)
+def _bases() -> range:
+    """Port bases whose dev layout lies in this process's port range (`port_range`: a
+    parallel test worker's own slice)."""
+    low, high = port_range()
+    return range(low, max(low + 1, high - 110))
+
 DRAIN_TIMEOUT = 90.0
 
 
@@ -280,7 +285,7 @@ def free_port_base() -> int:
     ephemeral range (see `DEV_PORT_OFFSETS`)."""
     rng = random.Random()
     for _ in range(500):
-        base = rng.choice(_BASES)
+        base = rng.choice(_bases())
         socks: list[socket.socket] = []
         try:
             for port in (base + k for k in DEV_PORT_OFFSETS):
