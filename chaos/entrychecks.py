@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from .histories import is_process
+
 
 class EntryChecker(Protocol):
     def line(self, entry: Any, where: str) -> None:
@@ -19,6 +21,17 @@ class EntryChecker(Protocol):
 
     def result(self) -> dict[str, Any]:
         """The verdict over everything taken, as a JSON-able dict."""
+
+
+def entry_head(entry: Any) -> tuple[int | str, Any, Any] | None:
+    """(process, type, f) of a history entry a checker reads, or None for one that is no
+    process's operation (a checker skips it; `chaos.histories.parse_jsonl` refuses it)."""
+    if not isinstance(entry, dict):
+        return None
+    process = entry.get("process")
+    if not is_process(process):
+        return None
+    return process, entry.get("type"), entry.get("f")
 
 
 def check_records(checker: EntryChecker, entries: Iterable[Any]) -> dict[str, Any]:

@@ -50,7 +50,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .model import INFINITY, UNKNOWN, Event, EventKind, Operation, events_to_operations
 
@@ -357,6 +357,11 @@ def _time(entry: dict[str, Any], number: int, where: str) -> float:
 _KINDS = ("invoke", "ok", "fail", "info", "attempt")
 
 
+def is_process(process: Any) -> TypeGuard[int | str]:
+    """A history line's `process`: an int (a client) or a name (a worker), never a bool."""
+    return isinstance(process, (int, str)) and not isinstance(process, bool)
+
+
 def parse_jsonl(source: str | Path | Iterable[str]) -> list[HistoryRecord]:
     """Pair the invoke/ok/fail/info lines of a raftmq chaos history into records.
 
@@ -387,7 +392,7 @@ def parse_numbered_jsonl(lines: Iterable[tuple[int, str, str]]) -> list[HistoryR
         if process == NEMESIS:
             continue
         _share(entry, shared)
-        if not isinstance(process, (int, str)) or isinstance(process, bool):
+        if not is_process(process):
             raise ValueError(f"{where}: 'process' must be an int or a name, got {process!r}")
         if kind not in _KINDS:
             raise ValueError(f"{where}: unknown type {kind!r}")

@@ -198,11 +198,10 @@ class Checker:
         self.malformed: list[str] = []
 
     def line(self, entry: Any, where: str) -> None:
-        if not isinstance(entry, dict):
+        head = entrychecks.entry_head(entry)
+        if head is None:
             return
-        process, kind, f = entry.get("process"), entry.get("type"), entry.get("f")
-        if not isinstance(process, (int, str)) or isinstance(process, bool):
-            return
+        process, kind, f = head
         if kind == "invoke":
             stale = self.open.pop(process, None)
             if stale is not None:

@@ -201,11 +201,10 @@ class Checker:
     # ------------------------------------------------------------ intake
 
     def line(self, entry: Any, where: str) -> None:
-        if not isinstance(entry, dict):
+        head = entrychecks.entry_head(entry)
+        if head is None:
             return
-        process, kind, f = entry.get("process"), entry.get("type"), entry.get("f")
-        if not isinstance(process, (int, str)) or isinstance(process, bool):
-            return
+        process, kind, f = head
         if kind == "invoke":
             self.open.pop(process, None)  # an op left open by a new invoke stays unknown
             if f in SIMPLE_OPS:

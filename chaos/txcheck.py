@@ -213,11 +213,10 @@ class Checker:
     # ------------------------------------------------------------ intake
 
     def line(self, entry: Any, where: str) -> None:
-        if not isinstance(entry, dict):
+        head = entrychecks.entry_head(entry)
+        if head is None:
             return
-        process, kind, f = entry.get("process"), entry.get("type"), entry.get("f")
-        if not isinstance(process, (int, str)) or isinstance(process, bool):
-            return
+        process, kind, f = head
         t = entry.get("time")
         t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
         if kind == "invoke":
