@@ -56,7 +56,13 @@ from typing import Any
 
 from broker.state.cqchunks import CHUNK_RECORDS
 from transport.peerauth import DEV_CLUSTER_SECRET
-from wire.protocol import MAX_MESSAGE_BYTES, RequestError, parse_address, validate_group_name
+from wire.protocol import (
+    MAX_MESSAGE_BYTES,
+    RequestError,
+    host_name_problem,
+    parse_address,
+    validate_group_name,
+)
 from wire.security import read_verifier, user_name_problem
 
 __all__ = [
@@ -72,6 +78,8 @@ __all__ = [
     "cluster_configs",
     "dump_config",
     "host_layout",
+    "host_of",
+    "is_loopback",
     "place_groups",
     "load_config",
 ]
@@ -261,7 +269,7 @@ class NodeConfig:
     def host_of(self, node: int) -> str:
         """The host `node` runs on: its `[hosts]` entry, or its own name `n<id>` when the
         config has no `[hosts]` table (every node its own machine)."""
-        return self.hosts.get(node) or f"n{node}"
+        return host_of(self.hosts, node)
 
     @property
     def host(self) -> str:
@@ -368,9 +376,15 @@ def _address(value: object, key: str) -> str:
     return s
 
 
-def _loopback(address: str) -> bool:
-    """Whether `address` ("host:port") names this machine only."""
-    host = parse_address(address)[0].strip("[]")
+def host_of(hosts: Mapping[int, str], node: int) -> str:
+    """The host of `node` in a `[hosts]` table: its entry, or its own name `n<id>` when the
+    table is empty (every node its own machine)."""
+    return hosts.get(node) or f"n{node}"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, without a port) names this machine only."""
+    host = host.strip("[]")
     if host == "localhost":
         return True
     try:
@@ -417,8 +431,6 @@ def _peers(value: object) -> dict[int, str]:
     return peers
 
 
-_HOST_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
-MAX_HOST_NAME = 64
 
 
 def _hosts(value: object, peers: Mapping[int, str]) -> dict[int, str]:
@@ -432,9 +444,9 @@ def _hosts(value: object, peers: Mapping[int, str]) -> dict[int, str]:
         if nid not in peers:
             raise ConfigError(f"hosts: node {nid} is not in peers (known nodes: {sorted(peers)})")
         name = _str(v, f"hosts.{nid}")
-        if not (0 < len(name) <= MAX_HOST_NAME and set(name) <= _HOST_NAME_CHARS):
-            raise ConfigError(f"hosts.{nid}: a host name is 1-{MAX_HOST_NAME} letters, digits, "
-                              f"'-', '_' or '.'; got {name!r}")
+        problem = host_name_problem(name)
+        if problem is not None:
+            raise ConfigError(f"hosts.{nid}: {problem}")
         hosts[nid] = name
     missing = sorted(set(peers) - set(hosts))
     if hosts and missing:
@@ -448,7 +460,7 @@ def _check_placement(groups: Sequence[GroupConfig], hosts: Mapping[int, str]) ->
     for g in groups:
         seen: dict[str, int] = {}
         for r in g.replicas:
-            where = hosts.get(r) or f"n{r}"
+            where = host_of(hosts, r)
             if where in seen:
                 raise ConfigError(
                     f"group {g.id!r} has replicas on nodes {seen[where]} and {r}, both on host "
@@ -607,7 +619,8 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
         raise ConfigError(f"retention_disk_ratio must be in (0, 1], got {ratio}")
 
     metrics_public = _bool(d.get("metrics_public", False), "metrics_public")
-    if metrics is not None and not metrics_public and not _loopback(_address(metrics, "metrics")):
+    if metrics is not None and not metrics_public and not is_loopback(
+            parse_address(_address(metrics, "metrics"))[0]):
         raise ConfigError(f"metrics = {metrics!r} is not a loopback address: the metrics "
                           "endpoint is plain HTTP without a login, so it binds to loopback "
                           "(127.0.0.1, ::1, localhost) unless metrics_public = true says "

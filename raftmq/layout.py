@@ -18,14 +18,13 @@ configs.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
-from broker.config import ConfigError, NodeConfig, dump_config, place_groups
+from broker.config import ConfigError, NodeConfig, dump_config, is_loopback, place_groups
 from wire.protocol import parse_address
 
 __all__ = ["layout_configs", "main"]
@@ -70,7 +69,7 @@ def layout_configs(hosts: list[tuple[str, str]], *, shards: int, groups: int, po
         addr = dict(hosts)[name]
         # metrics are served on loopback only: the host's own address when that is a
         # loopback one (hosts tried out on one machine as 127.0.0.x), else 127.0.0.1
-        local = addr if _is_loopback(addr) else "127.0.0.1"
+        local = addr if is_loopback(addr) else "127.0.0.1"
         doc: dict[str, Any] = {
             "node_id": nid, "listen": peers[nid],
             "metrics": f"{local}:{metrics_port + shard}",
@@ -79,13 +78,6 @@ def layout_configs(hosts: list[tuple[str, str]], *, shards: int, groups: int, po
         }
         out[name].append(NodeConfig.from_dict(doc, env={}))
     return out
-
-
-def _is_loopback(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr.strip("[]")).is_loopback
-    except ValueError:
-        return addr == "localhost"
 
 
 def _host(spec: str) -> tuple[str, str]:

@@ -44,6 +44,7 @@ from typing import Any, Protocol, TypeGuard
 import msgpack
 
 __all__ = [
+    "host_name_problem",
     "DEFAULT_MAX_FRAME",
     "DEFAULT_NAMESRV",
     "NAMESRV_ENV",
@@ -468,6 +469,19 @@ def validate_topic_name(name: object) -> str:
 def validate_group_name(name: object) -> str:
     """The same rule as for topics."""
     return _validate_name("group", name)
+
+
+MAX_HOST_NAME = 64
+_HOST_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def host_name_problem(name: object) -> str | None:
+    """What is wrong with a host name (a machine of shards: a config's `[hosts]`, a
+    REGISTER's `host`), or None: 1-64 letters, digits, '-', '_' or '.'."""
+    if isinstance(name, str) and 0 < len(name) <= MAX_HOST_NAME and set(name) <= _HOST_NAME_CHARS:
+        return None
+    return (f"a host name is 1-{MAX_HOST_NAME} letters, digits, '-', '_' or '.'; "
+            f"got {name!r}")
 
 
 MAX_CLIENT_CHARS = 255  # a client id a node keeps (HEARTBEAT, PRODUCER_HEARTBEAT)

@@ -19,7 +19,15 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import msgpack
 
-from wire.protocol import Code, Op, RequestError, is_int, parse_address, topic_shapes
+from wire.protocol import (
+    Code,
+    Op,
+    RequestError,
+    host_name_problem,
+    is_int,
+    parse_address,
+    topic_shapes,
+)
 from wire.requests.base import Check, WireType, spec, str_list
 
 __all__ = [
@@ -385,8 +393,9 @@ class RegisterTable:
 
 
 def _host_name(v: Any) -> str:
-    if not (isinstance(v, str) and 0 < len(v) <= 64 and v.isprintable()):
-        raise RequestError(Code.MALFORMED, f"host must be 1-64 printable characters, got {v!r}")
+    problem = host_name_problem(v)
+    if problem is not None:
+        raise RequestError(Code.MALFORMED, f"host: {problem}")
     return v
 
 
