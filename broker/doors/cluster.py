@@ -34,6 +34,7 @@ from wire.requests import (
     TransferLeaderAnswer,
     TransferLeaderRequest,
 )
+from wire.requests.cluster import host_taken
 
 __all__ = ["ClusterDoor", "ClusterHost"]
 
@@ -173,10 +174,8 @@ class ClusterDoor:
         cfg = self.host.config
         clash = cfg.host_clash(node, members)
         if clash is not None:
-            raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is on host "
-                               f"{cfg.host_of(node)!r}, where node {clash} holds a replica of "
-                               f"group {gid} already: a group keeps at most one replica per "
-                               "host (choose a node on another host, or replace that one)")
+            raise RequestError(Code.MEMBERSHIP_REFUSED,
+                               host_taken(node, cfg.host_of(node), clash, gid))
 
     def _check_quorum_after_removal(self, gid: str, node: int, voters: list[int]) -> None:
         rest = [v for v in voters if v != node]

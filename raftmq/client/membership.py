@@ -43,6 +43,7 @@ from wire.requests import (
     TransferLeaderRequest,
     WireType,
 )
+from wire.requests.cluster import host_taken
 
 from .routes import Routes
 
@@ -149,10 +150,7 @@ def _check_host(m: GroupMembers, node: int, replaces: int | None) -> None:
         return
     for other in sorted({*m.voters, *m.learners} - {node, replaces}):
         if m.hosts.get(other) == where:
-            raise RequestError(Code.MEMBERSHIP_REFUSED, f"node {node} is on host {where!r}, "
-                               f"where node {other} holds a replica of group {m.group} "
-                               "already: a group keeps at most one replica per host (choose "
-                               "a node on another host, or replace that one)")
+            raise RequestError(Code.MEMBERSHIP_REFUSED, host_taken(node, where, other, m.group))
 
 
 def _check_node(m: GroupMembers, node: int) -> None:

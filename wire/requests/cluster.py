@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from wire.protocol import Code, Op, RequestError, is_int, validate_group_name
 from wire.requests.base import WireType, spec
 
-__all__ = ["MEMBERSHIP_ACTIONS", "DropGroupAnswer", "DropGroupRequest", "HostGroupAnswer",
+__all__ = ["MEMBERSHIP_ACTIONS", "host_taken", "DropGroupAnswer", "DropGroupRequest", "HostGroupAnswer",
            "HostGroupRequest", "MembershipAnswer", "MembershipRequest", "StatusAnswer",
            "StatusRequest", "TransferLeaderAnswer", "TransferLeaderRequest"]
 
@@ -132,6 +132,14 @@ class MembershipAnswer(WireType):
     hosts: dict[int, str] | None = spec(dict, "`{node: host}`: the host of every node of "
                                         "the cluster (from the leader's `[hosts]` table; "
                                         "`n<id>` for a node of no named host)", default=None)
+
+
+def host_taken(node: int, host: str, holder: int, group: str) -> str:
+    """Why `node` may not take a replica of `group` (MEMBERSHIP_REFUSED): its host holds
+    one already, on `holder`. The leader and the SDK say it alike."""
+    return (f"node {node} is on host {host!r}, where node {holder} holds a replica of group "
+            f"{group} already: a group keeps at most one replica per host (choose a node on "
+            "another host, or replace that one)")
 
 
 # ------------------------------------------------------------------ replicas here
