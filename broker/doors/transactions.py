@@ -30,7 +30,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -144,6 +144,19 @@ def row(obj: Any, **extra: Any) -> dict[str, Any]:
     return out
 
 
+class _Adding:
+    """A TX_ADD of one transaction on its way into the coordinator's log: `groups` it
+    will name (growing while it is `gathering`, i.e. waiting for its barrier); `done` is
+    set once it is applied, refused or lost."""
+
+    __slots__ = ("done", "gathering", "groups")
+
+    def __init__(self, groups: set[str]) -> None:
+        self.groups = groups
+        self.gathering = True
+        self.done = trio.Event()
+
+
 class TxService:
     """The transaction handlers of one node's `BrokerService`."""
 
@@ -156,6 +169,8 @@ class TxService:
         # (tid, epoch, n, group) this node registered with the coordinator (`register`),
         # least recently used first, at most REGISTERED_KEPT
         self._registered: OrderedDict[tuple[str, int, int, str], None] = OrderedDict()
+        # TX_ADDs being logged here, by (coordinator, tid, epoch, n), for `add` to join
+        self._adds: dict[tuple[str, str, int, int], list[_Adding]] = {}
 
     def handlers(self) -> dict[int, Handler]:
         return {
@@ -275,19 +290,56 @@ class TxService:
                   groups: list[str] | tuple[str, ...]) -> None:
         """Transaction (epoch, n) of `tid` (coordinator `g`, led here) spans `groups`
         (sorted, known): logged unless the state read after a barrier says so already (a
-        participant registering the group its client registered too adds no entry)."""
-        await self.lead.read_barrier(g)
-        coord = coordinator(self.lead.leading(g))
-        txn = coord.txn(tid)
-        if (txn is not None and txn.state == "ongoing" and (txn.epoch, txn.n) == (epoch, n)
-                and set(groups) <= set(txn.participants)):
-            return  # participants of an open transaction only grow: true until decided
-        if txn is not None and txn.state in UNFINISHED and tid in coord.completing:
-            # two earlier transactions still completing: the older must finish first
-            # (one previous transaction may complete while the next one runs)
-            await self._finish(g.group_id, tid)
-        await self.lead.propose(g, checked(TxAdd, tid=tid, epoch=epoch, n=n,
-                                           groups=tuple(groups), ts=now_ms()))
+        participant registering the group its client registered too adds no entry).
+
+        The client's TX_ADD and each participant's registration arrive together (they
+        leave with the sends), so they share entries: one arriving while an add of the
+        same transaction waits for its barrier joins it (its groups go in that entry), one
+        arriving while an add that names its groups is being logged waits for it. So a
+        transaction costs about one tx_add entry however many groups register. Waiting
+        for a committed add is as good as a barrier: participants of an open transaction
+        only grow, and the decision, whenever it comes, names every one of them."""
+        key = (g.group_id, tid, epoch, n)
+        wanted = frozenset(groups)
+        while True:
+            joined = next((a for a in self._adds.get(key, ())
+                           if a.gathering or wanted <= a.groups), None)
+            if joined is None:
+                break
+            joined.groups |= wanted
+            await joined.done.wait()
+            if self._covered(g, tid, epoch, n, wanted):
+                return
+            # refused or lost: this request finds out for itself, as if it came alone
+        mine = _Adding(set(wanted))
+        self._adds.setdefault(key, []).append(mine)
+        try:
+            await self.lead.read_barrier(g)
+            coord = coordinator(self.lead.leading(g))
+            txn = coord.txn(tid)
+            if self._covered(g, tid, epoch, n, mine.groups):
+                return  # participants of an open transaction only grow: true until decided
+            if txn is not None and txn.state in UNFINISHED and tid in coord.completing:
+                # two earlier transactions still completing: the older must finish first
+                # (one previous transaction may complete while the next one runs)
+                await self._finish(g.group_id, tid)
+            mine.gathering = False
+            await self.lead.propose(g, checked(TxAdd, tid=tid, epoch=epoch, n=n,
+                                               groups=tuple(sorted(mine.groups)),
+                                               ts=now_ms()))
+        finally:
+            adds = self._adds.get(key, [])
+            adds.remove(mine)
+            if not adds:
+                self._adds.pop(key, None)
+            mine.done.set()
+
+    def _covered(self, g: GroupRuntime, tid: str, epoch: int, n: int,
+                 groups: Set[str]) -> bool:
+        """Whether `g`'s state has `groups` in open transaction (epoch, n) of `tid`."""
+        txn = coordinator(self.lead.leading(g)).txn(tid)
+        return (txn is not None and txn.state == "ongoing"
+                and (txn.epoch, txn.n) == (epoch, n) and groups <= set(txn.participants))
 
     async def _offsets(self, _caller: Caller, h: dict[str, Any], _body: bytes) -> Response:
         req = TxOffsetsRequest.decode(h)
