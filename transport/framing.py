@@ -61,6 +61,7 @@ from .tls import (
     peer_certificate,
     socket_of,
 )
+from .tlsstream import TlsStream
 
 __all__ = [
     "Budget",
@@ -77,6 +78,7 @@ __all__ = [
     "caller_of",
     "read_some",
     "write_now",
+    "unflushed",
     "is_answer",
     "open_frame_stream",
     "request_id",
@@ -183,13 +185,18 @@ async def open_frame_stream(
 
 
 def write_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> int:
-    """Write as much of `data` as a plain TCP stream takes without waiting; returns how
-    much that was. 0 for any other stream (TLS: its records are the SSL object's to make),
-    and when the socket takes nothing now or the write fails (the caller queues the data
-    for its writer task, whose `send_all` then waits, or meets the failure and reports it).
+    """Write as much of `data` as the stream takes without waiting; returns how much
+    that was. A plain TCP stream writes what the socket takes; a `TlsStream` takes a
+    frame whole or not at all (any ciphertext its socket did not take waits in the
+    stream: `unflushed` says so, and the caller must then have its writer task call
+    `send_all`, which writes that first). 0 for any other stream, and when nothing can
+    be taken now or the write fails (the caller queues the data for its writer task,
+    whose `send_all` then waits, or meets the failure and reports it).
 
     The caller must be the stream's only writer at that moment: nothing of its own queued
     or being written, so bytes cannot interleave."""
+    if type(stream) is TlsStream:
+        return stream.write_nowait(data)
     if type(stream) is not trio.SocketStream:
         return 0
     try:
@@ -198,12 +205,24 @@ def write_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> int:
         return 0
 
 
+def unflushed(stream: trio.abc.SendStream) -> bool:
+    """Whether `stream` holds bytes a `write_now` took but its socket did not (a TLS
+    stream's ciphertext): the writer task must `send_all` (b"" will do) to write them."""
+    return type(stream) is TlsStream and stream.backlog > 0
+
+
 async def read_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | bytearray:
     """`stream.receive_some(max_bytes)`, for a plain TCP stream without the scheduling round
     trio's takes after the data is in: what the bytes start (a Raft step, a request)
     happens one turn sooner. It waits only when nothing is there yet; after a full read
     (more may be waiting) it checkpoints, so a busy connection cannot starve the others.
-    Any other stream (TLS) is read with its own `receive_some`."""
+    A `TlsStream` is read the same way (records already there are decrypted at once);
+    any other stream with its own `receive_some`."""
+    if type(stream) is TlsStream:
+        data = await stream.read_some(max_bytes)
+        if len(data) == max_bytes:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return data
     if type(stream) is not trio.SocketStream:
         return await stream.receive_some(max_bytes)
     sock = stream.socket
@@ -275,8 +294,10 @@ class FrameWriter:
         if not self._queue and not self._writing:  # idle: no task switch for the answer
             sent = write_now(self._stream, data)
             if sent == len(data):
-                return
-            if sent:
+                if not unflushed(self._stream):
+                    return
+                data = b""  # taken, but the socket was full: the writer's send_all flushes
+            elif sent:
                 data = memoryview(data)[sent:]  # the rest, not copied
         self._queue.append(data)
         self._pending += len(data)

@@ -40,7 +40,7 @@ import trio
 from wire.protocol import Code, Frame, Op, error_header, ok_header
 
 from .framing import FrameStream
-from .tls import peer_certificate
+from .tls import is_tls, peer_certificate
 
 __all__ = [
     "DEV_CLUSTER_SECRET",
@@ -136,7 +136,7 @@ def _node_of_name(value: object) -> int | None:
 def _identity_mismatch(fs: FrameStream, node: int) -> str | None:
     """Why the TLS certificate of `fs`'s other end does not name `node` (None when it
     does, or when the stream is plain: without TLS the secret alone identifies peers)."""
-    if not isinstance(fs.stream, trio.SSLStream):
+    if not is_tls(fs.stream):
         return None
     cert = peer_certificate(fs.stream)
     named = certificate_node(cert)

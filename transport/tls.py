@@ -16,6 +16,10 @@ The contexts themselves are made here too, from PEM files:
 * `context_from_env()`: the client context `RAFTMQ_TLS_CA` (and optionally
   `RAFTMQ_TLS_CERT`/`RAFTMQ_TLS_KEY`) describe, for tools and the SDK's default pool.
 
+Over a socket the connection is a `transport.tlsstream.TlsStream`, which the framing
+layer writes and reads without waiting, as it does plain TCP (`write_now`, `read_some`);
+over anything else, `trio.SSLStream`.
+
 A plaintext client that reaches a TLS listener is told so in a plain error frame before
 the connection closes (`accept_tls` peeks at the first byte: every TLS connection starts
 with a handshake record, 0x16), instead of a silent close.
@@ -32,6 +36,8 @@ import trio
 
 from wire.protocol import Code, encode_frame, error_header
 
+from .tlsstream import TlsStream
+
 __all__ = [
     "CA_ENV",
     "CERT_ENV",
@@ -43,6 +49,7 @@ __all__ = [
     "client_context",
     "connect_tls",
     "context_from_env",
+    "is_tls",
     "peer_certificate",
     "server_context",
     "socket_of",
@@ -121,18 +128,29 @@ def context_from_env(env: Mapping[str, str] | None = None) -> ssl.SSLContext | N
     return client_context(ca, env.get(CERT_ENV) or None, env.get(KEY_ENV) or None, what=CA_ENV)
 
 
+def _wrap(stream: trio.abc.Stream, context: ssl.SSLContext, *, server_side: bool,
+          server_hostname: str | None = None) -> TlsStream | trio.SSLStream[trio.abc.Stream]:
+    """A TLS stream over `stream`: `TlsStream` over a socket (it writes and reads without
+    the scheduling rounds `trio.SSLStream` takes, see `transport.tlsstream`), trio's own
+    over anything else."""
+    if type(stream) is trio.SocketStream:
+        return TlsStream(stream, context, server_side=server_side,
+                         server_hostname=server_hostname)
+    return trio.SSLStream(stream, context, server_side=server_side,
+                          server_hostname=server_hostname, https_compatible=False)
+
+
 async def connect_tls(stream: trio.abc.Stream, context: ssl.SSLContext,
-                      server_hostname: str) -> trio.SSLStream[trio.abc.Stream]:
+                      server_hostname: str) -> TlsStream | trio.SSLStream[trio.abc.Stream]:
     """The client side over `stream`, handshake done (raises `trio.BrokenResourceError`
     when the handshake fails, e.g. an untrusted certificate)."""
-    tls = trio.SSLStream(stream, context, server_hostname=server_hostname,
-                         https_compatible=False)
+    tls = _wrap(stream, context, server_side=False, server_hostname=server_hostname)
     await tls.do_handshake()
     return tls
 
 
 async def accept_tls(stream: trio.abc.Stream,
-                     context: ssl.SSLContext) -> trio.SSLStream[trio.abc.Stream]:
+                     context: ssl.SSLContext) -> TlsStream | trio.SSLStream[trio.abc.Stream]:
     """The server side over an accepted `stream`, handshake done.
 
     Raises `PlaintextRefused` (after telling the client in a plain error frame) when the
@@ -149,7 +167,7 @@ async def accept_tls(stream: trio.abc.Stream,
         if first[0] != _TLS_HANDSHAKE_RECORD:
             await _tell_plaintext(stream)
             raise PlaintextRefused("a plaintext client on the TLS port")
-    tls = trio.SSLStream(stream, context, server_side=True, https_compatible=False)
+    tls = _wrap(stream, context, server_side=True)
     await tls.do_handshake()
     return tls
 
@@ -162,10 +180,15 @@ async def _tell_plaintext(stream: trio.abc.Stream) -> None:
             pass
 
 
+def is_tls(stream: trio.abc.Stream) -> bool:
+    """Whether `stream` is a TLS connection (made by `connect_tls` or `accept_tls`)."""
+    return isinstance(stream, (TlsStream, trio.SSLStream))
+
+
 def peer_certificate(stream: trio.abc.Stream) -> dict[str, object] | None:
     """The certificate the other end of a TLS `stream` presented and the handshake
     verified against the CA; None for a plain stream or when it offered none."""
-    if not isinstance(stream, trio.SSLStream):
+    if not isinstance(stream, (TlsStream, trio.SSLStream)):
         return None
     cert = stream.getpeercert()
     return dict(cert) if cert else None

@@ -42,7 +42,7 @@ import trio
 
 from raftlog.types import Message
 from raftlog.wire import WireError, message_from_wire, message_to_wire
-from transport.framing import FrameStream, read_some, write_now
+from transport.framing import FrameStream, read_some, unflushed, write_now
 from transport.peerauth import PeerGone, PeerRefused, dial_peer
 from transport.tls import TLS_HANDSHAKE_TIMEOUT, connect_tls, socket_of
 from wire.protocol import FrameDecoder, Op, ProtocolError, encode_frame, parse_address
@@ -85,8 +85,10 @@ class _Link:
         if not self.queue and not self.writing:  # idle link: no wait for the writer task
             sent = write_now(self.stream, frame)
             if sent == len(frame):
-                return
-            if sent:
+                if not unflushed(self.stream):
+                    return
+                frame = b""  # taken (TLS), the rest is the writer's send_all to flush
+            elif sent:
                 frame = memoryview(frame)[sent:]  # the rest, not copied
         self.queue.append(frame)
         self.queued += len(frame)
