@@ -273,6 +273,7 @@ class BrokerState:
         # the apply seam: parts that hold some batches themselves (`Part.claims_batch`)
         self._claimers = tuple(p for p in self.parts
                                if type(p).claims_batch is not Part.claims_batch)
+        self._claims_plain = any(p.claims_plain for p in self._claimers)
 
     def part(self, kind: type[P]) -> P:
         """This state's part of type `kind` (KeyError if it has none)."""
@@ -377,8 +378,16 @@ class BrokerState:
                      store_ms: int, shift: int) -> ProduceResult:
         """Store one batch of the entry at `index`, `shift` bytes beyond the place of the
         entry's first batch (or find it a duplicate); Refused changes nothing."""
-        self.producers.validate(header)
         topic, queue = header.topic, header.queue
+        if not header.pid and not header.held and not self._claims_plain:
+            # the common batch (no idempotence, neither prepared nor delayed) to a queue
+            # of this group (so of a topic it knows): nothing to check, hold or remember
+            cq = self.queues.queues.get((topic, queue))
+            if cq is not None:
+                return ProduceResult(self.queues.append_to(cq, topic, queue, index, refs,
+                                                           store_ms), len(refs), index, False,
+                                     shift)
+        self.producers.validate(header)
         if self.catalog.topics.get(topic) is None:
             raise Refused(Code.UNKNOWN_TOPIC, f"topic {topic!r} does not exist in this group")
         if not self.queues.hosts(topic, queue):
@@ -386,11 +395,12 @@ class BrokerState:
         dup = self.producers.check_batch(header, len(refs))
         if dup is not None:
             return dup
-        for part in self._claimers:
-            if part.claims_batch(header):
-                part.hold_batch(header, refs, index, store_ms)
-                self.producers.stored(header, -1, len(refs), index, shift)
-                return ProduceResult(-1, len(refs), index, shift=shift)
+        if header.held or self._claims_plain:
+            for part in self._claimers:
+                if part.claims_batch(header):
+                    part.hold_batch(header, refs, index, store_ms)
+                    self.producers.stored(header, -1, len(refs), index, shift)
+                    return ProduceResult(-1, len(refs), index, shift=shift)
         base = self.queues.append(topic, queue, index, refs, store_ms)
         self.producers.stored(header, base, len(refs), index, shift)
         return ProduceResult(base, len(refs), index, shift=shift)

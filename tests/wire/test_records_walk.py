@@ -1,6 +1,7 @@
-"""`walk_batch`'s shortcut for batches of same-size bare messages gives exactly what the
-record-by-record walk gives, for good batches and damaged ones alike; the shortcuts for
-one bare message's batch and for a good header agree with the general code likewise."""
+"""`walk_batch`'s shortcuts for batches of same-size bare messages and for a batch of one
+bare message give exactly what the record-by-record walk gives, for good batches and
+damaged ones alike; the shortcuts for encoding one bare message's batch and for a good
+header agree with the general code likewise."""
 
 from __future__ import annotations
 
@@ -26,9 +27,16 @@ def _outcome(data: bytes, check_properties: bool) -> Any:
         return ("refused", exc.code, str(exc))
 
 
+def _no_shortcuts(m: pytest.MonkeyPatch) -> None:
+    """The record-by-record walk only: the shortcuts (same-size bodies, one bare body)
+    say they do not apply."""
+    m.setattr(records, "_uniform_refs", lambda *a: None)
+    m.setattr(records, "_single_ref", lambda *a: None)
+
+
 def _full_walk(data: bytes, check_properties: bool) -> Any:
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(records, "_uniform_refs", lambda *a: None)
+        _no_shortcuts(m)
         return _outcome(data, check_properties)
 
 
@@ -76,6 +84,16 @@ def test_a_batch_of_same_size_bodies_takes_the_shortcut() -> None:
                                  MAX) is None
 
 
+def test_a_batch_of_one_bare_body_takes_the_shortcut() -> None:
+    data = bytes(bytearray(STORED_PREFIX.size) + encode_batch("t", 1, [b"x" * 30]))
+    header, refs = walk_batch(data, STORED_PREFIX.size)
+    assert records._single_ref(memoryview(data), refs[0].start, len(data), True, MAX) == refs
+    keyed = bytes(bytearray(STORED_PREFIX.size)
+                  + encode_batch("t", 1, [OutgoingMessage(b"x", key="k")]))
+    header, refs = walk_batch(keyed, STORED_PREFIX.size)
+    assert records._single_ref(memoryview(keyed), refs[0].start, len(keyed), True, MAX) is None
+
+
 def _entry_outcome(data: bytes) -> Any:
     try:
         return records.walk_entry(data, MAX)
@@ -101,7 +119,7 @@ def test_the_shortcut_agrees_with_the_full_walk_inside_a_multi_batch_entry(
     if cut:
         del data[-cut:]
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(records, "_uniform_refs", lambda *a: None)
+        _no_shortcuts(m)
         full = _entry_outcome(bytes(data))
     assert _entry_outcome(bytes(data)) == full
 

@@ -261,8 +261,14 @@ class Part:
 
     # the apply seam: batches held by a part instead of their queue
 
+    #: Whether this part may claim a batch that is neither prepared nor delayed
+    #: (`BatchHeader.held`). Unless some part says so, such a batch goes straight to its
+    #: queue without being offered: the common batch, on every replica.
+    claims_plain: ClassVar[bool] = False
+
     def claims_batch(self, header: BatchHeader) -> bool:
-        """Whether this part holds batches with `header` itself (pure: the header only)."""
+        """Whether this part holds batches with `header` itself (pure: the header only).
+        Offered held batches only, and every batch when `claims_plain`."""
         return False
 
     def hold_batch(self, header: BatchHeader, refs: list[RecordRef], index: int,

@@ -117,8 +117,17 @@ class Queues(Part):
                store_ms: int) -> int:
         """Add the records of the batch at Raft `index` to a hosted queue; returns the
         offset of the first."""
-        base = self.queues[(topic, queue)].extend(index, refs, store_ms)
-        self.bytes_applied += refs[-1].start + refs[-1].size - refs[0].start  # contiguous
+        return self.append_to(self.queues[(topic, queue)], topic, queue, index, refs, store_ms)
+
+    def append_to(self, cq: ConsumeQueue, topic: str, queue: int, index: int,
+                  refs: Sequence[RecordRef], store_ms: int) -> int:
+        """`append` to `cq`, the queue (topic, queue) the caller has already found."""
+        base = cq.extend(index, refs, store_ms)
+        last = refs[-1]
+        self.bytes_applied += last.start + last.size - refs[0].start  # contiguous
+        self.messages_applied += len(refs)
+        if len(refs) == 1 and not last.key:  # one keyless message: nothing to index
+            return base
         keys = self._keys.get(topic)
         keyed = None
         for i, ref in enumerate(refs):
@@ -137,7 +146,6 @@ class Queues(Part):
                     slots.append(packed)
                     if len(slots) > KEY_HISTORY:
                         del slots[0]
-        self.messages_applied += len(refs)
         return base
 
     def append_packed(self, topic: str, queue: int, index: int,

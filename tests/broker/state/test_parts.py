@@ -262,6 +262,7 @@ class Holder(Part):
     or retry part will hold the batches addressed to it; at most 3 messages a batch."""
 
     name = "holder"
+    claims_plain = True  # its batches are ordinary ones
 
     def __init__(self, state: Any) -> None:
         super().__init__(state)
