@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -47,6 +48,7 @@ from .common import (
     add_producer_args,
     batch_producer_options,
     batch_tasks,
+    cpu_seconds,
     create_topics,
     emit,
     freeze_gc,
@@ -80,10 +82,12 @@ def batch_targets(names: list[str], queues: int) -> list[tuple[str, int]]:
 
 
 async def _phase(
-    admin: Any, namesrv: str, names: list[str], args: argparse.Namespace
+    admin: Any, namesrv: str, names: list[str], args: argparse.Namespace,
+    node_cpu: Callable[[], float] | None,
 ) -> dict[str, Any]:
     """Send `args.messages` round-robin over `names`; throughput, ack latency, and the
-    Raft entries, elections and fsyncs the sending cost."""
+    Raft entries, elections, fsyncs and CPU (the client's, and every node's when local)
+    the sending cost."""
     from raftmq.client import Producer
 
     payload = b"x" * args.size
@@ -112,6 +116,8 @@ async def _phase(
         freeze_gc()
 
         before = await raft_progress(admin)
+        nodes_before = node_cpu() if node_cpu is not None else 0.0
+        client_before = time.process_time()
         t_start = time.perf_counter()
         if batched:
             await send_batches(producer, targets, [payload] * args.batch, batches, tasks, acks)
@@ -119,6 +125,8 @@ async def _phase(
             await send_singles(producer, names, payload, messages, acks)
         await producer.flush()
         elapsed = time.perf_counter() - t_start
+        client_s = time.process_time() - client_before
+        nodes_s = node_cpu() - nodes_before if node_cpu is not None else None
         cost = progress_delta(before, await raft_progress(admin))
     acked = acks.acknowledged
     return {
@@ -130,6 +138,10 @@ async def _phase(
         "entries_per_s": round(cost["entries"] / elapsed, 1),
         "elections": cost["elections"],
         "fsyncs": cost["fsyncs"],
+        # what one message cost: the client (this process) and the cluster (every node)
+        "client_cpu_us_per_msg": round(client_s * 1e6 / acked, 1) if acked else None,
+        "node_cpu_us_per_msg": (round(nodes_s * 1e6 / acked, 1)
+                                if acked and nodes_s is not None else None),
     }
 
 
@@ -151,7 +163,8 @@ async def _cluster_view_ms(admin: Any) -> float:
     return round((time.perf_counter() - t0) * 1000, 1)
 
 
-async def _drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
+async def _drive(namesrv: str, args: argparse.Namespace,
+                 node_cpu: Callable[[], float] | None = None) -> dict[str, Any]:
     from raftmq.client import Admin
 
     counts = topic_counts(args.topics)
@@ -184,7 +197,7 @@ async def _drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
                 break
             progress("topics", f"sending {phase_messages(args):,} messages over {count:,} "
                                f"topics ({args.api} api)")
-            phase.update(await _phase(admin, namesrv, names, args))
+            phase.update(await _phase(admin, namesrv, names, args, node_cpu))
             phase["cluster_view_ms"] = await _cluster_view_ms(admin)
     sent = [ph for ph in phases if "msgs_per_s" in ph]
     base = sent[0]["msgs_per_s"] if sent and sent[0]["topics"] == 1 else None
@@ -215,7 +228,12 @@ async def _drive(namesrv: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_topics(args: argparse.Namespace) -> dict[str, Any]:
     """Run the benchmark against `--namesrv` or a local cluster started (and stopped) here."""
-    return run_on_target(args, lambda target, a: _drive(target.namesrv, a))
+    def drive(target: Any, a: argparse.Namespace) -> Awaitable[dict[str, Any]]:
+        local = target.local
+        node_cpu = None if local is None else (lambda: cpu_seconds(local.node_pids()))
+        return _drive(target.namesrv, a, node_cpu)
+
+    return run_on_target(args, drive)
 
 
 def build_parser() -> argparse.ArgumentParser:
