@@ -115,6 +115,8 @@ class Finisher(Protocol):
 
     def send_markers(self, gid: str, tid: str, epoch: int, n: int) -> None: ...
 
+    def delivered(self, gid: str, tid: str, epoch: int, n: int) -> bool: ...
+
     async def register(self, tid: str, epoch: int, n: int, gid: str) -> None: ...
 
 
@@ -324,9 +326,16 @@ class TxService:
                 # (one previous transaction may complete while the next one runs)
                 await self._finish(g.group_id, tid)
             mine.gathering = False
+            txn = coordinator(self.lead.leading(g)).txn(tid)
+            # the previous transaction's markers all applied (its client waited for that):
+            # this entry completes it, and the duty logs no tx_complete of its own
+            completes = (txn is not None and txn.state in UNFINISHED
+                         and (txn.epoch, txn.n) == (epoch, n - 1)
+                         and self.finisher is not None
+                         and self.finisher.delivered(g.group_id, tid, epoch, n - 1))
             await self.lead.propose(g, checked(TxAdd, tid=tid, epoch=epoch, n=n,
                                                groups=tuple(sorted(mine.groups)),
-                                               ts=now_ms()))
+                                               ts=now_ms(), completes=completes))
         finally:
             adds = self._adds.get(key, [])
             adds.remove(mine)
@@ -446,7 +455,13 @@ class TxService:
         # data must wait for those markers, not take the moved-on id for an abort
         earlier = tuple((t.epoch, t.n, str(t.state)) for t in (
             coord.completing.get(tid), coord.fenced.get(tid)) if t is not None)
-        return TxStatusAnswer(epoch=txn.epoch, n=txn.n, state=str(txn.state),
+        state = str(txn.state)
+        if (state in UNFINISHED and self.finisher is not None
+                and self.finisher.delivered(g.group_id, tid, txn.epoch, txn.n)):
+            # every marker applied (as TX_END answered): complete, whether or not the
+            # entry saying so (the next transaction's tx_add, or tx_complete) is in yet
+            state = "complete_commit" if txn.commit else "complete_abort"
+        return TxStatusAnswer(epoch=txn.epoch, n=txn.n, state=state,
                               participants=tuple(txn.participants),
                               timeout_ms=txn.timeout_ms, unfinished=earlier)
 

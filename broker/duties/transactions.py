@@ -6,7 +6,8 @@ ready, and every `tx_tick_ms` after, from the group's applied state:
 * coordinator: every decided transaction whose markers are not all written
   (prepare_commit / prepare_abort) gets TX_MARKER sent to each participant's leader
   (over `broker.runtime.peer_rpc`, or proposed here directly when this node leads that
-  participant too), retried with backoff until each is applied, then tx_complete is
+  participant too; none to the coordinator's own group when its tx_end applied the
+  marker there already), retried with backoff until each is applied, then tx_complete is
   proposed; every ongoing transaction past its timeout is aborted (tx_end, reason
   "timeout"). A new leader picks all this up at its first tick: the state is in the log.
 * participant: a Kafka transaction's prepared data older than `tx_orphan_ms` asks its
@@ -74,7 +75,7 @@ from wire.requests.transactions import (
     TxStatusAnswer,
     TxStatusRequest,
 )
-from wire.txn import coordinator_group
+from wire.txn import coordinator_group, kafka_key
 
 __all__ = ["CHECK_TIMEOUT_S", "RPC_TIMEOUT_S", "TxTasks", "orphan_retry", "orphan_verdict"]
 
@@ -87,6 +88,9 @@ RPC_TIMEOUT_S = 5.0
 CHECK_TIMEOUT_S = 3.0
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 1.0
+COMPLETE_GRACE_S = 0.2
+"""How long a transaction whose markers are all applied waits for its producer's next
+transaction to complete it (that tx_add says so) before logging tx_complete itself."""
 ORPHAN_RETRY_MIN_MS = 1_000  # an orphan the coordinator says to wait for: asked again after
 ORPHAN_RETRY_MAX_MS = 60_000  # ... doubling up to this
 _LOST = (NotLeader, ProposalDropped, ProposalLost)
@@ -166,6 +170,8 @@ class TxTasks(Duty):
         # finish job key -> set once every participant applied the marker (waited on by
         # TX_END, answered before the transaction is logged complete)
         self._delivered: dict[Hashable, trio.Event] = {}
+        # finish job key -> set to end its wait for the next transaction (`_complete`)
+        self._hurry: dict[Hashable, trio.Event] = {}
         self._leader_hint: dict[str, int] = {}  # group -> node believed to lead it
         self._outbox: dict[str, list[_Outgoing]] = {}  # participant -> markers to send
         self._senders: set[str] = set()  # participants a `_send_markers` task serves
@@ -260,7 +266,7 @@ class TxTasks(Duty):
             return
         for t in coordinator(self.groups.states[gid]).unfinished():
             if t.tid == tid:
-                await self._finish_job(gid, t.tid, t.epoch, t.n).wait()
+                await self._hurry_job(gid, t.tid, t.epoch, t.n).wait()
 
     async def markers_applied(self, gid: str, tid: str, epoch: int, n: int) -> bool:
         """Drive the markers of transaction (epoch, n) of `tid` (decided, coordinator
@@ -358,13 +364,56 @@ class TxTasks(Duty):
         def still() -> bool:
             return self._unfinished(gid, tid, epoch, n) is not None
 
+        # the coordinator's own group has the marker already when its tx_end applied it
+        here = participant(self.groups.states[gid]).decision(kafka_key(tid, epoch, n))
         async with trio.open_nursery() as nursery:
             for p in txn.participants:
-                nursery.start_soon(self._deliver, p, marker, still)
+                if p != gid or here is None:
+                    nursery.start_soon(self._deliver, p, marker, still)
         if not still():
             return
-        self._delivered.setdefault(("finish", gid, tid, epoch, n), trio.Event()).set()
+        key = ("finish", gid, tid, epoch, n)
+        self._delivered.setdefault(key, trio.Event()).set()
+        # a producer running transactions back to back starts its next one at once, and
+        # that tx_add completes this one (`TxService.add`): wait a moment for it before
+        # logging tx_complete, unless someone waits for this job (`_hurry`)
+        hurry = self._hurry.setdefault(key, trio.Event())
+        if txn.reason != "client":
+            hurry.set()  # aborted by the coordinator itself: no next one is on its way
+        try:
+            with trio.move_on_after(COMPLETE_GRACE_S):
+                async with trio.open_nursery() as nursery:
+                    async def done_elsewhere() -> None:
+                        g = self.groups[gid]
+                        while still():
+                            await g.wait_applied_change()
+                        nursery.cancel_scope.cancel()
+
+                    async def hurried() -> None:
+                        await hurry.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(done_elsewhere)
+                    nursery.start_soon(hurried)
+        finally:
+            self._hurry.pop(key, None)
+        if not still():
+            return
         await self.lead.propose(self.groups[gid], TxComplete(tid=tid, epoch=epoch, n=n))
+
+    def delivered(self, gid: str, tid: str, epoch: int, n: int) -> bool:
+        """Whether every participant applied the marker of decided transaction (epoch, n)
+        of `tid` (coordinator `gid`, led here), as far as this leader saw."""
+        event = self._delivered.get(("finish", gid, tid, epoch, n))
+        return event is not None and event.is_set()
+
+    def _hurry_job(self, gid: str, tid: str, epoch: int, n: int) -> trio.Event:
+        """The finish job of (epoch, n) of `tid`, told someone waits for its end: it logs
+        tx_complete now rather than wait for the next transaction to complete it."""
+        event = self._hurry.get(("finish", gid, tid, epoch, n))
+        if event is not None:
+            event.set()
+        return self._finish_job(gid, tid, epoch, n)
 
     async def _after_earlier(self, gid: str, tid: str, epoch: int, n: int) -> bool:
         """Wait until no earlier transaction of `tid` has markers left to write; False if
@@ -383,7 +432,7 @@ class TxTasks(Duty):
             if not earlier:
                 return True
             first = min(earlier, key=lambda t: (t.epoch, t.n))
-            await self._finish_job(gid, tid, first.epoch, first.n).wait()
+            await self._hurry_job(gid, tid, first.epoch, first.n).wait()
             if self._unfinished(gid, tid, first.epoch, first.n) is not None:
                 return False
 

@@ -4,7 +4,11 @@ The group `wire.txn.coordinator_group` picks for a transactional id logs its
 transactions here: `tx_init` (a producer starts, or restarts: epoch + 1, fencing an
 ongoing transaction of the old epoch, which is aborted), `tx_add` (transaction `n`
 starts, or gains participant groups), `tx_end` (THE COMMIT POINT: commit or abort is
-decided), and `tx_complete` (every participant applied its marker). The leader's tasks
+decided; when this group holds data of the transaction too, the same entry applies its
+marker here, as `TxParticipant` would apply the coordinator's `tx_marker`, unless an
+earlier transaction of the id still has its marker to write here), and `tx_complete`
+(every participant applied its marker; or the next `tx_add` of the id, `completes`).
+The leader's tasks
 read `unfinished()` to send markers and `timed_out()` (the ongoing ones past their
 timeout, kept by deadline so a tick does not scan them all) to abort them; a new leader
 finds the same in its log.
@@ -66,11 +70,13 @@ from broker.state.parts.txpart import (
     EXPIRE_BATCH,
     MAX_MS,
     IdleIds,
+    TxMarker,
     bool_field,
     epoch_fields,
     tid_field,
 )
 from wire.protocol import Code, validate_group_name
+from wire.txn import kafka_key
 
 __all__ = [
     "DONE",
@@ -134,7 +140,10 @@ class TxInit(ControlRecord):
 
 @dataclass(frozen=True, slots=True)
 class TxAdd(ControlRecord):
-    """Transaction `n` of `tid` at `epoch` starts (if new) and spans `groups` too."""
+    """Transaction `n` of `tid` at `epoch` starts (if new) and spans `groups` too.
+    `completes`: the leader saw every marker of the id's previous transaction applied,
+    so a start completes it as `tx_complete` would (a producer running transactions back
+    to back spends no entry on completing each)."""
 
     op: ClassVar[str] = "tx_add"
     tid: str
@@ -142,16 +151,21 @@ class TxAdd(ControlRecord):
     n: int
     groups: tuple[str, ...]
     ts: int
+    completes: bool = False
 
     def validate(self) -> None:
         tid_field("tid", self.tid)
         epoch_fields(self.epoch, self.n)
         _groups_field(self.groups)
         int_field("ts", self.ts, 0, MAX_MS)
+        bool_field("completes", self.completes)
 
     def to_map(self) -> dict[str, Any]:
-        return {"tid": self.tid, "epoch": self.epoch, "n": self.n,
-                "groups": list(self.groups), "ts": self.ts}
+        m = {"tid": self.tid, "epoch": self.epoch, "n": self.n,
+             "groups": list(self.groups), "ts": self.ts}
+        if self.completes:  # absent when false: the bytes of a record without it are unchanged
+            m["completes"] = True
+        return m
 
     @classmethod
     def from_map(cls, d: Mapping[str, Any]) -> TxAdd:
@@ -159,7 +173,7 @@ class TxAdd(ControlRecord):
         if isinstance(groups, list):
             groups = tuple(groups)
         return cls(d.get("tid"), d.get("epoch"), d.get("n"), groups,  # type: ignore[arg-type]
-                   d.get("ts"))  # type: ignore[arg-type]
+                   d.get("ts"), d.get("completes", False))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +443,8 @@ class TxCoordinator(Part):
             return ControlResult(TxAdd.op, added, dup=not added)
         if self._expects(cur, rec.n):
             parts = tuple(sorted(set(rec.groups)))
+            if rec.completes and cur.state in ("prepare_commit", "prepare_abort"):
+                cur = self._finish(cur)  # its markers are all applied: done, not aside
             self._set(self._start(cur, rec.n, parts, rec.ts))
             return ControlResult(TxAdd.op, len(parts))
         self._refuse_other(cur, rec.n)
@@ -458,6 +474,7 @@ class TxCoordinator(Part):
             if not parts:
                 decided = self._finish(decided)
             self._set(decided)
+            self._mark_here(decided, rec.ts, index)
             return ControlResult(TxEnd.op, 1)
         aside = self.completing.get(rec.tid)
         if aside is not None and aside.n == rec.n:
@@ -471,9 +488,26 @@ class TxCoordinator(Part):
             decided = replace(started, state="prepare_commit" if rec.commit else
                               "prepare_abort", decided_ms=rec.ts, reason=rec.reason)
             self._set(self._finish(decided) if not parts else decided)
+            self._mark_here(decided, rec.ts, index)
             return ControlResult(TxEnd.op, 1)
         self._refuse_other(cur, rec.n)
         raise AssertionError("unreachable")
+
+    def _mark_here(self, t: TxnState, ts: int, index: int) -> None:
+        """Decided transaction `t` has data in this very group too: its marker applies
+        here with the decision, in the same entry (no marker entry, no round trip), as a
+        marker from the coordinator would (fence: the current epoch). Not while an
+        earlier transaction of the id still has its marker to write here: a producer's
+        transactions enter a queue in their order, so the leader's duty sends this one
+        after that one, as for any participant."""
+        if self.state.group not in t.participants:
+            return
+        part = self.state.txpart
+        for earlier in (self.completing.get(t.tid), self.fenced.get(t.tid)):
+            if earlier is not None and self.state.group in earlier.participants and (
+                    part.decision(kafka_key(t.tid, earlier.epoch, earlier.n)) is None):
+                return
+        part.apply_marker(TxMarker(t.tid, t.epoch, t.n, t.commit, t.epoch, ts), index)
 
     def _complete(self, rec: TxComplete, index: int) -> ControlResult:
         cur = self.txns.get(rec.tid)

@@ -570,6 +570,11 @@ class TxParticipant(Part):
         applied, skipped = self._end(key, p, rec.commit, "marker", index)
         return ControlResult(TxMarker.op, applied, skipped)
 
+    def apply_marker(self, rec: TxMarker, index: int) -> ControlResult:
+        """A decision of this group's own coordinator, applied here within its `tx_end`
+        entry (`TxCoordinator`): exactly what the `tx_marker` record would do."""
+        return self._marker(rec, index)
+
     def _markers(self, rec: TxMarkers, index: int) -> ControlResult:
         applied = skipped = 0
         dup = True

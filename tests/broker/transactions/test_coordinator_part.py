@@ -11,10 +11,12 @@ import pytest
 from broker.state.parts import txcoord
 from broker.state.parts.base import ControlResult, ErrorResult
 from broker.state.parts.txcoord import TxAdd, TxComplete, TxEnd, TxExpire, TxInit, TxnState
-from broker.state.statemachine import BrokerState
+from broker.state.parts.txpart import TxMarker
+from broker.state.statemachine import BrokerState, control_create_topic
 from raftlog.types import Entry, EntryType
 from tests.broker.transactions.test_participant_part import Replica, sections
 from wire.protocol import Code
+from wire.txn import kafka_key
 
 
 def ctl(rep: Replica, rec: Any) -> Any:
@@ -390,3 +392,87 @@ def test_what_went_idle_survives_a_restore_and_an_init_of_before_is_never_forgot
         assert coord.idle_ids(1_500) == ["a"]
         assert coord.idle_ids(100 * DAY) == ["a", "b"]
         assert coord.idle_ids(100 * DAY, limit=1) == ["a"]
+
+
+# ---------------------------------------------------------------------- its own group
+
+
+def _own_group() -> Replica:
+    """Group g1 coordinating "tid" and holding a queue of topic t."""
+    rep = Replica("g1")
+    rep.control(control_create_topic("t", 1, [0]))
+    ctl(rep, TxInit("tid", 60_000, 0))
+    return rep
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_the_decision_applies_in_its_own_group_within_the_tx_end(commit: bool) -> None:
+    # the coordinator's group holds data of the transaction: the tx_end entry decides it
+    # there too, as its marker would, so no marker entry or round trip is needed
+    r = _own_group()
+    ctl(r, TxAdd("tid", 0, 0, ("g1", "g2"), 10))
+    r.batch("t", 0, [b"a", b"b"], tx=("tid", 0, 0))
+    assert r.bodies("t", 0) == []
+    assert ctl(r, TxEnd("tid", 0, 0, commit, 20, "client")) == ControlResult("tx_end", 1)
+    assert r.bodies("t", 0) == ([b"a", b"b"] if commit else [])
+    d = r.state.txpart.decision(kafka_key("tid", 0, 0))
+    assert d is not None and d.commit is commit
+    assert r.state.txpart.fence("tid") == 0
+    # the other participant's marker is still due: the transaction is not complete
+    assert state(r).state == ("prepare_commit" if commit else "prepare_abort")
+    # the marker the duty would have sent changes nothing now
+    assert ctl(r, TxMarker("tid", 0, 0, commit, 0, 30)).dup
+    assert r.bodies("t", 0) == ([b"a", b"b"] if commit else [])
+
+
+def test_a_decision_of_other_groups_only_leaves_this_groups_participant_alone() -> None:
+    r = _own_group()
+    ctl(r, TxAdd("tid", 0, 0, ("g2",), 10))
+    ctl(r, TxEnd("tid", 0, 0, True, 20, "client"))
+    assert r.state.txpart.decision(kafka_key("tid", 0, 0)) is None
+
+
+def test_an_earlier_transaction_with_its_marker_still_due_here_goes_first() -> None:
+    # epoch 0's open transaction is fenced by a new producer: its abort marker for this
+    # group is the duty's to write. The new epoch's commit must not enter the queue
+    # before it, so it is left to the duty too (which keeps the order)
+    r = _own_group()
+    ctl(r, TxAdd("tid", 0, 0, ("g1",), 10))
+    r.batch("t", 0, [b"old"], tx=("tid", 0, 0))
+    ctl(r, TxInit("tid", 60_000, 15))
+    ctl(r, TxAdd("tid", 1, 0, ("g1",), 16))
+    r.batch("t", 0, [b"new"], tx=("tid", 1, 0))
+    ctl(r, TxEnd("tid", 1, 0, True, 20, "client"))
+    assert r.state.txpart.decision(kafka_key("tid", 1, 0)) is None
+    assert r.bodies("t", 0) == []
+    ctl(r, TxMarker("tid", 0, 0, False, 1, 30))  # the duty: the older one first
+    ctl(r, TxMarker("tid", 1, 0, True, 1, 31))
+    assert r.bodies("t", 0) == [b"new"]
+
+
+def test_the_next_tx_add_completes_the_previous_transaction_when_it_says_so() -> None:
+    r = Replica()
+    ctl(r, TxInit("tid", 60_000, 0))
+    ctl(r, TxAdd("tid", 0, 0, ("g2",), 10))
+    ctl(r, TxEnd("tid", 0, 0, True, 20, "client"))
+    # its markers all applied, the leader starts the next one completing it
+    assert ctl(r, TxAdd("tid", 0, 1, ("g2",), 30, completes=True)) == ControlResult(
+        "tx_add", 1)
+    assert r.state.txcoord.unfinished() == [] and "tid" not in r.state.txcoord.completing
+    assert [(d.n, d.commit) for d in r.state.txcoord.done_ring()] == [(0, True)]
+    assert state(r).state == "ongoing" and state(r).n == 1
+    assert ctl(r, TxComplete("tid", 0, 0)).dup  # a late tx_complete changes nothing
+    # without it, the previous one waits aside for its own tx_complete, as before
+    ctl(r, TxEnd("tid", 0, 1, False, 40, "client"))
+    ctl(r, TxAdd("tid", 0, 2, ("g2",), 50))
+    assert [(t.n, t.state) for t in r.state.txcoord.unfinished()] == [(1, "prepare_abort")]
+    ctl(r, TxComplete("tid", 0, 1))
+    assert r.state.txcoord.unfinished() == []
+
+
+def test_a_tx_add_without_completes_keeps_its_old_bytes() -> None:
+    rec = TxAdd("tid", 0, 1, ("g2",), 30)
+    assert "completes" not in msgpack.unpackb(rec.encode())
+    assert TxAdd.decode(rec.encode()) == rec
+    assert msgpack.unpackb(TxAdd("tid", 0, 1, ("g2",), 30, completes=True).encode())[
+        "completes"] is True

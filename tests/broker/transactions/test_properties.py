@@ -6,7 +6,8 @@ random points: their results and snapshots must be identical. A model of what wa
 prepared and decided checks the queues after every step: nothing of an aborted or
 rolled-back transaction, nor anything undecided, ever enters a ConsumeQueue; every
 committed record enters exactly once, in its transaction's order; no batch of a fenced
-epoch is accepted; a fence is raised by markers only (the coordinator's word), never by a
+epoch is accepted; a fence is raised by markers only (the coordinator's word: its
+`tx_end` counts as one in its own group), never by a
 batch's or offsets' epoch (a client's); and no decision ever flips."""
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ OPS = st.one_of(
               st.lists(st.sampled_from(("g1", "g2", "g3")), max_size=2)),
     st.tuples(st.just("end_cur"), st.sampled_from(TIDS), delta, small, st.booleans()),
     st.tuples(st.just("complete_cur"), st.sampled_from(TIDS)),
+    st.tuples(st.just("add_next"), st.sampled_from(TIDS),
+              st.lists(st.sampled_from(("g1", "g2", "g3")), max_size=2)),
     st.tuples(st.just("kbatch"), st.sampled_from(TIDS), small, small, queue, st.integers(1, 3)),
     st.tuples(st.just("half"), st.sampled_from(TXIDS), st.sampled_from(PGS), queue,
               st.integers(1, 2)),
@@ -161,8 +164,17 @@ class Run:
             self.entry(EntryType.CONTROL, TxAdd(tid, epoch, n, tuple(groups), self.index).encode())
         elif kind == "end":
             _, tid, epoch, n, commit = op
+            key = kafka_key(tid, epoch, n)
+            before = self.a.txpart.decision(key)
             self.entry(EntryType.CONTROL, TxEnd(tid, epoch, n, commit, self.index,
                                                 "client").encode())
+            here = self.a.txpart.decision(key)
+            if before is None and here is not None:
+                # this group is a participant of its own coordinator's decision: the
+                # tx_end applied the marker here, the coordinator's epoch its fence
+                if here.commit is not commit:
+                    self.violations.append(f"tx_end {commit} of {key} decided {here.commit}")
+                self.fence[tid] = max(self.fence.get(tid, -1), epoch)
         elif kind == "complete":
             _, tid, epoch, n = op
             self.entry(EntryType.CONTROL, TxComplete(tid, epoch, n).encode())
@@ -191,6 +203,17 @@ class Run:
                 self.step(("add", op[1], epoch, op[3], op[4]))
             else:
                 self.step(("end", op[1], epoch, op[3], op[4]))
+        elif kind == "add_next":
+            # the next transaction of the id, completing a decided one whose marker this
+            # group applied (the leader sends `completes` only once every marker is)
+            t = self.a.txcoord.txn(op[1])
+            if t is None:
+                return self.step(("init", op[1]))
+            done = t.state in ("prepare_commit", "prepare_abort") and (
+                "g1" not in t.participants
+                or self.a.txpart.decision(kafka_key(t.tid, t.epoch, t.n)) is not None)
+            self.entry(EntryType.CONTROL, TxAdd(t.tid, t.epoch, t.n + 1, tuple(op[2]),
+                                                self.index, completes=done).encode())
         elif kind == "complete_cur":
             for u in self.a.txcoord.unfinished():
                 if u.tid == op[1]:

@@ -1,0 +1,84 @@
+"""A producer running transactions back to back spends no tx_complete entry on each: the
+next transaction's tx_add completes the previous one once the coordinator's leader saw
+all its markers applied (which its client waited for); a transaction no other follows is
+completed by the leader's duty after `COMPLETE_GRACE_S`, as before.
+
+One real node (port 0) leading two one-replica groups (coordinator g0, data in g1); the
+test does what the doors do (TX_ADD, PRODUCE, TX_END waiting for the markers) through
+`TxService` and the node's `TxTasks`, and counts the coordinator's entries."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import trio
+
+from broker.config import GroupConfig, NodeConfig
+from broker.duties.transactions import COMPLETE_GRACE_S
+from broker.node import Node
+from broker.state.parts.base import ControlResult, ProduceResult
+from broker.state.parts.txcoord import TxEnd, TxInit
+from broker.state.statemachine import control_create_topic
+from raftlog.types import EntryType
+from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch
+from wire.txn import coordinator_group
+
+
+def _node(data: Path) -> Node:
+    return Node(NodeConfig(node_id=1, listen="127.0.0.1:0", data=data,
+                           peers={1: "127.0.0.1:0"}, tick_ms=10, tx_tick_ms=3_600_000,
+                           groups=(GroupConfig("g0", (1,), 1), GroupConfig("g1", (1,), 1))))
+
+
+def _tid() -> str:
+    return next(f"done-{k}" for k in range(1000)
+                if coordinator_group(f"done-{k}", ["g0", "g1"]) == "g0")
+
+
+def test_back_to_back_transactions_are_completed_by_the_next_ones_tx_add(
+        tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    tid = _tid()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run)
+            with trio.fail_after(60):
+                while not all(node.groups[g].is_leader for g in ("g0", "g1")):
+                    await trio.sleep(0.02)
+            coord, part = node.groups["g0"], node.groups["g1"]
+            cstate = node.registry.states["g0"]
+            tx, tasks = node.tx_service, node.txtasks
+            await part.propose(control_create_topic("t", 1, [0]), EntryType.CONTROL)
+            await coord.propose(TxInit(tid, 3_600_000, int(time.time() * 1000)).encode(),
+                                EntryType.CONTROL)
+
+            async def one(n: int) -> None:  # a transaction, as its client drives it
+                await tx.add(coord, tid, 0, n, ("g1",))
+                ts = int(time.time() * 1000)
+                res = await part.propose(STORED_PREFIX.pack(ts) + encode_batch(
+                    "t", 0, [OutgoingMessage(b"m")], tx=(tid, 0, n)))
+                assert isinstance(res, ProduceResult), res
+                res = await coord.propose(TxEnd(tid, 0, n, True, ts, "client").encode(),
+                                          EntryType.CONTROL)
+                assert isinstance(res, ControlResult), res
+                assert await tasks.markers_applied("g0", tid, 0, n)
+
+            await one(0)
+            for n in range(1, 4):
+                before = cstate.applied_index
+                await one(n)  # tx_add completing n - 1, tx_end
+                assert [d.n for d in cstate.txcoord.done_ring()] == list(range(n))
+                assert cstate.applied_index - before == 2
+            # the last one has no successor: the duty completes it after the grace
+            t0 = time.monotonic()
+            with trio.fail_after(30):
+                while cstate.txcoord.unfinished():
+                    await trio.sleep(0.01)
+            assert time.monotonic() - t0 >= COMPLETE_GRACE_S / 2
+            assert cstate.applied_index - before == 3  # its tx_complete only
+            assert [d.n for d in cstate.txcoord.done_ring()] == [0, 1, 2, 3]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
