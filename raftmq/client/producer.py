@@ -900,13 +900,34 @@ class Producer(StartClose):
         fut: SendFuture[SendResult] = SendFuture()
         if callback is not None:
             fut.add_done_callback(callback)
+        msg = as_payload(message, key=key, tags=tags, properties=properties,
+                         message_group=message_group)
+        check_message(msg, self.max_message_bytes)
+        if self._hand_over_now(topic, msg, queue, fut, due):  # no wait: no timer either
+            return fut
         with anyio.move_on_after(self.delivery_timeout):
-            await self._send_one(topic, as_payload(message, key=key, tags=tags,
-                                                   properties=properties,
-                                                   message_group=message_group), queue, fut,
-                                 due=due)
+            await self._send_one(topic, msg, queue, fut, due=due)
             return fut
         raise self._expired(topic, handed_over=False)
+
+    def _hand_over_now(self, topic: str, msg: Payload, queue: int | None,
+                       fut: SendFuture[SendResult], due: Due) -> bool:
+        """`_send_one` of a checked message when it needs no wait: its topic's route is
+        known and the pending window has room (the common case, per message, which so
+        pays no timer). False when it would wait, having handed nothing over."""
+        routes = self._check_open()
+        assert self._tg is not None and self._pending_slots is not None
+        route = routes.usable(topic, self._tg.start_soon)
+        if route is None:
+            return False
+        q, movable = self._queue_for(route, topic, msg, queue)
+        try:
+            self._pending_slots.acquire_nowait()
+        except anyio.WouldBlock:
+            return False
+        self._place(topic, q, movable,
+                    PendingSend([msg], record_size(msg), fut, True, self._on_settled), route, due)
+        return True
 
     async def _send_one(self, topic: str, msg: Payload, queue: int | None,
                         fut: SendFuture[SendResult], *,
@@ -1154,18 +1175,23 @@ class Producer(StartClose):
         route = routes.usable(topic, self._tg.start_soon)
         if route is None:
             route = await self._fetch_route(topic)
+        return (route, *self._queue_for(route, topic, msg, queue))
+
+    def _queue_for(self, route: TopicRoute, topic: str, msg: Payload,
+                   queue: int | None) -> tuple[int, bool]:
+        """The queue of `route` a send goes to, and whether a retry may move it."""
         if queue is not None:
-            return route, _checked_queue(topic, queue, route.total), False
+            return _checked_queue(topic, queue, route.total), False
         if callable(self.selector):
             full = OutgoingMessage(msg) if type(msg) is bytes else msg
             assert isinstance(full, OutgoingMessage)
-            return route, _checked_queue(topic, self.selector(route.total, full), route.total), False
+            return _checked_queue(topic, self.selector(route.total, full), route.total), False
         if (group := _message_group(msg)) is not None:
-            return route, key_queue(group, route.total), False
+            return key_queue(group, route.total), False
         if self.selector == "key" and isinstance(msg, OutgoingMessage) and msg.key:
-            return route, key_queue(msg.key, route.total), False
+            return key_queue(msg.key, route.total), False
         movable = not self.idempotent
-        return route, self._sticky_queue(route, movable), movable
+        return self._sticky_queue(route, movable), movable
 
     def _sticky_queue(self, route: TopicRoute, movable: bool) -> int:
         """Round robin by batch, not by message (Kafka's sticky partitioner): a keyless
@@ -1215,6 +1241,12 @@ class Producer(StartClose):
             await self._pending_slots.acquire()
             self._check_open()
             route = None
+        self._place(topic, queue, movable, send, route, due)
+
+    def _place(self, topic: str, queue: int, movable: bool, send: PendingSend,
+               route: TopicRoute | None, due: Due) -> None:
+        """Hand a send that holds its place in the pending window to its queue's place
+        in the accumulator of the queue's group."""
         self._outstanding += 1
         now = clock()
         send.deadline = now + self.delivery_timeout
