@@ -29,6 +29,8 @@ def due_fields(delay: float | None = None, deliver_at: datetime | float | None =
     message is stored), `deliver_at` (a timezone-aware datetime, or seconds since the
     epoch) or `delay_level` (1..18, `DELAY_LEVELS`). ValueError or TypeError for
     anything else: a bad delay never turns into "deliver now"."""
+    if delay is None and deliver_at is None and delay_level is None:
+        return NO_DUE  # a plain send, per message: nothing to check
     given = [n for n, v in (("delay", delay), ("deliver_at", deliver_at),
                             ("delay_level", delay_level)) if v is not None]
     if len(given) > 1:

@@ -75,6 +75,7 @@ from wire.records import (
     OutgoingMessage,
     encode_batch,
     message_group_problem,
+    message_id,
     record_size,
     tag_problem,
 )
@@ -1647,6 +1648,9 @@ class Producer(StartClose):
         self, topic: str, queue: int, group: str, batch: EncodedBatch, stored: _Stored
     ) -> list[SendResult]:
         base, n, index, dup, shift = stored
+        if base >= 0 and n == 1 and len(batch.starts) == 1:  # a batch of one, stored
+            return [SendResult(message_id(group, index, batch.starts[0] + shift), topic, queue,
+                               base, group, dup)]
         ids = batch_message_ids(group, index, batch, shift)
         if n != len(ids):
             raise RequestError(Code.MALFORMED, f"PRODUCE stored {n} of {len(ids)} messages")
