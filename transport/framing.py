@@ -23,7 +23,7 @@ scheduler turn, or while a write was in progress) into a single `send_all`. Resp
 carry their request id, so they may leave in any order; a frame is always written whole.
 Queued bytes are capped per connection, so a client that stops reading makes the
 answering tasks wait. Reading, likewise, takes bytes already there without trio's extra
-scheduling round (`read_some`).
+scheduling round (`read_some`). Both hold for TLS connections too (`transport.tlsstream`).
 """
 
 from __future__ import annotations
