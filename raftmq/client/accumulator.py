@@ -11,6 +11,10 @@ tasks, no clock (callers pass `now`).
   `max_bytes` bytes (`BatchAccumulator`); a send is never split.
 - The group is ready when any queue it may send is full, when the oldest pending send
   has waited `linger` seconds, or at once when a batch is back for a retry.
+- While requests of the group are out, another is worth sending only with company
+  (`worth_another`): a full batch, a retry, or `company` queues at least. Every request
+  costs each replica a Raft entry whatever it holds, so sends spread over thousands of
+  queues wait for the answer in flight rather than leave in many thin requests.
 - A request takes the sendable queues in the order they became sendable, each with its
   batches waiting to be retried first, then new batches, at most `batches_per_queue` of
   them, within the request's bounds; a queue that does not fit waits for the next.
@@ -139,10 +143,11 @@ class GroupAccumulator(Generic[S, F]):
     docstring)."""
 
     def __init__(self, group: str, *, linger: float, batches_per_queue: int,
-                 max_batches: int, max_bytes: int) -> None:
-        if batches_per_queue < 1 or max_batches < 1 or max_bytes < 1:
+                 max_batches: int, max_bytes: int, company: int = 1) -> None:
+        if batches_per_queue < 1 or max_batches < 1 or max_bytes < 1 or company < 1:
             raise ValueError("a request carries at least one batch of one queue")
         self.group = group
+        self.company = company
         self.linger = linger
         self.batches_per_queue = batches_per_queue
         self.max_batches = max_batches
@@ -163,10 +168,12 @@ class GroupAccumulator(Generic[S, F]):
             return False
         had = bool(self.sendable)
         was_ready = had and self.ready(now)
+        was_worth = self.worth_another()
         self._mark(queue, queue.first_at)
         if queue.full:
             self._due = True
-        return not was_ready and (not had or self.ready(now))
+        return (not was_ready and (not had or self.ready(now))
+                or not was_worth and self.worth_another())
 
     def requeue(self, queue: QueueBuffer[S, F], batches: Sequence[F], *, front: bool) -> None:
         """Put made batches on `queue`: a retry goes `front` (before everything it has);
@@ -188,10 +195,12 @@ class GroupAccumulator(Generic[S, F]):
             return False
         had = bool(self.sendable)
         was_ready = had and self.ready(now)
+        was_worth = self.worth_another()
         self._mark(queue, queue.first_at if queue.pending else -math.inf)
         if queue.formed or queue.full:
             self._due = True
-        return not was_ready and (not had or self.ready(now))
+        return (not was_ready and (not had or self.ready(now))
+                or not was_worth and self.worth_another())
 
     def _mark(self, queue: QueueBuffer[S, F], first_at: float) -> None:
         if queue.key not in self.sendable:
@@ -203,6 +212,11 @@ class GroupAccumulator(Generic[S, F]):
         """Whether a request should leave now (given a free request slot)."""
         return bool(self.sendable) and (
             self._due or self.linger <= 0 or now >= self._first_at + self.linger)
+
+    def worth_another(self) -> bool:
+        """Whether what is ready makes a request worth sending while others of the group
+        are out: a full batch or a retry among it, or `company` queues at least."""
+        return self._due or len(self.sendable) >= self.company
 
     @property
     def deadline(self) -> float:

@@ -156,6 +156,10 @@ MIN_REQUEST_TIMEOUT = 0.05  # a last try just before the delivery deadline still
 FAULT_WINDOW = 5.0  # seconds a failed group is avoided by round-robin selection
 MAX_BATCH_BYTES = DEFAULT_MAX_FRAME - (1 << 20)  # leave room for the frame header
 REQUESTS_IN_FLIGHT = 4
+# While a group has requests out, the next waits for this many queues with something to
+# send (or a full batch, or a retry): a request costs every replica an entry, however few
+# batches it holds (`GroupAccumulator.worth_another`).
+REQUEST_COMPANY = 512
 """PRODUCE requests one producer keeps in flight to one group (Kafka's
 max.in.flight.requests.per.connection is 5): each carries every batch of that group ready
 when it leaves, so batches for thousands of queues share a few requests."""
@@ -1284,7 +1288,7 @@ class Producer(StartClose):
             assert self._tg is not None
             gs = self._groups[group] = _GroupSender(GroupAccumulator(
                 group, linger=self.linger, batches_per_queue=self.max_in_flight,
-                max_batches=MAX_BATCHES, max_bytes=MAX_BATCH_BYTES))
+                max_batches=MAX_BATCHES, max_bytes=MAX_BATCH_BYTES, company=REQUEST_COMPANY))
             self._tg.start_soon(self._run_group, gs)
         return gs
 
@@ -1335,13 +1339,19 @@ class Producer(StartClose):
 
     async def _run_group(self, gs: _GroupSender) -> None:
         """The sender of one group: a request leaves whenever the accumulator is ready
-        and fewer than `REQUESTS_IN_FLIGHT` are out."""
+        and none is out, or fewer than `REQUESTS_IN_FLIGHT` are and what is ready is
+        worth another (`REQUEST_COMPANY`)."""
         acc = gs.acc
         while True:
             now = clock()
             if gs.in_flight < REQUESTS_IN_FLIGHT and acc.sendable:
-                if self._flushing or acc.ready(now):
+                if self._flushing or acc.ready(now) and (gs.in_flight == 0
+                                                         or acc.worth_another()):
                     self._start_request(gs)
+                    continue
+                if acc.ready(now):  # company for a request, or the answer out: wait
+                    gs.wakeup = anyio.Event()
+                    await gs.wakeup.wait()
                     continue
                 gs.wakeup = anyio.Event()
                 with anyio.move_on_after(acc.deadline - now):  # lingering

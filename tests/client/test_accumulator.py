@@ -171,3 +171,35 @@ def test_bad_bounds_are_refused() -> None:
         _group(per_queue=0)
     with pytest.raises(ValueError):
         _group(max_batches=0)
+
+
+def test_while_requests_are_out_another_waits_for_company() -> None:
+    """A request out already: the next is worth sending only with `company` queues, a
+    full batch or a retry, and the add that makes it so wakes the sender."""
+    g = GroupAccumulator[Send, Made]("g", linger=0.0, batches_per_queue=1, max_batches=100,
+                                     max_bytes=10_000, company=3)
+    qs = {k: _queue(g, k) for k in "abcd"}
+    assert g.add(qs["a"], Send("a1"), 0.0)  # ready: with nothing out, it leaves at once
+    assert not g.worth_another()
+    assert not g.add(qs["b"], Send("b1"), 0.0)
+    assert g.add(qs["c"], Send("c1"), 0.0)  # the third queue: company, wake the sender
+    assert g.worth_another()
+    assert not g.add(qs["d"], Send("d1"), 0.0)
+    g.drain()
+    assert not g.worth_another()
+    full = _queue(g, "e", max_messages=2)
+    assert g.add(full, Send("e1"), 0.0)  # ready again (was empty)
+    assert not g.worth_another()
+    assert g.add(full, Send("e2"), 0.0)  # its batch is full: worth a request alone
+    assert g.worth_another()
+    g.drain()
+    g.requeue(qs["a"], [Made("a1")], front=True)  # a retry is worth one too
+    assert g.release(qs["a"], 0.0) and g.worth_another()
+
+
+def test_company_of_one_is_every_ready_queue() -> None:
+    g = _group()
+    q = _queue(g, "a")
+    assert not g.worth_another()
+    g.add(q, Send("a1"), 0.0)
+    assert g.worth_another()
