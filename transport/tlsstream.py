@@ -56,7 +56,8 @@ class TlsStream(trio.abc.Stream):
         self._send_lock = trio.Lock()  # held while waiting to flush `_out`
         self._receiving = False
         self._eof = False  # the socket reached its end
-        self._ended: ssl.SSLError | None = None  # why reading ended, once plaintext before it is read
+        # why reading ended (told once the plaintext before it has been read)
+        self._ended: ssl.SSLError | None = None
         self._broken: BaseException | None = None
         self._closed = False
         self._handshook = False

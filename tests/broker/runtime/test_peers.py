@@ -19,10 +19,66 @@ from raftmq.localcluster import free_ports
 from tests.raft_harness import Cluster
 from transport.framing import FrameStream
 from transport.peerauth import PeerRefused, accept_peer
-from transport.tls import accept_tls
+from transport.tls import accept_tls, connect_tls
 from wire.protocol import FrameDecoder
 
 SECRET = b"a secret of the test cluster"
+
+
+async def _tls_socket_pair() -> tuple[trio.abc.Stream, trio.abc.Stream]:
+    """Two ends of a socketpair with TLS done (the streams a node's peer links get)."""
+    ca = trustme.CA()
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    a, b = trio.socket.socketpair()
+    out: list[trio.abc.Stream] = []
+
+    async def serve() -> None:
+        out.append(await accept_tls(trio.SocketStream(b), server))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        ours = await connect_tls(trio.SocketStream(a), client, "127.0.0.1")
+    return ours, out[0]
+
+
+def test_over_tls_an_idle_links_messages_leave_at_once_and_a_partial_write_is_flushed() -> None:
+    """TLS: an idle link's message is written by `send` itself; a message the socket took
+    only part of (its ciphertext waits in the stream) is finished by the writer task, and
+    later messages follow it, whole and in order."""
+
+    async def main() -> None:
+        ours, theirs = await _tls_socket_pair()
+        links = PeerLinks(1, {1: "127.0.0.1:1", 2: "127.0.0.1:2"}, lambda g, m: None,
+                          max_frame=64 << 20, secret=SECRET)
+        link: Any = links._links[2]
+        link.attach(ours)
+        links.send("g", Message(MsgType.HEARTBEAT, 1, 2, 3, commit=1))
+        assert not link.queue  # written without the writer task (none is running)
+        members = Membership(frozenset({1, 2}))
+        big = Message(MsgType.SNAPSHOT, 1, 2, 3, log_index=9, log_term=3,
+                      snapshot=bytes(range(256)) * 16384, membership=members)  # 4 MiB
+        got: list[Message] = []
+        async with trio.open_nursery() as nursery:
+            links.send("g", big)
+            assert link.queue  # the rest of its ciphertext: the writer's to flush
+            for commit in range(2, 12):
+                links.send("g", Message(MsgType.HEARTBEAT, 1, 2, 3, commit=commit))
+            nursery.start_soon(links._writer, link)
+            dec = FrameDecoder(64 << 20)
+            while len(got) < 12:
+                dec.feed(await theirs.receive_some(1 << 20))
+                while (f := dec.next_frame()) is not None:
+                    got.append(message_from_wire(f.header["m"], f.body))
+            nursery.cancel_scope.cancel()
+        heartbeat, snapshot = MsgType.HEARTBEAT, MsgType.SNAPSHOT
+        assert [m.type for m in got] == [heartbeat, snapshot] + [heartbeat] * 10
+        assert got[1].snapshot == big.snapshot
+        assert [m.commit for m in got[2:]] == list(range(2, 12))
+
+    trio.run(main)
 
 
 def test_a_message_over_the_peer_frame_limit_is_not_queued() -> None:
