@@ -309,7 +309,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    "of hosts, and kill-host / partition-host take a whole host")
     p.add_argument("--shards", type=int, default=None, metavar="S",
                    help="node processes per host with --hosts (1 to 4, default 1)")
-    p.add_argument("--groups", type=int, default=3, help="Raft groups (default 3)")
+    p.add_argument("--groups", type=int, default=None,
+                   help="Raft groups (default 3; with --hosts, hosts x shards: a group "
+                   "led by each shard)")
     p.add_argument("--time", type=float, default=60.0, metavar="SECONDS",
                    help="how long faults and load run before the final heal (default 60)")
     p.add_argument("--nemesis", default="kill,partition-node", metavar="LIST",
@@ -339,6 +341,13 @@ def _run_parser() -> argparse.ArgumentParser:
     return p
 
 
+def default_groups(hosts: int | None, shards: int | None) -> int:
+    """Groups of a run that does not say: 3, or on hosts one per shard (hosts x shards),
+    so that every shard leads one and a host's faults touch as many leaders as it has
+    shards, as in a deployment laid out by `raftmq layout`."""
+    return 3 if hosts is None else hosts * (shards or 1)
+
+
 def run_main(argv: list[str]) -> int:
     """``raftmq chaos run``; returns 0 for a valid run, 1 for an invalid one, 2 when the
     checker ran out of time (verdict unknown), 3 for usage errors: `check_main`'s codes."""
@@ -357,7 +366,9 @@ def run_main(argv: list[str]) -> int:
             raise ValueError("--shards needs --hosts (the machines the shards run on)")
         opts = RunOptions(
             out=args.out, nodes=args.nodes or 3, hosts=args.hosts, shards=args.shards or 1,
-            groups=args.groups, time=args.time,
+            groups=args.groups if args.groups is not None else default_groups(args.hosts,
+                                                                              args.shards),
+            time=args.time,
             nemesis=parse_list(args.nemesis, NEMESES, "nemesis"), workload=args.workload,
             seed=args.seed, mutations=tuple(args.mutation), check_timeout=args.check_timeout,
             cluster=args.cluster, drain_timeout=args.drain_timeout,

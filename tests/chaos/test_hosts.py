@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.config import cluster_configs
-from chaos.cli import _repeat_command, run_main
+from chaos.cli import _repeat_command, default_groups, run_main
 from chaos.histories import parse_faults
 from chaos.nemesis import NEMESES, host_clash, minority_hosts, pick_on_hosts
 from chaos.run import RunOptions
@@ -190,6 +190,12 @@ def test_the_host_nemeses_are_in_all_and_the_layout_is_an_option(tmp_path: Path)
         "--groups 3")
 
 
+def test_a_run_on_hosts_has_a_group_led_by_each_shard_unless_told() -> None:
+    assert default_groups(None, None) == 3
+    assert default_groups(3, None) == 3 and default_groups(3, 1) == 3
+    assert default_groups(3, 2) == 6 and default_groups(5, 4) == 20
+
+
 @pytest.mark.live
 def test_smoke_kill_host_and_partition_host_on_3_hosts_of_2_shards_is_valid(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -197,8 +203,8 @@ def test_smoke_kill_host_and_partition_host_on_3_hosts_of_2_shards_is_valid(
     out = tmp_path / "run"
     code = run_main([
         "--out", str(out), "--time", str(HOSTS_SECONDS), "--seed", "3", "--hosts", "3",
-        "--shards", "2", "--nemesis", "kill-host,partition-host", "--drain-timeout", "60",
-        "--json",
+        "--shards", "2", "--groups", "3", "--nemesis", "kill-host,partition-host",
+        "--drain-timeout", "60", "--json",
     ])
     results = json.loads((out / "results.json").read_text())
     assert code == 0, json.dumps(results, indent=1)[:4000]
