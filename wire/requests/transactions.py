@@ -351,7 +351,8 @@ class TxStatusAnswer(WireType):
     epoch: int = spec(int, "the id's epoch, -1 when the coordinator knows no such id")
     n: int = spec(int, "its current transaction's number, -1 when none")
     state: str = spec(str, "that transaction's state (`empty`, `ongoing`, `prepare_*`, "
-                      "`complete_*`)")
+                      "`complete_*`: every participant applied its marker, as the leader "
+                      "saw it, whether or not the entry recording that is in the log yet)")
     participants: tuple[str, ...] = spec(list, "its participant groups",
                                          check=str_list("participants"))
     timeout_ms: int = spec(int, "its timeout")
