@@ -8,17 +8,23 @@ so every test compares whole rows with what was acknowledged.
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from raftmq.client.blocking import connect_admin, connect_producer
 from raftmq.localcluster import LocalCluster
+from raftmq.spark.cluster import read_range
+from raftmq.spark.options import QueueRange
+from raftmq.spark.schema import columns
 from tests.conftest import live_cluster, wait_for
 from tests.spark_support import requires_java, spark
 from wire.records import OutgoingMessage
@@ -215,6 +221,75 @@ def test_messages_sent_in_batches_read_back_whole_with_their_ids(sent: Sent) -> 
               subscribe=topic)
     got = {(r.queue, r.offset): (bytes(r.value), r.key, r.msg_id) for r in df.collect()}
     assert got == want
+
+
+# ---------------------------------------------------------------- the read loop
+
+LONG = "long-range"  # (not matched by the patterns above)
+LONG_COUNT = 2600  # three FETCHes: a FETCH answers at most 1024 messages
+
+
+@pytest.fixture(scope="module")
+def long_range(sent: Sent) -> str:
+    """A one-queue topic whose range takes several FETCHes, its bodies their offsets."""
+    with connect_admin(sent.namesrv) as admin:
+        admin.create_topic(LONG, 1)
+    with connect_producer(sent.namesrv) as p:
+        for i in range(0, LONG_COUNT, 500):
+            p.send_batch(LONG, [str(j).encode() for j in range(i, min(i + 500, LONG_COUNT))],
+                         queue=0)
+    return LONG
+
+
+def _read_long(sent: Sent, start: int = 0, end: int = LONG_COUNT,
+               timeout: float = 30) -> Generator[pa.RecordBatch, None, None]:
+    return read_range(QueueRange(LONG, 0, start, end), (sent.namesrv,),
+                      fail_on_data_loss=True, timeout=timeout, columns=columns(None))
+
+
+def test_a_range_of_several_fetches_reads_back_whole_and_in_order(
+        sent: Sent, long_range: str) -> None:
+    # the batches are fetched ahead of Spark's thread: none lost, repeated or reordered
+    got = read(sent, "offset LONG, value BINARY", subscribe=long_range).collect()
+    assert [(r.offset, bytes(r.value)) for r in got] == [
+        (i, str(i).encode()) for i in range(LONG_COUNT)]
+
+
+def test_a_read_stopped_early_ends_at_once_and_leaves_no_thread(
+        sent: Sent, long_range: str) -> None:
+    threads = threading.active_count()
+    reader = _read_long(sent)
+    first = next(reader)
+    assert first.column("offset")[0].as_py() == 0
+    time.sleep(0.5)  # the rest fetched ahead: the hand-over now waits for room
+    begun = time.monotonic()
+    reader.close()  # as Spark does after a LIMIT
+    assert time.monotonic() - begun < 2
+    wait_for(lambda: threading.active_count() == threads, 5, "the read's threads to end")
+
+
+def test_a_read_that_fails_raises_in_the_thread_that_reads(
+        sent: Sent, long_range: str) -> None:
+    # offsets never committed: each FETCH is refused until the range's timeout
+    with pytest.raises(TimeoutError, match="no message at committed offset 2600"):
+        list(_read_long(sent, LONG_COUNT, LONG_COUNT + 5, timeout=1))
+
+
+def test_a_read_spares_the_workers_collections_what_was_alive_before_it(
+        sent: Sent, long_range: str) -> None:
+    """PySpark's worker runs a full gc.collect() after every task: what the worker held
+    when a read started must be frozen, out of those collections' way."""
+    class Held:
+        pass
+
+    held = Held()
+    gc.unfreeze()
+    try:
+        assert any(o is held for o in gc.get_objects())
+        assert sum(b.num_rows for b in _read_long(sent, 0, 10)) == 10
+        assert not any(o is held for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
 
 
 @pytest.mark.parametrize(("schema", "message"), [
