@@ -160,6 +160,9 @@ REQUESTS_IN_FLIGHT = 4
 # send (or a full batch, or a retry): a request costs every replica an entry, however few
 # batches it holds (`GroupAccumulator.worth_another`).
 REQUEST_COMPANY = 512
+# Queues' places kept while idle, for the next send to them (Kafka's accumulator keeps a
+# place per partition ever sent to); beyond this many, an emptied one is forgotten.
+QUEUE_PLACES_KEPT = 1 << 16
 """PRODUCE requests one producer keeps in flight to one group (Kafka's
 max.in.flight.requests.per.connection is 5): each carries every batch of that group ready
 when it leaves, so batches for thousands of queues share a few requests."""
@@ -734,7 +737,8 @@ class Producer(StartClose):
         self._routes: Routes | None = None
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._queues: dict[QueueKey, _Queue] = {}  # those with sends or a batch out
+        self._queues: dict[QueueKey, _Queue] = {}  # those with sends or a batch out, and
+        # up to QUEUE_PLACES_KEPT idle ones
         self._groups: dict[str, _GroupSender] = {}
         self._seqs: dict[tuple[str, int], _Sequence] = {}
         self._rr: dict[str, int] = {}
@@ -1257,7 +1261,9 @@ class Producer(StartClose):
         send.deadline = now + self.delivery_timeout
         key = (topic, queue, movable, due)  # sends due at another time: another batch
         qb = self._queues.get(key)
-        if qb is None:
+        if qb is None or (route is not None and qb.group is not None and not qb.busy
+                          and qb.empty and qb.group.group != route.group_of(queue)):
+            # new, or kept idle while its queue moved to another group: placed afresh
             qb = self._queues[key] = self._new_queue(key, route)
         group = qb.group
         if group is None:  # its group is being looked up: it waits
@@ -1319,13 +1325,17 @@ class Producer(StartClose):
         self._release(qb)
 
     def _release(self, qb: _Queue) -> None:
-        """No request holds `qb` any more: it may send again, or is forgotten if empty."""
+        """No request holds `qb` any more: it may send again. Empty, it is kept for the
+        next send to its queue while fewer than `QUEUE_PLACES_KEPT` are (a producer
+        spreading sends over many queues would otherwise make one per message), else
+        forgotten."""
         group = qb.group
         if group is None:
             qb.busy = False
         elif group.release(qb, clock()):
             self._groups[group.group].wakeup.set()
-        if qb.empty and not qb.busy and self._queues.get(qb.key) is qb:
+        if (qb.empty and not qb.busy and len(self._queues) > QUEUE_PLACES_KEPT
+                and self._queues.get(qb.key) is qb):
             del self._queues[qb.key]
 
     def _settled(self) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
+import raftmq.client.producer as producer_module
 from raftmq.client.errors import UnavailableError
 from raftmq.client.producer import (
     BatchAccumulator,
@@ -399,6 +400,34 @@ async def test_round_robin_moves_on_by_batch_not_by_message() -> None:
     assert {walk_batch(b)[0].queue for _, _, b in pool.produced()} == {0, 1, 2, 3}
 
 
+@pytest.mark.anyio
+async def test_idle_queue_places_are_kept_up_to_a_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(producer_module, "QUEUE_PLACES_KEPT", 10)
+    async with wide(100, 2, ok_produce()) as (producer, _pool):
+        for f in [await producer.send_async("wide", b"x", queue=k) for k in range(100)]:
+            await f
+        assert len(producer._queues) == 10
+        for f in [await producer.send_async("wide", b"y", queue=k) for k in range(100)]:
+            await f  # kept places or new ones alike
+        assert len(producer._queues) == 10
+
+
+@pytest.mark.anyio
+async def test_a_kept_queue_place_follows_its_queue_to_another_group() -> None:
+    async with wide(4, 2, ok_produce()) as (producer, pool):
+        await producer.send("wide", b"a", queue=1)
+        routes = producer._routes
+        assert routes is not None
+        moved = _wide_route(4, 2)
+        moved["queues"] = [[q, f"g{(q + 1) % 2}", f"n{(q + 1) % 2}:1"] for q in range(4)]
+        route = parse_route("wide", moved, clock())
+        routes._topics["wide"] = route
+        routes.learn_route(route, clock())
+        result = await producer.send("wide", b"b", queue=1)
+    assert [h["g"] for _, h, _ in pool.produced()] == ["g1", "g0"]
+    assert result.group == "g0"
+
+
 def _wide_route(queues: int, groups: int) -> dict[str, Any]:
     """A route of `queues` queues spread round robin over `groups` groups."""
     return {
@@ -425,12 +454,13 @@ async def wide(queues: int, groups: int, script: Script,
 @pytest.mark.anyio
 async def test_sends_to_many_queues_of_a_group_share_its_requests() -> None:
     """A send per queue over 1,000 queues makes one request per group, not one per
-    queue; every send still gets its own batch's outcome, and nothing is kept per
-    queue once the answers are in."""
+    queue; every send still gets its own batch's outcome, and once the answers are in
+    the queues' places hold nothing (kept for the next sends, up to a bound)."""
     async with wide(1000, 2, ok_produce()) as (producer, pool):
         futs = [await producer.send_async("wide", b"%d" % k, queue=k) for k in range(1000)]
         results = [await f for f in futs]
-        assert producer._queues == {} and sorted(producer._groups) == ["g0", "g1"]
+        assert all(qb.empty and not qb.busy for qb in producer._queues.values())
+        assert sorted(producer._groups) == ["g0", "g1"]
     produced = pool.produced()
     assert sorted(h["g"] for _, h, _ in produced) == ["g0", "g1"]
     for _, h, body in produced:
