@@ -387,7 +387,7 @@ class TxService:
         g = self._coordinating(req.g, tid)
         result = await self.lead.propose(g, checked(
             TxEnd, tid=tid, epoch=epoch, n=n, commit=commit, ts=now_ms(), reason="client",
-            groups=tuple(groups)))
+            groups=tuple(groups), mark_here=True))
         if self.node.crash_before_answer and h.get("test_exit") is True:  # not the op's field
             # Deliberately (tests only, on request): die once the decision is committed,
             # before any marker is sent, so a new leader must finish the transaction.

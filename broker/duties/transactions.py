@@ -496,7 +496,8 @@ class TxTasks(Duty):
             return
         try:
             await self.lead.propose(self.groups[gid], TxEnd(
-                tid=tid, epoch=epoch, n=n, commit=False, ts=now_ms(), reason="timeout"))
+                tid=tid, epoch=epoch, n=n, commit=False, ts=now_ms(), reason="timeout",
+                mark_here=True))
         except RequestError as exc:  # decided meanwhile by its client
             log.info("timeout abort refused", extra={"fields": {"tid": tid,
                                                                 "error": exc.message}})

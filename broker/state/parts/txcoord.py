@@ -189,11 +189,16 @@ class TxEnd(ControlRecord):
     ts: int
     reason: str
     groups: tuple[str, ...] = ()  # groups the client sent to: participants too
+    # the marker applies in this group within this entry when it is a participant (a
+    # record without it, as older leaders wrote, leaves that to a tx_marker entry: a
+    # log replays the way it was first applied)
+    mark_here: bool = False
 
     def validate(self) -> None:
         tid_field("tid", self.tid)
         epoch_fields(self.epoch, self.n)
         bool_field("commit", self.commit)
+        bool_field("mark_here", self.mark_here)
         int_field("ts", self.ts, 0, MAX_MS)
         if self.reason not in END_REASONS:
             raise Refused(Code.MALFORMED, f"reason must be one of {', '.join(END_REASONS)}, "
@@ -205,6 +210,8 @@ class TxEnd(ControlRecord):
              "ts": self.ts, "reason": self.reason}
         if self.groups:  # absent when empty: the bytes of a record without it are unchanged
             m["groups"] = list(self.groups)
+        if self.mark_here:  # likewise
+            m["mark_here"] = True
         return m
 
     @classmethod
@@ -213,7 +220,8 @@ class TxEnd(ControlRecord):
         if isinstance(groups, list):
             groups = tuple(groups)
         return cls(d.get("tid"), d.get("epoch"), d.get("n"), d.get("commit"),  # type: ignore[arg-type]
-                   d.get("ts"), d.get("reason"), groups)  # type: ignore[arg-type]
+                   d.get("ts"), d.get("reason"), groups,  # type: ignore[arg-type]
+                   d.get("mark_here", False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +482,8 @@ class TxCoordinator(Part):
             if not parts:
                 decided = self._finish(decided)
             self._set(decided)
-            self._mark_here(decided, rec.ts, index)
+            if rec.mark_here:
+                self._mark_here(decided, rec.ts, index)
             return ControlResult(TxEnd.op, 1)
         aside = self.completing.get(rec.tid)
         if aside is not None and aside.n == rec.n:
@@ -488,7 +497,8 @@ class TxCoordinator(Part):
             decided = replace(started, state="prepare_commit" if rec.commit else
                               "prepare_abort", decided_ms=rec.ts, reason=rec.reason)
             self._set(self._finish(decided) if not parts else decided)
-            self._mark_here(decided, rec.ts, index)
+            if rec.mark_here:
+                self._mark_here(decided, rec.ts, index)
             return ControlResult(TxEnd.op, 1)
         self._refuse_other(cur, rec.n)
         raise AssertionError("unreachable")

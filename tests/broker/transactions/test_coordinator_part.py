@@ -413,7 +413,8 @@ def test_the_decision_applies_in_its_own_group_within_the_tx_end(commit: bool) -
     ctl(r, TxAdd("tid", 0, 0, ("g1", "g2"), 10))
     r.batch("t", 0, [b"a", b"b"], tx=("tid", 0, 0))
     assert r.bodies("t", 0) == []
-    assert ctl(r, TxEnd("tid", 0, 0, commit, 20, "client")) == ControlResult("tx_end", 1)
+    assert ctl(r, TxEnd("tid", 0, 0, commit, 20, "client", mark_here=True)) == ControlResult(
+        "tx_end", 1)
     assert r.bodies("t", 0) == ([b"a", b"b"] if commit else [])
     d = r.state.txpart.decision(kafka_key("tid", 0, 0))
     assert d is not None and d.commit is commit
@@ -425,10 +426,25 @@ def test_the_decision_applies_in_its_own_group_within_the_tx_end(commit: bool) -
     assert r.bodies("t", 0) == ([b"a", b"b"] if commit else [])
 
 
+def test_a_tx_end_written_without_mark_here_leaves_the_marker_to_its_own_entry() -> None:
+    # a log older leaders wrote replays as it was first applied: the decision alone,
+    # the transaction's data entering the queue with the tx_marker after it
+    r = _own_group()
+    ctl(r, TxAdd("tid", 0, 0, ("g1", "g2"), 10))
+    r.batch("t", 0, [b"a"], tx=("tid", 0, 0))
+    ctl(r, TxEnd("tid", 0, 0, True, 20, "client"))
+    assert r.state.txpart.decision(kafka_key("tid", 0, 0)) is None
+    assert r.bodies("t", 0) == []
+    ctl(r, TxMarker("tid", 0, 0, True, 0, 30))
+    assert r.bodies("t", 0) == [b"a"]
+    assert TxEnd.from_map(TxEnd("tid", 0, 0, True, 20, "client").to_map()).mark_here is False
+    assert "mark_here" not in TxEnd("tid", 0, 0, True, 20, "client").to_map()
+
+
 def test_a_decision_of_other_groups_only_leaves_this_groups_participant_alone() -> None:
     r = _own_group()
     ctl(r, TxAdd("tid", 0, 0, ("g2",), 10))
-    ctl(r, TxEnd("tid", 0, 0, True, 20, "client"))
+    ctl(r, TxEnd("tid", 0, 0, True, 20, "client", mark_here=True))
     assert r.state.txpart.decision(kafka_key("tid", 0, 0)) is None
 
 
@@ -442,7 +458,7 @@ def test_an_earlier_transaction_with_its_marker_still_due_here_goes_first() -> N
     ctl(r, TxInit("tid", 60_000, 15))
     ctl(r, TxAdd("tid", 1, 0, ("g1",), 16))
     r.batch("t", 0, [b"new"], tx=("tid", 1, 0))
-    ctl(r, TxEnd("tid", 1, 0, True, 20, "client"))
+    ctl(r, TxEnd("tid", 1, 0, True, 20, "client", mark_here=True))
     assert r.state.txpart.decision(kafka_key("tid", 1, 0)) is None
     assert r.bodies("t", 0) == []
     ctl(r, TxMarker("tid", 0, 0, False, 1, 30))  # the duty: the older one first

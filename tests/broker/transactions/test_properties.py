@@ -166,8 +166,10 @@ class Run:
             _, tid, epoch, n, commit = op
             key = kafka_key(tid, epoch, n)
             before = self.a.txpart.decision(key)
-            self.entry(EntryType.CONTROL, TxEnd(tid, epoch, n, commit, self.index,
-                                                "client").encode())
+            # both kinds of record meet in a log: those of leaders that apply the marker
+            # in their own group with the decision, and those of older ones
+            self.entry(EntryType.CONTROL, TxEnd(tid, epoch, n, commit, self.index, "client",
+                                                mark_here=self.index % 3 != 0).encode())
             here = self.a.txpart.decision(key)
             if before is None and here is not None:
                 # this group is a participant of its own coordinator's decision: the
