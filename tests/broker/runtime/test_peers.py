@@ -44,6 +44,21 @@ async def _tls_socket_pair() -> tuple[trio.abc.Stream, trio.abc.Stream]:
     return ours, out[0]
 
 
+def _attached(stream: Any) -> tuple[PeerLinks, Any]:
+    """Links of node 1 whose link to node 2 runs over `stream`."""
+    links = PeerLinks(1, {1: "127.0.0.1:1", 2: "127.0.0.1:2"}, lambda g, m: None,
+                      max_frame=64 << 20, secret=SECRET)
+    link: Any = links._links[2]
+    link.attach(stream)
+    return links, link
+
+
+def _big_snapshot() -> Message:
+    """A 4 MiB snapshot message: more than a socket takes at once."""
+    return Message(MsgType.SNAPSHOT, 1, 2, 3, log_index=9, log_term=3,
+                   snapshot=bytes(range(256)) * 16384, membership=Membership(frozenset({1, 2})))
+
+
 def test_over_tls_an_idle_links_messages_leave_at_once_and_a_partial_write_is_flushed() -> None:
     """TLS: an idle link's message is written by `send` itself; a message the socket took
     only part of (its ciphertext waits in the stream) is finished by the writer task, and
@@ -51,15 +66,10 @@ def test_over_tls_an_idle_links_messages_leave_at_once_and_a_partial_write_is_fl
 
     async def main() -> None:
         ours, theirs = await _tls_socket_pair()
-        links = PeerLinks(1, {1: "127.0.0.1:1", 2: "127.0.0.1:2"}, lambda g, m: None,
-                          max_frame=64 << 20, secret=SECRET)
-        link: Any = links._links[2]
-        link.attach(ours)
+        links, link = _attached(ours)
         links.send("g", Message(MsgType.HEARTBEAT, 1, 2, 3, commit=1))
         assert not link.queue  # written without the writer task (none is running)
-        members = Membership(frozenset({1, 2}))
-        big = Message(MsgType.SNAPSHOT, 1, 2, 3, log_index=9, log_term=3,
-                      snapshot=bytes(range(256)) * 16384, membership=members)  # 4 MiB
+        big = _big_snapshot()
         got: list[Message] = []
         async with trio.open_nursery() as nursery:
             links.send("g", big)
@@ -106,15 +116,10 @@ def test_messages_on_an_idle_link_leave_at_once_and_never_inside_a_write() -> No
     async def main() -> None:
         a, b = trio.socket.socketpair()
         ours, theirs = trio.SocketStream(a), trio.SocketStream(b)
-        links = PeerLinks(1, {1: "127.0.0.1:1", 2: "127.0.0.1:2"}, lambda g, m: None,
-                          max_frame=64 << 20, secret=SECRET)
-        link: Any = links._links[2]
-        link.attach(ours)
+        links, link = _attached(ours)
         links.send("g", Message(MsgType.HEARTBEAT, 1, 2, 3, commit=1))
         assert not link.queue  # written without the writer task (none is running)
-        members = Membership(frozenset({1, 2}))
-        big = Message(MsgType.SNAPSHOT, 1, 2, 3, log_index=9, log_term=3,
-                      snapshot=bytes(range(256)) * 16384, membership=members)  # 4 MiB
+        big = _big_snapshot()
         received = bytearray()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(links._writer, link)

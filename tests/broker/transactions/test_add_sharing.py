@@ -15,38 +15,26 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.config import GroupConfig, NodeConfig
 from broker.node import Node
 from broker.state.parts.txcoord import TxInit
 from raftlog.types import EntryType
+from tests.broker.transactions.one_node import leading, one_node, tid_coordinated_by
 from wire.protocol import Code, RequestError
-from wire.txn import coordinator_group
 
 GROUPS = ("g0", "g1", "g2")
 
 
-def _node(data: Path) -> Node:
-    return Node(NodeConfig(node_id=1, listen="127.0.0.1:0", data=data,
-                           peers={1: "127.0.0.1:0"}, tick_ms=10, tx_tick_ms=3_600_000,
-                           groups=tuple(GroupConfig(g, (1,), 1) for g in GROUPS)))
-
-
 def _tid_coordinated_by(gid: str) -> str:
-    for k in range(1000):
-        if coordinator_group(f"share-{k}", list(GROUPS)) == gid:
-            return f"share-{k}"
-    raise AssertionError("no id hashes there")
+    return tid_coordinated_by(gid, "share", GROUPS)
 
 
 def _run(tmp_path: Path, scenario: object) -> None:
-    node = _node(tmp_path)
+    node = one_node(tmp_path, GROUPS)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run)
-            with trio.fail_after(60):
-                while not all(node.groups[g].is_leader for g in GROUPS):
-                    await trio.sleep(0.02)
+            await leading(node, GROUPS)
             await scenario(node)  # type: ignore[operator]
             nursery.cancel_scope.cancel()
 

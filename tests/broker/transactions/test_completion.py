@@ -14,39 +14,24 @@ from pathlib import Path
 
 import trio
 
-from broker.config import GroupConfig, NodeConfig
 from broker.duties.transactions import COMPLETE_GRACE_S
-from broker.node import Node
 from broker.state.parts.base import ControlResult, ProduceResult
 from broker.state.parts.txcoord import TxEnd, TxInit
 from broker.state.statemachine import control_create_topic
 from raftlog.types import EntryType
+from tests.broker.transactions.one_node import leading, one_node, tid_coordinated_by
 from wire.records import STORED_PREFIX, OutgoingMessage, encode_batch
-from wire.txn import coordinator_group
-
-
-def _node(data: Path) -> Node:
-    return Node(NodeConfig(node_id=1, listen="127.0.0.1:0", data=data,
-                           peers={1: "127.0.0.1:0"}, tick_ms=10, tx_tick_ms=3_600_000,
-                           groups=(GroupConfig("g0", (1,), 1), GroupConfig("g1", (1,), 1))))
-
-
-def _tid() -> str:
-    return next(f"done-{k}" for k in range(1000)
-                if coordinator_group(f"done-{k}", ["g0", "g1"]) == "g0")
 
 
 def test_back_to_back_transactions_are_completed_by_the_next_ones_tx_add(
         tmp_path: Path) -> None:
-    node = _node(tmp_path)
-    tid = _tid()
+    node = one_node(tmp_path)
+    tid = tid_coordinated_by("g0", "done")
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run)
-            with trio.fail_after(60):
-                while not all(node.groups[g].is_leader for g in ("g0", "g1")):
-                    await trio.sleep(0.02)
+            await leading(node)
             coord, part = node.groups["g0"], node.groups["g1"]
             cstate = node.registry.states["g0"]
             tx, tasks = node.tx_service, node.txtasks

@@ -15,43 +15,27 @@ from pathlib import Path
 
 import trio
 
-from broker.config import GroupConfig, NodeConfig
-from broker.node import Node
 from broker.state.parts.base import ControlResult, ProduceResult
 from broker.state.parts.txcoord import TxAdd, TxEnd, TxInit
 from broker.state.statemachine import control_create_topic
 from raftlog.types import EntryType
+from tests.broker.transactions.one_node import leading, one_node, tid_coordinated_by
 from wire.records import STORED_PREFIX, OutgoingMessage, decode_record, encode_batch
-from wire.txn import coordinator_group
 
 ROUNDS = 10  # each round, before the fix: a later transaction first half the time
 PER_ROUND = 2  # a coordinator keeps at most n and n + 1 of one id undelivered
 
 
-def _node(data: Path) -> Node:
-    # ticks only when woken: the test decides when the duty looks
-    return Node(NodeConfig(node_id=1, listen="127.0.0.1:0", data=data,
-                           peers={1: "127.0.0.1:0"}, tick_ms=10, tx_tick_ms=3_600_000,
-                           groups=(GroupConfig("g0", (1,), 1), GroupConfig("g1", (1,), 1))))
-
-
-def _tid_coordinated_by(gid: str) -> str:
-    for k in range(1000):
-        if coordinator_group(f"order-{k}", ["g0", "g1"]) == gid:
-            return f"order-{k}"
-    raise AssertionError("no id hashes there")
 
 
 def test_markers_of_one_producer_enter_a_queue_in_its_order(tmp_path: Path) -> None:
-    node = _node(tmp_path)
-    tid = _tid_coordinated_by("g0")  # coordinator g0, data in g1
+    node = one_node(tmp_path)
+    tid = tid_coordinated_by("g0", "order")  # coordinator g0, data in g1
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run)
-            with trio.fail_after(60):
-                while not all(node.groups[g].is_leader for g in ("g0", "g1")):
-                    await trio.sleep(0.02)
+            await leading(node)
             coord, part = node.groups["g0"], node.groups["g1"]
             await part.propose(control_create_topic("t", 1, [0]), EntryType.CONTROL)
             await coord.propose(TxInit(tid, 3_600_000, int(time.time() * 1000)).encode(),
