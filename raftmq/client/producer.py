@@ -156,16 +156,16 @@ MIN_REQUEST_TIMEOUT = 0.05  # a last try just before the delivery deadline still
 FAULT_WINDOW = 5.0  # seconds a failed group is avoided by round-robin selection
 MAX_BATCH_BYTES = DEFAULT_MAX_FRAME - (1 << 20)  # leave room for the frame header
 REQUESTS_IN_FLIGHT = 4
-# While a group has requests out, the next waits for this many queues with something to
-# send (or a full batch, or a retry): a request costs every replica an entry, however few
-# batches it holds (`GroupAccumulator.worth_another`).
-REQUEST_COMPANY = 512
-# Queues' places kept while idle, for the next send to them (Kafka's accumulator keeps a
-# place per partition ever sent to); beyond this many, an emptied one is forgotten.
-QUEUE_PLACES_KEPT = 1 << 16
 """PRODUCE requests one producer keeps in flight to one group (Kafka's
 max.in.flight.requests.per.connection is 5): each carries every batch of that group ready
 when it leaves, so batches for thousands of queues share a few requests."""
+REQUEST_COMPANY = 512
+"""While a group has requests out, the next waits for this many queues with something to
+send (or a full batch, or a retry): a request costs every replica an entry, however few
+batches it holds (`GroupAccumulator.worth_another`)."""
+QUEUE_PLACES_KEPT = 1 << 16
+"""Queues' places kept while idle, for the next send to them (Kafka's accumulator keeps a
+place per partition ever sent to); beyond this many, an emptied one is forgotten."""
 MAX_REDIRECTS = 5  # redirects to a newer leader one batch follows without counting them
 
 QueueKey = tuple[str, int, bool, Due]  # topic, queue, movable, when due
@@ -915,7 +915,7 @@ class Producer(StartClose):
         if self._hand_over_now(topic, msg, queue, fut, due):  # no wait: no timer either
             return fut
         with anyio.move_on_after(self.delivery_timeout):
-            await self._send_one(topic, msg, queue, fut, due=due)
+            await self._send_checked(topic, msg, queue, fut, due=due)
             return fut
         raise self._expired(topic, handed_over=False)
 
@@ -948,6 +948,13 @@ class Producer(StartClose):
         move it to another group the transaction has not joined. `due`: when a delayed
         message falls due (`raftmq.client.delays`)."""
         check_message(msg, self.max_message_bytes)
+        await self._send_checked(topic, msg, queue, fut, joining=joining, due=due)
+
+    async def _send_checked(self, topic: str, msg: Payload, queue: int | None,
+                            fut: SendFuture[SendResult], *,
+                            joining: Callable[[TopicRoute, int], Awaitable[None]] | None = None,
+                            due: Due = NO_DUE) -> None:
+        """`_send_one` of a message `check_message` has passed already."""
         route, q, movable = await self._choose_queue(topic, msg, queue)
         if joining is not None:
             await joining(route, q)
@@ -1355,11 +1362,11 @@ class Producer(StartClose):
         while True:
             now = clock()
             if gs.in_flight < REQUESTS_IN_FLIGHT and acc.sendable:
-                if self._flushing or acc.ready(now) and (gs.in_flight == 0
-                                                         or acc.worth_another()):
+                ready = acc.ready(now)
+                if self._flushing or ready and (gs.in_flight == 0 or acc.worth_another()):
                     self._start_request(gs)
                     continue
-                if acc.ready(now):  # company for a request, or the answer out: wait
+                if ready:  # company for a request, or the answer out: wait
                     gs.wakeup = anyio.Event()
                     await gs.wakeup.wait()
                     continue
