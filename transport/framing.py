@@ -61,7 +61,7 @@ from .tls import (
     peer_certificate,
     socket_of,
 )
-from .tlsstream import TlsStream
+from .tlsstream import TlsStream, read_socket
 
 __all__ = [
     "Budget",
@@ -225,21 +225,10 @@ async def read_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes | b
         return data
     if type(stream) is not trio.SocketStream:
         return await stream.receive_some(max_bytes)
-    sock = stream.socket
-    while True:
-        fd = sock.fileno()
-        if fd < 0:
-            raise trio.ClosedResourceError("the stream was closed")
-        try:
-            data = os.read(fd, max_bytes)
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(sock)
-            continue
-        except OSError as exc:
-            raise trio.BrokenResourceError(f"reading the connection failed: {exc!r}") from exc
-        if len(data) == max_bytes:
-            await trio.lowlevel.cancel_shielded_checkpoint()  # (a cancel must not drop data)
-        return data
+    data = await read_socket(stream.socket, max_bytes)
+    if len(data) == max_bytes:
+        await trio.lowlevel.cancel_shielded_checkpoint()  # (a cancel must not drop data)
+    return data
 
 
 class FrameWriter:

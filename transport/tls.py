@@ -31,6 +31,7 @@ import os
 import socket
 import ssl
 from collections.abc import Mapping
+from typing import Any, TypeGuard
 
 import trio
 
@@ -180,7 +181,7 @@ async def _tell_plaintext(stream: trio.abc.Stream) -> None:
             pass
 
 
-def is_tls(stream: trio.abc.Stream) -> bool:
+def is_tls(stream: trio.abc.Stream) -> TypeGuard[TlsStream | trio.SSLStream[Any]]:
     """Whether `stream` is a TLS connection (made by `connect_tls` or `accept_tls`)."""
     return isinstance(stream, (TlsStream, trio.SSLStream))
 
@@ -188,7 +189,7 @@ def is_tls(stream: trio.abc.Stream) -> bool:
 def peer_certificate(stream: trio.abc.Stream) -> dict[str, object] | None:
     """The certificate the other end of a TLS `stream` presented and the handshake
     verified against the CA; None for a plain stream or when it offered none."""
-    if not isinstance(stream, (TlsStream, trio.SSLStream)):
+    if not is_tls(stream):
         return None
     cert = stream.getpeercert()
     return dict(cert) if cert else None

@@ -31,9 +31,27 @@ from typing import Any
 
 import trio
 
-__all__ = ["TlsStream"]
+__all__ = ["TlsStream", "read_socket"]
 
 _RAW_READ = 1 << 16  # ciphertext read from the socket at once (a whole record fits)
+
+
+async def read_socket(sock: trio.socket.SocketType, max_bytes: int) -> bytes:
+    """What `sock` holds, at most `max_bytes` (b"" at its end), with one `os.read`: it
+    waits only when nothing is there, and takes no scheduling round once the bytes are
+    in (trio's `recv` does). `trio.ClosedResourceError` once the socket is closed here,
+    `trio.BrokenResourceError` when the read fails. The plain transport reads its
+    sockets this way (`transport.framing.read_some`), and `TlsStream` its ciphertext."""
+    while True:
+        fd = sock.fileno()
+        if fd < 0:
+            raise trio.ClosedResourceError("the stream was closed")
+        try:
+            return os.read(fd, max_bytes)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(sock)
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"reading the connection failed: {exc!r}") from exc
 
 
 class TlsStream(trio.abc.Stream):
@@ -167,25 +185,16 @@ class TlsStream(trio.abc.Stream):
         close_notify from a cut connection)."""
         if self._eof:
             raise self._fail(trio.BrokenResourceError("the connection ended"))
-        sock = self._sock
-        while True:
-            fd = sock.fileno()
-            if fd < 0:
-                raise trio.ClosedResourceError("the stream was closed")
-            try:
-                raw = os.read(fd, _RAW_READ)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                self._check()
-                continue
-            except OSError as exc:
-                raise self._fail(exc) from exc
-            if raw:
-                self._incoming.write(raw)
-            else:
-                self._eof = True
-                self._incoming.write_eof()
-            return
+        try:
+            raw = await read_socket(self._sock, _RAW_READ)
+        except trio.BrokenResourceError as exc:
+            raise self._fail(exc) from exc
+        self._check()  # (closed or failed elsewhere while this waited)
+        if raw:
+            self._incoming.write(raw)
+        else:
+            self._eof = True
+            self._incoming.write_eof()
 
     # --- sending -----------------------------------------------------------------------
 
