@@ -59,6 +59,15 @@ def _big_snapshot() -> Message:
                    snapshot=bytes(range(256)) * 16384, membership=Membership(frozenset({1, 2})))
 
 
+def _assert_big_among_heartbeats(got: list[Message], big: Message) -> None:
+    """What the write tests send arrived whole and in order: heartbeat 1, the big
+    snapshot, heartbeats 2-11."""
+    heartbeat, snapshot = MsgType.HEARTBEAT, MsgType.SNAPSHOT
+    assert [m.type for m in got] == [heartbeat, snapshot] + [heartbeat] * 10
+    assert got[1].snapshot == big.snapshot
+    assert [m.commit for m in got[2:]] == list(range(2, 12))
+
+
 def test_over_tls_an_idle_links_messages_leave_at_once_and_a_partial_write_is_flushed() -> None:
     """TLS: an idle link's message is written by `send` itself; a message the socket took
     only part of (its ciphertext waits in the stream) is finished by the writer task, and
@@ -83,10 +92,7 @@ def test_over_tls_an_idle_links_messages_leave_at_once_and_a_partial_write_is_fl
                 while (f := dec.next_frame()) is not None:
                     got.append(message_from_wire(f.header["m"], f.body))
             nursery.cancel_scope.cancel()
-        heartbeat, snapshot = MsgType.HEARTBEAT, MsgType.SNAPSHOT
-        assert [m.type for m in got] == [heartbeat, snapshot] + [heartbeat] * 10
-        assert got[1].snapshot == big.snapshot
-        assert [m.commit for m in got[2:]] == list(range(2, 12))
+        _assert_big_among_heartbeats(got, big)
 
     trio.run(main)
 
@@ -143,10 +149,7 @@ def test_messages_on_an_idle_link_leave_at_once_and_never_inside_a_write() -> No
                 if len(got) < 12:
                     received += await theirs.receive_some(1 << 20)
             nursery.cancel_scope.cancel()
-        heartbeat, snapshot = MsgType.HEARTBEAT, MsgType.SNAPSHOT
-        assert [m.type for m in got] == [heartbeat, snapshot] + [heartbeat] * 10
-        assert got[1].snapshot == big.snapshot
-        assert [m.commit for m in got[2:]] == list(range(2, 12))
+        _assert_big_among_heartbeats(got, big)
 
     trio.run(main)
 
