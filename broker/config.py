@@ -69,6 +69,7 @@ __all__ = [
     "ALLOW_MUTATIONS_ENV",
     "FSYNC_POLICIES",
     "KNOWN_MUTATIONS",
+    "TX_RECORD_VERSION",
     "METRICS_PORT_OFFSET",
     "NAMESRV_PORT_OFFSET",
     "ConfigError",
@@ -125,6 +126,10 @@ _MAX_NODES_FOR_LAYOUT = NAMESRV_PORT_OFFSET - 1
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the key and what is expected."""
+
+
+TX_RECORD_VERSION = 2
+"""The newest form of the transaction records a leader writes (`tx_record_version`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +262,13 @@ class NodeConfig:
     tx_orphan_ms: int = 120_000
     tx_tick_ms: int = 200
     tx_id_expiration_ms: int = 604_800_000
+    # The transaction records this node writes when it leads: 2 (the default) lets a
+    # `tx_end` apply the decision in the coordinator's own group (`mark_here`) and a
+    # `tx_add` complete the previous transaction (`completes`); 1 writes neither, as
+    # releases before them did, whose nodes would apply those records differently. A
+    # rolling upgrade from such a release runs with 1 until every node is upgraded
+    # (docs/operations.md, "Upgrades").
+    tx_record_version: int = TX_RECORD_VERSION
     # Orderly consumption (`broker.state.parts.queuelocks`): how long a queue lock holds
     # unrenewed when the client asks for no lease of its own (RocketMQ's 60 s).
     queue_lock_lease_ms: int = 60_000
@@ -726,12 +738,17 @@ _TX_SETTINGS = {
     "tx_orphan_ms": (120_000, 1),
     "tx_tick_ms": (200, 1),
     "tx_id_expiration_ms": (604_800_000, 1),
+    "tx_record_version": (TX_RECORD_VERSION, 1),
 }
 
 
 def _tx_settings(d: Mapping[str, Any]) -> dict[str, int]:
-    return {key: _int(d.get(key, default), key, minimum=minimum)
-            for key, (default, minimum) in _TX_SETTINGS.items()}
+    out = {key: _int(d.get(key, default), key, minimum=minimum)
+           for key, (default, minimum) in _TX_SETTINGS.items()}
+    if out["tx_record_version"] > TX_RECORD_VERSION:
+        raise ConfigError(f"tx_record_version must be 1..{TX_RECORD_VERSION}, got "
+                          f"{out['tx_record_version']}")
+    return out
 
 
 def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> NodeConfig:

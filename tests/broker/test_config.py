@@ -13,6 +13,7 @@ import pytest
 
 from broker.config import (
     ALLOW_MUTATIONS_ENV,
+    TX_RECORD_VERSION,
     ConfigError,
     GroupConfig,
     NodeConfig,
@@ -238,6 +239,17 @@ def test_invalid_configs_are_refused_with_a_clear_message(edit: Any, message: st
     with pytest.raises(ConfigError) as info:
         NodeConfig.from_dict(d, env=ALLOW)
     assert message in str(info.value)
+
+
+def test_tx_record_version_is_the_newest_unless_held_back_for_an_upgrade() -> None:
+    assert NodeConfig.from_dict(base(), env=NO_ENV).tx_record_version == TX_RECORD_VERSION
+    d = base()
+    d["tx_record_version"] = 1
+    assert NodeConfig.from_dict(d, env=NO_ENV).tx_record_version == 1
+    for bad in (0, TX_RECORD_VERSION + 1, "2"):
+        d["tx_record_version"] = bad
+        with pytest.raises(ConfigError, match="tx_record_version must be"):
+            NodeConfig.from_dict(d, env=NO_ENV)
 
 
 def test_duplicate_group_ids() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -14,11 +15,12 @@ from broker.node import Node
 from wire.txn import coordinator_group
 
 
-def one_node(data: Path, groups: Sequence[str] = ("g0", "g1")) -> Node:
-    """A node leading `groups`, each of one replica (itself)."""
+def one_node(data: Path, groups: Sequence[str] = ("g0", "g1"), **settings: Any) -> Node:
+    """A node leading `groups`, each of one replica (itself); `settings` go to its
+    config."""
     return Node(NodeConfig(node_id=1, listen="127.0.0.1:0", data=data,
                            peers={1: "127.0.0.1:0"}, tick_ms=10, tx_tick_ms=3_600_000,
-                           groups=tuple(GroupConfig(g, (1,), 1) for g in groups)))
+                           groups=tuple(GroupConfig(g, (1,), 1) for g in groups), **settings))
 
 
 async def leading(node: Node, groups: Sequence[str] = ("g0", "g1")) -> None:
