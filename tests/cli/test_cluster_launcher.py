@@ -306,7 +306,10 @@ def test_a_node_that_dies_on_its_own_is_reported(tmp_path: Path) -> None:
 @pytest.mark.live
 def test_kill_together_and_a_wait_that_leaves_exits_to_the_harness(tmp_path: Path) -> None:
     with StandInCluster(tmp_path, crash=(3,)) as c:
-        with pytest.raises(TimeoutError, match="g2"):
+        deadline = time.monotonic() + 30  # a loaded machine may start nodes 1 and 2 slowly
+        while set(c.cluster_info()["nodes"]) != {1, 2} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(TimeoutError, match="g2"):  # the only group left without one
             c.wait_ready(timeout=1.0, raise_on_exit=False)
         deadline = time.monotonic() + 30  # a loaded machine may start node 3 slowly
         while c.is_running(3) and time.monotonic() < deadline:
