@@ -72,6 +72,15 @@ def test_ours_row_takes_bench_produce_result_as_is() -> None:
     assert failed["status"] == "error"
 
 
+def test_ours_row_times_the_round_trip_as_the_peers_do() -> None:
+    # the peers' workers time one request to its answer: ours is the in-flight latency,
+    # not the call-to-ack time that includes waiting for room in the window
+    row = ours_row(_produce_result(in_flight_latency_ms={"p50": 1.1, "p99": 1.8,
+                                                         "p999": 5.0}))
+    assert (row["p50_ms"], row["p99_ms"], row["p999_ms"]) == (1.1, 1.8, 5.0)
+    assert row["produce"]["latency_ms"]["p50"] == 10.0  # the call-to-ack figure kept inside
+
+
 def test_ours_batch_row_is_labelled_with_its_call() -> None:
     row = ours_row(_produce_result(api="batch", batch_messages=32, concurrent_batches=8,
                                    batch_max_messages=32, linger_ms=0.0))
