@@ -21,14 +21,17 @@ the harness and `client_addr` is the address the node tells clients.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import os
-import random
 import secrets
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,7 +51,7 @@ from transport.scram import Credentials, credentials_from_env
 from wire.protocol import Op, RequestError
 from wire.requests.namesrv import ClusterRequest
 
-__all__ = ["ClusterError", "LocalCluster", "free_ports"]
+__all__ = ["ClusterError", "LocalCluster", "free_port_base", "free_ports"]
 
 NAMESRV = "namesrv"
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -60,54 +63,158 @@ class ClusterError(RuntimeError):
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """`n` distinct TCP ports that were free a moment ago, chosen below the kernel's
-    ephemeral range.
+    """`n` distinct TCP ports, free now, that no other caller of `free_ports` or
+    `free_port_base`, in this process or any other, is handed meanwhile (`_PortBlock`).
+    Falls back to kernel-chosen ports when the range below the ephemeral one is too small
+    for a block."""
+    ports: list[int] = []
+    for _ in range(n):
+        port = _ports.take(1, host)
+        if port is None:
+            return _kernel_ports(n, host)
+        ports.append(port)
+    return ports
 
-    A node re-binds its port when it restarts (kill -9, power loss). A port from the
-    ephemeral range may meanwhile become the local end of some outgoing connection,
-    and the restart then fails with EADDRINUSE; ports below that range are only ever
-    taken by an explicit bind. Each candidate is bound, and all stay bound until every
-    port is chosen, so they are distinct. Another process may still bind one before it
-    is used; a fixed `port_base` avoids that race. Falls back to kernel-chosen ports
-    when the range below the ephemeral one is too small.
-    """
-    low, lo = port_range()
-    candidates = list(range(low, lo)) if lo - low >= 4 * n else []
-    random.SystemRandom().shuffle(candidates)
-    socks: list[socket.socket] = []
-    chosen: list[int] = []
+
+def _kernel_ports(n: int, host: str) -> list[int]:
+    """`n` ports the kernel picks (from the ephemeral range), all bound at once so they
+    are distinct."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
     try:
-        for port in [*candidates, *[0] * n]:
-            if len(chosen) == n:
-                break
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.bind((host, port))
-            except OSError:
-                s.close()
-                continue
-            socks.append(s)
-            chosen.append(s.getsockname()[1])
-        return chosen
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
     finally:
         for s in socks:
             s.close()
 
 
+PORT_BASE_SPAN = 128
+
+
+def free_port_base(span: int = PORT_BASE_SPAN, host: str = "127.0.0.1") -> int:
+    """A port base B whose ports B..B+span-1 are all free now and handed to no other
+    caller: room for a `--port-base` layout (node i at B+i, the name server at B+76, the
+    console at B+80, the MQTT gateway at B+83, metrics at B+100+i)."""
+    base = _ports.take(span, host)
+    if base is None:
+        raise ClusterError("no port block below the kernel's ephemeral range")
+    return base
+
+
 _LOW_PORT = 20000  # above the usual fixed service ports
-PORTS_ENV = "RAFTMQ_FREE_PORTS"
+PORT_BLOCK = 512  # ports a process reserves at once; 24 blocks fit below 32768
+_LOCK_DIR = "raftmq-ports"
 
 
-def port_range() -> tuple[int, int]:
-    """The ports `free_ports` picks from, [low, high): below the kernel's ephemeral range,
-    or the slice `RAFTMQ_FREE_PORTS=LOW-HIGH` names. A test runner gives each of its
-    parallel workers a slice of its own: two harnesses picking at once may otherwise both
-    find a port free and both start a node on it (the second exits, EADDRINUSE)."""
-    spec = os.environ.get(PORTS_ENV, "")
-    low, sep, high = spec.partition("-")
-    if sep and low.isdigit() and high.isdigit() and 1024 <= int(low) < int(high) <= 65536:
-        return int(low), int(high)
-    return _LOW_PORT, _ephemeral_low()
+class _PortBlock:
+    """This process's own block of ports, from which `free_ports` and `free_port_base`
+    hand out ports.
+
+    Why: a port found free is bound only later, by a child process (a node, the name
+    server), and whoever binds it in between wins: another test worker's cluster, or this
+    process's own next pick (a chaos run picks its nodes' ports in `ProxyNet`, then
+    `LocalCluster` picks the name server's while those are still unbound). Probing cannot
+    close that window, and retrying on EADDRINUSE would mean rewriting configs and proxy
+    wiring that name the port, so callers do not share ports at all. The range below the
+    kernel's ephemeral ports (where only explicit binds land, so a restarted node can
+    re-bind its port) is cut into blocks of `PORT_BLOCK`; a process takes one by holding an
+    exclusive flock on `<tmpdir>/raftmq-ports/<first port>.lock` for its whole life (the
+    kernel drops it when the process dies: no lock goes stale, nothing needs cleaning up)
+    and hands its ports out in order, each once, wrapping around only at the block's end
+    (a span that does not fit there starts at its beginning). Each port is still bound
+    once before it is handed out and skipped when busy (a stranger's, or one of this
+    process's long-lived clusters after a wrap). When others hold every block, the process
+    shares the one its pid points at, unlocked: no worse than picking at random.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._pid = -1  # the process that claimed the block (a forked child claims anew)
+        self._fd: int | None = None  # the lock file, held open for the process's life
+        self._start: int | None = None  # first port of the block; None: no block fits
+        self._next = 0  # offset in the block of the next port to hand out
+
+    def take(self, span: int, host: str) -> int | None:
+        """The first of `span` consecutive free ports of the block, never handed out
+        before in this lap; None when no block fits below the ephemeral range."""
+        if not 1 <= span <= PORT_BLOCK:
+            raise ValueError(f"span must be 1..{PORT_BLOCK}, not {span}")
+        with self._mutex:
+            if self._pid != os.getpid():
+                self._claim()
+            if self._start is None:
+                return None
+            for _ in range(PORT_BLOCK // span + 1):  # one lap, at most
+                if self._next + span > PORT_BLOCK:
+                    self._next = 0
+                base = self._start + self._next
+                self._next += span
+                if _all_bindable(host, range(base, base + span)):
+                    return base
+            end = self._start + PORT_BLOCK - 1
+            raise ClusterError(f"no {span} free port(s) in a row in {self._start}-{end}")
+
+    def _claim(self) -> None:
+        if self._fd is not None:  # inherited through fork: the parent's block, not ours
+            os.close(self._fd)
+            self._fd = None
+        self._pid, self._next, self._start = os.getpid(), 0, None
+        low, high = _LOW_PORT, _ephemeral_low()
+        first = -(-low // PORT_BLOCK)
+        blocks = [k * PORT_BLOCK for k in range(first, high // PORT_BLOCK)]
+        if not blocks:
+            return
+        at = self._pid % len(blocks)
+        lock_dir = Path(tempfile.gettempdir()) / _LOCK_DIR
+        try:
+            lock_dir.mkdir(exist_ok=True)
+            with contextlib.suppress(OSError):  # every user's processes share the dir
+                lock_dir.chmod(0o1777)
+        except OSError:
+            pass
+        for start in blocks[at:] + blocks[:at]:
+            fd = _lock(lock_dir / f"{start}.lock")
+            if fd is not None:
+                self._fd, self._start = fd, start
+                return
+        self._start = blocks[at]
+
+
+def _lock(path: Path) -> int | None:
+    """An open descriptor of `path` holding its exclusive flock, or None when another
+    process holds it (or the file cannot be had)."""
+    try:
+        try:
+            fd = os.open(path, os.O_RDONLY)  # another user's file may be only readable
+        except FileNotFoundError:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _all_bindable(host: str, ports: Iterable[int]) -> bool:
+    socks: list[socket.socket] = []
+    try:
+        for port in ports:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
+
+
+_ports = _PortBlock()
 
 
 def _ephemeral_low() -> int:

@@ -29,7 +29,7 @@ import pytest
 import trio
 
 from chaos.proxy import ProxyNet
-from raftmq.localcluster import PORTS_ENV, LocalCluster, port_range
+from raftmq.localcluster import LocalCluster
 from transport.blocking import request
 from wire.protocol import Op, RequestError
 
@@ -39,25 +39,6 @@ READY_TIMEOUT = 60.0  # generous: other test runs may share the two cores
 
 
 OPT_IN_MARKERS = ("slow", "chaos")
-
-
-def _own_port_slice() -> None:
-    """Each parallel worker (pytest-xdist) picks free ports from a slice of the range of
-    its own (`raftmq.localcluster.port_range`), so two workers never start nodes on one
-    port they both found free a moment before. Set at import, before any test runs; the
-    processes a test starts inherit it."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
-        return
-    index, workers = int(worker[2:]), max(1, int(count))
-    low, high = port_range()
-    span = (high - low) // workers
-    if span >= 512:
-        os.environ[PORTS_ENV] = f"{low + index * span}-{low + (index + 1) * span}"
-
-
-_own_port_slice()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

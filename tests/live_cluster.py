@@ -12,7 +12,6 @@ of every queue and `check_log` of what was drained.
 
 from __future__ import annotations
 
-import random
 import socket
 import time
 import urllib.request
@@ -27,7 +26,7 @@ from typing import Any, TypeVar
 import anyio
 
 from raftmq.client import Message, Producer, PullConsumer, SendFuture, SendResult
-from raftmq.localcluster import LocalCluster, port_range
+from raftmq.localcluster import LocalCluster, free_port_base
 from transport.blocking import request
 from transport.connection import DEFAULT_TIMEOUT, ConnectionPool
 from wire.protocol import Frame, FrameDecoder, Op, RequestError, encode_frame
@@ -53,18 +52,6 @@ __all__ = [
 ]
 
 REBALANCE_TIMEOUT = 60.0
-# `raftmq dev --port-base B` puts nodes at B+1.., metrics at B+101.., the name server at
-# B+76: a base is looked for below the kernel's ephemeral range (32768 and up on Linux),
-# where no other process's outgoing connection can take one of those ports as its source
-# port between the check and the node's bind (a node restarted later would then find its
-# port taken by a stranger).
-DEV_PORT_OFFSETS = (1, 2, 3, 76, 101, 102, 103)
-def _bases() -> range:
-    """Port bases whose dev layout lies in this process's port range (`port_range`: a
-    parallel test worker's own slice)."""
-    low, high = port_range()
-    return range(low, max(low + 1, high - 110))
-
 DRAIN_TIMEOUT = 90.0
 
 
@@ -278,27 +265,6 @@ def assert_no_unexpected_exits(cluster: LocalCluster) -> None:
     assert not gone, "processes exited unexpectedly: " + ", ".join(
         f"{name} (code {code}):\n{cluster.log_tail(name)}" for name, code in gone.items()
     )
-
-
-def free_port_base() -> int:
-    """A port base whose whole dev layout (`DEV_PORT_OFFSETS`) is free now, below the
-    ephemeral range (see `DEV_PORT_OFFSETS`)."""
-    rng = random.Random()
-    for _ in range(500):
-        base = rng.choice(_bases())
-        socks: list[socket.socket] = []
-        try:
-            for port in (base + k for k in DEV_PORT_OFFSETS):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range below the ephemeral ports")
 
 
 # ------------------------------------------------------------------ client helpers
