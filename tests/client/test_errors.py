@@ -20,6 +20,7 @@ from raftmq.client.errors import (
     may_have_applied,
 )
 from raftmq.client.routes import Routes, parse_route
+from raftmq.localcluster import free_ports
 from transport.connection import ConnectionPool
 from wire.protocol import Code, Op, RequestError
 
@@ -149,17 +150,10 @@ async def test_a_task_that_meets_its_clients_close_is_no_failure_but_a_real_one_
         await leave_with(KeyError("a real one"))
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:  # bound, never listening: connections to it are refused
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.anyio
 async def test_no_name_server_answering_is_an_unavailable_error() -> None:
     """`except UnavailableError` catches "the cluster is down", name servers included."""
-    dead = [f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"]
+    dead = [f"127.0.0.1:{port}" for port in free_ports(2)]  # nothing listens there
     async with Producer(dead, retries=0) as producer:
         with pytest.raises(UnavailableError, match="no name server answered") as info:
             await producer.send("t", b"x")
