@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import socketserver
+import subprocess
 import sys
 import threading
 import time
@@ -23,8 +24,14 @@ from typing import Any
 import pytest
 
 from broker.config import load_config
-from raftmq.localcluster import ClusterError, LocalCluster, free_ports
-from tests.live_cluster import free_port_base
+from raftmq.localcluster import (
+    PORT_BASE_SPAN,
+    PORT_BLOCK,
+    ClusterError,
+    LocalCluster,
+    free_port_base,
+    free_ports,
+)
 from transport.blocking import Connection, request
 from wire.protocol import Code, FrameDecoder, RequestError, encode_frame
 
@@ -117,6 +124,46 @@ def test_free_ports_stay_out_of_the_ephemeral_range() -> None:
     from the ephemeral range) must not be able to take it in between."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     assert all(p < low for p in free_ports(50))
+
+
+def test_free_ports_never_hand_out_a_port_twice() -> None:
+    """Ports handed out are bound only later (a chaos run picks its nodes' ports, then the
+    cluster picks the name server's): until the process's whole block has gone round, no
+    port is handed out again, by `free_ports` or inside a `free_port_base` span."""
+    ports = [p for _ in range(20) for p in free_ports(10)]
+    base = free_port_base()
+    ports += [*range(base, base + PORT_BASE_SPAN), *free_ports(10)]
+    # a span that does not fit before the block's end starts at its beginning
+    assert len(ports) + PORT_BASE_SPAN <= PORT_BLOCK
+    assert len(set(ports)) == len(ports)
+
+
+PICKER = """
+import sys
+from raftmq.localcluster import PORT_BASE_SPAN, free_port_base, free_ports
+base = free_port_base()
+print(*free_ports(int(sys.argv[1])), *range(base, base + PORT_BASE_SPAN), flush=True)
+sys.stdin.read()  # holds its ports until told to go
+"""
+
+
+@pytest.mark.live
+def test_processes_picking_ports_at_once_never_get_the_same_one() -> None:
+    """Parallel test workers (and the chaos runs they start) pick ports at the same time;
+    each process draws from a block no other process holds, so no two get the same port
+    however many they take."""
+    pickers = [subprocess.Popen([sys.executable, "-c", PICKER, "200"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        seen = [set(free_ports(200))]
+        for proc in pickers:
+            assert proc.stdout is not None
+            seen.append({int(p) for p in proc.stdout.readline().split()})
+    finally:
+        for proc in pickers:
+            proc.communicate(timeout=30)
+    assert [len(s) for s in seen] == [200, 200 + PORT_BASE_SPAN, 200 + PORT_BASE_SPAN]
+    assert not seen[0] & seen[1] and not seen[0] & seen[2] and not seen[1] & seen[2]
 
 
 # ------------------------------------------------------------------ configs on disk
