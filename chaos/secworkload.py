@@ -23,8 +23,9 @@ in the environment the SDK reads). The records are those `chaos.authcheck` descr
   exist: nothing is stored); FORBIDDEN means they did not; a code the guard shares with
   the handler (UNKNOWN_GROUP: the node holds no metadata replica) is unknown;
 - after the final heal (`drain`), the admin adds one more entry (a barrier) and every
-  node's users and ACLs are read until all nodes agree and hold it, so each has applied
-  every change (``sec-final``, the last reads count); every user then logs in on every
+  node's users and ACLs are read until all nodes that hold a replica of the metadata group
+  agree and hold it (a shard that holds none answers UNKNOWN_GROUP and is left out), so
+  each has applied every change (``sec-final``, the last reads count); every user then logs in on every
   node with its last passwords. The admin gives every test user a new password, the
   nodes settle again, and every test user logs in and probes every topic through every
   node (``final``: judged against the state every node then holds).
@@ -75,6 +76,8 @@ _UNKNOWN_CODES = frozenset({Code.TIMEOUT, Code.CONNECTION_LOST, Code.UNAVAILABLE
 # no replica of the metadata group cannot check anyone, `broker.doors.security.Guard`), which the
 # PRODUCE handler gives too: such an answer says nothing about the ACLs.
 _GUARD_OR_HANDLER_CODES = frozenset({Code.UNKNOWN_GROUP, Code.MALFORMED})
+#: A final read's answer from a node that holds no replica of the metadata group.
+_NO_REPLICA = "no replica of the metadata group"
 
 
 def harness_superuser() -> tuple[Credentials, dict[str, Any]]:
@@ -374,11 +377,16 @@ class SecurityWorkload:
                     await self.login(process, user, password, node, final=True)
 
     async def _settle(self, pool: ConnectionPool, deadline: float) -> bool:
+        """Add a barrier and read every node until the nodes that hold a replica of the
+        metadata group all hold it and agree. A node that holds none (a shard of a host
+        that the group's replicas are not on) is left out: it has nothing to settle."""
         barrier = await self._barrier(pool, deadline)
         while True:
             reads = [await self._final_read(pool, node) for node in self.nodes]
-            if (all(r is not None and (barrier is None or barrier in r["acls"]) for r in reads)
-                    and all(r == reads[0] for r in reads)):
+            held = [r for r in reads if r is not _NO_REPLICA]
+            if (held and all(isinstance(r, dict) and (barrier is None or barrier in r["acls"])
+                             for r in held)
+                    and all(r == held[0] for r in held)):
                 return barrier is not None
             if time.monotonic() >= deadline:
                 return False
@@ -396,7 +404,10 @@ class SecurityWorkload:
             await trio.sleep(0.5)
         return None
 
-    async def _final_read(self, pool: ConnectionPool, node: int) -> dict[str, Any] | None:
+    async def _final_read(self, pool: ConnectionPool, node: int
+                          ) -> dict[str, Any] | str | None:
+        """The node's users and ACLs; `_NO_REPLICA` when it holds no replica of the
+        metadata group, None when the read failed otherwise."""
         rec = self.recorder
         rec.invoke("sec-final", "sec-final", node, None)
         try:
@@ -406,6 +417,8 @@ class SecurityWorkload:
                                       AclListRequest().header(), timeout=_REQUEST_TIMEOUT)
         except Exception as exc:  # noqa: BLE001 - a read that failed says nothing
             rec.complete("sec-final", "fail", "sec-final", node, {"error": str(exc)})
+            if isinstance(exc, RequestError) and exc.code == Code.UNKNOWN_GROUP:
+                return _NO_REPLICA
             return None
         read = {"users": users.header.get("users"), "acls": acls.header.get("acls")}
         rec.complete("sec-final", "ok", "sec-final", node, read)

@@ -223,3 +223,25 @@ def test_smoke_kill_host_and_partition_host_on_3_hosts_of_2_shards_is_valid(
             assert "discarded" in f.value  # a power loss: unsynced writes thrown away
         else:
             assert f.value["cut_off"] == f.value["nodes"]
+
+
+@pytest.mark.live
+def test_security_on_shards_settles_on_the_nodes_that_hold_the_metadata_group(
+    tmp_path: Path,
+) -> None:
+    """Users and ACLs live in the metadata group, which only some shards host: the final
+    reads wait for those to agree (the others answer UNKNOWN_GROUP and are left out), so
+    the run settles and the last change is judged against replicas that applied it, not
+    read a moment after it was acknowledged."""
+    out = tmp_path / "run"
+    code = run_main([
+        "--out", str(out), "--workload", "security", "--time", "10", "--seed", "5",
+        "--hosts", "3", "--shards", "2", "--groups", "3", "--nemesis", "kill-host",
+        "--drain-timeout", "60", "--json",
+    ])
+    results = json.loads((out / "results.json").read_text())
+    assert code == 0, json.dumps(results, indent=1)[:4000]
+    assert results["valid"] is True and results["security"]["valid"] is True
+    assert results["run"]["security_converged"] is True  # both settles, shards and all
+    holders = results["security"]["final_nodes"]
+    assert 0 < len(holders) < 6, holders  # some shards hold no metadata replica
