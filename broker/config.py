@@ -69,9 +69,9 @@ __all__ = [
     "ALLOW_MUTATIONS_ENV",
     "FSYNC_POLICIES",
     "KNOWN_MUTATIONS",
-    "TX_RECORD_VERSION",
     "METRICS_PORT_OFFSET",
     "NAMESRV_PORT_OFFSET",
+    "TX_RECORD_VERSION",
     "ConfigError",
     "GroupConfig",
     "NodeConfig",
@@ -308,6 +308,12 @@ class NodeConfig:
         return min((g.id for g in self.groups), default=None)
 
     @property
+    def tx_records_v2(self) -> bool:
+        """Whether this node, leading, writes the version-2 transaction records: a
+        `tx_end` with `mark_here` and a `tx_add` that `completes` (`tx_record_version`)."""
+        return self.tx_record_version >= 2
+
+    @property
     def tls(self) -> bool:
         """Whether every link of this node is TLS."""
         return bool(self.tls_cert)
@@ -348,10 +354,13 @@ def _reject_unknown(d: Mapping[str, Any], known: Sequence[str], where: str) -> N
             raise ConfigError(f"unknown key {where}{key!r}{hint} (known: {', '.join(known)})")
 
 
-def _int(value: object, key: str, *, minimum: int | None = None) -> int:
+def _int(value: object, key: str, *, minimum: int | None = None,
+         maximum: int | None = None) -> int:
     # bool is an int subclass, but `true` for a port or a size is a mistake
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if maximum is not None and not (minimum or 0) <= value <= maximum:
+        raise ConfigError(f"{key} must be {minimum or 0}..{maximum}, got {value}")
     if minimum is not None and value < minimum:
         raise ConfigError(f"{key} must be >= {minimum}, got {value}")
     return value
@@ -728,27 +737,23 @@ def _parse(d: Mapping[str, Any], env: Mapping[str, str]) -> NodeConfig:
     )
 
 
-#: The transaction settings: key -> (default, minimum); all integers (milliseconds but
-#: for the check count).
+#: The transaction settings: key -> (default, minimum, maximum or None); all integers
+#: (milliseconds but for the check count and the record version).
 _TX_SETTINGS = {
-    "tx_check_first_ms": (6_000, 1),
-    "tx_check_interval_ms": (30_000, 1),
-    "tx_check_max": (15, 1),
-    "tx_timeout_max_ms": (900_000, 1),
-    "tx_orphan_ms": (120_000, 1),
-    "tx_tick_ms": (200, 1),
-    "tx_id_expiration_ms": (604_800_000, 1),
-    "tx_record_version": (TX_RECORD_VERSION, 1),
+    "tx_check_first_ms": (6_000, 1, None),
+    "tx_check_interval_ms": (30_000, 1, None),
+    "tx_check_max": (15, 1, None),
+    "tx_timeout_max_ms": (900_000, 1, None),
+    "tx_orphan_ms": (120_000, 1, None),
+    "tx_tick_ms": (200, 1, None),
+    "tx_id_expiration_ms": (604_800_000, 1, None),
+    "tx_record_version": (TX_RECORD_VERSION, 1, TX_RECORD_VERSION),
 }
 
 
 def _tx_settings(d: Mapping[str, Any]) -> dict[str, int]:
-    out = {key: _int(d.get(key, default), key, minimum=minimum)
-           for key, (default, minimum) in _TX_SETTINGS.items()}
-    if out["tx_record_version"] > TX_RECORD_VERSION:
-        raise ConfigError(f"tx_record_version must be 1..{TX_RECORD_VERSION}, got "
-                          f"{out['tx_record_version']}")
-    return out
+    return {key: _int(d.get(key, default), key, minimum=minimum, maximum=maximum)
+            for key, (default, minimum, maximum) in _TX_SETTINGS.items()}
 
 
 def load_config(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None) -> NodeConfig:

@@ -329,7 +329,7 @@ class TxService:
             txn = coordinator(self.lead.leading(g)).txn(tid)
             # the previous transaction's markers all applied (its client waited for that):
             # this entry completes it, and the duty logs no tx_complete of its own
-            completes = (self.node.config.tx_record_version >= 2
+            completes = (self.node.config.tx_records_v2
                          and txn is not None and txn.state in UNFINISHED
                          and (txn.epoch, txn.n) == (epoch, n - 1)
                          and self.finisher is not None
@@ -388,7 +388,7 @@ class TxService:
         g = self._coordinating(req.g, tid)
         result = await self.lead.propose(g, checked(
             TxEnd, tid=tid, epoch=epoch, n=n, commit=commit, ts=now_ms(), reason="client",
-            groups=tuple(groups), mark_here=self.node.config.tx_record_version >= 2))
+            groups=tuple(groups), mark_here=self.node.config.tx_records_v2))
         if self.node.crash_before_answer and h.get("test_exit") is True:  # not the op's field
             # Deliberately (tests only, on request): die once the decision is committed,
             # before any marker is sent, so a new leader must finish the transaction.

@@ -497,7 +497,7 @@ class TxTasks(Duty):
         try:
             await self.lead.propose(self.groups[gid], TxEnd(
                 tid=tid, epoch=epoch, n=n, commit=False, ts=now_ms(), reason="timeout",
-                mark_here=self.config.tx_record_version >= 2))
+                mark_here=self.config.tx_records_v2))
         except RequestError as exc:  # decided meanwhile by its client
             log.info("timeout abort refused", extra={"fields": {"tid": tid,
                                                                 "error": exc.message}})
