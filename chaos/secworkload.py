@@ -25,8 +25,8 @@ in the environment the SDK reads). The records are those `chaos.authcheck` descr
 - after the final heal (`drain`), the admin adds one more entry (a barrier) and every
   node's users and ACLs are read until all nodes that hold a replica of the metadata group
   agree and hold it (a shard that holds none answers UNKNOWN_GROUP and is left out), so
-  each has applied every change (``sec-final``, the last reads count); every user then logs in on every
-  node with its last passwords. The admin gives every test user a new password, the
+  each has applied every change (``sec-final``, the last reads count); every user then
+  logs in on every node with its last passwords. The admin gives every test user a new password, the
   nodes settle again, and every test user logs in and probes every topic through every
   node (``final``: judged against the state every node then holds).
 """

@@ -3,8 +3,9 @@
 Each peer module starts a three-node cluster of its system from the machine's own binaries
 (Debian packages) or PyPI, drives it with that system's Python client using the same load
 design as `bench.produce` (same message count, size and in-flight window, latency from a
-request to its acknowledgement: ours is `bench.produce`'s in-flight latency), and stops every process it started. `python -m bench.peers` runs our
-own produce benchmark with the same parameters in the same run and prints our ratio to each.
+request to its acknowledgement: ours is `bench.produce`'s in-flight latency), and stops
+every process it started. `python -m bench.peers` runs our own produce benchmark with the
+same parameters in the same run and prints our ratio to each.
 
 This package imports no peer client at import time, so a machine without them can still
 list the peers and report each as skipped with the command that installs it.
