@@ -124,47 +124,59 @@ class _PortBlock:
     and hands its ports out in order, each once, wrapping around only at the block's end
     (a span that does not fit there starts at its beginning). Each port is still bound
     once before it is handed out and skipped when busy (a stranger's, or one of this
-    process's long-lived clusters after a wrap). When others hold every block, the process
-    shares the one its pid points at, unlocked: no worse than picking at random.
+    process's long-lived clusters after a wrap); a block with no room left for a span is
+    kept and another claimed. When others hold every block, the process shares the one
+    its pid points at, unlocked: no worse than picking at random.
     """
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._pid = -1  # the process that claimed the block (a forked child claims anew)
-        self._fd: int | None = None  # the lock file, held open for the process's life
+        self._fds: list[int] = []  # the lock files held, open for the process's life
+        self._held: list[int] = []  # first ports of the blocks claimed, the current last
         self._start: int | None = None  # first port of the block; None: no block fits
         self._next = 0  # offset in the block of the next port to hand out
 
     def take(self, span: int, host: str) -> int | None:
         """The first of `span` consecutive free ports of the block, never handed out
-        before in this lap; None when no block fits below the ephemeral range."""
+        before in this lap; None when no block fits below the ephemeral range. A block
+        with no room left (this process's own clusters still hold its ports) is kept and
+        another claimed."""
         if not 1 <= span <= PORT_BLOCK:
             raise ValueError(f"span must be 1..{PORT_BLOCK}, not {span}")
         with self._mutex:
             if self._pid != os.getpid():
+                for fd in self._fds:  # inherited through fork: the parent's, not ours
+                    os.close(fd)
+                self._pid, self._fds, self._held = os.getpid(), [], []
                 self._claim()
-            if self._start is None:
-                return None
-            for _ in range(PORT_BLOCK // span + 1):  # one lap, at most
-                if self._next + span > PORT_BLOCK:
-                    self._next = 0
-                base = self._start + self._next
-                self._next += span
-                if _all_bindable(host, range(base, base + span)):
-                    return base
-            end = self._start + PORT_BLOCK - 1
-            raise ClusterError(f"no {span} free port(s) in a row in {self._start}-{end}")
+            while self._start is not None:
+                for _ in range(PORT_BLOCK // span + 1):  # one lap, at most
+                    if self._next + span > PORT_BLOCK:
+                        self._next = 0
+                    base = self._start + self._next
+                    self._next += span
+                    if _all_bindable(host, range(base, base + span)):
+                        return base
+                full = self._start
+                if not self._claim():
+                    end = full + PORT_BLOCK - 1
+                    raise ClusterError(f"no {span} free port(s) in a row in {full}-{end}, "
+                                       "and no other port block to claim")
+            return None
 
-    def _claim(self) -> None:
-        if self._fd is not None:  # inherited through fork: the parent's block, not ours
-            os.close(self._fd)
-            self._fd = None
-        self._pid, self._next, self._start = os.getpid(), 0, None
+    def _claim(self) -> bool:
+        """Take a block no process holds (the first claim falls back to sharing one
+        unlocked when others hold them all); False when there is none left to take."""
+        first_claim = not self._held
+        self._next = 0
+        if first_claim:
+            self._start = None
         low, high = _LOW_PORT, _ephemeral_low()
         first = -(-low // PORT_BLOCK)
         blocks = [k * PORT_BLOCK for k in range(first, high // PORT_BLOCK)]
         if not blocks:
-            return
+            return False
         at = self._pid % len(blocks)
         lock_dir = Path(tempfile.gettempdir()) / _LOCK_DIR
         try:
@@ -174,11 +186,19 @@ class _PortBlock:
         except OSError:
             pass
         for start in blocks[at:] + blocks[:at]:
+            if start in self._held:
+                continue
             fd = _lock(lock_dir / f"{start}.lock")
             if fd is not None:
-                self._fd, self._start = fd, start
-                return
-        self._start = blocks[at]
+                self._fds.append(fd)
+                self._held.append(start)
+                self._start = start
+                return True
+        if first_claim:
+            self._held.append(blocks[at])
+            self._start = blocks[at]
+            return True
+        return False
 
 
 def _lock(path: Path) -> int | None:
@@ -205,6 +225,9 @@ def _all_bindable(host: str, ports: Iterable[int]) -> bool:
         for port in ports:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             socks.append(s)
+            # as the servers bind (trio's listeners set it): a port whose last
+            # connections linger in TIME_WAIT is free to listen on; one listened on is not
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
         return True
     except OSError:
