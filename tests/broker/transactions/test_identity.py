@@ -12,6 +12,7 @@ epochs reach the coordinator's check past the ACLs.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -120,9 +121,16 @@ def attacks_refused(c: LocalCluster) -> None:
 
 
 def victim_epoch(c: LocalCluster) -> int:
-    h, _ = request(leader(c, "g0"), {"op": int(Op.TX_STATUS), "g": "g0", "tid": VICTIM},
-                   credentials=ROOT, timeout=30.0)
-    return int(h["epoch"])
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            h, _ = request(leader(c, "g0"), {"op": int(Op.TX_STATUS), "g": "g0",
+                                             "tid": VICTIM}, credentials=ROOT, timeout=30.0)
+            return int(h["epoch"])
+        except RequestError as exc:  # leadership moved after the name server last heard
+            if exc.code != Code.NOT_LEADER or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def victim_commits(c: LocalCluster, body: bytes) -> None:
