@@ -91,32 +91,44 @@ class Watch:
 
     def deadline(self) -> tuple[float, str]:
         """The earliest deadline now, and what it is for."""
+        when, why = self._earliest()
+        return when, self._reason(why)
+
+    def _earliest(self) -> tuple[float, str]:
+        """The earliest deadline now and which one it is ("" for none): asked before every
+        read, so the words that say why are written only once one has passed."""
         b = self.budget
-        best: tuple[float, str] = (math.inf, "")
+        when, why = math.inf, ""
         if not self._logged_in and b.login_timeout is not None:
-            best = min(best, (self._started + b.login_timeout,
-                              f"no login within {b.login_timeout:g} s of connecting"))
+            when, why = self._started + b.login_timeout, "login"
         if self._partial_since is not None:
-            if b.frame_timeout is not None:
-                best = min(best, (self._partial_since + b.frame_timeout,
-                                  f"a frame was not completed within {b.frame_timeout:g} s "
-                                  "of its first byte"))
+            if b.frame_timeout is not None and self._partial_since + b.frame_timeout < when:
+                when, why = self._partial_since + b.frame_timeout, "frame"
         elif self._inflight == 0:
             idle = b.idle_timeout
-            if idle is not None:
-                best = min(best, (self._quiet_since + idle,
-                                  f"idle for {idle:g} s with nothing in flight"))
-        return best
+            if idle is not None and self._quiet_since + idle < when:
+                when, why = self._quiet_since + idle, "idle"
+        return when, why
+
+    def _reason(self, why: str) -> str:
+        b = self.budget
+        if why == "login":
+            return f"no login within {b.login_timeout:g} s of connecting"
+        if why == "frame":
+            return f"a frame was not completed within {b.frame_timeout:g} s of its first byte"
+        if why == "idle":
+            return f"idle for {b.idle_timeout:g} s with nothing in flight"
+        return ""
 
     def rearm(self) -> None:
         if self._scope is not None:
-            self._scope.deadline = self.deadline()[0]
+            self._scope.deadline = self._earliest()[0]
 
     async def read(self, read: trio.abc.ReceiveStream, max_bytes: int) -> bytes | bytearray:
         """`read_some` within the deadline; `ProtocolError(TIMEOUT)` once it passed."""
         from .framing import read_some
 
-        with trio.CancelScope(deadline=self.deadline()[0]) as scope:
+        with trio.CancelScope(deadline=self._earliest()[0]) as scope:
             self._scope = scope
             try:
                 return await read_some(read, max_bytes)
