@@ -39,6 +39,7 @@ import math
 import random
 import time
 import zlib
+from collections import deque
 from collections.abc import (
     Awaitable,
     Callable,
@@ -586,12 +587,25 @@ class _GroupSender:
     """A group's accumulator, the event that wakes its sender task, and its requests in
     flight."""
 
-    __slots__ = ("acc", "in_flight", "wakeup")
+    __slots__ = ("acc", "idle", "in_flight", "requests", "wakeup")
 
     def __init__(self, acc: _Group) -> None:
         self.acc = acc
         self.wakeup = anyio.Event()
         self.in_flight = 0
+        # requests formed and not yet taken by a worker task, and the events of the
+        # workers waiting for one: a task per request cost more than its request
+        self.requests: deque[tuple[str | None, list[_Batch], list[_Queue]]] = deque()
+        self.idle: list[anyio.Event] = []
+
+    async def wait(self) -> None:
+        """Wait until `wakeup` is set. The sender task looks at its state between waits
+        and never yields there, so a set it already saw is one that happened before that
+        look: the event is replaced only then (a new event per request was a measurable
+        share of a producer's CPU at one message in flight)."""
+        if self.wakeup.is_set():
+            self.wakeup = anyio.Event()
+        await self.wakeup.wait()
 
 
 class SendPath:
@@ -812,6 +826,11 @@ class Producer(StartClose):
                     send.resolve(None, closed)
                 for batch in qb.formed:
                     batch.fail(self._closed_error(batch))
+            for gs in self._groups.values():  # formed, but no worker took them: never sent
+                for _, batches, _ in gs.requests:
+                    for batch in batches:
+                        batch.fail(self._closed_error(batch))
+                gs.requests.clear()
             self._tg.cancel_scope.cancel()
         return await close_stack(self._stack, exc)
 
@@ -1367,15 +1386,12 @@ class Producer(StartClose):
                     self._start_request(gs)
                     continue
                 if ready:  # company for a request, or the answer out: wait
-                    gs.wakeup = anyio.Event()
-                    await gs.wakeup.wait()
+                    await gs.wait()
                     continue
-                gs.wakeup = anyio.Event()
                 with anyio.move_on_after(acc.deadline - now):  # lingering
-                    await gs.wakeup.wait()
+                    await gs.wait()
                 continue
-            gs.wakeup = anyio.Event()  # set by a send, a released queue, an answer
-            await gs.wakeup.wait()
+            await gs.wait()  # woken by a send, a released queue, an answer
 
     def _start_request(self, gs: _GroupSender) -> None:
         """Drain the group's accumulator into one request and send it."""
@@ -1411,8 +1427,24 @@ class Producer(StartClose):
                 self._release(qb)
             return
         gs.in_flight += 1
-        self._tg.start_soon(self._send_request, gs, self._routes.target(gs.acc.group),
-                            batches, queues)
+        gs.requests.append((self._routes.target(gs.acc.group), batches, queues))
+        if gs.idle:
+            gs.idle.pop().set()
+        else:
+            self._tg.start_soon(self._request_worker, gs)
+
+    async def _request_worker(self, gs: _GroupSender) -> None:
+        """Send the group's formed requests one at a time, taking the oldest first; a
+        group has as many of these tasks as it ever had requests out at once
+        (`REQUESTS_IN_FLIGHT`, and those waiting to retry). A worker writes the request
+        it took before it next waits (once connected), so requests leave in the order
+        they were formed, as they did from a task spawned per request."""
+        while True:
+            while gs.requests:
+                await self._send_request(gs, *gs.requests.popleft())
+            ready = anyio.Event()
+            gs.idle.append(ready)
+            await ready.wait()
 
     def _expire(self, topic: str, sends: list[PendingSend], now: float) -> list[PendingSend]:
         """Fail the sends whose delivery timeout ended before they were ever sent
