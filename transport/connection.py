@@ -4,7 +4,8 @@ Every client object (producer, consumers, admin) reaches nodes and name servers 
 `ConnectionPool`: one connection per address, shared, with any number of requests
 outstanding on it. A reader task per connection hands each response to its waiter by
 request id, so a FETCH held for 15 s by long polling never delays a PRODUCE on the same
-socket, and responses may arrive in any order.
+socket, and responses may arrive in any order. (On asyncio over plain TCP there is no
+reader task: the event loop's read callback decodes the frames, `transport.framelink`.)
 
 A lost connection fails every request waiting on it with a retriable `TransportError`
 (CONNECTION_LOST: the outcome is unknown); a failed dial is UNAVAILABLE (nothing was
@@ -21,10 +22,12 @@ UNKNOWN_OP.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -46,6 +49,7 @@ from wire.protocol import (
 )
 
 from .errors import ClientClosedError, TransportError, close_stack
+from .framelink import FrameProtocol, open_frame_link
 from .scram import Credentials, Exchange, credentials_from_env
 from .tls import context_from_env
 
@@ -113,7 +117,7 @@ class _Waiter:
 class _Link:
     """One established TCP connection; a failed link is replaced, never reused."""
 
-    def __init__(self, addr: str, stream: anyio.abc.ByteStream) -> None:
+    def __init__(self, addr: str, stream: anyio.abc.ByteStream | FrameProtocol) -> None:
         self.addr = addr
         self.stream = stream
         self.waiters: dict[int, _Waiter] = {}
@@ -130,7 +134,9 @@ class _Link:
             return
         self.closed = True
         self.reason = reason
-        self.scope.cancel()
+        self.scope.cancel()  # the reader task's, which closes the stream
+        if isinstance(self.stream, FrameProtocol):  # no reader task: closed here
+            self.stream.abort()
         waiters, self.waiters = self.waiters, {}
         if self.peer_error is not None:
             reason = f"{reason}; the peer said {self.peer_error}"
@@ -237,7 +243,10 @@ class Connection:
                 raise TransportError(f"cannot connect to {self.addr}: {exc}", sent=False) from exc
             link = _Link(self.addr, stream)
             self.connects += 1
-            self._spawn(self._read, link)
+            if isinstance(stream, FrameProtocol):  # frames come from the loop's callback
+                stream.attach(partial(self._on_frame, link), partial(self._ended, link))
+            else:
+                self._spawn(self._read, link)
             # let the reader start before anything is sent: on asyncio the transport
             # reads only while a receive is pending, and a peer that refuses the first
             # request says why just before it closes (see `_send`); shielded, so a
@@ -281,8 +290,10 @@ class Connection:
         assert waiter.frame is not None
         return raise_for_code(waiter.frame)
 
-    async def _dial(self) -> anyio.abc.ByteStream:
+    async def _dial(self) -> anyio.abc.ByteStream | FrameProtocol:
         if self._ssl is None:
+            if anyio.get_cancelled_exc_class() is asyncio.CancelledError:  # on asyncio
+                return await open_frame_link(self._host, self._port, self._max_frame)
             return await anyio.connect_tcp(self._host, self._port)
         return await anyio.connect_tcp(self._host, self._port, ssl_context=self._ssl,
                                        tls_standard_compatible=False)
@@ -330,18 +341,12 @@ class Connection:
         try:
             with link.scope:
                 try:
+                    stream = link.stream
+                    assert not isinstance(stream, FrameProtocol)
                     while True:
-                        decoder.feed(await link.stream.receive())
+                        decoder.feed(await stream.receive())
                         while (frame := decoder.next_frame()) is not None:
-                            if "op" in frame.header:  # the server asks us something
-                                self._spawn(self._answer, link, frame)
-                                continue
-                            rid = frame.header.get("id")
-                            waiter = link.waiters.pop(rid, None) if isinstance(rid, int) else None
-                            if waiter is not None:
-                                waiter.resolve(frame)
-                            elif rid == 0 and frame.header.get("code"):
-                                link.peer_error = _peer_error(frame)
+                            self._on_frame(link, frame)
                 except anyio.EndOfStream:
                     reason = "closed by the peer"
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
@@ -350,11 +355,30 @@ class Connection:
                     reason = f"protocol error ({exc})"
                     log.warning("closing connection to %s: %s", self.addr, exc)
         finally:
-            link.reader_done.set()
-            link.fail(reason)
-            if self._link is link:
-                self._link = None
+            self._ended(link, reason)
+            assert not isinstance(link.stream, FrameProtocol)
             await anyio.aclose_forcefully(link.stream)
+
+    def _on_frame(self, link: _Link, frame: Frame) -> None:
+        """A frame from the server: an answer goes to its waiter, a request of the
+        server's to its handler (in a task of its own), a closing error is kept."""
+        if "op" in frame.header:  # the server asks us something
+            self._spawn(self._answer, link, frame)
+            return
+        rid = frame.header.get("id")
+        waiter = link.waiters.pop(rid, None) if isinstance(rid, int) else None
+        if waiter is not None:
+            waiter.resolve(frame)
+        elif rid == 0 and frame.header.get("code"):
+            link.peer_error = _peer_error(frame)
+
+    def _ended(self, link: _Link, reason: str) -> None:
+        """The link's reading ended (`reason`): everyone waiting on it fails, and the
+        next request dials again."""
+        link.reader_done.set()
+        link.fail(reason)
+        if self._link is link:
+            self._link = None
 
     async def _answer(self, link: _Link, frame: Frame) -> None:
         """Run the handler for a request the server sent and send its answer back."""
