@@ -4,8 +4,8 @@ Every client object (producer, consumers, admin) reaches nodes and name servers 
 `ConnectionPool`: one connection per address, shared, with any number of requests
 outstanding on it. A reader task per connection hands each response to its waiter by
 request id, so a FETCH held for 15 s by long polling never delays a PRODUCE on the same
-socket, and responses may arrive in any order. (On asyncio over plain TCP there is no
-reader task: the event loop's read callback decodes the frames, `transport.framelink`.)
+socket, and responses may arrive in any order. (On asyncio there is no reader task: the
+event loop's read callback decodes the frames, `transport.framelink`.)
 
 A lost connection fails every request waiting on it with a retriable `TransportError`
 (CONNECTION_LOST: the outcome is unknown); a failed dial is UNAVAILABLE (nothing was
@@ -127,6 +127,9 @@ class _Link:
         self.reason = ""
         self.peer_error: RequestError | None = None  # why the peer is closing, if it said
         self.reader_done = anyio.Event()
+        # a FrameProtocol link's requests from the server, for `_serve_requests`
+        self.asked: list[Frame] = []
+        self.asking = anyio.Event()
 
     def fail(self, reason: str) -> None:
         """Mark dead, stop the reader, fail everyone waiting. Idempotent, synchronous."""
@@ -245,6 +248,7 @@ class Connection:
             self.connects += 1
             if isinstance(stream, FrameProtocol):  # frames come from the loop's callback
                 stream.attach(partial(self._on_frame, link), partial(self._ended, link))
+                self._spawn(self._serve_requests, link)
             else:
                 self._spawn(self._read, link)
             # let the reader start before anything is sent: on asyncio the transport
@@ -291,9 +295,9 @@ class Connection:
         return raise_for_code(waiter.frame)
 
     async def _dial(self) -> anyio.abc.ByteStream | FrameProtocol:
+        if anyio.get_cancelled_exc_class() is asyncio.CancelledError:  # on asyncio
+            return await open_frame_link(self._host, self._port, self._max_frame, self._ssl)
         if self._ssl is None:
-            if anyio.get_cancelled_exc_class() is asyncio.CancelledError:  # on asyncio
-                return await open_frame_link(self._host, self._port, self._max_frame)
             return await anyio.connect_tcp(self._host, self._port)
         return await anyio.connect_tcp(self._host, self._port, ssl_context=self._ssl,
                                        tls_standard_compatible=False)
@@ -363,7 +367,11 @@ class Connection:
         """A frame from the server: an answer goes to its waiter, a request of the
         server's to its handler (in a task of its own), a closing error is kept."""
         if "op" in frame.header:  # the server asks us something
-            self._spawn(self._answer, link, frame)
+            if isinstance(link.stream, FrameProtocol):  # (not in a task: see below)
+                link.asked.append(frame)
+                link.asking.set()
+            else:
+                self._spawn(self._answer, link, frame)
             return
         rid = frame.header.get("id")
         waiter = link.waiters.pop(rid, None) if isinstance(rid, int) else None
@@ -371,6 +379,18 @@ class Connection:
             waiter.resolve(frame)
         elif rid == 0 and frame.header.get("code"):
             link.peer_error = _peer_error(frame)
+
+    async def _serve_requests(self, link: _Link) -> None:
+        """A FrameProtocol link's requests from the server, each answered in a task of
+        its own: the read callback that decodes them runs in no task, and a task can be
+        started only from one. Ends with the link."""
+        with link.scope:
+            while True:
+                await link.asking.wait()
+                link.asking = anyio.Event()
+                asked, link.asked = link.asked, []
+                for frame in asked:
+                    self._spawn(self._answer, link, frame)
 
     def _ended(self, link: _Link, reason: str) -> None:
         """The link's reading ended (`reason`): everyone waiting on it fails, and the

@@ -49,7 +49,7 @@ async def answer(caller: Caller, frame: Frame) -> Response:
 
 
 @asynccontextmanager
-async def tls_server(ctx: ssl.SSLContext) -> AsyncIterator[str]:
+async def tls_server(ctx: ssl.SSLContext | None) -> AsyncIterator[str]:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
