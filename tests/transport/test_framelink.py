@@ -51,6 +51,15 @@ class Seen:
         self.ended.set()
 
 
+async def until_the_end(host: str, port: int, max_frame: int) -> tuple[FrameProtocol, Seen]:
+    """Dial, attach at once, and wait (10 s at most) until the link ends."""
+    link = await open_frame_link(host, port, max_frame)
+    seen = Seen()
+    link.attach(seen.frame, seen.end)
+    await asyncio.wait_for(seen.ended.wait(), 10)
+    return link, seen
+
+
 def test_frames_cut_anywhere_or_joined_arrive_whole_and_in_order() -> None:
     frames = [encode_frame({"id": i, "code": 0}, bytes([i]) * (i * 37)) for i in range(1, 40)]
     data = b"".join(frames)
@@ -66,10 +75,7 @@ def test_frames_cut_anywhere_or_joined_arrive_whole_and_in_order() -> None:
 
     async def main() -> None:
         async with writer_server(script) as (host, port):
-            link = await open_frame_link(host, port, 1 << 20)
-            seen = Seen()
-            link.attach(seen.frame, seen.end)
-            await asyncio.wait_for(seen.ended.wait(), 10)
+            _, seen = await until_the_end(host, port, 1 << 20)
             assert [f.header["id"] for f in seen.frames] == list(range(1, 40))
             assert all(f.body == bytes([f.header["id"]]) * (f.header["id"] * 37)
                        for f in seen.frames)
@@ -87,10 +93,7 @@ def test_a_frame_over_the_limit_ends_the_link_with_a_protocol_error() -> None:
 
     async def main() -> None:
         async with writer_server(script) as (host, port):
-            link = await open_frame_link(host, port, 1 << 16)
-            seen = Seen()
-            link.attach(seen.frame, seen.end)
-            await asyncio.wait_for(seen.ended.wait(), 10)
+            link, seen = await until_the_end(host, port, 1 << 16)
             assert [f.header["id"] for f in seen.frames] == [1]
             assert len(seen.ends) == 1 and seen.ends[0].startswith("protocol error")
             with pytest.raises(anyio.BrokenResourceError):
