@@ -55,6 +55,7 @@ CLIENT_MAY_USE = {  # pinned: widen on purpose
     "transport", "transport.connection", "transport.errors",
     "transport.tls", "transport.scram",  # the client's sides of TLS and SCRAM-SHA-256
     "transport.tlsstream",  # the TLS stream `transport.tls` puts over a trio socket
+    "transport.framelink",  # the connection's link on asyncio (frames read in a callback)
     "wire.security",  # the SCRAM mechanism's name, as the node names it
     # the SQL92 filter compiler: selectors compile where the consumer subscribes
     "raftmq.filter", "raftmq.filter.compiler", "raftmq.filter.syntax", "raftmq.filter.values",
