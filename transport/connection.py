@@ -251,10 +251,11 @@ class Connection:
                 self._spawn(self._serve_requests, link)
             else:
                 self._spawn(self._read, link)
-            # let the reader start before anything is sent: on asyncio the transport
-            # reads only while a receive is pending, and a peer that refuses the first
-            # request says why just before it closes (see `_send`); shielded, so a
-            # cancellation cannot leave the new link running unowned
+            # let the link's task (reader, or the frame link's request server) start
+            # before anything is sent: with anyio's asyncio stream the transport reads
+            # only while a receive is pending, and a peer that refuses the first request
+            # says why just before it closes (see `_send`); shielded, so a cancellation
+            # cannot leave the new link running unowned
             await anyio.lowlevel.cancel_shielded_checkpoint()
             if self._credentials is not None:  # before anyone else may use the link
                 try:
